@@ -1,0 +1,192 @@
+"""Slurm nodes and jobs as pitcrew sees them, and the proof that a job resumed.
+
+Plain frozen records filled by the scheduler adapters (``bot.integrations.slurm``) and
+judged here without I/O: whether a node is ours to resume, and whether a job that was on
+a faulty node is running again elsewhere. The adapters own parsing; this module owns the
+meaning.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+#: Every reason pitcrew sets starts with this; pitcrew never resumes a node without it.
+REASON_PREFIX = "pitcrew:"
+
+_ACTIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
+_PENDING_JOB_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
+_FINAL_FAILED_STATES = frozenset(
+    {"NODE_FAIL", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNodeState:
+    """One Slurm node: its state flags (upper case, e.g. ``{"IDLE", "DRAIN"}``) and reason."""
+
+    name: str
+    states: frozenset[str]
+    reason: str = ""
+    reason_user: str | None = None
+    reason_time: datetime | None = None
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.states
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.states & {"DRAIN", "DRAINED", "DRAINING"})
+
+    @property
+    def in_service(self) -> bool:
+        return not (self.down or self.drained or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
+
+    @property
+    def reason_is_ours(self) -> bool:
+        return self.reason.startswith(REASON_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot:
+    """One Slurm job at one moment."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+    nodes: tuple[str, ...] = ()
+    restarts: int = 0
+    requeue: bool = True
+    reason: str = ""
+    start_time: datetime | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state in _ACTIVE_JOB_STATES
+
+    @property
+    def pending(self) -> bool:
+        return self.state in _PENDING_JOB_STATES
+
+    @property
+    def ended_for_good(self) -> bool:
+        return self.state in _FINAL_FAILED_STATES or self.state == "COMPLETED"
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeVerdict:
+    """Where one recorded job stands after the fault.
+
+    ``status`` is one of ``resumed`` (running elsewhere with restarts incremented),
+    ``waiting`` (not yet), ``lost`` (ended for good: report to humans, do not wait) or
+    ``finished`` (completed on its own, nothing to prove).
+    """
+
+    job_id: str
+    status: str
+    detail: str
+    old_nodes: tuple[str, ...] = ()
+    new_nodes: tuple[str, ...] = ()
+    restarts_before: int = 0
+    restarts_now: int = 0
+    progress_before: float | None = None
+    progress_now: float | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def judge_resumption(
+    before: JobSnapshot,
+    now: JobSnapshot | None,
+    faulty_nodes: Iterable[str],
+    *,
+    progress_before: float | None = None,
+    progress_now: float | None = None,
+    progress_required: bool = False,
+) -> ResumeVerdict:
+    """Judge one job recorded on a faulty node against its current snapshot.
+
+    A job counts as resumed only when it runs again, on none of the faulty nodes, with a
+    restart count above the recorded one, and — when a progress query is configured —
+    with progress strictly past its pre-fault value.
+    """
+    bad = frozenset(faulty_nodes)
+    base = ResumeVerdict(
+        job_id=before.job_id,
+        status="waiting",
+        detail="",
+        old_nodes=before.nodes,
+        new_nodes=now.nodes if now else (),
+        restarts_before=before.restarts,
+        restarts_now=now.restarts if now else before.restarts,
+        progress_before=progress_before,
+        progress_now=progress_now,
+    )
+
+    def verdict(status: str, detail: str) -> ResumeVerdict:
+        return replace(base, status=status, detail=detail)
+
+    if now is None:
+        return verdict("lost", "Slurm no longer knows the job")
+    if now.state == "COMPLETED" and now.restarts == before.restarts:
+        return verdict("finished", "job completed before it was interrupted")
+    if now.ended_for_good:
+        return verdict("lost", f"job ended {now.state}; it was not requeued")
+    if not now.running:
+        return verdict("waiting", f"job is {now.state} ({now.reason or 'no reason'})")
+    if bad & set(now.nodes):
+        return verdict("waiting", "job still runs on a faulty node")
+    if now.restarts <= before.restarts:
+        return verdict("waiting", "job runs but its restart count did not grow")
+    if progress_required:
+        if progress_now is None:
+            return verdict("waiting", "no progress sample yet")
+        if progress_before is not None and progress_now <= progress_before:
+            return verdict("waiting", f"progress {progress_now:g} not past pre-fault {progress_before:g}")
+    return verdict("resumed", "running again elsewhere")
+
+
+_HOSTLIST_PART = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")
+
+
+def expand_hostlist(spec: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist such as ``gpu-[001-003,007],cpu-1`` into names.
+
+    Handles one bracket group per name, zero padding and comma lists; an empty or ``(null)``
+    spec is no nodes.
+    """
+    spec = spec.strip()
+    if not spec or spec in {"(null)", "None"}:
+        return ()
+    names: list[str] = []
+    for token in _split_top_level(spec):
+        match = _HOSTLIST_PART.fullmatch(token)
+        if match is None or match.group(2) is None:
+            names.append(token)
+            continue
+        head, ranges, tail = match.group(1), match.group(2), match.group(3)
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                width = len(lo)
+                names.extend(f"{head}{n:0{width}d}{tail}" for n in range(int(lo), int(hi) + 1))
+            else:
+                names.append(f"{head}{part}{tail}")
+    return tuple(names)
+
+
+def _split_top_level(spec: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(spec[start:i])
+            start = i + 1
+    parts.append(spec[start:])
+    return [p for p in (p.strip() for p in parts) if p]

@@ -1,0 +1,142 @@
+"""The ports the engine drives: what pitcrew needs from each far side, and nothing more.
+
+Each integration in ``bot.integrations`` implements one of these Protocols and raises only
+``TransientError`` / ``PermanentError`` (``bot.engine.errors``). Methods that change the far
+side are idempotent where the far side allows it (setting DOWN twice is harmless), but the
+engine still checks state first and acts only when needed, so a retried or resumed step
+never repeats a destructive call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """Slurm, through ``scontrol``/``squeue`` or slurmrestd."""
+
+    async def node(self, name: str) -> SlurmNodeState:
+        """State and reason of one Slurm node; ``PermanentError(reason="unknown_node")`` if absent."""
+        ...
+
+    async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        """Jobs currently running on ``name`` (record them *before* downing the node)."""
+        ...
+
+    async def job(self, job_id: str) -> JobSnapshot | None:
+        """One job, or ``None`` once Slurm has forgotten it."""
+        ...
+
+    async def down(self, name: str, reason: str) -> None:
+        """Set the node DOWN with ``reason``: running jobs are killed and requeued if they allow it."""
+        ...
+
+    async def drain(self, name: str, reason: str) -> None:
+        """Set the node DRAIN with ``reason``: running jobs finish, no new job starts."""
+        ...
+
+    async def resume(self, name: str) -> None:
+        """Return the node to service (``State=RESUME``). The caller checks ownership first."""
+        ...
+
+    async def requeue(self, job_id: str) -> None:
+        """Requeue one job (used after DRAIN when the playbook wants the job moved)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """One Kubernetes node as the engine needs it."""
+
+    name: str
+    unschedulable: bool = False
+    ready: bool = True
+    taints: tuple[Taint, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    owner_kind: str | None = None
+    mirror: bool = False
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    """Kubernetes: cordon, drain, replace. Ownership lives in a node annotation."""
+
+    async def node(self, name: str) -> ClusterNode | None: ...
+
+    async def count_nodes(self) -> int: ...
+
+    async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
+        """Mark unschedulable, add pitcrew's taint and the ownership annotation."""
+        ...
+
+    async def uncordon(self, name: str, *, incident_id: str) -> None:
+        """Undo exactly what ``cordon`` added for ``incident_id``; never touch anything else."""
+        ...
+
+    async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    async def pods_on_node(self, name: str) -> list[PodRef]: ...
+
+    async def evict(self, pod: PodRef) -> None:
+        """Eviction API; a PDB refusal (429) raises ``TransientError(reason="pdb")``."""
+        ...
+
+    async def delete_pod(self, pod: PodRef, *, force: bool) -> None: ...
+
+    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted)."""
+        ...
+
+    async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...
+
+    async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
+
+    async def reboot(self, name: str, *, incident_id: str) -> None: ...
+
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One message for humans. ``actions`` are the commands offered (approve, rollback, …)."""
+
+    incident_id: str | None
+    kind: str
+    title: str
+    lines: tuple[str, ...] = ()
+    severity: str = "info"
+    actions: tuple[str, ...] = ()
+    node: str | None = None
+
+
+@runtime_checkable
+class Notifier(Protocol):
+    """Slack (or a log of what would have been posted). Returns a message reference."""
+
+    async def post(self, notice: Notice) -> str | None: ...
+
+
+@runtime_checkable
+class MetricsQuery(Protocol):
+    """Prometheus HTTP API: instant queries for progress and still-firing checks."""
+
+    async def instant(self, promql: str) -> list[tuple[dict[str, str], float]]: ...
