@@ -15,6 +15,8 @@ from datetime import datetime
 
 #: Every reason pitcrew sets starts with this; pitcrew never resumes a node without it.
 REASON_PREFIX = "pitcrew:"
+#: Reasons are shown in ``sinfo -R`` and Slack; longer ones only hide the useful start.
+REASON_MAX_LEN = 128
 
 _ACTIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
 _PENDING_JOB_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
@@ -133,6 +135,9 @@ def judge_resumption(
         return verdict("lost", "Slurm no longer knows the job")
     if now.state == "COMPLETED" and now.restarts == before.restarts:
         return verdict("finished", "job completed before it was interrupted")
+    if now.state == "COMPLETED" and not bad & set(now.nodes):
+        # It was requeued, ran elsewhere and finished before we looked: resumed, not lost.
+        return verdict("resumed", "completed after requeue")
     if now.ended_for_good:
         return verdict("lost", f"job ended {now.state}; it was not requeued")
     if not now.running:
@@ -147,6 +152,21 @@ def judge_resumption(
         if progress_before is not None and progress_now <= progress_before:
             return verdict("waiting", f"progress {progress_now:g} not past pre-fault {progress_before:g}")
     return verdict("resumed", "running again elsewhere")
+
+
+def pitcrew_reason(incident_id: str, fault: str) -> str:
+    """The reason pitcrew sets on a node: ``pitcrew: <incident> <fault>``, one bounded line."""
+    return clean_reason(f"{REASON_PREFIX} {incident_id} {fault}")
+
+
+def clean_reason(text: str) -> str:
+    """One printable line of at most ``REASON_MAX_LEN`` characters.
+
+    Control characters and newlines would break ``key=value`` parsing and Slack rendering,
+    so they become spaces; runs of whitespace collapse because Slurm shows them verbatim.
+    """
+    flat = "".join(ch if ch.isprintable() else " " for ch in text)
+    return " ".join(flat.split())[:REASON_MAX_LEN].rstrip()
 
 
 _HOSTLIST_PART = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")

@@ -1,0 +1,141 @@
+"""The fault catalog: what each XID and health fault means and which playbook it gets.
+
+The data lives in ``bot/data/catalog.yaml`` (versioned, built from NVIDIA's Xid catalog for
+Ampere and newer). This module only validates its shape and answers lookups; loading the
+file is the caller's business. Operators override entries through the configuration
+(``catalog.overrides``), applied by ``Catalog.with_overrides``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PlaybookName = Literal[
+    "ignore", "notify-only", "ask-human", "cordon-and-ask", "reset-gpu", "reboot-node", "replace-node"
+]
+FaultClass = Literal[
+    "application",
+    "memory",
+    "gpu-lost",
+    "gpu-hang",
+    "interconnect",
+    "power-thermal",
+    "driver",
+    "recovery-action",
+    "telemetry",
+    "health",
+    "informational",
+]
+
+#: Playbooks in order of how much they do to a node; the most severe fault on a node wins.
+SEVERITY: tuple[str, ...] = (
+    "ignore",
+    "notify-only",
+    "ask-human",
+    "cordon-and-ask",
+    "reset-gpu",
+    "reboot-node",
+    "replace-node",
+)
+
+#: Playbooks that never change a node.
+HANDS_OFF = frozenset({"ignore", "notify-only", "ask-human"})
+
+
+def severity(playbook: str) -> int:
+    """Rank of a playbook; unknown names (user-defined) rank like ``ask-human``."""
+    try:
+        return SEVERITY.index(playbook)
+    except ValueError:
+        return SEVERITY.index("ask-human")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class XidEntry(_Strict):
+    mnemonic: str
+    meaning: str
+    bucket: str
+    investigatory: str | None = None
+    fault_class: FaultClass = Field(alias="class")
+    job_fatal: bool
+    playbook: str | None = None
+    verified: bool = True
+    note: str | None = None
+
+
+class FaultEntry(_Strict):
+    meaning: str
+    fault_class: FaultClass = Field(alias="class")
+    job_fatal: bool
+    playbook: str
+    note: str | None = None
+
+
+class Override(_Strict):
+    """Operator's change to one entry (any field may be left out)."""
+
+    playbook: str | None = None
+    job_fatal: bool | None = None
+    fault_class: FaultClass | None = Field(default=None, alias="class")
+    note: str | None = None
+
+
+class Catalog(_Strict):
+    version: str
+    source: str
+    bucket_playbooks: dict[str, str]
+    xids: dict[int, XidEntry]
+    faults: dict[str, FaultEntry]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Catalog:
+        problems = [
+            f"xid {code}: bucket {entry.bucket!r} has no entry in bucket_playbooks"
+            for code, entry in self.xids.items()
+            if entry.playbook is None and entry.bucket not in self.bucket_playbooks
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def xid(self, code: int) -> XidEntry | None:
+        return self.xids.get(code)
+
+    def xid_playbook(self, code: int) -> str | None:
+        entry = self.xids.get(code)
+        if entry is None:
+            return None
+        return entry.playbook or self.bucket_playbooks[entry.bucket]
+
+    def playbooks_used(self) -> set[str]:
+        used = {self.xid_playbook(code) or "" for code in self.xids}
+        used |= {entry.playbook for entry in self.faults.values()}
+        return used
+
+    def with_overrides(self, overrides: Mapping[str, Override]) -> Catalog:
+        """A copy with operator overrides applied; keys are XID numbers or fault names."""
+        xids = dict(self.xids)
+        faults = dict(self.faults)
+        for key, change in overrides.items():
+            patch = change.model_dump(exclude_none=True, by_alias=False)
+            if key.isdigit():
+                code = int(key)
+                if code not in xids:
+                    raise ValueError(f"catalog override for unknown xid {code}")
+                xids[code] = xids[code].model_copy(update=patch)
+            elif key in faults:
+                faults[key] = faults[key].model_copy(update=patch)
+            else:
+                raise ValueError(f"catalog override for unknown fault {key!r}")
+        return self.model_copy(update={"xids": xids, "faults": faults})
+
+
+def parse_catalog(data: Any) -> Catalog:
+    """Validate already-loaded YAML data (raises ``pydantic.ValidationError``)."""
+    return Catalog.model_validate(data)

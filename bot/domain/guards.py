@@ -1,0 +1,169 @@
+"""Guards: the checks that stand between a plan and a node, each explained in words.
+
+A pure function of the plan, a snapshot of the world (pause switch, breaker, what else is
+under remediation, this node's history and labels) and the policy. The engine builds the
+snapshot from the store; ``pitcrew plan`` builds it too and prints every decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from bot.domain.durations import format_duration
+from bot.domain.planner import PastIncident, Plan
+from bot.domain.policy import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    open: bool = False
+    opened_at: datetime | None = None
+    reason: str = ""
+    reset_at: datetime | None = None
+    reset_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """Everything the guards look at besides the plan and the policy."""
+
+    paused: bool = False
+    paused_by: str | None = None
+    breaker: BreakerState = BreakerState()
+    #: Other nodes let through for remediation within the breaker window.
+    nodes_in_remediation: frozenset[str] = frozenset()
+    fleet_size: int | None = None
+    history: Sequence[PastIncident] = ()
+    #: Node labels from Kubernetes; ``None`` when they could not be read (dry run).
+    node_labels: Mapping[str, str] | None = None
+    alert_started_at: datetime | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    guard: str
+    ok: bool
+    words: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    decisions: tuple[Decision, ...]
+    #: Set when this plan is the one that trips the breaker: the reason to record.
+    trip_breaker: str | None = None
+
+    @property
+    def blocking(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if not d.ok)
+
+    def summary(self) -> str:
+        blocked = self.blocking
+        return "; ".join(d.words for d in blocked) if blocked else "all guards passed"
+
+
+def evaluate(plan: Plan, world: World, policy: Policy, now: datetime) -> Verdict:
+    """Run every guard; a plan that changes nothing passes them all trivially."""
+    if not plan.acts:
+        return Verdict(True, (Decision("scope", True, f"{plan.playbook} does not touch the node; no guard applies"),))
+    decisions = [
+        _paused(world),
+        _opt_out(plan.node, world, policy),
+        _attempts(world, policy, now),
+        _cooldown(world, policy, now),
+        _stale(world, policy, now),
+    ]
+    others_ok = all(d.ok for d in decisions)
+    breaker, trip = _breaker(plan.node, world, policy)
+    decisions.append(breaker)
+    # Only a plan that would otherwise go ahead counts toward the blast radius.
+    return Verdict(others_ok and breaker.ok, tuple(decisions), trip if others_ok else None)
+
+
+def _paused(world: World) -> Decision:
+    if world.paused:
+        who = f" by {world.paused_by}" if world.paused_by else ""
+        return Decision("pause", False, f"pitcrew is paused{who}: no node is touched until someone resumes it")
+    return Decision("pause", True, "not paused")
+
+
+def _opt_out(node: str, world: World, policy: Policy) -> Decision:
+    label = policy.node.opt_out_label
+    if world.node_labels is None:
+        return Decision("opt-out", True, f"label {label} not checked (node labels unavailable in a dry run)")
+    if world.node_labels.get(label, "").lower() in {"true", "yes", "1"}:
+        return Decision("opt-out", False, f"node {node} carries {label}={world.node_labels[label]}: hands off")
+    return Decision("opt-out", True, f"node does not carry {label}=true")
+
+
+def _acted_within(world: World, window_start: datetime) -> list[PastIncident]:
+    return [h for h in world.history if h.acted and h.opened_at >= window_start]
+
+
+def _attempts(world: World, policy: Policy, now: datetime) -> Decision:
+    cap, window = policy.node.max_attempts, policy.node.attempt_window
+    count = len(_acted_within(world, now - window))
+    if count >= cap:
+        return Decision(
+            "attempts",
+            False,
+            f"{count} remediations on this node in the last {format_duration(window)} (cap {cap}): a human must look",
+        )
+    return Decision("attempts", True, f"{count} of {cap} remediations used in the last {format_duration(window)}")
+
+
+def _cooldown(world: World, policy: Policy, now: datetime) -> Decision:
+    cooldown = policy.node.cooldown
+    recent = _acted_within(world, now - cooldown)
+    if recent:
+        last = max(recent, key=lambda h: h.opened_at)
+        return Decision(
+            "cooldown",
+            False,
+            f"incident {last.incident_id} acted on this node {format_duration(now - last.opened_at)} ago, "
+            f"inside the {format_duration(cooldown)} cooldown",
+        )
+    return Decision("cooldown", True, f"no remediation on this node in the last {format_duration(cooldown)}")
+
+
+def _stale(world: World, policy: Policy, now: datetime) -> Decision:
+    reset_at, started = world.breaker.reset_at, world.alert_started_at
+    cutoff = policy.breaker.stale_after
+    if reset_at is not None and started is not None and started < reset_at and now - started > cutoff:
+        return Decision(
+            "stale",
+            False,
+            f"alert started {format_duration(now - started)} ago, before the breaker reset, and is older than "
+            f"{format_duration(cutoff)}: skipped instead of replayed",
+        )
+    return Decision("stale", True, "alert is fresh")
+
+
+def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | None]:
+    breaker = world.breaker
+    if breaker.open:
+        since = f" since {breaker.opened_at.isoformat(timespec='seconds')}" if breaker.opened_at else ""
+        return Decision("breaker", False, f"circuit breaker is open{since} ({breaker.reason}); a human must reset it"), None
+    cfg = policy.breaker
+    touched = len(world.nodes_in_remediation | {node})
+    window = format_duration(cfg.window)
+    if touched > cfg.max_nodes:
+        reason = f"{touched} nodes would be under remediation within {window}, more than max_nodes {cfg.max_nodes}"
+        return Decision("breaker", False, f"breaker trips: {reason}"), reason
+    if world.fleet_size:
+        share = touched / world.fleet_size
+        if share > cfg.max_fraction:
+            reason = (
+                f"{touched} of {world.fleet_size} nodes ({share:.1%}) would be under remediation within {window}, "
+                f"more than max_fraction {cfg.max_fraction:.1%}"
+            )
+            return Decision("breaker", False, f"breaker trips: {reason}"), reason
+        share_words = f", {share:.1%} of {world.fleet_size} nodes"
+    else:
+        share_words = ", fleet size unknown so max_fraction is not checked"
+    return Decision(
+        "breaker", True, f"{touched} of max {cfg.max_nodes} nodes under remediation within {window}{share_words}"
+    ), None

@@ -1,0 +1,103 @@
+"""Label normalisation: the one place that knows how node, GPU and XID are spelled.
+
+dcgm-exporter renamed ``Hostname`` to ``hostname`` in 4.6.0, rule sets put the node in
+``node``, ``kubernetes_node`` or only in ``instance``, and XIDs arrive as ``xid``,
+``err_code`` or in the alert value. Everything downstream reads a ``Subject`` built here,
+never raw labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bot.domain.alerts import Alert
+
+DEFAULT_NODE_LABELS = ("node", "kubernetes_node", "Hostname", "hostname", "instance")
+DEFAULT_GPU_LABELS = ("gpu", "UUID", "pci_bus_id")
+DEFAULT_XID_LABELS = ("xid", "err_code")
+#: Annotations consulted when the rule put the XID in the alert value (``{{ $value }}``).
+DEFAULT_XID_ANNOTATIONS = ("xid", "value")
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRules:
+    """Ordered label names to look up; the first non-empty one wins."""
+
+    node: tuple[str, ...] = DEFAULT_NODE_LABELS
+    gpu: tuple[str, ...] = DEFAULT_GPU_LABELS
+    xid: tuple[str, ...] = DEFAULT_XID_LABELS
+    xid_annotations: tuple[str, ...] = DEFAULT_XID_ANNOTATIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What one alert is about, in pitcrew's terms.
+
+    ``xid`` is ``None`` when the alert carries none; ``xid_text`` keeps a value that was
+    present but not a number, so the fault can say so instead of guessing.
+    """
+
+    node: str | None
+    gpu: str | None
+    gpu_uuid: str | None
+    pci_bus_id: str | None
+    xid: int | None
+    xid_text: str | None
+    fault_label: str | None
+    message: str
+    recovery_action: str | None = None
+
+
+def host_part(instance: str) -> str:
+    """``10.0.0.5:9400`` → ``10.0.0.5``; ``[fd00::1]:9400`` → ``fd00::1``; ``node-7`` → ``node-7``."""
+    if instance.startswith("["):
+        end = instance.find("]")
+        return instance[1:end] if end > 0 else instance
+    if instance.count(":") == 1:
+        return instance.split(":", 1)[0]
+    return instance
+
+
+def subject_of(alert: Alert, rules: LabelRules = LabelRules()) -> Subject:
+    labels = alert.labels
+    node = None
+    for name in rules.node:
+        value = labels.get(name, "").strip()
+        if value:
+            node = host_part(value) if name == "instance" else value
+            break
+    gpu = next((labels[n].strip() for n in rules.gpu if labels.get(n, "").strip()), None)
+    xid_text = next((labels[n].strip() for n in rules.xid if labels.get(n, "").strip()), None)
+    if xid_text is None and _looks_like_xid_alert(alert):
+        xid_text = next(
+            (alert.annotations[n].strip() for n in rules.xid_annotations if alert.annotations.get(n, "").strip()),
+            None,
+        )
+    return Subject(
+        node=node,
+        gpu=gpu,
+        gpu_uuid=labels.get("UUID") or labels.get("uuid") or None,
+        pci_bus_id=labels.get("pci_bus_id") or None,
+        xid=_parse_xid(xid_text),
+        xid_text=xid_text,
+        fault_label=labels.get("fault") or None,
+        message=labels.get("err_msg") or alert.annotations.get("description", "") or alert.annotations.get("summary", ""),
+        recovery_action=labels.get("recovery_action") or None,
+    )
+
+
+def _looks_like_xid_alert(alert: Alert) -> bool:
+    fault = alert.labels.get("fault", "")
+    return fault.startswith("xid") or "xid" in alert.alertname.lower()
+
+
+def _parse_xid(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)  # "79", "79.000000" (a rendered $value)
+    except ValueError:
+        return None
+    if not value.is_integer() or not 0 < value < 100_000:
+        return None
+    return int(value)

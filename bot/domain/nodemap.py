@@ -1,0 +1,126 @@
+"""Which Slurm node(s) a Kubernetes node carries, and back.
+
+Pure: the caller (the engine, with the Kubernetes adapter) passes in the node's labels and
+annotations and, for Slinky, the slurmd pods it listed; this module only decides. It must
+not list pods, read settings files or talk to Slurm.
+
+Modes:
+
+* ``identity`` — the Slurm node has the Kubernetes node's name (bare-metal Slurm next to k8s).
+* ``label`` / ``annotation`` — the node carries the Slurm name(s) under ``key``; the value may
+  be a Slurm hostlist (``gpu-[001-002]``) for a node that hosts several slurmd.
+* ``slinky`` — the Slinky slurm-operator runs one slurmd pod per NodeSet member; the Slurm node
+  name of a pod is its ``nodeset.slinky.slurm.net/pod-hostname`` label, set by the operator
+  from ``spec.hostname`` (DaemonSet mode: the k8s node name up to its first dot, or the node's
+  ``nodeset.slinky.slurm.net/hostname-override`` annotation; StatefulSet mode: the pod's
+  hostname or name). In this mode pitcrew does not talk to Slurm for the node: it annotates
+  the k8s node with ``node-cordon-reason`` before cordoning, the operator drains the Slurm
+  node with reason ``slurm-operator: <our reason>``, and uncordon undrains it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from bot.domain.jobs import REASON_PREFIX, expand_hostlist
+
+MappingMode = Literal["identity", "label", "annotation", "slinky"]
+
+SLINKY_PREFIX = "nodeset.slinky.slurm.net/"
+#: Set on the k8s node before cordoning; the operator uses it as the Slurm drain reason.
+SLINKY_CORDON_REASON = SLINKY_PREFIX + "node-cordon-reason"
+#: Pod label carrying the Slurm node name of a NodeSet pod (set by the operator).
+SLINKY_POD_HOSTNAME = SLINKY_PREFIX + "pod-hostname"
+#: Node annotation that overrides the DaemonSet-mode pod hostname, hence the Slurm node name.
+SLINKY_HOSTNAME_OVERRIDE = SLINKY_PREFIX + "hostname-override"
+#: The operator prefixes every reason it sets with this and never touches other drains.
+SLINKY_REASON_PREFIX = "slurm-operator: "
+#: The operator labels slurmd pods ``app.kubernetes.io/name=slurmd``.
+DEFAULT_SLINKY_SELECTOR: Mapping[str, str] = {"app.kubernetes.io/name": "slurmd"}
+
+
+class NodeFacts(Protocol):
+    """What mapping needs from a k8s node (``bot.engine.ports.ClusterNode`` fits)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmdPod:
+    """One slurmd pod as listed from Kubernetes."""
+
+    name: str
+    node_name: str | None
+    hostname: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    namespace: str = ""
+
+    @property
+    def slurm_node(self) -> str:
+        # The operator's label is authoritative; hostname and name are what it derives it from.
+        return self.labels.get(SLINKY_POD_HOSTNAME) or self.hostname or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMapping:
+    """How to map; ``key`` is the label or annotation key in those two modes."""
+
+    mode: MappingMode = "identity"
+    key: str | None = None
+    slinky_selector: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SLINKY_SELECTOR))
+
+    def __post_init__(self) -> None:
+        if self.mode in ("label", "annotation") and not self.key:
+            raise ValueError(f"node mapping {self.mode!r} needs a key")
+
+
+def slurm_nodes_for(node: NodeFacts, mapping: NodeMapping, pods: Iterable[SlurmdPod] = ()) -> tuple[str, ...]:
+    """Slurm node names hosted by ``node``; empty when it carries none (not a Slurm node)."""
+    if mapping.mode == "identity":
+        return (node.name,)
+    if mapping.mode in ("label", "annotation"):
+        source = node.labels if mapping.mode == "label" else node.annotations
+        return expand_hostlist(source.get(mapping.key or "", ""))
+    names = [
+        pod.slurm_node
+        for pod in pods
+        if pod.node_name == node.name and _matches(pod.labels, mapping.slinky_selector)
+    ]
+    return tuple(sorted(set(names)))
+
+
+def k8s_node_for(
+    slurm_node: str,
+    nodes: Iterable[NodeFacts],
+    mapping: NodeMapping,
+    pods: Iterable[SlurmdPod] = (),
+) -> str | None:
+    """The k8s node hosting ``slurm_node``, or ``None`` if no listed node does."""
+    pod_list = list(pods)
+    for node in nodes:
+        if slurm_node in slurm_nodes_for(node, mapping, pod_list):
+            return node.name
+    return None
+
+
+def slinky_cordon_annotations(reason: str) -> dict[str, str]:
+    """Annotations to set on the k8s node *before* cordoning it in Slinky mode."""
+    return {SLINKY_CORDON_REASON: reason}
+
+
+def slinky_reason_is_ours(reason: str) -> bool:
+    """A drain the operator set from our annotation: ``slurm-operator: pitcrew: …``."""
+    return reason.startswith(SLINKY_REASON_PREFIX + REASON_PREFIX)
+
+
+def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())

@@ -1,0 +1,78 @@
+"""Safety policy as data: modes, escalation, circuit breaker, per-node limits, approvals.
+
+Every knob here is visible in ``pitcrew plan`` and validated at start-up. Defaults are the
+cautious ones: observe mode, a small blast radius, approvals that do nothing on timeout.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from bot.domain.durations import Duration
+
+
+class Mode(StrEnum):
+    """``observe`` records and notifies, ``approve`` waits for a human, ``auto`` acts."""
+
+    OBSERVE = "observe"
+    APPROVE = "approve"
+    AUTO = "auto"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EscalationPolicy(_Section):
+    window: Duration = Field(default=timedelta(hours=24), description="Repeats inside this window escalate.")
+    ladder: tuple[str, ...] = Field(
+        default=("reset-gpu", "reboot-node", "replace-node"),
+        description="Each repeat on a node moves one rung up.",
+    )
+
+
+class BreakerPolicy(_Section):
+    max_nodes: int = Field(default=3, ge=0, description="Most nodes under remediation within the window.")
+    max_fraction: float = Field(default=0.05, gt=0, le=1, description="Most share of the fleet, same window.")
+    window: Duration = Field(default=timedelta(hours=1))
+    stale_after: Duration = Field(
+        default=timedelta(minutes=15),
+        description="After a breaker reset, alerts that started this long before the reset are skipped.",
+    )
+    fleet_size: int | None = Field(
+        default=None, ge=1, description="Fleet size for max_fraction; default: node count from Kubernetes."
+    )
+
+
+class NodePolicy(_Section):
+    max_attempts: int = Field(default=3, ge=1, description="Remediations per node within attempt_window.")
+    attempt_window: Duration = Field(default=timedelta(hours=24))
+    cooldown: Duration = Field(default=timedelta(minutes=30), description="Quiet time after a remediation.")
+    opt_out_label: str = Field(default="pitcrew.dev/opt-out", description="Node label; 'true' means hands off.")
+
+
+class ApprovalPolicy(_Section):
+    approvers: tuple[str, ...] = Field(default=(), description="Who may approve (Slack user ids or names).")
+    timeout: Duration = Field(default=timedelta(minutes=30))
+    on_timeout: Literal["nothing"] = Field(default="nothing", description="At the deadline nothing is done.")
+
+
+class Policy(_Section):
+    mode: Mode = Mode.OBSERVE
+    playbook_modes: dict[str, Mode] = Field(default_factory=dict, description="Per-playbook mode overrides.")
+    escalation: EscalationPolicy = EscalationPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
+    node: NodePolicy = NodePolicy()
+    approvals: ApprovalPolicy = ApprovalPolicy()
+
+    @field_validator("playbook_modes", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return {k: str(v).lower() for k, v in value.items()} if isinstance(value, dict) else value
+
+    def mode_for(self, playbook: str) -> Mode:
+        return self.playbook_modes.get(playbook, self.mode)

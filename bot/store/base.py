@@ -1,0 +1,185 @@
+"""The incident store port and the records it speaks in.
+
+Everything pitcrew must not forget lives behind this port: every alert received (keyed by
+fingerprint + startsAt), one incident per node with its plan and step cursor, per-step
+records (what was done, what pitcrew owns), approvals, switches (pause, breaker) and an
+append-only audit log. Methods take ``now`` from the caller: the store reads no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from bot.domain.faults import Fault
+from bot.domain.incident import State
+from bot.domain.planner import PastIncident
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingAlert:
+    """One alert of a delivery, already normalised and classified."""
+
+    fingerprint: str
+    starts_at: datetime
+    ends_at: datetime | None
+    status: str
+    alertname: str
+    node: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    fault: Fault | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    receiver: str
+    group_key: str
+    status: str
+    truncated_alerts: int
+    alerts: tuple[IncomingAlert, ...]
+
+
+@dataclass(slots=True)
+class IngestOutcome:
+    new_alerts: int = 0
+    repeated_alerts: int = 0
+    resolved: int = 0
+    unroutable: int = 0
+    opened: list[str] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentRecord:
+    id: str
+    node: str
+    state: State
+    opened_at: datetime
+    updated_at: datetime
+    first_alert_at: datetime | None
+    playbook: str | None = None
+    mode: str | None = None
+    plan: Mapping[str, Any] | None = None
+    step_index: int = 0
+    acted: bool = False
+    guarded_at: datetime | None = None
+    closed_at: datetime | None = None
+    outcome: str = ""
+    group_key: str = ""
+    faults: tuple[Fault, ...] = ()
+    faults_changed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRecord:
+    fingerprint: str
+    starts_at: datetime
+    ends_at: datetime | None
+    status: str
+    alertname: str
+    node: str | None
+    incident_id: str | None
+    fault_key: str | None
+    deliveries: int
+    first_seen: datetime
+    last_seen: datetime
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    incident_id: str | None
+    at: datetime
+    kind: str
+    step: str | None = None
+    outcome: str | None = None
+    attempt: int | None = None
+    actor: str | None = None
+    detail: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    incident_id: str
+    step: str
+    status: str  # running | ok | failed | skipped | undone
+    attempts: int
+    started_at: datetime | None
+    ended_at: datetime | None
+    result: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    incident_id: str
+    step: str
+    requested_at: datetime
+    deadline: datetime
+    approvers: tuple[str, ...]
+    status: str  # pending | approved | rejected | expired
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    kind: str
+    step: str | None = None
+    outcome: str | None = None
+    attempt: int | None = None
+    actor: str | None = None
+    detail: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    async def ping(self) -> bool: ...
+
+    # alerts in, incidents out
+    async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
+    async def incident(self, incident_id: str) -> IncidentRecord | None: ...
+    async def incidents(
+        self, *, active_only: bool = False, node: str | None = None, limit: int = 100
+    ) -> list[IncidentRecord]: ...
+    async def alerts_of(self, incident_id: str) -> list[AlertRecord]: ...
+    async def events_of(self, incident_id: str) -> list[Event]: ...
+    async def events_since(self, seq: int, limit: int = 1000) -> list[Event]: ...
+
+    # the engine's writes
+    async def save_plan(
+        self, incident_id: str, plan: Mapping[str, Any], playbook: str, mode: str, events: Sequence[NewEvent],
+        now: datetime,
+    ) -> None: ...
+    async def transition(
+        self, incident_id: str, state: State, now: datetime, *, event: NewEvent | None = None,
+        outcome: str | None = None, guarded: bool = False,
+    ) -> IncidentRecord: ...
+    async def advance(self, incident_id: str, step_index: int, now: datetime) -> None: ...
+    async def step_started(self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool) -> None: ...
+    async def step_finished(
+        self, incident_id: str, step: str, status: str, now: datetime, *, result: Mapping[str, Any] | None = None,
+        event: NewEvent,
+    ) -> None: ...
+    async def steps_of(self, incident_id: str) -> dict[str, StepRecord]: ...
+    async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None: ...
+    async def ack_faults(self, incident_id: str) -> None: ...
+
+    # approvals, switches, history
+    async def request_approval(
+        self, incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
+    ) -> ApprovalRecord: ...
+    async def approval(self, incident_id: str) -> ApprovalRecord | None: ...
+    async def decide_approval(
+        self, incident_id: str, status: str, actor: str, now: datetime
+    ) -> ApprovalRecord | None: ...
+    async def switch(self, name: str) -> Mapping[str, Any] | None: ...
+    async def set_switch(self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> None: ...
+    async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
+    async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]: ...

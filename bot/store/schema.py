@@ -1,0 +1,107 @@
+"""SQLite schema and its versioned migrations.
+
+Each migration is applied once, in order, inside a transaction, and recorded in
+``PRAGMA user_version``. The audit log is append-only by construction: triggers refuse
+UPDATE and DELETE on ``events``.
+"""
+
+from __future__ import annotations
+
+TERMINAL_STATES = "('resolved','failed','rolled_back','suppressed')"
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the first schema
+    f"""
+    CREATE TABLE incidents (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        node TEXT NOT NULL,
+        state TEXT NOT NULL,
+        playbook TEXT,
+        mode TEXT,
+        plan_json TEXT,
+        step_index INTEGER NOT NULL DEFAULT 0,
+        acted INTEGER NOT NULL DEFAULT 0,
+        faults_changed INTEGER NOT NULL DEFAULT 0,
+        opened_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        first_alert_at TEXT,
+        guarded_at TEXT,
+        closed_at TEXT,
+        outcome TEXT NOT NULL DEFAULT '',
+        group_key TEXT NOT NULL DEFAULT ''
+    );
+    CREATE UNIQUE INDEX incidents_one_active_per_node ON incidents(node) WHERE state NOT IN {TERMINAL_STATES};
+    CREATE INDEX incidents_node_opened ON incidents(node, opened_at);
+    CREATE INDEX incidents_state ON incidents(state);
+
+    CREATE TABLE alerts (
+        fingerprint TEXT NOT NULL,
+        starts_at TEXT NOT NULL,
+        ends_at TEXT,
+        status TEXT NOT NULL,
+        alertname TEXT NOT NULL,
+        node TEXT,
+        incident_id TEXT REFERENCES incidents(id),
+        fault_key TEXT,
+        fault_json TEXT,
+        labels_json TEXT NOT NULL,
+        annotations_json TEXT NOT NULL,
+        group_key TEXT NOT NULL DEFAULT '',
+        deliveries INTEGER NOT NULL DEFAULT 1,
+        first_seen TEXT NOT NULL,
+        last_seen TEXT NOT NULL,
+        PRIMARY KEY (fingerprint, starts_at)
+    ) WITHOUT ROWID;
+    CREATE INDEX alerts_incident ON alerts(incident_id);
+
+    CREATE TABLE steps (
+        incident_id TEXT NOT NULL REFERENCES incidents(id),
+        step TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        started_at TEXT,
+        ended_at TEXT,
+        result_json TEXT NOT NULL DEFAULT '{{}}',
+        PRIMARY KEY (incident_id, step)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE approvals (
+        incident_id TEXT PRIMARY KEY REFERENCES incidents(id),
+        step TEXT NOT NULL,
+        requested_at TEXT NOT NULL,
+        deadline TEXT NOT NULL,
+        approvers_json TEXT NOT NULL,
+        status TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at TEXT
+    );
+
+    CREATE TABLE switches (
+        name TEXT PRIMARY KEY,
+        value_json TEXT,
+        set_by TEXT NOT NULL,
+        set_at TEXT NOT NULL
+    );
+
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        incident_id TEXT,
+        at TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        step TEXT,
+        outcome TEXT,
+        attempt INTEGER,
+        actor TEXT,
+        detail TEXT NOT NULL DEFAULT '',
+        data_json TEXT NOT NULL DEFAULT '{{}}'
+    );
+    CREATE INDEX events_incident ON events(incident_id, seq);
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,391 @@
+"""SQLite implementation of the incident store (WAL, versioned schema, group commit).
+
+One writer connection owns every write: units of work queue up and the writer runs as
+many as are waiting in one transaction (each in its own savepoint, so one failing unit
+does not sink the others), then commits once. Callers get their result only after the
+commit: an alert acknowledged with 200 is on disk. Reads use a second connection and never
+wait behind writes (WAL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from bot.domain.faults import Fault
+from bot.domain.incident import State
+from bot.domain.planner import PastIncident
+from bot.store import codec
+from bot.store.base import (
+    AlertRecord,
+    ApprovalRecord,
+    Delivery,
+    Event,
+    IncidentRecord,
+    IngestOutcome,
+    NewEvent,
+    StepRecord,
+)
+from bot.store.ingest import ingest, insert_events
+from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, TERMINAL_STATES
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Unit = Callable[[aiosqlite.Connection], Awaitable[Any]]
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot take writes right now (closed, disk full, locked): the caller should retry."""
+
+
+class SqliteStore:
+    def __init__(self, path: Path, *, synchronous: str = "full", batch_max: int = 128) -> None:
+        self.path = path
+        self._synchronous = synchronous.upper()
+        self._batch_max = batch_max
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._queue: asyncio.Queue[tuple[Unit, asyncio.Future[Any]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = await aiosqlite.connect(self.path, isolation_level=None)
+        self._writer.row_factory = aiosqlite.Row
+        for pragma in ("journal_mode=WAL", f"synchronous={self._synchronous}", "foreign_keys=ON", "busy_timeout=10000"):
+            await self._writer.execute(f"PRAGMA {pragma}")
+        await self._migrate(self._writer)
+        self._reader = await aiosqlite.connect(self.path, isolation_level=None)
+        self._reader.row_factory = aiosqlite.Row
+        await self._reader.execute("PRAGMA busy_timeout=10000")
+        self._task = asyncio.create_task(self._write_loop(), name="pitcrew-store-writer")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            await self._queue.join()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                await conn.close()
+        self._reader = self._writer = None
+
+    async def ping(self) -> bool:
+        try:
+            await self._one("SELECT 1")
+        except Exception:  # readiness probes report, they do not raise
+            return False
+        return self._task is not None and not self._task.done()
+
+    async def _migrate(self, db: aiosqlite.Connection) -> None:
+        async with db.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} has schema {version}, newer than this pitcrew ({SCHEMA_VERSION})")
+        for number in range(version, SCHEMA_VERSION):
+            # executescript commits any open transaction first, so the script carries its own.
+            try:
+                await db.executescript(
+                    f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;"
+                )
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await db.execute("ROLLBACK")
+                raise
+            log.info("store schema migrated", extra={"schema_version": number + 1})
+
+    # ------------------------------------------------------------ group commit
+    async def _write(self, unit: Unit) -> Any:
+        if self._task is None or self._task.done():
+            raise StoreUnavailable("store is not open")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self._queue.put((unit, future))
+        return await future
+
+    async def _write_loop(self) -> None:
+        assert self._writer is not None
+        db = self._writer
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._batch_max and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+            try:
+                await db.execute("BEGIN IMMEDIATE")
+                for unit, future in batch:
+                    await db.execute("SAVEPOINT unit")
+                    try:
+                        value = await unit(db)
+                    except Exception as exc:
+                        await db.execute("ROLLBACK TO unit")
+                        results.append((future, None, exc))
+                    else:
+                        results.append((future, value, None))
+                    await db.execute("RELEASE unit")
+                await db.execute("COMMIT")
+            except Exception as exc:
+                log.exception("store write batch failed", extra={"units": len(batch)})
+                with contextlib.suppress(Exception):
+                    await db.execute("ROLLBACK")
+                failure = StoreUnavailable(f"write failed: {exc}")
+                results = [(future, None, failure) for _, future in batch]
+            for future, value, error in results:
+                if not future.done():
+                    if error is None:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(error)
+            for _ in batch:
+                self._queue.task_done()
+
+    # ------------------------------------------------------------------- reads
+    async def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[aiosqlite.Row]:
+        assert self._reader is not None, "store is not open"
+        async with self._reader.execute(sql, params) as cursor:
+            return list(await cursor.fetchall())
+
+    async def _one(self, sql: str, params: Sequence[Any] = ()) -> aiosqlite.Row | None:
+        rows = await self._rows(sql, params)
+        return rows[0] if rows else None
+
+    async def _faults(self, incident_ids: Sequence[str]) -> dict[str, tuple[Fault, ...]]:
+        found: dict[str, dict[str, Fault]] = {i: {} for i in incident_ids}
+        if incident_ids:
+            marks = ",".join("?" for _ in incident_ids)
+            for row in await self._rows(
+                f"SELECT incident_id, fault_key, fault_json FROM alerts WHERE incident_id IN ({marks})"  # noqa: S608
+                " AND fault_json IS NOT NULL ORDER BY starts_at",
+                list(incident_ids),
+            ):
+                found[row["incident_id"]].setdefault(row["fault_key"], codec.fault_from(row["fault_json"]))
+        return {i: tuple(faults.values()) for i, faults in found.items()}
+
+    async def incident(self, incident_id: str) -> IncidentRecord | None:
+        row = await self._one("SELECT * FROM incidents WHERE id = ?", (incident_id,))
+        if row is None:
+            return None
+        return codec.incident_from(row, (await self._faults([incident_id]))[incident_id])
+
+    async def incidents(
+        self, *, active_only: bool = False, node: str | None = None, limit: int = 100
+    ) -> list[IncidentRecord]:
+        where, params = [], []
+        if active_only:
+            where.append(f"state NOT IN {TERMINAL_STATES}")
+        if node is not None:
+            where.append("node = ?")
+            params.append(node)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._rows(f"SELECT * FROM incidents {clause} ORDER BY seq DESC LIMIT ?", [*params, limit])  # noqa: S608
+        faults = await self._faults([r["id"] for r in rows])
+        return [codec.incident_from(r, faults[r["id"]]) for r in rows]
+
+    async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
+        rows = await self._rows("SELECT * FROM alerts WHERE incident_id = ? ORDER BY first_seen", (incident_id,))
+        return [codec.alert_from(r) for r in rows]
+
+    async def alert(self, fingerprint: str, starts_at: datetime) -> AlertRecord | None:
+        row = await self._one(
+            "SELECT * FROM alerts WHERE fingerprint = ? AND starts_at = ?", (fingerprint, codec.ts(starts_at))
+        )
+        return codec.alert_from(row) if row else None
+
+    async def events_of(self, incident_id: str) -> list[Event]:
+        rows = await self._rows("SELECT * FROM events WHERE incident_id = ? ORDER BY seq", (incident_id,))
+        return [codec.event_from(r) for r in rows]
+
+    async def events_since(self, seq: int, limit: int = 1000) -> list[Event]:
+        rows = await self._rows("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+        return [codec.event_from(r) for r in rows]
+
+    async def steps_of(self, incident_id: str) -> dict[str, StepRecord]:
+        rows = await self._rows("SELECT * FROM steps WHERE incident_id = ?", (incident_id,))
+        return {r["step"]: codec.step_from(r) for r in rows}
+
+    async def approval(self, incident_id: str) -> ApprovalRecord | None:
+        row = await self._one("SELECT * FROM approvals WHERE incident_id = ?", (incident_id,))
+        return codec.approval_from(row) if row else None
+
+    async def switch(self, name: str) -> Mapping[str, Any] | None:
+        row = await self._one("SELECT value_json, set_by, set_at FROM switches WHERE name = ?", (name,))
+        if row is None or row["value_json"] is None:
+            return None
+        value: dict[str, Any] = codec.json.loads(row["value_json"])
+        return {**value, "set_by": row["set_by"], "set_at": row["set_at"]}
+
+    async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]:
+        rows = await self._rows(
+            "SELECT id, playbook, opened_at, acted FROM incidents WHERE node = ? AND opened_at >= ? AND id != ?"
+            " AND playbook IS NOT NULL ORDER BY seq",
+            (node, codec.ts(since), exclude or ""),
+        )
+        return [
+            PastIncident(r["id"], r["playbook"], codec.dt(r["opened_at"]) or since, bool(r["acted"])) for r in rows
+        ]
+
+    async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        rows = await self._rows(
+            "SELECT DISTINCT node FROM incidents WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?",
+            (codec.ts(since), exclude_node or ""),
+        )
+        return frozenset(r["node"] for r in rows)
+
+    # ------------------------------------------------------------------ writes
+    async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
+        result: IngestOutcome = await self._write(lambda db: ingest(db, delivery, now))
+        return result
+
+    async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
+        await self._write(lambda db: insert_events(db, [(incident_id, event)], now))
+
+    async def save_plan(
+        self,
+        incident_id: str,
+        plan: Mapping[str, Any],
+        playbook: str,
+        mode: str,
+        events: Sequence[NewEvent],
+        now: datetime,
+    ) -> None:
+        async def unit(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "UPDATE incidents SET plan_json = ?, playbook = ?, mode = ?, faults_changed = 0, updated_at = ?"
+                " WHERE id = ?",
+                (codec.dumps(dict(plan)), playbook, mode, codec.ts(now), incident_id),
+            )
+            await insert_events(db, [(incident_id, e) for e in events], now)
+
+        await self._write(unit)
+
+    async def ack_faults(self, incident_id: str) -> None:
+        await self._write(lambda db: db.execute("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,)))
+
+    async def transition(
+        self,
+        incident_id: str,
+        state: State,
+        now: datetime,
+        *,
+        event: NewEvent | None = None,
+        outcome: str | None = None,
+        guarded: bool = False,
+    ) -> IncidentRecord:
+        stamp = codec.ts(now)
+
+        async def unit(db: aiosqlite.Connection) -> None:
+            sets = ["state = ?", "updated_at = ?"]
+            params: list[Any] = [state.value, stamp]
+            if state.terminal:
+                sets.append("closed_at = ?")
+                params.append(stamp)
+            if outcome is not None:
+                sets.append("outcome = ?")
+                params.append(outcome)
+            if guarded:
+                sets.append("guarded_at = COALESCE(guarded_at, ?)")
+                params.append(stamp)
+            await db.execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id = ?", [*params, incident_id])  # noqa: S608
+            if event is not None:
+                await insert_events(db, [(incident_id, event)], now)
+
+        await self._write(unit)
+        record = await self.incident(incident_id)
+        assert record is not None
+        return record
+
+    async def advance(self, incident_id: str, step_index: int, now: datetime) -> None:
+        await self._write(
+            lambda db: db.execute(
+                "UPDATE incidents SET step_index = ?, updated_at = ? WHERE id = ?",
+                (step_index, codec.ts(now), incident_id),
+            )
+        )
+
+    async def step_started(self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool) -> None:
+        stamp = codec.ts(now)
+
+        async def unit(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
+                " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
+                " started_at = COALESCE(steps.started_at, excluded.started_at), ended_at = NULL",
+                (incident_id, step, attempt, stamp),
+            )
+            if acted:
+                await db.execute("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
+            await insert_events(db, [(incident_id, NewEvent("step_started", step=step, attempt=attempt))], now)
+
+        await self._write(unit)
+
+    async def step_finished(
+        self,
+        incident_id: str,
+        step: str,
+        status: str,
+        now: datetime,
+        *,
+        result: Mapping[str, Any] | None = None,
+        event: NewEvent,
+    ) -> None:
+        stamp = codec.ts(now)
+
+        async def unit(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO steps (incident_id, step, status, attempts, started_at, ended_at, result_json)"
+                " VALUES (?, ?, ?, 0, NULL, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
+                " status = excluded.status, ended_at = excluded.ended_at, result_json = excluded.result_json",
+                (incident_id, step, status, stamp, codec.dumps(dict(result or {}))),
+            )
+            await insert_events(db, [(incident_id, event)], now)
+
+        await self._write(unit)
+
+    async def request_approval(
+        self, incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
+    ) -> ApprovalRecord:
+        async def unit(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO approvals (incident_id, step, requested_at, deadline, approvers_json, status)"
+                " VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT (incident_id) DO NOTHING",
+                (incident_id, step, codec.ts(now), codec.ts(deadline), codec.dumps(list(approvers))),
+            )
+
+        await self._write(unit)
+        record = await self.approval(incident_id)
+        assert record is not None
+        return record
+
+    async def decide_approval(
+        self, incident_id: str, status: str, actor: str, now: datetime
+    ) -> ApprovalRecord | None:
+        async def unit(db: aiosqlite.Connection) -> int:
+            cursor = await db.execute(
+                "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
+                " WHERE incident_id = ? AND status = 'pending'",
+                (status, actor, codec.ts(now), incident_id),
+            )
+            return cursor.rowcount
+
+        changed: int = await self._write(unit)
+        return await self.approval(incident_id) if changed else None
+
+    async def set_switch(self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> None:
+        await self._write(
+            lambda db: db.execute(
+                "INSERT INTO switches (name, value_json, set_by, set_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json, set_by = excluded.set_by,"
+                " set_at = excluded.set_at",
+                (name, codec.dumps(dict(value)) if value is not None else None, actor, codec.ts(now)),
+            )
+        )
