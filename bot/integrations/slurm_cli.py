@@ -1,0 +1,261 @@
+"""The ``scontrol`` backend of the scheduler port: Slurm's own commands, any Slurm version.
+
+Runs ``scontrol``/``squeue`` as async subprocesses (argv only, never a shell) with a timeout
+that kills the child, parses their ``-o`` one-line output, and turns failures into
+``TransientError`` (controller unreachable, timeouts) or ``PermanentError`` (unknown node or
+job, invalid arguments). It must not retry (the engine's step executor does), decide
+ownership (the engine checks ``reason_is_ours`` before ``resume``) or log whole outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
+from bot.engine.errors import PermanentError, PitcrewError, TransientError
+
+log = logging.getLogger(__name__)
+
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_:/]*)=")
+# Slurm appends "[user@time]" to a node reason; it ends the reason even if the reason has "=".
+_NODE_REASON = re.compile(r"(?:^|\s)Reason=(.*?) \[([^\s@\[\]]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?=\s|$)")
+_NO_VALUE = frozenset({"", "(null)", "None", "N/A", "Unknown", "n/a"})
+_SHORT_STATE = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "POWERING_DOWN"}
+_ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
+# One node, never a hostlist ("gpu-[001-100]" would down a hundred) nor something scontrol reads as
+# an option; job ids are numbers, array tasks "123_4".
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+
+# (pattern in stderr, transient?, reason): first match wins. Unknown failures are permanent:
+# a human looks at them rather than pitcrew hammering a controller it does not understand.
+_FAILURES: tuple[tuple[re.Pattern[str], bool, str], ...] = tuple(
+    (re.compile(p, re.IGNORECASE), transient, reason)
+    for p, transient, reason in (
+        (
+            r"unable to contact slurm controller|connection refused|zero bytes were transmitted",
+            True,
+            "slurm_unreachable",
+        ),
+        (r"socket timed out|timed out|timeout", True, "timeout"),
+        (r"temporarily|try again|busy", True, "slurm_busy"),
+        (r"invalid node name|node \S+ not found", False, "unknown_node"),
+        (r"invalid job id", False, "unknown_job"),
+        (r"access.*denied|permission denied|not authorized|authentication", False, "permission_denied"),
+        (r"invalid|request denied|must specify|unrecognized|usage", False, "invalid_argument"),
+    )
+)
+
+
+def checked_node(name: str) -> str:
+    """``name`` if it names exactly one Slurm node; else ``PermanentError(invalid_argument)``."""
+    if not _NODE_NAME.fullmatch(name) or name.upper() == "ALL":
+        raise PermanentError(f"not a single Slurm node name: {name[:64]!r}", reason="invalid_argument")
+    return name
+
+
+def checked_job(job_id: str) -> str:
+    if not _JOB_ID.fullmatch(job_id):
+        raise PermanentError(f"not a Slurm job id: {job_id[:64]!r}", reason="invalid_argument")
+    return job_id
+
+
+class ScontrolScheduler:
+    """``Scheduler`` over Slurm's command-line tools."""
+
+    backend = "scontrol"
+
+    def __init__(
+        self,
+        *,
+        bin_dir: Path | None = None,
+        command_timeout: float = 20.0,
+        slurm_conf: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._bin_dir = bin_dir
+        self._timeout = command_timeout
+        self._env = dict(os.environ if env is None else env)
+        self._env["LC_ALL"] = "C"  # error texts are matched below; keep them in English
+        if slurm_conf is not None:
+            self._env["SLURM_CONF"] = str(slurm_conf)
+
+    async def node(self, name: str) -> SlurmNodeState:
+        out = await self._run("scontrol", "show", "node", "-o", checked_node(name), op="show_node")
+        for line in out.splitlines():
+            if parse_kv(line).get("NodeName") == name:
+                with _shape("show_node"):
+                    return parse_node_line(line)
+        raise PermanentError(f"Slurm node {name!r} not found", reason="unknown_node")
+
+    async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        # squeue's text mode honours -w (its --json mode ignores filters in 22.05); the
+        # details, including the restart count, come from scontrol, one job at a time.
+        argv = ("-h", "-w", checked_node(name), "-t", _ACTIVE_STATES, "-o", "%A")
+        out = await self._run("squeue", *argv, op="squeue")
+        jobs = []
+        for job_id in dict.fromkeys(out.split()):
+            job = await self.job(job_id)
+            if job is not None and job.running and name in job.nodes:
+                jobs.append(job)
+        return jobs
+
+    async def job(self, job_id: str) -> JobSnapshot | None:
+        try:
+            out = await self._run("scontrol", "show", "job", "-o", checked_job(job_id), op="show_job")
+        except PermanentError as exc:
+            if exc.reason == "unknown_job":
+                return None
+            raise
+        lines = [line for line in out.splitlines() if line.startswith("JobId=")]
+        exact = [line for line in lines if parse_kv(line).get("JobId") == job_id]
+        with _shape("show_job"):
+            return parse_job_line((exact or lines)[0]) if lines else None
+
+    async def down(self, name: str, reason: str) -> None:
+        await self._update_node(name, "DOWN", reason)
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self._update_node(name, "DRAIN", reason)
+
+    async def resume(self, name: str) -> None:
+        try:
+            await self._update_node(name, "RESUME", None)
+        except PermanentError as exc:
+            # Slurm refuses RESUME of a node that is not DOWN/DRAIN: already done, not a failure.
+            node = await self.node(name)
+            if exc.reason == "invalid_argument" and not (node.down or node.drained):
+                return
+            raise
+
+    async def requeue(self, job_id: str) -> None:
+        try:
+            await self._run("scontrol", "requeue", checked_job(job_id), op="requeue")
+        except PermanentError as exc:
+            if "pending execution" in str(exc).lower():
+                return  # already back in the queue: requeue is done
+            raise
+
+    async def aclose(self) -> None:
+        """Nothing to release; present so both backends close the same way."""
+
+    async def _update_node(self, name: str, state: str, reason: str | None) -> None:
+        args = ["update", f"NodeName={checked_node(name)}", f"State={state}"]
+        if reason is not None:
+            # One argv element: spaces stay inside the reason, no shell ever sees it.
+            args.append(f"Reason={clean_reason(reason) or 'pitcrew'}")
+        await self._run("scontrol", *args, op=f"node_{state.lower()}")
+        log.info("slurm node updated", extra={"slurm_node": name, "state": state, "backend": "scontrol"})
+
+    async def _run(self, program: str, *args: str, op: str) -> str:
+        exe = str(self._bin_dir / program) if self._bin_dir else program
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                exe,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+            )
+        except FileNotFoundError as exc:
+            raise PermanentError(f"{op}: {program} not found", reason="binary_missing") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=self._timeout)
+        except TimeoutError as exc:
+            proc.kill()
+            await proc.wait()
+            raise TransientError(
+                f"{op}: {program} gave no answer in {self._timeout:g}s", reason="timeout"
+            ) from exc
+        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        if proc.returncode != 0:
+            raise classify_failure(op, stderr or stdout)
+        return stdout
+
+
+@contextmanager
+def _shape(op: str) -> Iterator[None]:
+    """Output that does not parse is a permanent error (a Slurm we do not understand), not a crash."""
+    try:
+        yield
+    except (KeyError, ValueError) as exc:
+        raise PermanentError(
+            f"{op}: unexpected output ({type(exc).__name__})", reason="bad_response"
+        ) from exc
+
+
+def classify_failure(op: str, text: str) -> PitcrewError:
+    """Map a failed command's message to a port error with a bounded reason."""
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "no output")[:200]
+    for pattern, transient, reason in _FAILURES:
+        if pattern.search(text):
+            cls = TransientError if transient else PermanentError
+            return cls(f"{op}: {first}", reason=reason)
+    return PermanentError(f"{op}: {first}", reason="slurm_error")
+
+
+def parse_kv(line: str) -> dict[str, str]:
+    """``Key=value`` pairs of one ``scontrol show -o`` line; values may contain spaces."""
+    fields: dict[str, str] = {}
+    reason = _NODE_REASON.search(line)
+    if reason:
+        fields["Reason"], fields["_ReasonUser"], fields["_ReasonTime"] = reason.groups()
+        line = line[: reason.start()] + line[reason.end() :]
+    matches = list(_KEY.finditer(line))
+    for here, after in zip(matches, [*matches[1:], None], strict=True):
+        end = after.start() if after else len(line)
+        fields.setdefault(here.group(1), line[here.end() : end].strip())
+    return fields
+
+
+def parse_node_line(line: str) -> SlurmNodeState:
+    """One ``scontrol show node -o`` line."""
+    kv = parse_kv(line)
+    states: set[str] = set()
+    for part in kv.get("State", "UNKNOWN").split("+"):
+        base = part.rstrip("*~#%$@!^-")
+        states.add(base.upper())
+        states.update(_SHORT_STATE[s] for s in part[len(base) :] if s in _SHORT_STATE)
+    reason = kv.get("Reason", "")
+    return SlurmNodeState(
+        name=kv["NodeName"],
+        states=frozenset(states),
+        reason="" if reason in {"(null)", "None"} else reason,
+        reason_user=kv.get("_ReasonUser"),
+        reason_time=_local_time(kv.get("_ReasonTime", "")),
+    )
+
+
+def parse_job_line(line: str) -> JobSnapshot:
+    """One ``scontrol show job -o`` line."""
+    kv = parse_kv(line)
+    reason = kv.get("Reason", "")
+    return JobSnapshot(
+        job_id=kv["JobId"],
+        name=kv.get("JobName", ""),
+        user=kv.get("UserId", "").split("(", 1)[0],
+        state=kv.get("JobState", "UNKNOWN").upper(),
+        nodes=expand_hostlist(kv.get("NodeList", "")),
+        restarts=int(kv.get("Restarts", "0") or 0),
+        requeue=kv.get("Requeue", "1") == "1",
+        reason="" if reason in _NO_VALUE else reason,
+        start_time=_local_time(kv.get("StartTime", "")),
+    )
+
+
+def _local_time(text: str) -> datetime | None:
+    # scontrol prints the controller host's local time without a zone.
+    if text in _NO_VALUE:
+        return None
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except ValueError:
+        return None

@@ -1,0 +1,197 @@
+"""Slurm's JSON (slurmrestd, ``squeue --json``, ``sinfo --json``) into pitcrew's records.
+
+Pure translation, shared by the REST backend and by tests of the CLI's JSON output: the
+v0.0.38 shapes of Slurm 22.05 (``"state": "down"`` + ``state_flags``, plain integer times)
+and the v0.0.39+ shapes of 23.02 and later (state lists, ``{"set", "number"}`` times). Also
+reads a server's OpenAPI document to learn which API version and operations it offers.
+It must not do I/O and never raises anything but ``ValueError`` on a malformed document.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
+
+#: Slurm error numbers that mean "no such object" (slurm_errno.h), across versions.
+ESLURM_INVALID_JOB_ID = 2017
+ESLURM_INVALID_NODE_NAME = 2018
+
+_BASE_JOB_STATES = frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL"}
+    | {"PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+_VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmError:
+    """One entry of a response's ``errors`` list, bounded for logs."""
+
+    errno: int
+    message: str
+
+    @property
+    def unknown_job(self) -> bool:
+        return self.errno == ESLURM_INVALID_JOB_ID or "invalid job id" in self.message.lower()
+
+    @property
+    def unknown_node(self) -> bool:
+        return self.errno == ESLURM_INVALID_NODE_NAME or "invalid node name" in self.message.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class RestApi:
+    """What a slurmrestd offers: the version pitcrew uses and whether nodes can be updated."""
+
+    version: str
+    node_update: bool
+    versions: tuple[str, ...] = ()
+    spellings: tuple[tuple[str, str], ...] = ()
+
+    def path(self, template: str, **params: str) -> str:
+        """The server's own spelling of ``/slurm/<version>/<template>``, parameters filled in."""
+        spelled = dict(self.spellings).get(template, f"/slurm/{self.version}/{template}")
+        return spelled.format(**{k: quote(v, safe="") for k, v in params.items()})
+
+
+_TAILS = ("nodes", "jobs", "node/{node_name}", "job/{job_id}")
+
+
+def discover_api(document: Mapping[str, Any], pinned: str = "auto") -> RestApi:
+    """Pick the highest ``slurm/v0.0.XX`` that can read nodes and jobs.
+
+    Node updates are used only when the document lists ``post`` on the node path: Slurm
+    22.05 (v0.0.38) answers 405 there, 23.02+ (v0.0.39+) accepts an ``update_node_msg``.
+    Collection paths end with ``/`` from v0.0.40 on (``/nodes/``), so the document's own
+    spelling is kept.
+    """
+    paths = document.get("paths")
+    if not isinstance(paths, Mapping):
+        raise ValueError("OpenAPI document has no paths")
+    found: dict[str, int] = {}
+    for path in paths:
+        match = _VERSION.match(str(path))
+        if match:
+            found[match.group(1)] = int(match.group(2))
+    usable = sorted(
+        (
+            v
+            for v in found
+            if _spelling(paths, v, "nodes", "get") and _spelling(paths, v, "job/{job_id}", "get")
+        ),
+        key=found.__getitem__,
+    )
+    if pinned != "auto":
+        if pinned not in found:
+            raise ValueError(f"server does not offer slurm/{pinned}; it offers {sorted(found)}")
+        version = pinned
+    elif usable:
+        version = usable[-1]
+    else:
+        raise ValueError("server offers no slurm/v0.0.XX API that reads nodes and jobs")
+    spellings = tuple((t, s) for t in _TAILS if (s := _spelling(paths, version, t, "get")))
+    node_update = _spelling(paths, version, "node/{node_name}", "post") is not None
+    return RestApi(version, node_update, tuple(usable), spellings)
+
+
+def _spelling(paths: Mapping[str, Any], version: str, tail: str, method: str) -> str | None:
+    for spelling in (f"/slurm/{version}/{tail}", f"/slurm/{version}/{tail}/"):
+        ops = paths.get(spelling)
+        if isinstance(ops, Mapping) and method in ops:
+            return spelling
+    return None
+
+
+def errors_of(payload: Mapping[str, Any]) -> list[SlurmError]:
+    """The ``errors`` list of a response (22.05 uses ``errno``, later ``error_number``)."""
+    out = []
+    for item in payload.get("errors") or ():
+        if not isinstance(item, Mapping):
+            continue
+        number = item.get("error_number", item.get("errno", -1))
+        text = str(item.get("description") or item.get("error") or "error")
+        out.append(SlurmError(int(number) if isinstance(number, int) else -1, text[:200]))
+    return out
+
+
+def node_from_json(raw: Mapping[str, Any]) -> SlurmNodeState:
+    """One node of ``nodes[]`` (``/nodes``, ``/node/{name}``, ``sinfo --json``)."""
+    state = raw.get("state")
+    states = {s.upper() for s in (state if isinstance(state, list) else [state or "UNKNOWN"])}
+    states.update(str(f).upper() for f in raw.get("state_flags") or ())
+    user = raw.get("reason_set_by_user") or None
+    return SlurmNodeState(
+        name=str(raw["name"]),
+        states=frozenset(states),
+        reason=str(raw.get("reason") or ""),
+        reason_user=str(user) if user else None,
+        reason_time=_time(raw.get("reason_changed_at")),
+    )
+
+
+def job_from_json(raw: Mapping[str, Any]) -> JobSnapshot:
+    """One job of ``jobs[]`` (``/jobs``, ``/job/{id}``, ``squeue --json``, or slurmdb/``sacct``)."""
+    accounting = raw.get("state")
+    if isinstance(accounting, Mapping):
+        # slurmdb records one entry per run of a job: {"state": {"current": "NODE_FAIL"}, ...}
+        times = raw.get("time")
+        start = times.get("start") if isinstance(times, Mapping) else None
+        return replace(
+            job_from_json({**raw, "state": None, "job_state": accounting.get("current")}),
+            start_time=_time(start),
+        )
+    state = raw.get("job_state")
+    if isinstance(state, list):
+        # v0.0.40+ lists the base state together with flags such as REQUEUED or COMPLETING.
+        upper = [str(s).upper() for s in state]
+        state = next((s for s in upper if s in _BASE_JOB_STATES), upper[0] if upper else "UNKNOWN")
+    nodes = raw.get("nodes")
+    reason = str(raw.get("state_reason") or "")
+    return JobSnapshot(
+        job_id=str(raw["job_id"]),
+        name=str(raw.get("name") or ""),
+        user=str(raw.get("user_name") or raw.get("user") or raw.get("user_id") or ""),
+        state=str(state or "UNKNOWN").upper(),
+        nodes=expand_hostlist(nodes) if isinstance(nodes, str) else (),
+        restarts=int(raw.get("restart_cnt") or 0),
+        requeue=bool(raw.get("requeue", True)),
+        reason="" if reason in ("", "None") else reason,
+        start_time=_time(raw.get("start_time")),
+    )
+
+
+def nodes_from_payload(payload: Mapping[str, Any]) -> list[SlurmNodeState]:
+    return [node_from_json(n) for n in _items(payload, "nodes")]
+
+
+def jobs_from_payload(payload: Mapping[str, Any]) -> list[JobSnapshot]:
+    return [job_from_json(j) for j in _items(payload, "jobs")]
+
+
+def jobs_running_on(jobs: Sequence[JobSnapshot], node: str) -> list[JobSnapshot]:
+    """Running jobs whose expanded node list includes ``node`` (squeue --json ignores -w)."""
+    return [j for j in jobs if j.running and node in j.nodes]
+
+
+def _items(payload: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    items = payload.get(key)
+    if not isinstance(items, list):
+        raise ValueError(f"response has no {key} list")
+    return [i for i in items if isinstance(i, Mapping)]
+
+
+def _time(value: object) -> datetime | None:
+    if isinstance(value, Mapping):
+        # v0.0.39+: {"set": bool, "infinite": bool, "number": int}
+        if not value.get("set") or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, int) and value > 0:
+        return datetime.fromtimestamp(value, tz=UTC)
+    return None

@@ -1,0 +1,263 @@
+"""The slurmrestd backend of the scheduler port (aiohttp, JWT).
+
+Reads nodes and jobs over REST on v0.0.38+ and updates nodes over REST where the server's
+OpenAPI document offers it (v0.0.39+, Slurm 23.02+); otherwise, and for requeue (no REST
+operation in any version), it hands over to the ``scontrol`` backend. It owns one
+ClientSession per instance and the JWT read from a file (re-read when the file changes). It
+must not retry beyond one re-read of a changed token, and never puts the token or a whole
+payload in a log line or an exception message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
+from bot.engine.errors import PermanentError, TransientError
+from bot.integrations.slurm_cli import ScontrolScheduler, checked_job, checked_node
+from bot.integrations.slurm_json import (
+    RestApi,
+    discover_api,
+    errors_of,
+    job_from_json,
+    jobs_from_payload,
+    jobs_running_on,
+    node_from_json,
+)
+
+log = logging.getLogger(__name__)
+
+_OPENAPI_PATHS = ("/openapi/v3", "/openapi")
+
+
+@contextmanager
+def _shape(op: str) -> Iterator[None]:
+    """A response that does not have the documented shape is a permanent error, not a crash."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PermanentError(
+            f"{op}: unexpected response shape ({type(exc).__name__})", reason="bad_response"
+        ) from exc
+
+
+class _TokenFile:
+    """The JWT in a file (bare, or ``SLURM_JWT=…`` as ``scontrol token`` prints it)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._stamp: tuple[int, int] | None = None
+        self._token = ""
+
+    def get(self) -> str:
+        if self._path is None:
+            return ""
+        try:
+            st = os.stat(self._path)
+        except OSError as exc:
+            raise PermanentError("slurmrestd token file is unreadable", reason="token_missing") from exc
+        if (st.st_mtime_ns, st.st_size) != self._stamp:
+            text = self._path.read_text().strip()
+            self._token = text.split("=", 1)[1] if text.startswith("SLURM_JWT=") else text
+            self._stamp = (st.st_mtime_ns, st.st_size)
+        return self._token
+
+    def changed(self) -> bool:
+        before = self._token
+        return self.get() != before
+
+
+class RestScheduler:
+    """``Scheduler`` over slurmrestd; node updates fall back to ``fallback`` when needed."""
+
+    backend = "rest"
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        user: str,
+        token_file: Path | None,
+        fallback: ScontrolScheduler,
+        api_version: str = "auto",
+        request_timeout: float = 10.0,
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._user = user
+        self._token = _TokenFile(token_file)
+        self._fallback = fallback
+        self._pinned = api_version
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._api: RestApi | None = None
+
+    async def api(self) -> RestApi:
+        """The API version in use and whether node updates go over REST (discovered once)."""
+        if self._api is None:
+            document: Mapping[str, Any] | None = None
+            for path in _OPENAPI_PATHS:
+                status, body = await self._request("GET", path, op="openapi", allow={404})
+                if status != 404:
+                    document = body
+                    break
+            if document is None:
+                raise PermanentError("slurmrestd serves no OpenAPI document", reason="unsupported")
+            try:
+                self._api = discover_api(document, self._pinned)
+            except ValueError as exc:
+                raise PermanentError(f"slurmrestd API unusable: {exc}", reason="unsupported") from exc
+            log.info(
+                "slurmrestd api discovered",
+                extra={"api_version": self._api.version, "node_update": self._api.node_update},
+            )
+        return self._api
+
+    async def node_update_path(self) -> str:
+        """``rest`` or ``scontrol``: which path DOWN/DRAIN/RESUME take on this server."""
+        return "rest" if (await self.api()).node_update else "scontrol"
+
+    async def node(self, name: str) -> SlurmNodeState:
+        api = await self.api()
+        _, body = await self._request(
+            "GET", api.path("node/{node_name}", node_name=checked_node(name)), op="get_node"
+        )
+        nodes = [n for n in body.get("nodes") or () if isinstance(n, Mapping)]
+        if not nodes:
+            raise PermanentError(f"Slurm node {name!r} not found", reason="unknown_node")
+        with _shape("get_node"):
+            return node_from_json(nodes[0])
+
+    async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        checked_node(name)
+        api = await self.api()
+        _, body = await self._request("GET", api.path("jobs"), op="get_jobs")
+        with _shape("get_jobs"):
+            return jobs_running_on(jobs_from_payload(body), name)
+
+    async def job(self, job_id: str) -> JobSnapshot | None:
+        api = await self.api()
+        try:
+            _, body = await self._request(
+                "GET", api.path("job/{job_id}", job_id=checked_job(job_id)), op="get_job"
+            )
+        except PermanentError as exc:
+            if exc.reason == "unknown_job":
+                return None
+            raise
+        jobs = [j for j in body.get("jobs") or () if isinstance(j, Mapping)]
+        with _shape("get_job"):
+            return job_from_json(jobs[0]) if jobs else None
+
+    async def down(self, name: str, reason: str) -> None:
+        await self._update_node(name, "DOWN", reason)
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self._update_node(name, "DRAIN", reason)
+
+    async def resume(self, name: str) -> None:
+        try:
+            await self._update_node(name, "RESUME", None)
+        except PermanentError as exc:
+            node = await self.node(name)
+            if exc.reason != "unknown_node" and not (node.down or node.drained):
+                return  # already back in service: RESUME is done
+            raise
+
+    async def requeue(self, job_id: str) -> None:
+        await self._fallback.requeue(job_id)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _update_node(self, name: str, state: str, reason: str | None) -> None:
+        api = await self.api()
+        if not api.node_update:
+            if state == "RESUME":
+                await self._fallback.resume(name)
+            elif state == "DOWN":
+                await self._fallback.down(name, reason or "")
+            else:
+                await self._fallback.drain(name, reason or "")
+            return
+        body: dict[str, Any] = {"state": [state]}
+        if reason is not None:
+            body["reason"] = clean_reason(reason) or "pitcrew"
+        await self._request(
+            "POST",
+            api.path("node/{node_name}", node_name=checked_node(name)),
+            op=f"node_{state.lower()}",
+            json_body=body,
+        )
+        log.info("slurm node updated", extra={"slurm_node": name, "state": state, "backend": "rest"})
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        op: str,
+        json_body: Mapping[str, Any] | None = None,
+        allow: frozenset[int] | set[int] = frozenset(),
+    ) -> tuple[int, Mapping[str, Any]]:
+        status, body = await self._send(method, path, op, json_body)
+        if status in (401, 403) and self._token.changed():
+            status, body = await self._send(method, path, op, json_body)  # the token was rotated
+        if status in allow:
+            return status, body
+        errors = errors_of(body)
+        if any(e.unknown_node for e in errors):
+            raise PermanentError(f"{op}: unknown Slurm node", reason="unknown_node")
+        if any(e.unknown_job for e in errors):
+            raise PermanentError(f"{op}: unknown Slurm job", reason="unknown_job")
+        detail = "; ".join(e.message for e in errors[:3]) or f"HTTP {status}"
+        if status >= 500 or status == 429:
+            # 22.05 answers 500 "Unspecified error" when slurmctld is down (and for a bad token).
+            raise TransientError(f"{op}: HTTP {status}: {detail}", reason="slurm_unreachable")
+        if status in (401, 403):
+            raise PermanentError(f"{op}: slurmrestd refused the token (HTTP {status})", reason="unauthorized")
+        if status >= 400:
+            reason = {404: "not_found", 405: "unsupported"}.get(status, "invalid_argument")
+            raise PermanentError(f"{op}: HTTP {status}: {detail}", reason=reason)
+        if errors:
+            # 22.05 reports a lost controller this way too ("Unspecified error", errno -1).
+            raise TransientError(f"{op}: {detail}", reason="slurm_error")
+        if not body:
+            raise PermanentError(f"{op}: HTTP {status} without a JSON body", reason="bad_response")
+        return status, body
+
+    async def _send(
+        self, method: str, path: str, op: str, json_body: Mapping[str, Any] | None
+    ) -> tuple[int, Mapping[str, Any]]:
+        headers = {"X-SLURM-USER-NAME": self._user, "X-SLURM-USER-TOKEN": self._token.get()}
+        try:
+            async with self._client().request(
+                method, self._url + path, headers=headers, json=json_body
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+        except TimeoutError as exc:
+            raise TransientError(f"{op}: slurmrestd gave no answer in time", reason="timeout") from exc
+        except aiohttp.ClientError as exc:
+            raise TransientError(
+                f"{op}: slurmrestd unreachable ({type(exc).__name__})", reason="slurm_unreachable"
+            ) from exc
+        try:
+            parsed = json.loads(text) if text.strip().startswith(("{", "[")) else {}
+        except ValueError:
+            parsed = {}
+        return status, parsed if isinstance(parsed, Mapping) else {}
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, raise_for_status=False)
+        return self._session

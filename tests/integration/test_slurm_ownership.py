@@ -1,0 +1,128 @@
+"""Never make an outage worse: ownership, DRAIN and idempotence on a real cluster.
+
+Cases (both backends where they differ):
+* a node someone else downed (reason without ``pitcrew:``) is never resumed by pitcrew;
+* DOWN twice and RESUME of a node already in service are harmless (retried steps);
+* DRAIN leaves the running job alone (MIXED+DRAIN → IDLE+DRAIN when it ends), then the node
+  is ours to resume;
+* DRAIN + requeue moves a running job to another node; requeue of a job already pending is
+  a no-op; unknown nodes and jobs are permanent errors, a forgotten job is ``None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, pitcrew_reason
+from bot.engine.errors import PermanentError
+from bot.integrations.slurm import (
+    RestScheduler,
+    ScontrolScheduler,
+    SlurmSettings,
+    build_scheduler,
+    resume_if_ours,
+)
+from tests.harness.slurm import SlurmCluster, eventually
+
+pytestmark = pytest.mark.slow
+Sched = ScontrolScheduler | RestScheduler
+REASON = pitcrew_reason("inc-own", "XID 48 gpu0")
+
+
+@pytest.fixture(params=["scontrol", "rest"])
+async def sched(request: pytest.FixtureRequest, slurm: SlurmCluster) -> AsyncIterator[Sched]:
+    scheduler = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
+    yield scheduler
+    await scheduler.aclose()
+
+
+async def test_node_downed_by_someone_else_is_never_resumed(slurm: SlurmCluster, sched: Sched) -> None:
+    slurm.run("scontrol", "update", "NodeName=gpu-002", "State=DOWN", "Reason=disk swap (alice) ticket=42")
+    theirs = await sched.node("gpu-002")
+    assert theirs.down
+    assert theirs.reason == "disk swap (alice) ticket=42"
+    assert not theirs.reason_is_ours
+
+    assert await resume_if_ours(sched, "gpu-002") is False
+    await asyncio.sleep(0.5)
+    still = await sched.node("gpu-002")
+    assert still.down
+    assert still.reason == theirs.reason
+
+
+async def test_repeated_calls_are_harmless(sched: Sched) -> None:
+    await sched.down("gpu-003", REASON)
+    await sched.down("gpu-003", REASON)  # a retried step
+    assert (await sched.node("gpu-003")).reason == REASON
+    assert await resume_if_ours(sched, "gpu-003") is True
+    await eventually(lambda: _in_service(sched, "gpu-003"), timeout=10, what="gpu-003 in service")
+    await sched.resume("gpu-003")  # already in service: nothing to do, no error
+    assert await resume_if_ours(sched, "gpu-003") is False
+
+
+async def test_unknown_node_and_job(sched: Sched) -> None:
+    with pytest.raises(PermanentError) as node_error:
+        await sched.node("gpu-404")
+    assert node_error.value.reason == "unknown_node"
+    with pytest.raises(PermanentError) as down_error:
+        await sched.down("gpu-404", REASON)
+    assert down_error.value.reason == "unknown_node"
+    assert await sched.job("999999") is None
+    with pytest.raises(PermanentError) as requeue_error:
+        await sched.requeue("999999")
+    assert requeue_error.value.reason == "unknown_job"
+
+
+async def test_drain_leaves_the_running_job_alone(slurm: SlurmCluster) -> None:
+    sched = ScontrolScheduler(slurm_conf=slurm.conf)
+    job_id = slurm.submit("--nodelist=gpu-001", "--wrap=sleep 3")
+    job = await eventually(lambda: _running(sched, job_id), timeout=15, what="job to run")
+    await sched.drain("gpu-001", REASON)
+
+    draining = await sched.node("gpu-001")
+    assert draining.states == {"MIXED", "DRAIN"}
+    assert draining.reason_is_ours
+    await asyncio.sleep(1)
+    assert await _running(sched, job_id) is not None  # not killed, not requeued
+
+    done = await eventually(lambda: _ended(sched, job_id), timeout=15, what="job to finish")
+    assert done.state == "COMPLETED"
+    assert done.restarts == job.restarts == 0
+    drained = await eventually(lambda: _idle_drained(sched, "gpu-001"), timeout=10, what="IDLE+DRAIN")
+    assert drained.reason == REASON
+    assert await resume_if_ours(sched, "gpu-001") is True
+
+
+async def test_drain_then_requeue_moves_the_job(slurm: SlurmCluster, sched: Sched) -> None:
+    job_id = slurm.submit("--requeue", "--gres=gpu:h100:8", "--wrap=sleep 300")
+    first = await eventually(lambda: _running(sched, job_id), timeout=15, what="job to run")
+    node = first.nodes[0]
+    await sched.drain(node, REASON)
+    await sched.requeue(job_id)
+    await sched.requeue(job_id)  # already pending: a retried step must not fail
+    moved = await eventually(lambda: _running(sched, job_id), timeout=30, what="job running elsewhere")
+    assert node not in moved.nodes
+    assert moved.restarts == 1
+
+
+async def _running(s: Sched, job_id: str) -> JobSnapshot | None:
+    job = await s.job(job_id)
+    # COMPLETING also counts as running in the domain; here we want the job truly started.
+    return job if job is not None and job.state == "RUNNING" else None
+
+
+async def _ended(s: Sched, job_id: str) -> JobSnapshot | None:
+    job = await s.job(job_id)
+    return job if job is not None and job.ended_for_good else None
+
+
+async def _in_service(s: Sched, node: str) -> bool:
+    return (await s.node(node)).in_service
+
+
+async def _idle_drained(s: Sched, node: str) -> SlurmNodeState | None:
+    state = await s.node(node)
+    return state if state.states == {"IDLE", "DRAIN"} else None

@@ -1,0 +1,227 @@
+"""The REST backend against a wire-level slurmrestd stand-in (aiohttp on loopback).
+
+The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one covers what
+22.05 cannot show. Cases:
+* a v0.0.38 server (its real OpenAPI document): node updates go to the scontrol fallback,
+  nothing is POSTed; requeue always goes to the fallback;
+* a v0.0.40 server: node updates are POSTed as ``update_node_msg`` (state list + reason);
+  state lists and time structs are read;
+* the JWT is re-read when its file changes, also when it is rotated during a request; a
+  refused token is permanent; the token never appears in errors or logs;
+* HTTP 500 / connection refused are transient; unknown node is permanent, unknown job None.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bot.engine.errors import PermanentError, TransientError
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler
+from tests.conftest import FIXTURES
+from tests.harness.proc import free_port
+
+REST = FIXTURES / "slurm" / "rest"
+V38_DOC = json.loads((REST / "openapi-v3.json").read_text())
+V40_DOC: dict[str, Any] = {
+    "paths": {
+        "/slurm/v0.0.40/nodes/": {"get": {}, "post": {}},
+        "/slurm/v0.0.40/node/{node_name}": {"get": {}, "post": {}, "delete": {}},
+        "/slurm/v0.0.40/jobs/": {"get": {}},
+        "/slurm/v0.0.40/job/{job_id}": {"get": {}, "post": {}, "delete": {}},
+    }
+}
+SECRET = "eyJhbGciOiJIUzI1NiJ9.secret-part.signature"
+
+
+@dataclass
+class FakeSlurmrestd:
+    document: dict[str, Any]
+    token: str = SECRET
+    posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    node_state: list[str] = field(default_factory=lambda: ["IDLE"])
+    fail_with_500: bool = False
+    rotate_to: tuple[Path, str] | None = None  # rewrite the token file during the next request
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/openapi/v3", self.openapi)
+        app.router.add_route("*", "/slurm/{version}/{kind}/{name}", self.object)
+        # Only the spelling the document lists: v0.0.38 "/jobs", v0.0.40 "/jobs/".
+        jobs = next(p for p in self.document["paths"] if p.rstrip("/").endswith("/jobs"))
+        app.router.add_get(jobs.replace(jobs.split("/")[2], "{version}"), self.jobs)
+        return app
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(self.document)
+
+    def refused(self, request: web.Request) -> web.Response | None:
+        if self.rotate_to is not None:
+            path, new = self.rotate_to
+            path.write_text(f"SLURM_JWT={new}\n")
+            self.token, self.rotate_to = new, None
+        if request.headers.get("X-SLURM-USER-TOKEN") != self.token:
+            return web.Response(status=401, text="Authentication failure")
+        if self.fail_with_500:
+            return web.json_response({"errors": [{"error": "Unspecified error", "errno": -1}]}, status=500)
+        return None
+
+    async def object(self, request: web.Request) -> web.Response:
+        if (refused := self.refused(request)) is not None:
+            return refused
+        kind, name = request.match_info["kind"], request.match_info["name"]
+        if request.method == "POST":
+            if "post" not in self.document["paths"].get(
+                f"/slurm/{request.match_info['version']}/node/{{node_name}}", {}
+            ):
+                return web.Response(status=405, text=(REST / "node-post-v0038-response.txt").read_text())
+            body = await request.json()
+            self.posts.append((request.path, body))
+            self.node_state = body["state"]
+            return web.json_response({"errors": [], "warnings": []})
+        if kind == "node" and name == "gpu-001":
+            node = {"name": name, "state": self.node_state, "reason": "", "reason_changed_at": {"set": False}}
+            return web.json_response({"nodes": [node], "errors": []})
+        if kind == "job" and name == "1":
+            return web.json_response(json.loads((REST / "job-running.json").read_text()))
+        error = {"node": "Invalid node name specified", "job": "Invalid job id specified"}[kind]
+        return web.json_response(
+            {"errors": [{"error": error, "error_number": 2018 if kind == "node" else 2017}]}, status=500
+        )
+
+    async def jobs(self, request: web.Request) -> web.Response:
+        return self.refused(request) or web.json_response(
+            json.loads((REST / "jobs-running.json").read_text())
+        )
+
+
+class RecordingFallback(ScontrolScheduler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, ...]] = []
+
+    async def down(self, name: str, reason: str) -> None:
+        self.calls.append(("down", name, reason))
+
+    async def resume(self, name: str) -> None:
+        self.calls.append(("resume", name))
+
+    async def requeue(self, job_id: str) -> None:
+        self.calls.append(("requeue", job_id))
+
+
+async def _serve(fake: FakeSlurmrestd) -> AsyncIterator[TestServer]:
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(f"SLURM_JWT={SECRET}\n")
+    return path
+
+
+def _rest(server: TestServer, token_file: Path, fallback: ScontrolScheduler | None = None) -> RestScheduler:
+    url = str(server.make_url("/")).rstrip("/")
+    return RestScheduler(
+        url=url, user="root", token_file=token_file, fallback=fallback or RecordingFallback()
+    )
+
+
+async def test_v0038_server_falls_back_to_scontrol_for_node_updates(token_file: Path) -> None:
+    fake, fallback = FakeSlurmrestd(V38_DOC), RecordingFallback()
+    async for server in _serve(fake):
+        rest = _rest(server, token_file, fallback)
+        try:
+            assert await rest.node_update_path() == "scontrol"
+            await rest.down("gpu-001", "pitcrew: inc-1 XID 79")
+            await rest.resume("gpu-001")
+            await rest.requeue("1")
+            assert [j.job_id for j in await rest.jobs_on_node("gpu-001")] == ["1"]
+        finally:
+            await rest.aclose()
+    assert fake.posts == []
+    assert fallback.calls == [
+        ("down", "gpu-001", "pitcrew: inc-1 XID 79"),
+        ("resume", "gpu-001"),
+        ("requeue", "1"),
+    ]
+
+
+async def test_v0040_server_takes_node_updates(token_file: Path) -> None:
+    fake = FakeSlurmrestd(V40_DOC)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            assert (await rest.api()).version == "v0.0.40"
+            await rest.drain("gpu-001", "pitcrew: inc-2\nXID 48")
+            assert (await rest.node("gpu-001")).states == {"DRAIN"}
+            await rest.resume("gpu-001")
+        finally:
+            await rest.aclose()
+    assert fake.posts == [
+        ("/slurm/v0.0.40/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
+        ("/slurm/v0.0.40/node/gpu-001", {"state": ["RESUME"]}),
+    ]
+
+
+async def test_token_rotation_and_secrecy(token_file: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake = FakeSlurmrestd(V40_DOC)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            await rest.node("gpu-001")
+            fake.rotate_to = (token_file, "rotated-token")  # rotated while the request is in flight
+            assert (await rest.node("gpu-001")).name == "gpu-001"
+            fake.token = "someone-else's"
+            with pytest.raises(PermanentError) as refused:
+                await rest.node("gpu-001")
+            assert refused.value.reason == "unauthorized"
+            token_file.write_text("someone-else's\n")  # a new file is read on the next call
+            assert (await rest.node("gpu-001")).name == "gpu-001"
+        finally:
+            await rest.aclose()
+    assert SECRET not in str(refused.value)
+    assert "rotated-token" not in str(refused.value)
+    assert all(SECRET not in r.getMessage() and "rotated" not in r.getMessage() for r in caplog.records)
+
+
+async def test_errors_map_to_transient_or_permanent(token_file: Path) -> None:
+    fake = FakeSlurmrestd(V40_DOC)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            assert await rest.job("999") is None
+            with pytest.raises(PermanentError) as unknown:
+                await rest.node("gpu-404")
+            assert unknown.value.reason == "unknown_node"
+            fake.fail_with_500 = True  # what 22.05 answers while slurmctld is down
+            with pytest.raises(TransientError) as down:
+                await rest.node("gpu-001")
+            assert down.value.reason == "slurm_unreachable"
+        finally:
+            await rest.aclose()
+    nowhere = RestScheduler(
+        url=f"http://127.0.0.1:{free_port()}",
+        user="root",
+        token_file=token_file,
+        fallback=RecordingFallback(),
+    )
+    try:
+        with pytest.raises(TransientError) as refused:
+            await nowhere.node("gpu-001")
+        assert refused.value.reason == "slurm_unreachable"
+    finally:
+        await nowhere.aclose()

@@ -1,0 +1,399 @@
+"""Parsing Slurm's real outputs (``tests/fixtures/slurm``) into pitcrew's records.
+
+Cases:
+* every captured file has a check below, and a new capture without one fails the suite;
+* ``scontrol show node/job -o`` lines: reasons with spaces, ``=`` and brackets, the
+  ``[user@time]`` suffix, empty values (``NodeList=``), compound states (``MIXED+DRAIN``);
+* REST v0.0.38 and ``squeue``/``sinfo --json``: down/drain nodes, requeued/pending jobs
+  with an empty node list, ``sacct``/slurmdb history records;
+* the v0.0.39+ shapes (state lists, ``{"set", "number"}`` times) and OpenAPI discovery;
+* command failures become the right bounded error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.engine.errors import PermanentError, TransientError
+from bot.integrations.slurm_cli import (
+    ScontrolScheduler,
+    classify_failure,
+    parse_job_line,
+    parse_kv,
+    parse_node_line,
+)
+from bot.integrations.slurm_json import (
+    discover_api,
+    errors_of,
+    job_from_json,
+    jobs_from_payload,
+    jobs_running_on,
+    node_from_json,
+    nodes_from_payload,
+)
+from tests.conftest import FIXTURES
+
+SLURM = FIXTURES / "slurm"
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _lines(path: Path, prefix: str) -> list[str]:
+    return [ln for ln in path.read_text().splitlines() if ln.startswith(prefix)]
+
+
+# -- one check per captured file ----------------------------------------------------------
+def check_show_node(path: Path) -> None:
+    nodes = {n.name: n for n in map(parse_node_line, _lines(path, "NodeName="))}
+    assert nodes["gpu-001"].states == {"MIXED"}
+    assert nodes["gpu-001"].reason == ""
+    drained = nodes["gpu-003"]
+    assert drained.states == {"IDLE", "DRAIN"}
+    assert drained.drained
+    assert not drained.in_service
+    assert drained.reason == "XID 79 test"
+    assert drained.reason_user == "root"
+    assert drained.reason_time is not None
+    assert not drained.reason_is_ours
+
+
+def check_show_job(path: Path) -> None:
+    jobs = {j.job_id: j for j in map(parse_job_line, _lines(path, "JobId="))}
+    assert [j.state for j in jobs.values()] == ["CANCELLED", "CANCELLED", "RUNNING", "RUNNING", "COMPLETED"]
+    assert jobs["2"].restarts == 1
+    assert jobs["2"].nodes == ("gpu-002",)
+    assert jobs["3"].running
+    assert jobs["3"].requeue
+    assert jobs["3"].user == "root"
+    assert jobs["3"].name == "ckpt-train"
+    assert jobs["3"].reason == ""
+
+
+def check_remediation_text(path: Path) -> None:
+    nodes = [parse_node_line(ln) for ln in _lines(path, "NodeName=")]
+    assert [(n.name, set(n.states), n.reason) for n in nodes] == [
+        ("gpu-001", {"DOWN"}, "XID 79"),
+        ("gpu-003", {"MIXED", "DRAIN"}, "XID 48 test"),
+    ]
+    pending, running, jobcomp = (parse_job_line(ln) for ln in _lines(path, "JobId="))
+    assert pending.pending
+    assert pending.nodes == ()
+    assert pending.restarts == 1
+    assert running.running
+    assert running.nodes == ("gpu-002",)
+    assert running.restarts == 1
+    # The jobcomp line has the same key=value form and keeps the run that died with the node.
+    assert jobcomp.state == "NODE_FAIL"
+    assert jobcomp.nodes == ("gpu-001",)
+    assert jobcomp.ended_for_good
+
+
+def check_scontrol_json_unsupported(path: Path) -> None:
+    error = classify_failure("show_node", path.read_text())
+    assert isinstance(error, PermanentError)
+    assert error.reason == "invalid_argument"
+
+
+def check_sacct_text(path: Path) -> None:
+    # pitcrew reads no accounting (it needs slurmdbd); the text must agree with the JSON capture.
+    rows = [ln.split() for ln in path.read_text().splitlines()[2:] if ln.split()[0] == "1"]
+    history = jobs_from_payload(_json(SLURM / "cli" / "sacct-D-dbd.json"))
+    assert [(r[2].rstrip("+"), r[3]) for r in rows] == [("NODE_FAIL", "gpu-001"), ("CANCELLED", "gpu-002")]
+    assert [(j.state, j.nodes) for j in history] == [("NODE_FAIL", ("gpu-001",)), ("CANCELLED", ("gpu-002",))]
+
+
+def check_slurmdb_json(path: Path) -> None:
+    history = jobs_from_payload(_json(path))
+    assert [j.job_id for j in history] == ["1", "1"]
+    assert history[0].state == "NODE_FAIL"
+    assert history[0].user == "root"
+    assert history[0].start_time is not None
+
+
+def check_sinfo(path: Path) -> None:
+    nodes = {n.name: n for n in nodes_from_payload(_json(path))}
+    assert nodes["gpu-003"].states == {"IDLE", "DRAIN"}
+    assert nodes["gpu-003"].reason == "XID 79 test"
+    assert nodes["gpu-001"].in_service
+    assert nodes["gpu-001"].reason_user is None
+
+
+def check_sinfo_down_drain(path: Path) -> None:
+    nodes = {n.name: n for n in nodes_from_payload(_json(path))}
+    assert nodes["gpu-001"].down
+    assert nodes["gpu-001"].reason == "XID 79"
+    assert nodes["gpu-001"].reason_time == datetime.fromtimestamp(1795940740, tz=UTC)
+    assert nodes["gpu-003"].states == {"MIXED", "DRAIN"}
+    assert nodes["gpu-003"].reason == "XID 48 test"
+
+
+def check_squeue(path: Path) -> None:
+    jobs = jobs_from_payload(_json(path))
+    assert [j.state for j in jobs] == ["CANCELLED", "CANCELLED", "RUNNING", "RUNNING", "COMPLETED"]
+    # squeue --json ignores -w in 22.05: the filter is ours.
+    assert [j.job_id for j in jobs_running_on(jobs, "gpu-002")] == ["4"]
+    assert [j.job_id for j in jobs_running_on(jobs, "gpu-001")] == ["3"]
+
+
+def check_squeue_requeued(path: Path) -> None:
+    jobs = {j.job_id: j for j in jobs_from_payload(_json(path))}
+    assert jobs["1"].running
+    assert jobs["1"].restarts == 1
+    assert jobs["1"].nodes == ("gpu-002",)
+
+
+def rest_job(state: str, nodes: tuple[str, ...], restarts: int) -> Callable[[Path], None]:
+    def check(path: Path) -> None:
+        (job,) = jobs_from_payload(_json(path))
+        assert (job.state, job.nodes, job.restarts, job.requeue) == (state, nodes, restarts, True)
+        assert job.reason == ""
+        assert job.user == "root"
+        assert job.start_time is not None
+
+    return check
+
+
+def rest_nodes(expected: dict[str, tuple[set[str], str]]) -> Callable[[Path], None]:
+    def check(path: Path) -> None:
+        got = {n.name: (set(n.states), n.reason) for n in nodes_from_payload(_json(path))}
+        assert got == expected
+
+    return check
+
+
+def check_openapi(path: Path) -> None:
+    api = discover_api(_json(path))
+    assert (api.version, api.node_update) == ("v0.0.38", False)
+    assert api.versions == ("v0.0.36", "v0.0.37", "v0.0.38")
+    assert api.path("node/{node_name}", node_name="gpu-001") == "/slurm/v0.0.38/node/gpu-001"
+
+
+def check_post_node_refused(path: Path) -> None:
+    text = path.read_text()
+    assert "HTTP 405" in text
+    assert "not defined" in text
+
+
+def no_errors(path: Path) -> None:
+    assert errors_of(_json(path)) == []
+
+
+def check_ping(path: Path) -> None:
+    no_errors(path)
+    assert _json(path)["pings"][0]["ping"] == "UP"
+
+
+def check_submit_body(path: Path) -> None:
+    body = _json(path)  # a request body pitcrew never sends; the tests submit with sbatch
+    assert body["job"]["requeue"] is True
+    assert "--requeue" in body["script"]
+
+
+CHECKS: dict[str, Callable[[Path], None]] = {
+    "cli/sacct-D-dbd.json": check_slurmdb_json,
+    "cli/sacct-D-dbd.txt": check_sacct_text,
+    "cli/scontrol-json-show-node.txt": check_scontrol_json_unsupported,
+    "cli/scontrol-show-job-o.txt": check_show_job,
+    "cli/scontrol-show-node-o.txt": check_show_node,
+    "cli/sinfo-down-drain.json": check_sinfo_down_drain,
+    "cli/sinfo.json": check_sinfo,
+    "cli/squeue-requeued.json": check_squeue_requeued,
+    "cli/squeue.json": check_squeue,
+    "cli/text-interfaces-during-remediation.txt": check_remediation_text,
+    "rest/diag.json": no_errors,
+    "rest/job-cancel-response.json": no_errors,
+    "rest/job-requeued-pending.json": rest_job("PENDING", (), 1),
+    "rest/job-running-after-requeue.json": rest_job("RUNNING", ("gpu-002",), 1),
+    "rest/job-running.json": rest_job("RUNNING", ("gpu-001",), 0),
+    "rest/job-submit-response.json": no_errors,
+    "rest/job-update-response.json": no_errors,
+    "rest/jobs-running.json": rest_job("RUNNING", ("gpu-001",), 0),
+    "rest/node-down.json": rest_nodes({"gpu-001": ({"DOWN"}, "XID 79")}),
+    "rest/node-drained.json": rest_nodes({"gpu-001": ({"DOWN", "DRAIN"}, "XID 79 drain test")}),
+    "rest/node-post-v0038-response.txt": check_post_node_refused,
+    "rest/nodes-all-healthy.json": rest_nodes(
+        {f"gpu-00{i}": ({s}, "") for i, s in ((1, "MIXED"), (2, "IDLE"), (3, "IDLE"))}
+    ),
+    "rest/nodes-one-down.json": rest_nodes(
+        {"gpu-001": ({"DOWN"}, "XID 79"), "gpu-002": ({"IDLE"}, ""), "gpu-003": ({"IDLE"}, "")}
+    ),
+    "rest/openapi-v3.json": check_openapi,
+    "rest/partitions.json": no_errors,
+    "rest/ping.json": check_ping,
+    "rest/slurmdb-v0.0.38-job-1.json": check_slurmdb_json,
+    "rest/submit.json": check_submit_body,
+}
+
+
+def test_every_captured_file_has_a_check() -> None:
+    files = {str(p.relative_to(SLURM)) for p in SLURM.rglob("*") if p.is_file() and p.name != "README.md"}
+    assert files == set(CHECKS)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_captured_output(name: str) -> None:
+    CHECKS[name](SLURM / name)
+
+
+# -- scontrol -o lines beyond the captures ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("tail", "reason", "user"),
+    [
+        ("Reason=XID 79 [root@2026-11-29T08:25:40]", "XID 79", "root"),
+        (
+            "Reason=pitcrew: inc-1 XID=79 gpu[3] a@b [root@2026-11-29T09:26:28]",
+            "pitcrew: inc-1 XID=79 gpu[3] a@b",
+            "root",
+        ),
+        ("Reason=Not responding [slurm@2026-11-29T09:00:00] Comment=x", "Not responding", "slurm"),
+        ("Reason=no suffix at all", "no suffix at all", None),
+        ("Reason=(null)", "", None),
+        ("", "", None),
+    ],
+)
+def test_node_reason(tail: str, reason: str, user: str | None) -> None:
+    node = parse_node_line(
+        f"NodeName=n1 Arch=x86_64 OS=Linux 6.1 #1 SMP @0  State=DOWN+DRAIN Weight=1 {tail}"
+    )
+    assert (node.reason, node.reason_user, set(node.states)) == (reason, user, {"DOWN", "DRAIN"})
+
+
+@pytest.mark.parametrize(
+    ("state", "states"),
+    [
+        ("IDLE", {"IDLE"}),
+        ("MIXED+DRAIN", {"MIXED", "DRAIN"}),
+        ("IDLE+DRAIN+NOT_RESPONDING", {"IDLE", "DRAIN", "NOT_RESPONDING"}),
+        ("DOWN*", {"DOWN", "NOT_RESPONDING"}),
+        ("IDLE~", {"IDLE", "POWERED_DOWN"}),
+    ],
+)
+def test_node_states(state: str, states: set[str]) -> None:
+    assert parse_node_line(f"NodeName=n1 State={state}").states == states
+
+
+def test_empty_values_and_keys_with_punctuation() -> None:
+    kv = parse_kv(
+        "JobId=7 JobName=my run lr=0.1 NodeList= NumNodes=1 AllocNode:Sid=h:1 TRES=cpu=1,node=1 Power="
+    )
+    assert kv["JobName"] == "my run lr=0.1"
+    assert kv["NodeList"] == ""
+    assert kv["Power"] == ""
+    assert kv["AllocNode:Sid"] == "h:1"
+    assert kv["TRES"] == "cpu=1,node=1"
+
+
+def test_job_line_multi_node_and_no_requeue() -> None:
+    job = parse_job_line(
+        "JobId=9 JobName=x UserId=alice(1000) JobState=NODE_FAIL Requeue=0 Restarts=0 NodeList=g-[1-3]"
+    )
+    assert (job.user, job.requeue, job.nodes, job.ended_for_good) == (
+        "alice",
+        False,
+        ("g-1", "g-2", "g-3"),
+        True,
+    )
+
+
+# -- REST v0.0.39+ shapes ---------------------------------------------------------------------
+def test_v0040_shapes() -> None:
+    node = node_from_json(
+        {
+            "name": "n1",
+            "state": ["IDLE", "DRAIN"],
+            "reason": "pitcrew: i1 XID 79",
+            "reason_changed_at": {"set": True, "infinite": False, "number": 1700000000},
+        }
+    )
+    assert node.states == {"IDLE", "DRAIN"}
+    assert node.reason_is_ours
+    assert node.reason_time is not None
+    job = job_from_json(
+        {
+            "job_id": 5,
+            "job_state": ["REQUEUED", "PENDING"],
+            "nodes": "",
+            "restart_cnt": 2,
+            "start_time": {"set": False, "infinite": False, "number": 0},
+        }
+    )
+    assert (job.state, job.nodes, job.restarts, job.start_time) == ("PENDING", (), 2, None)
+
+
+def _doc(*paths: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
+    return {"paths": {p: {m: {} for m in methods} for p, methods in paths}}
+
+
+def test_discovery_prefers_highest_version_with_node_update() -> None:
+    doc = _doc(
+        ("/slurm/v0.0.39/nodes", ("get",)),
+        ("/slurm/v0.0.39/job/{job_id}", ("get", "post", "delete")),
+        ("/slurm/v0.0.39/node/{node_name}", ("get", "post", "delete")),
+        ("/slurm/v0.0.40/nodes/", ("get", "post")),
+        ("/slurm/v0.0.40/jobs/", ("get",)),
+        ("/slurm/v0.0.40/job/{job_id}", ("get",)),
+        ("/slurm/v0.0.40/node/{node_name}", ("get", "post")),
+        ("/slurm/v0.0.41/diag/", ("get",)),  # cannot read nodes: not usable
+    )
+    api = discover_api(doc)
+    assert (api.version, api.node_update, api.versions) == ("v0.0.40", True, ("v0.0.39", "v0.0.40"))
+    assert api.path("jobs") == "/slurm/v0.0.40/jobs/"  # the server's own spelling
+    assert api.path("job/{job_id}", job_id="1/../x") == "/slurm/v0.0.40/job/1%2F..%2Fx"
+    assert discover_api(doc, "v0.0.39").version == "v0.0.39"
+    with pytest.raises(ValueError, match="does not offer"):
+        discover_api(doc, "v0.0.38")
+    with pytest.raises(ValueError, match="no slurm"):
+        discover_api(_doc(("/openapi", ("get",))))
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "reason"),
+    [
+        (
+            "slurm_load_node error: Unable to contact slurm controller (connect failure)",
+            TransientError,
+            "slurm_unreachable",
+        ),
+        ("slurm_update error: Socket timed out on send/recv operation", TransientError, "timeout"),
+        ("Node gpu-009 not found", PermanentError, "unknown_node"),
+        ("slurm_update error: Invalid node name specified", PermanentError, "unknown_node"),
+        ("slurm_load_jobs error: Invalid job id specified", PermanentError, "unknown_job"),
+        (
+            "You must specify a reason when DOWNING or DRAINING a node. Request denied",
+            PermanentError,
+            "invalid_argument",
+        ),
+        ("slurm_update error: Access/permission denied", PermanentError, "permission_denied"),
+        ("something nobody has seen", PermanentError, "slurm_error"),
+    ],
+)
+def test_failure_classification(text: str, kind: type[Exception], reason: str) -> None:
+    error = classify_failure("op", text)
+    assert type(error) is kind
+    assert error.reason == reason
+    assert str(error).startswith("op: ")
+    assert len(str(error)) <= 210
+
+
+@pytest.mark.parametrize("name", ["gpu-[001-100]", "gpu-001,gpu-002", "-o", "", "gpu 001", "ALL"])
+async def test_only_one_node_is_ever_addressed(name: str) -> None:
+    # Refused before any command runs (there is none to run): a hostlist would take a rack down.
+    sched = ScontrolScheduler(bin_dir=Path("/nonexistent"))
+    with pytest.raises(PermanentError) as caught:
+        await sched.down(name, "pitcrew: inc-1 XID 79")
+    assert caught.value.reason == "invalid_argument"
+
+
+@pytest.mark.parametrize("job_id", ["12 13", "-h", "12,13", ""])
+async def test_only_one_job_is_ever_addressed(job_id: str) -> None:
+    with pytest.raises(PermanentError) as caught:
+        await ScontrolScheduler(bin_dir=Path("/nonexistent")).requeue(job_id)
+    assert caught.value.reason == "invalid_argument"
