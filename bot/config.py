@@ -19,7 +19,12 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from bot.domain.catalog import Catalog, Override, parse_catalog
 from bot.domain.durations import Duration
@@ -32,6 +37,7 @@ from bot.domain.labels import (
 )
 from bot.domain.playbooks import Playbook, PlaybookSet
 from bot.domain.policy import ApprovalPolicy, BreakerPolicy, EscalationPolicy, Mode, NodePolicy, Policy
+from bot.integrations.slurm import SlurmSettings
 
 
 class ConfigError(Exception):
@@ -54,14 +60,19 @@ class BasicAuth(_Section):
 
 class AuthSettings(_Section):
     bearer_token_file: Path | None = Field(
-        default=None, description="File holding the bearer token Alertmanager sends (http_config.authorization)."
+        default=None,
+        description="File holding the bearer token Alertmanager sends (http_config.authorization).",
     )
-    basic_auth: BasicAuth | None = Field(default=None, description="Alternative: basic auth, password from a file.")
+    basic_auth: BasicAuth | None = Field(
+        default=None, description="Alternative: basic auth, password from a file."
+    )
     admin_token_file: Path | None = Field(
-        default=None, description="Bearer token for the command API (approve, rollback, pause…); unset = disabled."
+        default=None,
+        description="Bearer token for the command API (approve, rollback, pause…); unset = disabled.",
     )
     allow_unauthenticated: bool = Field(
-        default=False, description="Accept unauthenticated webhooks on a non-loopback address (not recommended)."
+        default=False,
+        description="Accept unauthenticated webhooks on a non-loopback address (not recommended).",
     )
 
 
@@ -99,7 +110,8 @@ class ServerSettings(_Section):
 class StoreSettings(_Section):
     path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
     synchronous: Literal["normal", "full"] = Field(
-        default="full", description="full: every acknowledged alert survives power loss; normal: process crashes."
+        default="full",
+        description="full: every acknowledged alert survives power loss; normal: process crashes.",
     )
 
 
@@ -112,7 +124,9 @@ class LabelSettings(_Section):
 
 class CatalogSettings(_Section):
     path: Path | None = Field(default=None, description="Replacement catalog file; default: the shipped one.")
-    overrides: dict[str, Override] = Field(default_factory=dict, description='e.g. {"79": {playbook: reboot-node}}')
+    overrides: dict[str, Override] = Field(
+        default_factory=dict, description='e.g. {"79": {playbook: reboot-node}}'
+    )
 
 
 class GuardSettings(_Section):
@@ -125,6 +139,10 @@ class EngineSettings(_Section):
     retry_backoff: Duration = Field(default=timedelta(seconds=1), description="First retry delay; doubles.")
     retry_backoff_max: Duration = Field(default=timedelta(seconds=30))
     poll_interval: Duration = Field(default=timedelta(seconds=2), description="Polling for wait-type steps.")
+    watch_max: Duration = Field(
+        default=timedelta(hours=24),
+        description="Hands-off and observe-mode incidents stay open while their alerts fire, at most this long.",
+    )
 
 
 class IntegrationSettings(_Section):
@@ -132,8 +150,23 @@ class IntegrationSettings(_Section):
     cluster: Literal["recording"] = "recording"
     notifier: Literal["recording"] = "recording"
     recording_path: Path | None = Field(
-        default=None, description="Journal of what the recording integrations would have done (JSON lines)."
+        default=None,
+        description="Journal of what the recording integrations did (JSON lines); default next to the store.",
     )
+    recording_inventory: Path | None = Field(
+        default=None,
+        description="YAML inventory (nodes, pods, Slurm jobs) the recording far side starts from.",
+    )
+
+
+class ResumptionSettings(_Section):
+    progress_query: str | None = Field(
+        default=None,
+        description='PromQL giving a job\'s training progress; "{job_id}" is replaced, e.g. '
+        'max(train_step{slurm_job_id="{job_id}"}). Unset: RUNNING elsewhere with restarts+1 is the proof.',
+    )
+    require_progress: bool = Field(default=True, description="With a query, require progress past pre-fault.")
+    prometheus_url: str | None = Field(default=None, description="Prometheus base URL for progress queries.")
 
 
 class LogSettings(_Section):
@@ -145,7 +178,10 @@ class Settings(BaseSettings):
     """Everything an operator can set. Keys and env names are pitcrew's public interface."""
 
     model_config = SettingsConfigDict(
-        env_prefix="PITCREW_", env_nested_delimiter="__", extra="forbid", nested_model_default_partial_update=True
+        env_prefix="PITCREW_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        nested_model_default_partial_update=True,
     )
 
     mode: Mode = Field(default=Mode.OBSERVE, description="observe | approve | auto")
@@ -160,6 +196,8 @@ class Settings(BaseSettings):
     approvals: ApprovalPolicy = ApprovalPolicy()
     engine: EngineSettings = EngineSettings()
     integrations: IntegrationSettings = IntegrationSettings()
+    slurm: SlurmSettings = SlurmSettings()
+    resumption: ResumptionSettings = ResumptionSettings()
     log: LogSettings = LogSettings()
 
     @field_validator("mode", mode="before")
@@ -299,7 +337,10 @@ def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -
                 read_secret(secret, field)
             except ConfigError as exc:
                 problems.append(str(exc))
-    if Mode.APPROVE in {settings.mode, *settings.playbook_modes.values()} and not settings.approvals.approvers:
+    if (
+        Mode.APPROVE in {settings.mode, *settings.playbook_modes.values()}
+        and not settings.approvals.approvers
+    ):
         problems.append("approvals.approvers: mode approve needs at least one approver")
     return problems
 

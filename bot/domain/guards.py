@@ -68,7 +68,9 @@ class Verdict:
 def evaluate(plan: Plan, world: World, policy: Policy, now: datetime) -> Verdict:
     """Run every guard; a plan that changes nothing passes them all trivially."""
     if not plan.acts:
-        return Verdict(True, (Decision("scope", True, f"{plan.playbook} does not touch the node; no guard applies"),))
+        return Verdict(
+            True, (Decision("scope", True, f"{plan.playbook} does not touch the node; no guard applies"),)
+        )
     decisions = [
         _paused(world),
         _opt_out(plan.node, world, policy),
@@ -86,7 +88,9 @@ def evaluate(plan: Plan, world: World, policy: Policy, now: datetime) -> Verdict
 def _paused(world: World) -> Decision:
     if world.paused:
         who = f" by {world.paused_by}" if world.paused_by else ""
-        return Decision("pause", False, f"pitcrew is paused{who}: no node is touched until someone resumes it")
+        return Decision(
+            "pause", False, f"pitcrew is paused{who}: no node is touched until someone resumes it"
+        )
     return Decision("pause", True, "not paused")
 
 
@@ -95,7 +99,9 @@ def _opt_out(node: str, world: World, policy: Policy) -> Decision:
     if world.node_labels is None:
         return Decision("opt-out", True, f"label {label} not checked (node labels unavailable in a dry run)")
     if world.node_labels.get(label, "").lower() in {"true", "yes", "1"}:
-        return Decision("opt-out", False, f"node {node} carries {label}={world.node_labels[label]}: hands off")
+        return Decision(
+            "opt-out", False, f"node {node} carries {label}={world.node_labels[label]}: hands off"
+        )
     return Decision("opt-out", True, f"node does not carry {label}=true")
 
 
@@ -112,7 +118,9 @@ def _attempts(world: World, policy: Policy, now: datetime) -> Decision:
             False,
             f"{count} remediations on this node in the last {format_duration(window)} (cap {cap}): a human must look",
         )
-    return Decision("attempts", True, f"{count} of {cap} remediations used in the last {format_duration(window)}")
+    return Decision(
+        "attempts", True, f"{count} of {cap} remediations used in the last {format_duration(window)}"
+    )
 
 
 def _cooldown(world: World, policy: Policy, now: datetime) -> Decision:
@@ -146,12 +154,16 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
     breaker = world.breaker
     if breaker.open:
         since = f" since {breaker.opened_at.isoformat(timespec='seconds')}" if breaker.opened_at else ""
-        return Decision("breaker", False, f"circuit breaker is open{since} ({breaker.reason}); a human must reset it"), None
+        return Decision(
+            "breaker", False, f"circuit breaker is open{since} ({breaker.reason}); a human must reset it"
+        ), None
     cfg = policy.breaker
     touched = len(world.nodes_in_remediation | {node})
     window = format_duration(cfg.window)
     if touched > cfg.max_nodes:
-        reason = f"{touched} nodes would be under remediation within {window}, more than max_nodes {cfg.max_nodes}"
+        reason = (
+            f"{touched} nodes would be under remediation within {window}, more than max_nodes {cfg.max_nodes}"
+        )
         return Decision("breaker", False, f"breaker trips: {reason}"), reason
     if world.fleet_size:
         share = touched / world.fleet_size
@@ -165,5 +177,7 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
     else:
         share_words = ", fleet size unknown so max_fraction is not checked"
     return Decision(
-        "breaker", True, f"{touched} of max {cfg.max_nodes} nodes under remediation within {window}{share_words}"
+        "breaker",
+        True,
+        f"{touched} of max {cfg.max_nodes} nodes under remediation within {window}{share_words}",
     ), None

@@ -40,7 +40,14 @@ ACTIVE = frozenset(State) - TERMINAL
 _ALLOWED: dict[State, frozenset[State]] = {
     State.OPEN: frozenset({State.GUARDED, State.SUPPRESSED, State.FAILED, State.RESOLVED}),
     State.GUARDED: frozenset(
-        {State.AWAITING_APPROVAL, State.RUNNING, State.VERIFYING, State.RESOLVED, State.SUPPRESSED, State.FAILED}
+        {
+            State.AWAITING_APPROVAL,
+            State.RUNNING,
+            State.VERIFYING,
+            State.RESOLVED,
+            State.SUPPRESSED,
+            State.FAILED,
+        }
     ),
     State.AWAITING_APPROVAL: frozenset({State.RUNNING, State.SUPPRESSED, State.FAILED, State.ROLLED_BACK}),
     State.RUNNING: frozenset(

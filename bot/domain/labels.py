@@ -70,7 +70,11 @@ def subject_of(alert: Alert, rules: LabelRules = LabelRules()) -> Subject:
     xid_text = next((labels[n].strip() for n in rules.xid if labels.get(n, "").strip()), None)
     if xid_text is None and _looks_like_xid_alert(alert):
         xid_text = next(
-            (alert.annotations[n].strip() for n in rules.xid_annotations if alert.annotations.get(n, "").strip()),
+            (
+                alert.annotations[n].strip()
+                for n in rules.xid_annotations
+                if alert.annotations.get(n, "").strip()
+            ),
             None,
         )
     return Subject(
@@ -81,7 +85,9 @@ def subject_of(alert: Alert, rules: LabelRules = LabelRules()) -> Subject:
         xid=_parse_xid(xid_text),
         xid_text=xid_text,
         fault_label=labels.get("fault") or None,
-        message=labels.get("err_msg") or alert.annotations.get("description", "") or alert.annotations.get("summary", ""),
+        message=labels.get("err_msg")
+        or alert.annotations.get("description", "")
+        or alert.annotations.get("summary", ""),
         recovery_action=labels.get("recovery_action") or None,
     )
 

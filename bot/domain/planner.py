@@ -69,14 +69,20 @@ def plan(
     ordered = tuple(sorted(faults, key=lambda f: (-severity(f.playbook), f.key)))
     decisive = choose_decisive(ordered)
     if decisive is None:
-        return Plan(node, (), None, "ignore", policy.mode, ("close",), "none", ("no active fault on the node",))
+        return Plan(
+            node, (), None, "ignore", policy.mode, ("close",), "none", ("no active fault on the node",)
+        )
 
-    reasons.append(f"{decisive.describe()} → {decisive.playbook}" + (f": {decisive.detail}" if decisive.detail else ""))
+    reasons.append(
+        f"{decisive.describe()} → {decisive.playbook}" + (f": {decisive.detail}" if decisive.detail else "")
+    )
     if not decisive.known:
         reasons.append("not in the fault catalog: a human decides, pitcrew takes no action")
     for other in ordered:
         if other is not decisive:
-            reasons.append(f"also {other.describe()} → {other.playbook} (less severe, covered by {decisive.playbook})")
+            reasons.append(
+                f"also {other.describe()} → {other.playbook} (less severe, covered by {decisive.playbook})"
+            )
 
     playbook_name = _escalate(decisive.playbook, history, policy, now, reasons)
     playbook = playbooks.get(playbook_name)
@@ -102,7 +108,9 @@ def plan(
         first = next((i for i, spec in enumerate(playbook.steps) if spec.needs_approval), None)
         if first is not None:
             steps.insert(first, "approve")
-            approvers = ", ".join(policy.approvals.approvers) or "nobody is configured: set approvals.approvers"
+            approvers = (
+                ", ".join(policy.approvals.approvers) or "nobody is configured: set approvals.approvers"
+            )
             reasons.append(
                 f"mode approve: {playbook.steps[first].name} and later steps wait for approval "
                 f"(approvers: {approvers}; deadline {format_duration(policy.approvals.timeout)}, "
@@ -129,9 +137,7 @@ def _escalate(
     if playbook not in ladder:
         return playbook
     window = policy.escalation.window
-    recent = [
-        h for h in history if h.acted and h.playbook in ladder and now - window <= h.opened_at <= now
-    ]
+    recent = [h for h in history if h.acted and h.playbook in ladder and now - window <= h.opened_at <= now]
     if not recent:
         return playbook
     last = max(recent, key=lambda h: (ladder.index(h.playbook), h.opened_at))

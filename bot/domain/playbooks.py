@@ -71,7 +71,9 @@ class StepSpec(BaseModel):
     step: StepName
     timeout: Duration | None = None
     attempts: int | None = Field(default=None, ge=1, le=1000)
-    approval: bool | None = Field(default=None, description="Needs approval in approve mode (default: destructive).")
+    approval: bool | None = Field(
+        default=None, description="Needs approval in approve mode (default: destructive)."
+    )
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -120,7 +122,7 @@ class Playbook(BaseModel):
         for spec in self.steps:
             if spec.step == step:
                 return spec
-        return StepSpec(step=step)  # type: ignore[arg-type]
+        return StepSpec.model_validate({"step": step})
 
     @property
     def acts(self) -> bool:

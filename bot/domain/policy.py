@@ -52,7 +52,9 @@ class NodePolicy(_Section):
     max_attempts: int = Field(default=3, ge=1, description="Remediations per node within attempt_window.")
     attempt_window: Duration = Field(default=timedelta(hours=24))
     cooldown: Duration = Field(default=timedelta(minutes=30), description="Quiet time after a remediation.")
-    opt_out_label: str = Field(default="pitcrew.dev/opt-out", description="Node label; 'true' means hands off.")
+    opt_out_label: str = Field(
+        default="pitcrew.dev/opt-out", description="Node label; 'true' means hands off."
+    )
 
 
 class ApprovalPolicy(_Section):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.nodemap import SlurmdPod
 
 
 @runtime_checkable
@@ -74,6 +75,17 @@ class PodRef:
     name: str
     owner_kind: str | None = None
     mirror: bool = False
+    terminating: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+#: Annotation carrying the id of the incident that cordoned a node: pitcrew's proof of ownership.
+OWNER_ANNOTATION = "pitcrew.dev/incident"
+#: Taint pitcrew adds when it cordons a node for a GPU fault.
+FAULT_TAINT = Taint(key="pitcrew.dev/gpu-fault", value="true", effect="NoSchedule")
 
 
 @runtime_checkable
@@ -95,6 +107,10 @@ class Cluster(Protocol):
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...
 
     async def pods_on_node(self, name: str) -> list[PodRef]: ...
+
+    async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
+        """slurmd pods of a Slinky NodeSet (for mapping Kubernetes nodes to Slurm nodes)."""
+        ...
 
     async def evict(self, pod: PodRef) -> None:
         """Eviction API; a PDB refusal (429) raises ``TransientError(reason="pdb")``."""

@@ -18,6 +18,10 @@ from bot.domain.incident import State
 from bot.domain.planner import PastIncident
 
 
+class StoreUnavailable(RuntimeError):
+    """The store cannot take writes right now (closed, disk full, locked): the caller should retry."""
+
+
 @dataclass(frozen=True, slots=True)
 class IncomingAlert:
     """One alert of a delivery, already normalised and classified."""
@@ -154,21 +158,46 @@ class Store(Protocol):
 
     # the engine's writes
     async def save_plan(
-        self, incident_id: str, plan: Mapping[str, Any], playbook: str, mode: str, events: Sequence[NewEvent],
+        self,
+        incident_id: str,
+        plan: Mapping[str, Any],
+        playbook: str,
+        mode: str,
+        events: Sequence[NewEvent],
         now: datetime,
     ) -> None: ...
     async def transition(
-        self, incident_id: str, state: State, now: datetime, *, event: NewEvent | None = None,
-        outcome: str | None = None, guarded: bool = False,
+        self,
+        incident_id: str,
+        state: State,
+        now: datetime,
+        *,
+        event: NewEvent | None = None,
+        outcome: str | None = None,
+        guarded: bool = False,
     ) -> IncidentRecord: ...
     async def advance(self, incident_id: str, step_index: int, now: datetime) -> None: ...
-    async def step_started(self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool) -> None: ...
+    async def step_started(
+        self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool
+    ) -> None: ...
     async def step_finished(
-        self, incident_id: str, step: str, status: str, now: datetime, *, result: Mapping[str, Any] | None = None,
+        self,
+        incident_id: str,
+        step: str,
+        status: str,
+        now: datetime,
+        *,
+        result: Mapping[str, Any] | None = None,
         event: NewEvent,
     ) -> None: ...
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]: ...
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None: ...
+    async def step_progress(
+        self, incident_id: str, step: str, progress: Mapping[str, Any], now: datetime
+    ) -> None:
+        """Merge ``progress`` into the step's result *before* acting, so a resumed step knows its intent."""
+        ...
+
     async def ack_faults(self, incident_id: str) -> None: ...
 
     # approvals, switches, history
@@ -180,6 +209,10 @@ class Store(Protocol):
         self, incident_id: str, status: str, actor: str, now: datetime
     ) -> ApprovalRecord | None: ...
     async def switch(self, name: str) -> Mapping[str, Any] | None: ...
-    async def set_switch(self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> None: ...
+    async def set_switch(
+        self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
+    ) -> None: ...
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
-    async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]: ...
+    async def nodes_in_remediation(
+        self, since: datetime, exclude_node: str | None = None
+    ) -> frozenset[str]: ...

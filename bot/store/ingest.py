@@ -45,12 +45,12 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
     for alert, key in zip(delivery.alerts, keys, strict=True):
         if key in known:
             out.repeated_alerts += 1
-            status, incident_id = known[key]
+            status, seen_in = known[key]
             if status == "firing" and alert.status == "resolved":
                 resolve_updates.append((ts(alert.ends_at), stamp, *key))
-                known[key] = ("resolved", incident_id)
+                known[key] = ("resolved", seen_in)
                 out.resolved += 1
-                events.append((incident_id, _alert_event("alert_resolved", alert.alertname, alert.fault, key)))
+                events.append((seen_in, _alert_event("alert_resolved", alert.alertname, alert.fault, key)))
             else:
                 seen_updates.append((stamp, *key))
             continue
@@ -62,7 +62,9 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
         elif alert.status == "resolved":
             out.resolved += 1
             incident_id = active.get(alert.node, (None, None))[0]
-            events.append((incident_id, _alert_event("alert_resolved_unseen", alert.alertname, alert.fault, key)))
+            events.append(
+                (incident_id, _alert_event("alert_resolved_unseen", alert.alertname, alert.fault, key))
+            )
         else:
             incident_id, state = active.get(alert.node, (None, None))
             if incident_id is None:
@@ -72,8 +74,16 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
                 await db.execute(
                     "INSERT INTO incidents (id, seq, node, state, opened_at, updated_at, first_alert_at, group_key)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (incident_id, next_seq, alert.node, State.OPEN.value, stamp, stamp, ts(alert.starts_at),
-                     delivery.group_key),
+                    (
+                        incident_id,
+                        next_seq,
+                        alert.node,
+                        State.OPEN.value,
+                        stamp,
+                        stamp,
+                        ts(alert.starts_at),
+                        delivery.group_key,
+                    ),
                 )
                 next_seq += 1
                 active[alert.node] = (incident_id, State.OPEN.value)
@@ -88,9 +98,20 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
         out.new_alerts += 1
         inserts.append(
             (
-                key[0], key[1], ts(alert.ends_at), alert.status, alert.alertname, alert.node, incident_id,
-                alert.fault.key if alert.fault else None, fault_json(alert.fault) if alert.fault else None,
-                dumps(dict(alert.labels)), dumps(dict(alert.annotations)), delivery.group_key, stamp, stamp,
+                key[0],
+                key[1],
+                ts(alert.ends_at),
+                alert.status,
+                alert.alertname,
+                alert.node,
+                incident_id,
+                alert.fault.key if alert.fault else None,
+                fault_json(alert.fault) if alert.fault else None,
+                dumps(dict(alert.labels)),
+                dumps(dict(alert.annotations)),
+                delivery.group_key,
+                stamp,
+                stamp,
             )
         )
 
@@ -114,7 +135,8 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
         )
     if changed:
         await db.executemany(
-            "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", [(stamp, i) for i in changed]
+            "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?",
+            [(stamp, i) for i in changed],
         )
     await insert_events(db, events, now)
     return out

@@ -67,14 +67,15 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
 
     CREATE TABLE approvals (
-        incident_id TEXT PRIMARY KEY REFERENCES incidents(id),
+        incident_id TEXT NOT NULL REFERENCES incidents(id),
         step TEXT NOT NULL,
         requested_at TEXT NOT NULL,
         deadline TEXT NOT NULL,
         approvers_json TEXT NOT NULL,
         status TEXT NOT NULL,
         decided_by TEXT,
-        decided_at TEXT
+        decided_at TEXT,
+        PRIMARY KEY (incident_id, step)
     );
 
     CREATE TABLE switches (

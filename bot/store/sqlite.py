@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -32,6 +33,7 @@ from bot.store.base import (
     IngestOutcome,
     NewEvent,
     StepRecord,
+    StoreUnavailable,
 )
 from bot.store.ingest import ingest, insert_events
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, TERMINAL_STATES
@@ -39,10 +41,6 @@ from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, TERMINAL_STATES
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Unit = Callable[[aiosqlite.Connection], Awaitable[Any]]
-
-
-class StoreUnavailable(RuntimeError):
-    """The store cannot take writes right now (closed, disk full, locked): the caller should retry."""
 
 
 class SqliteStore:
@@ -60,7 +58,12 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = await aiosqlite.connect(self.path, isolation_level=None)
         self._writer.row_factory = aiosqlite.Row
-        for pragma in ("journal_mode=WAL", f"synchronous={self._synchronous}", "foreign_keys=ON", "busy_timeout=10000"):
+        for pragma in (
+            "journal_mode=WAL",
+            f"synchronous={self._synchronous}",
+            "foreign_keys=ON",
+            "busy_timeout=10000",
+        ):
             await self._writer.execute(f"PRAGMA {pragma}")
         await self._migrate(self._writer)
         self._reader = await aiosqlite.connect(self.path, isolation_level=None)
@@ -92,7 +95,9 @@ class SqliteStore:
             row = await cursor.fetchone()
         version = int(row[0]) if row else 0
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} has schema {version}, newer than this pitcrew ({SCHEMA_VERSION})")
+            raise RuntimeError(
+                f"{self.path} has schema {version}, newer than this pitcrew ({SCHEMA_VERSION})"
+            )
         for number in range(version, SCHEMA_VERSION):
             # executescript commits any open transaction first, so the script carries its own.
             try:
@@ -187,12 +192,15 @@ class SqliteStore:
             where.append("node = ?")
             params.append(node)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = await self._rows(f"SELECT * FROM incidents {clause} ORDER BY seq DESC LIMIT ?", [*params, limit])  # noqa: S608
+        query = f"SELECT * FROM incidents {clause} ORDER BY seq DESC LIMIT ?"  # noqa: S608 - fixed fragments
+        rows = await self._rows(query, [*params, limit])
         faults = await self._faults([r["id"] for r in rows])
         return [codec.incident_from(r, faults[r["id"]]) for r in rows]
 
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
-        rows = await self._rows("SELECT * FROM alerts WHERE incident_id = ? ORDER BY first_seen", (incident_id,))
+        rows = await self._rows(
+            "SELECT * FROM alerts WHERE incident_id = ? ORDER BY first_seen", (incident_id,)
+        )
         return [codec.alert_from(r) for r in rows]
 
     async def alert(self, fingerprint: str, starts_at: datetime) -> AlertRecord | None:
@@ -214,14 +222,16 @@ class SqliteStore:
         return {r["step"]: codec.step_from(r) for r in rows}
 
     async def approval(self, incident_id: str) -> ApprovalRecord | None:
-        row = await self._one("SELECT * FROM approvals WHERE incident_id = ?", (incident_id,))
+        row = await self._one(
+            "SELECT * FROM approvals WHERE incident_id = ? ORDER BY requested_at DESC LIMIT 1", (incident_id,)
+        )
         return codec.approval_from(row) if row else None
 
     async def switch(self, name: str) -> Mapping[str, Any] | None:
         row = await self._one("SELECT value_json, set_by, set_at FROM switches WHERE name = ?", (name,))
         if row is None or row["value_json"] is None:
             return None
-        value: dict[str, Any] = codec.json.loads(row["value_json"])
+        value: dict[str, Any] = json.loads(row["value_json"])
         return {**value, "set_by": row["set_by"], "set_at": row["set_at"]}
 
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]:
@@ -231,7 +241,8 @@ class SqliteStore:
             (node, codec.ts(since), exclude or ""),
         )
         return [
-            PastIncident(r["id"], r["playbook"], codec.dt(r["opened_at"]) or since, bool(r["acted"])) for r in rows
+            PastIncident(r["id"], r["playbook"], codec.dt(r["opened_at"]) or since, bool(r["acted"]))
+            for r in rows
         ]
 
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
@@ -269,7 +280,9 @@ class SqliteStore:
         await self._write(unit)
 
     async def ack_faults(self, incident_id: str) -> None:
-        await self._write(lambda db: db.execute("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,)))
+        await self._write(
+            lambda db: db.execute("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
+        )
 
     async def transition(
         self,
@@ -312,19 +325,26 @@ class SqliteStore:
             )
         )
 
-    async def step_started(self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool) -> None:
+    async def step_started(
+        self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool
+    ) -> None:
         stamp = codec.ts(now)
 
         async def unit(db: aiosqlite.Connection) -> None:
             await db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
                 " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
-                " started_at = COALESCE(steps.started_at, excluded.started_at), ended_at = NULL",
+                " started_at = CASE WHEN steps.status = 'superseded' THEN excluded.started_at"
+                " ELSE COALESCE(steps.started_at, excluded.started_at) END,"
+                " result_json = CASE WHEN steps.status = 'superseded' THEN '{}' ELSE steps.result_json END,"
+                " ended_at = NULL",
                 (incident_id, step, attempt, stamp),
             )
             if acted:
                 await db.execute("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
-            await insert_events(db, [(incident_id, NewEvent("step_started", step=step, attempt=attempt))], now)
+            await insert_events(
+                db, [(incident_id, NewEvent("step_started", step=step, attempt=attempt))], now
+            )
 
         await self._write(unit)
 
@@ -351,13 +371,31 @@ class SqliteStore:
 
         await self._write(unit)
 
+    async def step_progress(
+        self, incident_id: str, step: str, progress: Mapping[str, Any], now: datetime
+    ) -> None:
+        async def unit(db: aiosqlite.Connection) -> None:
+            async with db.execute(
+                "SELECT result_json FROM steps WHERE incident_id = ? AND step = ?", (incident_id, step)
+            ) as cursor:
+                row = await cursor.fetchone()
+            merged = {**(json.loads(row[0]) if row else {}), **progress}
+            await db.execute(
+                "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
+                " VALUES (?, ?, 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
+                " result_json = excluded.result_json",
+                (incident_id, step, codec.ts(now), codec.dumps(merged)),
+            )
+
+        await self._write(unit)
+
     async def request_approval(
         self, incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
     ) -> ApprovalRecord:
         async def unit(db: aiosqlite.Connection) -> None:
             await db.execute(
                 "INSERT INTO approvals (incident_id, step, requested_at, deadline, approvers_json, status)"
-                " VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT (incident_id) DO NOTHING",
+                " VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT (incident_id, step) DO NOTHING",
                 (incident_id, step, codec.ts(now), codec.ts(deadline), codec.dumps(list(approvers))),
             )
 

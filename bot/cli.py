@@ -1,0 +1,262 @@
+"""``pitcrew`` command line: serve, check-config, plan (dry run), catalog, incidents, and commands.
+
+Commands that change state (approve, reject, rollback, pause, resume, breaker reset) go
+through the running server's command API so the engine acts on them at once and the
+audit log names who asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bot import __version__
+from bot.config import Config, ConfigError, load_config, read_secret
+from bot.report import catalog_rows, dry_run, render_detail, render_incidents, render_plans
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        result: int = args.handler(args)
+        return result
+    except ConfigError as exc:
+        print(f"pitcrew: invalid configuration:\n{exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _config(args: argparse.Namespace, **overrides: Any) -> Config:
+    return load_config(Path(args.config) if args.config else None, **overrides)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from bot.runtime import build_app, configure_logging
+
+    overrides: dict[str, Any] = {}
+    if args.listen:
+        overrides["server"] = {"listen": args.listen}
+    config = _config(args, **overrides)
+    configure_logging(config.settings.log.level, config.settings.log.format)
+    server = config.settings.server
+    web.run_app(build_app(config), host=server.host, port=server.port, print=None, shutdown_timeout=10)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = _config(args)
+    s = config.settings
+    print(f"configuration OK ({config.source or 'defaults and environment'})")
+    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {s.store.path}")
+    print(
+        f"  catalog {config.catalog.version}: {len(config.catalog.xids)} XIDs, {len(config.catalog.faults)} faults"
+    )
+    print(f"  playbooks: {', '.join(sorted(config.playbooks.playbooks))}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    config = _config(args)
+    try:
+        body = Path(args.payload).read_bytes() if args.payload != "-" else sys.stdin.buffer.read()
+    except OSError as exc:
+        print(f"pitcrew: cannot read {args.payload}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        plans = asyncio.run(dry_run(config, body))
+    except ValueError as exc:
+        print(f"pitcrew: {args.payload}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(plans, indent=2) if args.json else render_plans(plans))
+    return 0
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    config = _config(args)
+    rows = catalog_rows(config.catalog)
+    if args.json:
+        print(
+            json.dumps(
+                {"version": config.catalog.version, "source": config.catalog.source, "entries": rows},
+                indent=2,
+            )
+        )
+    else:
+        print(f"pitcrew fault catalog {config.catalog.version} — {config.catalog.source}")
+        for row in rows:
+            key = f"XID {row['xid']}" if row["xid"] is not None else row["fault"]
+            print(
+                f"  {key:<28} {row['playbook']:<15} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
+            )
+    return 0
+
+
+def _incidents(args: argparse.Namespace) -> int:
+    from bot.store.sqlite import SqliteStore
+
+    config = _config(args)
+    path = config.settings.store.path
+    if not path.exists():
+        print(f"no incident store at {path}", file=sys.stderr)
+        return 1
+
+    async def read() -> Any:
+        store = SqliteStore(path)
+        await store.open()
+        try:
+            if args.show:
+                incident = await store.incident(args.show)
+                if incident is None:
+                    return None
+                from bot.web.views import incident_detail
+
+                return incident_detail(
+                    incident,
+                    await store.alerts_of(args.show),
+                    await store.events_of(args.show),
+                    await store.steps_of(args.show),
+                    await store.approval(args.show),
+                )
+            from bot.web.views import incident_view
+
+            return [
+                incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)
+            ]
+        finally:
+            await store.close()
+
+    data = asyncio.run(read())
+    if data is None:
+        print(f"no incident {args.show}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(render_detail(data) if args.show else render_incidents(data))
+    return 0
+
+
+def _command(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    config = _config(args)
+    token_file = config.settings.server.auth.admin_token_file
+    if token_file is None:
+        print("pitcrew: the command API needs server.auth.admin_token_file", file=sys.stderr)
+        return 1
+    base = args.server or f"http://{config.settings.server.listen}"
+    paths = {
+        "approve": f"/api/v1/incidents/{args.incident}/approve" if hasattr(args, "incident") else "",
+        "reject": f"/api/v1/incidents/{getattr(args, 'incident', '')}/reject",
+        "rollback": f"/api/v1/incidents/{getattr(args, 'incident', '')}/rollback",
+        "pause": "/api/v1/pause",
+        "resume": "/api/v1/resume",
+        "breaker-reset": "/api/v1/breaker/reset",
+    }
+    body = json.dumps(
+        {"actor": args.actor or f"cli:{getpass.getuser()}", "reason": getattr(args, "reason", "")}
+    )
+    request = urllib.request.Request(  # noqa: S310 - operator-supplied local URL
+        base.rstrip("/") + paths[args.verb],
+        data=body.encode(),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {read_secret(token_file, 'server.auth.admin_token_file')}",
+            "Content-Type": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+            answer = json.loads(response.read())
+            code = 0
+    except urllib.error.HTTPError as exc:
+        answer = json.loads(exc.read() or b"{}")
+        code = 1
+    except urllib.error.URLError as exc:
+        print(f"pitcrew: cannot reach {base}: {exc.reason}", file=sys.stderr)
+        return 1
+    print(answer.get("message") or answer.get("error") or json.dumps(answer))
+    for line in answer.get("report", []):
+        print(f"  {line}")
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pitcrew", description="GPU died. Training didn't.")
+    parser.add_argument("--version", action="version", version=f"pitcrew {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", help="YAML configuration file (PITCREW_* env vars override it)")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    p = sub.add_parser("serve", parents=[common], help="run the webhook receiver and the engine")
+    p.add_argument("--listen", help="HOST:PORT (overrides server.listen)")
+    p.set_defaults(handler=_serve)
+
+    p = sub.add_parser("check-config", parents=[common], help="validate configuration and catalog")
+    p.set_defaults(handler=_check)
+
+    p = sub.add_parser("plan", parents=[common], help="dry run: what pitcrew would do with a webhook payload")
+    p.add_argument("payload", help="Alertmanager webhook JSON file, or - for stdin")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_plan)
+
+    p = sub.add_parser("catalog", parents=[common], help="show the XID/ECC fault catalog")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_catalog)
+
+    p = sub.add_parser("incidents", parents=[common], help="list incidents, or `incidents show ID`")
+    p.add_argument("action", nargs="?", choices=["show"], help="show one incident with its timeline")
+    p.add_argument("id", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--active", action="store_true", help="only incidents not yet finished")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(handler=lambda a: _incidents(_show(a)))
+
+    for verb, words in (
+        ("approve", "approve a pending step"),
+        ("reject", "reject a pending step"),
+        ("rollback", "undo what pitcrew did for an incident"),
+    ):
+        p = sub.add_parser(verb, parents=[common], help=words)
+        p.add_argument("incident")
+        _command_flags(p, verb)
+    p = sub.add_parser("pause", parents=[common], help="kill switch: touch no node until resume")
+    p.add_argument("--reason", default="")
+    _command_flags(p, "pause")
+    p = sub.add_parser("resume", parents=[common], help="lift the pause")
+    _command_flags(p, "resume")
+    p = sub.add_parser("breaker", parents=[common], help="circuit breaker: `pitcrew breaker reset`")
+    p.add_argument("what", choices=["reset"])
+    _command_flags(p, "breaker-reset")
+    return parser
+
+
+def _command_flags(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("--server", help="pitcrew base URL (default: http://<server.listen>)")
+    p.add_argument("--as", dest="actor", help="who is asking (default cli:$USER)")
+    p.set_defaults(handler=_command, verb=verb)
+
+
+def _show(args: argparse.Namespace) -> argparse.Namespace:
+    args.show = args.id if args.action == "show" else None
+    if args.action == "show" and not args.id:
+        raise SystemExit("pitcrew incidents show: which incident? (pitcrew incidents show ID)")
+    return args
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

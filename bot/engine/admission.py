@@ -1,0 +1,219 @@
+"""Admission: plan an open incident and put it through the guards, one incident at a time.
+
+Serialised by a lock so that two incidents planned at the same instant cannot both slip
+under the blast-radius limit. The plan, every guard decision and the verdict are written
+to the incident before anything else happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from bot.config import Config
+from bot.domain import guards, planner
+from bot.domain.guards import BreakerState, Verdict, World
+from bot.domain.incident import State
+from bot.domain.policy import Mode
+from bot.engine.context import Ports
+from bot.engine.errors import PitcrewError
+from bot.engine.metrics import Metrics
+from bot.engine.ports import Cluster, Notice
+from bot.store.base import IncidentRecord, NewEvent, Store
+
+log = logging.getLogger(__name__)
+BREAKER = "breaker"
+PAUSE = "pause"
+
+
+def plan_document(plan: planner.Plan, verdict: Verdict, enforced: bool) -> dict[str, Any]:
+    decisive = plan.decisive
+    summary = ""
+    if decisive is not None:
+        summary = f"XID {decisive.xid}" if decisive.xid is not None else decisive.kind
+        summary += f" gpu{decisive.gpu}" if decisive.gpu else ""
+    return {
+        "node": plan.node,
+        "playbook": plan.playbook,
+        "mode": plan.mode.value,
+        "steps": list(plan.steps),
+        "slurm_action": plan.slurm_action,
+        "acts": plan.acts,
+        "reasons": list(plan.reasons),
+        "decisive": {"key": decisive.key, "summary": summary} if decisive else None,
+        "faults": [
+            {"key": f.key, "xid": f.xid, "gpu": f.gpu, "playbook": f.playbook, "describe": f.describe()}
+            for f in plan.faults
+        ],
+        "guards": [{"guard": d.guard, "ok": d.ok, "words": d.words} for d in verdict.decisions],
+        "guards_enforced": enforced,
+        "allowed": verdict.allowed or not enforced,
+    }
+
+
+async def breaker_state(store: Store) -> BreakerState:
+    value = await store.switch(BREAKER) or {}
+    return BreakerState(
+        open=bool(value.get("open")),
+        opened_at=_when(value.get("opened_at")),
+        reason=str(value.get("reason", "")),
+        reset_at=_when(value.get("reset_at")),
+        reset_by=value.get("reset_by"),
+    )
+
+
+def _when(text: Any) -> datetime | None:
+    return datetime.fromisoformat(text) if isinstance(text, str) and text else None
+
+
+async def post_safely(ports: Ports, store: Store, clock: Callable[[], datetime], notice: Notice) -> None:
+    """Post a notice outside a step: a failing notifier is logged and audited, never fatal."""
+    try:
+        await ports.notifier.post(notice)
+    except PitcrewError as exc:
+        log.warning("notice not delivered", extra={"incident": notice.incident_id, "kind": notice.kind})
+        await store.record(
+            notice.incident_id, NewEvent("notice_failed", detail=f"{notice.kind}: {exc}"), clock()
+        )
+
+
+async def build_world(
+    config: Config, store: Store, incident: IncidentRecord, now: datetime, cluster: Cluster | None
+) -> World:
+    """Everything the guards look at, from the store and (when given) the cluster."""
+    policy = config.policy
+    history_since = now - max(policy.escalation.window, policy.node.attempt_window)
+    pause = await store.switch(PAUSE)
+    fleet = policy.breaker.fleet_size
+    labels: Mapping[str, str] | None = None
+    if cluster is not None:
+        try:
+            node = await cluster.node(incident.node)
+            labels = dict(node.labels) if node is not None else {}
+            fleet = fleet or await cluster.count_nodes() or None
+        except PitcrewError:
+            labels = None  # the opt-out guard says it could not check
+    return World(
+        paused=pause is not None,
+        paused_by=(pause or {}).get("set_by"),
+        breaker=await breaker_state(store),
+        nodes_in_remediation=await store.nodes_in_remediation(
+            now - policy.breaker.window, exclude_node=incident.node
+        ),
+        fleet_size=fleet,
+        history=await store.history(incident.node, history_since, exclude=incident.id),
+        node_labels=labels,
+        alert_started_at=incident.first_alert_at,
+    )
+
+
+class Admission:
+    def __init__(
+        self, config: Config, store: Store, ports: Ports, metrics: Metrics, clock: Callable[[], datetime]
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._ports = ports
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = asyncio.Lock()
+
+    async def world(self, incident: IncidentRecord, now: datetime) -> World:
+        return await build_world(self._config, self._store, incident, now, self._ports.cluster)
+
+    async def admit(self, incident: IncidentRecord) -> IncidentRecord:
+        """Plan, guard, persist; returns the incident in its new state."""
+        async with self._lock:
+            now = self._clock()
+            world = await self.world(incident, now)
+            plan = planner.plan(
+                incident.node,
+                incident.faults,
+                world.history,
+                self._config.policy,
+                self._config.playbooks,
+                now,
+            )
+            verdict = guards.evaluate(plan, world, self._config.policy, now)
+            enforced = plan.runs_mutating_steps
+            document = plan_document(plan, verdict, enforced)
+            events = [
+                NewEvent(
+                    "planned",
+                    detail=f"{plan.playbook} ({plan.mode.value}): {' → '.join(plan.steps)}",
+                    data={"reasons": list(plan.reasons)},
+                ),
+                NewEvent(
+                    "guards",
+                    outcome="allowed" if document["allowed"] else "blocked",
+                    detail=verdict.summary(),
+                    data={"decisions": document["guards"], "enforced": enforced},
+                ),
+            ]
+            await self._store.save_plan(incident.id, document, plan.playbook, plan.mode.value, events, now)
+            if enforced and verdict.trip_breaker:
+                await self._trip(verdict.trip_breaker, incident, now)
+            if enforced and not verdict.allowed:
+                return await self._suppress(incident, verdict, now)
+            return await self._store.transition(
+                incident.id,
+                State.GUARDED,
+                now,
+                guarded=enforced and plan.mode is not Mode.OBSERVE,
+                event=NewEvent("state", outcome=State.GUARDED.value, detail=verdict.summary()),
+            )
+
+    async def _trip(self, reason: str, incident: IncidentRecord, now: datetime) -> None:
+        await self._store.set_switch(
+            BREAKER, {"open": True, "opened_at": now.isoformat(), "reason": reason}, "pitcrew", now
+        )
+        await self._store.record(incident.id, NewEvent("breaker_opened", actor="pitcrew", detail=reason), now)
+        self._metrics.breaker_open.set(1)
+        # One summary for the whole storm; incidents stopped by the open breaker stay quiet.
+        await post_safely(
+            self._ports,
+            self._store,
+            self._clock,
+            Notice(
+                None,
+                "breaker",
+                "pitcrew circuit breaker opened: no more nodes will be touched",
+                (
+                    reason,
+                    "Incidents arriving while it is open are recorded and suppressed, not replayed.",
+                    "Reset it with `pitcrew breaker reset` once the cause is understood.",
+                ),
+                severity="critical",
+                actions=("breaker-reset",),
+            ),
+        )
+
+    async def _suppress(self, incident: IncidentRecord, verdict: Verdict, now: datetime) -> IncidentRecord:
+        for decision in verdict.blocking:
+            self._metrics.guard_blocks.labels(decision.guard).inc()
+        record = await self._store.transition(
+            incident.id,
+            State.SUPPRESSED,
+            now,
+            outcome=verdict.summary(),
+            event=NewEvent("state", outcome=State.SUPPRESSED.value, detail=verdict.summary()),
+        )
+        quiet = {d.guard for d in verdict.blocking} == {"breaker"}
+        if not quiet:
+            await post_safely(
+                self._ports,
+                self._store,
+                self._clock,
+                Notice(
+                    incident.id,
+                    "suppressed",
+                    f"{incident.node}: no action taken",
+                    tuple(d.words for d in verdict.blocking),
+                    severity="warning",
+                    node=incident.node,
+                ),
+            )
+        return record

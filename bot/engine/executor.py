@@ -1,0 +1,215 @@
+"""The durable step executor: one step of one incident, within its budget.
+
+Before a step runs, its start is written to the store; after, its outcome, result and
+duration. Transient failures are retried with exponential backoff and jitter (tenacity)
+inside the step's attempt budget — once, here, since the client libraries already retry
+their own HTTP. ``Wait`` answers are polled until the step's deadline. A step that runs out
+of budget, or fails permanently, escalates: the incident goes to humans, never silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from bot.config import Config
+from bot.domain.playbooks import MUTATING, PlaybookSet
+from bot.engine.context import Done, Ports, StepContext, Wait
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.metrics import Metrics
+from bot.engine.steps import HANDLERS, WOULD
+from bot.store.base import IncidentRecord, NewEvent, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """``ok`` (advance), ``failed`` (escalated) or ``held`` (not run; try later)."""
+
+    status: str
+    detail: str = ""
+
+
+class StepFailed(Exception):
+    def __init__(self, detail: str, reason: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class Executor:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        ports: Ports,
+        metrics: Metrics,
+        clock: Callable[[], datetime],
+        slots: asyncio.Semaphore,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._ports = ports
+        self._metrics = metrics
+        self._clock = clock
+        self._slots = slots
+        self._sleep = sleep
+
+    @property
+    def playbooks(self) -> PlaybookSet:
+        return self._config.playbooks
+
+    async def run(self, incident: IncidentRecord, step: str) -> StepOutcome:
+        plan = incident.plan or {}
+        records = await self._store.steps_of(incident.id)
+        record = records.get(step)
+        if record is not None and record.status == "superseded":
+            record = None  # a new plan runs this step afresh
+        if record is not None and record.status in {"ok", "skipped"}:
+            return StepOutcome("ok", "already done")  # resumed between "finished" and "advanced"
+        if step in MUTATING and plan.get("mode") == "observe":
+            would = WOULD[step].format(action=str(plan.get("slurm_action", "down")).upper())
+            await self._store.step_finished(
+                incident.id,
+                step,
+                "skipped",
+                self._clock(),
+                result={"would": would},
+                event=NewEvent(
+                    "step_skipped", step=step, outcome="skipped", detail=f"observe mode: would {would}"
+                ),
+            )
+            self._metrics.steps.labels(step, "skipped").inc()
+            return StepOutcome("ok", "skipped (observe)")
+
+        spec = self.playbooks.get(incident.playbook or "ignore").spec(step)
+        timeout, attempts = spec.budget
+        ctx = StepContext(
+            incident=incident,
+            plan=plan,
+            spec=spec,
+            ports=self._ports,
+            store=self._store,
+            config=self._config,
+            metrics=self._metrics,
+            clock=self._clock,
+            steps=records,
+            progress=dict(record.result) if record is not None else {},
+        )
+        started_at = record.started_at if record is not None and record.started_at else self._clock()
+        deadline = started_at + timeout
+        used = record.attempts if record is not None else 0
+        began = time.monotonic()
+        try:
+            done = await self._until_done(ctx, deadline, used, attempts)
+        except StepFailed as failure:
+            await self._store.step_finished(
+                incident.id,
+                step,
+                "failed",
+                self._clock(),
+                result=ctx.progress,
+                event=NewEvent("step_finished", step=step, outcome="failed", detail=str(failure)),
+            )
+            self._metrics.steps.labels(step, "failed").inc()
+            self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
+            return StepOutcome("failed", str(failure))
+        await self._store.step_finished(
+            incident.id,
+            step,
+            "ok",
+            self._clock(),
+            result=done.result,
+            event=NewEvent("step_finished", step=step, outcome="ok", detail=done.detail),
+        )
+        self._metrics.steps.labels(step, "ok").inc()
+        self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
+        return StepOutcome("ok", done.detail)
+
+    async def _until_done(self, ctx: StepContext, deadline: datetime, used: int, attempts: int) -> Done:
+        handler = HANDLERS[ctx.step]
+        last_wait = ""
+        fresh = True  # polls after a Wait continue the same attempt; a restart starts a new one
+        while True:
+            remaining = (deadline - self._clock()).total_seconds()
+            if remaining <= 0:
+                raise StepFailed(
+                    f"{ctx.step} did not finish within its budget: {last_wait or 'timed out'}", "timeout"
+                )
+            answer, used = await self._attempts(ctx, handler, used, attempts, deadline, fresh)
+            fresh = False
+            if isinstance(answer, Done):
+                return answer
+            if answer.detail != last_wait:
+                await ctx.note("step_waiting", answer.detail)
+                last_wait = answer.detail
+            await self._sleep(min(answer.delay, max(remaining, 0.01)))
+
+    async def _attempts(
+        self, ctx: StepContext, handler: Any, used: int, attempts: int, deadline: datetime, fresh: bool
+    ) -> tuple[Done | Wait, int]:
+        """One invocation of the step, retried on transient errors within the attempt budget."""
+        if fresh and used >= attempts:
+            raise StepFailed(f"{ctx.step} used all {attempts} attempts", "attempts")
+        settings = self._config.settings.engine
+        counter = {"used": used}
+
+        async def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            self._metrics.steps.labels(ctx.step, "retried").inc()
+            await ctx.note(
+                "step_retry",
+                f"attempt {counter['used']} failed: {error}",
+                reason=getattr(error, "reason", ""),
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max(attempts - used + (0 if fresh else 1), 1)),
+            wait=wait_exponential_jitter(
+                initial=settings.retry_backoff.total_seconds(), max=settings.retry_backoff_max.total_seconds()
+            ),
+            retry=retry_if_exception_type(TransientError),
+            before_sleep=before_sleep,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if fresh or attempt.retry_state.attempt_number > 1:
+                        counter["used"] += 1
+                        await self._store.step_started(
+                            ctx.incident.id,
+                            ctx.step,
+                            counter["used"],
+                            self._clock(),
+                            acted=ctx.step in MUTATING,
+                        )
+                    remaining = max((deadline - self._clock()).total_seconds(), 0.001)
+                    async with self._slots:
+                        answer = await asyncio.wait_for(handler(ctx), timeout=remaining)
+                    return answer, counter["used"]
+        except TransientError as exc:
+            raise StepFailed(f"{ctx.step} failed {counter['used']} times, last: {exc}", exc.reason) from exc
+        except TimeoutError as exc:
+            raise StepFailed(f"{ctx.step} timed out", "timeout") from exc
+        except PermanentError as exc:
+            raise StepFailed(f"{ctx.step} cannot succeed: {exc}", exc.reason) from exc
+        except Exception as exc:  # a defect must escalate to humans, not kill the incident's worker
+            log.exception("step crashed", extra={"incident": ctx.incident.id, "step": ctx.step})
+            raise StepFailed(f"{ctx.step} hit an internal error: {exc!r}", "internal") from exc
+        raise AssertionError("unreachable")  # pragma: no cover

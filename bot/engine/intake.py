@@ -1,0 +1,74 @@
+"""Intake: one webhook body → parsed, classified, deduplicated and persisted alerts.
+
+This is all the webhook does before answering 200; remediation happens later in the
+executor, which ``wake`` nudges. Nothing here waits on a far side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from bot.domain.alerts import WebhookPayload, parse_webhook
+from bot.domain.catalog import Catalog
+from bot.domain.faults import classify
+from bot.domain.labels import LabelRules, subject_of
+from bot.engine.metrics import Metrics
+from bot.store.base import Delivery, IncomingAlert, IngestOutcome, Store
+
+
+def to_delivery(payload: WebhookPayload, catalog: Catalog, rules: LabelRules) -> Delivery:
+    alerts = []
+    for alert in payload.alerts:
+        subject = subject_of(alert, rules)
+        alerts.append(
+            IncomingAlert(
+                fingerprint=alert.fingerprint,
+                starts_at=alert.starts_at,
+                ends_at=alert.ends_at,
+                status=alert.status,
+                alertname=alert.alertname,
+                node=subject.node,
+                labels=alert.labels,
+                annotations=alert.annotations,
+                fault=classify(subject, catalog),
+            )
+        )
+    return Delivery(
+        receiver=payload.receiver,
+        group_key=payload.group_key,
+        status=payload.status,
+        truncated_alerts=payload.truncated_alerts,
+        alerts=tuple(alerts),
+    )
+
+
+class Intake:
+    def __init__(
+        self,
+        store: Store,
+        catalog: Catalog,
+        rules: LabelRules,
+        metrics: Metrics,
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._rules = rules
+        self._metrics = metrics
+        self._wake = wake
+
+    async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
+        """Parse (``PayloadError`` on bad input), persist, then wake the engine."""
+        delivery = to_delivery(parse_webhook(body), self._catalog, self._rules)
+        outcome = await self._store.ingest(delivery, now)
+        received = self._metrics.alerts_received
+        received.labels("new").inc(outcome.new_alerts)
+        received.labels("repeat").inc(outcome.repeated_alerts)
+        received.labels("unroutable").inc(outcome.unroutable)
+        if delivery.truncated_alerts:
+            received.labels("truncated").inc(delivery.truncated_alerts)
+        self._metrics.incidents_opened.inc(len(outcome.opened))
+        if outcome.opened or outcome.attached or outcome.resolved:
+            self._wake()
+        return outcome

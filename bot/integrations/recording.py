@@ -1,0 +1,205 @@
+"""The recording far side: every port call is appended to a journal instead of a real system.
+
+Used in observe-only set-ups, dry runs, the demo and the crash tests. Each call that would
+change something is one JSON line, flushed and fsynced before the call returns, so the
+journal survives a SIGKILL of pitcrew and is the far side's own record of what reached it.
+State (is the node cordoned? which pods are left? where did the job go?) is derived by
+replaying the journal over an optional inventory, modelling the effects the real systems
+have: DOWN requeues a requeueable job onto a healthy node with its restart count raised;
+a replaced node comes back Ready and uncordoned while its Slurm node stays DOWN until
+RESUME (Slurm's ReturnToService=1 behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.engine.errors import PermanentError
+from bot.engine.ports import OWNER_ANNOTATION
+
+
+@dataclass
+class _Node:
+    name: str
+    ready: bool = True
+    unschedulable: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    tainted: bool = False
+    pods: list[str] = field(default_factory=list)
+    slurm: str = "IDLE"
+    reason: str = ""
+    replaced: bool = False
+
+
+@dataclass
+class _Job:
+    job_id: str
+    name: str
+    user: str
+    node: str
+    requeue: bool = True
+    state: str = "RUNNING"
+    restarts: int = 0
+
+
+class Journal:
+    """Append-only JSON lines, fsynced; readers pick up only what is new since last time."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._records: list[dict[str, Any]] = []
+        self._offset = 0
+        self._lock = asyncio.Lock()
+
+    def append(self, record: dict[str, Any]) -> None:
+        record = {"at": datetime.now(UTC).isoformat(), **record}
+        if self.path is None:
+            self._records.append(record)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def records(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.exists():
+            return self._records
+        with self.path.open("rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        self._records.extend(json.loads(line) for line in complete.splitlines() if line.strip())
+        return self._records
+
+
+class RecordingWorld:
+    """Scheduler, Cluster and Notifier at once, over one journal and an optional inventory."""
+
+    def __init__(self, journal: Journal, inventory: Mapping[str, Any] | None = None) -> None:
+        self.journal = journal
+        self._inventory = inventory or {}
+
+    @classmethod
+    def from_paths(cls, journal: Path | None, inventory: Path | None) -> RecordingWorld:
+        data = yaml.safe_load(inventory.read_text()) if inventory is not None else None
+        return cls(Journal(journal), data or {})
+
+    # ---------------------------------------------------------------- replay
+    def state(self) -> tuple[dict[str, _Node], dict[str, _Job]]:
+        nodes = {
+            name: _Node(
+                name,
+                labels=dict(spec.get("labels", {})),
+                pods=list(spec.get("pods", [])),
+                ready=bool(spec.get("ready", True)),
+            )
+            for name, spec in (self._inventory.get("nodes") or {}).items()
+        }
+        jobs = {
+            str(j["job_id"]): _Job(
+                str(j["job_id"]),
+                j.get("name", "job"),
+                j.get("user", "user"),
+                j["node"],
+                bool(j.get("requeue", True)),
+            )
+            for j in self._inventory.get("jobs") or []
+        }
+        for record in self.journal.records():
+            self._apply(record, nodes, jobs)
+        return nodes, jobs
+
+    def _apply(self, r: dict[str, Any], nodes: dict[str, _Node], jobs: dict[str, _Job]) -> None:
+        op = r.get("op")
+        node = nodes.setdefault(r["node"], _Node(r["node"])) if "node" in r else None
+        if op in {"slurm_down", "slurm_drain"} and node is not None:
+            node.slurm, node.reason = ("DOWN" if op == "slurm_down" else "DRAIN"), r["reason"]
+            if op == "slurm_down":
+                for job in jobs.values():
+                    if job.node == node.name and job.state == "RUNNING":
+                        self._requeue(job, nodes)
+        elif op == "slurm_resume" and node is not None:
+            node.slurm, node.reason = "IDLE", ""
+        elif op == "requeue":
+            requeued = jobs.get(str(r["job_id"]))
+            if requeued is not None:
+                self._requeue(requeued, nodes)
+        elif op == "cordon" and node is not None:
+            node.unschedulable = node.tainted = True
+            node.annotations[OWNER_ANNOTATION] = r["incident_id"]
+        elif op == "uncordon" and node is not None:
+            node.unschedulable = node.tainted = False
+            node.annotations.pop(OWNER_ANNOTATION, None)
+        elif op == "annotate" and node is not None:
+            for key, value in r["annotations"].items():
+                if value is None:
+                    node.annotations.pop(key, None)
+                else:
+                    node.annotations[key] = value
+        elif op in {"evict", "delete_pod"} and node is not None:
+            node.pods = [p for p in node.pods if p != r["pod"]]
+        elif op == "replace" and node is not None:
+            # A new machine under the same name: clean, Ready, empty; Slurm keeps the DOWN.
+            node.replaced, node.unschedulable, node.tainted, node.pods = True, False, False, []
+            node.annotations.pop(OWNER_ANNOTATION, None)
+
+    def _requeue(self, job: _Job, nodes: dict[str, _Node]) -> None:
+        if not job.requeue:
+            job.state = "NODE_FAIL"
+            return
+        spare = next((n.name for n in nodes.values() if n.slurm == "IDLE" and n.name != job.node), None)
+        job.node, job.state, job.restarts = spare or f"{job.node}-spare", "RUNNING", job.restarts + 1
+
+    def node_record(self, name: str) -> _Node:
+        """A node's modelled state; with an inventory, unknown names are refused like a real API would."""
+        nodes, _ = self.state()
+        if self._inventory.get("nodes") and name not in nodes:
+            raise PermanentError(f"unknown node {name}", reason="unknown_node")
+        return nodes.get(name) or _Node(name)
+
+    def write(self, op: str, **data: Any) -> None:
+        self.journal.append({"op": op, **data})
+
+    # ---------------------------------------------------------------- Scheduler
+    async def node(self, name: str) -> SlurmNodeState:
+        n = self.node_record(name)
+        return SlurmNodeState(name=name, states=frozenset({n.slurm}), reason=n.reason)
+
+    async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        _, jobs = self.state()
+        return [self._snapshot(j) for j in jobs.values() if j.node == name and j.state == "RUNNING"]
+
+    async def job(self, job_id: str) -> JobSnapshot | None:
+        _, jobs = self.state()
+        return self._snapshot(jobs[job_id]) if job_id in jobs else None
+
+    @staticmethod
+    def _snapshot(job: _Job) -> JobSnapshot:
+        return JobSnapshot(job.job_id, job.name, job.user, job.state, (job.node,), job.restarts, job.requeue)
+
+    async def down(self, name: str, reason: str) -> None:
+        self.write("slurm_down", node=name, reason=reason)
+
+    async def drain(self, name: str, reason: str) -> None:
+        self.write("slurm_drain", node=name, reason=reason)
+
+    async def resume(self, name: str) -> None:
+        self.write("slurm_resume", node=name)
+
+    async def requeue(self, job_id: str) -> None:
+        self.write("requeue", job_id=job_id)

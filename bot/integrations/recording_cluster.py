@@ -1,0 +1,98 @@
+"""Kubernetes and Slack halves of the recording far side (see ``bot.integrations.recording``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from bot.domain.nodemap import SlurmdPod
+from bot.engine.ports import FAULT_TAINT, ClusterNode, Notice, PodRef
+from bot.integrations.recording import RecordingWorld
+
+log = logging.getLogger(__name__)
+
+
+class RecordingCluster:
+    def __init__(self, world: RecordingWorld) -> None:
+        self._world = world
+
+    async def node(self, name: str) -> ClusterNode | None:
+        n = self._world.node_record(name)
+        return ClusterNode(
+            name=name,
+            unschedulable=n.unschedulable,
+            ready=n.ready,
+            taints=(FAULT_TAINT,) if n.tainted else (),
+            labels=dict(n.labels),
+            annotations=dict(n.annotations),
+        )
+
+    async def count_nodes(self) -> int:
+        nodes, _ = self._world.state()
+        return len(nodes)
+
+    async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
+        self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)
+
+    async def uncordon(self, name: str, *, incident_id: str) -> None:
+        self._world.write("uncordon", node=name, incident_id=incident_id)
+
+    async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        self._world.write("annotate", node=name, annotations=dict(annotations))
+
+    async def pods_on_node(self, name: str) -> list[PodRef]:
+        n = self._world.node_record(name)
+        return [PodRef(namespace, name) for namespace, _, name in (ref.partition("/") for ref in n.pods)]
+
+    async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
+        return []
+
+    async def evict(self, pod: PodRef) -> None:
+        node = self._owner(pod)
+        self._world.write("evict", node=node, pod=pod.ref)
+
+    async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
+        self._world.write("delete_pod", node=self._owner(pod), pod=pod.ref, force=force)
+
+    def _owner(self, pod: PodRef) -> str:
+        nodes, _ = self._world.state()
+        return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
+
+    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
+        return f"{strategy}:{name}"
+
+    async def replacement_started(self, name: str, *, incident_id: str) -> bool:
+        return any(
+            r.get("op") == "replace" and r.get("node") == name and r.get("incident_id") == incident_id
+            for r in self._world.journal.records()
+        )
+
+    async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
+        return False  # the recording replacement starts at once: there is never one to cancel
+
+    async def reboot(self, name: str, *, incident_id: str) -> None:
+        self._world.write("reboot", node=name, incident_id=incident_id)
+
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
+        self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
+
+
+class RecordingNotifier:
+    def __init__(self, world: RecordingWorld) -> None:
+        self._world = world
+        self._count = 0
+
+    async def post(self, notice: Notice) -> str | None:
+        self._count += 1
+        self._world.write(
+            "notice",
+            incident_id=notice.incident_id,
+            kind=notice.kind,
+            title=notice.title,
+            lines=list(notice.lines),
+            severity=notice.severity,
+            actions=list(notice.actions),
+        )
+        log.info("notice", extra={"incident": notice.incident_id, "kind": notice.kind, "title": notice.title})
+        return f"recorded-{self._count}"

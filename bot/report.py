@@ -1,0 +1,214 @@
+"""Human and machine renderings for the CLI: dry-run plans, incidents, the catalog.
+
+``dry_run`` is what ``pitcrew plan`` runs: the same planner and guards the engine uses,
+fed from a payload file and (when it exists) the local store's history and switches,
+with no far side contacted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from bot.config import Config
+from bot.domain import guards, planner
+from bot.domain.alerts import PayloadError, parse_webhook
+from bot.domain.catalog import Catalog
+from bot.domain.faults import Fault
+from bot.domain.guards import World
+from bot.domain.incident import State
+from bot.engine.admission import build_world
+from bot.engine.intake import to_delivery
+from bot.store.base import IncidentRecord
+from bot.web.views import fault_view
+
+
+async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> list[dict[str, Any]]:
+    try:
+        payload = parse_webhook(body)
+    except PayloadError as exc:
+        raise ValueError(f"not an Alertmanager v4 webhook: {exc}") from None
+    now = now or datetime.now(UTC)
+    delivery = to_delivery(payload, config.catalog, config.labels)
+    firing: dict[str, dict[str, Fault]] = defaultdict(dict)
+    resolved: set[str] = set()
+    unroutable = []
+    for alert in delivery.alerts:
+        if alert.node is None or alert.fault is None:
+            unroutable.append(alert.alertname)
+        elif alert.status == "firing":
+            firing[alert.node].setdefault(alert.fault.key, alert.fault)
+        else:
+            resolved.add(alert.node)
+    worlds = await _worlds(config, sorted(firing), now)
+    out = []
+    for node in sorted(set(firing) | resolved):
+        if node not in firing:
+            out.append(_resolved_only(node, config))
+            continue
+        world = worlds.get(node, World())
+        plan = planner.plan(
+            node, list(firing[node].values()), world.history, config.policy, config.playbooks, now
+        )
+        verdict = guards.evaluate(plan, world, config.policy, now)
+        out.append(
+            {
+                "node": node,
+                "faults": [fault_view(f) for f in plan.faults],
+                "playbook": plan.playbook,
+                "mode": plan.mode.value,
+                "steps": list(plan.steps),
+                "slurm_action": plan.slurm_action,
+                "reasons": list(plan.reasons),
+                "guards": [{"guard": d.guard, "ok": d.ok, "words": d.words} for d in verdict.decisions],
+                "guards_enforced": plan.runs_mutating_steps,
+                "allowed": verdict.allowed or not plan.runs_mutating_steps,
+            }
+        )
+    if unroutable:
+        labels = ", ".join(config.labels.node)
+        out.append(
+            {
+                "node": None,
+                "faults": [],
+                "playbook": "none",
+                "mode": config.policy.mode.value,
+                "steps": [],
+                "slurm_action": "none",
+                "guards": [],
+                "guards_enforced": False,
+                "allowed": False,
+                "reasons": [
+                    f"{len(unroutable)} alert(s) name no node (looked for labels {labels}): "
+                    f"{', '.join(sorted(set(unroutable)))}; recorded, never acted on"
+                ],
+            }
+        )
+    return out
+
+
+def _resolved_only(node: str, config: Config) -> dict[str, Any]:
+    return {
+        "node": node,
+        "faults": [],
+        "playbook": "none",
+        "mode": config.policy.mode.value,
+        "steps": [],
+        "slurm_action": "none",
+        "guards": [],
+        "guards_enforced": False,
+        "allowed": False,
+        "reasons": [
+            "every alert for this node is resolved: recorded, and a resolved alert never starts an action"
+        ],
+    }
+
+
+async def _worlds(config: Config, nodes: list[str], now: datetime) -> dict[str, World]:
+    """Guard inputs from the local store when there is one (history, breaker, pause)."""
+    path = config.settings.store.path
+    if not nodes or not path.exists():
+        return {}
+    from bot.store.sqlite import SqliteStore
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        out = {}
+        for node in nodes:
+            probe = IncidentRecord(
+                id="dry-run", node=node, state=State.OPEN, opened_at=now, updated_at=now, first_alert_at=now
+            )
+            out[node] = await build_world(config, store, probe, now, cluster=None)
+        return out
+    finally:
+        await store.close()
+
+
+def render_plans(plans: list[dict[str, Any]]) -> str:
+    lines = []
+    for plan in plans:
+        lines.append(f"node {plan['node'] or '(none)'}: {plan['playbook']} (mode {plan['mode']})")
+        for fault in plan["faults"]:
+            head = f"XID {fault['xid']}" if fault["xid"] is not None else fault["kind"]
+            where = f" GPU {fault['gpu']}" if fault["gpu"] else ""
+            lines.append(
+                f"  fault  {head}{where}: {fault['meaning']} [bucket {fault['bucket'] or '-'}, "
+                f"class {fault['class']}] → {fault['playbook']}"
+            )
+        if plan["steps"]:
+            lines.append(f"  steps  {' → '.join(plan['steps'])}")
+        for reason in plan["reasons"]:
+            lines.append(f"  why    {reason}")
+        for guard in plan["guards"]:
+            mark = "ok " if guard["ok"] else "NO "
+            lines.append(f"  guard  {mark}{guard['guard']}: {guard['words']}")
+        if plan["guards"] and not plan["guards_enforced"]:
+            lines.append("  guard  (not enforced: this plan changes nothing in its mode)")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def render_incidents(incidents: list[dict[str, Any]]) -> str:
+    if not incidents:
+        return "no incidents"
+    lines = [f"{'ID':<10} {'NODE':<20} {'STATE':<18} {'PLAYBOOK':<15} {'MODE':<8} OPENED"]
+    for i in incidents:
+        lines.append(
+            f"{i['id']:<10} {i['node']:<20} {i['state']:<18} {i['playbook'] or '-':<15} "
+            f"{i['mode'] or '-':<8} {i['opened_at']}"
+        )
+    return "\n".join(lines)
+
+
+def render_detail(data: dict[str, Any]) -> str:
+    lines = [
+        f"{data['id']} on {data['node']}: {data['state']} — {data['playbook'] or 'not planned'} "
+        f"(mode {data['mode'] or '-'})"
+    ]
+    if data["outcome"]:
+        lines.append(f"outcome: {data['outcome']}")
+    for fault in data["faults"]:
+        lines.append(f"fault: {fault['key']} — {fault['meaning']} → {fault['playbook']}")
+    if data["steps"]:
+        lines.append(f"steps: {' → '.join(data['steps'])} (next: {data['next_step']})")
+    lines.append("timeline:")
+    for event in data["events"]:
+        what = " ".join(x for x in (event["kind"], event["step"] or "", event["outcome"] or "") if x)
+        who = f" by {event['actor']}" if event["actor"] else ""
+        lines.append(f"  {event['at']}  {what}{who}  {event['detail']}")
+    return "\n".join(lines)
+
+
+def catalog_rows(catalog: Catalog) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for code, entry in sorted(catalog.xids.items()):
+        rows.append(
+            {
+                "xid": code,
+                "fault": "xid",
+                "mnemonic": entry.mnemonic,
+                "meaning": entry.meaning,
+                "bucket": entry.bucket,
+                "class": entry.fault_class,
+                "playbook": catalog.xid_playbook(code),
+                "job_fatal": entry.job_fatal,
+                "verified": entry.verified,
+            }
+        )
+    for name, fault in sorted(catalog.faults.items()):
+        rows.append(
+            {
+                "xid": None,
+                "fault": name,
+                "mnemonic": None,
+                "meaning": fault.meaning,
+                "bucket": None,
+                "class": fault.fault_class,
+                "playbook": fault.playbook,
+                "job_fatal": fault.job_fatal,
+                "verified": True,
+            }
+        )
+    return rows

@@ -1,0 +1,1 @@
+"""HTTP surface: the Alertmanager webhook, the incidents and command API, health and metrics."""

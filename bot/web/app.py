@@ -1,0 +1,174 @@
+"""The aiohttp application: ``create_app(deps)`` wires routes to injected services.
+
+Background workers (the store writer, the engine) are owned by ``cleanup_ctx`` so they
+start with the app and stop after it: aiohttp's graceful shutdown waits only for request
+handlers, not for tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bot.config import Config
+from bot.domain.alerts import PayloadError
+from bot.engine.intake import Intake
+from bot.engine.metrics import Metrics
+from bot.store.base import Store, StoreUnavailable
+from bot.web import auth, views
+from bot.web.commands import CommandSurface, add_command_routes
+
+log = logging.getLogger(__name__)
+
+
+class Background(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class Deps:
+    config: Config
+    store: Store
+    intake: Intake
+    metrics: Metrics
+    clock: Callable[[], datetime]
+    webhook_credentials: auth.Credentials
+    admin_credentials: auth.Credentials
+    background: Sequence[Background] = ()
+    commands: CommandSurface | None = None
+    ready_checks: list[Callable[[], bool]] = field(default_factory=list)
+
+
+DEPS = web.AppKey("deps", Deps)
+
+
+def create_app(deps: Deps) -> web.Application:
+    app = web.Application(client_max_size=deps.config.settings.server.max_body_bytes)
+    app[DEPS] = deps
+    app.router.add_post("/api/v1/alerts", receive_alerts)
+    app.router.add_get("/api/v1/incidents", list_incidents)
+    app.router.add_get("/api/v1/incidents/{incident_id}", show_incident)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    add_command_routes(app, DEPS)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    deps = app[DEPS]
+    await deps.store.open()
+    started: list[Background] = []
+    try:
+        for worker in deps.background:
+            await worker.start()
+            started.append(worker)
+        yield
+    finally:
+        for worker in reversed(started):
+            await worker.stop()
+        await deps.store.close()
+
+
+async def receive_alerts(request: web.Request) -> web.Response:
+    deps = request.app[DEPS]
+    started = time.perf_counter()
+    response = await _receive(request, deps)
+    deps.metrics.webhook_requests.labels(str(response.status)).inc()
+    deps.metrics.webhook_duration.observe(time.perf_counter() - started)
+    return response
+
+
+async def _receive(request: web.Request, deps: Deps) -> web.Response:
+    denied = auth.check(request, deps.webhook_credentials)
+    if denied is not None:
+        return denied
+    limit = deps.config.settings.server.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _error(413, f"body of {request.content_length} bytes exceeds server.max_body_bytes ({limit})")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"body exceeds server.max_body_bytes ({limit})")
+    try:
+        outcome = await deps.intake.accept(body, deps.clock())
+    except PayloadError as exc:
+        return _error(400, f"not an Alertmanager v4 webhook: {exc}")
+    except StoreUnavailable:
+        log.exception("store unavailable; asking Alertmanager to redeliver")
+        return web.json_response(
+            {"error": "store unavailable, retry"}, status=503, headers={"Retry-After": "1"}
+        )
+    return web.json_response(
+        {
+            "status": "ok",
+            "new": outcome.new_alerts,
+            "repeated": outcome.repeated_alerts,
+            "resolved": outcome.resolved,
+            "unroutable": outcome.unroutable,
+            "opened": outcome.opened,
+            "attached": sorted(set(outcome.attached)),
+        }
+    )
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def list_incidents(request: web.Request) -> web.Response:
+    deps = request.app[DEPS]
+    active = request.query.get("active", "").lower() in {"1", "true", "yes"}
+    try:
+        limit = min(max(int(request.query.get("limit", "100")), 1), 1000)
+    except ValueError:
+        return _error(400, "limit must be an integer")
+    records = await deps.store.incidents(active_only=active, node=request.query.get("node"), limit=limit)
+    return web.json_response({"incidents": [views.incident_view(r) for r in records]})
+
+
+async def show_incident(request: web.Request) -> web.Response:
+    deps = request.app[DEPS]
+    incident_id = request.match_info["incident_id"]
+    incident = await deps.store.incident(incident_id)
+    if incident is None:
+        return _error(404, f"no incident {incident_id}")
+    return web.json_response(
+        views.incident_detail(
+            incident,
+            await deps.store.alerts_of(incident_id),
+            await deps.store.events_of(incident_id),
+            await deps.store.steps_of(incident_id),
+            await deps.store.approval(incident_id),
+        )
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    deps = request.app[DEPS]
+    checks = {"store": await deps.store.ping()}
+    for index, check in enumerate(deps.ready_checks):
+        checks[f"check{index}"] = check()
+    ok = all(checks.values())
+    return web.json_response(
+        {"status": "ok" if ok else "not ready", "checks": checks}, status=200 if ok else 503
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    deps = request.app[DEPS]
+    body = generate_latest(deps.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

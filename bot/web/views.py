@@ -1,0 +1,123 @@
+"""JSON shapes of the read API. These field names are public: scripts and dashboards use them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from bot.domain.faults import Fault
+from bot.store.base import AlertRecord, ApprovalRecord, Event, IncidentRecord, StepRecord
+
+
+def _ts(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def fault_view(fault: Fault) -> dict[str, Any]:
+    return {
+        "key": fault.key,
+        "kind": fault.kind,
+        "xid": fault.xid,
+        "gpu": fault.gpu,
+        "bucket": fault.bucket,
+        "class": fault.fault_class,
+        "playbook": fault.playbook,
+        "meaning": fault.meaning,
+        "known": fault.known,
+        "job_fatal": fault.job_fatal,
+        "detail": fault.detail,
+    }
+
+
+def incident_view(incident: IncidentRecord) -> dict[str, Any]:
+    plan = incident.plan or {}
+    return {
+        "id": incident.id,
+        "node": incident.node,
+        "state": incident.state.value,
+        "playbook": incident.playbook,
+        "mode": incident.mode,
+        "steps": plan.get("steps", []),
+        "next_step": incident.step_index,
+        "reasons": plan.get("reasons", []),
+        "guards": plan.get("guards", []),
+        "opened_at": _ts(incident.opened_at),
+        "updated_at": _ts(incident.updated_at),
+        "closed_at": _ts(incident.closed_at),
+        "first_alert_at": _ts(incident.first_alert_at),
+        "outcome": incident.outcome,
+        "acted": incident.acted,
+        "faults": [fault_view(f) for f in incident.faults],
+    }
+
+
+def alert_view(alert: AlertRecord) -> dict[str, Any]:
+    return {
+        "fingerprint": alert.fingerprint,
+        "alertname": alert.alertname,
+        "status": alert.status,
+        "starts_at": _ts(alert.starts_at),
+        "ends_at": _ts(alert.ends_at),
+        "node": alert.node,
+        "fault": alert.fault_key,
+        "deliveries": alert.deliveries,
+        "first_seen": _ts(alert.first_seen),
+        "last_seen": _ts(alert.last_seen),
+        "labels": dict(alert.labels),
+    }
+
+
+def event_view(event: Event) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "at": _ts(event.at),
+        "kind": event.kind,
+        "step": event.step,
+        "outcome": event.outcome,
+        "attempt": event.attempt,
+        "actor": event.actor,
+        "detail": event.detail,
+        "data": dict(event.data),
+    }
+
+
+def step_view(step: StepRecord) -> dict[str, Any]:
+    return {
+        "step": step.step,
+        "status": step.status,
+        "attempts": step.attempts,
+        "started_at": _ts(step.started_at),
+        "ended_at": _ts(step.ended_at),
+        "result": dict(step.result),
+    }
+
+
+def approval_view(approval: ApprovalRecord | None) -> dict[str, Any] | None:
+    if approval is None:
+        return None
+    return {
+        "step": approval.step,
+        "status": approval.status,
+        "requested_at": _ts(approval.requested_at),
+        "deadline": _ts(approval.deadline),
+        "approvers": list(approval.approvers),
+        "decided_by": approval.decided_by,
+        "decided_at": _ts(approval.decided_at),
+    }
+
+
+def incident_detail(
+    incident: IncidentRecord,
+    alerts: Sequence[AlertRecord],
+    events: Sequence[Event],
+    steps: dict[str, StepRecord],
+    approval: ApprovalRecord | None,
+) -> dict[str, Any]:
+    return {
+        **incident_view(incident),
+        "alerts": [alert_view(a) for a in alerts],
+        "events": [event_view(e) for e in events],
+        "step_records": [step_view(s) for s in steps.values()],
+        "approval": approval_view(approval),
+    }
