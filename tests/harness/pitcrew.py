@@ -1,0 +1,183 @@
+"""pitcrew itself as a real subprocess (``python -m bot.cli serve``) on loopback.
+
+Used wherever a test must cross a process boundary: kill -9 and restart, hypothesis bodies
+over real HTTP, the crash-safety run, the detection path. ``Pitcrew.kill()`` is SIGKILL;
+``stop()`` is SIGTERM (graceful). Every started process is stopped by the fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness.proc import free_port, stop_process, tail, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Pitcrew:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        config: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        token: str = "test-webhook-token",
+        admin_token: str = "test-admin-token",
+    ) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token, self.admin_token = token, admin_token
+        (workdir / "webhook.token").write_text(token + "\n")
+        (workdir / "admin.token").write_text(admin_token + "\n")
+        self.store = workdir / "pitcrew.db"
+        self.journal = workdir / "recorded-actions.jsonl"
+        settings: dict[str, Any] = {
+            "server": {
+                "listen": f"127.0.0.1:{self.port}",
+                "auth": {
+                    "bearer_token_file": str(workdir / "webhook.token"),
+                    "admin_token_file": str(workdir / "admin.token"),
+                },
+            },
+            "store": {"path": str(self.store)},
+            "integrations": {"recording_path": str(self.journal)},
+            "engine": {"poll_interval": "0.2s", "retry_backoff": "0.05s", "retry_backoff_max": "0.5s"},
+            "log": {"level": "INFO", "format": "json"},
+        }
+        _merge(settings, dict(config or {}))
+        self.config_path = workdir / "pitcrew.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings))
+        self.env = {**os.environ, **(env or {})}
+        self.log = workdir / "pitcrew.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 20.0) -> Pitcrew:
+        self.starts += 1
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bot.cli", "serve", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=REPO,
+            )
+        wait_until(self._healthy, timeout=timeout, what=f"pitcrew healthy on {self.url}\n{tail(self.log)}")
+        return self
+
+    def _healthy(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            pytest.fail(f"pitcrew exited with {self.process.returncode}:\n{tail(self.log)}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no flush, exactly what a node crash or OOM kill does."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+            self.process = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # --------------------------------------------------------------- HTTP
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        request = urllib.request.Request(
+            self.url + path, data=body, method=method, headers=dict(headers or {})
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def post_alerts(self, body: bytes, token: str | None = None) -> tuple[int, dict[str, Any]]:
+        status, raw = self.request(
+            "POST", "/api/v1/alerts", body, {"Authorization": f"Bearer {token or self.token}"}
+        )
+        return status, json.loads(raw or b"{}")
+
+    def command(self, path: str, actor: str, **extra: Any) -> tuple[int, dict[str, Any]]:
+        status, raw = self.request(
+            "POST",
+            path,
+            json.dumps({"actor": actor, **extra}).encode(),
+            {"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"},
+        )
+        return status, json.loads(raw or b"{}")
+
+    def incidents(self, node: str | None = None) -> list[dict[str, Any]]:
+        status, raw = self.request("GET", "/api/v1/incidents?limit=1000")
+        assert status == 200, raw
+        return [i for i in json.loads(raw)["incidents"] if node is None or i["node"] == node]
+
+    def incident(self, incident_id: str) -> dict[str, Any]:
+        status, raw = self.request("GET", f"/api/v1/incidents/{incident_id}")
+        assert status == 200, raw
+        return dict(json.loads(raw))
+
+    def wait_incident(self, incident_id: str, *states: str, timeout: float = 30.0) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        def reached() -> bool:
+            found.update(self.incident(incident_id))
+            return found["state"] in states
+
+        wait_until(
+            reached, timeout=timeout, interval=0.1, what=f"{incident_id} in {states}: {found.get('state')}"
+        )
+        return found
+
+    def journal_records(self) -> list[dict[str, Any]]:
+        if not self.journal.exists():
+            return []
+        return [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+
+
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+@pytest.fixture
+def pitcrew_factory(tmp_path: Path) -> Iterator[Any]:
+    """Build (not start) pitcrew processes; all are stopped at teardown."""
+    made: list[Pitcrew] = []
+
+    def make(name: str = "pitcrew", **kwargs: Any) -> Pitcrew:
+        server = Pitcrew(tmp_path / name, **kwargs)
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.stop()

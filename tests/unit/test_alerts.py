@@ -1,0 +1,165 @@
+"""Alertmanager payloads → subjects: every captured delivery parses and names the right node, GPU, XID.
+
+Cases: each fixture file (the wire bytes too), lowercase ``hostname``, ``instance`` fallback,
+XID from ``err_code`` and from the alert value, malformed bodies rejected with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot.domain.alerts import PayloadError, parse_webhook
+from bot.domain.labels import LabelRules, host_part, subject_of
+from tests.conftest import FIXTURES
+
+AM = FIXTURES / "alertmanager"
+
+# fixture → {fingerprint: (status, node, gpu, xid)}
+EXPECTED = {
+    "xid79-firing.json": {
+        "8dd43c753491e259": ("firing", "gpu-node-02", "3", 79),
+        "8909f72b4ad89758": ("firing", "gpu-node-02", "3", 79),
+        "54faa5ba6fe53303": ("firing", "gpu-node-02", "3", 79),
+    },
+    "xid79-repeat.json": {
+        "8dd43c753491e259": ("firing", "gpu-node-02", "3", 79),
+        "8909f72b4ad89758": ("firing", "gpu-node-02", "3", 79),
+        "54faa5ba6fe53303": ("firing", "gpu-node-02", "3", 79),
+    },
+    "xid79-resolved.json": {
+        "8dd43c753491e259": ("resolved", "gpu-node-02", "3", 79),
+        "8909f72b4ad89758": ("resolved", "gpu-node-02", "3", 79),
+        "54faa5ba6fe53303": ("resolved", "gpu-node-02", "3", 79),
+    },
+    "xid79-firing-lowercase-hostname-label.json": {
+        "d918c4a4e3de9e84": ("firing", "gpu-node-02", "3", 79),
+        "b76b3e86d86fa2a5": ("firing", "gpu-node-02", "3", 79),
+        "606ffff696241634": ("firing", "gpu-node-02", "3", 79),
+    },
+    "two-faults-same-node.json": {
+        "8dd43c753491e259": ("firing", "gpu-node-02", "3", 79),
+        "8909f72b4ad89758": ("firing", "gpu-node-02", "3", 79),
+        "54faa5ba6fe53303": ("firing", "gpu-node-02", "3", 79),
+        "4d9533919175687a": ("firing", "gpu-node-02", "5", None),
+    },
+    "row-remap-failure-firing.json": {"6e6d6114f6d1dfaa": ("firing", "gpu-node-01", "6", None)},
+    "exporter-down-firing.json": {"932ecce106a3c285": ("firing", "gpu-node-04", None, None)},
+    "gpu-fallen-off-bus-firing.json": {"ba8bcadb0c181ec8": ("firing", "gpu-node-03", None, None)},
+    "xid48-then-xid154-1-after-xid48.json": {
+        "bfff16c2f4e5c47f": ("firing", "gpu-node-01", "0", 48),
+        "7d1d447274931396": ("firing", "gpu-node-01", "0", 48),
+        "629b39b77c0dafa6": ("firing", "gpu-node-01", "0", 48),
+    },
+    "xid48-then-xid154-2-after-xid154.json": {
+        "bfff16c2f4e5c47f": ("firing", "gpu-node-01", "0", 48),
+        "7d1d447274931396": ("firing", "gpu-node-01", "0", 48),
+        "629b39b77c0dafa6": ("resolved", "gpu-node-01", "0", 48),
+        "02288f933644fbe2": ("firing", "gpu-node-01", "0", 154),
+    },
+}
+
+
+def test_every_fixture_has_an_expectation() -> None:
+    payloads = {p.name for p in AM.glob("*.json")} - {"request-headers.json", "xid79-firing.wire.json"}
+    assert payloads == set(EXPECTED), "a new capture needs its expected node/GPU/XID here"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_subjects(name: str) -> None:
+    payload = parse_webhook((AM / name).read_bytes())
+    got = {a.fingerprint: (a.status, *_subject(a)) for a in payload.alerts}
+    assert got == EXPECTED[name]
+
+
+def _subject(alert: object) -> tuple[str | None, str | None, int | None]:
+    s = subject_of(alert)  # type: ignore[arg-type]
+    return s.node, s.gpu, s.xid
+
+
+def test_wire_bytes_equal_the_pretty_capture() -> None:
+    wire = parse_webhook((AM / "xid79-firing.wire.json").read_bytes())
+    pretty = parse_webhook((AM / "xid79-firing.json").read_bytes())
+    assert wire == pretty
+    assert wire.group_key == '{}:{node="gpu-node-02"}'
+    assert wire.alerts[0].ends_at is None  # 0001-01-01 means "not ended"
+
+
+def test_retry_sequence_bodies_are_identical_and_parse() -> None:
+    lines = [json.loads(line) for line in (AM / "retry-500x3-then-200.jsonl").read_text().splitlines()]
+    bodies = [parse_webhook(json.dumps(line["body"]).encode()) for line in lines]
+    assert len(bodies) == 4
+    assert all(b == bodies[0] for b in bodies)
+
+
+def test_unknown_fields_and_truncated_alerts_are_accepted() -> None:
+    body = json.loads((AM / "xid79-firing.json").read_text())
+    body["somethingNew"] = {"x": 1}
+    body["truncatedAlerts"] = 7
+    body["alerts"][0]["extra"] = "ignored"
+    payload = parse_webhook(json.dumps(body).encode())
+    assert payload.truncated_alerts == 7
+    assert len(payload.alerts) == 3
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "expected"),
+    [
+        ({"node": "n1", "gpu": "2", "xid": "79"}, {}, ("n1", "2", 79)),
+        ({"kubernetes_node": "n2", "UUID": "GPU-abc", "err_code": "48"}, {}, ("n2", "GPU-abc", 48)),
+        ({"hostname": "n3", "pci_bus_id": "00:1B.0"}, {}, ("n3", "00:1B.0", None)),
+        ({"instance": "10.0.0.5:9400"}, {}, ("10.0.0.5", None, None)),
+        ({"instance": "[fd00::7]:9400"}, {}, ("fd00::7", None, None)),
+        ({"alertname": "GpuXid", "node": "n4"}, {"value": "79.000000"}, ("n4", None, 79)),
+        ({"alertname": "GpuXid", "node": "n4", "xid": "abc"}, {}, ("n4", None, None)),
+        ({"gpu": "1"}, {}, (None, "1", None)),
+    ],
+)
+def test_label_normalisation(labels: dict[str, str], annotations: dict[str, str], expected: tuple) -> None:
+    alert = {
+        "status": "firing",
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": "2026-11-29T08:46:36.045Z",
+        "fingerprint": "f",
+    }
+    payload = parse_webhook(json.dumps({"version": "4", "status": "firing", "alerts": [alert]}).encode())
+    assert _subject(payload.alerts[0]) == expected
+
+
+def test_node_label_order_is_configurable() -> None:
+    alert = {
+        "status": "firing",
+        "labels": {"node": "a", "Hostname": "b"},
+        "startsAt": "2026-11-29T00:00:00Z",
+        "fingerprint": "f",
+    }
+    payload = parse_webhook(json.dumps({"version": "4", "status": "firing", "alerts": [alert]}).encode())
+    assert subject_of(payload.alerts[0], LabelRules(node=("Hostname", "node"))).node == "b"
+
+
+@pytest.mark.parametrize(("instance", "host"), [("h:1", "h"), ("h", "h"), ("[::1]:9", "::1"), ("::1", "::1")])
+def test_host_part(instance: str, host: str) -> None:
+    assert host_part(instance) == host
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"", "Invalid JSON"),
+        (b"\xff\xfe\x00", "Invalid JSON"),
+        (b"[]", "body"),
+        (b'{"version": "3", "status": "firing", "alerts": []}', "version 4"),
+        (b'{"version": "4", "status": "weird", "alerts": []}', "status"),
+        (b'{"version": "4", "status": "firing", "alerts": [{"status": "firing"}]}', "alerts.0.labels"),
+        (
+            b'{"version": "4", "status": "firing", "alerts": [{"status": "firing", "labels": {"a": 1},'
+            b' "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "x"}]}',
+            "alerts.0.labels.a",
+        ),
+    ],
+)
+def test_malformed_bodies_are_rejected_with_a_reason(body: bytes, says: str) -> None:
+    with pytest.raises(PayloadError, match=says):
+        parse_webhook(body)
