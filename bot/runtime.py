@@ -92,7 +92,7 @@ def build_app(
     store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
     ports = ports or build_ports(config)
     engine = Engine(config, store, ports, metrics, utcnow)
-    intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake)
+    intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     webhook, admin = credentials(config)
     deps = Deps(
         config=config,

@@ -103,7 +103,7 @@ class Commands:
         await self._store.set_switch(PAUSE, None, actor, now)
         self._engine.metrics.paused.set(0)
         await self._audit(None, "resumed", actor, "kill switch off", "ok")
-        self._engine.wake()
+        self._engine.signal_all()
         return CommandResult("ok", f"resumed by {actor}")
 
     async def reset_breaker(self, actor: str) -> CommandResult:

@@ -31,6 +31,9 @@ from bot.store.base import IncidentRecord, NewEvent, Store
 
 log = logging.getLogger(__name__)
 ROLLBACK = "rollback"
+_SCAN_BEAT = 0.02
+#: Waits that a signal ends (approvals, watching, pause) still look again this often.
+_RECHECK = 30.0
 
 
 class Engine:
@@ -68,8 +71,14 @@ class Engine:
         self._wake.set()
 
     def signal(self, incident_id: str) -> None:
-        """Something changed for this incident (approval, rollback): stop waiting."""
+        """Something changed for this incident (approval, resolution): stop waiting."""
         self._signals.setdefault(incident_id, asyncio.Event()).set()
+        self._wake.set()
+
+    def signal_all(self) -> None:
+        """A switch changed (resume): every waiting incident looks again."""
+        for event in self._signals.values():
+            event.set()
         self._wake.set()
 
     @property
@@ -85,32 +94,37 @@ class Engine:
     async def _supervise(self) -> None:
         interval = self.config.settings.engine.poll_interval.total_seconds()
         while True:
+            self._wake.clear()
             try:
                 await self._scan()
             except Exception:  # the supervisor must outlive a bad scan
                 log.exception("engine scan failed")
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            # A burst of deliveries wakes us many times: one scan per short beat is enough.
+            await asyncio.sleep(_SCAN_BEAT)
 
     async def _scan(self) -> None:
-        active = await self.store.incidents(active_only=True, limit=1_000_000)
+        active = await self.store.active()
         now = self.clock()
         counts: dict[str, int] = {state.value: 0 for state in State if not state.terminal}
-        for incident in active:
-            counts[incident.state.value] += 1
-            task = self._tasks.get(incident.id)
+        for incident_id, state, _ in active:
+            counts[state.value] += 1
+            task = self._tasks.get(incident_id)
             if task is None or task.done():
-                self._tasks[incident.id] = asyncio.create_task(
-                    self._guarded_run(incident.id), name=incident.id
+                self._tasks[incident_id] = asyncio.create_task(
+                    self._guarded_run(incident_id), name=incident_id
                 )
-        for state, count in counts.items():
-            self.metrics.incidents_active.labels(state).set(count)
-        oldest = min((i.opened_at for i in active), default=None)
+        for state_name, count in counts.items():
+            self.metrics.incidents_active.labels(state_name).set(count)
+        oldest = min((opened for _, _, opened in active), default=None)
         self.metrics.oldest_active.set((now - oldest).total_seconds() if oldest else 0)
         self.metrics.paused.set(1 if await self.store.switch(PAUSE) else 0)
+        live = {incident_id for incident_id, _, _ in active}
         for incident_id in [i for i, t in self._tasks.items() if t.done()]:
             self._tasks.pop(incident_id)
+        for incident_id in [i for i in self._signals if i not in live and i not in self._tasks]:
+            self._signals.pop(incident_id)
 
     async def _guarded_run(self, incident_id: str) -> None:
         try:
@@ -189,10 +203,10 @@ class Engine:
         return True
 
     async def _wait_signal(self, incident_id: str, limit: float | None) -> None:
+        """Sleep until signalled (approval, resolution, resume) or ``limit`` seconds pass."""
         event = self._signals.setdefault(incident_id, asyncio.Event())
-        interval = self.config.settings.engine.poll_interval.total_seconds()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=min(limit, interval) if limit else interval)
+            await asyncio.wait_for(event.wait(), timeout=max(min(limit or _RECHECK, _RECHECK), 0.001))
         event.clear()
 
     async def _still_firing(self, incident: IncidentRecord) -> bool:
@@ -212,7 +226,7 @@ class Engine:
                     "watching", detail=f"{len(firing)} alert(s) still firing; closes when they resolve"
                 ),
             )
-        await self._wait_signal(incident.id, None)
+        await self._wait_signal(incident.id, (self.config.settings.engine.watch_max - age).total_seconds())
         return True
 
     async def _approval(self, incident: IncidentRecord) -> bool | None:

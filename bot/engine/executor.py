@@ -30,7 +30,7 @@ from bot.domain.playbooks import MUTATING, PlaybookSet
 from bot.engine.context import Done, Ports, StepContext, Wait
 from bot.engine.errors import PermanentError, TransientError
 from bot.engine.metrics import Metrics
-from bot.engine.steps import HANDLERS, WOULD
+from bot.engine.steps import HANDLERS, OBSERVE_RUNS, WOULD
 from bot.store.base import IncidentRecord, NewEvent, Store
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Executor:
             record = None  # a new plan runs this step afresh
         if record is not None and record.status in {"ok", "skipped"}:
             return StepOutcome("ok", "already done")  # resumed between "finished" and "advanced"
-        if step in MUTATING and plan.get("mode") == "observe":
+        if step not in OBSERVE_RUNS and plan.get("mode") == "observe":
             would = WOULD[step].format(action=str(plan.get("slurm_action", "down")).upper())
             await self._store.step_finished(
                 incident.id,

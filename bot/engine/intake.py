@@ -51,12 +51,14 @@ class Intake:
         rules: LabelRules,
         metrics: Metrics,
         wake: Callable[[], None] = lambda: None,
+        signal: Callable[[str], None] = lambda incident_id: None,
     ) -> None:
         self._store = store
         self._catalog = catalog
         self._rules = rules
         self._metrics = metrics
         self._wake = wake
+        self._signal = signal
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
         """Parse (``PayloadError`` on bad input), persist, then wake the engine."""
@@ -69,6 +71,8 @@ class Intake:
         if delivery.truncated_alerts:
             received.labels("truncated").inc(delivery.truncated_alerts)
         self._metrics.incidents_opened.inc(len(outcome.opened))
-        if outcome.opened or outcome.attached or outcome.resolved:
+        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
+            self._signal(incident_id)  # a running incident may replan, a watcher may close
+        if outcome.opened:
             self._wake()
         return outcome

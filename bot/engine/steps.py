@@ -27,7 +27,10 @@ HANDLERS: dict[str, Handler] = {
     "close": steps_notify.close,
 }
 
-#: What observe mode says instead of running a mutating step.
+#: The only steps observe mode runs; every other step is recorded as would-run.
+OBSERVE_RUNS = frozenset({"notify", "close"})
+
+#: What observe mode says instead of running a step.
 WOULD = {
     "slurm_down": "set the Slurm node {action} with a pitcrew: reason (after recording its jobs)",
     "cordon": "cordon and taint the node, annotated with the incident id",
@@ -36,4 +39,6 @@ WOULD = {
     "reboot": "reboot the node",
     "replace": "start a replacement of the node",
     "slurm_resume": "RESUME the Slurm node and uncordon it",
+    "wait_ready": "wait for the node (or its replacement) to be Ready and its slurmd registered",
+    "confirm_resumed": "confirm that every job recorded on the node runs again elsewhere",
 }

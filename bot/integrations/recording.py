@@ -63,11 +63,17 @@ class Journal:
         self._offset = 0
         self._lock = asyncio.Lock()
 
-    def append(self, record: dict[str, Any]) -> None:
+    async def append(self, record: dict[str, Any]) -> None:
+        """Durable before it returns; the fsync runs off the event loop."""
         record = {"at": datetime.now(UTC).isoformat(), **record}
         if self.path is None:
             self._records.append(record)
             return
+        async with self._lock:  # one writer at a time keeps lines whole and ordered
+            await asyncio.to_thread(self._write_line, record)
+
+    def _write_line(self, record: dict[str, Any]) -> None:
+        assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -92,7 +98,28 @@ class RecordingWorld:
 
     def __init__(self, journal: Journal, inventory: Mapping[str, Any] | None = None) -> None:
         self.journal = journal
-        self._inventory = inventory or {}
+        inventory = inventory or {}
+        self._nodes = {
+            name: _Node(
+                name,
+                labels=dict(spec.get("labels", {})),
+                pods=list(spec.get("pods", [])),
+                ready=bool(spec.get("ready", True)),
+            )
+            for name, spec in (inventory.get("nodes") or {}).items()
+        }
+        self._jobs = {
+            str(j["job_id"]): _Job(
+                str(j["job_id"]),
+                j.get("name", "job"),
+                j.get("user", "user"),
+                j["node"],
+                bool(j.get("requeue", True)),
+            )
+            for j in inventory.get("jobs") or []
+        }
+        self._known_nodes = frozenset(self._nodes)
+        self._applied = 0
 
     @classmethod
     def from_paths(cls, journal: Path | None, inventory: Path | None) -> RecordingWorld:
@@ -101,28 +128,12 @@ class RecordingWorld:
 
     # ---------------------------------------------------------------- replay
     def state(self) -> tuple[dict[str, _Node], dict[str, _Job]]:
-        nodes = {
-            name: _Node(
-                name,
-                labels=dict(spec.get("labels", {})),
-                pods=list(spec.get("pods", [])),
-                ready=bool(spec.get("ready", True)),
-            )
-            for name, spec in (self._inventory.get("nodes") or {}).items()
-        }
-        jobs = {
-            str(j["job_id"]): _Job(
-                str(j["job_id"]),
-                j.get("name", "job"),
-                j.get("user", "user"),
-                j["node"],
-                bool(j.get("requeue", True)),
-            )
-            for j in self._inventory.get("jobs") or []
-        }
-        for record in self.journal.records():
-            self._apply(record, nodes, jobs)
-        return nodes, jobs
+        """The modelled far side: the inventory with every journal record applied, in order."""
+        records = self.journal.records()
+        for record in records[self._applied :]:
+            self._apply(record, self._nodes, self._jobs)
+        self._applied = len(records)
+        return self._nodes, self._jobs
 
     def _apply(self, r: dict[str, Any], nodes: dict[str, _Node], jobs: dict[str, _Job]) -> None:
         op = r.get("op")
@@ -168,12 +179,12 @@ class RecordingWorld:
     def node_record(self, name: str) -> _Node:
         """A node's modelled state; with an inventory, unknown names are refused like a real API would."""
         nodes, _ = self.state()
-        if self._inventory.get("nodes") and name not in nodes:
+        if self._known_nodes and name not in nodes:
             raise PermanentError(f"unknown node {name}", reason="unknown_node")
         return nodes.get(name) or _Node(name)
 
-    def write(self, op: str, **data: Any) -> None:
-        self.journal.append({"op": op, **data})
+    async def write(self, op: str, **data: Any) -> None:
+        await self.journal.append({"op": op, **data})
 
     # ---------------------------------------------------------------- Scheduler
     async def node(self, name: str) -> SlurmNodeState:
@@ -193,13 +204,13 @@ class RecordingWorld:
         return JobSnapshot(job.job_id, job.name, job.user, job.state, (job.node,), job.restarts, job.requeue)
 
     async def down(self, name: str, reason: str) -> None:
-        self.write("slurm_down", node=name, reason=reason)
+        await self.write("slurm_down", node=name, reason=reason)
 
     async def drain(self, name: str, reason: str) -> None:
-        self.write("slurm_drain", node=name, reason=reason)
+        await self.write("slurm_drain", node=name, reason=reason)
 
     async def resume(self, name: str) -> None:
-        self.write("slurm_resume", node=name)
+        await self.write("slurm_resume", node=name)
 
     async def requeue(self, job_id: str) -> None:
-        self.write("requeue", job_id=job_id)
+        await self.write("requeue", job_id=job_id)

@@ -32,13 +32,13 @@ class RecordingCluster:
         return len(nodes)
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
-        self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)
+        await self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)
 
     async def uncordon(self, name: str, *, incident_id: str) -> None:
-        self._world.write("uncordon", node=name, incident_id=incident_id)
+        await self._world.write("uncordon", node=name, incident_id=incident_id)
 
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
-        self._world.write("annotate", node=name, annotations=dict(annotations))
+        await self._world.write("annotate", node=name, annotations=dict(annotations))
 
     async def pods_on_node(self, name: str) -> list[PodRef]:
         n = self._world.node_record(name)
@@ -49,17 +49,17 @@ class RecordingCluster:
 
     async def evict(self, pod: PodRef) -> None:
         node = self._owner(pod)
-        self._world.write("evict", node=node, pod=pod.ref)
+        await self._world.write("evict", node=node, pod=pod.ref)
 
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
-        self._world.write("delete_pod", node=self._owner(pod), pod=pod.ref, force=force)
+        await self._world.write("delete_pod", node=self._owner(pod), pod=pod.ref, force=force)
 
     def _owner(self, pod: PodRef) -> str:
         nodes, _ = self._world.state()
         return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
 
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
-        self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
+        await self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
         return f"{strategy}:{name}"
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool:
@@ -72,10 +72,10 @@ class RecordingCluster:
         return False  # the recording replacement starts at once: there is never one to cancel
 
     async def reboot(self, name: str, *, incident_id: str) -> None:
-        self._world.write("reboot", node=name, incident_id=incident_id)
+        await self._world.write("reboot", node=name, incident_id=incident_id)
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
-        self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
+        await self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
 
 
 class RecordingNotifier:
@@ -85,7 +85,7 @@ class RecordingNotifier:
 
     async def post(self, notice: Notice) -> str | None:
         self._count += 1
-        self._world.write(
+        await self._world.write(
             "notice",
             incident_id=notice.incident_id,
             kind=notice.kind,

@@ -54,6 +54,12 @@ class IngestOutcome:
     unroutable: int = 0
     opened: list[str] = field(default_factory=list)
     attached: list[str] = field(default_factory=list)
+    #: Incidents that had an alert resolve in this delivery.
+    resolved_in: list[str] = field(default_factory=list)
+    #: Incidents already under way that got a fault they did not have (the engine replans them).
+    changed: list[str] = field(default_factory=list)
+    #: Alert keys and their state after this delivery, for the store's cache of committed keys.
+    cache: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,10 @@ class Store(Protocol):
     async def incidents(
         self, *, active_only: bool = False, node: str | None = None, limit: int = 100
     ) -> list[IncidentRecord]: ...
+    async def active(self) -> list[tuple[str, State, datetime]]:
+        """Id, state and opening time of every non-terminal incident (cheap: no faults)."""
+        ...
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]: ...
     async def events_of(self, incident_id: str) -> list[Event]: ...
     async def events_since(self, seq: int, limit: int = 1000) -> list[Event]: ...

@@ -8,7 +8,7 @@ incident. Alerts without a node are kept (``unroutable``) and never acted on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,18 +28,32 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterable[Sequence[T]]:
         yield items[start : start + size]
 
 
-async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) -> IngestOutcome:
+KeyState = tuple[str, str | None]  # (status, incident id)
+
+
+async def ingest(
+    db: aiosqlite.Connection, delivery: Delivery, now: datetime, cache: Mapping[tuple[str, str], KeyState]
+) -> IngestOutcome:
+    """Persist one delivery; ``cache`` holds committed keys, the database answers the rest."""
     out = IngestOutcome()
     stamp = ts(now)
-    keys = [(a.fingerprint, ts(a.starts_at)) for a in delivery.alerts]
-    known = await _known(db, keys)
-    active = await _active_incidents(db, {a.node for a in delivery.alerts if a.node})
+    keys = [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in delivery.alerts]
+    known: dict[tuple[str, str], KeyState] = {k: cache[k] for k in keys if k in cache}
+    missing = [k for k in keys if k not in known]
+    if missing:
+        known.update(await _known(db, missing))
+    opening_nodes = {
+        a.node
+        for a, k in zip(delivery.alerts, keys, strict=True)
+        if k not in known and a.node is not None and a.fault is not None
+    }
+    active = await _active_incidents(db, opening_nodes) if opening_nodes else {}
+    faults_of = await _fault_keys(db, [i for i, state in active.values() if state != State.OPEN.value])
 
     inserts: list[tuple[Any, ...]] = []
     seen_updates: list[tuple[Any, ...]] = []
     resolve_updates: list[tuple[Any, ...]] = []
     events: list[tuple[str | None, NewEvent]] = []
-    changed: set[str] = set()
     next_seq: int | None = None
 
     for alert, key in zip(delivery.alerts, keys, strict=True):
@@ -48,8 +62,10 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
             status, seen_in = known[key]
             if status == "firing" and alert.status == "resolved":
                 resolve_updates.append((ts(alert.ends_at), stamp, *key))
-                known[key] = ("resolved", seen_in)
+                known[key] = out.cache[key] = ("resolved", seen_in)
                 out.resolved += 1
+                if seen_in is not None:
+                    out.resolved_in.append(seen_in)
                 events.append((seen_in, _alert_event("alert_resolved", alert.alertname, alert.fault, key)))
             else:
                 seen_updates.append((stamp, *key))
@@ -91,10 +107,12 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
                 events.append((incident_id, NewEvent("incident_opened", detail=f"node {alert.node}")))
             else:
                 out.attached.append(incident_id)
-                if state != State.OPEN.value:
-                    changed.add(incident_id)
+                seen_faults = faults_of.setdefault(incident_id, set())
+                if state != State.OPEN.value and alert.fault.key not in seen_faults:
+                    out.changed.append(incident_id)  # a new fault on an incident already under way
+                seen_faults.add(alert.fault.key)
             events.append((incident_id, _alert_event("alert_firing", alert.alertname, alert.fault, key)))
-        known[key] = (alert.status, incident_id)
+        known[key] = out.cache[key] = (alert.status, incident_id)
         out.new_alerts += 1
         inserts.append(
             (
@@ -123,23 +141,28 @@ async def ingest(db: aiosqlite.Connection, delivery: Delivery, now: datetime) ->
             inserts,
         )
     if seen_updates:
-        await db.executemany(
-            "UPDATE alerts SET last_seen = ?, deliveries = deliveries + 1 WHERE fingerprint = ? AND starts_at = ?",
-            seen_updates,
-        )
+        await bump_seen(db, [(stamp, 1, fp, starts) for stamp, fp, starts in seen_updates])
     if resolve_updates:
         await db.executemany(
             "UPDATE alerts SET status = 'resolved', ends_at = ?, last_seen = ?, deliveries = deliveries + 1"
             " WHERE fingerprint = ? AND starts_at = ?",
             resolve_updates,
         )
-    if changed:
+    if out.changed:
         await db.executemany(
             "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?",
-            [(stamp, i) for i in changed],
+            [(stamp, i) for i in set(out.changed)],
         )
     await insert_events(db, events, now)
     return out
+
+
+async def bump_seen(db: aiosqlite.Connection, rows: Sequence[tuple[str | None, int, str, str]]) -> None:
+    """Repeat deliveries: ``(last_seen, count, fingerprint, starts_at)``."""
+    await db.executemany(
+        "UPDATE alerts SET last_seen = MAX(last_seen, ?), deliveries = deliveries + ? WHERE fingerprint = ? AND starts_at = ?",
+        rows,
+    )
 
 
 def _alert_event(kind: str, alertname: str, fault: Any, key: tuple[str, str | None]) -> NewEvent:
@@ -163,18 +186,18 @@ async def insert_events(
     )
 
 
-async def _known(db: aiosqlite.Connection, keys: Sequence[tuple[str, str | None]]) -> dict[Any, Any]:
-    known: dict[Any, Any] = {}
+async def _known(
+    db: aiosqlite.Connection, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], KeyState]:
+    known: dict[tuple[str, str], KeyState] = {}
     for chunk in _chunks(list(dict.fromkeys(keys))):
         placeholders = ",".join("(?, ?)" for _ in chunk)
-        params = [v for key in chunk for v in key]
-        async with db.execute(
+        rows = await db.execute_fetchall(
             f"SELECT fingerprint, starts_at, status, incident_id FROM alerts"  # noqa: S608 - placeholders only
             f" WHERE (fingerprint, starts_at) IN (VALUES {placeholders})",
-            params,
-        ) as cursor:
-            async for row in cursor:
-                known[(row[0], row[1])] = (row[2], row[3])
+            [v for key in chunk for v in key],
+        )
+        known.update({(r[0], r[1]): (r[2], r[3]) for r in rows})
     return known
 
 
@@ -182,17 +205,28 @@ async def _active_incidents(db: aiosqlite.Connection, nodes: set[str]) -> dict[s
     found: dict[str, tuple[str, str]] = {}
     for chunk in _chunks(sorted(nodes)):
         placeholders = ",".join("?" for _ in chunk)
-        async with db.execute(
+        rows = await db.execute_fetchall(
             f"SELECT node, id, state FROM incidents WHERE node IN ({placeholders})"  # noqa: S608
             f" AND state NOT IN {TERMINAL_STATES}",
             list(chunk),
-        ) as cursor:
-            async for row in cursor:
-                found[row[0]] = (row[1], row[2])
+        )
+        found.update({r[0]: (r[1], r[2]) for r in rows})
+    return found
+
+
+async def _fault_keys(db: aiosqlite.Connection, incidents: list[str]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for chunk in _chunks(incidents):
+        placeholders = ",".join("?" for _ in chunk)
+        rows = await db.execute_fetchall(
+            f"SELECT DISTINCT incident_id, fault_key FROM alerts WHERE incident_id IN ({placeholders})",  # noqa: S608
+            list(chunk),
+        )
+        for incident_id, key in rows:
+            found.setdefault(incident_id, set()).add(key)
     return found
 
 
 async def _next_seq(db: aiosqlite.Connection) -> int:
-    async with db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM incidents") as cursor:
-        row = await cursor.fetchone()
-    return int(row[0]) if row else 1
+    rows = list(await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) + 1 FROM incidents"))
+    return int(rows[0][0]) if rows else 1

@@ -13,7 +13,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,10 +38,11 @@ from bot.store.base import (
     StepRecord,
     StoreUnavailable,
 )
-from bot.store.ingest import ingest, insert_events
+from bot.store.ingest import KeyState, bump_seen, ingest, insert_events
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, TERMINAL_STATES
 
 log = logging.getLogger(__name__)
+_FLUSH_EVERY = 1.0  # seconds: repeat-delivery counters reach the disk at least this often
 T = TypeVar("T")
 Unit = Callable[[aiosqlite.Connection], Awaitable[Any]]
 
@@ -49,9 +53,17 @@ class SqliteStore:
         self._synchronous = synchronous.upper()
         self._batch_max = batch_max
         self._writer: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
+        # Reads run on the event loop's own thread: in WAL mode a reader never waits for the
+        # writer, and a read of a few rows costs microseconds, less than a hop to a worker thread.
+        self._reader: sqlite3.Connection | None = None
         self._queue: asyncio.Queue[tuple[Unit, asyncio.Future[Any]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        # Committed alert keys → (status, incident): Alertmanager redelivers whole groups every
+        # repeat_interval, and a pure repeat needs no write beyond a delivery counter.
+        self._keys: OrderedDict[tuple[str, str], KeyState] = OrderedDict()
+        self._keys_max = 200_000
+        self._seen: dict[tuple[str, str], tuple[str, int]] = {}
+        self._flushing: dict[tuple[str, str], tuple[str, int]] = {}
 
     # ----------------------------------------------------------------- lifecycle
     async def open(self) -> None:
@@ -66,21 +78,24 @@ class SqliteStore:
         ):
             await self._writer.execute(f"PRAGMA {pragma}")
         await self._migrate(self._writer)
-        self._reader = await aiosqlite.connect(self.path, isolation_level=None)
-        self._reader.row_factory = aiosqlite.Row
-        await self._reader.execute("PRAGMA busy_timeout=10000")
+        self._reader = sqlite3.connect(self.path, isolation_level=None)
+        self._reader.row_factory = sqlite3.Row
+        self._reader.execute("PRAGMA query_only=ON")
         self._task = asyncio.create_task(self._write_loop(), name="pitcrew-store-writer")
 
     async def close(self) -> None:
         if self._task is not None:
+            if self._seen:
+                await self._write(lambda db: asyncio.sleep(0))  # the writer flushes pending repeats first
             await self._queue.join()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for conn in (self._reader, self._writer):
-            if conn is not None:
-                await conn.close()
+        if self._reader is not None:
+            self._reader.close()
+        if self._writer is not None:
+            await self._writer.close()
         self._reader = self._writer = None
 
     async def ping(self) -> bool:
@@ -122,29 +137,25 @@ class SqliteStore:
         assert self._writer is not None
         db = self._writer
         while True:
-            batch = [await self._queue.get()]
+            try:
+                first = await asyncio.wait_for(self._queue.get(), timeout=_FLUSH_EVERY)
+            except TimeoutError:
+                if self._seen:
+                    await self._flush_only(db)
+                continue
+            batch = [first]
             while len(batch) < self._batch_max and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+            seen = self._take_seen()
             try:
-                await db.execute("BEGIN IMMEDIATE")
-                for unit, future in batch:
-                    await db.execute("SAVEPOINT unit")
-                    try:
-                        value = await unit(db)
-                    except Exception as exc:
-                        await db.execute("ROLLBACK TO unit")
-                        results.append((future, None, exc))
-                    else:
-                        results.append((future, value, None))
-                    await db.execute("RELEASE unit")
-                await db.execute("COMMIT")
+                results = await self._run_batch(db, batch, seen)
             except Exception as exc:
                 log.exception("store write batch failed", extra={"units": len(batch)})
-                with contextlib.suppress(Exception):
-                    await db.execute("ROLLBACK")
                 failure = StoreUnavailable(f"write failed: {exc}")
                 results = [(future, None, failure) for _, future in batch]
+                self._return_seen(seen)
+            finally:
+                self._flushing = {}
             for future, value, error in results:
                 if not future.done():
                     if error is None:
@@ -154,13 +165,67 @@ class SqliteStore:
             for _ in batch:
                 self._queue.task_done()
 
-    # ------------------------------------------------------------------- reads
-    async def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[aiosqlite.Row]:
-        assert self._reader is not None, "store is not open"
-        async with self._reader.execute(sql, params) as cursor:
-            return list(await cursor.fetchall())
+    async def _run_batch(
+        self, db: aiosqlite.Connection, batch: list[tuple[Unit, asyncio.Future[Any]]], seen: dict[Any, Any]
+    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+        """All units in one transaction; if any fails, roll back and run each alone.
 
-    async def _one(self, sql: str, params: Sequence[Any] = ()) -> aiosqlite.Row | None:
+        The common case (nothing fails) costs one BEGIN and one COMMIT for the whole batch;
+        a failing unit only fails itself.
+        """
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            if seen:
+                await bump_seen(db, [(stamp, n, fp, starts) for (fp, starts), (stamp, n) in seen.items()])
+            for unit, future in batch:
+                results.append((future, await unit(db), None))
+            await db.execute("COMMIT")
+            return results
+        except sqlite3.OperationalError:
+            with contextlib.suppress(Exception):
+                await db.execute("ROLLBACK")
+            raise  # the database itself is in trouble: every caller gets StoreUnavailable
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await db.execute("ROLLBACK")
+            if len(batch) == 1 and not seen:
+                return [(batch[0][1], None, exc)]  # the unit's own error, e.g. a constraint
+        if seen:
+            await self._run_batch(db, [], seen)
+        results = []
+        for item in batch:
+            results.extend(await self._run_batch(db, [item], {}))
+        return results
+
+    async def _flush_only(self, db: aiosqlite.Connection) -> None:
+        seen = self._take_seen()
+        try:
+            await self._run_batch(db, [], seen)
+        except Exception:
+            log.exception("could not record repeat deliveries; will retry")
+            self._return_seen(seen)
+        finally:
+            self._flushing = {}
+
+    def _take_seen(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """Hand pending repeat counts to a write; readers keep seeing them until it commits."""
+        seen, self._seen = self._seen, {}
+        self._flushing = seen
+        return seen
+
+    def _return_seen(self, seen: dict[tuple[str, str], tuple[str, int]]) -> None:
+        for key, (stamp, count) in seen.items():  # not lost: retried with the next write
+            old = self._seen.get(key, (stamp, 0))
+            self._seen[key] = (max(old[0], stamp), old[1] + count)
+
+    # ------------------------------------------------------------------- reads
+    async def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        if self._reader is None:
+            raise StoreUnavailable("store is not open")
+        return self._reader.execute(sql, params).fetchall()
+
+    async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
         rows = await self._rows(sql, params)
         return rows[0] if rows else None
 
@@ -197,17 +262,33 @@ class SqliteStore:
         faults = await self._faults([r["id"] for r in rows])
         return [codec.incident_from(r, faults[r["id"]]) for r in rows]
 
+    async def active(self) -> list[tuple[str, State, datetime]]:
+        query = (
+            f"SELECT id, state, opened_at FROM incidents WHERE state NOT IN {TERMINAL_STATES} ORDER BY seq"  # noqa: S608
+        )
+        rows = await self._rows(query)
+        return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in rows]
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         rows = await self._rows(
             "SELECT * FROM alerts WHERE incident_id = ? ORDER BY first_seen", (incident_id,)
         )
-        return [codec.alert_from(r) for r in rows]
+        return [self._with_pending(codec.alert_from(r)) for r in rows]
+
+    def _with_pending(self, alert: AlertRecord) -> AlertRecord:
+        """Include repeat deliveries counted in memory and not yet committed."""
+        key = (alert.fingerprint, codec.ts(alert.starts_at) or "")
+        pending = [p for p in (self._seen.get(key), self._flushing.get(key)) if p is not None]
+        if not pending:
+            return alert
+        last = max([alert.last_seen, *(codec.dt(stamp) or alert.last_seen for stamp, _ in pending)])
+        return replace(alert, deliveries=alert.deliveries + sum(n for _, n in pending), last_seen=last)
 
     async def alert(self, fingerprint: str, starts_at: datetime) -> AlertRecord | None:
         row = await self._one(
             "SELECT * FROM alerts WHERE fingerprint = ? AND starts_at = ?", (fingerprint, codec.ts(starts_at))
         )
-        return codec.alert_from(row) if row else None
+        return self._with_pending(codec.alert_from(row)) if row else None
 
     async def events_of(self, incident_id: str) -> list[Event]:
         rows = await self._rows("SELECT * FROM events WHERE incident_id = ? ORDER BY seq", (incident_id,))
@@ -254,8 +335,31 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ writes
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
-        result: IngestOutcome = await self._write(lambda db: ingest(db, delivery, now))
+        repeat = self._pure_repeat(delivery, now)
+        if repeat is not None:
+            return repeat
+        result: IngestOutcome = await self._write(lambda db: ingest(db, delivery, now, self._keys))
+        for key, state in result.cache.items():  # committed: safe to remember
+            self._keys[key] = state
+            self._keys.move_to_end(key)
+        while len(self._keys) > self._keys_max:
+            self._keys.popitem(last=False)
         return result
+
+    def _pure_repeat(self, delivery: Delivery, now: datetime) -> IngestOutcome | None:
+        """A delivery whose every alert is already stored in the same status: count it, write nothing now."""
+        if self._task is None or self._task.done():
+            raise StoreUnavailable("store is not open")
+        keys = [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in delivery.alerts]
+        for alert, key in zip(delivery.alerts, keys, strict=True):
+            state = self._keys.get(key)
+            if state is None or (state[0] == "firing" and alert.status == "resolved"):
+                return None
+        stamp = codec.ts(now) or ""
+        for key in keys:
+            old = self._seen.get(key, (stamp, 0))
+            self._seen[key] = (max(old[0], stamp), old[1] + 1)
+        return IngestOutcome(repeated_alerts=len(keys))
 
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
         await self._write(lambda db: insert_events(db, [(incident_id, event)], now))

@@ -1,0 +1,216 @@
+"""Webhook ingest benchmark: pitcrew's /api/v1/alerts against a bare aiohttp JSON handler.
+
+
+in the same run: real Alertmanager deliveries (tests/fixtures) where most requests are
+redeliveries of groups already seen (repeat_interval, retries) and the rest carry new
+alerts (a new startsAt) for one of many nodes, so pitcrew dedupes, opens and attaches
+incidents and commits each one to SQLite before answering — with its engine running.
+The baseline only parses the JSON and answers 200. Printed: requests/s, p50/p99 latency,
+and pitcrew's share of the baseline.
+
+    python bench/ingest.py [--requests 4000] [--concurrency 8] [--new-share 0.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "alertmanager"
+TOKEN = "bench-token"
+
+
+def serve_bare(port: int) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await request.json()
+        return web.json_response({"status": "ok"})
+
+    app = web.Application(client_max_size=4 * 1024 * 1024)
+    app.router.add_post("/api/v1/alerts", handler)
+    app.router.add_get("/healthz", lambda r: web.json_response({"status": "ok"}))
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _group(template: dict[str, object], node: str, starts: str, status: str = "firing") -> bytes:
+    body = json.loads(json.dumps(template))
+    for alert in body["alerts"]:
+        alert["labels"]["node"] = node
+        alert["labels"].pop("Hostname", None)
+        alert["fingerprint"] = hashlib.sha256(f"{alert['fingerprint']}/{node}".encode()).hexdigest()[:16]
+        alert["startsAt"] = starts
+        alert["status"] = status
+        if status == "resolved":
+            alert["endsAt"] = "2026-11-29T09:00:00.045Z"
+    body["status"] = status
+    body["groupKey"] = f'{{}}:{{node="{node}"}}'
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def payloads(
+    nodes: int, count: int, new_share: float, resolved_share: float
+) -> tuple[list[bytes], list[bytes]]:
+    """Warm-up (first delivery of a fault group per node) and the measured stream.
+
+    The measured stream is what Alertmanager sends a fleet in steady state: mostly
+    redeliveries of known groups (repeat_interval, retries, overlapping sends), some groups
+    with a new occurrence (a new startsAt, so new alerts that attach to the node's open
+    incident), and some resolutions.
+    """
+    names = (
+        "xid79-firing.json",
+        "two-faults-same-node.json",
+        "row-remap-failure-firing.json",
+        "xid48-then-xid154-1-after-xid48.json",
+        "exporter-down-firing.json",
+    )
+    templates = [json.loads((FIXTURES / name).read_text()) for name in names]
+    first = "2026-11-29T08:00:00.045Z"
+    warmup = [_group(templates[n % len(templates)], f"gpu-node-{n:05d}", first) for n in range(nodes)]
+    stream = []
+    for i in range(count):
+        n = (i * 7919) % nodes
+        node, template = f"gpu-node-{n:05d}", templates[n % len(templates)]
+        roll = (i * 37 % 100) / 100
+        if roll < new_share:
+            starts = f"2026-11-29T08:{1 + i // 3600 % 59:02d}:{i % 60:02d}.045Z"
+            stream.append(_group(template, node, starts))
+        elif roll < new_share + resolved_share:
+            stream.append(_group(template, node, first, "resolved"))
+        else:
+            stream.append(_group(template, node, first))
+    return warmup, stream
+
+
+async def drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float], dict[int, int]]:
+    latencies: list[float] = []
+    codes: dict[int, int] = {}
+    queue = list(reversed(bodies))
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while queue:
+                body = queue.pop()
+                started = time.perf_counter()
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    codes[response.status] = codes.get(response.status, 0) + 1
+                latencies.append(time.perf_counter() - started)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - began, latencies, codes
+
+
+def start(cmd: list[str], url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"server did not start: {' '.join(cmd)}")
+
+
+def measure(
+    name: str, url: str, warmup: list[bytes], bodies: list[bytes], concurrency: int
+) -> dict[str, float]:
+    asyncio.run(drive(url + "/api/v1/alerts", warmup, concurrency))
+    time.sleep(2)  # let the engine plan the incidents the warm-up opened
+    elapsed, latencies, codes = asyncio.run(drive(url + "/api/v1/alerts", bodies, concurrency))
+    assert set(codes) == {200}, f"{name}: unexpected answers {codes}"
+    cuts = statistics.quantiles(latencies, n=100)
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50": cuts[49] * 1000,
+        "p99": cuts[98] * 1000,
+        "max": max(latencies) * 1000,
+        "n": len(latencies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--nodes", type=int, default=500, help="nodes with an open incident (opened in warm-up)"
+    )
+    parser.add_argument(
+        "--new-share", type=float, default=0.2, help="share of deliveries with a new occurrence"
+    )
+    parser.add_argument("--resolved-share", type=float, default=0.1, help="share of resolutions")
+    parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_bare:
+        serve_bare(args.serve_bare)
+        return
+    from tests.harness.proc import free_port
+
+    warmup, bodies = payloads(args.nodes, args.requests, args.new_share, args.resolved_share)
+    sizes = sorted(len(b) for b in bodies)
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        token = Path(tmp) / "token"
+        token.write_text(TOKEN)
+        port = free_port()
+        bare = start([sys.executable, __file__, "--serve-bare", str(port)], f"http://127.0.0.1:{port}")
+        try:
+            results[BARE] = measure("bare", f"http://127.0.0.1:{port}", warmup, bodies, args.concurrency)
+        finally:
+            bare.terminate()
+            bare.wait()
+        port = free_port()
+        env = {
+            **os.environ,
+            "PITCREW_STORE__PATH": f"{tmp}/bench.db",
+            "PITCREW_MODE": "observe",
+            "PITCREW_SERVER__AUTH__BEARER_TOKEN_FILE": str(token),
+            "PITCREW_LOG__LEVEL": "WARNING",
+            "PITCREW_INTEGRATIONS__RECORDING_PATH": f"{tmp}/journal.jsonl",
+        }
+        url = f"http://127.0.0.1:{port}"
+        crew = start([sys.executable, "-m", "bot.cli", "serve", "--listen", f"127.0.0.1:{port}"], url, env)
+        try:
+            results[CREW] = measure("pitcrew", url, warmup, bodies, args.concurrency)
+        finally:
+            crew.terminate()
+            crew.wait()
+    print(
+        f"ingest benchmark: {args.requests} deliveries at concurrency {args.concurrency}; {args.nodes} nodes with an "
+        f"open incident (warm-up); {args.new_share:.0%} new occurrences, {args.resolved_share:.0%} resolutions, "
+        f"the rest redeliveries; bodies {sizes[0]}-{sizes[-1]} bytes; {os.cpu_count()} CPUs; engine running"
+    )
+    print(f"{'server':<34} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, r in results.items():
+        print(f"{name:<34} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['max']:>8.2f}")
+    ratio = results[CREW]["rps"] / results[BARE]["rps"]
+    print(
+        f"pitcrew throughput = {ratio:.2f} x baseline (target >= 0.50); "
+        f"pitcrew p99 = {results[CREW]['p99']:.2f} ms (target < 10 ms)"
+    )
+
+
+BARE = "bare aiohttp (parse JSON only)"
+CREW = "pitcrew /api/v1/alerts"
+
+if __name__ == "__main__":
+    main()

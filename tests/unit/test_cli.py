@@ -1,0 +1,156 @@
+"""The CLI and the configuration: the public interface scripts rely on.
+
+Cases: ``plan --json`` shape for every fixture (one object per node, with node, faults,
+playbook, mode, steps, reasons); human output; ``check-config`` exit codes and messages;
+YAML + env overrides with ``__`` nesting; secrets read from files; ``catalog``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.cli import main
+from bot.config import ConfigError, load_config, load_settings
+from tests.conftest import FIXTURES
+
+AM = FIXTURES / "alertmanager"
+PLAYBOOK_OF = {
+    "xid79-firing.json": {"gpu-node-02": "replace-node"},
+    "xid79-repeat.json": {"gpu-node-02": "replace-node"},
+    "xid79-firing-lowercase-hostname-label.json": {"gpu-node-02": "replace-node"},
+    "two-faults-same-node.json": {"gpu-node-02": "replace-node"},
+    "row-remap-failure-firing.json": {"gpu-node-01": "replace-node"},
+    "exporter-down-firing.json": {"gpu-node-04": "notify-only"},
+    "gpu-fallen-off-bus-firing.json": {"gpu-node-03": "replace-node"},
+    "xid48-then-xid154-1-after-xid48.json": {"gpu-node-01": "reset-gpu"},
+    "xid48-then-xid154-2-after-xid154.json": {"gpu-node-01": "reset-gpu"},
+    "xid79-resolved.json": {"gpu-node-02": "none"},
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PITCREW_STORE__PATH", str(tmp_path / "none.db"))
+    for name in ("PITCREW_MODE", "PITCREW_SERVER__LISTEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("name", sorted(PLAYBOOK_OF))
+def test_plan_json(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(AM / name), "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert {p["node"]: p["playbook"] for p in plans} == PLAYBOOK_OF[name]
+    for p in plans:
+        assert set(p) >= {"node", "faults", "playbook", "mode", "steps", "reasons"}
+        assert p["mode"] == "observe"
+        for fault in p["faults"]:
+            assert set(fault) >= {"xid", "gpu", "bucket", "class"}
+        assert p["reasons"]
+
+
+def test_plan_json_details_for_xid79(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["plan", str(AM / "xid79-firing.json"), "--json"])
+    [p] = json.loads(capsys.readouterr().out)
+    assert p["faults"] == [
+        {**p["faults"][0], "xid": 79, "gpu": "3", "bucket": "RESTART_BM", "class": "gpu-lost"}
+    ]
+    assert p["steps"][0] == "notify" and p["steps"][-1] == "close"
+    assert {g["guard"] for g in p["guards"]} >= {"pause", "breaker", "cooldown", "attempts"}
+
+
+def test_plan_human_output_explains_guards(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    main(["plan", str(AM / "two-faults-same-node.json")])
+    out = capsys.readouterr().out
+    assert "node gpu-node-02: replace-node (mode auto)" in out
+    assert "XID 79 GPU 3" in out and "ecc-dbe GPU 5" in out
+    assert "guard  ok breaker:" in out and "guard  ok cooldown:" in out
+
+
+def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": "4"}')
+    assert main(["plan", str(bad)]) == 1
+    assert "not an Alertmanager v4 webhook" in capsys.readouterr().err
+
+
+def test_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("mode: observe\nserver: {listen: 127.0.0.1:9999}\n")
+    assert main(["check-config", "--config", str(good)]) == 0
+    assert "configuration OK" in capsys.readouterr().out
+    cases = {
+        "mode: yolo\n": "mode",
+        "server: {listen: nowhere}\n": "server.listen",
+        "servr: {}\n": "unknown key",
+        "mode: approve\n": "approvals.approvers",
+        "server: {listen: '0.0.0.0:9095'}\n": "without authentication",
+        "server: {auth: {bearer_token_file: /nonexistent/token}}\n": "cannot read /nonexistent/token",
+        "catalog: {overrides: {'79': {playbook: nonsense}}}\n": "playbook 'nonsense'",
+        "playbooks: {x: {steps: [notify]}}\n": "ends with 'close'",
+        "guards: {breaker: {max_fraction: 2}}\n": "max_fraction",
+        "escalation: {window: soon}\n": "not a duration",
+        "[unclosed\n": "not valid YAML",
+    }
+    for text, says in cases.items():
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        assert main(["check-config", "--config", str(bad)]) == 1, text
+        assert says in capsys.readouterr().err, text
+    assert main(["check-config", "--config", str(tmp_path / "missing.yaml")]) == 1
+
+
+def test_env_overrides_yaml_with_nesting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("mode: approve\napprovals: {approvers: [alice]}\nserver: {listen: 127.0.0.1:1000}\n")
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    monkeypatch.setenv("PITCREW_SERVER__LISTEN", "127.0.0.1:2000")
+    monkeypatch.setenv("PITCREW_SERVER__AUTH__BEARER_TOKEN_FILE", str(token))
+    monkeypatch.setenv("PITCREW_STORE__PATH", str(tmp_path / "x.db"))
+    config = load_config(path)
+    assert config.settings.mode.value == "auto"
+    assert config.settings.server.listen == "127.0.0.1:2000"
+    assert config.settings.server.auth.bearer_token_file == token
+    assert config.settings.store.path == tmp_path / "x.db"
+    assert config.policy.approvals.approvers == ("alice",)
+    assert load_settings(path, server={"listen": "127.0.0.1:3000"}).server.listen == "127.0.0.1:3000"
+
+
+def test_defaults_are_safe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PITCREW_STORE__PATH")
+    config = load_config()
+    assert config.settings.mode.value == "observe"
+    assert config.settings.server.loopback_only
+    assert config.settings.store.path.name == "pitcrew.db"
+
+
+def test_empty_secret_file_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_config(None, server={"auth": {"bearer_token_file": str(tmp_path / "empty")}})
+
+
+def test_catalog_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by_xid = {e["xid"]: e for e in data["entries"] if e["xid"] is not None}
+    assert by_xid[79]["playbook"] == "replace-node"
+    assert by_xid[13]["playbook"] == "notify-only"
+    assert main(["catalog"]) == 0
+    assert "XID 79" in capsys.readouterr().out
+
+
+def test_console_script_entry_point() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.startswith("pitcrew ")
