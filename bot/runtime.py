@@ -39,7 +39,11 @@ def utcnow() -> datetime:
 def build_ports(config: Config) -> Ports:
     settings = config.settings
     journal = settings.integrations.recording_path or (settings.store.path.parent / "recorded-actions.jsonl")
-    world = RecordingWorld.from_paths(journal, settings.integrations.recording_inventory)
+    world = RecordingWorld.from_paths(
+        journal,
+        settings.integrations.recording_inventory,
+        latency=settings.integrations.recording_latency.total_seconds(),
+    )
     scheduler: Scheduler = world
     if settings.integrations.scheduler == "slurm":
         scheduler = build_scheduler(settings.slurm)

@@ -7,6 +7,7 @@ snapshot from the store; ``pitcrew plan`` builds it too and prints every decisio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -167,13 +168,15 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
         return Decision("breaker", False, f"breaker trips: {reason}"), reason
     if world.fleet_size:
         share = touched / world.fleet_size
-        if share > cfg.max_fraction:
+        # The share limit never forbids the first node: a small cluster must still heal.
+        allowed = max(1, math.floor(cfg.max_fraction * world.fleet_size))
+        if touched > allowed:
             reason = (
                 f"{touched} of {world.fleet_size} nodes ({share:.1%}) would be under remediation within {window}, "
-                f"more than max_fraction {cfg.max_fraction:.1%}"
+                f"more than max_fraction {cfg.max_fraction:.1%} ({allowed} node{'s' if allowed != 1 else ''})"
             )
             return Decision("breaker", False, f"breaker trips: {reason}"), reason
-        share_words = f", {share:.1%} of {world.fleet_size} nodes"
+        share_words = f", {share:.1%} of {world.fleet_size} nodes (share limit {allowed})"
     else:
         share_words = ", fleet size unknown so max_fraction is not checked"
     return Decision(

@@ -54,9 +54,9 @@ _ALLOWED: dict[State, frozenset[State]] = {
         {State.AWAITING_APPROVAL, State.VERIFYING, State.RESOLVED, State.FAILED, State.ROLLED_BACK}
     ),
     State.VERIFYING: frozenset({State.RUNNING, State.RESOLVED, State.FAILED, State.ROLLED_BACK}),
-    # A failed incident may still be rolled back by a human: it undoes what pitcrew did.
+    # A failed or resolved incident may still be rolled back by a human: it undoes what pitcrew did.
     State.FAILED: frozenset({State.ROLLED_BACK}),
-    State.RESOLVED: frozenset(),
+    State.RESOLVED: frozenset({State.ROLLED_BACK}),
     State.ROLLED_BACK: frozenset(),
     State.SUPPRESSED: frozenset(),
 }

@@ -37,7 +37,12 @@ class EscalationPolicy(_Section):
 
 class BreakerPolicy(_Section):
     max_nodes: int = Field(default=3, ge=0, description="Most nodes under remediation within the window.")
-    max_fraction: float = Field(default=0.05, gt=0, le=1, description="Most share of the fleet, same window.")
+    max_fraction: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="Most share of the fleet, same window (never less than one node).",
+    )
     window: Duration = Field(default=timedelta(hours=1))
     stale_after: Duration = Field(
         default=timedelta(minutes=15),

@@ -81,7 +81,7 @@ class Commands:
         incident = await self._store.incident(incident_id)
         if incident is None:
             return CommandResult("not_found", f"no incident {incident_id}")
-        if incident.state in {State.RESOLVED, State.ROLLED_BACK, State.SUPPRESSED}:
+        if incident.state in {State.ROLLED_BACK, State.SUPPRESSED}:
             await self._audit(
                 incident_id, "rollback_refused", actor, f"incident is {incident.state}", "conflict"
             )

@@ -160,25 +160,28 @@ class Executor:
             await self._sleep(min(answer.delay, max(remaining, 0.01)))
 
     async def _attempts(
-        self, ctx: StepContext, handler: Any, used: int, attempts: int, deadline: datetime, fresh: bool
+        self, ctx: StepContext, handler: Any, current: int, attempts: int, deadline: datetime, fresh: bool
     ) -> tuple[Done | Wait, int]:
-        """One invocation of the step, retried on transient errors within the attempt budget."""
-        if fresh and used >= attempts:
-            raise StepFailed(f"{ctx.step} used all {attempts} attempts", "attempts")
+        """One invocation of the step, retried on transient errors within the attempt budget.
+
+        ``current`` is the attempt in progress (0: never started). A restart of pitcrew resumes
+        the same attempt: only a failure of the far side uses up the budget, never a crash of
+        pitcrew itself (the step's deadline still bounds a crash loop).
+        """
         settings = self._config.settings.engine
-        counter = {"used": used}
+        counter = {"n": max(current, 1)}
+        if counter["n"] > attempts:
+            raise StepFailed(f"{ctx.step} used all {attempts} attempts", "attempts")
 
         async def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             self._metrics.steps.labels(ctx.step, "retried").inc()
             await ctx.note(
-                "step_retry",
-                f"attempt {counter['used']} failed: {error}",
-                reason=getattr(error, "reason", ""),
+                "step_retry", f"attempt {counter['n']} failed: {error}", reason=getattr(error, "reason", "")
             )
 
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(max(attempts - used + (0 if fresh else 1), 1)),
+            stop=stop_after_attempt(attempts - counter["n"] + 1),
             wait=wait_exponential_jitter(
                 initial=settings.retry_backoff.total_seconds(), max=settings.retry_backoff_max.total_seconds()
             ),
@@ -190,21 +193,18 @@ class Executor:
         try:
             async for attempt in retrying:
                 with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        counter["n"] += 1
                     if fresh or attempt.retry_state.attempt_number > 1:
-                        counter["used"] += 1
                         await self._store.step_started(
-                            ctx.incident.id,
-                            ctx.step,
-                            counter["used"],
-                            self._clock(),
-                            acted=ctx.step in MUTATING,
+                            ctx.incident.id, ctx.step, counter["n"], self._clock(), acted=ctx.step in MUTATING
                         )
                     remaining = max((deadline - self._clock()).total_seconds(), 0.001)
                     async with self._slots:
                         answer = await asyncio.wait_for(handler(ctx), timeout=remaining)
-                    return answer, counter["used"]
+                    return answer, counter["n"]
         except TransientError as exc:
-            raise StepFailed(f"{ctx.step} failed {counter['used']} times, last: {exc}", exc.reason) from exc
+            raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
         except TimeoutError as exc:
             raise StepFailed(f"{ctx.step} timed out", "timeout") from exc
         except PermanentError as exc:

@@ -165,10 +165,16 @@ async def reboot(ctx: StepContext) -> Done | Wait:
 
 async def replace(ctx: StepContext) -> Done | Wait:
     cluster = ctx.ports.cluster
-    if not ctx.progress.get("issued") and await cluster.replacement_started(
-        ctx.node, incident_id=ctx.incident.id
-    ):
-        await ctx.intend(issued=True)
+    if not ctx.progress.get("issued"):
+        # The far side knows whether the replacement started: trust it over our own intent, so
+        # a crash between intent and call neither doubles the replacement nor loses it.
+        if await cluster.replacement_started(ctx.node, incident_id=ctx.incident.id):
+            await ctx.intend(issued=True)
+        elif ctx.progress.get("issuing"):
+            await ctx.note(
+                "not_issued", "the replacement had not reached the far side before a restart; issuing it"
+            )
+            await ctx.intend(issuing=False)
     strategy = str(ctx.spec.options.get("strategy", "delete-node"))
     return await _issue_once(
         ctx,

@@ -37,7 +37,7 @@ class _Node:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     tainted: bool = False
-    pods: list[str] = field(default_factory=list)
+    pods: dict[str, str | None] = field(default_factory=dict)  # "namespace/name" → owner kind
     slurm: str = "IDLE"
     reason: str = ""
     replaced: bool = False
@@ -52,6 +52,25 @@ class _Job:
     requeue: bool = True
     state: str = "RUNNING"
     restarts: int = 0
+
+
+def _node_from(name: str, spec: Mapping[str, Any]) -> _Node:
+    pods: dict[str, str | None] = {}
+    for pod in spec.get("pods", []):
+        if isinstance(pod, str):
+            pods[pod] = None
+        else:
+            pods[str(pod["pod"])] = pod.get("owner_kind")
+    return _Node(
+        name,
+        ready=bool(spec.get("ready", True)),
+        unschedulable=bool(spec.get("unschedulable", False)),
+        labels=dict(spec.get("labels", {})),
+        annotations=dict(spec.get("annotations", {})),
+        pods=pods,
+        slurm=str(spec.get("slurm_state", "IDLE")).upper(),
+        reason=str(spec.get("slurm_reason", "")),
+    )
 
 
 class Journal:
@@ -100,13 +119,7 @@ class RecordingWorld:
         self.journal = journal
         inventory = inventory or {}
         self._nodes = {
-            name: _Node(
-                name,
-                labels=dict(spec.get("labels", {})),
-                pods=list(spec.get("pods", [])),
-                ready=bool(spec.get("ready", True)),
-            )
-            for name, spec in (inventory.get("nodes") or {}).items()
+            name: _node_from(name, spec or {}) for name, spec in (inventory.get("nodes") or {}).items()
         }
         self._jobs = {
             str(j["job_id"]): _Job(
@@ -120,11 +133,19 @@ class RecordingWorld:
         }
         self._known_nodes = frozenset(self._nodes)
         self._applied = 0
+        self.latency = 0.0
 
     @classmethod
-    def from_paths(cls, journal: Path | None, inventory: Path | None) -> RecordingWorld:
+    def from_paths(cls, journal: Path | None, inventory: Path | None, latency: float = 0.0) -> RecordingWorld:
         data = yaml.safe_load(inventory.read_text()) if inventory is not None else None
-        return cls(Journal(journal), data or {})
+        world = cls(Journal(journal), data or {})
+        world.latency = latency
+        return world
+
+    async def far_side(self) -> None:
+        """Model the round trip to a real API (demos, crash tests); zero by default."""
+        if self.latency:
+            await asyncio.sleep(self.latency)
 
     # ---------------------------------------------------------------- replay
     def state(self) -> tuple[dict[str, _Node], dict[str, _Job]]:
@@ -163,10 +184,11 @@ class RecordingWorld:
                 else:
                     node.annotations[key] = value
         elif op in {"evict", "delete_pod"} and node is not None:
-            node.pods = [p for p in node.pods if p != r["pod"]]
+            node.pods.pop(r["pod"], None)
         elif op == "replace" and node is not None:
             # A new machine under the same name: clean, Ready, empty; Slurm keeps the DOWN.
-            node.replaced, node.unschedulable, node.tainted, node.pods = True, False, False, []
+            node.replaced, node.unschedulable, node.tainted = True, False, False
+            node.pods = {ref: kind for ref, kind in node.pods.items() if kind == "DaemonSet"}
             node.annotations.pop(OWNER_ANNOTATION, None)
 
     def _requeue(self, job: _Job, nodes: dict[str, _Node]) -> None:
@@ -184,18 +206,22 @@ class RecordingWorld:
         return nodes.get(name) or _Node(name)
 
     async def write(self, op: str, **data: Any) -> None:
+        await self.far_side()
         await self.journal.append({"op": op, **data})
 
     # ---------------------------------------------------------------- Scheduler
     async def node(self, name: str) -> SlurmNodeState:
+        await self.far_side()
         n = self.node_record(name)
         return SlurmNodeState(name=name, states=frozenset({n.slurm}), reason=n.reason)
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        await self.far_side()
         _, jobs = self.state()
         return [self._snapshot(j) for j in jobs.values() if j.node == name and j.state == "RUNNING"]
 
     async def job(self, job_id: str) -> JobSnapshot | None:
+        await self.far_side()
         _, jobs = self.state()
         return self._snapshot(jobs[job_id]) if job_id in jobs else None
 

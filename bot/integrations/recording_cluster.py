@@ -17,6 +17,7 @@ class RecordingCluster:
         self._world = world
 
     async def node(self, name: str) -> ClusterNode | None:
+        await self._world.far_side()
         n = self._world.node_record(name)
         return ClusterNode(
             name=name,
@@ -42,7 +43,11 @@ class RecordingCluster:
 
     async def pods_on_node(self, name: str) -> list[PodRef]:
         n = self._world.node_record(name)
-        return [PodRef(namespace, name) for namespace, _, name in (ref.partition("/") for ref in n.pods)]
+        await self._world.far_side()
+        return [
+            PodRef(namespace, name, owner_kind=kind)
+            for (namespace, _, name), kind in ((ref.partition("/"), kind) for ref, kind in n.pods.items())
+        ]
 
     async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
         return []

@@ -40,7 +40,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = "") -> None:
+def wait_until(
+    predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = ""
+) -> None:
     """Poll ``predicate`` until true; fail the test with ``what`` on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -132,7 +132,7 @@ def test_every_xid_entry_plans_its_spec_playbook(code: int) -> None:
     if entry.fault_class == "application":
         assert expected in {"ignore", "notify-only"}
     assert expected is not None, f"XID {code}: bucket {entry.bucket} needs an explicit playbook"
-    playbook, steps = planned(subject(xid=code))
+    playbook, _ = planned(subject(xid=code))
     assert playbook == expected
     if entry.playbook is None:
         assert playbook == SPEC_BUCKETS.get(entry.bucket, playbook)

@@ -183,6 +183,7 @@ def test_a_clean_world_lets_the_plan_through_and_says_why() -> None:
         (World(breaker=BreakerState(open=True, reason="storm")), "breaker"),
         (World(nodes_in_remediation=frozenset({"a", "b", "c"})), "breaker"),
         (World(nodes_in_remediation=frozenset({"a"}), fleet_size=20), "breaker"),
+        (World(nodes_in_remediation=frozenset({"a", "b"}), fleet_size=40), "breaker"),
         (
             World(
                 breaker=BreakerState(reset_at=NOW - timedelta(minutes=1)),
@@ -206,6 +207,11 @@ def test_breaker_trip_is_reported_only_when_it_is_the_reason() -> None:
     assert paused.trip_breaker is None  # a paused plan does not count toward the blast radius
     already = evaluate(ACTING, World(breaker=BreakerState(open=True, reason="x")), policy(), NOW)
     assert already.trip_breaker is None
+
+
+def test_the_share_limit_never_forbids_the_first_node() -> None:
+    assert "breaker" not in blocked_by(World(fleet_size=6))  # 1 of 6 is 16.7% > 5%, still allowed
+    assert "breaker" in blocked_by(World(nodes_in_remediation=frozenset({"a"}), fleet_size=6))
 
 
 def test_breaker_share_and_fresh_alerts_after_reset() -> None:
@@ -242,6 +248,7 @@ def test_hands_off_plans_pass_every_guard() -> None:
         (State.FAILED, State.ROLLED_BACK, True),
         (State.OPEN, State.RUNNING, False),
         (State.RESOLVED, State.RUNNING, False),
+        (State.RESOLVED, State.ROLLED_BACK, True),
         (State.SUPPRESSED, State.GUARDED, False),
         (State.ROLLED_BACK, State.RESOLVED, False),
     ],

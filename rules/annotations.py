@@ -1,0 +1,94 @@
+"""What on-call reads first: the summary and description of every pitcrew alert.
+
+Kept apart from the expressions (rules/render.py, rules/promql.py) so the words can be reviewed on
+their own. ``{{ ... }}`` is Alertmanager/Prometheus templating, filled when the alert fires;
+``{name}`` fields are filled by rules/render.py from the profile and the thresholds when it renders.
+"""
+
+from __future__ import annotations
+
+ON_GPU = "on {{ $labels.node }} GPU {{ $labels.gpu }} ({{ $labels.UUID }})"
+#: summary and description per alert; ``{...}`` fields come from the profile and the thresholds.
+TEXT = {
+    "GpuXidCritical": (
+        "XID {{ $labels.xid }} " + ON_GPU,
+        "NVIDIA's XID catalog says this GPU must be reset, rebooted or replaced.",
+    ),
+    "GpuXidWarning": (
+        "XID {{ $labels.xid }} " + ON_GPU,
+        "XID that NVIDIA's catalog sends to support, mechanical checks or a workflow, or a code newer than"
+        " pitcrew's list: a human should look.",
+    ),
+    "GpuEccDoubleBitError": (
+        "Double-bit ECC error " + ON_GPU,
+        "Uncorrectable ECC errors increased in the last {counter_window}.",
+    ),
+    "GpuRowRemapFailure": (
+        "Row remapping failed " + ON_GPU,
+        "The GPU has no spare memory rows left: it needs replacing.",
+    ),
+    "GpuRowRemapPending": (
+        "Row remap pending " + ON_GPU,
+        "A memory row was marked for remapping; a GPU reset applies it.",
+    ),
+    "GpuUncorrectableRemappedRows": (
+        "Rows remapped after uncorrectable errors " + ON_GPU,
+        "Rows were remapped for uncorrectable errors in the last {counter_window}.",
+    ),
+    "GpuHealthFail": (
+        "DCGM health {{ $labels.health_watch }} FAIL " + ON_GPU,
+        "DCGM's health watch reports FAIL for this subsystem.",
+    ),
+    "GpuMissingFromNode": (
+        "{{ $value }} GPU(s) missing on {{ $labels.node }}",
+        "The exporter is up but reports fewer GPUs than it did in the last {gpus_seen_window}:"
+        " a GPU fell off the bus.",
+    ),
+    "GpuNvlinkErrors": (
+        "NVLink error burst " + ON_GPU,
+        "More than {nvlink_burst} NVLink CRC/replay errors, or any recovery error, in {nvlink_window}.",
+    ),
+    "GpuThermal": (
+        "GPU too hot " + ON_GPU,
+        "GPU at or above {gpu_temp_max} C or memory at or above {memory_temp_max} C for {thermal_for}.",
+    ),
+    "DcgmExporterDown": (
+        "dcgm-exporter down on {{ $labels.node }}",
+        "Prometheus cannot scrape the node's exporter: GPU faults on it are invisible.",
+    ),
+    "DcgmExporterAbsent": (
+        "No dcgm-exporter target for {{ $labels.node }}",
+        "The node has GPUs (kube-state-metrics) or had an exporter, but no exporter target now:"
+        " a crash-looping exporter pod leaves the endpoints.",
+    ),
+    "DcgmExporterFieldsMissing": (
+        "{{ $value }} dcgm-exporter(s) do not export {{ $labels.field }}",
+        "Faults that need this field are invisible on those nodes: enable it in the collectors CSV"
+        " (rules/dcgm-counters.csv; dcgm-exporter 4.9+'s default CSV renames it).",
+    ),
+    "DcgmExporterNoTargets": (
+        "No dcgm-exporter target at all",
+        "Prometheus scrapes no dcgm-exporter: no GPU fault is visible.",
+    ),
+    "PitcrewDown": ("pitcrew is down", "Alertmanager's GPU alerts reach no one who acts on them."),
+    "PitcrewWebhookRejecting": (
+        "pitcrew rejects webhooks with {{ $labels.code }}",
+        "Alertmanager does not retry 4xx: these alerts are lost (check the bearer token).",
+    ),
+    "PitcrewWebhookErrors": (
+        "pitcrew answers webhooks with {{ $labels.code }}",
+        "Alertmanager retries 5xx, so alerts arrive late.",
+    ),
+    "PitcrewStepsFailing": (
+        "pitcrew step {{ $labels.step }} is failing",
+        "Remediation steps fail after their retries; incidents wait for a human.",
+    ),
+    "PitcrewBreakerOpen": (
+        "pitcrew's circuit breaker is open",
+        "Too many nodes in remediation at once: pitcrew stopped acting. Look for a fleet-wide cause.",
+    ),
+    "PitcrewIncidentStuck": (
+        "A pitcrew incident is open for more than 4 hours",
+        "An incident is stuck (approval, drain or replacement never finished).",
+    ),
+}

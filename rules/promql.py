@@ -1,0 +1,114 @@
+"""PromQL building blocks for pitcrew's rules: label normalisation, per-GPU aggregation, XID classes.
+
+Owns the two decisions every GPU rule shares, so no rule spells them differently: which labels an
+alert keeps (``cluster, node, gpu, UUID``: pod, namespace, container, instance and the exporter's
+host label are aggregated away, so workload churn and exporter restarts or upgrades never make a new
+alert) and where ``node`` comes from (the target label relabelled from
+``__meta_kubernetes_pod_node_name``, else dcgm-exporter's ``Hostname``, else its 4.6+ spelling
+``hostname``). Also reads which XIDs page from pitcrew's own catalog, so the rules and pitcrew never
+disagree. Pure functions of strings; rules/render.py assembles the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+CATALOG = Path(__file__).resolve().parents[1] / "bot" / "data" / "catalog.yaml"
+# NVIDIA's "Resolution Bucket (Immediate Action)". Critical: the GPU or node must be reset, rebooted or
+# replaced. Never paged: the application is at fault (RESTART_APP), the event is informational
+# (IGNORE), or it follows another XID (45). Every other code - CONTACT_SUPPORT, CHECK_MECHANICALS, the
+# NVLink workflows, 154, codes the catalog does not know - pages as a warning: an XID nobody has
+# classified reaches a human instead of being dropped.
+CRITICAL_BUCKETS = ("RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48")
+NO_PAGE_BUCKETS = ("RESTART_APP", "IGNORE", "WORKFLOW_XID_45")
+
+EXPORTER_JOB = ".*dcgm-exporter.*"  # Helm chart: dcgm-exporter; GPU Operator: nvidia-dcgm-exporter
+GPU = "cluster, node, gpu, UUID"
+
+
+@dataclass(frozen=True)
+class XidClasses:
+    version: str  # the catalog's, printed in the generated files' header
+    critical: tuple[int, ...]
+    no_page: tuple[int, ...]
+
+
+def xid_classes(catalog: Path = CATALOG) -> XidClasses:
+    data = yaml.safe_load(catalog.read_text())
+    buckets = {int(code): entry["bucket"] for code, entry in data["xids"].items()}
+
+    def codes(wanted: tuple[str, ...]) -> tuple[int, ...]:
+        return tuple(sorted(code for code, bucket in buckets.items() if bucket in wanted))
+
+    return XidClasses(str(data["version"]), codes(CRITICAL_BUCKETS), codes(NO_PAGE_BUCKETS))
+
+
+def node_fold(expr: str) -> str:
+    """``expr`` with ``node`` set to the first non-empty of ``node``, ``Hostname``, ``hostname``."""
+    return (
+        f'label_replace(label_join({expr}, "pitcrew_node", ";", "node", "Hostname", "hostname"), '
+        f'"node", "$1", "pitcrew_node", ";*([^;]+).*")'
+    )
+
+
+def per_gpu(expr: str, *extra: str) -> str:
+    """One series per GPU (plus ``extra`` labels), whatever pod or exporter instance reported it."""
+    return f"max by ({', '.join((GPU, *extra))}) ({node_fold(expr)})"
+
+
+def present(metric: str, by: str = "cluster, node, gpu") -> str:
+    return f"max by ({by}) ({node_fold(metric)})"
+
+
+def increased(metric: str, window: str) -> str:
+    return f"{per_gpu(f'increase({metric}[{window}])')} > 0"
+
+
+def exporter_up() -> str:
+    return f'max by (cluster, node) (up{{job=~"{EXPORTER_JOB}"}})'
+
+
+def any_of(*clauses: str) -> str:
+    return "\nor\n".join(f"(\n  {clause}\n)" for clause in clauses)
+
+
+def xid_recent(window: str) -> str:
+    """Every (node, GPU, XID) seen within ``window``, from whichever XID signal the exporter offers."""
+    total, count = "DCGM_EXP_XID_ERRORS_TOTAL", 'DCGM_EXP_XID_ERRORS_COUNT{xid!=""}'
+    gauge = 'label_replace(DCGM_FI_DEV_XID_ERRORS{err_code!~"0|"}, "xid", "$1", "err_code", "(.+)")'
+    offered = f"{present('DCGM_EXP_XID_ERRORS_COUNT')} or {present(total)}"
+    return any_of(
+        # the cumulative counter grew within the window...
+        f"{per_gpu(f'increase({total}[{window}])', 'xid')} > 0",
+        # ...or was born within it: a series born at 1 has no increase() at all
+        f"{per_gpu(total, 'xid')}\n  unless\n  {per_gpu(f'{total} offset {window}', 'xid')}",
+        f"{per_gpu(count, 'xid')} > 0",
+        # the latched last-XID gauge, only where the exporter offers neither of the above
+        f"{per_gpu(gauge, 'xid')}\n  unless on (cluster, node, gpu)\n  ({offered})",
+    )
+
+
+def nvlink_burst(window: str, threshold: int) -> str:
+    """CRC and replay errors summed over the counters the exporter offers; any recovery error."""
+    summed = " or ".join(
+        f"label_replace({node_fold(f'increase(DCGM_FI_DEV_NVLINK_{c}_ERROR_COUNT_TOTAL[{window}])')},"
+        f' "pitcrew_counter", "{c}", "", "")'
+        for c in ("CRC_FLIT", "CRC_DATA", "REPLAY")
+    )
+    return any_of(
+        f"sum by ({GPU}) ({summed}) > {threshold}",
+        increased("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", window),
+    )
+
+
+def fields_missing(fields: tuple[str, ...]) -> str:
+    """Per field, how many exporters are up but do not export it."""
+    missing = "\n  or\n".join(
+        f"  label_replace({exporter_up()} == 1 unless on (cluster, node) {present(name, 'cluster, node')},"
+        f' "field", "{name}", "", "")'
+        for name in fields
+    )
+    return f"count by (cluster, field) (\n{missing}\n)"

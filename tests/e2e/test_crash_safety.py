@@ -1,0 +1,156 @@
+"""Crash safety, for real: SIGKILL pitcrew at every step boundary of replace-node and inside steps.
+
+pitcrew runs as a subprocess in auto mode against the recording far side (a journal each
+call is fsynced to before it returns, with 150 ms modelled latency per call). One
+incident is killed at every step boundary and at the dangerous moments inside steps —
+after the jobs are recorded but before DOWN, right after DOWN/cordon/replace/RESUME reach
+the far side but before the step is marked done, between two evictions — and restarted
+each time. Two more incidents on other nodes run alongside and are killed wherever they
+happen to be. Every incident must complete, and no destructive call may reach the far side
+twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.pitcrew import Pitcrew
+from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
+
+NODES = ("gpu-node-02", "gpu-node-05", "gpu-node-06")
+
+
+def _world(tmp: Path) -> Path:
+    nodes = {
+        "gpu-node-01": gpu_node(),
+        "gpu-node-02": gpu_node(
+            "ml-train/llama-worker-2", "ml-train/llama-worker-2b", "monitoring/node-probe"
+        ),
+        "gpu-node-03": gpu_node(),
+        "gpu-node-04": gpu_node(),
+        "gpu-node-05": gpu_node("ml-train/bert-worker-0"),
+        "gpu-node-06": gpu_node("ml-train/vit-worker-0"),
+    }
+    jobs = [
+        {"job_id": "101", "name": "llama-pretrain", "user": "alice", "node": "gpu-node-02"},
+        {"job_id": "102", "name": "bert-finetune", "user": "bob", "node": "gpu-node-05"},
+        {"job_id": "103", "name": "vit", "user": "carol", "node": "gpu-node-06", "requeue": False},
+    ]
+    return inventory(tmp / "inventory.yaml", nodes, jobs)
+
+
+def test_sigkill_at_every_step_boundary_never_repeats_a_destructive_call(
+    pitcrew_factory: Any, tmp_path: Path
+) -> None:
+    server: Pitcrew = pitcrew_factory(
+        "crash",
+        config={
+            "mode": "auto",
+            "integrations": {"recording_inventory": str(_world(tmp_path)), "recording_latency": "150ms"},
+            "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        },
+    ).start()
+    opened: dict[str, str] = {}
+    for node in NODES:
+        status, body = server.post_alerts(delivery("xid79-firing.json", node=node))
+        assert status == 200
+        opened[node] = body["opened"][0]
+    main = opened["gpu-node-02"]
+
+    def event(kind: str, step: str | None = None) -> Callable[[], bool]:
+        return lambda: any(
+            e["kind"] == kind and (step is None or e["step"] == step) for e in server.incident(main)["events"]
+        )
+
+    def journal(op: str, node: str = "gpu-node-02") -> Callable[[], bool]:
+        return lambda: any(r.get("op") == op and r.get("node") == node for r in server.journal_records())
+
+    kill_points: list[tuple[str, Callable[[], bool]]] = [
+        ("after notify", event("step_finished", "notify")),
+        ("inside slurm_down: jobs recorded, node not yet DOWN", event("jobs_recorded")),
+        ("inside slurm_down: DOWN reached Slurm, step not done", journal("slurm_down")),
+        ("after slurm_down", event("step_finished", "slurm_down")),
+        ("inside cordon: cordon reached the API, step not done", journal("cordon")),
+        ("after cordon", event("step_finished", "cordon")),
+        ("inside drain: between evictions", journal("evict")),
+        ("after drain", event("step_finished", "drain")),
+        ("inside replace: replacement requested, step not done", journal("replace")),
+        ("after replace", event("step_finished", "replace")),
+        ("after wait_ready", event("step_finished", "wait_ready")),
+        ("inside slurm_resume: RESUME reached Slurm, step not done", journal("slurm_resume")),
+        ("after slurm_resume", event("step_finished", "slurm_resume")),
+        ("after confirm_resumed", event("step_finished", "confirm_resumed")),
+    ]
+    timeline = []
+    for label, reached in kill_points:
+        deadline = time.monotonic() + 60
+        while not reached():
+            assert time.monotonic() < deadline, f"never reached: {label}"
+            time.sleep(0.005)
+        server.kill()
+        timeline.append(label)
+        server.start()
+
+    finals = {
+        node: server.wait_incident(incident, "resolved", "failed", timeout=60)
+        for node, incident in opened.items()
+    }
+    assert {node: f["state"] for node, f in finals.items()} == dict.fromkeys(NODES, "resolved"), finals
+    assert server.starts == len(kill_points) + 1
+
+    calls = destructive_calls(server.journal_records())
+    repeated = {call: n for call, n in calls.items() if n > 1}
+    assert not repeated, f"destructive calls repeated after a crash: {repeated}"
+    for node in NODES:
+        assert calls[("slurm_down", node)] == 1
+        assert calls[("cordon", node)] == 1
+        assert calls[("replace", node)] == 1
+        assert calls[("slurm_resume", node)] == 1
+    assert calls[("evict", "ml-train/llama-worker-2")] == 1
+    assert calls[("evict", "ml-train/llama-worker-2b")] == 1
+    assert calls[("evict", "monitoring/node-probe")] == 1
+    assert ("evict", "kube-system/nvidia-dcgm-exporter") not in calls  # DaemonSet pods stay
+
+    main_record = server.incident(main)
+    confirmed = next(s for s in main_record["step_records"] if s["step"] == "confirm_resumed")
+    [job] = confirmed["result"]["jobs"]
+    assert job["job_id"] == "101" and job["status"] == "resumed"
+    assert job["old_nodes"] == ["gpu-node-02"] and job["new_nodes"] != ["gpu-node-02"]
+    assert job["restarts_now"] == job["restarts_before"] + 1
+    lost = next(
+        s for s in server.incident(opened["gpu-node-06"])["step_records"] if s["step"] == "confirm_resumed"
+    )
+    assert lost["result"]["jobs"][0]["status"] == "lost"  # --no-requeue job: reported, not waited for
+    print("\n  killed:", "; ".join(timeline))
+
+
+@pytest.mark.parametrize("when", ["jobs_recorded", "step_started"])
+def test_crash_before_any_far_side_call_still_acts_exactly_once(
+    pitcrew_factory: Any, tmp_path: Path, when: str
+) -> None:
+    server: Pitcrew = pitcrew_factory(
+        f"early-{when}",
+        config={
+            "mode": "auto",
+            "integrations": {"recording_inventory": str(_world(tmp_path)), "recording_latency": "100ms"},
+        },
+    ).start()
+    _, body = server.post_alerts(delivery(node="gpu-node-02"))
+    incident = body["opened"][0]
+    deadline = time.monotonic() + 30
+    while not any(
+        e["kind"] == when and e["step"] in (None, "slurm_down") for e in server.incident(incident)["events"]
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    server.kill()
+    server.start()
+    assert server.wait_incident(incident, "resolved", "failed", timeout=60)["state"] == "resolved"
+    calls = destructive_calls(server.journal_records())
+    assert calls[("slurm_down", "gpu-node-02")] == 1
+    assert calls[("cordon", "gpu-node-02")] == 1

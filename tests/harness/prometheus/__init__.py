@@ -1,0 +1,98 @@
+"""Real Prometheus and Alertmanager for tests and the bench: the pytest fixtures, and the harness API.
+
+The fixtures are thin wrappers over plain classes (``servers``: the two servers and their configs;
+``stack``: the detection stack and the webhook sink), so ``bench/detection.py``
+uses the same code. Prometheus is session-scoped (its first scrape comes ~6 s after start); each
+test module gets a fresh Alertmanager, because its notification log dedupes across runs. Every
+server is stopped when its scope ends, failure or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.harness.proc import require_binary
+from tests.harness.prometheus.servers import (
+    REPO,
+    SHIPPED_ALERTMANAGER,
+    Alertmanager,
+    Process,
+    Prometheus,
+    Timing,
+    alertmanager_config,
+    duration,
+    http_json,
+    prometheus_config,
+)
+from tests.harness.prometheus.stack import (
+    COLLECTORS_CSV,
+    NODES,
+    Delivery,
+    DetectionStack,
+    WebhookSink,
+    start_stack,
+    stop_stack,
+)
+
+__all__ = [
+    "COLLECTORS_CSV",
+    "NODES",
+    "REPO",
+    "SHIPPED_ALERTMANAGER",
+    "Alertmanager",
+    "Delivery",
+    "DetectionStack",
+    "Process",
+    "Prometheus",
+    "Timing",
+    "WebhookSink",
+    "alertmanager_config",
+    "duration",
+    "http_json",
+    "prometheus_config",
+    "start_stack",
+    "stop_stack",
+]
+
+
+@pytest.fixture(scope="session")
+def alertmanager_binary() -> str:
+    return require_binary("prometheus-alertmanager", "prometheus-alertmanager")
+
+
+@pytest.fixture(scope="session")
+def detection_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DetectionStack]:
+    """The session's stand-in and Prometheus; each test injects on its own node and clears it after."""
+    stack = start_stack(require_binary("prometheus", "prometheus"), tmp_path_factory.mktemp("prometheus"))
+    yield stack
+    stop_stack(stack)
+
+
+@pytest.fixture(scope="module")
+def start_alertmanager(
+    detection_stack: DetectionStack, alertmanager_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Alertmanager]]:
+    """Start the module's Alertmanager towards a webhook URL (at most one per module); stopped after it."""
+    started: list[Alertmanager] = []
+
+    def start(webhook_url: str) -> Alertmanager:
+        assert not started, "one Alertmanager per module: Prometheus sends to a single port"
+        started.append(
+            detection_stack.start_alertmanager(
+                alertmanager_binary, tmp_path_factory.mktemp("alertmanager"), webhook_url
+            )
+        )
+        return started[0]
+
+    yield start
+    for alertmanager in started:
+        alertmanager.stop()
+
+
+@pytest.fixture(scope="module")
+def webhook_sink() -> Iterator[WebhookSink]:
+    sink = WebhookSink().start()
+    yield sink
+    sink.stop()

@@ -1,0 +1,168 @@
+"""The dcgm-exporter stand-in the rules are proven against renders what dcgm-exporter renders.
+
+Cases:
+- byte for byte equal to each captured scrape in tests/fixtures/dcgm/ (healthy node, XID 79 on one
+  GPU, a GPU fallen off the bus), given the fixture's telemetry values: same families in the same
+  order, same label order, same number formatting, same XID attributes;
+- ``promtool check metrics`` parses its output with every fault injected (lint findings only, the
+  ones the real exporter gets too);
+- the 4.6+ ``hostname`` spelling, no hostname label, pod churn;
+- the shipped collectors CSV loads and decides which families appear;
+- the HTTP API: /metrics, /inject, /clear, an exporter answering 500, bad requests;
+- ``python -m tests.standins.dcgm_exporter`` serves each node on its own port and stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.harness.proc import require_binary, stop_process
+from tests.harness.prometheus import COLLECTORS_CSV, REPO, http_json
+from tests.standins.dcgm_exporter import FIELDS, Node, Standin, load_collectors
+
+SAMPLE = re.compile(r'^(?P<family>\w+)\{gpu="(?P<gpu>\d+)",.*\} (?P<value>\S+)$')
+#: families whose values a test may set; the others are rendered from the fault state
+TELEMETRY = {name for name in FIELDS if not name.startswith("DCGM_EXP_") and name != "DCGM_FI_DEV_XID_ERRORS"}
+
+
+def node_like_fixture(name: str, fixture: str) -> tuple[Node, bytes]:
+    """A stand-in node carrying the fixture's telemetry values (the stand-in's own are modelled)."""
+    raw = (FIXTURES / "dcgm" / fixture).read_bytes()
+    node = Node(name)
+    for line in raw.decode().splitlines():
+        match = SAMPLE.match(line)
+        if match and match["family"] in TELEMETRY:
+            node.set_value(match["family"], int(match["gpu"]), float(match["value"]))
+    return node, raw
+
+
+@pytest.mark.parametrize(
+    ("fixture", "node_name", "fault"),
+    [
+        ("gpu-node-01-healthy.txt", "gpu-node-01", None),
+        ("gpu-node-02-gpu3-xid79.txt", "gpu-node-02", {"fault": "xid", "gpu": 3, "xid": 79}),
+        ("gpu-node-03-gpu1-fallen-off.txt", "gpu-node-03", {"fault": "fallen_off", "gpu": 1}),
+    ],
+)
+def test_renders_the_captured_scrapes_byte_for_byte(
+    fixture: str, node_name: str, fault: dict[str, Any] | None
+) -> None:
+    node, expected = node_like_fixture(node_name, fixture)
+    if fault:
+        node.inject(**fault)
+    assert node.render().encode() == expected
+
+
+def test_uuids_match_the_captured_alerts() -> None:
+    alert = json.loads((FIXTURES / "alertmanager" / "xid79-firing.json").read_text())["alerts"][0]
+    assert Node("gpu-node-02").uuid(3) == alert["labels"]["UUID"]
+
+
+def test_promtool_parses_the_output_with_every_fault(tmp_path: Path) -> None:
+    promtool = require_binary("promtool", "prometheus")
+    collectors, fields = load_collectors(COLLECTORS_CSV)
+    node = Node("gpu-node-05", collectors=collectors, fields=fields, hostname_label="hostname")
+    for fault in (
+        {"xid": 79, "gpu": 0},
+        {"xid": 13, "gpu": 0},
+        {"fault": "ecc_dbe", "gpu": 1},
+        {"fault": "row_remap_failure", "gpu": 2},
+        {"fault": "row_remap_pending", "gpu": 2},
+        {"fault": "uncorrectable_remap", "gpu": 2},
+        {"fault": "health_fail", "gpu": 3, "watch": "MEM"},
+        {"fault": "nvlink_errors", "gpu": 4, "count": 500},
+        {"fault": "thermal", "gpu": 5},
+        {"fault": "fallen_off", "gpu": 6},
+    ):
+        node.inject(**fault)
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=node.render(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    findings = (result.stdout + result.stderr).splitlines()
+    assert result.returncode in (0, 3), findings[-5:]  # 3: lint findings only
+    unexpected = [
+        f for f in findings if not re.search(r"snake_case|_total\" suffix|include type 'counter'", f)
+    ]
+    assert not unexpected, unexpected[:5]
+
+
+def test_label_spellings_and_pod_churn() -> None:
+    assert 'hostname="n1",' in Node("n1", hostname_label="hostname").render()
+    assert "ostname=" not in Node("n1", hostname_label=None).render()
+    node = Node("gpu-node-07")
+    before = node.render()
+    node.inject("pod_churn")
+    assert 'pod="llama-pretrain-worker-07"' in before
+    assert 'pod="llama-pretrain-worker-07-r1"' in node.render()
+
+
+def test_collectors_csv_decides_the_families() -> None:
+    collectors, fields = load_collectors(COLLECTORS_CSV)
+    text = Node("gpu-node-01", collectors=collectors, fields=fields).render()
+    families = re.findall(r"^# TYPE (\w+) ", text, flags=re.MULTILINE)
+    assert "DCGM_FI_DEV_ROW_REMAP_PENDING" in families
+    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in families
+    assert families[-2:] == ["DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_GPU_HEALTH_STATUS"]  # TOTAL: no XID yet
+    assert [FIELDS[f].fid for f in families] == sorted(FIELDS[f].fid for f in families)
+
+
+def test_http_api_injects_clears_and_fails_on_request() -> None:
+    with Standin(["gpu-node-01", "gpu-node-02"]) as standin:
+        base = f"http://{standin.address('gpu-node-02')}"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+            assert response.read().decode() == standin.node("gpu-node-02").render()
+        state = http_json(f"{base}/inject", {"gpu": 3, "xid": 79})
+        assert state["gpus"][3]["xid_total"] == {"79": 1}
+        assert 'err_code="79",err_msg="GPU has fallen off the bus"' in standin.node("gpu-node-02").render()
+        assert 'err_code="79"' not in standin.node("gpu-node-01").render()
+        http_json(f"{base}/inject", {"fault": "exporter_500"})
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"{base}/metrics", timeout=5)
+        assert failed.value.code == 500
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            http_json(f"{base}/inject", {"fault": "melted", "gpu": 0})
+        assert bad.value.code == 400
+        state = http_json(f"{base}/clear", {})
+        assert not state["http_500"] and state["gpus"][3]["xid_total"] == {}
+
+
+def test_runs_as_a_program_one_port_per_node() -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.standins.dcgm_exporter",
+        "--nodes",
+        "n1,n2",
+        "--listen",
+        "127.0.0.1:0",
+        "--collectors",
+        str(COLLECTORS_CSV),
+    ]
+    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        try:
+            assert proc.stdout is not None
+            nodes = json.loads(proc.stdout.readline())["nodes"]
+            assert set(nodes) == {"n1", "n2"} and nodes["n1"] != nodes["n2"]
+            with urllib.request.urlopen(f"http://{nodes['n2']}/metrics", timeout=5) as response:
+                assert 'Hostname="n2"' in response.read().decode()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            stop_process(proc)
