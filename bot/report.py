@@ -120,7 +120,7 @@ async def _worlds(config: Config, nodes: list[str], now: datetime) -> dict[str, 
             probe = IncidentRecord(
                 id="dry-run", node=node, state=State.OPEN, opened_at=now, updated_at=now, first_alert_at=now
             )
-            out[node] = await build_world(config, store, probe, now, cluster=None)
+            out[node] = await build_world(config, store, probe, now, facts=None)
         return out
     finally:
         await store.close()

@@ -145,7 +145,7 @@ def _stale(world: World, policy: Policy, now: datetime) -> Decision:
         return Decision(
             "stale",
             False,
-            f"alert started {format_duration(now - started)} ago, before the breaker reset, and is older than "
+            f"stale alert: it started {format_duration(now - started)} ago, before the breaker reset, and is older than "
             f"{format_duration(cutoff)}: skipped instead of replayed",
         )
     return Decision("stale", True, "alert is fresh")

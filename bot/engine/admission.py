@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -80,22 +81,29 @@ async def post_safely(ports: Ports, store: Store, clock: Callable[[], datetime],
         )
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the guards need from the cluster; fetched before the admission lock is taken."""
+
+    labels: Mapping[str, str] | None = None
+    fleet_size: int | None = None
+
+
+async def node_facts(cluster: Cluster, node: str) -> NodeFacts:
+    try:
+        found = await cluster.node(node)
+        return NodeFacts(dict(found.labels) if found is not None else {}, await cluster.count_nodes() or None)
+    except PitcrewError:
+        return NodeFacts()  # the opt-out guard says it could not check
+
+
 async def build_world(
-    config: Config, store: Store, incident: IncidentRecord, now: datetime, cluster: Cluster | None
+    config: Config, store: Store, incident: IncidentRecord, now: datetime, facts: NodeFacts | None
 ) -> World:
-    """Everything the guards look at, from the store and (when given) the cluster."""
+    """Everything the guards look at: the store's switches and history, and the cluster facts."""
     policy = config.policy
     history_since = now - max(policy.escalation.window, policy.node.attempt_window)
     pause = await store.switch(PAUSE)
-    fleet = policy.breaker.fleet_size
-    labels: Mapping[str, str] | None = None
-    if cluster is not None:
-        try:
-            node = await cluster.node(incident.node)
-            labels = dict(node.labels) if node is not None else {}
-            fleet = fleet or await cluster.count_nodes() or None
-        except PitcrewError:
-            labels = None  # the opt-out guard says it could not check
     return World(
         paused=pause is not None,
         paused_by=(pause or {}).get("set_by"),
@@ -103,9 +111,9 @@ async def build_world(
         nodes_in_remediation=await store.nodes_in_remediation(
             now - policy.breaker.window, exclude_node=incident.node
         ),
-        fleet_size=fleet,
+        fleet_size=policy.breaker.fleet_size or (facts.fleet_size if facts else None),
         history=await store.history(incident.node, history_since, exclude=incident.id),
-        node_labels=labels,
+        node_labels=facts.labels if facts else None,
         alert_started_at=incident.first_alert_at,
     )
 
@@ -121,14 +129,16 @@ class Admission:
         self._clock = clock
         self._lock = asyncio.Lock()
 
-    async def world(self, incident: IncidentRecord, now: datetime) -> World:
-        return await build_world(self._config, self._store, incident, now, self._ports.cluster)
+    async def world(self, incident: IncidentRecord, now: datetime, facts: NodeFacts | None = None) -> World:
+        facts = facts or await node_facts(self._ports.cluster, incident.node)
+        return await build_world(self._config, self._store, incident, now, facts)
 
     async def admit(self, incident: IncidentRecord) -> IncidentRecord:
         """Plan, guard, persist; returns the incident in its new state."""
+        facts = await node_facts(self._ports.cluster, incident.node)  # far side: outside the lock
         async with self._lock:
             now = self._clock()
-            world = await self.world(incident, now)
+            world = await self.world(incident, now, facts)
             plan = planner.plan(
                 incident.node,
                 incident.faults,

@@ -49,6 +49,7 @@ class Engine:
         self._slots = asyncio.Semaphore(config.settings.engine.workers)
         self.executor = Executor(config, store, ports, metrics, clock, self._slots)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._rolling_back: set[str] = set()  # rolled back by a command right now: no worker
         self._signals: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
@@ -111,7 +112,7 @@ class Engine:
         for incident_id, state, _ in active:
             counts[state.value] += 1
             task = self._tasks.get(incident_id)
-            if task is None or task.done():
+            if incident_id not in self._rolling_back and (task is None or task.done()):
                 self._tasks[incident_id] = asyncio.create_task(
                     self._guarded_run(incident_id), name=incident_id
                 )
@@ -383,23 +384,27 @@ class Engine:
     # ----------------------------------------------------------------- rollback
     async def request_rollback(self, incident: IncidentRecord, actor: str) -> None:
         """Persist the request, stop the incident's worker, then undo (resumable after a crash)."""
-        now = self.clock()
-        await self.store.step_finished(
-            incident.id,
-            ROLLBACK,
-            "running",
-            now,
-            result={"actor": actor},
-            event=NewEvent("rollback_requested", actor=actor),
-        )
-        task = self._tasks.pop(incident.id, None)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        fresh = await self.store.incident(incident.id)
-        assert fresh is not None
-        await self._finish_rollback(fresh, actor)
+        self._rolling_back.add(incident.id)
+        try:
+            now = self.clock()
+            await self.store.step_finished(
+                incident.id,
+                ROLLBACK,
+                "running",
+                now,
+                result={"actor": actor},
+                event=NewEvent("rollback_requested", actor=actor),
+            )
+            task = self._tasks.pop(incident.id, None)
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            fresh = await self.store.incident(incident.id)
+            assert fresh is not None
+            await self._finish_rollback(fresh, actor)
+        finally:
+            self._rolling_back.discard(incident.id)
 
     async def _finish_rollback(self, incident: IncidentRecord, actor: str) -> None:
         steps = await self.store.steps_of(incident.id)

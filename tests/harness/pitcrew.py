@@ -7,6 +7,7 @@ over real HTTP, the crash-safety run, the detection path. ``Pitcrew.kill()`` is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -122,6 +124,22 @@ class Pitcrew:
             "POST", "/api/v1/alerts", body, {"Authorization": f"Bearer {token or self.token}"}
         )
         return status, json.loads(raw or b"{}")
+
+    def post_many(self, bodies: list[bytes], concurrency: int = 32) -> list[tuple[int, dict[str, Any]]]:
+        """Deliver many bodies at once, as Alertmanager does for many groups (one connection pool)."""
+
+        async def run() -> list[tuple[int, dict[str, Any]]]:
+            headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+            limit = asyncio.Semaphore(concurrency)
+            async with aiohttp.ClientSession(headers=headers) as session:
+
+                async def one(body: bytes) -> tuple[int, dict[str, Any]]:
+                    async with limit, session.post(f"{self.url}/api/v1/alerts", data=body) as response:
+                        return response.status, await response.json()
+
+                return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+        return asyncio.run(run())
 
     def command(self, path: str, actor: str, **extra: Any) -> tuple[int, dict[str, Any]]:
         status, raw = self.request(
