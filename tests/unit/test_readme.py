@@ -1,0 +1,47 @@
+"""The README stays true: every configuration key is documented, every documented command exists."""
+
+from __future__ import annotations
+
+import re
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from bot.cli import _parser
+from bot.config import Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+OPAQUE = {"playbooks", "catalog.overrides", "playbook_modes"}  # free-form maps, documented by example
+
+
+def keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        nested = [c for c in (field.annotation, *typing.get_args(field.annotation))
+                  if isinstance(c, type) and issubclass(c, BaseModel)]
+        if nested and key not in OPAQUE and typing.get_origin(field.annotation) is not dict:
+            yield from keys(nested[0], key + ".")
+        else:
+            yield key
+
+
+@pytest.mark.parametrize("key", sorted(keys(Settings)))
+def test_every_config_key_is_in_the_readme(key: str) -> None:
+    assert f"`{key}`" in README, f"README configuration reference misses {key}"
+
+
+def test_documented_cli_commands_exist() -> None:
+    commands = set(re.findall(r"^pitcrew ([a-z-]+)", README, flags=re.M))
+    parser = _parser()
+    known = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    assert commands, "README shows no pitcrew command"
+    assert commands <= known, commands - known
+
+
+def test_readme_shows_the_test_command_ci_runs() -> None:
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    assert "python -m pytest -q" in ci and "python -m pytest -q" in README
+    assert ".ci/run" in README
