@@ -23,6 +23,8 @@ from bot.engine.intake import to_delivery
 from bot.store.base import IncidentRecord
 from bot.web.views import fault_view
 
+_ALL_RESOLVED = "every alert for this node is resolved: recorded, and a resolved alert never starts an action"
+
 
 async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> list[dict[str, Any]]:
     try:
@@ -45,7 +47,7 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
     out = []
     for node in sorted(set(firing) | resolved):
         if node not in firing:
-            out.append(_resolved_only(node, config))
+            out.append(_no_action(node, config, _ALL_RESOLVED))
             continue
         world = worlds.get(node, World())
         plan = planner.plan(
@@ -68,27 +70,15 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
         )
     if unroutable:
         labels = ", ".join(config.labels.node)
-        out.append(
-            {
-                "node": None,
-                "faults": [],
-                "playbook": "none",
-                "mode": config.policy.mode.value,
-                "steps": [],
-                "slurm_action": "none",
-                "guards": [],
-                "guards_enforced": False,
-                "allowed": False,
-                "reasons": [
-                    f"{len(unroutable)} alert(s) name no node (looked for labels {labels}): "
-                    f"{', '.join(sorted(set(unroutable)))}; recorded, never acted on"
-                ],
-            }
+        reason = (
+            f"{len(unroutable)} alert(s) name no node (looked for labels {labels}): "
+            f"{', '.join(sorted(set(unroutable)))}; recorded, never acted on"
         )
+        out.append(_no_action(None, config, reason))
     return out
 
 
-def _resolved_only(node: str, config: Config) -> dict[str, Any]:
+def _no_action(node: str | None, config: Config, reason: str) -> dict[str, Any]:
     return {
         "node": node,
         "faults": [],
@@ -99,9 +89,7 @@ def _resolved_only(node: str, config: Config) -> dict[str, Any]:
         "guards": [],
         "guards_enforced": False,
         "allowed": False,
-        "reasons": [
-            "every alert for this node is resolved: recorded, and a resolved alert never starts an action"
-        ],
+        "reasons": [reason],
     }
 
 

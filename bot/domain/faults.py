@@ -84,20 +84,24 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
         )
     if subject.xid is not None:
         return _xid_fault(subject, subject.xid, catalog)
-    kind = label or "unknown"
     detail = (
         f"xid value {subject.xid_text!r} is not a number" if subject.xid_text else "fault not in the catalog"
     )
+    return _for_a_human(subject.node, subject.gpu, label or "unknown", None, "unrecognised fault", detail)
+
+
+def _for_a_human(node: str, gpu: str | None, kind: str, xid: int | None, meaning: str, detail: str) -> Fault:
+    """A fault pitcrew does not know: humans decide, nothing is done to the node."""
     return Fault(
         kind=kind,
-        node=subject.node,
-        gpu=subject.gpu,
-        xid=None,
+        node=node,
+        gpu=gpu,
+        xid=xid,
         bucket=None,
         fault_class="informational",
         playbook="ask-human",
         job_fatal=False,
-        meaning="unrecognised fault",
+        meaning=meaning,
         known=False,
         detail=detail,
     )
@@ -107,19 +111,7 @@ def _xid_fault(subject: Subject, xid: int, catalog: Catalog) -> Fault:
     assert subject.node is not None
     entry = catalog.xid(xid)
     if entry is None:
-        return Fault(
-            kind="xid",
-            node=subject.node,
-            gpu=subject.gpu,
-            xid=xid,
-            bucket=None,
-            fault_class="informational",
-            playbook="ask-human",
-            job_fatal=False,
-            meaning="XID not in the catalog",
-            known=False,
-            detail=subject.message,
-        )
+        return _for_a_human(subject.node, subject.gpu, "xid", xid, "XID not in the catalog", subject.message)
     playbook = catalog.xid_playbook(xid) or "ask-human"
     detail = subject.message
     if xid == RECOVERY_XID:

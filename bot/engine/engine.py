@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from bot.config import Config
 from bot.domain import planner
@@ -266,20 +267,13 @@ class Engine:
             await self.store.decide_approval(incident.id, "expired", "pitcrew", now)
             self.metrics.approvals.labels("expired").inc()
             await self._close(incident, State.SUPPRESSED, "approval timed out: nothing was done")
-            await post_safely(
-                self.ports,
-                self.store,
-                self.clock,
-                Notice(
-                    incident.id,
-                    "approval_expired",
-                    f"{incident.node}: approval timed out, nothing was done",
-                    (
-                        f"Nobody approved {incident.playbook} before {approval.deadline.isoformat(timespec='minutes')}.",
-                    ),
-                    severity="warning",
-                    node=incident.node,
-                ),
+            deadline = approval.deadline.isoformat(timespec="minutes")
+            await self._tell(
+                incident,
+                "approval_expired",
+                "approval timed out, nothing was done",
+                (f"Nobody approved {incident.playbook} before {deadline}.",),
+                severity="warning",
             )
             return False
         await self._wait_signal(incident.id, (approval.deadline - now).total_seconds())
@@ -349,26 +343,27 @@ class Engine:
         )
         await self.store.advance(incident.id, index, now)
 
+    async def _tell(
+        self, incident: IncidentRecord, kind: str, title: str, lines: tuple[str, ...], **extra: Any
+    ) -> None:
+        """A notice about one incident, outside any step: a failing notifier never stops the engine."""
+        notice = Notice(incident.id, kind, f"{incident.node}: {title}", lines, node=incident.node, **extra)
+        await post_safely(self.ports, self.store, self.clock, notice)
+
     async def _escalate(self, incident: IncidentRecord, step: str, detail: str) -> None:
         self.metrics.steps.labels(step, "escalated").inc()
         await self._close(incident, State.FAILED, f"{step} failed: {detail}")
-        await post_safely(
-            self.ports,
-            self.store,
-            self.clock,
-            Notice(
-                incident.id,
-                "escalation",
-                f"{incident.node}: {step} failed — a human must take over",
-                (
-                    detail,
-                    "Nothing further will be done automatically. Roll back with `pitcrew rollback "
-                    f"{incident.id}` to undo what pitcrew did.",
-                ),
-                severity="critical",
-                actions=("rollback",),
-                node=incident.node,
+        await self._tell(
+            incident,
+            "escalation",
+            f"{step} failed — a human must take over",
+            (
+                detail,
+                "Nothing further will be done automatically. Roll back with `pitcrew rollback "
+                f"{incident.id}` to undo what pitcrew did.",
             ),
+            severity="critical",
+            actions=("rollback",),
         )
 
     async def _close(self, incident: IncidentRecord, state: State, outcome: str) -> None:
@@ -419,19 +414,6 @@ class Engine:
         )
         if can_move(incident.state, State.ROLLED_BACK):
             await self._close(incident, State.ROLLED_BACK, f"rolled back by {actor}")
-        await post_safely(
-            self.ports,
-            self.store,
-            self.clock,
-            Notice(
-                incident.id,
-                "rollback",
-                f"{incident.node}: rolled back by {actor}",
-                tuple(report) or ("nothing to undo",),
-                node=incident.node,
-            ),
+        await self._tell(
+            incident, "rollback", f"rolled back by {actor}", tuple(report) or ("nothing to undo",)
         )
-
-
-def mode_of(incident: IncidentRecord) -> Mode:
-    return Mode(incident.mode or "observe")

@@ -7,10 +7,12 @@ said so in the timeline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any
 
-from bot.domain.jobs import JobSnapshot, judge_resumption
+from bot.domain.jobs import JobSnapshot, ResumeVerdict, judge_resumption
 from bot.engine.context import Done, StepContext, Wait
 from bot.engine.errors import TransientError
 from bot.engine.ports import Notice
@@ -72,7 +74,10 @@ async def slurm_down(ctx: StepContext) -> Done | Wait:
                 )
             await ctx.intend(owned=owned)
             continue
-        await ctx.intend(pending=name)
+        # Also the clock of confirm_resumed's timings: when the node stopped taking the jobs.
+        await ctx.intend(
+            pending=name, down_at={**ctx.progress.get("down_at", {}), name: ctx.clock().isoformat()}
+        )
         if action == "drain":
             await scheduler.drain(name, reason)
         else:
@@ -103,6 +108,9 @@ async def slurm_resume(ctx: StepContext) -> Done | Wait:
         if not owns(state.reason, ctx.incident.id):
             await ctx.note("not_owned", f"Slurm node {name} now has reason {state.reason!r}: not resumed")
             continue
+        held = await _requeued_jobs_pending(ctx, down)
+        if held is not None:
+            return held
         await ctx.intend(pending=name)
         await scheduler.resume(name)
         await ctx.acted("slurm_resume", f"Slurm node {name} resumed", node=name)
@@ -113,6 +121,44 @@ async def slurm_resume(ctx: StepContext) -> Done | Wait:
         await ctx.intend(resumed=resumed)
     uncordoned = await _uncordon_if_ours(ctx)
     return Done({"resumed": resumed, "uncordoned": uncordoned}, f"resumed {', '.join(resumed) or 'nothing'}")
+
+
+async def _requeued_jobs_pending(ctx: StepContext, down: Mapping[str, Any]) -> Wait | None:
+    """Keep the node out until the jobs Slurm requeued from it have started elsewhere.
+
+    A requeued job may start only after a delay (``cred_expire``: 120 s by default), and Slurm
+    then takes the first idle node — often the one it just failed on, if pitcrew returned it
+    already. The job would never have moved, and ``confirm_resumed`` could not tell a resumed
+    job from one stuck on the faulty node. Bounded by the option ``requeue_wait_seconds``
+    (default 60): a job that cannot start elsewhere must not keep the node out for ever.
+    """
+    requeueable = [j for j in down.get("jobs", []) if j.get("requeue", True)]
+    if not requeueable:
+        return None
+    limit = float(ctx.spec.options.get("requeue_wait_seconds", 60))
+    since = ctx.progress.get("requeue_wait_since")
+    if since is None:
+        since = ctx.clock().isoformat()
+        await ctx.intend(requeue_wait_since=since)
+    if (ctx.clock() - datetime.fromisoformat(since)).total_seconds() >= limit:
+        if not ctx.progress.get("requeue_wait_expired"):
+            await ctx.intend(requeue_wait_expired=True)
+            await ctx.note(
+                "requeue_wait_expired", f"requeued job(s) still pending after {limit:g}s: resuming"
+            )
+        return None
+    pending = []
+    for job in requeueable:
+        snapshot = await ctx.ports.scheduler.job(job["job_id"])
+        if snapshot is not None and snapshot.pending:
+            pending.append(job["job_id"])
+    if not pending:
+        return None
+    return Wait(
+        ctx.config.settings.engine.poll_interval.total_seconds(),
+        f"requeued job(s) {', '.join(pending)} not yet started elsewhere: the node stays out until they "
+        f"do (at most {limit:g}s)",
+    )
 
 
 async def _uncordon_if_ours(ctx: StepContext) -> bool:
@@ -129,14 +175,18 @@ async def confirm_resumed(ctx: StepContext) -> Done | Wait:
     jobs = [_job_from(j) for j in down.get("jobs", [])]
     if not jobs:
         return Done({"jobs": []}, "no Slurm job was running on the node")
-    faulty = down.get("slurm_nodes", [ctx.node])
+    # A node pitcrew returned to service was repaired: a job running there again has resumed.
+    returned = set(ctx.result_of("slurm_resume").get("resumed", []))
+    faulty = [n for n in down.get("slurm_nodes", [ctx.node]) if n not in returned]
     before_progress: dict[str, float | None] = down.get("progress_before", {})
     query = ctx.config.settings.resumption.progress_query
     verdicts = []
     first_seen: dict[str, str] = dict(ctx.progress.get("resumed_at", {}))
     reported: list[str] = list(ctx.progress.get("reported", []))
+    restarted: dict[str, datetime | None] = {}
     for job in jobs:
         now_snapshot = await ctx.ports.scheduler.job(job.job_id)
+        restarted[job.job_id] = now_snapshot.start_time if now_snapshot is not None else None
         progress_now = await _progress(ctx, job.job_id) if query else None
         verdict = judge_resumption(
             job,
@@ -163,18 +213,21 @@ async def confirm_resumed(ctx: StepContext) -> Done | Wait:
             )
     await ctx.intend(resumed_at=first_seen, reported=reported)
     pending = [v for v in verdicts if v.status == "waiting"]
+    down_at = _taken_out_at(down)
     summary = [
         {
             "job_id": v.job_id,
             "status": v.status,
-            "detail": v.detail,
+            "detail": "running again on the repaired node"
+            if v.status == "resumed" and set(v.new_nodes) & set(v.old_nodes)
+            else v.detail,
             "old_nodes": list(v.old_nodes),
             "new_nodes": list(v.new_nodes),
             "restarts_before": v.restarts_before,
             "restarts_now": v.restarts_now,
             "progress_before": v.progress_before,
             "progress_now": v.progress_now,
-            "resumed_at": first_seen.get(v.job_id),
+            **_timings(v, down_at, restarted.get(v.job_id), first_seen.get(v.job_id)),
         }
         for v in verdicts
     ]
@@ -184,6 +237,31 @@ async def confirm_resumed(ctx: StepContext) -> Done | Wait:
         return Wait(ctx.config.settings.engine.poll_interval.total_seconds(), detail)
     resumed = sum(v.status == "resumed" for v in verdicts)
     return Done({"jobs": summary}, f"{resumed} of {len(verdicts)} job(s) running again elsewhere")
+
+
+def _taken_out_at(down: Mapping[str, Any]) -> datetime | None:
+    stamps = [datetime.fromisoformat(t) for t in dict(down.get("down_at", {})).values()]
+    return min(stamps, default=None)
+
+
+def _timings(
+    verdict: ResumeVerdict, down_at: datetime | None, restarted: datetime | None, resumed_at: str | None
+) -> dict[str, Any]:
+    """When the node went out, when Slurm started the job again, when pitcrew saw it resumed."""
+    if verdict.status != "resumed" or verdict.restarts_now <= verdict.restarts_before:
+        restarted = None  # the start time of a run that is not the restarted one
+    resumed = datetime.fromisoformat(resumed_at) if resumed_at else None
+
+    def since_down(moment: datetime | None) -> float | None:
+        return round((moment - down_at).total_seconds(), 3) if moment and down_at else None
+
+    return {
+        "down_at": down_at.isoformat() if down_at else None,
+        "restarted_at": restarted.isoformat() if restarted else None,
+        "resumed_at": resumed_at,
+        "seconds_to_restart": since_down(restarted),
+        "seconds_to_resumed": since_down(resumed),
+    }
 
 
 async def _progress_all(ctx: StepContext, jobs: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -133,7 +133,13 @@ class RestScheduler:
         if not nodes:
             raise PermanentError(f"Slurm node {name!r} not found", reason="unknown_node")
         with _shape("get_node"):
-            return node_from_json(nodes[0])
+            node = node_from_json(nodes[0])
+        if node.reason and not (node.down or node.drained or "FAIL" in node.states):
+            # 22.05 (v0.0.38) shows a DOWN node whose CPUs are still allocated (its jobs being
+            # killed) as "mixed"/"allocated" without a DOWN flag; a reason says it is out of
+            # service. scontrol shows the base state: ask it rather than report the node in service.
+            return await self._fallback.node(name)
+        return node
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
