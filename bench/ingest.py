@@ -183,6 +183,7 @@ def main() -> None:
             **os.environ,
             "PITCREW_STORE__PATH": f"{tmp}/bench.db",
             "PITCREW_MODE": "observe",
+            "PITCREW_STORE__SYNCHRONOUS": os.environ.get("SYNC", "full"),
             "PITCREW_SERVER__AUTH__BEARER_TOKEN_FILE": str(token),
             "PITCREW_LOG__LEVEL": "WARNING",
             "PITCREW_INTEGRATIONS__RECORDING_PATH": f"{tmp}/journal.jsonl",

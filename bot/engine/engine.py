@@ -156,16 +156,12 @@ class Engine:
                 await self._replan(incident)
                 continue
             order = list(incident.plan.get("steps", []))
-            if incident.step_index >= len(order):
-                if incident.plan.get("acts") and incident.mode == Mode.OBSERVE.value:
-                    await self._close(
-                        incident, State.SUPPRESSED, f"observe mode: {incident.playbook} was not run"
-                    )
-                else:
-                    await self._close(incident, State.RESOLVED, "resolved")
-                return
-            step = order[incident.step_index]
             hands_off = not (incident.plan.get("acts") and incident.mode != Mode.OBSERVE.value)
+            if incident.step_index >= len(order):
+                if await self._finish(incident, hands_off):
+                    return
+                continue
+            step = order[incident.step_index]
             if step == "close" and hands_off and await self._still_firing(incident):
                 continue
             if step == "approve":
@@ -366,15 +362,43 @@ class Engine:
             actions=("rollback",),
         )
 
-    async def _close(self, incident: IncidentRecord, state: State, outcome: str) -> None:
-        await self.store.transition(
+    async def _finish(self, incident: IncidentRecord, hands_off: bool) -> bool:
+        """Close after the last step — unless a delivery just brought a new fault (replan) or,
+        for a hands-off incident, a firing alert (watch again, and close later)."""
+        if incident.plan and incident.plan.get("acts") and incident.mode == Mode.OBSERVE.value:
+            state, outcome = State.SUPPRESSED, f"observe mode: {incident.playbook} was not run"
+        else:
+            state, outcome = State.RESOLVED, "resolved"
+        if await self._close(incident, state, outcome, unless="firing" if hands_off else "new_fault"):
+            return True
+        fresh = await self.store.incident(incident.id)
+        if fresh is not None and not fresh.faults_changed and hands_off:
+            now = self.clock()
+            await self.store.step_finished(
+                incident.id,
+                "close",
+                "superseded",
+                now,
+                event=NewEvent("step_superseded", step="close", detail="alerts fire again"),
+            )
+            await self.store.advance(incident.id, max(incident.step_index - 1, 0), now)
+        return False
+
+    async def _close(
+        self, incident: IncidentRecord, state: State, outcome: str, unless: str | None = None
+    ) -> bool:
+        record = await self.store.transition(
             incident.id,
             state,
             self.clock(),
             outcome=outcome,
             event=NewEvent("state", outcome=state.value, detail=outcome),
+            unless=unless,
         )
+        if record.state is not state:
+            return False
         self.metrics.incidents_closed.labels(state.value, incident.playbook or "none").inc()
+        return True
 
     # ----------------------------------------------------------------- rollback
     async def request_rollback(self, incident: IncidentRecord, actor: str) -> None:

@@ -62,7 +62,15 @@ class Intake:
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
         """Parse (``PayloadError`` on bad input), persist, then wake the engine."""
-        delivery = to_delivery(parse_webhook(body), self._catalog, self._rules)
+        payload = parse_webhook(body)
+        # Most deliveries are Alertmanager re-sending groups it already sent: no need to classify.
+        repeats = self._store.count_repeats(
+            [(a.fingerprint, a.starts_at, a.status) for a in payload.alerts], now
+        )
+        if repeats is not None:
+            self._metrics.alerts_received.labels("repeat").inc(repeats)
+            return IngestOutcome(repeated_alerts=repeats)
+        delivery = to_delivery(payload, self._catalog, self._rules)
         outcome = await self._store.ingest(delivery, now)
         received = self._metrics.alerts_received
         received.labels("new").inc(outcome.new_alerts)

@@ -183,16 +183,29 @@ async def confirm_resumed(ctx: StepContext) -> Done | Wait:
     verdicts = []
     first_seen: dict[str, str] = dict(ctx.progress.get("resumed_at", {}))
     reported: list[str] = list(ctx.progress.get("reported", []))
+    at_restart: dict[str, float | None] = dict(ctx.progress.get("progress_at_restart", {}))
     restarted: dict[str, datetime | None] = {}
     for job in jobs:
         now_snapshot = await ctx.ports.scheduler.job(job.job_id)
         restarted[job.job_id] = now_snapshot.start_time if now_snapshot is not None else None
         progress_now = await _progress(ctx, job.job_id) if query else None
+        baseline = before_progress.get(job.job_id)
+        if (
+            query
+            and now_snapshot is not None
+            and now_snapshot.running
+            and now_snapshot.restarts > job.restarts
+        ):
+            # The first sample after the restart may still be the pre-fault run's last one
+            # (scraped after the value read before DOWN, before the kill): the job must be
+            # seen moving past it too, or a job stuck at its checkpoint would count as resumed.
+            at_restart.setdefault(job.job_id, progress_now)
+            baseline = max((v for v in (baseline, at_restart[job.job_id]) if v is not None), default=None)
         verdict = judge_resumption(
             job,
             now_snapshot,
             faulty,
-            progress_before=before_progress.get(job.job_id),
+            progress_before=baseline,
             progress_now=progress_now,
             progress_required=bool(query) and ctx.config.settings.resumption.require_progress,
         )
@@ -211,7 +224,7 @@ async def confirm_resumed(ctx: StepContext) -> Done | Wait:
                     node=ctx.node,
                 )
             )
-    await ctx.intend(resumed_at=first_seen, reported=reported)
+    await ctx.intend(resumed_at=first_seen, reported=reported, progress_at_restart=at_restart)
     pending = [v for v in verdicts if v.status == "waiting"]
     down_at = _taken_out_at(down)
     summary = [
@@ -225,7 +238,8 @@ async def confirm_resumed(ctx: StepContext) -> Done | Wait:
             "new_nodes": list(v.new_nodes),
             "restarts_before": v.restarts_before,
             "restarts_now": v.restarts_now,
-            "progress_before": v.progress_before,
+            "progress_before": before_progress.get(v.job_id),
+            "progress_at_restart": at_restart.get(v.job_id),
             "progress_now": v.progress_now,
             **_timings(v, down_at, restarted.get(v.job_id), first_seen.get(v.job_id)),
         }

@@ -154,6 +154,10 @@ class Store(Protocol):
 
     # alerts in, incidents out
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
+    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
+        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status."""
+        ...
+
     async def incident(self, incident_id: str) -> IncidentRecord | None: ...
     async def incidents(
         self, *, active_only: bool = False, node: str | None = None, limit: int = 100
@@ -185,6 +189,7 @@ class Store(Protocol):
         event: NewEvent | None = None,
         outcome: str | None = None,
         guarded: bool = False,
+        unless: str | None = None,
     ) -> IncidentRecord: ...
     async def advance(self, incident_id: str, step_index: int, now: datetime) -> None: ...
     async def step_started(

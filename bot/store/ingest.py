@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from bot.domain.incident import State
-from bot.store.base import Delivery, IngestOutcome, NewEvent
+from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
 from bot.store.schema import TERMINAL_STATES
 
@@ -32,129 +32,194 @@ KeyState = tuple[str, str | None]  # (status, incident id)
 
 
 async def ingest(
-    db: aiosqlite.Connection, delivery: Delivery, now: datetime, cache: Mapping[tuple[str, str], KeyState]
-) -> IngestOutcome:
-    """Persist one delivery; ``cache`` holds committed keys, the database answers the rest."""
-    out = IngestOutcome()
-    stamp = ts(now)
-    keys = [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in delivery.alerts]
-    known: dict[tuple[str, str], KeyState] = {k: cache[k] for k in keys if k in cache}
-    missing = [k for k in keys if k not in known]
+    db: aiosqlite.Connection,
+    deliveries: Sequence[tuple[Delivery, datetime]],
+    cache: Mapping[tuple[str, str], KeyState],
+) -> list[IngestOutcome]:
+    """Persist deliveries in arrival order with a fixed number of statements for the whole batch.
+
+    ``cache`` holds committed keys; the database answers the rest in one query. Every read is
+    done first, the batch is worked out in memory (later deliveries see earlier ones), then
+    each table gets one ``executemany``: a burst of deliveries costs about as much as one.
+    """
+    all_keys = [
+        [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in d.alerts]
+        for d, _ in deliveries
+    ]
+    known: dict[tuple[str, str], KeyState] = {k: cache[k] for keys in all_keys for k in keys if k in cache}
+    missing = [k for keys in all_keys for k in keys if k not in known]
     if missing:
         known.update(await _known(db, missing))
     opening_nodes = {
         a.node
+        for (delivery, _), keys in zip(deliveries, all_keys, strict=True)
         for a, k in zip(delivery.alerts, keys, strict=True)
         if k not in known and a.node is not None and a.fault is not None
     }
     active = await _active_incidents(db, opening_nodes) if opening_nodes else {}
     faults_of = await _fault_keys(db, [i for i, state in active.values() if state != State.OPEN.value])
+    batch = _Batch(known, active, faults_of)
+    outcomes = [
+        batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
+    ]
+    await batch.write(db)
+    return outcomes
 
-    inserts: list[tuple[Any, ...]] = []
-    seen_updates: list[tuple[Any, ...]] = []
-    resolve_updates: list[tuple[Any, ...]] = []
-    events: list[tuple[str | None, NewEvent]] = []
-    next_seq: int | None = None
 
-    for alert, key in zip(delivery.alerts, keys, strict=True):
-        if key in known:
-            out.repeated_alerts += 1
-            status, seen_in = known[key]
-            if status == "firing" and alert.status == "resolved":
-                resolve_updates.append((ts(alert.ends_at), stamp, *key))
-                known[key] = out.cache[key] = ("resolved", seen_in)
-                out.resolved += 1
-                if seen_in is not None:
-                    out.resolved_in.append(seen_in)
-                events.append((seen_in, _alert_event("alert_resolved", alert.alertname, alert.fault, key)))
-            else:
-                seen_updates.append((stamp, *key))
-            continue
+class _Batch:
+    """The rows one batch of deliveries adds, worked out in memory in arrival order."""
 
-        incident_id: str | None = None
+    def __init__(
+        self,
+        known: dict[tuple[str, str], KeyState],
+        active: dict[str, tuple[str, str]],
+        faults_of: dict[str, set[str]],
+    ) -> None:
+        self.known, self.active, self.faults_of = known, active, faults_of
+        self.incidents: list[tuple[Any, ...]] = []
+        self.inserts: list[tuple[Any, ...]] = []
+        self.seen: list[tuple[str | None, int, str, str]] = []
+        self.resolves: list[tuple[Any, ...]] = []
+        self.changed: list[tuple[str | None, str]] = []
+        self.events: list[tuple[str | None, NewEvent, datetime]] = []
+        self.new_incidents = 0
+        self.outcomes: list[IngestOutcome] = []
+
+    def add(self, delivery: Delivery, keys: list[tuple[str, str]], now: datetime) -> IngestOutcome:
+        out = IngestOutcome()
+        self.outcomes.append(out)
+        stamp = ts(now)
+        for alert, key in zip(delivery.alerts, keys, strict=True):
+            if key in self.known:
+                out.repeated_alerts += 1
+                status, seen_in = self.known[key]
+                if status == "firing" and alert.status == "resolved":
+                    self.resolves.append((ts(alert.ends_at), stamp, *key))
+                    self.known[key] = out.cache[key] = ("resolved", seen_in)
+                    out.resolved += 1
+                    if seen_in is not None:
+                        out.resolved_in.append(seen_in)
+                    self._event(
+                        seen_in, _alert_event("alert_resolved", alert.alertname, alert.fault, key), now
+                    )
+                else:
+                    self.seen.append((stamp, 1, *key))
+                continue
+            incident_id = self._route(delivery, alert, key, out, now)
+            self.known[key] = out.cache[key] = (alert.status, incident_id)
+            out.new_alerts += 1
+            self.inserts.append(
+                (
+                    key[0],
+                    key[1],
+                    ts(alert.ends_at),
+                    alert.status,
+                    alert.alertname,
+                    alert.node,
+                    incident_id,
+                    alert.fault.key if alert.fault else None,
+                    fault_json(alert.fault) if alert.fault else None,
+                    dumps(dict(alert.labels)),
+                    dumps(dict(alert.annotations)),
+                    delivery.group_key,
+                    stamp,
+                    stamp,
+                )
+            )
+        self.changed.extend((stamp, i) for i in set(out.changed))
+        return out
+
+    def _route(
+        self,
+        delivery: Delivery,
+        alert: IncomingAlert,
+        key: tuple[str, str],
+        out: IngestOutcome,
+        now: datetime,
+    ) -> str | None:
+        """The incident a new alert belongs to: the node's active one, a new one, or none."""
         if alert.node is None or alert.fault is None:
             out.unroutable += 1
-            events.append((None, NewEvent("alert_unroutable", detail=f"{alert.alertname}: no node label")))
-        elif alert.status == "resolved":
+            self._event(None, NewEvent("alert_unroutable", detail=f"{alert.alertname}: no node label"), now)
+            return None
+        if alert.status == "resolved":
             out.resolved += 1
-            incident_id = active.get(alert.node, (None, None))[0]
-            events.append(
-                (incident_id, _alert_event("alert_resolved_unseen", alert.alertname, alert.fault, key))
+            incident_id = self.active.get(alert.node, (None, None))[0]
+            self._event(
+                incident_id, _alert_event("alert_resolved_unseen", alert.alertname, alert.fault, key), now
             )
+            return incident_id
+        incident_id, state = self.active.get(alert.node, (None, None))
+        if incident_id is None:
+            self.new_incidents += 1
+            incident_id = f"new:{self.new_incidents}"  # numbered when written
+            self.incidents.append((incident_id, alert.node, ts(now), ts(alert.starts_at), delivery.group_key))
+            self.active[alert.node] = (incident_id, State.OPEN.value)
+            out.opened.append(incident_id)
+            self._event(incident_id, NewEvent("incident_opened", detail=f"node {alert.node}"), now)
         else:
-            incident_id, state = active.get(alert.node, (None, None))
-            if incident_id is None:
-                if next_seq is None:
-                    next_seq = await _next_seq(db)
-                incident_id = f"pc-{next_seq:05d}"
-                await db.execute(
-                    "INSERT INTO incidents (id, seq, node, state, opened_at, updated_at, first_alert_at, group_key)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        incident_id,
-                        next_seq,
-                        alert.node,
-                        State.OPEN.value,
-                        stamp,
-                        stamp,
-                        ts(alert.starts_at),
-                        delivery.group_key,
-                    ),
-                )
-                next_seq += 1
-                active[alert.node] = (incident_id, State.OPEN.value)
-                out.opened.append(incident_id)
-                events.append((incident_id, NewEvent("incident_opened", detail=f"node {alert.node}")))
-            else:
-                out.attached.append(incident_id)
-                seen_faults = faults_of.setdefault(incident_id, set())
-                if state != State.OPEN.value and alert.fault.key not in seen_faults:
-                    out.changed.append(incident_id)  # a new fault on an incident already under way
-                seen_faults.add(alert.fault.key)
-            events.append((incident_id, _alert_event("alert_firing", alert.alertname, alert.fault, key)))
-        known[key] = out.cache[key] = (alert.status, incident_id)
-        out.new_alerts += 1
-        inserts.append(
-            (
-                key[0],
-                key[1],
-                ts(alert.ends_at),
-                alert.status,
-                alert.alertname,
-                alert.node,
-                incident_id,
-                alert.fault.key if alert.fault else None,
-                fault_json(alert.fault) if alert.fault else None,
-                dumps(dict(alert.labels)),
-                dumps(dict(alert.annotations)),
-                delivery.group_key,
-                stamp,
-                stamp,
-            )
-        )
+            out.attached.append(incident_id)
+            seen_faults = self.faults_of.setdefault(incident_id, set())
+            if state != State.OPEN.value and alert.fault.key not in seen_faults:
+                out.changed.append(incident_id)  # a new fault on an incident already under way
+            seen_faults.add(alert.fault.key)
+        self._event(incident_id, _alert_event("alert_firing", alert.alertname, alert.fault, key), now)
+        return incident_id
 
-    if inserts:
-        await db.executemany(
-            "INSERT INTO alerts (fingerprint, starts_at, ends_at, status, alertname, node, incident_id, fault_key,"
-            " fault_json, labels_json, annotations_json, group_key, first_seen, last_seen)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            inserts,
-        )
-    if seen_updates:
-        await bump_seen(db, [(stamp, 1, fp, starts) for stamp, fp, starts in seen_updates])
-    if resolve_updates:
-        await db.executemany(
-            "UPDATE alerts SET status = 'resolved', ends_at = ?, last_seen = ?, deliveries = deliveries + 1"
-            " WHERE fingerprint = ? AND starts_at = ?",
-            resolve_updates,
-        )
-    if out.changed:
-        await db.executemany(
-            "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?",
-            [(stamp, i) for i in set(out.changed)],
-        )
-    await insert_events(db, events, now)
-    return out
+    def _event(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
+        self.events.append((incident_id, event, now))
+
+    async def write(self, db: aiosqlite.Connection) -> None:
+        names: dict[str, str] = {}
+        if self.incidents:
+            first = await _next_seq(db)
+            rows = []
+            for offset, (placeholder, node, stamp, starts, group_key) in enumerate(self.incidents):
+                seq = first + offset
+                names[placeholder] = f"pc-{seq:05d}"
+                rows.append(
+                    (names[placeholder], seq, node, State.OPEN.value, stamp, stamp, starts, group_key)
+                )
+            await db.executemany(
+                "INSERT INTO incidents (id, seq, node, state, opened_at, updated_at, first_alert_at, group_key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            self._rename(names)
+        if self.inserts:
+            await db.executemany(
+                "INSERT INTO alerts (fingerprint, starts_at, ends_at, status, alertname, node, incident_id, fault_key,"
+                " fault_json, labels_json, annotations_json, group_key, first_seen, last_seen)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*row[:6], names.get(row[6], row[6]), *row[7:]) for row in self.inserts],
+            )
+        if self.seen:
+            await bump_seen(db, self.seen)
+        if self.resolves:
+            await db.executemany(
+                "UPDATE alerts SET status = 'resolved', ends_at = ?, last_seen = ?, deliveries = deliveries + 1"
+                " WHERE fingerprint = ? AND starts_at = ?",
+                self.resolves,
+            )
+        if self.changed:
+            await db.executemany(
+                "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", self.changed
+            )
+        if self.events:
+            await insert_events_at(db, [(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
+
+    def _rename(self, names: dict[str, str]) -> None:
+        """Give the outcomes and cache entries the incident ids the database assigned."""
+
+        def real(incident_id: str | None) -> str | None:
+            return names.get(incident_id, incident_id) if incident_id else incident_id
+
+        for key, (status, incident_id) in list(self.known.items()):
+            self.known[key] = (status, real(incident_id))
+        for out in self.outcomes:
+            out.opened = [names.get(i, i) for i in out.opened]
+            out.attached = [names.get(i, i) for i in out.attached]
+            out.cache = {key: (status, real(incident_id)) for key, (status, incident_id) in out.cache.items()}
 
 
 async def bump_seen(db: aiosqlite.Connection, rows: Sequence[tuple[str | None, int, str, str]]) -> None:
@@ -173,15 +238,21 @@ def _alert_event(kind: str, alertname: str, fault: Any, key: tuple[str, str | No
 async def insert_events(
     db: aiosqlite.Connection, events: Sequence[tuple[str | None, NewEvent]], now: datetime
 ) -> None:
+    await insert_events_at(db, [(i, e, now) for i, e in events])
+
+
+async def insert_events_at(
+    db: aiosqlite.Connection, events: Sequence[tuple[str | None, NewEvent, datetime]]
+) -> None:
+    """Append to the audit log (append-only: the schema refuses updates and deletes)."""
     if not events:
         return
-    stamp = ts(now)
     await db.executemany(
         "INSERT INTO events (incident_id, at, kind, step, outcome, attempt, actor, detail, data_json)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (i, stamp, e.kind, e.step, e.outcome, e.attempt, e.actor, e.detail, dumps(dict(e.data)))
-            for i, e in events
+            (i, ts(at), e.kind, e.step, e.outcome, e.attempt, e.actor, e.detail, dumps(dict(e.data)))
+            for i, e, at in events
         ],
     )
 

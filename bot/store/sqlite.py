@@ -16,7 +16,7 @@ import logging
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,16 +47,50 @@ T = TypeVar("T")
 Unit = Callable[[aiosqlite.Connection], Awaitable[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class IngestJob:
+    """One webhook delivery to persist; consecutive jobs in a batch are ingested together."""
+
+    delivery: Delivery
+    now: datetime
+
+
+Item = tuple[Unit | IngestJob, "asyncio.Future[Any]"]
+Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def _groups(batch: list[Item]) -> list[list[Item]]:
+    """Queue order kept; runs of consecutive ingest jobs become one group."""
+    groups: list[list[Item]] = []
+    for item in batch:
+        if groups and isinstance(item[0], IngestJob) and isinstance(groups[-1][0][0], IngestJob):
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
+async def _run_group(
+    db: aiosqlite.Connection, group: list[Item], keys: Mapping[tuple[str, str], KeyState]
+) -> list[Result]:
+    first = group[0][0]
+    if isinstance(first, IngestJob):
+        jobs = [job for job, _ in group if isinstance(job, IngestJob)]
+        outcomes = await ingest(db, [(job.delivery, job.now) for job in jobs], keys)
+        return [(future, outcome, None) for (_, future), outcome in zip(group, outcomes, strict=True)]
+    return [(group[0][1], await first(db), None)]
+
+
 class SqliteStore:
-    def __init__(self, path: Path, *, synchronous: str = "full", batch_max: int = 128) -> None:
+    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 16) -> None:
         self.path = path
         self._synchronous = synchronous.upper()
-        self._batch_max = batch_max
+        self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
         self._writer: aiosqlite.Connection | None = None
         # Reads run on the event loop's own thread: in WAL mode a reader never waits for the
         # writer, and a read of a few rows costs microseconds, less than a hop to a worker thread.
         self._reader: sqlite3.Connection | None = None
-        self._queue: asyncio.Queue[tuple[Unit, asyncio.Future[Any]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Item] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         # Committed alert keys → (status, incident): Alertmanager redelivers whole groups every
         # repeat_interval, and a pure repeat needs no write beyond a delivery counter.
@@ -126,7 +160,7 @@ class SqliteStore:
             log.info("store schema migrated", extra={"schema_version": number + 1})
 
     # ------------------------------------------------------------ group commit
-    async def _write(self, unit: Unit) -> Any:
+    async def _write(self, unit: Unit | IngestJob) -> Any:
         if self._task is None or self._task.done():
             raise StoreUnavailable("store is not open")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -144,8 +178,14 @@ class SqliteStore:
                     await self._flush_only(db)
                 continue
             batch = [first]
-            while len(batch) < self._batch_max and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            units = 0 if isinstance(first[0], IngestJob) else 1
+            # Deliveries first and all of them (they are cheap together: one statement per
+            # table); engine writes at most a few per batch, so a webhook never waits long.
+            while not self._queue.empty() and units < self._units_per_batch:
+                item = self._queue.get_nowait()
+                units += not isinstance(item[0], IngestJob)
+                batch.append(item)
+            batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
             seen = self._take_seen()
             try:
                 results = await self._run_batch(db, batch, seen)
@@ -166,20 +206,20 @@ class SqliteStore:
                 self._queue.task_done()
 
     async def _run_batch(
-        self, db: aiosqlite.Connection, batch: list[tuple[Unit, asyncio.Future[Any]]], seen: dict[Any, Any]
-    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+        self, db: aiosqlite.Connection, batch: list[Item], seen: dict[Any, Any]
+    ) -> list[Result]:
         """All units in one transaction; if any fails, roll back and run each alone.
 
         The common case (nothing fails) costs one BEGIN and one COMMIT for the whole batch;
         a failing unit only fails itself.
         """
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        results: list[Result] = []
         await db.execute("BEGIN IMMEDIATE")
         try:
             if seen:
                 await bump_seen(db, [(stamp, n, fp, starts) for (fp, starts), (stamp, n) in seen.items()])
-            for unit, future in batch:
-                results.append((future, await unit(db), None))
+            for group in _groups(batch):
+                results.extend(await _run_group(db, group, self._keys))
             await db.execute("COMMIT")
             return results
         except sqlite3.OperationalError:
@@ -335,10 +375,10 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ writes
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
-        repeat = self._pure_repeat(delivery, now)
-        if repeat is not None:
-            return repeat
-        result: IngestOutcome = await self._write(lambda db: ingest(db, delivery, now, self._keys))
+        repeats = self.count_repeats([(a.fingerprint, a.starts_at, a.status) for a in delivery.alerts], now)
+        if repeats is not None:
+            return IngestOutcome(repeated_alerts=repeats)
+        result: IngestOutcome = await self._write(IngestJob(delivery, now))
         for key, state in result.cache.items():  # committed: safe to remember
             self._keys[key] = state
             self._keys.move_to_end(key)
@@ -346,20 +386,23 @@ class SqliteStore:
             self._keys.popitem(last=False)
         return result
 
-    def _pure_repeat(self, delivery: Delivery, now: datetime) -> IngestOutcome | None:
-        """A delivery whose every alert is already stored in the same status: count it, write nothing now."""
+    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
+        """If every alert is already stored in the same status, count the delivery and return how many
+        alerts it had; else ``None`` and nothing is counted (the caller ingests it in full)."""
         if self._task is None or self._task.done():
             raise StoreUnavailable("store is not open")
-        keys = [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in delivery.alerts]
-        for alert, key in zip(delivery.alerts, keys, strict=True):
+        keys = []
+        for fingerprint, starts_at, status in alerts:
+            key = (fingerprint, starts_at.isoformat(timespec="microseconds"))
             state = self._keys.get(key)
-            if state is None or (state[0] == "firing" and alert.status == "resolved"):
+            if state is None or (state[0] == "firing" and status == "resolved"):
                 return None
+            keys.append(key)
         stamp = codec.ts(now) or ""
         for key in keys:
             old = self._seen.get(key, (stamp, 0))
             self._seen[key] = (max(old[0], stamp), old[1] + 1)
-        return IngestOutcome(repeated_alerts=len(keys))
+        return len(keys)
 
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
         await self._write(lambda db: insert_events(db, [(incident_id, event)], now))
@@ -397,7 +440,12 @@ class SqliteStore:
         event: NewEvent | None = None,
         outcome: str | None = None,
         guarded: bool = False,
+        unless: str | None = None,
     ) -> IncidentRecord:
+        """Move an incident. ``unless="new_fault"`` skips the move if a new fault attached
+        meanwhile; ``unless="firing"`` also if any of its alerts still fires. Decided inside the
+        write, so a delivery landing at the same moment never attaches to an incident that then
+        closes."""
         stamp = codec.ts(now)
 
         async def unit(db: aiosqlite.Connection) -> None:
@@ -412,8 +460,17 @@ class SqliteStore:
             if guarded:
                 sets.append("guarded_at = COALESCE(guarded_at, ?)")
                 params.append(stamp)
-            await db.execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id = ?", [*params, incident_id])  # noqa: S608
-            if event is not None:
+            where, params_where = "id = ?", [incident_id]
+            if unless in {"new_fault", "firing"}:
+                where += " AND faults_changed = 0"
+            if unless == "firing":
+                where += " AND NOT EXISTS (SELECT 1 FROM alerts WHERE incident_id = ? AND status = 'firing')"
+                params_where.append(incident_id)
+            cursor = await db.execute(
+                f"UPDATE incidents SET {', '.join(sets)} WHERE {where}",  # noqa: S608 - fixed fragments
+                [*params, *params_where],
+            )
+            if event is not None and cursor.rowcount:
                 await insert_events(db, [(incident_id, event)], now)
 
         await self._write(unit)

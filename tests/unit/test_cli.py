@@ -154,3 +154,32 @@ def test_console_script_entry_point() -> None:
         [sys.executable, "-m", "bot.cli", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("pitcrew ")
+
+
+def test_plan_reads_guard_state_from_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    from datetime import UTC, datetime
+
+    from bot.store.sqlite import SqliteStore
+
+    db = tmp_path / "store.db"
+    monkeypatch.setenv("PITCREW_STORE__PATH", str(db))
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+
+    async def trip() -> None:
+        store = SqliteStore(db)
+        await store.open()
+        now = datetime.now(UTC)
+        await store.set_switch(
+            "breaker", {"open": True, "opened_at": now.isoformat(), "reason": "storm"}, "pitcrew", now
+        )
+        await store.set_switch("pause", {"reason": "maintenance"}, "alice", now)
+        await store.close()
+
+    asyncio.run(trip())
+    assert main(["plan", str(AM / "xid79-firing.json")]) == 0
+    out = capsys.readouterr().out
+    assert "guard  NO pause: pitcrew is paused by alice" in out
+    assert "guard  NO breaker: circuit breaker is open" in out and "(storm)" in out
