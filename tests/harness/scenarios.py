@@ -57,6 +57,34 @@ def delivery(
     return json.dumps(body).encode()
 
 
+def fault_delivery(
+    fault: str,
+    *,
+    alertname: str,
+    node: str,
+    fixture: str = "row-remap-failure-firing.json",
+    starts: datetime | None = None,
+) -> bytes:
+    """A captured delivery turned into another catalog fault (its ``fault`` and ``alertname`` labels)."""
+    body: dict[str, Any] = json.loads(delivery(fixture, node=node, starts=starts))
+    for labels in [*(a["labels"] for a in body["alerts"]), body["commonLabels"]]:
+        labels.update(fault=fault, alertname=alertname)
+    for alert in body["alerts"]:
+        alert["fingerprint"] = hashlib.sha256(f"{alert['fingerprint']}/{fault}".encode()).hexdigest()[:16]
+    return json.dumps(body).encode()
+
+
+def step_result(incident: dict[str, Any], step: str) -> dict[str, Any]:
+    """The stored result of one step of an incident document (``Pitcrew.incident``); {} if it never ran."""
+    record = next((s for s in incident["step_records"] if s["step"] == step), None)
+    return dict(record["result"]) if record else {}
+
+
+def events(incident: dict[str, Any], kind: str, step: str | None = None) -> list[dict[str, Any]]:
+    """The incident's timeline events of one kind (and step)."""
+    return [e for e in incident["events"] if e["kind"] == kind and (step is None or e["step"] == step)]
+
+
 def inventory(path: Path, nodes: dict[str, dict[str, Any]], jobs: list[dict[str, Any]]) -> Path:
     path.write_text(yaml.safe_dump({"nodes": nodes, "jobs": jobs}))
     return path

@@ -39,6 +39,8 @@ from typing import TypeVar
 
 import pytest
 
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.integrations.slurm_cli import parse_job_line, parse_node_line
 from tests.harness.proc import free_port, in_ci, require_binary, tail
 
 T = TypeVar("T")
@@ -267,6 +269,24 @@ class SlurmCluster:
         """Keyword arguments for ``bot.integrations.slurm.SlurmSettings`` against this cluster."""
         rest = {"rest_url": self.rest_url, "rest_token_file": self.token_file}
         return {"backend": backend, "slurm_conf": self.conf} | (rest if backend == "rest" else {})
+
+    def pitcrew_settings(self, backend: str = "scontrol", **slurm: object) -> dict[str, object]:
+        """Configuration keys that make a pitcrew subprocess drive this cluster (YAML-safe values)."""
+        values = self.settings(backend) | slurm
+        return {
+            "integrations": {"scheduler": "slurm"},
+            "slurm": {k: str(v) if isinstance(v, Path) else v for k, v in values.items()},
+        }
+
+    def job(self, job_id: str) -> JobSnapshot | None:
+        """The job as ``scontrol show job`` reports it now (``None`` once Slurm forgot it)."""
+        out = self.run("scontrol", "show", "job", "-o", job_id, check=False, timeout=10).stdout
+        lines = [line for line in out.splitlines() if line.startswith(f"JobId={job_id} ")]
+        return parse_job_line(lines[0]) if lines else None
+
+    def node(self, name: str) -> SlurmNodeState:
+        """The node as ``scontrol show node`` reports it now."""
+        return parse_node_line(self.run("scontrol", "show", "node", "-o", name, timeout=10).stdout.strip())
 
     def submit_training(self, *, requeue: bool = True, extra: tuple[str, ...] = (), steps: int = 600) -> str:
         """The checkpointing job, holding all 8 GPUs of one node so a requeue must move it."""

@@ -20,8 +20,11 @@ OPAQUE = {"playbooks", "catalog.overrides", "playbook_modes"}  # free-form maps,
 def keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        nested = [c for c in (field.annotation, *typing.get_args(field.annotation))
-                  if isinstance(c, type) and issubclass(c, BaseModel)]
+        nested = [
+            c
+            for c in (field.annotation, *typing.get_args(field.annotation))
+            if isinstance(c, type) and issubclass(c, BaseModel)
+        ]
         if nested and key not in OPAQUE and typing.get_origin(field.annotation) is not dict:
             yield from keys(nested[0], key + ".")
         else:

@@ -1,0 +1,96 @@
+"""Shared steps of the engine-on-real-Slurm tests (``test_slurm_remediation``, ``test_slurm_engine_*``).
+
+pitcrew runs as a subprocess in mode auto against the session's real cluster; Kubernetes and
+Slack stay the recording journal. These helpers start it, open incidents from deliveries and
+wait for jobs; the assertions stay in the tests.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from bot.domain.jobs import JobSnapshot
+from tests.harness.pitcrew import Pitcrew
+from tests.harness.proc import wait_until
+from tests.harness.scenarios import events
+from tests.harness.slurm import SlurmCluster
+from tests.standins.train_job import read_checkpoint
+
+TERMINAL = ("resolved", "failed", "suppressed", "rolled_back")
+
+
+def start_pitcrew(
+    factory: Any,
+    slurm: SlurmCluster,
+    name: str,
+    backend: str = "scontrol",
+    *,
+    slurm_options: dict[str, Any] | None = None,
+    **config: Any,
+) -> Pitcrew:
+    """pitcrew in auto mode on the cluster; the breaker relaxed (three nodes are the whole fleet)."""
+    settings = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        **slurm.pitcrew_settings(backend, **({"command_timeout": 5} | (slurm_options or {}))),
+        **config,
+    }
+    server: Pitcrew = factory(name, config=settings)
+    return server.start()
+
+
+def replace_node(**budgets: dict[str, Any]) -> dict[str, Any]:
+    """The shipped replace-node playbook with some steps' budgets or options overridden."""
+    steps = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume"]
+    steps += ["confirm_resumed", "close"]
+    return {"replace-node": {"steps": [{"step": s, **budgets.get(s, {})} for s in steps]}}
+
+
+def open_incident(server: Pitcrew, body: bytes) -> str:
+    status, answer = server.post_alerts(body)
+    assert status == 200, answer
+    [incident_id] = answer["opened"]
+    return str(incident_id)
+
+
+def running_on(slurm: SlurmCluster, job_id: str, timeout: float = 30) -> JobSnapshot:
+    """Wait until the job is RUNNING; return its snapshot."""
+    found: list[JobSnapshot] = []
+
+    def running() -> bool:
+        job = slurm.job(job_id)
+        if job is not None and job.state == "RUNNING" and job.nodes:
+            found.append(job)
+            return True
+        return False
+
+    wait_until(running, timeout=timeout, interval=0.1, what=f"job {job_id} RUNNING")
+    return found[-1]
+
+
+def training_on_a_node(slurm: SlurmCluster, steps: int = 600, min_step: int = 3) -> tuple[str, str]:
+    """Submit the checkpointing job and wait until it has made ``min_step`` steps; (job id, node)."""
+    job_id = slurm.submit_training(steps=steps)
+    job = running_on(slurm, job_id)
+    wait_for_step(slurm, job_id, min_step)
+    return job_id, job.nodes[0]
+
+
+def wait_for_step(slurm: SlurmCluster, job_id: str, step: int) -> None:
+    wait_until(
+        lambda: read_checkpoint(slurm.job_dir, job_id) >= step,
+        timeout=30,
+        interval=0.1,
+        what=f"job {job_id} to checkpoint step {step}",
+    )
+
+
+def epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def action_at(incident: dict[str, Any], action: str) -> float:
+    """When pitcrew made its one ``action`` (e.g. ``slurm_down``) of the incident, as a Unix time."""
+    [event] = [e for e in events(incident, "action") if e["data"].get("action") == action]
+    return epoch(event["at"])

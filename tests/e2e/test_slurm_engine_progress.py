@@ -1,0 +1,159 @@
+"""confirm_resumed's PromQL progress check: a real Prometheus scraping the training job's step.
+
+pitcrew runs (subprocess, mode auto, backend scontrol) with ``resumption.progress_query`` on
+``pitcrew_train_step``, which ``ProgressServer`` serves for every job of the cluster and a real
+Prometheus scrapes every second. Cases:
+
+* the job resumes from its checkpoint on another node: ``confirm_resumed`` records the value
+  before the fault (read before DOWN) and a value after it that is larger, and passes;
+* the job is requeued and runs again but makes no progress (stuck at step 0): the step waits
+  for progress past the pre-fault value, times out (10 s budget) and the incident escalates:
+  ``failed``, with an ``escalation`` notice in the journal.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.slurm_engine import (
+    TERMINAL,
+    open_incident,
+    replace_node,
+    running_on,
+    start_pitcrew,
+    training_on_a_node,
+    wait_for_step,
+)
+from tests.harness.proc import require_binary
+from tests.harness.prometheus import Prometheus
+from tests.harness.scenarios import delivery, events, notices, step_result
+from tests.harness.slurm import TRAIN_JOB, SlurmCluster
+from tests.standins.train_job import METRIC, ProgressServer
+
+pytestmark = pytest.mark.slow
+QUERY = f'max({METRIC}{{job_id="{{job_id}}"}})'
+
+# The requeued run hangs before its first step and says so: step 0, never more.
+STALLED_JOB = """#!/bin/bash
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
+  f="$PITCREW_JOB_DIR/metrics/$SLURM_JOB_ID.prom"
+  printf '{metric}{{job_id="%s",node="%s"}} 0\\n' "$SLURM_JOB_ID" "$SLURMD_NODENAME" > "$f.tmp"
+  mv "$f.tmp" "$f"
+  exec sleep 600
+fi
+exec {python} {train_job}
+"""
+
+
+@pytest.fixture(scope="module")
+def prometheus(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """A real Prometheus scraping every job's progress each second."""
+    binary = require_binary("prometheus", "prometheus")
+    exporter = ProgressServer(slurm_cluster.job_dir).start()
+    target = exporter.url.split("/")[2]
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "train", "static_configs": [{"targets": [target]}]}],
+    }
+    server = Prometheus(binary, tmp_path_factory.mktemp("prometheus-progress"), config)
+    try:
+        server.start()
+        server.wait(
+            lambda: [s["value"][1] for s in server.query('up{job="train"}')] == ["1"],
+            timeout=60,
+            what="the progress exporter scraped",
+        )
+        yield server
+    finally:
+        server.stop()
+        exporter.stop()
+
+
+def progress_config(prometheus: Prometheus) -> dict[str, Any]:
+    return {
+        "resumption": {"progress_query": QUERY, "prometheus_url": prometheus.url, "require_progress": True}
+    }
+
+
+def wait_scraped(prometheus: Prometheus, job_id: str) -> None:
+    """Prometheus has a sample of the job's progress (else there is no pre-fault value)."""
+
+    def sampled() -> bool:
+        return any(float(s["value"][1]) >= 1 for s in prometheus.query(QUERY.replace("{job_id}", job_id)))
+
+    prometheus.wait(sampled, timeout=15, what=f"a progress sample of job {job_id}")
+
+
+def test_progress_past_the_pre_fault_value_confirms_the_resume(
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    prometheus: Prometheus,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = start_pitcrew(pitcrew_factory, slurm, "progress", **progress_config(prometheus))
+    job_id, node = training_on_a_node(slurm)
+    wait_scraped(prometheus, job_id)
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=90)
+
+    assert final["state"] == "resolved", final["outcome"]
+    before = step_result(final, "slurm_down")["progress_before"][job_id]
+    [record] = step_result(final, "confirm_resumed")["jobs"]
+    assert record["status"] == "resumed", record["detail"]
+    assert record["progress_before"] == before >= 1
+    # Past the value before the fault, and moving after the restart (not just its last pre-fault sample).
+    assert record["progress_now"] > record["progress_before"]
+    assert record["progress_now"] > record["progress_at_restart"]
+    assert record["new_nodes"] != [node]
+    assert record["restarts_now"] == 1
+    with capsys.disabled():
+        print(
+            f"\n[pitcrew + prometheus] job {job_id} {node} -> {record['new_nodes'][0]}: progress "
+            f"{record['progress_before']:g} (at restart {record['progress_at_restart']:g}) -> "
+            f"{record['progress_now']:g}; restart after "
+            f"{record['seconds_to_restart']:.2f}s, progress past pre-fault confirmed after "
+            f"{record['seconds_to_resumed']:.2f}s"
+        )
+
+
+def test_no_progress_after_the_restart_times_out_and_escalates(
+    slurm: SlurmCluster, pitcrew_factory: Any, prometheus: Prometheus, tmp_path: Path
+) -> None:
+    playbooks = replace_node(confirm_resumed={"timeout": "10s"})
+    server = start_pitcrew(
+        pitcrew_factory, slurm, "no-progress", playbooks=playbooks, **progress_config(prometheus)
+    )
+    script = tmp_path / "stalled.sh"
+    script.write_text(STALLED_JOB.format(metric=METRIC, python=sys.executable, train_job=TRAIN_JOB))
+    job_id = slurm.submit(
+        "--requeue", "--open-mode=append", "--gres=gpu:h100:8", "--job-name=stalls", script=script
+    )
+    node = running_on(slurm, job_id).nodes[0]
+    wait_for_step(slurm, job_id, 3)
+    wait_scraped(prometheus, job_id)
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=90)
+
+    assert final["state"] == "failed"
+    assert final["outcome"].startswith(
+        "confirm_resumed failed: confirm_resumed did not finish within its budget"
+    )
+    job = slurm.job(job_id)
+    assert job is not None
+    assert (job.state, job.restarts) == ("RUNNING", 1)  # it did come back, it just does not train
+    assert node not in job.nodes
+    before = step_result(final, "slurm_down")["progress_before"][job_id]
+    assert before >= 1
+    [record] = step_result(final, "confirm_resumed")["last"]
+    assert (record["status"], record["progress_before"], record["progress_now"]) == ("waiting", before, 0)
+    waits = [e["detail"] for e in events(final, "step_waiting", "confirm_resumed")]
+    assert any(w.startswith(f"{job_id}: progress 0 not past pre-fault ") for w in waits), waits
+    [escalation] = notices(server.journal_records(), "escalation")
+    assert escalation["incident_id"] == incident_id
+    assert escalation["severity"] == "critical"
+    assert "confirm_resumed failed" in escalation["title"]

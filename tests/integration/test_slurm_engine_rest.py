@@ -1,0 +1,111 @@
+"""slurmrestd 22.05 hides DOWN while the node's CPUs are still allocated; pitcrew must not believe it.
+
+Seen in the engine tests (``tests/e2e/test_slurm_remediation.py``): right after ``scontrol update
+State=DOWN`` of a node whose job is being killed, ``GET /slurm/v0.0.38/node/{name}`` answers
+``"state": "mixed"`` with no DOWN flag, but already with the new reason, for 0.1 to 0.5 s (payload
+below, captured then). scontrol shows ``DOWN`` at once. Cases, against a wire-level stand-in:
+
+* that payload (a reason, no DOWN/DRAIN/FAIL): the REST backend asks scontrol and reports DOWN;
+* a node in service (no reason) or DRAIN (flag present) is read from REST alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bot.domain.jobs import SlurmNodeState
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler
+from tests.conftest import FIXTURES
+
+OPENAPI = json.loads((FIXTURES / "slurm" / "rest" / "openapi-v3.json").read_text())
+REASON = "pitcrew: pc-00001 XID 79 gpu3"
+# GET /slurm/v0.0.38/node/gpu-001 13 ms after DOWN (fields that do not matter here left out).
+MIXED_WHILE_DOWN = {
+    "name": "gpu-001",
+    "state": "mixed",
+    "state_flags": [],
+    "reason": REASON,
+    "reason_changed_at": 1795947659,
+    "reason_set_by_user": "root",
+    "alloc_cpus": 1,
+    "idle_cpus": 1,
+    "gres_used": "gpu:h100:0(IDX:N/A)",
+}
+
+
+class Scontrol(ScontrolScheduler):
+    """What scontrol says about the node at the same moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    async def node(self, name: str) -> SlurmNodeState:
+        self.asked.append(name)
+        return SlurmNodeState(name, frozenset({"DOWN"}), REASON, "root")
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Any]:
+    servers: list[TestServer] = []
+    token = tmp_path / "token"
+    token.write_text("SLURM_JWT=t\n")
+
+    async def start(node: Mapping[str, Any]) -> tuple[RestScheduler, Scontrol]:
+        async def openapi(request: web.Request) -> web.Response:
+            return web.json_response(OPENAPI)
+
+        async def get_node(request: web.Request) -> web.Response:
+            return web.json_response({"nodes": [node], "errors": []})
+
+        app = web.Application()
+        app.router.add_get("/openapi/v3", openapi)
+        app.router.add_get("/slurm/v0.0.38/node/{name}", get_node)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        fallback = Scontrol()
+        url = str(server.make_url("/")).rstrip("/")
+        return RestScheduler(url=url, user="root", token_file=token, fallback=fallback), fallback
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+async def test_a_just_downed_node_shown_mixed_is_read_through_scontrol(serve: Any) -> None:
+    rest, scontrol = await serve(MIXED_WHILE_DOWN)
+    try:
+        node = await rest.node("gpu-001")
+    finally:
+        await rest.aclose()
+    assert scontrol.asked == ["gpu-001"]
+    assert node.down
+    assert node.reason == REASON
+    assert node.reason_is_ours
+
+
+@pytest.mark.parametrize(
+    ("payload", "states"),
+    [
+        ({"name": "gpu-001", "state": "mixed", "state_flags": [], "reason": ""}, {"MIXED"}),
+        ({"name": "gpu-001", "state": "idle", "state_flags": ["DRAIN"], "reason": REASON}, {"IDLE", "DRAIN"}),
+    ],
+)
+async def test_unambiguous_states_come_from_rest_alone(
+    serve: Any, payload: dict[str, Any], states: set[str]
+) -> None:
+    rest, scontrol = await serve(payload)
+    try:
+        node = await rest.node("gpu-001")
+    finally:
+        await rest.aclose()
+    assert scontrol.asked == []
+    assert node.states == states
