@@ -42,6 +42,7 @@ def serve_bare(port: int) -> None:
     app = web.Application(client_max_size=4 * 1024 * 1024)
     app.router.add_post("/api/v1/alerts", handler)
     app.router.add_get("/healthz", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/metrics", lambda r: web.Response(text=""))
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
@@ -130,11 +131,30 @@ def start(cmd: list[str], url: str, env: dict[str, str] | None = None) -> subpro
     raise SystemExit(f"server did not start: {' '.join(cmd)}")
 
 
+def settle(url: str, quiet: float = 1.5, limit: float = 120.0) -> None:
+    """Wait until the engine has worked off the incidents the warm-up opened (its step counter
+    stops moving), so the measurement is ingest in steady state, not the warm-up's aftermath."""
+    deadline, last, still_since = time.monotonic() + limit, -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        total = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("pitcrew_steps_total")
+        )
+        if total != last:
+            last, still_since = total, time.monotonic()
+        elif time.monotonic() - still_since >= quiet:
+            return
+        time.sleep(0.2)
+
+
 def measure(
     name: str, url: str, warmup: list[bytes], bodies: list[bytes], concurrency: int
 ) -> dict[str, float]:
     asyncio.run(drive(url + "/api/v1/alerts", warmup, concurrency))
-    time.sleep(2)  # let the engine plan the incidents the warm-up opened
+    settle(url)
     elapsed, latencies, codes = asyncio.run(drive(url + "/api/v1/alerts", bodies, concurrency))
     assert set(codes) == {200}, f"{name}: unexpected answers {codes}"
     cuts = statistics.quantiles(latencies, n=100)

@@ -1,6 +1,6 @@
 """One Alertmanager delivery into the store, inside the writer's transaction.
 
-Dedupe by ``(fingerprint, startsAt)``: a repeat only bumps ``last_seen``; a resolved
+Dedupe by ``(fingerprint, startsAt)``: a repeat only bumps its delivery counter; a resolved
 repeat marks the alert resolved (a stale firing repeat never un-resolves it). A new firing
 alert attaches to the node's active incident or opens one; a resolved alert never opens an
 incident. Alerts without a node are kept (``unroutable``) and never acted on.
@@ -56,8 +56,7 @@ async def ingest(
         for a, k in zip(delivery.alerts, keys, strict=True)
         if k not in known and a.node is not None and a.fault is not None
     }
-    active = await _active_incidents(db, opening_nodes) if opening_nodes else {}
-    faults_of = await _fault_keys(db, [i for i, state in active.values() if state != State.OPEN.value])
+    active, faults_of = await _active_incidents(db, opening_nodes) if opening_nodes else ({}, {})
     batch = _Batch(known, active, faults_of)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
@@ -189,17 +188,23 @@ class _Batch:
         if self.inserts:
             await db.executemany(
                 "INSERT INTO alerts (fingerprint, starts_at, ends_at, status, alertname, node, incident_id, fault_key,"
-                " fault_json, labels_json, annotations_json, group_key, first_seen, last_seen)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(*row[:6], names.get(row[6], row[6]), *row[7:]) for row in self.inserts],
+                " fault_json, labels_json, annotations_json, group_key, first_seen)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*row[:6], names.get(row[6], row[6]), *row[7:-1]) for row in self.inserts],
+            )
+            await db.executemany(
+                "INSERT INTO alert_deliveries (fingerprint, starts_at, deliveries, last_seen) VALUES (?, ?, 1, ?)",
+                [(row[0], row[1], row[-1]) for row in self.inserts],
             )
         if self.seen:
             await bump_seen(db, self.seen)
         if self.resolves:
             await db.executemany(
-                "UPDATE alerts SET status = 'resolved', ends_at = ?, last_seen = ?, deliveries = deliveries + 1"
-                " WHERE fingerprint = ? AND starts_at = ?",
-                self.resolves,
+                "UPDATE alerts SET status = 'resolved', ends_at = ? WHERE fingerprint = ? AND starts_at = ?",
+                [(ends, fingerprint, starts) for ends, _, fingerprint, starts in self.resolves],
+            )
+            await bump_seen(
+                db, [(stamp, 1, fingerprint, starts) for _, stamp, fingerprint, starts in self.resolves]
             )
         if self.changed:
             await db.executemany(
@@ -225,7 +230,8 @@ class _Batch:
 async def bump_seen(db: aiosqlite.Connection, rows: Sequence[tuple[str | None, int, str, str]]) -> None:
     """Repeat deliveries: ``(last_seen, count, fingerprint, starts_at)``."""
     await db.executemany(
-        "UPDATE alerts SET last_seen = MAX(last_seen, ?), deliveries = deliveries + ? WHERE fingerprint = ? AND starts_at = ?",
+        "UPDATE alert_deliveries SET last_seen = MAX(last_seen, ?), deliveries = deliveries + ?"
+        " WHERE fingerprint = ? AND starts_at = ?",
         rows,
     )
 
@@ -260,42 +266,41 @@ async def insert_events_at(
 async def _known(
     db: aiosqlite.Connection, keys: Sequence[tuple[str, str]]
 ) -> dict[tuple[str, str], KeyState]:
+    """Stored state of these keys. Looked up by fingerprint (the primary key's prefix, so an
+    index search, where a row-value IN would scan the table) and matched on startsAt here."""
+    wanted = set(keys)
     known: dict[tuple[str, str], KeyState] = {}
-    for chunk in _chunks(list(dict.fromkeys(keys))):
-        placeholders = ",".join("(?, ?)" for _ in chunk)
+    for chunk in _chunks(sorted({fingerprint for fingerprint, _ in wanted})):
+        placeholders = ",".join("?" for _ in chunk)
         rows = await db.execute_fetchall(
             f"SELECT fingerprint, starts_at, status, incident_id FROM alerts"  # noqa: S608 - placeholders only
-            f" WHERE (fingerprint, starts_at) IN (VALUES {placeholders})",
-            [v for key in chunk for v in key],
+            f" WHERE fingerprint IN ({placeholders})",
+            list(chunk),
         )
-        known.update({(r[0], r[1]): (r[2], r[3]) for r in rows})
+        known.update({(r[0], r[1]): (r[2], r[3]) for r in rows if (r[0], r[1]) in wanted})
     return known
 
 
-async def _active_incidents(db: aiosqlite.Connection, nodes: set[str]) -> dict[str, tuple[str, str]]:
+async def _active_incidents(
+    db: aiosqlite.Connection, nodes: set[str]
+) -> tuple[dict[str, tuple[str, str]], dict[str, set[str]]]:
+    """The active incident of each node, and the fault keys each already has (one query)."""
     found: dict[str, tuple[str, str]] = {}
+    faults: dict[str, set[str]] = {}
     for chunk in _chunks(sorted(nodes)):
         placeholders = ",".join("?" for _ in chunk)
         rows = await db.execute_fetchall(
-            f"SELECT node, id, state FROM incidents WHERE node IN ({placeholders})"  # noqa: S608
-            f" AND state NOT IN {TERMINAL_STATES}",
+            f"SELECT DISTINCT i.node, i.id, i.state, a.fault_key FROM incidents i"  # noqa: S608
+            f" LEFT JOIN alerts a ON a.incident_id = i.id"
+            f" WHERE i.node IN ({placeholders}) AND i.state NOT IN {TERMINAL_STATES}",
             list(chunk),
         )
-        found.update({r[0]: (r[1], r[2]) for r in rows})
-    return found
-
-
-async def _fault_keys(db: aiosqlite.Connection, incidents: list[str]) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for chunk in _chunks(incidents):
-        placeholders = ",".join("?" for _ in chunk)
-        rows = await db.execute_fetchall(
-            f"SELECT DISTINCT incident_id, fault_key FROM alerts WHERE incident_id IN ({placeholders})",  # noqa: S608
-            list(chunk),
-        )
-        for incident_id, key in rows:
-            found.setdefault(incident_id, set()).add(key)
-    return found
+        for node, incident_id, state, fault_key in rows:
+            found[node] = (incident_id, state)
+            keys = faults.setdefault(incident_id, set())
+            if fault_key is not None:
+                keys.add(fault_key)
+    return found, faults
 
 
 async def _next_seq(db: aiosqlite.Connection) -> int:

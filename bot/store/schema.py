@@ -48,12 +48,20 @@ MIGRATIONS: tuple[str, ...] = (
         labels_json TEXT NOT NULL,
         annotations_json TEXT NOT NULL,
         group_key TEXT NOT NULL DEFAULT '',
-        deliveries INTEGER NOT NULL DEFAULT 1,
         first_seen TEXT NOT NULL,
-        last_seen TEXT NOT NULL,
         PRIMARY KEY (fingerprint, starts_at)
     ) WITHOUT ROWID;
     CREATE INDEX alerts_incident ON alerts(incident_id);
+
+    -- Delivery counters apart from the alert itself: Alertmanager redelivers every group
+    -- constantly, and bumping a narrow row rewrites far fewer pages than the alert's row.
+    CREATE TABLE alert_deliveries (
+        fingerprint TEXT NOT NULL,
+        starts_at TEXT NOT NULL,
+        deliveries INTEGER NOT NULL DEFAULT 1,
+        last_seen TEXT NOT NULL,
+        PRIMARY KEY (fingerprint, starts_at)
+    ) WITHOUT ROWID;
 
     CREATE TABLE steps (
         incident_id TEXT NOT NULL REFERENCES incidents(id),

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import sqlite3
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -42,6 +43,11 @@ from bot.store.ingest import KeyState, bump_seen, ingest, insert_events
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, TERMINAL_STATES
 
 log = logging.getLogger(__name__)
+_ALERTS = (
+    "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
+    " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
+)
+_CHECKPOINT_EVERY = 2.0  # seconds
 _FLUSH_EVERY = 1.0  # seconds: repeat-delivery counters reach the disk at least this often
 T = TypeVar("T")
 Unit = Callable[[aiosqlite.Connection], Awaitable[Any]]
@@ -82,7 +88,7 @@ async def _run_group(
 
 
 class SqliteStore:
-    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 16) -> None:
+    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 4) -> None:
         self.path = path
         self._synchronous = synchronous.upper()
         self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
@@ -98,6 +104,9 @@ class SqliteStore:
         self._keys_max = 200_000
         self._seen: dict[tuple[str, str], tuple[str, int]] = {}
         self._flushing: dict[tuple[str, str], tuple[str, int]] = {}
+        self._closing = False
+        self._checkpointer: aiosqlite.Connection | None = None
+        self._checkpoints: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
     async def open(self) -> None:
@@ -109,16 +118,22 @@ class SqliteStore:
             f"synchronous={self._synchronous}",
             "foreign_keys=ON",
             "busy_timeout=10000",
+            # Checkpoints run on their own connection (below): a commit never pays for one.
+            "wal_autocheckpoint=0",
         ):
             await self._writer.execute(f"PRAGMA {pragma}")
         await self._migrate(self._writer)
         self._reader = sqlite3.connect(self.path, isolation_level=None)
         self._reader.row_factory = sqlite3.Row
         self._reader.execute("PRAGMA query_only=ON")
+        self._checkpointer = await aiosqlite.connect(self.path, isolation_level=None)
+        await self._checkpointer.execute("PRAGMA busy_timeout=10000")
         self._task = asyncio.create_task(self._write_loop(), name="pitcrew-store-writer")
+        self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="pitcrew-store-checkpoint")
 
     async def close(self) -> None:
         if self._task is not None:
+            self._closing = True
             if self._seen:
                 await self._write(lambda db: asyncio.sleep(0))  # the writer flushes pending repeats first
             await self._queue.join()
@@ -126,11 +141,31 @@ class SqliteStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoints
+            self._checkpoints = None
+        if self._checkpointer is not None:
+            with contextlib.suppress(sqlite3.Error):
+                await self._checkpointer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            await self._checkpointer.close()
+            self._checkpointer = None
         if self._reader is not None:
             self._reader.close()
         if self._writer is not None:
             await self._writer.close()
         self._reader = self._writer = None
+
+    async def _checkpoint_loop(self) -> None:
+        """Fold the WAL back into the database now and then, beside the writer, never in its way."""
+        assert self._checkpointer is not None
+        while True:
+            await asyncio.sleep(_CHECKPOINT_EVERY)
+            try:
+                await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error:
+                log.warning("WAL checkpoint failed; will retry", exc_info=True)
 
     async def ping(self) -> bool:
         try:
@@ -170,12 +205,16 @@ class SqliteStore:
     async def _write_loop(self) -> None:
         assert self._writer is not None
         db = self._writer
+        flushed = time.monotonic()
         while True:
+            # Repeat-delivery counters go to disk on their own clock, never in a delivery's
+            # transaction: a burst of redeliveries must not slow down the one new alert.
+            if self._seen and (time.monotonic() - flushed >= _FLUSH_EVERY or self._closing):
+                await self._flush_only(db)
+                flushed = time.monotonic()
             try:
                 first = await asyncio.wait_for(self._queue.get(), timeout=_FLUSH_EVERY)
             except TimeoutError:
-                if self._seen:
-                    await self._flush_only(db)
                 continue
             batch = [first]
             units = 0 if isinstance(first[0], IngestJob) else 1
@@ -186,16 +225,12 @@ class SqliteStore:
                 units += not isinstance(item[0], IngestJob)
                 batch.append(item)
             batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
-            seen = self._take_seen()
             try:
-                results = await self._run_batch(db, batch, seen)
+                results = await self._run_batch(db, batch, {})
             except Exception as exc:
                 log.exception("store write batch failed", extra={"units": len(batch)})
                 failure = StoreUnavailable(f"write failed: {exc}")
                 results = [(future, None, failure) for _, future in batch]
-                self._return_seen(seen)
-            finally:
-                self._flushing = {}
             for future, value, error in results:
                 if not future.done():
                     if error is None:
@@ -310,9 +345,7 @@ class SqliteStore:
         return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in rows]
 
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
-        rows = await self._rows(
-            "SELECT * FROM alerts WHERE incident_id = ? ORDER BY first_seen", (incident_id,)
-        )
+        rows = await self._rows(f"{_ALERTS} WHERE a.incident_id = ? ORDER BY a.first_seen", (incident_id,))
         return [self._with_pending(codec.alert_from(r)) for r in rows]
 
     def _with_pending(self, alert: AlertRecord) -> AlertRecord:
@@ -326,7 +359,7 @@ class SqliteStore:
 
     async def alert(self, fingerprint: str, starts_at: datetime) -> AlertRecord | None:
         row = await self._one(
-            "SELECT * FROM alerts WHERE fingerprint = ? AND starts_at = ?", (fingerprint, codec.ts(starts_at))
+            f"{_ALERTS} WHERE a.fingerprint = ? AND a.starts_at = ?", (fingerprint, codec.ts(starts_at))
         )
         return self._with_pending(codec.alert_from(row)) if row else None
 
