@@ -95,7 +95,7 @@ async def _slurm_jobs_still_running(ctx: StepContext) -> Wait | None:
     if down.get("action") != "drain" or not down.get("jobs"):
         return None
     grace = float(ctx.spec.options.get("slurm_drain_grace_seconds", 600))
-    started = ctx.steps["drain"].started_at if "drain" in ctx.steps else None
+    since = ctx.progress.get("slurm_wait_since")
     running = []
     for job in down["jobs"]:
         snapshot = await ctx.ports.scheduler.job(job["job_id"])
@@ -107,7 +107,10 @@ async def _slurm_jobs_still_running(ctx: StepContext) -> Wait | None:
             running.append(snapshot)
     if not running:
         return None
-    elapsed = (ctx.clock() - started).total_seconds() if isinstance(started, datetime) else 0.0
+    if since is None:  # the grace clock starts the first time the drain finds jobs still running
+        since = ctx.clock().isoformat()
+        await ctx.intend(slurm_wait_since=since)
+    elapsed = (ctx.clock() - datetime.fromisoformat(since)).total_seconds()
     if elapsed < grace:
         return Wait(_poll(ctx), f"waiting for {len(running)} job(s) to finish on the drained node")
     requeued: list[str] = list(ctx.progress.get("requeued", []))

@@ -12,8 +12,7 @@ fixture: slurmctld + gpu-001..003, Kubernetes node name = Slurm node name). Case
 * a node someone else downed stays DOWN with their reason: slurm_down records it not-owned,
   slurm_resume and a rollback leave it alone;
 * DRAIN (``row-remap-pending``, not job-fatal): the running job is left alone until it ends;
-  with a short drain grace the job is requeued instead and resumes elsewhere (expected to fail
-  until the drain step's grace clock is fixed: see the xfail reason).
+  with a short drain grace the job is requeued instead and resumes elsewhere.
 """
 
 from __future__ import annotations
@@ -256,12 +255,6 @@ def reset_gpu_with_drain_grace(seconds: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect in bot/engine/steps_cluster.py _slurm_jobs_still_running: the drain step's start "
-    "is read from ctx.steps, loaded before the step started and never refreshed while it polls, so "
-    "the grace period never expires (elapsed stays 0) and the drain step times out instead",
-)
 def test_drain_grace_expired_requeues_the_job_elsewhere(slurm: SlurmCluster, pitcrew_factory: Any) -> None:
     server = start_pitcrew(pitcrew_factory, slurm, "drain-grace", playbooks=reset_gpu_with_drain_grace(2))
     job_id, node = training_on_a_node(slurm)
