@@ -8,11 +8,10 @@ incident. Alerts without a node are kept (``unroutable``) and never acted on.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
-
-import aiosqlite
 
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
@@ -31,8 +30,8 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterable[Sequence[T]]:
 KeyState = tuple[str, str | None]  # (status, incident id)
 
 
-async def ingest(
-    db: aiosqlite.Connection,
+def ingest(
+    db: sqlite3.Connection,
     deliveries: Sequence[tuple[Delivery, datetime]],
     cache: Mapping[tuple[str, str], KeyState],
 ) -> list[IngestOutcome]:
@@ -46,22 +45,27 @@ async def ingest(
         [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in d.alerts]
         for d, _ in deliveries
     ]
-    known: dict[tuple[str, str], KeyState] = {k: cache[k] for keys in all_keys for k in keys if k in cache}
+    known: dict[tuple[str, str], KeyState] = {}
+    for keys in all_keys:
+        for key in keys:
+            state = cache.get(key)  # one lookup: the event loop may evict keys meanwhile
+            if state is not None:
+                known[key] = state
     missing = [k for keys in all_keys for k in keys if k not in known]
     if missing:
-        known.update(await _known(db, missing))
+        known.update(_known(db, missing))
     opening_nodes = {
         a.node
         for (delivery, _), keys in zip(deliveries, all_keys, strict=True)
         for a, k in zip(delivery.alerts, keys, strict=True)
         if k not in known and a.node is not None and a.fault is not None
     }
-    active, faults_of = await _active_incidents(db, opening_nodes) if opening_nodes else ({}, {})
+    active, faults_of = _active_incidents(db, opening_nodes) if opening_nodes else ({}, {})
     batch = _Batch(known, active, faults_of)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
     ]
-    await batch.write(db)
+    batch.write(db)
     return outcomes
 
 
@@ -168,10 +172,10 @@ class _Batch:
     def _event(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
         self.events.append((incident_id, event, now))
 
-    async def write(self, db: aiosqlite.Connection) -> None:
+    def write(self, db: sqlite3.Connection) -> None:
         names: dict[str, str] = {}
         if self.incidents:
-            first = await _next_seq(db)
+            first = _next_seq(db)
             rows = []
             for offset, (placeholder, node, stamp, starts, group_key) in enumerate(self.incidents):
                 seq = first + offset
@@ -179,39 +183,39 @@ class _Batch:
                 rows.append(
                     (names[placeholder], seq, node, State.OPEN.value, stamp, stamp, starts, group_key)
                 )
-            await db.executemany(
+            db.executemany(
                 "INSERT INTO incidents (id, seq, node, state, opened_at, updated_at, first_alert_at, group_key)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
             self._rename(names)
         if self.inserts:
-            await db.executemany(
+            db.executemany(
                 "INSERT INTO alerts (fingerprint, starts_at, ends_at, status, alertname, node, incident_id, fault_key,"
                 " fault_json, labels_json, annotations_json, group_key, first_seen)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(*row[:6], names.get(row[6], row[6]), *row[7:-1]) for row in self.inserts],
             )
-            await db.executemany(
+            db.executemany(
                 "INSERT INTO alert_deliveries (fingerprint, starts_at, deliveries, last_seen) VALUES (?, ?, 1, ?)",
                 [(row[0], row[1], row[-1]) for row in self.inserts],
             )
         if self.seen:
-            await bump_seen(db, self.seen)
+            bump_seen(db, self.seen)
         if self.resolves:
-            await db.executemany(
+            db.executemany(
                 "UPDATE alerts SET status = 'resolved', ends_at = ? WHERE fingerprint = ? AND starts_at = ?",
                 [(ends, fingerprint, starts) for ends, _, fingerprint, starts in self.resolves],
             )
-            await bump_seen(
+            bump_seen(
                 db, [(stamp, 1, fingerprint, starts) for _, stamp, fingerprint, starts in self.resolves]
             )
         if self.changed:
-            await db.executemany(
+            db.executemany(
                 "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", self.changed
             )
         if self.events:
-            await insert_events_at(db, [(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
+            insert_events_at(db, [(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
 
     def _rename(self, names: dict[str, str]) -> None:
         """Give the outcomes and cache entries the incident ids the database assigned."""
@@ -227,9 +231,9 @@ class _Batch:
             out.cache = {key: (status, real(incident_id)) for key, (status, incident_id) in out.cache.items()}
 
 
-async def bump_seen(db: aiosqlite.Connection, rows: Sequence[tuple[str | None, int, str, str]]) -> None:
+def bump_seen(db: sqlite3.Connection, rows: Sequence[tuple[str | None, int, str, str]]) -> None:
     """Repeat deliveries: ``(last_seen, count, fingerprint, starts_at)``."""
-    await db.executemany(
+    db.executemany(
         "UPDATE alert_deliveries SET last_seen = MAX(last_seen, ?), deliveries = deliveries + ?"
         " WHERE fingerprint = ? AND starts_at = ?",
         rows,
@@ -241,19 +245,17 @@ def _alert_event(kind: str, alertname: str, fault: Any, key: tuple[str, str | No
     return NewEvent(kind, detail=detail, data={"fingerprint": key[0], "starts_at": key[1]})
 
 
-async def insert_events(
-    db: aiosqlite.Connection, events: Sequence[tuple[str | None, NewEvent]], now: datetime
+def insert_events(
+    db: sqlite3.Connection, events: Sequence[tuple[str | None, NewEvent]], now: datetime
 ) -> None:
-    await insert_events_at(db, [(i, e, now) for i, e in events])
+    insert_events_at(db, [(i, e, now) for i, e in events])
 
 
-async def insert_events_at(
-    db: aiosqlite.Connection, events: Sequence[tuple[str | None, NewEvent, datetime]]
-) -> None:
+def insert_events_at(db: sqlite3.Connection, events: Sequence[tuple[str | None, NewEvent, datetime]]) -> None:
     """Append to the audit log (append-only: the schema refuses updates and deletes)."""
     if not events:
         return
-    await db.executemany(
+    db.executemany(
         "INSERT INTO events (incident_id, at, kind, step, outcome, attempt, actor, detail, data_json)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
@@ -263,16 +265,14 @@ async def insert_events_at(
     )
 
 
-async def _known(
-    db: aiosqlite.Connection, keys: Sequence[tuple[str, str]]
-) -> dict[tuple[str, str], KeyState]:
+def _known(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], KeyState]:
     """Stored state of these keys. Looked up by fingerprint (the primary key's prefix, so an
     index search, where a row-value IN would scan the table) and matched on startsAt here."""
     wanted = set(keys)
     known: dict[tuple[str, str], KeyState] = {}
     for chunk in _chunks(sorted({fingerprint for fingerprint, _ in wanted})):
         placeholders = ",".join("?" for _ in chunk)
-        rows = await db.execute_fetchall(
+        rows = db.execute(
             f"SELECT fingerprint, starts_at, status, incident_id FROM alerts"  # noqa: S608 - placeholders only
             f" WHERE fingerprint IN ({placeholders})",
             list(chunk),
@@ -281,15 +281,15 @@ async def _known(
     return known
 
 
-async def _active_incidents(
-    db: aiosqlite.Connection, nodes: set[str]
+def _active_incidents(
+    db: sqlite3.Connection, nodes: set[str]
 ) -> tuple[dict[str, tuple[str, str]], dict[str, set[str]]]:
     """The active incident of each node, and the fault keys each already has (one query)."""
     found: dict[str, tuple[str, str]] = {}
     faults: dict[str, set[str]] = {}
     for chunk in _chunks(sorted(nodes)):
         placeholders = ",".join("?" for _ in chunk)
-        rows = await db.execute_fetchall(
+        rows = db.execute(
             f"SELECT DISTINCT i.node, i.id, i.state, a.fault_key FROM incidents i"  # noqa: S608
             f" LEFT JOIN alerts a ON a.incident_id = i.id"
             f" WHERE i.node IN ({placeholders}) AND i.state NOT IN {TERMINAL_STATES}",
@@ -303,6 +303,6 @@ async def _active_incidents(
     return found, faults
 
 
-async def _next_seq(db: aiosqlite.Connection) -> int:
-    rows = list(await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) + 1 FROM incidents"))
+def _next_seq(db: sqlite3.Connection) -> int:
+    rows = list(db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM incidents"))
     return int(rows[0][0]) if rows else 1

@@ -1,28 +1,21 @@
-"""SQLite implementation of the incident store (WAL, versioned schema, group commit).
+"""SQLite implementation of the incident store port (WAL, versioned schema, group commit).
 
-One writer connection owns every write: units of work queue up and the writer runs as
-many as are waiting in one transaction (each in its own savepoint, so one failing unit
-does not sink the others), then commits once. Callers get their result only after the
-commit: an alert acknowledged with 200 is on disk. Reads use a second connection and never
-wait behind writes (WAL).
+Writes go through one ``Writer`` (``bot.store.writer``): whole transactions in one worker
+thread, many per commit, acknowledged only once committed. Reads run on the event loop's own
+connection: in WAL mode a reader never waits for the writer, and a read of a few indexed rows
+costs less than a trip to a thread. Repeat deliveries Alertmanager makes of groups it already
+sent are counted in memory and flushed every second; reads include what is not flushed yet.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
 import sqlite3
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
-
-import aiosqlite
+from typing import Any
 
 from bot.domain.faults import Fault
 from bot.domain.incident import State
@@ -39,260 +32,42 @@ from bot.store.base import (
     StepRecord,
     StoreUnavailable,
 )
-from bot.store.ingest import KeyState, bump_seen, ingest, insert_events
-from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, TERMINAL_STATES
+from bot.store.ingest import insert_events
+from bot.store.schema import TERMINAL_STATES
+from bot.store.writer import IngestJob, Writer
 
-log = logging.getLogger(__name__)
 _ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
     " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
 )
-_CHECKPOINT_EVERY = 2.0  # seconds
-_FLUSH_EVERY = 1.0  # seconds: repeat-delivery counters reach the disk at least this often
-T = TypeVar("T")
-Unit = Callable[[aiosqlite.Connection], Awaitable[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class IngestJob:
-    """One webhook delivery to persist; consecutive jobs in a batch are ingested together."""
-
-    delivery: Delivery
-    now: datetime
-
-
-Item = tuple[Unit | IngestJob, "asyncio.Future[Any]"]
-Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
-
-
-def _groups(batch: list[Item]) -> list[list[Item]]:
-    """Queue order kept; runs of consecutive ingest jobs become one group."""
-    groups: list[list[Item]] = []
-    for item in batch:
-        if groups and isinstance(item[0], IngestJob) and isinstance(groups[-1][0][0], IngestJob):
-            groups[-1].append(item)
-        else:
-            groups.append([item])
-    return groups
-
-
-async def _run_group(
-    db: aiosqlite.Connection, group: list[Item], keys: Mapping[tuple[str, str], KeyState]
-) -> list[Result]:
-    first = group[0][0]
-    if isinstance(first, IngestJob):
-        jobs = [job for job, _ in group if isinstance(job, IngestJob)]
-        outcomes = await ingest(db, [(job.delivery, job.now) for job in jobs], keys)
-        return [(future, outcome, None) for (_, future), outcome in zip(group, outcomes, strict=True)]
-    return [(group[0][1], await first(db), None)]
 
 
 class SqliteStore:
-    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 4) -> None:
+    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 16) -> None:
         self.path = path
-        self._synchronous = synchronous.upper()
-        self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
-        self._writer: aiosqlite.Connection | None = None
-        # Reads run on the event loop's own thread: in WAL mode a reader never waits for the
-        # writer, and a read of a few rows costs microseconds, less than a hop to a worker thread.
+        self._writer = Writer(path, synchronous=synchronous, units_per_batch=units_per_batch)
         self._reader: sqlite3.Connection | None = None
-        self._queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        # Committed alert keys → (status, incident): Alertmanager redelivers whole groups every
-        # repeat_interval, and a pure repeat needs no write beyond a delivery counter.
-        self._keys: OrderedDict[tuple[str, str], KeyState] = OrderedDict()
-        self._keys_max = 200_000
-        self._seen: dict[tuple[str, str], tuple[str, int]] = {}
-        self._flushing: dict[tuple[str, str], tuple[str, int]] = {}
-        self._closing = False
-        self._checkpointer: aiosqlite.Connection | None = None
-        self._checkpoints: asyncio.Task[None] | None = None
 
-    # ----------------------------------------------------------------- lifecycle
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = await aiosqlite.connect(self.path, isolation_level=None)
-        self._writer.row_factory = aiosqlite.Row
-        for pragma in (
-            "journal_mode=WAL",
-            f"synchronous={self._synchronous}",
-            "foreign_keys=ON",
-            "busy_timeout=10000",
-            # Checkpoints run on their own connection (below): a commit never pays for one.
-            "wal_autocheckpoint=0",
-        ):
-            await self._writer.execute(f"PRAGMA {pragma}")
-        await self._migrate(self._writer)
+        await self._writer.open()  # creates and migrates the database
         self._reader = sqlite3.connect(self.path, isolation_level=None)
         self._reader.row_factory = sqlite3.Row
         self._reader.execute("PRAGMA query_only=ON")
-        self._checkpointer = await aiosqlite.connect(self.path, isolation_level=None)
-        await self._checkpointer.execute("PRAGMA busy_timeout=10000")
-        self._task = asyncio.create_task(self._write_loop(), name="pitcrew-store-writer")
-        self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="pitcrew-store-checkpoint")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._closing = True
-            if self._seen:
-                await self._write(lambda db: asyncio.sleep(0))  # the writer flushes pending repeats first
-            await self._queue.join()
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._checkpoints is not None:
-            self._checkpoints.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpoints
-            self._checkpoints = None
-        if self._checkpointer is not None:
-            with contextlib.suppress(sqlite3.Error):
-                await self._checkpointer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            await self._checkpointer.close()
-            self._checkpointer = None
-        if self._reader is not None:
-            self._reader.close()
-        if self._writer is not None:
+        try:
             await self._writer.close()
-        self._reader = self._writer = None
-
-    async def _checkpoint_loop(self) -> None:
-        """Fold the WAL back into the database now and then, beside the writer, never in its way."""
-        assert self._checkpointer is not None
-        while True:
-            await asyncio.sleep(_CHECKPOINT_EVERY)
-            try:
-                await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error:
-                log.warning("WAL checkpoint failed; will retry", exc_info=True)
+        finally:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     async def ping(self) -> bool:
         try:
             await self._one("SELECT 1")
         except Exception:  # readiness probes report, they do not raise
             return False
-        return self._task is not None and not self._task.done()
-
-    async def _migrate(self, db: aiosqlite.Connection) -> None:
-        async with db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"{self.path} has schema {version}, newer than this pitcrew ({SCHEMA_VERSION})"
-            )
-        for number in range(version, SCHEMA_VERSION):
-            # executescript commits any open transaction first, so the script carries its own.
-            try:
-                await db.executescript(
-                    f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;"
-                )
-            except Exception:
-                with contextlib.suppress(Exception):
-                    await db.execute("ROLLBACK")
-                raise
-            log.info("store schema migrated", extra={"schema_version": number + 1})
-
-    # ------------------------------------------------------------ group commit
-    async def _write(self, unit: Unit | IngestJob) -> Any:
-        if self._task is None or self._task.done():
-            raise StoreUnavailable("store is not open")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self._queue.put((unit, future))
-        return await future
-
-    async def _write_loop(self) -> None:
-        assert self._writer is not None
-        db = self._writer
-        flushed = time.monotonic()
-        while True:
-            # Repeat-delivery counters go to disk on their own clock, never in a delivery's
-            # transaction: a burst of redeliveries must not slow down the one new alert.
-            if self._seen and (time.monotonic() - flushed >= _FLUSH_EVERY or self._closing):
-                await self._flush_only(db)
-                flushed = time.monotonic()
-            try:
-                first = await asyncio.wait_for(self._queue.get(), timeout=_FLUSH_EVERY)
-            except TimeoutError:
-                continue
-            batch = [first]
-            units = 0 if isinstance(first[0], IngestJob) else 1
-            # Deliveries first and all of them (they are cheap together: one statement per
-            # table); engine writes at most a few per batch, so a webhook never waits long.
-            while not self._queue.empty() and units < self._units_per_batch:
-                item = self._queue.get_nowait()
-                units += not isinstance(item[0], IngestJob)
-                batch.append(item)
-            batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
-            try:
-                results = await self._run_batch(db, batch, {})
-            except Exception as exc:
-                log.exception("store write batch failed", extra={"units": len(batch)})
-                failure = StoreUnavailable(f"write failed: {exc}")
-                results = [(future, None, failure) for _, future in batch]
-            for future, value, error in results:
-                if not future.done():
-                    if error is None:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(error)
-            for _ in batch:
-                self._queue.task_done()
-
-    async def _run_batch(
-        self, db: aiosqlite.Connection, batch: list[Item], seen: dict[Any, Any]
-    ) -> list[Result]:
-        """All units in one transaction; if any fails, roll back and run each alone.
-
-        The common case (nothing fails) costs one BEGIN and one COMMIT for the whole batch;
-        a failing unit only fails itself.
-        """
-        results: list[Result] = []
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            if seen:
-                await bump_seen(db, [(stamp, n, fp, starts) for (fp, starts), (stamp, n) in seen.items()])
-            for group in _groups(batch):
-                results.extend(await _run_group(db, group, self._keys))
-            await db.execute("COMMIT")
-            return results
-        except sqlite3.OperationalError:
-            with contextlib.suppress(Exception):
-                await db.execute("ROLLBACK")
-            raise  # the database itself is in trouble: every caller gets StoreUnavailable
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                await db.execute("ROLLBACK")
-            if len(batch) == 1 and not seen:
-                return [(batch[0][1], None, exc)]  # the unit's own error, e.g. a constraint
-        if seen:
-            await self._run_batch(db, [], seen)
-        results = []
-        for item in batch:
-            results.extend(await self._run_batch(db, [item], {}))
-        return results
-
-    async def _flush_only(self, db: aiosqlite.Connection) -> None:
-        seen = self._take_seen()
-        try:
-            await self._run_batch(db, [], seen)
-        except Exception:
-            log.exception("could not record repeat deliveries; will retry")
-            self._return_seen(seen)
-        finally:
-            self._flushing = {}
-
-    def _take_seen(self) -> dict[tuple[str, str], tuple[str, int]]:
-        """Hand pending repeat counts to a write; readers keep seeing them until it commits."""
-        seen, self._seen = self._seen, {}
-        self._flushing = seen
-        return seen
-
-    def _return_seen(self, seen: dict[tuple[str, str], tuple[str, int]]) -> None:
-        for key, (stamp, count) in seen.items():  # not lost: retried with the next write
-            old = self._seen.get(key, (stamp, 0))
-            self._seen[key] = (max(old[0], stamp), old[1] + count)
+        return self._writer.running
 
     # ------------------------------------------------------------------- reads
     async def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -351,7 +126,7 @@ class SqliteStore:
     def _with_pending(self, alert: AlertRecord) -> AlertRecord:
         """Include repeat deliveries counted in memory and not yet committed."""
         key = (alert.fingerprint, codec.ts(alert.starts_at) or "")
-        pending = [p for p in (self._seen.get(key), self._flushing.get(key)) if p is not None]
+        pending = [p for p in (self._writer.seen.get(key), self._writer.flushing.get(key)) if p is not None]
         if not pending:
             return alert
         last = max([alert.last_seen, *(codec.dt(stamp) or alert.last_seen for stamp, _ in pending)])
@@ -411,34 +186,31 @@ class SqliteStore:
         repeats = self.count_repeats([(a.fingerprint, a.starts_at, a.status) for a in delivery.alerts], now)
         if repeats is not None:
             return IngestOutcome(repeated_alerts=repeats)
-        result: IngestOutcome = await self._write(IngestJob(delivery, now))
-        for key, state in result.cache.items():  # committed: safe to remember
-            self._keys[key] = state
-            self._keys.move_to_end(key)
-        while len(self._keys) > self._keys_max:
-            self._keys.popitem(last=False)
+        result: IngestOutcome = await self._writer.submit(IngestJob(delivery, now))
+        self._writer.remember(result.cache)  # committed: safe to remember
         return result
 
     def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
         """If every alert is already stored in the same status, count the delivery and return how many
         alerts it had; else ``None`` and nothing is counted (the caller ingests it in full)."""
-        if self._task is None or self._task.done():
+        if not self._writer.running:
             raise StoreUnavailable("store is not open")
         keys = []
         for fingerprint, starts_at, status in alerts:
             key = (fingerprint, starts_at.isoformat(timespec="microseconds"))
-            state = self._keys.get(key)
+            state = self._writer.keys.get(key)
             if state is None or (state[0] == "firing" and status == "resolved"):
                 return None
             keys.append(key)
         stamp = codec.ts(now) or ""
+        seen = self._writer.seen
         for key in keys:
-            old = self._seen.get(key, (stamp, 0))
-            self._seen[key] = (max(old[0], stamp), old[1] + 1)
+            old = seen.get(key, (stamp, 0))
+            seen[key] = (max(old[0], stamp), old[1] + 1)
         return len(keys)
 
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
-        await self._write(lambda db: insert_events(db, [(incident_id, event)], now))
+        await self._writer.submit(lambda db: insert_events(db, [(incident_id, event)], now))
 
     async def save_plan(
         self,
@@ -449,18 +221,18 @@ class SqliteStore:
         events: Sequence[NewEvent],
         now: datetime,
     ) -> None:
-        async def unit(db: aiosqlite.Connection) -> None:
-            await db.execute(
+        def unit(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE incidents SET plan_json = ?, playbook = ?, mode = ?, faults_changed = 0, updated_at = ?"
                 " WHERE id = ?",
                 (codec.dumps(dict(plan)), playbook, mode, codec.ts(now), incident_id),
             )
-            await insert_events(db, [(incident_id, e) for e in events], now)
+            insert_events(db, [(incident_id, e) for e in events], now)
 
-        await self._write(unit)
+        await self._writer.submit(unit)
 
     async def ack_faults(self, incident_id: str) -> None:
-        await self._write(
+        await self._writer.submit(
             lambda db: db.execute("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
         )
 
@@ -481,7 +253,7 @@ class SqliteStore:
         closes."""
         stamp = codec.ts(now)
 
-        async def unit(db: aiosqlite.Connection) -> None:
+        def unit(db: sqlite3.Connection) -> None:
             sets = ["state = ?", "updated_at = ?"]
             params: list[Any] = [state.value, stamp]
             if state.terminal:
@@ -499,20 +271,20 @@ class SqliteStore:
             if unless == "firing":
                 where += " AND NOT EXISTS (SELECT 1 FROM alerts WHERE incident_id = ? AND status = 'firing')"
                 params_where.append(incident_id)
-            cursor = await db.execute(
+            cursor = db.execute(
                 f"UPDATE incidents SET {', '.join(sets)} WHERE {where}",  # noqa: S608 - fixed fragments
                 [*params, *params_where],
             )
             if event is not None and cursor.rowcount:
-                await insert_events(db, [(incident_id, event)], now)
+                insert_events(db, [(incident_id, event)], now)
 
-        await self._write(unit)
+        await self._writer.submit(unit)
         record = await self.incident(incident_id)
         assert record is not None
         return record
 
     async def advance(self, incident_id: str, step_index: int, now: datetime) -> None:
-        await self._write(
+        await self._writer.submit(
             lambda db: db.execute(
                 "UPDATE incidents SET step_index = ?, updated_at = ? WHERE id = ?",
                 (step_index, codec.ts(now), incident_id),
@@ -524,8 +296,8 @@ class SqliteStore:
     ) -> None:
         stamp = codec.ts(now)
 
-        async def unit(db: aiosqlite.Connection) -> None:
-            await db.execute(
+        def unit(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
                 " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
                 " started_at = CASE WHEN steps.status = 'superseded' THEN excluded.started_at"
@@ -535,12 +307,10 @@ class SqliteStore:
                 (incident_id, step, attempt, stamp),
             )
             if acted:
-                await db.execute("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
-            await insert_events(
-                db, [(incident_id, NewEvent("step_started", step=step, attempt=attempt))], now
-            )
+                db.execute("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
+            insert_events(db, [(incident_id, NewEvent("step_started", step=step, attempt=attempt))], now)
 
-        await self._write(unit)
+        await self._writer.submit(unit)
 
     async def step_finished(
         self,
@@ -554,46 +324,45 @@ class SqliteStore:
     ) -> None:
         stamp = codec.ts(now)
 
-        async def unit(db: aiosqlite.Connection) -> None:
-            await db.execute(
+        def unit(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at, ended_at, result_json)"
                 " VALUES (?, ?, ?, 0, NULL, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
                 " status = excluded.status, ended_at = excluded.ended_at, result_json = excluded.result_json",
                 (incident_id, step, status, stamp, codec.dumps(dict(result or {}))),
             )
-            await insert_events(db, [(incident_id, event)], now)
+            insert_events(db, [(incident_id, event)], now)
 
-        await self._write(unit)
+        await self._writer.submit(unit)
 
     async def step_progress(
         self, incident_id: str, step: str, progress: Mapping[str, Any], now: datetime
     ) -> None:
-        async def unit(db: aiosqlite.Connection) -> None:
-            async with db.execute(
+        def unit(db: sqlite3.Connection) -> None:
+            row = db.execute(
                 "SELECT result_json FROM steps WHERE incident_id = ? AND step = ?", (incident_id, step)
-            ) as cursor:
-                row = await cursor.fetchone()
+            ).fetchone()
             merged = {**(json.loads(row[0]) if row else {}), **progress}
-            await db.execute(
+            db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
                 " VALUES (?, ?, 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
                 " result_json = excluded.result_json",
                 (incident_id, step, codec.ts(now), codec.dumps(merged)),
             )
 
-        await self._write(unit)
+        await self._writer.submit(unit)
 
     async def request_approval(
         self, incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
     ) -> ApprovalRecord:
-        async def unit(db: aiosqlite.Connection) -> None:
-            await db.execute(
+        def unit(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT INTO approvals (incident_id, step, requested_at, deadline, approvers_json, status)"
                 " VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT (incident_id, step) DO NOTHING",
                 (incident_id, step, codec.ts(now), codec.ts(deadline), codec.dumps(list(approvers))),
             )
 
-        await self._write(unit)
+        await self._writer.submit(unit)
         record = await self.approval(incident_id)
         assert record is not None
         return record
@@ -601,19 +370,19 @@ class SqliteStore:
     async def decide_approval(
         self, incident_id: str, status: str, actor: str, now: datetime
     ) -> ApprovalRecord | None:
-        async def unit(db: aiosqlite.Connection) -> int:
-            cursor = await db.execute(
+        def unit(db: sqlite3.Connection) -> int:
+            cursor = db.execute(
                 "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
                 " WHERE incident_id = ? AND status = 'pending'",
                 (status, actor, codec.ts(now), incident_id),
             )
             return cursor.rowcount
 
-        changed: int = await self._write(unit)
+        changed: int = await self._writer.submit(unit)
         return await self.approval(incident_id) if changed else None
 
     async def set_switch(self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> None:
-        await self._write(
+        await self._writer.submit(
             lambda db: db.execute(
                 "INSERT INTO switches (name, value_json, set_by, set_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json, set_by = excluded.set_by,"
