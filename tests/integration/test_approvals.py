@@ -147,3 +147,46 @@ def test_pause_holds_a_running_incident_at_its_next_destructive_step(pitcrew_fac
     assert server.command("/api/v1/resume", "oncall")[0] == 200
     assert server.wait_incident(incident, "resolved", timeout=30)["state"] == "resolved"
     assert destructive_calls(server.journal_records())[("replace", "gpu-node-02")] == 1
+
+
+def test_cli_commands_reach_the_running_server(server: Pitcrew) -> None:
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bot.cli",
+                *args,
+                "--config",
+                str(server.config_path),
+                "--server",
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    _, body = server.post_alerts(delivery(node="gpu-node-06"))
+    incident = body["opened"][0]
+    server.wait_incident(incident, "awaiting_approval")
+    refused = cli("approve", incident, "--as", "mallory")
+    assert refused.returncode == 1 and "may not approve" in refused.stdout
+    approved = cli("approve", incident, "--as", "alice")
+    assert approved.returncode == 0, approved.stderr
+    assert server.wait_incident(incident, "resolved", timeout=30)["approval"]["decided_by"] == "alice"
+    assert cli("pause", "--reason", "drill", "--as", "oncall").returncode == 0
+    assert (
+        b'"paused": true'
+        in server.request("GET", "/api/v1/status", headers={"Authorization": f"Bearer {server.admin_token}"})[
+            1
+        ]
+    )
+    assert cli("resume", "--as", "oncall").returncode == 0
+    assert cli("breaker", "reset", "--as", "oncall").returncode == 0
+    rolled = cli("rollback", incident, "--as", "alice")
+    assert rolled.returncode == 0 and "rolled back by alice" in rolled.stdout
+    assert "cordon:" in rolled.stdout  # the report of what was undone
