@@ -142,12 +142,7 @@ def test_crash_before_any_far_side_call_still_acts_exactly_once(
     ).start()
     _, body = server.post_alerts(delivery(node="gpu-node-02"))
     incident = body["opened"][0]
-    deadline = time.monotonic() + 30
-    while not any(
-        e["kind"] == when and e["step"] in (None, "slurm_down") for e in server.incident(incident)["events"]
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    server.wait_event(incident, when, step="slurm_down")
     server.kill()
     server.start()
     assert server.wait_incident(incident, "resolved", "failed", timeout=60)["state"] == "resolved"

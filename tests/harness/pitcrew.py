@@ -172,6 +172,29 @@ class Pitcrew:
         )
         return found
 
+    def wait_call(self, op: str, target: str, timeout: float = 30.0) -> None:
+        """Until the far side's journal shows ``op`` on ``target`` (a node, pod or job)."""
+        from tests.harness.scenarios import destructive_calls
+
+        wait_until(
+            lambda: (op, target) in destructive_calls(self.journal_records()),
+            timeout=timeout,
+            interval=0.01,
+            what=f"{op} on {target} to reach the far side",
+        )
+
+    def wait_event(self, incident_id: str, kind: str, step: str | None = None, timeout: float = 30.0) -> None:
+        """Until the incident's timeline has an event of ``kind`` (for ``step``, if given)."""
+        wait_until(
+            lambda: any(
+                e["kind"] == kind and (step is None or e["step"] == step)
+                for e in self.incident(incident_id)["events"]
+            ),
+            timeout=timeout,
+            interval=0.01,
+            what=f"{kind} {step or ''} in {incident_id}",
+        )
+
     def journal_records(self) -> list[dict[str, Any]]:
         if not self.journal.exists():
             return []

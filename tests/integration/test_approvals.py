@@ -131,15 +131,9 @@ def test_pause_holds_a_running_incident_at_its_next_destructive_step(pitcrew_fac
     ).start()
     _, body = server.post_alerts(delivery(node="gpu-node-02"))
     incident = body["opened"][0]
-    deadline = time.monotonic() + 30
-    while ("slurm_down", "gpu-node-02") not in destructive_calls(server.journal_records()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    server.wait_call("slurm_down", "gpu-node-02")
     assert server.command("/api/v1/pause", "oncall")[0] == 200
-    deadline = time.monotonic() + 30
-    while not _events(server, incident, "held"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    server.wait_event(incident, "held")
     frozen = destructive_calls(server.journal_records())
     time.sleep(1.0)
     assert destructive_calls(server.journal_records()) == frozen  # nothing more while paused

@@ -9,7 +9,6 @@ user-defined playbook is validated and used.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,6 @@ from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inven
 RELAXED = {"breaker": {"max_nodes": 10, "max_fraction": 1.0}}
 
 
-def _wait_call(server: Pitcrew, call: tuple[str, str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while call not in destructive_calls(server.journal_records()):
-        assert time.monotonic() < deadline, f"{call} never happened"
-        time.sleep(0.01)
-
-
 def test_resolved_alert_mid_playbook_is_shown_but_changes_nothing(pitcrew_factory: Any) -> None:
     server: Pitcrew = pitcrew_factory(
         "resolved-mid",
@@ -35,7 +27,7 @@ def test_resolved_alert_mid_playbook_is_shown_but_changes_nothing(pitcrew_factor
     starts = datetime.now(UTC)
     _, body = server.post_alerts(delivery(node="gpu-node-02", starts=starts))
     incident = body["opened"][0]
-    _wait_call(server, ("cordon", "gpu-node-02"))
+    server.wait_call("cordon", "gpu-node-02")
     status, answer = server.post_alerts(delivery(node="gpu-node-02", starts=starts, status="resolved"))
     assert status == 200 and answer["resolved"] == 3
     done = server.wait_incident(incident, "resolved", timeout=60)
@@ -52,7 +44,7 @@ def test_a_more_severe_fault_replans_without_repeating_work(pitcrew_factory: Any
     ).start()
     _, first = server.post_alerts(delivery("xid48-then-xid154-1-after-xid48.json", node="gpu-node-07"))
     incident = first["opened"][0]
-    _wait_call(server, ("cordon", "gpu-node-07"))
+    server.wait_call("cordon", "gpu-node-07")
     _, second = server.post_alerts(delivery("xid79-firing.json", node="gpu-node-07"))
     assert second["attached"] == [incident] and not second["opened"]
     done = server.wait_incident(incident, "resolved", timeout=60)
