@@ -9,266 +9,69 @@ read once at start.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from datetime import timedelta
 from importlib import resources
-from ipaddress import ip_address
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
-    SettingsConfigDict,
     YamlConfigSettingsSource,
 )
 
+from bot.config_sections import (
+    AuthSettings,
+    BasicAuth,
+    CatalogSettings,
+    EngineSettings,
+    GuardSettings,
+    IntegrationSettings,
+    LabelSettings,
+    LogSettings,
+    ResumptionSettings,
+    ServerSettings,
+    Settings,
+    SlurmSettings,
+    StoreSettings,
+    default_state_dir,
+)
 from bot.domain.catalog import Catalog, Override, parse_catalog
-from bot.domain.durations import Duration
 from bot.domain.labels import (
-    DEFAULT_GPU_LABELS,
-    DEFAULT_NODE_LABELS,
-    DEFAULT_XID_ANNOTATIONS,
-    DEFAULT_XID_LABELS,
     LabelRules,
 )
-from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR, NodeMapping
 from bot.domain.playbooks import Playbook, PlaybookSet
-from bot.domain.policy import ApprovalPolicy, BreakerPolicy, EscalationPolicy, Mode, NodePolicy, Policy
+from bot.domain.policy import Mode, Policy
+
+__all__ = [
+    "AuthSettings",
+    "BasicAuth",
+    "CatalogSettings",
+    "Config",
+    "ConfigError",
+    "EngineSettings",
+    "GuardSettings",
+    "IntegrationSettings",
+    "LabelSettings",
+    "LogSettings",
+    "ResumptionSettings",
+    "ServerSettings",
+    "Settings",
+    "SlurmSettings",
+    "StoreSettings",
+    "default_state_dir",
+    "load_catalog",
+    "load_config",
+    "load_playbooks",
+    "load_settings",
+    "read_secret",
+]
 
 
 class ConfigError(Exception):
     """Invalid configuration; the message is meant for the operator, one problem per line."""
-
-
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "pitcrew"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BasicAuth(_Section):
-    username: str
-    password_file: Path
-
-
-class AuthSettings(_Section):
-    bearer_token_file: Path | None = Field(
-        default=None,
-        description="File holding the bearer token Alertmanager sends (http_config.authorization).",
-    )
-    basic_auth: BasicAuth | None = Field(
-        default=None, description="Alternative: basic auth, password from a file."
-    )
-    admin_token_file: Path | None = Field(
-        default=None,
-        description="Bearer token for the command API (approve, rollback, pause…); unset = disabled.",
-    )
-    allow_unauthenticated: bool = Field(
-        default=False,
-        description="Accept unauthenticated webhooks on a non-loopback address (not recommended).",
-    )
-
-
-class ServerSettings(_Section):
-    listen: str = Field(default="127.0.0.1:9095", description="HOST:PORT for the webhook, API and /metrics.")
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
-    auth: AuthSettings = AuthSettings()
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
-        return value
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
-
-    @property
-    def loopback_only(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ip_address(self.host).is_loopback
-        except ValueError:
-            return False
-
-
-class StoreSettings(_Section):
-    path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
-    synchronous: Literal["normal", "full"] = Field(
-        default="full",
-        description="full: every acknowledged alert survives power loss; normal: process crashes.",
-    )
-
-
-class LabelSettings(_Section):
-    node: tuple[str, ...] = DEFAULT_NODE_LABELS
-    gpu: tuple[str, ...] = DEFAULT_GPU_LABELS
-    xid: tuple[str, ...] = DEFAULT_XID_LABELS
-    xid_annotations: tuple[str, ...] = DEFAULT_XID_ANNOTATIONS
-
-
-class CatalogSettings(_Section):
-    path: Path | None = Field(default=None, description="Replacement catalog file; default: the shipped one.")
-    overrides: dict[str, Override] = Field(
-        default_factory=dict, description='e.g. {"79": {playbook: reboot-node}}'
-    )
-
-
-class GuardSettings(_Section):
-    breaker: BreakerPolicy = BreakerPolicy()
-    node: NodePolicy = NodePolicy()
-
-
-class EngineSettings(_Section):
-    workers: int = Field(default=8, ge=1, le=256, description="Incidents worked on at once (one per node).")
-    retry_backoff: Duration = Field(default=timedelta(seconds=1), description="First retry delay; doubles.")
-    retry_backoff_max: Duration = Field(default=timedelta(seconds=30))
-    poll_interval: Duration = Field(default=timedelta(seconds=2), description="Polling for wait-type steps.")
-    watch_max: Duration = Field(
-        default=timedelta(hours=24),
-        description="Hands-off and observe-mode incidents stay open while their alerts fire, at most this long.",
-    )
-
-
-class IntegrationSettings(_Section):
-    scheduler: Literal["recording", "slurm"] = "recording"
-    cluster: Literal["recording"] = "recording"
-    notifier: Literal["recording"] = "recording"
-    recording_path: Path | None = Field(
-        default=None,
-        description="Journal of what the recording integrations did (JSON lines); default next to the store.",
-    )
-    recording_latency: Duration = Field(
-        default=timedelta(0), description="Round trip added to every recorded far-side call (demos, tests)."
-    )
-    recording_inventory: Path | None = Field(
-        default=None,
-        description="YAML inventory (nodes, pods, Slurm jobs) the recording far side starts from.",
-    )
-
-
-class SlurmSettings(BaseModel):
-    """How pitcrew reaches Slurm and maps Kubernetes nodes to Slurm nodes (config key ``slurm``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    backend: Literal["scontrol", "rest"] = Field(
-        "scontrol",
-        description="`scontrol`: Slurm's commands, any version. `rest`: slurmrestd for reads, and for "
-        "node updates where the server offers them (v0.0.39+), else scontrol.",
-    )
-    bin_dir: Path | None = Field(
-        None, description="Directory holding scontrol and squeue; unset means search PATH."
-    )
-    slurm_conf: Path | None = Field(
-        None, description="slurm.conf for the commands (exported as SLURM_CONF); unset means Slurm's default."
-    )
-    command_timeout: float = Field(
-        20.0,
-        gt=0,
-        description="Seconds before a Slurm command is killed. Slurm itself needs ~10 s to give up on "
-        "an unreachable controller, so keep this above that to see its message.",
-    )
-    rest_url: str = Field("http://127.0.0.1:6820", description="slurmrestd base URL.")
-    rest_user: str = Field("root", description="Slurm user sent as X-SLURM-USER-NAME.")
-    rest_token_file: Path | None = Field(
-        None,
-        description="File holding the JWT (`scontrol token` output or the bare token). Re-read when it "
-        "changes; never logged.",
-    )
-    rest_api_version: str = Field(
-        "auto",
-        pattern=r"^(auto|v0\.0\.\d+)$",
-        description="`auto` picks the highest slurm/v0.0.XX in the server's OpenAPI document; or pin one.",
-    )
-    request_timeout: float = Field(10.0, gt=0, description="Seconds per slurmrestd request.")
-    node_mapping: Literal["identity", "label", "annotation", "slinky"] = Field(
-        "identity",
-        description="How a Kubernetes node names its Slurm node(s): same name, a label, an annotation, "
-        "or the Slinky slurmd pods on it (then Slurm is drained through the slurm-operator).",
-    )
-    node_mapping_key: str | None = Field(
-        None, description="Label or annotation key holding the Slurm node name(s) (a hostlist is allowed)."
-    )
-    slinky_namespace: str = Field("slurm", description="Namespace of the Slinky NodeSet (slurmd) pods.")
-    slinky_pod_selector: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_SLINKY_SELECTOR),
-        description="Labels that select slurmd pods in Slinky mode.",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> SlurmSettings:
-        if self.node_mapping in ("label", "annotation") and not self.node_mapping_key:
-            raise ValueError(f"slurm.node_mapping={self.node_mapping} needs slurm.node_mapping_key")
-        if self.backend == "rest" and self.rest_token_file is None:
-            raise ValueError("slurm.backend=rest needs slurm.rest_token_file")
-        return self
-
-    def mapping(self) -> NodeMapping:
-        """The pure mapping rule (``bot.domain.nodemap``) these settings describe."""
-        return NodeMapping(self.node_mapping, self.node_mapping_key, dict(self.slinky_pod_selector))
-
-
-class ResumptionSettings(_Section):
-    progress_query: str | None = Field(
-        default=None,
-        description='PromQL giving a job\'s training progress; "{job_id}" is replaced, e.g. '
-        'max(train_step{slurm_job_id="{job_id}"}). Unset: RUNNING elsewhere with restarts+1 is the proof.',
-    )
-    require_progress: bool = Field(default=True, description="With a query, require progress past pre-fault.")
-    prometheus_url: str | None = Field(default=None, description="Prometheus base URL for progress queries.")
-
-
-class LogSettings(_Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    format: Literal["json", "text"] = "json"
-
-
-class Settings(BaseSettings):
-    """Everything an operator can set. Keys and env names are pitcrew's public interface."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="PITCREW_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        nested_model_default_partial_update=True,
-    )
-
-    mode: Mode = Field(default=Mode.OBSERVE, description="observe | approve | auto")
-    playbook_modes: dict[str, Mode] = Field(default_factory=dict)
-    server: ServerSettings = ServerSettings()
-    store: StoreSettings = StoreSettings()
-    labels: LabelSettings = LabelSettings()
-    catalog: CatalogSettings = CatalogSettings()
-    playbooks: dict[str, Playbook] = Field(default_factory=dict, description="Overrides and additions.")
-    escalation: EscalationPolicy = EscalationPolicy()
-    guards: GuardSettings = GuardSettings()
-    approvals: ApprovalPolicy = ApprovalPolicy()
-    engine: EngineSettings = EngineSettings()
-    integrations: IntegrationSettings = IntegrationSettings()
-    slurm: SlurmSettings = SlurmSettings()
-    resumption: ResumptionSettings = ResumptionSettings()
-    log: LogSettings = LogSettings()
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode_lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)

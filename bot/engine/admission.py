@@ -16,6 +16,7 @@ from typing import Any
 
 from bot.config import Config
 from bot.domain import guards, planner
+from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Verdict, World
 from bot.domain.incident import State
 from bot.domain.policy import Mode
@@ -27,6 +28,8 @@ from bot.store.base import IncidentRecord, NewEvent, Store
 
 log = logging.getLogger(__name__)
 BREAKER = "breaker"
+#: The pseudo-step recording a rollback request: an incident that has it is being undone.
+ROLLBACK = "rollback"
 PAUSE = "pause"
 
 
@@ -227,3 +230,67 @@ class Admission:
                 ),
             )
         return record
+
+    async def replan(self, incident: IncidentRecord) -> None:
+        """A new fault arrived on an incident already under way: escalate if it is more severe."""
+        now = self._clock()
+        world = await self.world(incident, now)
+        fresh = planner.plan(
+            incident.node, incident.faults, world.history, self._config.policy, self._config.playbooks, now
+        )
+        current = incident.playbook or "ignore"
+        if severity(fresh.playbook) <= severity(current):
+            await self._store.ack_faults(incident.id)
+            await self._store.record(
+                incident.id,
+                NewEvent("fault_attached", detail=f"new fault on the node; {current} already covers it"),
+                now,
+            )
+            return
+        verdict = guards.evaluate(fresh, world, self._config.policy, now)
+        document = plan_document(fresh, verdict, fresh.runs_mutating_steps)
+        if fresh.runs_mutating_steps and not verdict.allowed:
+            await self._store.ack_faults(incident.id)
+            await self._store.record(
+                incident.id,
+                NewEvent(
+                    "escalation_blocked", detail=f"{current} → {fresh.playbook} refused: {verdict.summary()}"
+                ),
+                now,
+            )
+            return
+        done = await self._store.steps_of(incident.id)
+        returned = done.get("slurm_resume") is not None and done["slurm_resume"].status == "ok"
+        # Steps already done carry over — unless the node was already returned to service, in
+        # which case the new playbook starts from the top (the node must be taken out again).
+        keep = (
+            set()
+            if returned
+            else {s for s, r in done.items() if r.status in {"ok", "skipped"} and s != "notify"}
+        )
+        for name, record in done.items():
+            if name not in keep and name != ROLLBACK and record.status in {"ok", "skipped", "running"}:
+                await self._store.step_finished(
+                    incident.id,
+                    name,
+                    "superseded",
+                    now,
+                    result=record.result,
+                    event=NewEvent("step_superseded", step=name),
+                )
+        index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
+        await self._store.save_plan(
+            incident.id,
+            document,
+            fresh.playbook,
+            fresh.mode.value,
+            [
+                NewEvent(
+                    "replanned",
+                    detail=f"{current} → {fresh.playbook}: a more severe fault arrived",
+                    data={"reasons": list(fresh.reasons)},
+                )
+            ],
+            now,
+        )
+        await self._store.advance(incident.id, index, now)
