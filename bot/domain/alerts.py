@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 #: Alertmanager writes this for "not ended yet".
 _ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
@@ -29,19 +29,15 @@ class Alert(BaseModel):
     status: Literal["firing", "resolved"]
     labels: dict[LabelName, LabelValue]
     annotations: dict[LabelName, LabelValue] = Field(default_factory=dict)
-    starts_at: datetime = Field(alias="startsAt")
-    ends_at: datetime | None = Field(default=None, alias="endsAt")
+    starts_at: AwareDatetime = Field(alias="startsAt")
+    ends_at: AwareDatetime | None = Field(default=None, alias="endsAt")
     generator_url: str = Field(default="", alias="generatorURL", max_length=8192)
     fingerprint: str = Field(min_length=1, max_length=64)
 
-    @field_validator("starts_at", "ends_at")
+    @field_validator("ends_at")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return None if value <= _ZERO_TIME else value
+    def _not_ended(cls, value: datetime | None) -> datetime | None:
+        return None if value is None or value <= _ZERO_TIME else value
 
     @property
     def firing(self) -> bool:

@@ -158,6 +158,11 @@ def test_host_part(instance: str, host: str) -> None:
             b' "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "x"}]}',
             "alerts.0.labels.a",
         ),
+        (
+            b'{"version": "4", "status": "firing", "alerts": [{"status": "firing", "labels": {},'
+            b' "startsAt": "2026-01-01T00:00:00", "fingerprint": "x"}]}',
+            "timezone",
+        ),
     ],
 )
 def test_malformed_bodies_are_rejected_with_a_reason(body: bytes, says: str) -> None:
