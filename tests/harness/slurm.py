@@ -41,7 +41,7 @@ import pytest
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.integrations.slurm_cli import parse_job_line, parse_node_line
-from tests.harness.proc import free_port, in_ci, require_binary, tail
+from tests.harness.proc import free_port, in_ci, require_binary, stop_process, tail
 
 T = TypeVar("T")
 NODES = ("gpu-001", "gpu-002", "gpu-003")
@@ -367,13 +367,7 @@ class SlurmCluster:
         proc = self._procs.pop(name, None)
         pidfile = self.run_dir / "pids" / f"{name}.pid"
         if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            stop_process(proc, timeout=grace)
         elif pidfile.exists():  # started by another process (python -m tests.harness.slurm)
             pid = int(pidfile.read_text())
             if str(self.run_dir).encode() in _proc_blob(pid):
