@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -117,28 +117,24 @@ class Executor:
         try:
             done = await self._until_done(ctx, deadline, used, attempts)
         except StepFailed as failure:
-            await self._store.step_finished(
-                incident.id,
-                step,
-                "failed",
-                self._clock(),
-                result=ctx.progress,
-                event=NewEvent("step_finished", step=step, outcome="failed", detail=str(failure)),
-            )
-            self._metrics.steps.labels(step, "failed").inc()
-            self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
-            return StepOutcome("failed", str(failure))
+            return await self._finished(incident.id, step, "failed", ctx.progress, str(failure), began)
+        return await self._finished(incident.id, step, "ok", done.result, done.detail, began)
+
+    async def _finished(
+        self, incident_id: str, step: str, status: str, result: Mapping[str, Any], detail: str, began: float
+    ) -> StepOutcome:
+        """Record the step's end (outcome, result, duration) in the store and the metrics."""
         await self._store.step_finished(
-            incident.id,
+            incident_id,
             step,
-            "ok",
+            status,
             self._clock(),
-            result=done.result,
-            event=NewEvent("step_finished", step=step, outcome="ok", detail=done.detail),
+            result=result,
+            event=NewEvent("step_finished", step=step, outcome=status, detail=detail),
         )
-        self._metrics.steps.labels(step, "ok").inc()
+        self._metrics.steps.labels(step, status).inc()
         self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
-        return StepOutcome("ok", done.detail)
+        return StepOutcome(status, detail)
 
     async def _until_done(self, ctx: StepContext, deadline: datetime, used: int, attempts: int) -> Done:
         handler = HANDLERS[ctx.step]

@@ -13,13 +13,14 @@ import asyncio
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.ports import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,19 @@ def checked_job(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
         raise PermanentError(f"not a Slurm job id: {job_id[:64]!r}", reason="invalid_argument")
     return job_id
+
+
+async def resume_tolerantly(scheduler: Scheduler, name: str, update: Callable[[], Awaitable[None]]) -> None:
+    """RESUME through ``update``. Slurm refuses RESUME of a node already in service; that
+    means the wanted state holds, so it is success (a retried step stays harmless)."""
+    try:
+        await update()
+    except PermanentError as exc:
+        if exc.reason == "unknown_node":
+            raise
+        node = await scheduler.node(name)
+        if node.down or node.drained:
+            raise
 
 
 class ScontrolScheduler:
@@ -126,14 +140,7 @@ class ScontrolScheduler:
         await self._update_node(name, "DRAIN", reason)
 
     async def resume(self, name: str) -> None:
-        try:
-            await self._update_node(name, "RESUME", None)
-        except PermanentError as exc:
-            # Slurm refuses RESUME of a node that is not DOWN/DRAIN: already done, not a failure.
-            node = await self.node(name)
-            if exc.reason == "invalid_argument" and not (node.down or node.drained):
-                return
-            raise
+        await resume_tolerantly(self, name, lambda: self._update_node(name, "RESUME", None))
 
     async def requeue(self, job_id: str) -> None:
         try:

@@ -22,7 +22,7 @@ import aiohttp
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
 from bot.engine.errors import PermanentError, TransientError
-from bot.integrations.slurm_cli import ScontrolScheduler, checked_job, checked_node
+from bot.integrations.slurm_cli import ScontrolScheduler, checked_job, checked_node, resume_tolerantly
 from bot.integrations.slurm_json import (
     RestApi,
     discover_api,
@@ -169,13 +169,7 @@ class RestScheduler:
         await self._update_node(name, "DRAIN", reason)
 
     async def resume(self, name: str) -> None:
-        try:
-            await self._update_node(name, "RESUME", None)
-        except PermanentError as exc:
-            node = await self.node(name)
-            if exc.reason != "unknown_node" and not (node.down or node.drained):
-                return  # already back in service: RESUME is done
-            raise
+        await resume_tolerantly(self, name, lambda: self._update_node(name, "RESUME", None))
 
     async def requeue(self, job_id: str) -> None:
         await self._fallback.requeue(job_id)
