@@ -38,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
-    return load_config(Path(args.config) if args.config else None, **overrides)
+    from bot.engine.steps import REGISTRY
+
+    return load_config(Path(args.config) if args.config else None, steps=REGISTRY, **overrides)
 
 
 def _serve(args: argparse.Namespace) -> int:

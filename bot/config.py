@@ -42,7 +42,7 @@ from bot.domain.catalog import Catalog, Override, parse_catalog
 from bot.domain.labels import (
     LabelRules,
 )
-from bot.domain.playbooks import Playbook, PlaybookSet
+from bot.domain.playbooks import Playbook, PlaybookSet, Vocabulary
 from bot.domain.policy import Mode, Policy
 
 __all__ = [
@@ -114,7 +114,9 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
-def load_config(path: Path | None = None, **overrides: Any) -> Config:
+def load_config(path: Path | None = None, *, steps: Vocabulary | None = None, **overrides: Any) -> Config:
+    """The validated configuration; with ``steps`` (the engine's step registry) playbooks are
+    also checked against the step vocabulary."""
     settings = load_settings(path, **overrides)
     catalog = load_catalog(settings.catalog.path, settings.catalog.overrides)
     playbooks = load_playbooks(settings.playbooks)
@@ -127,6 +129,8 @@ def load_config(path: Path | None = None, **overrides: Any) -> Config:
         approvals=settings.approvals,
     )
     problems = _cross_check(settings, catalog, playbooks)
+    if steps is not None:
+        problems += playbooks.problems(steps)
     if problems:
         raise ConfigError("\n".join(problems))
     labels = LabelRules(

@@ -20,8 +20,9 @@ from bot.domain.guards import World
 from bot.domain.incident import State
 from bot.engine.admission import build_world
 from bot.engine.intake import to_delivery
+from bot.engine.steps import REGISTRY
+from bot.store import codec
 from bot.store.base import IncidentRecord
-from bot.web.views import fault_view
 
 _ALL_RESOLVED = "every alert for this node is resolved: recorded, and a resolved alert never starts an action"
 
@@ -51,23 +52,9 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
             continue
         world = worlds.get(node, World())
         plan = planner.plan(
-            node, list(firing[node].values()), world.history, config.policy, config.playbooks, now
+            node, list(firing[node].values()), world.history, config.policy, config.playbooks, now, REGISTRY
         )
-        verdict = guards.evaluate(plan, world, config.policy, now)
-        out.append(
-            {
-                "node": node,
-                "faults": [fault_view(f) for f in plan.faults],
-                "playbook": plan.playbook,
-                "mode": plan.mode.value,
-                "steps": list(plan.steps),
-                "slurm_action": plan.slurm_action,
-                "reasons": list(plan.reasons),
-                "guards": [{"guard": d.guard, "ok": d.ok, "words": d.words} for d in verdict.decisions],
-                "guards_enforced": plan.runs_mutating_steps,
-                "allowed": verdict.allowed or not plan.runs_mutating_steps,
-            }
-        )
+        out.append(codec.encode_plan(guards.evaluate(plan, world, config.policy, now).admit(plan)))
     if unroutable:
         labels = ", ".join(config.labels.node)
         reason = (
@@ -79,18 +66,10 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
 
 
 def _no_action(node: str | None, config: Config, reason: str) -> dict[str, Any]:
-    return {
-        "node": node,
-        "faults": [],
-        "playbook": "none",
-        "mode": config.policy.mode.value,
-        "steps": [],
-        "slurm_action": "none",
-        "guards": [],
-        "guards_enforced": False,
-        "allowed": False,
-        "reasons": [reason],
-    }
+    plan = planner.Plan(
+        node or "", (), None, "none", config.policy.mode, (), "none", (reason,), allowed=False
+    )
+    return {**codec.encode_plan(plan), "node": node}
 
 
 async def _worlds(config: Config, nodes: list[str], now: datetime) -> dict[str, World]:
@@ -108,7 +87,7 @@ async def _worlds(config: Config, nodes: list[str], now: datetime) -> dict[str, 
             probe = IncidentRecord(
                 id="dry-run", node=node, state=State.OPEN, opened_at=now, updated_at=now, first_alert_at=now
             )
-            out[node] = await build_world(config, store, probe, now, facts=None)
+            out[node] = await build_world(config.policy, store, probe, now, facts=None)
         return out
     finally:
         await store.close()

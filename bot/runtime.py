@@ -18,15 +18,18 @@ from bot import __version__
 from bot.config import Config, read_secret
 from bot.domain.nodemap import slurm_nodes_for
 from bot.engine.commands import Commands
-from bot.engine.context import Ports
+from bot.engine.context import Ports, StepSettings
+from bot.engine.deps import EngineDeps
 from bot.engine.engine import Engine
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.engine.ports import MetricsQuery, Scheduler
+from bot.engine.steps import REGISTRY
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.recording import RecordingWorld
 from bot.integrations.recording_cluster import RecordingCluster, RecordingNotifier
 from bot.integrations.slurm import build_scheduler
+from bot.store.base import Store
 from bot.store.sqlite import SqliteStore
 from bot.web.app import Deps, create_app
 from bot.web.auth import Credentials
@@ -73,6 +76,26 @@ def build_ports(config: Config) -> Ports:
     )
 
 
+def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) -> EngineDeps:
+    """The slices of the configuration the engine and its steps read."""
+    settings = config.settings
+    return EngineDeps(
+        store=store,
+        ports=ports,
+        metrics=metrics,
+        clock=utcnow,
+        policy=config.policy,
+        playbooks=config.playbooks,
+        settings=settings.engine,
+        steps=StepSettings(
+            poll_interval=settings.engine.poll_interval.total_seconds(),
+            resumption=settings.resumption,
+            slinky=settings.slurm.node_mapping == "slinky",
+        ),
+        registry=REGISTRY,
+    )
+
+
 def credentials(config: Config) -> tuple[Credentials, Credentials]:
     auth = config.settings.server.auth
     webhook = Credentials()
@@ -95,7 +118,7 @@ def build_app(
     metrics = metrics or Metrics(version=__version__)
     store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
     ports = ports or build_ports(config)
-    engine = Engine(config, store, ports, metrics, utcnow)
+    engine = Engine(engine_deps(config, store, ports, metrics))
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     webhook, admin = credentials(config)
     deps = Deps(
@@ -107,7 +130,7 @@ def build_app(
         webhook_credentials=webhook,
         admin_credentials=admin,
         background=[engine],
-        commands=Commands(engine),
+        commands=Commands(engine, store, metrics, utcnow, config.settings.mode),
         ready_checks=[lambda: engine.running],
     )
     return create_app(deps)

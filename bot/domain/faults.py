@@ -56,6 +56,12 @@ class Fault:
         what = f"xid{self.xid}" if self.xid is not None else self.kind
         return f"{what}@gpu{self.gpu}" if self.gpu else what
 
+    @property
+    def short(self) -> str:
+        """A few words for Slurm reasons and titles: ``XID 79 gpu3``, ``row-remap-failure``."""
+        head = f"XID {self.xid}" if self.xid is not None else self.kind
+        return f"{head} gpu{self.gpu}" if self.gpu else head
+
     def describe(self) -> str:
         where = f" on GPU {self.gpu}" if self.gpu else ""
         head = f"XID {self.xid}{where}" if self.xid is not None else f"{self.kind}{where}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from bot.domain.durations import format_duration
-from bot.domain.planner import PastIncident, Plan
+from bot.domain.planner import Decision, PastIncident, Plan
 from bot.domain.policy import Policy
 
 
@@ -44,13 +44,6 @@ class World:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    guard: str
-    ok: bool
-    words: str
-
-
-@dataclass(frozen=True, slots=True)
 class Verdict:
     allowed: bool
     decisions: tuple[Decision, ...]
@@ -60,6 +53,9 @@ class Verdict:
     @property
     def blocking(self) -> tuple[Decision, ...]:
         return tuple(d for d in self.decisions if not d.ok)
+
+    def admit(self, plan: Plan) -> Plan:
+        return plan.admitted(self.decisions, self.allowed)
 
     def summary(self) -> str:
         blocked = self.blocking

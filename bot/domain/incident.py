@@ -75,20 +75,3 @@ def move(current: State, target: State) -> State:
     if not can_move(current, target):
         raise TransitionError(f"an incident cannot go from {current} to {target}")
     return target
-
-
-#: Where an incident stands while a given step runs.
-STEP_STATE = {
-    "notify": State.GUARDED,
-    "approve": State.AWAITING_APPROVAL,
-    "slurm_down": State.RUNNING,
-    "cordon": State.RUNNING,
-    "drain": State.RUNNING,
-    "reset_gpu": State.RUNNING,
-    "reboot": State.RUNNING,
-    "replace": State.RUNNING,
-    "wait_ready": State.VERIFYING,
-    "slurm_resume": State.VERIFYING,
-    "confirm_resumed": State.VERIFYING,
-    "close": State.VERIFYING,
-}

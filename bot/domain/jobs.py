@@ -13,10 +13,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-#: Every reason pitcrew sets starts with this; pitcrew never resumes a node without it.
-REASON_PREFIX = "pitcrew:"
-#: Reasons are shown in ``sinfo -R`` and Slack; longer ones only hide the useful start.
-REASON_MAX_LEN = 128
+from bot.domain.ownership import REASON_MAX_LEN as REASON_MAX_LEN
+from bot.domain.ownership import REASON_PREFIX as REASON_PREFIX
+from bot.domain.ownership import clean_reason as clean_reason
+from bot.domain.ownership import is_pitcrew_reason
+from bot.domain.ownership import slurm_reason as pitcrew_reason
+
+__all__ = [
+    "REASON_PREFIX",
+    "JobSnapshot",
+    "ResumeVerdict",
+    "SlurmNodeState",
+    "clean_reason",
+    "expand_hostlist",
+    "judge_resumption",
+    "pitcrew_reason",
+]
+
 
 _ACTIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
 _PENDING_JOB_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
@@ -49,7 +62,7 @@ class SlurmNodeState:
 
     @property
     def reason_is_ours(self) -> bool:
-        return self.reason.startswith(REASON_PREFIX)
+        return is_pitcrew_reason(self.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,21 +165,6 @@ def judge_resumption(
         if progress_before is not None and progress_now <= progress_before:
             return verdict("waiting", f"progress {progress_now:g} not past pre-fault {progress_before:g}")
     return verdict("resumed", "running again elsewhere")
-
-
-def pitcrew_reason(incident_id: str, fault: str) -> str:
-    """The reason pitcrew sets on a node: ``pitcrew: <incident> <fault>``, one bounded line."""
-    return clean_reason(f"{REASON_PREFIX} {incident_id} {fault}")
-
-
-def clean_reason(text: str) -> str:
-    """One printable line of at most ``REASON_MAX_LEN`` characters.
-
-    Control characters and newlines would break ``key=value`` parsing and Slack rendering,
-    so they become spaces; runs of whitespace collapse because Slurm shows them verbatim.
-    """
-    flat = "".join(ch if ch.isprintable() else " " for ch in text)
-    return " ".join(flat.split())[:REASON_MAX_LEN].rstrip()
 
 
 _HOSTLIST_PART = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")

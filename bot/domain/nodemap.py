@@ -24,19 +24,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from bot.domain.jobs import REASON_PREFIX, expand_hostlist
+from bot.domain.jobs import expand_hostlist
+from bot.domain.ownership import SLINKY_CORDON_REASON as SLINKY_CORDON_REASON
+from bot.domain.ownership import slinky_cordon_annotations as slinky_cordon_annotations
+from bot.domain.ownership import slinky_reason_is_ours as slinky_reason_is_ours
 
 MappingMode = Literal["identity", "label", "annotation", "slinky"]
 
 SLINKY_PREFIX = "nodeset.slinky.slurm.net/"
-#: Set on the k8s node before cordoning; the operator uses it as the Slurm drain reason.
-SLINKY_CORDON_REASON = SLINKY_PREFIX + "node-cordon-reason"
 #: Pod label carrying the Slurm node name of a NodeSet pod (set by the operator).
 SLINKY_POD_HOSTNAME = SLINKY_PREFIX + "pod-hostname"
 #: Node annotation that overrides the DaemonSet-mode pod hostname, hence the Slurm node name.
 SLINKY_HOSTNAME_OVERRIDE = SLINKY_PREFIX + "hostname-override"
-#: The operator prefixes every reason it sets with this and never touches other drains.
-SLINKY_REASON_PREFIX = "slurm-operator: "
 #: The operator labels slurmd pods ``app.kubernetes.io/name=slurmd``.
 DEFAULT_SLINKY_SELECTOR: Mapping[str, str] = {"app.kubernetes.io/name": "slurmd"}
 
@@ -110,16 +109,6 @@ def k8s_node_for(
         if slurm_node in slurm_nodes_for(node, mapping, pod_list):
             return node.name
     return None
-
-
-def slinky_cordon_annotations(reason: str) -> dict[str, str]:
-    """Annotations to set on the k8s node *before* cordoning it in Slinky mode."""
-    return {SLINKY_CORDON_REASON: reason}
-
-
-def slinky_reason_is_ours(reason: str) -> bool:
-    """A drain the operator set from our annotation: ``slurm-operator: pitcrew: …``."""
-    return reason.startswith(SLINKY_REASON_PREFIX + REASON_PREFIX)
 
 
 def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:

@@ -9,14 +9,17 @@ Every decision is written down in ``Plan.reasons`` in words an operator can chec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Literal
 
 from bot.domain.catalog import HANDS_OFF, severity
 from bot.domain.durations import format_duration
 from bot.domain.faults import Fault
-from bot.domain.playbooks import MUTATING, PlaybookSet
+from bot.domain.playbooks import APPROVE, PlaybookSet, Vocabulary
 from bot.domain.policy import Mode, Policy
+
+SlurmAction = Literal["down", "drain", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,24 +33,48 @@ class PastIncident:
 
 
 @dataclass(frozen=True, slots=True)
+class Decision:
+    """One guard's answer about a plan, in words an operator can check."""
+
+    guard: str
+    ok: bool
+    words: str
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
+    """What pitcrew will do for one node, and why — the record the engine runs and stores.
+
+    The planner fills the first fields; admission adds the guards' verdict (``admitted``).
+    """
+
     node: str
     faults: tuple[Fault, ...]
     decisive: Fault | None
     playbook: str
     mode: Mode
     steps: tuple[str, ...]
-    slurm_action: str
+    slurm_action: SlurmAction
     reasons: tuple[str, ...]
-
-    @property
-    def acts(self) -> bool:
-        """Whether any step would change a far side (before the mode is applied)."""
-        return any(step in MUTATING for step in self.steps)
+    #: Whether any step would change a far side (before the mode is applied).
+    acts: bool = False
+    guards: tuple[Decision, ...] = ()
+    guards_enforced: bool = False
+    allowed: bool = True
 
     @property
     def runs_mutating_steps(self) -> bool:
         return self.acts and self.mode is not Mode.OBSERVE
+
+    @property
+    def summary(self) -> str:
+        """The decisive fault in a few words (``XID 79 gpu3``): Slurm reasons and titles use it."""
+        return self.decisive.short if self.decisive is not None else self.playbook
+
+    def admitted(self, decisions: tuple[Decision, ...], allowed: bool) -> Plan:
+        """This plan with the guards' verdict; guards bind only a plan that would change something."""
+        enforced = self.runs_mutating_steps
+        return replace(self, guards=decisions, guards_enforced=enforced, allowed=allowed or not enforced)
 
 
 def choose_decisive(faults: Sequence[Fault]) -> Fault | None:
@@ -64,6 +91,7 @@ def plan(
     policy: Policy,
     playbooks: PlaybookSet,
     now: datetime,
+    vocabulary: Vocabulary,
 ) -> Plan:
     reasons: list[str] = []
     ordered = tuple(sorted(faults, key=lambda f: (-severity(f.playbook), f.key)))
@@ -89,7 +117,8 @@ def plan(
     mode = policy.mode_for(playbook_name)
     steps = [spec.name for spec in playbook.steps]
 
-    slurm_action = "none"
+    acts = playbook.acts(vocabulary)
+    slurm_action: SlurmAction = "none"
     if "slurm_down" in steps:
         if playbook.slurm_action == "auto":
             slurm_action = "down" if decisive.job_fatal else "drain"
@@ -99,15 +128,22 @@ def plan(
             slurm_action = playbook.slurm_action
             reasons.append(f"Slurm {slurm_action.upper()}: set by playbook {playbook_name}")
 
-    if playbook_name in HANDS_OFF or not playbook.acts:
+    if playbook_name in HANDS_OFF or not acts:
         reasons.append(f"{playbook_name} never changes the node")
     elif mode is Mode.OBSERVE:
-        skipped = ", ".join(s for s in steps if s in MUTATING)
+        skipped = ", ".join(s for s in steps if s in vocabulary and vocabulary[s].mutating)
         reasons.append(f"mode observe: {skipped} are recorded as would-run and not executed")
     elif mode is Mode.APPROVE:
-        first = next((i for i, spec in enumerate(playbook.steps) if spec.needs_approval), None)
+        first = next(
+            (
+                i
+                for i, spec in enumerate(playbook.steps)
+                if spec.step in vocabulary and spec.needs_approval(vocabulary[spec.step])
+            ),
+            None,
+        )
         if first is not None:
-            steps.insert(first, "approve")
+            steps.insert(first, APPROVE)
             approvers = (
                 ", ".join(policy.approvals.approvers) or "nobody is configured: set approvals.approvers"
             )
@@ -127,6 +163,7 @@ def plan(
         steps=tuple(steps),
         slurm_action=slurm_action,
         reasons=tuple(reasons),
+        acts=acts,
     )
 
 

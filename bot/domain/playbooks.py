@@ -1,66 +1,56 @@
 """Playbooks as data: ordered steps from one shared vocabulary, each with its budget.
 
 Shipped defaults live in ``bot/data/playbooks.yaml``; operators override or add playbooks in
-their configuration. The ``approve`` step is never written in a playbook: the planner
+their configuration. Step names, flags and default budgets come from the engine's step
+registry, passed in as a ``Vocabulary``: this module knows the shape of a playbook, not the
+steps. The ``approve`` step is never written in a playbook: the planner
 inserts it before the first step that needs approval when the mode asks for approvals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bot.domain.durations import Duration
 
-StepName = Literal[
-    "notify",
-    "approve",
-    "slurm_down",
-    "cordon",
-    "drain",
-    "reset_gpu",
-    "reboot",
-    "replace",
-    "wait_ready",
-    "slurm_resume",
-    "confirm_resumed",
-    "close",
-]
-STEP_NAMES: tuple[str, ...] = StepName.__args__  # type: ignore[attr-defined]
 
-#: Steps that change a far side; observe mode records them and skips them.
-MUTATING = frozenset({"slurm_down", "cordon", "drain", "reset_gpu", "reboot", "replace", "slurm_resume"})
-#: Mutating steps that take something away (counted, audited, never run twice).
-DESTRUCTIVE = frozenset({"slurm_down", "cordon", "drain", "reset_gpu", "reboot", "replace"})
-#: What rollback can undo, and how. Other completed steps are reported as irreversible.
-REVERSIBLE = {
-    "slurm_down": "RESUME the Slurm node if its reason is still pitcrew's",
-    "cordon": "uncordon and untaint the node if it still carries pitcrew's annotation",
-    "replace": "cancel the replacement if it has not started",
-}
-IRREVERSIBLE = {
-    "drain": "evicted pods are not brought back; they reschedule once the node is uncordoned",
-    "reset_gpu": "a GPU reset cannot be undone",
-    "reboot": "a reboot cannot be undone",
-}
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How long one attempt of a step may take, and how many attempts it gets."""
 
-_DEFAULT_BUDGET: dict[str, tuple[float, int]] = {
-    # step: (timeout seconds, attempts)
-    "notify": (30, 5),
-    "approve": (1800, 1),
-    "slurm_down": (60, 5),
-    "cordon": (60, 5),
-    "drain": (900, 50),
-    "reset_gpu": (600, 3),
-    "reboot": (1200, 3),
-    "replace": (300, 5),
-    "wait_ready": (2700, 1),
-    "slurm_resume": (120, 5),
-    "confirm_resumed": (1200, 1),
-    "close": (30, 5),
-}
+    timeout: timedelta
+    attempts: int
+
+
+class StepTraits(Protocol):
+    """What playbook validation and the planner know of a step. The engine's step registry
+    (``bot.engine.registry``) is the one vocabulary; the domain reads it through this view."""
+
+    @property
+    def mutating(self) -> bool: ...
+
+    @property
+    def destructive(self) -> bool: ...
+
+    @property
+    def budget(self) -> Budget: ...
+
+    @property
+    def needs(self) -> tuple[str, ...]: ...
+
+
+#: Step name → its traits: the step vocabulary as the domain sees it.
+Vocabulary = Mapping[str, StepTraits]
+
+#: Inserted by the planner in approve mode; never written in a playbook.
+APPROVE = "approve"
+#: Every playbook ends with it.
+CLOSE = "close"
 
 
 class StepSpec(BaseModel):
@@ -68,7 +58,7 @@ class StepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    step: StepName
+    step: str = Field(min_length=1, max_length=64)
     timeout: Duration | None = None
     attempts: int | None = Field(default=None, ge=1, le=1000)
     approval: bool | None = Field(
@@ -85,14 +75,12 @@ class StepSpec(BaseModel):
     def name(self) -> str:
         return self.step
 
-    @property
-    def needs_approval(self) -> bool:
-        return self.approval if self.approval is not None else self.step in DESTRUCTIVE
+    def needs_approval(self, traits: StepTraits) -> bool:
+        return self.approval if self.approval is not None else traits.destructive
 
-    @property
-    def budget(self) -> tuple[timedelta, int]:
-        seconds, attempts = _DEFAULT_BUDGET[self.step]
-        return (self.timeout or timedelta(seconds=seconds), self.attempts or attempts)
+    def budget(self, traits: StepTraits) -> Budget:
+        """This playbook's budget for the step, the step's default where the playbook sets none."""
+        return Budget(self.timeout or traits.budget.timeout, self.attempts or traits.budget.attempts)
 
 
 class Playbook(BaseModel):
@@ -108,15 +96,28 @@ class Playbook(BaseModel):
     @classmethod
     def _valid_order(cls, steps: tuple[StepSpec, ...]) -> tuple[StepSpec, ...]:
         names = [s.step for s in steps]
-        if "approve" in names:
+        if APPROVE in names:
             raise ValueError("'approve' is inserted by the planner from the mode; do not list it")
         if len(set(names)) != len(names):
             raise ValueError(f"a step appears twice: {names}")
-        if not names or names[-1] != "close":
+        if not names or names[-1] != CLOSE:
             raise ValueError("a playbook ends with 'close'")
-        if "slurm_resume" in names and "slurm_down" not in names:
-            raise ValueError("'slurm_resume' without 'slurm_down' would resume a node pitcrew never took")
         return steps
+
+    def problems(self, vocabulary: Vocabulary) -> list[str]:
+        """What the step vocabulary says is wrong with this playbook (unknown steps, missing prerequisites)."""
+        names = [s.step for s in self.steps]
+        found = []
+        for index, name in enumerate(names):
+            traits = vocabulary.get(name)
+            if traits is None:
+                known = ", ".join(sorted(n for n in vocabulary if n != APPROVE))
+                found.append(f"unknown step {name!r} (steps: {known})")
+                continue
+            for needed in traits.needs:
+                if needed not in names[:index]:
+                    found.append(f"{name!r} needs {needed!r} before it")
+        return found
 
     def spec(self, step: str) -> StepSpec:
         for spec in self.steps:
@@ -124,9 +125,9 @@ class Playbook(BaseModel):
                 return spec
         return StepSpec.model_validate({"step": step})
 
-    @property
-    def acts(self) -> bool:
-        return any(s.step in MUTATING for s in self.steps)
+    def acts(self, vocabulary: Vocabulary) -> bool:
+        """Whether any step changes a far side."""
+        return any(vocabulary[s.step].mutating for s in self.steps if s.step in vocabulary)
 
 
 class PlaybookSet(BaseModel):
@@ -137,6 +138,13 @@ class PlaybookSet(BaseModel):
 
     def merged(self, overrides: dict[str, Playbook]) -> PlaybookSet:
         return self.model_copy(update={"playbooks": {**self.playbooks, **overrides}})
+
+    def problems(self, vocabulary: Vocabulary) -> list[str]:
+        return [
+            f"playbooks.{name}: {problem}"
+            for name, playbook in sorted(self.playbooks.items())
+            for problem in playbook.problems(vocabulary)
+        ]
 
     def get(self, name: str) -> Playbook:
         try:

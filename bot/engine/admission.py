@@ -14,48 +14,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from bot.config import Config
 from bot.domain import guards, planner
 from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Verdict, World
 from bot.domain.incident import State
-from bot.domain.policy import Mode
+from bot.domain.policy import Mode, Policy
 from bot.engine.context import Ports
+from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
-from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, Notice
+from bot.engine.rollback import ROLLBACK
 from bot.store.base import IncidentRecord, NewEvent, Store
 
 log = logging.getLogger(__name__)
 BREAKER = "breaker"
-#: The pseudo-step recording a rollback request: an incident that has it is being undone.
-ROLLBACK = "rollback"
 PAUSE = "pause"
-
-
-def plan_document(plan: planner.Plan, verdict: Verdict, enforced: bool) -> dict[str, Any]:
-    decisive = plan.decisive
-    summary = ""
-    if decisive is not None:
-        summary = f"XID {decisive.xid}" if decisive.xid is not None else decisive.kind
-        summary += f" gpu{decisive.gpu}" if decisive.gpu else ""
-    return {
-        "node": plan.node,
-        "playbook": plan.playbook,
-        "mode": plan.mode.value,
-        "steps": list(plan.steps),
-        "slurm_action": plan.slurm_action,
-        "acts": plan.acts,
-        "reasons": list(plan.reasons),
-        "decisive": {"key": decisive.key, "summary": summary} if decisive else None,
-        "faults": [
-            {"key": f.key, "xid": f.xid, "gpu": f.gpu, "playbook": f.playbook, "describe": f.describe()}
-            for f in plan.faults
-        ],
-        "guards": [{"guard": d.guard, "ok": d.ok, "words": d.words} for d in verdict.decisions],
-        "guards_enforced": enforced,
-        "allowed": verdict.allowed or not enforced,
-    }
 
 
 async def breaker_state(store: Store) -> BreakerState:
@@ -92,7 +65,9 @@ class NodeFacts:
     fleet_size: int | None = None
 
 
-async def node_facts(cluster: Cluster, node: str) -> NodeFacts:
+async def node_facts(cluster: Cluster | None, node: str) -> NodeFacts:
+    if cluster is None:
+        return NodeFacts()
     try:
         found = await cluster.node(node)
         return NodeFacts(dict(found.labels) if found is not None else {}, await cluster.count_nodes() or None)
@@ -101,10 +76,9 @@ async def node_facts(cluster: Cluster, node: str) -> NodeFacts:
 
 
 async def build_world(
-    config: Config, store: Store, incident: IncidentRecord, now: datetime, facts: NodeFacts | None
+    policy: Policy, store: Store, incident: IncidentRecord, now: datetime, facts: NodeFacts | None
 ) -> World:
     """Everything the guards look at: the store's switches and history, and the cluster facts."""
-    policy = config.policy
     history_since = now - max(policy.escalation.window, policy.node.attempt_window)
     pause = await store.switch(PAUSE)
     return World(
@@ -122,19 +96,29 @@ async def build_world(
 
 
 class Admission:
-    def __init__(
-        self, config: Config, store: Store, ports: Ports, metrics: Metrics, clock: Callable[[], datetime]
-    ) -> None:
-        self._config = config
-        self._store = store
-        self._ports = ports
-        self._metrics = metrics
-        self._clock = clock
+    def __init__(self, deps: EngineDeps) -> None:
+        self._deps = deps
+        self._policy = deps.policy
+        self._store = deps.store
+        self._ports = deps.ports
+        self._metrics = deps.metrics
+        self._clock = deps.clock
         self._lock = asyncio.Lock()
 
     async def world(self, incident: IncidentRecord, now: datetime, facts: NodeFacts | None = None) -> World:
         facts = facts or await node_facts(self._ports.cluster, incident.node)
-        return await build_world(self._config, self._store, incident, now, facts)
+        return await build_world(self._policy, self._store, incident, now, facts)
+
+    def _plan(self, incident: IncidentRecord, world: World, now: datetime) -> planner.Plan:
+        return planner.plan(
+            incident.node,
+            incident.faults,
+            world.history,
+            self._policy,
+            self._deps.playbooks,
+            now,
+            self._deps.registry,
+        )
 
     async def admit(self, incident: IncidentRecord) -> IncidentRecord:
         """Plan, guard, persist; returns the incident in its new state."""
@@ -142,17 +126,10 @@ class Admission:
         async with self._lock:
             now = self._clock()
             world = await self.world(incident, now, facts)
-            plan = planner.plan(
-                incident.node,
-                incident.faults,
-                world.history,
-                self._config.policy,
-                self._config.playbooks,
-                now,
-            )
-            verdict = guards.evaluate(plan, world, self._config.policy, now)
-            enforced = plan.runs_mutating_steps
-            document = plan_document(plan, verdict, enforced)
+            planned = self._plan(incident, world, now)
+            verdict = guards.evaluate(planned, world, self._policy, now)
+            plan = verdict.admit(planned)
+            enforced = plan.guards_enforced
             events = [
                 NewEvent(
                     "planned",
@@ -161,12 +138,15 @@ class Admission:
                 ),
                 NewEvent(
                     "guards",
-                    outcome="allowed" if document["allowed"] else "blocked",
+                    outcome="allowed" if plan.allowed else "blocked",
                     detail=verdict.summary(),
-                    data={"decisions": document["guards"], "enforced": enforced},
+                    data={
+                        "decisions": [{"guard": d.guard, "ok": d.ok, "words": d.words} for d in plan.guards],
+                        "enforced": enforced,
+                    },
                 ),
             ]
-            await self._store.save_plan(incident.id, document, plan.playbook, plan.mode.value, events, now)
+            await self._store.save_plan(incident.id, plan, events, now)
             if enforced and verdict.trip_breaker:
                 await self._trip(verdict.trip_breaker, incident, now)
             if enforced and not verdict.allowed:
@@ -235,9 +215,7 @@ class Admission:
         """A new fault arrived on an incident already under way: escalate if it is more severe."""
         now = self._clock()
         world = await self.world(incident, now)
-        fresh = planner.plan(
-            incident.node, incident.faults, world.history, self._config.policy, self._config.playbooks, now
-        )
+        fresh = self._plan(incident, world, now)
         current = incident.playbook or "ignore"
         if severity(fresh.playbook) <= severity(current):
             await self._store.ack_faults(incident.id)
@@ -247,9 +225,9 @@ class Admission:
                 now,
             )
             return
-        verdict = guards.evaluate(fresh, world, self._config.policy, now)
-        document = plan_document(fresh, verdict, fresh.runs_mutating_steps)
-        if fresh.runs_mutating_steps and not verdict.allowed:
+        verdict = guards.evaluate(fresh, world, self._policy, now)
+        fresh = verdict.admit(fresh)
+        if not fresh.allowed:
             await self._store.ack_faults(incident.id)
             await self._store.record(
                 incident.id,
@@ -281,9 +259,7 @@ class Admission:
         index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
         await self._store.save_plan(
             incident.id,
-            document,
-            fresh.playbook,
-            fresh.mode.value,
+            fresh,
             [
                 NewEvent(
                     "replanned",

@@ -2,23 +2,30 @@
 
 A step is a reconcile function (as in kopf): it reads the far side, acts only if the far
 side is not yet as wanted, verifies, and answers ``Done`` or ``Wait`` ("not yet, ask me
-again in a while"). It writes its intent with ``ctx.intend`` *before* any destructive call,
-so a step resumed after a crash knows what it may already have done.
+again in a while"). Its progress is one frozen record of the step's own result type; it
+saves the record with ``ctx.save`` *before* any destructive call, so a step resumed after a
+crash knows what it may already have done. Steps read each other's results through
+``ctx.result(SomeResult)``, typed, never by string keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from bot.config import Config
-from bot.domain.jobs import pitcrew_reason
+from bot.config import ResumptionSettings
+from bot.domain.ownership import slurm_reason
+from bot.domain.planner import Plan
 from bot.domain.playbooks import StepSpec
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Notice, Notifier, Scheduler
-from bot.store.base import IncidentRecord, NewEvent, StepRecord, Store
+from bot.store import codec
+from bot.store.base import IncidentRecord, Json, NewEvent, Store
+
+if TYPE_CHECKING:
+    from bot.engine.registry import StepRegistry
 
 SlurmNames = Callable[[str], Awaitable[Sequence[str]]]
 
@@ -29,18 +36,36 @@ async def identity_names(node: str) -> Sequence[str]:
 
 @dataclass
 class Ports:
-    """The far sides, injected by the composition root."""
+    """The far sides, injected by the composition root. ``cluster`` is ``None`` on Slurm-only sites."""
 
     scheduler: Scheduler
-    cluster: Cluster
+    cluster: Cluster | None
     notifier: Notifier
     query: MetricsQuery | None = None
     slurm_names: SlurmNames = identity_names
 
 
 @dataclass(frozen=True, slots=True)
-class Done:
-    result: Mapping[str, Any] = field(default_factory=dict)
+class StepSettings:
+    """The slice of the configuration steps read."""
+
+    poll_interval: float = 2.0
+    resumption: ResumptionSettings = field(default_factory=ResumptionSettings)
+    slinky: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Base of every step's result record (a frozen dataclass with defaults: progress and outcome)."""
+
+
+R = TypeVar("R", bound=StepResult)
+S = TypeVar("S", bound=StepResult)
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[R]):
+    result: R
     detail: str = ""
 
 
@@ -52,54 +77,104 @@ class Wait:
     detail: str
 
 
-@dataclass
-class StepContext:
-    incident: IncidentRecord
-    plan: Mapping[str, Any]
-    spec: StepSpec
+@dataclass(frozen=True)
+class StepDeps:
+    """Everything a step may use besides its incident: ports, store, settings, metrics, clock."""
+
     ports: Ports
     store: Store
-    config: Config
+    settings: StepSettings
     metrics: Metrics
     clock: Callable[[], datetime]
-    steps: Mapping[str, StepRecord]
-    progress: dict[str, Any] = field(default_factory=dict)
+    registry: StepRegistry
+
+
+class Facts:
+    """Typed reads of the results other steps stored for one incident."""
+
+    def __init__(self, deps: StepDeps, incident_id: str) -> None:
+        self._deps = deps
+        self._incident_id = incident_id
+
+    async def result(self, kind: type[S]) -> S | None:
+        """The stored result of the step whose record type is ``kind`` (fresh from the store)."""
+        name = self._deps.registry.step_of(kind)
+        record = (await self._deps.store.steps_of(self._incident_id)).get(name)
+        if record is None or record.status == "superseded":
+            return None
+        return codec.decode_record(kind, record.result)
+
+
+@dataclass
+class StepContext(Generic[R]):
+    incident: IncidentRecord
+    plan: Plan
+    spec: StepSpec
+    deps: StepDeps
+    progress: R
 
     @property
     def step(self) -> str:
-        return self.spec.name
+        return self.spec.step
 
     @property
     def node(self) -> str:
         return self.incident.node
 
-    def result_of(self, step: str) -> Mapping[str, Any]:
-        record = self.steps.get(step)
-        return record.result if record is not None else {}
+    @property
+    def ports(self) -> Ports:
+        return self.deps.ports
 
-    def done(self, step: str) -> bool:
-        record = self.steps.get(step)
-        return record is not None and record.status == "ok"
+    @property
+    def settings(self) -> StepSettings:
+        return self.deps.settings
 
-    async def intend(self, **progress: Any) -> None:
-        """Persist intent (or facts learned) before acting on them."""
-        self.progress.update(progress)
-        await self.store.step_progress(self.incident.id, self.step, progress, self.clock())
+    @property
+    def poll(self) -> float:
+        return self.deps.settings.poll_interval
 
-    async def note(self, kind: str, detail: str, **data: Any) -> None:
-        await self.store.record(
-            self.incident.id, NewEvent(kind, step=self.step, detail=detail, data=data), self.clock()
+    def clock(self) -> datetime:
+        return self.deps.clock()
+
+    async def result(self, kind: type[S]) -> S | None:
+        return await Facts(self.deps, self.incident.id).result(kind)
+
+    async def save(self, progress: R) -> None:
+        """Persist progress (intent, or facts learned) before acting on it."""
+        self.progress = progress
+        await self.deps.store.step_progress(
+            self.incident.id, self.step, codec.encode_record(progress), self.deps.clock()
         )
 
-    async def acted(self, action: str, detail: str, **data: Any) -> None:
+    async def note(self, kind: str, detail: str, **data: Json) -> None:
+        await self.deps.store.record(
+            self.incident.id, NewEvent(kind, step=self.step, detail=detail, data=data), self.deps.clock()
+        )
+
+    async def acted(self, action: str, detail: str, **data: Json) -> None:
         """Audit and count one change made to a far side."""
-        self.metrics.actions.labels(action).inc()
+        self.deps.metrics.actions.labels(action).inc()
         await self.note("action", detail, action=action, **data)
 
     async def tell(self, notice: Notice) -> str | None:
-        return await self.ports.notifier.post(notice)
+        return await self.deps.ports.notifier.post(notice)
 
     def reason(self) -> str:
-        """The Slurm reason pitcrew sets: ``pitcrew: <incident> <fault>``, one bounded line."""
-        decisive = self.plan.get("decisive") or {}
-        return pitcrew_reason(self.incident.id, decisive.get("summary") or self.incident.playbook or "fault")
+        """The Slurm reason pitcrew sets for this incident (``bot.domain.ownership``)."""
+        return slurm_reason(self.incident.id, self.plan.summary)
+
+
+@dataclass(frozen=True)
+class UndoContext:
+    """What an undo sees: the incident, the far sides, and who asked."""
+
+    incident: IncidentRecord
+    deps: StepDeps
+    actor: str
+
+    @property
+    def node(self) -> str:
+        return self.incident.node
+
+    def count(self, action: Literal["uncordon", "slurm_resume", "cancel_replacement"]) -> None:
+        self.deps.metrics.actions.labels(action).inc()

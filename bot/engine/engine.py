@@ -13,43 +13,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from datetime import datetime
 
-from bot.config import Config
 from bot.domain.incident import State
-from bot.engine.admission import PAUSE, ROLLBACK, Admission
-from bot.engine.context import Ports
+from bot.engine.admission import PAUSE, Admission
+from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
-from bot.engine.metrics import Metrics
+from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.store import codec
+from bot.store.base import IncidentRecord, NewEvent
 
 log = logging.getLogger(__name__)
 _SCAN_BEAT = 0.02
 
 
 class Engine:
-    def __init__(
-        self, config: Config, store: Store, ports: Ports, metrics: Metrics, clock: Callable[[], datetime]
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.ports = ports
-        self.metrics = metrics
-        self.clock = clock
-        self.admission = Admission(config, store, ports, metrics, clock)
-        self._slots = asyncio.Semaphore(config.settings.engine.workers)
-        self.executor = Executor(config, store, ports, metrics, clock, self._slots)
-        self.signals = Signals()
-        self.flow = IncidentFlow(
-            config, store, ports, metrics, clock, self.admission, self.executor, self.signals
-        )
+    def __init__(self, deps: EngineDeps) -> None:
+        self.deps = deps
+        self.store = deps.store
+        self.metrics = deps.metrics
+        self.clock = deps.clock
+        self.admission = Admission(deps)
+        self._slots = asyncio.Semaphore(deps.settings.workers)
+        self.executor = Executor(deps, self._slots)
+        self.signals = Signals(deps.timer)
+        self.flow = IncidentFlow(deps, self.admission, self.executor, self.signals)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._rolling_back: set[str] = set()  # rolled back by a command right now: no worker
         self._wake = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
+        for step in deps.registry:  # every step's series exists from the start (0, not absent)
+            for outcome in ("ok", "failed", "skipped"):
+                self.metrics.steps.labels(step, outcome)
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -83,23 +79,22 @@ class Engine:
         return self._main is not None and not self._main.done()
 
     async def idle(self) -> None:
-        """Wait until every incident task has finished or is waiting (used by tests and demos)."""
+        """Wait until every incident task has finished (used by tests and demos)."""
         while pending := [t for t in self._tasks.values() if not t.done()]:
             await asyncio.wait(pending)
 
     # ---------------------------------------------------------------- supervisor
     async def _supervise(self) -> None:
-        interval = self.config.settings.engine.poll_interval.total_seconds()
+        interval = self.deps.settings.poll_interval.total_seconds()
         while True:
             self._wake.clear()
             try:
                 await self._scan()
             except Exception:  # the supervisor must outlive a bad scan
                 log.exception("engine scan failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            await self.deps.timer.wait(self._wake, interval)
             # A burst of deliveries wakes us many times: one scan per short beat is enough.
-            await asyncio.sleep(_SCAN_BEAT)
+            await self.deps.timer.sleep(_SCAN_BEAT)
 
     async def _scan(self) -> None:
         active = await self.store.active()
@@ -131,9 +126,7 @@ class Engine:
             log.exception(
                 "incident worker crashed; the supervisor will restart it", extra={"incident": incident_id}
             )
-            await asyncio.sleep(self.config.settings.engine.poll_interval.total_seconds())
-
-    # ------------------------------------------------------------- one incident
+            await self.deps.timer.sleep(self.deps.settings.poll_interval.total_seconds())
 
     # ----------------------------------------------------------------- rollback
     async def request_rollback(self, incident: IncidentRecord, actor: str) -> None:
@@ -146,7 +139,7 @@ class Engine:
                 ROLLBACK,
                 "running",
                 now,
-                result={"actor": actor},
+                result=codec.encode_record(RollbackRecord(actor)),
                 event=NewEvent("rollback_requested", actor=actor),
             )
             task = self._tasks.pop(incident.id, None)

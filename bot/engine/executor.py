@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -25,15 +24,15 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from bot.config import Config
-from bot.domain.playbooks import MUTATING, PlaybookSet
-from bot.engine.context import Done, Ports, StepContext, Wait
+from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
+from bot.engine.deps import EngineDeps
 from bot.engine.errors import PermanentError, TransientError
-from bot.engine.metrics import Metrics
-from bot.engine.steps import HANDLERS, OBSERVE_RUNS, WOULD
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.engine.registry import Handler, StepDef
+from bot.store import codec
+from bot.store.base import IncidentRecord, JsonObject, NewEvent
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=StepResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,77 +50,74 @@ class StepFailed(Exception):
 
 
 class Executor:
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        ports: Ports,
-        metrics: Metrics,
-        clock: Callable[[], datetime],
-        slots: asyncio.Semaphore,
-        sleep: Callable[[float], Any] = asyncio.sleep,
-    ) -> None:
-        self._config = config
-        self._store = store
-        self._ports = ports
-        self._metrics = metrics
-        self._clock = clock
+    def __init__(self, deps: EngineDeps, slots: asyncio.Semaphore) -> None:
+        self._deps = deps
+        self._store = deps.store
+        self._metrics = deps.metrics
+        self._clock = deps.clock
         self._slots = slots
-        self._sleep = sleep
+        self._step_deps = deps.step_deps()
 
     @property
-    def playbooks(self) -> PlaybookSet:
-        return self._config.playbooks
+    def step_deps(self) -> StepDeps:
+        return self._step_deps
 
     async def run(self, incident: IncidentRecord, step: str) -> StepOutcome:
-        plan = incident.plan or {}
+        definition: StepDef[StepResult] = self._deps.registry[step]
+        return await self._run(incident, definition)
+
+    async def _run(self, incident: IncidentRecord, definition: StepDef[R]) -> StepOutcome:
+        step = definition.name
+        plan = incident.plan
+        assert plan is not None, "a step runs only for a planned incident"
         records = await self._store.steps_of(incident.id)
         record = records.get(step)
         if record is not None and record.status == "superseded":
             record = None  # a new plan runs this step afresh
         if record is not None and record.status in {"ok", "skipped"}:
             return StepOutcome("ok", "already done")  # resumed between "finished" and "advanced"
-        if step not in OBSERVE_RUNS and plan.get("mode") == "observe":
-            would = WOULD[step].format(action=str(plan.get("slurm_action", "down")).upper())
-            await self._store.step_finished(
-                incident.id,
-                step,
-                "skipped",
-                self._clock(),
-                result={"would": would},
-                event=NewEvent(
-                    "step_skipped", step=step, outcome="skipped", detail=f"observe mode: would {would}"
-                ),
-            )
-            self._metrics.steps.labels(step, "skipped").inc()
-            return StepOutcome("ok", "skipped (observe)")
+        if plan.mode.value == "observe" and not definition.in_observe:
+            would = definition.would.format(action=plan.slurm_action.upper())
+            return await self._skip(incident.id, step, {"would": would}, f"observe mode: would {would}")
+        if definition.needs_cluster and self._deps.ports.cluster is None:
+            why = "no Kubernetes cluster (integrations.cluster: none)"
+            return await self._skip(incident.id, step, {"not_applicable": why}, f"not applicable: {why}")
 
-        spec = self.playbooks.get(incident.playbook or "ignore").spec(step)
-        timeout, attempts = spec.budget
-        ctx = StepContext(
-            incident=incident,
-            plan=plan,
-            spec=spec,
-            ports=self._ports,
-            store=self._store,
-            config=self._config,
-            metrics=self._metrics,
-            clock=self._clock,
-            steps=records,
-            progress=dict(record.result) if record is not None else {},
+        spec = self._deps.playbooks.get(incident.playbook or "ignore").spec(step)
+        budget = spec.budget(definition)
+        progress = (
+            codec.decode_record(definition.result, record.result)
+            if record is not None
+            else definition.result()
         )
+        ctx = StepContext(incident=incident, plan=plan, spec=spec, deps=self._step_deps, progress=progress)
         started_at = record.started_at if record is not None and record.started_at else self._clock()
-        deadline = started_at + timeout
+        deadline = started_at + budget.timeout
         used = record.attempts if record is not None else 0
         began = time.monotonic()
         try:
-            done = await self._until_done(ctx, deadline, used, attempts)
+            done = await self._until_done(ctx, definition, deadline, used, budget.attempts)
         except StepFailed as failure:
-            return await self._finished(incident.id, step, "failed", ctx.progress, str(failure), began)
-        return await self._finished(incident.id, step, "ok", done.result, done.detail, began)
+            result = codec.encode_record(ctx.progress)
+            return await self._finished(incident.id, step, "failed", result, str(failure), began)
+        return await self._finished(
+            incident.id, step, "ok", codec.encode_record(done.result), done.detail, began
+        )
+
+    async def _skip(self, incident_id: str, step: str, result: JsonObject, detail: str) -> StepOutcome:
+        await self._store.step_finished(
+            incident_id,
+            step,
+            "skipped",
+            self._clock(),
+            result=result,
+            event=NewEvent("step_skipped", step=step, outcome="skipped", detail=detail),
+        )
+        self._metrics.steps.labels(step, "skipped").inc()
+        return StepOutcome("ok", detail)
 
     async def _finished(
-        self, incident_id: str, step: str, status: str, result: Mapping[str, Any], detail: str, began: float
+        self, incident_id: str, step: str, status: str, result: JsonObject, detail: str, began: float
     ) -> StepOutcome:
         """Record the step's end (outcome, result, duration) in the store and the metrics."""
         await self._store.step_finished(
@@ -136,8 +132,9 @@ class Executor:
         self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
         return StepOutcome(status, detail)
 
-    async def _until_done(self, ctx: StepContext, deadline: datetime, used: int, attempts: int) -> Done:
-        handler = HANDLERS[ctx.step]
+    async def _until_done(
+        self, ctx: StepContext[R], definition: StepDef[R], deadline: datetime, used: int, attempts: int
+    ) -> Done[R]:
         last_wait = ""
         fresh = True  # polls after a Wait continue the same attempt; a restart starts a new one
         while True:
@@ -146,25 +143,32 @@ class Executor:
                 raise StepFailed(
                     f"{ctx.step} did not finish within its budget: {last_wait or 'timed out'}", "timeout"
                 )
-            answer, used = await self._attempts(ctx, handler, used, attempts, deadline, fresh)
+            answer, used = await self._attempts(ctx, definition, used, attempts, deadline, fresh)
             fresh = False
             if isinstance(answer, Done):
                 return answer
             if answer.detail != last_wait:
                 await ctx.note("step_waiting", answer.detail)
                 last_wait = answer.detail
-            await self._sleep(min(answer.delay, max(remaining, 0.01)))
+            await self._deps.timer.sleep(min(answer.delay, max(remaining, 0.01)))
 
     async def _attempts(
-        self, ctx: StepContext, handler: Any, current: int, attempts: int, deadline: datetime, fresh: bool
-    ) -> tuple[Done | Wait, int]:
+        self,
+        ctx: StepContext[R],
+        definition: StepDef[R],
+        current: int,
+        attempts: int,
+        deadline: datetime,
+        fresh: bool,
+    ) -> tuple[Done[R] | Wait, int]:
         """One invocation of the step, retried on transient errors within the attempt budget.
 
         ``current`` is the attempt in progress (0: never started). A restart of pitcrew resumes
         the same attempt: only a failure of the far side uses up the budget, never a crash of
         pitcrew itself (the step's deadline still bounds a crash loop).
         """
-        settings = self._config.settings.engine
+        settings = self._deps.settings
+        handler: Handler[R] = definition.handler
         counter = {"n": max(current, 1)}
         if counter["n"] > attempts:
             raise StepFailed(f"{ctx.step} used all {attempts} attempts", "attempts")
@@ -183,7 +187,7 @@ class Executor:
             ),
             retry=retry_if_exception_type(TransientError),
             before_sleep=before_sleep,
-            sleep=self._sleep,
+            sleep=self._deps.timer.sleep,
             reraise=True,
         )
         try:
@@ -193,7 +197,7 @@ class Executor:
                         counter["n"] += 1
                     if fresh or attempt.retry_state.attempt_number > 1:
                         await self._store.step_started(
-                            ctx.incident.id, ctx.step, counter["n"], self._clock(), acted=ctx.step in MUTATING
+                            ctx.incident.id, ctx.step, counter["n"], self._clock(), acted=definition.mutating
                         )
                     remaining = max((deadline - self._clock()).total_seconds(), 0.001)
                     async with self._slots:

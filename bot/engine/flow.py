@@ -1,98 +1,119 @@
-"""One incident's way through its playbook: plan, step after step, approvals, close.
+"""One incident's way through its playbook: plan, the node track and the job track, approvals, close.
 
 The engine's supervisor runs one ``IncidentFlow.run`` per active incident. Every decision
 reads the incident back from the store first, so a flow resumed after a crash (or a
 restart) continues exactly where the store says it stopped.
+
+Two tracks. The **node track** is the playbook's steps in order (``cordon → drain →
+replace → wait_ready → slurm_resume``), its cursor the incident's ``step_index``. The
+**job track** (steps the registry puts on ``Track.JOB``: ``confirm_resumed``) starts as
+soon as the steps it needs are done (the Slurm node is out) and runs beside the node track;
+its progress lives in its own step records, so it resumes after a crash like the node
+track does. ``close`` waits for both: the incident ends when both tracks have ended.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Mapping
 from typing import Any
 
-from bot.config import Config
-from bot.domain.incident import STEP_STATE, State, can_move
-from bot.domain.playbooks import DESTRUCTIVE, MUTATING
+from bot.domain.incident import State, can_move
+from bot.domain.planner import Plan
+from bot.domain.playbooks import APPROVE, CLOSE
 from bot.domain.policy import Mode
-from bot.engine.admission import PAUSE, ROLLBACK, Admission, post_safely
-from bot.engine.context import Ports
+from bot.engine.admission import PAUSE, Admission, post_safely
+from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
-from bot.engine.metrics import Metrics
 from bot.engine.ports import Notice
-from bot.engine.rollback import undo
+from bot.engine.registry import Track
+from bot.engine.rollback import ROLLBACK, RollbackRecord, undo
 from bot.engine.signals import Signals
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.store import codec
+from bot.store.base import IncidentRecord, NewEvent, StepRecord
 
 log = logging.getLogger(__name__)
+_ENDED = frozenset({"ok", "skipped", "failed", "undone"})
 
 
 class IncidentFlow:
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        ports: Ports,
-        metrics: Metrics,
-        clock: Callable[[], datetime],
-        admission: Admission,
-        executor: Executor,
-        signals: Signals,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.ports = ports
-        self.metrics = metrics
-        self.clock = clock
+    def __init__(self, deps: EngineDeps, admission: Admission, executor: Executor, signals: Signals) -> None:
+        self.deps = deps
+        self.store = deps.store
+        self.metrics = deps.metrics
+        self.clock = deps.clock
+        self.registry = deps.registry
         self.admission = admission
         self.executor = executor
         self.signals = signals
 
     async def run(self, incident_id: str) -> None:
-        while True:
-            incident = await self.store.incident(incident_id)
-            if incident is None or incident.state.terminal:
-                return
-            steps = await self.store.steps_of(incident_id)
-            if ROLLBACK in steps:
-                await self.finish_rollback(incident, steps[ROLLBACK].result.get("actor", "unknown"))
-                return
-            if incident.state is State.OPEN or incident.plan is None:
-                await self.admission.admit(incident)
-                continue
-            if incident.faults_changed:
-                await self.admission.replan(incident)
-                continue
-            order = list(incident.plan.get("steps", []))
-            hands_off = not (incident.plan.get("acts") and incident.mode != Mode.OBSERVE.value)
-            if incident.step_index >= len(order):
-                if await self._finish(incident, hands_off):
+        job_track: asyncio.Task[None] | None = None
+        try:
+            while True:
+                incident = await self.store.incident(incident_id)
+                if incident is None or incident.state.terminal:
                     return
-                continue
-            step = order[incident.step_index]
-            if step == "close" and hands_off and await self._still_firing(incident):
-                continue
-            if step == "approve":
-                decided = await self._approval(incident)
-                if decided is None:
+                steps = await self.store.steps_of(incident_id)
+                if ROLLBACK in steps:
+                    record = codec.decode_record(RollbackRecord, steps[ROLLBACK].result)
+                    await self.finish_rollback(incident, record.actor)
+                    return
+                if incident.state is State.OPEN or incident.plan is None:
+                    await self.admission.admit(incident)
                     continue
-                if not decided:
-                    return
-            else:
-                if not await self._enter(incident, step):
+                if incident.faults_changed:
+                    await _stop(job_track)  # the new plan restarts it
+                    job_track = None
+                    await self.admission.replan(incident)
                     continue
-                outcome = await self.executor.run(incident, step)
-                if outcome.status == "failed":
-                    await self._escalate(incident, step, outcome.detail)
+                plan = incident.plan
+                if job_track is None or job_track.done():
+                    job_track = self._start_job_track(incident, plan, steps)
+                if await self._node_track(incident, plan, job_track):
                     return
-            await self.store.advance(incident_id, incident.step_index + 1, self.clock())
+        finally:
+            await _stop(job_track)
+
+    # ---------------------------------------------------------------- node track
+    async def _node_track(
+        self, incident: IncidentRecord, plan: Plan, job_track: asyncio.Task[None] | None
+    ) -> bool:
+        """One move of the node track; True when the flow is over."""
+        order = plan.steps
+        hands_off = not (plan.acts and plan.mode is not Mode.OBSERVE)
+        if incident.step_index >= len(order):
+            return await self._finish(incident, hands_off)
+        step = order[incident.step_index]
+        if step == CLOSE:
+            if not await self._job_track_ended(incident, plan, job_track):
+                return False
+            if hands_off and await self._still_firing(incident):
+                return False
+        if step == APPROVE:
+            decided = await self._approval(incident)
+            if decided is None:
+                return False
+            if not decided:
+                return True
+        elif self.registry[step].track is Track.NODE:
+            if not await self._enter(incident, step):
+                return False
+            outcome = await self.executor.run(incident, step)
+            if outcome.status == "failed":
+                await self._escalate(incident, step, outcome.detail)
+                return True
+        await self.store.advance(incident.id, incident.step_index + 1, self.clock())
+        return False
 
     async def _enter(self, incident: IncidentRecord, step: str) -> bool:
         """Move to the state this step runs in; hold mutating steps while paused."""
-        if step in MUTATING and incident.mode == Mode.OBSERVE.value:
+        definition = self.registry[step]
+        if definition.mutating and incident.mode == Mode.OBSERVE.value:
             return True  # recorded as skipped by the executor; the incident does not pretend to run
-        if step in DESTRUCTIVE:
+        if definition.destructive:
             pause = await self.store.switch(PAUSE)
             if pause is not None:
                 await self.store.record(
@@ -102,19 +123,83 @@ class IncidentFlow:
                 )
                 await self.signals.wait(incident.id, None)
                 return False
-        target = STEP_STATE[step]
+        target = definition.state
         if incident.state is not target and can_move(incident.state, target):
             await self.store.transition(
                 incident.id, target, self.clock(), event=NewEvent("state", outcome=target.value)
             )
         return True
 
+    # ----------------------------------------------------------------- job track
+    def _job_steps(self, plan: Plan) -> list[str]:
+        return [s for s in plan.steps if s in self.registry and self.registry[s].track is Track.JOB]
+
+    def _start_job_track(
+        self, incident: IncidentRecord, plan: Plan, steps: Mapping[str, StepRecord]
+    ) -> asyncio.Task[None] | None:
+        pending = [s for s in self._job_steps(plan) if _status(steps, s) not in _ENDED]
+        if not pending:
+            return None
+        needs = {n for s in pending for n in self.registry[s].needs}
+        if not all(_status(steps, n) in {"ok", "skipped"} for n in needs):
+            return None  # the Slurm node is not out yet
+        return asyncio.create_task(self._run_job_track(incident.id, pending), name=f"{incident.id}/job")
+
+    async def _run_job_track(self, incident_id: str, pending: list[str]) -> None:
+        try:
+            await self._job_steps_in_turn(incident_id, pending)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the node track restarts it on its next move
+            log.exception("job track crashed", extra={"incident": incident_id})
+            await self.deps.timer.sleep(self.deps.settings.poll_interval.total_seconds())
+
+    async def _job_steps_in_turn(self, incident_id: str, pending: list[str]) -> None:
+        for step in pending:
+            incident = await self.store.incident(incident_id)
+            if incident is None or incident.state.terminal:
+                return
+            outcome = await self.executor.run(incident, step)
+            if outcome.status == "failed":
+                await self._tell(
+                    incident,
+                    "escalation",
+                    f"{step} failed — the interrupted training job needs a human",
+                    (outcome.detail, "The node track goes on; the incident will end as failed."),
+                    severity="critical",
+                    actions=("rollback",),
+                )
+                break
+        self.signals.signal(incident_id)  # a node track waiting at close looks again
+
+    async def _job_track_ended(
+        self, incident: IncidentRecord, plan: Plan, job_track: asyncio.Task[None] | None
+    ) -> bool:
+        """At ``close``: True once every job-track step has ended; a failed one fails the incident."""
+        steps = await self.store.steps_of(incident.id)
+        job_steps = self._job_steps(plan)
+        open_steps = [s for s in job_steps if _status(steps, s) not in _ENDED]
+        if open_steps:
+            if job_track is None or job_track.done():
+                # Its prerequisites never completed (skipped by a replan?): nothing will run it.
+                log.warning("job track cannot start", extra={"incident": incident.id, "steps": open_steps})
+                return True
+            await self.signals.wait(incident.id, None)
+            return False
+        failed = [s for s in job_steps if _status(steps, s) == "failed"]
+        if failed:
+            await self._close(incident, State.FAILED, f"{failed[0]} failed: the job did not come back")
+            return False
+        return True
+
+    # ----------------------------------------------------------------- waiting
     async def _still_firing(self, incident: IncidentRecord) -> bool:
         """Hands-off and observe incidents stay open while their alerts fire, so repeats attach."""
         alerts = await self.store.alerts_of(incident.id)
         firing = [a for a in alerts if a.status == "firing"]
         age = self.clock() - incident.opened_at
-        if not firing or age >= self.config.settings.engine.watch_max:
+        watch_max = self.deps.settings.watch_max
+        if not firing or age >= watch_max:
             return False
         if "watching" not in (await self.store.steps_of(incident.id)):
             await self.store.step_finished(
@@ -126,12 +211,12 @@ class IncidentFlow:
                     "watching", detail=f"{len(firing)} alert(s) still firing; closes when they resolve"
                 ),
             )
-        await self.signals.wait(incident.id, (self.config.settings.engine.watch_max - age).total_seconds())
+        await self.signals.wait(incident.id, (watch_max - age).total_seconds())
         return True
 
     async def _approval(self, incident: IncidentRecord) -> bool | None:
         """True approved, False stopped (rejected/expired), None still waiting."""
-        policy = self.config.policy.approvals
+        policy = self.deps.policy.approvals
         key = f"approve@{incident.playbook}"
         now = self.clock()
         approval = await self.store.approval(incident.id)
@@ -150,7 +235,7 @@ class IncidentFlow:
                 incident.id,
                 NewEvent(
                     "approval_requested",
-                    step="approve",
+                    step=APPROVE,
                     detail=f"approvers: {', '.join(policy.approvers)}; "
                     f"deadline {approval.deadline.isoformat(timespec='seconds')}",
                 ),
@@ -177,10 +262,12 @@ class IncidentFlow:
         await self.signals.wait(incident.id, (approval.deadline - now).total_seconds())
         return None
 
+    # ------------------------------------------------------------------- ending
     async def _finish(self, incident: IncidentRecord, hands_off: bool) -> bool:
         """Close after the last step — unless a delivery just brought a new fault (replan) or,
         for a hands-off incident, a firing alert (watch again, and close later)."""
-        if incident.plan and incident.plan.get("acts") and incident.mode == Mode.OBSERVE.value:
+        plan = incident.plan
+        if plan is not None and plan.acts and plan.mode is Mode.OBSERVE:
             state, outcome = State.SUPPRESSED, f"observe mode: {incident.playbook} was not run"
         else:
             state, outcome = State.RESOLVED, "resolved"
@@ -191,10 +278,10 @@ class IncidentFlow:
             now = self.clock()
             await self.store.step_finished(
                 incident.id,
-                "close",
+                CLOSE,
                 "superseded",
                 now,
-                event=NewEvent("step_superseded", step="close", detail="alerts fire again"),
+                event=NewEvent("step_superseded", step=CLOSE, detail="alerts fire again"),
             )
             await self.store.advance(incident.id, max(incident.step_index - 1, 0), now)
         return False
@@ -220,7 +307,7 @@ class IncidentFlow:
     ) -> None:
         """A notice about one incident, outside any step: a failing notifier never stops the engine."""
         notice = Notice(incident.id, kind, f"{incident.node}: {title}", lines, node=incident.node, **extra)
-        await post_safely(self.ports, self.store, self.clock, notice)
+        await post_safely(self.deps.ports, self.store, self.clock, notice)
 
     async def _escalate(self, incident: IncidentRecord, step: str, detail: str) -> None:
         self.metrics.steps.labels(step, "escalated").inc()
@@ -240,13 +327,13 @@ class IncidentFlow:
 
     async def finish_rollback(self, incident: IncidentRecord, actor: str) -> None:
         steps = await self.store.steps_of(incident.id)
-        report = await undo(incident, steps, self.ports, self.store, self.metrics, self.clock, actor)
+        report = await undo(incident, steps, self.executor.step_deps, self.registry, actor)
         await self.store.step_finished(
             incident.id,
             ROLLBACK,
             "ok",
             self.clock(),
-            result={"report": report},
+            result=codec.encode_record(RollbackRecord(actor, tuple(report))),
             event=NewEvent("rollback_done", actor=actor, detail="; ".join(report)),
         )
         if can_move(incident.state, State.ROLLED_BACK):
@@ -254,3 +341,15 @@ class IncidentFlow:
         await self._tell(
             incident, "rollback", f"rolled back by {actor}", tuple(report) or ("nothing to undo",)
         )
+
+
+def _status(steps: Mapping[str, StepRecord], step: str) -> str | None:
+    record = steps.get(step)
+    return record.status if record is not None else None
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
-_RECOVERY_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+_RECOVERY_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 
 
 class Metrics:
@@ -72,6 +72,20 @@ class Metrics:
         self.approvals = Counter("pitcrew_approvals", "Approval decisions.", ["outcome"], registry=r)
         self.breaker_open = Gauge("pitcrew_breaker_open", "1 while the circuit breaker is open.", registry=r)
         self.paused = Gauge("pitcrew_paused", "1 while pitcrew is paused.", registry=r)
+        self.time_to_job_running = Histogram(
+            "pitcrew_time_to_job_running_seconds",
+            "From first alert to every interrupted Slurm job running again (the job track), by playbook.",
+            ["playbook"],
+            buckets=_RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.time_to_node_back = Histogram(
+            "pitcrew_time_to_node_back_seconds",
+            "From first alert to the node back in service (the node track), by playbook.",
+            ["playbook"],
+            buckets=_RECOVERY_BUCKETS,
+            registry=r,
+        )
         self.time_to_recovery = Histogram(
             "pitcrew_time_to_recovery_seconds",
             "From first alert to resolved, by playbook.",

@@ -15,6 +15,9 @@ from typing import Protocol, runtime_checkable
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.nodemap import SlurmdPod
+from bot.domain.ownership import OWNER_ANNOTATION as OWNER_ANNOTATION
+from bot.domain.ownership import Taint as Taint
+from bot.domain.ownership import fault_taint
 
 
 @runtime_checkable
@@ -51,13 +54,6 @@ class Scheduler(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-
-
-@dataclass(frozen=True, slots=True)
 class ClusterNode:
     """One Kubernetes node as the engine needs it."""
 
@@ -82,10 +78,8 @@ class PodRef:
         return f"{self.namespace}/{self.name}"
 
 
-#: Annotation carrying the id of the incident that cordoned a node: pitcrew's proof of ownership.
-OWNER_ANNOTATION = "pitcrew.dev/incident"
-#: Taint pitcrew adds when it cordons a node for a GPU fault.
-FAULT_TAINT = Taint(key="pitcrew.dev/gpu-fault", value="true", effect="NoSchedule")
+#: The taint pitcrew adds when it cordons a node (its ownership rules: ``bot.domain.ownership``).
+FAULT_TAINT = fault_taint()
 
 
 @runtime_checkable

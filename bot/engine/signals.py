@@ -1,4 +1,5 @@
-"""Wake-ups for waiting incidents: an approval decided, an alert resolved, a pause lifted.
+"""Wake-ups for waiting incidents (an approval decided, an alert resolved, a pause lifted), and
+the engine's one source of waiting: a ``Timer``, real in production and fake in tests.
 
 Waits end on a signal or after a bounded time, so a missed signal only delays, never
 strands, an incident.
@@ -9,14 +10,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
+from typing import Protocol
 
 #: Waits that a signal ends (approvals, watching, pause) still look again this often.
 RECHECK = 30.0
 
 
+class Timer(Protocol):
+    """How the engine waits: every sleep and every bounded wait goes through one of these."""
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def wait(self, event: asyncio.Event, limit: float) -> bool:
+        """Until ``event`` is set (True) or ``limit`` seconds pass (False)."""
+        ...
+
+
+class RealTimer:
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def wait(self, event: asyncio.Event, limit: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=limit)
+            return True
+        return False
+
+
 class Signals:
-    def __init__(self) -> None:
+    def __init__(self, timer: Timer | None = None) -> None:
         self._events: dict[str, asyncio.Event] = {}
+        self._timer = timer or RealTimer()
 
     def signal(self, incident_id: str) -> None:
         self._events.setdefault(incident_id, asyncio.Event()).set()
@@ -28,8 +52,7 @@ class Signals:
     async def wait(self, incident_id: str, limit: float | None) -> None:
         """Sleep until signalled or ``limit`` seconds pass (at most ``RECHECK``)."""
         event = self._events.setdefault(incident_id, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=max(min(limit or RECHECK, RECHECK), 0.001))
+        await self._timer.wait(event, max(min(limit or RECHECK, RECHECK), 0.001))
         event.clear()
 
     def forget(self, keep: Iterable[str]) -> None:

@@ -11,11 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from bot.domain.faults import Fault
 from bot.domain.incident import State
-from bot.domain.planner import PastIncident
+from bot.domain.planner import PastIncident, Plan
+
+#: A JSON value as stored. Typed records are encoded to and decoded from it by ``bot.store.codec``.
+Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
+JsonObject: TypeAlias = Mapping[str, Json]
 
 
 class StoreUnavailable(RuntimeError):
@@ -72,7 +76,7 @@ class IncidentRecord:
     first_alert_at: datetime | None
     playbook: str | None = None
     mode: str | None = None
-    plan: Mapping[str, Any] | None = None
+    plan: Plan | None = None
     step_index: int = 0
     acted: bool = False
     guarded_at: datetime | None = None
@@ -117,11 +121,12 @@ class Event:
 class StepRecord:
     incident_id: str
     step: str
-    status: str  # running | ok | failed | skipped | undone
+    status: str  # running | ok | failed | skipped | undone | superseded
     attempts: int
     started_at: datetime | None
     ended_at: datetime | None
-    result: Mapping[str, Any] = field(default_factory=dict)
+    #: The step's result record as stored; the engine decodes it with ``codec.decode_record``.
+    result: JsonObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +177,7 @@ class Store(Protocol):
 
     # the engine's writes
     async def save_plan(
-        self,
-        incident_id: str,
-        plan: Mapping[str, Any],
-        playbook: str,
-        mode: str,
-        events: Sequence[NewEvent],
-        now: datetime,
+        self, incident_id: str, plan: Plan, events: Sequence[NewEvent], now: datetime
     ) -> None: ...
     async def transition(
         self,
@@ -202,15 +201,13 @@ class Store(Protocol):
         status: str,
         now: datetime,
         *,
-        result: Mapping[str, Any] | None = None,
+        result: JsonObject | None = None,
         event: NewEvent,
     ) -> None: ...
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]: ...
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None: ...
-    async def step_progress(
-        self, incident_id: str, step: str, progress: Mapping[str, Any], now: datetime
-    ) -> None:
-        """Merge ``progress`` into the step's result *before* acting, so a resumed step knows its intent."""
+    async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:
+        """Store the step's progress record *before* acting, so a resumed step knows its intent."""
         ...
 
     async def ack_faults(self, incident_id: str) -> None: ...

@@ -1,4 +1,12 @@
-"""Row ↔ record conversion for the SQLite store: timestamps, JSON columns, faults."""
+"""Row ↔ record conversion: timestamps, JSON columns, faults — and the one serialisation of
+plans and step results.
+
+Plans and step results are frozen typed records (``bot.domain.planner.Plan``, each step's
+result dataclass). They are written as JSON objects carrying ``"v": RECORD_VERSION`` and read
+back into the same types by pydantic, so the store never hands the engine a bag of string
+keys. Rows written before records were versioned (release 0.1.0, no ``"v"``) are upgraded
+here, on read; nothing else knows old shapes.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +14,115 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter
 
 from bot.domain.faults import Fault
 from bot.domain.incident import State
-from bot.store.base import AlertRecord, ApprovalRecord, Event, IncidentRecord, StepRecord
+from bot.domain.planner import Plan
+from bot.store.base import AlertRecord, ApprovalRecord, Event, IncidentRecord, Json, JsonObject, StepRecord
+
+#: Version of the JSON written for plans and step results; 1 is release 0.1.0 (unmarked).
+RECORD_VERSION = 2
+T = TypeVar("T")
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _adapter(kind: type[T]) -> TypeAdapter[T]:
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        adapter = _ADAPTERS[kind] = TypeAdapter(kind)
+    return adapter
+
+
+def encode_record(record: object) -> dict[str, Json]:
+    """A typed record (plan, step result) as the JSON object the store keeps."""
+    data: dict[str, Json] = _adapter(type(record)).dump_python(record, mode="json")
+    data["v"] = RECORD_VERSION
+    return data
+
+
+def decode_record(kind: type[T], raw: Mapping[str, Any]) -> T:
+    """The typed record of ``kind`` from stored JSON; unknown keys (older or newer fields) are ignored."""
+    record: T = _adapter(kind).validate_python({k: v for k, v in raw.items() if k != "v"})
+    return record
+
+
+def fault_document(fault: Fault) -> dict[str, Json]:
+    """A fault as pitcrew shows it (API, ``pitcrew plan --json``, stored plans): its key, no node."""
+    return {
+        "key": fault.key,
+        "kind": fault.kind,
+        "xid": fault.xid,
+        "gpu": fault.gpu,
+        "bucket": fault.bucket,
+        "class": fault.fault_class,
+        "playbook": fault.playbook,
+        "meaning": fault.meaning,
+        "known": fault.known,
+        "job_fatal": fault.job_fatal,
+        "detail": fault.detail,
+    }
+
+
+def _fault_record(node: str, document: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {k: v for k, v in document.items() if k not in {"key", "class"}}
+    return {**fields, "node": node, "fault_class": document.get("class", "unknown")}
+
+
+def encode_plan(plan: Plan) -> dict[str, Json]:
+    """The plan document: what the store keeps, the API shows and ``pitcrew plan --json`` prints."""
+    data = encode_record(plan)
+    data["faults"] = [fault_document(f) for f in plan.faults]
+    data["decisive"] = fault_document(plan.decisive) if plan.decisive is not None else None
+    return data
+
+
+def decode_plan(raw: Mapping[str, Any]) -> Plan:
+    if raw.get("v") is None:
+        raw = _plan_v1(raw)
+    node = str(raw.get("node", ""))
+    decisive = raw.get("decisive")
+    return decode_record(
+        Plan,
+        {
+            **raw,
+            "faults": [_fault_record(node, f) for f in raw.get("faults", [])],
+            "decisive": _fault_record(node, decisive) if decisive else None,
+        },
+    )
+
+
+def _plan_v1(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """0.1.0 kept fault summaries (key, xid, gpu, playbook, describe) and the decisive fault's key."""
+    faults = [_fault_v1(f) for f in raw.get("faults", [])]
+    decisive_key = (raw.get("decisive") or {}).get("key")
+    decisive = next((f for f in faults if f["key"] == decisive_key), None)
+    return {
+        **{k: v for k, v in raw.items() if k not in {"faults", "decisive"}},
+        "faults": faults,
+        "decisive": decisive,
+    }
+
+
+def _fault_v1(brief: Mapping[str, Any]) -> dict[str, Any]:
+    key = str(brief.get("key", "unknown"))
+    xid = brief.get("xid")
+    return {
+        "key": key,
+        "kind": "xid" if xid is not None else key.split("@", 1)[0],
+        "gpu": brief.get("gpu"),
+        "xid": xid,
+        "bucket": None,
+        "class": "unknown",
+        "playbook": brief.get("playbook", "ask-human"),
+        "job_fatal": False,
+        "meaning": str(brief.get("describe", "")),
+        "known": True,
+    }
 
 
 def ts(value: datetime | None) -> str | None:
@@ -45,7 +157,7 @@ def incident_from(row: Any, faults: tuple[Fault, ...] = ()) -> IncidentRecord:
         first_alert_at=dt(row["first_alert_at"]),
         playbook=row["playbook"],
         mode=row["mode"],
-        plan=json.loads(row["plan_json"]) if row["plan_json"] else None,
+        plan=decode_plan(json.loads(row["plan_json"])) if row["plan_json"] else None,
         step_index=row["step_index"],
         acted=bool(row["acted"]),
         guarded_at=dt(row["guarded_at"]),
@@ -101,8 +213,12 @@ def step_from(row: Any) -> StepRecord:
         attempts=row["attempts"],
         started_at=dt(row["started_at"]),
         ended_at=dt(row["ended_at"]),
-        result=json.loads(row["result_json"]),
+        result=_object(json.loads(row["result_json"])),
     )
+
+
+def _object(value: Json) -> JsonObject:
+    return value if isinstance(value, dict) else {}
 
 
 def approval_from(row: Any) -> ApprovalRecord:

@@ -19,7 +19,7 @@ from typing import Any
 
 from bot.domain.faults import Fault
 from bot.domain.incident import State
-from bot.domain.planner import PastIncident
+from bot.domain.planner import PastIncident, Plan
 from bot.store import codec
 from bot.store.base import (
     AlertRecord,
@@ -28,6 +28,7 @@ from bot.store.base import (
     Event,
     IncidentRecord,
     IngestOutcome,
+    JsonObject,
     NewEvent,
     StepRecord,
     StoreUnavailable,
@@ -213,19 +214,15 @@ class SqliteStore:
         await self._writer.submit(lambda db: insert_events(db, [(incident_id, event)], now))
 
     async def save_plan(
-        self,
-        incident_id: str,
-        plan: Mapping[str, Any],
-        playbook: str,
-        mode: str,
-        events: Sequence[NewEvent],
-        now: datetime,
+        self, incident_id: str, plan: Plan, events: Sequence[NewEvent], now: datetime
     ) -> None:
+        document = codec.dumps(codec.encode_plan(plan))
+
         def unit(db: sqlite3.Connection) -> None:
             db.execute(
                 "UPDATE incidents SET plan_json = ?, playbook = ?, mode = ?, faults_changed = 0, updated_at = ?"
                 " WHERE id = ?",
-                (codec.dumps(dict(plan)), playbook, mode, codec.ts(now), incident_id),
+                (document, plan.playbook, plan.mode.value, codec.ts(now), incident_id),
             )
             insert_events(db, [(incident_id, e) for e in events], now)
 
@@ -319,7 +316,7 @@ class SqliteStore:
         status: str,
         now: datetime,
         *,
-        result: Mapping[str, Any] | None = None,
+        result: JsonObject | None = None,
         event: NewEvent,
     ) -> None:
         stamp = codec.ts(now)
@@ -335,19 +332,15 @@ class SqliteStore:
 
         await self._writer.submit(unit)
 
-    async def step_progress(
-        self, incident_id: str, step: str, progress: Mapping[str, Any], now: datetime
-    ) -> None:
+    async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:
+        document = codec.dumps(dict(progress))
+
         def unit(db: sqlite3.Connection) -> None:
-            row = db.execute(
-                "SELECT result_json FROM steps WHERE incident_id = ? AND step = ?", (incident_id, step)
-            ).fetchone()
-            merged = {**(json.loads(row[0]) if row else {}), **progress}
             db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
                 " VALUES (?, ?, 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
                 " result_json = excluded.result_json",
-                (incident_id, step, codec.ts(now), codec.dumps(merged)),
+                (incident_id, step, codec.ts(now), document),
             )
 
         await self._writer.submit(unit)

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.domain.faults import Fault
+from bot.store import codec
 from bot.store.base import AlertRecord, ApprovalRecord, Event, IncidentRecord, StepRecord
 
 
@@ -15,23 +16,11 @@ def _ts(value: datetime | None) -> str | None:
 
 
 def fault_view(fault: Fault) -> dict[str, Any]:
-    return {
-        "key": fault.key,
-        "kind": fault.kind,
-        "xid": fault.xid,
-        "gpu": fault.gpu,
-        "bucket": fault.bucket,
-        "class": fault.fault_class,
-        "playbook": fault.playbook,
-        "meaning": fault.meaning,
-        "known": fault.known,
-        "job_fatal": fault.job_fatal,
-        "detail": fault.detail,
-    }
+    return dict(codec.fault_document(fault))
 
 
 def incident_view(incident: IncidentRecord) -> dict[str, Any]:
-    plan = incident.plan or {}
+    plan = codec.encode_plan(incident.plan) if incident.plan is not None else {}
     return {
         "id": incident.id,
         "node": incident.node,

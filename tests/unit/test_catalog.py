@@ -16,8 +16,10 @@ from bot.domain.catalog import Catalog, Override
 from bot.domain.faults import classify
 from bot.domain.labels import Subject
 from bot.domain.planner import plan
-from bot.domain.playbooks import MUTATING
 from bot.domain.policy import Mode, Policy
+from bot.engine.steps import REGISTRY
+
+MUTATING = frozenset(name for name, step in REGISTRY.items() if step.mutating)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CATALOG = load_catalog()
@@ -115,7 +117,7 @@ def subject(
 def planned(s: Subject, catalog: Catalog = CATALOG) -> tuple[str, tuple[str, ...]]:
     fault = classify(s, catalog)
     assert fault is not None
-    p = plan("gpu-node-02", [fault], [], AUTO, PLAYBOOKS, NOW)
+    p = plan("gpu-node-02", [fault], [], AUTO, PLAYBOOKS, NOW, REGISTRY)
     return p.playbook, p.steps
 
 

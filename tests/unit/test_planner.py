@@ -19,6 +19,7 @@ from bot.domain.incident import State, TransitionError, can_move, move
 from bot.domain.labels import Subject
 from bot.domain.planner import PastIncident, plan
 from bot.domain.policy import ApprovalPolicy, BreakerPolicy, EscalationPolicy, Mode, NodePolicy, Policy
+from bot.engine.steps import REGISTRY
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CATALOG = load_catalog()
@@ -55,7 +56,7 @@ def past(playbook: str, ago: timedelta, acted: bool = True, incident: str = "pc-
     ],
 )
 def test_most_severe_fault_decides(faults: list[Fault], playbook: str) -> None:
-    p = plan("gpu-node-02", faults, [], policy(), PLAYBOOKS, NOW)
+    p = plan("gpu-node-02", faults, [], policy(), PLAYBOOKS, NOW, REGISTRY)
     assert p.playbook == playbook
     assert p.decisive is not None
     assert p.decisive.playbook == playbook
@@ -81,14 +82,14 @@ def test_most_severe_fault_decides(faults: list[Fault], playbook: str) -> None:
 def test_repeats_escalate_inside_the_window(
     history: list[PastIncident], playbook: str, says: str | None
 ) -> None:
-    p = plan("gpu-node-02", [fault(48)], history, policy(), PLAYBOOKS, NOW)
+    p = plan("gpu-node-02", [fault(48)], history, policy(), PLAYBOOKS, NOW, REGISTRY)
     assert p.playbook == playbook
     if says:
         assert any(says in r for r in p.reasons), p.reasons
 
 
 def test_repeat_at_the_top_of_the_ladder_says_so() -> None:
-    p = plan("gpu-node-02", [fault(79)], [past("replace-node", timedelta(hours=1))], policy(), PLAYBOOKS, NOW)
+    p = plan("gpu-node-02", [fault(79)], [past("replace-node", timedelta(hours=1))], policy(), PLAYBOOKS, NOW, REGISTRY)
     assert p.playbook == "replace-node"
     assert any("top of the ladder" in r for r in p.reasons)
 
@@ -97,12 +98,12 @@ def test_escalation_window_and_ladder_are_configurable() -> None:
     custom = policy(
         escalation=EscalationPolicy(window=timedelta(hours=48), ladder=("reset-gpu", "replace-node"))
     )
-    p = plan("gpu-node-02", [fault(48)], [past("reset-gpu", timedelta(hours=30))], custom, PLAYBOOKS, NOW)
+    p = plan("gpu-node-02", [fault(48)], [past("reset-gpu", timedelta(hours=30))], custom, PLAYBOOKS, NOW, REGISTRY)
     assert p.playbook == "replace-node"
 
 
 def test_modes() -> None:
-    auto = plan("n", [fault(79)], [], policy(Mode.AUTO), PLAYBOOKS, NOW)
+    auto = plan("n", [fault(79)], [], policy(Mode.AUTO), PLAYBOOKS, NOW, REGISTRY)
     assert auto.steps == (
         "notify",
         "slurm_down",
@@ -114,20 +115,20 @@ def test_modes() -> None:
         "confirm_resumed",
         "close",
     )
-    approve = plan("n", [fault(79)], [], policy(Mode.APPROVE), PLAYBOOKS, NOW)
+    approve = plan("n", [fault(79)], [], policy(Mode.APPROVE), PLAYBOOKS, NOW, REGISTRY)
     assert approve.steps[:3] == ("notify", "approve", "slurm_down")
     assert any("approvers: alice" in r for r in approve.reasons)
-    observe = plan("n", [fault(79)], [], policy(Mode.OBSERVE), PLAYBOOKS, NOW)
+    observe = plan("n", [fault(79)], [], policy(Mode.OBSERVE), PLAYBOOKS, NOW, REGISTRY)
     assert observe.steps == auto.steps
     assert not observe.runs_mutating_steps
     assert any("observe" in r and "not executed" in r for r in observe.reasons)
     per_playbook = policy(Mode.AUTO, playbook_modes={"replace-node": Mode.APPROVE})
-    assert "approve" in plan("n", [fault(79)], [], per_playbook, PLAYBOOKS, NOW).steps
-    assert "approve" not in plan("n", [fault(48)], [], per_playbook, PLAYBOOKS, NOW).steps
+    assert "approve" in plan("n", [fault(79)], [], per_playbook, PLAYBOOKS, NOW, REGISTRY).steps
+    assert "approve" not in plan("n", [fault(48)], [], per_playbook, PLAYBOOKS, NOW, REGISTRY).steps
 
 
 def test_hands_off_playbooks_never_get_an_approve_step() -> None:
-    p = plan("n", [fault(13)], [], policy(Mode.APPROVE), PLAYBOOKS, NOW)
+    p = plan("n", [fault(13)], [], policy(Mode.APPROVE), PLAYBOOKS, NOW, REGISTRY)
     assert p.steps == ("notify", "close")
     assert not p.acts
 
@@ -137,17 +138,17 @@ def test_hands_off_playbooks_never_get_an_approve_step() -> None:
     [(fault(79), "down"), (fault(kind="row-remap-pending"), "drain"), (fault(kind="health-fail"), "drain")],
 )
 def test_down_or_drain(f: Fault, action: str) -> None:
-    assert plan("n", [f], [], policy(), PLAYBOOKS, NOW).slurm_action == action
+    assert plan("n", [f], [], policy(), PLAYBOOKS, NOW, REGISTRY).slurm_action == action
 
 
 def test_no_faults_means_nothing_to_do() -> None:
-    p = plan("n", [], [], policy(), PLAYBOOKS, NOW)
+    p = plan("n", [], [], policy(), PLAYBOOKS, NOW, REGISTRY)
     assert p.playbook == "ignore"
     assert p.steps == ("close",)
 
 
 # ------------------------------------------------------------------------------ guards
-ACTING = plan("gpu-node-02", [fault(79)], [], policy(), PLAYBOOKS, NOW)
+ACTING = plan("gpu-node-02", [fault(79)], [], policy(), PLAYBOOKS, NOW, REGISTRY)
 
 
 def blocked_by(world: World, pol: Policy | None = None) -> set[str]:
@@ -231,7 +232,7 @@ def test_cooldown_and_attempts_are_configurable() -> None:
 
 
 def test_hands_off_plans_pass_every_guard() -> None:
-    hands_off = plan("n", [fault(13)], [], policy(), PLAYBOOKS, NOW)
+    hands_off = plan("n", [fault(13)], [], policy(), PLAYBOOKS, NOW, REGISTRY)
     verdict = evaluate(hands_off, World(paused=True, breaker=BreakerState(open=True)), policy(), NOW)
     assert verdict.allowed
 

@@ -1,0 +1,105 @@
+"""Ownership: whether a mark on a far side is pitcrew's, and for which incident — one rule per far side.
+
+pitcrew only ever undoes what it did itself. What it did is recognisable by the marks it
+leaves: the Slurm reason ``pitcrew: <incident> <fault>``, the Kubernetes annotation
+``pitcrew.dev/incident=<incident>`` with the taint ``pitcrew.dev/gpu-fault``, and in Slinky
+mode the operator's copy of our reason, ``slurm-operator: pitcrew: <incident> …``. Steps,
+rollback and adapters ask these functions; nothing else spells the marks out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Every Slurm reason pitcrew sets starts with this; pitcrew never resumes a node without it.
+REASON_PREFIX = "pitcrew:"
+#: Reasons are shown in ``sinfo -R`` and Slack; longer ones only hide the useful start.
+REASON_MAX_LEN = 128
+#: Annotation carrying the id of the incident that cordoned a node.
+OWNER_ANNOTATION = "pitcrew.dev/incident"
+#: Key of the taint pitcrew adds when it cordons a node for a GPU fault.
+TAINT_KEY = "pitcrew.dev/gpu-fault"
+#: The Slinky slurm-operator prefixes every reason it copies from the cordon annotation with this.
+SLINKY_REASON_PREFIX = "slurm-operator: "
+#: Set on the k8s node before cordoning; the operator uses it as the Slurm drain reason.
+SLINKY_CORDON_REASON = "nodeset.slinky.slurm.net/node-cordon-reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+def clean_reason(text: str) -> str:
+    """One printable line of at most ``REASON_MAX_LEN`` characters.
+
+    Control characters and newlines would break ``key=value`` parsing and Slack rendering,
+    so they become spaces; runs of whitespace collapse because Slurm shows them verbatim.
+    """
+    flat = "".join(ch if ch.isprintable() else " " for ch in text)
+    return " ".join(flat.split())[:REASON_MAX_LEN].rstrip()
+
+
+# ----------------------------------------------------------------------- Slurm
+def slurm_reason(incident_id: str, fault: str) -> str:
+    """The reason pitcrew sets on a Slurm node: ``pitcrew: <incident> <fault>``, one bounded line."""
+    return clean_reason(f"{REASON_PREFIX} {incident_id} {fault}")
+
+
+def slurm_reason_owner(reason: str) -> str | None:
+    """The incident a Slurm reason names if pitcrew set it, else ``None``."""
+    if not reason.startswith(REASON_PREFIX):
+        return None
+    words = reason[len(REASON_PREFIX) :].split()
+    return words[0] if words else None
+
+
+def is_pitcrew_reason(reason: str) -> bool:
+    """Set by pitcrew (for any incident)."""
+    return slurm_reason_owner(reason) is not None
+
+
+def owns_slurm_reason(reason: str, incident_id: str) -> bool:
+    """Set by pitcrew for this incident."""
+    return slurm_reason_owner(reason) == incident_id
+
+
+# ------------------------------------------------------------------ Kubernetes
+def fault_taint(fault_class: str = "true") -> Taint:
+    """The taint pitcrew adds with its cordon: ``pitcrew.dev/gpu-fault=<class>:NoSchedule``."""
+    return Taint(key=TAINT_KEY, value=fault_class, effect="NoSchedule")
+
+
+def is_pitcrew_taint(taint: Taint) -> bool:
+    return taint.key == TAINT_KEY
+
+
+def owner_annotations(incident_id: str) -> dict[str, str]:
+    """The annotations that say a cordon is pitcrew's, for ``incident_id``."""
+    return {OWNER_ANNOTATION: incident_id}
+
+
+def node_owner(annotations: Mapping[str, str]) -> str | None:
+    return annotations.get(OWNER_ANNOTATION) or None
+
+
+def owns_node(annotations: Mapping[str, str], incident_id: str) -> bool:
+    """The node carries this incident's ownership annotation."""
+    return node_owner(annotations) == incident_id
+
+
+# ---------------------------------------------------------------------- Slinky
+def slinky_cordon_annotations(reason: str) -> dict[str, str]:
+    """Annotations to set on the k8s node *before* cordoning it in Slinky mode."""
+    return {SLINKY_CORDON_REASON: reason}
+
+
+def slinky_reason_is_ours(reason: str, incident_id: str | None = None) -> bool:
+    """A drain the operator set from our annotation: ``slurm-operator: pitcrew: …`` (for this incident)."""
+    if not reason.startswith(SLINKY_REASON_PREFIX):
+        return False
+    owner = slurm_reason_owner(reason[len(SLINKY_REASON_PREFIX) :])
+    return owner is not None and (incident_id is None or owner == incident_id)

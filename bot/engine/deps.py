@@ -1,0 +1,41 @@
+"""What the engine is built from: one ``EngineDeps``, assembled by the composition root
+(``bot.runtime``) or by a test harness — the slices of configuration the engine reads,
+never the whole ``Config``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from bot.config import EngineSettings
+from bot.domain.playbooks import PlaybookSet
+from bot.domain.policy import Policy
+from bot.engine.context import Ports, StepDeps, StepSettings
+from bot.engine.metrics import Metrics
+from bot.engine.registry import StepRegistry
+from bot.engine.signals import RealTimer, Timer
+from bot.engine.steps import REGISTRY
+from bot.store.base import Store
+
+
+@dataclass(frozen=True)
+class EngineDeps:
+    store: Store
+    ports: Ports
+    metrics: Metrics
+    clock: Callable[[], datetime]
+    policy: Policy
+    playbooks: PlaybookSet
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    steps: StepSettings = field(default_factory=StepSettings)
+    registry: StepRegistry = field(default_factory=lambda: REGISTRY)
+    timer: Timer = field(default_factory=RealTimer)
+
+    def __post_init__(self) -> None:
+        problems = self.registry.problems(self.playbooks)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def step_deps(self) -> StepDeps:
+        return StepDeps(self.ports, self.store, self.steps, self.metrics, self.clock, self.registry)

@@ -1,0 +1,7 @@
+"""pitcrew's steps, one module per concern; importing this package registers every step in
+``bot.engine.registry.REGISTRY`` — the one list of what a playbook may say."""
+
+from bot.engine.registry import REGISTRY
+from bot.engine.steps import back, cluster, notify, repair, resumed, slurm
+
+__all__ = ["REGISTRY", "back", "cluster", "notify", "repair", "resumed", "slurm"]

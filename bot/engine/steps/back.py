@@ -1,0 +1,115 @@
+"""Returning the node to service: Slurm RESUME (only where the reason is still this incident's)
+and uncordon (only where the node still carries this incident's annotation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from bot.domain.incident import State
+from bot.domain.ownership import owns_slurm_reason
+from bot.engine.context import Done, StepContext, StepResult, Wait
+from bot.engine.registry import REGISTRY
+from bot.engine.steps.cluster import CordonResult, release_cordon
+from bot.engine.steps.slurm import SlurmDownResult
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmResumeResult(StepResult):
+    resumed: tuple[str, ...] = ()
+    #: The node being resumed right now (intent).
+    pending: str | None = None
+    requeue_wait_since: datetime | None = None
+    requeue_wait_expired: bool = False
+    uncordoned: bool = False
+    #: When the node was back in service: the node track's end.
+    returned_at: datetime | None = None
+
+
+@REGISTRY.step(
+    SlurmResumeResult,
+    state=State.VERIFYING,
+    timeout=timedelta(minutes=2),
+    attempts=5,
+    would="RESUME the Slurm node and uncordon it",
+    undo="the node is back in service; rolling back leaves it there",
+    mutating=True,
+    port="scheduler",
+    needs=("slurm_down",),
+)
+async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeResult] | Wait:
+    scheduler = ctx.ports.scheduler
+    down = await ctx.result(SlurmDownResult) or SlurmDownResult()
+    resumed = list(ctx.progress.resumed)
+    for name, mine in down.owned.items():
+        if not mine or name in resumed:
+            continue
+        state = await scheduler.node(name)
+        if not (state.down or state.drained):
+            resumed.append(name)
+            continue
+        if not owns_slurm_reason(state.reason, ctx.incident.id):
+            await ctx.note("not_owned", f"Slurm node {name} now has reason {state.reason!r}: not resumed")
+            continue
+        held = await _requeued_jobs_pending(ctx, down)
+        if held is not None:
+            return held
+        await ctx.save(replace(ctx.progress, pending=name))
+        await scheduler.resume(name)
+        await ctx.acted("slurm_resume", f"Slurm node {name} resumed", node=name)
+        after = await scheduler.node(name)
+        if after.down or after.drained:
+            return Wait(ctx.poll, f"{name} not yet back")
+        resumed.append(name)
+        await ctx.save(replace(ctx.progress, resumed=tuple(resumed)))
+    uncordoned = await _uncordon_if_ours(ctx)
+    done = replace(ctx.progress, resumed=tuple(resumed), uncordoned=uncordoned, returned_at=ctx.clock())
+    return Done(done, f"resumed {', '.join(resumed) or 'nothing'}")
+
+
+async def _requeued_jobs_pending(ctx: StepContext[SlurmResumeResult], down: SlurmDownResult) -> Wait | None:
+    """Keep the node out until the jobs Slurm requeued from it have started elsewhere.
+
+    A requeued job may start only after a delay (``cred_expire``: 120 s by default), and Slurm
+    then takes the first idle node — often the one it just failed on, if pitcrew returned it
+    already. The job would never have moved, and ``confirm_resumed`` could not tell a resumed
+    job from one stuck on the faulty node. Bounded by the option ``requeue_wait_seconds``
+    (default 60): a job that cannot start elsewhere must not keep the node out for ever.
+    """
+    requeueable = [j for j in down.jobs or () if j.requeue]
+    if not requeueable:
+        return None
+    limit = float(ctx.spec.options.get("requeue_wait_seconds", 60))
+    since = ctx.progress.requeue_wait_since
+    if since is None:
+        since = ctx.clock()
+        await ctx.save(replace(ctx.progress, requeue_wait_since=since))
+    if (ctx.clock() - since).total_seconds() >= limit:
+        if not ctx.progress.requeue_wait_expired:
+            await ctx.save(replace(ctx.progress, requeue_wait_expired=True))
+            await ctx.note(
+                "requeue_wait_expired", f"requeued job(s) still pending after {limit:g}s: resuming"
+            )
+        return None
+    pending = []
+    for job in requeueable:
+        snapshot = await ctx.ports.scheduler.job(job.job_id)
+        if snapshot is not None and snapshot.pending:
+            pending.append(job.job_id)
+    if not pending:
+        return None
+    return Wait(
+        ctx.poll,
+        f"requeued job(s) {', '.join(pending)} not yet started elsewhere: the node stays out until they "
+        f"do (at most {limit:g}s)",
+    )
+
+
+async def _uncordon_if_ours(ctx: StepContext[SlurmResumeResult]) -> bool:
+    cordoned = await ctx.result(CordonResult)
+    if cordoned is None or not cordoned.owned or ctx.ports.cluster is None:
+        return False
+    released = await release_cordon(ctx.ports.cluster, ctx.node, ctx.incident.id)
+    if released:
+        await ctx.acted("uncordon", f"node {ctx.node} uncordoned and untainted", node=ctx.node)
+    return released

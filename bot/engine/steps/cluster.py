@@ -1,0 +1,178 @@
+"""Kubernetes steps that empty the node: cordon (with pitcrew's taint and ownership mark) and drain.
+
+Both need a Kubernetes cluster; on Slurm-only sites (``integrations.cluster: none``) the
+executor records them as not applicable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from bot.domain.incident import State
+from bot.domain.ownership import owns_node, slinky_cordon_annotations
+from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import Cluster
+from bot.engine.registry import REGISTRY
+from bot.engine.steps.slurm import SlurmDownResult
+
+
+def cluster_of(ports_cluster: Cluster | None) -> Cluster:
+    if ports_cluster is None:
+        raise PermanentError("no Kubernetes cluster is configured", reason="no_cluster")
+    return ports_cluster
+
+
+@dataclass(frozen=True, slots=True)
+class CordonResult(StepResult):
+    #: pitcrew cordoned the node for this incident (False: it was cordoned by someone else).
+    owned: bool = False
+    #: Intent, persisted before the call.
+    cordoning: bool = False
+    absent: bool = False
+
+
+async def release_cordon(cluster: Cluster, node_name: str, incident_id: str) -> bool:
+    """Uncordon only if the node still carries this incident's annotation (rollback and resume)."""
+    node = await cluster.node(node_name)
+    if node is None or not owns_node(node.annotations, incident_id):
+        return False
+    await cluster.uncordon(node_name, incident_id=incident_id)
+    return True
+
+
+async def undo_cordon(ctx: UndoContext, result: CordonResult) -> str:
+    if not result.owned and not result.cordoning:
+        return "cordon: the node was cordoned by someone else; left as is"
+    if ctx.deps.ports.cluster is not None and await release_cordon(
+        ctx.deps.ports.cluster, ctx.node, ctx.incident.id
+    ):
+        ctx.count("uncordon")
+        return f"cordon: {ctx.node} uncordoned and untainted"
+    return "cordon: the node no longer carries pitcrew's annotation; left as is"
+
+
+@REGISTRY.step(
+    CordonResult,
+    state=State.RUNNING,
+    timeout=timedelta(seconds=60),
+    attempts=5,
+    would="cordon and taint the node, annotated with the incident id",
+    undo=undo_cordon,
+    mutating=True,
+    destructive=True,
+    port="cluster",
+    needs_cluster=True,
+)
+async def cordon(ctx: StepContext[CordonResult]) -> Done[CordonResult] | Wait:
+    cluster = cluster_of(ctx.ports.cluster)
+    node = await cluster.node(ctx.node)
+    if node is None:
+        return Done(CordonResult(absent=True), "node is not in Kubernetes; nothing to cordon")
+    if node.unschedulable:
+        mine = owns_node(node.annotations, ctx.incident.id)
+        if not mine:
+            await ctx.note("not_owned", f"node {ctx.node} was already cordoned by someone else: left as is")
+        return Done(CordonResult(owned=mine), "already cordoned")
+    if ctx.settings.slinky:
+        # slurm-operator drains the Slurm node with this reason once it sees the cordon.
+        await cluster.set_annotations(ctx.node, slinky_cordon_annotations(ctx.reason()))
+    await ctx.save(replace(ctx.progress, cordoning=True))
+    await cluster.cordon(ctx.node, incident_id=ctx.incident.id, reason=ctx.reason())
+    await ctx.acted("cordon", f"node {ctx.node} cordoned and tainted", node=ctx.node)
+    after = await cluster.node(ctx.node)
+    if after is None or not after.unschedulable or not owns_node(after.annotations, ctx.incident.id):
+        raise TransientError(f"node {ctx.node} not yet cordoned", reason="not_applied")
+    return Done(CordonResult(owned=True), "cordoned")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult(StepResult):
+    evicted: tuple[str, ...] = ()
+    #: The pod being evicted right now (intent).
+    evicting: str | None = None
+    #: When the drain first found Slurm jobs still running after DRAIN (the grace clock).
+    slurm_wait_since: datetime | None = None
+    requeueing: str | None = None
+    requeued: tuple[str, ...] = ()
+
+
+@REGISTRY.step(
+    DrainResult,
+    state=State.RUNNING,
+    timeout=timedelta(minutes=15),
+    attempts=50,
+    would="evict the node's pods through the Eviction API",
+    undo="evicted pods are not brought back; they reschedule once the node is uncordoned",
+    mutating=True,
+    destructive=True,
+    port="cluster",
+    needs_cluster=True,
+)
+async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
+    cluster = cluster_of(ctx.ports.cluster)
+    node = await cluster.node(ctx.node)
+    if node is None:
+        return Done(ctx.progress, "node is gone; nothing to drain")
+    waited = await _slurm_jobs_still_running(ctx)
+    if waited is not None:
+        return waited
+    evicted = list(ctx.progress.evicted)
+    pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
+    left = [p for p in pods if p.ref not in evicted and not p.terminating]
+    force = bool(ctx.spec.options.get("force_delete_on_dead_node", False)) and not node.ready
+    blocked = 0
+    for pod in left:
+        await ctx.save(replace(ctx.progress, evicting=pod.ref))
+        try:
+            if force:
+                await cluster.delete_pod(pod, force=True)
+                await ctx.acted("force_delete", f"pod {pod.ref} force-deleted (node not ready)", pod=pod.ref)
+            else:
+                await cluster.evict(pod)
+                await ctx.acted("evict", f"pod {pod.ref} evicted", pod=pod.ref)
+        except TransientError as exc:
+            if exc.reason != "pdb":
+                raise
+            blocked += 1
+            continue
+        evicted.append(pod.ref)
+        await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
+    remaining = [p for p in pods if p.ref not in evicted]
+    if blocked:
+        raise TransientError(f"{blocked} eviction(s) refused by a PodDisruptionBudget", reason="pdb")
+    if remaining or any(p.terminating for p in pods):
+        return Wait(ctx.poll, f"{len(pods)} pod(s) still terminating")
+    return Done(ctx.progress, f"{len(evicted)} pod(s) evicted")
+
+
+async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | None:
+    """After DRAIN, let running jobs finish within a grace period, then requeue them."""
+    down = await ctx.result(SlurmDownResult)
+    if down is None or down.action != "drain" or not down.jobs:
+        return None
+    grace = float(ctx.spec.options.get("slurm_drain_grace_seconds", 600))
+    running = []
+    for job in down.jobs:
+        snapshot = await ctx.ports.scheduler.job(job.job_id)
+        if snapshot is not None and snapshot.running and set(snapshot.nodes) & set(down.slurm_nodes or ()):
+            running.append(snapshot)
+    if not running:
+        return None
+    since = ctx.progress.slurm_wait_since
+    if since is None:  # the grace clock starts the first time the drain finds jobs still running
+        since = ctx.clock()
+        await ctx.save(replace(ctx.progress, slurm_wait_since=since))
+    if (ctx.clock() - since).total_seconds() < grace:
+        return Wait(ctx.poll, f"waiting for {len(running)} job(s) to finish on the drained node")
+    requeued = list(ctx.progress.requeued)
+    for snapshot in running:
+        if snapshot.job_id in requeued:
+            continue
+        await ctx.save(replace(ctx.progress, requeueing=snapshot.job_id))
+        await ctx.ports.scheduler.requeue(snapshot.job_id)
+        await ctx.acted("slurm_requeue", f"job {snapshot.job_id} requeued after the drain grace period")
+        requeued.append(snapshot.job_id)
+        await ctx.save(replace(ctx.progress, requeued=tuple(requeued)))
+    return Wait(ctx.poll, "requeued jobs are leaving the node")

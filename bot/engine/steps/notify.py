@@ -1,0 +1,142 @@
+"""Human-facing steps: the incident notice that opens a playbook and the summary that closes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bot.domain.durations import format_duration
+from bot.domain.incident import State
+from bot.engine.context import Done, StepContext, StepResult, Wait
+from bot.engine.errors import PitcrewError
+from bot.engine.ports import Notice
+from bot.engine.registry import REGISTRY
+from bot.engine.steps.back import SlurmResumeResult
+from bot.engine.steps.resumed import ConfirmResumedResult
+from bot.store.base import StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyResult(StepResult):
+    message: str | None = None
+
+
+@REGISTRY.step(
+    NotifyResult,
+    state=State.GUARDED,
+    timeout=timedelta(seconds=30),
+    attempts=5,
+    would="post the incident notice",
+    undo="a posted message is not taken back; the rollback notice follows it",
+    in_observe=True,
+    port="notifier",
+)
+async def notify(ctx: StepContext[NotifyResult]) -> Done[NotifyResult] | Wait:
+    if ctx.progress.message:
+        return Done(ctx.progress, "already posted")
+    plan = ctx.plan
+    lines = [f.describe() for f in plan.faults]
+    lines += [f"Plan: {plan.playbook} — {' → '.join(plan.steps)} (mode {plan.mode.value})"]
+    lines += list(plan.reasons)
+    jobs = await _affected_jobs(ctx)
+    if jobs:
+        lines.append("Slurm jobs on the node: " + ", ".join(jobs))
+    actions: tuple[str, ...] = ("rollback",)
+    if "approve" in plan.steps:
+        actions = ("approve", "reject", "rollback")
+    ref = await ctx.tell(
+        Notice(
+            ctx.incident.id,
+            "incident",
+            f"{ctx.node}: {plan.summary if plan.decisive else 'GPU fault'} → {plan.playbook}",
+            tuple(lines),
+            severity="critical" if plan.acts else "warning",
+            actions=actions,
+            node=ctx.node,
+        )
+    )
+    return Done(NotifyResult(ref or "posted"), "humans notified")
+
+
+async def _affected_jobs(ctx: StepContext[NotifyResult]) -> list[str]:
+    """Best effort: a notice without the job list beats no notice."""
+    try:
+        names = await ctx.ports.slurm_names(ctx.node)
+        return [
+            f"{job.job_id} ({job.name}, {job.user})"
+            for name in names
+            for job in await ctx.ports.scheduler.jobs_on_node(name)
+        ]
+    except PitcrewError:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class CloseResult(StepResult):
+    time_to_recovery_seconds: float | None = None
+    #: From the first alert to every interrupted job running again (the job track's end).
+    time_to_job_running_seconds: float | None = None
+    #: From the first alert to the node back in service (the node track's end).
+    time_to_node_back_seconds: float | None = None
+
+
+@REGISTRY.step(
+    CloseResult,
+    state=State.VERIFYING,
+    timeout=timedelta(seconds=30),
+    attempts=5,
+    would="post the summary",
+    undo="closing changes nothing",
+    in_observe=True,
+    port="notifier",
+)
+async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
+    now = ctx.clock()
+    start = ctx.incident.first_alert_at or ctx.incident.opened_at
+    recovery = _since(start, now)
+    records = await ctx.deps.store.steps_of(ctx.incident.id)
+    lines = [f"{name}: {_outcome(records.get(name))}" for name in ctx.plan.steps if name != "close"]
+    confirmed = await ctx.result(ConfirmResumedResult)
+    resumed = await ctx.result(SlurmResumeResult)
+    job_running = _since(start, confirmed.confirmed_at) if confirmed and confirmed.confirmed_at else None
+    node_back = _since(start, resumed.returned_at) if resumed and resumed.returned_at else None
+    for job in confirmed.jobs if confirmed else ():
+        lines.append(
+            f"job {job.job_id}: {job.status} — {', '.join(job.old_nodes)} → "
+            f"{', '.join(job.new_nodes) or '-'} (restarts {job.restarts_before} → {job.restarts_now})"
+        )
+    if job_running is not None:
+        lines.append(f"training running again after {format_duration(timedelta(seconds=job_running))}")
+    if node_back is not None:
+        lines.append(f"node back in service after {format_duration(timedelta(seconds=node_back))}")
+    playbook = ctx.incident.playbook or "unknown"
+    if ctx.plan.acts:
+        ctx.deps.metrics.time_to_recovery.labels(playbook).observe(recovery)
+        if node_back is not None:
+            ctx.deps.metrics.time_to_node_back.labels(playbook).observe(node_back)
+    if ctx.plan.playbook != "ignore":
+        await ctx.tell(
+            Notice(
+                ctx.incident.id,
+                "summary",
+                f"{ctx.node}: {ctx.plan.playbook} finished in {format_duration(timedelta(seconds=recovery))}",
+                tuple(lines),
+                node=ctx.node,
+            )
+        )
+    result = CloseResult(recovery, job_running, node_back)
+    return Done(result, f"closed after {format_duration(timedelta(seconds=recovery))}")
+
+
+def _since(start: datetime, moment: datetime) -> float:
+    """Seconds from ``start`` to ``moment``, never negative (clock skew of an alert's startsAt)."""
+    return max((moment - start).total_seconds(), 0.0)
+
+
+def _outcome(record: StepRecord | None) -> str:
+    if record is None:
+        return "not run"
+    took = ""
+    if record.started_at is not None and record.ended_at is not None:
+        took = f" in {format_duration(record.ended_at - record.started_at)}"
+    return f"{record.status}{took}"

@@ -1,0 +1,236 @@
+"""Repairing the node: reset its GPU, reboot it or replace it — then wait until it is back.
+
+Destructive calls happen at most once per incident: the intent is persisted before the
+call, and a step resumed after a crash with an unconfirmed intent asks the far side (or,
+where the far side cannot tell, assumes the call was made and lets ``wait_ready`` judge).
+On Slurm-only sites (no Kubernetes cluster) the repair is handed to humans, and
+``wait_ready`` waits for the Slurm node to go away and come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from bot.domain.incident import State
+from bot.domain.ownership import is_pitcrew_reason
+from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
+from bot.engine.ports import Notice
+from bot.engine.registry import REGISTRY
+from bot.engine.steps.slurm import SlurmDownResult
+
+
+@dataclass(frozen=True, slots=True)
+class IssueResult(StepResult):
+    #: Intent: the call may be on its way (persisted before it).
+    issuing: bool = False
+    issued: bool = False
+    #: A restart found the intent unconfirmed and did not issue again.
+    assumed: bool = False
+    handle: str | None = None
+    #: No cluster to act through: humans were asked to do it.
+    handed_over: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResetResult(IssueResult):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RebootResult(IssueResult):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceResult(IssueResult):
+    pass
+
+
+Issued = TypeVar("Issued", bound=IssueResult)
+
+
+async def _issue_once(
+    ctx: StepContext[Issued], action: str, words: str, call: Callable[[], Awaitable[object]]
+) -> Done[Issued]:
+    """Run a destructive call at most once per incident, even across crashes."""
+    if ctx.progress.issued or ctx.progress.handed_over:
+        return Done(ctx.progress, f"{words} already issued")
+    if ctx.progress.issuing:
+        # A crash hit between intent and confirmation: never issue twice.
+        await ctx.note("assumed_issued", f"{words} may have been issued before a restart; not issuing again")
+        await ctx.save(replace(ctx.progress, issued=True, assumed=True))
+        return Done(ctx.progress, f"{words} assumed issued")
+    await ctx.save(replace(ctx.progress, issuing=True))
+    try:
+        handle = await call()
+    except Exception:
+        await ctx.save(replace(ctx.progress, issuing=False))
+        raise
+    await ctx.save(replace(ctx.progress, issued=True, handle=handle if isinstance(handle, str) else None))
+    await ctx.acted(action, words, node=ctx.node)
+    return Done(ctx.progress, words)
+
+
+async def _hand_over(ctx: StepContext[Issued], what: str) -> Done[Issued]:
+    """No cluster to act through: ask humans, once, and let ``wait_ready`` watch for the result."""
+    if not ctx.progress.handed_over:
+        await ctx.tell(
+            Notice(
+                ctx.incident.id,
+                "handover",
+                f"{ctx.node}: {what} by hand",
+                (
+                    f"pitcrew has no Kubernetes cluster to {what} {ctx.node} through (integrations.cluster: none).",
+                    "The Slurm node stays out of service with pitcrew's reason; pitcrew returns it once "
+                    "its slurmd has gone away and registered again.",
+                ),
+                severity="warning",
+                node=ctx.node,
+            )
+        )
+        await ctx.save(replace(ctx.progress, handed_over=True))
+        await ctx.note("handed_over", f"{what} handed to humans: no Kubernetes cluster")
+    return Done(ctx.progress, f"{what} handed to humans")
+
+
+@REGISTRY.step(
+    ResetResult,
+    state=State.RUNNING,
+    timeout=timedelta(minutes=10),
+    attempts=3,
+    would="reset the faulty GPU(s)",
+    undo="a GPU reset cannot be undone",
+    mutating=True,
+    destructive=True,
+    port="cluster",
+)
+async def reset_gpu(ctx: StepContext[ResetResult]) -> Done[ResetResult] | Wait:
+    cluster = ctx.ports.cluster
+    if cluster is None:
+        return await _hand_over(ctx, "reset the GPU(s) of")
+    gpus = sorted({f.gpu for f in ctx.plan.faults if f.gpu})
+    return await _issue_once(
+        ctx,
+        "reset_gpu",
+        f"GPU reset on {ctx.node} ({', '.join(gpus) or 'all GPUs'})",
+        lambda: cluster.reset_gpu(ctx.node, gpus, incident_id=ctx.incident.id),
+    )
+
+
+@REGISTRY.step(
+    RebootResult,
+    state=State.RUNNING,
+    timeout=timedelta(minutes=20),
+    attempts=3,
+    would="reboot the node",
+    undo="a reboot cannot be undone",
+    mutating=True,
+    destructive=True,
+    port="cluster",
+)
+async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
+    cluster = ctx.ports.cluster
+    if cluster is None:
+        return await _hand_over(ctx, "reboot")
+    return await _issue_once(
+        ctx, "reboot", f"reboot of {ctx.node}", lambda: cluster.reboot(ctx.node, incident_id=ctx.incident.id)
+    )
+
+
+async def undo_replace(ctx: UndoContext, result: ReplaceResult) -> str:
+    cluster = ctx.deps.ports.cluster
+    if cluster is None or result.handed_over:
+        return "replace: handed to humans; nothing for pitcrew to cancel"
+    if await cluster.replacement_started(ctx.node, incident_id=ctx.incident.id):
+        return "replace: the replacement has already started and cannot be cancelled"
+    if await cluster.cancel_replacement(ctx.node, incident_id=ctx.incident.id):
+        ctx.count("cancel_replacement")
+        return "replace: replacement cancelled before it started"
+    return "replace: no replacement to cancel"
+
+
+@REGISTRY.step(
+    ReplaceResult,
+    state=State.RUNNING,
+    timeout=timedelta(minutes=5),
+    attempts=5,
+    would="start a replacement of the node",
+    undo=undo_replace,
+    mutating=True,
+    destructive=True,
+    port="cluster",
+    name="replace",
+)
+async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] | Wait:
+    cluster = ctx.ports.cluster
+    if cluster is None:
+        return await _hand_over(ctx, "replace")
+    if not ctx.progress.issued:
+        # The far side knows whether the replacement started: trust it over our own intent, so
+        # a crash between intent and call neither doubles the replacement nor loses it.
+        if await cluster.replacement_started(ctx.node, incident_id=ctx.incident.id):
+            await ctx.save(replace(ctx.progress, issued=True))
+        elif ctx.progress.issuing:
+            await ctx.note(
+                "not_issued", "the replacement had not reached the far side before a restart; issuing it"
+            )
+            await ctx.save(replace(ctx.progress, issuing=False))
+    strategy = str(ctx.spec.options.get("strategy", "delete-node"))
+    return await _issue_once(
+        ctx,
+        "replace",
+        f"replacement of {ctx.node} ({strategy})",
+        lambda: cluster.replace(ctx.node, strategy=strategy, incident_id=ctx.incident.id),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WaitReadyResult(StepResult):
+    ready_at: datetime | None = None
+    #: Slurm-only sites: the Slurm node was seen not responding (its repair took it away).
+    seen_gone: bool = False
+
+
+@REGISTRY.step(
+    WaitReadyResult,
+    state=State.VERIFYING,
+    timeout=timedelta(minutes=45),
+    attempts=1,
+    would="wait for the node (or its replacement) to be Ready and its slurmd registered",
+    undo="waiting changes nothing",
+    port="cluster",
+)
+async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult] | Wait:
+    down = await ctx.result(SlurmDownResult)
+    slurm_nodes = (down.slurm_nodes if down else None) or ()
+    if ctx.ports.cluster is None:
+        return await _slurm_node_back(ctx, slurm_nodes)
+    node = await ctx.ports.cluster.node(ctx.node)
+    if node is None or not node.ready:
+        return Wait(ctx.poll, f"node {ctx.node} not Ready yet")
+    for name in slurm_nodes:
+        state = await ctx.ports.scheduler.node(name)
+        if "NOT_RESPONDING" in state.states:
+            return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
+    return Done(WaitReadyResult(ready_at=ctx.clock()), f"node {ctx.node} is Ready")
+
+
+async def _slurm_node_back(
+    ctx: StepContext[WaitReadyResult], slurm_nodes: tuple[str, ...]
+) -> Done[WaitReadyResult] | Wait:
+    """Without Kubernetes, the only sign of a repair is slurmd going away and registering again."""
+    gone = ctx.progress.seen_gone
+    for name in slurm_nodes:
+        state = await ctx.ports.scheduler.node(name)
+        if "NOT_RESPONDING" in state.states:
+            if not gone:
+                await ctx.save(replace(ctx.progress, seen_gone=True))
+            return Wait(ctx.poll, f"slurmd on {name} is away (being repaired)")
+        if not gone:
+            return Wait(ctx.poll, f"waiting for the repair of {name}: its slurmd has not gone away yet")
+        if (state.down or state.drained) and not is_pitcrew_reason(state.reason):
+            return Wait(ctx.poll, f"{name} is back but held by someone else: {state.reason!r}")
+    return Done(WaitReadyResult(ready_at=ctx.clock(), seen_gone=gone), "the Slurm node is back")

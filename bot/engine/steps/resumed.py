@@ -1,0 +1,212 @@
+"""The job track: prove that every job the fault interrupted runs again, from its checkpoint.
+
+``confirm_resumed`` runs beside the node track as soon as the Slurm node is out: on a real
+cluster a requeued job runs elsewhere within seconds, long before a replacement is Ready,
+and when no node is free it waits for exactly that replacement. The moment every job is
+back, humans are told, with the time it took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from bot.domain.durations import format_duration
+from bot.domain.incident import State
+from bot.domain.jobs import ResumeVerdict, judge_resumption
+from bot.engine.context import Done, StepContext, StepResult, Wait
+from bot.engine.ports import Notice
+from bot.engine.registry import REGISTRY, Track
+from bot.engine.steps.back import SlurmResumeResult
+from bot.engine.steps.slurm import SlurmDownResult
+from bot.engine.steps.training import job_progress
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """Where one interrupted job stands, with the timings of its way back."""
+
+    job_id: str
+    status: str
+    detail: str
+    old_nodes: tuple[str, ...] = ()
+    new_nodes: tuple[str, ...] = ()
+    restarts_before: int = 0
+    restarts_now: int = 0
+    progress_before: float | None = None
+    progress_at_restart: float | None = None
+    progress_now: float | None = None
+    down_at: datetime | None = None
+    restarted_at: datetime | None = None
+    resumed_at: datetime | None = None
+    seconds_to_restart: float | None = None
+    seconds_to_resumed: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmResumedResult(StepResult):
+    #: Final verdicts (set when the step is done).
+    jobs: tuple[JobOutcome, ...] = ()
+    #: Latest verdicts while waiting.
+    last: tuple[JobOutcome, ...] = ()
+    resumed_at: Mapping[str, datetime] = field(default_factory=dict)
+    reported: tuple[str, ...] = ()
+    progress_at_restart: Mapping[str, float | None] = field(default_factory=dict)
+    #: When every job was confirmed running again (the job track's end).
+    confirmed_at: datetime | None = None
+    announced: bool = False
+
+
+@REGISTRY.step(
+    ConfirmResumedResult,
+    state=State.VERIFYING,
+    timeout=timedelta(hours=1),
+    attempts=1,
+    would="confirm that every job recorded on the node runs again elsewhere",
+    undo="confirming changes nothing",
+    track=Track.JOB,
+    needs=("slurm_down",),
+)
+async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[ConfirmResumedResult] | Wait:
+    down = await ctx.result(SlurmDownResult) or SlurmDownResult()
+    jobs = down.jobs or ()
+    if not jobs:
+        return Done(replace(ctx.progress, confirmed_at=ctx.clock()), "no Slurm job was running on the node")
+    # A node pitcrew returned to service was repaired: a job running there again has resumed.
+    back = await ctx.result(SlurmResumeResult)
+    returned = set(back.resumed) if back else set()
+    faulty = [n for n in (down.slurm_nodes or (ctx.node,)) if n not in returned]
+    query = ctx.settings.resumption.progress_query
+    first_seen = dict(ctx.progress.resumed_at)
+    reported = list(ctx.progress.reported)
+    at_restart = dict(ctx.progress.progress_at_restart)
+    outcomes = []
+    for job in jobs:
+        now_snapshot = await ctx.ports.scheduler.job(job.job_id)
+        progress_now = await job_progress(ctx.deps, job.job_id) if query else None
+        baseline = down.progress_before.get(job.job_id)
+        if (
+            query
+            and now_snapshot is not None
+            and now_snapshot.running
+            and now_snapshot.restarts > job.restarts
+        ):
+            # The first sample after the restart may still be the pre-fault run's last one
+            # (scraped after the value read before DOWN, before the kill): the job must be
+            # seen moving past it too, or a job stuck at its checkpoint would count as resumed.
+            at_restart.setdefault(job.job_id, progress_now)
+            baseline = max((v for v in (baseline, at_restart[job.job_id]) if v is not None), default=None)
+        verdict = judge_resumption(
+            job,
+            now_snapshot,
+            faulty,
+            progress_before=baseline,
+            progress_now=progress_now,
+            progress_required=bool(query) and ctx.settings.resumption.require_progress,
+        )
+        if verdict.status == "resumed" and job.job_id not in first_seen:
+            first_seen[job.job_id] = ctx.clock()
+        if verdict.status == "lost" and job.job_id not in reported:
+            reported.append(job.job_id)
+            await ctx.tell(
+                Notice(
+                    ctx.incident.id,
+                    "job_lost",
+                    f"Job {job.job_id} ({job.name}, owner {job.user}) did not come back",
+                    (verdict.detail, "It was not requeueable; resubmit it or restore from its checkpoint."),
+                    severity="warning",
+                    node=ctx.node,
+                )
+            )
+        restarted = now_snapshot.start_time if now_snapshot is not None else None
+        outcomes.append(
+            _outcome(
+                verdict,
+                down,
+                at_restart.get(job.job_id),
+                restarted,
+                first_seen.get(job.job_id),
+                on_repaired=bool(set(verdict.new_nodes) & set(verdict.old_nodes)),
+            )
+        )
+    progress = replace(
+        ctx.progress,
+        resumed_at=first_seen,
+        reported=tuple(reported),
+        progress_at_restart=at_restart,
+        last=tuple(outcomes),
+    )
+    await ctx.save(progress)
+    pending = [o for o in outcomes if o.status == "waiting"]
+    if pending:
+        return Wait(ctx.poll, "; ".join(f"{o.job_id}: {o.detail}" for o in pending))
+    done = replace(progress, jobs=tuple(outcomes), confirmed_at=ctx.clock())
+    resumed = sum(o.status == "resumed" for o in outcomes)
+    if not done.announced and resumed:
+        await _announce(ctx, done)
+        done = replace(done, announced=True)
+    return Done(done, f"{resumed} of {len(outcomes)} job(s) running again elsewhere")
+
+
+async def _announce(ctx: StepContext[ConfirmResumedResult], result: ConfirmResumedResult) -> None:
+    """Training is back: tell humans now, not when the node track ends."""
+    start = ctx.incident.first_alert_at or ctx.incident.opened_at
+    took = max(((result.confirmed_at or ctx.clock()) - start).total_seconds(), 0.0)
+    lines = tuple(
+        f"job {o.job_id}: running on {', '.join(o.new_nodes) or '-'} (restarts {o.restarts_before} → "
+        f"{o.restarts_now})"
+        for o in result.jobs
+        if o.status == "resumed"
+    )
+    await ctx.tell(
+        Notice(
+            ctx.incident.id,
+            "job_running",
+            f"{ctx.node}: training running again after {format_duration(timedelta(seconds=took))}",
+            lines,
+            node=ctx.node,
+        )
+    )
+    await ctx.note(
+        "job_running", f"every interrupted job runs again after {took:.1f}s", seconds=round(took, 3)
+    )
+    ctx.deps.metrics.time_to_job_running.labels(ctx.incident.playbook or "unknown").observe(took)
+
+
+def _outcome(
+    verdict: ResumeVerdict,
+    down: SlurmDownResult,
+    at_restart: float | None,
+    restarted: datetime | None,
+    resumed_at: datetime | None,
+    *,
+    on_repaired: bool,
+) -> JobOutcome:
+    """One job's verdict with when the node went out, Slurm started it again, pitcrew saw it back."""
+    down_at = down.taken_out_at
+    if verdict.status != "resumed" or verdict.restarts_now <= verdict.restarts_before:
+        restarted = None  # the start time of a run that is not the restarted one
+
+    def since_down(moment: datetime | None) -> float | None:
+        return round((moment - down_at).total_seconds(), 3) if moment and down_at else None
+
+    return JobOutcome(
+        job_id=verdict.job_id,
+        status=verdict.status,
+        detail="running again on the repaired node"
+        if verdict.status == "resumed" and on_repaired
+        else verdict.detail,
+        old_nodes=verdict.old_nodes,
+        new_nodes=verdict.new_nodes,
+        restarts_before=verdict.restarts_before,
+        restarts_now=verdict.restarts_now,
+        progress_before=down.progress_before.get(verdict.job_id),
+        progress_at_restart=at_restart,
+        progress_now=verdict.progress_now,
+        down_at=down_at,
+        restarted_at=restarted,
+        resumed_at=resumed_at,
+        seconds_to_restart=since_down(restarted),
+        seconds_to_resumed=since_down(resumed_at),
+    )

@@ -1,0 +1,128 @@
+"""Taking the node out of Slurm: record its jobs, then DOWN (job already dead) or DRAIN.
+
+Ownership (``bot.domain.ownership``): pitcrew resumes a Slurm node only while its reason
+still names this incident. A node someone else downed or drained is left alone and said so
+in the timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from bot.domain.incident import State
+from bot.domain.jobs import JobSnapshot
+from bot.domain.ownership import owns_slurm_reason
+from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
+from bot.engine.errors import TransientError
+from bot.engine.registry import REGISTRY
+from bot.engine.steps.training import progress_of
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmDownResult(StepResult):
+    #: The Slurm node(s) the Kubernetes node carries.
+    slurm_nodes: tuple[str, ...] | None = None
+    #: Jobs running on them, recorded *before* DOWN (afterwards Slurm no longer says where they ran).
+    jobs: tuple[JobSnapshot, ...] | None = None
+    progress_before: Mapping[str, float | None] = field(default_factory=dict)
+    #: Slurm node → whether pitcrew took it (False: someone else had already).
+    owned: Mapping[str, bool] = field(default_factory=dict)
+    #: The node being taken right now (intent, persisted before the call).
+    pending: str | None = None
+    #: When each node stopped taking jobs: the clock of the resumption timings.
+    down_at: Mapping[str, datetime] = field(default_factory=dict)
+    action: str = ""
+    reason: str = ""
+
+    @property
+    def taken_out_at(self) -> datetime | None:
+        return min(self.down_at.values(), default=None)
+
+
+async def undo_slurm_down(ctx: UndoContext, result: SlurmDownResult) -> str:
+    """RESUME every node whose reason is still this incident's; leave the others as they are."""
+    scheduler = ctx.deps.ports.scheduler
+    names = list(result.slurm_nodes or ()) or list(result.owned)
+    if not names and result.pending:
+        names = [result.pending]
+    lines = []
+    for name in names:
+        state = await scheduler.node(name)
+        if not (state.down or state.drained):
+            lines.append(f"{name} already in service")
+        elif owns_slurm_reason(state.reason, ctx.incident.id):
+            await scheduler.resume(name)
+            ctx.count("slurm_resume")
+            lines.append(f"{name} resumed")
+        else:
+            lines.append(
+                f"{name} left {'/'.join(sorted(state.states))} (reason {state.reason!r} is not pitcrew's)"
+            )
+    return "slurm_down: " + "; ".join(lines or ["no Slurm node was taken"])
+
+
+@REGISTRY.step(
+    SlurmDownResult,
+    state=State.RUNNING,
+    timeout=timedelta(seconds=60),
+    attempts=5,
+    would="set the Slurm node {action} with pitcrew's reason (after recording its jobs)",
+    undo=undo_slurm_down,
+    mutating=True,
+    destructive=True,
+    port="scheduler",
+)
+async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult] | Wait:
+    scheduler = ctx.ports.scheduler
+    action = ctx.plan.slurm_action if ctx.plan.slurm_action != "none" else "down"
+    names = ctx.progress.slurm_nodes
+    if names is None:
+        names = tuple(await ctx.ports.slurm_names(ctx.node))
+        await ctx.save(replace(ctx.progress, slurm_nodes=names))
+    if ctx.progress.jobs is None:
+        # Before DOWN: afterwards Slurm no longer says where a requeued job ran.
+        jobs = tuple([job for name in names for job in await scheduler.jobs_on_node(name)])
+        progress = await progress_of(ctx.deps, [j.job_id for j in jobs])
+        await ctx.save(replace(ctx.progress, jobs=jobs, progress_before=progress))
+        if jobs:
+            await ctx.note(
+                "jobs_recorded", f"{len(jobs)} job(s) on the node: " + ", ".join(j.job_id for j in jobs)
+            )
+    reason = ctx.reason()
+    if ctx.settings.slinky:
+        await ctx.note(
+            "delegated", "Slinky: the slurm-operator drains the Slurm node when pitcrew cordons it"
+        )
+        return Done(replace(ctx.progress, slurm_nodes=names, action="slinky", reason=reason, owned={}))
+    owned = dict(ctx.progress.owned)
+    for name in names:
+        if name in owned:
+            continue
+        state = await scheduler.node(name)
+        if state.down or state.drained:
+            mine = owns_slurm_reason(state.reason, ctx.incident.id)
+            owned[name] = mine
+            if not mine:
+                await ctx.note(
+                    "not_owned",
+                    f"Slurm node {name} is already {'/'.join(sorted(state.states))} with reason "
+                    f"{state.reason!r} set by someone else: left as is, pitcrew will not resume it",
+                )
+            await ctx.save(replace(ctx.progress, owned=dict(owned)))
+            continue
+        down_at = {**ctx.progress.down_at, name: ctx.clock()}
+        await ctx.save(replace(ctx.progress, pending=name, down_at=down_at))
+        if action == "drain":
+            await scheduler.drain(name, reason)
+        else:
+            await scheduler.down(name, reason)
+        await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
+        after = await scheduler.node(name)
+        if not (after.down or after.drained) or not owns_slurm_reason(after.reason, ctx.incident.id):
+            raise TransientError(f"Slurm node {name} not yet {action.upper()}", reason="not_applied")
+        owned[name] = True
+        await ctx.save(replace(ctx.progress, owned=dict(owned)))
+    done = replace(ctx.progress, slurm_nodes=names, action=action, reason=reason, owned=owned)
+    return Done(done, f"{action.upper()} {', '.join(names)}")
