@@ -11,7 +11,7 @@ import os
 from datetime import timedelta
 from ipaddress import ip_address
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -249,8 +249,3 @@ class Settings(BaseSettings):
     slurm: SlurmSettings = SlurmSettings()
     resumption: ResumptionSettings = ResumptionSettings()
     log: LogSettings = LogSettings()
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode_lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value

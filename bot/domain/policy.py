@@ -2,6 +2,7 @@
 
 Every knob here is visible in ``pitcrew plan`` and validated at start-up. Defaults are the
 cautious ones: observe mode, a small blast radius, approvals that do nothing on timeout.
+``Mode`` is the one place a mode's spelling is normalised.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from bot.domain.durations import Duration
 
@@ -21,6 +22,13 @@ class Mode(StrEnum):
     OBSERVE = "observe"
     APPROVE = "approve"
     AUTO = "auto"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Mode | None:
+        # Any case is accepted wherever a mode is read: `mode`, `playbook_modes`, PITCREW_MODE.
+        if isinstance(value, str):
+            return next((mode for mode in cls if mode.value == value.lower()), None)
+        return None
 
 
 class _Section(BaseModel):
@@ -75,11 +83,6 @@ class Policy(_Section):
     breaker: BreakerPolicy = BreakerPolicy()
     node: NodePolicy = NodePolicy()
     approvals: ApprovalPolicy = ApprovalPolicy()
-
-    @field_validator("playbook_modes", mode="before")
-    @classmethod
-    def _lower(cls, value: object) -> object:
-        return {k: str(v).lower() for k, v in value.items()} if isinstance(value, dict) else value
 
     def mode_for(self, playbook: str) -> Mode:
         return self.playbook_modes.get(playbook, self.mode)
