@@ -2,6 +2,10 @@
 
 Every knob here is visible in ``pitcrew plan`` and validated at start-up. Defaults are the
 cautious ones: observe mode, a small blast radius, approvals that do nothing on timeout.
+
+``Policy``'s fields are pitcrew's top-level configuration keys (``mode``, ``playbook_modes``,
+``escalation``, ``guards.breaker``, ``guards.node``, ``approvals``): the settings extend this
+model rather than mirror it, so a knob added here is configurable with no other change.
 ``Mode`` is the one place a mode's spelling is normalised.
 """
 
@@ -76,13 +80,29 @@ class ApprovalPolicy(_Section):
     on_timeout: Literal["nothing"] = Field(default="nothing", description="At the deadline nothing is done.")
 
 
-class Policy(_Section):
-    mode: Mode = Mode.OBSERVE
-    playbook_modes: dict[str, Mode] = Field(default_factory=dict, description="Per-playbook mode overrides.")
-    escalation: EscalationPolicy = EscalationPolicy()
+class GuardPolicy(_Section):
+    """The guards with knobs (configuration key ``guards``): circuit breaker and per-node limits."""
+
     breaker: BreakerPolicy = BreakerPolicy()
     node: NodePolicy = NodePolicy()
+
+
+class Policy(_Section):
+    """What pitcrew may do on its own, and when it must stop or ask."""
+
+    mode: Mode = Field(default=Mode.OBSERVE, description="observe | approve | auto")
+    playbook_modes: dict[str, Mode] = Field(default_factory=dict, description="Per-playbook mode overrides.")
+    escalation: EscalationPolicy = EscalationPolicy()
+    guards: GuardPolicy = GuardPolicy()
     approvals: ApprovalPolicy = ApprovalPolicy()
+
+    @property
+    def breaker(self) -> BreakerPolicy:
+        return self.guards.breaker
+
+    @property
+    def node(self) -> NodePolicy:
+        return self.guards.node
 
     def mode_for(self, playbook: str) -> Mode:
         return self.playbook_modes.get(playbook, self.mode)
