@@ -27,9 +27,7 @@ from bot.config_sections import (
     BasicAuth,
     CatalogSettings,
     EngineSettings,
-    GuardSettings,
     IntegrationSettings,
-    LabelSettings,
     LogSettings,
     ResumptionSettings,
     ServerSettings,
@@ -39,9 +37,7 @@ from bot.config_sections import (
     default_state_dir,
 )
 from bot.domain.catalog import Catalog, Override, parse_catalog
-from bot.domain.labels import (
-    LabelRules,
-)
+from bot.domain.labels import LabelRules
 from bot.domain.playbooks import Playbook, PlaybookSet, Vocabulary
 from bot.domain.policy import Mode, Policy
 
@@ -52,9 +48,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "EngineSettings",
-    "GuardSettings",
     "IntegrationSettings",
-    "LabelSettings",
     "LogSettings",
     "ResumptionSettings",
     "ServerSettings",
@@ -81,9 +75,16 @@ class Config:
     settings: Settings
     catalog: Catalog
     playbooks: PlaybookSet
-    policy: Policy
-    labels: LabelRules
     source: Path | None
+
+    @property
+    def policy(self) -> Policy:
+        """The safety policy: the settings are one (its fields are top-level keys)."""
+        return self.settings
+
+    @property
+    def labels(self) -> LabelRules:
+        return self.settings.labels
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
@@ -120,26 +121,12 @@ def load_config(path: Path | None = None, *, steps: Vocabulary | None = None, **
     settings = load_settings(path, **overrides)
     catalog = load_catalog(settings.catalog.path, settings.catalog.overrides)
     playbooks = load_playbooks(settings.playbooks)
-    policy = Policy(
-        mode=settings.mode,
-        playbook_modes=settings.playbook_modes,
-        escalation=settings.escalation,
-        breaker=settings.guards.breaker,
-        node=settings.guards.node,
-        approvals=settings.approvals,
-    )
     problems = _cross_check(settings, catalog, playbooks)
     if steps is not None:
         problems += playbooks.problems(steps)
     if problems:
         raise ConfigError("\n".join(problems))
-    labels = LabelRules(
-        node=settings.labels.node,
-        gpu=settings.labels.gpu,
-        xid=settings.labels.xid,
-        xid_annotations=settings.labels.xid_annotations,
-    )
-    return Config(settings, catalog, playbooks, policy, labels, path)
+    return Config(settings, catalog, playbooks, path)
 
 
 def load_catalog(path: Path | None = None, overrides: dict[str, Override] | None = None) -> Catalog:
@@ -224,7 +211,9 @@ def _explain(exc: ValidationError, path: Path | None, prefix: str = "") -> str:
         key = f"{prefix}.{loc}" if prefix and loc else prefix or loc or "config"
         where = f"{path}: " if path else ""
         message = error["msg"]
-        if error["type"] == "extra_forbidden":
+        if error["type"] == "value_error":  # our own validators' text, without pydantic's "Value error, "
+            message = str(error.get("ctx", {}).get("error", message))
+        elif error["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see the configuration reference in the README)"
         lines.append(f"{where}{key}: {message}")
     return "\n".join(lines)

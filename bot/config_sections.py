@@ -1,8 +1,11 @@
 """Every configuration section as a typed model: pitcrew's public configuration surface.
 
 Field names are configuration keys (``server.listen``) and environment names
-(``PITCREW_SERVER__LISTEN``); each field says what it is for. Loading and cross-checks live
-in ``bot.config``.
+(``PITCREW_SERVER__LISTEN``); each field says what it is for. Where the domain already
+models a section, the settings use that model as it is: ``Settings`` is a ``Policy`` (the
+top-level ``mode``, ``playbook_modes``, ``escalation``, ``guards``, ``approvals``),
+``labels`` is a ``LabelRules`` and ``SlurmSettings`` is a ``NodeMapping``. Loading and
+cross-checks live in ``bot.config``.
 """
 
 from __future__ import annotations
@@ -11,22 +14,17 @@ import os
 from datetime import timedelta
 from ipaddress import ip_address
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.domain.catalog import Override
 from bot.domain.durations import Duration
-from bot.domain.labels import (
-    DEFAULT_GPU_LABELS,
-    DEFAULT_NODE_LABELS,
-    DEFAULT_XID_ANNOTATIONS,
-    DEFAULT_XID_LABELS,
-)
-from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR, NodeMapping
+from bot.domain.labels import LabelRules
+from bot.domain.nodemap import MappingMode, NodeMapping
 from bot.domain.playbooks import Playbook
-from bot.domain.policy import ApprovalPolicy, BreakerPolicy, EscalationPolicy, Mode, NodePolicy
+from bot.domain.policy import Policy
 
 
 def default_state_dir() -> Path:
@@ -100,23 +98,11 @@ class StoreSettings(_Section):
     )
 
 
-class LabelSettings(_Section):
-    node: tuple[str, ...] = DEFAULT_NODE_LABELS
-    gpu: tuple[str, ...] = DEFAULT_GPU_LABELS
-    xid: tuple[str, ...] = DEFAULT_XID_LABELS
-    xid_annotations: tuple[str, ...] = DEFAULT_XID_ANNOTATIONS
-
-
 class CatalogSettings(_Section):
     path: Path | None = Field(default=None, description="Replacement catalog file; default: the shipped one.")
     overrides: dict[str, Override] = Field(
         default_factory=dict, description='e.g. {"79": {playbook: reboot-node}}'
     )
-
-
-class GuardSettings(_Section):
-    breaker: BreakerPolicy = BreakerPolicy()
-    node: NodePolicy = NodePolicy()
 
 
 class EngineSettings(_Section):
@@ -147,10 +133,14 @@ class IntegrationSettings(_Section):
     )
 
 
-class SlurmSettings(BaseModel):
-    """How pitcrew reaches Slurm and maps Kubernetes nodes to Slurm nodes (config key ``slurm``)."""
+class SlurmSettings(NodeMapping):
+    """How pitcrew reaches Slurm and maps Kubernetes nodes to Slurm nodes (config key ``slurm``).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    The mapping keys (``node_mapping``, ``node_mapping_key``, ``slinky_pod_selector``) are the
+    fields ``NodeMapping`` declares under those aliases; only the aliases are keys here.
+    """
+
+    model_config = ConfigDict(validate_by_name=False)
 
     backend: Literal["scontrol", "rest"] = Field(
         "scontrol",
@@ -182,31 +172,22 @@ class SlurmSettings(BaseModel):
         description="`auto` picks the highest slurm/v0.0.XX in the server's OpenAPI document; or pin one.",
     )
     request_timeout: float = Field(10.0, gt=0, description="Seconds per slurmrestd request.")
-    node_mapping: Literal["identity", "label", "annotation", "slinky"] = Field(
-        "identity",
-        description="How a Kubernetes node names its Slurm node(s): same name, a label, an annotation, "
-        "or the Slinky slurmd pods on it (then Slurm is drained through the slurm-operator).",
-    )
-    node_mapping_key: str | None = Field(
-        None, description="Label or annotation key holding the Slurm node name(s) (a hostlist is allowed)."
-    )
     slinky_namespace: str = Field("slurm", description="Namespace of the Slinky NodeSet (slurmd) pods.")
-    slinky_pod_selector: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_SLINKY_SELECTOR),
-        description="Labels that select slurmd pods in Slinky mode.",
-    )
 
     @model_validator(mode="after")
     def _check(self) -> SlurmSettings:
-        if self.node_mapping in ("label", "annotation") and not self.node_mapping_key:
-            raise ValueError(f"slurm.node_mapping={self.node_mapping} needs slurm.node_mapping_key")
         if self.backend == "rest" and self.rest_token_file is None:
-            raise ValueError("slurm.backend=rest needs slurm.rest_token_file")
+            raise ValueError("backend rest needs rest_token_file (the slurmrestd JWT)")
         return self
 
     def mapping(self) -> NodeMapping:
-        """The pure mapping rule (``bot.domain.nodemap``) these settings describe."""
-        return NodeMapping(self.node_mapping, self.node_mapping_key, dict(self.slinky_pod_selector))
+        """The pure mapping rule (``bot.domain.nodemap``) these settings carry: themselves."""
+        return self
+
+    @property
+    def node_mapping(self) -> MappingMode:
+        """The mapping mode under its configuration key's name (``mapping().mode``)."""
+        return self.mode
 
 
 class ResumptionSettings(_Section):
@@ -224,8 +205,11 @@ class LogSettings(_Section):
     format: Literal["json", "text"] = "json"
 
 
-class Settings(BaseSettings):
-    """Everything an operator can set. Keys and env names are pitcrew's public interface."""
+class Settings(BaseSettings, Policy):
+    """Everything an operator can set. Keys and env names are pitcrew's public interface.
+
+    The safety policy's fields are top-level keys: they are inherited from ``Policy``.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="PITCREW_",
@@ -234,23 +218,13 @@ class Settings(BaseSettings):
         nested_model_default_partial_update=True,
     )
 
-    mode: Mode = Field(default=Mode.OBSERVE, description="observe | approve | auto")
-    playbook_modes: dict[str, Mode] = Field(default_factory=dict)
     server: ServerSettings = ServerSettings()
     store: StoreSettings = StoreSettings()
-    labels: LabelSettings = LabelSettings()
+    labels: LabelRules = LabelRules()
     catalog: CatalogSettings = CatalogSettings()
     playbooks: dict[str, Playbook] = Field(default_factory=dict, description="Overrides and additions.")
-    escalation: EscalationPolicy = EscalationPolicy()
-    guards: GuardSettings = GuardSettings()
-    approvals: ApprovalPolicy = ApprovalPolicy()
     engine: EngineSettings = EngineSettings()
     integrations: IntegrationSettings = IntegrationSettings()
     slurm: SlurmSettings = SlurmSettings()
     resumption: ResumptionSettings = ResumptionSettings()
     log: LogSettings = LogSettings()
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode_lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value

@@ -3,12 +3,14 @@
 dcgm-exporter renamed ``Hostname`` to ``hostname`` in 4.6.0, rule sets put the node in
 ``node``, ``kubernetes_node`` or only in ``instance``, and XIDs arrive as ``xid``,
 ``err_code`` or in the alert value. Everything downstream reads a ``Subject`` built here,
-never raw labels.
+never raw labels. ``LabelRules`` is also the ``labels`` configuration section as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from bot.domain.alerts import Alert
 
@@ -19,14 +21,20 @@ DEFAULT_XID_LABELS = ("xid", "err_code")
 DEFAULT_XID_ANNOTATIONS = ("xid", "value")
 
 
-@dataclass(frozen=True, slots=True)
-class LabelRules:
+class LabelRules(BaseModel):
     """Ordered label names to look up; the first non-empty one wins."""
 
-    node: tuple[str, ...] = DEFAULT_NODE_LABELS
-    gpu: tuple[str, ...] = DEFAULT_GPU_LABELS
-    xid: tuple[str, ...] = DEFAULT_XID_LABELS
-    xid_annotations: tuple[str, ...] = DEFAULT_XID_ANNOTATIONS
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: tuple[str, ...] = Field(
+        default=DEFAULT_NODE_LABELS, description="Where the node name is; `instance` loses its port."
+    )
+    gpu: tuple[str, ...] = Field(default=DEFAULT_GPU_LABELS, description="Where the GPU is.")
+    xid: tuple[str, ...] = Field(default=DEFAULT_XID_LABELS, description="Where the XID is.")
+    xid_annotations: tuple[str, ...] = Field(
+        default=DEFAULT_XID_ANNOTATIONS,
+        description="Annotations holding the XID when a rule put $value there.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +66,10 @@ def host_part(instance: str) -> str:
     return instance
 
 
-def subject_of(alert: Alert, rules: LabelRules = LabelRules()) -> Subject:
+DEFAULT_LABEL_RULES = LabelRules()
+
+
+def subject_of(alert: Alert, rules: LabelRules = DEFAULT_LABEL_RULES) -> Subject:
     labels = alert.labels
     node = None
     for name in rules.node:

@@ -16,6 +16,10 @@ Modes:
   hostname or name). In this mode pitcrew does not talk to Slurm for the node: it annotates
   the k8s node with ``node-cordon-reason`` before cordoning, the operator drains the Slurm
   node with reason ``slurm-operator: <our reason>``, and uncordon undrains it.
+
+``NodeMapping`` is also configuration: its aliases are the keys under ``slurm``
+(``node_mapping``, ``node_mapping_key``, ``slinky_pod_selector``), and the Slurm settings
+extend it instead of copying it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bot.domain.jobs import expand_hostlist
 from bot.domain.ownership import SLINKY_CORDON_REASON as SLINKY_CORDON_REASON
@@ -69,17 +75,38 @@ class SlurmdPod:
         return self.labels.get(SLINKY_POD_HOSTNAME) or self.hostname or self.name
 
 
-@dataclass(frozen=True, slots=True)
-class NodeMapping:
+class NodeMapping(BaseModel):
     """How to map; ``key`` is the label or annotation key in those two modes."""
 
-    mode: MappingMode = "identity"
-    key: str | None = None
-    slinky_selector: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SLINKY_SELECTOR))
+    # Read and written under the configuration keys; attribute names also accepted in code.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
 
-    def __post_init__(self) -> None:
+    mode: MappingMode = Field(
+        default="identity",
+        alias="node_mapping",
+        description="How a Kubernetes node names its Slurm node(s): same name, a label, an annotation, "
+        "or the Slinky slurmd pods on it (then Slurm is drained through the slurm-operator).",
+    )
+    key: str | None = Field(
+        default=None,
+        alias="node_mapping_key",
+        description="Label or annotation key holding the Slurm node name(s) (a hostlist is allowed).",
+    )
+    slinky_selector: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_SLINKY_SELECTOR),
+        alias="slinky_pod_selector",
+        description="Labels that select slurmd pods in Slinky mode.",
+    )
+
+    @model_validator(mode="after")
+    def _key_where_needed(self) -> NodeMapping:
         if self.mode in ("label", "annotation") and not self.key:
-            raise ValueError(f"node mapping {self.mode!r} needs a key")
+            raise ValueError(
+                f"node_mapping {self.mode} needs node_mapping_key, the {self.mode} naming the Slurm node"
+            )
+        return self
 
 
 def slurm_nodes_for(node: NodeFacts, mapping: NodeMapping, pods: Iterable[SlurmdPod] = ()) -> tuple[str, ...]:

@@ -2,6 +2,11 @@
 
 Every knob here is visible in ``pitcrew plan`` and validated at start-up. Defaults are the
 cautious ones: observe mode, a small blast radius, approvals that do nothing on timeout.
+
+``Policy``'s fields are pitcrew's top-level configuration keys (``mode``, ``playbook_modes``,
+``escalation``, ``guards.breaker``, ``guards.node``, ``approvals``): the settings extend this
+model rather than mirror it, so a knob added here is configurable with no other change.
+``Mode`` is the one place a mode's spelling is normalised.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from bot.domain.durations import Duration
 
@@ -21,6 +26,13 @@ class Mode(StrEnum):
     OBSERVE = "observe"
     APPROVE = "approve"
     AUTO = "auto"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Mode | None:
+        # Any case is accepted wherever a mode is read: `mode`, `playbook_modes`, PITCREW_MODE.
+        if isinstance(value, str):
+            return next((mode for mode in cls if mode.value == value.lower()), None)
+        return None
 
 
 class _Section(BaseModel):
@@ -68,18 +80,29 @@ class ApprovalPolicy(_Section):
     on_timeout: Literal["nothing"] = Field(default="nothing", description="At the deadline nothing is done.")
 
 
-class Policy(_Section):
-    mode: Mode = Mode.OBSERVE
-    playbook_modes: dict[str, Mode] = Field(default_factory=dict, description="Per-playbook mode overrides.")
-    escalation: EscalationPolicy = EscalationPolicy()
+class GuardPolicy(_Section):
+    """The guards with knobs (configuration key ``guards``): circuit breaker and per-node limits."""
+
     breaker: BreakerPolicy = BreakerPolicy()
     node: NodePolicy = NodePolicy()
+
+
+class Policy(_Section):
+    """What pitcrew may do on its own, and when it must stop or ask."""
+
+    mode: Mode = Field(default=Mode.OBSERVE, description="observe | approve | auto")
+    playbook_modes: dict[str, Mode] = Field(default_factory=dict, description="Per-playbook mode overrides.")
+    escalation: EscalationPolicy = EscalationPolicy()
+    guards: GuardPolicy = GuardPolicy()
     approvals: ApprovalPolicy = ApprovalPolicy()
 
-    @field_validator("playbook_modes", mode="before")
-    @classmethod
-    def _lower(cls, value: object) -> object:
-        return {k: str(v).lower() for k, v in value.items()} if isinstance(value, dict) else value
+    @property
+    def breaker(self) -> BreakerPolicy:
+        return self.guards.breaker
+
+    @property
+    def node(self) -> NodePolicy:
+        return self.guards.node
 
     def mode_for(self, playbook: str) -> Mode:
         return self.playbook_modes.get(playbook, self.mode)

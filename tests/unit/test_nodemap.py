@@ -49,23 +49,35 @@ PODS = (
     ("node", "mapping", "expected"),
     [
         (Node("gpu-001"), NodeMapping(), ("gpu-001",)),
-        (Node("k1", labels={"slurm/node": "gpu-007"}), NodeMapping("label", "slurm/node"), ("gpu-007",)),
+        (
+            Node("k1", labels={"slurm/node": "gpu-007"}),
+            NodeMapping(mode="label", key="slurm/node"),
+            ("gpu-007",),
+        ),
         (
             Node("k1", labels={"slurm/node": "gpu-[001-002]"}),
-            NodeMapping("label", "slurm/node"),
+            NodeMapping(mode="label", key="slurm/node"),
             ("gpu-001", "gpu-002"),
         ),
-        (Node("k1", annotations={"a/slurm": "n1,n2"}), NodeMapping("annotation", "a/slurm"), ("n1", "n2")),
-        (Node("k1", labels={"a/slurm": "n1"}), NodeMapping("annotation", "a/slurm"), ()),  # wrong place
-        (Node("k1"), NodeMapping("label", "slurm/node"), ()),
-        (Node("k8s-a.example.com"), NodeMapping("slinky"), ("gpu-a",)),
-        (Node("k8s-b"), NodeMapping("slinky"), ("b-host", "gpu-b-1")),
+        (
+            Node("k1", annotations={"a/slurm": "n1,n2"}),
+            NodeMapping(mode="annotation", key="a/slurm"),
+            ("n1", "n2"),
+        ),
+        (
+            Node("k1", labels={"a/slurm": "n1"}),
+            NodeMapping(mode="annotation", key="a/slurm"),
+            (),
+        ),  # wrong place
+        (Node("k1"), NodeMapping(mode="label", key="slurm/node"), ()),
+        (Node("k8s-a.example.com"), NodeMapping(mode="slinky"), ("gpu-a",)),
+        (Node("k8s-b"), NodeMapping(mode="slinky"), ("b-host", "gpu-b-1")),
         (
             Node("k8s-b"),
-            NodeMapping("slinky", slinky_selector={"app.kubernetes.io/name": "login"}),
+            NodeMapping(mode="slinky", slinky_selector={"app.kubernetes.io/name": "login"}),
             ("login",),
         ),
-        (Node("k8s-z"), NodeMapping("slinky"), ()),
+        (Node("k8s-z"), NodeMapping(mode="slinky"), ()),
     ],
 )
 def test_slurm_nodes_for(node: Node, mapping: NodeMapping, expected: tuple[str, ...]) -> None:
@@ -74,16 +86,16 @@ def test_slurm_nodes_for(node: Node, mapping: NodeMapping, expected: tuple[str, 
 
 def test_cluster_node_fits_the_protocol() -> None:
     node = ClusterNode(name="k1", labels={"slurm/node": "gpu-003"})
-    assert slurm_nodes_for(node, NodeMapping("label", "slurm/node")) == ("gpu-003",)
+    assert slurm_nodes_for(node, NodeMapping(mode="label", key="slurm/node")) == ("gpu-003",)
 
 
 @pytest.mark.parametrize(
     ("slurm", "mapping", "expected"),
     [
-        ("gpu-002", NodeMapping("label", "s"), "k2"),
-        ("gpu-a", NodeMapping("slinky"), "k8s-a.example.com"),
-        ("gpu-b-1", NodeMapping("slinky"), "k8s-b"),
-        ("gpu-c", NodeMapping("slinky"), None),  # its pod is not on a node
+        ("gpu-002", NodeMapping(mode="label", key="s"), "k2"),
+        ("gpu-a", NodeMapping(mode="slinky"), "k8s-a.example.com"),
+        ("gpu-b-1", NodeMapping(mode="slinky"), "k8s-b"),
+        ("gpu-c", NodeMapping(mode="slinky"), None),  # its pod is not on a node
         ("k1", NodeMapping(), "k1"),
         ("nowhere", NodeMapping(), None),
     ],
@@ -99,8 +111,8 @@ def test_k8s_node_for(slurm: str, mapping: NodeMapping, expected: str | None) ->
 
 
 def test_label_mode_needs_a_key() -> None:
-    with pytest.raises(ValueError, match="needs a key"):
-        NodeMapping("label")
+    with pytest.raises(ValueError, match="needs node_mapping_key"):
+        NodeMapping(mode="label")
 
 
 def test_slinky_reason_round_trip() -> None:

@@ -18,7 +18,15 @@ from bot.domain.guards import BreakerState, World, evaluate
 from bot.domain.incident import State, TransitionError, can_move, move
 from bot.domain.labels import Subject
 from bot.domain.planner import PastIncident, plan
-from bot.domain.policy import ApprovalPolicy, BreakerPolicy, EscalationPolicy, Mode, NodePolicy, Policy
+from bot.domain.policy import (
+    ApprovalPolicy,
+    BreakerPolicy,
+    EscalationPolicy,
+    GuardPolicy,
+    Mode,
+    NodePolicy,
+    Policy,
+)
 from bot.engine.steps import REGISTRY
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -89,7 +97,15 @@ def test_repeats_escalate_inside_the_window(
 
 
 def test_repeat_at_the_top_of_the_ladder_says_so() -> None:
-    p = plan("gpu-node-02", [fault(79)], [past("replace-node", timedelta(hours=1))], policy(), PLAYBOOKS, NOW, REGISTRY)
+    p = plan(
+        "gpu-node-02",
+        [fault(79)],
+        [past("replace-node", timedelta(hours=1))],
+        policy(),
+        PLAYBOOKS,
+        NOW,
+        REGISTRY,
+    )
     assert p.playbook == "replace-node"
     assert any("top of the ladder" in r for r in p.reasons)
 
@@ -98,7 +114,9 @@ def test_escalation_window_and_ladder_are_configurable() -> None:
     custom = policy(
         escalation=EscalationPolicy(window=timedelta(hours=48), ladder=("reset-gpu", "replace-node"))
     )
-    p = plan("gpu-node-02", [fault(48)], [past("reset-gpu", timedelta(hours=30))], custom, PLAYBOOKS, NOW, REGISTRY)
+    p = plan(
+        "gpu-node-02", [fault(48)], [past("reset-gpu", timedelta(hours=30))], custom, PLAYBOOKS, NOW, REGISTRY
+    )
     assert p.playbook == "replace-node"
 
 
@@ -216,7 +234,7 @@ def test_the_share_limit_never_forbids_the_first_node() -> None:
 
 
 def test_breaker_share_and_fresh_alerts_after_reset() -> None:
-    roomy = policy(breaker=BreakerPolicy(max_nodes=100, max_fraction=0.5))
+    roomy = policy(guards=GuardPolicy(breaker=BreakerPolicy(max_nodes=100, max_fraction=0.5)))
     assert "breaker" not in blocked_by(World(nodes_in_remediation=frozenset({"a"}), fleet_size=10), roomy)
     fresh = World(
         breaker=BreakerState(reset_at=NOW - timedelta(minutes=1)),
@@ -226,7 +244,7 @@ def test_breaker_share_and_fresh_alerts_after_reset() -> None:
 
 
 def test_cooldown_and_attempts_are_configurable() -> None:
-    lenient = policy(node=NodePolicy(max_attempts=5, cooldown=timedelta(minutes=5)))
+    lenient = policy(guards=GuardPolicy(node=NodePolicy(max_attempts=5, cooldown=timedelta(minutes=5))))
     world = World(history=[past("reset-gpu", timedelta(minutes=10))])
     assert blocked_by(world, lenient) == set()
 

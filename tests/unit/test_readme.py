@@ -19,7 +19,7 @@ OPAQUE = {"playbooks", "catalog.overrides", "playbook_modes"}  # free-form maps,
 
 def keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
     for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
+        key = f"{prefix}{field.alias or name}"  # a domain model's alias is the key users write
         nested = [
             c
             for c in (field.annotation, *typing.get_args(field.annotation))
