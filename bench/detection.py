@@ -118,7 +118,12 @@ def main() -> None:
 def start_receiver(choice: str, stack: DetectionStack, workdir: Path) -> tuple[Stoppable, str, Seen, str]:
     """pitcrew if asked for or if it starts, else a bare webhook receiver: (it, its URL, how to see, what)."""
     if choice != "webhook":
-        pitcrew = Pitcrew(workdir / "pitcrew", token=stack.token_file.read_text(), config={"mode": "observe"})
+        pitcrew = Pitcrew(
+            workdir / "pitcrew",
+            token=stack.token_file.read_text(),
+            config={"mode": "observe"},
+            simulated=False,
+        )
         try:
             pitcrew.start()
         except BaseException as exc:  # pytest.fail raises a BaseException

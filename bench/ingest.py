@@ -244,7 +244,7 @@ def main() -> None:
             "PITCREW_STORE__SYNCHRONOUS": os.environ.get("SYNC", "full"),
             "PITCREW_SERVER__AUTH__BEARER_TOKEN_FILE": str(token),
             "PITCREW_LOG__LEVEL": "WARNING",
-            "PITCREW_INTEGRATIONS__RECORDING_PATH": f"{tmp}/journal.jsonl",
+            "PITCREW_INTEGRATIONS__JOURNAL_PATH": f"{tmp}/journal.jsonl",
         }
         url = f"http://127.0.0.1:{port}"
         crew = start([sys.executable, "-m", "bot.cli", "serve", "--listen", f"127.0.0.1:{port}"], url, env)

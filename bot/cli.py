@@ -19,6 +19,7 @@ from typing import Any
 from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
 from bot.report import catalog_rows, dry_run, render_detail, render_incidents, render_plans
+from bot.safety import port_problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,26 +45,22 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from bot.runtime import build_app, configure_logging
+    from bot.runtime import serve
 
     overrides: dict[str, Any] = {}
     if args.listen:
         overrides["server"] = {"listen": args.listen}
     config = _config(args, **overrides)
-    configure_logging(config.settings.log.level, config.settings.log.format)
-    # The store's writer thread takes the GIL back after every SQLite call; with the default
-    # 5 ms switch interval a busy event loop makes it wait that long each time. 0.5 ms keeps a
-    # new alert's commit in the low milliseconds under load (measured: bench/ingest.py).
-    sys.setswitchinterval(0.0005)
-    server = config.settings.server
-    web.run_app(build_app(config), host=server.host, port=server.port, print=None, shutdown_timeout=10)
+    if _refused(config):
+        return 1
+    serve(config)
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     config = _config(args)
+    if _refused(config):
+        return 1
     s = config.settings
     print(f"configuration OK ({config.source or 'defaults and environment'})")
     print(f"  mode {s.mode.value}; listen {s.server.listen}; store {s.store.path}")
@@ -71,7 +68,20 @@ def _check(args: argparse.Namespace) -> int:
         f"  catalog {config.catalog.version}: {len(config.catalog.xids)} XIDs, {len(config.catalog.faults)} faults"
     )
     print(f"  playbooks: {', '.join(sorted(config.playbooks.playbooks))}")
+    integrations = s.integrations
+    print(
+        f"  scheduler {integrations.scheduler}; cluster {integrations.cluster}; "
+        f"notifier {integrations.notifier}"
+    )
     return 0
+
+
+def _refused(config: Config) -> bool:
+    """Print why a configuration may not run (``bot.safety``), one line per problem."""
+    problems = port_problems(config)
+    for problem in problems:
+        print(f"pitcrew: refusing this configuration: {problem}", file=sys.stderr)
+    return bool(problems)
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -117,19 +117,25 @@ class EngineSettings(_Section):
 
 
 class IntegrationSettings(_Section):
-    scheduler: Literal["recording", "slurm"] = "recording"
-    cluster: Literal["recording"] = "recording"
-    notifier: Literal["recording"] = "recording"
-    recording_path: Path | None = Field(
-        default=None,
-        description="Journal of what the recording integrations did (JSON lines); default next to the store.",
+    """Which system stands behind each port. The dry-run journal changes nothing: only observe mode
+    may use it for a port that a mutating step needs (``bot.safety`` refuses anything else)."""
+
+    scheduler: Literal["journal", "slurm"] = Field(
+        default="journal",
+        description="`slurm` drives Slurm; `journal` writes what would have been done to the journal.",
     )
-    recording_latency: Duration = Field(
-        default=timedelta(0), description="Round trip added to every recorded far-side call (demos, tests)."
+    cluster: Literal["journal", "none"] = Field(
+        default="journal",
+        description="`journal` writes what would have been done; `none` for Slurm-only sites: no "
+        "Kubernetes, so cordon and drain find nothing to do and replace, reboot and GPU reset go to a human.",
     )
-    recording_inventory: Path | None = Field(
+    notifier: Literal["log"] = Field(
+        default="log", description="`log`: every notice is a structured log record (and a journal line)."
+    )
+    journal_path: Path | None = Field(
         default=None,
-        description="YAML inventory (nodes, pods, Slurm jobs) the recording far side starts from.",
+        description="Dry-run journal (JSON lines, fsynced): what pitcrew would have done and every notice; "
+        "default dry-run-journal.jsonl next to the store.",
     )
 
 

@@ -1,6 +1,8 @@
 """Composition root: builds the store, the integrations, the engine and the web app from a Config.
 
-The only module that knows which implementation sits behind each port.
+The only module that knows which implementation sits behind each port. It never builds a
+port that ``bot.safety`` would refuse, and it refuses injected simulators (``tests/simulator``)
+unless the caller says it is a test (``allow_simulated``).
 """
 
 from __future__ import annotations
@@ -10,25 +12,26 @@ import logging
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from bot import __version__
-from bot.config import Config, read_secret
+from bot.config import Config, ConfigError, Settings, read_secret
 from bot.domain.nodemap import slurm_nodes_for
 from bot.engine.commands import Commands
-from bot.engine.context import Ports, StepSettings
+from bot.engine.context import Ports, SlurmNames, StepSettings
 from bot.engine.deps import EngineDeps
 from bot.engine.engine import Engine
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
-from bot.engine.ports import MetricsQuery, Scheduler
+from bot.engine.ports import Cluster, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
+from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.prometheus import PrometheusQuery
-from bot.integrations.recording import RecordingWorld
-from bot.integrations.recording_cluster import RecordingCluster, RecordingNotifier
 from bot.integrations.slurm import build_scheduler
+from bot.safety import port_problems
 from bot.store.base import Store
 from bot.store.sqlite import SqliteStore
 from bot.web.app import Deps, create_app
@@ -39,25 +42,40 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def journal_path(settings: Settings) -> Path:
+    """Where the dry-run journal is: ``integrations.journal_path``, else next to the store."""
+    return settings.integrations.journal_path or settings.store.path.parent / "dry-run-journal.jsonl"
+
+
 def build_ports(config: Config) -> Ports:
+    """The configured far sides: Slurm or the journal, no cluster or the journal, notices to the log."""
     settings = config.settings
-    journal = settings.integrations.recording_path or (settings.store.path.parent / "recorded-actions.jsonl")
-    world = RecordingWorld.from_paths(
-        journal,
-        settings.integrations.recording_inventory,
-        latency=settings.integrations.recording_latency.total_seconds(),
-    )
-    scheduler: Scheduler = world
+    journal = DryRunJournal(journal_path(settings))
+    scheduler: Scheduler = journal
     if settings.integrations.scheduler == "slurm":
         scheduler = build_scheduler(settings.slurm)
-    cluster = RecordingCluster(world)
-    query: MetricsQuery | None = None
-    if settings.resumption.prometheus_url:
-        query = PrometheusQuery(settings.resumption.prometheus_url)
+    # Slurm-only sites have no cluster: the engine skips the Kubernetes steps and hands repairs to humans.
+    cluster: Cluster | None = None if settings.integrations.cluster == "none" else journal
+    return Ports(
+        scheduler=scheduler,
+        cluster=cluster,
+        notifier=LogNotifier(journal),
+        query=metrics_query(settings),
+        slurm_names=slurm_names_for(settings, cluster),
+    )
+
+
+def metrics_query(settings: Settings) -> MetricsQuery | None:
+    url = settings.resumption.prometheus_url
+    return PrometheusQuery(url) if url else None
+
+
+def slurm_names_for(settings: Settings, cluster: Cluster | None) -> SlurmNames:
+    """How a node of an incident names its Slurm node(s), by ``slurm.node_mapping``."""
     mapping = settings.slurm.mapping()
 
     async def slurm_names(node: str) -> Sequence[str]:
-        if mapping.mode == "identity":
+        if mapping.mode == "identity" or cluster is None:  # bot.safety refuses other mappings without one
             return (node,)
         facts = await cluster.node(node)
         if facts is None:
@@ -67,13 +85,11 @@ def build_ports(config: Config) -> Ports:
             pods = await cluster.slurmd_pods(settings.slurm.slinky_namespace, mapping.slinky_selector)
         return slurm_nodes_for(facts, mapping, pods)
 
-    return Ports(
-        scheduler=scheduler,
-        cluster=cluster,
-        notifier=RecordingNotifier(world),
-        query=query,
-        slurm_names=slurm_names,
-    )
+    return slurm_names
+
+
+def _roles(ports: Ports) -> tuple[tuple[str, object], ...]:
+    return (("scheduler", ports.scheduler), ("cluster", ports.cluster), ("notifier", ports.notifier))
 
 
 def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) -> EngineDeps:
@@ -113,11 +129,32 @@ def credentials(config: Config) -> tuple[Credentials, Credentials]:
 
 
 def build_app(
-    config: Config, *, ports: Ports | None = None, metrics: Metrics | None = None
+    config: Config,
+    *,
+    ports: Ports | None = None,
+    allow_simulated: bool = False,
+    metrics: Metrics | None = None,
 ) -> web.Application:
+    """The service. Without ``ports``, the configured ones, after ``bot.safety`` has had its say.
+
+    Raises ``ConfigError`` for a configuration ``port_problems`` refuses, or for injected ports
+    that are simulators when ``allow_simulated`` is not set: a simulator models a far side that
+    is not there, and must never stand in for one outside a test.
+    """
+    if ports is None:
+        problems = port_problems(config)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        ports = build_ports(config)
+    elif not allow_simulated:
+        simulated = [role for role, port in _roles(ports) if getattr(port, "far_side", None) == "simulator"]
+        if simulated:
+            raise ConfigError(
+                f"ports: simulated {', '.join(simulated)} (tests/simulator) given to build_app; a "
+                "simulator is never a real far side, and only tests may pass allow_simulated=True"
+            )
     metrics = metrics or Metrics(version=__version__)
     store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
-    ports = ports or build_ports(config)
     engine = Engine(engine_deps(config, store, ports, metrics))
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     webhook, admin = credentials(config)
@@ -134,6 +171,18 @@ def build_app(
         ready_checks=[lambda: engine.running],
     )
     return create_app(deps)
+
+
+def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool = False) -> None:
+    """Run the service until SIGINT/SIGTERM: logging, GIL switch interval, graceful shutdown."""
+    configure_logging(config.settings.log.level, config.settings.log.format)
+    # The store's writer thread takes the GIL back after every SQLite call; with the default
+    # 5 ms switch interval a busy event loop makes it wait that long each time. 0.5 ms keeps a
+    # new alert's commit in the low milliseconds under load (measured: bench/ingest.py).
+    sys.setswitchinterval(0.0005)
+    server = config.settings.server
+    app = build_app(config, ports=ports, allow_simulated=allow_simulated)
+    web.run_app(app, host=server.host, port=server.port, print=None, shutdown_timeout=10)
 
 
 class JsonFormatter(logging.Formatter):

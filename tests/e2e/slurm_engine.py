@@ -1,8 +1,8 @@
 """Shared steps of the engine-on-real-Slurm tests (``test_slurm_remediation``, ``test_slurm_engine_*``).
 
 pitcrew runs as a subprocess in mode auto against the session's real cluster; Kubernetes and
-Slack stay the recording journal. These helpers start it, open incidents from deliveries and
-wait for jobs; the assertions stay in the tests.
+the notifier are simulated (``tests.simulator``). These helpers start it, open incidents from
+deliveries and wait for jobs; the assertions stay in the tests.
 """
 
 from __future__ import annotations

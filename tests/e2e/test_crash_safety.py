@@ -1,6 +1,6 @@
 """Crash safety, for real: SIGKILL pitcrew at every step boundary of replace-node and inside steps.
 
-pitcrew runs as a subprocess in auto mode against the recording far side (a journal each
+pitcrew runs as a subprocess in auto mode against the simulated far side (a journal each
 call is fsynced to before it returns, with 150 ms modelled latency per call). One
 incident is killed at every step boundary and at the dangerous moments inside steps —
 after the jobs are recorded but before DOWN, right after DOWN/cordon/replace/RESUME reach
@@ -51,9 +51,9 @@ def test_sigkill_at_every_step_boundary_never_repeats_a_destructive_call(
         "crash",
         config={
             "mode": "auto",
-            "integrations": {"recording_inventory": str(_world(tmp_path)), "recording_latency": "150ms"},
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
         },
+        world={"inventory": _world(tmp_path), "latency": "150ms"},
     ).start()
     opened: dict[str, str] = {}
     for node in NODES:
@@ -135,10 +135,8 @@ def test_crash_before_any_far_side_call_still_acts_exactly_once(
 ) -> None:
     server: Pitcrew = pitcrew_factory(
         f"early-{when}",
-        config={
-            "mode": "auto",
-            "integrations": {"recording_inventory": str(_world(tmp_path)), "recording_latency": "100ms"},
-        },
+        config={"mode": "auto"},
+        world={"inventory": _world(tmp_path), "latency": "100ms"},
     ).start()
     _, body = server.post_alerts(delivery(node="gpu-node-02"))
     incident = body["opened"][0]

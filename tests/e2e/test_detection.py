@@ -71,7 +71,9 @@ def pitcrew(
     start_alertmanager: Callable[[str], Alertmanager],
 ) -> Iterator[Pitcrew]:
     token = detection_stack.token_file.read_text()  # the token Alertmanager sends
-    service = Pitcrew(tmp_path_factory.mktemp("pitcrew"), token=token, config={"mode": "observe"})
+    service = Pitcrew(
+        tmp_path_factory.mktemp("pitcrew"), token=token, config={"mode": "observe"}, simulated=False
+    )
     try:
         service.start()
         start_alertmanager(f"{service.url}/api/v1/alerts")

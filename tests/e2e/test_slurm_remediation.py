@@ -1,6 +1,6 @@
 """GPU died, training didn't — pitcrew itself (a subprocess, mode auto) against a real Slurm cluster.
 
-The Kubernetes and Slack far sides are the recording journal; Slurm is real (``slurm``
+The Kubernetes and notifier far sides are simulated (``tests.simulator``); Slurm is real (``slurm``
 fixture: slurmctld + gpu-001..003, Kubernetes node name = Slurm node name). Cases:
 
 * fatal fault (XID 79), both backends: pitcrew records the checkpointing training job, sets

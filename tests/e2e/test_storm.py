@@ -28,8 +28,8 @@ def test_storm_of_500_nodes_is_stopped_by_the_breaker(pitcrew_factory: Any, tmp_
             "guards": {
                 "breaker": {"max_nodes": 3, "max_fraction": 0.5, "window": "4s", "stale_after": "30s"}
             },
-            "integrations": {"recording_latency": "50ms"},
         },
+        world={"latency": "50ms"},
     ).start()
     started = datetime.now(UTC)
     bodies = [delivery("xid79-firing.json", node=node, starts=started) for node in NODES]

@@ -1,8 +1,13 @@
-"""pitcrew itself as a real subprocess (``python -m bot.cli serve``) on loopback.
+"""pitcrew itself as a real subprocess on loopback, in front of the simulated far side or not.
 
 Used wherever a test must cross a process boundary: kill -9 and restart, hypothesis bodies
-over real HTTP, the crash-safety run, the detection path. ``Pitcrew.kill()`` is SIGKILL;
-``stop()`` is SIGTERM (graceful). Every started process is stopped by the fixture.
+over real HTTP, the crash-safety run, the detection path. By default it runs
+``python -m tests.simulator.serve`` with a world file (``world={"inventory": ..., "latency":
+"200ms"}``) and ``journal`` is the simulator's journal; with ``simulated=False`` it runs the
+real ``python -m bot.cli serve`` and ``journal`` is pitcrew's own dry-run journal. Real
+systems named in ``config`` (``integrations.scheduler: slurm``) stay real either way.
+``Pitcrew.kill()`` is SIGKILL; ``stop()`` is SIGTERM (graceful). Every started process is
+stopped by the fixture.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class Pitcrew:
         workdir: Path,
         *,
         config: Mapping[str, Any] | None = None,
+        world: Mapping[str, Any] | None = None,
+        simulated: bool = True,
         env: Mapping[str, str] | None = None,
         token: str = "test-webhook-token",
         admin_token: str = "test-admin-token",
@@ -45,8 +52,10 @@ class Pitcrew:
         self.token, self.admin_token = token, admin_token
         (workdir / "webhook.token").write_text(token + "\n")
         (workdir / "admin.token").write_text(admin_token + "\n")
+        if world is not None and not simulated:
+            raise ValueError("a world is for the simulated far side; pitcrew serve has none")
         self.store = workdir / "pitcrew.db"
-        self.journal = workdir / "recorded-actions.jsonl"
+        self.journal = workdir / ("simulated-far-side.jsonl" if simulated else "dry-run-journal.jsonl")
         settings: dict[str, Any] = {
             "server": {
                 "listen": f"127.0.0.1:{self.port}",
@@ -56,13 +65,20 @@ class Pitcrew:
                 },
             },
             "store": {"path": str(self.store)},
-            "integrations": {"recording_path": str(self.journal)},
+            "integrations": {"journal_path": str(workdir / "dry-run-journal.jsonl")},
             "engine": {"poll_interval": "0.2s", "retry_backoff": "0.05s", "retry_backoff_max": "0.5s"},
             "log": {"level": "INFO", "format": "json"},
         }
         _merge(settings, dict(config or {}))
         self.config_path = workdir / "pitcrew.yaml"
         self.config_path.write_text(yaml.safe_dump(settings))
+        self.argv = [sys.executable, "-m", "bot.cli", "serve", "--config", str(self.config_path)]
+        if simulated:
+            self.world_path = workdir / "world.yaml"
+            world_file = {"journal": str(self.journal), **{k: _plain(v) for k, v in (world or {}).items()}}
+            self.world_path.write_text(yaml.safe_dump(world_file))
+            self.argv = [sys.executable, "-m", "tests.simulator.serve", "--config", str(self.config_path)]
+            self.argv += ["--world", str(self.world_path)]
         self.env = {**os.environ, **(env or {})}
         self.log = workdir / "pitcrew.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -72,7 +88,7 @@ class Pitcrew:
         self.starts += 1
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "bot.cli", "serve", "--config", str(self.config_path)],
+                self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -199,6 +215,10 @@ class Pitcrew:
         if not self.journal.exists():
             return []
         return [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
 
 
 def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:

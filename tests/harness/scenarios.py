@@ -1,4 +1,4 @@
-"""Alert payloads and recording inventories for engine scenarios (crash, storm, approvals, rollback).
+"""Alert payloads and simulator inventories for engine scenarios (crash, storm, approvals, rollback).
 
 Payloads are the captured Alertmanager deliveries re-addressed to other nodes and times,
 so every scenario speaks the exact wire format Alertmanager sends.

@@ -31,8 +31,8 @@ def server(pitcrew_factory: Any, tmp_path: Path) -> Pitcrew:
             "mode": "approve",
             "approvals": {"approvers": ["alice", "slack:U0ALICE"], "timeout": "4s"},
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}, "node": {"cooldown": "0s"}},
-            "integrations": {"recording_inventory": str(world)},
         },
+        world={"inventory": world},
     ).start()
 
 
@@ -125,9 +125,9 @@ def test_pause_holds_a_running_incident_at_its_next_destructive_step(pitcrew_fac
         "hold",
         config={
             "mode": "auto",
-            "integrations": {"recording_latency": "200ms"},
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
         },
+        world={"latency": "200ms"},
     ).start()
     _, body = server.post_alerts(delivery(node="gpu-node-02"))
     incident = body["opened"][0]

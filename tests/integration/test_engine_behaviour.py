@@ -22,7 +22,8 @@ RELAXED = {"breaker": {"max_nodes": 10, "max_fraction": 1.0}}
 def test_resolved_alert_mid_playbook_is_shown_but_changes_nothing(pitcrew_factory: Any) -> None:
     server: Pitcrew = pitcrew_factory(
         "resolved-mid",
-        config={"mode": "auto", "guards": RELAXED, "integrations": {"recording_latency": "200ms"}},
+        config={"mode": "auto", "guards": RELAXED},
+        world={"latency": "200ms"},
     ).start()
     starts = datetime.now(UTC)
     _, body = server.post_alerts(delivery(node="gpu-node-02", starts=starts))
@@ -40,7 +41,7 @@ def test_resolved_alert_mid_playbook_is_shown_but_changes_nothing(pitcrew_factor
 
 def test_a_more_severe_fault_replans_without_repeating_work(pitcrew_factory: Any) -> None:
     server: Pitcrew = pitcrew_factory(
-        "replan", config={"mode": "auto", "guards": RELAXED, "integrations": {"recording_latency": "250ms"}}
+        "replan", config={"mode": "auto", "guards": RELAXED}, world={"latency": "250ms"}
     ).start()
     _, first = server.post_alerts(delivery("xid48-then-xid154-1-after-xid48.json", node="gpu-node-07"))
     incident = first["opened"][0]
@@ -64,13 +65,13 @@ def test_a_refusing_far_side_escalates_to_humans(pitcrew_factory: Any, tmp_path:
         config={
             "mode": "auto",
             "guards": RELAXED,
-            "integrations": {"recording_inventory": str(world)},
             "playbooks": {
                 "replace-node": {
                     "steps": ["notify", {"step": "slurm_down", "attempts": 3}, "cordon", "close"],
                 }
             },
         },
+        world={"inventory": world},
     ).start()
     # gpu-node-09 is not in the inventory: every call about it is refused by the far side.
     _, body = server.post_alerts(delivery(node="gpu-node-09"))

@@ -15,18 +15,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot.integrations.recording import RecordingWorld
-from bot.integrations.recording_cluster import RecordingCluster
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
+from tests.simulator.cluster import SimulatedCluster
+from tests.simulator.world import SimulatedWorld
 
 
 def _node_state(server: Pitcrew, inventory_path: Path, node: str) -> dict[str, Any]:
     """The far side's view of a node, replayed from pitcrew's journal over the inventory."""
-    world = RecordingWorld.from_paths(server.journal, inventory_path)
+    world = SimulatedWorld.from_paths(server.journal, inventory_path)
 
     async def read() -> dict[str, Any]:
-        k8s = await RecordingCluster(world).node(node)
+        k8s = await SimulatedCluster(world).node(node)
         slurm = await world.node(node)
         assert k8s is not None
         return {
@@ -66,11 +66,8 @@ def _world(tmp: Path) -> Path:
 def _server(pitcrew_factory: Any, world: Path, **extra: Any) -> Pitcrew:
     return pitcrew_factory(
         "rollback",
-        config={
-            "mode": "auto",
-            "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-            "integrations": {"recording_inventory": str(world), **extra},
-        },
+        config={"mode": "auto", "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}}},
+        world={"inventory": world, **extra},
     ).start()
 
 
@@ -122,7 +119,7 @@ def test_what_someone_else_set_is_never_undone(pitcrew_factory: Any, tmp_path: P
 
 def test_rollback_in_the_middle_stops_the_playbook(pitcrew_factory: Any, tmp_path: Path) -> None:
     world = _world(tmp_path)
-    server = _server(pitcrew_factory, world, recording_latency="300ms")
+    server = _server(pitcrew_factory, world, latency="300ms")
     _, body = server.post_alerts(delivery(node="gpu-node-04"))
     incident = body["opened"][0]
     server.wait_call("evict", "ml-train/d")

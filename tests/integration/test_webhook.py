@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestServer
 from bot.config import load_config
 from bot.runtime import build_app
 from tests.conftest import FIXTURES
+from tests.simulator.serve import WorldFile, simulated_ports
 
 AM = FIXTURES / "alertmanager"
 TOKEN = "t0ken-for-tests"
@@ -40,13 +41,14 @@ async def server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         base: dict[str, Any] = {
             "store": {"path": str(tmp_path / f"p{len(servers)}.db")},
             "server": {"auth": {"bearer_token_file": str(tmp_path / "token")}},
-            "integrations": {"recording_path": str(tmp_path / "journal.jsonl")},
             "engine": {"poll_interval": "0.1s"},
         }
         for key, value in settings.items():
             base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
         config = load_config(None, **base)
-        test_server = TestServer(build_app(config), host="127.0.0.1")
+        # The simulated far side, so that auto mode could act (and the tests see that it does not).
+        ports = simulated_ports(config, WorldFile(journal=tmp_path / "journal.jsonl"))
+        test_server = TestServer(build_app(config, ports=ports, allow_simulated=True), host="127.0.0.1")
         await test_server.start_server()
         servers.append(test_server)
         return test_server, ClientSession(base_url=str(test_server.make_url("")))

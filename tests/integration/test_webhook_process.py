@@ -71,7 +71,7 @@ bodies = st.one_of(
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = Pitcrew(tmp_path_factory.mktemp("fuzz"), config={"mode": "observe"}).start()
+    server = Pitcrew(tmp_path_factory.mktemp("fuzz"), config={"mode": "observe"}, simulated=False).start()
     yield server
     server.stop()
 
@@ -97,7 +97,7 @@ def test_server_still_serves_after_the_fuzzing(running: Pitcrew) -> None:
 
 
 def test_sigkill_right_after_200_loses_nothing(pitcrew_factory: Any) -> None:
-    server: Pitcrew = pitcrew_factory("crash", config={"mode": "observe"}).start()
+    server: Pitcrew = pitcrew_factory("crash", config={"mode": "observe"}, simulated=False).start()
     status, body = server.post_alerts((FIXTURES / "alertmanager" / "xid79-firing.json").read_bytes())
     assert status == 200
     server.kill()  # no graceful shutdown, nothing flushed by us after the answer
@@ -120,7 +120,7 @@ def test_incidents_cli_reads_the_store(pitcrew_factory: Any) -> None:
     import subprocess
     import sys
 
-    server: Pitcrew = pitcrew_factory("cli", config={"mode": "observe"}).start()
+    server: Pitcrew = pitcrew_factory("cli", config={"mode": "observe"}, simulated=False).start()
     _, body = server.post_alerts((FIXTURES / "alertmanager" / "two-faults-same-node.json").read_bytes())
     [incident_id] = body["opened"]
     server.stop()

@@ -1,13 +1,14 @@
-"""The recording far side: every port call is appended to a journal instead of a real system.
+"""The simulated far side's world: Slurm and Kubernetes modelled over a journal and an inventory.
 
-Used in observe-only set-ups, dry runs, the demo and the crash tests. Each call that would
-change something is one JSON line, flushed and fsynced before the call returns, so the
-journal survives a SIGKILL of pitcrew and is the far side's own record of what reached it.
-State (is the node cordoned? which pods are left? where did the job go?) is derived by
-replaying the journal over an optional inventory, modelling the effects the real systems
-have: DOWN requeues a requeueable job onto a healthy node with its restart count raised;
-a replaced node comes back Ready and uncordoned while its Slurm node stays DOWN until
-RESUME (Slurm's ReturnToService=1 behaviour).
+A test tool, never a default and never importable from ``bot``: the crash, storm, approval
+and rollback tests run pitcrew against it (``python -m tests.simulator.serve``). Each call
+that would change something is one JSON line, flushed and fsynced before the call returns,
+so the journal survives a SIGKILL of pitcrew and is the far side's own record of what
+reached it. State (is the node cordoned? which pods are left? where did the job go?) is
+derived by replaying the journal over an optional inventory, modelling the effects the real
+systems have: DOWN requeues a requeueable job onto a healthy node with its restart count
+raised; a replaced node comes back Ready and uncordoned while its Slurm node stays DOWN
+until RESUME (Slurm's ReturnToService=1 behaviour). ``latency`` models the round trip.
 """
 
 from __future__ import annotations
@@ -112,8 +113,11 @@ class Journal:
         return self._records
 
 
-class RecordingWorld:
-    """Scheduler, Cluster and Notifier at once, over one journal and an optional inventory."""
+class SimulatedWorld:
+    """The simulated Slurm (the Scheduler port) and the state the simulated cluster reads."""
+
+    #: ``bot.runtime.build_app`` refuses ports that say this unless a test allows them.
+    far_side = "simulator"
 
     def __init__(self, journal: Journal, inventory: Mapping[str, Any] | None = None) -> None:
         self.journal = journal
@@ -136,13 +140,13 @@ class RecordingWorld:
         self.latency = 0.0
 
     @classmethod
-    def from_paths(cls, journal: Path | None, inventory: Path | None, latency: float = 0.0) -> RecordingWorld:
+    def from_paths(cls, journal: Path | None, inventory: Path | None, latency: float = 0.0) -> SimulatedWorld:
         data = yaml.safe_load(inventory.read_text()) if inventory is not None else None
         world = cls(Journal(journal), data or {})
         world.latency = latency
         return world
 
-    async def far_side(self) -> None:
+    async def round_trip(self) -> None:
         """Model the round trip to a real API (demos, crash tests); zero by default."""
         if self.latency:
             await asyncio.sleep(self.latency)
@@ -206,22 +210,22 @@ class RecordingWorld:
         return nodes.get(name) or _Node(name)
 
     async def write(self, op: str, **data: Any) -> None:
-        await self.far_side()
+        await self.round_trip()
         await self.journal.append({"op": op, **data})
 
     # ---------------------------------------------------------------- Scheduler
     async def node(self, name: str) -> SlurmNodeState:
-        await self.far_side()
+        await self.round_trip()
         n = self.node_record(name)
         return SlurmNodeState(name=name, states=frozenset({n.slurm}), reason=n.reason)
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
-        await self.far_side()
+        await self.round_trip()
         _, jobs = self.state()
         return [self._snapshot(j) for j in jobs.values() if j.node == name and j.state == "RUNNING"]
 
     async def job(self, job_id: str) -> JobSnapshot | None:
-        await self.far_side()
+        await self.round_trip()
         _, jobs = self.state()
         return self._snapshot(jobs[job_id]) if job_id in jobs else None
 

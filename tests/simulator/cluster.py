@@ -1,4 +1,4 @@
-"""Kubernetes and Slack halves of the recording far side (see ``bot.integrations.recording``)."""
+"""Kubernetes and notifier halves of the simulated far side (see ``tests.simulator.world``)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ from collections.abc import Mapping, Sequence
 
 from bot.domain.nodemap import SlurmdPod
 from bot.engine.ports import FAULT_TAINT, ClusterNode, Notice, PodRef
-from bot.integrations.recording import RecordingWorld
+from tests.simulator.world import SimulatedWorld
 
 log = logging.getLogger(__name__)
 
 
-class RecordingCluster:
-    def __init__(self, world: RecordingWorld) -> None:
+class SimulatedCluster:
+    far_side = "simulator"
+
+    def __init__(self, world: SimulatedWorld) -> None:
         self._world = world
 
     async def node(self, name: str) -> ClusterNode | None:
-        await self._world.far_side()
+        await self._world.round_trip()
         n = self._world.node_record(name)
         return ClusterNode(
             name=name,
@@ -43,7 +45,7 @@ class RecordingCluster:
 
     async def pods_on_node(self, name: str) -> list[PodRef]:
         n = self._world.node_record(name)
-        await self._world.far_side()
+        await self._world.round_trip()
         return [
             PodRef(namespace, name, owner_kind=kind)
             for (namespace, _, name), kind in ((ref.partition("/"), kind) for ref, kind in n.pods.items())
@@ -74,7 +76,7 @@ class RecordingCluster:
         )
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
-        return False  # the recording replacement starts at once: there is never one to cancel
+        return False  # the simulated replacement starts at once: there is never one to cancel
 
     async def reboot(self, name: str, *, incident_id: str) -> None:
         await self._world.write("reboot", node=name, incident_id=incident_id)
@@ -83,8 +85,10 @@ class RecordingCluster:
         await self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
 
 
-class RecordingNotifier:
-    def __init__(self, world: RecordingWorld) -> None:
+class SimulatedNotifier:
+    far_side = "simulator"
+
+    def __init__(self, world: SimulatedWorld) -> None:
         self._world = world
         self._count = 0
 
@@ -100,4 +104,4 @@ class RecordingNotifier:
             actions=list(notice.actions),
         )
         log.info("notice", extra={"incident": notice.incident_id, "kind": notice.kind, "title": notice.title})
-        return f"recorded-{self._count}"
+        return f"simulated-{self._count}"
