@@ -24,8 +24,8 @@ from aiohttp import web
 
 from bot.cli import main
 from bot.config import ConfigError, load_config
-from bot.runtime import build_app, build_ports
 from bot.engine.steps import REGISTRY
+from bot.runtime import build_app, build_ports
 from bot.safety import port_problems
 from tests.harness.pitcrew import REPO
 from tests.harness.proc import free_port
