@@ -47,6 +47,8 @@ class SlurmNodeState:
     reason: str = ""
     reason_user: str | None = None
     reason_time: datetime | None = None
+    #: When its slurmd last registered (a reboot or replacement starts a new one).
+    slurmd_started_at: datetime | None = None
 
     @property
     def down(self) -> bool:

@@ -238,6 +238,7 @@ def parse_node_line(line: str) -> SlurmNodeState:
         reason="" if reason in {"(null)", "None"} else reason,
         reason_user=kv.get("_ReasonUser"),
         reason_time=_local_time(kv.get("_ReasonTime", "")),
+        slurmd_started_at=_local_time(kv.get("SlurmdStartTime", "")),
     )
 
 

@@ -132,6 +132,7 @@ def node_from_json(raw: Mapping[str, Any]) -> SlurmNodeState:
         reason=str(raw.get("reason") or ""),
         reason_user=str(user) if user else None,
         reason_time=_time(raw.get("reason_changed_at")),
+        slurmd_started_at=_time(raw.get("slurmd_start_time")),
     )
 
 

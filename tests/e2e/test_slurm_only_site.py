@@ -2,15 +2,18 @@
 
 This is the configuration the refusal points Slurm-only sites to, run by the real
 ``pitcrew serve`` (no simulator): XID 79 under a checkpointing job. Cases: pitcrew records
-the job and sets the node DOWN with its reason; Slurm requeues the job onto another node;
-cordon and drain find no Kubernetes node and do nothing; ``replace`` cannot be done without
-Kubernetes, so the incident fails and an escalation tells humans to take over; the broken
-node stays DOWN with pitcrew's reason — nothing returns it to service; the dry-run journal
-holds only the notices.
+the job and sets the node DOWN with its reason; cordon and drain are recorded as not
+applicable; ``replace`` is handed to humans (a notice says so); the job track confirms the
+job running again on another node and says so at once, while the node track waits; the
+broken node stays DOWN with pitcrew's reason as long as its slurmd is the one it had at the
+fault — nothing returns an unrepaired node to service; once the node's slurmd starts again
+(the repair), pitcrew resumes it and the incident resolves with both times reported; the
+dry-run journal holds only the notices.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -23,40 +26,67 @@ from tests.harness.slurm import SlurmCluster
 pytestmark = pytest.mark.slow
 
 
-def test_slurm_only_site_takes_the_node_out_and_hands_replace_to_humans(
+def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_node(
     slurm: SlurmCluster, pitcrew_factory: Any
 ) -> None:
     settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
     settings["integrations"] = {"scheduler": "slurm", "cluster": "none"}
     server = pitcrew_factory(
         "slurm-only",
-        config={"mode": "auto", "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}}, **settings},
+        config={
+            "mode": "auto",
+            "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+            "playbooks": {
+                "replace-node": {
+                    "steps": [
+                        "notify",
+                        "slurm_down",
+                        "cordon",
+                        "drain",
+                        "replace",
+                        "wait_ready",
+                        {"step": "slurm_resume", "options": {"requeue_wait_seconds": 5}},
+                        "confirm_resumed",
+                        "close",
+                    ]
+                }
+            },
+            **settings,
+        },
         simulated=False,
     ).start()
     job_id, node = training_on_a_node(slurm)
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
 
-    failed = server.wait_incident(incident_id, "failed", timeout=60)
-    assert failed["playbook"] == "replace-node"
-    assert failed["outcome"].startswith(
-        "replace failed: replace cannot succeed: integrations.cluster is none"
-    )
-    down = step_result(failed, "slurm_down")
-    assert down["owned"] == {node: True} and [j["job_id"] for j in down["jobs"]] == [job_id]
-    assert step_result(failed, "cordon") == {"owned": False, "absent": True}
-    assert step_result(failed, "drain") == {"evicted": []}
-    assert [e["data"]["action"] for e in events(failed, "action")] == ["slurm_down"]
-    assert not step_result(failed, "slurm_resume")
+    # The job track ends while the node track waits for humans.
+    running = server.wait_event(incident_id, "job_running", timeout=60)
+    incident = server.incident(incident_id)
+    assert incident["state"] == "verifying", incident["outcome"]
+    [handover] = notices(server.journal_records(), "handover")
+    assert handover["incident_id"] == incident_id and "replace" in handover["title"]
+    assert step_result(incident, "replace")["handed_over"] is True
+    for step in ("cordon", "drain"):
+        assert "no Kubernetes cluster" in step_result(incident, step)["not_applicable"]
+    [job] = step_result(incident, "confirm_resumed")["jobs"]
+    assert job["job_id"] == job_id and job["status"] == "resumed" and node not in job["new_nodes"]
+    assert running["data"]["seconds"] > 0
+    assert notices(server.journal_records(), "job_running")
 
-    [escalation] = notices(server.journal_records(), "escalation")
-    assert escalation["incident_id"] == incident_id
-    assert any("a human takes over" in line for line in escalation["lines"])
+    time.sleep(3)  # several polls: an unrepaired node must stay out
+    state = slurm.node(node)
+    assert state.down and state.reason.startswith(f"pitcrew: {incident_id} "), state
+    assert server.incident(incident_id)["state"] == "verifying"
+
+    slurm.restart_slurmd(node)  # the humans' repair
+    final = server.wait_incident(incident_id, "resolved", timeout=60)
+    assert step_result(final, "slurm_resume")["resumed"] == [node]
+    wait_until(lambda: slurm.node(node).in_service, timeout=10, what=f"{node} in service after RESUME")
+    actions = [e["data"]["action"] for e in events(final, "action")]
+    assert actions == ["slurm_down", "slurm_resume"]
+    closed = step_result(final, "close")
+    assert 0 < closed["time_to_job_running_seconds"] < closed["time_to_node_back_seconds"]
     assert {r["op"] for r in server.journal_records()} == {"notice"}
 
-    def moved() -> bool:  # Slurm requeued the job off the DOWN node; pitcrew had nothing to do with it
-        job = slurm.job(job_id)
-        return job is not None and job.running and job.restarts == 1 and node not in job.nodes
-
-    wait_until(moved, timeout=30, interval=0.2, what=f"job {job_id} running again on another node")
-    state = slurm.node(node)  # seconds after the failure: a (wrong) resume would have happened by now
-    assert state.down and state.reason.startswith(f"pitcrew: {incident_id} "), state
+    wait_until(
+        lambda: (j := slurm.job(job_id)) is not None and j.running, timeout=10, what=f"job {job_id} running"
+    )

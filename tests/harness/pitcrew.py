@@ -199,17 +199,22 @@ class Pitcrew:
             what=f"{op} on {target} to reach the far side",
         )
 
-    def wait_event(self, incident_id: str, kind: str, step: str | None = None, timeout: float = 30.0) -> None:
-        """Until the incident's timeline has an event of ``kind`` (for ``step``, if given)."""
-        wait_until(
-            lambda: any(
-                e["kind"] == kind and (step is None or e["step"] == step)
+    def wait_event(
+        self, incident_id: str, kind: str, step: str | None = None, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Until the incident's timeline has an event of ``kind`` (for ``step``, if given); the first one."""
+        found: list[dict[str, Any]] = []
+
+        def seen() -> bool:
+            found[:] = [
+                e
                 for e in self.incident(incident_id)["events"]
-            ),
-            timeout=timeout,
-            interval=0.01,
-            what=f"{kind} {step or ''} in {incident_id}",
-        )
+                if e["kind"] == kind and (step is None or e["step"] == step)
+            ]
+            return bool(found)
+
+        wait_until(seen, timeout=timeout, interval=0.01, what=f"{kind} {step or ''} in {incident_id}")
+        return found[0]
 
     def journal_records(self) -> list[dict[str, Any]]:
         if not self.journal.exists():

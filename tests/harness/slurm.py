@@ -198,6 +198,18 @@ class SlurmCluster:
         """SIGTERM slurmctld (it saves state first) and wait until it is gone."""
         self._terminate("slurmctld")
 
+    def restart_slurmd(self, node: str, timeout: float = 20) -> None:
+        """Stop and start one node's slurmd, as a repair, reboot or replacement of the node does."""
+        before = self.node(node).slurmd_started_at
+        time.sleep(1.1)  # Slurm keeps the start time in whole seconds: the new one must differ
+        self._terminate(f"slurmd-{node}")
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+        self._wait(
+            lambda: (started := self.node(node).slurmd_started_at) is not None and started != before,
+            timeout,
+            f"slurmd on {node} to register again",
+        )
+
     def start_rest(self, timeout: float = 20) -> None:
         env = self.env | {"SLURM_JWT": "daemon"}
         argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", rest_user(), "-s", "openapi/v0.0.38"]

@@ -55,6 +55,8 @@ def check_show_node(path: Path) -> None:
     nodes = {n.name: n for n in map(parse_node_line, _lines(path, "NodeName="))}
     assert nodes["gpu-001"].states == {"MIXED"}
     assert nodes["gpu-001"].reason == ""
+    # SlurmdStartTime=2026-11-29T08:17:12, the controller's local time (UTC on the capture host).
+    assert nodes["gpu-001"].slurmd_started_at == datetime(2026, 11, 29, 8, 17, 12).astimezone(UTC)
     drained = nodes["gpu-003"]
     assert drained.states == {"IDLE", "DRAIN"}
     assert drained.drained
@@ -131,6 +133,7 @@ def check_sinfo_down_drain(path: Path) -> None:
     assert nodes["gpu-001"].down
     assert nodes["gpu-001"].reason == "XID 79"
     assert nodes["gpu-001"].reason_time == datetime.fromtimestamp(1795940740, tz=UTC)
+    assert nodes["gpu-001"].slurmd_started_at == datetime.fromtimestamp(1795940737, tz=UTC)
     assert nodes["gpu-003"].states == {"MIXED", "DRAIN"}
     assert nodes["gpu-003"].reason == "XID 48 test"
 

@@ -30,8 +30,9 @@ class IssueResult(StepResult):
     #: A restart found the intent unconfirmed and did not issue again.
     assumed: bool = False
     handle: str | None = None
-    #: No cluster to act through: humans were asked to do it.
+    #: No cluster to act through: humans were asked to do it (and when).
     handed_over: bool = False
+    handed_over_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,13 @@ async def _hand_over(ctx: StepContext[Issued], what: str) -> Done[Issued]:
                 (
                     f"pitcrew has no Kubernetes cluster to {what} {ctx.node} through (integrations.cluster: none).",
                     "The Slurm node stays out of service with pitcrew's reason; pitcrew returns it once "
-                    "its slurmd has gone away and registered again.",
+                    "its slurmd has started again after the repair.",
                 ),
                 severity="warning",
                 node=ctx.node,
             )
         )
-        await ctx.save(replace(ctx.progress, handed_over=True))
+        await ctx.save(replace(ctx.progress, handed_over=True, handed_over_at=ctx.clock()))
         await ctx.note("handed_over", f"{what} handed to humans: no Kubernetes cluster")
     return Done(ctx.progress, f"{what} handed to humans")
 
@@ -221,7 +222,12 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
 async def _slurm_node_back(
     ctx: StepContext[WaitReadyResult], slurm_nodes: tuple[str, ...]
 ) -> Done[WaitReadyResult] | Wait:
-    """Without Kubernetes, the only sign of a repair is slurmd going away and registering again."""
+    """Without Kubernetes, the sign of a repair is the node's slurmd starting again after the
+    repair was handed to humans (or, where Slurm does not say when slurmd started, going away
+    and coming back). A node still running the slurmd it had at the fault is not repaired."""
+    repairs = [await ctx.result(kind) for kind in (ResetResult, RebootResult, ReplaceResult)]
+    handed = [r.handed_over_at for r in repairs if r is not None and r.handed_over_at is not None]
+    since = max(handed).replace(microsecond=0) if handed else None
     gone = ctx.progress.seen_gone
     for name in slurm_nodes:
         state = await ctx.ports.scheduler.node(name)
@@ -229,8 +235,11 @@ async def _slurm_node_back(
             if not gone:
                 await ctx.save(replace(ctx.progress, seen_gone=True))
             return Wait(ctx.poll, f"slurmd on {name} is away (being repaired)")
-        if not gone:
-            return Wait(ctx.poll, f"waiting for the repair of {name}: its slurmd has not gone away yet")
+        restarted = (
+            since is not None and state.slurmd_started_at is not None and state.slurmd_started_at > since
+        )
+        if not (restarted or gone):
+            return Wait(ctx.poll, f"waiting for the repair of {name}: its slurmd has not started again")
         if (state.down or state.drained) and not is_pitcrew_reason(state.reason):
             return Wait(ctx.poll, f"{name} is back but held by someone else: {state.reason!r}")
     return Done(WaitReadyResult(ready_at=ctx.clock(), seen_gone=gone), "the Slurm node is back")
