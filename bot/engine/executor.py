@@ -205,8 +205,11 @@ class Executor:
                     return answer, counter["n"]
         except TransientError as exc:
             raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
-        except TimeoutError as exc:
-            raise StepFailed(f"{ctx.step} timed out", "timeout") from exc
+        except TimeoutError as exc:  # the step's deadline passed during a call to the far side
+            raise StepFailed(
+                f"{ctx.step} did not finish within its budget: a call to the far side was still running",
+                "timeout",
+            ) from exc
         except PermanentError as exc:
             raise StepFailed(f"{ctx.step} cannot succeed: {exc}", exc.reason) from exc
         except Exception as exc:  # a defect must escalate to humans, not kill the incident's worker

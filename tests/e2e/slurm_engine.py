@@ -27,16 +27,18 @@ def start_pitcrew(
     backend: str = "scontrol",
     *,
     slurm_options: dict[str, Any] | None = None,
+    world: dict[str, Any] | None = None,
     **config: Any,
 ) -> Pitcrew:
-    """pitcrew in auto mode on the cluster; the breaker relaxed (three nodes are the whole fleet)."""
+    """pitcrew in auto mode on the cluster; the breaker relaxed (three nodes are the whole fleet).
+    ``world``: the simulated Kubernetes side's knobs (``latency``, ``replace_seconds``)."""
     settings = {
         "mode": "auto",
         "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
         **slurm.pitcrew_settings(backend, **({"command_timeout": 5} | (slurm_options or {}))),
         **config,
     }
-    server: Pitcrew = factory(name, config=settings)
+    server: Pitcrew = factory(name, config=settings, world=world)
     return server.start()
 
 

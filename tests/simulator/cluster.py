@@ -24,7 +24,7 @@ class SimulatedCluster:
         return ClusterNode(
             name=name,
             unschedulable=n.unschedulable,
-            ready=n.ready,
+            ready=self._world.ready(n),
             taints=(FAULT_TAINT,) if n.tainted else (),
             labels=dict(n.labels),
             annotations=dict(n.annotations),

@@ -30,7 +30,7 @@ from bot.runtime import metrics_query, serve, slurm_names_for
 from tests.simulator.cluster import SimulatedCluster, SimulatedNotifier
 from tests.simulator.world import SimulatedWorld
 
-_KEYS = frozenset({"journal", "inventory", "latency"})
+_KEYS = frozenset({"journal", "inventory", "latency", "replace_seconds"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,8 @@ class WorldFile:
     journal: Path
     inventory: Path | None = None
     latency: float = 0.0
+    #: Seconds a replaced node stays NotReady: a node track that takes that long.
+    replace_seconds: float = 0.0
 
 
 def load_world(path: Path) -> WorldFile:
@@ -48,19 +50,25 @@ def load_world(path: Path) -> WorldFile:
     unknown = set(data) - _KEYS
     if unknown or "journal" not in data:
         raise ConfigError(
-            f"world file {path}: needs journal, may have inventory, latency; got {sorted(data)}"
+            f"world file {path}: needs journal, may have inventory, latency, replace_seconds; got {sorted(data)}"
         )
     try:
         latency = parse_duration(data.get("latency", 0)).total_seconds()
+        replace_seconds = parse_duration(data.get("replace_seconds", 0)).total_seconds()
     except ValueError as exc:
-        raise ConfigError(f"world file {path}: latency: {exc}") from None
+        raise ConfigError(f"world file {path}: {exc}") from None
     inventory = data.get("inventory")
-    return WorldFile(Path(data["journal"]), Path(inventory) if inventory else None, latency)
+    return WorldFile(Path(data["journal"]), Path(inventory) if inventory else None, latency, replace_seconds)
 
 
 def simulated_ports(config: Config, world_file: WorldFile) -> Ports:
     settings = config.settings
-    world = SimulatedWorld.from_paths(world_file.journal, world_file.inventory, latency=world_file.latency)
+    world = SimulatedWorld.from_paths(
+        world_file.journal,
+        world_file.inventory,
+        latency=world_file.latency,
+        replace_seconds=world_file.replace_seconds,
+    )
     scheduler: Scheduler = world
     if settings.integrations.scheduler == "slurm":
         scheduler = build_scheduler(settings.slurm)

@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class _Node:
     slurm: str = "IDLE"
     reason: str = ""
     replaced: bool = False
+    #: When the replacement was started (a slow replacement is NotReady for a while after it).
+    replaced_at: datetime | None = None
 
 
 @dataclass
@@ -138,13 +140,26 @@ class SimulatedWorld:
         self._known_nodes = frozenset(self._nodes)
         self._applied = 0
         self.latency = 0.0
+        #: Seconds a replaced node stays NotReady (its new machine booting); 0: Ready at once.
+        self.replace_seconds = 0.0
 
     @classmethod
-    def from_paths(cls, journal: Path | None, inventory: Path | None, latency: float = 0.0) -> SimulatedWorld:
+    def from_paths(
+        cls, journal: Path | None, inventory: Path | None, latency: float = 0.0, replace_seconds: float = 0.0
+    ) -> SimulatedWorld:
         data = yaml.safe_load(inventory.read_text()) if inventory is not None else None
         world = cls(Journal(journal), data or {})
         world.latency = latency
+        world.replace_seconds = replace_seconds
         return world
+
+    def ready(self, node: _Node) -> bool:
+        """Ready, unless a slow replacement is still booting."""
+        if node.replaced_at is not None and self.replace_seconds:
+            return node.ready and datetime.now(UTC) >= node.replaced_at + timedelta(
+                seconds=self.replace_seconds
+            )
+        return node.ready
 
     async def round_trip(self) -> None:
         """Model the round trip to a real API (demos, crash tests); zero by default."""
@@ -192,6 +207,7 @@ class SimulatedWorld:
         elif op == "replace" and node is not None:
             # A new machine under the same name: clean, Ready, empty; Slurm keeps the DOWN.
             node.replaced, node.unschedulable, node.tainted = True, False, False
+            node.replaced_at = datetime.fromisoformat(r["at"])
             node.pods = {ref: kind for ref, kind in node.pods.items() if kind == "DaemonSet"}
             node.annotations.pop(OWNER_ANNOTATION, None)
 
