@@ -188,9 +188,17 @@ class IncidentFlow:
             return False
         failed = [s for s in job_steps if _status(steps, s) == "failed"]
         if failed:
-            await self._close(incident, State.FAILED, f"{failed[0]} failed: the job did not come back")
+            detail = await self._failure(incident.id, failed[0])
+            await self._close(incident, State.FAILED, f"{failed[0]} failed: {detail}")
             return False
         return True
+
+    async def _failure(self, incident_id: str, step: str) -> str:
+        """Why a step failed, as its last ``step_finished`` event says."""
+        ends = [
+            e for e in await self.store.events_of(incident_id) if e.kind == "step_finished" and e.step == step
+        ]
+        return ends[-1].detail if ends and ends[-1].outcome == "failed" else "the job did not come back"
 
     # ----------------------------------------------------------------- waiting
     async def _still_firing(self, incident: IncidentRecord) -> bool:
