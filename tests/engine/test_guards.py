@@ -1,0 +1,270 @@
+"""Guards, as the running engine applies them (in process, fake time).
+
+Cases (one table row each): pause suppresses a new plan, with the reason and a notice; the
+opt-out label means hands off; the breaker trips on max_nodes and on max_fraction of the
+fleet, with one summary notice; an open breaker suppresses quietly (no notice per
+incident); a second remediation inside the cooldown is refused, one after it is not; the
+per-node attempts cap; an alert older than the stale cutoff after a breaker reset is
+skipped; a playbook that touches nothing passes every guard even while paused.
+
+Pause on a running incident: it is held before its next destructive step (nothing more
+reaches the far side while paused) and goes on after resume; steps that return the node
+(RESUME, uncordon) are not held. Observe mode: every mutating step of the playbook is
+recorded as skipped with what it would have done, nothing reaches the far side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.engine.steps import REGISTRY
+from tests.engine.harness import EngineHarness, Slow, fleet
+from tests.harness.scenarios import delivery, fault_delivery, gpu_node
+
+Setup = Callable[[EngineHarness], Awaitable[str]]
+
+
+async def _paused(h: EngineHarness) -> str:
+    await h.commands.pause("oncall", "drill")
+    return await h.alert("gpu-node-02")
+
+
+async def _one_alert(h: EngineHarness) -> str:
+    return await h.alert("gpu-node-02")
+
+
+async def _two_nodes(h: EngineHarness) -> str:
+    await h.alert("gpu-node-01")
+    return await h.alert("gpu-node-02")
+
+
+async def _three_nodes(h: EngineHarness) -> str:
+    await h.alert("gpu-node-01")
+    await h.alert("gpu-node-02")
+    return await h.alert("gpu-node-03")
+
+
+def _again_after(minutes: int, times: int = 1) -> Setup:
+    async def setup(h: EngineHarness) -> str:
+        for _ in range(times):
+            first = await h.alert("gpu-node-02")
+            assert (await h.until_ended(first)).state.value == "resolved"
+            await h.time.advance(minutes * 60)
+        return await h.alert("gpu-node-02")
+
+    return setup
+
+
+async def _stale(h: EngineHarness) -> str:
+    await h.commands.reset_breaker("oncall")
+    await h.time.advance(60)
+    return await h.alert("gpu-node-02", starts=h.time.now() - timedelta(minutes=20))
+
+
+async def _hands_off_while_paused(h: EngineHarness) -> str:
+    await h.commands.pause("oncall")
+    return await h.alert("gpu-node-02", fixture="exporter-down-firing.json")
+
+
+@dataclass(frozen=True)
+class GuardCase:
+    setup: Setup
+    #: States the judged incident settles in (terminal, or waiting).
+    until: tuple[str, ...]
+    #: Guards that said no (empty: let through).
+    blocking: frozenset[str]
+    #: Words in the outcome (suppressed) or in the guards' decisions (let through).
+    words: str
+    notices: dict[str, int] = field(default_factory=dict)
+    harness: dict[str, Any] = field(default_factory=dict)
+
+
+GUARDS = {
+    "pause": GuardCase(
+        _paused,
+        ("suppressed",),
+        frozenset({"pause"}),
+        "pitcrew is paused by oncall",
+        {"suppressed": 1, "incident": 0},
+    ),
+    "opt-out-label": GuardCase(
+        _one_alert,
+        ("suppressed",),
+        frozenset({"opt-out"}),
+        "carries pitcrew.dev/opt-out=true: hands off",
+        {"suppressed": 1},
+        {
+            "inventory": fleet(
+                ("gpu-node-01",), extra={"gpu-node-02": gpu_node(labels={"pitcrew.dev/opt-out": "true"})}
+            )
+        },
+    ),
+    "breaker-max-nodes": GuardCase(
+        _two_nodes,
+        ("suppressed",),
+        frozenset({"breaker"}),
+        "more than max_nodes 1",
+        {"breaker": 1, "suppressed": 0},
+        {"breaker": {"max_nodes": 1}},
+    ),
+    "breaker-max-fraction": GuardCase(
+        _two_nodes,
+        ("suppressed",),
+        frozenset({"breaker"}),
+        "2 of 10 nodes (20.0%) would be under remediation",
+        {"breaker": 1},
+        {
+            "breaker": {"max_nodes": 10, "max_fraction": 0.1},
+            "inventory": fleet(tuple(f"gpu-node-{n:02d}" for n in range(1, 11))),
+        },
+    ),
+    "breaker-open-is-quiet": GuardCase(
+        _three_nodes,
+        ("suppressed",),
+        frozenset({"breaker"}),
+        "circuit breaker is open",
+        {"breaker": 1, "suppressed": 0},
+        {"breaker": {"max_nodes": 1}},
+    ),
+    "cooldown": GuardCase(
+        _again_after(minutes=10),
+        ("suppressed",),
+        frozenset({"cooldown"}),
+        "inside the 30m cooldown",
+        {"suppressed": 1},
+        {"node": {"cooldown": timedelta(minutes=30)}},
+    ),
+    "cooldown-passed": GuardCase(
+        _again_after(minutes=40),
+        ("resolved",),
+        frozenset(),
+        "no remediation on this node in the last 30m",
+        {"suppressed": 0, "summary": 2},
+        {"node": {"cooldown": timedelta(minutes=30)}},
+    ),
+    "attempts-cap": GuardCase(
+        _again_after(minutes=1, times=2),
+        ("suppressed",),
+        frozenset({"attempts"}),
+        "2 remediations on this node in the last 1d (cap 2)",
+        {"suppressed": 1, "summary": 2},
+        {"node": {"max_attempts": 2}},
+    ),
+    "stale-after-breaker-reset": GuardCase(
+        _stale,
+        ("suppressed",),
+        frozenset({"stale"}),
+        "stale alert: it started 20m ago, before the breaker reset",
+        {"suppressed": 1},
+    ),
+    "hands-off-passes-while-paused": GuardCase(
+        _hands_off_while_paused,
+        ("guarded",),  # and watching: it closes when the alert resolves
+        frozenset(),
+        "notify-only does not touch the node; no guard applies",
+        {"incident": 1, "suppressed": 0},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GUARDS.values(), ids=GUARDS.keys())
+async def test_guard(case: GuardCase, tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, **case.harness) as h:
+        judged = await case.setup(h)
+        incident = await h.until_state(judged, *case.until)
+        guards = (await h.events(judged, "guards"))[-1]
+        blocking = {d["guard"] for d in guards.data["decisions"] if not d["ok"]}
+        assert blocking == case.blocking
+        said = " / ".join(d["words"] for d in guards.data["decisions"])
+        assert case.words in (incident.outcome if case.blocking else said), (incident.outcome, said)
+        if case.blocking:
+            assert not await h.steps(judged)  # not one step ran
+            assert not h.changes_for(judged)  # nothing reached the far side for it
+            for guard in case.blocking:
+                assert h.sample("pitcrew_guard_blocks_total", guard=guard) >= 1
+        for kind, count in case.notices.items():
+            assert len(h.notices(kind)) == count, (kind, h.notices())
+
+
+# ------------------------------------------------------------- pause mid-way
+PAUSE_POINTS = {
+    # the call made slow, the step held next (None: nothing destructive is left, the node returns)
+    "during-slurm_down": ("scheduler", "down", "cordon"),
+    "during-cordon": ("cluster", "cordon", "drain"),
+    "during-replace": ("cluster", "replace", None),
+}
+
+
+@pytest.mark.parametrize(("port", "call", "held_at"), PAUSE_POINTS.values(), ids=PAUSE_POINTS.keys())
+async def test_pause_holds_the_next_destructive_step(
+    port: str, call: str, held_at: str | None, tmp_path: Path
+) -> None:
+    async with EngineHarness(tmp_path) as h:
+        getattr(h, port).script(call, Slow(20))
+        incident = await h.alert("gpu-node-02")
+        await h.run_until(lambda: getattr(h, port).calls[call] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        if held_at is None:
+            done = await h.until_ended(incident)
+            assert done.state.value == "resolved"  # returning the node is never held
+            assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
+            assert not await h.events(incident, "held")
+            return
+        held = await h.until_event(incident, "held")
+        assert held.step == held_at and held.detail == "paused by oncall"
+        frozen = h.calls()
+        await h.time.advance(3600)  # an hour of virtual time: nothing more happens
+        assert h.calls() == frozen
+        assert (await h.incident(incident)).state.value == "running"
+        assert held_at not in await h.steps(incident)
+        await h.commands.resume("oncall")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert h.calls()[("replace", "gpu-node-02")] == 1
+        assert h.calls()[("slurm_down", "gpu-node-02")] == 1
+
+
+# ------------------------------------------------------------- observe mode
+OBSERVED = {
+    "replace-node": ("xid79-firing.json", None, "DOWN"),
+    "reset-gpu": ("xid48-then-xid154-1-after-xid48.json", None, "DOWN"),
+    "cordon-and-ask": ("row-remap-failure-firing.json", "health-fail", "DRAIN"),
+}
+
+
+@pytest.mark.parametrize(("fixture", "fault", "action"), OBSERVED.values(), ids=OBSERVED.keys())
+async def test_observe_mode_records_what_it_would_do(
+    fixture: str, fault: str | None, action: str, tmp_path: Path
+) -> None:
+    async with EngineHarness(tmp_path, mode="observe") as h:
+        now = h.time.now()
+        body = (
+            fault_delivery(fault, alertname="GpuHealthFail", node="gpu-node-02", fixture=fixture, starts=now)
+            if fault
+            else delivery(fixture, node="gpu-node-02", starts=now)
+        )
+        incident = await h.opens(body)
+        await h.until_event(incident, "watching")
+        await h.time.advance(600)  # observe incidents stay open while the fault fires
+        record = await h.incident(incident)
+        assert not record.state.terminal
+        assert record.plan is not None and record.plan.mode.value == "observe"
+        steps = await h.steps(incident)
+        mutating = [s for s in record.plan.steps if REGISTRY[s].mutating]
+        assert len(mutating) >= 2, record.plan.steps
+        for step in mutating:
+            assert steps[step].status == "skipped"
+            assert steps[step].result["would"] == REGISTRY[step].would.format(action=action)
+        assert steps["notify"].status == "ok" and len(h.notices("incident")) == 1
+        assert not h.calls()
+        await h.resolve(incident)
+        done = await h.until_ended(incident)
+        assert done.state.value == "suppressed"
+        assert done.outcome == f"observe mode: {record.playbook} was not run"
+        assert not h.calls()
