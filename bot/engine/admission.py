@@ -194,6 +194,7 @@ class Admission:
             outcome=verdict.summary(),
             event=NewEvent("state", outcome=State.SUPPRESSED.value, detail=verdict.summary()),
         )
+        self._metrics.incidents_closed.labels(State.SUPPRESSED.value, record.playbook or "none").inc()
         quiet = {d.guard for d in verdict.blocking} == {"breaker"}
         if not quiet:
             await post_safely(

@@ -10,8 +10,10 @@ of budget, or fails permanently, escalates: the incident goes to humans, never s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -33,6 +35,7 @@ from bot.store.base import IncidentRecord, JsonObject, NewEvent
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=StepResult)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,22 @@ class Executor:
         self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
         return StepOutcome(status, detail)
 
+    async def _within(self, call: Awaitable[T], seconds: float) -> T:
+        """The call's answer, or ``TimeoutError`` once ``seconds`` pass on the engine's timer
+        (the step's deadline binds a slow far side too; a fake timer in tests sees it)."""
+        task = asyncio.ensure_future(call)
+        finished = asyncio.Event()
+        task.add_done_callback(lambda _: finished.set())
+        try:
+            if not await self._deps.timer.wait(finished, seconds):
+                raise TimeoutError
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return task.result()
+
     async def _until_done(
         self, ctx: StepContext[R], definition: StepDef[R], deadline: datetime, used: int, attempts: int
     ) -> Done[R]:
@@ -201,7 +220,7 @@ class Executor:
                         )
                     remaining = max((deadline - self._clock()).total_seconds(), 0.001)
                     async with self._slots:
-                        answer = await asyncio.wait_for(handler(ctx), timeout=remaining)
+                        answer = await self._within(handler(ctx), remaining)
                     return answer, counter["n"]
         except TransientError as exc:
             raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc

@@ -111,8 +111,8 @@ class IncidentFlow:
     async def _enter(self, incident: IncidentRecord, step: str) -> bool:
         """Move to the state this step runs in; hold mutating steps while paused."""
         definition = self.registry[step]
-        if definition.mutating and incident.mode == Mode.OBSERVE.value:
-            return True  # recorded as skipped by the executor; the incident does not pretend to run
+        if incident.mode == Mode.OBSERVE.value:
+            return True  # observe mode runs nothing on a node: the incident stays guarded, never "running"
         if definition.destructive:
             pause = await self.store.switch(PAUSE)
             if pause is not None:
@@ -279,10 +279,13 @@ class IncidentFlow:
             state, outcome = State.SUPPRESSED, f"observe mode: {incident.playbook} was not run"
         else:
             state, outcome = State.RESOLVED, "resolved"
-        if await self._close(incident, state, outcome, unless="firing" if hands_off else "new_fault"):
+        # A hands-off incident waits for its alerts to resolve — but only up to watch_max: after
+        # that it closes even while they fire, or it would close-and-reopen for ever.
+        watching = hands_off and self.clock() - incident.opened_at < self.deps.settings.watch_max
+        if await self._close(incident, state, outcome, unless="firing" if watching else "new_fault"):
             return True
         fresh = await self.store.incident(incident.id)
-        if fresh is not None and not fresh.faults_changed and hands_off:
+        if fresh is not None and not fresh.faults_changed and watching:
             now = self.clock()
             await self.store.step_finished(
                 incident.id,
@@ -344,7 +347,7 @@ class IncidentFlow:
             result=codec.encode_record(RollbackRecord(actor, tuple(report))),
             event=NewEvent("rollback_done", actor=actor, detail="; ".join(report)),
         )
-        if can_move(incident.state, State.ROLLED_BACK):
+        if incident.state is not State.ROLLED_BACK and can_move(incident.state, State.ROLLED_BACK):
             await self._close(incident, State.ROLLED_BACK, f"rolled back by {actor}")
         await self._tell(
             incident, "rollback", f"rolled back by {actor}", tuple(report) or ("nothing to undo",)

@@ -11,9 +11,8 @@ nothing happens), then
 jumps to the earliest deadline and wakes those sleepers. Nothing really waits: an hour of
 virtual time costs a few milliseconds.
 
-What it must not do: reach into the engine's internals. The recording far side is imported
-here and nowhere else in ``tests/engine``, so it can move (to ``tests/simulator``) by
-changing one import.
+What it must not do: reach into the engine's internals. The simulated far side
+(``tests/simulator``) is imported here and nowhere else in ``tests/engine``.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from bot.domain.catalog import Catalog, Override
 from bot.domain.incident import State
 from bot.domain.labels import LabelRules
 from bot.domain.playbooks import Playbook, PlaybookSet
-from bot.domain.policy import ApprovalPolicy, BreakerPolicy, Mode, NodePolicy, Policy
+from bot.domain.policy import ApprovalPolicy, BreakerPolicy, GuardPolicy, Mode, NodePolicy, Policy
 from bot.engine.commands import Commands
 from bot.engine.context import Ports, StepSettings
 from bot.engine.deps import EngineDeps
@@ -48,11 +47,11 @@ from bot.engine.errors import PermanentError, TransientError
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.engine.steps import REGISTRY
-from bot.integrations.recording import Journal, RecordingWorld  # the one import of the simulator
-from bot.integrations.recording_cluster import RecordingCluster, RecordingNotifier
 from bot.store.base import Event, IncidentRecord, IngestOutcome, StepRecord, Store
 from bot.store.sqlite import SqliteStore
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node
+from tests.simulator.cluster import SimulatedCluster, SimulatedNotifier
+from tests.simulator.world import Journal, SimulatedWorld  # the one import of the simulator
 
 #: Virtual time starts here (fixed, so timelines read the same in every run).
 EPOCH = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -360,16 +359,18 @@ class EngineHarness:
         self.time = FakeTime()
         self.metrics = Metrics()
         self.inventory = dict(inventory) if inventory is not None else fleet()
-        self.world = RecordingWorld(Journal(None), self.inventory)
+        self.world = SimulatedWorld(Journal(None), self.inventory)
         self.scheduler = Scripted(self.world, self.time)
-        self.cluster = Scripted(RecordingCluster(self.world), self.time)
-        self.notifier = Scripted(RecordingNotifier(self.world), self.time)
+        self.cluster = Scripted(SimulatedCluster(self.world), self.time)
+        self.notifier = Scripted(SimulatedNotifier(self.world), self.time)
         self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off")
         self.store: Store = InFlight(self._sqlite, self.time)
         self.policy = Policy(
             mode=Mode(mode),
-            breaker=BreakerPolicy(**{"max_nodes": 10, "max_fraction": 1.0, **(breaker or {})}),
-            node=NodePolicy(**{"cooldown": timedelta(0), **(node or {})}),
+            guards=GuardPolicy(
+                breaker=BreakerPolicy(**{"max_nodes": 10, "max_fraction": 1.0, **(breaker or {})}),
+                node=NodePolicy(**{"cooldown": timedelta(0), **(node or {})}),
+            ),
             approvals=ApprovalPolicy(**{"approvers": ("alice", "slack:U0ALICE"), **(approvals or {})}),
         )
         overrides = {name: Playbook.model_validate(spec) for name, spec in (playbooks or {}).items()}

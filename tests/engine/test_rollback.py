@@ -202,12 +202,6 @@ async def test_a_second_rollback_through_the_engine_undoes_nothing(tmp_path: Pat
         assert h.notices("rollback", incident)[-1]["lines"] == ["nothing to undo"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: IncidentFlow.finish_rollback closes again when the incident is already "
-    "rolled_back (can_move(x, x) is True): the outcome names the second actor and "
-    "pitcrew_incidents_closed_total counts the incident twice",
-)
 async def test_a_second_rollback_leaves_the_first_ones_outcome_and_count(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, inventory=INVENTORY) as h:
         incident = await _cordon_and_ask("gpu-node-01")(h)

@@ -25,8 +25,6 @@ from tests.harness.scenarios import delivery, fault_delivery
 Driver = Callable[[EngineHarness], Awaitable[str]]
 
 AUTO = ["open", "guarded", "running", "verifying", "resolved"]
-#: Observe mode enters ``verifying`` for the steps it does not run, then closes as suppressed.
-OBSERVE_DEFECT = frozenset({("verifying", "suppressed")})
 
 
 def _alert(fixture: str = "xid79-firing.json") -> Driver:
@@ -96,11 +94,9 @@ class Journey:
     playbook: str
     states: list[str]
     harness: dict[str, Any] = field(default_factory=dict)
-    #: Moves the engine makes that ``bot.domain.incident`` forbids. Only a known defect puts
-    #: one here (see ``test_observe_mode_moves_only_as_the_state_machine_allows``).
+    #: Moves the engine makes that ``bot.domain.incident`` forbids: none.
     illegal: frozenset[tuple[str, str]] = frozenset()
-    #: Counted in pitcrew_incidents_closed_total. A guard's suppression is not: a known defect
-    #: (see ``test_a_suppression_by_a_guard_is_counted_as_closed``).
+    #: Counted once in pitcrew_incidents_closed_total, under its first terminal state.
     counted: bool = True
 
 
@@ -137,19 +133,17 @@ JOURNEYS = {
     "replace-node/observe": Journey(
         _then_resolved(_alert()),
         "replace-node",
-        ["open", "guarded", "verifying", "suppressed"],
+        ["open", "guarded", "suppressed"],
         {"mode": "observe"},
-        illegal=OBSERVE_DEFECT,
     ),
     "cordon-and-ask/observe": Journey(
         _then_resolved(_health_fail),
         "cordon-and-ask",
-        ["open", "guarded", "verifying", "suppressed"],
+        ["open", "guarded", "suppressed"],
         {"mode": "observe"},
-        illegal=OBSERVE_DEFECT,
     ),
     "replace-node/step-fails": Journey(_refused, "replace-node", ["open", "guarded", "running", "failed"]),
-    "replace-node/guard-stops": Journey(_paused, "replace-node", ["open", "suppressed"], counted=False),
+    "replace-node/guard-stops": Journey(_paused, "replace-node", ["open", "suppressed"]),
     "cordon-and-ask/rolled-back": Journey(_rolled_back, "cordon-and-ask", [*AUTO, "rolled_back"]),
     "reset-gpu→replace-node/replanned": Journey(_replanned, "replace-node", AUTO),
 }
@@ -175,12 +169,6 @@ def _illegal(states: list[str]) -> set[tuple[str, str]]:
     return {(a, b) for a, b in pairwise(states) if not can_move(State(a), State(b))}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: an observe-mode incident enters `verifying` (IncidentFlow._enter moves it for the "
-    "non-mutating wait_ready/close) and IncidentFlow._finish then closes it `suppressed`, a move "
-    "bot.domain.incident does not allow; nothing checks the moves the engine makes",
-)
 async def test_observe_mode_moves_only_as_the_state_machine_allows(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, mode="observe") as h:
         incident = await _then_resolved(_alert())(h)
@@ -188,11 +176,6 @@ async def test_observe_mode_moves_only_as_the_state_machine_allows(tmp_path: Pat
         assert not _illegal(await h.states(incident))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: Admission._suppress ends the incident without counting it in "
-    "pitcrew_incidents_closed_total ('Incidents that reached a terminal state')",
-)
 async def test_a_suppression_by_a_guard_is_counted_as_closed(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path) as h:
         incident = await _paused(h)
