@@ -33,7 +33,7 @@ def test_observe_mode_writes_down_what_it_would_do_and_holds_no_state(pitcrew_fa
     assert incident["playbook"] == "replace-node" and incident["mode"] == "observe"
     skipped = {e["step"]: e["detail"] for e in events(incident, "step_skipped")}
     assert skipped["slurm_down"] == (
-        "observe mode: would set the Slurm node DOWN with a pitcrew: reason (after recording its jobs)"
+        "observe mode: would set the Slurm node DOWN with pitcrew's reason (after recording its jobs)"
     )
     assert skipped["replace"] == "observe mode: would start a replacement of the node"
     assert all(detail.startswith("observe mode: would ") for detail in skipped.values())
