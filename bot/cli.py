@@ -183,9 +183,13 @@ def _command(args: argparse.Namespace) -> int:
         "resume": "/api/v1/resume",
         "breaker-reset": "/api/v1/breaker/reset",
     }
-    body = json.dumps(
-        {"actor": args.actor or f"cli:{getpass.getuser()}", "reason": getattr(args, "reason", "")}
-    )
+    payload: dict[str, Any] = {
+        "actor": args.actor or f"cli:{getpass.getuser()}",
+        "reason": getattr(args, "reason", ""),
+    }
+    if getattr(args, "force", False):
+        payload["force"] = True
+    body = json.dumps(payload)
     request = urllib.request.Request(  # noqa: S310 - operator-supplied local URL
         base.rstrip("/") + paths[args.verb],
         data=body.encode(),
@@ -249,6 +253,10 @@ def _parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(verb, parents=[common], help=words)
         p.add_argument("incident")
+        if verb == "rollback":
+            p.add_argument(
+                "--force", action="store_true", help="roll back even while pitcrew is paused (audited)"
+            )
         _command_flags(p, verb)
     p = sub.add_parser("pause", parents=[common], help="kill switch: touch no node until resume")
     p.add_argument("--reason", default="")

@@ -197,11 +197,28 @@ def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -
             except ConfigError as exc:
                 problems.append(str(exc))
     if (
+        auth.admin_token_file is not None
+        and auth.bearer_token_file is not None
+        and _same_secret(auth.admin_token_file, auth.bearer_token_file)
+    ):
+        problems.append(
+            "server.auth.admin_token_file: the admin token is the webhook's token; whoever can send "
+            "alerts could then pause pitcrew or roll back incidents: give the command API its own token"
+        )
+    if (
         Mode.APPROVE in {settings.mode, *settings.playbook_modes.values()}
         and not settings.approvals.approvers
     ):
         problems.append("approvals.approvers: mode approve needs at least one approver")
     return problems
+
+
+def _same_secret(one: Path, other: Path) -> bool:
+    """The same file, or two files holding the same token."""
+    try:
+        return one.resolve() == other.resolve() or one.read_text().strip() == other.read_text().strip()
+    except OSError:
+        return False  # unreadable files are reported on their own
 
 
 def _explain(exc: ValidationError, path: Path | None, prefix: str = "") -> str:

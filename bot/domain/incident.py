@@ -2,8 +2,8 @@
 
 ```
 open ─▶ guarded ─▶ awaiting_approval ─▶ running ─▶ verifying ─▶ resolved
-  │        │              │                │            │
-  └────────┴──────────────┴────────────────┴────────────┴─▶ failed | rolled_back | suppressed
+  │        │              │                │            │          │
+  └────────┴──────────────┴────────────────┴────────────┴──────────┴─▶ failed | rolled_back | suppressed
 ```
 
 ``open``: alerts recorded, not yet planned. ``guarded``: planned and let through by the
@@ -38,7 +38,8 @@ TERMINAL = frozenset({State.RESOLVED, State.FAILED, State.ROLLED_BACK, State.SUP
 ACTIVE = frozenset(State) - TERMINAL
 
 _ALLOWED: dict[State, frozenset[State]] = {
-    State.OPEN: frozenset({State.GUARDED, State.SUPPRESSED, State.FAILED, State.RESOLVED}),
+    # A rollback may end an incident before anything was done: there is nothing to undo.
+    State.OPEN: frozenset({State.GUARDED, State.SUPPRESSED, State.FAILED, State.RESOLVED, State.ROLLED_BACK}),
     State.GUARDED: frozenset(
         {
             State.AWAITING_APPROVAL,
@@ -47,6 +48,7 @@ _ALLOWED: dict[State, frozenset[State]] = {
             State.RESOLVED,
             State.SUPPRESSED,
             State.FAILED,
+            State.ROLLED_BACK,
         }
     ),
     State.AWAITING_APPROVAL: frozenset({State.RUNNING, State.SUPPRESSED, State.FAILED, State.ROLLED_BACK}),

@@ -15,18 +15,29 @@ from typing import Any, Protocol
 from bot.domain.incident import State
 from bot.domain.policy import Mode
 from bot.engine.admission import BREAKER, PAUSE, breaker_state
+from bot.engine.locks import IncidentLocks
 from bot.engine.metrics import Metrics
-from bot.engine.rollback import ROLLBACK, RollbackRecord
-from bot.store import codec
+from bot.engine.rollback import ROLLBACK
 from bot.store.base import IncidentRecord, NewEvent, Store
 
 
 class EngineControl(Protocol):
     """What commands ask of the running engine."""
 
+    @property
+    def locks(self) -> IncidentLocks: ...
+
     def signal(self, incident_id: str) -> None: ...
     def signal_all(self) -> None: ...
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> None: ...
+    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]: ...
+
+
+#: Where a command may come from: an actor ``<channel>:<name>`` is matched by an allowlist entry
+#: naming the whole actor, or by the bare name for these channels only.
+CHANNELS = frozenset({"slack", "cli", "api"})
+ACTOR_MAX = 128
+#: What a decision on an approval is called in the audit log.
+_DECIDED = {True: "approved", False: "rejected"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +54,24 @@ class CommandResult:
 
 
 def allowed(actor: str, approvers: tuple[str, ...]) -> bool:
-    """``slack:U123`` matches an allowlist entry ``slack:U123`` or ``U123``; ``alice`` matches ``alice``."""
-    bare = actor.split(":", 1)[-1]
-    return actor in approvers or bare in approvers
+    """The whole actor is on the allowlist (``slack:U123``, ``alice``), or the actor is
+    ``<channel>:<name>`` for a known channel and ``<name>`` is (``cli:alice`` for ``alice``).
+    ``mallory:alice`` is not ``alice``."""
+    if actor in approvers:
+        return True
+    channel, sep, name = actor.partition(":")
+    return bool(sep) and channel in CHANNELS and ":" not in name and name in approvers
+
+
+def actor_problem(actor: object) -> str | None:
+    """Why ``actor`` cannot name who gave a command (it goes into the audit log as is), or ``None``."""
+    if not isinstance(actor, str) or not actor.strip():
+        return 'say who you are: {"actor": "name"}'
+    if len(actor) > ACTOR_MAX:
+        return f"actor is longer than {ACTOR_MAX} characters"
+    if not actor.isprintable():
+        return "actor holds control or other unprintable characters"
+    return None
 
 
 class Commands:
@@ -69,10 +95,26 @@ class Commands:
         )
 
     async def decide(self, incident_id: str, actor: str, approve: bool) -> CommandResult:
-        verb = "approve" if approve else "reject"
+        with self._engine.locks.command(incident_id) as mine:
+            if not mine:
+                return await self._busy(incident_id, "approve" if approve else "reject", actor)
+            return await self._decide(incident_id, actor, approve)
+
+    async def _busy(self, incident_id: str, verb: str, actor: str) -> CommandResult:
+        detail = "another command on this incident is being carried out"
+        await self._audit(incident_id, f"{verb}_refused", actor, detail, "conflict")
+        return CommandResult("conflict", f"{incident_id}: {detail}; look again and retry if still needed")
+
+    async def _decide(self, incident_id: str, actor: str, approve: bool) -> CommandResult:
+        verb, decided_as = ("approve" if approve else "reject"), _DECIDED[approve]
         incident = await self._store.incident(incident_id)
         if incident is None:
             return CommandResult("not_found", f"no incident {incident_id}")
+        if incident.state.terminal:
+            await self._audit(
+                incident_id, f"{verb}_refused", actor, f"incident is {incident.state}", "conflict"
+            )
+            return CommandResult("conflict", f"{incident_id} is {incident.state}; nothing to {verb}")
         approval = await self._store.approval(incident_id)
         if approval is None or approval.status != "pending":
             state = approval.status if approval else "none requested"
@@ -84,15 +126,15 @@ class Commands:
             self._metrics.approvals.labels("refused").inc()
             await self._audit(incident_id, f"{verb}_refused", actor, f"{actor} is not an approver", "refused")
             return CommandResult("refused", f"{actor} may not {verb} {incident_id}")
-        decided = await self._store.decide_approval(
-            incident_id, "approved" if approve else "rejected", actor, self._clock()
-        )
+        decided = await self._store.decide_approval(incident_id, decided_as, actor, self._clock())
         if decided is None:
             return CommandResult("conflict", f"{incident_id} was decided meanwhile")
-        self._metrics.approvals.labels("approved" if approve else "rejected").inc()
-        await self._audit(incident_id, f"{verb}d", actor, f"{incident.playbook} {verb}d by {actor}", "ok")
+        self._metrics.approvals.labels(decided_as).inc()
+        await self._audit(
+            incident_id, decided_as, actor, f"{incident.playbook} {decided_as} by {actor}", "ok"
+        )
         self._engine.signal(incident_id)
-        return CommandResult("ok", f"{incident_id} {verb}d by {actor}")
+        return CommandResult("ok", f"{incident_id} {decided_as} by {actor}")
 
     async def approve(self, incident_id: str, actor: str) -> CommandResult:
         return await self.decide(incident_id, actor, approve=True)
@@ -100,19 +142,34 @@ class Commands:
     async def reject(self, incident_id: str, actor: str) -> CommandResult:
         return await self.decide(incident_id, actor, approve=False)
 
-    async def rollback(self, incident_id: str, actor: str) -> CommandResult:
+    async def rollback(self, incident_id: str, actor: str, *, force: bool = False) -> CommandResult:
+        """Undo what pitcrew did. Held while paused (a rollback changes nodes too) unless ``force``,
+        which is audited."""
+        with self._engine.locks.command(incident_id) as mine:
+            if not mine:
+                return await self._busy(incident_id, "rollback", actor)
+            return await self._rollback(incident_id, actor, force)
+
+    async def _rollback(self, incident_id: str, actor: str, force: bool) -> CommandResult:
         incident = await self._store.incident(incident_id)
         if incident is None:
             return CommandResult("not_found", f"no incident {incident_id}")
+        refusal = None
         if incident.state in {State.ROLLED_BACK, State.SUPPRESSED}:
-            await self._audit(
-                incident_id, "rollback_refused", actor, f"incident is {incident.state}", "conflict"
-            )
-            return CommandResult("conflict", f"{incident_id} is {incident.state}; nothing to roll back")
-        await self._engine.request_rollback(incident, actor)
-        steps = await self._store.steps_of(incident_id)
-        record = steps.get(ROLLBACK)
-        report = list(codec.decode_record(RollbackRecord, record.result).report) if record else []
+            refusal = f"incident is {incident.state}; nothing to roll back"
+        elif ROLLBACK in await self._store.steps_of(incident_id):
+            refusal = "a rollback of this incident is already under way"
+        if refusal is not None:
+            await self._audit(incident_id, "rollback_refused", actor, refusal, "conflict")
+            return CommandResult("conflict", f"{incident_id}: {refusal}")
+        pause = await self._store.switch(PAUSE)
+        if pause is not None:
+            why = f"pitcrew is paused by {pause.get('set_by')}: a rollback changes nodes too"
+            if not force:
+                await self._audit(incident_id, "rollback_refused", actor, why, "conflict")
+                return CommandResult("conflict", f"{incident_id}: {why}; resume first, or force it")
+            await self._audit(incident_id, "rollback_forced", actor, f"{why}; forced", "ok")
+        report = await self._engine.request_rollback(incident, actor)
         return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
 
     async def pause(self, actor: str, reason: str = "") -> CommandResult:

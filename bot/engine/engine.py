@@ -19,6 +19,7 @@ from bot.engine.admission import PAUSE, Admission
 from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
+from bot.engine.locks import IncidentLocks
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
 from bot.store import codec
@@ -36,9 +37,10 @@ class Engine:
         self.clock = deps.clock
         self.admission = Admission(deps)
         self._slots = asyncio.Semaphore(deps.settings.workers)
-        self.executor = Executor(deps, self._slots)
+        self.locks = IncidentLocks()
+        self.executor = Executor(deps, self._slots, self.locks)
         self.signals = Signals(deps.timer)
-        self.flow = IncidentFlow(deps, self.admission, self.executor, self.signals)
+        self.flow = IncidentFlow(deps, self.admission, self.executor, self.signals, self.locks)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._rolling_back: set[str] = set()  # rolled back by a command right now: no worker
         self._wake = asyncio.Event()
@@ -116,6 +118,7 @@ class Engine:
         for incident_id in [i for i, t in self._tasks.items() if t.done()]:
             self._tasks.pop(incident_id)
         self.signals.forget(live | set(self._tasks))
+        self.locks.forget(live | set(self._tasks))
 
     async def _guarded_run(self, incident_id: str) -> None:
         try:
@@ -129,16 +132,21 @@ class Engine:
             await self.deps.timer.sleep(self.deps.settings.poll_interval.total_seconds())
 
     # ----------------------------------------------------------------- rollback
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> None:
-        """Persist the request, stop the incident's worker, then undo (resumable after a crash)."""
+    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]:
+        """Persist the request, stop the incident's worker, then undo under its work lock.
+
+        The request is in the store first, so a crash in between resumes the rollback, not the
+        playbook. Stopping the worker cancels a step call in flight (its intent is already
+        persisted, and every undo reads the far side before it acts); the work lock then keeps
+        any step call of the incident from running beside the undo. Returns the report.
+        """
         self._rolling_back.add(incident.id)
         try:
-            now = self.clock()
             await self.store.step_finished(
                 incident.id,
                 ROLLBACK,
                 "running",
-                now,
+                self.clock(),
                 result=codec.encode_record(RollbackRecord(actor)),
                 event=NewEvent("rollback_requested", actor=actor),
             )
@@ -147,8 +155,9 @@ class Engine:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            fresh = await self.store.incident(incident.id)
-            assert fresh is not None
-            await self.flow.finish_rollback(fresh, actor)
+            async with self.locks.work(incident.id):
+                fresh = await self.store.incident(incident.id)
+                assert fresh is not None
+                return await self.flow.undo_and_close(fresh, actor)
         finally:
             self._rolling_back.discard(incident.id)

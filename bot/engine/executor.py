@@ -29,6 +29,7 @@ from tenacity import (
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PermanentError, TransientError
+from bot.engine.locks import IncidentLocks
 from bot.engine.registry import Handler, StepDef
 from bot.store import codec
 from bot.store.base import IncidentRecord, JsonObject, NewEvent
@@ -53,8 +54,9 @@ class StepFailed(Exception):
 
 
 class Executor:
-    def __init__(self, deps: EngineDeps, slots: asyncio.Semaphore) -> None:
+    def __init__(self, deps: EngineDeps, slots: asyncio.Semaphore, locks: IncidentLocks) -> None:
         self._deps = deps
+        self._locks = locks
         self._store = deps.store
         self._metrics = deps.metrics
         self._clock = deps.clock
@@ -219,7 +221,7 @@ class Executor:
                             ctx.incident.id, ctx.step, counter["n"], self._clock(), acted=definition.mutating
                         )
                     remaining = max((deadline - self._clock()).total_seconds(), 0.001)
-                    async with self._slots:
+                    async with self._locks.work(ctx.incident.id), self._slots:
                         answer = await self._within(handler(ctx), remaining)
                     return answer, counter["n"]
         except TransientError as exc:

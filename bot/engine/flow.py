@@ -27,6 +27,7 @@ from bot.domain.policy import Mode
 from bot.engine.admission import PAUSE, Admission, post_safely
 from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
+from bot.engine.locks import IncidentLocks
 from bot.engine.ports import Notice
 from bot.engine.registry import Track
 from bot.engine.rollback import ROLLBACK, RollbackRecord, undo
@@ -39,8 +40,16 @@ _ENDED = frozenset({"ok", "skipped", "failed", "undone"})
 
 
 class IncidentFlow:
-    def __init__(self, deps: EngineDeps, admission: Admission, executor: Executor, signals: Signals) -> None:
+    def __init__(
+        self,
+        deps: EngineDeps,
+        admission: Admission,
+        executor: Executor,
+        signals: Signals,
+        locks: IncidentLocks,
+    ) -> None:
         self.deps = deps
+        self.locks = locks
         self.store = deps.store
         self.metrics = deps.metrics
         self.clock = deps.clock
@@ -57,9 +66,13 @@ class IncidentFlow:
                 if incident is None or incident.state.terminal:
                     return
                 steps = await self.store.steps_of(incident_id)
-                if ROLLBACK in steps:
+                if ROLLBACK in steps:  # requested before a crash: finish it, never re-run a finished one
                     record = codec.decode_record(RollbackRecord, steps[ROLLBACK].result)
-                    await self.finish_rollback(incident, record.actor)
+                    async with self.locks.work(incident_id):
+                        if steps[ROLLBACK].status == "ok":
+                            await self._close(incident, State.ROLLED_BACK, f"rolled back by {record.actor}")
+                        else:
+                            await self.undo_and_close(incident, record.actor)
                     return
                 if incident.state is State.OPEN or incident.plan is None:
                     await self.admission.admit(incident)
@@ -336,22 +349,30 @@ class IncidentFlow:
             actions=("rollback",),
         )
 
-    async def finish_rollback(self, incident: IncidentRecord, actor: str) -> None:
+    async def undo_and_close(self, incident: IncidentRecord, actor: str) -> list[str]:
+        """Undo what pitcrew did, end the incident ``rolled_back`` and tell humans; the caller holds
+        the incident's work lock. Every active state may end so (before anything was done there
+        is simply nothing to undo), so a rollback never leaves an incident to be rolled back again."""
         steps = await self.store.steps_of(incident.id)
         report = await undo(incident, steps, self.executor.step_deps, self.registry, actor)
+        now = self.clock()
         await self.store.step_finished(
             incident.id,
             ROLLBACK,
             "ok",
-            self.clock(),
+            now,
             result=codec.encode_record(RollbackRecord(actor, tuple(report))),
-            event=NewEvent("rollback_done", actor=actor, detail="; ".join(report)),
+            event=NewEvent("rollback_done", actor=actor, detail="; ".join(report) or "nothing to undo"),
         )
-        if incident.state is not State.ROLLED_BACK and can_move(incident.state, State.ROLLED_BACK):
+        approval = await self.store.approval(incident.id)
+        if approval is not None and approval.status == "pending":  # nobody may approve it any more
+            await self.store.decide_approval(incident.id, "cancelled", actor, now)
+        if incident.state is not State.ROLLED_BACK:
             await self._close(incident, State.ROLLED_BACK, f"rolled back by {actor}")
         await self._tell(
             incident, "rollback", f"rolled back by {actor}", tuple(report) or ("nothing to undo",)
         )
+        return report
 
 
 def _status(steps: Mapping[str, StepRecord], step: str) -> str | None:

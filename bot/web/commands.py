@@ -2,7 +2,7 @@
 
 ``POST /api/v1/incidents/{id}/approve|reject|rollback``, ``POST /api/v1/pause``,
 ``/api/v1/resume``, ``/api/v1/breaker/reset`` with a JSON body ``{"actor": "...", "reason":
-"..."}``; ``GET /api/v1/status``. Without ``server.auth.admin_token_file`` the API is off.
+"..."}`` (a rollback while paused needs ``"force": true``, and is audited as forced); ``GET /api/v1/status``. Without ``server.auth.admin_token_file`` the API is off.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from bot.engine.commands import CommandResult
+from bot.engine.commands import CommandResult, actor_problem
 from bot.web import auth
 
 _STATUS = {"ok": 200, "refused": 403, "not_found": 404, "conflict": 409}
@@ -21,7 +21,7 @@ _STATUS = {"ok": 200, "refused": 403, "not_found": 404, "conflict": 409}
 class CommandSurface(Protocol):
     async def approve(self, incident_id: str, actor: str) -> CommandResult: ...
     async def reject(self, incident_id: str, actor: str) -> CommandResult: ...
-    async def rollback(self, incident_id: str, actor: str) -> CommandResult: ...
+    async def rollback(self, incident_id: str, actor: str, *, force: bool = False) -> CommandResult: ...
     async def pause(self, actor: str, reason: str = "") -> CommandResult: ...
     async def resume(self, actor: str) -> CommandResult: ...
     async def reset_breaker(self, actor: str) -> CommandResult: ...
@@ -53,9 +53,11 @@ def add_command_routes(app: web.Application, key: Any) -> None:
             if not isinstance(parsed, dict):
                 return None, {}, web.json_response({"error": "body must be a JSON object"}, status=400)
             body = parsed
-        actor = body.get("actor")
-        if request.method == "POST" and (not isinstance(actor, str) or not actor.strip()):
-            return None, {}, web.json_response({"error": 'say who you are: {"actor": "name"}'}, status=400)
+        problem = actor_problem(body.get("actor"))
+        if request.method == "POST" and problem is not None:
+            return None, {}, web.json_response({"error": problem}, status=400)
+        if "force" in body and not isinstance(body["force"], bool):
+            return None, {}, web.json_response({"error": "force must be true or false"}, status=400)
         return deps.commands, body, None
 
     def answer(result: CommandResult) -> web.Response:
@@ -68,9 +70,15 @@ def add_command_routes(app: web.Application, key: Any) -> None:
         commands, body, error = await surface(request)
         if error is not None or commands is None:
             return error or web.json_response({"error": "unavailable"}, status=503)
-        incident_id, verb = request.match_info["incident_id"], request.match_info["verb"]
-        action = {"approve": commands.approve, "reject": commands.reject, "rollback": commands.rollback}[verb]
-        return answer(await action(incident_id, body["actor"].strip()))
+        incident_id, verb, actor = (
+            request.match_info["incident_id"],
+            request.match_info["verb"],
+            body["actor"].strip(),
+        )
+        if verb == "rollback":
+            return answer(await commands.rollback(incident_id, actor, force=bool(body.get("force", False))))
+        action = commands.approve if verb == "approve" else commands.reject
+        return answer(await action(incident_id, actor))
 
     async def switch_command(request: web.Request) -> web.Response:
         commands, body, error = await surface(request)

@@ -6,13 +6,13 @@ left alone; a rollback mid-way through replace-node stops the playbook before th
 replacement and reports the drain as irreversible; after replace-node has finished the
 replacement and the drain are reported irreversible and nothing is touched; a node an
 operator took over after pitcrew (a DOWN with their reason) keeps their DOWN; a rollback
-while an approval is pending has nothing to undo and ends the incident (known defect: the
-approval stays open and can still be given).
+while an approval is pending has nothing to undo, ends the incident and withdraws the
+approval (it can no longer be given).
 
 Twice: a second rollback through the engine undoes nothing again and reaches no far side;
 through the commands it is refused and audited, as are rollbacks of a suppressed or unknown
-incident. Known defects: the second rollback still rewrites the outcome and counts the
-incident closed again; two rollbacks at once (a double click) both run their undo.
+incident; the second rollback keeps the first one's outcome and count; two rollbacks at once
+(a double click) undo once, the other is a conflict.
 """
 
 from __future__ import annotations
@@ -211,13 +211,6 @@ async def test_a_second_rollback_leaves_the_first_ones_outcome_and_count(tmp_pat
         assert h.sample("pitcrew_incidents_closed_total", state="rolled_back", playbook="cordon-and-ask") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: rollbacks of one incident are not serialised (Engine.request_rollback): two "
-    "at once (a double click) both undo every step — the far side is spared by the ownership "
-    "checks, but the audit has each step undone twice, the second report says 'left as is', "
-    "both callers get the second report and two rollback notices go out",
-)
 async def test_two_rollbacks_at_once_undo_once(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, inventory=INVENTORY) as h:
         incident = await _cordon_and_ask("gpu-node-01")(h)
@@ -236,12 +229,6 @@ async def test_two_rollbacks_at_once_undo_once(tmp_path: Path) -> None:
         assert len(h.notices("rollback", incident)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a rollback while awaiting approval leaves the approval pending, and "
-    "Commands.decide does not look at the incident's state: approving the rolled-back incident "
-    "answers 'approved' (and counts an approval) though nothing will run",
-)
 async def test_an_approval_left_by_a_rollback_cannot_be_given(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, inventory=INVENTORY, mode="approve") as h:
         incident = await _awaiting_approval(h)
