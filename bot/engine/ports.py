@@ -137,6 +137,17 @@ class Notice:
     actions: tuple[str, ...] = ()
     node: str | None = None
 
+    def record(self) -> dict[str, str | list[str] | None]:
+        """The notice as one journal or log record (what humans were told, nothing more)."""
+        return {
+            "incident_id": self.incident_id,
+            "kind": self.kind,
+            "title": self.title,
+            "lines": list(self.lines),
+            "severity": self.severity,
+            "actions": list(self.actions),
+        }
+
 
 @runtime_checkable
 class Notifier(Protocol):

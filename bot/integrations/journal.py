@@ -149,13 +149,5 @@ class LogNotifier:
             },
         )
         if self._journal is not None:
-            await self._journal.append(
-                "notice",
-                incident_id=notice.incident_id,
-                kind=notice.kind,
-                title=notice.title,
-                lines=list(notice.lines),
-                severity=notice.severity,
-                actions=list(notice.actions),
-            )
+            await self._journal.append("notice", **notice.record())
         return f"log-{self._count}"

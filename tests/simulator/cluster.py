@@ -94,14 +94,6 @@ class SimulatedNotifier:
 
     async def post(self, notice: Notice) -> str | None:
         self._count += 1
-        await self._world.write(
-            "notice",
-            incident_id=notice.incident_id,
-            kind=notice.kind,
-            title=notice.title,
-            lines=list(notice.lines),
-            severity=notice.severity,
-            actions=list(notice.actions),
-        )
+        await self._world.write("notice", **notice.record())
         log.info("notice", extra={"incident": notice.incident_id, "kind": notice.kind, "title": notice.title})
         return f"simulated-{self._count}"
