@@ -4,6 +4,8 @@ Cases: Alertmanager's repeats and retries (10 identical deliveries) make one inc
 second GPU fault on the node attaches to the open incident; a resolved alert — even one
 never seen firing — starts nothing, in auto mode; bearer and basic auth; 400/401/403/413;
 503 when the store cannot take the write; the incidents API; /metrics, /healthz, /readyz.
+Hardening, each answer an error with nothing stored: non-ASCII bytes in ``Authorization`` (a
+bearer token ending in NBSP, raw or UTF-8; ``Basic éééé``) are 401.
 """
 
 from __future__ import annotations
@@ -61,6 +63,29 @@ async def server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 async def post(client: ClientSession, body: bytes, token: str = TOKEN) -> tuple[int, dict[str, Any]]:
     async with client.post("/api/v1/alerts", data=body, headers={"Authorization": f"Bearer {token}"}) as r:
         return r.status, await r.json()
+
+
+async def raw_post(server: TestServer, headers: bytes, body: bytes) -> tuple[int, bytes]:
+    """POST exactly these header bytes (no client library in between to refuse or re-encode them)."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(
+            b"POST /api/v1/alerts HTTP/1.1\r\nHost: pitcrew\r\nContent-Type: application/json\r\n"
+            + headers
+            + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            + body
+        )
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), payload
+
+
+def bearer(token: bytes = TOKEN.encode()) -> bytes:
+    return b"Authorization: Bearer " + token + b"\r\n"
 
 
 async def incidents(client: ClientSession) -> list[dict[str, Any]]:
@@ -225,3 +250,36 @@ async def test_health_ready_and_metrics(server: Callable[..., Any]) -> None:
         assert "pitcrew_incidents_opened_total 1.0" in text
         async with client.get("/api/v1/incidents/pc-99999") as r:
             assert r.status == 404
+
+
+async def test_non_ascii_credentials_are_401_and_store_nothing(
+    server: Callable[..., Any], tmp_path: Path
+) -> None:
+    body = fixture("xid79-firing.json")
+    test_server, client = await server()
+    async with client:
+        for header in (
+            bearer(TOKEN.encode() + b"\xa0"),  # not UTF-8: aiohttp hands over a lone surrogate
+            bearer(TOKEN.encode() + "\u00a0".encode()),  # UTF-8 NBSP, which str.strip() removes
+            bearer("\u00e9t\u00e9".encode()),
+        ):
+            status, answer = await raw_post(test_server, header, body)
+            assert status == 401, answer
+            assert (
+                json.loads(answer)["error"] == "malformed credentials: the Authorization header is not ASCII"
+            )
+        assert await incidents(client) == []
+    (tmp_path / "pw").write_text("s3cret\n")
+    basic = {
+        "bearer_token_file": None,
+        "basic_auth": {"username": "am", "password_file": str(tmp_path / "pw")},
+    }
+    test_server, client = await server(server={"auth": basic})
+    async with client:
+        for header in (
+            "Authorization: Basic \u00e9\u00e9\u00e9\u00e9\r\n".encode(),
+            b"Authorization: Basic \xe9\xe9\r\n",
+        ):
+            assert (await raw_post(test_server, header, body))[0] == 401
+        good = b"Authorization: Basic " + base64.b64encode(b"am:s3cret") + b"\r\n"
+        assert (await raw_post(test_server, good, body))[0] == 200  # the same path still lets Alertmanager in
