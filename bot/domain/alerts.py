@@ -17,6 +17,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 #: Alertmanager writes this for "not ended yet".
 _ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 
+#: Alertmanager's ``truncatedAlerts`` is a uint64; a larger count is not Alertmanager's.
+MAX_TRUNCATED = 2**64 - 1
+
 LabelName = Annotated[str, Field(max_length=256)]
 LabelValue = Annotated[str, Field(max_length=4096)]
 
@@ -67,7 +70,7 @@ class WebhookPayload(BaseModel):
     common_annotations: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="commonAnnotations")
     external_url: str = Field(default="", alias="externalURL", max_length=8192)
     group_key: str = Field(default="", alias="groupKey", max_length=8192)
-    truncated_alerts: int = Field(default=0, alias="truncatedAlerts", ge=0)
+    truncated_alerts: int = Field(default=0, alias="truncatedAlerts", ge=0, le=MAX_TRUNCATED)
 
     @field_validator("version")
     @classmethod

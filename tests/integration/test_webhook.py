@@ -6,12 +6,15 @@ never seen firing — starts nothing, in auto mode; bearer and basic auth; 400/4
 503 when the store cannot take the write; the incidents API; /metrics, /healthz, /readyz.
 Hardening, each answer an error with nothing stored: non-ASCII bytes in ``Authorization`` (a
 bearer token ending in NBSP, raw or UTF-8; ``Basic éééé``) are 401.
+A ``Content-Encoding`` (on a plain body or a gzipped one) is 400; a ``truncatedAlerts``
+beyond uint64 is 400.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -283,3 +286,32 @@ async def test_non_ascii_credentials_are_401_and_store_nothing(
             assert (await raw_post(test_server, header, body))[0] == 401
         good = b"Authorization: Basic " + base64.b64encode(b"am:s3cret") + b"\r\n"
         assert (await raw_post(test_server, good, body))[0] == 200  # the same path still lets Alertmanager in
+
+
+async def test_content_encoding_is_400_and_stores_nothing(server: Callable[..., Any]) -> None:
+    body = fixture("xid79-firing.json")
+    test_server, client = await server()
+    async with client:
+        for encoding, sent in ((b"gzip", body), (b"gzip", gzip.compress(body)), (b"br", body)):
+            status, answer = await raw_post(
+                test_server, bearer() + b"Content-Encoding: " + encoding + b"\r\n", sent
+            )
+            assert status == 400, answer
+            assert json.loads(answer) == {
+                "error": f"Content-Encoding {encoding.decode()!r} is not accepted; send plain JSON"
+            }
+        assert await incidents(client) == []
+        assert (await raw_post(test_server, bearer() + b"Content-Encoding: identity\r\n", body))[0] == 200
+
+
+async def test_truncated_alerts_beyond_uint64_are_400_and_store_nothing(server: Callable[..., Any]) -> None:
+    body = json.loads(fixture("xid79-firing.json"))
+    body["truncatedAlerts"] = 10**400
+    _, client = await server()
+    async with client:
+        status, answer = await post(client, json.dumps(body).encode())
+        assert status == 400
+        assert "truncatedAlerts" in answer["error"]
+        assert await incidents(client) == []
+        body["truncatedAlerts"] = 2**64 - 1
+        assert (await post(client, json.dumps(body).encode()))[0] == 200

@@ -1,7 +1,8 @@
 """Alertmanager payloads → subjects: every captured delivery parses and names the right node, GPU, XID.
 
 Cases: each fixture file (the wire bytes too), lowercase ``hostname``, ``instance`` fallback,
-XID from ``err_code`` and from the alert value, malformed bodies rejected with a reason.
+XID from ``err_code`` and from the alert value, malformed bodies rejected with a reason; a
+``truncatedAlerts`` beyond uint64 is malformed.
 """
 
 from __future__ import annotations
@@ -168,3 +169,13 @@ def test_host_part(instance: str, host: str) -> None:
 def test_malformed_bodies_are_rejected_with_a_reason(body: bytes, says: str) -> None:
     with pytest.raises(PayloadError, match=says):
         parse_webhook(body)
+
+
+@pytest.mark.parametrize("count", [10**400, 2**64])
+def test_truncated_alerts_beyond_uint64_are_malformed(count: int) -> None:
+    body = json.loads((AM / "xid79-firing.json").read_text())
+    body["truncatedAlerts"] = count
+    with pytest.raises(PayloadError, match="truncatedAlerts"):
+        parse_webhook(json.dumps(body).encode())
+    body["truncatedAlerts"] = 2**64 - 1
+    assert parse_webhook(json.dumps(body).encode()).truncated_alerts == 2**64 - 1
