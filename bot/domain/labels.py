@@ -4,10 +4,13 @@ dcgm-exporter renamed ``Hostname`` to ``hostname`` in 4.6.0, rule sets put the n
 ``node``, ``kubernetes_node`` or only in ``instance``, and XIDs arrive as ``xid``,
 ``err_code`` or in the alert value. Everything downstream reads a ``Subject`` built here,
 never raw labels. ``LabelRules`` is also the ``labels`` configuration section as it is.
+
+An XID is ASCII digits: anything else is an unknown XID, which goes to a human.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +22,13 @@ DEFAULT_GPU_LABELS = ("gpu", "UUID", "pci_bus_id")
 DEFAULT_XID_LABELS = ("xid", "err_code")
 #: Annotations consulted when the rule put the XID in the alert value (``{{ $value }}``).
 DEFAULT_XID_ANNOTATIONS = ("xid", "value")
+
+#: Spacing a template may leave around a value; any other character is part of the value.
+_SPACE = " \t\r\n"
+#: An XID: ASCII digits (``float()`` reads ``7_9``, ``7.9e1`` and Arabic-Indic or full-width 79 as 79), or
+#: digits and a fraction of zeros, which is how a rule that prints the sample value with
+#: ``printf "%f"`` renders a whole number (``79.000000``): the same number, nothing rounded.
+_XID = re.compile(r"([0-9]{1,6})(?:\.0+)?")
 
 
 class LabelRules(BaseModel):
@@ -78,13 +88,13 @@ def subject_of(alert: Alert, rules: LabelRules = DEFAULT_LABEL_RULES) -> Subject
             node = host_part(value) if name == "instance" else value
             break
     gpu = next((labels[n].strip() for n in rules.gpu if labels.get(n, "").strip()), None)
-    xid_text = next((labels[n].strip() for n in rules.xid if labels.get(n, "").strip()), None)
+    xid_text = next((labels[n].strip(_SPACE) for n in rules.xid if labels.get(n, "").strip(_SPACE)), None)
     if xid_text is None and _looks_like_xid_alert(alert):
         xid_text = next(
             (
-                alert.annotations[n].strip()
+                alert.annotations[n].strip(_SPACE)
                 for n in rules.xid_annotations
-                if alert.annotations.get(n, "").strip()
+                if alert.annotations.get(n, "").strip(_SPACE)
             ),
             None,
         )
@@ -109,12 +119,9 @@ def _looks_like_xid_alert(alert: Alert) -> bool:
 
 
 def _parse_xid(text: str | None) -> int | None:
-    if text is None:
+    """The XID in ``text`` (already stripped of spacing), or ``None``: unknown, a human decides."""
+    match = _XID.fullmatch(text) if text is not None else None
+    if match is None:
         return None
-    try:
-        value = float(text)  # "79", "79.000000" (a rendered $value)
-    except ValueError:
-        return None
-    if not value.is_integer() or not 0 < value < 100_000:
-        return None
-    return int(value)
+    value = int(match.group(1))
+    return value if 0 < value < 100_000 else None

@@ -3,6 +3,8 @@
 Cases: each fixture file (the wire bytes too), lowercase ``hostname``, ``instance`` fallback,
 XID from ``err_code`` and from the alert value, malformed bodies rejected with a reason; a
 ``truncatedAlerts`` beyond uint64 is malformed.
+XIDs are ASCII digits only: ``7_9``, Arabic-Indic and full-width digits, ``7.9e1``, ``4.8e1``
+and ``79.5`` are unknown XIDs that go to a human; ``79.000000`` is 79.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import json
 
 import pytest
 
-from bot.domain.alerts import PayloadError, parse_webhook
+from bot.domain.alerts import PayloadError, WebhookPayload, parse_webhook
+from bot.domain.faults import classify
 from bot.domain.labels import LabelRules, host_part, subject_of
 from tests.conftest import FIXTURES
+from tests.unit.test_catalog import CATALOG
 
 AM = FIXTURES / "alertmanager"
 
@@ -169,6 +173,64 @@ def test_host_part(instance: str, host: str) -> None:
 def test_malformed_bodies_are_rejected_with_a_reason(body: bytes, says: str) -> None:
     with pytest.raises(PayloadError, match=says):
         parse_webhook(body)
+
+
+def one_alert(
+    labels: dict[str, str],
+    annotations: dict[str, str] | None = None,
+    starts: str = "2026-11-29T08:46:36.045Z",
+    **fields: str,
+) -> WebhookPayload:
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GpuXidCritical", **labels},
+        "annotations": annotations or {},
+        "startsAt": starts,
+        "fingerprint": "54faa5ba6fe53303",
+        **fields,
+    }
+    return parse_webhook(json.dumps({"version": "4", "status": "firing", "alerts": [alert]}).encode())
+
+
+@pytest.mark.parametrize(
+    ("text", "xid"),
+    [
+        ("79", 79),
+        (" 79 ", 79),
+        ("079", 79),
+        ("79.000000", 79),  # a rule that renders the sample value with printf "%f"
+        ("79.0", 79),
+        ("7_9", None),
+        ("\u0667\u0669", None),  # Arabic-Indic 79
+        ("\uff17\uff19", None),  # full-width 79
+        ("7.9e1", None),
+        ("4.8e1", None),
+        ("79.5", None),
+        ("79.", None),
+        ("+79", None),
+        ("-79", None),
+        ("0x4f", None),
+        ("inf", None),
+        ("79\u00a0", None),
+        ("0", None),
+        ("1234567", None),
+    ],
+)
+def test_xid_is_ascii_digits_only(text: str, xid: int | None) -> None:
+    for where in ("label", "annotation"):
+        if where == "label":
+            payload = one_alert({"node": "gpu-node-02", "gpu": "3", "err_code": text})
+        else:
+            payload = one_alert({"node": "gpu-node-02", "gpu": "3"}, {"value": text})
+        subject = subject_of(payload.alerts[0])
+        assert subject.xid == xid, where
+        fault = classify(subject, CATALOG)
+        assert fault is not None
+        if xid is None:
+            assert (fault.xid, fault.playbook, fault.known) == (None, "ask-human", False)
+            assert repr(text.strip(" ")) in fault.detail
+        else:
+            assert (fault.xid, fault.known) == (79, True)
 
 
 @pytest.mark.parametrize("count", [10**400, 2**64])
