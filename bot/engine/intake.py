@@ -1,7 +1,9 @@
 """Intake: one webhook body → parsed, classified, deduplicated and persisted alerts.
 
 This is all the webhook does before answering 200; remediation happens later in the
-executor, which ``wake`` nudges. Nothing here waits on a far side.
+executor, which ``wake`` nudges. Nothing here waits on a far side. Everything that can refuse
+the input (``PayloadError``) runs before the store is written: a refused delivery leaves
+nothing behind, and nothing after the write can fail on the input.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from bot.domain.alerts import WebhookPayload, parse_webhook
+from bot.domain.alerts import WebhookPayload, check_times, parse_webhook
 from bot.domain.catalog import Catalog
 from bot.domain.faults import classify
 from bot.domain.labels import LabelRules, subject_of
@@ -61,8 +63,9 @@ class Intake:
         self._signal = signal
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
-        """Parse (``PayloadError`` on bad input), persist, then wake the engine."""
+        """Parse and check (``PayloadError`` on bad input, nothing stored), persist, then wake the engine."""
         payload = parse_webhook(body)
+        check_times(payload, now)
         # Most deliveries are Alertmanager re-sending groups it already sent: no need to classify.
         repeats = self._store.count_repeats(
             [(a.fingerprint, a.starts_at, a.status) for a in payload.alerts], now

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.config import Config
-from bot.domain.alerts import PayloadError
+from bot.domain.alerts import AlertRejected, PayloadError
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.store.base import Store, StoreUnavailable
@@ -110,6 +110,8 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
         return _error(413, f"body exceeds server.max_body_bytes ({limit})")
     try:
         outcome = await deps.intake.accept(body, deps.clock())
+    except AlertRejected as exc:
+        return _error(400, f"delivery refused, nothing of it stored: {exc}")
     except PayloadError as exc:
         return _error(400, f"not an Alertmanager v4 webhook: {exc}")
     except StoreUnavailable:

@@ -8,6 +8,8 @@ Hardening, each answer an error with nothing stored: non-ASCII bytes in ``Author
 bearer token ending in NBSP, raw or UTF-8; ``Basic éééé``) are 401.
 A ``Content-Encoding`` (on a plain body or a gzipped one) is 400; a ``truncatedAlerts``
 beyond uint64 is 400.
+A startsAt in the year 9999 is 400 naming the alert, for the whole delivery. One instant
+written ``Z`` and ``+01:00`` is one alert, and resolving it resolves it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import base64
 import gzip
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from aiohttp.test_utils import TestServer
 from bot.config import load_config
 from bot.runtime import build_app
 from tests.conftest import FIXTURES
+from tests.harness.scenarios import delivery
 from tests.simulator.serve import WorldFile, simulated_ports
 
 AM = FIXTURES / "alertmanager"
@@ -315,3 +319,45 @@ async def test_truncated_alerts_beyond_uint64_are_400_and_store_nothing(server: 
         assert await incidents(client) == []
         body["truncatedAlerts"] = 2**64 - 1
         assert (await post(client, json.dumps(body).encode()))[0] == 200
+
+
+async def test_a_start_in_the_year_9999_is_400_naming_the_alert(server: Callable[..., Any]) -> None:
+    _, client = await server()
+    async with client:
+        far = json.loads(delivery(node="gpu-node-05", starts=datetime(9999, 1, 1, tzinfo=UTC)))
+        status, answer = await post(client, json.dumps(far).encode())
+        assert status == 400
+        first = far["alerts"][0]
+        assert answer["error"].startswith(
+            f"delivery refused, nothing of it stored: alerts.0 ({first['labels']['alertname']}, fingerprint"
+            f" {first['fingerprint']}): startsAt 9999-01-01T00:00:00+00:00 is more than 10m ahead of pitcrew's clock"
+        )
+        # One alert of the delivery from the future refuses all of it: the others are not stored either.
+        mixed = json.loads(delivery(node="gpu-node-05", starts=datetime.now(UTC)))
+        mixed["alerts"][2]["startsAt"] = "9999-01-01T00:00:00Z"
+        status, answer = await post(client, json.dumps(mixed).encode())
+        assert status == 400
+        assert answer["error"].count("alerts.") == 1 and "alerts.2 (" in answer["error"]
+        assert await incidents(client) == []
+
+
+async def test_one_instant_with_two_offsets_is_one_alert(server: Callable[..., Any]) -> None:
+    def plus_one_hour(name: str) -> bytes:
+        body = json.loads(fixture(name))
+        for alert in body["alerts"]:
+            assert alert["startsAt"] == "2026-11-29T08:46:36.045Z"
+            alert["startsAt"] = "2026-11-29T09:46:36.045+01:00"
+        return json.dumps(body).encode()
+
+    _, client = await server()
+    async with client:
+        _, first = await post(client, fixture("xid79-firing.json"))
+        status, again = await post(client, plus_one_hour("xid79-repeat.json"))
+        assert status == 200
+        assert (again["new"], again["repeated"], again["opened"]) == (0, 3, [])
+        _, resolved = await post(client, plus_one_hour("xid79-resolved.json"))
+        assert resolved["resolved"] == 3
+        record = await detail(client, first["opened"][0])
+        assert len(record["alerts"]) == 3
+        assert {a["status"] for a in record["alerts"]} == {"resolved"}
+        assert {a["starts_at"] for a in record["alerts"]} == {"2026-11-29T08:46:36.045000+00:00"}

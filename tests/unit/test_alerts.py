@@ -5,15 +5,19 @@ XID from ``err_code`` and from the alert value, malformed bodies rejected with a
 ``truncatedAlerts`` beyond uint64 is malformed.
 XIDs are ASCII digits only: ``7_9``, Arabic-Indic and full-width digits, ``7.9e1``, ``4.8e1``
 and ``79.5`` are unknown XIDs that go to a human; ``79.000000`` is 79.
+Times are UTC: one instant written with two offsets is one dedupe key. A startsAt more than
+10 minutes ahead of now or 10 years before it, or a resolved endsAt ahead, refuses the
+delivery naming the alert; a time with no UTC equivalent is malformed.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bot.domain.alerts import PayloadError, WebhookPayload, parse_webhook
+from bot.domain.alerts import AlertRejected, PayloadError, WebhookPayload, check_times, parse_webhook
 from bot.domain.faults import classify
 from bot.domain.labels import LabelRules, host_part, subject_of
 from tests.conftest import FIXTURES
@@ -231,6 +235,74 @@ def test_xid_is_ascii_digits_only(text: str, xid: int | None) -> None:
             assert repr(text.strip(" ")) in fault.detail
         else:
             assert (fault.xid, fault.known) == (79, True)
+
+
+def test_one_instant_with_two_offsets_is_one_key() -> None:
+    z = one_alert({"node": "n"}, starts="2026-11-29T08:46:36.045Z").alerts[0]
+    plus_one = one_alert({"node": "n"}, starts="2026-11-29T09:46:36.045+01:00").alerts[0]
+    assert z.key == plus_one.key == ("54faa5ba6fe53303", "2026-11-29T08:46:36.045000+00:00")
+    assert plus_one.starts_at.utcoffset() == timedelta(0)
+    ended = one_alert({"node": "n"}, endsAt="2026-11-29T03:47:09-05:00").alerts[0]
+    assert ended.ends_at == datetime(2026, 11, 29, 8, 47, 9, tzinfo=UTC)
+    assert ended.ends_at is not None and ended.ends_at.utcoffset() == timedelta(0)
+
+
+NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+
+#: Times that can be true at NOW: a sender clock a little ahead, an alert firing for years.
+ACCEPTED_TIMES = [
+    {"startsAt": "2026-11-29T09:09:59Z"},
+    {"startsAt": "2026-11-29T10:09:59+01:00"},
+    {"startsAt": "2016-12-01T00:00:00Z"},
+    {"status": "resolved", "endsAt": "2026-11-29T09:09:00Z"},
+    {"endsAt": "9999-01-01T00:00:00Z"},  # a firing alert's endsAt is only a lease
+]
+
+
+@pytest.mark.parametrize("fields", ACCEPTED_TIMES)
+def test_times_in_the_window_around_now_are_accepted(fields: dict[str, str]) -> None:
+    check_times(one_alert({"node": "n"}, **fields), NOW)
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"startsAt": "2026-11-29T09:10:01Z"}, "startsAt 2026-11-29T09:10:01+00:00 is more than 10m ahead"),
+        (
+            {"startsAt": "2026-11-29T10:10:01+01:00"},
+            "startsAt 2026-11-29T09:10:01+00:00 is more than 10m ahead",
+        ),
+        ({"startsAt": "9999-01-01T00:00:00Z"}, "startsAt 9999-01-01T00:00:00+00:00 is more than 10m ahead"),
+        (
+            {"startsAt": "1970-01-01T00:00:00Z"},
+            "startsAt 1970-01-01T00:00:00+00:00 is more than 3653 days ago",
+        ),
+        ({"startsAt": "0001-01-01T00:00:00Z"}, "more than 3653 days ago"),
+        ({"status": "resolved", "endsAt": "9999-01-01T00:00:00Z"}, "resolved, but endsAt 9999-01-01"),
+    ],
+)
+def test_times_outside_the_window_around_now_refuse_the_delivery(
+    fields: dict[str, str], refused: str
+) -> None:
+    with pytest.raises(AlertRejected) as error:
+        check_times(one_alert({"node": "n"}, **fields), NOW)
+    message = str(error.value)
+    assert message.startswith("alerts.0 (GpuXidCritical, fingerprint 54faa5ba6fe53303): ")
+    assert refused in message
+    assert "pitcrew's clock reads 2026-11-29T09:00:00+00:00" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("startsAt", "9999-12-31T23:59:59-01:00", "alerts.0.startsAt"),
+        ("startsAt", "0001-01-01T00:00:00+01:00", "alerts.0.startsAt"),
+        ("endsAt", "9999-12-31T23:59:59-01:00", "alerts.0.endsAt"),
+    ],
+)
+def test_times_with_no_utc_equivalent_are_malformed(field: str, value: str, says: str) -> None:
+    with pytest.raises(PayloadError, match=says):
+        one_alert({"node": "n"}, **{field: value})
 
 
 @pytest.mark.parametrize("count", [10**400, 2**64])
