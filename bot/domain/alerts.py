@@ -4,7 +4,8 @@ Accepts every shape Alertmanager really sends: firing and resolved alerts mixed 
 delivery, resolved alerts never seen firing, re-sent groups, ``truncatedAlerts`` and
 unknown extra fields (ignored). Rejects what is not a webhook with a reason a human can
 act on (``PayloadError``), and a webhook with an alert pitcrew refuses — a time outside the
-window around now that ``check_times`` allows — naming the alert (``AlertRejected``).
+window around now that ``check_times`` allows, a node label that is no node name
+(``bot.domain.labels``) — naming the alert (``AlertRejected``).
 Deduplication keys live here too: ``(fingerprint, startsAt)`` identifies one occurrence of
 one alert, with ``startsAt`` in UTC whatever offset the sender wrote; ``groupKey`` is only
 used for threading.
@@ -105,8 +106,11 @@ class PayloadError(ValueError):
 class AlertRejected(PayloadError):
     """A webhook with alerts pitcrew refuses; ``str()`` names each alert and what is wrong with it.
 
-    The whole delivery is refused and nothing of it is stored, and a 400 pages humans
-    (``PitcrewWebhookRejecting``) instead of half a group being acted on.
+    The whole delivery is refused and nothing of it is stored. With the shipped route
+    (``group_by: [node]``, ``node`` required) the alerts of one delivery share their node
+    label, so this refuses no other node's alerts; the 400 pages humans
+    (``PitcrewWebhookRejecting``) and Alertmanager sends the group again at its next
+    ``group_interval``, instead of half a group being acted on.
     """
 
     @classmethod

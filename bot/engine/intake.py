@@ -14,15 +14,15 @@ from datetime import datetime
 from bot.domain.alerts import WebhookPayload, check_times, parse_webhook
 from bot.domain.catalog import Catalog
 from bot.domain.faults import classify
-from bot.domain.labels import LabelRules, subject_of
+from bot.domain.labels import LabelRules, subjects_of
 from bot.engine.metrics import Metrics
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, Store
 
 
 def to_delivery(payload: WebhookPayload, catalog: Catalog, rules: LabelRules) -> Delivery:
+    """The delivery to store; ``AlertRejected`` naming each alert whose node label is no node name."""
     alerts = []
-    for alert in payload.alerts:
-        subject = subject_of(alert, rules)
+    for alert, subject in zip(payload.alerts, subjects_of(payload, rules), strict=True):
         alerts.append(
             IncomingAlert(
                 fingerprint=alert.fingerprint,

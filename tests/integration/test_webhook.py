@@ -10,6 +10,9 @@ A ``Content-Encoding`` (on a plain body or a gzipped one) is 400; a ``truncatedA
 beyond uint64 is 400.
 A startsAt in the year 9999 is 400 naming the alert, for the whole delivery. One instant
 written ``Z`` and ``+01:00`` is one alert, and resolving it resolves it.
+``GPU-NODE-07`` and ``gpu-node-07`` are one node with one incident; a trailing zero-width
+space, a path or a hostlist as the node is 400 naming the alert and the label, for the
+whole delivery.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import base64
 import gzip
 import json
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -361,3 +364,35 @@ async def test_one_instant_with_two_offsets_is_one_alert(server: Callable[..., A
         assert len(record["alerts"]) == 3
         assert {a["status"] for a in record["alerts"]} == {"resolved"}
         assert {a["starts_at"] for a in record["alerts"]} == {"2026-11-29T08:46:36.045000+00:00"}
+
+
+async def test_node_label_spellings_are_one_node_and_non_names_are_400(server: Callable[..., Any]) -> None:
+    now = datetime.now(UTC)
+    _, client = await server()
+    async with client:
+        _, upper = await post(client, delivery(node="GPU-NODE-07", starts=now))
+        _, lower = await post(client, delivery(node="gpu-node-07", starts=now + timedelta(seconds=1)))
+        assert upper["new"] == lower["new"] == 3  # different label values: different fingerprints
+        assert lower["attached"] == upper["opened"] and not lower["opened"]
+        for bad, shown in (
+            ("gpu-node-07\u200b", "'gpu-node-07\\u200b' has characters outside ASCII"),
+            ("../../etc/passwd", "'../../etc/passwd' is not a Kubernetes node name"),
+            ("gpu-node-0[1-9]", "'gpu-node-0[1-9]' is not a Kubernetes node name"),
+        ):
+            body = json.loads(delivery(node=bad, starts=now))
+            status, answer = await post(client, json.dumps(body).encode())
+            assert status == 400, bad
+            first = body["alerts"][0]
+            assert answer["error"].startswith(
+                f"delivery refused, nothing of it stored: alerts.0 ({first['labels']['alertname']}, fingerprint"
+                f" {first['fingerprint']}): label node {shown}"
+            )
+        # One alert naming no node refuses the delivery: its good alerts are not stored either.
+        mixed = json.loads(delivery(node="gpu-node-08", starts=now))
+        mixed["alerts"][1]["labels"]["node"] = "gpu-node-0[1-9]"
+        status, answer = await post(client, json.dumps(mixed).encode())
+        assert status == 400
+        assert "alerts.1 (" in answer["error"] and "alerts.0 (" not in answer["error"]
+        found = await incidents(client)
+        assert [(i["id"], i["node"]) for i in found] == [(upper["opened"][0], "gpu-node-07")]
+        assert len((await detail(client, found[0]["id"]))["alerts"]) == 6

@@ -8,6 +8,9 @@ and ``79.5`` are unknown XIDs that go to a human; ``79.000000`` is 79.
 Times are UTC: one instant written with two offsets is one dedupe key. A startsAt more than
 10 minutes ahead of now or 10 years before it, or a resolved endsAt ahead, refuses the
 delivery naming the alert; a time with no UTC equivalent is malformed.
+Node labels become Kubernetes node names (``GPU-NODE-07`` is ``gpu-node-07``); a value that is
+none (a path, a hostlist, a zero-width space, a Kelvin sign, an IPv6 ``instance``) refuses
+the delivery, naming every such alert and its label.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 
 from bot.domain.alerts import AlertRejected, PayloadError, WebhookPayload, check_times, parse_webhook
 from bot.domain.faults import classify
-from bot.domain.labels import LabelRules, host_part, subject_of
+from bot.domain.labels import LabelRules, host_part, subject_of, subjects_of
 from tests.conftest import FIXTURES
 from tests.unit.test_catalog import CATALOG
 
@@ -119,7 +122,6 @@ def test_unknown_fields_and_truncated_alerts_are_accepted() -> None:
         ({"kubernetes_node": "n2", "UUID": "GPU-abc", "err_code": "48"}, {}, ("n2", "GPU-abc", 48)),
         ({"hostname": "n3", "pci_bus_id": "00:1B.0"}, {}, ("n3", "00:1B.0", None)),
         ({"instance": "10.0.0.5:9400"}, {}, ("10.0.0.5", None, None)),
-        ({"instance": "[fd00::7]:9400"}, {}, ("fd00::7", None, None)),
         ({"alertname": "GpuXid", "node": "n4"}, {"value": "79.000000"}, ("n4", None, 79)),
         ({"alertname": "GpuXid", "node": "n4", "xid": "abc"}, {}, ("n4", None, None)),
         ({"gpu": "1"}, {}, (None, "1", None)),
@@ -235,6 +237,63 @@ def test_xid_is_ascii_digits_only(text: str, xid: int | None) -> None:
             assert repr(text.strip(" ")) in fault.detail
         else:
             assert (fault.xid, fault.known) == (79, True)
+
+
+@pytest.mark.parametrize(
+    ("labels", "node"),
+    [
+        ({"node": "GPU-NODE-07"}, "gpu-node-07"),
+        ({"node": " gpu-node-07\t"}, "gpu-node-07"),
+        ({"Hostname": "Gpu-Node-07.Cluster.Example"}, "gpu-node-07.cluster.example"),
+        ({"instance": "GPU-NODE-07:9400"}, "gpu-node-07"),
+        ({"node": "a" * 253}, "a" * 253),
+    ],
+)
+def test_node_labels_become_kubernetes_node_names(labels: dict[str, str], node: str) -> None:
+    assert subject_of(one_alert(labels).alerts[0]).node == node
+
+
+@pytest.mark.parametrize(
+    ("labels", "says"),
+    [
+        ({"node": "../../etc/passwd"}, "label node '../../etc/passwd' is not a Kubernetes node name"),
+        ({"node": "gpu-node-0[1-9]"}, "label node 'gpu-node-0[1-9]' is not a Kubernetes node name"),
+        ({"node": "gpu-node-07\u200b"}, "label node 'gpu-node-07\\u200b' has characters outside ASCII"),
+        ({"node": "\u212a8s-node"}, "outside ASCII"),  # KELVIN SIGN, which lower() makes a "k"
+        ({"node": "gpu_node_07"}, "not a Kubernetes node name"),
+        ({"node": "gpu-node-07-"}, "not a Kubernetes node name"),
+        ({"node": "gpu node 07"}, "not a Kubernetes node name"),
+        ({"node": "a" * 254}, "longer than 253 characters"),
+        ({"Hostname": "gpu-node-07/"}, "label Hostname 'gpu-node-07/'"),
+        (
+            {"instance": "[fd00::7]:9400"},
+            "label instance '[fd00::7]:9400': host 'fd00::7' is not a Kubernetes",
+        ),
+    ],
+)
+def test_node_labels_that_are_no_node_name_refuse_the_delivery(labels: dict[str, str], says: str) -> None:
+    payload = one_alert(labels)
+    with pytest.raises(AlertRejected) as refused:
+        subjects_of(payload)
+    message = str(refused.value)
+    assert message.startswith("alerts.0 (GpuXidCritical, fingerprint 54faa5ba6fe53303): label ")
+    assert says in message
+
+
+def test_every_refused_alert_of_a_delivery_is_named() -> None:
+    body = json.loads((AM / "two-faults-same-node.json").read_text())
+    body["alerts"][1]["labels"]["node"] = "GPU/NODE"
+    body["alerts"][2]["labels"]["node"] = "gpu-node-0[1-9]"
+    payload = parse_webhook(json.dumps(body).encode())
+    with pytest.raises(AlertRejected) as refused:
+        subjects_of(payload)
+    message = str(refused.value)
+    assert "alerts.1 (GpuXidCriticalTotal, fingerprint 8909f72b4ad89758): label node 'GPU/NODE'" in message
+    assert (
+        "alerts.2 (GpuEccDoubleBitVolatile, fingerprint 4d9533919175687a): label node 'gpu-node-0[1-9]'"
+        in (message)
+    )
+    assert "alerts.0" not in message and "alerts.3" not in message
 
 
 def test_one_instant_with_two_offsets_is_one_key() -> None:
