@@ -3,19 +3,36 @@
 Accepts every shape Alertmanager really sends: firing and resolved alerts mixed in one
 delivery, resolved alerts never seen firing, re-sent groups, ``truncatedAlerts`` and
 unknown extra fields (ignored). Rejects what is not a webhook with a reason a human can
-act on. Deduplication keys live here too: ``(fingerprint, startsAt)`` identifies one
-occurrence of one alert; ``groupKey`` is only used for threading.
+act on (``PayloadError``), and a webhook with an alert pitcrew refuses — a time outside the
+window around now that ``check_times`` allows, a node label that is no node name
+(``bot.domain.labels``) — naming the alert (``AlertRejected``).
+Deduplication keys live here too: ``(fingerprint, startsAt)`` identifies one occurrence of
+one alert, with ``startsAt`` in UTC whatever offset the sender wrote; ``groupKey`` is only
+used for threading.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from bot.domain.durations import format_duration
+
 #: Alertmanager writes this for "not ended yet".
 _ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+
+#: How far ahead of pitcrew's clock an alert may say it started. NTP-synced clocks differ by
+#: milliseconds; beyond this the sender's clock is wrong, and a start in the future would make
+#: every duration measured from it negative and the alert never "stale" to the breaker guard.
+MAX_CLOCK_SKEW = timedelta(minutes=10)
+#: How long ago an alert may say it started. Only a guard against broken clocks (epoch 0, year
+#: 1): an alert can fire for months, and a delivery refused for one alert is refused whole.
+MAX_ALERT_AGE = timedelta(days=3653)
+#: Alertmanager's ``truncatedAlerts`` is a uint64; a larger count is not Alertmanager's.
+MAX_TRUNCATED = 2**64 - 1
 
 LabelName = Annotated[str, Field(max_length=256)]
 LabelValue = Annotated[str, Field(max_length=4096)]
@@ -34,10 +51,15 @@ class Alert(BaseModel):
     generator_url: str = Field(default="", alias="generatorURL", max_length=8192)
     fingerprint: str = Field(min_length=1, max_length=64)
 
+    @field_validator("starts_at")
+    @classmethod
+    def _starts_utc(cls, value: datetime) -> datetime:
+        return _utc(value)
+
     @field_validator("ends_at")
     @classmethod
     def _not_ended(cls, value: datetime | None) -> datetime | None:
-        return None if value is None or value <= _ZERO_TIME else value
+        return None if value is None or value <= _ZERO_TIME else _utc(value)
 
     @property
     def firing(self) -> bool:
@@ -46,7 +68,7 @@ class Alert(BaseModel):
     @property
     def key(self) -> tuple[str, str]:
         """Identity of this occurrence: the same labels firing again later get a new key."""
-        return (self.fingerprint, self.starts_at.isoformat())
+        return dedupe_key(self.fingerprint, self.starts_at)
 
     @property
     def alertname(self) -> str:
@@ -67,7 +89,7 @@ class WebhookPayload(BaseModel):
     common_annotations: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="commonAnnotations")
     external_url: str = Field(default="", alias="externalURL", max_length=8192)
     group_key: str = Field(default="", alias="groupKey", max_length=8192)
-    truncated_alerts: int = Field(default=0, alias="truncatedAlerts", ge=0)
+    truncated_alerts: int = Field(default=0, alias="truncatedAlerts", ge=0, le=MAX_TRUNCATED)
 
     @field_validator("version")
     @classmethod
@@ -79,6 +101,67 @@ class WebhookPayload(BaseModel):
 
 class PayloadError(ValueError):
     """A body that is not an Alertmanager v4 webhook; ``str()`` is safe to return to the sender."""
+
+
+class AlertRejected(PayloadError):
+    """A webhook with alerts pitcrew refuses; ``str()`` names each alert and what is wrong with it.
+
+    The whole delivery is refused and nothing of it is stored. With the shipped route
+    (``group_by: [node]``, ``node`` required) the alerts of one delivery share their node
+    label, so this refuses no other node's alerts; the 400 pages humans
+    (``PitcrewWebhookRejecting``) and Alertmanager sends the group again at its next
+    ``group_interval``, instead of half a group being acted on.
+    """
+
+    @classmethod
+    def of(cls, problems: Sequence[tuple[int, Alert, str]], limit: int = 3) -> AlertRejected:
+        parts = [f"{locate(index, alert)}: {why}" for index, alert, why in problems[:limit]]
+        if len(problems) > limit:
+            parts.append(f"and {len(problems) - limit} more")
+        return cls("; ".join(parts))
+
+
+def dedupe_key(fingerprint: str, starts_at: datetime) -> tuple[str, str]:
+    """``(fingerprint, startsAt)`` as stored: startsAt in UTC to the microsecond, so that the same
+    instant written ``…Z`` and ``…+01:00`` is one alert."""
+    return (fingerprint, starts_at.astimezone(UTC).isoformat(timespec="microseconds"))
+
+
+def locate(index: int, alert: Alert) -> str:
+    """``alerts.2 (GpuXidCritical, fingerprint 54faa5ba6fe53303)``: which alert of a delivery."""
+    name = alert.alertname if len(alert.alertname) <= 80 else alert.alertname[:77] + "..."
+    return f"alerts.{index} ({name or 'no alertname'}, fingerprint {alert.fingerprint})"
+
+
+def check_times(payload: WebhookPayload, now: datetime) -> None:
+    """Refuse (``AlertRejected``) alerts whose times cannot be true at ``now``."""
+    latest, earliest = now + MAX_CLOCK_SKEW, now - MAX_ALERT_AGE
+    problems = [
+        (index, alert, _time_problem(alert, now))
+        for index, alert in enumerate(payload.alerts)
+        if not earliest <= alert.starts_at <= latest
+        or (alert.status == "resolved" and alert.ends_at is not None and alert.ends_at > latest)
+    ]
+    if problems:
+        raise AlertRejected.of(problems)
+
+
+def _time_problem(alert: Alert, now: datetime) -> str:
+    clock = f"pitcrew's clock reads {now.astimezone(UTC).isoformat()}; check the sender's clock"
+    ahead = f"more than {format_duration(MAX_CLOCK_SKEW)} ahead of pitcrew's clock"
+    if alert.starts_at > now + MAX_CLOCK_SKEW:
+        return f"startsAt {alert.starts_at.isoformat()} is {ahead} ({clock})"
+    if alert.starts_at < now - MAX_ALERT_AGE:
+        return f"startsAt {alert.starts_at.isoformat()} is more than {MAX_ALERT_AGE.days} days ago ({clock})"
+    return f"resolved, but endsAt {alert.ends_at.isoformat() if alert.ends_at else ''} is {ahead} ({clock})"
+
+
+def _utc(value: datetime) -> datetime:
+    """The same instant in UTC, so that one instant written with two offsets is one key."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("outside the years 1 to 9999 in UTC") from None
 
 
 def parse_webhook(body: bytes) -> WebhookPayload:

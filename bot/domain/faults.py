@@ -91,7 +91,9 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
     if subject.xid is not None:
         return _xid_fault(subject, subject.xid, catalog)
     detail = (
-        f"xid value {subject.xid_text!r} is not a number" if subject.xid_text else "fault not in the catalog"
+        f"xid value {subject.xid_text!r} is not an XID (ASCII digits)"
+        if subject.xid_text
+        else "fault not in the catalog"
     )
     return _for_a_human(subject.node, subject.gpu, label or "unknown", None, "unrecognised fault", detail)
 

@@ -1,7 +1,9 @@
 """Intake: one webhook body → parsed, classified, deduplicated and persisted alerts.
 
 This is all the webhook does before answering 200; remediation happens later in the
-executor, which ``wake`` nudges. Nothing here waits on a far side.
+executor, which ``wake`` nudges. Nothing here waits on a far side. Everything that can refuse
+the input (``PayloadError``) runs before the store is written: a refused delivery leaves
+nothing behind, and nothing after the write can fail on the input.
 """
 
 from __future__ import annotations
@@ -9,18 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from bot.domain.alerts import WebhookPayload, parse_webhook
+from bot.domain.alerts import WebhookPayload, check_times, parse_webhook
 from bot.domain.catalog import Catalog
 from bot.domain.faults import classify
-from bot.domain.labels import LabelRules, subject_of
+from bot.domain.labels import LabelRules, subjects_of
 from bot.engine.metrics import Metrics
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, Store
 
 
 def to_delivery(payload: WebhookPayload, catalog: Catalog, rules: LabelRules) -> Delivery:
+    """The delivery to store; ``AlertRejected`` naming each alert whose node label is no node name."""
     alerts = []
-    for alert in payload.alerts:
-        subject = subject_of(alert, rules)
+    for alert, subject in zip(payload.alerts, subjects_of(payload, rules), strict=True):
         alerts.append(
             IncomingAlert(
                 fingerprint=alert.fingerprint,
@@ -61,8 +63,9 @@ class Intake:
         self._signal = signal
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
-        """Parse (``PayloadError`` on bad input), persist, then wake the engine."""
+        """Parse and check (``PayloadError`` on bad input, nothing stored), persist, then wake the engine."""
         payload = parse_webhook(body)
+        check_times(payload, now)
         # Most deliveries are Alertmanager re-sending groups it already sent: no need to classify.
         repeats = self._store.count_repeats(
             [(a.fingerprint, a.starts_at, a.status) for a in payload.alerts], now

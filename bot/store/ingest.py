@@ -1,9 +1,10 @@
 """One Alertmanager delivery into the store, inside the writer's transaction.
 
-Dedupe by ``(fingerprint, startsAt)``: a repeat only bumps its delivery counter; a resolved
-repeat marks the alert resolved (a stale firing repeat never un-resolves it). A new firing
-alert attaches to the node's active incident or opens one; a resolved alert never opens an
-incident. Alerts without a node are kept (``unroutable``) and never acted on.
+Dedupe by ``(fingerprint, startsAt)`` with startsAt in UTC (``bot.domain.alerts.dedupe_key``):
+a repeat only bumps its delivery counter; a resolved repeat marks the alert resolved (a stale
+firing repeat never un-resolves it). A new firing alert attaches to the node's active incident
+or opens one; a resolved alert never opens an incident. Alerts without a node are kept
+(``unroutable``) and never acted on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from bot.domain.alerts import dedupe_key
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
@@ -41,10 +43,7 @@ def ingest(
     done first, the batch is worked out in memory (later deliveries see earlier ones), then
     each table gets one ``executemany``: a burst of deliveries costs about as much as one.
     """
-    all_keys = [
-        [(a.fingerprint, a.starts_at.isoformat(timespec="microseconds")) for a in d.alerts]
-        for d, _ in deliveries
-    ]
+    all_keys = [[dedupe_key(a.fingerprint, a.starts_at) for a in d.alerts] for d, _ in deliveries]
     known: dict[tuple[str, str], KeyState] = {}
     for keys in all_keys:
         for key in keys:

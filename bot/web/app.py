@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.config import Config
-from bot.domain.alerts import PayloadError
+from bot.domain.alerts import AlertRejected, PayloadError
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.store.base import Store, StoreUnavailable
@@ -51,7 +51,11 @@ DEPS = web.AppKey("deps", Deps)
 
 
 def create_app(deps: Deps) -> web.Application:
-    app = web.Application(client_max_size=deps.config.settings.server.max_body_bytes)
+    app = web.Application(
+        client_max_size=deps.config.settings.server.max_body_bytes,
+        # Bodies are read as sent: the webhook refuses a Content-Encoding (see ``_receive``).
+        handler_args={"auto_decompress": False},
+    )
     app[DEPS] = deps
     app.router.add_post("/api/v1/alerts", receive_alerts)
     app.router.add_get("/api/v1/incidents", list_incidents)
@@ -95,12 +99,19 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
     limit = deps.config.settings.server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         return _error(413, f"body of {request.content_length} bytes exceeds server.max_body_bytes ({limit})")
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in {"", "identity"}:
+        # Alertmanager sends plain JSON. The app does not decompress (``create_app``), so a body
+        # is never a decompression bomb, and a header that lies about the body cannot fail later.
+        return _error(400, f"Content-Encoding {encoding[:40]!r} is not accepted; send plain JSON")
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"body exceeds server.max_body_bytes ({limit})")
     try:
         outcome = await deps.intake.accept(body, deps.clock())
+    except AlertRejected as exc:
+        return _error(400, f"delivery refused, nothing of it stored: {exc}")
     except PayloadError as exc:
         return _error(400, f"not an Alertmanager v4 webhook: {exc}")
     except StoreUnavailable:

@@ -1,5 +1,9 @@
 """Request authentication for the webhook (bearer or basic, as Alertmanager's http_config sends)
-and for the command API (a separate admin bearer token). Constant-time comparisons only."""
+and for the command API (a separate admin bearer token). Constant-time comparisons only.
+
+Credentials are ASCII (RFC 9110 token68): a header with any other byte — which aiohttp hands
+over as a lone surrogate when it is not UTF-8 — is malformed, answered 401, never compared.
+"""
 
 from __future__ import annotations
 
@@ -27,13 +31,15 @@ def check(request: web.Request, expected: Credentials) -> web.Response | None:
     if not expected.required:
         return None
     header = request.headers.get("Authorization", "")
+    if not header.isascii():
+        return _unauthorised(expected, "malformed credentials: the Authorization header is not ASCII")
     scheme, _, value = header.partition(" ")
-    scheme = scheme.lower()
+    scheme, value = scheme.lower(), value.strip(" \t")
     if expected.bearer is not None and scheme == "bearer" and value:
-        return None if _same(value.strip(), expected.bearer) else _forbidden()
+        return None if _same(value, expected.bearer) else _forbidden()
     if expected.basic_user is not None and scheme == "basic" and value:
         try:
-            user, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return _unauthorised(expected, "malformed basic credentials")
         ok = _same(user, expected.basic_user) & _same(password, expected.basic_password or "")

@@ -4,14 +4,25 @@ Cases: Alertmanager's repeats and retries (10 identical deliveries) make one inc
 second GPU fault on the node attaches to the open incident; a resolved alert — even one
 never seen firing — starts nothing, in auto mode; bearer and basic auth; 400/401/403/413;
 503 when the store cannot take the write; the incidents API; /metrics, /healthz, /readyz.
+Hardening, each answer an error with nothing stored: non-ASCII bytes in ``Authorization`` (a
+bearer token ending in NBSP, raw or UTF-8; ``Basic éééé``) are 401.
+A ``Content-Encoding`` (on a plain body or a gzipped one) is 400; a ``truncatedAlerts``
+beyond uint64 is 400.
+A startsAt in the year 9999 is 400 naming the alert, for the whole delivery. One instant
+written ``Z`` and ``+01:00`` is one alert, and resolving it resolves it.
+``GPU-NODE-07`` and ``gpu-node-07`` are one node with one incident; a trailing zero-width
+space, a path or a hostlist as the node is 400 naming the alert and the label, for the
+whole delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +33,7 @@ from aiohttp.test_utils import TestServer
 from bot.config import load_config
 from bot.runtime import build_app
 from tests.conftest import FIXTURES
+from tests.harness.scenarios import delivery
 from tests.simulator.serve import WorldFile, simulated_ports
 
 AM = FIXTURES / "alertmanager"
@@ -61,6 +73,29 @@ async def server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 async def post(client: ClientSession, body: bytes, token: str = TOKEN) -> tuple[int, dict[str, Any]]:
     async with client.post("/api/v1/alerts", data=body, headers={"Authorization": f"Bearer {token}"}) as r:
         return r.status, await r.json()
+
+
+async def raw_post(server: TestServer, headers: bytes, body: bytes) -> tuple[int, bytes]:
+    """POST exactly these header bytes (no client library in between to refuse or re-encode them)."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(
+            b"POST /api/v1/alerts HTTP/1.1\r\nHost: pitcrew\r\nContent-Type: application/json\r\n"
+            + headers
+            + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            + body
+        )
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), payload
+
+
+def bearer(token: bytes = TOKEN.encode()) -> bytes:
+    return b"Authorization: Bearer " + token + b"\r\n"
 
 
 async def incidents(client: ClientSession) -> list[dict[str, Any]]:
@@ -225,3 +260,139 @@ async def test_health_ready_and_metrics(server: Callable[..., Any]) -> None:
         assert "pitcrew_incidents_opened_total 1.0" in text
         async with client.get("/api/v1/incidents/pc-99999") as r:
             assert r.status == 404
+
+
+async def test_non_ascii_credentials_are_401_and_store_nothing(
+    server: Callable[..., Any], tmp_path: Path
+) -> None:
+    body = fixture("xid79-firing.json")
+    test_server, client = await server()
+    async with client:
+        for header in (
+            bearer(TOKEN.encode() + b"\xa0"),  # not UTF-8: aiohttp hands over a lone surrogate
+            bearer(TOKEN.encode() + "\u00a0".encode()),  # UTF-8 NBSP, which str.strip() removes
+            bearer("\u00e9t\u00e9".encode()),
+        ):
+            status, answer = await raw_post(test_server, header, body)
+            assert status == 401, answer
+            assert (
+                json.loads(answer)["error"] == "malformed credentials: the Authorization header is not ASCII"
+            )
+        assert await incidents(client) == []
+    (tmp_path / "pw").write_text("s3cret\n")
+    basic = {
+        "bearer_token_file": None,
+        "basic_auth": {"username": "am", "password_file": str(tmp_path / "pw")},
+    }
+    test_server, client = await server(server={"auth": basic})
+    async with client:
+        for header in (
+            "Authorization: Basic \u00e9\u00e9\u00e9\u00e9\r\n".encode(),
+            b"Authorization: Basic \xe9\xe9\r\n",
+        ):
+            assert (await raw_post(test_server, header, body))[0] == 401
+        good = b"Authorization: Basic " + base64.b64encode(b"am:s3cret") + b"\r\n"
+        assert (await raw_post(test_server, good, body))[0] == 200  # the same path still lets Alertmanager in
+
+
+async def test_content_encoding_is_400_and_stores_nothing(server: Callable[..., Any]) -> None:
+    body = fixture("xid79-firing.json")
+    test_server, client = await server()
+    async with client:
+        for encoding, sent in ((b"gzip", body), (b"gzip", gzip.compress(body)), (b"br", body)):
+            status, answer = await raw_post(
+                test_server, bearer() + b"Content-Encoding: " + encoding + b"\r\n", sent
+            )
+            assert status == 400, answer
+            assert json.loads(answer) == {
+                "error": f"Content-Encoding {encoding.decode()!r} is not accepted; send plain JSON"
+            }
+        assert await incidents(client) == []
+        assert (await raw_post(test_server, bearer() + b"Content-Encoding: identity\r\n", body))[0] == 200
+
+
+async def test_truncated_alerts_beyond_uint64_are_400_and_store_nothing(server: Callable[..., Any]) -> None:
+    body = json.loads(fixture("xid79-firing.json"))
+    body["truncatedAlerts"] = 10**400
+    _, client = await server()
+    async with client:
+        status, answer = await post(client, json.dumps(body).encode())
+        assert status == 400
+        assert "truncatedAlerts" in answer["error"]
+        assert await incidents(client) == []
+        body["truncatedAlerts"] = 2**64 - 1
+        assert (await post(client, json.dumps(body).encode()))[0] == 200
+
+
+async def test_a_start_in_the_year_9999_is_400_naming_the_alert(server: Callable[..., Any]) -> None:
+    _, client = await server()
+    async with client:
+        far = json.loads(delivery(node="gpu-node-05", starts=datetime(9999, 1, 1, tzinfo=UTC)))
+        status, answer = await post(client, json.dumps(far).encode())
+        assert status == 400
+        first = far["alerts"][0]
+        assert answer["error"].startswith(
+            f"delivery refused, nothing of it stored: alerts.0 ({first['labels']['alertname']}, fingerprint"
+            f" {first['fingerprint']}): startsAt 9999-01-01T00:00:00+00:00 is more than 10m ahead of pitcrew's clock"
+        )
+        # One alert of the delivery from the future refuses all of it: the others are not stored either.
+        mixed = json.loads(delivery(node="gpu-node-05", starts=datetime.now(UTC)))
+        mixed["alerts"][2]["startsAt"] = "9999-01-01T00:00:00Z"
+        status, answer = await post(client, json.dumps(mixed).encode())
+        assert status == 400
+        assert answer["error"].count("alerts.") == 1 and "alerts.2 (" in answer["error"]
+        assert await incidents(client) == []
+
+
+async def test_one_instant_with_two_offsets_is_one_alert(server: Callable[..., Any]) -> None:
+    def plus_one_hour(name: str) -> bytes:
+        body = json.loads(fixture(name))
+        for alert in body["alerts"]:
+            assert alert["startsAt"] == "2026-11-29T08:46:36.045Z"
+            alert["startsAt"] = "2026-11-29T09:46:36.045+01:00"
+        return json.dumps(body).encode()
+
+    _, client = await server()
+    async with client:
+        _, first = await post(client, fixture("xid79-firing.json"))
+        status, again = await post(client, plus_one_hour("xid79-repeat.json"))
+        assert status == 200
+        assert (again["new"], again["repeated"], again["opened"]) == (0, 3, [])
+        _, resolved = await post(client, plus_one_hour("xid79-resolved.json"))
+        assert resolved["resolved"] == 3
+        record = await detail(client, first["opened"][0])
+        assert len(record["alerts"]) == 3
+        assert {a["status"] for a in record["alerts"]} == {"resolved"}
+        assert {a["starts_at"] for a in record["alerts"]} == {"2026-11-29T08:46:36.045000+00:00"}
+
+
+async def test_node_label_spellings_are_one_node_and_non_names_are_400(server: Callable[..., Any]) -> None:
+    now = datetime.now(UTC)
+    _, client = await server()
+    async with client:
+        _, upper = await post(client, delivery(node="GPU-NODE-07", starts=now))
+        _, lower = await post(client, delivery(node="gpu-node-07", starts=now + timedelta(seconds=1)))
+        assert upper["new"] == lower["new"] == 3  # different label values: different fingerprints
+        assert lower["attached"] == upper["opened"] and not lower["opened"]
+        for bad, shown in (
+            ("gpu-node-07\u200b", "'gpu-node-07\\u200b' has characters outside ASCII"),
+            ("../../etc/passwd", "'../../etc/passwd' is not a Kubernetes node name"),
+            ("gpu-node-0[1-9]", "'gpu-node-0[1-9]' is not a Kubernetes node name"),
+        ):
+            body = json.loads(delivery(node=bad, starts=now))
+            status, answer = await post(client, json.dumps(body).encode())
+            assert status == 400, bad
+            first = body["alerts"][0]
+            assert answer["error"].startswith(
+                f"delivery refused, nothing of it stored: alerts.0 ({first['labels']['alertname']}, fingerprint"
+                f" {first['fingerprint']}): label node {shown}"
+            )
+        # One alert naming no node refuses the delivery: its good alerts are not stored either.
+        mixed = json.loads(delivery(node="gpu-node-08", starts=now))
+        mixed["alerts"][1]["labels"]["node"] = "gpu-node-0[1-9]"
+        status, answer = await post(client, json.dumps(mixed).encode())
+        assert status == 400
+        assert "alerts.1 (" in answer["error"] and "alerts.0 (" not in answer["error"]
+        found = await incidents(client)
+        assert [(i["id"], i["node"]) for i in found] == [(upper["opened"][0], "gpu-node-07")]
+        assert len((await detail(client, found[0]["id"]))["alerts"]) == 6

@@ -189,7 +189,7 @@ def test_unknown_fault_and_garbage_xid_go_to_a_human() -> None:
     fault = classify(weird, CATALOG)
     assert fault is not None
     assert fault.playbook == "ask-human"
-    assert "not a number" in fault.detail
+    assert "not an XID" in fault.detail
 
 
 @pytest.mark.parametrize(
