@@ -12,6 +12,10 @@ commit, so an alert answered with 200 is on disk). If a unit fails, the batch is
 back and each unit is run alone, so one bad unit fails only itself. Repeat-delivery counters
 are flushed on their own clock, never inside a delivery's transaction. WAL checkpoints run
 on a separate (aiosqlite) connection beside the writer, never inside a commit.
+
+A commit is acknowledged only if the database file (and its WAL) at the configured path is
+still the file the writer opened: SQLite keeps writing through its open descriptors into a
+file that was deleted, moved or replaced, and a restart would not find what it was told.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections import OrderedDict
@@ -72,6 +77,8 @@ class Writer:
         # Repeat deliveries counted in memory: key → (last seen, count); "flushing" is in a write.
         self.seen: dict[Key, tuple[str, int]] = {}
         self.flushing: dict[Key, tuple[str, int]] = {}
+        # (path, st_dev, st_ino) of the database and its WAL as opened: what a restart must find.
+        self._files: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def running(self) -> bool:
@@ -97,6 +104,12 @@ class Writer:
         ):
             conn.execute(f"PRAGMA {pragma}")
         _migrate(conn, self.path)
+        files = []
+        for path in (str(self.path), f"{self.path}-wal"):
+            with contextlib.suppress(FileNotFoundError):  # no WAL if SQLite could open it read-only
+                st = os.stat(path)
+                files.append((path, st.st_dev, st.st_ino))
+        self._files = tuple(files)
         return conn
 
     async def close(self) -> None:
@@ -192,7 +205,15 @@ class Writer:
 
     # ------------------------------------------------------- in the writer thread
     def _run(self, items: list[Unit | IngestJob]) -> list[Outcome]:
-        """All items in one transaction; if one fails, roll back and run each alone."""
+        """All items in one transaction (if one fails, roll back and run each alone), then make
+        sure what was committed is where a restart will look: else every caller hears it failed."""
+        outcomes = self._run_units(items)
+        lost = self.lost()
+        if lost is not None:
+            raise StoreUnavailable(f"{lost}: a restart would not find this write")
+        return outcomes
+
+    def _run_units(self, items: list[Unit | IngestJob]) -> list[Outcome]:
         conn = self._conn
         assert conn is not None
         try:
@@ -237,6 +258,25 @@ class Writer:
         while len(self.keys) > self.keys_max:
             self.keys.popitem(last=False)
 
+    # ----------------------------------------------------------------- readiness
+    def lost(self) -> str | None:
+        """Why a restart would not find what is committed now (the database or its WAL at the
+        path is gone or is another file than the one opened); ``None`` if it would."""
+        for path, device, inode in self._files:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return f"{path} is gone"
+            except OSError as exc:
+                return f"{path} cannot be checked ({exc.strerror})"
+            if (st.st_dev, st.st_ino) != (device, inode):
+                return f"{path} is another file than the one opened"
+        return None
+
+    async def ready(self) -> bool:
+        """Whether writes commit where a restart finds them."""
+        return self.running and self.lost() is None
+
     # --------------------------------------------------------------- checkpoints
     async def _checkpoint_loop(self) -> None:
         """Fold the WAL back into the database now and then, beside the writer, never in its way."""
@@ -246,7 +286,8 @@ class Writer:
             try:
                 await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except sqlite3.Error:
-                log.warning("WAL checkpoint failed; will retry", exc_info=True)
+                # Often the first sign that the files went away: say so, writes are refused now.
+                log.warning("WAL checkpoint failed; will retry", extra={"lost": self.lost()}, exc_info=True)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
