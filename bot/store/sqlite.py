@@ -67,7 +67,7 @@ class SqliteStore:
 
     async def ping(self) -> bool:
         """Ready for writes: readable, and the writer says its writes commit where a restart finds
-        them (``Writer.ready``: the files it opened are still where a restart looks)."""
+        them (``Writer.ready``: files in place, writable, room left, the last write succeeded)."""
         try:
             await self._one("SELECT 1")
         except Exception:  # readiness probes report, they do not raise

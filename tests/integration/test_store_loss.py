@@ -9,6 +9,13 @@ request stamped when it was sent:
   afterwards, and every later one, is 503; after a restart (a new, empty store) the refused
   deliveries are redelivered and stored.
 - the directory moved away: the same; moved back, a restart finds every delivery that got 200.
+- the directory and its files made read-only (``chattr +i``, which binds root too): the same;
+  writable again, a restart finds every delivery that got 200.
+- disk full (the store on a 16 MiB tmpfs, filled up): deliveries get 503 (SQLite's
+  SQLITE_FULL), and from the first of them every ``/readyz`` is 503; with room again
+  ``/readyz`` turns 200, deliveries get 200, and a restart finds every delivery that got 200.
+- a read-only database file at start: pitcrew serves, the webhook answers 503 and ``/readyz``
+  503; writable again, a restart takes the redelivery and still has what was stored before.
 - in process, the commit itself is checked: an engine write (which does not pass the
   webhook's check) committed into a file no longer at the store's path fails; with the file
   back in place the next write succeeds and the store is ready again.
@@ -19,7 +26,9 @@ every readiness check looks at the files itself, so the first check after the lo
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,8 +42,15 @@ import pytest
 from bot.store.base import NewEvent, StoreUnavailable
 from bot.store.sqlite import SqliteStore
 from tests.harness.pitcrew import Pitcrew
-from tests.harness.proc import wait_until
+from tests.harness.proc import in_ci, require_binary, wait_until
 from tests.harness.scenarios import delivery
+
+
+def _unavailable(message: str) -> None:
+    """CI has root and mounts: there, a missing capability is a defect; elsewhere a skip."""
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 @dataclass
@@ -104,6 +120,13 @@ def _report(case: str, moment: float, polls: list[tuple[float, float, int]]) -> 
     print(f"\n{case}: /readyz 503 {1000 * (turned - moment):.1f} ms after the change")
 
 
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until the filesystem has no room left (ENOSPC)."""
+    with path.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 4096)
+
+
 def _stored(server: Pitcrew) -> set[str]:
     return {incident["node"] for incident in server.incidents()}
 
@@ -121,6 +144,49 @@ def state_server(pitcrew_factory: Callable[..., Pitcrew], tmp_path: Path) -> Ite
     )
     yield server, state
     server.stop()
+
+
+@pytest.fixture
+def immutable(tmp_path: Path) -> Iterator[Callable[..., None]]:
+    """``chattr +i`` (read-only even for root); every flag set is cleared at teardown."""
+    chattr = require_binary("chattr", "e2fsprogs")
+    flagged: list[Path] = []
+    probe = tmp_path / "chattr-probe"
+    probe.touch()
+    if subprocess.run([chattr, "+i", str(probe)], capture_output=True).returncode != 0:
+        _unavailable(f"chattr +i does not work on {tmp_path} (not root, or the filesystem lacks it)")
+    subprocess.run([chattr, "-i", str(probe)], check=True)
+
+    def set_flag(*paths: Path, on: bool = True) -> None:
+        for path in paths:
+            if path.exists():
+                subprocess.run([chattr, "+i" if on else "-i", str(path)], check=True)
+                flagged.append(path)
+
+    yield set_flag
+    for path in flagged:
+        subprocess.run([chattr, "-i", str(path)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
+    """Mount a 16 MiB tmpfs on a directory (root only); unmounted at teardown. Tests ask for it
+    before the server, so that the server has stopped by then."""
+    mounted: list[Path] = []
+
+    def mount(path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True
+        )
+        if done.returncode != 0:
+            _unavailable(f"cannot mount a tmpfs (needs root): {done.stderr.decode().strip()}")
+        mounted.append(path)
+
+    yield mount
+    for path in mounted:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def _lose(server: Pitcrew, flow: Flow, change: Callable[[], Any], case: str) -> float:
@@ -165,6 +231,76 @@ def test_moved_directory_keeps_every_acknowledged_delivery(state_server: tuple[P
     server.start()
     acknowledged = flow.acknowledged()
     assert acknowledged and acknowledged <= _stored(server)
+
+
+def test_read_only_directory_keeps_every_acknowledged_delivery(
+    immutable: Callable[..., None], state_server: tuple[Pitcrew, Path]
+) -> None:
+    server, state = state_server
+    server.start()
+    files = [state / "pitcrew.db", state / "pitcrew.db-wal", state]
+    with Flow(server) as flow:
+        _lose(server, flow, lambda: immutable(*files), "directory made read-only")
+    server.stop()
+    immutable(*files, on=False)
+    server.start()
+    acknowledged = flow.acknowledged()
+    assert acknowledged and acknowledged <= _stored(server)
+
+
+def test_disk_full_turns_readiness(
+    small_fs: Callable[[Path], None], state_server: tuple[Pitcrew, Path]
+) -> None:
+    server, state = state_server
+    small_fs(state)
+    server.start()
+    filler = state / "filler"
+    with Flow(server, gap=0.05) as flow:
+        flow.wait(5)
+        _fill(filler)
+        wait_until(
+            lambda: 503 in flow.statuses_after(float("-inf")),
+            timeout=60,
+            what="a delivery refused for lack of room",
+        )
+        refused = min(sent for sent, _, status in flow.deliveries if status == 503)
+        flow.wait(5, after=refused)
+        polls = flow.readiness_after(refused)
+        assert [status for _, _, status in polls] == [503] * len(polls), polls
+        _report("disk full", refused, polls)
+        filler.unlink()
+        wait_until(
+            lambda: server.request("GET", "/readyz")[0] == 200, timeout=30, what="/readyz 200 with room"
+        )
+        recovered = time.monotonic()
+        flow.wait(5, after=recovered)
+        assert 200 in flow.statuses_after(recovered)
+    assert "database or disk is full" in server.log.read_text()
+    server.stop()
+    server.start()
+    acknowledged = flow.acknowledged()
+    assert acknowledged <= _stored(server)
+
+
+def test_read_only_database_at_start_is_not_ready(
+    immutable: Callable[..., None], state_server: tuple[Pitcrew, Path]
+) -> None:
+    server, state = state_server
+    server.start()
+    assert server.post_alerts(delivery(node="gpu-before"))[0] == 200
+    server.stop()
+    immutable(state / "pitcrew.db")
+    server.start(ready=False)
+    body = delivery(node="gpu-after")
+    status, answer = server.post_alerts(body)
+    assert status == 503, answer
+    assert server.request("GET", "/readyz")[0] == 503
+    assert server.incidents()  # what was stored before is still served
+    server.stop()
+    immutable(state / "pitcrew.db", on=False)
+    server.start()
+    assert server.post_alerts(body)[0] == 200
+    assert {"gpu-before", "gpu-after"} <= _stored(server)
 
 
 async def test_a_commit_into_a_moved_file_fails(tmp_path: Path) -> None:
