@@ -4,7 +4,9 @@ Writes go through one ``Writer`` (``bot.store.writer``): whole transactions in o
 thread, many per commit, acknowledged only once committed. Reads run on the event loop's own
 connection: in WAL mode a reader never waits for the writer, and a read of a few indexed rows
 costs less than a trip to a thread. Repeat deliveries Alertmanager makes of groups it already
-sent are counted in memory and flushed every second; reads include what is not flushed yet.
+sent are counted in memory and flushed every second; reads include what is not flushed yet —
+but only while the database file is the one the writer opened, or a restart would not know
+those alerts. Readiness (``ping``) is the writer's word on whether writes commit.
 """
 
 from __future__ import annotations
@@ -64,11 +66,13 @@ class SqliteStore:
                 self._reader = None
 
     async def ping(self) -> bool:
+        """Ready for writes: readable, and the writer says its writes commit where a restart finds
+        them (``Writer.ready``: files in place, writable, room left, the last write succeeded)."""
         try:
             await self._one("SELECT 1")
         except Exception:  # readiness probes report, they do not raise
             return False
-        return self._writer.running
+        return await self._writer.ready()
 
     # ------------------------------------------------------------------- reads
     async def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -196,6 +200,9 @@ class SqliteStore:
         alerts it had; else ``None`` and nothing is counted (the caller ingests it in full)."""
         if not self._writer.running:
             raise StoreUnavailable("store is not open")
+        lost = self._writer.lost()  # the keys we remember were committed to that file
+        if lost is not None:
+            raise StoreUnavailable(f"{lost}: a restart would not find what this delivery stores")
         keys = []
         for fingerprint, starts_at, status in alerts:
             key = (fingerprint, starts_at.isoformat(timespec="microseconds"))

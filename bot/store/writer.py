@@ -12,6 +12,14 @@ commit, so an alert answered with 200 is on disk). If a unit fails, the batch is
 back and each unit is run alone, so one bad unit fails only itself. Repeat-delivery counters
 are flushed on their own clock, never inside a delivery's transaction. WAL checkpoints run
 on a separate (aiosqlite) connection beside the writer, never inside a commit.
+
+The writer also owns the truth about whether the store can take writes. A commit is
+acknowledged only if the database file (and its WAL) at the configured path is still the
+file the writer opened: SQLite keeps writing through its open descriptors into a file that
+was deleted, moved or replaced, and a restart would not find what it was told. Readiness
+(``ready``) checks that, whether the files can be written and the filesystem has room, and
+whether the last write attempt succeeded, proving the store with a one-page write when it
+has not written for a while or after a failure.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections import OrderedDict
@@ -38,6 +47,13 @@ from bot.store.schema import MIGRATIONS, SCHEMA_VERSION
 log = logging.getLogger(__name__)
 _CHECKPOINT_EVERY = 2.0  # seconds between WAL checkpoints
 _FLUSH_EVERY = 1.0  # seconds: repeat-delivery counters reach the disk at least this often
+_PROBE_EVERY = 5.0  # seconds without a committed write before readiness proves the store with one
+_RETRY_AFTER = 1.0  # seconds after a failed write before readiness tries again (the 503's Retry-After)
+_PROBE_TIMEOUT = 2.0  # seconds a readiness probe may wait for its commit
+# Below this much free space a store is about to refuse writes (a delivery's batch is tens of
+# pages, a checkpoint grows the database by what the WAL holds): not ready, so deliveries go
+# elsewhere before they start failing.
+_SPACE_RESERVE = 1 << 20
 
 Unit = Callable[[sqlite3.Connection], Any]
 Key = tuple[str, str]
@@ -72,6 +88,13 @@ class Writer:
         # Repeat deliveries counted in memory: key → (last seen, count); "flushing" is in a write.
         self.seen: dict[Key, tuple[str, int]] = {}
         self.flushing: dict[Key, tuple[str, int]] = {}
+        # (path, st_dev, st_ino) of the database and its WAL as opened: what a restart must find.
+        self._files: tuple[tuple[str, int, int], ...] = ()
+        self._failure: str | None = None  # why the last write attempt failed; None if it succeeded
+        self._failed_at = 0.0
+        self._wrote_at = float("-inf")  # monotonic time of the last successful write attempt
+        self._probing: asyncio.Task[bool] | None = None
+        self._ready = True  # what readiness last reported, to log when it turns
 
     @property
     def running(self) -> bool:
@@ -79,6 +102,7 @@ class Writer:
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
+        self._failure, self._wrote_at, self._ready = None, float("-inf"), True
         self._conn = await loop.run_in_executor(self._executor, self._connect)
         self._checkpointer = await aiosqlite.connect(self.path, isolation_level=None)
         await self._checkpointer.execute("PRAGMA busy_timeout=10000")
@@ -97,6 +121,12 @@ class Writer:
         ):
             conn.execute(f"PRAGMA {pragma}")
         _migrate(conn, self.path)
+        files = []
+        for path in (str(self.path), f"{self.path}-wal"):
+            with contextlib.suppress(FileNotFoundError):  # no WAL if SQLite could open it read-only
+                st = os.stat(path)
+                files.append((path, st.st_dev, st.st_ino))
+        self._files = tuple(files)
         return conn
 
     async def close(self) -> None:
@@ -109,12 +139,12 @@ class Writer:
                     await self.submit(lambda conn: None)  # the writer flushes pending counters first
                 await self._queue.join()
         finally:
-            for task in (self._task, self._checkpoints):
+            for task in (self._task, self._checkpoints, self._probing):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            self._task = self._checkpoints = None
+            self._task = self._checkpoints = self._probing = None
             if self._checkpointer is not None:
                 with contextlib.suppress(sqlite3.Error):
                     await self._checkpointer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -160,8 +190,10 @@ class Writer:
             try:
                 outcomes = await loop.run_in_executor(self._executor, self._run, items)
             except Exception as exc:
-                log.exception("store write batch failed", extra={"units": len(batch)})
+                self._attempted(exc, units=len(batch))
                 outcomes = [(False, StoreUnavailable(f"write failed: {exc}"))] * len(batch)
+            else:
+                self._attempted(None)
             for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
                 if not future.done():
                     if ok:
@@ -182,17 +214,39 @@ class Writer:
         try:
             items: list[Unit | IngestJob] = [bump]
             await loop.run_in_executor(self._executor, self._run, items)
-        except Exception:
-            log.exception("could not record repeat deliveries; will retry")
+        except Exception as exc:
+            self._attempted(exc, units=1)
+            log.warning("could not record repeat deliveries; will retry")
             for key, (stamp, count) in seen.items():
                 old = self.seen.get(key, (stamp, 0))
                 self.seen[key] = (max(old[0], stamp), old[1] + count)
+        else:
+            self._attempted(None)
         finally:
             self.flushing = {}
 
+    def _attempted(self, error: Exception | None, *, units: int = 0) -> None:
+        """Remember how the last write attempt went; log when that changes."""
+        if error is None:
+            if self._failure is not None:
+                log.info("store writes succeed again", extra={"after": self._failure})
+            self._failure, self._wrote_at = None, time.monotonic()
+            return
+        if self._failure is None:
+            log.error("store write failed", extra={"units": units}, exc_info=error)
+        self._failure, self._failed_at = str(error), time.monotonic()
+
     # ------------------------------------------------------- in the writer thread
     def _run(self, items: list[Unit | IngestJob]) -> list[Outcome]:
-        """All items in one transaction; if one fails, roll back and run each alone."""
+        """All items in one transaction (if one fails, roll back and run each alone), then make
+        sure what was committed is where a restart will look: else every caller hears it failed."""
+        outcomes = self._run_units(items)
+        lost = self.lost()
+        if lost is not None:
+            raise StoreUnavailable(f"{lost}: a restart would not find this write")
+        return outcomes
+
+    def _run_units(self, items: list[Unit | IngestJob]) -> list[Outcome]:
         conn = self._conn
         assert conn is not None
         try:
@@ -237,6 +291,68 @@ class Writer:
         while len(self.keys) > self.keys_max:
             self.keys.popitem(last=False)
 
+    # ----------------------------------------------------------------- readiness
+    def lost(self) -> str | None:
+        """Why a restart would not find what is committed now (the database or its WAL at the
+        path is gone or is another file than the one opened); ``None`` if it would."""
+        for path, device, inode in self._files:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return f"{path} is gone"
+            except OSError as exc:
+                return f"{path} cannot be checked ({exc.strerror})"
+            if (st.st_dev, st.st_ino) != (device, inode):
+                return f"{path} is another file than the one opened"
+        return None
+
+    def hazard(self) -> str | None:
+        """Why the store cannot be trusted with the next write, from the files alone; ``None`` if
+        nothing is wrong with them. Cheap (a few system calls): run on every readiness check."""
+        lost = self.lost()
+        if lost is not None:
+            return lost
+        for path in (self.path, self.path.parent):  # the directory: SQLite creates its WAL there
+            if not os.access(path, os.W_OK):
+                return f"{path} is not writable"
+        try:
+            fs = os.statvfs(self.path.parent)
+        except OSError as exc:
+            return f"{self.path.parent} cannot be checked ({exc.strerror})"
+        free = fs.f_bavail * fs.f_frsize
+        if free < _SPACE_RESERVE:
+            return f"{free} bytes free where the store is, under the {_SPACE_RESERVE} it keeps in reserve"
+        return None
+
+    async def ready(self) -> bool:
+        """Whether the store takes writes now: its files are sound and the last write attempt
+        succeeded. Without a write for a while, or a second after a failed one, a one-page write
+        decides (one at a time however many callers ask)."""
+        reason = "store is not open" if not self.running else self.hazard()
+        if reason is None:
+            since = time.monotonic() - (self._wrote_at if self._failure is None else self._failed_at)
+            if self._failure is not None and since < _RETRY_AFTER:
+                reason = self._failure
+            elif self._failure is not None or since >= _PROBE_EVERY:
+                if self._probing is None or self._probing.done():
+                    self._probing = asyncio.create_task(self._probe(), name="pitcrew-store-probe")
+                if not await asyncio.shield(self._probing):
+                    reason = self._failure or "a probe write did not commit in time"
+        if (reason is None) != self._ready:  # log the turns, not every probe of /readyz
+            if reason is None:
+                log.info("store ready: writes commit where a restart finds them")
+            else:
+                log.error("store not ready", extra={"reason": reason})
+            self._ready = reason is None
+        return reason is None
+
+    async def _probe(self) -> bool:
+        try:
+            await asyncio.wait_for(self.submit(_touch), timeout=_PROBE_TIMEOUT)
+        except Exception:  # readiness reports, it does not raise; the writer has logged the cause
+            return False
+        return True
+
     # --------------------------------------------------------------- checkpoints
     async def _checkpoint_loop(self) -> None:
         """Fold the WAL back into the database now and then, beside the writer, never in its way."""
@@ -246,7 +362,14 @@ class Writer:
             try:
                 await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except sqlite3.Error:
-                log.warning("WAL checkpoint failed; will retry", exc_info=True)
+                # Often the first sign that the files went away: say so, writes are refused now.
+                log.warning("WAL checkpoint failed; will retry", extra={"lost": self.lost()}, exc_info=True)
+
+
+def _touch(conn: sqlite3.Connection) -> None:
+    """The smallest real write: page 1 rewritten with the schema version it already has."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    conn.execute(f"PRAGMA user_version = {version}")
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:

@@ -114,8 +114,9 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
         return _error(400, f"delivery refused, nothing of it stored: {exc}")
     except PayloadError as exc:
         return _error(400, f"not an Alertmanager v4 webhook: {exc}")
-    except StoreUnavailable:
-        log.exception("store unavailable; asking Alertmanager to redeliver")
+    except StoreUnavailable as exc:
+        # The store logged the cause when it began; one line per refused delivery, no traceback.
+        log.warning("store unavailable; asking Alertmanager to redeliver", extra={"reason": str(exc)})
         return web.json_response(
             {"error": "store unavailable, retry"}, status=503, headers={"Retry-After": "1"}
         )

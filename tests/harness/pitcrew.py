@@ -84,7 +84,9 @@ class Pitcrew:
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout: float = 20.0) -> Pitcrew:
+    def start(self, timeout: float = 20.0, *, ready: bool = True) -> Pitcrew:
+        """Start and wait until ``/readyz`` answers 200 (``ready=False``: until ``/healthz`` does,
+        for a pitcrew that is meant to start not ready)."""
         self.starts += 1
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
@@ -94,14 +96,17 @@ class Pitcrew:
                 env=self.env,
                 cwd=REPO,
             )
-        wait_until(self._healthy, timeout=timeout, what=f"pitcrew healthy on {self.url}\n{tail(self.log)}")
+        path = "/readyz" if ready else "/healthz"
+        wait_until(
+            lambda: self._healthy(path), timeout=timeout, what=f"{path} 200 on {self.url}\n{tail(self.log)}"
+        )
         return self
 
-    def _healthy(self) -> bool:
+    def _healthy(self, path: str) -> bool:
         if self.process is not None and self.process.poll() is not None:
             pytest.fail(f"pitcrew exited with {self.process.returncode}:\n{tail(self.log)}")
         try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as response:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=1) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError):
             return False
