@@ -2,7 +2,8 @@
 
 ``dry_run`` is what ``pitcrew plan`` runs: the same planner and guards the engine uses,
 fed from a payload file and (when it exists) the local store's history and switches,
-with no far side contacted.
+with no far side contacted: the breaker's fleet is ``guards.breaker.fleet_size`` when
+configured, else unknown (and its decision says so).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from bot.domain.catalog import Catalog
 from bot.domain.faults import Fault
 from bot.domain.guards import World
 from bot.domain.incident import State
-from bot.engine.admission import build_world
+from bot.engine.admission import NOT_READ, build_world
 from bot.engine.intake import to_delivery
 from bot.engine.steps import REGISTRY
 from bot.store import codec
@@ -50,7 +51,7 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
         if node not in firing:
             out.append(_no_action(node, config, _ALL_RESOLVED))
             continue
-        world = worlds.get(node, World())
+        world = worlds.get(node) or World(fleet=NOT_READ.fleet(config.policy.breaker.fleet_size))
         plan = planner.plan(
             node, list(firing[node].values()), world.history, config.policy, config.playbooks, now, REGISTRY
         )

@@ -1,8 +1,15 @@
 """Guards: the checks that stand between a plan and a node, each explained in words.
 
 A pure function of the plan, a snapshot of the world (pause switch, breaker, what else is
-under remediation, this node's history and labels) and the policy. The engine builds the
-snapshot from the store; ``pitcrew plan`` builds it too and prints every decision.
+under remediation, the fleet, this node's history and labels) and the policy. The engine
+builds the snapshot from the store and the far sides; ``pitcrew plan`` builds it too and
+prints every decision.
+
+Also owns which fleet size the breaker's share limit is a share of (``choose_fleet``):
+``guards.breaker.fleet_size`` when configured, else Kubernetes' node count, else the nodes
+of the Slurm partitions the node is in; with none of them the share limit is one node at a
+time, the most conservative there is: not knowing the size must never let more nodes go
+than knowing it would. Every breaker decision names the size it used and where it came from.
 """
 
 from __future__ import annotations
@@ -27,6 +34,51 @@ class BreakerState:
 
 
 @dataclass(frozen=True, slots=True)
+class Fleet:
+    """The fleet the breaker's share limit is a share of: its size and where the size came from."""
+
+    size: int | None = None
+    #: Where ``size`` came from ("Kubernetes", "Slurm partitions gpu"), or why none is known.
+    source: str = "no fleet size was read"
+
+    @property
+    def words(self) -> str:
+        if self.size:
+            return f"fleet of {self.size} node{'s' if self.size != 1 else ''} from {self.source}"
+        return f"fleet size unknown ({self.source})"
+
+    def share_limit(self, max_fraction: float) -> int:
+        """Most nodes the share limit lets through: never less than one (a small cluster must
+        still heal), exactly one while the size is unknown."""
+        if not self.size:
+            return 1
+        return max(1, math.floor(max_fraction * self.size))
+
+
+#: Where a configured fleet size comes from (the key that sets it).
+CONFIGURED = "guards.breaker.fleet_size"
+
+
+def choose_fleet(
+    *,
+    configured: int | None,
+    kubernetes: int | None,
+    slurm: int | None,
+    partitions: Sequence[str] = (),
+    unknown: str = "no fleet size was read",
+) -> Fleet:
+    """The first size known, in this order: configured, Kubernetes' node count, the Slurm
+    partitions of the node. A count of zero is no count (a far side that knows no nodes)."""
+    if configured:
+        return Fleet(configured, CONFIGURED)
+    if kubernetes:
+        return Fleet(kubernetes, "Kubernetes")
+    if slurm:
+        return Fleet(slurm, f"Slurm partitions {','.join(partitions) or '(unnamed)'}")
+    return Fleet(None, unknown)
+
+
+@dataclass(frozen=True, slots=True)
 class World:
     """Everything the guards look at besides the plan and the policy."""
 
@@ -35,7 +87,7 @@ class World:
     breaker: BreakerState = BreakerState()
     #: Other nodes let through for remediation within the breaker window.
     nodes_in_remediation: frozenset[str] = frozenset()
-    fleet_size: int | None = None
+    fleet: Fleet = Fleet()
     history: Sequence[PastIncident] = ()
     #: Node labels from Kubernetes; ``None`` when they could not be read (dry run).
     node_labels: Mapping[str, str] | None = None
@@ -154,29 +206,40 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
         return Decision(
             "breaker", False, f"circuit breaker is open{since} ({breaker.reason}); a human must reset it"
         ), None
-    cfg = policy.breaker
+    cfg, fleet = policy.breaker, world.fleet
     touched = len(world.nodes_in_remediation | {node})
     window = format_duration(cfg.window)
     if touched > cfg.max_nodes:
         reason = (
-            f"{touched} nodes would be under remediation within {window}, more than max_nodes {cfg.max_nodes}"
+            f"{touched} nodes would be under remediation within {window}, more than max_nodes {cfg.max_nodes} "
+            f"({fleet.words})"
         )
         return Decision("breaker", False, f"breaker trips: {reason}"), reason
-    if world.fleet_size:
-        share = touched / world.fleet_size
-        # The share limit never forbids the first node: a small cluster must still heal.
-        allowed = max(1, math.floor(cfg.max_fraction * world.fleet_size))
+    allowed = fleet.share_limit(cfg.max_fraction)
+    if fleet.size:
+        share = f"{touched / fleet.size:.1%} of the {fleet.words}"
         if touched > allowed:
             reason = (
-                f"{touched} of {world.fleet_size} nodes ({share:.1%}) would be under remediation within {window}, "
-                f"more than max_fraction {cfg.max_fraction:.1%} ({allowed} node{'s' if allowed != 1 else ''})"
+                f"{touched} of {fleet.size} nodes ({touched / fleet.size:.1%}) would be under remediation "
+                f"within {window}, more than max_fraction {cfg.max_fraction:.1%} ({_nodes(allowed)}) of the "
+                f"{fleet.words}"
             )
             return Decision("breaker", False, f"breaker trips: {reason}"), reason
-        share_words = f", {share:.1%} of {world.fleet_size} nodes (share limit {allowed})"
+        share_words = f", {share} (share limit {_nodes(allowed)})"
     else:
-        share_words = ", fleet size unknown so max_fraction is not checked"
+        if touched > allowed:
+            reason = (
+                f"{touched} nodes would be under remediation within {window}, more than "
+                f"{_nodes(allowed)} at a time: {fleet.words}"
+            )
+            return Decision("breaker", False, f"breaker trips: {reason}"), reason
+        share_words = f"; {fleet.words}, so {_nodes(allowed)} at a time"
     return Decision(
         "breaker",
         True,
         f"{touched} of max {cfg.max_nodes} nodes under remediation within {window}{share_words}",
     ), None
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node{'s' if count != 1 else ''}"

@@ -61,7 +61,10 @@ class BreakerPolicy(_Section):
         description="After a breaker reset, alerts that started this long before the reset are skipped.",
     )
     fleet_size: int | None = Field(
-        default=None, ge=1, description="Fleet size for max_fraction; default: node count from Kubernetes."
+        default=None,
+        ge=1,
+        description="Fleet size for max_fraction; default: Kubernetes' node count, else the node's Slurm "
+        "partitions, else unknown (one node at a time).",
     )
 
 

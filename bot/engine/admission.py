@@ -2,7 +2,11 @@
 
 Serialised by a lock so that two incidents planned at the same instant cannot both slip
 under the blast-radius limit. The plan, every guard decision and the verdict are written
-to the incident before anything else happens.
+to the incident before anything else happens. What the guards need from the far sides
+(``node_facts``: the node's labels, the fleet's size) is read before the lock is taken, so
+a slow far side never holds up the admission of other incidents: the fleet from Kubernetes'
+node count, else from the Slurm partitions the node is in, not read at all when
+``guards.breaker.fleet_size`` is configured (``bot.domain.guards.choose_fleet`` decides).
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from typing import Any
 
 from bot.domain import guards, planner
 from bot.domain.catalog import severity
-from bot.domain.guards import BreakerState, Verdict, World
+from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
 from bot.domain.policy import Mode, Policy
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
-from bot.engine.ports import Cluster, Notice
+from bot.engine.ports import Notice, PartitionNodes
 from bot.engine.rollback import ROLLBACK
 from bot.store.base import IncidentRecord, NewEvent, Store
 
@@ -59,20 +63,63 @@ async def post_safely(ports: Ports, store: Store, clock: Callable[[], datetime],
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What the guards need from the cluster; fetched before the admission lock is taken."""
+    """What the guards need from the far sides; fetched before the admission lock is taken."""
 
     labels: Mapping[str, str] | None = None
-    fleet_size: int | None = None
+    #: Nodes Kubernetes counts; ``None`` without a cluster or when it could not say.
+    kubernetes_nodes: int | None = None
+    #: The node's Slurm partitions and their nodes, read only when Kubernetes gave no count.
+    partitions: PartitionNodes | None = None
+    #: Why no fleet size was read, in words the breaker repeats.
+    fleet_unknown: str = "not read"
+
+    def fleet(self, configured: int | None) -> Fleet:
+        return choose_fleet(
+            configured=configured,
+            kubernetes=self.kubernetes_nodes,
+            slurm=self.partitions.nodes if self.partitions else None,
+            partitions=self.partitions.partitions if self.partitions else (),
+            unknown=self.fleet_unknown,
+        )
 
 
-async def node_facts(cluster: Cluster | None, node: str) -> NodeFacts:
-    if cluster is None:
-        return NodeFacts()
+async def node_facts(ports: Ports, node: str, *, configured_fleet: int | None = None) -> NodeFacts:
+    """Labels from Kubernetes and, unless configured, the fleet size from the first far side
+    that knows it. A read that fails leaves its fact unknown: the guards say so, never guess."""
+    labels: Mapping[str, str] | None = None
+    kubernetes: int | None = None
+    gaps: list[str] = []
+    if ports.cluster is None:
+        gaps.append("no Kubernetes cluster")
+    else:
+        try:
+            found = await ports.cluster.node(node)
+            labels = dict(found.labels) if found is not None else {}
+        except PitcrewError:
+            pass  # the opt-out guard says it could not check
+        if configured_fleet is None:
+            try:
+                kubernetes = await ports.cluster.count_nodes() or None
+                if kubernetes is None:
+                    gaps.append("Kubernetes counts no nodes")
+            except PitcrewError as exc:
+                gaps.append(f"Kubernetes node count unreadable ({exc.reason})")
+    if configured_fleet is not None or kubernetes is not None:
+        return NodeFacts(labels, kubernetes)
+    partitions: PartitionNodes | None = None
     try:
-        found = await cluster.node(node)
-        return NodeFacts(dict(found.labels) if found is not None else {}, await cluster.count_nodes() or None)
-    except PitcrewError:
-        return NodeFacts()  # the opt-out guard says it could not check
+        names = await ports.slurm_names(node)
+        if names:
+            partitions = await ports.scheduler.partition_nodes(names[0])
+        if partitions is None or not partitions.nodes:
+            gaps.append(f"Slurm node {names[0] if names else node} is in no partition")
+    except PitcrewError as exc:
+        gaps.append(f"Slurm partitions unreadable ({exc.reason})")
+    return NodeFacts(labels, None, partitions, "; ".join(gaps))
+
+
+#: The facts of a dry run (``pitcrew plan``): nothing is read from a far side.
+NOT_READ = NodeFacts(fleet_unknown="not read: a dry run contacts no far side")
 
 
 async def build_world(
@@ -88,9 +135,9 @@ async def build_world(
         nodes_in_remediation=await store.nodes_in_remediation(
             now - policy.breaker.window, exclude_node=incident.node
         ),
-        fleet_size=policy.breaker.fleet_size or (facts.fleet_size if facts else None),
+        fleet=(facts or NOT_READ).fleet(policy.breaker.fleet_size),
         history=await store.history(incident.node, history_since, exclude=incident.id),
-        node_labels=facts.labels if facts else None,
+        node_labels=(facts or NOT_READ).labels,
         alert_started_at=incident.first_alert_at,
     )
 
@@ -106,8 +153,11 @@ class Admission:
         self._lock = asyncio.Lock()
 
     async def world(self, incident: IncidentRecord, now: datetime, facts: NodeFacts | None = None) -> World:
-        facts = facts or await node_facts(self._ports.cluster, incident.node)
+        facts = facts or await self._facts(incident)
         return await build_world(self._policy, self._store, incident, now, facts)
+
+    async def _facts(self, incident: IncidentRecord) -> NodeFacts:
+        return await node_facts(self._ports, incident.node, configured_fleet=self._policy.breaker.fleet_size)
 
     def _plan(self, incident: IncidentRecord, world: World, now: datetime) -> planner.Plan:
         return planner.plan(
@@ -122,7 +172,7 @@ class Admission:
 
     async def admit(self, incident: IncidentRecord) -> IncidentRecord:
         """Plan, guard, persist; returns the incident in its new state."""
-        facts = await node_facts(self._ports.cluster, incident.node)  # far side: outside the lock
+        facts = await self._facts(incident)  # far sides: outside the lock
         async with self._lock:
             now = self._clock()
             world = await self.world(incident, now, facts)

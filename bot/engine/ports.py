@@ -20,6 +20,14 @@ from bot.domain.ownership import Taint as Taint
 from bot.domain.ownership import fault_taint
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionNodes:
+    """The Slurm partitions a node is in and how many distinct nodes they hold together."""
+
+    nodes: int
+    partitions: tuple[str, ...]
+
+
 @runtime_checkable
 class Scheduler(Protocol):
     """Slurm, through ``scontrol``/``squeue`` or slurmrestd."""
@@ -34,6 +42,11 @@ class Scheduler(Protocol):
 
     async def job(self, job_id: str) -> JobSnapshot | None:
         """One job, or ``None`` once Slurm has forgotten it."""
+        ...
+
+    async def partition_nodes(self, name: str) -> PartitionNodes | None:
+        """The partitions ``name`` is in and their distinct node count (the breaker's fleet
+        where Kubernetes gives none); ``None`` when the node is in no partition."""
         ...
 
     async def down(self, name: str, reason: str) -> None:

@@ -1,7 +1,8 @@
 """The ``scontrol`` backend of the scheduler port: Slurm's own commands, any Slurm version.
 
 Runs ``scontrol``/``squeue`` as async subprocesses (argv only, never a shell) with a timeout
-that kills the child, parses their ``-o`` one-line output, and turns failures into
+that kills the child, parses their ``-o`` one-line output (partitions into the records
+``slurm_json`` shares with the REST backend), and turns failures into
 ``TransientError`` (controller unreachable, timeouts) or ``PermanentError`` (unknown node or
 job, invalid arguments). It must not retry (the engine's step executor does), decide
 ownership (the engine checks ``reason_is_ours`` before ``resume``) or log whole outputs.
@@ -20,7 +21,8 @@ from pathlib import Path
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
-from bot.engine.ports import Scheduler
+from bot.engine.ports import PartitionNodes, Scheduler
+from bot.integrations.slurm_json import Partition, member_partitions
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,14 @@ class ScontrolScheduler:
         with _shape("show_job"):
             return parse_job_line((exact or lines)[0]) if lines else None
 
+    async def partition_nodes(self, name: str) -> PartitionNodes | None:
+        node = checked_node(name)
+        # --all: a hidden partition holds the node as much as a visible one.
+        out = await self._run("scontrol", "--all", "--oneliner", "show", "partition", op="show_partition")
+        with _shape("show_partition"):
+            found = [parse_partition_line(ln) for ln in out.splitlines() if ln.startswith("PartitionName=")]
+        return member_partitions(found, node)
+
     async def down(self, name: str, reason: str) -> None:
         await self._update_node(name, "DOWN", reason)
 
@@ -240,6 +250,13 @@ def parse_node_line(line: str) -> SlurmNodeState:
         reason_time=_local_time(kv.get("_ReasonTime", "")),
         slurmd_started_at=_local_time(kv.get("SlurmdStartTime", "")),
     )
+
+
+def parse_partition_line(line: str) -> Partition:
+    """One ``scontrol show partition -o`` line."""
+    kv = parse_kv(line)
+    total = kv.get("TotalNodes", "")
+    return Partition(kv["PartitionName"], kv.get("Nodes", ""), int(total) if total.isdigit() else None)
 
 
 def parse_job_line(line: str) -> JobSnapshot:

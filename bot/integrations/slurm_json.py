@@ -1,6 +1,7 @@
 """Slurm's JSON (slurmrestd, ``squeue --json``, ``sinfo --json``) into pitcrew's records.
 
-Pure translation, shared by the REST backend and by tests of the CLI's JSON output: the
+Pure translation, shared by the REST backend and by tests of the CLI's JSON output (and, for
+partitions, by the ``scontrol`` backend, whose lines become the same ``Partition``): the
 v0.0.38 shapes of Slurm 22.05 (``"state": "down"`` + ``state_flags``, plain integer times)
 and the v0.0.39+ shapes of 23.02 and later (state lists, ``{"set", "number"}`` times). Also
 reads a server's OpenAPI document to learn which API version and operations it offers.
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
+from bot.engine.ports import PartitionNodes
 
 #: Slurm error numbers that mean "no such object" (slurm_errno.h), across versions.
 ESLURM_INVALID_JOB_ID = 2017
@@ -60,7 +62,7 @@ class RestApi:
         return spelled.format(**{k: quote(v, safe="") for k, v in params.items()})
 
 
-_TAILS = ("nodes", "jobs", "node/{node_name}", "job/{job_id}")
+_TAILS = ("nodes", "jobs", "node/{node_name}", "job/{job_id}", "partitions")
 
 
 def discover_api(document: Mapping[str, Any], pinned: str = "auto") -> RestApi:
@@ -167,6 +169,45 @@ def job_from_json(raw: Mapping[str, Any]) -> JobSnapshot:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One Slurm partition: its name, its nodes as Slurm prints them (a hostlist or ``ALL``)
+    and, where Slurm says, its node count."""
+
+    name: str
+    nodes: str
+    total: int | None = None
+
+    @property
+    def everything(self) -> bool:
+        return self.nodes.strip().upper() == "ALL"
+
+
+def partition_from_json(raw: Mapping[str, Any]) -> Partition:
+    """One partition of ``partitions[]``: v0.0.38/39 ``nodes`` + ``total_nodes``, v0.0.40+
+    ``nodes: {configured, total}``."""
+    nodes = raw.get("nodes")
+    if isinstance(nodes, Mapping):
+        return Partition(str(raw["name"]), str(nodes.get("configured") or ""), _count(nodes.get("total")))
+    return Partition(str(raw["name"]), str(nodes or ""), _count(raw.get("total_nodes")))
+
+
+def partitions_from_payload(payload: Mapping[str, Any]) -> list[Partition]:
+    return [partition_from_json(p) for p in _items(payload, "partitions")]
+
+
+def member_partitions(partitions: Sequence[Partition], node: str) -> PartitionNodes | None:
+    """The partitions ``node`` is in and how many distinct nodes they hold together (a node in
+    two partitions counts once); ``None`` when it is in none."""
+    members = [p for p in partitions if p.everything or node in expand_hostlist(p.nodes)]
+    if not members:
+        return None
+    names = {n for p in members if not p.everything for n in expand_hostlist(p.nodes)}
+    # ``ALL`` is every node of the cluster: its count is the partition's own.
+    whole = max((p.total or 0 for p in members if p.everything), default=0)
+    return PartitionNodes(max(len(names), whole), tuple(p.name for p in members))
+
+
 def nodes_from_payload(payload: Mapping[str, Any]) -> list[SlurmNodeState]:
     return [node_from_json(n) for n in _items(payload, "nodes")]
 
@@ -185,6 +226,12 @@ def _items(payload: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     if not isinstance(items, list):
         raise ValueError(f"response has no {key} list")
     return [i for i in items if isinstance(i, Mapping)]
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, Mapping):  # v0.0.39+ numbers: {"set", "infinite", "number"}
+        value = value.get("number") if value.get("set") else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _time(value: object) -> datetime | None:

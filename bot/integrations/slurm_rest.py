@@ -1,7 +1,7 @@
 """The slurmrestd backend of the scheduler port (aiohttp, JWT).
 
-Reads nodes and jobs over REST on v0.0.38+ and updates nodes over REST where the server's
-OpenAPI document offers it (v0.0.39+, Slurm 23.02+); otherwise, and for requeue (no REST
+Reads nodes, jobs and partitions over REST on v0.0.38+ and updates nodes over REST where the
+server's OpenAPI document offers it (v0.0.39+, Slurm 23.02+); otherwise, and for requeue (no REST
 operation in any version), it hands over to the ``scontrol`` backend. It owns one
 ClientSession per instance and the JWT read from a file (re-read when the file changes). It
 must not retry beyond one re-read of a changed token, and never puts the token or a whole
@@ -22,6 +22,7 @@ import aiohttp
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
 from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import PartitionNodes
 from bot.integrations.slurm_cli import ScontrolScheduler, checked_job, checked_node, resume_tolerantly
 from bot.integrations.slurm_json import (
     RestApi,
@@ -30,7 +31,9 @@ from bot.integrations.slurm_json import (
     job_from_json,
     jobs_from_payload,
     jobs_running_on,
+    member_partitions,
     node_from_json,
+    partitions_from_payload,
 )
 
 log = logging.getLogger(__name__)
@@ -161,6 +164,15 @@ class RestScheduler:
         jobs = [j for j in body.get("jobs") or () if isinstance(j, Mapping)]
         with _shape("get_job"):
             return job_from_json(jobs[0]) if jobs else None
+
+    async def partition_nodes(self, name: str) -> PartitionNodes | None:
+        # Membership from the partitions' node lists: on 22.05 a node's own ``partitions`` missed
+        # a partition created at run time (observed; scontrol listed it).
+        node = checked_node(name)
+        api = await self.api()
+        _, body = await self._request("GET", api.path("partitions"), op="get_partitions")
+        with _shape("get_partitions"):
+            return member_partitions(partitions_from_payload(body), node)
 
     async def down(self, name: str, reason: str) -> None:
         await self._update_node(name, "DOWN", reason)

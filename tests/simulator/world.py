@@ -27,7 +27,7 @@ import yaml
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.engine.errors import PermanentError
-from bot.engine.ports import OWNER_ANNOTATION
+from bot.engine.ports import OWNER_ANNOTATION, PartitionNodes
 
 
 @dataclass
@@ -41,6 +41,8 @@ class _Node:
     pods: dict[str, str | None] = field(default_factory=dict)  # "namespace/name" → owner kind
     slurm: str = "IDLE"
     reason: str = ""
+    #: Slurm partitions the node is in (inventory ``partitions``; default one partition, gpu).
+    partitions: tuple[str, ...] = ("gpu",)
     replaced: bool = False
     #: When the replacement was started (a slow replacement is NotReady for a while after it).
     replaced_at: datetime | None = None
@@ -73,6 +75,7 @@ def _node_from(name: str, spec: Mapping[str, Any]) -> _Node:
         pods=pods,
         slurm=str(spec.get("slurm_state", "IDLE")).upper(),
         reason=str(spec.get("slurm_reason", "")),
+        partitions=tuple(str(p) for p in spec.get("partitions", ("gpu",))),
     )
 
 
@@ -244,6 +247,16 @@ class SimulatedWorld:
         await self.round_trip()
         _, jobs = self.state()
         return self._snapshot(jobs[job_id]) if job_id in jobs else None
+
+    async def partition_nodes(self, name: str) -> PartitionNodes | None:
+        """The nodes sharing a partition with ``name``: the inventory's, plus any the journal named."""
+        await self.round_trip()
+        nodes, _ = self.state()
+        here = nodes.get(name)
+        if here is None or not here.partitions:
+            return None
+        members = {n.name for n in nodes.values() if set(n.partitions) & set(here.partitions)}
+        return PartitionNodes(len(members), here.partitions)
 
     @staticmethod
     def _snapshot(job: _Job) -> JobSnapshot:

@@ -1,7 +1,8 @@
 """The CLI and the configuration: the public interface scripts rely on.
 
 Cases: ``plan --json`` shape for every fixture (one object per node, with node, faults,
-playbook, mode, steps, reasons); human output; ``check-config`` exit codes and messages;
+playbook, mode, steps, reasons); human output; the breaker's line names the fleet size it
+used and its source (configured, or unknown to a dry run); ``check-config`` exit codes and messages;
 YAML + env overrides with ``__`` nesting; secrets read from files; ``catalog``.
 """
 
@@ -72,6 +73,28 @@ def test_plan_human_output_explains_guards(
     assert "node gpu-node-02: replace-node (mode auto)" in out
     assert "XID 79 GPU 3" in out and "ecc-dbe GPU 5" in out
     assert "guard  ok breaker:" in out and "guard  ok cooldown:" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({}, "fleet size unknown (not read: a dry run contacts no far side), so 1 node at a time"),
+        (
+            {"PITCREW_GUARDS__BREAKER__FLEET_SIZE": "40"},
+            "2.5% of the fleet of 40 nodes from guards.breaker.fleet_size (share limit 2 nodes)",
+        ),
+    ],
+    ids=["unknown", "configured"],
+)
+def test_plan_names_the_fleet_the_breaker_used(
+    env: dict[str, str], words: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    main(["plan", str(AM / "xid79-firing.json")])
+    [breaker] = [ln for ln in capsys.readouterr().out.splitlines() if "guard  ok breaker:" in ln]
+    assert words in breaker, breaker
 
 
 def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

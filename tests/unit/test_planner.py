@@ -14,7 +14,7 @@ import pytest
 
 from bot.config import load_catalog, load_playbooks
 from bot.domain.faults import Fault, classify
-from bot.domain.guards import BreakerState, World, evaluate
+from bot.domain.guards import BreakerState, Fleet, World, evaluate
 from bot.domain.incident import State, TransitionError, can_move, move
 from bot.domain.labels import Subject
 from bot.domain.planner import PastIncident, plan
@@ -201,8 +201,8 @@ def test_a_clean_world_lets_the_plan_through_and_says_why() -> None:
         (World(history=[past("reset-gpu", timedelta(minutes=10))]), "cooldown"),
         (World(breaker=BreakerState(open=True, reason="storm")), "breaker"),
         (World(nodes_in_remediation=frozenset({"a", "b", "c"})), "breaker"),
-        (World(nodes_in_remediation=frozenset({"a"}), fleet_size=20), "breaker"),
-        (World(nodes_in_remediation=frozenset({"a", "b"}), fleet_size=40), "breaker"),
+        (World(nodes_in_remediation=frozenset({"a"}), fleet=Fleet(20, "Kubernetes")), "breaker"),
+        (World(nodes_in_remediation=frozenset({"a", "b"}), fleet=Fleet(40, "Kubernetes")), "breaker"),
         (
             World(
                 breaker=BreakerState(reset_at=NOW - timedelta(minutes=1)),
@@ -229,13 +229,17 @@ def test_breaker_trip_is_reported_only_when_it_is_the_reason() -> None:
 
 
 def test_the_share_limit_never_forbids_the_first_node() -> None:
-    assert "breaker" not in blocked_by(World(fleet_size=6))  # 1 of 6 is 16.7% > 5%, still allowed
-    assert "breaker" in blocked_by(World(nodes_in_remediation=frozenset({"a"}), fleet_size=6))
+    assert "breaker" not in blocked_by(
+        World(fleet=Fleet(6, "Kubernetes"))
+    )  # 1 of 6 is 16.7% > 5%, still allowed
+    assert "breaker" in blocked_by(World(nodes_in_remediation=frozenset({"a"}), fleet=Fleet(6, "Kubernetes")))
 
 
 def test_breaker_share_and_fresh_alerts_after_reset() -> None:
     roomy = policy(guards=GuardPolicy(breaker=BreakerPolicy(max_nodes=100, max_fraction=0.5)))
-    assert "breaker" not in blocked_by(World(nodes_in_remediation=frozenset({"a"}), fleet_size=10), roomy)
+    assert "breaker" not in blocked_by(
+        World(nodes_in_remediation=frozenset({"a"}), fleet=Fleet(10, "Kubernetes")), roomy
+    )
     fresh = World(
         breaker=BreakerState(reset_at=NOW - timedelta(minutes=1)),
         alert_started_at=NOW - timedelta(seconds=30),

@@ -7,6 +7,9 @@ Cases:
 * REST v0.0.38 and ``squeue``/``sinfo --json``: down/drain nodes, requeued/pending jobs
   with an empty node list, ``sacct``/slurmdb history records;
 * the v0.0.39+ shapes (state lists, ``{"set", "number"}`` times) and OpenAPI discovery;
+* partitions (``scontrol show partition -o`` and REST ``/partitions``, v0.0.38 and v0.0.40+
+  shapes) into the breaker's fleet: the partitions a node is in, their distinct nodes (a
+  node in two partitions counts once), ``Nodes=ALL``, a node in no partition;
 * command failures become the right bounded error.
 """
 
@@ -21,21 +24,27 @@ from typing import Any
 import pytest
 
 from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import PartitionNodes
 from bot.integrations.slurm_cli import (
     ScontrolScheduler,
     classify_failure,
     parse_job_line,
     parse_kv,
     parse_node_line,
+    parse_partition_line,
 )
 from bot.integrations.slurm_json import (
+    Partition,
     discover_api,
     errors_of,
     job_from_json,
     jobs_from_payload,
     jobs_running_on,
+    member_partitions,
     node_from_json,
     nodes_from_payload,
+    partition_from_json,
+    partitions_from_payload,
 )
 from tests.conftest import FIXTURES
 
@@ -179,6 +188,20 @@ def check_openapi(path: Path) -> None:
     assert api.path("node/{node_name}", node_name="gpu-001") == "/slurm/v0.0.38/node/gpu-001"
 
 
+def check_show_partition(path: Path) -> None:
+    partitions = [parse_partition_line(ln) for ln in _lines(path, "PartitionName=")]
+    assert partitions == [Partition("gpu", "gpu-[001-004]", 4), Partition("debug", "gpu-[003-004]", 2)]
+    assert member_partitions(partitions, "gpu-001") == PartitionNodes(4, ("gpu",))
+    assert member_partitions(partitions, "gpu-004") == PartitionNodes(4, ("gpu", "debug"))
+    assert member_partitions(partitions, "cpu-001") is None
+
+
+def check_rest_partitions(path: Path) -> None:
+    no_errors(path)
+    assert partitions_from_payload(_json(path)) == [Partition("gpu", "gpu-[001-003]", 3)]
+    assert member_partitions(partitions_from_payload(_json(path)), "gpu-002") == PartitionNodes(3, ("gpu",))
+
+
 def check_post_node_refused(path: Path) -> None:
     text = path.read_text()
     assert "HTTP 405" in text
@@ -206,6 +229,7 @@ CHECKS: dict[str, Callable[[Path], None]] = {
     "cli/scontrol-json-show-node.txt": check_scontrol_json_unsupported,
     "cli/scontrol-show-job-o.txt": check_show_job,
     "cli/scontrol-show-node-o.txt": check_show_node,
+    "cli/scontrol-show-partition-o.txt": check_show_partition,
     "cli/sinfo-down-drain.json": check_sinfo_down_drain,
     "cli/sinfo.json": check_sinfo,
     "cli/squeue-requeued.json": check_squeue_requeued,
@@ -229,7 +253,7 @@ CHECKS: dict[str, Callable[[Path], None]] = {
         {"gpu-001": ({"DOWN"}, "XID 79"), "gpu-002": ({"IDLE"}, ""), "gpu-003": ({"IDLE"}, "")}
     ),
     "rest/openapi-v3.json": check_openapi,
-    "rest/partitions.json": no_errors,
+    "rest/partitions.json": check_rest_partitions,
     "rest/ping.json": check_ping,
     "rest/slurmdb-v0.0.38-job-1.json": check_slurmdb_json,
     "rest/submit.json": check_submit_body,
@@ -244,6 +268,32 @@ def test_every_captured_file_has_a_check() -> None:
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_captured_output(name: str) -> None:
     CHECKS[name](SLURM / name)
+
+
+# -- partitions beyond the captures --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("partitions", "node", "expected"),
+    [
+        ([Partition("a", "n[1-4]", 4), Partition("b", "n[3-6]", 4)], "n3", PartitionNodes(6, ("a", "b"))),
+        ([Partition("a", "n[1-4]", 4), Partition("b", "n[3-6]", 4)], "n5", PartitionNodes(4, ("b",))),
+        ([Partition("all", "ALL", 9), Partition("b", "n[1-2]", 2)], "n1", PartitionNodes(9, ("all", "b"))),
+        ([Partition("empty", "(null)", 0), Partition("b", "n[1-2]", 2)], "n1", PartitionNodes(2, ("b",))),
+        ([Partition("b", "n[1-2]", 2)], "n3", None),
+        ([], "n1", None),
+    ],
+    ids=["overlap-counts-once", "one-of-two", "nodes-all", "empty-partition", "in-none", "no-partitions"],
+)
+def test_member_partitions(partitions: list[Partition], node: str, expected: PartitionNodes | None) -> None:
+    assert member_partitions(partitions, node) == expected
+
+
+def test_partition_json_shapes() -> None:
+    v40 = {"name": "gpu", "nodes": {"allowed_allocation": "", "configured": "gpu-[001-008]", "total": 8}}
+    assert partition_from_json(v40) == Partition("gpu", "gpu-[001-008]", 8)
+    v39 = {"name": "gpu", "nodes": "gpu-[001-002]", "total_nodes": {"set": True, "number": 2}}
+    assert partition_from_json(v39) == Partition("gpu", "gpu-[001-002]", 2)
+    with pytest.raises(ValueError):
+        partitions_from_payload({"errors": []})
 
 
 # -- scontrol -o lines beyond the captures ---------------------------------------------------

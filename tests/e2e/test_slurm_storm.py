@@ -1,0 +1,81 @@
+"""A correlated storm on a small Slurm-only cluster: XID 79 on all four nodes at once.
+
+The real ``pitcrew serve`` in auto mode with its default guards (max_nodes 3, max_fraction
+5%), ``integrations.scheduler: slurm`` and ``integrations.cluster: none`` — no Kubernetes to
+count the fleet — against a real 4-node Slurm cluster of its own (gpu-001..004, partition
+gpu), started in a directory of its own and stopped at its end. Four deliveries arrive
+together. Cases: exactly one Slurm node goes DOWN, with pitcrew's reason; the other three
+incidents are suppressed, each outcome naming the fleet the breaker used ("fleet of 4 nodes
+from Slurm partitions gpu"); the let-through incident's guard decision names it too; one
+breaker notice (not three), whose reason names the fleet; the three other nodes stay in
+service.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.pitcrew import Pitcrew
+from tests.harness.proc import wait_until
+from tests.harness.scenarios import delivery, events, notices
+from tests.harness.slurm import SlurmCluster, require_slurm
+
+pytestmark = pytest.mark.slow
+NODES = ("gpu-001", "gpu-002", "gpu-003", "gpu-004")
+FLEET = "fleet of 4 nodes from Slurm partitions gpu"
+
+
+@pytest.fixture
+def four_nodes() -> Iterator[SlurmCluster]:
+    """A cluster of its own (the session's has three nodes), built as the session's is: under a
+    fresh ``mkdtemp`` directory, since munged refuses a socket below pytest's private tmp."""
+    require_slurm()
+    run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-slurm4-"))
+    cluster = SlurmCluster(run_dir, nodes=NODES, rest=False).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_storm_on_every_node_takes_one_node_out(four_nodes: SlurmCluster, pitcrew_factory: Any) -> None:
+    settings = four_nodes.pitcrew_settings("scontrol", command_timeout=5)
+    settings["integrations"] = {"scheduler": "slurm", "cluster": "none"}
+    server: Pitcrew = pitcrew_factory("storm-4", config={"mode": "auto", **settings}, simulated=False).start()
+
+    answers = server.post_many([delivery("xid79-firing.json", node=node) for node in NODES])
+    assert [status for status, _ in answers] == [200] * 4
+    wait_until(
+        lambda: len(server.incidents()) == 4 and all(i["state"] != "open" for i in server.incidents()),
+        timeout=30,
+        what="every storm incident planned",
+    )
+    incidents = {i["node"]: server.incident(i["id"]) for i in server.incidents()}
+    suppressed = {node: i for node, i in incidents.items() if i["state"] == "suppressed"}
+    let_through = sorted(set(incidents) - set(suppressed))
+    assert len(let_through) == 1, f"nodes let through the breaker: {let_through}"
+    acted_node, acted = let_through[0], incidents[let_through[0]]
+
+    # The one let through is taken out of Slurm with pitcrew's reason; nothing else is.
+    server.wait_event(acted["id"], "action", timeout=30)
+    down = four_nodes.node(acted_node)
+    assert down.down and down.reason.startswith(f"pitcrew: {acted['id']} "), down
+    for node in set(NODES) - {acted_node}:
+        assert four_nodes.node(node).in_service, node
+    [guards] = events(acted, "guards")
+    [breaker] = [d for d in guards["data"]["decisions"] if d["guard"] == "breaker"]
+    assert breaker["ok"] and f"25.0% of the {FLEET}" in breaker["words"], breaker
+
+    # The others wait, and say why: the fleet the breaker measured them against, and its source.
+    assert len(suppressed) == 3
+    for node, incident in suppressed.items():
+        assert "breaker" in incident["outcome"] and FLEET in incident["outcome"], (node, incident["outcome"])
+    [notice] = notices(server.journal_records(), "breaker")
+    assert any("2 of 4 nodes (50.0%)" in line and FLEET in line for line in notice["lines"]), notice
