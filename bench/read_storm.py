@@ -9,13 +9,13 @@ redeliveries of known groups, 10 % new occurrences that attach and commit):
   1. baseline: nobody reads;
   2. ``--readers`` clients read the big incident over and over (``GET /api/v1/incidents/{id}``,
      the default page: 100 alerts, 100 events) for as long as the stream runs;
-  3. the same with the largest page (``alerts_limit=1000&events_limit=1000``).
+  3. the same with the largest page the API serves (``PAGE_MAX`` rows of alerts and of events).
 
 Printed per phase: webhook p50/p99/max, and the reads served with their p50/p99; then the
 webhook p99 under each storm against the baseline's and the 50 ms target.
 
     python bench/read_storm.py [--alerts 10000] [--readers 50] [--requests 2000] [--rate 200]
-                               [--nodes 200]
+                               [--nodes 200] [--max-page PAGE_MAX]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bot.store.base import PAGE_MAX
 from tests.harness.pitcrew import Pitcrew
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,6 +175,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="webhooks offered per phase")
     parser.add_argument("--rate", type=float, default=200.0, help="webhooks per second (open loop)")
     parser.add_argument("--nodes", type=int, default=200, help="other nodes with an open incident")
+    parser.add_argument("--max-page", type=int, default=PAGE_MAX, help="page size of the third phase")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = Pitcrew(Path(tmp) / "pitcrew", simulated=False, config={"log": {"level": "WARNING"}})
@@ -228,9 +230,9 @@ def run(server: Pitcrew, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         (BASELINE, 0, ""),
         (f"storm: {args.readers} readers, default page", args.readers, ""),
         (
-            f"storm max: {args.readers} readers, 1000-row pages",
+            f"storm max: {args.readers} readers, {args.max_page}-row pages",
             args.readers,
-            "?alerts_limit=1000&events_limit=1000",
+            f"?alerts_limit={args.max_page}&events_limit={args.max_page}",
         ),
     ]
     for number, (name, readers, query) in enumerate(phases):

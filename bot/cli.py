@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
 from bot.report import catalog_rows, dry_run, render_detail, render_incidents, render_plans
 from bot.safety import port_problems
-from bot.store.base import PAGE_DEFAULT, PAGE_MAX, BadCursor
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -275,10 +275,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?")
     p.add_argument("--json", action="store_true")
     p.add_argument("--active", action="store_true", help="only incidents not yet finished")
-    p.add_argument("--limit", type=_page, default=50, help="most incidents listed")
-    p.add_argument("--alerts-limit", type=_page, default=PAGE_DEFAULT, help="alerts shown of one incident")
+    p.add_argument("--limit", type=_whole(LIST_MAX), default=50, help="most incidents listed")
+    p.add_argument(
+        "--alerts-limit", type=_whole(PAGE_MAX), default=PAGE_DEFAULT, help="alerts shown of one incident"
+    )
     p.add_argument("--alerts-after", metavar="CURSOR", help="the page after this (an alerts_next)")
-    p.add_argument("--events-limit", type=_page, default=PAGE_DEFAULT, help="timeline events shown")
+    p.add_argument(
+        "--events-limit", type=_whole(PAGE_MAX), default=PAGE_DEFAULT, help="timeline events shown"
+    )
     p.add_argument("--events-after", metavar="CURSOR", help="the page after this (an events_next)")
     p.set_defaults(handler=lambda a: _incidents(_show(a)))
 
@@ -301,10 +305,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _page(text: str) -> int:
-    if not text.isdecimal() or not 1 <= int(text) <= PAGE_MAX:
-        raise argparse.ArgumentTypeError(f"a whole number from 1 to {PAGE_MAX}, not {text!r}")
-    return int(text)
+def _whole(maximum: int) -> Callable[[str], int]:
+    def whole(text: str) -> int:
+        if not text.isdecimal() or not 1 <= int(text) <= maximum:
+            raise argparse.ArgumentTypeError(f"a whole number from 1 to {maximum}, not {text!r}")
+        return int(text)
+
+    return whole
 
 
 def _command_flags(p: argparse.ArgumentParser, verb: str) -> None:

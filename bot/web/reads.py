@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from bot.config import Config
-from bot.store.base import PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
 from bot.web import auth, views
 
 _RENDER = web.AppKey("read-render", ThreadPoolExecutor)
@@ -126,7 +126,7 @@ async def _render(request: web.Request, build: Callable[[], dict[str, Any]]) -> 
 async def list_incidents(request: web.Request, deps: ReadDeps) -> web.Response:
     active = request.query.get("active", "").lower() in {"1", "true", "yes"}
     try:
-        limit = min(max(int(request.query.get("limit", "100")), 1), PAGE_MAX)
+        limit = min(max(int(request.query.get("limit", "100")), 1), LIST_MAX)
     except ValueError:
         raise BadParameter("limit must be an integer") from None
     records = await deps.store.incidents(active_only=active, node=request.query.get("node"), limit=limit)

@@ -7,7 +7,8 @@ over real HTTP, the crash-safety run, the detection path. By default it runs
 real ``python -m bot.cli serve`` and ``journal`` is pitcrew's own dry-run journal. Real
 systems named in ``config`` (``integrations.scheduler: slurm``) stay real either way.
 ``Pitcrew.kill()`` is SIGKILL; ``stop()`` is SIGTERM (graceful). Every started process is
-stopped by the fixture.
+stopped by the fixture. Incidents are read with the read token (``server.auth.read_token_file``),
+and ``incident()`` follows the pages of its alerts and events to return them all.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import aiohttp
 import pytest
 import yaml
 
+from bot.store.base import PAGE_MAX
 from tests.harness.proc import free_port, stop_process, tail, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,13 +182,14 @@ class Pitcrew:
 
     def incident(self, incident_id: str) -> dict[str, Any]:
         """The incident with every one of its alerts and events (all their pages)."""
-        status, raw = self.read(f"/api/v1/incidents/{incident_id}?alerts_limit=1000&events_limit=1000")
+        page = f"alerts_limit={PAGE_MAX}&events_limit={PAGE_MAX}"
+        status, raw = self.read(f"/api/v1/incidents/{incident_id}?{page}")
         assert status == 200, raw
         found = dict(json.loads(raw))
         for what in ("alerts", "events"):
             while found[f"{what}_next"] is not None:
                 status, raw = self.read(
-                    f"/api/v1/incidents/{incident_id}?{what}_limit=1000&{what}_after={found[f'{what}_next']}"
+                    f"/api/v1/incidents/{incident_id}?{what}_limit={PAGE_MAX}&{what}_after={found[f'{what}_next']}"
                 )
                 assert status == 200, raw
                 page = json.loads(raw)
