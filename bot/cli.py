@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
 from bot.report import catalog_rows, dry_run, render_detail, render_incidents, render_plans
 from bot.safety import port_problems
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,12 +34,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result: int = args.handler(args)
+        sys.stdout.flush()  # a reader that went away shows itself here, not at interpreter exit
         return result
+    except BrokenPipeError:
+        return _reader_gone()
     except ConfigError as exc:
         print(f"pitcrew: invalid configuration:\n{exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """Whoever read our output has gone (``pitcrew catalog | head``): stop quietly, with the status
+    a tool ended by SIGPIPE has (Python ignores the signal, so the write raised instead)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
@@ -122,6 +139,7 @@ def _catalog(args: argparse.Namespace) -> int:
 
 def _incidents(args: argparse.Namespace) -> int:
     from bot.store.sqlite import SqliteStore
+    from bot.web.views import incident_detail, incident_view
 
     config = _config(args)
     path = config.settings.store.path
@@ -137,31 +155,49 @@ def _incidents(args: argparse.Namespace) -> int:
                 incident = await store.incident(args.show)
                 if incident is None:
                     return None
-                from bot.web.views import incident_detail
-
+                try:
+                    alerts = await store.alerts_page(
+                        args.show, limit=args.alerts_limit, after=args.alerts_after
+                    )
+                except BadCursor as exc:
+                    raise BadCursor(f"--alerts-after: {exc}") from None
+                try:
+                    events = await store.events_page(
+                        args.show, limit=args.events_limit, after=args.events_after
+                    )
+                except BadCursor as exc:
+                    raise BadCursor(f"--events-after: {exc}") from None
                 return incident_detail(
                     incident,
-                    await store.alerts_of(args.show),
-                    await store.events_of(args.show),
+                    alerts.items,
+                    events.items,
                     await store.steps_of(args.show),
                     await store.approval(args.show),
+                    alerts_next=alerts.next,
+                    events_next=events.next,
                 )
-            from bot.web.views import incident_view
-
             return [
                 incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)
             ]
         finally:
             await store.close()
 
-    data = asyncio.run(read())
+    try:
+        data = asyncio.run(read())
+    except BadCursor as exc:
+        print(f"pitcrew: {exc}", file=sys.stderr)
+        return 1
     if data is None:
         print(f"no incident {args.show}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(data, indent=2))
+    elif args.show:
+        print(render_detail(data))
+        if data["events_next"]:
+            print(f"  … more: pitcrew incidents show {args.show} --events-after {data['events_next']}")
     else:
-        print(render_detail(data) if args.show else render_incidents(data))
+        print(render_incidents(data))
     return 0
 
 
@@ -243,7 +279,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?")
     p.add_argument("--json", action="store_true")
     p.add_argument("--active", action="store_true", help="only incidents not yet finished")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=_whole(LIST_MAX), default=50, help="most incidents listed")
+    p.add_argument(
+        "--alerts-limit", type=_whole(PAGE_MAX), default=PAGE_DEFAULT, help="alerts shown of one incident"
+    )
+    p.add_argument("--alerts-after", metavar="CURSOR", help="the page after this (an alerts_next)")
+    p.add_argument(
+        "--events-limit", type=_whole(PAGE_MAX), default=PAGE_DEFAULT, help="timeline events shown"
+    )
+    p.add_argument("--events-after", metavar="CURSOR", help="the page after this (an events_next)")
     p.set_defaults(handler=lambda a: _incidents(_show(a)))
 
     for verb, words in (
@@ -267,6 +311,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["reset"])
     _command_flags(p, "breaker-reset")
     return parser
+
+
+def _whole(maximum: int) -> Callable[[str], int]:
+    def whole(text: str) -> int:
+        if not text.isdecimal() or not 1 <= int(text) <= maximum:
+            raise argparse.ArgumentTypeError(f"a whole number from 1 to {maximum}, not {text!r}")
+        return int(text)
+
+    return whole
 
 
 def _command_flags(p: argparse.ArgumentParser, verb: str) -> None:

@@ -186,9 +186,15 @@ def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -
             f"server.auth: listening on {settings.server.listen} without authentication; set "
             "server.auth.bearer_token_file (or allow_unauthenticated: true if something else guards the port)"
         )
+    if auth.allow_unauthenticated_reads and not settings.server.loopback_only:
+        problems.append(
+            f"server.auth.allow_unauthenticated_reads: only on a loopback server.listen, not "
+            f"{settings.server.listen}: incidents name nodes, jobs and users; set server.auth.read_token_file"
+        )
     for field, secret in (
         ("server.auth.bearer_token_file", auth.bearer_token_file),
         ("server.auth.admin_token_file", auth.admin_token_file),
+        ("server.auth.read_token_file", auth.read_token_file),
         ("server.auth.basic_auth.password_file", auth.basic_auth.password_file if auth.basic_auth else None),
     ):
         if secret is not None:

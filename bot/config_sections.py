@@ -57,6 +57,15 @@ class AuthSettings(_Section):
         default=False,
         description="Accept unauthenticated webhooks on a non-loopback address (not recommended).",
     )
+    read_token_file: Path | None = Field(
+        default=None,
+        description="Bearer token for the read API (GET /api/v1/incidents…), which names nodes, jobs "
+        "and users; the admin token reads too. Neither set: reads are off.",
+    )
+    allow_unauthenticated_reads: bool = Field(
+        default=False,
+        description="Serve the read API without credentials; refused unless server.listen is loopback.",
+    )
 
 
 class ServerSettings(_Section):

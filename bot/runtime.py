@@ -128,6 +128,14 @@ def credentials(config: Config) -> tuple[Credentials, Credentials]:
     return webhook, admin
 
 
+def read_credentials(config: Config) -> Credentials:
+    """The read API's own token (the admin token reads too: ``bot.web.reads``)."""
+    token_file = config.settings.server.auth.read_token_file
+    if token_file is None:
+        return Credentials()
+    return Credentials(bearer=read_secret(token_file, "server.auth.read_token_file"))
+
+
 def build_app(
     config: Config,
     *,
@@ -166,6 +174,7 @@ def build_app(
         clock=utcnow,
         webhook_credentials=webhook,
         admin_credentials=admin,
+        read_credentials=read_credentials(config),
         background=[engine],
         commands=Commands(engine, store, metrics, utcnow, config.settings.mode),
         ready_checks=[lambda: engine.running],

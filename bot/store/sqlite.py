@@ -1,12 +1,14 @@
 """SQLite implementation of the incident store port (WAL, versioned schema, group commit).
 
 Writes go through one ``Writer`` (``bot.store.writer``): whole transactions in one worker
-thread, many per commit, acknowledged only once committed. Reads run on the event loop's own
-connection: in WAL mode a reader never waits for the writer, and a read of a few indexed rows
-costs less than a trip to a thread. Repeat deliveries Alertmanager makes of groups it already
-sent are counted in memory and flushed every second; reads include what is not flushed yet —
-but only while the database file is the one the writer opened, or a restart would not know
-those alerts. Readiness (``ping``) is the writer's word on whether writes commit.
+thread, many per commit, acknowledged only once committed. Reads go through one ``Reader``
+(``bot.store.reader``): the query and the decoding of its rows in a reader thread with its
+own connection, so that no read, however large, holds up the event loop (and the webhooks it
+answers); in WAL mode the reader never waits for the writer. The read queries are the
+functions below, each given that connection. Repeat deliveries Alertmanager makes of groups it
+already sent are counted in memory and flushed every second; reads include what is not
+flushed yet — but only while the database file is the one the writer opened, or a restart
+would not know those alerts. Readiness (``ping``) is the writer's word on whether writes commit.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
 from bot.store import codec
 from bot.store.base import (
+    PAGE_MAX,
     AlertRecord,
     ApprovalRecord,
     Delivery,
@@ -32,10 +35,12 @@ from bot.store.base import (
     IngestOutcome,
     JsonObject,
     NewEvent,
+    Page,
     StepRecord,
     StoreUnavailable,
 )
 from bot.store.ingest import insert_events
+from bot.store.reader import Reader, alert_cursor, alert_key, event_key
 from bot.store.schema import TERMINAL_STATES
 from bot.store.writer import IngestJob, Writer
 
@@ -43,64 +48,70 @@ _ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
     " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
 )
+#: The order of an incident's alerts, and the key of an alert page's cursor.
+_ALERT_ORDER = "ORDER BY a.first_seen, a.fingerprint, a.starts_at"
+
+
+def _faults(db: sqlite3.Connection, incident_ids: Sequence[str]) -> dict[str, tuple[Fault, ...]]:
+    """Each incident's faults, one per fault key (its first occurrence), in order of first occurrence.
+
+    One row per incident and key comes back (SQLite takes ``fault_json`` from the row holding
+    ``MIN(starts_at)``): an incident with 10,000 alerts of one fault decodes one fault, not 10,000.
+    """
+    found: dict[str, list[Fault]] = {i: [] for i in incident_ids}
+    if incident_ids:
+        marks = ",".join("?" for _ in incident_ids)
+        for row in db.execute(
+            f"SELECT incident_id, fault_json, MIN(starts_at) AS first FROM alerts WHERE incident_id IN ({marks})"  # noqa: S608
+            " AND fault_json IS NOT NULL GROUP BY incident_id, fault_key ORDER BY first, fault_key",
+            list(incident_ids),
+        ):
+            found[row["incident_id"]].append(codec.fault_from(row["fault_json"]))
+    return {i: tuple(faults) for i, faults in found.items()}
+
+
+def _bounded(limit: int) -> int:
+    return max(1, min(limit, PAGE_MAX))
 
 
 class SqliteStore:
     def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 16) -> None:
         self.path = path
         self._writer = Writer(path, synchronous=synchronous, units_per_batch=units_per_batch)
-        self._reader: sqlite3.Connection | None = None
+        self._reader = Reader(path)
 
     async def open(self) -> None:
         await self._writer.open()  # creates and migrates the database
-        self._reader = sqlite3.connect(self.path, isolation_level=None)
-        self._reader.row_factory = sqlite3.Row
-        self._reader.execute("PRAGMA query_only=ON")
+        await self._reader.open()
 
     async def close(self) -> None:
         try:
             await self._writer.close()
         finally:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
+            await self._reader.close()
 
     async def ping(self) -> bool:
         """Ready for writes: readable, and the writer says its writes commit where a restart finds
         them (``Writer.ready``: files in place, writable, room left, the last write succeeded)."""
         try:
-            await self._one("SELECT 1")
+            await self._reader.run(lambda db: db.execute("SELECT 1").fetchall())
         except Exception:  # readiness probes report, they do not raise
             return False
         return await self._writer.ready()
 
     # ------------------------------------------------------------------- reads
     async def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        if self._reader is None:
-            raise StoreUnavailable("store is not open")
-        return self._reader.execute(sql, params).fetchall()
+        return await self._reader.run(lambda db: db.execute(sql, params).fetchall())
 
     async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        rows = await self._rows(sql, params)
-        return rows[0] if rows else None
-
-    async def _faults(self, incident_ids: Sequence[str]) -> dict[str, tuple[Fault, ...]]:
-        found: dict[str, dict[str, Fault]] = {i: {} for i in incident_ids}
-        if incident_ids:
-            marks = ",".join("?" for _ in incident_ids)
-            for row in await self._rows(
-                f"SELECT incident_id, fault_key, fault_json FROM alerts WHERE incident_id IN ({marks})"  # noqa: S608
-                " AND fault_json IS NOT NULL ORDER BY starts_at",
-                list(incident_ids),
-            ):
-                found[row["incident_id"]].setdefault(row["fault_key"], codec.fault_from(row["fault_json"]))
-        return {i: tuple(faults.values()) for i, faults in found.items()}
+        return await self._reader.run(lambda db: db.execute(sql, params).fetchone())
 
     async def incident(self, incident_id: str) -> IncidentRecord | None:
-        row = await self._one("SELECT * FROM incidents WHERE id = ?", (incident_id,))
-        if row is None:
-            return None
-        return codec.incident_from(row, (await self._faults([incident_id]))[incident_id])
+        def query(db: sqlite3.Connection) -> IncidentRecord | None:
+            row = db.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            return codec.incident_from(row, _faults(db, [incident_id])[incident_id]) if row else None
+
+        return await self._reader.run(query)
 
     async def incidents(
         self, *, active_only: bool = False, node: str | None = None, limit: int = 100
@@ -112,10 +123,14 @@ class SqliteStore:
             where.append("node = ?")
             params.append(node)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        query = f"SELECT * FROM incidents {clause} ORDER BY seq DESC LIMIT ?"  # noqa: S608 - fixed fragments
-        rows = await self._rows(query, [*params, limit])
-        faults = await self._faults([r["id"] for r in rows])
-        return [codec.incident_from(r, faults[r["id"]]) for r in rows]
+        sql = f"SELECT * FROM incidents {clause} ORDER BY seq DESC LIMIT ?"  # noqa: S608 - fixed fragments
+
+        def query(db: sqlite3.Connection) -> list[IncidentRecord]:
+            rows = db.execute(sql, [*params, limit]).fetchall()
+            faults = _faults(db, [r["id"] for r in rows])
+            return [codec.incident_from(r, faults[r["id"]]) for r in rows]
+
+        return await self._reader.run(query)
 
     async def active(self) -> list[tuple[str, State, datetime]]:
         query = (
@@ -125,11 +140,45 @@ class SqliteStore:
         return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in rows]
 
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
-        rows = await self._rows(f"{_ALERTS} WHERE a.incident_id = ? ORDER BY a.first_seen", (incident_id,))
-        return [self._with_pending(codec.alert_from(r)) for r in rows]
+        def query(db: sqlite3.Connection) -> list[AlertRecord]:
+            rows = db.execute(f"{_ALERTS} WHERE a.incident_id = ? {_ALERT_ORDER}", (incident_id,))
+            return [self._with_pending(codec.alert_from(r)) for r in rows]
+
+        return await self._reader.run(query)
+
+    async def alerts_page(
+        self, incident_id: str, *, limit: int, after: str | None = None
+    ) -> Page[AlertRecord]:
+        limit = _bounded(limit)
+        where, params = "incident_id = ?", [incident_id]
+        if after is not None:
+            where += " AND (first_seen, fingerprint, starts_at) > (?, ?, ?)"
+            params.extend(alert_key(after))  # BadCursor before anything is read
+        # The page's keys first, then only its rows joined and decoded.
+        sql = (
+            "SELECT a.*, d.deliveries, d.last_seen FROM (SELECT fingerprint, starts_at FROM alerts"  # noqa: S608
+            f" WHERE {where} ORDER BY first_seen, fingerprint, starts_at LIMIT ?) k"
+            " JOIN alerts a ON a.fingerprint = k.fingerprint AND a.starts_at = k.starts_at"
+            " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
+            f" {_ALERT_ORDER}"
+        )
+
+        def query(db: sqlite3.Connection) -> Page[AlertRecord]:
+            rows = db.execute(sql, [*params, limit + 1]).fetchall()
+            page = rows[:limit]
+            last = page[-1] if len(rows) > limit else None
+            return Page(
+                tuple(self._with_pending(codec.alert_from(r)) for r in page),
+                alert_cursor((last["first_seen"], last["fingerprint"], last["starts_at"])) if last else None,
+            )
+
+        return await self._reader.run(query)
 
     def _with_pending(self, alert: AlertRecord) -> AlertRecord:
-        """Include repeat deliveries counted in memory and not yet committed."""
+        """Include repeat deliveries counted in memory and not yet committed.
+
+        Runs in the reader thread, beside the loop that counts: a read landing while a flush
+        commits may count that flush's deliveries twice or not at all, until the next read."""
         key = (alert.fingerprint, codec.ts(alert.starts_at) or "")
         pending = [p for p in (self._writer.seen.get(key), self._writer.flushing.get(key)) if p is not None]
         if not pending:
@@ -138,18 +187,40 @@ class SqliteStore:
         return replace(alert, deliveries=alert.deliveries + sum(n for _, n in pending), last_seen=last)
 
     async def alert(self, fingerprint: str, starts_at: datetime) -> AlertRecord | None:
-        row = await self._one(
-            f"{_ALERTS} WHERE a.fingerprint = ? AND a.starts_at = ?", (fingerprint, codec.ts(starts_at))
-        )
-        return self._with_pending(codec.alert_from(row)) if row else None
+        def query(db: sqlite3.Connection) -> AlertRecord | None:
+            row = db.execute(
+                f"{_ALERTS} WHERE a.fingerprint = ? AND a.starts_at = ?", (fingerprint, codec.ts(starts_at))
+            ).fetchone()
+            return self._with_pending(codec.alert_from(row)) if row else None
+
+        return await self._reader.run(query)
 
     async def events_of(self, incident_id: str) -> list[Event]:
-        rows = await self._rows("SELECT * FROM events WHERE incident_id = ? ORDER BY seq", (incident_id,))
-        return [codec.event_from(r) for r in rows]
+        def query(db: sqlite3.Connection) -> list[Event]:
+            rows = db.execute("SELECT * FROM events WHERE incident_id = ? ORDER BY seq", (incident_id,))
+            return [codec.event_from(r) for r in rows]
+
+        return await self._reader.run(query)
+
+    async def events_page(self, incident_id: str, *, limit: int, after: str | None = None) -> Page[Event]:
+        limit, since = _bounded(limit), event_key(after) if after is not None else 0
+
+        def query(db: sqlite3.Connection) -> Page[Event]:
+            rows = db.execute(
+                "SELECT * FROM events WHERE incident_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (incident_id, since, limit + 1),
+            ).fetchall()
+            events = tuple(codec.event_from(r) for r in rows[:limit])
+            return Page(events, str(events[-1].seq) if len(rows) > limit else None)
+
+        return await self._reader.run(query)
 
     async def events_since(self, seq: int, limit: int = 1000) -> list[Event]:
-        rows = await self._rows("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
-        return [codec.event_from(r) for r in rows]
+        def query(db: sqlite3.Connection) -> list[Event]:
+            rows = db.execute("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+            return [codec.event_from(r) for r in rows]
+
+        return await self._reader.run(query)
 
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]:
         rows = await self._rows("SELECT * FROM steps WHERE incident_id = ?", (incident_id,))

@@ -22,8 +22,9 @@ from bot.domain.alerts import AlertRejected, PayloadError
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.store.base import Store, StoreUnavailable
-from bot.web import auth, views
+from bot.web import auth
 from bot.web.commands import CommandSurface, add_command_routes
+from bot.web.reads import add_read_routes
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class Deps:
     webhook_credentials: auth.Credentials
     admin_credentials: auth.Credentials
     background: Sequence[Background] = ()
+    #: Bearer token for the read API (``bot.web.reads``); the admin token reads too.
+    read_credentials: auth.Credentials = field(default_factory=auth.Credentials)
     commands: CommandSurface | None = None
     ready_checks: list[Callable[[], bool]] = field(default_factory=list)
 
@@ -58,8 +61,7 @@ def create_app(deps: Deps) -> web.Application:
     )
     app[DEPS] = deps
     app.router.add_post("/api/v1/alerts", receive_alerts)
-    app.router.add_get("/api/v1/incidents", list_incidents)
-    app.router.add_get("/api/v1/incidents/{incident_id}", show_incident)
+    add_read_routes(app, DEPS)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -135,34 +137,6 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
-
-
-async def list_incidents(request: web.Request) -> web.Response:
-    deps = request.app[DEPS]
-    active = request.query.get("active", "").lower() in {"1", "true", "yes"}
-    try:
-        limit = min(max(int(request.query.get("limit", "100")), 1), 1000)
-    except ValueError:
-        return _error(400, "limit must be an integer")
-    records = await deps.store.incidents(active_only=active, node=request.query.get("node"), limit=limit)
-    return web.json_response({"incidents": [views.incident_view(r) for r in records]})
-
-
-async def show_incident(request: web.Request) -> web.Response:
-    deps = request.app[DEPS]
-    incident_id = request.match_info["incident_id"]
-    incident = await deps.store.incident(incident_id)
-    if incident is None:
-        return _error(404, f"no incident {incident_id}")
-    return web.json_response(
-        views.incident_detail(
-            incident,
-            await deps.store.alerts_of(incident_id),
-            await deps.store.events_of(incident_id),
-            await deps.store.steps_of(incident_id),
-            await deps.store.approval(incident_id),
-        )
-    )
 
 
 async def healthz(request: web.Request) -> web.Response:

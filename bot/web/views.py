@@ -1,4 +1,8 @@
-"""JSON shapes of the read API. These field names are public: scripts and dashboards use them."""
+"""JSON shapes of the read API. These field names are public: scripts and dashboards use them.
+
+An incident's detail carries one page of its alerts and one of its events; ``alerts_next`` and
+``events_next`` are the cursors of the pages after them (``null``: there are no more).
+"""
 
 from __future__ import annotations
 
@@ -102,11 +106,16 @@ def incident_detail(
     events: Sequence[Event],
     steps: dict[str, StepRecord],
     approval: ApprovalRecord | None,
+    *,
+    alerts_next: str | None = None,
+    events_next: str | None = None,
 ) -> dict[str, Any]:
     return {
         **incident_view(incident),
         "alerts": [alert_view(a) for a in alerts],
+        "alerts_next": alerts_next,
         "events": [event_view(e) for e in events],
+        "events_next": events_next,
         "step_records": [step_view(s) for s in steps.values()],
         "approval": approval_view(approval),
     }

@@ -7,7 +7,8 @@ over real HTTP, the crash-safety run, the detection path. By default it runs
 real ``python -m bot.cli serve`` and ``journal`` is pitcrew's own dry-run journal. Real
 systems named in ``config`` (``integrations.scheduler: slurm``) stay real either way.
 ``Pitcrew.kill()`` is SIGKILL; ``stop()`` is SIGTERM (graceful). Every started process is
-stopped by the fixture.
+stopped by the fixture. Incidents are read with the read token (``server.auth.read_token_file``),
+and ``incident()`` follows the pages of its alerts and events to return them all.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import aiohttp
 import pytest
 import yaml
 
+from bot.store.base import PAGE_MAX
 from tests.harness.proc import free_port, stop_process, tail, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,14 +46,16 @@ class Pitcrew:
         env: Mapping[str, str] | None = None,
         token: str = "test-webhook-token",
         admin_token: str = "test-admin-token",
+        read_token: str = "test-read-token",
     ) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.token, self.admin_token = token, admin_token
+        self.token, self.admin_token, self.read_token = token, admin_token, read_token
         (workdir / "webhook.token").write_text(token + "\n")
         (workdir / "admin.token").write_text(admin_token + "\n")
+        (workdir / "read.token").write_text(read_token + "\n")
         if world is not None and not simulated:
             raise ValueError("a world is for the simulated far side; pitcrew serve has none")
         self.store = workdir / "pitcrew.db"
@@ -62,6 +66,7 @@ class Pitcrew:
                 "auth": {
                     "bearer_token_file": str(workdir / "webhook.token"),
                     "admin_token_file": str(workdir / "admin.token"),
+                    "read_token_file": str(workdir / "read.token"),
                 },
             },
             "store": {"path": str(self.store)},
@@ -171,15 +176,31 @@ class Pitcrew:
         )
         return status, json.loads(raw or b"{}")
 
+    def read(self, path: str) -> tuple[int, bytes]:
+        """GET with the read token, as a script reading incidents does."""
+        return self.request("GET", path, headers={"Authorization": f"Bearer {self.read_token}"})
+
     def incidents(self, node: str | None = None) -> list[dict[str, Any]]:
-        status, raw = self.request("GET", "/api/v1/incidents?limit=1000")
+        status, raw = self.read("/api/v1/incidents?limit=1000")
         assert status == 200, raw
         return [i for i in json.loads(raw)["incidents"] if node is None or i["node"] == node]
 
     def incident(self, incident_id: str) -> dict[str, Any]:
-        status, raw = self.request("GET", f"/api/v1/incidents/{incident_id}")
+        """The incident with every one of its alerts and events (all their pages)."""
+        page = f"alerts_limit={PAGE_MAX}&events_limit={PAGE_MAX}"
+        status, raw = self.read(f"/api/v1/incidents/{incident_id}?{page}")
         assert status == 200, raw
-        return dict(json.loads(raw))
+        found = dict(json.loads(raw))
+        for what in ("alerts", "events"):
+            while found[f"{what}_next"] is not None:
+                status, raw = self.read(
+                    f"/api/v1/incidents/{incident_id}?{what}_limit={PAGE_MAX}&{what}_after={found[f'{what}_next']}"
+                )
+                assert status == 200, raw
+                page = json.loads(raw)
+                found[what] += page[what]
+                found[f"{what}_next"] = page[f"{what}_next"]
+        return found
 
     def wait_incident(self, incident_id: str, *states: str, timeout: float = 30.0) -> dict[str, Any]:
         found: dict[str, Any] = {}

@@ -38,6 +38,7 @@ from tests.simulator.serve import WorldFile, simulated_ports
 
 AM = FIXTURES / "alertmanager"
 TOKEN = "t0ken-for-tests"
+READ = "read-t0ken-for-tests"
 
 
 def fixture(name: str) -> bytes:
@@ -50,9 +51,11 @@ async def server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 
     async def start(**settings: Any) -> tuple[TestServer, ClientSession]:
         (tmp_path / "token").write_text(TOKEN + "\n")
+        (tmp_path / "read-token").write_text(READ + "\n")
+        auth = {"bearer_token_file": str(tmp_path / "token"), "read_token_file": str(tmp_path / "read-token")}
         base: dict[str, Any] = {
             "store": {"path": str(tmp_path / f"p{len(servers)}.db")},
-            "server": {"auth": {"bearer_token_file": str(tmp_path / "token")}},
+            "server": {"auth": auth},
             "engine": {"poll_interval": "0.1s"},
         }
         for key, value in settings.items():
@@ -99,12 +102,15 @@ def bearer(token: bytes = TOKEN.encode()) -> bytes:
 
 
 async def incidents(client: ClientSession) -> list[dict[str, Any]]:
-    async with client.get("/api/v1/incidents") as r:
+    async with client.get("/api/v1/incidents", headers={"Authorization": f"Bearer {READ}"}) as r:
+        assert r.status == 200
         return list((await r.json())["incidents"])
 
 
 async def detail(client: ClientSession, incident_id: str) -> dict[str, Any]:
-    async with client.get(f"/api/v1/incidents/{incident_id}") as r:
+    async with client.get(
+        f"/api/v1/incidents/{incident_id}", headers={"Authorization": f"Bearer {READ}"}
+    ) as r:
         assert r.status == 200
         return dict(await r.json())
 
@@ -258,7 +264,7 @@ async def test_health_ready_and_metrics(server: Callable[..., Any]) -> None:
         assert 'pitcrew_webhook_requests_total{code="400"} 1.0' in text
         assert 'pitcrew_alerts_received_total{outcome="new"} 3.0' in text
         assert "pitcrew_incidents_opened_total 1.0" in text
-        async with client.get("/api/v1/incidents/pc-99999") as r:
+        async with client.get("/api/v1/incidents/pc-99999", headers={"Authorization": f"Bearer {READ}"}) as r:
             assert r.status == 404
 
 

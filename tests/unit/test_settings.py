@@ -6,7 +6,8 @@ mode listing the valid ones; ``Settings`` is a ``Policy``, ``labels`` a ``LabelR
 ``slurm`` a ``NodeMapping`` — the objects the engine reads are the validated settings
 themselves, and every field those models declare is a configuration key; the node-mapping
 keys by their configured names (YAML and env), the attribute names refused as keys;
-invalid values rejected with the dotted key in the message.
+invalid values rejected with the dotted key in the message; unauthenticated reads only on a
+loopback listen; an unreadable read token file named by its key.
 """
 
 from __future__ import annotations
@@ -236,3 +237,25 @@ def test_label_rules_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, says: str) -> None:
     assert says in refusal(tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    ("listen", "refused"),
+    [("127.0.0.1:9095", False), ("localhost:9095", False), ("[::1]:9095", False), ("0.0.0.0:9095", True)],
+)
+def test_unauthenticated_reads_only_on_loopback(tmp_path: Path, listen: str, refused: bool) -> None:
+    (tmp_path / "token").write_text("t\n")
+    text = (
+        f"server: {{listen: '{listen}', auth: {{bearer_token_file: {tmp_path / 'token'}, "
+        "allow_unauthenticated_reads: true}}\n"
+    )
+    if refused:
+        assert "server.auth.allow_unauthenticated_reads: only on a loopback" in refusal(tmp_path, text)
+    else:
+        (tmp_path / "pitcrew.yaml").write_text(text)
+        assert load_config(tmp_path / "pitcrew.yaml").settings.server.auth.allow_unauthenticated_reads
+
+
+def test_an_unreadable_read_token_file_names_its_key(tmp_path: Path) -> None:
+    text = f"server: {{auth: {{read_token_file: {tmp_path / 'missing'}}}}}\n"
+    assert "server.auth.read_token_file: cannot read" in refusal(tmp_path, text)
