@@ -1,0 +1,93 @@
+"""Per-request fault injection and the request log kept for the later RBAC comparison.
+
+A ``Fault`` matches requests by method/verb/resource/name and answers ``times`` of them with ``status``
+(the fixtures' Status bodies) after an optional ``delay``; a delay alone lets a client time out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import kmock
+
+    from tests.kubernetes.resources import ApiError, Resource
+
+
+@dataclass
+class LoggedRequest:
+    """One request as RBAC sees it: ``verb`` on ``api_group``/``resource``[/``subresource``]."""
+
+    method: str
+    path: str
+    verb: str
+    api_group: str
+    resource: str
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+    content_type: str | None
+    status: int | None = None
+
+    @classmethod
+    def of(
+        cls, request: kmock.Request, res: Resource, ns: str | None, name: str | None, sub: str | None
+    ) -> LoggedRequest:
+        method = request.method.value
+        watch = request.params.get("watch") in ("true", "1")
+        verb = {
+            "GET": "watch" if watch else ("get" if name else "list"),
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if name else "deletecollection",
+        }.get(method, method.lower())
+        content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), None)
+        return cls(method, request.url.path, verb, res.group, res.plural, sub, ns, name, content_type)
+
+
+@dataclass
+class Fault:
+    status: int | None = None
+    method: str | None = None
+    verb: str | None = None
+    resource: str | None = None
+    subresource: str | None = None
+    name: str | None = None
+    times: int = 1
+    delay: float = 0.0
+    retry_after: int | None = None
+    hits: int = 0
+
+    def matches(self, entry: LoggedRequest) -> bool:
+        wanted: dict[str, Any] = {
+            "method": self.method,
+            "verb": self.verb,
+            "resource": self.resource,
+            "subresource": self.subresource,
+            "name": self.name,
+        }
+        return self.hits < self.times and all(v is None or getattr(entry, k) == v for k, v in wanted.items())
+
+    def error(self, res: Resource, name: str | None) -> ApiError:
+        from tests.kubernetes.resources import ApiError
+
+        assert self.status is not None
+        return ApiError.injected(self.status, res, name, self.retry_after)
+
+
+@dataclass
+class FaultPlan:
+    faults: list[Fault] | None = None
+
+    def add(self, fault: Fault) -> Fault:
+        self.faults = [*(self.faults or []), fault]
+        return fault
+
+    def take(self, entry: LoggedRequest) -> Fault | None:
+        for fault in self.faults or []:
+            if fault.matches(entry):
+                fault.hits += 1
+                return fault
+        return None
