@@ -15,6 +15,7 @@ import copy
 import json
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             meta.update(deletionTimestamp=now_iso(grace), deletionGracePeriodSeconds=grace)
             meta["resourceVersion"] = self._bump()
         if self.pod_termination_delay is not None:
-            self._later(self.pod_termination_delay, self._kubelet_remove(key))
+            self._later(self.pod_termination_delay, lambda: self._kubelet_remove(key))
         return copy.deepcopy(pod)
 
     async def _kubelet_remove(self, key: Key) -> None:
@@ -387,7 +388,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     def _on_deleting(self, res: Resource, obj: dict[str, Any]) -> None:
         if res.plural in ("machines", "nodeclaims"):
-            self._later(self.replace_delay, self._replace(res, copy.deepcopy(obj)))
+            snapshot = copy.deepcopy(obj)
+            self._later(self.replace_delay, lambda: self._replace(res, snapshot))
 
     async def _replace(self, res: Resource, old: dict[str, Any]) -> None:
         """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""
@@ -408,10 +410,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     # --- helpers ---------------------------------------------------------------------------------------
 
-    def _later(self, delay: float, coro: Any) -> None:
+    def _later(self, delay: float, action: Callable[[], Awaitable[None]]) -> None:
         async def run() -> None:
             await asyncio.sleep(delay)
-            await coro
+            await action()
 
         task = asyncio.get_running_loop().create_task(run())
         self._tasks.add(task)

@@ -1,0 +1,217 @@
+"""Pods, eviction against PodDisruptionBudgets, injected faults and the request log, over ``kubernetes.aio``.
+
+Cases: node conditions a test flips; pods by field and label selector, ordered by namespace/name, an
+unsupported field a 400; DaemonSet, mirror and terminating pods as in the fixture; graceful delete keeps
+the pod listed as terminating until the kubelet stand-in removes it, force delete removes it at once;
+eviction is 201 with no PDB (the client parses that Status as a ``V1Eviction``, so the log shows the code) and 404 for a missing pod; the Slinky PDB answers 429 (fixture body, no
+Retry-After) until the pod loses ``pod-protect``; a stale PDB answers 429 with ``Retry-After: 10``;
+an injected 500 is retried by the client, an injected 500 on a PATCH surfaces the fixture body, an
+injected 429 carries Retry-After, an injected delay times a request out (``kubernetes.aio`` does not
+retry timeouts);
+the request log names verb, resource, subresource, namespace and content type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from tests.kubernetes.emulator import KubeEmulator, load_fixture
+
+NODE = "gpu-node-02"
+MERGE = "application/merge-patch+json"
+SLURMD = "slurm-worker-gpu-h100-7xk2p"
+WORKER = "llama-pretrain-worker-2"
+
+
+def _status(exc: ApiException) -> dict[str, Any]:
+    return json.loads(exc.body)
+
+
+def _eviction(name: str, namespace: str, grace: int | None = None) -> client.V1Eviction:
+    options = client.V1DeleteOptions(grace_period_seconds=grace) if grace is not None else None
+    return client.V1Eviction(
+        api_version="policy/v1",
+        kind="Eviction",
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        delete_options=options,
+    )
+
+
+def _slinky_pdb(generation: int = 1, observed: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "slurm-workers-pdb-slurm", "namespace": "slurm", "generation": generation},
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {
+                "matchLabels": {
+                    "nodeset.slinky.slurm.net/pod-protect": "true",
+                    "slinky.slurm.net/cluster": "slurm",
+                }
+            },
+        },
+        "status": {"observedGeneration": observed},
+    }
+
+
+async def test_a_flipped_node_condition_is_seen_with_a_new_resource_version(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(k8s_client)
+    before = await core.read_node(NODE)
+    k8s.set_node_condition(NODE, "Ready", "False")
+    after = await core.read_node(NODE)
+    assert [c.status for c in after.status.conditions if c.type == "Ready"] == ["False"]
+    assert after.metadata.resource_version != before.metadata.resource_version
+
+
+async def test_pods_by_field_and_label_selector(k8s_client: client.ApiClient) -> None:
+    core = client.CoreV1Api(k8s_client)
+    pods = await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE}")
+    assert [(p.metadata.namespace, p.metadata.name) for p in pods.items] == [
+        (p["metadata"]["namespace"], p["metadata"]["name"])
+        for p in load_fixture("pods-on-node-list.json")["items"]
+    ]
+    assert all(p.kind is None and p.api_version is None for p in pods.items)
+    none = await core.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-node-03")
+    not_running = await core.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={NODE},status.phase!=Running"
+    )
+    assert none.items == [] and not_running.items == []
+    training = await core.list_namespaced_pod(
+        "training", label_selector="training.kubeflow.org/replica-type=worker"
+    )
+    assert [p.metadata.name for p in training.items] == [WORKER]
+    with pytest.raises(ApiException) as err:
+        await core.list_pod_for_all_namespaces(field_selector="spec.nodeNam=x")
+    assert err.value.status == 400
+    assert _status(err.value)["message"] == "field label not supported: spec.nodeNam"
+
+
+async def test_daemonset_mirror_and_terminating_pods_look_as_in_the_fixture(
+    k8s_client: client.ApiClient,
+) -> None:
+    pods = {
+        p.metadata.name: p for p in (await client.CoreV1Api(k8s_client).list_pod_for_all_namespaces()).items
+    }
+    assert pods["nvidia-dcgm-exporter-7wq4n"].metadata.owner_references[0].kind == "DaemonSet"
+    mirror = pods[f"gpu-health-agent-{NODE}"].metadata
+    assert "kubernetes.io/config.mirror" in mirror.annotations and mirror.owner_references[0].kind == "Node"
+    assert pods["ckpt-sync-29932360-8qz5v"].metadata.deletion_timestamp is not None
+    assert pods[WORKER].metadata.deletion_timestamp is None
+
+
+async def test_graceful_delete_terminates_then_force_delete_removes(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(k8s_client)
+    k8s.pod_termination_delay = None
+    gone = await core.delete_namespaced_pod(WORKER, "training", grace_period_seconds=30)
+    assert gone.metadata.deletion_timestamp is not None and gone.metadata.deletion_grace_period_seconds == 30
+    assert (await core.read_namespaced_pod(WORKER, "training")).metadata.deletion_timestamp is not None
+    await core.delete_namespaced_pod(WORKER, "training", grace_period_seconds=0)
+    with pytest.raises(ApiException) as err:
+        await core.read_namespaced_pod(WORKER, "training")
+    assert _status(err.value) == load_fixture("status-404-notfound.json")
+
+
+async def test_eviction_without_a_budget_is_201_and_the_kubelet_removes_the_pod(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(k8s_client)
+    k8s.pod_termination_delay = 0.3
+    await core.create_namespaced_pod_eviction(WORKER, "training", _eviction(WORKER, "training", 30))
+    assert k8s.log[-1].status == 201
+    assert (await core.read_namespaced_pod(WORKER, "training")).metadata.deletion_grace_period_seconds == 30
+    await asyncio.sleep(0.5)
+    with pytest.raises(ApiException) as err:
+        await core.create_namespaced_pod_eviction(WORKER, "training", _eviction(WORKER, "training"))
+    assert err.value.status == 404
+
+
+async def test_slinky_budget_refuses_until_the_pod_is_unprotected(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(k8s_client)
+    k8s.add("poddisruptionbudgets", _slinky_pdb())
+    with pytest.raises(ApiException) as err:
+        await core.create_namespaced_pod_eviction(SLURMD, "slurm", _eviction(SLURMD, "slurm"))
+    assert err.value.status == 429
+    assert "Retry-After" not in err.value.headers
+    expected = load_fixture("status-429-eviction-pdb.json")
+    expected["details"]["causes"][0]["message"] = (
+        "The disruption budget slurm-workers-pdb-slurm needs 1 healthy pods and has 1 currently"
+    )
+    assert _status(err.value) == expected
+    unprotect = {"metadata": {"labels": {"nodeset.slinky.slurm.net/pod-protect": None}}}
+    await core.patch_namespaced_pod(SLURMD, "slurm", unprotect, _content_type=MERGE)
+    await core.create_namespaced_pod_eviction(SLURMD, "slurm", _eviction(SLURMD, "slurm"))
+    assert k8s.log[-1].status == 201
+
+
+async def test_a_stale_budget_answers_429_with_retry_after(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    k8s.add("poddisruptionbudgets", _slinky_pdb(generation=2, observed=1))
+    with pytest.raises(ApiException) as err:
+        await client.CoreV1Api(k8s_client).create_namespaced_pod_eviction(
+            SLURMD, "slurm", _eviction(SLURMD, "slurm")
+        )
+    assert err.value.status == 429 and err.value.headers["Retry-After"] == "10"
+    assert _status(err.value) == load_fixture("status-429-eviction-pdb-retryafter.json")
+
+
+async def test_an_injected_500_on_a_read_is_retried_by_the_client(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    k8s.inject(500, verb="get", resource="nodes")
+    node = await client.CoreV1Api(k8s_client).read_node(NODE)
+    assert node.metadata.name == NODE
+    assert [(r.verb, r.status) for r in k8s.log] == [("get", 500), ("get", 200)]
+
+
+async def test_injected_500_and_429_on_writes_and_lists_surface(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(k8s_client)
+    k8s.inject(500, verb="patch", resource="nodes")
+    with pytest.raises(ApiException) as err:
+        await core.patch_node(NODE, {"spec": {"unschedulable": True}}, _content_type=MERGE)
+    assert err.value.status == 500 and _status(err.value) == load_fixture("status-500.json")
+    k8s.inject(429, verb="list", resource="pods", retry_after=2)
+    with pytest.raises(ApiException) as err:
+        await core.list_pod_for_all_namespaces()
+    assert err.value.status == 429 and err.value.headers["Retry-After"] == "2"
+    assert (await core.read_node(NODE)).spec.unschedulable is None  # the failed patch wrote nothing
+
+
+async def test_an_injected_delay_times_the_client_out(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    k8s.inject(delay=1.0, verb="get", resource="nodes")
+    with pytest.raises(asyncio.TimeoutError):
+        await client.CoreV1Api(k8s_client).read_node(NODE, _request_timeout=0.2)
+    node = await client.CoreV1Api(k8s_client).read_node(NODE, _request_timeout=0.2)
+    assert node.metadata.name == NODE
+    assert [r.verb for r in k8s.log] == ["get", "get"]
+
+
+async def test_the_request_log_names_what_rbac_needs(k8s: KubeEmulator, k8s_client: client.ApiClient) -> None:
+    core = client.CoreV1Api(k8s_client)
+    await core.patch_node(NODE, {"spec": {"unschedulable": True}}, _content_type=MERGE)
+    await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE}")
+    await core.create_namespaced_pod_eviction(WORKER, "training", _eviction(WORKER, "training"))
+    seen = [
+        (r.method, r.verb, r.api_group, r.resource, r.subresource, r.namespace, r.content_type)
+        for r in k8s.log
+    ]
+    assert seen == [
+        ("PATCH", "patch", "", "nodes", None, None, MERGE),
+        ("GET", "list", "", "pods", None, None, "application/json"),
+        ("POST", "create", "", "pods", "eviction", "training", "application/json"),
+    ]
