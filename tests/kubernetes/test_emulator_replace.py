@@ -1,0 +1,63 @@
+"""Deleting a CAPI Machine or a Karpenter NodeClaim makes the emulator's controller replace the Node.
+
+Cases: the DELETE answers 200 with the object (``deletionTimestamp``, ``deletionGracePeriodSeconds: 0``,
+generation + 1, as in the fixture); then the old Node goes, a new handle points at a new Node, and
+that Node registers NotReady and turns Ready after ``ready_delay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kubernetes.aio import client
+
+from tests.kubernetes.emulator import KubeEmulator
+
+NODE = "gpu-node-02"
+
+
+async def _ready_nodes(core: client.CoreV1Api) -> dict[str, str]:
+    nodes = (await core.list_node()).items
+    return {n.metadata.name: next(c.status for c in n.status.conditions if c.type == "Ready") for n in nodes}
+
+
+@pytest.mark.parametrize(
+    ("group", "version", "plural", "namespace", "name"),
+    [
+        ("cluster.x-k8s.io", "v1beta1", "machines", "gpu-east", "gpu-east-gpu-h100-x7b2n-q4v9k"),
+        ("karpenter.sh", "v1", "nodeclaims", None, "gpu-h100-x7k2q"),
+    ],
+)
+async def test_deleting_the_handle_brings_a_new_node_that_turns_ready(
+    k8s: KubeEmulator,
+    k8s_client: client.ApiClient,
+    group: str,
+    version: str,
+    plural: str,
+    namespace: str | None,
+    name: str,
+) -> None:
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    k8s.ready_delay = 0.3
+    if namespace:
+        before = await custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+        deleted = await custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+    else:
+        before = await custom.get_cluster_custom_object(group, version, plural, name)
+        deleted = await custom.delete_cluster_custom_object(group, version, plural, name)
+    assert deleted["metadata"]["deletionTimestamp"] and deleted["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert deleted["metadata"]["generation"] == before["metadata"]["generation"] + 1
+    await asyncio.sleep(0.15)
+    registered = await _ready_nodes(core)
+    assert NODE not in registered and list(registered.values()) == ["False"]
+    (new_node,) = registered
+    if namespace:
+        handles = (await custom.list_namespaced_custom_object(group, version, namespace, plural))["items"]
+        assert [h["status"]["nodeRef"]["name"] for h in handles] == [new_node]
+    else:
+        handles = (await custom.list_cluster_custom_object(group, version, plural))["items"]
+        assert [h["status"]["nodeName"] for h in handles] == [new_node]
+    assert name not in [h["metadata"]["name"] for h in handles]
+    await asyncio.sleep(0.4)
+    assert await _ready_nodes(core) == {new_node: "True"}
