@@ -9,6 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from tests.slack.methods import METHODS
+from tests.slack.socket_mode import SocketModeEndpoint
 from tests.slack.webapi import WebApi
 from tests.slack.world import World
 
@@ -18,6 +19,8 @@ class SlackStandin:
         self.world = world or World()
         self.api = WebApi(self.world)
         self.api.methods.update(METHODS)
+        self.socket = SocketModeEndpoint(self.world, lambda: f"ws://127.0.0.1:{self.port}")
+        self.api.methods["apps.connections.open"] = self.socket.open
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -26,7 +29,9 @@ class SlackStandin:
         return f"http://127.0.0.1:{self.port}/api/"
 
     def app(self) -> web.Application:
-        return self.api.app()
+        app = self.api.app()
+        app.router.add_get("/link/", self.socket.handle)
+        return app
 
     async def start(self) -> SlackStandin:
         self._runner = web.AppRunner(self.app(), shutdown_timeout=1.0)
@@ -40,5 +45,6 @@ class SlackStandin:
 
     async def stop(self) -> None:
         if self._runner is not None:
+            await self.socket.close_all()
             await self._runner.cleanup()
             self._runner = None
