@@ -82,6 +82,6 @@ def slash_fields(text: str, user_id: str = "U0ALICE", user_name: str = "alice") 
 
 def block_action(payload: dict[str, Any], user_id: str, user_name: str) -> dict[str, Any]:
     """A fixture click re-attributed to another user (what a second approver's click looks like)."""
-    clicked = json.loads(json.dumps(payload))
+    clicked: dict[str, Any] = json.loads(json.dumps(payload))
     clicked["user"].update({"id": user_id, "username": user_name, "name": user_name})
     return clicked

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from slack_bolt.async_app import AsyncApp
@@ -24,7 +25,7 @@ from tests.slack import signing
 from tests.slack.server import SlackStandin
 from tests.slack.world import BOT_TOKEN, SIGNING_SECRET
 
-FIXTURES = Path("/work/shared/fixtures/slack")
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def raw_request(name: str) -> tuple[dict[str, str], bytes]:
@@ -32,6 +33,11 @@ def raw_request(name: str) -> tuple[dict[str, str], bytes]:
     head, body = raw.split("\n\n", 1)
     headers = dict(line.split(": ", 1) for line in head.splitlines()[1:])
     return headers, body.encode()
+
+
+def bolt_request(signed: signing.SignedRequest) -> AsyncBoltRequest:
+    headers: dict[str, str | Sequence[str]] = dict(signed.headers)
+    return AsyncBoltRequest(body=signed.text, headers=headers)
 
 
 def test_block_actions_body_and_signature_match_the_fixture() -> None:
@@ -82,13 +88,13 @@ async def test_bolt_routes_signed_requests_and_refuses_forged_ones(slack: SlackS
 
     payload = json.loads((FIXTURES / "block-actions-approve-by-non-approver.json").read_text())
     click = signing.interactive(SIGNING_SECRET, payload)
-    answer = await app.async_dispatch(AsyncBoltRequest(body=click.text, headers=click.headers))
+    answer = await app.async_dispatch(bolt_request(click))
     assert answer.status == 200
     slash = signing.slash_command(SIGNING_SECRET, signing.slash_fields("status gpu-node-02"))
-    answer = await app.async_dispatch(AsyncBoltRequest(body=slash.text, headers=slash.headers))
+    answer = await app.async_dispatch(bolt_request(slash))
     assert answer.status == 200 and json.loads(answer.body)["text"] == "ok: status gpu-node-02"
     forged = signing.interactive("wrong", payload)
-    answer = await app.async_dispatch(AsyncBoltRequest(body=forged.text, headers=forged.headers))
+    answer = await app.async_dispatch(bolt_request(forged))
     assert answer.status == 401
     assert [c.method for c in slack.api.calls] == ["auth.test"]  # bolt's authorize, against the stand-in
     assert seen == [("U0MALLORY", "pc-00042"), ("U0ALICE", "status gpu-node-02")]

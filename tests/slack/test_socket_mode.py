@@ -31,7 +31,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from tests.slack.server import SlackStandin
 from tests.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
 
-FIXTURES = Path("/work/shared/fixtures/slack")
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def fixture(name: str) -> Any:
@@ -63,11 +63,11 @@ async def socket_client(slack: SlackStandin) -> AsyncIterator[tuple[SocketModeCl
     client.message_listeners.append(seen.on_message)  # type: ignore[arg-type]
     client.socket_mode_request_listeners.append(seen.on_request)  # type: ignore[arg-type]
     try:
-        await client.connect()
+        await client.connect()  # type: ignore[no-untyped-call]
         await slack.socket.connected()
         yield client, seen
     finally:
-        await client.close()
+        await client.close()  # type: ignore[no-untyped-call]
 
 
 async def test_connections_open_wants_the_app_token_and_urls_are_single_use(slack: SlackStandin) -> None:
@@ -136,11 +136,11 @@ async def test_bolt_socket_mode_handler_routes_and_acks(slack: SlackStandin) -> 
 
     handler = AsyncSocketModeHandler(app, APP_TOKEN, web_client=AsyncWebClient(base_url=slack.base_url))
     try:
-        await handler.connect_async()
+        await handler.connect_async()  # type: ignore[no-untyped-call]
         await slack.socket.connected()
         payload = fixture("socket-mode-envelope-interactive.json")["payload"]
         envelope_id = await slack.socket.send("interactive", payload)
         assert await slack.socket.ack(envelope_id) == {"envelope_id": envelope_id}
         assert clicked == ["U0ALICE"]
     finally:
-        await handler.close_async()
+        await handler.close_async()  # type: ignore[no-untyped-call]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from slack_sdk.errors import SlackApiError
@@ -25,15 +26,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 from tests.slack.server import SlackStandin
 from tests.slack.world import APP_TOKEN
 
-FIXTURES = Path("/work/shared/fixtures/slack")
+FIXTURES = Path(__file__).parent / "fixtures"
 CHANNEL = "C0GPUOPS"
 
 
-def fixture(name: str) -> dict:
+def fixture(name: str) -> Any:
     return json.loads((FIXTURES / name).read_text())
 
 
-def section(text: str) -> dict:
+def section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
 
 
@@ -100,7 +101,7 @@ async def test_update_keeps_the_earlier_version(slack: SlackStandin, bot: AsyncW
     assert e.value.response["error"] == "message_not_found"
 
 
-def _button(action_id: str, text: str = "Go", value: str = "pc-00042") -> dict:
+def _button(action_id: str, text: str = "Go", value: str = "pc-00042") -> dict[str, Any]:
     return {
         "type": "button",
         "action_id": action_id,
