@@ -9,6 +9,7 @@ Cases:
   over 75, duplicate action_id; a message at the limits passes. Nothing is stored on rejection.
 - chat.postEphemeral, conversations.info / members, usergroups.users.list.
 - 429 with Retry-After (slack_sdk's RateLimitErrorRetryHandler retries it), 5xx on demand; every call recorded.
+- optional strict one-post-per-second-per-channel limit answers 429 per channel.
 """
 
 from __future__ import annotations
@@ -206,6 +207,19 @@ async def test_429_with_retry_after_then_success(slack: SlackStandin, bot: Async
     await retrying.chat_postMessage(channel=CHANNEL, text="second")
     assert [c.status for c in slack.api.calls_to("chat.postMessage")] == [429, 429, 200]
     assert [m.text for m in slack.api.messages] == ["second"]
+
+
+async def test_one_post_per_second_per_channel_when_enforced(
+    slack: SlackStandin, bot: AsyncWebClient
+) -> None:
+    slack.api.post_interval = 1.0
+    await bot.chat_postMessage(channel=CHANNEL, text="first")
+    with pytest.raises(SlackApiError) as e:
+        await bot.chat_postMessage(channel=CHANNEL, text="too soon")
+    assert e.value.response.status_code == 429 and e.value.response.headers["Retry-After"] == "1"
+    slack.world.channels["C0ELSEWHERE"].members.add("U0PITBOT")
+    await bot.chat_postMessage(channel="C0ELSEWHERE", text="other channel is not limited")
+    assert [m.text for m in slack.api.messages] == ["first", "other channel is not limited"]
 
 
 async def test_5xx_on_demand_then_recovery(slack: SlackStandin, bot: AsyncWebClient) -> None:

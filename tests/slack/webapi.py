@@ -9,6 +9,8 @@ pitcrew logic: it knows nothing of incidents.
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +105,10 @@ class WebApi:
         self.ephemeral: list[dict[str, Any]] = []
         self.faults: dict[str, list[Fault]] = {}
         self.methods: dict[str, Handler] = {}
+        #: Off by default. Set to 1.0 to enforce chat.postMessage's "one message per second per channel"
+        #: strictly (real Slack tolerates short bursts), e.g. for a storm test.
+        self.post_interval: float | None = None
+        self._last_post: dict[str, float] = {}
         self._seq = 0
 
     # -- what a test drives -------------------------------------------------------------------------
@@ -138,6 +144,17 @@ class WebApi:
         app.router.add_route("*", "/api/{method}", self._handle)
         return app
 
+    def _throttled(self, method: str, args: dict[str, Any]) -> int | None:
+        """Seconds to wait if this post comes too soon after the last one in its channel."""
+        if method != "chat.postMessage" or self.post_interval is None:
+            return None
+        now, channel = time.monotonic(), str(args.get("channel", ""))
+        wait = self._last_post.get(channel, -math.inf) + self.post_interval - now
+        if wait > 0:
+            return max(1, math.ceil(wait))
+        self._last_post[channel] = now
+        return None
+
     def _forced(self, method: str) -> Fault | None:
         for key in (method, "*"):
             queue = self.faults.get(key, [])
@@ -155,6 +172,9 @@ class WebApi:
         call = Call(method, args, token)
         self.calls.append(call)
         fault = self._forced(method)
+        throttle = self._throttled(method, args) if fault is None else None
+        if throttle is not None:
+            fault = Fault(429, 1, throttle)
         if fault is not None and fault.status == 429:
             call.status, call.answer = 429, {"ok": False, "error": "ratelimited"}
             return web.json_response(call.answer, status=429, headers={"Retry-After": str(fault.retry_after)})
