@@ -1,0 +1,151 @@
+"""The Web API methods pitcrew calls, each answering with the fixtures' shapes and error codes.
+
+One function per method, registered in ``METHODS``. Checks run in Slack's order: token, then channel,
+then membership, then content, so the error a test sees is the one Slack would send first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tests.slack import blocks as blockkit
+from tests.slack.webapi import ApiError, Message, _json_arg, _truthy
+from tests.slack.world import Channel
+
+if TYPE_CHECKING:
+    from tests.slack.webapi import Handler, WebApi
+
+
+def _bot(api: WebApi, token: str) -> None:
+    if not token:
+        raise ApiError("not_authed")
+    if token in api.world.app_tokens:
+        raise ApiError("not_allowed_token_type")
+    if token not in api.world.bot_tokens:
+        raise ApiError("invalid_auth")
+
+
+def _channel(api: WebApi, args: dict[str, Any], *, member: bool = True) -> Channel:
+    channel = api.world.channels.get(str(args.get("channel", "")))
+    if channel is None or (channel.is_private and api.world.bot_user not in channel.members):
+        raise ApiError("channel_not_found")
+    if member and api.world.bot_user not in channel.members:
+        raise ApiError("not_in_channel")
+    return channel
+
+
+def _content(args: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    blocks = _json_arg(args, "blocks")
+    text = str(args.get("text") or "")
+    if blocks is not None:
+        errors = blockkit.validate(blocks)
+        if errors:
+            body = blockkit.invalid_blocks_body(errors)
+            raise ApiError(
+                "invalid_blocks", errors=body["errors"], response_metadata=body["response_metadata"]
+            )
+    if not text and not blocks:
+        raise ApiError("no_text")
+    return text[:40000], blockkit.stored(blocks or [])
+
+
+def _message_json(api: WebApi, m: Message, *, with_ts: bool = True) -> dict[str, Any]:
+    w = api.world
+    out: dict[str, Any] = {"user": m.user, "type": "message", "text": m.text, "bot_id": w.bot_id}
+    if with_ts:
+        out["ts"] = m.ts
+    out.update({"app_id": w.app_id, "team": w.team_id, "blocks": m.blocks})
+    if m.thread_ts:
+        out.update({"thread_ts": m.thread_ts, "parent_user_id": w.bot_user})
+    out["bot_profile"] = {"id": w.bot_id, "app_id": w.app_id, "user_id": w.bot_user, "name": w.bot_name}
+    return out
+
+
+async def auth_test(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    w = api.world
+    return {
+        "ok": True,
+        "url": f"https://{w.domain}.slack.com/",
+        "team": w.team,
+        "user": w.bot_name,
+        "team_id": w.team_id,
+        "user_id": w.bot_user,
+        "bot_id": w.bot_id,
+        "is_enterprise_install": False,
+    }
+
+
+async def chat_post_message(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    channel = _channel(api, args)
+    text, blocks = _content(args)
+    thread_ts = args.get("thread_ts") or None
+    if thread_ts is not None:
+        parent = api.message(channel.id, str(thread_ts))
+        # A reply to a reply lands in the parent's thread, as in Slack.
+        thread_ts = (parent.thread_ts or parent.ts) if parent is not None else str(thread_ts)
+    m = Message(channel.id, api.next_ts(), text, blocks, api.world.bot_user, thread_ts)
+    m.reply_broadcast = thread_ts is not None and _truthy(args.get("reply_broadcast"))
+    api.messages.append(m)
+    return {"ok": True, "channel": channel.id, "ts": m.ts, "message": _message_json(api, m)}
+
+
+async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    channel = _channel(api, args)
+    m = api.message(channel.id, str(args.get("ts", "")))
+    if m is None:
+        raise ApiError("message_not_found")
+    if m.user != api.world.bot_user:
+        raise ApiError("cant_update_message")
+    text, blocks = _content(args)
+    m.updates.append({"text": m.text, "blocks": m.blocks})
+    m.text, m.blocks = text, blocks
+    message = _message_json(api, m, with_ts=False)
+    return {"ok": True, "channel": channel.id, "ts": m.ts, "text": m.text, "message": message}
+
+
+async def chat_post_ephemeral(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    channel = _channel(api, args)
+    user = str(args.get("user", ""))
+    if user not in channel.members:
+        raise ApiError("user_not_in_channel")
+    text, blocks = _content(args)
+    ts = api.next_ts()
+    api.ephemeral.append({"channel": channel.id, "user": user, "ts": ts, "text": text, "blocks": blocks})
+    return {"ok": True, "message_ts": ts}
+
+
+async def conversations_info(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    c = _channel(api, args, member=False)
+    info = {"id": c.id, "name": c.name, "is_channel": not c.is_private, "is_private": c.is_private}
+    info.update({"is_archived": False, "is_member": api.world.bot_user in c.members})
+    return {"ok": True, "channel": info}
+
+
+async def conversations_members(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    c = _channel(api, args, member=False)
+    return {"ok": True, "members": sorted(c.members), "response_metadata": {"next_cursor": ""}}
+
+
+async def usergroups_users_list(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    _bot(api, token)
+    users = api.world.usergroups.get(str(args.get("usergroup", "")))
+    if users is None:
+        raise ApiError("no_such_subteam")
+    return {"ok": True, "users": list(users)}
+
+
+METHODS: dict[str, Handler] = {
+    "auth.test": auth_test,
+    "chat.postMessage": chat_post_message,
+    "chat.update": chat_update,
+    "chat.postEphemeral": chat_post_ephemeral,
+    "conversations.info": conversations_info,
+    "conversations.members": conversations_members,
+    "usergroups.users.list": usergroups_users_list,
+}
