@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bot.domain.alerts import dedupe_key
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
@@ -179,7 +180,7 @@ class SqliteStore:
 
         Runs in the reader thread, beside the loop that counts: a read landing while a flush
         commits may count that flush's deliveries twice or not at all, until the next read."""
-        key = (alert.fingerprint, codec.ts(alert.starts_at) or "")
+        key = dedupe_key(alert.fingerprint, alert.starts_at)
         pending = [p for p in (self._writer.seen.get(key), self._writer.flushing.get(key)) if p is not None]
         if not pending:
             return alert
@@ -189,7 +190,7 @@ class SqliteStore:
     async def alert(self, fingerprint: str, starts_at: datetime) -> AlertRecord | None:
         def query(db: sqlite3.Connection) -> AlertRecord | None:
             row = db.execute(
-                f"{_ALERTS} WHERE a.fingerprint = ? AND a.starts_at = ?", (fingerprint, codec.ts(starts_at))
+                f"{_ALERTS} WHERE a.fingerprint = ? AND a.starts_at = ?", dedupe_key(fingerprint, starts_at)
             ).fetchone()
             return self._with_pending(codec.alert_from(row)) if row else None
 
@@ -276,7 +277,7 @@ class SqliteStore:
             raise StoreUnavailable(f"{lost}: a restart would not find what this delivery stores")
         keys = []
         for fingerprint, starts_at, status in alerts:
-            key = (fingerprint, starts_at.isoformat(timespec="microseconds"))
+            key = dedupe_key(fingerprint, starts_at)
             state = self._writer.keys.get(key)
             if state is None or (state[0] == "firing" and status == "resolved"):
                 return None

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from bot.config import Config
+from bot.domain.labels import node_name
 from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
 from bot.web import auth, views
 
@@ -129,7 +130,13 @@ async def list_incidents(request: web.Request, deps: ReadDeps) -> web.Response:
         limit = min(max(int(request.query.get("limit", "100")), 1), LIST_MAX)
     except ValueError:
         raise BadParameter("limit must be an integer") from None
-    records = await deps.store.incidents(active_only=active, node=request.query.get("node"), limit=limit)
+    node = request.query.get("node")
+    if node is not None:
+        try:  # the same spelling rule as the webhook's: GPU-NODE-07 is gpu-node-07
+            node = node_name(node.strip())
+        except ValueError as exc:
+            raise BadParameter(f"node {node!r} {exc}") from None
+    records = await deps.store.incidents(active_only=active, node=node, limit=limit)
     return await _render(request, lambda: {"incidents": [views.incident_view(r) for r in records]})
 
 
