@@ -29,12 +29,15 @@ INVENTORY = fleet(("gpu-node-02", "gpu-node-03"), extra={NODE: gpu_node("ml-trai
 
 async def test_rolling_back_an_open_incident_ends_it_once(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, inventory=INVENTORY) as h:
+        await h.engine.stop()  # nothing plans the incident: it stays open until the rollback
         outcome = await h.deliver(delivery(node=NODE, starts=h.time.now()))
         [incident] = outcome.opened
-        result = await h.commands.rollback(incident, "alice")  # before admission has planned it
+        assert (await h.incident(incident)).state.value == "open"
+        result = await h.commands.rollback(incident, "alice")
         assert result.ok, result
         assert result.data == {"report": []}
-        await h.time.advance(600)
+        await h.engine.start()
+        await h.time.advance(600)  # many engine polls: nothing runs the rollback again
         record = await h.incident(incident)
         assert record.state.value == "rolled_back" and record.outcome == "rolled back by alice"
         assert len(await h.events(incident, "rollback_done")) == 1
