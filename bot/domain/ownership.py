@@ -73,15 +73,6 @@ def fault_taint(fault_class: str = "true") -> Taint:
     return Taint(key=TAINT_KEY, value=fault_class, effect="NoSchedule")
 
 
-def is_pitcrew_taint(taint: Taint) -> bool:
-    return taint.key == TAINT_KEY
-
-
-def owner_annotations(incident_id: str) -> dict[str, str]:
-    """The annotations that say a cordon is pitcrew's, for ``incident_id``."""
-    return {OWNER_ANNOTATION: incident_id}
-
-
 def node_owner(annotations: Mapping[str, str]) -> str | None:
     return annotations.get(OWNER_ANNOTATION) or None
 

@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """``ok`` (advance), ``failed`` (escalated) or ``held`` (not run; try later)."""
+    """``ok`` (advance, also for a step skipped or already done) or ``failed`` (escalated)."""
 
     status: str
     detail: str = ""
