@@ -169,6 +169,27 @@ class Notifier(Protocol):
     async def post(self, notice: Notice) -> str | None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What ``pitcrew check-config --live`` prints for one far side: reachable and allowed, or what is missing.
+
+    ``missing`` names each permission, scope or object the far side refused (a Kubernetes verb,
+    a Slack scope, a channel), so the installer knows exactly what to grant.
+    """
+
+    system: str
+    ok: bool
+    detail: str
+    missing: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Probeable(Protocol):
+    """An adapter that can check its far side without changing anything (``check-config --live``)."""
+
+    async def probe(self) -> Probe: ...
+
+
 @runtime_checkable
 class MetricsQuery(Protocol):
     """Prometheus HTTP API: instant queries for progress and still-firing checks."""
