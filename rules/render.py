@@ -1,11 +1,12 @@
 """Generates pitcrew's Prometheus rules: the plain rule file and its PrometheusRule (CRD) rendering.
 
 Owns the rule set - which alerts exist, their labels, annotations and durations - so nothing is
-copied by hand: ``rules/gpu-faults.rules.yml`` and ``rules/gpu-faults.prometheusrule.yaml`` are this
-script's output; ``python rules/render.py`` rewrites them, ``--check`` (run in CI by
-tests/integration/test_rules.py) fails when either differs from what it would write. It must not
-hold policy about what pitcrew *does* with a fault (that is pitcrew's catalog): the rules only say
-what fired, on which node and GPU, and how bad it is. Expressions come from rules/promql.py.
+copied by hand: ``rules/gpu-faults.rules.yml``, ``rules/gpu-faults.prometheusrule.yaml`` and its copy
+in the kustomize base (``deploy/kubernetes/prometheusrule.yaml``) are this script's output; ``python
+rules/render.py`` rewrites them, ``--check`` (run in CI by tests/integration/test_rules.py) fails when
+any differs from what it would write. It must not hold policy about what pitcrew *does* with a
+fault (that is pitcrew's catalog): the rules only say what fired, on which node and GPU, and how
+bad it is. Expressions come from rules/promql.py.
 
 ``PRODUCTION`` renders the shipped files. ``FAST`` renders the same expressions with second-scale
 windows for the end-to-end tests and the bench, so a cleared fault resolves in seconds.
@@ -30,6 +31,7 @@ from rules.annotations import TEXT
 HERE = Path(__file__).resolve().parent
 RULE_FILE = HERE / "gpu-faults.rules.yml"
 CRD_FILE = HERE / "gpu-faults.prometheusrule.yaml"
+DEPLOY_CRD_FILE = HERE.parent / "deploy" / "kubernetes" / "prometheusrule.yaml"  # the kustomize base's copy
 RUNBOOK_BASE = "https://github.com/pitcrew/pitcrew/blob/main/docs/alerting.md"
 GPU_TEMP_MAX, MEMORY_TEMP_MAX, NVLINK_BURST = 87, 95, 100
 # Fields without which whole rules are blind: ECC is off in dcgm-exporter's default CSV, and 4.9's
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in files are stale")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in ((RULE_FILE, render_rule_file()), (CRD_FILE, render_crd())):
+    outputs = ((RULE_FILE, render_rule_file()), (CRD_FILE, render_crd()), (DEPLOY_CRD_FILE, render_crd()))
+    for path, text in outputs:
         if not args.check:
             path.write_text(text)
         elif not path.exists() or path.read_text() != text:

@@ -1,0 +1,301 @@
+"""The kustomize base and overlays, rendered and checked without a cluster.
+
+- the base and every overlay render with ``kubectl kustomize`` into exactly the expected objects;
+- every built-in object validates strictly against the Kubernetes 1.37 schemas
+  (kubernetes-validate), and every prometheus-operator object against the operator's CRD models
+  (cloudcoil-models-prometheus-operator) with no field dropped — and both checks fail on an
+  unknown or mistyped field;
+- the Deployment: restricted security context, probes on /healthz and /readyz, requests and
+  limits, kept off GPU nodes, one replica with Recreate on the store's volume, a grace period
+  longer than pitcrew's own shutdown;
+- secrets are only referenced: no Secret object, every ``*_file`` of the configuration is a key
+  of a mounted Secret;
+- ``pitcrew check-config`` accepts the configuration each overlay mounts, laid out as the kubelet
+  would mount it; the auto overlay changes only what pitcrew may do;
+- the PrometheusRule and AlertmanagerConfig are the ones rules/ and alertmanager/ ship, and the
+  Service, ServiceMonitor, NetworkPolicy and Alertmanager route agree on names and ports.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cloudcoil.models.prometheus_operator import v1, v1alpha1
+
+from tests.packaging.manifests import (
+    BASE,
+    KUSTOMIZATIONS,
+    REPO,
+    container,
+    load_all,
+    mounted_sandbox,
+    rendered,
+    secret_files,
+)
+
+K8S_VERSION = "1.37.0"
+CRD_MODELS: dict[str, Any] = {
+    "ServiceMonitor": v1.ServiceMonitor,
+    "PrometheusRule": v1.PrometheusRule,
+    "AlertmanagerConfig": v1alpha1.AlertmanagerConfig,
+}
+EXPECTED = {
+    ("Namespace", "pitcrew"),
+    ("ServiceAccount", "pitcrew"),
+    ("ClusterRole", "pitcrew"),
+    ("ClusterRoleBinding", "pitcrew"),
+    ("PersistentVolumeClaim", "pitcrew-state"),
+    ("Deployment", "pitcrew"),
+    ("Service", "pitcrew"),
+    ("ServiceMonitor", "pitcrew"),
+    ("PrometheusRule", "pitcrew-gpu-faults"),
+    ("AlertmanagerConfig", "pitcrew"),
+    ("ConfigMap", "pitcrew-dashboards"),
+    ("ConfigMap", "pitcrew-config"),
+    ("NetworkPolicy", "pitcrew"),
+}
+ALL = sorted(KUSTOMIZATIONS)
+
+
+def schema_problems(obj: dict[str, Any]) -> list[str]:
+    """Why ``obj`` is not a valid object of its kind (empty when it is)."""
+    model = CRD_MODELS.get(obj["kind"])
+    if model is None:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            return [f"{'.'.join(map(str, exc.path))}: {exc.message}"]
+        return []
+    try:
+        parsed = model.model_validate(obj)
+    except ValueError as exc:
+        return [str(exc)]
+    # The models ignore fields they do not know; a field lost on the way back is one the CRD lacks.
+    back = parsed.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    return [] if back == obj else [f"fields unknown to the {obj['kind']} CRD: {_diff(obj, back)}"]
+
+
+def _diff(given: Any, kept: Any, path: str = "") -> list[str]:
+    if isinstance(given, dict) and isinstance(kept, dict):
+        return [p for k in given for p in _diff(given[k], kept.get(k), f"{path}.{k}")]
+    if isinstance(given, list) and isinstance(kept, list) and len(given) == len(kept):
+        return [
+            p for i, (g, k) in enumerate(zip(given, kept, strict=True)) for p in _diff(g, k, f"{path}[{i}]")
+        ]
+    return [] if given == kept else [path or "."]
+
+
+def _unhashed(name: str) -> str:
+    """``pitcrew-config-<hash>`` (configMapGenerator) as ``pitcrew-config``."""
+    return "pitcrew-config" if name.startswith("pitcrew-config-") else name
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_renders_exactly_the_expected_objects_in_pitcrews_namespace(name: str) -> None:
+    r = rendered(name)
+    found = {(o["kind"], _unhashed(o["metadata"]["name"])) for o in r.objects}
+    assert found == EXPECTED
+    assert len(r.objects) == len(EXPECTED)
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    for obj in r.objects:
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"].get("namespace") == "pitcrew", obj["kind"]
+    assert r.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"].startswith(
+        "pitcrew-config-"
+    ), "the Deployment must mount the generated (content-hashed) config"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_object_is_valid_against_its_schema(name: str) -> None:
+    problems = {f"{o['kind']}/{o['metadata']['name']}": schema_problems(o) for o in rendered(name).objects}
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate", "words"),
+    [
+        (
+            "Deployment",
+            lambda o: o["spec"]["template"]["spec"].update(restartPolicyy="Always"),
+            "restartPolicyy",
+        ),
+        ("Deployment", lambda o: o["spec"].update(replicas="one"), "replicas"),
+        ("Service", lambda o: o["spec"]["ports"][0].update(port="8080x"), "port"),
+        ("ServiceMonitor", lambda o: o["spec"]["endpoints"][0].update(intervall="30s"), "intervall"),
+        ("PrometheusRule", lambda o: o["spec"]["groups"][0].update(rules="none"), "rules"),
+        ("AlertmanagerConfig", lambda o: o["spec"]["route"].update(groupBy="node"), "groupBy"),
+    ],
+)
+def test_schema_check_rejects_unknown_and_mistyped_fields(kind: str, mutate: Any, words: str) -> None:
+    obj = copy.deepcopy(rendered("base").one(kind))
+    mutate(obj)
+    problems = schema_problems(obj)
+    assert problems and words in " ".join(problems)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
+    deployment = rendered(name).one("Deployment", "pitcrew")
+    spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
+    c = container(deployment)
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}  # one writer on the store
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] >= 10000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # pitcrew calls the Kubernetes API, so this pod (and only it: the ServiceAccount mounts none) gets a token.
+    assert pod["automountServiceAccountToken"] is True
+    account = rendered(name).one("ServiceAccount", pod["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(c["resources"][kind]), kind
+    port_names = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert "http" in port_names
+    assert c["args"][:3] == ["serve", "--config", "/etc/pitcrew/pitcrew.yaml"]
+    # aiohttp's shutdown_timeout (bot.runtime.serve) is 10 s; the kubelet must not SIGKILL before it ends.
+    assert pod["terminationGracePeriodSeconds"] >= 20
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    for term in terms:  # terms are ORed: every one of them must exclude GPU nodes
+        assert {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]} in term[
+            "matchExpressions"
+        ]
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    assert state["persistentVolumeClaim"]["claimName"] == "pitcrew-state"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    config = yaml.safe_load(rendered(name).config_text())
+    assert mounts[str(Path(config["store"]["path"]).parent)] == "state"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_secrets_are_referenced_never_included(name: str) -> None:
+    r = rendered(name)
+    assert not [o for o in r.objects if o["kind"] == "Secret"]
+    deployment = r.one("Deployment", "pitcrew")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
+    config = yaml.safe_load(r.config_text())
+    files = dict(secret_files(config))
+    assert "server.auth.bearer_token_file" in files
+    for key, path in files.items():
+        volume = mounts.get(str(Path(path).parent))
+        assert volume is not None and "secret" in volume, f"{key}: {path} is not in a mounted Secret"
+        assert volume["secret"].get("optional") is not True, f"{key}: its Secret must exist"
+        assert Path(path).name in {i["path"] for i in volume["secret"]["items"]}, key
+    env = container(deployment).get("env", [])
+    assert not [e for e in env if "value" in e and "TOKEN" in e["name"].upper()]
+    # The Alertmanager side reads the same Secret the Deployment mounts as the webhook token.
+    webhook = volumes["webhook-token"]
+    amc = r.one("AlertmanagerConfig", "pitcrew")
+    credentials = amc["spec"]["receivers"][0]["webhookConfigs"][0]["httpConfig"]["authorization"][
+        "credentials"
+    ]
+    assert credentials == {"name": webhook["secret"]["secretName"], "key": "token"}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_pitcrew_check_config_accepts_the_mounted_configuration(name: str, tmp_path: Path) -> None:
+    config = mounted_sandbox(rendered(name), tmp_path / "root")
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "check-config", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    mode = "auto" if name == "auto" else "observe"
+    assert f"mode {mode}; listen 0.0.0.0:9095" in result.stdout
+
+
+def test_a_secret_the_deployment_does_not_mount_is_named_by_check_config(tmp_path: Path) -> None:
+    r = rendered("base")
+    broken = copy.deepcopy(r.one("Deployment", "pitcrew"))
+    pod = broken["spec"]["template"]["spec"]
+    pod["containers"][0]["volumeMounts"] = [
+        m for m in container(broken)["volumeMounts"] if m["name"] != "webhook-token"
+    ]
+    objects = tuple(broken if o is r.one("Deployment", "pitcrew") else o for o in r.objects)
+    config = mounted_sandbox(type(r)(r.name, r.text, objects), tmp_path / "root")
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "check-config", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))},
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "/etc/pitcrew/secrets/webhook/token" in result.stderr + result.stdout
+
+
+def test_auto_overlay_changes_only_what_pitcrew_may_do() -> None:
+    base = yaml.safe_load(rendered("base").config_text())
+    auto = yaml.safe_load(rendered("auto").config_text())
+    assert base["mode"] == "observe" and rendered("observe").config_text() == rendered("base").config_text()
+    assert auto["mode"] == "auto"
+    action_keys = {"mode", "playbook_modes", "approvals", "integrations"}
+    assert {k: v for k, v in base.items() if k not in action_keys} == {
+        k: v for k, v in auto.items() if k not in action_keys
+    }
+    # Outside observe, nothing that changes a system may go to the dry-run journal (bot.safety).
+    assert "journal" not in {auto["integrations"]["scheduler"], auto["integrations"]["cluster"]}
+
+
+def test_prometheusrule_and_alertmanagerconfig_are_the_shipped_ones() -> None:
+    assert (BASE / "prometheusrule.yaml").read_text() == (
+        REPO / "rules/gpu-faults.prometheusrule.yaml"
+    ).read_text(), "run `python rules/render.py`"
+    assert (BASE / "alertmanagerconfig.yaml").read_text() == (
+        REPO / "alertmanager/alertmanagerconfig.yaml"
+    ).read_text(), "copy alertmanager/alertmanagerconfig.yaml to deploy/kubernetes/"
+    rule = rendered("base").one("PrometheusRule")
+    shipped = yaml.safe_load((REPO / "rules/gpu-faults.rules.yml").read_text())
+    assert rule["spec"] == shipped
+
+
+def test_service_monitor_network_policy_and_route_agree() -> None:
+    r = rendered("base")
+    service, c = r.one("Service", "pitcrew"), container(r.one("Deployment", "pitcrew"))
+    pod_labels = r.one("Deployment", "pitcrew")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] in {p["name"] for p in c["ports"]}
+    url = r.one("AlertmanagerConfig")["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
+    assert (
+        url
+        == f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:{port['port']}/api/v1/alerts"
+    )
+    monitor = r.one("ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [port["name"]]
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    policy = r.one("NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [port["targetPort"]]
+    (source,) = rule["from"]  # namespace AND pod selector in one entry: both must match
+    assert set(source) == {"namespaceSelector", "podSelector"}
+    (admitted,) = source["podSelector"]["matchExpressions"]
+    assert admitted["operator"] == "In" and sorted(admitted["values"]) == ["alertmanager", "prometheus"]
+
+
+def test_the_loader_reads_kustomize_output_as_kubernetes_does() -> None:
+    (doc,) = load_all("kind: X\nmatchType: =\nvalue: '='\n")
+    assert doc == {"kind": "X", "matchType": "=", "value": "="}
