@@ -90,7 +90,21 @@ def _check(args: argparse.Namespace) -> int:
         f"  scheduler {integrations.scheduler}; cluster {integrations.cluster}; "
         f"notifier {integrations.notifier}"
     )
-    return 0
+    return _check_live(config) if args.live else 0
+
+
+def _check_live(config: Config) -> int:
+    """Reach every configured far side once (``bot.probes``); exit 1 naming what is missing."""
+    from bot.probes import live_check, missing, render
+
+    checked = asyncio.run(live_check(config))
+    print("far sides:")
+    for line in render(checked):
+        print(line)
+    problems = missing(checked)
+    for problem in problems:
+        print(f"pitcrew: check-config --live: missing {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _refused(config: Config) -> bool:
@@ -263,6 +277,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_serve)
 
     p = sub.add_parser("check-config", parents=[common], help="validate configuration and catalog")
+    p.add_argument(
+        "--live", action="store_true", help="also reach every configured far side (changes nothing)"
+    )
     p.set_defaults(handler=_check)
 
     p = sub.add_parser("plan", parents=[common], help="dry run: what pitcrew would do with a webhook payload")

@@ -13,7 +13,8 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.ports import Probe
 
 
 class PrometheusQuery:
@@ -23,6 +24,16 @@ class PrometheusQuery:
             url=url, disable_ssl=False, retry=retry, timeout=int(max(timeout, 1))
         )
         self._timeout = timeout
+        self._url = url
+
+    async def probe(self) -> Probe:
+        """One instant query (``count(up)``): the HTTP API answers PromQL. Changes nothing."""
+        try:
+            samples = await self.instant("count(up)")
+        except PitcrewError as exc:
+            return Probe("prometheus", False, f"{self._url}: {exc}", missing=(f"Prometheus at {self._url}",))
+        targets = int(samples[0][1]) if samples else 0
+        return Probe("prometheus", True, f"{self._url}: answers queries; {targets} scrape targets")
 
     async def instant(self, promql: str) -> list[tuple[dict[str, str], float]]:
         try:

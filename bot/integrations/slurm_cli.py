@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
-from bot.engine.ports import PartitionNodes, Scheduler
+from bot.engine.ports import PartitionNodes, Probe, Scheduler
 from bot.integrations.slurm_json import Partition, member_partitions
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,20 @@ class ScontrolScheduler:
     async def aclose(self) -> None:
         """Nothing to release; present so both backends close the same way."""
 
+    async def probe(self) -> Probe:
+        """``scontrol show partition``: slurmctld answers us through munge. Changes nothing."""
+        try:
+            out = await self._run("scontrol", "--all", "--oneliner", "show", "partition", op="show_partition")
+            with _shape("show_partition"):
+                names = [
+                    parse_partition_line(ln).name
+                    for ln in out.splitlines()
+                    if ln.startswith("PartitionName=")
+                ]
+        except PitcrewError as exc:
+            return Probe("slurm", False, f"scontrol: {exc}", missing=(probe_missing(exc, "scontrol"),))
+        return Probe("slurm", True, f"scontrol: slurmctld answers; partitions: {', '.join(names) or 'none'}")
+
     async def _update_node(self, name: str, state: str, reason: str | None) -> None:
         args = ["update", f"NodeName={checked_node(name)}", f"State={state}"]
         if reason is not None:
@@ -217,6 +231,21 @@ def classify_failure(op: str, text: str) -> PitcrewError:
             cls = TransientError if transient else PermanentError
             return cls(f"{op}: {first}", reason=reason)
     return PermanentError(f"{op}: {first}", reason="slurm_error")
+
+
+def probe_missing(exc: PitcrewError, via: str) -> str:
+    """What an installer must provide when a Slurm read failed (``Probe.missing``)."""
+    if via == "slurmrestd" and exc.reason == "slurm_unreachable":
+        # 22.05's slurmrestd answers 500 "Unspecified error" alike for a lost slurmctld and a bad token.
+        return "slurmctld reachable through slurmrestd, with a token it accepts (slurm.rest_token_file)"
+    return {
+        "binary_missing": f"{via} on PATH (slurm.bin_dir; the image's scontrol target)",
+        "slurm_unreachable": f"slurmctld reachable through {via}",
+        "timeout": f"slurmctld answering {via} in time",
+        "permission_denied": f"Slurm permission for {via}",
+        "unauthorized": "a slurmrestd token it accepts (slurm.rest_token_file)",
+        "token_missing": "a readable slurm.rest_token_file",
+    }.get(exc.reason, f"slurm ({exc.reason})")
 
 
 def parse_kv(line: str) -> dict[str, str]:

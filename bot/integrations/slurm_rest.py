@@ -15,15 +15,22 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
-from bot.engine.errors import PermanentError, TransientError
-from bot.engine.ports import PartitionNodes
-from bot.integrations.slurm_cli import ScontrolScheduler, checked_job, checked_node, resume_tolerantly
+from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.ports import PartitionNodes, Probe
+from bot.integrations.slurm_cli import (
+    ScontrolScheduler,
+    checked_job,
+    checked_node,
+    probe_missing,
+    resume_tolerantly,
+)
 from bot.integrations.slurm_json import (
     RestApi,
     discover_api,
@@ -185,6 +192,24 @@ class RestScheduler:
 
     async def requeue(self, job_id: str) -> None:
         await self._fallback.requeue(job_id)
+
+    async def probe(self) -> Probe:
+        """The API version, then the partitions, over slurmrestd with our token; where node updates
+        go through ``scontrol`` on this server, that path is probed too. Changes nothing."""
+        try:
+            api = await self.api()
+            _, body = await self._request("GET", api.path("partitions"), op="get_partitions")
+            with _shape("get_partitions"):
+                names = [p.name for p in partitions_from_payload(body)]
+        except PitcrewError as exc:
+            return Probe(
+                "slurm", False, f"slurmrestd {self._url}: {exc}", missing=(probe_missing(exc, "slurmrestd"),)
+            )
+        detail = f"slurmrestd {self._url} {api.version}: partitions: {', '.join(names) or 'none'}"
+        if api.node_update:
+            return Probe("slurm", True, f"{detail}; node updates over REST")
+        fallback = await self._fallback.probe()
+        return replace(fallback, detail=f"{detail}; node updates need scontrol: {fallback.detail}")
 
     async def aclose(self) -> None:
         if self._session is not None:

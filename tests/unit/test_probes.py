@@ -1,0 +1,82 @@
+"""The ``check-config --live`` framework (``bot.probes``), apart from any far side:
+
+- an adapter serving several ports is probed once, its roles listed together;
+- adapters that are not ``Probeable`` are listed as having nothing to reach, never as failed;
+- a probe that hangs past the deadline or raises is a failed far side with its role named, and
+  the other far sides are still answered;
+- the exit lines name each failed system and what it misses.
+
+The adapters here are stand-ins for the framework's sake only: the real probes are exercised in
+tests/integration/test_check_config_live.py against real Slurm and Prometheus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bot.engine.context import Ports
+from bot.engine.ports import Probe
+from bot.integrations.journal import DryRunJournal, LogNotifier
+from bot.probes import far_sides, missing, probe_far_sides, render
+
+
+class Answers:
+    def __init__(self, probe: Probe) -> None:
+        self.answer = probe
+
+    async def probe(self) -> Probe:
+        return self.answer
+
+
+class Hangs:
+    async def probe(self) -> Probe:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class Breaks:
+    async def probe(self) -> Probe:
+        raise RuntimeError("adapter bug")
+
+
+async def test_each_adapter_once_and_failures_named(tmp_path: Path) -> None:
+    journal = DryRunJournal(tmp_path / "journal.jsonl")
+    prometheus = Answers(Probe("prometheus", False, "down", missing=("Prometheus at http://p:9090",)))
+    ports = Ports(scheduler=journal, cluster=journal, notifier=LogNotifier(journal), query=prometheus)  # type: ignore[arg-type]
+    sides = far_sides(
+        ports,
+        extra=[
+            ("grafana", Hangs()),
+            ("slack", Breaks()),
+            ("kubernetes", Answers(Probe("kubernetes", True, "ok"))),
+        ],
+    )
+    assert [s.roles for s in sides] == [
+        ("scheduler", "cluster"),
+        ("notifier",),
+        ("query",),
+        ("grafana",),
+        ("slack",),
+        ("kubernetes",),
+    ]
+    checked = await probe_far_sides(sides, within=0.2)
+    assert [(c.probe.system, c.probe.ok, c.reached) for c in checked] == [
+        ("journal", True, False),
+        ("log", True, False),
+        ("prometheus", False, True),
+        ("grafana", False, True),
+        ("slack", False, True),
+        ("kubernetes", True, True),
+    ]
+    lines = render(checked)
+    assert lines[0].split()[:3] == ["-", "journal", "(scheduler/cluster)"]
+    assert "no answer within 0.2s" in lines[3]
+    assert "RuntimeError: adapter bug" in lines[4]
+    assert lines[5].split()[0] == "ok"
+    assert missing(checked) == [
+        "prometheus: Prometheus at http://p:9090",
+        "grafana: grafana answering in time",
+        "slack: slack",
+    ]
+    assert not (tmp_path / "journal.jsonl").exists(), "probing the journal must not write it"
