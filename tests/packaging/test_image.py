@@ -68,6 +68,15 @@ def test_default_target_is_the_hardened_rest_only_runtime() -> None:
     )
 
 
+def test_dockerignore_sends_only_what_the_build_copies() -> None:
+    rules = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()]
+    rules = [r for r in rules if r and not r.startswith("#")]
+    assert rules[0] == "*", "everything is excluded first (local state, secrets, venvs)"
+    included = {r.removeprefix("!").rstrip("/") for r in rules if r.startswith("!")}
+    copied = {s for c in stage(STAGES, "build").all("COPY") for s in c.argument.split()[:-1]}
+    assert copied == included
+
+
 def _apt_packages(stages: list[Stage]) -> set[str]:
     packages: set[str] = set()
     for s in stages:
