@@ -3,9 +3,10 @@
 #   docker build -t pitcrew .                      # default: REST-only (slurm.backend: rest), no Slurm client
 #   docker build --target scontrol -t pitcrew:scontrol .   # adds scontrol/squeue for slurm.backend: scontrol
 #
-# Three stages: `build` makes the wheel and installs it into a venv at /opt/pitcrew; `runtime`
-# copies only that venv onto the same slim base with Debian's python3 (no pip, no compiler, no
-# apt lists); `scontrol` adds Slurm's client commands. The default target is the last stage.
+# Stages: `build` makes the wheel and installs it into a venv at /opt/pitcrew; `runtime` copies
+# only that venv onto the same slim base with Debian's python3 (no pip, no compiler, no apt
+# lists); `scontrol` adds Slurm's client commands; `rest`, the last and so the default target,
+# is `runtime` as it is.
 # tests/packaging/test_image.py runs the build stage's commands without a Docker engine.
 #
 # Base: Debian 12.12 slim, pinned by tag and digest (the image's interpreter is Debian's
