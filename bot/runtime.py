@@ -107,6 +107,7 @@ def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) ->
             poll_interval=settings.engine.poll_interval.total_seconds(),
             resumption=settings.resumption,
             slinky=settings.slurm.node_mapping == "slinky",
+            goodput=settings.goodput,
         ),
         registry=REGISTRY,
     )

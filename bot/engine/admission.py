@@ -23,6 +23,7 @@ from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
 from bot.domain.policy import Mode, Policy
+from bot.engine import trust
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
@@ -197,6 +198,8 @@ class Admission:
                 ),
             ]
             await self._store.save_plan(incident.id, plan, events, now)
+            window = self._policy.escalation.window
+            await trust.count_repeat(self._metrics, self._store, plan, world.history, window, now)
             if enforced and verdict.trip_breaker:
                 await self._trip(verdict.trip_breaker, incident, now)
             if enforced and not verdict.allowed:
@@ -245,6 +248,7 @@ class Admission:
             event=NewEvent("state", outcome=State.SUPPRESSED.value, detail=verdict.summary()),
         )
         self._metrics.incidents_closed.labels(State.SUPPRESSED.value, record.playbook or "none").inc()
+        self._metrics.incidents.drop(incident.id)
         quiet = {d.guard for d in verdict.blocking} == {"breaker"}
         if not quiet:
             await post_safely(
