@@ -244,6 +244,12 @@ class GrafanaSettings(_Section):
         default="pitcrew-gpu-fleet-health", description="GPU fleet health dashboard linked from notices."
     )
 
+    @model_validator(mode="after")
+    def _token_with_url(self) -> GrafanaSettings:
+        if self.url is not None and self.token_file is None:
+            raise ValueError("grafana.url needs grafana.token_file (a service-account token)")
+        return self
+
 
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -17,11 +17,12 @@ from bot.domain import guards, planner
 from bot.domain.alerts import PayloadError, parse_webhook
 from bot.domain.catalog import Catalog
 from bot.domain.faults import Fault
+from bot.domain.goodput import Goodput
 from bot.domain.guards import World
 from bot.domain.incident import State
 from bot.engine.admission import NOT_READ, build_world
 from bot.engine.intake import to_delivery
-from bot.engine.steps import REGISTRY
+from bot.engine.steps import REGISTRY, cost
 from bot.store import codec
 from bot.store.base import IncidentRecord
 
@@ -141,6 +142,11 @@ def render_detail(data: dict[str, Any]) -> str:
         lines.append(f"fault: {fault['key']} — {fault['meaning']} → {fault['playbook']}")
     if data["steps"]:
         lines.append(f"steps: {' → '.join(data['steps'])} (next: {data['next_step']})")
+    if data.get("goodput"):
+        lines += [
+            "cost:",
+            *(f"  {line}" for line in cost.lines(codec.decode_record(Goodput, data["goodput"]))),
+        ]
     lines.append("timeline:")
     for event in data["events"]:
         what = " ".join(x for x in (event["kind"], event["step"] or "", event["outcome"] or "") if x)

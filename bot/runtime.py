@@ -28,6 +28,7 @@ from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
+from bot.integrations.grafana import GrafanaAnnotations
 from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slurm import build_scheduler
@@ -68,6 +69,19 @@ def build_ports(config: Config) -> Ports:
 def metrics_query(settings: Settings) -> MetricsQuery | None:
     url = settings.resumption.prometheus_url
     return PrometheusQuery(url) if url else None
+
+
+def annotator(settings: Settings) -> GrafanaAnnotations | None:
+    """Grafana's region annotations, where ``grafana.url`` is set (the outbox delivers them)."""
+    grafana = settings.grafana
+    if grafana.url is None or grafana.token_file is None:
+        return None
+    return GrafanaAnnotations(
+        grafana.url,
+        grafana.token_file,
+        timeout=grafana.timeout.total_seconds(),
+        dashboard_uid=grafana.incidents_dashboard_uid,
+    )
 
 
 def slurm_names_for(settings: Settings, cluster: Cluster | None) -> SlurmNames:

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from bot.report import render_detail
+from bot.web.views import incident_detail
 from tests.engine.harness import Answer, EngineHarness, Slow, fleet, transient
 
 NODE = "gpu-node-02"
@@ -82,6 +84,9 @@ async def test_xid79_exports_stages_goodput_retest_and_one_info_series(tmp_path:
         [summary] = h.notices("summary", incident)
         assert f"GPU-hours lost: {expected_node:.2f} (8 GPUs x" in "\n".join(summary["lines"])
         assert any(line.startswith("job 101 training lost:") for line in summary["lines"])
+        events = await h.store.events_of(incident)
+        shown = render_detail(incident_detail(done, await h.store.alerts_of(incident), events, steps, None))
+        assert f"cost:\n  GPU-hours lost: {expected_node:.2f} (8 GPUs x" in shown  # pitcrew incidents show
         [noted] = await h.events(incident, "goodput")
         assert noted.data["gpu_hours_lost"] == pytest.approx(expected_node, abs=1e-5)
 
