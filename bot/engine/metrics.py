@@ -17,6 +17,7 @@ from typing import get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
+from bot.domain.incident import TERMINAL
 from bot.store.base import IncidentRecord
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -190,6 +191,8 @@ class Metrics:
                 self.approval_wait,
             ):
                 histogram.labels(playbook)
+            for state in TERMINAL:
+                self.incidents_closed.labels(state.value, playbook)
         for playbook in ACTING:
             for fault_class in FAULT_CLASSES:
                 self.gpu_hours_lost.labels(playbook, fault_class)
