@@ -191,7 +191,7 @@ def fleet() -> dict[str, Any]:
         _stat(
             "GPUs missing",
             "GPUs a node reported within the last day and no longer does (fallen off the bus): the GpuMissingFromNode alert's measure.",
-            f"sum(max_over_time({_gpus_per_node()}[1d:1m]) - {_gpus_per_node()})",
+            f"sum(max_over_time({_gpus_per_node()}[1d:]) - {_gpus_per_node()})",
         ),
         _stat(
             "Exporters up", "dcgm-exporter targets Prometheus scrapes successfully.", f"sum({EXPORTER_UP})"
@@ -488,12 +488,12 @@ def incidents() -> dict[str, Any]:
             "remediated nodes that passed their retest, and nodes back with the same fault within the escalation window.",
             (
                 Query(
-                    "sum by (playbook, fault_class, action) (increase(pitcrew_trust_overrides_total[$__range])) > 0",
+                    "sum by (playbook, fault_class, action) (increase(pitcrew_trust_overrides_total[$__range]))",
                     instant=True,
                     table=True,
                 ),
                 Query(
-                    "sum by (playbook, fault_class, outcome) (increase(pitcrew_trust_retests_total[$__range])) > 0",
+                    "sum by (playbook, fault_class, outcome) (increase(pitcrew_trust_retests_total[$__range]))",
                     instant=True,
                     table=True,
                 ),
@@ -501,7 +501,28 @@ def incidents() -> dict[str, Any]:
             "table",
             12,
             options={"showHeader": True},
-            extra={"transformations": [{"id": "merge", "options": {}}]},
+            extra={
+                "transformations": [
+                    {"id": "merge", "options": {}},
+                    {
+                        "id": "filterByValue",  # the series are pre-initialised at 0: show what happened
+                        "options": {
+                            "type": "exclude",
+                            "match": "any",
+                            "filters": [
+                                {
+                                    "fieldName": "Value #A",
+                                    "config": {"id": "lowerOrEqual", "options": {"value": 0}},
+                                },
+                                {
+                                    "fieldName": "Value #B",
+                                    "config": {"id": "lowerOrEqual", "options": {"value": 0}},
+                                },
+                            ],
+                        },
+                    },
+                ]
+            },
         ),
         Panel(
             "False-positive and repeat rates",
