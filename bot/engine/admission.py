@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,7 @@ from bot.domain import guards, planner
 from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
+from bot.domain.planner import PastIncident
 from bot.domain.policy import Mode, Policy
 from bot.engine import trust
 from bot.engine.context import Ports
@@ -174,6 +175,15 @@ class Admission:
     async def admit(self, incident: IncidentRecord) -> IncidentRecord:
         """Plan, guard, persist; returns the incident in its new state."""
         facts = await self._facts(incident)  # far sides: outside the lock
+        record, plan, history = await self._admit(incident, facts)
+        # The trust ledger's repeat count reads past incidents: outside the admission lock.
+        window, now = self._policy.escalation.window, self._clock()
+        await trust.count_repeat(self._metrics, self._store, plan, history, window, now)
+        return record
+
+    async def _admit(
+        self, incident: IncidentRecord, facts: NodeFacts
+    ) -> tuple[IncidentRecord, planner.Plan, Sequence[PastIncident]]:
         async with self._lock:
             now = self._clock()
             world = await self.world(incident, now, facts)
@@ -198,19 +208,18 @@ class Admission:
                 ),
             ]
             await self._store.save_plan(incident.id, plan, events, now)
-            window = self._policy.escalation.window
-            await trust.count_repeat(self._metrics, self._store, plan, world.history, window, now)
             if enforced and verdict.trip_breaker:
                 await self._trip(verdict.trip_breaker, incident, now)
             if enforced and not verdict.allowed:
-                return await self._suppress(incident, verdict, now)
-            return await self._store.transition(
+                return await self._suppress(incident, verdict, now), plan, world.history
+            record = await self._store.transition(
                 incident.id,
                 State.GUARDED,
                 now,
                 guarded=enforced and plan.mode is not Mode.OBSERVE,
                 event=NewEvent("state", outcome=State.GUARDED.value, detail=verdict.summary()),
             )
+            return record, plan, world.history
 
     async def _trip(self, reason: str, incident: IncidentRecord, now: datetime) -> None:
         await self._store.set_switch(

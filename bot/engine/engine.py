@@ -128,8 +128,8 @@ class Engine:
         series = self.metrics.incidents
         series.keep_only(active)
         for incident_id in active:
-            if series.planned(incident_id):
-                continue  # the executor and the flow move its step label
+            if incident_id in series:
+                continue  # its flow refreshes the row at every move of the node track
             incident = await self.store.incident(incident_id)
             if incident is not None and not incident.state.terminal:
                 series.show_incident(incident)

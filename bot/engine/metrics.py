@@ -261,11 +261,6 @@ class IncidentSeries:
             since.timestamp()
         )
 
-    def planned(self, incident_id: str) -> bool:
-        """Shown with its playbook (a series shown before planning is refreshed by the scan)."""
-        shown = self._shown.get(incident_id)
-        return shown is not None and shown[0].playbook != "none"
-
     def drop(self, incident_id: str) -> None:
         old = self._shown.pop(incident_id, None)
         if old is not None:
