@@ -183,6 +183,9 @@ class Metrics:
 
     def _preinit(self) -> None:
         for playbook in PLAYBOOKS:
+            for state in TERMINAL:
+                self.incidents_closed.labels(state.value, playbook)
+        for playbook in ACTING:  # the stages are observed only for plans that act on a node
             for histogram in (
                 self.time_to_recovery,
                 self.time_to_job_running,
@@ -191,9 +194,6 @@ class Metrics:
                 self.approval_wait,
             ):
                 histogram.labels(playbook)
-            for state in TERMINAL:
-                self.incidents_closed.labels(state.value, playbook)
-        for playbook in ACTING:
             for fault_class in FAULT_CLASSES:
                 self.gpu_hours_lost.labels(playbook, fault_class)
                 self.job_gpu_hours_lost.labels(playbook, fault_class)
