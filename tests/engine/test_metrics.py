@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 
 from bot.report import render_detail
 from bot.web.views import incident_detail
-from tests.engine.harness import Answer, EngineHarness, Slow, fleet, transient
+from tests.engine.harness import Answer, EngineHarness, Slow, Through, fleet, transient
 
 NODE = "gpu-node-02"
 JOB = {"job_id": "101", "name": "llm-pretrain", "user": "dana", "node": NODE}
@@ -170,3 +170,21 @@ async def test_a_thousand_incidents_leave_no_per_incident_series(tmp_path: Path)
         assert len(set(opened)) == 1000 and h.sample("pitcrew_incidents_opened_total") == 1000
         assert "pitcrew_incident_info{" not in exposition
         assert not any(incident in exposition for incident in opened)
+
+
+async def test_a_summary_the_notifier_refused_once_is_counted_once(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path) as h:
+        h.notifier.script(
+            "post", Through(), *transient(1)
+        )  # the incident notice, then the summary fails once
+        incident = await h.alert(NODE)
+        assert (await h.until_ended(incident)).state.value == "resolved"
+        assert h.sample("pitcrew_steps_total", step="close", outcome="retried") == 1
+        assert len(h.notices("summary", incident)) == 1
+        assert h.sample("pitcrew_time_to_recovery_seconds_count", playbook="replace-node") == 1
+        assert h.sample("pitcrew_trust_retests_total", outcome="passed", **LABELS) == 1
+        [noted] = await h.events(incident, "goodput")
+        assert h.sample("pitcrew_gpu_hours_lost_total", **LABELS) == pytest.approx(
+            noted.data["gpu_hours_lost"], abs=1e-6
+        )
+        assert h.sample("pitcrew_integration_errors_total", system="notifier", reason="unavailable") == 1

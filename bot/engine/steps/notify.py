@@ -123,6 +123,17 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
         lines.append(f"node back in service after {format_duration(timedelta(seconds=node_back))}")
     if goodput is not None:
         lines += cost.lines(goodput)
+    if ctx.plan.playbook != "ignore":
+        await ctx.tell(
+            Notice(
+                ctx.incident.id,
+                "summary",
+                f"{ctx.node}: {ctx.plan.playbook} finished in {format_duration(timedelta(seconds=recovery))}",
+                tuple(lines),
+                node=ctx.node,
+            )
+        )
+    # Counted once the summary is out: a notifier error retries the step, and must not count twice.
     playbook = ctx.incident.playbook or "unknown"
     if ctx.plan.acts:
         ctx.deps.metrics.time_to_recovery.labels(playbook).observe(recovery)
@@ -140,16 +151,6 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
             job_gpu_hours_lost=round(goodput.job_gpu_hours_lost, 6),
             node_gpus=goodput.node_gpus,
             seconds_out=goodput.seconds_out,
-        )
-    if ctx.plan.playbook != "ignore":
-        await ctx.tell(
-            Notice(
-                ctx.incident.id,
-                "summary",
-                f"{ctx.node}: {ctx.plan.playbook} finished in {format_duration(timedelta(seconds=recovery))}",
-                tuple(lines),
-                node=ctx.node,
-            )
         )
     result = CloseResult(recovery, job_running, node_back, out_of_service, goodput)
     return Done(result, f"closed after {format_duration(timedelta(seconds=recovery))}")
