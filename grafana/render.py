@@ -611,7 +611,8 @@ def configmap() -> str:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": "pitcrew-grafana-dashboards",
+            "name": "pitcrew-dashboards",
+            "namespace": "pitcrew",
             "labels": {"grafana_dashboard": "1", "app.kubernetes.io/name": "pitcrew"},
             "annotations": {"grafana_folder": "pitcrew"},
         },

@@ -38,7 +38,7 @@ def test_the_committed_files_are_the_generators_output() -> None:
 
 def test_the_configmap_carries_every_dashboard_for_the_sidecar() -> None:
     [document] = yaml.safe_load_all(render.CONFIGMAP.read_text())
-    assert document["kind"] == "ConfigMap"
+    assert (document["kind"], document["metadata"]["name"]) == ("ConfigMap", "pitcrew-dashboards")
     assert document["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert {name: json.loads(text) for name, text in document["data"].items()} == DASHBOARDS
     assert render.CONFIGMAP == REPO / "deploy" / "kubernetes" / "grafana-dashboards.yaml"
