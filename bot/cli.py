@@ -21,7 +21,18 @@ from typing import Any
 
 from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
-from bot.report import catalog_rows, dry_run, render_detail, render_incidents, render_plans
+from bot.domain.durations import format_duration
+from bot.domain.trust import IncidentFacts, ledger
+from bot.report import (
+    catalog_rows,
+    dry_run,
+    render_detail,
+    render_incidents,
+    render_plans,
+    render_trust,
+    trust_facts,
+    trust_rows,
+)
 from bot.safety import port_problems
 from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor
 
@@ -148,6 +159,36 @@ def _catalog(args: argparse.Namespace) -> int:
             print(
                 f"  {key:<28} {row['playbook']:<15} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
             )
+    return 0
+
+
+def _trust(args: argparse.Namespace) -> int:
+    from bot.store.sqlite import SqliteStore
+
+    config = _config(args)
+    path = config.settings.store.path
+    if not path.exists():
+        print(f"no incident store at {path}", file=sys.stderr)
+        return 1
+
+    async def read() -> list[IncidentFacts]:
+        store = SqliteStore(path)
+        await store.open()
+        try:
+            return await trust_facts(store, args.limit)
+        finally:
+            await store.close()
+
+    window = config.policy.escalation.window
+    rows = ledger(asyncio.run(read()), window)
+    if args.json:
+        print(
+            json.dumps(
+                {"escalation_window_seconds": window.total_seconds(), "rows": trust_rows(rows)}, indent=2
+            )
+        )
+    else:
+        print(render_trust(rows, format_duration(window)))
     return 0
 
 
@@ -306,6 +347,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--events-after", metavar="CURSOR", help="the page after this (an events_next)")
     p.set_defaults(handler=lambda a: _incidents(_show(a)))
+
+    p = sub.add_parser(
+        "trust",
+        parents=[common],
+        help="the trust ledger: remediations overridden by humans, retests, repeats",
+    )
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=_whole(LIST_MAX), default=LIST_MAX, help="newest incidents read")
+    p.set_defaults(handler=_trust)
 
     for verb, words in (
         ("approve", "approve a pending step"),

@@ -215,6 +215,42 @@ class ResumptionSettings(_Section):
     prometheus_url: str | None = Field(default=None, description="Prometheus base URL for progress queries.")
 
 
+class GoodputSettings(_Section):
+    gpus_per_node: int = Field(
+        default=8,
+        ge=1,
+        description="GPUs of a node whose Slurm node lists no gpu Gres (the GPU-hours lost figure).",
+    )
+    progress_unit_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Training seconds one unit of resumption.progress_query stands for (1 for a step "
+        "a second); unset: progress redone after a restart is not counted as time lost.",
+    )
+
+
+class GrafanaSettings(_Section):
+    url: str | None = Field(
+        default=None, description="Grafana base URL for incident annotations; unset = no annotations."
+    )
+    token_file: Path | None = Field(
+        default=None, description="File holding a Grafana service-account token (Annotations: write)."
+    )
+    timeout: Duration = Field(default=timedelta(seconds=10), description="Per-request timeout.")
+    incidents_dashboard_uid: str = Field(
+        default="pitcrew-incidents", description="Dashboard linked from notices and annotated."
+    )
+    fleet_dashboard_uid: str = Field(
+        default="pitcrew-gpu-fleet-health", description="GPU fleet health dashboard linked from notices."
+    )
+
+    @model_validator(mode="after")
+    def _token_with_url(self) -> GrafanaSettings:
+        if self.url is not None and self.token_file is None:
+            raise ValueError("grafana.url needs grafana.token_file (a service-account token)")
+        return self
+
+
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "text"] = "json"
@@ -242,4 +278,6 @@ class Settings(BaseSettings, Policy):
     integrations: IntegrationSettings = IntegrationSettings()
     slurm: SlurmSettings = SlurmSettings()
     resumption: ResumptionSettings = ResumptionSettings()
+    goodput: GoodputSettings = GoodputSettings()
+    grafana: GrafanaSettings = GrafanaSettings()
     log: LogSettings = LogSettings()

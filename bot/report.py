@@ -9,6 +9,7 @@ configured, else unknown (and its decision says so).
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,13 +18,15 @@ from bot.domain import guards, planner
 from bot.domain.alerts import PayloadError, parse_webhook
 from bot.domain.catalog import Catalog
 from bot.domain.faults import Fault
+from bot.domain.goodput import Goodput
 from bot.domain.guards import World
 from bot.domain.incident import State
+from bot.domain.trust import IncidentFacts, TrustRow
 from bot.engine.admission import NOT_READ, build_world
 from bot.engine.intake import to_delivery
-from bot.engine.steps import REGISTRY
+from bot.engine.steps import REGISTRY, cost
 from bot.store import codec
-from bot.store.base import IncidentRecord
+from bot.store.base import IncidentRecord, Store
 
 _ALL_RESOLVED = "every alert for this node is resolved: recorded, and a resolved alert never starts an action"
 
@@ -141,6 +144,11 @@ def render_detail(data: dict[str, Any]) -> str:
         lines.append(f"fault: {fault['key']} — {fault['meaning']} → {fault['playbook']}")
     if data["steps"]:
         lines.append(f"steps: {' → '.join(data['steps'])} (next: {data['next_step']})")
+    if data.get("goodput"):
+        lines += [
+            "cost:",
+            *(f"  {line}" for line in cost.lines(codec.decode_record(Goodput, data["goodput"]))),
+        ]
     lines.append("timeline:")
     for event in data["events"]:
         what = " ".join(x for x in (event["kind"], event["step"] or "", event["outcome"] or "") if x)
@@ -180,3 +188,55 @@ def catalog_rows(catalog: Catalog) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+async def trust_facts(store: Store, limit: int) -> list[IncidentFacts]:
+    """The newest ``limit`` incidents as the trust ledger reads them (``bot.domain.trust``)."""
+    facts = []
+    for incident in await store.incidents(limit=limit):
+        plan = incident.plan
+        steps = await store.steps_of(incident.id)
+        resumed = steps.get("slurm_resume")
+        approval = await store.approval(incident.id) if incident.state is State.SUPPRESSED else None
+        facts.append(
+            IncidentFacts(
+                incident_id=incident.id,
+                node=incident.node,
+                opened_at=incident.opened_at,
+                playbook=incident.playbook or "none",
+                fault_class=plan.decisive.fault_class if plan and plan.decisive else "unknown",
+                fault_classes=frozenset(f.fault_class for f in incident.faults),
+                remediates=bool(plan and plan.acts) and incident.state.terminal,
+                rolled_back=incident.state is State.ROLLED_BACK,
+                rejected=approval is not None and approval.status == "rejected",
+                back_in_service=resumed is not None and resumed.status == "ok",
+            )
+        )
+    return facts
+
+
+def trust_rows(rows: list[TrustRow]) -> list[dict[str, Any]]:
+    return [
+        {**asdict(row), "overridden_rate": row.overridden_rate, "repeat_rate": row.repeat_rate}
+        for row in rows
+    ]
+
+
+def render_trust(rows: list[TrustRow], window: str) -> str:
+    if not rows:
+        return "no remediation has ended yet"
+    lines = [
+        f"{'PLAYBOOK':<15} {'FAULT CLASS':<16} {'REMEDIATIONS':>12} {'ROLLED BACK':>11} {'REJECTED':>8} "
+        f"{'OVERRIDDEN':>10} {'PASSED':>6} {'REPEAT':>6} {'REPEAT RATE':>11}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.playbook:<15} {r.fault_class:<16} {r.remediations:>12} {r.rolled_back:>11} {r.rejected:>8} "
+            f"{_percent(r.overridden_rate):>10} {r.passed:>6} {r.repeat:>6} {_percent(r.repeat_rate):>11}"
+        )
+    lines.append(f"repeat: the same node back with the same fault class within {window}")
+    return "\n".join(lines)
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0%}"

@@ -28,6 +28,7 @@ from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
+from bot.integrations.grafana import GrafanaAnnotations
 from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slurm import build_scheduler
@@ -70,6 +71,19 @@ def metrics_query(settings: Settings) -> MetricsQuery | None:
     return PrometheusQuery(url) if url else None
 
 
+def annotator(settings: Settings) -> GrafanaAnnotations | None:
+    """Grafana's region annotations, where ``grafana.url`` is set (the outbox delivers them)."""
+    grafana = settings.grafana
+    if grafana.url is None or grafana.token_file is None:
+        return None
+    return GrafanaAnnotations(
+        grafana.url,
+        grafana.token_file,
+        timeout=grafana.timeout.total_seconds(),
+        dashboard_uid=grafana.incidents_dashboard_uid,
+    )
+
+
 def slurm_names_for(settings: Settings, cluster: Cluster | None) -> SlurmNames:
     """How a node of an incident names its Slurm node(s), by ``slurm.node_mapping``."""
     mapping = settings.slurm.mapping()
@@ -107,6 +121,7 @@ def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) ->
             poll_interval=settings.engine.poll_interval.total_seconds(),
             resumption=settings.resumption,
             slinky=settings.slurm.node_mapping == "slinky",
+            goodput=settings.goodput,
         ),
         registry=REGISTRY,
     )

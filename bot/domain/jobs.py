@@ -49,6 +49,8 @@ class SlurmNodeState:
     reason_time: datetime | None = None
     #: When its slurmd last registered (a reboot or replacement starts a new one).
     slurmd_started_at: datetime | None = None
+    #: GPUs in its generic resources (``Gres=gpu:h100:8``), where Slurm lists them.
+    gpus: int | None = None
 
     @property
     def down(self) -> bool:
@@ -80,6 +82,8 @@ class JobSnapshot:
     requeue: bool = True
     reason: str = ""
     start_time: datetime | None = None
+    #: GPUs the job holds over all its nodes (``TresPerNode`` x nodes), where Slurm lists them.
+    gpus: int | None = None
 
     @property
     def running(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,7 +22,9 @@ from bot.domain import guards, planner
 from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
+from bot.domain.planner import PastIncident
 from bot.domain.policy import Mode, Policy
+from bot.engine import trust
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
@@ -173,6 +175,15 @@ class Admission:
     async def admit(self, incident: IncidentRecord) -> IncidentRecord:
         """Plan, guard, persist; returns the incident in its new state."""
         facts = await self._facts(incident)  # far sides: outside the lock
+        record, plan, history = await self._admit(incident, facts)
+        # The trust ledger's repeat count reads past incidents: outside the admission lock.
+        window, now = self._policy.escalation.window, self._clock()
+        await trust.count_repeat(self._metrics, self._store, plan, history, window, now)
+        return record
+
+    async def _admit(
+        self, incident: IncidentRecord, facts: NodeFacts
+    ) -> tuple[IncidentRecord, planner.Plan, Sequence[PastIncident]]:
         async with self._lock:
             now = self._clock()
             world = await self.world(incident, now, facts)
@@ -200,14 +211,15 @@ class Admission:
             if enforced and verdict.trip_breaker:
                 await self._trip(verdict.trip_breaker, incident, now)
             if enforced and not verdict.allowed:
-                return await self._suppress(incident, verdict, now)
-            return await self._store.transition(
+                return await self._suppress(incident, verdict, now), plan, world.history
+            record = await self._store.transition(
                 incident.id,
                 State.GUARDED,
                 now,
                 guarded=enforced and plan.mode is not Mode.OBSERVE,
                 event=NewEvent("state", outcome=State.GUARDED.value, detail=verdict.summary()),
             )
+            return record, plan, world.history
 
     async def _trip(self, reason: str, incident: IncidentRecord, now: datetime) -> None:
         await self._store.set_switch(
@@ -245,6 +257,7 @@ class Admission:
             event=NewEvent("state", outcome=State.SUPPRESSED.value, detail=verdict.summary()),
         )
         self._metrics.incidents_closed.labels(State.SUPPRESSED.value, record.playbook or "none").inc()
+        self._metrics.incidents.drop(incident.id)
         quiet = {d.guard for d in verdict.blocking} == {"breaker"}
         if not quiet:
             await post_safely(

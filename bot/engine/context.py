@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from bot.config import ResumptionSettings
+from bot.config import GoodputSettings, ResumptionSettings
 from bot.domain.ownership import slurm_reason
 from bot.domain.planner import Plan
 from bot.domain.playbooks import StepSpec
@@ -52,6 +52,7 @@ class StepSettings:
     poll_interval: float = 2.0
     resumption: ResumptionSettings = field(default_factory=ResumptionSettings)
     slinky: bool = False
+    goodput: GoodputSettings = field(default_factory=GoodputSettings)
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,9 @@ class Engine:
                 )
         for state_name, count in counts.items():
             self.metrics.incidents_active.labels(state_name).set(count)
+        self.metrics.nodes_under_remediation.set(counts[State.RUNNING.value] + counts[State.VERIFYING.value])
+        self.metrics.approvals_waiting.set(counts[State.AWAITING_APPROVAL.value])
+        await self._show_incidents([incident_id for incident_id, _, _ in active])
         oldest = min((opened for _, _, opened in active), default=None)
         self.metrics.oldest_active.set((now - oldest).total_seconds() if oldest else 0)
         self.metrics.paused.set(1 if await self.store.switch(PAUSE) else 0)
@@ -119,6 +122,17 @@ class Engine:
             self._tasks.pop(incident_id)
         self.signals.forget(live | set(self._tasks))
         self.locks.forget(live | set(self._tasks))
+
+    async def _show_incidents(self, active: list[str]) -> None:
+        """One ``pitcrew_incident_info`` series per active incident, none for a closed one."""
+        series = self.metrics.incidents
+        series.keep_only(active)
+        for incident_id in active:
+            if incident_id in series:
+                continue  # its flow refreshes the row at every move of the node track
+            incident = await self.store.incident(incident_id)
+            if incident is not None and not incident.state.terminal:
+                series.show_incident(incident)
 
     async def _guarded_run(self, incident_id: str) -> None:
         try:

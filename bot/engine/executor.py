@@ -194,9 +194,12 @@ class Executor:
         if counter["n"] > attempts:
             raise StepFailed(f"{ctx.step} used all {attempts} attempts", "attempts")
 
+        system = definition.port or "other"
+
         async def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             self._metrics.steps.labels(ctx.step, "retried").inc()
+            self._metrics.integration_error(system, getattr(error, "reason", ""))
             await ctx.note(
                 "step_retry", f"attempt {counter['n']} failed: {error}", reason=getattr(error, "reason", "")
             )
@@ -225,13 +228,16 @@ class Executor:
                         answer = await self._within(handler(ctx), remaining)
                     return answer, counter["n"]
         except TransientError as exc:
+            self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
         except TimeoutError as exc:  # the step's deadline passed during a call to the far side
+            self._metrics.integration_error(system, "timeout")
             raise StepFailed(
                 f"{ctx.step} did not finish within its budget: a call to the far side was still running",
                 "timeout",
             ) from exc
         except PermanentError as exc:
+            self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} cannot succeed: {exc}", exc.reason) from exc
         except Exception as exc:  # a defect must escalate to humans, not kill the incident's worker
             log.exception("step crashed", extra={"incident": ctx.incident.id, "step": ctx.step})

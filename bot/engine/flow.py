@@ -18,12 +18,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from bot.domain.incident import State, can_move
 from bot.domain.planner import Plan
 from bot.domain.playbooks import APPROVE, CLOSE
 from bot.domain.policy import Mode
+from bot.engine import trust
 from bot.engine.admission import PAUSE, Admission, post_safely
 from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
@@ -100,6 +102,7 @@ class IncidentFlow:
         if incident.step_index >= len(order):
             return await self._finish(incident, hands_off)
         step = order[incident.step_index]
+        self.metrics.incidents.show_incident(incident, step)  # the active-incidents table's row
         if step == CLOSE:
             if not await self._job_track_ended(incident, plan, job_track):
                 return False
@@ -263,13 +266,17 @@ class IncidentFlow:
                 now,
             )
         if approval.status == "approved":
+            self._waited(incident, approval.requested_at, approval.decided_at or now)
             return True
         if approval.status == "rejected":
+            self._waited(incident, approval.requested_at, approval.decided_at or now)
+            trust.overridden(self.metrics, incident, "rejected")
             await self._close(incident, State.SUPPRESSED, f"rejected by {approval.decided_by}")
             return False
         if approval.status == "expired" or now >= approval.deadline:
             await self.store.decide_approval(incident.id, "expired", "pitcrew", now)
             self.metrics.approvals.labels("expired").inc()
+            self._waited(incident, approval.requested_at, now)
             await self._close(incident, State.SUPPRESSED, "approval timed out: nothing was done")
             deadline = approval.deadline.isoformat(timespec="minutes")
             await self._tell(
@@ -282,6 +289,10 @@ class IncidentFlow:
             return False
         await self.signals.wait(incident.id, (approval.deadline - now).total_seconds())
         return None
+
+    def _waited(self, incident: IncidentRecord, requested: datetime, decided: datetime) -> None:
+        seconds = max((decided - requested).total_seconds(), 0.0)
+        self.metrics.approval_wait.labels(incident.playbook or "none").observe(seconds)
 
     # ------------------------------------------------------------------- ending
     async def _finish(self, incident: IncidentRecord, hands_off: bool) -> bool:
@@ -324,6 +335,7 @@ class IncidentFlow:
         if record.state is not state:
             return False
         self.metrics.incidents_closed.labels(state.value, incident.playbook or "none").inc()
+        self.metrics.incidents.drop(incident.id)
         return True
 
     async def _tell(
@@ -368,6 +380,7 @@ class IncidentFlow:
         if approval is not None and approval.status == "pending":  # nobody may approve it any more
             await self.store.decide_approval(incident.id, "cancelled", actor, now)
         if incident.state is not State.ROLLED_BACK:
+            trust.overridden(self.metrics, incident, "rolled_back")
             await self._close(incident, State.ROLLED_BACK, f"rolled back by {actor}")
         await self._tell(
             incident, "rollback", f"rolled back by {actor}", tuple(report) or ("nothing to undo",)

@@ -1,16 +1,41 @@
 """pitcrew's own Prometheus metrics, all prefixed ``pitcrew_``, all labels bounded.
 
 Metrics are created on an injected ``CollectorRegistry`` (a fresh one per test), never on
-the global default, so two apps in one process do not collide.
+the global default, so two apps in one process do not collide. Label values that are known
+up front (playbooks, fault classes, outcomes) are pre-initialised, so a panel sees 0, not
+"no data". The only per-incident series (``pitcrew_incident_info``) lives in
+``IncidentSeries``: one series per *active* incident, removed when it closes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
+from bot.domain.incident import TERMINAL
+from bot.store.base import IncidentRecord
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 _RECOVERY_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+_APPROVAL_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+#: Label values known before anything happens (custom playbooks join as they are used).
+PLAYBOOKS: tuple[str, ...] = SEVERITY
+#: Playbooks that take a node out of service: the only ones GPU-hours and trust are counted for.
+ACTING: tuple[str, ...] = tuple(p for p in SEVERITY if p not in HANDS_OFF)
+FAULT_CLASSES: tuple[str, ...] = (*get_args(FaultClass), "unknown")
+#: The far sides an integration error can come from (a step's port, or a delivery).
+SYSTEMS: tuple[str, ...] = ("scheduler", "cluster", "notifier", "grafana", "other")
+#: What humans did about a remediation that pitcrew's trust ledger counts against it.
+OVERRIDES: tuple[str, ...] = ("rolled_back", "rejected")
+#: How a remediated node fared afterwards.
+RETESTS: tuple[str, ...] = ("passed", "repeat")
 
 
 class Metrics:
@@ -93,3 +118,158 @@ class Metrics:
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
+        self.time_to_out_of_service = Histogram(
+            "pitcrew_time_to_out_of_service_seconds",
+            "From first alert to the node out of service (Slurm DOWN/DRAIN), by playbook.",
+            ["playbook"],
+            buckets=_RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.approval_wait = Histogram(
+            "pitcrew_approval_wait_seconds",
+            "From approval requested to decided (approved, rejected or expired), by playbook.",
+            ["playbook"],
+            buckets=_APPROVAL_BUCKETS,
+            registry=r,
+        )
+        self.approvals_waiting = Gauge(
+            "pitcrew_approvals_waiting", "Incidents waiting for a human's approval now.", registry=r
+        )
+        self.nodes_under_remediation = Gauge(
+            "pitcrew_nodes_under_remediation",
+            "Nodes whose incident is running or verifying a playbook now.",
+            registry=r,
+        )
+        self.integration_errors = Counter(
+            "pitcrew_integration_errors",
+            "Errors a far side answered with, by system (a step's port) and bounded reason.",
+            ["system", "reason"],
+            registry=r,
+        )
+        self.gpu_hours_lost = Counter(
+            "pitcrew_gpu_hours_lost",
+            "GPU-hours out of service (the node's GPUs x fault to back in service), at close.",
+            ["playbook", "fault_class"],
+            registry=r,
+        )
+        self.job_gpu_hours_lost = Counter(
+            "pitcrew_job_gpu_hours_lost",
+            "Training GPU-hours lost by interrupted Slurm jobs (job GPUs x (fault to running again "
+            "+ progress redone)), at close.",
+            ["playbook", "fault_class"],
+            registry=r,
+        )
+        self.trust_overrides = Counter(
+            "pitcrew_trust_overrides",
+            "Remediations humans rolled back, or plans they rejected, by playbook and fault class.",
+            ["playbook", "fault_class", "action"],
+            registry=r,
+        )
+        self.trust_retests = Counter(
+            "pitcrew_trust_retests",
+            "Remediated nodes that passed their retest (back in service) or came back with the same "
+            "fault class within the escalation window, by the remediation's playbook and fault class.",
+            ["playbook", "fault_class", "outcome"],
+            registry=r,
+        )
+        self.incident_info = Gauge(
+            "pitcrew_incident_info",
+            "One series per active incident (value: the fault's time, Unix seconds); gone at close.",
+            ["incident", "node", "playbook", "step", "mode"],
+            registry=r,
+        )
+        self.incidents = IncidentSeries(self.incident_info)
+        self._preinit()
+
+    def _preinit(self) -> None:
+        for playbook in PLAYBOOKS:
+            for state in TERMINAL:
+                self.incidents_closed.labels(state.value, playbook)
+        for playbook in ACTING:  # the stages are observed only for plans that act on a node
+            for histogram in (
+                self.time_to_recovery,
+                self.time_to_job_running,
+                self.time_to_node_back,
+                self.time_to_out_of_service,
+                self.approval_wait,
+            ):
+                histogram.labels(playbook)
+            for fault_class in FAULT_CLASSES:
+                self.gpu_hours_lost.labels(playbook, fault_class)
+                self.job_gpu_hours_lost.labels(playbook, fault_class)
+                for action in OVERRIDES:
+                    self.trust_overrides.labels(playbook, fault_class, action)
+                for outcome in RETESTS:
+                    self.trust_retests.labels(playbook, fault_class, outcome)
+        for system in SYSTEMS:
+            self.integration_errors.labels(system, "transient")
+
+    def integration_error(self, system: str, reason: str) -> None:
+        """Count one error a far side answered with (``reason`` is the error's bounded token)."""
+        self.integration_errors.labels(system, reason or "error").inc()
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentLabels:
+    """What the active-incidents table shows for one incident."""
+
+    node: str
+    playbook: str
+    step: str
+    mode: str
+
+    @classmethod
+    def of(cls, incident: IncidentRecord, step: str | None = None) -> IncidentLabels:
+        """The incident at ``step``, else at its node track's step (or its state before one)."""
+        plan = incident.plan
+        if step is None and plan is not None and incident.step_index < len(plan.steps):
+            step = plan.steps[incident.step_index]
+        return cls(
+            incident.node, incident.playbook or "none", step or incident.state.value, incident.mode or "none"
+        )
+
+
+class IncidentSeries:
+    """``pitcrew_incident_info``: exactly one series per active incident.
+
+    A step change replaces the incident's series (its labels changed); closing removes it;
+    ``keep_only`` (the engine's scan) drops any series whose incident is no longer active, so
+    the count never exceeds the active incidents even after a crash between close and drop.
+    """
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._shown: dict[str, tuple[IncidentLabels, datetime]] = {}
+
+    def __contains__(self, incident_id: str) -> bool:
+        return incident_id in self._shown
+
+    def __len__(self) -> int:
+        return len(self._shown)
+
+    def show_incident(self, incident: IncidentRecord, step: str | None = None) -> None:
+        self.show(
+            incident.id, IncidentLabels.of(incident, step), incident.first_alert_at or incident.opened_at
+        )
+
+    def show(self, incident_id: str, labels: IncidentLabels, since: datetime) -> None:
+        old = self._shown.get(incident_id)
+        if old is not None and old[0] != labels:
+            self._remove(incident_id, old[0])
+        self._shown[incident_id] = (labels, since)
+        self._gauge.labels(incident_id, labels.node, labels.playbook, labels.step, labels.mode).set(
+            since.timestamp()
+        )
+
+    def drop(self, incident_id: str) -> None:
+        old = self._shown.pop(incident_id, None)
+        if old is not None:
+            self._remove(incident_id, old[0])
+
+    def keep_only(self, active: Iterable[str]) -> None:
+        live = set(active)
+        for incident_id in [i for i in self._shown if i not in live]:
+            self.drop(incident_id)
+
+    def _remove(self, incident_id: str, labels: IncidentLabels) -> None:
+        self._gauge.remove(incident_id, labels.node, labels.playbook, labels.step, labels.mode)

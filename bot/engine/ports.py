@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
@@ -195,3 +196,33 @@ class MetricsQuery(Protocol):
     """Prometheus HTTP API: instant queries for progress and still-firing checks."""
 
     async def instant(self, promql: str) -> list[tuple[dict[str, str], float]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One incident as a region on the dashboards' time axis: from the fault to the close."""
+
+    incident_id: str
+    node: str
+    fault_class: str
+    playbook: str
+    start: datetime
+    summary: str = ""
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """What a dashboard's annotation query filters on (``pitcrew``) and what a human reads."""
+        return ("pitcrew", self.node, self.fault_class, self.playbook)
+
+
+@runtime_checkable
+class Annotator(Protocol):
+    """Grafana: one region annotation per incident, opened at the fault and closed at the end."""
+
+    async def open_region(self, region: Region) -> int:
+        """Create the annotation (time = the fault); returns its id for ``close_region``."""
+        ...
+
+    async def close_region(self, annotation_id: int, end: datetime) -> None:
+        """Set the annotation's end time (``timeEnd``)."""
+        ...

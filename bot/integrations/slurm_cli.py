@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bot.domain.goodput import gpus_in_gres, job_gpus
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
 from bot.engine.ports import PartitionNodes, Probe, Scheduler
@@ -278,6 +279,7 @@ def parse_node_line(line: str) -> SlurmNodeState:
         reason_user=kv.get("_ReasonUser"),
         reason_time=_local_time(kv.get("_ReasonTime", "")),
         slurmd_started_at=_local_time(kv.get("SlurmdStartTime", "")),
+        gpus=gpus_in_gres(kv.get("Gres")),
     )
 
 
@@ -302,6 +304,7 @@ def parse_job_line(line: str) -> JobSnapshot:
         requeue=kv.get("Requeue", "1") == "1",
         reason="" if reason in _NO_VALUE else reason,
         start_time=_local_time(kv.get("StartTime", "")),
+        gpus=job_gpus(kv.get("TresPerNode"), kv.get("NumNodes"), kv.get("AllocTRES") or kv.get("TRES")),
     )
 
 

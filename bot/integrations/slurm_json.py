@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from bot.domain.goodput import gpus_in_gres, job_gpus
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
 from bot.engine.ports import PartitionNodes
 
@@ -135,6 +136,7 @@ def node_from_json(raw: Mapping[str, Any]) -> SlurmNodeState:
         reason_user=str(user) if user else None,
         reason_time=_time(raw.get("reason_changed_at")),
         slurmd_started_at=_time(raw.get("slurmd_start_time")),
+        gpus=gpus_in_gres(str(raw.get("gres") or "")),
     )
 
 
@@ -166,6 +168,11 @@ def job_from_json(raw: Mapping[str, Any]) -> JobSnapshot:
         requeue=bool(raw.get("requeue", True)),
         reason="" if reason in ("", "None") else reason,
         start_time=_time(raw.get("start_time")),
+        gpus=job_gpus(
+            str(raw.get("tres_per_node") or ""),
+            str(_count(raw.get("node_count")) or ""),
+            str(raw.get("tres_alloc_str") or ""),
+        ),
     )
 
 

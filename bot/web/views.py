@@ -118,4 +118,11 @@ def incident_detail(
         "events_next": events_next,
         "step_records": [step_view(s) for s in steps.values()],
         "approval": approval_view(approval),
+        "goodput": _goodput(steps),
     }
+
+
+def _goodput(steps: dict[str, StepRecord]) -> Any:
+    """What the fault cost (``bot.domain.goodput.Goodput`` as the close step stored it), or ``None``."""
+    close = steps.get("close")
+    return close.result.get("goodput") if close is not None and close.status == "ok" else None

@@ -6,13 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bot.domain.durations import format_duration
+from bot.domain.goodput import Goodput
 from bot.domain.incident import State
+from bot.engine import trust
 from bot.engine.context import Done, StepContext, StepResult, Wait
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Notice
 from bot.engine.registry import REGISTRY
+from bot.engine.steps import cost
 from bot.engine.steps.back import SlurmResumeResult
 from bot.engine.steps.resumed import ConfirmResumedResult
+from bot.engine.steps.slurm import SlurmDownResult
 from bot.store.base import StepRecord
 
 
@@ -78,6 +82,10 @@ class CloseResult(StepResult):
     time_to_job_running_seconds: float | None = None
     #: From the first alert to the node back in service (the node track's end).
     time_to_node_back_seconds: float | None = None
+    #: From the first alert to the node out of Slurm (DOWN or DRAIN set by pitcrew).
+    time_to_out_of_service_seconds: float | None = None
+    #: What the fault cost in GPU-hours, node and jobs (``bot.domain.goodput``).
+    goodput: Goodput | None = None
 
 
 @REGISTRY.step(
@@ -98,8 +106,12 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
     lines = [f"{name}: {_outcome(records.get(name))}" for name in ctx.plan.steps if name != "close"]
     confirmed = await ctx.result(ConfirmResumedResult)
     resumed = await ctx.result(SlurmResumeResult)
+    down = await ctx.result(SlurmDownResult)
     job_running = _since(start, confirmed.confirmed_at) if confirmed and confirmed.confirmed_at else None
     node_back = _since(start, resumed.returned_at) if resumed and resumed.returned_at else None
+    taken_out = down.taken_out_at if down else None
+    out_of_service = _since(start, taken_out) if taken_out else None
+    goodput = await cost.account(ctx, now)
     for job in confirmed.jobs if confirmed else ():
         lines.append(
             f"job {job.job_id}: {job.status} — {', '.join(job.old_nodes)} → "
@@ -109,11 +121,8 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
         lines.append(f"training running again after {format_duration(timedelta(seconds=job_running))}")
     if node_back is not None:
         lines.append(f"node back in service after {format_duration(timedelta(seconds=node_back))}")
-    playbook = ctx.incident.playbook or "unknown"
-    if ctx.plan.acts:
-        ctx.deps.metrics.time_to_recovery.labels(playbook).observe(recovery)
-        if node_back is not None:
-            ctx.deps.metrics.time_to_node_back.labels(playbook).observe(node_back)
+    if goodput is not None:
+        lines += cost.lines(goodput)
     if ctx.plan.playbook != "ignore":
         await ctx.tell(
             Notice(
@@ -124,7 +133,26 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
                 node=ctx.node,
             )
         )
-    result = CloseResult(recovery, job_running, node_back)
+    # Counted once the summary is out: a notifier error retries the step, and must not count twice.
+    playbook = ctx.incident.playbook or "unknown"
+    if ctx.plan.acts:
+        ctx.deps.metrics.time_to_recovery.labels(playbook).observe(recovery)
+        if node_back is not None:
+            ctx.deps.metrics.time_to_node_back.labels(playbook).observe(node_back)
+            trust.retest_passed(ctx.deps.metrics, ctx.incident)
+        if out_of_service is not None:
+            ctx.deps.metrics.time_to_out_of_service.labels(playbook).observe(out_of_service)
+    if goodput is not None:
+        cost.export_for(ctx, goodput)
+        await ctx.note(
+            "goodput",
+            "; ".join(cost.lines(goodput)),
+            gpu_hours_lost=round(goodput.gpu_hours_lost, 6),
+            job_gpu_hours_lost=round(goodput.job_gpu_hours_lost, 6),
+            node_gpus=goodput.node_gpus,
+            seconds_out=goodput.seconds_out,
+        )
+    result = CloseResult(recovery, job_running, node_back, out_of_service, goodput)
     return Done(result, f"closed after {format_duration(timedelta(seconds=recovery))}")
 
 

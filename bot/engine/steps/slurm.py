@@ -33,6 +33,8 @@ class SlurmDownResult(StepResult):
     pending: str | None = None
     #: When each node stopped taking jobs: the clock of the resumption timings.
     down_at: Mapping[str, datetime] = field(default_factory=dict)
+    #: GPUs each Slurm node lists in its Gres (what goes out of service; ``bot.domain.goodput``).
+    gpus: Mapping[str, int] = field(default_factory=dict)
     action: str = ""
     reason: str = ""
 
@@ -101,6 +103,8 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         if name in owned:
             continue
         state = await scheduler.node(name)
+        if state.gpus is not None:
+            await ctx.save(replace(ctx.progress, gpus={**ctx.progress.gpus, name: state.gpus}))
         if state.down or state.drained:
             mine = owns_slurm_reason(state.reason, ctx.incident.id)
             owned[name] = mine

@@ -1,0 +1,92 @@
+"""What the incident cost, assembled at close from the other steps' typed results.
+
+The arithmetic is ``bot.domain.goodput``; this module only finds its inputs in the
+incident's timeline (fault time, the node's GPUs, when it was back, each job's way back)
+and exports the result once, with the close.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from bot.domain.durations import format_duration
+from bot.domain.goodput import Goodput, JobLoss, job_loss
+from bot.engine.context import StepContext
+from bot.engine.metrics import Metrics
+from bot.engine.steps.back import SlurmResumeResult
+from bot.engine.steps.resumed import ConfirmResumedResult
+from bot.engine.steps.slurm import SlurmDownResult
+from bot.engine.trust import fault_class
+
+
+async def account(ctx: StepContext[Any], now: datetime) -> Goodput | None:
+    """The incident's cost; ``None`` when pitcrew never took the node out of Slurm."""
+    down = await ctx.result(SlurmDownResult)
+    if down is None or not down.slurm_nodes:
+        return None
+    fault_at = ctx.incident.first_alert_at or ctx.incident.opened_at
+    resumed = await ctx.result(SlurmResumeResult)
+    confirmed = await ctx.result(ConfirmResumedResult)
+    settings = ctx.settings.goodput
+    known = [down.gpus[n] for n in down.slurm_nodes if n in down.gpus]
+    node_gpus = sum(known) if known else settings.gpus_per_node * len(down.slurm_nodes)
+    gpus_of = {job.job_id: job.gpus for job in down.jobs or ()}
+    jobs: list[JobLoss] = []
+    for outcome in confirmed.jobs if confirmed else ():
+        if outcome.status == "finished":
+            continue  # it completed on its own: nothing was lost
+        jobs.append(
+            job_loss(
+                outcome.job_id,
+                gpus_of.get(outcome.job_id) or node_gpus,
+                outcome.status,
+                fault_at,
+                outcome.restarted_at or outcome.resumed_at,
+                now,
+                progress_before=outcome.progress_before,
+                progress_at_restart=outcome.progress_at_restart,
+                progress_unit_seconds=settings.progress_unit_seconds,
+            )
+        )
+    return Goodput(
+        node_gpus=node_gpus,
+        gpus_from="slurm" if known else "config",
+        fault_at=fault_at,
+        back_at=resumed.returned_at if resumed else None,
+        ended_at=now,
+        jobs=tuple(jobs),
+    )
+
+
+def export(metrics: Metrics, playbook: str, fault: str, cost: Goodput) -> None:
+    metrics.gpu_hours_lost.labels(playbook, fault).inc(cost.gpu_hours_lost)
+    metrics.job_gpu_hours_lost.labels(playbook, fault).inc(cost.job_gpu_hours_lost)
+
+
+def export_for(ctx: StepContext[Any], cost: Goodput) -> None:
+    export(ctx.deps.metrics, ctx.incident.playbook or "unknown", fault_class(ctx.plan), cost)
+
+
+def lines(cost: Goodput) -> list[str]:
+    """The cost as the close summary and ``pitcrew incidents show`` print it."""
+    out = [
+        f"GPU-hours lost: {cost.gpu_hours_lost:.2f} ({cost.node_gpus} GPUs x "
+        f"{format_duration_s(cost.seconds_out)} out of service"
+        f"{'' if cost.back_at else ', not back by the close'})"
+    ]
+    for job in cost.jobs:
+        redone = ""
+        if job.progress_redone is not None:
+            redone = f" + {job.progress_redone:g} progress redone"
+            if job.seconds_redone is not None:
+                redone += f" ({format_duration_s(job.seconds_redone)})"
+        out.append(
+            f"job {job.job_id} training lost: {job.gpu_hours:.2f} GPU-hours ({job.gpus} GPUs x "
+            f"{format_duration_s(job.seconds_to_running)} to running again{redone}; {job.status})"
+        )
+    return out
+
+
+def format_duration_s(seconds: float) -> str:
+    return format_duration(timedelta(seconds=seconds))

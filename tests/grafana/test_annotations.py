@@ -1,0 +1,188 @@
+"""The Grafana adapter against the Grafana HTTP API stand-in, over real HTTP.
+
+Cases: a region is opened at the fault with pitcrew's tags and the dashboard's uid, then its
+end is patched; 5xx, 429, a stopped server and a timeout are transient (and the same call
+succeeds once Grafana is back on its port); a bad token, a token without the permission and
+an unknown annotation are permanent; a rotated token file is picked up; the probe reports
+reachable-and-allowed, or what is missing, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from pydantic import ValidationError
+
+from bot.config import Settings
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import Annotator, Probeable, Region
+from bot.integrations.grafana import GrafanaAnnotations
+from bot.runtime import annotator
+from tests.grafana.server import READ_ONLY, TOKEN, GrafanaStandin
+
+FAULT = datetime(2026, 12, 1, 3, 4, 5, 678000, tzinfo=UTC)
+REGION = Region("inc-0001", "gpu-node-02", "gpu-lost", "replace-node", FAULT, "XID 79 gpu3")
+
+
+def _adapter(grafana: GrafanaStandin, tmp_path: Path, token: str = TOKEN, **kw: float) -> GrafanaAnnotations:
+    token_file = tmp_path / "grafana-token"
+    token_file.write_text(token + "\n")
+    return GrafanaAnnotations(grafana.url, token_file, dashboard_uid="pitcrew-incidents", **kw)
+
+
+async def test_open_then_close_a_region(grafana: GrafanaStandin, tmp_path: Path) -> None:
+    adapter = _adapter(grafana, tmp_path)
+    assert isinstance(adapter, Annotator) and isinstance(adapter, Probeable)
+    try:
+        annotation_id = await adapter.open_region(REGION)
+        made = grafana.world.annotations[annotation_id]
+        assert made.time == 1796094245678 and made.time_end is None
+        assert made.tags == ["pitcrew", "gpu-node-02", "gpu-lost", "replace-node"]
+        assert made.dashboard_uid == "pitcrew-incidents"
+        assert made.text == "pitcrew inc-0001: XID 79 gpu3 on gpu-node-02"
+        await adapter.close_region(annotation_id, FAULT + timedelta(minutes=12))
+        assert made.time_end == made.time + 12 * 60 * 1000
+        assert [(m, p) for m, p, _ in grafana.world.requests] == [
+            ("POST", "/api/annotations"),
+            ("PATCH", f"/api/annotations/{annotation_id}"),
+        ]
+    finally:
+        await adapter.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"), [(500, "unavailable"), (503, "unavailable"), (429, "rate_limited")]
+)
+async def test_server_errors_are_transient(
+    grafana: GrafanaStandin, tmp_path: Path, status: int, reason: str
+) -> None:
+    adapter = _adapter(grafana, tmp_path)
+    try:
+        grafana.fail(status)
+        with pytest.raises(TransientError) as caught:
+            await adapter.open_region(REGION)
+        assert caught.value.reason == reason
+        assert not grafana.world.annotations
+        assert await adapter.open_region(REGION) == 1  # the retry succeeds
+    finally:
+        await adapter.aclose()
+
+
+async def test_unreachable_is_transient_until_grafana_is_back(
+    grafana: GrafanaStandin, tmp_path: Path
+) -> None:
+    adapter = _adapter(grafana, tmp_path)
+    try:
+        annotation_id = await adapter.open_region(REGION)
+        await grafana.stop()
+        with pytest.raises(TransientError) as caught:
+            await adapter.close_region(annotation_id, FAULT + timedelta(minutes=1))
+        assert caught.value.reason == "unreachable"
+        probe = await adapter.probe()
+        assert not probe.ok and "unreachable" in probe.detail
+        await grafana.start()  # same port
+        await adapter.close_region(annotation_id, FAULT + timedelta(minutes=1))
+        assert grafana.world.annotations[annotation_id].time_end is not None
+    finally:
+        await adapter.aclose()
+
+
+async def test_a_slow_grafana_times_out_as_transient(tmp_path: Path) -> None:
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/annotations", hang)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    adapter = GrafanaAnnotations(f"http://127.0.0.1:{port}", token_file, timeout=0.2)
+    try:
+        with pytest.raises(TransientError) as caught:
+            await adapter.open_region(REGION)
+        assert caught.value.reason == "timeout"
+    finally:
+        await adapter.aclose()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("token", "reason", "missing"),
+    [
+        ("glsa_wrong", "unauthorized", ("a valid service-account token",)),
+        (READ_ONLY, "forbidden", ()),
+    ],
+)
+async def test_tokens_grafana_refuses_are_permanent(
+    grafana: GrafanaStandin, tmp_path: Path, token: str, reason: str, missing: tuple[str, ...]
+) -> None:
+    adapter = _adapter(grafana, tmp_path, token)
+    try:
+        with pytest.raises(PermanentError) as caught:
+            await adapter.open_region(REGION)
+        assert caught.value.reason == reason
+        assert TOKEN not in str(caught.value) and token not in str(caught.value)
+        probe = await adapter.probe()
+        assert probe.ok is (reason == "forbidden")  # a read-only token reads; the write is refused later
+        assert probe.missing == missing
+        assert not grafana.world.annotations
+    finally:
+        await adapter.aclose()
+
+
+async def test_an_unknown_annotation_is_permanent(grafana: GrafanaStandin, tmp_path: Path) -> None:
+    adapter = _adapter(grafana, tmp_path)
+    try:
+        with pytest.raises(PermanentError) as caught:
+            await adapter.close_region(42, FAULT)
+        assert caught.value.reason == "not_found"
+    finally:
+        await adapter.aclose()
+
+
+async def test_a_rotated_token_file_is_read_again(grafana: GrafanaStandin, tmp_path: Path) -> None:
+    adapter = _adapter(grafana, tmp_path, "glsa_old")
+    try:
+        with pytest.raises(PermanentError):
+            await adapter.open_region(REGION)
+        (tmp_path / "grafana-token").write_text(TOKEN)
+        assert await adapter.open_region(REGION) == 1
+        (tmp_path / "grafana-token").write_text("")
+        with pytest.raises(PermanentError) as caught:
+            await adapter.open_region(REGION)
+        assert caught.value.reason == "no_token"
+    finally:
+        await adapter.aclose()
+
+
+async def test_the_probe_names_the_version_and_writes_nothing(
+    grafana: GrafanaStandin, tmp_path: Path
+) -> None:
+    adapter = _adapter(grafana, tmp_path)
+    try:
+        probe = await adapter.probe()
+        assert (probe.system, probe.ok, probe.missing) == ("grafana", True, ())
+        assert "Grafana 11.3.0" in probe.detail
+        assert {m for m, _, _ in grafana.world.requests} == {"GET"} and not grafana.world.annotations
+    finally:
+        await adapter.aclose()
+
+
+def test_settings_build_the_adapter_only_with_a_token(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=r"grafana\.token_file"):
+        Settings.model_validate({"grafana": {"url": "http://grafana:3000"}})
+    assert annotator(Settings()) is None
+    token = tmp_path / "token"
+    built = annotator(
+        Settings.model_validate({"grafana": {"url": "http://grafana:3000/", "token_file": str(token)}})
+    )
+    assert isinstance(built, GrafanaAnnotations)

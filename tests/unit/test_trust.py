@@ -1,0 +1,93 @@
+"""The trust ledger from incident facts (``bot.domain.trust.ledger``), table-driven.
+
+Cases: a remediation that passed; one rolled back; one rejected; the same fault class again on
+the node inside the window (a repeat, against the latest earlier remediation) and outside it
+(none); a different fault class (none); a hands-off incident is no remediation but can be a
+repeat; rates are None where nothing was counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from bot.domain.trust import IncidentFacts, TrustRow, ledger
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+DAY = timedelta(hours=24)
+
+
+def fact(
+    n: int,
+    hours: float,
+    node: str = "gpu-1",
+    playbook: str = "replace-node",
+    cls: str = "gpu-lost",
+    **kw: bool,
+) -> IncidentFacts:
+    return IncidentFacts(
+        incident_id=f"pc-{n:05d}",
+        node=node,
+        opened_at=T0 + timedelta(hours=hours),
+        playbook=playbook,
+        fault_class=cls,
+        fault_classes=frozenset({cls}),
+        remediates=kw.pop("remediates", playbook not in {"notify-only", "ask-human", "ignore"}),
+        **kw,
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    incidents: list[IncidentFacts]
+    rows: list[TrustRow] = field(default_factory=list)
+
+
+CASES = {
+    "passed": Case([fact(1, 0, back_in_service=True)], [TrustRow("replace-node", "gpu-lost", 1, passed=1)]),
+    "rolled-back": Case(
+        [fact(1, 0, rolled_back=True)], [TrustRow("replace-node", "gpu-lost", 1, rolled_back=1)]
+    ),
+    "rejected": Case([fact(1, 0, rejected=True)], [TrustRow("replace-node", "gpu-lost", 1, rejected=1)]),
+    "repeat-within-window-counts-against-the-latest": Case(
+        [
+            fact(1, 0, "gpu-1", "reset-gpu", back_in_service=True),
+            fact(2, 2, "gpu-1", "reboot-node", back_in_service=True),
+            fact(3, 5, "gpu-1", "replace-node", back_in_service=True),
+        ],
+        [
+            TrustRow("reboot-node", "gpu-lost", 1, passed=1, repeat=1),
+            TrustRow("replace-node", "gpu-lost", 1, passed=1),
+            TrustRow("reset-gpu", "gpu-lost", 1, passed=1, repeat=1),
+        ],
+    ),
+    "outside-the-window-or-another-node-or-class": Case(
+        [
+            fact(1, 0, back_in_service=True),
+            fact(2, 30, back_in_service=True),
+            fact(3, 31, node="gpu-2", back_in_service=True),
+            fact(4, 32, cls="memory", playbook="reset-gpu", back_in_service=True),
+        ],
+        [
+            TrustRow("replace-node", "gpu-lost", 3, passed=3),
+            TrustRow("reset-gpu", "memory", 1, passed=1),
+        ],
+    ),
+    "a-hands-off-incident-is-no-remediation-but-a-repeat": Case(
+        [fact(1, 0, back_in_service=True), fact(2, 1, playbook="notify-only")],
+        [TrustRow("replace-node", "gpu-lost", 1, passed=1, repeat=1)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_ledger(case: Case) -> None:
+    assert ledger(case.incidents, DAY) == case.rows
+
+
+def test_rates() -> None:
+    row = TrustRow("replace-node", "gpu-lost", 4, rolled_back=1, rejected=1, passed=2, repeat=1)
+    assert (row.overridden_rate, row.repeat_rate) == (0.5, 0.5)
+    assert (TrustRow("x", "y").overridden_rate, TrustRow("x", "y").repeat_rate) == (None, None)
