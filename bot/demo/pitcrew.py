@@ -58,10 +58,11 @@ class Pitcrew:
         token: str = "test-webhook-token",
         admin_token: str = "test-admin-token",
         read_token: str = "test-read-token",
+        port: int = 0,
     ) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token, self.admin_token, self.read_token = token, admin_token, read_token
         (workdir / "webhook.token").write_text(token + "\n")
@@ -110,6 +111,7 @@ class Pitcrew:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches whoever started it, who stops it
                 cwd=REPO if REPO.is_dir() else None,
             )
         path = "/readyz" if ready else "/healthz"

@@ -118,7 +118,10 @@ class Process:
 
     def start(self, timeout: float = 30.0) -> None:
         with self.log.open("ab") as out:
-            self._proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+            # Own session: a terminal's Ctrl-C reaches whoever started it, who stops it in order.
+            self._proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         try:
             self.wait(self._ready, timeout=timeout, what=f"{self.argv[0]} to answer {self.ready_url}")
         except BaseException:

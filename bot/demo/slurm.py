@@ -363,7 +363,12 @@ class SlurmCluster:
         out = (self.run_dir / "log" / f"{name}.out").open("ab")
         with out:
             proc = subprocess.Popen(
-                argv, env=env or self.env, stdout=out, stderr=out, stdin=subprocess.DEVNULL
+                argv,
+                env=env or self.env,
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C goes to the demo, which stops jobs, then daemons
             )
         self._procs[name] = proc
         (self.run_dir / "pids" / f"{name}.pid").write_text(f"{proc.pid}\n")
