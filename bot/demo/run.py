@@ -133,8 +133,11 @@ def _keep(ground: ProvingGround, tl: Timeline) -> None:
     tl.say(f"  Slurm         SLURM_CONF={ground.slurm.conf} sinfo; squeue")
     tl.say(f"  notices       {ground.pitcrew.journal} (the incident thread, one JSON line per notice)")
     tl.say(f"Stop it with Ctrl-C here, or from anywhere: pitcrew demo --stop (kill -TERM {os.getpid()})")
-    while True:
-        time.sleep(3600)
+    try:
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, Stopped):
+        tl.say("\n  stopping everything")
 
 
 def stop_running() -> int:

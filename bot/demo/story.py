@@ -233,11 +233,9 @@ class Story:
         if joined is not None and tl.at("replace") is not None:
             tl.mark("node_ready", f"{self.node}'s successor joined; its slurmd registered again", at=joined)
         if self.incident.get("state") in TERMINAL:
-            tl.mark(
-                "closed",
-                f"{self.incident['state']}: {self.incident.get('outcome') or ''}",
-                at=epoch(self.incident["closed_at"]),
-            )
+            state, outcome = self.incident["state"], self.incident.get("outcome") or ""
+            words = state + (f": {outcome}" if outcome and outcome != state else "")
+            tl.mark("closed", words, at=epoch(self.incident["closed_at"]))
 
     def _observe_incident(self) -> None:
         if self.incident_id is None:
@@ -388,7 +386,7 @@ def summary_lines(report: dict[str, Any], ground: ProvingGround) -> Iterator[str
         yield f"  {line}"
     if report["stages"]:
         yield ""
-        yield "Time to recovery by stage"
+        yield "Time to recovery by stage" if self_recovers(report) else "Time by stage"
         for name, a, b, whose in STAGES:
             if name in report["stages"]:
                 yield f"  {name:<17} {report['stages'][name]:7.2f}s  {a} → {b}: {whose}"
@@ -418,6 +416,10 @@ def summary_lines(report: dict[str, Any], ground: ProvingGround) -> Iterator[str
     yield f"Logs and data: {report['workdir']}"
     yield f"  pitcrew log {ground.pitcrew.log if ground.pitcrew else '-'}, store {ground.pitcrew.store if ground.pitcrew else '-'}"
     yield f"  Slurm logs {ground.slurm.run_dir / 'log'}, Prometheus {ground.workdir / 'prometheus'}, Alertmanager {ground.workdir / 'alertmanager'}"
+
+
+def self_recovers(report: dict[str, Any]) -> bool:
+    return report["fault_to_closed"] is not None or report["fault_to_job_running"] is not None
 
 
 def _iso(at: float) -> str:
