@@ -114,8 +114,9 @@ class Story:
         )
         self._until("the replacement and the incident's close", lambda: self.tl.at("closed") is not None)
         state = self.incident.get("state")
+        outcome = self.incident.get("outcome") or ""
         self.verdict.append(
-            f"incident {self.incident_id} {state}: {self.incident.get('outcome') or ''}".strip()
+            f"incident {self.incident_id} {state}" + (f": {outcome}" if outcome != state else "")
         )
         self.verdict.append(
             f"job {self.job_id} resumed from checkpoint {self.resumed_from} on {self.new_node} "
@@ -262,7 +263,7 @@ class Story:
                 tl.mark("approved", f"by {event['actor']}", at=at)
             elif kind == "action" and event["data"].get("action") == "slurm_down":
                 tl.mark("slurm_down", event["detail"], at=at)
-            elif kind == "step_finished" and step in ("cordon", "drain"):
+            elif kind == "step_finished" and step in ("cordon", "drain", "reset_gpu", "reboot"):
                 tl.mark(step, event["detail"], at=at)
             elif kind == "step_started" and step == "replace":
                 tl.mark(

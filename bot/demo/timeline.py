@@ -28,6 +28,8 @@ MILESTONES = {
     "slurm_down": "Slurm node DOWN",
     "cordon": "Kubernetes node cordoned",
     "drain": "Kubernetes node drained",
+    "reset_gpu": "GPU reset",
+    "reboot": "node rebooted",
     "replace": "replacement requested",
     "node_ready": "replacement Ready, slurmd registered again",
     "job_running": "job RUNNING elsewhere",
