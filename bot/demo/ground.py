@@ -36,10 +36,10 @@ APT = "apt-get install -y --no-install-recommends"
 TIMING = Timing(scrape_interval=1.0, evaluation_interval=1.0, group_wait=0.5, group_interval=1.0)
 
 
-def preflight(ports: dict[str, int] | None = None) -> list[str]:
+def preflight(ports: dict[str, int] | None = None, programs: dict[str, str] = PROGRAMS) -> list[str]:
     """Problems that would stop the demo, each with its fix; empty when it can start."""
     problems = []
-    missing = {b: p for b, p in PROGRAMS.items() if find_binary(b) is None}
+    missing = {b: p for b, p in programs.items() if find_binary(b) is None}
     if missing:
         packages = " ".join(sorted(set(missing.values())))
         problems.append(f"missing programs: {', '.join(sorted(missing))}\n    install them: {APT} {packages}")

@@ -1,6 +1,6 @@
 """The demo's own arithmetic and pre-flight, without starting the proving ground.
 
-Cases: pitcrew's own share counts the time from opening the incident to its first step and each
+Cases: a missing program is named with the apt-get line that installs it; pitcrew's own share counts the time from opening the incident to its first step and each
 gap between a step (or an approval) ending and the next starting, never the time inside steps or
 the wait for a human; a port that another program holds is named before anything starts; every
 scenario the CLI offers exists, and each fault it injects is one the stand-in models.
@@ -61,6 +61,15 @@ def test_a_taken_port_is_named_before_anything_starts() -> None:
         port = holder.getsockname()[1]
         problems = preflight({"pitcrew": port})
     assert any(f"port {port} (pitcrew) is taken" in p for p in problems), problems
+
+
+def test_a_missing_program_is_named_with_the_apt_command_that_installs_it() -> None:
+    problems = preflight(
+        programs={"prometheus": "prometheus", "pitcrew-no-such-daemon": "pitcrew-no-such-pkg"}
+    )
+    [missing] = [p for p in problems if p.startswith("missing programs")]
+    assert "pitcrew-no-such-daemon" in missing and "prometheus," not in missing
+    assert "apt-get install -y --no-install-recommends pitcrew-no-such-pkg" in missing
 
 
 def test_every_scenario_the_cli_offers_exists_and_injects_a_modelled_fault() -> None:
