@@ -6,8 +6,8 @@ over real HTTP, the crash-safety run, the detection path. By default it runs
 "200ms"}``) and ``journal`` is the simulator's journal; with ``simulated=False`` it runs the
 real ``python -m bot.cli serve`` and ``journal`` is pitcrew's own dry-run journal. Real
 systems named in ``config`` (``integrations.scheduler: slurm``) stay real either way.
-``Pitcrew.kill()`` is SIGKILL; ``stop()`` is SIGTERM (graceful). Every started process is
-stopped by the fixture. Incidents are read with the read token (``server.auth.read_token_file``),
+``Pitcrew.kill()`` is SIGKILL; ``stop()`` is SIGTERM (graceful). The tests' fixture
+(``tests.harness.pitcrew.pitcrew_factory``) stops every process it built. Incidents are read with the read token (``server.auth.read_token_file``),
 and ``incident()`` follows the pages of its alerts and events to return them all.
 """
 

@@ -449,7 +449,8 @@ def _kill(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """``python -m bot.demo.slurm [RUN_DIR]``: one cluster until Ctrl-C or SIGTERM."""
     cluster = SlurmCluster(
         Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="pitcrew-slurm-"))
     )
@@ -463,3 +464,7 @@ if __name__ == "__main__":
         pass
     finally:
         cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

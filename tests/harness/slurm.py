@@ -24,6 +24,7 @@ from bot.demo.slurm import (
     SlurmCluster,
     SlurmHarnessError,
     eventually,
+    main,
     rest_user,
 )
 from tests.harness.proc import in_ci, require_binary
@@ -70,3 +71,7 @@ def slurm(slurm_cluster: SlurmCluster) -> SlurmCluster:
     """The session cluster, reset to quiet: no jobs, every node IDLE."""
     slurm_cluster.reset()
     return slurm_cluster
+
+
+if __name__ == "__main__":  # python -m tests.harness.slurm, as before the move
+    main()
