@@ -54,6 +54,9 @@ class FarSide(Protocol):
     def replacements(self) -> list[str]:
         """Nodes whose replacement pitcrew has asked for, in order, each once."""
 
+    def resets(self) -> list[str]:
+        """Nodes whose GPU reset or reboot pitcrew has asked for, in order, each once."""
+
     def node_ready(self, node: str) -> None:
         """The replacement of ``node`` has joined: report it Ready from now on."""
 
@@ -96,9 +99,15 @@ class SimulatedFarSide:
         return self._journal.records()
 
     def replacements(self) -> list[str]:
+        return self._nodes_asked(("replace",))
+
+    def resets(self) -> list[str]:
+        return self._nodes_asked(("reset_gpu", "reboot"))
+
+    def _nodes_asked(self, ops: tuple[str, ...]) -> list[str]:
         seen: list[str] = []
         for record in self._records():
-            if record.get("op") == "replace" and record.get("node") not in seen:
+            if record.get("op") in ops and record.get("node") not in seen:
                 seen.append(str(record["node"]))
         return seen
 

@@ -80,6 +80,7 @@ class ProvingGround:
         self.alertmanager: Alertmanager | None = None
         self.pitcrew: Pitcrew | None = None
         self.replaced: dict[str, float] = {}  # node -> Unix time its successor joined
+        self.reset: set[str] = set()  # nodes whose GPUs were reset or rebooted
         self.replace_errors: list[str] = []
         self._stop = threading.Event()
         self._replacer = threading.Thread(target=self._replace_loop, name="replacements", daemon=True)
@@ -173,10 +174,15 @@ class ProvingGround:
 
     # ------------------------------------------------------------------ replacement controller
     def _replace_loop(self) -> None:
-        """A replaced node's successor joins ``replace_delay`` after pitcrew asked for it."""
+        """A replaced node's successor joins ``replace_delay`` after pitcrew asked for it; a GPU
+        reset or reboot brings the node's GPUs back healthy at once."""
         asked: dict[str, float] = {}
         while not self._stop.wait(0.2):
             try:
+                for node in self.far_side.resets():
+                    if node not in self.reset and self.standin is not None:
+                        self.standin.node(node).clear()  # a reset GPU: its XID and counters start afresh
+                        self.reset.add(node)
                 for node in self.far_side.replacements():
                     asked.setdefault(node, time.monotonic())
                 for node, when in list(asked.items()):
