@@ -2,20 +2,21 @@
 
 ``require_binary`` is the one place that decides skip-or-fail: under ``CI=true`` a missing
 binary fails the test (CI installs everything, so absence is a defect); elsewhere it skips
-with the package to install.
+with the package to install. ``wait_until`` fails the test on timeout. Ports, stopping and
+log tails are the proving ground's own (``bot.demo.proc``), re-exported here.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
+
+from bot.demo.proc import find_binary, free_port, stop_process, tail
+
+__all__ = ["free_port", "in_ci", "require_binary", "stop_process", "tail", "wait_until"]
 
 
 def in_ci() -> bool:
@@ -24,20 +25,13 @@ def in_ci() -> bool:
 
 def require_binary(name: str, package: str) -> str:
     """Path of ``name`` on PATH (or in /usr/sbin); fail under CI, skip elsewhere, if absent."""
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
+    path = find_binary(name)
     if path:
         return path
     message = f"{name} not found: apt-get install {package}"
     if in_ci():
         pytest.fail(message)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(
@@ -50,22 +44,3 @@ def wait_until(
             return
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:.1f}s waiting for {what or predicate}")
-
-
-def stop_process(proc: subprocess.Popen[bytes], *, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``; always reaps the child."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    """Last lines of a log file, for failure messages."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no {path})"

@@ -8,25 +8,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from bot.demo.pitcrew import DESTRUCTIVE_OPS, destructive_calls, notices
 from tests.conftest import FIXTURES
 
-DESTRUCTIVE_OPS = (
-    "slurm_down",
-    "slurm_drain",
-    "cordon",
-    "evict",
-    "delete_pod",
-    "replace",
-    "reboot",
-    "reset_gpu",
-)
+__all__ = [
+    "DESTRUCTIVE_OPS",
+    "delivery",
+    "destructive_calls",
+    "events",
+    "fault_delivery",
+    "gpu_node",
+    "inventory",
+    "notices",
+    "step_result",
+]
 
 
 def delivery(
@@ -97,16 +98,3 @@ def gpu_node(
         "pods": [*pods, *({"pod": d, "owner_kind": "DaemonSet"} for d in daemonsets)],
         **extra,
     }
-
-
-def destructive_calls(records: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
-    """How many times each destructive call reached the far side, by (op, target)."""
-    return Counter(
-        (r["op"], r.get("pod") or r.get("node") or r.get("job_id") or "?")
-        for r in records
-        if r.get("op") in DESTRUCTIVE_OPS or r.get("op") in {"slurm_resume", "uncordon", "requeue"}
-    )
-
-
-def notices(records: list[dict[str, Any]], kind: str | None = None) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("op") == "notice" and (kind is None or r.get("kind") == kind)]

@@ -45,6 +45,17 @@ def test_documented_cli_commands_exist() -> None:
 
 
 def test_readme_shows_the_test_command_ci_runs() -> None:
-    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
-    assert "python -m pytest -q" in ci and "python -m pytest -q" in README
-    assert ".ci/run" in README
+    root = Path(__file__).resolve().parents[2]
+    ci = (root / ".ci" / "run").read_text()
+    assert "scripts/test" in ci and "scripts/setup dev" in ci
+    assert "python -m pytest -q" in (root / "scripts" / "test").read_text()
+    assert "scripts/test" in README and ".ci/run" in README
+
+
+def test_readme_opens_with_the_two_set_up_commands() -> None:
+    root = Path(__file__).resolve().parents[2]
+    setup = README[: README.index("## Using it")]
+    assert "scripts/demo" in setup and "scripts/test" in setup
+    assert "pitcrew demo" in (root / "scripts" / "demo").read_text()
+    makefile = (root / "Makefile").read_text()
+    assert "scripts/demo" in makefile and "scripts/test" in makefile

@@ -1,7 +1,7 @@
 """Real Prometheus and Alertmanager for tests and the bench: the pytest fixtures, and the harness API.
 
-The fixtures are thin wrappers over plain classes (``servers``: the two servers and their configs;
-``stack``: the detection stack and the webhook sink), so ``bench/detection.py``
+The fixtures are thin wrappers over the proving ground's plain classes (``bot.demo.prometheus``: the
+two servers and their configs; ``bot.demo.stack``: the detection stack and the webhook sink), so ``bench/detection.py``
 uses the same code. Prometheus is session-scoped (its first scrape comes ~6 s after start); each
 test module gets a fresh Alertmanager, because its notification log dedupes across runs. Every
 server is stopped when its scope ends, failure or not.
@@ -13,10 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.harness.proc import require_binary
-from tests.harness.prometheus.servers import (
-    REPO,
-    SHIPPED_ALERTMANAGER,
+from bot.demo.assets import COLLECTORS_CSV, REPO, SHIPPED_ALERTMANAGER
+from bot.demo.prometheus import (
     Alertmanager,
     Process,
     Prometheus,
@@ -26,8 +24,7 @@ from tests.harness.prometheus.servers import (
     http_json,
     prometheus_config,
 )
-from tests.harness.prometheus.stack import (
-    COLLECTORS_CSV,
+from bot.demo.stack import (
     NODES,
     Delivery,
     DetectionStack,
@@ -35,6 +32,7 @@ from tests.harness.prometheus.stack import (
     start_stack,
     stop_stack,
 )
+from tests.harness.proc import require_binary
 
 __all__ = [
     "COLLECTORS_CSV",

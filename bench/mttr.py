@@ -1,0 +1,120 @@
+"""Time to recovery on the proving ground: ``pitcrew demo --scenario xid79``, run as a user runs it.
+
+Each run is a fresh ``python -m bot.cli demo --scenario xid79 --json-summary`` (real Prometheus,
+Alertmanager and Slurm, the dcgm-exporter stand-in, pitcrew in auto mode); the demo's summary
+gives the milestones. Printed over all runs, min/median/max: fault -> job running again, fault ->
+job past its checkpoint, fault -> incident closed, each stage (detection, pitcrew's decision,
+Slurm, Kubernetes, replacement wait, job restart, close), and pitcrew's own share (from its own
+timeline: opening the incident to its first step, plus every gap between one step ending and the
+next starting), stated apart from the time spent waiting on the far sides.
+
+The baseline is the floor the same run's settings impose on the far sides: detection <= scrape +
+evaluation + group_wait, Slurm's requeue ~= cred_expire (5 s) + sched_interval (1 s), and the
+replacement delay the run asks for. Target: pitcrew's own share under 1 s.
+
+Usage: python bench/mttr.py [--runs 5] [--replace-delay 5]   (as root, with the demo's packages)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from bot.demo.ground import TIMING  # noqa: E402
+from bot.demo.story import STAGES  # noqa: E402
+
+TARGET_OWN = 1.0
+
+
+def one_run(workdir: Path, index: int, replace_delay: float) -> dict[str, Any]:
+    summary = workdir / f"run-{index}.json"
+    out = workdir / f"run-{index}.out"
+    argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", "xid79", "--plain"]
+    argv += ["--json-summary", str(summary), "--replace-delay", str(replace_delay)]
+    began = time.monotonic()
+    with out.open("wb") as handle:
+        status = subprocess.run(
+            argv, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ), check=False
+        )
+    if status.returncode != 0 or not summary.exists():
+        raise SystemExit(f"run {index} failed ({status.returncode}); its output:\n{out.read_text()[-3000:]}")
+    data: dict[str, Any] = json.loads(summary.read_text())
+    data["wall"] = time.monotonic() - began
+    return data
+
+
+def row(name: str, values: list[float], note: str = "") -> str:
+    if not values:
+        return f"  {name:<34} {'-':>8}"
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return f"  {name:<34} {lo:8.3f} {mid:8.3f} {hi:8.3f}  {note}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--replace-delay", type=float, default=5.0)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="pitcrew-mttr-"))
+    runs = []
+    for i in range(1, args.runs + 1):
+        data = one_run(workdir, i, args.replace_delay)
+        runs.append(data)
+        print(
+            f"run {i}: job running {data['fault_to_job_running']:.2f}s, past checkpoint "
+            f"{data['fault_to_job_progress']:.2f}s, closed {data['fault_to_closed']:.2f}s, pitcrew's own "
+            f"{data['pitcrew_own_seconds']:.3f}s (whole run {data['wall']:.0f}s)",
+            flush=True,
+        )
+
+    def values(key: str) -> list[float]:
+        return [float(r[key]) for r in runs if r.get(key) is not None]
+
+    print(f"\nxid79 on the proving ground, {len(runs)} runs (seconds)       min   median      max")
+    print(row("fault -> job RUNNING elsewhere", values("fault_to_job_running")))
+    print(row("fault -> job past its checkpoint", values("fault_to_job_progress")))
+    print(row("fault -> incident closed", values("fault_to_closed")))
+    print("by stage")
+    for name, start, end, whose in STAGES:
+        print(
+            row(
+                f"  {name}",
+                [float(r["stages"][name]) for r in runs if name in r["stages"]],
+                f"{start} -> {end}: {whose}",
+            )
+        )
+    own = values("pitcrew_own_seconds")
+    print(
+        row(
+            "pitcrew's own share",
+            own,
+            "(the rest is waiting on Prometheus, Alertmanager, Slurm, the replacement)",
+        )
+    )
+    floor = TIMING.scrape_interval + TIMING.evaluation_interval + TIMING.group_wait
+    print(
+        f"\nbaseline (this run's far-side floors): detection <= {floor:.1f}s (scrape {TIMING.scrape_interval:.0f}s + "
+        f"eval {TIMING.evaluation_interval:.0f}s + group_wait {TIMING.group_wait}s); Slurm requeue ~6s "
+        f"(cred_expire 5s + sched_interval 1s); replacement {args.replace_delay:.0f}s"
+    )
+    worst = max(own) if own else float("nan")
+    print(
+        f"pitcrew's own share: max {worst:.3f}s, target < {TARGET_OWN:.0f}s: {'met' if worst < TARGET_OWN else 'MISSED'}"
+    )
+    print(f"summaries and outputs: {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

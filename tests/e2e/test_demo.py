@@ -1,0 +1,204 @@
+"""``pitcrew demo`` run exactly as a user runs it: a subprocess, plain output, then checked from outside.
+
+Each scenario runs ``python -m bot.cli demo --scenario S --keep --json-summary PATH`` (the demo
+stays up after its summary so the outcome can be read from pitcrew's own read API and from the
+real Slurm cluster), then gets SIGINT, as a Ctrl-C would send, and must exit with no process of
+its run left. Cases:
+
+* ``xid79``: the incident is resolved; pitcrew's ``confirm_resumed`` says the job resumed on
+  another node; Slurm runs the job there with its restart count raised, and the job's own
+  progress file shows it resumed from (at least) the checkpoint it had at the fault;
+* ``app-xid``: an XID 13 incident with the ``notify-only`` playbook, a notice, no node step and
+  no action; Slurm still runs the job where it was, never restarted, its node in service;
+* ``storm``: twenty incidents, exactly the breaker's limit acted on (a Slurm DOWN each), every
+  other one suppressed, one breaker notice; Slurm has every node back in service;
+* Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.demo.scenarios import BREAKER_NODES
+from bot.demo.train_job import read_progress
+from tests.harness.proc import require_binary, wait_until
+from tests.harness.slurm import require_slurm
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+NODE_STEPS = {"slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot", "reset_gpu"}
+
+
+class Demo:
+    """One ``pitcrew demo`` subprocess and what it wrote."""
+
+    def __init__(self, tmp: Path, scenario: str, *, keep: bool = True) -> None:
+        require_slurm()
+        require_binary("prometheus", "prometheus")
+        require_binary("prometheus-alertmanager", "prometheus-alertmanager")
+        self.summary_path = tmp / f"{scenario}.json"
+        self.output = tmp / f"{scenario}.out"
+        argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", scenario, "--plain"]
+        argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", "120"]
+        argv += ["--keep"] if keep else []
+        with self.output.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO
+            )
+        self.summary: dict[str, Any] = {}
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def wait_summary(self, timeout: float = 200) -> dict[str, Any]:
+        def written() -> bool:
+            assert self.process.poll() is None, f"demo exited {self.process.returncode}:\n{self.text()}"
+            return self.summary_path.exists()
+
+        wait_until(written, timeout=timeout, interval=0.2, what=f"the demo's summary\n{self.text()}")
+        self.summary = json.loads(self.summary_path.read_text())
+        return self.summary
+
+    def interrupt(self, timeout: float = 60) -> int:
+        """SIGINT, as Ctrl-C in its terminal sends (its servers run in sessions of their own)."""
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    # ------------------------------------------------------------------ looking from outside
+    def read(self, path: str) -> Any:
+        request = urllib.request.Request(
+            self.summary["pitcrew_url"] + path,
+            headers={"Authorization": f"Bearer {self.summary['read_token']}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def incident(self, incident_id: str) -> dict[str, Any]:
+        return dict(self.read(f"/api/v1/incidents/{incident_id}?events_limit=200&alerts_limit=200"))
+
+    def slurm(self, *argv: str) -> str:
+        env = {**os.environ, "SLURM_CONF": self.summary["slurm_conf"], "LC_ALL": "C"}
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=15, check=True).stdout
+
+    def job(self, job_id: str) -> dict[str, str]:
+        line = self.slurm("scontrol", "show", "job", "-o", job_id).strip()
+        return dict(field.split("=", 1) for field in line.split() if "=" in field)
+
+
+def leftovers(marker: str) -> list[str]:
+    """Live processes whose command line or environment names the run directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+            zombie = (entry / "stat").read_text().split(") ", 1)[-1].startswith("Z")
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if marker.encode() in blob and not zombie:
+            found.append(f"{entry.name} {comm}")
+    return found
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Any:
+    started: list[Demo] = []
+
+    def start(scenario: str, **kwargs: Any) -> Demo:
+        started.append(Demo(tmp_path, scenario, **kwargs))
+        return started[-1]
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+def stopped_cleanly(d: Demo, expected: int = 0) -> None:
+    status = d.interrupt()
+    assert status == expected, d.text()
+    assert "no process of the demo is left" in d.text()
+    assert leftovers(d.summary["workdir"]) == []
+
+
+def test_xid79_job_resumes_from_its_checkpoint(demo: Any) -> None:
+    d = demo("xid79")
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0, d.text()
+    incident = d.incident(summary["incident_id"])
+    assert incident["state"] == "resolved"
+    [resumed] = next(s for s in incident["step_records"] if s["step"] == "confirm_resumed")["result"]["jobs"]
+    assert resumed["job_id"] == summary["job_id"] and resumed["status"] == "resumed"
+    assert summary["job_node"] not in resumed["new_nodes"]
+    job = d.job(summary["job_id"])
+    assert job["JobState"] == "RUNNING" and int(job["Restarts"]) >= 1, job
+    assert job["NodeList"] != summary["job_node"]
+    progress = read_progress(Path(summary["workdir"]) / "slurm" / "train", summary["job_id"])
+    assert progress is not None and progress["resumed_from"] >= summary["checkpoint_at_fault"] > 0
+    assert progress["step"] > progress["resumed_from"]
+    for stage in ("detection", "decision", "slurm", "replacement wait", "job restart"):
+        assert summary["stages"][stage] > 0, summary["stages"]
+    assert "job past its checkpoint" in d.text() and "incident closed" in d.text()
+    stopped_cleanly(d)
+
+
+def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
+    d = demo("app-xid")
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0, d.text()
+    incident = d.incident(summary["incident_id"])
+    assert incident["playbook"] == "notify-only"
+    assert [f["xid"] for f in incident["faults"]] == [13]
+    kinds = [(e["kind"], e["step"]) for e in incident["events"]]
+    assert ("step_finished", "notify") in kinds
+    assert not [s for k, s in kinds if k == "step_started" and s in NODE_STEPS]
+    assert not [e for e in incident["events"] if e["kind"] == "action"]
+    assert summary["node_calls"] == {summary["job_node"]: []}
+    job = d.job(summary["job_id"])
+    assert (job["JobState"], job["NodeList"], job["Restarts"]) == ("RUNNING", summary["job_node"], "0")
+    state = d.slurm("sinfo", "-h", "-n", summary["job_node"], "-o", "%T").strip()
+    assert state in {"allocated", "mixed"}, state
+    stopped_cleanly(d)
+
+
+def test_storm_is_held_to_the_breaker_limit(demo: Any) -> None:
+    d = demo("storm")
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0, d.text()
+    incidents = [d.incident(i) for i in summary["incident_ids"].values()]
+    assert len(incidents) == 20
+    downed = [i for i in incidents if any(e["data"].get("action") == "slurm_down" for e in i["events"])]
+    assert len(downed) == BREAKER_NODES
+    assert all(i["state"] == "resolved" for i in downed)
+    assert sorted(i["state"] for i in incidents if i not in downed) == ["suppressed"] * (20 - BREAKER_NODES)
+    assert sum("circuit breaker opened" in text for text in summary["thread"]) == 1
+    states = d.slurm("sinfo", "-h", "-N", "-o", "%N %T").split("\n")
+    assert len([s for s in states if s.strip()]) == 20
+    assert not [s for s in states if any(w in s for w in ("down", "drain", "fail"))], states
+    stopped_cleanly(d)
+
+
+def test_ctrl_c_in_the_middle_leaves_nothing_behind(demo: Any) -> None:
+    d = demo("xid79", keep=False)
+    wait_until(
+        lambda: "Slurm node DOWN" in d.text(), timeout=120, interval=0.1, what=f"the incident\n{d.text()}"
+    )
+    workdir = next(line.split()[-1] for line in d.text().splitlines() if "run directory" in line)
+    assert d.interrupt() == 130, d.text()
+    assert "no process of the demo is left" in d.text()
+    assert leftovers(workdir) == []

@@ -1,0 +1,79 @@
+"""The demo's own arithmetic and pre-flight, without starting the proving ground.
+
+Cases: a missing program is named with the apt-get line that installs it; pitcrew's own share counts the time from opening the incident to its first step and each
+gap between a step (or an approval) ending and the next starting, never the time inside steps or
+the wait for a human; a port that another program holds is named before anything starts; every
+scenario the CLI offers exists, and each fault it injects is one the stand-in models.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from bot.cli import _parser
+from bot.demo.dcgm import FAULTS
+from bot.demo.ground import preflight
+from bot.demo.scenarios import SCENARIOS
+from bot.demo.story import own_share
+
+
+def _event(kind: str, second: float, step: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "step": step, "at": f"2026-12-01T03:00:{second:06.3f}+00:00"}
+
+
+@pytest.mark.parametrize(
+    ("events", "own"),
+    [
+        ([], 0.0),
+        ([_event("step_started", 10.5, "notify"), _event("step_finished", 11.0, "notify")], 0.5),
+        (
+            [
+                _event("step_started", 10.1, "notify"),
+                _event("step_finished", 10.2, "notify"),
+                _event("step_started", 10.3, "slurm_down"),  # 0.1 s gap: ours
+                _event("step_finished", 15.0, "slurm_down"),  # 4.7 s inside the step: Slurm's
+                _event("step_started", 15.2, "cordon"),
+            ],
+            0.4,
+        ),
+        (
+            [
+                _event("step_finished", 10.2, "notify"),
+                _event("approved", 40.0),  # 29.8 s waiting for a human: not ours
+                _event("step_started", 40.3, "slurm_down"),
+            ],
+            0.3,
+        ),
+    ],
+)
+def test_own_share_is_the_gaps_between_steps(events: list[dict[str, Any]], own: float) -> None:
+    incident = {"opened_at": "2026-12-01T03:00:10.000+00:00", "events": events}
+    assert own_share(incident) == pytest.approx(own, abs=1e-6)
+
+
+def test_a_taken_port_is_named_before_anything_starts() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        problems = preflight({"pitcrew": port})
+    assert any(f"port {port} (pitcrew) is taken" in p for p in problems), problems
+
+
+def test_a_missing_program_is_named_with_the_apt_command_that_installs_it() -> None:
+    problems = preflight(
+        programs={"prometheus": "prometheus", "pitcrew-no-such-daemon": "pitcrew-no-such-pkg"}
+    )
+    [missing] = [p for p in problems if p.startswith("missing programs")]
+    assert "pitcrew-no-such-daemon" in missing and "prometheus," not in missing
+    assert "apt-get install -y --no-install-recommends pitcrew-no-such-pkg" in missing
+
+
+def test_every_scenario_the_cli_offers_exists_and_injects_a_modelled_fault() -> None:
+    demo = _parser()._subparsers._group_actions[0].choices["demo"]  # type: ignore[union-attr]
+    [offered] = [a.choices for a in demo._actions if a.dest == "scenario"]
+    assert set(offered) == set(SCENARIOS)
+    assert all(s.fault.kind in FAULTS for s in SCENARIOS.values())
