@@ -93,3 +93,15 @@ class Metrics:
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
+        self.notices = Counter(
+            "pitcrew_notices",
+            "Notices handed to a destination (Slack, ...) by the outbox: delivered, retried, failed.",
+            ["destination", "outcome"],
+            registry=r,
+        )
+        self.outbox_pending = Gauge(
+            "pitcrew_outbox_pending",
+            "Notices not yet delivered, by destination.",
+            ["destination"],
+            registry=r,
+        )

@@ -1,0 +1,390 @@
+"""The outbox's Slack destination: one thread per incident, one digest per storm, nothing twice.
+
+``SlackDestination.deliver`` gets one outbox item at a time, in order per incident
+(``bot.engine.outbox``), and turns it into Web API calls:
+
+- the incident notice posts the **parent** message (its ts kept in the store as the thread);
+- step outcomes, decisions and later notices are **replies** in that thread; the summary is
+  broadcast to the channel (``reply_broadcast``);
+- after each, the parent is **updated** from the store: state, current step, who decided what
+  when, and only the buttons still possible;
+- when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
+  message, updated at most once a second, instead of a thread each;
+- notices about pitcrew as a whole (the breaker) are top-level channel messages.
+
+Every post carries message metadata naming its outbox item. A delivery begun before a crash
+(``item.attempts > 1``) first looks for that metadata in the channel or thread and, if Slack
+already has the message, records its ts instead of posting again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.domain.durations import format_duration
+from bot.domain.incident import State
+from bot.engine.ports import Notice, Probe
+from bot.integrations.slack import messages
+from bot.integrations.slack.errors import call
+from bot.integrations.slack.messages import Decision, DigestEntry, Message, ParentView
+from bot.store.base import Event, IncidentRecord, OutboxItem, Store
+
+log = logging.getLogger(__name__)
+
+NAME = "slack"
+METADATA_TYPE = "pitcrew_notice"
+#: Timeline events that reach Slack (``SqliteStore.route_events``): step outcomes and decisions
+#: become replies; state changes only update the parent.
+EVENTS = frozenset(
+    {
+        "step_finished",
+        "step_skipped",
+        "approved",
+        "rejected",
+        "approve_refused",
+        "reject_refused",
+        "rollback_refused",
+        "rollback_requested",
+        "rollback_done",
+        "approval_vote",
+        "state",
+    }
+)
+_DECISIONS = EVENTS - {"step_finished", "step_skipped", "state"}
+_DIGEST_EVERY = 1.0  # seconds between two updates of a digest (Slack: about one write a second)
+
+
+@dataclass(frozen=True, slots=True)
+class SlackLinks:
+    channel: str
+    grafana_url: str | None = None
+    runbook_url: str | None = None
+    digest_window: timedelta = timedelta(minutes=2)
+    digest_threshold: int = 5
+
+
+def who(actor: str | None) -> str:
+    """An actor as Slack shows it: ``slack:U0ALICE`` → a mention; others as they are."""
+    if actor and actor.startswith("slack:"):
+        return f"<@{actor.removeprefix('slack:')}>"
+    return actor or "pitcrew"
+
+
+class SlackDestination:
+    def __init__(
+        self, client: AsyncWebClient, store: Store, links: SlackLinks, clock: Callable[[], datetime]
+    ) -> None:
+        self.client = client
+        self._store = store
+        self._links = links
+        self._clock = clock
+        self._digest_lock = asyncio.Lock()
+        self._digest_covered: datetime | None = None  # items created before this are in the digest
+        self._digest_at = 0.0  # monotonic time of the last digest write
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    @property
+    def channel(self) -> str:
+        return self._links.channel
+
+    # ----------------------------------------------------------------- deliver
+    async def deliver(self, item: OutboxItem) -> str | None:
+        if item.incident_id is None:
+            notice = Notice.from_record(item.payload)
+            message = messages.channel_notice(notice.title, notice.lines, notice.severity)
+            ts = await self._post(item, message)
+            if await self._store.outbox_ref(NAME, "digest") is not None:
+                await self._refresh_digest(item)
+            return ts
+        incident = await self._store.incident(item.incident_id)
+        if incident is None:
+            return None  # written in the same transaction as the incident: only a test store lacks it
+        thread = await self._store.outbox_ref(NAME, f"thread:{incident.id}")
+        if thread is None:
+            storm = await self._storm(incident)
+            if not storm and _is_event(item) and item.kind not in _DECISIONS:
+                return None  # before the incident notice: the parent will show it
+            if storm:
+                await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", "digest", self._clock())
+                await self._refresh_digest(item)
+                return "digest"
+            if not _is_event(item):
+                await self._store.set_outbox_ref(
+                    NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
+                )
+            ts = await self._post(item, await self._parent(incident))
+            await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+            return ts
+        if thread == "digest":
+            await self._refresh_digest(item)
+            return "digest"
+        posted: str | None = None
+        if item.kind == "incident" and not _is_event(item):
+            await self._store.set_outbox_ref(
+                NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
+            )
+        elif item.kind != "state":
+            built = self._reply(item)
+            if built is not None:
+                posted = await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
+        await call(
+            self.client.chat_update(channel=self.channel, ts=thread, **_content(await self._parent(incident)))
+        )
+        return posted or thread
+
+    def _reply(self, item: OutboxItem) -> Message | None:
+        p = item.payload
+        if not _is_event(item):
+            notice = Notice.from_record(p)
+            if item.kind == "summary":
+                return messages.summary(notice.title, notice.lines, notice.incident_id)
+            return messages.reply(notice.title, notice.lines, notice.incident_id)
+        detail = str(p.get("detail") or "")
+        actor = who(str(p["actor"])) if p.get("actor") else None
+        if item.kind in {"step_finished", "step_skipped"}:
+            outcome = str(p.get("outcome") or "")
+            mark = {"ok": ":white_check_mark:", "failed": ":x:", "skipped": ":fast_forward:"}.get(
+                outcome, "•"
+            )
+            return messages.reply(
+                f"{mark} {p.get('step')}: {outcome}", [detail] if detail else [], item.incident_id
+            )
+        titles = {
+            "approved": f":white_check_mark: approved by {actor}",
+            "rejected": f":no_entry: rejected by {actor}: nothing will be done",
+            "approve_refused": f":lock: approval by {actor} refused",
+            "reject_refused": f":lock: rejection by {actor} refused",
+            "rollback_refused": f":lock: rollback by {actor} refused",
+            "rollback_requested": f":leftwards_arrow_with_hook: rollback requested by {actor}",
+            "rollback_done": f":leftwards_arrow_with_hook: rollback by {actor} done",
+            "approval_vote": f":ballot_box_with_check: first approval by {actor}; a second, different approver is needed",
+        }
+        return messages.reply(titles.get(item.kind, item.kind), [detail] if detail else [], item.incident_id)
+
+    # ----------------------------------------------------------------- posting
+    async def _post(
+        self, item: OutboxItem, message: Message, *, thread_ts: str | None = None, broadcast: bool = False
+    ) -> str:
+        """Post ``message`` once: a delivery begun before a crash first looks for what it posted."""
+        if item.attempts > 1:
+            found = await self._find(item, thread_ts)
+            if found is not None:
+                log.info("notice already in Slack; not posting it again", extra={"outbox_id": item.id})
+                return found
+        answer = await call(
+            self.client.chat_postMessage(
+                channel=self.channel,
+                thread_ts=thread_ts,
+                reply_broadcast=True if broadcast else None,
+                metadata={
+                    "event_type": METADATA_TYPE,
+                    "event_payload": {"outbox_id": item.id, "incident_id": item.incident_id or ""},
+                },
+                **_content(message),
+            )
+        )
+        return str(answer["ts"])
+
+    async def _find(self, item: OutboxItem, thread_ts: str | None) -> str | None:
+        oldest = f"{item.created_at.timestamp() - 60:.6f}"
+        if thread_ts is not None:
+            answer = await call(
+                self.client.conversations_replies(
+                    channel=self.channel, ts=thread_ts, include_all_metadata=True, limit=200
+                )
+            )
+        else:
+            answer = await call(
+                self.client.conversations_history(
+                    channel=self.channel, oldest=oldest, include_all_metadata=True, limit=200
+                )
+            )
+        for message in answer.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == item.id:
+                return str(message["ts"])
+        return None
+
+    # ----------------------------------------------------------------- the parent
+    async def _parent(self, incident: IncidentRecord) -> Message:
+        return messages.parent(await self.view(incident))
+
+    async def view(self, incident: IncidentRecord) -> ParentView:
+        base_text = await self._store.outbox_ref(NAME, f"parent:{incident.id}")
+        base: Mapping[str, Any] = json.loads(base_text) if base_text else {}
+        notice = Notice.from_record(base) if base else None
+        plan = incident.plan
+        lines = notice.lines if notice else tuple(f.describe() for f in incident.faults)
+        title = notice.title if notice else f"{incident.node}: {incident.playbook or 'GPU fault'}"
+        events = await self._store.events_of(incident.id)
+        approval = await self._store.approval(incident.id)
+        decisions = tuple(
+            Decision(who(e.actor), e.kind.replace("_", " "), e.at) for e in events if e.kind in _DECISIONS
+        )
+        offer: list[str] = []
+        if (
+            approval is not None
+            and approval.status == "pending"
+            and incident.state is State.AWAITING_APPROVAL
+        ):
+            offer += ["approve", "reject"]
+        if incident.state not in {State.ROLLED_BACK, State.SUPPRESSED} and not any(
+            e.kind == "rollback_requested" for e in events
+        ):
+            offer.append("rollback")
+        gpus = sorted({f.gpu for f in incident.faults if f.gpu})
+        first = incident.faults[0] if incident.faults else None
+        runbook = None
+        if self._links.runbook_url and first is not None:
+            anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
+            runbook = f"{self._links.runbook_url}#{anchor}"
+        return ParentView(
+            incident_id=incident.id,
+            node=incident.node,
+            title=title,
+            lines=lines,
+            severity=notice.severity if notice else "warning",
+            mode=incident.mode or "-",
+            plan=" → ".join(plan.steps) if plan else "-",
+            gpu=", ".join(gpus),
+            state=incident.state.value,
+            status=_status(incident, events),
+            grafana=messages.dashboard_link(self._links.grafana_url, incident.id, incident.node),
+            runbook=runbook,
+            decisions=decisions,
+            offer=tuple(offer),
+        )
+
+    # ----------------------------------------------------------------- storms
+    async def _storm(self, incident: IncidentRecord) -> bool:
+        if await self._store.outbox_ref(NAME, "digest") is not None and await self._digest_open(incident):
+            return True
+        window = self._links.digest_window
+        recent = await self._store.incidents(limit=self._links.digest_threshold * 4 + 10)
+        near = [
+            i
+            for i in recent
+            if abs(i.opened_at - incident.opened_at) <= window and i.opened_at <= incident.opened_at
+        ]
+        return len(near) >= self._links.digest_threshold
+
+    async def _digest_open(self, incident: IncidentRecord) -> bool:
+        raw = await self._store.outbox_ref(NAME, "digest")
+        if raw is None:
+            return False
+        state = json.loads(raw)
+        last = datetime.fromisoformat(state["last"])
+        return incident.opened_at - last <= self._links.digest_window
+
+    async def _refresh_digest(self, item: OutboxItem) -> None:
+        """Bring the storm's one digest message up to date (posting it first if there is none)."""
+        async with self._digest_lock:
+            if self._digest_covered is not None and item.created_at <= self._digest_covered:
+                return  # an update after this item was written already shows it
+            wait = self._digest_at + _DIGEST_EVERY - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            read_at = self._clock()
+            raw = await self._store.outbox_ref(NAME, "digest")
+            state: dict[str, Any] = json.loads(raw) if raw else {}
+            since = datetime.fromisoformat(state["since"]) if state else None
+            incidents = await self._store.incidents(limit=1000)
+            if since is None:
+                opened = min(
+                    (i.opened_at for i in incidents if read_at - i.opened_at <= self._links.digest_window),
+                    default=read_at,
+                )
+                since = opened
+            members = sorted((i for i in incidents if i.opened_at >= since), key=lambda i: i.opened_at)
+            entries = [
+                DigestEntry(
+                    i.id,
+                    i.node,
+                    i.faults[0].short if i.faults else "GPU fault",
+                    i.state.value,
+                    "breaker" in i.outcome.lower(),
+                )
+                for i in members
+            ]
+            mode = members[-1].mode if members and members[-1].mode else "-"
+            message = messages.digest(entries, format_duration(self._links.digest_window), mode)
+            if state.get("ts"):
+                await call(self.client.chat_update(channel=self.channel, ts=state["ts"], **_content(message)))
+                ts = state["ts"]
+            else:
+                ts = await self._post(item, message)
+            last = max((i.opened_at for i in members), default=since)
+            document = {"ts": ts, "since": since.isoformat(), "last": last.isoformat()}
+            await self._store.set_outbox_ref(NAME, "digest", json.dumps(document), self._clock())
+            self._digest_covered, self._digest_at = read_at, time.monotonic()
+
+    # ----------------------------------------------------------------- probe
+    async def probe(self) -> Probe:
+        """``auth.test`` and the bot's membership of the channel; a refused scope is named."""
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            identity = await self.client.auth_test()
+            info = await self.client.conversations_info(channel=self.channel)
+        except SlackApiError as exc:
+            data = exc.response.data if isinstance(exc.response.data, dict) else {}
+            error = str(data.get("error", "error"))
+            needed = tuple(s for s in str(data.get("needed", "")).split(",") if s)
+            if error == "missing_scope":
+                return Probe("slack", False, f"the bot token lacks scope {', '.join(needed)}", needed)
+            if error in {"channel_not_found", "not_in_channel"}:
+                return Probe("slack", False, f"channel {self.channel}: {error}", (f"channel {self.channel}",))
+            return Probe("slack", False, f"Slack refused: {error}")
+        except Exception as exc:  # the probe reports, never raises
+            return Probe("slack", False, f"Slack unreachable: {type(exc).__name__}")
+        channel = info.get("channel") or {}
+        if not channel.get("is_member"):
+            return Probe(
+                "slack",
+                False,
+                f"the bot is not in channel {self.channel}: /invite it",
+                (f"channel {self.channel}",),
+            )
+        return Probe(
+            "slack",
+            True,
+            f"bot {identity.get('user')} in team {identity.get('team')}, channel {self.channel}",
+        )
+
+
+def _is_event(item: OutboxItem) -> bool:
+    return bool(item.payload.get("event"))
+
+
+def _content(message: Message) -> dict[str, Any]:
+    return {"text": message.text, "blocks": message.blocks}
+
+
+def _status(incident: IncidentRecord, events: list[Event]) -> str:
+    plan = incident.plan
+    if incident.state.terminal:
+        return incident.outcome or incident.state.value
+    if incident.state is State.AWAITING_APPROVAL:
+        return "waiting for an approver"
+    if plan is not None and incident.step_index < len(plan.steps):
+        step = plan.steps[incident.step_index]
+        waiting = next(
+            (e.detail for e in reversed(events) if e.kind == "step_waiting" and e.step == step), ""
+        )
+        return f"step {incident.step_index + 1}/{len(plan.steps)}: {step}" + (
+            f" ({waiting})" if waiting else ""
+        )
+    return incident.state.value
