@@ -221,6 +221,16 @@ class SlackPitcrew:
             answer = self.slack.api.ephemeral[-1]["text"]
         return str(answer)
 
+    async def quiet(self, seconds: float = 0.5, timeout: float = 30.0) -> None:
+        """Until no Slack call has been made for ``seconds`` (the outbox has caught up)."""
+        deadline = time.monotonic() + timeout
+        seen, since = len(self.slack.api.calls), time.monotonic()
+        while time.monotonic() - since < seconds:
+            assert time.monotonic() < deadline, "Slack calls never stopped"
+            await asyncio.sleep(0.05)
+            if len(self.slack.api.calls) != seen:
+                seen, since = len(self.slack.api.calls), time.monotonic()
+
     def thread(self, incident_id: str) -> list[Any]:
         """The incident's thread as a human sees it (parent first), found by the parent's metadata."""
         for message in self.slack.api.messages:
