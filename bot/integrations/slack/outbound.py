@@ -273,12 +273,10 @@ class SlackDestination:
         if await self._store.outbox_ref(NAME, "digest") is not None and await self._digest_open(incident):
             return True
         window = self._links.digest_window
-        recent = await self._store.incidents(limit=self._links.digest_threshold * 4 + 10)
-        near = [
-            i
-            for i in recent
-            if abs(i.opened_at - incident.opened_at) <= window and i.opened_at <= incident.opened_at
-        ]
+        # Incidents opened in the window up to this one (later ones may already exist: the
+        # outbox can lag behind a storm), newest first.
+        recent = await self._store.incidents(limit=1000)
+        near = [i for i in recent if timedelta(0) <= incident.opened_at - i.opened_at <= window]
         return len(near) >= self._links.digest_threshold
 
     async def _digest_open(self, incident: IncidentRecord) -> bool:
