@@ -136,7 +136,7 @@ class SlackDestination:
                 NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
             )
         elif item.kind != "state":
-            built = self._reply(item)
+            built = self.reply_for(item)
             if built is not None:
                 posted = await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
         await call(
@@ -144,7 +144,7 @@ class SlackDestination:
         )
         return posted or thread
 
-    def _reply(self, item: OutboxItem) -> Message | None:
+    def reply_for(self, item: OutboxItem) -> Message | None:
         p = item.payload
         if not _is_event(item):
             notice = Notice.from_record(p)
