@@ -198,7 +198,8 @@ class SlackDestination:
         return str(answer["ts"])
 
     async def _find(self, item: OutboxItem, thread_ts: str | None) -> str | None:
-        oldest = f"{item.created_at.timestamp() - 60:.6f}"
+        # The newest messages, not those after the item's time: the post that a crash interrupted is
+        # seconds old, and Slack's clock is not ours.
         if thread_ts is not None:
             answer = await call(
                 self.client.conversations_replies(
@@ -207,9 +208,7 @@ class SlackDestination:
             )
         else:
             answer = await call(
-                self.client.conversations_history(
-                    channel=self.channel, oldest=oldest, include_all_metadata=True, limit=200
-                )
+                self.client.conversations_history(channel=self.channel, include_all_metadata=True, limit=200)
             )
         for message in answer.get("messages") or []:
             metadata = message.get("metadata") or {}
