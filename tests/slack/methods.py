@@ -31,6 +31,23 @@ SCOPES: dict[str, str | None] = {
 }
 
 
+#: The Web API methods pitcrew calls (the scenario tests check every call they record is one of
+#: these; tests/slack/test_manifest.py checks the app manifest grants exactly their scopes).
+PITCREW_METHODS = frozenset(
+    {
+        "auth.test",
+        "chat.postMessage",
+        "chat.update",
+        "chat.postEphemeral",
+        "conversations.info",
+        "conversations.history",
+        "conversations.replies",
+        "usergroups.users.list",
+        "apps.connections.open",
+    }
+)
+
+
 def _bot(api: WebApi, token: str, method: str | None = None) -> None:
     if not token:
         raise ApiError("not_authed")

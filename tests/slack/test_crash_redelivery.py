@@ -18,12 +18,15 @@ from typing import Any
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
+from tests.slack.methods import PITCREW_METHODS
 from tests.slack.threaded import threaded_standin
 from tests.slack.webapi import Call
 from tests.slack.world import BOT_TOKEN, SIGNING_SECRET
 
 
-def test_sigkill_after_posting_the_parent_does_not_post_it_twice(pitcrew_factory: Any, tmp_path: Path) -> None:
+def test_sigkill_after_posting_the_parent_does_not_post_it_twice(
+    pitcrew_factory: Any, tmp_path: Path
+) -> None:
     (tmp_path / "bot.token").write_text(BOT_TOKEN)
     (tmp_path / "signing.secret").write_text(SIGNING_SECRET)
     with threaded_standin() as slack:
@@ -73,5 +76,6 @@ def test_sigkill_after_posting_the_parent_does_not_post_it_twice(pitcrew_factory
         assert len([c for c in slack.api.calls_to("chat.postMessage") if not c.args.get("thread_ts")]) == 1
         assert slack.api.calls_to("conversations.history"), "the restarted pitcrew did not look first"
         assert tops[0].metadata and tops[0].metadata["event_payload"]["incident_id"] == incident
+        assert {c.method for c in slack.api.calls} <= PITCREW_METHODS  # the manifest grants these
         ids = [e["action_id"] for b in parent.blocks if b["type"] == "actions" for e in b["elements"]]
         assert ids == ["pitcrew_approve", "pitcrew_reject", "pitcrew_rollback"]

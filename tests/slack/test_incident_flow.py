@@ -18,6 +18,7 @@ import pytest
 
 from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK
 from tests.harness.scenarios import delivery, gpu_node, inventory
+from tests.slack.methods import PITCREW_METHODS
 from tests.slack.pitcrew_app import SlackPitcrew, click, until
 from tests.slack.server import SlackStandin
 
@@ -133,6 +134,7 @@ async def test_xid79_approve_reject_rollback_from_slack(
             ("rejected", "slack:U0ALICE"),
         } <= actors
 
+        assert {c.method for c in slack.api.calls} <= PITCREW_METHODS  # the manifest grants these
         status = await pitcrew.slash(f"status {other}")
         assert other in status and "suppressed" in status
         assert "mode *approve*" in await pitcrew.slash("status")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from tests.harness.scenarios import delivery
+from tests.slack.methods import PITCREW_METHODS
 from tests.slack.pitcrew_app import SlackPitcrew, until
 from tests.slack.server import SlackStandin
 
@@ -58,6 +59,7 @@ async def test_outage_then_429_delays_messages_but_never_remediation(
             if m.text.startswith(":") and ":" in m.text.split(" ", 1)[1]
         ]
         assert [s for s in steps_in_thread if s in finished] == finished
+        assert {c.method for c in slack.api.calls} <= PITCREW_METHODS  # the manifest grants these
         broadcast = [m for m in replies if m.reply_broadcast]
         assert len(broadcast) == 1 and "finished" in broadcast[0].text  # the summary
         assert "resolved" in repr(parent.blocks)
