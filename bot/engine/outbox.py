@@ -129,7 +129,9 @@ class OutboxSender:
                 except Exception:  # the sender must outlive a bad round; the rows stay pending
                     log.exception("outbox round failed", extra={"destination": destination.name})
                     delay = min(delay, self._backoff)
-            await self._timer.wait(self._wake, max(delay, 0.01))
+            delay = max(delay, 0.0)
+            if delay > 0:
+                await self._timer.wait(self._wake, delay)
 
     async def drain(self, destination: Destination) -> float:
         """Deliver what is due now; seconds until the next deferred item is due (or the idle beat)."""
@@ -137,6 +139,7 @@ class OutboxSender:
         self._metrics.outbox_pending.labels(destination.name).set(len(items))
         blocked: set[str] = set()
         next_due = self._idle
+        delivered = 0
         for item in items:
             key = item.incident_id or ""
             if key in blocked:
@@ -146,10 +149,13 @@ class OutboxSender:
                 blocked.add(key)
                 next_due = min(next_due, (item.not_before - now).total_seconds())
                 continue
-            if not await self._deliver(destination, item):
+            if await self._deliver(destination, item):
+                delivered += 1
+            else:
                 blocked.add(key)
                 next_due = min(next_due, self._backoff)
-        return next_due
+        # A full page delivered: more may be waiting behind it, look again at once.
+        return 0.0 if delivered and len(items) == 500 else next_due
 
     async def _deliver(self, destination: Destination, item: OutboxItem) -> bool:
         await self._store.outbox_attempt(item.id, self._clock())
