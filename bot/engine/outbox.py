@@ -140,6 +140,7 @@ class OutboxSender:
         blocked: set[str] = set()
         next_due = self._idle
         delivered = 0
+        last = {item.incident_id or "": item.id for item in items}  # each incident's newest pending item
         for item in items:
             key = item.incident_id or ""
             if key in blocked:
@@ -149,7 +150,7 @@ class OutboxSender:
                 blocked.add(key)
                 next_due = min(next_due, (item.not_before - now).total_seconds())
                 continue
-            if await self._deliver(destination, item):
+            if await self._deliver(destination, item, more=last[key] != item.id):
                 delivered += 1
             else:
                 blocked.add(key)
@@ -157,11 +158,11 @@ class OutboxSender:
         # A full page delivered: more may be waiting behind it, look again at once.
         return 0.0 if delivered and len(items) == 500 else next_due
 
-    async def _deliver(self, destination: Destination, item: OutboxItem) -> bool:
+    async def _deliver(self, destination: Destination, item: OutboxItem, *, more: bool) -> bool:
         await self._store.outbox_attempt(item.id, self._clock())
         fresh = replace(item, attempts=item.attempts + 1)
         try:
-            ref = await destination.deliver(fresh)
+            ref = await destination.deliver(fresh, more=more)
         except TransientError as exc:
             failures = self._failures.get(item.id, 0) + 1
             self._failures[item.id] = failures

@@ -201,12 +201,14 @@ class Destination(Protocol):
     audited). ``TransientError`` (with ``retry_after`` when the far side gave one) retries it
     later, with backoff. A delivery may be repeated after a crash (``item.attempts > 1``): the
     destination must then find what it already posted and update it instead of posting twice.
+    ``more`` says that later items of the same incident are waiting right behind this one (a
+    destination may leave a summary update to the last of them).
     """
 
     @property
     def name(self) -> str: ...
 
-    async def deliver(self, item: OutboxItem) -> str | None: ...
+    async def deliver(self, item: OutboxItem, *, more: bool = False) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)

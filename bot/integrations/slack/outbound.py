@@ -6,8 +6,8 @@
 - the incident notice posts the **parent** message (its ts kept in the store as the thread);
 - step outcomes, decisions and later notices are **replies** in that thread; the summary is
   broadcast to the channel (``reply_broadcast``);
-- after each, the parent is **updated** from the store: state, current step, who decided what
-  when, and only the buttons still possible;
+- after each (or after the last of a run of them waiting together), the parent is **updated**
+  from the store: state, current step, who decided what when, and only the buttons still possible;
 - when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
   message, updated at most once a second, instead of a thread each;
 - notices about pitcrew as a whole (the breaker) are top-level channel messages.
@@ -100,7 +100,7 @@ class SlackDestination:
         return self._links.channel
 
     # ----------------------------------------------------------------- deliver
-    async def deliver(self, item: OutboxItem) -> str | None:
+    async def deliver(self, item: OutboxItem, *, more: bool = False) -> str | None:
         if item.incident_id is None:
             notice = Notice.from_record(item.payload)
             message = messages.channel_notice(notice.title, notice.lines, notice.severity)
