@@ -139,9 +139,12 @@ class SlackDestination:
             built = self.reply_for(item)
             if built is not None:
                 posted = await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
-        await call(
-            self.client.chat_update(channel=self.channel, ts=thread, **_content(await self._parent(incident)))
-        )
+        if not more:  # the last of a run of this incident's items updates the parent for all of them
+            await call(
+                self.client.chat_update(
+                    channel=self.channel, ts=thread, **_content(await self._parent(incident))
+                )
+            )
         return posted or thread
 
     def reply_for(self, item: OutboxItem) -> Message | None:
