@@ -66,10 +66,12 @@ class SlackPitcrew:
         config: Mapping[str, Any] | None = None,
         inventory: Path | None = None,
         replace_seconds: float = 0.0,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.workdir = workdir
         self.slack = slack
         self.transport = transport
+        self.connect_timeout = connect_timeout
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -128,7 +130,7 @@ class SlackPitcrew:
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         self._session = aiohttp.ClientSession()
         if self.transport == "socket":
-            await self.slack.socket.connected(timeout=10)
+            await self.slack.socket.connected(timeout=self.connect_timeout)
         return self
 
     async def __aexit__(

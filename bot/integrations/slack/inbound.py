@@ -18,6 +18,7 @@ app-level token, reconnects on ``disconnect``), as a background worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -233,15 +234,42 @@ class SlackInbound:
 
 
 class SocketMode:
-    """bolt's Socket Mode handler as a background worker (``start``/``stop``)."""
+    """bolt's Socket Mode handler as a background worker (``start``/``stop``).
 
-    def __init__(self, inbound: SlackInbound, app_token: str) -> None:
+    Connecting must never hold up pitcrew's start: Slack being down cannot stop remediation. The
+    first connection is made in the background (slack_sdk's client retries it every ping interval
+    until it succeeds, and reconnects by itself later, also on ``disconnect`` frames); should it
+    give up with an error, it is tried again here with backoff."""
+
+    def __init__(self, inbound: SlackInbound, app_token: str, *, backoff_max: float = 60.0) -> None:
         self._handler = AsyncSocketModeHandler(inbound.app, app_token)
+        self._backoff_max = backoff_max
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self._handler.connect_async()  # type: ignore[no-untyped-call]
+        self._task = asyncio.create_task(self._connect(), name="pitcrew-slack-socket-mode")
+
+    async def _connect(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self._handler.connect_async()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                log.warning(
+                    "Slack Socket Mode not connected; will retry",
+                    extra={"reason": type(exc).__name__, "retry_in": delay},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max)
+            else:
+                log.info("Slack Socket Mode connected")
+                return
 
     async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         await self._handler.close_async()  # type: ignore[no-untyped-call]
 
 
