@@ -242,18 +242,23 @@ class SocketMode:
     give up with an error, it is tried again here with backoff."""
 
     def __init__(self, inbound: SlackInbound, app_token: str, *, backoff_max: float = 60.0) -> None:
-        self._handler = AsyncSocketModeHandler(inbound.app, app_token)
+        self._app = inbound.app
+        self._app_token = app_token
         self._backoff_max = backoff_max
+        self._handler: AsyncSocketModeHandler | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._connect(), name="pitcrew-slack-socket-mode")
+        # Built here, on the running loop: its aiohttp session cannot be made outside one (and
+        # ``pitcrew serve`` builds the app before the loop runs).
+        self._handler = AsyncSocketModeHandler(self._app, self._app_token)
+        self._task = asyncio.create_task(self._connect(self._handler), name="pitcrew-slack-socket-mode")
 
-    async def _connect(self) -> None:
+    async def _connect(self, handler: AsyncSocketModeHandler) -> None:
         delay = 1.0
         while True:
             try:
-                await self._handler.connect_async()  # type: ignore[no-untyped-call]
+                await handler.connect_async()  # type: ignore[no-untyped-call]
             except Exception as exc:
                 log.warning(
                     "Slack Socket Mode not connected; will retry",
@@ -270,7 +275,9 @@ class SocketMode:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._handler.close_async()  # type: ignore[no-untyped-call]
+        if self._handler is not None:
+            await self._handler.close_async()  # type: ignore[no-untyped-call]
+            self._handler = None
 
 
 def _malformed(text: str) -> str | None:
