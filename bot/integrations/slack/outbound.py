@@ -9,7 +9,7 @@
 - after each (or after the last of a run of them waiting together), the parent is **updated**
   from the store: state, current step, who decided what when, and only the buttons still possible;
 - when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
-  message, updated at most once a second, instead of a thread each;
+  message (``digest``), updated at most once a second, instead of a thread each;
 - notices about pitcrew as a whole (the breaker) are top-level channel messages.
 
 Every post carries message metadata naming its outbox item. A delivery begun before a crash
@@ -19,10 +19,8 @@ already has the message, records its ts instead of posting again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,12 +28,13 @@ from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.domain.durations import format_duration
 from bot.domain.incident import State
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
+from bot.integrations.slack.digest import PREFIX as DIGEST
+from bot.integrations.slack.digest import StormDigest
 from bot.integrations.slack.errors import call
-from bot.integrations.slack.messages import Decision, DigestEntry, Message, ParentView
+from bot.integrations.slack.messages import Decision, Message, ParentView
 from bot.store.base import Event, IncidentRecord, OutboxItem, Store
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,6 @@ EVENTS = frozenset(
     }
 )
 _DECISIONS = EVENTS - {"step_finished", "step_skipped", "state"}
-_DIGEST_EVERY = 1.0  # seconds between two updates of a digest (Slack: about one write a second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +85,9 @@ class SlackDestination:
         self._store = store
         self._links = links
         self._clock = clock
-        self._digest_lock = asyncio.Lock()
-        self._digest_covered: datetime | None = None  # items created before this are in the digest
-        self._digest_at = 0.0  # monotonic time of the last digest write
+        self._digest = StormDigest(
+            client, store, links.channel, links.digest_window, links.digest_threshold, clock
+        )
 
     @property
     def name(self) -> str:
@@ -104,22 +102,19 @@ class SlackDestination:
         if item.incident_id is None:
             notice = Notice.from_record(item.payload)
             message = messages.channel_notice(notice.title, notice.lines, notice.severity)
-            ts = await self._post(item, message)
-            if await self._store.outbox_ref(NAME, "digest") is not None:
-                await self._refresh_digest(item)
-            return ts
+            return await self._post(item, message)
         incident = await self._store.incident(item.incident_id)
         if incident is None:
             return None  # written in the same transaction as the incident: only a test store lacks it
         thread = await self._store.outbox_ref(NAME, f"thread:{incident.id}")
         if thread is None:
-            storm = await self._storm(incident)
+            storm = await self._digest.joins(incident)
             if not storm and _is_event(item) and item.kind not in _DECISIONS:
                 return None  # before the incident notice: the parent will show it
             if storm:
-                await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", "digest", self._clock())
-                await self._refresh_digest(item)
-                return "digest"
+                ref = await self._digest.show(item, incident, None, self._post)
+                await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ref, self._clock())
+                return ref
             if not _is_event(item):
                 await self._store.set_outbox_ref(
                     NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
@@ -127,9 +122,8 @@ class SlackDestination:
             ts = await self._post(item, await self._parent(incident))
             await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
             return ts
-        if thread == "digest":
-            await self._refresh_digest(item)
-            return "digest"
+        if thread.startswith(DIGEST):
+            return await self._digest.show(item, incident, thread, self._post)
         posted: str | None = None
         if item.kind == "incident" and not _is_event(item):
             await self._store.set_outbox_ref(
@@ -178,7 +172,7 @@ class SlackDestination:
 
     # ----------------------------------------------------------------- posting
     async def _post(
-        self, item: OutboxItem, message: Message, *, thread_ts: str | None = None, broadcast: bool = False
+        self, item: OutboxItem, message: Message, thread_ts: str | None = None, broadcast: bool = False
     ) -> str:
         """Post ``message`` once: a delivery begun before a crash first looks for what it posted."""
         if item.attempts > 1:
@@ -269,67 +263,6 @@ class SlackDestination:
             decisions=decisions,
             offer=tuple(offer),
         )
-
-    # ----------------------------------------------------------------- storms
-    async def _storm(self, incident: IncidentRecord) -> bool:
-        if await self._store.outbox_ref(NAME, "digest") is not None and await self._digest_open(incident):
-            return True
-        window = self._links.digest_window
-        # Incidents opened in the window up to this one (later ones may already exist: the
-        # outbox can lag behind a storm), newest first.
-        recent = await self._store.incidents(limit=1000)
-        near = [i for i in recent if timedelta(0) <= incident.opened_at - i.opened_at <= window]
-        return len(near) >= self._links.digest_threshold
-
-    async def _digest_open(self, incident: IncidentRecord) -> bool:
-        raw = await self._store.outbox_ref(NAME, "digest")
-        if raw is None:
-            return False
-        state = json.loads(raw)
-        last = datetime.fromisoformat(state["last"])
-        return incident.opened_at - last <= self._links.digest_window
-
-    async def _refresh_digest(self, item: OutboxItem) -> None:
-        """Bring the storm's one digest message up to date (posting it first if there is none)."""
-        async with self._digest_lock:
-            if self._digest_covered is not None and item.created_at <= self._digest_covered:
-                return  # an update after this item was written already shows it
-            wait = self._digest_at + _DIGEST_EVERY - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            read_at = self._clock()
-            raw = await self._store.outbox_ref(NAME, "digest")
-            state: dict[str, Any] = json.loads(raw) if raw else {}
-            since = datetime.fromisoformat(state["since"]) if state else None
-            incidents = await self._store.incidents(limit=1000)
-            if since is None:
-                opened = min(
-                    (i.opened_at for i in incidents if read_at - i.opened_at <= self._links.digest_window),
-                    default=read_at,
-                )
-                since = opened
-            members = sorted((i for i in incidents if i.opened_at >= since), key=lambda i: i.opened_at)
-            entries = [
-                DigestEntry(
-                    i.id,
-                    i.node,
-                    i.faults[0].short if i.faults else "GPU fault",
-                    i.state.value,
-                    "breaker" in i.outcome.lower(),
-                )
-                for i in members
-            ]
-            mode = members[-1].mode if members and members[-1].mode else "-"
-            message = messages.digest(entries, format_duration(self._links.digest_window), mode)
-            if state.get("ts"):
-                await call(self.client.chat_update(channel=self.channel, ts=state["ts"], **_content(message)))
-                ts = state["ts"]
-            else:
-                ts = await self._post(item, message)
-            last = max((i.opened_at for i in members), default=since)
-            document = {"ts": ts, "since": since.isoformat(), "last": last.isoformat()}
-            await self._store.set_outbox_ref(NAME, "digest", json.dumps(document), self._clock())
-            self._digest_covered, self._digest_at = read_at, time.monotonic()
 
     # ----------------------------------------------------------------- probe
     async def probe(self) -> Probe:
