@@ -34,6 +34,7 @@ from bot.config_sections import (
     ResumptionSettings,
     ServerSettings,
     Settings,
+    SlackSettings,
     SlurmSettings,
     StoreSettings,
     default_state_dir,
@@ -57,6 +58,7 @@ __all__ = [
     "ResumptionSettings",
     "ServerSettings",
     "Settings",
+    "SlackSettings",
     "SlurmSettings",
     "StoreSettings",
     "default_state_dir",
@@ -220,6 +222,30 @@ def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -
         and not settings.approvals.approvers
     ):
         problems.append("approvals.approvers: mode approve needs at least one approver")
+    problems += _slack_problems(settings)
+    return problems
+
+
+def _slack_problems(settings: Settings) -> list[str]:
+    """``integrations.notifier: slack`` needs a token, a channel and the secret of its transport."""
+    if settings.integrations.notifier != "slack":
+        return []
+    slack = settings.slack
+    problems = []
+    if slack.bot_token_file is None:
+        problems.append("slack.bot_token_file: integrations.notifier slack needs the bot token (xoxb-...)")
+    if not slack.channel:
+        problems.append("slack.channel: integrations.notifier slack needs the channel id (C...)")
+    secret = slack.signing_secret_file if slack.transport == "http" else slack.app_token_file
+    for field, path in (
+        ("slack.bot_token_file", slack.bot_token_file),
+        ("slack.signing_secret_file" if slack.transport == "http" else "slack.app_token_file", secret),
+    ):
+        if path is not None:
+            try:
+                read_secret(path, field)
+            except ConfigError as exc:
+                problems.append(str(exc))
     return problems
 
 

@@ -138,8 +138,10 @@ class IntegrationSettings(_Section):
         description="`journal` writes what would have been done; `none` for Slurm-only sites: no "
         "Kubernetes, so cordon and drain find nothing to do and replace, reboot and GPU reset go to a human.",
     )
-    notifier: Literal["log"] = Field(
-        default="log", description="`log`: every notice is a structured log record (and a journal line)."
+    notifier: Literal["log", "slack"] = Field(
+        default="log",
+        description="`log`: every notice is a structured log record (and a journal line) and a timeline "
+        "event; `slack`: the same, and delivered to Slack through the durable outbox (see `slack:`).",
     )
     journal_path: Path | None = Field(
         default=None,
@@ -203,6 +205,85 @@ class SlurmSettings(NodeMapping):
     def node_mapping(self) -> MappingMode:
         """The mapping mode under its configuration key's name (``mapping().mode``)."""
         return self.mode
+
+
+class SlackSettings(_Section):
+    """Slack: one thread per incident, Approve / Reject / Rollback buttons, the ``/pitcrew`` command."""
+
+    bot_token_file: Path | None = Field(
+        default=None, description="File holding the bot token (xoxb-...); required with notifier slack."
+    )
+    transport: Literal["http", "socket"] = Field(
+        default="socket",
+        description="How buttons and /pitcrew reach pitcrew: `socket` (Socket Mode, app-level token, no "
+        "inbound exposure) or `http` (POST /slack/events on pitcrew's server, signed with the signing secret).",
+    )
+    signing_secret_file: Path | None = Field(
+        default=None, description="File holding the app's signing secret (transport http)."
+    )
+    app_token_file: Path | None = Field(
+        default=None,
+        description="File holding the app-level token (xapp-..., connections:write; transport socket).",
+    )
+    channel: str = Field(default="", description="Channel id (C...) incident threads and digests go to.")
+    approvers: list[str] = Field(
+        default_factory=list,
+        description="Slack user ids (U...) allowed to approve, reject and roll back from Slack.",
+    )
+    approver_group: str | None = Field(
+        default=None,
+        description="A user group id (S...) whose members may approve too (usergroups.users.list, cached).",
+    )
+    group_cache: Duration = Field(
+        default=timedelta(minutes=5), description="How long the group's members are cached."
+    )
+    second_approver_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Ask a second, different approver when approving would put more than this many nodes "
+        "under remediation at once; unset: one approver is enough.",
+    )
+    second_approver_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The same as a share of the fleet (0.05 = 5 %); either threshold asks for a second approver.",
+    )
+    grafana_url: str | None = Field(
+        default=None,
+        description="Grafana incident dashboard base URL; the parent message links "
+        "`<url>?var-incident=<id>&var-node=<node>`.",
+    )
+    runbook_url: str | None = Field(
+        default=None,
+        description="Runbook base URL used when an alert carries no runbook_url annotation.",
+    )
+    digest_window: Duration = Field(
+        default=timedelta(minutes=2),
+        description="Incidents opening within this window of each other form a storm...",
+    )
+    digest_threshold: int = Field(
+        default=5,
+        ge=2,
+        description="...once this many have opened in it: later ones join one digest message, updated as "
+        "nodes join, instead of a thread each (Slack allows about one message per second per channel).",
+    )
+    base_url: str | None = Field(
+        default=None,
+        description="Slack Web API base URL; unset: https://slack.com/api/ (tests point it elsewhere).",
+    )
+    retry_backoff_max: Duration = Field(
+        default=timedelta(seconds=60),
+        description="Longest wait between deliveries of a notice Slack refused for now.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SlackSettings:
+        if self.transport == "http" and self.bot_token_file is not None and self.signing_secret_file is None:
+            raise ValueError("transport http needs signing_secret_file")
+        if self.transport == "socket" and self.bot_token_file is not None and self.app_token_file is None:
+            raise ValueError("transport socket needs app_token_file (the app-level xapp- token)")
+        return self
 
 
 class ResumptionSettings(_Section):
@@ -280,4 +361,5 @@ class Settings(BaseSettings, Policy):
     resumption: ResumptionSettings = ResumptionSettings()
     goodput: GoodputSettings = GoodputSettings()
     grafana: GrafanaSettings = GrafanaSettings()
+    slack: SlackSettings = SlackSettings()
     log: LogSettings = LogSettings()

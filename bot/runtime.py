@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,19 @@ from bot.engine.deps import EngineDeps
 from bot.engine.engine import Engine
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
-from bot.engine.ports import Cluster, MetricsQuery, Scheduler
+from bot.engine.outbox import OutboxNotifier, OutboxSender
+from bot.engine.ports import Cluster, Destination, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
 from bot.integrations.grafana import GrafanaAnnotations
 from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.prometheus import PrometheusQuery
+from bot.integrations.slack import EVENTS as SLACK_EVENTS
+from bot.integrations.slack import Slack, build_slack
 from bot.integrations.slurm import build_scheduler
 from bot.safety import port_problems
 from bot.store.base import Store
 from bot.store.sqlite import SqliteStore
-from bot.web.app import Deps, create_app
+from bot.web.app import Background, Deps, create_app
 from bot.web.auth import Credentials
 
 
@@ -178,9 +182,36 @@ def build_app(
             )
     metrics = metrics or Metrics(version=__version__)
     store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
+    slack = _slack(config, store)
+    destinations: list[Destination] = [slack.destination] if slack else []
+    sender = OutboxSender(
+        store,
+        destinations,
+        metrics,
+        utcnow,
+        backoff=config.settings.engine.retry_backoff.total_seconds(),
+        backoff_max=config.settings.slack.retry_backoff_max.total_seconds(),
+    )
+    # Every notice goes to the log (the port given) and the timeline, and through the outbox to
+    # each destination: posting never waits for Slack.
+    ports = replace(
+        ports,
+        notifier=OutboxNotifier(
+            store, utcnow, ports.notifier, [d.name for d in destinations], wake=sender.wake
+        ),
+    )
     engine = Engine(engine_deps(config, store, ports, metrics))
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     webhook, admin = credentials(config)
+    commands = Commands(
+        engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
+    )
+    background: list[Background] = [engine, sender]
+    inbound = slack.inbound(commands, store, utcnow) if slack else None
+    if slack is not None and inbound is not None:
+        socket = slack.socket_mode(inbound)
+        if socket is not None:
+            background.append(socket)
     deps = Deps(
         config=config,
         store=store,
@@ -190,11 +221,22 @@ def build_app(
         webhook_credentials=webhook,
         admin_credentials=admin,
         read_credentials=read_credentials(config),
-        background=[engine],
-        commands=Commands(engine, store, metrics, utcnow, config.settings.mode),
+        background=background,
+        commands=commands,
         ready_checks=[lambda: engine.running],
     )
-    return create_app(deps)
+    app = create_app(deps)
+    if inbound is not None and config.settings.slack.transport == "http":
+        app.router.add_post("/slack/events", inbound.handle_http)
+    return app
+
+
+def _slack(config: Config, store: SqliteStore) -> Slack | None:
+    """Slack's pieces when ``integrations.notifier: slack``; its events routed to its outbox."""
+    if config.settings.integrations.notifier != "slack":
+        return None
+    store.route_events(SLACK_EVENTS, "slack")
+    return build_slack(config.settings.slack, config.policy, store, utcnow)
 
 
 def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool = False) -> None:

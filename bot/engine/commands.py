@@ -7,7 +7,7 @@ the allowlist: an approval from anyone else is refused, audited and counted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -82,8 +82,13 @@ class Commands:
         metrics: Metrics,
         clock: Callable[[], datetime],
         mode: Mode,
+        *,
+        vouch: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self._engine = engine
+        #: Approvers a channel knows beyond the allowlist (Slack's approver user group), asked only
+        #: when the allowlist says no.
+        self._vouch = vouch
         self._store = store
         self._metrics = metrics
         self._clock = clock
@@ -122,7 +127,9 @@ class Commands:
                 incident_id, f"{verb}_refused", actor, f"no pending approval ({state})", "conflict"
             )
             return CommandResult("conflict", f"{incident_id} has no pending approval ({state})")
-        if not allowed(actor, approval.approvers):
+        if not allowed(actor, approval.approvers) and not (
+            self._vouch is not None and await self._vouch(actor)
+        ):
             self._metrics.approvals.labels("refused").inc()
             await self._audit(incident_id, f"{verb}_refused", actor, f"{actor} is not an approver", "refused")
             return CommandResult("refused", f"{actor} may not {verb} {incident_id}")

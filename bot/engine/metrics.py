@@ -118,6 +118,18 @@ class Metrics:
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
+        self.notices = Counter(
+            "pitcrew_notices",
+            "Notices handed to a destination (Slack, ...) by the outbox: delivered, retried, failed.",
+            ["destination", "outcome"],
+            registry=r,
+        )
+        self.outbox_pending = Gauge(
+            "pitcrew_outbox_pending",
+            "Notices not yet delivered, by destination.",
+            ["destination"],
+            registry=r,
+        )
         self.time_to_out_of_service = Histogram(
             "pitcrew_time_to_out_of_service_seconds",
             "From first alert to the node out of service (Slurm DOWN/DRAIN), by playbook.",

@@ -19,6 +19,7 @@ from bot.domain.nodemap import SlurmdPod
 from bot.domain.ownership import OWNER_ANNOTATION as OWNER_ANNOTATION
 from bot.domain.ownership import Taint as Taint
 from bot.domain.ownership import fault_taint
+from bot.store.base import OutboxItem
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,28 @@ class Notice:
     actions: tuple[str, ...] = ()
     node: str | None = None
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, object]) -> Notice:
+        """The notice back from ``record()`` (as the outbox stores it); unknown keys are ignored."""
+
+        def strings(key: str) -> tuple[str, ...]:
+            value = record.get(key)
+            return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+
+        def text(key: str) -> str | None:
+            value = record.get(key)
+            return None if value is None else str(value)
+
+        return cls(
+            text("incident_id"),
+            str(record.get("kind", "")),
+            str(record.get("title", "")),
+            strings("lines"),
+            severity=str(record.get("severity") or "info"),
+            actions=strings("actions"),
+            node=text("node"),
+        )
+
     def record(self) -> dict[str, str | list[str] | None]:
         """The notice as one journal or log record (what humans were told, nothing more)."""
         return {
@@ -168,6 +191,25 @@ class Notifier(Protocol):
     """Slack (or a log of what would have been posted). Returns a message reference."""
 
     async def post(self, notice: Notice) -> str | None: ...
+
+
+@runtime_checkable
+class Destination(Protocol):
+    """Where the outbox sender (``bot.engine.outbox``) delivers notices: Slack, later Grafana.
+
+    ``deliver`` is called for one item at a time, in order per incident, until it returns (the
+    item is delivered; the answer is its reference) or raises ``PermanentError`` (given up,
+    audited). ``TransientError`` (with ``retry_after`` when the far side gave one) retries it
+    later, with backoff. A delivery may be repeated after a crash (``item.attempts > 1``): the
+    destination must then find what it already posted and update it instead of posting twice.
+    ``more`` says that later items of the same incident are waiting right behind this one (a
+    destination may leave a summary update to the last of them).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    async def deliver(self, item: OutboxItem, *, more: bool = False) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,6 +166,28 @@ class ApprovalRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxItem:
+    """One notice waiting for (or done with) one destination (``bot.store.outbox``).
+
+    ``attempts`` counts deliveries begun, persisted *before* each one: an item with attempts
+    left over from a crash may already have reached the destination, which must look before
+    it posts again. ``ref`` is what the destination answered (a Slack message ts)."""
+
+    id: int
+    destination: str
+    incident_id: str | None
+    kind: str
+    payload: JsonObject
+    created_at: datetime
+    attempts: int = 0
+    not_before: datetime | None = None
+    delivered_at: datetime | None = None
+    ref: str | None = None
+    last_error: str = ""
+    event_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NewEvent:
     kind: str
     step: str | None = None
@@ -267,3 +289,34 @@ class Store(Protocol):
     async def nodes_in_remediation(
         self, since: datetime, exclude_node: str | None = None
     ) -> frozenset[str]: ...
+
+    # the outbox of notices (``bot.store.outbox``)
+    async def enqueue(
+        self,
+        incident_id: str | None,
+        event: NewEvent,
+        kind: str,
+        payload: JsonObject,
+        destinations: Sequence[str],
+        now: datetime,
+    ) -> int:
+        """Append ``event`` to the timeline and, in the same transaction, one outbox row per
+        destination carrying ``payload``; the event's seq."""
+        ...
+
+    async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:
+        """Undelivered items of ``destination``, oldest first (the order of delivery per incident)."""
+        ...
+
+    async def outbox_item(self, item_id: int) -> OutboxItem | None: ...
+    async def outbox_attempt(self, item_id: int, now: datetime) -> None:
+        """Count a delivery begun, before it is (so a crash leaves the mark)."""
+        ...
+
+    async def outbox_delivered(self, item_id: int, ref: str | None, now: datetime) -> None: ...
+    async def outbox_defer(self, item_id: int, not_before: datetime, error: str) -> None: ...
+    async def outbox_ref(self, destination: str, key: str) -> str | None:
+        """A reference a destination keeps (``slack``, ``thread:pc-00042``) → ``C0GPUOPS/1795941999.000200``."""
+        ...
+
+    async def set_outbox_ref(self, destination: str, key: str, ref: str, now: datetime) -> None: ...

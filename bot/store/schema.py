@@ -111,6 +111,34 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER events_no_delete BEFORE DELETE ON events
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
     """,
+    # 2: the durable outbox of notices (bot.store.outbox): one row per notice and destination,
+    # written in the transaction of the timeline event it reports; the references a destination
+    # keeps (a Slack thread's ts) beside it.
+    """
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        destination TEXT NOT NULL,
+        incident_id TEXT,
+        event_seq INTEGER,
+        kind TEXT NOT NULL,
+        payload_json TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        not_before TEXT,
+        delivered_at TEXT,
+        ref TEXT,
+        last_error TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX outbox_pending ON outbox(destination, id) WHERE delivered_at IS NULL;
+
+    CREATE TABLE outbox_refs (
+        destination TEXT NOT NULL,
+        key TEXT NOT NULL,
+        ref TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (destination, key)
+    ) WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

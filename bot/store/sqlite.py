@@ -26,6 +26,7 @@ from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
 from bot.store import codec
+from bot.store import outbox as _outbox
 from bot.store.base import (
     PAGE_MAX,
     AlertRecord,
@@ -36,6 +37,7 @@ from bot.store.base import (
     IngestOutcome,
     JsonObject,
     NewEvent,
+    OutboxItem,
     Page,
     StepRecord,
     StoreUnavailable,
@@ -80,6 +82,24 @@ class SqliteStore:
         self.path = path
         self._writer = Writer(path, synchronous=synchronous, units_per_batch=units_per_batch)
         self._reader = Reader(path)
+        #: Event kind → outbox destinations it is also written to (``route_events``).
+        self._routes: dict[str, tuple[str, ...]] = {}
+
+    def route_events(self, kinds: frozenset[str], destination: str) -> None:
+        """Timeline events of ``kinds`` also go to ``destination``'s outbox, in their own transaction
+        (step outcomes and decisions for Slack's thread). Set up before the store is used."""
+        for kind in kinds:
+            self._routes[kind] = (*self._routes.get(kind, ()), destination)
+
+    def _events(
+        self, db: sqlite3.Connection, incident_id: str | None, events: Sequence[NewEvent], now: datetime
+    ) -> None:
+        """Append to the timeline and, for routed kinds, to the outbox, in the caller's transaction."""
+        for event in events:
+            insert_events(db, [(incident_id, event)], now)
+            destinations = self._routes.get(event.kind)
+            if destinations:
+                _outbox.route(db, incident_id, event, destinations, now)
 
     async def open(self) -> None:
         await self._writer.open()  # creates and migrates the database
@@ -290,7 +310,7 @@ class SqliteStore:
         return len(keys)
 
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
-        await self._writer.submit(lambda db: insert_events(db, [(incident_id, event)], now))
+        await self._writer.submit(lambda db: self._events(db, incident_id, [event], now))
 
     async def save_plan(
         self, incident_id: str, plan: Plan, events: Sequence[NewEvent], now: datetime
@@ -352,7 +372,7 @@ class SqliteStore:
                 [*params, *params_where],
             )
             if event is not None and cursor.rowcount:
-                insert_events(db, [(incident_id, event)], now)
+                self._events(db, incident_id, [event], now)
 
         await self._writer.submit(unit)
         record = await self.incident(incident_id)
@@ -407,7 +427,7 @@ class SqliteStore:
                 " status = excluded.status, ended_at = excluded.ended_at, result_json = excluded.result_json",
                 (incident_id, step, status, stamp, codec.dumps(dict(result or {}))),
             )
-            insert_events(db, [(incident_id, event)], now)
+            self._events(db, incident_id, [event], now)
 
         await self._writer.submit(unit)
 
@@ -462,3 +482,39 @@ class SqliteStore:
                 (name, codec.dumps(dict(value)) if value is not None else None, actor, codec.ts(now)),
             )
         )
+
+    # ------------------------------------------------------------------ outbox
+    async def enqueue(
+        self,
+        incident_id: str | None,
+        event: NewEvent,
+        kind: str,
+        payload: JsonObject,
+        destinations: Sequence[str],
+        now: datetime,
+    ) -> int:
+        seq: int = await self._writer.submit(
+            lambda db: _outbox.enqueue(db, incident_id, event, kind, payload, destinations, now)
+        )
+        return seq
+
+    async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:
+        return await self._reader.run(lambda db: _outbox.pending(db, destination, limit))
+
+    async def outbox_item(self, item_id: int) -> OutboxItem | None:
+        return await self._reader.run(lambda db: _outbox.item(db, item_id))
+
+    async def outbox_attempt(self, item_id: int, now: datetime) -> None:
+        await self._writer.submit(lambda db: _outbox.attempt(db, item_id))
+
+    async def outbox_delivered(self, item_id: int, ref: str | None, now: datetime) -> None:
+        await self._writer.submit(lambda db: _outbox.delivered(db, item_id, ref, now))
+
+    async def outbox_defer(self, item_id: int, not_before: datetime, error: str) -> None:
+        await self._writer.submit(lambda db: _outbox.defer(db, item_id, not_before, error))
+
+    async def outbox_ref(self, destination: str, key: str) -> str | None:
+        return await self._reader.run(lambda db: _outbox.ref(db, destination, key))
+
+    async def set_outbox_ref(self, destination: str, key: str, ref: str, now: datetime) -> None:
+        await self._writer.submit(lambda db: _outbox.set_ref(db, destination, key, ref, now))

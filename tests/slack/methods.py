@@ -16,13 +16,48 @@ if TYPE_CHECKING:
     from tests.slack.webapi import Handler, WebApi
 
 
-def _bot(api: WebApi, token: str) -> None:
+#: The bot-token scope each method needs (docs.slack.dev method reference, "Required scopes"; public
+#: channels — a private channel needs the groups:* counterpart). auth.test needs none.
+SCOPES: dict[str, str | None] = {
+    "auth.test": None,
+    "chat.postMessage": "chat:write",
+    "chat.update": "chat:write",
+    "chat.postEphemeral": "chat:write",
+    "conversations.info": "channels:read",
+    "conversations.members": "channels:read",
+    "conversations.history": "channels:history",
+    "conversations.replies": "channels:history",
+    "usergroups.users.list": "usergroups:read",
+}
+
+
+#: The Web API methods pitcrew calls (the scenario tests check every call they record is one of
+#: these; tests/slack/test_manifest.py checks the app manifest grants exactly their scopes).
+PITCREW_METHODS = frozenset(
+    {
+        "auth.test",
+        "chat.postMessage",
+        "chat.update",
+        "chat.postEphemeral",
+        "conversations.info",
+        "conversations.history",
+        "conversations.replies",
+        "usergroups.users.list",
+        "apps.connections.open",
+    }
+)
+
+
+def _bot(api: WebApi, token: str, method: str | None = None) -> None:
     if not token:
         raise ApiError("not_authed")
     if token in api.world.app_tokens:
         raise ApiError("not_allowed_token_type")
     if token not in api.world.bot_tokens:
         raise ApiError("invalid_auth")
+    needed = SCOPES.get(method or "")
+    if needed is not None and needed not in api.world.scopes:
+        raise ApiError("missing_scope", needed=needed, provided=",".join(sorted(api.world.scopes)))
 
 
 def _channel(api: WebApi, args: dict[str, Any], *, member: bool = True) -> Channel:
@@ -49,7 +84,23 @@ def _content(args: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     return text[:40000], blockkit.stored(blocks or [])
 
 
-def _message_json(api: WebApi, m: Message, *, with_ts: bool = True) -> dict[str, Any]:
+def _metadata(args: dict[str, Any]) -> dict[str, Any] | None:
+    """``metadata`` as Slack takes it: ``event_type`` (a string) and ``event_payload`` (an object)."""
+    metadata = _json_arg(args, "metadata")
+    if metadata is None:
+        return None
+    if (
+        not isinstance(metadata, dict)
+        or not isinstance(metadata.get("event_type"), str)
+        or not isinstance(metadata.get("event_payload"), dict)
+    ):
+        raise ApiError("invalid_metadata_format")
+    return {"event_type": metadata["event_type"], "event_payload": metadata["event_payload"]}
+
+
+def _message_json(
+    api: WebApi, m: Message, *, with_ts: bool = True, with_metadata: bool = False
+) -> dict[str, Any]:
     w = api.world
     out: dict[str, Any] = {"user": m.user, "type": "message", "text": m.text, "bot_id": w.bot_id}
     if with_ts:
@@ -57,12 +108,14 @@ def _message_json(api: WebApi, m: Message, *, with_ts: bool = True) -> dict[str,
     out.update({"app_id": w.app_id, "team": w.team_id, "blocks": m.blocks})
     if m.thread_ts:
         out.update({"thread_ts": m.thread_ts, "parent_user_id": w.bot_user})
+    if with_metadata and m.metadata is not None:
+        out["metadata"] = m.metadata
     out["bot_profile"] = {"id": w.bot_id, "app_id": w.app_id, "user_id": w.bot_user, "name": w.bot_name}
     return out
 
 
 async def auth_test(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "auth.test")
     w = api.world
     return {
         "ok": True,
@@ -77,7 +130,7 @@ async def auth_test(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, 
 
 
 async def chat_post_message(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "chat.postMessage")
     channel = _channel(api, args)
     text, blocks = _content(args)
     thread_ts = args.get("thread_ts") or None
@@ -87,12 +140,13 @@ async def chat_post_message(api: WebApi, token: str, args: dict[str, Any]) -> di
         thread_ts = (parent.thread_ts or parent.ts) if parent is not None else str(thread_ts)
     m = Message(channel.id, api.next_ts(), text, blocks, api.world.bot_user, thread_ts)
     m.reply_broadcast = thread_ts is not None and _truthy(args.get("reply_broadcast"))
+    m.metadata = _metadata(args)
     api.messages.append(m)
     return {"ok": True, "channel": channel.id, "ts": m.ts, "message": _message_json(api, m)}
 
 
 async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "chat.update")
     channel = _channel(api, args)
     m = api.message(channel.id, str(args.get("ts", "")))
     if m is None:
@@ -107,7 +161,7 @@ async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str
 
 
 async def chat_post_ephemeral(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "chat.postEphemeral")
     channel = _channel(api, args)
     user = str(args.get("user", ""))
     if user not in channel.members:
@@ -119,7 +173,7 @@ async def chat_post_ephemeral(api: WebApi, token: str, args: dict[str, Any]) -> 
 
 
 async def conversations_info(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "conversations.info")
     c = _channel(api, args, member=False)
     info = {"id": c.id, "name": c.name, "is_channel": not c.is_private, "is_private": c.is_private}
     info.update({"is_archived": False, "is_member": api.world.bot_user in c.members})
@@ -127,13 +181,61 @@ async def conversations_info(api: WebApi, token: str, args: dict[str, Any]) -> d
 
 
 async def conversations_members(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "conversations.members")
     c = _channel(api, args, member=False)
     return {"ok": True, "members": sorted(c.members), "response_metadata": {"next_cursor": ""}}
 
 
+def _page(args: dict[str, Any]) -> int:
+    try:
+        return max(1, min(int(args.get("limit") or 100), 999))
+    except ValueError as e:
+        raise ApiError("invalid_limit") from e
+
+
+async def conversations_history(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Top-level messages and broadcast replies, newest first, within ``oldest``/``latest``."""
+    _bot(api, token, "conversations.history")
+    channel = _channel(api, args)
+    oldest, latest = float(args.get("oldest") or 0), float(args.get("latest") or "inf")
+    meta = _truthy(args.get("include_all_metadata"))
+    shown = [
+        m
+        for m in api.channel_view(channel.id)
+        if oldest < float(m.ts) <= latest or (oldest == 0 and float(m.ts) <= latest)
+    ]
+    shown.sort(key=lambda m: float(m.ts), reverse=True)
+    limit = _page(args)
+    out = [_message_json(api, m, with_metadata=meta) for m in shown[:limit]]
+    return {
+        "ok": True,
+        "messages": out,
+        "has_more": len(shown) > limit,
+        "response_metadata": {"next_cursor": ""},
+    }
+
+
+async def conversations_replies(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A thread: its parent first, then the replies, oldest first."""
+    _bot(api, token, "conversations.replies")
+    channel = _channel(api, args)
+    parent = api.message(channel.id, str(args.get("ts", "")))
+    if parent is None:
+        raise ApiError("thread_not_found")
+    meta = _truthy(args.get("include_all_metadata"))
+    thread = api.thread(channel.id, parent.thread_ts or parent.ts)
+    limit = _page(args)
+    out = [_message_json(api, m, with_metadata=meta) for m in thread[:limit]]
+    return {
+        "ok": True,
+        "messages": out,
+        "has_more": len(thread) > limit,
+        "response_metadata": {"next_cursor": ""},
+    }
+
+
 async def usergroups_users_list(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-    _bot(api, token)
+    _bot(api, token, "usergroups.users.list")
     users = api.world.usergroups.get(str(args.get("usergroup", "")))
     if users is None:
         raise ApiError("no_such_subteam")
@@ -147,5 +249,7 @@ METHODS: dict[str, Handler] = {
     "chat.postEphemeral": chat_post_ephemeral,
     "conversations.info": conversations_info,
     "conversations.members": conversations_members,
+    "conversations.history": conversations_history,
+    "conversations.replies": conversations_replies,
     "usergroups.users.list": usergroups_users_list,
 }

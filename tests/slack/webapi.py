@@ -54,6 +54,9 @@ class Message:
     thread_ts: str | None = None
     reply_broadcast: bool = False
     updates: list[dict[str, Any]] = field(default_factory=list)
+    #: Message metadata (``{"event_type", "event_payload"}``) as posted, returned by history reads
+    #: that ask for it (``include_all_metadata``).
+    metadata: dict[str, Any] | None = None
 
 
 class ApiError(Exception):
@@ -110,12 +113,20 @@ class WebApi:
         self.post_interval: float | None = None
         self._last_post: dict[str, float] = {}
         self._seq = 0
+        #: Monotonic time until which every call answers 503 (Slack down).
+        self._down_until = -math.inf
+        #: Called with each call before it is answered (a test may kill pitcrew right there).
+        self.on_call: Callable[[Call], None] | None = None
 
     # -- what a test drives -------------------------------------------------------------------------
 
     def fail(self, method: str, status: int, count: int = 1, retry_after: int = 1) -> None:
         """Answer the next ``count`` calls of ``method`` ("*" = any) with 429 (+Retry-After) or a 5xx."""
         self.faults.setdefault(method, []).append(Fault(status, count, retry_after))
+
+    def outage(self, seconds: float) -> None:
+        """Answer every call with HTTP 503 for the next ``seconds`` (Slack down)."""
+        self._down_until = time.monotonic() + seconds
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
@@ -172,6 +183,8 @@ class WebApi:
         call = Call(method, args, token)
         self.calls.append(call)
         fault = self._forced(method)
+        if fault is None and time.monotonic() < self._down_until:
+            fault = Fault(503, 1)
         throttle = self._throttled(method, args) if fault is None else None
         if throttle is not None:
             fault = Fault(429, 1, throttle)
@@ -189,4 +202,6 @@ class WebApi:
         except ApiError as e:
             answer = e.body
         call.answer = answer
+        if self.on_call is not None:
+            self.on_call(call)
         return web.json_response(answer)

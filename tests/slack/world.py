@@ -36,9 +36,23 @@ class World:
     epoch: int = 1795941999
     channels: dict[str, Channel] = field(
         default_factory=lambda: {
-            "C0GPUOPS": Channel("C0GPUOPS", "gpu-ops", {"U0PITBOT", "U0ALICE", "U0MALLORY"}),
+            "C0GPUOPS": Channel("C0GPUOPS", "gpu-ops", {"U0PITBOT", "U0ALICE", "U0MALLORY", "U0BOB"}),
             "C0ELSEWHERE": Channel("C0ELSEWHERE", "elsewhere", {"U0ALICE"}),
         }
     )
     usergroups: dict[str, list[str]] = field(default_factory=lambda: {"S0APPROVERS": ["U0ALICE"]})
-    users: dict[str, str] = field(default_factory=lambda: {"U0ALICE": "alice", "U0MALLORY": "mallory"})
+    users: dict[str, str] = field(
+        default_factory=lambda: {"U0ALICE": "alice", "U0MALLORY": "mallory", "U0BOB": "bob"}
+    )
+    #: Scopes granted to the bot token; a method needing another answers ``missing_scope``.
+    scopes: set[str] = field(
+        default_factory=lambda: {
+            "chat:write",
+            "channels:read",
+            "groups:read",
+            "channels:history",
+            "groups:history",
+            "usergroups:read",
+            "commands",
+        }
+    )

@@ -1,0 +1,194 @@
+"""Notices through the durable outbox: written with their timeline event, delivered in the background.
+
+``OutboxNotifier`` is the ``Notifier`` every step and flow talks to. ``post`` never reaches a far
+side: it logs the notice (the inner notifier: the structured log, the journal), then writes one
+timeline event and one outbox row per configured destination in one transaction, and returns.
+Slack being down or rate limiting therefore never blocks or fails remediation.
+
+``OutboxSender`` is the background worker that delivers the rows: per destination, oldest first,
+one at a time per incident (a later notice of an incident waits for the earlier one, so a
+thread reads in order). A failure of the far side defers only that incident's notices, with
+backoff (the far side's ``Retry-After`` when it gave one); other incidents go on. A permanent
+refusal is logged, audited in the incident's timeline and counted, and the next notice goes on:
+one unpostable message must not silence an incident. The begun delivery is marked in the store
+before it starts, so after a crash the destination knows to look for what it already posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.metrics import Metrics
+from bot.engine.ports import Destination, Notice, Notifier
+from bot.engine.signals import RealTimer, Timer
+from bot.store.base import Json, NewEvent, OutboxItem, Store
+
+log = logging.getLogger(__name__)
+
+
+class OutboxNotifier:
+    """The ``Notifier`` port over the outbox: log now, deliver later, lose nothing."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        inner: Notifier,
+        destinations: Sequence[str],
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._inner = inner
+        self.destinations = tuple(destinations)
+        self._wake = wake
+        #: What stands behind the port for ``bot.safety``: the inner notifier's far side.
+        self.far_side = getattr(inner, "far_side", "log")
+
+    async def post(self, notice: Notice) -> str | None:
+        await self._inner.post(notice)
+        event = NewEvent(
+            "notice",
+            detail=notice.title,
+            outcome=notice.kind,
+            data={"severity": notice.severity, "destinations": list(self.destinations)},
+        )
+        payload: dict[str, Json] = {
+            "incident_id": notice.incident_id,
+            "kind": notice.kind,
+            "title": notice.title,
+            "lines": [*notice.lines],
+            "severity": notice.severity,
+            "actions": [*notice.actions],
+            "node": notice.node,
+        }
+        seq = await self._store.enqueue(
+            notice.incident_id, event, notice.kind, payload, self.destinations, self._clock()
+        )
+        if self.destinations:
+            self._wake()
+        return f"notice-{seq}"
+
+
+class OutboxSender:
+    """Delivers the outbox to its destinations until stopped (``start``/``stop`` for ``cleanup_ctx``)."""
+
+    def __init__(
+        self,
+        store: Store,
+        destinations: Sequence[Destination],
+        metrics: Metrics,
+        clock: Callable[[], datetime],
+        *,
+        timer: Timer | None = None,
+        backoff: float = 1.0,
+        backoff_max: float = 60.0,
+        idle: float = 5.0,
+    ) -> None:
+        self._store = store
+        self._destinations = tuple(destinations)
+        self._metrics = metrics
+        self._clock = clock
+        self._timer = timer or RealTimer()
+        self._backoff = backoff
+        self._backoff_max = backoff_max
+        self._idle = idle
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: Failures in a row per item: the backoff grows with them (attempts also count crashes).
+        self._failures: dict[int, int] = {}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="pitcrew-outbox")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            delay = self._idle
+            for destination in self._destinations:
+                try:
+                    delay = min(delay, await self.drain(destination))
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # the sender must outlive a bad round; the rows stay pending
+                    log.exception("outbox round failed", extra={"destination": destination.name})
+                    delay = min(delay, self._backoff)
+            delay = max(delay, 0.0)
+            if delay > 0:
+                await self._timer.wait(self._wake, delay)
+
+    async def drain(self, destination: Destination) -> float:
+        """Deliver what is due now; seconds until the next deferred item is due (or the idle beat)."""
+        items = await self._store.outbox_pending(destination.name, limit=500)
+        self._metrics.outbox_pending.labels(destination.name).set(len(items))
+        blocked: set[str] = set()
+        next_due = self._idle
+        delivered = 0
+        last = {item.incident_id or "": item.id for item in items}  # each incident's newest pending item
+        for item in items:
+            key = item.incident_id or ""
+            if key in blocked:
+                continue
+            now = self._clock()
+            if item.not_before is not None and item.not_before > now:
+                blocked.add(key)
+                next_due = min(next_due, (item.not_before - now).total_seconds())
+                continue
+            if await self._deliver(destination, item, more=last[key] != item.id):
+                delivered += 1
+            else:
+                blocked.add(key)
+                next_due = min(next_due, self._backoff)
+        # A full page delivered: more may be waiting behind it, look again at once.
+        return 0.0 if delivered and len(items) == 500 else next_due
+
+    async def _deliver(self, destination: Destination, item: OutboxItem, *, more: bool) -> bool:
+        await self._store.outbox_attempt(item.id, self._clock())
+        fresh = replace(item, attempts=item.attempts + 1)
+        try:
+            ref = await destination.deliver(fresh, more=more)
+        except TransientError as exc:
+            failures = self._failures.get(item.id, 0) + 1
+            self._failures[item.id] = failures
+            wait = exc.retry_after or min(self._backoff * 2 ** (failures - 1), self._backoff_max)
+            await self._store.outbox_defer(item.id, self._clock() + timedelta(seconds=wait), str(exc))
+            self._metrics.notices.labels(destination.name, "retried").inc()
+            log.warning(
+                "notice not delivered yet; will retry",
+                extra={"destination": destination.name, "incident": item.incident_id, "retry_in": wait},
+            )
+            return False
+        except PermanentError as exc:
+            self._failures.pop(item.id, None)
+            await self._store.outbox_delivered(item.id, None, self._clock())
+            await self._store.record(
+                item.incident_id,
+                NewEvent("notice_failed", outcome=item.kind, detail=f"{destination.name}: {exc}"),
+                self._clock(),
+            )
+            self._metrics.notices.labels(destination.name, "failed").inc()
+            log.error(
+                "notice refused by its destination",
+                extra={"destination": destination.name, "incident": item.incident_id, "reason": exc.reason},
+            )
+            return True
+        self._failures.pop(item.id, None)
+        await self._store.outbox_delivered(item.id, ref, self._clock())
+        self._metrics.notices.labels(destination.name, "delivered").inc()
+        return True

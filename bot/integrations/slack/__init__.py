@@ -1,0 +1,79 @@
+"""Slack: incident threads, Approve / Reject / Rollback, ``/pitcrew``, HTTP or Socket Mode.
+
+The only package of pitcrew that imports ``slack_sdk`` and ``slack_bolt`` (an import-linter
+contract holds it to that). ``build_slack`` makes the pieces the composition root wires:
+the outbox destination (``outbound``), the approvers (``approvers``), and, once the engine's
+commands exist, the inbound side (``inbound``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.config import SlackSettings, read_secret
+from bot.domain.policy import Policy
+from bot.engine.commands import Commands
+from bot.integrations.slack.approvers import Approvers, SecondApproverRule
+from bot.integrations.slack.inbound import SlackInbound, SocketMode
+from bot.integrations.slack.outbound import EVENTS, NAME, SlackDestination, SlackLinks
+from bot.store.base import Store
+
+__all__ = ["EVENTS", "NAME", "Slack", "SlackDestination", "SlackInbound", "SocketMode", "build_slack"]
+
+
+@dataclass
+class Slack:
+    settings: SlackSettings
+    client: AsyncWebClient
+    destination: SlackDestination
+    approvers: Approvers
+
+    def inbound(self, commands: Commands, store: Store, clock: Callable[[], datetime]) -> SlackInbound:
+        secret = None
+        if self.settings.transport == "http" and self.settings.signing_secret_file is not None:
+            secret = read_secret(self.settings.signing_secret_file, "slack.signing_secret_file")
+        return SlackInbound(
+            self.client,
+            commands,
+            store,
+            self.approvers,
+            clock,
+            channel=self.settings.channel,
+            signing_secret=secret,
+        )
+
+    def socket_mode(self, inbound: SlackInbound) -> SocketMode | None:
+        if self.settings.transport != "socket" or self.settings.app_token_file is None:
+            return None
+        return SocketMode(inbound, read_secret(self.settings.app_token_file, "slack.app_token_file"))
+
+
+def build_slack(
+    settings: SlackSettings, policy: Policy, store: Store, clock: Callable[[], datetime]
+) -> Slack:
+    """The Web API client and what needs only it and the store (the config was checked at load)."""
+    assert settings.bot_token_file is not None, "bot.config refuses notifier slack without a bot token"
+    token = read_secret(settings.bot_token_file, "slack.bot_token_file")
+    client = AsyncWebClient(token=token, base_url=settings.base_url or AsyncWebClient.BASE_URL)
+    links = SlackLinks(
+        channel=settings.channel,
+        grafana_url=settings.grafana_url,
+        runbook_url=settings.runbook_url,
+        digest_window=settings.digest_window,
+        digest_threshold=settings.digest_threshold,
+    )
+    breaker = policy.guards.breaker
+    rule = SecondApproverRule(
+        nodes=settings.second_approver_nodes,
+        fraction=settings.second_approver_fraction,
+        fleet_size=breaker.fleet_size,
+        window=breaker.window,
+    )
+    approvers = Approvers(
+        client, tuple(settings.approvers), settings.approver_group, settings.group_cache, rule, store, clock
+    )
+    return Slack(settings, client, SlackDestination(client, store, links, clock), approvers)

@@ -1,0 +1,323 @@
+"""The outbox's Slack destination: one thread per incident, one digest per storm, nothing twice.
+
+``SlackDestination.deliver`` gets one outbox item at a time, in order per incident
+(``bot.engine.outbox``), and turns it into Web API calls:
+
+- the incident notice posts the **parent** message (its ts kept in the store as the thread);
+- step outcomes, decisions and later notices are **replies** in that thread; the summary is
+  broadcast to the channel (``reply_broadcast``);
+- after each (or after the last of a run of them waiting together), the parent is **updated**
+  from the store: state, current step, who decided what when, and only the buttons still possible;
+- when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
+  message (``digest``), updated at most once a second, instead of a thread each;
+- notices about pitcrew as a whole (the breaker) are top-level channel messages.
+
+Every post carries message metadata naming its outbox item. A delivery begun before a crash
+(``item.attempts > 1``) first looks for that metadata in the channel or thread and, if Slack
+already has the message, records its ts instead of posting again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.domain.incident import State
+from bot.engine.ports import Notice, Probe
+from bot.integrations.slack import messages
+from bot.integrations.slack.digest import PREFIX as DIGEST
+from bot.integrations.slack.digest import StormDigest
+from bot.integrations.slack.errors import call
+from bot.integrations.slack.messages import Decision, Message, ParentView
+from bot.store.base import Event, IncidentRecord, OutboxItem, Store
+
+log = logging.getLogger(__name__)
+
+NAME = "slack"
+METADATA_TYPE = "pitcrew_notice"
+#: Timeline events that reach Slack (``SqliteStore.route_events``): step outcomes and decisions
+#: become replies; state changes only update the parent.
+EVENTS = frozenset(
+    {
+        "step_finished",
+        "step_skipped",
+        "approved",
+        "rejected",
+        "approve_refused",
+        "reject_refused",
+        "rollback_refused",
+        "rollback_requested",
+        "rollback_done",
+        "approval_vote",
+        "state",
+    }
+)
+_DECISIONS = EVENTS - {"step_finished", "step_skipped", "state"}
+
+
+@dataclass(frozen=True, slots=True)
+class SlackLinks:
+    channel: str
+    grafana_url: str | None = None
+    runbook_url: str | None = None
+    digest_window: timedelta = timedelta(minutes=2)
+    digest_threshold: int = 5
+
+
+def who(actor: str | None) -> str:
+    """An actor as Slack shows it: ``slack:U0ALICE`` → a mention; others as they are."""
+    if actor and actor.startswith("slack:"):
+        return f"<@{actor.removeprefix('slack:')}>"
+    return actor or "pitcrew"
+
+
+class SlackDestination:
+    def __init__(
+        self, client: AsyncWebClient, store: Store, links: SlackLinks, clock: Callable[[], datetime]
+    ) -> None:
+        self.client = client
+        self._store = store
+        self._links = links
+        self._clock = clock
+        self._digest = StormDigest(
+            client, store, links.channel, links.digest_window, links.digest_threshold, clock
+        )
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    @property
+    def channel(self) -> str:
+        return self._links.channel
+
+    # ----------------------------------------------------------------- deliver
+    async def deliver(self, item: OutboxItem, *, more: bool = False) -> str | None:
+        if item.incident_id is None:
+            notice = Notice.from_record(item.payload)
+            message = messages.channel_notice(notice.title, notice.lines, notice.severity)
+            return await self._post(item, message)
+        incident = await self._store.incident(item.incident_id)
+        if incident is None:
+            return None  # written in the same transaction as the incident: only a test store lacks it
+        thread = await self._store.outbox_ref(NAME, f"thread:{incident.id}")
+        if thread is None:
+            storm = await self._digest.joins(incident)
+            if not storm and _is_event(item) and item.kind not in _DECISIONS:
+                return None  # before the incident notice: the parent will show it
+            if storm:
+                ref = await self._digest.show(item, incident, None, self._post)
+                await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ref, self._clock())
+                return ref
+            if not _is_event(item):
+                await self._store.set_outbox_ref(
+                    NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
+                )
+            ts = await self._post(item, await self._parent(incident))
+            await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+            return ts
+        if thread.startswith(DIGEST):
+            return await self._digest.show(item, incident, thread, self._post)
+        posted: str | None = None
+        if item.kind == "incident" and not _is_event(item):
+            await self._store.set_outbox_ref(
+                NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
+            )
+        elif item.kind != "state":
+            built = self.reply_for(item)
+            if built is not None:
+                posted = await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
+        if not more:  # the last of a run of this incident's items updates the parent for all of them
+            await call(
+                self.client.chat_update(
+                    channel=self.channel, ts=thread, **_content(await self._parent(incident))
+                )
+            )
+        return posted or thread
+
+    def reply_for(self, item: OutboxItem) -> Message | None:
+        p = item.payload
+        if not _is_event(item):
+            notice = Notice.from_record(p)
+            if item.kind == "summary":
+                return messages.summary(notice.title, notice.lines, notice.incident_id)
+            return messages.reply(notice.title, notice.lines, notice.incident_id)
+        detail = str(p.get("detail") or "")
+        actor = who(str(p["actor"])) if p.get("actor") else None
+        if item.kind in {"step_finished", "step_skipped"}:
+            outcome = str(p.get("outcome") or "")
+            mark = {"ok": ":white_check_mark:", "failed": ":x:", "skipped": ":fast_forward:"}.get(
+                outcome, "•"
+            )
+            return messages.reply(
+                f"{mark} {p.get('step')}: {outcome}", [detail] if detail else [], item.incident_id
+            )
+        titles = {
+            "approved": f":white_check_mark: approved by {actor}",
+            "rejected": f":no_entry: rejected by {actor}: nothing will be done",
+            "approve_refused": f":lock: approval by {actor} refused",
+            "reject_refused": f":lock: rejection by {actor} refused",
+            "rollback_refused": f":lock: rollback by {actor} refused",
+            "rollback_requested": f":leftwards_arrow_with_hook: rollback requested by {actor}",
+            "rollback_done": f":leftwards_arrow_with_hook: rollback by {actor} done",
+            "approval_vote": f":ballot_box_with_check: first approval by {actor}; a second, different approver is needed",
+        }
+        return messages.reply(titles.get(item.kind, item.kind), [detail] if detail else [], item.incident_id)
+
+    # ----------------------------------------------------------------- posting
+    async def _post(
+        self, item: OutboxItem, message: Message, thread_ts: str | None = None, broadcast: bool = False
+    ) -> str:
+        """Post ``message`` once: a delivery begun before a crash first looks for what it posted."""
+        if item.attempts > 1:
+            found = await self._find(item, thread_ts)
+            if found is not None:
+                log.info("notice already in Slack; not posting it again", extra={"outbox_id": item.id})
+                return found
+        answer = await call(
+            self.client.chat_postMessage(
+                channel=self.channel,
+                thread_ts=thread_ts,
+                reply_broadcast=True if broadcast else None,
+                metadata={
+                    "event_type": METADATA_TYPE,
+                    "event_payload": {"outbox_id": item.id, "incident_id": item.incident_id or ""},
+                },
+                **_content(message),
+            )
+        )
+        return str(answer["ts"])
+
+    async def _find(self, item: OutboxItem, thread_ts: str | None) -> str | None:
+        # The newest messages, not those after the item's time: the post that a crash interrupted is
+        # seconds old, and Slack's clock is not ours.
+        if thread_ts is not None:
+            answer = await call(
+                self.client.conversations_replies(
+                    channel=self.channel, ts=thread_ts, include_all_metadata=True, limit=200
+                )
+            )
+        else:
+            answer = await call(
+                self.client.conversations_history(channel=self.channel, include_all_metadata=True, limit=200)
+            )
+        for message in answer.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == item.id:
+                return str(message["ts"])
+        return None
+
+    # ----------------------------------------------------------------- the parent
+    async def _parent(self, incident: IncidentRecord) -> Message:
+        return messages.parent(await self.view(incident))
+
+    async def view(self, incident: IncidentRecord) -> ParentView:
+        base_text = await self._store.outbox_ref(NAME, f"parent:{incident.id}")
+        base: Mapping[str, Any] = json.loads(base_text) if base_text else {}
+        notice = Notice.from_record(base) if base else None
+        plan = incident.plan
+        lines = notice.lines if notice else tuple(f.describe() for f in incident.faults)
+        title = notice.title if notice else f"{incident.node}: {incident.playbook or 'GPU fault'}"
+        events = await self._store.events_of(incident.id)
+        approval = await self._store.approval(incident.id)
+        decisions = tuple(
+            Decision(who(e.actor), e.kind.replace("_", " "), e.at) for e in events if e.kind in _DECISIONS
+        )
+        offer: list[str] = []
+        if (
+            approval is not None
+            and approval.status == "pending"
+            and incident.state is State.AWAITING_APPROVAL
+        ):
+            offer += ["approve", "reject"]
+        if incident.state not in {State.ROLLED_BACK, State.SUPPRESSED} and not any(
+            e.kind == "rollback_requested" for e in events
+        ):
+            offer.append("rollback")
+        gpus = sorted({f.gpu for f in incident.faults if f.gpu})
+        first = incident.faults[0] if incident.faults else None
+        runbook = None
+        if self._links.runbook_url and first is not None:
+            anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
+            runbook = f"{self._links.runbook_url}#{anchor}"
+        return ParentView(
+            incident_id=incident.id,
+            node=incident.node,
+            title=title,
+            lines=lines,
+            severity=notice.severity if notice else "warning",
+            mode=incident.mode or "-",
+            plan=" → ".join(plan.steps) if plan else "-",
+            gpu=", ".join(gpus),
+            state=incident.state.value,
+            status=_status(incident, events),
+            grafana=messages.dashboard_link(self._links.grafana_url, incident.id, incident.node),
+            runbook=runbook,
+            decisions=decisions,
+            offer=tuple(offer),
+        )
+
+    # ----------------------------------------------------------------- probe
+    async def probe(self) -> Probe:
+        """``auth.test`` and the bot's membership of the channel; a refused scope is named."""
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            identity = await self.client.auth_test()
+            info = await self.client.conversations_info(channel=self.channel)
+        except SlackApiError as exc:
+            data = exc.response.data if isinstance(exc.response.data, dict) else {}
+            error = str(data.get("error", "error"))
+            needed = tuple(s for s in str(data.get("needed", "")).split(",") if s)
+            if error == "missing_scope":
+                return Probe("slack", False, f"the bot token lacks scope {', '.join(needed)}", needed)
+            if error in {"channel_not_found", "not_in_channel"}:
+                return Probe("slack", False, f"channel {self.channel}: {error}", (f"channel {self.channel}",))
+            return Probe("slack", False, f"Slack refused: {error}")
+        except Exception as exc:  # the probe reports, never raises
+            return Probe("slack", False, f"Slack unreachable: {type(exc).__name__}")
+        channel = info.get("channel") or {}
+        if not channel.get("is_member"):
+            return Probe(
+                "slack",
+                False,
+                f"the bot is not in channel {self.channel}: /invite it",
+                (f"channel {self.channel}",),
+            )
+        return Probe(
+            "slack",
+            True,
+            f"bot {identity.get('user')} in team {identity.get('team')}, channel {self.channel}",
+        )
+
+
+def _is_event(item: OutboxItem) -> bool:
+    return bool(item.payload.get("event"))
+
+
+def _content(message: Message) -> dict[str, Any]:
+    return {"text": message.text, "blocks": message.blocks}
+
+
+def _status(incident: IncidentRecord, events: list[Event]) -> str:
+    plan = incident.plan
+    if incident.state.terminal:
+        return incident.outcome or incident.state.value
+    if incident.state is State.AWAITING_APPROVAL:
+        return "waiting for an approver"
+    if plan is not None and incident.step_index < len(plan.steps):
+        step = plan.steps[incident.step_index]
+        waiting = next(
+            (e.detail for e in reversed(events) if e.kind == "step_waiting" and e.step == step), ""
+        )
+        return f"step {incident.step_index + 1}/{len(plan.steps)}: {step}" + (
+            f" ({waiting})" if waiting else ""
+        )
+    return incident.state.value

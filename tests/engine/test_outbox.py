@@ -1,0 +1,112 @@
+"""The outbox sender: in order per incident, backoff without blocking other incidents, refusals audited.
+
+A real SQLite store; the destination is a small recording one (the sender's contract is the
+``Destination`` port: Slack's own behaviour is tested against the stand-in in ``tests/slack``).
+Cases: a notice failing transiently holds back only its incident's later notices, which then arrive
+in order; the failures' attempts are persisted before each try; ``retry_after`` is honoured; a
+permanent refusal is audited in the incident's timeline (``notice_failed``), counted, and the next
+notice goes on; without destinations a notice is a timeline event and nothing waits in the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bot.domain.faults import Fault
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.metrics import Metrics
+from bot.engine.outbox import OutboxNotifier, OutboxSender
+from bot.engine.ports import Notice
+from bot.integrations.journal import LogNotifier
+from bot.store.base import Delivery, IncomingAlert, OutboxItem
+from bot.store.sqlite import SqliteStore
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Recording:
+    """A destination that fails as told (by notice title) and records what it delivered."""
+
+    name = "recording"
+
+    def __init__(self, failures: dict[str, list[Exception]]) -> None:
+        self.failures = failures
+        self.delivered: list[str] = []
+        self.attempts: dict[str, list[int]] = {}
+
+    async def deliver(self, item: OutboxItem, *, more: bool = False) -> str | None:
+        title = str(item.payload["title"])
+        self.attempts.setdefault(title, []).append(item.attempts)
+        if self.failures.get(title):
+            raise self.failures[title].pop(0)
+        self.delivered.append(title)
+        return f"ref-{title}"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    db = SqliteStore(tmp_path / "p.db", synchronous="off")
+    await db.open()
+    yield db
+    await db.close()
+
+
+async def _incidents(store: SqliteStore, *nodes: str) -> list[str]:
+    alerts = tuple(
+        IncomingAlert(
+            f"fp-{n}", now(), None, "firing", "GpuXid", n, {"node": n}, {},
+            Fault("xid", n, "0", 79, "RESTART_BM", "fatal", "replace-node", True, "off the bus", True),
+        )
+        for n in nodes
+    )  # fmt: skip
+    return list((await store.ingest(Delivery("r", "{}", "firing", 0, alerts), now())).opened)
+
+
+async def _drain(sender: OutboxSender, destination: Recording, store: SqliteStore) -> None:
+    deadline = time.monotonic() + 10
+    while await store.outbox_pending(destination.name):
+        assert time.monotonic() < deadline, "outbox never drained"
+        await sender.drain(destination)
+        await asyncio.sleep(0.01)
+
+
+async def test_order_backoff_and_refusals(store: SqliteStore) -> None:
+    a, b = await _incidents(store, "gpu-a", "gpu-b")
+    flaky = TransientError("down", retry_after=0.05)
+    destination = Recording(
+        {"a1": [flaky, flaky], "b1": [PermanentError("refused", reason="invalid_blocks")]}
+    )
+    metrics = Metrics()
+    notifier = OutboxNotifier(store, now, LogNotifier(), [destination.name])
+    for incident, title in ((a, "a1"), (a, "a2"), (b, "b1"), (a, "a3"), (b, "b2")):
+        await notifier.post(Notice(incident, "step", title))
+    sender = OutboxSender(store, [destination], metrics, now, backoff=0.01)
+
+    await sender.drain(destination)
+    assert destination.delivered == ["b2"]  # a is held behind a1; b1 was refused for good, b2 went on
+    await _drain(sender, destination, store)
+    assert destination.delivered == ["b2", "a1", "a2", "a3"]
+    assert destination.attempts["a1"] == [1, 2, 3]  # each try counted before it was made
+    failed = [e for e in await store.events_of(b) if e.kind == "notice_failed"]
+    assert len(failed) == 1 and "refused" in failed[0].detail
+    sample = metrics.registry.get_sample_value
+    assert sample("pitcrew_notices_total", {"destination": "recording", "outcome": "failed"}) == 1
+    assert sample("pitcrew_notices_total", {"destination": "recording", "outcome": "retried"}) == 2
+    assert sample("pitcrew_notices_total", {"destination": "recording", "outcome": "delivered"}) == 4
+
+
+async def test_without_destinations_a_notice_is_a_timeline_event(store: SqliteStore) -> None:
+    (incident,) = await _incidents(store, "gpu-c")
+    ref = await OutboxNotifier(store, now, LogNotifier(), []).post(Notice(incident, "incident", "told"))
+    events = [e for e in await store.events_of(incident) if e.kind == "notice"]
+    assert [(e.detail, e.outcome) for e in events] == [("told", "incident")]
+    assert ref == f"notice-{events[0].seq}"
+    assert await store.outbox_pending("slack") == []

@@ -1,0 +1,249 @@
+"""pitcrew's whole service in this process, talking to the Slack stand-in over real HTTP / websocket.
+
+``SlackPitcrew`` writes a configuration with ``integrations.notifier: slack`` pointed at the
+stand-in, builds the service exactly as ``pitcrew serve`` does (``bot.runtime.build_app``, with the
+simulated Slurm/cluster of ``tests/simulator`` as in ``tests.simulator.serve``) and serves it on a
+loopback port. Tests then deliver Alertmanager bodies, click buttons (signed HTTP requests, or
+Socket Mode envelopes) and read incidents through the read API, all on one event loop and in real
+time (short engine intervals keep it fast). Nothing in pitcrew is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+from bot.config import load_config
+from bot.runtime import build_app
+from bot.store.base import PAGE_MAX
+from tests.harness.proc import free_port
+from tests.harness.scenarios import destructive_calls
+from tests.simulator.serve import WorldFile, simulated_ports
+from tests.slack import signing
+from tests.slack.server import SlackStandin
+from tests.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
+
+CHANNEL = "C0GPUOPS"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return data
+
+
+def click(action: str, incident_id: str, user: str, name: str) -> dict[str, Any]:
+    """The fixture's block_actions payload for ``action`` on ``incident_id`` by ``user``."""
+    payload = signing.block_action(fixture("block-actions-approve.json"), user, name)
+    payload["actions"][0].update({"action_id": action, "value": incident_id})
+    return payload
+
+
+def _merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+class SlackPitcrew:
+    def __init__(
+        self,
+        workdir: Path,
+        slack: SlackStandin,
+        *,
+        transport: str = "http",
+        config: Mapping[str, Any] | None = None,
+        inventory: Path | None = None,
+        replace_seconds: float = 0.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.workdir = workdir
+        self.slack = slack
+        self.transport = transport
+        self.connect_timeout = connect_timeout
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        secrets = {
+            "webhook.token": "test-webhook-token",
+            "read.token": "test-read-token",
+            "admin.token": "test-admin-token",
+            "slack-bot.token": BOT_TOKEN,
+            "slack-signing.secret": SIGNING_SECRET,
+            "slack-app.token": APP_TOKEN,
+        }
+        for name, value in secrets.items():
+            (workdir / name).write_text(value + "\n")
+        settings: dict[str, Any] = {
+            "server": {
+                "listen": f"127.0.0.1:{self.port}",
+                "auth": {
+                    "bearer_token_file": str(workdir / "webhook.token"),
+                    "read_token_file": str(workdir / "read.token"),
+                    "admin_token_file": str(workdir / "admin.token"),
+                },
+            },
+            "store": {"path": str(workdir / "pitcrew.db"), "synchronous": "normal"},
+            "integrations": {"notifier": "slack", "journal_path": str(workdir / "dry-run-journal.jsonl")},
+            "engine": {"poll_interval": "0.2s", "retry_backoff": "0.05s", "retry_backoff_max": "0.5s"},
+            "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}, "node": {"cooldown": "0s"}},
+            "slack": {
+                "bot_token_file": str(workdir / "slack-bot.token"),
+                "transport": transport,
+                "channel": CHANNEL,
+                "approvers": ["U0ALICE"],
+                "base_url": slack.base_url,
+                "grafana_url": "https://grafana.example/d/pitcrew-incident",
+                "runbook_url": "https://runbooks.example/gpu",
+                "retry_backoff_max": "1s",
+                **(
+                    {"signing_secret_file": str(workdir / "slack-signing.secret")}
+                    if transport == "http"
+                    else {"app_token_file": str(workdir / "slack-app.token")}
+                ),
+            },
+        }
+        _merge(settings, config or {})
+        self.config_path = workdir / "pitcrew.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings))
+        self.journal = workdir / "simulated-far-side.jsonl"
+        self.world = WorldFile(self.journal, inventory, 0.0, replace_seconds)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> SlackPitcrew:
+        config = load_config(self.config_path)
+        app = build_app(config, ports=simulated_ports(config, self.world), allow_simulated=True)
+        self._runner = web.AppRunner(app, shutdown_timeout=2.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._session = aiohttp.ClientSession()
+        if self.transport == "socket":
+            await self.slack.socket.connected(timeout=self.connect_timeout)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ------------------------------------------------------------------ requests
+    async def request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        assert self._session is not None
+        async with self._session.request(method, self.url + path, data=body, headers=headers) as response:
+            return response.status, await response.read()
+
+    async def post_alerts(self, body: bytes) -> dict[str, Any]:
+        status, raw = await self.request(
+            "POST", "/api/v1/alerts", body, {"Authorization": "Bearer test-webhook-token"}
+        )
+        assert status == 200, raw
+        answer: dict[str, Any] = json.loads(raw)
+        return answer
+
+    async def incident(self, incident_id: str) -> dict[str, Any]:
+        path = f"/api/v1/incidents/{incident_id}?alerts_limit={PAGE_MAX}&events_limit={PAGE_MAX}"
+        found: dict[str, Any] = {}
+        while True:
+            status, raw = await self.request("GET", path, headers={"Authorization": "Bearer test-read-token"})
+            assert status == 200, raw
+            page = json.loads(raw)
+            if not found:
+                found = page
+            else:
+                found["events"] += page["events"]
+            if page["events_next"] is None:
+                return found
+            path = (
+                f"/api/v1/incidents/{incident_id}?events_limit={PAGE_MAX}&events_after={page['events_next']}"
+            )
+
+    async def wait_incident(self, incident_id: str, *states: str, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = await self.incident(incident_id)
+            if found["state"] in states:
+                return found
+            assert time.monotonic() < deadline, f"{incident_id} in {states}: {found['state']}"
+            await asyncio.sleep(0.1)
+
+    async def events(self, incident_id: str, kind: str) -> list[dict[str, Any]]:
+        return [e for e in (await self.incident(incident_id))["events"] if e["kind"] == kind]
+
+    def calls(self) -> Any:
+        records = (
+            [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+            if self.journal.exists()
+            else []
+        )
+        return destructive_calls(records)
+
+    # ------------------------------------------------------------------ Slack
+    async def interact(self, payload: dict[str, Any]) -> int:
+        """Deliver an interactive payload as Slack would on this transport; the HTTP status (or 200 on ack)."""
+        if self.transport == "socket":
+            envelope = await self.slack.socket.send("interactive", payload)
+            await self.slack.socket.ack(envelope)
+            return 200
+        signed = signing.interactive(SIGNING_SECRET, payload)
+        status, _ = await self.request("POST", "/slack/events", signed.body, signed.headers)
+        return status
+
+    async def slash(self, text: str, user: str = "U0ALICE", name: str = "alice") -> str:
+        """``/pitcrew <text>``; the ephemeral answer (the ack's text, or the follow-up ephemeral)."""
+        fields = signing.slash_fields(text, user, name)
+        before = len(self.slack.api.ephemeral)
+        if self.transport == "socket":
+            envelope = await self.slack.socket.send("slash_commands", fields)
+            ack = await self.slack.socket.ack(envelope)
+            answer = (ack.get("payload") or {}).get("text", "")
+        else:
+            signed = signing.slash_command(SIGNING_SECRET, fields)
+            status, raw = await self.request("POST", "/slack/events", signed.body, signed.headers)
+            assert status == 200, raw
+            answer = json.loads(raw).get("text", "") if raw else ""
+        if answer.startswith("Working on it"):
+            await until(lambda: len(self.slack.api.ephemeral) > before)
+            answer = self.slack.api.ephemeral[-1]["text"]
+        return str(answer)
+
+    async def quiet(self, seconds: float = 0.5, timeout: float = 30.0) -> None:
+        """Until no Slack call has been made for ``seconds`` (the outbox has caught up)."""
+        deadline = time.monotonic() + timeout
+        seen, since = len(self.slack.api.calls), time.monotonic()
+        while time.monotonic() - since < seconds:
+            assert time.monotonic() < deadline, "Slack calls never stopped"
+            await asyncio.sleep(0.05)
+            if len(self.slack.api.calls) != seen:
+                seen, since = len(self.slack.api.calls), time.monotonic()
+
+    def thread(self, incident_id: str) -> list[Any]:
+        """The incident's thread as a human sees it (parent first), found by the parent's metadata."""
+        for message in self.slack.api.messages:
+            meta = (message.metadata or {}).get("event_payload", {})
+            if message.thread_ts is None and meta.get("incident_id") == incident_id:
+                return self.slack.api.thread(CHANNEL, message.ts)
+        return []
+
+
+async def until(predicate: Any, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        await asyncio.sleep(0.05)

@@ -1,0 +1,85 @@
+"""Two storms an hour apart get a digest each, and a late notice of the first updates the first.
+
+Through ``SlackDestination.deliver`` with a real SQLite store and the stand-in: incidents are opened
+by ingesting deliveries at chosen times, their notices come from the outbox as the sender reads
+them. Cases: the first ``threshold - 1`` incidents of each storm get threads, the rest join the
+storm's digest; the second storm does not join the first one's digest; a notice of a first-storm
+incident delivered during the second storm updates the first digest, not the second.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.domain.faults import Fault
+from bot.engine.ports import Notice
+from bot.integrations.slack.outbound import SlackDestination, SlackLinks
+from bot.store.base import Delivery, IncomingAlert, NewEvent
+from bot.store.sqlite import SqliteStore
+from tests.slack.server import SlackStandin
+
+T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
+
+
+def _delivery(node: str, at: datetime) -> Delivery:
+    fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
+    alert = IncomingAlert(f"fp-{node}", at, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
+    return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,))
+
+
+async def test_each_storm_has_its_digest(slack: SlackStandin, bot: AsyncWebClient, tmp_path: Path) -> None:
+    now = [T0]
+    store = SqliteStore(tmp_path / "p.db")
+    await store.open()
+    try:
+        destination = SlackDestination(
+            bot,
+            store,
+            SlackLinks("C0GPUOPS", digest_window=timedelta(minutes=2), digest_threshold=3),
+            lambda: now[0],
+        )
+
+        async def storm(start: datetime, prefix: str) -> list[str]:
+            ids = []
+            for n in range(5):
+                now[0] = start + timedelta(seconds=n)
+                ids += (await store.ingest(_delivery(f"{prefix}-{n}", now[0]), now[0])).opened
+            for incident in ids:
+                notice = Notice(
+                    incident, "incident", f"{incident}: XID 79", ("fell off the bus",), node=incident
+                )
+                await store.enqueue(
+                    incident,
+                    NewEvent("notice"),
+                    "incident",
+                    {**notice.record(), "node": incident},
+                    ["slack"],
+                    now[0],
+                )
+            for item in await store.outbox_pending("slack"):
+                await store.outbox_delivered(item.id, await destination.deliver(item), now[0])
+            return ids
+
+        first = await storm(T0, "a")
+        second = await storm(T0 + timedelta(hours=1), "b")
+        channel = slack.api.channel_view("C0GPUOPS")
+        digests = [m for m in channel if "storm" in m.text]
+        assert len(digests) == 2 and len(channel) == 6  # and two threads per storm
+        assert all("5 nodes" in d.text for d in digests), [d.text for d in digests]
+        assert "a-4" in repr(digests[0].blocks) and "b-" not in repr(digests[0].blocks)
+        assert "b-4" in repr(digests[1].blocks) and "a-" not in repr(digests[1].blocks)
+
+        versions = len(digests[0].updates), len(digests[1].updates)
+        now[0] += timedelta(seconds=5)
+        await store.enqueue(
+            first[-1], NewEvent("notice"), "summary", {"title": "late", "lines": []}, ["slack"], now[0]
+        )
+        (late,) = await store.outbox_pending("slack")
+        assert (await destination.deliver(late) or "").startswith("digest:")
+        assert (len(digests[0].updates), len(digests[1].updates)) == (versions[0] + 1, versions[1])
+        assert second
+    finally:
+        await store.close()

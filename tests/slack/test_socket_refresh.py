@@ -1,0 +1,39 @@
+"""Socket Mode survives Slack's connection refresh: a ``disconnect`` (refresh_requested) makes pitcrew
+open a new ``apps.connections.open`` URL, and ``/pitcrew`` works over the new connection; a pitcrew
+started while Slack is down starts anyway (ready) and connects once Slack answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.slack.pitcrew_app import SlackPitcrew, until
+from tests.slack.server import SlackStandin
+
+
+async def test_refresh_requested_reconnects(slack: SlackStandin, tmp_path: Path) -> None:
+    async with SlackPitcrew(tmp_path / "p", slack, transport="socket", config={"mode": "observe"}) as pitcrew:
+        assert "mode *observe*" in await pitcrew.slash("status")
+        opened = len(slack.api.calls_to("apps.connections.open"))
+        await slack.socket.disconnect("refresh_requested")
+        await until(lambda: len(slack.api.calls_to("apps.connections.open")) > opened, what="a new URL")
+        await slack.socket.connected(timeout=10)
+        assert "mode *observe*" in await pitcrew.slash("status")
+        assert all(
+            c.token and c.token.startswith("xapp-") for c in slack.api.calls_to("apps.connections.open")
+        )
+
+
+async def test_pitcrew_starts_while_slack_is_down_and_connects_later(
+    slack: SlackStandin, tmp_path: Path
+) -> None:
+    slack.api.outage(2.0)
+    # slack_sdk retries a failed connection every ping interval (10 s) by itself.
+    async with SlackPitcrew(
+        tmp_path / "p", slack, transport="socket", config={"mode": "observe"}, connect_timeout=30
+    ) as pitcrew:
+        # __aenter__ returned once Socket Mode connected: after the outage, in the background.
+        failed = [c for c in slack.api.calls_to("apps.connections.open") if c.status == 503]
+        assert failed, "Slack was never asked while down"
+        status, _ = await pitcrew.request("GET", "/readyz")
+        assert status == 200
+        assert "mode *observe*" in await pitcrew.slash("status")
