@@ -29,6 +29,7 @@ from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
 from bot.integrations.journal import DryRunJournal, LogNotifier
+from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slurm import build_scheduler
 from bot.safety import port_problems
@@ -48,7 +49,7 @@ def journal_path(settings: Settings) -> Path:
 
 
 def build_ports(config: Config) -> Ports:
-    """The configured far sides: Slurm or the journal, no cluster or the journal, notices to the log."""
+    """The configured far sides: Slurm or the journal; Kubernetes, no cluster or the journal; notices to the log."""
     settings = config.settings
     journal = DryRunJournal(journal_path(settings))
     scheduler: Scheduler = journal
@@ -56,6 +57,8 @@ def build_ports(config: Config) -> Ports:
         scheduler = build_scheduler(settings.slurm)
     # Slurm-only sites have no cluster: the engine skips the Kubernetes steps and hands repairs to humans.
     cluster: Cluster | None = None if settings.integrations.cluster == "none" else journal
+    if settings.integrations.cluster == "kubernetes":
+        cluster = KubernetesCluster(settings.kubernetes)
     return Ports(
         scheduler=scheduler,
         cluster=cluster,

@@ -76,6 +76,8 @@ class ClusterNode:
     taints: tuple[Taint, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Allocatable GPUs (``None``: the far side does not say).
+    gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,14 @@ class Cluster(Protocol):
         ...
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...
+
+    async def repair_owner(self, name: str) -> str | None:
+        """Who else is already repairing or replacing the node (a controller, a taint), else ``None``."""
+        ...
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        """The node serving in ``name``'s place: the same node, or the replacement ``handle`` started."""
+        ...
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
 

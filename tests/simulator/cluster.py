@@ -75,6 +75,12 @@ class SimulatedCluster:
             for r in self._world.journal.records()
         )
 
+    async def repair_owner(self, name: str) -> str | None:
+        return None  # no other repair system in the simulated world
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        return await self.node(name)  # the simulated replacement keeps the node's name
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False  # the simulated replacement starts at once: there is never one to cancel
 

@@ -17,7 +17,8 @@ from typing import TypeVar
 from bot.domain.incident import State
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
-from bot.engine.ports import Notice
+from bot.engine.errors import TransientError
+from bot.engine.ports import Cluster, Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
 
@@ -179,7 +180,12 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
                 "not_issued", "the replacement had not reached the far side before a restart; issuing it"
             )
             await ctx.save(replace(ctx.progress, issuing=False))
-    strategy = str(ctx.spec.options.get("strategy", "delete-node"))
+    if not ctx.progress.issued and not ctx.progress.issuing:
+        held = await _replacement_held(ctx, cluster)
+        if held is not None:
+            return held
+    # Unset: the strategy the cluster adapter is configured with (kubernetes.replace.strategy).
+    strategy = str(ctx.spec.options.get("strategy", "configured"))
     return await _issue_once(
         ctx,
         "replace",
@@ -188,9 +194,42 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
     )
 
 
+async def _replacement_held(ctx: StepContext[ReplaceResult], cluster: Cluster) -> Done[ReplaceResult] | None:
+    """No second replacement where another system holds the node's repair; none while work remains.
+
+    Another repair system (a deleting Machine or NodeClaim, a Karpenter or cluster-autoscaler
+    taint) is recorded as the owner and ``wait_ready`` waits for its replacement. Slurm jobs
+    or workload pods still on the node refuse the replacement (retried until the deadline,
+    then escalated) unless the playbook's ``force`` option says otherwise, which is audited.
+    """
+    owner = await cluster.repair_owner(ctx.node)
+    if owner is not None:
+        await ctx.note("repair_elsewhere", f"{ctx.node} is already being repaired by {owner}: waiting for it")
+        await ctx.save(replace(ctx.progress, issued=True, handle=f"elsewhere: {owner}"))
+        return Done(ctx.progress, f"replacement left to {owner}")
+    down = await ctx.result(SlurmDownResult)
+    jobs = []
+    for name in (down.slurm_nodes if down else None) or ():
+        jobs += [j.job_id for j in await ctx.ports.scheduler.jobs_on_node(name)]
+    pods = [
+        p.ref
+        for p in await cluster.pods_on_node(ctx.node)
+        if not p.mirror and p.owner_kind != "DaemonSet" and not p.terminating
+    ]
+    if not jobs and not pods:
+        return None
+    what = ", ".join([*(f"Slurm job {j}" for j in jobs), *(f"pod {p}" for p in pods)])
+    if not ctx.spec.options.get("force", False):
+        raise TransientError(f"{ctx.node} still runs {what}: not replacing it", reason="workload_remains")
+    await ctx.note("forced", f"replacing {ctx.node} although it still runs {what} (option force)")
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class WaitReadyResult(StepResult):
     ready_at: datetime | None = None
+    #: The node found Ready: the same node, or its replacement.
+    node: str | None = None
     #: Slurm-only sites: the Slurm node was seen not responding (its repair took it away).
     seen_gone: bool = False
 
@@ -209,14 +248,25 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     slurm_nodes = (down.slurm_nodes if down else None) or ()
     if ctx.ports.cluster is None:
         return await _slurm_node_back(ctx, slurm_nodes)
-    node = await ctx.ports.cluster.node(ctx.node)
-    if node is None or not node.ready:
-        return Wait(ctx.poll, f"node {ctx.node} not Ready yet")
+    replaced = await ctx.result(ReplaceResult)
+    handle = replaced.handle if replaced is not None and replaced.issued else None
+    if handle is None:  # reset, reboot, or no replacement: the same node
+        node = await ctx.ports.cluster.node(ctx.node)
+    else:
+        node = await ctx.ports.cluster.successor(ctx.node, handle=handle)
+    if node is None:
+        return Wait(ctx.poll, f"no replacement for {ctx.node} has registered yet")
+    if not node.ready:
+        return Wait(ctx.poll, f"node {node.name} not Ready yet")
+    if node.name != ctx.node and node.unschedulable:
+        return Wait(ctx.poll, f"replacement {node.name} is not schedulable yet")
+    if node.gpus == 0:
+        return Wait(ctx.poll, f"node {node.name} reports no allocatable GPUs yet")
     for name in slurm_nodes:
         state = await ctx.ports.scheduler.node(name)
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
-    return Done(WaitReadyResult(ready_at=ctx.clock()), f"node {ctx.node} is Ready")
+    return Done(WaitReadyResult(ready_at=ctx.clock(), node=node.name), f"node {node.name} is Ready")
 
 
 async def _slurm_node_back(
