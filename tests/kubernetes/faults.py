@@ -1,12 +1,15 @@
 """Per-request fault injection and the request log kept for the later RBAC comparison.
 
 A ``Fault`` matches requests by method/verb/resource/name and answers ``times`` of them with ``status``
-(the fixtures' Status bodies) after an optional ``delay``; a delay alone lets a client time out.
+(the fixtures' Status bodies) after an optional ``delay``; a delay alone lets a client time out, and
+``before`` alone lets someone else change the world just before the request is served (a race).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +32,8 @@ class LoggedRequest:
     name: str | None
     content_type: str | None
     status: int | None = None
+    #: When the emulator received it (monotonic seconds), for rate measurements.
+    at: float = field(default_factory=time.monotonic)
 
     @classmethod
     def of(
@@ -58,6 +63,8 @@ class Fault:
     times: int = 1
     delay: float = 0.0
     retry_after: int | None = None
+    #: Run before the request is served: another writer acting just before this request lands.
+    before: Callable[[], None] | None = None
     hits: int = 0
 
     def matches(self, entry: LoggedRequest) -> bool:
