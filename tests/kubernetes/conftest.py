@@ -58,9 +58,7 @@ def write_kubeconfig(path: Path, server: str) -> Path:
 
 
 @pytest.fixture
-async def make_cluster(
-    k8s: KubeEmulator, tmp_path: Path
-) -> AsyncIterator[Callable[..., KubernetesCluster]]:
+async def make_cluster(k8s: KubeEmulator, tmp_path: Path) -> AsyncIterator[Callable[..., KubernetesCluster]]:
     """pitcrew's adapter on the emulator, built from settings (``make_cluster(qps=5, replace={...})``)."""
     made: list[KubernetesCluster] = []
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", k8s.host)

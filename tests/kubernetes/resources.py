@@ -41,7 +41,9 @@ RESOURCES = (
     ),
     Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False, crd=True, generation=True),
     Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
-    Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False),
+    Resource(
+        "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False
+    ),
 )
 BY_PLURAL = {r.plural: r for r in RESOURCES}
 BY_GROUP_PLURAL = {(r.group, r.plural): r for r in RESOURCES}

@@ -40,7 +40,9 @@ def _patches(k8s: KubeEmulator) -> list[Any]:
     return [e for e in k8s.log if e.resource == "nodes" and e.verb == "patch"]
 
 
-async def test_cordon_is_one_guarded_write_of_all_three_marks(k8s: KubeEmulator, cluster: KubernetesCluster) -> None:
+async def test_cordon_is_one_guarded_write_of_all_three_marks(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
     rv = k8s.get("nodes", NODE)["metadata"]["resourceVersion"]  # type: ignore[index]
     await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79")
     [patch] = _patches(k8s)
@@ -54,7 +56,9 @@ async def test_cordon_is_one_guarded_write_of_all_three_marks(k8s: KubeEmulator,
     assert facts is not None and facts.unschedulable and facts.gpus == 8 and facts.ready
 
 
-async def test_a_resumed_cordon_finds_it_done_and_writes_nothing(k8s: KubeEmulator, cluster: KubernetesCluster) -> None:
+async def test_a_resumed_cordon_finds_it_done_and_writes_nothing(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
     await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
     before = copy.deepcopy(k8s.get("nodes", NODE))
     await cluster.cordon(NODE, incident_id="pc-00042", reason="r")  # the restarted step's second try
@@ -62,7 +66,9 @@ async def test_a_resumed_cordon_finds_it_done_and_writes_nothing(k8s: KubeEmulat
     assert k8s.get("nodes", NODE) == before
 
 
-async def test_a_taint_added_between_read_and_write_is_kept(k8s: KubeEmulator, cluster: KubernetesCluster) -> None:
+async def test_a_taint_added_between_read_and_write_is_kept(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
     def someone_else_taints() -> None:
         node = k8s.get("nodes", NODE)
         assert node is not None
@@ -81,13 +87,17 @@ async def test_a_taint_added_between_read_and_write_is_kept(k8s: KubeEmulator, c
 async def test_rollback_restores_the_node_exactly(k8s: KubeEmulator, cluster: KubernetesCluster) -> None:
     original = _shape(copy.deepcopy(k8s.get("nodes", NODE)))  # type: ignore[arg-type]
     await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
-    await cluster.set_annotations(NODE, {"nodeset.slinky.slurm.net/node-cordon-reason": "pitcrew: pc-00042 XID 79"})
+    await cluster.set_annotations(
+        NODE, {"nodeset.slinky.slurm.net/node-cordon-reason": "pitcrew: pc-00042 XID 79"}
+    )
     await cluster.uncordon(NODE, incident_id="pc-00042")
     assert _shape(k8s.get("nodes", NODE)) == original  # type: ignore[arg-type]
     assert "unschedulable" not in original["spec"]
 
 
-async def test_a_foreign_taint_survives_cordon_and_rollback(k8s: KubeEmulator, cluster: KubernetesCluster) -> None:
+async def test_a_foreign_taint_survives_cordon_and_rollback(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
     original = _shape(copy.deepcopy(k8s.get("nodes", NODE)))  # type: ignore[arg-type]
     await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
     node = k8s.get("nodes", NODE)
@@ -118,7 +128,9 @@ async def test_a_node_cordoned_by_someone_else_is_never_uncordoned(
     assert k8s.get("nodes", NODE) == before
 
 
-async def test_a_prior_cordon_value_false_is_restored_as_false(k8s: KubeEmulator, cluster: KubernetesCluster) -> None:
+async def test_a_prior_cordon_value_false_is_restored_as_false(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
     node = k8s.get("nodes", NODE)
     assert node is not None
     node["spec"]["unschedulable"] = False

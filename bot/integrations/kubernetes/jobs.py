@@ -118,7 +118,7 @@ class Jobs:
         while time.monotonic() < deadline:
             job = await call(
                 f"read Job {namespace}/{name}",
-                self._batch.read_namespaced_job_status(name, namespace, _request_timeout=self._timeout),
+                self._batch.read_namespaced_job(name, namespace, _request_timeout=self._timeout),
             )
             status = job.status
             if status is not None and status.succeeded:
