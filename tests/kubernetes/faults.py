@@ -32,6 +32,7 @@ class LoggedRequest:
     name: str | None
     content_type: str | None
     status: int | None = None
+    user_agent: str = ""
     #: When the emulator received it (monotonic seconds), for rate measurements.
     at: float = field(default_factory=time.monotonic)
 
@@ -48,8 +49,19 @@ class LoggedRequest:
             "PATCH": "patch",
             "DELETE": "delete" if name else "deletecollection",
         }.get(method, method.lower())
-        content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), None)
-        return cls(method, request.url.path, verb, res.group, res.plural, sub, ns, name, content_type)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return cls(
+            method,
+            request.url.path,
+            verb,
+            res.group,
+            res.plural,
+            sub,
+            ns,
+            name,
+            headers.get("content-type"),
+            user_agent=headers.get("user-agent", ""),
+        )
 
 
 @dataclass

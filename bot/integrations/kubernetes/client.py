@@ -24,10 +24,12 @@ import aiohttp
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
+from bot import __version__
 from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError, TransientError
 
 T = TypeVar("T")
+USER_AGENT = "pitcrew"
 
 #: Status codes that may succeed later: conflicts, throttling (PDB too), server errors.
 _TRANSIENT = {409, 429, 500, 502, 503, 504}
@@ -78,7 +80,10 @@ async def api_client(settings: KubernetesSettings, bucket: TokenBucket) -> clien
         )
     configuration.retries = settings.retries or None
     configuration.trace_configs = [_trace(bucket)]
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    # The apiserver records the User-Agent up to its first "/" as the field manager: name us.
+    api.user_agent = f"{USER_AGENT}/{__version__}"
+    return api
 
 
 def status_of(exc: ApiException) -> dict[str, Any]:
