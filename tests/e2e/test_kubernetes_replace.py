@@ -23,7 +23,6 @@ from tests.e2e.slurm_engine import action_at, open_incident, training_on_a_node
 from tests.harness.kubernetes import (
     KubeWorld,
     gpu_fleet,
-    kube_world,  # noqa: F401  (fixture)
     pod_ready,
     pods_like_the_fixture,
     settings_for,
@@ -41,7 +40,7 @@ def test_replace_node_on_slurm_and_kubernetes(
     slurm: SlurmCluster,
     pitcrew_factory: Any,
     kube_world: KubeWorld,
-    tmp_path: Any,  # noqa: F811
+    tmp_path: Any,
 ) -> None:
     kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
 

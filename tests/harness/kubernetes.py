@@ -17,12 +17,29 @@ from typing import Any, TypeVar
 
 import kmock
 import pytest
+import yaml
 
-from tests.kubernetes.conftest import write_kubeconfig
 from tests.kubernetes.emulator import KubeEmulator, load_fixture
 from tests.kubernetes.faults import LoggedRequest
 
 T = TypeVar("T")
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig as an operator would have one: cluster, user with a token, current context."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulated", "cluster": {"server": server}}],
+                "users": [{"name": "pitcrew", "user": {"token": "emulated-token"}}],
+                "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pitcrew"}}],
+                "current-context": "emulated",
+            }
+        )
+    )
+    return path
 
 
 class KubeWorld:

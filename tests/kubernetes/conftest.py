@@ -9,11 +9,11 @@ from typing import Any
 
 import kmock
 import pytest
-import yaml
 from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
+from tests.harness.kubernetes import write_kubeconfig
 from tests.kubernetes.emulator import KubeEmulator
 from tests.kubernetes.faults import LoggedRequest
 
@@ -38,23 +38,6 @@ async def k8s_client(k8s: KubeEmulator) -> AsyncIterator[client.ApiClient]:
     config.retries = 3
     async with client.ApiClient(config) as api:
         yield api
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig as an operator would have one: cluster, user with a token, current context."""
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "emulated", "cluster": {"server": server}}],
-                "users": [{"name": "pitcrew", "user": {"token": "emulated-token"}}],
-                "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pitcrew"}}],
-                "current-context": "emulated",
-            }
-        )
-    )
-    return path
 
 
 @pytest.fixture

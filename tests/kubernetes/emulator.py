@@ -158,6 +158,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     raise fault.error(res, match["name"])
             body, code = self._serve(request, res, match["ns"], match["name"], match["sub"])
             entry.status = code
+            if fault is not None and fault.delay_after:
+                await asyncio.sleep(fault.delay_after)
             return aiohttp.web.json_response(body, status=code)
         except ApiError as exc:
             entry.status = exc.code

@@ -74,6 +74,8 @@ class Fault:
     name: str | None = None
     times: int = 1
     delay: float = 0.0
+    #: Serve the request, then hold the answer this long (the write lands; its acknowledgement is late).
+    delay_after: float = 0.0
     retry_after: int | None = None
     #: Run before the request is served: another writer acting just before this request lands.
     before: Callable[[], None] | None = None

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
+from tests.harness.kubernetes import write_kubeconfig
 from tests.harness.proc import free_port
-from tests.kubernetes.conftest import write_kubeconfig
 from tests.kubernetes.emulator import KubeEmulator
 
 
