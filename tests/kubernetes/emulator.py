@@ -129,6 +129,19 @@ class KubeEmulator(kmock.KubernetesScaffold):
         cond.update(status=status, lastTransitionTime=now_iso(), reason=f"Emulator{type_}{status}")
         obj["metadata"]["resourceVersion"] = self._bump()
 
+    def slurm_node_busy(self, hostname: str, busy: bool) -> None:
+        """slurm-operator's answer to Slurm's node state: ``pod-protect`` on the node's slurmd pods
+        while the Slurm node is busy (allocated, mixed, completing), removed once it is not."""
+        for (plural, _, _), pod in self.objects.items():
+            labels = pod["metadata"].get("labels") or {}
+            if plural != "pods" or labels.get("nodeset.slinky.slurm.net/pod-hostname") != hostname:
+                continue
+            if busy:
+                labels["nodeset.slinky.slurm.net/pod-protect"] = "true"
+            else:
+                labels.pop("nodeset.slinky.slurm.net/pod-protect", None)
+            self.bump(pod)
+
     def bump(self, obj: dict[str, Any]) -> None:
         """A write by someone else than the client under test: the object's resourceVersion moves."""
         obj["metadata"]["resourceVersion"] = self._bump()
