@@ -128,7 +128,10 @@ class Cluster(Protocol):
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None: ...
 
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
-        """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted)."""
+        """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted).
+
+        ``strategy="watch"`` starts nothing: another system is replacing the node (``repair_owner``)
+        and the handle only says what ``successor`` waits for."""
         ...
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...
@@ -146,6 +149,16 @@ class Cluster(Protocol):
     async def reboot(self, name: str, *, incident_id: str) -> None: ...
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None: ...
+
+
+@runtime_checkable
+class NodeValidator(Protocol):
+    """A cluster that can prove a repaired node healthy before it returns (an operator's Job)."""
+
+    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+        """``True`` when the validation passed, ``None`` when none is configured; a failed one raises
+        ``PermanentError(reason="job_failed")``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

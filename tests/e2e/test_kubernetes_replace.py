@@ -8,7 +8,7 @@ node the emulator holds a DaemonSet pod, a mirror pod and a training worker whos
 
 Shown: Slurm DOWN with pitcrew's reason → cordon (after the DOWN) → drain (429 from the budget, then
 201; the DaemonSet and mirror pods stay) → the node's Machine deleted exactly once → the MachineSet
-stand-in's new node appears NotReady and turns Ready → RESUME → the training job confirmed resumed
+stand-in's new node appears NotReady and turns Ready → validation Job on it → RESUME → the training job confirmed resumed
 from its checkpoint elsewhere → closed.
 """
 
@@ -53,8 +53,17 @@ def test_replace_node_on_slurm_and_kubernetes(
     kube_world.call(lambda e: pods_like_the_fixture(e, node, elsewhere))
 
     slurm_settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
+    validation = tmp_path / "dcgm-diag-job.yaml"
+    validation.write_text(
+        "spec:\n  template:\n    spec:\n      containers:\n"
+        "        - {name: diag, image: nvcr.io/nvidia/cloud-native/dcgm:3.3.9-1-ubuntu22.04, command: [dcgmi, diag, -r, '2']}\n"
+    )
     cluster = settings_for(
-        kube_world, tmp_path / "kube", never_drain_namespaces=[], replace={"strategy": "cluster-api"}
+        kube_world,
+        tmp_path / "kube",
+        never_drain_namespaces=[],
+        replace={"strategy": "cluster-api"},
+        jobs={"validation_template": str(validation)},
     )
     config = {
         "mode": "auto",
@@ -100,6 +109,9 @@ def test_replace_node_on_slurm_and_kubernetes(
     [(new_node, ready)] = new_nodes.items()
     assert ready == ["True"]
     assert step_result(final, "wait_ready")["node"] == new_node
+    assert step_result(final, "wait_ready")["validated"] is True
+    diag = kube_world.call(lambda e: e.get("jobs", f"pitcrew-validation-{incident_id}", "pitcrew"))
+    assert diag["spec"]["template"]["spec"]["nodeName"] == new_node and diag["status"] == {"succeeded": 1}
     assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")
 
     order = [action_at(final, a) for a in ("slurm_down", "cordon", "evict", "replace", "slurm_resume")]

@@ -97,3 +97,15 @@ async def test_reboot_by_command_and_nothing_configured(
         )
     with pytest.raises(PermanentError, match="reboot_template or reboot_command"):
         await make_cluster().reboot(NODE, incident_id="pc-3")
+
+
+async def test_validation_is_optional_and_a_failure_is_reported(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    assert await make_cluster().validate(NODE, incident_id="pc-00042") is None
+    cluster = make_cluster(jobs={"validation_template": template})
+    assert await cluster.validate(NODE, incident_id="pc-00042") is True
+    k8s.job_exit_codes["pitcrew-validation-pc-00043"] = 1
+    with pytest.raises(PermanentError, match="exited 1") as err:
+        await cluster.validate(NODE, incident_id="pc-00043")
+    assert err.value.reason == "job_failed"

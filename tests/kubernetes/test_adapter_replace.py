@@ -7,7 +7,9 @@ reports the replacement started, and ``successor`` finds the new fleet node of t
 is Ready. ``command`` runs the operator's executable with the node and incident in its environment,
 its exit code the result; ``none`` hands the node to humans. Another system already repairing the
 node (a Karpenter disruption taint, a cluster-autoscaler taint, a Machine someone else deletes) is
-named by ``repair_owner``; a replacement not yet started can be cancelled, a started one cannot.
+named by ``repair_owner``; then pitcrew deletes nothing (strategy ``watch`` only marks the node) and
+follows that system's replacement to the new node. A replacement not yet started can be cancelled,
+a started one cannot.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kubernetes.aio import client
 
 from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError
@@ -136,3 +139,24 @@ async def test_a_machine_someone_else_deletes_is_named(
     assert (
         await cluster.repair_owner(NODE) == "cluster-api (Machine gpu-east-gpu-h100-x7b2n-q4v9k is deleting)"
     )
+
+
+async def test_another_systems_replacement_is_watched_not_repeated(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    node = k8s.get("nodes", NODE)
+    assert node is not None
+    node["spec"]["taints"].append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
+    k8s.bump(node)
+    assert (await cluster.repair_owner(NODE) or "").startswith("karpenter")
+    handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    assert handle.startswith("watch ")
+    assert not [e for e in k8s.log if e.verb == "delete"]  # pitcrew deleted nothing
+    assert await cluster.replacement_started(NODE, incident_id=INCIDENT)
+    # Karpenter goes on with its own replacement (a request that is not pitcrew's).
+    await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+        "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
+    )
+    new = await _successor(cluster, handle)
+    assert new.name.startswith(f"{NODE}-")

@@ -66,6 +66,8 @@ class SimulatedCluster:
         return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
 
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        if strategy == "watch":  # another system replaces the node: nothing changes here
+            return f"watch:{name}"
         await self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
         return f"{strategy}:{name}"
 

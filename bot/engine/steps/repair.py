@@ -17,8 +17,8 @@ from typing import TypeVar
 from bot.domain.incident import State
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
-from bot.engine.errors import TransientError
-from bot.engine.ports import Cluster, Notice
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
 
@@ -48,7 +48,8 @@ class RebootResult(IssueResult):
 
 @dataclass(frozen=True, slots=True)
 class ReplaceResult(IssueResult):
-    pass
+    #: Another system was already replacing the node (pitcrew started nothing and waited for it).
+    repaired_by: str | None = None
 
 
 Issued = TypeVar("Issued", bound=IssueResult)
@@ -204,8 +205,10 @@ async def _replacement_held(ctx: StepContext[ReplaceResult], cluster: Cluster) -
     """
     owner = await cluster.repair_owner(ctx.node)
     if owner is not None:
+        # Strategy "watch" starts nothing: it records on the node what to wait for.
+        handle = await cluster.replace(ctx.node, strategy="watch", incident_id=ctx.incident.id)
         await ctx.note("repair_elsewhere", f"{ctx.node} is already being repaired by {owner}: waiting for it")
-        await ctx.save(replace(ctx.progress, issued=True, handle=f"elsewhere: {owner}"))
+        await ctx.save(replace(ctx.progress, issued=True, handle=handle, repaired_by=owner))
         return Done(ctx.progress, f"replacement left to {owner}")
     down = await ctx.result(SlurmDownResult)
     jobs = []
@@ -230,6 +233,8 @@ class WaitReadyResult(StepResult):
     ready_at: datetime | None = None
     #: The node found Ready: the same node, or its replacement.
     node: str | None = None
+    #: The operator's validation Job passed on it.
+    validated: bool = False
     #: Slurm-only sites: the Slurm node was seen not responding (its repair took it away).
     seen_gone: bool = False
 
@@ -262,11 +267,40 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         return Wait(ctx.poll, f"replacement {node.name} is not schedulable yet")
     if node.gpus == 0:
         return Wait(ctx.poll, f"node {node.name} reports no allocatable GPUs yet")
+    still = await _faults_still_reported(ctx, node.name)
+    if still is not None:
+        return still
+    if not ctx.progress.validated and isinstance(ctx.ports.cluster, NodeValidator):
+        try:
+            passed = await ctx.ports.cluster.validate(node.name, incident_id=ctx.incident.id)
+        except PermanentError as exc:
+            if exc.reason != "job_failed":
+                raise
+            raise PermanentError(
+                f"validation of {node.name} failed, so it is not returned to Slurm; replace it: {exc}",
+                reason="validation_failed",
+            ) from exc
+        if passed:
+            await ctx.save(replace(ctx.progress, validated=True))
+            await ctx.note("validated", f"validation Job passed on {node.name}")
     for name in slurm_nodes:
         state = await ctx.ports.scheduler.node(name)
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
-    return Done(WaitReadyResult(ready_at=ctx.clock(), node=node.name), f"node {node.name} is Ready")
+    done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name)
+    return Done(done, f"node {node.name} is Ready")
+
+
+async def _faults_still_reported(ctx: StepContext[WaitReadyResult], node: str) -> Wait | None:
+    """Where the playbook gives a ``fault_query`` (PromQL, ``{node}`` substituted) and Prometheus is
+    configured, the node must no longer report the fault: a resolved alert alone is not proof."""
+    promql = ctx.spec.options.get("fault_query")
+    if not promql or ctx.ports.query is None:
+        return None
+    series = await ctx.ports.query.instant(str(promql).replace("{node}", node))
+    if series:
+        return Wait(ctx.poll, f"Prometheus still reports the fault on {node} ({len(series)} series)")
+    return None
 
 
 async def _slurm_node_back(

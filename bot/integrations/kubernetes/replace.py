@@ -27,6 +27,8 @@ from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.nodes import Nodes, facts
 
+#: Not a strategy of pitcrew's: another system is replacing the node and pitcrew waits for its result.
+WATCH = "watch"
 CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
 KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
 CAPI_MACHINE = "cluster.x-k8s.io/machine"
@@ -119,9 +121,14 @@ class Replacer:
         node = await self._nodes.read(name)
         if node is None:
             return None
-        mine = replacement_owner(node.metadata.annotations or {})
-        if mine is not None:
+        mark = replacement_owner(node.metadata.annotations or {})
+        if mark is not None and not mark[1].startswith(f"{WATCH} "):
             return None  # pitcrew's own replacement: the step knows it from its record
+        return await self._foreign(node)
+
+    async def _foreign(self, node: client.V1Node) -> str | None:
+        """Another system's repair of the node, ignoring pitcrew's own mark."""
+        name = node.metadata.name
         for taint in node.spec.taints or []:
             if taint.key in FOREIGN_REPAIR_TAINTS:
                 return FOREIGN_REPAIR_TAINTS[taint.key]
@@ -143,8 +150,10 @@ class Replacer:
         if mark is None or mark[0] != incident_id:
             return False
         handle = Handle.parse(mark[1])
-        if handle is None or handle.strategy == "command":
-            return True  # a command cannot be asked: assume it ran rather than run it twice
+        if handle is None or handle.strategy in ("command", WATCH):
+            # A command cannot be asked (assume it ran rather than run it twice); another system's
+            # replacement was under way before pitcrew marked it.
+            return True
         if handle.strategy == "delete-node":
             return node.metadata.deletion_timestamp is not None
         if handle.strategy == "cluster-api":
@@ -181,6 +190,11 @@ class Replacer:
             handle = self._handle(strategy, node)
         if handle is None:
             raise PermanentError(f"unreadable replacement mark on {name}: {mark}", reason="invalid")
+        if strategy == WATCH:  # another system replaces the node: only record what to wait for
+            await self._nodes.annotate(
+                name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())}
+            )
+            return handle.render()
         target = await self._target(strategy, node)
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
@@ -205,6 +219,7 @@ class Replacer:
             "karpenter": "nodeclaim",
             "delete-node": f"node/{node.metadata.name}",
             "command": f"command/{node.metadata.name}",
+            WATCH: f"node/{node.metadata.name}",
         }.get(strategy, strategy)
         gpus = facts(node, self._settings.gpu_resource).gpus
         return Handle(strategy, target, datetime.now(UTC), gpus, pool)
@@ -259,7 +274,12 @@ class Replacer:
         node = await self._nodes.read(name)
         if node is not None and node.metadata.deletion_timestamp is None:
             created = node.metadata.creation_timestamp
-            if parsed is None or parsed.strategy == "command" or (created and created >= parsed.since):
+            if (
+                parsed is None
+                or parsed.strategy == "command"
+                or (parsed.strategy == WATCH and await self._foreign(node) is None)  # repaired in place
+                or (created and created >= parsed.since)
+            ):
                 return facts(node, self._settings.gpu_resource)
         if parsed is None:
             return None
