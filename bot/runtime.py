@@ -139,6 +139,20 @@ def read_credentials(config: Config) -> Credentials:
     return Credentials(bearer=read_secret(token_file, "server.auth.read_token_file"))
 
 
+class _CloseCluster:
+    """Closes the Kubernetes client's connections once the engine has stopped using them."""
+
+    def __init__(self, cluster: Cluster | None) -> None:
+        self._cluster = cluster
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        if isinstance(self._cluster, KubernetesCluster):
+            await self._cluster.aclose()
+
+
 def build_app(
     config: Config,
     *,
@@ -178,7 +192,7 @@ def build_app(
         webhook_credentials=webhook,
         admin_credentials=admin,
         read_credentials=read_credentials(config),
-        background=[engine],
+        background=[_CloseCluster(ports.cluster), engine],  # stopped in reverse: the engine first
         commands=Commands(engine, store, metrics, utcnow, config.settings.mode),
         ready_checks=[lambda: engine.running],
     )
