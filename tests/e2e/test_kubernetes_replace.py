@@ -4,7 +4,9 @@ pitcrew is the real ``python -m bot.cli serve`` (mode auto, ``integrations.clust
 ``kubernetes.replace.strategy: cluster-api``), reaching the emulator over HTTP through a kubeconfig
 and the session's real Slurm cluster. Kubernetes node names are the Slurm node names. On the faulty
 node the emulator holds a DaemonSet pod, a mirror pod and a training worker whose budget
-(minAvailable 1) refuses its eviction until the second worker turns Ready a while later.
+(minAvailable 1) refuses its eviction until the second worker turns Ready a while later, and the API
+server misbehaves once each way (a read that times out, a 500 and a 409 on the cordon write, a 429
+on the pod list, a 500 on the Machine delete): every one is retried within its step's budget.
 
 Shown: Slurm DOWN with pitcrew's reason → cordon (after the DOWN) → drain (429 from the budget, then
 201; the DaemonSet and mirror pods stay) → the node's Machine deleted exactly once → the MachineSet
@@ -30,6 +32,7 @@ from tests.harness.kubernetes import (
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, step_result
 from tests.harness.slurm import SlurmCluster
+from tests.kubernetes.faults import Fault
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +54,14 @@ def test_replace_node_on_slurm_and_kubernetes(
     job_id, node = training_on_a_node(slurm)
     elsewhere = next(n for n in slurm.nodes if n != node)
     kube_world.call(lambda e: pods_like_the_fixture(e, node, elsewhere))
+    flaky = [  # the API server misbehaves once at each of these
+        Fault(None, verb="get", resource="nodes", name=node, delay=3.0),  # a timeout (request_timeout 1.5 s)
+        Fault(500, verb="patch", resource="nodes", name=node),
+        Fault(409, verb="patch", resource="nodes", name=node),
+        Fault(429, verb="list", resource="pods", retry_after=1),
+        Fault(500, verb="delete", resource="machines"),  # the client retries its own DELETE
+    ]
+    kube_world.call(lambda e: [e.faults.add(f) for f in flaky])
 
     slurm_settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
     validation = tmp_path / "dcgm-diag-job.yaml"
@@ -62,6 +73,7 @@ def test_replace_node_on_slurm_and_kubernetes(
         kube_world,
         tmp_path / "kube",
         never_drain_namespaces=[],
+        request_timeout=1.5,
         replace={"strategy": "cluster-api"},
         jobs={"validation_template": str(validation)},
     )
@@ -88,14 +100,17 @@ def test_replace_node_on_slurm_and_kubernetes(
     assert final["playbook"] == "replace-node"
 
     log = kube_world.log()
+    assert kube_world.call(lambda e: [f.hits for f in e.faults.faults or []]) == [1] * len(flaky)
+    retried = {e["step"] for e in final["events"] if e["kind"] == "step_retry"}
+    assert {"cordon", "drain"} <= retried, retried
     evictions = [(e.name, e.status) for e in log if e.subresource == "eviction"]
     assert ("llama-pretrain-worker-0", 429) in evictions and evictions[-1] == ("llama-pretrain-worker-0", 201)
     assert {name for name, _ in evictions} == {"llama-pretrain-worker-0"}  # DaemonSet and mirror pods stay
     assert kube_world.call(lambda e: e.get("pods", f"node-exporter-{node}", "monitoring")) is not None
     assert kube_world.call(lambda e: e.get("pods", f"gpu-health-agent-{node}", "kube-system")) is not None
     deleted = [(e.resource, e.name, e.status) for e in log if e.verb == "delete"]
-    machine = kube_world.call(lambda e: e.get("nodes", node)) is None and deleted
-    assert deleted == [("machines", f"gpu-east-gpu-h100-x7b2n-m{slurm.nodes.index(node)}", 200)], machine
+    machine = f"gpu-east-gpu-h100-x7b2n-m{slurm.nodes.index(node)}"
+    assert deleted == [("machines", machine, 500), ("machines", machine, 200)]  # one delete that landed
     cordons = [e for e in log if e.verb == "patch" and e.resource == "nodes" and e.name == node]
     assert cordons and all(e.user_agent.startswith("pitcrew/") for e in cordons)
 

@@ -7,7 +7,8 @@ someone else adds between pitcrew's read and its write makes the write 409, pitc
 both taints end up on the node; rollback restores spec, labels, taints and annotations exactly, and
 keeps a taint someone else added meanwhile; a node cordoned by someone else is never uncordoned;
 another incident's cordon is left alone; 500 on a write and a request timeout become
-``TransientError`` (the step retries), 500 on a read is retried by the client itself.
+``TransientError`` (the step retries), 500 on a read is retried by the client itself. The fleet
+(the breaker's size) is the nodes matching the GPU selector.
 """
 
 from __future__ import annotations
@@ -54,6 +55,18 @@ async def test_cordon_is_one_guarded_write_of_all_three_marks(
     assert node["metadata"]["resourceVersion"] != rv
     facts = await cluster.node(NODE)
     assert facts is not None and facts.unschedulable and facts.gpus == 8 and facts.ready
+
+
+async def test_the_fleet_is_the_nodes_matching_the_gpu_selector(k8s: KubeEmulator, make_cluster: Any) -> None:
+    cpu = copy.deepcopy(k8s.get("nodes", NODE))
+    assert cpu is not None
+    cpu["metadata"]["name"] = "cpu-node-01"
+    cpu["metadata"]["labels"] = {"kubernetes.io/hostname": "cpu-node-01"}
+    k8s.add("nodes", cpu)
+    assert await make_cluster().count_nodes() == 1
+    assert await make_cluster(node_selector="kubernetes.io/hostname").count_nodes() == 2
+    [listing, _] = [e for e in k8s.log if e.verb == "list"]
+    assert listing.resource == "nodes"
 
 
 async def test_a_resumed_cordon_finds_it_done_and_writes_nothing(

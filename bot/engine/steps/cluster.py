@@ -145,7 +145,9 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
             f"{len(blocked)} eviction(s) refused by a PodDisruptionBudget: {'; '.join(blocked)}", reason="pdb"
         )
     if remaining or any(p.terminating for p in pods):
-        return Wait(ctx.poll, f"{len(pods)} pod(s) still terminating")
+        # At the deadline this is what the escalation reports as left on the node.
+        left_refs = ", ".join(p.ref for p in pods[:10]) + (" …" if len(pods) > 10 else "")
+        return Wait(ctx.poll, f"{len(pods)} pod(s) still terminating: {left_refs}")
     return Done(ctx.progress, f"{len(evicted)} pod(s) evicted")
 
 
