@@ -43,6 +43,7 @@ _MODELS = {
     "Pod": "V1Pod",
     "PodDisruptionBudget": "V1PodDisruptionBudget",
     "Job": "V1Job",
+    "Event": "CoreV1Event",
     "Eviction": "V1Eviction",
     "SelfSubjectAccessReview": "V1SelfSubjectAccessReview",
 }
@@ -239,7 +240,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
         }
 
     def _create(self, res: Resource, ns: str | None, body: Any) -> dict[str, Any]:
-        name = (body.get("metadata") or {}).get("name") if isinstance(body, dict) else None
+        meta = (body.get("metadata") or {}) if isinstance(body, dict) else {}
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = body["metadata"]["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         if not name:
             raise ApiError.invalid(
                 res, "", "metadata.name", "Required value: name or generateName is required"

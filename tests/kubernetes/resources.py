@@ -41,6 +41,7 @@ RESOURCES = (
     ),
     Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False, crd=True, generation=True),
     Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
+    Resource("", "v1", "events", "Event", namespaced=True),
     Resource(
         "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False
     ),

@@ -8,7 +8,8 @@ both taints end up on the node; rollback restores spec, labels, taints and annot
 keeps a taint someone else added meanwhile; a node cordoned by someone else is never uncordoned;
 another incident's cordon is left alone; 500 on a write and a request timeout become
 ``TransientError`` (the step retries), 500 on a read is retried by the client itself. The fleet
-(the breaker's size) is the nodes matching the GPU selector.
+(the breaker's size) is the nodes matching the GPU selector. Each write leaves a Kubernetes Event on the
+node (``kubectl describe node``); a refused Event never undoes or fails the write.
 """
 
 from __future__ import annotations
@@ -77,6 +78,25 @@ async def test_a_resumed_cordon_finds_it_done_and_writes_nothing(
     await cluster.cordon(NODE, incident_id="pc-00042", reason="r")  # the restarted step's second try
     assert len(_patches(k8s)) == 1
     assert k8s.get("nodes", NODE) == before
+    assert [e["reason"] for e in _events(k8s)] == ["PitcrewCordon"]  # one event, for the one write
+
+
+def _events(k8s: KubeEmulator) -> list[dict[str, Any]]:
+    return [obj for (plural, _, _), obj in k8s.objects.items() if plural == "events"]
+
+
+async def test_the_node_shows_what_pitcrew_did_and_a_refused_event_changes_nothing(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
+    await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79 gpu3")
+    [event] = _events(k8s)
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    assert event["metadata"]["namespace"] == "default" and event["source"] == {"component": "pitcrew"}
+    assert event["message"].startswith("pitcrew: pc-00042 XID 79 gpu3")
+    k8s.inject(403, verb="create", resource="events")
+    await cluster.uncordon(NODE, incident_id="pc-00042")  # the event is refused; the uncordon stands
+    assert OWNER_ANNOTATION not in k8s.get("nodes", NODE)["metadata"]["annotations"]  # type: ignore[index]
+    assert [e.status for e in k8s.log if e.resource == "events"] == [201, 403]
 
 
 async def test_a_taint_added_between_read_and_write_is_kept(

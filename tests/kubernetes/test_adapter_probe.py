@@ -20,7 +20,7 @@ from tests.kubernetes.emulator import KubeEmulator
 async def test_all_allowed(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:
     probe = await cluster.probe()
     assert probe.ok and probe.system == "kubernetes" and probe.missing == ()
-    assert "6 permissions allowed" in probe.detail
+    assert "7 permissions allowed" in probe.detail
     assert {e.verb for e in k8s.log} == {"create"} and {e.resource for e in k8s.log} == {
         "selfsubjectaccessreviews"
     }

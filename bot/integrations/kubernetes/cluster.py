@@ -18,6 +18,7 @@ from bot.engine.errors import PermanentError
 from bot.engine.ports import ClusterNode, PodRef, Probe
 from bot.integrations.kubernetes import probe as probing
 from bot.integrations.kubernetes.client import TokenBucket, api_client
+from bot.integrations.kubernetes.events import Events
 from bot.integrations.kubernetes.jobs import Jobs
 from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
@@ -31,6 +32,7 @@ class _Parts:
         self.pods = Pods(api, never_drain=settings.never_drain_namespaces, timeout=settings.request_timeout)
         self.replacer = Replacer(api, self.nodes, settings)
         self.jobs = Jobs(api, settings)
+        self.events = Events(api, timeout=settings.request_timeout)
 
 
 class KubernetesCluster:
@@ -66,10 +68,18 @@ class KubernetesCluster:
         return len(await (await self._p()).nodes.fleet(self.settings.node_selector))
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
-        await (await self._p()).nodes.cordon(name, incident_id=incident_id)
+        parts = await self._p()
+        if await parts.nodes.cordon(name, incident_id=incident_id):
+            await parts.events.on_node(
+                name, "PitcrewCordon", f"{reason} (incident {incident_id})", incident_id
+            )
 
     async def uncordon(self, name: str, *, incident_id: str) -> None:
-        await (await self._p()).nodes.uncordon(name, incident_id=incident_id)
+        parts = await self._p()
+        if await parts.nodes.uncordon(name, incident_id=incident_id):
+            await parts.events.on_node(
+                name, "PitcrewUncordon", f"cordon of incident {incident_id} undone", incident_id
+            )
 
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await (await self._p()).nodes.annotate(name, annotations)
@@ -94,7 +104,11 @@ class KubernetesCluster:
 
     # ---------------------------------------------------------------- replace
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
-        return await (await self._p()).replacer.replace(name, strategy=strategy, incident_id=incident_id)
+        parts = await self._p()
+        handle = await parts.replacer.replace(name, strategy=strategy, incident_id=incident_id)
+        if not handle.startswith("watch "):
+            await parts.events.on_node(name, "PitcrewReplace", f"replacement started: {handle}", incident_id)
+        return handle
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool:
         return await (await self._p()).replacer.started(name, incident_id=incident_id)
@@ -111,10 +125,16 @@ class KubernetesCluster:
 
     # ------------------------------------------------------------------- jobs
     async def reboot(self, name: str, *, incident_id: str) -> None:
-        await (await self._p()).jobs.run("reboot", name, incident_id)
+        parts = await self._p()
+        await parts.jobs.run("reboot", name, incident_id)
+        await parts.events.on_node(name, "PitcrewReboot", "node rebooted", incident_id)
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
-        await (await self._p()).jobs.run("reset_gpu", name, incident_id, gpus)
+        parts = await self._p()
+        await parts.jobs.run("reset_gpu", name, incident_id, gpus)
+        await parts.events.on_node(
+            name, "PitcrewResetGPU", f"GPU reset: {', '.join(gpus) or 'all'}", incident_id
+        )
 
     async def validate(self, name: str, *, incident_id: str) -> bool | None:
         """The operator's validation Job on the node: ``None`` when none is configured."""

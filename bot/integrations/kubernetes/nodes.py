@@ -95,15 +95,16 @@ class Nodes:
         )
         return list(listed.items)
 
-    async def cordon(self, name: str, *, incident_id: str) -> None:
-        """Unschedulable + pitcrew's taint + ownership, in one guarded write; nothing if already done."""
+    async def cordon(self, name: str, *, incident_id: str) -> bool:
+        """Unschedulable + pitcrew's taint + ownership, in one guarded write; nothing (``False``) if
+        this incident's cordon is already on the node."""
         for _ in range(CONFLICT_RETRIES):
             node = await self._existing(name)
             annotations = node.metadata.annotations or {}
             taints = _taint_dicts(node)
             has_taint = any(is_own_taint(t["key"]) for t in taints)
             if node.spec.unschedulable and owns_node(annotations, incident_id) and has_taint:
-                return  # a resumed step: this incident's cordon is already on the node
+                return False  # a resumed step: this incident's cordon is already on the node
             if not owns_node(annotations, incident_id):
                 marks = cordon_marks(incident_id, node.spec.unschedulable)
             else:  # our annotations landed with a half-finished write of our own: keep the recorded prior
@@ -116,7 +117,7 @@ class Nodes:
                 "spec": {"unschedulable": True, "taints": taints},
             }
             if await self._write(name, body, "cordon"):
-                return
+                return True
         raise TransientError(f"cordon of {name}: the node kept changing under us", reason="conflict")
 
     async def uncordon(self, name: str, *, incident_id: str) -> bool:

@@ -41,6 +41,7 @@ def needed(settings: KubernetesSettings) -> tuple[Permission, ...]:
         Permission("list", "", "pods"),
         Permission("delete", "", "pods"),
         Permission("create", "", "pods", "eviction"),
+        Permission("create", "", "events", namespace="default"),
     ]
     strategy = settings.replace.strategy
     if strategy == "cluster-api":
