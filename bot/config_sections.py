@@ -242,6 +242,12 @@ class KubernetesReplaceSettings(_Section):
         "values for those of them the replaced node had.",
     )
 
+    @model_validator(mode="after")
+    def _command_given(self) -> KubernetesReplaceSettings:
+        if self.strategy == "command" and not self.command:
+            raise ValueError("strategy command needs command: the executable (and arguments) to run")
+        return self
+
 
 class KubernetesJobSettings(_Section):
     """Privileged Jobs pinned to the node: GPU reset, reboot and the optional validation before return."""
