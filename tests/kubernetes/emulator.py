@@ -174,6 +174,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
             entry.status = code
             if fault is not None and fault.delay_after:
                 await asyncio.sleep(fault.delay_after)
+            if fault is not None and fault.lost_answer is not None:
+                raise ApiError.injected(fault.lost_answer, res, match["name"], fault.retry_after)
             return aiohttp.web.json_response(body, status=code)
         except ApiError as exc:
             entry.status = exc.code

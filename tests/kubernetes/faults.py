@@ -77,6 +77,8 @@ class Fault:
     #: Serve the request, then hold the answer this long (the write lands; its acknowledgement is late).
     delay_after: float = 0.0
     retry_after: int | None = None
+    #: Serve the request, then answer with this status instead (the write landed; the answer was lost).
+    lost_answer: int | None = None
     #: Run before the request is served: another writer acting just before this request lands.
     before: Callable[[], None] | None = None
     hits: int = 0

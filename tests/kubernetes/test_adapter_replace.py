@@ -9,7 +9,8 @@ its exit code the result; ``none`` hands the node to humans. Another system alre
 node (a Karpenter disruption taint, a cluster-autoscaler taint, a Machine someone else deletes) is
 named by ``repair_owner``; then pitcrew deletes nothing (strategy ``watch`` only marks the node) and
 follows that system's replacement to the new node. A replacement not yet started can be cancelled,
-a started one cannot.
+a started one cannot. A delete that landed but whose answer was lost (500) is retried by the client
+and found done (404, or the Machine still deleting), not reported as a failure.
 """
 
 from __future__ import annotations
@@ -160,3 +161,17 @@ async def test_another_systems_replacement_is_watched_not_repeated(
     )
     new = await _successor(cluster, handle)
     assert new.name.startswith(f"{NODE}-")
+
+
+@pytest.mark.parametrize(("strategy", "resource"), [("delete-node", "nodes"), ("cluster-api", "machines")])
+async def test_a_delete_whose_answer_was_lost_is_not_an_error(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, resource: str
+) -> None:
+    k8s.replace_delay = 30  # keep the world still while the client retries
+    k8s.inject(None, verb="delete", resource=resource, lost_answer=500)
+    cluster = make_cluster(replace={"strategy": strategy})
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert handle.startswith(strategy)
+    deletes = [e.status for e in k8s.log if e.verb == "delete"]
+    assert deletes[0] == 500 and len(deletes) == 2  # the client's own retry found it done
+    assert await cluster.replacement_started(NODE, incident_id=INCIDENT)

@@ -203,7 +203,11 @@ class Replacer:
         elif strategy == "karpenter":
             await self._delete_custom(KARPENTER, target)
         elif strategy == "delete-node":
-            await self._nodes.delete(name)
+            try:
+                await self._nodes.delete(name)
+            except PermanentError as exc:
+                if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
+                    raise
         elif strategy == "command":
             await self._command(name, incident_id)
         else:
@@ -254,7 +258,11 @@ class Replacer:
                 group, version, plural, name, _request_timeout=self._timeout
             )
         )
-        await call(what, request)
+        try:
+            await call(what, request)
+        except PermanentError as exc:
+            if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
+                raise
 
     async def _command(self, name: str, incident_id: str) -> None:
         argv = self._settings.replace.command
