@@ -143,6 +143,47 @@ def pods_like_the_fixture(emulator: KubeEmulator, node: str, elsewhere: str) -> 
     )
 
 
+def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, str]:
+    """A Slinky world: Kubernetes node ``kube-<slurm node>`` per Slurm node, each running the
+    NodeSet's slurmd pod for it (busy: ``pod-protect``), and slurm-operator's budget. Returns
+    Kubernetes node name → Slurm node name."""
+    template = load_fixture("node-gpu.json")
+    by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
+    names = {}
+    for slurm_node in slurm_nodes:
+        kube_node = f"kube-{slurm_node}"
+        node = copy.deepcopy(template)
+        node["metadata"]["name"] = kube_node
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = kube_node
+        node["metadata"]["annotations"]["nodeset.slinky.slurm.net/hostname-override"] = slurm_node
+        emulator.add("nodes", node)
+        pod = copy.deepcopy(by_name["slurm-worker-gpu-h100-7xk2p"])
+        pod["metadata"]["name"] = f"slurm-worker-{slurm_node}"
+        pod["metadata"]["labels"]["nodeset.slinky.slurm.net/pod-hostname"] = slurm_node
+        pod["metadata"]["labels"]["nodeset.slinky.slurm.net/pod-name"] = pod["metadata"]["name"]
+        pod["spec"]["nodeName"] = kube_node
+        pod["spec"]["hostname"] = slurm_node
+        emulator.add("pods", pod)
+        names[kube_node] = slurm_node
+    emulator.add(
+        "poddisruptionbudgets",
+        {
+            "metadata": {"name": "slurm-workers-pdb-slurm", "namespace": "slurm", "generation": 1},
+            "spec": {
+                "maxUnavailable": 0,
+                "selector": {
+                    "matchLabels": {
+                        "nodeset.slinky.slurm.net/pod-protect": "true",
+                        "slinky.slurm.net/cluster": "slurm",
+                    }
+                },
+            },
+            "status": {"observedGeneration": 1},
+        },
+    )
+    return names
+
+
 def pod_ready(emulator: KubeEmulator, namespace: str, name: str) -> None:
     pod = emulator.get("pods", name, namespace)
     assert pod is not None

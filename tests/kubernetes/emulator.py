@@ -77,6 +77,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them.
     job_duration: float = 0.1
     job_exit_codes: dict[str, int] = attrs.field(factory=dict)
+    #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
+    #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
+    #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
+    slinky_drain_delay: float | None = None
+    slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
     #: Permissions every SelfSubjectAccessReview answers "not allowed" for.
     denied: set[Permission] = attrs.field(factory=set)
     _rv: int = 48213377
@@ -142,6 +147,25 @@ class KubeEmulator(kmock.KubernetesScaffold):
             else:
                 labels.pop("nodeset.slinky.slurm.net/pod-protect", None)
             self.bump(pod)
+
+    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
+        """slurm-operator drains the Slurm node of a cordoned Node (with the node's cordon-reason
+        annotation as the reason, if set) and, once it is idle, drops ``pod-protect``."""
+        name = node["metadata"]["name"]
+        annotations = node["metadata"].get("annotations") or {}
+        self.slinky_reasons[name] = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
+        hostnames = {
+            (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+            for (plural, _, _), pod in self.objects.items()
+            if plural == "pods" and (pod.get("spec") or {}).get("nodeName") == name
+        } - {None}
+
+        async def idle() -> None:
+            for hostname in hostnames:
+                self.slurm_node_busy(str(hostname), busy=False)
+
+        assert self.slinky_drain_delay is not None
+        self._later(self.slinky_drain_delay, idle)
 
     def bump(self, obj: dict[str, Any]) -> None:
         """A write by someone else than the client under test: the object's resourceVersion moves."""
@@ -311,6 +335,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self.objects.pop(key, None)
         else:
             self.objects[key] = new
+        cordoned = (new.get("spec") or {}).get("unschedulable") and not (current.get("spec") or {}).get(
+            "unschedulable"
+        )
+        if res.plural == "nodes" and cordoned and self.slinky_drain_delay is not None:
+            self._slinky_operator_sees_cordon(new)
         return copy.deepcopy(new)
 
     def _delete(
