@@ -136,6 +136,11 @@ class Cluster(Protocol):
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...
 
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        """What ``replace`` would record, read without acting, so the step persists it before the
+        call (the old node may be gone by the time a crashed step resumes); ``None``: nothing to record."""
+        ...
+
     async def repair_owner(self, name: str) -> str | None:
         """Who else is already repairing or replacing the node (a controller, a taint), else ``None``."""
         ...

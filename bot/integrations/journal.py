@@ -93,6 +93,9 @@ class DryRunJournal:
     async def repair_owner(self, name: str) -> str | None:
         return None
 
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return None
+
     async def successor(self, name: str, *, handle: str | None) -> NoReturn:
         raise PermanentError(f"dry run: the journal does not know what replaced {name}", reason="dry_run")
 

@@ -77,6 +77,9 @@ class SimulatedCluster:
             for r in self._world.journal.records()
         )
 
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return None  # the simulated replacement keeps the node's name: nothing to recognise it by
+
     async def repair_owner(self, name: str) -> str | None:
         return None  # no other repair system in the simulated world
 

@@ -72,7 +72,8 @@ async def _issue_once(
     except Exception:
         await ctx.save(replace(ctx.progress, issuing=False))
         raise
-    await ctx.save(replace(ctx.progress, issued=True, handle=handle if isinstance(handle, str) else None))
+    handle = handle if isinstance(handle, str) else ctx.progress.handle
+    await ctx.save(replace(ctx.progress, issued=True, handle=handle))
     await ctx.acted(action, words, node=ctx.node)
     return Done(ctx.progress, words)
 
@@ -187,6 +188,12 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
             return held
     # Unset: the strategy the cluster adapter is configured with (kubernetes.replace.strategy).
     strategy = str(ctx.spec.options.get("strategy", "configured"))
+    if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
+        # Persisted before the call: wait_ready needs it to recognise the replacement, and after a
+        # crash between the delete and its answer the old node (which carries it too) may be gone.
+        handle = await cluster.replacement_handle(ctx.node, strategy=strategy)
+        if handle is not None:
+            await ctx.save(replace(ctx.progress, handle=handle))
     return await _issue_once(
         ctx,
         "replace",

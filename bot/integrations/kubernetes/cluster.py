@@ -113,6 +113,9 @@ class KubernetesCluster:
     async def replacement_started(self, name: str, *, incident_id: str) -> bool:
         return await (await self._p()).replacer.started(name, incident_id=incident_id)
 
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return await (await self._p()).replacer.handle(name, strategy=strategy)
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return await (await self._p()).replacer.cancel(name, incident_id=incident_id)
 

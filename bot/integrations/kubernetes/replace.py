@@ -173,6 +173,14 @@ class Replacer:
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: None})
         return True
 
+    async def handle(self, name: str, *, strategy: str) -> str | None:
+        """The handle ``replace`` would record now, read-only (``None``: no node, or strategy none)."""
+        strategy = self.strategy(strategy)
+        node = await self._nodes.read(name)
+        if node is None or strategy == "none":
+            return None
+        return self._handle(strategy, node).render()
+
     # ------------------------------------------------------------ the act
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
         strategy = self.strategy(strategy)
