@@ -175,3 +175,11 @@ async def test_a_delete_whose_answer_was_lost_is_not_an_error(
     deletes = [e.status for e in k8s.log if e.verb == "delete"]
     assert deletes[0] == 500 and len(deletes) == 2  # the client's own retry found it done
     assert await cluster.replacement_started(NODE, incident_id=INCIDENT)
+
+
+async def test_an_unknown_strategy_is_refused_before_anything_is_written(
+    cluster: KubernetesCluster, k8s: KubeEmulator
+) -> None:
+    with pytest.raises(PermanentError, match="unknown replace strategy 'terraform'"):
+        await cluster.replace(NODE, strategy="terraform", incident_id=INCIDENT)
+    assert not [e for e in k8s.log if e.verb in ("patch", "delete")]

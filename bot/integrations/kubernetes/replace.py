@@ -27,6 +27,8 @@ from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.nodes import Nodes, facts
 
+#: What pitcrew itself can do to replace a node (``none`` hands it to humans).
+STRATEGIES = ("cluster-api", "karpenter", "delete-node", "command")
 #: Not a strategy of pitcrew's: another system is replacing the node and pitcrew waits for its result.
 WATCH = "watch"
 CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
@@ -191,6 +193,8 @@ class Replacer:
             raise PermanentError(
                 f"replace strategy none: replacing {name} is for humans", reason="handed_over"
             )
+        if strategy not in (*STRATEGIES, WATCH):
+            raise PermanentError(f"unknown replace strategy {strategy!r}", reason="invalid")
         mark = replacement_owner(node.metadata.annotations or {})
         if mark is not None and mark[0] == incident_id:
             handle = Handle.parse(mark[1])
@@ -216,10 +220,8 @@ class Replacer:
             except PermanentError as exc:
                 if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
                     raise
-        elif strategy == "command":
-            await self._command(name, incident_id)
         else:
-            raise PermanentError(f"unknown replace strategy {strategy!r}", reason="invalid")
+            await self._command(name, incident_id)
         return handle.render()
 
     def _handle(self, strategy: str, node: client.V1Node) -> Handle:
@@ -228,7 +230,7 @@ class Replacer:
         annotations = node.metadata.annotations or {}
         target = {
             "cluster-api": f"machine/{annotations.get(CAPI_NAMESPACE, '')}/{annotations.get(CAPI_MACHINE, '')}",
-            "karpenter": "nodeclaim",
+            "karpenter": f"nodeclaim/{node.metadata.name}",  # the NodeClaim whose status.nodeName it is
             "delete-node": f"node/{node.metadata.name}",
             "command": f"command/{node.metadata.name}",
             WATCH: f"node/{node.metadata.name}",
