@@ -137,8 +137,9 @@ class Cluster(Protocol):
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...
 
     async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
-        """What ``replace`` would record, read without acting, so the step persists it before the
-        call (the old node may be gone by the time a crashed step resumes); ``None``: nothing to record."""
+        """What ``replace`` (``strategy="reboot"``: ``reboot``) would record, read without acting, so
+        the step persists it before the call (the old node may be gone, or rebooted, by the time a
+        crashed step resumes); ``None``: nothing to record."""
         ...
 
     async def repair_owner(self, name: str) -> str | None:
@@ -151,7 +152,9 @@ class Cluster(Protocol):
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
 
-    async def reboot(self, name: str, *, incident_id: str) -> None: ...
+    async def reboot(self, name: str, *, incident_id: str) -> str | None:
+        """Reboot the node; a handle ``successor`` can tell the rebooted node by (``None``: none)."""
+        ...
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None: ...
 

@@ -77,6 +77,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them.
     job_duration: float = 0.1
     job_exit_codes: dict[str, int] = attrs.field(factory=dict)
+    #: Seconds after a successful reboot Job until the node reports a new boot id.
+    reboot_delay: float = 0.3
     #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
     #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
     #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
@@ -539,6 +541,21 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if job is not None:
             job["status"] = {"succeeded": 1} if code == 0 else {"failed": 1}
             job["metadata"]["resourceVersion"] = self._bump()
+        actions = {
+            e.get("value")
+            for c in pod_spec.get("containers") or []
+            for e in c.get("env") or []
+            if e.get("name") == "PITCREW_ACTION"
+        }
+        if code == 0 and "reboot" in actions:
+            self._later(self.reboot_delay, lambda: self._booted(pod_spec.get("nodeName")))
+
+    async def _booted(self, node_name: str | None) -> None:
+        """The node comes back from its reboot: a new boot id (the kubelet reports it)."""
+        node = self.objects.get(("nodes", None, node_name or ""))
+        if node is not None:
+            node.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
+            self.bump(node)
 
     # --- SelfSubjectAccessReview -----------------------------------------------------------------------
 

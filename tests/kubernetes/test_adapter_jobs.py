@@ -4,11 +4,14 @@ Cases: ``reset_gpu`` creates one Job from the operator's template, named after t
 to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
 it waits for the Job and a retried call finds the same Job instead of creating another; a failed Job
 is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
-incident in its environment and fails on a non-zero exit; nothing configured is refused.
+incident in its environment and fails on a non-zero exit; nothing configured is refused. After a
+reboot the node counts as back only once it reports a new boot id (Ready before the reboot proves
+nothing); the optional validation Job passes, fails with its exit code, or is not configured.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -109,3 +112,20 @@ async def test_validation_is_optional_and_a_failure_is_reported(
     with pytest.raises(PermanentError, match="exited 1") as err:
         await cluster.validate(NODE, incident_id="pc-00043")
     assert err.value.reason == "job_failed"
+
+
+async def test_after_a_reboot_only_a_new_boot_counts_as_back(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    k8s.reboot_delay = 2.5  # after the Job is seen done (read every second)
+    cluster = make_cluster(jobs={"reboot_template": template})
+    before = k8s.get("nodes", NODE)["status"]["nodeInfo"]["bootID"]  # type: ignore[index]
+    read_first = await cluster.replacement_handle(NODE, strategy="reboot")
+    assert read_first is not None and f"boot={before}" in read_first
+    handle = await cluster.reboot(NODE, incident_id="pc-00042")
+    assert handle.startswith("reboot node/gpu-node-02 ") and f"boot={before}" in handle
+    assert await cluster.successor(NODE, handle=handle) is None  # still Ready, but not rebooted yet
+    await asyncio.sleep(2.5)
+    back = await cluster.successor(NODE, handle=handle)
+    assert back is not None and back.name == NODE
+    assert k8s.get("nodes", NODE)["status"]["nodeInfo"]["bootID"] != before  # type: ignore[index]

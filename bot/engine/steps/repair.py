@@ -139,6 +139,11 @@ async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
     cluster = ctx.ports.cluster
     if cluster is None:
         return await _hand_over(ctx, "reboot")
+    if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
+        # The boot id before the reboot, persisted first: wait_ready waits for it to change.
+        handle = await cluster.replacement_handle(ctx.node, strategy="reboot")
+        if handle is not None:
+            await ctx.save(replace(ctx.progress, handle=handle))
     return await _issue_once(
         ctx, "reboot", f"reboot of {ctx.node}", lambda: cluster.reboot(ctx.node, incident_id=ctx.incident.id)
     )
@@ -260,8 +265,9 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     slurm_nodes = (down.slurm_nodes if down else None) or ()
     if ctx.ports.cluster is None:
         return await _slurm_node_back(ctx, slurm_nodes)
-    replaced = await ctx.result(ReplaceResult)
-    handle = replaced.handle if replaced is not None and replaced.issued else None
+    # A replacement's or a reboot's handle says which node, in which state, counts as back.
+    issued = [r for r in (await ctx.result(ReplaceResult), await ctx.result(RebootResult)) if r and r.issued]
+    handle = next((r.handle for r in issued if r.handle), None)
     if handle is None:  # reset, reboot, or no replacement: the same node
         node = await ctx.ports.cluster.node(ctx.node)
     else:

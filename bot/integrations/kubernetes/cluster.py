@@ -127,10 +127,13 @@ class KubernetesCluster:
         return await parts.replacer.successor(name, handle=handle, fleet_selector=self.settings.node_selector)
 
     # ------------------------------------------------------------------- jobs
-    async def reboot(self, name: str, *, incident_id: str) -> None:
+    async def reboot(self, name: str, *, incident_id: str) -> str:
+        """Reboot through the operator's Job or command; the handle names the boot id that must change."""
         parts = await self._p()
+        handle = await parts.replacer.reboot_handle(name)
         await parts.jobs.run("reboot", name, incident_id)
-        await parts.events.on_node(name, "PitcrewReboot", "node rebooted", incident_id)
+        await parts.events.on_node(name, "PitcrewReboot", "node reboot issued", incident_id)
+        return handle
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
         parts = await self._p()

@@ -29,6 +29,8 @@ from bot.integrations.kubernetes.nodes import Nodes, facts
 
 #: What pitcrew itself can do to replace a node (``none`` hands it to humans).
 STRATEGIES = ("cluster-api", "karpenter", "delete-node", "command")
+#: The handle of a reboot (not a replacement): the same node must come back with a new boot id.
+REBOOT = "reboot"
 #: Not a strategy of pitcrew's: another system is replacing the node and pitcrew waits for its result.
 WATCH = "watch"
 CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
@@ -52,10 +54,13 @@ class Handle:
     since: datetime
     gpus: int | None = None
     pool: dict[str, str] = field(default_factory=dict)
+    #: A reboot: the node's boot id before it, which must change.
+    boot: str | None = None
 
     def render(self) -> str:
         words = [self.strategy, self.target, f"since={self.since.strftime('%Y-%m-%dT%H:%M:%SZ')}"]
         words += [f"gpus={self.gpus}"] if self.gpus is not None else []
+        words += [f"boot={self.boot}"] if self.boot else []
         words += [f"pool={k}={v}" for k, v in sorted(self.pool.items())]
         return " ".join(words)
 
@@ -65,15 +70,17 @@ class Handle:
         if len(words) < 3 or not words[2].startswith("since="):
             return None
         since = datetime.strptime(words[2][6:], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-        gpus, pool = None, {}
+        gpus, pool, boot = None, {}, None
         for word in words[3:]:
             key, _, value = word.partition("=")
             if key == "gpus":
                 gpus = int(value)
+            elif key == "boot":
+                boot = value
             elif key == "pool":
                 label, _, label_value = value.partition("=")
                 pool[label] = label_value
-        return cls(words[0], words[1], since, gpus, pool)
+        return cls(words[0], words[1], since, gpus, pool, boot)
 
 
 def _deleting(obj: dict[str, Any] | None) -> bool:
@@ -176,12 +183,23 @@ class Replacer:
         return True
 
     async def handle(self, name: str, *, strategy: str) -> str | None:
-        """The handle ``replace`` would record now, read-only (``None``: no node, or strategy none)."""
+        """The handle ``replace`` (or, for ``reboot``, the reboot) would record now, read-only
+        (``None``: no node, or strategy none)."""
+        if strategy == REBOOT:
+            return await self.reboot_handle(name)
         strategy = self.strategy(strategy)
         node = await self._nodes.read(name)
         if node is None or strategy == "none":
             return None
         return self._handle(strategy, node).render()
+
+    async def reboot_handle(self, name: str) -> str:
+        """What a reboot of ``name`` must change: its boot id, read before the reboot."""
+        node = await self._nodes.read(name)
+        if node is None:
+            raise PermanentError(f"node {name} is not in Kubernetes: nothing to reboot", reason="not_found")
+        boot = node.status.node_info.boot_id if node.status and node.status.node_info else None
+        return Handle(REBOOT, f"node/{name}", datetime.now(UTC), boot=boot or "unknown").render()
 
     # ------------------------------------------------------------ the act
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
@@ -290,6 +308,10 @@ class Replacer:
         replacement started; ``None`` while there is none."""
         parsed = Handle.parse(handle) if handle else None
         node = await self._nodes.read(name)
+        if parsed is not None and parsed.strategy == REBOOT:
+            # The same node, once it has booted again: Ready before the reboot proves nothing.
+            booted = node is not None and node.status.node_info.boot_id != parsed.boot
+            return facts(node, self._settings.gpu_resource) if node is not None and booted else None
         if node is not None and node.metadata.deletion_timestamp is None:
             created = node.metadata.creation_timestamp
             if (
