@@ -2,13 +2,16 @@
 
 Cases: all allowed is ok and names how many; a denied eviction (and, with the cluster-api strategy,
 a denied Machine delete) is not ok and ``missing`` names exactly those verbs; an unreachable API
-server is not ok; the probe writes nothing.
+server is not ok; the probe writes nothing. The kubeconfig context named in the settings is the
+one used, not the file's current context.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
@@ -43,3 +46,31 @@ async def test_an_unreachable_api_server(tmp_path: Path) -> None:
     finally:
         await cluster.aclose()
     assert not probe.ok and "API server not usable" in probe.detail
+
+
+async def test_the_configured_kubeconfig_context_is_the_one_used(k8s: KubeEmulator, tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "elsewhere", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}},
+                    {"name": "emulated", "cluster": {"server": k8s.host}},
+                ],
+                "users": [{"name": "pitcrew", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "prod", "context": {"cluster": "elsewhere", "user": "pitcrew"}},
+                    {"name": "gpu-east", "context": {"cluster": "emulated", "user": "pitcrew"}},
+                ],
+                "current-context": "prod",
+            }
+        )
+    )
+    cluster = KubernetesCluster(KubernetesSettings(kubeconfig=path, context="gpu-east", retries=0))
+    try:
+        assert (await cluster.probe()).ok
+    finally:
+        await cluster.aclose()
+    assert k8s.log and all(e.user_agent.startswith("pitcrew/") for e in k8s.log)
