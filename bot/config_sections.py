@@ -133,10 +133,11 @@ class IntegrationSettings(_Section):
         default="journal",
         description="`slurm` drives Slurm; `journal` writes what would have been done to the journal.",
     )
-    cluster: Literal["journal", "none"] = Field(
+    cluster: Literal["journal", "none", "kubernetes"] = Field(
         default="journal",
-        description="`journal` writes what would have been done; `none` for Slurm-only sites: no "
-        "Kubernetes, so cordon and drain find nothing to do and replace, reboot and GPU reset go to a human.",
+        description="`kubernetes` acts on the cluster (settings under `kubernetes`); `journal` writes what "
+        "would have been done; `none` for Slurm-only sites: no Kubernetes, so cordon and drain find "
+        "nothing to do and replace, reboot and GPU reset go to a human.",
     )
     notifier: Literal["log", "slack"] = Field(
         default="log",
@@ -332,6 +333,99 @@ class GrafanaSettings(_Section):
         return self
 
 
+ReplaceStrategy = Literal["cluster-api", "karpenter", "delete-node", "command", "none"]
+
+
+class KubernetesReplaceSettings(_Section):
+    """How a broken node is replaced (the ``replace`` step; a playbook's ``strategy`` option overrides)."""
+
+    strategy: ReplaceStrategy = Field(
+        default="none",
+        description="`cluster-api`: delete the node's Machine (its MachineSet makes a new one); `karpenter`: "
+        "delete its NodeClaim; `delete-node`: delete the Node (a cloud autoscaler replaces the instance); "
+        "`command`: run `command`; `none`: hand the replacement to humans.",
+    )
+    command: list[str] = Field(
+        default_factory=list,
+        description="`command` strategy: executable and arguments; PITCREW_NODE, PITCREW_INCIDENT and "
+        "PITCREW_ACTION are in its environment; exit code 0 means the replacement started.",
+    )
+    command_timeout: Duration = Field(
+        default=timedelta(minutes=5), description="Kill the command after this."
+    )
+    pool_labels: list[str] = Field(
+        default_factory=lambda: ["node.cluster.x-k8s.io/pool", "karpenter.sh/nodepool"],
+        description="Node labels naming the node's pool; a replacement is a new fleet node with the same "
+        "values for those of them the replaced node had.",
+    )
+
+    @model_validator(mode="after")
+    def _command_given(self) -> KubernetesReplaceSettings:
+        if self.strategy == "command" and not self.command:
+            raise ValueError("strategy command needs command: the executable (and arguments) to run")
+        return self
+
+
+class KubernetesJobSettings(_Section):
+    """Privileged Jobs pinned to the node: GPU reset, reboot and the optional validation before return."""
+
+    namespace: str = Field(default="pitcrew", description="Namespace the Jobs run in.")
+    reset_gpu_template: Path | None = Field(
+        default=None,
+        description="YAML Job template for `reset_gpu`; pitcrew sets its name, `nodeName`, a toleration "
+        "of its taint and PITCREW_NODE/PITCREW_GPUS/PITCREW_INCIDENT env. Unset: `reset_gpu_command`.",
+    )
+    reboot_template: Path | None = Field(default=None, description="YAML Job template for `reboot`.")
+    validation_template: Path | None = Field(
+        default=None,
+        description="YAML Job template run on the repaired node before it returns (e.g. a DCGM diagnostic); "
+        "a failure escalates to replacement. Unset: no validation.",
+    )
+    reset_gpu_command: list[str] = Field(
+        default_factory=list, description="Instead of a Job: an executable run for `reset_gpu` (exit 0 = ok)."
+    )
+    reboot_command: list[str] = Field(
+        default_factory=list, description="Instead of a Job: an executable run for `reboot` (exit 0 = ok)."
+    )
+    timeout: Duration = Field(default=timedelta(minutes=10), description="Job or command deadline.")
+
+
+class KubernetesSettings(_Section):
+    """How pitcrew reaches the Kubernetes API and what it may do there (``integrations.cluster: kubernetes``)."""
+
+    in_cluster: bool = Field(
+        default=False, description="Use the pod's service account (pitcrew runs in the cluster)."
+    )
+    kubeconfig: Path | None = Field(
+        default=None, description="kubeconfig file when not in-cluster; unset: $KUBECONFIG or ~/.kube/config."
+    )
+    context: str | None = Field(default=None, description="kubeconfig context; unset: its current-context.")
+    request_timeout: float = Field(default=10.0, gt=0, description="Seconds per API request.")
+    retries: int = Field(
+        default=3, ge=0, le=10, description="The client's own retries of idempotent requests on 5xx."
+    )
+    qps: float = Field(
+        default=20.0, gt=0, description="Requests per second to the API server, shared by every step."
+    )
+    burst: int = Field(default=40, ge=1, description="Requests allowed at once above `qps` (token bucket).")
+    node_selector: str = Field(
+        default="nvidia.com/gpu.present=true",
+        description="Label selector of the GPU fleet (the breaker's fleet size and replacement candidates).",
+    )
+    gpu_resource: str = Field(default="nvidia.com/gpu", description="Extended resource counting GPUs.")
+    never_drain_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system", "gpu-operator"],
+        description="Pods in these namespaces are never evicted (and never block a replacement).",
+    )
+    force_delete_not_ready: bool = Field(
+        default=False,
+        description="Allow force-deleting pods (grace 0) of a NotReady node when a playbook asks for it "
+        "(drain option force_delete_on_dead_node); off: such pods are only evicted.",
+    )
+    replace: KubernetesReplaceSettings = KubernetesReplaceSettings()
+    jobs: KubernetesJobSettings = KubernetesJobSettings()
+
+
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "text"] = "json"
@@ -362,4 +456,5 @@ class Settings(BaseSettings, Policy):
     goodput: GoodputSettings = GoodputSettings()
     grafana: GrafanaSettings = GrafanaSettings()
     slack: SlackSettings = SlackSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
     log: LogSettings = LogSettings()

@@ -32,6 +32,7 @@ from bot.engine.ports import Cluster, Destination, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
 from bot.integrations.grafana import GrafanaAnnotations
 from bot.integrations.journal import DryRunJournal, LogNotifier
+from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slack import EVENTS as SLACK_EVENTS
 from bot.integrations.slack import Slack, build_slack
@@ -53,7 +54,7 @@ def journal_path(settings: Settings) -> Path:
 
 
 def build_ports(config: Config) -> Ports:
-    """The configured far sides: Slurm or the journal, no cluster or the journal, notices to the log."""
+    """The configured far sides: Slurm or the journal; Kubernetes, no cluster or the journal; notices to the log."""
     settings = config.settings
     journal = DryRunJournal(journal_path(settings))
     scheduler: Scheduler = journal
@@ -61,6 +62,8 @@ def build_ports(config: Config) -> Ports:
         scheduler = build_scheduler(settings.slurm)
     # Slurm-only sites have no cluster: the engine skips the Kubernetes steps and hands repairs to humans.
     cluster: Cluster | None = None if settings.integrations.cluster == "none" else journal
+    if settings.integrations.cluster == "kubernetes":
+        cluster = KubernetesCluster(settings.kubernetes)
     return Ports(
         scheduler=scheduler,
         cluster=cluster,
@@ -155,6 +158,20 @@ def read_credentials(config: Config) -> Credentials:
     return Credentials(bearer=read_secret(token_file, "server.auth.read_token_file"))
 
 
+class _CloseCluster:
+    """Closes the Kubernetes client's connections once the engine has stopped using them."""
+
+    def __init__(self, cluster: Cluster | None) -> None:
+        self._cluster = cluster
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        if isinstance(self._cluster, KubernetesCluster):
+            await self._cluster.aclose()
+
+
 def build_app(
     config: Config,
     *,
@@ -206,7 +223,8 @@ def build_app(
     commands = Commands(
         engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
     )
-    background: list[Background] = [engine, sender]
+    # Stopped in reverse: Slack's socket and the sender, then the engine, then the cluster's client.
+    background: list[Background] = [_CloseCluster(ports.cluster), engine, sender]
     inbound = slack.inbound(commands, store, utcnow) if slack else None
     if slack is not None and inbound is not None:
         socket = slack.socket_mode(inbound)

@@ -22,7 +22,7 @@ from bot.engine.steps import REGISTRY
 _ALTERNATIVES = {
     "scheduler": "integrations.scheduler: slurm",
     "cluster": "integrations.cluster: none (Slurm-only sites: Kubernetes steps are skipped, replace, "
-    "reboot and reset_gpu are handed to humans)",
+    "reboot and reset_gpu are handed to humans), integrations.cluster: kubernetes (act on the cluster)",
 }
 #: Settings that stand for no real system that acts on nodes.
 _INERT = frozenset({"journal", "none"})

@@ -11,4 +11,9 @@ from pathlib import Path
 #: each folder has a README saying how it was captured.
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-pytest_plugins: list[str] = ["tests.harness.slurm", "tests.harness.prometheus", "tests.harness.pitcrew"]
+pytest_plugins: list[str] = [
+    "tests.harness.slurm",
+    "tests.harness.prometheus",
+    "tests.harness.pitcrew",
+    "tests.harness.kubernetes",
+]

@@ -22,6 +22,10 @@ OWNER_ANNOTATION = "pitcrew.dev/incident"
 TAINT_KEY = "pitcrew.dev/gpu-fault"
 #: The Slinky slurm-operator prefixes every reason it copies from the cordon annotation with this.
 SLINKY_REASON_PREFIX = "slurm-operator: "
+#: What the node's ``spec.unschedulable`` was before pitcrew's cordon (``absent``/``false``), for rollback.
+PRIOR_UNSCHEDULABLE_ANNOTATION = "pitcrew.dev/prior-unschedulable"
+#: Written on the node before pitcrew starts its replacement: ``<incident> <handle>``.
+REPLACE_ANNOTATION = "pitcrew.dev/replacement"
 #: Set on the k8s node before cordoning; the operator uses it as the Slurm drain reason.
 SLINKY_CORDON_REASON = "nodeset.slinky.slurm.net/node-cordon-reason"
 
@@ -80,6 +84,33 @@ def node_owner(annotations: Mapping[str, str]) -> str | None:
 def owns_node(annotations: Mapping[str, str], incident_id: str) -> bool:
     """The node carries this incident's ownership annotation."""
     return node_owner(annotations) == incident_id
+
+
+def cordon_marks(incident_id: str, prior_unschedulable: bool | None) -> dict[str, str]:
+    """The annotations pitcrew's cordon writes: the owner and what ``spec.unschedulable`` was."""
+    prior = "absent" if prior_unschedulable is None else str(prior_unschedulable).lower()
+    return {OWNER_ANNOTATION: incident_id, PRIOR_UNSCHEDULABLE_ANNOTATION: prior}
+
+
+def prior_unschedulable(annotations: Mapping[str, str]) -> bool | None:
+    """``spec.unschedulable`` before pitcrew's cordon (``None``: the field was absent)."""
+    value = annotations.get(PRIOR_UNSCHEDULABLE_ANNOTATION, "absent")
+    return None if value == "absent" else value == "true"
+
+
+def is_own_taint(key: str) -> bool:
+    """The taint is pitcrew's (rollback removes only this one)."""
+    return key == TAINT_KEY
+
+
+def replacement_mark(incident_id: str, handle: str) -> str:
+    return f"{incident_id} {handle}"
+
+
+def replacement_owner(annotations: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(incident, handle)`` of the replacement pitcrew started for the node, if any."""
+    incident, _, handle = (annotations.get(REPLACE_ANNOTATION) or "").partition(" ")
+    return (incident, handle) if incident and handle else None
 
 
 # ---------------------------------------------------------------------- Slinky

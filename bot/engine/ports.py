@@ -78,6 +78,8 @@ class ClusterNode:
     taints: tuple[Taint, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Allocatable GPUs (``None``: the far side does not say).
+    gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +130,45 @@ class Cluster(Protocol):
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None: ...
 
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
-        """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted)."""
+        """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted).
+
+        ``strategy="watch"`` starts nothing: another system is replacing the node (``repair_owner``)
+        and the handle only says what ``successor`` waits for."""
         ...
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...
 
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        """What ``replace`` (``strategy="reboot"``: ``reboot``) would record, read without acting, so
+        the step persists it before the call (the old node may be gone, or rebooted, by the time a
+        crashed step resumes); ``None``: nothing to record."""
+        ...
+
+    async def repair_owner(self, name: str) -> str | None:
+        """Who else is already repairing or replacing the node (a controller, a taint), else ``None``."""
+        ...
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        """The node serving in ``name``'s place: the same node, or the replacement ``handle`` started."""
+        ...
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
 
-    async def reboot(self, name: str, *, incident_id: str) -> None: ...
+    async def reboot(self, name: str, *, incident_id: str) -> str | None:
+        """Reboot the node; a handle ``successor`` can tell the rebooted node by (``None``: none)."""
+        ...
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None: ...
+
+
+@runtime_checkable
+class NodeValidator(Protocol):
+    """A cluster that can prove a repaired node healthy before it returns (an operator's Job)."""
+
+    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+        """``True`` when the validation passed, ``None`` when none is configured; a failed one raises
+        ``PermanentError(reason="job_failed")``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,15 @@ class DryRunJournal:
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False
 
+    async def repair_owner(self, name: str) -> str | None:
+        return None
+
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return None
+
+    async def successor(self, name: str, *, handle: str | None) -> NoReturn:
+        raise PermanentError(f"dry run: the journal does not know what replaced {name}", reason="dry_run")
+
     # ------------------------------------------------------------ Scheduler writes
     async def down(self, name: str, reason: str) -> None:
         await self.append("slurm_down", node=name, reason=reason)

@@ -55,7 +55,8 @@ def _not_ready_for(seconds: float | None) -> Setup:
             late = seconds is not None and h.time.elapsed >= seconds
             return node if node is None or late else replace(node, ready=False)
 
-        h.cluster.always("node", Answer(change))
+        for call in ("node", "successor"):  # the same node, or the node that replaced it
+            h.cluster.always(call, Answer(change))
 
     return setup
 

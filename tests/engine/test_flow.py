@@ -120,7 +120,8 @@ def _not_ready_until(h: EngineHarness, seconds: float) -> None:
     def change(node: Any) -> Any:
         return node if node is None or h.time.elapsed >= seconds else replace(node, ready=False)
 
-    h.cluster.always("node", Answer(change))
+    for call in ("node", "successor"):  # the same node, or the node that replaced it
+        h.cluster.always(call, Answer(change))
 
 
 RESOLVED_DURING = {

@@ -38,7 +38,17 @@ _PATH = re.compile(
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_MODELS = {"Node": "V1Node", "Pod": "V1Pod", "PodDisruptionBudget": "V1PodDisruptionBudget"}
+_MODELS = {
+    "Node": "V1Node",
+    "Pod": "V1Pod",
+    "PodDisruptionBudget": "V1PodDisruptionBudget",
+    "Job": "V1Job",
+    "Event": "CoreV1Event",
+    "Eviction": "V1Eviction",
+    "SelfSubjectAccessReview": "V1SelfSubjectAccessReview",
+}
+#: Attributes of a SelfSubjectAccessReview the emulator can be told to deny: (verb, group, resource, sub).
+Permission = tuple[str, str, str, str]
 _validator = sync_client.ApiClient()
 
 
@@ -62,6 +72,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: Seconds after a Machine/NodeClaim delete until the replacement Node exists, then until it is Ready.
     replace_delay: float = 0.05
     ready_delay: float = 0.1
+    #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
+    autoscaler: bool = True
+    #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them.
+    job_duration: float = 0.1
+    job_exit_codes: dict[str, int] = attrs.field(factory=dict)
+    #: Seconds after a successful reboot Job until the node reports a new boot id.
+    reboot_delay: float = 0.3
+    #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
+    #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
+    #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
+    slinky_drain_delay: float | None = None
+    slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
+    #: Permissions every SelfSubjectAccessReview answers "not allowed" for.
+    denied: set[Permission] = attrs.field(factory=set)
     _rv: int = 48213377
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set)
 
@@ -113,6 +137,42 @@ class KubeEmulator(kmock.KubernetesScaffold):
         cond.update(status=status, lastTransitionTime=now_iso(), reason=f"Emulator{type_}{status}")
         obj["metadata"]["resourceVersion"] = self._bump()
 
+    def slurm_node_busy(self, hostname: str, busy: bool) -> None:
+        """slurm-operator's answer to Slurm's node state: ``pod-protect`` on the node's slurmd pods
+        while the Slurm node is busy (allocated, mixed, completing), removed once it is not."""
+        for (plural, _, _), pod in self.objects.items():
+            labels = pod["metadata"].get("labels") or {}
+            if plural != "pods" or labels.get("nodeset.slinky.slurm.net/pod-hostname") != hostname:
+                continue
+            if busy:
+                labels["nodeset.slinky.slurm.net/pod-protect"] = "true"
+            else:
+                labels.pop("nodeset.slinky.slurm.net/pod-protect", None)
+            self.bump(pod)
+
+    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
+        """slurm-operator drains the Slurm node of a cordoned Node (with the node's cordon-reason
+        annotation as the reason, if set) and, once it is idle, drops ``pod-protect``."""
+        name = node["metadata"]["name"]
+        annotations = node["metadata"].get("annotations") or {}
+        self.slinky_reasons[name] = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
+        hostnames = {
+            (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+            for (plural, _, _), pod in self.objects.items()
+            if plural == "pods" and (pod.get("spec") or {}).get("nodeName") == name
+        } - {None}
+
+        async def idle() -> None:
+            for hostname in hostnames:
+                self.slurm_node_busy(str(hostname), busy=False)
+
+        assert self.slinky_drain_delay is not None
+        self._later(self.slinky_drain_delay, idle)
+
+    def bump(self, obj: dict[str, Any]) -> None:
+        """A write by someone else than the client under test: the object's resourceVersion moves."""
+        obj["metadata"]["resourceVersion"] = self._bump()
+
     def inject(self, status: int | None = None, **match: Any) -> Fault:
         """Make matching requests fail with ``status`` (or only ``delay``); see ``Fault``."""
         return self.faults.add(Fault(status=status, **match))
@@ -130,12 +190,18 @@ class KubeEmulator(kmock.KubernetesScaffold):
         try:
             fault = self.faults.take(entry)
             if fault is not None:
+                if fault.before is not None:
+                    fault.before()
                 if fault.delay:
                     await asyncio.sleep(fault.delay)
                 if fault.status is not None:
                     raise fault.error(res, match["name"])
             body, code = self._serve(request, res, match["ns"], match["name"], match["sub"])
             entry.status = code
+            if fault is not None and fault.delay_after:
+                await asyncio.sleep(fault.delay_after)
+            if fault is not None and fault.lost_answer is not None:
+                raise ApiError.injected(fault.lost_answer, res, match["name"], fault.retry_after)
             return aiohttp.web.json_response(body, status=code)
         except ApiError as exc:
             entry.status = exc.code
@@ -153,6 +219,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
             raise ApiError(405, "MethodNotAllowed", "watch is not emulated")
         if method == "GET" and name is None:
             return self._list(res, ns, request.params), 200
+        if method == "POST" and name is None and res.plural == "selfsubjectaccessreviews":
+            return self._review(res, _json(request)), 201
         if method == "POST" and name is None:
             return self._create(res, ns, _json(request)), 201
         if name is None:
@@ -200,7 +268,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
         }
 
     def _create(self, res: Resource, ns: str | None, body: Any) -> dict[str, Any]:
-        name = (body.get("metadata") or {}).get("name") if isinstance(body, dict) else None
+        meta = (body.get("metadata") or {}) if isinstance(body, dict) else {}
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = body["metadata"]["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         if not name:
             raise ApiError.invalid(
                 res, "", "metadata.name", "Required value: name or generateName is required"
@@ -215,7 +286,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 {"name": name, "kind": res.plural},
             )
         self._validate(res, body)
-        return copy.deepcopy(self.add(res.plural, body))
+        created = copy.deepcopy(self.add(res.plural, body))
+        if res.plural == "jobs":
+            self._later(0, lambda: self._run_job(ns, name))
+        return created
 
     def _patch(self, res: Resource, current: dict[str, Any], request: kmock.Request) -> dict[str, Any]:
         content_type = (_header(request, "Content-Type") or "").split(";")[0].strip()
@@ -263,6 +337,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self.objects.pop(key, None)
         else:
             self.objects[key] = new
+        cordoned = (new.get("spec") or {}).get("unschedulable") and not (current.get("spec") or {}).get(
+            "unschedulable"
+        )
+        if res.plural == "nodes" and cordoned and self.slinky_drain_delay is not None:
+            self._slinky_operator_sees_cordon(new)
         return copy.deepcopy(new)
 
     def _delete(
@@ -283,6 +362,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._on_deleting(res, current)
             return copy.deepcopy(current), 200
         del self.objects[key]
+        if res.plural == "nodes" and self.autoscaler:
+            snapshot = copy.deepcopy(current)
+            self._later(self.replace_delay, lambda: self._new_instance(snapshot))
         if res.crd:
             return copy.deepcopy(current), 200
         details = {"name": meta["name"], "kind": res.plural, "uid": meta["uid"]}
@@ -334,6 +416,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if not isinstance(body, dict) or (body.get("metadata") or {}).get("name") != name:
             raise ApiError(400, "BadRequest", "name in URL does not match name in Eviction object")
         pods = resources.BY_PLURAL["pods"]
+        self._validate(pods, {**body, "kind": "Eviction"}, model="V1Eviction")
         pod = self.objects.get(self._key(pods, ns, name))
         if pod is None:
             raise ApiError.not_found(pods, name)
@@ -408,6 +491,90 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if ("nodes", None, node_name) in self.objects:
             self.set_node_condition(node_name, "Ready", "True")
 
+    async def _new_instance(self, old: dict[str, Any]) -> None:
+        """The cloud autoscaler's answer to a deleted Node: a new instance registers, then turns Ready."""
+        suffix = uuid.uuid4().hex[:5]
+        name = f"{old['metadata']['name']}-{suffix}"
+        self.add("nodes", resources.replacement_node(old, name, suffix))
+        await asyncio.sleep(self.ready_delay)
+        if ("nodes", None, name) in self.objects:
+            self.set_node_condition(name, "Ready", "True")
+
+    # --- the Job controller and kubelet ---------------------------------------------------------------
+
+    async def _run_job(self, ns: str | None, name: str) -> None:
+        """A pod for the Job on its ``nodeName``; after ``job_duration`` it exits and the Job completes."""
+        job = self.objects.get(("jobs", ns, name))
+        if job is None:
+            return
+        pod_spec = copy.deepcopy(job["spec"]["template"]["spec"])
+        pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+        containers = [c["name"] for c in pod_spec.get("containers") or []]
+        pod = {
+            "metadata": {"name": pod_name, "namespace": ns, "labels": {"job-name": name}},
+            "spec": pod_spec,
+            "status": {"phase": "Running"},
+        }
+        self.add("pods", pod)
+        await asyncio.sleep(self.job_duration)
+        code = self.job_exit_codes.get(name, 0)
+        stored = self.objects.get(("pods", ns, pod_name))
+        if stored is not None:
+            stored["status"] = {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": c,
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "emulated",
+                        "imageID": "",
+                        "state": {
+                            "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+                        },
+                    }
+                    for c in containers
+                ],
+            }
+            stored["metadata"]["resourceVersion"] = self._bump()
+        job = self.objects.get(("jobs", ns, name))
+        if job is not None:
+            job["status"] = {"succeeded": 1} if code == 0 else {"failed": 1}
+            job["metadata"]["resourceVersion"] = self._bump()
+        actions = {
+            e.get("value")
+            for c in pod_spec.get("containers") or []
+            for e in c.get("env") or []
+            if e.get("name") == "PITCREW_ACTION"
+        }
+        if code == 0 and "reboot" in actions:
+            self._later(self.reboot_delay, lambda: self._booted(pod_spec.get("nodeName")))
+
+    async def _booted(self, node_name: str | None) -> None:
+        """The node comes back from its reboot: a new boot id (the kubelet reports it)."""
+        node = self.objects.get(("nodes", None, node_name or ""))
+        if node is not None:
+            node.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
+            self.bump(node)
+
+    # --- SelfSubjectAccessReview -----------------------------------------------------------------------
+
+    def _review(self, res: Resource, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        body.setdefault("metadata", {})
+        self._validate(res, {**body, "metadata": {"name": "review", **body["metadata"]}})
+        attrs_ = (body.get("spec") or {}).get("resourceAttributes") or {}
+        wanted = (attrs_.get("verb", ""), attrs_.get("group", ""), attrs_.get("resource", ""))
+        allowed = (*wanted, attrs_.get("subresource", "")) not in self.denied
+        return {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {},
+            "spec": body.get("spec") or {},
+            "status": {"allowed": allowed, **({} if allowed else {"reason": "denied by the emulator"})},
+        }
+
     # --- helpers ---------------------------------------------------------------------------------------
 
     def _later(self, delay: float, action: Callable[[], Awaitable[None]]) -> None:
@@ -425,7 +592,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             raise ApiError.not_found(res, name)
         return self._refreshed(res, obj)
 
-    def _validate(self, res: Resource, obj: dict[str, Any]) -> None:
+    def _validate(self, res: Resource, obj: dict[str, Any], model: str | None = None) -> None:
         for i, taint in enumerate(
             (obj.get("spec") or {}).get("taints") or [] if res.plural == "nodes" else []
         ):
@@ -439,7 +606,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     f'Unsupported value: "{effect}": supported values: {supported}',
                     cause="FieldValueNotSupported",
                 )
-        model = _MODELS.get(res.kind)
+        model = model or _MODELS.get(res.kind)
         if model is not None:
             try:
                 _validator._ApiClient__deserialize(copy.deepcopy(obj), model)  # type: ignore[attr-defined]

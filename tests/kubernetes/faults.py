@@ -1,12 +1,15 @@
 """Per-request fault injection and the request log kept for the later RBAC comparison.
 
 A ``Fault`` matches requests by method/verb/resource/name and answers ``times`` of them with ``status``
-(the fixtures' Status bodies) after an optional ``delay``; a delay alone lets a client time out.
+(the fixtures' Status bodies) after an optional ``delay``; a delay alone lets a client time out, and
+``before`` alone lets someone else change the world just before the request is served (a race).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +32,9 @@ class LoggedRequest:
     name: str | None
     content_type: str | None
     status: int | None = None
+    user_agent: str = ""
+    #: When the emulator received it (monotonic seconds), for rate measurements.
+    at: float = field(default_factory=time.monotonic)
 
     @classmethod
     def of(
@@ -43,8 +49,19 @@ class LoggedRequest:
             "PATCH": "patch",
             "DELETE": "delete" if name else "deletecollection",
         }.get(method, method.lower())
-        content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), None)
-        return cls(method, request.url.path, verb, res.group, res.plural, sub, ns, name, content_type)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return cls(
+            method,
+            request.url.path,
+            verb,
+            res.group,
+            res.plural,
+            sub,
+            ns,
+            name,
+            headers.get("content-type"),
+            user_agent=headers.get("user-agent", ""),
+        )
 
 
 @dataclass
@@ -57,7 +74,13 @@ class Fault:
     name: str | None = None
     times: int = 1
     delay: float = 0.0
+    #: Serve the request, then hold the answer this long (the write lands; its acknowledgement is late).
+    delay_after: float = 0.0
     retry_after: int | None = None
+    #: Serve the request, then answer with this status instead (the write landed; the answer was lost).
+    lost_answer: int | None = None
+    #: Run before the request is served: another writer acting just before this request lands.
+    before: Callable[[], None] | None = None
     hits: int = 0
 
     def matches(self, entry: LoggedRequest) -> bool:

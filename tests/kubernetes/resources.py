@@ -40,6 +40,11 @@ RESOURCES = (
         "cluster.x-k8s.io", "v1beta1", "machines", "Machine", namespaced=True, crd=True, generation=True
     ),
     Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False, crd=True, generation=True),
+    Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
+    Resource("", "v1", "events", "Event", namespaced=True),
+    Resource(
+        "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False
+    ),
 )
 BY_PLURAL = {r.plural: r for r in RESOURCES}
 BY_GROUP_PLURAL = {(r.group, r.plural): r for r in RESOURCES}

@@ -66,6 +66,8 @@ class SimulatedCluster:
         return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
 
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        if strategy == "watch":  # another system replaces the node: nothing changes here
+            return f"watch:{name}"
         await self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
         return f"{strategy}:{name}"
 
@@ -74,6 +76,15 @@ class SimulatedCluster:
             r.get("op") == "replace" and r.get("node") == name and r.get("incident_id") == incident_id
             for r in self._world.journal.records()
         )
+
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return None  # the simulated replacement keeps the node's name: nothing to recognise it by
+
+    async def repair_owner(self, name: str) -> str | None:
+        return None  # no other repair system in the simulated world
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        return await self.node(name)  # the simulated replacement keeps the node's name
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False  # the simulated replacement starts at once: there is never one to cancel

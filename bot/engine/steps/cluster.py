@@ -122,7 +122,7 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
     pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
     left = [p for p in pods if p.ref not in evicted and not p.terminating]
     force = bool(ctx.spec.options.get("force_delete_on_dead_node", False)) and not node.ready
-    blocked = 0
+    blocked: list[str] = []
     for pod in left:
         await ctx.save(replace(ctx.progress, evicting=pod.ref))
         try:
@@ -135,15 +135,19 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
         except TransientError as exc:
             if exc.reason != "pdb":
                 raise
-            blocked += 1
+            blocked.append(str(exc))
             continue
         evicted.append(pod.ref)
         await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
     remaining = [p for p in pods if p.ref not in evicted]
-    if blocked:
-        raise TransientError(f"{blocked} eviction(s) refused by a PodDisruptionBudget", reason="pdb")
+    if blocked:  # retried until the step's deadline; the escalation names each pod and its budget
+        raise TransientError(
+            f"{len(blocked)} eviction(s) refused by a PodDisruptionBudget: {'; '.join(blocked)}", reason="pdb"
+        )
     if remaining or any(p.terminating for p in pods):
-        return Wait(ctx.poll, f"{len(pods)} pod(s) still terminating")
+        # At the deadline this is what the escalation reports as left on the node.
+        left_refs = ", ".join(p.ref for p in pods[:10]) + (" …" if len(pods) > 10 else "")
+        return Wait(ctx.poll, f"{len(pods)} pod(s) still terminating: {left_refs}")
     return Done(ctx.progress, f"{len(evicted)} pod(s) evicted")
 
 

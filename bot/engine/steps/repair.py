@@ -17,7 +17,8 @@ from typing import TypeVar
 from bot.domain.incident import State
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
-from bot.engine.ports import Notice
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
 
@@ -47,7 +48,8 @@ class RebootResult(IssueResult):
 
 @dataclass(frozen=True, slots=True)
 class ReplaceResult(IssueResult):
-    pass
+    #: Another system was already replacing the node (pitcrew started nothing and waited for it).
+    repaired_by: str | None = None
 
 
 Issued = TypeVar("Issued", bound=IssueResult)
@@ -70,7 +72,8 @@ async def _issue_once(
     except Exception:
         await ctx.save(replace(ctx.progress, issuing=False))
         raise
-    await ctx.save(replace(ctx.progress, issued=True, handle=handle if isinstance(handle, str) else None))
+    handle = handle if isinstance(handle, str) else ctx.progress.handle
+    await ctx.save(replace(ctx.progress, issued=True, handle=handle))
     await ctx.acted(action, words, node=ctx.node)
     return Done(ctx.progress, words)
 
@@ -136,6 +139,11 @@ async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
     cluster = ctx.ports.cluster
     if cluster is None:
         return await _hand_over(ctx, "reboot")
+    if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
+        # The boot id before the reboot, persisted first: wait_ready waits for it to change.
+        handle = await cluster.replacement_handle(ctx.node, strategy="reboot")
+        if handle is not None:
+            await ctx.save(replace(ctx.progress, handle=handle))
     return await _issue_once(
         ctx, "reboot", f"reboot of {ctx.node}", lambda: cluster.reboot(ctx.node, incident_id=ctx.incident.id)
     )
@@ -179,7 +187,18 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
                 "not_issued", "the replacement had not reached the far side before a restart; issuing it"
             )
             await ctx.save(replace(ctx.progress, issuing=False))
-    strategy = str(ctx.spec.options.get("strategy", "delete-node"))
+    if not ctx.progress.issued and not ctx.progress.issuing:
+        held = await _replacement_held(ctx, cluster)
+        if held is not None:
+            return held
+    # Unset: the strategy the cluster adapter is configured with (kubernetes.replace.strategy).
+    strategy = str(ctx.spec.options.get("strategy", "configured"))
+    if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
+        # Persisted before the call: wait_ready needs it to recognise the replacement, and after a
+        # crash between the delete and its answer the old node (which carries it too) may be gone.
+        handle = await cluster.replacement_handle(ctx.node, strategy=strategy)
+        if handle is not None:
+            await ctx.save(replace(ctx.progress, handle=handle))
     return await _issue_once(
         ctx,
         "replace",
@@ -188,9 +207,46 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
     )
 
 
+async def _replacement_held(ctx: StepContext[ReplaceResult], cluster: Cluster) -> Done[ReplaceResult] | None:
+    """No second replacement where another system holds the node's repair; none while work remains.
+
+    Another repair system (a deleting Machine or NodeClaim, a Karpenter or cluster-autoscaler
+    taint) is recorded as the owner and ``wait_ready`` waits for its replacement. Slurm jobs
+    or workload pods still on the node refuse the replacement (retried until the deadline,
+    then escalated) unless the playbook's ``force`` option says otherwise, which is audited.
+    """
+    owner = await cluster.repair_owner(ctx.node)
+    if owner is not None:
+        # Strategy "watch" starts nothing: it records on the node what to wait for.
+        handle = await cluster.replace(ctx.node, strategy="watch", incident_id=ctx.incident.id)
+        await ctx.note("repair_elsewhere", f"{ctx.node} is already being repaired by {owner}: waiting for it")
+        await ctx.save(replace(ctx.progress, issued=True, handle=handle, repaired_by=owner))
+        return Done(ctx.progress, f"replacement left to {owner}")
+    down = await ctx.result(SlurmDownResult)
+    jobs = []
+    for name in (down.slurm_nodes if down else None) or ():
+        jobs += [j.job_id for j in await ctx.ports.scheduler.jobs_on_node(name)]
+    pods = [
+        p.ref
+        for p in await cluster.pods_on_node(ctx.node)
+        if not p.mirror and p.owner_kind != "DaemonSet" and not p.terminating
+    ]
+    if not jobs and not pods:
+        return None
+    what = ", ".join([*(f"Slurm job {j}" for j in jobs), *(f"pod {p}" for p in pods)])
+    if not ctx.spec.options.get("force", False):
+        raise TransientError(f"{ctx.node} still runs {what}: not replacing it", reason="workload_remains")
+    await ctx.note("forced", f"replacing {ctx.node} although it still runs {what} (option force)")
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class WaitReadyResult(StepResult):
     ready_at: datetime | None = None
+    #: The node found Ready: the same node, or its replacement.
+    node: str | None = None
+    #: The operator's validation Job passed on it.
+    validated: bool = False
     #: Slurm-only sites: the Slurm node was seen not responding (its repair took it away).
     seen_gone: bool = False
 
@@ -209,14 +265,55 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     slurm_nodes = (down.slurm_nodes if down else None) or ()
     if ctx.ports.cluster is None:
         return await _slurm_node_back(ctx, slurm_nodes)
-    node = await ctx.ports.cluster.node(ctx.node)
-    if node is None or not node.ready:
-        return Wait(ctx.poll, f"node {ctx.node} not Ready yet")
+    # A replacement's or a reboot's handle says which node, in which state, counts as back.
+    issued = [r for r in (await ctx.result(ReplaceResult), await ctx.result(RebootResult)) if r and r.issued]
+    handle = next((r.handle for r in issued if r.handle), None)
+    if handle is None:  # reset, reboot, or no replacement: the same node
+        node = await ctx.ports.cluster.node(ctx.node)
+    else:
+        node = await ctx.ports.cluster.successor(ctx.node, handle=handle)
+    if node is None:
+        return Wait(ctx.poll, f"no replacement for {ctx.node} has registered yet")
+    if not node.ready:
+        return Wait(ctx.poll, f"node {node.name} not Ready yet")
+    if node.name != ctx.node and node.unschedulable:
+        return Wait(ctx.poll, f"replacement {node.name} is not schedulable yet")
+    if node.gpus == 0:
+        return Wait(ctx.poll, f"node {node.name} reports no allocatable GPUs yet")
+    still = await _faults_still_reported(ctx, node.name)
+    if still is not None:
+        return still
+    if not ctx.progress.validated and isinstance(ctx.ports.cluster, NodeValidator):
+        try:
+            passed = await ctx.ports.cluster.validate(node.name, incident_id=ctx.incident.id)
+        except PermanentError as exc:
+            if exc.reason != "job_failed":
+                raise
+            raise PermanentError(
+                f"validation of {node.name} failed, so it is not returned to Slurm; replace it: {exc}",
+                reason="validation_failed",
+            ) from exc
+        if passed:
+            await ctx.save(replace(ctx.progress, validated=True))
+            await ctx.note("validated", f"validation Job passed on {node.name}")
     for name in slurm_nodes:
         state = await ctx.ports.scheduler.node(name)
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
-    return Done(WaitReadyResult(ready_at=ctx.clock()), f"node {ctx.node} is Ready")
+    done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name)
+    return Done(done, f"node {node.name} is Ready")
+
+
+async def _faults_still_reported(ctx: StepContext[WaitReadyResult], node: str) -> Wait | None:
+    """Where the playbook gives a ``fault_query`` (PromQL, ``{node}`` substituted) and Prometheus is
+    configured, the node must no longer report the fault: a resolved alert alone is not proof."""
+    promql = ctx.spec.options.get("fault_query")
+    if not promql or ctx.ports.query is None:
+        return None
+    series = await ctx.ports.query.instant(str(promql).replace("{node}", node))
+    if series:
+        return Wait(ctx.poll, f"Prometheus still reports the fault on {node} ({len(series)} series)")
+    return None
 
 
 async def _slurm_node_back(

@@ -1,0 +1,151 @@
+"""``KubernetesCluster``: the ``Cluster`` port on ``kubernetes.aio``, composed of its parts.
+
+One client per process (``client.api_client``), built lazily on the first call so that
+building the ports never blocks; nodes, pods, replacement and Jobs each have their own
+module. This class only routes the port's methods to them and owns the client's lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from kubernetes.aio import client
+
+from bot.config import KubernetesSettings
+from bot.domain.nodemap import SlurmdPod
+from bot.engine.errors import PermanentError
+from bot.engine.ports import ClusterNode, PodRef, Probe
+from bot.integrations.kubernetes import probe as probing
+from bot.integrations.kubernetes.client import TokenBucket, api_client
+from bot.integrations.kubernetes.events import Events
+from bot.integrations.kubernetes.jobs import Jobs
+from bot.integrations.kubernetes.nodes import Nodes
+from bot.integrations.kubernetes.pods import Pods
+from bot.integrations.kubernetes.replace import Replacer
+
+
+class _Parts:
+    def __init__(self, api: client.ApiClient, settings: KubernetesSettings) -> None:
+        self.api = api
+        self.nodes = Nodes(api, gpu_resource=settings.gpu_resource, timeout=settings.request_timeout)
+        self.pods = Pods(api, never_drain=settings.never_drain_namespaces, timeout=settings.request_timeout)
+        self.replacer = Replacer(api, self.nodes, settings)
+        self.jobs = Jobs(api, settings)
+        self.events = Events(api, timeout=settings.request_timeout)
+
+
+class KubernetesCluster:
+    """The real cluster. ``api`` may be given (tests, a shared client); else built from settings."""
+
+    far_side = "kubernetes"
+
+    def __init__(self, settings: KubernetesSettings, api: client.ApiClient | None = None) -> None:
+        self.settings = settings
+        self.bucket = TokenBucket(settings.qps, settings.burst)
+        self._api = api
+        self._parts: _Parts | None = None
+        self._lock = asyncio.Lock()
+
+    async def _p(self) -> _Parts:
+        if self._parts is None:
+            async with self._lock:
+                if self._parts is None:
+                    api = self._api or await api_client(self.settings, self.bucket)
+                    self._parts = _Parts(api, self.settings)
+        return self._parts
+
+    async def aclose(self) -> None:
+        if self._parts is not None and self._api is None:
+            await self._parts.api.close()
+        self._parts = None
+
+    # ------------------------------------------------------------------ nodes
+    async def node(self, name: str) -> ClusterNode | None:
+        return await (await self._p()).nodes.node(name)
+
+    async def count_nodes(self) -> int:
+        return len(await (await self._p()).nodes.fleet(self.settings.node_selector))
+
+    async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
+        parts = await self._p()
+        if await parts.nodes.cordon(name, incident_id=incident_id):
+            await parts.events.on_node(
+                name, "PitcrewCordon", f"{reason} (incident {incident_id})", incident_id
+            )
+
+    async def uncordon(self, name: str, *, incident_id: str) -> None:
+        parts = await self._p()
+        if await parts.nodes.uncordon(name, incident_id=incident_id):
+            await parts.events.on_node(
+                name, "PitcrewUncordon", f"cordon of incident {incident_id} undone", incident_id
+            )
+
+    async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        await (await self._p()).nodes.annotate(name, annotations)
+
+    # ------------------------------------------------------------------- pods
+    async def pods_on_node(self, name: str) -> list[PodRef]:
+        return await (await self._p()).pods.on_node(name)
+
+    async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
+        return await (await self._p()).pods.slurmd(namespace, selector)
+
+    async def evict(self, pod: PodRef) -> None:
+        await (await self._p()).pods.evict(pod)
+
+    async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
+        if force and not self.settings.force_delete_not_ready:
+            raise PermanentError(
+                f"force delete of pod {pod.ref} refused: kubernetes.force_delete_not_ready is false",
+                reason="force_not_allowed",
+            )
+        await (await self._p()).pods.delete(pod, force=force)
+
+    # ---------------------------------------------------------------- replace
+    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        parts = await self._p()
+        handle = await parts.replacer.replace(name, strategy=strategy, incident_id=incident_id)
+        if not handle.startswith("watch "):
+            await parts.events.on_node(name, "PitcrewReplace", f"replacement started: {handle}", incident_id)
+        return handle
+
+    async def replacement_started(self, name: str, *, incident_id: str) -> bool:
+        return await (await self._p()).replacer.started(name, incident_id=incident_id)
+
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return await (await self._p()).replacer.handle(name, strategy=strategy)
+
+    async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
+        return await (await self._p()).replacer.cancel(name, incident_id=incident_id)
+
+    async def repair_owner(self, name: str) -> str | None:
+        return await (await self._p()).replacer.repair_owner(name)
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        parts = await self._p()
+        return await parts.replacer.successor(name, handle=handle, fleet_selector=self.settings.node_selector)
+
+    # ------------------------------------------------------------------- jobs
+    async def reboot(self, name: str, *, incident_id: str) -> str:
+        """Reboot through the operator's Job or command; the handle names the boot id that must change."""
+        parts = await self._p()
+        handle = await parts.replacer.reboot_handle(name)
+        await parts.jobs.run("reboot", name, incident_id)
+        await parts.events.on_node(name, "PitcrewReboot", "node reboot issued", incident_id)
+        return handle
+
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
+        parts = await self._p()
+        await parts.jobs.run("reset_gpu", name, incident_id, gpus)
+        await parts.events.on_node(
+            name, "PitcrewResetGPU", f"GPU reset: {', '.join(gpus) or 'all'}", incident_id
+        )
+
+    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+        """The operator's validation Job on the node: ``None`` when none is configured."""
+        return await (await self._p()).jobs.run("validation", name, incident_id, optional=True)
+
+    # ------------------------------------------------------------------ probe
+    async def probe(self) -> Probe:
+        return await probing.probe((await self._p()).api, self.settings)

@@ -1,0 +1,148 @@
+"""GPU reset, reboot and validation as a privileged Job pinned to the node, or an operator command.
+
+The Job comes from an operator-supplied template; pitcrew only fills in a name derived from
+the incident (so a retried or resumed step finds the Job it created instead of creating a
+second), ``nodeName``, a toleration of its own taint and of the cordon, and the
+PITCREW_* environment. It waits for the Job to finish and reads the exit code of its pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.aio import client
+
+from bot.config import KubernetesSettings
+from bot.domain.ownership import OWNER_ANNOTATION, fault_taint
+from bot.engine.errors import PermanentError, TransientError
+from bot.integrations.kubernetes.client import call
+from bot.integrations.kubernetes.replace import run_command
+
+#: How often a running Job is read (its own requests count against the shared rate limit).
+POLL_SECONDS = 1.0
+
+
+def job_name(action: str, incident_id: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]", "-", incident_id.lower()).strip("-")
+    return f"pitcrew-{action.replace('_', '-')}-{slug}"[:63].rstrip("-")
+
+
+def pinned_job(
+    template: dict[str, Any], *, name: str, namespace: str, node: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """The template with pitcrew's name, node pinning, tolerations and environment filled in."""
+    job = copy.deepcopy(template)
+    job.setdefault("apiVersion", "batch/v1")
+    job.setdefault("kind", "Job")
+    meta = job.setdefault("metadata", {})
+    meta.update(name=name, namespace=namespace)
+    meta.setdefault("annotations", {})[OWNER_ANNOTATION] = env["PITCREW_INCIDENT"]
+    spec = job.setdefault("spec", {})
+    spec.setdefault("backoffLimit", 0)
+    pod = spec.setdefault("template", {}).setdefault("spec", {})
+    pod["nodeName"] = node
+    pod.setdefault("restartPolicy", "Never")
+    taint = fault_taint()
+    pod["tolerations"] = [
+        *(pod.get("tolerations") or []),
+        {"key": taint.key, "operator": "Exists", "effect": taint.effect},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    for container in pod.get("containers") or []:
+        container["env"] = [*(container.get("env") or []), *({"name": k, "value": v} for k, v in env.items())]
+    return job
+
+
+class Jobs:
+    def __init__(self, api: client.ApiClient, settings: KubernetesSettings) -> None:
+        self._batch = client.BatchV1Api(api)
+        self._core = client.CoreV1Api(api)
+        self._settings = settings.jobs
+        self._timeout = settings.request_timeout
+        # Read once: a template that does not parse fails the first use, not each retry differently.
+        self._templates: dict[str, dict[str, Any]] = {}
+        for action in ("reset_gpu", "reboot", "validation"):
+            path: Path | None = getattr(self._settings, f"{action}_template")
+            if path is not None:
+                self._templates[action] = yaml.safe_load(path.read_text())
+
+    async def run(
+        self, action: str, node: str, incident_id: str, gpus: Sequence[str] = (), *, optional: bool = False
+    ) -> bool | None:
+        """Run ``action`` on ``node`` to its end: ``True`` on success; ``None`` if ``optional`` and
+        nothing is configured for it; a failed Job or command raises ``PermanentError``."""
+        template = self._templates.get(action)
+        command: list[str] = getattr(self._settings, f"{action}_command", None) or []
+        budget = self._settings.timeout.total_seconds()
+        env = {"PITCREW_NODE": node, "PITCREW_INCIDENT": incident_id, "PITCREW_ACTION": action}
+        env["PITCREW_GPUS"] = ",".join(gpus)
+        if template is not None:
+            await self._job(action, node, incident_id, template, env, budget)
+            return True
+        if command:
+            await run_command(command, node, incident_id, action, budget)
+            return True
+        if optional:
+            return None
+        raise PermanentError(
+            f"no kubernetes.jobs.{action}_template or {action}_command is configured", reason="invalid"
+        )
+
+    async def _job(
+        self,
+        action: str,
+        node: str,
+        incident_id: str,
+        template: dict[str, Any],
+        env: dict[str, str],
+        budget: float,
+    ) -> None:
+        namespace, name = self._settings.namespace, job_name(action, incident_id)
+        body = pinned_job(template, name=name, namespace=namespace, node=node, env=env)
+        try:
+            await call(
+                f"create Job {namespace}/{name}",
+                self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout),
+            )
+        except TransientError as exc:
+            if exc.reason != "conflict":  # 409 AlreadyExists: created before a retry or restart
+                raise
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            job = await call(
+                f"read Job {namespace}/{name}",
+                self._batch.read_namespaced_job(name, namespace, _request_timeout=self._timeout),
+            )
+            status = job.status
+            if status is not None and status.succeeded:
+                return
+            if status is not None and status.failed:
+                raise PermanentError(
+                    f"{action} Job {namespace}/{name} on {node} failed: {await self._exit(namespace, name)}",
+                    reason="job_failed",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        raise TransientError(
+            f"{action} Job {namespace}/{name} on {node} still running after {budget:g}s", reason="timeout"
+        )
+
+    async def _exit(self, namespace: str, name: str) -> str:
+        pods = await call(
+            f"list pods of Job {name}",
+            self._core.list_namespaced_pod(
+                namespace, label_selector=f"job-name={name}", _request_timeout=self._timeout
+            ),
+        )
+        for pod in pods.items:
+            for status in (pod.status.container_statuses if pod.status else None) or []:
+                terminated = status.state.terminated if status.state else None
+                if terminated is not None and terminated.exit_code:
+                    return f"container {status.name} exited {terminated.exit_code} ({terminated.reason or 'Error'})"
+        return "no exit code reported"

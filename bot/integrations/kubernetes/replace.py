@@ -1,0 +1,358 @@
+"""Replacing a node, one strategy per setting, and finding what replaced it.
+
+Before it deletes anything the strategy writes the handle it is about to delete onto the
+node (``bot.domain.ownership.REPLACE_ANNOTATION``), so a resumed step sees that the
+replacement was started and never deletes twice. The handle also carries what is needed
+later, when the old node is gone: when the replacement started, the node's pool labels and
+its GPU count, from which ``successor`` recognises the new node. Another repair system
+already at work on the node (its Machine or NodeClaim deleting, a Karpenter disruption taint,
+a cluster-autoscaler deletion taint) is reported by ``repair_owner`` and no second replacement
+is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio import client
+
+from bot.config import KubernetesSettings
+from bot.domain.ownership import REPLACE_ANNOTATION, replacement_mark, replacement_owner
+from bot.engine.errors import PermanentError, TransientError
+from bot.engine.ports import ClusterNode
+from bot.integrations.kubernetes.client import call
+from bot.integrations.kubernetes.nodes import Nodes, facts
+
+#: What pitcrew itself can do to replace a node (``none`` hands it to humans).
+STRATEGIES = ("cluster-api", "karpenter", "delete-node", "command")
+#: The handle of a reboot (not a replacement): the same node must come back with a new boot id.
+REBOOT = "reboot"
+#: Not a strategy of pitcrew's: another system is replacing the node and pitcrew waits for its result.
+WATCH = "watch"
+CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
+KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
+CAPI_MACHINE = "cluster.x-k8s.io/machine"
+CAPI_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+#: Taints by which another system announces it is taking the node away.
+FOREIGN_REPAIR_TAINTS = {
+    "karpenter.sh/disrupted": "karpenter (disruption taint karpenter.sh/disrupted)",
+    "karpenter.sh/disruption": "karpenter (disruption taint karpenter.sh/disruption)",
+    "ToBeDeletedByClusterAutoscaler": "cluster-autoscaler (taint ToBeDeletedByClusterAutoscaler)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """What a replacement deleted (``kind/namespace/name``) and how to recognise the new node."""
+
+    strategy: str
+    target: str
+    since: datetime
+    gpus: int | None = None
+    pool: dict[str, str] = field(default_factory=dict)
+    #: A reboot: the node's boot id before it, which must change.
+    boot: str | None = None
+
+    def render(self) -> str:
+        words = [self.strategy, self.target, f"since={self.since.strftime('%Y-%m-%dT%H:%M:%SZ')}"]
+        words += [f"gpus={self.gpus}"] if self.gpus is not None else []
+        words += [f"boot={self.boot}"] if self.boot else []
+        words += [f"pool={k}={v}" for k, v in sorted(self.pool.items())]
+        return " ".join(words)
+
+    @classmethod
+    def parse(cls, text: str) -> Handle | None:
+        words = text.split()
+        if len(words) < 3 or not words[2].startswith("since="):
+            return None
+        since = datetime.strptime(words[2][6:], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        gpus, pool, boot = None, {}, None
+        for word in words[3:]:
+            key, _, value = word.partition("=")
+            if key == "gpus":
+                gpus = int(value)
+            elif key == "boot":
+                boot = value
+            elif key == "pool":
+                label, _, label_value = value.partition("=")
+                pool[label] = label_value
+        return cls(words[0], words[1], since, gpus, pool, boot)
+
+
+def _deleting(obj: dict[str, Any] | None) -> bool:
+    return obj is not None and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+class Replacer:
+    def __init__(self, api: client.ApiClient, nodes: Nodes, settings: KubernetesSettings) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._nodes = nodes
+        self._settings = settings
+        self._timeout = settings.request_timeout
+
+    def strategy(self, asked: str) -> str:
+        return self._settings.replace.strategy if asked in ("", "configured") else asked
+
+    # ------------------------------------------------------------ the far side's handles
+    async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
+        annotations = node.metadata.annotations or {}
+        name, namespace = annotations.get(CAPI_MACHINE), annotations.get(CAPI_NAMESPACE)
+        if not name or not namespace:
+            return None
+        try:
+            found: dict[str, Any] = await call(
+                f"read Machine {namespace}/{name}",
+                self._custom.get_namespaced_custom_object(
+                    *CAPI[:2], namespace, CAPI[2], name, _request_timeout=self._timeout
+                ),
+            )
+        except PermanentError as exc:
+            if exc.reason == "not_found":
+                return None
+            raise
+        return found
+
+    async def nodeclaim(self, node_name: str) -> dict[str, Any] | None:
+        listed = await call(
+            "list NodeClaims",
+            self._custom.list_cluster_custom_object(*KARPENTER, _request_timeout=self._timeout),
+        )
+        return next(
+            (c for c in listed["items"] if (c.get("status") or {}).get("nodeName") == node_name), None
+        )
+
+    # ------------------------------------------------------------ questions
+    async def repair_owner(self, name: str) -> str | None:
+        node = await self._nodes.read(name)
+        if node is None:
+            return None
+        mark = replacement_owner(node.metadata.annotations or {})
+        if mark is not None and not mark[1].startswith(f"{WATCH} "):
+            return None  # pitcrew's own replacement: the step knows it from its record
+        return await self._foreign(node)
+
+    async def _foreign(self, node: client.V1Node) -> str | None:
+        """Another system's repair of the node, ignoring pitcrew's own mark."""
+        name = node.metadata.name
+        for taint in node.spec.taints or []:
+            if taint.key in FOREIGN_REPAIR_TAINTS:
+                return FOREIGN_REPAIR_TAINTS[taint.key]
+        if node.metadata.deletion_timestamp is not None:
+            return "the Node is already being deleted"
+        strategy = self._settings.replace.strategy
+        if strategy == "cluster-api" and _deleting(machine := await self.machine(node)):
+            return f"cluster-api (Machine {machine['metadata']['name']} is deleting)"  # type: ignore[index]
+        if strategy == "karpenter" and _deleting(claim := await self.nodeclaim(name)):
+            return f"karpenter (NodeClaim {claim['metadata']['name']} is deleting)"  # type: ignore[index]
+        return None
+
+    async def started(self, name: str, *, incident_id: str) -> bool:
+        """The replacement this incident marked on the node reached the far side (or the node is gone)."""
+        node = await self._nodes.read(name)
+        if node is None:
+            return True
+        mark = replacement_owner(node.metadata.annotations or {})
+        if mark is None or mark[0] != incident_id:
+            return False
+        handle = Handle.parse(mark[1])
+        if handle is None or handle.strategy in ("command", WATCH):
+            # A command cannot be asked (assume it ran rather than run it twice); another system's
+            # replacement was under way before pitcrew marked it.
+            return True
+        if handle.strategy == "delete-node":
+            return node.metadata.deletion_timestamp is not None
+        if handle.strategy == "cluster-api":
+            machine = await self.machine(node)
+            return machine is None or _deleting(machine)
+        claim = await self.nodeclaim(name)
+        return claim is None or _deleting(claim)
+
+    async def cancel(self, name: str, *, incident_id: str) -> bool:
+        """Withdraw a marked replacement that has not reached the far side."""
+        node = await self._nodes.read(name)
+        mark = replacement_owner((node.metadata.annotations or {}) if node else {})
+        if node is None or mark is None or mark[0] != incident_id:
+            return False
+        if await self.started(name, incident_id=incident_id):
+            return False
+        await self._nodes.annotate(name, {REPLACE_ANNOTATION: None})
+        return True
+
+    async def handle(self, name: str, *, strategy: str) -> str | None:
+        """The handle ``replace`` (or, for ``reboot``, the reboot) would record now, read-only
+        (``None``: no node, or strategy none)."""
+        if strategy == REBOOT:
+            return await self.reboot_handle(name)
+        strategy = self.strategy(strategy)
+        node = await self._nodes.read(name)
+        if node is None or strategy == "none":
+            return None
+        return self._handle(strategy, node).render()
+
+    async def reboot_handle(self, name: str) -> str:
+        """What a reboot of ``name`` must change: its boot id, read before the reboot."""
+        node = await self._nodes.read(name)
+        if node is None:
+            raise PermanentError(f"node {name} is not in Kubernetes: nothing to reboot", reason="not_found")
+        boot = node.status.node_info.boot_id if node.status and node.status.node_info else None
+        return Handle(REBOOT, f"node/{name}", datetime.now(UTC), boot=boot or "unknown").render()
+
+    # ------------------------------------------------------------ the act
+    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        strategy = self.strategy(strategy)
+        node = await self._nodes.read(name)
+        if node is None:
+            raise PermanentError(f"node {name} is not in Kubernetes: nothing to replace", reason="not_found")
+        if strategy == "none":
+            raise PermanentError(
+                f"replace strategy none: replacing {name} is for humans", reason="handed_over"
+            )
+        if strategy not in (*STRATEGIES, WATCH):
+            raise PermanentError(f"unknown replace strategy {strategy!r}", reason="invalid")
+        mark = replacement_owner(node.metadata.annotations or {})
+        if mark is not None and mark[0] == incident_id:
+            handle = Handle.parse(mark[1])
+        else:
+            handle = self._handle(strategy, node)
+        if handle is None:
+            raise PermanentError(f"unreadable replacement mark on {name}: {mark}", reason="invalid")
+        if strategy == WATCH:  # another system replaces the node: only record what to wait for
+            await self._nodes.annotate(
+                name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())}
+            )
+            return handle.render()
+        target = await self._target(strategy, node)
+        # The mark goes on first: a crash after it and before the delete is seen by ``started``.
+        await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
+        if strategy == "cluster-api":
+            await self._delete_custom(CAPI, target)
+        elif strategy == "karpenter":
+            await self._delete_custom(KARPENTER, target)
+        elif strategy == "delete-node":
+            try:
+                await self._nodes.delete(name)
+            except PermanentError as exc:
+                if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
+                    raise
+        else:
+            await self._command(name, incident_id)
+        return handle.render()
+
+    def _handle(self, strategy: str, node: client.V1Node) -> Handle:
+        labels = node.metadata.labels or {}
+        pool = {k: labels[k] for k in self._settings.replace.pool_labels if k in labels}
+        annotations = node.metadata.annotations or {}
+        target = {
+            "cluster-api": f"machine/{annotations.get(CAPI_NAMESPACE, '')}/{annotations.get(CAPI_MACHINE, '')}",
+            "karpenter": f"nodeclaim/{node.metadata.name}",  # the NodeClaim whose status.nodeName it is
+            "delete-node": f"node/{node.metadata.name}",
+            "command": f"command/{node.metadata.name}",
+            WATCH: f"node/{node.metadata.name}",
+        }.get(strategy, strategy)
+        gpus = facts(node, self._settings.gpu_resource).gpus
+        return Handle(strategy, target, datetime.now(UTC), gpus, pool)
+
+    async def _target(self, strategy: str, node: client.V1Node) -> tuple[str | None, str]:
+        if strategy == "cluster-api":
+            machine = await self.machine(node)
+            if machine is None:
+                raise PermanentError(
+                    f"node {node.metadata.name} has no Cluster API Machine", reason="no_handle"
+                )
+            return machine["metadata"]["namespace"], machine["metadata"]["name"]
+        if strategy == "karpenter":
+            claim = await self.nodeclaim(node.metadata.name)
+            if claim is None:
+                raise PermanentError(
+                    f"node {node.metadata.name} has no Karpenter NodeClaim", reason="no_handle"
+                )
+            return None, claim["metadata"]["name"]
+        return None, node.metadata.name
+
+    async def _delete_custom(self, kind: tuple[str, str, str], target: tuple[str | None, str]) -> None:
+        group, version, plural = kind
+        namespace, name = target
+        what = f"delete {plural} {namespace + '/' if namespace else ''}{name}"
+        request = (
+            self._custom.delete_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self._timeout
+            )
+            if namespace
+            else self._custom.delete_cluster_custom_object(
+                group, version, plural, name, _request_timeout=self._timeout
+            )
+        )
+        try:
+            await call(what, request)
+        except PermanentError as exc:
+            if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
+                raise
+
+    async def _command(self, name: str, incident_id: str) -> None:
+        argv = self._settings.replace.command
+        if not argv:
+            raise PermanentError(
+                "replace strategy command needs kubernetes.replace.command", reason="invalid"
+            )
+        await run_command(
+            argv, name, incident_id, "replace", self._settings.replace.command_timeout.total_seconds()
+        )
+
+    # ------------------------------------------------------------ the result
+    async def successor(self, name: str, *, handle: str | None, fleet_selector: str) -> ClusterNode | None:
+        """The same node (not being replaced), or a fleet node of the same pool registered after the
+        replacement started; ``None`` while there is none."""
+        parsed = Handle.parse(handle) if handle else None
+        node = await self._nodes.read(name)
+        if parsed is not None and parsed.strategy == REBOOT:
+            # The same node, once it has booted again: Ready before the reboot proves nothing.
+            booted = node is not None and node.status.node_info.boot_id != parsed.boot
+            return facts(node, self._settings.gpu_resource) if node is not None and booted else None
+        if node is not None and node.metadata.deletion_timestamp is None:
+            created = node.metadata.creation_timestamp
+            if (
+                parsed is None
+                or parsed.strategy == "command"
+                or (parsed.strategy == WATCH and await self._foreign(node) is None)  # repaired in place
+                or (created and created >= parsed.since)
+            ):
+                return facts(node, self._settings.gpu_resource)
+        if parsed is None:
+            return None
+        candidates = [
+            n
+            for n in await self._nodes.fleet(fleet_selector)
+            if n.metadata.name != name
+            and n.metadata.creation_timestamp is not None
+            and n.metadata.creation_timestamp >= parsed.since
+            and all((n.metadata.labels or {}).get(k) == v for k, v in parsed.pool.items())
+        ]
+        ready = [facts(n, self._settings.gpu_resource) for n in candidates]
+        ready.sort(key=lambda f: (not f.ready, f.name))
+        return ready[0] if ready else None
+
+
+async def run_command(argv: list[str], node: str, incident_id: str, action: str, limit: float) -> None:
+    """Run an operator's executable; exit code 0 is success, anything else a permanent failure."""
+    env = {**os.environ, "PITCREW_NODE": node, "PITCREW_INCIDENT": incident_id, "PITCREW_ACTION": action}
+    process = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), limit)
+    except TimeoutError as exc:
+        process.kill()
+        await process.wait()
+        raise TransientError(
+            f"{action} command for {node} timed out after {limit:g}s", reason="timeout"
+        ) from exc
+    if process.returncode != 0:
+        tail = output.decode(errors="replace").strip().splitlines()[-3:]
+        raise PermanentError(
+            f"{action} command for {node} exited {process.returncode}: {' | '.join(tail)}",
+            reason="command_failed",
+        )

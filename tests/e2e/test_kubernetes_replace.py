@@ -1,0 +1,141 @@
+"""The whole ``replace-node`` playbook on real Slurm and the Kubernetes API emulator together.
+
+pitcrew is the real ``python -m bot.cli serve`` (mode auto, ``integrations.cluster: kubernetes``,
+``kubernetes.replace.strategy: cluster-api``), reaching the emulator over HTTP through a kubeconfig
+and the session's real Slurm cluster. Kubernetes node names are the Slurm node names. On the faulty
+node the emulator holds a DaemonSet pod, a mirror pod and a training worker whose budget
+(minAvailable 1) refuses its eviction until the second worker turns Ready a while later, and the API
+server misbehaves once each way (a read that times out, a 500 and a 409 on the cordon write, a 429
+on the pod list, a 500 on the Machine delete): every one is retried within its step's budget.
+
+Shown: Slurm DOWN with pitcrew's reason → cordon (after the DOWN) → drain (429 from the budget, then
+201; the DaemonSet and mirror pods stay) → the node's Machine deleted exactly once → the MachineSet
+stand-in's new node appears NotReady and turns Ready → validation Job on it → RESUME → the training job confirmed resumed
+from its checkpoint elsewhere → closed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.slurm_engine import action_at, open_incident, training_on_a_node
+from tests.harness.kubernetes import (
+    KubeWorld,
+    gpu_fleet,
+    pod_ready,
+    pods_like_the_fixture,
+    settings_for,
+)
+from tests.harness.proc import wait_until
+from tests.harness.scenarios import delivery, step_result
+from tests.harness.slurm import SlurmCluster
+from tests.kubernetes.faults import Fault
+
+pytestmark = pytest.mark.slow
+
+PDB_HOLD = 2.0  # seconds the budget keeps refusing after the first refusal
+
+
+def test_replace_node_on_slurm_and_kubernetes(
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    tmp_path: Any,
+) -> None:
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+
+    def slow_machineset(e: Any) -> None:
+        e.replace_delay, e.ready_delay = 1.0, 2.0
+
+    kube_world.call(slow_machineset)
+    job_id, node = training_on_a_node(slurm)
+    elsewhere = next(n for n in slurm.nodes if n != node)
+    kube_world.call(lambda e: pods_like_the_fixture(e, node, elsewhere))
+    flaky = [  # the API server misbehaves once at each of these
+        Fault(None, verb="get", resource="nodes", name=node, delay=3.0),  # a timeout (request_timeout 1.5 s)
+        Fault(500, verb="patch", resource="nodes", name=node),
+        Fault(409, verb="patch", resource="nodes", name=node),
+        Fault(429, verb="list", resource="pods", retry_after=1),
+        Fault(500, verb="delete", resource="machines"),  # the client retries its own DELETE
+    ]
+    kube_world.call(lambda e: [e.faults.add(f) for f in flaky])
+
+    slurm_settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
+    validation = tmp_path / "dcgm-diag-job.yaml"
+    validation.write_text(
+        "spec:\n  template:\n    spec:\n      containers:\n"
+        "        - {name: diag, image: nvcr.io/nvidia/cloud-native/dcgm:3.3.9-1-ubuntu22.04, command: [dcgmi, diag, -r, '2']}\n"
+    )
+    cluster = settings_for(
+        kube_world,
+        tmp_path / "kube",
+        never_drain_namespaces=[],
+        request_timeout=1.5,
+        replace={"strategy": "cluster-api"},
+        jobs={"validation_template": str(validation)},
+    )
+    config = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        "slurm": slurm_settings["slurm"],
+        "kubernetes": cluster["kubernetes"],
+        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+    }
+    server = pitcrew_factory("k8s-replace", config=config, simulated=False).start()
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+
+    def refused() -> bool:
+        return any(e.subresource == "eviction" and e.status == 429 for e in kube_world.log())
+
+    wait_until(refused, timeout=60, interval=0.1, what="the budget to refuse the worker's eviction")
+    first_refusal = time.time()
+    time.sleep(PDB_HOLD)
+    kube_world.call(lambda e: pod_ready(e, "training", "llama-pretrain-worker-1"))
+
+    final = server.wait_incident(incident_id, "resolved", "failed", timeout=180)
+    assert final["state"] == "resolved", final["outcome"]
+    assert final["playbook"] == "replace-node"
+
+    log = kube_world.log()
+    assert kube_world.call(lambda e: [f.hits for f in e.faults.faults or []]) == [1] * len(flaky)
+    retried = {e["step"] for e in final["events"] if e["kind"] == "step_retry"}
+    assert {"cordon", "drain"} <= retried, retried
+    evictions = [(e.name, e.status) for e in log if e.subresource == "eviction"]
+    assert ("llama-pretrain-worker-0", 429) in evictions and evictions[-1] == ("llama-pretrain-worker-0", 201)
+    assert {name for name, _ in evictions} == {"llama-pretrain-worker-0"}  # DaemonSet and mirror pods stay
+    assert kube_world.call(lambda e: e.get("pods", f"node-exporter-{node}", "monitoring")) is not None
+    assert kube_world.call(lambda e: e.get("pods", f"gpu-health-agent-{node}", "kube-system")) is not None
+    deleted = [(e.resource, e.name, e.status) for e in log if e.verb == "delete"]
+    machine = f"gpu-east-gpu-h100-x7b2n-m{slurm.nodes.index(node)}"
+    assert deleted == [("machines", machine, 500), ("machines", machine, 200)]  # one delete that landed
+    cordons = [e for e in log if e.verb == "patch" and e.resource == "nodes" and e.name == node]
+    assert cordons and all(e.user_agent.startswith("pitcrew/") for e in cordons)
+
+    new_nodes = kube_world.call(
+        lambda e: {
+            n["metadata"]["name"]: [c["status"] for c in n["status"]["conditions"] if c["type"] == "Ready"]
+            for (kind, _, _), n in e.objects.items()
+            if kind == "nodes" and n["metadata"]["name"].startswith(f"{node}-")
+        }
+    )
+    [(new_node, ready)] = new_nodes.items()
+    assert ready == ["True"]
+    assert step_result(final, "wait_ready")["node"] == new_node
+    assert step_result(final, "wait_ready")["validated"] is True
+    diag = kube_world.call(lambda e: e.get("jobs", f"pitcrew-validation-{incident_id}", "pitcrew"))
+    assert diag["spec"]["template"]["spec"]["nodeName"] == new_node and diag["status"] == {"succeeded": 1}
+    assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")
+
+    order = [action_at(final, a) for a in ("slurm_down", "cordon", "evict", "replace", "slurm_resume")]
+    assert order == sorted(order), order
+    assert action_at(final, "evict") >= first_refusal + PDB_HOLD - 0.5
+    [job] = step_result(final, "confirm_resumed")["jobs"]
+    assert job["job_id"] == job_id and job["status"] == "resumed", job
+    assert not slurm.node(node).down
+    print(
+        f"\n[k8s-replace] {incident_id}: node {node} → {new_node}; evictions {evictions}; "
+        f"closed {final['closed_at']}"
+    )

@@ -1,0 +1,63 @@
+"""Slinky mapping on the emulator with the real pitcrew process: Slurm is taken out before the drain.
+
+The emulator holds one Kubernetes node per Slurm node, each running its NodeSet slurmd pod, busy
+(``pod-protect``) and guarded by slurm-operator's budget (``maxUnavailable: 0``); its slurm-operator
+stand-in drains the Slurm node of a cordoned Kubernetes node with the cordon-reason annotation it
+finds, and drops ``pod-protect`` once the Slurm node is idle. pitcrew (mode auto,
+``slurm.node_mapping: slinky``) maps the alert's Kubernetes node to its Slurm node through the slurmd
+pods, writes the cordon reason before the cordon (so the operator drains with pitcrew's reason),
+and its drain evicts the slurmd pod once the budget allows it — refused while Slurm was busy,
+never forced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.slurm_engine import open_incident
+from tests.harness.kubernetes import KubeWorld, settings_for, slinky_workers
+from tests.harness.scenarios import delivery, step_result
+from tests.harness.slurm import SlurmCluster
+
+pytestmark = pytest.mark.slow
+
+PLAYBOOK = {
+    "slinky-drain": {
+        "description": "Take the node out through slurm-operator and empty it.",
+        "steps": ["notify", "slurm_down", "cordon", {"step": "drain", "timeout": "60s"}, "close"],
+    }
+}
+
+
+def test_slinky_drain_follows_the_operator(
+    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any
+) -> None:
+    names = kube_world.call(lambda e: slinky_workers(e, list(slurm.nodes)))
+    kube_node, slurm_node = next(iter(names.items()))
+    kube_world.call(lambda e: setattr(e, "slinky_drain_delay", 1.5))
+    config = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        "slurm": {**slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"], "node_mapping": "slinky"},
+        "kubernetes": settings_for(kube_world, tmp_path / "kube")["kubernetes"],
+        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        "playbooks": PLAYBOOK,
+        "catalog": {"overrides": {"79": {"playbook": "slinky-drain"}}},
+    }
+    server = pitcrew_factory("k8s-slinky", config=config, simulated=False).start()
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
+    final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
+    assert final["state"] == "resolved", final["outcome"]
+
+    assert step_result(final, "slurm_down")["slurm_nodes"] == [slurm_node]
+    reason = kube_world.call(lambda e: e.slinky_reasons[kube_node])
+    assert reason is not None and reason.startswith(f"pitcrew: {incident_id} "), reason
+    log = kube_world.log()
+    patches = [e for e in log if e.verb == "patch" and e.name == kube_node]
+    assert len(patches) == 2  # the reason, then the cordon
+    evictions = [(e.name, e.status) for e in log if e.subresource == "eviction"]
+    assert evictions[0] == (f"slurm-worker-{slurm_node}", 429) and evictions[-1][1] == 201
+    assert not [e for e in log if e.verb == "delete"]  # nothing forced
+    assert kube_world.call(lambda e: e.get("pods", f"slurm-worker-{slurm_node}", "slurm")) is None

@@ -1,0 +1,90 @@
+"""The replace and wait_ready steps' own judgement, in virtual time against the simulated far side.
+
+Cases: another system already repairing the node (``repair_owner``) means no replacement of pitcrew's:
+the step records who and the incident waits for that system's node; Slurm jobs or workload pods
+still on the node refuse the replacement until the deadline, then escalate naming them; the
+playbook's ``force`` option replaces anyway and says so in the timeline; with a ``fault_query`` and
+Prometheus configured, ``wait_ready`` waits while the node still reports the fault.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bot.engine.ports import PodRef
+from tests.engine.harness import Answer, EngineHarness
+
+NODE = "gpu-node-02"
+STEPS = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume", "close"]
+
+
+def _playbook(**options: dict[str, Any]) -> dict[str, Any]:
+    steps = [{"step": s, **options[s]} if s in options else s for s in STEPS]
+    return {"playbooks": {"replace-node": {"steps": steps}}}
+
+
+async def test_a_repair_already_under_way_is_waited_for_not_repeated(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+        h.cluster.always(
+            "repair_owner", Answer(lambda _: "karpenter (disruption taint karpenter.sh/disrupted)")
+        )
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert h.calls()[("replace", NODE)] == 0
+        [note] = await h.events(incident, "repair_elsewhere")
+        assert "karpenter" in note.detail
+        result = (await h.steps(incident))["replace"]
+        assert result.status == "ok"
+
+
+async def test_workload_left_on_the_node_refuses_the_replacement(tmp_path: Path) -> None:
+    left = [PodRef("training", "straggler", owner_kind="Job")]
+    async with EngineHarness(tmp_path, **_playbook(replace={"timeout": "60s", "attempts": 3})) as h:
+        # A pod the drain evicted but that never leaves (a stuck finalizer, a controller re-binding it).
+        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "failed"
+        assert h.calls()[("replace", NODE)] == 0
+        [escalation] = h.notices("escalation", incident)
+        assert "pod training/straggler" in " ".join(escalation["lines"]) + escalation["title"]
+
+
+async def test_force_replaces_anyway_and_says_so(tmp_path: Path) -> None:
+    left = [PodRef("training", "straggler", owner_kind="Job")]
+    async with EngineHarness(tmp_path, **_playbook(replace={"options": {"force": True}})) as h:
+        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident, within=7200)
+        assert h.calls()[("replace", NODE)] == 1
+        [forced] = await h.events(incident, "forced")
+        assert "pod training/straggler" in forced.detail and "option force" in forced.detail
+        assert done.state.value == "resolved"
+
+
+class _Prometheus:
+    """Reports the fault series for the node until ``until`` virtual seconds have passed."""
+
+    def __init__(self, h: EngineHarness, until: float) -> None:
+        self.h, self.until, self.asked = h, until, []
+
+    async def instant(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        self.asked.append(promql)
+        return [({"node": NODE}, 79.0)] if self.h.time.elapsed < self.until else []
+
+
+async def test_wait_ready_waits_while_prometheus_still_reports_the_fault(tmp_path: Path) -> None:
+    query = 'pitcrew:gpu_xid:recent{node="{node}"}'
+    async with EngineHarness(tmp_path, **_playbook(wait_ready={"options": {"fault_query": query}})) as h:
+        prometheus = _Prometheus(h, until=300)
+        h.deps.ports.query = prometheus
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert prometheus.asked and set(prometheus.asked) == {f'pitcrew:gpu_xid:recent{{node="{NODE}"}}'}
+        waits = [e.detail for e in await h.events(incident, "step_waiting", "wait_ready")]
+        assert any("Prometheus still reports the fault" in w for w in waits)
+        finished = (await h.events(incident, "step_finished", "wait_ready"))[-1]
+        assert (finished.at - done.opened_at).total_seconds() >= 300

@@ -1,0 +1,162 @@
+"""Compare the requests a client sent with the RBAC objects that are meant to allow them.
+
+``compare(requests, documents)`` takes the emulator's request log (or anything with ``verb``,
+``api_group``, ``resource``, ``subresource``, ``namespace``) and the YAML documents of an RBAC
+manifest — ``deploy/kubernetes/rbac.yaml`` or a rendered kustomize build — and returns the requests
+no rule bound to the ServiceAccount allows, and the (role, group, resource, verb) grants no request
+used. Only Roles/ClusterRoles bound to the subject count; a RoleBinding grants in its namespace only.
+Wildcards (``*``) are refused outright: least privilege is the point.
+
+``tour`` drives every operation of pitcrew's adapter once against an emulator and
+``pitcrew_requests`` keeps the requests pitcrew sent (its User-Agent), so a check of another
+rendering of the manifest (kustomize) can compare the same requests:
+``compare(pitcrew_requests(emulator.log), documents)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+import yaml
+
+from bot.engine.errors import PermanentError
+from bot.engine.ports import PodRef
+from bot.integrations.kubernetes import KubernetesCluster
+from tests.kubernetes.emulator import KubeEmulator
+from tests.kubernetes.faults import LoggedRequest
+
+REPO = Path(__file__).resolve().parents[2]
+RBAC_YAML = REPO / "deploy" / "kubernetes" / "rbac.yaml"
+
+
+class Request(Protocol):
+    verb: str
+    api_group: str
+    resource: str
+    subresource: str | None
+    namespace: str | None
+
+
+@dataclass(frozen=True, order=True)
+class Grant:
+    role: str
+    namespace: str | None  # None: cluster-wide (ClusterRole through a ClusterRoleBinding)
+    api_group: str
+    resource: str  # "pods" or "pods/eviction"
+    verb: str
+
+    def allows(self, request: Request) -> bool:
+        resource = request.resource + (f"/{request.subresource}" if request.subresource else "")
+        return (
+            self.api_group == request.api_group
+            and self.resource == resource
+            and self.verb == request.verb
+            and (self.namespace is None or self.namespace == request.namespace)
+        )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    denied: tuple[str, ...]
+    unused: tuple[Grant, ...]
+
+
+def pitcrew_requests(log: list[LoggedRequest]) -> list[LoggedRequest]:
+    return [e for e in log if e.user_agent.startswith("pitcrew/")]
+
+
+NODE = "gpu-node-02"
+
+
+async def tour(make: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path) -> None:
+    """Every operation of the adapter once, each replace strategy on the node then in place."""
+    template = tmp_path / "job.yaml"
+    template.write_text(
+        yaml.safe_dump({"spec": {"template": {"spec": {"containers": [{"name": "x", "image": "x"}]}}}})
+    )
+    cluster = make(
+        replace={"strategy": "cluster-api"},
+        jobs={"reset_gpu_template": template},
+        force_delete_not_ready=True,
+    )
+    assert (await cluster.probe()).ok
+    await cluster.count_nodes()
+    await cluster.cordon(NODE, incident_id="pc-1", reason="r")
+    await cluster.uncordon(NODE, incident_id="pc-1")
+    pods = await cluster.pods_on_node(NODE)
+    await cluster.evict(PodRef("training", "llama-pretrain-worker-2"))
+    await cluster.delete_pod(pods[0], force=True)
+    await cluster.slurmd_pods("slurm", {"app.kubernetes.io/name": "slurmd"})
+    k8s.job_exit_codes["pitcrew-reset-gpu-pc-1"] = 1
+    with pytest.raises(PermanentError):  # a failed Job: its pod's exit code is read
+        await cluster.reset_gpu(NODE, ["0"], incident_id="pc-1")
+    await make(replace={"strategy": "karpenter"}).replace(NODE, strategy="configured", incident_id="pc-1")
+    await _settled(k8s)
+    [replacement] = [n for (kind, _, n) in k8s.objects if kind == "nodes"]
+    # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
+    await cluster.replace(replacement, strategy="configured", incident_id="pc-2")
+    await make(replace={"strategy": "delete-node"}).replace(
+        replacement, strategy="configured", incident_id="pc-3"
+    )
+
+
+async def _settled(k8s: KubeEmulator) -> None:
+    await asyncio.sleep(k8s.replace_delay + k8s.ready_delay + 0.1)
+
+
+def load(path: Path = RBAC_YAML) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def grants(
+    documents: Iterable[dict[str, Any]], service_account: tuple[str, str] = ("pitcrew", "pitcrew")
+) -> list[Grant]:
+    """Every (group, resource, verb) the ServiceAccount ``(namespace, name)`` is bound to."""
+    docs = list(documents)
+    roles = {
+        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+    }
+    out = []
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        subject = {"kind": "ServiceAccount", "namespace": service_account[0], "name": service_account[1]}
+        if not any({k: s.get(k) for k in subject} == subject for s in binding.get("subjects") or []):
+            continue
+        ref = binding["roleRef"]
+        where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        role = roles.get((ref["kind"], where if ref["kind"] == "Role" else None, ref["name"]))
+        if role is None:
+            raise AssertionError(
+                f"{binding['kind']} {binding['metadata']['name']} binds a missing {ref['kind']} {ref['name']}"
+            )
+        for rule in role.get("rules") or []:
+            for field in ("apiGroups", "resources", "verbs"):
+                if "*" in rule.get(field, []):
+                    raise AssertionError(f"{ref['kind']} {ref['name']} grants {field} '*'")
+            out += [
+                Grant(ref["name"], where, group, resource, verb)
+                for group in rule["apiGroups"]
+                for resource in rule["resources"]
+                for verb in rule["verbs"]
+            ]
+    return out
+
+
+def compare(requests: Iterable[Request], documents: Iterable[dict[str, Any]]) -> Comparison:
+    allowed = grants(documents)
+    used: set[Grant] = set()
+    denied = set()
+    for request in requests:
+        matching = [g for g in allowed if g.allows(request)]
+        if not matching:
+            sub = f"/{request.subresource}" if request.subresource else ""
+            where = f" in {request.namespace}" if request.namespace else ""
+            denied.add(f"{request.verb} {request.api_group or 'core'}/{request.resource}{sub}{where}")
+        used.update(matching)
+    return Comparison(tuple(sorted(denied)), tuple(sorted(set(allowed) - used)))

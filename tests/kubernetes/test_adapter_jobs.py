@@ -1,0 +1,131 @@
+"""GPU reset and reboot as privileged Jobs pinned to the node, or an operator command.
+
+Cases: ``reset_gpu`` creates one Job from the operator's template, named after the incident, pinned
+to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
+it waits for the Job and a retried call finds the same Job instead of creating another; a failed Job
+is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
+incident in its environment and fails on a non-zero exit; nothing configured is refused. After a
+reboot the node counts as back only once it reports a new boot id (Ready before the reboot proves
+nothing); the optional validation Job passes, fails with its exit code, or is not configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bot.domain.ownership import TAINT_KEY
+from bot.engine.errors import PermanentError
+from bot.integrations.kubernetes import KubernetesCluster
+from tests.kubernetes.emulator import KubeEmulator
+
+NODE = "gpu-node-02"
+TEMPLATE = {
+    "spec": {
+        "template": {
+            "spec": {
+                "hostPID": True,
+                "containers": [
+                    {
+                        "name": "reset",
+                        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                        "command": ["sh", "-c", "nvidia-smi --gpu-reset -i $PITCREW_GPUS"],
+                        "securityContext": {"privileged": True},
+                    }
+                ],
+            }
+        }
+    }
+}
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    path = tmp_path / "reset-gpu-job.yaml"
+    path.write_text(yaml.safe_dump(TEMPLATE))
+    return path
+
+
+async def test_reset_gpu_runs_one_pinned_job_and_waits_for_it(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    cluster = make_cluster(jobs={"namespace": "pitcrew", "reset_gpu_template": template})
+    await cluster.reset_gpu(NODE, ["3"], incident_id="pc-00042")
+    job = k8s.get("jobs", "pitcrew-reset-gpu-pc-00042", "pitcrew")
+    assert job is not None and job["status"] == {"succeeded": 1}
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == NODE and pod["hostPID"] is True and pod["restartPolicy"] == "Never"
+    assert {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env == {
+        "PITCREW_NODE": NODE,
+        "PITCREW_INCIDENT": "pc-00042",
+        "PITCREW_ACTION": "reset_gpu",
+        "PITCREW_GPUS": "3",
+    }
+    await cluster.reset_gpu(NODE, ["3"], incident_id="pc-00042")  # a retried step: the same Job
+    creates = [e for e in k8s.log if e.resource == "jobs" and e.verb == "create"]
+    assert [c.status for c in creates] == [201, 409]
+
+
+async def test_a_failed_job_reports_its_exit_code(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    cluster = make_cluster(jobs={"reboot_template": template})
+    k8s.job_exit_codes["pitcrew-reboot-pc-00042"] = 17
+    with pytest.raises(PermanentError, match="exited 17") as err:
+        await cluster.reboot(NODE, incident_id="pc-00042")
+    assert err.value.reason == "job_failed"
+
+
+async def test_reboot_by_command_and_nothing_configured(
+    make_cluster: Callable[..., KubernetesCluster], tmp_path: Path
+) -> None:
+    out = tmp_path / "rebooted"
+    script = (
+        f"import os,sys; open({str(out)!r},'w').write(os.environ['PITCREW_NODE']); sys.exit(int(sys.argv[1]))"
+    )
+    await make_cluster(jobs={"reboot_command": [sys.executable, "-c", script, "0"]}).reboot(
+        NODE, incident_id="pc-1"
+    )
+    assert out.read_text() == NODE
+    with pytest.raises(PermanentError, match="exited 2"):
+        await make_cluster(jobs={"reboot_command": [sys.executable, "-c", script, "2"]}).reboot(
+            NODE, incident_id="pc-2"
+        )
+    with pytest.raises(PermanentError, match="reboot_template or reboot_command"):
+        await make_cluster().reboot(NODE, incident_id="pc-3")
+
+
+async def test_validation_is_optional_and_a_failure_is_reported(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    assert await make_cluster().validate(NODE, incident_id="pc-00042") is None
+    cluster = make_cluster(jobs={"validation_template": template})
+    assert await cluster.validate(NODE, incident_id="pc-00042") is True
+    k8s.job_exit_codes["pitcrew-validation-pc-00043"] = 1
+    with pytest.raises(PermanentError, match="exited 1") as err:
+        await cluster.validate(NODE, incident_id="pc-00043")
+    assert err.value.reason == "job_failed"
+
+
+async def test_after_a_reboot_only_a_new_boot_counts_as_back(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    k8s.reboot_delay = 2.5  # after the Job is seen done (read every second)
+    cluster = make_cluster(jobs={"reboot_template": template})
+    before = k8s.get("nodes", NODE)["status"]["nodeInfo"]["bootID"]  # type: ignore[index]
+    read_first = await cluster.replacement_handle(NODE, strategy="reboot")
+    assert read_first is not None and f"boot={before}" in read_first
+    handle = await cluster.reboot(NODE, incident_id="pc-00042")
+    assert handle.startswith("reboot node/gpu-node-02 ") and f"boot={before}" in handle
+    assert await cluster.successor(NODE, handle=handle) is None  # still Ready, but not rebooted yet
+    await asyncio.sleep(2.5)
+    back = await cluster.successor(NODE, handle=handle)
+    assert back is not None and back.name == NODE
+    assert k8s.get("nodes", NODE)["status"]["nodeInfo"]["bootID"] != before  # type: ignore[index]

@@ -1,0 +1,76 @@
+"""``check-config --live`` for Kubernetes: every verb pitcrew needs asked with SelfSubjectAccessReview.
+
+Cases: all allowed is ok and names how many; a denied eviction (and, with the cluster-api strategy,
+a denied Machine delete) is not ok and ``missing`` names exactly those verbs; an unreachable API
+server is not ok; the probe writes nothing. The kubeconfig context named in the settings is the
+one used, not the file's current context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from bot.config import KubernetesSettings
+from bot.integrations.kubernetes import KubernetesCluster
+from tests.harness.kubernetes import write_kubeconfig
+from tests.harness.proc import free_port
+from tests.kubernetes.emulator import KubeEmulator
+
+
+async def test_all_allowed(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:
+    probe = await cluster.probe()
+    assert probe.ok and probe.system == "kubernetes" and probe.missing == ()
+    assert "7 permissions allowed" in probe.detail
+    assert {e.verb for e in k8s.log} == {"create"} and {e.resource for e in k8s.log} == {
+        "selfsubjectaccessreviews"
+    }
+
+
+async def test_denied_verbs_are_named(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    k8s.denied |= {("create", "", "pods", "eviction"), ("delete", "cluster.x-k8s.io", "machines", "")}
+    probe = await make_cluster(replace={"strategy": "cluster-api"}).probe()
+    assert not probe.ok
+    assert probe.missing == ("create pods/eviction", "delete machines.cluster.x-k8s.io")
+
+
+async def test_an_unreachable_api_server(tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{free_port()}")
+    cluster = KubernetesCluster(KubernetesSettings(kubeconfig=kubeconfig, request_timeout=1, retries=0))
+    try:
+        probe = await cluster.probe()
+    finally:
+        await cluster.aclose()
+    assert not probe.ok and "API server not usable" in probe.detail
+
+
+async def test_the_configured_kubeconfig_context_is_the_one_used(k8s: KubeEmulator, tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "elsewhere", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}},
+                    {"name": "emulated", "cluster": {"server": k8s.host}},
+                ],
+                "users": [{"name": "pitcrew", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "prod", "context": {"cluster": "elsewhere", "user": "pitcrew"}},
+                    {"name": "gpu-east", "context": {"cluster": "emulated", "user": "pitcrew"}},
+                ],
+                "current-context": "prod",
+            }
+        )
+    )
+    cluster = KubernetesCluster(KubernetesSettings(kubeconfig=path, context="gpu-east", retries=0))
+    try:
+        assert (await cluster.probe()).ok
+    finally:
+        await cluster.aclose()
+    assert k8s.log and all(e.user_agent.startswith("pitcrew/") for e in k8s.log)

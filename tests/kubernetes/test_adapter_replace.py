@@ -1,0 +1,185 @@
+"""Each replacement strategy through the real client against the emulator, and what replaced the node.
+
+Cases, per strategy: ``cluster-api`` deletes the node's Machine (its MachineSet stand-in makes a new
+Machine and Node), ``karpenter`` deletes the NodeClaim, ``delete-node`` deletes the Node (the cloud
+autoscaler stand-in brings a new instance); each writes its handle on the node before the delete,
+reports the replacement started, and ``successor`` finds the new fleet node of the same pool once it
+is Ready. ``command`` runs the operator's executable with the node and incident in its environment,
+its exit code the result; ``none`` hands the node to humans. Another system already repairing the
+node (a Karpenter disruption taint, a cluster-autoscaler taint, a Machine someone else deletes) is
+named by ``repair_owner``; then pitcrew deletes nothing (strategy ``watch`` only marks the node) and
+follows that system's replacement to the new node. A replacement not yet started can be cancelled,
+a started one cannot. A delete that landed but whose answer was lost (500) is retried by the client
+and found done (404, or the Machine still deleting), not reported as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from kubernetes.aio import client
+
+from bot.domain.ownership import REPLACE_ANNOTATION
+from bot.engine.errors import PermanentError
+from bot.engine.ports import ClusterNode
+from bot.integrations.kubernetes import KubernetesCluster
+from tests.kubernetes.emulator import KubeEmulator
+
+NODE = "gpu-node-02"
+INCIDENT = "pc-00042"
+
+
+async def _successor(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> ClusterNode:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        node = await cluster.successor(NODE, handle=handle)
+        if node is not None and node.ready:
+            return node
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no Ready successor of {NODE} within {within}s")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "deleted"),
+    [("cluster-api", "machines"), ("karpenter", "nodeclaims"), ("delete-node", "nodes")],
+)
+async def test_a_strategy_deletes_its_handle_once_and_a_new_node_comes(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, deleted: str
+) -> None:
+    cluster = make_cluster(replace={"strategy": strategy})
+    k8s.ready_delay = 0.3
+    assert not await cluster.replacement_started(NODE, incident_id=INCIDENT)
+    assert await cluster.repair_owner(NODE) is None
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert handle.startswith(f"{strategy} ") and "pool=node.cluster.x-k8s.io/pool=gpu-h100" in handle
+    deletes = [e for e in k8s.log if e.verb == "delete"]
+    assert [(e.resource, e.status) for e in deletes] == [(deleted, 200)]
+    annotate = [e for e in k8s.log if e.verb == "patch" and e.resource == "nodes"]
+    assert annotate and k8s.log.index(annotate[0]) < k8s.log.index(deletes[0])  # the mark goes on first
+    assert await cluster.replacement_started(NODE, incident_id=INCIDENT)
+    assert await cluster.repair_owner(NODE) is None  # pitcrew's own replacement, not someone else's
+    assert not await cluster.cancel_replacement(NODE, incident_id=INCIDENT)
+    new = await _successor(cluster, handle)
+    assert new.name.startswith(f"{NODE}-") and new.gpus == 8 and not new.unschedulable
+    assert k8s.get("nodes", NODE) is None
+
+
+async def test_a_marked_replacement_that_never_left_can_be_cancelled(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.inject(500, verb="delete", resource="machines", times=10)  # the delete never lands
+    with pytest.raises(Exception, match="500"):
+        await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert REPLACE_ANNOTATION in k8s.get("nodes", NODE)["metadata"]["annotations"]  # type: ignore[index]
+    assert not await cluster.replacement_started(NODE, incident_id=INCIDENT)
+    assert await cluster.cancel_replacement(NODE, incident_id=INCIDENT)
+    assert REPLACE_ANNOTATION not in k8s.get("nodes", NODE)["metadata"]["annotations"]  # type: ignore[index]
+
+
+async def test_the_command_strategy_runs_the_operator_script(
+    make_cluster: Callable[..., KubernetesCluster], tmp_path: Path
+) -> None:
+    out = tmp_path / "env.txt"
+    script = tmp_path / "replace.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(out)!r}, 'w').write(os.environ['PITCREW_NODE'] + ' ' + os.environ['PITCREW_INCIDENT'])\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    ok = make_cluster(replace={"strategy": "command", "command": [sys.executable, str(script), "0"]})
+    handle = await ok.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert handle.startswith("command ") and out.read_text() == f"{NODE} {INCIDENT}"
+    assert await ok.replacement_started(NODE, incident_id=INCIDENT)
+    failing = make_cluster(replace={"strategy": "command", "command": [sys.executable, str(script), "3"]})
+    with pytest.raises(PermanentError, match="exited 3") as err:
+        await failing.replace(NODE, strategy="configured", incident_id="pc-00043")
+    assert err.value.reason == "command_failed"
+
+
+async def test_strategy_none_hands_the_node_to_humans(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:
+    with pytest.raises(PermanentError) as err:
+        await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert err.value.reason == "handed_over"
+    assert not [e for e in k8s.log if e.verb in ("patch", "delete")]
+
+
+@pytest.mark.parametrize(
+    ("taint", "who"),
+    [
+        ("karpenter.sh/disrupted", "karpenter"),
+        ("karpenter.sh/disruption", "karpenter"),
+        ("ToBeDeletedByClusterAutoscaler", "cluster-autoscaler"),
+    ],
+)
+async def test_another_repairer_taint_is_named(
+    cluster: KubernetesCluster, k8s: KubeEmulator, taint: str, who: str
+) -> None:
+    node = k8s.get("nodes", NODE)
+    assert node is not None
+    node["spec"]["taints"].append({"key": taint, "effect": "NoSchedule"})
+    k8s.bump(node)
+    owner = await cluster.repair_owner(NODE)
+    assert owner is not None and owner.startswith(who) and taint in owner
+
+
+async def test_a_machine_someone_else_deletes_is_named(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.replace_delay = 30  # the MachineSet has not acted yet
+    machine = k8s.get("machines", "gpu-east-gpu-h100-x7b2n-q4v9k", "gpu-east")
+    assert machine is not None
+    machine["metadata"]["deletionTimestamp"] = "2026-11-29T08:49:10Z"
+    k8s.bump(machine)
+    assert (
+        await cluster.repair_owner(NODE) == "cluster-api (Machine gpu-east-gpu-h100-x7b2n-q4v9k is deleting)"
+    )
+
+
+async def test_another_systems_replacement_is_watched_not_repeated(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    node = k8s.get("nodes", NODE)
+    assert node is not None
+    node["spec"]["taints"].append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
+    k8s.bump(node)
+    assert (await cluster.repair_owner(NODE) or "").startswith("karpenter")
+    handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    assert handle.startswith("watch ")
+    assert not [e for e in k8s.log if e.verb == "delete"]  # pitcrew deleted nothing
+    assert await cluster.replacement_started(NODE, incident_id=INCIDENT)
+    # Karpenter goes on with its own replacement (a request that is not pitcrew's).
+    await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+        "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
+    )
+    new = await _successor(cluster, handle)
+    assert new.name.startswith(f"{NODE}-")
+
+
+@pytest.mark.parametrize(("strategy", "resource"), [("delete-node", "nodes"), ("cluster-api", "machines")])
+async def test_a_delete_whose_answer_was_lost_is_not_an_error(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, resource: str
+) -> None:
+    k8s.replace_delay = 30  # keep the world still while the client retries
+    k8s.inject(None, verb="delete", resource=resource, lost_answer=500)
+    cluster = make_cluster(replace={"strategy": strategy})
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert handle.startswith(strategy)
+    deletes = [e.status for e in k8s.log if e.verb == "delete"]
+    assert deletes[0] == 500 and len(deletes) == 2  # the client's own retry found it done
+    assert await cluster.replacement_started(NODE, incident_id=INCIDENT)
+
+
+async def test_an_unknown_strategy_is_refused_before_anything_is_written(
+    cluster: KubernetesCluster, k8s: KubeEmulator
+) -> None:
+    with pytest.raises(PermanentError, match="unknown replace strategy 'terraform'"):
+        await cluster.replace(NODE, strategy="terraform", incident_id=INCIDENT)
+    assert not [e for e in k8s.log if e.verb in ("patch", "delete")]

@@ -1,0 +1,46 @@
+"""Slinky: the slurmd pod drains because the Slurm node was taken out first, never by force.
+
+slurm-operator keeps ``pod-protect`` on a busy Slurm node's slurmd pod, and its budget
+(``maxUnavailable: 0``) refuses that pod's eviction. Cases: pitcrew's cordon-reason annotation goes
+on, then the cordon; while Slurm is busy the eviction is a ``pdb`` refusal naming the operator's
+budget; once the Slurm node is out (DOWN: the operator sees it idle and drops ``pod-protect``) the
+same eviction succeeds, and no pod was deleted by force. The slurmd pods name their Slurm nodes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR, NodeMapping, slurm_nodes_for
+from bot.domain.ownership import SLINKY_CORDON_REASON, slinky_cordon_annotations
+from bot.engine.errors import TransientError
+from bot.engine.ports import PodRef
+from bot.integrations.kubernetes import KubernetesCluster
+from tests.kubernetes.emulator import KubeEmulator
+from tests.kubernetes.scenes import slinky_pdb
+
+NODE = "gpu-node-02"
+SLURMD = PodRef("slurm", "slurm-worker-gpu-h100-7xk2p", owner_kind="NodeSet")
+
+
+async def test_slurmd_pod_drains_once_slurm_let_go(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:
+    k8s.add("poddisruptionbudgets", slinky_pdb())
+    node = await cluster.node(NODE)
+    assert node is not None
+    pods = await cluster.slurmd_pods("slurm", DEFAULT_SLINKY_SELECTOR)
+    [slurm_node] = slurm_nodes_for(node, NodeMapping(node_mapping="slinky"), pods)
+    assert slurm_node == "gpu-002"
+
+    await cluster.set_annotations(NODE, slinky_cordon_annotations("pitcrew: pc-00042 XID 79"))
+    await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79")
+    writes = [e for e in k8s.log if e.verb == "patch"]
+    assert len(writes) == 2  # the reason first, then the cordon
+    assert k8s.get("nodes", NODE)["metadata"]["annotations"][SLINKY_CORDON_REASON].startswith("pitcrew:")  # type: ignore[index]
+
+    with pytest.raises(TransientError, match="slurm-workers-pdb-slurm") as err:
+        await cluster.evict(SLURMD)
+    assert err.value.reason == "pdb"
+    k8s.slurm_node_busy(slurm_node, busy=False)  # Slurm DOWN: the operator drops pod-protect
+    await cluster.evict(SLURMD)
+    assert [e.status for e in k8s.log if e.subresource == "eviction"] == [429, 201]
+    assert not [e for e in k8s.log if e.verb == "delete"]

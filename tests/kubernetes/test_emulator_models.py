@@ -1,0 +1,62 @@
+"""The emulator refuses request bodies that are not valid objects of the client's own models.
+
+Cases (each a 422 ``Invalid`` Status naming the model, nothing stored): a Job whose container has
+no name (``V1Container.name`` is required), an Eviction whose ``deleteOptions`` is not an object,
+a SelfSubjectAccessReview without its spec, an Event without its involved object; a valid Job
+is created (201) and run by the emulator's Job controller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.kubernetes.emulator import KubeEmulator
+
+
+async def _post(host: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A raw POST over HTTP (the typed client would not build these bodies itself)."""
+    async with aiohttp.ClientSession() as session, session.post(host + path, json=body) as response:
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "model"),
+    [
+        (
+            "/apis/batch/v1/namespaces/pitcrew/jobs",
+            {"metadata": {"name": "j"}, "spec": {"template": {"spec": {"containers": [{"image": "x"}]}}}},
+            "V1Job",
+        ),
+        (
+            "/api/v1/namespaces/training/pods/llama-pretrain-worker-2/eviction",
+            {"metadata": {"name": "llama-pretrain-worker-2"}, "deleteOptions": "now"},
+            "V1Eviction",
+        ),
+        (
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            {"metadata": {}},
+            "V1SelfSubjectAccessReview",
+        ),
+        ("/api/v1/namespaces/default/events", {"metadata": {"name": "e"}}, "CoreV1Event"),
+    ],
+)
+async def test_invalid_bodies_are_refused(
+    k8s: KubeEmulator, path: str, body: dict[str, Any], model: str
+) -> None:
+    before = set(k8s.objects)
+    status, answer = await _post(k8s.host, path, body)
+    assert status == 422 and answer["reason"] == "Invalid" and f"not a valid {model}" in answer["message"]
+    assert set(k8s.objects) == before
+
+
+async def test_a_valid_job_is_created_and_run(k8s: KubeEmulator) -> None:
+    body = {
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
+    }
+    status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew/jobs", body)
+    assert status == 201
+    assert k8s.get("jobs", "j", "pitcrew") is not None
