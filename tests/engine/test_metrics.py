@@ -43,9 +43,10 @@ def _at(text: object) -> datetime:
 async def test_xid79_exports_stages_goodput_retest_and_one_info_series(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, inventory=fleet(jobs=(JOB,))) as h:
         h.scheduler.script("down", Slow(30))  # the fault → out of service stage takes time
-        h.cluster.always(
-            "node", Answer(lambda n: n if n is None or h.time.elapsed >= 900 else replace(n, ready=False))
-        )
+        for call in ("node", "successor"):  # the same node, or the node that replaced it
+            h.cluster.always(
+                call, Answer(lambda n: n if n is None or h.time.elapsed >= 900 else replace(n, ready=False))
+            )
         incident = await h.alert(NODE)
         await h.run_until(lambda: h.cluster.calls["replace"] > 0)
         await h.time.advance(120)
