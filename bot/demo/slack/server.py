@@ -40,8 +40,11 @@ class SlackStandin:
     def app(self) -> web.Application:
         app = self.api.app()
         app.router.add_get("/link/", self.socket.handle)
-        app.router.add_post("/demo/click", lambda request: handle_click(self.interactivity, request))
+        app.router.add_post("/demo/click", self._click)
         return app
+
+    async def _click(self, request: web.Request) -> web.Response:
+        return await handle_click(self.interactivity, request)
 
     async def start(self) -> SlackStandin:
         self._runner = web.AppRunner(self.app(), shutdown_timeout=1.0)
