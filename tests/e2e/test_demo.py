@@ -14,7 +14,7 @@ its run left. Cases:
   audit log holds the approval by the Slack user (``slack:U0ALICE``); the incident then resolves;
 * ``app-xid``: an XID 13 incident with the ``notify-only`` playbook, a notice, no node step and
   no action; Slurm still runs the job where it was, never restarted, its node in service; its
-  Slack thread offers no button;
+  Slack thread asks no approval;
 * ``storm``: twenty incidents, exactly the breaker's limit acted on (a Slurm DOWN each), every
   other one suppressed, one breaker notice; Slurm has every node back in service; the channel
   shows one storm digest and no message of its own for any held node;
@@ -47,7 +47,7 @@ NODE_STEPS = {"slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot
 class Demo:
     """One ``pitcrew demo`` subprocess and what it wrote."""
 
-    def __init__(self, tmp: Path, scenario: str, *, keep: bool = True) -> None:
+    def __init__(self, tmp: Path, scenario: str, *, keep: bool = True, interactive: bool = False) -> None:
         require_slurm()
         require_binary("prometheus", "prometheus")
         require_binary("prometheus-alertmanager", "prometheus-alertmanager")
@@ -56,6 +56,7 @@ class Demo:
         argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", scenario, "--plain"]
         argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", "120"]
         argv += ["--keep"] if keep else []
+        argv += ["--interactive"] if interactive else []
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO
@@ -188,6 +189,33 @@ def test_approve_goes_through_a_signed_slack_click(demo: Any) -> None:
     stopped_cleanly(d)
 
 
+def test_interactive_approve_waits_for_the_users_own_click(demo: Any) -> None:
+    d = demo("approve", interactive=True)
+    wait_until(lambda: "or click it in Slack:" in d.text(), timeout=120, interval=0.2, what=d.text())
+    line = next(x for x in d.text().splitlines() if "or click it in Slack:" in x)
+    incident_id = line.split("--click approve ", 1)[1].split()[0]
+
+    def click(user: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "bot.cli", "demo", "--click", "approve", incident_id, "--user", user]
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, env=dict(os.environ), cwd=REPO
+        )
+
+    refused = click("U0MALLORY")
+    assert refused.returncode == 0, refused
+    assert "told U0MALLORY (only they see it): Sorry <@U0MALLORY>" in refused.stdout, refused.stdout
+    approved = click("U0ALICE")
+    assert approved.returncode == 0, approved
+    assert "pitcrew answered HTTP 200" in approved.stdout
+    assert f"{incident_id} approved by slack:U0ALICE" in approved.stdout
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0 and summary["approved_by"] == "slack:U0ALICE", d.text()
+    events = d.incident(incident_id)["events"]
+    assert [e["actor"] for e in events if e["kind"] == "approve_refused"] == ["slack:U0MALLORY"]
+    assert [e["actor"] for e in events if e["kind"] == "approved"] == ["slack:U0ALICE"]
+    stopped_cleanly(d)
+
+
 def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
     d = demo("app-xid")
     summary = d.wait_summary()
@@ -205,7 +233,7 @@ def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
     state = d.slurm("sinfo", "-h", "-n", summary["job_node"], "-o", "%T").strip()
     assert state in {"allocated", "mixed"}, state
     assert f"{summary['job_node']}: XID 13" in summary["thread"][0]
-    assert "[Approve]" not in "".join(summary["thread"]) and "[Rollback]" not in "".join(summary["thread"])
+    assert "[Approve]" not in "".join(summary["thread"])  # nothing waits for a human
     stopped_cleanly(d)
 
 
