@@ -170,6 +170,7 @@ def test_xid79_job_resumes_from_its_checkpoint(demo: Any) -> None:
     assert summary["milestones"]["notified"]["detail"].startswith("#gpu-ops:")
     transcript = Path(summary["slack_transcript"]).read_text()
     assert thread[0].splitlines()[0] in transcript and "Slack thread, as people read it" in d.text()
+    assert f"Slack         {summary['slack_transcript']}" in d.text()  # --keep says where it is
     stopped_cleanly(d)
 
 
