@@ -23,6 +23,7 @@ its run left. Cases:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,6 +134,11 @@ def demo(tmp_path: Path) -> Any:
 
     yield start
     for d in started:
+        # A failed test leaves its demo up: Ctrl-C stops its servers (they run in sessions of their
+        # own, so a SIGKILL of the demo alone would leave them behind); SIGKILL only if that hangs.
+        if d.process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                d.interrupt()
         d.kill()
 
 
