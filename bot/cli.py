@@ -314,7 +314,11 @@ def _demo(args: argparse.Namespace) -> int:
     if args.stop:
         return stop_running()
     if args.click:
-        return click_running(args.click[0], args.click[1], args.user)
+        button, incident_id = args.click
+        if button not in ("approve", "reject", "rollback"):
+            print(f"pitcrew demo --click: the buttons are approve, reject and rollback, not {button!r}")
+            return 2
+        return click_running(button, incident_id, args.user)
     ports = tuple(
         (what, port)
         for what, port in (
