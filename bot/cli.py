@@ -308,11 +308,17 @@ def _command(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """The proving ground on this machine (``pitcrew[demo]``): the only way into ``bot.demo``."""
-    from bot.demo.run import DemoOptions, run, stop_running
+    from bot.demo.run import DemoOptions, click_running, run, stop_running
     from bot.demo.scenarios import SCENARIOS
 
     if args.stop:
         return stop_running()
+    if args.click:
+        button, incident_id = args.click
+        if button not in ("approve", "reject", "rollback"):
+            print(f"pitcrew demo --click: the buttons are approve, reject and rollback, not {button!r}")
+            return 2
+        return click_running(button, incident_id, args.user)
     ports = tuple(
         (what, port)
         for what, port in (
@@ -420,6 +426,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="leave everything running to look around")
     p.add_argument("--interactive", action="store_true", help="approve scenario: wait for your own approval")
     p.add_argument("--stop", action="store_true", help="stop a demo left running with --keep")
+    p.add_argument(
+        "--click",
+        nargs=2,
+        metavar=("BUTTON", "ID"),
+        help="click a button (approve, reject, rollback) of incident ID in the running demo's Slack",
+    )
+    p.add_argument("--user", default="U0ALICE", help="who clicks (U0ALICE approves; U0MALLORY may not)")
     p.add_argument(
         "--replace-delay", type=float, default=5.0, help="seconds until a replaced node's successor joins"
     )

@@ -1,19 +1,20 @@
 """The demo's cluster and notifier far sides: the one seam where Kubernetes and Slack plug in.
 
 Everything else of the proving ground is real (Prometheus, Alertmanager, Slurm, the training
-job, pitcrew itself). Kubernetes and Slack are, for now, the simulated far side
-(``bot.demo.simulator``: a journal that models cordon, drain, replace and notices) run inside
-pitcrew's process by ``python -m bot.demo.simulator.serve``. ``FarSide`` is what the demo asks
-of them; ``SimulatedFarSide`` answers from the simulator's journal. The Kubernetes API emulator
-with the real Kubernetes adapter, and the Slack stand-in with the real Slack adapter, replace it
-by implementing the same Protocol: start their servers, name them in pitcrew's configuration,
-make a replaced node's successor Ready, read the Slack thread, click Approve with a signed
-payload. Nothing outside this module knows which far side runs.
+job, pitcrew itself). ``FarSide`` is what the demo asks of them. Slack is the Slack stand-in
+behind pitcrew's real Slack adapter (``bot.demo.slackside.SlackFarSide``, which wraps a cluster
+far side). Kubernetes is, for now, the simulated far side (``SimulatedFarSide``:
+``bot.demo.simulator``, a journal that models cordon, drain, replace and notices, run inside
+pitcrew's process by ``python -m bot.demo.simulator.serve``). The Kubernetes API emulator with the
+real Kubernetes adapter replaces it by implementing the same Protocol (start its server, name it
+in pitcrew's configuration, make a replaced node's successor Ready) and being handed to
+``SlackFarSide`` in ``far_side()``. Nothing outside this module knows which far sides run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +62,25 @@ class FarSide(Protocol):
         """The replacement of ``node`` has joined: report it Ready from now on."""
 
     def thread(self, incident_id: str | None = None) -> list[Notice]:
-        """What humans were told (one incident's thread, or every notice), oldest first."""
+        """What humans were told (one incident's thread, or what the channel shows), oldest first."""
+
+    def thread_opened(self, incident_id: str) -> tuple[float, str] | None:
+        """When (Unix time) and where the incident's thread was opened; ``None``: not yet, or unknown."""
 
     def node_calls(self, node: str) -> list[str]:
         """The destructive calls that reached the cluster or Slurm for ``node`` (``cordon``, ...)."""
 
-    def approve(self, server: Pitcrew, incident_id: str, actor: str) -> str:
-        """Approve the incident's pending step as a person would; the answer pitcrew gave."""
+    def approve(self, server: Pitcrew, incident_id: str) -> str:
+        """Approve the incident's pending step as a person would; what happened, in words."""
+
+    def click_help(self, incident_id: str) -> str | None:
+        """The command that approves as a person's click would (``--interactive``); ``None``: none."""
+
+    def state(self) -> dict[str, Any]:
+        """What other commands need to reach this far side (written into the demo's state file)."""
+
+    def where(self, incident_id: str | None) -> list[str]:
+        """Lines telling a user where to look at this far side (``--keep``)."""
 
     def stop(self) -> None:
         """Stop what ``start`` started."""
@@ -81,6 +94,7 @@ class SimulatedFarSide:
     def __init__(self) -> None:
         self._journal: Journal | None = None
         self._pitcrew: Pitcrew | None = None
+        self._opened: dict[str, tuple[float, str]] = {}
 
     def start(self, workdir: Path, nodes: Sequence[str]) -> None:
         self._inventory = workdir / "inventory.yaml"
@@ -123,17 +137,33 @@ class SimulatedFarSide:
             if r.get("op") == "notice" and (incident_id is None or r.get("incident_id") == incident_id)
         ]
 
+    def thread_opened(self, incident_id: str) -> tuple[float, str] | None:
+        # The journal keeps no post time: when the story first sees the notice (it polls often).
+        seen = self._opened.get(incident_id)
+        if seen is None and self.thread(incident_id):
+            seen = self._opened[incident_id] = (time.time(), "notice in the simulated journal")
+        return seen
+
     def node_calls(self, node: str) -> list[str]:
         return [
             str(r["op"]) for r in self._records() if r.get("op") in DESTRUCTIVE_OPS and r.get("node") == node
         ]
 
-    def approve(self, server: Pitcrew, incident_id: str, actor: str) -> str:
-        # Seam: with the Slack stand-in this becomes the signed block_actions payload a click sends.
-        status, answer = server.command(f"/api/v1/incidents/{incident_id}/approve", actor)
+    def approve(self, server: Pitcrew, incident_id: str) -> str:
+        status, answer = server.command(f"/api/v1/incidents/{incident_id}/approve", "demo")
         if status != 200:
             raise DemoError(f"approve {incident_id} answered {status}: {answer}")
-        return str(answer.get("message") or answer)
+        return f"approved through pitcrew's API as demo: {answer.get('message') or answer}"
+
+    def click_help(self, incident_id: str) -> str | None:
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def where(self, incident_id: str | None) -> list[str]:
+        journal = self._pitcrew.journal if self._pitcrew is not None else "-"
+        return [f"notices       {journal} (the incident thread, one JSON line per notice)"]
 
     def stop(self) -> None:
         return None
@@ -141,4 +171,6 @@ class SimulatedFarSide:
 
 def far_side() -> FarSide:
     """The far side the demo runs against (the one place to switch to the emulators)."""
-    return SimulatedFarSide()
+    from bot.demo.slackside import SlackFarSide  # it builds on this module's Protocol and Notice
+
+    return SlackFarSide(SimulatedFarSide())

@@ -15,6 +15,8 @@ import os
 import signal
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -82,7 +84,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
             tl.say(f"  up: {what}")
             what = following
         tl.say(f"  proving ground up in {time.monotonic() - began:.1f}s")
-        ground.write_state(CURRENT, scenario=options.scenario.name, keep=options.keep)
+        ground.write_state(CURRENT, scenario=options.scenario.name, keep=options.keep, **side.state())
         story = Story(ground, tl, options)
         status = story.play()
         report = story.summary()
@@ -92,7 +94,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
         if options.json_summary is not None:
             _write_json(options.json_summary, report | {"state": str(CURRENT)})
         if options.keep:
-            _keep(ground, tl)
+            _keep(ground, tl, story.incident_id)
     except (KeyboardInterrupt, Stopped):
         tl.say("\n  interrupted: stopping everything")
         status = 130
@@ -118,7 +120,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     return status
 
 
-def _keep(ground: ProvingGround, tl: Timeline) -> None:
+def _keep(ground: ProvingGround, tl: Timeline, incident_id: str | None) -> None:
     """Stay up for a look around, until Ctrl-C or ``pitcrew demo --stop``."""
     assert ground.pitcrew is not None
     urls = ground.urls()
@@ -131,7 +133,8 @@ def _keep(ground: ProvingGround, tl: Timeline) -> None:
     tl.say(f"  incidents     pitcrew incidents -c {config}")
     tl.say(f"                pitcrew incidents show ID -c {config}")
     tl.say(f"  Slurm         SLURM_CONF={ground.slurm.conf} sinfo; squeue")
-    tl.say(f"  notices       {ground.pitcrew.journal} (the incident thread, one JSON line per notice)")
+    for line in ground.far_side.where(incident_id):
+        tl.say(f"  {line}")
     tl.say(f"Stop it with Ctrl-C here, or from anywhere: pitcrew demo --stop (kill -TERM {os.getpid()})")
     try:
         while True:
@@ -164,6 +167,36 @@ def stop_running() -> int:
         time.sleep(0.2)
     print(f"the demo (pid {pid}) did not stop within 60 s")
     return 1
+
+
+def click_running(button: str, incident_id: str, user: str) -> int:
+    """``pitcrew demo --click approve ID``: a person clicks a button of the running demo's Slack
+    stand-in, which sends pitcrew the signed request Slack would send."""
+    try:
+        state = json.loads(CURRENT.read_text())
+        url, channel = str(state["slack_click_url"]), str(state["slack_channel"])
+    except (OSError, ValueError, KeyError):
+        print(
+            "no pitcrew demo with a Slack stand-in is running (start one: pitcrew demo --scenario approve --interactive)"
+        )
+        return 1
+    body = json.dumps(
+        {"channel": channel, "button": button.capitalize(), "value": incident_id, "user": user}
+    ).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        print(f"the click did not happen: {json.loads(exc.read() or b'{}').get('error', exc.reason)}")
+        return 1
+    except urllib.error.URLError as exc:
+        print(f"the demo's Slack stand-in does not answer at {url}: {exc.reason}")
+        return 1
+    print(f"{user} clicked {button.capitalize()} on {incident_id}; pitcrew answered HTTP {answer['status']}")
+    if answer.get("answer"):
+        print(f"  and told {user} (only they see it): {answer['answer']}")
+    return 0 if answer["status"] == 200 else 1
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -30,6 +30,11 @@ NODE_STEPS = ("slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot
 #: GPUs of one node (the training job holds all of them): the unit of the GPU-hours lost.
 GPUS_PER_NODE = 8
 POLL = 0.2
+#: How people recognise pitcrew's breaker notice and a storm digest in the channel.
+BREAKER_WORDS = "circuit breaker opened"
+DIGEST_WORDS = "gpu fault storm"
+#: An incident's closing summary: the one reply of its thread also sent to the channel.
+SUMMARY_WORDS = "(also sent to the channel)"
 #: (name, from milestone, to milestone, whose time it is) of the recovery, in order.
 STAGES = (
     ("detection", "fault", "webhook", "Prometheus scrape + rule evaluation, Alertmanager"),
@@ -113,6 +118,7 @@ class Story:
             "the job to run again from its checkpoint", lambda: self.tl.at("job_progress") is not None
         )
         self._until("the replacement and the incident's close", lambda: self.tl.at("closed") is not None)
+        self._until("the closing summary to reach the Slack thread", self._summary_posted)
         state = self.incident.get("state")
         outcome = self.incident.get("outcome") or ""
         self.verdict.append(
@@ -129,9 +135,12 @@ class Story:
         if self.options.interactive:
             config = self.pitcrew.config_path
             self.tl.say(f"  approve it yourself:  pitcrew approve {self.incident_id} -c {config}")
+            click = self.ground.far_side.click_help(self.incident_id)
+            if click is not None:
+                self.tl.say(f"  or click it in Slack: {click}")
             self._until("your approval", lambda: self.tl.at("approved") is not None, timeout=1800)
             return
-        answer = self.ground.far_side.approve(self.pitcrew, self.incident_id, "demo")
+        answer = self.ground.far_side.approve(self.pitcrew, self.incident_id)
         self.tl.say(f"  the demo approves as a person would: {answer}")
         self._until("the approval to be recorded", lambda: self.tl.at("approved") is not None)
 
@@ -165,11 +174,15 @@ class Story:
         )
         acted = self._acted()
         held = [n for n, i in self.incidents.items() if i["state"] == "suppressed"]
-        breaker = [n for n in self.ground.far_side.thread() if n.kind == "breaker"]
+        self._until(
+            "the breaker's notice and the storm's digest to reach the channel",
+            lambda: all(self._channel_counts()[k] >= 1 for k in ("breaker", "digest")),
+        )
+        counts = self._channel_counts()
         self.tl.mark(
             "breaker",
             f"{len(acted)} nodes let through ({', '.join(sorted(acted))}), {len(held)} held by the breaker; "
-            f"{len(breaker)} breaker notice",
+            f"{counts['breaker']} breaker notice, {counts['digest']} storm digest",
         )
         self._until(
             "the let-through nodes to be replaced and their incidents closed",
@@ -177,12 +190,42 @@ class Story:
         )
         self.tl.mark("closed", f"{len(acted)} incidents closed")
         acted = self._acted()
+        self._until(
+            "each closed incident's summary to reach the channel",
+            lambda: self._channel_counts()["summaries"] >= len(acted),
+        )
         self.verdict.append(
             f"{len(acted)} of {len(self.targets)} nodes acted on (breaker limit {BREAKER_NODES})"
         )
-        self.verdict.append(f"{len(held)} incidents suppressed by the breaker; {len(breaker)} breaker notice")
+        counts = self._channel_counts()
+        self.verdict.append(
+            f"{len(held)} incidents suppressed by the breaker; {counts['breaker']} breaker notice"
+        )
+        self.verdict.append(
+            f"the channel shows {counts['messages']} messages for {len(self.targets)} faulty nodes: "
+            f"{counts['digest']} storm digest (updated as nodes joined), {counts['breaker']} breaker notice"
+        )
         untouched = [n for n in self.targets if n not in acted and self.ground.far_side.node_calls(n)]
-        return 1 <= len(acted) <= BREAKER_NODES and len(breaker) == 1 and not untouched
+        return (
+            1 <= len(acted) <= BREAKER_NODES
+            and counts["breaker"] == 1
+            and counts["digest"] <= 1
+            and not untouched
+        )
+
+    def _summary_posted(self) -> bool:
+        assert self.incident_id is not None
+        return any(SUMMARY_WORDS in n.text() for n in self.ground.far_side.thread(self.incident_id))
+
+    def _channel_counts(self) -> dict[str, int]:
+        """What the channel shows: its messages, the breaker's notices and storm digests among them."""
+        shown = [n.text().lower() for n in self.ground.far_side.thread()]
+        return {
+            "messages": len(shown),
+            "breaker": sum(BREAKER_WORDS in text for text in shown),
+            "digest": sum(DIGEST_WORDS in text for text in shown),
+            "summaries": sum(SUMMARY_WORDS in text for text in shown),
+        }
 
     def _acted(self) -> list[str]:
         return [
@@ -252,11 +295,12 @@ class Story:
         tl.mark(
             "webhook", f"incident {self.incident_id} on {self.node} ({faults})", at=epoch(inc["opened_at"])
         )
+        opened = self.ground.far_side.thread_opened(self.incident_id)
+        if opened is not None and tl.at("webhook") is not None:
+            tl.mark("notified", opened[1], at=opened[0])
         for event in inc["events"]:
             at, kind, step = epoch(event["at"]), event["kind"], event["step"]
-            if kind == "step_finished" and step == "notify" and tl.at("webhook") is not None:
-                tl.mark("notified", f"playbook {inc['playbook']}, mode {inc['mode']}", at=at)
-            elif kind == "state" and event["outcome"] == "awaiting_approval":
+            if kind == "state" and event["outcome"] == "awaiting_approval":
                 tl.mark("approval", f"{inc['playbook']} waits for one of the approvers", at=at)
             elif kind == "approved":
                 self.approved_by = event["actor"]
@@ -339,6 +383,8 @@ class Story:
                     None if self.scenario.outcome == "breaker" else self.incident_id
                 )
             ],
+            "channel": self._channel_counts(),
+            **self.ground.far_side.state(),
             "node_calls": {n: self.ground.far_side.node_calls(n) for n in self.targets},
             "workdir": str(self.ground.workdir),
             "slurm_conf": str(self.slurm.conf),
@@ -409,7 +455,14 @@ def summary_lines(report: dict[str, Any], ground: ProvingGround) -> Iterator[str
         yield f"GPU-hours lost: {gpu['job']:.4f} by the job, {gpu['node_out_of_service'] or 0:.4f} of the node out of service"
         yield f"  ({gpu['how']})"
     yield ""
-    yield "The incident thread (notices, as humans read them)"
+    if report["scenario"] == "storm":
+        channel = report["channel"]
+        yield (
+            f"The Slack channel, as people read it ({channel['messages']} messages: "
+            f"{channel['digest']} storm digest, {channel['breaker']} breaker notice)"
+        )
+    else:
+        yield "The Slack thread, as people read it"
     for text in report["thread"]:
         for line in text.splitlines():
             yield f"  {line}"

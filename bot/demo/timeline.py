@@ -22,7 +22,7 @@ MILESTONES = {
     "fault": "fault injected",
     "firing": "alert firing (Prometheus)",
     "webhook": "webhook received (pitcrew)",
-    "notified": "incident thread opened (notice posted)",
+    "notified": "Slack thread opened",
     "approval": "waiting for approval",
     "approved": "approved",
     "slurm_down": "Slurm node DOWN",

@@ -7,16 +7,23 @@ its run left. Cases:
 
 * ``xid79``: the incident is resolved; pitcrew's ``confirm_resumed`` says the job resumed on
   another node; Slurm runs the job there with its restart count raised, and the job's own
-  progress file shows it resumed from (at least) the checkpoint it had at the fault;
+  progress file shows it resumed from (at least) the checkpoint it had at the fault; the Slack
+  stand-in holds the incident's thread (parent, one reply per step, the summary sent to the
+  channel) and the transcript file reads the same;
+* ``approve``: the demo clicks Approve in the stand-in; the signed click reached pitcrew, whose
+  audit log holds the approval by the Slack user (``slack:U0ALICE``); the incident then resolves;
 * ``app-xid``: an XID 13 incident with the ``notify-only`` playbook, a notice, no node step and
-  no action; Slurm still runs the job where it was, never restarted, its node in service;
+  no action; Slurm still runs the job where it was, never restarted, its node in service; its
+  Slack thread asks no approval;
 * ``storm``: twenty incidents, exactly the breaker's limit acted on (a Slurm DOWN each), every
-  other one suppressed, one breaker notice; Slurm has every node back in service;
+  other one suppressed, one breaker notice; Slurm has every node back in service; the channel
+  shows one storm digest and no message of its own for any held node;
 * Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,7 +48,7 @@ NODE_STEPS = {"slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot
 class Demo:
     """One ``pitcrew demo`` subprocess and what it wrote."""
 
-    def __init__(self, tmp: Path, scenario: str, *, keep: bool = True) -> None:
+    def __init__(self, tmp: Path, scenario: str, *, keep: bool = True, interactive: bool = False) -> None:
         require_slurm()
         require_binary("prometheus", "prometheus")
         require_binary("prometheus-alertmanager", "prometheus-alertmanager")
@@ -50,6 +57,7 @@ class Demo:
         argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", scenario, "--plain"]
         argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", "120"]
         argv += ["--keep"] if keep else []
+        argv += ["--interactive"] if interactive else []
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO
@@ -126,6 +134,11 @@ def demo(tmp_path: Path) -> Any:
 
     yield start
     for d in started:
+        # A failed test leaves its demo up: Ctrl-C stops its servers (they run in sessions of their
+        # own, so a SIGKILL of the demo alone would leave them behind); SIGKILL only if that hangs.
+        if d.process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                d.interrupt()
         d.kill()
 
 
@@ -154,6 +167,59 @@ def test_xid79_job_resumes_from_its_checkpoint(demo: Any) -> None:
     for stage in ("detection", "decision", "slurm", "replacement wait", "job restart"):
         assert summary["stages"][stage] > 0, summary["stages"]
     assert "job past its checkpoint" in d.text() and "incident closed" in d.text()
+    thread = summary["thread"]
+    assert f"{summary['job_node']}: XID 79" in thread[0] and "[Rollback]" in thread[0], thread[0]
+    for step in ("slurm_down", "cordon", "drain", "replace", "wait_ready", "confirm_resumed", "close"):
+        assert [t for t in thread[1:] if f"{step}: ok" in t], (step, thread)
+    [closing] = [t for t in thread if "(also sent to the channel)" in t]
+    assert "replace-node finished" in closing
+    assert summary["milestones"]["notified"]["detail"].startswith("#gpu-ops:")
+    transcript = Path(summary["slack_transcript"]).read_text()
+    assert thread[0].splitlines()[0] in transcript and "Slack thread, as people read it" in d.text()
+    assert f"Slack         {summary['slack_transcript']}" in d.text()  # --keep says where it is
+    stopped_cleanly(d)
+
+
+def test_approve_goes_through_a_signed_slack_click(demo: Any) -> None:
+    d = demo("approve")
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0, d.text()
+    assert summary["approved_by"] == "slack:U0ALICE"
+    incident = d.incident(summary["incident_id"])
+    assert incident["state"] == "resolved"
+    [approval] = [e for e in incident["events"] if e["kind"] == "approved"]
+    assert approval["actor"] == "slack:U0ALICE"
+    assert "alice (U0ALICE) clicked Approve" in d.text()
+    assert "approved by @alice" in summary["thread"][0]
+    transcript = Path(summary["slack_transcript"]).read_text()
+    assert f"(only alice sees this) {summary['incident_id']} approved by slack:U0ALICE" in transcript
+    stopped_cleanly(d)
+
+
+def test_interactive_approve_waits_for_the_users_own_click(demo: Any) -> None:
+    d = demo("approve", interactive=True)
+    wait_until(lambda: "or click it in Slack:" in d.text(), timeout=120, interval=0.2, what=d.text())
+    line = next(x for x in d.text().splitlines() if "or click it in Slack:" in x)
+    incident_id = line.split("--click approve ", 1)[1].split()[0]
+
+    def click(user: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "bot.cli", "demo", "--click", "approve", incident_id, "--user", user]
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, env=dict(os.environ), cwd=REPO
+        )
+
+    refused = click("U0MALLORY")
+    assert refused.returncode == 0, refused
+    assert "told U0MALLORY (only they see it): Sorry <@U0MALLORY>" in refused.stdout, refused.stdout
+    approved = click("U0ALICE")
+    assert approved.returncode == 0, approved
+    assert "pitcrew answered HTTP 200" in approved.stdout
+    assert f"{incident_id} approved by slack:U0ALICE" in approved.stdout
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0 and summary["approved_by"] == "slack:U0ALICE", d.text()
+    events = d.incident(incident_id)["events"]
+    assert [e["actor"] for e in events if e["kind"] == "approve_refused"] == ["slack:U0MALLORY"]
+    assert [e["actor"] for e in events if e["kind"] == "approved"] == ["slack:U0ALICE"]
     stopped_cleanly(d)
 
 
@@ -173,6 +239,8 @@ def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
     assert (job["JobState"], job["NodeList"], job["Restarts"]) == ("RUNNING", summary["job_node"], "0")
     state = d.slurm("sinfo", "-h", "-n", summary["job_node"], "-o", "%T").strip()
     assert state in {"allocated", "mixed"}, state
+    assert f"{summary['job_node']}: XID 13" in summary["thread"][0]
+    assert "[Approve]" not in "".join(summary["thread"])  # nothing waits for a human
     stopped_cleanly(d)
 
 
@@ -187,6 +255,13 @@ def test_storm_is_held_to_the_breaker_limit(demo: Any) -> None:
     assert all(i["state"] == "resolved" for i in downed)
     assert sorted(i["state"] for i in incidents if i not in downed) == ["suppressed"] * (20 - BREAKER_NODES)
     assert sum("circuit breaker opened" in text for text in summary["thread"]) == 1
+    # The channel: one digest for the storm; a thread and a closing summary per acted node only.
+    channel = summary["channel"]
+    assert (channel["digest"], channel["breaker"], channel["summaries"]) == (1, 1, BREAKER_NODES)
+    assert channel["messages"] <= 2 * BREAKER_NODES + 2, summary["thread"]
+    [digest] = [t for t in summary["thread"] if "GPU fault storm: 20 nodes" in t]
+    held = [i for i in incidents if i not in downed]
+    assert all(f"{i['node']} ({i['id']})" in digest for i in held)
     states = d.slurm("sinfo", "-h", "-N", "-o", "%N %T").split("\n")
     assert len([s for s in states if s.strip()]) == 20
     assert not [s for s in states if any(w in s for w in ("down", "drain", "fail"))], states

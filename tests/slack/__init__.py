@@ -1,5 +1,4 @@
-"""A Slack far side for tests: Web API, signed interactivity requests and Socket Mode.
-
-Shapes, errors and limits follow ``../shared/fixtures/slack/`` (README.md, limits.md). Nothing here is
-imported by ``bot/``; the issue's tests reach it only through slack_sdk's ``base_url`` and the wire.
+"""Slack tests: the stand-in itself lives in ``bot.demo.slack`` (``pitcrew demo`` runs it too); the
+modules here of the same names re-export it, and the fixtures, the in-process pitcrew and the
+scenario tests stay here. The issue's tests reach it only through slack_sdk's ``base_url`` and the wire.
 """

@@ -1,50 +1,5 @@
-"""Starts and stops the Slack stand-in on a free loopback port; one per test, nothing left running.
+"""Re-export: the stand-in's server lives in ``bot.demo.slack.server`` (the demo runs it too)."""
 
-``SlackStandin.base_url`` is what a test gives ``AsyncWebClient(base_url=...)``. The Socket Mode
-endpoint is served by the same server (``/link/``), as Slack serves it behind apps.connections.open.
-"""
+from bot.demo.slack.server import SlackStandin
 
-from __future__ import annotations
-
-from aiohttp import web
-
-from tests.slack.methods import METHODS
-from tests.slack.socket_mode import SocketModeEndpoint
-from tests.slack.webapi import WebApi
-from tests.slack.world import World
-
-
-class SlackStandin:
-    def __init__(self, world: World | None = None) -> None:
-        self.world = world or World()
-        self.api = WebApi(self.world)
-        self.api.methods.update(METHODS)
-        self.socket = SocketModeEndpoint(self.world, lambda: f"ws://127.0.0.1:{self.port}")
-        self.api.methods["apps.connections.open"] = self.socket.open
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/"
-
-    def app(self) -> web.Application:
-        app = self.api.app()
-        app.router.add_get("/link/", self.socket.handle)
-        return app
-
-    async def start(self) -> SlackStandin:
-        self._runner = web.AppRunner(self.app(), shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self.socket.close_all()
-            await self._runner.cleanup()
-            self._runner = None
+__all__ = ["SlackStandin"]

@@ -1,46 +1,5 @@
-"""The Slack stand-in on its own event loop in a thread, for tests that drive pitcrew as a real process
-(``tests/harness/pitcrew.py`` is synchronous: its waits would otherwise stall the stand-in)."""
+"""Re-export: the stand-in on its own thread lives in ``bot.demo.slack.threaded`` (the demo runs it so)."""
 
-from __future__ import annotations
+from bot.demo.slack.threaded import ThreadedStandin, threaded_standin
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
-from typing import Any, TypeVar
-
-from tests.slack.server import SlackStandin
-
-T = TypeVar("T")
-
-
-class ThreadedStandin:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="slack-standin", daemon=True)
-        self.standin = SlackStandin()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def start(self) -> ThreadedStandin:
-        self._thread.start()
-        self.run(self.standin.start())
-        return self
-
-    def stop(self) -> None:
-        try:
-            self.run(self.standin.stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-            self.loop.close()
-
-
-@contextmanager
-def threaded_standin() -> Iterator[SlackStandin]:
-    threaded = ThreadedStandin().start()
-    try:
-        yield threaded.standin
-    finally:
-        threaded.stop()
+__all__ = ["ThreadedStandin", "threaded_standin"]
