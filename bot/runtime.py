@@ -209,6 +209,8 @@ def build_app(
         backoff=config.settings.engine.retry_backoff.total_seconds(),
         backoff_max=config.settings.slack.retry_backoff_max.total_seconds(),
     )
+    if slack is not None:  # step outcomes and decisions reach the thread as soon as they commit
+        store.route_events(SLACK_EVENTS, slack.destination.name, wake=sender.wake)
     # Every notice goes to the log (the port given) and the timeline, and through the outbox to
     # each destination: posting never waits for Slack.
     ports = replace(
@@ -250,10 +252,9 @@ def build_app(
 
 
 def _slack(config: Config, store: SqliteStore) -> Slack | None:
-    """Slack's pieces when ``integrations.notifier: slack``; its events routed to its outbox."""
+    """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events)."""
     if config.settings.integrations.notifier != "slack":
         return None
-    store.route_events(SLACK_EVENTS, "slack")
     return build_slack(config.settings.slack, config.policy, store, utcnow)
 
 

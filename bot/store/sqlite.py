@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bot.domain.alerts import dedupe_key
 from bot.domain.faults import Fault
@@ -46,6 +46,8 @@ from bot.store.ingest import insert_events
 from bot.store.reader import Reader, alert_cursor, alert_key, event_key
 from bot.store.schema import TERMINAL_STATES
 from bot.store.writer import IngestJob, Writer
+
+_T = TypeVar("_T")
 
 _ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
@@ -84,12 +86,36 @@ class SqliteStore:
         self._reader = Reader(path)
         #: Event kind → outbox destinations it is also written to (``route_events``).
         self._routes: dict[str, tuple[str, ...]] = {}
+        #: Outbox rows routed so far (writer thread); a unit that changed it wakes ``_on_routed``.
+        self._routed = 0
+        self._on_routed: list[Callable[[], None]] = []
 
-    def route_events(self, kinds: frozenset[str], destination: str) -> None:
+    def route_events(
+        self, kinds: frozenset[str], destination: str, *, wake: Callable[[], None] | None = None
+    ) -> None:
         """Timeline events of ``kinds`` also go to ``destination``'s outbox, in their own transaction
-        (step outcomes and decisions for Slack's thread). Set up before the store is used."""
+        (step outcomes and decisions for Slack's thread). Set up before the store is used.
+
+        ``wake`` (the outbox sender's) is called once a write that routed an event has committed,
+        so a routed notice leaves at once instead of at the sender's next idle poll."""
         for kind in kinds:
             self._routes[kind] = (*self._routes.get(kind, ()), destination)
+        if wake is not None:
+            self._on_routed.append(wake)
+
+    async def _write(self, unit: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``unit`` in the writer's transaction; after the commit, wake the outbox if it routed."""
+
+        def run(db: sqlite3.Connection) -> tuple[_T, bool]:
+            before = self._routed
+            value = unit(db)
+            return value, self._routed != before
+
+        value, routed = await self._write(run)
+        if routed:
+            for wake in self._on_routed:
+                wake()
+        return value
 
     def _events(
         self, db: sqlite3.Connection, incident_id: str | None, events: Sequence[NewEvent], now: datetime
@@ -100,6 +126,7 @@ class SqliteStore:
             destinations = self._routes.get(event.kind)
             if destinations:
                 _outbox.route(db, incident_id, event, destinations, now)
+                self._routed += 1
 
     async def open(self) -> None:
         await self._writer.open()  # creates and migrates the database
@@ -310,7 +337,7 @@ class SqliteStore:
         return len(keys)
 
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
-        await self._writer.submit(lambda db: self._events(db, incident_id, [event], now))
+        await self._write(lambda db: self._events(db, incident_id, [event], now))
 
     async def save_plan(
         self, incident_id: str, plan: Plan, events: Sequence[NewEvent], now: datetime
@@ -325,10 +352,10 @@ class SqliteStore:
             )
             insert_events(db, [(incident_id, e) for e in events], now)
 
-        await self._writer.submit(unit)
+        await self._write(unit)
 
     async def ack_faults(self, incident_id: str) -> None:
-        await self._writer.submit(
+        await self._write(
             lambda db: db.execute("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
         )
 
@@ -374,13 +401,13 @@ class SqliteStore:
             if event is not None and cursor.rowcount:
                 self._events(db, incident_id, [event], now)
 
-        await self._writer.submit(unit)
+        await self._write(unit)
         record = await self.incident(incident_id)
         assert record is not None
         return record
 
     async def advance(self, incident_id: str, step_index: int, now: datetime) -> None:
-        await self._writer.submit(
+        await self._write(
             lambda db: db.execute(
                 "UPDATE incidents SET step_index = ?, updated_at = ? WHERE id = ?",
                 (step_index, codec.ts(now), incident_id),
@@ -406,7 +433,7 @@ class SqliteStore:
                 db.execute("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
             insert_events(db, [(incident_id, NewEvent("step_started", step=step, attempt=attempt))], now)
 
-        await self._writer.submit(unit)
+        await self._write(unit)
 
     async def step_finished(
         self,
@@ -429,7 +456,7 @@ class SqliteStore:
             )
             self._events(db, incident_id, [event], now)
 
-        await self._writer.submit(unit)
+        await self._write(unit)
 
     async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:
         document = codec.dumps(dict(progress))
@@ -442,7 +469,7 @@ class SqliteStore:
                 (incident_id, step, codec.ts(now), document),
             )
 
-        await self._writer.submit(unit)
+        await self._write(unit)
 
     async def request_approval(
         self, incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
@@ -454,7 +481,7 @@ class SqliteStore:
                 (incident_id, step, codec.ts(now), codec.ts(deadline), codec.dumps(list(approvers))),
             )
 
-        await self._writer.submit(unit)
+        await self._write(unit)
         record = await self.approval(incident_id)
         assert record is not None
         return record
@@ -470,11 +497,11 @@ class SqliteStore:
             )
             return cursor.rowcount
 
-        changed: int = await self._writer.submit(unit)
+        changed: int = await self._write(unit)
         return await self.approval(incident_id) if changed else None
 
     async def set_switch(self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> None:
-        await self._writer.submit(
+        await self._write(
             lambda db: db.execute(
                 "INSERT INTO switches (name, value_json, set_by, set_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json, set_by = excluded.set_by,"
@@ -493,7 +520,7 @@ class SqliteStore:
         destinations: Sequence[str],
         now: datetime,
     ) -> int:
-        seq: int = await self._writer.submit(
+        seq: int = await self._write(
             lambda db: _outbox.enqueue(db, incident_id, event, kind, payload, destinations, now)
         )
         return seq
@@ -505,16 +532,16 @@ class SqliteStore:
         return await self._reader.run(lambda db: _outbox.item(db, item_id))
 
     async def outbox_attempt(self, item_id: int, now: datetime) -> None:
-        await self._writer.submit(lambda db: _outbox.attempt(db, item_id))
+        await self._write(lambda db: _outbox.attempt(db, item_id))
 
     async def outbox_delivered(self, item_id: int, ref: str | None, now: datetime) -> None:
-        await self._writer.submit(lambda db: _outbox.delivered(db, item_id, ref, now))
+        await self._write(lambda db: _outbox.delivered(db, item_id, ref, now))
 
     async def outbox_defer(self, item_id: int, not_before: datetime, error: str) -> None:
-        await self._writer.submit(lambda db: _outbox.defer(db, item_id, not_before, error))
+        await self._write(lambda db: _outbox.defer(db, item_id, not_before, error))
 
     async def outbox_ref(self, destination: str, key: str) -> str | None:
         return await self._reader.run(lambda db: _outbox.ref(db, destination, key))
 
     async def set_outbox_ref(self, destination: str, key: str, ref: str, now: datetime) -> None:
-        await self._writer.submit(lambda db: _outbox.set_ref(db, destination, key, ref, now))
+        await self._write(lambda db: _outbox.set_ref(db, destination, key, ref, now))
