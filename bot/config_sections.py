@@ -324,6 +324,11 @@ class GrafanaSettings(_Section):
     fleet_dashboard_uid: str = Field(
         default="pitcrew-gpu-fleet-health", description="GPU fleet health dashboard linked from notices."
     )
+    retry_backoff_max: Duration = Field(
+        default=timedelta(seconds=60),
+        description="Longest wait between deliveries of an annotation Grafana refused for now "
+        "(down, 5xx, 429); annotations wait in the outbox, remediation never does.",
+    )
 
     @model_validator(mode="after")
     def _token_with_url(self) -> GrafanaSettings:

@@ -30,7 +30,9 @@ from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Cluster, Destination, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
-from bot.integrations.grafana import GrafanaAnnotations
+from bot.integrations.grafana import EVENTS as GRAFANA_EVENTS
+from bot.integrations.grafana import NAME as GRAFANA_NAME
+from bot.integrations.grafana import GrafanaAnnotations, GrafanaDestination
 from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slack import EVENTS as SLACK_EVENTS
@@ -200,6 +202,9 @@ def build_app(
             store, utcnow, ports.notifier, [d.name for d in destinations], wake=sender.wake
         ),
     )
+    # Grafana's annotations have their own sender: a Grafana that times out delays neither
+    # remediation nor Slack.
+    annotations = _grafana(config, store, metrics)
     engine = Engine(engine_deps(config, store, ports, metrics))
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     webhook, admin = credentials(config)
@@ -207,6 +212,8 @@ def build_app(
         engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
     )
     background: list[Background] = [engine, sender]
+    if annotations is not None:
+        background.append(annotations)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
     if slack is not None and inbound is not None:
         socket = slack.socket_mode(inbound)
@@ -229,6 +236,41 @@ def build_app(
     if inbound is not None and config.settings.slack.transport == "http":
         app.router.add_post("/slack/events", inbound.handle_http)
     return app
+
+
+class Annotations:
+    """Grafana's annotation sender as a background worker; stopping it closes the HTTP session too."""
+
+    def __init__(self, sender: OutboxSender, adapter: GrafanaAnnotations) -> None:
+        self.sender = sender
+        self.adapter = adapter
+
+    async def start(self) -> None:
+        await self.sender.start()
+
+    async def stop(self) -> None:
+        try:
+            await self.sender.stop()
+        finally:
+            await self.adapter.aclose()
+
+
+def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotations | None:
+    """Incident annotations when ``grafana.url`` is set: the incidents' state events routed to
+    Grafana's outbox, delivered by a sender of their own."""
+    adapter = annotator(config.settings)
+    if adapter is None:
+        return None
+    store.route_events(GRAFANA_EVENTS, GRAFANA_NAME)
+    sender = OutboxSender(
+        store,
+        [GrafanaDestination(adapter, store, utcnow)],
+        metrics,
+        utcnow,
+        backoff=config.settings.engine.retry_backoff.total_seconds(),
+        backoff_max=config.settings.grafana.retry_backoff_max.total_seconds(),
+    )
+    return Annotations(sender, adapter)
 
 
 def _slack(config: Config, store: SqliteStore) -> Slack | None:

@@ -207,7 +207,8 @@ class Executor:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(attempts - counter["n"] + 1),
             wait=wait_exponential_jitter(
-                multiplier=settings.retry_backoff.total_seconds(), max=settings.retry_backoff_max.total_seconds()
+                multiplier=settings.retry_backoff.total_seconds(),
+                max=settings.retry_backoff_max.total_seconds(),
             ),
             retry=retry_if_exception_type(TransientError),
             before_sleep=before_sleep,

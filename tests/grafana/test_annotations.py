@@ -41,13 +41,17 @@ async def test_open_then_close_a_region(grafana: GrafanaStandin, tmp_path: Path)
         annotation_id = await adapter.open_region(REGION)
         made = grafana.world.annotations[annotation_id]
         assert made.time == 1796094245678 and made.time_end is None
-        assert made.tags == ["pitcrew", "gpu-node-02", "gpu-lost", "replace-node"]
+        assert made.tags == ["pitcrew", "gpu-node-02", "gpu-lost", "replace-node", "incident:inc-0001"]
         assert made.dashboard_uid == "pitcrew-incidents"
         assert made.text == "pitcrew inc-0001: XID 79 gpu3 on gpu-node-02"
-        await adapter.close_region(annotation_id, FAULT + timedelta(minutes=12))
-        assert made.time_end == made.time + 12 * 60 * 1000
+        assert await adapter.find_region("inc-0001") == annotation_id
+        assert await adapter.find_region("inc-0002") is None
+        await adapter.close_region(annotation_id, FAULT + timedelta(minutes=12), "done")
+        assert made.time_end == made.time + 12 * 60 * 1000 and made.text == "done"
         assert [(m, p) for m, p, _ in grafana.world.requests] == [
             ("POST", "/api/annotations"),
+            ("GET", "/api/annotations"),
+            ("GET", "/api/annotations"),
             ("PATCH", f"/api/annotations/{annotation_id}"),
         ]
     finally:
