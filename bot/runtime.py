@@ -36,7 +36,7 @@ from bot.integrations.grafana import GrafanaAnnotations, GrafanaDestination
 from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slack import EVENTS as SLACK_EVENTS
-from bot.integrations.slack import Slack, build_slack
+from bot.integrations.slack import Slack, build_slack, slack_probe
 from bot.integrations.slurm import build_scheduler
 from bot.safety import port_problems
 from bot.store.base import Store
@@ -88,6 +88,20 @@ def annotator(settings: Settings) -> GrafanaAnnotations | None:
         timeout=grafana.timeout.total_seconds(),
         dashboard_uid=grafana.incidents_dashboard_uid,
     )
+
+
+def outbox_far_sides(config: Config) -> list[tuple[str, object]]:
+    """The far sides behind the outbox rather than an engine port (Slack's notices, Grafana's
+    annotations), by role, as ``pitcrew serve`` would build them: what ``check-config --live``
+    probes besides the ports."""
+    settings = config.settings
+    sides: list[tuple[str, object]] = []
+    if settings.integrations.notifier == "slack":
+        sides.append(("notices", slack_probe(settings.slack)))
+    grafana = annotator(settings)
+    if grafana is not None:
+        sides.append(("annotations", grafana))
+    return sides
 
 
 def slurm_names_for(settings: Settings, cluster: Cluster | None) -> SlurmNames:

@@ -20,9 +20,20 @@ from bot.engine.commands import Commands
 from bot.integrations.slack.approvers import Approvers, SecondApproverRule
 from bot.integrations.slack.inbound import SlackInbound, SocketMode
 from bot.integrations.slack.outbound import EVENTS, NAME, SlackDestination, SlackLinks
+from bot.integrations.slack.probe import SlackProbe
 from bot.store.base import Store
 
-__all__ = ["EVENTS", "NAME", "Slack", "SlackDestination", "SlackInbound", "SocketMode", "build_slack"]
+__all__ = [
+    "EVENTS",
+    "NAME",
+    "Slack",
+    "SlackDestination",
+    "SlackInbound",
+    "SlackProbe",
+    "SocketMode",
+    "build_slack",
+    "slack_probe",
+]
 
 
 @dataclass
@@ -52,13 +63,22 @@ class Slack:
         return SocketMode(inbound, read_secret(self.settings.app_token_file, "slack.app_token_file"))
 
 
+def _client(settings: SlackSettings) -> AsyncWebClient:
+    assert settings.bot_token_file is not None, "bot.config refuses notifier slack without a bot token"
+    token = read_secret(settings.bot_token_file, "slack.bot_token_file")
+    return AsyncWebClient(token=token, base_url=settings.base_url or AsyncWebClient.BASE_URL)
+
+
+def slack_probe(settings: SlackSettings) -> SlackProbe:
+    """What ``check-config --live`` asks Slack: the same client ``pitcrew serve`` builds, no store."""
+    return SlackProbe(_client(settings), settings.channel)
+
+
 def build_slack(
     settings: SlackSettings, policy: Policy, store: Store, clock: Callable[[], datetime]
 ) -> Slack:
     """The Web API client and what needs only it and the store (the config was checked at load)."""
-    assert settings.bot_token_file is not None, "bot.config refuses notifier slack without a bot token"
-    token = read_secret(settings.bot_token_file, "slack.bot_token_file")
-    client = AsyncWebClient(token=token, base_url=settings.base_url or AsyncWebClient.BASE_URL)
+    client = _client(settings)
     links = SlackLinks(
         channel=settings.channel,
         grafana_url=settings.grafana_url,

@@ -35,6 +35,7 @@ from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
 from bot.integrations.slack.errors import call
 from bot.integrations.slack.messages import Decision, Message, ParentView
+from bot.integrations.slack.probe import SlackProbe
 from bot.store.base import Event, IncidentRecord, OutboxItem, Store
 
 log = logging.getLogger(__name__)
@@ -266,36 +267,8 @@ class SlackDestination:
 
     # ----------------------------------------------------------------- probe
     async def probe(self) -> Probe:
-        """``auth.test`` and the bot's membership of the channel; a refused scope is named."""
-        from slack_sdk.errors import SlackApiError
-
-        try:
-            identity = await self.client.auth_test()
-            info = await self.client.conversations_info(channel=self.channel)
-        except SlackApiError as exc:
-            data = exc.response.data if isinstance(exc.response.data, dict) else {}
-            error = str(data.get("error", "error"))
-            needed = tuple(s for s in str(data.get("needed", "")).split(",") if s)
-            if error == "missing_scope":
-                return Probe("slack", False, f"the bot token lacks scope {', '.join(needed)}", needed)
-            if error in {"channel_not_found", "not_in_channel"}:
-                return Probe("slack", False, f"channel {self.channel}: {error}", (f"channel {self.channel}",))
-            return Probe("slack", False, f"Slack refused: {error}")
-        except Exception as exc:  # the probe reports, never raises
-            return Probe("slack", False, f"Slack unreachable: {type(exc).__name__}")
-        channel = info.get("channel") or {}
-        if not channel.get("is_member"):
-            return Probe(
-                "slack",
-                False,
-                f"the bot is not in channel {self.channel}: /invite it",
-                (f"channel {self.channel}",),
-            )
-        return Probe(
-            "slack",
-            True,
-            f"bot {identity.get('user')} in team {identity.get('team')}, channel {self.channel}",
-        )
+        """``auth.test`` and the bot's membership of the channel (``bot.integrations.slack.probe``)."""
+        return await SlackProbe(self.client, self.channel).probe()
 
 
 def _is_event(item: OutboxItem) -> bool:
