@@ -283,6 +283,7 @@ def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotation
         utcnow,
         backoff=config.settings.engine.retry_backoff.total_seconds(),
         backoff_max=config.settings.grafana.retry_backoff_max.total_seconds(),
+        system="grafana",
     )
     return Annotations(sender, adapter)
 
@@ -292,7 +293,7 @@ def _slack(config: Config, store: SqliteStore) -> Slack | None:
     if config.settings.integrations.notifier != "slack":
         return None
     store.route_events(SLACK_EVENTS, "slack")
-    return build_slack(config.settings.slack, config.policy, store, utcnow)
+    return build_slack(config.settings.slack, config.policy, store, utcnow, config.settings.grafana)
 
 
 def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool = False) -> None:

@@ -90,21 +90,29 @@ async def test_grafana_unreachable_for_a_minute_delays_annotations_never_remedia
         await grafana.start()  # back on the same port
         await until(lambda: _pending(pitcrew.workdir / "pitcrew.db", "grafana") == 0, timeout=20)
         retried = await _retries(pitcrew)
+        unreachable = await _sample(
+            pitcrew, 'pitcrew_integration_errors_total{reason="unreachable",system="grafana"}'
+        )
 
     assert retried >= 3, "the sender did not keep trying while Grafana was down"
+    assert unreachable == retried  # each failed try counted against Grafana
     assert len(grafana.world.annotations) == 1
     made = next(iter(grafana.world.annotations.values()))
     assert (made.time, made.time_end) == (_ms(done["first_alert_at"]), _ms(done["closed_at"]))
     assert [m for m, _ in _writes(grafana)] == ["POST", "PATCH"]
 
 
-async def _retries(pitcrew: SlackPitcrew) -> float:
+async def _sample(pitcrew: SlackPitcrew, series: str) -> float:
     status, raw = await pitcrew.request("GET", "/metrics")
     assert status == 200
     for line in raw.decode().splitlines():
-        if line.startswith('pitcrew_notices_total{destination="grafana",outcome="retried"}'):
+        if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+async def _retries(pitcrew: SlackPitcrew) -> float:
+    return await _sample(pitcrew, 'pitcrew_notices_total{destination="grafana",outcome="retried"}')
 
 
 async def test_a_refused_token_is_audited_and_remediation_goes_on(
@@ -116,8 +124,12 @@ async def test_a_refused_token_is_audited_and_remediation_goes_on(
         await pitcrew.wait_incident(incident, "resolved")
         await until(lambda: _pending(pitcrew.workdir / "pitcrew.db", "grafana") == 0, timeout=20)
         failed = await pitcrew.events(incident, "notice_failed")
+        refused = await _sample(
+            pitcrew, 'pitcrew_integration_errors_total{reason="unauthorized",system="grafana"}'
+        )
 
     assert failed and all(e["detail"].startswith("grafana: Grafana refused") for e in failed)
     assert "glsa_revoked" not in str(failed)
+    assert refused == len(failed)
     assert not grafana.world.annotations
     assert {s for _, _, s in grafana.world.requests} == {401}

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.config import SlackSettings, read_secret
+from bot.config import GrafanaSettings, SlackSettings, read_secret
 from bot.domain.policy import Policy
 from bot.engine.commands import Commands
 from bot.integrations.slack.approvers import Approvers, SecondApproverRule
@@ -75,13 +75,17 @@ def slack_probe(settings: SlackSettings) -> SlackProbe:
 
 
 def build_slack(
-    settings: SlackSettings, policy: Policy, store: Store, clock: Callable[[], datetime]
+    settings: SlackSettings,
+    policy: Policy,
+    store: Store,
+    clock: Callable[[], datetime],
+    grafana: GrafanaSettings | None = None,
 ) -> Slack:
     """The Web API client and what needs only it and the store (the config was checked at load)."""
     client = _client(settings)
     links = SlackLinks(
         channel=settings.channel,
-        grafana_url=settings.grafana_url,
+        grafana=grafana or GrafanaSettings(),
         runbook_url=settings.runbook_url,
         digest_window=settings.digest_window,
         digest_threshold=settings.digest_threshold,

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.config import GrafanaSettings
 from bot.domain.incident import State
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
@@ -65,7 +66,8 @@ _DECISIONS = EVENTS - {"step_finished", "step_skipped", "state"}
 @dataclass(frozen=True, slots=True)
 class SlackLinks:
     channel: str
-    grafana_url: str | None = None
+    #: Grafana's settings: the incident's dashboard link is theirs to make (``incident_dashboard``).
+    grafana: GrafanaSettings = field(default_factory=GrafanaSettings)
     runbook_url: str | None = None
     digest_window: timedelta = timedelta(minutes=2)
     digest_threshold: int = 5
@@ -259,7 +261,9 @@ class SlackDestination:
             gpu=", ".join(gpus),
             state=incident.state.value,
             status=_status(incident, events),
-            grafana=messages.dashboard_link(self._links.grafana_url, incident.id, incident.node),
+            grafana=self._links.grafana.incident_dashboard(
+                incident.first_alert_at or incident.opened_at, incident.closed_at
+            ),
             runbook=runbook,
             decisions=decisions,
             offer=tuple(offer),
