@@ -245,11 +245,7 @@ class SlackDestination:
         ):
             offer.append("rollback")
         gpus = sorted({f.gpu for f in incident.faults if f.gpu})
-        first = incident.faults[0] if incident.faults else None
-        runbook = None
-        if self._links.runbook_url and first is not None:
-            anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
-            runbook = f"{self._links.runbook_url}#{anchor}"
+        runbook = await self._runbook(incident)
         return ParentView(
             incident_id=incident.id,
             node=incident.node,
@@ -268,6 +264,18 @@ class SlackDestination:
             decisions=decisions,
             offer=tuple(offer),
         )
+
+    async def _runbook(self, incident: IncidentRecord) -> str | None:
+        """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager
+        shows too); else ``slack.runbook_url`` with the fault as anchor."""
+        for alert in await self._store.alerts_of(incident.id):
+            if alert.annotations.get("runbook_url"):
+                return alert.annotations["runbook_url"]
+        first = incident.faults[0] if incident.faults else None
+        if not self._links.runbook_url or first is None:
+            return None
+        anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
+        return f"{self._links.runbook_url}#{anchor}"
 
     # ----------------------------------------------------------------- probe
     async def probe(self) -> Probe:
