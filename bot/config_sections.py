@@ -11,10 +11,11 @@ cross-checks live in ``bot.config``.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -250,11 +251,6 @@ class SlackSettings(_Section):
         le=1,
         description="The same as a share of the fleet (0.05 = 5 %); either threshold asks for a second approver.",
     )
-    grafana_url: str | None = Field(
-        default=None,
-        description="Grafana incident dashboard base URL; the parent message links "
-        "`<url>?var-incident=<id>&var-node=<node>`.",
-    )
     runbook_url: str | None = Field(
         default=None,
         description="Runbook base URL used when an alert carries no runbook_url annotation.",
@@ -311,12 +307,19 @@ class GoodputSettings(_Section):
     )
 
 
+#: How much of the graphs around an incident its dashboard link shows, before the fault and after the close.
+_AROUND = timedelta(minutes=30)
+
+
 class GrafanaSettings(_Section):
     url: str | None = Field(
-        default=None, description="Grafana base URL for incident annotations; unset = no annotations."
+        default=None,
+        description="Grafana base URL: notices link the incidents dashboard, and with token_file "
+        "incidents are annotated; unset = neither.",
     )
     token_file: Path | None = Field(
-        default=None, description="File holding a Grafana service-account token (Annotations: write)."
+        default=None,
+        description="File holding a Grafana service-account token (Annotations: write); unset = links only.",
     )
     timeout: Duration = Field(default=timedelta(seconds=10), description="Per-request timeout.")
     incidents_dashboard_uid: str = Field(
@@ -325,12 +328,28 @@ class GrafanaSettings(_Section):
     fleet_dashboard_uid: str = Field(
         default="pitcrew-gpu-fleet-health", description="GPU fleet health dashboard linked from notices."
     )
+    retry_backoff_max: Duration = Field(
+        default=timedelta(seconds=60),
+        description="Longest wait between deliveries of an annotation Grafana refused for now "
+        "(down, 5xx, 429); annotations wait in the outbox, remediation never does.",
+    )
 
     @model_validator(mode="after")
-    def _token_with_url(self) -> GrafanaSettings:
-        if self.url is not None and self.token_file is None:
-            raise ValueError("grafana.url needs grafana.token_file (a service-account token)")
+    def _url_with_token(self) -> GrafanaSettings:
+        if self.token_file is not None and self.url is None:
+            raise ValueError("grafana.token_file needs grafana.url (where to annotate)")
         return self
+
+    def incident_dashboard(self, start: datetime, end: datetime | None) -> str | None:
+        """The one rule for an incident's Grafana link: the incidents dashboard over the incident's
+        time (its region annotation in view), from before the fault to after the close (or now)."""
+        if self.url is None:
+            return None
+        window = {
+            "from": int((start - _AROUND).timestamp() * 1000),
+            "to": int((end + _AROUND).timestamp() * 1000) if end is not None else "now",
+        }
+        return f"{self.url.rstrip('/')}/d/{self.incidents_dashboard_uid}?{urlencode(window)}"
 
 
 ReplaceStrategy = Literal["cluster-api", "karpenter", "delete-node", "command", "none"]

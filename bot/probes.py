@@ -1,11 +1,12 @@
 """``pitcrew check-config --live``: reach every configured far side once, change nothing, and name
 what is missing.
 
-The ports come from the composition root (``bot.runtime.build_ports``), so what is probed is
-exactly what ``pitcrew serve`` would talk to. Each adapter implementing ``Probeable``
-(``bot.engine.ports``) answers for its own far side — an integration joins by implementing
-``probe()`` and being one of the ports; a port that is only the dry-run journal or the log has
-nothing to reach and says so. A probe that hangs or raises is a failed probe, never a crash:
+The ports come from the composition root (``bot.runtime.build_ports``), and so do the far sides
+the outbox delivers to rather than a port (Slack's notices, Grafana's annotations:
+``bot.runtime.outbox_far_sides``), so what is probed is exactly what ``pitcrew serve`` would
+talk to. Each adapter implementing ``Probeable`` (``bot.engine.ports``) answers for its own far
+side — an integration joins by implementing ``probe()`` and being a port or an outbox far side;
+a port that is only the dry-run journal or the log has nothing to reach and says so. A probe that hangs or raises is a failed probe, never a crash:
 the installer needs the whole list, not the first problem.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from bot.config import Config
 from bot.engine.context import Ports
 from bot.engine.ports import Probe, Probeable
-from bot.runtime import build_ports
+from bot.runtime import build_ports, outbox_far_sides
 
 #: Longer than any adapter's own timeouts and retries (scontrol 20 s, HTTP 10 s with retries).
 PROBE_TIMEOUT = 45.0
@@ -82,7 +83,7 @@ async def _probe(side: FarSide, within: float) -> Checked:
 
 async def live_check(config: Config, *, within: float = PROBE_TIMEOUT) -> list[Checked]:
     """Build the configured ports, probe each far side, close what was opened."""
-    sides = far_sides(build_ports(config))
+    sides = far_sides(build_ports(config), outbox_far_sides(config))
     try:
         return await probe_far_sides(sides, within=within)
     finally:

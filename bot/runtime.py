@@ -30,12 +30,14 @@ from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Cluster, Destination, MetricsQuery, Scheduler
 from bot.engine.steps import REGISTRY
-from bot.integrations.grafana import GrafanaAnnotations
+from bot.integrations.grafana import EVENTS as GRAFANA_EVENTS
+from bot.integrations.grafana import NAME as GRAFANA_NAME
+from bot.integrations.grafana import GrafanaAnnotations, GrafanaDestination
 from bot.integrations.journal import DryRunJournal, LogNotifier
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slack import EVENTS as SLACK_EVENTS
-from bot.integrations.slack import Slack, build_slack
+from bot.integrations.slack import Slack, build_slack, slack_probe
 from bot.integrations.slurm import build_scheduler
 from bot.safety import port_problems
 from bot.store.base import Store
@@ -89,6 +91,20 @@ def annotator(settings: Settings) -> GrafanaAnnotations | None:
         timeout=grafana.timeout.total_seconds(),
         dashboard_uid=grafana.incidents_dashboard_uid,
     )
+
+
+def outbox_far_sides(config: Config) -> list[tuple[str, object]]:
+    """The far sides behind the outbox rather than an engine port (Slack's notices, Grafana's
+    annotations), by role, as ``pitcrew serve`` would build them: what ``check-config --live``
+    probes besides the ports."""
+    settings = config.settings
+    sides: list[tuple[str, object]] = []
+    if settings.integrations.notifier == "slack":
+        sides.append(("notices", slack_probe(settings.slack)))
+    grafana = annotator(settings)
+    if grafana is not None:
+        sides.append(("annotations", grafana))
+    return sides
 
 
 def slurm_names_for(settings: Settings, cluster: Cluster | None) -> SlurmNames:
@@ -219,14 +235,20 @@ def build_app(
             store, utcnow, ports.notifier, [d.name for d in destinations], wake=sender.wake
         ),
     )
+    # Grafana's annotations have their own sender: a Grafana that times out delays neither
+    # remediation nor Slack.
+    annotations = _grafana(config, store, metrics)
     engine = Engine(engine_deps(config, store, ports, metrics))
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     webhook, admin = credentials(config)
     commands = Commands(
         engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
     )
-    # Stopped in reverse: Slack's socket and the sender, then the engine, then the cluster's client.
+    # Stopped in reverse: Slack's socket, the annotation and notice senders, then the engine, then
+    # the cluster's client.
     background: list[Background] = [_CloseCluster(ports.cluster), engine, sender]
+    if annotations is not None:
+        background.append(annotations)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
     if slack is not None and inbound is not None:
         socket = slack.socket_mode(inbound)
@@ -251,11 +273,47 @@ def build_app(
     return app
 
 
+class Annotations:
+    """Grafana's annotation sender as a background worker; stopping it closes the HTTP session too."""
+
+    def __init__(self, sender: OutboxSender, adapter: GrafanaAnnotations) -> None:
+        self.sender = sender
+        self.adapter = adapter
+
+    async def start(self) -> None:
+        await self.sender.start()
+
+    async def stop(self) -> None:
+        try:
+            await self.sender.stop()
+        finally:
+            await self.adapter.aclose()
+
+
+def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotations | None:
+    """Incident annotations when ``grafana.url`` is set: the incidents' state events routed to
+    Grafana's outbox, delivered by a sender of their own."""
+    adapter = annotator(config.settings)
+    if adapter is None:
+        return None
+    sender = OutboxSender(
+        store,
+        [GrafanaDestination(adapter, store, utcnow)],
+        metrics,
+        utcnow,
+        backoff=config.settings.engine.retry_backoff.total_seconds(),
+        backoff_max=config.settings.grafana.retry_backoff_max.total_seconds(),
+        system="grafana",
+    )
+    store.route_events(GRAFANA_EVENTS, GRAFANA_NAME, wake=sender.wake)
+    return Annotations(sender, adapter)
+
+
 def _slack(config: Config, store: SqliteStore) -> Slack | None:
     """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events)."""
     if config.settings.integrations.notifier != "slack":
         return None
-    return build_slack(config.settings.slack, config.policy, store, utcnow)
+    return build_slack(config.settings.slack, config.policy, store, utcnow, config.settings.grafana)
 
 
 def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool = False) -> None:

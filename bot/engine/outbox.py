@@ -90,8 +90,12 @@ class OutboxSender:
         backoff: float = 1.0,
         backoff_max: float = 60.0,
         idle: float = 5.0,
+        system: str | None = None,
     ) -> None:
         self._store = store
+        #: The ``system`` label its far side's errors are counted under
+        #: (``pitcrew_integration_errors_total``); ``None``: not counted there.
+        self._system = system
         self._destinations = tuple(destinations)
         self._metrics = metrics
         self._clock = clock
@@ -164,6 +168,7 @@ class OutboxSender:
         try:
             ref = await destination.deliver(fresh, more=more)
         except TransientError as exc:
+            self._count(exc.reason)
             failures = self._failures.get(item.id, 0) + 1
             self._failures[item.id] = failures
             wait = exc.retry_after or min(self._backoff * 2 ** (failures - 1), self._backoff_max)
@@ -175,6 +180,7 @@ class OutboxSender:
             )
             return False
         except PermanentError as exc:
+            self._count(exc.reason)
             self._failures.pop(item.id, None)
             await self._store.outbox_delivered(item.id, None, self._clock())
             await self._store.record(
@@ -192,3 +198,7 @@ class OutboxSender:
         await self._store.outbox_delivered(item.id, ref, self._clock())
         self._metrics.notices.labels(destination.name, "delivered").inc()
         return True
+
+    def _count(self, reason: str) -> None:
+        if self._system is not None:
+            self._metrics.integration_error(self._system, reason)

@@ -284,8 +284,14 @@ class Region:
 
     @property
     def tags(self) -> tuple[str, ...]:
-        """What a dashboard's annotation query filters on (``pitcrew``) and what a human reads."""
-        return ("pitcrew", self.node, self.fault_class, self.playbook)
+        """What a dashboard's annotation query filters on (``pitcrew``), what a human reads, and
+        the incident's own tag (``incident_tag``) by which a redelivery finds what it created."""
+        return ("pitcrew", self.node, self.fault_class, self.playbook, incident_tag(self.incident_id))
+
+
+def incident_tag(incident_id: str) -> str:
+    """The one tag naming an incident's annotation: searched before creating, never created twice."""
+    return f"incident:{incident_id}"
 
 
 @runtime_checkable
@@ -296,6 +302,10 @@ class Annotator(Protocol):
         """Create the annotation (time = the fault); returns its id for ``close_region``."""
         ...
 
-    async def close_region(self, annotation_id: int, end: datetime) -> None:
-        """Set the annotation's end time (``timeEnd``)."""
+    async def close_region(self, annotation_id: int, end: datetime, text: str | None = None) -> None:
+        """Set the annotation's end time (``timeEnd``), and its text when given (the outcome)."""
+        ...
+
+    async def find_region(self, incident_id: str) -> int | None:
+        """The id of the incident's annotation if Grafana already has it (by ``incident_tag``)."""
         ...

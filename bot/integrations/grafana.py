@@ -1,9 +1,10 @@
 """Grafana behind the ``Annotator`` port: incident region annotations over the HTTP API.
 
 ``POST /api/annotations`` opens a region at the fault (tags ``pitcrew``, node, fault class,
-playbook), ``PATCH /api/annotations/{id}`` sets its ``timeEnd`` at the close. The
-service-account token is read from its file on every call, so a rotated Secret is picked up
-without a restart, and never logged. No retry here: the caller (the outbox) retries with
+playbook, ``incident:<id>``), ``PATCH /api/annotations/{id}`` sets its ``timeEnd`` (and the
+outcome in its text) at the close. The service-account token is read from its file on every
+call, so a rotated Secret is picked up without a restart, and never logged. No retry here: the
+outbox (``GrafanaDestination``, delivered by ``bot.engine.outbox.OutboxSender``) retries with
 backoff, so Grafana being down never blocks remediation.
 
 Errors: unreachable, timeouts, 5xx and 429 are ``TransientError``; 401/403 (token),
@@ -12,14 +13,26 @@ Errors: unreachable, timeouts, 5xx and 429 are ``TransientError``; 401/403 (toke
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
-from bot.engine.ports import Probe, Region
+from bot.engine.ports import Annotator, Probe, Region, incident_tag
+from bot.store.base import IncidentRecord, OutboxItem, Store
+
+log = logging.getLogger(__name__)
+
+#: The outbox destination's name; its rows are the incidents' ``state`` events (``EVENTS``).
+NAME = "grafana"
+#: Timeline events routed to Grafana (``SqliteStore.route_events``): the first opens the region,
+#: the one into a terminal state closes it.
+EVENTS = frozenset({"state"})
 
 _PERMANENT = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid"}
 
@@ -58,10 +71,17 @@ class GrafanaAnnotations:
             raise PermanentError("Grafana answered without an annotation id", reason="bad_response")
         return annotation_id
 
-    async def close_region(self, annotation_id: int, end: datetime) -> None:
-        await self._call(
-            "PATCH", f"/api/annotations/{annotation_id}", {"timeEnd": _ms(end)}, op="close_region"
-        )
+    async def close_region(self, annotation_id: int, end: datetime, text: str | None = None) -> None:
+        body: dict[str, Any] = {"timeEnd": _ms(end)}
+        if text is not None:
+            body["text"] = text
+        await self._call("PATCH", f"/api/annotations/{annotation_id}", body, op="close_region")
+
+    async def find_region(self, incident_id: str) -> int | None:
+        query = urlencode({"tags": incident_tag(incident_id), "type": "annotation", "limit": 10})
+        answer = await self._list(f"/api/annotations?{query}", op="find_region")
+        ids = [a["id"] for a in answer if isinstance(a.get("id"), int) and not isinstance(a["id"], bool)]
+        return min(ids) if ids else None
 
     async def probe(self) -> Probe:
         """Reachable (``/api/health``), the token valid and allowed to read annotations."""
@@ -93,6 +113,16 @@ class GrafanaAnnotations:
     async def _call(
         self, method: str, path: str, body: dict[str, Any] | None, *, op: str, auth: bool = True
     ) -> dict[str, Any]:
+        payload = await self._request(method, path, body, op=op, auth=auth)
+        return payload if isinstance(payload, dict) else {}
+
+    async def _list(self, path: str, *, op: str) -> list[dict[str, Any]]:
+        payload = await self._request("GET", path, None, op=op, auth=True)
+        return [a for a in payload if isinstance(a, dict)] if isinstance(payload, list) else []
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, *, op: str, auth: bool
+    ) -> Any:
         headers = {"Accept": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self._token()}"
@@ -123,4 +153,69 @@ class GrafanaAnnotations:
             raise TransientError(f"Grafana {op}: HTTP {status} {message}".strip(), reason=reason)
         if not 200 <= status < 300:
             raise PermanentError(f"Grafana {op}: unexpected HTTP {status}", reason="unexpected")
-        return payload if isinstance(payload, dict) else {}
+        return payload
+
+
+def region_of(incident: IncidentRecord) -> Region:
+    """The incident as a region: from its first alert's fault to its close, tagged by what it was."""
+    first = incident.faults[0] if incident.faults else None
+    return Region(
+        incident_id=incident.id,
+        node=incident.node,
+        fault_class=first.fault_class if first else "unknown",
+        playbook=incident.playbook or (first.playbook if first else "none"),
+        start=incident.first_alert_at or incident.opened_at,
+        summary=first.describe() if first else "",
+    )
+
+
+def closing_text(region: Region, incident: IncidentRecord) -> str:
+    outcome = incident.outcome or incident.state.value
+    return f"pitcrew {region.incident_id}: {region.summary or region.playbook} on {region.node} — {outcome}"
+
+
+class GrafanaDestination:
+    """The outbox's Grafana destination: one region annotation per incident, opened once, closed once.
+
+    Its rows are the incident's ``state`` events. The first delivered opens the region (the
+    annotation id kept in ``outbox_refs`` like Slack's thread ts); any delivered once the incident
+    has ended patches the end (once: the patched end is kept too). A delivery begun before a
+    crash (``item.attempts > 1``) first asks Grafana for the incident's tag, so it never creates
+    a second annotation.
+    """
+
+    def __init__(self, annotations: Annotator, store: Store, clock: Callable[[], datetime]) -> None:
+        self.annotations = annotations
+        self._store = store
+        self._clock = clock
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    async def deliver(self, item: OutboxItem, *, more: bool = False) -> str | None:
+        if item.incident_id is None:
+            return None
+        incident = await self._store.incident(item.incident_id)
+        if incident is None:
+            return None  # written in the same transaction as the incident: only a test store lacks it
+        region = region_of(incident)
+        key = f"region:{incident.id}"
+        known = await self._store.outbox_ref(NAME, key)
+        annotation_id = int(known) if known is not None else None
+        if annotation_id is None and item.attempts > 1:
+            annotation_id = await self.annotations.find_region(incident.id)
+            if annotation_id is not None:
+                log.info("annotation already in Grafana; not creating it again", extra={"outbox_id": item.id})
+        if annotation_id is None:
+            annotation_id = await self.annotations.open_region(region)
+        if known is None:
+            await self._store.set_outbox_ref(NAME, key, str(annotation_id), self._clock())
+        if incident.state.terminal and incident.closed_at is not None:
+            end = str(_ms(incident.closed_at))
+            if await self._store.outbox_ref(NAME, f"end:{incident.id}") != end:
+                await self.annotations.close_region(
+                    annotation_id, incident.closed_at, closing_text(region, incident)
+                )
+                await self._store.set_outbox_ref(NAME, f"end:{incident.id}", end, self._clock())
+        return str(annotation_id)

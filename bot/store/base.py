@@ -125,6 +125,8 @@ class AlertRecord:
     first_seen: datetime
     last_seen: datetime
     labels: Mapping[str, str]
+    #: As the rule gave them (``summary``, ``runbook_url`` ...).
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

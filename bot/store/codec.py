@@ -185,6 +185,7 @@ def alert_from(row: Any) -> AlertRecord:
         first_seen=first,
         last_seen=last,
         labels=json.loads(row["labels_json"]),
+        annotations=json.loads(row["annotations_json"]),
     )
 
 

@@ -2,13 +2,17 @@
 
 Shapes follow Grafana's HTTP API (``/api/annotations``, ``/api/health``): ``POST`` answers
 ``{"message": "Annotation added", "id": N}``, ``PATCH /api/annotations/{id}`` answers
-``{"message": "Annotation patched"}``, a missing or unknown bearer token is ``401``, a token
-without the permission ``403``. ``fail(status, times)`` answers the next calls with an error;
-``stop()``/``start()`` make it unreachable and back on the same port.
+``{"message": "Annotation patched"}`` (``timeEnd``, ``text``, ``tags``), ``GET /api/annotations``
+lists those carrying every ``tags`` given (as Grafana does without ``matchAny``), a missing or
+unknown bearer token is ``401``, a token without the permission ``403``. ``fail(status, times)``
+answers the next calls with an error; ``stop()``/``start()`` make it unreachable and back on the
+same port; ``on_create`` runs once an annotation is stored, before the answer (a test kills
+pitcrew there: Grafana has it, pitcrew never hears).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,7 @@ class GrafanaWorld:
     #: Every request seen: (method, path, status).
     requests: list[tuple[str, str, int]] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)
+    on_create: Callable[[Annotation], None] | None = None
 
 
 class GrafanaStandin:
@@ -126,6 +131,8 @@ class GrafanaStandin:
             time_end=int(body["timeEnd"]) if body.get("timeEnd") else None,
         )
         self.world.annotations[annotation.id] = annotation
+        if self.world.on_create is not None:
+            self.world.on_create(annotation)
         return web.json_response({"message": "Annotation added", "id": annotation.id})
 
     async def _patch(self, request: web.Request) -> web.Response:
@@ -137,6 +144,8 @@ class GrafanaStandin:
         body = await request.json()
         if "timeEnd" in body:
             annotation.time_end = int(body["timeEnd"])
+        if "text" in body:
+            annotation.text = str(body["text"])
         if "tags" in body:
             annotation.tags = [str(t) for t in body["tags"]]
         return web.json_response({"message": "Annotation patched"})

@@ -41,13 +41,17 @@ async def test_open_then_close_a_region(grafana: GrafanaStandin, tmp_path: Path)
         annotation_id = await adapter.open_region(REGION)
         made = grafana.world.annotations[annotation_id]
         assert made.time == 1796094245678 and made.time_end is None
-        assert made.tags == ["pitcrew", "gpu-node-02", "gpu-lost", "replace-node"]
+        assert made.tags == ["pitcrew", "gpu-node-02", "gpu-lost", "replace-node", "incident:inc-0001"]
         assert made.dashboard_uid == "pitcrew-incidents"
         assert made.text == "pitcrew inc-0001: XID 79 gpu3 on gpu-node-02"
-        await adapter.close_region(annotation_id, FAULT + timedelta(minutes=12))
-        assert made.time_end == made.time + 12 * 60 * 1000
+        assert await adapter.find_region("inc-0001") == annotation_id
+        assert await adapter.find_region("inc-0002") is None
+        await adapter.close_region(annotation_id, FAULT + timedelta(minutes=12), "done")
+        assert made.time_end == made.time + 12 * 60 * 1000 and made.text == "done"
         assert [(m, p) for m, p, _ in grafana.world.requests] == [
             ("POST", "/api/annotations"),
+            ("GET", "/api/annotations"),
+            ("GET", "/api/annotations"),
             ("PATCH", f"/api/annotations/{annotation_id}"),
         ]
     finally:
@@ -178,11 +182,26 @@ async def test_the_probe_names_the_version_and_writes_nothing(
 
 
 def test_settings_build_the_adapter_only_with_a_token(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match=r"grafana\.token_file"):
-        Settings.model_validate({"grafana": {"url": "http://grafana:3000"}})
+    with pytest.raises(ValidationError, match=r"grafana\.token_file needs grafana\.url"):
+        Settings.model_validate({"grafana": {"token_file": str(tmp_path / "token")}})
     assert annotator(Settings()) is None
+    assert (
+        annotator(Settings.model_validate({"grafana": {"url": "http://grafana:3000"}})) is None
+    )  # links only
     token = tmp_path / "token"
     built = annotator(
         Settings.model_validate({"grafana": {"url": "http://grafana:3000/", "token_file": str(token)}})
     )
     assert isinstance(built, GrafanaAnnotations)
+
+
+def test_the_incident_link_shows_the_incident_on_the_incidents_dashboard() -> None:
+    assert Settings().grafana.incident_dashboard(FAULT, None) is None
+    grafana = Settings.model_validate(
+        {"grafana": {"url": "https://grafana.example/", "incidents_dashboard_uid": "ours"}}
+    ).grafana
+    start = int((FAULT - timedelta(minutes=30)).timestamp() * 1000)
+    assert grafana.incident_dashboard(FAULT, None) == f"https://grafana.example/d/ours?from={start}&to=now"
+    end = int((FAULT + timedelta(minutes=42)).timestamp() * 1000)
+    closed = grafana.incident_dashboard(FAULT, FAULT + timedelta(minutes=12))
+    assert closed == f"https://grafana.example/d/ours?from={start}&to={end}"

@@ -98,13 +98,13 @@ class SlackPitcrew:
             "integrations": {"notifier": "slack", "journal_path": str(workdir / "dry-run-journal.jsonl")},
             "engine": {"poll_interval": "0.2s", "retry_backoff": "0.05s", "retry_backoff_max": "0.5s"},
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}, "node": {"cooldown": "0s"}},
+            "grafana": {"url": "https://grafana.example"},  # links only: no token, no annotations
             "slack": {
                 "bot_token_file": str(workdir / "slack-bot.token"),
                 "transport": transport,
                 "channel": CHANNEL,
                 "approvers": ["U0ALICE"],
                 "base_url": slack.base_url,
-                "grafana_url": "https://grafana.example/d/pitcrew-incident",
                 "runbook_url": "https://runbooks.example/gpu",
                 "retry_backoff_max": "1s",
                 **(

@@ -59,10 +59,7 @@ async def test_xid79_approve_reject_rollback_from_slack(
         await until(lambda: _buttons(parent.blocks) == [APPROVE, REJECT, ROLLBACK], what="buttons")
         shown = _text(parent.blocks)
         assert "gpu-node-02" in shown and "XID 79" in shown
-        assert (
-            "grafana.example/d/pitcrew-incident?var-incident=" in shown
-            and "runbooks.example/gpu#xid-79" in shown
-        )
+        assert "grafana.example/d/pitcrew-incidents?from=" in shown and "runbooks.example/gpu#xid-79" in shown
         assert "201 (llm, dana)" in shown  # the affected Slurm job
         assert all(
             e["value"] == incident for b in parent.blocks if b["type"] == "actions" for e in b["elements"]

@@ -63,7 +63,7 @@ def _built() -> list[tuple[str, Message]]:
         gpu=LONG,
         state=LONG,
         status=LONG,
-        grafana=messages.dashboard_link("https://grafana.example/d/x", "pc-" + LONG, LONG),
+        grafana="https://grafana.example/d/" + LONG,
         runbook="https://runbooks.example/" + LONG,
         decisions=tuple(Decision("<@" + LONG + ">", LONG, AT + timedelta(seconds=s)) for s in range(1_000)),
         offer=("approve", "reject", "rollback"),

@@ -1,8 +1,9 @@
-"""``check-config --live`` for Slack: the adapter's ``probe()`` against the stand-in.
+"""``check-config --live`` for Slack: the probe pitcrew builds from its settings, against the stand-in.
 
 Cases: a good token in the channel is ok; the bot not in the channel names the channel; a token
 without ``channels:read`` names that scope (Slack's ``missing_scope`` with ``needed``); a revoked
-token is not ok; Slack unreachable is not ok and does not raise.
+token is not ok; Slack unreachable is not ok and does not raise. The incident destination answers
+the same probe.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from slack_sdk.web.async_client import AsyncWebClient
-
+from bot.config import SlackSettings
+from bot.engine.ports import Probe
+from bot.integrations.slack import slack_probe
 from bot.integrations.slack.outbound import SlackDestination, SlackLinks
 from bot.store.sqlite import SqliteStore
 from tests.harness.proc import free_port
@@ -19,26 +21,47 @@ from tests.slack.server import SlackStandin
 from tests.slack.world import BOT_TOKEN
 
 
-def _destination(client: AsyncWebClient, store: SqliteStore, channel: str = "C0GPUOPS") -> SlackDestination:
-    return SlackDestination(client, store, SlackLinks(channel), lambda: datetime.now(UTC))
+async def _probe(tmp_path: Path, base_url: str, channel: str = "C0GPUOPS", token: str = BOT_TOKEN) -> Probe:
+    token_file = tmp_path / "bot.token"
+    token_file.write_text(token + "\n")
+    settings = SlackSettings(
+        bot_token_file=token_file, app_token_file=token_file, channel=channel, base_url=base_url
+    )
+    return await slack_probe(settings).probe()
 
 
-async def test_probe_says_what_is_missing(slack: SlackStandin, bot: AsyncWebClient, tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "p.db")
-    ok = await _destination(bot, store).probe()
+async def test_probe_says_what_is_missing(slack: SlackStandin, tmp_path: Path) -> None:
+    ok = await _probe(tmp_path, slack.base_url)
     assert (ok.system, ok.ok, ok.missing) == ("slack", True, ())
+    assert ok.detail == "bot pitcrew in team Pit Crew, channel C0GPUOPS"
 
-    outside = await _destination(bot, store, "C0ELSEWHERE").probe()
+    outside = await _probe(tmp_path, slack.base_url, "C0ELSEWHERE")
     assert not outside.ok and outside.missing == ("channel C0ELSEWHERE",)
 
     slack.world.scopes.discard("channels:read")
-    scope = await _destination(bot, store).probe()
+    scope = await _probe(tmp_path, slack.base_url)
     assert not scope.ok and scope.missing == ("channels:read",)
     assert "channels:read" in scope.detail
+    slack.world.scopes.add("channels:read")
 
-    revoked = await _destination(AsyncWebClient(token="xoxb-revoked", base_url=slack.base_url), store).probe()
+    revoked = await _probe(tmp_path, slack.base_url, token="xoxb-revoked")
     assert not revoked.ok and "invalid_auth" in revoked.detail
 
-    down = AsyncWebClient(token=BOT_TOKEN, base_url=f"http://127.0.0.1:{free_port()}/api/")
-    unreachable = await _destination(down, store).probe()
+    unreachable = await _probe(tmp_path, f"http://127.0.0.1:{free_port()}/api/")
     assert not unreachable.ok and "unreachable" in unreachable.detail
+    assert {c.method for c in slack.api.calls} == {"auth.test", "conversations.info"}
+    assert not slack.api.messages  # a probe changes nothing
+
+
+async def test_the_destination_answers_the_same_probe(slack: SlackStandin, tmp_path: Path) -> None:
+    token_file = tmp_path / "bot.token"
+    token_file.write_text(BOT_TOKEN)
+    client = slack_probe(
+        SlackSettings(
+            bot_token_file=token_file, app_token_file=token_file, channel="C0GPUOPS", base_url=slack.base_url
+        )
+    ).client
+    destination = SlackDestination(
+        client, SqliteStore(tmp_path / "p.db"), SlackLinks("C0GPUOPS"), lambda: datetime.now(UTC)
+    )
+    assert await destination.probe() == await _probe(tmp_path, slack.base_url)

@@ -23,7 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from tests.slack import signing
 from tests.slack.server import SlackStandin
-from tests.slack.world import BOT_TOKEN, SIGNING_SECRET
+from tests.slack.world import SIGNING_SECRET, TESTER_TOKEN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -72,7 +72,7 @@ def test_signature_verifier_accepts_fresh_and_refuses_forged_tampered_and_old() 
 
 
 async def test_bolt_routes_signed_requests_and_refuses_forged_ones(slack: SlackStandin) -> None:
-    client = AsyncWebClient(token=BOT_TOKEN, base_url=slack.base_url)
+    client = AsyncWebClient(token=TESTER_TOKEN, base_url=slack.base_url)
     app = AsyncApp(signing_secret=SIGNING_SECRET, client=client)
     seen: list[tuple[str, str]] = []
 

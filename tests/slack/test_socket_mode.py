@@ -29,7 +29,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from tests.slack.server import SlackStandin
-from tests.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
+from tests.slack.world import APP_TOKEN, SIGNING_SECRET, TESTER_TOKEN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -72,7 +72,7 @@ async def socket_client(slack: SlackStandin) -> AsyncIterator[tuple[SocketModeCl
 
 async def test_connections_open_wants_the_app_token_and_urls_are_single_use(slack: SlackStandin) -> None:
     with pytest.raises(SlackApiError) as e:
-        await AsyncWebClient(base_url=slack.base_url).apps_connections_open(app_token=BOT_TOKEN)
+        await AsyncWebClient(base_url=slack.base_url).apps_connections_open(app_token=TESTER_TOKEN)
     assert e.value.response.data == {"ok": False, "error": "not_allowed_token_type"}
     answer = await AsyncWebClient(base_url=slack.base_url).apps_connections_open(app_token=APP_TOKEN)
     assert answer["url"].startswith(f"ws://127.0.0.1:{slack.port}/link/?ticket=")
@@ -125,7 +125,7 @@ async def test_disconnect_refresh_makes_the_client_open_a_new_url(
 
 async def test_bolt_socket_mode_handler_routes_and_acks(slack: SlackStandin) -> None:
     app = AsyncApp(
-        signing_secret=SIGNING_SECRET, client=AsyncWebClient(token=BOT_TOKEN, base_url=slack.base_url)
+        signing_secret=SIGNING_SECRET, client=AsyncWebClient(token=TESTER_TOKEN, base_url=slack.base_url)
     )
     clicked: list[str] = []
 

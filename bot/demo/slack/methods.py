@@ -32,7 +32,7 @@ SCOPES: dict[str, str | None] = {
 
 
 #: The Web API methods pitcrew calls (the scenario tests check every call they record is one of
-#: these; tests/slack/test_manifest.py checks the app manifest grants exactly their scopes).
+#: these; tests/slack/test_manifest.py checks the app manifest against the calls recorded instead).
 PITCREW_METHODS = frozenset(
     {
         "auth.test",

@@ -17,9 +17,14 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.demo.slack.world import World
+from bot.demo.slack.world import BOT_TOKEN, World
 
 Handler = Callable[["WebApi", str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+#: Every Web API method called with pitcrew's bot token (``BOT_TOKEN``) on any stand-in during this
+#: test session; a test's own client uses ``TESTER_TOKEN``, so its calls are left out. What the app
+#: manifest must grant (``tests/slack/test_manifest.py``, run last).
+RECORDED: set[str] = set()
 
 
 @dataclass
@@ -184,6 +189,8 @@ class WebApi:
         args, token = await _arguments(request)
         call = Call(method, args, token)
         self.calls.append(call)
+        if token == BOT_TOKEN:
+            RECORDED.add(method)
         fault = self._forced(method)
         if fault is None and time.monotonic() < self._down_until:
             fault = Fault(503, 1)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 BOT_TOKEN = "xoxb-0000000000-pitcrew-test"
+#: The bot token of a test's own client (the ``bot`` fixture): the same bot, so calls with it are
+#: told apart from pitcrew's (``tests.slack.webapi.RECORDED``).
+TESTER_TOKEN = "xoxb-0000000000-pitcrew-tester"
 APP_TOKEN = "xapp-1-A0PITCREW-0000000000-test"
 SIGNING_SECRET = "8e3c5a1f0b7d49e2a6c4f1d3b5e7a9c0"
 
@@ -30,7 +33,7 @@ class World:
     bot_id: str = "B0PITBOT"
     bot_user: str = "U0PITBOT"
     bot_name: str = "pitcrew"
-    bot_tokens: set[str] = field(default_factory=lambda: {BOT_TOKEN})
+    bot_tokens: set[str] = field(default_factory=lambda: {BOT_TOKEN, TESTER_TOKEN})
     app_tokens: set[str] = field(default_factory=lambda: {APP_TOKEN})
     #: 2026-11-29T08:46:39Z, the fixtures' incident message; ts values count up from here.
     epoch: int = 1795941999

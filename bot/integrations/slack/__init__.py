@@ -14,15 +14,26 @@ from datetime import datetime
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.config import SlackSettings, read_secret
+from bot.config import GrafanaSettings, SlackSettings, read_secret
 from bot.domain.policy import Policy
 from bot.engine.commands import Commands
 from bot.integrations.slack.approvers import Approvers, SecondApproverRule
 from bot.integrations.slack.inbound import SlackInbound, SocketMode
 from bot.integrations.slack.outbound import EVENTS, NAME, SlackDestination, SlackLinks
+from bot.integrations.slack.probe import SlackProbe
 from bot.store.base import Store
 
-__all__ = ["EVENTS", "NAME", "Slack", "SlackDestination", "SlackInbound", "SocketMode", "build_slack"]
+__all__ = [
+    "EVENTS",
+    "NAME",
+    "Slack",
+    "SlackDestination",
+    "SlackInbound",
+    "SlackProbe",
+    "SocketMode",
+    "build_slack",
+    "slack_probe",
+]
 
 
 @dataclass
@@ -52,16 +63,29 @@ class Slack:
         return SocketMode(inbound, read_secret(self.settings.app_token_file, "slack.app_token_file"))
 
 
-def build_slack(
-    settings: SlackSettings, policy: Policy, store: Store, clock: Callable[[], datetime]
-) -> Slack:
-    """The Web API client and what needs only it and the store (the config was checked at load)."""
+def _client(settings: SlackSettings) -> AsyncWebClient:
     assert settings.bot_token_file is not None, "bot.config refuses notifier slack without a bot token"
     token = read_secret(settings.bot_token_file, "slack.bot_token_file")
-    client = AsyncWebClient(token=token, base_url=settings.base_url or AsyncWebClient.BASE_URL)
+    return AsyncWebClient(token=token, base_url=settings.base_url or AsyncWebClient.BASE_URL)
+
+
+def slack_probe(settings: SlackSettings) -> SlackProbe:
+    """What ``check-config --live`` asks Slack: the same client ``pitcrew serve`` builds, no store."""
+    return SlackProbe(_client(settings), settings.channel)
+
+
+def build_slack(
+    settings: SlackSettings,
+    policy: Policy,
+    store: Store,
+    clock: Callable[[], datetime],
+    grafana: GrafanaSettings | None = None,
+) -> Slack:
+    """The Web API client and what needs only it and the store (the config was checked at load)."""
+    client = _client(settings)
     links = SlackLinks(
         channel=settings.channel,
-        grafana_url=settings.grafana_url,
+        grafana=grafana or GrafanaSettings(),
         runbook_url=settings.runbook_url,
         digest_window=settings.digest_window,
         digest_threshold=settings.digest_threshold,

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode
 
 from slack_sdk.models.blocks import (
     ActionsBlock,
@@ -110,12 +109,6 @@ def _section(text: str) -> SectionBlock:
 def _dicts(blocks: Sequence[Block]) -> list[dict[str, Any]]:
     out = [b.to_dict() for b in blocks[:MAX_BLOCKS]]
     return out
-
-
-def dashboard_link(base: str | None, incident_id: str, node: str) -> str | None:
-    if not base:
-        return None
-    return f"{base}{'&' if '?' in base else '?'}{urlencode({'var-incident': incident_id, 'var-node': node})}"
 
 
 def _button(action_id: str, label: str, incident_id: str, style: str | None, confirm: str) -> ButtonElement:

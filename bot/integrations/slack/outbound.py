@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.config import GrafanaSettings
 from bot.domain.incident import State
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
@@ -35,6 +36,7 @@ from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
 from bot.integrations.slack.errors import call
 from bot.integrations.slack.messages import Decision, Message, ParentView
+from bot.integrations.slack.probe import SlackProbe
 from bot.store.base import Event, IncidentRecord, OutboxItem, Store
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ _DECISIONS = EVENTS - {"step_finished", "step_skipped", "state"}
 @dataclass(frozen=True, slots=True)
 class SlackLinks:
     channel: str
-    grafana_url: str | None = None
+    #: Grafana's settings: the incident's dashboard link is theirs to make (``incident_dashboard``).
+    grafana: GrafanaSettings = field(default_factory=GrafanaSettings)
     runbook_url: str | None = None
     digest_window: timedelta = timedelta(minutes=2)
     digest_threshold: int = 5
@@ -242,11 +245,7 @@ class SlackDestination:
         ):
             offer.append("rollback")
         gpus = sorted({f.gpu for f in incident.faults if f.gpu})
-        first = incident.faults[0] if incident.faults else None
-        runbook = None
-        if self._links.runbook_url and first is not None:
-            anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
-            runbook = f"{self._links.runbook_url}#{anchor}"
+        runbook = await self._runbook(incident)
         return ParentView(
             incident_id=incident.id,
             node=incident.node,
@@ -258,44 +257,30 @@ class SlackDestination:
             gpu=", ".join(gpus),
             state=incident.state.value,
             status=_status(incident, events),
-            grafana=messages.dashboard_link(self._links.grafana_url, incident.id, incident.node),
+            grafana=self._links.grafana.incident_dashboard(
+                incident.first_alert_at or incident.opened_at, incident.closed_at
+            ),
             runbook=runbook,
             decisions=decisions,
             offer=tuple(offer),
         )
 
+    async def _runbook(self, incident: IncidentRecord) -> str | None:
+        """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager
+        shows too); else ``slack.runbook_url`` with the fault as anchor."""
+        for alert in await self._store.alerts_of(incident.id):
+            if alert.annotations.get("runbook_url"):
+                return alert.annotations["runbook_url"]
+        first = incident.faults[0] if incident.faults else None
+        if not self._links.runbook_url or first is None:
+            return None
+        anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
+        return f"{self._links.runbook_url}#{anchor}"
+
     # ----------------------------------------------------------------- probe
     async def probe(self) -> Probe:
-        """``auth.test`` and the bot's membership of the channel; a refused scope is named."""
-        from slack_sdk.errors import SlackApiError
-
-        try:
-            identity = await self.client.auth_test()
-            info = await self.client.conversations_info(channel=self.channel)
-        except SlackApiError as exc:
-            data = exc.response.data if isinstance(exc.response.data, dict) else {}
-            error = str(data.get("error", "error"))
-            needed = tuple(s for s in str(data.get("needed", "")).split(",") if s)
-            if error == "missing_scope":
-                return Probe("slack", False, f"the bot token lacks scope {', '.join(needed)}", needed)
-            if error in {"channel_not_found", "not_in_channel"}:
-                return Probe("slack", False, f"channel {self.channel}: {error}", (f"channel {self.channel}",))
-            return Probe("slack", False, f"Slack refused: {error}")
-        except Exception as exc:  # the probe reports, never raises
-            return Probe("slack", False, f"Slack unreachable: {type(exc).__name__}")
-        channel = info.get("channel") or {}
-        if not channel.get("is_member"):
-            return Probe(
-                "slack",
-                False,
-                f"the bot is not in channel {self.channel}: /invite it",
-                (f"channel {self.channel}",),
-            )
-        return Probe(
-            "slack",
-            True,
-            f"bot {identity.get('user')} in team {identity.get('team')}, channel {self.channel}",
-        )
+        """``auth.test`` and the bot's membership of the channel (``bot.integrations.slack.probe``)."""
+        return await SlackProbe(self.client, self.channel).probe()
 
 
 def _is_event(item: OutboxItem) -> bool:

@@ -1,0 +1,130 @@
+"""``pitcrew check-config --live`` reaches the far sides behind the outbox: Slack and Grafana.
+
+pitcrew runs as the installer runs it (``python -m bot.cli check-config --live``, a subprocess);
+the Slack stand-in and the Grafana stand-in answer over HTTP from their own threads.
+
+- Slack (``auth.test``, the bot in the channel) and Grafana (``/api/health``, the token reads
+  annotations) both ``ok``, exit 0, and nothing written to either;
+- the Slack stand-in answering ``missing_scope`` (the token lacks ``channels:read``): exit 1,
+  the scope named on stderr, Grafana's line still ``ok``;
+- the bot not in the configured channel: exit 1 naming the channel;
+- a Grafana token Grafana refuses: exit 1 naming the token, Slack's line still ``ok``;
+- Grafana unreachable: exit 1, its line ``FAIL``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bot.demo.assets import REPO
+from tests.grafana.server import TOKEN, GrafanaStandin
+from tests.grafana.threaded import threaded_grafana
+from tests.harness.proc import free_port
+from tests.slack.server import SlackStandin
+from tests.slack.threaded import threaded_standin
+from tests.slack.world import BOT_TOKEN, SIGNING_SECRET
+
+
+@pytest.fixture
+def slack() -> Iterator[SlackStandin]:
+    with threaded_standin() as standin:
+        yield standin
+
+
+@pytest.fixture
+def grafana() -> Iterator[GrafanaStandin]:
+    with threaded_grafana() as standin:
+        yield standin
+
+
+def check_live(
+    tmp_path: Path, slack: SlackStandin, grafana_url: str, *, channel: str = "C0GPUOPS", token: str = TOKEN
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "bot.token").write_text(BOT_TOKEN + "\n")
+    (tmp_path / "signing.secret").write_text(SIGNING_SECRET + "\n")
+    (tmp_path / "grafana.token").write_text(token + "\n")
+    settings: dict[str, Any] = {
+        "store": {"path": str(tmp_path / "pitcrew.db")},
+        "integrations": {"notifier": "slack"},
+        "slack": {
+            "bot_token_file": str(tmp_path / "bot.token"),
+            "signing_secret_file": str(tmp_path / "signing.secret"),
+            "channel": channel,
+            "base_url": slack.base_url,
+            "transport": "http",
+        },
+        "grafana": {"url": grafana_url, "token_file": str(tmp_path / "grafana.token")},
+    }
+    config = tmp_path / "pitcrew.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", "check-config", "--live", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def status_of(stdout: str, system: str) -> str:
+    (line,) = [ln for ln in stdout.splitlines() if ln.split()[1:2] == [system]]
+    return line.split()[0]
+
+
+def test_slack_and_grafana_green(tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin) -> None:
+    result = check_live(tmp_path, slack, grafana.url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert status_of(result.stdout, "slack") == "ok"
+    assert "bot pitcrew in team Pit Crew, channel C0GPUOPS" in result.stdout
+    assert status_of(result.stdout, "grafana") == "ok"
+    assert f"Grafana 11.3.0 at {grafana.url}: token accepted" in result.stdout
+    assert "(annotations)" in result.stdout and "(notices)" in result.stdout
+    assert result.stderr == ""
+    assert {c.method for c in slack.api.calls} == {"auth.test", "conversations.info"}
+    assert not slack.api.messages and not grafana.world.annotations
+    assert {m for m, _, _ in grafana.world.requests} == {"GET"}
+
+
+def test_a_missing_slack_scope_is_named(tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin) -> None:
+    slack.world.scopes.discard("channels:read")
+    result = check_live(tmp_path, slack, grafana.url)
+    assert result.returncode == 1
+    assert status_of(result.stdout, "slack") == "FAIL"
+    assert status_of(result.stdout, "grafana") == "ok"
+    assert "pitcrew: check-config --live: missing slack: channels:read" in result.stderr
+    assert "grafana" not in result.stderr
+
+
+def test_the_bot_outside_the_channel_is_named(
+    tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin
+) -> None:
+    result = check_live(tmp_path, slack, grafana.url, channel="C0ELSEWHERE")
+    assert result.returncode == 1
+    assert "missing slack: channel C0ELSEWHERE" in result.stderr
+
+
+def test_a_grafana_token_refused_is_named(
+    tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin
+) -> None:
+    result = check_live(tmp_path, slack, grafana.url, token="glsa_revoked")
+    assert result.returncode == 1
+    assert status_of(result.stdout, "grafana") == "FAIL"
+    assert status_of(result.stdout, "slack") == "ok"
+    assert "pitcrew: check-config --live: missing grafana: a valid service-account token" in result.stderr
+    assert "glsa_revoked" not in result.stdout + result.stderr
+
+
+def test_grafana_unreachable_fails(tmp_path: Path, slack: SlackStandin) -> None:
+    result = check_live(tmp_path, slack, f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 1
+    assert status_of(result.stdout, "grafana") == "FAIL"
+    assert "missing grafana:" in result.stderr and "unreachable" in result.stderr
