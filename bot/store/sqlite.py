@@ -111,7 +111,7 @@ class SqliteStore:
             value = unit(db)
             return value, self._routed != before
 
-        value, routed = await self._write(run)
+        value, routed = await self._writer.submit(run)
         if routed:
             for wake in self._on_routed:
                 wake()

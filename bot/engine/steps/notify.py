@@ -45,9 +45,9 @@ async def notify(ctx: StepContext[NotifyResult]) -> Done[NotifyResult] | Wait:
     jobs = await _affected_jobs(ctx)
     if jobs:
         lines.append("Slurm jobs on the node: " + ", ".join(jobs))
-    actions: tuple[str, ...] = ("rollback",)
+    actions: tuple[str, ...] = ("rollback",) if plan.runs_mutating_steps else ()
     if "approve" in plan.steps:
-        actions = ("approve", "reject", "rollback")
+        actions = ("approve", "reject", *actions)
     ref = await ctx.tell(
         Notice(
             ctx.incident.id,

@@ -240,8 +240,13 @@ class SlackDestination:
             and incident.state is State.AWAITING_APPROVAL
         ):
             offer += ["approve", "reject"]
-        if incident.state not in {State.ROLLED_BACK, State.SUPPRESSED} and not any(
-            e.kind == "rollback_requested" for e in events
+        # Rollback only undoes what pitcrew did: a plan that changes nothing (notify only, or
+        # observe mode) has nothing to offer it for.
+        if (
+            plan is not None
+            and plan.runs_mutating_steps
+            and incident.state not in {State.ROLLED_BACK, State.SUPPRESSED}
+            and not any(e.kind == "rollback_requested" for e in events)
         ):
             offer.append("rollback")
         gpus = sorted({f.gpu for f in incident.faults if f.gpu})
