@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
+from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError
 from bot.engine.ports import PodRef
-from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.kubernetes.probe import Permission, needed
 from tests.kubernetes.emulator import KubeEmulator
