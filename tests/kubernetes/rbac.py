@@ -56,6 +56,17 @@ class Request(Protocol):
     namespace: str | None
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A request described rather than logged (e.g. one of the adapter's declared permissions)."""
+
+    verb: str
+    api_group: str
+    resource: str
+    subresource: str | None = None
+    namespace: str | None = None
+
+
 @dataclass(frozen=True, order=True)
 class Grant:
     role: str
