@@ -121,11 +121,11 @@ def _unhashed(name: str) -> str:
     return "pitcrew-config" if name.startswith("pitcrew-config-") else name
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
 def test_renders_exactly_the_expected_objects_in_pitcrews_namespace(name: str) -> None:
     r = rendered(name)
     found = {(o["kind"], _unhashed(o["metadata"]["name"])) for o in r.objects}
-    expected = EXPECTED | replace_objects(STRATEGY[name])
+    expected = EXPECTED | replace_objects(STRATEGY.get(name, name.removeprefix("base+")))
     assert found == expected
     assert len(r.objects) == len(expected)
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
@@ -133,6 +133,8 @@ def test_renders_exactly_the_expected_objects_in_pitcrews_namespace(name: str) -
         if obj["kind"] not in cluster_scoped:
             key = (obj["kind"], obj["metadata"]["name"])
             assert obj["metadata"].get("namespace") == NAMESPACE_OF.get(key, "pitcrew"), key
+    for obj in r.objects:  # the base's label, and the components' own, mark everything pitcrew ships
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pitcrew", obj["metadata"]["name"]
     assert r.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"].startswith(
         "pitcrew-config-"
     ), "the Deployment must mount the generated (content-hashed) config"
