@@ -1,5 +1,6 @@
 """``pitcrew check-config --live`` against real far sides: the Slurm cluster harness (slurmctld,
-slurmd, munge, slurmrestd) and a real Prometheus.
+slurmd, munge, slurmrestd), a real Prometheus and the Kubernetes API emulator (real HTTP, reached
+through a kubeconfig as an operator's laptop would).
 
 - scontrol backend + Prometheus: every line ``ok``, the journal's line says there is nothing to
   reach, exit 0;
@@ -7,7 +8,13 @@ slurmd, munge, slurmrestd) and a real Prometheus.
 - Prometheus down: exit 1, its line ``FAIL`` and the missing Prometheus named on stderr, while
   Slurm's line is still ``ok`` (one failure never hides the others);
 - a token slurmrestd refuses: exit 1 naming the token it needs;
-- ``--live`` changes nothing: the Slurm nodes' states are the same before and after.
+- ``--live`` changes nothing: the Slurm nodes' states are the same before and after;
+- ``integrations.cluster: kubernetes``: Slurm, Kubernetes and Prometheus all ``ok``, exit 0, and
+  the only requests pitcrew sent the API server are SelfSubjectAccessReviews; the emulator denying
+  one verb: exit 1, the Kubernetes line ``FAIL`` and the verb named on stderr, the others ``ok``;
+- the cluster-api overlay's configuration against the RBAC the base grants without the
+  replace-cluster-api component (the emulator answers each review from the rendered manifest):
+  the Machine verbs are named, nothing else.
 """
 
 from __future__ import annotations
@@ -22,9 +29,14 @@ from typing import Any
 import pytest
 import yaml
 
+from bot.config import KubernetesSettings
+from bot.integrations.kubernetes.probe import needed
+from tests.harness.kubernetes import KubeWorld, gpu_fleet, settings_for
 from tests.harness.proc import free_port, require_binary
 from tests.harness.prometheus import REPO, Prometheus
 from tests.harness.slurm import SlurmCluster
+from tests.kubernetes import rbac
+from tests.packaging.manifests import rendered
 
 pytestmark = pytest.mark.slow
 
@@ -104,3 +116,78 @@ def test_a_token_slurmrestd_refuses_is_named(tmp_path: Path, slurm: SlurmCluster
     assert result.returncode == 1
     assert line_of(result.stdout, "slurm").split()[0] == "FAIL"
     assert "missing slurm:" in result.stderr and "token" in result.stderr
+
+
+def kubernetes_settings(
+    world: KubeWorld, slurm: SlurmCluster, prometheus: Prometheus, workdir: Path, **kubernetes: Any
+) -> dict[str, Any]:
+    """Slurm through scontrol, Prometheus, and the cluster port on the emulator."""
+    world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+    slurm_keys, kube_keys = slurm.pitcrew_settings("scontrol"), settings_for(world, workdir, **kubernetes)
+    return {
+        **slurm_keys,
+        **kube_keys,
+        "integrations": {**slurm_keys["integrations"], **kube_keys["integrations"]},  # type: ignore[dict-item]
+        "resumption": {"prometheus_url": prometheus.url},
+    }
+
+
+def test_kubernetes_slurm_and_prometheus_green(
+    tmp_path: Path, slurm: SlurmCluster, prometheus: Prometheus, kube_world: KubeWorld
+) -> None:
+    settings = kubernetes_settings(
+        kube_world, slurm, prometheus, tmp_path / "kube", replace={"strategy": "cluster-api"}
+    )
+    result = check_live(tmp_path, settings)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for system in ("slurm", "kubernetes", "prometheus"):
+        assert line_of(result.stdout, system).split()[0] == "ok", result.stdout
+    kube = line_of(result.stdout, "kubernetes")
+    assert "(cluster)" in kube and "API reachable; 9 permissions allowed" in kube
+    assert result.stderr == ""
+    sent = [e for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
+    assert len(sent) == 9 and {(e.verb, e.resource) for e in sent} == {("create", "selfsubjectaccessreviews")}
+
+
+def test_a_verb_the_emulator_denies_is_named(
+    tmp_path: Path, slurm: SlurmCluster, prometheus: Prometheus, kube_world: KubeWorld
+) -> None:
+    kube_world.call(lambda e: e.denied.add(("create", "", "pods", "eviction")))
+    result = check_live(tmp_path, kubernetes_settings(kube_world, slurm, prometheus, tmp_path / "kube"))
+    assert result.returncode == 1
+    assert line_of(result.stdout, "kubernetes").split()[0] == "FAIL"
+    assert "missing: create pods/eviction" in line_of(result.stdout, "kubernetes")
+    assert line_of(result.stdout, "slurm").split()[0] == "ok"
+    assert line_of(result.stdout, "prometheus").split()[0] == "ok"
+    assert "pitcrew: check-config --live: missing kubernetes: create pods/eviction" in result.stderr
+    assert "slurm" not in result.stderr and "prometheus" not in result.stderr
+
+
+def test_the_overlay_config_without_its_replace_component_names_the_machine_verbs(
+    tmp_path: Path, slurm: SlurmCluster, prometheus: Prometheus, kube_world: KubeWorld
+) -> None:
+    """An operator who kept `strategy: cluster-api` but dropped the component: the API server
+    (here the emulator, answering each review from the rendered base's RBAC) refuses exactly
+    the Machine verbs, and check-config --live says so before pitcrew may act."""
+    overlay = yaml.safe_load(rendered("auto").config_text())["kubernetes"]
+    strategy = overlay["replace"]["strategy"]
+    assert strategy == "cluster-api"
+    grants = rbac.grants(rendered("base").objects)
+    refused = {
+        (p.verb, p.group, p.resource, p.subresource)
+        for p in needed(KubernetesSettings.model_validate({"replace": {"strategy": strategy}}))
+        if not any(
+            g.allows(rbac.Asked(p.verb, p.group, p.resource, p.subresource or None, p.namespace or None))
+            for g in grants
+        )
+    }
+    kube_world.call(lambda e: e.denied.update(refused))
+    result = check_live(
+        tmp_path,
+        kubernetes_settings(kube_world, slurm, prometheus, tmp_path / "kube", replace={"strategy": strategy}),
+    )
+    assert result.returncode == 1
+    assert (
+        "missing kubernetes: get machines.cluster.x-k8s.io, delete machines.cluster.x-k8s.io" in result.stderr
+    )
+    assert line_of(result.stdout, "slurm").split()[0] == "ok"

@@ -7,10 +7,16 @@ no rule bound to the ServiceAccount allows, and the (role, group, resource, verb
 used. Only Roles/ClusterRoles bound to the subject count; a RoleBinding grants in its namespace only.
 Wildcards (``*``) are refused outright: least privilege is the point.
 
-``tour`` drives every operation of pitcrew's adapter once against an emulator and
-``pitcrew_requests`` keeps the requests pitcrew sent (its User-Agent), so a check of another
-rendering of the manifest (kustomize) can compare the same requests:
-``compare(pitcrew_requests(emulator.log), documents)``.
+``tour`` drives every operation of pitcrew's adapter once against an emulator (with every replace
+strategy, or only the given ones) and ``pitcrew_requests`` keeps the requests pitcrew sent (its
+User-Agent), so a check of another rendering of the manifest (kustomize) can compare the same
+requests: ``compare(pitcrew_requests(emulator.log), documents)``.
+
+The replace strategies' grants are kustomize components (``deploy/kubernetes/components/``):
+``load_all_strategies()`` is the base's rbac.yaml with every component, and
+``for_strategy(requests, strategy)`` drops the requests only another strategy sends (the ones the
+adapter declares for that strategy alone, ``bot.integrations.kubernetes.probe.needed``), so the
+session's recorded requests can be held against one strategy's rendering.
 """
 
 from __future__ import annotations
@@ -24,14 +30,22 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
+from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
+from bot.integrations.kubernetes.probe import Permission, needed
 from tests.kubernetes.emulator import KubeEmulator
 from tests.kubernetes.faults import LoggedRequest
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_YAML = REPO / "deploy" / "kubernetes" / "rbac.yaml"
+#: The strategies that need a grant of their own, each a component under deploy/kubernetes/components/.
+STRATEGIES = ("cluster-api", "karpenter", "delete-node")
+
+
+def component_rbac(strategy: str) -> Path:
+    return REPO / "deploy" / "kubernetes" / "components" / f"replace-{strategy}" / "rbac.yaml"
 
 
 class Request(Protocol):
@@ -40,6 +54,17 @@ class Request(Protocol):
     resource: str
     subresource: str | None
     namespace: str | None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A request described rather than logged (e.g. one of the adapter's declared permissions)."""
+
+    verb: str
+    api_group: str
+    resource: str
+    subresource: str | None = None
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -73,8 +98,13 @@ def pitcrew_requests(log: list[LoggedRequest]) -> list[LoggedRequest]:
 NODE = "gpu-node-02"
 
 
-async def tour(make: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path) -> None:
-    """Every operation of the adapter once, each replace strategy on the node then in place."""
+async def tour(
+    make: Callable[..., KubernetesCluster],
+    k8s: KubeEmulator,
+    tmp_path: Path,
+    strategies: tuple[str, ...] = STRATEGIES,
+) -> None:
+    """Every operation of the adapter once, then a replacement with each of ``strategies``."""
     template = tmp_path / "job.yaml"
     template.write_text(
         yaml.safe_dump({"spec": {"template": {"spec": {"containers": [{"name": "x", "image": "x"}]}}}})
@@ -95,6 +125,12 @@ async def tour(make: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_pa
     k8s.job_exit_codes["pitcrew-reset-gpu-pc-1"] = 1
     with pytest.raises(PermanentError):  # a failed Job: its pod's exit code is read
         await cluster.reset_gpu(NODE, ["0"], incident_id="pc-1")
+    if strategies != STRATEGIES:  # one strategy's install: replace the node that way
+        for strategy in strategies:
+            await make(replace={"strategy": strategy}).replace(
+                NODE, strategy="configured", incident_id="pc-1"
+            )
+        return
     await make(replace={"strategy": "karpenter"}).replace(NODE, strategy="configured", incident_id="pc-1")
     await _settled(k8s)
     [replacement] = [n for (kind, _, n) in k8s.objects if kind == "nodes"]
@@ -111,6 +147,35 @@ async def _settled(k8s: KubeEmulator) -> None:
 
 def load(path: Path = RBAC_YAML) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def load_all_strategies() -> list[dict[str, Any]]:
+    """The base's rbac.yaml and every replace component's: what the tour of every strategy needs."""
+    return [*load(), *(d for s in STRATEGIES for d in load(component_rbac(s)))]
+
+
+def _key(verb: str, group: str, resource: str, subresource: str | None) -> tuple[str, str, str, str]:
+    return (verb, group, resource, subresource or "")
+
+
+def _strategy_only(strategy: str) -> set[tuple[str, str, str, str]]:
+    """What the adapter asks for with ``strategy`` and not without a replace strategy."""
+
+    def keys(perms: tuple[Permission, ...]) -> set[tuple[str, str, str, str]]:
+        return {_key(p.verb, p.group, p.resource, p.subresource) for p in perms}
+
+    settings = KubernetesSettings.model_validate
+    return keys(needed(settings({"replace": {"strategy": strategy}}))) - keys(
+        needed(settings({"replace": {"strategy": "none"}}))
+    )
+
+
+def for_strategy(requests: Iterable[Request], strategy: str) -> list[Request]:
+    """``requests`` without those only another strategy sends (``strategy``: one of STRATEGIES,
+    ``command`` or ``none``)."""
+    mine = _strategy_only(strategy) if strategy in STRATEGIES else set()
+    others = set().union(*(_strategy_only(s) for s in STRATEGIES if s != strategy)) - mine
+    return [r for r in requests if _key(r.verb, r.api_group, r.resource, r.subresource) not in others]
 
 
 def grants(

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,11 @@ DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "kubernetes"
 OVERLAYS = {"observe": DEPLOY / "overlays" / "observe", "auto": DEPLOY / "overlays" / "auto"}
 KUSTOMIZATIONS = {"base": BASE, **OVERLAYS}
+#: The replace strategies' RBAC, one kustomize component each (deploy/kubernetes/rbac.yaml).
+COMPONENTS = {
+    strategy: BASE / "components" / f"replace-{strategy}"
+    for strategy in ("cluster-api", "karpenter", "delete-node")
+}
 DOCKERFILE = REPO / "Dockerfile"
 
 
@@ -65,7 +71,7 @@ def render(directory: Path) -> str:
     result = subprocess.run(
         [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 0, f"kustomize {directory.relative_to(REPO)}: {result.stderr}"
+    assert result.returncode == 0, f"kustomize {directory}: {result.stderr}"
     return result.stdout
 
 
@@ -93,10 +99,31 @@ _CACHE: dict[str, Rendered] = {}
 
 
 def rendered(name: str) -> Rendered:
+    """``base``, an overlay, or ``base+<strategy>``: the base with that replace component."""
     if name not in _CACHE:
-        text = render(KUSTOMIZATIONS[name])
+        if name.startswith("base+"):
+            text = _render_base_with(COMPONENTS[name.removeprefix("base+")])
+        else:
+            text = render(KUSTOMIZATIONS[name])
         _CACHE[name] = Rendered(name, text, tuple(load_all(text)))
     return _CACHE[name]
+
+
+def _render_base_with(component: Path) -> str:
+    """The base plus one component, as an operator's own overlay would write it (kustomize takes
+    only relative paths to them)."""
+    with tempfile.TemporaryDirectory(prefix="pitcrew-overlay-") as where:
+        (Path(where) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(BASE, where)],
+                    "components": [os.path.relpath(component, where)],
+                }
+            )
+        )
+        return render(Path(where))
 
 
 def container(deployment: Mapping[str, Any]) -> dict[str, Any]:

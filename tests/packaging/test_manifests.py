@@ -11,7 +11,10 @@
 - secrets are only referenced: no Secret object, every ``*_file`` of the configuration is a key
   of a mounted Secret;
 - ``pitcrew check-config`` accepts the configuration each overlay mounts, laid out as the kubelet
-  would mount it; the auto overlay changes only what pitcrew may do;
+  would mount it; every one runs the real Kubernetes adapter in-cluster; the auto overlay changes
+  only what pitcrew may do;
+- each rendering carries the RBAC of exactly the replace strategy its configuration names (a
+  component per strategy, none in the base), and the node-events Role stays in ``default``;
 - the PrometheusRule and AlertmanagerConfig are the ones rules/ and alertmanager/ ship, and the
   Service, ServiceMonitor, NetworkPolicy and Alertmanager route agree on names and ports.
 """
@@ -32,6 +35,7 @@ from cloudcoil.models.prometheus_operator import v1, v1alpha1
 
 from tests.packaging.manifests import (
     BASE,
+    COMPONENTS,
     KUSTOMIZATIONS,
     REPO,
     container,
@@ -52,6 +56,10 @@ EXPECTED = {
     ("ServiceAccount", "pitcrew"),
     ("ClusterRole", "pitcrew"),
     ("ClusterRoleBinding", "pitcrew"),
+    ("Role", "pitcrew-jobs"),
+    ("RoleBinding", "pitcrew-jobs"),
+    ("Role", "pitcrew-events"),
+    ("RoleBinding", "pitcrew-events"),
     ("PersistentVolumeClaim", "pitcrew-state"),
     ("Deployment", "pitcrew"),
     ("Service", "pitcrew"),
@@ -62,7 +70,22 @@ EXPECTED = {
     ("ConfigMap", "pitcrew-config"),
     ("NetworkPolicy", "pitcrew"),
 }
+#: The overlays opt into cluster-api replacement; the base replaces nothing.
+STRATEGY = {"base": "none", "observe": "cluster-api", "auto": "cluster-api"}
+#: Where the namespaced objects go: pitcrew's namespace, but node events live in ``default``.
+NAMESPACE_OF = {("Role", "pitcrew-events"): "default", ("RoleBinding", "pitcrew-events"): "default"}
 ALL = sorted(KUSTOMIZATIONS)
+WITH_COMPONENT = [f"base+{strategy}" for strategy in COMPONENTS]
+
+
+def replace_objects(strategy: str) -> set[tuple[str, str]]:
+    """The component's objects for ``strategy`` (none for ``command`` and ``none``)."""
+    if strategy not in COMPONENTS:
+        return set()
+    return {
+        ("ClusterRole", f"pitcrew-replace-{strategy}"),
+        ("ClusterRoleBinding", f"pitcrew-replace-{strategy}"),
+    }
 
 
 def schema_problems(obj: dict[str, Any]) -> list[str]:
@@ -98,22 +121,26 @@ def _unhashed(name: str) -> str:
     return "pitcrew-config" if name.startswith("pitcrew-config-") else name
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
 def test_renders_exactly_the_expected_objects_in_pitcrews_namespace(name: str) -> None:
     r = rendered(name)
     found = {(o["kind"], _unhashed(o["metadata"]["name"])) for o in r.objects}
-    assert found == EXPECTED
-    assert len(r.objects) == len(EXPECTED)
+    expected = EXPECTED | replace_objects(STRATEGY.get(name, name.removeprefix("base+")))
+    assert found == expected
+    assert len(r.objects) == len(expected)
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     for obj in r.objects:
         if obj["kind"] not in cluster_scoped:
-            assert obj["metadata"].get("namespace") == "pitcrew", obj["kind"]
+            key = (obj["kind"], obj["metadata"]["name"])
+            assert obj["metadata"].get("namespace") == NAMESPACE_OF.get(key, "pitcrew"), key
+    for obj in r.objects:  # the base's label, and the components' own, mark everything pitcrew ships
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pitcrew", obj["metadata"]["name"]
     assert r.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"].startswith(
         "pitcrew-config-"
     ), "the Deployment must mount the generated (content-hashed) config"
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
 def test_every_object_is_valid_against_its_schema(name: str) -> None:
     problems = {f"{o['kind']}/{o['metadata']['name']}": schema_problems(o) for o in rendered(name).objects}
     assert {k: v for k, v in problems.items() if v} == {}
@@ -224,6 +251,21 @@ def test_pitcrew_check_config_accepts_the_mounted_configuration(name: str, tmp_p
     assert f"mode {mode}; listen 0.0.0.0:9095" in result.stdout
 
 
+@pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
+def test_the_replace_rbac_is_the_configured_strategys_and_no_other(name: str) -> None:
+    r = rendered(name)
+    found = {(o["kind"], o["metadata"]["name"]) for o in r.objects if "-replace-" in o["metadata"]["name"]}
+    if name.startswith("base+"):  # an operator's own overlay: the component alone decides
+        assert found == replace_objects(name.removeprefix("base+"))
+        return
+    config = yaml.safe_load(r.config_text())
+    assert config["integrations"]["cluster"] == "kubernetes"
+    assert config["kubernetes"]["in_cluster"] is True
+    strategy = config["kubernetes"]["replace"]["strategy"]
+    assert strategy == STRATEGY[name]
+    assert found == replace_objects(strategy), f"{name}: {strategy} needs exactly its component"
+
+
 def test_a_secret_the_deployment_does_not_mount_is_named_by_check_config(tmp_path: Path) -> None:
     r = rendered("base")
     broken = copy.deepcopy(r.one("Deployment", "pitcrew"))
@@ -246,13 +288,17 @@ def test_a_secret_the_deployment_does_not_mount_is_named_by_check_config(tmp_pat
 
 def test_auto_overlay_changes_only_what_pitcrew_may_do() -> None:
     base = yaml.safe_load(rendered("base").config_text())
+    observe = yaml.safe_load(rendered("observe").config_text())
     auto = yaml.safe_load(rendered("auto").config_text())
-    assert base["mode"] == "observe" and rendered("observe").config_text() == rendered("base").config_text()
-    assert auto["mode"] == "auto"
-    action_keys = {"mode", "playbook_modes", "approvals", "integrations"}
-    assert {k: v for k, v in base.items() if k not in action_keys} == {
+    assert base["mode"] == observe["mode"] == "observe" and auto["mode"] == "auto"
+    action_keys = {"mode", "playbook_modes", "approvals"}
+    assert {k: v for k, v in observe.items() if k not in action_keys} == {
         k: v for k, v in auto.items() if k not in action_keys
     }
+    # The observe overlay is the base with a replace strategy chosen, nothing else.
+    assert observe["kubernetes"]["replace"] == {"strategy": "cluster-api"}
+    observe["kubernetes"]["replace"] = base["kubernetes"]["replace"]
+    assert observe == base
     # Outside observe, nothing that changes a system may go to the dry-run journal (bot.safety).
     assert "journal" not in {auto["integrations"]["scheduler"], auto["integrations"]["cluster"]}
 

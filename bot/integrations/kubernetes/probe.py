@@ -3,7 +3,8 @@
 Every permission is asked with a SelfSubjectAccessReview, the API server's own answer to
 "may I?", so the probe changes nothing; the first answer also proves the server reachable and
 the credentials accepted. The verbs are the adapter's (``needed``), which is
-also what ``deploy/kubernetes/rbac.yaml`` grants.
+also what ``deploy/kubernetes/rbac.yaml`` grants, with the replace strategy's component
+(``deploy/kubernetes/components/replace-<strategy>``).
 """
 
 from __future__ import annotations
