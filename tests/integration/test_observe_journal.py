@@ -49,7 +49,7 @@ def test_observe_mode_writes_down_what_it_would_do_and_holds_no_state(pitcrew_fa
     assert notice["incident_id"] == incident_id
     assert notice["title"].startswith("gpu-node-02: ") and notice["title"].endswith("→ replace-node")
     assert any("Plan: replace-node" in line and "(mode observe)" in line for line in notice["lines"])
-    assert notice["actions"] == ["rollback"]
+    assert notice["actions"] == []  # observe mode changes nothing, so there is nothing to roll back
 
     logged = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
     [entry] = [e for e in logged if e.get("logger") == "pitcrew.notice" and e.get("kind") == "incident"]

@@ -20,6 +20,9 @@ QPS, BURST = 50.0, 10
 #: Stamps are taken when the emulator reads a request, in the same event loop as the client: allow
 #: two requests of scheduling jitter at the window edges.
 JITTER = 2
+#: On a loaded machine the loop can stall; requests the client sent at the allowed rate during the
+#: stall are then read (and stamped) together. Allow that much time on top of each window.
+STALL = 0.2
 
 
 def _busiest(stamps: list[float], window: float) -> int:
@@ -47,7 +50,7 @@ async def test_two_hundred_pollers_stay_within_qps_and_burst(
     stamps = [e.at for e in k8s.log]
     assert len(stamps) == INCIDENTS * POLLS
     for window in (0.5, 1.0, 2.0):
-        assert _busiest(stamps, window) <= BURST + QPS * window + JITTER, window
+        assert _busiest(stamps, window) <= BURST + QPS * (window + STALL) + JITTER, window
     took = max(stamps) - min(stamps)
     assert took >= (INCIDENTS * POLLS - BURST) / QPS * 0.9
     print(
