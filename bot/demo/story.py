@@ -40,8 +40,8 @@ STAGES = (
     ("detection", "fault", "webhook", "Prometheus scrape + rule evaluation, Alertmanager"),
     ("decision", "webhook", "slurm_down", "pitcrew: admit, guard, notify, take the node out"),
     ("slurm", "slurm_down", "job_running", "Slurm: requeue and start the job elsewhere"),
-    ("kubernetes", "slurm_down", "drain", "cordon and drain (Kubernetes far side)"),
-    ("replacement wait", "replace", "node_ready", "the emulated replacement joining"),
+    ("kubernetes", "slurm_down", "drain", "cordon and drain (Kubernetes API emulator)"),
+    ("replacement wait", "replace", "node_ready", "Machine deleted → the emulated new node Ready"),
     ("job restart", "job_running", "job_progress", "the job loading its checkpoint and stepping on"),
     ("close", "node_ready", "closed", "pitcrew: slurmd back, RESUME, confirm, close"),
 )
@@ -192,7 +192,7 @@ class Story:
         acted = self._acted()
         self._until(
             "each closed incident's summary to reach the channel",
-            lambda: self._channel_counts()["summaries"] >= len(acted),
+            lambda: all(self._shown_closed(n) for n in acted),
         )
         self.verdict.append(
             f"{len(acted)} of {len(self.targets)} nodes acted on (breaker limit {BREAKER_NODES})"
@@ -216,6 +216,20 @@ class Story:
     def _summary_posted(self) -> bool:
         assert self.incident_id is not None
         return any(SUMMARY_WORDS in n.text() for n in self.ground.far_side.thread(self.incident_id))
+
+    def _shown_closed(self, node: str) -> bool:
+        """The channel tells people ``node``'s incident ended: its summary, sent to the channel, or
+        (an incident that opened once the storm's digest had started) its line in the digest."""
+        for notice in self.ground.far_side.thread():
+            text = notice.text()
+            if SUMMARY_WORDS in text and f"{node}: " in text:
+                return True
+            if DIGEST_WORDS in text.lower() and any(
+                line.startswith(f"• {node} — ") and any(f" — {s} (" in line for s in TERMINAL)
+                for line in notice.lines
+            ):
+                return True
+        return False
 
     def _channel_counts(self) -> dict[str, int]:
         """What the channel shows: its messages, the breaker's notices and storm digests among them."""
@@ -275,7 +289,12 @@ class Story:
         self._observe_job()
         joined = self.ground.replaced.get(self.node)
         if joined is not None and tl.at("replace") is not None:
-            tl.mark("node_ready", f"{self.node}'s successor joined; its slurmd registered again", at=joined)
+            successor = self.ground.successors.get(self.node, "its successor")
+            tl.mark(
+                "node_ready",
+                f"{successor} Ready in Kubernetes; slurmd {self.node} registered again",
+                at=joined,
+            )
         if self.incident.get("state") in TERMINAL:
             state, outcome = self.incident["state"], self.incident.get("outcome") or ""
             words = state + (f": {outcome}" if outcome and outcome != state else "")
@@ -309,10 +328,11 @@ class Story:
                 tl.mark("slurm_down", event["detail"], at=at)
             elif kind == "step_finished" and step in ("cordon", "drain", "reset_gpu", "reboot"):
                 tl.mark(step, event["detail"], at=at)
-            elif kind == "step_started" and step == "replace":
+            elif kind == "step_finished" and step == "replace":
                 tl.mark(
                     "replace",
-                    f"{self.node} (emulated: its successor joins after {self.ground.replace_delay:.0f}s)",
+                    f"{event['detail']} (the emulated MachineSet's new node turns Ready after "
+                    f"{self.ground.replace_delay:.0f}s)",
                     at=at,
                 )
 

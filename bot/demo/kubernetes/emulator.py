@@ -69,9 +69,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
     faults: FaultPlan = attrs.field(factory=FaultPlan)
     #: Seconds the kubelet stand-in takes to remove a terminating pod; None keeps it until a test finishes it.
     pod_termination_delay: float | None = 0.05
-    #: Seconds after a Machine/NodeClaim delete until the replacement Node exists, then until it is Ready.
+    #: Seconds after a Machine/NodeClaim delete until the replacement Node exists, then until it is Ready
+    #: (None: it stays NotReady until someone flips its condition, as ``pitcrew demo`` does).
     replace_delay: float = 0.05
-    ready_delay: float = 0.1
+    ready_delay: float | None = 0.1
     #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
     autoscaler: bool = True
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them.
@@ -491,6 +492,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         self.add("nodes", node)
         handle = resources.replacement_handle(old, node_name, suffix)
         self.add(res.plural, handle)
+        if self.ready_delay is None:
+            return
         await asyncio.sleep(self.ready_delay)
         if ("nodes", None, node_name) in self.objects:
             self.set_node_condition(node_name, "Ready", "True")
@@ -500,6 +503,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         suffix = uuid.uuid4().hex[:5]
         name = f"{old['metadata']['name']}-{suffix}"
         self.add("nodes", resources.replacement_node(old, name, suffix))
+        if self.ready_delay is None:
+            return
         await asyncio.sleep(self.ready_delay)
         if ("nodes", None, name) in self.objects:
             self.set_node_condition(name, "Ready", "True")

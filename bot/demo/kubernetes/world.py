@@ -200,3 +200,34 @@ def settings_for(world: KubeWorld, workdir: Path, **kubernetes: Any) -> dict[str
         "integrations": {"cluster": "kubernetes"},
         "kubernetes": {"kubeconfig": str(world.kubeconfig(workdir / "kubeconfig")), **kubernetes},
     }
+
+
+def demo_fleet(emulator: KubeEmulator, names: list[str]) -> None:
+    """``pitcrew demo``'s cluster: ``gpu_fleet`` (one GPU node and CAPI Machine per Slurm node), and
+    on each node a DaemonSet pod and a mirror pod (a drain leaves both), and a training worker of
+    one PyTorchJob whose budget lets one worker at a time be evicted."""
+    gpu_fleet(emulator, names)
+    by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
+    for index, node in enumerate(names):
+        daemon = copy.deepcopy(by_name["nvidia-dcgm-exporter-7wq4n"])
+        daemon["metadata"].update(name=f"node-exporter-{node}", namespace="monitoring")
+        mirror = copy.deepcopy(by_name["gpu-health-agent-gpu-node-02"])
+        mirror["metadata"]["name"] = f"gpu-health-agent-{node}"
+        mirror["metadata"]["ownerReferences"][0]["name"] = node
+        worker = copy.deepcopy(by_name["llama-pretrain-worker-2"])
+        worker["metadata"]["name"] = f"llama-pretrain-worker-{index}"
+        worker["metadata"]["labels"]["training.kubeflow.org/replica-index"] = str(index)
+        for pod in (daemon, mirror, worker):
+            pod["spec"]["nodeName"] = node
+            emulator.add("pods", pod)
+    emulator.add(
+        "poddisruptionbudgets",
+        {
+            "metadata": {"name": "llama-pretrain", "namespace": "training", "generation": 1},
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": {"training.kubeflow.org/job-name": "llama-pretrain"}},
+            },
+            "status": {"observedGeneration": 1},
+        },
+    )
