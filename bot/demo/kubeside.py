@@ -138,14 +138,13 @@ class KubernetesFarSide:
         return [node for node, action in self._jobs() if action in ("reset_gpu", "reboot")]
 
     def _jobs(self) -> list[tuple[str, str]]:
-        """(node, PITCREW_ACTION) of each Job pitcrew created, in order."""
-        created = [(e.namespace, e.name) for e in self.log() if e.resource == "jobs" and e.status == 201]
+        """(node, PITCREW_ACTION) of each Job at the emulator (only pitcrew creates Jobs), oldest
+        first (the emulator keeps its objects in the order they were created)."""
 
         def read(emulator: KubeEmulator) -> list[tuple[str, str]]:
             found = []
-            for namespace, name in created:
-                job = emulator.get("jobs", name or "", namespace)
-                if job is None:
+            for (plural, _, _), job in emulator.objects.items():
+                if plural != "jobs":
                     continue
                 spec = job["spec"]["template"]["spec"]
                 env = {
@@ -180,7 +179,8 @@ class KubernetesFarSide:
                 # pitcrew's first write to a node is its cordon; later ones annotate or undo it.
                 calls.append("cordon" if e.verb == "patch" and "cordon" not in calls else f"{e.verb} node")
             elif e.resource == "pods" and self._pods.get((e.namespace or "", e.name or "")) == node:
-                calls.append("evict" if e.subresource == "eviction" else "delete_pod")
+                call = "evict" if e.subresource == "eviction" else "delete_pod"
+                calls.append(call if e.status in (200, 201) else f"{call} ({e.status})")
             elif e.resource == "machines" and self._machines.get(e.name or "") == node:
                 calls.append("replace")
         calls += [action for job_node, action in self._jobs() if job_node == node]
