@@ -214,8 +214,10 @@ class Story:
         )
 
     def _summary_posted(self) -> bool:
+        """The thread holds the closing summary and the close step's own reply (posted after it)."""
         assert self.incident_id is not None
-        return any(SUMMARY_WORDS in n.text() for n in self.ground.far_side.thread(self.incident_id))
+        thread = self.ground.far_side.thread(self.incident_id)
+        return any(SUMMARY_WORDS in n.text() for n in thread) and any(" close: " in n.title for n in thread)
 
     def _shown_closed(self, node: str) -> bool:
         """The channel tells people ``node``'s incident ended: its summary, sent to the channel, or
