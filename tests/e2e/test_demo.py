@@ -22,7 +22,8 @@ its run left. Cases:
   Machine deleted each), every other one suppressed, one breaker notice counting the fleet
   from Kubernetes; Slurm has every node back in service; the channel
   shows one storm digest and no message of its own for any held node;
-* Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind.
+* Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind;
+* a ``--keep`` demo whose starter is SIGKILLed (a killed test run) stops everything by itself.
 """
 
 from __future__ import annotations
@@ -318,3 +319,41 @@ def test_ctrl_c_in_the_middle_leaves_nothing_behind(demo: Any) -> None:
     assert d.interrupt() == 130, d.text()
     assert "no process of the demo is left" in d.text()
     assert leftovers(workdir) == []
+
+
+def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None:
+    """A test run (or terminal) killed while its ``--keep`` demo is up leaves no server behind."""
+    require_slurm()
+    summary_path, output = tmp_path / "app-xid.json", tmp_path / "app-xid.out"
+    argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", "app-xid", "--plain", "--keep"]
+    argv += ["--json-summary", str(summary_path), "--timeout", "120"]
+    starter_code = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen({argv!r}, stdout=open({str(output)!r}, 'wb'), stderr=subprocess.STDOUT); "
+        "print(p.pid, flush=True); p.wait()"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, "-c", starter_code], stdout=subprocess.PIPE, env=dict(os.environ), cwd=REPO
+    )
+    assert starter.stdout is not None
+    pid = int(starter.stdout.readline())
+    try:
+        wait_until(summary_path.exists, timeout=200, interval=0.2, what="the demo's summary")
+        wait_until(lambda: "Stop it with Ctrl-C" in output.read_text(), timeout=30, interval=0.1)
+        starter.kill()  # as a killed test runner would be: no Ctrl-C reaches the demo
+        starter.wait()
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].startswith("Z")
+            except OSError:
+                return True
+
+        wait_until(gone, timeout=60, interval=0.2, what=f"the orphaned demo to stop\n{output.read_text()}")
+        text = output.read_text()
+        assert "is gone: stopping everything" in text and "no process of the demo is left" in text, text
+        assert leftovers(json.loads(summary_path.read_text())["workdir"]) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+        starter.kill()
