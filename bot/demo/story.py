@@ -331,10 +331,13 @@ class Story:
             elif kind == "step_finished" and step in ("cordon", "drain", "reset_gpu", "reboot"):
                 tl.mark(step, event["detail"], at=at)
             elif kind == "step_finished" and step == "replace":
+                # The handle: "<strategy> <kind>/<namespace>/<name> since=... gpus=... pool=...".
+                handle = " ".join(str(_result(inc, "replace").get("handle") or "").split()[:2])
                 tl.mark(
                     "replace",
-                    f"{event['detail']} (the emulated MachineSet's new node turns Ready after "
-                    f"{self.ground.replace_delay:.0f}s)",
+                    f"{handle + ' deleted' if handle else event['detail']} (the emulated MachineSet's new "
+                    "node turns Ready "
+                    f"after {self.ground.replace_delay:.0f}s)",
                     at=at,
                 )
 
@@ -492,6 +495,14 @@ def summary_lines(report: dict[str, Any], ground: ProvingGround) -> Iterator[str
     yield f"Logs and data: {report['workdir']}"
     yield f"  pitcrew log {ground.pitcrew.log if ground.pitcrew else '-'}, store {ground.pitcrew.store if ground.pitcrew else '-'}"
     yield f"  Slurm logs {ground.slurm.run_dir / 'log'}, Prometheus {ground.workdir / 'prometheus'}, Alertmanager {ground.workdir / 'alertmanager'}"
+
+
+def _result(incident: dict[str, Any], step: str) -> dict[str, Any]:
+    """The recorded result of one of the incident's steps ({} until it has one)."""
+    for record in incident.get("step_records") or []:
+        if record.get("step") == step and isinstance(record.get("result"), dict):
+            return dict(record["result"])
+    return {}
 
 
 def self_recovers(report: dict[str, Any]) -> bool:
