@@ -1,7 +1,8 @@
 """Time to recovery on the proving ground: ``pitcrew demo --scenario xid79``, run as a user runs it.
 
 Each run is a fresh ``python -m bot.cli demo --scenario xid79 --json-summary`` (real Prometheus,
-Alertmanager and Slurm, the dcgm-exporter stand-in, pitcrew in auto mode); the demo's summary
+Alertmanager and Slurm, the dcgm-exporter stand-in, the Kubernetes API emulator behind pitcrew's
+real Kubernetes adapter, the Slack stand-in, pitcrew in auto mode); the demo's summary
 gives the milestones. Printed over all runs, min/median/max: fault -> job running again, fault ->
 job past its checkpoint, fault -> incident closed, each stage (detection, pitcrew's decision,
 Slurm, Kubernetes, replacement wait, job restart, close), and pitcrew's own share (from its own

@@ -175,13 +175,15 @@ def read_credentials(config: Config) -> Credentials:
 
 
 class _CloseCluster:
-    """Closes the Kubernetes client's connections once the engine has stopped using them."""
+    """Builds the Kubernetes client at start (so no incident waits for it) and closes its
+    connections once the engine has stopped using them."""
 
     def __init__(self, cluster: Cluster | None) -> None:
         self._cluster = cluster
 
     async def start(self) -> None:
-        return None
+        if isinstance(self._cluster, KubernetesCluster):
+            await self._cluster.warm()
 
     async def stop(self) -> None:
         if isinstance(self._cluster, KubernetesCluster):

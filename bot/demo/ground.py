@@ -79,7 +79,8 @@ class ProvingGround:
         self.prometheus: Prometheus | None = None
         self.alertmanager: Alertmanager | None = None
         self.pitcrew: Pitcrew | None = None
-        self.replaced: dict[str, float] = {}  # node -> Unix time its successor joined
+        self.replaced: dict[str, float] = {}  # node -> Unix time its successor turned Ready
+        self.successors: dict[str, str] = {}  # node -> the cluster node that replaced it
         self.reset: set[str] = set()  # nodes whose GPUs were reset or rebooted
         self.replace_errors: list[str] = []
         self._stop = threading.Event()
@@ -174,8 +175,9 @@ class ProvingGround:
 
     # ------------------------------------------------------------------ replacement controller
     def _replace_loop(self) -> None:
-        """A replaced node's successor joins ``replace_delay`` after pitcrew asked for it; a GPU
-        reset or reboot brings the node's GPUs back healthy at once."""
+        """A replaced node's successor joins ``replace_delay`` after pitcrew asked for it (the
+        Slurm node it carries registers again, then the cluster reports it Ready); a GPU reset or
+        reboot brings the node's GPUs back healthy at once."""
         asked: dict[str, float] = {}
         while not self._stop.wait(0.2):
             try:
@@ -191,7 +193,7 @@ class ProvingGround:
                     self.slurm.restart_slurmd(node)  # the new machine's slurmd registers under the name
                     if self.standin is not None:
                         self.standin.node(node).clear()  # fresh GPUs, exporter counters from zero
-                    self.far_side.node_ready(node)
+                    self.successors[node] = self.far_side.node_ready(node)
                     self.replaced[node] = time.time()
             except Exception as exc:  # shown in the summary; the run's own waits then time out
                 self.replace_errors.append(f"{type(exc).__name__}: {exc}")

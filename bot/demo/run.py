@@ -136,9 +136,14 @@ def _keep(ground: ProvingGround, tl: Timeline, incident_id: str | None) -> None:
     for line in ground.far_side.where(incident_id):
         tl.say(f"  {line}")
     tl.say(f"Stop it with Ctrl-C here, or from anywhere: pitcrew demo --stop (kill -TERM {os.getpid()})")
+    tl.say("  (it also stops once the process that started it is gone)")
+    parent = os.getppid()
     try:
-        while True:
-            time.sleep(3600)
+        # A demo whose starter died (a killed test run, a closed terminal) must not keep its
+        # servers running with no one left to stop them.
+        while os.getppid() == parent:
+            time.sleep(1)
+        tl.say(f"\n  the process that started the demo (pid {parent}) is gone: stopping everything")
     except (KeyboardInterrupt, Stopped):
         tl.say("\n  stopping everything")
 

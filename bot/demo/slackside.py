@@ -1,7 +1,7 @@
 """The demo's notifier: pitcrew's real Slack adapter talking to the Slack stand-in, over HTTP mode.
 
-``SlackFarSide`` wraps the cluster far side (the simulated one today, the Kubernetes API emulator
-once it lands: whatever ``FarSide`` is given) and adds Slack: it starts the stand-in
+``SlackFarSide`` wraps the cluster far side (the Kubernetes API emulator: whatever ``FarSide`` is
+given) and adds Slack: it starts the stand-in
 (``bot.demo.slack``) on its own thread with throw-away tokens written into the run directory,
 sets ``integrations.notifier: slack`` in pitcrew's configuration, and reads what people were told
 from the stand-in's record. Approving clicks the parent message's Approve button: the stand-in
@@ -108,8 +108,8 @@ class SlackFarSide:
     def resets(self) -> list[str]:
         return self.cluster.resets()
 
-    def node_ready(self, node: str) -> None:
-        self.cluster.node_ready(node)
+    def node_ready(self, node: str) -> str:
+        return self.cluster.node_ready(node)
 
     def node_calls(self, node: str) -> list[str]:
         return self.cluster.node_calls(node)
@@ -197,6 +197,7 @@ class SlackFarSide:
     def state(self) -> dict[str, Any]:
         """For ``pitcrew demo --click`` from another terminal, and scripts."""
         return {
+            **self.cluster.state(),
             "slack_click_url": self._standin.click_url,
             "slack_channel": CHANNEL,
             "slack_approver": APPROVER,
@@ -206,6 +207,7 @@ class SlackFarSide:
     def where(self, incident_id: str | None) -> list[str]:
         click = f"pitcrew demo --click approve {incident_id or 'ID'}"
         return [
+            *self.cluster.where(incident_id),
             f"Slack         {self.transcript} (the #gpu-ops channel and its threads, rewritten as it changes)",
             f"              Web API stand-in {self._standin.base_url}; a click as alice: {click}",
         ]

@@ -40,8 +40,8 @@ STAGES = (
     ("detection", "fault", "webhook", "Prometheus scrape + rule evaluation, Alertmanager"),
     ("decision", "webhook", "slurm_down", "pitcrew: admit, guard, notify, take the node out"),
     ("slurm", "slurm_down", "job_running", "Slurm: requeue and start the job elsewhere"),
-    ("kubernetes", "slurm_down", "drain", "cordon and drain (Kubernetes far side)"),
-    ("replacement wait", "replace", "node_ready", "the emulated replacement joining"),
+    ("kubernetes", "slurm_down", "drain", "cordon and drain (Kubernetes API emulator)"),
+    ("replacement wait", "replace", "node_ready", "Machine deleted → the emulated new node Ready"),
     ("job restart", "job_running", "job_progress", "the job loading its checkpoint and stepping on"),
     ("close", "node_ready", "closed", "pitcrew: slurmd back, RESUME, confirm, close"),
 )
@@ -192,7 +192,7 @@ class Story:
         acted = self._acted()
         self._until(
             "each closed incident's summary to reach the channel",
-            lambda: self._channel_counts()["summaries"] >= len(acted),
+            lambda: all(self._shown_closed(n) for n in acted),
         )
         self.verdict.append(
             f"{len(acted)} of {len(self.targets)} nodes acted on (breaker limit {BREAKER_NODES})"
@@ -214,8 +214,24 @@ class Story:
         )
 
     def _summary_posted(self) -> bool:
+        """The thread holds the closing summary and the close step's own reply (posted after it)."""
         assert self.incident_id is not None
-        return any(SUMMARY_WORDS in n.text() for n in self.ground.far_side.thread(self.incident_id))
+        thread = self.ground.far_side.thread(self.incident_id)
+        return any(SUMMARY_WORDS in n.text() for n in thread) and any(" close: " in n.title for n in thread)
+
+    def _shown_closed(self, node: str) -> bool:
+        """The channel tells people ``node``'s incident ended: its summary, sent to the channel, or
+        (an incident that opened once the storm's digest had started) its line in the digest."""
+        for notice in self.ground.far_side.thread():
+            text = notice.text()
+            if SUMMARY_WORDS in text and f"{node}: " in text:
+                return True
+            if DIGEST_WORDS in text.lower() and any(
+                line.startswith(f"• {node} — ") and any(f" — {s} (" in line for s in TERMINAL)
+                for line in notice.lines
+            ):
+                return True
+        return False
 
     def _channel_counts(self) -> dict[str, int]:
         """What the channel shows: its messages, the breaker's notices and storm digests among them."""
@@ -275,7 +291,12 @@ class Story:
         self._observe_job()
         joined = self.ground.replaced.get(self.node)
         if joined is not None and tl.at("replace") is not None:
-            tl.mark("node_ready", f"{self.node}'s successor joined; its slurmd registered again", at=joined)
+            successor = self.ground.successors.get(self.node, "its successor")
+            tl.mark(
+                "node_ready",
+                f"{successor} Ready in Kubernetes; slurmd {self.node} registered again",
+                at=joined,
+            )
         if self.incident.get("state") in TERMINAL:
             state, outcome = self.incident["state"], self.incident.get("outcome") or ""
             words = state + (f": {outcome}" if outcome and outcome != state else "")
@@ -309,10 +330,14 @@ class Story:
                 tl.mark("slurm_down", event["detail"], at=at)
             elif kind == "step_finished" and step in ("cordon", "drain", "reset_gpu", "reboot"):
                 tl.mark(step, event["detail"], at=at)
-            elif kind == "step_started" and step == "replace":
+            elif kind == "step_finished" and step == "replace":
+                # The handle: "<strategy> <kind>/<namespace>/<name> since=... gpus=... pool=...".
+                handle = " ".join(str(_result(inc, "replace").get("handle") or "").split()[:2])
                 tl.mark(
                     "replace",
-                    f"{self.node} (emulated: its successor joins after {self.ground.replace_delay:.0f}s)",
+                    f"{handle + ' deleted' if handle else event['detail']} (the emulated MachineSet's new "
+                    "node turns Ready "
+                    f"after {self.ground.replace_delay:.0f}s)",
                     at=at,
                 )
 
@@ -470,6 +495,14 @@ def summary_lines(report: dict[str, Any], ground: ProvingGround) -> Iterator[str
     yield f"Logs and data: {report['workdir']}"
     yield f"  pitcrew log {ground.pitcrew.log if ground.pitcrew else '-'}, store {ground.pitcrew.store if ground.pitcrew else '-'}"
     yield f"  Slurm logs {ground.slurm.run_dir / 'log'}, Prometheus {ground.workdir / 'prometheus'}, Alertmanager {ground.workdir / 'alertmanager'}"
+
+
+def _result(incident: dict[str, Any], step: str) -> dict[str, Any]:
+    """The recorded result of one of the incident's steps ({} until it has one)."""
+    for record in incident.get("step_records") or []:
+        if record.get("step") == step and isinstance(record.get("result"), dict):
+            return dict(record["result"])
+    return {}
 
 
 def self_recovers(report: dict[str, Any]) -> bool:

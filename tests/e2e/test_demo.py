@@ -9,16 +9,21 @@ its run left. Cases:
   another node; Slurm runs the job there with its restart count raised, and the job's own
   progress file shows it resumed from (at least) the checkpoint it had at the fault; the Slack
   stand-in holds the incident's thread (parent, one reply per step, the summary sent to the
-  channel) and the transcript file reads the same;
+  channel) and the transcript file reads the same; the Kubernetes API emulator logged the
+  cordon, the eviction and one Machine delete, and (asked over HTTP) no longer has the node but
+  its Ready successor, which is the node pitcrew's ``wait_ready`` found, with the DaemonSet and
+  mirror pods left on the old node;
 * ``approve``: the demo clicks Approve in the stand-in; the signed click reached pitcrew, whose
   audit log holds the approval by the Slack user (``slack:U0ALICE``); the incident then resolves;
-* ``app-xid``: an XID 13 incident with the ``notify-only`` playbook, a notice, no node step and
-  no action; Slurm still runs the job where it was, never restarted, its node in service; its
+* ``app-xid``: an XID 13 incident with the ``notify-only`` playbook, a notice, no node step,
+  no action, and no write request at the Kubernetes API emulator; Slurm still runs the job where it was, never restarted, its node in service; its
   Slack thread asks no approval;
-* ``storm``: twenty incidents, exactly the breaker's limit acted on (a Slurm DOWN each), every
-  other one suppressed, one breaker notice; Slurm has every node back in service; the channel
+* ``storm``: twenty incidents, exactly the breaker's limit acted on (a Slurm DOWN each, a
+  Machine deleted each), every other one suppressed, one breaker notice counting the fleet
+  from Kubernetes; Slurm has every node back in service; the channel
   shows one storm digest and no message of its own for any held node;
-* Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind.
+* Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind;
+* a ``--keep`` demo whose starter is SIGKILLed (a killed test run) stops everything by itself.
 """
 
 from __future__ import annotations
@@ -102,6 +107,11 @@ class Demo:
         env = {**os.environ, "SLURM_CONF": self.summary["slurm_conf"], "LC_ALL": "C"}
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=15, check=True).stdout
 
+    def kube(self, path: str) -> Any:
+        """A GET at the demo's Kubernetes API emulator, as kubectl would send it."""
+        with urllib.request.urlopen(self.summary["kubernetes_api"] + path, timeout=10) as response:
+            return json.loads(response.read())
+
     def job(self, job_id: str) -> dict[str, str]:
         line = self.slurm("scontrol", "show", "job", "-o", job_id).strip()
         return dict(field.split("=", 1) for field in line.split() if "=" in field)
@@ -177,6 +187,27 @@ def test_xid79_job_resumes_from_its_checkpoint(demo: Any) -> None:
     transcript = Path(summary["slack_transcript"]).read_text()
     assert thread[0].splitlines()[0] in transcript and "Slack thread, as people read it" in d.text()
     assert f"Slack         {summary['slack_transcript']}" in d.text()  # --keep says where it is
+    # Kubernetes: the emulator saw pitcrew cordon the node, evict its worker and delete its Machine
+    # (once); the MachineSet's new node is Ready and is the one pitcrew waited for; the DaemonSet
+    # and mirror pods were left where they were.
+    node = summary["job_node"]
+    calls = summary["node_calls"][node]
+    assert [c for c in calls if c in ("cordon", "evict", "replace")] == ["cordon", "evict", "replace"], calls
+    assert summary["kubernetes_requests"]["delete machines"] == 1
+    successor = summary["kubernetes_successors"][node]
+    ready = next(s for s in incident["step_records"] if s["step"] == "wait_ready")["result"]
+    assert ready["node"] == successor
+    nodes = {n["metadata"]["name"]: n for n in d.kube("/api/v1/nodes")["items"]}
+    assert node not in nodes and successor in nodes
+    assert {"type": "Ready", "status": "True"}.items() <= next(
+        c for c in nodes[successor]["status"]["conditions"] if c["type"] == "Ready"
+    ).items()
+    left = d.kube(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")["items"]
+    assert sorted(p["metadata"]["name"] for p in left) == [
+        f"gpu-health-agent-{node}",
+        f"node-exporter-{node}",
+    ]
+    assert f"Kubernetes    API emulator {summary['kubernetes_api']}" in d.text()
     stopped_cleanly(d)
 
 
@@ -235,6 +266,9 @@ def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
     assert not [s for k, s in kinds if k == "step_started" and s in NODE_STEPS]
     assert not [e for e in incident["events"] if e["kind"] == "action"]
     assert summary["node_calls"] == {summary["job_node"]: []}
+    # Nothing but reads reached the Kubernetes API emulator (its own request log).
+    verbs = {request.split()[0] for request in summary["kubernetes_requests"]}
+    assert verbs <= {"get", "list", "watch"}, summary["kubernetes_requests"]
     job = d.job(summary["job_id"])
     assert (job["JobState"], job["NodeList"], job["Restarts"]) == ("RUNNING", summary["job_node"], "0")
     state = d.slurm("sinfo", "-h", "-n", summary["job_node"], "-o", "%T").strip()
@@ -255,9 +289,17 @@ def test_storm_is_held_to_the_breaker_limit(demo: Any) -> None:
     assert all(i["state"] == "resolved" for i in downed)
     assert sorted(i["state"] for i in incidents if i not in downed) == ["suppressed"] * (20 - BREAKER_NODES)
     assert sum("circuit breaker opened" in text for text in summary["thread"]) == 1
-    # The channel: one digest for the storm; a thread and a closing summary per acted node only.
+    # The breaker counted the fleet from Kubernetes (the emulator's 20 GPU nodes).
+    [breaker] = [t for t in summary["thread"] if "circuit breaker opened" in t]
+    assert "fleet of 20 nodes from Kubernetes" in breaker, breaker
+    acted = {i["node"] for i in downed}
+    assert {n for n, calls in summary["node_calls"].items() if calls} == acted
+    assert summary["kubernetes_requests"]["delete machines"] == BREAKER_NODES
+    # The channel: one digest for the storm; a thread and a closing summary per acted node only
+    # (an acted incident whose notice came once the digest had started is shown there instead).
     channel = summary["channel"]
-    assert (channel["digest"], channel["breaker"], channel["summaries"]) == (1, 1, BREAKER_NODES)
+    assert (channel["digest"], channel["breaker"]) == (1, 1)
+    assert 1 <= channel["summaries"] <= BREAKER_NODES
     assert channel["messages"] <= 2 * BREAKER_NODES + 2, summary["thread"]
     [digest] = [t for t in summary["thread"] if "GPU fault storm: 20 nodes" in t]
     held = [i for i in incidents if i not in downed]
@@ -277,3 +319,41 @@ def test_ctrl_c_in_the_middle_leaves_nothing_behind(demo: Any) -> None:
     assert d.interrupt() == 130, d.text()
     assert "no process of the demo is left" in d.text()
     assert leftovers(workdir) == []
+
+
+def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None:
+    """A test run (or terminal) killed while its ``--keep`` demo is up leaves no server behind."""
+    require_slurm()
+    summary_path, output = tmp_path / "app-xid.json", tmp_path / "app-xid.out"
+    argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", "app-xid", "--plain", "--keep"]
+    argv += ["--json-summary", str(summary_path), "--timeout", "120"]
+    starter_code = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen({argv!r}, stdout=open({str(output)!r}, 'wb'), stderr=subprocess.STDOUT); "
+        "print(p.pid, flush=True); p.wait()"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, "-c", starter_code], stdout=subprocess.PIPE, env=dict(os.environ), cwd=REPO
+    )
+    assert starter.stdout is not None
+    pid = int(starter.stdout.readline())
+    try:
+        wait_until(summary_path.exists, timeout=200, interval=0.2, what="the demo's summary")
+        wait_until(lambda: "Stop it with Ctrl-C" in output.read_text(), timeout=30, interval=0.1)
+        starter.kill()  # as a killed test runner would be: no Ctrl-C reaches the demo
+        starter.wait()
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].startswith("Z")
+            except OSError:
+                return True
+
+        wait_until(gone, timeout=60, interval=0.2, what=f"the orphaned demo to stop\n{output.read_text()}")
+        text = output.read_text()
+        assert "is gone: stopping everything" in text and "no process of the demo is left" in text, text
+        assert leftovers(json.loads(summary_path.read_text())["workdir"]) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+        starter.kill()

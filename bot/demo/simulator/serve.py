@@ -30,7 +30,7 @@ from bot.engine.ports import Cluster, Scheduler
 from bot.integrations.slurm import build_scheduler
 from bot.runtime import metrics_query, serve, slurm_names_for
 
-_KEYS = frozenset({"journal", "inventory", "latency", "replace_seconds", "external_replacement"})
+_KEYS = frozenset({"journal", "inventory", "latency", "replace_seconds"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,6 @@ class WorldFile:
     latency: float = 0.0
     #: Seconds a replaced node stays NotReady: a node track that takes that long.
     replace_seconds: float = 0.0
-    #: A replaced node stays NotReady until a ``node_ready`` journal record (the demo writes it).
-    external_replacement: bool = False
 
 
 def load_world(path: Path) -> WorldFile:
@@ -52,7 +50,7 @@ def load_world(path: Path) -> WorldFile:
     unknown = set(data) - _KEYS
     if unknown or "journal" not in data:
         raise ConfigError(
-            f"world file {path}: needs journal, may have inventory, latency, replace_seconds, external_replacement; got {sorted(data)}"
+            f"world file {path}: needs journal, may have inventory, latency, replace_seconds; got {sorted(data)}"
         )
     try:
         latency = parse_duration(data.get("latency", 0)).total_seconds()
@@ -60,12 +58,7 @@ def load_world(path: Path) -> WorldFile:
     except ValueError as exc:
         raise ConfigError(f"world file {path}: {exc}") from None
     inventory = data.get("inventory")
-    external = data.get("external_replacement", False)
-    if not isinstance(external, bool):
-        raise ConfigError(f"world file {path}: external_replacement must be true or false, not {external!r}")
-    return WorldFile(
-        Path(data["journal"]), Path(inventory) if inventory else None, latency, replace_seconds, external
-    )
+    return WorldFile(Path(data["journal"]), Path(inventory) if inventory else None, latency, replace_seconds)
 
 
 def simulated_ports(config: Config, world_file: WorldFile) -> Ports:
@@ -75,7 +68,6 @@ def simulated_ports(config: Config, world_file: WorldFile) -> Ports:
         world_file.inventory,
         latency=world_file.latency,
         replace_seconds=world_file.replace_seconds,
-        external_replacement=world_file.external_replacement,
     )
     scheduler: Scheduler = world
     if settings.integrations.scheduler == "slurm":

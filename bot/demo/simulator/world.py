@@ -9,9 +9,7 @@ derived by replaying the journal over an optional inventory, modelling the effec
 systems have: DOWN requeues a requeueable job onto a healthy node with its restart count
 raised; a replaced node comes back Ready and uncordoned while its Slurm node stays DOWN
 until RESUME (Slurm's ReturnToService=1 behaviour). ``latency`` models the round trip.
-A replaced node is NotReady for ``replace_seconds``; with ``external_replacement`` it stays
-NotReady until someone outside pitcrew appends a ``node_ready`` record (``pitcrew demo`` does, once the
-replacement's slurmd has registered again).
+A replaced node is NotReady for ``replace_seconds``.
 """
 
 from __future__ import annotations
@@ -148,8 +146,6 @@ class SimulatedWorld:
         self.latency = 0.0
         #: Seconds a replaced node stays NotReady (its new machine booting); 0: Ready at once.
         self.replace_seconds = 0.0
-        #: A replaced node stays NotReady until a ``node_ready`` record says its successor joined.
-        self.external_replacement = False
 
     @classmethod
     def from_paths(
@@ -158,14 +154,11 @@ class SimulatedWorld:
         inventory: Path | None,
         latency: float = 0.0,
         replace_seconds: float = 0.0,
-        *,
-        external_replacement: bool = False,
     ) -> SimulatedWorld:
         data = yaml.safe_load(inventory.read_text()) if inventory is not None else None
         world = cls(Journal(journal), data or {})
         world.latency = latency
         world.replace_seconds = replace_seconds
-        world.external_replacement = external_replacement
         return world
 
     def ready(self, node: _Node) -> bool:
@@ -225,10 +218,7 @@ class SimulatedWorld:
             node.replaced_at = datetime.fromisoformat(r["at"])
             node.pods = {ref: kind for ref, kind in node.pods.items() if kind == "DaemonSet"}
             node.annotations.pop(OWNER_ANNOTATION, None)
-            node.ready = not self.external_replacement  # then NotReady until a ``node_ready`` record
-        elif op == "node_ready" and node is not None:
-            # The replacement controller outside pitcrew (the demo) says the fresh node has joined.
-            node.ready, node.replaced_at = True, None
+            node.ready = True
 
     def _requeue(self, job: _Job, nodes: dict[str, _Node]) -> None:
         if not job.requeue:

@@ -8,6 +8,7 @@ module. This class only routes the port's methods to them and owns the client's 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 
 from kubernetes.aio import client
@@ -23,6 +24,8 @@ from bot.integrations.kubernetes.jobs import Jobs
 from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
 from bot.integrations.kubernetes.replace import Replacer
+
+log = logging.getLogger(__name__)
 
 
 class _Parts:
@@ -54,6 +57,15 @@ class KubernetesCluster:
                     api = self._api or await api_client(self.settings, self.bucket)
                     self._parts = _Parts(api, self.settings)
         return self._parts
+
+    async def warm(self) -> None:
+        """Build the client now (no request is sent): building it costs over a second of the
+        client library's own set-up, which the first incident would otherwise wait for. A
+        failure here is logged; the first call reports it again as a step error."""
+        try:
+            await self._p()
+        except Exception as exc:
+            log.warning("kubernetes client not built at start: %s", exc)
 
     async def aclose(self) -> None:
         if self._parts is not None and self._api is None:

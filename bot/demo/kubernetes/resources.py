@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kubernetes.selectors import selector_matches
+from bot.demo.kubernetes.selectors import selector_matches
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
