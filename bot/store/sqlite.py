@@ -111,7 +111,8 @@ class SqliteStore:
             value = unit(db)
             return value, self._routed != before
 
-        value, routed = await self._writer.submit(run)
+        result: tuple[_T, bool] = await self._writer.submit(run)
+        value, routed = result
         if routed:
             for wake in self._on_routed:
                 wake()
