@@ -3,9 +3,10 @@
 Cases: an XID 79 incident in auto mode opens one region annotation at the fault (tags
 ``pitcrew``, node, fault class, playbook, ``incident:<id>``; text with the incident id and the
 fault) and, once resolved, patches its end to the close and its text to the outcome — a POST then
-a PATCH, nothing else written; with Grafana unreachable (its port closed) for a whole minute the
-incident resolves and Slack's thread is posted while Grafana is still down, and once Grafana is
-back on its port the annotation arrives, opened and closed, exactly once; a token Grafana refuses
+a PATCH, nothing else written; with Grafana unreachable (its port closed) and Slack answering 503
+for a whole minute the incident resolves on time, and once both are back (Slack rate-limiting a
+few times first) the annotation arrives, opened and closed, exactly once, and the Slack thread
+holds every message exactly once, in order; a token Grafana refuses
 is audited in the incident's timeline and counted, and remediation is untouched.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from tests.grafana.server import TOKEN, GrafanaStandin
 from tests.harness.scenarios import delivery
-from tests.slack.pitcrew_app import SlackPitcrew, until
+from tests.slack.pitcrew_app import SlackPitcrew, assert_thread_whole, until
 from tests.slack.server import SlackStandin
 
 #: The issue's "Grafana unreachable for a minute", in real time.
@@ -71,28 +72,36 @@ async def test_a_region_is_opened_at_the_fault_and_closed_at_the_end(
     assert _writes(grafana) == [("POST", "/api/annotations"), ("PATCH", f"/api/annotations/{made.id}")]
 
 
-async def test_grafana_unreachable_for_a_minute_delays_annotations_never_remediation(
+async def test_slack_and_grafana_down_for_a_minute_delay_messages_never_remediation(
     grafana: GrafanaStandin, slack: SlackStandin, tmp_path: Path
 ) -> None:
+    """The issues' outage, in real time and at once: Slack answers 503 to every call and Grafana's
+    port is closed for a whole minute; then Slack rate-limits (429, Retry-After) a few times."""
     config = _config(tmp_path, grafana)
     await grafana.stop()
-    down_since = time.monotonic()
-    async with SlackPitcrew(tmp_path / "p", slack, config=config) as pitcrew:
+    async with SlackPitcrew(tmp_path / "p", slack, transport="http", config=config) as pitcrew:
+        slack.api.outage(OUTAGE)
+        down_since = time.monotonic()
         incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
         done = await pitcrew.wait_incident(incident, "resolved", timeout=OUTAGE)
         resolved_after = time.monotonic() - down_since
-        assert resolved_after < OUTAGE / 2, f"remediation waited for Grafana ({resolved_after:.1f}s)"
-        await until(lambda: bool(pitcrew.thread(incident)), timeout=OUTAGE / 2, what="Slack's thread")
+        assert resolved_after < OUTAGE / 2, f"remediation waited for Slack or Grafana ({resolved_after:.1f}s)"
         assert _pending(pitcrew.workdir / "pitcrew.db", "grafana") > 0  # waiting in the outbox
+        assert _pending(pitcrew.workdir / "pitcrew.db", "slack") > 0
 
         await until(lambda: time.monotonic() - down_since > OUTAGE, timeout=OUTAGE + 1)
-        assert not grafana.world.annotations
+        assert not grafana.world.annotations and not slack.api.messages  # nothing got through
+        assert {c.status for c in slack.api.calls} == {503}
+        slack.api.fail("*", 429, count=3, retry_after=1)
         await grafana.start()  # back on the same port
-        await until(lambda: _pending(pitcrew.workdir / "pitcrew.db", "grafana") == 0, timeout=20)
+        db = pitcrew.workdir / "pitcrew.db"
+        await until(lambda: _pending(db, "grafana") == 0, timeout=60, what="annotations delivered")
+        await until(lambda: _pending(db, "slack") == 0, timeout=60, what="Slack messages delivered")
         retried = await _retries(pitcrew)
         unreachable = await _sample(
             pitcrew, 'pitcrew_integration_errors_total{reason="unreachable",system="grafana"}'
         )
+        assert_thread_whole(pitcrew, slack, incident, done)
 
     assert retried >= 3, "the sender did not keep trying while Grafana was down"
     assert unreachable == retried  # each failed try counted against Grafana

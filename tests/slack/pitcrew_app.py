@@ -29,6 +29,7 @@ from tests.harness.proc import free_port
 from tests.harness.scenarios import destructive_calls
 from tests.simulator.serve import WorldFile, simulated_ports
 from tests.slack import signing
+from tests.slack.methods import PITCREW_METHODS
 from tests.slack.server import SlackStandin
 from tests.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
 
@@ -247,3 +248,31 @@ async def until(predicate: Any, timeout: float = 30.0, what: str = "") -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
         await asyncio.sleep(0.05)
+
+
+def assert_thread_whole(
+    pitcrew: SlackPitcrew, slack: SlackStandin, incident: str, done: dict[str, Any]
+) -> None:
+    """After an outage: the incident's thread holds every message exactly once, in the order of the
+    timeline, the summary broadcast to the channel, and pitcrew called only what the manifest grants."""
+    thread = pitcrew.thread(incident)
+    assert thread, "no parent"
+    parent, replies = thread[0], thread[1:]
+    ids = [m.metadata["event_payload"]["outbox_id"] for m in thread if m.metadata]
+    assert len(ids) == len(thread) and len(set(ids)) == len(ids), "a message was posted twice"
+    assert ids == sorted(ids), "thread out of order"
+    assert any(c.status == 429 for c in slack.api.calls)
+    # Every step that finished has its one reply, in the order of the timeline.
+    finished = [e["step"] for e in done["events"] if e["kind"] in {"step_finished", "step_skipped"}]
+    steps_in_thread = [
+        m.text.split(" ", 1)[1].split(":", 1)[0]
+        for m in replies
+        if m.text.startswith(":") and ":" in m.text.split(" ", 1)[1]
+    ]
+    assert [s for s in steps_in_thread if s in finished] == finished
+    assert {c.method for c in slack.api.calls} <= PITCREW_METHODS  # the manifest grants these
+    broadcast = [m for m in replies if m.reply_broadcast]
+    assert len(broadcast) == 1 and "finished" in broadcast[0].text  # the summary
+    assert "resolved" in repr(parent.blocks)
+    channel = slack.api.channel_view("C0GPUOPS")
+    assert [m.ts for m in channel] == [parent.ts, broadcast[0].ts]
