@@ -74,6 +74,8 @@ async def _issue_once(
         raise
     handle = handle if isinstance(handle, str) else ctx.progress.handle
     await ctx.save(replace(ctx.progress, issued=True, handle=handle))
+    if handle:  # what was acted on: the Machine or NodeClaim deleted, the Job started
+        words = f"{words}: {handle}"
     await ctx.acted(action, words, node=ctx.node)
     return Done(ctx.progress, words)
 
@@ -202,7 +204,7 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
     return await _issue_once(
         ctx,
         "replace",
-        f"replacement of {ctx.node} ({strategy})",
+        f"replacement of {ctx.node}" + ("" if strategy == "configured" else f" ({strategy})"),
         lambda: cluster.replace(ctx.node, strategy=strategy, incident_id=ctx.incident.id),
     )
 
