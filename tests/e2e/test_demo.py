@@ -299,7 +299,7 @@ def test_storm_is_held_to_the_breaker_limit(demo: Any) -> None:
     # (an acted incident whose notice came once the digest had started is shown there instead).
     channel = summary["channel"]
     assert (channel["digest"], channel["breaker"]) == (1, 1)
-    assert 1 <= channel["summaries"] <= BREAKER_NODES
+    assert channel["summaries"] <= BREAKER_NODES  # the others' ends are told in the digest
     assert channel["messages"] <= 2 * BREAKER_NODES + 2, summary["thread"]
     [digest] = [t for t in summary["thread"] if "GPU fault storm: 20 nodes" in t]
     held = [i for i in incidents if i not in downed]

@@ -1,6 +1,7 @@
 """The replace and wait_ready steps' own judgement, in virtual time against the simulated far side.
 
-Cases: another system already repairing the node (``repair_owner``) means no replacement of pitcrew's:
+Cases: a pod the drain evicted that never leaves holds the drain until its deadline, which escalates
+naming it; another system already repairing the node (``repair_owner``) means no replacement of pitcrew's:
 the step records who and the incident waits for that system's node; Slurm jobs or workload pods
 still on the node refuse the replacement until the deadline, then escalate naming them; the
 playbook's ``force`` option replaces anyway and says so in the timeline; with a ``fault_query`` and
@@ -19,9 +20,13 @@ NODE = "gpu-node-02"
 STEPS = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume", "close"]
 
 
-def _playbook(**options: dict[str, Any]) -> dict[str, Any]:
-    steps = [{"step": s, **options[s]} if s in options else s for s in STEPS]
-    return {"playbooks": {"replace-node": {"steps": steps}}}
+#: Without a drain: the replace step itself meets the workload still on the node.
+UNDRAINED = [s for s in STEPS if s != "drain"]
+
+
+def _playbook(steps: list[str] = STEPS, **options: dict[str, Any]) -> dict[str, Any]:
+    made = [{"step": s, **options[s]} if s in options else s for s in steps]
+    return {"playbooks": {"replace-node": {"steps": made}}}
 
 
 async def test_a_repair_already_under_way_is_waited_for_not_repeated(tmp_path: Path) -> None:
@@ -39,10 +44,24 @@ async def test_a_repair_already_under_way_is_waited_for_not_repeated(tmp_path: P
         assert result.status == "ok"
 
 
+async def test_a_pod_that_never_leaves_holds_the_drain_until_its_deadline(tmp_path: Path) -> None:
+    left = [PodRef("training", "straggler", owner_kind="Job")]
+    async with EngineHarness(tmp_path, **_playbook(drain={"timeout": "60s"})) as h:
+        # A pod the drain evicted but that never leaves (a stuck finalizer, a controller re-binding it).
+        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "failed"
+        assert h.calls()[("replace", NODE)] == 0
+        [escalation] = h.notices("escalation", incident)
+        text = " ".join(escalation["lines"]) + escalation["title"]
+        assert "drain" in text and "training/straggler" in text
+
+
 async def test_workload_left_on_the_node_refuses_the_replacement(tmp_path: Path) -> None:
     left = [PodRef("training", "straggler", owner_kind="Job")]
-    async with EngineHarness(tmp_path, **_playbook(replace={"timeout": "60s", "attempts": 3})) as h:
-        # A pod the drain evicted but that never leaves (a stuck finalizer, a controller re-binding it).
+    playbook = _playbook(UNDRAINED, replace={"timeout": "60s", "attempts": 3})
+    async with EngineHarness(tmp_path, **playbook) as h:
         h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
@@ -54,7 +73,7 @@ async def test_workload_left_on_the_node_refuses_the_replacement(tmp_path: Path)
 
 async def test_force_replaces_anyway_and_says_so(tmp_path: Path) -> None:
     left = [PodRef("training", "straggler", owner_kind="Job")]
-    async with EngineHarness(tmp_path, **_playbook(replace={"options": {"force": True}})) as h:
+    async with EngineHarness(tmp_path, **_playbook(UNDRAINED, replace={"options": {"force": True}})) as h:
         h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
         incident = await h.alert(NODE)
         done = await h.until_ended(incident, within=7200)

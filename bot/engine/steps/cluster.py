@@ -139,15 +139,19 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
             continue
         evicted.append(pod.ref)
         await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
-    remaining = [p for p in pods if p.ref not in evicted]
     if blocked:  # retried until the step's deadline; the escalation names each pod and its budget
         raise TransientError(
             f"{len(blocked)} eviction(s) refused by a PodDisruptionBudget: {'; '.join(blocked)}", reason="pdb"
         )
-    if remaining or any(p.terminating for p in pods):
-        # At the deadline this is what the escalation reports as left on the node.
+    if left:  # what this pass evicted may be gone already, or still terminating
+        pods = [
+            p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"
+        ]
+    if pods:
+        # An evicted pod terminates before it is gone: the node is empty only once a listing finds
+        # none. At the deadline this is what the escalation reports as left on the node.
         left_refs = ", ".join(p.ref for p in pods[:10]) + (" …" if len(pods) > 10 else "")
-        return Wait(ctx.poll, f"{len(pods)} pod(s) still terminating: {left_refs}")
+        return Wait(ctx.poll, f"{len(pods)} pod(s) still on the node, terminating: {left_refs}")
     return Done(ctx.progress, f"{len(evicted)} pod(s) evicted")
 
 
