@@ -214,10 +214,18 @@ class Story:
         )
 
     def _summary_posted(self) -> bool:
-        """The thread holds the closing summary and the close step's own reply (posted after it)."""
+        """The thread holds the closing summary and the close step's own reply (posted after it),
+        and its parent shows the incident's end (the last edit, delivered after both): the thread
+        printed and written to the transcript is the one people are left with."""
         assert self.incident_id is not None
         thread = self.ground.far_side.thread(self.incident_id)
-        return any(SUMMARY_WORDS in n.text() for n in thread) and any(" close: " in n.title for n in thread)
+        state = self.incident.get("state")
+        return (
+            bool(thread)
+            and any(SUMMARY_WORDS in n.text() for n in thread)
+            and any(" close: " in n.title for n in thread)
+            and f"Status:* {state} " in thread[0].text()
+        )
 
     def _shown_closed(self, node: str) -> bool:
         """The channel tells people ``node``'s incident ended: its summary, sent to the channel, or

@@ -185,6 +185,7 @@ def test_xid79_job_resumes_from_its_checkpoint(demo: Any) -> None:
     assert "replace-node finished" in closing
     assert summary["milestones"]["notified"]["detail"].startswith("#gpu-ops:")
     transcript = Path(summary["slack_transcript"]).read_text()
+    assert "Status:* resolved " in thread[0], thread[0]  # the demo waited for the parent's last edit
     assert thread[0].splitlines()[0] in transcript and "Slack thread, as people read it" in d.text()
     assert f"Slack         {summary['slack_transcript']}" in d.text()  # --keep says where it is
     # Kubernetes: the emulator saw pitcrew cordon the node, evict its worker and delete its Machine
