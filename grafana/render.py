@@ -158,6 +158,15 @@ def _stat(title: str, description: str, expr: str, unit: str = "short", **extra:
     )
 
 
+def _state_stat(
+    title: str, description: str, expr: str, *, off: tuple[str, str], on: tuple[str, str]
+) -> Panel:
+    """A stat of a 0/1 state gauge, shown as words in colour: ``off`` for 0, ``on`` for 1 (text, colour)."""
+    options = {value: {"text": text, "color": colour} for value, (text, colour) in (("0", off), ("1", on))}
+    mappings = [{"type": "value", "options": options}]
+    return _stat(title, description, expr, fieldConfig={"defaults": {"mappings": mappings}, "overrides": []})
+
+
 # ------------------------------------------------------------------ GPU fleet health
 def _fold(expr: str, by: str = "node, gpu") -> str:
     return f"max by ({by}) ({q.node_fold(expr)})"
@@ -360,43 +369,19 @@ def incidents() -> dict[str, Any]:
             "pitcrew_nodes_under_remediation",
         ),
         _stat("Approvals waiting", "Incidents waiting for an approver now.", "pitcrew_approvals_waiting"),
-        _stat(
+        _state_stat(
             "Circuit breaker",
             "OPEN: pitcrew touches no more nodes until a human resets it (pitcrew breaker reset).",
             "max(pitcrew_breaker_open)",
-            fieldConfig={
-                "defaults": {
-                    "mappings": [
-                        {
-                            "type": "value",
-                            "options": {
-                                "0": {"text": "closed", "color": "green"},
-                                "1": {"text": "OPEN", "color": "red"},
-                            },
-                        }
-                    ]
-                },
-                "overrides": [],
-            },
+            off=("closed", "green"),
+            on=("OPEN", "red"),
         ),
-        _stat(
+        _state_stat(
             "Paused",
             "PAUSED: no destructive step starts (pitcrew pause / resume).",
             "max(pitcrew_paused)",
-            fieldConfig={
-                "defaults": {
-                    "mappings": [
-                        {
-                            "type": "value",
-                            "options": {
-                                "0": {"text": "running", "color": "green"},
-                                "1": {"text": "PAUSED", "color": "orange"},
-                            },
-                        }
-                    ]
-                },
-                "overrides": [],
-            },
+            off=("running", "green"),
+            on=("PAUSED", "orange"),
         ),
         _stat(
             "GPU-hours lost",
