@@ -39,17 +39,25 @@ def _too_long(errors: list[str], obj: Any, pointer: str, limit: int) -> None:
         errors.append(f"must be less than {limit + 1} characters [json-pointer:{pointer}/text]")
 
 
+def _check_id(
+    errors: list[str], obj: dict[str, Any], key: str, pointer: str, limit: int, seen: set[str]
+) -> None:
+    """``obj[key]`` (a ``block_id`` or an ``action_id``): at most ``limit`` characters, unique in the message."""
+    value = obj.get(key)
+    if not isinstance(value, str):
+        return
+    if len(value) > limit:
+        errors.append(f"must be less than {limit + 1} characters [json-pointer:{pointer}/{key}]")
+    elif value in seen:
+        errors.append(f'`{key}` "{value}" already exists [json-pointer:{pointer}/{key}]')
+    seen.add(value)
+
+
 def _check_element(errors: list[str], el: Any, pointer: str, action_ids: set[str]) -> None:
     if not isinstance(el, dict):
         errors.append(f"failed to match all allowed schemas [json-pointer:{pointer}]")
         return
-    action_id = el.get("action_id")
-    if isinstance(action_id, str):
-        if len(action_id) > ACTION_ID:
-            errors.append(f"must be less than {ACTION_ID + 1} characters [json-pointer:{pointer}/action_id]")
-        elif action_id in action_ids:
-            errors.append(f'`action_id` "{action_id}" already exists [json-pointer:{pointer}/action_id]')
-        action_ids.add(action_id)
+    _check_id(errors, el, "action_id", pointer, ACTION_ID, action_ids)
     if el.get("type") == "button":
         _too_long(errors, el.get("text"), f"{pointer}/text", BUTTON_TEXT)
         if len(str(el.get("value", ""))) > BUTTON_VALUE:
@@ -63,13 +71,7 @@ def _check_block(errors: list[str], block: Any, pointer: str, ids: tuple[set[str
     if not isinstance(block, dict) or block.get("type") not in KNOWN_BLOCKS:
         errors.append(f"failed to match all allowed schemas [json-pointer:{pointer}]")
         return
-    block_id = block.get("block_id")
-    if isinstance(block_id, str):
-        if len(block_id) > BLOCK_ID:
-            errors.append(f"must be less than {BLOCK_ID + 1} characters [json-pointer:{pointer}/block_id]")
-        elif block_id in block_ids:
-            errors.append(f'`block_id` "{block_id}" already exists [json-pointer:{pointer}/block_id]')
-        block_ids.add(block_id)
+    _check_id(errors, block, "block_id", pointer, BLOCK_ID, block_ids)
     kind = block["type"]
     if kind == "header":
         _too_long(errors, block.get("text"), f"{pointer}/text", HEADER_TEXT)

@@ -198,21 +198,13 @@ async def conversations_history(api: WebApi, token: str, args: dict[str, Any]) -
     _bot(api, token, "conversations.history")
     channel = _channel(api, args)
     oldest, latest = float(args.get("oldest") or 0), float(args.get("latest") or "inf")
-    meta = _truthy(args.get("include_all_metadata"))
     shown = [
         m
         for m in api.channel_view(channel.id)
         if oldest < float(m.ts) <= latest or (oldest == 0 and float(m.ts) <= latest)
     ]
     shown.sort(key=lambda m: float(m.ts), reverse=True)
-    limit = _page(args)
-    out = [_message_json(api, m, with_metadata=meta) for m in shown[:limit]]
-    return {
-        "ok": True,
-        "messages": out,
-        "has_more": len(shown) > limit,
-        "response_metadata": {"next_cursor": ""},
-    }
+    return _messages_page(api, shown, args)
 
 
 async def conversations_replies(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -222,14 +214,17 @@ async def conversations_replies(api: WebApi, token: str, args: dict[str, Any]) -
     parent = api.message(channel.id, str(args.get("ts", "")))
     if parent is None:
         raise ApiError("thread_not_found")
+    return _messages_page(api, api.thread(channel.id, parent.thread_ts or parent.ts), args)
+
+
+def _messages_page(api: WebApi, shown: list[Message], args: dict[str, Any]) -> dict[str, Any]:
+    """The first page (``limit``) of ``shown`` as Slack answers a history or replies call."""
     meta = _truthy(args.get("include_all_metadata"))
-    thread = api.thread(channel.id, parent.thread_ts or parent.ts)
     limit = _page(args)
-    out = [_message_json(api, m, with_metadata=meta) for m in thread[:limit]]
     return {
         "ok": True,
-        "messages": out,
-        "has_more": len(thread) > limit,
+        "messages": [_message_json(api, m, with_metadata=meta) for m in shown[:limit]],
+        "has_more": len(shown) > limit,
         "response_metadata": {"next_cursor": ""},
     }
 
