@@ -16,4 +16,5 @@ pytest_plugins: list[str] = [
     "tests.harness.prometheus",
     "tests.harness.pitcrew",
     "tests.harness.kubernetes",
+    "tests.harness.standins",
 ]

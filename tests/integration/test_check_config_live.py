@@ -19,9 +19,6 @@ through a kubeconfig as an operator's laptop would).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +28,10 @@ import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes.probe import needed
+from tests.harness.check_config import check_live, line_of
 from tests.harness.kubernetes import KubeWorld, gpu_fleet, settings_for
 from tests.harness.proc import free_port, require_binary
-from tests.harness.prometheus import REPO, Prometheus
+from tests.harness.prometheus import Prometheus
 from tests.harness.slurm import SlurmCluster
 from tests.kubernetes import rbac
 from tests.packaging.manifests import rendered
@@ -52,24 +50,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         yield server
     finally:
         server.stop()
-
-
-def check_live(tmp_path: Path, settings: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    config = tmp_path / "pitcrew.yaml"
-    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "pitcrew.db")}, **settings}))
-    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
-    return subprocess.run(
-        [sys.executable, "-m", "bot.cli", "check-config", "--live", "-c", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-
-
-def line_of(stdout: str, system: str) -> str:
-    (line,) = [ln for ln in stdout.splitlines() if ln.split()[1:2] == [system]]
-    return line
 
 
 def test_all_far_sides_green_with_scontrol(

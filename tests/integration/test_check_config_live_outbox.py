@@ -14,19 +14,16 @@ the Slack stand-in and the Grafana stand-in answer over HTTP from their own thre
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from bot.demo.assets import REPO
 from tests.grafana.server import TOKEN, GrafanaStandin
 from tests.grafana.threaded import threaded_grafana
+from tests.harness import check_config
 from tests.harness.proc import free_port
 from tests.slack.server import SlackStandin
 from tests.slack.threaded import threaded_standin
@@ -52,7 +49,6 @@ def check_live(
     (tmp_path / "signing.secret").write_text(SIGNING_SECRET + "\n")
     (tmp_path / "grafana.token").write_text(token + "\n")
     settings: dict[str, Any] = {
-        "store": {"path": str(tmp_path / "pitcrew.db")},
         "integrations": {"notifier": "slack"},
         "slack": {
             "bot_token_file": str(tmp_path / "bot.token"),
@@ -63,21 +59,11 @@ def check_live(
         },
         "grafana": {"url": grafana_url, "token_file": str(tmp_path / "grafana.token")},
     }
-    config = tmp_path / "pitcrew.yaml"
-    config.write_text(yaml.safe_dump(settings))
-    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
-    return subprocess.run(
-        [sys.executable, "-m", "bot.cli", "check-config", "--live", "-c", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return check_config.check_live(tmp_path, settings)
 
 
 def status_of(stdout: str, system: str) -> str:
-    (line,) = [ln for ln in stdout.splitlines() if ln.split()[1:2] == [system]]
-    return line.split()[0]
+    return check_config.line_of(stdout, system).split()[0]
 
 
 def test_slack_and_grafana_green(tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin) -> None:
