@@ -9,16 +9,14 @@ patches its end instead: one annotation, created once, closed at the incident's 
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.grafana.server import TOKEN, Annotation
+from tests.grafana.server import TOKEN
 from tests.grafana.threaded import threaded_grafana
-from tests.harness.pitcrew import Pitcrew
+from tests.harness.pitcrew import Crash, Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
 
@@ -40,21 +38,12 @@ def test_sigkill_after_grafana_stored_the_annotation_does_not_create_it_twice(
                 },
             },
         )
-        killed: list[int] = []
-
-        def kill_after_create(annotation: Annotation) -> None:
-            if not killed and server.process is not None:
-                killed.append(server.process.pid)
-                os.kill(server.process.pid, signal.SIGKILL)  # Grafana has it; pitcrew never hears
-
-        grafana.world.on_create = kill_after_create
+        crash = Crash(server)
+        grafana.world.on_create = lambda annotation: crash.fire()
         server.start()
         _, body = server.post_alerts(delivery(node="gpu-node-02"))
         incident = body["opened"][0]
-        wait_until(lambda: bool(killed), timeout=30, what="the annotation to be created")
-        assert server.process is not None
-        server.process.wait(timeout=10)
-        server.process = None
+        crash.wait("the annotation to be created")
         assert len(grafana.world.annotations) == 1
 
         server.start()

@@ -2,11 +2,14 @@
 
 The runner itself (start, SIGKILL, HTTP, incidents, the far side's journal) is the proving
 ground's, re-exported here so existing imports keep working; this module owns only the
-fixture, which stops every process it built.
+fixture, which stops every process it built, and ``Crash``: a SIGKILL fired from inside a far
+side (the moment it has stored what pitcrew sent, before it answers).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,32 @@ import pytest
 
 from bot.demo.assets import REPO
 from bot.demo.pitcrew import Pitcrew
+from bot.demo.proc import wait_until
 
-__all__ = ["REPO", "Pitcrew", "pitcrew_factory"]
+__all__ = ["REPO", "Crash", "Pitcrew", "pitcrew_factory"]
+
+
+class Crash:
+    """SIGKILL ``server`` the first time ``fire()`` is called: a far side's hook calls it after
+    storing a request and before answering, so the far side has it and pitcrew never hears."""
+
+    def __init__(self, server: Pitcrew) -> None:
+        self.server = server
+        self.killed: list[int] = []
+
+    def fire(self) -> None:
+        process = self.server.process
+        if not self.killed and process is not None:
+            self.killed.append(process.pid)
+            os.kill(process.pid, signal.SIGKILL)
+
+    def wait(self, what: str, timeout: float = 30) -> None:
+        """Until the kill has fired (``what`` names the far side's moment) and the process is gone;
+        ``server`` can then be started again on the same store."""
+        wait_until(lambda: bool(self.killed), timeout=timeout, what=what)
+        assert self.server.process is not None
+        self.server.process.wait(timeout=10)
+        self.server.process = None
 
 
 @pytest.fixture

@@ -9,13 +9,11 @@ same parent is updated afterwards (its buttons, then the approval). One parent, 
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.harness.pitcrew import Pitcrew
+from tests.harness.pitcrew import Crash, Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
 from tests.slack.methods import PITCREW_METHODS
@@ -48,22 +46,17 @@ def test_sigkill_after_posting_the_parent_does_not_post_it_twice(
                 },
             },
         )
-        killed: list[int] = []
+        crash = Crash(server)
 
         def kill_after_parent(call: Call) -> None:
-            parent = call.method == "chat.postMessage" and not call.args.get("thread_ts")
-            if parent and not killed and server.process is not None:
-                killed.append(server.process.pid)
-                os.kill(server.process.pid, signal.SIGKILL)  # Slack has the message; pitcrew never hears
+            if call.method == "chat.postMessage" and not call.args.get("thread_ts"):
+                crash.fire()  # Slack has the message; pitcrew never hears
 
         slack.api.on_call = kill_after_parent
         server.start()
         _, body = server.post_alerts(delivery(node="gpu-node-02"))
         incident = body["opened"][0]
-        wait_until(lambda: bool(killed), timeout=30, what="the parent to be posted")
-        assert server.process is not None
-        server.process.wait(timeout=10)
-        server.process = None
+        crash.wait("the parent to be posted")
         assert len(slack.api.messages) == 1
 
         server.start()
