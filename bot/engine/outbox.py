@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from bot.engine.errors import PermanentError, TransientError
 from bot.engine.metrics import Metrics
@@ -30,6 +31,22 @@ from bot.engine.signals import RealTimer, Timer
 from bot.store.base import Json, NewEvent, OutboxItem, Store
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def create_once(
+    item: OutboxItem, find: Callable[[], Awaitable[T | None]], create: Callable[[], Awaitable[T]], what: str
+) -> T:
+    """The one rule for a delivery that makes something at a far side (a Slack message, a Grafana
+    annotation): a redelivered item may have made it before a crash cut the answer off, so it
+    first ``find``s what it made and creates only when nothing is there; a first attempt creates."""
+    if item.attempts > 1:
+        found = await find()
+        if found is not None:
+            log.info("%s already there; not creating it again", what, extra={"outbox_id": item.id})
+            return found
+    return await create()
 
 
 class OutboxNotifier:

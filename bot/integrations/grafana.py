@@ -13,7 +13,6 @@ Errors: unreachable, timeouts, 5xx and 429 are ``TransientError``; 401/403 (toke
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -23,10 +22,9 @@ from urllib.parse import urlencode
 import aiohttp
 
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
 from bot.store.base import IncidentRecord, OutboxItem, Store
-
-log = logging.getLogger(__name__)
 
 #: The outbox destination's name; its rows are the incidents' ``state`` events (``EVENTS``).
 NAME = "grafana"
@@ -202,14 +200,15 @@ class GrafanaDestination:
         region = region_of(incident)
         key = f"region:{incident.id}"
         known = await self._store.outbox_ref(NAME, key)
-        annotation_id = int(known) if known is not None else None
-        if annotation_id is None and item.attempts > 1:
-            annotation_id = await self.annotations.find_region(incident.id)
-            if annotation_id is not None:
-                log.info("annotation already in Grafana; not creating it again", extra={"outbox_id": item.id})
-        if annotation_id is None:
-            annotation_id = await self.annotations.open_region(region)
-        if known is None:
+        if known is not None:
+            annotation_id = int(known)
+        else:
+            annotation_id = await create_once(
+                item,
+                lambda: self.annotations.find_region(incident.id),
+                lambda: self.annotations.open_region(region),
+                "annotation in Grafana",
+            )
             await self._store.set_outbox_ref(NAME, key, str(annotation_id), self._clock())
         if incident.state.terminal and incident.closed_at is not None:
             end = str(_ms(incident.closed_at))

@@ -30,6 +30,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import GrafanaSettings
 from bot.domain.incident import State
+from bot.engine.outbox import create_once
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
@@ -178,24 +179,23 @@ class SlackDestination:
         self, item: OutboxItem, message: Message, thread_ts: str | None = None, broadcast: bool = False
     ) -> str:
         """Post ``message`` once: a delivery begun before a crash first looks for what it posted."""
-        if item.attempts > 1:
-            found = await self._find(item, thread_ts)
-            if found is not None:
-                log.info("notice already in Slack; not posting it again", extra={"outbox_id": item.id})
-                return found
-        answer = await call(
-            self.client.chat_postMessage(
-                channel=self.channel,
-                thread_ts=thread_ts,
-                reply_broadcast=True if broadcast else None,
-                metadata={
-                    "event_type": METADATA_TYPE,
-                    "event_payload": {"outbox_id": item.id, "incident_id": item.incident_id or ""},
-                },
-                **_content(message),
+
+        async def post() -> str:
+            answer = await call(
+                self.client.chat_postMessage(
+                    channel=self.channel,
+                    thread_ts=thread_ts,
+                    reply_broadcast=True if broadcast else None,
+                    metadata={
+                        "event_type": METADATA_TYPE,
+                        "event_payload": {"outbox_id": item.id, "incident_id": item.incident_id or ""},
+                    },
+                    **_content(message),
+                )
             )
-        )
-        return str(answer["ts"])
+            return str(answer["ts"])
+
+        return await create_once(item, lambda: self._find(item, thread_ts), post, "notice in Slack")
 
     async def _find(self, item: OutboxItem, thread_ts: str | None) -> str | None:
         # The newest messages, not those after the item's time: the post that a crash interrupted is
