@@ -38,7 +38,7 @@ from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slack import EVENTS as SLACK_EVENTS
 from bot.integrations.slack import Slack, build_slack, slack_probe
-from bot.integrations.slurm import build_scheduler
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler, build_scheduler
 from bot.safety import port_problems
 from bot.store.base import Store
 from bot.store.sqlite import SqliteStore
@@ -174,20 +174,25 @@ def read_credentials(config: Config) -> Credentials:
     return Credentials(bearer=read_secret(token_file, "server.auth.read_token_file"))
 
 
-class _CloseCluster:
-    """Builds the Kubernetes client at start (so no incident waits for it) and closes its
-    connections once the engine has stopped using them."""
+class _ClosePorts:
+    """Builds the Kubernetes client at start (so no incident waits for it) and closes the far
+    sides' connections (Kubernetes, slurmrestd) once the engine has stopped using them."""
 
-    def __init__(self, cluster: Cluster | None) -> None:
-        self._cluster = cluster
+    def __init__(self, ports: Ports) -> None:
+        self._cluster = ports.cluster
+        self._scheduler = ports.scheduler
 
     async def start(self) -> None:
         if isinstance(self._cluster, KubernetesCluster):
             await self._cluster.warm()
 
     async def stop(self) -> None:
-        if isinstance(self._cluster, KubernetesCluster):
-            await self._cluster.aclose()
+        try:
+            if isinstance(self._scheduler, (RestScheduler, ScontrolScheduler)):
+                await self._scheduler.aclose()
+        finally:
+            if isinstance(self._cluster, KubernetesCluster):
+                await self._cluster.aclose()
 
 
 def build_app(
@@ -247,8 +252,8 @@ def build_app(
         engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
     )
     # Stopped in reverse: Slack's socket, the annotation and notice senders, then the engine, then
-    # the cluster's client.
-    background: list[Background] = [_CloseCluster(ports.cluster), engine, sender]
+    # the Slurm and Kubernetes clients.
+    background: list[Background] = [_ClosePorts(ports), engine, sender]
     if annotations is not None:
         background.append(annotations)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
