@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 #: Real captured data (Alertmanager, dcgm-exporter, Slurm), copied from the shared captures;
 #: each folder has a README saying how it was captured.
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -18,3 +20,34 @@ pytest_plugins: list[str] = [
     "tests.harness.kubernetes",
     "tests.harness.standins",
 ]
+
+#: ``--shard``: the suite in two halves that run at once (``scripts/test``). The real-Slurm
+#: end-to-end tests spend most of their time waiting on Slurm's and pitcrew's own timers, so
+#: running them beside the rest roughly halves the wall time on two cores. Every test is in
+#: exactly one shard: ``slurm-e2e`` is ``tests/e2e`` but the demo's tests, ``rest`` is the others.
+SHARDS = ("slurm-e2e", "rest")
+
+
+def shard_of(nodeid: str) -> str:
+    e2e = nodeid.startswith("tests/e2e/") and not nodeid.startswith("tests/e2e/test_demo.py")
+    return "slurm-e2e" if e2e else "rest"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard",
+        choices=SHARDS,
+        default=None,
+        help="run one of the two halves of the suite (scripts/test runs both at once)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = config.getoption("--shard")
+    if shard is None:
+        return
+    keep = [i for i in items if shard_of(i.nodeid) == shard]
+    dropped = [i for i in items if shard_of(i.nodeid) != shard]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
