@@ -65,7 +65,12 @@ class Demo:
         argv += ["--interactive"] if interactive else []
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ),
+                cwd=REPO,
+                preexec_fn=as_in_a_terminal,
             )
         self.summary: dict[str, Any] = {}
 
@@ -115,6 +120,12 @@ class Demo:
     def job(self, job_id: str) -> dict[str, str]:
         line = self.slurm("scontrol", "show", "job", "-o", job_id).strip()
         return dict(field.split("=", 1) for field in line.split() if "=" in field)
+
+
+def as_in_a_terminal() -> None:
+    """In the demo's process before it starts: Ctrl-C works, as in a user's terminal, even when
+    the test run itself was started with SIGINT ignored (a background job of a script)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def leftovers(marker: str) -> list[str]:
@@ -334,7 +345,11 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
         "print(p.pid, flush=True); p.wait()"
     )
     starter = subprocess.Popen(
-        [sys.executable, "-c", starter_code], stdout=subprocess.PIPE, env=dict(os.environ), cwd=REPO
+        [sys.executable, "-c", starter_code],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ),
+        cwd=REPO,
+        preexec_fn=as_in_a_terminal,
     )
     assert starter.stdout is not None
     pid = int(starter.stdout.readline())
