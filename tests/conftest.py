@@ -21,16 +21,15 @@ pytest_plugins: list[str] = [
     "tests.harness.standins",
 ]
 
-#: ``--shard``: the suite in two halves that run at once (``scripts/test``). The real-Slurm
-#: end-to-end tests spend most of their time waiting on Slurm's and pitcrew's own timers, so
-#: running them beside the rest roughly halves the wall time on two cores. Every test is in
-#: exactly one shard: ``slurm-e2e`` is ``tests/e2e`` but the demo's tests, ``rest`` is the others.
-SHARDS = ("slurm-e2e", "rest")
+#: ``--shard``: the suite in two halves that run at once (``scripts/test``). The end-to-end tests
+#: (real Slurm, Prometheus, Alertmanager, the demo) spend most of their time waiting on Slurm's and
+#: pitcrew's own timers, so running them beside the rest roughly halves the wall time on two
+#: cores. Every test is in exactly one shard: ``e2e`` is ``tests/e2e``, ``rest`` the others.
+SHARDS = ("e2e", "rest")
 
 
 def shard_of(nodeid: str) -> str:
-    e2e = nodeid.startswith("tests/e2e/") and not nodeid.startswith("tests/e2e/test_demo.py")
-    return "slurm-e2e" if e2e else "rest"
+    return "e2e" if nodeid.startswith("tests/e2e/") else "rest"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
