@@ -91,4 +91,9 @@ TEXT = {
         "A pitcrew incident is open for more than 4 hours",
         "An incident is stuck (approval, drain or replacement never finished).",
     ),
+    "PitcrewNoticesStuck": (
+        "pitcrew's notices to {{ $labels.destination }} are not getting through",
+        "Notices wait in pitcrew's outbox and none was delivered for 10 minutes: the far side is down, "
+        "refuses pitcrew's token or rate-limits it. Remediation goes on; people are not being told.",
+    ),
 }
