@@ -5,6 +5,10 @@ the global default, so two apps in one process do not collide. Label values that
 up front (playbooks, fault classes, outcomes) are pre-initialised, so a panel sees 0, not
 "no data". The only per-incident series (``pitcrew_incident_info``) lives in
 ``IncidentSeries``: one series per *active* incident, removed when it closes.
+
+No ``_created`` series: in Prometheus's text format each counter, histogram and summary would
+export a second, timestamp-valued gauge per label set, which Prometheus stores as a series of
+its own; pitcrew's pre-initialised labels would double what every scrape stores for nothing.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
 from bot.domain.incident import TERMINAL
 from bot.store.base import IncidentRecord
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
