@@ -230,6 +230,7 @@ def _incidents(args: argparse.Namespace) -> int:
                     await store.approval(args.show),
                     alerts_next=alerts.next,
                     events_next=events.next,
+                    links=await store.incident_links(args.show),
                 )
             return [
                 incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)

@@ -144,6 +144,8 @@ def render_detail(data: dict[str, Any]) -> str:
         lines.append(f"fault: {fault['key']} — {fault['meaning']} → {fault['playbook']}")
     if data["steps"]:
         lines.append(f"steps: {' → '.join(data['steps'])} (next: {data['next_step']})")
+    for where, url in sorted(data.get("links", {}).items()):
+        lines.append(f"{where} thread: {url}" if where == "slack" else f"{where}: {url}")
     if data.get("goodput"):
         lines += [
             "cost:",

@@ -222,7 +222,7 @@ def build_app(
             )
     metrics = metrics or Metrics(version=__version__)
     store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
-    slack = _slack(config, store)
+    slack = _slack(config, store, metrics)
     destinations: list[Destination] = [slack.destination] if slack else []
     sender = OutboxSender(
         store,
@@ -316,11 +316,15 @@ def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotation
     return Annotations(sender, adapter)
 
 
-def _slack(config: Config, store: SqliteStore) -> Slack | None:
-    """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events)."""
+def _slack(config: Config, store: SqliteStore, metrics: Metrics) -> Slack | None:
+    """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events); each
+    incident's thread permalink goes to its ``pitcrew_incident_info`` series (the Grafana table)."""
     if config.settings.integrations.notifier != "slack":
         return None
-    return build_slack(config.settings.slack, config.policy, store, utcnow, config.settings.grafana)
+    settings = config.settings
+    return build_slack(
+        settings.slack, config.policy, store, utcnow, settings.grafana, on_thread=metrics.incidents.link
+    )
 
 
 def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool = False) -> None:

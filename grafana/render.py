@@ -299,7 +299,13 @@ STAGES = (
 )
 INCIDENT_LINKS = [
     {
-        "title": "Incident ${__data.fields.incident} (pitcrew API: timeline, Slack thread)",
+        # pitcrew_incident_info's ``thread`` label: the permalink, once the thread is posted.
+        "title": "Slack thread of ${__data.fields.incident}",
+        "url": "${__data.fields.thread}",
+        "targetBlank": True,
+    },
+    {
+        "title": "Incident ${__data.fields.incident} (pitcrew read API: timeline, links; needs the read token)",
         "url": "${pitcrew_url}/api/v1/incidents/${__data.fields.incident}",
         "targetBlank": True,
     },
@@ -321,7 +327,7 @@ def incidents() -> dict[str, Any]:
     active_table = Panel(
         "Active incidents by node",
         "Every incident not yet ended: node, playbook, the step its node track is at, mode, and age. "
-        "Click an incident for its timeline and Slack thread, a playbook for its runbook.",
+        "Click an incident for its Slack thread or its timeline, a playbook for its runbook.",
         (Query("time() - pitcrew_incident_info", instant=True, table=True),),
         "table",
         24,
@@ -341,6 +347,7 @@ def incidents() -> dict[str, Any]:
                             "step": 3,
                             "mode": 4,
                             "Value": 5,
+                            "thread": 6,
                         },
                         "renameByName": {"Value": "age"},
                     },
@@ -351,11 +358,15 @@ def incidents() -> dict[str, Any]:
                 "overrides": [
                     {
                         "matcher": {"id": "byName", "options": "incident"},
-                        "properties": [{"id": "links", "value": INCIDENT_LINKS[:1]}],
+                        "properties": [{"id": "links", "value": INCIDENT_LINKS[:2]}],
                     },
                     {
                         "matcher": {"id": "byName", "options": "playbook"},
-                        "properties": [{"id": "links", "value": INCIDENT_LINKS[1:]}],
+                        "properties": [{"id": "links", "value": INCIDENT_LINKS[2:]}],
+                    },
+                    {  # hidden, not excluded: the incident's Slack link reads it from the row
+                        "matcher": {"id": "byName", "options": "thread"},
+                        "properties": [{"id": "custom.hidden", "value": True}],
                     },
                 ],
             },

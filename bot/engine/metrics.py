@@ -13,6 +13,7 @@ its own; pitcrew's pre-initialised labels would double what every scrape stores 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -192,8 +193,9 @@ class Metrics:
         )
         self.incident_info = Gauge(
             "pitcrew_incident_info",
-            "One series per active incident (value: the fault's time, Unix seconds); gone at close.",
-            ["incident", "node", "playbook", "step", "mode"],
+            "One series per active incident (value: the fault's time, Unix seconds; thread: its Slack "
+            "thread's permalink once posted); gone at close.",
+            ["incident", "node", "playbook", "step", "mode", "thread"],
             registry=r,
         )
         self.incidents = IncidentSeries(self.incident_info)
@@ -258,6 +260,8 @@ class IncidentSeries:
     def __init__(self, gauge: Gauge) -> None:
         self._gauge = gauge
         self._shown: dict[str, tuple[IncidentLabels, datetime]] = {}
+        #: Where people discuss each incident (its Slack thread), from the notifier's delivery.
+        self._threads: dict[str, str] = {}
 
     def __contains__(self, incident_id: str) -> bool:
         return incident_id in self._shown
@@ -272,22 +276,37 @@ class IncidentSeries:
 
     def show(self, incident_id: str, labels: IncidentLabels, since: datetime) -> None:
         old = self._shown.get(incident_id)
-        if old is not None and old[0] != labels:
+        if old is not None:
             self._remove(incident_id, old[0])
         self._shown[incident_id] = (labels, since)
-        self._gauge.labels(incident_id, labels.node, labels.playbook, labels.step, labels.mode).set(
-            since.timestamp()
-        )
+        self._gauge.labels(*self._values(incident_id, labels)).set(since.timestamp())
+
+    def link(self, incident_id: str, thread: str) -> None:
+        """The incident's Slack thread is at ``thread``: its series carries it from now on."""
+        if self._threads.get(incident_id) == thread:
+            return
+        shown = self._shown.get(incident_id)
+        if shown is not None:
+            self._remove(incident_id, shown[0])
+        self._threads[incident_id] = thread
+        if shown is not None:
+            self.show(incident_id, *shown)
 
     def drop(self, incident_id: str) -> None:
         old = self._shown.pop(incident_id, None)
         if old is not None:
             self._remove(incident_id, old[0])
+        self._threads.pop(incident_id, None)
 
     def keep_only(self, active: Iterable[str]) -> None:
         live = set(active)
-        for incident_id in [i for i in self._shown if i not in live]:
+        for incident_id in [i for i in {*self._shown, *self._threads} if i not in live]:
             self.drop(incident_id)
 
+    def _values(self, incident_id: str, labels: IncidentLabels) -> tuple[str, ...]:
+        thread = self._threads.get(incident_id, "")
+        return (incident_id, labels.node, labels.playbook, labels.step, labels.mode, thread)
+
     def _remove(self, incident_id: str, labels: IncidentLabels) -> None:
-        self._gauge.remove(incident_id, labels.node, labels.playbook, labels.step, labels.mode)
+        with contextlib.suppress(KeyError):
+            self._gauge.remove(*self._values(incident_id, labels))

@@ -200,6 +200,12 @@ class NewEvent:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
+def link_key(incident_id: str) -> str:
+    """The ``outbox_refs`` key under which a destination keeps the URL where people see the
+    incident (its Slack thread); ``Store.incident_links`` reads them."""
+    return f"link:{incident_id}"
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -322,3 +328,7 @@ class Store(Protocol):
         ...
 
     async def set_outbox_ref(self, destination: str, key: str, ref: str, now: datetime) -> None: ...
+    async def incident_links(self, incident_id: str) -> dict[str, str]:
+        """Where people see the incident, by destination (``slack`` → the thread's permalink):
+        the references kept under ``link_key(incident_id)``."""
+        ...

@@ -100,6 +100,11 @@ def ref(db: sqlite3.Connection, destination: str, key: str) -> str | None:
     return str(row[0]) if row else None
 
 
+def refs_by_key(db: sqlite3.Connection, key: str) -> dict[str, str]:
+    rows = db.execute("SELECT destination, ref FROM outbox_refs WHERE key = ?", (key,)).fetchall()
+    return {str(destination): str(ref) for destination, ref in rows}
+
+
 def set_ref(db: sqlite3.Connection, destination: str, key: str, value: str, now: datetime) -> None:
     db.execute(
         "INSERT INTO outbox_refs (destination, key, ref, updated_at) VALUES (?, ?, ?, ?)"

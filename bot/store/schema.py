@@ -139,6 +139,11 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (destination, key)
     ) WITHOUT ROWID;
     """,
+    # 3: where people see an incident (``link:<incident>``, a Slack thread's permalink), read by
+    # key across destinations (the read API, ``pitcrew incidents show``).
+    """
+    CREATE INDEX outbox_refs_key ON outbox_refs(key);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -41,6 +41,7 @@ from bot.store.base import (
     Page,
     StepRecord,
     StoreUnavailable,
+    link_key,
 )
 from bot.store.ingest import insert_events
 from bot.store.reader import Reader, alert_cursor, alert_key, event_key
@@ -546,3 +547,7 @@ class SqliteStore:
 
     async def set_outbox_ref(self, destination: str, key: str, ref: str, now: datetime) -> None:
         await self._write(lambda db: _outbox.set_ref(db, destination, key, ref, now))
+
+    async def incident_links(self, incident_id: str) -> dict[str, str]:
+        key = link_key(incident_id)
+        return await self._reader.run(lambda db: _outbox.refs_by_key(db, key))

@@ -157,6 +157,7 @@ async def show_incident(request: web.Request, deps: ReadDeps) -> web.Response:
         raise BadParameter(f"events_after: {exc}") from None
     steps = await deps.store.steps_of(incident_id)
     approval = await deps.store.approval(incident_id)
+    links = await deps.store.incident_links(incident_id)
     return await _render(
         request,
         lambda: views.incident_detail(
@@ -167,5 +168,6 @@ async def show_incident(request: web.Request, deps: ReadDeps) -> web.Response:
             approval,
             alerts_next=alerts.next,
             events_next=events.next,
+            links=links,
         ),
     )

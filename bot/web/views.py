@@ -6,7 +6,7 @@ An incident's detail carries one page of its alerts and one of its events; ``ale
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -109,9 +109,12 @@ def incident_detail(
     *,
     alerts_next: str | None = None,
     events_next: str | None = None,
+    links: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The incident in full; ``links``: where people see it, by destination (its Slack thread)."""
     return {
         **incident_view(incident),
+        "links": dict(links or {}),
         "alerts": [alert_view(a) for a in alerts],
         "alerts_next": alerts_next,
         "events": [event_view(e) for e in events],

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from bot.engine.metrics import IncidentLabels, Metrics
 from bot.report import render_detail
 from bot.web.views import incident_detail
 from tests.engine.harness import Answer, EngineHarness, Slow, Through, fleet, transient
@@ -57,6 +58,7 @@ async def test_xid79_exports_stages_goodput_retest_and_one_info_series(tmp_path:
             "playbook": "replace-node",
             "step": "wait_ready",
             "mode": "auto",
+            "thread": "",  # no Slack here
         }
         assert (
             h.sample("pitcrew_incident_info", **row)
@@ -189,3 +191,40 @@ async def test_a_summary_the_notifier_refused_once_is_counted_once(tmp_path: Pat
             noted.data["gpu_hours_lost"], abs=1e-6
         )
         assert h.sample("pitcrew_integration_errors_total", system="notifier", reason="unavailable") == 1
+
+
+def test_the_slack_thread_joins_the_incident_series_and_leaves_with_it() -> None:
+    """``IncidentSeries.link`` (the Slack destination, once the thread is posted): the incident's
+    one series carries ``thread`` from then on, whether the link came before or after it was
+    shown; a step change keeps it; closing (or the engine's scan) takes both away."""
+    metrics = Metrics(version="test")
+    series, at = metrics.incidents, datetime(2026, 12, 1, 6, 0)
+
+    def shown() -> list[dict[str, str]]:
+        return [
+            dict(s.labels)
+            for family in metrics.registry.collect()
+            if family.name == "pitcrew_incident_info"
+            for s in family.samples
+        ]
+
+    series.show("pc-1", IncidentLabels(NODE, "replace-node", "cordon", "auto"), at)
+    assert [s["thread"] for s in shown()] == [""]
+    series.link("pc-1", "https://x.slack.com/archives/C1/p1")
+    series.link("pc-1", "https://x.slack.com/archives/C1/p1")  # again after a restart: no change
+    assert [(s["step"], s["thread"]) for s in shown()] == [("cordon", "https://x.slack.com/archives/C1/p1")]
+    series.show("pc-1", IncidentLabels(NODE, "replace-node", "drain", "auto"), at)
+    assert [(s["step"], s["thread"]) for s in shown()] == [("drain", "https://x.slack.com/archives/C1/p1")]
+
+    series.link("pc-2", "https://x.slack.com/archives/C1/p2")  # posted before the engine showed it
+    series.show("pc-2", IncidentLabels("gpu-node-03", "replace-node", "cordon", "auto"), at)
+    assert {s["incident"]: s["thread"] for s in shown()}["pc-2"] == "https://x.slack.com/archives/C1/p2"
+
+    series.link("pc-3", "https://x.slack.com/archives/C1/p3")  # closed before it was ever shown
+    series.drop("pc-1")
+    series.keep_only(["pc-2"])
+    assert [s["incident"] for s in shown()] == ["pc-2"]
+    assert len(series) == 1 and "pc-3" not in series
+    series.drop("pc-2")
+    assert shown() == []
+    assert series._threads == {}  # nothing of a closed incident is kept

@@ -11,6 +11,10 @@ ephemerally.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +68,24 @@ async def test_xid79_approve_reject_rollback_from_slack(
         assert all(
             e["value"] == incident for b in parent.blocks if b["type"] == "actions" for e in b["elements"]
         )
+        # The thread's permalink (chat.getPermalink) is where the read API, `pitcrew incidents show`
+        # and the Grafana table (the incident's info series) send people.
+        permalink = f"https://{slack.world.domain}.slack.com/archives/C0GPUOPS/p{parent.ts.replace('.', '')}"
+        deadline = time.monotonic() + 10
+        while not (links := (await pitcrew.incident(incident))["links"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert links == {"slack": permalink}
+        _, exposed = await pitcrew.request("GET", "/metrics")
+        [info] = [ln for ln in exposed.decode().splitlines() if ln.startswith("pitcrew_incident_info{")]
+        assert f'incident="{incident}"' in info and f'thread="{permalink}"' in info, info
+        shown_cli = subprocess.run(
+            [sys.executable, "-m", "bot.cli", "incidents", "show", incident, "-c", str(pitcrew.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert f"slack thread: {permalink}" in shown_cli.stdout.splitlines(), shown_cli.stdout
 
         # A non-approver's click: refused politely, audited, told in the thread; nothing runs.
         assert await pitcrew.interact(click(APPROVE, incident, "U0MALLORY", "mallory")) == 200

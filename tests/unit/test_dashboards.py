@@ -127,18 +127,24 @@ def test_every_query_parses(tmp_path: Path) -> None:
     assert f"{len(rules)} rules found" in checked.stdout
 
 
-def test_the_incident_table_links_to_the_incident_and_its_runbook() -> None:
+def test_the_incident_table_links_to_the_slack_thread_the_incident_and_its_runbook() -> None:
     dashboard = DASHBOARDS["pitcrew-incidents.json"]
     [table] = [p for p in panels(dashboard) if p["title"] == "Active incidents by node"]
     assert [t["expr"] for t in table["targets"]] == ["time() - pitcrew_incident_info"]
+    overrides = {o["matcher"]["options"]: o["properties"] for o in table["fieldConfig"]["overrides"]}
     links = {
-        o["matcher"]["options"]: [link["url"] for p in o["properties"] for link in p["value"]]
-        for o in table["fieldConfig"]["overrides"]
+        field: [link["url"] for p in properties if p["id"] == "links" for link in p["value"]]
+        for field, properties in overrides.items()
     }
     assert links == {
-        "incident": ["${pitcrew_url}/api/v1/incidents/${__data.fields.incident}"],
+        "incident": ["${__data.fields.thread}", "${pitcrew_url}/api/v1/incidents/${__data.fields.incident}"],
         "playbook": ["${runbook_url}"],
+        "thread": [],
     }
+    # The permalink column is hidden, not excluded: a data link reads only the fields of its row.
+    assert overrides["thread"] == [{"id": "custom.hidden", "value": True}]
+    [organize] = [t for t in table["transformations"] if t["id"] == "organize"]
+    assert "thread" not in organize["options"]["excludeByName"]
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert {"pitcrew_url", "runbook_url"} <= variables
 

@@ -23,6 +23,7 @@ SCOPES: dict[str, str | None] = {
     "chat.postMessage": "chat:write",
     "chat.update": "chat:write",
     "chat.postEphemeral": "chat:write",
+    "chat.getPermalink": None,
     "conversations.info": "channels:read",
     "conversations.members": "channels:read",
     "conversations.history": "channels:history",
@@ -39,6 +40,7 @@ PITCREW_METHODS = frozenset(
         "chat.postMessage",
         "chat.update",
         "chat.postEphemeral",
+        "chat.getPermalink",
         "conversations.info",
         "conversations.history",
         "conversations.replies",
@@ -160,6 +162,19 @@ async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str
     return {"ok": True, "channel": channel.id, "ts": m.ts, "text": m.text, "message": message}
 
 
+async def chat_get_permalink(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The message's permalink, in Slack's format (a reply's carries its thread and channel)."""
+    _bot(api, token, "chat.getPermalink")
+    channel = _channel(api, args, member=False)
+    m = api.message(channel.id, str(args.get("message_ts", "")))
+    if m is None:
+        raise ApiError("message_not_found")
+    url = f"https://{api.world.domain}.slack.com/archives/{channel.id}/p{m.ts.replace('.', '')}"
+    if m.thread_ts is not None and m.thread_ts != m.ts:
+        url += f"?thread_ts={m.thread_ts}&cid={channel.id}"
+    return {"ok": True, "channel": channel.id, "permalink": url}
+
+
 async def chat_post_ephemeral(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
     _bot(api, token, "chat.postEphemeral")
     channel = _channel(api, args)
@@ -240,6 +255,7 @@ async def usergroups_users_list(api: WebApi, token: str, args: dict[str, Any]) -
 METHODS: dict[str, Handler] = {
     "auth.test": auth_test,
     "chat.postMessage": chat_post_message,
+    "chat.getPermalink": chat_get_permalink,
     "chat.update": chat_update,
     "chat.postEphemeral": chat_post_ephemeral,
     "conversations.info": conversations_info,

@@ -80,6 +80,7 @@ def build_slack(
     store: Store,
     clock: Callable[[], datetime],
     grafana: GrafanaSettings | None = None,
+    on_thread: Callable[[str, str], None] = lambda incident_id, url: None,
 ) -> Slack:
     """The Web API client and what needs only it and the store (the config was checked at load)."""
     client = _client(settings)
@@ -100,4 +101,5 @@ def build_slack(
     approvers = Approvers(
         client, tuple(settings.approvers), settings.approver_group, settings.group_cache, rule, store, clock
     )
-    return Slack(settings, client, SlackDestination(client, store, links, clock), approvers)
+    destination = SlackDestination(client, store, links, clock, on_thread)
+    return Slack(settings, client, destination, approvers)

@@ -30,6 +30,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import GrafanaSettings
 from bot.domain.incident import State
+from bot.engine.errors import PitcrewError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
@@ -38,7 +39,7 @@ from bot.integrations.slack.digest import StormDigest
 from bot.integrations.slack.errors import call
 from bot.integrations.slack.messages import Decision, Message, ParentView
 from bot.integrations.slack.probe import SlackProbe
-from bot.store.base import Event, IncidentRecord, OutboxItem, Store
+from bot.store.base import Event, IncidentRecord, OutboxItem, Store, link_key
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,19 @@ def who(actor: str | None) -> str:
 
 class SlackDestination:
     def __init__(
-        self, client: AsyncWebClient, store: Store, links: SlackLinks, clock: Callable[[], datetime]
+        self,
+        client: AsyncWebClient,
+        store: Store,
+        links: SlackLinks,
+        clock: Callable[[], datetime],
+        on_thread: Callable[[str, str], None] = lambda incident_id, url: None,
     ) -> None:
         self.client = client
         self._store = store
         self._links = links
         self._clock = clock
+        #: Told each incident's thread permalink (``Metrics.incidents.link``: the Grafana table).
+        self._on_thread = on_thread
         self._digest = StormDigest(
             client, store, links.channel, links.digest_window, links.digest_threshold, clock
         )
@@ -125,6 +133,7 @@ class SlackDestination:
                 )
             ts = await self._post(item, await self._parent(incident))
             await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+            await self._permalink(incident.id, ts)
             return ts
         if thread.startswith(DIGEST):
             return await self._digest.show(item, incident, thread, self._post)
@@ -143,7 +152,24 @@ class SlackDestination:
                     channel=self.channel, ts=thread, **_content(await self._parent(incident))
                 )
             )
+            await self._permalink(incident.id, thread)
         return posted or thread
+
+    async def _permalink(self, incident_id: str, thread_ts: str) -> None:
+        """Keep the thread's permalink (``chat.getPermalink``, once) where the read API and
+        ``pitcrew incidents show`` find it, and tell ``on_thread`` (again after a restart). Best
+        effort: a failure is logged and the next delivery of the incident tries again; it never
+        holds a notice back."""
+        url = await self._store.outbox_ref(NAME, link_key(incident_id))
+        if url is None:
+            try:
+                answer = await call(self.client.chat_getPermalink(channel=self.channel, message_ts=thread_ts))
+            except PitcrewError as exc:
+                log.warning("no permalink for the Slack thread of %s yet: %s", incident_id, exc)
+                return
+            url = str(answer["permalink"])
+            await self._store.set_outbox_ref(NAME, link_key(incident_id), url, self._clock())
+        self._on_thread(incident_id, url)
 
     def reply_for(self, item: OutboxItem) -> Message | None:
         p = item.payload
