@@ -5,6 +5,8 @@ Fixture plugins live in ``tests/harness``; each module there owns one far side.
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,18 @@ SHARDS = ("e2e", "rest")
 
 def shard_of(nodeid: str) -> str:
     return "e2e" if nodeid.startswith("tests/e2e/") else "rest"
+
+
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM ends the run as Ctrl-C does: the tests' teardown stops every server they started
+    (Slurm daemons, Prometheus, demos). ``scripts/test`` stops its shards with it; a CI runner's
+    cancel sends it too; and a run started in the background has SIGINT ignored."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
