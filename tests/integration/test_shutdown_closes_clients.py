@@ -1,45 +1,29 @@
 """The service's shutdown closes the connections its far sides opened.
 
-Case: pitcrew's application with the REST Slurm backend against a wire-level slurmrestd (the
-real OpenAPI document and a node answer) reads a node, so the backend holds an HTTP session;
-stopping the application closes that session (aiohttp would otherwise warn "Unclosed client
-session" at exit and keep the socket open), and the scheduler can open a fresh one after.
+Case: pitcrew's application with the REST Slurm backend against the wire-level slurmrestd
+(``tests.harness.slurmrestd``: the real v0.0.38 OpenAPI document) reads a node, so the backend
+holds an HTTP session; stopping the application closes that session (aiohttp would otherwise
+warn "Unclosed client session" at exit and keep the socket open), and the scheduler can open a
+fresh one after.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bot.config import load_config
 from bot.integrations.slurm import RestScheduler
 from bot.runtime import build_app, build_ports
-from tests.conftest import FIXTURES
-
-OPENAPI = json.loads((FIXTURES / "slurm" / "rest" / "openapi-v3.json").read_text())
-NODE = {"name": "gpu-001", "state": "idle", "state_flags": [], "reason": ""}
+from tests.harness.slurmrestd import SECRET, V38_DOC, FakeSlurmrestd
 
 
 async def test_stopping_the_service_closes_the_slurmrestd_session(tmp_path: Path) -> None:
-    connections: list[int] = []
-
-    async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(OPENAPI)
-
-    async def get_node(request: web.Request) -> web.Response:
-        assert request.transport is not None
-        connections.append(id(request.transport))
-        return web.json_response({"nodes": [NODE], "errors": []})
-
-    slurmrestd = web.Application()
-    slurmrestd.router.add_get("/openapi/v3", openapi)
-    slurmrestd.router.add_get("/slurm/v0.0.38/node/{name}", get_node)
-    far = TestServer(slurmrestd, host="127.0.0.1")
+    slurmrestd = FakeSlurmrestd(V38_DOC)
+    far = TestServer(slurmrestd.app(), host="127.0.0.1")
     await far.start_server()
-    (tmp_path / "jwt").write_text("SLURM_JWT=t\n")
+    (tmp_path / "jwt").write_text(f"SLURM_JWT={SECRET}\n")
     config = load_config(
         None,
         store={"path": str(tmp_path / "pitcrew.db")},
@@ -62,7 +46,7 @@ async def test_stopping_the_service_closes_the_slurmrestd_session(tmp_path: Path
         await service.close()  # the application's cleanup: what SIGTERM runs
         assert session.closed
         assert (await scheduler.node("gpu-001")).name == "gpu-001"  # a new session, a new connection
-        assert len(set(connections)) == 2
+        assert len(set(slurmrestd.connections)) == 2
         await scheduler.aclose()
     finally:
         await service.close()

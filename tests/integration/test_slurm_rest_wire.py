@@ -13,94 +13,17 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bot.engine.errors import PermanentError, TransientError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler
-from tests.conftest import FIXTURES
 from tests.harness.proc import free_port
-
-REST = FIXTURES / "slurm" / "rest"
-V38_DOC = json.loads((REST / "openapi-v3.json").read_text())
-V40_DOC: dict[str, Any] = {
-    "paths": {
-        "/slurm/v0.0.40/nodes/": {"get": {}, "post": {}},
-        "/slurm/v0.0.40/node/{node_name}": {"get": {}, "post": {}, "delete": {}},
-        "/slurm/v0.0.40/jobs/": {"get": {}},
-        "/slurm/v0.0.40/job/{job_id}": {"get": {}, "post": {}, "delete": {}},
-    }
-}
-SECRET = "eyJhbGciOiJIUzI1NiJ9.secret-part.signature"
-
-
-@dataclass
-class FakeSlurmrestd:
-    document: dict[str, Any]
-    token: str = SECRET
-    posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    node_state: list[str] = field(default_factory=lambda: ["IDLE"])
-    fail_with_500: bool = False
-    rotate_to: tuple[Path, str] | None = None  # rewrite the token file during the next request
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/openapi/v3", self.openapi)
-        app.router.add_route("*", "/slurm/{version}/{kind}/{name}", self.object)
-        # Only the spelling the document lists: v0.0.38 "/jobs", v0.0.40 "/jobs/".
-        jobs = next(p for p in self.document["paths"] if p.rstrip("/").endswith("/jobs"))
-        app.router.add_get(jobs.replace(jobs.split("/")[2], "{version}"), self.jobs)
-        return app
-
-    async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(self.document)
-
-    def refused(self, request: web.Request) -> web.Response | None:
-        if self.rotate_to is not None:
-            path, new = self.rotate_to
-            path.write_text(f"SLURM_JWT={new}\n")
-            self.token, self.rotate_to = new, None
-        if request.headers.get("X-SLURM-USER-TOKEN") != self.token:
-            return web.Response(status=401, text="Authentication failure")
-        if self.fail_with_500:
-            return web.json_response({"errors": [{"error": "Unspecified error", "errno": -1}]}, status=500)
-        return None
-
-    async def object(self, request: web.Request) -> web.Response:
-        if (refused := self.refused(request)) is not None:
-            return refused
-        kind, name = request.match_info["kind"], request.match_info["name"]
-        if request.method == "POST":
-            if "post" not in self.document["paths"].get(
-                f"/slurm/{request.match_info['version']}/node/{{node_name}}", {}
-            ):
-                return web.Response(status=405, text=(REST / "node-post-v0038-response.txt").read_text())
-            body = await request.json()
-            self.posts.append((request.path, body))
-            self.node_state = body["state"]
-            return web.json_response({"errors": [], "warnings": []})
-        if kind == "node" and name == "gpu-001":
-            node = {"name": name, "state": self.node_state, "reason": "", "reason_changed_at": {"set": False}}
-            return web.json_response({"nodes": [node], "errors": []})
-        if kind == "job" and name == "1":
-            return web.json_response(json.loads((REST / "job-running.json").read_text()))
-        error = {"node": "Invalid node name specified", "job": "Invalid job id specified"}[kind]
-        return web.json_response(
-            {"errors": [{"error": error, "error_number": 2018 if kind == "node" else 2017}]}, status=500
-        )
-
-    async def jobs(self, request: web.Request) -> web.Response:
-        return self.refused(request) or web.json_response(
-            json.loads((REST / "jobs-running.json").read_text())
-        )
+from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, FakeSlurmrestd
 
 
 class RecordingFallback(ScontrolScheduler):

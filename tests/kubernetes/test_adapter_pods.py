@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
+from bot.demo.kubernetes.world import slinky_pdb, training_pdb
 from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR
 from bot.engine.errors import PermanentError, TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from tests.kubernetes.emulator import KubeEmulator
-from tests.kubernetes.scenes import slinky_pdb, training_pdb
 
 NODE = "gpu-node-02"
 WORKER = PodRef("training", "llama-pretrain-worker-2", owner_kind="PyTorchJob")
@@ -54,7 +54,7 @@ async def test_eviction_goes_through_the_eviction_api(cluster: KubernetesCluster
 async def test_a_budget_refusal_names_the_pod_and_the_budget(
     cluster: KubernetesCluster, k8s: KubeEmulator
 ) -> None:
-    k8s.add("poddisruptionbudgets", training_pdb())
+    k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
     with pytest.raises(TransientError) as err:
         await cluster.evict(WORKER)
     assert err.value.reason == "pdb"

@@ -21,6 +21,7 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from bot.demo.kubernetes.world import slinky_pdb
 from tests.kubernetes.emulator import KubeEmulator, load_fixture
 
 NODE = "gpu-node-02"
@@ -41,22 +42,6 @@ def _eviction(name: str, namespace: str, grace: int | None = None) -> client.V1E
         metadata=client.V1ObjectMeta(name=name, namespace=namespace),
         delete_options=options,
     )
-
-
-def _slinky_pdb(generation: int = 1, observed: int = 1) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "slurm-workers-pdb-slurm", "namespace": "slurm", "generation": generation},
-        "spec": {
-            "maxUnavailable": 0,
-            "selector": {
-                "matchLabels": {
-                    "nodeset.slinky.slurm.net/pod-protect": "true",
-                    "slinky.slurm.net/cluster": "slurm",
-                }
-            },
-        },
-        "status": {"observedGeneration": observed},
-    }
 
 
 async def test_a_flipped_node_condition_is_seen_with_a_new_resource_version(
@@ -138,7 +123,7 @@ async def test_slinky_budget_refuses_until_the_pod_is_unprotected(
     k8s: KubeEmulator, k8s_client: client.ApiClient
 ) -> None:
     core = client.CoreV1Api(k8s_client)
-    k8s.add("poddisruptionbudgets", _slinky_pdb())
+    k8s.add("poddisruptionbudgets", slinky_pdb())
     with pytest.raises(ApiException) as err:
         await core.create_namespaced_pod_eviction(SLURMD, "slurm", _eviction(SLURMD, "slurm"))
     assert err.value.status == 429
@@ -157,7 +142,7 @@ async def test_slinky_budget_refuses_until_the_pod_is_unprotected(
 async def test_a_stale_budget_answers_429_with_retry_after(
     k8s: KubeEmulator, k8s_client: client.ApiClient
 ) -> None:
-    k8s.add("poddisruptionbudgets", _slinky_pdb(generation=2, observed=1))
+    k8s.add("poddisruptionbudgets", slinky_pdb(generation=2, observed=1))
     with pytest.raises(ApiException) as err:
         await client.CoreV1Api(k8s_client).create_namespaced_pod_eviction(
             SLURMD, "slurm", _eviction(SLURMD, "slurm")

@@ -25,6 +25,39 @@ from bot.demo.kubernetes.faults import LoggedRequest
 T = TypeVar("T")
 
 
+def slinky_pdb(generation: int = 1, observed: int = 1) -> dict[str, Any]:
+    """slurm-operator's budget: ``maxUnavailable: 0`` over slurmd pods marked busy (``pod-protect``);
+    ``observed`` below ``generation`` is a budget its controller has not reconciled yet."""
+    return {
+        "metadata": {"name": "slurm-workers-pdb-slurm", "namespace": "slurm", "generation": generation},
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {
+                "matchLabels": {
+                    "nodeset.slinky.slurm.net/pod-protect": "true",
+                    "slinky.slurm.net/cluster": "slurm",
+                }
+            },
+        },
+        "status": {"observedGeneration": observed},
+    }
+
+
+def training_pdb(*, min_available: int | None = None, max_unavailable: int | None = None) -> dict[str, Any]:
+    """A team's budget over its ``llama-pretrain`` workers, by ``minAvailable`` or ``maxUnavailable``."""
+    budget = (
+        {"minAvailable": min_available} if min_available is not None else {"maxUnavailable": max_unavailable}
+    )
+    return {
+        "metadata": {"name": "llama-pretrain", "namespace": "training", "generation": 1},
+        "spec": {
+            **budget,
+            "selector": {"matchLabels": {"training.kubeflow.org/job-name": "llama-pretrain"}},
+        },
+        "status": {"observedGeneration": 1},
+    }
+
+
 def write_kubeconfig(path: Path, server: str) -> Path:
     """A kubeconfig as an operator would have one: cluster, user with a token, current context."""
     path.write_text(
@@ -130,17 +163,7 @@ def pods_like_the_fixture(emulator: KubeEmulator, node: str, elsewhere: str) -> 
                 if condition["type"] == "Ready":
                     condition["status"] = "False"
         emulator.add("pods", worker)
-    emulator.add(
-        "poddisruptionbudgets",
-        {
-            "metadata": {"name": "llama-pretrain", "namespace": "training", "generation": 1},
-            "spec": {
-                "minAvailable": 1,
-                "selector": {"matchLabels": {"training.kubeflow.org/job-name": "llama-pretrain"}},
-            },
-            "status": {"observedGeneration": 1},
-        },
-    )
+    emulator.add("poddisruptionbudgets", training_pdb(min_available=1))
 
 
 def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, str]:
@@ -165,22 +188,7 @@ def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, 
         pod["spec"]["hostname"] = slurm_node
         emulator.add("pods", pod)
         names[kube_node] = slurm_node
-    emulator.add(
-        "poddisruptionbudgets",
-        {
-            "metadata": {"name": "slurm-workers-pdb-slurm", "namespace": "slurm", "generation": 1},
-            "spec": {
-                "maxUnavailable": 0,
-                "selector": {
-                    "matchLabels": {
-                        "nodeset.slinky.slurm.net/pod-protect": "true",
-                        "slinky.slurm.net/cluster": "slurm",
-                    }
-                },
-            },
-            "status": {"observedGeneration": 1},
-        },
-    )
+    emulator.add("poddisruptionbudgets", slinky_pdb())
     return names
 
 
@@ -220,14 +228,4 @@ def demo_fleet(emulator: KubeEmulator, names: list[str]) -> None:
         for pod in (daemon, mirror, worker):
             pod["spec"]["nodeName"] = node
             emulator.add("pods", pod)
-    emulator.add(
-        "poddisruptionbudgets",
-        {
-            "metadata": {"name": "llama-pretrain", "namespace": "training", "generation": 1},
-            "spec": {
-                "maxUnavailable": 1,
-                "selector": {"matchLabels": {"training.kubeflow.org/job-name": "llama-pretrain"}},
-            },
-            "status": {"observedGeneration": 1},
-        },
-    )
+    emulator.add("poddisruptionbudgets", training_pdb(max_unavailable=1))
