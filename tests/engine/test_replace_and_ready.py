@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.engine.ports import PodRef
 from tests.engine.harness import Answer, EngineHarness
 
@@ -44,37 +46,37 @@ async def test_a_repair_already_under_way_is_waited_for_not_repeated(tmp_path: P
         assert result.status == "ok"
 
 
-async def test_a_pod_that_never_leaves_holds_the_drain_until_its_deadline(tmp_path: Path) -> None:
-    left = [PodRef("training", "straggler", owner_kind="Job")]
-    async with EngineHarness(tmp_path, **_playbook(drain={"timeout": "60s"})) as h:
-        # A pod the drain evicted but that never leaves (a stuck finalizer, a controller re-binding it).
-        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
+#: A pod that never leaves the node (a stuck finalizer, a controller re-binding it): the step that
+#: meets it, that step's options, and what its escalation must name.
+STRAGGLER = PodRef("training", "straggler", owner_kind="Job")
+NEVER_LEAVES = {
+    # The drain evicted it, and waits for it to go until its deadline.
+    "drain holds": (_playbook(drain={"timeout": "60s"}), ("drain", "training/straggler")),
+    # Without a drain, the replace step refuses while it is there.
+    "replace refused": (
+        _playbook(UNDRAINED, replace={"timeout": "60s", "attempts": 3}),
+        ("pod training/straggler",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NEVER_LEAVES))
+async def test_a_pod_that_never_leaves_fails_the_incident_naming_it(tmp_path: Path, case: str) -> None:
+    playbook, named = NEVER_LEAVES[case]
+    async with EngineHarness(tmp_path, **playbook) as h:
+        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, STRAGGLER]))
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
         assert done.state.value == "failed"
         assert h.calls()[("replace", NODE)] == 0
         [escalation] = h.notices("escalation", incident)
         text = " ".join(escalation["lines"]) + escalation["title"]
-        assert "drain" in text and "training/straggler" in text
-
-
-async def test_workload_left_on_the_node_refuses_the_replacement(tmp_path: Path) -> None:
-    left = [PodRef("training", "straggler", owner_kind="Job")]
-    playbook = _playbook(UNDRAINED, replace={"timeout": "60s", "attempts": 3})
-    async with EngineHarness(tmp_path, **playbook) as h:
-        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
-        incident = await h.alert(NODE)
-        done = await h.until_ended(incident)
-        assert done.state.value == "failed"
-        assert h.calls()[("replace", NODE)] == 0
-        [escalation] = h.notices("escalation", incident)
-        assert "pod training/straggler" in " ".join(escalation["lines"]) + escalation["title"]
+        assert all(words in text for words in named), text
 
 
 async def test_force_replaces_anyway_and_says_so(tmp_path: Path) -> None:
-    left = [PodRef("training", "straggler", owner_kind="Job")]
     async with EngineHarness(tmp_path, **_playbook(UNDRAINED, replace={"options": {"force": True}})) as h:
-        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, *left]))
+        h.cluster.always("pods_on_node", Answer(lambda pods: [*pods, STRAGGLER]))
         incident = await h.alert(NODE)
         done = await h.until_ended(incident, within=7200)
         assert h.calls()[("replace", NODE)] == 1
