@@ -276,7 +276,7 @@ class IncidentSeries:
 
     def show(self, incident_id: str, labels: IncidentLabels, since: datetime) -> None:
         old = self._shown.get(incident_id)
-        if old is not None:
+        if old is not None and old[0] != labels:  # the same labels: the series is set in place
             self._remove(incident_id, old[0])
         self._shown[incident_id] = (labels, since)
         self._gauge.labels(*self._values(incident_id, labels)).set(since.timestamp())
