@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from bot.demo.proc import DemoError, find_binary, free_port, stop_process, tail
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
-from bot.integrations.slurm_cli import parse_job_line, parse_node_line
+from bot.integrations.slurm.cli import parse_job_line, parse_node_line
 
 T = TypeVar("T")
 NODES = ("gpu-001", "gpu-002", "gpu-003")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from bot.domain.goodput import Goodput, gpus_in_gres, job_gpus, job_loss
-from bot.integrations.slurm_cli import parse_job_line, parse_node_line
-from bot.integrations.slurm_json import jobs_from_payload, nodes_from_payload
+from bot.integrations.slurm.cli import parse_job_line, parse_node_line
+from bot.integrations.slurm.json import jobs_from_payload, nodes_from_payload
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 T0 = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)

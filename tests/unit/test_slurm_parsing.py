@@ -25,7 +25,7 @@ import pytest
 
 from bot.engine.errors import PermanentError, TransientError
 from bot.engine.ports import PartitionNodes
-from bot.integrations.slurm_cli import (
+from bot.integrations.slurm.cli import (
     ScontrolScheduler,
     classify_failure,
     parse_job_line,
@@ -33,7 +33,7 @@ from bot.integrations.slurm_cli import (
     parse_node_line,
     parse_partition_line,
 )
-from bot.integrations.slurm_json import (
+from bot.integrations.slurm.json import (
     Partition,
     discover_api,
     errors_of,

@@ -2,7 +2,7 @@
 
 Runs ``scontrol``/``squeue`` as async subprocesses (argv only, never a shell) with a timeout
 that kills the child, parses their ``-o`` one-line output (partitions into the records
-``slurm_json`` shares with the REST backend), and turns failures into
+``bot.integrations.slurm.json`` shares with the REST backend), and turns failures into
 ``TransientError`` (controller unreachable, timeouts) or ``PermanentError`` (unknown node or
 job, invalid arguments). It must not retry (the engine's step executor does), decide
 ownership (the engine checks ``reason_is_ours`` before ``resume``) or log whole outputs.
@@ -23,7 +23,7 @@ from bot.domain.goodput import gpus_in_gres, job_gpus
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
 from bot.engine.ports import PartitionNodes, Probe, Scheduler
-from bot.integrations.slurm_json import Partition, member_partitions
+from bot.integrations.slurm.json import Partition, member_partitions
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ import aiohttp
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
 from bot.engine.ports import PartitionNodes, Probe
-from bot.integrations.slurm_cli import (
+from bot.integrations.slurm.cli import (
     ScontrolScheduler,
     checked_job,
     checked_node,
     probe_missing,
     resume_tolerantly,
 )
-from bot.integrations.slurm_json import (
+from bot.integrations.slurm.json import (
     RestApi,
     discover_api,
     errors_of,

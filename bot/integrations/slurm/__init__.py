@@ -1,7 +1,7 @@
 """Slurm behind the scheduler port: settings, the backend factory and the ownership rule.
 
-Two backends behave the same: ``scontrol`` (Slurm's commands; ``bot.integrations.slurm_cli``)
-and ``rest`` (slurmrestd with a JWT; ``bot.integrations.slurm_rest``, which falls back to the
+Two backends behave the same: ``scontrol`` (Slurm's commands; ``bot.integrations.slurm.cli``)
+and ``rest`` (slurmrestd with a JWT; ``bot.integrations.slurm.rest``, which falls back to the
 commands for node updates on servers older than v0.0.39 and for requeue). This module owns
 the configuration surface and the choice between them; it must not parse Slurm output or
 hold clients of its own.
@@ -15,8 +15,8 @@ from typing import Protocol
 from bot.config import SlurmSettings
 from bot.domain.jobs import pitcrew_reason
 from bot.engine.ports import Scheduler
-from bot.integrations.slurm_cli import ScontrolScheduler
-from bot.integrations.slurm_rest import RestScheduler
+from bot.integrations.slurm.cli import ScontrolScheduler
+from bot.integrations.slurm.rest import RestScheduler
 
 __all__ = [
     "ClosableScheduler",
