@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from bot import logger
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PermanentError, TransientError
@@ -34,7 +34,7 @@ from bot.engine.registry import Handler, StepDef
 from bot.store import codec
 from bot.store.base import IncidentRecord, JsonObject, NewEvent
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 R = TypeVar("R", bound=StepResult)
 T = TypeVar("T")
 
