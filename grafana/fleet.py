@@ -48,8 +48,8 @@ XIDS_NOW = _fold('DCGM_EXP_XID_ERRORS_COUNT{xid!=""}', "node, gpu, xid")
 EXPORTER_UP = f"max by (node) ({q.node_fold(f'up{{job=~{json.dumps(q.EXPORTER_JOB)}}}')})"
 
 
-def fleet() -> Dashboard:
-    headline: list[Panel] = [
+def _headline() -> list[Panel]:
+    return [
         stat_panel(
             "GPUs reporting",
             "GPUs dcgm-exporter reports now, over the fleet.",
@@ -79,7 +79,10 @@ def fleet() -> Dashboard:
             f"sum({_fold('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')})",
         ),
     ]
-    xids: list[Panel] = [
+
+
+def _xids() -> list[Panel]:
+    return [
         timeseries_panel(
             "XIDs by class",
             "XIDs in dcgm-exporter's window, classed by pitcrew's catalog: critical ones make pitcrew reset, reboot or replace.",
@@ -103,7 +106,10 @@ def fleet() -> Dashboard:
             width=24,
         ),
     ]
-    memory_and_presence: list[Panel] = [
+
+
+def _memory_and_presence() -> list[Panel]:
+    return [
         timeseries_panel(
             "ECC errors",
             "Volatile ECC errors per GPU: double-bit (uncorrectable) and the single-bit rate.",
@@ -130,10 +136,13 @@ def fleet() -> Dashboard:
             Query(EXPORTER_UP, "{{node}}"),
         ),
     ]
+
+
+def fleet() -> Dashboard:
     return dashboard_model(
         FLEET_UID,
         "GPU fleet health",
         "Is the GPU fleet healthy? XIDs, ECC, row remapping, missing GPUs and exporters, from dcgm-exporter. "
         "Red regions are pitcrew incidents.",
-        [*headline, *xids, *memory_and_presence],
+        [*_headline(), *_xids(), *_memory_and_presence()],
     )
