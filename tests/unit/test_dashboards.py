@@ -6,13 +6,18 @@ unique; panel ids are unique; every panel sits inside the 24-column grid without
 another; every panel and query reads ``${datasource}`` (no hard-coded datasource id; annotations
 use Grafana's built-in source); every query parses (promtool, with Grafana's interval variables
 set); every metric a query names is in pitcrew's registry or the dcgm-exporter stand-in's output;
-the incident table links to the incident and the runbook; the provisioning files are valid.
+the incident table links to the incident and the runbook; the provisioning files are valid; each
+dashboard conforms to Grafana's schema as grafana-foundation-sdk's generated types encode it
+(tests/grafana/schema.py), and that check refuses an unknown key, a wrong type, a value outside an
+enum, an unknown panel or datasource type, at each level it reads.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ from grafana import render
 from proving_ground.dcgm import Node, load_collectors
 from proving_ground.stack import COLLECTORS_CSV
 from tests.grafana.dashboards import DASHBOARD_DIR, REPO, concrete, dashboards, metric_names, panels, queries
+from tests.grafana.schema import violations
 from tests.harness.proc import require_binary
 
 DASHBOARDS = dashboards()
@@ -166,3 +172,96 @@ def test_the_provisioning_files_are_valid() -> None:
         "updateIntervalSeconds", "options",
     }  # fmt: skip
     assert DASHBOARD_DIR.is_dir()
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_every_dashboard_conforms_to_grafanas_schema(name: str) -> None:
+    assert violations(DASHBOARDS[name]) == []
+
+
+def _panel(dashboard: dict[str, Any], title: str) -> dict[str, Any]:
+    [panel] = [p for p in panels(dashboard) if p["title"] == title]
+    return panel
+
+
+def _foreign_datasource(dashboard: dict[str, Any]) -> None:
+    panel = _panel(dashboard, "Active incidents")
+    panel["datasource"] = panel["targets"][0]["datasource"] = {"type": "influxdb", "uid": "influx"}
+
+
+Mutation = Callable[[dict[str, Any]], None]
+BROKEN: dict[str, tuple[Mutation, str]] = {
+    "unknown dashboard key": (
+        lambda d: d.update(refreshInterval="30s"),
+        "dashboard.refreshInterval: not in Grafana's schema",
+    ),
+    "unknown panel key": (
+        lambda d: _panel(d, "Active incidents").update(gridpos={}),
+        "dashboard.panels[0].gridpos: not in Grafana's schema",
+    ),
+    "grid width as a string": (
+        lambda d: _panel(d, "Active incidents")["gridPos"].update(w="4"),
+        "dashboard.panels[0].grid_pos.w: '4' is not a int",
+    ),
+    "cursor sync outside its enum": (
+        lambda d: d.update(graphTooltip=7),
+        "dashboard.graph_tooltip: 7 is not one of [0, 1, 2]",
+    ),
+    "repeat direction outside its literal": (
+        lambda d: _panel(d, "Active incidents").update(repeatDirection="x"),
+        "dashboard.panels[0].repeat_direction: 'x' is not one of ['h', 'v']",
+    ),
+    "unknown stat option": (
+        lambda d: _panel(d, "Active incidents")["options"].update(reduceOption={}),
+        "dashboard.panels[0].options.reduceOption: not in Grafana's schema",
+    ),
+    "stat option outside its enum": (
+        lambda d: _panel(d, "Active incidents")["options"].update(graphMode="bars"),
+        "dashboard.panels[0].options.graph_mode: 'bars' is not one of ['none', 'line', 'area']",
+    ),
+    "unknown Prometheus query key": (
+        lambda d: _panel(d, "Active incidents")["targets"][0].update(legend="x"),
+        "dashboard.panels[0].targets[0].legend: not in Grafana's schema",
+    ),
+    "table cell alignment outside its enum": (
+        lambda d: _panel(d, "Active incidents by node")["fieldConfig"]["defaults"].update(
+            custom={"align": "middle"}
+        ),
+        "dashboard.panels[6].field_config.defaults.custom.align: 'middle' is not one of",
+    ),
+    "value mapping text not a string": (
+        lambda d: _panel(d, "Circuit breaker")["fieldConfig"]["defaults"]["mappings"][0]["options"][
+            "0"
+        ].update(text=0),
+        "dashboard.panels[3].field_config.defaults.mappings[0].options.0.text: 0 is not a str",
+    ),
+    "transformation flag not a boolean": (
+        lambda d: _panel(d, "Active incidents by node")["transformations"][0].update(disabled="no"),
+        "dashboard.panels[6].transformations[0].disabled: 'no' is not a bool",
+    ),
+    "unknown dashboard link key": (
+        lambda d: d["links"][0].update(keeptime=True),
+        "dashboard.links[0].keeptime: not in Grafana's schema",
+    ),
+    "variable visibility outside its enum": (
+        lambda d: d["templating"]["list"][1].update(hide=5),
+        "dashboard.templating.list_val[1].hide: 5 is not one of [0, 1, 2]",
+    ),
+    "unknown panel type": (
+        lambda d: _panel(d, "Active incidents").update(type="stats"),
+        "dashboard.panels[0]: no schema for panel type 'stats'",
+    ),
+    "query of a datasource without a schema": (
+        _foreign_datasource,
+        "dashboard.panels[0].targets[0]: no schema for its datasource type",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_the_schema_check_refuses_what_grafanas_schema_does_not_allow(case: str) -> None:
+    mutate, expected = BROKEN[case]
+    dashboard = copy.deepcopy(DASHBOARDS["pitcrew-incidents.json"])
+    mutate(dashboard)
+    [violation] = violations(dashboard)
+    assert violation.startswith(expected), violation
