@@ -28,7 +28,7 @@ from tenacity import (
 
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.locks import IncidentLocks
 from bot.engine.registry import Handler, StepDef
 from bot.store import codec
@@ -199,10 +199,9 @@ class Executor:
         async def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             self._metrics.steps.labels(ctx.step, "retried").inc()
-            self._metrics.integration_error(system, getattr(error, "reason", ""))
-            await ctx.note(
-                "step_retry", f"attempt {counter['n']} failed: {error}", reason=getattr(error, "reason", "")
-            )
+            assert isinstance(error, TransientError), "tenacity retries only a TransientError"
+            self._metrics.integration_error(system, error.reason)
+            await ctx.note("step_retry", f"attempt {counter['n']} failed: {error}", reason=error.reason.value)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(attempts - counter["n"] + 1),
@@ -232,7 +231,7 @@ class Executor:
             self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
         except TimeoutError as exc:  # the step's deadline passed during a call to the far side
-            self._metrics.integration_error(system, "timeout")
+            self._metrics.integration_error(system, Reason.TIMEOUT)
             raise StepFailed(
                 f"{ctx.step} did not finish within its budget: a call to the far side was still running",
                 "timeout",

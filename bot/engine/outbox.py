@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Destination, Notice, Notifier
 from bot.engine.signals import RealTimer, Timer
@@ -216,6 +216,6 @@ class OutboxSender:
         self._metrics.notices.labels(destination.name, "delivered").inc()
         return True
 
-    def _count(self, reason: str) -> None:
+    def _count(self, reason: Reason) -> None:
         if self._system is not None:
             self._metrics.integration_error(self._system, reason)

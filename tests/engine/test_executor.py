@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from bot.engine.errors import Reason
 from tests.engine.harness import Answer, EngineHarness, Fail, Slow, permanent, transient
 
 Setup = Callable[[EngineHarness], None]
@@ -122,7 +123,7 @@ STEPS = {
         "replace hit an internal error: RuntimeError('boom')",
     ),
     "pdb-429-retried": StepCase(
-        _script("cluster", "evict", *transient(2, reason="pdb")), "drain", "ok", 3, 2, "1 pod(s) evicted"
+        _script("cluster", "evict", *transient(2, reason=Reason.PDB)), "drain", "ok", 3, 2, "1 pod(s) evicted"
     ),
     "wait-polled-until-done": StepCase(
         _not_ready_for(30), "wait_ready", "ok", 1, 0, "node gpu-node-02 is Ready", took=30

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bot.domain.faults import Fault
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Notice
@@ -80,9 +80,12 @@ async def _drain(sender: OutboxSender, destination: Recording, store: SqliteStor
 
 async def test_order_backoff_and_refusals(store: SqliteStore) -> None:
     a, b = await _incidents(store, "gpu-a", "gpu-b")
-    flaky = TransientError("down", retry_after=0.05)
+    flaky = TransientError("down", reason=Reason.UNAVAILABLE, retry_after=0.05)
     destination = Recording(
-        {"a1": [flaky, flaky], "b1": [PermanentError("refused", reason="invalid_blocks")]}
+        {
+            "a1": [flaky, flaky],
+            "b1": [PermanentError("refused: invalid_blocks", reason=Reason.INVALID_REQUEST)],
+        }
     )
     metrics = Metrics()
     notifier = OutboxNotifier(store, now, LogNotifier(), [destination.name])
