@@ -21,6 +21,7 @@ from aiohttp import web
 from bot import __version__
 from bot.config import Config, ConfigError, Settings, read_secret
 from bot.domain.nodemap import slurm_nodes_for
+from bot.engine.backoff import Backoff
 from bot.engine.commands import Commands
 from bot.engine.context import Ports, SlurmNames, StepSettings
 from bot.engine.deps import EngineDeps
@@ -229,8 +230,10 @@ def build_app(
         destinations,
         metrics,
         utcnow,
-        backoff=config.settings.engine.retry_backoff.total_seconds(),
-        backoff_max=config.settings.slack.retry_backoff_max.total_seconds(),
+        backoff=Backoff(
+            config.settings.engine.retry_backoff.total_seconds(),
+            config.settings.slack.retry_backoff_max.total_seconds(),
+        ),
     )
     if slack is not None:  # step outcomes and decisions reach the thread as soon as they commit
         store.route_events(SLACK_EVENTS, slack.destination.name, wake=sender.wake)
@@ -308,8 +311,10 @@ def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotation
         [GrafanaDestination(adapter, store, utcnow)],
         metrics,
         utcnow,
-        backoff=config.settings.engine.retry_backoff.total_seconds(),
-        backoff_max=config.settings.grafana.retry_backoff_max.total_seconds(),
+        backoff=Backoff(
+            config.settings.engine.retry_backoff.total_seconds(),
+            config.settings.grafana.retry_backoff_max.total_seconds(),
+        ),
         system="grafana",
     )
     store.route_events(GRAFANA_EVENTS, GRAFANA_NAME, wake=sender.wake)

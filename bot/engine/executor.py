@@ -1,10 +1,11 @@
 """The durable step executor: one step of one incident, within its budget.
 
 Before a step runs, its start is written to the store; after, its outcome, result and
-duration. Transient failures are retried with exponential backoff and jitter (tenacity)
-inside the step's attempt budget — once, here, since the client libraries already retry
-their own HTTP. ``Wait`` answers are polled until the step's deadline. A step that runs out
-of budget, or fails permanently, escalates: the incident goes to humans, never silently.
+duration. Transient failures are retried with the one backoff policy (``bot.engine.backoff``:
+doubling, jittered, the far side's ``retry_after`` honoured) through tenacity, inside the step's
+attempt budget — once, here, since the client libraries already retry their own HTTP. ``Wait``
+answers are polled until the step's deadline. A step that runs out of budget, or fails
+permanently, escalates: the incident goes to humans, never silently.
 """
 
 from __future__ import annotations
@@ -18,14 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
+from bot.engine.backoff import Backoff
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PermanentError, Reason, TransientError
@@ -205,10 +201,9 @@ class Executor:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(attempts - counter["n"] + 1),
-            wait=wait_exponential_jitter(
-                multiplier=settings.retry_backoff.total_seconds(),
-                max=settings.retry_backoff_max.total_seconds(),
-            ),
+            wait=Backoff(
+                settings.retry_backoff.total_seconds(), settings.retry_backoff_max.total_seconds()
+            ).tenacity_wait(),
             retry=retry_if_exception_type(TransientError),
             before_sleep=before_sleep,
             sleep=self._deps.timer.sleep,
