@@ -21,6 +21,7 @@ from aiohttp import web
 from bot import __version__
 from bot.config import Config, ConfigError, Settings, read_secret
 from bot.domain.nodemap import slurm_nodes_for
+from bot.engine import metrics as engine_metrics
 from bot.engine.backoff import Backoff
 from bot.engine.commands import Commands
 from bot.engine.context import Ports, SlurmNames, StepSettings
@@ -333,8 +334,9 @@ def _slack(config: Config, store: SqliteStore, metrics: Metrics) -> Slack | None
 
 
 def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool = False) -> None:
-    """Run the service until SIGINT/SIGTERM: logging, GIL switch interval, graceful shutdown."""
+    """Run the service until SIGINT/SIGTERM: logging, metrics, GIL switch interval, graceful shutdown."""
     configure_logging(config.settings.log.level, config.settings.log.format)
+    engine_metrics.start_up()
     # The store's writer thread takes the GIL back after every SQLite call; with the default
     # 5 ms switch interval a busy event loop makes it wait that long each time. 0.5 ms keeps a
     # new alert's commit in the low milliseconds under load (measured: bench/ingest.py).

@@ -11,6 +11,7 @@ removed when it closes.
 No ``_created`` series: in Prometheus's text format each counter, histogram and summary would
 export a second, timestamp-valued gauge per label set, which Prometheus stores as a series of
 its own; pitcrew's pre-initialised labels would double what every scrape stores for nothing.
+The switch is process-wide, so the service throws it at start-up (``start_up``), not this import.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
 from bot.domain.incident import TERMINAL
 from bot.engine.errors import Reason
 from bot.store.base import IncidentRecord
-
-disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
@@ -231,6 +230,12 @@ class Metrics:
     def integration_error(self, system: str, reason: Reason) -> None:
         """Count one error a far side answered with, under its closed ``Reason``."""
         self.integration_errors.labels(system, Reason(reason).value).inc()
+
+
+def start_up() -> None:
+    """What the service's metrics need from the process, once, when it starts serving: no
+    ``_created`` series (see above). Process-wide, so it is never done by an import."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
 @dataclass(frozen=True, slots=True)
