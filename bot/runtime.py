@@ -235,6 +235,7 @@ def build_app(
             config.settings.engine.retry_backoff.total_seconds(),
             config.settings.slack.retry_backoff_max.total_seconds(),
         ),
+        system="notifier",
     )
     if slack is not None:  # step outcomes and decisions reach the thread as soon as they commit
         store.route_events(SLACK_EVENTS, slack.destination.name, wake=sender.wake)

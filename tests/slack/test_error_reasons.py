@@ -6,21 +6,27 @@ or wrong token, an app token where a bot token belongs, a missing scope, an unkn
 channel the bot is not in, an update of a message that is not there, an unknown thread or user
 group, a user not in the channel, a bad page size, blocks Slack refuses (permanent: no retry fixes
 them), 429 with ``Retry-After`` (kept as ``retry_after``) and a 503. A code pitcrew has no name for
-is ``refused``, and no code ever becomes a reason of its own.
+is ``refused``, and no code ever becomes a reason of its own. Through the service, the outbox's
+deliveries Slack rate limited are counted in ``pitcrew_integration_errors_total{system="notifier"}``
+under ``rate_limited``, and Slack's own spelling never becomes a label value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.integrations.slack.errors import REASONS, call, reason_of
+from tests.harness.scenarios import delivery
 from tests.harness.standins import SlackStandin
+from tests.slack.pitcrew_app import SlackPitcrew, until
 
 Request = Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]
 CHANNEL = "C0GPUOPS"
@@ -105,3 +111,25 @@ def test_a_code_pitcrew_has_no_name_for_is_refused_and_no_code_is_a_reason() -> 
     assert reason_of("") is Reason.REFUSED
     assert set(REASONS.values()) <= set(Reason)
     assert "ratelimited" not in {r.value for r in Reason}  # Slack's spelling is mapped, not adopted
+
+
+async def test_the_services_slack_deliveries_count_refusals_under_their_reason(
+    slack: SlackStandin, tmp_path: Path
+) -> None:
+    async with SlackPitcrew(tmp_path / "p", slack, config={"mode": "observe"}) as pitcrew:
+        slack.api.fail("chat.postMessage", 429, count=2, retry_after=1)
+        await pitcrew.post_alerts(delivery(node="gpu-node-02"))
+        await until(
+            lambda: any(c.status == 200 for c in slack.api.calls_to("chat.postMessage")),
+            what="the incident message posted after two 429s",
+        )
+        status, body = await pitcrew.request("GET", "/metrics")
+    assert status == 200
+    counted = {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == "pitcrew_integration_errors_total" and s.labels["system"] == "notifier"
+    }
+    assert counted["rate_limited"] == 2
+    assert set(counted) == {r.value for r in Reason}  # "ratelimited" (Slack's word) is no label
