@@ -186,7 +186,7 @@ async def test_server_errors_and_timeouts(k8s: KubeEmulator, cluster: Kubernetes
     k8s.inject(None, verb="patch", resource="nodes", delay=3.0)
     with pytest.raises(TransientError) as err:
         await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
-    assert err.value.reason == "unreachable"
+    assert err.value.reason == Reason.TIMEOUT  # the request timed out: not a refused connection
     k8s.inject(429, verb="patch", resource="nodes", retry_after=2)
     with pytest.raises(TransientError) as err:
         await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
