@@ -28,15 +28,10 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from proving_ground.proc import tail
+from proving_ground.prometheus import Timing
+from proving_ground.stack import DetectionStack, WebhookSink, start_stack, stop_stack
 from tests.harness.pitcrew import Pitcrew
-from tests.harness.proc import tail
-from tests.harness.prometheus import (
-    DetectionStack,
-    Timing,
-    WebhookSink,
-    start_stack,
-    stop_stack,
-)
 
 #: given a node and the injection time, when the fault was seen there (monotonic), or None if not yet
 Seen = Callable[[str, float], float | None]

@@ -1,6 +1,6 @@
 """Kubernetes adapter: cordon + rollback latency, and what the shared rate limit costs, on the emulator.
 
-Runs the Kubernetes API emulator (bot/demo/kubernetes) on loopback and pitcrew's adapter against it
+Runs the Kubernetes API emulator (proving_ground/kubernetes) on loopback and pitcrew's adapter against it
 through a kubeconfig, as the service does. Three phases, same run, same emulator:
 
   1. baseline: the bare ``kubernetes.aio`` client sends the same one guarded merge patch per node
@@ -30,9 +30,9 @@ import kmock
 from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
-from bot.demo.kubernetes.emulator import KubeEmulator, load_fixture
-from bot.demo.kubernetes.world import write_kubeconfig
 from bot.integrations.kubernetes import KubernetesCluster
+from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.world import write_kubeconfig
 
 
 def _ms(values: list[float]) -> str:

@@ -1,6 +1,6 @@
-"""Time to recovery on the proving ground: ``pitcrew demo --scenario xid79``, run as a user runs it.
+"""Time to recovery on the proving ground: ``scripts/demo --scenario xid79``, run as a user runs it.
 
-Each run is a fresh ``python -m bot.cli demo --scenario xid79 --json-summary`` (real Prometheus,
+Each run is a fresh ``python -m proving_ground --scenario xid79 --json-summary`` (real Prometheus,
 Alertmanager and Slurm, the dcgm-exporter stand-in, the Kubernetes API emulator behind pitcrew's
 real Kubernetes adapter, the Slack stand-in, pitcrew in auto mode); the demo's summary
 gives the milestones. Printed over all runs, min/median/max: fault -> job running again, fault ->
@@ -32,8 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from bot.demo.ground import TIMING  # noqa: E402
-from bot.demo.story import STAGES  # noqa: E402
+from proving_ground.ground import TIMING  # noqa: E402
+from proving_ground.story import STAGES  # noqa: E402
 
 TARGET_OWN = 1.0
 
@@ -41,7 +41,7 @@ TARGET_OWN = 1.0
 def one_run(workdir: Path, index: int, replace_delay: float) -> dict[str, Any]:
     summary = workdir / f"run-{index}.json"
     out = workdir / f"run-{index}.out"
-    argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", "xid79", "--plain"]
+    argv = [sys.executable, "-m", "proving_ground", "--scenario", "xid79", "--plain"]
     argv += ["--json-summary", str(summary), "--replace-delay", str(replace_delay)]
     began = time.monotonic()
     with out.open("wb") as handle:

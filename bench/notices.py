@@ -42,8 +42,8 @@ from bot.integrations.journal import LogNotifier
 from bot.integrations.slack.outbound import EVENTS, SlackDestination, SlackLinks
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.sqlite import SqliteStore
-from tests.slack.server import SlackStandin
-from tests.slack.world import BOT_TOKEN
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import BOT_TOKEN
 
 CHANNEL = "C0GPUOPS"
 

@@ -12,12 +12,12 @@ node count, else from the Slurm partitions the node is in, not read at all when
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from bot import logger
 from bot.domain import guards, planner
 from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
@@ -32,7 +32,7 @@ from bot.engine.ports import Notice, PartitionNodes
 from bot.engine.rollback import ROLLBACK
 from bot.store.base import IncidentRecord, NewEvent, Store
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 BREAKER = "breaker"
 PAUSE = "pause"
 

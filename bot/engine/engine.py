@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
+from bot import logger
 from bot.domain.incident import State
 from bot.engine.admission import PAUSE, Admission
 from bot.engine.deps import EngineDeps
@@ -25,7 +25,7 @@ from bot.engine.signals import Signals
 from bot.store import codec
 from bot.store.base import IncidentRecord, NewEvent
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 _SCAN_BEAT = 0.02
 
 

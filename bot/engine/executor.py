@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
+from bot import logger
 from bot.engine.backoff import Backoff
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
@@ -30,7 +30,7 @@ from bot.engine.registry import Handler, StepDef
 from bot.store import codec
 from bot.store.base import IncidentRecord, JsonObject, NewEvent
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 R = TypeVar("R", bound=StepResult)
 T = TypeVar("T")
 

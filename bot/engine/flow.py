@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from bot import logger
 from bot.domain.incident import State, can_move
 from bot.domain.planner import Plan
 from bot.domain.playbooks import APPROVE, CLOSE
@@ -37,7 +37,7 @@ from bot.engine.signals import Signals
 from bot.store import codec
 from bot.store.base import IncidentRecord, NewEvent, StepRecord
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 _ENDED = frozenset({"ok", "skipped", "failed", "undone"})
 
 

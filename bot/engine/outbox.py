@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from bot import logger
 from bot.engine.backoff import Backoff
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
@@ -32,7 +32,7 @@ from bot.engine.ports import Destination, Notice, Notifier
 from bot.engine.signals import RealTimer, Timer
 from bot.store.base import Json, NewEvent, OutboxItem, Store
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 T = TypeVar("T")
 

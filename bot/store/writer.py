@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import sqlite3
 import time
@@ -40,11 +39,12 @@ from typing import Any
 
 import aiosqlite
 
+from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 _CHECKPOINT_EVERY = 2.0  # seconds between WAL checkpoints
 _FLUSH_EVERY = 1.0  # seconds: repeat-delivery counters reach the disk at least this often
 _PROBE_EVERY = 5.0  # seconds without a committed write before readiness proves the store with one

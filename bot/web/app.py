@@ -7,7 +7,6 @@ handlers, not for tasks.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from bot import logger
 from bot.config import Config
 from bot.domain.alerts import AlertRejected, PayloadError
 from bot.engine.intake import Intake
@@ -26,7 +26,7 @@ from bot.web import auth
 from bot.web.commands import CommandSurface, add_command_routes
 from bot.web.reads import add_read_routes
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class Background(Protocol):

@@ -11,11 +11,11 @@ from datetime import datetime
 from typing import Any
 
 from bot.domain.jobs import JobSnapshot
+from proving_ground.slurm import SlurmCluster
+from proving_ground.train_job import read_checkpoint
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import events
-from tests.harness.slurm import SlurmCluster
-from tests.standins.train_job import read_checkpoint
 
 TERMINAL = ("resolved", "failed", "suppressed", "rolled_back")
 

@@ -1,6 +1,6 @@
-"""``pitcrew demo`` run exactly as a user runs it: a subprocess, plain output, then checked from outside.
+"""``scripts/demo`` run exactly as a user runs it: a subprocess, plain output, then checked from outside.
 
-Each scenario runs ``python -m bot.cli demo --scenario S --keep --json-summary PATH`` (the demo
+Each scenario runs ``python -m proving_ground --scenario S --keep --json-summary PATH`` (the demo
 stays up after its summary so the outcome can be read from pitcrew's own read API and from the
 real Slurm cluster), then gets SIGINT, as a Ctrl-C would send, and must exit with no process of
 its run left. Cases:
@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
-from bot.demo.scenarios import BREAKER_NODES
-from bot.demo.train_job import read_progress
+from proving_ground.scenarios import BREAKER_NODES
+from proving_ground.train_job import read_progress
 from tests.harness.proc import require_binary, wait_until
 from tests.harness.slurm import require_slurm
 
@@ -51,7 +51,7 @@ NODE_STEPS = {"slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot
 
 
 class Demo:
-    """One ``pitcrew demo`` subprocess and what it wrote."""
+    """One ``scripts/demo`` subprocess and what it wrote."""
 
     def __init__(self, tmp: Path, scenario: str, *, keep: bool = True, interactive: bool = False) -> None:
         require_slurm()
@@ -59,7 +59,7 @@ class Demo:
         require_binary("prometheus-alertmanager", "prometheus-alertmanager")
         self.summary_path = tmp / f"{scenario}.json"
         self.output = tmp / f"{scenario}.out"
-        argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", scenario, "--plain"]
+        argv = [sys.executable, "-m", "proving_ground", "--scenario", scenario, "--plain"]
         argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", "120"]
         argv += ["--keep"] if keep else []
         argv += ["--interactive"] if interactive else []
@@ -246,7 +246,7 @@ def test_interactive_approve_waits_for_the_users_own_click(demo: Any) -> None:
     incident_id = line.split("--click approve ", 1)[1].split()[0]
 
     def click(user: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "bot.cli", "demo", "--click", "approve", incident_id, "--user", user]
+        argv = [sys.executable, "-m", "proving_ground", "--click", "approve", incident_id, "--user", user]
         return subprocess.run(
             argv, capture_output=True, text=True, timeout=60, env=dict(os.environ), cwd=REPO
         )
@@ -337,7 +337,7 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
     """A test run (or terminal) killed while its ``--keep`` demo is up leaves no server behind."""
     require_slurm()
     summary_path, output = tmp_path / "app-xid.json", tmp_path / "app-xid.out"
-    argv = [sys.executable, "-m", "bot.cli", "demo", "--scenario", "app-xid", "--plain", "--keep"]
+    argv = [sys.executable, "-m", "proving_ground", "--scenario", "app-xid", "--plain", "--keep"]
     argv += ["--json-summary", str(summary_path), "--timeout", "120"]
     starter_code = (
         "import subprocess, sys; "

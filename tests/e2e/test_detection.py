@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from proving_ground.prometheus import Alertmanager
+from proving_ground.stack import DetectionStack
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
-from tests.harness.prometheus import Alertmanager, DetectionStack
 
 pytestmark = pytest.mark.slow
 NODE_ACTIONS = {"slurm_down", "cordon", "drain", "reset_gpu", "reboot", "replace"}

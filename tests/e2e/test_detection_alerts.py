@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from proving_ground.prometheus import Alertmanager
+from proving_ground.stack import DetectionStack, WebhookSink
 from tests.harness.proc import wait_until
-from tests.harness.prometheus import Alertmanager, DetectionStack, WebhookSink
 
 pytestmark = pytest.mark.slow
 

@@ -22,16 +22,15 @@ from typing import Any
 
 import pytest
 
+from proving_ground.dcgm import Standin, load_collectors
+from proving_ground.prometheus import Prometheus, http_json
+from proving_ground.slurm import SlurmCluster
+from proving_ground.stack import COLLECTORS_CSV
+from proving_ground.train_job import METRIC, ProgressServer
 from tests.e2e.slurm_engine import epoch, open_incident, start_pitcrew, training_on_a_node
 from tests.grafana.dashboards import concrete, dashboards, queries
 from tests.harness.proc import require_binary
-from tests.harness.prometheus import Prometheus
-from tests.harness.prometheus.servers import http_json
-from tests.harness.prometheus.stack import COLLECTORS_CSV
 from tests.harness.scenarios import delivery, step_result
-from tests.harness.slurm import SlurmCluster
-from tests.standins.dcgm_exporter import Standin, load_collectors
-from tests.standins.train_job import METRIC, ProgressServer
 
 pytestmark = pytest.mark.slow
 SCRAPE = 1.0  # seconds

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from bot.domain.ownership import OWNER_ANNOTATION, TAINT_KEY
+from proving_ground.kubernetes.faults import Fault
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, settings_for
+from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import open_incident
-from tests.harness.kubernetes import KubeWorld, gpu_fleet, settings_for
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, step_result
-from tests.harness.slurm import SlurmCluster
-from tests.kubernetes.faults import Fault
 
 pytestmark = pytest.mark.slow
 

@@ -21,18 +21,18 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.slurm_engine import action_at, open_incident, training_on_a_node
-from tests.harness.kubernetes import (
+from proving_ground.kubernetes.faults import Fault
+from proving_ground.kubernetes.world import (
     KubeWorld,
     gpu_fleet,
     pod_ready,
     pods_like_the_fixture,
     settings_for,
 )
+from proving_ground.slurm import SlurmCluster
+from tests.e2e.slurm_engine import action_at, open_incident, training_on_a_node
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, step_result
-from tests.harness.slurm import SlurmCluster
-from tests.kubernetes.faults import Fault
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from proving_ground.kubernetes.world import KubeWorld, settings_for, slinky_workers
+from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import open_incident
-from tests.harness.kubernetes import KubeWorld, settings_for, slinky_workers
 from tests.harness.scenarios import delivery, step_result
-from tests.harness.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import TERMINAL, open_incident, replace_node, start_pitcrew, training_on_a_node
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
-from tests.harness.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 SHORT = {"command_timeout": 2, "request_timeout": 2}

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from proving_ground.prometheus import Prometheus
+from proving_ground.slurm import TRAIN_JOB, SlurmCluster
+from proving_ground.train_job import METRIC, ProgressServer
 from tests.e2e.slurm_engine import (
     TERMINAL,
     open_incident,
@@ -30,10 +33,7 @@ from tests.e2e.slurm_engine import (
     wait_for_step,
 )
 from tests.harness.proc import require_binary
-from tests.harness.prometheus import Prometheus
 from tests.harness.scenarios import delivery, events, notices, step_result
-from tests.harness.slurm import TRAIN_JOB, SlurmCluster
-from tests.standins.train_job import METRIC, ProgressServer
 
 pytestmark = pytest.mark.slow
 QUERY = f'max({METRIC}{{job_id="{{job_id}}"}})'

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import open_incident, training_on_a_node
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
-from tests.harness.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from proving_ground.slurm import SlurmCluster
+from proving_ground.train_job import read_checkpoint, read_events, read_progress
 from tests.e2e.slurm_engine import (
     TERMINAL,
     action_at,
@@ -33,8 +35,6 @@ from tests.e2e.slurm_engine import (
 )
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, fault_delivery, notices, step_result
-from tests.harness.slurm import SlurmCluster
-from tests.standins.train_job import read_checkpoint, read_events, read_progress
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
+from proving_ground.slurm import SlurmCluster
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices
-from tests.harness.slurm import SlurmCluster, require_slurm
+from tests.harness.slurm import require_slurm
 
 pytestmark = pytest.mark.slow
 NODES = ("gpu-001", "gpu-002", "gpu-003", "gpu-004")

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import epoch, open_incident, running_on, start_pitcrew, training_on_a_node
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls, events, notices, step_result
-from tests.harness.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from proving_ground.slack.server import SlackStandin
 from tests.grafana.server import TOKEN, GrafanaStandin
 from tests.harness.scenarios import delivery
 from tests.slack.pitcrew_app import SlackPitcrew, assert_thread_whole, until
-from tests.slack.server import SlackStandin
 
 #: The issue's "Grafana unreachable for a minute", in real time.
 OUTAGE = 60.0

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from bot.demo.assets import REPO
+from proving_ground.assets import REPO
 
 
 def check_live(tmp_path: Path, settings: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:

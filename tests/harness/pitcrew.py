@@ -1,9 +1,10 @@
-"""pitcrew as a subprocess for tests: the ``pitcrew_factory`` fixture over ``bot.demo.pitcrew.Pitcrew``.
+"""pitcrew as a subprocess for tests: the ``pitcrew_factory`` fixture over ``proving_ground.pitcrew.Pitcrew``.
 
 The runner itself (start, SIGKILL, HTTP, incidents, the far side's journal) is the proving
-ground's, re-exported here so existing imports keep working; this module owns only the
-fixture, which stops every process it built, and ``Crash``: a SIGKILL fired from inside a far
-side (the moment it has stored what pitcrew sent, before it answers).
+ground's; the tests' ``Pitcrew`` runs it in front of the simulated far side (``tests.simulator``)
+unless ``simulated=False``. This module also owns the fixture, which stops every process it built,
+and ``Crash``: a SIGKILL fired from inside a far side (the moment it has stored what pitcrew sent,
+before it answers).
 """
 
 from __future__ import annotations
@@ -16,11 +17,21 @@ from typing import Any
 
 import pytest
 
-from bot.demo.assets import REPO
-from bot.demo.pitcrew import Pitcrew
-from bot.demo.proc import wait_until
+from proving_ground import pitcrew as runner
+from proving_ground.proc import wait_until
 
-__all__ = ["REPO", "Crash", "Pitcrew", "pitcrew_factory"]
+__all__ = ["Crash", "Pitcrew", "pitcrew_factory"]
+
+
+#: What the tests' pitcrew runs in front of the simulated far side.
+SIMULATOR = "tests.simulator.serve"
+
+
+class Pitcrew(runner.Pitcrew):
+    """The proving ground's runner, in front of the simulated far side unless ``simulated=False``."""
+
+    def __init__(self, workdir: Path, *, simulated: bool = True, **kwargs: Any) -> None:
+        super().__init__(workdir, simulator=SIMULATOR if simulated else None, **kwargs)
 
 
 class Crash:

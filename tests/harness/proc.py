@@ -3,7 +3,7 @@
 ``require_binary`` is the one place that decides skip-or-fail: under ``CI=true`` a missing
 binary fails the test (CI installs everything, so absence is a defect); elsewhere it skips
 with the package to install. ``wait_until`` fails the test on timeout. Ports, stopping and
-log tails are the proving ground's own (``bot.demo.proc``), re-exported here.
+log tails are the proving ground's own (``proving_ground.proc``), re-exported here.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from bot.demo.proc import find_binary, free_port, stop_process, tail
+from proving_ground.proc import find_binary
 
-__all__ = ["free_port", "in_ci", "require_binary", "stop_process", "tail", "wait_until"]
+__all__ = ["in_ci", "require_binary", "wait_until"]
 
 
 def in_ci() -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from bot.demo.pitcrew import DESTRUCTIVE_OPS, destructive_calls, notices
+from proving_ground.pitcrew import DESTRUCTIVE_OPS, destructive_calls, notices
 from tests.conftest import FIXTURES
 
 __all__ = [

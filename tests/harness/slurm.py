@@ -1,4 +1,4 @@
-"""The real Slurm cluster as pytest fixtures; the cluster itself is ``bot.demo.slurm``.
+"""The real Slurm cluster as pytest fixtures; the cluster itself is ``proving_ground.slurm``.
 
 ``slurm_cluster`` is one cluster for the whole session (stopped and checked for survivors at
 its end); ``slurm`` is that cluster reset to quiet (no jobs, every node IDLE) for each test.
@@ -17,29 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.demo.slurm import (
+from proving_ground.slurm import (
     BINARIES,
-    NODES,
-    TRAIN_JOB,
     SlurmCluster,
-    SlurmHarnessError,
-    eventually,
     main,
-    rest_user,
 )
 from tests.harness.proc import in_ci, require_binary
 
-__all__ = [
-    "NODES",
-    "TRAIN_JOB",
-    "SlurmCluster",
-    "SlurmHarnessError",
-    "eventually",
-    "require_slurm",
-    "rest_user",
-    "slurm",
-    "slurm_cluster",
-]
+__all__ = ["require_slurm", "slurm", "slurm_cluster"]
 
 
 def require_slurm() -> None:

@@ -1,7 +1,7 @@
 """The ``slack`` and ``grafana`` fixtures: a fresh stand-in per test on the test's loop, stopped after.
 
 Tests in another thread's loop (a pitcrew subprocess talking to them) use the threaded forms,
-``tests.slack.threaded.threaded_standin`` and ``tests.grafana.threaded.threaded_grafana``.
+``proving_ground.slack.threaded.threaded_standin`` and ``tests.grafana.threaded.threaded_grafana``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from proving_ground.slack.server import SlackStandin
 from tests.grafana.server import GrafanaStandin
-from tests.slack.server import SlackStandin
 
 
 @pytest.fixture

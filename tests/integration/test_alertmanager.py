@@ -21,16 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from proving_ground.assets import REPO, SHIPPED_ALERTMANAGER
+from proving_ground.prometheus import Alertmanager, Timing, alertmanager_config, http_json
+from proving_ground.stack import WebhookSink
 from tests.harness.proc import require_binary, wait_until
-from tests.harness.prometheus import (
-    REPO,
-    SHIPPED_ALERTMANAGER,
-    Alertmanager,
-    Timing,
-    WebhookSink,
-    alertmanager_config,
-    http_json,
-)
 
 CRD = REPO / "alertmanager" / "alertmanagerconfig.yaml"
 SHIPPED = yaml.safe_load(SHIPPED_ALERTMANAGER.read_text())

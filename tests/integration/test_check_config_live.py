@@ -28,11 +28,12 @@ import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes.probe import needed
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, settings_for
+from proving_ground.proc import free_port
+from proving_ground.prometheus import Prometheus
+from proving_ground.slurm import SlurmCluster
 from tests.harness.check_config import check_live, line_of
-from tests.harness.kubernetes import KubeWorld, gpu_fleet, settings_for
-from tests.harness.proc import free_port, require_binary
-from tests.harness.prometheus import Prometheus
-from tests.harness.slurm import SlurmCluster
+from tests.harness.proc import require_binary
 from tests.kubernetes import rbac
 from tests.packaging.manifests import rendered
 

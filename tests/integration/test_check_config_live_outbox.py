@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
+from proving_ground.proc import free_port
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.threaded import threaded_standin
+from proving_ground.slack.world import BOT_TOKEN, SIGNING_SECRET
 from tests.grafana.server import TOKEN, GrafanaStandin
 from tests.grafana.threaded import threaded_grafana
 from tests.harness import check_config
-from tests.harness.proc import free_port
-from tests.slack.server import SlackStandin
-from tests.slack.threaded import threaded_standin
-from tests.slack.world import BOT_TOKEN, SIGNING_SECRET
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ Cases:
 - the 4.6+ ``hostname`` spelling, no hostname label, pod churn;
 - the shipped collectors CSV loads and decides which families appear;
 - the HTTP API: /metrics, /inject, /clear, an exporter answering 500, bad requests;
-- ``python -m tests.standins.dcgm_exporter`` serves each node on its own port and stops on SIGTERM.
+- ``python -m proving_ground.dcgm`` serves each node on its own port and stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from typing import Any
 
 import pytest
 
+from proving_ground.assets import COLLECTORS_CSV, REPO
+from proving_ground.dcgm import FIELDS, Node, Standin, load_collectors
+from proving_ground.proc import stop_process
+from proving_ground.prometheus import http_json
 from tests.conftest import FIXTURES
-from tests.harness.proc import require_binary, stop_process
-from tests.harness.prometheus import COLLECTORS_CSV, REPO, http_json
-from tests.standins.dcgm_exporter import FIELDS, Node, Standin, load_collectors
+from tests.harness.proc import require_binary
 
 SAMPLE = re.compile(r'^(?P<family>\w+)\{gpu="(?P<gpu>\d+)",.*\} (?P<value>\S+)$')
 #: families whose values a test may set; the others are rendered from the fault state
@@ -147,7 +149,7 @@ def test_runs_as_a_program_one_port_per_node() -> None:
     argv = [
         sys.executable,
         "-m",
-        "tests.standins.dcgm_exporter",
+        "proving_ground.dcgm",
         "--nodes",
         "n1,n2",
         "--listen",

@@ -31,7 +31,7 @@ from bot.engine.ports import PartitionNodes
 from bot.engine.steps import REGISTRY
 from bot.integrations.journal import LogNotifier
 from bot.integrations.slurm import SlurmSettings, build_scheduler
-from tests.harness.slurm import SlurmCluster
+from proving_ground.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 BACKENDS = ["scontrol", "rest"]

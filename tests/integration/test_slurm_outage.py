@@ -18,7 +18,7 @@ from bot.domain.jobs import pitcrew_reason
 from bot.engine.errors import TransientError
 from bot.engine.ports import Scheduler
 from bot.integrations.slurm import RestScheduler, SlurmSettings, build_scheduler
-from tests.harness.slurm import SlurmCluster
+from proving_ground.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 2.0

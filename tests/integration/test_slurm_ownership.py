@@ -25,7 +25,7 @@ from bot.integrations.slurm import (
     build_scheduler,
     resume_if_ours,
 )
-from tests.harness.slurm import SlurmCluster, eventually
+from proving_ground.slurm import SlurmCluster, eventually
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler

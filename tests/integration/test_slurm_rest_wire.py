@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler
-from tests.harness.proc import free_port
+from proving_ground.proc import free_port
 from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, FakeSlurmrestd
 
 

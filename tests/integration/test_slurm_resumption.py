@@ -32,8 +32,8 @@ from bot.integrations.slurm import (
     build_scheduler,
     resume_if_ours,
 )
-from tests.harness.slurm import SlurmCluster, eventually
-from tests.standins.train_job import METRIC, ProgressServer, read_checkpoint, read_events, read_progress
+from proving_ground.slurm import SlurmCluster, eventually
+from proving_ground.train_job import METRIC, ProgressServer, read_checkpoint, read_events, read_progress
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler

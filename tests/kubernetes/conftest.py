@@ -13,9 +13,9 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.harness.kubernetes import write_kubeconfig
-from tests.kubernetes.emulator import KubeEmulator
-from tests.kubernetes.faults import LoggedRequest
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.faults import LoggedRequest
+from proving_ground.kubernetes.world import write_kubeconfig
 
 
 @pytest.fixture(scope="session")

@@ -35,8 +35,8 @@ from bot.engine.errors import PermanentError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.kubernetes.probe import Permission, needed
-from tests.kubernetes.emulator import KubeEmulator
-from tests.kubernetes.faults import LoggedRequest
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.faults import LoggedRequest
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_YAML = REPO / "deploy" / "kubernetes" / "rbac.yaml"

@@ -22,7 +22,7 @@ import yaml
 from bot.domain.ownership import TAINT_KEY
 from bot.engine.errors import PermanentError
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
 
 NODE = "gpu-node-02"
 TEMPLATE = {

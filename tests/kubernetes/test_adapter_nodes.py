@@ -23,7 +23,7 @@ import pytest
 from bot.domain.ownership import OWNER_ANNOTATION, TAINT_KEY
 from bot.engine.errors import Reason, TransientError
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
 
 NODE = "gpu-node-02"
 FOREIGN = {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"}

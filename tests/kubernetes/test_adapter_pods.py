@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
-from bot.demo.kubernetes.world import slinky_pdb, training_pdb
 from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.world import slinky_pdb, training_pdb
 
 NODE = "gpu-node-02"
 WORKER = PodRef("training", "llama-pretrain-worker-2", owner_kind="PyTorchJob")

@@ -15,9 +15,9 @@ import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.harness.kubernetes import write_kubeconfig
-from tests.harness.proc import free_port
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.world import write_kubeconfig
+from proving_ground.proc import free_port
 
 
 async def test_all_allowed(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:

@@ -27,7 +27,7 @@ from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
 
 NODE = "gpu-node-02"
 INCIDENT = "pc-00042"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from bot.demo.kubernetes.world import slinky_pdb
 from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR, NodeMapping, slurm_nodes_for
 from bot.domain.ownership import SLINKY_CORDON_REASON, slinky_cordon_annotations
 from bot.engine.errors import TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.world import slinky_pdb
 
 NODE = "gpu-node-02"
 SLURMD = PodRef("slurm", "slurm-worker-gpu-h100-7xk2p", owner_kind="NodeSet")

@@ -12,7 +12,7 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from tests.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
 
 NODE = "gpu-node-02"
 MERGE = "application/merge-patch+json"

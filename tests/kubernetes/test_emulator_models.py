@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
 
 
 async def _post(host: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -21,8 +21,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from bot.demo.kubernetes.world import slinky_pdb
-from tests.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.world import slinky_pdb
 
 NODE = "gpu-node-02"
 MERGE = "application/merge-patch+json"

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from kubernetes.aio import client
 
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
 
 NODE = "gpu-node-02"
 

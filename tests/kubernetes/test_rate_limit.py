@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 
 from bot.integrations.kubernetes import KubernetesCluster
-from tests.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator
 
 NODE = "gpu-node-02"
 INCIDENTS, POLLS = 200, 1

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from bot.integrations.kubernetes import KubernetesCluster
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.faults import LoggedRequest
 from tests.kubernetes import rbac
-from tests.kubernetes.emulator import KubeEmulator
-from tests.kubernetes.faults import LoggedRequest
 from tests.packaging.manifests import rendered
 
 

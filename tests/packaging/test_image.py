@@ -7,7 +7,9 @@
 - the build stage's own RUN commands, taken from the Dockerfile and run as the image's numeric
   user on a read-only copy of the files the Dockerfile COPYs, build the wheel and install it
   into a fresh venv without pip; that venv, made read-only, answers ``pitcrew --version`` and
-  ``pitcrew check-config`` accepts the configuration the Deployment mounts, laid out as mounted.
+  ``pitcrew check-config`` accepts the configuration the Deployment mounts, laid out as mounted;
+- the product ships only the product: the wheel's file list and the image's venv hold no part of
+  the proving ground (no emulator, stand-in, Slurm launcher or simulator), and neither can import it.
 
 The install reaches PyPI for pitcrew's dependencies, exactly as ``docker build`` would.
 """
@@ -21,6 +23,7 @@ import stat
 import subprocess
 import tempfile
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,6 +211,35 @@ def test_built_venv_has_pitcrew_and_no_pip(built_venv: Path, image_root: Path) -
         timeout=60,
     )
     assert where.stdout.strip().startswith(str(built_venv)), "pitcrew must come from the installed wheel"
+
+
+#: Words that name a part of the proving ground; none may appear in a shipped file's path.
+PROVING_GROUND_PARTS = ("proving_ground", "demo", "emulator", "standin", "stand_in", "simulator", "kmock")
+
+
+def test_the_wheel_and_the_image_ship_no_proving_ground(built_venv: Path, image_root: Path) -> None:
+    (wheel,) = (image_root / "dist").glob("pitcrew-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(name == "bot/engine/engine.py" for name in names), names[:20]
+    outside = [n for n in names if not (n.startswith("bot/") or n.split("/")[0].endswith(".dist-info"))]
+    assert not outside, f"the wheel holds files outside bot/: {outside}"
+    shipped = [n for n in names if any(part in n.lower() for part in PROVING_GROUND_PARTS)]
+    assert not shipped, f"the wheel ships proving-ground files: {shipped}"
+    # No shipped module creates users or launches Slurm daemons (what the Slurm launcher does).
+    for name in names:
+        if name.endswith(".py"):
+            text = zipfile.ZipFile(wheel).read(name).decode()
+            assert "useradd" not in text and "slurmctld -D" not in text, name
+    site = next(built_venv.glob("lib/python3*/site-packages"))
+    installed = [str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()]
+    in_image = [p for p in installed if p.split("/")[0] in {"proving_ground", "tests", "kmock"}]
+    assert not in_image, f"the image's venv holds proving-ground files: {in_image[:10]}"
+    env = _runtime_env(image_root)
+    for module in ("proving_ground", "tests.simulator", "kmock"):
+        tried = _as_image_user(
+            [str(built_venv / "bin/python"), "-c", f"import {module}"], env=env, cwd=image_root, timeout=60
+        )
+        assert tried.returncode != 0 and "No module named" in tried.stderr, (module, tried.stderr)
 
 
 @pytest.mark.parametrize("overlay", ["observe", "auto"])

@@ -17,7 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.harness.proc import free_port, stop_process, wait_until
+from proving_ground.proc import free_port, stop_process
+from tests.harness.proc import wait_until
 from tests.packaging.manifests import REPO, container, mounted_sandbox, rendered
 
 

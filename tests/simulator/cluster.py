@@ -1,5 +1,110 @@
-"""Re-export: the simulated cluster and notifier now live in ``bot.demo.simulator.cluster``."""
+"""Kubernetes and notifier halves of the simulated far side (see ``tests.simulator.world``)."""
 
-from bot.demo.simulator.cluster import SimulatedCluster, SimulatedNotifier
+from __future__ import annotations
 
-__all__ = ["SimulatedCluster", "SimulatedNotifier"]
+import logging
+from collections.abc import Mapping, Sequence
+
+from bot.domain.nodemap import SlurmdPod
+from bot.engine.ports import FAULT_TAINT, ClusterNode, Notice, PodRef
+from tests.simulator.world import SimulatedWorld
+
+log = logging.getLogger(__name__)
+
+
+class SimulatedCluster:
+    far_side = "simulator"
+
+    def __init__(self, world: SimulatedWorld) -> None:
+        self._world = world
+
+    async def node(self, name: str) -> ClusterNode | None:
+        await self._world.round_trip()
+        n = self._world.node_record(name)
+        return ClusterNode(
+            name=name,
+            unschedulable=n.unschedulable,
+            ready=self._world.ready(n),
+            taints=(FAULT_TAINT,) if n.tainted else (),
+            labels=dict(n.labels),
+            annotations=dict(n.annotations),
+        )
+
+    async def count_nodes(self) -> int:
+        nodes, _ = self._world.state()
+        return len(nodes)
+
+    async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
+        await self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)
+
+    async def uncordon(self, name: str, *, incident_id: str) -> None:
+        await self._world.write("uncordon", node=name, incident_id=incident_id)
+
+    async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        await self._world.write("annotate", node=name, annotations=dict(annotations))
+
+    async def pods_on_node(self, name: str) -> list[PodRef]:
+        n = self._world.node_record(name)
+        await self._world.round_trip()
+        return [
+            PodRef(namespace, name, owner_kind=kind)
+            for (namespace, _, name), kind in ((ref.partition("/"), kind) for ref, kind in n.pods.items())
+        ]
+
+    async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
+        return []
+
+    async def evict(self, pod: PodRef) -> None:
+        node = self._owner(pod)
+        await self._world.write("evict", node=node, pod=pod.ref)
+
+    async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
+        await self._world.write("delete_pod", node=self._owner(pod), pod=pod.ref, force=force)
+
+    def _owner(self, pod: PodRef) -> str:
+        nodes, _ = self._world.state()
+        return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
+
+    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+        if strategy == "watch":  # another system replaces the node: nothing changes here
+            return f"watch:{name}"
+        await self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
+        return f"{strategy}:{name}"
+
+    async def replacement_started(self, name: str, *, incident_id: str) -> bool:
+        return any(
+            r.get("op") == "replace" and r.get("node") == name and r.get("incident_id") == incident_id
+            for r in self._world.journal.records()
+        )
+
+    async def replacement_handle(self, name: str, *, strategy: str) -> str | None:
+        return None  # the simulated replacement keeps the node's name: nothing to recognise it by
+
+    async def repair_owner(self, name: str) -> str | None:
+        return None  # no other repair system in the simulated world
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        return await self.node(name)  # the simulated replacement keeps the node's name
+
+    async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
+        return False  # the simulated replacement starts at once: there is never one to cancel
+
+    async def reboot(self, name: str, *, incident_id: str) -> None:
+        await self._world.write("reboot", node=name, incident_id=incident_id)
+
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
+        await self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
+
+
+class SimulatedNotifier:
+    far_side = "simulator"
+
+    def __init__(self, world: SimulatedWorld) -> None:
+        self._world = world
+        self._count = 0
+
+    async def post(self, notice: Notice) -> str | None:
+        self._count += 1
+        await self._world.write("notice", **notice.record())
+        log.info("notice", extra={"incident": notice.incident_id, "kind": notice.kind, "title": notice.title})
+        return f"simulated-{self._count}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.slack.server import SlackStandin
-from tests.slack.world import TESTER_TOKEN
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import TESTER_TOKEN
 
 
 @pytest.fixture

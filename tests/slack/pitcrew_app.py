@@ -25,13 +25,13 @@ from aiohttp import web
 from bot.config import load_config
 from bot.runtime import build_app
 from bot.store.base import PAGE_MAX
-from tests.harness.proc import free_port
+from proving_ground.proc import free_port
+from proving_ground.slack import signing
+from proving_ground.slack.methods import PITCREW_METHODS
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
 from tests.harness.scenarios import destructive_calls
 from tests.simulator.serve import WorldFile, simulated_ports
-from tests.slack import signing
-from tests.slack.methods import PITCREW_METHODS
-from tests.slack.server import SlackStandin
-from tests.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
 
 CHANNEL = "C0GPUOPS"
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.integrations.slack.messages import APPROVE
+from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery, gpu_node, inventory
 from tests.slack.pitcrew_app import SlackPitcrew, click, until
-from tests.slack.server import SlackStandin
 
 
 async def test_group_members_and_a_second_approver(slack: SlackStandin, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""A person's click through the stand-in (``bot.demo.slack.clicks``), as ``pitcrew demo`` makes it.
+"""A person's click through the stand-in (``proving_ground.slack.clicks``), as ``scripts/demo`` makes it.
 
 Cases, against pitcrew's whole service in HTTP mode: the stand-in's ``POST /demo/click`` finds the
 Approve button on the incident's parent, sends pitcrew the signed ``block_actions`` Slack would
@@ -16,12 +16,12 @@ from typing import Any
 
 import aiohttp
 
-from bot.demo.slack.clicks import Interactivity
-from bot.demo.slack.transcript import channel_lines
+from proving_ground.slack.clicks import Interactivity
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.transcript import channel_lines
+from proving_ground.slack.world import SIGNING_SECRET
 from tests.harness.scenarios import delivery, gpu_node, inventory
 from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
-from tests.slack.server import SlackStandin
-from tests.slack.world import SIGNING_SECRET
 
 
 async def _click(slack: SlackStandin, body: Any) -> tuple[int, dict[str, Any]]:

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proving_ground.slack.methods import PITCREW_METHODS
+from proving_ground.slack.threaded import threaded_standin
+from proving_ground.slack.webapi import Call
+from proving_ground.slack.world import BOT_TOKEN, SIGNING_SECRET
 from tests.harness.pitcrew import Crash, Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
-from tests.slack.methods import PITCREW_METHODS
-from tests.slack.threaded import threaded_standin
-from tests.slack.webapi import Call
-from tests.slack.world import BOT_TOKEN, SIGNING_SECRET
 
 
 def test_sigkill_after_posting_the_parent_does_not_post_it_twice(

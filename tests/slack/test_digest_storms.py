@@ -19,7 +19,7 @@ from bot.engine.ports import Notice
 from bot.integrations.slack.outbound import SlackDestination, SlackLinks
 from bot.store.base import Delivery, IncomingAlert, NewEvent
 from bot.store.sqlite import SqliteStore
-from tests.slack.server import SlackStandin
+from proving_ground.slack.server import SlackStandin
 
 T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
 

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 from bot.integrations.slack.messages import APPROVE
+from proving_ground.slack import signing
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import SIGNING_SECRET
 from tests.harness.scenarios import delivery
-from tests.slack import signing
 from tests.slack.pitcrew_app import SlackPitcrew, click, until
-from tests.slack.server import SlackStandin
-from tests.slack.world import SIGNING_SECRET
 
 
 async def test_forged_stale_and_malformed_requests_are_refused(slack: SlackStandin, tmp_path: Path) -> None:

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK
+from proving_ground.slack.methods import PITCREW_METHODS
+from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery, gpu_node, inventory
-from tests.slack.methods import PITCREW_METHODS
 from tests.slack.pitcrew_app import SlackPitcrew, click, until
-from tests.slack.server import SlackStandin
 
 
 def _world(tmp_path: Path) -> Path:

@@ -11,9 +11,9 @@ import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery
 from tests.slack.pitcrew_app import SlackPitcrew, until
-from tests.slack.server import SlackStandin
 
 RUNBOOK = "https://github.com/pitcrew/pitcrew/blob/main/docs/alerting.md#gpuxidcritical"
 

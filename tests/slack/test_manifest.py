@@ -1,7 +1,7 @@
 """The Slack app manifest (``deploy/slack-app.yaml``) grants exactly what pitcrew was seen using.
 
 Cases: its bot scopes are the scopes of the Web API methods the Slack stand-in recorded pitcrew
-calling during this test session (``tests.slack.webapi.RECORDED``: calls with pitcrew's bot
+calling during this test session (``proving_ground.slack.webapi.RECORDED``: calls with pitcrew's bot
 token, across every test that talks to a stand-in — the incident flow, approvals, storms,
 Socket Mode, crash redelivery, ``check-config --live``), plus ``commands`` for the slash
 command; a recorded method with no known scope fails. The one slash command is ``/pitcrew``;
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.slack.methods import SCOPES
-from tests.slack.webapi import RECORDED
+from proving_ground.slack.methods import SCOPES
+from proving_ground.slack.webapi import RECORDED
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "slack-app.yaml"
 

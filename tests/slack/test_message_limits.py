@@ -18,7 +18,7 @@ from bot.integrations.slack import messages
 from bot.integrations.slack.messages import Decision, DigestEntry, Message, ParentView
 from bot.integrations.slack.outbound import EVENTS, SlackDestination, SlackLinks
 from bot.store.base import OutboxItem
-from tests.slack import blocks as blockkit
+from proving_ground.slack import blocks as blockkit
 
 NOTICE_KINDS = (
     "incident", "summary", "escalation", "approval_expired", "breaker", "rollback",

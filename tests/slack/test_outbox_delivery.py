@@ -14,9 +14,9 @@ import sqlite3
 import time
 from pathlib import Path
 
+from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery
 from tests.slack.pitcrew_app import SlackPitcrew, assert_thread_whole, until
-from tests.slack.server import SlackStandin
 
 OUTAGE = 8.0
 

@@ -16,9 +16,9 @@ from bot.engine.ports import Probe
 from bot.integrations.slack import slack_probe
 from bot.integrations.slack.outbound import SlackDestination, SlackLinks
 from bot.store.sqlite import SqliteStore
-from tests.harness.proc import free_port
-from tests.slack.server import SlackStandin
-from tests.slack.world import BOT_TOKEN
+from proving_ground.proc import free_port
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import BOT_TOKEN
 
 
 async def _probe(tmp_path: Path, base_url: str, channel: str = "C0GPUOPS", token: str = BOT_TOKEN) -> Probe:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from proving_ground.slack import signing
+from proving_ground.slack.threaded import ThreadedStandin
+from proving_ground.slack.world import APP_TOKEN, BOT_TOKEN
 from tests.harness.pitcrew import Pitcrew
-from tests.slack import signing
-from tests.slack.threaded import ThreadedStandin
-from tests.slack.world import APP_TOKEN, BOT_TOKEN
 
 
 def test_serve_in_socket_mode(pitcrew_factory: Any, tmp_path: Path) -> None:

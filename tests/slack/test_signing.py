@@ -21,9 +21,9 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.slack import signing
-from tests.slack.server import SlackStandin
-from tests.slack.world import SIGNING_SECRET, TESTER_TOKEN
+from proving_ground.slack import signing
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import SIGNING_SECRET, TESTER_TOKEN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

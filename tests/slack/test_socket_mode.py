@@ -28,8 +28,8 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.slack.server import SlackStandin
-from tests.slack.world import APP_TOKEN, SIGNING_SECRET, TESTER_TOKEN
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import APP_TOKEN, SIGNING_SECRET, TESTER_TOKEN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from proving_ground.slack.server import SlackStandin
 from tests.slack.pitcrew_app import SlackPitcrew, until
-from tests.slack.server import SlackStandin
 
 
 async def test_refresh_requested_reconnects(slack: SlackStandin, tmp_path: Path) -> None:

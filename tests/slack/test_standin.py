@@ -24,8 +24,8 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetry
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement, HeaderBlock, SectionBlock
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.slack.server import SlackStandin
-from tests.slack.world import APP_TOKEN
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import APP_TOKEN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHANNEL = "C0GPUOPS"

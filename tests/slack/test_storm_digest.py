@@ -15,9 +15,9 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery, gpu_node, inventory
 from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
-from tests.slack.server import SlackStandin
 
 NODES = [f"gpu-{n:03d}" for n in range(1, 201)]
 

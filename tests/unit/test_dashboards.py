@@ -22,10 +22,10 @@ import yaml
 from bot.config import Settings
 from bot.engine.metrics import Metrics
 from grafana import render
+from proving_ground.dcgm import Node, load_collectors
+from proving_ground.stack import COLLECTORS_CSV
 from tests.grafana.dashboards import DASHBOARD_DIR, REPO, concrete, dashboards, metric_names, panels, queries
 from tests.harness.proc import require_binary
-from tests.harness.prometheus.stack import COLLECTORS_CSV
-from tests.standins.dcgm_exporter import Node, load_collectors
 
 DASHBOARDS = dashboards()
 PROMETHEUS_BUILTIN = {"up"}  # every scrape's own series

@@ -3,21 +3,22 @@
 Cases: a missing program is named with the apt-get line that installs it; pitcrew's own share counts the time from opening the incident to its first step and each
 gap between a step (or an approval) ending and the next starting, never the time inside steps or
 the wait for a human; a port that another program holds is named before anything starts; every
-scenario the CLI offers exists, and each fault it injects is one the stand-in models.
+scenario ``scripts/demo`` offers exists, and each fault it injects is one the stand-in models.
 """
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bot.cli import _parser
-from bot.demo.dcgm import FAULTS
-from bot.demo.ground import preflight
-from bot.demo.scenarios import SCENARIOS
-from bot.demo.story import own_share
+from proving_ground.__main__ import parser
+from proving_ground.dcgm import FAULTS
+from proving_ground.ground import preflight
+from proving_ground.scenarios import SCENARIOS
+from proving_ground.story import own_share
 
 
 def _event(kind: str, second: float, step: str | None = None) -> dict[str, Any]:
@@ -73,7 +74,11 @@ def test_a_missing_program_is_named_with_the_apt_command_that_installs_it() -> N
 
 
 def test_every_scenario_the_cli_offers_exists_and_injects_a_modelled_fault() -> None:
-    demo = _parser()._subparsers._group_actions[0].choices["demo"]  # type: ignore[union-attr]
-    [offered] = [a.choices for a in demo._actions if a.dest == "scenario"]
-    assert set(offered) == set(SCENARIOS)
+    [option] = [a for a in parser()._actions if a.dest == "scenario"]
+    assert set(option.choices or ()) == set(SCENARIOS)
+    # the help says what each one does, and the README's scenario table lists each one
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in SCENARIOS:
+        assert name in (option.help or ""), name
+        assert f"`--scenario {name}`" in readme, name
     assert all(s.fault.kind in FAULTS for s in SCENARIOS.values())

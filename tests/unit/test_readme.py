@@ -58,7 +58,7 @@ def test_readme_opens_with_the_two_set_up_commands() -> None:
     root = Path(__file__).resolve().parents[2]
     setup = README[: README.index("## Using it")]
     assert "scripts/demo" in setup and "scripts/test" in setup
-    assert "pitcrew demo" in (root / "scripts" / "demo").read_text()
+    assert "python -m proving_ground" in (root / "scripts" / "demo").read_text()
     makefile = (root / "Makefile").read_text()
     assert "scripts/demo" in makefile and "scripts/test" in makefile
 

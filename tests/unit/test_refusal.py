@@ -27,8 +27,8 @@ from bot.config import ConfigError, load_config
 from bot.engine.steps import REGISTRY
 from bot.runtime import build_app, build_ports
 from bot.safety import port_problems
-from tests.harness.pitcrew import REPO
-from tests.harness.proc import free_port
+from proving_ground.assets import REPO
+from proving_ground.proc import free_port
 from tests.simulator.serve import WorldFile, simulated_ports
 
 SLURM = {"integrations": {"scheduler": "slurm"}}

@@ -8,11 +8,11 @@ module. This class only routes the port's methods to them and owns the client's 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping, Sequence
 
 from kubernetes.aio import client
 
+from bot import logger
 from bot.config import KubernetesSettings
 from bot.domain.nodemap import SlurmdPod
 from bot.engine.errors import PermanentError, Reason
@@ -25,7 +25,7 @@ from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
 from bot.integrations.kubernetes.replace import Replacer
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class _Parts:

@@ -7,16 +7,16 @@ that acted (its action already happened and is already recorded).
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime
 
 from kubernetes.aio import client
 
+from bot import logger
 from bot.domain.ownership import OWNER_ANNOTATION
 from bot.engine.errors import PitcrewError
 from bot.integrations.kubernetes.client import call
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 #: Node events live in the default namespace (as the kubelet's and the node controller's do).
 NAMESPACE = "default"
 COMPONENT = "pitcrew"

@@ -10,7 +10,6 @@ vote in the timeline (``approval_vote``), read back from the store, so it surviv
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -19,11 +18,12 @@ from datetime import datetime, timedelta
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import logger
 from bot.engine.errors import PitcrewError
 from bot.integrations.slack.errors import call
 from bot.store.base import IncidentRecord, Store
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 SLACK = "slack:"
 
 

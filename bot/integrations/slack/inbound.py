@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -34,6 +33,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import logger
 from bot.engine.backoff import Backoff
 from bot.engine.commands import CommandResult, Commands
 from bot.engine.errors import PitcrewError
@@ -42,7 +42,7 @@ from bot.integrations.slack.errors import call
 from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK
 from bot.store.base import NewEvent, Store
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 HELP = (
     "*/pitcrew* — answers only you see.\n"

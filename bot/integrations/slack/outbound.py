@@ -20,7 +20,6 @@ already has the message, records its ts instead of posting again.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,6 +27,7 @@ from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import logger
 from bot.config import GrafanaSettings
 from bot.domain.incident import State
 from bot.engine.errors import PitcrewError
@@ -41,7 +41,7 @@ from bot.integrations.slack.messages import Decision, Message, ParentView
 from bot.integrations.slack.probe import SlackProbe
 from bot.store.base import Event, IncidentRecord, OutboxItem, Store, link_key
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 NAME = "slack"
 METADATA_TYPE = "pitcrew_notice"

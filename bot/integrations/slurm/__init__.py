@@ -9,9 +9,9 @@ hold clients of its own.
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
+from bot import logger
 from bot.config import SlurmSettings
 from bot.domain.jobs import pitcrew_reason
 from bot.engine.ports import Scheduler
@@ -28,7 +28,7 @@ __all__ = [
     "resume_if_ours",
 ]
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class ClosableScheduler(Scheduler, Protocol):

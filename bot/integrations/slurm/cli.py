@@ -11,7 +11,6 @@ ownership (the engine checks ``reason_is_ours`` before ``resume``) or log whole 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -19,13 +18,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bot import logger
 from bot.domain.goodput import gpus_in_gres, job_gpus
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe, Scheduler
 from bot.integrations.slurm.json import Partition, member_partitions
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_:/]*)=")
 # Slurm appends "[user@time]" to a node reason; it ends the reason even if the reason has "=".

@@ -11,7 +11,6 @@ payload in a log line or an exception message.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from bot import logger
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
@@ -43,7 +43,7 @@ from bot.integrations.slurm.json import (
     partitions_from_payload,
 )
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 _OPENAPI_PATHS = ("/openapi/v3", "/openapi")
 

@@ -1,7 +1,7 @@
 """Real Prometheus and Alertmanager for tests and the bench: the pytest fixtures, and the harness API.
 
-The fixtures are thin wrappers over the proving ground's plain classes (``bot.demo.prometheus``: the
-two servers and their configs; ``bot.demo.stack``: the detection stack and the webhook sink), so ``bench/detection.py``
+The fixtures are thin wrappers over the proving ground's plain classes (``proving_ground.prometheus``: the
+two servers and their configs; ``proving_ground.stack``: the detection stack and the webhook sink), so ``bench/detection.py``
 uses the same code. Prometheus is session-scoped (its first scrape comes ~6 s after start); each
 test module gets a fresh Alertmanager, because its notification log dedupes across runs. Every
 server is stopped when its scope ends, failure or not.
@@ -13,46 +13,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bot.demo.assets import COLLECTORS_CSV, REPO, SHIPPED_ALERTMANAGER
-from bot.demo.prometheus import (
+from proving_ground.prometheus import (
     Alertmanager,
-    Process,
-    Prometheus,
-    Timing,
-    alertmanager_config,
-    duration,
-    http_json,
-    prometheus_config,
 )
-from bot.demo.stack import (
-    NODES,
-    Delivery,
+from proving_ground.stack import (
     DetectionStack,
     WebhookSink,
     start_stack,
     stop_stack,
 )
 from tests.harness.proc import require_binary
-
-__all__ = [
-    "COLLECTORS_CSV",
-    "NODES",
-    "REPO",
-    "SHIPPED_ALERTMANAGER",
-    "Alertmanager",
-    "Delivery",
-    "DetectionStack",
-    "Process",
-    "Prometheus",
-    "Timing",
-    "WebhookSink",
-    "alertmanager_config",
-    "duration",
-    "http_json",
-    "prometheus_config",
-    "start_stack",
-    "stop_stack",
-]
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,0 @@
-"""The Slack far side of the proving ground: Web API, signed interactivity requests and Socket Mode.
-
-Used by ``pitcrew demo`` (the real Slack adapter talks to it through ``slack.base_url``) and by the
-tests (``tests/slack`` re-exports it). Shapes, errors and limits follow ``../shared/fixtures/slack/``
-(README.md, limits.md). It models Slack, never pitcrew: it knows nothing of incidents, and nothing
-in the service imports it (import-linter: only the CLI reaches ``bot.demo``).
-"""

@@ -1,0 +1,652 @@
+"""A kube-apiserver stand-in: kmock's HTTP server and scaffold, with the apiserver rules pitcrew relies on.
+
+kmock's own ``KubernetesEmulator`` merges every write as a plain dict and keeps no resourceVersion, so this
+layer keeps its own store and serves the resources pitcrew touches (nodes, pods, pods/eviction, PDBs,
+CAPI Machines, Karpenter NodeClaims) with the rules in ``fixtures/README.md``: Status errors, optimistic
+concurrency, the PATCH content types, selectors, eviction against PDBs, and deletion with finalizers.
+Everything else (discovery, unknown paths) falls through to kmock. It must never patch the client:
+tests reach it only over HTTP with the real ``kubernetes.aio`` client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kubernetes import client as sync_client
+
+from proving_ground.kubernetes import patching, resources
+from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
+from proving_ground.kubernetes.resources import ApiError, Resource, status_body
+from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+Key = tuple[str, str | None, str]
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
+)
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_MODELS = {
+    "Node": "V1Node",
+    "Pod": "V1Pod",
+    "PodDisruptionBudget": "V1PodDisruptionBudget",
+    "Job": "V1Job",
+    "Event": "CoreV1Event",
+    "Eviction": "V1Eviction",
+    "SelfSubjectAccessReview": "V1SelfSubjectAccessReview",
+}
+#: Attributes of a SelfSubjectAccessReview the emulator can be told to deny: (verb, group, resource, sub).
+Permission = tuple[str, str, str, str]
+_validator = sync_client.ApiClient()
+
+
+def load_fixture(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def now_iso(offset: float = 0.0) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=offset)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesScaffold):
+    """The apiserver state (``objects``), its request log, injectable faults and two tiny controllers."""
+
+    objects: dict[Key, dict[str, Any]] = attrs.field(factory=dict)
+    log: list[LoggedRequest] = attrs.field(factory=list)
+    faults: FaultPlan = attrs.field(factory=FaultPlan)
+    #: Seconds the kubelet stand-in takes to remove a terminating pod; None keeps it until a test finishes it.
+    pod_termination_delay: float | None = 0.05
+    #: Seconds after a Machine/NodeClaim delete until the replacement Node exists, then until it is Ready
+    #: (None: it stays NotReady until someone flips its condition, as ``scripts/demo`` does).
+    replace_delay: float = 0.05
+    ready_delay: float | None = 0.1
+    #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
+    autoscaler: bool = True
+    #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them.
+    job_duration: float = 0.1
+    job_exit_codes: dict[str, int] = attrs.field(factory=dict)
+    #: Seconds after a successful reboot Job until the node reports a new boot id.
+    reboot_delay: float = 0.3
+    #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
+    #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
+    #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
+    slinky_drain_delay: float | None = None
+    slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
+    #: Permissions every SelfSubjectAccessReview answers "not allowed" for.
+    denied: set[Permission] = attrs.field(factory=set)
+    _rv: int = 48213377
+    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().__aexit__(*exc)
+
+    # --- world set-up and inspection for tests (not over HTTP) ---------------------------------------
+
+    @property
+    def host(self) -> str:
+        return str(self.servers[0].url).rstrip("/")
+
+    def add(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        res = resources.BY_PLURAL[plural]
+        obj = copy.deepcopy(obj)
+        obj.setdefault("apiVersion", res.api_version)
+        obj.setdefault("kind", res.kind)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_iso())
+        if res.generation:
+            meta.setdefault("generation", 1)
+        meta["resourceVersion"] = self._bump()
+        self.objects[self._key(res, meta.get("namespace"), meta["name"])] = obj
+        return obj
+
+    def seed_fixture_world(self) -> None:
+        """``gpu-node-02`` with the five pods of the fixtures, its CAPI Machine and its Karpenter NodeClaim."""
+        self.add("nodes", load_fixture("node-gpu.json"))
+        for pod in load_fixture("pods-on-node-list.json")["items"]:
+            self.add("pods", pod)
+        self.add("machines", load_fixture("machine-capi.json"))
+        self.add("nodeclaims", load_fixture("nodeclaim-karpenter.json"))
+
+    # Shadows kmock's HTTP-client ``get``: nothing here fetches through it (clients use the real
+    # ``kubernetes.aio`` over HTTP), and tests read the stored object by this name.
+    def get(  # type: ignore[override]
+        self, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        return self.objects.get(self._key(resources.BY_PLURAL[plural], namespace, name))
+
+    def set_node_condition(self, node: str, type_: str = "Ready", status: str = "True") -> None:
+        """Flip a node condition as the kubelet would; a write, so the resourceVersion moves."""
+        obj = self.objects[("nodes", None, node)]
+        conditions = obj.setdefault("status", {}).setdefault("conditions", [])
+        cond = next((c for c in conditions if c["type"] == type_), None)
+        if cond is None:
+            cond = {"type": type_}
+            conditions.append(cond)
+        cond.update(status=status, lastTransitionTime=now_iso(), reason=f"Emulator{type_}{status}")
+        obj["metadata"]["resourceVersion"] = self._bump()
+
+    def slurm_node_busy(self, hostname: str, busy: bool) -> None:
+        """slurm-operator's answer to Slurm's node state: ``pod-protect`` on the node's slurmd pods
+        while the Slurm node is busy (allocated, mixed, completing), removed once it is not."""
+        for (plural, _, _), pod in self.objects.items():
+            labels = pod["metadata"].get("labels") or {}
+            if plural != "pods" or labels.get("nodeset.slinky.slurm.net/pod-hostname") != hostname:
+                continue
+            if busy:
+                labels["nodeset.slinky.slurm.net/pod-protect"] = "true"
+            else:
+                labels.pop("nodeset.slinky.slurm.net/pod-protect", None)
+            self.bump(pod)
+
+    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
+        """slurm-operator drains the Slurm node of a cordoned Node (with the node's cordon-reason
+        annotation as the reason, if set) and, once it is idle, drops ``pod-protect``."""
+        name = node["metadata"]["name"]
+        annotations = node["metadata"].get("annotations") or {}
+        self.slinky_reasons[name] = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
+        hostnames = {
+            (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+            for (plural, _, _), pod in self.objects.items()
+            if plural == "pods" and (pod.get("spec") or {}).get("nodeName") == name
+        } - {None}
+
+        async def idle() -> None:
+            for hostname in hostnames:
+                self.slurm_node_busy(str(hostname), busy=False)
+
+        assert self.slinky_drain_delay is not None
+        self._later(self.slinky_drain_delay, idle)
+
+    def bump(self, obj: dict[str, Any]) -> None:
+        """A write by someone else than the client under test: the object's resourceVersion moves."""
+        obj["metadata"]["resourceVersion"] = self._bump()
+
+    def inject(self, status: int | None = None, **match: Any) -> Fault:
+        """Make matching requests fail with ``status`` (or only ``delay``); see ``Fault``."""
+        return self.faults.add(Fault(status=status, **match))
+
+    # --- HTTP ------------------------------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        match = _PATH.match(request.url.path)
+        group = "" if match is None or match["core"] else match["group"]
+        res = resources.BY_GROUP_PLURAL.get((group, match["plural"])) if match else None
+        if match is None or res is None:
+            return await super()._handle(request)
+        entry = LoggedRequest.of(request, res, match["ns"], match["name"], match["sub"])
+        self.log.append(entry)
+        try:
+            fault = self.faults.take(entry)
+            if fault is not None:
+                if fault.before is not None:
+                    fault.before()
+                if fault.delay:
+                    await asyncio.sleep(fault.delay)
+                if fault.status is not None:
+                    raise fault.error(res, match["name"])
+            body, code = self._serve(request, res, match["ns"], match["name"], match["sub"])
+            entry.status = code
+            if fault is not None and fault.delay_after:
+                await asyncio.sleep(fault.delay_after)
+            if fault is not None and fault.lost_answer is not None:
+                raise ApiError.injected(fault.lost_answer, res, match["name"], fault.retry_after)
+            return aiohttp.web.json_response(body, status=code)
+        except ApiError as exc:
+            entry.status = exc.code
+            return aiohttp.web.json_response(exc.body, status=exc.code, headers=exc.headers)
+
+    def _serve(
+        self, request: kmock.Request, res: Resource, ns: str | None, name: str | None, sub: str | None
+    ) -> tuple[dict[str, Any], int]:
+        method = request.method.value
+        if sub == "eviction" and res.plural == "pods" and method == "POST" and name:
+            return self._evict(ns, name, request)
+        if sub is not None:
+            raise ApiError.not_found(res, name or "", f"the subresource {sub} is not emulated")
+        if method == "GET" and request.params.get("watch") in ("true", "1"):
+            raise ApiError(405, "MethodNotAllowed", "watch is not emulated")
+        if method == "GET" and name is None:
+            return self._list(res, ns, request.params), 200
+        if method == "POST" and name is None and res.plural == "selfsubjectaccessreviews":
+            return self._review(res, _json(request)), 201
+        if method == "POST" and name is None:
+            return self._create(res, ns, _json(request)), 201
+        if name is None:
+            raise ApiError(405, "MethodNotAllowed", f"{method} on a collection is not emulated")
+        current = self._existing(res, ns, name)
+        if method == "GET":
+            return copy.deepcopy(current), 200
+        if method == "PATCH":
+            return self._patch(res, current, request), 200
+        if method == "PUT":
+            return self._update(res, current, _json(request)), 200
+        if method == "DELETE":
+            return self._delete(res, current, _grace(request))
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    # --- verbs -----------------------------------------------------------------------------------------
+
+    def _list(self, res: Resource, ns: str | None, params: Any) -> dict[str, Any]:
+        items = []
+        for (plural, obj_ns, _), obj in sorted(
+            self.objects.items(), key=lambda kv: (kv[0][1] or "", kv[0][2])
+        ):
+            if plural != res.plural or (ns is not None and obj_ns != ns):
+                continue
+            try:
+                if params.get("labelSelector") and not labels_match(
+                    obj["metadata"].get("labels") or {}, params["labelSelector"]
+                ):
+                    continue
+                if params.get("fieldSelector") and not field_matches(
+                    obj, params["fieldSelector"], res.plural
+                ):
+                    continue
+            except SelectorError as exc:
+                raise ApiError(400, "BadRequest", str(exc)) from exc
+            item = copy.deepcopy(self._refreshed(res, obj))
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+            items.append(item)
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    def _create(self, res: Resource, ns: str | None, body: Any) -> dict[str, Any]:
+        meta = (body.get("metadata") or {}) if isinstance(body, dict) else {}
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = body["metadata"]["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        if not name:
+            raise ApiError.invalid(
+                res, "", "metadata.name", "Required value: name or generateName is required"
+            )
+        if res.namespaced:
+            body["metadata"]["namespace"] = ns
+        if self._key(res, ns, name) in self.objects:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{res.plural} "{name}" already exists',
+                {"name": name, "kind": res.plural},
+            )
+        self._validate(res, body)
+        created = copy.deepcopy(self.add(res.plural, body))
+        if res.plural == "jobs":
+            self._later(0, lambda: self._run_job(ns, name))
+        return created
+
+    def _patch(self, res: Resource, current: dict[str, Any], request: kmock.Request) -> dict[str, Any]:
+        content_type = (_header(request, "Content-Type") or "").split(";")[0].strip()
+        if content_type == patching.STRATEGIC_MERGE_PATCH and res.crd:
+            raise ApiError.from_fixture("status-415-unsupported-media-type.json")
+        body = _json(request)
+        try:
+            if content_type == patching.MERGE_PATCH:
+                patched = patching.merge_patch(current, body)
+            elif content_type == patching.STRATEGIC_MERGE_PATCH:
+                patched = patching.strategic_merge_patch(current, body)
+            elif content_type == patching.JSON_PATCH:
+                patched = patching.json_patch(current, body)
+            else:
+                raise ApiError.from_fixture(
+                    "status-415-unsupported-media-type.json",
+                    message="the body of the request was in an unknown format - accepted media types include: "
+                    "application/json-patch+json, application/merge-patch+json, "
+                    "application/strategic-merge-patch+json (apply-patch+yaml is not emulated)",
+                )
+        except patching.PatchError as exc:
+            raise ApiError(400, "BadRequest", str(exc)) from exc
+        return self._update(res, current, patched)
+
+    def _update(self, res: Resource, current: dict[str, Any], new: Any) -> dict[str, Any]:
+        """Store ``new`` over ``current``: the RV precondition, validation, then a bumped RV."""
+        if not isinstance(new, dict):
+            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        meta = current["metadata"]
+        sent_rv = (new.get("metadata") or {}).get("resourceVersion")
+        if sent_rv is not None and sent_rv != meta["resourceVersion"]:
+            raise ApiError.conflict(res, meta["name"])
+        new = copy.deepcopy(new)
+        new["metadata"] = {**new.get("metadata", {}), "name": meta["name"], "uid": meta["uid"]}
+        if res.namespaced:
+            new["metadata"]["namespace"] = meta["namespace"]
+        new.setdefault("kind", res.kind)
+        new.setdefault("apiVersion", res.api_version)
+        self._validate(res, new)
+        if res.generation and new.get("spec") != current.get("spec"):
+            new["metadata"]["generation"] = meta.get("generation", 1) + 1
+        new["metadata"]["resourceVersion"] = self._bump()
+        key = self._key(res, meta.get("namespace"), meta["name"])
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = new
+        cordoned = (new.get("spec") or {}).get("unschedulable") and not (current.get("spec") or {}).get(
+            "unschedulable"
+        )
+        if res.plural == "nodes" and cordoned and self.slinky_drain_delay is not None:
+            self._slinky_operator_sees_cordon(new)
+        return copy.deepcopy(new)
+
+    def _delete(
+        self, res: Resource, current: dict[str, Any], grace: int | None
+    ) -> tuple[dict[str, Any], int]:
+        meta = current["metadata"]
+        key = self._key(res, meta.get("namespace"), meta["name"])
+        if res.plural == "pods":
+            if grace is None:
+                grace = int((current.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            return self._delete_pod(key, grace), 200
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta.update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=0)
+                if res.generation:
+                    meta["generation"] = meta.get("generation", 1) + 1
+                meta["resourceVersion"] = self._bump()
+                self._on_deleting(res, current)
+            return copy.deepcopy(current), 200
+        del self.objects[key]
+        if res.plural == "nodes" and self.autoscaler:
+            snapshot = copy.deepcopy(current)
+            self._later(self.replace_delay, lambda: self._new_instance(snapshot))
+        if res.crd:
+            return copy.deepcopy(current), 200
+        details = {"name": meta["name"], "kind": res.plural, "uid": meta["uid"]}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": details,
+        }, 200
+
+    def _delete_pod(self, key: Key, grace: int) -> dict[str, Any]:
+        """Graceful delete: ``deletionTimestamp`` = now + grace; 0 (force) removes it unless finalizers hold it."""
+        pod = self.objects[key]
+        meta = pod["metadata"]
+        if grace == 0 and not meta.get("finalizers"):
+            del self.objects[key]
+            return copy.deepcopy(pod)
+        if not meta.get("deletionTimestamp") or grace < meta.get("deletionGracePeriodSeconds", grace + 1):
+            meta.update(deletionTimestamp=now_iso(grace), deletionGracePeriodSeconds=grace)
+            meta["resourceVersion"] = self._bump()
+        if self.pod_termination_delay is not None:
+            self._later(self.pod_termination_delay, lambda: self._kubelet_remove(key))
+        return copy.deepcopy(pod)
+
+    async def _kubelet_remove(self, key: Key) -> None:
+        pod = self.objects.get(key)
+        if (
+            pod is not None
+            and pod["metadata"].get("deletionTimestamp")
+            and not pod["metadata"].get("finalizers")
+        ):
+            del self.objects[key]
+
+    def finish_terminating(self) -> None:
+        """Remove every terminating pod whose finalizers are gone (the kubelet when the delay is None)."""
+        for key in [k for k in self.objects if k[0] == "pods"]:
+            self._kubelet_remove_now(key)
+
+    def _kubelet_remove_now(self, key: Key) -> None:
+        pod = self.objects[key]
+        if pod["metadata"].get("deletionTimestamp") and not pod["metadata"].get("finalizers"):
+            del self.objects[key]
+
+    # --- eviction and PDBs -----------------------------------------------------------------------------
+
+    def _evict(self, ns: str | None, name: str, request: kmock.Request) -> tuple[dict[str, Any], int]:
+        body = _json(request)
+        if not isinstance(body, dict) or (body.get("metadata") or {}).get("name") != name:
+            raise ApiError(400, "BadRequest", "name in URL does not match name in Eviction object")
+        pods = resources.BY_PLURAL["pods"]
+        self._validate(pods, {**body, "kind": "Eviction"}, model="V1Eviction")
+        pod = self.objects.get(self._key(pods, ns, name))
+        if pod is None:
+            raise ApiError.not_found(pods, name)
+        options = body.get("deleteOptions") or {}
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed", "Pending") or pod["metadata"].get("deletionTimestamp"):
+            self._delete_pod(self._key(pods, ns, name), grace)
+            return success, 201
+        budgets = [
+            pdb
+            for (plural, pdb_ns, _), pdb in self.objects.items()
+            if plural == "poddisruptionbudgets"
+            and pdb_ns == ns
+            and resources.pdb_selects(pdb, pod["metadata"].get("labels") or {})
+        ]
+        if len(budgets) > 1:
+            message = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+            return {**status_body(500, "", message), "code": 500}, 201
+        if budgets:
+            pdb = self._refreshed(resources.BY_PLURAL["poddisruptionbudgets"], budgets[0])
+            pdb_status, pdb_name = pdb["status"], pdb["metadata"]["name"]
+            if pdb_status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+                raise ApiError.from_fixture(
+                    "status-429-eviction-pdb-retryafter.json",
+                    cause=f"The disruption budget {pdb_name} is still being processed by the server.",
+                )
+            if pdb_status["disruptionsAllowed"] <= 0:
+                raise ApiError.from_fixture(
+                    "status-429-eviction-pdb.json",
+                    cause=f"The disruption budget {pdb_name} needs {pdb_status['desiredHealthy']} healthy pods "
+                    f"and has {pdb_status['currentHealthy']} currently",
+                )
+            budgets[0].setdefault("status", {}).setdefault("disruptedPods", {})[name] = now_iso()
+            budgets[0]["metadata"]["resourceVersion"] = self._bump()
+        self._delete_pod(self._key(pods, ns, name), grace)
+        return success, 201
+
+    def _refreshed(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """PDB status as the disruption controller would compute it now; other objects unchanged."""
+        if res.plural != "poddisruptionbudgets":
+            return obj
+        ns = obj["metadata"]["namespace"]
+        pods = [p for (pl, pns, _), p in self.objects.items() if pl == "pods" and pns == ns]
+        obj["status"] = resources.pdb_status(obj, pods)
+        return obj
+
+    # --- controllers: CAPI MachineSet and Karpenter --------------------------------------------------
+
+    def _on_deleting(self, res: Resource, obj: dict[str, Any]) -> None:
+        if res.plural in ("machines", "nodeclaims"):
+            snapshot = copy.deepcopy(obj)
+            self._later(self.replace_delay, lambda: self._replace(res, snapshot))
+
+    async def _replace(self, res: Resource, old: dict[str, Any]) -> None:
+        """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""
+        status = old.get("status") or {}
+        old_node_name = (status.get("nodeRef") or {}).get("name") or status.get("nodeName")
+        template = self.objects.pop(("nodes", None, old_node_name), None) if old_node_name else None
+        key = self._key(res, old["metadata"].get("namespace"), old["metadata"]["name"])
+        self.objects.pop(key, None)
+        suffix = uuid.uuid4().hex[:5]
+        node_name = f"{old_node_name or 'node'}-{suffix}"
+        node = resources.replacement_node(template, node_name, suffix)
+        self.add("nodes", node)
+        handle = resources.replacement_handle(old, node_name, suffix)
+        self.add(res.plural, handle)
+        if self.ready_delay is None:
+            return
+        await asyncio.sleep(self.ready_delay)
+        if ("nodes", None, node_name) in self.objects:
+            self.set_node_condition(node_name, "Ready", "True")
+
+    async def _new_instance(self, old: dict[str, Any]) -> None:
+        """The cloud autoscaler's answer to a deleted Node: a new instance registers, then turns Ready."""
+        suffix = uuid.uuid4().hex[:5]
+        name = f"{old['metadata']['name']}-{suffix}"
+        self.add("nodes", resources.replacement_node(old, name, suffix))
+        if self.ready_delay is None:
+            return
+        await asyncio.sleep(self.ready_delay)
+        if ("nodes", None, name) in self.objects:
+            self.set_node_condition(name, "Ready", "True")
+
+    # --- the Job controller and kubelet ---------------------------------------------------------------
+
+    async def _run_job(self, ns: str | None, name: str) -> None:
+        """A pod for the Job on its ``nodeName``; after ``job_duration`` it exits and the Job completes."""
+        job = self.objects.get(("jobs", ns, name))
+        if job is None:
+            return
+        pod_spec = copy.deepcopy(job["spec"]["template"]["spec"])
+        pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+        containers = [c["name"] for c in pod_spec.get("containers") or []]
+        pod = {
+            "metadata": {"name": pod_name, "namespace": ns, "labels": {"job-name": name}},
+            "spec": pod_spec,
+            "status": {"phase": "Running"},
+        }
+        self.add("pods", pod)
+        await asyncio.sleep(self.job_duration)
+        code = self.job_exit_codes.get(name, 0)
+        stored = self.objects.get(("pods", ns, pod_name))
+        if stored is not None:
+            stored["status"] = {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": c,
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "emulated",
+                        "imageID": "",
+                        "state": {
+                            "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+                        },
+                    }
+                    for c in containers
+                ],
+            }
+            stored["metadata"]["resourceVersion"] = self._bump()
+        job = self.objects.get(("jobs", ns, name))
+        if job is not None:
+            job["status"] = {"succeeded": 1} if code == 0 else {"failed": 1}
+            job["metadata"]["resourceVersion"] = self._bump()
+        actions = {
+            e.get("value")
+            for c in pod_spec.get("containers") or []
+            for e in c.get("env") or []
+            if e.get("name") == "PITCREW_ACTION"
+        }
+        if code == 0 and "reboot" in actions:
+            self._later(self.reboot_delay, lambda: self._booted(pod_spec.get("nodeName")))
+
+    async def _booted(self, node_name: str | None) -> None:
+        """The node comes back from its reboot: a new boot id (the kubelet reports it)."""
+        node = self.objects.get(("nodes", None, node_name or ""))
+        if node is not None:
+            node.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
+            self.bump(node)
+
+    # --- SelfSubjectAccessReview -----------------------------------------------------------------------
+
+    def _review(self, res: Resource, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        body.setdefault("metadata", {})
+        self._validate(res, {**body, "metadata": {"name": "review", **body["metadata"]}})
+        attrs_ = (body.get("spec") or {}).get("resourceAttributes") or {}
+        wanted = (attrs_.get("verb", ""), attrs_.get("group", ""), attrs_.get("resource", ""))
+        allowed = (*wanted, attrs_.get("subresource", "")) not in self.denied
+        return {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {},
+            "spec": body.get("spec") or {},
+            "status": {"allowed": allowed, **({} if allowed else {"reason": "denied by the emulator"})},
+        }
+
+    # --- helpers ---------------------------------------------------------------------------------------
+
+    def _later(self, delay: float, action: Callable[[], Awaitable[None]]) -> None:
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            await action()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _existing(self, res: Resource, ns: str | None, name: str) -> dict[str, Any]:
+        obj = self.objects.get(self._key(res, ns, name))
+        if obj is None:
+            raise ApiError.not_found(res, name)
+        return self._refreshed(res, obj)
+
+    def _validate(self, res: Resource, obj: dict[str, Any], model: str | None = None) -> None:
+        for i, taint in enumerate(
+            (obj.get("spec") or {}).get("taints") or [] if res.plural == "nodes" else []
+        ):
+            effect = taint.get("effect") if isinstance(taint, dict) else None
+            if effect not in _TAINT_EFFECTS:
+                supported = ", ".join(f'"{e}"' for e in _TAINT_EFFECTS)
+                raise ApiError.invalid(
+                    res,
+                    obj["metadata"]["name"],
+                    f"spec.taints[{i}].effect",
+                    f'Unsupported value: "{effect}": supported values: {supported}',
+                    cause="FieldValueNotSupported",
+                )
+        model = model or _MODELS.get(res.kind)
+        if model is not None:
+            try:
+                _validator._ApiClient__deserialize(copy.deepcopy(obj), model)
+            except (ValueError, TypeError) as exc:
+                raise ApiError.invalid(
+                    res, obj["metadata"]["name"], "", f"not a valid {model}: {exc}"
+                ) from exc
+
+    def _bump(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    @staticmethod
+    def _key(res: Resource, ns: str | None, name: str) -> Key:
+        return (res.plural, ns if res.namespaced else None, name)
+
+
+def _header(request: kmock.Request, name: str) -> str | None:
+    return next((v for k, v in request.headers.items() if k.lower() == name.lower()), None)
+
+
+def _json(request: kmock.Request) -> Any:
+    try:
+        return json.loads(request.body or b"null")
+    except ValueError as exc:
+        raise ApiError(400, "BadRequest", f"the request body is not JSON: {exc}") from exc
+
+
+def _grace(request: kmock.Request) -> int | None:
+    if "gracePeriodSeconds" in request.params:
+        return int(request.params["gracePeriodSeconds"])
+    body = json.loads(request.body) if request.body else {}
+    value = body.get("gracePeriodSeconds") if isinstance(body, dict) else None
+    return None if value is None else int(value)

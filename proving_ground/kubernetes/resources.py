@@ -1,0 +1,214 @@
+"""What the emulator knows about each resource: its table row, Status bodies, and PDB and replacement maths.
+
+Pure data and functions over JSON dicts; the HTTP and storage live in ``emulator.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proving_ground.kubernetes.selectors import selector_matches
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    crd: bool = False
+    generation: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES = (
+    Resource("", "v1", "nodes", "Node", namespaced=False),
+    Resource("", "v1", "pods", "Pod", namespaced=True),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True, generation=True),
+    Resource(
+        "cluster.x-k8s.io", "v1beta1", "machines", "Machine", namespaced=True, crd=True, generation=True
+    ),
+    Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False, crd=True, generation=True),
+    Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
+    Resource("", "v1", "events", "Event", namespaced=True),
+    Resource(
+        "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False
+    ),
+)
+BY_PLURAL = {r.plural: r for r in RESOURCES}
+BY_GROUP_PLURAL = {(r.group, r.plural): r for r in RESOURCES}
+_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
+
+
+def status_body(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``metav1.Status`` failure in the apiserver's key order; empty ``reason``/``details`` left out."""
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    body["message"] = message
+    if reason:
+        body["reason"] = reason
+    if details:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+class ApiError(Exception):
+    """A failure the emulator answers with; ``Retry-After`` only when ``retryAfterSeconds > 0``."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.body = status_body(code, reason, message, details)
+        retry = (details or {}).get("retryAfterSeconds") or 0
+        self.headers = {"Retry-After": str(retry)} if retry > 0 else {}
+
+    @classmethod
+    def from_fixture(cls, name: str, *, cause: str | None = None, message: str | None = None) -> ApiError:
+        body = json.loads((FIXTURES / name).read_text())
+        details = copy.deepcopy(body.get("details"))
+        if cause is not None and details:
+            details["causes"][0]["message"] = cause
+        return cls(body["code"], body.get("reason", ""), message or body["message"], details)
+
+    @classmethod
+    def not_found(cls, res: Resource, name: str, message: str | None = None) -> ApiError:
+        return cls(
+            404, "NotFound", message or f'{res.plural} "{name}" not found', {"name": name, "kind": res.plural}
+        )
+
+    @classmethod
+    def conflict(cls, res: Resource, name: str) -> ApiError:
+        message = (
+            f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been modified; '
+            "please apply your changes to the latest version and try again"
+        )
+        return cls(409, "Conflict", message, {"name": name, "kind": res.plural})
+
+    @classmethod
+    def invalid(
+        cls, res: Resource, name: str, field: str, detail: str, cause: str = "FieldValueInvalid"
+    ) -> ApiError:
+        where = f"{field}: " if field else ""
+        return cls(
+            422,
+            "Invalid",
+            f'{res.kind} "{name}" is invalid: {where}{detail}',
+            {
+                "name": name,
+                "kind": res.kind,
+                "causes": [{"reason": cause, "message": detail, "field": field}],
+            },
+        )
+
+    @classmethod
+    def injected(cls, code: int, res: Resource, name: str | None, retry_after: int | None) -> ApiError:
+        if code == 500:
+            return cls.from_fixture("status-500.json")
+        if code == 404:
+            return cls.not_found(res, name or "")
+        if code == 409:
+            return cls.conflict(res, name or "")
+        details = {"retryAfterSeconds": retry_after} if retry_after else None
+        return cls(code, _REASONS.get(code, ""), f"injected failure {code}", details)
+
+
+def pdb_selects(pdb: dict[str, Any], labels: dict[str, str]) -> bool:
+    selector = (pdb.get("spec") or {}).get("selector")
+    return selector is not None and selector_matches(labels, selector)
+
+
+def _resolve(value: int | str, expected: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        exact = expected * int(value[:-1]) / 100
+        return math.ceil(exact) if round_up else math.floor(exact)
+    return int(value)
+
+
+def pdb_status(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The disruption controller's arithmetic: healthy = Running, Ready, not terminating, not just evicted."""
+    old = pdb.get("status") or {}
+    disrupted = old.get("disruptedPods") or {}
+    selected = [p for p in pods if pdb_selects(pdb, p["metadata"].get("labels") or {})]
+    expected = len(selected)
+    healthy = sum(
+        1
+        for p in selected
+        if not p["metadata"].get("deletionTimestamp")
+        and p["metadata"]["name"] not in disrupted
+        and (p.get("status") or {}).get("phase") == "Running"
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions", [])
+        )
+    )
+    spec = pdb.get("spec") or {}
+    if "minAvailable" in spec:
+        desired = _resolve(spec["minAvailable"], expected, round_up=True)
+    else:
+        desired = expected - _resolve(spec.get("maxUnavailable", 0), expected, round_up=True)
+    return {
+        "observedGeneration": old.get("observedGeneration", pdb["metadata"].get("generation", 1)),
+        "disruptedPods": disrupted,
+        "disruptionsAllowed": max(0, healthy - desired),
+        "currentHealthy": healthy,
+        "desiredHealthy": desired,
+        "expectedPods": expected,
+    }
+
+
+def replacement_node(template: dict[str, Any] | None, name: str, suffix: str) -> dict[str, Any]:
+    """A new Node cloned from the replaced one's labels and capacity, registered NotReady."""
+    node = copy.deepcopy(template) if template else {"metadata": {}, "spec": {}, "status": {}}
+    meta = node["metadata"]
+    for key in ("uid", "creationTimestamp", "resourceVersion", "deletionTimestamp"):
+        meta.pop(key, None)
+    meta["name"] = name
+    labels = meta.setdefault("labels", {})
+    labels["kubernetes.io/hostname"] = name
+    annotations = meta.get("annotations") or {}
+    meta["annotations"] = {k: v for k, v in annotations.items() if not k.startswith("pitcrew.dev/")}
+    spec = node.setdefault("spec", {})
+    spec.pop("unschedulable", None)
+    provider = spec.get("providerID", "aws:///us-east-1a/i-0")
+    spec["providerID"] = f"{provider.rsplit('/', 1)[0]}/i-{suffix}"
+    spec["taints"] = [
+        t for t in spec.get("taints") or [] if not t["key"].startswith(("pitcrew.dev/", "node."))
+    ]
+    status = node.setdefault("status", {})
+    status["conditions"] = [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]
+    return node
+
+
+def replacement_handle(old: dict[str, Any], node_name: str, suffix: str) -> dict[str, Any]:
+    """The new Machine (MachineSet) or NodeClaim (NodePool) that owns the replacement node."""
+    handle = copy.deepcopy(old)
+    meta = handle["metadata"]
+    for key in (
+        "uid",
+        "creationTimestamp",
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    ):
+        meta.pop(key, None)
+    meta["name"] = f"{meta['name'].rsplit('-', 1)[0]}-{suffix}"
+    meta["generation"] = 1
+    status = handle.setdefault("status", {})
+    if "nodeRef" in status:
+        status["nodeRef"] = {"apiVersion": "v1", "kind": "Node", "name": node_name}
+    if "nodeName" in status:
+        status["nodeName"] = node_name
+    return handle

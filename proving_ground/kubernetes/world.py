@@ -1,0 +1,231 @@
+"""The Kubernetes API emulator (``proving_ground.kubernetes.emulator``) on its own event loop in a thread,
+for the demo and for tests that run pitcrew as a subprocess: pitcrew reaches it over real HTTP
+through a kubeconfig.
+
+``KubeWorld.call(fn)`` runs ``fn(emulator)`` on the emulator's loop (never touch its objects from
+another thread directly); ``world.log()`` is a copy of its request log. ``gpu_fleet`` seeds
+nodes named like the Slurm harness's nodes, each with its CAPI Machine, cloned from the fixtures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kmock
+import yaml
+
+from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.faults import LoggedRequest
+
+T = TypeVar("T")
+
+
+def slinky_pdb(generation: int = 1, observed: int = 1) -> dict[str, Any]:
+    """slurm-operator's budget: ``maxUnavailable: 0`` over slurmd pods marked busy (``pod-protect``);
+    ``observed`` below ``generation`` is a budget its controller has not reconciled yet."""
+    return {
+        "metadata": {"name": "slurm-workers-pdb-slurm", "namespace": "slurm", "generation": generation},
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {
+                "matchLabels": {
+                    "nodeset.slinky.slurm.net/pod-protect": "true",
+                    "slinky.slurm.net/cluster": "slurm",
+                }
+            },
+        },
+        "status": {"observedGeneration": observed},
+    }
+
+
+def training_pdb(*, min_available: int | None = None, max_unavailable: int | None = None) -> dict[str, Any]:
+    """A team's budget over its ``llama-pretrain`` workers, by ``minAvailable`` or ``maxUnavailable``."""
+    budget = (
+        {"minAvailable": min_available} if min_available is not None else {"maxUnavailable": max_unavailable}
+    )
+    return {
+        "metadata": {"name": "llama-pretrain", "namespace": "training", "generation": 1},
+        "spec": {
+            **budget,
+            "selector": {"matchLabels": {"training.kubeflow.org/job-name": "llama-pretrain"}},
+        },
+        "status": {"observedGeneration": 1},
+    }
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig as an operator would have one: cluster, user with a token, current context."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulated", "cluster": {"server": server}}],
+                "users": [{"name": "pitcrew", "user": {"token": "emulated-token"}}],
+                "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pitcrew"}}],
+                "current-context": "emulated",
+            }
+        )
+    )
+    return path
+
+
+class KubeWorld:
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.emulator: KubeEmulator | None = None
+        self._thread = threading.Thread(target=self._run, name="kube-emulator", daemon=True)
+
+    def start(self, timeout: float = 10.0) -> KubeWorld:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the Kubernetes emulator did not start")
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with KubeEmulator() as emulator, kmock.Server(emulator):
+            self.emulator = emulator
+            self._ready.set()
+            await self._stop.wait()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    @property
+    def host(self) -> str:
+        return self.call(lambda e: e.host)
+
+    def call(self, fn: Callable[[KubeEmulator], T], timeout: float = 10.0) -> T:
+        async def run() -> T:
+            assert self.emulator is not None
+            return fn(self.emulator)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def log(self) -> list[LoggedRequest]:
+        return self.call(lambda e: list(e.log))
+
+    def kubeconfig(self, path: Path) -> Path:
+        return write_kubeconfig(path, self.host)
+
+
+def gpu_fleet(emulator: KubeEmulator, names: list[str]) -> None:
+    """One fixture GPU node per name (Slurm's names), each with its own CAPI Machine."""
+    node_template, machine_template = load_fixture("node-gpu.json"), load_fixture("machine-capi.json")
+    for i, name in enumerate(names):
+        node = copy.deepcopy(node_template)
+        machine_name = f"gpu-east-gpu-h100-x7b2n-m{i}"
+        node["metadata"].update(name=name)
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        node["metadata"]["annotations"]["cluster.x-k8s.io/machine"] = machine_name
+        node["spec"]["providerID"] = f"aws:///us-east-1a/i-0{i}"
+        emulator.add("nodes", node)
+        machine = copy.deepcopy(machine_template)
+        machine["metadata"]["name"] = machine_name
+        machine["spec"]["providerID"] = node["spec"]["providerID"]
+        machine["status"]["nodeRef"] = {"apiVersion": "v1", "kind": "Node", "name": name}
+        emulator.add("machines", machine)
+
+
+def pods_like_the_fixture(emulator: KubeEmulator, node: str, elsewhere: str) -> None:
+    """On ``node``: a DaemonSet pod, a mirror pod and a training worker; a second worker on
+    ``elsewhere``, NotReady, so the team's budget (minAvailable 1) refuses the first eviction."""
+    by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
+    daemon = copy.deepcopy(by_name["nvidia-dcgm-exporter-7wq4n"])
+    daemon["metadata"].update(name=f"node-exporter-{node}", namespace="monitoring")
+    mirror = copy.deepcopy(by_name["gpu-health-agent-gpu-node-02"])
+    mirror["metadata"]["name"] = f"gpu-health-agent-{node}"
+    mirror["metadata"]["ownerReferences"][0]["name"] = node
+    for pod in (daemon, mirror):
+        pod["spec"]["nodeName"] = node
+        emulator.add("pods", pod)
+    for index, where in enumerate((node, elsewhere)):
+        worker = copy.deepcopy(by_name["llama-pretrain-worker-2"])
+        worker["metadata"]["name"] = f"llama-pretrain-worker-{index}"
+        worker["metadata"]["labels"]["training.kubeflow.org/replica-index"] = str(index)
+        worker["spec"]["nodeName"] = where
+        if index:
+            for condition in worker["status"]["conditions"]:
+                if condition["type"] == "Ready":
+                    condition["status"] = "False"
+        emulator.add("pods", worker)
+    emulator.add("poddisruptionbudgets", training_pdb(min_available=1))
+
+
+def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, str]:
+    """A Slinky world: Kubernetes node ``kube-<slurm node>`` per Slurm node, each running the
+    NodeSet's slurmd pod for it (busy: ``pod-protect``), and slurm-operator's budget. Returns
+    Kubernetes node name → Slurm node name."""
+    template = load_fixture("node-gpu.json")
+    by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
+    names = {}
+    for slurm_node in slurm_nodes:
+        kube_node = f"kube-{slurm_node}"
+        node = copy.deepcopy(template)
+        node["metadata"]["name"] = kube_node
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = kube_node
+        node["metadata"]["annotations"]["nodeset.slinky.slurm.net/hostname-override"] = slurm_node
+        emulator.add("nodes", node)
+        pod = copy.deepcopy(by_name["slurm-worker-gpu-h100-7xk2p"])
+        pod["metadata"]["name"] = f"slurm-worker-{slurm_node}"
+        pod["metadata"]["labels"]["nodeset.slinky.slurm.net/pod-hostname"] = slurm_node
+        pod["metadata"]["labels"]["nodeset.slinky.slurm.net/pod-name"] = pod["metadata"]["name"]
+        pod["spec"]["nodeName"] = kube_node
+        pod["spec"]["hostname"] = slurm_node
+        emulator.add("pods", pod)
+        names[kube_node] = slurm_node
+    emulator.add("poddisruptionbudgets", slinky_pdb())
+    return names
+
+
+def pod_ready(emulator: KubeEmulator, namespace: str, name: str) -> None:
+    pod = emulator.get("pods", name, namespace)
+    assert pod is not None
+    for condition in pod["status"]["conditions"]:
+        if condition["type"] == "Ready":
+            condition["status"] = "True"
+    emulator.bump(pod)
+
+
+def settings_for(world: KubeWorld, workdir: Path, **kubernetes: Any) -> dict[str, Any]:
+    """pitcrew configuration keys for this emulator (integrations.cluster: kubernetes)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return {
+        "integrations": {"cluster": "kubernetes"},
+        "kubernetes": {"kubeconfig": str(world.kubeconfig(workdir / "kubeconfig")), **kubernetes},
+    }
+
+
+def demo_fleet(emulator: KubeEmulator, names: list[str]) -> None:
+    """``scripts/demo``'s cluster: ``gpu_fleet`` (one GPU node and CAPI Machine per Slurm node), and
+    on each node a DaemonSet pod and a mirror pod (a drain leaves both), and a training worker of
+    one PyTorchJob whose budget lets one worker at a time be evicted."""
+    gpu_fleet(emulator, names)
+    by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
+    for index, node in enumerate(names):
+        daemon = copy.deepcopy(by_name["nvidia-dcgm-exporter-7wq4n"])
+        daemon["metadata"].update(name=f"node-exporter-{node}", namespace="monitoring")
+        mirror = copy.deepcopy(by_name["gpu-health-agent-gpu-node-02"])
+        mirror["metadata"]["name"] = f"gpu-health-agent-{node}"
+        mirror["metadata"]["ownerReferences"][0]["name"] = node
+        worker = copy.deepcopy(by_name["llama-pretrain-worker-2"])
+        worker["metadata"]["name"] = f"llama-pretrain-worker-{index}"
+        worker["metadata"]["labels"]["training.kubeflow.org/replica-index"] = str(index)
+        for pod in (daemon, mirror, worker):
+            pod["spec"]["nodeName"] = node
+            emulator.add("pods", pod)
+    emulator.add("poddisruptionbudgets", training_pdb(max_unavailable=1))

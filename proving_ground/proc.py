@@ -1,0 +1,73 @@
+"""Helpers every proving-ground piece shares: free ports, waiting, stopping a child, log tails.
+
+Owns the one error the proving ground raises (``DemoError``: a far side did not start, answer
+or stop as expected) so ``scripts/demo`` can report it in one line and the tests can show it
+with the logs attached. Nothing here imports pytest: the tests wrap these in their fixtures.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class DemoError(RuntimeError):
+    """A proving-ground process did not start, answer or stop as expected (the message says which)."""
+
+
+def find_binary(name: str) -> str | None:
+    """Path of ``name`` on PATH or in the sbin directories (daemons live there on Debian)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nobody listens on ``host:port`` (a clash the demo reports before it starts anything)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_until(
+    predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = ""
+) -> None:
+    """Poll ``predicate`` until true; ``DemoError`` naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise DemoError(f"timed out after {timeout:.1f}s waiting for {what or predicate}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], *, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; always reaps the child."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """Last lines of a log file, for failure messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no {path})"

@@ -1,0 +1,470 @@
+"""A real Slurm cluster on this machine: munge, slurmctld, slurmd gpu-001..003, slurmrestd.
+
+Debian's Slurm 22.05 packages, configured as in ``../shared/notes/slurm.md``: every daemon
+runs in the foreground under a per-run directory (config, state, spool, logs, fake GPU
+devices, a private ``munged`` on its own socket), on free loopback ports, so a run never
+touches the machine's own Slurm or munge. Fast requeue: ``AuthInfo=cred_expire=5`` and
+``sched_interval=1`` bring a requeued job back in ~6 s instead of ~2 min.
+
+slurmrestd refuses to run as root: it runs as the ``slurm`` system user the packages create
+or, where that is missing, as ``pitcrew-rest``, which ``rest_user()`` adds once with
+``useradd --system`` (idempotent).
+
+Use ``SlurmCluster(run_dir).start()`` / ``.stop()`` anywhere (``python -m
+proving_ground.slurm`` starts one and waits for Ctrl-C; ``scripts/demo`` and the tests' fixtures in
+``tests.harness.slurm`` use it). ``missing_binaries()`` names what is not installed. ``stop`` cancels jobs, SIGTERMs every
+daemon by its recorded pid (SIGKILL after a grace period) and fails if any process that
+refers to the run directory survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from string import Template
+from typing import TypeVar
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.integrations.slurm.cli import parse_job_line, parse_node_line
+from proving_ground.proc import DemoError, find_binary, free_port, stop_process, tail
+
+T = TypeVar("T")
+NODES = ("gpu-001", "gpu-002", "gpu-003")
+TRAIN_JOB = Path(__file__).resolve().parent / "train_job.py"
+_DAEMONS = frozenset({"munged", "slurmctld", "slurmd", "slurmstepd", "slurmrestd", "slurmscriptd"})
+BINARIES = {
+    "munged": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "slurmrestd": "slurmrestd",
+    "scontrol": "slurm-client",
+    "sbatch": "slurm-client",
+}
+
+# As measured in ../shared/notes/slurm.md, plus a private munge socket and free ports.
+_SLURM_CONF = Template("""\
+ClusterName=pitcrew
+SlurmctldHost=localhost
+SlurmctldPort=$ctld_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$run/munge/munge.sock,cred_expire=5
+CredType=cred/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$run/jwt_hs256.key
+StateSaveLocation=$run/state
+SlurmdSpoolDir=$run/spool/%n
+SlurmctldPidFile=$run/slurmctld.pid
+SlurmdPidFile=$run/slurmd-%n.pid
+SlurmctldLogFile=$run/log/slurmctld.log
+SlurmdLogFile=$run/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$run/log/jobcomp.log
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=1
+JobRequeue=1
+MinJobAge=300
+KillWait=5
+MpiDefault=none
+MailProg=/bin/true
+GresTypes=gpu
+NodeName=DEFAULT CPUs=2 RealMemory=2048 Gres=gpu:h100:8 State=UNKNOWN
+$node_lines
+PartitionName=gpu Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
+""")
+
+
+class SlurmHarnessError(DemoError):
+    """The cluster did not start, reset or stop as expected (logs attached)."""
+
+
+def rest_user() -> str:
+    """A non-root user for slurmrestd, created once if the packages did not make one."""
+    for name in ("slurm", "pitcrew-rest"):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "pitcrew-rest"],
+        check=False,
+        capture_output=True,
+    )
+    pwd.getpwnam("pitcrew-rest")  # raises if useradd failed: say so rather than run as root
+    return "pitcrew-rest"
+
+
+class SlurmCluster:
+    """One throw-away cluster under ``run_dir``."""
+
+    def __init__(self, run_dir: Path, *, nodes: tuple[str, ...] = NODES, rest: bool = True) -> None:
+        self.run_dir = run_dir
+        self.nodes = nodes
+        self.with_rest = rest
+        self.conf = run_dir / "etc" / "slurm.conf"
+        self.job_dir = run_dir / "train"
+        self.token_file = run_dir / "rest.token"
+        self.rest_port = free_port()
+        self.started_in: float | None = None  # seconds from start() to every node IDLE
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- environment -------------------------------------------------------------------
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm commands against this cluster (no SLURM_JWT: it breaks sbatch)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(SLURM_CONF=str(self.conf), LC_ALL="C")
+        return env
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 15) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command against this cluster."""
+        proc = subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise SlurmHarnessError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self, timeout: float = 20) -> SlurmCluster:
+        began = time.monotonic()
+        try:
+            self._write_files()
+            munge, key = self.run_dir / "munge", self.run_dir / "munge-key"
+            self._spawn(
+                "munged",
+                [
+                    "munged",
+                    "-F",
+                    f"--socket={munge}/munge.sock",
+                    f"--key-file={key}/munge.key",
+                    f"--pid-file={munge}/munged.pid",
+                    f"--seed-file={key}/munged.seed",
+                    f"--log-file={self.run_dir}/log/munged.log",
+                ],
+            )
+            self._wait(lambda: (self.run_dir / "munge" / "munge.sock").exists(), timeout, "munged socket")
+            self.start_controller(timeout)
+            for node in self.nodes:
+                self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+            self.wait_idle(timeout)
+            self.started_in = time.monotonic() - began
+            if self.with_rest:
+                self.start_rest(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_controller(self, timeout: float = 20) -> None:
+        self._spawn("slurmctld", ["slurmctld", "-D"])
+        self._wait(self.ping, timeout, "slurmctld to answer ping")
+        if all(f"slurmd-{n}" in self._procs for n in self.nodes):
+            # Restarted controller: wait until every slurmd has re-registered with it.
+            self._wait(
+                lambda: "unknown" not in self.node_states().values(), timeout, "slurmd re-registration"
+            )
+
+    def stop_controller(self) -> None:
+        """SIGTERM slurmctld (it saves state first) and wait until it is gone."""
+        self._terminate("slurmctld")
+
+    def restart_slurmd(self, node: str, timeout: float = 20) -> None:
+        """Stop and start one node's slurmd, as a repair, reboot or replacement of the node does."""
+        before = self.node(node).slurmd_started_at
+        time.sleep(1.1)  # Slurm keeps the start time in whole seconds: the new one must differ
+        self._terminate(f"slurmd-{node}")
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+        self._wait(
+            lambda: (started := self.node(node).slurmd_started_at) is not None and started != before,
+            timeout,
+            f"slurmd on {node} to register again",
+        )
+
+    def start_rest(self, timeout: float = 20) -> None:
+        env = self.env | {"SLURM_JWT": "daemon"}
+        argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", rest_user(), "-s", "openapi/v0.0.38"]
+        self._spawn("slurmrestd", [*argv, f"127.0.0.1:{self.rest_port}"], env=env)
+        self.write_token()
+        self._wait(self._rest_answers, timeout, "slurmrestd")
+
+    def stop(self) -> None:
+        """Cancel all jobs, stop every daemon, and fail if anything of ours survives."""
+        if "slurmctld" in self._procs and self.ping():
+            self.run("scancel", "--full", "--user=root", check=False)
+            self._wait(lambda: not self.active_jobs(), 10, "jobs to end", fail=False)
+        for name in ["slurmrestd", *(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
+            self._terminate(name)
+        survivors = self.survivors()
+        for pid in survivors:
+            _kill(pid, signal.SIGKILL)
+        if survivors:
+            raise SlurmHarnessError(f"processes survived the Slurm harness (killed): {survivors}")
+
+    def reset(self, timeout: float = 20) -> None:
+        """Back to a quiet cluster: no jobs, every node IDLE with no reason."""
+        if self.active_jobs():
+            self.run("scancel", "--full", "--user=root", check=False)
+            self._wait(lambda: not self.active_jobs(), timeout, "jobs to end")
+        for node, state in self.node_states().items():
+            if any(s in state for s in ("down", "drain", "fail")):
+                self.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        self.wait_idle(timeout)
+
+    # -- queries and actions ----------------------------------------------------------
+    def ping(self) -> bool:
+        try:
+            return "UP" in self.run("scontrol", "ping", check=False, timeout=5).stdout
+        except subprocess.TimeoutExpired:
+            return False
+
+    def node_states(self) -> dict[str, str]:
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=5).stdout
+        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+    def wait_idle(self, timeout: float = 20) -> None:
+        self._wait(lambda: set(self.node_states().values()) == {"idle"}, timeout, "every node IDLE")
+
+    def active_jobs(self) -> list[str]:
+        return self.run("squeue", "-h", "-o", "%A", check=False, timeout=5).stdout.split()
+
+    def token(self, lifespan: int = 3600) -> str:
+        """A fresh JWT for root, as slurmrestd expects in X-SLURM-USER-TOKEN."""
+        out = self.run("scontrol", "token", "username=root", f"lifespan={lifespan}").stdout.strip()
+        return out.split("=", 1)[1]
+
+    def write_token(self, lifespan: int = 3600) -> Path:
+        self.token_file.write_text(self.token(lifespan) + "\n")
+        self.token_file.chmod(0o600)
+        return self.token_file
+
+    def submit(self, *sbatch_args: str, script: Path | None = None, env: dict[str, str] | None = None) -> str:
+        """``sbatch --parsable`` (a ``script`` or ``--wrap=…`` in the arguments); returns the job id."""
+        job_env = self.env | {"PITCREW_JOB_DIR": str(self.job_dir)} | (env or {})
+        argv = ["sbatch", "--parsable", f"--output={self.run_dir / 'log' / 'job-%j.out'}", *sbatch_args]
+        argv += [str(script)] if script else []
+        proc = subprocess.run(argv, env=job_env, capture_output=True, text=True, timeout=15, check=False)
+        if proc.returncode != 0:
+            raise SlurmHarnessError(f"sbatch failed: {proc.stderr.strip()}")
+        return proc.stdout.strip().split(";")[0]
+
+    def settings(self, backend: str = "scontrol") -> dict[str, object]:
+        """Keyword arguments for ``bot.integrations.slurm.SlurmSettings`` against this cluster."""
+        rest = {"rest_url": self.rest_url, "rest_token_file": self.token_file}
+        return {"backend": backend, "slurm_conf": self.conf} | (rest if backend == "rest" else {})
+
+    def pitcrew_settings(self, backend: str = "scontrol", **slurm: object) -> dict[str, object]:
+        """Configuration keys that make a pitcrew subprocess drive this cluster (YAML-safe values)."""
+        values = self.settings(backend) | slurm
+        return {
+            "integrations": {"scheduler": "slurm"},
+            "slurm": {k: str(v) if isinstance(v, Path) else v for k, v in values.items()},
+        }
+
+    def job(self, job_id: str) -> JobSnapshot | None:
+        """The job as ``scontrol show job`` reports it now (``None`` once Slurm forgot it)."""
+        out = self.run("scontrol", "show", "job", "-o", job_id, check=False, timeout=10).stdout
+        lines = [line for line in out.splitlines() if line.startswith(f"JobId={job_id} ")]
+        return parse_job_line(lines[0]) if lines else None
+
+    def node(self, name: str) -> SlurmNodeState:
+        """The node as ``scontrol show node`` reports it now."""
+        return parse_node_line(self.run("scontrol", "show", "node", "-o", name, timeout=10).stdout.strip())
+
+    def submit_training(self, *, requeue: bool = True, extra: tuple[str, ...] = (), steps: int = 600) -> str:
+        """The checkpointing job, holding all 8 GPUs of one node so a requeue must move it."""
+        flags = ["--requeue" if requeue else "--no-requeue", "--open-mode=append", "--gres=gpu:h100:8"]
+        env = {
+            "PITCREW_TRAIN_STEPS": str(steps),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        }
+        return self.submit("--job-name=ckpt-train", *flags, *extra, script=TRAIN_JOB, env=env)
+
+    def survivors(self) -> list[int]:
+        """Live daemons and job processes of this cluster (they name the run directory)."""
+        marker = str(self.run_dir).encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                comm = (entry / "comm").read_text().strip()
+                environ = (entry / "environ").read_bytes()
+                blob = (entry / "cmdline").read_bytes() + environ
+                zombie = (entry / "stat").read_text().split(") ", 1)[-1].startswith("Z")
+            except OSError:
+                continue
+            ours = comm in _DAEMONS or b"SLURM_JOB_ID=" in environ  # not, say, a pitcrew under test
+            if ours and marker in blob and not zombie:
+                found.append(int(entry.name))
+        return found
+
+    def alive(self) -> bool:
+        """Every daemon this object started is still running."""
+        return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{tail(p, 15)}" for p in sorted((self.run_dir / "log").glob("*.log")))
+
+    # -- internals ---------------------------------------------------------------------
+    def _write_files(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.chmod(0o755)  # slurmrestd reads slurm.conf after dropping root
+        for sub in ("etc", "state", "spool", "log", "pids", "munge", "munge-key", "train"):
+            (self.run_dir / sub).mkdir(exist_ok=True)
+        (self.run_dir / "munge").chmod(0o755)  # munged insists the socket dir is searchable by all
+        (self.run_dir / "munge-key").chmod(0o700)
+        key = self.run_dir / "munge-key" / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o600)
+        jwt = self.run_dir / "jwt_hs256.key"
+        jwt.write_bytes(secrets.token_bytes(32))
+        jwt.chmod(0o600)
+        for node in self.nodes:
+            _fake_gpus(self.run_dir / "dev" / node)
+            (self.run_dir / "spool" / node).mkdir(exist_ok=True)
+        run = self.run_dir
+        node_lines = "\n".join(
+            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()}" for n in self.nodes
+        )
+        conf = _SLURM_CONF.substitute(
+            run=run, ctld_port=free_port(), node_lines=node_lines, node_list=",".join(self.nodes)
+        )
+        self.conf.write_text(conf)
+        gres = [f"NodeName={n} Name=gpu Type=h100 File={run}/dev/{n}/nvidia[0-7]" for n in self.nodes]
+        (run / "etc" / "gres.conf").write_text("\n".join(["AutoDetect=off", *gres, ""]))
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        out = (self.run_dir / "log" / f"{name}.out").open("ab")
+        with out:
+            proc = subprocess.Popen(
+                argv,
+                env=env or self.env,
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C goes to the demo, which stops jobs, then daemons
+            )
+        self._procs[name] = proc
+        (self.run_dir / "pids" / f"{name}.pid").write_text(f"{proc.pid}\n")
+        time.sleep(0.05)
+        if proc.poll() is not None:
+            raise SlurmHarnessError(f"{name} exited at once ({proc.returncode}):\n{self.logs()}")
+
+    def _terminate(self, name: str, grace: float = 10) -> None:
+        proc = self._procs.pop(name, None)
+        pidfile = self.run_dir / "pids" / f"{name}.pid"
+        if proc is not None:
+            stop_process(proc, timeout=grace)
+        elif pidfile.exists():  # started by another process (python -m proving_ground.slurm)
+            pid = int(pidfile.read_text())
+            if str(self.run_dir).encode() in _proc_blob(pid):
+                _kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + grace
+                while _proc_blob(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                _kill(pid, signal.SIGKILL)
+        pidfile.unlink(missing_ok=True)
+
+    def _rest_answers(self) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.rest_port)) == 0
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str, *, fail: bool = True) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        if fail:
+            raise SlurmHarnessError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.logs()}")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Await ``probe`` until it returns something other than ``None``/``False``; return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise SlurmHarnessError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def missing_binaries() -> dict[str, str]:
+    """Slurm and munge programs not installed, each with the Debian package that has it."""
+    return {binary: package for binary, package in BINARIES.items() if find_binary(binary) is None}
+
+
+def _fake_gpus(directory: Path) -> None:
+    # Character devices like /dev/nvidiaN (major 195); plain files work but spam slurmd's log.
+    directory.mkdir(parents=True, exist_ok=True)
+    for index in range(8):
+        path = directory / f"nvidia{index}"
+        if path.exists():
+            continue
+        try:
+            os.mknod(path, 0o600 | 0o020000, os.makedev(195, index))
+        except OSError:
+            path.touch()
+
+
+def _proc_blob(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _kill(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def main() -> None:
+    """``python -m proving_ground.slurm [RUN_DIR]``: one cluster until Ctrl-C or SIGTERM."""
+    cluster = SlurmCluster(
+        Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="pitcrew-slurm-"))
+    )
+    cluster.start()
+    print(f"SLURM_CONF={cluster.conf} rest={cluster.rest_url} token_file={cluster.token_file}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while cluster.alive():  # also ends when someone else stops the cluster by its pidfiles
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
