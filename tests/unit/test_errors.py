@@ -1,8 +1,9 @@
 """One error vocabulary: ``Reason`` is closed, required, and the only thing an error's reason can be.
 
-Cases: every ``TransientError``/``PermanentError``/``PitcrewError`` raised in ``bot`` names its
-reason as a ``Reason`` member, never a string written there (the proving ground, which is moving
-out of ``bot``, is checked where it lands); a reason is required; a string that is no member is
+Cases: every ``TransientError``/``PermanentError``/``PitcrewError`` made in ``bot`` and
+``proving_ground`` names its reason as a ``Reason`` member, never a string written there (the
+tests' simulated far side, ``tests/simulator``, is held to it by CI's ``mypy --strict``); a
+reason is required; a string that is no member is
 refused when the error is made, one that is a member becomes it; the values are short snake_case
 label values, one per member; the metric's ``reason`` label takes exactly the members, for every
 system, before anything failed, and refuses anything else; ``mypy --strict`` (its API, in this
@@ -22,24 +23,22 @@ from prometheus_client import CollectorRegistry
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.metrics import SYSTEMS, Metrics
 
-BOT = Path(__file__).resolve().parents[2] / "bot"
+REPO = Path(__file__).resolve().parents[2]
 ERRORS = {"TransientError", "PermanentError", "PitcrewError"}
 
 
 def _raised_reasons() -> list[tuple[str, ast.expr | None]]:
-    """Each construction of one of the errors in ``bot`` (outside the proving ground): where, and
-    the expression given as its reason (``None``: none given)."""
+    """Each construction of one of the errors in ``bot`` and ``proving_ground``: where, and the
+    expression given as its reason (``None``: none given)."""
     found = []
-    for path in sorted(BOT.rglob("*.py")):
-        if "demo" in path.relative_to(BOT).parts:
-            continue
+    for path in sorted([*(REPO / "bot").rglob("*.py"), *(REPO / "proving_ground").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Call):
                 continue
             name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
             if name in ERRORS:
                 reason = next((k.value for k in node.keywords if k.arg == "reason"), None)
-                found.append((f"{path.relative_to(BOT.parent)}:{node.lineno}", reason))
+                found.append((f"{path.relative_to(REPO)}:{node.lineno}", reason))
     return found
 
 
