@@ -34,6 +34,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.domain.faults import Fault
+from bot.engine.backoff import Backoff
 from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Notice
@@ -136,7 +137,7 @@ async def main(notices: int, incidents: int) -> None:
             destination = SlackDestination(
                 client, store, SlackLinks(CHANNEL, digest_threshold=incidents + 1), now
             )
-            sender = OutboxSender(store, [destination], Metrics(), now, backoff=0.05, backoff_max=0.5)
+            sender = OutboxSender(store, [destination], Metrics(), now, backoff=Backoff(0.05, 0.5))
             await sender.start()  # retrying against the outage while steps keep posting
             _line(
                 "2b. outbox while Slack is down (sender retrying)",

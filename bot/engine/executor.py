@@ -1,10 +1,11 @@
 """The durable step executor: one step of one incident, within its budget.
 
 Before a step runs, its start is written to the store; after, its outcome, result and
-duration. Transient failures are retried with exponential backoff and jitter (tenacity)
-inside the step's attempt budget — once, here, since the client libraries already retry
-their own HTTP. ``Wait`` answers are polled until the step's deadline. A step that runs out
-of budget, or fails permanently, escalates: the incident goes to humans, never silently.
+duration. Transient failures are retried with the one backoff policy (``bot.engine.backoff``:
+doubling, jittered, the far side's ``retry_after`` honoured) through tenacity, inside the step's
+attempt budget — once, here, since the client libraries already retry their own HTTP. ``Wait``
+answers are polled until the step's deadline. A step that runs out of budget, or fails
+permanently, escalates: the incident goes to humans, never silently.
 """
 
 from __future__ import annotations
@@ -17,18 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from bot import logger
+from bot.engine.backoff import Backoff
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.locks import IncidentLocks
 from bot.engine.registry import Handler, StepDef
 from bot.store import codec
@@ -199,17 +195,15 @@ class Executor:
         async def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             self._metrics.steps.labels(ctx.step, "retried").inc()
-            self._metrics.integration_error(system, getattr(error, "reason", ""))
-            await ctx.note(
-                "step_retry", f"attempt {counter['n']} failed: {error}", reason=getattr(error, "reason", "")
-            )
+            assert isinstance(error, TransientError), "tenacity retries only a TransientError"
+            self._metrics.integration_error(system, error.reason)
+            await ctx.note("step_retry", f"attempt {counter['n']} failed: {error}", reason=error.reason.value)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(attempts - counter["n"] + 1),
-            wait=wait_exponential_jitter(
-                multiplier=settings.retry_backoff.total_seconds(),
-                max=settings.retry_backoff_max.total_seconds(),
-            ),
+            wait=Backoff(
+                settings.retry_backoff.total_seconds(), settings.retry_backoff_max.total_seconds()
+            ).tenacity_wait(),
             retry=retry_if_exception_type(TransientError),
             before_sleep=before_sleep,
             sleep=self._deps.timer.sleep,
@@ -232,7 +226,7 @@ class Executor:
             self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
         except TimeoutError as exc:  # the step's deadline passed during a call to the far side
-            self._metrics.integration_error(system, "timeout")
+            self._metrics.integration_error(system, Reason.TIMEOUT)
             raise StepFailed(
                 f"{ctx.step} did not finish within its budget: a call to the far side was still running",
                 "timeout",

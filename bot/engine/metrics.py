@@ -3,12 +3,15 @@
 Metrics are created on an injected ``CollectorRegistry`` (a fresh one per test), never on
 the global default, so two apps in one process do not collide. Label values that are known
 up front (playbooks, fault classes, outcomes) are pre-initialised, so a panel sees 0, not
-"no data". The only per-incident series (``pitcrew_incident_info``) lives in
-``IncidentSeries``: one series per *active* incident, removed when it closes.
+"no data"; the ``reason`` of ``pitcrew_integration_errors_total`` is ``bot.engine.errors.Reason``,
+a closed set, made in full for every system. The only per-incident series
+(``pitcrew_incident_info``) lives in ``IncidentSeries``: one series per *active* incident,
+removed when it closes.
 
 No ``_created`` series: in Prometheus's text format each counter, histogram and summary would
 export a second, timestamp-valued gauge per label set, which Prometheus stores as a series of
 its own; pitcrew's pre-initialised labels would double what every scrape stores for nothing.
+The switch is process-wide, so the service throws it at start-up (``start_up``), not this import.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
 from bot.domain.incident import TERMINAL
+from bot.engine.errors import Reason
 from bot.store.base import IncidentRecord
-
-disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
@@ -222,11 +224,18 @@ class Metrics:
                 for outcome in RETESTS:
                     self.trust_retests.labels(playbook, fault_class, outcome)
         for system in SYSTEMS:
-            self.integration_errors.labels(system, "transient")
+            for reason in Reason:
+                self.integration_errors.labels(system, reason.value)
 
-    def integration_error(self, system: str, reason: str) -> None:
-        """Count one error a far side answered with (``reason`` is the error's bounded token)."""
-        self.integration_errors.labels(system, reason or "error").inc()
+    def integration_error(self, system: str, reason: Reason) -> None:
+        """Count one error a far side answered with, under its closed ``Reason``."""
+        self.integration_errors.labels(system, Reason(reason).value).inc()
+
+
+def start_up() -> None:
+    """What the service's metrics need from the process, once, when it starts serving: no
+    ``_created`` series (see above). Process-wide, so it is never done by an import."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,11 @@ Slack being down or rate limiting therefore never blocks or fails remediation.
 
 ``OutboxSender`` is the background worker that delivers the rows: per destination, oldest first,
 one at a time per incident (a later notice of an incident waits for the earlier one, so a
-thread reads in order). A failure of the far side defers only that incident's notices, with
-backoff (the far side's ``Retry-After`` when it gave one); other incidents go on. A permanent
-refusal is logged, audited in the incident's timeline and counted, and the next notice goes on:
-one unpostable message must not silence an incident. The begun delivery is marked in the store
+thread reads in order). A failure of the far side defers only that incident's notices, by the
+executor's backoff policy (``bot.engine.backoff``: doubling, jittered, at least the far side's
+``Retry-After`` when it gave one); other incidents go on. A permanent refusal is logged, audited
+in the incident's timeline and counted (under its ``Reason``), and the next notice goes on: one
+unpostable message must not silence an incident. The begun delivery is marked in the store
 before it starts, so after a crash the destination knows to look for what it already posted.
 """
 
@@ -24,7 +25,8 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from bot import logger
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.backoff import Backoff
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Destination, Notice, Notifier
 from bot.engine.signals import RealTimer, Timer
@@ -104,8 +106,7 @@ class OutboxSender:
         clock: Callable[[], datetime],
         *,
         timer: Timer | None = None,
-        backoff: float = 1.0,
-        backoff_max: float = 60.0,
+        backoff: Backoff | None = None,
         idle: float = 5.0,
         system: str | None = None,
     ) -> None:
@@ -117,8 +118,7 @@ class OutboxSender:
         self._metrics = metrics
         self._clock = clock
         self._timer = timer or RealTimer()
-        self._backoff = backoff
-        self._backoff_max = backoff_max
+        self._backoff = backoff or Backoff()
         self._idle = idle
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -149,7 +149,7 @@ class OutboxSender:
                     raise
                 except Exception:  # the sender must outlive a bad round; the rows stay pending
                     log.exception("outbox round failed", extra={"destination": destination.name})
-                    delay = min(delay, self._backoff)
+                    delay = min(delay, self._backoff.initial)
             delay = max(delay, 0.0)
             if delay > 0:
                 await self._timer.wait(self._wake, delay)
@@ -175,7 +175,7 @@ class OutboxSender:
                 delivered += 1
             else:
                 blocked.add(key)
-                next_due = min(next_due, self._backoff)
+                next_due = min(next_due, self._backoff.initial)
         # A full page delivered: more may be waiting behind it, look again at once.
         return 0.0 if delivered and len(items) == 500 else next_due
 
@@ -188,7 +188,7 @@ class OutboxSender:
             self._count(exc.reason)
             failures = self._failures.get(item.id, 0) + 1
             self._failures[item.id] = failures
-            wait = exc.retry_after or min(self._backoff * 2 ** (failures - 1), self._backoff_max)
+            wait = self._backoff.delay(failures, exc.retry_after)
             await self._store.outbox_defer(item.id, self._clock() + timedelta(seconds=wait), str(exc))
             self._metrics.notices.labels(destination.name, "retried").inc()
             log.warning(
@@ -216,6 +216,6 @@ class OutboxSender:
         self._metrics.notices.labels(destination.name, "delivered").inc()
         return True
 
-    def _count(self, reason: str) -> None:
+    def _count(self, reason: Reason) -> None:
         if self._system is not None:
             self._metrics.integration_error(self._system, reason)

@@ -35,7 +35,7 @@ class Scheduler(Protocol):
     """Slurm, through ``scontrol``/``squeue`` or slurmrestd."""
 
     async def node(self, name: str) -> SlurmNodeState:
-        """State and reason of one Slurm node; ``PermanentError(reason="unknown_node")`` if absent."""
+        """State and reason of one Slurm node; ``PermanentError(reason=Reason.UNKNOWN_NODE)`` if absent."""
         ...
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
@@ -124,7 +124,7 @@ class Cluster(Protocol):
         ...
 
     async def evict(self, pod: PodRef) -> None:
-        """Eviction API; a PDB refusal (429) raises ``TransientError(reason="pdb")``."""
+        """Eviction API; a PDB refusal (429) raises ``TransientError(reason=Reason.PDB)``."""
         ...
 
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None: ...
@@ -167,7 +167,7 @@ class NodeValidator(Protocol):
 
     async def validate(self, name: str, *, incident_id: str) -> bool | None:
         """``True`` when the validation passed, ``None`` when none is configured; a failed one raises
-        ``PermanentError(reason="job_failed")``."""
+        ``PermanentError(reason=Reason.JOB_FAILED)``."""
         ...
 
 

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
 from bot.store.base import IncidentRecord, OutboxItem, Store
@@ -32,7 +32,13 @@ NAME = "grafana"
 #: the one into a terminal state closes it.
 EVENTS = frozenset({"state"})
 
-_PERMANENT = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid"}
+_PERMANENT = {
+    400: Reason.INVALID_REQUEST,
+    401: Reason.UNAUTHORIZED,
+    403: Reason.FORBIDDEN,
+    404: Reason.NOT_FOUND,
+    422: Reason.INVALID_REQUEST,
+}
 
 
 def _ms(moment: datetime) -> int:
@@ -66,7 +72,7 @@ class GrafanaAnnotations:
         answer = await self._call("POST", "/api/annotations", body, op="open_region")
         annotation_id = answer.get("id")
         if not isinstance(annotation_id, int) or isinstance(annotation_id, bool):
-            raise PermanentError("Grafana answered without an annotation id", reason="bad_response")
+            raise PermanentError("Grafana answered without an annotation id", reason=Reason.BAD_RESPONSE)
         return annotation_id
 
     async def close_region(self, annotation_id: int, end: datetime, text: str | None = None) -> None:
@@ -87,7 +93,10 @@ class GrafanaAnnotations:
             health = await self._call("GET", "/api/health", None, op="health", auth=False)
             await self._call("GET", "/api/annotations?limit=1&tags=pitcrew", None, op="probe")
         except PitcrewError as exc:
-            missing = {"unauthorized": ("a valid service-account token",), "forbidden": ("annotations:read",)}
+            missing = {
+                Reason.UNAUTHORIZED: ("a valid service-account token",),
+                Reason.FORBIDDEN: ("annotations:read",),
+            }
             return Probe("grafana", False, str(exc), missing.get(exc.reason, ()))
         version = health.get("version", "?")
         return Probe("grafana", True, f"Grafana {version} at {self._url}: token accepted")
@@ -102,10 +111,10 @@ class GrafanaAnnotations:
             token = self._token_file.read_text().strip()
         except OSError as exc:
             raise PermanentError(
-                f"cannot read grafana.token_file: {exc.strerror}", reason="no_token"
+                f"cannot read grafana.token_file: {exc.strerror}", reason=Reason.NO_CREDENTIALS
             ) from exc
         if not token:
-            raise PermanentError("grafana.token_file is empty", reason="no_token")
+            raise PermanentError("grafana.token_file is empty", reason=Reason.NO_CREDENTIALS)
         return token
 
     async def _call(
@@ -136,10 +145,10 @@ class GrafanaAnnotations:
                 except (ValueError, aiohttp.ContentTypeError):
                     payload = None
         except TimeoutError as exc:
-            raise TransientError(f"Grafana {op} timed out", reason="timeout") from exc
+            raise TransientError(f"Grafana {op} timed out", reason=Reason.TIMEOUT) from exc
         except aiohttp.ClientError as exc:
             raise TransientError(
-                f"Grafana unreachable ({op}): {type(exc).__name__}", reason="unreachable"
+                f"Grafana unreachable ({op}): {type(exc).__name__}", reason=Reason.UNREACHABLE
             ) from exc
         message = payload.get("message", "") if isinstance(payload, dict) else ""
         if status in _PERMANENT:
@@ -147,10 +156,10 @@ class GrafanaAnnotations:
                 f"Grafana refused {op}: HTTP {status} {message}".strip(), reason=_PERMANENT[status]
             )
         if status == 429 or status >= 500:
-            reason = "rate_limited" if status == 429 else "unavailable"
+            reason = Reason.RATE_LIMITED if status == 429 else Reason.UNAVAILABLE
             raise TransientError(f"Grafana {op}: HTTP {status} {message}".strip(), reason=reason)
         if not 200 <= status < 300:
-            raise PermanentError(f"Grafana {op}: unexpected HTTP {status}", reason="unexpected")
+            raise PermanentError(f"Grafana {op}: unexpected HTTP {status}", reason=Reason.BAD_RESPONSE)
         return payload
 
 

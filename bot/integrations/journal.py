@@ -5,7 +5,7 @@ configured (``integrations.scheduler: journal``, ``integrations.cluster: journal
 call that would change something becomes one JSON line marked ``"dry_run": true`` with the
 operation and its arguments, flushed and fsynced (off the event loop) before the call
 returns, so the journal is a durable audit of observe mode. It holds no model of the far
-side: reads know nothing and say so (``PermanentError(reason="dry_run")``) or answer
+side: reads know nothing and say so (``PermanentError(reason=Reason.DRY_RUN)``) or answer
 empty, so nothing downstream can mistake a written line for an effect. pitcrew refuses to
 start when a mutating step could run against it in approve or auto mode (``bot.safety``).
 
@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from bot.domain.jobs import JobSnapshot
 from bot.domain.nodemap import SlurmdPod
-from bot.engine.errors import PermanentError
+from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import Notice, PodRef
 
 notice_log = logging.getLogger("pitcrew.notice")
@@ -63,14 +63,16 @@ class DryRunJournal:
     # ------------------------------------------------------------ reads: nothing is known
     async def node(self, name: str) -> NoReturn:
         """Neither Slurm's nor Kubernetes' view of a node: a dry run has none."""
-        raise PermanentError(f"dry run: the journal does not know node {name}", reason="dry_run")
+        raise PermanentError(f"dry run: the journal does not know node {name}", reason=Reason.DRY_RUN)
 
     async def count_nodes(self) -> NoReturn:
-        raise PermanentError("dry run: the journal does not know the fleet", reason="dry_run")
+        raise PermanentError("dry run: the journal does not know the fleet", reason=Reason.DRY_RUN)
 
     async def partition_nodes(self, name: str) -> NoReturn:
         """No partitions either: the breaker must not take a written line for a fleet."""
-        raise PermanentError(f"dry run: the journal does not know the partitions of {name}", reason="dry_run")
+        raise PermanentError(
+            f"dry run: the journal does not know the partitions of {name}", reason=Reason.DRY_RUN
+        )
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         return []
@@ -97,7 +99,9 @@ class DryRunJournal:
         return None
 
     async def successor(self, name: str, *, handle: str | None) -> NoReturn:
-        raise PermanentError(f"dry run: the journal does not know what replaced {name}", reason="dry_run")
+        raise PermanentError(
+            f"dry run: the journal does not know what replaced {name}", reason=Reason.DRY_RUN
+        )
 
     # ------------------------------------------------------------ Scheduler writes
     async def down(self, name: str, reason: str) -> None:

@@ -13,7 +13,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import Probe
 
 
@@ -39,14 +39,14 @@ class PrometheusQuery:
         try:
             result = await asyncio.to_thread(self._client.custom_query, promql)
         except requests.RequestException as exc:
-            raise TransientError("Prometheus unreachable", reason="prometheus_unreachable") from exc
+            raise TransientError("Prometheus unreachable", reason=Reason.UNREACHABLE) from exc
         except PrometheusApiClientException as exc:
             text = str(exc)
             if "400" in text or "422" in text or "bad_data" in text:
                 raise PermanentError(
-                    f"Prometheus refused the query: {text[:200]}", reason="bad_query"
+                    f"Prometheus refused the query: {text[:200]}", reason=Reason.INVALID_REQUEST
                 ) from exc
-            raise TransientError(f"Prometheus error: {text[:200]}", reason="prometheus_error") from exc
+            raise TransientError(f"Prometheus error: {text[:200]}", reason=Reason.UNAVAILABLE) from exc
         samples = []
         for item in result:
             metric = {str(k): str(v) for k, v in item.get("metric", {}).items()}

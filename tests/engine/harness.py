@@ -43,7 +43,7 @@ from bot.engine.commands import Commands
 from bot.engine.context import Ports, StepSettings
 from bot.engine.deps import EngineDeps
 from bot.engine.engine import Engine
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.engine.steps import REGISTRY
@@ -250,11 +250,11 @@ class Through:
 Effect = Fail | Slow | Answer | Through
 
 
-def transient(times: int, reason: str = "unavailable") -> list[Effect]:
+def transient(times: int, reason: Reason = Reason.UNAVAILABLE) -> list[Effect]:
     return [Fail(TransientError(f"far side unavailable ({reason})", reason=reason)) for _ in range(times)]
 
 
-def permanent(reason: str = "refused") -> list[Effect]:
+def permanent(reason: Reason = Reason.REFUSED) -> list[Effect]:
     return [Fail(PermanentError(f"far side refused the call ({reason})", reason=reason))]
 
 

@@ -7,7 +7,8 @@ playbook's attempt budget overrides the step's own; a permanent error fails at o
 defect inside a step (an unexpected exception) escalates instead of killing the worker; a
 PodDisruptionBudget refusal (429) is retried; a ``Wait`` answer is polled until the step is
 done; a step still waiting at its deadline fails "did not finish within its budget"; a slow
-far side within the budget is waited for; the notifier is retried like any port.
+far side within the budget is waited for; the notifier is retried like any port; a far side's
+``retry_after`` is waited for before the next attempt.
 
 Restarts: a restart in the middle of an attempt resumes that attempt (a step with a
 budget of one attempt still completes, its destructive call made once); a restart does not
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from bot.engine.errors import Reason, TransientError
 from tests.engine.harness import Answer, EngineHarness, Fail, Slow, permanent, transient
 
 Setup = Callable[[EngineHarness], None]
@@ -122,7 +124,7 @@ STEPS = {
         "replace hit an internal error: RuntimeError('boom')",
     ),
     "pdb-429-retried": StepCase(
-        _script("cluster", "evict", *transient(2, reason="pdb")), "drain", "ok", 3, 2, "1 pod(s) evicted"
+        _script("cluster", "evict", *transient(2, reason=Reason.PDB)), "drain", "ok", 3, 2, "1 pod(s) evicted"
     ),
     "wait-polled-until-done": StepCase(
         _not_ready_for(30), "wait_ready", "ok", 1, 0, "node gpu-node-02 is Ready", took=30
@@ -180,6 +182,22 @@ async def test_step(case: StepCase, tmp_path: Path) -> None:
             later = REPLACE_NODE[REPLACE_NODE.index(case.step) + 1 :]
             ran = await h.steps(incident)
             assert not [s for s in later if s in ran and s != "confirm_resumed"]  # the job track is apart
+
+
+async def test_a_far_sides_retry_after_is_waited_for_before_the_next_attempt(tmp_path: Path) -> None:
+    """The executor's retry uses the one backoff policy (``bot.engine.backoff``): a far side that
+    said "in 40 s" is tried again after 40 s (plus at most half the harness' 1 s backoff), not
+    after the 1-2 s of a first doubling."""
+    slow_down = TransientError("Slurm said slow down", reason=Reason.RATE_LIMITED, retry_after=40)
+    async with EngineHarness(tmp_path) as h:
+        h.scheduler.script("down", Fail(slow_down))
+        incident = await h.alert("gpu-node-02")
+        assert (await h.until_ended(incident)).state.value == "resolved"
+        [retry] = await h.events(incident, "step_retry", "slurm_down")
+        _first, second = await h.events(incident, "step_started", "slurm_down")
+        assert retry.data["reason"] == "rate_limited"
+        assert 40.0 <= (second.at - retry.at).total_seconds() <= 40.5
+        assert h.sample("pitcrew_integration_errors_total", system="scheduler", reason="rate_limited") == 1
 
 
 # --------------------------------------------------------------------- restarts

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from bot.engine.errors import Reason
 from bot.engine.metrics import IncidentLabels, Metrics
 from bot.report import render_detail
 from bot.web.views import incident_detail
@@ -141,13 +142,13 @@ async def test_a_rejection_is_an_override_and_its_wait_is_observed(tmp_path: Pat
 
 async def test_far_side_errors_are_counted_by_system_and_reason(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path) as h:
-        h.scheduler.script("down", *transient(2, "unavailable"))
-        h.cluster.script("cordon", *transient(1, "conflict"))
+        h.scheduler.script("down", *transient(2, Reason.UNAVAILABLE))
+        h.cluster.script("cordon", *transient(1, Reason.CONFLICT))
         incident = await h.alert(NODE)
         assert (await h.until_ended(incident)).state.value == "resolved"
         assert h.sample("pitcrew_integration_errors_total", system="scheduler", reason="unavailable") == 2
         assert h.sample("pitcrew_integration_errors_total", system="cluster", reason="conflict") == 1
-        assert h.sample("pitcrew_integration_errors_total", system="notifier", reason="transient") == 0
+        assert h.sample("pitcrew_integration_errors_total", system="notifier", reason="unavailable") == 0
 
 
 @pytest.mark.slow

@@ -5,7 +5,10 @@ A real SQLite store; the destination is a small recording one (the sender's cont
 Cases: a notice failing transiently holds back only its incident's later notices, which then arrive
 in order; the failures' attempts are persisted before each try; ``retry_after`` is honoured; a
 permanent refusal is audited in the incident's timeline (``notice_failed``), counted, and the next
-notice goes on; without destinations a notice is a timeline event and nothing waits in the outbox.
+notice goes on; deferrals follow the one backoff policy (``bot.engine.backoff``): jittered below the
+doubling delay, so notices that failed together are not all due together, and a ``retry_after``
+waited for at least, beyond the policy's maximum; without destinations a notice is a timeline
+event and nothing waits in the outbox.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from bot.domain.faults import Fault
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.backoff import Backoff
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Notice
@@ -80,15 +84,18 @@ async def _drain(sender: OutboxSender, destination: Recording, store: SqliteStor
 
 async def test_order_backoff_and_refusals(store: SqliteStore) -> None:
     a, b = await _incidents(store, "gpu-a", "gpu-b")
-    flaky = TransientError("down", retry_after=0.05)
+    flaky = TransientError("down", reason=Reason.UNAVAILABLE, retry_after=0.05)
     destination = Recording(
-        {"a1": [flaky, flaky], "b1": [PermanentError("refused", reason="invalid_blocks")]}
+        {
+            "a1": [flaky, flaky],
+            "b1": [PermanentError("refused: invalid_blocks", reason=Reason.INVALID_REQUEST)],
+        }
     )
     metrics = Metrics()
     notifier = OutboxNotifier(store, now, LogNotifier(), [destination.name])
     for incident, title in ((a, "a1"), (a, "a2"), (b, "b1"), (a, "a3"), (b, "b2")):
         await notifier.post(Notice(incident, "step", title))
-    sender = OutboxSender(store, [destination], metrics, now, backoff=0.01)
+    sender = OutboxSender(store, [destination], metrics, now, backoff=Backoff(0.01))
 
     await sender.drain(destination)
     assert destination.delivered == ["b2"]  # a is held behind a1; b1 was refused for good, b2 went on
@@ -101,6 +108,33 @@ async def test_order_backoff_and_refusals(store: SqliteStore) -> None:
     assert sample("pitcrew_notices_total", {"destination": "recording", "outcome": "failed"}) == 1
     assert sample("pitcrew_notices_total", {"destination": "recording", "outcome": "retried"}) == 2
     assert sample("pitcrew_notices_total", {"destination": "recording", "outcome": "delivered"}) == 4
+
+
+async def test_deferrals_follow_the_one_backoff_policy(store: SqliteStore) -> None:
+    nodes = [f"gpu-{n:02d}" for n in range(20)]
+    incidents = await _incidents(store, *nodes, "gpu-told")
+    failures: dict[str, list[Exception]] = {
+        node: [TransientError(f"{node}: down", reason=Reason.UNAVAILABLE)] for node in nodes
+    }
+    failures["gpu-told"] = [TransientError("slow down", reason=Reason.RATE_LIMITED, retry_after=90.0)]
+    destination = Recording(failures)
+    notifier = OutboxNotifier(store, now, LogNotifier(), [destination.name])
+    for incident, node in zip(incidents, [*nodes, "gpu-told"], strict=True):
+        await notifier.post(Notice(incident, "step", node))
+    sender = OutboxSender(store, [destination], Metrics(), now, backoff=Backoff(10.0, 60.0))
+
+    before = now()
+    await sender.drain(destination)
+    took = (now() - before).total_seconds()
+    due = {i.payload["title"]: i.not_before for i in await store.outbox_pending(destination.name)}
+    assert not destination.delivered and None not in due.values()
+    waits = [(due[node] - before).total_seconds() for node in nodes]  # type: ignore[operator]
+    assert all(5.0 <= w <= 10.0 + took for w in waits), waits  # the first failure: 10 s, jittered down
+    # Twenty notices that failed together are not due together: their spread is the jitter's
+    # (uniform over 5 s here), not the few milliseconds the drain took to reach each.
+    assert max(waits) - min(waits) > 1.0 + took, waits
+    told = (due["gpu-told"] - before).total_seconds()  # type: ignore[operator]
+    assert 90.0 <= told <= 90.0 + 5.0 + took  # the far side's word, beyond the policy's maximum
 
 
 async def test_without_destinations_a_notice_is_a_timeline_event(store: SqliteStore) -> None:

@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from bot.config import Settings
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Annotator, Probeable, Region
 from bot.integrations.grafana import GrafanaAnnotations
 from bot.runtime import annotator
@@ -163,7 +163,7 @@ async def test_a_rotated_token_file_is_read_again(grafana: GrafanaStandin, tmp_p
         (tmp_path / "grafana-token").write_text("")
         with pytest.raises(PermanentError) as caught:
             await adapter.open_region(REGION)
-        assert caught.value.reason == "no_token"
+        assert caught.value.reason == Reason.NO_CREDENTIALS
     finally:
         await adapter.aclose()
 

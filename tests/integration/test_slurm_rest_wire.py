@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler
 from proving_ground.proc import free_port
 from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, FakeSlurmrestd
@@ -133,7 +133,7 @@ async def test_errors_map_to_transient_or_permanent(token_file: Path) -> None:
             fake.fail_with_500 = True  # what 22.05 answers while slurmctld is down
             with pytest.raises(TransientError) as down:
                 await rest.node("gpu-001")
-            assert down.value.reason == "slurm_unreachable"
+            assert down.value.reason == Reason.UNAVAILABLE
         finally:
             await rest.aclose()
     nowhere = RestScheduler(
@@ -145,6 +145,6 @@ async def test_errors_map_to_transient_or_permanent(token_file: Path) -> None:
     try:
         with pytest.raises(TransientError) as refused:
             await nowhere.node("gpu-001")
-        assert refused.value.reason == "slurm_unreachable"
+        assert refused.value.reason == Reason.UNREACHABLE
     finally:
         await nowhere.aclose()

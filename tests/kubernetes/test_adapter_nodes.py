@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from bot.domain.ownership import OWNER_ANNOTATION, TAINT_KEY
-from bot.engine.errors import TransientError
+from bot.engine.errors import Reason, TransientError
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
 
@@ -179,17 +179,17 @@ async def test_server_errors_and_timeouts(k8s: KubeEmulator, cluster: Kubernetes
     k8s.inject(500, verb="patch", resource="nodes")
     with pytest.raises(TransientError) as err:
         await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
-    assert err.value.reason == "api_error"
+    assert err.value.reason == Reason.UNAVAILABLE
     node = k8s.get("nodes", NODE)
     assert node is not None and "unschedulable" not in node["spec"]  # never half-written
     assert OWNER_ANNOTATION not in node["metadata"]["annotations"]
     k8s.inject(None, verb="patch", resource="nodes", delay=3.0)
     with pytest.raises(TransientError) as err:
         await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
-    assert err.value.reason == "unreachable"
+    assert err.value.reason == Reason.TIMEOUT  # the request timed out: not a refused connection
     k8s.inject(429, verb="patch", resource="nodes", retry_after=2)
     with pytest.raises(TransientError) as err:
         await cluster.cordon(NODE, incident_id="pc-00042", reason="r")
-    assert err.value.reason == "throttled" and err.value.retry_after == 2
+    assert err.value.reason == Reason.RATE_LIMITED and err.value.retry_after == 2
     await cluster.cordon(NODE, incident_id="pc-00042", reason="r")  # the step's next attempt
     assert json.dumps(k8s.get("nodes", NODE)).count(TAINT_KEY) == 1

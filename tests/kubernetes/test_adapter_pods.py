@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from bot.domain.nodemap import DEFAULT_SLINKY_SELECTOR
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
@@ -72,7 +72,7 @@ async def test_force_delete_only_where_policy_allows(
 ) -> None:
     with pytest.raises(PermanentError) as err:
         await make_cluster().delete_pod(WORKER, force=True)
-    assert err.value.reason == "force_not_allowed"
+    assert err.value.reason == Reason.NOT_ALLOWED
     assert k8s.get("pods", WORKER.name, "training") is not None
     assert not [e for e in k8s.log if e.verb == "delete"]
     await make_cluster(force_delete_not_ready=True).delete_pod(WORKER, force=True)

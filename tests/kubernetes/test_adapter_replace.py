@@ -24,7 +24,7 @@ import pytest
 from kubernetes.aio import client
 
 from bot.domain.ownership import REPLACE_ANNOTATION
-from bot.engine.errors import PermanentError
+from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
@@ -105,7 +105,7 @@ async def test_the_command_strategy_runs_the_operator_script(
 async def test_strategy_none_hands_the_node_to_humans(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:
     with pytest.raises(PermanentError) as err:
         await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
-    assert err.value.reason == "handed_over"
+    assert err.value.reason == Reason.NOT_ALLOWED
     assert not [e for e in k8s.log if e.verb in ("patch", "delete")]
 
 

@@ -1,4 +1,5 @@
-"""The README stays true: every configuration key is documented, every documented command exists."""
+"""The README stays true: every configuration key is documented, every documented command exists,
+every integration error reason is explained."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 
 from bot.cli import _parser
 from bot.config import Settings
+from bot.engine.errors import Reason
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 OPAQUE = {"playbooks", "catalog.overrides", "playbook_modes"}  # free-form maps, documented by example
@@ -59,3 +61,9 @@ def test_readme_opens_with_the_two_set_up_commands() -> None:
     assert "python -m proving_ground" in (root / "scripts" / "demo").read_text()
     makefile = (root / "Makefile").read_text()
     assert "scripts/demo" in makefile and "scripts/test" in makefile
+
+
+def test_every_integration_error_reason_is_explained() -> None:
+    section = README[README.index("**Integration error reasons**") :]
+    section = section[: section.index("\n\n")]
+    assert [r.value for r in Reason if f"`{r.value}`" not in section] == []

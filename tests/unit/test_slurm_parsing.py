@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PartitionNodes
 from bot.integrations.slurm.cli import (
     ScontrolScheduler,
@@ -110,7 +110,7 @@ def check_remediation_text(path: Path) -> None:
 def check_scontrol_json_unsupported(path: Path) -> None:
     error = classify_failure("show_node", path.read_text())
     assert isinstance(error, PermanentError)
-    assert error.reason == "invalid_argument"
+    assert error.reason == Reason.INVALID_REQUEST
 
 
 def check_sacct_text(path: Path) -> None:
@@ -413,22 +413,22 @@ def test_discovery_prefers_highest_version_with_node_update() -> None:
         (
             "slurm_load_node error: Unable to contact slurm controller (connect failure)",
             TransientError,
-            "slurm_unreachable",
+            Reason.UNREACHABLE,
         ),
-        ("slurm_update error: Socket timed out on send/recv operation", TransientError, "timeout"),
-        ("Node gpu-009 not found", PermanentError, "unknown_node"),
-        ("slurm_update error: Invalid node name specified", PermanentError, "unknown_node"),
-        ("slurm_load_jobs error: Invalid job id specified", PermanentError, "unknown_job"),
+        ("slurm_update error: Socket timed out on send/recv operation", TransientError, Reason.TIMEOUT),
+        ("Node gpu-009 not found", PermanentError, Reason.UNKNOWN_NODE),
+        ("slurm_update error: Invalid node name specified", PermanentError, Reason.UNKNOWN_NODE),
+        ("slurm_load_jobs error: Invalid job id specified", PermanentError, Reason.UNKNOWN_JOB),
         (
             "You must specify a reason when DOWNING or DRAINING a node. Request denied",
             PermanentError,
-            "invalid_argument",
+            Reason.INVALID_REQUEST,
         ),
-        ("slurm_update error: Access/permission denied", PermanentError, "permission_denied"),
-        ("something nobody has seen", PermanentError, "slurm_error"),
+        ("slurm_update error: Access/permission denied", PermanentError, Reason.FORBIDDEN),
+        ("something nobody has seen", PermanentError, Reason.REFUSED),
     ],
 )
-def test_failure_classification(text: str, kind: type[Exception], reason: str) -> None:
+def test_failure_classification(text: str, kind: type[Exception], reason: Reason) -> None:
     error = classify_failure("op", text)
     assert type(error) is kind
     assert error.reason == reason
@@ -442,11 +442,11 @@ async def test_only_one_node_is_ever_addressed(name: str) -> None:
     sched = ScontrolScheduler(bin_dir=Path("/nonexistent"))
     with pytest.raises(PermanentError) as caught:
         await sched.down(name, "pitcrew: inc-1 XID 79")
-    assert caught.value.reason == "invalid_argument"
+    assert caught.value.reason == Reason.INVALID_REQUEST
 
 
 @pytest.mark.parametrize("job_id", ["12 13", "-h", "12,13", ""])
 async def test_only_one_job_is_ever_addressed(job_id: str) -> None:
     with pytest.raises(PermanentError) as caught:
         await ScontrolScheduler(bin_dir=Path("/nonexistent")).requeue(job_id)
-    assert caught.value.reason == "invalid_argument"
+    assert caught.value.reason == Reason.INVALID_REQUEST

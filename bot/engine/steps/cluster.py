@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from bot.domain.incident import State
 from bot.domain.ownership import owns_node, slinky_cordon_annotations
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
@@ -20,7 +20,7 @@ from bot.engine.steps.slurm import SlurmDownResult
 
 def cluster_of(ports_cluster: Cluster | None) -> Cluster:
     if ports_cluster is None:
-        raise PermanentError("no Kubernetes cluster is configured", reason="no_cluster")
+        raise PermanentError("no Kubernetes cluster is configured", reason=Reason.MISCONFIGURED)
     return ports_cluster
 
 
@@ -83,7 +83,7 @@ async def cordon(ctx: StepContext[CordonResult]) -> Done[CordonResult] | Wait:
     await ctx.acted("cordon", f"node {ctx.node} cordoned and tainted", node=ctx.node)
     after = await cluster.node(ctx.node)
     if after is None or not after.unschedulable or not owns_node(after.annotations, ctx.incident.id):
-        raise TransientError(f"node {ctx.node} not yet cordoned", reason="not_applied")
+        raise TransientError(f"node {ctx.node} not yet cordoned", reason=Reason.NOT_APPLIED)
     return Done(CordonResult(owned=True), "cordoned")
 
 
@@ -133,7 +133,7 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
                 await cluster.evict(pod)
                 await ctx.acted("evict", f"pod {pod.ref} evicted", pod=pod.ref)
         except TransientError as exc:
-            if exc.reason != "pdb":
+            if exc.reason != Reason.PDB:
                 raise
             blocked.append(str(exc))
             continue
@@ -141,7 +141,8 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
         await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
     if blocked:  # retried until the step's deadline; the escalation names each pod and its budget
         raise TransientError(
-            f"{len(blocked)} eviction(s) refused by a PodDisruptionBudget: {'; '.join(blocked)}", reason="pdb"
+            f"{len(blocked)} eviction(s) refused by a PodDisruptionBudget: {'; '.join(blocked)}",
+            reason=Reason.PDB,
         )
     if left:  # what this pass evicted may be gone already, or still terminating
         pods = [

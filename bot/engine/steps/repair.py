@@ -17,7 +17,7 @@ from typing import TypeVar
 from bot.domain.incident import State
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
@@ -237,7 +237,9 @@ async def _replacement_held(ctx: StepContext[ReplaceResult], cluster: Cluster) -
         return None
     what = ", ".join([*(f"Slurm job {j}" for j in jobs), *(f"pod {p}" for p in pods)])
     if not ctx.spec.options.get("force", False):
-        raise TransientError(f"{ctx.node} still runs {what}: not replacing it", reason="workload_remains")
+        raise TransientError(
+            f"{ctx.node} still runs {what}: not replacing it", reason=Reason.WORKLOAD_REMAINS
+        )
     await ctx.note("forced", f"replacing {ctx.node} although it still runs {what} (option force)")
     return None
 
@@ -289,11 +291,11 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         try:
             passed = await ctx.ports.cluster.validate(node.name, incident_id=ctx.incident.id)
         except PermanentError as exc:
-            if exc.reason != "job_failed":
+            if exc.reason != Reason.JOB_FAILED:
                 raise
             raise PermanentError(
                 f"validation of {node.name} failed, so it is not returned to Slurm; replace it: {exc}",
-                reason="validation_failed",
+                reason=Reason.VALIDATION_FAILED,
             ) from exc
         if passed:
             await ctx.save(replace(ctx.progress, validated=True))

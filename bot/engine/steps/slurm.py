@@ -15,7 +15,7 @@ from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot
 from bot.domain.ownership import owns_slurm_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
-from bot.engine.errors import TransientError
+from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.training import progress_of
 
@@ -125,7 +125,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
         after = await scheduler.node(name)
         if not (after.down or after.drained) or not owns_slurm_reason(after.reason, ctx.incident.id):
-            raise TransientError(f"Slurm node {name} not yet {action.upper()}", reason="not_applied")
+            raise TransientError(f"Slurm node {name} not yet {action.upper()}", reason=Reason.NOT_APPLIED)
         owned[name] = True
         await ctx.save(replace(ctx.progress, owned=dict(owned)))
     done = replace(ctx.progress, slurm_nodes=names, action=action, reason=reason, owned=owned)

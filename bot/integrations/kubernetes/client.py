@@ -26,13 +26,25 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from bot import __version__
 from bot.config import KubernetesSettings
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 
 T = TypeVar("T")
 USER_AGENT = "pitcrew"
 
 #: Status codes that may succeed later: conflicts, throttling (PDB too), server errors.
 _TRANSIENT = {409, 429, 500, 502, 503, 504}
+#: The API server's answers as pitcrew's reasons (a 5xx, or status 0, is ``unavailable``; another
+#: 4xx is ``refused``). A 429 from the Eviction API is a PDB's refusal: ``pods`` says so.
+_TRANSIENT_REASONS = {409: Reason.CONFLICT, 429: Reason.RATE_LIMITED}
+_PERMANENT_REASONS = {
+    400: Reason.INVALID_REQUEST,
+    401: Reason.UNAUTHORIZED,
+    403: Reason.FORBIDDEN,
+    404: Reason.NOT_FOUND,
+    405: Reason.UNSUPPORTED,
+    410: Reason.NOT_FOUND,
+    422: Reason.INVALID_REQUEST,
+}
 
 
 class TokenBucket:
@@ -96,18 +108,22 @@ def status_of(exc: ApiException) -> dict[str, Any]:
 
 
 def translate(exc: BaseException, what: str) -> TransientError | PermanentError:
-    """The port's error for a failed request; ``what`` says what pitcrew was doing."""
+    """The port's error for a failed request; ``what`` says what pitcrew was doing. The HTTP code
+    and the Status' own ``reason`` (``NotFound``, ``AlreadyExists``, ``TooManyRequests`` ...) stay
+    in the message; the error's ``reason`` is pitcrew's, from the HTTP code."""
     if isinstance(exc, ApiException):
         status = status_of(exc)
-        message = f"{what}: {exc.status} {status.get('message') or exc.reason}"
+        code = f" {status['reason']}" if isinstance(status.get("reason"), str) else ""
+        message = f"{what}: {exc.status}{code} {status.get('message') or exc.reason}"
         if exc.status in _TRANSIENT or exc.status == 0:
             retry = (status.get("details") or {}).get("retryAfterSeconds")
-            reason = {409: "conflict", 429: "throttled"}.get(exc.status, "api_error")
+            reason = _TRANSIENT_REASONS.get(exc.status, Reason.UNAVAILABLE)
             return TransientError(message, reason=reason, retry_after=float(retry) if retry else None)
-        reason = {403: "forbidden", 404: "not_found", 422: "invalid"}.get(exc.status, "rejected")
-        return PermanentError(message, reason=reason)
-    if isinstance(exc, TimeoutError | aiohttp.ClientError | OSError):
-        return TransientError(f"{what}: {type(exc).__name__} {exc}", reason="unreachable")
+        return PermanentError(message, reason=_PERMANENT_REASONS.get(exc.status, Reason.REFUSED))
+    if isinstance(exc, TimeoutError):
+        return TransientError(f"{what}: {type(exc).__name__} {exc}", reason=Reason.TIMEOUT)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return TransientError(f"{what}: {type(exc).__name__} {exc}", reason=Reason.UNREACHABLE)
     raise exc
 
 

@@ -15,7 +15,7 @@ from kubernetes.aio import client
 from bot import logger
 from bot.config import KubernetesSettings
 from bot.domain.nodemap import SlurmdPod
-from bot.engine.errors import PermanentError
+from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode, PodRef, Probe
 from bot.integrations.kubernetes import probe as probing
 from bot.integrations.kubernetes.client import TokenBucket, api_client
@@ -110,7 +110,7 @@ class KubernetesCluster:
         if force and not self.settings.force_delete_not_ready:
             raise PermanentError(
                 f"force delete of pod {pod.ref} refused: kubernetes.force_delete_not_ready is false",
-                reason="force_not_allowed",
+                reason=Reason.NOT_ALLOWED,
             )
         await (await self._p()).pods.delete(pod, force=force)
 

@@ -21,7 +21,7 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.domain.ownership import OWNER_ANNOTATION, fault_taint
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.replace import run_command
 
@@ -92,7 +92,8 @@ class Jobs:
         if optional:
             return None
         raise PermanentError(
-            f"no kubernetes.jobs.{action}_template or {action}_command is configured", reason="invalid"
+            f"no kubernetes.jobs.{action}_template or {action}_command is configured",
+            reason=Reason.MISCONFIGURED,
         )
 
     async def _job(
@@ -112,7 +113,7 @@ class Jobs:
                 self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout),
             )
         except TransientError as exc:
-            if exc.reason != "conflict":  # 409 AlreadyExists: created before a retry or restart
+            if exc.reason != Reason.CONFLICT:  # 409 AlreadyExists: created before a retry or restart
                 raise
         deadline = time.monotonic() + budget
         while time.monotonic() < deadline:
@@ -126,11 +127,12 @@ class Jobs:
             if status is not None and status.failed:
                 raise PermanentError(
                     f"{action} Job {namespace}/{name} on {node} failed: {await self._exit(namespace, name)}",
-                    reason="job_failed",
+                    reason=Reason.JOB_FAILED,
                 )
             await asyncio.sleep(POLL_SECONDS)
         raise TransientError(
-            f"{action} Job {namespace}/{name} on {node} still running after {budget:g}s", reason="timeout"
+            f"{action} Job {namespace}/{name} on {node} still running after {budget:g}s",
+            reason=Reason.TIMEOUT,
         )
 
     async def _exit(self, namespace: str, name: str) -> str:

@@ -28,7 +28,7 @@ from bot.domain.ownership import (
     owns_slurm_reason,
     prior_unschedulable,
 )
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
 
@@ -79,7 +79,7 @@ class Nodes:
                 f"read node {name}", self._core.read_node(name, _request_timeout=self._timeout)
             )
         except PermanentError as exc:
-            if exc.reason == "not_found":
+            if exc.reason == Reason.NOT_FOUND:
                 return None
             raise
         return node
@@ -118,7 +118,7 @@ class Nodes:
             }
             if await self._write(name, body, "cordon"):
                 return True
-        raise TransientError(f"cordon of {name}: the node kept changing under us", reason="conflict")
+        raise TransientError(f"cordon of {name}: the node kept changing under us", reason=Reason.CONFLICT)
 
     async def uncordon(self, name: str, *, incident_id: str) -> bool:
         """Undo this incident's cordon exactly; ``False`` (no write) if the node is not ours."""
@@ -139,7 +139,7 @@ class Nodes:
             }
             if await self._write(name, body, "uncordon"):
                 return True
-        raise TransientError(f"uncordon of {name}: the node kept changing under us", reason="conflict")
+        raise TransientError(f"uncordon of {name}: the node kept changing under us", reason=Reason.CONFLICT)
 
     async def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
         """Set or (``None``) remove annotations; a merge patch touches no other key."""
@@ -155,7 +155,7 @@ class Nodes:
     async def _existing(self, name: str) -> client.V1Node:
         node = await self.read(name)
         if node is None:
-            raise PermanentError(f"node {name} is not in Kubernetes", reason="not_found")
+            raise PermanentError(f"node {name} is not in Kubernetes", reason=Reason.NOT_FOUND)
         return node
 
     async def _write(self, name: str, body: dict[str, Any], what: str) -> bool:
@@ -166,7 +166,7 @@ class Nodes:
                 self._core.patch_node(name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout),
             )
         except TransientError as exc:
-            if exc.reason == "conflict":
+            if exc.reason == Reason.CONFLICT:
                 return False
             raise
         return True

@@ -3,7 +3,7 @@
 What a drain may skip is decided here from the pod itself: DaemonSet-owned pods, mirror
 (static) pods and pods in a never-drained namespace are not returned as work; terminating
 pods are returned marked so. An eviction refused by a PodDisruptionBudget is a
-``TransientError(reason="pdb")`` naming the pod and the budget's own message, so the step
+``TransientError(reason=Reason.PDB)`` naming the pod and the budget's own message, so the step
 retries it until its deadline and the escalation says what blocked it.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from kubernetes.aio import client
 
 from bot.domain.nodemap import SlurmdPod
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes.client import call, status_of
 
@@ -60,7 +60,7 @@ class Pods:
 
     async def evict(self, pod: PodRef) -> None:
         if pod.namespace in self._never:
-            raise PermanentError(f"pod {pod.ref} is in a never-drained namespace", reason="protected")
+            raise PermanentError(f"pod {pod.ref} is in a never-drained namespace", reason=Reason.NOT_ALLOWED)
         body = client.V1Eviction(
             api_version="policy/v1",
             kind="Eviction",
@@ -75,19 +75,19 @@ class Pods:
             )
         except TransientError as exc:
             cause = exc.__cause__
-            if exc.reason == "throttled" and cause is not None:
+            if exc.reason == Reason.RATE_LIMITED and cause is not None:
                 status = status_of(cause)
                 budget = "; ".join(
                     c.get("message", "") for c in (status.get("details") or {}).get("causes", [])
                 )
                 raise TransientError(
                     f"eviction of pod {pod.ref} refused by its PodDisruptionBudget: {budget or exc}",
-                    reason="pdb",
+                    reason=Reason.PDB,
                     retry_after=exc.retry_after,
                 ) from cause
             raise
         except PermanentError as exc:
-            if exc.reason != "not_found":  # already gone: what the eviction wanted
+            if exc.reason != Reason.NOT_FOUND:  # already gone: what the eviction wanted
                 raise
 
     async def delete(self, pod: PodRef, *, force: bool) -> None:
@@ -100,7 +100,7 @@ class Pods:
                 ),
             )
         except PermanentError as exc:
-            if exc.reason != "not_found":
+            if exc.reason != Reason.NOT_FOUND:
                 raise
 
     async def slurmd(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:

@@ -22,7 +22,7 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.domain.ownership import REPLACE_ANNOTATION, replacement_mark, replacement_owner
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.nodes import Nodes, facts
@@ -111,7 +111,7 @@ class Replacer:
                 ),
             )
         except PermanentError as exc:
-            if exc.reason == "not_found":
+            if exc.reason == Reason.NOT_FOUND:
                 return None
             raise
         return found
@@ -197,7 +197,9 @@ class Replacer:
         """What a reboot of ``name`` must change: its boot id, read before the reboot."""
         node = await self._nodes.read(name)
         if node is None:
-            raise PermanentError(f"node {name} is not in Kubernetes: nothing to reboot", reason="not_found")
+            raise PermanentError(
+                f"node {name} is not in Kubernetes: nothing to reboot", reason=Reason.NOT_FOUND
+            )
         boot = node.status.node_info.boot_id if node.status and node.status.node_info else None
         return Handle(REBOOT, f"node/{name}", datetime.now(UTC), boot=boot or "unknown").render()
 
@@ -206,20 +208,22 @@ class Replacer:
         strategy = self.strategy(strategy)
         node = await self._nodes.read(name)
         if node is None:
-            raise PermanentError(f"node {name} is not in Kubernetes: nothing to replace", reason="not_found")
+            raise PermanentError(
+                f"node {name} is not in Kubernetes: nothing to replace", reason=Reason.NOT_FOUND
+            )
         if strategy == "none":
             raise PermanentError(
-                f"replace strategy none: replacing {name} is for humans", reason="handed_over"
+                f"replace strategy none: replacing {name} is for humans", reason=Reason.NOT_ALLOWED
             )
         if strategy not in (*STRATEGIES, WATCH):
-            raise PermanentError(f"unknown replace strategy {strategy!r}", reason="invalid")
+            raise PermanentError(f"unknown replace strategy {strategy!r}", reason=Reason.MISCONFIGURED)
         mark = replacement_owner(node.metadata.annotations or {})
         if mark is not None and mark[0] == incident_id:
             handle = Handle.parse(mark[1])
         else:
             handle = self._handle(strategy, node)
         if handle is None:
-            raise PermanentError(f"unreadable replacement mark on {name}: {mark}", reason="invalid")
+            raise PermanentError(f"unreadable replacement mark on {name}: {mark}", reason=Reason.BAD_RESPONSE)
         if strategy == WATCH:  # another system replaces the node: only record what to wait for
             await self._nodes.annotate(
                 name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())}
@@ -236,7 +240,7 @@ class Replacer:
             try:
                 await self._nodes.delete(name)
             except PermanentError as exc:
-                if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
+                if exc.reason != Reason.NOT_FOUND:  # gone already (a retried delete that had landed): done
                     raise
         else:
             await self._command(name, incident_id)
@@ -261,14 +265,14 @@ class Replacer:
             machine = await self.machine(node)
             if machine is None:
                 raise PermanentError(
-                    f"node {node.metadata.name} has no Cluster API Machine", reason="no_handle"
+                    f"node {node.metadata.name} has no Cluster API Machine", reason=Reason.NOT_FOUND
                 )
             return machine["metadata"]["namespace"], machine["metadata"]["name"]
         if strategy == "karpenter":
             claim = await self.nodeclaim(node.metadata.name)
             if claim is None:
                 raise PermanentError(
-                    f"node {node.metadata.name} has no Karpenter NodeClaim", reason="no_handle"
+                    f"node {node.metadata.name} has no Karpenter NodeClaim", reason=Reason.NOT_FOUND
                 )
             return None, claim["metadata"]["name"]
         return None, node.metadata.name
@@ -289,14 +293,14 @@ class Replacer:
         try:
             await call(what, request)
         except PermanentError as exc:
-            if exc.reason != "not_found":  # gone already (a retried delete that had landed): done
+            if exc.reason != Reason.NOT_FOUND:  # gone already (a retried delete that had landed): done
                 raise
 
     async def _command(self, name: str, incident_id: str) -> None:
         argv = self._settings.replace.command
         if not argv:
             raise PermanentError(
-                "replace strategy command needs kubernetes.replace.command", reason="invalid"
+                "replace strategy command needs kubernetes.replace.command", reason=Reason.MISCONFIGURED
             )
         await run_command(
             argv, name, incident_id, "replace", self._settings.replace.command_timeout.total_seconds()
@@ -348,11 +352,11 @@ async def run_command(argv: list[str], node: str, incident_id: str, action: str,
         process.kill()
         await process.wait()
         raise TransientError(
-            f"{action} command for {node} timed out after {limit:g}s", reason="timeout"
+            f"{action} command for {node} timed out after {limit:g}s", reason=Reason.TIMEOUT
         ) from exc
     if process.returncode != 0:
         tail = output.decode(errors="replace").strip().splitlines()[-3:]
         raise PermanentError(
             f"{action} command for {node} exited {process.returncode}: {' | '.join(tail)}",
-            reason="command_failed",
+            reason=Reason.COMMAND_FAILED,
         )

@@ -5,6 +5,10 @@ Slack answers errors with HTTP 200 ``{"ok": false, "error": ...}``; only rate li
 the channel, a missing scope) is transient: the outbox keeps the notice and retries with backoff,
 and the log says what is wrong, so nothing is lost while someone fixes it. What no retry can fix
 (a message Slack refuses to accept) is permanent.
+
+Slack's ``error`` code is mapped onto pitcrew's closed ``Reason`` (``REASONS``; a code not listed
+there is ``refused``) and kept, verbatim, in the message: the reason is a metric label and must
+stay bounded, the code is what a human searches Slack's docs for.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 
 T = TypeVar("T")
 
@@ -32,6 +36,90 @@ _PERMANENT = frozenset(
     }
 )
 
+#: Slack's ``error`` codes (the Web API methods pitcrew calls: chat.postMessage, chat.update,
+#: chat.getPermalink, chat.postEphemeral, conversations.history/replies, usergroups.users.list,
+#: auth.test; from each method's documented errors and slack-api-specs) as pitcrew's reasons.
+REASONS: dict[str, Reason] = {
+    **dict.fromkeys(("ratelimited", "rate_limited"), Reason.RATE_LIMITED),
+    **dict.fromkeys(
+        (
+            "not_authed",
+            "invalid_auth",
+            "account_inactive",
+            "token_revoked",
+            "token_expired",
+            "not_allowed_token_type",
+            "two_factor_setup_required",
+        ),
+        Reason.UNAUTHORIZED,
+    ),
+    **dict.fromkeys(
+        (
+            "missing_scope",
+            "no_permission",
+            "access_denied",
+            "not_in_channel",
+            "is_archived",
+            "channel_is_archived",
+            "restricted_action",
+            "restricted_action_read_only_channel",
+            "restricted_action_thread_only_channel",
+            "restricted_action_non_threadable_channel",
+            "cant_update_message",
+            "edit_window_closed",
+            "ekm_access_denied",
+            "team_access_not_granted",
+            "org_login_required",
+            "enterprise_is_restricted",
+        ),
+        Reason.FORBIDDEN,
+    ),
+    **dict.fromkeys(
+        (
+            "channel_not_found",
+            "message_not_found",
+            "thread_not_found",
+            "user_not_found",
+            "user_not_in_channel",
+            "users_not_found",
+            "no_such_subteam",
+            "subteam_not_found",
+        ),
+        Reason.NOT_FOUND,
+    ),
+    **dict.fromkeys(
+        (
+            *_PERMANENT,
+            "invalid_arg_name",
+            "invalid_array_arg",
+            "invalid_charset",
+            "invalid_form_data",
+            "invalid_post_type",
+            "missing_post_type",
+            "invalid_json",
+            "json_not_object",
+            "invalid_cursor",
+            "invalid_limit",
+            "invalid_ts_latest",
+            "invalid_ts_oldest",
+            "invalid_metadata_format",
+            "invalid_metadata_schema",
+            "metadata_too_large",
+            "invalid_attachments",
+            "too_many_blocks",
+        ),
+        Reason.INVALID_REQUEST,
+    ),
+    **dict.fromkeys(("internal_error", "fatal_error", "service_unavailable"), Reason.UNAVAILABLE),
+    "request_timeout": Reason.TIMEOUT,
+    **dict.fromkeys(("method_deprecated", "deprecated_endpoint", "unknown_method"), Reason.UNSUPPORTED),
+}
+
+
+def reason_of(error: str) -> Reason:
+    """Slack's ``error`` code as pitcrew's reason; one it does not list is ``refused``."""
+    return REASONS.get(error, Reason.REFUSED)
+
 
 def translate(exc: Exception) -> TransientError | PermanentError:
     if isinstance(exc, SlackApiError):
@@ -41,18 +129,20 @@ def translate(exc: Exception) -> TransientError | PermanentError:
         if status == 429 or error in {"ratelimited", "rate_limited"}:
             retry = response.headers.get("Retry-After") or response.headers.get("retry-after")
             return TransientError(
-                "Slack rate limited the call", reason="ratelimited", retry_after=float(retry or 1)
+                f"Slack rate limited the call: {error or f'HTTP {status}'}",
+                reason=Reason.RATE_LIMITED,
+                retry_after=float(retry or 1),
             )
         if status >= 500:
-            return TransientError(f"Slack answered HTTP {status}", reason="unavailable")
+            return TransientError(f"Slack answered HTTP {status}", reason=Reason.UNAVAILABLE)
         if error in _PERMANENT:
-            return PermanentError(f"Slack refused the message: {error}", reason=error)
+            return PermanentError(f"Slack refused the message: {error}", reason=reason_of(error))
         needed = str(response.get("needed", "")) if isinstance(response.data, dict) else ""
         detail = f"{error} (needs scope {needed})" if needed else error
-        return TransientError(
-            f"Slack refused the call: {detail or 'unknown error'}", reason=error or "refused"
-        )
-    return TransientError(f"Slack unreachable: {type(exc).__name__}", reason="unreachable")
+        return TransientError(f"Slack refused the call: {detail or 'unknown error'}", reason=reason_of(error))
+    if isinstance(exc, TimeoutError):
+        return TransientError("Slack gave no answer in time", reason=Reason.TIMEOUT)
+    return TransientError(f"Slack unreachable: {type(exc).__name__}", reason=Reason.UNREACHABLE)
 
 
 async def call(request: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:

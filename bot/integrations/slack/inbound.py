@@ -34,6 +34,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import logger
+from bot.engine.backoff import Backoff
 from bot.engine.commands import CommandResult, Commands
 from bot.engine.errors import PitcrewError
 from bot.integrations.slack.approvers import SLACK, Approvers
@@ -239,7 +240,7 @@ class SocketMode:
     Connecting must never hold up pitcrew's start: Slack being down cannot stop remediation. The
     first connection is made in the background (slack_sdk's client retries it every ping interval
     until it succeeds, and reconnects by itself later, also on ``disconnect`` frames); should it
-    give up with an error, it is tried again here with backoff."""
+    give up with an error, it is tried again here with the one backoff policy (``bot.engine.backoff``)."""
 
     def __init__(self, inbound: SlackInbound, app_token: str, *, backoff_max: float = 60.0) -> None:
         self._app = inbound.app
@@ -255,17 +256,19 @@ class SocketMode:
         self._task = asyncio.create_task(self._connect(self._handler), name="pitcrew-slack-socket-mode")
 
     async def _connect(self, handler: AsyncSocketModeHandler) -> None:
-        delay = 1.0
+        backoff = Backoff(1.0, max(self._backoff_max, 1.0))
+        failures = 0
         while True:
             try:
                 await handler.connect_async()  # type: ignore[no-untyped-call]
             except Exception as exc:
+                failures += 1
+                delay = backoff.delay(failures)
                 log.warning(
                     "Slack Socket Mode not connected; will retry",
                     extra={"reason": type(exc).__name__, "retry_in": delay},
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff_max)
             else:
                 log.info("Slack Socket Mode connected")
                 return

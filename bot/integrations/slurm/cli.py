@@ -21,7 +21,7 @@ from pathlib import Path
 from bot import logger
 from bot.domain.goodput import gpus_in_gres, job_gpus
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
-from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe, Scheduler
 from bot.integrations.slurm.json import Partition, member_partitions
 
@@ -38,36 +38,37 @@ _ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
 
-# (pattern in stderr, transient?, reason): first match wins. Unknown failures are permanent:
-# a human looks at them rather than pitcrew hammering a controller it does not understand.
-_FAILURES: tuple[tuple[re.Pattern[str], bool, str], ...] = tuple(
+# (pattern in stderr, transient?, reason): first match wins; Slurm's own words stay in the
+# message. Unknown failures are permanent (``refused``): a human looks at them rather than
+# pitcrew hammering a controller it does not understand.
+_FAILURES: tuple[tuple[re.Pattern[str], bool, Reason], ...] = tuple(
     (re.compile(p, re.IGNORECASE), transient, reason)
     for p, transient, reason in (
         (
             r"unable to contact slurm controller|connection refused|zero bytes were transmitted",
             True,
-            "slurm_unreachable",
+            Reason.UNREACHABLE,
         ),
-        (r"socket timed out|timed out|timeout", True, "timeout"),
-        (r"temporarily|try again|busy", True, "slurm_busy"),
-        (r"invalid node name|node \S+ not found", False, "unknown_node"),
-        (r"invalid job id", False, "unknown_job"),
-        (r"access.*denied|permission denied|not authorized|authentication", False, "permission_denied"),
-        (r"invalid|request denied|must specify|unrecognized|usage", False, "invalid_argument"),
+        (r"socket timed out|timed out|timeout", True, Reason.TIMEOUT),
+        (r"temporarily|try again|busy", True, Reason.UNAVAILABLE),
+        (r"invalid node name|node \S+ not found", False, Reason.UNKNOWN_NODE),
+        (r"invalid job id", False, Reason.UNKNOWN_JOB),
+        (r"access.*denied|permission denied|not authorized|authentication", False, Reason.FORBIDDEN),
+        (r"invalid|request denied|must specify|unrecognized|usage", False, Reason.INVALID_REQUEST),
     )
 )
 
 
 def checked_node(name: str) -> str:
-    """``name`` if it names exactly one Slurm node; else ``PermanentError(invalid_argument)``."""
+    """``name`` if it names exactly one Slurm node; else ``PermanentError(invalid_request)``."""
     if not _NODE_NAME.fullmatch(name) or name.upper() == "ALL":
-        raise PermanentError(f"not a single Slurm node name: {name[:64]!r}", reason="invalid_argument")
+        raise PermanentError(f"not a single Slurm node name: {name[:64]!r}", reason=Reason.INVALID_REQUEST)
     return name
 
 
 def checked_job(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
-        raise PermanentError(f"not a Slurm job id: {job_id[:64]!r}", reason="invalid_argument")
+        raise PermanentError(f"not a Slurm job id: {job_id[:64]!r}", reason=Reason.INVALID_REQUEST)
     return job_id
 
 
@@ -77,7 +78,7 @@ async def resume_tolerantly(scheduler: Scheduler, name: str, update: Callable[[]
     try:
         await update()
     except PermanentError as exc:
-        if exc.reason == "unknown_node":
+        if exc.reason == Reason.UNKNOWN_NODE:
             raise
         node = await scheduler.node(name)
         if node.down or node.drained:
@@ -110,7 +111,7 @@ class ScontrolScheduler:
             if parse_kv(line).get("NodeName") == name:
                 with _shape("show_node"):
                     return parse_node_line(line)
-        raise PermanentError(f"Slurm node {name!r} not found", reason="unknown_node")
+        raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         # squeue's text mode honours -w (its --json mode ignores filters in 22.05); the
@@ -128,7 +129,7 @@ class ScontrolScheduler:
         try:
             out = await self._run("scontrol", "show", "job", "-o", checked_job(job_id), op="show_job")
         except PermanentError as exc:
-            if exc.reason == "unknown_job":
+            if exc.reason == Reason.UNKNOWN_JOB:
                 return None
             raise
         lines = [line for line in out.splitlines() if line.startswith("JobId=")]
@@ -198,14 +199,14 @@ class ScontrolScheduler:
                 env=self._env,
             )
         except FileNotFoundError as exc:
-            raise PermanentError(f"{op}: {program} not found", reason="binary_missing") from exc
+            raise PermanentError(f"{op}: {program} not found", reason=Reason.MISCONFIGURED) from exc
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout=self._timeout)
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()
             raise TransientError(
-                f"{op}: {program} gave no answer in {self._timeout:g}s", reason="timeout"
+                f"{op}: {program} gave no answer in {self._timeout:g}s", reason=Reason.TIMEOUT
             ) from exc
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         if proc.returncode != 0:
@@ -220,7 +221,7 @@ def _shape(op: str) -> Iterator[None]:
         yield
     except (KeyError, ValueError) as exc:
         raise PermanentError(
-            f"{op}: unexpected output ({type(exc).__name__})", reason="bad_response"
+            f"{op}: unexpected output ({type(exc).__name__})", reason=Reason.BAD_RESPONSE
         ) from exc
 
 
@@ -231,21 +232,21 @@ def classify_failure(op: str, text: str) -> PitcrewError:
         if pattern.search(text):
             cls = TransientError if transient else PermanentError
             return cls(f"{op}: {first}", reason=reason)
-    return PermanentError(f"{op}: {first}", reason="slurm_error")
+    return PermanentError(f"{op}: {first}", reason=Reason.REFUSED)
 
 
 def probe_missing(exc: PitcrewError, via: str) -> str:
     """What an installer must provide when a Slurm read failed (``Probe.missing``)."""
-    if via == "slurmrestd" and exc.reason == "slurm_unreachable":
+    if via == "slurmrestd" and exc.reason in (Reason.UNREACHABLE, Reason.UNAVAILABLE):
         # 22.05's slurmrestd answers 500 "Unspecified error" alike for a lost slurmctld and a bad token.
         return "slurmctld reachable through slurmrestd, with a token it accepts (slurm.rest_token_file)"
     return {
-        "binary_missing": f"{via} on PATH (slurm.bin_dir; the image's scontrol target)",
-        "slurm_unreachable": f"slurmctld reachable through {via}",
-        "timeout": f"slurmctld answering {via} in time",
-        "permission_denied": f"Slurm permission for {via}",
-        "unauthorized": "a slurmrestd token it accepts (slurm.rest_token_file)",
-        "token_missing": "a readable slurm.rest_token_file",
+        Reason.MISCONFIGURED: f"{via} on PATH (slurm.bin_dir; the image's scontrol target)",
+        Reason.UNREACHABLE: f"slurmctld reachable through {via}",
+        Reason.TIMEOUT: f"slurmctld answering {via} in time",
+        Reason.FORBIDDEN: f"Slurm permission for {via}",
+        Reason.UNAUTHORIZED: "a slurmrestd token it accepts (slurm.rest_token_file)",
+        Reason.NO_CREDENTIALS: "a readable slurm.rest_token_file",
     }.get(exc.reason, f"slurm ({exc.reason})")
 
 

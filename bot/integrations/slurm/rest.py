@@ -22,7 +22,7 @@ import aiohttp
 
 from bot import logger
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
-from bot.engine.errors import PermanentError, PitcrewError, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
 from bot.integrations.slurm.cli import (
     ScontrolScheduler,
@@ -55,7 +55,7 @@ def _shape(op: str) -> Iterator[None]:
         yield
     except (KeyError, TypeError, ValueError) as exc:
         raise PermanentError(
-            f"{op}: unexpected response shape ({type(exc).__name__})", reason="bad_response"
+            f"{op}: unexpected response shape ({type(exc).__name__})", reason=Reason.BAD_RESPONSE
         ) from exc
 
 
@@ -73,7 +73,7 @@ class _TokenFile:
         try:
             st = os.stat(self._path)
         except OSError as exc:
-            raise PermanentError("slurmrestd token file is unreadable", reason="token_missing") from exc
+            raise PermanentError("slurmrestd token file is unreadable", reason=Reason.NO_CREDENTIALS) from exc
         if (st.st_mtime_ns, st.st_size) != self._stamp:
             text = self._path.read_text().strip()
             self._token = text.split("=", 1)[1] if text.startswith("SLURM_JWT=") else text
@@ -119,11 +119,11 @@ class RestScheduler:
                     document = body
                     break
             if document is None:
-                raise PermanentError("slurmrestd serves no OpenAPI document", reason="unsupported")
+                raise PermanentError("slurmrestd serves no OpenAPI document", reason=Reason.UNSUPPORTED)
             try:
                 self._api = discover_api(document, self._pinned)
             except ValueError as exc:
-                raise PermanentError(f"slurmrestd API unusable: {exc}", reason="unsupported") from exc
+                raise PermanentError(f"slurmrestd API unusable: {exc}", reason=Reason.UNSUPPORTED) from exc
             log.info(
                 "slurmrestd api discovered",
                 extra={"api_version": self._api.version, "node_update": self._api.node_update},
@@ -141,7 +141,7 @@ class RestScheduler:
         )
         nodes = [n for n in body.get("nodes") or () if isinstance(n, Mapping)]
         if not nodes:
-            raise PermanentError(f"Slurm node {name!r} not found", reason="unknown_node")
+            raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
         with _shape("get_node"):
             node = node_from_json(nodes[0])
         if node.reason and not (node.down or node.drained or "FAIL" in node.states):
@@ -165,7 +165,7 @@ class RestScheduler:
                 "GET", api.path("job/{job_id}", job_id=checked_job(job_id)), op="get_job"
             )
         except PermanentError as exc:
-            if exc.reason == "unknown_job":
+            if exc.reason == Reason.UNKNOWN_JOB:
                 return None
             raise
         jobs = [j for j in body.get("jobs") or () if isinstance(j, Mapping)]
@@ -253,23 +253,26 @@ class RestScheduler:
             return status, body
         errors = errors_of(body)
         if any(e.unknown_node for e in errors):
-            raise PermanentError(f"{op}: unknown Slurm node", reason="unknown_node")
+            raise PermanentError(f"{op}: unknown Slurm node", reason=Reason.UNKNOWN_NODE)
         if any(e.unknown_job for e in errors):
-            raise PermanentError(f"{op}: unknown Slurm job", reason="unknown_job")
+            raise PermanentError(f"{op}: unknown Slurm job", reason=Reason.UNKNOWN_JOB)
         detail = "; ".join(e.message for e in errors[:3]) or f"HTTP {status}"
         if status >= 500 or status == 429:
             # 22.05 answers 500 "Unspecified error" when slurmctld is down (and for a bad token).
-            raise TransientError(f"{op}: HTTP {status}: {detail}", reason="slurm_unreachable")
+            reason = Reason.RATE_LIMITED if status == 429 else Reason.UNAVAILABLE
+            raise TransientError(f"{op}: HTTP {status}: {detail}", reason=reason)
         if status in (401, 403):
-            raise PermanentError(f"{op}: slurmrestd refused the token (HTTP {status})", reason="unauthorized")
+            raise PermanentError(
+                f"{op}: slurmrestd refused the token (HTTP {status})", reason=Reason.UNAUTHORIZED
+            )
         if status >= 400:
-            reason = {404: "not_found", 405: "unsupported"}.get(status, "invalid_argument")
-            raise PermanentError(f"{op}: HTTP {status}: {detail}", reason=reason)
+            refused = {404: Reason.NOT_FOUND, 405: Reason.UNSUPPORTED}.get(status, Reason.INVALID_REQUEST)
+            raise PermanentError(f"{op}: HTTP {status}: {detail}", reason=refused)
         if errors:
             # 22.05 reports a lost controller this way too ("Unspecified error", errno -1).
-            raise TransientError(f"{op}: {detail}", reason="slurm_error")
+            raise TransientError(f"{op}: {detail}", reason=Reason.UNAVAILABLE)
         if not body:
-            raise PermanentError(f"{op}: HTTP {status} without a JSON body", reason="bad_response")
+            raise PermanentError(f"{op}: HTTP {status} without a JSON body", reason=Reason.BAD_RESPONSE)
         return status, body
 
     async def _send(
@@ -283,10 +286,10 @@ class RestScheduler:
                 text = await resp.text()
                 status = resp.status
         except TimeoutError as exc:
-            raise TransientError(f"{op}: slurmrestd gave no answer in time", reason="timeout") from exc
+            raise TransientError(f"{op}: slurmrestd gave no answer in time", reason=Reason.TIMEOUT) from exc
         except aiohttp.ClientError as exc:
             raise TransientError(
-                f"{op}: slurmrestd unreachable ({type(exc).__name__})", reason="slurm_unreachable"
+                f"{op}: slurmrestd unreachable ({type(exc).__name__})", reason=Reason.UNREACHABLE
             ) from exc
         try:
             parsed = json.loads(text) if text.strip().startswith(("{", "[")) else {}
