@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
-from bot.engine.errors import PermanentError
+from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import OWNER_ANNOTATION, PartitionNodes
 
 
@@ -231,7 +231,7 @@ class SimulatedWorld:
         """A node's modelled state; with an inventory, unknown names are refused like a real API would."""
         nodes, _ = self.state()
         if self._known_nodes and name not in nodes:
-            raise PermanentError(f"unknown node {name}", reason="unknown_node")
+            raise PermanentError(f"unknown node {name}", reason=Reason.UNKNOWN_NODE)
         return nodes.get(name) or _Node(name)
 
     async def write(self, op: str, **data: Any) -> None:
