@@ -1,6 +1,7 @@
 """A real Slurm cluster on this machine: munge, slurmctld, slurmd gpu-001..003, slurmrestd.
 
-Debian's Slurm 22.05 packages, configured as in ``../shared/notes/slurm.md``: every daemon
+Debian 12's Slurm 22.05 packages, or (``version="24.11"``) Slurm 24.11 from a Debian 13 root
+under chroot (``proving_ground.slurm_root``), configured as in ``../shared/notes/slurm.md``: every daemon
 runs in the foreground under a per-run directory (config, state, spool, logs, fake GPU
 devices, a private ``munged`` on its own socket), on free loopback ports, so a run never
 touches the machine's own Slurm or munge. Fast requeue: ``AuthInfo=cred_expire=5`` and
@@ -24,6 +25,7 @@ import contextlib
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,6 +40,7 @@ from typing import TypeVar
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
 from proving_ground.proc import DemoError, find_binary, free_port, stop_process, tail
+from proving_ground.slurm_root import DEFAULT_VERSION, SlurmRoot, chosen_version, root_missing, root_path
 
 T = TypeVar("T")
 NODES = ("gpu-001", "gpu-002", "gpu-003")
@@ -118,8 +121,13 @@ def rest_user() -> str:
 class SlurmCluster:
     """One throw-away cluster under ``run_dir``."""
 
-    def __init__(self, run_dir: Path, *, nodes: tuple[str, ...] = NODES, rest: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, *, nodes: tuple[str, ...] = NODES, rest: bool = True, version: str | None = None
+    ) -> None:
         self.run_dir = run_dir
+        self.version = chosen_version(version)
+        root = root_path(self.version)
+        self._root = SlurmRoot(root, run_dir) if root is not None else None
         self.nodes = nodes
         self.with_rest = rest
         self.conf = run_dir / "etc" / "slurm.conf"
@@ -141,10 +149,19 @@ class SlurmCluster:
     def rest_url(self) -> str:
         return f"http://127.0.0.1:{self.rest_port}"
 
+    @property
+    def bin_dir(self) -> Path | None:
+        """Where this cluster's ``scontrol``/``squeue`` are for pitcrew (``slurm.bin_dir``); ``None``: PATH."""
+        return self._root.bin_dir if self._root is not None else None
+
+    def command(self, *argv: str) -> list[str]:
+        """``argv`` as it runs against this cluster's Slurm (inside its root for 24.11)."""
+        return self._root.command(*argv) if self._root is not None else list(argv)
+
     def run(self, *argv: str, check: bool = True, timeout: float = 15) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command against this cluster."""
         proc = subprocess.run(
-            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            self.command(*argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
         if check and proc.returncode != 0:
             raise SlurmHarnessError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -153,8 +170,12 @@ class SlurmCluster:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, timeout: float = 20) -> SlurmCluster:
         began = time.monotonic()
+        if (missing := root_missing(self.version)) is not None:
+            raise SlurmHarnessError(missing)
         try:
             self._write_files()
+            if self._root is not None:
+                self._root.start()
             munge, key = self.run_dir / "munge", self.run_dir / "munge-key"
             self._spawn(
                 "munged",
@@ -166,6 +187,7 @@ class SlurmCluster:
                     f"--pid-file={munge}/munged.pid",
                     f"--seed-file={key}/munged.seed",
                     f"--log-file={self.run_dir}/log/munged.log",
+                    *(["--force"] if self._root is not None else []),  # it cannot look up its origin there
                 ],
             )
             self._wait(lambda: (self.run_dir / "munge" / "munge.sock").exists(), timeout, "munged socket")
@@ -208,7 +230,12 @@ class SlurmCluster:
 
     def start_rest(self, timeout: float = 20) -> None:
         env = self.env | {"SLURM_JWT": "daemon"}
-        argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", rest_user(), "-s", "openapi/v0.0.38"]
+        if self._root is None:
+            argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", rest_user(), "-s", "openapi/v0.0.38"]
+        else:
+            # 24.11 serves every data parser it has (v0.0.40, v0.0.41, v0.0.42) under openapi/slurmctld;
+            # the root's packages made its ``slurm`` user.
+            argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", "slurm", "-s", "openapi/slurmctld"]
         self._spawn("slurmrestd", [*argv, f"127.0.0.1:{self.rest_port}"], env=env)
         self.write_token()
         self._wait(self._rest_answers, timeout, "slurmrestd")
@@ -223,6 +250,8 @@ class SlurmCluster:
         survivors = self.survivors()
         for pid in survivors:
             _kill(pid, signal.SIGKILL)
+        if self._root is not None:
+            survivors += [pid for pid in self._root.stop() if pid not in survivors]
         if survivors:
             raise SlurmHarnessError(f"processes survived the Slurm harness (killed): {survivors}")
 
@@ -268,7 +297,9 @@ class SlurmCluster:
         job_env = self.env | {"PITCREW_JOB_DIR": str(self.job_dir)} | (env or {})
         argv = ["sbatch", "--parsable", f"--output={self.run_dir / 'log' / 'job-%j.out'}", *sbatch_args]
         argv += [str(script)] if script else []
-        proc = subprocess.run(argv, env=job_env, capture_output=True, text=True, timeout=15, check=False)
+        proc = subprocess.run(
+            self.command(*argv), env=job_env, capture_output=True, text=True, timeout=15, check=False
+        )
         if proc.returncode != 0:
             raise SlurmHarnessError(f"sbatch failed: {proc.stderr.strip()}")
         return proc.stdout.strip().split(";")[0]
@@ -276,7 +307,8 @@ class SlurmCluster:
     def settings(self, backend: str = "scontrol") -> dict[str, object]:
         """Keyword arguments for ``bot.integrations.slurm.SlurmSettings`` against this cluster."""
         rest = {"rest_url": self.rest_url, "rest_token_file": self.token_file}
-        return {"backend": backend, "slurm_conf": self.conf} | (rest if backend == "rest" else {})
+        clients = {"bin_dir": self.bin_dir} if self.bin_dir is not None else {}
+        return {"backend": backend, "slurm_conf": self.conf} | clients | (rest if backend == "rest" else {})
 
     def pitcrew_settings(self, backend: str = "scontrol", **slurm: object) -> dict[str, object]:
         """Configuration keys that make a pitcrew subprocess drive this cluster (YAML-safe values)."""
@@ -303,7 +335,9 @@ class SlurmCluster:
             "PITCREW_TRAIN_STEPS": str(steps),
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         }
-        return self.submit("--job-name=ckpt-train", *flags, *extra, script=TRAIN_JOB, env=env)
+        # The script as the cluster sees it: a root's sbatch cannot read the checkout.
+        script = self.run_dir / TRAIN_JOB.name
+        return self.submit("--job-name=ckpt-train", *flags, *extra, script=script, env=env)
 
     def survivors(self) -> list[int]:
         """Live daemons and job processes of this cluster (they name the run directory)."""
@@ -358,12 +392,16 @@ class SlurmCluster:
         self.conf.write_text(conf)
         gres = [f"NodeName={n} Name=gpu Type=h100 File={run}/dev/{n}/nvidia[0-7]" for n in self.nodes]
         (run / "etc" / "gres.conf").write_text("\n".join(["AutoDetect=off", *gres, ""]))
+        if self.version != DEFAULT_VERSION:
+            # slurmd 24.11 wants a cgroup filesystem a chroot lacks; linuxproc tracks the jobs.
+            (run / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+        shutil.copy(TRAIN_JOB, run / TRAIN_JOB.name)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         out = (self.run_dir / "log" / f"{name}.out").open("ab")
         with out:
             proc = subprocess.Popen(
-                argv,
+                self.command(*argv),
                 env=env or self.env,
                 stdout=out,
                 stderr=out,
@@ -453,7 +491,7 @@ def main() -> None:
     """``python -m proving_ground.slurm [RUN_DIR]``: one cluster until Ctrl-C or SIGTERM."""
     cluster = SlurmCluster(
         Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="pitcrew-slurm-"))
-    )
+    )  # the version from $PROVING_GROUND_SLURM (22.05 unset)
     cluster.start()
     print(f"SLURM_CONF={cluster.conf} rest={cluster.rest_url} token_file={cluster.token_file}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
