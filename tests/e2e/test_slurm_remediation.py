@@ -41,6 +41,7 @@ pytestmark = pytest.mark.slow
 # --------------------------------------------------------------------------- fatal fault
 
 
+@pytest.mark.every_slurm
 @pytest.mark.parametrize("backend", ["scontrol", "rest"])
 def test_fatal_fault_job_resumes_from_checkpoint_on_another_node(
     slurm: SlurmCluster, pitcrew_factory: Any, backend: str, capsys: pytest.CaptureFixture[str]
@@ -82,7 +83,13 @@ def test_fatal_fault_job_resumes_from_checkpoint_on_another_node(
     assert down["action"] == "down"
     assert down["owned"] == {node: True}
     assert [j["job_id"] for j in down["jobs"]] == [job_id]
-    assert not events(final, "step_retry"), "DOWN is read back at once, whichever backend reads it"
+    retries = [e["detail"] for e in events(final, "step_retry")]
+    if slurm.version == "22.05" or backend == "scontrol":
+        assert not retries, retries  # DOWN is read back at once
+    else:
+        # slurmrestd 24.11 reads a DOWN node whose job is still being killed as MIXED (no DOWN flag,
+        # pitcrew's reason already set) for a moment; scontrol reads DOWN. The step reads again.
+        assert all("not yet DOWN (reads MIXED" in r for r in retries), retries
 
     # The job was requeued, moved, and resumed from its checkpoint.
     job = slurm.job(job_id)
@@ -117,11 +124,12 @@ def test_fatal_fault_job_resumes_from_checkpoint_on_another_node(
     t_resume = action_at(final, "slurm_resume")
     assert epoch(record["restarted_at"]) <= t_resume  # held out until the job ran elsewhere
     wait_until(lambda: slurm.node(node).in_service, timeout=15, what=f"{node} back in service")
-    assert slurm.node(node).reason == ""
+    # 22.05 clears the reason on RESUME; 24.11 keeps the last one on the node back in service.
+    assert slurm.node(node).reason == ("" if slurm.version == "22.05" else down_reason)
 
     with capsys.disabled():
         print(
-            f"\n[pitcrew + slurm {backend}] {incident_id}: job {job_id} {node} -> {job.nodes[0]} "
+            f"\n[pitcrew + slurm {slurm.version} {backend}] {incident_id}: job {job_id} {node} -> {job.nodes[0]} "
             f"restarts 0->1 checkpoint {step_at_fault} -> step {progress['step']} | "
             f"DOWN->requeued {seen['requeued'] - t_down:.2f}s, "
             f"requeued->running elsewhere {seen['running_elsewhere'] - seen['requeued']:.2f}s, "

@@ -3,6 +3,12 @@
 ``slurm_cluster`` is one cluster for the whole session (stopped and checked for survivors at
 its end); ``slurm`` is that cluster reset to quiet (no jobs, every node IDLE) for each test.
 ``require_slurm`` skips, or under ``CI=true`` fails, when a Slurm or munge binary is missing.
+
+Which Slurm: ``--slurm 22.05|24.11|all`` (or ``$PROVING_GROUND_SLURM``). Unset, every test runs on
+Debian 12's 22.05 and the tests marked ``every_slurm`` (the remediation, the REST-only
+deployment, both tracks) run on 24.11 as well: the version-sensitive paths meet both Slurms in
+CI while the slower behaviours that do not depend on the version run once. ``all`` runs every
+Slurm test on both. One cluster per version for the session (the tests are grouped by it).
 The names tests import from here (``SlurmCluster``, ``eventually``, ``TRAIN_JOB`` ...) are the
 package's, re-exported so existing imports keep working.
 """
@@ -22,28 +28,77 @@ from proving_ground.slurm import (
     SlurmCluster,
     main,
 )
+from proving_ground.slurm_root import DEFAULT_VERSION, VERSION_ENV, VERSIONS, root_missing
 from tests.harness.proc import in_ci, require_binary
 
-__all__ = ["require_slurm", "slurm", "slurm_cluster"]
+__all__ = ["require_slurm", "slurm", "slurm_cluster", "slurm_version"]
 
 
-def require_slurm() -> None:
-    """Skip (or, under CI=true, fail) when a Slurm or munge binary is missing."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slurm",
+        choices=[*VERSIONS, "all"],
+        default=None,
+        help="Slurm the real-Slurm tests run against (default $PROVING_GROUND_SLURM, else 22.05 with the "
+        "every_slurm tests on 24.11 too; all: every test on each)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "every_slurm: runs against every Slurm version unless --slurm picks one"
+    )
+    chosen = config.getoption("--slurm")
+    if chosen in VERSIONS:
+        os.environ[VERSION_ENV] = chosen  # clusters a test starts itself, and the demo, follow it
+
+
+def versions_for(config: pytest.Config, every_slurm: bool) -> tuple[str, ...]:
+    chosen = config.getoption("--slurm") or os.environ.get(VERSION_ENV)
+    if chosen == "all":
+        return VERSIONS
+    if chosen:
+        return (chosen,)
+    return VERSIONS if every_slurm else (DEFAULT_VERSION,)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "slurm_version" not in metafunc.fixturenames:
+        return
+    versions = versions_for(
+        metafunc.config, metafunc.definition.get_closest_marker("every_slurm") is not None
+    )
+    if len(versions) > 1:
+        metafunc.parametrize("slurm_version", versions, indirect=True, scope="session")
+
+
+def require_slurm(version: str = DEFAULT_VERSION) -> None:
+    """Skip (or, under CI=true, fail) when a Slurm or munge binary or the version's root is missing."""
     for binary, package in BINARIES.items():
         require_binary(binary, package)
-    if os.geteuid() != 0:
-        message = "the Slurm harness runs slurmd as root"
+    problems = [
+        *(["the Slurm harness runs slurmd as root"] if os.geteuid() != 0 else []),
+        *([missing] if (missing := root_missing(version)) else []),
+    ]
+    if problems:
         if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+            pytest.fail("; ".join(problems))
+        pytest.skip("; ".join(problems))
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """One real cluster for the whole session; stopped (and checked) at the end."""
-    require_slurm()
-    run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-slurm-"))
-    cluster = SlurmCluster(run_dir).start()
+def slurm_version(request: pytest.FixtureRequest) -> str:
+    """The Slurm version of this test's cluster (a parameter where the test runs on several)."""
+    param = getattr(request, "param", None)
+    return str(param) if param else versions_for(request.config, every_slurm=False)[0]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_version: str) -> Iterator[SlurmCluster]:
+    """One real cluster per version for the whole session; stopped (and checked) at the end."""
+    require_slurm(slurm_version)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"pitcrew-slurm{slurm_version.replace('.', '')}-"))
+    cluster = SlurmCluster(run_dir, version=slurm_version).start()
     try:
         yield cluster
     finally:

@@ -125,7 +125,11 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
         after = await scheduler.node(name)
         if not (after.down or after.drained) or not owns_slurm_reason(after.reason, ctx.incident.id):
-            raise TransientError(f"Slurm node {name} not yet {action.upper()}", reason=Reason.NOT_APPLIED)
+            raise TransientError(
+                f"Slurm node {name} not yet {action.upper()} (reads {'+'.join(sorted(after.states))}, "
+                f"reason {after.reason[:80]!r})",
+                reason=Reason.NOT_APPLIED,
+            )
         owned[name] = True
         await ctx.save(replace(ctx.progress, owned=dict(owned)))
     done = replace(ctx.progress, slurm_nodes=names, action=action, reason=reason, owned=owned)
