@@ -188,7 +188,8 @@ class SlurmSettings(NodeMapping):
     rest_api_version: str = Field(
         "auto",
         pattern=r"^(auto|v0\.0\.\d+)$",
-        description="`auto` picks the highest slurm/v0.0.XX in the server's OpenAPI document; or pin one.",
+        description="`auto` picks the highest slurm/v0.0.XX the server's OpenAPI document offers among those "
+        "pitcrew knows (v0.0.38 to v0.0.42); or pin one of those.",
     )
     request_timeout: float = Field(10.0, gt=0, description="Seconds per slurmrestd request.")
     slinky_namespace: str = Field("slurm", description="Namespace of the Slinky NodeSet (slurmd) pods.")

@@ -184,7 +184,7 @@ def rest_nodes(expected: dict[str, tuple[set[str], str]]) -> Callable[[Path], No
 def check_openapi(path: Path) -> None:
     api = discover_api(_json(path))
     assert (api.version, api.node_update) == ("v0.0.38", False)
-    assert api.versions == ("v0.0.36", "v0.0.37", "v0.0.38")
+    assert api.versions == ("v0.0.38",)  # 22.05 also serves v0.0.36/37, shapes pitcrew does not read
     assert api.path("node/{node_name}", node_name="gpu-001") == "/slurm/v0.0.38/node/gpu-001"
 
 
@@ -405,6 +405,30 @@ def test_discovery_prefers_highest_version_with_node_update() -> None:
         discover_api(doc, "v0.0.38")
     with pytest.raises(ValueError, match="no slurm"):
         discover_api(_doc(("/openapi", ("get",))))
+
+
+def test_discovery_refuses_versions_pitcrew_does_not_know() -> None:
+    """A newer slurmrestd's shapes may have moved again: an unknown version is refused by name,
+    never read by guesswork; a known one beside it is still chosen."""
+    newer = _doc(
+        ("/slurm/v0.0.43/nodes/", ("get",)),
+        ("/slurm/v0.0.43/job/{job_id}", ("get",)),
+        ("/slurm/v0.0.43/node/{node_name}", ("get", "post")),
+    )
+    with pytest.raises(ValueError) as refused:
+        discover_api(newer)
+    assert "it offers v0.0.43" in str(refused.value)
+    assert "pitcrew knows v0.0.38, v0.0.39, v0.0.40, v0.0.41, v0.0.42" in str(refused.value)
+    with pytest.raises(ValueError, match=r"does not know slurm/v0\.0\.43"):
+        discover_api(newer, "v0.0.43")
+    both = {
+        "paths": {
+            **newer["paths"],
+            "/slurm/v0.0.42/nodes/": {"get": {}},
+            "/slurm/v0.0.42/job/{job_id}": {"get": {}},
+        }
+    }
+    assert (discover_api(both).version, discover_api(both).node_update) == ("v0.0.42", False)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,9 @@ _BASE_JOB_STATES = frozenset(
     | {"PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
 _VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
+#: The slurmrestd API versions whose shapes pitcrew reads (Slurm 22.05 to 24.11), oldest first.
+#: Any other is refused by name rather than read by guesswork: its fields may have moved again.
+KNOWN_VERSIONS = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,9 @@ _TAILS = ("nodes", "jobs", "node/{node_name}", "job/{job_id}", "partitions")
 
 
 def discover_api(document: Mapping[str, Any], pinned: str = "auto") -> RestApi:
-    """Pick the highest ``slurm/v0.0.XX`` that can read nodes and jobs.
+    """Pick the highest ``slurm/v0.0.XX`` pitcrew knows (``KNOWN_VERSIONS``) that can read nodes
+    and jobs; a server offering none of them, or a pinned version pitcrew does not know, is
+    refused with both lists named.
 
     Node updates are used only when the document lists ``post`` on the node path: Slurm
     22.05 (v0.0.38) answers 405 there, 23.02+ (v0.0.39+) accepts an ``update_node_msg``.
@@ -86,18 +91,27 @@ def discover_api(document: Mapping[str, Any], pinned: str = "auto") -> RestApi:
         (
             v
             for v in found
-            if _spelling(paths, v, "nodes", "get") and _spelling(paths, v, "job/{job_id}", "get")
+            if v in KNOWN_VERSIONS
+            and _spelling(paths, v, "nodes", "get")
+            and _spelling(paths, v, "job/{job_id}", "get")
         ),
         key=found.__getitem__,
     )
+    offered = ", ".join(sorted(found, key=found.__getitem__)) or "none"
+    known = ", ".join(KNOWN_VERSIONS)
     if pinned != "auto":
+        if pinned not in KNOWN_VERSIONS:
+            raise ValueError(f"pitcrew does not know slurm/{pinned}; it knows {known}")
         if pinned not in found:
-            raise ValueError(f"server does not offer slurm/{pinned}; it offers {sorted(found)}")
+            raise ValueError(f"server does not offer slurm/{pinned}; it offers {offered}")
         version = pinned
     elif usable:
         version = usable[-1]
     else:
-        raise ValueError("server offers no slurm/v0.0.XX API that reads nodes and jobs")
+        raise ValueError(
+            f"server offers no slurm API version pitcrew knows that reads nodes and jobs: "
+            f"it offers {offered}; pitcrew knows {known}"
+        )
     spellings = tuple((t, s) for t in _TAILS if (s := _spelling(paths, version, t, "get")))
     node_update = _spelling(paths, version, "node/{node_name}", "post") is not None
     return RestApi(version, node_update, tuple(usable), spellings)

@@ -144,7 +144,11 @@ class RestScheduler:
             raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
         with _shape("get_node"):
             node = node_from_json(nodes[0])
-        if node.reason and not (node.down or node.drained or "FAIL" in node.states):
+        if (
+            api.version == "v0.0.38"
+            and node.reason
+            and not (node.down or node.drained or "FAIL" in node.states)
+        ):
             # 22.05 (v0.0.38) shows a DOWN node whose CPUs are still allocated (its jobs being
             # killed) as "mixed"/"allocated" without a DOWN flag; a reason says it is out of
             # service. scontrol shows the base state: ask it rather than report the node in service.
