@@ -106,13 +106,13 @@ def _check(args: argparse.Namespace) -> int:
 
 def _check_live(config: Config) -> int:
     """Reach every configured far side once (``bot.probes``); exit 1 naming what is missing."""
-    from bot.probes import live_check, missing, render
+    from bot.probes import live_check, missing, render, unable
 
     checked = asyncio.run(live_check(config))
     print("far sides:")
     for line in render(checked):
         print(line)
-    problems = missing(checked)
+    problems = missing(checked) + unable(config, checked)
     for problem in problems:
         print(f"pitcrew: check-config --live: missing {problem}", file=sys.stderr)
     return 1 if problems else 0

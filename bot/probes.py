@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bot.config import Config
+from bot.domain.policy import Mode
 from bot.engine.context import Ports
 from bot.engine.ports import Probe, Probeable
 from bot.runtime import build_ports, outbox_far_sides
@@ -101,6 +102,35 @@ def render(checked: Sequence[Checked]) -> list[str]:
         missing = f" — missing: {'; '.join(item.probe.missing)}" if item.probe.missing else ""
         roles = "/".join(item.roles)
         lines.append(f"  {status:<4} {item.probe.system:<11} ({roles}) {item.probe.detail}{missing}")
+    return lines
+
+
+def unable(config: Config, checked: Sequence[Checked]) -> list[str]:
+    """One line per operation a reachable far side cannot do here that an acting playbook needs.
+
+    Only the scheduler's ``requeue`` so far: the ``drain`` step requeues the jobs still running
+    when a DRAIN's grace period ends (``slurm_drain_grace_seconds``), which any playbook with
+    ``slurm_down`` and ``drain`` may reach unless it always sets DOWN (``slurm_action: down``) or
+    Slinky's operator drains (``slurm.node_mapping: slinky``, no requeue by pitcrew).
+    """
+    lines = []
+    for item in checked:
+        for operation, why in item.probe.unable:
+            if operation != "requeue" or config.settings.slurm.node_mapping == "slinky":
+                continue
+            needing = [
+                name
+                for name, playbook in sorted(config.playbooks.playbooks.items())
+                if config.policy.mode_for(name) is not Mode.OBSERVE
+                and playbook.slurm_action != "down"
+                and {"slurm_down", "drain"} <= {spec.step for spec in playbook.steps}
+            ]
+            if needing:
+                lines.append(
+                    f"{item.probe.system}: requeue, which {', '.join(needing)} need after a DRAIN's grace "
+                    f"period: {why}; use the scontrol image (docker build --target scontrol), set "
+                    f"slurm_action: down on those playbooks, or run them in observe mode"
+                )
     return lines
 
 

@@ -248,13 +248,16 @@ class Probe:
     """What ``pitcrew check-config --live`` prints for one far side: reachable and allowed, or what is missing.
 
     ``missing`` names each permission, scope or object the far side refused (a Kubernetes verb,
-    a Slack scope, a channel), so the installer knows exactly what to grant.
+    a Slack scope, a channel), so the installer knows exactly what to grant. ``unable`` names
+    operations the far side cannot do here (``("requeue", why)``) although it is reachable: the
+    playbooks that need one are refused by ``check-config --live``.
     """
 
     system: str
     ok: bool
     detail: str
     missing: tuple[str, ...] = ()
+    unable: tuple[tuple[str, str], ...] = ()
 
 
 @runtime_checkable

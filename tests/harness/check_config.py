@@ -19,10 +19,13 @@ import yaml
 from proving_ground.assets import REPO
 
 
-def check_live(tmp_path: Path, settings: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:
+def check_live(
+    tmp_path: Path, settings: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``env`` is laid over the test's environment (e.g. a PATH without Slurm's client)."""
     config = tmp_path / "pitcrew.yaml"
     config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "pitcrew.db")}, **settings}))
-    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "bot.cli", "check-config", "--live", "-c", str(config)],
         capture_output=True,

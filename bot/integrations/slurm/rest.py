@@ -210,10 +210,20 @@ class RestScheduler:
                 "slurm", False, f"slurmrestd {self._url}: {exc}", missing=(probe_missing(exc, "slurmrestd"),)
             )
         detail = f"slurmrestd {self._url} {api.version}: partitions: {', '.join(names) or 'none'}"
-        if api.node_update:
-            return Probe("slurm", True, f"{detail}; node updates over REST")
         fallback = await self._fallback.probe()
-        return replace(fallback, detail=f"{detail}; node updates need scontrol: {fallback.detail}")
+        if not api.node_update:
+            return replace(fallback, detail=f"{detail}; node updates need scontrol: {fallback.detail}")
+        if fallback.ok:
+            return Probe("slurm", True, f"{detail}; node updates over REST; requeue through scontrol")
+        # No slurmrestd version (to v0.0.42, Slurm 24.11) has a requeue operation: without scontrol
+        # (the REST-only image) a job still running on a DRAINed node cannot be requeued.
+        why = (
+            f"slurmrestd {api.version} has no requeue operation and scontrol is unusable here "
+            f"({fallback.detail})"
+        )
+        return Probe(
+            "slurm", True, f"{detail}; node updates over REST; no requeue", unable=(("requeue", why),)
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:
