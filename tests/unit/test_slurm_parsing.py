@@ -262,7 +262,8 @@ CHECKS: dict[str, Callable[[Path], None]] = {
 
 def test_every_captured_file_has_a_check() -> None:
     files = {str(p.relative_to(SLURM)) for p in SLURM.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert files == set(CHECKS)
+    # Slurm 24.11's captures are table-tested beside these in test_slurm_versions.
+    assert {f for f in files if not f.startswith("24.11/")} == set(CHECKS)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

@@ -1,0 +1,235 @@
+"""The same remediation moments, as Slurm 22.05 and 24.11 print them, parse to the same records.
+
+``tests/fixtures/slurm/{cli,rest}`` are 22.05 (REST v0.0.38); ``tests/fixtures/slurm/24.11`` was
+captured from the real 24.11 servers by ``python -m proving_ground.slurm_capture --slurm 24.11``
+(REST v0.0.40, v0.0.41 and v0.0.42, ``scontrol --json``, ``scontrol show -o``, ``squeue --json``).
+Cases, one table row per file and interface:
+
+* a node DOWN with a reason, a node DRAINED under a running job, healthy nodes: states, reason,
+  who set it, ``SlurmdStartTime`` (22.05's ``state`` + ``state_flags`` and plain times, 24.11's
+  state lists and ``{"set", "number"}`` times; the ``[user@time]`` suffix of the text lines);
+* a requeued job pending with no nodes, then running elsewhere with one restart;
+* 24.11 keeps the last reason on a resumed node: it reads in service, the reason is history;
+* OpenAPI discovery picks v0.0.38 on 22.05 (node updates refused there) and v0.0.42 on 24.11;
+* 24.11's REST errors (unknown job) and ``sinfo --json``'s new grouped shape, which pitcrew
+  does not read (it reads nodes from ``scontrol`` or slurmrestd) and refuses as malformed;
+* every 24.11 capture has a row here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.integrations.slurm.cli import parse_job_line, parse_node_line
+from bot.integrations.slurm.json import discover_api, errors_of, jobs_from_payload, nodes_from_payload
+from tests.conftest import FIXTURES
+
+SLURM = FIXTURES / "slurm"
+V24 = SLURM / "24.11"
+REST_VERSIONS = ("v0.0.40", "v0.0.41", "v0.0.42")
+OURS = "pitcrew: pc-00001 XID 79 gpu3"
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def node_lines(path: Path) -> list[SlurmNodeState]:
+    return [parse_node_line(ln) for ln in path.read_text().splitlines() if ln.startswith("NodeName=")]
+
+
+def job_lines(path: Path) -> list[JobSnapshot]:
+    return [parse_job_line(ln) for ln in path.read_text().splitlines() if ln.startswith("JobId=")]
+
+
+def node_json(path: Path) -> list[SlurmNodeState]:
+    return nodes_from_payload(_json(path))
+
+
+def job_json(path: Path) -> list[JobSnapshot]:
+    return jobs_from_payload(_json(path))
+
+
+NodeView = dict[str, tuple[frozenset[str], str, bool]]  # name -> (states, reason, in service)
+
+
+def _nodes(**nodes: tuple[set[str], str, bool]) -> NodeView:
+    return {name.replace("_", "-"): (frozenset(s), r, up) for name, (s, r, up) in nodes.items()}
+
+
+HEALTHY_24 = _nodes(
+    gpu_001=({"MIXED"}, "", True), gpu_002=({"MIXED"}, "", True), gpu_003=({"IDLE"}, "", True)
+)
+DOWN_DRAIN_24 = _nodes(
+    gpu_001=({"DOWN"}, OURS, False),
+    gpu_002=({"MIXED", "DRAIN"}, "XID 48 test", False),
+    gpu_003=({"IDLE"}, "", True),
+)
+MOVED_24 = {**DOWN_DRAIN_24, "gpu-003": (frozenset({"MIXED"}), "", True)}
+
+#: (version, file under tests/fixtures/slurm, parser, nodes expected)
+NODE_TABLE: list[tuple[str, str, Callable[[Path], list[SlurmNodeState]], NodeView]] = [
+    ("22.05", "rest/nodes-all-healthy.json", node_json, _nodes(
+        gpu_001=({"MIXED"}, "", True), gpu_002=({"IDLE"}, "", True), gpu_003=({"IDLE"}, "", True))),
+    ("22.05", "rest/node-down.json", node_json, _nodes(gpu_001=({"DOWN"}, "XID 79", False))),
+    ("22.05", "rest/node-drained.json", node_json, _nodes(gpu_001=({"DOWN", "DRAIN"}, "XID 79 drain test", False))),
+    ("22.05", "cli/sinfo-down-drain.json", node_json, _nodes(
+        gpu_001=({"DOWN"}, "XID 79", False), gpu_002=({"MIXED"}, "", True),
+        gpu_003=({"MIXED", "DRAIN"}, "XID 48 test", False))),
+    ("22.05", "cli/text-interfaces-during-remediation.txt", node_lines, _nodes(
+        gpu_001=({"DOWN"}, "XID 79", False), gpu_003=({"MIXED", "DRAIN"}, "XID 48 test", False))),
+    ("24.11", "24.11/cli/scontrol-show-node-o-healthy.txt", node_lines, HEALTHY_24),
+    ("24.11", "24.11/cli/scontrol-show-node-o-down-drain.txt", node_lines, DOWN_DRAIN_24),
+    ("24.11", "24.11/cli/scontrol-show-node-o-requeued-running.txt", node_lines, MOVED_24),
+    ("24.11", "24.11/cli/scontrol-show-node-o-resumed.txt", node_lines, _nodes(gpu_001=({"IDLE"}, OURS, True))),
+    ("24.11", "24.11/cli/scontrol-json-show-node-healthy.json", node_json, HEALTHY_24),
+    ("24.11", "24.11/cli/scontrol-json-show-node-down-drain.json", node_json, DOWN_DRAIN_24),
+    ("24.11", "24.11/cli/scontrol-json-show-node-requeued-running.json", node_json, MOVED_24),
+    *[
+        row
+        for v in REST_VERSIONS
+        for row in (
+            ("24.11", f"24.11/rest/{v}/nodes-healthy.json", node_json, HEALTHY_24),
+            ("24.11", f"24.11/rest/{v}/nodes-down-drain.json", node_json, DOWN_DRAIN_24),
+            ("24.11", f"24.11/rest/{v}/nodes-requeued-running.json", node_json, MOVED_24),
+            ("24.11", f"24.11/rest/{v}/node-gpu-001-healthy.json", node_json, {"gpu-001": HEALTHY_24["gpu-001"]}),
+            ("24.11", f"24.11/rest/{v}/node-gpu-001-down-drain.json", node_json, {"gpu-001": DOWN_DRAIN_24["gpu-001"]}),
+            ("24.11", f"24.11/rest/{v}/node-gpu-001-requeued-running.json", node_json, {"gpu-001": MOVED_24["gpu-001"]}),
+            ("24.11", f"24.11/rest/{v}/node-gpu-002-down-drain.json", node_json, {"gpu-002": DOWN_DRAIN_24["gpu-002"]}),
+            ("24.11", f"24.11/rest/{v}/node-gpu-001-resumed.json", node_json, _nodes(gpu_001=({"IDLE"}, OURS, True))),
+        )
+    ],
+]  # fmt: skip
+
+JobView = list[tuple[str, str, tuple[str, ...], int]]  # (id, state, nodes, restarts)
+TRAIN_RUNNING: JobView = [("1", "RUNNING", ("gpu-001",), 0)]
+TRAIN_PENDING: JobView = [("1", "PENDING", (), 1)]
+TRAIN_MOVED: JobView = [("1", "RUNNING", ("gpu-003",), 1)]
+OTHER: tuple[str, str, tuple[str, ...], int] = ("2", "RUNNING", ("gpu-002",), 0)
+
+JOB_TABLE: list[tuple[str, str, Callable[[Path], list[JobSnapshot]], JobView]] = [
+    ("22.05", "rest/job-running.json", job_json, TRAIN_RUNNING),
+    ("22.05", "rest/job-requeued-pending.json", job_json, TRAIN_PENDING),
+    ("22.05", "rest/job-running-after-requeue.json", job_json, [("1", "RUNNING", ("gpu-002",), 1)]),
+    ("22.05", "cli/squeue-requeued.json", job_json, [
+        ("1", "RUNNING", ("gpu-002",), 1), ("2", "RUNNING", ("gpu-003",), 0)]),
+    ("24.11", "24.11/cli/scontrol-show-job-o-healthy.txt", job_lines, TRAIN_RUNNING),
+    ("24.11", "24.11/cli/scontrol-show-job-o-down-drain.txt", job_lines, TRAIN_PENDING),
+    ("24.11", "24.11/cli/scontrol-show-job-o-requeued-running.txt", job_lines, TRAIN_MOVED),
+    ("24.11", "24.11/cli/scontrol-json-show-job-healthy.json", job_json, TRAIN_RUNNING),
+    ("24.11", "24.11/cli/scontrol-json-show-job-down-drain.json", job_json, TRAIN_PENDING),
+    ("24.11", "24.11/cli/scontrol-json-show-job-requeued-running.json", job_json, TRAIN_MOVED),
+    ("24.11", "24.11/cli/squeue-json-healthy.json", job_json, [*TRAIN_RUNNING, OTHER]),
+    ("24.11", "24.11/cli/squeue-json-down-drain.json", job_json, [*TRAIN_PENDING, OTHER]),
+    ("24.11", "24.11/cli/squeue-json-requeued-running.json", job_json, [*TRAIN_MOVED, OTHER]),
+    *[
+        row
+        for v in REST_VERSIONS
+        for row in (
+            ("24.11", f"24.11/rest/{v}/job-healthy.json", job_json, TRAIN_RUNNING),
+            ("24.11", f"24.11/rest/{v}/job-down-drain.json", job_json, TRAIN_PENDING),
+            ("24.11", f"24.11/rest/{v}/job-requeued-running.json", job_json, TRAIN_MOVED),
+        )
+    ],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("version", "name", "parse", "expected"), NODE_TABLE, ids=[r[1] for r in NODE_TABLE])
+def test_nodes(
+    version: str, name: str, parse: Callable[[Path], list[SlurmNodeState]], expected: NodeView
+) -> None:
+    nodes = {n.name: n for n in parse(SLURM / name)}
+    assert {k: (n.states, n.reason, n.in_service) for k, n in nodes.items() if k in expected} == expected
+    for node in nodes.values():
+        if node.reason:
+            assert node.reason_user == "root"
+            assert node.reason_is_ours == node.reason.startswith("pitcrew: ")
+        if version == "24.11":  # every 24.11 interface says when slurmd started
+            assert node.slurmd_started_at is not None
+            assert node.gpus == 8
+
+
+@pytest.mark.parametrize(("version", "name", "parse", "expected"), JOB_TABLE, ids=[r[1] for r in JOB_TABLE])
+def test_jobs(version: str, name: str, parse: Callable[[Path], list[JobSnapshot]], expected: JobView) -> None:
+    jobs = parse(SLURM / name)
+    assert [(j.job_id, j.state, j.nodes, j.restarts) for j in jobs] == expected
+    [train] = [j for j in jobs if j.job_id == "1"]  # the checkpointing job, --requeue, as root
+    assert train.requeue and train.user == "root"
+    assert train.gpus == 8 or not train.running
+
+
+def test_openapi_discovery_on_each_version() -> None:
+    old = discover_api(_json(SLURM / "rest" / "openapi-v3.json"))
+    new = discover_api(_json(V24 / "rest" / "openapi-v3.json"))
+    assert (old.version, old.node_update) == ("v0.0.38", False)
+    assert (new.version, new.node_update, new.versions) == ("v0.0.42", True, REST_VERSIONS)
+    assert new.path("nodes") == "/slurm/v0.0.42/nodes/"
+    assert new.path("node/{node_name}", node_name="gpu-001") == "/slurm/v0.0.42/node/gpu-001"
+    for pinned in REST_VERSIONS:
+        assert discover_api(_json(V24 / "rest" / "openapi-v3.json"), pinned).node_update
+
+
+def check_update_answer(path: Path) -> None:
+    payload = _json(path)
+    assert payload["status"] == 200
+    assert errors_of(payload) == []
+    assert payload["meta"]["slurm"]["release"] == "24.11.5"
+
+
+def check_unknown_job(path: Path) -> None:
+    payload = _json(path)
+    assert payload["status"] == 404
+    [error] = errors_of(payload)
+    assert error.unknown_job
+    assert error.errno == 2017
+
+
+def check_sinfo_grouped(path: Path) -> None:
+    payload = _json(path)
+    assert {tuple(entry["nodes"]["nodes"]) for entry in payload["sinfo"]} >= {("gpu-002",)}
+    with pytest.raises(ValueError, match="no nodes list"):
+        nodes_from_payload(payload)
+
+
+def check_partitions(path: Path) -> None:
+    from bot.integrations.slurm.json import member_partitions, partitions_from_payload
+
+    assert member_partitions(partitions_from_payload(_json(path)), "gpu-002") is not None
+
+
+def check_partition_lines(path: Path) -> None:
+    from bot.integrations.slurm.cli import parse_partition_line
+
+    [partition] = [
+        parse_partition_line(ln) for ln in path.read_text().splitlines() if ln.startswith("Partition")
+    ]
+    assert (partition.name, partition.nodes, partition.total) == ("gpu", "gpu-[001-003]", 3)
+
+
+OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
+    "24.11/rest/openapi-v3.json": lambda _: test_openapi_discovery_on_each_version(),
+    "24.11/rest/v0.0.42/node-post-down-response.json": check_update_answer,
+    "24.11/rest/v0.0.42/node-post-drain-response.json": check_update_answer,
+    "24.11/rest/v0.0.42/node-post-resume-response.json": check_update_answer,
+    "24.11/rest/v0.0.42/job-unknown.json": check_unknown_job,
+    "24.11/rest/v0.0.42/partitions.json": check_partitions,
+    "24.11/cli/sinfo-json-down-drain.json": check_sinfo_grouped,
+    "24.11/cli/scontrol-show-partition-o.txt": check_partition_lines,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_CHECKS))
+def test_other_24_11_captures(name: str) -> None:
+    OTHER_CHECKS[name](SLURM / name)
+
+
+def test_every_24_11_capture_has_a_row() -> None:
+    files = {str(p.relative_to(SLURM)) for p in V24.rglob("*") if p.is_file() and p.name != "README.md"}
+    covered = {r[1] for r in NODE_TABLE} | {r[1] for r in JOB_TABLE} | set(OTHER_CHECKS)
+    assert files == {f for f in covered if f.startswith("24.11/")}
