@@ -14,6 +14,7 @@ from pathlib import Path
 
 from proving_ground.run import DemoOptions, click_running, run, stop_running
 from proving_ground.scenarios import SCENARIOS
+from proving_ground.slurm_root import VERSIONS
 
 BUTTONS = ("approve", "reject", "rollback")
 
@@ -29,6 +30,13 @@ def parser() -> argparse.ArgumentParser:
         default="xid79",
         help="xid79 (default): replace a node under a training job; ecc: reset a GPU; approve: wait for a "
         "human's approval; storm: 20 nodes at once, the breaker holds; app-xid: XID 13, notify only",
+    )
+    p.add_argument(
+        "--slurm",
+        choices=VERSIONS,
+        default=None,
+        help="Slurm to run: 22.05 (Debian 12's) or 24.11 (from the Debian 13 root scripts/setup makes); "
+        "default $PROVING_GROUND_SLURM, else 22.05",
     )
     p.add_argument("--keep", action="store_true", help="leave everything running to look around")
     p.add_argument("--interactive", action="store_true", help="approve scenario: wait for your own approval")
@@ -86,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         rich=False if args.plain else None,
         ports=ports,
+        slurm=args.slurm,
     )
     return run(options)
 

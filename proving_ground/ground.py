@@ -28,6 +28,7 @@ from proving_ground.proc import DemoError, find_binary, free_port, port_free
 from proving_ground.prometheus import Alertmanager, Prometheus, Timing, alertmanager_config, prometheus_config
 from proving_ground.scenarios import Scenario
 from proving_ground.slurm import BINARIES, SlurmCluster
+from proving_ground.slurm_root import chosen_version, root_missing
 from proving_ground.train_job import METRIC, ProgressServer
 
 #: Debian packages of every program the proving ground runs (binary → package).
@@ -36,9 +37,16 @@ APT = "apt-get install -y --no-install-recommends"
 TIMING = Timing(scrape_interval=1.0, evaluation_interval=1.0, group_wait=0.5, group_interval=1.0)
 
 
-def preflight(ports: dict[str, int] | None = None, programs: dict[str, str] = PROGRAMS) -> list[str]:
+def preflight(
+    ports: dict[str, int] | None = None, programs: dict[str, str] = PROGRAMS, *, slurm: str | None = None
+) -> list[str]:
     """Problems that would stop the demo, each with its fix; empty when it can start."""
     problems = []
+    try:
+        if (no_root := root_missing(chosen_version(slurm))) is not None:
+            problems.append(no_root)
+    except DemoError as exc:
+        problems.append(str(exc))
     missing = {b: p for b, p in programs.items() if find_binary(b) is None}
     if missing:
         packages = " ".join(sorted(set(missing.values())))
@@ -68,12 +76,13 @@ class ProvingGround:
         *,
         replace_delay: float = 5.0,
         ports: dict[str, int] | None = None,
+        slurm: str | None = None,
     ) -> None:
         self.scenario, self.workdir, self.far_side = scenario, workdir, far_side
         self.replace_delay = replace_delay
         self.ports = dict(ports or {})  # fixed by the user (0: a free one); preflight checked them
         self.nodes = node_names(scenario.nodes)
-        self.slurm = SlurmCluster(workdir / "slurm", nodes=self.nodes, rest=False)
+        self.slurm = SlurmCluster(workdir / "slurm", nodes=self.nodes, rest=False, version=slurm)
         self.standin: Standin | None = None
         self.progress: ProgressServer | None = None
         self.prometheus: Prometheus | None = None
@@ -90,7 +99,10 @@ class ProvingGround:
     # ------------------------------------------------------------------ lifecycle
     def steps(self) -> Iterator[str]:
         """Start the far sides one at a time, yielding what is about to start (for the timeline)."""
-        yield f"Slurm: munge, slurmctld and {len(self.nodes)} slurmd ({self.nodes[0]}…{self.nodes[-1]})"
+        yield (
+            f"Slurm {self.slurm.version}: munge, slurmctld and {len(self.nodes)} slurmd "
+            f"({self.nodes[0]}…{self.nodes[-1]})"
+        )
         self.slurm.start()
         yield "dcgm-exporter stand-in, one listener per node"
         collectors, fields = load_collectors(COLLECTORS_CSV)

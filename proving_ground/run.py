@@ -44,6 +44,7 @@ class DemoOptions:
     timeout: float = 240.0
     rich: bool | None = None
     ports: tuple[tuple[str, int], ...] = ()
+    slurm: str | None = None  # the Slurm version (proving_ground.slurm_root.VERSIONS)
 
 
 class Stopped(Exception):
@@ -57,7 +58,7 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
 def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     """The whole demo; the exit status (0: the scenario ended as it should)."""
     tl = timeline or Timeline(rich=options.rich)
-    problems = preflight(dict(options.ports))
+    problems = preflight(dict(options.ports), slurm=options.slurm)
     if problems:
         tl.say("scripts/demo cannot start:")
         for problem in problems:
@@ -68,7 +69,12 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     workdir.chmod(0o755)  # munged wants its socket's directories searchable by all; slurmrestd reads
     side: FarSide = far_side()
     ground = ProvingGround(
-        options.scenario, workdir, side, replace_delay=options.replace_delay, ports=dict(options.ports)
+        options.scenario,
+        workdir,
+        side,
+        replace_delay=options.replace_delay,
+        ports=dict(options.ports),
+        slurm=options.slurm,
     )
     previous = signal.signal(signal.SIGTERM, _on_term)
     status = 1
@@ -132,7 +138,8 @@ def _keep(ground: ProvingGround, tl: Timeline, incident_id: str | None) -> None:
     tl.say(f"  pitcrew       {urls.get('pitcrew')}  (read token: {ground.pitcrew.workdir / 'read.token'})")
     tl.say(f"  incidents     pitcrew incidents -c {config}")
     tl.say(f"                pitcrew incidents show ID -c {config}")
-    tl.say(f"  Slurm         SLURM_CONF={ground.slurm.conf} sinfo; squeue")
+    clients = f"{ground.slurm.bin_dir}/" if ground.slurm.bin_dir else ""
+    tl.say(f"  Slurm {ground.slurm.version}   SLURM_CONF={ground.slurm.conf} {clients}sinfo; {clients}squeue")
     for line in ground.far_side.where(incident_id):
         tl.say(f"  {line}")
     tl.say(f"Stop it with Ctrl-C here, or from anywhere: scripts/demo --stop (kill -TERM {os.getpid()})")

@@ -75,9 +75,12 @@ class SlurmRoot:
         self.bin_dir = run_dir / "bin"
         self._mount_point = root / str(run_dir).lstrip("/")
         self._holder: subprocess.Popen[bytes] | None = None
+        self._namespace: str | None = None
+        self._made: list[Path] = []  # directories made in the root for the mount point, deepest first
 
     def start(self) -> None:
         """Make the namespace with its mounts and the client wrappers."""
+        self._made = [p for p in (self._mount_point, *self._mount_point.parents) if not p.exists()]
         self._mount_point.mkdir(parents=True, exist_ok=True)
         mounts = " && ".join(
             [
@@ -85,7 +88,9 @@ class SlurmRoot:
                 f"mount --rbind /dev {shlex.quote(str(self.root / 'dev'))}",
                 f"mount --bind {shlex.quote(str(self.run_dir))} {shlex.quote(str(self._mount_point))}",
                 "echo ready",
-                "exec sleep infinity",
+                # Held while whoever started the cluster lives: a killed demo or test leaves no
+                # namespace behind once its daemons are gone too.
+                'exec sh -c "while kill -0 $PPID 2>/dev/null; do sleep 1; done"',
             ]
         )
         self._holder = subprocess.Popen(
@@ -100,6 +105,7 @@ class SlurmRoot:
             err = self._holder.stderr.read().decode(errors="replace") if self._holder.stderr else ""
             self.stop()
             raise DemoError(f"could not mount {self.root} for Slurm: {err.strip()}")
+        self._namespace = os.readlink(f"/proc/{self._holder.pid}/ns/mnt")
         self.bin_dir.mkdir(exist_ok=True)
         for client in CLIENTS:
             wrapper = self.bin_dir / client
@@ -116,13 +122,19 @@ class SlurmRoot:
         return ["nsenter", f"--target={self._holder.pid}", "--mount", "--", "chroot", str(self.root), *argv]
 
     def inside(self) -> list[int]:
-        """Processes whose root directory is this root (daemons, job steps, stray commands)."""
+        """This cluster's processes inside the root (daemons, job steps, stray commands): their root
+        directory is the root, and they are in this cluster's namespace or name its run directory
+        (another cluster may run from the same root at the same time)."""
+        marker = str(self.run_dir).encode()
         found = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                if os.readlink(entry / "root") == str(self.root):
+                if os.readlink(entry / "root") != str(self.root):
+                    continue
+                blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+                if os.readlink(entry / "ns" / "mnt") == self._namespace or marker in blob:
                     found.append(int(entry.name))
         return found
 
@@ -141,6 +153,7 @@ class SlurmRoot:
                 if pipe is not None:
                     pipe.close()
             self._holder = None
-        with contextlib.suppress(OSError):
-            self._mount_point.rmdir()  # empty once the namespace is gone
+        for made in self._made:  # empty once the namespace is gone
+            with contextlib.suppress(OSError):
+                made.rmdir()
         return survivors

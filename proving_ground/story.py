@@ -421,6 +421,8 @@ class Story:
             "node_calls": {n: self.ground.far_side.node_calls(n) for n in self.targets},
             "workdir": str(self.ground.workdir),
             "slurm_conf": str(self.slurm.conf),
+            "slurm_version": self.slurm.version,
+            "slurm_bin_dir": str(self.slurm.bin_dir) if self.slurm.bin_dir else None,
             "pitcrew_url": self.pitcrew.url,
             "pitcrew_config": str(self.pitcrew.config_path),
             "read_token": self.pitcrew.read_token,

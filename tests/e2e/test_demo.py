@@ -23,7 +23,9 @@ its run left. Cases:
   from Kubernetes; Slurm has every node back in service; the channel
   shows one storm digest and no message of its own for any held node;
 * Ctrl-C while the xid79 incident is under way: the demo exits 130 and leaves no process behind;
-* a ``--keep`` demo whose starter is SIGKILLed (a killed test run) stops everything by itself.
+* a ``--keep`` demo whose starter is SIGKILLed (a killed test run) stops everything by itself;
+* ``xid79`` with ``--slurm 24.11``: the same loop on Slurm 24.11 from its Debian 13 root, read
+  back through that Slurm's own ``scontrol``; nothing of the run is left in the root afterwards.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 import pytest
 
 from proving_ground.scenarios import BREAKER_NODES
+from proving_ground.slurm_root import DEFAULT_VERSION, root_path
 from proving_ground.train_job import read_progress
 from tests.harness.proc import require_binary, wait_until
 from tests.harness.slurm import require_slurm
@@ -53,8 +56,16 @@ NODE_STEPS = {"slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot
 class Demo:
     """One ``scripts/demo`` subprocess and what it wrote."""
 
-    def __init__(self, tmp: Path, scenario: str, *, keep: bool = True, interactive: bool = False) -> None:
-        require_slurm()
+    def __init__(
+        self,
+        tmp: Path,
+        scenario: str,
+        *,
+        keep: bool = True,
+        interactive: bool = False,
+        slurm: str | None = None,
+    ) -> None:
+        require_slurm(slurm or DEFAULT_VERSION)
         require_binary("prometheus", "prometheus")
         require_binary("prometheus-alertmanager", "prometheus-alertmanager")
         self.summary_path = tmp / f"{scenario}.json"
@@ -63,6 +74,7 @@ class Demo:
         argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", "120"]
         argv += ["--keep"] if keep else []
         argv += ["--interactive"] if interactive else []
+        argv += ["--slurm", slurm] if slurm else []
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(
                 argv,
@@ -110,6 +122,8 @@ class Demo:
 
     def slurm(self, *argv: str) -> str:
         env = {**os.environ, "SLURM_CONF": self.summary["slurm_conf"], "LC_ALL": "C"}
+        if self.summary.get("slurm_bin_dir"):  # that Slurm's own client, inside its root
+            argv = (str(Path(self.summary["slurm_bin_dir"]) / argv[0]), *argv[1:])
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=15, check=True).stdout
 
     def kube(self, path: str) -> Any:
@@ -373,3 +387,24 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGINT)
         starter.kill()
+
+
+def test_xid79_on_slurm_24_11(demo: Any) -> None:
+    d = demo("xid79", slurm="24.11")
+    summary = d.wait_summary()
+    assert summary["exit_status"] == 0, d.text()
+    assert summary["slurm_version"] == "24.11"
+    assert "Slurm 24.11: munge, slurmctld and 3 slurmd" in d.text()
+    job = d.job(summary["job_id"])
+    assert job["JobState"] == "RUNNING" and int(job["Restarts"]) >= 1, job
+    assert job["NodeList"] != summary["job_node"]
+    node = d.slurm("scontrol", "show", "node", "-o", summary["job_node"])
+    assert "Version=24.11" in node, node
+    progress = read_progress(Path(summary["workdir"]) / "slurm" / "train", summary["job_id"])
+    assert progress is not None and progress["resumed_from"] >= summary["checkpoint_at_fault"] > 0
+    assert progress["step"] > progress["resumed_from"]
+    assert "job past its checkpoint" in d.text() and "incident closed" in d.text()
+    stopped_cleanly(d)
+    root = root_path("24.11")
+    assert root is not None
+    assert not (root / summary["workdir"].lstrip("/")).exists()  # its mount point is gone too
