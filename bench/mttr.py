@@ -13,7 +13,11 @@ The baseline is the floor the same run's settings impose on the far sides: detec
 evaluation + group_wait, Slurm's requeue ~= cred_expire (5 s) + sched_interval (1 s), and the
 replacement delay the run asks for. Target: pitcrew's own share under 1 s.
 
-Usage: python bench/mttr.py [--runs 5] [--replace-delay 5]   (as root, with the demo's packages)
+``--slurm 22.05,24.11`` runs the same on each Slurm (24.11 from the root ``scripts/setup`` makes)
+and prints, beside the tables, how far apart their medians are — above all Slurm's own stage,
+DOWN -> the job running elsewhere, which is the version's requeue.
+
+Usage: python bench/mttr.py [--runs 5] [--replace-delay 5] [--slurm 22.05,24.11]   (as root)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +38,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from proving_ground.ground import TIMING  # noqa: E402
+from proving_ground.slurm_root import DEFAULT_VERSION, VERSIONS  # noqa: E402
 from proving_ground.story import STAGES  # noqa: E402
 
 TARGET_OWN = 1.0
 
 
-def one_run(workdir: Path, index: int, replace_delay: float) -> dict[str, Any]:
-    summary = workdir / f"run-{index}.json"
-    out = workdir / f"run-{index}.out"
-    argv = [sys.executable, "-m", "proving_ground", "--scenario", "xid79", "--plain"]
+def one_run(workdir: Path, index: int, replace_delay: float, slurm: str) -> dict[str, Any]:
+    summary = workdir / f"run-{slurm}-{index}.json"
+    out = workdir / f"run-{slurm}-{index}.out"
+    argv = [sys.executable, "-m", "proving_ground", "--scenario", "xid79", "--plain", "--slurm", slurm]
     argv += ["--json-summary", str(summary), "--replace-delay", str(replace_delay)]
     began = time.monotonic()
     with out.open("wb") as handle:
@@ -66,11 +72,56 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--replace-delay", type=float, default=5.0)
+    parser.add_argument(
+        "--slurm", default=DEFAULT_VERSION, help=f"versions, comma-separated: {', '.join(VERSIONS)}"
+    )
     args = parser.parse_args()
+    versions = [v.strip() for v in args.slurm.split(",") if v.strip()]
+    if unknown := [v for v in versions if v not in VERSIONS]:
+        parser.error(f"unknown Slurm {', '.join(unknown)}: choose from {', '.join(VERSIONS)}")
     workdir = Path(tempfile.mkdtemp(prefix="pitcrew-mttr-"))
+    by_version = {v: report(workdir, v, args.runs, args.replace_delay) for v in versions}
+    if len(by_version) > 1:
+        compare(by_version)
+    print(f"summaries and outputs: {workdir}")
+    return 0
+
+
+def _median(runs: list[dict[str, Any]], pick: Callable[[dict[str, Any]], Any]) -> float | None:
+    found = [float(v) for r in runs if (v := pick(r)) is not None]
+    return statistics.median(found) if found else None
+
+
+def compare(by_version: dict[str, list[dict[str, Any]]]) -> None:
+    """Median differences against the first version, per milestone and per stage."""
+    (first, base), *others = by_version.items()
+    picks: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("fault -> job RUNNING elsewhere", lambda r: r.get("fault_to_job_running")),
+        ("fault -> job past its checkpoint", lambda r: r.get("fault_to_job_progress")),
+        ("fault -> incident closed", lambda r: r.get("fault_to_closed")),
+        *[(f"  {name}", lambda r, n=name: r["stages"].get(n)) for name, *_ in STAGES],
+        ("pitcrew's own share", lambda r: r.get("pitcrew_own_seconds")),
+    ]
+    for version, runs in others:
+        print(f"medians, Slurm {version} against {first} (seconds)     {first:>8} {version:>8}     diff")
+        for name, pick in picks:
+            a, b = _median(base, pick), _median(runs, pick)
+            if a is not None and b is not None:
+                print(f"  {name:<34} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+        a, b = (_median(r, lambda x: x["stages"].get("slurm")) for r in (base, runs))
+        if a is not None and b is not None:
+            print(
+                f"Slurm's own requeue (DOWN -> job running elsewhere): {b:.2f}s on {version}, "
+                f"{a:.2f}s on {first}: {b - a:+.2f}s"
+            )
+
+
+def report(workdir: Path, slurm: str, count: int, replace_delay: float) -> list[dict[str, Any]]:
+    """``count`` runs on Slurm ``slurm``, each printed, then the table; the runs' summaries."""
     runs = []
-    for i in range(1, args.runs + 1):
-        data = one_run(workdir, i, args.replace_delay)
+    print(f"Slurm {slurm}", flush=True)
+    for i in range(1, count + 1):
+        data = one_run(workdir, i, replace_delay, slurm)
         runs.append(data)
         print(
             f"run {i}: job running {data['fault_to_job_running']:.2f}s, past checkpoint "
@@ -82,7 +133,7 @@ def main() -> int:
     def values(key: str) -> list[float]:
         return [float(r[key]) for r in runs if r.get(key) is not None]
 
-    print(f"\nxid79 on the proving ground, {len(runs)} runs (seconds)       min   median      max")
+    print(f"\nxid79 on the proving ground, Slurm {slurm}, {len(runs)} runs (s)  min   median      max")
     print(row("fault -> job RUNNING elsewhere", values("fault_to_job_running")))
     print(row("fault -> job past its checkpoint", values("fault_to_job_progress")))
     print(row("fault -> incident closed", values("fault_to_closed")))
@@ -107,14 +158,13 @@ def main() -> int:
     print(
         f"\nbaseline (this run's far-side floors): detection <= {floor:.1f}s (scrape {TIMING.scrape_interval:.0f}s + "
         f"eval {TIMING.evaluation_interval:.0f}s + group_wait {TIMING.group_wait}s); Slurm requeue ~6s "
-        f"(cred_expire 5s + sched_interval 1s); replacement {args.replace_delay:.0f}s"
+        f"(cred_expire 5s + sched_interval 1s); replacement {replace_delay:.0f}s"
     )
     worst = max(own) if own else float("nan")
     print(
-        f"pitcrew's own share: max {worst:.3f}s, target < {TARGET_OWN:.0f}s: {'met' if worst < TARGET_OWN else 'MISSED'}"
+        f"pitcrew's own share: max {worst:.3f}s, target < {TARGET_OWN:.0f}s: {'met' if worst < TARGET_OWN else 'MISSED'}\n"
     )
-    print(f"summaries and outputs: {workdir}")
-    return 0
+    return runs
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def _playbook(requeue_wait: float = 60) -> dict[str, Any]:
     return {"replace-node": {"steps": steps}}
 
 
+@pytest.mark.every_slurm  # both tracks at once: on 22.05 and 24.11 in CI (the other two: --slurm all)
 def test_training_is_back_long_before_a_slow_replacement_is(
     slurm: SlurmCluster, pitcrew_factory: Any
 ) -> None:

@@ -82,3 +82,15 @@ def test_every_scenario_the_cli_offers_exists_and_injects_a_modelled_fault() -> 
         assert name in (option.help or ""), name
         assert f"`--scenario {name}`" in readme, name
     assert all(s.fault.kind in FAULTS for s in SCENARIOS.values())
+
+
+def test_a_missing_slurm_root_is_named_with_the_command_that_makes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVING_GROUND_SLURM_ROOTS", str(tmp_path))
+    [missing] = [p for p in preflight(slurm="24.11") if "root" in p and "Slurm 24.11" in p]
+    assert f"no Slurm 24.11 root at {tmp_path / 'slurm-24.11'}" in missing
+    assert "scripts/setup as root" in missing
+    assert not [p for p in preflight(slurm="22.05") if "Slurm 22.05 root" in p]  # the machine's own
+    [unknown] = [p for p in preflight(slurm="23.02") if "23.02" in p]
+    assert "choose one of 22.05, 24.11" in unknown
