@@ -154,6 +154,16 @@ class SlurmCluster:
         """Where this cluster's ``scontrol``/``squeue`` are for pitcrew (``slurm.bin_dir``); ``None``: PATH."""
         return self._root.bin_dir if self._root is not None else None
 
+    @property
+    def train_job(self) -> Path:
+        """The training job's script as this cluster's jobs see it (a root sees the run directory only)."""
+        return self.run_dir / TRAIN_JOB.name
+
+    @property
+    def job_python(self) -> str:
+        """The Python this cluster's jobs can run: the root's own for 24.11, this one's for 22.05."""
+        return "python3" if self._root is not None else sys.executable
+
     def command(self, *argv: str) -> list[str]:
         """``argv`` as it runs against this cluster's Slurm (inside its root for 24.11)."""
         return self._root.command(*argv) if self._root is not None else list(argv)
@@ -295,6 +305,10 @@ class SlurmCluster:
     def submit(self, *sbatch_args: str, script: Path | None = None, env: dict[str, str] | None = None) -> str:
         """``sbatch --parsable`` (a ``script`` or ``--wrap=…`` in the arguments); returns the job id."""
         job_env = self.env | {"PITCREW_JOB_DIR": str(self.job_dir)} | (env or {})
+        if script is not None and self._root is not None and not script.is_relative_to(self.run_dir):
+            # A root's sbatch sees only the run directory of this machine's files.
+            (self.run_dir / "scripts").mkdir(exist_ok=True)
+            script = Path(shutil.copy(script, self.run_dir / "scripts" / script.name))
         argv = ["sbatch", "--parsable", f"--output={self.run_dir / 'log' / 'job-%j.out'}", *sbatch_args]
         argv += [str(script)] if script else []
         proc = subprocess.run(
@@ -336,7 +350,7 @@ class SlurmCluster:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         }
         # The script as the cluster sees it: a root's sbatch cannot read the checkout.
-        script = self.run_dir / TRAIN_JOB.name
+        script = self.train_job
         return self.submit("--job-name=ckpt-train", *flags, *extra, script=script, env=env)
 
     def survivors(self) -> list[int]:

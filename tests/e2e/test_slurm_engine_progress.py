@@ -13,7 +13,6 @@ Prometheus scrapes every second. Cases:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from proving_ground.prometheus import Prometheus
-from proving_ground.slurm import TRAIN_JOB, SlurmCluster
+from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import METRIC, ProgressServer
 from tests.e2e.slurm_engine import (
     TERMINAL,
@@ -129,7 +128,7 @@ def test_no_progress_after_the_restart_times_out_and_escalates(
         pitcrew_factory, slurm, "no-progress", playbooks=playbooks, **progress_config(prometheus)
     )
     script = tmp_path / "stalled.sh"
-    script.write_text(STALLED_JOB.format(metric=METRIC, python=sys.executable, train_job=TRAIN_JOB))
+    script.write_text(STALLED_JOB.format(metric=METRIC, python=slurm.job_python, train_job=slurm.train_job))
     job_id = slurm.submit(
         "--requeue", "--open-mode=append", "--gres=gpu:h100:8", "--job-name=stalls", script=script
     )

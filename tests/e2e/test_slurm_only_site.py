@@ -8,12 +8,15 @@ job running again on another node and says so at once, while the node track wait
 broken node stays DOWN with pitcrew's reason as long as its slurmd is the one it had at the
 fault — nothing returns an unrepaired node to service; once the node's slurmd starts again
 (the repair), pitcrew resumes it and the incident resolves with both times reported; the
-dry-run journal holds only the notices.
+dry-run journal holds only the notices. Both backends; ``rest`` as the REST-only image runs it,
+with no ``scontrol`` on PATH (the slurmd start time, DOWN and RESUME all over slurmrestd), on
+Slurm 24.11 only: 22.05's slurmrestd cannot update nodes.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +29,20 @@ from tests.harness.scenarios import delivery, events, notices, step_result
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.every_slurm
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
 def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_node(
-    slurm: SlurmCluster, pitcrew_factory: Any
+    slurm: SlurmCluster, pitcrew_factory: Any, backend: str, tmp_path: Path
 ) -> None:
-    settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
+    env: dict[str, str] = {}
+    if backend == "rest":
+        if slurm.version == "22.05":
+            pytest.skip("slurmrestd v0.0.38 cannot update nodes (test_slurm_rest_only)")
+        (tmp_path / "empty-path").mkdir()
+        env["PATH"] = str(tmp_path / "empty-path")  # the REST-only image: no Slurm client
+    settings = slurm.pitcrew_settings(backend, command_timeout=5)
+    if backend == "rest":
+        settings["slurm"].pop("bin_dir", None)  # type: ignore[attr-defined]
     settings["integrations"] = {"scheduler": "slurm", "cluster": "none"}
     server = pitcrew_factory(
         "slurm-only",
@@ -54,6 +67,7 @@ def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_
             **settings,
         },
         simulated=False,
+        env=env,
     ).start()
     job_id, node = training_on_a_node(slurm)
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
