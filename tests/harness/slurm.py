@@ -5,10 +5,14 @@ its end); ``slurm`` is that cluster reset to quiet (no jobs, every node IDLE) fo
 ``require_slurm`` skips, or under ``CI=true`` fails, when a Slurm or munge binary is missing.
 
 Which Slurm: ``--slurm 22.05|24.11|all`` (or ``$PROVING_GROUND_SLURM``). Unset, every test runs on
-Debian 12's 22.05 and the tests marked ``every_slurm`` (the remediation, the REST-only
-deployment, both tracks) run on 24.11 as well: the version-sensitive paths meet both Slurms in
-CI while the slower behaviours that do not depend on the version run once. ``all`` runs every
-Slurm test on both. One cluster per version for the session (the tests are grouped by it).
+Debian 12's 22.05 and the tests marked ``every_slurm`` run on 24.11 as well: the fatal-fault
+remediation and the Slurm-only hand-over with both backends, the REST-only deployment, both
+tracks at once. Those are the paths whose Slurm output changed between the versions (node
+states, reasons kept after RESUME, REST v0.0.38 against v0.0.40-42, the slurmd start time) and
+the one deployment only 24.11 makes possible. The rest (storm, controller outage, crash
+safety, progress, drain and ownership cases) exercise pitcrew's engine against the same reads
+and are run on 24.11 with ``--slurm 24.11`` or ``all``, not on every CI run: CI's time budget.
+One cluster per version for the session (the tests are grouped by it).
 The names tests import from here (``SlurmCluster``, ``eventually``, ``TRAIN_JOB`` ...) are the
 package's, re-exported so existing imports keep working.
 """
