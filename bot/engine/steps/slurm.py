@@ -12,12 +12,24 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from bot.domain.incident import State
-from bot.domain.jobs import JobSnapshot
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import owns_slurm_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.training import progress_of
+
+
+def _down_while_busy(state: SlurmNodeState, incident_id: str) -> bool:
+    """A node this incident set DOWN while its CPUs are still allocated (its job being killed).
+
+    Slurm's client library reports such a node MIXED or ALLOCATED, without DOWN: ``slurm_load_node``
+    replaces the base state (DOWN is one) by MIXED when some CPUs are in use (``_set_node_mixed``,
+    src/api/node_info.c). slurmrestd 24.11 shows this for a moment after the update; the reason,
+    naming this incident, says the DOWN was applied. Flags such as DRAIN survive, so only DOWN needs it.
+    """
+    busy = bool(state.states & {"MIXED", "ALLOCATED", "COMPLETING"})
+    return busy and owns_slurm_reason(state.reason, incident_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +117,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         state = await scheduler.node(name)
         if state.gpus is not None:
             await ctx.save(replace(ctx.progress, gpus={**ctx.progress.gpus, name: state.gpus}))
-        if state.down or state.drained:
+        if state.down or state.drained or _down_while_busy(state, ctx.incident.id):
             mine = owns_slurm_reason(state.reason, ctx.incident.id)
             owned[name] = mine
             if not mine:
@@ -124,7 +136,8 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
             await scheduler.down(name, reason)
         await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
         after = await scheduler.node(name)
-        if not (after.down or after.drained) or not owns_slurm_reason(after.reason, ctx.incident.id):
+        applied = after.down or after.drained or _down_while_busy(after, ctx.incident.id)
+        if not applied or not owns_slurm_reason(after.reason, ctx.incident.id):
             raise TransientError(
                 f"Slurm node {name} not yet {action.upper()} (reads {'+'.join(sorted(after.states))}, "
                 f"reason {after.reason[:80]!r})",
