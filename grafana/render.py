@@ -3,7 +3,7 @@
 Owns what each panel asks and where it sits, so nothing is copied by hand:
 ``grafana/dashboards/*.json`` and ``deploy/kubernetes/grafana-dashboards.yaml`` are this script's
 output; ``python grafana/render.py`` rewrites them, ``--check`` (run in CI by
-tests/unit/test_dashboards.py) fails when any differs from what it would write.
+tests/integration/test_dashboards.py) fails when any differs from what it would write.
 
 Every query runs on the ``${datasource}`` variable (no datasource id is hard-coded); the only
 other datasource is Grafana's built-in one, for the ``pitcrew`` region annotations. GPU series
