@@ -40,7 +40,6 @@ from pytest_timeout import is_debugging
 #: prefix that matches wins, and a test elsewhere has the ``timeout`` of pyproject.toml.
 LIMITS = (
     ("tests/unit/", 30.0),  # in process, pure: the slowest takes under a second
-    ("tests/engine/", 60.0),  # in process, fake time
     ("tests/e2e/", 420.0),  # real Slurm, Prometheus, Alertmanager, the demo: 30-120 s alone
 )
 #: Seconds a test that timed out may go on hanging before the run is ended (ini ``timeout_grace``).

@@ -14,7 +14,7 @@ Each case runs deliberately hanging tests in a pytest of their own (pytester, a 
 - a worker that swallows every cancellation keeps even the event loop's closing stuck: the
   report comes again ``timeout_grace`` seconds later and the run ends, exit 1.
 
-The per-directory limits: a unit test has 30 s, an engine test 60 s, an end-to-end test 420 s,
+The per-directory limits: a unit test has 30 s, an end-to-end test 420 s,
 a test elsewhere the ``timeout`` of pyproject.toml (180 s, setup and teardown included).
 """
 
@@ -139,7 +139,7 @@ def test_a_hang_in_a_fixture_teardown_is_caught(isolated: pytest.Pytester, swall
     ("nodeid", "seconds"),
     [
         ("tests/unit/test_fleet.py::test_x", 30),
-        ("tests/engine/test_flow.py::test_x[a]", 60),
+        ("tests/engine/test_metrics.py::test_x[a]", None),  # a thousand incidents: 50 s under load
         ("tests/e2e/test_demo.py::test_x", 420),
         ("tests/integration/test_webhook.py::test_x", None),  # pyproject.toml's timeout
         ("tests/slack/test_inbound.py::test_x", None),
