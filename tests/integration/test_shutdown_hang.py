@@ -15,12 +15,24 @@ application's cleanup, what ``pitcrew serve`` runs on SIGTERM):
 - a write reaching the store 0 to 3 iterations after its close began is committed or refused
   with ``StoreUnavailable``, and the close ends. (Before: it stayed in the writer's queue with
   nobody to run it, and its caller waited for ever.)
+
+And ``pitcrew serve`` itself (the CLI, a subprocess, the same cleanup on SIGTERM): with 40
+observe-mode incidents watched and deliveries of new alerts for their nodes waking their
+workers all the time, SIGTERM ends it with exit 0, in each of two rounds (a restart on the
+same store resumes the watching). From outside the process the stop cannot be placed at a loop
+iteration: this case passed before the fix too (6 SIGTERMs of 6, in three-round runs); the cases above are the ones
+that place it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import copy
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +48,8 @@ from bot.store.base import StoreUnavailable
 from bot.store.sqlite import SqliteStore
 from bot.web.app import DEPS
 from tests.conftest import FIXTURES
+from tests.harness.pitcrew import Pitcrew
+from tests.harness.proc import wait_until
 from tests.harness.timeouts import await_chain, describe_task
 from tests.simulator.serve import WorldFile, simulated_ports
 
@@ -157,3 +171,70 @@ async def test_a_write_submitted_as_the_store_closes_is_answered(tmp_path: Path,
             assert await reopened.switch("pause") is not None
         finally:
             await reopened.close()
+
+
+NODES = 40
+
+
+def _alerts_for_every_node(round_: int) -> bytes:
+    """One delivery: a new XID 79 alert (fingerprint of its own) for each of ``NODES`` nodes."""
+    body = json.loads(XID79)
+    template, body["alerts"] = body["alerts"][0], []
+    for number in range(NODES):
+        alert = copy.deepcopy(template)
+        alert["fingerprint"] = f"{round_:08x}{number:08x}"
+        node = f"gpu-node-{number:03d}"
+        alert["labels"] = {**alert["labels"], "node": node, "Hostname": node}
+        body["alerts"].append(alert)
+    return json.dumps(body).encode()
+
+
+def _all_watched(server: Pitcrew) -> bool:
+    incidents = server.incidents()
+    return len(incidents) == NODES and all(
+        any(e["kind"] == "watching" for e in server.incident(i["id"])["events"]) for i in incidents
+    )
+
+
+def _sigterm_during_deliveries(server: Pitcrew, rounds: Iterator[int]) -> int:
+    """SIGTERM once deliveries of new alerts for every node are being answered; its exit code."""
+    stop, answered = threading.Event(), [0]
+
+    def keep_delivering() -> None:
+        while not stop.is_set():
+            try:
+                status, _ = server.post_alerts(_alerts_for_every_node(next(rounds)))
+            except OSError:  # the server has closed its port
+                return
+            answered[0] += status == 200
+
+    storm = threading.Thread(target=keep_delivering, name="deliveries")
+    storm.start()
+    try:
+        wait_until(lambda: answered[0] >= 3, timeout=HUNG, what="deliveries answered")
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            return server.process.wait(timeout=HUNG)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"pitcrew serve still running {HUNG:g}s after SIGTERM:\n{server.log.read_text()[-3000:]}"
+            )
+    finally:
+        stop.set()
+        storm.join()
+
+
+@pytest.mark.slow
+def test_pitcrew_serve_ends_on_sigterm_while_deliveries_wake_its_workers(pitcrew_factory: Any) -> None:
+    server: Pitcrew = pitcrew_factory("serve", simulated=False)
+    rounds = iter(range(1, 1_000_000))
+    for round_ in range(2):
+        server.start()
+        if round_ == 0:
+            status, answer = server.post_alerts(_alerts_for_every_node(0))
+            assert status == 200 and len(answer["opened"]) == NODES, answer
+        wait_until(lambda: _all_watched(server), timeout=HUNG, what=f"{NODES} incidents watched")
+        code = _sigterm_during_deliveries(server, rounds)
+        assert code == 0, f"round {round_}:\n{server.log.read_text()[-3000:]}"
+        server.process = None
