@@ -9,6 +9,7 @@ read once at start.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -140,8 +141,7 @@ def load_config(path: Path | None = None, *, steps: Vocabulary | None = None, **
 def load_catalog(path: Path | None = None, overrides: dict[str, Override] | None = None) -> Catalog:
     where = str(path) if path else "shipped catalog"
     try:
-        text = path.read_text() if path else resources.files("bot.data").joinpath("catalog.yaml").read_text()
-        catalog = parse_catalog(_parse(text))
+        catalog = parse_catalog(_parse(path.read_text())) if path else _shipped_catalog()
         return catalog.with_overrides(overrides or {})
     except OSError as exc:
         raise ConfigError(f"catalog: cannot read {where}: {exc.strerror}") from None
@@ -151,6 +151,13 @@ def load_catalog(path: Path | None = None, overrides: dict[str, Override] | None
         raise ConfigError(_explain(exc, path, prefix="catalog")) from None
     except ValueError as exc:
         raise ConfigError(f"catalog: {exc}") from None
+
+
+@functools.cache
+def _shipped_catalog() -> Catalog:
+    """The catalog in the package, read once: every ``load_config`` starts from it (a frozen model;
+    ``with_overrides`` copies what it changes)."""
+    return parse_catalog(_parse(resources.files("bot.data").joinpath("catalog.yaml").read_text()))
 
 
 def load_playbooks(overrides: dict[str, Playbook] | None = None) -> PlaybookSet:
