@@ -36,11 +36,14 @@ from typing import Any
 import pytest
 from pytest_timeout import is_debugging
 
-#: Seconds a test may take (setup, call and teardown), by the directory it is in; the first
-#: prefix that matches wins, and a test elsewhere has the ``timeout`` of pyproject.toml.
+#: Seconds a test may take (setup, call and teardown), by the directory or file it is in; the
+#: first prefix that matches wins, and a test elsewhere has the ``timeout`` of pyproject.toml.
 LIMITS = (
     ("tests/unit/", 30.0),  # in process, pure: the slowest takes under a second
     ("tests/e2e/", 420.0),  # real Slurm, Prometheus, Alertmanager, the demo: 30-120 s alone
+    # One program each, bounded at 600 s by the test itself: the image's pip build, checkov's scan.
+    ("tests/packaging/test_image.py", 660.0),
+    ("tests/packaging/test_checkov.py", 660.0),
 )
 #: Seconds a test that timed out may go on hanging before the run is ended (ini ``timeout_grace``).
 GRACE = 60.0

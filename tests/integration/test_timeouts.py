@@ -143,6 +143,8 @@ def test_a_hang_in_a_fixture_teardown_is_caught(isolated: pytest.Pytester, swall
         ("tests/e2e/test_demo.py::test_x", 420),
         ("tests/integration/test_webhook.py::test_x", None),  # pyproject.toml's timeout
         ("tests/slack/test_inbound.py::test_x", None),
+        ("tests/packaging/test_image.py::test_x", 660),  # its pip build may take 600 s
+        ("tests/packaging/test_manifests.py::test_x", None),
     ],
 )
 def test_each_directory_has_its_limit(nodeid: str, seconds: float | None) -> None:
