@@ -15,7 +15,6 @@ track does. ``close`` waits for both: the incident ends when both tracks have en
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -394,7 +393,14 @@ def _status(steps: Mapping[str, StepRecord], step: str) -> str | None:
 
 
 async def _stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` and wait until it has ended. A stop of the caller meanwhile (the engine's)
+    reaches the caller as the same ``CancelledError``: it is raised again, not taken for the
+    task's, or the node track would go on after the engine stopped it."""
     if task is not None and not task.done():
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
