@@ -276,7 +276,7 @@ def _command(args: argparse.Namespace) -> int:
         "breaker-reset": "/api/v1/breaker/reset",
     }
     payload: dict[str, Any] = {
-        "actor": args.actor or f"cli:{getpass.getuser()}",
+        "actor": args.actor or getpass.getuser(),
         "reason": getattr(args, "reason", ""),
     }
     if getattr(args, "force", False):
@@ -289,6 +289,7 @@ def _command(args: argparse.Namespace) -> int:
         headers={
             "Authorization": f"Bearer {read_secret(token_file, 'server.auth.admin_token_file')}",
             "Content-Type": "application/json",
+            "Pitcrew-Client": "cli",  # audited as cli:<actor> (bot.web.commands)
         },
     )
     try:
@@ -464,7 +465,7 @@ def _whole(maximum: int) -> Callable[[str], int]:
 
 def _command_flags(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--server", help="pitcrew base URL (default: http://<server.listen>)")
-    p.add_argument("--as", dest="actor", help="who is asking (default cli:$USER)")
+    p.add_argument("--as", dest="actor", help="who is asking (default $USER); audited as cli:NAME")
     p.set_defaults(handler=_command, verb=verb)
 
 

@@ -55,15 +55,19 @@ def test_unapproved_steps_never_run_and_strangers_are_refused(server: Pitcrew) -
     code, answer = server.command(f"/api/v1/incidents/{incident}/approve", "mallory")
     assert code == 403, answer
     refused = _events(server, incident, "approve_refused")
-    assert refused and refused[0]["actor"] == "mallory" and refused[0]["outcome"] == "refused"
+    assert refused and refused[0]["actor"] == "http:mallory" and refused[0]["outcome"] == "refused"
     assert server.incident(incident)["state"] == "awaiting_approval"
     assert not destructive_calls(server.journal_records())
 
-    code, _ = server.command(f"/api/v1/incidents/{incident}/approve", "slack:U0ALICE")
+    # The channel is pitcrew's to record: an HTTP caller cannot claim a Slack identity.
+    code, answer = server.command(f"/api/v1/incidents/{incident}/approve", "slack:U0ALICE")
+    assert code == 400 and "bare name" in answer["error"], answer
+    assert server.incident(incident)["state"] == "awaiting_approval"
+    code, _ = server.command(f"/api/v1/incidents/{incident}/approve", "alice")
     assert code == 200
     done = server.wait_incident(incident, "resolved", timeout=30)
-    assert done["approval"]["decided_by"] == "slack:U0ALICE"
-    assert _events(server, incident, "approved")[0]["actor"] == "slack:U0ALICE"
+    assert done["approval"]["decided_by"] == "http:alice"
+    assert _events(server, incident, "approved")[0]["actor"] == "http:alice"
     assert destructive_calls(server.journal_records())[("slurm_down", "gpu-node-02")] == 1
     # Approving twice is a conflict, audited too.
     code, _ = server.command(f"/api/v1/incidents/{incident}/approve", "alice")
@@ -77,7 +81,7 @@ def test_rejection_and_timeout_do_nothing_and_say_so(server: Pitcrew) -> None:
     code, _ = server.command(f"/api/v1/incidents/{rejected['opened'][0]}/reject", "alice")
     assert code == 200
     gone = server.wait_incident(rejected["opened"][0], "suppressed")
-    assert gone["outcome"] == "rejected by alice"
+    assert gone["outcome"] == "rejected by http:alice"
 
     timed_out = server.wait_incident(expired["opened"][0], "suppressed", timeout=30)
     assert timed_out["outcome"] == "approval timed out: nothing was done"
@@ -171,7 +175,7 @@ def test_cli_commands_reach_the_running_server(server: Pitcrew) -> None:
     assert refused.returncode == 1 and "may not approve" in refused.stdout
     approved = cli("approve", incident, "--as", "alice")
     assert approved.returncode == 0, approved.stderr
-    assert server.wait_incident(incident, "resolved", timeout=30)["approval"]["decided_by"] == "alice"
+    assert server.wait_incident(incident, "resolved", timeout=30)["approval"]["decided_by"] == "cli:alice"
     assert cli("pause", "--reason", "drill", "--as", "oncall").returncode == 0
     assert (
         b'"paused": true'
@@ -182,5 +186,5 @@ def test_cli_commands_reach_the_running_server(server: Pitcrew) -> None:
     assert cli("resume", "--as", "oncall").returncode == 0
     assert cli("breaker", "reset", "--as", "oncall").returncode == 0
     rolled = cli("rollback", incident, "--as", "alice")
-    assert rolled.returncode == 0 and "rolled back by alice" in rolled.stdout
+    assert rolled.returncode == 0 and "rolled back by cli:alice" in rolled.stdout
     assert "cordon:" in rolled.stdout  # the report of what was undone

@@ -91,9 +91,9 @@ def test_rollback_after_cordon_restores_the_node_exactly(pitcrew_factory: Any, t
     assert _node_state(server, world, "gpu-node-01") == before
     rolled = server.incident(incident)
     assert rolled["state"] == "rolled_back"
-    assert rolled["outcome"] == "rolled back by alice"
+    assert rolled["outcome"] == "rolled back by http:alice"
     assert {e["kind"] for e in rolled["events"]} >= {"rollback_requested", "step_undone", "rollback_done"}
-    assert all(e["actor"] == "alice" for e in rolled["events"] if e["kind"].startswith("rollback"))
+    assert all(e["actor"] == "http:alice" for e in rolled["events"] if e["kind"].startswith("rollback"))
     # Twice is harmless and refused.
     assert server.command(f"/api/v1/incidents/{incident}/rollback", "alice")[0] == 409
 
