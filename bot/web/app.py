@@ -24,6 +24,7 @@ from bot.engine.metrics import Metrics
 from bot.store.base import Store, StoreUnavailable
 from bot.web import auth
 from bot.web.commands import CommandSurface, add_command_routes
+from bot.web.limits import ConnectionGate, effective_cap
 from bot.web.reads import add_read_routes
 
 log = logging.getLogger(__name__)
@@ -51,15 +52,21 @@ class Deps:
 
 
 DEPS = web.AppKey("deps", Deps)
+#: The connection cap and stranger idle time ``bot.web.serve`` puts in front of the app.
+GATE = web.AppKey("gate", ConnectionGate)
 
 
 def create_app(deps: Deps) -> web.Application:
+    server = deps.config.settings.server
+    gate = ConnectionGate(effective_cap(server.max_connections), server.unauthenticated_idle.total_seconds())
     app = web.Application(
-        client_max_size=deps.config.settings.server.max_body_bytes,
+        client_max_size=server.max_body_bytes,
         # Bodies are read as sent: the webhook refuses a Content-Encoding (see ``_receive``).
         handler_args={"auto_decompress": False},
+        middlewares=[gate.middleware(lambda request: _authenticated(request, deps))],
     )
     app[DEPS] = deps
+    app[GATE] = gate
     app.router.add_post("/api/v1/alerts", receive_alerts)
     add_read_routes(app, DEPS)
     app.router.add_get("/healthz", healthz)
@@ -133,6 +140,12 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
             "attached": sorted(set(outcome.attached)),
         }
     )
+
+
+def _authenticated(request: web.Request, deps: Deps) -> bool:
+    """The request carries a valid credential of some role: its connection is no stranger's."""
+    roles = (deps.webhook_credentials, deps.admin_credentials, deps.read_credentials)
+    return any(auth.check(request, role) is None for role in roles if role.required)
 
 
 def _error(status: int, message: str) -> web.Response:
