@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from bot.config import Config
 from bot.domain.alerts import AlertRejected, PayloadError
@@ -25,7 +27,7 @@ from bot.store.base import Store, StoreUnavailable
 from bot.web import auth
 from bot.web.commands import CommandSurface, add_command_routes
 from bot.web.limits import ConnectionGate, effective_cap
-from bot.web.reads import add_read_routes
+from bot.web.reads import add_read_routes, denied_read
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,28 @@ async def readyz(request: web.Request) -> web.Response:
     )
 
 
+#: Series that name an incident's node and Slack thread: only for a scrape that may read incidents.
+INCIDENT_FAMILIES = frozenset({"pitcrew_incident_info"})
+
+
+class _Without(Collector):
+    """The registry without some families: what a scrape without the read token gets."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self._registry, self._names = registry, names
+
+    def collect(self) -> Iterable[Metric]:
+        return (family for family in self._registry.collect() if family.name not in self._names)
+
+
 async def metrics(request: web.Request) -> web.Response:
+    """Every aggregate series to anyone who reaches the port (Prometheus needs no credentials for
+    them); the per-incident series (node, Slack thread link) only with the credentials the read
+    API takes. Wrong credentials are a 403, so a misconfigured scrape shows as ``up == 0``."""
     deps = request.app[DEPS]
-    body = generate_latest(deps.metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    registry: Collector = deps.metrics.registry
+    if denied_read(request, deps) is not None:
+        if "Authorization" in request.headers:
+            return _error(403, "invalid credentials: /metrics takes the read or admin token")
+        registry = _Without(deps.metrics.registry, INCIDENT_FAMILIES)
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
