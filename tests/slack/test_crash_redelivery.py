@@ -9,10 +9,10 @@ same parent is updated afterwards (its buttons, then the approval). One parent, 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
+from tests.harness.engine_scans import scrape, wait_scans
 from tests.harness.pitcrew import Crash, Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
@@ -63,7 +63,7 @@ def test_sigkill_after_posting_the_parent_does_not_post_it_twice(
         server.wait_incident(incident, "awaiting_approval")
         parent = slack.api.messages[0]
         wait_until(lambda: bool(parent.updates), timeout=30, what="the recovered parent to be updated")
-        time.sleep(1.0)  # room for a wrong second post
+        wait_scans(scrape(server))  # the engine looked again, three times: still no second post
         tops = [m for m in slack.api.messages if m.thread_ts is None]
         assert len(tops) == 1, [m.text for m in tops]
         assert len([c for c in slack.api.calls_to("chat.postMessage") if not c.args.get("thread_ts")]) == 1
