@@ -21,13 +21,15 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from bot.web.limits import effective_cap
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
 
-OPEN_FILES = 1024  # the usual default
-CAP = 512  # server.max_connections' default, below what the open-files limit leaves (768)
-IDLE = 1100
+#: The usual default, unless this process may not hold more idle sockets than that.
+OPEN_FILES = 1024 if resource.getrlimit(resource.RLIMIT_NOFILE)[1] >= 1300 else 512
+CAP = effective_cap(512, OPEN_FILES)  # server.max_connections' default: 512 with 1,024 files
+IDLE = OPEN_FILES + 76
 #: Start pitcrew serve as the shell would with `ulimit -n 1024`.
 LIMITED = (
     "import resource, sys\n"
