@@ -38,22 +38,44 @@ from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
     try:
-        result: int = args.handler(args)
-        sys.stdout.flush()  # a reader that went away shows itself here, not at interpreter exit
-        return result
+        return _main(argv)
     except BrokenPipeError:
         return _reader_gone()
+    except OSError as exc:  # the output cannot be written (`> /dev/full`), or a file cannot be read
+        return _cannot_write(exc)
     except ConfigError as exc:
         print(f"pitcrew: invalid configuration:\n{exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, a usage error: their output must be written too
+        sys.stdout.flush()
+        raise
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        sys.stdout.flush()
+        return 2
+    result: int = args.handler(args)
+    sys.stdout.flush()  # a reader that went away, a full disk, show themselves here, not at exit
+    return result
+
+
+def _cannot_write(exc: OSError) -> int:
+    """One line and exit 1, no traceback. A write to stdout names no file; anything else does."""
+    what = f"cannot read or write {exc.filename}" if exc.filename else "cannot write the output"
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
+        os.close(devnull)
+    print(f"pitcrew: {what}: {exc.strerror or exc}", file=sys.stderr)
+    return 1
 
 
 def _reader_gone() -> int:
@@ -276,7 +298,7 @@ def _command(args: argparse.Namespace) -> int:
         "breaker-reset": "/api/v1/breaker/reset",
     }
     payload: dict[str, Any] = {
-        "actor": args.actor or f"cli:{getpass.getuser()}",
+        "actor": args.actor or getpass.getuser(),
         "reason": getattr(args, "reason", ""),
     }
     if getattr(args, "force", False):
@@ -289,6 +311,7 @@ def _command(args: argparse.Namespace) -> int:
         headers={
             "Authorization": f"Bearer {read_secret(token_file, 'server.auth.admin_token_file')}",
             "Content-Type": "application/json",
+            "Pitcrew-Client": "cli",  # audited as cli:<actor> (bot.web.commands)
         },
     )
     try:
@@ -393,7 +416,7 @@ def _whole(maximum: int) -> Callable[[str], int]:
 
 def _command_flags(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--server", help="pitcrew base URL (default: http://<server.listen>)")
-    p.add_argument("--as", dest="actor", help="who is asking (default cli:$USER)")
+    p.add_argument("--as", dest="actor", help="who is asking (default $USER); audited as cli:NAME")
     p.set_defaults(handler=_command, verb=verb)
 
 

@@ -72,6 +72,16 @@ class AuthSettings(_Section):
 class ServerSettings(_Section):
     listen: str = Field(default="127.0.0.1:9095", description="HOST:PORT for the webhook, API and /metrics.")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    max_connections: int = Field(
+        default=512,
+        ge=8,
+        description="Most open client connections (lowered to what the open-files limit leaves); at the "
+        "cap a new connection closes the longest-idle one, unauthenticated first.",
+    )
+    unauthenticated_idle: Duration = Field(
+        default=timedelta(seconds=5),
+        description="A connection that has sent no valid credential is closed after this long idle.",
+    )
     auth: AuthSettings = AuthSettings()
 
     @field_validator("listen")

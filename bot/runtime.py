@@ -44,8 +44,12 @@ from bot.integrations.slurm import RestScheduler, ScontrolScheduler, build_sched
 from bot.safety import port_problems
 from bot.store.base import Store
 from bot.store.sqlite import SqliteStore
-from bot.web.app import Background, Deps, create_app
+from bot.web.app import GATE, Background, Deps, create_app
 from bot.web.auth import Credentials
+from bot.web.limits import quiet
+from bot.web.serve import run
+
+log = logging.getLogger(__name__)
 
 
 def utcnow() -> datetime:
@@ -344,7 +348,14 @@ def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool =
     sys.setswitchinterval(0.0005)
     server = config.settings.server
     app = build_app(config, ports=ports, allow_simulated=allow_simulated)
-    web.run_app(app, host=server.host, port=server.port, print=None, shutdown_timeout=10)
+    gate = app[GATE]
+    if gate.cap < server.max_connections:
+        log.warning(
+            "server.max_connections lowered to what the open-files limit leaves",
+            extra={"max_connections": server.max_connections, "cap": gate.cap},
+        )
+    quiet()  # a connection flood's accept errors: one line per ten seconds, not thousands
+    run(app, server.host, server.port, gate, shutdown_timeout=10)
 
 
 class JsonFormatter(logging.Formatter):

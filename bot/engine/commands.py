@@ -32,17 +32,21 @@ class EngineControl(Protocol):
     async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]: ...
 
 
-#: Where a command may come from: an actor ``<channel>:<name>`` is matched by an allowlist entry
-#: naming the whole actor, or by the bare name for these channels only.
-CHANNELS = frozenset({"slack", "cli", "api"})
+#: Where a command may come from. pitcrew records it, never the caller: an actor is
+#: ``<channel>:<name>`` (``http:alice``, ``cli:alice``, ``slack:U0ALICE``), matched by an allowlist
+#: entry naming the whole actor, or by the bare name for these channels only.
+CHANNELS = frozenset({"slack", "cli", "http"})
 ACTOR_MAX = 128
+#: Longest free text a command carries (a pause's reason): it is stored, audited and posted to Slack.
+REASON_MAX = 500
 #: What a decision on an approval is called in the audit log.
 _DECIDED = {True: "approved", False: "rejected"}
 
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
-    """``status``: ``ok``, ``refused`` (not allowed), ``not_found`` or ``conflict`` (wrong state)."""
+    """``status``: ``ok``, ``refused`` (not allowed), ``not_found``, ``conflict`` (wrong state) or
+    ``invalid`` (a malformed argument, e.g. a reason above ``REASON_MAX``)."""
 
     status: str
     message: str
@@ -64,13 +68,35 @@ def allowed(actor: str, approvers: tuple[str, ...]) -> bool:
 
 
 def actor_problem(actor: object) -> str | None:
-    """Why ``actor`` cannot name who gave a command (it goes into the audit log as is), or ``None``."""
+    """Why ``actor`` cannot name who gave a command, or ``None``. It is a bare name: the channel
+    it came through is pitcrew's to record (``actor_of``), so a name holding ``:`` — ``slack:U0ALICE``
+    sent over HTTP — is refused rather than passed off as a Slack user."""
     if not isinstance(actor, str) or not actor.strip():
         return 'say who you are: {"actor": "name"}'
     if len(actor) > ACTOR_MAX:
         return f"actor is longer than {ACTOR_MAX} characters"
     if not actor.isprintable():
         return "actor holds control or other unprintable characters"
+    if ":" in actor:
+        return (
+            f"actor {actor.strip()[:40]!r} holds a ':': give the bare name; pitcrew records the channel "
+            "the command came through (http:NAME, cli:NAME, slack:USER)"
+        )
+    return None
+
+
+def actor_of(channel: str, name: str) -> str:
+    """The actor pitcrew records: the channel it saw the command arrive on, and the bare name."""
+    assert channel in CHANNELS, channel
+    return f"{channel}:{name.strip()}"
+
+
+def reason_problem(reason: object) -> str | None:
+    """Why ``reason`` cannot be a command's free text (stored, audited, posted), or ``None``."""
+    if not isinstance(reason, str):
+        return "reason must be a string"
+    if len(reason) > REASON_MAX:
+        return f"reason is {len(reason)} characters; at most {REASON_MAX}"
     return None
 
 
@@ -180,6 +206,9 @@ class Commands:
         return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
 
     async def pause(self, actor: str, reason: str = "") -> CommandResult:
+        problem = reason_problem(reason)
+        if problem is not None:
+            return CommandResult("invalid", f"not paused: {problem}")
         now = self._clock()
         await self._store.set_switch(PAUSE, {"reason": reason}, actor, now)
         self._metrics.paused.set(1)

@@ -125,7 +125,9 @@ async def test_after_a_reboot_only_a_new_boot_counts_as_back(
     handle = await cluster.reboot(NODE, incident_id="pc-00042")
     assert handle.startswith("reboot node/gpu-node-02 ") and f"boot={before}" in handle
     assert await cluster.successor(NODE, handle=handle) is None  # still Ready, but not rebooted yet
-    await asyncio.sleep(2.5)
-    back = await cluster.successor(NODE, handle=handle)
-    assert back is not None and back.name == NODE
+    deadline = asyncio.get_running_loop().time() + 30
+    while (back := await cluster.successor(NODE, handle=handle)) is None:
+        assert asyncio.get_running_loop().time() < deadline, "the rebooted node never came back"
+        await asyncio.sleep(0.1)
+    assert back.name == NODE
     assert k8s.get("nodes", NODE)["status"]["nodeInfo"]["bootID"] != before  # type: ignore[index]

@@ -1,7 +1,8 @@
 """The fault catalog, table-tested against the policy it must encode.
 
 Cases: every XID and fault entry plans the playbook the spec asks for; application XIDs
-never plan a node action; unknown XIDs and faults plan ``ask-human``; XID 154 follows the
+never plan a node action; unknown XIDs and faults plan ``ask-human`` (the unknown codes are
+asserted unknown, never skipped); an XID beside a catalog fault label decides; XID 154 follows the
 recovery action in its message; overrides apply; a broken catalog is refused.
 """
 
@@ -176,11 +177,24 @@ def test_named_xids(code: int, expected: str) -> None:
 
 @pytest.mark.parametrize("code", [1, 999, 4242])
 def test_unknown_xid_goes_to_a_human(code: int) -> None:
-    if code in CATALOG.xids:
-        pytest.skip("known")
+    # Never a skip: were the catalog to learn one of these, the case would test nothing.
+    assert code not in CATALOG.xids, f"the catalog now knows XID {code}: pick a code it does not"
     playbook, steps = planned(subject(xid=code))
     assert playbook == "ask-human"
     assert not set(steps) & MUTATING
+
+
+@pytest.mark.parametrize(
+    ("xid", "fault"),
+    [(79, "thermal"), (13, "row-remap-failure"), (48, "gpu-missing"), (13, "ecc-dbe")],
+)
+def test_an_xid_wins_over_a_catalog_fault_label(xid: int, fault: str) -> None:
+    """A rule may label an XID alert with a catalog fault (``fault: ecc-dbe``); the XID it carries
+    is the more precise fact and decides the playbook."""
+    assert CATALOG.faults[fault].playbook != CATALOG.xid_playbook(xid)  # the case can tell them apart
+    found = classify(subject(xid=xid, fault=fault), CATALOG)
+    assert found is not None and (found.kind, found.xid) == ("xid", xid)
+    assert planned(subject(xid=xid, fault=fault))[0] == CATALOG.xid_playbook(xid)
 
 
 def test_unknown_fault_and_garbage_xid_go_to_a_human() -> None:

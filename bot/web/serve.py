@@ -1,0 +1,70 @@
+"""Running the app until SIGINT/SIGTERM: aiohttp's ``AppRunner`` behind the ``ConnectionGate``.
+
+What ``web.run_app`` does (signals raise ``GracefulExit``, then the runner's graceful shutdown
+and the app's cleanup), with one difference: the listening socket hands connections to the gate
+(``bot.web.limits``), which wraps aiohttp's protocol factory — ``run_app`` has no place for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from bot.web.limits import ConnectionGate
+
+log = logging.getLogger(__name__)
+
+#: Idle keep-alive of authenticated peers (aiohttp's ``run_app`` default); strangers get the
+#: gate's much shorter ``stranger_idle``.
+KEEPALIVE = 75.0
+
+
+class GatedSite(web.BaseSite):
+    """A TCP site whose connections go through ``gate`` before aiohttp sees them."""
+
+    __slots__ = ("_gate", "_host", "_port")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate) -> None:
+        super().__init__(runner, backlog=128)
+        self._host, self._port, self._gate = host, port, gate
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._gate.factory(server), self._host, self._port, backlog=self._backlog, reuse_address=True
+        )
+
+
+def run(app: web.Application, host: str, port: int, gate: ConnectionGate, *, shutdown_timeout: float) -> None:
+    """Serve ``app`` on ``host:port`` until a signal; then shut down gracefully."""
+
+    async def main() -> None:
+        runner = web.AppRunner(
+            app, handle_signals=True, keepalive_timeout=KEEPALIVE, shutdown_timeout=shutdown_timeout
+        )
+        await runner.setup()
+        try:
+            await GatedSite(runner, host, port, gate).start()
+            log.info(
+                "listening",
+                extra={
+                    "listen": f"{host}:{port}",
+                    "max_connections": gate.cap,
+                    "stranger_idle": gate.stranger_idle,
+                },
+            )
+            await asyncio.Event().wait()  # until SIGINT/SIGTERM raise GracefulExit
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+        asyncio.run(main())
