@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from bot.domain.incident import State
 from bot.domain.policy import Mode
@@ -18,7 +18,7 @@ from bot.engine.admission import BREAKER, PAUSE, breaker_state
 from bot.engine.locks import IncidentLocks
 from bot.engine.metrics import Metrics
 from bot.engine.rollback import ROLLBACK
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.store.base import ApprovalStatus, IncidentRecord, NewEvent, Store
 
 
 class EngineControl(Protocol):
@@ -37,14 +37,14 @@ class EngineControl(Protocol):
 CHANNELS = frozenset({"slack", "cli", "api"})
 ACTOR_MAX = 128
 #: What a decision on an approval is called in the audit log.
-_DECIDED = {True: "approved", False: "rejected"}
+_DECIDED: dict[bool, ApprovalStatus] = {True: "approved", False: "rejected"}
 
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
     """``status``: ``ok``, ``refused`` (not allowed), ``not_found`` or ``conflict`` (wrong state)."""
 
-    status: str
+    status: Literal["ok", "refused", "not_found", "conflict"]
     message: str
     data: dict[str, Any] | None = None
 

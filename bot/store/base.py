@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
+from bot.domain.alerts import AlertStatus
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
@@ -20,6 +21,13 @@ from bot.domain.planner import PastIncident, Plan
 #: A JSON value as stored. Typed records are encoded to and decoded from it by ``bot.store.codec``.
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 JsonObject: TypeAlias = Mapping[str, Json]
+#: A step record: ``running`` (begun; after a crash, interrupted), ``ok``, ``failed`` (escalated),
+#: ``skipped`` (not applicable, or observe mode), ``undone`` (rolled back), ``superseded`` (a replan
+#: dropped it: its result no longer counts).
+StepStatus = Literal["running", "ok", "failed", "skipped", "undone", "superseded"]
+#: An approval request: ``pending`` until a human decides (``approved``, ``rejected``), its
+#: deadline passes (``expired``) or a rollback ends the incident first (``cancelled``).
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled"]
 
 
 class StoreUnavailable(RuntimeError):
@@ -57,7 +65,7 @@ class IncomingAlert:
     fingerprint: str
     starts_at: datetime
     ends_at: datetime | None
-    status: str
+    status: AlertStatus
     alertname: str
     node: str | None
     labels: Mapping[str, str]
@@ -69,7 +77,7 @@ class IncomingAlert:
 class Delivery:
     receiver: str
     group_key: str
-    status: str
+    status: AlertStatus
     truncated_alerts: int
     alerts: tuple[IncomingAlert, ...]
 
@@ -87,7 +95,7 @@ class IngestOutcome:
     #: Incidents already under way that got a fault they did not have (the engine replans them).
     changed: list[str] = field(default_factory=list)
     #: Alert keys and their state after this delivery, for the store's cache of committed keys.
-    cache: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+    cache: dict[tuple[str, str], tuple[AlertStatus, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +124,7 @@ class AlertRecord:
     fingerprint: str
     starts_at: datetime
     ends_at: datetime | None
-    status: str
+    status: AlertStatus
     alertname: str
     node: str | None
     incident_id: str | None
@@ -147,7 +155,7 @@ class Event:
 class StepRecord:
     incident_id: str
     step: str
-    status: str  # running | ok | failed | skipped | undone | superseded
+    status: StepStatus
     attempts: int
     started_at: datetime | None
     ended_at: datetime | None
@@ -162,7 +170,7 @@ class ApprovalRecord:
     requested_at: datetime
     deadline: datetime
     approvers: tuple[str, ...]
-    status: str  # pending | approved | rejected | expired
+    status: ApprovalStatus
     decided_by: str | None = None
     decided_at: datetime | None = None
 
@@ -213,7 +221,7 @@ class Store(Protocol):
 
     # alerts in, incidents out
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
+    def count_repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
         """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status."""
         ...
 
@@ -267,7 +275,7 @@ class Store(Protocol):
         self,
         incident_id: str,
         step: str,
-        status: str,
+        status: StepStatus,
         now: datetime,
         *,
         result: JsonObject | None = None,
@@ -287,7 +295,7 @@ class Store(Protocol):
     ) -> ApprovalRecord: ...
     async def approval(self, incident_id: str) -> ApprovalRecord | None: ...
     async def decide_approval(
-        self, incident_id: str, status: str, actor: str, now: datetime
+        self, incident_id: str, status: ApprovalStatus, actor: str, now: datetime
     ) -> ApprovalRecord | None: ...
     async def switch(self, name: str) -> Mapping[str, Any] | None: ...
     async def set_switch(
