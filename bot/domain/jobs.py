@@ -1,9 +1,9 @@
 """Slurm nodes and jobs as pitcrew sees them, and the proof that a job resumed.
 
 Plain frozen records filled by the scheduler adapters (``bot.integrations.slurm``) and
-judged here without I/O: whether a node is ours to resume, and whether a job that was on
-a faulty node is running again elsewhere. The adapters own parsing; this module owns the
-meaning.
+judged here without I/O: whether a job that was on a faulty node is running again elsewhere.
+The adapters own parsing; this module owns the meaning. Whose a node's reason is, is
+``bot.domain.ownership``'s to say.
 """
 
 from __future__ import annotations
@@ -12,24 +12,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-
-from bot.domain.ownership import REASON_MAX_LEN as REASON_MAX_LEN
-from bot.domain.ownership import REASON_PREFIX as REASON_PREFIX
-from bot.domain.ownership import clean_reason as clean_reason
-from bot.domain.ownership import is_pitcrew_reason
-from bot.domain.ownership import slurm_reason as pitcrew_reason
-
-__all__ = [
-    "REASON_PREFIX",
-    "JobSnapshot",
-    "ResumeVerdict",
-    "SlurmNodeState",
-    "clean_reason",
-    "expand_hostlist",
-    "judge_resumption",
-    "pitcrew_reason",
-]
-
 
 _ACTIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
 _PENDING_JOB_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
@@ -63,10 +45,6 @@ class SlurmNodeState:
     @property
     def in_service(self) -> bool:
         return not (self.down or self.drained or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
-
-    @property
-    def reason_is_ours(self) -> bool:
-        return is_pitcrew_reason(self.reason)
 
 
 @dataclass(frozen=True, slots=True)

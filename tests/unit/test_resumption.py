@@ -12,15 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.domain.jobs import (
-    REASON_MAX_LEN,
-    JobSnapshot,
-    SlurmNodeState,
-    clean_reason,
-    expand_hostlist,
-    judge_resumption,
-    pitcrew_reason,
-)
+from bot.domain.jobs import JobSnapshot, expand_hostlist, judge_resumption
+from bot.domain.ownership import REASON_MAX_LEN, clean_reason, is_pitcrew_reason, slurm_reason
 
 BEFORE = JobSnapshot("42", "train", "alice", "RUNNING", ("gpu-001",), restarts=0)
 
@@ -101,9 +94,9 @@ def test_clean_reason(text: str, expected: str) -> None:
 
 
 def test_pitcrew_reason_is_ours_and_bounded() -> None:
-    reason = pitcrew_reason("inc-1", "XID 79 " + "x" * 500)
+    reason = slurm_reason("inc-1", "XID 79 " + "x" * 500)
     assert reason.startswith("pitcrew: inc-1 XID 79 ")
     assert len(reason) <= REASON_MAX_LEN
-    assert SlurmNodeState("n", frozenset({"DOWN"}), reason).reason_is_ours
-    assert not SlurmNodeState("n", frozenset({"DOWN"}), "XID 79 by alice").reason_is_ours
-    assert not SlurmNodeState("n", frozenset({"DOWN"}), "slurm-operator: " + reason).reason_is_ours
+    assert is_pitcrew_reason(reason)
+    assert not is_pitcrew_reason("XID 79 by alice")
+    assert not is_pitcrew_reason("slurm-operator: " + reason)

@@ -5,7 +5,7 @@ that kills the child, parses their ``-o`` one-line output (partitions into the r
 ``bot.integrations.slurm.json`` shares with the REST backend), and turns failures into
 ``TransientError`` (controller unreachable, timeouts) or ``PermanentError`` (unknown node or
 job, invalid arguments). It must not retry (the engine's step executor does), decide
-ownership (the engine checks ``reason_is_ours`` before ``resume``) or log whole outputs.
+ownership (the ``slurm_resume`` step checks ``owns_slurm_reason`` before ``resume``) or log whole outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.domain.goodput import gpus_in_gres, job_gpus
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
+from bot.domain.ownership import clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
 from bot.engine.ports import PartitionNodes, Probe, Scheduler
 from bot.integrations.slurm.json import Partition, member_partitions

@@ -21,7 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, TransientError
 from bot.engine.ports import PartitionNodes, Probe
 from bot.integrations.slurm.cli import (
