@@ -138,20 +138,6 @@ class AlertRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    seq: int
-    incident_id: str | None
-    at: datetime
-    kind: str
-    step: str | None = None
-    outcome: str | None = None
-    attempt: int | None = None
-    actor: str | None = None
-    detail: str = ""
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
 class StepRecord:
     incident_id: str
     step: str
@@ -199,6 +185,8 @@ class OutboxItem:
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
+    """What happened, as the engine hands it to the store for the timeline."""
+
     kind: str
     step: str | None = None
     outcome: str | None = None
@@ -206,6 +194,16 @@ class NewEvent:
     actor: str | None = None
     detail: str = ""
     data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event(NewEvent):
+    """An event as the timeline keeps it: what happened, with its place in the log, its
+    incident and its time."""
+
+    seq: int
+    incident_id: str | None
+    at: datetime
 
 
 def link_key(incident_id: str) -> str:
