@@ -59,8 +59,9 @@ class Page(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
-class IncomingAlert:
-    """One alert of a delivery, already normalised and classified."""
+class SentAlert:
+    """One alert as Alertmanager sent it, normalised: its identity (fingerprint + startsAt), status,
+    node and what the rule gave it."""
 
     fingerprint: str
     starts_at: datetime
@@ -69,7 +70,14 @@ class IncomingAlert:
     alertname: str
     node: str | None
     labels: Mapping[str, str]
+    #: As the rule gave them (``summary``, ``runbook_url`` ...).
     annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingAlert(SentAlert):
+    """One alert of a delivery, classified."""
+
     fault: Fault | None
 
 
@@ -119,22 +127,15 @@ class IncidentRecord:
     faults_changed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class AlertRecord:
-    fingerprint: str
-    starts_at: datetime
-    ends_at: datetime | None
-    status: AlertStatus
-    alertname: str
-    node: str | None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertRecord(SentAlert):
+    """A stored alert: where pitcrew filed it and how often Alertmanager sent it."""
+
     incident_id: str | None
     fault_key: str | None
     deliveries: int
     first_seen: datetime
     last_seen: datetime
-    labels: Mapping[str, str]
-    #: As the rule gave them (``summary``, ``runbook_url`` ...).
-    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
