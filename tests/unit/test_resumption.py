@@ -116,20 +116,24 @@ def test_a_job_outcome_is_stored_flat_and_reads_back_the_same() -> None:
     outcome = JobOutcome(
         verdict, down_at=down, resumed_at=down + timedelta(seconds=9), seconds_to_resumed=9.0
     )
-    stored = codec.encode_record(ConfirmResumedResult(jobs=(outcome,)))
-    [job] = stored["jobs"]  # type: ignore[misc]
-    assert isinstance(job, dict)
-    assert {f.name for f in fields(ResumeVerdict)} | {"down_at", "resumed_at", "seconds_to_resumed"} <= set(
-        job
-    )
-    assert (job["job_id"], job["status"], job["new_nodes"], job["progress_before"]) == (
-        "42",
-        "resumed",
-        ["gpu-002"],
-        3.0,
-    )
-    assert "verdict" not in job
-    assert codec.decode_record(ConfirmResumedResult, stored).jobs == (outcome,)
+    record = ConfirmResumedResult(jobs=(outcome,), last=(outcome,))  # final and latest: two uses of the type
+    stored = codec.encode_record(record)
+    for key in ("jobs", "last"):
+        [job] = stored[key]  # type: ignore[misc]
+        assert isinstance(job, dict)
+        assert {f.name for f in fields(ResumeVerdict)} | {
+            "down_at",
+            "resumed_at",
+            "seconds_to_resumed",
+        } <= set(job), key
+        assert (job["job_id"], job["status"], job["new_nodes"], job["progress_before"]) == (
+            "42",
+            "resumed",
+            ["gpu-002"],
+            3.0,
+        )
+        assert "verdict" not in job
+    assert codec.decode_record(ConfirmResumedResult, stored) == record
 
 
 def test_progress_must_pass_the_first_sample_after_the_restart_too() -> None:

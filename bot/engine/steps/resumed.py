@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
@@ -48,11 +48,16 @@ class JobOutcome:
     def __get_pydantic_core_schema__(
         cls, source: type[Any], handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        nested = handler(source)
+        # The flat form is the type's one definition: a second JobOutcome in the same record
+        # (``last`` beside ``jobs``) refers to it, not to the nested dataclass underneath.
+        schema = dict(handler(source))
+        ref = schema.pop("ref", None)
+        nested = cast(core_schema.CoreSchema, schema)
         return core_schema.no_info_before_validator_function(
             _nest,
             nested,
             serialization=core_schema.wrap_serializer_function_ser_schema(_flatten, schema=nested),
+            ref=ref,
         )
 
 
