@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from bot.report import (
     trust_rows,
 )
 from bot.safety import port_problems
-from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,22 +184,36 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trust(args: argparse.Namespace) -> int:
-    from bot.store.sqlite import SqliteStore
-
-    config = _config(args)
+def _existing_store(config: Config) -> Path | None:
+    """The incident store a read command reads; ``None`` (said on stderr) when there is none."""
     path = config.settings.store.path
     if not path.exists():
         print(f"no incident store at {path}", file=sys.stderr)
+        return None
+    return path
+
+
+@contextlib.asynccontextmanager
+async def _opened(path: Path) -> AsyncIterator[Store]:
+    from bot.store.sqlite import SqliteStore
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _trust(args: argparse.Namespace) -> int:
+    config = _config(args)
+    path = _existing_store(config)
+    if path is None:
         return 1
 
     async def read() -> list[IncidentFacts]:
-        store = SqliteStore(path)
-        await store.open()
-        try:
+        async with _opened(path) as store:
             return await trust_facts(store, args.limit)
-        finally:
-            await store.close()
 
     window = config.policy.escalation.window
     rows = ledger(asyncio.run(read()), window)
@@ -215,19 +229,15 @@ def _trust(args: argparse.Namespace) -> int:
 
 
 def _incidents(args: argparse.Namespace) -> int:
-    from bot.store.sqlite import SqliteStore
     from bot.web.views import incident_detail, incident_view
 
     config = _config(args)
-    path = config.settings.store.path
-    if not path.exists():
-        print(f"no incident store at {path}", file=sys.stderr)
+    path = _existing_store(config)
+    if path is None:
         return 1
 
     async def read() -> Any:
-        store = SqliteStore(path)
-        await store.open()
-        try:
+        async with _opened(path) as store:
             if args.show:
                 incident = await store.incident(args.show)
                 if incident is None:
@@ -257,8 +267,6 @@ def _incidents(args: argparse.Namespace) -> int:
             return [
                 incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)
             ]
-        finally:
-            await store.close()
 
     try:
         data = asyncio.run(read())

@@ -263,7 +263,8 @@ class SlackSettings(_Section):
     )
     runbook_url: str | None = Field(
         default=None,
-        description="Runbook base URL used when an alert carries no runbook_url annotation.",
+        description="Runbook base URL the parent links (#xid-<n> or #<fault kind>) when the alert carries "
+        "no runbook_url annotation of its own; neither: no runbook link.",
     )
     digest_window: Duration = Field(
         default=timedelta(minutes=2),

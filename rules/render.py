@@ -32,7 +32,6 @@ HERE = Path(__file__).resolve().parent
 RULE_FILE = HERE / "gpu-faults.rules.yml"
 CRD_FILE = HERE / "gpu-faults.prometheusrule.yaml"
 DEPLOY_CRD_FILE = HERE.parent / "deploy" / "kubernetes" / "prometheusrule.yaml"  # the kustomize base's copy
-RUNBOOK_BASE = "https://github.com/pitcrew/pitcrew/blob/main/docs/alerting.md"
 GPU_TEMP_MAX, MEMORY_TEMP_MAX, NVLINK_BURST = 87, 95, 100
 # Fields without which whole rules are blind: ECC is off in dcgm-exporter's default CSV, and 4.9's
 # default CSV renames them all (rules/dcgm-counters.csv pins these names).
@@ -52,6 +51,10 @@ class Profile:
     nvlink_window: str = "5m"
     gpus_seen_window: str = "1d"  # the expected GPU count of a node is the most it reported here
     exporter_seen_window: str = "1h"  # without kube-state-metrics: nodes that had an exporter here
+    # Where docs/alerting.md is published for the people paged (its headings are the alert names,
+    # lower case): `--runbook-base URL` gives every alert `runbook_url: URL#<alert>`. pitcrew has no
+    # address of its own to put there, so the shipped files carry none.
+    runbook_base: str | None = None
 
 
 PRODUCTION = Profile()
@@ -78,11 +81,9 @@ def alert(name: str, expr: str, fault: str, severity: str, p: Profile, *, for_: 
     if fault not in ("exporter-down", "pitcrew"):  # a hardware fault outlives its exporter's blips
         rule["keep_firing_for"] = p.keep_firing_for
     rule["labels"] = {"fault": fault, "severity": severity}
-    rule["annotations"] = {
-        "summary": summary,
-        "description": description.format(**values),
-        "runbook_url": f"{RUNBOOK_BASE}#{name.lower()}",
-    }
+    rule["annotations"] = {"summary": summary, "description": description.format(**values)}
+    if p.runbook_base:
+        rule["annotations"]["runbook_url"] = f"{p.runbook_base}#{name.lower()}"
     return rule
 
 
@@ -268,9 +269,15 @@ def render_crd(p: Profile = PRODUCTION) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render pitcrew's rule file and PrometheusRule.")
     parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in files are stale")
+    parser.add_argument(
+        "--runbook-base",
+        metavar="URL",
+        help="where docs/alerting.md is published: every alert gets runbook_url URL#<alert name, lower case>",
+    )
     args = parser.parse_args(argv)
     stale = []
-    outputs = ((RULE_FILE, render_rule_file()), (CRD_FILE, render_crd()), (DEPLOY_CRD_FILE, render_crd()))
+    p = replace(PRODUCTION, runbook_base=args.runbook_base)
+    outputs = ((RULE_FILE, render_rule_file(p)), (CRD_FILE, render_crd(p)), (DEPLOY_CRD_FILE, render_crd(p)))
     for path, text in outputs:
         if not args.check:
             path.write_text(text)

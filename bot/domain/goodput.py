@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from bot.domain.jobs import ResumeStatus
+
 _GPU_GRES = re.compile(r"(?:^|[,\s])(?:gres[:/])?gpu(:[^:,=()\s]+)?[:=](\d+)")
 
 
@@ -49,8 +51,7 @@ class JobLoss:
 
     job_id: str
     gpus: int
-    #: ``resumed`` (running again), or the job's final status (``lost``, ``finished``…).
-    status: str
+    status: ResumeStatus
     #: Fault → the job running again (→ close for a job that never did).
     seconds_to_running: float
     #: Progress (in the query's units) done before the fault and done again after the restart.
@@ -92,7 +93,7 @@ class Goodput:
 def job_loss(
     job_id: str,
     gpus: int,
-    status: str,
+    status: ResumeStatus,
     fault_at: datetime,
     running_at: datetime | None,
     ended_at: datetime,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from bot.domain.incident import State
 from bot.domain.policy import Mode
@@ -18,7 +18,7 @@ from bot.engine.admission import BREAKER, PAUSE, breaker_state
 from bot.engine.locks import IncidentLocks
 from bot.engine.metrics import Metrics
 from bot.engine.rollback import ROLLBACK
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.store.base import ApprovalStatus, IncidentRecord, NewEvent, Store
 
 
 class EngineControl(Protocol):
@@ -40,15 +40,14 @@ ACTOR_MAX = 128
 #: Longest free text a command carries (a pause's reason): it is stored, audited and posted to Slack.
 REASON_MAX = 500
 #: What a decision on an approval is called in the audit log.
-_DECIDED = {True: "approved", False: "rejected"}
+_DECIDED: dict[bool, ApprovalStatus] = {True: "approved", False: "rejected"}
 
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
-    """``status``: ``ok``, ``refused`` (not allowed), ``not_found``, ``conflict`` (wrong state) or
-    ``invalid`` (a malformed argument, e.g. a reason above ``REASON_MAX``)."""
+    """``invalid``: a malformed argument, e.g. a reason above ``REASON_MAX``."""
 
-    status: str
+    status: Literal["ok", "refused", "not_found", "conflict", "invalid"]
     message: str
     data: dict[str, Any] | None = None
 

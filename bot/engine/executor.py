@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
@@ -39,7 +39,7 @@ T = TypeVar("T")
 class StepOutcome:
     """``ok`` (advance, also for a step skipped or already done) or ``failed`` (escalated)."""
 
-    status: str
+    status: Literal["ok", "failed"]
     detail: str = ""
 
 
@@ -118,7 +118,13 @@ class Executor:
         return StepOutcome("ok", detail)
 
     async def _finished(
-        self, incident_id: str, step: str, status: str, result: JsonObject, detail: str, began: float
+        self,
+        incident_id: str,
+        step: str,
+        status: Literal["ok", "failed"],
+        result: JsonObject,
+        detail: str,
+        began: float,
     ) -> StepOutcome:
         """Record the step's end (outcome, result, duration) in the store and the metrics."""
         await self._store.step_finished(

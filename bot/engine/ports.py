@@ -16,9 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.nodemap import SlurmdPod
-from bot.domain.ownership import OWNER_ANNOTATION as OWNER_ANNOTATION
-from bot.domain.ownership import Taint as Taint
-from bot.domain.ownership import fault_taint
+from bot.domain.ownership import Taint
 from bot.store.base import OutboxItem
 
 
@@ -93,10 +91,6 @@ class PodRef:
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-#: The taint pitcrew adds when it cordons a node (its ownership rules: ``bot.domain.ownership``).
-FAULT_TAINT = fault_taint()
 
 
 @runtime_checkable

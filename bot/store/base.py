@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
+from bot.domain.alerts import AlertStatus
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
@@ -20,6 +21,13 @@ from bot.domain.planner import PastIncident, Plan
 #: A JSON value as stored. Typed records are encoded to and decoded from it by ``bot.store.codec``.
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 JsonObject: TypeAlias = Mapping[str, Json]
+#: A step record: ``running`` (begun; after a crash, interrupted), ``ok``, ``failed`` (escalated),
+#: ``skipped`` (not applicable, or observe mode), ``undone`` (rolled back), ``superseded`` (a replan
+#: dropped it: its result no longer counts).
+StepStatus = Literal["running", "ok", "failed", "skipped", "undone", "superseded"]
+#: An approval request: ``pending`` until a human decides (``approved``, ``rejected``), its
+#: deadline passes (``expired``) or a rollback ends the incident first (``cancelled``).
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled"]
 
 
 class StoreUnavailable(RuntimeError):
@@ -51,17 +59,25 @@ class Page(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
-class IncomingAlert:
-    """One alert of a delivery, already normalised and classified."""
+class SentAlert:
+    """One alert as Alertmanager sent it, normalised: its identity (fingerprint + startsAt), status,
+    node and what the rule gave it."""
 
     fingerprint: str
     starts_at: datetime
     ends_at: datetime | None
-    status: str
+    status: AlertStatus
     alertname: str
     node: str | None
     labels: Mapping[str, str]
+    #: As the rule gave them (``summary``, ``runbook_url`` ...).
     annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingAlert(SentAlert):
+    """One alert of a delivery, classified."""
+
     fault: Fault | None
 
 
@@ -69,7 +85,7 @@ class IncomingAlert:
 class Delivery:
     receiver: str
     group_key: str
-    status: str
+    status: AlertStatus
     truncated_alerts: int
     alerts: tuple[IncomingAlert, ...]
 
@@ -87,7 +103,7 @@ class IngestOutcome:
     #: Incidents already under way that got a fault they did not have (the engine replans them).
     changed: list[str] = field(default_factory=list)
     #: Alert keys and their state after this delivery, for the store's cache of committed keys.
-    cache: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+    cache: dict[tuple[str, str], tuple[AlertStatus, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,43 +127,22 @@ class IncidentRecord:
     faults_changed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class AlertRecord:
-    fingerprint: str
-    starts_at: datetime
-    ends_at: datetime | None
-    status: str
-    alertname: str
-    node: str | None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertRecord(SentAlert):
+    """A stored alert: where pitcrew filed it and how often Alertmanager sent it."""
+
     incident_id: str | None
     fault_key: str | None
     deliveries: int
     first_seen: datetime
     last_seen: datetime
-    labels: Mapping[str, str]
-    #: As the rule gave them (``summary``, ``runbook_url`` ...).
-    annotations: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    seq: int
-    incident_id: str | None
-    at: datetime
-    kind: str
-    step: str | None = None
-    outcome: str | None = None
-    attempt: int | None = None
-    actor: str | None = None
-    detail: str = ""
-    data: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     incident_id: str
     step: str
-    status: str  # running | ok | failed | skipped | undone | superseded
+    status: StepStatus
     attempts: int
     started_at: datetime | None
     ended_at: datetime | None
@@ -162,7 +157,7 @@ class ApprovalRecord:
     requested_at: datetime
     deadline: datetime
     approvers: tuple[str, ...]
-    status: str  # pending | approved | rejected | expired
+    status: ApprovalStatus
     decided_by: str | None = None
     decided_at: datetime | None = None
 
@@ -191,6 +186,8 @@ class OutboxItem:
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
+    """What happened, as the engine hands it to the store for the timeline."""
+
     kind: str
     step: str | None = None
     outcome: str | None = None
@@ -198,6 +195,16 @@ class NewEvent:
     actor: str | None = None
     detail: str = ""
     data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event(NewEvent):
+    """An event as the timeline keeps it: what happened, with its place in the log, its
+    incident and its time."""
+
+    seq: int
+    incident_id: str | None
+    at: datetime
 
 
 def link_key(incident_id: str) -> str:
@@ -213,7 +220,7 @@ class Store(Protocol):
 
     # alerts in, incidents out
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
+    def count_repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
         """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status."""
         ...
 
@@ -267,7 +274,7 @@ class Store(Protocol):
         self,
         incident_id: str,
         step: str,
-        status: str,
+        status: StepStatus,
         now: datetime,
         *,
         result: JsonObject | None = None,
@@ -287,7 +294,7 @@ class Store(Protocol):
     ) -> ApprovalRecord: ...
     async def approval(self, incident_id: str) -> ApprovalRecord | None: ...
     async def decide_approval(
-        self, incident_id: str, status: str, actor: str, now: datetime
+        self, incident_id: str, status: ApprovalStatus, actor: str, now: datetime
     ) -> ApprovalRecord | None: ...
     async def switch(self, name: str) -> Mapping[str, Any] | None: ...
     async def set_switch(

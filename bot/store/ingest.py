@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from bot.domain.alerts import dedupe_key
+from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
@@ -29,7 +29,8 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterable[Sequence[T]]:
         yield items[start : start + size]
 
 
-KeyState = tuple[str, str | None]  # (status, incident id)
+#: An alert key's status and incident id.
+KeyState = tuple[AlertStatus, str | None]
 
 
 def ingest(

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bot.domain.alerts import dedupe_key
+from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
@@ -31,6 +31,7 @@ from bot.store.base import (
     PAGE_MAX,
     AlertRecord,
     ApprovalRecord,
+    ApprovalStatus,
     Delivery,
     Event,
     IncidentRecord,
@@ -40,6 +41,7 @@ from bot.store.base import (
     OutboxItem,
     Page,
     StepRecord,
+    StepStatus,
     StoreUnavailable,
     link_key,
 )
@@ -316,7 +318,7 @@ class SqliteStore:
         self._writer.remember(result.cache)  # committed: safe to remember
         return result
 
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
+    def count_repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
         """If every alert is already stored in the same status, count the delivery and return how many
         alerts it had; else ``None`` and nothing is counted (the caller ingests it in full)."""
         if not self._writer.running:
@@ -441,7 +443,7 @@ class SqliteStore:
         self,
         incident_id: str,
         step: str,
-        status: str,
+        status: StepStatus,
         now: datetime,
         *,
         result: JsonObject | None = None,
@@ -489,7 +491,7 @@ class SqliteStore:
         return record
 
     async def decide_approval(
-        self, incident_id: str, status: str, actor: str, now: datetime
+        self, incident_id: str, status: ApprovalStatus, actor: str, now: datetime
     ) -> ApprovalRecord | None:
         def unit(db: sqlite3.Connection) -> int:
             cursor = db.execute(

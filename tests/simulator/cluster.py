@@ -6,7 +6,8 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from bot.domain.nodemap import SlurmdPod
-from bot.engine.ports import FAULT_TAINT, ClusterNode, Notice, PodRef
+from bot.domain.ownership import fault_taint
+from bot.engine.ports import ClusterNode, Notice, PodRef
 from tests.simulator.world import SimulatedWorld
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ class SimulatedCluster:
             name=name,
             unschedulable=n.unschedulable,
             ready=self._world.ready(n),
-            taints=(FAULT_TAINT,) if n.tainted else (),
+            taints=(fault_taint(),) if n.tainted else (),
             labels=dict(n.labels),
             annotations=dict(n.annotations),
         )

@@ -27,8 +27,9 @@ from typing import Any
 import yaml
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import OWNER_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
-from bot.engine.ports import OWNER_ANNOTATION, PartitionNodes
+from bot.engine.ports import PartitionNodes
 
 
 @dataclass

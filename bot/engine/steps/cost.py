@@ -34,18 +34,19 @@ async def account(ctx: StepContext[Any], now: datetime) -> Goodput | None:
     gpus_of = {job.job_id: job.gpus for job in down.jobs or ()}
     jobs: list[JobLoss] = []
     for outcome in confirmed.jobs if confirmed else ():
-        if outcome.status == "finished":
+        verdict = outcome.verdict
+        if verdict.status == "finished":
             continue  # it completed on its own: nothing was lost
         jobs.append(
             job_loss(
-                outcome.job_id,
-                gpus_of.get(outcome.job_id) or node_gpus,
-                outcome.status,
+                verdict.job_id,
+                gpus_of.get(verdict.job_id) or node_gpus,
+                verdict.status,
                 fault_at,
                 outcome.restarted_at or outcome.resumed_at,
                 now,
-                progress_before=outcome.progress_before,
-                progress_at_restart=outcome.progress_at_restart,
+                progress_before=verdict.progress_before,
+                progress_at_restart=verdict.progress_at_restart,
                 progress_unit_seconds=settings.progress_unit_seconds,
             )
         )

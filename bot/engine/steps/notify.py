@@ -112,7 +112,7 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
     taken_out = down.taken_out_at if down else None
     out_of_service = _since(start, taken_out) if taken_out else None
     goodput = await cost.account(ctx, now)
-    for job in confirmed.jobs if confirmed else ():
+    for job in (o.verdict for o in confirmed.jobs) if confirmed else ():
         lines.append(
             f"job {job.job_id}: {job.status} — {', '.join(job.old_nodes)} → "
             f"{', '.join(job.new_nodes) or '-'} (restarts {job.restarts_before} → {job.restarts_now})"

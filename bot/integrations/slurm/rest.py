@@ -21,15 +21,16 @@ from typing import Any
 import aiohttp
 
 from bot import logger
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
 from bot.integrations.slurm.cli import (
+    NodeUpdates,
     ScontrolScheduler,
     checked_job,
     checked_node,
     probe_missing,
-    resume_tolerantly,
 )
 from bot.integrations.slurm.json import (
     RestApi,
@@ -85,7 +86,7 @@ class _TokenFile:
         return self.get() != before
 
 
-class RestScheduler:
+class RestScheduler(NodeUpdates):
     """``Scheduler`` over slurmrestd; node updates fall back to ``fallback`` when needed."""
 
     backend = "rest"
@@ -180,15 +181,6 @@ class RestScheduler:
         _, body = await self._request("GET", api.path("partitions"), op="get_partitions")
         with _shape("get_partitions"):
             return member_partitions(partitions_from_payload(body), node)
-
-    async def down(self, name: str, reason: str) -> None:
-        await self._update_node(name, "DOWN", reason)
-
-    async def drain(self, name: str, reason: str) -> None:
-        await self._update_node(name, "DRAIN", reason)
-
-    async def resume(self, name: str) -> None:
-        await resume_tolerantly(self, name, lambda: self._update_node(name, "RESUME", None))
 
     async def requeue(self, job_id: str) -> None:
         await self._fallback.requeue(job_id)
