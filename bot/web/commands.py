@@ -15,7 +15,7 @@ from aiohttp import web
 from bot.engine.commands import CommandResult, actor_problem
 from bot.web import auth
 
-_STATUS = {"ok": 200, "refused": 403, "not_found": 404, "conflict": 409}
+_STATUS = {"ok": 200, "accepted": 202, "refused": 403, "not_found": 404, "conflict": 409}
 
 
 class CommandSurface(Protocol):
