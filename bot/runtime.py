@@ -254,16 +254,22 @@ def build_app(
     annotations = _grafana(config, store, fenced, metrics)
     engine = Engine(engine_deps(config, fenced, ports, metrics), leading=lambda: fence.leading)
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
-    webhook, admin = credentials(config)
-    commands = Commands(
-        engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
-    )
     lease = config.settings.store.lease
     leader_only: list[Background] = [engine, sender]
     if annotations is not None:
         leader_only.append(annotations.sender)
     leadership = Leadership(
         store, fence, leader_only, metrics, ttl=lease.ttl, renew_every=lease.renew_interval
+    )
+    webhook, admin = credentials(config)
+    commands = Commands(
+        engine,
+        store,
+        metrics,
+        utcnow,
+        config.settings.mode,
+        vouch=slack.approvers.vouch if slack else None,
+        leadership=leadership.describe,
     )
     # Stopped in reverse: Slack's socket, then the leader's work (the engine and the senders; the
     # lease released), then the Grafana, Slurm and Kubernetes clients.

@@ -99,7 +99,10 @@ class Commands:
         vouch: Callable[[str], Awaitable[bool]] | None = None,
         timer: Timer | None = None,
         rollback_wait: float = 60.0,
+        leadership: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        #: Who leads the store and this process's role (``Leadership.describe``), for ``status``.
+        self._leadership = leadership
         self._engine = engine
         self._timer = timer or RealTimer()
         #: How long a standby waits for the leader to carry out a rollback it recorded.
@@ -256,7 +259,7 @@ class Commands:
     async def status(self) -> dict[str, Any]:
         breaker = await breaker_state(self._store)
         pause = await self._store.switch(PAUSE)
-        return {
+        found = {
             "mode": self._mode.value,
             "paused": pause is not None,
             "paused_by": (pause or {}).get("set_by"),
@@ -267,3 +270,6 @@ class Commands:
                 "reset_at": breaker.reset_at.isoformat() if breaker.reset_at else None,
             },
         }
+        if self._leadership is not None:
+            found["leadership"] = self._leadership()
+        return found

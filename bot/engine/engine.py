@@ -74,6 +74,21 @@ class Engine:
                 await task
         self._tasks.clear()
         self._main = None
+        self._forget_gauges()
+
+    def _forget_gauges(self) -> None:
+        """The scan's gauges describe the store as this engine last saw it: a process that stops
+        leading must not go on exporting them beside the new leader's (dashboards sum them)."""
+        for state in State:
+            if not state.terminal:
+                self.metrics.incidents_active.labels(state.value).set(0)
+        for gauge in (
+            self.metrics.nodes_under_remediation,
+            self.metrics.approvals_waiting,
+            self.metrics.oldest_active,
+        ):
+            gauge.set(0)
+        self.metrics.incidents.keep_only([])
 
     def wake(self) -> None:
         self._wake.set()

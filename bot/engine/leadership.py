@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from bot.engine.metrics import Metrics
 from bot.engine.signals import RealTimer, Timer
-from bot.store.base import Lease, Store, StoreUnavailable
+from bot.store.base import Lease, Store
 from bot.store.lease import Fence
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,13 @@ class Leadership:
                 await self._timer.sleep(self._renew)
                 continue
             if lease is not None and lease.holder == self.holder:
-                await self._lead(lease)
+                try:
+                    await self._lead(lease)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a worker would not start: stand by, try again at the next beat
+                    log.exception("could not lead; standing by")
+                    await self._timer.sleep(self._renew)
                 continue
             await self._timer.sleep(self._renew)
 
@@ -172,7 +178,8 @@ class Leadership:
             why = await self._keep(lease.epoch)
         finally:
             await self._step_down()
-            log.warning("stepped down: standing by", extra={"holder": self.holder, "why": why})
+            level = logging.INFO if why == "stopped" else logging.WARNING
+            log.log(level, "stepped down: standing by", extra={"holder": self.holder, "why": why})
 
     async def _keep(self, epoch: int) -> str:
         """Renew until the lease is lost; why it was."""
@@ -184,7 +191,7 @@ class Leadership:
                 lease = await asyncio.wait_for(
                     self._store.renew_lease(self.holder, epoch, self._ttl), timeout=self._renew
                 )
-            except (StoreUnavailable, TimeoutError) as exc:
+            except Exception as exc:  # StoreUnavailable, a timeout: the store may answer next time
                 if not self.fence.leading:
                     return f"renewals failed for {self._valid_for:g}s (last: {exc})"
                 log.warning("lease renewal failed; will retry", extra={"reason": str(exc)})

@@ -7,7 +7,8 @@ and says who leads and since when; a leader that dies (SIGKILL: nothing released
 once its lease lapses, within TTL + one look of the standby, and the incident it left finishes
 with every destructive call made once; a leader whose renewals stop reaching the store while
 it believes it still leads (its clock frozen) is deposed by the store — its next write raises
-``Deposed``, it steps down, and it makes no call to a far side after its last one in flight;
+``Deposed``, it steps down (its scan's gauges back to 0), and it makes no call to a far side
+after its last one in flight;
 a standby never calls a far side, yet takes webhooks, an approval and a rollback, which the
 leader carries out once (a rollback sent to both at once too); a graceful stop releases the
 lease and the standby takes over at its next look.
@@ -108,6 +109,9 @@ async def test_a_deposed_leader_writes_nothing_more_and_calls_nothing(
         assert (await h.until_ended(incident)).state is State.RESOLVED
         await h.run_until(lambda: a.fence.epoch is None, 120)  # stepped down at its next write
         assert _leader(a) == 0.0 and _leader(b) == 1.0
+        # What a's scans exported is not a's to say any more (dashboards sum over processes).
+        assert a.metrics.registry.get_sample_value("pitcrew_incidents_active", {"state": "verifying"}) == 0
+        assert a.metrics.registry.get_sample_value("pitcrew_nodes_under_remediation") == 0
         made = a.calls - before
         # Only the reads of the poll that was in flight when it was cut off: no change to anything.
         assert set(made) <= {"node", "successor"}, made
