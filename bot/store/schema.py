@@ -156,6 +156,8 @@ MIGRATIONS: tuple[str, ...] = (
         renewed_at REAL NOT NULL,
         expires_at REAL NOT NULL
     );
+    -- The leader looks for rollbacks another process recorded at every scan.
+    CREATE INDEX steps_rollback_requested ON steps(incident_id) WHERE step = 'rollback' AND status = 'running';
     """,
 )
 
