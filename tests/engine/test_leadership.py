@@ -8,7 +8,8 @@ once its lease lapses, within TTL + one look of the standby, and the incident it
 with every destructive call made once; a leader whose renewals stop reaching the store while
 it believes it still leads (its clock frozen) is deposed by the store — its next write raises
 ``Deposed``, it steps down (its scan's gauges back to 0), and it makes no call to a far side
-after its last one in flight;
+after its last one in flight; a leader deposed while it reads the node it is about to RESUME has
+its intent to RESUME refused by the store, and never sends the RESUME (the new leader's is the one);
 a standby never calls a far side, yet takes webhooks, an approval and a rollback, which the
 leader carries out once (a rollback sent to both at once too); a graceful stop releases the
 lease and the standby takes over at its next look.
@@ -22,6 +23,7 @@ from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,6 +129,45 @@ async def test_a_deposed_leader_writes_nothing_more_and_calls_nothing(
         assert "another process took over" in down.__dict__["why"]
         finished = [e.step for e in await h.events(incident, "step_finished")]
         assert len(finished) == len(set(finished)), finished  # each step finished once, by b
+
+
+async def test_a_deposed_leaders_intent_write_is_refused_before_its_destructive_call(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bot.engine.leadership")
+    async with EngineHarness(tmp_path, lease=TTL, engine=FAST) as h:
+        a = await h.process("a")
+        await h.process("b")
+        incident = ""
+
+        class CutOffInSlurmResume:
+            """a's first read of the Slurm node in slurm_resume: a is cut off and the read takes a
+            minute; b's RESUME, once b leads (within 20 s), takes 70 s more: the node is still DOWN
+            when a's read comes back, and a goes on to persist its intent to RESUME."""
+
+            async def __call__(self, time: Any, call: Any) -> Any:
+                steps = await h.steps(incident)
+                if not a.cut and "wait_ready" in steps and steps["wait_ready"].status == "ok":
+                    a.cut_off()
+                    h.scheduler.always("resume", Slow(70))
+                    await time.sleep(60)
+                return await call()
+
+        a.scheduler.always("node", CutOffInSlurmResume())  # type: ignore[arg-type]
+        incident = await h.alert("gpu-node-02")
+        await h.run_until(lambda: a.cut, 600)
+        before = Counter(a.calls)
+        assert (await h.until_ended(incident)).state is State.RESOLVED
+        await h.run_until(lambda: a.fence.epoch is None, 120)
+        # Its read (in flight at the cut) came back with the node still DOWN and pitcrew's; the
+        # only thing between that read and the RESUME is the intent write, which the store refused.
+        assert a.calls - before == Counter() and a.calls["resume"] == 0, a.calls
+        [down] = [r for r in caplog.records if r.getMessage() == "stepped down: standing by"]
+        assert "another process took over" in down.__dict__["why"], down.__dict__["why"]
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1  # b's
+        assert {c: n for c, n in h.calls().items() if n > 1} == {}
+        [resume] = [s for s in (await h.steps(incident)).values() if s.step == "slurm_resume"]
+        assert resume.status == "ok"
 
 
 async def test_a_standby_takes_webhooks_and_commands_and_never_acts(tmp_path: Path) -> None:
