@@ -3,7 +3,9 @@
 Everything pitcrew must not forget lives behind this port: every alert received (keyed by
 fingerprint + startsAt), one incident per node with its plan and step cursor, per-step
 records (what was done, what pitcrew owns), approvals, switches (pause, breaker) and an
-append-only audit log. Methods take ``now`` from the caller: the store reads no clock.
+append-only audit log. Methods take ``now`` from the caller: the store reads no clock — except
+for the leadership lease (``bot.store.lease``), whose expiry only the store's own clock may judge,
+so that processes whose clocks disagree never both lead.
 """
 
 from __future__ import annotations

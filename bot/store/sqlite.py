@@ -9,6 +9,10 @@ functions below, each given that connection. Repeat deliveries Alertmanager make
 already sent are counted in memory and flushed every second; reads include what is not
 flushed yet — but only while the database file is the one the writer opened, or a restart
 would not know those alerts. Readiness (``ping``) is the writer's word on whether writes commit.
+
+Several processes may open one file: SQLite's write lock (``BEGIN IMMEDIATE``) serialises their
+transactions, and the leadership lease (``bot.store.lease``) decides which of them acts. The
+lease's times are the machine's clock read by SQLite (``_DB_NOW``), the same for every process.
 """
 
 from __future__ import annotations
