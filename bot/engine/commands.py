@@ -7,7 +7,8 @@ the allowlist: an approval from anyone else is refused, audited and counted.
 Every process takes commands, leader or standby (``bot.engine.leadership``): they are written
 to the store, which is how the leader hears of them. A rollback given to a standby is recorded
 as a request (once, however many processes are asked) and carried out by the leader, whose
-report the standby waits for, up to ``rollback_wait``; past that it answers ``accepted``.
+report the standby waits for, up to ``rollback_wait`` (under the CLI's 30 s); past that it
+answers ``accepted``.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Commands:
         *,
         vouch: Callable[[str], Awaitable[bool]] | None = None,
         timer: Timer | None = None,
-        rollback_wait: float = 60.0,
+        rollback_wait: float = 20.0,
         leadership: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         #: Who leads the store and this process's role (``Leadership.describe``), for ``status``.

@@ -12,7 +12,8 @@ after its last one in flight; a leader deposed while it reads the node it is abo
 its intent to RESUME refused by the store, and never sends the RESUME (the new leader's is the one);
 a standby never calls a far side, yet takes webhooks, an approval and a rollback, which the
 leader carries out once (a rollback sent to both at once too); a graceful stop releases the
-lease and the standby takes over at its next look.
+lease and the standby takes over at its next look; a rollback given to a standby while nobody
+leads is answered ``accepted`` after 20 s and carried out once by whoever leads next.
 """
 
 from __future__ import annotations
@@ -233,3 +234,27 @@ async def test_a_graceful_stop_releases_the_lease_and_the_standby_takes_over_at_
         assert took <= LOOK.total_seconds()
         lease = await h.store.lease()
         assert lease is not None and (lease.holder, lease.epoch) == ("b", 2)
+
+
+async def test_a_rollback_recorded_while_nobody_leads_is_carried_out_by_the_next_leader(
+    tmp_path: Path,
+) -> None:
+    # A minute's lease: the standby stops waiting for a report (20 s) long before it lapses.
+    async with EngineHarness(tmp_path, lease=timedelta(minutes=1), engine=FAST) as h:
+        a = await h.process("a")
+        b = await h.process("b")
+        incident = await h.opens(
+            fault_delivery("health-fail", alertname="GpuHealthFail", node="gpu-node-04", starts=h.time.now())
+        )
+        await h.until_ended(incident)
+        await a.crash()  # its lease lingers for up to a TTL: nobody leads
+        asked = asyncio.create_task(b.commands.rollback(incident, "bob"))
+        await h.run_until(asked.done, 300)
+        assert asked.result().status == "accepted", asked.result()
+        assert [e.actor for e in await h.events(incident, "rollback_requested")] == ["bob"]
+        assert (await h.incident(incident)).state is State.RESOLVED  # recorded, not yet carried out
+        await h.run_until(lambda: _role(b) == "leader", 120)
+        done = await h.until_state(incident, "rolled_back")
+        assert done.outcome == "rolled back by bob"
+        assert h.calls()[("uncordon", "gpu-node-04")] == 1 and b.calls["uncordon"] == 1
+        assert len(await h.events(incident, "rollback_done")) == 1
