@@ -320,7 +320,12 @@ class Store(Protocol):
         """This store for the engine of a process that may lead: reads as they are, every write
         checked against ``fence`` in its own transaction (``Deposed`` if the fence's holder and
         epoch are not the leadership row's). Webhook ingest and human commands use the unfenced
-        store: every process takes them."""
+        store: every process takes them.
+
+        The check must hold until the commit: SQLite's ``BEGIN IMMEDIATE`` write lock does that; a
+        Postgres store starts each fenced transaction with ``SELECT 1 FROM leadership WHERE holder
+        = $1 AND epoch = $2 FOR SHARE`` (a takeover's UPDATE of the row waits for the commit) and
+        judges the lease with the database's ``now()``."""
         ...
 
     # approvals, switches, history
