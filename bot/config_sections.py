@@ -110,12 +110,42 @@ class ServerSettings(_Section):
             return False
 
 
+class LeaseSettings(_Section):
+    """One actor per store: the lease a process must hold to run playbooks (``bot.store.lease``)."""
+
+    ttl: Duration = Field(
+        default=timedelta(seconds=15),
+        description="How long the lease lasts unless renewed: a standby takes over this long after "
+        "the leader died (at once after a graceful shutdown, which releases it).",
+    )
+    renew_every: Duration | None = Field(
+        default=None,
+        description="How often the leader renews, and a standby looks; default ttl/3, at most ttl/2. "
+        "A leader that could not renew for ttl - renew_every stops acting before its lease can lapse.",
+    )
+
+    @model_validator(mode="after")
+    def _renewal_fits(self) -> LeaseSettings:
+        if self.ttl < timedelta(seconds=1):
+            raise ValueError("store.lease.ttl must be at least 1s")
+        if self.renew_every is not None and not timedelta(0) < self.renew_every * 2 <= self.ttl:
+            raise ValueError(
+                f"store.lease.renew_every must be more than 0 and at most ttl/2 ({self.ttl / 2})"
+            )
+        return self
+
+    @property
+    def renew_interval(self) -> timedelta:
+        return self.renew_every if self.renew_every is not None else self.ttl / 3
+
+
 class StoreSettings(_Section):
     path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
     synchronous: Literal["normal", "full"] = Field(
         default="full",
         description="full: every acknowledged alert survives power loss; normal: process crashes.",
     )
+    lease: LeaseSettings = LeaseSettings()
 
 
 class CatalogSettings(_Section):

@@ -3,6 +3,12 @@
 Slack, the CLI and the HTTP API all call these, with an ``actor`` naming who asked; every
 command, accepted or refused, is written to the audit log. Approvals are checked against
 the allowlist: an approval from anyone else is refused, audited and counted.
+
+Every process takes commands, leader or standby (``bot.engine.leadership``): they are written
+to the store, which is how the leader hears of them. A rollback given to a standby is recorded
+as a request (once, however many processes are asked) and carried out by the leader, whose
+report the standby waits for, up to ``rollback_wait`` (under the CLI's 30 s); past that it
+answers ``accepted``.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from bot.domain.policy import Mode
 from bot.engine.admission import BREAKER, PAUSE, breaker_state
 from bot.engine.locks import IncidentLocks
 from bot.engine.metrics import Metrics
-from bot.engine.rollback import ROLLBACK
-from bot.store.base import ApprovalStatus, IncidentRecord, NewEvent, Store
+from bot.engine.rollback import ROLLBACK, RollbackRecord
+from bot.engine.signals import RealTimer, Timer
+from bot.store import codec
+from bot.store.base import ApprovalStatus, Deposed, IncidentRecord, NewEvent, Store
 
 
 class EngineControl(Protocol):
@@ -26,6 +34,11 @@ class EngineControl(Protocol):
 
     @property
     def locks(self) -> IncidentLocks: ...
+
+    @property
+    def leading(self) -> bool:
+        """Whether this process leads the store (runs playbooks) right now."""
+        ...
 
     def signal(self, incident_id: str) -> None: ...
     def signal_all(self) -> None: ...
@@ -45,9 +58,11 @@ _DECIDED: dict[bool, ApprovalStatus] = {True: "approved", False: "rejected"}
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
-    """``invalid``: a malformed argument, e.g. a reason above ``REASON_MAX``."""
+    """``status``: ``ok``, ``accepted`` (recorded; the leader carries it out), ``refused`` (not
+    allowed), ``not_found``, ``conflict`` (wrong state) or ``invalid`` (a malformed argument, e.g.
+    a reason above ``REASON_MAX``)."""
 
-    status: Literal["ok", "refused", "not_found", "conflict", "invalid"]
+    status: Literal["ok", "accepted", "refused", "not_found", "conflict", "invalid"]
     message: str
     data: dict[str, Any] | None = None
 
@@ -109,8 +124,16 @@ class Commands:
         mode: Mode,
         *,
         vouch: Callable[[str], Awaitable[bool]] | None = None,
+        timer: Timer | None = None,
+        rollback_wait: float = 20.0,
+        leadership: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        #: Who leads the store and this process's role (``Leadership.describe``), for ``status``.
+        self._leadership = leadership
         self._engine = engine
+        self._timer = timer or RealTimer()
+        #: How long a standby waits for the leader to carry out a rollback it recorded.
+        self._rollback_wait = rollback_wait
         #: Approvers a channel knows beyond the allowlist (Slack's approver user group), asked only
         #: when the allowlist says no.
         self._vouch = vouch
@@ -201,8 +224,38 @@ class Commands:
                 await self._audit(incident_id, "rollback_refused", actor, why, "conflict")
                 return CommandResult("conflict", f"{incident_id}: {why}; resume first, or force it")
             await self._audit(incident_id, "rollback_forced", actor, f"{why}; forced", "ok")
-        report = await self._engine.request_rollback(incident, actor)
-        return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
+        if self._engine.leading:
+            try:
+                report = await self._engine.request_rollback(incident, actor)
+            except Deposed:  # another process took over meanwhile: it carries out the request
+                return await self._rollback_by_leader(incident_id, actor)
+            return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
+        return await self._rollback_by_leader(incident_id, actor)
+
+    async def _rollback_by_leader(self, incident_id: str, actor: str) -> CommandResult:
+        """Record the request for the leader (once), then wait for its report."""
+        await self._store.request_rollback(
+            incident_id,
+            codec.encode_record(RollbackRecord(actor)),
+            NewEvent("rollback_requested", actor=actor, detail="recorded by a standby; the leader undoes"),
+            self._clock(),
+        )
+        waited, beat = 0.0, 0.2
+        while True:
+            record = (await self._store.steps_of(incident_id)).get(ROLLBACK)
+            if record is not None and record.status == "ok":
+                done = codec.decode_record(RollbackRecord, record.result)
+                return CommandResult(
+                    "ok", f"{incident_id} rolled back by {done.actor}", {"report": list(done.report)}
+                )
+            if waited >= self._rollback_wait:
+                return CommandResult(
+                    "accepted",
+                    f"{incident_id}: rollback recorded; the leading pitcrew carries it out",
+                    {"report": []},
+                )
+            await self._timer.sleep(beat)
+            waited += beat
 
     async def pause(self, actor: str, reason: str = "") -> CommandResult:
         problem = reason_problem(reason)
@@ -236,7 +289,7 @@ class Commands:
     async def status(self) -> dict[str, Any]:
         breaker = await breaker_state(self._store)
         pause = await self._store.switch(PAUSE)
-        return {
+        found = {
             "mode": self._mode.value,
             "paused": pause is not None,
             "paused_by": (pause or {}).get("set_by"),
@@ -247,3 +300,6 @@ class Commands:
                 "reset_at": breaker.reset_at.isoformat() if breaker.reset_at else None,
             },
         }
+        if self._leadership is not None:
+            found["leadership"] = self._leadership()
+        return found

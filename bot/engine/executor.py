@@ -28,7 +28,7 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.locks import IncidentLocks
 from bot.engine.registry import Handler, StepDef
 from bot.store import codec
-from bot.store.base import IncidentRecord, JsonObject, NewEvent
+from bot.store.base import Deposed, IncidentRecord, JsonObject, NewEvent
 
 log = logger(__name__)
 R = TypeVar("R", bound=StepResult)
@@ -240,6 +240,8 @@ class Executor:
         except PermanentError as exc:
             self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} cannot succeed: {exc}", exc.reason) from exc
+        except Deposed:
+            raise  # another process leads now: stop here, record nothing, call nothing
         except Exception as exc:  # a defect must escalate to humans, not kill the incident's worker
             log.exception("step crashed", extra={"incident": ctx.incident.id, "step": ctx.step})
             raise StepFailed(f"{ctx.step} hit an internal error: {exc!r}", "internal") from exc

@@ -34,7 +34,7 @@ from bot.engine.registry import Track
 from bot.engine.rollback import ROLLBACK, RollbackRecord, undo
 from bot.engine.signals import Signals
 from bot.store import codec
-from bot.store.base import IncidentRecord, NewEvent, StepRecord
+from bot.store.base import Deposed, IncidentRecord, NewEvent, StepRecord
 
 log = logger(__name__)
 _ENDED = frozenset({"ok", "skipped", "failed", "undone"})
@@ -163,7 +163,7 @@ class IncidentFlow:
     async def _run_job_track(self, incident_id: str, pending: list[str]) -> None:
         try:
             await self._job_steps_in_turn(incident_id, pending)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Deposed):
             raise
         except Exception:  # the node track restarts it on its next move
             log.exception("job track crashed", extra={"incident": incident_id})

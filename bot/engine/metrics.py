@@ -106,6 +106,14 @@ class Metrics:
         self.approvals = Counter("pitcrew_approvals", "Approval decisions.", ["outcome"], registry=r)
         self.breaker_open = Gauge("pitcrew_breaker_open", "1 while the circuit breaker is open.", registry=r)
         self.paused = Gauge("pitcrew_paused", "1 while pitcrew is paused.", registry=r)
+        self.leader = Gauge(
+            "pitcrew_leader",
+            "1 while this process holds the store's lease and acts; 0 on a standby.",
+            registry=r,
+        )
+        self.leader_epoch = Gauge(
+            "pitcrew_leader_epoch", "The lease epoch (fencing token) this process last led with.", registry=r
+        )
         self.time_to_job_running = Histogram(
             "pitcrew_time_to_job_running_seconds",
             "From first alert to every interrupted Slurm job running again (the job track), by playbook.",

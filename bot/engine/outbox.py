@@ -30,7 +30,7 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Destination, Notice, Notifier
 from bot.engine.signals import RealTimer, Timer
-from bot.store.base import Json, NewEvent, OutboxItem, Store
+from bot.store.base import Deposed, Json, NewEvent, OutboxItem, Store
 
 log = logger(__name__)
 
@@ -147,6 +147,9 @@ class OutboxSender:
                     delay = min(delay, await self.drain(destination))
                 except asyncio.CancelledError:
                     raise
+                except Deposed:  # another process leads: it delivers from now on
+                    log.warning("outbox sender stops: this process no longer leads")
+                    return
                 except Exception:  # the sender must outlive a bad round; the rows stay pending
                     log.exception("outbox round failed", extra={"destination": destination.name})
                     delay = min(delay, self._backoff.initial)

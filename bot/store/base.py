@@ -3,20 +3,25 @@
 Everything pitcrew must not forget lives behind this port: every alert received (keyed by
 fingerprint + startsAt), one incident per node with its plan and step cursor, per-step
 records (what was done, what pitcrew owns), approvals, switches (pause, breaker) and an
-append-only audit log. Methods take ``now`` from the caller: the store reads no clock.
+append-only audit log. Methods take ``now`` from the caller: the store reads no clock — except
+for the leadership lease (``bot.store.lease``), whose expiry only the store's own clock may judge,
+so that processes whose clocks disagree never both lead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 from bot.domain.alerts import AlertStatus
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
+from bot.store.lease import Deposed as Deposed  # the lease's vocabulary is part of the port
+from bot.store.lease import Fence as Fence
+from bot.store.lease import Lease as Lease
 
 #: A JSON value as stored. Typed records are encoded to and decoded from it by ``bot.store.codec``.
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
@@ -287,6 +292,48 @@ class Store(Protocol):
         ...
 
     async def ack_faults(self, incident_id: str) -> None: ...
+    async def request_rollback(
+        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime
+    ) -> bool:
+        """Record a rollback request (the ``rollback`` step, running, with ``result``) and ``event``,
+        unless the incident has one already, requested or done; whether this call recorded it."""
+        ...
+
+    async def rollbacks_requested(self) -> list[str]:
+        """Incidents whose rollback was requested and is not done yet (by any process:
+        the leader carries out what a standby recorded), oldest first."""
+        ...
+
+    # one actor per store (``bot.store.lease``): expiry is judged by the store's own clock
+    async def lease(self) -> Lease | None:
+        """The leadership row as it is now (``None``: nobody ever led this store)."""
+        ...
+
+    async def acquire_lease(self, holder: str, ttl: timedelta) -> Lease:
+        """Take the lease for ``ttl`` if it is free, expired or ``holder``'s, with the epoch raised
+        by one; the row as it is after (``lease.holder != holder``: someone else leads)."""
+        ...
+
+    async def renew_lease(self, holder: str, epoch: int, ttl: timedelta) -> Lease | None:
+        """Extend the lease to ``ttl`` from now, only if ``holder`` still holds ``epoch`` (expired
+        or not, as long as nobody took it over); ``None`` if not."""
+        ...
+
+    async def release_lease(self, holder: str, epoch: int) -> None:
+        """End ``holder``'s term now (graceful shutdown), if it still holds ``epoch``."""
+        ...
+
+    def fenced(self, fence: Fence) -> Store:
+        """This store for the engine of a process that may lead: reads as they are, every write
+        checked against ``fence`` in its own transaction (``Deposed`` if the fence's holder and
+        epoch are not the leadership row's). Webhook ingest and human commands use the unfenced
+        store: every process takes them.
+
+        The check must hold until the commit: SQLite's ``BEGIN IMMEDIATE`` write lock does that; a
+        Postgres store starts each fenced transaction with ``SELECT 1 FROM leadership WHERE holder
+        = $1 AND epoch = $2 FOR SHARE`` (a takeover's UPDATE of the row waits for the commit) and
+        judges the lease with the database's ``now()``."""
+        ...
 
     # approvals, switches, history
     async def request_approval(

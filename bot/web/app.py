@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -51,6 +51,9 @@ class Deps:
     read_credentials: auth.Credentials = field(default_factory=auth.Credentials)
     commands: CommandSurface | None = None
     ready_checks: list[Callable[[], bool]] = field(default_factory=list)
+    #: Who leads the store and this process's role in it (``bot.engine.leadership``), for /readyz:
+    #: a standby is ready (it takes webhooks and commands), and says who acts.
+    leadership: Callable[[], dict[str, Any]] | None = None
 
 
 DEPS = web.AppKey("deps", Deps)
@@ -164,9 +167,10 @@ async def readyz(request: web.Request) -> web.Response:
     for index, check in enumerate(deps.ready_checks):
         checks[f"check{index}"] = check()
     ok = all(checks.values())
-    return web.json_response(
-        {"status": "ok" if ok else "not ready", "checks": checks}, status=200 if ok else 503
-    )
+    answer: dict[str, Any] = {"status": "ok" if ok else "not ready", "checks": checks}
+    if deps.leadership is not None:
+        answer["leadership"] = deps.leadership()
+    return web.json_response(answer, status=200 if ok else 503)
 
 
 #: Series that name an incident's node and Slack thread: only for a scrape that may read incidents.

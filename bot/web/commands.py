@@ -26,7 +26,7 @@ from bot.web import auth
 BODY_MAX = 16 * 1024
 #: The header pitcrew's CLI sends; both channels need the admin token, this only says which tool.
 CLIENT_HEADER = "Pitcrew-Client"
-_STATUS = {"ok": 200, "refused": 403, "not_found": 404, "conflict": 409, "invalid": 400}
+_STATUS = {"ok": 200, "accepted": 202, "refused": 403, "not_found": 404, "conflict": 409, "invalid": 400}
 
 
 class CommandSurface(Protocol):

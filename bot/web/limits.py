@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 #: File descriptors kept for everything but client connections: the store, logs, the listening
 #: socket, the far sides' connection pools, the connections accepted in one burst before the

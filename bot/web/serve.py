@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 from aiohttp import web
 
+from bot import logger
 from bot.web.limits import ConnectionGate
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 #: Idle keep-alive of authenticated peers (aiohttp's ``run_app`` default); strangers get the
 #: gate's much shorter ``stranger_idle``.
