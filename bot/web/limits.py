@@ -34,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bot import logger
+
 log = logger(__name__)
 
 #: File descriptors kept for everything but client connections: the store, logs, the listening
