@@ -49,7 +49,7 @@ def _leader(process: Process) -> float:
 async def test_the_first_leads_and_renews_the_second_stands_by_and_says_who(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bot.engine.leadership")
+    caplog.set_level(logging.INFO, logger="pitcrew.engine.leadership")
     async with EngineHarness(tmp_path, lease=TTL) as h:
         a = await h.process("a")
         b = await h.process("b")
@@ -89,7 +89,7 @@ async def test_a_dead_leader_is_replaced_within_the_ttl_and_nothing_repeats(tmp_
 async def test_a_deposed_leader_writes_nothing_more_and_calls_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bot.engine.leadership")
+    caplog.set_level(logging.INFO, logger="pitcrew.engine.leadership")
     async with EngineHarness(tmp_path, lease=TTL, engine=FAST) as h:
         a = await h.process("a")
         b = await h.process("b")
@@ -135,7 +135,7 @@ async def test_a_deposed_leader_writes_nothing_more_and_calls_nothing(
 async def test_a_deposed_leaders_intent_write_is_refused_before_its_destructive_call(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bot.engine.leadership")
+    caplog.set_level(logging.INFO, logger="pitcrew.engine.leadership")
     async with EngineHarness(tmp_path, lease=TTL, engine=FAST) as h:
         a = await h.process("a")
         await h.process("b")
