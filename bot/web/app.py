@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -48,6 +48,8 @@ class Deps:
     read_credentials: auth.Credentials = field(default_factory=auth.Credentials)
     commands: CommandSurface | None = None
     ready_checks: list[Callable[[], bool]] = field(default_factory=list)
+    #: Shown in ``/readyz`` under ``detail`` without deciding readiness (Slack's Socket Mode state).
+    ready_detail: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
 
 
 DEPS = web.AppKey("deps", Deps)
@@ -149,9 +151,10 @@ async def readyz(request: web.Request) -> web.Response:
     for index, check in enumerate(deps.ready_checks):
         checks[f"check{index}"] = check()
     ok = all(checks.values())
-    return web.json_response(
-        {"status": "ok" if ok else "not ready", "checks": checks}, status=200 if ok else 503
-    )
+    body: dict[str, Any] = {"status": "ok" if ok else "not ready", "checks": checks}
+    if deps.ready_detail:
+        body["detail"] = {name: describe() for name, describe in deps.ready_detail.items()}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -11,7 +11,9 @@ time (short engine intervals keep it fast). Nothing in pitcrew is replaced.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +36,7 @@ from tests.harness.scenarios import destructive_calls
 from tests.simulator.serve import WorldFile, simulated_ports
 
 CHANNEL = "C0GPUOPS"
+_CLICKS = itertools.count(1)
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -43,9 +46,12 @@ def fixture(name: str) -> dict[str, Any]:
 
 
 def click(action: str, incident_id: str, user: str, name: str) -> dict[str, Any]:
-    """The fixture's block_actions payload for ``action`` on ``incident_id`` by ``user``."""
+    """The fixture's block_actions payload for ``action`` on ``incident_id`` by ``user``: a click of its
+    own, as every click is (a new ``trigger_id`` and ``action_ts``), so two clicks never sign alike."""
     payload = signing.block_action(fixture("block-actions-approve.json"), user, name)
-    payload["actions"][0].update({"action_id": action, "value": incident_id})
+    now = time.time()
+    payload["trigger_id"] = f"{int(now)}.{next(_CLICKS)}.{secrets.token_hex(16)}"
+    payload["actions"][0].update({"action_id": action, "value": incident_id, "action_ts": f"{now:.6f}"})
     return payload
 
 

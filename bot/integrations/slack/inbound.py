@@ -1,6 +1,6 @@
 """Buttons and ``/pitcrew`` from Slack, through slack-bolt's ``AsyncApp``, over HTTP or Socket Mode.
 
-bolt verifies signatures (HTTP), acks within 3 s and routes actions; this module only says what
+bolt acks within 3 s and routes actions; this module only says what
 each action means. Every decision calls the engine's ``Commands`` with the actor
 ``slack:<user id>``, so Slack, the CLI and the HTTP API behave the same and every click lands in
 the audit log. Authorisation (``Approvers``): anyone else is told politely, and the attempt is
@@ -9,17 +9,26 @@ the thread shows it too. Answers to the clicker are ephemeral; the thread and th
 through the outbox, like every other message.
 
 HTTP mode: ``handle_http`` is mounted at ``POST /slack/events`` by the composition root. Before
-bolt sees a request, a bad or stale signature is answered 401 and a body that is neither an
-interactive payload nor a slash command 400, so nothing reaches the engine. Socket Mode:
-``SocketMode`` runs bolt's aiohttp Socket Mode handler (``apps.connections.open`` with the
-app-level token, reconnects on ``disconnect``), as a background worker.
+bolt sees a request it is checked here (``SlackSignature``): a timestamp that is not a whole
+number of seconds or is older than 5 minutes, a signature that is not Slack's, a body that is not
+UTF-8, or a signed request seen before (a replay within Slack's 5-minute window) is answered 401
+and logged in one line, never a traceback; a body that is neither an interactive payload nor a
+slash command 400, so nothing reaches the engine. Slack's unsigned ``ssl_check=1`` probe goes to
+bolt, whose ssl-check middleware answers it 200 before any signature check, as for any bolt app.
+A slash command answered after its 2 s budget is answered through its ``response_url`` (bolt's
+``respond``): that reaches the user in a DM or a channel the bot is not in, where
+``chat.postEphemeral`` cannot. Socket Mode
+is ``bot.integrations.slack.socket``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import hashlib
+import hmac
 import json
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -27,10 +36,8 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import logger
@@ -38,7 +45,7 @@ from bot.engine.commands import CommandResult, Commands
 from bot.engine.errors import PitcrewError
 from bot.integrations.slack.approvers import SLACK, Approvers
 from bot.integrations.slack.errors import call
-from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK
+from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK, Mrkdwn, escape, mention
 from bot.store.base import NewEvent, Store
 
 log = logger(__name__)
@@ -54,6 +61,57 @@ HELP = (
 #: How long a slash command may work before its ack; the rest is answered later, ephemerally.
 _ACK_BUDGET = 2.0
 _MAX_BODY = 64 * 1024
+#: Slack's freshness window for a signed request (slack_sdk ``SignatureVerifier``: 5 minutes).
+WINDOW = 300
+_MAX_REMEMBERED = 100_000
+
+
+class SlackSignature:
+    """Slack's v0 request signature, checked on the raw bytes, plus a memory of the requests seen.
+
+    ``refusal`` says why a request is not from Slack (``None``: it is, and it is new). Every
+    header value and the body are checked for shape first, so nothing a sender controls can raise
+    (slack_sdk's verifier raises on a timestamp like ``abc`` or ``1.7e9``, on a non-ASCII
+    signature, and on a body that is not UTF-8). A signature is remembered for the window in which
+    Slack would accept it: the same signed bytes sent again — a captured ``/pitcrew resume`` or
+    Approve click replayed — are refused. The memory is this process's (a restart forgets it;
+    the 5-minute window bounds what it must hold)."""
+
+    def __init__(self, secret: str, clock: Callable[[], float] = time.time) -> None:
+        self._secret = secret.encode()
+        self._clock = clock
+        self._seen: OrderedDict[str, float] = OrderedDict()  # signature → when it stops being fresh
+
+    def refusal(self, body: bytes, timestamp: str, signature: str) -> str | None:
+        if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+            return "the timestamp is not a whole number of seconds"
+        now = self._clock()
+        if abs(now - int(timestamp)) > WINDOW:
+            return "the timestamp is more than 5 minutes away"
+        if not (signature.isascii() and signature.startswith("v0=")):
+            return "no v0 signature"
+        try:
+            body.decode()
+        except UnicodeDecodeError:
+            return "the body is not UTF-8"
+        base = b"v0:" + timestamp.encode() + b":" + body
+        expected = "v0=" + hmac.new(self._secret, base, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected.encode(), signature.encode()):
+            return "the signature does not match"
+        self._forget(now)
+        if signature in self._seen:
+            return "a replay of a request already received"
+        self._seen[signature] = int(timestamp) + WINDOW
+        if len(self._seen) > _MAX_REMEMBERED:
+            self._seen.popitem(last=False)
+        return None
+
+    def _forget(self, now: float) -> None:
+        while self._seen:
+            signature, fresh_until = next(iter(self._seen.items()))
+            if fresh_until >= now:
+                return
+            del self._seen[signature]
 
 
 class SlackInbound:
@@ -74,7 +132,7 @@ class SlackInbound:
         self._approvers = approvers
         self._clock = clock
         self._channel = channel
-        self._verifier = SignatureVerifier(signing_secret) if signing_secret else None
+        self._signature = SlackSignature(signing_secret) if signing_secret else None
         self.app = AsyncApp(
             client=client,
             signing_secret=signing_secret or "socket-mode-requests-are-not-signed",
@@ -87,20 +145,28 @@ class SlackInbound:
 
     # ------------------------------------------------------------------ HTTP mode
     async def handle_http(self, request: web.Request) -> web.Response:
-        if self._verifier is None:
+        if self._signature is None:
             return web.json_response({"error": "Slack HTTP mode is not configured"}, status=404)
         if request.content_length is not None and request.content_length > _MAX_BODY:
             return web.json_response({"error": "body too large"}, status=413)
         body = await request.read()
-        if not self._verifier.is_valid_request(body, dict(request.headers)):
-            return web.json_response({"error": "invalid or stale Slack signature"}, status=401)
-        try:
-            text = body.decode()
-            problem = _malformed(text)
-        except UnicodeDecodeError:
-            problem = "body is not UTF-8"
+        if _ssl_check(body):  # unsigned by design: bolt's ssl-check middleware answers it
+            return await self._dispatch(request, body.decode())
+        refused = self._signature.refusal(
+            body,
+            request.headers.get("X-Slack-Request-Timestamp", ""),
+            request.headers.get("X-Slack-Signature", ""),
+        )
+        if refused is not None:
+            log.info("Slack request refused: %s", refused, extra={"reason": "slack_signature"})
+            return web.json_response({"error": f"not a request from Slack: {refused}"}, status=401)
+        text = body.decode()
+        problem = _malformed(text)
         if problem is not None:
             return web.json_response({"error": problem}, status=400)
+        return await self._dispatch(request, text)
+
+    async def _dispatch(self, request: web.Request, text: str) -> web.Response:
         bolt = AsyncBoltRequest(body=text, query=request.query_string, headers=dict(request.headers))
         return await to_aiohttp_response(await self.app.async_dispatch(bolt))
 
@@ -147,7 +213,9 @@ class SlackInbound:
         if votes - {actor}:
             return None  # a different approver already voted: this is the second
         if actor in votes:
-            return f"You already approved {incident_id}; a second, different approver must approve too."
+            return (
+                f"You already approved {escape(incident_id)}; a second, different approver must approve too."
+            )
         await self._store.record(
             incident_id,
             NewEvent(
@@ -158,7 +226,7 @@ class SlackInbound:
             ),
             self._clock(),
         )
-        return f"Your approval of {incident_id} is recorded; a second, different approver must approve too."
+        return f"Your approval of {escape(incident_id)} is recorded; a second, different approver must approve too."
 
     async def _refused(self, incident_id: str | None, kind: str, actor: str) -> None:
         await self._store.record(
@@ -174,16 +242,24 @@ class SlackInbound:
             log.warning("ephemeral answer not delivered", extra={"reason": exc.reason})
 
     # ------------------------------------------------------------------ /pitcrew
-    async def _slash(self, ack: Any, command: dict[str, Any]) -> None:
+    async def _slash(self, ack: Any, respond: Any, command: dict[str, Any]) -> None:
         user = str(command.get("user_id", ""))
-        channel = str(command.get("channel_id", self._channel))
         work = asyncio.ensure_future(self.slash(str(command.get("text", "")), user))
         done, _ = await asyncio.wait({work}, timeout=_ACK_BUDGET)
         if done:
             await ack(text=work.result(), response_type="ephemeral")
             return
         await ack(text="Working on it; the answer follows here.", response_type="ephemeral")
-        await self._tell(channel, user, await work)
+        answer = await work
+        # The command's response_url reaches the user wherever they typed it (a DM, a channel
+        # without the bot), for 30 minutes; chat.postEphemeral would need the bot in the channel.
+        try:
+            sent = await respond(text=answer, response_type="ephemeral")
+        except Exception as exc:  # the command was carried out and audited; only the answer is lost
+            log.warning("slash command answer not delivered", extra={"reason": type(exc).__name__})
+            return
+        if getattr(sent, "status_code", 200) != 200:
+            log.warning("slash command answer refused", extra={"reason": f"HTTP {sent.status_code}"})
 
     async def slash(self, text: str, user: str) -> str:
         words = text.split()
@@ -207,7 +283,7 @@ class SlackInbound:
                 result = await self._commands.resume(actor)
             else:
                 result = await self._commands.reset_breaker(actor)
-            return result.message
+            return escape(result.message)
         return HELP
 
     async def _status(self, target: str | None) -> str:
@@ -216,68 +292,30 @@ class SlackInbound:
             breaker = status["breaker"]
             paused = f"paused by {status['paused_by']}" if status["paused"] else "not paused"
             open_ = f"open: {breaker['reason']}" if breaker["open"] else "closed"
-            return f"mode *{status['mode']}* · {paused} · breaker {open_}"
+            return f"mode *{escape(str(status['mode']))}* · {escape(paused)} · breaker {escape(open_)}"
         incident = await self._store.incident(target)
         if incident is None:
             found = await self._store.incidents(node=target, limit=1)
             incident = found[0] if found else None
         if incident is None:
-            return f"No incident or node called {target[:100]}."
+            return f"No incident or node called {escape(target[:100])}."
         plan = incident.plan
         step = plan.steps[incident.step_index] if plan and incident.step_index < len(plan.steps) else "-"
         return (
-            f"*{incident.id}* on {incident.node}: {incident.state.value}"
-            f" · playbook {incident.playbook or '-'} · step {step}"
-            f"{' · ' + incident.outcome if incident.outcome else ''}\n"
-            f"Full timeline: `pitcrew incidents show {incident.id}`"
+            f"*{escape(incident.id)}* on {escape(incident.node)}: {incident.state.value}"
+            f" · playbook {escape(incident.playbook or '-')} · step {escape(step)}"
+            f"{' · ' + escape(incident.outcome) if incident.outcome else ''}\n"
+            f"Full timeline: `pitcrew incidents show {escape(incident.id)}`"
         )
 
 
-class SocketMode:
-    """bolt's Socket Mode handler as a background worker (``start``/``stop``).
-
-    Connecting must never hold up pitcrew's start: Slack being down cannot stop remediation. The
-    first connection is made in the background (slack_sdk's client retries it every ping interval
-    until it succeeds, and reconnects by itself later, also on ``disconnect`` frames); should it
-    give up with an error, it is tried again here with backoff."""
-
-    def __init__(self, inbound: SlackInbound, app_token: str, *, backoff_max: float = 60.0) -> None:
-        self._app = inbound.app
-        self._app_token = app_token
-        self._backoff_max = backoff_max
-        self._handler: AsyncSocketModeHandler | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        # Built here, on the running loop: its aiohttp session cannot be made outside one (and
-        # ``pitcrew serve`` builds the app before the loop runs).
-        self._handler = AsyncSocketModeHandler(self._app, self._app_token)
-        self._task = asyncio.create_task(self._connect(self._handler), name="pitcrew-slack-socket-mode")
-
-    async def _connect(self, handler: AsyncSocketModeHandler) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await handler.connect_async()  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                log.warning(
-                    "Slack Socket Mode not connected; will retry",
-                    extra={"reason": type(exc).__name__, "retry_in": delay},
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff_max)
-            else:
-                log.info("Slack Socket Mode connected")
-                return
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._handler is not None:
-            await self._handler.close_async()  # type: ignore[no-untyped-call]
-            self._handler = None
+def _ssl_check(body: bytes) -> bool:
+    """Slack's unsigned ``ssl_check=1`` probe of a slash command's URL (bolt's ``SslCheck``)."""
+    try:
+        fields = parse_qs(body.decode(), keep_blank_values=True)
+    except UnicodeDecodeError:
+        return False
+    return fields.get("ssl_check") == ["1"] and "payload" not in fields and "command" not in fields
 
 
 def _malformed(text: str) -> str | None:
@@ -300,15 +338,15 @@ def _malformed(text: str) -> str | None:
     return "neither an interactive payload nor a slash command"
 
 
-def _answer(result: CommandResult, user: str, verb: str, incident_id: str) -> str:
+def _answer(result: CommandResult, user: str, verb: str, incident_id: str) -> Mrkdwn:
     if result.status == "refused":
         return _polite(user, verb, incident_id)
-    return result.message
+    return escape(result.message)
 
 
-def _polite(user: str, verb: str, incident_id: str | None) -> str:
+def _polite(user: str, verb: str, incident_id: str | None) -> Mrkdwn:
     what = f"{verb} {incident_id}" if incident_id else verb
-    return (
-        f"Sorry <@{user}>, only pitcrew's approvers may {what}, so nothing was done. "
+    return Mrkdwn(
+        f"Sorry {mention(user)}, only pitcrew's approvers may {escape(what)}, so nothing was done. "
         "Your attempt is recorded in the incident's audit log; please ask an approver."
     )

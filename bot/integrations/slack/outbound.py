@@ -30,15 +30,16 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import logger
 from bot.config import GrafanaSettings
 from bot.domain.incident import State
-from bot.engine.errors import PitcrewError
+from bot.engine.errors import PermanentError, PitcrewError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
-from bot.integrations.slack.errors import call
-from bot.integrations.slack.messages import Decision, Message, ParentView
+from bot.integrations.slack.errors import GONE, call
+from bot.integrations.slack.messages import Decision, Message, Mrkdwn, ParentView, escape
 from bot.integrations.slack.probe import SlackProbe
+from bot.integrations.slack.updates import ChatUpdates
 from bot.store.base import Event, IncidentRecord, OutboxItem, Store, link_key
 
 log = logger(__name__)
@@ -75,11 +76,11 @@ class SlackLinks:
     digest_threshold: int = 5
 
 
-def who(actor: str | None) -> str:
-    """An actor as Slack shows it: ``slack:U0ALICE`` → a mention; others as they are."""
+def who(actor: str | None) -> Mrkdwn:
+    """An actor as Slack shows it: ``slack:U0ALICE`` → a mention; others as text (escaped)."""
     if actor and actor.startswith("slack:"):
-        return f"<@{actor.removeprefix('slack:')}>"
-    return actor or "pitcrew"
+        return messages.mention(actor.removeprefix("slack:"))
+    return escape(actor or "pitcrew")
 
 
 class SlackDestination:
@@ -97,8 +98,9 @@ class SlackDestination:
         self._clock = clock
         #: Told each incident's thread permalink (``Metrics.incidents.link``: the Grafana table).
         self._on_thread = on_thread
+        self._updates = ChatUpdates(client, links.channel)
         self._digest = StormDigest(
-            client, store, links.channel, links.digest_window, links.digest_threshold, clock
+            self._updates, store, links.channel, links.digest_window, links.digest_threshold, clock
         )
 
     @property
@@ -137,31 +139,72 @@ class SlackDestination:
             return ts
         if thread.startswith(DIGEST):
             return await self._digest.show(item, incident, thread, self._post)
-        posted: str | None = None
+        try:
+            posted = await self._reply(item, incident, thread)
+            if not more:  # the last of a run of this incident's items updates the parent for all of them
+                await self._updates.update(thread, await self._parent(incident))
+        except PermanentError as exc:
+            if exc.reason not in GONE:
+                raise
+            # Deleted by a person or a retention policy: the incident goes on under a new parent
+            # (built from the store just now, so it shows everything), this item's reply with it.
+            thread = await self._rehome(item, incident, thread)
+            posted = await self._reply(item, incident, thread)
+            await self._permalink(incident.id, thread, renew=True)
+            return posted or thread
+        if not more:
+            await self._permalink(incident.id, thread)
+        return posted or thread
+
+    async def _reply(self, item: OutboxItem, incident: IncidentRecord, thread: str) -> str | None:
+        """This item's reply in the thread (none for the incident notice, which only feeds the parent)."""
         if item.kind == "incident" and not _is_event(item):
             await self._store.set_outbox_ref(
                 NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
             )
-        elif item.kind != "state":
-            built = self.reply_for(item)
-            if built is not None:
-                posted = await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
-        if not more:  # the last of a run of this incident's items updates the parent for all of them
-            await call(
-                self.client.chat_update(
-                    channel=self.channel, ts=thread, **_content(await self._parent(incident))
+            return None
+        if item.kind == "state":
+            return None
+        built = self.reply_for(item)
+        if built is None:
+            return None
+        return await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
+
+    async def _rehome(self, item: OutboxItem, incident: IncidentRecord, gone: str) -> str:
+        """A new parent for an incident whose parent ``gone`` was deleted; its ts, kept as the thread.
+        Posted once: after a crash it is found by the metadata naming the message it replaces."""
+        log.warning(
+            "the Slack message of %s was deleted; a new one continues its thread",
+            incident.id,
+            extra={"incident": incident.id, "reason": "message_deleted"},
+        )
+        await self._store.set_outbox_ref(NAME, f"replaced:{incident.id}", gone, self._clock())
+        message = messages.parent(await self.view(incident))
+        metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": gone}
+
+        async def post() -> str:
+            answer = await call(
+                self.client.chat_postMessage(
+                    channel=self.channel,
+                    metadata={"event_type": METADATA_TYPE, "event_payload": metadata},
+                    **_content(message),
                 )
             )
-            await self._permalink(incident.id, thread)
-        return posted or thread
+            return str(answer["ts"])
 
-    async def _permalink(self, incident_id: str, thread_ts: str) -> None:
-        """Keep the thread's permalink (``chat.getPermalink``, once) where the read API and
-        ``pitcrew incidents show`` find it, and tell ``on_thread`` (again after a restart). Best
-        effort: a failure is logged and the next delivery of the incident tries again; it never
-        holds a notice back."""
+        ts = await create_once(
+            item, lambda: self._find(None, lambda p: p.get("replaces") == gone), post, "new parent in Slack"
+        )
+        await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+        return ts
+
+    async def _permalink(self, incident_id: str, thread_ts: str, *, renew: bool = False) -> None:
+        """Keep the thread's permalink (``chat.getPermalink``, once; again after the parent was
+        replaced, ``renew``) where the read API and ``pitcrew incidents show`` find it, and tell
+        ``on_thread`` (again after a restart). Best effort: a failure is logged and the next delivery
+        of the incident tries again; it never holds a notice back."""
         url = await self._store.outbox_ref(NAME, link_key(incident_id))
-        if url is None:
+        if url is None or (renew and _ts_of(url) != thread_ts):
             try:
                 answer = await call(self.client.chat_getPermalink(channel=self.channel, message_ts=thread_ts))
             except PitcrewError as exc:
@@ -185,9 +228,8 @@ class SlackDestination:
             mark = {"ok": ":white_check_mark:", "failed": ":x:", "skipped": ":fast_forward:"}.get(
                 outcome, "•"
             )
-            return messages.reply(
-                f"{mark} {p.get('step')}: {outcome}", [detail] if detail else [], item.incident_id
-            )
+            title = Mrkdwn(f"{mark} {escape(str(p.get('step')))}: {escape(outcome)}")
+            return messages.reply(title, [detail] if detail else [], item.incident_id)
         titles = {
             "approved": f":white_check_mark: approved by {actor}",
             "rejected": f":no_entry: rejected by {actor}: nothing will be done",
@@ -198,7 +240,8 @@ class SlackDestination:
             "rollback_done": f":leftwards_arrow_with_hook: rollback by {actor} done",
             "approval_vote": f":ballot_box_with_check: first approval by {actor}; a second, different approver is needed",
         }
-        return messages.reply(titles.get(item.kind, item.kind), [detail] if detail else [], item.incident_id)
+        title = Mrkdwn(titles[item.kind]) if item.kind in titles else escape(item.kind)
+        return messages.reply(title, [detail] if detail else [], item.incident_id)
 
     # ----------------------------------------------------------------- posting
     async def _post(
@@ -221,27 +264,49 @@ class SlackDestination:
             )
             return str(answer["ts"])
 
-        return await create_once(item, lambda: self._find(item, thread_ts), post, "notice in Slack")
+        return await create_once(
+            item,
+            lambda: self._find(thread_ts, lambda p: p.get("outbox_id") == item.id and "replaces" not in p),
+            post,
+            "notice in Slack",
+        )
 
-    async def _find(self, item: OutboxItem, thread_ts: str | None) -> str | None:
-        # The newest messages, not those after the item's time: the post that a crash interrupted is
-        # seconds old, and Slack's clock is not ours.
-        if thread_ts is not None:
-            answer = await call(
-                self.client.conversations_replies(
-                    channel=self.channel, ts=thread_ts, include_all_metadata=True, limit=200
-                )
-            )
-        else:
-            answer = await call(
-                self.client.conversations_history(channel=self.channel, include_all_metadata=True, limit=200)
-            )
-        for message in answer.get("messages") or []:
-            metadata = message.get("metadata") or {}
-            payload = metadata.get("event_payload") or {}
-            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == item.id:
-                return str(message["ts"])
-        return None
+    async def _find(self, thread_ts: str | None, match: Callable[[Mapping[str, Any]], bool]) -> str | None:
+        """The message pitcrew posted whose metadata ``match``es: in the thread (``conversations.replies``,
+        oldest first, so every page is read: the post a crash interrupted is the newest) or among the
+        channel's newest 200 (``conversations.history``, newest first: it is seconds old, and Slack's
+        clock is not ours). A deleted thread holds nothing."""
+        cursor: str | None = None
+        while True:
+            try:
+                if thread_ts is not None:
+                    answer = await call(
+                        self.client.conversations_replies(
+                            channel=self.channel,
+                            ts=thread_ts,
+                            include_all_metadata=True,
+                            limit=200,
+                            cursor=cursor,
+                        )
+                    )
+                else:
+                    answer = await call(
+                        self.client.conversations_history(
+                            channel=self.channel, include_all_metadata=True, limit=200
+                        )
+                    )
+            except PermanentError as exc:
+                if exc.reason in GONE:
+                    return None
+                raise
+            for message in answer.get("messages") or []:
+                metadata = message.get("metadata") or {}
+                payload = metadata.get("event_payload") or {}
+                if metadata.get("event_type") == METADATA_TYPE and match(payload):
+                    return str(message["ts"])
+            cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
+            if thread_ts is None or not answer.get("has_more") or cursor is None:
+                return None
 
     # ----------------------------------------------------------------- the parent
     async def _parent(self, incident: IncidentRecord) -> Message:
@@ -294,6 +359,7 @@ class SlackDestination:
             runbook=runbook,
             decisions=decisions,
             offer=tuple(offer),
+            replaces=await self._store.outbox_ref(NAME, f"replaced:{incident.id}") is not None,
         )
 
     async def _runbook(self, incident: IncidentRecord) -> str | None:
@@ -312,6 +378,12 @@ class SlackDestination:
     async def probe(self) -> Probe:
         """``auth.test`` and the bot's membership of the channel (``bot.integrations.slack.probe``)."""
         return await SlackProbe(self.client, self.channel).probe()
+
+
+def _ts_of(permalink: str) -> str:
+    """The message ts a permalink names (``…/p1795941999000200`` → ``1795941999.000200``)."""
+    digits = permalink.rsplit("/p", 1)[-1].split("?", 1)[0]
+    return f"{digits[:-6]}.{digits[-6:]}" if digits.isdigit() and len(digits) > 6 else ""
 
 
 def _is_event(item: OutboxItem) -> bool:
