@@ -52,7 +52,7 @@ log = logger(__name__)
 
 HELP = (
     "*/pitcrew* — answers only you see.\n"
-    "• `status` — mode, pause, breaker · `status <node|incident>` — one incident\n"
+    "• `status` — mode, pause, breaker, whether you may decide · `status <node|incident>` — one incident\n"
     "• `approve <id>` · `reject <id>` · `rollback <id>` — decide on an incident (approvers only)\n"
     "• `pause [reason]` · `resume` — the kill switch (approvers only)\n"
     "• `breaker reset` — close the circuit breaker (approvers only)\n"
@@ -266,7 +266,7 @@ class SlackInbound:
         verb = words[0].lower() if words else "help"
         rest = words[1:]
         if verb == "status":
-            return await self._status(rest[0] if rest else None)
+            return await self._status(rest[0] if rest else None, user)
         if verb in {"approve", "reject", "rollback"}:
             if len(rest) != 1:
                 return f"Usage: `/pitcrew {verb} <incident id>`"
@@ -286,13 +286,17 @@ class SlackInbound:
             return escape(result.message)
         return HELP
 
-    async def _status(self, target: str | None) -> str:
+    async def _status(self, target: str | None, user: str) -> str:
         if target is None:
             status = await self._commands.status()
             breaker = status["breaker"]
             paused = f"paused by {status['paused_by']}" if status["paused"] else "not paused"
             open_ = f"open: {breaker['reason']}" if breaker["open"] else "closed"
-            return f"mode *{escape(str(status['mode']))}* · {escape(paused)} · breaker {escape(open_)}"
+            # Whether the caller may decide: the one thing a person asking from Slack cannot see.
+            may = "you may decide" if await self._approvers.allows(user) else "you are not an approver"
+            return (
+                f"mode *{escape(str(status['mode']))}* · {escape(paused)} · breaker {escape(open_)} · {may}"
+            )
         incident = await self._store.incident(target)
         if incident is None:
             found = await self._store.incidents(node=target, limit=1)
