@@ -4,7 +4,8 @@ Cases: an approver through the user group (not on the allowlist) types ``/pitcre
 with the bot while ``usergroups.users.list`` takes 2.5 s (status says whether the caller may
 decide, which needs the group): the ack says it is working on it, and the answer reaches them
 through the command's response_url (the stand-in serves it). ``/pitcrew pause`` then (the group
-cached) is answered in the ack itself. No ``chat.postEphemeral`` is made: in a DM, or a channel
+cached) is answered in the ack itself; a first ``/pitcrew pause`` from the DM, slow the same way,
+is answered through response_url too. No ``chat.postEphemeral`` is made: in a DM, or a channel
 without the bot, Slack refuses it (``channel_not_found``), which is what happened before: the
 answer was lost. A click by that approver while the group lookup takes 4 s is still acked within
 Slack's 3 s (pitcrew acks before it decides; a slow ack fails ``SlackPitcrew.interact``).
@@ -32,6 +33,15 @@ async def test_a_slow_answer_in_a_dm_goes_through_response_url(slack: SlackStand
         assert sent["text"] == answer
         assert "paused" in await pitcrew.slash("pause maintenance", channel=DM)
         assert len(slack.responses.answered) == 1  # the group is cached now: answered in the ack
+    assert not slack.api.calls_to("chat.postEphemeral")
+
+
+async def test_a_slow_pause_from_a_dm_is_answered_there(slack: SlackStandin, tmp_path: Path) -> None:
+    slack.api.slow("usergroups.users.list", 2.5)
+    async with SlackPitcrew(tmp_path / "p", slack, transport="http", config=GROUP) as pitcrew:
+        answer = await pitcrew.slash("pause maintenance", channel=DM)
+        assert "paused" in answer, answer
+        assert [a["text"] for a in slack.responses.answered] == [answer]
     assert not slack.api.calls_to("chat.postEphemeral")
 
 
