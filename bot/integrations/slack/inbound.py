@@ -24,11 +24,7 @@ is ``bot.integrations.slack.socket``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -46,6 +42,7 @@ from bot.engine.errors import PitcrewError
 from bot.integrations.slack.approvers import SLACK, Approvers
 from bot.integrations.slack.errors import call
 from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK, Mrkdwn, escape, mention
+from bot.integrations.slack.signature import SlackSignature
 from bot.store.base import NewEvent, Store
 
 log = logger(__name__)
@@ -61,57 +58,6 @@ HELP = (
 #: How long a slash command may work before its ack; the rest is answered later, ephemerally.
 _ACK_BUDGET = 2.0
 _MAX_BODY = 64 * 1024
-#: Slack's freshness window for a signed request (slack_sdk ``SignatureVerifier``: 5 minutes).
-WINDOW = 300
-_MAX_REMEMBERED = 100_000
-
-
-class SlackSignature:
-    """Slack's v0 request signature, checked on the raw bytes, plus a memory of the requests seen.
-
-    ``refusal`` says why a request is not from Slack (``None``: it is, and it is new). Every
-    header value and the body are checked for shape first, so nothing a sender controls can raise
-    (slack_sdk's verifier raises on a timestamp like ``abc`` or ``1.7e9``, on a non-ASCII
-    signature, and on a body that is not UTF-8). A signature is remembered for the window in which
-    Slack would accept it: the same signed bytes sent again — a captured ``/pitcrew resume`` or
-    Approve click replayed — are refused. The memory is this process's (a restart forgets it;
-    the 5-minute window bounds what it must hold)."""
-
-    def __init__(self, secret: str, clock: Callable[[], float] = time.time) -> None:
-        self._secret = secret.encode()
-        self._clock = clock
-        self._seen: OrderedDict[str, float] = OrderedDict()  # signature → when it stops being fresh
-
-    def refusal(self, body: bytes, timestamp: str, signature: str) -> str | None:
-        if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
-            return "the timestamp is not a whole number of seconds"
-        now = self._clock()
-        if abs(now - int(timestamp)) > WINDOW:
-            return "the timestamp is more than 5 minutes away"
-        if not (signature.isascii() and signature.startswith("v0=")):
-            return "no v0 signature"
-        try:
-            body.decode()
-        except UnicodeDecodeError:
-            return "the body is not UTF-8"
-        base = b"v0:" + timestamp.encode() + b":" + body
-        expected = "v0=" + hmac.new(self._secret, base, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected.encode(), signature.encode()):
-            return "the signature does not match"
-        self._forget(now)
-        if signature in self._seen:
-            return "a replay of a request already received"
-        self._seen[signature] = int(timestamp) + WINDOW
-        if len(self._seen) > _MAX_REMEMBERED:
-            self._seen.popitem(last=False)
-        return None
-
-    def _forget(self, now: float) -> None:
-        while self._seen:
-            signature, fresh_until = next(iter(self._seen.items()))
-            if fresh_until >= now:
-                return
-            del self._seen[signature]
 
 
 class SlackInbound:

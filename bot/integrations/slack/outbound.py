@@ -7,14 +7,19 @@
 - step outcomes, decisions and later notices are **replies** in that thread; the summary is
   broadcast to the channel (``reply_broadcast``);
 - after each (or after the last of a run of them waiting together), the parent is **updated**
-  from the store: state, current step, who decided what when, and only the buttons still possible;
+  from the store (``parent.ParentViews``): state, current step, who decided what when, and only
+  the buttons still possible; edits wait for a turn under ``chat.update``'s tier (``updates``);
+- a parent a person (or a retention policy) **deleted** — ``chat.update`` answers
+  ``message_not_found`` — is replaced: a new parent says so, becomes the thread, takes this item's
+  reply, and its permalink replaces the old one (the read API's Slack link follows it);
 - when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
   message (``digest``), updated at most once a second, instead of a thread each;
 - notices about pitcrew as a whole (the breaker) are top-level channel messages.
 
 Every post carries message metadata naming its outbox item. A delivery begun before a crash
-(``item.attempts > 1``) first looks for that metadata in the channel or thread and, if Slack
-already has the message, records its ts instead of posting again.
+(``item.attempts > 1``) first looks for that metadata in the channel or thread (``lookup``) and,
+if Slack already has the message, records its ts instead of posting again. Text is escaped by
+``messages``; what is built here from outside text (a step's name, an actor) is escaped too.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import logger
 from bot.config import GrafanaSettings
-from bot.domain.incident import State
 from bot.engine.errors import PermanentError, PitcrewError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Notice, Probe
@@ -37,15 +41,16 @@ from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
 from bot.integrations.slack.errors import GONE, call
-from bot.integrations.slack.messages import Decision, Message, Mrkdwn, ParentView, escape
+from bot.integrations.slack.lookup import METADATA_TYPE, find_posted
+from bot.integrations.slack.messages import Message, Mrkdwn, escape
+from bot.integrations.slack.parent import ParentViews, who
 from bot.integrations.slack.probe import SlackProbe
 from bot.integrations.slack.updates import ChatUpdates
-from bot.store.base import Event, IncidentRecord, OutboxItem, Store, link_key
+from bot.store.base import IncidentRecord, OutboxItem, Store, link_key
 
 log = logger(__name__)
 
 NAME = "slack"
-METADATA_TYPE = "pitcrew_notice"
 #: Timeline events that reach Slack (``SqliteStore.route_events``): step outcomes and decisions
 #: become replies; state changes only update the parent.
 EVENTS = frozenset(
@@ -76,13 +81,6 @@ class SlackLinks:
     digest_threshold: int = 5
 
 
-def who(actor: str | None) -> Mrkdwn:
-    """An actor as Slack shows it: ``slack:U0ALICE`` → a mention; others as text (escaped)."""
-    if actor and actor.startswith("slack:"):
-        return messages.mention(actor.removeprefix("slack:"))
-    return escape(actor or "pitcrew")
-
-
 class SlackDestination:
     def __init__(
         self,
@@ -99,6 +97,7 @@ class SlackDestination:
         #: Told each incident's thread permalink (``Metrics.incidents.link``: the Grafana table).
         self._on_thread = on_thread
         self._updates = ChatUpdates(client, links.channel)
+        self._views = ParentViews(store, links.grafana, links.runbook_url, _DECISIONS)
         self._digest = StormDigest(
             self._updates, store, links.channel, links.digest_window, links.digest_threshold, clock
         )
@@ -179,7 +178,7 @@ class SlackDestination:
             extra={"incident": incident.id, "reason": "message_deleted"},
         )
         await self._store.set_outbox_ref(NAME, f"replaced:{incident.id}", gone, self._clock())
-        message = messages.parent(await self.view(incident))
+        message = messages.parent(await self._views.view(incident))
         metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": gone}
 
         async def post() -> str:
@@ -272,107 +271,11 @@ class SlackDestination:
         )
 
     async def _find(self, thread_ts: str | None, match: Callable[[Mapping[str, Any]], bool]) -> str | None:
-        """The message pitcrew posted whose metadata ``match``es: in the thread (``conversations.replies``,
-        oldest first, so every page is read: the post a crash interrupted is the newest) or among the
-        channel's newest 200 (``conversations.history``, newest first: it is seconds old, and Slack's
-        clock is not ours). A deleted thread holds nothing."""
-        cursor: str | None = None
-        while True:
-            try:
-                if thread_ts is not None:
-                    answer = await call(
-                        self.client.conversations_replies(
-                            channel=self.channel,
-                            ts=thread_ts,
-                            include_all_metadata=True,
-                            limit=200,
-                            cursor=cursor,
-                        )
-                    )
-                else:
-                    answer = await call(
-                        self.client.conversations_history(
-                            channel=self.channel, include_all_metadata=True, limit=200
-                        )
-                    )
-            except PermanentError as exc:
-                if exc.reason in GONE:
-                    return None
-                raise
-            for message in answer.get("messages") or []:
-                metadata = message.get("metadata") or {}
-                payload = metadata.get("event_payload") or {}
-                if metadata.get("event_type") == METADATA_TYPE and match(payload):
-                    return str(message["ts"])
-            cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
-            if thread_ts is None or not answer.get("has_more") or cursor is None:
-                return None
+        return await find_posted(self.client, self.channel, thread_ts, match)
 
     # ----------------------------------------------------------------- the parent
     async def _parent(self, incident: IncidentRecord) -> Message:
-        return messages.parent(await self.view(incident))
-
-    async def view(self, incident: IncidentRecord) -> ParentView:
-        base_text = await self._store.outbox_ref(NAME, f"parent:{incident.id}")
-        base: Mapping[str, Any] = json.loads(base_text) if base_text else {}
-        notice = Notice.from_record(base) if base else None
-        plan = incident.plan
-        lines = notice.lines if notice else tuple(f.describe() for f in incident.faults)
-        title = notice.title if notice else f"{incident.node}: {incident.playbook or 'GPU fault'}"
-        events = await self._store.events_of(incident.id)
-        approval = await self._store.approval(incident.id)
-        decisions = tuple(
-            Decision(who(e.actor), e.kind.replace("_", " "), e.at) for e in events if e.kind in _DECISIONS
-        )
-        offer: list[str] = []
-        if (
-            approval is not None
-            and approval.status == "pending"
-            and incident.state is State.AWAITING_APPROVAL
-        ):
-            offer += ["approve", "reject"]
-        # Rollback only undoes what pitcrew did: a plan that changes nothing (notify only, or
-        # observe mode) has nothing to offer it for.
-        if (
-            plan is not None
-            and plan.runs_mutating_steps
-            and incident.state not in {State.ROLLED_BACK, State.SUPPRESSED}
-            and not any(e.kind == "rollback_requested" for e in events)
-        ):
-            offer.append("rollback")
-        gpus = sorted({f.gpu for f in incident.faults if f.gpu})
-        runbook = await self._runbook(incident)
-        return ParentView(
-            incident_id=incident.id,
-            node=incident.node,
-            title=title,
-            lines=lines,
-            severity=notice.severity if notice else "warning",
-            mode=incident.mode or "-",
-            plan=" → ".join(plan.steps) if plan else "-",
-            gpu=", ".join(gpus),
-            state=incident.state.value,
-            status=_status(incident, events),
-            grafana=self._links.grafana.incident_dashboard(
-                incident.first_alert_at or incident.opened_at, incident.closed_at
-            ),
-            runbook=runbook,
-            decisions=decisions,
-            offer=tuple(offer),
-            replaces=await self._store.outbox_ref(NAME, f"replaced:{incident.id}") is not None,
-        )
-
-    async def _runbook(self, incident: IncidentRecord) -> str | None:
-        """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager
-        shows too); else ``slack.runbook_url`` with the fault as anchor."""
-        for alert in await self._store.alerts_of(incident.id):
-            if alert.annotations.get("runbook_url"):
-                return alert.annotations["runbook_url"]
-        first = incident.faults[0] if incident.faults else None
-        if not self._links.runbook_url or first is None:
-            return None
-        anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
-        return f"{self._links.runbook_url}#{anchor}"
+        return messages.parent(await self._views.view(incident))
 
     # ----------------------------------------------------------------- probe
     async def probe(self) -> Probe:
@@ -392,20 +295,3 @@ def _is_event(item: OutboxItem) -> bool:
 
 def _content(message: Message) -> dict[str, Any]:
     return {"text": message.text, "blocks": message.blocks}
-
-
-def _status(incident: IncidentRecord, events: list[Event]) -> str:
-    plan = incident.plan
-    if incident.state.terminal:
-        return incident.outcome or incident.state.value
-    if incident.state is State.AWAITING_APPROVAL:
-        return "waiting for an approver"
-    if plan is not None and incident.step_index < len(plan.steps):
-        step = plan.steps[incident.step_index]
-        waiting = next(
-            (e.detail for e in reversed(events) if e.kind == "step_waiting" and e.step == step), ""
-        )
-        return f"step {incident.step_index + 1}/{len(plan.steps)}: {step}" + (
-            f" ({waiting})" if waiting else ""
-        )
-    return incident.state.value
