@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -287,10 +287,12 @@ def build_app(
         background.append(annotations)
     background.append(leadership)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
+    detail: dict[str, Callable[[], dict[str, Any]]] = {}
     if slack is not None and inbound is not None:
-        socket = slack.socket_mode(inbound)
+        socket = slack.socket_mode(inbound, metrics.registry)
         if socket is not None:
             background.append(socket)
+            detail["slack_socket"] = socket.describe  # shown, not gating: remediation needs no Slack
     deps = Deps(
         config=config,
         store=store,
@@ -304,6 +306,7 @@ def build_app(
         commands=commands,
         ready_checks=[lambda: leadership.running],
         leadership=leadership.describe,
+        ready_detail=detail,
     )
     app = create_app(deps)
     if inbound is not None and config.settings.slack.transport == "http":

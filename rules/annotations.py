@@ -91,6 +91,12 @@ TEXT = {
         "A pitcrew incident is open for more than 4 hours",
         "An incident is stuck (approval, drain or replacement never finished).",
     ),
+    "PitcrewSlackSocketDisconnected": (
+        "pitcrew has no Socket Mode connection to Slack",
+        "Slack's buttons and /pitcrew do not reach pitcrew: its app-level token is refused (revoked, a "
+        "bot token in its place, no connections:write) or the connection is down. /readyz shows why; "
+        "notices still post. Remediation goes on; approvals from Slack do not.",
+    ),
     "PitcrewNoticesStuck": (
         "pitcrew's notices to {{ $labels.destination }} are not getting through",
         "Notices wait in pitcrew's outbox and none was delivered for 10 minutes: the far side is down, "

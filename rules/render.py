@@ -210,6 +210,14 @@ def pitcrew_rules(p: Profile) -> list[dict[str, Any]]:
             for_="5m",
         ),
         alert(
+            "PitcrewSlackSocketDisconnected",
+            "max by (cluster) (pitcrew_slack_socket_connected) == 0",
+            "pitcrew",
+            "warning",
+            p,
+            for_="5m",
+        ),
+        alert(
             "PitcrewNoticesStuck",
             "(max by (cluster, destination) (pitcrew_outbox_pending) > 0) unless on (cluster, destination) "
             '(sum by (cluster, destination) (increase(pitcrew_notices_total{outcome="delivered"}[10m])) > 0)',

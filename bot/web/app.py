@@ -54,6 +54,8 @@ class Deps:
     #: Who leads the store and this process's role in it (``bot.engine.leadership``), for /readyz:
     #: a standby is ready (it takes webhooks and commands), and says who acts.
     leadership: Callable[[], dict[str, Any]] | None = None
+    #: Shown in ``/readyz`` under ``detail`` without deciding readiness (Slack's Socket Mode state).
+    ready_detail: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
 
 
 DEPS = web.AppKey("deps", Deps)
@@ -170,6 +172,8 @@ async def readyz(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {"status": "ok" if ok else "not ready", "checks": checks}
     if deps.leadership is not None:
         answer["leadership"] = deps.leadership()
+    if deps.ready_detail:
+        answer["detail"] = {name: describe() for name, describe in deps.ready_detail.items()}
     return web.json_response(answer, status=200 if ok else 503)
 
 
