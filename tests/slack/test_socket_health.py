@@ -39,7 +39,9 @@ async def _until_socket(pitcrew: SlackPitcrew, connected: bool, timeout: float =
     deadline = time.monotonic() + timeout
     while True:
         detail, gauge = await _socket(pitcrew)
-        if detail.get("connected") is connected and gauge == (1.0 if connected else 0.0):
+        # "not started" is no verdict yet: wait for what the connection attempt found.
+        settled = detail.get("reason") != "not started"
+        if detail.get("connected") is connected and gauge == (1.0 if connected else 0.0) and settled:
             return detail
         assert time.monotonic() < deadline, (detail, gauge)
         await asyncio.sleep(0.2)

@@ -25,7 +25,7 @@ from typing import Any
 from bot.domain.durations import format_duration
 from bot.engine.errors import PermanentError
 from bot.integrations.slack import messages
-from bot.integrations.slack.errors import GONE
+from bot.integrations.slack.errors import MessageGone
 from bot.integrations.slack.messages import DigestEntry, Message
 from bot.integrations.slack.updates import ChatUpdates
 from bot.store.base import IncidentRecord, OutboxItem, Store
@@ -107,7 +107,7 @@ class StormDigest:
                 try:
                     await self._updates.update(ts, message)
                 except PermanentError as exc:
-                    if exc.reason not in GONE:
+                    if not isinstance(exc, MessageGone):
                         raise
                     gone, ts = ts, await post(item, message)  # deleted in Slack: post it again
             document = {"ts": ts, "since": since.isoformat(), "last": last.isoformat()}

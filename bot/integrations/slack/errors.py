@@ -127,6 +127,12 @@ def reason_of(error: str) -> Reason:
 GONE = frozenset({"message_not_found", "thread_not_found"})
 
 
+class MessageGone(PermanentError):
+    """Slack answered that the message (or its thread) is gone (``GONE``): a person or a retention
+    policy deleted it. Its reason is ``not_found`` like any missing object; this type is what tells
+    the destination to start a new message rather than give the item up."""
+
+
 def translate(exc: Exception) -> TransientError | PermanentError:
     if isinstance(exc, SlackApiError):
         response = exc.response
@@ -144,7 +150,7 @@ def translate(exc: Exception) -> TransientError | PermanentError:
         if error in _PERMANENT:
             return PermanentError(f"Slack refused the message: {error}", reason=reason_of(error))
         if error in GONE:
-            return PermanentError(f"the Slack message was deleted: {error}", reason=reason_of(error))
+            return MessageGone(f"the Slack message was deleted: {error}", reason=reason_of(error))
         needed = str(response.get("needed", "")) if isinstance(response.data, dict) else ""
         detail = f"{error} (needs scope {needed})" if needed else error
         return TransientError(f"Slack refused the call: {detail or 'unknown error'}", reason=reason_of(error))

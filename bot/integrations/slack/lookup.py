@@ -17,7 +17,7 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.engine.errors import PermanentError
-from bot.integrations.slack.errors import GONE, call
+from bot.integrations.slack.errors import MessageGone, call
 
 METADATA_TYPE = "pitcrew_notice"
 
@@ -45,7 +45,7 @@ async def find_posted(
                     client.conversations_history(channel=channel, include_all_metadata=True, limit=200)
                 )
         except PermanentError as exc:
-            if exc.reason in GONE:
+            if isinstance(exc, MessageGone):
                 return None
             raise
         for message in answer.get("messages") or []:

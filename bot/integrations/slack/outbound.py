@@ -40,7 +40,7 @@ from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
-from bot.integrations.slack.errors import GONE, call
+from bot.integrations.slack.errors import MessageGone, call
 from bot.integrations.slack.lookup import METADATA_TYPE, find_posted
 from bot.integrations.slack.messages import Message, Mrkdwn, escape
 from bot.integrations.slack.parent import ParentViews, who
@@ -143,7 +143,7 @@ class SlackDestination:
             if not more:  # the last of a run of this incident's items updates the parent for all of them
                 await self._updates.update(thread, await self._parent(incident))
         except PermanentError as exc:
-            if exc.reason not in GONE:
+            if not isinstance(exc, MessageGone):
                 raise
             # Deleted by a person or a retention policy: the incident goes on under a new parent
             # (built from the store just now, so it shows everything), this item's reply with it.
