@@ -1,0 +1,50 @@
+"""Ownership marks: whose a Slurm reason, a node annotation or a Slinky reason is.
+
+Cases (one row each): this incident's reason is owned by it; another pitcrew incident's
+reason is pitcrew's but not this incident's; a foreign reason (an operator's, Slurm's health
+check) is nobody's of ours; the same for the Slinky operator's copy and the node annotation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.domain.ownership import (
+    OWNER_ANNOTATION,
+    is_pitcrew_reason,
+    owns_node,
+    owns_slurm_reason,
+    slinky_reason_is_ours,
+    slurm_reason,
+    slurm_reason_owner,
+)
+
+MINE = "pc-00001"
+
+
+@pytest.mark.parametrize(
+    ("reason", "owner", "pitcrew", "mine"),
+    [
+        (slurm_reason(MINE, "XID 79 gpu3"), MINE, True, True),
+        (slurm_reason("pc-00002", "XID 79 gpu3"), "pc-00002", True, False),
+        ("pitcrew: pc-000011 XID 48", "pc-000011", True, False),  # a prefix of another id is not ours
+        ("ops: bios update", None, False, False),
+        ("NHC: check_gpu failed", None, False, False),
+        ("pitcrew:", None, False, False),
+        ("", None, False, False),
+    ],
+)
+def test_slurm_reason(reason: str, owner: str | None, pitcrew: bool, mine: bool) -> None:
+    assert slurm_reason_owner(reason) == owner
+    assert is_pitcrew_reason(reason) is pitcrew
+    assert owns_slurm_reason(reason, MINE) is mine
+    assert slinky_reason_is_ours(f"slurm-operator: {reason}", MINE) is mine
+    assert slinky_reason_is_ours(f"slurm-operator: {reason}") is pitcrew
+
+
+@pytest.mark.parametrize(
+    ("annotations", "mine"),
+    [({OWNER_ANNOTATION: MINE}, True), ({OWNER_ANNOTATION: "pc-00002"}, False), ({}, False)],
+)
+def test_node_annotation(annotations: dict[str, str], mine: bool) -> None:
+    assert owns_node(annotations, MINE) is mine
