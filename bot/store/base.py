@@ -38,6 +38,9 @@ PAGE_MAX = 200
 LIST_MAX = 1000
 #: Rows of a page when the reader does not say (the API and ``pitcrew incidents show``).
 PAGE_DEFAULT = 100
+#: The audit event of one change pitcrew made to a far side (``StepContext.acted``): an incident
+#: with one holds its node's place under the breaker even after it ended.
+ACTION = "action"
 T = TypeVar("T")
 
 
@@ -294,9 +297,10 @@ class Store(Protocol):
         self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
     ) -> None: ...
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
-    async def nodes_in_remediation(
-        self, since: datetime, exclude_node: str | None = None
-    ) -> frozenset[str]: ...
+    async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        """Nodes of incidents admitted since ``since``: while active, and after they ended only
+        if pitcrew changed something for them (an ``ACTION`` event)."""
+        ...
 
     # the outbox of notices (``bot.store.outbox``)
     async def enqueue(

@@ -28,6 +28,7 @@ from bot.domain.planner import PastIncident, Plan
 from bot.store import codec
 from bot.store import outbox as _outbox
 from bot.store.base import (
+    ACTION,
     PAGE_MAX,
     AlertRecord,
     ApprovalRecord,
@@ -301,9 +302,14 @@ class SqliteStore:
         ]
 
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        # An active incident holds its place from admission (two admitted at once must not both
+        # slip under the limit); an ended one keeps it only if pitcrew changed something for it
+        # (an "action" in its audit log), so one that failed before any change gives it back.
         rows = await self._rows(
-            "SELECT DISTINCT node FROM incidents WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?",
-            (codec.ts(since), exclude_node or ""),
+            "SELECT DISTINCT node FROM incidents i WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?"  # noqa: S608 - a constant
+            f" AND (state NOT IN {TERMINAL_STATES}"
+            " OR EXISTS (SELECT 1 FROM events e WHERE e.incident_id = i.id AND e.kind = ?))",
+            (codec.ts(since), exclude_node or "", ACTION),
         )
         return frozenset(r["node"] for r in rows)
 

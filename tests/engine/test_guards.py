@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from bot.engine.errors import PermanentError
 from bot.engine.steps import REGISTRY
-from tests.engine.harness import EngineHarness, Slow, fleet
+from tests.engine.harness import EngineHarness, Fail, Slow, fleet
 from tests.harness.scenarios import delivery, fault_delivery, gpu_node
 
 Setup = Callable[[EngineHarness], Awaitable[str]]
@@ -268,3 +269,38 @@ async def test_observe_mode_records_what_it_would_do(
         assert done.state.value == "suppressed"
         assert done.outcome == f"observe mode: {record.playbook} was not run"
         assert not h.calls()
+
+
+# ------------------------------------------------------------- the allowance
+NINE = fleet(tuple(f"gpu-node-0{n}" for n in range(1, 10)))
+
+
+async def test_an_incident_that_changed_nothing_releases_its_place(tmp_path: Path) -> None:
+    """An alert for a name no far side knows fails before any change; the next real fault on a
+    9-node fleet (default breaker: 5 % of 9 is one node at a time) is remediated, not held."""
+    async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 3, "max_fraction": 0.05}) as h:
+        unknown = await h.alert("gpu-node-08.example.com")
+        failed = await h.until_ended(unknown)
+        assert failed.state.value == "failed" and "slurm_down" in failed.outcome
+        assert not h.changes_for(unknown)  # nothing reached the far side for it
+        real = await h.alert("gpu-node-03")
+        done = await h.until_ended(real)
+        assert done.state.value == "resolved", done.outcome
+        assert h.calls()[("replace", "gpu-node-03")] == 1
+        assert (await h.commands.status())["breaker"]["open"] is False
+        guards = (await h.events(real, "guards"))[-1]
+        [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
+        assert breaker["ok"] and breaker["words"].startswith("1 of max 3 nodes under remediation"), breaker
+
+
+async def test_an_incident_that_changed_something_keeps_its_place(tmp_path: Path) -> None:
+    """The other side of the allowance: a failed incident that did take its node out still counts."""
+    async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 3, "max_fraction": 0.05}) as h:
+        h.cluster.always("cordon", Fail(PermanentError("cordon refused", reason="forbidden")))
+        first = await h.alert("gpu-node-02")
+        assert (await h.until_ended(first)).state.value == "failed"
+        assert h.calls()[("slurm_down", "gpu-node-02")] == 1
+        second = await h.alert("gpu-node-03")
+        held = await h.until_ended(second)
+        assert held.state.value == "suppressed" and "breaker trips" in held.outcome
+        assert not h.changes_for(second)
