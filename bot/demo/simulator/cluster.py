@@ -34,6 +34,10 @@ class SimulatedCluster:
         nodes, _ = self._world.state()
         return len(nodes)
 
+    async def nodes(self) -> list[ClusterNode]:
+        nodes, _ = self._world.state()
+        return [node for name in nodes if (node := await self.node(name)) is not None]
+
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         await self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)
 
