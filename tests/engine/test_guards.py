@@ -118,7 +118,7 @@ GUARDS = {
         _two_nodes,
         ("suppressed",),
         frozenset({"breaker"}),
-        "2 of 10 nodes (20.0%) would be under remediation",
+        "2 of 10 nodes (20.0%) would be out of service or under remediation",
         {"breaker": 1},
         {
             "breaker": {"max_nodes": 10, "max_fraction": 0.1},
@@ -290,7 +290,9 @@ async def test_an_incident_that_changed_nothing_releases_its_place(tmp_path: Pat
         assert (await h.commands.status())["breaker"]["open"] is False
         guards = (await h.events(real, "guards"))[-1]
         [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
-        assert breaker["ok"] and breaker["words"].startswith("1 of max 3 nodes under remediation"), breaker
+        assert breaker["ok"] and breaker["words"].startswith(
+            "1 of max 3 nodes out of service or under remediation"
+        ), breaker
 
 
 async def test_an_incident_that_changed_something_keeps_its_place(tmp_path: Path) -> None:
@@ -304,3 +306,51 @@ async def test_an_incident_that_changed_something_keeps_its_place(tmp_path: Path
         held = await h.until_ended(second)
         assert held.state.value == "suppressed" and "breaker trips" in held.outcome
         assert not h.changes_for(second)
+
+
+# ------------------------------------------------------------- the whole fleet
+OUT_BY_OTHERS = fleet(
+    ("gpu-node-04",),
+    extra={
+        "gpu-node-01": gpu_node(slurm_state="DRAIN", slurm_reason="admin: bios update"),
+        "gpu-node-02": gpu_node(slurm_state="DRAIN", slurm_reason="admin: bios update"),
+        "gpu-node-03": gpu_node(slurm_state="DRAIN", slurm_reason="NHC: check_gpu failed"),
+    },
+)
+
+
+async def test_nodes_others_took_out_count_toward_the_blast_radius(tmp_path: Path) -> None:
+    """3 of 4 nodes already out (2 by an administrator, 1 by Slurm's health check): the fourth is
+    not taken, and the breaker opens naming the three and why (default breaker: max 3 nodes)."""
+    async with EngineHarness(tmp_path, inventory=OUT_BY_OTHERS, breaker={"max_nodes": 3}) as h:
+        incident = await h.alert("gpu-node-04")
+        held = await h.until_ended(incident)
+        assert held.state.value == "suppressed"
+        assert not h.calls()
+        said = (
+            "3 of 4 nodes already out: 2 by an administrator (gpu-node-01: admin: bios update, gpu-node-02: "
+            "admin: bios update), 1 by Slurm's health check (gpu-node-03: NHC: check_gpu failed)"
+        )
+        assert (
+            held.outcome.startswith("breaker trips: 4 nodes would be out of service") and said in held.outcome
+        )
+        status = await h.commands.status()
+        assert status["breaker"]["open"] and said in status["breaker"]["reason"]
+        [notice] = h.notices("breaker")
+        assert said in notice["lines"][0]
+
+
+async def test_a_storm_reads_the_fleet_once_per_poll_interval(tmp_path: Path) -> None:
+    """Twenty alerts in one poll interval cost one list of Slurm nodes and one of Kubernetes
+    nodes, not twenty of each; the next interval reads again."""
+    nodes = tuple(f"gpu-node-{n:02d}" for n in range(1, 41))
+    async with EngineHarness(tmp_path, inventory=fleet(nodes), breaker={"max_nodes": 50}) as h:
+        for node in nodes[:20]:
+            await h.alert(node, "exporter-down-firing.json")  # hands off: only admission runs
+        await h.run_until(lambda: len(h.notices("incident")) == 20)
+        assert (h.scheduler.calls["nodes"], h.cluster.calls["nodes"]) == (1, 1)
+        assert h.cluster.calls["count_nodes"] == 0
+        await h.time.advance(61)
+        await h.alert(nodes[30])
+        await h.run_until(lambda: h.scheduler.calls["nodes"] == 2)
+        assert h.cluster.calls["nodes"] == 2

@@ -79,6 +79,10 @@ class KubernetesCluster:
     async def count_nodes(self) -> int:
         return len(await (await self._p()).nodes.fleet(self.settings.node_selector))
 
+    async def nodes(self) -> list[ClusterNode]:
+        parts = await self._p()
+        return [parts.nodes.facts(n) for n in await parts.nodes.fleet(self.settings.node_selector)]
+
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         parts = await self._p()
         if await parts.nodes.cordon(name, incident_id=incident_id):

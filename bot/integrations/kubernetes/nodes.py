@@ -88,6 +88,9 @@ class Nodes:
         node = await self.read(name)
         return None if node is None else facts(node, self._gpu)
 
+    def facts(self, node: client.V1Node) -> ClusterNode:
+        return facts(node, self._gpu)
+
     async def fleet(self, selector: str) -> list[client.V1Node]:
         listed = await call(
             "list the GPU fleet",

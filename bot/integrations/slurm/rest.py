@@ -40,6 +40,7 @@ from bot.integrations.slurm.json import (
     jobs_running_on,
     member_partitions,
     node_from_json,
+    nodes_from_payload,
     partitions_from_payload,
 )
 
@@ -150,6 +151,20 @@ class RestScheduler:
             # service. scontrol shows the base state: ask it rather than report the node in service.
             return await self._fallback.node(name)
         return node
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        # One list of every node; unlike ``node`` no scontrol fallback per node (that would be a
+        # read per node): a 22.05 DOWN node still shown "mixed" counts by its reason instead.
+        api = await self.api()
+        _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
+        with _shape("get_nodes"):
+            listed = nodes_from_payload(body)
+        return [
+            replace(n, states=n.states | {"DOWN"})
+            if n.reason and n.in_service and not n.reason_is_ours
+            else n
+            for n in listed
+        ]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
