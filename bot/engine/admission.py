@@ -32,13 +32,13 @@ from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
 from bot.engine.fleet import FleetSnapshot, FleetView
+from bot.engine.pause import PAUSE as PAUSE
 from bot.engine.ports import Notice, PartitionNodes
 from bot.engine.rollback import ROLLBACK
 from bot.store.base import IncidentRecord, NewEvent, Store
 
 log = logging.getLogger(__name__)
 BREAKER = "breaker"
-PAUSE = "pause"
 
 
 async def breaker_state(store: Store) -> BreakerState:

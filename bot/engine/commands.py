@@ -29,7 +29,9 @@ class EngineControl(Protocol):
 
     def signal(self, incident_id: str) -> None: ...
     def signal_all(self) -> None: ...
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]: ...
+    async def request_rollback(
+        self, incident: IncidentRecord, actor: str, *, forced: bool = False
+    ) -> list[str] | None: ...
 
 
 #: Where a command may come from: an actor ``<channel>:<name>`` is matched by an allowlist entry
@@ -176,7 +178,13 @@ class Commands:
                 await self._audit(incident_id, "rollback_refused", actor, why, "conflict")
                 return CommandResult("conflict", f"{incident_id}: {why}; resume first, or force it")
             await self._audit(incident_id, "rollback_forced", actor, f"{why}; forced", "ok")
-        report = await self._engine.request_rollback(incident, actor)
+        report = await self._engine.request_rollback(incident, actor, forced=pause is not None)
+        if report is None:  # paused after it started: it goes on after resume
+            return CommandResult(
+                "ok",
+                f"{incident_id}: rollback under way, held while pitcrew is paused; it goes on after resume",
+                {"report": [], "held": True},
+            )
         return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
 
     async def pause(self, actor: str, reason: str = "") -> CommandResult:

@@ -228,6 +228,11 @@ class Store(Protocol):
         """Id, state and opening time of every non-terminal incident (cheap: no faults)."""
         ...
 
+    async def rollbacks_under_way(self) -> list[str]:
+        """Incidents, terminal or not, whose rollback was requested and has not finished (read
+        once at start: a rollback held by a pause, or cut by a crash, goes on)."""
+        ...
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         """Every alert of the incident, first seen first (the engine's view; the API reads pages)."""
         ...

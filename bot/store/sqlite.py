@@ -190,6 +190,12 @@ class SqliteStore:
         rows = await self._rows(query)
         return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in rows]
 
+    async def rollbacks_under_way(self) -> list[str]:
+        rows = await self._rows(
+            "SELECT incident_id FROM steps WHERE step = 'rollback' AND status = 'running'"
+        )
+        return [r["incident_id"] for r in rows]
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         def query(db: sqlite3.Connection) -> list[AlertRecord]:
             rows = db.execute(f"{_ALERTS} WHERE a.incident_id = ? {_ALERT_ORDER}", (incident_id,))
@@ -431,7 +437,7 @@ class SqliteStore:
             db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
                 " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
-                " started_at = CASE WHEN steps.status = 'superseded' THEN excluded.started_at"
+                " started_at = CASE WHEN steps.status IN ('superseded', 'held') THEN excluded.started_at"
                 " ELSE COALESCE(steps.started_at, excluded.started_at) END,"
                 " result_json = CASE WHEN steps.status = 'superseded' THEN '{}' ELSE steps.result_json END,"
                 " ended_at = NULL",

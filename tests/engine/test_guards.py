@@ -7,14 +7,18 @@ incident); a second remediation inside the cooldown is refused, one after it is 
 per-node attempts cap; an alert older than the stale cutoff after a breaker reset is
 skipped; a playbook that touches nothing passes every guard even while paused.
 
-Pause on a running incident: it is held before its next destructive step (nothing more
-reaches the far side while paused) and goes on after resume; steps that return the node
-(RESUME, uncordon) are not held. Observe mode: every mutating step of the playbook is
+Pause on a running incident: it is held before its next mutating step, returning the node
+(RESUME, uncordon) included: nothing more reaches the far side while paused, and it goes on
+after resume; a pause between two calls of one step (two evictions) holds the next call and
+the step goes on after resume with a fresh deadline. A rollback under way is held by a pause
+set after it started (the command answers "held"), and so is a rollback resumed after a
+crash while paused; both finish after resume. A rollback forced while paused is not held. Observe mode: every mutating step of the playbook is
 recorded as skipped with what it would have done, nothing reaches the far side.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -195,40 +199,132 @@ async def test_guard(case: GuardCase, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- pause mid-way
 PAUSE_POINTS = {
-    # the call made slow, the step held next (None: nothing destructive is left, the node returns)
+    # the call made slow, the step held next (returning the node is a change too: held)
     "during-slurm_down": ("scheduler", "down", "cordon"),
     "during-cordon": ("cluster", "cordon", "drain"),
-    "during-replace": ("cluster", "replace", None),
+    "during-replace": ("cluster", "replace", "slurm_resume"),
 }
 
 
 @pytest.mark.parametrize(("port", "call", "held_at"), PAUSE_POINTS.values(), ids=PAUSE_POINTS.keys())
-async def test_pause_holds_the_next_destructive_step(
-    port: str, call: str, held_at: str | None, tmp_path: Path
-) -> None:
+async def test_pause_holds_the_next_mutating_step(port: str, call: str, held_at: str, tmp_path: Path) -> None:
     async with EngineHarness(tmp_path) as h:
         getattr(h, port).script(call, Slow(20))
         incident = await h.alert("gpu-node-02")
         await h.run_until(lambda: getattr(h, port).calls[call] > 0)
         await h.commands.pause("oncall", "maintenance")
-        if held_at is None:
-            done = await h.until_ended(incident)
-            assert done.state.value == "resolved"  # returning the node is never held
-            assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
-            assert not await h.events(incident, "held")
-            return
         held = await h.until_event(incident, "held")
         assert held.step == held_at and held.detail == "paused by oncall"
         frozen = h.calls()
         await h.time.advance(3600)  # an hour of virtual time: nothing more happens
         assert h.calls() == frozen
-        assert (await h.incident(incident)).state.value == "running"
+        assert (await h.incident(incident)).state.value in {"running", "verifying"}
         assert held_at not in await h.steps(incident)
         await h.commands.resume("oncall")
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
         assert h.calls()[("replace", "gpu-node-02")] == 1
         assert h.calls()[("slurm_down", "gpu-node-02")] == 1
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
+
+
+async def test_pause_holds_the_next_call_inside_a_step(tmp_path: Path) -> None:
+    """A pause set while a step is between two changes (the drain, between two evictions) holds
+    the next one; after resume the step goes on with a fresh deadline and evicts each pod once."""
+    two_pods = fleet(("gpu-node-01",), extra={"gpu-node-02": gpu_node("ml-train/a", "ml-train/b")})
+    async with EngineHarness(tmp_path, inventory=two_pods) as h:
+        h.cluster.script("evict", Slow(20))
+        incident = await h.alert("gpu-node-02")
+        await h.run_until(lambda: h.cluster.calls["evict"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        held = await h.until_event(incident, "held")
+        assert held.step == "drain" and "evict held until resume" in held.detail, held
+        assert (await h.steps(incident))["drain"].status == "held"
+        frozen = h.calls()
+        await h.time.advance(3600)  # longer than the drain's 15 min budget: it must not fail for it
+        assert h.calls() == frozen and sum(n for (op, _), n in frozen.items() if op == "evict") == 1
+        await h.commands.resume("oncall")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", done.outcome
+        assert h.calls()[("evict", "ml-train/a")] == 1 and h.calls()[("evict", "ml-train/b")] == 1
+
+
+def _rollback_with_slow_uncordon(h: EngineHarness, incident: str) -> asyncio.Task[Any]:
+    """The rollback of a cordon-and-ask incident, its first change (uncordon) slow to answer."""
+    h.cluster.script("uncordon", Slow(20))
+    return asyncio.ensure_future(h.commands.rollback(incident, "alice"))
+
+
+async def _cordoned_and_down(h: EngineHarness) -> str:
+    incident = await h.opens(
+        fault_delivery("health-fail", alertname="GpuHealthFail", node="gpu-node-02", starts=h.time.now())
+    )
+    assert (await h.until_ended(incident)).state.value == "resolved"
+    return incident
+
+
+async def test_a_rollback_under_way_is_held_by_a_pause_set_after_it_started(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path) as h:
+        incident = await _cordoned_and_down(h)
+        rollback = _rollback_with_slow_uncordon(h, incident)
+        await h.run_until(lambda: h.cluster.calls["uncordon"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        await h.run_until(rollback.done)
+        answer = rollback.result()
+        assert answer.ok and answer.data == {"report": [], "held": True}, answer
+        await h.time.advance(3600)
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 0  # held, for as long as the pause lasts
+        assert (await h.incident(incident)).state.value == "resolved"  # not yet rolled back
+        assert await h.events(incident, "rollback_held")
+        await h.commands.resume("oncall")
+        done = await h.until_state(incident, "rolled_back")
+        assert done.outcome == "rolled back by alice"
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1 and h.calls()[("uncordon", "gpu-node-02")] == 1
+        [notice] = h.notices("rollback", incident)
+        assert notice["lines"] == [
+            "cordon: gpu-node-02 uncordoned and untainted",
+            "slurm_down: gpu-node-02 resumed",
+        ]
+
+
+async def _mid_drain(h: EngineHarness) -> str:
+    h.cluster.script("evict", Slow(60))
+    incident = await h.alert("gpu-node-02")
+    await h.run_until(lambda: h.cluster.calls["evict"] > 0)
+    return incident
+
+
+@pytest.mark.parametrize("drive", [_cordoned_and_down, _mid_drain], ids=["closed", "mid-drain"])
+async def test_a_rollback_resumed_after_a_crash_while_paused_changes_nothing(
+    drive: Callable[[EngineHarness], Awaitable[str]], tmp_path: Path
+) -> None:
+    async with EngineHarness(tmp_path) as h:
+        incident = await drive(h)
+        state = (await h.incident(incident)).state.value
+        rollback = _rollback_with_slow_uncordon(h, incident)
+        await h.run_until(lambda: h.cluster.calls["uncordon"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        rollback.cancel()  # SIGKILL: the command dies with pitcrew
+        await asyncio.gather(rollback, return_exceptions=True)
+        await h.restart()
+        await h.time.advance(3600)
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 0
+        assert (await h.incident(incident)).state.value == state
+        await h.commands.resume("oncall")
+        done = await h.until_state(incident, "rolled_back")
+        assert done.outcome == "rolled back by alice"
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
+
+
+async def test_a_forced_rollback_is_not_held(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path) as h:
+        incident = await _cordoned_and_down(h)
+        await h.commands.pause("oncall", "maintenance")
+        answer = await h.commands.rollback(incident, "alice", force=True)
+        assert answer.ok and answer.data == {
+            "report": ["cordon: gpu-node-02 uncordoned and untainted", "slurm_down: gpu-node-02 resumed"]
+        }
+        assert (await h.incident(incident)).state.value == "rolled_back"
 
 
 # ------------------------------------------------------------- observe mode
