@@ -223,6 +223,8 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
         seen = "no other node under remediation by pitcrew"
     if unread is not None:
         seen += f"; nodes out of service {unread}, so only pitcrew's own are counted"
+    elif world.out_of_service.gaps:
+        seen += f"; {world.out_of_service.gaps}: only what was read is counted"
     if touched > cfg.max_nodes:
         reason = (
             f"{touched} nodes would be out of service or under remediation within {window}, more than "

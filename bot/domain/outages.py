@@ -124,14 +124,16 @@ class OutOfService:
     #: ``None``: read from the far sides; else why no snapshot could be read (only pitcrew's own
     #: incidents are counted then, and the breaker's words say so).
     unread: str | None = "not read"
+    #: What of the snapshot could not be read (one far side of two), said with the count.
+    gaps: str = ""
 
     @classmethod
-    def of(cls, outages: Iterable[Outage]) -> OutOfService:
+    def of(cls, outages: Iterable[Outage], gaps: str = "") -> OutOfService:
         """A snapshot that was read: one entry per node name (the first mark found wins)."""
         seen: dict[str, Outage] = {}
         for outage in outages:
             seen.setdefault(outage.node, outage)
-        return cls(tuple(seen.values()), None)
+        return cls(tuple(seen.values()), None, gaps)
 
     def besides(self, node: str) -> tuple[Outage, ...]:
         """Every node out of service except ``node`` itself (the one being judged)."""

@@ -107,4 +107,4 @@ class FleetView:
         known = [*(self._slurm or ()), *(self._kubernetes[0] if self._kubernetes else ())]
         if self._slurm is None and (self._ports.cluster is None or self._kubernetes is None):
             return FleetSnapshot(OutOfService(unread="unreadable: " + "; ".join(gaps)), count, gap)
-        return FleetSnapshot(OutOfService.of(known), count, gap)
+        return FleetSnapshot(OutOfService.of(known, "; ".join(gaps)), count, gap)

@@ -77,11 +77,10 @@ class KubernetesCluster:
         return await (await self._p()).nodes.node(name)
 
     async def count_nodes(self) -> int:
-        return len(await (await self._p()).nodes.fleet(self.settings.node_selector))
+        return len(await (await self._p()).nodes.fleet_facts(self.settings.node_selector))
 
     async def nodes(self) -> list[ClusterNode]:
-        parts = await self._p()
-        return [parts.nodes.facts(n) for n in await parts.nodes.fleet(self.settings.node_selector)]
+        return await (await self._p()).nodes.fleet_facts(self.settings.node_selector)
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         parts = await self._p()
