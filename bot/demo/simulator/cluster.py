@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bot.demo.simulator.world import SimulatedWorld
 from bot.domain.nodemap import SlurmdPod
@@ -20,7 +21,9 @@ class SimulatedCluster:
 
     async def node(self, name: str) -> ClusterNode | None:
         await self._world.round_trip()
-        n = self._world.node_record(name)
+        return self._facts(name, self._world.node_record(name))
+
+    def _facts(self, name: str, n: Any) -> ClusterNode:
         return ClusterNode(
             name=name,
             unschedulable=n.unschedulable,
@@ -35,8 +38,9 @@ class SimulatedCluster:
         return len(nodes)
 
     async def nodes(self) -> list[ClusterNode]:
+        await self._world.round_trip()  # one list: one round trip
         nodes, _ = self._world.state()
-        return [node for name in nodes if (node := await self.node(name)) is not None]
+        return [self._facts(name, n) for name, n in nodes.items()]
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         await self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)
