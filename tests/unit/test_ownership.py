@@ -2,7 +2,8 @@
 
 Cases (one row each): this incident's reason is owned by it; another pitcrew incident's
 reason is pitcrew's but not this incident's; a foreign reason (an operator's, Slurm's health
-check) is nobody's of ours; the same for the Slinky operator's copy and the node annotation.
+check) is nobody's of ours; the same for the Slinky operator's copy and the node annotation;
+what ``spec.unschedulable`` was before the cordon (absent, false, true) reads back as it was.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import pytest
 
 from bot.domain.ownership import (
     OWNER_ANNOTATION,
+    cordon_marks,
     is_pitcrew_reason,
     owns_node,
     owns_slurm_reason,
+    prior_unschedulable,
     slinky_reason_is_ours,
     slurm_reason,
     slurm_reason_owner,
@@ -48,3 +51,11 @@ def test_slurm_reason(reason: str, owner: str | None, pitcrew: bool, mine: bool)
 )
 def test_node_annotation(annotations: dict[str, str], mine: bool) -> None:
     assert owns_node(annotations, MINE) is mine
+
+
+@pytest.mark.parametrize("prior", [None, False, True])
+def test_what_the_cordon_found_is_what_rollback_restores(prior: bool | None) -> None:
+    marks = cordon_marks(MINE, prior)
+    assert marks[OWNER_ANNOTATION] == MINE
+    assert prior_unschedulable(marks) is prior
+    assert prior_unschedulable({}) is None  # no mark: the field was absent
