@@ -10,13 +10,14 @@ Cases:
   node, seen both in the store and in the snapshot, counts once; an unread snapshot counts
   only pitcrew's own and says so;
 * who took a node out, from Slurm states and reasons and from Kubernetes nodes (one row each);
-* the words name the nodes out and why, grouped by who took them out, at most three names a group.
+* the words name the nodes out and why, grouped by who took them out, at most three names a group;
+* the per-node windows (attempts, cooldown) include their start instant.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -32,8 +33,8 @@ from bot.domain.outages import (
     out_words,
     slurm_outage,
 )
-from bot.domain.planner import plan
-from bot.domain.policy import BreakerPolicy, GuardPolicy, Mode, Policy
+from bot.domain.planner import PastIncident, plan
+from bot.domain.policy import BreakerPolicy, GuardPolicy, Mode, NodePolicy, Policy
 from bot.engine.steps import REGISTRY
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -179,3 +180,23 @@ def test_kubernetes_outage(
         "gpu-001", unschedulable=unschedulable, ready=ready, taint_keys=taints, annotations=annotations
     )
     assert (found.by if found else None) is taker
+
+
+@pytest.mark.parametrize(
+    ("ago", "guard"),
+    [
+        (timedelta(hours=24), "attempts"),  # exactly at the window's start: still inside it
+        (timedelta(hours=24, seconds=1), None),
+        (timedelta(minutes=30), "cooldown"),  # exactly at the cooldown's start: still inside it
+    ],
+)
+def test_the_node_windows_include_their_start(ago: timedelta, guard: str | None) -> None:
+    node = NodePolicy(
+        max_attempts=1 if guard != "cooldown" else 2,
+        attempt_window=timedelta(hours=24),
+        cooldown=timedelta(minutes=30),
+    )
+    policy = Policy(mode=Mode.AUTO, guards=GuardPolicy(node=node))
+    history = [PastIncident("pc-00001", "replace-node", NOW - ago, True)]
+    verdict = evaluate(ACTING, World(history=history, fleet=HUNDRED, node_labels={}), policy, NOW)
+    assert {d.guard for d in verdict.blocking} == ({guard} if guard else set())
