@@ -11,7 +11,8 @@ Cases:
   only pitcrew's own and says so;
 * who took a node out, from Slurm states and reasons and from Kubernetes nodes (one row each);
 * the words name the nodes out and why, grouped by who took them out, at most three names a group;
-* the per-node windows (attempts, cooldown) include their start instant.
+* the per-node windows (attempts, cooldown) include their start instant; after a breaker reset
+  an alert is stale only if it started before the reset and is older than the cutoff.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 from bot.config import load_catalog, load_playbooks
 from bot.domain.faults import classify
-from bot.domain.guards import Fleet, World, evaluate
+from bot.domain.guards import BreakerState, Fleet, World, evaluate
 from bot.domain.labels import Subject
 from bot.domain.outages import (
     Outage,
@@ -200,3 +201,19 @@ def test_the_node_windows_include_their_start(ago: timedelta, guard: str | None)
     history = [PastIncident("pc-00001", "replace-node", NOW - ago, True)]
     verdict = evaluate(ACTING, World(history=history, fleet=HUNDRED, node_labels={}), policy, NOW)
     assert {d.guard for d in verdict.blocking} == ({guard} if guard else set())
+
+
+@pytest.mark.parametrize(
+    ("started_before_reset", "age", "stale"),
+    [
+        (timedelta(seconds=1), timedelta(minutes=15, seconds=1), True),
+        (timedelta(seconds=1), timedelta(minutes=15), False),  # exactly the cutoff: not yet stale
+        (timedelta(0), timedelta(minutes=20), False),  # started at the reset itself: not before it
+    ],
+)
+def test_stale_after_a_breaker_reset(started_before_reset: timedelta, age: timedelta, stale: bool) -> None:
+    started = NOW - age
+    breaker = BreakerState(reset_at=started + started_before_reset)
+    world = World(breaker=breaker, alert_started_at=started, fleet=HUNDRED, node_labels={})
+    verdict = evaluate(ACTING, world, Policy(mode=Mode.AUTO), NOW)
+    assert ({d.guard for d in verdict.blocking} == {"stale"}) is stale

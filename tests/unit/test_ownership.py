@@ -3,7 +3,9 @@
 Cases (one row each): this incident's reason is owned by it; another pitcrew incident's
 reason is pitcrew's but not this incident's; a foreign reason (an operator's, Slurm's health
 check) is nobody's of ours; the same for the Slinky operator's copy and the node annotation;
-what ``spec.unschedulable`` was before the cordon (absent, false, true) reads back as it was.
+what ``spec.unschedulable`` was before the cordon (absent, false, true) reads back as it was;
+only pitcrew's taint is its own; a replacement mark names its incident and handle, a broken one
+nothing.
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ import pytest
 
 from bot.domain.ownership import (
     OWNER_ANNOTATION,
+    REPLACE_ANNOTATION,
+    TAINT_KEY,
     cordon_marks,
+    is_own_taint,
     is_pitcrew_reason,
     owns_node,
     owns_slurm_reason,
     prior_unschedulable,
+    replacement_mark,
+    replacement_owner,
     slinky_reason_is_ours,
     slurm_reason,
     slurm_reason_owner,
@@ -59,3 +66,11 @@ def test_what_the_cordon_found_is_what_rollback_restores(prior: bool | None) -> 
     assert marks[OWNER_ANNOTATION] == MINE
     assert prior_unschedulable(marks) is prior
     assert prior_unschedulable({}) is None  # no mark: the field was absent
+
+
+def test_the_taint_and_the_replacement_mark_are_ours_only_when_they_say_so() -> None:
+    assert is_own_taint(TAINT_KEY) and not is_own_taint("karpenter.sh/disrupted")
+    mark = {REPLACE_ANNOTATION: replacement_mark(MINE, "machine/gpu-east/m0")}
+    assert replacement_owner(mark) == (MINE, "machine/gpu-east/m0")
+    for broken in ({}, {REPLACE_ANNOTATION: ""}, {REPLACE_ANNOTATION: MINE}, {REPLACE_ANNOTATION: " handle"}):
+        assert replacement_owner(broken) is None, broken
