@@ -120,6 +120,8 @@ def test_the_plan_names_the_nodes_out_and_why() -> None:
         "3 of 4 nodes already out: 2 by an administrator (gpu-001: admin: bios update, gpu-002: admin: bios "
         "update), 1 by Slurm's health check (gpu-003: NHC: check_gpu failed)"
     )
+    none_out = evaluate(ACTING, World(out_of_service=NONE_OUT, fleet=FOUR, node_labels={}), policy(3), NOW)
+    assert any(d.words.endswith("; no other node is out of service") for d in none_out.decisions)
     unread = evaluate(ACTING, World(fleet=FOUR, node_labels={}), policy(3), NOW)
     [breaker] = [d for d in unread.decisions if d.guard == "breaker"]
     assert "nodes out of service not read, so only pitcrew's own are counted" in breaker.words

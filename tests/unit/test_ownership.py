@@ -74,3 +74,10 @@ def test_the_taint_and_the_replacement_mark_are_ours_only_when_they_say_so() -> 
     assert replacement_owner(mark) == (MINE, "machine/gpu-east/m0")
     for broken in ({}, {REPLACE_ANNOTATION: ""}, {REPLACE_ANNOTATION: MINE}, {REPLACE_ANNOTATION: " handle"}):
         assert replacement_owner(broken) is None, broken
+
+
+def test_only_the_operators_copy_of_our_reason_is_a_slinky_drain_of_ours() -> None:
+    ours = slurm_reason(MINE, "XID 79 gpu3")
+    assert slinky_reason_is_ours(f"slurm-operator: {ours}", MINE)
+    assert not slinky_reason_is_ours(ours, MINE)  # our own reason, not the operator's copy
+    assert not slinky_reason_is_ours(f"{'x' * len('slurm-operator: ')}{ours}", MINE)  # another prefix
