@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from bot.engine.errors import PermanentError
+from bot.engine.errors import PermanentError, TransientError
 from bot.engine.steps import REGISTRY
 from tests.engine.harness import EngineHarness, Fail, Slow, fleet
 from tests.harness.scenarios import delivery, fault_delivery, gpu_node
@@ -450,3 +450,33 @@ async def test_a_storm_reads_the_fleet_once_per_poll_interval(tmp_path: Path) ->
         await h.alert(nodes[30])
         await h.run_until(lambda: h.scheduler.calls["nodes"] == 2)
         assert h.cluster.calls["nodes"] == 2
+
+
+async def test_a_far_side_that_cannot_list_its_nodes_is_said_and_not_hammered(tmp_path: Path) -> None:
+    """Slurm cannot list its nodes: the decision says so and counts what Kubernetes listed; a
+    failed read is kept for the interval like a good one (one read, not one per alert); once
+    Slurm answers again, the last good view of each far side stands in for a later failure."""
+    async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 50}) as h:
+        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason="unavailable")))
+        first = await h.alert("gpu-node-01", "exporter-down-firing.json")
+        await h.until_event(first, "guards")
+        for node in ("gpu-node-02", "gpu-node-03"):
+            await h.alert(node, "exporter-down-firing.json")
+        real = await h.alert("gpu-node-04")
+        guards = await h.until_event(real, "guards")
+        [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
+        assert "Slurm nodes unreadable (unavailable): only what was read is counted" in breaker["words"], (
+            breaker
+        )
+        assert h.scheduler.calls["nodes"] == 1 and h.cluster.calls["nodes"] == 1
+        await h.world.drain("gpu-node-09", "admin: bios update")
+        h.scheduler.always("nodes", None)
+        await h.time.advance(61)
+        again = await h.alert("gpu-node-05", "exporter-down-firing.json")
+        await h.until_event(again, "guards")
+        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason="unavailable")))
+        await h.time.advance(61)
+        last = await h.alert("gpu-node-06")
+        guards = await h.until_event(last, "guards")
+        [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
+        assert "gpu-node-09: admin: bios update" in breaker["words"], breaker  # the last good Slurm view
