@@ -8,7 +8,9 @@ happen?"): they rely on the intent persisted before the call, and a restart that
 unconfirmed assumes the call was made and says so in the timeline (``assumed_issued``).
 ``slurm_down``, ``cordon``, ``drain`` and ``replace`` ask the far side instead.
 
-The table covers every destructive step of the registry (a new one must be added here).
+The table covers every destructive step of the registry (a new one must be added here). And the
+other side: a repair call refused before it reached the far side leaves no intent, so the retry
+issues it (once) and assumes nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from bot.engine.steps import REGISTRY
-from tests.engine.harness import EngineHarness, Unconfirmed
+from tests.engine.harness import EngineHarness, Unconfirmed, transient
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,25 @@ async def test_a_crash_mid_call_never_repeats_the_call(case: Crash, tmp_path: Pa
         assert (await h.steps(incident))[step].status == "ok"
         assumed = await h.events(incident, "assumed_issued", step)
         assert len(assumed) == (1 if case.assumed else 0)
+        result = (await h.steps(incident))[step].result
+        if "issuing" in result:  # the repair steps' intent record
+            assert (result["issued"], result["assumed"]) == (True, case.assumed), result
+
+
+@pytest.mark.parametrize("step", ["reset_gpu", "reboot", "replace"])
+async def test_a_call_that_failed_is_issued_again(step: str, tmp_path: Path) -> None:
+    """A call refused before it reached the far side (a transient error) leaves no intent behind:
+    the retry issues it, once, and nothing is assumed."""
+    case = CRASHES[step]
+    async with EngineHarness(tmp_path, **case.harness) as h:
+        h.cluster.script(case.call, *transient(1))
+        incident = await h.alert(NODE, case.fixture)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", done.outcome
+        assert h.cluster.calls[case.call] == 2 and h.calls()[case.made] == 1
+        assert not await h.events(incident, "assumed_issued")
+        result = (await h.steps(incident))[step].result
+        assert (result["issued"], result["assumed"]) == (True, False), result
+        [action] = await h.events(incident, "action", step)
+        if step == "replace":  # what was acted on is named
+            assert action.detail.endswith(f": configured:{NODE}"), action.detail
