@@ -170,6 +170,14 @@ def test_slurm_outage(states: set[str], reason: str, user: str | None, taker: Ta
         (True, True, ("karpenter.sh/disrupted",), {}, Taker.CONTROLLER),
         (False, False, (), {}, Taker.NOT_READY),
         (True, False, (), {}, Taker.ADMIN),  # cordoned and NotReady: the cordon says who
+        (
+            True,
+            True,
+            (),
+            {"nodeset.slinky.slurm.net/node-cordon-reason": "pitcrew: pc-1 XID 79"},
+            Taker.PITCREW,
+        ),
+        (True, True, (), {"nodeset.slinky.slurm.net/node-cordon-reason": "ops: maintenance"}, Taker.ADMIN),
     ],
 )
 def test_kubernetes_outage(
