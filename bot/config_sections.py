@@ -346,6 +346,12 @@ class GoodputSettings(_Section):
         description="Training seconds one unit of resumption.progress_query stands for (1 for a step "
         "a second); unset: progress redone after a restart is not counted as time lost.",
     )
+    max_hours_per_incident: float = Field(
+        default=24.0,
+        gt=0,
+        description="The most out-of-service time one incident adds to the GPU-hours counters, per "
+        "node and per job; longer is reported in the summary but not counted beyond it.",
+    )
 
 
 #: How much of the graphs around an incident its dashboard link shows, before the fault and after the close.

@@ -42,7 +42,9 @@ class EngineControl(Protocol):
 
     def signal(self, incident_id: str) -> None: ...
     def signal_all(self) -> None: ...
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]: ...
+    async def request_rollback(
+        self, incident: IncidentRecord, actor: str, *, forced: bool = False
+    ) -> list[str] | None: ...
 
 
 #: Where a command may come from. pitcrew records it, never the caller: an actor is
@@ -226,9 +228,15 @@ class Commands:
             await self._audit(incident_id, "rollback_forced", actor, f"{why}; forced", "ok")
         if self._engine.leading:
             try:
-                report = await self._engine.request_rollback(incident, actor)
+                report = await self._engine.request_rollback(incident, actor, forced=pause is not None)
             except Deposed:  # another process took over meanwhile: it carries out the request
                 return await self._rollback_by_leader(incident_id, actor)
+            if report is None:  # paused after it started: it goes on after resume
+                return CommandResult(
+                    "ok",
+                    f"{incident_id}: rollback under way, held while pitcrew is paused; it goes on after resume",
+                    {"report": [], "held": True},
+                )
             return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
         return await self._rollback_by_leader(incident_id, actor)
 

@@ -63,7 +63,15 @@ class Engine:
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        # Rollbacks under way (held by a pause, or cut by a crash) go on, closed incidents' too.
+        for incident_id in await self.store.rollbacks_under_way():
+            self._start_worker(incident_id)
         self._main = asyncio.create_task(self._supervise(), name="pitcrew-engine")
+
+    def _start_worker(self, incident_id: str) -> None:
+        task = self._tasks.get(incident_id)
+        if task is None or task.done():
+            self._tasks[incident_id] = asyncio.create_task(self._guarded_run(incident_id), name=incident_id)
 
     async def stop(self) -> None:
         tasks = [t for t in [self._main, *self._tasks.values()] if t is not None]
@@ -139,11 +147,8 @@ class Engine:
         counts: dict[str, int] = {state.value: 0 for state in State if not state.terminal}
         for incident_id, state, _ in active:
             counts[state.value] += 1
-            task = self._tasks.get(incident_id)
-            if incident_id not in self._rolling_back and (task is None or task.done()):
-                self._tasks[incident_id] = asyncio.create_task(
-                    self._guarded_run(incident_id), name=incident_id
-                )
+            if incident_id not in self._rolling_back:
+                self._start_worker(incident_id)
         for state_name, count in counts.items():
             self.metrics.incidents_active.labels(state_name).set(count)
         self.metrics.nodes_under_remediation.set(counts[State.RUNNING.value] + counts[State.VERIFYING.value])
@@ -234,13 +239,16 @@ class Engine:
             await self.deps.timer.sleep(self.deps.settings.poll_interval.total_seconds())
 
     # ----------------------------------------------------------------- rollback
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]:
+    async def request_rollback(
+        self, incident: IncidentRecord, actor: str, *, forced: bool = False
+    ) -> list[str] | None:
         """Persist the request, stop the incident's worker, then undo under its work lock.
 
         The request is in the store first, so a crash in between resumes the rollback, not the
         playbook. Stopping the worker cancels a step call in flight (its intent is already
         persisted, and every undo reads the far side before it acts); the work lock then keeps
-        any step call of the incident from running beside the undo. Returns the report.
+        any step call of the incident from running beside the undo. Returns the report, or
+        ``None`` when a pause held it: its worker finishes it after resume.
         """
         carrier = self._tasks.get(incident.id)
         if (
@@ -252,8 +260,8 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(carrier)
             done = (await self.store.steps_of(incident.id)).get(ROLLBACK)
-            report = codec.decode_record(RollbackRecord, done.result).report if done else ()
-            return list(report)
+            undone = codec.decode_record(RollbackRecord, done.result).report if done else ()
+            return list(undone)
         self._rolling_back.add(incident.id)
         try:
             await self.store.step_finished(
@@ -261,7 +269,7 @@ class Engine:
                 ROLLBACK,
                 "running",
                 self.clock(),
-                result=codec.encode_record(RollbackRecord(actor)),
+                result=codec.encode_record(RollbackRecord(actor, forced=forced)),
                 event=NewEvent("rollback_requested", actor=actor),
             )
             task = self._tasks.pop(incident.id, None)
@@ -272,6 +280,9 @@ class Engine:
             async with self.locks.work(incident.id):
                 fresh = await self.store.incident(incident.id)
                 assert fresh is not None
-                return await self.flow.undo_and_close(fresh, actor)
+                report = await self.flow.undo_and_close(fresh, actor)
         finally:
             self._rolling_back.discard(incident.id)
+        if report is None:  # held by a pause: a worker finishes it after resume
+            self._start_worker(incident.id)
+        return report

@@ -116,21 +116,21 @@ class Metrics:
         )
         self.time_to_job_running = Histogram(
             "pitcrew_time_to_job_running_seconds",
-            "From first alert to every interrupted Slurm job running again (the job track), by playbook.",
+            "From the first delivery of the alert to every interrupted Slurm job running again (the job track), by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
         self.time_to_node_back = Histogram(
             "pitcrew_time_to_node_back_seconds",
-            "From first alert to the node back in service (the node track), by playbook.",
+            "From the first delivery of the alert to the node back in service (the node track), by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
         self.time_to_recovery = Histogram(
             "pitcrew_time_to_recovery_seconds",
-            "From first alert to resolved, by playbook.",
+            "From the first delivery of the alert to resolved, by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,
@@ -149,7 +149,7 @@ class Metrics:
         )
         self.time_to_out_of_service = Histogram(
             "pitcrew_time_to_out_of_service_seconds",
-            "From first alert to the node out of service (Slurm DOWN/DRAIN), by playbook.",
+            "From the first delivery of the alert to the node out of service (Slurm DOWN/DRAIN), by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,

@@ -44,6 +44,11 @@ class Scheduler(Protocol):
         """One job, or ``None`` once Slurm has forgotten it."""
         ...
 
+    async def nodes(self) -> list[SlurmNodeState]:
+        """Every Slurm node with its state and reason, in one read (the breaker's snapshot of
+        nodes out of service, ``bot.engine.fleet``)."""
+        ...
+
     async def partition_nodes(self, name: str) -> PartitionNodes | None:
         """The partitions ``name`` is in and their distinct node count (the breaker's fleet
         where Kubernetes gives none); ``None`` when the node is in no partition."""
@@ -100,6 +105,11 @@ class Cluster(Protocol):
     async def node(self, name: str) -> ClusterNode | None: ...
 
     async def count_nodes(self) -> int: ...
+
+    async def nodes(self) -> list[ClusterNode]:
+        """Every node of the fleet (``kubernetes.node_selector``) in one list (the breaker's
+        snapshot of nodes out of service, ``bot.engine.fleet``)."""
+        ...
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         """Mark unschedulable, add pitcrew's taint and the ownership annotation."""

@@ -27,9 +27,10 @@ from bot.store.lease import Lease as Lease
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 JsonObject: TypeAlias = Mapping[str, Json]
 #: A step record: ``running`` (begun; after a crash, interrupted), ``ok``, ``failed`` (escalated),
-#: ``skipped`` (not applicable, or observe mode), ``undone`` (rolled back), ``superseded`` (a replan
+#: ``held`` (paused before its far-side call; it goes on after resume), ``skipped`` (not applicable, or
+#: observe mode), ``undone`` (rolled back), ``superseded`` (a replan
 #: dropped it: its result no longer counts).
-StepStatus = Literal["running", "ok", "failed", "skipped", "undone", "superseded"]
+StepStatus = Literal["running", "held", "ok", "failed", "skipped", "undone", "superseded"]
 #: An approval request: ``pending`` until a human decides (``approved``, ``rejected``), its
 #: deadline passes (``expired``) or a rollback ends the incident first (``cancelled``).
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled"]
@@ -51,6 +52,9 @@ PAGE_MAX = 200
 LIST_MAX = 1000
 #: Rows of a page when the reader does not say (the API and ``pitcrew incidents show``).
 PAGE_DEFAULT = 100
+#: The audit event of one change pitcrew made to a far side (``StepContext.acted``): an incident
+#: with one holds its node's place under the breaker even after it ended.
+ACTION = "action"
 T = TypeVar("T")
 
 
@@ -237,6 +241,11 @@ class Store(Protocol):
         """Id, state and opening time of every non-terminal incident (cheap: no faults)."""
         ...
 
+    async def rollbacks_under_way(self) -> list[str]:
+        """Incidents, terminal or not, whose rollback was requested and has not finished (read
+        once at start: a rollback held by a pause, or cut by a crash, goes on)."""
+        ...
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         """Every alert of the incident, first seen first (the engine's view; the API reads pages)."""
         ...
@@ -348,9 +357,10 @@ class Store(Protocol):
         self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
     ) -> None: ...
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
-    async def nodes_in_remediation(
-        self, since: datetime, exclude_node: str | None = None
-    ) -> frozenset[str]: ...
+    async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        """Nodes of incidents admitted since ``since``: while active, and after they ended only
+        if pitcrew changed something for them (an ``ACTION`` event)."""
+        ...
 
     # the outbox of notices (``bot.store.outbox``)
     async def enqueue(

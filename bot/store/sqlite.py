@@ -33,6 +33,7 @@ from bot.domain.planner import PastIncident, Plan
 from bot.store import codec
 from bot.store import outbox as _outbox
 from bot.store.base import (
+    ACTION,
     PAGE_MAX,
     AlertRecord,
     ApprovalRecord,
@@ -252,6 +253,12 @@ class SqliteStore:
         rows = await self._rows(query)
         return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in rows]
 
+    async def rollbacks_under_way(self) -> list[str]:
+        rows = await self._rows(
+            "SELECT incident_id FROM steps WHERE step = 'rollback' AND status = 'running'"
+        )
+        return [r["incident_id"] for r in rows]
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         def query(db: sqlite3.Connection) -> list[AlertRecord]:
             rows = db.execute(f"{_ALERTS} WHERE a.incident_id = ? {_ALERT_ORDER}", (incident_id,))
@@ -364,9 +371,14 @@ class SqliteStore:
         ]
 
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        # An active incident holds its place from admission (two admitted at once must not both
+        # slip under the limit); an ended one keeps it only if pitcrew changed something for it
+        # (an "action" in its audit log), so one that failed before any change gives it back.
         rows = await self._rows(
-            "SELECT DISTINCT node FROM incidents WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?",
-            (codec.ts(since), exclude_node or ""),
+            "SELECT DISTINCT node FROM incidents i WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?"  # noqa: S608 - a constant
+            f" AND (state NOT IN {TERMINAL_STATES}"
+            " OR EXISTS (SELECT 1 FROM events e WHERE e.incident_id = i.id AND e.kind = ?))",
+            (codec.ts(since), exclude_node or "", ACTION),
         )
         return frozenset(r["node"] for r in rows)
 
@@ -565,7 +577,7 @@ class SqliteStore:
             db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
                 " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
-                " started_at = CASE WHEN steps.status = 'superseded' THEN excluded.started_at"
+                " started_at = CASE WHEN steps.status IN ('superseded', 'held') THEN excluded.started_at"
                 " ELSE COALESCE(steps.started_at, excluded.started_at) END,"
                 " result_json = CASE WHEN steps.status = 'superseded' THEN '{}' ELSE steps.result_json END,"
                 " ended_at = NULL",

@@ -333,6 +333,19 @@ class Slow:
 
 
 @dataclass(frozen=True)
+class Unconfirmed:
+    """The call reaches the far side at once, but its answer takes ``seconds`` of virtual time to
+    come back: a crash meanwhile leaves the change made and pitcrew not knowing it."""
+
+    seconds: float
+
+    async def __call__(self, time: FakeTime, call: Call) -> Any:
+        answer = await call()
+        await time.sleep(self.seconds)
+        return answer
+
+
+@dataclass(frozen=True)
 class Answer:
     """The far side's answer, changed by ``change`` (e.g. a node reported not Ready)."""
 
@@ -350,7 +363,7 @@ class Through:
         return await call()
 
 
-Effect = Fail | Slow | Answer | Through
+Effect = Fail | Slow | Unconfirmed | Answer | Through
 
 
 def transient(times: int, reason: Reason = Reason.UNAVAILABLE) -> list[Effect]:

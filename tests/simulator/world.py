@@ -245,6 +245,13 @@ class SimulatedWorld:
         n = self.node_record(name)
         return SlurmNodeState(name=name, states=frozenset({n.slurm}), reason=n.reason)
 
+    async def nodes(self) -> list[SlurmNodeState]:
+        await self.round_trip()
+        nodes, _ = self.state()
+        return [
+            SlurmNodeState(name=n.name, states=frozenset({n.slurm}), reason=n.reason) for n in nodes.values()
+        ]
+
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         await self.round_trip()
         _, jobs = self.state()

@@ -173,7 +173,7 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
 
 async def _announce(ctx: StepContext[ConfirmResumedResult], result: ConfirmResumedResult) -> None:
     """Training is back: tell humans now, not when the node track ends."""
-    start = ctx.incident.first_alert_at or ctx.incident.opened_at
+    start = ctx.incident.opened_at  # the first delivery, as every pitcrew duration
     took = max(((result.confirmed_at or ctx.clock()) - start).total_seconds(), 0.0)
     lines = tuple(
         f"job {v.job_id}: running on {', '.join(v.new_nodes) or '-'} (restarts {v.restarts_before} → "

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot
-from bot.domain.ownership import owns_slurm_reason
+from bot.domain.ownership import owns_slurm_reason, slurm_reason_owner
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
@@ -59,9 +59,9 @@ async def undo_slurm_down(ctx: UndoContext, result: SlurmDownResult) -> str:
             ctx.count("slurm_resume")
             lines.append(f"{name} resumed")
         else:
-            lines.append(
-                f"{name} left {'/'.join(sorted(state.states))} (reason {state.reason!r} is not pitcrew's)"
-            )
+            owner = slurm_reason_owner(state.reason)
+            whose = f"belongs to pitcrew incident {owner}" if owner else "is not pitcrew's"
+            lines.append(f"{name} left {'/'.join(sorted(state.states))} (reason {state.reason!r} {whose})")
     return "slurm_down: " + "; ".join(lines or ["no Slurm node was taken"])
 
 

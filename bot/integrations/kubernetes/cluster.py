@@ -77,7 +77,10 @@ class KubernetesCluster:
         return await (await self._p()).nodes.node(name)
 
     async def count_nodes(self) -> int:
-        return len(await (await self._p()).nodes.fleet(self.settings.node_selector))
+        return len(await (await self._p()).nodes.fleet_facts(self.settings.node_selector))
+
+    async def nodes(self) -> list[ClusterNode]:
+        return await (await self._p()).nodes.fleet_facts(self.settings.node_selector)
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         parts = await self._p()

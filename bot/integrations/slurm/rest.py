@@ -22,7 +22,7 @@ import aiohttp
 
 from bot import logger
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
-from bot.domain.ownership import clean_reason
+from bot.domain.ownership import clean_reason, is_pitcrew_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
 from bot.integrations.slurm.cli import (
@@ -41,6 +41,7 @@ from bot.integrations.slurm.json import (
     jobs_running_on,
     member_partitions,
     node_from_json,
+    nodes_from_payload,
     partitions_from_payload,
 )
 
@@ -151,6 +152,20 @@ class RestScheduler(NodeUpdates):
             # service. scontrol shows the base state: ask it rather than report the node in service.
             return await self._fallback.node(name)
         return node
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        # One list of every node; unlike ``node`` no scontrol fallback per node (that would be a
+        # read per node): a 22.05 DOWN node still shown "mixed" counts by its reason instead.
+        api = await self.api()
+        _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
+        with _shape("get_nodes"):
+            listed = nodes_from_payload(body)
+        return [
+            replace(n, states=n.states | {"DOWN"})
+            if n.reason and n.in_service and not is_pitcrew_reason(n.reason)
+            else n
+            for n in listed
+        ]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
