@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from proving_ground.slurm import NODES, SlurmCluster
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls
-from tests.harness.slurm import NODES, SlurmCluster
 
 pytestmark = pytest.mark.slow
 #: slurmctld's line for each node state change it was asked for (``scontrol update``).
