@@ -14,7 +14,6 @@ within the TTL after a leader died.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 from bot import logger
 from bot.engine.metrics import Metrics
 from bot.engine.signals import RealTimer, Timer
+from bot.engine.tasks import cancel_and_wait
 from bot.store.base import Lease, Store
 from bot.store.lease import Fence
 
@@ -104,11 +104,8 @@ class Leadership:
     async def stop(self) -> None:
         """Stop acting and release the lease, so a standby takes over at once (SIGTERM)."""
         epoch = self.fence.epoch  # before the loop's own step-down revokes it
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self._step_down()
         if epoch is not None:
             try:

@@ -30,6 +30,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 
 from bot import logger
+from bot.engine.tasks import cancel_and_wait
 
 log = logger(__name__)
 
@@ -81,11 +82,8 @@ class SocketMode:
         self._task = asyncio.create_task(self._run(), name="pitcrew-slack-socket-mode")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self._close()
 
     # ------------------------------------------------------------------ the loop
