@@ -202,6 +202,13 @@ class Replacer:
         return Handle(REBOOT, f"node/{name}", datetime.now(UTC), boot=boot or "unknown").render()
 
     # ------------------------------------------------------------ the act
+    async def rebooted(self, name: str, handle: str) -> bool:
+        """The node reports a boot id other than the one ``handle`` recorded before the reboot."""
+        parsed = Handle.parse(handle)
+        node = await self._nodes.read(name)
+        info = node.status.node_info if node is not None and node.status else None
+        return parsed is not None and info is not None and bool(info.boot_id) and info.boot_id != parsed.boot
+
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
         strategy = self.strategy(strategy)
         node = await self._nodes.read(name)
