@@ -82,6 +82,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
     ready_delay: float | None = 0.1
     #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
     autoscaler: bool = True
+    #: Karpenter launches a node only for pending pods: a deleted NodeClaim takes its Node with it and
+    #: is replaced by nothing unless a pod of its NodePool is pending. Leniency by name:
+    #: ``karpenter_replaces_deleted_claims`` makes a new NodeClaim for every deleted one (what
+    #: Karpenter's disruption controller does when it replaces a node itself: it launches first).
+    karpenter_replaces_deleted_claims: bool = False
+    _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    _karpenter_nominated: set[Key] = attrs.field(factory=set)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
     #: one code for every attempt, or a list with one per attempt (the last repeats).
     job_exit_codes: dict[str, int | list[int]] = attrs.field(factory=dict)
@@ -375,6 +382,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if dry_run:  # admitted and validated, not stored (``?dryRun=All``)
             return copy.deepcopy(body)
         created = copy.deepcopy(self.add(res.plural, body))
+        if res.plural == "pods" and not (body.get("spec") or {}).get("nodeName"):
+            self._later(self.replace_delay, self._karpenter_provision)
         if res.plural == "jobs":
             self._later(0, lambda: self._run_job(ns, name))
         return created
@@ -565,6 +574,45 @@ class KubeEmulator(kmock.KubernetesScaffold):
         template = self.objects.pop(("nodes", None, old_node_name), None) if old_node_name else None
         key = self._key(res, old["metadata"].get("namespace"), old["metadata"]["name"])
         self.objects.pop(key, None)
+        if res.plural == "nodeclaims" and not self.karpenter_replaces_deleted_claims:
+            pool = (old["metadata"].get("labels") or {}).get("karpenter.sh/nodepool")
+            if pool and template is not None:
+                self._karpenter_pools[pool] = {"claim": old, "node": template}
+            await self._karpenter_provision()
+            return
+        await self._new_handle_and_node(res, old, old_node_name, template)
+
+    async def _karpenter_provision(self) -> None:
+        """Karpenter's provisioner: one new NodeClaim and Node per pending pod that selects a known
+        NodePool (``nodeSelector`` ``karpenter.sh/nodepool``); once Ready the scheduler binds the pod.
+        The stand-in assumes the pool has no room for the pod on its existing nodes."""
+        for key, pod in list(self.objects.items()):
+            spec = pod.get("spec") or {}
+            pool = (spec.get("nodeSelector") or {}).get("karpenter.sh/nodepool")
+            if key[0] != "pods" or spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pool not in self._karpenter_pools or pod["metadata"].get("annotations", {}).get(
+                "emulator/nominated"
+            ):
+                continue
+            pod["metadata"].setdefault("annotations", {})["emulator/nominated"] = "true"
+            known = self._karpenter_pools[pool]
+            name = await self._new_handle_and_node(
+                resources.BY_PLURAL["nodeclaims"],
+                known["claim"],
+                known["node"]["metadata"]["name"],
+                known["node"],
+            )
+            stored = self.objects.get(key)
+            if name is not None and stored is not None and not stored["metadata"].get("deletionTimestamp"):
+                stored["spec"]["nodeName"] = name
+                stored.setdefault("status", {})["phase"] = "Running"
+                self.bump(stored)
+
+    async def _new_handle_and_node(
+        self, res: Resource, old: dict[str, Any], old_node_name: str | None, template: dict[str, Any] | None
+    ) -> str | None:
+        """A new handle (Machine or NodeClaim) and its NotReady Node, Ready after ``ready_delay``."""
         suffix = uuid.uuid4().hex[:5]
         node_name = f"{old_node_name or 'node'}-{suffix}"
         node = resources.replacement_node(template, node_name, suffix)
@@ -572,10 +620,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
         handle = resources.replacement_handle(old, node_name, suffix)
         self.add(res.plural, handle)
         if self.ready_delay is None:
-            return
+            return None
         await asyncio.sleep(self.ready_delay)
         if ("nodes", None, node_name) in self.objects:
             self.set_node_condition(node_name, "Ready", "True")
+            return node_name
+        return None
 
     async def _new_instance(self, old: dict[str, Any]) -> None:
         """The cloud autoscaler's answer to a deleted Node: a new instance registers, then turns Ready."""
