@@ -147,15 +147,18 @@ async def tour(
         await refusing.reset_gpu(NODE, ["0"], incident_id="pc-2")
     if strategies != STRATEGIES:  # one strategy's install: replace the node that way
         for strategy in strategies:
-            await make(replace={"strategy": strategy}).replace(
-                NODE, strategy="configured", incident_id="pc-1"
-            )
+            replacing = make(replace={"strategy": strategy})
+            handle = await replacing.replace(NODE, strategy="configured", incident_id="pc-1")
+            await replacing.successor(NODE, handle=handle)
         return
     await make(replace={"strategy": "karpenter"}).replace(NODE, strategy="configured", incident_id="pc-1")
     await _settled(k8s)
     [replacement] = [n for (kind, _, n) in k8s.objects if kind == "nodes"]
     # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
-    await cluster.replace(replacement, strategy="configured", incident_id="pc-2")
+    handle = await cluster.replace(replacement, strategy="configured", incident_id="pc-2")
+    await _settled(k8s)
+    # The new Machine's nodeRef, claimed (asked for a node that is gone, so the Machines are listed).
+    await cluster.successor("gone", handle=handle)
     await make(replace={"strategy": "delete-node"}).replace(
         replacement, strategy="configured", incident_id="pc-3"
     )

@@ -57,6 +57,7 @@ def needed(settings: KubernetesSettings) -> tuple[Permission, ...]:
     if strategy == "cluster-api":
         perms += [
             Permission("get", "cluster.x-k8s.io", "machines"),
+            Permission("list", "cluster.x-k8s.io", "machines"),
             Permission("delete", "cluster.x-k8s.io", "machines"),
         ]
     elif strategy == "karpenter":
