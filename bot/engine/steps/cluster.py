@@ -125,7 +125,7 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
     # marked by the taint manager on its own) stays Terminating until it is force-deleted.
     left = [p for p in pods if (p.ref not in evicted and not p.terminating) or (force and p.terminating)]
     blocked: list[str] = []
-    refused: list[str] = []
+    refused: list[PermanentError] = []
     for pod in left:
         await ctx.save(replace(ctx.progress, evicting=pod.ref))
         try:
@@ -139,14 +139,17 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
             blocked.append(str(exc))
             continue
         except PermanentError as exc:
-            refused.append(str(exc))
+            refused.append(exc)
             continue
         if pod.ref not in evicted:
             evicted.append(pod.ref)
         await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
     if refused:
+        where = "" if node.ready else f"node {ctx.node} is not Ready (no kubelet confirms a deletion); "
         raise PermanentError(
-            f"{len(refused)} pod(s) cannot be drained: {'; '.join(refused + blocked)}", reason="pdb"
+            f"{where}{len(refused)} pod(s) cannot be drained: {'; '.join(str(e) for e in refused)}"
+            + (f"; also retried: {'; '.join(blocked)}" if blocked else ""),
+            reason=refused[0].reason,
         )
     if blocked:  # retried until the step's deadline; the escalation names each pod and its budget
         raise TransientError(
