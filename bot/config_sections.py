@@ -435,7 +435,11 @@ class KubernetesReplaceSettings(_Section):
 class KubernetesJobSettings(_Section):
     """Privileged Jobs pinned to the node: GPU reset, reboot and the optional validation before return."""
 
-    namespace: str = Field(default="pitcrew", description="Namespace the Jobs run in.")
+    namespace: str = Field(
+        default="pitcrew-jobs",
+        description="Namespace the Jobs run in: its Pod Security level must admit their privileged pods "
+        "(deploy/kubernetes/namespace.yaml labels it `privileged`; pitcrew's own namespace is `restricted`).",
+    )
     reset_gpu_template: Path | None = Field(
         default=None,
         description="YAML Job template for `reset_gpu`; pitcrew sets its name, `nodeName`, a toleration "

@@ -144,7 +144,8 @@ async def test_the_node_shows_what_pitcrew_did_and_a_refused_event_changes_nothi
 ) -> None:
     await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79 gpu3")
     [event] = _events(k8s)
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    uid = k8s.get("nodes", NODE)["metadata"]["uid"]  # type: ignore[index]
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}
     assert event["metadata"]["namespace"] == "default" and event["source"] == {"component": "pitcrew"}
     assert event["message"].startswith("pitcrew: pc-00042 XID 79 gpu3")
     k8s.inject(403, verb="create", resource="events")

@@ -53,6 +53,7 @@ CRD_MODELS: dict[str, Any] = {
 }
 EXPECTED = {
     ("Namespace", "pitcrew"),
+    ("Namespace", "pitcrew-jobs"),
     ("ServiceAccount", "pitcrew"),
     ("ClusterRole", "pitcrew"),
     ("ClusterRoleBinding", "pitcrew"),
@@ -72,8 +73,14 @@ EXPECTED = {
 }
 #: The overlays opt into cluster-api replacement; the base replaces nothing.
 STRATEGY = {"base": "none", "observe": "cluster-api", "auto": "cluster-api"}
-#: Where the namespaced objects go: pitcrew's namespace, but node events live in ``default``.
-NAMESPACE_OF = {("Role", "pitcrew-events"): "default", ("RoleBinding", "pitcrew-events"): "default"}
+#: Where the namespaced objects go: pitcrew's namespace, but node events live in ``default`` and the
+#: repair Jobs' Role in their own namespace (Pod Security "privileged", which their pods need).
+NAMESPACE_OF = {
+    ("Role", "pitcrew-events"): "default",
+    ("RoleBinding", "pitcrew-events"): "default",
+    ("Role", "pitcrew-jobs"): "pitcrew-jobs",
+    ("RoleBinding", "pitcrew-jobs"): "pitcrew-jobs",
+}
 ALL = sorted(KUSTOMIZATIONS)
 WITH_COMPONENT = [f"base+{strategy}" for strategy in COMPONENTS]
 

@@ -199,6 +199,10 @@ class Nodes:
             raise PermanentError(f"node {name} is not in Kubernetes", reason=Reason.NOT_FOUND)
         return node
 
+    async def write(self, name: str, body: dict[str, Any], what: str) -> bool:
+        """One merge patch, guarded when ``body`` carries ``metadata.resourceVersion``; ``False`` on 409."""
+        return await self._write(name, body, what)
+
     async def _write(self, name: str, body: dict[str, Any], what: str) -> bool:
         """One guarded patch; ``False`` on 409 (re-read and try again)."""
         try:
