@@ -46,7 +46,7 @@ async def test_a_failed_eviction_does_not_hold_back_the_pods_after_it(tmp_path: 
 async def test_a_pod_under_two_budgets_fails_the_drain_naming_them_after_the_others(tmp_path: Path) -> None:
     playbooks = {"replace-node": {"steps": STEPS}}
     async with EngineHarness(tmp_path, inventory=_inventory(), playbooks=playbooks) as h:
-        h.cluster.script("evict", Fail(PermanentError(TWO_BUDGETS, reason="pdb")))
+        h.cluster.script("evict", Fail(PermanentError(TWO_BUDGETS, reason=Reason.PDB)))
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
         assert done.state.value == "failed"

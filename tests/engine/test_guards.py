@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from bot.engine.errors import PermanentError, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.steps import REGISTRY
 from tests.engine.harness import EngineHarness, Fail, Slow, fleet
 from tests.harness.scenarios import delivery, fault_delivery, gpu_node
@@ -394,7 +394,7 @@ async def test_an_incident_that_changed_nothing_releases_its_place(tmp_path: Pat
 async def test_an_incident_that_changed_something_keeps_its_place(tmp_path: Path) -> None:
     """The other side of the allowance: a failed incident that did take its node out still counts."""
     async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 3, "max_fraction": 0.05}) as h:
-        h.cluster.always("cordon", Fail(PermanentError("cordon refused", reason="forbidden")))
+        h.cluster.always("cordon", Fail(PermanentError("cordon refused", reason=Reason.FORBIDDEN)))
         first = await h.alert("gpu-node-02")
         assert (await h.until_ended(first)).state.value == "failed"
         assert h.calls()[("slurm_down", "gpu-node-02")] == 1
@@ -457,7 +457,7 @@ async def test_a_far_side_that_cannot_list_its_nodes_is_said_and_not_hammered(tm
     failed read is kept for the interval like a good one (one read, not one per alert); once
     Slurm answers again, the last good view of each far side stands in for a later failure."""
     async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 50}) as h:
-        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason="unavailable")))
+        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason=Reason.UNAVAILABLE)))
         first = await h.alert("gpu-node-01", "exporter-down-firing.json")
         await h.until_event(first, "guards")
         for node in ("gpu-node-02", "gpu-node-03"):
@@ -474,7 +474,7 @@ async def test_a_far_side_that_cannot_list_its_nodes_is_said_and_not_hammered(tm
         await h.time.advance(61)
         again = await h.alert("gpu-node-05", "exporter-down-firing.json")
         await h.until_event(again, "guards")
-        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason="unavailable")))
+        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason=Reason.UNAVAILABLE)))
         await h.time.advance(61)
         last = await h.alert("gpu-node-06")
         guards = await h.until_event(last, "guards")
