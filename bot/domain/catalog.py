@@ -14,7 +14,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PlaybookName = Literal[
-    "ignore", "notify-only", "ask-human", "cordon-and-ask", "reset-gpu", "reboot-node", "replace-node"
+    "ignore",
+    "notify-only",
+    "ask-human",
+    "cordon-and-ask",
+    "isolate-node",
+    "reset-gpu",
+    "reboot-node",
+    "replace-node",
 ]
 FaultClass = Literal[
     "application",
@@ -22,6 +29,7 @@ FaultClass = Literal[
     "gpu-lost",
     "gpu-hang",
     "interconnect",
+    "network",
     "power-thermal",
     "driver",
     "recovery-action",
@@ -36,6 +44,7 @@ SEVERITY: tuple[str, ...] = (
     "notify-only",
     "ask-human",
     "cordon-and-ask",
+    "isolate-node",
     "reset-gpu",
     "reboot-node",
     "replace-node",
