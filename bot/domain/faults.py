@@ -95,7 +95,7 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
             job_fatal=entry.job_fatal,
             meaning=entry.meaning,
             known=True,
-            detail=subject.message if link else "",
+            detail=subject.message if link or entry.fault_class == "scheduler" else "",
             link=link,
         )
     if subject.xid is not None:

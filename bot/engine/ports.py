@@ -66,6 +66,15 @@ class Scheduler(Protocol):
         ...
 
 
+@runtime_checkable
+class NodeLister(Protocol):
+    """A scheduler that lists every node with its state and reason (both Slurm backends)."""
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        """Every Slurm node as Slurm reports it now."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterNode:
     """One Kubernetes node as the engine needs it."""

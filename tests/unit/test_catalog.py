@@ -102,6 +102,7 @@ FAULTS = {
     "link-down": "isolate-node",
     "link-flapping": "isolate-node",
     "link-errors": "notify-only",
+    "slurm-node-out": "follow-slurm",
 }
 
 

@@ -131,6 +131,11 @@ class ScontrolScheduler(NodeUpdates):
                     return parse_node_line(line)
         raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
 
+    async def nodes(self) -> list[SlurmNodeState]:
+        out = await self._run("scontrol", "--all", "show", "node", "-o", op="show_nodes")
+        with _shape("show_nodes"):
+            return [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
+
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         # squeue's text mode honours -w (its --json mode ignores filters in 22.05); the
         # details, including the restart count, come from scontrol, one job at a time.

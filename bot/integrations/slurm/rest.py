@@ -41,6 +41,7 @@ from bot.integrations.slurm.json import (
     jobs_running_on,
     member_partitions,
     node_from_json,
+    nodes_from_payload,
     partitions_from_payload,
 )
 
@@ -151,6 +152,15 @@ class RestScheduler(NodeUpdates):
             # service. scontrol shows the base state: ask it rather than report the node in service.
             return await self._fallback.node(name)
         return node
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        api = await self.api()
+        _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
+        with _shape("get_nodes"):
+            nodes = nodes_from_payload(body)
+        if any(n.reason and not (n.down or n.drained or "FAIL" in n.states) for n in nodes):
+            return await self._fallback.nodes()  # 22.05's "mixed" DOWN node: see ``node``
+        return nodes
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
