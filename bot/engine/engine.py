@@ -144,7 +144,12 @@ class Engine:
 
     async def _scan(self) -> None:
         if self.slurm_watch is not None:
-            await self.slurm_watch.poll()  # before reading the store: what it opens runs now
+            try:
+                await self.slurm_watch.poll()  # before reading the store: what it opens runs now
+            except Deposed:
+                raise
+            except Exception:  # a bad look at Slurm must not stop the incidents already open
+                log.exception("slurm watch failed; the next poll tries again")
         active = await self.store.active()
         await self._adopt_rollbacks()
         now = self.clock()
