@@ -164,6 +164,11 @@ class EngineSettings(_Section):
         default=timedelta(hours=24),
         description="Hands-off and observe-mode incidents stay open while their alerts fire, at most this long.",
     )
+    slurm_watch: bool = Field(
+        default=False,
+        description="Also open incidents for Slurm nodes that Slurm or a health check set DOWN, DRAIN or "
+        "FAIL with a reason not pitcrew's (read every poll_interval; Kubernetes node = Slurm node name).",
+    )
 
 
 class IntegrationSettings(_Section):

@@ -261,7 +261,9 @@ def build_app(
     # Grafana's annotations have their own sender: a Grafana that times out delays neither
     # remediation nor Slack.
     annotations = _grafana(config, store, fenced, metrics)
-    engine = Engine(engine_deps(config, fenced, ports, metrics), leading=lambda: fence.leading)
+    engine = Engine(
+        engine_deps(config, fenced, ports, metrics), leading=lambda: fence.leading, catalog=config.catalog
+    )
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     lease = config.settings.store.lease
     leader_only: list[Background] = [engine, sender]

@@ -52,6 +52,23 @@ TEXT = {
         "GPU too hot " + ON_GPU,
         "GPU at or above {gpu_temp_max} C or memory at or above {memory_temp_max} C for {thermal_for}.",
     ),
+    "NetworkLinkDown": (
+        "Link down on {{ $labels.node }}: {{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }}",
+        "The port lost its link (InfiniBand state DOWN, or Ethernet carrier lost) for {link_down_for}"
+        " after being up in the last {link_seen_window}; it is not administratively disabled."
+        " Collectives over it stall or fail.",
+    ),
+    "NetworkLinkFlapping": (
+        "Link flapping on {{ $labels.node }}: {{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }}",
+        'The link went down {{{{ $value | printf "%.0f" }}}} times in {flap_window} (at least {link_flaps}):'
+        " each down breaks the job's connections over it.",
+    ),
+    "NetworkLinkErrors": (
+        "Link errors rising on {{ $labels.node }}: {{ $labels.device }} port {{ $labels.port }}",
+        '{{{{ $value | printf "%.0f" }}}} physical-layer errors (symbol, receive, link recovery, link integrity)'
+        " in {link_error_window}, above {link_errors_max} for {link_errors_for}: the cable or transceiver"
+        " is degrading.",
+    ),
     "DcgmExporterDown": (
         "dcgm-exporter down on {{ $labels.node }}",
         "Prometheus cannot scrape the node's exporter: GPU faults on it are invisible.",

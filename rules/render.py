@@ -33,6 +33,16 @@ RULE_FILE = HERE / "gpu-faults.rules.yml"
 CRD_FILE = HERE / "gpu-faults.prometheusrule.yaml"
 DEPLOY_CRD_FILE = HERE.parent / "deploy" / "kubernetes" / "prometheusrule.yaml"  # the kustomize base's copy
 GPU_TEMP_MAX, MEMORY_TEMP_MAX, NVLINK_BURST = 87, 95, 100
+#: Link downs within ``flap_window`` that make a flapping link; physical-layer errors per
+#: ``link_error_window`` that make a degrading one (IB's symbol error counter has thresholds of
+#: this order in the fabric managers' error reports; a healthy link counts none).
+LINK_FLAPS, LINK_ERRORS_MAX = 3, 10
+#: Interfaces that are no fabric link: loopback, pod veths and CNI bridges and tunnels (their
+#: carrier changes with every pod), container and VM bridges.
+NON_FABRIC_INTERFACES = (
+    "lo|veth.*|docker.*|br-.*|virbr.*|cali.*|cilium.*|lxc.*|flannel.*|cni.*|vxlan.*|genev.*|tunl.*"
+    "|kube-ipvs.*|tap.*|tun.*|nodelocaldns|dummy.*"
+)
 # Fields without which whole rules are blind: ECC is off in dcgm-exporter's default CSV, and 4.9's
 # default CSV renames them all (rules/dcgm-counters.csv pins these names).
 REQUIRED_FIELDS = ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_GPU_TEMP")
@@ -51,6 +61,11 @@ class Profile:
     nvlink_window: str = "5m"
     gpus_seen_window: str = "1d"  # the expected GPU count of a node is the most it reported here
     exporter_seen_window: str = "1h"  # without kube-state-metrics: nodes that had an exporter here
+    link_seen_window: str = "1h"  # a link counts as down only if it was up within this
+    link_down_for: str = "1m"  # a link renegotiating (a few seconds) is not down
+    flap_window: str = "15m"  # LINK_FLAPS downs within this: flapping
+    link_error_window: str = "1h"  # physical-layer errors counted over this...
+    link_errors_for: str = "15m"  # ...above LINK_ERRORS_MAX for this long: a rising error rate
     # Where docs/alerting.md is published for the people paged (its headings are the alert names,
     # lower case): `--runbook-base URL` gives every alert `runbook_url: URL#<alert>`. pitcrew has no
     # address of its own to put there, so the shipped files carry none.
@@ -62,7 +77,9 @@ FAST = replace(
     PRODUCTION,
     **dict.fromkeys(("xid_window", "counter_window", "nvlink_window"), "30s"),
     **dict.fromkeys(("exporter_down_for", "gpu_missing_for", "thermal_for"), "2s"),
-    **dict.fromkeys(("gpus_seen_window", "exporter_seen_window"), "10m"),
+    **dict.fromkeys(("link_down_for", "link_errors_for"), "2s"),
+    **dict.fromkeys(("flap_window", "link_error_window"), "1m"),
+    **dict.fromkeys(("gpus_seen_window", "exporter_seen_window", "link_seen_window"), "10m"),
     keep_firing_for="5s",
 )
 
@@ -74,6 +91,8 @@ def alert(name: str, expr: str, fault: str, severity: str, p: Profile, *, for_: 
         "nvlink_burst": NVLINK_BURST,
         "gpu_temp_max": GPU_TEMP_MAX,
         "memory_temp_max": MEMORY_TEMP_MAX,
+        "link_flaps": LINK_FLAPS,
+        "link_errors_max": LINK_ERRORS_MAX,
     }
     rule: dict[str, Any] = {"alert": name, "expr": expr}
     if for_ != "0s":
@@ -158,6 +177,39 @@ def gpu_rules(p: Profile) -> list[dict[str, Any]]:
     ]
 
 
+def network_rules(p: Profile) -> list[dict[str, Any]]:
+    """IB/RoCE ports (node-exporter's infiniband collector) and Ethernet carriers (its netclass)."""
+    skipped = NON_FABRIC_INTERFACES
+    return [
+        alert(
+            "NetworkLinkDown",
+            q.any_of(q.ib_link_down(p.link_seen_window), q.ethernet_link_down(skipped, p.link_seen_window)),
+            "link-down",
+            "critical",
+            p,
+            for_=p.link_down_for,
+        ),
+        alert(
+            "NetworkLinkFlapping",
+            q.any_of(
+                q.ib_link_flaps(p.flap_window, LINK_FLAPS),
+                q.ethernet_link_flaps(skipped, p.flap_window, LINK_FLAPS),
+            ),
+            "link-flapping",
+            "critical",
+            p,
+        ),
+        alert(
+            "NetworkLinkErrors",
+            f"{q.ib_link_errors(p.link_error_window)} > {LINK_ERRORS_MAX}",
+            "link-errors",
+            "warning",
+            p,
+            for_=p.link_errors_for,
+        ),
+    ]
+
+
 def exporter_rules(p: Profile) -> list[dict[str, Any]]:
     up, ksm = f'up{{job=~"{q.EXPORTER_JOB}"}}', 'kube_node_status_capacity{resource="nvidia_com_gpu"}'
     gpu_nodes = f"max by (cluster, node) ({ksm} > 0)"
@@ -233,6 +285,7 @@ def rule_groups(p: Profile) -> dict[str, Any]:
     return {
         "groups": [
             {"name": "pitcrew-gpu-faults", "rules": gpu_rules(p)},
+            {"name": "pitcrew-network", "rules": network_rules(p)},
             {"name": "pitcrew-dcgm-exporter", "rules": exporter_rules(p)},
             {"name": "pitcrew-self", "rules": pitcrew_rules(p)},
         ]

@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Callable
 
 from bot import logger
+from bot.domain.catalog import Catalog
 from bot.domain.incident import State
 from bot.engine.admission import PAUSE, Admission
 from bot.engine.deps import EngineDeps
@@ -30,6 +31,7 @@ from bot.engine.flow import IncidentFlow
 from bot.engine.locks import IncidentLocks
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
+from bot.engine.slurm_watch import SlurmWatch
 from bot.store import codec
 from bot.store.base import Deposed, IncidentRecord, NewEvent
 
@@ -38,9 +40,12 @@ _SCAN_BEAT = 0.02
 
 
 class Engine:
-    def __init__(self, deps: EngineDeps, *, leading: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self, deps: EngineDeps, *, leading: Callable[[], bool] = lambda: True, catalog: Catalog | None = None
+    ) -> None:
         """``leading``: whether this process leads the store now (``bot.engine.leadership``);
-        always, for an engine that is the store's only user (tests, tools)."""
+        always, for an engine that is the store's only user (tests, tools). ``catalog``: with
+        ``engine.slurm_watch``, what the Slurm watch classifies Slurm's outages with."""
         self._leading = leading
         self.deps = deps
         self.store = deps.store
@@ -57,6 +62,11 @@ class Engine:
         self._wake = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
         self._paused: bool | None = None  # the pause switch at the last scan (None: not read yet)
+        self.slurm_watch = (
+            SlurmWatch(deps, catalog, signal=self.signal, wake=self.wake)
+            if deps.settings.slurm_watch and catalog is not None
+            else None
+        )
         for step in deps.registry:  # every step's series exists from the start (0, not absent)
             for outcome in ("ok", "failed", "skipped"):
                 self.metrics.steps.labels(step, outcome)
@@ -141,6 +151,13 @@ class Engine:
             await self.deps.timer.sleep(_SCAN_BEAT)
 
     async def _scan(self) -> None:
+        if self.slurm_watch is not None:
+            try:
+                await self.slurm_watch.poll()  # before reading the store: what it opens runs now
+            except Deposed:
+                raise
+            except Exception:  # a bad look at Slurm must not stop the incidents already open
+                log.exception("slurm watch failed; the next poll tries again")
         active = await self.store.active()
         await self._adopt_rollbacks()
         now = self.clock()

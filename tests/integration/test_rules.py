@@ -41,6 +41,9 @@ FAULTS = {
     "exporter-down",
     "nvlink-errors",
     "thermal",
+    "link-down",
+    "link-flapping",
+    "link-errors",
     "pitcrew",
 }
 HARDWARE_FAULTS = FAULTS - {"exporter-down", "pitcrew"}

@@ -3,7 +3,10 @@
 Cases: every XID and fault entry plans the playbook the spec asks for; application XIDs
 never plan a node action; unknown XIDs and faults plan ``ask-human`` (the unknown codes are
 asserted unknown, never skipped); an XID beside a catalog fault label decides; XID 154 follows the
-recovery action in its message; overrides apply; a broken catalog is refused.
+recovery action in its message; overrides apply; a broken catalog is refused; a link fault
+names its port (key, Slurm reason words, description) and takes the node out with Slurm DOWN, and
+proves the job resumed, while a rising error rate only notifies; a ``device`` label that is no
+device name is not shown.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ FAULTS = {
     "exporter-down": "notify-only",
     "nvlink-errors": "cordon-and-ask",
     "thermal": "notify-only",
+    "link-down": "isolate-node",
+    "link-flapping": "isolate-node",
+    "link-errors": "notify-only",
+    "slurm-node-out": "follow-slurm",
 }
 
 
@@ -248,3 +255,68 @@ def test_a_broken_catalog_file_is_refused_with_the_reason(tmp_path: object) -> N
     path.write_text("xids: [")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_catalog(path)
+
+
+def link_subject(fault: str, device: str = "mlx5_0", port: str = "1") -> Subject:
+    return Subject(
+        node="gpu-node-02",
+        gpu=None,
+        gpu_uuid=None,
+        pci_bus_id=None,
+        xid=None,
+        xid_text=None,
+        fault_label=fault,
+        message="The link went down 3 times in 15m (at least 3)",
+        link=f"{device} port {port}" if port else device,
+    )
+
+
+@pytest.mark.parametrize("fault", ["link-down", "link-flapping"])
+def test_a_down_or_flapping_link_isolates_the_node_and_names_the_port(fault: str) -> None:
+    found = classify(link_subject(fault), CATALOG)
+    assert found is not None
+    assert (found.key, found.short) == (f"{fault}@mlx5_0/1", f"{fault} mlx5_0 port 1")
+    assert found.describe().startswith(f"{fault} on mlx5_0 port 1 (")
+    assert found.detail == "The link went down 3 times in 15m (at least 3)"
+    p = plan("gpu-node-02", [found], [], AUTO, PLAYBOOKS, NOW, REGISTRY)
+    assert p.steps == ("notify", "slurm_down", "cordon", "confirm_resumed", "close")
+    assert p.slurm_action == "down"
+    assert p.summary == f"{fault} mlx5_0 port 1"
+
+
+def test_two_ports_of_a_node_are_two_faults_and_an_ethernet_link_has_no_port() -> None:
+    first, second = (classify(link_subject("link-down", port=n), CATALOG) for n in ("1", "2"))
+    assert first is not None and second is not None and first.key != second.key
+    ethernet = classify(link_subject("link-down", device="ens1f0", port=""), CATALOG)
+    assert ethernet is not None and ethernet.short == "link-down ens1f0"
+
+
+def test_a_rising_link_error_rate_only_notifies() -> None:
+    playbook, steps = planned(link_subject("link-errors"))
+    assert playbook == "notify-only"
+    assert not set(steps) & MUTATING
+
+
+def test_link_labels_that_name_no_device_are_not_shown() -> None:
+    from bot.domain.alerts import Alert
+    from bot.domain.labels import subject_of
+
+    def link_of(**labels: str) -> str | None:
+        alert = Alert.model_validate(
+            {
+                "status": "firing",
+                "labels": {"alertname": "NetworkLinkDown", "node": "gpu-node-01", **labels},
+                "annotations": {},
+                "startsAt": "2026-11-29T12:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": "0123456789abcdef",
+            }
+        )
+        return subject_of(alert).link
+
+    assert link_of(device="mlx5_0", port="1") == "mlx5_0 port 1"
+    assert link_of(device="ens1f0") == "ens1f0"
+    assert link_of(device="mlx5_0", port="1 State=RESUME") == "mlx5_0"
+    assert link_of(device="eth0\nReason=x") is None
+    assert link_of() is None

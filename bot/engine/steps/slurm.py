@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot
 from bot.domain.ownership import owns_slurm_reason, slurm_reason_owner
+from bot.domain.slurm_watch import SLURM_FAULT
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
@@ -114,6 +115,12 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
                     f"Slurm node {name} is already {'/'.join(sorted(state.states))} with reason "
                     f"{state.reason!r} set by someone else: left as is, pitcrew will not resume it",
                 )
+            await ctx.save(replace(ctx.progress, owned=dict(owned)))
+            continue
+        if ctx.plan.decisive is not None and ctx.plan.decisive.kind == SLURM_FAULT:
+            # Slurm took the node out and has given it back already: pitcrew adds no reason of its own.
+            owned[name] = False
+            await ctx.note("not_owned", f"Slurm node {name} is back in service: left as is")
             await ctx.save(replace(ctx.progress, owned=dict(owned)))
             continue
         down_at = {**ctx.progress.down_at, name: ctx.clock()}

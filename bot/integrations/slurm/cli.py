@@ -133,7 +133,7 @@ class ScontrolScheduler(NodeUpdates):
 
     async def nodes(self) -> list[SlurmNodeState]:
         out = await self._run("scontrol", "--all", "show", "node", "-o", op="show_nodes")
-        with _shape("show_node"):
+        with _shape("show_nodes"):
             return [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
