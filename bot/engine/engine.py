@@ -32,6 +32,7 @@ from bot.engine.locks import IncidentLocks
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
 from bot.engine.slurm_watch import SlurmWatch
+from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
 from bot.store.base import Deposed, IncidentRecord, NewEvent
 
@@ -88,8 +89,7 @@ class Engine:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._tasks.clear()
         self._main = None
         self._forget_gauges()

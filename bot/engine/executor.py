@@ -11,7 +11,6 @@ permanently, escalates: the incident goes to humans, never silently.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.locks import IncidentLocks
 from bot.engine.pause import Held
 from bot.engine.registry import Handler, StepDef
+from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
 from bot.store.base import Deposed, IncidentRecord, JsonObject, NewEvent
 
@@ -170,9 +170,7 @@ class Executor:
                 raise TimeoutError
         finally:
             if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         return task.result()
 
     async def _until_done(

@@ -34,6 +34,7 @@ from bot.engine.ports import Notice
 from bot.engine.registry import Track
 from bot.engine.rollback import ROLLBACK, RollbackHeld, RollbackRecord, undo
 from bot.engine.signals import Signals
+from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
 from bot.store.base import Deposed, IncidentRecord, NewEvent, StepRecord
 
@@ -85,7 +86,7 @@ class IncidentFlow:
                     await self.admission.admit(incident)
                     continue
                 if incident.faults_changed:
-                    await _stop(job_track)  # the new plan restarts it
+                    await cancel_and_wait(job_track)  # the new plan restarts it
                     job_track = None
                     await self.admission.replan(incident)
                     continue
@@ -95,7 +96,7 @@ class IncidentFlow:
                 if await self._node_track(incident, plan, job_track):
                     return
         finally:
-            await _stop(job_track)
+            await cancel_and_wait(job_track)
 
     # ---------------------------------------------------------------- node track
     async def _node_track(
@@ -426,17 +427,3 @@ class IncidentFlow:
 def _status(steps: Mapping[str, StepRecord], step: str) -> str | None:
     record = steps.get(step)
     return record.status if record is not None else None
-
-
-async def _stop(task: asyncio.Task[None] | None) -> None:
-    """Cancel ``task`` and wait until it has ended. A stop of the caller meanwhile (the engine's)
-    reaches the caller as the same ``CancelledError``: it is raised again, not taken for the
-    task's, or the node track would go on after the engine stopped it."""
-    if task is not None and not task.done():
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise

@@ -98,6 +98,11 @@ class Leadership:
             )
         return found
 
+    @property
+    def workers(self) -> tuple[Worker, ...]:
+        """What runs only while this process leads (the engine, the outbox senders)."""
+        return self._workers
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="pitcrew-leadership")
 
