@@ -21,6 +21,7 @@ from typing import Any
 
 from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
+from bot.config_sections import StoreSettings
 from bot.domain.durations import format_duration
 from bot.domain.trust import IncidentFacts, ledger
 from bot.report import (
@@ -35,6 +36,8 @@ from bot.report import (
 )
 from bot.safety import port_problems
 from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
+from bot.store.factory import build_store
+from bot.store.factory import describe as describe_store
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,7 +116,7 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     s = config.settings
     print(f"configuration OK ({config.source or 'defaults and environment'})")
-    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {s.store.path}")
+    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {describe_store(s.store)}")
     print(
         f"  catalog {config.catalog.version}: {len(config.catalog.xids)} XIDs, {len(config.catalog.faults)} faults"
     )
@@ -184,20 +187,18 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _existing_store(config: Config) -> Path | None:
+def _existing_store(config: Config) -> StoreSettings | None:
     """The incident store a read command reads; ``None`` (said on stderr) when there is none."""
-    path = config.settings.store.path
-    if not path.exists():
-        print(f"no incident store at {path}", file=sys.stderr)
+    settings = config.settings.store
+    if settings.url is None and not settings.path.exists():
+        print(f"no incident store at {settings.path}", file=sys.stderr)
         return None
-    return path
+    return settings
 
 
 @contextlib.asynccontextmanager
-async def _opened(path: Path) -> AsyncIterator[Store]:
-    from bot.store.sqlite import SqliteStore
-
-    store = SqliteStore(path)
+async def _opened(settings: StoreSettings) -> AsyncIterator[Store]:
+    store = build_store(settings)
     await store.open()
     try:
         yield store

@@ -225,8 +225,11 @@ class Store(Protocol):
 
     # alerts in, incidents out
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
-        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status."""
+    async def count_repeats(
+        self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
+    ) -> int | None:
+        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status:
+        counted, and their number returned; ``None`` (nothing counted) if any is new or changed."""
         ...
 
     async def incident(self, incident_id: str) -> IncidentRecord | None: ...

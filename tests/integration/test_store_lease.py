@@ -1,8 +1,9 @@
-"""The store's leadership lease and the fence on its writes, on a real SQLite file.
+"""The store's leadership lease and the fence on its writes, on both stores: a real SQLite file
+and a real PostgreSQL database (``tests.harness.stores``).
 
-Two ``SqliteStore`` objects on one file stand for two processes (each its own writer and reader
-connections); the lease's clock is a fake one passed to both (``clock=``), as the machine's clock
-is shared by every process on it. Cases, as a table: acquire on a fresh store, over a live lease
+Two store objects on one database stand for two processes (SQLite: each its own writer and reader
+connections on the file; Postgres: each its own connection pool); the lease's clock is a fake one
+passed to both (``clock=``), as the store's clock is shared by every process using it. Cases, as a table: acquire on a fresh store, over a live lease
 (refused), over an expired one (taken, epoch + 1), over one's own (re-taken, epoch + 1); renew by
 the holder (extended, also once expired while nobody took it), by the holder of an old epoch and
 by someone else (refused); release (free at once, only by the holder of the epoch). Then the fence:
@@ -14,15 +15,14 @@ touching the store while not granted or once its local validity has passed. Unfe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from bot.store.base import Deposed, Fence, NewEvent
-from bot.store.sqlite import SqliteStore
+from tests.harness.stores import AnyStore, Stores
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(seconds=15)
@@ -42,22 +42,14 @@ class Clock:
 @dataclass
 class Pair:
     clock: Clock
-    a: SqliteStore
-    b: SqliteStore
+    a: AnyStore
+    b: AnyStore
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+async def pair(stores: Stores) -> Pair:
     clock = Clock()
-    a = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=clock)
-    b = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=clock)
-    await a.open()
-    await b.open()
-    try:
-        yield Pair(clock, a, b)
-    finally:
-        await b.close()
-        await a.close()
+    return Pair(clock, await stores.open(clock), await stores.open(clock))
 
 
 @dataclass(frozen=True)
@@ -201,17 +193,13 @@ async def test_a_fence_not_granted_or_past_its_validity_refuses_without_the_stor
     assert [e.detail for e in await pair.a.events_since(0)] == ["ok"]
 
 
-async def test_the_database_clock_without_a_fake_one(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "real.db", synchronous="off")
-    await store.open()
-    try:
-        before = datetime.now(UTC)
-        lease = await store.acquire_lease("a", TTL)
-        after = datetime.now(UTC)
-        assert before - timedelta(seconds=1) <= lease.acquired_at <= after + timedelta(seconds=1)
-        assert abs((lease.expires_at - lease.acquired_at) - TTL) < timedelta(milliseconds=1)
-        assert (await store.acquire_lease("b", TTL)).holder == "a"
-        await store.release_lease("a", 1)
-        assert (await store.acquire_lease("b", TTL)).holder == "b"
-    finally:
-        await store.close()
+async def test_the_database_clock_without_a_fake_one(stores: Stores) -> None:
+    store = await stores.open()
+    before = datetime.now(UTC)
+    lease = await store.acquire_lease("a", TTL)
+    after = datetime.now(UTC)
+    assert before - timedelta(seconds=1) <= lease.acquired_at <= after + timedelta(seconds=1)
+    assert abs((lease.expires_at - lease.acquired_at) - TTL) < timedelta(milliseconds=1)
+    assert (await store.acquire_lease("b", TTL)).holder == "a"
+    await store.release_lease("a", 1)
+    assert (await store.acquire_lease("b", TTL)).holder == "b"
