@@ -24,11 +24,12 @@ database's ``now()``, whatever the replicas' clocks say.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -116,6 +117,15 @@ def read_password(path: Path) -> str:
 
 
 @dataclass(slots=True)
+class _Shared:
+    """What a store and its fenced views have in common: the pool, opened after they are made."""
+
+    pool: AsyncConnectionPool[Conn] | None = None
+    #: How the pool connects (``release_lease`` connects the same way, on its own).
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class _Tx:
     """One write transaction: its connection, and whether it routed an event to an outbox."""
 
@@ -161,7 +171,8 @@ class PostgresStore:
         #: The lease's clock: ``None`` is the database's ``now()``; tests pass fake time.
         self._clock = clock
         self._fence: Fence | None = None
-        self._pool: AsyncConnectionPool[Conn] | None = None
+        #: Shared with every fenced view (``fenced`` copies this object, not the pool).
+        self._shared = _Shared()
         self._routes: dict[str, tuple[str, ...]] = {}
         self._on_routed: list[Callable[[], None]] = []
 
@@ -192,6 +203,7 @@ class PostgresStore:
         }
         if self._password_file is not None:
             kwargs["password"] = read_password(self._password_file)
+        self._shared.kwargs = kwargs
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -207,7 +219,7 @@ class PostgresStore:
         except PoolTimeout as exc:
             await pool.close()
             raise StoreUnavailable(f"cannot connect to {self._where()}: {exc}") from exc
-        self._pool = pool
+        self._shared.pool = pool
         try:
             await self._migrate()
         except BaseException:
@@ -219,13 +231,13 @@ class PostgresStore:
         return f"postgresql://{info.get('host', '')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
+        pool, self._shared.pool = self._shared.pool, None
         if pool is not None:
             await pool.close()
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Conn]:
-        pool = self._pool
+        pool = self._shared.pool
         if pool is None:
             raise StoreUnavailable("store is not open")
         try:
@@ -843,16 +855,23 @@ class PostgresStore:
         return await self._lease_write(unit)
 
     async def release_lease(self, holder: str, epoch: int) -> None:
+        """End the term now (graceful shutdown), on a connection of its own: at SIGTERM
+        ``asyncio.run`` cancels every task, the pool's background workers too, and the release
+        must not depend on them."""
+        if self._shared.pool is None:
+            raise StoreUnavailable("store is not open")
         now, params = self._now()
-
-        async def unit(tx: _Tx) -> None:
-            await tx.run(
-                f"UPDATE leadership SET expires_at = LEAST(expires_at, {now})"  # noqa: S608
-                " WHERE id = 1 AND holder = %s AND epoch = %s",
-                [*params, holder, epoch],
-            )
-
-        await self._lease_write(unit)
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._shared.kwargs)
+                async with conn:
+                    await conn.execute(
+                        f"UPDATE leadership SET expires_at = LEAST(expires_at, {now})"  # noqa: S608
+                        " WHERE id = 1 AND holder = %s AND epoch = %s",
+                        [*params, holder, epoch],
+                    )
+        except (TimeoutError, psycopg.OperationalError) as exc:
+            raise StoreUnavailable(f"{self._where()}: {exc}") from exc
 
 
 # ----------------------------------------------------------------- ingest SQL
