@@ -35,7 +35,7 @@ from bot.report import (
     trust_rows,
 )
 from bot.safety import port_problems
-from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Lease, Store
 from bot.store.factory import build_store
 from bot.store.factory import describe as describe_store
 
@@ -237,6 +237,8 @@ def _incidents(args: argparse.Namespace) -> int:
     if path is None:
         return 1
 
+    leader: list[str] = []
+
     async def read() -> Any:
         async with _opened(path) as store:
             if args.show:
@@ -265,6 +267,7 @@ def _incidents(args: argparse.Namespace) -> int:
                     events_next=events.next,
                     links=await store.incident_links(args.show),
                 )
+            leader[:] = [_who_leads(await store.lease())]
             return [
                 incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)
             ]
@@ -285,7 +288,18 @@ def _incidents(args: argparse.Namespace) -> int:
             print(f"  … more: pitcrew incidents show {args.show} --events-after {data['events_next']}")
     else:
         print(render_incidents(data))
+        print(*leader)
     return 0
+
+
+def _who_leads(lease: Lease | None) -> str:
+    """The leadership row in one line, for the list: who acts for this store, or that nobody does."""
+    if lease is None:
+        return "leader: none (no pitcrew has led this store yet)"
+    until = lease.expires_at.isoformat(timespec="seconds")
+    if lease.expired:
+        return f"leader: none (the lease of {lease.holder}, epoch {lease.epoch}, lapsed at {until})"
+    return f"leader: {lease.holder} (epoch {lease.epoch}, since {lease.acquired_at.isoformat(timespec='seconds')})"
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -9,18 +9,21 @@ nodes in remediation); the timeline (pages with cursors, ``events_since``) and t
 refusal of UPDATE and DELETE in the database itself; approvals decided once; a rollback recorded
 once; switches; the outbox (enqueue with the event in one transaction, routed events and their
 wake, attempt, defer, delivered, references and links); two views of one database see each
-other's writes; the two stores have the same tables and columns at the same schema version.
+other's writes; ``pitcrew incidents`` reads either and says who leads; the two stores have the same tables and columns at the same schema version.
 The lease and the fence are in ``test_store_lease.py`` (also on both stores).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from bot.cli import main
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import Plan
@@ -405,3 +408,29 @@ EXPECTED_COLUMNS = {
     "outbox_refs": sorted(["destination", "key", "ref", "updated_at"]),
     "leadership": sorted(["id", "holder", "epoch", "acquired_at", "renewed_at", "expires_at"]),
 }
+
+
+def test_pitcrew_incidents_says_who_leads(
+    stores: Stores, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pitcrew incidents`` reads the store the configuration names, either kind, and its lease."""
+    if stores.database is not None:
+        monkeypatch.setenv("PITCREW_STORE__URL", stores.database.url)
+        monkeypatch.setenv("PITCREW_STORE__PASSWORD_FILE", str(stores.database.password_file))
+    else:
+        monkeypatch.setenv("PITCREW_STORE__PATH", str(tmp_path / "pitcrew.db"))
+
+    async def lead() -> None:
+        store = stores.make()
+        await store.open()
+        try:
+            await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)
+            await store.acquire_lease("vm/1/abc", timedelta(minutes=5))
+        finally:
+            await store.close()
+
+    asyncio.run(lead())
+    assert main(["incidents"]) == 0
+    out = capsys.readouterr().out
+    assert "pc-00001" in out and "gpu-001" in out
+    assert "leader: vm/1/abc (epoch 1, since " in out
