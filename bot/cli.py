@@ -21,6 +21,7 @@ from typing import Any
 
 from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
+from bot.config_sections import StoreSettings
 from bot.domain.durations import format_duration
 from bot.domain.trust import IncidentFacts, ledger
 from bot.report import (
@@ -34,7 +35,9 @@ from bot.report import (
     trust_rows,
 )
 from bot.safety import port_problems
-from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Store
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Lease, Store
+from bot.store.factory import build_store
+from bot.store.factory import describe as describe_store
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,7 +116,7 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     s = config.settings
     print(f"configuration OK ({config.source or 'defaults and environment'})")
-    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {s.store.path}")
+    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {describe_store(s.store)}")
     print(
         f"  catalog {config.catalog.version}: {len(config.catalog.xids)} XIDs, {len(config.catalog.faults)} faults"
     )
@@ -184,20 +187,18 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _existing_store(config: Config) -> Path | None:
+def _existing_store(config: Config) -> StoreSettings | None:
     """The incident store a read command reads; ``None`` (said on stderr) when there is none."""
-    path = config.settings.store.path
-    if not path.exists():
-        print(f"no incident store at {path}", file=sys.stderr)
+    settings = config.settings.store
+    if settings.url is None and not settings.path.exists():
+        print(f"no incident store at {settings.path}", file=sys.stderr)
         return None
-    return path
+    return settings
 
 
 @contextlib.asynccontextmanager
-async def _opened(path: Path) -> AsyncIterator[Store]:
-    from bot.store.sqlite import SqliteStore
-
-    store = SqliteStore(path)
+async def _opened(settings: StoreSettings) -> AsyncIterator[Store]:
+    store = build_store(settings)
     await store.open()
     try:
         yield store
@@ -236,6 +237,8 @@ def _incidents(args: argparse.Namespace) -> int:
     if path is None:
         return 1
 
+    leader: list[str] = []
+
     async def read() -> Any:
         async with _opened(path) as store:
             if args.show:
@@ -264,6 +267,7 @@ def _incidents(args: argparse.Namespace) -> int:
                     events_next=events.next,
                     links=await store.incident_links(args.show),
                 )
+            leader[:] = [_who_leads(await store.lease())]
             return [
                 incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)
             ]
@@ -284,7 +288,18 @@ def _incidents(args: argparse.Namespace) -> int:
             print(f"  … more: pitcrew incidents show {args.show} --events-after {data['events_next']}")
     else:
         print(render_incidents(data))
+        print(*leader)
     return 0
+
+
+def _who_leads(lease: Lease | None) -> str:
+    """The leadership row in one line, for the list: who acts for this store, or that nobody does."""
+    if lease is None:
+        return "leader: none (no pitcrew has led this store yet)"
+    until = lease.expires_at.isoformat(timespec="seconds")
+    if lease.expired:
+        return f"leader: none (the lease of {lease.holder}, epoch {lease.epoch}, lapsed at {until})"
+    return f"leader: {lease.holder} (epoch {lease.epoch}, since {lease.acquired_at.isoformat(timespec='seconds')})"
 
 
 def _command(args: argparse.Namespace) -> int:

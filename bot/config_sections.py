@@ -140,12 +140,31 @@ class LeaseSettings(_Section):
 
 
 class StoreSettings(_Section):
+    url: str | None = Field(
+        default=None,
+        description="postgresql://user@host:5432/db selects the Postgres store (several replicas, one "
+        "leader); unset: the embedded SQLite file at `path`. No password in the URL: see password_file.",
+    )
+    password_file: Path | None = Field(
+        default=None, description="File holding the Postgres password (first line), e.g. a mounted Secret."
+    )
     path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
     synchronous: Literal["normal", "full"] = Field(
         default="full",
         description="full: every acknowledged alert survives power loss; normal: process crashes.",
     )
     lease: LeaseSettings = LeaseSettings()
+
+    @model_validator(mode="after")
+    def _postgres_url(self) -> StoreSettings:
+        if self.url is None:
+            return self
+        scheme, _, rest = self.url.partition("://")
+        if scheme not in {"postgresql", "postgres"} or not rest:
+            raise ValueError("store.url must be a postgresql:// URL (unset for the embedded SQLite store)")
+        if "@" in rest.split("/", 1)[0] and ":" in rest.split("@", 1)[0]:
+            raise ValueError("store.url must not carry a password: put it in store.password_file")
+        return self
 
 
 class CatalogSettings(_Section):

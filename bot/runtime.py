@@ -44,8 +44,8 @@ from bot.integrations.slack import Slack, build_slack, slack_probe
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler, build_scheduler
 from bot.safety import port_problems
 from bot.store.base import Store
+from bot.store.factory import AnyStore, build_store
 from bot.store.lease import Fence, holder_id
-from bot.store.sqlite import SqliteStore
 from bot.web.app import GATE, Background, Deps, create_app
 from bot.web.auth import Credentials
 from bot.web.limits import quiet
@@ -229,7 +229,7 @@ def build_app(
                 "simulator is never a real far side, and only tests may pass allow_simulated=True"
             )
     metrics = metrics or Metrics(version=__version__)
-    store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
+    store = build_store(config.settings.store)
     # One actor per store: every process takes webhooks and commands into ``store``; only the one
     # holding the lease runs the engine and the outbox senders, whose every write goes through
     # ``fenced`` and fails once another process has taken the lease over.
@@ -331,7 +331,7 @@ class Annotations:
         await self.adapter.aclose()
 
 
-def _grafana(config: Config, store: SqliteStore, fenced: Store, metrics: Metrics) -> Annotations | None:
+def _grafana(config: Config, store: AnyStore, fenced: Store, metrics: Metrics) -> Annotations | None:
     """Incident annotations when ``grafana.url`` is set: the incidents' state events routed to
     Grafana's outbox, delivered by a sender of their own."""
     adapter = annotator(config.settings)
@@ -352,7 +352,7 @@ def _grafana(config: Config, store: SqliteStore, fenced: Store, metrics: Metrics
     return Annotations(sender, adapter)
 
 
-def _slack(config: Config, store: SqliteStore, metrics: Metrics) -> Slack | None:
+def _slack(config: Config, store: AnyStore, metrics: Metrics) -> Slack | None:
     """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events); each
     incident's thread permalink goes to its ``pitcrew_incident_info`` series (the Grafana table)."""
     if config.settings.integrations.notifier != "slack":

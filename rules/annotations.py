@@ -104,6 +104,11 @@ TEXT = {
         "pitcrew's circuit breaker is open",
         "Too many nodes in remediation at once: pitcrew stopped acting. Look for a fleet-wide cause.",
     ),
+    "PitcrewNoLeader": (
+        "No pitcrew replica leads the store",
+        "pitcrew takes alerts in but none of its replicas holds the store's lease, so no playbook runs "
+        "and no notice leaves: the store refuses or loses the lease's writes.",
+    ),
     "PitcrewIncidentStuck": (
         "A pitcrew incident is open for more than 4 hours",
         "An incident is stuck (approval, drain or replacement never finished).",

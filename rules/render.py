@@ -253,6 +253,10 @@ def pitcrew_rules(p: Profile) -> list[dict[str, Any]]:
             p,
         ),
         alert("PitcrewBreakerOpen", "max by (cluster) (pitcrew_breaker_open) > 0", "pitcrew", "critical", p),
+        # Replicas answer (so PitcrewDown is quiet) but none holds the store's lease: nobody acts.
+        alert(
+            "PitcrewNoLeader", "max by (cluster) (pitcrew_leader) == 0", "pitcrew", "critical", p, for_="1m"
+        ),
         alert(
             "PitcrewIncidentStuck",
             "max by (cluster) (pitcrew_incident_oldest_active_seconds) > 4 * 3600",

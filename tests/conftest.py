@@ -19,6 +19,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 pytest_plugins: list[str] = [
     "tests.harness.slurm",
     "tests.harness.prometheus",
+    "tests.harness.postgres",
+    "tests.harness.stores",
     "tests.harness.pitcrew",
     "tests.harness.kubernetes",
     "tests.harness.standins",

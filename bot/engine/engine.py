@@ -75,7 +75,7 @@ class Engine:
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         # Rollbacks under way (held by a pause, or cut by a crash) go on, closed incidents' too.
-        for incident_id in await self.store.rollbacks_under_way():
+        for incident_id in await self.store.rollbacks_requested():
             self._start_worker(incident_id)
         self._main = asyncio.create_task(self._supervise(), name="pitcrew-engine")
 

@@ -69,6 +69,9 @@ class Leadership:
         self.last: Lease | None = None
         self._told: tuple[str, int] | None = None  # the holder the standby last logged
         self._why = ""  # why the term ended, as the fence was told
+        #: The epoch this process last led with: released at shutdown even if the loop, cancelled
+        #: first (``asyncio.run`` cancels every task at SIGTERM), has already revoked the fence.
+        self._term: int | None = None
         fence.on_deposed(self._deposed)
         metrics.leader.set(0)
 
@@ -108,7 +111,7 @@ class Leadership:
 
     async def stop(self) -> None:
         """Stop acting and release the lease, so a standby takes over at once (SIGTERM)."""
-        epoch = self.fence.epoch  # before the loop's own step-down revokes it
+        epoch, self._term = self._term, None
         await cancel_and_wait(self._task)
         self._task = None
         await self._step_down()
@@ -167,6 +170,7 @@ class Leadership:
 
     async def _lead(self, lease: Lease) -> None:
         self._lost.clear()
+        self._term = lease.epoch
         self._metrics.leader.set(1)
         self._metrics.leader_epoch.set(lease.epoch)
         log.info(

@@ -229,8 +229,11 @@ class Store(Protocol):
 
     # alerts in, incidents out
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
-        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status."""
+    async def count_repeats(
+        self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
+    ) -> int | None:
+        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status:
+        counted, and their number returned; ``None`` (nothing counted) if any is new or changed."""
         ...
 
     async def incident(self, incident_id: str) -> IncidentRecord | None: ...
@@ -239,11 +242,6 @@ class Store(Protocol):
     ) -> list[IncidentRecord]: ...
     async def active(self) -> list[tuple[str, State, datetime]]:
         """Id, state and opening time of every non-terminal incident (cheap: no faults)."""
-        ...
-
-    async def rollbacks_under_way(self) -> list[str]:
-        """Incidents, terminal or not, whose rollback was requested and has not finished (read
-        once at start: a rollback held by a pause, or cut by a crash, goes on)."""
         ...
 
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
@@ -309,8 +307,9 @@ class Store(Protocol):
         ...
 
     async def rollbacks_requested(self) -> list[str]:
-        """Incidents whose rollback was requested and is not done yet (by any process:
-        the leader carries out what a standby recorded), oldest first."""
+        """Incidents, terminal or not, whose rollback was requested and is not done yet, oldest
+        first: by any process (the leader carries out what a standby recorded), held by a pause,
+        or cut by a crash — each goes on."""
         ...
 
     # one actor per store (``bot.store.lease``): expiry is judged by the store's own clock

@@ -253,12 +253,6 @@ class SqliteStore:
         rows = await self._rows(query)
         return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in rows]
 
-    async def rollbacks_under_way(self) -> list[str]:
-        rows = await self._rows(
-            "SELECT incident_id FROM steps WHERE step = 'rollback' AND status = 'running'"
-        )
-        return [r["incident_id"] for r in rows]
-
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         def query(db: sqlite3.Connection) -> list[AlertRecord]:
             rows = db.execute(f"{_ALERTS} WHERE a.incident_id = ? {_ALERT_ORDER}", (incident_id,))
@@ -461,16 +455,21 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ writes
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
-        repeats = self.count_repeats([(a.fingerprint, a.starts_at, a.status) for a in delivery.alerts], now)
+        repeats = await self.count_repeats(
+            [(a.fingerprint, a.starts_at, a.status) for a in delivery.alerts], now
+        )
         if repeats is not None:
             return IngestOutcome(repeated_alerts=repeats)
         result: IngestOutcome = await self._writer.submit(IngestJob(delivery, now))
         self._writer.remember(result.cache)  # committed: safe to remember
         return result
 
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
+    async def count_repeats(
+        self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
+    ) -> int | None:
         """If every alert is already stored in the same status, count the delivery and return how many
-        alerts it had; else ``None`` and nothing is counted (the caller ingests it in full)."""
+        alerts it had; else ``None`` and nothing is counted (the caller ingests it in full). Answered
+        from memory, without waiting: committed keys are cached, the counts flushed every second."""
         if not self._writer.running:
             raise StoreUnavailable("store is not open")
         lost = self._writer.lost()  # the keys we remember were committed to that file

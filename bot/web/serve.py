@@ -1,14 +1,18 @@
 """Running the app until SIGINT/SIGTERM: aiohttp's ``AppRunner`` behind the ``ConnectionGate``.
 
-What ``web.run_app`` does (signals raise ``GracefulExit``, then the runner's graceful shutdown
-and the app's cleanup), with one difference: the listening socket hands connections to the gate
-(``bot.web.limits``), which wraps aiohttp's protocol factory — ``run_app`` has no place for one.
+What ``web.run_app`` does (a signal, then the runner's graceful shutdown and the app's cleanup),
+with two differences: the listening socket hands connections to the gate (``bot.web.limits``),
+which wraps aiohttp's protocol factory — ``run_app`` has no place for one; and a signal only sets
+an event. aiohttp's own handlers raise ``GracefulExit`` out of the event loop, and ``asyncio.run``
+then cancels every task at once, the store's writer and pool among them, while the cleanup still
+needs them (the leader's last act, releasing its lease, is a write).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 
 from aiohttp import web
 
@@ -48,8 +52,12 @@ def run(app: web.Application, host: str, port: int, gate: ConnectionGate, *, shu
     """Serve ``app`` on ``host:port`` until a signal; then shut down gracefully."""
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
         runner = web.AppRunner(
-            app, handle_signals=True, keepalive_timeout=KEEPALIVE, shutdown_timeout=shutdown_timeout
+            app, handle_signals=False, keepalive_timeout=KEEPALIVE, shutdown_timeout=shutdown_timeout
         )
         await runner.setup()
         try:
@@ -62,9 +70,12 @@ def run(app: web.Application, host: str, port: int, gate: ConnectionGate, *, shu
                     "stranger_idle": gate.stranger_idle,
                 },
             )
-            await asyncio.Event().wait()  # until SIGINT/SIGTERM raise GracefulExit
+            await stop.wait()  # until SIGINT/SIGTERM
+            log.info("stopping: a signal was received")
         finally:
             await runner.cleanup()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
 
     with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
         asyncio.run(main())

@@ -1,4 +1,6 @@
-"""One actor per store: two pitcrew processes on one SQLite store act as one.
+"""One actor per store: two pitcrew processes on one store act as one — on one SQLite file, and
+on one PostgreSQL database (the session's throwaway cluster, ``tests.harness.postgres``), every
+case on each.
 
 Both processes run ``serve`` in auto mode on the same store, in front of one simulated far
 side (one journal, every call fsynced to it before it returns, 100 ms modelled latency, a
@@ -22,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
@@ -30,11 +34,24 @@ NODES = ("gpu-node-02", "gpu-node-05", "gpu-node-06")
 TTL = 3.0  # seconds: a short lease, so a takeover after SIGKILL is quick to see
 
 
-def _pair(pitcrew_factory: Any, tmp_path: Path, *, short_lease: bool = True) -> tuple[Pitcrew, Pitcrew, Path]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The ``store`` settings both processes share: a SQLite file, or a Postgres database."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    config: dict[str, Any] = {"path": str(shared / "pitcrew.db")}
+    if request.param == "postgres":
+        database = request.getfixturevalue("postgres_db")
+        config |= {"url": database.url, "password_file": str(database.password_file)}
+    return config
+
+
+def _pair(
+    pitcrew_factory: Any, tmp_path: Path, store: dict[str, Any], *, short_lease: bool = True
+) -> tuple[Pitcrew, Pitcrew, Path]:
     """Two processes, one store, one far side; the first is started first and leads (with
     ``short_lease``, a TTL of ``TTL``; else the default, and no wait for the first to lead)."""
     shared = tmp_path / "shared"
-    shared.mkdir()
     journal = shared / "far-side.jsonl"
     nodes = {
         "gpu-node-01": gpu_node(),
@@ -57,7 +74,7 @@ def _pair(pitcrew_factory: Any, tmp_path: Path, *, short_lease: bool = True) -> 
     config = {
         "mode": "auto",
         "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "store": {"path": str(shared / "pitcrew.db")},
+        "store": dict(store),
     }
     if short_lease:
         config["store"]["lease"] = {"ttl": f"{TTL:g}s", "renew_every": "1s"}
@@ -105,8 +122,10 @@ def _once_each(journal: Path, nodes: tuple[str, ...] = NODES) -> None:
     assert calls[("evict", "ml-train/llama-worker-2")] == 1
 
 
-def test_two_processes_on_one_store_act_once(pitcrew_factory: Any, tmp_path: Path) -> None:
-    first, second, journal = _pair(pitcrew_factory, tmp_path, short_lease=False)
+def test_two_processes_on_one_store_act_once(
+    pitcrew_factory: Any, tmp_path: Path, store_config: dict[str, Any]
+) -> None:
+    first, second, journal = _pair(pitcrew_factory, tmp_path, store_config, short_lease=False)
     opened = _open_incidents(first, second)
     # A rollback sent to both at once, while the replacement of one node is under way, is
     # carried out once, by the leader.
@@ -144,8 +163,10 @@ def test_two_processes_on_one_store_act_once(pitcrew_factory: Any, tmp_path: Pat
     )
 
 
-def test_sigkill_of_the_leader_the_standby_finishes_once(pitcrew_factory: Any, tmp_path: Path) -> None:
-    first, second, journal = _pair(pitcrew_factory, tmp_path)
+def test_sigkill_of_the_leader_the_standby_finishes_once(
+    pitcrew_factory: Any, tmp_path: Path, store_config: dict[str, Any]
+) -> None:
+    first, second, journal = _pair(pitcrew_factory, tmp_path, store_config)
     opened = _open_incidents(first, second)
     # Killed right after a DOWN reached Slurm, before the leader could record it.
     wait_until(lambda: ("slurm_down", "gpu-node-02") in _calls(journal), timeout=60, what="the first DOWN")
@@ -161,8 +182,10 @@ def test_sigkill_of_the_leader_the_standby_finishes_once(pitcrew_factory: Any, t
     print(f"\n  takeover after SIGKILL: {took_over:.1f}s (lease TTL {TTL:g}s)")
 
 
-def test_a_graceful_stop_hands_over_at_once(pitcrew_factory: Any, tmp_path: Path) -> None:
-    first, second, journal = _pair(pitcrew_factory, tmp_path)
+def test_a_graceful_stop_hands_over_at_once(
+    pitcrew_factory: Any, tmp_path: Path, store_config: dict[str, Any]
+) -> None:
+    first, second, journal = _pair(pitcrew_factory, tmp_path, store_config)
     wait_until(lambda: _role(second) == "standby", timeout=20, what="the second to stand by")
     first.stop()  # SIGTERM: the lease is released
     stopped = time.monotonic()

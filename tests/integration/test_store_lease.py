@@ -1,28 +1,34 @@
-"""The store's leadership lease and the fence on its writes, on a real SQLite file.
+"""The store's leadership lease and the fence on its writes, on both stores: a real SQLite file
+and a real PostgreSQL database (``tests.harness.stores``).
 
-Two ``SqliteStore`` objects on one file stand for two processes (each its own writer and reader
-connections); the lease's clock is a fake one passed to both (``clock=``), as the machine's clock
-is shared by every process on it. Cases, as a table: acquire on a fresh store, over a live lease
+Two store objects on one database stand for two processes (SQLite: each its own writer and reader
+connections on the file; Postgres: each its own connection pool); the lease's clock is a fake one
+passed to both (``clock=``), as the store's clock is shared by every process using it. Cases, as a table: acquire on a fresh store, over a live lease
 (refused), over an expired one (taken, epoch + 1), over one's own (re-taken, epoch + 1); renew by
 the holder (extended, also once expired while nobody took it), by the holder of an old epoch and
 by someone else (refused); release (free at once, only by the holder of the epoch). Then the fence:
 a fenced write commits while the row carries its holder and epoch, raises ``Deposed`` and commits
-nothing once another store took over (the deposed side is told once), and is refused without
+nothing once another store took over (the deposed side is told once) — on Postgres also when the write reached the row while the
+takeover was not committed yet — and is refused without
 touching the store while not granted or once its local validity has passed. Unfenced writes
 (webhook ingest, commands) go on whoever leads. The lease's SQL on the database's own clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
+import psycopg
 import pytest
 
 from bot.store.base import Deposed, Fence, NewEvent
-from bot.store.sqlite import SqliteStore
+from bot.store.postgres import PostgresStore
+from tests.harness.postgres import PostgresDatabase
+from tests.harness.stores import AnyStore, Stores
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(seconds=15)
@@ -42,22 +48,14 @@ class Clock:
 @dataclass
 class Pair:
     clock: Clock
-    a: SqliteStore
-    b: SqliteStore
+    a: AnyStore
+    b: AnyStore
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+async def pair(stores: Stores) -> Pair:
     clock = Clock()
-    a = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=clock)
-    b = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=clock)
-    await a.open()
-    await b.open()
-    try:
-        yield Pair(clock, a, b)
-    finally:
-        await b.close()
-        await a.close()
+    return Pair(clock, await stores.open(clock), await stores.open(clock))
 
 
 @dataclass(frozen=True)
@@ -201,17 +199,54 @@ async def test_a_fence_not_granted_or_past_its_validity_refuses_without_the_stor
     assert [e.detail for e in await pair.a.events_since(0)] == ["ok"]
 
 
-async def test_the_database_clock_without_a_fake_one(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "real.db", synchronous="off")
+async def test_the_database_clock_without_a_fake_one(stores: Stores) -> None:
+    store = await stores.open()
+    before = datetime.now(UTC)
+    lease = await store.acquire_lease("a", TTL)
+    after = datetime.now(UTC)
+    assert before - timedelta(seconds=1) <= lease.acquired_at <= after + timedelta(seconds=1)
+    assert abs((lease.expires_at - lease.acquired_at) - TTL) < timedelta(milliseconds=1)
+    assert (await store.acquire_lease("b", TTL)).holder == "a"
+    await store.release_lease("a", 1)
+    assert (await store.acquire_lease("b", TTL)).holder == "b"
+
+
+async def test_postgres_a_fenced_write_waiting_on_a_takeover_in_flight_is_refused(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """The check holds until the commit: a fenced write that reached the leadership row while
+    another process's takeover of it was uncommitted waits for that transaction, then reads the
+    new epoch and writes nothing (READ COMMITTED re-reads a row it waited for)."""
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
     await store.open()
+    takeover = await psycopg.AsyncConnection.connect(
+        postgres_db.url, password=postgres_db.password_file.read_text().strip()
+    )
     try:
-        before = datetime.now(UTC)
+        fence, told = _fence("a", monotonic=lambda: 0.0)
         lease = await store.acquire_lease("a", TTL)
-        after = datetime.now(UTC)
-        assert before - timedelta(seconds=1) <= lease.acquired_at <= after + timedelta(seconds=1)
-        assert abs((lease.expires_at - lease.acquired_at) - TTL) < timedelta(milliseconds=1)
-        assert (await store.acquire_lease("b", TTL)).holder == "a"
-        await store.release_lease("a", 1)
-        assert (await store.acquire_lease("b", TTL)).holder == "b"
+        fence.grant(lease.epoch, valid_until=100.0)
+        fenced = store.fenced(fence)
+        # Another process takes the row over, and has not committed yet.
+        await takeover.execute("UPDATE leadership SET holder = 'b', epoch = epoch + 1 WHERE id = 1")
+        write = asyncio.create_task(fenced.record(None, NewEvent("note", detail="a's intent"), T0))
+
+        async def waiting_on_the_row() -> bool:
+            rows = await store._rows(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE '%%FROM leadership%%FOR SHARE%%'"
+            )
+            return bool(rows) or write.done()
+
+        deadline = time.monotonic() + 30
+        while not await waiting_on_the_row():
+            assert time.monotonic() < deadline, "the fenced write never reached the leadership row"
+            await asyncio.sleep(0.01)
+        assert not write.done(), "the fenced write went past a takeover in flight"
+        await takeover.commit()
+        with pytest.raises(Deposed, match="another process took over"):
+            await write
+        assert told and [e.detail for e in await store.events_since(0)] == []
     finally:
+        await takeover.close()
         await store.close()
