@@ -32,9 +32,11 @@ RUN python3 -m venv /opt/build \
 FROM debian:12.12-slim@sha256:d5d3f9c23164ea16f31852f95bd5959aad1c5e854332fe00f7b3a20fcc9f635c AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
+# Where this image was built from (docker build --build-arg SOURCE=<repository URL>): no address is assumed.
+ARG SOURCE=unknown
 LABEL org.opencontainers.image.title="pitcrew" \
       org.opencontainers.image.description="GPU died. Training didn't. Heals Slurm-on-Kubernetes GPU nodes from Alertmanager alerts." \
-      org.opencontainers.image.source="https://github.com/pitcrew/pitcrew" \
+      org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \

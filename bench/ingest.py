@@ -219,7 +219,7 @@ def main() -> None:
     if args.serve_bare:
         serve_bare(args.serve_bare)
         return
-    from tests.harness.proc import free_port
+    from proving_ground.proc import free_port
 
     warmup, bodies = payloads(args.nodes, args.requests, args.new_share, args.resolved_share)
     sizes = sorted(len(b) for b in bodies)

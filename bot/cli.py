@@ -15,12 +15,13 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
+from bot.config_sections import StoreSettings
 from bot.domain.durations import format_duration
 from bot.domain.trust import IncidentFacts, ledger
 from bot.report import (
@@ -34,26 +35,50 @@ from bot.report import (
     trust_rows,
 )
 from bot.safety import port_problems
-from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Lease, Store
+from bot.store.factory import build_store
+from bot.store.factory import describe as describe_store
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
     try:
-        result: int = args.handler(args)
-        sys.stdout.flush()  # a reader that went away shows itself here, not at interpreter exit
-        return result
+        return _main(argv)
     except BrokenPipeError:
         return _reader_gone()
+    except OSError as exc:  # the output cannot be written (`> /dev/full`), or a file cannot be read
+        return _cannot_write(exc)
     except ConfigError as exc:
         print(f"pitcrew: invalid configuration:\n{exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, a usage error: their output must be written too
+        sys.stdout.flush()
+        raise
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        sys.stdout.flush()
+        return 2
+    result: int = args.handler(args)
+    sys.stdout.flush()  # a reader that went away, a full disk, show themselves here, not at exit
+    return result
+
+
+def _cannot_write(exc: OSError) -> int:
+    """One line and exit 1, no traceback. A write to stdout names no file; anything else does."""
+    what = f"cannot read or write {exc.filename}" if exc.filename else "cannot write the output"
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
+        os.close(devnull)
+    print(f"pitcrew: {what}: {exc.strerror or exc}", file=sys.stderr)
+    return 1
 
 
 def _reader_gone() -> int:
@@ -91,7 +116,7 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     s = config.settings
     print(f"configuration OK ({config.source or 'defaults and environment'})")
-    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {s.store.path}")
+    print(f"  mode {s.mode.value}; listen {s.server.listen}; store {describe_store(s.store)}")
     print(
         f"  catalog {config.catalog.version}: {len(config.catalog.xids)} XIDs, {len(config.catalog.faults)} faults"
     )
@@ -162,22 +187,34 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trust(args: argparse.Namespace) -> int:
-    from bot.store.sqlite import SqliteStore
+def _existing_store(config: Config) -> StoreSettings | None:
+    """The incident store a read command reads; ``None`` (said on stderr) when there is none."""
+    settings = config.settings.store
+    if settings.url is None and not settings.path.exists():
+        print(f"no incident store at {settings.path}", file=sys.stderr)
+        return None
+    return settings
 
+
+@contextlib.asynccontextmanager
+async def _opened(settings: StoreSettings) -> AsyncIterator[Store]:
+    store = build_store(settings)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _trust(args: argparse.Namespace) -> int:
     config = _config(args)
-    path = config.settings.store.path
-    if not path.exists():
-        print(f"no incident store at {path}", file=sys.stderr)
+    path = _existing_store(config)
+    if path is None:
         return 1
 
     async def read() -> list[IncidentFacts]:
-        store = SqliteStore(path)
-        await store.open()
-        try:
+        async with _opened(path) as store:
             return await trust_facts(store, args.limit)
-        finally:
-            await store.close()
 
     window = config.policy.escalation.window
     rows = ledger(asyncio.run(read()), window)
@@ -193,19 +230,17 @@ def _trust(args: argparse.Namespace) -> int:
 
 
 def _incidents(args: argparse.Namespace) -> int:
-    from bot.store.sqlite import SqliteStore
     from bot.web.views import incident_detail, incident_view
 
     config = _config(args)
-    path = config.settings.store.path
-    if not path.exists():
-        print(f"no incident store at {path}", file=sys.stderr)
+    path = _existing_store(config)
+    if path is None:
         return 1
 
+    leader: list[str] = []
+
     async def read() -> Any:
-        store = SqliteStore(path)
-        await store.open()
-        try:
+        async with _opened(path) as store:
             if args.show:
                 incident = await store.incident(args.show)
                 if incident is None:
@@ -232,11 +267,10 @@ def _incidents(args: argparse.Namespace) -> int:
                     events_next=events.next,
                     links=await store.incident_links(args.show),
                 )
+            leader[:] = [_who_leads(await store.lease())]
             return [
                 incident_view(i) for i in await store.incidents(active_only=args.active, limit=args.limit)
             ]
-        finally:
-            await store.close()
 
     try:
         data = asyncio.run(read())
@@ -254,7 +288,18 @@ def _incidents(args: argparse.Namespace) -> int:
             print(f"  … more: pitcrew incidents show {args.show} --events-after {data['events_next']}")
     else:
         print(render_incidents(data))
+        print(*leader)
     return 0
+
+
+def _who_leads(lease: Lease | None) -> str:
+    """The leadership row in one line, for the list: who acts for this store, or that nobody does."""
+    if lease is None:
+        return "leader: none (no pitcrew has led this store yet)"
+    until = lease.expires_at.isoformat(timespec="seconds")
+    if lease.expired:
+        return f"leader: none (the lease of {lease.holder}, epoch {lease.epoch}, lapsed at {until})"
+    return f"leader: {lease.holder} (epoch {lease.epoch}, since {lease.acquired_at.isoformat(timespec='seconds')})"
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -276,7 +321,7 @@ def _command(args: argparse.Namespace) -> int:
         "breaker-reset": "/api/v1/breaker/reset",
     }
     payload: dict[str, Any] = {
-        "actor": args.actor or f"cli:{getpass.getuser()}",
+        "actor": args.actor or getpass.getuser(),
         "reason": getattr(args, "reason", ""),
     }
     if getattr(args, "force", False):
@@ -289,6 +334,7 @@ def _command(args: argparse.Namespace) -> int:
         headers={
             "Authorization": f"Bearer {read_secret(token_file, 'server.auth.admin_token_file')}",
             "Content-Type": "application/json",
+            "Pitcrew-Client": "cli",  # audited as cli:<actor> (bot.web.commands)
         },
     )
     try:
@@ -393,7 +439,7 @@ def _whole(maximum: int) -> Callable[[str], int]:
 
 def _command_flags(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--server", help="pitcrew base URL (default: http://<server.listen>)")
-    p.add_argument("--as", dest="actor", help="who is asking (default cli:$USER)")
+    p.add_argument("--as", dest="actor", help="who is asking (default $USER); audited as cli:NAME")
     p.set_defaults(handler=_command, verb=verb)
 
 

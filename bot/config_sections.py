@@ -72,6 +72,16 @@ class AuthSettings(_Section):
 class ServerSettings(_Section):
     listen: str = Field(default="127.0.0.1:9095", description="HOST:PORT for the webhook, API and /metrics.")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    max_connections: int = Field(
+        default=512,
+        ge=8,
+        description="Most open client connections (lowered to what the open-files limit leaves); at the "
+        "cap a new connection closes the longest-idle one, unauthenticated first.",
+    )
+    unauthenticated_idle: Duration = Field(
+        default=timedelta(seconds=5),
+        description="A connection that has sent no valid credential is closed after this long idle.",
+    )
     auth: AuthSettings = AuthSettings()
 
     @field_validator("listen")
@@ -100,12 +110,61 @@ class ServerSettings(_Section):
             return False
 
 
+class LeaseSettings(_Section):
+    """One actor per store: the lease a process must hold to run playbooks (``bot.store.lease``)."""
+
+    ttl: Duration = Field(
+        default=timedelta(seconds=15),
+        description="How long the lease lasts unless renewed: a standby takes over this long after "
+        "the leader died (at once after a graceful shutdown, which releases it).",
+    )
+    renew_every: Duration | None = Field(
+        default=None,
+        description="How often the leader renews, and a standby looks; default ttl/3, at most ttl/2. "
+        "A leader that could not renew for ttl - renew_every stops acting before its lease can lapse.",
+    )
+
+    @model_validator(mode="after")
+    def _renewal_fits(self) -> LeaseSettings:
+        if self.ttl < timedelta(seconds=1):
+            raise ValueError("store.lease.ttl must be at least 1s")
+        if self.renew_every is not None and not timedelta(0) < self.renew_every * 2 <= self.ttl:
+            raise ValueError(
+                f"store.lease.renew_every must be more than 0 and at most ttl/2 ({self.ttl / 2})"
+            )
+        return self
+
+    @property
+    def renew_interval(self) -> timedelta:
+        return self.renew_every if self.renew_every is not None else self.ttl / 3
+
+
 class StoreSettings(_Section):
+    url: str | None = Field(
+        default=None,
+        description="postgresql://user@host:5432/db selects the Postgres store (several replicas, one "
+        "leader); unset: the embedded SQLite file at `path`. No password in the URL: see password_file.",
+    )
+    password_file: Path | None = Field(
+        default=None, description="File holding the Postgres password (first line), e.g. a mounted Secret."
+    )
     path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
     synchronous: Literal["normal", "full"] = Field(
         default="full",
         description="full: every acknowledged alert survives power loss; normal: process crashes.",
     )
+    lease: LeaseSettings = LeaseSettings()
+
+    @model_validator(mode="after")
+    def _postgres_url(self) -> StoreSettings:
+        if self.url is None:
+            return self
+        scheme, _, rest = self.url.partition("://")
+        if scheme not in {"postgresql", "postgres"} or not rest:
+            raise ValueError("store.url must be a postgresql:// URL (unset for the embedded SQLite store)")
+        if "@" in rest.split("/", 1)[0] and ":" in rest.split("@", 1)[0]:
+            raise ValueError("store.url must not carry a password: put it in store.password_file")
+        return self
 
 
 class CatalogSettings(_Section):
@@ -123,6 +182,11 @@ class EngineSettings(_Section):
     watch_max: Duration = Field(
         default=timedelta(hours=24),
         description="Hands-off and observe-mode incidents stay open while their alerts fire, at most this long.",
+    )
+    slurm_watch: bool = Field(
+        default=False,
+        description="Also open incidents for Slurm nodes that Slurm or a health check set DOWN, DRAIN or "
+        "FAIL with a reason not pitcrew's (read every poll_interval; Kubernetes node = Slurm node name).",
     )
 
 
@@ -254,7 +318,8 @@ class SlackSettings(_Section):
     )
     runbook_url: str | None = Field(
         default=None,
-        description="Runbook base URL used when an alert carries no runbook_url annotation.",
+        description="Runbook base URL the parent links (#xid-<n> or #<fault kind>) when the alert carries "
+        "no runbook_url annotation of its own; neither: no runbook link.",
     )
     digest_window: Duration = Field(
         default=timedelta(minutes=2),
@@ -305,6 +370,12 @@ class GoodputSettings(_Section):
         gt=0,
         description="Training seconds one unit of resumption.progress_query stands for (1 for a step "
         "a second); unset: progress redone after a restart is not counted as time lost.",
+    )
+    max_hours_per_incident: float = Field(
+        default=24.0,
+        gt=0,
+        description="The most out-of-service time one incident adds to the GPU-hours counters, per "
+        "node and per job; longer is reported in the summary but not counted beyond it.",
     )
 
 
@@ -389,7 +460,11 @@ class KubernetesReplaceSettings(_Section):
 class KubernetesJobSettings(_Section):
     """Privileged Jobs pinned to the node: GPU reset, reboot and the optional validation before return."""
 
-    namespace: str = Field(default="pitcrew", description="Namespace the Jobs run in.")
+    namespace: str = Field(
+        default="pitcrew-jobs",
+        description="Namespace the Jobs run in: its Pod Security level must admit their privileged pods "
+        "(deploy/kubernetes/namespace.yaml labels it `privileged`; pitcrew's own namespace is `restricted`).",
+    )
     reset_gpu_template: Path | None = Field(
         default=None,
         description="YAML Job template for `reset_gpu`; pitcrew sets its name, `nodeName`, a toleration "

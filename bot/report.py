@@ -78,12 +78,12 @@ def _no_action(node: str | None, config: Config, reason: str) -> dict[str, Any]:
 
 async def _worlds(config: Config, nodes: list[str], now: datetime) -> dict[str, World]:
     """Guard inputs from the local store when there is one (history, breaker, pause)."""
-    path = config.settings.store.path
-    if not nodes or not path.exists():
+    settings = config.settings.store
+    if not nodes or (settings.url is None and not settings.path.exists()):
         return {}
-    from bot.store.sqlite import SqliteStore
+    from bot.store.factory import build_store
 
-    store = SqliteStore(path)
+    store = build_store(settings)
     await store.open()
     try:
         out = {}

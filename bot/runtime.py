@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bot import __version__
+from bot import __version__, logger
 from bot.config import Config, ConfigError, Settings, read_secret
 from bot.domain.nodemap import slurm_nodes_for
 from bot.engine import metrics as engine_metrics
@@ -28,6 +28,7 @@ from bot.engine.context import Ports, SlurmNames, StepSettings
 from bot.engine.deps import EngineDeps
 from bot.engine.engine import Engine
 from bot.engine.intake import Intake
+from bot.engine.leadership import Leadership
 from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Cluster, Destination, MetricsQuery, Scheduler
@@ -43,9 +44,14 @@ from bot.integrations.slack import Slack, build_slack, slack_probe
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler, build_scheduler
 from bot.safety import port_problems
 from bot.store.base import Store
-from bot.store.sqlite import SqliteStore
-from bot.web.app import Background, Deps, create_app
+from bot.store.factory import AnyStore, build_store
+from bot.store.lease import Fence, holder_id
+from bot.web.app import GATE, Background, Deps, create_app
 from bot.web.auth import Credentials
+from bot.web.limits import quiet
+from bot.web.serve import run
+
+log = logger(__name__)
 
 
 def utcnow() -> datetime:
@@ -223,11 +229,16 @@ def build_app(
                 "simulator is never a real far side, and only tests may pass allow_simulated=True"
             )
     metrics = metrics or Metrics(version=__version__)
-    store = SqliteStore(config.settings.store.path, synchronous=config.settings.store.synchronous)
+    store = build_store(config.settings.store)
+    # One actor per store: every process takes webhooks and commands into ``store``; only the one
+    # holding the lease runs the engine and the outbox senders, whose every write goes through
+    # ``fenced`` and fails once another process has taken the lease over.
+    fence = Fence(holder_id())
+    fenced = store.fenced(fence)
     slack = _slack(config, store, metrics)
     destinations: list[Destination] = [slack.destination] if slack else []
     sender = OutboxSender(
-        store,
+        fenced,
         destinations,
         metrics,
         utcnow,
@@ -244,28 +255,46 @@ def build_app(
     ports = replace(
         ports,
         notifier=OutboxNotifier(
-            store, utcnow, ports.notifier, [d.name for d in destinations], wake=sender.wake
+            fenced, utcnow, ports.notifier, [d.name for d in destinations], wake=sender.wake
         ),
     )
     # Grafana's annotations have their own sender: a Grafana that times out delays neither
     # remediation nor Slack.
-    annotations = _grafana(config, store, metrics)
-    engine = Engine(engine_deps(config, store, ports, metrics))
+    annotations = _grafana(config, store, fenced, metrics)
+    engine = Engine(
+        engine_deps(config, fenced, ports, metrics), leading=lambda: fence.leading, catalog=config.catalog
+    )
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
+    lease = config.settings.store.lease
+    leader_only: list[Background] = [engine, sender]
+    if annotations is not None:
+        leader_only.append(annotations.sender)
+    leadership = Leadership(
+        store, fence, leader_only, metrics, ttl=lease.ttl, renew_every=lease.renew_interval
+    )
     webhook, admin = credentials(config)
     commands = Commands(
-        engine, store, metrics, utcnow, config.settings.mode, vouch=slack.approvers.vouch if slack else None
+        engine,
+        store,
+        metrics,
+        utcnow,
+        config.settings.mode,
+        vouch=slack.approvers.vouch if slack else None,
+        leadership=leadership.describe,
     )
-    # Stopped in reverse: Slack's socket, the annotation and notice senders, then the engine, then
-    # the Slurm and Kubernetes clients.
-    background: list[Background] = [_ClosePorts(ports), engine, sender]
+    # Stopped in reverse: Slack's socket, then the leader's work (the engine and the senders; the
+    # lease released), then the Grafana, Slurm and Kubernetes clients.
+    background: list[Background] = [_ClosePorts(ports)]
     if annotations is not None:
         background.append(annotations)
+    background.append(leadership)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
+    detail: dict[str, Callable[[], dict[str, Any]]] = {}
     if slack is not None and inbound is not None:
-        socket = slack.socket_mode(inbound)
+        socket = slack.socket_mode(inbound, metrics.registry)
         if socket is not None:
             background.append(socket)
+            detail["slack_socket"] = socket.describe  # shown, not gating: remediation needs no Slack
     deps = Deps(
         config=config,
         store=store,
@@ -277,7 +306,9 @@ def build_app(
         read_credentials=read_credentials(config),
         background=background,
         commands=commands,
-        ready_checks=[lambda: engine.running],
+        ready_checks=[lambda: leadership.running],
+        leadership=leadership.describe,
+        ready_detail=detail,
     )
     app = create_app(deps)
     if inbound is not None and config.settings.slack.transport == "http":
@@ -286,31 +317,29 @@ def build_app(
 
 
 class Annotations:
-    """Grafana's annotation sender as a background worker; stopping it closes the HTTP session too."""
+    """Grafana's annotations: the sender (leader-only: ``Leadership`` runs it) and the adapter,
+    whose HTTP session this background worker closes at shutdown, after the sender stopped."""
 
     def __init__(self, sender: OutboxSender, adapter: GrafanaAnnotations) -> None:
         self.sender = sender
         self.adapter = adapter
 
     async def start(self) -> None:
-        await self.sender.start()
+        pass
 
     async def stop(self) -> None:
-        try:
-            await self.sender.stop()
-        finally:
-            await self.adapter.aclose()
+        await self.adapter.aclose()
 
 
-def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotations | None:
+def _grafana(config: Config, store: AnyStore, fenced: Store, metrics: Metrics) -> Annotations | None:
     """Incident annotations when ``grafana.url`` is set: the incidents' state events routed to
     Grafana's outbox, delivered by a sender of their own."""
     adapter = annotator(config.settings)
     if adapter is None:
         return None
     sender = OutboxSender(
-        store,
-        [GrafanaDestination(adapter, store, utcnow)],
+        fenced,
+        [GrafanaDestination(adapter, fenced, utcnow)],
         metrics,
         utcnow,
         backoff=Backoff(
@@ -323,7 +352,7 @@ def _grafana(config: Config, store: SqliteStore, metrics: Metrics) -> Annotation
     return Annotations(sender, adapter)
 
 
-def _slack(config: Config, store: SqliteStore, metrics: Metrics) -> Slack | None:
+def _slack(config: Config, store: AnyStore, metrics: Metrics) -> Slack | None:
     """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events); each
     incident's thread permalink goes to its ``pitcrew_incident_info`` series (the Grafana table)."""
     if config.settings.integrations.notifier != "slack":
@@ -344,7 +373,14 @@ def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool =
     sys.setswitchinterval(0.0005)
     server = config.settings.server
     app = build_app(config, ports=ports, allow_simulated=allow_simulated)
-    web.run_app(app, host=server.host, port=server.port, print=None, shutdown_timeout=10)
+    gate = app[GATE]
+    if gate.cap < server.max_connections:
+        log.warning(
+            "server.max_connections lowered to what the open-files limit leaves",
+            extra={"max_connections": server.max_connections, "cap": gate.cap},
+        )
+    quiet()  # a connection flood's accept errors: one line per ten seconds, not thousands
+    run(app, server.host, server.port, gate, shutdown_timeout=10)
 
 
 class JsonFormatter(logging.Formatter):

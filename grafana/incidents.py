@@ -36,7 +36,9 @@ from grafana.panels import (
     timeseries_panel,
 )
 
-RUNBOOK = "https://github.com/pitcrew/pitcrew/blob/main/docs/catalog.md#buckets--default-playbooks"
+#: Where the playbooks' runbook (docs/catalog.md) is published at a site: none by default, since
+#: pitcrew serves no documents; set the ``runbook_url`` variable once per Grafana.
+RUNBOOK = ""
 STAGES = (
     ("fault → out of service", "pitcrew_time_to_out_of_service_seconds"),
     ("fault → job running again", "pitcrew_time_to_job_running_seconds"),

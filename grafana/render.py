@@ -4,7 +4,7 @@ The dashboards are built with Grafana's own typed builders (grafana-foundation-s
 from Grafana's schemas): grafana/panels.py holds what every panel shares, grafana/fleet.py and
 grafana/incidents.py what each dashboard asks. ``grafana/dashboards/*.json`` and
 ``deploy/kubernetes/grafana-dashboards.yaml`` are this script's output; ``python grafana/render.py``
-rewrites them, ``--check`` (run in CI by tests/unit/test_dashboards.py) fails when any differs
+rewrites them, ``--check`` (run in CI by tests/integration/test_dashboards.py) fails when any differs
 from what it would write. Uids are stable: links and provisioning depend on them.
 """
 

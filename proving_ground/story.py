@@ -435,8 +435,9 @@ class Story:
             if node_out is not None
             else None,
             "how": f"computed by the demo from the timeline: {GPUS_PER_NODE} GPUs x (fault → job past its "
-            "checkpoint) for the job, x (Slurm DOWN → replacement Ready) for the node; pitcrew does not "
-            "report GPU-hours itself yet",
+            "checkpoint) for the job, x (Slurm DOWN → replacement Ready) for the node; pitcrew's own figures, "
+            "counted from the fault, are in its close summary, `pitcrew incidents show` and "
+            "pitcrew_gpu_hours_lost_total",
         }
         return report
 

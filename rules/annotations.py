@@ -52,6 +52,23 @@ TEXT = {
         "GPU too hot " + ON_GPU,
         "GPU at or above {gpu_temp_max} C or memory at or above {memory_temp_max} C for {thermal_for}.",
     ),
+    "NetworkLinkDown": (
+        "Link down on {{ $labels.node }}: {{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }}",
+        "The port lost its link (InfiniBand state DOWN, or Ethernet carrier lost) for {link_down_for}"
+        " after being up in the last {link_seen_window}; it is not administratively disabled."
+        " Collectives over it stall or fail.",
+    ),
+    "NetworkLinkFlapping": (
+        "Link flapping on {{ $labels.node }}: {{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }}",
+        'The link went down {{{{ $value | printf "%.0f" }}}} times in {flap_window} (at least {link_flaps}):'
+        " each down breaks the job's connections over it.",
+    ),
+    "NetworkLinkErrors": (
+        "Link errors rising on {{ $labels.node }}: {{ $labels.device }} port {{ $labels.port }}",
+        '{{{{ $value | printf "%.0f" }}}} physical-layer errors (symbol, receive, link recovery, link integrity)'
+        " in {link_error_window}, above {link_errors_max} for {link_errors_for}: the cable or transceiver"
+        " is degrading.",
+    ),
     "DcgmExporterDown": (
         "dcgm-exporter down on {{ $labels.node }}",
         "Prometheus cannot scrape the node's exporter: GPU faults on it are invisible.",
@@ -87,9 +104,20 @@ TEXT = {
         "pitcrew's circuit breaker is open",
         "Too many nodes in remediation at once: pitcrew stopped acting. Look for a fleet-wide cause.",
     ),
+    "PitcrewNoLeader": (
+        "No pitcrew replica leads the store",
+        "pitcrew takes alerts in but none of its replicas holds the store's lease, so no playbook runs "
+        "and no notice leaves: the store refuses or loses the lease's writes.",
+    ),
     "PitcrewIncidentStuck": (
         "A pitcrew incident is open for more than 4 hours",
         "An incident is stuck (approval, drain or replacement never finished).",
+    ),
+    "PitcrewSlackSocketDisconnected": (
+        "pitcrew has no Socket Mode connection to Slack",
+        "Slack's buttons and /pitcrew do not reach pitcrew: its app-level token is refused (revoked, a "
+        "bot token in its place, no connections:write) or the connection is down. /readyz shows why; "
+        "notices still post. Remediation goes on; approvals from Slack do not.",
     ),
     "PitcrewNoticesStuck": (
         "pitcrew's notices to {{ $labels.destination }} are not getting through",

@@ -112,3 +112,79 @@ def fields_missing(fields: tuple[str, ...]) -> str:
         for name in fields
     )
     return f"count by (cluster, field) (\n{missing}\n)"
+
+
+# ----------------------------------------------------------------------------- network links
+# node-exporter's infiniband collector (collector/infiniband_linux.go) labels every port series
+# ``device, port``; its netclass collector labels every interface series ``device``. RoCE ports are
+# InfiniBand-class devices too (link layer Ethernet), so the IB rules cover them.
+IB_PORT = "cluster, node, device, port"
+NET_DEVICE = "cluster, node, device"
+IB_STATE_DOWN, IB_STATE_ACTIVE, IB_PHYS_DISABLED = 1, 4, 3  # sysfs ports/<n>/state, phys_state
+
+
+def per_link(expr: str, by: str = IB_PORT) -> str:
+    """One series per port (or interface), whatever exporter instance or pod reported it."""
+    return f"max by ({by}) ({node_fold(expr)})"
+
+
+def ib_link_down(seen_window: str) -> str:
+    """A port that is DOWN now, was ACTIVE within ``seen_window`` and is not administratively
+    disabled: a port never up (an unused second port) or switched off on purpose is no fault."""
+    state, phys = "node_infiniband_state_id", "node_infiniband_physical_state_id"
+    return (
+        f"{per_link(state)} == {IB_STATE_DOWN}\n"
+        f"  unless on ({IB_PORT})\n  {per_link(phys)} == {IB_PHYS_DISABLED}\n"
+        f"  and on ({IB_PORT})\n  {per_link(f'max_over_time({state}[{seen_window}])')} >= {IB_STATE_ACTIVE}"
+    )
+
+
+def ethernet_link_down(skipped: str, seen_window: str) -> str:
+    """Carrier lost on an interface that is administratively up and had carrier within ``seen_window``
+    (an interface set down has no ``carrier`` series at all: sysfs refuses the read). ``skipped``:
+    the interfaces that are no fabric link (loopback, the pods' veths, bridges, tunnels)."""
+    carrier = f'node_network_carrier{{device!~"{skipped}"}}'
+    admin_up = f'node_network_info{{device!~"{skipped}",adminstate="up"}}'
+    return (
+        f"{per_link(carrier, NET_DEVICE)} == 0\n"
+        f"  and on ({NET_DEVICE})\n  {per_link(admin_up, NET_DEVICE)}\n"
+        f"  and on ({NET_DEVICE})\n  {per_link(f'max_over_time({carrier}[{seen_window}])', NET_DEVICE)} == 1"
+    )
+
+
+def ib_link_flaps(window: str, downs: int) -> str:
+    """Ports that went down at least ``downs`` times within ``window`` (``increase`` counts across a
+    counter reset, so a reboot that zeroes the counter adds nothing), unless disabled on purpose."""
+    counted = per_link(f"increase(node_infiniband_link_downed_total[{window}])")
+    phys = per_link("node_infiniband_physical_state_id")
+    return f"{counted} >= {downs}\n  unless on ({IB_PORT})\n  {phys} == {IB_PHYS_DISABLED}"
+
+
+def ethernet_link_flaps(skipped: str, window: str, downs: int) -> str:
+    """Interfaces that lost carrier at least ``downs`` times within ``window``: by the down counter
+    (Linux 4.16+), else half of all carrier changes."""
+    down = per_link(
+        f'increase(node_network_carrier_down_changes_total{{device!~"{skipped}"}}[{window}])', NET_DEVICE
+    )
+    changes = per_link(
+        f'increase(node_network_carrier_changes_total{{device!~"{skipped}"}}[{window}])', NET_DEVICE
+    )
+    return f"(\n  {down}\n  or\n  {changes} / 2\n) >= {downs}"
+
+
+#: Physical-layer error counters of an IB/RoCE port; their sum per window is the error rate.
+IB_ERROR_COUNTERS = (
+    ("symbol", "node_infiniband_symbol_error_total"),
+    ("receive", "node_infiniband_port_errors_received_total"),
+    ("recovery", "node_infiniband_link_error_recovery_total"),
+    ("integrity", "node_infiniband_local_link_integrity_errors_total"),
+)
+
+
+def ib_link_errors(window: str) -> str:
+    """Physical-layer errors per port within ``window``, over the counters the port offers."""
+    summed = "\n    or\n    ".join(
+        f'label_replace({node_fold(f"increase({metric}[{window}])")}, "pitcrew_counter", "{name}", "", "")'
+        for name, metric in IB_ERROR_COUNTERS
+    )
+    return f"sum by ({IB_PORT}) (\n    {summed}\n  )"

@@ -32,8 +32,17 @@ HERE = Path(__file__).resolve().parent
 RULE_FILE = HERE / "gpu-faults.rules.yml"
 CRD_FILE = HERE / "gpu-faults.prometheusrule.yaml"
 DEPLOY_CRD_FILE = HERE.parent / "deploy" / "kubernetes" / "prometheusrule.yaml"  # the kustomize base's copy
-RUNBOOK_BASE = "https://github.com/pitcrew/pitcrew/blob/main/docs/alerting.md"
 GPU_TEMP_MAX, MEMORY_TEMP_MAX, NVLINK_BURST = 87, 95, 100
+#: Link downs within ``flap_window`` that make a flapping link; physical-layer errors per
+#: ``link_error_window`` that make a degrading one (IB's symbol error counter has thresholds of
+#: this order in the fabric managers' error reports; a healthy link counts none).
+LINK_FLAPS, LINK_ERRORS_MAX = 3, 10
+#: Interfaces that are no fabric link: loopback, pod veths and CNI bridges and tunnels (their
+#: carrier changes with every pod), container and VM bridges.
+NON_FABRIC_INTERFACES = (
+    "lo|veth.*|docker.*|br-.*|virbr.*|cali.*|cilium.*|lxc.*|flannel.*|cni.*|vxlan.*|genev.*|tunl.*"
+    "|kube-ipvs.*|tap.*|tun.*|nodelocaldns|dummy.*"
+)
 # Fields without which whole rules are blind: ECC is off in dcgm-exporter's default CSV, and 4.9's
 # default CSV renames them all (rules/dcgm-counters.csv pins these names).
 REQUIRED_FIELDS = ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_GPU_TEMP")
@@ -52,6 +61,15 @@ class Profile:
     nvlink_window: str = "5m"
     gpus_seen_window: str = "1d"  # the expected GPU count of a node is the most it reported here
     exporter_seen_window: str = "1h"  # without kube-state-metrics: nodes that had an exporter here
+    link_seen_window: str = "1h"  # a link counts as down only if it was up within this
+    link_down_for: str = "1m"  # a link renegotiating (a few seconds) is not down
+    flap_window: str = "15m"  # LINK_FLAPS downs within this: flapping
+    link_error_window: str = "1h"  # physical-layer errors counted over this...
+    link_errors_for: str = "15m"  # ...above LINK_ERRORS_MAX for this long: a rising error rate
+    # Where docs/alerting.md is published for the people paged (its headings are the alert names,
+    # lower case): `--runbook-base URL` gives every alert `runbook_url: URL#<alert>`. pitcrew has no
+    # address of its own to put there, so the shipped files carry none.
+    runbook_base: str | None = None
 
 
 PRODUCTION = Profile()
@@ -59,7 +77,9 @@ FAST = replace(
     PRODUCTION,
     **dict.fromkeys(("xid_window", "counter_window", "nvlink_window"), "30s"),
     **dict.fromkeys(("exporter_down_for", "gpu_missing_for", "thermal_for"), "2s"),
-    **dict.fromkeys(("gpus_seen_window", "exporter_seen_window"), "10m"),
+    **dict.fromkeys(("link_down_for", "link_errors_for"), "2s"),
+    **dict.fromkeys(("flap_window", "link_error_window"), "1m"),
+    **dict.fromkeys(("gpus_seen_window", "exporter_seen_window", "link_seen_window"), "10m"),
     keep_firing_for="5s",
 )
 
@@ -71,6 +91,8 @@ def alert(name: str, expr: str, fault: str, severity: str, p: Profile, *, for_: 
         "nvlink_burst": NVLINK_BURST,
         "gpu_temp_max": GPU_TEMP_MAX,
         "memory_temp_max": MEMORY_TEMP_MAX,
+        "link_flaps": LINK_FLAPS,
+        "link_errors_max": LINK_ERRORS_MAX,
     }
     rule: dict[str, Any] = {"alert": name, "expr": expr}
     if for_ != "0s":
@@ -78,11 +100,9 @@ def alert(name: str, expr: str, fault: str, severity: str, p: Profile, *, for_: 
     if fault not in ("exporter-down", "pitcrew"):  # a hardware fault outlives its exporter's blips
         rule["keep_firing_for"] = p.keep_firing_for
     rule["labels"] = {"fault": fault, "severity": severity}
-    rule["annotations"] = {
-        "summary": summary,
-        "description": description.format(**values),
-        "runbook_url": f"{RUNBOOK_BASE}#{name.lower()}",
-    }
+    rule["annotations"] = {"summary": summary, "description": description.format(**values)}
+    if p.runbook_base:
+        rule["annotations"]["runbook_url"] = f"{p.runbook_base}#{name.lower()}"
     return rule
 
 
@@ -157,6 +177,39 @@ def gpu_rules(p: Profile) -> list[dict[str, Any]]:
     ]
 
 
+def network_rules(p: Profile) -> list[dict[str, Any]]:
+    """IB/RoCE ports (node-exporter's infiniband collector) and Ethernet carriers (its netclass)."""
+    skipped = NON_FABRIC_INTERFACES
+    return [
+        alert(
+            "NetworkLinkDown",
+            q.any_of(q.ib_link_down(p.link_seen_window), q.ethernet_link_down(skipped, p.link_seen_window)),
+            "link-down",
+            "critical",
+            p,
+            for_=p.link_down_for,
+        ),
+        alert(
+            "NetworkLinkFlapping",
+            q.any_of(
+                q.ib_link_flaps(p.flap_window, LINK_FLAPS),
+                q.ethernet_link_flaps(skipped, p.flap_window, LINK_FLAPS),
+            ),
+            "link-flapping",
+            "critical",
+            p,
+        ),
+        alert(
+            "NetworkLinkErrors",
+            f"{q.ib_link_errors(p.link_error_window)} > {LINK_ERRORS_MAX}",
+            "link-errors",
+            "warning",
+            p,
+            for_=p.link_errors_for,
+        ),
+    ]
+
+
 def exporter_rules(p: Profile) -> list[dict[str, Any]]:
     up, ksm = f'up{{job=~"{q.EXPORTER_JOB}"}}', 'kube_node_status_capacity{resource="nvidia_com_gpu"}'
     gpu_nodes = f"max by (cluster, node) ({ksm} > 0)"
@@ -200,9 +253,21 @@ def pitcrew_rules(p: Profile) -> list[dict[str, Any]]:
             p,
         ),
         alert("PitcrewBreakerOpen", "max by (cluster) (pitcrew_breaker_open) > 0", "pitcrew", "critical", p),
+        # Replicas answer (so PitcrewDown is quiet) but none holds the store's lease: nobody acts.
+        alert(
+            "PitcrewNoLeader", "max by (cluster) (pitcrew_leader) == 0", "pitcrew", "critical", p, for_="1m"
+        ),
         alert(
             "PitcrewIncidentStuck",
             "max by (cluster) (pitcrew_incident_oldest_active_seconds) > 4 * 3600",
+            "pitcrew",
+            "warning",
+            p,
+            for_="5m",
+        ),
+        alert(
+            "PitcrewSlackSocketDisconnected",
+            "max by (cluster) (pitcrew_slack_socket_connected) == 0",
             "pitcrew",
             "warning",
             p,
@@ -224,6 +289,7 @@ def rule_groups(p: Profile) -> dict[str, Any]:
     return {
         "groups": [
             {"name": "pitcrew-gpu-faults", "rules": gpu_rules(p)},
+            {"name": "pitcrew-network", "rules": network_rules(p)},
             {"name": "pitcrew-dcgm-exporter", "rules": exporter_rules(p)},
             {"name": "pitcrew-self", "rules": pitcrew_rules(p)},
         ]
@@ -268,9 +334,15 @@ def render_crd(p: Profile = PRODUCTION) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render pitcrew's rule file and PrometheusRule.")
     parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in files are stale")
+    parser.add_argument(
+        "--runbook-base",
+        metavar="URL",
+        help="where docs/alerting.md is published: every alert gets runbook_url URL#<alert name, lower case>",
+    )
     args = parser.parse_args(argv)
     stale = []
-    outputs = ((RULE_FILE, render_rule_file()), (CRD_FILE, render_crd()), (DEPLOY_CRD_FILE, render_crd()))
+    p = replace(PRODUCTION, runbook_base=args.runbook_base)
+    outputs = ((RULE_FILE, render_rule_file(p)), (CRD_FILE, render_crd(p)), (DEPLOY_CRD_FILE, render_crd(p)))
     for path, text in outputs:
         if not args.check:
             path.write_text(text)

@@ -1,6 +1,7 @@
 """Test configuration shared by every suite.
 
-Fixture plugins live in ``tests/harness``; each module there owns one far side.
+Fixture plugins live in ``tests/harness``; each module there owns one far side, but
+``tests.harness.timeouts``: every test's time limit, and the report of a test that passes it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 pytest_plugins: list[str] = [
     "tests.harness.slurm",
     "tests.harness.prometheus",
+    "tests.harness.postgres",
+    "tests.harness.stores",
     "tests.harness.pitcrew",
     "tests.harness.kubernetes",
     "tests.harness.standins",
+    "tests.harness.timeouts",
+    "pytester",  # tests/integration/test_timeouts.py runs hanging tests in a pytest of their own
 ]
 
 #: ``--shard``: the suite in two halves that run at once (``scripts/test``). The end-to-end tests

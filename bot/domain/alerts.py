@@ -35,6 +35,8 @@ MAX_ALERT_AGE = timedelta(days=3653)
 MAX_TRUNCATED = 2**64 - 1
 
 LabelName = Annotated[str, Field(max_length=256)]
+#: An alert's (and a delivery's) status as Alertmanager sends it.
+AlertStatus = Literal["firing", "resolved"]
 LabelValue = Annotated[str, Field(max_length=4096)]
 
 
@@ -43,7 +45,7 @@ class Alert(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
-    status: Literal["firing", "resolved"]
+    status: AlertStatus
     labels: dict[LabelName, LabelValue]
     annotations: dict[LabelName, LabelValue] = Field(default_factory=dict)
     starts_at: AwareDatetime = Field(alias="startsAt")
@@ -82,7 +84,7 @@ class WebhookPayload(BaseModel):
 
     version: str
     receiver: str = Field(default="", max_length=1024)
-    status: Literal["firing", "resolved"]
+    status: AlertStatus
     alerts: list[Alert]
     group_labels: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="groupLabels")
     common_labels: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="commonLabels")

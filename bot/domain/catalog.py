@@ -14,7 +14,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PlaybookName = Literal[
-    "ignore", "notify-only", "ask-human", "cordon-and-ask", "reset-gpu", "reboot-node", "replace-node"
+    "ignore",
+    "notify-only",
+    "ask-human",
+    "cordon-and-ask",
+    "follow-slurm",
+    "isolate-node",
+    "reset-gpu",
+    "reboot-node",
+    "replace-node",
 ]
 FaultClass = Literal[
     "application",
@@ -22,6 +30,8 @@ FaultClass = Literal[
     "gpu-lost",
     "gpu-hang",
     "interconnect",
+    "network",
+    "scheduler",
     "power-thermal",
     "driver",
     "recovery-action",
@@ -36,6 +46,8 @@ SEVERITY: tuple[str, ...] = (
     "notify-only",
     "ask-human",
     "cordon-and-ask",
+    "follow-slurm",
+    "isolate-node",
     "reset-gpu",
     "reboot-node",
     "replace-node",

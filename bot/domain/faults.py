@@ -49,21 +49,27 @@ class Fault:
     meaning: str
     known: bool
     detail: str = ""
+    #: The network port of a link fault: ``mlx5_0 port 1`` (InfiniBand/RoCE) or ``ens1f0`` (Ethernet).
+    link: str | None = None
 
     @property
     def key(self) -> str:
         """Stable identity within a node: alerts describing the same thing share it."""
         what = f"xid{self.xid}" if self.xid is not None else self.kind
+        if self.link:
+            return f"{what}@{self.link.replace(' port ', '/')}"
         return f"{what}@gpu{self.gpu}" if self.gpu else what
 
     @property
     def short(self) -> str:
-        """A few words for Slurm reasons and titles: ``XID 79 gpu3``, ``row-remap-failure``."""
+        """A few words for Slurm reasons and titles: ``XID 79 gpu3``, ``link-down mlx5_0 port 1``."""
         head = f"XID {self.xid}" if self.xid is not None else self.kind
+        if self.link:
+            return f"{head} {self.link}"
         return f"{head} gpu{self.gpu}" if self.gpu else head
 
     def describe(self) -> str:
-        where = f" on GPU {self.gpu}" if self.gpu else ""
+        where = f" on {self.link}" if self.link else f" on GPU {self.gpu}" if self.gpu else ""
         head = f"XID {self.xid}{where}" if self.xid is not None else f"{self.kind}{where}"
         bucket = f", NVIDIA bucket {self.bucket}" if self.bucket else ""
         return f"{head} ({self.meaning}{bucket})"
@@ -76,10 +82,12 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
     label = subject.fault_label
     if label and label in catalog.faults and subject.xid is None:
         entry = catalog.faults[label]
+        # A link fault names its port, and says what the rule counted (downs, errors) in its words.
+        link = subject.link if entry.fault_class == "network" else None
         return Fault(
             kind=label,
             node=subject.node,
-            gpu=subject.gpu,
+            gpu=None if link else subject.gpu,
             xid=None,
             bucket=None,
             fault_class=entry.fault_class,
@@ -87,6 +95,8 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
             job_fatal=entry.job_fatal,
             meaning=entry.meaning,
             known=True,
+            detail=subject.message if link or entry.fault_class == "scheduler" else "",
+            link=link,
         )
     if subject.xid is not None:
         return _xid_fault(subject, subject.xid, catalog)

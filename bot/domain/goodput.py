@@ -4,9 +4,16 @@ Pure arithmetic over an incident's own timeline (no clock, no I/O), so the figur
 recomputes from ``pitcrew incidents show`` is the figure exported as
 ``pitcrew_gpu_hours_lost_total``:
 
-* node: the node's GPUs x (fault → back in service, or → close when it never came back);
-* job: the job's GPUs x (fault → running again + the progress it had to redo since its last
-  checkpoint, in seconds), where the resumption settings' progress query measured it.
+* node: the node's GPUs x (first delivery → back in service, or → close when it never came back);
+* job: the job's GPUs x (first delivery → running again + the progress it had to redo since its
+  last checkpoint, in seconds), where the resumption settings' progress query measured it.
+
+The clock starts at the incident's first delivery — when pitcrew could first have acted —
+not at the alert's ``startsAt``: an alert already firing for years when pitcrew was deployed
+must not add years to the figures. The alert's own age is reported apart
+(``alert_age_seconds``), never counted; and one incident adds at most ``max_seconds`` out of
+service per node and per job to the counters (the counters are never decreased: one stuck
+incident must not poison them for good).
 
 GPU counts come from Slurm's generic resources (``Gres=gpu:h100:8`` on a node,
 ``TresPerNode=gres:gpu:8`` on a job), parsed here once for every Slurm interface.
@@ -17,6 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+
+from bot.domain.jobs import ResumeStatus
 
 _GPU_GRES = re.compile(r"(?:^|[,\s])(?:gres[:/])?gpu(:[^:,=()\s]+)?[:=](\d+)")
 
@@ -49,8 +58,7 @@ class JobLoss:
 
     job_id: str
     gpus: int
-    #: ``resumed`` (running again), or the job's final status (``lost``, ``finished``…).
-    status: str
+    status: ResumeStatus
     #: Fault → the job running again (→ close for a job that never did).
     seconds_to_running: float
     #: Progress (in the query's units) done before the fault and done again after the restart.
@@ -63,6 +71,10 @@ class JobLoss:
         return self.gpus * (self.seconds_to_running + (self.seconds_redone or 0.0)) / 3600
 
 
+#: The most one incident adds to the counters by default: a day out of service per node and per job.
+MAX_SECONDS = 24 * 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class Goodput:
     """An incident's cost, recorded with the close step's result."""
@@ -70,15 +82,31 @@ class Goodput:
     node_gpus: int
     #: Where ``node_gpus`` came from: ``slurm`` (the node's Gres) or ``config`` (goodput.gpus_per_node).
     gpus_from: str
+    #: Where the clock starts: the incident's first delivery (when pitcrew could first have acted).
     fault_at: datetime
     #: When the node was back in service; ``None``: not by the close (counted to ``ended_at``).
     back_at: datetime | None
     ended_at: datetime
     jobs: tuple[JobLoss, ...] = ()
+    #: How long the alert had been firing before the first delivery: reported, never counted.
+    alert_age_seconds: float = 0.0
+    #: The most this incident adds to the counters, per node and per job (seconds out).
+    max_seconds: float = MAX_SECONDS
 
     @property
     def seconds_out(self) -> float:
+        return min(self.measured_seconds_out, self.max_seconds)
+
+    @property
+    def measured_seconds_out(self) -> float:
         return _seconds(self.fault_at, self.back_at or self.ended_at)
+
+    @property
+    def capped(self) -> bool:
+        """The incident measured more than it may add to the counters."""
+        return self.measured_seconds_out > self.max_seconds or any(
+            job.gpu_hours > self._job_cap(job) for job in self.jobs
+        )
 
     @property
     def gpu_hours_lost(self) -> float:
@@ -86,13 +114,22 @@ class Goodput:
 
     @property
     def job_gpu_hours_lost(self) -> float:
-        return sum(job.gpu_hours for job in self.jobs)
+        return sum(min(job.gpu_hours, self._job_cap(job)) for job in self.jobs)
+
+    def _job_cap(self, job: JobLoss) -> float:
+        return job.gpus * self.max_seconds / 3600
+
+
+def alert_age(first_alert_at: datetime | None, first_delivery: datetime) -> float:
+    """Seconds the alert had fired before pitcrew's first delivery of it (0: it started after,
+    or its ``startsAt`` is unknown)."""
+    return 0.0 if first_alert_at is None else _seconds(first_alert_at, first_delivery)
 
 
 def job_loss(
     job_id: str,
     gpus: int,
-    status: str,
+    status: ResumeStatus,
     fault_at: datetime,
     running_at: datetime | None,
     ended_at: datetime,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from bot.domain.durations import format_duration
+from bot.domain.outages import OutOfService, already_out, out_words
 from bot.domain.planner import Decision, PastIncident, Plan
 from bot.domain.policy import Policy
 
@@ -87,6 +88,8 @@ class World:
     breaker: BreakerState = BreakerState()
     #: Other nodes let through for remediation within the breaker window.
     nodes_in_remediation: frozenset[str] = frozenset()
+    #: Every node out of service right now, whoever took it out (``bot.domain.outages``).
+    out_of_service: OutOfService = field(default_factory=OutOfService)
     fleet: Fleet = Fleet()
     history: Sequence[PastIncident] = ()
     #: Node labels from Kubernetes; ``None`` when they could not be read (dry run).
@@ -200,6 +203,9 @@ def _stale(world: World, policy: Policy, now: datetime) -> Decision:
 
 
 def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | None]:
+    """The blast radius: this node, pitcrew's other nodes in the window and every other node out
+    of service (drained by an administrator, by Slurm's health check, cordoned by another
+    controller), against ``max_nodes`` and ``max_fraction`` of the fleet."""
     breaker = world.breaker
     if breaker.open:
         since = f" since {breaker.opened_at.isoformat(timespec='seconds')}" if breaker.opened_at else ""
@@ -207,12 +213,22 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
             "breaker", False, f"circuit breaker is open{since} ({breaker.reason}); a human must reset it"
         ), None
     cfg, fleet = policy.breaker, world.fleet
-    touched = len(world.nodes_in_remediation | {node})
+    out = already_out(world.out_of_service.besides(node), world.nodes_in_remediation - {node})
+    touched = len(out) + 1
     window = format_duration(cfg.window)
+    unread = world.out_of_service.unread
+    if unread is None or out:
+        seen = out_words(out, fleet.size)
+    else:
+        seen = "no other node under remediation by pitcrew"
+    if unread is not None:
+        seen += f"; nodes out of service {unread}, so only pitcrew's own are counted"
+    elif world.out_of_service.gaps:
+        seen += f"; {world.out_of_service.gaps}: only what was read is counted"
     if touched > cfg.max_nodes:
         reason = (
-            f"{touched} nodes would be under remediation within {window}, more than max_nodes {cfg.max_nodes} "
-            f"({fleet.words})"
+            f"{touched} nodes would be out of service or under remediation within {window}, more than "
+            f"max_nodes {cfg.max_nodes} ({fleet.words}); {seen}"
         )
         return Decision("breaker", False, f"breaker trips: {reason}"), reason
     allowed = fleet.share_limit(cfg.max_fraction)
@@ -220,24 +236,25 @@ def _breaker(node: str, world: World, policy: Policy) -> tuple[Decision, str | N
         share = f"{touched / fleet.size:.1%} of the {fleet.words}"
         if touched > allowed:
             reason = (
-                f"{touched} of {fleet.size} nodes ({touched / fleet.size:.1%}) would be under remediation "
-                f"within {window}, more than max_fraction {cfg.max_fraction:.1%} ({_nodes(allowed)}) of the "
-                f"{fleet.words}"
+                f"{touched} of {fleet.size} nodes ({touched / fleet.size:.1%}) would be out of service or under "
+                f"remediation within {window}, more than max_fraction {cfg.max_fraction:.1%} ({_nodes(allowed)}) "
+                f"of the {fleet.words}; {seen}"
             )
             return Decision("breaker", False, f"breaker trips: {reason}"), reason
         share_words = f", {share} (share limit {_nodes(allowed)})"
     else:
         if touched > allowed:
             reason = (
-                f"{touched} nodes would be under remediation within {window}, more than "
-                f"{_nodes(allowed)} at a time: {fleet.words}"
+                f"{touched} nodes would be out of service or under remediation within {window}, more than "
+                f"{_nodes(allowed)} at a time: {fleet.words}; {seen}"
             )
             return Decision("breaker", False, f"breaker trips: {reason}"), reason
         share_words = f"; {fleet.words}, so {_nodes(allowed)} at a time"
     return Decision(
         "breaker",
         True,
-        f"{touched} of max {cfg.max_nodes} nodes under remediation within {window}{share_words}",
+        f"{touched} of max {cfg.max_nodes} nodes out of service or under remediation within {window}"
+        f"{share_words}; {seen}",
     ), None
 
 

@@ -1,35 +1,18 @@
 """Slurm nodes and jobs as pitcrew sees them, and the proof that a job resumed.
 
 Plain frozen records filled by the scheduler adapters (``bot.integrations.slurm``) and
-judged here without I/O: whether a node is ours to resume, and whether a job that was on
-a faulty node is running again elsewhere. The adapters own parsing; this module owns the
-meaning.
+judged here without I/O: whether a job that was on a faulty node is running again elsewhere.
+The adapters own parsing; this module owns the meaning. Whose a node's reason is, is
+``bot.domain.ownership``'s to say.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-
-from bot.domain.ownership import REASON_MAX_LEN as REASON_MAX_LEN
-from bot.domain.ownership import REASON_PREFIX as REASON_PREFIX
-from bot.domain.ownership import clean_reason as clean_reason
-from bot.domain.ownership import is_pitcrew_reason
-from bot.domain.ownership import slurm_reason as pitcrew_reason
-
-__all__ = [
-    "REASON_PREFIX",
-    "JobSnapshot",
-    "ResumeVerdict",
-    "SlurmNodeState",
-    "clean_reason",
-    "expand_hostlist",
-    "judge_resumption",
-    "pitcrew_reason",
-]
-
+from typing import Literal
 
 _ACTIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
 _PENDING_JOB_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
@@ -64,10 +47,6 @@ class SlurmNodeState:
     def in_service(self) -> bool:
         return not (self.down or self.drained or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
 
-    @property
-    def reason_is_ours(self) -> bool:
-        return is_pitcrew_reason(self.reason)
-
 
 @dataclass(frozen=True, slots=True)
 class JobSnapshot:
@@ -98,25 +77,28 @@ class JobSnapshot:
         return self.state in _FINAL_FAILED_STATES or self.state == "COMPLETED"
 
 
+#: ``resumed`` (running elsewhere with restarts incremented), ``waiting`` (not yet), ``lost``
+#: (ended for good: report to humans, do not wait) or ``finished`` (completed on its own,
+#: nothing to prove).
+ResumeStatus = Literal["resumed", "waiting", "lost", "finished"]
+
+
 @dataclass(frozen=True, slots=True)
 class ResumeVerdict:
-    """Where one recorded job stands after the fault.
-
-    ``status`` is one of ``resumed`` (running elsewhere with restarts incremented),
-    ``waiting`` (not yet), ``lost`` (ended for good: report to humans, do not wait) or
-    ``finished`` (completed on its own, nothing to prove).
-    """
+    """Where one recorded job stands after the fault, and the facts it was judged on."""
 
     job_id: str
-    status: str
+    status: ResumeStatus
     detail: str
     old_nodes: tuple[str, ...] = ()
     new_nodes: tuple[str, ...] = ()
     restarts_before: int = 0
     restarts_now: int = 0
+    #: Progress read before the fault (the query's units).
     progress_before: float | None = None
+    #: The first progress sample after the restart (it may still be the pre-fault run's last).
+    progress_at_restart: float | None = None
     progress_now: float | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def judge_resumption(
@@ -125,6 +107,7 @@ def judge_resumption(
     faulty_nodes: Iterable[str],
     *,
     progress_before: float | None = None,
+    progress_at_restart: float | None = None,
     progress_now: float | None = None,
     progress_required: bool = False,
 ) -> ResumeVerdict:
@@ -132,7 +115,9 @@ def judge_resumption(
 
     A job counts as resumed only when it runs again, on none of the faulty nodes, with a
     restart count above the recorded one, and — when a progress query is configured —
-    with progress strictly past its pre-fault value.
+    with progress strictly past its pre-fault value and past its first sample after the
+    restart (which may still be the pre-fault run's last, scraped after the value read
+    before DOWN: a job stuck at its checkpoint must not count as resumed).
     """
     bad = frozenset(faulty_nodes)
     base = ResumeVerdict(
@@ -144,10 +129,11 @@ def judge_resumption(
         restarts_before=before.restarts,
         restarts_now=now.restarts if now else before.restarts,
         progress_before=progress_before,
+        progress_at_restart=progress_at_restart,
         progress_now=progress_now,
     )
 
-    def verdict(status: str, detail: str) -> ResumeVerdict:
+    def verdict(status: ResumeStatus, detail: str) -> ResumeVerdict:
         return replace(base, status=status, detail=detail)
 
     if now is None:
@@ -166,10 +152,11 @@ def judge_resumption(
     if now.restarts <= before.restarts:
         return verdict("waiting", "job runs but its restart count did not grow")
     if progress_required:
+        past = max((v for v in (progress_before, progress_at_restart) if v is not None), default=None)
         if progress_now is None:
             return verdict("waiting", "no progress sample yet")
-        if progress_before is not None and progress_now <= progress_before:
-            return verdict("waiting", f"progress {progress_now:g} not past pre-fault {progress_before:g}")
+        if past is not None and progress_now <= past:
+            return verdict("waiting", f"progress {progress_now:g} not past pre-fault {past:g}")
     return verdict("resumed", "running again elsewhere")
 
 

@@ -70,6 +70,9 @@ class Subject:
     fault_label: str | None
     message: str
     recovery_action: str | None = None
+    #: The network port an alert names (node-exporter's ``device`` and ``port`` labels):
+    #: ``mlx5_0 port 1``, or ``ens1f0`` for an interface.
+    link: str | None = None
 
 
 def host_part(instance: str) -> str:
@@ -150,7 +153,21 @@ def subject_of(alert: Alert, rules: LabelRules = DEFAULT_LABEL_RULES) -> Subject
         or alert.annotations.get("description", "")
         or alert.annotations.get("summary", ""),
         recovery_action=labels.get("recovery_action") or None,
+        link=_link(labels.get("device", ""), labels.get("port", "")),
     )
+
+
+#: A device or port name as node-exporter reports one (sysfs names); anything else is not shown.
+_LINK_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+
+
+def _link(device: str, port: str) -> str | None:
+    """``mlx5_0 port 1`` from node-exporter's labels; ``None`` when they name no port. The value
+    ends up in a Slurm reason: only names that look like a device's are taken."""
+    device, port = device.strip(_SPACE), port.strip(_SPACE)
+    if not _LINK_PART.fullmatch(device):
+        return None
+    return f"{device} port {port}" if _LINK_PART.fullmatch(port) else device
 
 
 def _node_from(label: str, value: str) -> str:

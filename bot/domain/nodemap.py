@@ -31,9 +31,6 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bot.domain.jobs import expand_hostlist
-from bot.domain.ownership import SLINKY_CORDON_REASON as SLINKY_CORDON_REASON
-from bot.domain.ownership import slinky_cordon_annotations as slinky_cordon_annotations
-from bot.domain.ownership import slinky_reason_is_ours as slinky_reason_is_ours
 
 MappingMode = Literal["identity", "label", "annotation", "slinky"]
 

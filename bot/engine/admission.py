@@ -7,13 +7,15 @@ to the incident before anything else happens. What the guards need from the far 
 a slow far side never holds up the admission of other incidents: the fleet from Kubernetes'
 node count, else from the Slurm partitions the node is in, not read at all when
 ``guards.breaker.fleet_size`` is configured (``bot.domain.guards.choose_fleet`` decides).
+The Kubernetes count and the nodes out of service come from one cached snapshot of the fleet
+(``bot.engine.fleet``), read at most once per poll interval, not once per alert.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,19 +24,21 @@ from bot.domain import guards, planner
 from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
+from bot.domain.outages import OutOfService
 from bot.domain.planner import PastIncident
 from bot.domain.policy import Mode, Policy
 from bot.engine import trust
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
+from bot.engine.fleet import FleetSnapshot, FleetView
+from bot.engine.pause import PAUSE as PAUSE
 from bot.engine.ports import Notice, PartitionNodes
 from bot.engine.rollback import ROLLBACK
 from bot.store.base import IncidentRecord, NewEvent, Store
 
 log = logger(__name__)
 BREAKER = "breaker"
-PAUSE = "pause"
 
 
 async def breaker_state(store: Store) -> BreakerState:
@@ -74,6 +78,8 @@ class NodeFacts:
     partitions: PartitionNodes | None = None
     #: Why no fleet size was read, in words the breaker repeats.
     fleet_unknown: str = "not read"
+    #: Every node out of service, whoever took it out (the snapshot ``bot.engine.fleet`` read).
+    out_of_service: OutOfService = field(default_factory=OutOfService)
 
     def fleet(self, configured: int | None) -> Fleet:
         return choose_fleet(
@@ -85,9 +91,20 @@ class NodeFacts:
         )
 
 
-async def node_facts(ports: Ports, node: str, *, configured_fleet: int | None = None) -> NodeFacts:
+async def node_facts(
+    ports: Ports, node: str, *, configured_fleet: int | None = None, fleet: FleetSnapshot | None = None
+) -> NodeFacts:
     """Labels from Kubernetes and, unless configured, the fleet size from the first far side
-    that knows it. A read that fails leaves its fact unknown: the guards say so, never guess."""
+    that knows it; with ``fleet`` (the cached snapshot), its node count and nodes out of service
+    instead of a list per call. A read that fails leaves its fact unknown: the guards say so,
+    never guess."""
+    facts = await _node_facts(ports, node, configured_fleet, fleet)
+    return facts if fleet is None else replace(facts, out_of_service=fleet.out_of_service)
+
+
+async def _node_facts(
+    ports: Ports, node: str, configured_fleet: int | None, fleet: FleetSnapshot | None
+) -> NodeFacts:
     labels: Mapping[str, str] | None = None
     kubernetes: int | None = None
     gaps: list[str] = []
@@ -99,7 +116,11 @@ async def node_facts(ports: Ports, node: str, *, configured_fleet: int | None = 
             labels = dict(found.labels) if found is not None else {}
         except PitcrewError:
             pass  # the opt-out guard says it could not check
-        if configured_fleet is None:
+        if configured_fleet is None and fleet is not None:
+            kubernetes = fleet.kubernetes_nodes
+            if kubernetes is None:
+                gaps.append(fleet.kubernetes_gap)
+        elif configured_fleet is None:
             try:
                 kubernetes = await ports.cluster.count_nodes() or None
                 if kubernetes is None:
@@ -138,6 +159,7 @@ async def build_world(
             now - policy.breaker.window, exclude_node=incident.node
         ),
         fleet=(facts or NOT_READ).fleet(policy.breaker.fleet_size),
+        out_of_service=(facts or NOT_READ).out_of_service,
         history=await store.history(incident.node, history_since, exclude=incident.id),
         node_labels=(facts or NOT_READ).labels,
         alert_started_at=incident.first_alert_at,
@@ -153,13 +175,20 @@ class Admission:
         self._metrics = deps.metrics
         self._clock = deps.clock
         self._lock = asyncio.Lock()
+        #: Nodes out of service, read at most once per poll interval however many alerts arrive.
+        self.fleet = FleetView(deps.ports, deps.clock, deps.settings.poll_interval)
 
     async def world(self, incident: IncidentRecord, now: datetime, facts: NodeFacts | None = None) -> World:
         facts = facts or await self._facts(incident)
         return await build_world(self._policy, self._store, incident, now, facts)
 
     async def _facts(self, incident: IncidentRecord) -> NodeFacts:
-        return await node_facts(self._ports, incident.node, configured_fleet=self._policy.breaker.fleet_size)
+        return await node_facts(
+            self._ports,
+            incident.node,
+            configured_fleet=self._policy.breaker.fleet_size,
+            fleet=await self.fleet.snapshot(),
+        )
 
     def _plan(self, incident: IncidentRecord, world: World, now: datetime) -> planner.Plan:
         return planner.plan(

@@ -3,6 +3,12 @@
 Slack, the CLI and the HTTP API all call these, with an ``actor`` naming who asked; every
 command, accepted or refused, is written to the audit log. Approvals are checked against
 the allowlist: an approval from anyone else is refused, audited and counted.
+
+Every process takes commands, leader or standby (``bot.engine.leadership``): they are written
+to the store, which is how the leader hears of them. A rollback given to a standby is recorded
+as a request (once, however many processes are asked) and carried out by the leader, whose
+report the standby waits for, up to ``rollback_wait`` (under the CLI's 30 s); past that it
+answers ``accepted``.
 """
 
 from __future__ import annotations
@@ -10,15 +16,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from bot.domain.incident import State
 from bot.domain.policy import Mode
 from bot.engine.admission import BREAKER, PAUSE, breaker_state
 from bot.engine.locks import IncidentLocks
 from bot.engine.metrics import Metrics
-from bot.engine.rollback import ROLLBACK
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.engine.rollback import ROLLBACK, RollbackRecord
+from bot.engine.signals import RealTimer, Timer
+from bot.store import codec
+from bot.store.base import ApprovalStatus, Deposed, IncidentRecord, NewEvent, Store
 
 
 class EngineControl(Protocol):
@@ -27,24 +35,36 @@ class EngineControl(Protocol):
     @property
     def locks(self) -> IncidentLocks: ...
 
+    @property
+    def leading(self) -> bool:
+        """Whether this process leads the store (runs playbooks) right now."""
+        ...
+
     def signal(self, incident_id: str) -> None: ...
     def signal_all(self) -> None: ...
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]: ...
+    async def request_rollback(
+        self, incident: IncidentRecord, actor: str, *, forced: bool = False
+    ) -> list[str] | None: ...
 
 
-#: Where a command may come from: an actor ``<channel>:<name>`` is matched by an allowlist entry
-#: naming the whole actor, or by the bare name for these channels only.
-CHANNELS = frozenset({"slack", "cli", "api"})
+#: Where a command may come from. pitcrew records it, never the caller: an actor is
+#: ``<channel>:<name>`` (``http:alice``, ``cli:alice``, ``slack:U0ALICE``), matched by an allowlist
+#: entry naming the whole actor, or by the bare name for these channels only.
+CHANNELS = frozenset({"slack", "cli", "http"})
 ACTOR_MAX = 128
+#: Longest free text a command carries (a pause's reason): it is stored, audited and posted to Slack.
+REASON_MAX = 500
 #: What a decision on an approval is called in the audit log.
-_DECIDED = {True: "approved", False: "rejected"}
+_DECIDED: dict[bool, ApprovalStatus] = {True: "approved", False: "rejected"}
 
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
-    """``status``: ``ok``, ``refused`` (not allowed), ``not_found`` or ``conflict`` (wrong state)."""
+    """``status``: ``ok``, ``accepted`` (recorded; the leader carries it out), ``refused`` (not
+    allowed), ``not_found``, ``conflict`` (wrong state) or ``invalid`` (a malformed argument, e.g.
+    a reason above ``REASON_MAX``)."""
 
-    status: str
+    status: Literal["ok", "accepted", "refused", "not_found", "conflict", "invalid"]
     message: str
     data: dict[str, Any] | None = None
 
@@ -64,13 +84,35 @@ def allowed(actor: str, approvers: tuple[str, ...]) -> bool:
 
 
 def actor_problem(actor: object) -> str | None:
-    """Why ``actor`` cannot name who gave a command (it goes into the audit log as is), or ``None``."""
+    """Why ``actor`` cannot name who gave a command, or ``None``. It is a bare name: the channel
+    it came through is pitcrew's to record (``actor_of``), so a name holding ``:`` — ``slack:U0ALICE``
+    sent over HTTP — is refused rather than passed off as a Slack user."""
     if not isinstance(actor, str) or not actor.strip():
         return 'say who you are: {"actor": "name"}'
     if len(actor) > ACTOR_MAX:
         return f"actor is longer than {ACTOR_MAX} characters"
     if not actor.isprintable():
         return "actor holds control or other unprintable characters"
+    if ":" in actor:
+        return (
+            f"actor {actor.strip()[:40]!r} holds a ':': give the bare name; pitcrew records the channel "
+            "the command came through (http:NAME, cli:NAME, slack:USER)"
+        )
+    return None
+
+
+def actor_of(channel: str, name: str) -> str:
+    """The actor pitcrew records: the channel it saw the command arrive on, and the bare name."""
+    assert channel in CHANNELS, channel
+    return f"{channel}:{name.strip()}"
+
+
+def reason_problem(reason: object) -> str | None:
+    """Why ``reason`` cannot be a command's free text (stored, audited, posted), or ``None``."""
+    if not isinstance(reason, str):
+        return "reason must be a string"
+    if len(reason) > REASON_MAX:
+        return f"reason is {len(reason)} characters; at most {REASON_MAX}"
     return None
 
 
@@ -84,8 +126,16 @@ class Commands:
         mode: Mode,
         *,
         vouch: Callable[[str], Awaitable[bool]] | None = None,
+        timer: Timer | None = None,
+        rollback_wait: float = 20.0,
+        leadership: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        #: Who leads the store and this process's role (``Leadership.describe``), for ``status``.
+        self._leadership = leadership
         self._engine = engine
+        self._timer = timer or RealTimer()
+        #: How long a standby waits for the leader to carry out a rollback it recorded.
+        self._rollback_wait = rollback_wait
         #: Approvers a channel knows beyond the allowlist (Slack's approver user group), asked only
         #: when the allowlist says no.
         self._vouch = vouch
@@ -176,10 +226,49 @@ class Commands:
                 await self._audit(incident_id, "rollback_refused", actor, why, "conflict")
                 return CommandResult("conflict", f"{incident_id}: {why}; resume first, or force it")
             await self._audit(incident_id, "rollback_forced", actor, f"{why}; forced", "ok")
-        report = await self._engine.request_rollback(incident, actor)
-        return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
+        if self._engine.leading:
+            try:
+                report = await self._engine.request_rollback(incident, actor, forced=pause is not None)
+            except Deposed:  # another process took over meanwhile: it carries out the request
+                return await self._rollback_by_leader(incident_id, actor)
+            if report is None:  # paused after it started: it goes on after resume
+                return CommandResult(
+                    "ok",
+                    f"{incident_id}: rollback under way, held while pitcrew is paused; it goes on after resume",
+                    {"report": [], "held": True},
+                )
+            return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
+        return await self._rollback_by_leader(incident_id, actor)
+
+    async def _rollback_by_leader(self, incident_id: str, actor: str) -> CommandResult:
+        """Record the request for the leader (once), then wait for its report."""
+        await self._store.request_rollback(
+            incident_id,
+            codec.encode_record(RollbackRecord(actor)),
+            NewEvent("rollback_requested", actor=actor, detail="recorded by a standby; the leader undoes"),
+            self._clock(),
+        )
+        waited, beat = 0.0, 0.2
+        while True:
+            record = (await self._store.steps_of(incident_id)).get(ROLLBACK)
+            if record is not None and record.status == "ok":
+                done = codec.decode_record(RollbackRecord, record.result)
+                return CommandResult(
+                    "ok", f"{incident_id} rolled back by {done.actor}", {"report": list(done.report)}
+                )
+            if waited >= self._rollback_wait:
+                return CommandResult(
+                    "accepted",
+                    f"{incident_id}: rollback recorded; the leading pitcrew carries it out",
+                    {"report": []},
+                )
+            await self._timer.sleep(beat)
+            waited += beat
 
     async def pause(self, actor: str, reason: str = "") -> CommandResult:
+        problem = reason_problem(reason)
+        if problem is not None:
+            return CommandResult("invalid", f"not paused: {problem}")
         now = self._clock()
         await self._store.set_switch(PAUSE, {"reason": reason}, actor, now)
         self._metrics.paused.set(1)
@@ -208,7 +297,7 @@ class Commands:
     async def status(self) -> dict[str, Any]:
         breaker = await breaker_state(self._store)
         pause = await self._store.switch(PAUSE)
-        return {
+        found = {
             "mode": self._mode.value,
             "paused": pause is not None,
             "paused_by": (pause or {}).get("set_by"),
@@ -219,3 +308,6 @@ class Commands:
                 "reset_at": breaker.reset_at.isoformat() if breaker.reset_at else None,
             },
         }
+        if self._leadership is not None:
+            found["leadership"] = self._leadership()
+        return found

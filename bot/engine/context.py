@@ -22,7 +22,7 @@ from bot.domain.playbooks import StepSpec
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Notice, Notifier, Scheduler
 from bot.store import codec
-from bot.store.base import IncidentRecord, Json, NewEvent, Store
+from bot.store.base import ACTION, IncidentRecord, Json, NewEvent, Store
 
 if TYPE_CHECKING:
     from bot.engine.registry import StepRegistry
@@ -155,7 +155,7 @@ class StepContext(Generic[R]):
     async def acted(self, action: str, detail: str, **data: Json) -> None:
         """Audit and count one change made to a far side."""
         self.deps.metrics.actions.labels(action).inc()
-        await self.note("action", detail, action=action, **data)
+        await self.note(ACTION, detail, action=action, **data)
 
     async def tell(self, notice: Notice) -> str | None:
         return await self.deps.ports.notifier.post(notice)

@@ -13,6 +13,7 @@ from bot.domain.playbooks import PlaybookSet
 from bot.domain.policy import Policy
 from bot.engine.context import Ports, StepDeps, StepSettings
 from bot.engine.metrics import Metrics
+from bot.engine.pause import gated
 from bot.engine.registry import StepRegistry
 from bot.engine.signals import RealTimer, Timer
 from bot.engine.steps import REGISTRY
@@ -37,5 +38,8 @@ class EngineDeps:
         if problems:
             raise ValueError("; ".join(problems))
 
-    def step_deps(self) -> StepDeps:
-        return StepDeps(self.ports, self.store, self.steps, self.metrics, self.clock, self.registry)
+    def step_deps(self, *, forced: bool = False) -> StepDeps:
+        """What steps and undos use: the ports with every write held while paused
+        (``bot.engine.pause``); ``forced``: ungated, for a rollback forced while paused."""
+        ports = self.ports if forced else gated(self.ports, self.store)
+        return StepDeps(ports, self.store, self.steps, self.metrics, self.clock, self.registry)

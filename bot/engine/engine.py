@@ -6,14 +6,23 @@ One asyncio task per active incident gives per-node serialisation (one active in
 per node); a semaphore bounds how many steps run at once. The supervisor rescans the
 store when woken (a delivery arrived, a command was given) and every ``poll_interval``,
 so nothing depends on an in-memory queue that a crash would lose.
+
+The engine runs only while its process leads the store (``bot.engine.leadership``), and every
+write it makes goes through the fenced store: when another process has taken over, a write
+raises ``Deposed`` and the worker that hit it ends there, before any further call to a far side;
+the leadership then stops the whole engine. Commands given to another process reach the
+engine through the store, and the scan picks them up: a rollback requested there is carried out
+here, an approval decided there wakes the incident waiting for it, a resume wakes every waiter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from bot import logger
+from bot.domain.catalog import Catalog
 from bot.domain.incident import State
 from bot.engine.admission import PAUSE, Admission
 from bot.engine.deps import EngineDeps
@@ -22,15 +31,23 @@ from bot.engine.flow import IncidentFlow
 from bot.engine.locks import IncidentLocks
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
+from bot.engine.slurm_watch import SlurmWatch
+from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
-from bot.store.base import IncidentRecord, NewEvent
+from bot.store.base import Deposed, IncidentRecord, NewEvent
 
 log = logger(__name__)
 _SCAN_BEAT = 0.02
 
 
 class Engine:
-    def __init__(self, deps: EngineDeps) -> None:
+    def __init__(
+        self, deps: EngineDeps, *, leading: Callable[[], bool] = lambda: True, catalog: Catalog | None = None
+    ) -> None:
+        """``leading``: whether this process leads the store now (``bot.engine.leadership``);
+        always, for an engine that is the store's only user (tests, tools). ``catalog``: with
+        ``engine.slurm_watch``, what the Slurm watch classifies Slurm's outages with."""
+        self._leading = leading
         self.deps = deps
         self.store = deps.store
         self.metrics = deps.metrics
@@ -45,23 +62,51 @@ class Engine:
         self._rolling_back: set[str] = set()  # rolled back by a command right now: no worker
         self._wake = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
+        self._paused: bool | None = None  # the pause switch at the last scan (None: not read yet)
+        self.slurm_watch = (
+            SlurmWatch(deps, catalog, signal=self.signal, wake=self.wake)
+            if deps.settings.slurm_watch and catalog is not None
+            else None
+        )
         for step in deps.registry:  # every step's series exists from the start (0, not absent)
             for outcome in ("ok", "failed", "skipped"):
                 self.metrics.steps.labels(step, outcome)
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        # Rollbacks under way (held by a pause, or cut by a crash) go on, closed incidents' too.
+        for incident_id in await self.store.rollbacks_requested():
+            self._start_worker(incident_id)
         self._main = asyncio.create_task(self._supervise(), name="pitcrew-engine")
+
+    def _start_worker(self, incident_id: str) -> None:
+        task = self._tasks.get(incident_id)
+        if task is None or task.done():
+            self._tasks[incident_id] = asyncio.create_task(self._guarded_run(incident_id), name=incident_id)
 
     async def stop(self) -> None:
         tasks = [t for t in [self._main, *self._tasks.values()] if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._tasks.clear()
         self._main = None
+        self._forget_gauges()
+
+    def _forget_gauges(self) -> None:
+        """The scan's gauges describe the store as this engine last saw it: a process that stops
+        leading must not go on exporting them beside the new leader's (dashboards sum them)."""
+        for state in State:
+            if not state.terminal:
+                self.metrics.incidents_active.labels(state.value).set(0)
+        for gauge in (
+            self.metrics.nodes_under_remediation,
+            self.metrics.approvals_waiting,
+            self.metrics.oldest_active,
+        ):
+            gauge.set(0)
+        self.metrics.incidents.keep_only([])
 
     def wake(self) -> None:
         self._wake.set()
@@ -75,6 +120,10 @@ class Engine:
         """A switch changed (resume): every waiting incident looks again."""
         self.signals.signal_all()
         self._wake.set()
+
+    @property
+    def leading(self) -> bool:
+        return self._leading()
 
     @property
     def running(self) -> bool:
@@ -92,6 +141,9 @@ class Engine:
             self._wake.clear()
             try:
                 await self._scan()
+            except Deposed:
+                log.warning("engine stops: this process no longer leads")
+                return
             except Exception:  # the supervisor must outlive a bad scan
                 log.exception("engine scan failed")
             await self.deps.timer.wait(self._wake, interval)
@@ -99,16 +151,21 @@ class Engine:
             await self.deps.timer.sleep(_SCAN_BEAT)
 
     async def _scan(self) -> None:
+        if self.slurm_watch is not None:
+            try:
+                await self.slurm_watch.poll()  # before reading the store: what it opens runs now
+            except Deposed:
+                raise
+            except Exception:  # a bad look at Slurm must not stop the incidents already open
+                log.exception("slurm watch failed; the next poll tries again")
         active = await self.store.active()
+        await self._adopt_rollbacks()
         now = self.clock()
         counts: dict[str, int] = {state.value: 0 for state in State if not state.terminal}
         for incident_id, state, _ in active:
             counts[state.value] += 1
-            task = self._tasks.get(incident_id)
-            if incident_id not in self._rolling_back and (task is None or task.done()):
-                self._tasks[incident_id] = asyncio.create_task(
-                    self._guarded_run(incident_id), name=incident_id
-                )
+            if incident_id not in self._rolling_back:
+                self._start_worker(incident_id)
         for state_name, count in counts.items():
             self.metrics.incidents_active.labels(state_name).set(count)
         self.metrics.nodes_under_remediation.set(counts[State.RUNNING.value] + counts[State.VERIFYING.value])
@@ -116,7 +173,14 @@ class Engine:
         await self._show_incidents([incident_id for incident_id, _, _ in active])
         oldest = min((opened for _, _, opened in active), default=None)
         self.metrics.oldest_active.set((now - oldest).total_seconds() if oldest else 0)
-        self.metrics.paused.set(1 if await self.store.switch(PAUSE) else 0)
+        paused = await self.store.switch(PAUSE) is not None
+        self.metrics.paused.set(1 if paused else 0)
+        if self._paused and not paused:  # resumed, perhaps through another process
+            self.signals.signal_all()
+        self._paused = paused
+        await self._wake_decided(
+            [incident_id for incident_id, state, _ in active if state is State.AWAITING_APPROVAL]
+        )
         live = {incident_id for incident_id, _, _ in active}
         for incident_id in [i for i, t in self._tasks.items() if t.done()]:
             self._tasks.pop(incident_id)
@@ -134,11 +198,57 @@ class Engine:
             if incident is not None and not incident.state.terminal:
                 series.show_incident(incident)
 
+    async def _wake_decided(self, waiting: list[str]) -> None:
+        """Incidents waiting for an approval that was decided (here or in another process)."""
+        for incident_id in waiting:
+            approval = await self.store.approval(incident_id)
+            if approval is not None and approval.status != "pending":
+                self.signals.signal(incident_id)
+
+    async def _adopt_rollbacks(self) -> None:
+        """Carry out rollbacks requested in the store and not under way here: recorded by a
+        command another process took, or by this one before it led."""
+        for incident_id in await self.store.rollbacks_requested():
+            if incident_id in self._rolling_back:
+                continue
+            self._rolling_back.add(incident_id)
+            task = self._tasks.get(incident_id)
+            self._tasks[incident_id] = asyncio.create_task(
+                self._carry_out_rollback(incident_id, task), name=f"{incident_id}/rollback"
+            )
+
+    async def _carry_out_rollback(self, incident_id: str, worker: asyncio.Task[None] | None) -> None:
+        """Stop the incident's worker, then undo under its work lock, as ``request_rollback`` does."""
+        try:
+            if worker is not None and not worker.done():
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+            async with self.locks.work(incident_id):
+                incident = await self.store.incident(incident_id)
+                record = (await self.store.steps_of(incident_id)).get(ROLLBACK)
+                if incident is not None and record is not None and record.status == "running":
+                    actor = codec.decode_record(RollbackRecord, record.result).actor
+                    await self.flow.undo_and_close(incident, actor)
+        except asyncio.CancelledError:
+            raise
+        except Deposed:
+            log.warning("rollback stops: this process no longer leads", extra={"incident": incident_id})
+        except Exception:
+            log.exception("rollback failed; the next scan tries again", extra={"incident": incident_id})
+            await self.deps.timer.sleep(self.deps.settings.poll_interval.total_seconds())
+        finally:
+            self._rolling_back.discard(incident_id)
+
     async def _guarded_run(self, incident_id: str) -> None:
         try:
             await self.flow.run(incident_id)
         except asyncio.CancelledError:
             raise
+        except Deposed:
+            log.warning(
+                "incident worker stops: this process no longer leads", extra={"incident": incident_id}
+            )
         except Exception:
             log.exception(
                 "incident worker crashed; the supervisor will restart it", extra={"incident": incident_id}
@@ -146,14 +256,29 @@ class Engine:
             await self.deps.timer.sleep(self.deps.settings.poll_interval.total_seconds())
 
     # ----------------------------------------------------------------- rollback
-    async def request_rollback(self, incident: IncidentRecord, actor: str) -> list[str]:
+    async def request_rollback(
+        self, incident: IncidentRecord, actor: str, *, forced: bool = False
+    ) -> list[str] | None:
         """Persist the request, stop the incident's worker, then undo under its work lock.
 
         The request is in the store first, so a crash in between resumes the rollback, not the
         playbook. Stopping the worker cancels a step call in flight (its intent is already
         persisted, and every undo reads the far side before it acts); the work lock then keeps
-        any step call of the incident from running beside the undo. Returns the report.
+        any step call of the incident from running beside the undo. Returns the report, or
+        ``None`` when a pause held it: its worker finishes it after resume.
         """
+        carrier = self._tasks.get(incident.id)
+        if (
+            incident.id in self._rolling_back
+            and carrier is not None
+            and carrier is not asyncio.current_task()
+        ):
+            # Requested through another process and already being carried out here: one undo.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(carrier)
+            done = (await self.store.steps_of(incident.id)).get(ROLLBACK)
+            undone = codec.decode_record(RollbackRecord, done.result).report if done else ()
+            return list(undone)
         self._rolling_back.add(incident.id)
         try:
             await self.store.step_finished(
@@ -161,7 +286,7 @@ class Engine:
                 ROLLBACK,
                 "running",
                 self.clock(),
-                result=codec.encode_record(RollbackRecord(actor)),
+                result=codec.encode_record(RollbackRecord(actor, forced=forced)),
                 event=NewEvent("rollback_requested", actor=actor),
             )
             task = self._tasks.pop(incident.id, None)
@@ -172,6 +297,9 @@ class Engine:
             async with self.locks.work(incident.id):
                 fresh = await self.store.incident(incident.id)
                 assert fresh is not None
-                return await self.flow.undo_and_close(fresh, actor)
+                report = await self.flow.undo_and_close(fresh, actor)
         finally:
             self._rolling_back.discard(incident.id)
+        if report is None:  # held by a pause: a worker finishes it after resume
+            self._start_worker(incident.id)
+        return report

@@ -11,12 +11,11 @@ permanently, escalates: the incident goes to humans, never silently.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Final, Literal, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
@@ -26,9 +25,11 @@ from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.locks import IncidentLocks
+from bot.engine.pause import Held
 from bot.engine.registry import Handler, StepDef
+from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
-from bot.store.base import IncidentRecord, JsonObject, NewEvent
+from bot.store.base import Deposed, IncidentRecord, JsonObject, NewEvent
 
 log = logger(__name__)
 R = TypeVar("R", bound=StepResult)
@@ -37,10 +38,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """``ok`` (advance, also for a step skipped or already done) or ``failed`` (escalated)."""
+    """``ok`` (advance, also for a step skipped or already done), ``failed`` (escalated) or
+    ``held`` (paused before its next change; run it again after resume)."""
 
-    status: str
+    status: Literal["ok", "failed", "held"]
     detail: str = ""
+
+
+#: A step whose next change was held by a pause (``bot.engine.pause``): it runs again after resume.
+HELD: Final = "held"
 
 
 class StepFailed(Exception):
@@ -57,11 +63,11 @@ class Executor:
         self._metrics = deps.metrics
         self._clock = deps.clock
         self._slots = slots
-        self._step_deps = deps.step_deps()
 
     @property
     def step_deps(self) -> StepDeps:
-        return self._step_deps
+        # Built per use: the gated view (``bot.engine.pause``) of whatever the ports are now.
+        return self._deps.step_deps()
 
     async def run(self, incident: IncidentRecord, step: str) -> StepOutcome:
         definition: StepDef[StepResult] = self._deps.registry[step]
@@ -91,13 +97,27 @@ class Executor:
             if record is not None
             else definition.result()
         )
-        ctx = StepContext(incident=incident, plan=plan, spec=spec, deps=self._step_deps, progress=progress)
-        started_at = record.started_at if record is not None and record.started_at else self._clock()
+        ctx = StepContext(incident=incident, plan=plan, spec=spec, deps=self.step_deps, progress=progress)
+        resumed = record is not None and record.started_at is not None and record.status != HELD
+        started_at = (
+            record.started_at if resumed and record is not None and record.started_at else self._clock()
+        )
         deadline = started_at + budget.timeout
         used = record.attempts if record is not None else 0
         began = time.monotonic()
         try:
             done = await self._until_done(ctx, definition, deadline, used, budget.attempts)
+        except Held as held:
+            # Not a failure: the step waits for resume with its progress, and a fresh deadline then.
+            await self._store.step_finished(
+                incident.id,
+                step,
+                HELD,
+                self._clock(),
+                result=codec.encode_record(ctx.progress),
+                event=NewEvent("held", step=step, detail=str(held)),
+            )
+            return StepOutcome(HELD, str(held))
         except StepFailed as failure:
             result = codec.encode_record(ctx.progress)
             return await self._finished(incident.id, step, "failed", result, str(failure), began)
@@ -118,7 +138,13 @@ class Executor:
         return StepOutcome("ok", detail)
 
     async def _finished(
-        self, incident_id: str, step: str, status: str, result: JsonObject, detail: str, began: float
+        self,
+        incident_id: str,
+        step: str,
+        status: Literal["ok", "failed"],
+        result: JsonObject,
+        detail: str,
+        began: float,
     ) -> StepOutcome:
         """Record the step's end (outcome, result, duration) in the store and the metrics."""
         await self._store.step_finished(
@@ -144,9 +170,7 @@ class Executor:
                 raise TimeoutError
         finally:
             if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         return task.result()
 
     async def _until_done(
@@ -222,6 +246,8 @@ class Executor:
                     async with self._locks.work(ctx.incident.id), self._slots:
                         answer = await self._within(handler(ctx), remaining)
                     return answer, counter["n"]
+        except Held:
+            raise
         except TransientError as exc:
             self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
@@ -234,6 +260,8 @@ class Executor:
         except PermanentError as exc:
             self._metrics.integration_error(system, exc.reason)
             raise StepFailed(f"{ctx.step} cannot succeed: {exc}", exc.reason) from exc
+        except Deposed:
+            raise  # another process leads now: stop here, record nothing, call nothing
         except Exception as exc:  # a defect must escalate to humans, not kill the incident's worker
             log.exception("step crashed", extra={"incident": ctx.incident.id, "step": ctx.step})
             raise StepFailed(f"{ctx.step} hit an internal error: {exc!r}", "internal") from exc

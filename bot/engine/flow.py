@@ -15,8 +15,8 @@ track does. ``close`` waits for both: the incident ends when both tracks have en
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -28,14 +28,15 @@ from bot.domain.policy import Mode
 from bot.engine import trust
 from bot.engine.admission import PAUSE, Admission, post_safely
 from bot.engine.deps import EngineDeps
-from bot.engine.executor import Executor
+from bot.engine.executor import HELD, Executor
 from bot.engine.locks import IncidentLocks
 from bot.engine.ports import Notice
 from bot.engine.registry import Track
-from bot.engine.rollback import ROLLBACK, RollbackRecord, undo
+from bot.engine.rollback import ROLLBACK, RollbackHeld, RollbackRecord, undo
 from bot.engine.signals import Signals
+from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
-from bot.store.base import IncidentRecord, NewEvent, StepRecord
+from bot.store.base import Deposed, IncidentRecord, NewEvent, StepRecord
 
 log = logger(__name__)
 _ENDED = frozenset({"ok", "skipped", "failed", "undone"})
@@ -65,22 +66,27 @@ class IncidentFlow:
         try:
             while True:
                 incident = await self.store.incident(incident_id)
-                if incident is None or incident.state.terminal:
+                if incident is None:
                     return
                 steps = await self.store.steps_of(incident_id)
+                rollback = steps.get(ROLLBACK)
+                if incident.state.terminal and (rollback is None or rollback.status == "ok"):
+                    return  # a rollback of a closed incident still under way goes on below
                 if ROLLBACK in steps:  # requested before a crash: finish it, never re-run a finished one
                     record = codec.decode_record(RollbackRecord, steps[ROLLBACK].result)
                     async with self.locks.work(incident_id):
                         if steps[ROLLBACK].status == "ok":
                             await self._close(incident, State.ROLLED_BACK, f"rolled back by {record.actor}")
-                        else:
-                            await self.undo_and_close(incident, record.actor)
-                    return
+                            return
+                        if await self.undo_and_close(incident, record.actor) is not None:
+                            return
+                    await self.signals.wait(incident_id, None)  # held by a pause: resume signals it
+                    continue
                 if incident.state is State.OPEN or incident.plan is None:
                     await self.admission.admit(incident)
                     continue
                 if incident.faults_changed:
-                    await _stop(job_track)  # the new plan restarts it
+                    await cancel_and_wait(job_track)  # the new plan restarts it
                     job_track = None
                     await self.admission.replan(incident)
                     continue
@@ -90,7 +96,7 @@ class IncidentFlow:
                 if await self._node_track(incident, plan, job_track):
                     return
         finally:
-            await _stop(job_track)
+            await cancel_and_wait(job_track)
 
     # ---------------------------------------------------------------- node track
     async def _node_track(
@@ -118,6 +124,9 @@ class IncidentFlow:
             if not await self._enter(incident, step):
                 return False
             outcome = await self.executor.run(incident, step)
+            if outcome.status == HELD:
+                await self.signals.wait(incident.id, None)  # resume signals every incident
+                return False
             if outcome.status == "failed":
                 await self._escalate(incident, step, outcome.detail)
                 return True
@@ -125,11 +134,12 @@ class IncidentFlow:
         return False
 
     async def _enter(self, incident: IncidentRecord, step: str) -> bool:
-        """Move to the state this step runs in; hold mutating steps while paused."""
+        """Move to the state this step runs in; hold every mutating step while paused (returning
+        the node too: a paused pitcrew changes nothing, ``bot.engine.pause``)."""
         definition = self.registry[step]
         if incident.mode == Mode.OBSERVE.value:
             return True  # observe mode runs nothing on a node: the incident stays guarded, never "running"
-        if definition.destructive:
+        if definition.mutating:
             pause = await self.store.switch(PAUSE)
             if pause is not None:
                 await self.store.record(
@@ -164,7 +174,7 @@ class IncidentFlow:
     async def _run_job_track(self, incident_id: str, pending: list[str]) -> None:
         try:
             await self._job_steps_in_turn(incident_id, pending)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Deposed):
             raise
         except Exception:  # the node track restarts it on its next move
             log.exception("job track crashed", extra={"incident": incident_id})
@@ -172,10 +182,14 @@ class IncidentFlow:
 
     async def _job_steps_in_turn(self, incident_id: str, pending: list[str]) -> None:
         for step in pending:
-            incident = await self.store.incident(incident_id)
-            if incident is None or incident.state.terminal:
-                return
-            outcome = await self.executor.run(incident, step)
+            while True:
+                incident = await self.store.incident(incident_id)
+                if incident is None or incident.state.terminal:
+                    return
+                outcome = await self.executor.run(incident, step)
+                if outcome.status != HELD:
+                    break
+                await self.signals.wait(incident_id, None)
             if outcome.status == "failed":
                 await self._tell(
                     incident,
@@ -361,19 +375,41 @@ class IncidentFlow:
             actions=("rollback",),
         )
 
-    async def undo_and_close(self, incident: IncidentRecord, actor: str) -> list[str]:
+    async def undo_and_close(self, incident: IncidentRecord, actor: str) -> list[str] | None:
         """Undo what pitcrew did, end the incident ``rolled_back`` and tell humans; the caller holds
         the incident's work lock. Every active state may end so (before anything was done there
-        is simply nothing to undo), so a rollback never leaves an incident to be rolled back again."""
+        is simply nothing to undo), so a rollback never leaves an incident to be rolled back again.
+
+        ``None``: a pause held the next change (``bot.engine.pause``); what was undone so far is
+        kept in the rollback's record, and the rollback goes on (from the store) after resume."""
         steps = await self.store.steps_of(incident.id)
-        report = await undo(incident, steps, self.executor.step_deps, self.registry, actor)
+        record = (
+            codec.decode_record(RollbackRecord, steps[ROLLBACK].result)
+            if ROLLBACK in steps
+            else RollbackRecord(actor)
+        )
+        deps = self.deps.step_deps(forced=True) if record.forced else self.executor.step_deps
+        try:
+            report = [*record.report, *await undo(incident, steps, deps, self.registry, actor)]
+        except RollbackHeld as held:
+            await self.store.step_finished(
+                incident.id,
+                ROLLBACK,
+                "running",
+                self.clock(),
+                result=codec.encode_record(replace(record, report=(*record.report, *held.report))),
+                event=NewEvent(
+                    "rollback_held", actor=actor, detail=f"{held}; the rollback goes on after resume"
+                ),
+            )
+            return None
         now = self.clock()
         await self.store.step_finished(
             incident.id,
             ROLLBACK,
             "ok",
             now,
-            result=codec.encode_record(RollbackRecord(actor, tuple(report))),
+            result=codec.encode_record(RollbackRecord(actor, tuple(report), record.forced)),
             event=NewEvent("rollback_done", actor=actor, detail="; ".join(report) or "nothing to undo"),
         )
         approval = await self.store.approval(incident.id)
@@ -391,10 +427,3 @@ class IncidentFlow:
 def _status(steps: Mapping[str, StepRecord], step: str) -> str | None:
     record = steps.get(step)
     return record.status if record is not None else None
-
-
-async def _stop(task: asyncio.Task[None] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

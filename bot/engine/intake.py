@@ -67,7 +67,7 @@ class Intake:
         payload = parse_webhook(body)
         check_times(payload, now)
         # Most deliveries are Alertmanager re-sending groups it already sent: no need to classify.
-        repeats = self._store.count_repeats(
+        repeats = await self._store.count_repeats(
             [(a.fingerprint, a.starts_at, a.status) for a in payload.alerts], now
         )
         if repeats is not None:

@@ -106,23 +106,31 @@ class Metrics:
         self.approvals = Counter("pitcrew_approvals", "Approval decisions.", ["outcome"], registry=r)
         self.breaker_open = Gauge("pitcrew_breaker_open", "1 while the circuit breaker is open.", registry=r)
         self.paused = Gauge("pitcrew_paused", "1 while pitcrew is paused.", registry=r)
+        self.leader = Gauge(
+            "pitcrew_leader",
+            "1 while this process holds the store's lease and acts; 0 on a standby.",
+            registry=r,
+        )
+        self.leader_epoch = Gauge(
+            "pitcrew_leader_epoch", "The lease epoch (fencing token) this process last led with.", registry=r
+        )
         self.time_to_job_running = Histogram(
             "pitcrew_time_to_job_running_seconds",
-            "From first alert to every interrupted Slurm job running again (the job track), by playbook.",
+            "From the first delivery of the alert to every interrupted Slurm job running again (the job track), by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
         self.time_to_node_back = Histogram(
             "pitcrew_time_to_node_back_seconds",
-            "From first alert to the node back in service (the node track), by playbook.",
+            "From the first delivery of the alert to the node back in service (the node track), by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
         self.time_to_recovery = Histogram(
             "pitcrew_time_to_recovery_seconds",
-            "From first alert to resolved, by playbook.",
+            "From the first delivery of the alert to resolved, by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,
@@ -141,7 +149,7 @@ class Metrics:
         )
         self.time_to_out_of_service = Histogram(
             "pitcrew_time_to_out_of_service_seconds",
-            "From first alert to the node out of service (Slurm DOWN/DRAIN), by playbook.",
+            "From the first delivery of the alert to the node out of service (Slurm DOWN/DRAIN), by playbook.",
             ["playbook"],
             buckets=_RECOVERY_BUCKETS,
             registry=r,

@@ -18,7 +18,6 @@ before it starts, so after a crash the destination knows to look for what it alr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -30,7 +29,8 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Destination, Notice, Notifier
 from bot.engine.signals import RealTimer, Timer
-from bot.store.base import Json, NewEvent, OutboxItem, Store
+from bot.engine.tasks import cancel_and_wait
+from bot.store.base import Deposed, Json, NewEvent, OutboxItem, Store
 
 log = logger(__name__)
 
@@ -132,11 +132,8 @@ class OutboxSender:
         self._task = asyncio.create_task(self._run(), name="pitcrew-outbox")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
@@ -147,6 +144,9 @@ class OutboxSender:
                     delay = min(delay, await self.drain(destination))
                 except asyncio.CancelledError:
                     raise
+                except Deposed:  # another process leads: it delivers from now on
+                    log.warning("outbox sender stops: this process no longer leads")
+                    return
                 except Exception:  # the sender must outlive a bad round; the rows stay pending
                     log.exception("outbox round failed", extra={"destination": destination.name})
                     delay = min(delay, self._backoff.initial)

@@ -16,9 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.nodemap import SlurmdPod
-from bot.domain.ownership import OWNER_ANNOTATION as OWNER_ANNOTATION
-from bot.domain.ownership import Taint as Taint
-from bot.domain.ownership import fault_taint
+from bot.domain.ownership import Taint
 from bot.store.base import OutboxItem
 
 
@@ -44,6 +42,11 @@ class Scheduler(Protocol):
 
     async def job(self, job_id: str) -> JobSnapshot | None:
         """One job, or ``None`` once Slurm has forgotten it."""
+        ...
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        """Every Slurm node with its state and reason, in one read (the breaker's snapshot of
+        nodes out of service, ``bot.engine.fleet``)."""
         ...
 
     async def partition_nodes(self, name: str) -> PartitionNodes | None:
@@ -95,10 +98,6 @@ class PodRef:
         return f"{self.namespace}/{self.name}"
 
 
-#: The taint pitcrew adds when it cordons a node (its ownership rules: ``bot.domain.ownership``).
-FAULT_TAINT = fault_taint()
-
-
 @runtime_checkable
 class Cluster(Protocol):
     """Kubernetes: cordon, drain, replace. Ownership lives in a node annotation."""
@@ -106,6 +105,11 @@ class Cluster(Protocol):
     async def node(self, name: str) -> ClusterNode | None: ...
 
     async def count_nodes(self) -> int: ...
+
+    async def nodes(self) -> list[ClusterNode]:
+        """Every node of the fleet (``kubernetes.node_selector``) in one list (the breaker's
+        snapshot of nodes out of service, ``bot.engine.fleet``)."""
+        ...
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         """Mark unschedulable, add pitcrew's taint and the ownership annotation."""

@@ -3,7 +3,8 @@
 Each step says in the registry how it is undone (its ``undo`` function) or why it is not;
 the undo functions check ownership on the far side first (``bot.domain.ownership``), so a
 node someone else has taken meanwhile is left alone. Safe to run twice: an undone step is
-marked ``undone`` and never undone again.
+marked ``undone`` and never undone again. Held by a pause like any change (``bot.engine.pause``):
+a rollback under way stops before its next call while paused and goes on after resume.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bot.engine.context import StepDeps, StepResult, UndoContext
+from bot.engine.pause import Held
 from bot.engine.registry import StepDef, StepRegistry
 from bot.store import codec
 from bot.store.base import IncidentRecord, NewEvent, StepRecord
@@ -22,10 +24,22 @@ ROLLBACK = "rollback"
 
 @dataclass(frozen=True, slots=True)
 class RollbackRecord:
-    """Who asked for the rollback, and what it did (set when done)."""
+    """Who asked for the rollback, and what it did (set when done; so far, while held)."""
 
     actor: str = "unknown"
     report: tuple[str, ...] = ()
+    #: Forced while paused (``--force``, audited): its calls are not held.
+    forced: bool = False
+
+
+class RollbackHeld(Exception):
+    """A pause held the rollback's next change (``bot.engine.pause``); ``report`` is what was
+    undone before it. The rollback stays under way and goes on after resume."""
+
+    def __init__(self, report: list[str], held: Held) -> None:
+        super().__init__(str(held))
+        self.report = report
+        self.held = held
 
 
 async def undo(
@@ -44,7 +58,10 @@ async def undo(
         definition = registry.get(step)
         if record is None or definition is None or record.status in {"skipped", "undone", "superseded"}:
             continue
-        line = await _undo_one(ctx, definition, record)
+        try:
+            line = await _undo_one(ctx, definition, record)
+        except Held as held:
+            raise RollbackHeld(report, held) from held
         if line is None:
             continue
         report.append(line)

@@ -8,7 +8,6 @@ strands, an incident.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -31,10 +30,15 @@ class RealTimer:
         await asyncio.sleep(seconds)
 
     async def wait(self, event: asyncio.Event, limit: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=limit)
-            return True
-        return False
+        # Not ``asyncio.wait_for``: on Python 3.11 it returns the result when the waiting task is
+        # cancelled in the loop iteration that sets the event (CPython gh-86296), so a worker stopped
+        # just as it was woken goes on as if never stopped, and whoever stops it waits for ever.
+        try:
+            async with asyncio.timeout(limit):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
 
 
 class Signals:

@@ -68,6 +68,10 @@ class DryRunJournal:
     async def count_nodes(self) -> NoReturn:
         raise PermanentError("dry run: the journal does not know the fleet", reason=Reason.DRY_RUN)
 
+    async def nodes(self) -> NoReturn:
+        """Neither Slurm's nor Kubernetes' list of nodes: a dry run knows none out of service."""
+        raise PermanentError("dry run: the journal does not know the fleet's nodes", reason=Reason.DRY_RUN)
+
     async def partition_nodes(self, name: str) -> NoReturn:
         """No partitions either: the breaker must not take a written line for a fleet."""
         raise PermanentError(

@@ -3,23 +3,37 @@
 Everything pitcrew must not forget lives behind this port: every alert received (keyed by
 fingerprint + startsAt), one incident per node with its plan and step cursor, per-step
 records (what was done, what pitcrew owns), approvals, switches (pause, breaker) and an
-append-only audit log. Methods take ``now`` from the caller: the store reads no clock.
+append-only audit log. Methods take ``now`` from the caller: the store reads no clock — except
+for the leadership lease (``bot.store.lease``), whose expiry only the store's own clock may judge,
+so that processes whose clocks disagree never both lead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
+from bot.domain.alerts import AlertStatus
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
+from bot.store.lease import Deposed as Deposed  # the lease's vocabulary is part of the port
+from bot.store.lease import Fence as Fence
+from bot.store.lease import Lease as Lease
 
 #: A JSON value as stored. Typed records are encoded to and decoded from it by ``bot.store.codec``.
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 JsonObject: TypeAlias = Mapping[str, Json]
+#: A step record: ``running`` (begun; after a crash, interrupted), ``ok``, ``failed`` (escalated),
+#: ``held`` (paused before its far-side call; it goes on after resume), ``skipped`` (not applicable, or
+#: observe mode), ``undone`` (rolled back), ``superseded`` (a replan
+#: dropped it: its result no longer counts).
+StepStatus = Literal["running", "held", "ok", "failed", "skipped", "undone", "superseded"]
+#: An approval request: ``pending`` until a human decides (``approved``, ``rejected``), its
+#: deadline passes (``expired``) or a rollback ends the incident first (``cancelled``).
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled"]
 
 
 class StoreUnavailable(RuntimeError):
@@ -38,6 +52,9 @@ PAGE_MAX = 200
 LIST_MAX = 1000
 #: Rows of a page when the reader does not say (the API and ``pitcrew incidents show``).
 PAGE_DEFAULT = 100
+#: The audit event of one change pitcrew made to a far side (``StepContext.acted``): an incident
+#: with one holds its node's place under the breaker even after it ended.
+ACTION = "action"
 T = TypeVar("T")
 
 
@@ -51,17 +68,25 @@ class Page(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
-class IncomingAlert:
-    """One alert of a delivery, already normalised and classified."""
+class SentAlert:
+    """One alert as Alertmanager sent it, normalised: its identity (fingerprint + startsAt), status,
+    node and what the rule gave it."""
 
     fingerprint: str
     starts_at: datetime
     ends_at: datetime | None
-    status: str
+    status: AlertStatus
     alertname: str
     node: str | None
     labels: Mapping[str, str]
+    #: As the rule gave them (``summary``, ``runbook_url`` ...).
     annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingAlert(SentAlert):
+    """One alert of a delivery, classified."""
+
     fault: Fault | None
 
 
@@ -69,7 +94,7 @@ class IncomingAlert:
 class Delivery:
     receiver: str
     group_key: str
-    status: str
+    status: AlertStatus
     truncated_alerts: int
     alerts: tuple[IncomingAlert, ...]
 
@@ -87,7 +112,7 @@ class IngestOutcome:
     #: Incidents already under way that got a fault they did not have (the engine replans them).
     changed: list[str] = field(default_factory=list)
     #: Alert keys and their state after this delivery, for the store's cache of committed keys.
-    cache: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+    cache: dict[tuple[str, str], tuple[AlertStatus, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,43 +136,22 @@ class IncidentRecord:
     faults_changed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class AlertRecord:
-    fingerprint: str
-    starts_at: datetime
-    ends_at: datetime | None
-    status: str
-    alertname: str
-    node: str | None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertRecord(SentAlert):
+    """A stored alert: where pitcrew filed it and how often Alertmanager sent it."""
+
     incident_id: str | None
     fault_key: str | None
     deliveries: int
     first_seen: datetime
     last_seen: datetime
-    labels: Mapping[str, str]
-    #: As the rule gave them (``summary``, ``runbook_url`` ...).
-    annotations: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    seq: int
-    incident_id: str | None
-    at: datetime
-    kind: str
-    step: str | None = None
-    outcome: str | None = None
-    attempt: int | None = None
-    actor: str | None = None
-    detail: str = ""
-    data: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     incident_id: str
     step: str
-    status: str  # running | ok | failed | skipped | undone | superseded
+    status: StepStatus
     attempts: int
     started_at: datetime | None
     ended_at: datetime | None
@@ -162,7 +166,7 @@ class ApprovalRecord:
     requested_at: datetime
     deadline: datetime
     approvers: tuple[str, ...]
-    status: str  # pending | approved | rejected | expired
+    status: ApprovalStatus
     decided_by: str | None = None
     decided_at: datetime | None = None
 
@@ -191,6 +195,8 @@ class OutboxItem:
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
+    """What happened, as the engine hands it to the store for the timeline."""
+
     kind: str
     step: str | None = None
     outcome: str | None = None
@@ -198,6 +204,16 @@ class NewEvent:
     actor: str | None = None
     detail: str = ""
     data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event(NewEvent):
+    """An event as the timeline keeps it: what happened, with its place in the log, its
+    incident and its time."""
+
+    seq: int
+    incident_id: str | None
+    at: datetime
 
 
 def link_key(incident_id: str) -> str:
@@ -213,8 +229,11 @@ class Store(Protocol):
 
     # alerts in, incidents out
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome: ...
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
-        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status."""
+    async def count_repeats(
+        self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
+    ) -> int | None:
+        """Fast path for redeliveries: ``(fingerprint, startsAt, status)`` all known in that status:
+        counted, and their number returned; ``None`` (nothing counted) if any is new or changed."""
         ...
 
     async def incident(self, incident_id: str) -> IncidentRecord | None: ...
@@ -267,7 +286,7 @@ class Store(Protocol):
         self,
         incident_id: str,
         step: str,
-        status: str,
+        status: StepStatus,
         now: datetime,
         *,
         result: JsonObject | None = None,
@@ -280,6 +299,49 @@ class Store(Protocol):
         ...
 
     async def ack_faults(self, incident_id: str) -> None: ...
+    async def request_rollback(
+        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime
+    ) -> bool:
+        """Record a rollback request (the ``rollback`` step, running, with ``result``) and ``event``,
+        unless the incident has one already, requested or done; whether this call recorded it."""
+        ...
+
+    async def rollbacks_requested(self) -> list[str]:
+        """Incidents, terminal or not, whose rollback was requested and is not done yet, oldest
+        first: by any process (the leader carries out what a standby recorded), held by a pause,
+        or cut by a crash — each goes on."""
+        ...
+
+    # one actor per store (``bot.store.lease``): expiry is judged by the store's own clock
+    async def lease(self) -> Lease | None:
+        """The leadership row as it is now (``None``: nobody ever led this store)."""
+        ...
+
+    async def acquire_lease(self, holder: str, ttl: timedelta) -> Lease:
+        """Take the lease for ``ttl`` if it is free, expired or ``holder``'s, with the epoch raised
+        by one; the row as it is after (``lease.holder != holder``: someone else leads)."""
+        ...
+
+    async def renew_lease(self, holder: str, epoch: int, ttl: timedelta) -> Lease | None:
+        """Extend the lease to ``ttl`` from now, only if ``holder`` still holds ``epoch`` (expired
+        or not, as long as nobody took it over); ``None`` if not."""
+        ...
+
+    async def release_lease(self, holder: str, epoch: int) -> None:
+        """End ``holder``'s term now (graceful shutdown), if it still holds ``epoch``."""
+        ...
+
+    def fenced(self, fence: Fence) -> Store:
+        """This store for the engine of a process that may lead: reads as they are, every write
+        checked against ``fence`` in its own transaction (``Deposed`` if the fence's holder and
+        epoch are not the leadership row's). Webhook ingest and human commands use the unfenced
+        store: every process takes them.
+
+        The check must hold until the commit: SQLite's ``BEGIN IMMEDIATE`` write lock does that; a
+        Postgres store starts each fenced transaction with ``SELECT 1 FROM leadership WHERE holder
+        = $1 AND epoch = $2 FOR SHARE`` (a takeover's UPDATE of the row waits for the commit) and
+        judges the lease with the database's ``now()``."""
+        ...
 
     # approvals, switches, history
     async def request_approval(
@@ -287,16 +349,17 @@ class Store(Protocol):
     ) -> ApprovalRecord: ...
     async def approval(self, incident_id: str) -> ApprovalRecord | None: ...
     async def decide_approval(
-        self, incident_id: str, status: str, actor: str, now: datetime
+        self, incident_id: str, status: ApprovalStatus, actor: str, now: datetime
     ) -> ApprovalRecord | None: ...
     async def switch(self, name: str) -> Mapping[str, Any] | None: ...
     async def set_switch(
         self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
     ) -> None: ...
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
-    async def nodes_in_remediation(
-        self, since: datetime, exclude_node: str | None = None
-    ) -> frozenset[str]: ...
+    async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        """Nodes of incidents admitted since ``since``: while active, and after they ended only
+        if pitcrew changed something for them (an ``ACTION`` event)."""
+        ...
 
     # the outbox of notices (``bot.store.outbox``)
     async def enqueue(

@@ -65,6 +65,7 @@ def fault_document(fault: Fault) -> dict[str, Json]:
         "known": fault.known,
         "job_fatal": fault.job_fatal,
         "detail": fault.detail,
+        "link": fault.link,
     }
 
 

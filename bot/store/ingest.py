@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from bot.domain.alerts import dedupe_key
+from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
@@ -29,7 +29,8 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterable[Sequence[T]]:
         yield items[start : start + size]
 
 
-KeyState = tuple[str, str | None]  # (status, incident id)
+#: An alert key's status and incident id.
+KeyState = tuple[AlertStatus, str | None]
 
 
 def ingest(
@@ -60,7 +61,7 @@ def ingest(
         if k not in known and a.node is not None and a.fault is not None
     }
     active, faults_of = _active_incidents(db, opening_nodes) if opening_nodes else ({}, {})
-    batch = _Batch(known, active, faults_of)
+    batch = Batch(known, active, faults_of)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
     ]
@@ -68,8 +69,9 @@ def ingest(
     return outcomes
 
 
-class _Batch:
-    """The rows one batch of deliveries adds, worked out in memory in arrival order."""
+class Batch:
+    """The rows one batch of deliveries adds, worked out in memory in arrival order (the Postgres
+    store writes the same rows with its own statements: ``bot.store.postgres``)."""
 
     def __init__(
         self,
@@ -187,7 +189,7 @@ class _Batch:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
-            self._rename(names)
+            self.rename(names)
         if self.inserts:
             db.executemany(
                 "INSERT INTO alerts (fingerprint, starts_at, ends_at, status, alertname, node, incident_id, fault_key,"
@@ -216,7 +218,7 @@ class _Batch:
         if self.events:
             insert_events_at(db, [(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
 
-    def _rename(self, names: dict[str, str]) -> None:
+    def rename(self, names: dict[str, str]) -> None:
         """Give the outcomes and cache entries the incident ids the database assigned."""
 
         def real(incident_id: str | None) -> str | None:

@@ -144,6 +144,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX outbox_refs_key ON outbox_refs(key);
     """,
+    # 4: one actor per store (bot.store.lease): at most one row, who leads and until when; the
+    # epoch is the fencing token every engine write is checked against. Times are Unix seconds
+    # of the store's own clock.
+    """
+    CREATE TABLE leadership (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        acquired_at REAL NOT NULL,
+        renewed_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    -- The leader looks for rollbacks another process recorded at every scan.
+    CREATE INDEX steps_rollback_requested ON steps(incident_id) WHERE step = 'rollback' AND status = 'running';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -9,41 +9,51 @@ functions below, each given that connection. Repeat deliveries Alertmanager make
 already sent are counted in memory and flushed every second; reads include what is not
 flushed yet — but only while the database file is the one the writer opened, or a restart
 would not know those alerts. Readiness (``ping``) is the writer's word on whether writes commit.
+
+Several processes may open one file: SQLite's write lock (``BEGIN IMMEDIATE``) serialises their
+transactions, and the leadership lease (``bot.store.lease``) decides which of them acts. The
+lease's times are the machine's clock read by SQLite (``_DB_NOW``), the same for every process.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bot.domain.alerts import dedupe_key
+from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import PastIncident, Plan
 from bot.store import codec
 from bot.store import outbox as _outbox
 from bot.store.base import (
+    ACTION,
     PAGE_MAX,
     AlertRecord,
     ApprovalRecord,
+    ApprovalStatus,
     Delivery,
     Event,
     IncidentRecord,
     IngestOutcome,
     JsonObject,
+    Lease,
     NewEvent,
     OutboxItem,
     Page,
     StepRecord,
+    StepStatus,
     StoreUnavailable,
     link_key,
 )
 from bot.store.ingest import insert_events
+from bot.store.lease import Deposed, Fence
 from bot.store.reader import Reader, alert_cursor, alert_key, event_key
 from bot.store.schema import TERMINAL_STATES
 from bot.store.writer import IngestJob, Writer
@@ -54,6 +64,9 @@ _ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
     " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
 )
+#: The store's clock in SQL, as Unix seconds (millisecond precision; one value per statement).
+#: Every process on the machine reads the same clock: lease expiry never depends on who asks.
+_DB_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 #: The order of an incident's alerts, and the key of an alert page's cursor.
 _ALERT_ORDER = "ORDER BY a.first_seen, a.fingerprint, a.starts_at"
 
@@ -80,9 +93,34 @@ def _bounded(limit: int) -> int:
     return max(1, min(limit, PAGE_MAX))
 
 
+def _lease_from(row: Mapping[str, Any]) -> Lease:
+    def at(seconds: float) -> datetime:
+        return datetime.fromtimestamp(seconds, UTC)
+
+    return Lease(
+        holder=row["holder"],
+        epoch=row["epoch"],
+        acquired_at=at(row["acquired_at"]),
+        renewed_at=at(row["renewed_at"]),
+        expires_at=at(row["expires_at"]),
+        now=at(row["now"]),
+    )
+
+
 class SqliteStore:
-    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 16) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "full",
+        units_per_batch: int = 16,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.path = path
+        #: The lease's clock: ``None`` is the database's own (``_DB_NOW``); tests pass fake time.
+        self._clock = clock
+        #: Set on a fenced view (``fenced``): every write checks it in its transaction.
+        self._fence: Fence | None = None
         self._writer = Writer(path, synchronous=synchronous, units_per_batch=units_per_batch)
         self._reader = Reader(path)
         #: Event kind → outbox destinations it is also written to (``route_events``).
@@ -104,15 +142,41 @@ class SqliteStore:
         if wake is not None:
             self._on_routed.append(wake)
 
+    def fenced(self, fence: Fence) -> SqliteStore:
+        """This store (same files, writer, reader and routes), every write checked against ``fence``."""
+        view = copy.copy(self)
+        view._fence = fence
+        return view
+
     async def _write(self, unit: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``unit`` in the writer's transaction; after the commit, wake the outbox if it routed."""
+        """Run ``unit`` in the writer's transaction; after the commit, wake the outbox if it routed.
+
+        On a fenced view the unit first checks, in the same transaction, that the leadership row
+        still names this process's holder and epoch. ``BEGIN IMMEDIATE`` holds the database's
+        write lock from that check to the commit, so no other process can take the lease over in
+        between (on Postgres: ``SELECT ... FOR SHARE`` of the row, which a takeover's UPDATE waits for).
+        """
+        fence = self._fence
+        token = fence.token() if fence is not None else None  # Deposed before touching the store
 
         def run(db: sqlite3.Connection) -> tuple[_T, bool]:
+            if (
+                token is not None
+                and not db.execute(
+                    "SELECT 1 FROM leadership WHERE id = 1 AND holder = ? AND epoch = ?", token
+                ).fetchone()
+            ):
+                raise Deposed(f"{token[0]} no longer holds epoch {token[1]}: another process took over")
             before = self._routed
             value = unit(db)
             return value, self._routed != before
 
-        result: tuple[_T, bool] = await self._writer.submit(run)
+        try:
+            result: tuple[_T, bool] = await self._writer.submit(run)
+        except Deposed as exc:
+            if fence is not None:
+                fence.deposed(str(exc))
+            raise
         value, routed = result
         if routed:
             for wake in self._on_routed:
@@ -301,24 +365,111 @@ class SqliteStore:
         ]
 
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
+        # An active incident holds its place from admission (two admitted at once must not both
+        # slip under the limit); an ended one keeps it only if pitcrew changed something for it
+        # (an "action" in its audit log), so one that failed before any change gives it back.
         rows = await self._rows(
-            "SELECT DISTINCT node FROM incidents WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?",
-            (codec.ts(since), exclude_node or ""),
+            "SELECT DISTINCT node FROM incidents i WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?"  # noqa: S608 - a constant
+            f" AND (state NOT IN {TERMINAL_STATES}"
+            " OR EXISTS (SELECT 1 FROM events e WHERE e.incident_id = i.id AND e.kind = ?))",
+            (codec.ts(since), exclude_node or "", ACTION),
         )
         return frozenset(r["node"] for r in rows)
 
+    async def rollbacks_requested(self) -> list[str]:
+        rows = await self._rows(
+            "SELECT s.incident_id FROM steps s JOIN incidents i ON i.id = s.incident_id"
+            " WHERE s.step = 'rollback' AND s.status = 'running' ORDER BY i.seq"
+        )
+        return [r["incident_id"] for r in rows]
+
+    # ------------------------------------------------------------------- lease
+    def _now(self) -> tuple[str, list[Any]]:
+        """The lease clock as an SQL expression and its parameters."""
+        if self._clock is None:
+            return _DB_NOW, []
+        return "?", [self._clock().timestamp()]
+
+    def _lease_row(self, db: sqlite3.Connection) -> Lease | None:
+        now, params = self._now()
+        cursor = db.execute(
+            f"SELECT holder, epoch, acquired_at, renewed_at, expires_at, {now} AS now FROM leadership WHERE id = 1",  # noqa: S608
+            params,
+        )
+        row = cursor.fetchone()  # a tuple on the writer's connection, a Row on the reader's
+        return _lease_from(dict(zip([c[0] for c in cursor.description], row, strict=True))) if row else None
+
+    async def lease(self) -> Lease | None:
+        return await self._reader.run(self._lease_row)
+
+    async def acquire_lease(self, holder: str, ttl: timedelta) -> Lease:
+        # On Postgres: the same upsert with now() (the transaction's start) and RETURNING *.
+        now, params = self._now()
+        seconds = ttl.total_seconds()
+
+        def unit(db: sqlite3.Connection) -> Lease:
+            db.execute(
+                "INSERT INTO leadership (id, holder, epoch, acquired_at, renewed_at, expires_at)"  # noqa: S608
+                f" SELECT 1, ?, 1, t, t, t + ? FROM (SELECT {now} AS t) WHERE true"
+                " ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, epoch = leadership.epoch + 1,"
+                " acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at,"
+                " expires_at = excluded.expires_at"
+                " WHERE leadership.expires_at <= excluded.acquired_at OR leadership.holder = excluded.holder",
+                [holder, seconds, *params],
+            )
+            lease = self._lease_row(db)
+            assert lease is not None
+            return lease
+
+        return await self._unfenced(unit)
+
+    async def renew_lease(self, holder: str, epoch: int, ttl: timedelta) -> Lease | None:
+        now, params = self._now()
+
+        def unit(db: sqlite3.Connection) -> Lease | None:
+            cursor = db.execute(
+                f"UPDATE leadership SET renewed_at = t, expires_at = t + ? FROM (SELECT {now} AS t)"  # noqa: S608
+                " WHERE id = 1 AND holder = ? AND epoch = ?",
+                [ttl.total_seconds(), *params, holder, epoch],
+            )
+            return self._lease_row(db) if cursor.rowcount else None
+
+        return await self._unfenced(unit)
+
+    async def release_lease(self, holder: str, epoch: int) -> None:
+        now, params = self._now()
+
+        def unit(db: sqlite3.Connection) -> None:
+            db.execute(
+                f"UPDATE leadership SET expires_at = MIN(expires_at, {now})"  # noqa: S608
+                " WHERE id = 1 AND holder = ? AND epoch = ?",
+                [*params, holder, epoch],
+            )
+
+        await self._unfenced(unit)
+
+    async def _unfenced(self, unit: Callable[[sqlite3.Connection], _T]) -> _T:
+        """The lease's own writes: never fenced (a standby must be able to take the lease)."""
+        value: _T = await self._writer.submit(unit)
+        return value
+
     # ------------------------------------------------------------------ writes
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
-        repeats = self.count_repeats([(a.fingerprint, a.starts_at, a.status) for a in delivery.alerts], now)
+        repeats = await self.count_repeats(
+            [(a.fingerprint, a.starts_at, a.status) for a in delivery.alerts], now
+        )
         if repeats is not None:
             return IngestOutcome(repeated_alerts=repeats)
         result: IngestOutcome = await self._writer.submit(IngestJob(delivery, now))
         self._writer.remember(result.cache)  # committed: safe to remember
         return result
 
-    def count_repeats(self, alerts: Sequence[tuple[str, datetime, str]], now: datetime) -> int | None:
+    async def count_repeats(
+        self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
+    ) -> int | None:
         """If every alert is already stored in the same status, count the delivery and return how many
-        alerts it had; else ``None`` and nothing is counted (the caller ingests it in full)."""
+        alerts it had; else ``None`` and nothing is counted (the caller ingests it in full). Answered
+        from memory, without waiting: committed keys are cached, the counts flushed every second."""
         if not self._writer.running:
             raise StoreUnavailable("store is not open")
         lost = self._writer.lost()  # the keys we remember were committed to that file
@@ -425,7 +576,7 @@ class SqliteStore:
             db.execute(
                 "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
                 " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
-                " started_at = CASE WHEN steps.status = 'superseded' THEN excluded.started_at"
+                " started_at = CASE WHEN steps.status IN ('superseded', 'held') THEN excluded.started_at"
                 " ELSE COALESCE(steps.started_at, excluded.started_at) END,"
                 " result_json = CASE WHEN steps.status = 'superseded' THEN '{}' ELSE steps.result_json END,"
                 " ended_at = NULL",
@@ -441,7 +592,7 @@ class SqliteStore:
         self,
         incident_id: str,
         step: str,
-        status: str,
+        status: StepStatus,
         now: datetime,
         *,
         result: JsonObject | None = None,
@@ -459,6 +610,24 @@ class SqliteStore:
             self._events(db, incident_id, [event], now)
 
         await self._write(unit)
+
+    async def request_rollback(
+        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime
+    ) -> bool:
+        document = codec.dumps(dict(result))
+
+        def unit(db: sqlite3.Connection) -> bool:
+            cursor = db.execute(
+                "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
+                " VALUES (?, 'rollback', 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO NOTHING",
+                (incident_id, codec.ts(now), document),
+            )
+            if cursor.rowcount:
+                self._events(db, incident_id, [event], now)
+            return bool(cursor.rowcount)
+
+        recorded: bool = await self._write(unit)
+        return recorded
 
     async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:
         document = codec.dumps(dict(progress))
@@ -489,7 +658,7 @@ class SqliteStore:
         return record
 
     async def decide_approval(
-        self, incident_id: str, status: str, actor: str, now: datetime
+        self, incident_id: str, status: ApprovalStatus, actor: str, now: datetime
     ) -> ApprovalRecord | None:
         def unit(db: sqlite3.Connection) -> int:
             cursor = db.execute(

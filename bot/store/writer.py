@@ -145,6 +145,13 @@ class Writer:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             self._task = self._checkpoints = self._probing = None
+            # A unit submitted while the writer stopped was never run: its caller hears so
+            # instead of waiting for a commit that will not come.
+            while not self._queue.empty():
+                _, future = self._queue.get_nowait()
+                self._queue.task_done()
+                if not future.done():
+                    future.set_exception(StoreUnavailable("store closed before this write ran"))
             if self._checkpointer is not None:
                 with contextlib.suppress(sqlite3.Error):
                     await self._checkpointer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -174,7 +181,10 @@ class Writer:
                 await self._flush(loop)
                 flushed = time.monotonic()
             try:
-                first = await asyncio.wait_for(self._queue.get(), timeout=_FLUSH_EVERY)
+                # Not ``asyncio.wait_for``: on Python 3.11 it hands the unit to a loop being
+                # cancelled (``close``) and the loop goes on, so ``close`` waits for it for ever.
+                async with asyncio.timeout(_FLUSH_EVERY):
+                    first = await self._queue.get()
             except TimeoutError:
                 continue
             batch = [first]
@@ -348,7 +358,8 @@ class Writer:
 
     async def _probe(self) -> bool:
         try:
-            await asyncio.wait_for(self.submit(_touch), timeout=_PROBE_TIMEOUT)
+            async with asyncio.timeout(_PROBE_TIMEOUT):
+                await self.submit(_touch)
         except Exception:  # readiness reports, it does not raise; the writer has logged the cause
             return False
         return True

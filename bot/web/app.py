@@ -8,13 +8,15 @@ handlers, not for tasks.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from bot import logger
 from bot.config import Config
@@ -24,7 +26,8 @@ from bot.engine.metrics import Metrics
 from bot.store.base import Store, StoreUnavailable
 from bot.web import auth
 from bot.web.commands import CommandSurface, add_command_routes
-from bot.web.reads import add_read_routes
+from bot.web.limits import ConnectionGate, effective_cap
+from bot.web.reads import add_read_routes, denied_read
 
 log = logger(__name__)
 
@@ -48,18 +51,29 @@ class Deps:
     read_credentials: auth.Credentials = field(default_factory=auth.Credentials)
     commands: CommandSurface | None = None
     ready_checks: list[Callable[[], bool]] = field(default_factory=list)
+    #: Who leads the store and this process's role in it (``bot.engine.leadership``), for /readyz:
+    #: a standby is ready (it takes webhooks and commands), and says who acts.
+    leadership: Callable[[], dict[str, Any]] | None = None
+    #: Shown in ``/readyz`` under ``detail`` without deciding readiness (Slack's Socket Mode state).
+    ready_detail: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
 
 
 DEPS = web.AppKey("deps", Deps)
+#: The connection cap and stranger idle time ``bot.web.serve`` puts in front of the app.
+GATE = web.AppKey("gate", ConnectionGate)
 
 
 def create_app(deps: Deps) -> web.Application:
+    server = deps.config.settings.server
+    gate = ConnectionGate(effective_cap(server.max_connections), server.unauthenticated_idle.total_seconds())
     app = web.Application(
-        client_max_size=deps.config.settings.server.max_body_bytes,
+        client_max_size=server.max_body_bytes,
         # Bodies are read as sent: the webhook refuses a Content-Encoding (see ``_receive``).
         handler_args={"auto_decompress": False},
+        middlewares=[gate.middleware(lambda request: _authenticated(request, deps))],
     )
     app[DEPS] = deps
+    app[GATE] = gate
     app.router.add_post("/api/v1/alerts", receive_alerts)
     add_read_routes(app, DEPS)
     app.router.add_get("/healthz", healthz)
@@ -135,6 +149,12 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
     )
 
 
+def _authenticated(request: web.Request, deps: Deps) -> bool:
+    """The request carries a valid credential of some role: its connection is no stranger's."""
+    roles = (deps.webhook_credentials, deps.admin_credentials, deps.read_credentials)
+    return any(auth.check(request, role) is None for role in roles if role.required)
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -149,12 +169,36 @@ async def readyz(request: web.Request) -> web.Response:
     for index, check in enumerate(deps.ready_checks):
         checks[f"check{index}"] = check()
     ok = all(checks.values())
-    return web.json_response(
-        {"status": "ok" if ok else "not ready", "checks": checks}, status=200 if ok else 503
-    )
+    answer: dict[str, Any] = {"status": "ok" if ok else "not ready", "checks": checks}
+    if deps.leadership is not None:
+        answer["leadership"] = deps.leadership()
+    if deps.ready_detail:
+        answer["detail"] = {name: describe() for name, describe in deps.ready_detail.items()}
+    return web.json_response(answer, status=200 if ok else 503)
+
+
+#: Series that name an incident's node and Slack thread: only for a scrape that may read incidents.
+INCIDENT_FAMILIES = frozenset({"pitcrew_incident_info"})
+
+
+class _Without(Collector):
+    """The registry without some families: what a scrape without the read token gets."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self._registry, self._names = registry, names
+
+    def collect(self) -> Iterable[Metric]:
+        return (family for family in self._registry.collect() if family.name not in self._names)
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Every aggregate series to anyone who reaches the port (Prometheus needs no credentials for
+    them); the per-incident series (node, Slack thread link) only with the credentials the read
+    API takes. Wrong credentials are a 403, so a misconfigured scrape shows as ``up == 0``."""
     deps = request.app[DEPS]
-    body = generate_latest(deps.metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    registry: Collector = deps.metrics.registry
+    if denied_read(request, deps) is not None:
+        if "Authorization" in request.headers:
+            return _error(403, "invalid credentials: /metrics takes the read or admin token")
+        registry = _Without(deps.metrics.registry, INCIDENT_FAMILIES)
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

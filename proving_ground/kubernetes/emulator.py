@@ -25,9 +25,9 @@ import attrs
 import kmock
 from kubernetes import client as sync_client
 
-from proving_ground.kubernetes import patching, resources
+from proving_ground.kubernetes import patching, podsecurity, resources
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
-from proving_ground.kubernetes.resources import ApiError, Resource, status_body
+from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -40,6 +40,7 @@ _PATH = re.compile(
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _MODELS = {
     "Node": "V1Node",
+    "Namespace": "V1Namespace",
     "Pod": "V1Pod",
     "PodDisruptionBudget": "V1PodDisruptionBudget",
     "Job": "V1Job",
@@ -50,6 +51,10 @@ _MODELS = {
 #: Attributes of a SelfSubjectAccessReview the emulator can be told to deny: (verb, group, resource, sub).
 Permission = tuple[str, str, str, str]
 _validator = sync_client.ApiClient()
+# The client imports each model lazily on its first use (over a second for the first pod): pay that
+# here, once, not inside a request a test's client is timing.
+for _model in ("V1Pod", "V1Job", "V1Node"):
+    _validator._ApiClient__deserialize({"metadata": {"name": "warm"}}, _model)
 
 
 def load_fixture(name: str) -> Any:
@@ -68,6 +73,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
     log: list[LoggedRequest] = attrs.field(factory=list)
     faults: FaultPlan = attrs.field(factory=FaultPlan)
     #: Seconds the kubelet stand-in takes to remove a terminating pod; None keeps it until a test finishes it.
+    #: Only a node whose Ready condition is True has a kubelet to confirm: on any other node a
+    #: terminating pod stays until it is force-deleted (grace 0), as on a real dead node.
     pod_termination_delay: float | None = 0.05
     #: Seconds after a Machine/NodeClaim delete until the replacement Node exists, then until it is Ready
     #: (None: it stays NotReady until someone flips its condition, as ``scripts/demo`` does).
@@ -75,11 +82,22 @@ class KubeEmulator(kmock.KubernetesScaffold):
     ready_delay: float | None = 0.1
     #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
     autoscaler: bool = True
-    #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them.
+    #: Karpenter launches a node only for pending pods: a deleted NodeClaim takes its Node with it and
+    #: is replaced by nothing unless a pod of its NodePool is pending. Leniency by name:
+    #: ``karpenter_replaces_deleted_claims`` makes a new NodeClaim for every deleted one (what
+    #: Karpenter's disruption controller does when it replaces a node itself: it launches first).
+    karpenter_replaces_deleted_claims: bool = False
+    _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    _karpenter_nominated: set[Key] = attrs.field(factory=set)
+    #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
+    #: one code for every attempt, or a list with one per attempt (the last repeats).
+    job_exit_codes: dict[str, int | list[int]] = attrs.field(factory=dict)
     job_duration: float = 0.1
-    job_exit_codes: dict[str, int] = attrs.field(factory=dict)
-    #: Seconds after a successful reboot Job until the node reports a new boot id.
+    #: Seconds after a reboot Job starts until the node comes back with a new boot id. A real reboot
+    #: takes the Job's own pod down with the node: it ends Failed, never Succeeded. Leniency by name:
+    #: ``reboot_job_reports_success`` lets the pod exit 0 first (a reboot scheduled after the exit).
     reboot_delay: float = 0.3
+    reboot_job_reports_success: bool = False
     #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
     #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
     #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
@@ -116,6 +134,17 @@ class KubeEmulator(kmock.KubernetesScaffold):
         self.objects[self._key(res, meta.get("namespace"), meta["name"])] = obj
         return obj
 
+    def seed_namespaces(self) -> None:
+        """The namespaces of the fixtures and of pitcrew's manifests (``deploy/kubernetes``): ``pitcrew``
+        enforces the restricted Pod Security level, ``pitcrew-jobs`` (the repair Jobs) privileged."""
+        levels = {"pitcrew": "restricted", "pitcrew-jobs": "privileged"}
+        for name in ("default", "kube-system", "gpu-operator", "slurm", "training", *levels):
+            labels = {"kubernetes.io/metadata.name": name}
+            if name in levels:
+                labels[podsecurity.ENFORCE] = levels[name]
+            if ("namespaces", None, name) not in self.objects:
+                self.add("namespaces", {"metadata": {"name": name, "labels": labels}})
+
     def seed_fixture_world(self) -> None:
         """``gpu-node-02`` with the five pods of the fixtures, its CAPI Machine and its Karpenter NodeClaim."""
         self.add("nodes", load_fixture("node-gpu.json"))
@@ -123,6 +152,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self.add("pods", pod)
         self.add("machines", load_fixture("machine-capi.json"))
         self.add("nodeclaims", load_fixture("nodeclaim-karpenter.json"))
+        self.seed_namespaces()
+
+    def set_pod_security(self, namespace: str, level: str) -> None:
+        """Label ``namespace`` with the Pod Security ``enforce`` level, as an administrator would."""
+        obj = self.objects[("namespaces", None, namespace)]
+        obj["metadata"].setdefault("labels", {})[podsecurity.ENFORCE] = level
+        self.bump(obj)
 
     # Shadows kmock's HTTP-client ``get``: nothing here fetches through it (clients use the real
     # ``kubernetes.aio`` over HTTP), and tests read the stored object by this name.
@@ -173,6 +209,47 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
         assert self.slinky_drain_delay is not None
         self._later(self.slinky_drain_delay, idle)
+
+    def kubelet_gone(self, node: str, *, taint_manager: bool = True) -> None:
+        """The node's kubelet stops posting status: the node lifecycle controller sets Ready to
+        Unknown and adds the ``unreachable`` taints; with ``taint_manager`` the pods that do not
+        tolerate ``unreachable:NoExecute`` forever (all but DaemonSet pods, whose controller adds
+        that toleration) are marked for deletion by the taint manager, as after their
+        ``tolerationSeconds`` (300 s by default). Nothing on the node is removed: no kubelet confirms."""
+        self.set_node_condition(node, "Ready", "Unknown")
+        obj = self.objects[("nodes", None, node)]
+        taints = obj["spec"].setdefault("taints", [])
+        for effect in ("NoSchedule", "NoExecute"):
+            taint = {"key": "node.kubernetes.io/unreachable", "effect": effect}
+            if taint not in [{"key": t.get("key"), "effect": t.get("effect")} for t in taints]:
+                taints.append({**taint, **({"timeAdded": now_iso()} if effect == "NoExecute" else {})})
+        self.bump(obj)
+        if not taint_manager:
+            return
+        for key, pod in list(self.objects.items()):
+            owners = pod["metadata"].get("ownerReferences") or []
+            if key[0] != "pods" or (pod.get("spec") or {}).get("nodeName") != node:
+                continue
+            if any(o.get("kind") == "DaemonSet" for o in owners) or pod["metadata"].get("deletionTimestamp"):
+                continue
+            grace = int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            pod["metadata"].update(deletionTimestamp=now_iso(grace), deletionGracePeriodSeconds=grace)
+            conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint",
+                    "lastTransitionTime": now_iso(),
+                }
+            )
+            self.bump(pod)
+
+    def _kubelet_alive(self, pod: dict[str, Any]) -> bool:
+        node = self.objects.get(("nodes", None, (pod.get("spec") or {}).get("nodeName") or ""))
+        conditions = ((node or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     def bump(self, obj: dict[str, Any]) -> None:
         """A write by someone else than the client under test: the object's resourceVersion moves."""
@@ -227,7 +304,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if method == "POST" and name is None and res.plural == "selfsubjectaccessreviews":
             return self._review(res, _json(request)), 201
         if method == "POST" and name is None:
-            return self._create(res, ns, _json(request)), 201
+            dry_run = request.params.get("dryRun") == "All"
+            return self._create(res, ns, _json(request), dry_run=dry_run), 201
         if name is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} on a collection is not emulated")
         current = self._existing(res, ns, name)
@@ -272,7 +350,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
             "items": items,
         }
 
-    def _create(self, res: Resource, ns: str | None, body: Any) -> dict[str, Any]:
+    def _admit_pod(self, ns: str | None, name: str, spec: dict[str, Any]) -> None:
+        """Pod Security admission: the namespace's ``enforce`` level refuses the pod with 403."""
+        level = podsecurity.level_of(self.objects.get(("namespaces", None, ns or "")))
+        found = podsecurity.violations(level, spec)
+        if found:
+            message = podsecurity.forbidden_message(name, level, found)
+            raise ApiError(403, "Forbidden", message, {"name": name, "kind": "pods"})
+
+    def _create(self, res: Resource, ns: str | None, body: Any, *, dry_run: bool = False) -> dict[str, Any]:
         meta = (body.get("metadata") or {}) if isinstance(body, dict) else {}
         name = meta.get("name")
         if not name and meta.get("generateName"):
@@ -283,7 +369,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
             )
         if res.namespaced:
             body["metadata"]["namespace"] = ns
-        if self._key(res, ns, name) in self.objects:
+        if res.plural == "pods":
+            self._admit_pod(ns, name, body.get("spec") or {})
+        if self._key(res, ns, name) in self.objects and not dry_run:
             raise ApiError(
                 409,
                 "AlreadyExists",
@@ -291,7 +379,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 {"name": name, "kind": res.plural},
             )
         self._validate(res, body)
+        if dry_run:  # admitted and validated, not stored (``?dryRun=All``)
+            return copy.deepcopy(body)
         created = copy.deepcopy(self.add(res.plural, body))
+        if res.plural == "pods" and not (body.get("spec") or {}).get("nodeName"):
+            self._later(self.replace_delay, self._karpenter_provision)
         if res.plural == "jobs":
             self._later(0, lambda: self._run_job(ns, name))
         return created
@@ -396,13 +488,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         return copy.deepcopy(pod)
 
     async def _kubelet_remove(self, key: Key) -> None:
-        pod = self.objects.get(key)
-        if (
-            pod is not None
-            and pod["metadata"].get("deletionTimestamp")
-            and not pod["metadata"].get("finalizers")
-        ):
-            del self.objects[key]
+        if key in self.objects:
+            self._kubelet_remove_now(key)
 
     def finish_terminating(self) -> None:
         """Remove every terminating pod whose finalizers are gone (the kubelet when the delay is None)."""
@@ -411,7 +498,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     def _kubelet_remove_now(self, key: Key) -> None:
         pod = self.objects[key]
-        if pod["metadata"].get("deletionTimestamp") and not pod["metadata"].get("finalizers"):
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._kubelet_alive(pod):
             del self.objects[key]
 
     # --- eviction and PDBs -----------------------------------------------------------------------------
@@ -443,7 +531,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         ]
         if len(budgets) > 1:
             message = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
-            return {**status_body(500, "", message), "code": 500}, 201
+            raise ApiError(500, "", message)
         if budgets:
             pdb = self._refreshed(resources.BY_PLURAL["poddisruptionbudgets"], budgets[0])
             pdb_status, pdb_name = pdb["status"], pdb["metadata"]["name"]
@@ -486,6 +574,45 @@ class KubeEmulator(kmock.KubernetesScaffold):
         template = self.objects.pop(("nodes", None, old_node_name), None) if old_node_name else None
         key = self._key(res, old["metadata"].get("namespace"), old["metadata"]["name"])
         self.objects.pop(key, None)
+        if res.plural == "nodeclaims" and not self.karpenter_replaces_deleted_claims:
+            pool = (old["metadata"].get("labels") or {}).get("karpenter.sh/nodepool")
+            if pool and template is not None:
+                self._karpenter_pools[pool] = {"claim": old, "node": template}
+            await self._karpenter_provision()
+            return
+        await self._new_handle_and_node(res, old, old_node_name, template)
+
+    async def _karpenter_provision(self) -> None:
+        """Karpenter's provisioner: one new NodeClaim and Node per pending pod that selects a known
+        NodePool (``nodeSelector`` ``karpenter.sh/nodepool``); once Ready the scheduler binds the pod.
+        The stand-in assumes the pool has no room for the pod on its existing nodes."""
+        for key, pod in list(self.objects.items()):
+            spec = pod.get("spec") or {}
+            pool = (spec.get("nodeSelector") or {}).get("karpenter.sh/nodepool")
+            if key[0] != "pods" or spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pool not in self._karpenter_pools or pod["metadata"].get("annotations", {}).get(
+                "emulator/nominated"
+            ):
+                continue
+            pod["metadata"].setdefault("annotations", {})["emulator/nominated"] = "true"
+            known = self._karpenter_pools[pool]
+            name = await self._new_handle_and_node(
+                resources.BY_PLURAL["nodeclaims"],
+                known["claim"],
+                known["node"]["metadata"]["name"],
+                known["node"],
+            )
+            stored = self.objects.get(key)
+            if name is not None and stored is not None and not stored["metadata"].get("deletionTimestamp"):
+                stored["spec"]["nodeName"] = name
+                stored.setdefault("status", {})["phase"] = "Running"
+                self.bump(stored)
+
+    async def _new_handle_and_node(
+        self, res: Resource, old: dict[str, Any], old_node_name: str | None, template: dict[str, Any] | None
+    ) -> str | None:
+        """A new handle (Machine or NodeClaim) and its NotReady Node, Ready after ``ready_delay``."""
         suffix = uuid.uuid4().hex[:5]
         node_name = f"{old_node_name or 'node'}-{suffix}"
         node = resources.replacement_node(template, node_name, suffix)
@@ -493,10 +620,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
         handle = resources.replacement_handle(old, node_name, suffix)
         self.add(res.plural, handle)
         if self.ready_delay is None:
-            return
+            return None
         await asyncio.sleep(self.ready_delay)
         if ("nodes", None, node_name) in self.objects:
             self.set_node_condition(node_name, "Ready", "True")
+            return node_name
+        return None
 
     async def _new_instance(self, old: dict[str, Any]) -> None:
         """The cloud autoscaler's answer to a deleted Node: a new instance registers, then turns Ready."""
@@ -512,52 +641,168 @@ class KubeEmulator(kmock.KubernetesScaffold):
     # --- the Job controller and kubelet ---------------------------------------------------------------
 
     async def _run_job(self, ns: str | None, name: str) -> None:
-        """A pod for the Job on its ``nodeName``; after ``job_duration`` it exits and the Job completes."""
+        """The Job controller: one pod at a time on the template's ``nodeName`` until one succeeds or
+        ``backoffLimit`` + 1 have failed; then ``SuccessCriteriaMet``/``FailureTarget`` and, once no
+        pod is left running, ``Complete``/``Failed`` (the 1.31+ order). A pod Pod Security refuses
+        is never created: the controller records a ``FailedCreate`` Warning event on the Job and
+        writes no condition (it retries the create with backoff, forever)."""
         job = self.objects.get(("jobs", ns, name))
         if job is None:
             return
+        limit = int(job["spec"].get("backoffLimit", 6))
+        codes = self.job_exit_codes.get(name, 0)
+        failed = 0
+        while True:
+            attempt = failed
+            code = codes if isinstance(codes, int) else codes[min(attempt, len(codes) - 1)]
+            outcome = await self._job_pod(ns, name, job, code)
+            job = self.objects.get(("jobs", ns, name))
+            if job is None or outcome is None:
+                return
+            status = job.setdefault("status", {})
+            if outcome:
+                status["succeeded"] = status.get("succeeded", 0) + 1
+                self._job_conditions(job, "SuccessCriteriaMet", "Complete", "CompletionsReached",
+                                     "Reached expected number of succeeded pods")  # fmt: skip
+                return
+            failed += 1
+            status["failed"] = failed
+            if failed > limit:
+                self._job_conditions(job, "FailureTarget", "Failed", "BackoffLimitExceeded",
+                                     "Job has reached the specified backoff limit")  # fmt: skip
+                return
+            self.bump(job)
+
+    def _job_conditions(
+        self, job: dict[str, Any], interim: str, final: str, reason: str, message: str
+    ) -> None:
+        conditions = job["status"].setdefault("conditions", [])
+        for type_ in (interim, final):
+            conditions.append(
+                {
+                    "type": type_,
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastProbeTime": now_iso(),
+                    "lastTransitionTime": now_iso(),
+                }
+            )
+        self.bump(job)
+
+    async def _job_pod(self, ns: str | None, name: str, job: dict[str, Any], code: int) -> bool | None:
+        """One pod of the Job runs to its end: True succeeded, False failed, None never created."""
         pod_spec = copy.deepcopy(job["spec"]["template"]["spec"])
         pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+        try:
+            self._admit_pod(ns, pod_name, pod_spec)
+        except ApiError as exc:
+            self._job_event(job, "FailedCreate", f"Error creating: {exc}")
+            return None
         containers = [c["name"] for c in pod_spec.get("containers") or []]
         pod = {
-            "metadata": {"name": pod_name, "namespace": ns, "labels": {"job-name": name}},
+            "metadata": {
+                "name": pod_name,
+                "namespace": ns,
+                "labels": {"job-name": name, "batch.kubernetes.io/job-name": name},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
             "spec": pod_spec,
             "status": {"phase": "Running"},
         }
         self.add("pods", pod)
-        await asyncio.sleep(self.job_duration)
-        code = self.job_exit_codes.get(name, 0)
-        stored = self.objects.get(("pods", ns, pod_name))
-        if stored is not None:
-            stored["status"] = {
-                "phase": "Succeeded" if code == 0 else "Failed",
-                "containerStatuses": [
-                    {
-                        "name": c,
-                        "ready": False,
-                        "restartCount": 0,
-                        "image": "emulated",
-                        "imageID": "",
-                        "state": {
-                            "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
-                        },
-                    }
-                    for c in containers
-                ],
-            }
-            stored["metadata"]["resourceVersion"] = self._bump()
-        job = self.objects.get(("jobs", ns, name))
-        if job is not None:
-            job["status"] = {"succeeded": 1} if code == 0 else {"failed": 1}
-            job["metadata"]["resourceVersion"] = self._bump()
+        job_status = job.setdefault("status", {})
+        job_status.setdefault("startTime", now_iso())
+        job_status["active"] = 1
+        self.bump(job)
+        try:
+            return await self._job_pod_runs(ns, pod_name, pod_spec, containers, code)
+        finally:
+            job_status.pop("active", None)
+
+    async def _job_pod_runs(
+        self, ns: str | None, pod_name: str, pod_spec: dict[str, Any], containers: list[str], code: int
+    ) -> bool:
         actions = {
             e.get("value")
             for c in pod_spec.get("containers") or []
             for e in c.get("env") or []
             if e.get("name") == "PITCREW_ACTION"
         }
-        if code == 0 and "reboot" in actions:
+        reboot = code == 0 and "reboot" in actions
+        if reboot and not self.reboot_job_reports_success:
+            # The node goes down under its own Job: it comes back with a new boot id and its kubelet
+            # reports the pod's container gone (ContainerStatusUnknown, 137); the pod ends Failed.
+            await asyncio.sleep(self.reboot_delay)
+            await self._booted(pod_spec.get("nodeName"))
+            self._pod_ended(ns, pod_name, containers, 137, "ContainerStatusUnknown")
+            return False
+        await asyncio.sleep(self.job_duration)
+        self._pod_ended(ns, pod_name, containers, code, "Completed" if code == 0 else "Error")
+        if reboot:
             self._later(self.reboot_delay, lambda: self._booted(pod_spec.get("nodeName")))
+        return code == 0
+
+    def _pod_ended(
+        self, ns: str | None, pod_name: str, containers: list[str], code: int, reason: str
+    ) -> None:
+        stored = self.objects.get(("pods", ns, pod_name))
+        if stored is None:
+            return
+        stored["status"] = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [
+                {
+                    "name": c,
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "emulated",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": code, "reason": reason}},
+                }
+                for c in containers
+            ],
+        }
+        self.bump(stored)
+
+    def _job_event(self, job: dict[str, Any], reason: str, message: str) -> None:
+        """A Warning event on the Job, as the Job controller's recorder writes it."""
+        meta = job["metadata"]
+        self.add(
+            "events",
+            {
+                "metadata": {
+                    "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                    "namespace": meta["namespace"],
+                },
+                "involvedObject": {
+                    "kind": "Job",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "apiVersion": "batch/v1",
+                    "resourceVersion": meta["resourceVersion"],
+                },
+                "reason": reason,
+                "message": message,
+                "source": {"component": "job-controller"},
+                "firstTimestamp": now_iso(),
+                "lastTimestamp": now_iso(),
+                "count": 1,
+                "type": "Warning",
+                "reportingComponent": "job-controller",
+                "reportingInstance": "",
+            },
+        )
 
     async def _booted(self, node_name: str | None) -> None:
         """The node comes back from its reboot: a new boot id (the kubelet reports it)."""

@@ -34,6 +34,7 @@ class Resource:
 
 RESOURCES = (
     Resource("", "v1", "nodes", "Node", namespaced=False),
+    Resource("", "v1", "namespaces", "Namespace", namespaced=False),
     Resource("", "v1", "pods", "Pod", namespaced=True),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True, generation=True),
     Resource(
@@ -48,7 +49,14 @@ RESOURCES = (
 )
 BY_PLURAL = {r.plural: r for r in RESOURCES}
 BY_GROUP_PLURAL = {(r.group, r.plural): r for r in RESOURCES}
-_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+}
 
 
 def status_body(

@@ -23,6 +23,22 @@ FIELDS: dict[str, set[str]] = {
         "status.nominatedNodeName",
     },
     "nodes": {"metadata.name", "spec.unschedulable"},
+    # core/v1 event conversion funcs (pkg/apis/core/v1/conversion.go, AddFieldLabelConversionsForEvent)
+    "events": {
+        "metadata.name",
+        "metadata.namespace",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    },
 }
 _DEFAULT_FIELDS = {"metadata.name", "metadata.namespace"}
 

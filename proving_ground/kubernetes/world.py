@@ -125,6 +125,7 @@ class KubeWorld:
 
 def gpu_fleet(emulator: KubeEmulator, names: list[str]) -> None:
     """One fixture GPU node per name (Slurm's names), each with its own CAPI Machine."""
+    emulator.seed_namespaces()
     node_template, machine_template = load_fixture("node-gpu.json"), load_fixture("machine-capi.json")
     for i, name in enumerate(names):
         node = copy.deepcopy(node_template)
@@ -170,6 +171,7 @@ def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, 
     """A Slinky world: Kubernetes node ``kube-<slurm node>`` per Slurm node, each running the
     NodeSet's slurmd pod for it (busy: ``pod-protect``), and slurm-operator's budget. Returns
     Kubernetes node name → Slurm node name."""
+    emulator.seed_namespaces()
     template = load_fixture("node-gpu.json")
     by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
     names = {}

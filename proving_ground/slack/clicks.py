@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 
 #: How long the stand-in waits for the app's ephemeral answer to the clicker.
 ANSWER_WAIT = 5.0
+#: Slack's deadline for the app's HTTP answer to a click or a slash command: after 3 s the person sees
+#: an error (bolt-python docs "Acknowledging requests"; api.slack.com/interactivity/slash-commands,
+#: "must be returned within 3000ms"). Socket Mode acks have the same (``SocketModeEndpoint.ack``).
+ACK_DEADLINE = 3.0
+#: The status a request gets when the app did not answer within ``ACK_DEADLINE`` (none: Slack gave up).
+TIMED_OUT = 0
 
 
 class ClickError(Exception):
@@ -116,7 +122,9 @@ def block_actions(
         "channel": {"id": channel.id, "name": channel.name},
         "message": stored,
         "state": {"values": {}},
-        "response_url": f"https://hooks.slack.com/actions/{world.team_id}/{int(now)}/{secrets.token_hex(12)}",
+        "response_url": api.response_url(user, channel.id, "actions")
+        if api.response_url is not None
+        else f"https://hooks.slack.com/actions/{world.team_id}/{int(now)}/{secrets.token_hex(12)}",
         "actions": [
             {
                 "action_id": button.get("action_id"),
@@ -129,6 +137,19 @@ def block_actions(
             }
         ],
     }
+
+
+async def deliver(url: str, request: signing.SignedRequest) -> tuple[int, bytes]:
+    """POST a signed request as Slack does: the status and body, or ``TIMED_OUT`` after 3 s."""
+    timeout = aiohttp.ClientTimeout(total=ACK_DEADLINE)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, data=request.body, headers=request.headers) as response,
+        ):
+            return response.status, await response.read()
+    except TimeoutError:
+        return TIMED_OUT, b""
 
 
 class Interactivity:
@@ -145,11 +166,7 @@ class Interactivity:
         payload = block_actions(self.api, message, block_id, button, user)
         request = signing.interactive(self._secret, payload)
         seen = len(self.api.ephemeral)
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(self.request_url, data=request.body, headers=request.headers) as response,
-        ):
-            status = response.status
+        status, _ = await deliver(self.request_url, request)
         answer = ""
         deadline = time.monotonic() + ANSWER_WAIT
         while status == 200 and not answer and time.monotonic() < deadline:

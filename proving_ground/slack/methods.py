@@ -6,6 +6,8 @@ then membership, then content, so the error a test sees is the one Slack would s
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import TYPE_CHECKING, Any
 
 from proving_ground.slack import blocks as blockkit
@@ -22,6 +24,7 @@ SCOPES: dict[str, str | None] = {
     "auth.test": None,
     "chat.postMessage": "chat:write",
     "chat.update": "chat:write",
+    "chat.delete": "chat:write",
     "chat.postEphemeral": "chat:write",
     "chat.getPermalink": None,
     "conversations.info": "channels:read",
@@ -140,6 +143,9 @@ async def chat_post_message(api: WebApi, token: str, args: dict[str, Any]) -> di
         parent = api.message(channel.id, str(thread_ts))
         # A reply to a reply lands in the parent's thread, as in Slack.
         thread_ts = (parent.thread_ts or parent.ts) if parent is not None else str(thread_ts)
+    api.audit("chat.postMessage", text, blocks)
+    # A reply to a deleted parent is accepted but lands in a thread no one can open any more
+    # (``WebApi.orphaned``); Slack says nothing about it.
     m = Message(channel.id, api.next_ts(), text, blocks, api.world.bot_user, thread_ts)
     m.reply_broadcast = thread_ts is not None and _truthy(args.get("reply_broadcast"))
     m.metadata = _metadata(args)
@@ -156,10 +162,24 @@ async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str
     if m.user != api.world.bot_user:
         raise ApiError("cant_update_message")
     text, blocks = _content(args)
+    api.audit("chat.update", text, blocks)
     m.updates.append({"text": m.text, "blocks": m.blocks})
     m.text, m.blocks = text, blocks
     message = _message_json(api, m, with_ts=False)
     return {"ok": True, "channel": channel.id, "ts": m.ts, "text": m.text, "message": message}
+
+
+async def chat_delete(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A bot deletes one of its own messages (docs.slack.dev/reference/methods/chat.delete)."""
+    _bot(api, token, "chat.delete")
+    channel = _channel(api, args)
+    m = api.message(channel.id, str(args.get("ts", "")))
+    if m is None:
+        raise ApiError("message_not_found")
+    if m.user != api.world.bot_user:
+        raise ApiError("cant_delete_message")
+    api.delete(channel.id, m.ts)
+    return {"ok": True, "channel": channel.id, "ts": m.ts}
 
 
 async def chat_get_permalink(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +202,7 @@ async def chat_post_ephemeral(api: WebApi, token: str, args: dict[str, Any]) -> 
     if user not in channel.members:
         raise ApiError("user_not_in_channel")
     text, blocks = _content(args)
+    api.audit("chat.postEphemeral", text, blocks)
     ts = api.next_ts()
     api.ephemeral.append({"channel": channel.id, "user": user, "ts": ts, "text": text, "blocks": blocks})
     return {"ok": True, "message_ts": ts}
@@ -226,21 +247,43 @@ async def conversations_replies(api: WebApi, token: str, args: dict[str, Any]) -
     """A thread: its parent first, then the replies, oldest first."""
     _bot(api, token, "conversations.replies")
     channel = _channel(api, args)
-    parent = api.message(channel.id, str(args.get("ts", "")))
-    if parent is None:
-        raise ApiError("thread_not_found")
-    return _messages_page(api, api.thread(channel.id, parent.thread_ts or parent.ts), args)
+    asked = api.message(channel.id, str(args.get("ts", "")))
+    root = (asked.thread_ts or asked.ts) if asked is not None else ""
+    if asked is None or api.message(channel.id, root) is None:
+        raise ApiError("thread_not_found")  # its parent was deleted: the thread cannot be read
+    return _messages_page(api, api.thread(channel.id, root), args)
+
+
+def _cursor(ts: str) -> str:
+    """An opaque cursor naming the next message, in the form Slack's look like (base64 ``next_ts:``)."""
+    return base64.b64encode(f"next_ts:{ts.replace('.', '')}".encode()).decode()
+
+
+def _start(shown: list[Message], cursor: str) -> int:
+    if not cursor:
+        return 0
+    try:
+        key = base64.b64decode(cursor, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError) as e:
+        raise ApiError("invalid_cursor") from e
+    for index, m in enumerate(shown):
+        if key == f"next_ts:{m.ts.replace('.', '')}":
+            return index
+    raise ApiError("invalid_cursor")
 
 
 def _messages_page(api: WebApi, shown: list[Message], args: dict[str, Any]) -> dict[str, Any]:
-    """The first page (``limit``) of ``shown`` as Slack answers a history or replies call."""
+    """One page (``limit`` from ``cursor``) of ``shown`` as Slack answers a history or replies call:
+    ``has_more`` and a ``next_cursor`` for the next page (docs.slack.dev/apis/web-api/pagination)."""
     meta = _truthy(args.get("include_all_metadata"))
     limit = _page(args)
+    start = _start(shown, str(args.get("cursor") or ""))
+    page, rest = shown[start : start + limit], shown[start + limit :]
     return {
         "ok": True,
-        "messages": [_message_json(api, m, with_metadata=meta) for m in shown[:limit]],
-        "has_more": len(shown) > limit,
-        "response_metadata": {"next_cursor": ""},
+        "messages": [_message_json(api, m, with_metadata=meta) for m in page],
+        "has_more": bool(rest),
+        "response_metadata": {"next_cursor": _cursor(rest[0].ts) if rest else ""},
     }
 
 
@@ -257,6 +300,7 @@ METHODS: dict[str, Handler] = {
     "chat.postMessage": chat_post_message,
     "chat.getPermalink": chat_get_permalink,
     "chat.update": chat_update,
+    "chat.delete": chat_delete,
     "chat.postEphemeral": chat_post_ephemeral,
     "conversations.info": conversations_info,
     "conversations.members": conversations_members,

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proving_ground.slack.clicks import Interactivity, handle_click
 from proving_ground.slack.methods import METHODS
+from proving_ground.slack.responses import Responses
 from proving_ground.slack.socket_mode import SocketModeEndpoint
 from proving_ground.slack.webapi import WebApi
 from proving_ground.slack.world import World
@@ -24,6 +25,8 @@ class SlackStandin:
         self.api.methods.update(METHODS)
         self.socket = SocketModeEndpoint(self.world, lambda: f"ws://127.0.0.1:{self.port}")
         self.api.methods["apps.connections.open"] = self.socket.open
+        self.responses = Responses(self.api)
+        self.api.response_url = self.response_url
         self._runner: web.AppRunner | None = None
         self.port = 0
         #: Where clicks go (HTTP mode): set once the app's request URL is known.
@@ -33,6 +36,10 @@ class SlackStandin:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api/"
 
+    def response_url(self, user: str, channel: str, kind: str = "commands") -> str:
+        """A response_url Slack would put in a command (or, ``kind="actions"``, a click) by ``user``."""
+        return self.responses.mint(f"http://127.0.0.1:{self.port}", kind, user, channel)
+
     @property
     def click_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/demo/click"
@@ -41,6 +48,7 @@ class SlackStandin:
         app = self.api.app()
         app.router.add_get("/link/", self.socket.handle)
         app.router.add_post("/demo/click", self._click)
+        app.router.add_post("/{kind:commands|actions}/{key:.+}", self.responses.handle)
         return app
 
     async def _click(self, request: web.Request) -> web.Response:

@@ -61,21 +61,29 @@ def slash_command(secret: str, fields: dict[str, str], timestamp: int | None = N
     return sign(secret, form_body(fields), timestamp)
 
 
-def slash_fields(text: str, user_id: str = "U0ALICE", user_name: str = "alice") -> dict[str, str]:
-    """The fields of ``slash-command.txt`` for ``/pitcrew <text>`` typed by ``user_id`` in #gpu-ops."""
+def slash_fields(
+    text: str,
+    user_id: str = "U0ALICE",
+    user_name: str = "alice",
+    *,
+    channel: tuple[str, str] = ("C0GPUOPS", "gpu-ops"),
+    response_url: str = "https://hooks.slack.com/commands/T0PITCREW/8123456790034/hR5tY8uI1oP4aS7dF0gJ3kL6",
+) -> dict[str, str]:
+    """The fields of ``slash-command.txt`` for ``/pitcrew <text>`` typed by ``user_id`` in ``channel``
+    (id, name; a DM is ``("D…", "directmessage")``), answerable later at ``response_url``."""
     return {
         "token": "Zx9PqR4sT7uV2wY5aB8cD1eF",
         "team_id": "T0PITCREW",
         "team_domain": "pitcrew",
-        "channel_id": "C0GPUOPS",
-        "channel_name": "gpu-ops",
+        "channel_id": channel[0],
+        "channel_name": channel[1],
         "user_id": user_id,
         "user_name": user_name,
         "command": "/pitcrew",
         "text": text,
         "api_app_id": "A0PITCREW",
         "is_enterprise_install": "false",
-        "response_url": "https://hooks.slack.com/commands/T0PITCREW/8123456790034/hR5tY8uI1oP4aS7dF0gJ3kL6",
+        "response_url": response_url,
         "trigger_id": "8123456791107.1234567890123.4b6d8f0a2c4e6a8b0d2f4a6c8e0b2d4f",
     }
 

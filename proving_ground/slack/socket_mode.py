@@ -38,17 +38,27 @@ class SocketModeEndpoint:
         self._waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._connected = asyncio.Event()
         self._left = asyncio.Event()  # set whenever a connection closes
+        #: False: the far end stops answering websocket pings on every connection (a half-open link:
+        #: the TCP connection stays up, nothing comes back). The client must notice by itself.
+        self.answer_pings = True
+        self.pings_unanswered = 0
 
     # -- Web API method ------------------------------------------------------------------------------
 
     async def open(self, api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
-        """``apps.connections.open``: app-level tokens only; each URL carries a fresh single-use ticket."""
+        """``apps.connections.open``: app-level tokens with ``connections:write`` only; each URL carries a
+        fresh single-use ticket (docs.slack.dev/reference/methods/apps.connections.open: token type
+        app-level, scope ``connections:write``, errors ``invalid_auth``, ``not_allowed_token_type``,
+        ``missing_scope``)."""
         if not token:
             raise ApiError("not_authed")
         if token in self.world.bot_tokens:
             raise ApiError("not_allowed_token_type")
         if token not in self.world.app_tokens:
-            raise ApiError("invalid_auth")
+            raise ApiError("invalid_auth")  # revoked, or never issued
+        if "connections:write" not in self.world.app_token_scopes:
+            provided = ",".join(sorted(self.world.app_token_scopes))
+            raise ApiError("missing_scope", needed="connections:write", provided=provided)
         ticket = str(uuid.uuid4())
         self.tickets[ticket] = False
         return {"ok": True, "url": f"{self._ws_base()}/link/?ticket={ticket}&app_id={self.world.app_id}"}
@@ -73,7 +83,7 @@ class SocketModeEndpoint:
             self.refused += 1
             raise web.HTTPUnauthorized(text="invalid ticket")
         self.tickets[ticket] = True
-        ws = web.WebSocketResponse(autoping=True)
+        ws = web.WebSocketResponse(autoping=False)
         await ws.prepare(request)
         self.connections.append(ws)
         await ws.send_json(self.hello())
@@ -82,6 +92,11 @@ class SocketModeEndpoint:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
                     self._ack(json.loads(msg.data))
+                elif msg.type == WSMsgType.PING:
+                    if self.answer_pings:
+                        await ws.pong(msg.data)
+                    else:
+                        self.pings_unanswered += 1
         finally:
             self.connections.remove(ws)
             self._left.set()

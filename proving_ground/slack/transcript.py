@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from proving_ground.slack.mrkdwn import unescape
 from proving_ground.slack.webapi import Message, WebApi
 
 _LINK = re.compile(r"<([^|<>@]+)\|([^<>]+)>")
@@ -41,7 +42,7 @@ class Reader:
         text = _MENTION.sub(lambda m: f"@{self.users.get(m.group(1), m.group(1))}", text)
         for code, glyph in EMOJI.items():
             text = text.replace(code, glyph)
-        return text
+        return unescape(text)  # the entities last: escaped text reads as the text it is
 
     def text(self, obj: Any) -> str:
         return self.mrkdwn(str(obj.get("text", ""))) if isinstance(obj, dict) else ""

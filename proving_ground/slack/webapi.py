@@ -8,6 +8,7 @@ pitcrew logic: it knows nothing of incidents.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -17,9 +18,31 @@ from typing import Any
 
 from aiohttp import web
 
+from proving_ground.slack import mrkdwn
 from proving_ground.slack.world import BOT_TOKEN, World
 
 Handler = Callable[["WebApi", str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+#: Per-method rate tiers in calls per minute (docs.slack.dev/apis/web-api/rate-limits: Tier 1 1+/min,
+#: Tier 2 20+/min, Tier 3 50+/min; each method's reference page names its tier). The stand-in holds
+#: each method to the floor of its tier over any 60 s window, per workspace and app, and answers the
+#: call over it HTTP 429 with ``Retry-After`` (seconds until the window has room). chat.postMessage
+#: has its own "special" limit (``WebApi.post_interval``).
+TIERS: dict[str, int] = {
+    "apps.connections.open": 1,
+    "usergroups.users.list": 20,
+    "chat.update": 50,
+    "chat.delete": 50,
+    "conversations.history": 50,
+    "conversations.replies": 50,
+}
+
+#: What a test may relax, by name (strict is the default; a test opts in and says why in its code).
+LENIENCIES: dict[str, str] = {
+    "rate_tiers": "do not hold methods to their rate tiers (TIERS)",
+    "broadcast_mentions": "let messages notify the whole channel (<!channel>, <!here>, <!everyone>)",
+    "unescaped_markup": "do not fail the test on markup flagged in text from outside (WebApi.flags)",
+}
 
 #: Every Web API method called with pitcrew's bot token (``BOT_TOKEN``) on any stand-in during this
 #: test session; a test's own client uses ``TESTER_TOKEN``, so its calls are left out. What the app
@@ -124,12 +147,50 @@ class WebApi:
         self._down_until = -math.inf
         #: Called with each call before it is answered (a test may kill pitcrew right there).
         self.on_call: Callable[[Call], None] | None = None
+        #: Leniencies a test opted into (``allow``); see ``LENIENCIES``.
+        self.lenient: set[str] = set()
+        #: Text that came from outside the app (a test names it: a job name, an alert description).
+        self.outside: list[str] = []
+        #: Markup Slack would act on that the app did not mean (``mrkdwn.audit``), in call order.
+        self.flags: list[mrkdwn.Flag] = []
+        #: Messages deleted (``chat.delete`` or a person), as they were when deleted.
+        self.deleted: list[Message] = []
+        #: Seconds each method takes before it answers (``slow``).
+        self.delays: dict[str, float] = {}
+        self._window: dict[str, list[float]] = {}
+        #: Mints a response_url for (user, channel, "commands" | "actions"); set by the server.
+        self.response_url: Callable[[str, str, str], str] | None = None
 
     # -- what a test drives -------------------------------------------------------------------------
 
     def fail(self, method: str, status: int, count: int = 1, retry_after: int = 1) -> None:
         """Answer the next ``count`` calls of ``method`` ("*" = any) with 429 (+Retry-After) or a 5xx."""
         self.faults.setdefault(method, []).append(Fault(status, count, retry_after))
+
+    def allow(self, *names: str) -> None:
+        """Opt this test into named leniencies (``LENIENCIES``); strict otherwise."""
+        unknown = set(names) - set(LENIENCIES)
+        assert not unknown, f"no leniency called {unknown}: {sorted(LENIENCIES)}"
+        self.lenient.update(names)
+
+    def slow(self, method: str, seconds: float) -> None:
+        """``method`` answers only after ``seconds`` (Slack under load, a large user group)."""
+        self.delays[method] = seconds
+
+    def delete(self, channel: str, ts: str) -> Message:
+        """A person (or a retention policy) deletes a message: gone for every reader and method."""
+        m = self.message(channel, ts)
+        assert m is not None, f"no message {ts} in {channel}"
+        self.messages.remove(m)
+        self.deleted.append(m)
+        return m
+
+    def audit(self, method: str, text: str, blocks: list[dict[str, Any]]) -> None:
+        """Note markup in the mrkdwn of a message that Slack would act on and the app did not mean."""
+        broadcasts = "broadcast_mentions" in self.lenient
+        texts = [("/text", text), *mrkdwn.mrkdwn_texts(blocks)]
+        for pointer, body in texts:
+            self.flags += mrkdwn.audit(method, pointer, body, self.outside, broadcasts)
 
     def outage(self, seconds: float) -> None:
         """Answer every call with HTTP 503 for the next ``seconds`` (Slack down)."""
@@ -173,6 +234,19 @@ class WebApi:
         self._last_post[channel] = now
         return None
 
+    def _over_tier(self, method: str) -> int | None:
+        """Seconds to wait if this call would pass its method's tier within the last 60 s."""
+        limit = TIERS.get(method)
+        if limit is None or "rate_tiers" in self.lenient:
+            return None
+        now = time.monotonic()
+        window = [t for t in self._window.get(method, []) if now - t < 60.0]
+        self._window[method] = window
+        if len(window) >= limit:
+            return max(1, math.ceil(window[0] + 60.0 - now))
+        window.append(now)
+        return None
+
     def _forced(self, method: str) -> Fault | None:
         for key in (method, "*"):
             queue = self.faults.get(key, [])
@@ -195,6 +269,8 @@ class WebApi:
         if fault is None and time.monotonic() < self._down_until:
             fault = Fault(503, 1)
         throttle = self._throttled(method, args) if fault is None else None
+        if fault is None and throttle is None:
+            throttle = self._over_tier(method)
         if throttle is not None:
             fault = Fault(429, 1, throttle)
         if fault is not None and fault.status == 429:
@@ -204,6 +280,8 @@ class WebApi:
             call.status = fault.status
             return web.Response(status=fault.status, text="upstream connect error", content_type="text/plain")
         handler = self.methods.get(method)
+        if method in self.delays:
+            await asyncio.sleep(self.delays[method])
         try:
             if handler is None:
                 raise ApiError("unknown_method")

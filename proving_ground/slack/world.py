@@ -35,6 +35,8 @@ class World:
     bot_name: str = "pitcrew"
     bot_tokens: set[str] = field(default_factory=lambda: {BOT_TOKEN, TESTER_TOKEN})
     app_tokens: set[str] = field(default_factory=lambda: {APP_TOKEN})
+    #: Scopes of the app-level token; Socket Mode needs ``connections:write``.
+    app_token_scopes: set[str] = field(default_factory=lambda: {"connections:write"})
     #: 2026-11-29T08:46:39Z, the fixtures' incident message; ts values count up from here.
     epoch: int = 1795941999
     channels: dict[str, Channel] = field(

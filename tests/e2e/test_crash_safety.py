@@ -23,6 +23,8 @@ from tests.harness.pitcrew import Pitcrew
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
 
 NODES = ("gpu-node-02", "gpu-node-05", "gpu-node-06")
+#: A restarted pitcrew acts once the lease of the one killed has lapsed: short, so each restart is quick.
+LEASE = {"lease": {"ttl": "2s", "renew_every": "0.5s"}}
 
 
 def _world(tmp: Path) -> Path:
@@ -52,6 +54,7 @@ def test_sigkill_at_every_step_boundary_never_repeats_a_destructive_call(
         config={
             "mode": "auto",
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+            "store": LEASE,
         },
         world={"inventory": _world(tmp_path), "latency": "150ms"},
     ).start()
@@ -135,7 +138,7 @@ def test_crash_before_any_far_side_call_still_acts_exactly_once(
 ) -> None:
     server: Pitcrew = pitcrew_factory(
         f"early-{when}",
-        config={"mode": "auto"},
+        config={"mode": "auto", "store": LEASE},
         world={"inventory": _world(tmp_path), "latency": "100ms"},
     ).start()
     _, body = server.post_alerts(delivery(node="gpu-node-02"))

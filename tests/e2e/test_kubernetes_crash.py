@@ -40,6 +40,7 @@ def test_sigkill_between_cordon_and_its_ack_never_writes_twice(
         "kubernetes": settings_for(kube_world, tmp_path / "kube", request_timeout=120)["kubernetes"],
         "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
         "catalog": {"overrides": {"79": {"playbook": "cordon-and-ask"}}},
+        "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
     }
     server = pitcrew_factory("k8s-crash", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
@@ -78,6 +79,7 @@ def test_sigkill_between_machine_delete_and_its_ack_never_deletes_twice(
         "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
         "kubernetes": kube["kubernetes"],
         "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
     }
     server = pitcrew_factory("k8s-crash-replace", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))

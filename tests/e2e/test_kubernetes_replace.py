@@ -16,6 +16,7 @@ from its checkpoint elsewhere → closed.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -125,8 +126,8 @@ def test_replace_node_on_slurm_and_kubernetes(
     assert ready == ["True"]
     assert step_result(final, "wait_ready")["node"] == new_node
     assert step_result(final, "wait_ready")["validated"] is True
-    diag = kube_world.call(lambda e: e.get("jobs", f"pitcrew-validation-{incident_id}", "pitcrew"))
-    assert diag["spec"]["template"]["spec"]["nodeName"] == new_node and diag["status"] == {"succeeded": 1}
+    diag = kube_world.call(lambda e: e.get("jobs", f"pitcrew-validation-{incident_id}", "pitcrew-jobs"))
+    assert diag["spec"]["template"]["spec"]["nodeName"] == new_node and diag["status"]["succeeded"] == 1
     assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")
 
     order = [action_at(final, a) for a in ("slurm_down", "cordon", "evict", "replace", "slurm_resume")]
@@ -139,3 +140,59 @@ def test_replace_node_on_slurm_and_kubernetes(
         f"\n[k8s-replace] {incident_id}: node {node} → {new_node}; evictions {evictions}; "
         f"closed {final['closed_at']}"
     )
+
+
+REPLACE_STEPS = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume",
+                 "confirm_resumed", "close"]  # fmt: skip
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["force-allowed", "force-refused"])
+def test_replace_a_dead_node_whose_pods_stay_terminating(
+    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any, force: bool
+) -> None:
+    """The node's kubelet is gone: Ready Unknown, the ``unreachable`` taints, and the taint manager
+    has marked its pods for deletion, which no kubelet will ever confirm. With the policy allowing
+    it, the drain force-deletes them and the replacement goes ahead; without it, the drain escalates
+    at once naming them (not after its 15-minute deadline)."""
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+    job_id, node = training_on_a_node(slurm)
+    elsewhere = next(n for n in slurm.nodes if n != node)
+    kube_world.call(lambda e: pods_like_the_fixture(e, node, elsewhere))
+    kube_world.call(lambda e: e.kubelet_gone(node))
+    cluster = settings_for(
+        kube_world,
+        tmp_path / "kube",
+        never_drain_namespaces=[],
+        request_timeout=1.5,
+        replace={"strategy": "cluster-api"},
+        force_delete_not_ready=force,
+    )
+    steps: list[Any] = [
+        {"step": "drain", "options": {"force_delete_on_dead_node": True}} if s == "drain" else s
+        for s in REPLACE_STEPS
+    ]
+    config = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
+        "kubernetes": cluster["kubernetes"],
+        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        "playbooks": {"replace-node": {"steps": steps}},
+    }
+    server = pitcrew_factory("k8s-dead-node", config=config, simulated=False).start()
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+    final = server.wait_incident(incident_id, "resolved", "failed", timeout=180)
+    log = kube_world.log()
+    forced = [(e.name, e.status) for e in log if e.verb == "delete" and e.resource == "pods"]
+    if not force:
+        assert final["state"] == "failed", final["outcome"]
+        text = json.dumps(final["events"])
+        assert "llama-pretrain-worker-0" in text and "not Ready" in text, text
+        assert forced == [] and not [e for e in log if e.resource == "machines" and e.verb == "delete"]
+        return
+    assert final["state"] == "resolved", final["outcome"]
+    assert ("llama-pretrain-worker-0", 200) in forced
+    assert kube_world.call(lambda e: e.get("pods", "llama-pretrain-worker-0", "training")) is None
+    assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")
+    [job] = step_result(final, "confirm_resumed")["jobs"]
+    assert job["job_id"] == job_id and job["status"] == "resumed", job

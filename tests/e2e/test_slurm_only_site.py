@@ -15,7 +15,6 @@ Slurm 24.11 only: 22.05's slurmrestd cannot update nodes.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import open_incident, training_on_a_node
+from tests.harness.engine_scans import scrape, wait_scans
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
 
@@ -86,7 +86,7 @@ def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_
     assert running["data"]["seconds"] > 0
     assert notices(server.journal_records(), "job_running")
 
-    time.sleep(3)  # several polls: an unrepaired node must stay out
+    wait_scans(scrape(server), 5)  # several polls: an unrepaired node must stay out
     state = slurm.node(node)
     assert state.down and state.reason.startswith(f"pitcrew: {incident_id} "), state
     assert server.incident(incident_id)["state"] == "verifying"

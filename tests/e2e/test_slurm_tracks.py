@@ -112,7 +112,12 @@ def test_sigkill_during_both_tracks_resumes_both_without_repeating(
     slurm: SlurmCluster, pitcrew_factory: Any
 ) -> None:
     server = start_pitcrew(
-        pitcrew_factory, slurm, "tracks-kill", playbooks=_playbook(), world={"replace_seconds": 20}
+        pitcrew_factory,
+        slurm,
+        "tracks-kill",
+        playbooks=_playbook(),
+        world={"replace_seconds": 20},
+        store={"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
     )
     _, node = training_on_a_node(slurm)
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))

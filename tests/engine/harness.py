@@ -3,7 +3,10 @@
 What it owns: ``FakeTime`` (the engine's ``Timer`` and clock: virtual seconds that pass only
 when the harness says so), ``Scripted`` (a far side that fails, or takes virtual time, on
 demand) and ``EngineHarness`` (store + far sides + engine + intake + commands, with helpers
-to deliver captured Alertmanager bodies and to run until something holds).
+to deliver captured Alertmanager bodies and to run until something holds). With ``lease=``,
+the harness stands for a store that several pitcrew processes share (``Process``, made with
+``process()``): each its own store connections, fence, engine, commands and leadership over the
+same file, far sides and time; only the one holding the lease acts.
 
 How time moves: every sleeper registers a virtual deadline. The driver lets the event loop
 run until the system has settled (no store write in flight, a few loop turns in which
@@ -25,7 +28,7 @@ import itertools
 import json
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -45,9 +48,10 @@ from bot.engine.deps import EngineDeps
 from bot.engine.engine import Engine
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.intake import Intake
+from bot.engine.leadership import Leadership
 from bot.engine.metrics import Metrics
 from bot.engine.steps import REGISTRY
-from bot.store.base import Event, IncidentRecord, IngestOutcome, StepRecord, Store
+from bot.store.base import Event, Fence, IncidentRecord, IngestOutcome, StepRecord, Store, StoreUnavailable
 from bot.store.sqlite import SqliteStore
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node
 from tests.simulator.cluster import SimulatedCluster, SimulatedNotifier
@@ -204,6 +208,105 @@ class InFlight:
         return counted
 
 
+class Process:
+    """One pitcrew process of several on the harness's store: its own store connections (the
+    unfenced one for webhooks, commands and the lease; the fenced one for its engine), fence,
+    engine, commands and leadership; far sides of its own that count its calls (``calls``) and
+    pass them to the harness's shared ones. ``cut_off`` makes its store refuse its renewals and
+    freezes the clock its fence trusts (a process whose renewals stopped reaching the store while it
+    believes it still leads); ``crash`` ends it as SIGKILL would (nothing released)."""
+
+    def __init__(self, harness: EngineHarness, name: str, sqlite: SqliteStore) -> None:
+        time = harness.time
+        self.name = name
+        self.sqlite = sqlite
+        self._frozen: float | None = None
+        self.fence = Fence(name, monotonic=self._monotonic)
+        self._time = time
+        self.store: Store = InFlight(sqlite, time)
+        self.cut = False
+        self.dead = False
+        self.scheduler = Scripted(harness.scheduler, time)
+        self.cluster = Scripted(harness.cluster, time)
+        self.metrics = Metrics()
+        deps = replace(
+            harness.deps,
+            store=InFlight(sqlite.fenced(self.fence), time),
+            ports=replace(harness.deps.ports, scheduler=self.scheduler, cluster=self.cluster),
+            metrics=self.metrics,
+        )
+        self.engine = Engine(deps, leading=lambda: self.fence.leading)
+        self.commands = Commands(
+            self.engine, self.store, self.metrics, time.now, harness.policy.mode, timer=time
+        )
+        self.intake = Intake(
+            self.store,
+            harness.catalog,
+            LabelRules(),
+            self.metrics,
+            wake=self.engine.wake,
+            signal=self.engine.signal,
+        )
+        assert harness.lease is not None
+        self.leadership = Leadership(
+            _Lease(self),
+            self.fence,
+            [self.engine],
+            self.metrics,
+            ttl=harness.lease,
+            renew_every=harness.lease / 3,
+            timer=time,
+            monotonic=self._monotonic,
+        )
+
+    def _monotonic(self) -> float:
+        return self._time.elapsed if self._frozen is None else self._frozen
+
+    @property
+    def calls(self) -> Counter[str]:
+        """Calls this process made to the far sides, by method."""
+        return self.scheduler.calls + self.cluster.calls
+
+    def cut_off(self) -> None:
+        self.cut, self._frozen = True, self._time.elapsed
+
+    async def open(self) -> None:
+        await self.sqlite.open()
+        await self.leadership.start()
+
+    async def crash(self) -> None:
+        """SIGKILL: its engine ends at once, and the store hears nothing more from it (no renewal,
+        no release: its lease lapses after the TTL)."""
+        self.dead = True
+        self.fence.revoke()
+        await self.engine.stop()
+
+    async def close(self) -> None:
+        try:
+            await self.leadership.stop()
+        finally:
+            await self.sqlite.close()
+
+
+class _Lease:
+    """The process's store for its leadership: renewals refused while it is ``cut_off``."""
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._process.store, name)
+        if name not in {"lease", "acquire_lease", "renew_lease", "release_lease"}:
+            return target
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self._process.dead or (self._process.cut and name == "renew_lease"):
+                raise StoreUnavailable("the store does not answer this process")
+            return await target(*args, **kwargs)
+
+        return call
+
+
 # ------------------------------------------------------------ misbehaving far sides
 Call = Callable[[], Awaitable[Any]]
 
@@ -230,6 +333,19 @@ class Slow:
 
 
 @dataclass(frozen=True)
+class Unconfirmed:
+    """The call reaches the far side at once, but its answer takes ``seconds`` of virtual time to
+    come back: a crash meanwhile leaves the change made and pitcrew not knowing it."""
+
+    seconds: float
+
+    async def __call__(self, time: FakeTime, call: Call) -> Any:
+        answer = await call()
+        await time.sleep(self.seconds)
+        return answer
+
+
+@dataclass(frozen=True)
 class Answer:
     """The far side's answer, changed by ``change`` (e.g. a node reported not Ready)."""
 
@@ -247,7 +363,7 @@ class Through:
         return await call()
 
 
-Effect = Fail | Slow | Answer | Through
+Effect = Fail | Slow | Unconfirmed | Answer | Through
 
 
 def transient(times: int, reason: Reason = Reason.UNAVAILABLE) -> list[Effect]:
@@ -355,15 +471,20 @@ class EngineHarness:
         node: Mapping[str, Any] | None = None,
         approvals: Mapping[str, Any] | None = None,
         engine: Mapping[str, Any] | None = None,
+        lease: timedelta | None = None,
     ) -> None:
         self.time = FakeTime()
+        #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
+        self.lease = lease
+        self.processes: list[Process] = []
+        self._tmp = tmp_path
         self.metrics = Metrics()
         self.inventory = dict(inventory) if inventory is not None else fleet()
         self.world = SimulatedWorld(Journal(None), self.inventory)
         self.scheduler = Scripted(self.world, self.time)
         self.cluster = Scripted(SimulatedCluster(self.world), self.time)
         self.notifier = Scripted(SimulatedNotifier(self.world), self.time)
-        self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off")
+        self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=self.time.now)
         self.store: Store = InFlight(self._sqlite, self.time)
         self.policy = Policy(
             mode=Mode(mode),
@@ -419,7 +540,8 @@ class EngineHarness:
 
     async def __aenter__(self) -> EngineHarness:
         await self._sqlite.open()
-        await self.engine.start()
+        if self.lease is None:
+            await self.engine.start()
         return self
 
     async def __aexit__(
@@ -427,8 +549,21 @@ class EngineHarness:
     ) -> None:
         try:
             await self.engine.stop()
+            for process in self.processes:
+                await process.close()
         finally:
             await self._sqlite.close()
+
+    async def process(self, name: str) -> Process:
+        """Start another pitcrew process on this store (``lease`` must be set); it leads if it can."""
+        assert self.lease is not None, "processes share a store under a lease: EngineHarness(lease=...)"
+        process = Process(
+            self, name, SqliteStore(self._tmp / "pitcrew.db", synchronous="off", clock=self.time.now)
+        )
+        self.processes.append(process)
+        await process.open()
+        await self.time.settle()
+        return process
 
     async def restart(self) -> None:
         """pitcrew stops (every task cancelled, as a crash would leave the store) and starts again."""

@@ -7,7 +7,8 @@ of a playbook, bring exactly one undo of each owned change to the far side and n
 conflicts; approve, reject and rollback together on an incident awaiting approval: exactly
 one is carried out, the others are conflicts; a rollback while pitcrew is paused is held
 (conflict, nothing undone) unless forced, and a forced one is audited; the reject audit
-event is spelled ``rejected``.
+event is spelled ``rejected``; a pause reason above 500 characters is refused (``invalid``) and
+pauses nothing, whichever channel sent it.
 """
 
 from __future__ import annotations
@@ -120,3 +121,13 @@ async def test_the_reject_audit_event_is_spelled_rejected(tmp_path: Path) -> Non
         [event] = await h.events(incident, "rejected")
         assert event.detail == "replace-node rejected by alice"
         assert not await h.events(incident, "rejectd")
+
+
+async def test_a_pause_reason_is_bounded_whatever_the_channel(tmp_path: Path) -> None:
+    """Slack's ``/pitcrew pause <reason>`` reaches the engine without the HTTP API's checks."""
+    async with EngineHarness(tmp_path, inventory=INVENTORY) as h:
+        refused = await h.commands.pause("slack:U0OPS", "x" * 501)
+        assert refused.status == "invalid" and "at most 500" in refused.message
+        assert (await h.commands.status())["paused"] is False
+        assert (await h.commands.pause("slack:U0OPS", "x" * 500)).ok
+        assert (await h.commands.status())["paused"] is True

@@ -7,14 +7,18 @@ incident); a second remediation inside the cooldown is refused, one after it is 
 per-node attempts cap; an alert older than the stale cutoff after a breaker reset is
 skipped; a playbook that touches nothing passes every guard even while paused.
 
-Pause on a running incident: it is held before its next destructive step (nothing more
-reaches the far side while paused) and goes on after resume; steps that return the node
-(RESUME, uncordon) are not held. Observe mode: every mutating step of the playbook is
+Pause on a running incident: it is held before its next mutating step, returning the node
+(RESUME, uncordon) included: nothing more reaches the far side while paused, and it goes on
+after resume; a pause between two calls of one step (two evictions) holds the next call and
+the step goes on after resume with a fresh deadline. A rollback under way is held by a pause
+set after it started (the command answers "held"), and so is a rollback resumed after a
+crash while paused; both finish after resume. A rollback forced while paused is not held. Observe mode: every mutating step of the playbook is
 recorded as skipped with what it would have done, nothing reaches the far side.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,8 +27,9 @@ from typing import Any
 
 import pytest
 
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.steps import REGISTRY
-from tests.engine.harness import EngineHarness, Slow, fleet
+from tests.engine.harness import EngineHarness, Fail, Slow, fleet
 from tests.harness.scenarios import delivery, fault_delivery, gpu_node
 
 Setup = Callable[[EngineHarness], Awaitable[str]]
@@ -117,7 +122,7 @@ GUARDS = {
         _two_nodes,
         ("suppressed",),
         frozenset({"breaker"}),
-        "2 of 10 nodes (20.0%) would be under remediation",
+        "2 of 10 nodes (20.0%) would be out of service or under remediation",
         {"breaker": 1},
         {
             "breaker": {"max_nodes": 10, "max_fraction": 0.1},
@@ -194,40 +199,132 @@ async def test_guard(case: GuardCase, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- pause mid-way
 PAUSE_POINTS = {
-    # the call made slow, the step held next (None: nothing destructive is left, the node returns)
+    # the call made slow, the step held next (returning the node is a change too: held)
     "during-slurm_down": ("scheduler", "down", "cordon"),
     "during-cordon": ("cluster", "cordon", "drain"),
-    "during-replace": ("cluster", "replace", None),
+    "during-replace": ("cluster", "replace", "slurm_resume"),
 }
 
 
 @pytest.mark.parametrize(("port", "call", "held_at"), PAUSE_POINTS.values(), ids=PAUSE_POINTS.keys())
-async def test_pause_holds_the_next_destructive_step(
-    port: str, call: str, held_at: str | None, tmp_path: Path
-) -> None:
+async def test_pause_holds_the_next_mutating_step(port: str, call: str, held_at: str, tmp_path: Path) -> None:
     async with EngineHarness(tmp_path) as h:
         getattr(h, port).script(call, Slow(20))
         incident = await h.alert("gpu-node-02")
         await h.run_until(lambda: getattr(h, port).calls[call] > 0)
         await h.commands.pause("oncall", "maintenance")
-        if held_at is None:
-            done = await h.until_ended(incident)
-            assert done.state.value == "resolved"  # returning the node is never held
-            assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
-            assert not await h.events(incident, "held")
-            return
         held = await h.until_event(incident, "held")
         assert held.step == held_at and held.detail == "paused by oncall"
         frozen = h.calls()
         await h.time.advance(3600)  # an hour of virtual time: nothing more happens
         assert h.calls() == frozen
-        assert (await h.incident(incident)).state.value == "running"
+        assert (await h.incident(incident)).state.value in {"running", "verifying"}
         assert held_at not in await h.steps(incident)
         await h.commands.resume("oncall")
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
         assert h.calls()[("replace", "gpu-node-02")] == 1
         assert h.calls()[("slurm_down", "gpu-node-02")] == 1
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
+
+
+async def test_pause_holds_the_next_call_inside_a_step(tmp_path: Path) -> None:
+    """A pause set while a step is between two changes (the drain, between two evictions) holds
+    the next one; after resume the step goes on with a fresh deadline and evicts each pod once."""
+    two_pods = fleet(("gpu-node-01",), extra={"gpu-node-02": gpu_node("ml-train/a", "ml-train/b")})
+    async with EngineHarness(tmp_path, inventory=two_pods) as h:
+        h.cluster.script("evict", Slow(20))
+        incident = await h.alert("gpu-node-02")
+        await h.run_until(lambda: h.cluster.calls["evict"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        held = await h.until_event(incident, "held")
+        assert held.step == "drain" and "evict held until resume" in held.detail, held
+        assert (await h.steps(incident))["drain"].status == "held"
+        frozen = h.calls()
+        await h.time.advance(3600)  # longer than the drain's 15 min budget: it must not fail for it
+        assert h.calls() == frozen and sum(n for (op, _), n in frozen.items() if op == "evict") == 1
+        await h.commands.resume("oncall")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", done.outcome
+        assert h.calls()[("evict", "ml-train/a")] == 1 and h.calls()[("evict", "ml-train/b")] == 1
+
+
+def _rollback_with_slow_uncordon(h: EngineHarness, incident: str) -> asyncio.Task[Any]:
+    """The rollback of a cordon-and-ask incident, its first change (uncordon) slow to answer."""
+    h.cluster.script("uncordon", Slow(20))
+    return asyncio.ensure_future(h.commands.rollback(incident, "alice"))
+
+
+async def _cordoned_and_down(h: EngineHarness) -> str:
+    incident = await h.opens(
+        fault_delivery("health-fail", alertname="GpuHealthFail", node="gpu-node-02", starts=h.time.now())
+    )
+    assert (await h.until_ended(incident)).state.value == "resolved"
+    return incident
+
+
+async def test_a_rollback_under_way_is_held_by_a_pause_set_after_it_started(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path) as h:
+        incident = await _cordoned_and_down(h)
+        rollback = _rollback_with_slow_uncordon(h, incident)
+        await h.run_until(lambda: h.cluster.calls["uncordon"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        await h.run_until(rollback.done)
+        answer = rollback.result()
+        assert answer.ok and answer.data == {"report": [], "held": True}, answer
+        await h.time.advance(3600)
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 0  # held, for as long as the pause lasts
+        assert (await h.incident(incident)).state.value == "resolved"  # not yet rolled back
+        assert await h.events(incident, "rollback_held")
+        await h.commands.resume("oncall")
+        done = await h.until_state(incident, "rolled_back")
+        assert done.outcome == "rolled back by alice"
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1 and h.calls()[("uncordon", "gpu-node-02")] == 1
+        [notice] = h.notices("rollback", incident)
+        assert notice["lines"] == [
+            "cordon: gpu-node-02 uncordoned and untainted",
+            "slurm_down: gpu-node-02 resumed",
+        ]
+
+
+async def _mid_drain(h: EngineHarness) -> str:
+    h.cluster.script("evict", Slow(60))
+    incident = await h.alert("gpu-node-02")
+    await h.run_until(lambda: h.cluster.calls["evict"] > 0)
+    return incident
+
+
+@pytest.mark.parametrize("drive", [_cordoned_and_down, _mid_drain], ids=["closed", "mid-drain"])
+async def test_a_rollback_resumed_after_a_crash_while_paused_changes_nothing(
+    drive: Callable[[EngineHarness], Awaitable[str]], tmp_path: Path
+) -> None:
+    async with EngineHarness(tmp_path) as h:
+        incident = await drive(h)
+        state = (await h.incident(incident)).state.value
+        rollback = _rollback_with_slow_uncordon(h, incident)
+        await h.run_until(lambda: h.cluster.calls["uncordon"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        rollback.cancel()  # SIGKILL: the command dies with pitcrew
+        await asyncio.gather(rollback, return_exceptions=True)
+        await h.restart()
+        await h.time.advance(3600)
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 0
+        assert (await h.incident(incident)).state.value == state
+        await h.commands.resume("oncall")
+        done = await h.until_state(incident, "rolled_back")
+        assert done.outcome == "rolled back by alice"
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
+
+
+async def test_a_forced_rollback_is_not_held(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path) as h:
+        incident = await _cordoned_and_down(h)
+        await h.commands.pause("oncall", "maintenance")
+        answer = await h.commands.rollback(incident, "alice", force=True)
+        assert answer.ok and answer.data == {
+            "report": ["cordon: gpu-node-02 uncordoned and untainted", "slurm_down: gpu-node-02 resumed"]
+        }
+        assert (await h.incident(incident)).state.value == "rolled_back"
 
 
 # ------------------------------------------------------------- observe mode
@@ -268,3 +365,118 @@ async def test_observe_mode_records_what_it_would_do(
         assert done.state.value == "suppressed"
         assert done.outcome == f"observe mode: {record.playbook} was not run"
         assert not h.calls()
+
+
+# ------------------------------------------------------------- the allowance
+NINE = fleet(tuple(f"gpu-node-0{n}" for n in range(1, 10)))
+
+
+async def test_an_incident_that_changed_nothing_releases_its_place(tmp_path: Path) -> None:
+    """An alert for a name no far side knows fails before any change; the next real fault on a
+    9-node fleet (default breaker: 5 % of 9 is one node at a time) is remediated, not held."""
+    async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 3, "max_fraction": 0.05}) as h:
+        unknown = await h.alert("gpu-node-08.example.com")
+        failed = await h.until_ended(unknown)
+        assert failed.state.value == "failed" and "slurm_down" in failed.outcome
+        assert not h.changes_for(unknown)  # nothing reached the far side for it
+        real = await h.alert("gpu-node-03")
+        done = await h.until_ended(real)
+        assert done.state.value == "resolved", done.outcome
+        assert h.calls()[("replace", "gpu-node-03")] == 1
+        assert (await h.commands.status())["breaker"]["open"] is False
+        guards = (await h.events(real, "guards"))[-1]
+        [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
+        assert breaker["ok"] and breaker["words"].startswith(
+            "1 of max 3 nodes out of service or under remediation"
+        ), breaker
+
+
+async def test_an_incident_that_changed_something_keeps_its_place(tmp_path: Path) -> None:
+    """The other side of the allowance: a failed incident that did take its node out still counts."""
+    async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 3, "max_fraction": 0.05}) as h:
+        h.cluster.always("cordon", Fail(PermanentError("cordon refused", reason=Reason.FORBIDDEN)))
+        first = await h.alert("gpu-node-02")
+        assert (await h.until_ended(first)).state.value == "failed"
+        assert h.calls()[("slurm_down", "gpu-node-02")] == 1
+        second = await h.alert("gpu-node-03")
+        held = await h.until_ended(second)
+        assert held.state.value == "suppressed" and "breaker trips" in held.outcome
+        assert not h.changes_for(second)
+
+
+# ------------------------------------------------------------- the whole fleet
+OUT_BY_OTHERS = fleet(
+    ("gpu-node-04",),
+    extra={
+        "gpu-node-01": gpu_node(slurm_state="DRAIN", slurm_reason="admin: bios update"),
+        "gpu-node-02": gpu_node(slurm_state="DRAIN", slurm_reason="admin: bios update"),
+        "gpu-node-03": gpu_node(slurm_state="DRAIN", slurm_reason="NHC: check_gpu failed"),
+    },
+)
+
+
+async def test_nodes_others_took_out_count_toward_the_blast_radius(tmp_path: Path) -> None:
+    """3 of 4 nodes already out (2 by an administrator, 1 by Slurm's health check): the fourth is
+    not taken, and the breaker opens naming the three and why (default breaker: max 3 nodes)."""
+    async with EngineHarness(tmp_path, inventory=OUT_BY_OTHERS, breaker={"max_nodes": 3}) as h:
+        incident = await h.alert("gpu-node-04")
+        held = await h.until_ended(incident)
+        assert held.state.value == "suppressed"
+        assert not h.calls()
+        said = (
+            "3 of 4 nodes already out: 2 by an administrator (gpu-node-01: admin: bios update, gpu-node-02: "
+            "admin: bios update), 1 by Slurm's health check (gpu-node-03: NHC: check_gpu failed)"
+        )
+        assert (
+            held.outcome.startswith("breaker trips: 4 nodes would be out of service") and said in held.outcome
+        )
+        status = await h.commands.status()
+        assert status["breaker"]["open"] and said in status["breaker"]["reason"]
+        [notice] = h.notices("breaker")
+        assert said in notice["lines"][0]
+
+
+async def test_a_storm_reads_the_fleet_once_per_poll_interval(tmp_path: Path) -> None:
+    """Twenty alerts in one poll interval cost one list of Slurm nodes and one of Kubernetes
+    nodes, not twenty of each; the next interval reads again."""
+    nodes = tuple(f"gpu-node-{n:02d}" for n in range(1, 41))
+    async with EngineHarness(tmp_path, inventory=fleet(nodes), breaker={"max_nodes": 50}) as h:
+        for node in nodes[:20]:
+            await h.alert(node, "exporter-down-firing.json")  # hands off: only admission runs
+        await h.run_until(lambda: len(h.notices("incident")) == 20)
+        assert (h.scheduler.calls["nodes"], h.cluster.calls["nodes"]) == (1, 1)
+        assert h.cluster.calls["count_nodes"] == 0
+        await h.time.advance(61)
+        await h.alert(nodes[30])
+        await h.run_until(lambda: h.scheduler.calls["nodes"] == 2)
+        assert h.cluster.calls["nodes"] == 2
+
+
+async def test_a_far_side_that_cannot_list_its_nodes_is_said_and_not_hammered(tmp_path: Path) -> None:
+    """Slurm cannot list its nodes: the decision says so and counts what Kubernetes listed; a
+    failed read is kept for the interval like a good one (one read, not one per alert); once
+    Slurm answers again, the last good view of each far side stands in for a later failure."""
+    async with EngineHarness(tmp_path, inventory=NINE, breaker={"max_nodes": 50}) as h:
+        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason=Reason.UNAVAILABLE)))
+        first = await h.alert("gpu-node-01", "exporter-down-firing.json")
+        await h.until_event(first, "guards")
+        for node in ("gpu-node-02", "gpu-node-03"):
+            await h.alert(node, "exporter-down-firing.json")
+        real = await h.alert("gpu-node-04")
+        guards = await h.until_event(real, "guards")
+        [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
+        assert "Slurm nodes unreadable (unavailable): only what was read is counted" in breaker["words"], (
+            breaker
+        )
+        assert h.scheduler.calls["nodes"] == 1 and h.cluster.calls["nodes"] == 1
+        await h.world.drain("gpu-node-09", "admin: bios update")
+        h.scheduler.always("nodes", None)
+        await h.time.advance(61)
+        again = await h.alert("gpu-node-05", "exporter-down-firing.json")
+        await h.until_event(again, "guards")
+        h.scheduler.always("nodes", Fail(TransientError("slurmctld down", reason=Reason.UNAVAILABLE)))
+        await h.time.advance(61)
+        last = await h.alert("gpu-node-06")
+        guards = await h.until_event(last, "guards")
+        [breaker] = [d for d in guards.data["decisions"] if d["guard"] == "breaker"]
+        assert "gpu-node-09: admin: bios update" in breaker["words"], breaker  # the last good Slurm view

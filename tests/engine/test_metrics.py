@@ -1,17 +1,20 @@
 """The metrics the dashboards read, driven through the engine in virtual time.
 
 Cases: an XID 79 replace-node incident exports its stage histograms, its GPU-hours lost
-(node and job) equal to the figures recomputed by hand from its own timeline, its retest,
+(node and job) equal to the figures recomputed by hand from its own timeline (clocked from the
+first delivery), its retest,
 and one ``pitcrew_incident_info`` series that follows its step and is gone at close; the
 trust ledger counts a rollback, a rejection (with the approval wait) and a repeat of the
 same fault class on a remediated node; far-side errors are counted by system and reason;
-1,000 incidents opened and closed leave no per-incident series in ``/metrics``.
+1,000 incidents opened and closed leave no per-incident series in ``/metrics``. An alert already
+firing for 10 years at its first delivery is clocked from that delivery (its age reported apart,
+the counters get minutes); one incident adds at most a day per node to the GPU-hours counters.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -71,8 +74,7 @@ async def test_xid79_exports_stages_goodput_retest_and_one_info_series(tmp_path:
         assert _info(h) == []
 
         steps = await h.steps(incident)
-        assert done.first_alert_at is not None
-        fault = done.first_alert_at
+        fault = done.opened_at  # the first delivery: the clock of every figure
         back = _at(steps["slurm_resume"].result["returned_at"])
         expected_node = 8 * (back - fault).total_seconds() / 3600  # the simulator's nodes list no Gres
         assert expected_node >= 8 * 900 / 3600  # the replacement is Ready at +900 s
@@ -229,3 +231,41 @@ def test_the_slack_thread_joins_the_incident_series_and_leaves_with_it() -> None
     series.drop("pc-2")
     assert shown() == []
     assert series._threads == {}  # nothing of a closed incident is kept
+
+
+async def test_an_alert_firing_for_ten_years_is_clocked_from_its_first_delivery(tmp_path: Path) -> None:
+    """pitcrew deployed while an alert has been firing for 10 years: every figure counts from the
+    first delivery, the alert's own age is reported apart, and the counters get minutes, not years."""
+    async with EngineHarness(tmp_path) as h:
+        incident = await h.alert(NODE, starts=h.time.now() - timedelta(days=3650))
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        took = (done.updated_at - done.opened_at).total_seconds()
+        assert took < 3600
+        [summary] = h.notices("summary", incident)
+        assert "3650d" not in summary["title"], summary["title"]
+        assert 0 < h.sample("pitcrew_gpu_hours_lost_total", **LABELS) <= 8 * took / 3600
+        close = (await h.steps(incident))["close"].result
+        assert close["alert_age_seconds"] == pytest.approx(3650 * 86400, abs=1)
+        assert close["time_to_recovery_seconds"] == pytest.approx(took, abs=1)
+        assert (
+            "the alert had been firing for 3650d before pitcrew's first delivery of it; the times above start "
+            "at that delivery" in summary["lines"]
+        )
+        assert h.sample("pitcrew_time_to_recovery_seconds_sum", playbook="replace-node") <= took
+        assert h.sample("pitcrew_time_to_node_back_seconds_sum", playbook="replace-node") <= took
+
+
+async def test_one_incident_adds_at_most_a_day_to_the_counters(tmp_path: Path) -> None:
+    """Two days from the first delivery to the node back (an approval that took two days): the
+    counters get one day (goodput.max_hours_per_incident), and the summary says so."""
+    async with EngineHarness(tmp_path, mode="approve", approvals={"timeout": timedelta(days=3)}) as h:
+        incident = await h.alert(NODE)
+        await h.until_state(incident, "awaiting_approval")
+        await h.time.advance(2 * 86400)
+        assert (await h.commands.approve(incident, "alice")).ok
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert h.sample("pitcrew_gpu_hours_lost_total", **LABELS) == pytest.approx(8 * 24, abs=1e-6)
+        [summary] = h.notices("summary", incident)
+        assert any(line.startswith("counted up to 1d per node and per job") for line in summary["lines"])

@@ -5,7 +5,8 @@ first, then RESUME: the reverse of the playbook); a cordon and a DOWN someone el
 left alone; a rollback mid-way through replace-node stops the playbook before the
 replacement and reports the drain as irreversible; after replace-node has finished the
 replacement and the drain are reported irreversible and nothing is touched; a node an
-operator took over after pitcrew (a DOWN with their reason) keeps their DOWN; a rollback
+operator took over after pitcrew (a DOWN with their reason) keeps their DOWN, and so does a
+node another pitcrew incident took (its reason is pitcrew's, not this incident's); a rollback
 while an approval is pending has nothing to undo, ends the incident and withdraws the
 approval (it can no longer be given).
 
@@ -71,6 +72,11 @@ def _cordon_and_ask(node: str, *, then: Callable[[EngineHarness], Awaitable[None
 
 async def _operator_downs_node_01(h: EngineHarness) -> None:
     await h.world.down("gpu-node-01", "ops: RMA")  # a human, straight to Slurm
+
+
+async def _another_incident_downs_node_01(h: EngineHarness) -> None:
+    # pitcrew's own reason, for another incident (a later one, or another pitcrew on the node)
+    await h.world.down("gpu-node-01", "pitcrew: pc-99999 XID 79 gpu3")
 
 
 async def _mid_drain(h: EngineHarness) -> str:
@@ -152,6 +158,17 @@ ROLLBACKS = {
         ],
         {("uncordon", "gpu-node-01"): 1},
         node_after={"unschedulable": False, "slurm": ["DOWN"], "reason": "ops: RMA"},
+    ),
+    "another-incident-took-the-node-after": RollbackCase(
+        _cordon_and_ask("gpu-node-01", then=_another_incident_downs_node_01),
+        "gpu-node-01",
+        [
+            "cordon: gpu-node-01 uncordoned and untainted",
+            "slurm_down: gpu-node-01 left DOWN (reason 'pitcrew: pc-99999 XID 79 gpu3' belongs to pitcrew "
+            "incident pc-99999)",
+        ],
+        {("uncordon", "gpu-node-01"): 1},
+        node_after={"unschedulable": False, "slurm": ["DOWN"], "reason": "pitcrew: pc-99999 XID 79 gpu3"},
     ),
     "while-awaiting-approval": RollbackCase(
         _awaiting_approval, "gpu-node-02", [], {}, harness={"mode": "approve"}

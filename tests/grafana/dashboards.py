@@ -1,6 +1,6 @@
 """Reading pitcrew's dashboards the way Grafana would: panels, their queries, the metrics named.
 
-Shared by the dashboard lint (tests/unit/test_dashboards.py) and the end-to-end check that every
+Shared by the dashboard lint (tests/integration/test_dashboards.py) and the end-to-end check that every
 query returns data from a real Prometheus (tests/e2e/test_grafana_dashboards.py).
 """
 

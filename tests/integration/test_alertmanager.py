@@ -8,7 +8,8 @@ Cases:
 - pitcrew's route: first child, one group per node, short group_wait/group_interval, webhook with
   a bearer token from a file, resolved alerts sent, no truncation;
 - on a real Alertmanager: a warning XID is inhibited by a critical XID on the same GPU (not on
-  another GPU), and the delivery carries ``Authorization: Bearer <token>``;
+  another GPU), and the delivery carries ``Authorization: Bearer <token>``; a link's error-rate
+  warning is inhibited by the same port being down (not by another port's);
 - the AlertmanagerConfig example says the same as the plain file.
 """
 
@@ -43,6 +44,28 @@ ROUTES = [
     (
         "DcgmExporterDown",
         {"fault": "exporter-down", "severity": "warning", "node": "gpu-node-04"},
+        "pitcrew,humans",
+    ),
+    (
+        "NetworkLinkDown",
+        {
+            "fault": "link-down",
+            "severity": "critical",
+            "node": "gpu-node-02",
+            "device": "mlx5_0",
+            "port": "1",
+        },
+        "pitcrew,humans-pager",
+    ),
+    (
+        "NetworkLinkErrors",
+        {
+            "fault": "link-errors",
+            "severity": "warning",
+            "node": "gpu-node-02",
+            "device": "mlx5_0",
+            "port": "1",
+        },
         "pitcrew,humans",
     ),
     ("DcgmExporterNoTargets", {"fault": "exporter-down", "severity": "warning"}, "humans"),
@@ -207,6 +230,51 @@ def test_critical_xid_inhibits_warning_xid_on_the_same_gpu(tmp_path: Path) -> No
         delivered = {(a["labels"]["alertname"], a["labels"]["gpu"]) for a in delivery.body["alerts"]}
         assert delivered == {("GpuXidCritical", "3"), ("GpuXidWarning", "4")}
         assert delivery.body["groupLabels"] == {"node": "gpu-node-01"}
+    finally:
+        alertmanager.stop()
+        sink.stop()
+
+
+def test_a_down_link_inhibits_the_error_warning_of_the_same_port(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("inhibit-test-token")
+    sink = WebhookSink().start()
+    alertmanager = Alertmanager(
+        require_binary("prometheus-alertmanager", "prometheus-alertmanager"),
+        tmp_path,
+        alertmanager_config(sink.url, token, Timing()),
+    )
+    try:
+        alertmanager.start()
+        node = {"node": "gpu-node-02", "port": "1"}
+        post_alerts(
+            alertmanager,
+            [
+                {"alertname": "NetworkLinkDown", **node, "device": "mlx5_0", "fault": "link-down",
+                 "severity": "critical"},
+                {"alertname": "NetworkLinkErrors", **node, "device": "mlx5_0", "fault": "link-errors",
+                 "severity": "warning"},
+                {"alertname": "NetworkLinkErrors", **node, "device": "mlx5_1", "fault": "link-errors",
+                 "severity": "warning"},
+            ],
+        )  # fmt: skip
+
+        def states() -> dict[tuple[str, str], str]:
+            return {
+                (a["labels"]["alertname"], a["labels"]["device"]): a["status"]["state"]
+                for a in alertmanager.alerts()
+            }
+
+        wait_until(lambda: len(states()) == 3, timeout=30, what="Alertmanager to hold the 3 alerts")
+        assert states() == {
+            ("NetworkLinkDown", "mlx5_0"): "active",
+            ("NetworkLinkErrors", "mlx5_0"): "suppressed",
+            ("NetworkLinkErrors", "mlx5_1"): "active",
+        }
+        down = sink.wait_for(alertname="NetworkLinkDown", timeout=30)
+        delivery = next(d for d, a in sink.alerts(alertname="NetworkLinkDown") if a is down)
+        delivered = {(a["labels"]["alertname"], a["labels"]["device"]) for a in delivery.body["alerts"]}
+        assert delivered == {("NetworkLinkDown", "mlx5_0"), ("NetworkLinkErrors", "mlx5_1")}
     finally:
         alertmanager.stop()
         sink.stop()

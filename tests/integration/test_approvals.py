@@ -8,32 +8,37 @@ restart of pitcrew; pause holds mutating steps until resume.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.engine_scans import scrape, wait_scans
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory, notices
 
 
-@pytest.fixture
-def server(pitcrew_factory: Any, tmp_path: Path) -> Pitcrew:
+def _approving(pitcrew_factory: Any, tmp_path: Path, name: str, timeout: str) -> Pitcrew:
     world = inventory(
-        tmp_path / "inventory.yaml",
+        tmp_path / f"{name}-inventory.yaml",
         {f"gpu-node-0{n}": gpu_node(f"ml-train/worker-{n}") for n in range(1, 7)},
         [{"job_id": "201", "name": "llm", "user": "dana", "node": "gpu-node-02"}],
     )
     return pitcrew_factory(
-        "approve",
+        name,
         config={
             "mode": "approve",
-            "approvals": {"approvers": ["alice", "slack:U0ALICE"], "timeout": "4s"},
+            "approvals": {"approvers": ["alice", "slack:U0ALICE"], "timeout": timeout},
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}, "node": {"cooldown": "0s"}},
         },
         world={"inventory": world},
     ).start()
+
+
+@pytest.fixture
+def server(pitcrew_factory: Any, tmp_path: Path) -> Pitcrew:
+    """Approvals that wait a minute: on a loaded machine no test races the deadline by accident."""
+    return _approving(pitcrew_factory, tmp_path, "approve", "60s")
 
 
 def _events(server: Pitcrew, incident: str, kind: str) -> list[dict[str, Any]]:
@@ -46,7 +51,7 @@ def test_unapproved_steps_never_run_and_strangers_are_refused(server: Pitcrew) -
     waiting = server.wait_incident(incident, "awaiting_approval")
     assert waiting["approval"]["status"] == "pending"
     assert waiting["approval"]["approvers"] == ["alice", "slack:U0ALICE"]
-    time.sleep(1.0)  # plenty of time to (wrongly) act
+    wait_scans(scrape(server))  # the engine looked again, three times: nothing was done
     assert not destructive_calls(server.journal_records())
     assert [n["actions"] for n in notices(server.journal_records(), "incident")] == [
         ["approve", "reject", "rollback"]
@@ -55,37 +60,45 @@ def test_unapproved_steps_never_run_and_strangers_are_refused(server: Pitcrew) -
     code, answer = server.command(f"/api/v1/incidents/{incident}/approve", "mallory")
     assert code == 403, answer
     refused = _events(server, incident, "approve_refused")
-    assert refused and refused[0]["actor"] == "mallory" and refused[0]["outcome"] == "refused"
+    assert refused and refused[0]["actor"] == "http:mallory" and refused[0]["outcome"] == "refused"
     assert server.incident(incident)["state"] == "awaiting_approval"
     assert not destructive_calls(server.journal_records())
 
-    code, _ = server.command(f"/api/v1/incidents/{incident}/approve", "slack:U0ALICE")
+    # The channel is pitcrew's to record: an HTTP caller cannot claim a Slack identity.
+    code, answer = server.command(f"/api/v1/incidents/{incident}/approve", "slack:U0ALICE")
+    assert code == 400 and "bare name" in answer["error"], answer
+    assert server.incident(incident)["state"] == "awaiting_approval"
+    code, _ = server.command(f"/api/v1/incidents/{incident}/approve", "alice")
     assert code == 200
     done = server.wait_incident(incident, "resolved", timeout=30)
-    assert done["approval"]["decided_by"] == "slack:U0ALICE"
-    assert _events(server, incident, "approved")[0]["actor"] == "slack:U0ALICE"
+    assert done["approval"]["decided_by"] == "http:alice"
+    assert _events(server, incident, "approved")[0]["actor"] == "http:alice"
     assert destructive_calls(server.journal_records())[("slurm_down", "gpu-node-02")] == 1
     # Approving twice is a conflict, audited too.
     code, _ = server.command(f"/api/v1/incidents/{incident}/approve", "alice")
     assert code == 409
 
 
-def test_rejection_and_timeout_do_nothing_and_say_so(server: Pitcrew) -> None:
+def test_rejection_and_timeout_do_nothing_and_say_so(
+    server: Pitcrew, pitcrew_factory: Any, tmp_path: Path
+) -> None:
+    expiring = _approving(pitcrew_factory, tmp_path, "expire", "4s")
     _, rejected = server.post_alerts(delivery(node="gpu-node-03"))
-    _, expired = server.post_alerts(delivery(node="gpu-node-04"))
+    _, expired = expiring.post_alerts(delivery(node="gpu-node-04"))
     server.wait_incident(rejected["opened"][0], "awaiting_approval")
     code, _ = server.command(f"/api/v1/incidents/{rejected['opened'][0]}/reject", "alice")
     assert code == 200
     gone = server.wait_incident(rejected["opened"][0], "suppressed")
-    assert gone["outcome"] == "rejected by alice"
+    assert gone["outcome"] == "rejected by http:alice"
 
-    timed_out = server.wait_incident(expired["opened"][0], "suppressed", timeout=30)
+    timed_out = expiring.wait_incident(expired["opened"][0], "suppressed", timeout=30)
     assert timed_out["outcome"] == "approval timed out: nothing was done"
     assert timed_out["approval"]["status"] == "expired"
-    assert [n["incident_id"] for n in notices(server.journal_records(), "approval_expired")] == [
+    assert [n["incident_id"] for n in notices(expiring.journal_records(), "approval_expired")] == [
         expired["opened"][0]
     ]
     assert not destructive_calls(server.journal_records())
+    assert not destructive_calls(expiring.journal_records())
 
 
 def test_a_pending_approval_survives_a_restart(server: Pitcrew) -> None:
@@ -135,7 +148,7 @@ def test_pause_holds_a_running_incident_at_its_next_destructive_step(pitcrew_fac
     assert server.command("/api/v1/pause", "oncall")[0] == 200
     server.wait_event(incident, "held")
     frozen = destructive_calls(server.journal_records())
-    time.sleep(1.0)
+    wait_scans(scrape(server))  # the engine looked again, three times: still held
     assert destructive_calls(server.journal_records()) == frozen  # nothing more while paused
     assert ("replace", "gpu-node-02") not in frozen
     assert server.command("/api/v1/resume", "oncall")[0] == 200
@@ -171,7 +184,7 @@ def test_cli_commands_reach_the_running_server(server: Pitcrew) -> None:
     assert refused.returncode == 1 and "may not approve" in refused.stdout
     approved = cli("approve", incident, "--as", "alice")
     assert approved.returncode == 0, approved.stderr
-    assert server.wait_incident(incident, "resolved", timeout=30)["approval"]["decided_by"] == "alice"
+    assert server.wait_incident(incident, "resolved", timeout=30)["approval"]["decided_by"] == "cli:alice"
     assert cli("pause", "--reason", "drill", "--as", "oncall").returncode == 0
     assert (
         b'"paused": true'
@@ -182,5 +195,5 @@ def test_cli_commands_reach_the_running_server(server: Pitcrew) -> None:
     assert cli("resume", "--as", "oncall").returncode == 0
     assert cli("breaker", "reset", "--as", "oncall").returncode == 0
     rolled = cli("rollback", incident, "--as", "alice")
-    assert rolled.returncode == 0 and "rolled back by alice" in rolled.stdout
+    assert rolled.returncode == 0 and "rolled back by cli:alice" in rolled.stdout
     assert "cordon:" in rolled.stdout  # the report of what was undone

@@ -9,7 +9,10 @@ the Slack stand-in and the Grafana stand-in answer over HTTP from their own thre
   the scope named on stderr, Grafana's line still ``ok``;
 - the bot not in the configured channel: exit 1 naming the channel;
 - a Grafana token Grafana refuses: exit 1 naming the token, Slack's line still ``ok``;
-- Grafana unreachable: exit 1, its line ``FAIL``.
+- Grafana unreachable: exit 1, its line ``FAIL``;
+- Socket Mode with an app-level token Slack refuses (revoked: ``invalid_auth``; without
+  ``connections:write``: ``missing_scope``): exit 1 naming ``slack.app_token_file`` and the scope
+  (before: ``ok``, the app token was never asked about).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 from proving_ground.proc import free_port
 from proving_ground.slack.server import SlackStandin
 from proving_ground.slack.threaded import threaded_standin
-from proving_ground.slack.world import BOT_TOKEN, SIGNING_SECRET
+from proving_ground.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
 from tests.grafana.server import TOKEN, GrafanaStandin
 from tests.grafana.threaded import threaded_grafana
 from tests.harness import check_config
@@ -43,19 +46,31 @@ def grafana() -> Iterator[GrafanaStandin]:
 
 
 def check_live(
-    tmp_path: Path, slack: SlackStandin, grafana_url: str, *, channel: str = "C0GPUOPS", token: str = TOKEN
+    tmp_path: Path,
+    slack: SlackStandin,
+    grafana_url: str,
+    *,
+    channel: str = "C0GPUOPS",
+    token: str = TOKEN,
+    transport: str = "http",
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "bot.token").write_text(BOT_TOKEN + "\n")
     (tmp_path / "signing.secret").write_text(SIGNING_SECRET + "\n")
+    (tmp_path / "app.token").write_text(APP_TOKEN + "\n")
     (tmp_path / "grafana.token").write_text(token + "\n")
+    secret = (
+        {"signing_secret_file": str(tmp_path / "signing.secret")}
+        if transport == "http"
+        else {"app_token_file": str(tmp_path / "app.token")}
+    )
     settings: dict[str, Any] = {
         "integrations": {"notifier": "slack"},
         "slack": {
             "bot_token_file": str(tmp_path / "bot.token"),
-            "signing_secret_file": str(tmp_path / "signing.secret"),
             "channel": channel,
             "base_url": slack.base_url,
-            "transport": "http",
+            "transport": transport,
+            **secret,
         },
         "grafana": {"url": grafana_url, "token_file": str(tmp_path / "grafana.token")},
     }
@@ -114,3 +129,26 @@ def test_grafana_unreachable_fails(tmp_path: Path, slack: SlackStandin) -> None:
     assert result.returncode == 1
     assert status_of(result.stdout, "grafana") == "FAIL"
     assert "missing grafana:" in result.stderr and "unreachable" in result.stderr
+
+
+def test_socket_mode_checks_the_app_token(
+    tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin
+) -> None:
+    slack.api.allow("rate_tiers")  # three checks within a minute; apps.connections.open is Tier 1
+    good = check_live(tmp_path, slack, grafana.url, transport="socket")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "Socket Mode app token ok" in good.stdout
+
+    slack.world.app_tokens.clear()  # revoked
+    revoked = check_live(tmp_path, slack, grafana.url, transport="socket")
+    assert revoked.returncode == 1
+    assert status_of(revoked.stdout, "slack") == "FAIL"
+    assert "slack.app_token_file" in revoked.stdout and "invalid_auth" in revoked.stdout
+
+    slack.world.app_tokens.add(APP_TOKEN)
+    slack.world.app_token_scopes.clear()
+    scopeless = check_live(tmp_path, slack, grafana.url, transport="socket")
+    assert scopeless.returncode == 1
+    assert "slack.app_token_file" in scopeless.stdout and "connections:write" in scopeless.stdout
+    assert "missing slack: connections:write" in scopeless.stderr
+    assert not slack.socket.connections

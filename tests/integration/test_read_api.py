@@ -11,7 +11,9 @@ page has 100 rows; a limit that is not a number or out of 1..200, and a cursor t
 one, get 400 and the read nothing. A webhook is answered while a read of the incident is held
 in the middle of decoding its rows: reads do not run on the event loop. The ``node`` filter
 spells node names as the webhook does (``GPU-NODE-02`` is ``gpu-node-02``) and refuses what is
-no node name with 400.
+no node name with 400. ``/metrics`` gives every aggregate series to anyone, the per-incident
+series (node, Slack thread) only with the read or admin token (or with reads open to all on
+loopback); a wrong token there is a 403.
 """
 
 from __future__ import annotations
@@ -251,3 +253,34 @@ async def test_the_node_filter_spells_nodes_as_the_webhook_does(server: Callable
             assert status == 200 and [i["id"] for i in answer["incidents"]] == [incident], spelling
         status, answer = await get(client, "/api/v1/incidents?node=../../etc/passwd")
         assert status == 400 and "is not a Kubernetes node name" in answer["error"]
+
+
+async def _metrics(client: ClientSession, token: str | None) -> tuple[int, str]:
+    async with client.get("/metrics", headers=bearer(token) if token else {}) as r:
+        return r.status, await r.text()
+
+
+async def test_metrics_name_incidents_only_to_who_may_read_them(server: Callable[..., Any]) -> None:
+    _, client = await server()
+    async with client:
+        incident = (await post(client, (AM / "xid79-firing.json").read_bytes()))["opened"][0]
+        deadline = asyncio.get_running_loop().time() + 20
+        while "pitcrew_incident_info{" not in (await _metrics(client, READ))[1]:
+            assert asyncio.get_running_loop().time() < deadline, "no incident series with the read token"
+            await asyncio.sleep(0.05)
+        for token in (READ, ADMIN):
+            status, text = await _metrics(client, token)
+            assert status == 200 and f'incident="{incident}"' in text and 'node="gpu-node-02"' in text
+        status, text = await _metrics(client, None)  # what any peer that reaches the port sees
+        assert status == 200 and "pitcrew_incidents_active" in text and "pitcrew_webhook_requests" in text
+        assert "pitcrew_incident_info" not in text and "gpu-node-02" not in text and incident not in text
+        for wrong in ("nope", WEBHOOK):
+            status, text = await _metrics(client, wrong)
+            assert status == 403 and "gpu-node-02" not in text
+    _, client = await server(read_token_file=None, admin_token_file=None, allow_unauthenticated_reads=True)
+    async with client:
+        incident = (await post(client, (AM / "xid79-firing.json").read_bytes()))["opened"][0]
+        deadline = asyncio.get_running_loop().time() + 20
+        while f'incident="{incident}"' not in (await _metrics(client, None))[1]:
+            assert asyncio.get_running_loop().time() < deadline, "reads open to all: so are the series"
+            await asyncio.sleep(0.05)

@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bot.domain.jobs import SlurmNodeState
+from bot.domain.ownership import is_pitcrew_reason
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler
 from tests.conftest import FIXTURES
 
@@ -89,7 +90,7 @@ async def test_a_just_downed_node_shown_mixed_is_read_through_scontrol(serve: An
     assert scontrol.asked == ["gpu-001"]
     assert node.down
     assert node.reason == REASON
-    assert node.reason_is_ours
+    assert is_pitcrew_reason(node.reason)
 
 
 @pytest.mark.parametrize(

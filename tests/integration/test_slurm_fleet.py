@@ -9,7 +9,10 @@ gpu):
 * a node Slurm does not know is in no partition (``None``), not an error;
 * admission on a Slurm-only site (no Kubernetes): ``node_facts`` reads the fleet from Slurm
   and the breaker's decision says "fleet of 3 nodes from Slurm partitions gpu"; a second
-  node joining one under remediation trips the breaker (share limit 1 node of 3).
+  node joining one under remediation trips the breaker (share limit 1 node of 3);
+* every node in one list (``Scheduler.nodes``, the breaker's snapshot of nodes out of service):
+  a node drained by hand is an administrator's, one drained with an ``NHC:`` reason Slurm's
+  health check's, an idle one is in service.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from bot.config import load_catalog, load_playbooks
 from bot.domain.faults import classify
 from bot.domain.guards import World, evaluate
 from bot.domain.labels import Subject
+from bot.domain.outages import Taker, slurm_outage
 from bot.domain.planner import plan
 from bot.domain.policy import Mode, Policy
 from bot.engine.admission import node_facts
@@ -89,3 +93,27 @@ async def test_slurm_only_admission_reads_the_fleet_from_slurm(slurm: SlurmClust
     assert not second.allowed
     assert second.trip_breaker is not None
     assert "fleet of 3 nodes from Slurm partitions gpu" in second.trip_breaker
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_nodes_out_of_service_and_who_took_them_out(slurm: SlurmCluster, backend: str) -> None:
+    """One list of every node (``Scheduler.nodes``) says which are out and by whom: a drain by hand
+    (``admin: bios update``), a simulated health check's (``NHC: …``), one left in service."""
+    slurm.run("scontrol", "update", "NodeName=gpu-001", "State=DRAIN", "Reason=admin: bios update")
+    slurm.run("scontrol", "update", "NodeName=gpu-002", "State=DRAIN", "Reason=NHC: check_gpu failed")
+    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(backend)))
+    try:
+        listed = {n.name: n for n in await sched.nodes()}
+    finally:
+        await sched.aclose()
+        slurm.reset()
+    assert set(listed) == {"gpu-001", "gpu-002", "gpu-003"}
+    found = {
+        name: (o.by, o.why) if (o := slurm_outage(n.name, n.states, n.reason, n.reason_user)) else None
+        for name, n in listed.items()
+    }
+    assert found == {
+        "gpu-001": (Taker.ADMIN, "admin: bios update"),
+        "gpu-002": (Taker.HEALTH_CHECK, "NHC: check_gpu failed"),
+        "gpu-003": None,
+    }

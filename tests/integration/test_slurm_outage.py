@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bot.domain.jobs import pitcrew_reason
+from bot.domain.ownership import is_pitcrew_reason, slurm_reason
 from bot.engine.errors import TransientError
 from bot.engine.ports import Scheduler
 from bot.integrations.slurm import RestScheduler, SlurmSettings, build_scheduler
@@ -22,7 +22,7 @@ from proving_ground.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 2.0
-REASON = pitcrew_reason("inc-outage", "XID 79 gpu1")
+REASON = slurm_reason("inc-outage", "XID 79 gpu1")
 
 
 @pytest.mark.parametrize("backend", ["scontrol", "rest"])
@@ -51,7 +51,7 @@ async def test_controller_outage_is_transient_and_recoverable(
         assert kept.drained
         assert kept.reason == REASON
         await sched.down("gpu-001", REASON)  # the step that failed now succeeds
-        assert (await sched.node("gpu-001")).reason_is_ours
+        assert is_pitcrew_reason((await sched.node("gpu-001")).reason)
     finally:
         await sched.aclose()
     with capsys.disabled():

@@ -1,7 +1,9 @@
 """Never make an outage worse: ownership, DRAIN and idempotence on a real cluster.
 
 Cases (both backends where they differ):
-* a node someone else downed (reason without ``pitcrew:``) is never resumed by pitcrew;
+* a node someone else downed (reason without ``pitcrew:``) reads back with their reason,
+  verbatim, so the ownership rule the ``slurm_resume`` step applies sees it is not pitcrew's
+  (the step leaving it DOWN on a real cluster: tests/e2e/test_slurm_remediation.py);
 * DOWN twice and RESUME of a node already in service are harmless (retried steps);
 * DRAIN leaves the running job alone (MIXED+DRAIN → IDLE+DRAIN when it ends), then the node
   is ours to resume;
@@ -16,20 +18,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, pitcrew_reason
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import is_pitcrew_reason, owns_slurm_reason, slurm_reason
 from bot.engine.errors import PermanentError
-from bot.integrations.slurm import (
-    RestScheduler,
-    ScontrolScheduler,
-    SlurmSettings,
-    build_scheduler,
-    resume_if_ours,
-)
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.slurm import SlurmCluster, eventually
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler
-REASON = pitcrew_reason("inc-own", "XID 48 gpu0")
+INCIDENT = "inc-own"
+REASON = slurm_reason(INCIDENT, "XID 48 gpu0")
 
 
 @pytest.fixture(params=["scontrol", "rest"])
@@ -39,28 +37,23 @@ async def sched(request: pytest.FixtureRequest, slurm: SlurmCluster) -> AsyncIte
     await scheduler.aclose()
 
 
-async def test_node_downed_by_someone_else_is_never_resumed(slurm: SlurmCluster, sched: Sched) -> None:
+async def test_node_downed_by_someone_else_reads_as_not_ours(slurm: SlurmCluster, sched: Sched) -> None:
     slurm.run("scontrol", "update", "NodeName=gpu-002", "State=DOWN", "Reason=disk swap (alice) ticket=42")
     theirs = await sched.node("gpu-002")
     assert theirs.down
     assert theirs.reason == "disk swap (alice) ticket=42"
-    assert not theirs.reason_is_ours
-
-    assert await resume_if_ours(sched, "gpu-002") is False
-    await asyncio.sleep(0.5)
-    still = await sched.node("gpu-002")
-    assert still.down
-    assert still.reason == theirs.reason
+    assert not is_pitcrew_reason(theirs.reason)
+    assert not owns_slurm_reason(theirs.reason, INCIDENT)
 
 
 async def test_repeated_calls_are_harmless(sched: Sched) -> None:
     await sched.down("gpu-003", REASON)
     await sched.down("gpu-003", REASON)  # a retried step
-    assert (await sched.node("gpu-003")).reason == REASON
-    assert await resume_if_ours(sched, "gpu-003") is True
+    assert owns_slurm_reason((await sched.node("gpu-003")).reason, INCIDENT)
+    await sched.resume("gpu-003")
     await eventually(lambda: _in_service(sched, "gpu-003"), timeout=10, what="gpu-003 in service")
     await sched.resume("gpu-003")  # already in service: nothing to do, no error
-    assert await resume_if_ours(sched, "gpu-003") is False
+    assert (await sched.node("gpu-003")).in_service
 
 
 async def test_unknown_node_and_job(sched: Sched) -> None:
@@ -84,7 +77,7 @@ async def test_drain_leaves_the_running_job_alone(slurm: SlurmCluster) -> None:
 
     draining = await sched.node("gpu-001")
     assert draining.states == {"MIXED", "DRAIN"}
-    assert draining.reason_is_ours
+    assert owns_slurm_reason(draining.reason, INCIDENT)
     await asyncio.sleep(1)
     assert await _running(sched, job_id) is not None  # not killed, not requeued
 
@@ -93,7 +86,8 @@ async def test_drain_leaves_the_running_job_alone(slurm: SlurmCluster) -> None:
     assert done.restarts == job.restarts == 0
     drained = await eventually(lambda: _idle_drained(sched, "gpu-001"), timeout=10, what="IDLE+DRAIN")
     assert drained.reason == REASON
-    assert await resume_if_ours(sched, "gpu-001") is True
+    await sched.resume("gpu-001")  # ours: the step would resume it
+    await eventually(lambda: _in_service(sched, "gpu-001"), timeout=10, what="gpu-001 in service")
 
 
 async def test_drain_then_requeue_moves_the_job(slurm: SlurmCluster, sched: Sched) -> None:

@@ -10,7 +10,7 @@ on 22.05 because its REST API has none), with the checkpointing training job on 
   step it had reached before the fault; ``judge_resumption`` says ``resumed``;
 * the ``--no-requeue`` job ends NODE_FAIL and is judged ``lost`` at once, with its owner;
 * the job's progress is served as a Prometheus sample (``ProgressServer``) past the checkpoint;
-* the node is ours, so ``resume_if_ours`` returns it to service.
+* the node's reason is this incident's (``owns_slurm_reason``), so RESUME returns it to service.
 
 Each run prints job id, old/new node, restart count and the time of each phase.
 """
@@ -24,14 +24,9 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, judge_resumption, pitcrew_reason
-from bot.integrations.slurm import (
-    RestScheduler,
-    ScontrolScheduler,
-    SlurmSettings,
-    build_scheduler,
-    resume_if_ours,
-)
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, judge_resumption
+from bot.domain.ownership import owns_slurm_reason, slurm_reason
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.slurm import SlurmCluster, eventually
 from proving_ground.train_job import METRIC, ProgressServer, read_checkpoint, read_events, read_progress
 
@@ -65,13 +60,13 @@ async def test_fatal_fault_job_resumes_from_checkpoint_elsewhere(
     assert recorded[lone_id].requeue is False
 
     step_before = read_checkpoint(slurm.job_dir, train_id)
-    reason = pitcrew_reason("inc-test", "XID 79 gpu3")
+    reason = slurm_reason("inc-test", "XID 79 gpu3")
     t_down = time.monotonic()
     await s.down(node, reason)
     down = await s.node(node)
     assert down.down
     assert down.reason == reason
-    assert down.reason_is_ours
+    assert owns_slurm_reason(down.reason, "inc-test")
 
     lone_now = await s.job(lone_id)
     lone = judge_resumption(recorded[lone_id], lone_now, [node])
@@ -113,7 +108,7 @@ async def test_fatal_fault_job_resumes_from_checkpoint_elsewhere(
     assert verdict.status == "resumed", verdict.detail
     assert verdict.restarts_now == 1
 
-    assert await resume_if_ours(s, node)
+    await s.resume(node)
     back = await eventually(lambda: _in_service(s, node), timeout=10, what="node back in service")
     assert back.reason == ""
 

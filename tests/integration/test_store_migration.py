@@ -95,7 +95,7 @@ async def test_old_results_keep_their_values(old_store: SqliteStore) -> None:
     ]
     assert down.taken_out_at is not None and down.action == "down"
     confirmed = codec.decode_record(ConfirmResumedResult, steps["confirm_resumed"].result)
-    [job] = confirmed.jobs
+    [job] = (o.verdict for o in confirmed.jobs)
     assert (job.job_id, job.status, job.new_nodes, job.restarts_now) == (
         "101",
         "resumed",

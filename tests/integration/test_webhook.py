@@ -8,7 +8,8 @@ Hardening, each answer an error with nothing stored: non-ASCII bytes in ``Author
 bearer token ending in NBSP, raw or UTF-8; ``Basic éééé``) are 401.
 A ``Content-Encoding`` (on a plain body or a gzipped one) is 400; a ``truncatedAlerts``
 beyond uint64 is 400.
-A startsAt in the year 9999 is 400 naming the alert, for the whole delivery. One instant
+A resolved alert redelivered beside a new one (no all-repeats shortcut) is a repeat: it does not
+resolve again. A startsAt in the year 9999 is 400 naming the alert, for the whole delivery. One instant
 written ``Z`` and ``+01:00`` is one alert, and resolving it resolves it.
 ``GPU-NODE-07`` and ``gpu-node-07`` are one node with one incident; a trailing zero-width
 space, a path or a hostlist as the node is 400 naming the alert and the label, for the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import gzip
 import json
 from collections.abc import AsyncIterator, Callable
@@ -154,10 +156,20 @@ async def test_resolved_alert_never_starts_an_action(server: Callable[..., Any],
         status, body = await post(client, fixture("xid79-resolved.json"))
         assert status == 200
         assert body["resolved"] == 3 and not body["opened"]
-        await asyncio.sleep(0.5)  # give the engine every chance to (wrongly) act
-        assert await incidents(client) == []
+        # A firing fault on another node after it: once the engine has acted on that one, it has had
+        # its chance to (wrongly) act on the resolved ones.
+        sentinel = json.loads(fixture("xid79-firing.json"))
+        for alert in sentinel["alerts"]:
+            alert["fingerprint"] = "5e" + alert["fingerprint"][2:]
+            alert["labels"] = {**alert["labels"], "node": "gpu-node-05", "Hostname": "gpu-node-05"}
+        _, opened = await post(client, json.dumps(sentinel).encode())
         journal = tmp_path / "journal.jsonl"
-        assert not journal.exists() or journal.read_text() == ""
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (journal.exists() and "gpu-node-05" in journal.read_text()):
+            assert asyncio.get_running_loop().time() < deadline, "the engine never acted on the sentinel"
+            await asyncio.sleep(0.05)
+        assert [i["id"] for i in await incidents(client)] == opened["opened"]
+        assert "gpu-node-02" not in journal.read_text()
 
 
 async def test_resolution_of_a_seen_alert_is_recorded(server: Callable[..., Any]) -> None:
@@ -171,6 +183,33 @@ async def test_resolution_of_a_seen_alert_is_recorded(server: Callable[..., Any]
         record = await detail(client, (await incidents(client))[0]["id"])
         assert {a["status"] for a in record["alerts"]} == {"resolved"}
         assert sum(e["kind"] == "alert_resolved" for e in record["events"]) == 3
+
+
+async def test_a_resolved_redelivery_among_new_alerts_resolves_nothing_again(
+    server: Callable[..., Any],
+) -> None:
+    """Alertmanager re-sends a group's resolved alerts beside a new one: the delivery cannot take the
+    all-repeats shortcut, and the resolved ones must still count as repeats, not resolve again."""
+    _, client = await server()
+    async with client:
+        await post(client, fixture("xid79-firing.json"))
+        _, first = await post(client, fixture("xid79-resolved.json"))
+        assert first["resolved"] == 3
+        incident_id = (await incidents(client))[0]["id"]
+        before = await detail(client, incident_id)
+        mixed = json.loads(fixture("xid79-resolved.json"))
+        new = copy.deepcopy(json.loads(fixture("xid79-firing.json"))["alerts"][0])
+        new["fingerprint"] = "00000000000000a1"
+        new["labels"] = {**new["labels"], "node": "gpu-node-05", "Hostname": "gpu-node-05"}
+        mixed["alerts"].append(new)
+        status, body = await post(client, json.dumps(mixed).encode())
+        assert status == 200
+        assert (body["new"], body["repeated"], body["resolved"]) == (1, 3, 0), body
+        after = await detail(client, incident_id)
+        assert sum(e["kind"] == "alert_resolved" for e in after["events"]) == 3
+        assert [(a["fingerprint"], a["ends_at"]) for a in after["alerts"]] == [
+            (a["fingerprint"], a["ends_at"]) for a in before["alerts"]
+        ]
 
 
 async def test_auth(server: Callable[..., Any], tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.kubernetes.probe import Permission, needed
 from proving_ground.kubernetes.emulator import KubeEmulator
 from proving_ground.kubernetes.faults import LoggedRequest
+from proving_ground.kubernetes.world import training_pdb
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_YAML = REPO / "deploy" / "kubernetes" / "rbac.yaml"
@@ -119,23 +120,45 @@ async def tour(
     await cluster.cordon(NODE, incident_id="pc-1", reason="r")
     await cluster.uncordon(NODE, incident_id="pc-1")
     pods = await cluster.pods_on_node(NODE)
+    k8s.add("poddisruptionbudgets", training_pdb(max_unavailable=1))
+    k8s.add(
+        "poddisruptionbudgets",
+        {**training_pdb(max_unavailable=1), "metadata": {"name": "second", "namespace": "training"}},
+    )
+    with pytest.raises(PermanentError):  # under two budgets: both are named
+        await cluster.evict(PodRef("training", "llama-pretrain-worker-2"))
+    k8s.objects.pop(("poddisruptionbudgets", "training", "second"))
     await cluster.evict(PodRef("training", "llama-pretrain-worker-2"))
     await cluster.delete_pod(pods[0], force=True)
     await cluster.slurmd_pods("slurm", {"app.kubernetes.io/name": "slurmd"})
     k8s.job_exit_codes["pitcrew-reset-gpu-pc-1"] = 1
     with pytest.raises(PermanentError):  # a failed Job: its pod's exit code is read
         await cluster.reset_gpu(NODE, ["0"], incident_id="pc-1")
+    k8s.set_pod_security(cluster.settings.jobs.namespace, "restricted")
+    privileged = tmp_path / "privileged.yaml"
+    privileged.write_text(
+        yaml.safe_dump(
+            {"spec": {"template": {"spec": {"hostPID": True, "containers": [{"name": "x", "image": "x"}]}}}}
+        )
+    )
+    refusing = make(jobs={"reset_gpu_template": privileged, "timeout": "30s"})
+    assert not (await refusing.probe()).ok  # the dry-run create of its pod is refused
+    with pytest.raises(PermanentError):  # the Job controller's FailedCreate event is read
+        await refusing.reset_gpu(NODE, ["0"], incident_id="pc-2")
     if strategies != STRATEGIES:  # one strategy's install: replace the node that way
         for strategy in strategies:
-            await make(replace={"strategy": strategy}).replace(
-                NODE, strategy="configured", incident_id="pc-1"
-            )
+            replacing = make(replace={"strategy": strategy})
+            handle = await replacing.replace(NODE, strategy="configured", incident_id="pc-1")
+            await replacing.successor(NODE, handle=handle)
         return
     await make(replace={"strategy": "karpenter"}).replace(NODE, strategy="configured", incident_id="pc-1")
     await _settled(k8s)
     [replacement] = [n for (kind, _, n) in k8s.objects if kind == "nodes"]
     # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
-    await cluster.replace(replacement, strategy="configured", incident_id="pc-2")
+    handle = await cluster.replace(replacement, strategy="configured", incident_id="pc-2")
+    await _settled(k8s)
+    # The new Machine's nodeRef, claimed (asked for a node that is gone, so the Machines are listed).
+    await cluster.successor("gone", handle=handle)
     await make(replace={"strategy": "delete-node"}).replace(
         replacement, strategy="configured", incident_id="pc-3"
     )

@@ -8,7 +8,8 @@ both taints end up on the node; rollback restores spec, labels, taints and annot
 keeps a taint someone else added meanwhile; a node cordoned by someone else is never uncordoned;
 another incident's cordon is left alone; 500 on a write and a request timeout become
 ``TransientError`` (the step retries), 500 on a read is retried by the client itself. The fleet
-(the breaker's size) is the nodes matching the GPU selector. Each write leaves a Kubernetes Event on the
+(the breaker's size) is the nodes matching the GPU selector; its one list says which nodes are
+out of service and who took them out (a cordon, a controller's taint, NotReady, pitcrew's own). Each write leaves a Kubernetes Event on the
 node (``kubectl describe node``); a refused Event never undoes or fails the write.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bot.domain.outages import Taker, kubernetes_outage
 from bot.domain.ownership import OWNER_ANNOTATION, TAINT_KEY
 from bot.engine.errors import Reason, TransientError
 from bot.integrations.kubernetes import KubernetesCluster
@@ -70,6 +72,58 @@ async def test_the_fleet_is_the_nodes_matching_the_gpu_selector(k8s: KubeEmulato
     assert listing.resource == "nodes"
 
 
+async def test_the_fleet_list_says_which_nodes_are_out_and_by_whom(
+    k8s: KubeEmulator, make_cluster: Any
+) -> None:
+    """``Cluster.nodes``: one list of the GPU fleet, each node with what says it is out of service:
+    a cordon by someone else, a controller's taint, a NotReady condition, pitcrew's own cordon."""
+    base = k8s.get("nodes", NODE)
+    assert base is not None
+    marks: dict[str, Any] = {
+        "gpu-node-11": {"spec": {"unschedulable": True}},
+        "gpu-node-12": {
+            "spec": {
+                "unschedulable": True,
+                "taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}],
+            }
+        },
+        "gpu-node-13": {"ready": "False"},
+    }
+    for name, change in marks.items():
+        node = copy.deepcopy(base)
+        node["metadata"]["name"] = name
+        node["metadata"]["labels"] = {**node["metadata"]["labels"], "kubernetes.io/hostname": name}
+        node["spec"].update(change.get("spec", {}))
+        if "ready" in change:
+            node["status"]["conditions"] = [{"type": "Ready", "status": change["ready"]}]
+        k8s.add("nodes", node)
+    cluster = make_cluster()
+    await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79")
+    before = len([e for e in k8s.log if e.verb == "list"])
+    listed = {n.name: n for n in await cluster.nodes()}
+    assert len([e for e in k8s.log if e.verb == "list"]) == before + 1  # one list, not a read per node
+    found = {
+        name: (o.by, o.why)
+        if (
+            o := kubernetes_outage(
+                n.name,
+                unschedulable=n.unschedulable,
+                ready=n.ready,
+                taint_keys=[t.key for t in n.taints],
+                annotations=n.annotations,
+            )
+        )
+        else None
+        for name, n in listed.items()
+    }
+    assert found == {
+        NODE: (Taker.PITCREW, "cordoned by pitcrew incident pc-00042"),
+        "gpu-node-11": (Taker.ADMIN, "cordoned"),
+        "gpu-node-12": (Taker.CONTROLLER, "cordoned by Karpenter (taint karpenter.sh/disrupted)"),
+        "gpu-node-13": (Taker.NOT_READY, "NotReady"),
+    }
+
+
 async def test_a_resumed_cordon_finds_it_done_and_writes_nothing(
     k8s: KubeEmulator, cluster: KubernetesCluster
 ) -> None:
@@ -90,7 +144,8 @@ async def test_the_node_shows_what_pitcrew_did_and_a_refused_event_changes_nothi
 ) -> None:
     await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79 gpu3")
     [event] = _events(k8s)
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    uid = k8s.get("nodes", NODE)["metadata"]["uid"]  # type: ignore[index]
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}
     assert event["metadata"]["namespace"] == "default" and event["source"] == {"component": "pitcrew"}
     assert event["message"].startswith("pitcrew: pc-00042 XID 79 gpu3")
     k8s.inject(403, verb="create", resource="events")

@@ -3,7 +3,8 @@
 Cases: the node's pods by field selector, without the never-drained namespaces, DaemonSet, mirror
 and terminating pods recognisable; eviction through policy/v1 (201), a vanished pod counts as
 evicted; a PDB refusal is ``TransientError(reason="pdb")`` naming the pod and the budget's message;
-a force delete is refused unless ``force_delete_not_ready`` allows it, and then removes the pod at
+a pod under two budgets, which the API server refuses with HTTP 500, is a ``PermanentError(reason="pdb")``
+naming both; a force delete is refused unless ``force_delete_not_ready`` allows it, and then removes the pod at
 once; slurmd pods of a Slinky NodeSet come with their node and Slurm hostname.
 """
 
@@ -87,3 +88,24 @@ async def test_slurmd_pods_of_the_nodeset(cluster: KubernetesCluster) -> None:
         "gpu-002",
         "slurm",
     )
+
+
+async def test_a_pod_under_two_budgets_is_refused_naming_both(
+    cluster: KubernetesCluster, k8s: KubeEmulator
+) -> None:
+    k8s.add("poddisruptionbudgets", training_pdb(max_unavailable=1))
+    wide = {"matchExpressions": [{"key": "training.kubeflow.org/job-name", "operator": "Exists"}]}
+    k8s.add(
+        "poddisruptionbudgets",
+        {
+            "metadata": {"name": "training-wide", "namespace": "training"},
+            "spec": {"maxUnavailable": 1, "selector": wide},
+        },
+    )
+    with pytest.raises(
+        PermanentError, match=r"more than one PodDisruptionBudget \(llama-pretrain, training-wide\)"
+    ) as err:
+        await cluster.evict(WORKER)
+    assert err.value.reason == "pdb"
+    assert [e.status for e in k8s.log if e.subresource == "eviction"] == [500]
+    assert k8s.get("pods", WORKER.name, "training")["metadata"].get("deletionTimestamp") is None  # type: ignore[index]

@@ -3,7 +3,8 @@
 Cases: all allowed is ok and names how many; a denied eviction (and, with the cluster-api strategy,
 a denied Machine delete) is not ok and ``missing`` names exactly those verbs; an unreachable API
 server is not ok; the probe writes nothing. The kubeconfig context named in the settings is the
-one used, not the file's current context.
+one used, not the file's current context. With Job templates, a Jobs' namespace whose Pod Security
+level would refuse their privileged pods is named (a dry-run create of the pod, nothing stored).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from proving_ground.proc import free_port
 async def test_all_allowed(cluster: KubernetesCluster, k8s: KubeEmulator) -> None:
     probe = await cluster.probe()
     assert probe.ok and probe.system == "kubernetes" and probe.missing == ()
-    assert "7 permissions allowed" in probe.detail
+    assert "8 permissions allowed" in probe.detail
     assert {e.verb for e in k8s.log} == {"create"} and {e.resource for e in k8s.log} == {
         "selfsubjectaccessreviews"
     }
@@ -74,3 +75,22 @@ async def test_the_configured_kubeconfig_context_is_the_one_used(k8s: KubeEmulat
     finally:
         await cluster.aclose()
     assert k8s.log and all(e.user_agent.startswith("pitcrew/") for e in k8s.log)
+
+
+async def test_a_job_namespace_that_would_refuse_privileged_pods_is_named(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path
+) -> None:
+    template = tmp_path / "reset.yaml"
+    pod = {
+        "hostPID": True,
+        "containers": [{"name": "reset", "image": "x", "securityContext": {"privileged": True}}],
+    }
+    template.write_text(yaml.safe_dump({"spec": {"template": {"spec": pod}}}))
+    cluster = make_cluster(jobs={"reset_gpu_template": template})
+    assert (await cluster.probe()).ok  # pitcrew-jobs is "privileged" (deploy/kubernetes/namespace.yaml)
+    k8s.set_pod_security("pitcrew-jobs", "baseline")
+    probe = await cluster.probe()
+    assert not probe.ok and "namespace pitcrew-jobs would refuse" in probe.detail
+    [refusal] = probe.missing
+    assert refusal.startswith("reset_gpu: ") and 'violates PodSecurity "baseline:latest"' in refusal
+    assert not [k for k in k8s.objects if k[0] in ("pods", "jobs") and k[1] == "pitcrew-jobs"]  # a dry run

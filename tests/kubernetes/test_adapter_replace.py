@@ -10,12 +10,19 @@ node (a Karpenter disruption taint, a cluster-autoscaler taint, a Machine someon
 named by ``repair_owner``; then pitcrew deletes nothing (strategy ``watch`` only marks the node) and
 follows that system's replacement to the new node. A replacement not yet started can be cancelled,
 a started one cannot. A delete that landed but whose answer was lost (500) is retried by the client
-and found done (404, or the Machine still deleting), not reported as a failure.
+and found done (404, or the Machine still deleting), not reported as a failure. The successor is
+the node the new Machine (``status.nodeRef``) or NodeClaim (``status.nodeName``) became, not a
+node merely alike: two replacements in one MachineSet at once, with an unrelated scale-up in the
+same pool, each get a different new Machine's node and never the scale-up. Karpenter launches a
+node only for a pending pod (a manual NodeClaim delete starts nothing, and DaemonSet-mode slurmd
+pods are never pending): pitcrew's placeholder pod, asking for the node's GPUs in its NodePool, is
+that demand; its node is the successor, and it is removed once that node is Ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +35,7 @@ from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.world import gpu_fleet
 
 NODE = "gpu-node-02"
 INCIDENT = "pc-00042"
@@ -155,7 +163,9 @@ async def test_another_systems_replacement_is_watched_not_repeated(
     assert handle.startswith("watch ")
     assert not [e for e in k8s.log if e.verb == "delete"]  # pitcrew deleted nothing
     assert await cluster.replacement_started(NODE, incident_id=INCIDENT)
-    # Karpenter goes on with its own replacement (a request that is not pitcrew's).
+    # Karpenter goes on with its own replacement (a request that is not pitcrew's): a disruption
+    # launches the replacement NodeClaim itself, unlike a manual delete.
+    k8s.karpenter_replaces_deleted_claims = True
     await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
         "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
     )
@@ -183,3 +193,67 @@ async def test_an_unknown_strategy_is_refused_before_anything_is_written(
     with pytest.raises(PermanentError, match="unknown replace strategy 'terraform'"):
         await cluster.replace(NODE, strategy="terraform", incident_id=INCIDENT)
     assert not [e for e in k8s.log if e.verb in ("patch", "delete")]
+
+
+async def test_two_replacements_in_one_pool_each_bind_their_own_machines_node(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    gpu_fleet(k8s, ["gpu-a", "gpu-b"])  # Machines of the same MachineSet, nodes of the same pool
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    handles = {
+        name: await cluster.replace(name, strategy="configured", incident_id=f"pc-{name}")
+        for name in ("gpu-a", "gpu-b")
+    }
+    assert all("owner=machineset/gpu-east/gpu-east-gpu-h100-x7b2n" in h for h in handles.values())
+    # An unrelated scale-up in the same pool, Ready at once: alike in every label, made by no Machine of ours.
+    scale_up = copy.deepcopy(k8s.get("nodes", NODE))
+    assert scale_up is not None
+    scale_up["metadata"]["name"] = "a-scale-up"
+    scale_up["metadata"].pop("creationTimestamp", None)
+    k8s.add("nodes", scale_up)
+    found: dict[str, str] = {}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5.0
+    while len(found) < 2 and loop.time() < deadline:
+        for name, handle in handles.items():
+            node = await cluster.successor(name, handle=handle)
+            if node is not None and node.ready:
+                found[name] = node.name
+        await asyncio.sleep(0.05)
+    assert len(found) == 2 and found["gpu-a"] != found["gpu-b"], found
+    assert "a-scale-up" not in found.values()
+    machines = [m for (kind, _, _), m in k8s.objects.items() if kind == "machines"]
+    made = {m["status"]["nodeRef"]["name"] for m in machines}
+    assert set(found.values()) <= made
+    for name, successor in found.items():  # asked again, each keeps its own
+        again = await cluster.successor(name, handle=handles[name])
+        assert again is not None and again.name == successor
+
+
+async def test_karpenter_replaces_a_node_only_for_pitcrews_pending_placeholder(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    # A manual delete alone: the Node goes with its NodeClaim and nothing comes back.
+    await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+        "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
+    )
+    await asyncio.sleep(k8s.replace_delay + k8s.ready_delay + 0.2)  # let the stand-in's controllers run
+    assert not [k for k in k8s.objects if k[0] in ("nodes", "nodeclaims")]
+
+
+async def test_the_karpenter_strategy_creates_the_demand_and_removes_it_once_the_successor_is_ready(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert "owner=nodepool/gpu-h100" in handle
+    placeholder = k8s.get("pods", "pitcrew-successor-gpu-h100-x7k2q", "pitcrew-jobs")
+    assert placeholder is not None
+    spec = placeholder["spec"]
+    assert spec["nodeSelector"] == {"karpenter.sh/nodepool": "gpu-h100"}
+    assert spec["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    new = await _successor(cluster, handle)
+    claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
+    assert [c["status"]["nodeName"] for c in claims] == [new.name]
+    assert k8s.get("pods", "pitcrew-successor-gpu-h100-x7k2q", "pitcrew-jobs") is None

@@ -27,7 +27,7 @@ from tests.harness.proc import in_ci
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "kubernetes"
-OVERLAYS = {"observe": DEPLOY / "overlays" / "observe", "auto": DEPLOY / "overlays" / "auto"}
+OVERLAYS = {name: DEPLOY / "overlays" / name for name in ("observe", "auto", "ha")}
 KUSTOMIZATIONS = {"base": BASE, **OVERLAYS}
 #: The replace strategies' RBAC, one kustomize component each (deploy/kubernetes/rbac.yaml).
 COMPONENTS = {

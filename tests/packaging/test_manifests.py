@@ -53,6 +53,7 @@ CRD_MODELS: dict[str, Any] = {
 }
 EXPECTED = {
     ("Namespace", "pitcrew"),
+    ("Namespace", "pitcrew-jobs"),
     ("ServiceAccount", "pitcrew"),
     ("ClusterRole", "pitcrew"),
     ("ClusterRoleBinding", "pitcrew"),
@@ -71,9 +72,20 @@ EXPECTED = {
     ("NetworkPolicy", "pitcrew"),
 }
 #: The overlays opt into cluster-api replacement; the base replaces nothing.
-STRATEGY = {"base": "none", "observe": "cluster-api", "auto": "cluster-api"}
-#: Where the namespaced objects go: pitcrew's namespace, but node events live in ``default``.
-NAMESPACE_OF = {("Role", "pitcrew-events"): "default", ("RoleBinding", "pitcrew-events"): "default"}
+STRATEGY = {"base": "none", "observe": "cluster-api", "auto": "cluster-api", "ha": "cluster-api"}
+#: The ha overlay (two replicas on Postgres): no volume, a disruption budget, an egress policy.
+HA_OBJECTS = (EXPECTED - {("PersistentVolumeClaim", "pitcrew-state")}) | {
+    ("PodDisruptionBudget", "pitcrew"),
+    ("NetworkPolicy", "pitcrew-egress"),
+}
+#: Where the namespaced objects go: pitcrew's namespace, but node events live in ``default`` and the
+#: repair Jobs' Role in their own namespace (Pod Security "privileged", which their pods need).
+NAMESPACE_OF = {
+    ("Role", "pitcrew-events"): "default",
+    ("RoleBinding", "pitcrew-events"): "default",
+    ("Role", "pitcrew-jobs"): "pitcrew-jobs",
+    ("RoleBinding", "pitcrew-jobs"): "pitcrew-jobs",
+}
 ALL = sorted(KUSTOMIZATIONS)
 WITH_COMPONENT = [f"base+{strategy}" for strategy in COMPONENTS]
 
@@ -125,7 +137,9 @@ def _unhashed(name: str) -> str:
 def test_renders_exactly_the_expected_objects_in_pitcrews_namespace(name: str) -> None:
     r = rendered(name)
     found = {(o["kind"], _unhashed(o["metadata"]["name"])) for o in r.objects}
-    expected = EXPECTED | replace_objects(STRATEGY.get(name, name.removeprefix("base+")))
+    expected = (HA_OBJECTS if name == "ha" else EXPECTED) | replace_objects(
+        STRATEGY.get(name, name.removeprefix("base+"))
+    )
     assert found == expected
     assert len(r.objects) == len(expected)
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
@@ -135,9 +149,10 @@ def test_renders_exactly_the_expected_objects_in_pitcrews_namespace(name: str) -
             assert obj["metadata"].get("namespace") == NAMESPACE_OF.get(key, "pitcrew"), key
     for obj in r.objects:  # the base's label, and the components' own, mark everything pitcrew ships
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pitcrew", obj["metadata"]["name"]
-    assert r.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"].startswith(
-        "pitcrew-config-"
-    ), "the Deployment must mount the generated (content-hashed) config"
+    volumes = {v["name"]: v for v in r.one("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"].startswith("pitcrew-config-"), (
+        "the Deployment must mount the generated (content-hashed) config"
+    )
 
 
 @pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
@@ -173,7 +188,14 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     deployment = rendered(name).one("Deployment", "pitcrew")
     spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
     c = container(deployment)
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}  # one writer on the store
+    if name == "ha":  # two replicas on Postgres: one leads, the other takes over
+        assert spec["replicas"] == 2
+        assert spec["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+    else:
+        assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}  # one writer on the store
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] >= 10000
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -203,10 +225,27 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
             "matchExpressions"
         ]
     state = next(v for v in pod["volumes"] if v["name"] == "state")
-    assert state["persistentVolumeClaim"]["claimName"] == "pitcrew-state"
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     config = yaml.safe_load(rendered(name).config_text())
     assert mounts[str(Path(config["store"]["path"]).parent)] == "state"
+    if name != "ha":
+        assert state["persistentVolumeClaim"]["claimName"] == "pitcrew-state"
+        return
+    assert set(state) == {"name", "emptyDir"} and config["store"]["url"].startswith("postgresql://")
+    (apart,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert apart["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        apart["labelSelector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    budget = rendered(name).one("PodDisruptionBudget", "pitcrew")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"] == apart["labelSelector"]
+    egress = rendered(name).one("NetworkPolicy", "pitcrew-egress")
+    ports = {p["port"] for rule in egress["spec"]["egress"] for p in rule["ports"]}
+    assert {53, 5432, 443} <= ports
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -247,7 +286,7 @@ def test_pitcrew_check_config_accepts_the_mounted_configuration(name: str, tmp_p
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    mode = "auto" if name == "auto" else "observe"
+    mode = "auto" if name in {"auto", "ha"} else "observe"
     assert f"mode {mode}; listen 0.0.0.0:9095" in result.stdout
 
 
@@ -299,6 +338,11 @@ def test_auto_overlay_changes_only_what_pitcrew_may_do() -> None:
     assert observe["kubernetes"]["replace"] == {"strategy": "cluster-api"}
     observe["kubernetes"]["replace"] = base["kubernetes"]["replace"]
     assert observe == base
+    # The ha overlay is the auto overlay with the store on Postgres, nothing else.
+    ha = yaml.safe_load(rendered("ha").config_text())
+    assert ha["store"]["url"].startswith("postgresql://") and ha["store"]["password_file"]
+    assert {k: v for k, v in ha.items() if k != "store"} == {k: v for k, v in auto.items() if k != "store"}
+    assert ha["store"]["path"] == auto["store"]["path"]
     # Outside observe, nothing that changes a system may go to the dry-run journal (bot.safety).
     assert "journal" not in {auto["integrations"]["scheduler"], auto["integrations"]["cluster"]}
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bot.domain.nodemap import SlurmdPod
-from bot.engine.ports import FAULT_TAINT, ClusterNode, Notice, PodRef
+from bot.domain.ownership import fault_taint
+from bot.engine.ports import ClusterNode, Notice, PodRef
 from tests.simulator.world import SimulatedWorld
 
 log = logging.getLogger(__name__)
@@ -20,12 +22,14 @@ class SimulatedCluster:
 
     async def node(self, name: str) -> ClusterNode | None:
         await self._world.round_trip()
-        n = self._world.node_record(name)
+        return self._facts(name, self._world.node_record(name))
+
+    def _facts(self, name: str, n: Any) -> ClusterNode:
         return ClusterNode(
             name=name,
             unschedulable=n.unschedulable,
             ready=self._world.ready(n),
-            taints=(FAULT_TAINT,) if n.tainted else (),
+            taints=(fault_taint(),) if n.tainted else (),
             labels=dict(n.labels),
             annotations=dict(n.annotations),
         )
@@ -33,6 +37,11 @@ class SimulatedCluster:
     async def count_nodes(self) -> int:
         nodes, _ = self._world.state()
         return len(nodes)
+
+    async def nodes(self) -> list[ClusterNode]:
+        await self._world.round_trip()  # one list: one round trip
+        nodes, _ = self._world.state()
+        return [self._facts(name, n) for name, n in nodes.items()]
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         await self._world.write("cordon", node=name, incident_id=incident_id, reason=reason)

@@ -27,8 +27,9 @@ from typing import Any
 import yaml
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import OWNER_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
-from bot.engine.ports import OWNER_ANNOTATION, PartitionNodes
+from bot.engine.ports import PartitionNodes
 
 
 @dataclass
@@ -243,6 +244,13 @@ class SimulatedWorld:
         await self.round_trip()
         n = self.node_record(name)
         return SlurmNodeState(name=name, states=frozenset({n.slurm}), reason=n.reason)
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        await self.round_trip()
+        nodes, _ = self.state()
+        return [
+            SlurmNodeState(name=n.name, states=frozenset({n.slurm}), reason=n.reason) for n in nodes.values()
+        ]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         await self.round_trip()

@@ -11,7 +11,9 @@ time (short engine intervals keep it fast). Nothing in pitcrew is replaced.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +29,7 @@ from bot.runtime import build_app
 from bot.store.base import PAGE_MAX
 from proving_ground.proc import free_port
 from proving_ground.slack import signing
+from proving_ground.slack.clicks import TIMED_OUT, deliver
 from proving_ground.slack.methods import PITCREW_METHODS
 from proving_ground.slack.server import SlackStandin
 from proving_ground.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
@@ -34,6 +37,7 @@ from tests.harness.scenarios import destructive_calls
 from tests.simulator.serve import WorldFile, simulated_ports
 
 CHANNEL = "C0GPUOPS"
+_CLICKS = itertools.count(1)
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -43,9 +47,12 @@ def fixture(name: str) -> dict[str, Any]:
 
 
 def click(action: str, incident_id: str, user: str, name: str) -> dict[str, Any]:
-    """The fixture's block_actions payload for ``action`` on ``incident_id`` by ``user``."""
+    """The fixture's block_actions payload for ``action`` on ``incident_id`` by ``user``: a click of its
+    own, as every click is (a new ``trigger_id`` and ``action_ts``), so two clicks never sign alike."""
     payload = signing.block_action(fixture("block-actions-approve.json"), user, name)
-    payload["actions"][0].update({"action_id": action, "value": incident_id})
+    now = time.time()
+    payload["trigger_id"] = f"{int(now)}.{next(_CLICKS)}.{secrets.token_hex(16)}"
+    payload["actions"][0].update({"action_id": action, "value": incident_id, "action_ts": f"{now:.6f}"})
     return payload
 
 
@@ -68,11 +75,13 @@ class SlackPitcrew:
         inventory: Path | None = None,
         replace_seconds: float = 0.0,
         connect_timeout: float = 10.0,
+        wait_connected: bool = True,
     ) -> None:
         self.workdir = workdir
         self.slack = slack
         self.transport = transport
         self.connect_timeout = connect_timeout
+        self.wait_connected = wait_connected
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -130,7 +139,7 @@ class SlackPitcrew:
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         self._session = aiohttp.ClientSession()
-        if self.transport == "socket":
+        if self.transport == "socket" and self.wait_connected:
             await self.slack.socket.connected(timeout=self.connect_timeout)
         return self
 
@@ -203,12 +212,21 @@ class SlackPitcrew:
             await self.slack.socket.ack(envelope)
             return 200
         signed = signing.interactive(SIGNING_SECRET, payload)
-        status, _ = await self.request("POST", "/slack/events", signed.body, signed.headers)
+        status, _ = await deliver(self.url + "/slack/events", signed)
+        assert status != TIMED_OUT, "pitcrew did not answer the click within Slack's 3 s"
         return status
 
-    async def slash(self, text: str, user: str = "U0ALICE", name: str = "alice") -> str:
-        """``/pitcrew <text>``; the ephemeral answer (the ack's text, or the follow-up ephemeral)."""
-        fields = signing.slash_fields(text, user, name)
+    async def slash(
+        self,
+        text: str,
+        user: str = "U0ALICE",
+        name: str = "alice",
+        channel: tuple[str, str] = (CHANNEL, "gpu-ops"),
+    ) -> str:
+        """``/pitcrew <text>`` typed in ``channel`` (id, name); the ephemeral answer (the ack's text, or
+        the follow-up, through the command's response_url or otherwise). Slack's 3 s apply to the ack."""
+        response_url = self.slack.response_url(user, channel[0])
+        fields = signing.slash_fields(text, user, name, channel=channel, response_url=response_url)
         before = len(self.slack.api.ephemeral)
         if self.transport == "socket":
             envelope = await self.slack.socket.send("slash_commands", fields)
@@ -216,8 +234,8 @@ class SlackPitcrew:
             answer = (ack.get("payload") or {}).get("text", "")
         else:
             signed = signing.slash_command(SIGNING_SECRET, fields)
-            status, raw = await self.request("POST", "/slack/events", signed.body, signed.headers)
-            assert status == 200, raw
+            status, raw = await deliver(self.url + "/slack/events", signed)
+            assert status == 200, (status, raw)
             answer = json.loads(raw).get("text", "") if raw else ""
         if answer.startswith("Working on it"):
             await until(lambda: len(self.slack.api.ephemeral) > before)

@@ -9,7 +9,6 @@ same parent is updated afterwards (its buttons, then the approval). One parent, 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from proving_ground.slack.methods import PITCREW_METHODS
 from proving_ground.slack.threaded import threaded_standin
 from proving_ground.slack.webapi import Call
 from proving_ground.slack.world import BOT_TOKEN, SIGNING_SECRET
+from tests.harness.engine_scans import scrape, wait_scans
 from tests.harness.pitcrew import Crash, Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
@@ -63,7 +63,7 @@ def test_sigkill_after_posting_the_parent_does_not_post_it_twice(
         server.wait_incident(incident, "awaiting_approval")
         parent = slack.api.messages[0]
         wait_until(lambda: bool(parent.updates), timeout=30, what="the recovered parent to be updated")
-        time.sleep(1.0)  # room for a wrong second post
+        wait_scans(scrape(server))  # the engine looked again, three times: still no second post
         tops = [m for m in slack.api.messages if m.thread_ts is None]
         assert len(tops) == 1, [m.text for m in tops]
         assert len([c for c in slack.api.calls_to("chat.postMessage") if not c.args.get("thread_ts")]) == 1

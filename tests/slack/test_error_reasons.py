@@ -3,7 +3,8 @@
 Each row is one real Web API call through slack_sdk to the Slack stand-in (which answers as
 Slack does, ``../shared/fixtures/slack``) and ``bot.integrations.slack.errors.call``: a revoked
 or wrong token, an app token where a bot token belongs, a missing scope, an unknown channel, a
-channel the bot is not in, an update of a message that is not there, an unknown thread or user
+channel the bot is not in, an update of a message that is not there and an unknown thread (both
+permanent, as a deleted message: ``MessageGone``), an unknown user
 group, a user not in the channel, a bad page size, blocks Slack refuses (permanent: no retry fixes
 them), 429 with ``Retry-After`` (kept as ``retry_after``) and a 503. A code pitcrew has no name for
 is ``refused``, and no code ever becomes a reason of its own. Through the service, the outbox's
@@ -23,7 +24,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
-from bot.integrations.slack.errors import REASONS, call, reason_of
+from bot.integrations.slack.errors import REASONS, MessageGone, call, reason_of
 from tests.harness.scenarios import delivery
 from tests.harness.standins import SlackStandin
 from tests.slack.pitcrew_app import SlackPitcrew, until
@@ -58,11 +59,13 @@ CASES = {
         lambda c: c.chat_update(channel=CHANNEL, ts="1.000001", text="x"),
         Reason.NOT_FOUND,
         "message_not_found",
+        kind=MessageGone,
     ),
     "unknown thread": Case(
         lambda c: c.conversations_replies(channel=CHANNEL, ts="1.000001"),
         Reason.NOT_FOUND,
         "thread_not_found",
+        kind=MessageGone,
     ),
     "unknown user group": Case(
         lambda c: c.usergroups_users_list(usergroup="S0NOBODY"), Reason.NOT_FOUND, "no_such_subteam"

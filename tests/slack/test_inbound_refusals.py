@@ -1,6 +1,7 @@
 """Requests to ``POST /slack/events`` that Slack did not send, or sent broken, change nothing.
 
-Cases: a forged signature → 401; a correctly signed request older than 5 minutes → 401; a signed
+Cases: a forged signature → 401; a malformed timestamp, signature or body → 401 without a
+traceback; Slack's ssl_check probe → 200; a replayed signed command or click → 401; a correctly signed request older than 5 minutes → 401; a signed
 body that is neither an interactive payload nor a slash command, a payload that is not JSON, a
 block_actions payload without its user → 400. After each: the incident still awaits approval, no
 approval or refusal event was written, nothing reached the far side, no Slack call was made for it.
@@ -10,10 +11,13 @@ A valid approver click after all that still works (the refusals did not break an
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
-from bot.integrations.slack.messages import APPROVE
+import pytest
+
+from bot.integrations.slack.messages import APPROVE, REJECT
 from proving_ground.slack import signing
 from proving_ground.slack.server import SlackStandin
 from proving_ground.slack.world import SIGNING_SECRET
@@ -74,3 +78,77 @@ async def test_forged_stale_and_malformed_requests_are_refused(slack: SlackStand
 
         assert await pitcrew.interact(payload) == 200
         await until(lambda: ("cordon", "gpu-node-02") in pitcrew.calls(), what="the genuine click runs")
+
+
+async def test_malformed_headers_and_bodies_are_401_quietly(
+    slack: SlackStandin, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A timestamp ``abc``, ``1.7e9`` or empty, a non-ASCII signature, a body that is not UTF-8 (with a
+    signature made over its bytes, or none): 401, and no error or traceback in the log (before: 500,
+    raised inside slack_sdk's verifier)."""
+    async with SlackPitcrew(tmp_path / "p", slack, transport="http", config={"mode": "observe"}) as pitcrew:
+        payload = click(APPROVE, "pc-00001", "U0ALICE", "alice")
+        good = signing.interactive(SIGNING_SECRET, payload)
+        binary = b"payload=\xff\xfe\xfa"
+        now = str(int(time.time()))
+        cases = [
+            ("timestamp abc", good.body, {**good.headers, "X-Slack-Request-Timestamp": "abc"}),
+            ("timestamp 1.7e9", good.body, {**good.headers, "X-Slack-Request-Timestamp": "1.7e9"}),
+            ("timestamp empty", good.body, {**good.headers, "X-Slack-Request-Timestamp": ""}),
+            ("non-ASCII signature", good.body, {**good.headers, "X-Slack-Signature": "v0=é" + "0" * 63}),
+            ("non-UTF-8 body, signed", binary, {**good.headers, "X-Slack-Request-Timestamp": now,
+                                                 "X-Slack-Signature": signing.signature(SIGNING_SECRET, now, binary)}),
+            ("non-UTF-8 body, any signature", binary, good.headers),
+        ]  # fmt: skip
+        caplog.clear()
+        for what, body, headers in cases:
+            status, raw = await pitcrew.request("POST", "/slack/events", body, headers)
+            assert status == 401, (what, status, raw)
+        noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        assert not noisy, [r.getMessage() for r in noisy]
+
+
+async def test_ssl_check_is_answered_as_bolt_does(slack: SlackStandin, tmp_path: Path) -> None:
+    """Slack's unsigned ``ssl_check=1`` probe of the request URL: 200 with an empty body, as bolt's
+    ssl-check middleware answers it before any signature check (before: 401)."""
+    async with SlackPitcrew(tmp_path / "p", slack, transport="http", config={"mode": "observe"}) as pitcrew:
+        ssl_check = signing.form_body({"ssl_check": "1", "token": "Zx9PqR4sT7uV2wY5aB8cD1eF"})
+        status, raw = await pitcrew.request(
+            "POST", "/slack/events", ssl_check, {"Content-Type": "application/x-www-form-urlencoded"}
+        )
+        assert (status, raw) == (200, b"")
+        assert not pitcrew.calls()
+
+
+async def test_a_replayed_command_or_click_is_refused(slack: SlackStandin, tmp_path: Path) -> None:
+    """Alice's signed ``/pitcrew resume``, re-sent byte for byte within Slack's 5 minutes after the
+    operators paused again, is refused (401) and the pause stands; a replayed Approve click is
+    refused too and decides nothing. Before: both were accepted, and the replay turned the pause off."""
+    config = {"mode": "approve", "approvals": {"approvers": ["alice"], "timeout": "5m"}}
+    async with SlackPitcrew(tmp_path / "p", slack, transport="http", config=config) as pitcrew:
+        pause = signing.slash_command(SIGNING_SECRET, signing.slash_fields("pause maintenance"))
+        resume = signing.slash_command(SIGNING_SECRET, signing.slash_fields("resume"))
+        for request in (pause, resume):
+            status, raw = await pitcrew.request("POST", "/slack/events", request.body, request.headers)
+            assert status == 200, raw
+        again = signing.slash_command(SIGNING_SECRET, signing.slash_fields("pause again"))
+        status, _ = await pitcrew.request("POST", "/slack/events", again.body, again.headers)
+        assert status == 200
+        status, raw = await pitcrew.request("POST", "/slack/events", resume.body, resume.headers)
+        assert status == 401, raw
+        paused = await _paused(pitcrew)
+        assert paused, "the replayed resume turned the pause off"
+
+        reject = click(REJECT, "pc-none", "U0ALICE", "alice")
+        signed = signing.interactive(SIGNING_SECRET, reject)
+        first, _ = await pitcrew.request("POST", "/slack/events", signed.body, signed.headers)
+        second, _ = await pitcrew.request("POST", "/slack/events", signed.body, signed.headers)
+        assert (first, second) == (200, 401)
+
+
+async def _paused(pitcrew: SlackPitcrew) -> bool:
+    status, raw = await pitcrew.request(
+        "GET", "/api/v1/status", headers={"Authorization": "Bearer test-admin-token"}
+    )
+    assert status == 200, raw
+    return bool(json.loads(raw)["paused"])

@@ -75,7 +75,9 @@ async def test_xid79_approve_reject_rollback_from_slack(
         while not (links := (await pitcrew.incident(incident))["links"]) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert links == {"slack": permalink}
-        _, exposed = await pitcrew.request("GET", "/metrics")
+        _, exposed = await pitcrew.request(
+            "GET", "/metrics", headers={"Authorization": "Bearer test-read-token"}
+        )
         [info] = [ln for ln in exposed.decode().splitlines() if ln.startswith("pitcrew_incident_info{")]
         assert f'incident="{incident}"' in info and f'thread="{permalink}"' in info, info
         shown_cli = subprocess.run(

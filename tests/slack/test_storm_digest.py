@@ -4,7 +4,8 @@ Cases: 200 XID 79 deliveries for 200 nodes within seconds; once the outbox has c
 channel shows at most a handful of messages (the first few incidents' threads, opened before the
 storm was a storm, and one digest); the digest names all 200 nodes' count and the fault, was
 updated in place (chat.update) rather than re-posted, and every post kept to Slack's rate of about
-one message per second per channel (the stand-in enforces it strictly here). In auto mode with a
+one message per second per channel (the stand-in enforces it strictly here), and the digest's
+edits kept within chat.update's tier: no 429. In auto mode with a
 breaker of three nodes, the breaker's notice is one top-level message and the digest lists the
 nodes it held back.
 """
@@ -52,6 +53,10 @@ async def test_a_storm_is_one_digest(slack: SlackStandin, tmp_path: Path) -> Non
         assert "200 nodes" in digest.text and "(mode observe)" in digest.text
         assert "XID 79" in repr(digest.blocks)
         assert digest.updates, "the digest was never updated in place"
+        # chat.update is Tier 3 (about 50 a minute; the stand-in enforces it): the digest and the
+        # parents stay under it by coalescing, and never draw a 429 (before: 1 a second, and 429s).
+        updates = slack.api.calls_to("chat.update")
+        assert not [c for c in updates if c.status == 429], f"{len(updates)} updates"
         posts = [c for c in slack.api.calls_to("chat.postMessage") if c.status == 200]
         assert len(posts) == len(slack.api.messages)  # each message posted once, 429s retried
         assert len([m for m in slack.api.messages if m.thread_ts is None]) <= 6

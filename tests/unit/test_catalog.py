@@ -1,8 +1,12 @@
 """The fault catalog, table-tested against the policy it must encode.
 
 Cases: every XID and fault entry plans the playbook the spec asks for; application XIDs
-never plan a node action; unknown XIDs and faults plan ``ask-human``; XID 154 follows the
-recovery action in its message; overrides apply; a broken catalog is refused.
+never plan a node action; unknown XIDs and faults plan ``ask-human`` (the unknown codes are
+asserted unknown, never skipped); an XID beside a catalog fault label decides; XID 154 follows the
+recovery action in its message; overrides apply; a broken catalog is refused; a link fault
+names its port (key, Slurm reason words, description) and takes the node out with Slurm DOWN, and
+proves the job resumed, while a rising error rate only notifies; a ``device`` label that is no
+device name is not shown.
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ FAULTS = {
     "exporter-down": "notify-only",
     "nvlink-errors": "cordon-and-ask",
     "thermal": "notify-only",
+    "link-down": "isolate-node",
+    "link-flapping": "isolate-node",
+    "link-errors": "notify-only",
+    "slurm-node-out": "follow-slurm",
 }
 
 
@@ -176,11 +184,24 @@ def test_named_xids(code: int, expected: str) -> None:
 
 @pytest.mark.parametrize("code", [1, 999, 4242])
 def test_unknown_xid_goes_to_a_human(code: int) -> None:
-    if code in CATALOG.xids:
-        pytest.skip("known")
+    # Never a skip: were the catalog to learn one of these, the case would test nothing.
+    assert code not in CATALOG.xids, f"the catalog now knows XID {code}: pick a code it does not"
     playbook, steps = planned(subject(xid=code))
     assert playbook == "ask-human"
     assert not set(steps) & MUTATING
+
+
+@pytest.mark.parametrize(
+    ("xid", "fault"),
+    [(79, "thermal"), (13, "row-remap-failure"), (48, "gpu-missing"), (13, "ecc-dbe")],
+)
+def test_an_xid_wins_over_a_catalog_fault_label(xid: int, fault: str) -> None:
+    """A rule may label an XID alert with a catalog fault (``fault: ecc-dbe``); the XID it carries
+    is the more precise fact and decides the playbook."""
+    assert CATALOG.faults[fault].playbook != CATALOG.xid_playbook(xid)  # the case can tell them apart
+    found = classify(subject(xid=xid, fault=fault), CATALOG)
+    assert found is not None and (found.kind, found.xid) == ("xid", xid)
+    assert planned(subject(xid=xid, fault=fault))[0] == CATALOG.xid_playbook(xid)
 
 
 def test_unknown_fault_and_garbage_xid_go_to_a_human() -> None:
@@ -234,3 +255,68 @@ def test_a_broken_catalog_file_is_refused_with_the_reason(tmp_path: object) -> N
     path.write_text("xids: [")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_catalog(path)
+
+
+def link_subject(fault: str, device: str = "mlx5_0", port: str = "1") -> Subject:
+    return Subject(
+        node="gpu-node-02",
+        gpu=None,
+        gpu_uuid=None,
+        pci_bus_id=None,
+        xid=None,
+        xid_text=None,
+        fault_label=fault,
+        message="The link went down 3 times in 15m (at least 3)",
+        link=f"{device} port {port}" if port else device,
+    )
+
+
+@pytest.mark.parametrize("fault", ["link-down", "link-flapping"])
+def test_a_down_or_flapping_link_isolates_the_node_and_names_the_port(fault: str) -> None:
+    found = classify(link_subject(fault), CATALOG)
+    assert found is not None
+    assert (found.key, found.short) == (f"{fault}@mlx5_0/1", f"{fault} mlx5_0 port 1")
+    assert found.describe().startswith(f"{fault} on mlx5_0 port 1 (")
+    assert found.detail == "The link went down 3 times in 15m (at least 3)"
+    p = plan("gpu-node-02", [found], [], AUTO, PLAYBOOKS, NOW, REGISTRY)
+    assert p.steps == ("notify", "slurm_down", "cordon", "confirm_resumed", "close")
+    assert p.slurm_action == "down"
+    assert p.summary == f"{fault} mlx5_0 port 1"
+
+
+def test_two_ports_of_a_node_are_two_faults_and_an_ethernet_link_has_no_port() -> None:
+    first, second = (classify(link_subject("link-down", port=n), CATALOG) for n in ("1", "2"))
+    assert first is not None and second is not None and first.key != second.key
+    ethernet = classify(link_subject("link-down", device="ens1f0", port=""), CATALOG)
+    assert ethernet is not None and ethernet.short == "link-down ens1f0"
+
+
+def test_a_rising_link_error_rate_only_notifies() -> None:
+    playbook, steps = planned(link_subject("link-errors"))
+    assert playbook == "notify-only"
+    assert not set(steps) & MUTATING
+
+
+def test_link_labels_that_name_no_device_are_not_shown() -> None:
+    from bot.domain.alerts import Alert
+    from bot.domain.labels import subject_of
+
+    def link_of(**labels: str) -> str | None:
+        alert = Alert.model_validate(
+            {
+                "status": "firing",
+                "labels": {"alertname": "NetworkLinkDown", "node": "gpu-node-01", **labels},
+                "annotations": {},
+                "startsAt": "2026-11-29T12:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": "0123456789abcdef",
+            }
+        )
+        return subject_of(alert).link
+
+    assert link_of(device="mlx5_0", port="1") == "mlx5_0 port 1"
+    assert link_of(device="ens1f0") == "ens1f0"
+    assert link_of(device="mlx5_0", port="1 State=RESUME") == "mlx5_0"
+    assert link_of(device="eth0\nReason=x") is None
+    assert link_of() is None

@@ -1,8 +1,9 @@
 """Who may command pitcrew: the allowlist rule, actor validation, and the two tokens kept apart.
 
 Cases: an allowlist entry matches the whole actor, or the bare name of a known channel
-(``slack:``, ``cli:``, ``api:``) — never the tail of an arbitrary prefix (``mallory:alice``);
-actors are one printable line of bounded length; a configuration whose admin token is the
+(``slack:``, ``cli:``, ``http:``) — never the tail of an arbitrary prefix (``mallory:alice``);
+actors are one printable line of bounded length, a bare name (the channel is pitcrew's to
+record: ``slack:U0ALICE`` in a body is refused); a configuration whose admin token is the
 webhook's token (the same file, or another file with the same token) is refused, so whoever
 can send alerts cannot pause pitcrew.
 """
@@ -26,7 +27,8 @@ APPROVERS = ("alice", "slack:U0ALICE")
         ("alice", True),
         ("slack:U0ALICE", True),
         ("cli:alice", True),
-        ("api:alice", True),
+        ("http:alice", True),
+        ("api:alice", False),
         ("slack:alice", True),
         ("mallory:alice", False),
         ("cli:mallory", False),
@@ -45,8 +47,10 @@ def test_allowlist_matches_the_whole_actor(actor: str, ok: bool) -> None:
     ("actor", "problem"),
     [
         ("alice", None),
-        ("slack:U0ALICE", None),
         ("Ålice Öberg", None),
+        ("slack:U0ALICE", "bare name"),
+        ("cli:alice", "bare name"),
+        ("mallory:alice", "bare name"),
         ("", "say who you are"),
         ("   ", "say who you are"),
         (None, "say who you are"),

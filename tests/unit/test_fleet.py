@@ -92,14 +92,14 @@ BREAKER = {
         Fleet(4, "Slurm partitions gpu"),
         frozenset(),
         True,
-        "1 of max 3 nodes under remediation within 1h, 25.0% of the fleet of 4 nodes from Slurm partitions gpu "
+        "1 of max 3 nodes out of service or under remediation within 1h, 25.0% of the fleet of 4 nodes from Slurm partitions gpu "
         "(share limit 1 node)",
     ),
     "slurm-4-second-node-trips": BreakerCase(
         Fleet(4, "Slurm partitions gpu"),
         ONE_OTHER,
         False,
-        "2 of 4 nodes (50.0%) would be under remediation within 1h, more than max_fraction 5.0% (1 node) "
+        "2 of 4 nodes (50.0%) would be out of service or under remediation within 1h, more than max_fraction 5.0% (1 node) "
         "of the fleet of 4 nodes from Slurm partitions gpu",
     ),
     "configured-40-second-node-passes": BreakerCase(
@@ -118,21 +118,21 @@ BREAKER = {
         UNKNOWN,
         frozenset(),
         True,
-        "1 of max 3 nodes under remediation within 1h; fleet size unknown (no Kubernetes cluster; "
+        "1 of max 3 nodes out of service or under remediation within 1h; fleet size unknown (no Kubernetes cluster; "
         "Slurm partitions unreadable (timeout)), so 1 node at a time",
     ),
     "unknown-second-node-trips": BreakerCase(
         UNKNOWN,
         ONE_OTHER,
         False,
-        "2 nodes would be under remediation within 1h, more than 1 node at a time: fleet size unknown "
+        "2 nodes would be out of service or under remediation within 1h, more than 1 node at a time: fleet size unknown "
         "(no Kubernetes cluster; Slurm partitions unreadable (timeout))",
     ),
     "max-nodes-names-the-fleet": BreakerCase(
         Fleet(500, "Kubernetes"),
         frozenset({"a", "b", "c"}),
         False,
-        "4 nodes would be under remediation within 1h, more than max_nodes 3 (fleet of 500 nodes from Kubernetes)",
+        "4 nodes would be out of service or under remediation within 1h, more than max_nodes 3 (fleet of 500 nodes from Kubernetes)",
     ),
 }
 

@@ -3,7 +3,9 @@
 Cases: GRES/TRES spellings (typed, untyped, summed, with index suffixes, none); a job's GPUs
 from allocated TRES or per-node request x nodes; the captured ``scontrol -o``, ``squeue
 --json`` and slurmrestd fixtures give each node and job its GPUs; a job's loss adds the
-progress it redid (in seconds where the unit is configured) and never goes negative.
+progress it redid (in seconds where the unit is configured) and never goes negative; one
+incident adds at most its bound (node and job) and says it was cut; the alert's age is
+measured to its first delivery.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.domain.goodput import Goodput, gpus_in_gres, job_gpus, job_loss
+from bot.domain.goodput import Goodput, alert_age, gpus_in_gres, job_gpus, job_loss
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
 from bot.integrations.slurm.json import jobs_from_payload, nodes_from_payload
 
@@ -101,3 +103,22 @@ def test_the_node_is_out_until_back_or_until_the_close() -> None:
     assert (back.seconds_out, back.gpu_hours_lost) == (2700, 6)
     never = Goodput(8, "config", T0, None, T0 + timedelta(hours=2))
     assert never.gpu_hours_lost == 16
+
+
+def test_one_incident_adds_at_most_its_bound_and_says_so() -> None:
+    week = Goodput(8, "slurm", T0, None, T0 + timedelta(days=7), max_seconds=86400)
+    assert (week.seconds_out, week.gpu_hours_lost, week.capped) == (86400, 192, True)
+    assert week.measured_seconds_out == 7 * 86400
+    job = job_loss("9", 4, "lost", T0, None, T0 + timedelta(days=7))
+    with_job = Goodput(
+        8, "slurm", T0, T0 + timedelta(hours=1), T0 + timedelta(days=7), (job,), max_seconds=86400
+    )
+    assert with_job.gpu_hours_lost == 8 and with_job.job_gpu_hours_lost == 4 * 24 and with_job.capped
+    within = Goodput(8, "slurm", T0, T0 + timedelta(hours=1), T0 + timedelta(hours=2), max_seconds=86400)
+    assert (within.gpu_hours_lost, within.capped) == (8, False)
+
+
+def test_the_alerts_age_is_measured_to_the_first_delivery() -> None:
+    assert alert_age(T0 - timedelta(days=3650), T0) == 3650 * 86400
+    assert alert_age(T0 + timedelta(seconds=3), T0) == 0  # its clock ahead of ours
+    assert alert_age(None, T0) == 0

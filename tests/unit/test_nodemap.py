@@ -13,16 +13,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bot.domain.jobs import pitcrew_reason
-from bot.domain.nodemap import (
+from bot.domain.nodemap import SLINKY_POD_HOSTNAME, NodeMapping, SlurmdPod, k8s_node_for, slurm_nodes_for
+from bot.domain.ownership import (
     SLINKY_CORDON_REASON,
-    SLINKY_POD_HOSTNAME,
-    NodeMapping,
-    SlurmdPod,
-    k8s_node_for,
     slinky_cordon_annotations,
     slinky_reason_is_ours,
-    slurm_nodes_for,
+    slurm_reason,
 )
 from bot.engine.ports import ClusterNode
 
@@ -116,7 +112,7 @@ def test_label_mode_needs_a_key() -> None:
 
 
 def test_slinky_reason_round_trip() -> None:
-    ours = pitcrew_reason("inc-7", "XID 79 gpu3")
+    ours = slurm_reason("inc-7", "XID 79 gpu3")
     assert slinky_cordon_annotations(ours) == {SLINKY_CORDON_REASON: "pitcrew: inc-7 XID 79 gpu3"}
     # The operator drains with "slurm-operator: <annotation>".
     assert slinky_reason_is_ours("slurm-operator: " + ours)

@@ -2,7 +2,8 @@
 
 Cases: every registered step has a state, its flags, a budget, observe-mode words and an
 undo (or the reason there is none), and names the port a mutating step acts through; the
-shipped playbooks agree with the registry; a dummy step registered once (and nowhere else)
+shipped playbooks agree with the registry and set a budget only where it differs from the
+step's default; a dummy step registered once (and nowhere else)
 is accepted in a playbook, planned, approved like any destructive step and described in
 observe mode; incomplete or contradictory definitions are refused when registered; a
 playbook naming an unknown step, or a step before what it needs, is refused with the key.
@@ -55,6 +56,22 @@ def test_the_registry_holds_the_vocabulary_of_the_shipped_playbooks() -> None:
     assert used == set(REGISTRY)
     assert [n for n, s in REGISTRY.items() if s.track is Track.JOB] == ["confirm_resumed"]
     assert {n for n, s in REGISTRY.items() if s.reversible} == {"slurm_down", "cordon", "replace"}
+
+
+def test_a_shipped_playbook_sets_a_budget_only_where_it_differs_from_the_step_s_default() -> None:
+    # The default budget is the registry's; a playbook repeating it would be a second copy that
+    # silently stops being the default when the registry's changes.
+    repeated = [
+        f"{name}.{spec.step}.{field}"
+        for name, playbook in sorted(load_playbooks().playbooks.items())
+        for spec in playbook.steps
+        for field, given, default in (
+            ("timeout", spec.timeout, REGISTRY[spec.step].budget.timeout),
+            ("attempts", spec.attempts, REGISTRY[spec.step].budget.attempts),
+        )
+        if given is not None and given == default
+    ]
+    assert repeated == []
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,26 +1,25 @@
 """The proof that a job resumed (``judge_resumption``), hostlists, and pitcrew's reasons.
 
 Cases: resumed only when RUNNING on no faulty node with a higher restart count (and, when
-required, progress past the pre-fault value); waiting while pending, still on the faulty
+required, progress past the pre-fault value and past the first sample after the restart);
+waiting while pending, still on the faulty
 node, restarts unchanged or progress not yet past; lost when Slurm forgot the job or it ended
 NODE_FAIL/FAILED/CANCELLED; finished when it completed without a restart, resumed when it
 completed after one. Hostlists: ranges, padding, lists, suffixes, empty. Reasons: prefix,
-one line, bounded, ownership.
+one line, bounded, ownership. A job's outcome holds its verdict and is stored flat.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from bot.domain.jobs import (
-    REASON_MAX_LEN,
-    JobSnapshot,
-    SlurmNodeState,
-    clean_reason,
-    expand_hostlist,
-    judge_resumption,
-    pitcrew_reason,
-)
+from bot.domain.jobs import JobSnapshot, ResumeVerdict, expand_hostlist, judge_resumption
+from bot.domain.ownership import REASON_MAX_LEN, clean_reason, is_pitcrew_reason, slurm_reason
+from bot.engine.steps.resumed import ConfirmResumedResult, JobOutcome
+from bot.store import codec
 
 BEFORE = JobSnapshot("42", "train", "alice", "RUNNING", ("gpu-001",), restarts=0)
 
@@ -101,9 +100,53 @@ def test_clean_reason(text: str, expected: str) -> None:
 
 
 def test_pitcrew_reason_is_ours_and_bounded() -> None:
-    reason = pitcrew_reason("inc-1", "XID 79 " + "x" * 500)
+    reason = slurm_reason("inc-1", "XID 79 " + "x" * 500)
     assert reason.startswith("pitcrew: inc-1 XID 79 ")
     assert len(reason) <= REASON_MAX_LEN
-    assert SlurmNodeState("n", frozenset({"DOWN"}), reason).reason_is_ours
-    assert not SlurmNodeState("n", frozenset({"DOWN"}), "XID 79 by alice").reason_is_ours
-    assert not SlurmNodeState("n", frozenset({"DOWN"}), "slurm-operator: " + reason).reason_is_ours
+    assert is_pitcrew_reason(reason)
+    assert not is_pitcrew_reason("XID 79 by alice")
+    assert not is_pitcrew_reason("slurm-operator: " + reason)
+
+
+def test_a_job_outcome_is_stored_flat_and_reads_back_the_same() -> None:
+    # The outcome holds the verdict; the stored record (and the read API) keeps one flat object
+    # per job, as release 0.1.0 wrote it.
+    verdict = judge_resumption(BEFORE, now("RUNNING"), ["gpu-001"], progress_before=3.0, progress_now=5.0)
+    down = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    outcome = JobOutcome(
+        verdict, down_at=down, resumed_at=down + timedelta(seconds=9), seconds_to_resumed=9.0
+    )
+    record = ConfirmResumedResult(jobs=(outcome,), last=(outcome,))  # final and latest: two uses of the type
+    stored = codec.encode_record(record)
+    for key in ("jobs", "last"):
+        [job] = stored[key]  # type: ignore[misc]
+        assert isinstance(job, dict)
+        assert {f.name for f in fields(ResumeVerdict)} | {
+            "down_at",
+            "resumed_at",
+            "seconds_to_resumed",
+        } <= set(job), key
+        assert (job["job_id"], job["status"], job["new_nodes"], job["progress_before"]) == (
+            "42",
+            "resumed",
+            ["gpu-002"],
+            3.0,
+        )
+        assert "verdict" not in job
+    assert codec.decode_record(ConfirmResumedResult, stored) == record
+
+
+def test_progress_must_pass_the_first_sample_after_the_restart_too() -> None:
+    # That sample may still be the pre-fault run's last one, scraped after the value read before DOWN.
+    def judge(at_now: float) -> str:
+        return judge_resumption(
+            BEFORE,
+            now("RUNNING"),
+            ["gpu-001"],
+            progress_before=3.0,
+            progress_at_restart=6.0,
+            progress_now=at_now,
+            progress_required=True,
+        ).status
+
+    assert (judge(5.0), judge(6.0), judge(7.0)) == ("waiting", "waiting", "resumed")

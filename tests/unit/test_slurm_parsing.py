@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PartitionNodes
 from bot.integrations.slurm.cli import (
@@ -73,7 +74,7 @@ def check_show_node(path: Path) -> None:
     assert drained.reason == "XID 79 test"
     assert drained.reason_user == "root"
     assert drained.reason_time is not None
-    assert not drained.reason_is_ours
+    assert not is_pitcrew_reason(drained.reason)
 
 
 def check_show_job(path: Path) -> None:
@@ -368,7 +369,7 @@ def test_v0040_shapes() -> None:
         }
     )
     assert node.states == {"IDLE", "DRAIN"}
-    assert node.reason_is_ours
+    assert is_pitcrew_reason(node.reason)
     assert node.reason_time is not None
     job = job_from_json(
         {

@@ -67,6 +67,47 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
     return Done(done, f"resumed {', '.join(resumed) or 'nothing'}")
 
 
+@dataclass(frozen=True, slots=True)
+class SlurmReturnedResult(StepResult):
+    uncordoned: bool = False
+    #: When Slurm showed every Slurm node of the incident back in service.
+    returned_at: datetime | None = None
+
+
+@REGISTRY.step(
+    SlurmReturnedResult,
+    state=State.VERIFYING,
+    timeout=timedelta(days=7),
+    attempts=3,
+    would="wait until Slurm returns the node (whoever holds its reason), then uncordon it",
+    undo="the node is back in service; rolling back leaves it there",
+    mutating=True,
+    port="scheduler",
+    needs=("slurm_down",),
+)
+async def slurm_returned(ctx: StepContext[SlurmReturnedResult]) -> Done[SlurmReturnedResult] | Wait:
+    """For a node someone else took out of Slurm: pitcrew never resumes it (its reason is not
+    pitcrew's), it waits for that someone - a person's RESUME, the health check clearing it - and
+    then gives the Kubernetes node back, if pitcrew's cordon is still on it."""
+    down = await ctx.result(SlurmDownResult) or SlurmDownResult()
+    names = list(down.slurm_nodes or ()) or list(await ctx.ports.slurm_names(ctx.node))
+    for name in names:
+        state = await ctx.ports.scheduler.node(name)
+        if not state.in_service:
+            shown = "/".join(sorted(state.states))
+            return Wait(
+                ctx.poll, f"Slurm node {name} is {shown} ({state.reason!r}): waiting for Slurm to return it"
+            )
+    cordoned = await ctx.result(CordonResult)
+    uncordoned = False
+    if cordoned is not None and cordoned.owned and ctx.ports.cluster is not None:
+        uncordoned = await release_cordon(ctx.ports.cluster, ctx.node, ctx.incident.id)
+        if uncordoned:
+            await ctx.acted("uncordon", f"node {ctx.node} uncordoned and untainted", node=ctx.node)
+    done = replace(ctx.progress, uncordoned=uncordoned, returned_at=ctx.clock())
+    return Done(done, f"Slurm returned {', '.join(names)}")
+
+
 async def _requeued_jobs_pending(ctx: StepContext[SlurmResumeResult], down: SlurmDownResult) -> Wait | None:
     """Keep the node out until the jobs Slurm requeued from it have started elsewhere.
 

@@ -13,7 +13,7 @@ from bot.domain.incident import State
 from bot.domain.ownership import owns_node, slinky_cordon_annotations
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
-from bot.engine.ports import Cluster
+from bot.engine.ports import Cluster, PodRef
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
 
@@ -120,9 +120,12 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
         return waited
     evicted = list(ctx.progress.evicted)
     pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
-    left = [p for p in pods if p.ref not in evicted and not p.terminating]
     force = bool(ctx.spec.options.get("force_delete_on_dead_node", False)) and not node.ready
+    # On a node that is not Ready no kubelet confirms a deletion: a terminating pod (evicted, or
+    # marked by the taint manager on its own) stays Terminating until it is force-deleted.
+    left = [p for p in pods if (p.ref not in evicted and not p.terminating) or (force and p.terminating)]
     blocked: list[str] = []
+    refused: list[PermanentError] = []
     for pod in left:
         await ctx.save(replace(ctx.progress, evicting=pod.ref))
         try:
@@ -132,28 +135,47 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
             else:
                 await cluster.evict(pod)
                 await ctx.acted("evict", f"pod {pod.ref} evicted", pod=pod.ref)
-        except TransientError as exc:
-            if exc.reason != Reason.PDB:
-                raise
+        except TransientError as exc:  # one pod's error never keeps the pods after it from their turn
             blocked.append(str(exc))
             continue
-        evicted.append(pod.ref)
+        except PermanentError as exc:
+            refused.append(exc)
+            continue
+        if pod.ref not in evicted:
+            evicted.append(pod.ref)
         await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
+    if refused:
+        where = "" if node.ready else f"node {ctx.node} is not Ready (no kubelet confirms a deletion); "
+        raise PermanentError(
+            f"{where}{len(refused)} pod(s) cannot be drained: {'; '.join(str(e) for e in refused)}"
+            + (f"; also retried: {'; '.join(blocked)}" if blocked else ""),
+            reason=refused[0].reason,
+        )
     if blocked:  # retried until the step's deadline; the escalation names each pod and its budget
         raise TransientError(
-            f"{len(blocked)} eviction(s) refused by a PodDisruptionBudget: {'; '.join(blocked)}",
-            reason=Reason.PDB,
+            f"{len(blocked)} eviction(s) failed: {'; '.join(blocked)}",
+            reason=Reason.PDB if all("PodDisruptionBudget" in b for b in blocked) else Reason.UNAVAILABLE,
         )
     if left:  # what this pass evicted may be gone already, or still terminating
         pods = [
             p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"
         ]
+    if pods and not node.ready and not force:
+        raise PermanentError(
+            f"node {ctx.node} is not Ready, so no kubelet will confirm the deletion of its "
+            f"{len(pods)} terminating pod(s): {_refs(pods)}; they stay Terminating until force-deleted "
+            "(drain option force_delete_on_dead_node with kubernetes.force_delete_not_ready)",
+            reason=Reason.NOT_ALLOWED,
+        )
     if pods:
         # An evicted pod terminates before it is gone: the node is empty only once a listing finds
         # none. At the deadline this is what the escalation reports as left on the node.
-        left_refs = ", ".join(p.ref for p in pods[:10]) + (" …" if len(pods) > 10 else "")
-        return Wait(ctx.poll, f"{len(pods)} pod(s) still on the node, terminating: {left_refs}")
+        return Wait(ctx.poll, f"{len(pods)} pod(s) still on the node, terminating: {_refs(pods)}")
     return Done(ctx.progress, f"{len(evicted)} pod(s) evicted")
+
+
+def _refs(pods: list[PodRef]) -> str:
+    return ", ".join(p.ref for p in pods[:10]) + (" …" if len(pods) > 10 else "")
 
 
 async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | None:

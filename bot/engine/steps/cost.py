@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bot.domain.durations import format_duration
-from bot.domain.goodput import Goodput, JobLoss, job_loss
+from bot.domain.goodput import Goodput, JobLoss, alert_age, job_loss
 from bot.engine.context import StepContext
 from bot.engine.metrics import Metrics
 from bot.engine.steps.back import SlurmResumeResult
@@ -25,7 +25,7 @@ async def account(ctx: StepContext[Any], now: datetime) -> Goodput | None:
     down = await ctx.result(SlurmDownResult)
     if down is None or not down.slurm_nodes:
         return None
-    fault_at = ctx.incident.first_alert_at or ctx.incident.opened_at
+    fault_at = ctx.incident.opened_at  # the first delivery: when pitcrew could first have acted
     resumed = await ctx.result(SlurmResumeResult)
     confirmed = await ctx.result(ConfirmResumedResult)
     settings = ctx.settings.goodput
@@ -34,18 +34,19 @@ async def account(ctx: StepContext[Any], now: datetime) -> Goodput | None:
     gpus_of = {job.job_id: job.gpus for job in down.jobs or ()}
     jobs: list[JobLoss] = []
     for outcome in confirmed.jobs if confirmed else ():
-        if outcome.status == "finished":
+        verdict = outcome.verdict
+        if verdict.status == "finished":
             continue  # it completed on its own: nothing was lost
         jobs.append(
             job_loss(
-                outcome.job_id,
-                gpus_of.get(outcome.job_id) or node_gpus,
-                outcome.status,
+                verdict.job_id,
+                gpus_of.get(verdict.job_id) or node_gpus,
+                verdict.status,
                 fault_at,
                 outcome.restarted_at or outcome.resumed_at,
                 now,
-                progress_before=outcome.progress_before,
-                progress_at_restart=outcome.progress_at_restart,
+                progress_before=verdict.progress_before,
+                progress_at_restart=verdict.progress_at_restart,
                 progress_unit_seconds=settings.progress_unit_seconds,
             )
         )
@@ -56,6 +57,8 @@ async def account(ctx: StepContext[Any], now: datetime) -> Goodput | None:
         back_at=resumed.returned_at if resumed else None,
         ended_at=now,
         jobs=tuple(jobs),
+        alert_age_seconds=alert_age(ctx.incident.first_alert_at, fault_at),
+        max_seconds=settings.max_hours_per_incident * 3600,
     )
 
 
@@ -75,6 +78,11 @@ def lines(cost: Goodput) -> list[str]:
         f"{format_duration_s(cost.seconds_out)} out of service"
         f"{'' if cost.back_at else ', not back by the close'})"
     ]
+    if cost.capped:
+        out.append(
+            f"counted up to {format_duration_s(cost.max_seconds)} per node and per job "
+            f"(goodput.max_hours_per_incident); measured {format_duration_s(cost.measured_seconds_out)} out of service"
+        )
     for job in cost.jobs:
         redone = ""
         if job.progress_redone is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bot.domain.durations import format_duration
-from bot.domain.goodput import Goodput
+from bot.domain.goodput import Goodput, alert_age
 from bot.domain.incident import State
 from bot.engine import trust
 from bot.engine.context import Done, StepContext, StepResult, Wait
@@ -75,17 +75,23 @@ async def _affected_jobs(ctx: StepContext[NotifyResult]) -> list[str]:
         return []
 
 
+#: An alert older than this at its first delivery is worth a line in the summary.
+ALERT_AGE_SHOWN = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class CloseResult(StepResult):
     time_to_recovery_seconds: float | None = None
-    #: From the first alert to every interrupted job running again (the job track's end).
+    #: From the first delivery to every interrupted job running again (the job track's end).
     time_to_job_running_seconds: float | None = None
-    #: From the first alert to the node back in service (the node track's end).
+    #: From the first delivery to the node back in service (the node track's end).
     time_to_node_back_seconds: float | None = None
-    #: From the first alert to the node out of Slurm (DOWN or DRAIN set by pitcrew).
+    #: From the first delivery to the node out of Slurm (DOWN or DRAIN set by pitcrew).
     time_to_out_of_service_seconds: float | None = None
     #: What the fault cost in GPU-hours, node and jobs (``bot.domain.goodput``).
     goodput: Goodput | None = None
+    #: How long the alert had been firing before the first delivery (reported apart, not counted).
+    alert_age_seconds: float = 0.0
 
 
 @REGISTRY.step(
@@ -100,8 +106,9 @@ class CloseResult(StepResult):
 )
 async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
     now = ctx.clock()
-    start = ctx.incident.first_alert_at or ctx.incident.opened_at
+    start = ctx.incident.opened_at  # the first delivery: when pitcrew could first have acted
     recovery = _since(start, now)
+    age = alert_age(ctx.incident.first_alert_at, start)
     records = await ctx.deps.store.steps_of(ctx.incident.id)
     lines = [f"{name}: {_outcome(records.get(name))}" for name in ctx.plan.steps if name != "close"]
     confirmed = await ctx.result(ConfirmResumedResult)
@@ -112,7 +119,7 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
     taken_out = down.taken_out_at if down else None
     out_of_service = _since(start, taken_out) if taken_out else None
     goodput = await cost.account(ctx, now)
-    for job in confirmed.jobs if confirmed else ():
+    for job in (o.verdict for o in confirmed.jobs) if confirmed else ():
         lines.append(
             f"job {job.job_id}: {job.status} — {', '.join(job.old_nodes)} → "
             f"{', '.join(job.new_nodes) or '-'} (restarts {job.restarts_before} → {job.restarts_now})"
@@ -123,6 +130,11 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
         lines.append(f"node back in service after {format_duration(timedelta(seconds=node_back))}")
     if goodput is not None:
         lines += cost.lines(goodput)
+    if age >= ALERT_AGE_SHOWN:
+        lines.append(
+            f"the alert had been firing for {format_duration(timedelta(seconds=age))} before pitcrew's first "
+            "delivery of it; the times above start at that delivery"
+        )
     if ctx.plan.playbook != "ignore":
         await ctx.tell(
             Notice(
@@ -152,7 +164,7 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
             node_gpus=goodput.node_gpus,
             seconds_out=goodput.seconds_out,
         )
-    result = CloseResult(recovery, job_running, node_back, out_of_service, goodput)
+    result = CloseResult(recovery, job_running, node_back, out_of_service, goodput, age)
     return Done(result, f"closed after {format_duration(timedelta(seconds=recovery))}")
 
 

@@ -9,8 +9,12 @@ back, humans are told, with the time it took.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
+from typing import Any, cast
+
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 from bot.domain.durations import format_duration
 from bot.domain.incident import State
@@ -25,23 +29,54 @@ from bot.engine.steps.training import job_progress
 
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
-    """Where one interrupted job stands, with the timings of its way back."""
+    """Where one interrupted job stands (its verdict), with the timings of its way back.
 
-    job_id: str
-    status: str
-    detail: str
-    old_nodes: tuple[str, ...] = ()
-    new_nodes: tuple[str, ...] = ()
-    restarts_before: int = 0
-    restarts_now: int = 0
-    progress_before: float | None = None
-    progress_at_restart: float | None = None
-    progress_now: float | None = None
+    Stored and shown flat, the verdict's fields beside the timings, as the step's result has
+    always read (``bot.store.codec`` and the read API see one JSON object per job)."""
+
+    verdict: ResumeVerdict
+    #: When the Slurm node went out.
     down_at: datetime | None = None
+    #: When Slurm started the restarted run (``None`` until there is one).
     restarted_at: datetime | None = None
+    #: When pitcrew first saw the job resumed.
     resumed_at: datetime | None = None
     seconds_to_restart: float | None = None
     seconds_to_resumed: float | None = None
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: type[Any], handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        # The flat form is the type's one definition: a second JobOutcome in the same record
+        # (``last`` beside ``jobs``) refers to it, not to the nested dataclass underneath.
+        schema = dict(handler(source))
+        ref = schema.pop("ref", None)
+        nested = cast(core_schema.CoreSchema, schema)
+        return core_schema.no_info_before_validator_function(
+            _nest,
+            nested,
+            serialization=core_schema.wrap_serializer_function_ser_schema(_flatten, schema=nested),
+            ref=ref,
+        )
+
+
+_VERDICT_FIELDS = frozenset(f.name for f in fields(ResumeVerdict))
+
+
+def _nest(value: Any) -> Any:
+    """A stored (flat) job record as ``JobOutcome``'s fields."""
+    if not isinstance(value, Mapping) or "verdict" in value:
+        return value
+    return {
+        "verdict": {k: v for k, v in value.items() if k in _VERDICT_FIELDS},
+        **{k: v for k, v in value.items() if k not in _VERDICT_FIELDS},
+    }
+
+
+def _flatten(value: JobOutcome, serialize: core_schema.SerializerFunctionWrapHandler) -> Any:
+    data = dict(serialize(value))
+    return {**data.pop("verdict"), **data}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,23 +120,19 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
     for job in jobs:
         now_snapshot = await ctx.ports.scheduler.job(job.job_id)
         progress_now = await job_progress(ctx.deps, job.job_id) if query else None
-        baseline = down.progress_before.get(job.job_id)
         if (
             query
             and now_snapshot is not None
             and now_snapshot.running
             and now_snapshot.restarts > job.restarts
         ):
-            # The first sample after the restart may still be the pre-fault run's last one
-            # (scraped after the value read before DOWN, before the kill): the job must be
-            # seen moving past it too, or a job stuck at its checkpoint would count as resumed.
-            at_restart.setdefault(job.job_id, progress_now)
-            baseline = max((v for v in (baseline, at_restart[job.job_id]) if v is not None), default=None)
+            at_restart.setdefault(job.job_id, progress_now)  # the first sample of the restarted run
         verdict = judge_resumption(
             job,
             now_snapshot,
             faulty,
-            progress_before=baseline,
+            progress_before=down.progress_before.get(job.job_id),
+            progress_at_restart=at_restart.get(job.job_id),
             progress_now=progress_now,
             progress_required=bool(query) and ctx.settings.resumption.require_progress,
         )
@@ -120,16 +151,7 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
                 )
             )
         restarted = now_snapshot.start_time if now_snapshot is not None else None
-        outcomes.append(
-            _outcome(
-                verdict,
-                down,
-                at_restart.get(job.job_id),
-                restarted,
-                first_seen.get(job.job_id),
-                on_repaired=bool(set(verdict.new_nodes) & set(verdict.old_nodes)),
-            )
-        )
+        outcomes.append(_outcome(verdict, down, restarted, first_seen.get(job.job_id)))
     progress = replace(
         ctx.progress,
         resumed_at=first_seen,
@@ -138,11 +160,11 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
         last=tuple(outcomes),
     )
     await ctx.save(progress)
-    pending = [o for o in outcomes if o.status == "waiting"]
+    pending = [o.verdict for o in outcomes if o.verdict.status == "waiting"]
     if pending:
-        return Wait(ctx.poll, "; ".join(f"{o.job_id}: {o.detail}" for o in pending))
+        return Wait(ctx.poll, "; ".join(f"{v.job_id}: {v.detail}" for v in pending))
     done = replace(progress, jobs=tuple(outcomes), confirmed_at=ctx.clock())
-    resumed = sum(o.status == "resumed" for o in outcomes)
+    resumed = sum(o.verdict.status == "resumed" for o in outcomes)
     if not done.announced and resumed:
         await _announce(ctx, done)
         done = replace(done, announced=True)
@@ -151,13 +173,13 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
 
 async def _announce(ctx: StepContext[ConfirmResumedResult], result: ConfirmResumedResult) -> None:
     """Training is back: tell humans now, not when the node track ends."""
-    start = ctx.incident.first_alert_at or ctx.incident.opened_at
+    start = ctx.incident.opened_at  # the first delivery, as every pitcrew duration
     took = max(((result.confirmed_at or ctx.clock()) - start).total_seconds(), 0.0)
     lines = tuple(
-        f"job {o.job_id}: running on {', '.join(o.new_nodes) or '-'} (restarts {o.restarts_before} → "
-        f"{o.restarts_now})"
-        for o in result.jobs
-        if o.status == "resumed"
+        f"job {v.job_id}: running on {', '.join(v.new_nodes) or '-'} (restarts {v.restarts_before} → "
+        f"{v.restarts_now})"
+        for v in (o.verdict for o in result.jobs)
+        if v.status == "resumed"
     )
     await ctx.tell(
         Notice(
@@ -177,33 +199,21 @@ async def _announce(ctx: StepContext[ConfirmResumedResult], result: ConfirmResum
 def _outcome(
     verdict: ResumeVerdict,
     down: SlurmDownResult,
-    at_restart: float | None,
     restarted: datetime | None,
     resumed_at: datetime | None,
-    *,
-    on_repaired: bool,
 ) -> JobOutcome:
     """One job's verdict with when the node went out, Slurm started it again, pitcrew saw it back."""
     down_at = down.taken_out_at
     if verdict.status != "resumed" or verdict.restarts_now <= verdict.restarts_before:
         restarted = None  # the start time of a run that is not the restarted one
+    if verdict.status == "resumed" and set(verdict.new_nodes) & set(verdict.old_nodes):
+        verdict = replace(verdict, detail="running again on the repaired node")
 
     def since_down(moment: datetime | None) -> float | None:
         return round((moment - down_at).total_seconds(), 3) if moment and down_at else None
 
     return JobOutcome(
-        job_id=verdict.job_id,
-        status=verdict.status,
-        detail="running again on the repaired node"
-        if verdict.status == "resumed" and on_repaired
-        else verdict.detail,
-        old_nodes=verdict.old_nodes,
-        new_nodes=verdict.new_nodes,
-        restarts_before=verdict.restarts_before,
-        restarts_now=verdict.restarts_now,
-        progress_before=down.progress_before.get(verdict.job_id),
-        progress_at_restart=at_restart,
-        progress_now=verdict.progress_now,
+        verdict,
         down_at=down_at,
         restarted_at=restarted,
         resumed_at=resumed_at,

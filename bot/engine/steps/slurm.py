@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
-from bot.domain.ownership import owns_slurm_reason
+from bot.domain.ownership import owns_slurm_reason, slurm_reason_owner
+from bot.domain.slurm_watch import SLURM_FAULT
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
@@ -71,9 +72,9 @@ async def undo_slurm_down(ctx: UndoContext, result: SlurmDownResult) -> str:
             ctx.count("slurm_resume")
             lines.append(f"{name} resumed")
         else:
-            lines.append(
-                f"{name} left {'/'.join(sorted(state.states))} (reason {state.reason!r} is not pitcrew's)"
-            )
+            owner = slurm_reason_owner(state.reason)
+            whose = f"belongs to pitcrew incident {owner}" if owner else "is not pitcrew's"
+            lines.append(f"{name} left {'/'.join(sorted(state.states))} (reason {state.reason!r} {whose})")
     return "slurm_down: " + "; ".join(lines or ["no Slurm node was taken"])
 
 
@@ -126,6 +127,12 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
                     f"Slurm node {name} is already {'/'.join(sorted(state.states))} with reason "
                     f"{state.reason!r} set by someone else: left as is, pitcrew will not resume it",
                 )
+            await ctx.save(replace(ctx.progress, owned=dict(owned)))
+            continue
+        if ctx.plan.decisive is not None and ctx.plan.decisive.kind == SLURM_FAULT:
+            # Slurm took the node out and has given it back already: pitcrew adds no reason of its own.
+            owned[name] = False
+            await ctx.note("not_owned", f"Slurm node {name} is back in service: left as is")
             await ctx.save(replace(ctx.progress, owned=dict(owned)))
             continue
         down_at = {**ctx.progress.down_at, name: ctx.clock()}

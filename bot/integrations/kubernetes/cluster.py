@@ -77,7 +77,10 @@ class KubernetesCluster:
         return await (await self._p()).nodes.node(name)
 
     async def count_nodes(self) -> int:
-        return len(await (await self._p()).nodes.fleet(self.settings.node_selector))
+        return len(await (await self._p()).nodes.fleet_facts(self.settings.node_selector))
+
+    async def nodes(self) -> list[ClusterNode]:
+        return await (await self._p()).nodes.fleet_facts(self.settings.node_selector)
 
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         parts = await self._p()
@@ -143,7 +146,14 @@ class KubernetesCluster:
         """Reboot through the operator's Job or command; the handle names the boot id that must change."""
         parts = await self._p()
         handle = await parts.replacer.reboot_handle(name)
-        await parts.jobs.run("reboot", name, incident_id)
+        try:
+            await parts.jobs.run("reboot", name, incident_id)
+        except PermanentError as exc:
+            # A reboot takes its own Job's pod down with the node: the Job fails while the reboot
+            # succeeded. A changed boot id is the proof; without it the failure stands.
+            if exc.reason != "job_failed" or not await parts.replacer.rebooted(name, handle):
+                raise
+            log.info("reboot Job of %s ended with the node's reboot (new boot id): %s", name, exc)
         await parts.events.on_node(name, "PitcrewReboot", "node reboot issued", incident_id)
         return handle
 

@@ -2,7 +2,9 @@
 
 An audit copy for the people who live in kubectl: the incident's own timeline (the store) is the
 record. Posting one is best effort: a refusal or an outage is logged and never fails the step
-that acted (its action already happened and is already recorded).
+that acted (its action already happened and is already recorded). The event names the node's
+``uid``: ``kubectl describe node`` lists events by ``involvedObject.uid`` (with kind, name and an
+empty namespace), so an event without it is never shown there.
 """
 
 from __future__ import annotations
@@ -29,13 +31,20 @@ class Events:
 
     async def on_node(self, node: str, reason: str, message: str, incident_id: str) -> None:
         now = datetime.now(UTC)
+        try:
+            found = await call(
+                f"read node {node}", self._core.read_node(node, _request_timeout=self._timeout)
+            )
+            uid = found.metadata.uid
+        except PitcrewError:  # gone (a replacement) or unreadable: the event still says which node
+            uid = None
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(
                 generate_name=f"{node}.pitcrew.",
                 namespace=NAMESPACE,
                 annotations={OWNER_ANNOTATION: incident_id},
             ),
-            involved_object=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+            involved_object=client.V1ObjectReference(api_version="v1", kind="Node", name=node, uid=uid),
             reason=reason,
             message=message[:1024],
             type="Normal",

@@ -3,7 +3,12 @@
 The Job comes from an operator-supplied template; pitcrew only fills in a name derived from
 the incident (so a retried or resumed step finds the Job it created instead of creating a
 second), ``nodeName``, a toleration of its own taint and of the cordon, and the
-PITCREW_* environment. It waits for the Job to finish and reads the exit code of its pod.
+PITCREW_* environment. It waits for the Job's terminal condition (``Complete``/``Failed``, or the
+``SuccessCriteriaMet``/``FailureTarget`` the Job controller writes first since 1.31), never for a
+pod count: with ``backoffLimit > 0`` a first failed pod is not the Job's verdict. A Job whose pod
+is never created (Pod Security refusing a privileged pod, a quota) has no condition at all: its
+controller only records ``FailedCreate`` events, which the wait reads so the step names the cause
+within a poll or two instead of waiting out its budget.
 """
 
 from __future__ import annotations
@@ -27,6 +32,18 @@ from bot.integrations.kubernetes.replace import run_command
 
 #: How often a running Job is read (its own requests count against the shared rate limit).
 POLL_SECONDS = 1.0
+_SUCCEEDED = ("Complete", "SuccessCriteriaMet")
+_FAILED = ("Failed", "FailureTarget")
+
+
+def verdict(job: client.V1Job) -> tuple[bool, str] | None:
+    """``(succeeded, why)`` from the Job's terminal conditions; None while it is undecided."""
+    for condition in (job.status.conditions if job.status else None) or []:
+        if condition.status != "True" or condition.type not in (*_SUCCEEDED, *_FAILED):
+            continue
+        why = ": ".join(filter(None, (condition.reason, condition.message))) or condition.type
+        return condition.type in _SUCCEEDED, why
+    return None
 
 
 def job_name(action: str, incident_id: str) -> str:
@@ -121,19 +138,39 @@ class Jobs:
                 f"read Job {namespace}/{name}",
                 self._batch.read_namespaced_job(name, namespace, _request_timeout=self._timeout),
             )
-            status = job.status
-            if status is not None and status.succeeded:
+            decided = verdict(job)
+            if decided is not None and decided[0]:
                 return
-            if status is not None and status.failed:
+            if decided is not None:
                 raise PermanentError(
-                    f"{action} Job {namespace}/{name} on {node} failed: {await self._exit(namespace, name)}",
+                    f"{action} Job {namespace}/{name} on {node} failed ({decided[1]}): "
+                    f"{await self._exit(namespace, name)}",
                     reason=Reason.JOB_FAILED,
                 )
+            if not (job.status and job.status.active):
+                refused = await self._not_created(namespace, job)
+                if refused:
+                    raise PermanentError(
+                        f"{action} Job {namespace}/{name} on {node} cannot start its pod: {refused}",
+                        reason=Reason.JOB_FAILED,
+                    )
             await asyncio.sleep(POLL_SECONDS)
         raise TransientError(
             f"{action} Job {namespace}/{name} on {node} still running after {budget:g}s",
             reason=Reason.TIMEOUT,
         )
+
+    async def _not_created(self, namespace: str, job: client.V1Job) -> str | None:
+        """The Job controller's last ``FailedCreate`` event on this Job (this uid), if any."""
+        meta = job.metadata
+        selector = f"involvedObject.kind=Job,involvedObject.name={meta.name},involvedObject.uid={meta.uid}"
+        events = await call(
+            f"list events of Job {meta.name}",
+            self._core.list_namespaced_event(
+                namespace, field_selector=f"{selector},reason=FailedCreate", _request_timeout=self._timeout
+            ),
+        )
+        return events.items[-1].message if events.items else None
 
     async def _exit(self, namespace: str, name: str) -> str:
         pods = await call(

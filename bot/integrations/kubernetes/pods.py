@@ -4,12 +4,15 @@ What a drain may skip is decided here from the pod itself: DaemonSet-owned pods,
 (static) pods and pods in a never-drained namespace are not returned as work; terminating
 pods are returned marked so. An eviction refused by a PodDisruptionBudget is a
 ``TransientError(reason=Reason.PDB)`` naming the pod and the budget's own message, so the step
-retries it until its deadline and the escalation says what blocked it.
+retries it until its deadline and the escalation says what blocked it. A pod selected by more
+than one budget is refused by the API server with HTTP 500 (``eviction.go``: the subresource does
+not support it) on every try: that is a ``PermanentError(reason=Reason.PDB)`` naming the budgets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
 from kubernetes.aio import client
 
@@ -19,6 +22,27 @@ from bot.engine.ports import PodRef
 from bot.integrations.kubernetes.client import call, status_of
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+#: The API server's message for a pod under two or more PodDisruptionBudgets (pod/storage/eviction.go).
+MULTIPLE_BUDGETS = "more than one PodDisruptionBudget"
+
+
+def selects(selector: client.V1LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """A label selector over ``labels`` (a null selector selects nothing, an empty one everything)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
+        return False
+    for expr in selector.match_expressions or []:
+        present, value, values = expr.key in labels, labels.get(expr.key), expr.values or []
+        ok = {
+            "In": present and value in values,
+            "NotIn": not present or value not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }.get(expr.operator, False)
+        if not ok:
+            return False
+    return True
 
 
 def pod_ref(pod: client.V1Pod) -> PodRef:
@@ -37,6 +61,7 @@ def pod_ref(pod: client.V1Pod) -> PodRef:
 class Pods:
     def __init__(self, api: client.ApiClient, *, never_drain: Collection[str], timeout: float) -> None:
         self._core = client.CoreV1Api(api)
+        self._policy = client.PolicyV1Api(api)
         self._never = frozenset(never_drain)
         self._timeout = timeout
 
@@ -85,10 +110,37 @@ class Pods:
                     reason=Reason.PDB,
                     retry_after=exc.retry_after,
                 ) from cause
+            if cause is not None and MULTIPLE_BUDGETS in str(status_of(cause).get("message")):
+                names = ", ".join(await self._budgets_of(pod)) or "their names could not be read"
+                raise PermanentError(
+                    f"eviction of pod {pod.ref} refused: it is selected by more than one "
+                    f"PodDisruptionBudget ({names}), which the Eviction API does not support; "
+                    "narrow their selectors so one budget covers it",
+                    reason=Reason.PDB,
+                ) from cause
             raise
         except PermanentError as exc:
             if exc.reason != Reason.NOT_FOUND:  # already gone: what the eviction wanted
                 raise
+
+    async def _budgets_of(self, pod: PodRef) -> list[str]:
+        """The PodDisruptionBudgets in the pod's namespace whose selector selects it."""
+        listed: Any = await call(
+            f"list pods named {pod.ref}",
+            self._core.list_namespaced_pod(
+                pod.namespace, field_selector=f"metadata.name={pod.name}", _request_timeout=self._timeout
+            ),
+        )
+        if not listed.items:
+            return []
+        labels = listed.items[0].metadata.labels or {}
+        budgets: Any = await call(
+            f"list PodDisruptionBudgets in {pod.namespace}",
+            self._policy.list_namespaced_pod_disruption_budget(pod.namespace, _request_timeout=self._timeout),
+        )
+        return [
+            b.metadata.name for b in budgets.items if selects(b.spec.selector if b.spec else None, labels)
+        ]
 
     async def delete(self, pod: PodRef, *, force: bool) -> None:
         grace = 0 if force else None

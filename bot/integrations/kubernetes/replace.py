@@ -13,6 +13,7 @@ is started.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from typing import Any
 from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
-from bot.domain.ownership import REPLACE_ANNOTATION, replacement_mark, replacement_owner
+from bot.domain.ownership import OWNER_ANNOTATION, REPLACE_ANNOTATION, replacement_mark, replacement_owner
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
@@ -36,6 +37,11 @@ WATCH = "watch"
 CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
 KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
 CAPI_MACHINE = "cluster.x-k8s.io/machine"
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+#: On a replacement's new node: the target (``machine/<ns>/<name>``, ``nodeclaim/<name>``) it replaces.
+SUCCESSOR_ANNOTATION = "pitcrew.dev/successor-of"
+#: The placeholder pod's image: it only holds the GPU request until the successor is Ready.
+PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 CAPI_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
 #: Taints by which another system announces it is taking the node away.
 FOREIGN_REPAIR_TAINTS = {
@@ -56,11 +62,14 @@ class Handle:
     pool: dict[str, str] = field(default_factory=dict)
     #: A reboot: the node's boot id before it, which must change.
     boot: str | None = None
+    #: What makes the new handle: ``machineset/<ns>/<name>`` (CAPI) or ``nodepool/<name>`` (Karpenter).
+    owner: str | None = None
 
     def render(self) -> str:
         words = [self.strategy, self.target, f"since={self.since.strftime('%Y-%m-%dT%H:%M:%SZ')}"]
         words += [f"gpus={self.gpus}"] if self.gpus is not None else []
         words += [f"boot={self.boot}"] if self.boot else []
+        words += [f"owner={self.owner}"] if self.owner else []
         words += [f"pool={k}={v}" for k, v in sorted(self.pool.items())]
         return " ".join(words)
 
@@ -70,17 +79,31 @@ class Handle:
         if len(words) < 3 or not words[2].startswith("since="):
             return None
         since = datetime.strptime(words[2][6:], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-        gpus, pool, boot = None, {}, None
+        gpus, pool, boot, owner = None, {}, None, None
         for word in words[3:]:
             key, _, value = word.partition("=")
             if key == "gpus":
                 gpus = int(value)
             elif key == "boot":
                 boot = value
+            elif key == "owner":
+                owner = value
             elif key == "pool":
                 label, _, label_value = value.partition("=")
                 pool[label] = label_value
-        return cls(words[0], words[1], since, gpus, pool, boot)
+        return cls(words[0], words[1], since, gpus, pool, boot, owner)
+
+
+def placeholder_name(target: str) -> str:
+    """The placeholder pod of a replacement, named after what it replaces (``nodeclaim/<name>``)."""
+    return f"pitcrew-successor-{target.rsplit('/', 1)[-1]}"[:63].rstrip("-")
+
+
+def _node_of(handle: dict[str, Any]) -> str | None:
+    """The node a Machine (``status.nodeRef``) or a NodeClaim (``status.nodeName``) became."""
+    status = handle.get("status") or {}
+    name = (status.get("nodeRef") or {}).get("name") or status.get("nodeName")
+    return str(name) if name else None
 
 
 def _deleting(obj: dict[str, Any] | None) -> bool:
@@ -90,6 +113,7 @@ def _deleting(obj: dict[str, Any] | None) -> bool:
 class Replacer:
     def __init__(self, api: client.ApiClient, nodes: Nodes, settings: KubernetesSettings) -> None:
         self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
         self._nodes = nodes
         self._settings = settings
         self._timeout = settings.request_timeout
@@ -204,6 +228,13 @@ class Replacer:
         return Handle(REBOOT, f"node/{name}", datetime.now(UTC), boot=boot or "unknown").render()
 
     # ------------------------------------------------------------ the act
+    async def rebooted(self, name: str, handle: str) -> bool:
+        """The node reports a boot id other than the one ``handle`` recorded before the reboot."""
+        parsed = Handle.parse(handle)
+        node = await self._nodes.read(name)
+        info = node.status.node_info if node is not None and node.status else None
+        return parsed is not None and info is not None and bool(info.boot_id) and info.boot_id != parsed.boot
+
     async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
         strategy = self.strategy(strategy)
         node = await self._nodes.read(name)
@@ -229,12 +260,17 @@ class Replacer:
                 name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())}
             )
             return handle.render()
-        target = await self._target(strategy, node)
+        target, owner = await self._target(strategy, node)
+        if owner and not handle.owner and (mark is None or mark[0] != incident_id):
+            handle = dataclasses.replace(handle, owner=owner)
+            if strategy == "karpenter":  # the real NodeClaim, not the node it became
+                handle = dataclasses.replace(handle, target=f"nodeclaim/{target[1]}")
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
         if strategy == "cluster-api":
             await self._delete_custom(CAPI, target)
         elif strategy == "karpenter":
+            await self._placeholder(node, handle, incident_id)
             await self._delete_custom(KARPENTER, target)
         elif strategy == "delete-node":
             try:
@@ -252,7 +288,7 @@ class Replacer:
         annotations = node.metadata.annotations or {}
         target = {
             "cluster-api": f"machine/{annotations.get(CAPI_NAMESPACE, '')}/{annotations.get(CAPI_MACHINE, '')}",
-            "karpenter": f"nodeclaim/{node.metadata.name}",  # the NodeClaim whose status.nodeName it is
+            "karpenter": f"nodeclaim/{node.metadata.name}",  # replace() names the real NodeClaim once read
             "delete-node": f"node/{node.metadata.name}",
             "command": f"command/{node.metadata.name}",
             WATCH: f"node/{node.metadata.name}",
@@ -260,22 +296,27 @@ class Replacer:
         gpus = facts(node, self._settings.gpu_resource).gpus
         return Handle(strategy, target, datetime.now(UTC), gpus, pool)
 
-    async def _target(self, strategy: str, node: client.V1Node) -> tuple[str | None, str]:
+    async def _target(self, strategy: str, node: client.V1Node) -> tuple[tuple[str | None, str], str | None]:
+        """What to delete, and what will make its successor (``Handle.owner``)."""
         if strategy == "cluster-api":
             machine = await self.machine(node)
             if machine is None:
                 raise PermanentError(
                     f"node {node.metadata.name} has no Cluster API Machine", reason=Reason.NOT_FOUND
                 )
-            return machine["metadata"]["namespace"], machine["metadata"]["name"]
+            meta = machine["metadata"]
+            sets = [o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "MachineSet"]
+            owner = f"machineset/{meta['namespace']}/{sets[0]}" if sets else None
+            return (meta["namespace"], meta["name"]), owner
         if strategy == "karpenter":
             claim = await self.nodeclaim(node.metadata.name)
             if claim is None:
                 raise PermanentError(
                     f"node {node.metadata.name} has no Karpenter NodeClaim", reason=Reason.NOT_FOUND
                 )
-            return None, claim["metadata"]["name"]
-        return None, node.metadata.name
+            pool = (claim["metadata"].get("labels") or {}).get(NODEPOOL_LABEL)
+            return (None, claim["metadata"]["name"]), (f"nodepool/{pool}" if pool else None)
+        return (None, node.metadata.name), None
 
     async def _delete_custom(self, kind: tuple[str, str, str], target: tuple[str | None, str]) -> None:
         group, version, plural = kind
@@ -327,6 +368,8 @@ class Replacer:
                 return facts(node, self._settings.gpu_resource)
         if parsed is None:
             return None
+        if parsed.owner:
+            return await self._bound_successor(parsed)
         candidates = [
             n
             for n in await self._nodes.fleet(fleet_selector)
@@ -338,6 +381,144 @@ class Replacer:
         ready = [facts(n, self._settings.gpu_resource) for n in candidates]
         ready.sort(key=lambda f: (not f.ready, f.name))
         return ready[0] if ready else None
+
+    async def _placeholder(self, node: client.V1Node, handle: Handle, incident_id: str) -> None:
+        """Karpenter launches nodes only for pending pods, and a DaemonSet-mode slurmd pod is never
+        pending: deleting the NodeClaim alone starts nothing. A pending pod asking for the node's
+        GPUs in its NodePool is the demand that does; it is removed once the successor is Ready."""
+        pool = (handle.owner or "").removeprefix("nodepool/")
+        if not handle.owner or not handle.owner.startswith("nodepool/") or not handle.gpus:
+            raise PermanentError(
+                f"node {node.metadata.name}: its NodeClaim names no NodePool or the node no GPUs, so "
+                "nothing would make Karpenter replace it",
+                reason=Reason.UNSUPPORTED,
+            )
+        gpus = {self._settings.gpu_resource: str(handle.gpus)}
+        tolerations = [
+            {"key": t.key, "operator": "Exists", "effect": t.effect}
+            for t in node.spec.taints or []
+            if not t.key.startswith(("pitcrew.dev/", "node.kubernetes.io/"))
+        ]
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": placeholder_name(handle.target),
+                "labels": {"app.kubernetes.io/name": "pitcrew", "app.kubernetes.io/component": "placeholder"},
+                "annotations": {OWNER_ANNOTATION: incident_id},
+            },
+            "spec": {
+                "nodeSelector": {NODEPOOL_LABEL: pool},
+                "tolerations": tolerations,
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": False,
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 65535,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [
+                    {
+                        "name": "placeholder",
+                        "image": PLACEHOLDER_IMAGE,
+                        "resources": {"requests": gpus, "limits": gpus},
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }
+                ],
+            },
+        }
+        namespace = self._settings.jobs.namespace
+        try:
+            await call(
+                f"create placeholder pod {namespace}/{placeholder_name(handle.target)}",
+                self._core.create_namespaced_pod(namespace, pod, _request_timeout=self._timeout),
+            )
+        except TransientError as exc:
+            if exc.reason != "conflict":  # 409 AlreadyExists: created before a retry or restart
+                raise
+
+    async def _drop_placeholder(self, parsed: Handle) -> None:
+        namespace, name = self._settings.jobs.namespace, placeholder_name(parsed.target)
+        try:
+            await call(
+                f"delete placeholder pod {namespace}/{name}",
+                self._core.delete_namespaced_pod(name, namespace, _request_timeout=self._timeout),
+            )
+        except PermanentError as exc:
+            if exc.reason != "not_found":
+                raise
+
+    async def _bound_successor(self, parsed: Handle) -> ClusterNode | None:
+        """The node a Machine of the same MachineSet (``status.nodeRef``) or a NodeClaim of the same
+        NodePool (``status.nodeName``) made after the replacement started became — never a node
+        merely alike. Two replacements in one pool each take a different one: the first to claim a
+        node (a guarded annotation naming what it replaces) keeps it."""
+        made = await self._made_since(parsed)
+        nodes = []
+        for name in made:
+            node = await self._nodes.read(name)
+            if node is not None:
+                nodes.append(node)
+        mine = [n for n in nodes if (n.metadata.annotations or {}).get(SUCCESSOR_ANNOTATION) == parsed.target]
+        if mine:
+            found = facts(mine[0], self._settings.gpu_resource)
+            if found.ready and parsed.strategy == "karpenter":
+                await self._drop_placeholder(parsed)  # the demand has done its work
+            return found
+        for node in nodes:
+            if (node.metadata.annotations or {}).get(SUCCESSOR_ANNOTATION):
+                continue  # another replacement's successor
+            body = {
+                "metadata": {
+                    "resourceVersion": node.metadata.resource_version,
+                    "annotations": {SUCCESSOR_ANNOTATION: parsed.target},
+                }
+            }
+            if await self._nodes.write(node.metadata.name, body, "claim successor"):
+                return facts(node, self._settings.gpu_resource)
+        return None
+
+    async def _made_since(self, parsed: Handle) -> list[str]:
+        """Node names of the handles ``parsed.owner`` created since the replacement, oldest first."""
+        kind, _, rest = (parsed.owner or "").partition("/")
+        if kind == "machineset":
+            namespace, _, machineset = rest.partition("/")
+            listed: dict[str, Any] = await call(
+                f"list Machines in {namespace}",
+                self._custom.list_namespaced_custom_object(
+                    *CAPI[:2], namespace, CAPI[2], _request_timeout=self._timeout
+                ),
+            )
+            handles = [
+                m
+                for m in listed["items"]
+                if any(
+                    o.get("kind") == "MachineSet" and o.get("name") == machineset
+                    for o in m["metadata"].get("ownerReferences") or []
+                )
+            ]
+        else:
+            listed = await call(
+                f"list NodeClaims of NodePool {rest}",
+                self._custom.list_cluster_custom_object(
+                    *KARPENTER, label_selector=f"{NODEPOOL_LABEL}={rest}", _request_timeout=self._timeout
+                ),
+            )
+            handles = listed["items"]
+        since = parsed.since.strftime("%Y-%m-%dT%H:%M:%SZ")
+        fresh = [
+            h
+            for h in handles
+            if h["metadata"].get("creationTimestamp", "") >= since
+            and not _deleting(h)
+            and _node_of(h)
+            and not parsed.target.endswith(f"/{h['metadata']['name']}")
+        ]
+        fresh.sort(key=lambda h: (h["metadata"].get("creationTimestamp", ""), h["metadata"]["name"]))
+        return [str(_node_of(h)) for h in fresh]
 
 
 async def run_command(argv: list[str], node: str, incident_id: str, action: str, limit: float) -> None:

@@ -12,15 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from prometheus_client import CollectorRegistry
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import GrafanaSettings, SlackSettings, read_secret
 from bot.domain.policy import Policy
 from bot.engine.commands import Commands
 from bot.integrations.slack.approvers import Approvers, SecondApproverRule
-from bot.integrations.slack.inbound import SlackInbound, SocketMode
+from bot.integrations.slack.inbound import SlackInbound
 from bot.integrations.slack.outbound import EVENTS, NAME, SlackDestination, SlackLinks
 from bot.integrations.slack.probe import SlackProbe
+from bot.integrations.slack.socket import SocketMode
 from bot.store.base import Store
 
 __all__ = [
@@ -57,10 +59,14 @@ class Slack:
             signing_secret=secret,
         )
 
-    def socket_mode(self, inbound: SlackInbound) -> SocketMode | None:
+    def socket_mode(
+        self, inbound: SlackInbound, registry: CollectorRegistry | None = None
+    ) -> SocketMode | None:
+        """Socket Mode's worker, its state counted in ``registry`` (``pitcrew_slack_socket_connected``)."""
         if self.settings.transport != "socket" or self.settings.app_token_file is None:
             return None
-        return SocketMode(inbound, read_secret(self.settings.app_token_file, "slack.app_token_file"))
+        token = read_secret(self.settings.app_token_file, "slack.app_token_file")
+        return SocketMode(inbound.app, token, registry)
 
 
 def _client(settings: SlackSettings) -> AsyncWebClient:
@@ -70,8 +76,12 @@ def _client(settings: SlackSettings) -> AsyncWebClient:
 
 
 def slack_probe(settings: SlackSettings) -> SlackProbe:
-    """What ``check-config --live`` asks Slack: the same client ``pitcrew serve`` builds, no store."""
-    return SlackProbe(_client(settings), settings.channel)
+    """What ``check-config --live`` asks Slack: the same client ``pitcrew serve`` builds, no store;
+    in Socket Mode the app-level token too."""
+    app_token = None
+    if settings.transport == "socket" and settings.app_token_file is not None:
+        app_token = read_secret(settings.app_token_file, "slack.app_token_file")
+    return SlackProbe(_client(settings), settings.channel, app_token)
 
 
 def build_slack(

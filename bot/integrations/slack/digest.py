@@ -4,8 +4,9 @@ Slack allows about one message per second per channel; two hundred threads for t
 would take minutes and bury the channel. Once ``digest_threshold`` incidents have opened within
 ``digest_window``, the next ones join one **digest** message instead of opening a thread each:
 nodes, faults, states, and what the circuit breaker held back. The digest is rebuilt from the
-store and updated in place (``chat.update``) at most once a second, so a notice written before
-the last update is already shown and needs no call of its own.
+store and updated in place (``chat.update``) at most once a second and within the method's rate
+tier (``updates.ChatUpdates``), so a notice written before the last update is already shown and
+needs no call of its own.
 
 What the digest remembers lives in the outbox's references: ``digest`` names the current one,
 ``digest:<ts>`` holds each one's span (first and last incident opening); a member incident's
@@ -21,12 +22,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from slack_sdk.web.async_client import AsyncWebClient
-
 from bot.domain.durations import format_duration
+from bot.engine.errors import PermanentError
 from bot.integrations.slack import messages
-from bot.integrations.slack.errors import call
+from bot.integrations.slack.errors import MessageGone
 from bot.integrations.slack.messages import DigestEntry, Message
+from bot.integrations.slack.updates import ChatUpdates
 from bot.store.base import IncidentRecord, OutboxItem, Store
 
 NAME = "slack"
@@ -38,14 +39,14 @@ Post = Callable[[OutboxItem, Message], Awaitable[str]]
 class StormDigest:
     def __init__(
         self,
-        client: AsyncWebClient,
+        updates: ChatUpdates,
         store: Store,
         channel: str,
         window: timedelta,
         threshold: int,
         clock: Callable[[], datetime],
     ) -> None:
-        self._client = client
+        self._updates = updates
         self._store = store
         self._channel = channel
         self._window = window
@@ -99,17 +100,21 @@ class StormDigest:
             members = self._storm(incidents, since)
             last = max(members[-1].opened_at if members else since, incident.opened_at)
             message = self._message(members)
+            gone: str | None = None
             if ts is None:
                 ts = await post(item, message)
             else:
-                await call(
-                    self._client.chat_update(
-                        channel=self._channel, ts=ts, text=message.text, blocks=message.blocks
-                    )
-                )
+                try:
+                    await self._updates.update(ts, message)
+                except PermanentError as exc:
+                    if not isinstance(exc, MessageGone):
+                        raise
+                    gone, ts = ts, await post(item, message)  # deleted in Slack: post it again
             document = {"ts": ts, "since": since.isoformat(), "last": last.isoformat()}
             now = self._clock()
             await self._store.set_outbox_ref(NAME, PREFIX + ts, json.dumps(document), now)
+            if gone is not None:  # its members' thread references name the old one: point it here
+                await self._store.set_outbox_ref(NAME, PREFIX + gone, json.dumps(document), now)
             current = await self._current()
             if current is None or _at(current["last"]) <= last:
                 await self._store.set_outbox_ref(NAME, "digest", ts, now)

@@ -4,7 +4,9 @@ Slack answers errors with HTTP 200 ``{"ok": false, "error": ...}``; only rate li
 ``Retry-After``. What a human can fix without a new pitcrew (a revoked token, the bot removed from
 the channel, a missing scope) is transient: the outbox keeps the notice and retries with backoff,
 and the log says what is wrong, so nothing is lost while someone fixes it. What no retry can fix
-(a message Slack refuses to accept) is permanent.
+(a message Slack refuses to accept) is permanent, and so is a message that is gone: a person or a
+retention policy deleted it (``chat.update`` answers ``message_not_found``, ``conversations.replies``
+``thread_not_found``); no retry brings it back, and the destination starts a new one (``GONE``).
 
 Slack's ``error`` code is mapped onto pitcrew's closed ``Reason`` (``REASONS``; a code not listed
 there is ``refused``) and kept, verbatim, in the message: the reason is a metric label and must
@@ -121,6 +123,16 @@ def reason_of(error: str) -> Reason:
     return REASONS.get(error, Reason.REFUSED)
 
 
+#: The message (or the thread under it) was deleted: permanent for that message.
+GONE = frozenset({"message_not_found", "thread_not_found"})
+
+
+class MessageGone(PermanentError):
+    """Slack answered that the message (or its thread) is gone (``GONE``): a person or a retention
+    policy deleted it. Its reason is ``not_found`` like any missing object; this type is what tells
+    the destination to start a new message rather than give the item up."""
+
+
 def translate(exc: Exception) -> TransientError | PermanentError:
     if isinstance(exc, SlackApiError):
         response = exc.response
@@ -137,6 +149,8 @@ def translate(exc: Exception) -> TransientError | PermanentError:
             return TransientError(f"Slack answered HTTP {status}", reason=Reason.UNAVAILABLE)
         if error in _PERMANENT:
             return PermanentError(f"Slack refused the message: {error}", reason=reason_of(error))
+        if error in GONE:
+            return MessageGone(f"the Slack message was deleted: {error}", reason=reason_of(error))
         needed = str(response.get("needed", "")) if isinstance(response.data, dict) else ""
         detail = f"{error} (needs scope {needed})" if needed else error
         return TransientError(f"Slack refused the call: {detail or 'unknown error'}", reason=reason_of(error))

@@ -1,6 +1,6 @@
 """Buttons and ``/pitcrew`` from Slack, through slack-bolt's ``AsyncApp``, over HTTP or Socket Mode.
 
-bolt verifies signatures (HTTP), acks within 3 s and routes actions; this module only says what
+bolt acks within 3 s and routes actions; this module only says what
 each action means. Every decision calls the engine's ``Commands`` with the actor
 ``slack:<user id>``, so Slack, the CLI and the HTTP API behave the same and every click lands in
 the audit log. Authorisation (``Approvers``): anyone else is told politely, and the attempt is
@@ -9,16 +9,21 @@ the thread shows it too. Answers to the clicker are ephemeral; the thread and th
 through the outbox, like every other message.
 
 HTTP mode: ``handle_http`` is mounted at ``POST /slack/events`` by the composition root. Before
-bolt sees a request, a bad or stale signature is answered 401 and a body that is neither an
-interactive payload nor a slash command 400, so nothing reaches the engine. Socket Mode:
-``SocketMode`` runs bolt's aiohttp Socket Mode handler (``apps.connections.open`` with the
-app-level token, reconnects on ``disconnect``), as a background worker.
+bolt sees a request it is checked here (``SlackSignature``): a timestamp that is not a whole
+number of seconds or is older than 5 minutes, a signature that is not Slack's, a body that is not
+UTF-8, or a signed request seen before (a replay within Slack's 5-minute window) is answered 401
+and logged in one line, never a traceback; a body that is neither an interactive payload nor a
+slash command 400, so nothing reaches the engine. Slack's unsigned ``ssl_check=1`` probe goes to
+bolt, whose ssl-check middleware answers it 200 before any signature check, as for any bolt app.
+A slash command answered after its 2 s budget is answered through its ``response_url`` (bolt's
+``respond``): that reaches the user in a DM or a channel the bot is not in, where
+``chat.postEphemeral`` cannot. Socket Mode
+is ``bot.integrations.slack.socket``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -27,26 +32,24 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import logger
-from bot.engine.backoff import Backoff
 from bot.engine.commands import CommandResult, Commands
 from bot.engine.errors import PitcrewError
 from bot.integrations.slack.approvers import SLACK, Approvers
 from bot.integrations.slack.errors import call
-from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK
+from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK, Mrkdwn, escape, mention
+from bot.integrations.slack.signature import SlackSignature
 from bot.store.base import NewEvent, Store
 
 log = logger(__name__)
 
 HELP = (
     "*/pitcrew* — answers only you see.\n"
-    "• `status` — mode, pause, breaker · `status <node|incident>` — one incident\n"
+    "• `status` — mode, pause, breaker, whether you may decide · `status <node|incident>` — one incident\n"
     "• `approve <id>` · `reject <id>` · `rollback <id>` — decide on an incident (approvers only)\n"
     "• `pause [reason]` · `resume` — the kill switch (approvers only)\n"
     "• `breaker reset` — close the circuit breaker (approvers only)\n"
@@ -75,7 +78,7 @@ class SlackInbound:
         self._approvers = approvers
         self._clock = clock
         self._channel = channel
-        self._verifier = SignatureVerifier(signing_secret) if signing_secret else None
+        self._signature = SlackSignature(signing_secret) if signing_secret else None
         self.app = AsyncApp(
             client=client,
             signing_secret=signing_secret or "socket-mode-requests-are-not-signed",
@@ -88,20 +91,28 @@ class SlackInbound:
 
     # ------------------------------------------------------------------ HTTP mode
     async def handle_http(self, request: web.Request) -> web.Response:
-        if self._verifier is None:
+        if self._signature is None:
             return web.json_response({"error": "Slack HTTP mode is not configured"}, status=404)
         if request.content_length is not None and request.content_length > _MAX_BODY:
             return web.json_response({"error": "body too large"}, status=413)
         body = await request.read()
-        if not self._verifier.is_valid_request(body, dict(request.headers)):
-            return web.json_response({"error": "invalid or stale Slack signature"}, status=401)
-        try:
-            text = body.decode()
-            problem = _malformed(text)
-        except UnicodeDecodeError:
-            problem = "body is not UTF-8"
+        if _ssl_check(body):  # unsigned by design: bolt's ssl-check middleware answers it
+            return await self._dispatch(request, body.decode())
+        refused = self._signature.refusal(
+            body,
+            request.headers.get("X-Slack-Request-Timestamp", ""),
+            request.headers.get("X-Slack-Signature", ""),
+        )
+        if refused is not None:
+            log.info("Slack request refused: %s", refused, extra={"reason": "slack_signature"})
+            return web.json_response({"error": f"not a request from Slack: {refused}"}, status=401)
+        text = body.decode()
+        problem = _malformed(text)
         if problem is not None:
             return web.json_response({"error": problem}, status=400)
+        return await self._dispatch(request, text)
+
+    async def _dispatch(self, request: web.Request, text: str) -> web.Response:
         bolt = AsyncBoltRequest(body=text, query=request.query_string, headers=dict(request.headers))
         return await to_aiohttp_response(await self.app.async_dispatch(bolt))
 
@@ -148,7 +159,9 @@ class SlackInbound:
         if votes - {actor}:
             return None  # a different approver already voted: this is the second
         if actor in votes:
-            return f"You already approved {incident_id}; a second, different approver must approve too."
+            return (
+                f"You already approved {escape(incident_id)}; a second, different approver must approve too."
+            )
         await self._store.record(
             incident_id,
             NewEvent(
@@ -159,7 +172,7 @@ class SlackInbound:
             ),
             self._clock(),
         )
-        return f"Your approval of {incident_id} is recorded; a second, different approver must approve too."
+        return f"Your approval of {escape(incident_id)} is recorded; a second, different approver must approve too."
 
     async def _refused(self, incident_id: str | None, kind: str, actor: str) -> None:
         await self._store.record(
@@ -175,23 +188,31 @@ class SlackInbound:
             log.warning("ephemeral answer not delivered", extra={"reason": exc.reason})
 
     # ------------------------------------------------------------------ /pitcrew
-    async def _slash(self, ack: Any, command: dict[str, Any]) -> None:
+    async def _slash(self, ack: Any, respond: Any, command: dict[str, Any]) -> None:
         user = str(command.get("user_id", ""))
-        channel = str(command.get("channel_id", self._channel))
         work = asyncio.ensure_future(self.slash(str(command.get("text", "")), user))
         done, _ = await asyncio.wait({work}, timeout=_ACK_BUDGET)
         if done:
             await ack(text=work.result(), response_type="ephemeral")
             return
         await ack(text="Working on it; the answer follows here.", response_type="ephemeral")
-        await self._tell(channel, user, await work)
+        answer = await work
+        # The command's response_url reaches the user wherever they typed it (a DM, a channel
+        # without the bot), for 30 minutes; chat.postEphemeral would need the bot in the channel.
+        try:
+            sent = await respond(text=answer, response_type="ephemeral")
+        except Exception as exc:  # the command was carried out and audited; only the answer is lost
+            log.warning("slash command answer not delivered", extra={"reason": type(exc).__name__})
+            return
+        if getattr(sent, "status_code", 200) != 200:
+            log.warning("slash command answer refused", extra={"reason": f"HTTP {sent.status_code}"})
 
     async def slash(self, text: str, user: str) -> str:
         words = text.split()
         verb = words[0].lower() if words else "help"
         rest = words[1:]
         if verb == "status":
-            return await self._status(rest[0] if rest else None)
+            return await self._status(rest[0] if rest else None, user)
         if verb in {"approve", "reject", "rollback"}:
             if len(rest) != 1:
                 return f"Usage: `/pitcrew {verb} <incident id>`"
@@ -208,79 +229,43 @@ class SlackInbound:
                 result = await self._commands.resume(actor)
             else:
                 result = await self._commands.reset_breaker(actor)
-            return result.message
+            return escape(result.message)
         return HELP
 
-    async def _status(self, target: str | None) -> str:
+    async def _status(self, target: str | None, user: str) -> str:
         if target is None:
             status = await self._commands.status()
             breaker = status["breaker"]
             paused = f"paused by {status['paused_by']}" if status["paused"] else "not paused"
             open_ = f"open: {breaker['reason']}" if breaker["open"] else "closed"
-            return f"mode *{status['mode']}* · {paused} · breaker {open_}"
+            # Whether the caller may decide: the one thing a person asking from Slack cannot see.
+            may = "you may decide" if await self._approvers.allows(user) else "you are not an approver"
+            return (
+                f"mode *{escape(str(status['mode']))}* · {escape(paused)} · breaker {escape(open_)} · {may}"
+            )
         incident = await self._store.incident(target)
         if incident is None:
             found = await self._store.incidents(node=target, limit=1)
             incident = found[0] if found else None
         if incident is None:
-            return f"No incident or node called {target[:100]}."
+            return f"No incident or node called {escape(target[:100])}."
         plan = incident.plan
         step = plan.steps[incident.step_index] if plan and incident.step_index < len(plan.steps) else "-"
         return (
-            f"*{incident.id}* on {incident.node}: {incident.state.value}"
-            f" · playbook {incident.playbook or '-'} · step {step}"
-            f"{' · ' + incident.outcome if incident.outcome else ''}\n"
-            f"Full timeline: `pitcrew incidents show {incident.id}`"
+            f"*{escape(incident.id)}* on {escape(incident.node)}: {incident.state.value}"
+            f" · playbook {escape(incident.playbook or '-')} · step {escape(step)}"
+            f"{' · ' + escape(incident.outcome) if incident.outcome else ''}\n"
+            f"Full timeline: `pitcrew incidents show {escape(incident.id)}`"
         )
 
 
-class SocketMode:
-    """bolt's Socket Mode handler as a background worker (``start``/``stop``).
-
-    Connecting must never hold up pitcrew's start: Slack being down cannot stop remediation. The
-    first connection is made in the background (slack_sdk's client retries it every ping interval
-    until it succeeds, and reconnects by itself later, also on ``disconnect`` frames); should it
-    give up with an error, it is tried again here with the one backoff policy (``bot.engine.backoff``)."""
-
-    def __init__(self, inbound: SlackInbound, app_token: str, *, backoff_max: float = 60.0) -> None:
-        self._app = inbound.app
-        self._app_token = app_token
-        self._backoff_max = backoff_max
-        self._handler: AsyncSocketModeHandler | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        # Built here, on the running loop: its aiohttp session cannot be made outside one (and
-        # ``pitcrew serve`` builds the app before the loop runs).
-        self._handler = AsyncSocketModeHandler(self._app, self._app_token)
-        self._task = asyncio.create_task(self._connect(self._handler), name="pitcrew-slack-socket-mode")
-
-    async def _connect(self, handler: AsyncSocketModeHandler) -> None:
-        backoff = Backoff(1.0, max(self._backoff_max, 1.0))
-        failures = 0
-        while True:
-            try:
-                await handler.connect_async()  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                failures += 1
-                delay = backoff.delay(failures)
-                log.warning(
-                    "Slack Socket Mode not connected; will retry",
-                    extra={"reason": type(exc).__name__, "retry_in": delay},
-                )
-                await asyncio.sleep(delay)
-            else:
-                log.info("Slack Socket Mode connected")
-                return
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._handler is not None:
-            await self._handler.close_async()  # type: ignore[no-untyped-call]
-            self._handler = None
+def _ssl_check(body: bytes) -> bool:
+    """Slack's unsigned ``ssl_check=1`` probe of a slash command's URL (bolt's ``SslCheck``)."""
+    try:
+        fields = parse_qs(body.decode(), keep_blank_values=True)
+    except UnicodeDecodeError:
+        return False
+    return fields.get("ssl_check") == ["1"] and "payload" not in fields and "command" not in fields
 
 
 def _malformed(text: str) -> str | None:
@@ -303,15 +288,15 @@ def _malformed(text: str) -> str | None:
     return "neither an interactive payload nor a slash command"
 
 
-def _answer(result: CommandResult, user: str, verb: str, incident_id: str) -> str:
+def _answer(result: CommandResult, user: str, verb: str, incident_id: str) -> Mrkdwn:
     if result.status == "refused":
         return _polite(user, verb, incident_id)
-    return result.message
+    return escape(result.message)
 
 
-def _polite(user: str, verb: str, incident_id: str | None) -> str:
+def _polite(user: str, verb: str, incident_id: str | None) -> Mrkdwn:
     what = f"{verb} {incident_id}" if incident_id else verb
-    return (
-        f"Sorry <@{user}>, only pitcrew's approvers may {what}, so nothing was done. "
+    return Mrkdwn(
+        f"Sorry {mention(user)}, only pitcrew's approvers may {escape(what)}, so nothing was done. "
         "Your attempt is recorded in the incident's audit log; please ask an approver."
     )

@@ -5,10 +5,21 @@ Pure: plain data in, ``Message`` (fallback text + blocks as dicts) out; no I/O. 
 10 elements, unique action ids. Whatever the input — a timeline of a thousand lines, a node name of
 ten thousand characters — the message fits: texts are clipped, long line lists are cut with a
 pointer to ``pitcrew incidents show``. Buttons carry only the incident id as their value.
+
+Everything that reaches these functions as ``str`` is text from outside (Slurm job names and users,
+alert descriptions, node names, step details, what a person typed) and is **escaped** before it goes
+into mrkdwn: Slack reads ``&``, ``<`` and ``>`` as control characters, so an unescaped job named
+``<!channel>`` would notify the whole channel and ``<https://evil.example|Approve>`` would be a link
+dressed as pitcrew's (docs.slack.dev/messaging/formatting-message-text, "Escaping text"). pitcrew's
+own markup — bold, code, a mention of a Slack user, a link it builds — is ``Mrkdwn`` and passes
+unchanged. Escaping comes first, clipping second (the limits count the escaped text), and a clip
+never cuts through an entity or a ``<…>`` sequence. ``plain_text`` (headers, button labels) is not
+parsed by Slack and is not escaped.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +49,11 @@ FALLBACK_TEXT = 3000
 TIMELINE_LINES = 40
 
 APPROVE, REJECT, ROLLBACK = "pitcrew_approve", "pitcrew_reject", "pitcrew_rollback"
+#: The line a parent shows when it replaces a deleted one.
+MOVED = (
+    ":information_source: This incident's earlier message was deleted in Slack; "
+    "its thread continues here (earlier replies stay with the deleted message)."
+)
 ACTIONS = (APPROVE, REJECT, ROLLBACK)
 
 
@@ -75,15 +91,68 @@ class ParentView:
     decisions: tuple[Decision, ...] = ()
     offer: tuple[str, ...] = ()
     jobs: tuple[str, ...] = field(default=())
+    #: The incident's first parent message was deleted and this one continues its thread.
+    replaces: bool = False
+
+
+class Mrkdwn(str):
+    """Text that is mrkdwn already: pitcrew's own markup around escaped text (``escape`` keeps it)."""
+
+    __slots__ = ()
+
+
+def escape(text: str) -> Mrkdwn:
+    """``text`` from outside as mrkdwn that shows it as it is: ``&`` ``<`` ``>`` as entities."""
+    if isinstance(text, Mrkdwn):
+        return text
+    return Mrkdwn(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+
+
+#: What a clip must not cut through: an entity, a mention or a link.
+_UNIT = re.compile(r"&(?:amp|lt|gt);|<[^<>]*>")
+_USER_ID = re.compile(r"[UW][A-Z0-9]{2,20}")
 
 
 def clip(text: str, limit: int) -> str:
-    """``text`` within ``limit`` characters, marked where it was cut."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """``text`` within ``limit`` characters, marked where it was cut (never inside an entity or a
+    ``<…>`` sequence: the cut moves back to its start). Mrkdwn in, mrkdwn out."""
+    if len(text) <= limit:
+        return text
+    cut = limit - 1
+    for unit in _UNIT.finditer(text, max(0, cut - 4000)):
+        if unit.start() >= cut:
+            break
+        if unit.end() > cut:
+            cut = unit.start()
+            break
+    clipped = text[:cut] + "…"
+    return Mrkdwn(clipped) if isinstance(text, Mrkdwn) else clipped
 
 
-def show(incident_id: str) -> str:
-    return f"`pitcrew incidents show {clip(incident_id, 100)}`"
+def md(text: str, limit: int) -> Mrkdwn:
+    """Text from outside, escaped, then clipped to ``limit``."""
+    return Mrkdwn(clip(escape(text), limit))
+
+
+def mention(user_id: str) -> Mrkdwn:
+    """A Slack user as a mention; anything that is not a user id is shown as text."""
+    if _USER_ID.fullmatch(user_id):
+        return Mrkdwn(f"<@{user_id}>")
+    return escape(user_id)
+
+
+def link(url: str, label: str) -> Mrkdwn:
+    """A link pitcrew builds (Grafana, a runbook). The address may come from outside (an alert's
+    ``runbook_url``): only http(s), with ``&`` escaped and ``|`` ``<`` ``>`` percent-encoded, so it
+    can neither end the link early nor relabel it; anything else is shown as text."""
+    if not url.startswith(("https://", "http://")):
+        return escape(f"{label}: {url}")
+    safe = url.replace("&", "&amp;").replace("|", "%7C").replace("<", "%3C").replace(">", "%3E")
+    return Mrkdwn(f"<{safe}|{escape(label)}>")
+
+
+def show(incident_id: str) -> Mrkdwn:
+    return Mrkdwn(f"`pitcrew incidents show {md(incident_id, 100)}`")
 
 
 def _lines(lines: Sequence[str], limit: int, incident_id: str | None, budget: int = SECTION_TEXT) -> str:
@@ -91,7 +160,7 @@ def _lines(lines: Sequence[str], limit: int, incident_id: str | None, budget: in
     shown: list[str] = []
     used = 0
     for number, line in enumerate(lines):
-        item = "• " + clip(line, 500)
+        item = "• " + md(line, 500)
         rest = len(lines) - number
         tail = f"\n… {rest} more" + (f": {show(incident_id)}" if incident_id else "")
         if number >= limit or used + len(item) + 1 + len(tail) > budget:
@@ -99,10 +168,11 @@ def _lines(lines: Sequence[str], limit: int, incident_id: str | None, budget: in
             break
         shown.append(item)
         used += len(item) + 1
-    return clip("\n".join(shown), budget)
+    return Mrkdwn(clip(Mrkdwn("\n".join(shown)), budget))
 
 
 def _section(text: str) -> SectionBlock:
+    """A section of mrkdwn that its callers built from escaped parts."""
     return SectionBlock(text=MarkdownTextObject(text=clip(text or " ", SECTION_TEXT)))
 
 
@@ -119,7 +189,7 @@ def _button(action_id: str, label: str, incident_id: str, style: str | None, con
         style=style,
         confirm=ConfirmObject(
             title=PlainTextObject(text=f"{label}?"),
-            text=MarkdownTextObject(text=clip(confirm, 300)),
+            text=MarkdownTextObject(text=clip(confirm, 300)),  # built from escaped parts
             confirm=PlainTextObject(text=label),
             deny=PlainTextObject(text="Cancel"),
             style="danger" if style == "danger" else None,
@@ -129,7 +199,7 @@ def _button(action_id: str, label: str, incident_id: str, style: str | None, con
 
 def buttons(incident_id: str, offer: Sequence[str]) -> ActionsBlock | None:
     made = []
-    short = clip(incident_id, 60)
+    short = md(incident_id, 60)
     if "approve" in offer:
         made.append(
             _button(APPROVE, "Approve", incident_id, "primary", f"Run the playbook of {short} on the node?")
@@ -153,24 +223,27 @@ def parent(view: ParentView) -> Message:
     """The incident's parent message: what broke, what pitcrew will do, where it is, who decided."""
     blocks: list[Block] = [
         HeaderBlock(text=PlainTextObject(text=clip(view.title or view.node, HEADER_TEXT))),
+        *([ContextBlock(elements=[MarkdownTextObject(text=MOVED)])] if view.replaces else []),
         _section(_lines(view.lines, 12, view.incident_id)),
         SectionBlock(
             fields=[
-                MarkdownTextObject(text=clip(f"*Node*\n{view.node}", FIELD_TEXT)),
-                MarkdownTextObject(text=clip(f"*GPU*\n{view.gpu or '-'}", FIELD_TEXT)),
-                MarkdownTextObject(text=clip(f"*Mode*\n{view.mode}", FIELD_TEXT)),
-                MarkdownTextObject(text=clip(f"*Plan*\n{view.plan}", FIELD_TEXT)),
+                MarkdownTextObject(text=clip(f"*Node*\n{escape(view.node)}", FIELD_TEXT)),
+                MarkdownTextObject(text=clip(f"*GPU*\n{escape(view.gpu or '-')}", FIELD_TEXT)),
+                MarkdownTextObject(text=clip(f"*Mode*\n{escape(view.mode)}", FIELD_TEXT)),
+                MarkdownTextObject(text=clip(f"*Plan*\n{escape(view.plan)}", FIELD_TEXT)),
             ]
         ),
     ]
     if view.jobs:
         blocks.append(_section("*Affected Slurm jobs*\n" + _lines(view.jobs, 10, view.incident_id, 2800)))
-    blocks.append(_section(f"*Status:* {clip(view.state, 100)} — {view.status}"))
+    blocks.append(_section(f"*Status:* {md(view.state, 100)} — {escape(view.status)}"))
     if view.decisions:
         recent = view.decisions[-(CONTEXT_ELEMENTS - 1) :]
         elements = [
             MarkdownTextObject(
-                text=clip(f"{d.what} by {d.actor} at {d.at.strftime('%Y-%m-%d %H:%M:%S UTC')}", 500)
+                text=clip(
+                    f"{escape(d.what)} by {escape(d.actor)} at {d.at.strftime('%Y-%m-%d %H:%M:%S UTC')}", 500
+                )
             )
             for d in recent
         ]
@@ -179,24 +252,24 @@ def parent(view: ParentView) -> Message:
                 0, MarkdownTextObject(text=f"{len(view.decisions) - len(recent)} earlier decisions")
             )
         blocks.append(ContextBlock(elements=elements))
-    links = [f"incident {clip(view.incident_id, 100)}: {show(view.incident_id)}"]
-    if view.grafana:
-        links.append(f"<{clip(view.grafana, 1500)}|Grafana dashboard>")
-    if view.runbook:
-        links.append(f"<{clip(view.runbook, 1000)}|Runbook>")
+    links = [f"incident {md(view.incident_id, 100)}: {show(view.incident_id)}"]
+    if view.grafana and len(view.grafana) <= 1500:  # a link is whole or absent, never clipped
+        links.append(link(view.grafana, "Grafana dashboard"))
+    if view.runbook and len(view.runbook) <= 1000:
+        links.append(link(view.runbook, "Runbook"))
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(" · ".join(links), 3000))]))
     actions = buttons(view.incident_id, view.offer)
     if actions is not None:
         blocks.append(actions)
-    return Message(clip(f"{view.title} — {view.state}", FALLBACK_TEXT), _dicts(blocks))
+    return Message(md(f"{view.title} — {view.state}", FALLBACK_TEXT), _dicts(blocks))
 
 
 def reply(title: str, lines: Sequence[str], incident_id: str | None) -> Message:
     """A threaded reply: a step outcome, a decision, a notice of the incident."""
-    blocks: list[Block] = [_section(f"*{clip(title, 500)}*")]
+    blocks: list[Block] = [_section(f"*{md(title, 500)}*")]
     if lines:
         blocks.append(_section(_lines(lines, TIMELINE_LINES, incident_id)))
-    return Message(clip(title, FALLBACK_TEXT), _dicts(blocks))
+    return Message(md(title, FALLBACK_TEXT), _dicts(blocks))
 
 
 def summary(title: str, lines: Sequence[str], incident_id: str | None) -> Message:
@@ -207,7 +280,7 @@ def summary(title: str, lines: Sequence[str], incident_id: str | None) -> Messag
     ]
     if incident_id:
         blocks.append(ContextBlock(elements=[MarkdownTextObject(text=f"Full timeline: {show(incident_id)}")]))
-    return Message(clip(title, FALLBACK_TEXT), _dicts(blocks))
+    return Message(md(title, FALLBACK_TEXT), _dicts(blocks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,10 +323,10 @@ def digest(entries: Sequence[DigestEntry], window: str, mode: str) -> Message:
             ]
         ),
     ]
-    return Message(clip(title, FALLBACK_TEXT), _dicts(blocks))
+    return Message(md(title, FALLBACK_TEXT), _dicts(blocks))
 
 
 def channel_notice(title: str, lines: Sequence[str], severity: str) -> Message:
     """A notice about pitcrew as a whole (the breaker opened): a top-level channel message."""
     mark = {"critical": ":rotating_light: ", "warning": ":warning: "}.get(severity, "")
-    return reply(f"{mark}{title}", lines, None)
+    return reply(Mrkdwn(mark + escape(title)), lines, None)

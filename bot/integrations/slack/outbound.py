@@ -7,14 +7,19 @@
 - step outcomes, decisions and later notices are **replies** in that thread; the summary is
   broadcast to the channel (``reply_broadcast``);
 - after each (or after the last of a run of them waiting together), the parent is **updated**
-  from the store: state, current step, who decided what when, and only the buttons still possible;
+  from the store (``parent.ParentViews``): state, current step, who decided what when, and only
+  the buttons still possible; edits wait for a turn under ``chat.update``'s tier (``updates``);
+- a parent a person (or a retention policy) **deleted** — ``chat.update`` answers
+  ``message_not_found`` — is replaced: a new parent says so, becomes the thread, takes this item's
+  reply, and its permalink replaces the old one (the read API's Slack link follows it);
 - when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
   message (``digest``), updated at most once a second, instead of a thread each;
 - notices about pitcrew as a whole (the breaker) are top-level channel messages.
 
 Every post carries message metadata naming its outbox item. A delivery begun before a crash
-(``item.attempts > 1``) first looks for that metadata in the channel or thread and, if Slack
-already has the message, records its ts instead of posting again.
+(``item.attempts > 1``) first looks for that metadata in the channel or thread (``lookup``) and,
+if Slack already has the message, records its ts instead of posting again. Text is escaped by
+``messages``; what is built here from outside text (a step's name, an actor) is escaped too.
 """
 
 from __future__ import annotations
@@ -29,22 +34,23 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import logger
 from bot.config import GrafanaSettings
-from bot.domain.incident import State
-from bot.engine.errors import PitcrewError
+from bot.engine.errors import PermanentError, PitcrewError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
-from bot.integrations.slack.errors import call
-from bot.integrations.slack.messages import Decision, Message, ParentView
+from bot.integrations.slack.errors import MessageGone, call
+from bot.integrations.slack.lookup import METADATA_TYPE, find_posted
+from bot.integrations.slack.messages import Message, Mrkdwn, escape
+from bot.integrations.slack.parent import ParentViews, who
 from bot.integrations.slack.probe import SlackProbe
-from bot.store.base import Event, IncidentRecord, OutboxItem, Store, link_key
+from bot.integrations.slack.updates import ChatUpdates
+from bot.store.base import IncidentRecord, OutboxItem, Store, link_key
 
 log = logger(__name__)
 
 NAME = "slack"
-METADATA_TYPE = "pitcrew_notice"
 #: Timeline events that reach Slack (``SqliteStore.route_events``): step outcomes and decisions
 #: become replies; state changes only update the parent.
 EVENTS = frozenset(
@@ -75,13 +81,6 @@ class SlackLinks:
     digest_threshold: int = 5
 
 
-def who(actor: str | None) -> str:
-    """An actor as Slack shows it: ``slack:U0ALICE`` → a mention; others as they are."""
-    if actor and actor.startswith("slack:"):
-        return f"<@{actor.removeprefix('slack:')}>"
-    return actor or "pitcrew"
-
-
 class SlackDestination:
     def __init__(
         self,
@@ -97,8 +96,10 @@ class SlackDestination:
         self._clock = clock
         #: Told each incident's thread permalink (``Metrics.incidents.link``: the Grafana table).
         self._on_thread = on_thread
+        self._updates = ChatUpdates(client, links.channel)
+        self._views = ParentViews(store, links.grafana, links.runbook_url, _DECISIONS)
         self._digest = StormDigest(
-            client, store, links.channel, links.digest_window, links.digest_threshold, clock
+            self._updates, store, links.channel, links.digest_window, links.digest_threshold, clock
         )
 
     @property
@@ -137,31 +138,72 @@ class SlackDestination:
             return ts
         if thread.startswith(DIGEST):
             return await self._digest.show(item, incident, thread, self._post)
-        posted: str | None = None
+        try:
+            posted = await self._reply(item, incident, thread)
+            if not more:  # the last of a run of this incident's items updates the parent for all of them
+                await self._updates.update(thread, await self._parent(incident))
+        except PermanentError as exc:
+            if not isinstance(exc, MessageGone):
+                raise
+            # Deleted by a person or a retention policy: the incident goes on under a new parent
+            # (built from the store just now, so it shows everything), this item's reply with it.
+            thread = await self._rehome(item, incident, thread)
+            posted = await self._reply(item, incident, thread)
+            await self._permalink(incident.id, thread, renew=True)
+            return posted or thread
+        if not more:
+            await self._permalink(incident.id, thread)
+        return posted or thread
+
+    async def _reply(self, item: OutboxItem, incident: IncidentRecord, thread: str) -> str | None:
+        """This item's reply in the thread (none for the incident notice, which only feeds the parent)."""
         if item.kind == "incident" and not _is_event(item):
             await self._store.set_outbox_ref(
                 NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
             )
-        elif item.kind != "state":
-            built = self.reply_for(item)
-            if built is not None:
-                posted = await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
-        if not more:  # the last of a run of this incident's items updates the parent for all of them
-            await call(
-                self.client.chat_update(
-                    channel=self.channel, ts=thread, **_content(await self._parent(incident))
+            return None
+        if item.kind == "state":
+            return None
+        built = self.reply_for(item)
+        if built is None:
+            return None
+        return await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
+
+    async def _rehome(self, item: OutboxItem, incident: IncidentRecord, gone: str) -> str:
+        """A new parent for an incident whose parent ``gone`` was deleted; its ts, kept as the thread.
+        Posted once: after a crash it is found by the metadata naming the message it replaces."""
+        log.warning(
+            "the Slack message of %s was deleted; a new one continues its thread",
+            incident.id,
+            extra={"incident": incident.id, "reason": "message_deleted"},
+        )
+        await self._store.set_outbox_ref(NAME, f"replaced:{incident.id}", gone, self._clock())
+        message = messages.parent(await self._views.view(incident))
+        metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": gone}
+
+        async def post() -> str:
+            answer = await call(
+                self.client.chat_postMessage(
+                    channel=self.channel,
+                    metadata={"event_type": METADATA_TYPE, "event_payload": metadata},
+                    **_content(message),
                 )
             )
-            await self._permalink(incident.id, thread)
-        return posted or thread
+            return str(answer["ts"])
 
-    async def _permalink(self, incident_id: str, thread_ts: str) -> None:
-        """Keep the thread's permalink (``chat.getPermalink``, once) where the read API and
-        ``pitcrew incidents show`` find it, and tell ``on_thread`` (again after a restart). Best
-        effort: a failure is logged and the next delivery of the incident tries again; it never
-        holds a notice back."""
+        ts = await create_once(
+            item, lambda: self._find(None, lambda p: p.get("replaces") == gone), post, "new parent in Slack"
+        )
+        await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+        return ts
+
+    async def _permalink(self, incident_id: str, thread_ts: str, *, renew: bool = False) -> None:
+        """Keep the thread's permalink (``chat.getPermalink``, once; again after the parent was
+        replaced, ``renew``) where the read API and ``pitcrew incidents show`` find it, and tell
+        ``on_thread`` (again after a restart). Best effort: a failure is logged and the next delivery
+        of the incident tries again; it never holds a notice back."""
         url = await self._store.outbox_ref(NAME, link_key(incident_id))
-        if url is None:
+        if url is None or (renew and _ts_of(url) != thread_ts):
             try:
                 answer = await call(self.client.chat_getPermalink(channel=self.channel, message_ts=thread_ts))
             except PitcrewError as exc:
@@ -185,9 +227,8 @@ class SlackDestination:
             mark = {"ok": ":white_check_mark:", "failed": ":x:", "skipped": ":fast_forward:"}.get(
                 outcome, "•"
             )
-            return messages.reply(
-                f"{mark} {p.get('step')}: {outcome}", [detail] if detail else [], item.incident_id
-            )
+            title = Mrkdwn(f"{mark} {escape(str(p.get('step')))}: {escape(outcome)}")
+            return messages.reply(title, [detail] if detail else [], item.incident_id)
         titles = {
             "approved": f":white_check_mark: approved by {actor}",
             "rejected": f":no_entry: rejected by {actor}: nothing will be done",
@@ -198,7 +239,8 @@ class SlackDestination:
             "rollback_done": f":leftwards_arrow_with_hook: rollback by {actor} done",
             "approval_vote": f":ballot_box_with_check: first approval by {actor}; a second, different approver is needed",
         }
-        return messages.reply(titles.get(item.kind, item.kind), [detail] if detail else [], item.incident_id)
+        title = Mrkdwn(titles[item.kind]) if item.kind in titles else escape(item.kind)
+        return messages.reply(title, [detail] if detail else [], item.incident_id)
 
     # ----------------------------------------------------------------- posting
     async def _post(
@@ -221,97 +263,30 @@ class SlackDestination:
             )
             return str(answer["ts"])
 
-        return await create_once(item, lambda: self._find(item, thread_ts), post, "notice in Slack")
+        return await create_once(
+            item,
+            lambda: self._find(thread_ts, lambda p: p.get("outbox_id") == item.id and "replaces" not in p),
+            post,
+            "notice in Slack",
+        )
 
-    async def _find(self, item: OutboxItem, thread_ts: str | None) -> str | None:
-        # The newest messages, not those after the item's time: the post that a crash interrupted is
-        # seconds old, and Slack's clock is not ours.
-        if thread_ts is not None:
-            answer = await call(
-                self.client.conversations_replies(
-                    channel=self.channel, ts=thread_ts, include_all_metadata=True, limit=200
-                )
-            )
-        else:
-            answer = await call(
-                self.client.conversations_history(channel=self.channel, include_all_metadata=True, limit=200)
-            )
-        for message in answer.get("messages") or []:
-            metadata = message.get("metadata") or {}
-            payload = metadata.get("event_payload") or {}
-            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == item.id:
-                return str(message["ts"])
-        return None
+    async def _find(self, thread_ts: str | None, match: Callable[[Mapping[str, Any]], bool]) -> str | None:
+        return await find_posted(self.client, self.channel, thread_ts, match)
 
     # ----------------------------------------------------------------- the parent
     async def _parent(self, incident: IncidentRecord) -> Message:
-        return messages.parent(await self.view(incident))
-
-    async def view(self, incident: IncidentRecord) -> ParentView:
-        base_text = await self._store.outbox_ref(NAME, f"parent:{incident.id}")
-        base: Mapping[str, Any] = json.loads(base_text) if base_text else {}
-        notice = Notice.from_record(base) if base else None
-        plan = incident.plan
-        lines = notice.lines if notice else tuple(f.describe() for f in incident.faults)
-        title = notice.title if notice else f"{incident.node}: {incident.playbook or 'GPU fault'}"
-        events = await self._store.events_of(incident.id)
-        approval = await self._store.approval(incident.id)
-        decisions = tuple(
-            Decision(who(e.actor), e.kind.replace("_", " "), e.at) for e in events if e.kind in _DECISIONS
-        )
-        offer: list[str] = []
-        if (
-            approval is not None
-            and approval.status == "pending"
-            and incident.state is State.AWAITING_APPROVAL
-        ):
-            offer += ["approve", "reject"]
-        # Rollback only undoes what pitcrew did: a plan that changes nothing (notify only, or
-        # observe mode) has nothing to offer it for.
-        if (
-            plan is not None
-            and plan.runs_mutating_steps
-            and incident.state not in {State.ROLLED_BACK, State.SUPPRESSED}
-            and not any(e.kind == "rollback_requested" for e in events)
-        ):
-            offer.append("rollback")
-        gpus = sorted({f.gpu for f in incident.faults if f.gpu})
-        runbook = await self._runbook(incident)
-        return ParentView(
-            incident_id=incident.id,
-            node=incident.node,
-            title=title,
-            lines=lines,
-            severity=notice.severity if notice else "warning",
-            mode=incident.mode or "-",
-            plan=" → ".join(plan.steps) if plan else "-",
-            gpu=", ".join(gpus),
-            state=incident.state.value,
-            status=_status(incident, events),
-            grafana=self._links.grafana.incident_dashboard(
-                incident.first_alert_at or incident.opened_at, incident.closed_at
-            ),
-            runbook=runbook,
-            decisions=decisions,
-            offer=tuple(offer),
-        )
-
-    async def _runbook(self, incident: IncidentRecord) -> str | None:
-        """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager
-        shows too); else ``slack.runbook_url`` with the fault as anchor."""
-        for alert in await self._store.alerts_of(incident.id):
-            if alert.annotations.get("runbook_url"):
-                return alert.annotations["runbook_url"]
-        first = incident.faults[0] if incident.faults else None
-        if not self._links.runbook_url or first is None:
-            return None
-        anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
-        return f"{self._links.runbook_url}#{anchor}"
+        return messages.parent(await self._views.view(incident))
 
     # ----------------------------------------------------------------- probe
     async def probe(self) -> Probe:
         """``auth.test`` and the bot's membership of the channel (``bot.integrations.slack.probe``)."""
         return await SlackProbe(self.client, self.channel).probe()
+
+
+def _ts_of(permalink: str) -> str:
+    """The message ts a permalink names (``…/p1795941999000200`` → ``1795941999.000200``)."""
+    digits = permalink.rsplit("/p", 1)[-1].split("?", 1)[0]
+    return f"{digits[:-6]}.{digits[-6:]}" if digits.isdigit() and len(digits) > 6 else ""
 
 
 def _is_event(item: OutboxItem) -> bool:
@@ -320,20 +295,3 @@ def _is_event(item: OutboxItem) -> bool:
 
 def _content(message: Message) -> dict[str, Any]:
     return {"text": message.text, "blocks": message.blocks}
-
-
-def _status(incident: IncidentRecord, events: list[Event]) -> str:
-    plan = incident.plan
-    if incident.state.terminal:
-        return incident.outcome or incident.state.value
-    if incident.state is State.AWAITING_APPROVAL:
-        return "waiting for an approver"
-    if plan is not None and incident.step_index < len(plan.steps):
-        step = plan.steps[incident.step_index]
-        waiting = next(
-            (e.detail for e in reversed(events) if e.kind == "step_waiting" and e.step == step), ""
-        )
-        return f"step {incident.step_index + 1}/{len(plan.steps)}: {step}" + (
-            f" ({waiting})" if waiting else ""
-        )
-    return incident.state.value

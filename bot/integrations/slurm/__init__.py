@@ -1,19 +1,18 @@
-"""Slurm behind the scheduler port: settings, the backend factory and the ownership rule.
+"""Slurm behind the scheduler port: settings and the backend factory.
 
 Two backends behave the same: ``scontrol`` (Slurm's commands; ``bot.integrations.slurm.cli``)
 and ``rest`` (slurmrestd with a JWT; ``bot.integrations.slurm.rest``, which falls back to the
 commands for node updates on servers older than v0.0.39 and for requeue). This module owns
 the configuration surface and the choice between them; it must not parse Slurm output or
-hold clients of its own.
+hold clients of its own, nor decide what is pitcrew's to resume (``bot.domain.ownership`` and the
+``slurm_resume`` step do).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from bot import logger
 from bot.config import SlurmSettings
-from bot.domain.jobs import pitcrew_reason
 from bot.engine.ports import Scheduler
 from bot.integrations.slurm.cli import ScontrolScheduler
 from bot.integrations.slurm.rest import RestScheduler
@@ -24,11 +23,7 @@ __all__ = [
     "ScontrolScheduler",
     "SlurmSettings",
     "build_scheduler",
-    "pitcrew_reason",
-    "resume_if_ours",
 ]
-
-log = logger(__name__)
 
 
 class ClosableScheduler(Scheduler, Protocol):
@@ -54,22 +49,3 @@ def build_scheduler(settings: SlurmSettings) -> ScontrolScheduler | RestSchedule
         api_version=settings.rest_api_version,
         request_timeout=settings.request_timeout,
     )
-
-
-async def resume_if_ours(scheduler: Scheduler, name: str) -> bool:
-    """RESUME ``name`` only if pitcrew set its reason; return whether it did.
-
-    A node someone else took out of service stays out: their reason is their decision. A
-    node already in service needs nothing (so a retried step is harmless).
-    """
-    node = await scheduler.node(name)
-    if node.in_service:
-        return False
-    if not node.reason_is_ours:
-        log.warning(
-            "not resuming a node pitcrew did not take out of service",
-            extra={"slurm_node": name, "reason_user": node.reason_user},
-        )
-        return False
-    await scheduler.resume(name)
-    return True

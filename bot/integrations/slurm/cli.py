@@ -5,7 +5,7 @@ that kills the child, parses their ``-o`` one-line output (partitions into the r
 ``bot.integrations.slurm.json`` shares with the REST backend), and turns failures into
 ``TransientError`` (controller unreachable, timeouts) or ``PermanentError`` (unknown node or
 job, invalid arguments). It must not retry (the engine's step executor does), decide
-ownership (the engine checks ``reason_is_ours`` before ``resume``) or log whole outputs.
+ownership (the ``slurm_resume`` step checks ``owns_slurm_reason`` before ``resume``) or log whole outputs.
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from bot import logger
 from bot.domain.goodput import gpus_in_gres, job_gpus
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason, expand_hostlist
+from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
+from bot.domain.ownership import clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
-from bot.engine.ports import PartitionNodes, Probe, Scheduler
+from bot.engine.ports import PartitionNodes, Probe
 from bot.integrations.slurm.json import Partition, member_partitions
 
 log = logger(__name__)
@@ -72,20 +74,36 @@ def checked_job(job_id: str) -> str:
     return job_id
 
 
-async def resume_tolerantly(scheduler: Scheduler, name: str, update: Callable[[], Awaitable[None]]) -> None:
-    """RESUME through ``update``. Slurm refuses RESUME of a node already in service; that
-    means the wanted state holds, so it is success (a retried step stays harmless)."""
-    try:
-        await update()
-    except PermanentError as exc:
-        if exc.reason == Reason.UNKNOWN_NODE:
-            raise
-        node = await scheduler.node(name)
-        if node.down or node.drained:
-            raise
+class NodeUpdates(ABC):
+    """DOWN, DRAIN and RESUME, each one node update, the same for both backends: each says how
+    it reads a node and how it updates one."""
+
+    @abstractmethod
+    async def node(self, name: str) -> SlurmNodeState: ...
+
+    @abstractmethod
+    async def _update_node(self, name: str, state: str, reason: str | None) -> None: ...
+
+    async def down(self, name: str, reason: str) -> None:
+        await self._update_node(name, "DOWN", reason)
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self._update_node(name, "DRAIN", reason)
+
+    async def resume(self, name: str) -> None:
+        """Slurm refuses RESUME of a node already in service; that means the wanted state holds,
+        so it is success (a retried step stays harmless)."""
+        try:
+            await self._update_node(name, "RESUME", None)
+        except PermanentError as exc:
+            if exc.reason == Reason.UNKNOWN_NODE:
+                raise
+            node = await self.node(name)
+            if node.down or node.drained:
+                raise
 
 
-class ScontrolScheduler:
+class ScontrolScheduler(NodeUpdates):
     """``Scheduler`` over Slurm's command-line tools."""
 
     backend = "scontrol"
@@ -112,6 +130,11 @@ class ScontrolScheduler:
                 with _shape("show_node"):
                     return parse_node_line(line)
         raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        out = await self._run("scontrol", "--all", "show", "node", "-o", op="show_nodes")
+        with _shape("show_nodes"):
+            return [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         # squeue's text mode honours -w (its --json mode ignores filters in 22.05); the
@@ -144,15 +167,6 @@ class ScontrolScheduler:
         with _shape("show_partition"):
             found = [parse_partition_line(ln) for ln in out.splitlines() if ln.startswith("PartitionName=")]
         return member_partitions(found, node)
-
-    async def down(self, name: str, reason: str) -> None:
-        await self._update_node(name, "DOWN", reason)
-
-    async def drain(self, name: str, reason: str) -> None:
-        await self._update_node(name, "DRAIN", reason)
-
-    async def resume(self, name: str) -> None:
-        await resume_tolerantly(self, name, lambda: self._update_node(name, "RESUME", None))
 
     async def requeue(self, job_id: str) -> None:
         try:

@@ -21,15 +21,16 @@ from typing import Any
 import aiohttp
 
 from bot import logger
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, clean_reason
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import clean_reason, is_pitcrew_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
 from bot.integrations.slurm.cli import (
+    NodeUpdates,
     ScontrolScheduler,
     checked_job,
     checked_node,
     probe_missing,
-    resume_tolerantly,
 )
 from bot.integrations.slurm.json import (
     RestApi,
@@ -40,6 +41,7 @@ from bot.integrations.slurm.json import (
     jobs_running_on,
     member_partitions,
     node_from_json,
+    nodes_from_payload,
     partitions_from_payload,
 )
 
@@ -85,7 +87,7 @@ class _TokenFile:
         return self.get() != before
 
 
-class RestScheduler:
+class RestScheduler(NodeUpdates):
     """``Scheduler`` over slurmrestd; node updates fall back to ``fallback`` when needed."""
 
     backend = "rest"
@@ -155,6 +157,20 @@ class RestScheduler:
             return await self._fallback.node(name)
         return node
 
+    async def nodes(self) -> list[SlurmNodeState]:
+        # One list of every node; unlike ``node`` no scontrol fallback per node (that would be a
+        # read per node): a 22.05 DOWN node still shown "mixed" counts by its reason instead.
+        api = await self.api()
+        _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
+        with _shape("get_nodes"):
+            listed = nodes_from_payload(body)
+        return [
+            replace(n, states=n.states | {"DOWN"})
+            if n.reason and n.in_service and not is_pitcrew_reason(n.reason)
+            else n
+            for n in listed
+        ]
+
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
         api = await self.api()
@@ -184,15 +200,6 @@ class RestScheduler:
         _, body = await self._request("GET", api.path("partitions"), op="get_partitions")
         with _shape("get_partitions"):
             return member_partitions(partitions_from_payload(body), node)
-
-    async def down(self, name: str, reason: str) -> None:
-        await self._update_node(name, "DOWN", reason)
-
-    async def drain(self, name: str, reason: str) -> None:
-        await self._update_node(name, "DRAIN", reason)
-
-    async def resume(self, name: str) -> None:
-        await resume_tolerantly(self, name, lambda: self._update_node(name, "RESUME", None))
 
     async def requeue(self, job_id: str) -> None:
         await self._fallback.requeue(job_id)

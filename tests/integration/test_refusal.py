@@ -71,7 +71,10 @@ def test_check_config_refuses_real_slurm_with_a_journalled_cluster(
         assert line.endswith("or playbook_modes.replace-node: observe")
         assert "reboot-node" not in line  # observe by default: not a problem
     else:
-        assert f"mode {case} runs cordon-and-ask (cordon), reboot-node" in line
+        assert (
+            f"mode {case} runs cordon-and-ask (cordon), follow-slurm (cordon), isolate-node (cordon), reboot-node"
+            in line
+        )
         assert line.endswith("or mode: observe")
 
 
@@ -115,7 +118,10 @@ def problems(**settings: Any) -> list[str]:
 
 def test_all_journal_in_auto_mode_is_one_line_per_port() -> None:
     scheduler, cluster = problems(mode="auto")
-    assert scheduler.startswith("mode auto runs cordon-and-ask (slurm_down), reboot-node (slurm_down, ")
+    assert scheduler.startswith(
+        "mode auto runs cordon-and-ask (slurm_down), follow-slurm (slurm_down, slurm_returned), "
+        "isolate-node (slurm_down), reboot-node (slurm_down, "
+    )
     assert "through integrations.scheduler: journal, a dry-run journal that changes nothing;" in scheduler
     assert "set integrations.scheduler: slurm or mode: observe" in scheduler
     assert "through integrations.cluster: journal, a dry-run journal that changes nothing;" in cluster
@@ -130,7 +136,8 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
         integrations={"scheduler": "slurm"},
     )
     assert line.startswith(
-        "mode approve runs cordon-and-ask (cordon) and mode auto (playbook_modes.replace-node) runs "
+        "mode approve runs cordon-and-ask (cordon), follow-slurm (cordon), isolate-node (cordon) and mode auto "
+        "(playbook_modes.replace-node) runs "
         "replace-node (cordon, drain, replace, wait_ready) through integrations.cluster: journal"
     )
     assert line.endswith("or mode: observe, playbook_modes.replace-node: observe")
@@ -145,7 +152,15 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
         {  # every playbook that changes something is held in observe mode
             "mode": "auto",
             "playbook_modes": {
-                p: "observe" for p in ("cordon-and-ask", "reset-gpu", "reboot-node", "replace-node")
+                p: "observe"
+                for p in (
+                    "cordon-and-ask",
+                    "follow-slurm",
+                    "isolate-node",
+                    "reset-gpu",
+                    "reboot-node",
+                    "replace-node",
+                )
             },
         },
         {  # a user playbook that only tells humans may run in auto mode on the journal

@@ -1,0 +1,66 @@
+"""Slurm as a second source of faults: which Slurm nodes Slurm itself took out, as alerts.
+
+A health check (LBNL NHC, Slurm's ``HealthCheckProgram``), slurmctld (``Not responding``,
+``Kill task failed``, a prolog or epilog error) or a person sets a node DOWN, DRAIN or FAIL with a
+reason; Kubernetes never hears of it. pitcrew turns each such node into one alert-like record that
+enters the store like Alertmanager's (so a Prometheus alert and a Slurm drain of one node are one
+incident), and resolves it when Slurm returns the node. A node out with pitcrew's own reason (or the
+Slinky operator's copy of it) is pitcrew's doing, not a fault. Pure: no I/O, ``now`` passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from bot.domain.jobs import SlurmNodeState
+from bot.domain.outages import Taker, slurm_outage
+
+#: The catalog fault and the alert name a Slurm-sourced record carries.
+SLURM_FAULT = "slurm-node-out"
+ALERTNAME = "SlurmNodeOut"
+#: Slurm states that take a node out of service (base states and flags as both backends list them).
+OUT_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """One Slurm node out of service by someone else's hand, as an alert's identity and words."""
+
+    node: str
+    fingerprint: str
+    starts_at: datetime
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+def out_by_others(state: SlurmNodeState) -> bool:
+    """Out of service (DOWN, DRAIN or FAIL) with a reason pitcrew did not write: who took it out is
+    ``bot.domain.outages``' one rule, the breaker's too."""
+    if not state.states & OUT_STATES or not state.reason:
+        return False
+    taken = slurm_outage(state.name, state.states, state.reason)
+    return taken is not None and taken.by is not Taker.PITCREW
+
+
+def outage(state: SlurmNodeState, now: datetime) -> Outage:
+    """The record for a node ``out_by_others``. Its identity is the node and the time Slurm set the
+    reason, so every poll of the same outage is a repeat, and a new reason is a new alert."""
+    since = state.reason_time or now
+    digest = hashlib.sha256(f"{state.name}\0{since.isoformat()}\0{state.reason}".encode()).hexdigest()
+    shown = "+".join(sorted(state.states & OUT_STATES))
+    labels = {
+        "alertname": ALERTNAME,
+        "node": state.name,
+        "slurm_node": state.name,
+        "fault": SLURM_FAULT,
+        "severity": "warning",
+        "slurm_state": shown,
+    }
+    by = f" by {state.reason_user}" if state.reason_user else ""
+    annotations = {
+        "summary": f"Slurm set {state.name} {shown}: {state.reason}",
+        "description": f"Slurm's reason{by}: {state.reason!r} (pitcrew leaves it as it is)",
+    }
+    return Outage(state.name, f"slurm:{digest[:16]}", since, labels, annotations)

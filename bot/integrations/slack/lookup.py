@@ -1,0 +1,58 @@
+"""Finding what pitcrew already posted: a message whose metadata names its outbox item.
+
+A delivery begun before a crash may have reached Slack; before posting again the destination looks
+for the message by the metadata every post carries (``event_type`` ``pitcrew_notice``). In a thread,
+``conversations.replies`` answers oldest first, a page at a time (``limit`` 200, ``has_more``,
+``response_metadata.next_cursor``; docs.slack.dev/apis/web-api/pagination): the post a crash
+interrupted is the newest reply, so every page is read. In the channel, ``conversations.history``
+answers newest first: the first 200 hold a post seconds old (Slack's clock is not ours). A thread
+whose parent was deleted (``thread_not_found``) holds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.engine.errors import PermanentError
+from bot.integrations.slack.errors import MessageGone, call
+
+METADATA_TYPE = "pitcrew_notice"
+
+
+async def find_posted(
+    client: AsyncWebClient, channel: str, thread_ts: str | None, match: Callable[[Mapping[str, Any]], bool]
+) -> str | None:
+    """The ts of the message pitcrew posted whose metadata payload ``match``es, in the thread
+    ``thread_ts`` (or the channel), or ``None``."""
+    cursor: str | None = None
+    while True:
+        try:
+            if thread_ts is not None:
+                answer = await call(
+                    client.conversations_replies(
+                        channel=channel,
+                        ts=thread_ts,
+                        include_all_metadata=True,
+                        limit=200,
+                        cursor=cursor,
+                    )
+                )
+            else:
+                answer = await call(
+                    client.conversations_history(channel=channel, include_all_metadata=True, limit=200)
+                )
+        except PermanentError as exc:
+            if isinstance(exc, MessageGone):
+                return None
+            raise
+        for message in answer.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == METADATA_TYPE and match(payload):
+                return str(message["ts"])
+        cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
+        if thread_ts is None or not answer.get("has_more") or cursor is None:
+            return None

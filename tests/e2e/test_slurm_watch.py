@@ -1,0 +1,95 @@
+"""Slurm as a second source: pitcrew (a subprocess, mode auto, ``engine.slurm_watch``) against real Slurm.
+
+Kubernetes and the notifier are simulated (``tests.simulator``); Slurm is real (gpu-001..003,
+Kubernetes node name = Slurm node name). Cases, each on both backends:
+
+* a node a health-check script drains (``scontrol update ... state=drain reason="NHC: ..."``) opens an
+  incident within a poll of pitcrew's watch (``follow-slurm``): the Kubernetes node is cordoned with
+  pitcrew's mark, humans are told Slurm's reason, and Slurm's reason is never touched; a person's
+  RESUME closes the incident (resolved) and pitcrew uncordons the node;
+* a Prometheus alert already open on a node and a Slurm drain of the same node are one incident.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from proving_ground.slurm import SlurmCluster
+from tests.e2e.slurm_engine import TERMINAL, open_incident, start_pitcrew
+from tests.harness.proc import wait_until
+from tests.harness.scenarios import destructive_calls, events, fault_delivery, notices, step_result
+
+pytestmark = pytest.mark.slow
+NHC_REASON = "NHC: check_fs_mount: /scratch not mounted"
+POLL = 1.0
+
+
+def watching(factory: Any, slurm: SlurmCluster, name: str, backend: str) -> Any:
+    return start_pitcrew(
+        factory, slurm, name, backend, engine={"slurm_watch": True, "poll_interval": f"{POLL:g}s"}
+    )
+
+
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
+def test_a_health_check_drain_cordons_and_a_human_resume_closes(
+    slurm: SlurmCluster, pitcrew_factory: Any, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = watching(pitcrew_factory, slurm, f"watch-{backend}", backend)
+    node = "gpu-002"
+    drained_at = time.monotonic()
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={NHC_REASON}")
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=0.05, what=f"an incident on {node}")
+    seen_after = time.monotonic() - drained_at
+    incident_id = found[0]["id"]
+
+    # Cordoned with pitcrew's mark; Slurm's reason untouched; humans told Slurm's reason.
+    server.wait_event(incident_id, "action", timeout=30)
+    wait_until(
+        lambda: destructive_calls(server.journal_records())[("cordon", node)] == 1, timeout=30, what="cordon"
+    )
+    incident = server.incident(incident_id)
+    assert incident["playbook"] == "follow-slurm"
+    assert step_result(incident, "cordon")["owned"] is True
+    assert step_result(incident, "slurm_down")["owned"] == {node: False}
+    state = slurm.node(node)
+    assert state.drained and state.reason == NHC_REASON, state
+    [told] = notices(server.journal_records(), "incident")
+    assert any(NHC_REASON in line for line in told["lines"]), told["lines"]
+    assert not [c for c in destructive_calls(server.journal_records()) if c[0].startswith("slurm_")]
+
+    # A person returns the node: the incident closes and pitcrew gives the Kubernetes node back.
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+    assert final["state"] == "resolved", final["outcome"]
+    assert destructive_calls(server.journal_records())[("uncordon", node)] == 1
+    assert step_result(final, "slurm_returned")["uncordoned"] is True
+    assert slurm.node(node).in_service
+    assert [e["kind"] for e in events(final, "alert_resolved")], "the watch resolved its alert"
+    with capsys.disabled():
+        print(f"\n[slurm watch {backend}] drain -> incident visible {seen_after:.2f}s (poll {POLL:g}s)")
+
+
+def test_a_prometheus_alert_and_a_slurm_drain_of_one_node_are_one_incident(
+    slurm: SlurmCluster, pitcrew_factory: Any
+) -> None:
+    server = watching(pitcrew_factory, slurm, "watch-dedupe", "scontrol")
+    node = "gpu-003"
+    incident_id = open_incident(server, fault_delivery("thermal", alertname="GpuThermal", node=node))
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={NHC_REASON}")
+
+    def attached() -> bool:
+        alerts = server.incident(incident_id)["alerts"]
+        return any(a["alertname"] == "SlurmNodeOut" for a in alerts)
+
+    wait_until(attached, timeout=30, interval=0.1, what="the Slurm drain attached to the open incident")
+    assert [i["id"] for i in server.incidents(node)] == [incident_id]
+    assert slurm.node(node).reason == NHC_REASON

@@ -1,0 +1,135 @@
+"""The Slurm watch in the engine, on a real SQLite store, against a fake Slurm (the far side of the port).
+
+Cases:
+- a node a health check drained opens one incident; a node out with pitcrew's own reason, a node in
+  service and a node whose Kubernetes name is not its Slurm name open none;
+- later polls of the same outage are repeats (no second incident, no second alert); Slurm is asked at
+  most once per ``poll_interval``, however often the scan runs;
+- the node back in service resolves the watch's alert;
+- Slurm unreachable: the poll gives up quietly and the next one tries again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bot.config import EngineSettings, load_catalog, load_playbooks
+from bot.domain.jobs import SlurmNodeState
+from bot.domain.policy import Policy
+from bot.engine.context import Ports
+from bot.engine.deps import EngineDeps
+from bot.engine.errors import Reason, TransientError
+from bot.engine.metrics import Metrics
+from bot.engine.slurm_watch import SlurmWatch
+from bot.integrations.journal import LogNotifier
+from bot.store.sqlite import SqliteStore
+
+START = datetime(2026, 12, 1, 22, 0, tzinfo=UTC)
+NHC = "NHC: check_fs_mount: /scratch not mounted"
+
+
+class FakeSlurm:
+    """What ``scontrol show node`` would list; counts the listings."""
+
+    def __init__(self) -> None:
+        self.listed: list[SlurmNodeState] = []
+        self.calls = 0
+        self.down = False
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        self.calls += 1
+        if self.down:
+            raise TransientError("show_nodes: Unable to contact slurm controller", reason=Reason.UNREACHABLE)
+        return list(self.listed)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    db = SqliteStore(tmp_path / "p.db", synchronous="off")
+    await db.open()
+    yield db
+    await db.close()
+
+
+async def slurm_names(node: str) -> Sequence[str]:
+    return {"gpu-009": ["slurm-gpu-9"]}.get(node, [node])
+
+
+def watch(store: SqliteStore, slurm: FakeSlurm, clock: Clock) -> SlurmWatch:
+    deps = EngineDeps(
+        store=store,
+        ports=Ports(scheduler=slurm, cluster=None, notifier=LogNotifier(), slurm_names=slurm_names),  # type: ignore[arg-type]
+        metrics=Metrics(),
+        clock=clock,
+        policy=Policy(),
+        playbooks=load_playbooks(),
+        settings=EngineSettings(slurm_watch=True, poll_interval=timedelta(seconds=2)),
+    )
+    return SlurmWatch(deps, load_catalog(), signal=lambda _: None, wake=lambda: None)
+
+
+def node(name: str, *states: str, reason: str = "") -> SlurmNodeState:
+    return SlurmNodeState(
+        name, frozenset(states), reason, "root" if reason else None, START - timedelta(minutes=1)
+    )
+
+
+async def test_an_nhc_drain_opens_one_incident_and_its_return_resolves_it(store: SqliteStore) -> None:
+    slurm, clock = FakeSlurm(), Clock()
+    slurm.listed = [
+        node("gpu-001", "IDLE", "DRAIN", reason=NHC),
+        node("gpu-002", "DOWN", reason="pitcrew: pc-00007 XID 79 gpu3"),
+        node("gpu-003", "IDLE"),
+        node("gpu-009", "DOWN", reason="Not responding"),  # its Kubernetes node is named otherwise
+    ]
+    watcher = watch(store, slurm, clock)
+    await watcher.poll()
+    [(incident_id, _, _)] = await store.active()
+    incident = await store.incident(incident_id)
+    assert incident is not None and incident.node == "gpu-001"
+    [alert] = await store.alerts_of(incident_id)
+    assert (alert.alertname, alert.status, alert.labels["fault"]) == (
+        "SlurmNodeOut",
+        "firing",
+        "slurm-node-out",
+    )
+
+    await watcher.poll()  # the scan runs again at once: Slurm is not asked again
+    assert slurm.calls == 1
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    assert slurm.calls == 2
+    assert len(await store.active()) == 1
+    [again] = await store.alerts_of(incident_id)
+    assert again.deliveries == 2 and again.status == "firing"
+
+    slurm.listed[0] = node("gpu-001", "IDLE")  # a person's RESUME
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    [resolved] = await store.alerts_of(incident_id)
+    assert resolved.status == "resolved"
+
+
+async def test_slurm_unreachable_is_tried_again_at_the_next_poll(store: SqliteStore) -> None:
+    slurm, clock = FakeSlurm(), Clock()
+    slurm.listed = [node("gpu-001", "IDLE", "DRAIN", reason=NHC)]
+    slurm.down = True
+    watcher = watch(store, slurm, clock)
+    await watcher.poll()
+    assert not await store.active()
+    slurm.down = False
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    assert len(await store.active()) == 1

@@ -1,0 +1,57 @@
+"""Both stores behind one fixture: the contract suites run every case on SQLite and on Postgres.
+
+``stores`` (parametrised ``sqlite`` / ``postgres``) opens store objects on one database: each
+call of ``stores.open()`` is another process's view of it (SQLite: another writer and reader on
+the same file; Postgres: another connection pool on the same database of the session's cluster,
+``tests.harness.postgres``), and closes them all at the end of the test. The Postgres cluster is
+started only when a Postgres case runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from bot.store.postgres import PostgresStore
+from bot.store.sqlite import SqliteStore
+from tests.harness.postgres import PostgresDatabase
+
+AnyStore = SqliteStore | PostgresStore
+KINDS = ("sqlite", "postgres")
+
+
+class Stores:
+    def __init__(self, kind: str, tmp_path: Path, database: PostgresDatabase | None) -> None:
+        self.kind = kind
+        self._tmp = tmp_path
+        self.database = database
+        self._opened: list[AnyStore] = []
+
+    def make(self, clock: Callable[[], datetime] | None = None) -> AnyStore:
+        if self.database is not None:
+            return PostgresStore(self.database.url, password_file=self.database.password_file, clock=clock)
+        return SqliteStore(self._tmp / "pitcrew.db", synchronous="off", clock=clock)
+
+    async def open(self, clock: Callable[[], datetime] | None = None) -> AnyStore:
+        store = self.make(clock)
+        await store.open()
+        self._opened.append(store)
+        return store
+
+    async def close(self) -> None:
+        for store in reversed(self._opened):
+            await store.close()
+        self._opened.clear()
+
+
+@pytest.fixture(params=KINDS)
+async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
+    database = request.getfixturevalue("postgres_db") if request.param == "postgres" else None
+    opened = Stores(request.param, tmp_path, database)
+    try:
+        yield opened
+    finally:
+        await opened.close()

@@ -1,0 +1,436 @@
+"""The store port's contract, the same cases on SQLite and on a real PostgreSQL (``tests.harness.stores``).
+
+Cases: ingest dedupes on fingerprint + startsAt (a repeat only counts, through ``count_repeats``
+and through ``ingest``; a resolve marks the alert and is never undone by a stale firing repeat;
+another startsAt is another alert of the same incident; an alert without a node is kept and
+opens nothing; a second node opens a second incident, numbered in order); the incident's life
+(plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
+nodes in remediation); the timeline (pages with cursors, ``events_since``) and the audit log's
+refusal of UPDATE and DELETE in the database itself; approvals decided once; a rollback recorded
+once; switches; the outbox (enqueue with the event in one transaction, routed events and their
+wake, attempt, defer, delivered, references and links); two views of one database see each
+other's writes; ``pitcrew incidents`` reads either and says who leads; the two stores have the same tables and columns at the same schema version.
+The lease and the fence are in ``test_store_lease.py`` (also on both stores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bot.cli import main
+from bot.domain.faults import Fault
+from bot.domain.incident import State
+from bot.domain.planner import Plan
+from bot.domain.policy import Mode
+from bot.store.base import Delivery, IncomingAlert, NewEvent, link_key
+from bot.store.postgres import PostgresStore
+from bot.store.schema import SCHEMA_VERSION
+from bot.store.sqlite import SqliteStore
+from tests.harness.stores import AnyStore, Stores
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+def _fault(node: str, xid: int = 79, gpu: str = "3") -> Fault:
+    return Fault("xid", node, gpu, xid, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
+
+
+def _alert(
+    fp: str, node: str | None, *, starts: datetime = T0, status: str = "firing", xid: int = 79
+) -> IncomingAlert:
+    fault = _fault(node, xid) if node is not None else None
+    labels = {"node": node} if node is not None else {}
+    return IncomingAlert(
+        fp,
+        starts,
+        T0 + timedelta(minutes=5) if status == "resolved" else None,
+        status,  # type: ignore[arg-type]
+        "GpuXid",
+        node,
+        labels,
+        {"summary": "XID"},
+        fault,
+    )
+
+
+def _delivery(*alerts: IncomingAlert) -> Delivery:
+    return Delivery("pitcrew", "{}:{node=x}", alerts[0].status, 0, alerts)
+
+
+def _plan(node: str) -> Plan:
+    fault = _fault(node)
+    return Plan(
+        node,
+        (fault,),
+        fault,
+        "replace-node",
+        Mode.AUTO,
+        ("notify", "slurm_down"),
+        "down",
+        ("why",),
+        acts=True,
+    )
+
+
+async def test_ingest_dedupes_on_fingerprint_and_starts_at(stores: Stores) -> None:
+    store = await stores.open()
+    first = await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)
+    assert (first.new_alerts, first.opened) == (1, ["pc-00001"])
+
+    # The same alert again: counted, nothing new (fast path, and through ingest as well).
+    assert await store.count_repeats([("fp1", T0, "firing")], T0 + timedelta(seconds=1)) == 1
+    again = await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0 + timedelta(seconds=2))
+    assert (again.new_alerts, again.repeated_alerts, again.opened) == (0, 1, [])
+    # A resolve is not a repeat the fast path may count.
+    assert await store.count_repeats([("fp1", T0, "resolved")], T0) is None
+    assert await store.count_repeats([("fp-unknown", T0, "firing")], T0) is None
+
+    # Another startsAt of the same fingerprint is another alert, of the same incident.
+    later = T0 + timedelta(minutes=1)
+    other = await store.ingest(_delivery(_alert("fp1", "gpu-001", starts=later)), later)
+    assert (other.new_alerts, other.attached) == (1, ["pc-00001"])
+
+    resolved = await store.ingest(
+        _delivery(_alert("fp1", "gpu-001", status="resolved")), T0 + timedelta(minutes=5)
+    )
+    assert (resolved.resolved, resolved.resolved_in) == (1, ["pc-00001"])
+    stale = await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0 + timedelta(minutes=6))
+    assert stale.repeated_alerts == 1
+
+    alerts = {(a.fingerprint, a.starts_at): a for a in await store.alerts_of("pc-00001")}
+    assert alerts[("fp1", T0)].status == "resolved"  # a stale firing repeat never un-resolves
+    assert alerts[("fp1", T0)].deliveries == 5
+    assert alerts[("fp1", later)].status == "firing" and alerts[("fp1", later)].deliveries == 1
+    assert alerts[("fp1", T0)].labels == {"node": "gpu-001"}
+
+    nowhere = await store.ingest(_delivery(_alert("fp-nonode", None)), T0)
+    assert (nowhere.unroutable, nowhere.opened) == (1, [])
+    second = await store.ingest(_delivery(_alert("fp2", "gpu-002")), T0)
+    assert second.opened == ["pc-00002"]
+    incident = await store.incident("pc-00001")
+    assert incident is not None and [f.key for f in incident.faults] == ["xid79@gpu3"]
+
+
+async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Stores) -> None:
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("a", "gpu-001")), T0)).opened
+    await store.transition(incident_id, State.GUARDED, T0, guarded=True)
+    later = T0 + timedelta(seconds=1)
+    out = await store.ingest(_delivery(_alert("b", "gpu-001", starts=later, xid=48)), later)
+    assert out.changed == [incident_id]
+    record = await store.incident(incident_id)
+    assert record is not None and record.faults_changed
+    await store.ack_faults(incident_id)
+    record = await store.incident(incident_id)
+    assert record is not None and not record.faults_changed
+    assert [f.xid for f in record.faults] == [79, 48]  # in order of first occurrence
+
+
+async def test_an_incident_s_life(stores: Stores) -> None:
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    await store.save_plan(incident_id, _plan("gpu-001"), [NewEvent("planned", detail="replace")], T0)
+    guarded = await store.transition(incident_id, State.GUARDED, T0, guarded=True, event=NewEvent("guarded"))
+    assert guarded.state is State.GUARDED and guarded.guarded_at == T0
+    assert guarded.plan is not None and guarded.plan.playbook == "replace-node"
+
+    await store.step_started(incident_id, "slurm_down", 1, T0, acted=True)
+    await store.step_progress(incident_id, "slurm_down", {"intent": "down"}, T0)
+    steps = await store.steps_of(incident_id)
+    assert steps["slurm_down"].status == "running" and steps["slurm_down"].result == {"intent": "down"}
+    await store.step_finished(
+        incident_id,
+        "slurm_down",
+        "ok",
+        T0,
+        result={"done": True},
+        event=NewEvent("step_ok", step="slurm_down"),
+    )
+    await store.advance(incident_id, 2, T0)
+    record = await store.incident(incident_id)
+    assert record is not None and record.acted and record.step_index == 2
+    assert (await store.steps_of(incident_id))["slurm_down"].result == {"done": True}
+
+    assert await store.nodes_in_remediation(T0 - timedelta(hours=1)) == frozenset({"gpu-001"})
+    assert await store.nodes_in_remediation(T0 - timedelta(hours=1), exclude_node="gpu-001") == frozenset()
+    assert [i for i, _, _ in await store.active()] == [incident_id]
+
+    # It may not close while one of its alerts fires; it closes once they are resolved.
+    kept = await store.transition(incident_id, State.RESOLVED, T0, unless="firing")
+    assert kept.state is State.GUARDED
+    await store.ingest(_delivery(_alert("fp1", "gpu-001", status="resolved")), T0 + timedelta(minutes=5))
+    closed = await store.transition(
+        incident_id, State.RESOLVED, T0 + timedelta(minutes=6), unless="firing", outcome="recovered"
+    )
+    assert closed.state is State.RESOLVED and closed.closed_at == T0 + timedelta(minutes=6)
+    assert closed.outcome == "recovered"
+    assert await store.active() == []
+    assert await store.incidents(active_only=True) == []
+    assert [i.id for i in await store.incidents(node="gpu-001")] == [incident_id]
+    (past,) = await store.history("gpu-001", T0 - timedelta(days=1))
+    assert (past.incident_id, past.playbook, past.acted) == (incident_id, "replace-node", True)
+    assert await store.history("gpu-001", T0 - timedelta(days=1), exclude=incident_id) == []
+    # The node's next fault opens a new incident.
+    reopened = await store.ingest(_delivery(_alert("fp9", "gpu-001")), T0 + timedelta(hours=1))
+    assert reopened.opened == ["pc-00002"]
+
+
+async def test_the_timeline_pages_and_the_audit_log_is_append_only(stores: Stores) -> None:
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    for n in range(5):
+        await store.record(incident_id, NewEvent("note", detail=f"n{n}", actor="cli:ops"), T0)
+    events = await store.events_of(incident_id)
+    assert [e.kind for e in events] == ["incident_opened", "alert_firing"] + ["note"] * 5
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    page = await store.events_page(incident_id, limit=3)
+    assert [e.kind for e in page.items] == ["incident_opened", "alert_firing", "note"]
+    assert page.next is not None
+    rest = await store.events_page(incident_id, limit=10, after=page.next)
+    assert [e.detail for e in rest.items] == ["n1", "n2", "n3", "n4"] and rest.next is None
+    assert [e.detail for e in await store.events_since(events[-2].seq)] == ["n4"]
+
+    with pytest.raises(Exception, match="append-only"):
+        _tamper(store, "UPDATE events SET detail = 'rewritten'")
+    with pytest.raises(Exception, match="append-only"):
+        _tamper(store, "DELETE FROM events")
+    assert [e.detail for e in await store.events_of(incident_id)] == [e.detail for e in events]
+
+
+def _tamper(store: AnyStore, sql: str) -> None:
+    """Change the audit log behind the store's back, as an operator with a SQL shell could."""
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path) as db:
+            db.execute(sql)
+        return
+    assert isinstance(store, PostgresStore) and store._password_file is not None
+    password = store._password_file.read_text().strip()
+    with psycopg.connect(store.url, password=password, autocommit=True) as db:
+        db.execute(sql.encode())
+
+
+async def test_alert_pages(stores: Stores) -> None:
+    store = await stores.open()
+    alerts = [_alert(f"fp{n:02d}", "gpu-001", starts=T0 + timedelta(seconds=n)) for n in range(5)]
+    (incident_id,) = (await store.ingest(_delivery(*alerts), T0)).opened
+    first = await store.alerts_page(incident_id, limit=2)
+    assert [a.fingerprint for a in first.items] == ["fp00", "fp01"] and first.next is not None
+    second = await store.alerts_page(incident_id, limit=10, after=first.next)
+    assert [a.fingerprint for a in second.items] == ["fp02", "fp03", "fp04"] and second.next is None
+
+
+async def test_approvals_are_decided_once_and_rollbacks_recorded_once(stores: Stores) -> None:
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    deadline = T0 + timedelta(minutes=30)
+    asked = await store.request_approval(incident_id, "approve", ["slack:U1"], deadline, T0)
+    assert (asked.status, asked.approvers, asked.deadline) == ("pending", ("slack:U1",), deadline)
+    decided = await store.decide_approval(incident_id, "approved", "slack:U1", T0 + timedelta(minutes=1))
+    assert decided is not None and (decided.status, decided.decided_by) == ("approved", "slack:U1")
+    assert await store.decide_approval(incident_id, "rejected", "slack:U2", T0) is None
+
+    event = NewEvent("rollback_requested", actor="cli:ops")
+    assert await store.request_rollback(incident_id, {"by": "cli:ops"}, event, T0)
+    assert not await store.request_rollback(incident_id, {"by": "http:x"}, event, T0)
+    assert await store.rollbacks_requested() == [incident_id]
+    kinds = [e.kind for e in await store.events_of(incident_id)]
+    assert kinds.count("rollback_requested") == 1
+
+    await store.set_switch("pause", {"reason": "maintenance"}, "cli:ops", T0)
+    assert await store.switch("pause") == {
+        "reason": "maintenance",
+        "set_by": "cli:ops",
+        "set_at": T0.isoformat(timespec="microseconds"),
+    }
+    await store.set_switch("pause", None, "cli:ops", T0)
+    assert await store.switch("pause") is None
+
+
+async def test_the_outbox_and_the_references(stores: Stores) -> None:
+    store = await stores.open()
+    woken: list[str] = []
+    store.route_events(frozenset({"step_ok"}), "slack", wake=lambda: woken.append("slack"))
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    seq = await store.enqueue(
+        incident_id, NewEvent("notice"), "incident", {"title": "XID 79"}, ["slack", "grafana"], T0
+    )
+    (slack,) = await store.outbox_pending("slack")
+    (grafana,) = await store.outbox_pending("grafana")
+    assert (slack.event_seq, slack.payload, slack.kind) == (seq, {"title": "XID 79"}, "incident")
+    assert grafana.id != slack.id and woken == []
+
+    await store.step_finished(
+        incident_id, "notify", "ok", T0, event=NewEvent("step_ok", step="notify", detail="posted")
+    )
+    assert woken == ["slack"]  # woken once the routed event committed
+    routed = (await store.outbox_pending("slack"))[-1]
+    assert routed.kind == "step_ok" and routed.payload["detail"] == "posted"
+
+    await store.outbox_attempt(slack.id, T0)
+    await store.outbox_defer(slack.id, T0 + timedelta(seconds=30), "ratelimited " * 100)
+    deferred = await store.outbox_item(slack.id)
+    assert deferred is not None and deferred.attempts == 1
+    assert deferred.not_before == T0 + timedelta(seconds=30) and len(deferred.last_error) == 500
+    await store.outbox_delivered(slack.id, "C0GPUOPS/1.000100", T0 + timedelta(seconds=31))
+    done = await store.outbox_item(slack.id)
+    assert done is not None and done.delivered_at is not None and done.ref == "C0GPUOPS/1.000100"
+    assert [i.id for i in await store.outbox_pending("slack")] == [routed.id]
+    assert await store.outbox_item(10_000) is None
+
+    assert await store.outbox_ref("slack", f"thread:{incident_id}") is None
+    await store.set_outbox_ref("slack", f"thread:{incident_id}", "C0GPUOPS/1.000100", T0)
+    await store.set_outbox_ref("slack", f"thread:{incident_id}", "C0GPUOPS/1.000200", T0)
+    assert await store.outbox_ref("slack", f"thread:{incident_id}") == "C0GPUOPS/1.000200"
+    await store.set_outbox_ref("slack", link_key(incident_id), "https://slack.example/p1", T0)
+    await store.set_outbox_ref("grafana", link_key(incident_id), "https://grafana.example/d", T0)
+    assert await store.incident_links(incident_id) == {
+        "slack": "https://slack.example/p1",
+        "grafana": "https://grafana.example/d",
+    }
+
+
+async def test_two_processes_on_one_store_see_each_other(stores: Stores) -> None:
+    a, b = await stores.open(), await stores.open()
+    assert await a.ping() and await b.ping()
+    opened = (await a.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    # The other process's delivery of the same alert is a repeat, of the same incident.
+    out = await b.ingest(_delivery(_alert("fp1", "gpu-001"), _alert("fp2", "gpu-001")), T0)
+    assert (out.repeated_alerts, out.new_alerts, out.attached) == (1, 1, opened)
+    await b.record(opened[0], NewEvent("note", detail="from b"), T0)
+    assert (await a.events_of(opened[0]))[-1].detail == "from b"
+
+
+async def test_both_stores_have_the_same_tables_and_columns(stores: Stores) -> None:
+    store = await stores.open()
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path) as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = [
+                r[0]
+                for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                if not r[0].startswith("sqlite_")
+            ]
+            columns = {t: sorted(r[1] for r in db.execute(f"PRAGMA table_info({t})")) for t in tables}
+    else:
+        assert isinstance(store, PostgresStore)
+        version = await store.schema_version()
+        rows = await store._rows(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = 'public' AND table_name != 'pitcrew_schema'"
+        )
+        columns = {}
+        for r in rows:
+            columns.setdefault(r["table_name"], []).append(r["column_name"])
+        columns = {t: sorted(c) for t, c in columns.items()}
+    assert version == SCHEMA_VERSION
+    assert columns == EXPECTED_COLUMNS
+
+
+EXPECTED_COLUMNS = {
+    "incidents": sorted(
+        [
+            "id",
+            "seq",
+            "node",
+            "state",
+            "playbook",
+            "mode",
+            "plan_json",
+            "step_index",
+            "acted",
+            "faults_changed",
+            "opened_at",
+            "updated_at",
+            "first_alert_at",
+            "guarded_at",
+            "closed_at",
+            "outcome",
+            "group_key",
+        ]
+    ),
+    "alerts": sorted(
+        [
+            "fingerprint",
+            "starts_at",
+            "ends_at",
+            "status",
+            "alertname",
+            "node",
+            "incident_id",
+            "fault_key",
+            "fault_json",
+            "labels_json",
+            "annotations_json",
+            "group_key",
+            "first_seen",
+        ]
+    ),
+    "alert_deliveries": sorted(["fingerprint", "starts_at", "deliveries", "last_seen"]),
+    "steps": sorted(["incident_id", "step", "status", "attempts", "started_at", "ended_at", "result_json"]),
+    "approvals": sorted(
+        [
+            "incident_id",
+            "step",
+            "requested_at",
+            "deadline",
+            "approvers_json",
+            "status",
+            "decided_by",
+            "decided_at",
+        ]
+    ),
+    "switches": sorted(["name", "value_json", "set_by", "set_at"]),
+    "events": sorted(
+        ["seq", "incident_id", "at", "kind", "step", "outcome", "attempt", "actor", "detail", "data_json"]
+    ),
+    "outbox": sorted(
+        [
+            "id",
+            "destination",
+            "incident_id",
+            "event_seq",
+            "kind",
+            "payload_json",
+            "created_at",
+            "attempts",
+            "not_before",
+            "delivered_at",
+            "ref",
+            "last_error",
+        ]
+    ),
+    "outbox_refs": sorted(["destination", "key", "ref", "updated_at"]),
+    "leadership": sorted(["id", "holder", "epoch", "acquired_at", "renewed_at", "expires_at"]),
+}
+
+
+def test_pitcrew_incidents_says_who_leads(
+    stores: Stores, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pitcrew incidents`` reads the store the configuration names, either kind, and its lease."""
+    if stores.database is not None:
+        monkeypatch.setenv("PITCREW_STORE__URL", stores.database.url)
+        monkeypatch.setenv("PITCREW_STORE__PASSWORD_FILE", str(stores.database.password_file))
+    else:
+        monkeypatch.setenv("PITCREW_STORE__PATH", str(tmp_path / "pitcrew.db"))
+
+    async def lead() -> None:
+        store = stores.make()
+        await store.open()
+        try:
+            await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)
+            await store.acquire_lease("vm/1/abc", timedelta(minutes=5))
+        finally:
+            await store.close()
+
+    asyncio.run(lead())
+    assert main(["incidents"]) == 0
+    out = capsys.readouterr().out
+    assert "pc-00001" in out and "gpu-001" in out
+    assert "leader: vm/1/abc (epoch 1, since " in out
