@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from bot.engine.flow import _stop
 from bot.engine.signals import RealTimer
+from bot.engine.tasks import cancel_and_wait
 
 
 async def parked(task: asyncio.Task[Any]) -> None:
@@ -71,7 +71,7 @@ async def test_a_wait_cancelled_soon_after_its_event_is_set_ends_cancelled(itera
 
 
 async def test_stopping_the_job_track_does_not_swallow_the_node_tracks_own_stop() -> None:
-    """The node track stops its job track (``flow._stop``) and is stopped by the engine while it
+    """The node track stops its job track (``bot.engine.tasks.cancel_and_wait``) and is stopped by the engine while it
     waits for the job track to end: it ends cancelled, instead of going on (the job track's
     ``CancelledError`` taken for its own). A job track that ends on cancellation also ends the
     stop quietly when nobody stops the node track."""
@@ -84,7 +84,7 @@ async def test_stopping_the_job_track_does_not_swallow_the_node_tracks_own_stop(
             await released.wait()  # its cleanup takes a while: a far-side call being cancelled
 
     async def node_track(job: asyncio.Task[None]) -> str:
-        await _stop(job)
+        await cancel_and_wait(job)
         return "went on"
 
     job = asyncio.create_task(job_track())
