@@ -4,6 +4,7 @@ never the whole ``Config``."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +32,7 @@ class EngineDeps:
     steps: StepSettings = field(default_factory=StepSettings)
     registry: StepRegistry = field(default_factory=lambda: REGISTRY)
     timer: Timer = field(default_factory=RealTimer)
+    capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         problems = self.registry.problems(self.playbooks)
@@ -38,4 +40,6 @@ class EngineDeps:
             raise ValueError("; ".join(problems))
 
     def step_deps(self) -> StepDeps:
-        return StepDeps(self.ports, self.store, self.steps, self.metrics, self.clock, self.registry)
+        return StepDeps(
+            self.ports, self.store, self.steps, self.metrics, self.clock, self.registry, self.capacity_lock
+        )
