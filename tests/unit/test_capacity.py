@@ -12,7 +12,9 @@ other never get the same node.
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from bot.config import CapacitySettings
 from bot.domain.capacity import Candidate, Choice, Need, Pool, PoolView, Taken, choose
 
 NEED = Need("inc-1", "gpu-001", gpu_type="h100", gpus=8, topology="rack-a")
@@ -179,3 +181,31 @@ def test_lend_cap() -> None:
     assert Pool("p", "lender").lend_cap(10) is None
     assert Pool("p", "lender", max_lend=3).lend_cap(10) == 3
     assert Pool("p", "lender", max_lend=0.25).lend_cap(10) == 2
+
+
+@pytest.mark.parametrize(
+    ("pools", "words"),
+    [
+        ([{"name": "a", "reservation": "r", "max_lend": 1.5}], "whole count"),
+        ([{"name": "a", "reservation": "r"}, {"name": "a", "reservation": "s"}], "its own name"),
+        ([{"name": "a"}], "reservation"),
+        ([{"name": "a", "reservation": "r", "kind": "borrowed"}], "kind"),
+    ],
+    ids=["fractional-count", "same-name", "no-reservation", "unknown-kind"],
+)
+def test_capacity_settings_refuse(pools: list[dict[str, object]], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        CapacitySettings.model_validate({"pools": pools})
+
+
+def test_capacity_settings_accept_a_count_or_a_fraction() -> None:
+    settings = CapacitySettings.model_validate(
+        {
+            "pools": [
+                {"name": "s", "reservation": "r", "min_idle": 1},
+                {"name": "i", "reservation": "t", "max_lend": 0.25},
+            ]
+        }
+    )
+    assert [p.kind for p in settings.pools] == ["spare", "spare"] and settings.give_back == "refill"
+    assert settings.pools[1].max_lend == 0.25
