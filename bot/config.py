@@ -26,6 +26,7 @@ from pydantic_settings import (
 from bot.config_sections import (
     AuthSettings,
     BasicAuth,
+    CapacitySettings,
     CatalogSettings,
     EngineSettings,
     GoodputSettings,
@@ -49,6 +50,7 @@ from bot.domain.policy import Mode, Policy
 __all__ = [
     "AuthSettings",
     "BasicAuth",
+    "CapacitySettings",
     "CatalogSettings",
     "Config",
     "ConfigError",

@@ -379,6 +379,51 @@ class GoodputSettings(_Section):
     )
 
 
+class PoolSettings(_Section):
+    """One place a stalled gang job may take a node from (``bot.domain.capacity``)."""
+
+    name: str = Field(description="The pool's name (timeline, metrics, `pitcrew plan`).")
+    kind: Literal["spare", "lender"] = Field(
+        default="spare", description="spare: warm spares kept idle; lender: nodes lent for a while."
+    )
+    reservation: str = Field(
+        description="The Slurm reservation holding the pool's nodes apart from the jobs' partition: a "
+        "take removes the node from it, the give-back adds the repaired node (or the lent one) again."
+    )
+    min_idle: int = Field(default=0, ge=0, description="Idle members the pool keeps after a take.")
+    max_lend: float | None = Field(
+        default=None,
+        gt=0,
+        description="Nodes lent at most: a count (>= 1) or a fraction of the pool (< 1); unset: no cap.",
+    )
+
+    @model_validator(mode="after")
+    def _whole_count(self) -> PoolSettings:
+        if self.max_lend is not None and self.max_lend >= 1 and self.max_lend != int(self.max_lend):
+            raise ValueError("max_lend is a whole count (>= 1) or a fraction (< 1)")
+        return self
+
+
+class CapacitySettings(_Section):
+    """Where the ``capacity`` step takes a node for a job that cannot restart without one."""
+
+    pools: list[PoolSettings] = Field(
+        default_factory=list, description="Tried in order: spare pools first, then lenders."
+    )
+    give_back: Literal["refill", "return"] = Field(
+        default="refill",
+        description="refill: the repaired node joins the pool that lent, the lent node stays with the "
+        "job; return: the lent node goes back once no job runs on it.",
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> CapacitySettings:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError("capacity.pools: every pool has its own name")
+        return self
+
+
 #: How much of the graphs around an incident its dashboard link shows, before the fault and after the close.
 _AROUND = timedelta(minutes=30)
 
@@ -549,6 +594,7 @@ class Settings(BaseSettings, Policy):
     slurm: SlurmSettings = SlurmSettings()
     resumption: ResumptionSettings = ResumptionSettings()
     goodput: GoodputSettings = GoodputSettings()
+    capacity: CapacitySettings = CapacitySettings()
     grafana: GrafanaSettings = GrafanaSettings()
     slack: SlackSettings = SlackSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()

@@ -153,6 +153,7 @@ def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) ->
             resumption=settings.resumption,
             slinky=settings.slurm.node_mapping == "slinky",
             goodput=settings.goodput,
+            capacity=settings.capacity,
         ),
         registry=REGISTRY,
     )

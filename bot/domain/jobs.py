@@ -147,6 +147,10 @@ def judge_resumption(
         return verdict("lost", f"job ended {now.state}; it was not requeued")
     if not now.running:
         return verdict("waiting", f"job is {now.state} ({now.reason or 'no reason'})")
+    if now.state == "COMPLETING":
+        # The interrupted run still ending on its other nodes (a multi-node job loses the faulty
+        # node from its NodeList at DOWN, and its restart count has already grown): not a new run.
+        return verdict("waiting", "the interrupted run is still completing")
     if bad & set(now.nodes):
         return verdict("waiting", "job still runs on a faulty node")
     if now.restarts <= before.restarts:

@@ -10,12 +10,13 @@ crash knows what it may already have done. Steps read each other's results throu
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from bot.config import GoodputSettings, ResumptionSettings
+from bot.config import CapacitySettings, GoodputSettings, ResumptionSettings
 from bot.domain.ownership import slurm_reason
 from bot.domain.planner import Plan
 from bot.domain.playbooks import StepSpec
@@ -53,6 +54,7 @@ class StepSettings:
     resumption: ResumptionSettings = field(default_factory=ResumptionSettings)
     slinky: bool = False
     goodput: GoodputSettings = field(default_factory=GoodputSettings)
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,8 @@ class StepDeps:
     metrics: Metrics
     clock: Callable[[], datetime]
     registry: StepRegistry
+    #: Held from a capacity choice until its intent is stored: two incidents never take one node.
+    capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Facts:

@@ -4,6 +4,7 @@ never the whole ``Config``."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +33,7 @@ class EngineDeps:
     steps: StepSettings = field(default_factory=StepSettings)
     registry: StepRegistry = field(default_factory=lambda: REGISTRY)
     timer: Timer = field(default_factory=RealTimer)
+    capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         problems = self.registry.problems(self.playbooks)
@@ -42,4 +44,6 @@ class EngineDeps:
         """What steps and undos use: the ports with every write held while paused
         (``bot.engine.pause``); ``forced``: ungated, for a rollback forced while paused."""
         ports = self.ports if forced else gated(self.ports, self.store)
-        return StepDeps(ports, self.store, self.steps, self.metrics, self.clock, self.registry)
+        return StepDeps(
+            ports, self.store, self.steps, self.metrics, self.clock, self.registry, self.capacity_lock
+        )

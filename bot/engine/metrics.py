@@ -114,6 +114,19 @@ class Metrics:
         self.leader_epoch = Gauge(
             "pitcrew_leader_epoch", "The lease epoch (fencing token) this process last led with.", registry=r
         )
+        self.capacity_lent = Gauge(
+            "pitcrew_capacity_lent_nodes",
+            "Nodes taken from a capacity pool for a stalled job and not yet given back, by pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_away = Histogram(
+            "pitcrew_capacity_away_seconds",
+            "How long a node taken from a capacity pool was away before the pool was whole again, by pool.",
+            ["pool"],
+            buckets=_RECOVERY_BUCKETS,
+            registry=r,
+        )
         self.time_to_job_running = Histogram(
             "pitcrew_time_to_job_running_seconds",
             "From the first delivery of the alert to every interrupted Slurm job running again (the job track), by playbook.",

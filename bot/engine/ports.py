@@ -71,6 +71,19 @@ class Scheduler(Protocol):
         ...
 
 
+@runtime_checkable
+class Reservations(Protocol):
+    """Slurm reservations holding spare nodes apart (``capacity.pools[].reservation``)."""
+
+    async def reservation(self, name: str) -> tuple[str, ...] | None:
+        """The nodes the reservation holds, or ``None`` when there is no such reservation."""
+        ...
+
+    async def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        """Make the reservation hold exactly ``nodes`` (at least one: Slurm cannot empty one)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterNode:
     """One Kubernetes node as the engine needs it."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import EngineSettings, load_catalog, load_playbooks
+from bot.config import CapacitySettings, EngineSettings, load_catalog, load_playbooks
 from bot.domain.catalog import Catalog, Override
 from bot.domain.incident import State
 from bot.domain.labels import LabelRules
@@ -472,7 +472,11 @@ class EngineHarness:
         approvals: Mapping[str, Any] | None = None,
         engine: Mapping[str, Any] | None = None,
         lease: timedelta | None = None,
+        slurm: Any = None,
+        capacity: Mapping[str, Any] | None = None,
     ) -> None:
+        """``slurm``: a Scheduler to use instead of the simulated world's (a test's own far side);
+        ``capacity``: the ``capacity`` settings (pools)."""
         self.time = FakeTime()
         #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
         self.lease = lease
@@ -481,7 +485,7 @@ class EngineHarness:
         self.metrics = Metrics()
         self.inventory = dict(inventory) if inventory is not None else fleet()
         self.world = SimulatedWorld(Journal(None), self.inventory)
-        self.scheduler = Scripted(self.world, self.time)
+        self.scheduler = Scripted(self.world if slurm is None else slurm, self.time)
         self.cluster = Scripted(SimulatedCluster(self.world), self.time)
         self.notifier = Scripted(SimulatedNotifier(self.world), self.time)
         self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=self.time.now)
@@ -516,7 +520,7 @@ class EngineHarness:
             policy=self.policy,
             playbooks=_shipped_playbooks().merged(overrides),
             settings=EngineSettings(**settings),
-            steps=StepSettings(poll_interval=2.0),
+            steps=StepSettings(poll_interval=2.0, capacity=CapacitySettings.model_validate(capacity or {})),
             registry=REGISTRY,
             timer=self.time,
         )

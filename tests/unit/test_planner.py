@@ -125,10 +125,12 @@ def test_modes() -> None:
     assert auto.steps == (
         "notify",
         "slurm_down",
+        "capacity",
         "cordon",
         "drain",
         "replace",
         "wait_ready",
+        "give_back",
         "slurm_resume",
         "confirm_resumed",
         "close",

@@ -54,8 +54,8 @@ def test_the_registry_holds_the_vocabulary_of_the_shipped_playbooks() -> None:
     assert REGISTRY.problems(shipped) == []
     used = {spec.step for p in shipped.playbooks.values() for spec in p.steps}
     assert used == set(REGISTRY)
-    assert [n for n, s in REGISTRY.items() if s.track is Track.JOB] == ["confirm_resumed"]
-    assert {n for n, s in REGISTRY.items() if s.reversible} == {"slurm_down", "cordon", "replace"}
+    assert [n for n, s in REGISTRY.items() if s.track is Track.JOB] == ["capacity", "confirm_resumed"]
+    assert {n for n, s in REGISTRY.items() if s.reversible} == {"slurm_down", "capacity", "cordon", "replace"}
 
 
 def test_a_shipped_playbook_sets_a_budget_only_where_it_differs_from_the_step_s_default() -> None:

@@ -3,7 +3,7 @@
 Cases: resumed only when RUNNING on no faulty node with a higher restart count (and, when
 required, progress past the pre-fault value and past the first sample after the restart);
 waiting while pending, still on the faulty
-node, restarts unchanged or progress not yet past; lost when Slurm forgot the job or it ended
+node, the interrupted run of a multi-node job still completing on its other nodes, restarts unchanged or progress not yet past; lost when Slurm forgot the job or it ended
 NODE_FAIL/FAILED/CANCELLED; finished when it completed without a restart, resumed when it
 completed after one. Hostlists: ranges, padding, lists, suffixes, empty. Reasons: prefix,
 one line, bounded, ownership. A job's outcome holds its verdict and is stored flat.
@@ -36,6 +36,9 @@ def now(state: str, nodes: tuple[str, ...] = ("gpu-002",), restarts: int = 1) ->
         (now("PENDING", ()), None, "waiting"),
         (now("REQUEUED", ()), None, "waiting"),
         (now("RUNNING", ("gpu-001",)), None, "waiting"),  # still on the faulty node
+        # A two-node job just after DOWN: Slurm dropped the faulty node from its NodeList and
+        # counted the restart, while the interrupted run still ends on the other node.
+        (now("COMPLETING", ("gpu-002",)), None, "waiting"),
         (now("RUNNING", restarts=0), None, "waiting"),  # never restarted: not our proof
         (now("RUNNING"), (10.0, None), "waiting"),  # progress required, no sample yet
         (now("RUNNING"), (10.0, 10.0), "waiting"),  # back at the checkpoint, not past it

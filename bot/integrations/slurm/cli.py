@@ -14,7 +14,7 @@ import asyncio
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -167,6 +167,38 @@ class ScontrolScheduler(NodeUpdates):
         with _shape("show_partition"):
             found = [parse_partition_line(ln) for ln in out.splitlines() if ln.startswith("PartitionName=")]
         return member_partitions(found, node)
+
+    async def reservation(self, name: str) -> tuple[str, ...] | None:
+        try:
+            out = await self._run(
+                "scontrol", "show", "reservation", "-o", checked_node(name), op="show_reservation"
+            )
+        except PermanentError as exc:
+            if "not found" in str(exc).lower():
+                return None
+            raise
+        for line in out.splitlines():
+            kv = parse_kv(line)
+            if kv.get("ReservationName") == name:
+                nodes = kv.get("Nodes", "")
+                return expand_hostlist("" if nodes in _NO_VALUE else nodes)
+        return None
+
+    async def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        # Slurm 22.05 refuses Nodes+=/-= on a reservation: the whole list is written.
+        listed = ",".join(checked_node(n) for n in nodes)
+        if not listed:
+            raise PermanentError(
+                f"reservation {name}: Slurm cannot empty a reservation", reason=Reason.REFUSED
+            )
+        await self._run(
+            "scontrol",
+            "update",
+            f"ReservationName={checked_node(name)}",
+            f"Nodes={listed}",
+            op="update_reservation",
+        )
+        log.info("slurm reservation updated", extra={"reservation": name, "nodes": listed})
 
     async def requeue(self, job_id: str) -> None:
         try:

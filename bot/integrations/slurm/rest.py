@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -200,6 +200,13 @@ class RestScheduler(NodeUpdates):
         _, body = await self._request("GET", api.path("partitions"), op="get_partitions")
         with _shape("get_partitions"):
             return member_partitions(partitions_from_payload(body), node)
+
+    async def reservation(self, name: str) -> tuple[str, ...] | None:
+        return await self._fallback.reservation(name)
+
+    async def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        # slurmrestd 0.0.38 cannot change a reservation: scontrol does.
+        await self._fallback.set_reservation_nodes(name, nodes)
 
     async def requeue(self, job_id: str) -> None:
         await self._fallback.requeue(job_id)

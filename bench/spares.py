@@ -1,0 +1,154 @@
+"""Time to a gang job running again after XID 79, with a spare and without, on real Slurm.
+
+A four-node real Slurm cluster (``proving_ground.slurm``), Slurm-only site (``cluster: none``),
+the real ``pitcrew serve`` in auto mode. The job needs two nodes (``-N2``): every node the
+reservation ``spares`` leaves to it. XID 79 on one of its nodes; the repair (the node's slurmd
+started again, as humans do after the hand-over) comes ``--repair-delay`` seconds after the
+alert. Cases, side by side:
+
+- ``spare``: ``capacity.pools`` holds the reservation (two spares): pitcrew takes one;
+- ``min_idle``: one spare left and ``min_idle: 1``: the guard keeps it, the job waits for the repair;
+- ``no pool``: no ``capacity.pools``: the job waits for the repair.
+
+Printed per case (min/median/max over runs): seconds from the alert to the job RUNNING again
+(``scontrol show job``, polled every 0.1 s), the incident's own ``job_running`` figure, and
+whether the reservation held as many nodes at the end as at the start. The baseline is the
+repair delay: without a spare the job cannot run before it.
+
+Usage: python bench/spares.py [--runs 3] [--repair-delay 60]   (as root, with Slurm installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from proving_ground.pitcrew import Pitcrew  # noqa: E402
+from proving_ground.slurm import SlurmCluster  # noqa: E402
+from tests.harness.scenarios import delivery  # noqa: E402
+
+NODES = ("gpu-001", "gpu-002", "gpu-003", "gpu-004")
+POOL = {"name": "spares", "kind": "spare", "reservation": "spares"}
+CASES: dict[str, dict[str, Any] | None] = {
+    "spare": {"pools": [POOL]},
+    "min_idle": {"pools": [{**POOL, "min_idle": 1}]},
+    "no pool": None,
+}
+
+
+def reserved(slurm: SlurmCluster) -> list[str]:
+    line = slurm.run("scontrol", "show", "reservation", "-o", "spares").stdout
+    fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+    return slurm.run("scontrol", "show", "hostnames", fields["Nodes"]).stdout.split()
+
+
+def one_run(slurm: SlurmCluster, workdir: Path, case: str, repair_delay: float) -> dict[str, float | bool]:
+    slurm.reset()
+    spares = "gpu-003" if case == "min_idle" else "gpu-003,gpu-004"
+    if case == "min_idle":  # one spare left: the other is out of service
+        slurm.run("scontrol", "update", "NodeName=gpu-004", "State=DOWN", "Reason=bench")
+    slurm.run(
+        "scontrol", "create", "reservation", "ReservationName=spares", f"Nodes={spares}",
+        "StartTime=now", "Duration=infinite", "Users=root", "Flags=MAINT,IGNORE_JOBS",
+    )  # fmt: skip
+    size = len(reserved(slurm))
+    config: dict[str, Any] = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        **slurm.pitcrew_settings("scontrol", command_timeout=5),
+        "integrations": {"scheduler": "slurm", "cluster": "none"},
+    }
+    if CASES[case] is not None:
+        config["capacity"] = CASES[case]
+    server = Pitcrew(workdir / f"{case}-{time.monotonic_ns()}", config=config).start()
+    try:
+        job_id = slurm.submit_training(extra=("-N2",))
+        _until(lambda: (j := slurm.job(job_id)) is not None and j.running, 30)
+        status, answer = server.post_alerts(delivery("xid79-firing.json", node="gpu-001"))
+        assert status == 200, answer
+        alerted = time.monotonic()
+        [incident_id] = answer["opened"]
+        repaired = False
+        running_after = None
+        while running_after is None or not repaired:
+            if not repaired and time.monotonic() - alerted >= repair_delay:
+                slurm.restart_slurmd("gpu-001")
+                repaired = True
+            job = slurm.job(job_id)
+            if running_after is None and job is not None and job.state == "RUNNING" and job.restarts >= 1:
+                running_after = time.monotonic() - alerted
+            if time.monotonic() - alerted > repair_delay + 120:
+                raise SystemExit(f"{case}: the job did not run again")
+            time.sleep(0.1)
+        final = server.wait_incident(incident_id, "resolved", "failed", timeout=120)
+        event = next(e for e in final["events"] if e["kind"] == "job_running")
+        return {
+            "running": running_after,
+            "pitcrew": float(event["data"]["seconds"]),
+            "whole": len(reserved(slurm)) == size,
+            "resolved": final["state"] == "resolved",
+        }
+    finally:
+        server.stop()
+        slurm.run("scontrol", "delete", "ReservationName=spares", check=False)
+
+
+def _until(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--repair-delay", type=float, default=60.0)
+    args = parser.parse_args()
+    run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-bench-spares-"))
+    work = Path(tempfile.mkdtemp(prefix="pitcrew-bench-spares-pitcrew-"))
+    slurm = SlurmCluster(run_dir, nodes=NODES, rest=False).start()
+    results: dict[str, list[dict[str, float | bool]]] = {case: [] for case in CASES}
+    try:
+        for _ in range(args.runs):
+            for case in CASES:
+                results[case].append(one_run(slurm, work, case, args.repair_delay))
+    finally:
+        slurm.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"gang job (-N2) after XID 79, repair after {args.repair_delay:g}s, {args.runs} run(s); min/median/max"
+    )
+    print(
+        f"  {'case':<10} {'alert -> job RUNNING (s)':>28} {'pitcrew job_running (s)':>28}  pool whole  resolved"
+    )
+    for case, runs in results.items():
+        running = [float(r["running"]) for r in runs]
+        own = [float(r["pitcrew"]) for r in runs]
+        print(
+            f"  {case:<10} {_spread(running):>28} {_spread(own):>28}  "
+            f"{all(r['whole'] for r in runs)!s:>10}  {all(r['resolved'] for r in runs)!s:>8}"
+        )
+    print(
+        f"  baseline: the repair delay, {args.repair_delay:g}s — without a node the job cannot run before it"
+    )
+    return 0
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.1f}/{statistics.median(values):.1f}/{max(values):.1f}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""The ``capacity`` and ``give_back`` steps in the engine, in virtual time, against a small Slurm
+far side of this file's own (``GangSlurm``: gang jobs that need N free nodes outside any
+reservation, reservations that Slurm 22.05 rewrites whole and refuses to empty).
+
+Cases: a stalled gang job gets a spare from the reservation and runs at once, long before
+the replacement (slow here) is Ready, and the repaired node refills the reservation; a job
+Slurm restarts by itself takes nothing; no pool, or a guard (``min_idle``), takes nothing and
+the timeline says why; a storm of incidents never lends more than ``max_lend`` and two
+incidents never take the same node; a crash at every boundary of taking and giving back
+(before and after the reservation change) leaves each node in one place and the pool whole
+at the end; a rollback before the job started there returns the node to the reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.engine.errors import PermanentError, Reason
+from bot.engine.ports import PartitionNodes
+from tests.engine.harness import Call, EngineHarness, FakeTime, Slow, fleet
+
+SPARES = {"pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}]}
+
+
+@dataclass
+class _Job:
+    job_id: str
+    width: int
+    nodes: tuple[str, ...]
+    state: str = "RUNNING"
+    restarts: int = 0
+    reason: str = ""
+
+
+@dataclass
+class GangSlurm:
+    """Nodes, gang jobs and reservations; a pending job starts once ``width`` nodes are free."""
+
+    nodes: dict[str, str]
+    reservations: dict[str, list[str]]
+    jobs: dict[str, _Job] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    #: Each reservation's first size, and the most nodes it was ever short of it.
+    size: dict[str, int] = field(default_factory=dict)
+    shortfall: int = 0
+
+    def _schedule(self) -> None:
+        for job in self.jobs.values():
+            if job.state != "PENDING":
+                continue
+            reserved = {n for held in self.reservations.values() for n in held}
+            busy = {n for j in self.jobs.values() if j.state == "RUNNING" for n in j.nodes}
+            free = [n for n, s in sorted(self.nodes.items()) if s == "IDLE" and n not in reserved | busy]
+            if len(free) >= job.width:
+                job.nodes, job.state, job.reason = tuple(free[: job.width]), "RUNNING", ""
+            else:
+                job.reason = "ReqNodeNotAvail, UnavailableNodes:" + ",".join(
+                    n for n, s in self.nodes.items() if s == "DOWN"
+                )
+
+    def on(self, name: str) -> list[_Job]:
+        return [j for j in self.jobs.values() if j.state == "RUNNING" and name in j.nodes]
+
+    # Scheduler
+    async def node(self, name: str) -> SlurmNodeState:
+        self._schedule()
+        if name not in self.nodes:
+            raise PermanentError(f"Slurm node {name} not found", reason=Reason.UNKNOWN_NODE)
+        state = self.nodes[name]
+        if state == "IDLE" and self.on(name):
+            state = "ALLOCATED"
+        return SlurmNodeState(name, frozenset({state}), reason=self.reasons.get(name, ""), gpus=8)
+
+    async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        self._schedule()
+        return [self._snapshot(j) for j in self.on(name)]
+
+    async def job(self, job_id: str) -> JobSnapshot | None:
+        self._schedule()
+        job = self.jobs.get(job_id)
+        return self._snapshot(job) if job else None
+
+    @staticmethod
+    def _snapshot(job: _Job) -> JobSnapshot:
+        start = datetime(2026, 1, 1, tzinfo=UTC)
+        return JobSnapshot(
+            job.job_id,
+            "train",
+            "ml",
+            job.state,
+            job.nodes,
+            job.restarts,
+            True,
+            job.reason,
+            start,
+            8 * job.width,
+        )
+
+    async def partition_nodes(self, name: str) -> PartitionNodes | None:
+        return PartitionNodes(len(self.nodes), ("gpu",))
+
+    async def down(self, name: str, reason: str) -> None:
+        self.nodes[name], self.reasons[name] = "DOWN", reason
+        for job in self.on(name):
+            job.state, job.nodes, job.restarts = "PENDING", (), job.restarts + 1
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self.down(name, reason)
+
+    async def resume(self, name: str) -> None:
+        self.nodes[name], self.reasons[name] = "IDLE", ""
+
+    async def requeue(self, job_id: str) -> None:
+        pass
+
+    # Reservations
+    async def reservation(self, name: str) -> tuple[str, ...] | None:
+        held = self.reservations.get(name)
+        return tuple(held) if held is not None else None
+
+    async def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        if not nodes:
+            raise PermanentError("Slurm cannot empty a reservation", reason=Reason.REFUSED)
+        self.size.setdefault(name, len(self.reservations[name]))
+        self.reservations[name] = list(nodes)
+        self.shortfall = max(self.shortfall, self.size[name] - len(nodes))
+
+    def whereabouts(self) -> dict[str, int]:
+        """How many places (reservation, running job) hold each node: never more than one."""
+        count = dict.fromkeys(self.nodes, 0)
+        for held in self.reservations.values():
+            for n in held:
+                count[n] += 1
+        for job in self.jobs.values():
+            if job.state == "RUNNING":
+                for n in job.nodes:
+                    count[n] += 1
+        return count
+
+
+def gang(jobs: int = 1, spares: int = 2, width: int = 2) -> GangSlurm:
+    """``jobs`` jobs of ``width`` nodes on gpu-node-01.. and ``spares`` nodes after them in the reservation."""
+    names = [f"gpu-node-{n:02d}" for n in range(1, width * jobs + spares + 1)]
+    slurm = GangSlurm(dict.fromkeys(names, "IDLE"), {"spares": names[width * jobs :]})
+    for j in range(jobs):
+        slurm.jobs[str(100 + j)] = _Job(str(100 + j), width, tuple(names[width * j : width * (j + 1)]))
+    return slurm
+
+
+def harness(
+    tmp_path: Path, slurm: GangSlurm, capacity: dict[str, Any] | None = SPARES, **kw: Any
+) -> EngineHarness:
+    names = tuple(slurm.nodes)
+    return EngineHarness(tmp_path, inventory=fleet(names), slurm=slurm, capacity=capacity, **kw)
+
+
+@dataclass(frozen=True)
+class ThenStop:
+    """The call reaches the far side, then pitcrew is stopped before it hears back."""
+
+    seconds: float = 3600
+
+    async def __call__(self, time: FakeTime, call: Call) -> Any:
+        await call()
+        await time.sleep(self.seconds)
+
+
+async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repair_refills_the_pool(
+    tmp_path: Path,
+) -> None:
+    slurm = gang()
+    async with harness(tmp_path, slurm) as h:
+        h.world.replace_seconds = 0
+        h.cluster.script("successor", Slow(600))  # a replacement that takes ten minutes
+        incident = await h.alert("gpu-node-01")
+        running = await h.until_event(incident, "job_running")
+        assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-node-03")
+        assert slurm.reservations["spares"] == ["gpu-node-04"]
+        assert running.data["seconds"] < 60  # the job is back in seconds, not the replacement's ten minutes
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01"]
+        steps = await h.steps(incident)
+        assert steps["capacity"].result["node"] == "gpu-node-03"
+        assert steps["give_back"].result["node"] == "gpu-node-01"
+        actions = [e.data["action"] for e in await h.events(incident, "action")]
+        assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+        assert h.sample("pitcrew_capacity_away_seconds_count", pool="spares") == 1
+        assert set(slurm.whereabouts().values()) == {1}
+        [notice] = h.notices("capacity", incident)
+        assert "gpu-node-03" in notice["title"]
+
+
+async def test_a_job_slurm_restarts_by_itself_takes_nothing(tmp_path: Path) -> None:
+    slurm = gang(spares=2)
+    slurm.nodes["gpu-node-05"] = "IDLE"  # a free node outside the reservation
+    async with harness(tmp_path, slurm) as h:
+        incident = await h.alert("gpu-node-01")
+        await h.until_ended(incident)
+        steps = await h.steps(incident)
+        assert steps["capacity"].result.get("node") is None
+        assert slurm.reservations["spares"] == ["gpu-node-03", "gpu-node-04"]
+        assert steps["give_back"].result.get("given_back_at") is None
+
+
+@pytest.mark.parametrize(
+    ("capacity", "says"),
+    [(None, "no pool is configured"), ({"pools": [{**SPARES["pools"][0], "min_idle": 2}]}, "min_idle")],
+    ids=["no-pool", "min-idle"],
+)
+async def test_nothing_taken_says_why_and_the_job_waits_for_the_repair(
+    tmp_path: Path, capacity: dict[str, Any] | None, says: str
+) -> None:
+    slurm = gang()
+    async with harness(tmp_path, slurm, capacity=capacity) as h:
+        incident = await h.alert("gpu-node-01")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        steps = await h.steps(incident)
+        assert says in steps["capacity"].result["waiting"]
+        assert slurm.reservations["spares"] == ["gpu-node-03", "gpu-node-04"]
+        assert "gpu-node-01" in slurm.jobs["100"].nodes  # it waited for its node to come back
+
+
+async def test_a_storm_never_lends_more_than_max_lend_nor_one_node_twice(tmp_path: Path) -> None:
+    slurm = gang(jobs=3, spares=4, width=1)  # one-node jobs: none can fit into another's nodes
+    pools = {"pools": [{**SPARES["pools"][0], "max_lend": 2}]}
+    async with harness(tmp_path, slurm, capacity=pools) as h:
+        h.cluster.always("successor", Slow(600))
+        incidents = [await h.alert(f"gpu-node-0{n}") for n in (1, 2, 3)]
+        for incident in incidents:
+            await h.until_ended(incident)
+        takes = [
+            e for i in incidents for e in await h.events(i, "action") if e.data["action"] == "capacity_take"
+        ]
+        # The third waited (max_lend) until its own node was repaired: the repair came first.
+        assert len(takes) == 2
+        taken = [(await h.steps(i))["capacity"].result.get("node") for i in incidents]
+        assert taken[2] is None and len(set(taken[:2])) == 2  # never one node twice
+        said = [e.detail for i in incidents for e in await h.events(i, "capacity_none")]
+        assert said and all("max_lend" in d for d in said), said
+        assert slurm.shortfall == 2  # at most two spares were ever out of the pool at once
+        assert max(slurm.whereabouts().values()) == 1
+        assert len(slurm.reservations["spares"]) == 4  # whole again
+        assert all(j.state == "RUNNING" for j in slurm.jobs.values())
+
+
+BOUNDARIES = [
+    ("take", 0),  # intent stored, the reservation not yet changed
+    ("take", 1),  # the reservation changed, pitcrew stopped before it recorded the take
+    ("give", 0),
+    ("give", 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("phase", "after"), BOUNDARIES, ids=[f"{p}-{'after' if a else 'before'}" for p, a in BOUNDARIES]
+)
+async def test_a_crash_at_every_boundary_leaves_each_node_in_one_place_and_the_pool_whole(
+    tmp_path: Path, phase: str, after: int
+) -> None:
+    slurm = gang()
+    async with harness(tmp_path, slurm) as h:
+        effect = ThenStop() if after else Slow(3600)
+        if phase == "take":
+            h.scheduler.script("set_reservation_nodes", effect)
+        else:
+            h.scheduler.script("set_reservation_nodes", Slow(0), effect)
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: h.scheduler.calls["set_reservation_nodes"] == (1 if phase == "take" else 2))
+        await h.restart()
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01"]
+        assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-node-03")
+        assert set(slurm.whereabouts().values()) == {1}
+        assert all(state == "IDLE" for state in slurm.nodes.values())  # nothing left DOWN
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") in (0, -0.0)
+
+
+async def test_rollback_before_the_job_started_returns_the_node(tmp_path: Path) -> None:
+    slurm = gang()
+    slurm.nodes["gpu-node-02"] = "DOWN"  # the job cannot start on the spare: it needs two nodes
+    async with harness(tmp_path, slurm) as h:
+        h.cluster.always("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: slurm.reservations["spares"] == ["gpu-node-04"])
+        answer = await h.commands.rollback(incident, "alice")
+        assert answer.ok and "gpu-node-03 back in reservation spares" in str(answer.data), answer
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-03"]
