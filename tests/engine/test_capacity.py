@@ -43,7 +43,7 @@ class _Job:
 class GangSlurm:
     """Nodes, gang jobs and reservations; a pending job starts once ``width`` nodes are free."""
 
-    nodes: dict[str, str]
+    states: dict[str, str]
     reservations: dict[str, list[str]]
     jobs: dict[str, _Job] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
@@ -57,13 +57,16 @@ class GangSlurm:
                 continue
             reserved = {n for held in self.reservations.values() for n in held}
             busy = {n for j in self.jobs.values() if j.state == "RUNNING" for n in j.nodes}
-            free = [n for n, s in sorted(self.nodes.items()) if s == "IDLE" and n not in reserved | busy]
+            free = [n for n, s in sorted(self.states.items()) if s == "IDLE" and n not in reserved | busy]
             if len(free) >= job.width:
                 job.nodes, job.state, job.reason = tuple(free[: job.width]), "RUNNING", ""
             else:
                 job.reason = "ReqNodeNotAvail, UnavailableNodes:" + ",".join(
-                    n for n, s in self.nodes.items() if s == "DOWN"
+                    n for n, s in self.states.items() if s == "DOWN"
                 )
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        return [await self.node(name) for name in sorted(self.states)]
 
     def on(self, name: str) -> list[_Job]:
         return [j for j in self.jobs.values() if j.state == "RUNNING" and name in j.nodes]
@@ -71,9 +74,9 @@ class GangSlurm:
     # Scheduler
     async def node(self, name: str) -> SlurmNodeState:
         self._schedule()
-        if name not in self.nodes:
+        if name not in self.states:
             raise PermanentError(f"Slurm node {name} not found", reason=Reason.UNKNOWN_NODE)
-        state = self.nodes[name]
+        state = self.states[name]
         if state == "IDLE" and self.on(name):
             state = "ALLOCATED"
         return SlurmNodeState(name, frozenset({state}), reason=self.reasons.get(name, ""), gpus=8)
@@ -104,10 +107,10 @@ class GangSlurm:
         )
 
     async def partition_nodes(self, name: str) -> PartitionNodes | None:
-        return PartitionNodes(len(self.nodes), ("gpu",))
+        return PartitionNodes(len(self.states), ("gpu",))
 
     async def down(self, name: str, reason: str) -> None:
-        self.nodes[name], self.reasons[name] = "DOWN", reason
+        self.states[name], self.reasons[name] = "DOWN", reason
         for job in self.on(name):
             job.state, job.nodes, job.restarts = "PENDING", (), job.restarts + 1
 
@@ -115,7 +118,7 @@ class GangSlurm:
         await self.down(name, reason)
 
     async def resume(self, name: str) -> None:
-        self.nodes[name], self.reasons[name] = "IDLE", ""
+        self.states[name], self.reasons[name] = "IDLE", ""
 
     async def requeue(self, job_id: str) -> None:
         pass
@@ -134,7 +137,7 @@ class GangSlurm:
 
     def whereabouts(self) -> dict[str, int]:
         """How many places (reservation, running job) hold each node: never more than one."""
-        count = dict.fromkeys(self.nodes, 0)
+        count = dict.fromkeys(self.states, 0)
         for held in self.reservations.values():
             for n in held:
                 count[n] += 1
@@ -157,7 +160,7 @@ def gang(jobs: int = 1, spares: int = 2, width: int = 2) -> GangSlurm:
 def harness(
     tmp_path: Path, slurm: GangSlurm, capacity: dict[str, Any] | None = SPARES, **kw: Any
 ) -> EngineHarness:
-    names = tuple(slurm.nodes)
+    names = tuple(slurm.states)
     return EngineHarness(tmp_path, inventory=fleet(names), slurm=slurm, capacity=capacity, **kw)
 
 
@@ -202,7 +205,7 @@ async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repai
 
 async def test_a_job_slurm_restarts_by_itself_takes_nothing(tmp_path: Path) -> None:
     slurm = gang(spares=2)
-    slurm.nodes["gpu-node-05"] = "IDLE"  # a free node outside the reservation
+    slurm.states["gpu-node-05"] = "IDLE"  # a free node outside the reservation
     async with harness(tmp_path, slurm) as h:
         incident = await h.alert("gpu-node-01")
         await h.until_ended(incident)
@@ -283,13 +286,13 @@ async def test_a_crash_at_every_boundary_leaves_each_node_in_one_place_and_the_p
         assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01"]
         assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-node-03")
         assert set(slurm.whereabouts().values()) == {1}
-        assert all(state == "IDLE" for state in slurm.nodes.values())  # nothing left DOWN
+        assert all(state == "IDLE" for state in slurm.states.values())  # nothing left DOWN
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") in (0, -0.0)
 
 
 async def test_rollback_before_the_job_started_returns_the_node(tmp_path: Path) -> None:
     slurm = gang()
-    slurm.nodes["gpu-node-02"] = "DOWN"  # the job cannot start on the spare: it needs two nodes
+    slurm.states["gpu-node-02"] = "DOWN"  # the job cannot start on the spare: it needs two nodes
     async with harness(tmp_path, slurm) as h:
         h.cluster.always("successor", Slow(600))
         incident = await h.alert("gpu-node-01")

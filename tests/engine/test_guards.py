@@ -202,7 +202,8 @@ PAUSE_POINTS = {
     # the call made slow, the step held next (returning the node is a change too: held)
     "during-slurm_down": ("scheduler", "down", "cordon"),
     "during-cordon": ("cluster", "cordon", "drain"),
-    "during-replace": ("cluster", "replace", "slurm_resume"),
+    # after the replacement, returning capacity to a spare pool is the next change (then RESUME)
+    "during-replace": ("cluster", "replace", "give_back"),
 }
 
 

@@ -124,7 +124,7 @@ def test_kubernetes_slurm_and_prometheus_green(
     for system in ("slurm", "kubernetes", "prometheus"):
         assert line_of(result.stdout, system).split()[0] == "ok", result.stdout
     kube = line_of(result.stdout, "kubernetes")
-    assert "(cluster)" in kube and "API reachable; 9 permissions allowed" in kube
+    assert "(cluster)" in kube and "API reachable; 11 permissions allowed" in kube
     assert result.stderr == ""
     sent = [e for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
     assert len(sent) == 9 and {(e.verb, e.resource) for e in sent} == {("create", "selfsubjectaccessreviews")}
@@ -169,6 +169,7 @@ def test_the_overlay_config_without_its_replace_component_names_the_machine_verb
     )
     assert result.returncode == 1
     assert (
-        "missing kubernetes: get machines.cluster.x-k8s.io, delete machines.cluster.x-k8s.io" in result.stderr
+        "missing kubernetes: get machines.cluster.x-k8s.io, list machines.cluster.x-k8s.io, delete machines.cluster.x-k8s.io"
+        in result.stderr
     )
     assert line_of(result.stdout, "slurm").split()[0] == "ok"
