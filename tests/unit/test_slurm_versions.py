@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.ownership import is_pitcrew_reason
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
 from bot.integrations.slurm.json import discover_api, errors_of, jobs_from_payload, nodes_from_payload
 from tests.conftest import FIXTURES
@@ -149,7 +150,7 @@ def test_nodes(
     for node in nodes.values():
         if node.reason:
             assert node.reason_user == "root"
-            assert node.reason_is_ours == node.reason.startswith("pitcrew: ")
+            assert is_pitcrew_reason(node.reason) == node.reason.startswith("pitcrew: ")
         if version == "24.11":  # every 24.11 interface says when slurmd started
             assert node.slurmd_started_at is not None
             assert node.gpus == 8
