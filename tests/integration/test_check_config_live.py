@@ -127,7 +127,9 @@ def test_kubernetes_slurm_and_prometheus_green(
     assert "(cluster)" in kube and "API reachable; 11 permissions allowed" in kube
     assert result.stderr == ""
     sent = [e for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
-    assert len(sent) == 11 and {(e.verb, e.resource) for e in sent} == {("create", "selfsubjectaccessreviews")}
+    assert len(sent) == 11 and {(e.verb, e.resource) for e in sent} == {
+        ("create", "selfsubjectaccessreviews")
+    }
 
 
 def test_a_verb_the_emulator_denies_is_named(
