@@ -11,7 +11,7 @@ from bot.domain.ownership import owns_slurm_reason
 from bot.engine.context import Done, StepContext, StepResult, Wait
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.cluster import CordonResult, release_cordon
-from bot.engine.steps.slurm import SlurmDownResult
+from bot.engine.steps.slurm import SlurmDownResult, down_while_busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
         if not mine or name in resumed:
             continue
         state = await scheduler.node(name)
-        if not (state.down or state.drained):
+        if not (state.down or state.drained or down_while_busy(state, ctx.incident.id)):
             resumed.append(name)
             continue
         if not owns_slurm_reason(state.reason, ctx.incident.id):

@@ -21,7 +21,7 @@ from bot.engine.registry import REGISTRY
 from bot.engine.steps.training import progress_of
 
 
-def _down_while_busy(state: SlurmNodeState, incident_id: str) -> bool:
+def down_while_busy(state: SlurmNodeState, incident_id: str) -> bool:
     """A node this incident set DOWN while its CPUs are still allocated (its job being killed).
 
     Slurm's client library reports such a node MIXED or ALLOCATED, without DOWN: ``slurm_load_node``
@@ -118,7 +118,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         state = await scheduler.node(name)
         if state.gpus is not None:
             await ctx.save(replace(ctx.progress, gpus={**ctx.progress.gpus, name: state.gpus}))
-        if state.down or state.drained or _down_while_busy(state, ctx.incident.id):
+        if state.down or state.drained or down_while_busy(state, ctx.incident.id):
             mine = owns_slurm_reason(state.reason, ctx.incident.id)
             owned[name] = mine
             if not mine:
@@ -143,7 +143,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
             await scheduler.down(name, reason)
         await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
         after = await scheduler.node(name)
-        applied = after.down or after.drained or _down_while_busy(after, ctx.incident.id)
+        applied = after.down or after.drained or down_while_busy(after, ctx.incident.id)
         if not applied or not owns_slurm_reason(after.reason, ctx.incident.id):
             raise TransientError(
                 f"Slurm node {name} not yet {action.upper()} (reads {'+'.join(sorted(after.states))}, "
