@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Self, TypeVar
 
 from aiohttp import web
 
 from proving_ground.dcgm.node import Node
+
+N = TypeVar("N")
 
 
 def node_app(node: Node) -> web.Application:
@@ -96,30 +98,40 @@ class ServerThread:
         self._loop.close()
 
 
-class Standin:
-    """Several nodes, one listener each (one Prometheus target per node, like one exporter pod per node)."""
+class NodeServers(Generic[N]):
+    """Nodes of a stand-in, one listener each (one Prometheus target per node, like one exporter pod
+    per node): the dcgm-exporter and node-exporter stand-ins differ only in their nodes and app."""
 
     def __init__(
-        self, nodes: Sequence[str], *, host: str = "127.0.0.1", ports: Sequence[int] = (), **node_options: Any
+        self, nodes: dict[str, N], app: Callable[[N], web.Application], host: str, ports: Sequence[int]
     ) -> None:
-        self.nodes = {name: Node(name, **node_options) for name in nodes}
-        self._server = ServerThread([node_app(n) for n in self.nodes.values()], host, ports)
+        self.nodes = nodes
+        self._server = ServerThread([app(n) for n in nodes.values()], host, ports)
 
-    def node(self, name: str) -> Node:
+    def node(self, name: str) -> N:
         return self.nodes[name]
 
     def address(self, name: str) -> str:
         return self._server.addresses[list(self.nodes).index(name)]
 
-    def start(self) -> Standin:
+    def start(self) -> Self:
         self._server.start()
         return self
 
     def stop(self) -> None:
         self._server.stop()
 
-    def __enter__(self) -> Standin:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+class Standin(NodeServers[Node]):
+    """Several dcgm-exporter nodes, one listener each."""
+
+    def __init__(
+        self, nodes: Sequence[str], *, host: str = "127.0.0.1", ports: Sequence[int] = (), **node_options: Any
+    ) -> None:
+        super().__init__({name: Node(name, **node_options) for name in nodes}, node_app, host, ports)

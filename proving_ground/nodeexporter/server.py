@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proving_ground.dcgm.server import ServerThread
+from proving_ground.dcgm.server import NodeServers
 from proving_ground.nodeexporter.node import Node
 
 
@@ -28,30 +28,10 @@ def node_app(node: Node) -> web.Application:
     return app
 
 
-class Standin:
+class Standin(NodeServers[Node]):
     """Several nodes, one listener each, like node-exporter's DaemonSet."""
 
     def __init__(
         self, nodes: Sequence[str], *, host: str = "127.0.0.1", ports: Sequence[int] = (), **node_options: Any
     ) -> None:
-        self.nodes = {name: Node(name, **node_options) for name in nodes}
-        self._server = ServerThread([node_app(n) for n in self.nodes.values()], host, ports)
-
-    def node(self, name: str) -> Node:
-        return self.nodes[name]
-
-    def address(self, name: str) -> str:
-        return self._server.addresses[list(self.nodes).index(name)]
-
-    def start(self) -> Standin:
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    def __enter__(self) -> Standin:
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
+        super().__init__({name: Node(name, **node_options) for name in nodes}, node_app, host, ports)
