@@ -37,6 +37,11 @@ _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
+_CLOUD_TERMINATE = "/emulator/cloud/terminate/"
+#: The token of ``world.write_kubeconfig``'s user: accepted for ever (a legacy service-account token).
+EMULATED_TOKEN = "emulated-token"
+#: The header a raw HTTP client (a test, the demo) sends to be let in.
+AUTH_HEADER = {"Authorization": f"Bearer {EMULATED_TOKEN}"}
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _MODELS = {
     "Node": "V1Node",
@@ -80,8 +85,16 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: (None: it stays NotReady until someone flips its condition, as ``scripts/demo`` does).
     replace_delay: float = 0.05
     ready_delay: float | None = 0.1
-    #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
-    autoscaler: bool = True
+    #: The cloud's instance groups (an AWS Auto Scaling group, a GCE managed instance group): deleting
+    #: a Node object stops no instance and replaces nothing (the kubelet keeps running on the old one).
+    #: Only a terminated instance (``POST /emulator/cloud/terminate/<node>``, what the provider's CLI
+    #: does, ``cloud.py``) is replaced: cloud-controller-manager deletes its Node, a new instance
+    #: registers, then turns Ready. ``terminated`` lists the instances terminated, in order.
+    terminated: list[str] = attrs.field(factory=list)
+    #: Bearer tokens the API server accepts, each with its expiry (``loop.time()``; None: never).
+    #: A request with none, an unknown one or an expired one is answered 401 Unauthorized, as an
+    #: expired EKS/GKE exec-plugin token is. ``issue_token(ttl)`` mints one (the exec plugin's job).
+    tokens: dict[str, float | None] = attrs.field(factory=lambda: {EMULATED_TOKEN: None})
     #: Karpenter launches a node only for pending pods: a deleted NodeClaim takes its Node with it and
     #: is replaced by nothing unless a pod of its NodePool is pending. Leniency by name:
     #: ``karpenter_replaces_deleted_claims`` makes a new NodeClaim for every deleted one (what
@@ -261,7 +274,40 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     # --- HTTP ------------------------------------------------------------------------------------------
 
+    def issue_token(self, ttl: float | None) -> str:
+        """A new bearer token valid for ``ttl`` seconds (None: for ever), as an exec plugin gets one."""
+        token = f"k8s-aws-v1.{uuid.uuid4().hex}"
+        self.tokens[token] = None if ttl is None else asyncio.get_running_loop().time() + ttl
+        return token
+
+    def _authenticated(self, request: kmock.Request) -> bool:
+        header = _header(request, "Authorization") or ""
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or token not in self.tokens:
+            return False
+        expiry = self.tokens[token]
+        return expiry is None or asyncio.get_running_loop().time() < expiry
+
+    def _cloud(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """The cloud provider's API, as far as pitcrew's provider action reaches it: terminate the
+        instance behind a node; its group launches a new one."""
+        node = request.url.path.removeprefix(_CLOUD_TERMINATE)
+        if request.method.value != "POST" or not node or "/" in node:
+            return aiohttp.web.json_response({"error": "POST /emulator/cloud/terminate/<node>"}, status=400)
+        self.terminated.append(node)
+        template = copy.deepcopy(self.objects.get(("nodes", None, node)))
+
+        async def replaced() -> None:
+            self.objects.pop(("nodes", None, node), None)  # cloud-controller-manager: the instance is gone
+            if template is not None:
+                await self._new_instance(template)
+
+        self._later(self.replace_delay, replaced)
+        return aiohttp.web.json_response({"terminated": node}, status=202)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith(_CLOUD_TERMINATE):
+            return self._cloud(request)
         match = _PATH.match(request.url.path)
         group = "" if match is None or match["core"] else match["group"]
         res = resources.BY_GROUP_PLURAL.get((group, match["plural"])) if match else None
@@ -270,6 +316,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         entry = LoggedRequest.of(request, res, match["ns"], match["name"], match["sub"])
         self.log.append(entry)
         try:
+            if not self._authenticated(request):
+                raise ApiError(401, "Unauthorized", "Unauthorized")
             fault = self.faults.take(entry)
             if fault is not None:
                 if fault.before is not None:
@@ -459,9 +507,6 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._on_deleting(res, current)
             return copy.deepcopy(current), 200
         del self.objects[key]
-        if res.plural == "nodes" and self.autoscaler:
-            snapshot = copy.deepcopy(current)
-            self._later(self.replace_delay, lambda: self._new_instance(snapshot))
         if res.crd:
             return copy.deepcopy(current), 200
         details = {"name": meta["name"], "kind": res.plural, "uid": meta["uid"]}
@@ -628,7 +673,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         return None
 
     async def _new_instance(self, old: dict[str, Any]) -> None:
-        """The cloud autoscaler's answer to a deleted Node: a new instance registers, then turns Ready."""
+        """The instance group's answer to a terminated instance: a new one registers, then turns Ready."""
         suffix = uuid.uuid4().hex[:5]
         name = f"{old['metadata']['name']}-{suffix}"
         self.add("nodes", resources.replacement_node(old, name, suffix))

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
-from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator, load_fixture
 from proving_ground.kubernetes.faults import LoggedRequest
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ def write_kubeconfig(path: Path, server: str) -> Path:
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [{"name": "emulated", "cluster": {"server": server}}],
-                "users": [{"name": "pitcrew", "user": {"token": "emulated-token"}}],
+                "users": [{"name": "pitcrew", "user": {"token": EMULATED_TOKEN}}],
                 "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pitcrew"}}],
                 "current-context": "emulated",
             }

@@ -1,8 +1,9 @@
 """Each replacement strategy through the real client against the emulator, and what replaced the node.
 
 Cases, per strategy: ``cluster-api`` deletes the node's Machine (its MachineSet stand-in makes a new
-Machine and Node), ``karpenter`` deletes the NodeClaim, ``delete-node`` deletes the Node (the cloud
-autoscaler stand-in brings a new instance); each writes its handle on the node before the delete,
+Machine and Node), ``karpenter`` deletes the NodeClaim, ``delete-node`` runs its provider action
+(terminating the instance: the cloud group stand-in brings a new one) and deletes the Node; deleting
+a Node alone replaces nothing, so ``delete-node`` without that action is refused; each writes its handle on the node before the delete,
 reports the replacement started, and ``successor`` finds the new fleet node of the same pool once it
 is Ready. ``command`` runs the operator's executable with the node and incident in its environment,
 its exit code the result; ``none`` hands the node to humans. Another system already repairing the
@@ -29,7 +30,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes.aio import client
+from pydantic import ValidationError
 
+from bot.config import KubernetesSettings
 from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode
@@ -59,7 +62,9 @@ async def _successor(cluster: KubernetesCluster, handle: str, within: float = 5.
 async def test_a_strategy_deletes_its_handle_once_and_a_new_node_comes(
     make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, deleted: str
 ) -> None:
-    cluster = make_cluster(replace={"strategy": strategy})
+    # delete-node's provider action: the cloud's terminate, after which the instance group replaces it.
+    terminate = [sys.executable, "-m", "proving_ground.kubernetes.cloud", k8s.host]
+    cluster = make_cluster(replace={"strategy": strategy, "command": terminate})
     k8s.ready_delay = 0.3
     assert not await cluster.replacement_started(NODE, incident_id=INCIDENT)
     assert await cluster.repair_owner(NODE) is None
@@ -75,6 +80,21 @@ async def test_a_strategy_deletes_its_handle_once_and_a_new_node_comes(
     new = await _successor(cluster, handle)
     assert new.name.startswith(f"{NODE}-") and new.gpus == 8 and not new.unschedulable
     assert k8s.get("nodes", NODE) is None
+    assert k8s.terminated == ([NODE] if strategy == "delete-node" else [])
+
+
+def test_delete_node_without_its_provider_action_is_refused_by_the_configuration() -> None:
+    with pytest.raises(ValidationError, match="delete-node needs command"):
+        KubernetesSettings.model_validate({"replace": {"strategy": "delete-node"}})
+
+
+async def test_delete_node_asked_by_a_playbook_without_a_provider_action_writes_nothing(
+    cluster: KubernetesCluster, k8s: KubeEmulator
+) -> None:
+    with pytest.raises(PermanentError, match="needs kubernetes.replace.command") as err:
+        await cluster.replace(NODE, strategy="delete-node", incident_id=INCIDENT)
+    assert err.value.reason == Reason.MISCONFIGURED
+    assert [e.verb for e in k8s.log if e.verb != "get"] == [] and k8s.get("nodes", NODE) is not None
 
 
 async def test_a_marked_replacement_that_never_left_can_be_cancelled(
@@ -179,7 +199,7 @@ async def test_a_delete_whose_answer_was_lost_is_not_an_error(
 ) -> None:
     k8s.replace_delay = 30  # keep the world still while the client retries
     k8s.inject(None, verb="delete", resource=resource, lost_answer=500)
-    cluster = make_cluster(replace={"strategy": strategy})
+    cluster = make_cluster(replace={"strategy": strategy, "command": ["true"]})
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
     assert handle.startswith(strategy)
     deletes = [e.status for e in k8s.log if e.verb == "delete"]

@@ -183,12 +183,10 @@ class Replacer:
         if mark is None or mark[0] != incident_id:
             return False
         handle = Handle.parse(mark[1])
-        if handle is None or handle.strategy in ("command", WATCH):
-            # A command cannot be asked (assume it ran rather than run it twice); another system's
-            # replacement was under way before pitcrew marked it.
+        if handle is None or handle.strategy in ("command", "delete-node", WATCH):
+            # A command (delete-node's provider action too) cannot be asked: assume it ran rather
+            # than run it twice. Another system's replacement was under way before pitcrew marked it.
             return True
-        if handle.strategy == "delete-node":
-            return node.metadata.deletion_timestamp is not None
         if handle.strategy == "cluster-api":
             machine = await self.machine(node)
             return machine is None or _deleting(machine)
@@ -248,6 +246,12 @@ class Replacer:
             )
         if strategy not in (*STRATEGIES, WATCH):
             raise PermanentError(f"unknown replace strategy {strategy!r}", reason=Reason.MISCONFIGURED)
+        if strategy == "delete-node" and not self._settings.replace.command:
+            raise PermanentError(
+                f"replace strategy delete-node for {name} needs kubernetes.replace.command, the provider "
+                "action that terminates the instance: deleting the Node alone replaces nothing",
+                reason=Reason.MISCONFIGURED,
+            )
         mark = replacement_owner(node.metadata.annotations or {})
         if mark is not None and mark[0] == incident_id:
             handle = Handle.parse(mark[1])
@@ -273,6 +277,9 @@ class Replacer:
             await self._placeholder(node, handle, incident_id)
             await self._delete_custom(KARPENTER, target)
         elif strategy == "delete-node":
+            # The provider action first: a Node object deleted before it would leave the instance
+            # running, unseen, with nothing replacing it if the action then failed.
+            await self._command(name, incident_id)
             try:
                 await self._nodes.delete(name)
             except PermanentError as exc:
