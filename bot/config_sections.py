@@ -538,6 +538,30 @@ class KubernetesJobSettings(_Section):
     timeout: Duration = Field(default=timedelta(minutes=10), description="Job or command deadline.")
 
 
+class ClusterApiSettings(_Section):
+    """Where the Cluster API Machines are: the management cluster, usually not the workload cluster."""
+
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="kubeconfig of the management cluster holding the Machines (strategy `cluster-api`); "
+        "unset with `context` unset: the workload cluster's own connection (a self-hosted cluster).",
+    )
+    context: str | None = Field(
+        default=None,
+        description="Context of the management cluster in `kubeconfig` (or in the workload kubeconfig when "
+        "`kubeconfig` is unset); unset: that file's current-context.",
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="Namespace of the Machines; unset: the node's `cluster.x-k8s.io/cluster-namespace` annotation.",
+    )
+
+    @property
+    def separate(self) -> bool:
+        """Machines are reached through a connection of their own."""
+        return self.kubeconfig is not None or self.context is not None
+
+
 class KubernetesSettings(_Section):
     """How pitcrew reaches the Kubernetes API and what it may do there (``integrations.cluster: kubernetes``)."""
 
@@ -572,6 +596,7 @@ class KubernetesSettings(_Section):
     )
     replace: KubernetesReplaceSettings = KubernetesReplaceSettings()
     jobs: KubernetesJobSettings = KubernetesJobSettings()
+    cluster_api: ClusterApiSettings = ClusterApiSettings()
 
 
 class LogSettings(_Section):

@@ -38,6 +38,8 @@ _PATH = re.compile(
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
 _CLOUD_TERMINATE = "/emulator/cloud/terminate/"
+#: Where ``exec_credential.py`` (a kubeconfig exec plugin) gets a token that expires.
+TOKEN_SERVICE = "/emulator/token"
 #: The token of ``world.write_kubeconfig``'s user: accepted for ever (a legacy service-account token).
 EMULATED_TOKEN = "emulated-token"
 #: The header a raw HTTP client (a test, the demo) sends to be let in.
@@ -116,6 +118,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
     slinky_drain_delay: float | None = None
     slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
+    #: Resources whose CRD this API server does not have: their paths answer 404 ``404 page not found``
+    #: (text/plain), as for any group the server does not serve. A workload cluster managed from
+    #: elsewhere has no ``machines``: Cluster API keeps them in the management cluster.
+    absent: set[str] = attrs.field(factory=set)
+    #: A management cluster's MachineSet controller acts on the Nodes of this workload cluster (its
+    #: kubeconfig Secret); None: on this server's own Nodes (a self-hosted cluster).
+    workload: KubeEmulator | None = None
     #: Permissions every SelfSubjectAccessReview answers "not allowed" for.
     denied: set[Permission] = attrs.field(factory=set)
     _rv: int = 48213377
@@ -280,6 +289,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
         self.tokens[token] = None if ttl is None else asyncio.get_running_loop().time() + ttl
         return token
 
+    def expire_tokens(self) -> None:
+        """Every token ``issue_token`` minted expires now (time passing, without the wait)."""
+        for token, expiry in self.tokens.items():
+            if expiry is not None:
+                self.tokens[token] = 0.0
+
     def _authenticated(self, request: kmock.Request) -> bool:
         header = _header(request, "Authorization") or ""
         scheme, _, token = header.partition(" ")
@@ -305,14 +320,25 @@ class KubeEmulator(kmock.KubernetesScaffold):
         self._later(self.replace_delay, replaced)
         return aiohttp.web.json_response({"terminated": node}, status=202)
 
+    def _token_service(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """The identity provider an exec plugin asks (STS for EKS, Google's for GKE): a token the API
+        server accepts for ``ttl`` seconds, and its expiry as the plugin reports it."""
+        ttl = float(request.params.get("ttl", "900"))
+        token = self.issue_token(ttl)
+        return aiohttp.web.json_response({"token": token, "expirationTimestamp": now_iso(ttl)}, status=201)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.url.path.startswith(_CLOUD_TERMINATE):
             return self._cloud(request)
+        if request.url.path == TOKEN_SERVICE and request.method.value == "POST":
+            return self._token_service(request)
         match = _PATH.match(request.url.path)
         group = "" if match is None or match["core"] else match["group"]
         res = resources.BY_GROUP_PLURAL.get((group, match["plural"])) if match else None
         if match is None or res is None:
             return await super()._handle(request)
+        if res.plural in self.absent:
+            return aiohttp.web.Response(status=404, text="404 page not found\n")
         entry = LoggedRequest.of(request, res, match["ns"], match["name"], match["sub"])
         self.log.append(entry)
         try:
@@ -616,7 +642,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""
         status = old.get("status") or {}
         old_node_name = (status.get("nodeRef") or {}).get("name") or status.get("nodeName")
-        template = self.objects.pop(("nodes", None, old_node_name), None) if old_node_name else None
+        nodes = (self.workload or self).objects
+        template = nodes.pop(("nodes", None, old_node_name), None) if old_node_name else None
         key = self._key(res, old["metadata"].get("namespace"), old["metadata"]["name"])
         self.objects.pop(key, None)
         if res.plural == "nodeclaims" and not self.karpenter_replaces_deleted_claims:
@@ -661,14 +688,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
         suffix = uuid.uuid4().hex[:5]
         node_name = f"{old_node_name or 'node'}-{suffix}"
         node = resources.replacement_node(template, node_name, suffix)
-        self.add("nodes", node)
+        cluster = self.workload or self
+        cluster.add("nodes", node)
         handle = resources.replacement_handle(old, node_name, suffix)
         self.add(res.plural, handle)
         if self.ready_delay is None:
             return None
         await asyncio.sleep(self.ready_delay)
-        if ("nodes", None, node_name) in self.objects:
-            self.set_node_condition(node_name, "Ready", "True")
+        if ("nodes", None, node_name) in cluster.objects:
+            cluster.set_node_condition(node_name, "Ready", "True")
             return node_name
         return None
 

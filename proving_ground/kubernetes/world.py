@@ -58,15 +58,26 @@ def training_pdb(*, min_available: int | None = None, max_unavailable: int | Non
     }
 
 
-def write_kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig as an operator would have one: cluster, user with a token, current context."""
+def write_kubeconfig(path: Path, server: str, *, exec_plugin: list[str] | None = None) -> Path:
+    """A kubeconfig as an operator would have one: cluster, user with a token, current context.
+    With ``exec_plugin`` (argv) the user's token comes from that plugin, as on EKS or GKE."""
+    user: dict[str, Any] = {"token": EMULATED_TOKEN}
+    if exec_plugin:
+        user = {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                "command": exec_plugin[0],
+                "args": exec_plugin[1:],
+                "interactiveMode": "Never",
+            }
+        }
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [{"name": "emulated", "cluster": {"server": server}}],
-                "users": [{"name": "pitcrew", "user": {"token": EMULATED_TOKEN}}],
+                "users": [{"name": "pitcrew", "user": user}],
                 "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pitcrew"}}],
                 "current-context": "emulated",
             }

@@ -23,7 +23,7 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.domain.ownership import OWNER_ANNOTATION, REPLACE_ANNOTATION, replacement_mark, replacement_owner
-from bot.engine.errors import PermanentError, Reason, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.nodes import Nodes, facts
@@ -111,8 +111,21 @@ def _deleting(obj: dict[str, Any] | None) -> bool:
 
 
 class Replacer:
-    def __init__(self, api: client.ApiClient, nodes: Nodes, settings: KubernetesSettings) -> None:
+    """``machines``: the management cluster's client, where Cluster API keeps the Machines
+    (``kubernetes.cluster_api``), or why there is none; ``None``: the workload cluster's own."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        nodes: Nodes,
+        settings: KubernetesSettings,
+        machines: client.ApiClient | str | None = None,
+    ) -> None:
         self._custom = client.CustomObjectsApi(api)
+        self._machines_error = machines if isinstance(machines, str) else None
+        self._machines = client.CustomObjectsApi(
+            api if machines is None or isinstance(machines, str) else machines
+        )
         self._core = client.CoreV1Api(api)
         self._nodes = nodes
         self._settings = settings
@@ -122,15 +135,45 @@ class Replacer:
         return self._settings.replace.strategy if asked in ("", "configured") else asked
 
     # ------------------------------------------------------------ the far side's handles
-    async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
+    def machine_ref(self, node: client.V1Node) -> tuple[str, str] | None:
+        """The namespace and name of the node's Machine, from the annotations Cluster API's machine
+        controller writes on the Node (``cluster.x-k8s.io/machine``, ``…/cluster-namespace``);
+        ``kubernetes.cluster_api.namespace`` wins over the annotation."""
         annotations = node.metadata.annotations or {}
-        name, namespace = annotations.get(CAPI_MACHINE), annotations.get(CAPI_NAMESPACE)
-        if not name or not namespace:
+        name = annotations.get(CAPI_MACHINE)
+        namespace = self._settings.cluster_api.namespace or annotations.get(CAPI_NAMESPACE)
+        return (namespace, name) if name and namespace else None
+
+    def _management_reachable(self) -> None:
+        if self._machines_error is not None:
+            raise PermanentError(self._machines_error, reason=Reason.MISCONFIGURED)
+
+    def machine_missing(self, node: client.V1Node) -> str:
+        """Why ``machine`` found nothing, naming where it looked."""
+        ref = self.machine_ref(node)
+        if ref is None:
+            return (
+                f"node {node.metadata.name} has no Cluster API Machine: no {CAPI_MACHINE} and "
+                f"{CAPI_NAMESPACE} annotations (nor kubernetes.cluster_api.namespace)"
+            )
+        where = (
+            "the management cluster (kubernetes.cluster_api)"
+            if self._settings.cluster_api.separate
+            else "the workload cluster (Machines usually live in the management cluster: set "
+            "kubernetes.cluster_api.kubeconfig or context)"
+        )
+        return f"Machine {ref[0]}/{ref[1]} of node {node.metadata.name} not found in {where}"
+
+    async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
+        ref = self.machine_ref(node)
+        if ref is None:
             return None
+        self._management_reachable()
+        namespace, name = ref
         try:
             found: dict[str, Any] = await call(
                 f"read Machine {namespace}/{name}",
-                self._custom.get_namespaced_custom_object(
+                self._machines.get_namespaced_custom_object(
                     *CAPI[:2], namespace, CAPI[2], name, _request_timeout=self._timeout
                 ),
             )
@@ -139,6 +182,20 @@ class Replacer:
                 return None
             raise
         return found
+
+    async def machines_not_found(self, fleet_selector: str, sample: int = 5) -> list[str]:
+        """For ``check-config --live``: of the first ``sample`` fleet nodes, each whose Machine cannot
+        be read where pitcrew would look for it (a verb allowed proves nothing about that)."""
+        missing = []
+        for node in (await self._nodes.fleet(fleet_selector))[:sample]:
+            try:
+                found = await self.machine(node)
+            except PitcrewError as exc:
+                missing.append(f"{node.metadata.name}: {exc}")
+                continue
+            if found is None:
+                missing.append(self.machine_missing(node))
+        return missing
 
     async def nodeclaim(self, node_name: str) -> dict[str, Any] | None:
         listed = await call(
@@ -272,10 +329,10 @@ class Replacer:
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
         if strategy == "cluster-api":
-            await self._delete_custom(CAPI, target)
+            await self._delete_custom(CAPI, target, self._machines)
         elif strategy == "karpenter":
             await self._placeholder(node, handle, incident_id)
-            await self._delete_custom(KARPENTER, target)
+            await self._delete_custom(KARPENTER, target, self._custom)
         elif strategy == "delete-node":
             # The provider action first: a Node object deleted before it would leave the instance
             # running, unseen, with nothing replacing it if the action then failed.
@@ -292,9 +349,9 @@ class Replacer:
     def _handle(self, strategy: str, node: client.V1Node) -> Handle:
         labels = node.metadata.labels or {}
         pool = {k: labels[k] for k in self._settings.replace.pool_labels if k in labels}
-        annotations = node.metadata.annotations or {}
+        machine = self.machine_ref(node) or ("", "")
         target = {
-            "cluster-api": f"machine/{annotations.get(CAPI_NAMESPACE, '')}/{annotations.get(CAPI_MACHINE, '')}",
+            "cluster-api": f"machine/{machine[0]}/{machine[1]}",
             "karpenter": f"nodeclaim/{node.metadata.name}",  # replace() names the real NodeClaim once read
             "delete-node": f"node/{node.metadata.name}",
             "command": f"command/{node.metadata.name}",
@@ -308,9 +365,7 @@ class Replacer:
         if strategy == "cluster-api":
             machine = await self.machine(node)
             if machine is None:
-                raise PermanentError(
-                    f"node {node.metadata.name} has no Cluster API Machine", reason=Reason.NOT_FOUND
-                )
+                raise PermanentError(self.machine_missing(node), reason=Reason.NOT_FOUND)
             meta = machine["metadata"]
             sets = [o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "MachineSet"]
             owner = f"machineset/{meta['namespace']}/{sets[0]}" if sets else None
@@ -325,16 +380,18 @@ class Replacer:
             return (None, claim["metadata"]["name"]), (f"nodepool/{pool}" if pool else None)
         return (None, node.metadata.name), None
 
-    async def _delete_custom(self, kind: tuple[str, str, str], target: tuple[str | None, str]) -> None:
+    async def _delete_custom(
+        self, kind: tuple[str, str, str], target: tuple[str | None, str], api: client.CustomObjectsApi
+    ) -> None:
         group, version, plural = kind
         namespace, name = target
         what = f"delete {plural} {namespace + '/' if namespace else ''}{name}"
         request = (
-            self._custom.delete_namespaced_custom_object(
+            api.delete_namespaced_custom_object(
                 group, version, namespace, plural, name, _request_timeout=self._timeout
             )
             if namespace
-            else self._custom.delete_cluster_custom_object(
+            else api.delete_cluster_custom_object(
                 group, version, plural, name, _request_timeout=self._timeout
             )
         )
@@ -492,10 +549,11 @@ class Replacer:
         """Node names of the handles ``parsed.owner`` created since the replacement, oldest first."""
         kind, _, rest = (parsed.owner or "").partition("/")
         if kind == "machineset":
+            self._management_reachable()
             namespace, _, machineset = rest.partition("/")
             listed: dict[str, Any] = await call(
                 f"list Machines in {namespace}",
-                self._custom.list_namespaced_custom_object(
+                self._machines.list_namespaced_custom_object(
                     *CAPI[:2], namespace, CAPI[2], _request_timeout=self._timeout
                 ),
             )
