@@ -124,12 +124,15 @@ def test_kubernetes_slurm_and_prometheus_green(
     for system in ("slurm", "kubernetes", "prometheus"):
         assert line_of(result.stdout, system).split()[0] == "ok", result.stdout
     kube = line_of(result.stdout, "kubernetes")
+    fleet = min(len(slurm.nodes), 5)  # the probe reads at most five fleet nodes' Machines
     assert "(cluster)" in kube and "API reachable; 11 permissions allowed" in kube
+    assert f"the Machines of {fleet} fleet node(s) found" in kube
     assert result.stderr == ""
-    sent = [e for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
-    assert len(sent) == 11 and {(e.verb, e.resource) for e in sent} == {
-        ("create", "selfsubjectaccessreviews")
-    }
+    sent = [(e.verb, e.resource) for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
+    # Each verb asked, then each fleet node's Machine actually read: allowed is not found.
+    assert sent == [("create", "selfsubjectaccessreviews")] * 11 + [("list", "nodes")] + [
+        ("get", "machines")
+    ] * fleet
 
 
 def test_a_verb_the_emulator_denies_is_named(

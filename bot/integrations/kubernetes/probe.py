@@ -176,11 +176,13 @@ async def probe(
         return Probe("kubernetes", False, f"API server not usable: {exc}")
     if denied:
         return Probe("kubernetes", False, f"{len(denied)} permission(s) missing", tuple(denied))
+    found = ""
     if settings.replace.strategy == "cluster-api":
         try:
-            missing = await replacer.machines_not_found(settings.node_selector)
+            missing, checked = await replacer.machines_not_found(settings.node_selector)
         except PitcrewError as exc:
-            missing = [f"fleet nodes not listed: {exc}"]
+            missing, checked = [f"fleet nodes not listed: {exc}"], 0
+        found = f"; the Machines of {checked} fleet node(s) found"
         if missing:
             return Probe(
                 "kubernetes",
@@ -196,7 +198,7 @@ async def probe(
             f"namespace {settings.jobs.namespace} would refuse the Jobs' pods (Pod Security or admission)",
             tuple(refused),
         )
-    return Probe("kubernetes", True, f"API reachable; {len(needed(settings))} permissions allowed")
+    return Probe("kubernetes", True, f"API reachable; {len(needed(settings))} permissions allowed{found}")
 
 
 async def _job_pods_refused(api: client.ApiClient, settings: KubernetesSettings) -> list[str]:

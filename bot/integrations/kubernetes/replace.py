@@ -183,11 +183,13 @@ class Replacer:
             raise
         return found
 
-    async def machines_not_found(self, fleet_selector: str, sample: int = 5) -> list[str]:
+    async def machines_not_found(self, fleet_selector: str, sample: int = 5) -> tuple[list[str], int]:
         """For ``check-config --live``: of the first ``sample`` fleet nodes, each whose Machine cannot
-        be read where pitcrew would look for it (a verb allowed proves nothing about that)."""
+        be read where pitcrew would look for it (a verb allowed proves nothing about that), and how
+        many nodes were checked."""
         missing = []
-        for node in (await self._nodes.fleet(fleet_selector))[:sample]:
+        nodes = (await self._nodes.fleet(fleet_selector))[:sample]
+        for node in nodes:
             try:
                 found = await self.machine(node)
             except PitcrewError as exc:
@@ -195,7 +197,7 @@ class Replacer:
                 continue
             if found is None:
                 missing.append(self.machine_missing(node))
-        return missing
+        return missing, len(nodes)
 
     async def nodeclaim(self, node_name: str) -> dict[str, Any] | None:
         listed = await call(
