@@ -130,9 +130,10 @@ def test_kubernetes_slurm_and_prometheus_green(
     assert result.stderr == ""
     sent = [(e.verb, e.resource) for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
     # Each verb asked, then each fleet node's Machine actually read: allowed is not found.
-    assert sent == [("create", "selfsubjectaccessreviews")] * 11 + [("list", "nodes")] + [
-        ("get", "machines")
-    ] * fleet
+    assert (
+        sent
+        == [("create", "selfsubjectaccessreviews")] * 11 + [("list", "nodes")] + [("get", "machines")] * fleet
+    )
 
 
 def test_a_verb_the_emulator_denies_is_named(
