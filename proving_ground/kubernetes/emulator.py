@@ -29,6 +29,7 @@ from proving_ground.kubernetes import patching, podsecurity, resources
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
 from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
+from proving_ground.kubernetes.slinky import OPERATOR_PREFIX, MemorySlurm, SlurmSide
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 Key = tuple[str, str | None, str]
@@ -113,11 +114,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: ``reboot_job_reports_success`` lets the pod exit 0 first (a reboot scheduled after the exit).
     reboot_delay: float = 0.3
     reboot_job_reports_success: bool = False
-    #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
-    #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
-    #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
+    #: slurm-operator stand-in: seconds after a Node is cordoned until the operator reconciles it;
+    #: None: no operator. It drains the Slurm node of each NodeSet pod there (reason
+    #: ``slurm-operator: `` + the node's cordon-reason annotation) only when the Slurm node has no
+    #: reason or one of its own: another's reason (an administrator's, pitcrew's own DRAIN) is kept
+    #: and the node left as it is (``slinky_kept``). ``pod-protect`` follows the Slurm node's
+    #: business only: a drain lets running jobs finish, so it stays until they end or leave, re-read
+    #: every ``slinky_resync`` seconds while the Node is cordoned. ``slinky_reasons`` records, per
+    #: node it drained, the annotation found (None: it was not there yet). ``slinky_slurm`` is the
+    #: Slurm it reads and drains (``slinky.py``: in memory, or a real cluster through scontrol).
     slinky_drain_delay: float | None = None
     slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
+    slinky_kept: dict[str, str] = attrs.field(factory=dict)
+    slinky_slurm: SlurmSide = attrs.field(factory=MemorySlurm)
+    slinky_resync: float = 0.1
     #: Resources whose CRD this API server does not have: their paths answer 404 ``404 page not found``
     #: (text/plain), as for any group the server does not serve. A workload cluster managed from
     #: elsewhere has no ``machines``: Cluster API keeps them in the management cluster.
@@ -201,36 +211,65 @@ class KubeEmulator(kmock.KubernetesScaffold):
         obj["metadata"]["resourceVersion"] = self._bump()
 
     def slurm_node_busy(self, hostname: str, busy: bool) -> None:
-        """slurm-operator's answer to Slurm's node state: ``pod-protect`` on the node's slurmd pods
-        while the Slurm node is busy (allocated, mixed, completing), removed once it is not."""
+        """A job starts or ends on the Slurm node (in the in-memory Slurm), and slurm-operator's
+        answer: ``pod-protect`` on the node's slurmd pods while the Slurm node is busy (allocated,
+        mixed, completing), removed once it is not."""
+        if isinstance(self.slinky_slurm, MemorySlurm):
+            self.slinky_slurm.busy[hostname] = busy
+        self._pod_protect(hostname, busy)
+
+    def _pod_protect(self, hostname: str, busy: bool) -> None:
         for (plural, _, _), pod in self.objects.items():
             labels = pod["metadata"].get("labels") or {}
             if plural != "pods" or labels.get("nodeset.slinky.slurm.net/pod-hostname") != hostname:
                 continue
-            if busy:
+            protected = labels.get("nodeset.slinky.slurm.net/pod-protect") == "true"
+            if busy and not protected:
                 labels["nodeset.slinky.slurm.net/pod-protect"] = "true"
-            else:
+            elif not busy and protected:
                 labels.pop("nodeset.slinky.slurm.net/pod-protect", None)
+            else:
+                continue
             self.bump(pod)
 
-    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
-        """slurm-operator drains the Slurm node of a cordoned Node (with the node's cordon-reason
-        annotation as the reason, if set) and, once it is idle, drops ``pod-protect``."""
-        name = node["metadata"]["name"]
-        annotations = node["metadata"].get("annotations") or {}
-        self.slinky_reasons[name] = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
-        hostnames = {
-            (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+    def _slinky_hostnames(self, node_name: str) -> set[str]:
+        return {
+            str(host)
             for (plural, _, _), pod in self.objects.items()
-            if plural == "pods" and (pod.get("spec") or {}).get("nodeName") == name
-        } - {None}
+            if plural == "pods"
+            and (pod.get("spec") or {}).get("nodeName") == node_name
+            and (host := (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname"))
+        }
 
-        async def idle() -> None:
-            for hostname in hostnames:
-                self.slurm_node_busy(str(hostname), busy=False)
-
+    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
         assert self.slinky_drain_delay is not None
-        self._later(self.slinky_drain_delay, idle)
+        name = node["metadata"]["name"]
+        self._later(self.slinky_drain_delay, lambda: self._slinky_reconcile(name))
+
+    async def _slinky_reconcile(self, name: str) -> None:
+        """slurm-operator's syncCordon, then its pod-protect sync while the Node stays cordoned."""
+        node = self.objects.get(("nodes", None, name))
+        annotations = (node or {}).get("metadata", {}).get("annotations") or {}
+        annotation = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
+        for hostname in sorted(self._slinky_hostnames(name)):
+            _, reason = await self.slinky_slurm.state(hostname)
+            if reason and not reason.startswith(OPERATOR_PREFIX):
+                self.slinky_kept[hostname] = reason  # "externally set into a state, preserve it"
+                continue
+            default = f"Node ({name}) was cordoned, Pod ({hostname}) must be cordoned"
+            await self.slinky_slurm.drain(
+                hostname, OPERATOR_PREFIX + " ".join((annotation or default).split())
+            )
+            self.slinky_reasons[name] = annotation
+        while True:
+            node = self.objects.get(("nodes", None, name))
+            hostnames = self._slinky_hostnames(name)
+            if node is None or not (node.get("spec") or {}).get("unschedulable") or not hostnames:
+                return
+            for hostname in hostnames:
+                busy, _ = await self.slinky_slurm.state(hostname)
+                self._pod_protect(hostname, busy)
+            await asyncio.sleep(self.slinky_resync)
 
     def kubelet_gone(self, node: str, *, taint_manager: bool = True) -> None:
         """The node's kubelet stops posting status: the node lifecycle controller sets Ready to
