@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from bot.config import load_config
 from bot.engine.context import Ports
 from bot.engine.ports import Probe
 from bot.integrations.journal import DryRunJournal, LogNotifier
-from bot.config import load_config
 from bot.probes import Checked, far_sides, missing, probe_far_sides, render, unable
 
 
@@ -94,9 +94,7 @@ def test_a_scheduler_that_cannot_requeue_is_named_for_slinky_too(tmp_path: Path)
     }
     refused = Checked(("scheduler",), Probe("slurm", True, "ok", unable=(("requeue", "v0.0.38"),)), True)
     for mapping, named in (("identity", False), ("slinky", True)):
-        config = load_config(
-            mode="auto", slurm={"node_mapping": mapping}, playbooks={"take-out": playbook}
-        )
+        config = load_config(mode="auto", slurm={"node_mapping": mapping}, playbooks={"take-out": playbook})
         [line] = unable(config, [refused])  # the shipped playbooks DRAIN and need it either way
         assert ("take-out" in line) is named, (mapping, line)
         assert "v0.0.38" in line
