@@ -103,6 +103,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: ``karpenter_replaces_deleted_claims`` makes a new NodeClaim for every deleted one (what
     #: Karpenter's disruption controller does when it replaces a node itself: it launches first).
     karpenter_replaces_deleted_claims: bool = False
+    #: Karpenter's consolidation (v1 NodePool defaults: ``WhenEmptyOrUnderutilized``, ``consolidateAfter``
+    #: 0s): seconds after the last pod other than a DaemonSet's leaves a node Karpenter launched
+    #: until it deletes that node and its NodeClaim, unless ``karpenter.sh/do-not-disrupt: "true"`` is
+    #: on either. A node whose slurmd runs as a DaemonSet pod is empty to it. ``consolidated`` lists them.
+    karpenter_consolidate_after: float = 0.2
+    consolidated: list[str] = attrs.field(factory=list)
+    _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _karpenter_nominated: set[Key] = attrs.field(factory=set)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
@@ -587,6 +594,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
         """Graceful delete: ``deletionTimestamp`` = now + grace; 0 (force) removes it unless finalizers hold it."""
         pod = self.objects[key]
         meta = pod["metadata"]
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name in self._karpenter_launched:
+            delay = self.karpenter_consolidate_after + (self.pod_termination_delay or 0) * (grace > 0)
+            self._later(delay, lambda: self._karpenter_consolidate(str(node_name)))
         if grace == 0 and not meta.get("finalizers"):
             del self.objects[key]
             return copy.deepcopy(pod)
@@ -714,11 +725,42 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 known["node"]["metadata"]["name"],
                 known["node"],
             )
+            if name is not None:
+                self._karpenter_launched.add(name)
             stored = self.objects.get(key)
             if name is not None and stored is not None and not stored["metadata"].get("deletionTimestamp"):
                 stored["spec"]["nodeName"] = name
                 stored.setdefault("status", {})["phase"] = "Running"
                 self.bump(stored)
+
+    async def _karpenter_consolidate(self, node_name: str) -> None:
+        """Consolidation's empty-node delete: no pod but DaemonSet pods left, nothing opting out."""
+        node = self.objects.get(("nodes", None, node_name))
+        if node is None:
+            return
+        busy = [
+            pod
+            for (plural, _, _), pod in self.objects.items()
+            if plural == "pods"
+            and (pod.get("spec") or {}).get("nodeName") == node_name
+            and not any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
+        ]
+        claims = [
+            (key, claim)
+            for key, claim in self.objects.items()
+            if key[0] == "nodeclaims" and (claim.get("status") or {}).get("nodeName") == node_name
+        ]
+        opted_out = [
+            obj
+            for obj in [node, *(c for _, c in claims)]
+            if (obj["metadata"].get("annotations") or {}).get("karpenter.sh/do-not-disrupt") == "true"
+        ]
+        if busy or opted_out:
+            return
+        self.consolidated.append(node_name)
+        for key, _ in claims:
+            self.objects.pop(key, None)
+        self.objects.pop(("nodes", None, node_name), None)
 
     async def _new_handle_and_node(
         self, res: Resource, old: dict[str, Any], old_node_name: str | None, template: dict[str, Any] | None

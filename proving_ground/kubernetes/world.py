@@ -153,6 +153,40 @@ def gpu_fleet(emulator: KubeEmulator, names: list[str]) -> None:
         emulator.add("machines", machine)
 
 
+def karpenter_fleet(emulator: KubeEmulator, names: list[str]) -> None:
+    """One Karpenter GPU node per name (Slurm's names) of NodePool ``gpu-h100``, each with its
+    NodeClaim and slurmd run as a DaemonSet pod (never pending, so never demand for a new node)."""
+    emulator.seed_namespaces()
+    node_template, claim_template = load_fixture("node-gpu.json"), load_fixture("nodeclaim-karpenter.json")
+    slurmd = next(
+        p
+        for p in load_fixture("pods-on-node-list.json")["items"]
+        if p["metadata"]["name"].startswith("slurm-")
+    )
+    for i, name in enumerate(names):
+        node = copy.deepcopy(node_template)
+        node["metadata"].update(name=name)
+        node["metadata"]["labels"].update(
+            {"kubernetes.io/hostname": name, "karpenter.sh/nodepool": "gpu-h100"}
+        )
+        for key in [k for k in node["metadata"]["annotations"] if k.startswith("cluster.x-k8s.io/")]:
+            del node["metadata"]["annotations"][key]
+        node["spec"]["providerID"] = f"aws:///us-east-1a/i-0{i}"
+        emulator.add("nodes", node)
+        claim = copy.deepcopy(claim_template)
+        claim["metadata"]["name"] = f"gpu-h100-k{i}"
+        claim["status"].update(nodeName=name, providerID=node["spec"]["providerID"])
+        emulator.add("nodeclaims", claim)
+        pod = copy.deepcopy(slurmd)
+        pod["metadata"].update(name=f"slurmd-{name}")
+        pod["metadata"]["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "slurmd", "uid": "d5", "controller": True}
+        ]
+        pod["metadata"]["labels"].pop("nodeset.slinky.slurm.net/pod-protect", None)
+        pod["spec"]["nodeName"] = name
+        emulator.add("pods", pod)
+
+
 def pods_like_the_fixture(emulator: KubeEmulator, node: str, elsewhere: str) -> None:
     """On ``node``: a DaemonSet pod, a mirror pod and a training worker; a second worker on
     ``elsewhere``, NotReady, so the team's budget (minAvailable 1) refuses the first eviction."""

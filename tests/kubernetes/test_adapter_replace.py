@@ -278,3 +278,45 @@ async def test_the_karpenter_strategy_creates_the_demand_and_removes_it_once_the
     claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
     assert [c["status"]["nodeName"] for c in claims] == [new.name]
     assert k8s.get("pods", "pitcrew-successor-gpu-h100-x7k2q", "pitcrew-jobs") is None
+    # With the placeholder gone the new node holds only DaemonSet pods: empty to Karpenter, whose
+    # consolidation would take it but for the do-not-disrupt pitcrew put on before the placeholder went.
+    await asyncio.sleep(k8s.karpenter_consolidate_after * 3)
+    node = k8s.get("nodes", new.name)
+    assert node is not None and k8s.consolidated == []
+    assert node["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    guard, drop = (
+        next(i for i, e in enumerate(k8s.log) if e.verb == "patch" and e.name == new.name and i > 0),
+        next(i for i, e in enumerate(k8s.log) if e.verb == "delete" and e.resource == "pods"),
+    )
+    assert guard < drop
+
+
+async def test_karpenter_consolidates_an_empty_successor_without_the_guard(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """The stand-in's consolidation, which the guard above defeats: a placeholder-launched node
+    left with only DaemonSet pods is deleted with its NodeClaim."""
+    core = client.CoreV1Api(k8s_client)
+    await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+        "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
+    )
+    await asyncio.sleep(k8s.replace_delay + 0.1)
+    demand = {
+        "metadata": {"name": "demand", "namespace": "pitcrew-jobs"},
+        "spec": {
+            "nodeSelector": {"karpenter.sh/nodepool": "gpu-h100"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "p", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    await core.create_namespaced_pod("pitcrew-jobs", demand)
+    for _ in range(50):
+        bound = k8s.get("pods", "demand", "pitcrew-jobs")
+        if bound and bound["spec"].get("nodeName"):
+            break
+        await asyncio.sleep(0.05)
+    new = bound["spec"]["nodeName"]  # type: ignore[index]
+    await core.delete_namespaced_pod("demand", "pitcrew-jobs")
+    await asyncio.sleep(k8s.karpenter_consolidate_after * 3)
+    assert k8s.consolidated == [new] and k8s.get("nodes", new) is None
+    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]

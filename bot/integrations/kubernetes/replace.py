@@ -43,6 +43,8 @@ SUCCESSOR_ANNOTATION = "pitcrew.dev/successor-of"
 #: The placeholder pod's image: it only holds the GPU request until the successor is Ready.
 PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 CAPI_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+#: Karpenter's opt-out of voluntary disruption (consolidation, drift) on a Node, NodeClaim or Pod.
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: Taints by which another system announces it is taking the node away.
 FOREIGN_REPAIR_TAINTS = {
     "karpenter.sh/disrupted": "karpenter (disruption taint karpenter.sh/disrupted)",
@@ -506,6 +508,16 @@ class Replacer:
             if exc.reason != "conflict":  # 409 AlreadyExists: created before a retry or restart
                 raise
 
+    async def _guard_from_consolidation(self, node: client.V1Node) -> None:
+        """Once the placeholder is gone, a node whose only pods are DaemonSet pods (slurmd in
+        DaemonSet mode) is empty to Karpenter, and its consolidation would take it while Slurm runs
+        jobs there: ``karpenter.sh/do-not-disrupt: "true"`` on the Node blocks consolidation and
+        drift (not expiration or repair). Set before the placeholder goes; kept afterwards, as the
+        NodePool's own template should set it for such a fleet."""
+        if (node.metadata.annotations or {}).get(DO_NOT_DISRUPT) == "true":
+            return
+        await self._nodes.annotate(node.metadata.name, {DO_NOT_DISRUPT: "true"})
+
     async def _drop_placeholder(self, parsed: Handle) -> None:
         namespace, name = self._settings.jobs.namespace, placeholder_name(parsed.target)
         try:
@@ -530,10 +542,7 @@ class Replacer:
                 nodes.append(node)
         mine = [n for n in nodes if (n.metadata.annotations or {}).get(SUCCESSOR_ANNOTATION) == parsed.target]
         if mine:
-            found = facts(mine[0], self._settings.gpu_resource)
-            if found.ready and parsed.strategy == "karpenter":
-                await self._drop_placeholder(parsed)  # the demand has done its work
-            return found
+            return await self._bound(mine[0], parsed)
         for node in nodes:
             if (node.metadata.annotations or {}).get(SUCCESSOR_ANNOTATION):
                 continue  # another replacement's successor
@@ -544,8 +553,17 @@ class Replacer:
                 }
             }
             if await self._nodes.write(node.metadata.name, body, "claim successor"):
-                return facts(node, self._settings.gpu_resource)
+                return await self._bound(node, parsed)
         return None
+
+    async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:
+        """The successor's facts; a Ready Karpenter successor is guarded, then its demand removed
+        (at the claim too: a node Ready when first found is never asked for again)."""
+        found = facts(node, self._settings.gpu_resource)
+        if found.ready and parsed.strategy == "karpenter":
+            await self._guard_from_consolidation(node)
+            await self._drop_placeholder(parsed)  # the demand has done its work
+        return found
 
     async def _made_since(self, parsed: Handle) -> list[str]:
         """Node names of the handles ``parsed.owner`` created since the replacement, oldest first."""
