@@ -239,6 +239,32 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 continue
             self.bump(pod)
 
+    def machine_health_check_fails(self, namespace: str, name: str) -> None:
+        """A MachineHealthCheck finds the Machine unhealthy: ``HealthCheckSucceeded`` and
+        ``OwnerRemediated`` False (reason ``WaitingForRemediation``); its MachineSet then deletes it
+        after ``replace_delay`` and, as for any deleted Machine, makes a new one."""
+        machine = self.objects[("machines", namespace, name)]
+        conditions = machine.setdefault("status", {}).setdefault("conditions", [])
+        for type_ in ("HealthCheckSucceeded", "OwnerRemediated"):
+            conditions[:] = [c for c in conditions if c.get("type") != type_]
+            conditions.append(
+                {
+                    "type": type_,
+                    "status": "False",
+                    "reason": "WaitingForRemediation",
+                    "lastTransitionTime": now_iso(),
+                }
+            )
+        self.bump(machine)
+        res = resources.BY_PLURAL["machines"]
+
+        async def remediate() -> None:
+            current = self.objects.get(("machines", namespace, name))
+            if current is not None and not current["metadata"].get("deletionTimestamp"):
+                self._delete(res, current, None)
+
+        self._later(self.replace_delay, remediate)
+
     def _slinky_hostnames(self, node_name: str) -> set[str]:
         return {
             str(host)

@@ -194,6 +194,26 @@ async def test_another_systems_replacement_is_watched_not_repeated(
     assert new.name.startswith(f"{NODE}-")
 
 
+async def test_a_machine_a_machinehealthcheck_remediates_is_watched_not_deleted_again(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Cluster API's MachineHealthCheck found the Machine unhealthy (``OwnerRemediated`` False): its
+    MachineSet is about to delete it and make another. pitcrew names that, deletes nothing, and
+    follows the new Machine's node."""
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.replace_delay = 0.3
+    k8s.machine_health_check_fails("gpu-east", "gpu-east-gpu-h100-x7b2n-q4v9k")
+    owner = await cluster.repair_owner(NODE)
+    assert owner == (
+        "cluster-api MachineHealthCheck (Machine gpu-east-gpu-h100-x7b2n-q4v9k is marked for remediation "
+        "by its owner: OwnerRemediated False, WaitingForRemediation)"
+    )
+    handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    new = await _successor(cluster, handle)
+    assert new.name.startswith(f"{NODE}-")
+    assert [(e.resource, e.user_agent.startswith("pitcrew/")) for e in k8s.log if e.verb == "delete"] == []
+
+
 @pytest.mark.parametrize(("strategy", "resource"), [("delete-node", "nodes"), ("cluster-api", "machines")])
 async def test_a_delete_whose_answer_was_lost_is_not_an_error(
     make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, resource: str

@@ -43,6 +43,8 @@ SUCCESSOR_ANNOTATION = "pitcrew.dev/successor-of"
 #: The placeholder pod's image: it only holds the GPU request until the successor is Ready.
 PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 CAPI_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+#: Asks Cluster API's MachineHealthCheck to remediate a Machine (it is then flagged unhealthy).
+REMEDIATE_MACHINE = "cluster.x-k8s.io/remediate-machine"
 #: Karpenter's opt-out of voluntary disruption (consolidation, drift) on a Node, NodeClaim or Pod.
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: Taints by which another system announces it is taking the node away.
@@ -106,6 +108,21 @@ def _node_of(handle: dict[str, Any]) -> str | None:
     status = handle.get("status") or {}
     name = (status.get("nodeRef") or {}).get("name") or status.get("nodeName")
     return str(name) if name else None
+
+
+def _remediation(machine: dict[str, Any]) -> str | None:
+    """A MachineHealthCheck handed the Machine to its owner for remediation (its MachineSet deletes
+    it, and makes a new one): ``OwnerRemediated`` False (v1beta1 or v1beta2 conditions), or the
+    ``cluster.x-k8s.io/remediate-machine`` annotation the health check acts on."""
+    status = machine.get("status") or {}
+    conditions = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
+    for condition in conditions:
+        if condition.get("type") == "OwnerRemediated" and condition.get("status") == "False":
+            why = condition.get("reason") or "WaitingForRemediation"
+            return f"is marked for remediation by its owner: OwnerRemediated False, {why}"
+    if REMEDIATE_MACHINE in ((machine.get("metadata") or {}).get("annotations") or {}):
+        return f"carries {REMEDIATE_MACHINE}"
+    return None
 
 
 def _deleting(obj: dict[str, Any] | None) -> bool:
@@ -229,8 +246,12 @@ class Replacer:
         if node.metadata.deletion_timestamp is not None:
             return "the Node is already being deleted"
         strategy = self._settings.replace.strategy
-        if strategy == "cluster-api" and _deleting(machine := await self.machine(node)):
-            return f"cluster-api (Machine {machine['metadata']['name']} is deleting)"  # type: ignore[index]
+        if strategy == "cluster-api" and (machine := await self.machine(node)) is not None:
+            if _deleting(machine):
+                return f"cluster-api (Machine {machine['metadata']['name']} is deleting)"
+            remediation = _remediation(machine)
+            if remediation:
+                return f"cluster-api MachineHealthCheck (Machine {machine['metadata']['name']} {remediation})"
         if strategy == "karpenter" and _deleting(claim := await self.nodeclaim(name)):
             return f"karpenter (NodeClaim {claim['metadata']['name']} is deleting)"  # type: ignore[index]
         return None
