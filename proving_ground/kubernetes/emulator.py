@@ -29,7 +29,7 @@ from proving_ground.kubernetes import patching, podsecurity, resources
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
 from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
-from proving_ground.kubernetes.slinky import OPERATOR_PREFIX, MemorySlurm, SlurmSide
+from proving_ground.kubernetes.slinky import OPERATOR_PREFIX, MemorySlurm, SlurmSide, slurm_reason
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 Key = tuple[str, str | None, str]
@@ -290,9 +290,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self.slinky_kept[hostname] = reason  # "externally set into a state, preserve it"
                 continue
             default = f"Node ({name}) was cordoned, Pod ({hostname}) must be cordoned"
-            await self.slinky_slurm.drain(
-                hostname, OPERATOR_PREFIX + " ".join((annotation or default).split())
-            )
+            await self.slinky_slurm.drain(hostname, OPERATOR_PREFIX + slurm_reason(annotation or default))
             self.slinky_reasons[name] = annotation
         while True:
             node = self.objects.get(("nodes", None, name))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Protocol
+from unicodedata import category
 
 import attrs
 
@@ -21,6 +22,17 @@ if TYPE_CHECKING:
 OPERATOR_PREFIX = "slurm-operator: "
 #: Slurm states in which the node is doing work (slurm_conditions.IsNodeBusy).
 BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
+#: The operator's limit on a reason it writes (runes), after sanitizing.
+MAX_REASON = 256
+
+
+def slurm_reason(text: str) -> str:
+    """The operator's sanitizeSlurmReason: tabs and line breaks become spaces, other control
+    characters go, the ends are trimmed, and at most ``MAX_REASON`` characters are kept."""
+    kept = "".join(" " if c in "\t\n\r" else c for c in text if c in "\t\n\r" or category(c) != "Cc")
+    return kept.strip()[:MAX_REASON].strip()
 
 
 class SlurmSide(Protocol):

@@ -22,7 +22,7 @@ from bot.engine.errors import TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
-from proving_ground.kubernetes.slinky import MemorySlurm
+from proving_ground.kubernetes.slinky import MemorySlurm, slurm_reason
 from proving_ground.kubernetes.world import slinky_pdb
 
 NODE = "gpu-node-02"
@@ -92,3 +92,10 @@ async def test_the_operator_keeps_another_reason_and_drains_nothing(
     await _settled(k8s)
     assert slurm.drained == set() and slurm.reasons["gpu-002"] == "admin: bios update"
     assert k8s.slinky_kept == {"gpu-002": "admin: bios update"} and NODE not in k8s.slinky_reasons
+
+
+def test_the_operator_sanitizes_the_reason_it_copies() -> None:
+    """sanitizeSlurmReason: line breaks and tabs become spaces, other control characters go, the
+    ends are trimmed, 256 characters at most."""
+    assert slurm_reason(" pitcrew: pc-1\tXID 79\non gpu-002\x07 ") == "pitcrew: pc-1 XID 79 on gpu-002"
+    assert len(slurm_reason("x" * 300)) == 256
