@@ -19,10 +19,12 @@ from pathlib import Path
 
 import kmock
 import pytest
+import yaml
 
+from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError, Reason
 from bot.integrations.kubernetes import KubernetesCluster
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator
 from proving_ground.kubernetes.world import write_kubeconfig
 
 NODE = "gpu-node-02"
@@ -115,3 +117,40 @@ async def test_an_unreadable_management_kubeconfig_leaves_the_workload_cluster_u
         await cluster.replace(NODE, strategy="configured", incident_id="pc-1")
     assert err.value.reason == Reason.MISCONFIGURED
     assert not (await cluster.probe()).ok
+
+
+async def test_the_management_cluster_as_a_context_of_the_same_kubeconfig(
+    k8s: KubeEmulator, management: KubeEmulator, tmp_path: Path
+) -> None:
+    """``kubernetes.cluster_api.context`` alone: the workload kubeconfig's other context."""
+    path = tmp_path / "kubeconfig"
+    user = {"name": "pitcrew", "user": {"token": EMULATED_TOKEN}}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "workload", "cluster": {"server": k8s.host}},
+                    {"name": "management", "cluster": {"server": management.host}},
+                ],
+                "users": [user],
+                "contexts": [
+                    {"name": "gpu-east", "context": {"cluster": "workload", "user": "pitcrew"}},
+                    {"name": "mgmt", "context": {"cluster": "management", "user": "pitcrew"}},
+                ],
+                "current-context": "gpu-east",
+            }
+        )
+    )
+    settings = {
+        "kubeconfig": path,
+        "replace": {"strategy": "cluster-api"},
+        "cluster_api": {"context": "mgmt"},
+    }
+    cluster = KubernetesCluster(KubernetesSettings.model_validate(settings))
+    try:
+        assert (await cluster.probe()).ok
+        assert [e.resource for e in management.log if e.verb == "get"] == ["machines"]
+    finally:
+        await cluster.aclose()
