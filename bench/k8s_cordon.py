@@ -31,7 +31,7 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
-from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator, load_fixture
 from proving_ground.kubernetes.world import write_kubeconfig
 
 
@@ -60,7 +60,9 @@ async def main(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", emulator.host)
 
-            configuration = client.Configuration(host=emulator.host)
+            configuration = client.Configuration(
+                host=emulator.host, api_key={"BearerToken": f"Bearer {EMULATED_TOKEN}"}
+            )
             async with client.ApiClient(configuration) as api:
                 core = client.CoreV1Api(api)
                 base = []

@@ -478,13 +478,16 @@ class KubernetesReplaceSettings(_Section):
     strategy: ReplaceStrategy = Field(
         default="none",
         description="`cluster-api`: delete the node's Machine (its MachineSet makes a new one); `karpenter`: "
-        "delete its NodeClaim; `delete-node`: delete the Node (a cloud autoscaler replaces the instance); "
-        "`command`: run `command`; `none`: hand the replacement to humans.",
+        "delete its NodeClaim; `delete-node`: run `command` (the provider action that terminates the "
+        "instance, so its instance group launches a new one), then delete the Node object: deleting a Node "
+        "alone stops no instance and replaces nothing; `command`: run `command`; `none`: hand the "
+        "replacement to humans.",
     )
     command: list[str] = Field(
         default_factory=list,
-        description="`command` strategy: executable and arguments; PITCREW_NODE, PITCREW_INCIDENT and "
-        "PITCREW_ACTION are in its environment; exit code 0 means the replacement started.",
+        description="`command` strategy, and `delete-node`'s provider action: executable and arguments; "
+        "PITCREW_NODE, PITCREW_INCIDENT and PITCREW_ACTION are in its environment; exit code 0 means the "
+        "replacement started.",
     )
     command_timeout: Duration = Field(
         default=timedelta(minutes=5), description="Kill the command after this."
@@ -499,6 +502,11 @@ class KubernetesReplaceSettings(_Section):
     def _command_given(self) -> KubernetesReplaceSettings:
         if self.strategy == "command" and not self.command:
             raise ValueError("strategy command needs command: the executable (and arguments) to run")
+        if self.strategy == "delete-node" and not self.command:
+            raise ValueError(
+                "strategy delete-node needs command: the provider action that terminates the instance "
+                "(deleting the Node object alone leaves the machine running and nothing replaces it)"
+            )
         return self
 
 
@@ -528,6 +536,30 @@ class KubernetesJobSettings(_Section):
         default_factory=list, description="Instead of a Job: an executable run for `reboot` (exit 0 = ok)."
     )
     timeout: Duration = Field(default=timedelta(minutes=10), description="Job or command deadline.")
+
+
+class ClusterApiSettings(_Section):
+    """Where the Cluster API Machines are: the management cluster, usually not the workload cluster."""
+
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="kubeconfig of the management cluster holding the Machines (strategy `cluster-api`); "
+        "unset with `context` unset: the workload cluster's own connection (a self-hosted cluster).",
+    )
+    context: str | None = Field(
+        default=None,
+        description="Context of the management cluster in `kubeconfig` (or in the workload kubeconfig when "
+        "`kubeconfig` is unset); unset: that file's current-context.",
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="Namespace of the Machines; unset: the node's `cluster.x-k8s.io/cluster-namespace` annotation.",
+    )
+
+    @property
+    def separate(self) -> bool:
+        """Machines are reached through a connection of their own."""
+        return self.kubeconfig is not None or self.context is not None
 
 
 class KubernetesSettings(_Section):
@@ -564,6 +596,7 @@ class KubernetesSettings(_Section):
     )
     replace: KubernetesReplaceSettings = KubernetesReplaceSettings()
     jobs: KubernetesJobSettings = KubernetesJobSettings()
+    cluster_api: ClusterApiSettings = ClusterApiSettings()
 
 
 class LogSettings(_Section):

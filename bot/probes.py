@@ -110,19 +110,20 @@ def unable(config: Config, checked: Sequence[Checked]) -> list[str]:
 
     Only the scheduler's ``requeue`` so far: the ``drain`` step requeues the jobs still running
     when a DRAIN's grace period ends (``slurm_drain_grace_seconds``), which any playbook with
-    ``slurm_down`` and ``drain`` may reach unless it always sets DOWN (``slurm_action: down``) or
-    Slinky's operator drains (``slurm.node_mapping: slinky``, no requeue by pitcrew).
+    ``slurm_down`` and ``drain`` may reach unless it always sets DOWN (``slurm_action: down``).
+    Slinky's operator always drains (``slurm.node_mapping: slinky``, whatever ``slurm_action``), and
+    its jobs are requeued alike.
     """
     lines = []
     for item in checked:
         for operation, why in item.probe.unable:
-            if operation != "requeue" or config.settings.slurm.node_mapping == "slinky":
+            if operation != "requeue":
                 continue
             needing = [
                 name
                 for name, playbook in sorted(config.playbooks.playbooks.items())
                 if config.policy.mode_for(name) is not Mode.OBSERVE
-                and playbook.slurm_action != "down"
+                and (playbook.slurm_action != "down" or config.settings.slurm.node_mapping == "slinky")
                 and {"slurm_down", "drain"} <= {spec.step for spec in playbook.steps}
             ]
             if needing:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from proving_ground.farside import Notice
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator
 from proving_ground.kubernetes.faults import LoggedRequest
 from proving_ground.kubernetes.world import KubeWorld, demo_fleet, settings_for
 from proving_ground.pitcrew import Pitcrew
@@ -222,7 +222,7 @@ class KubernetesFarSide:
         kubeconfig = self._workdir / "kubeconfig"
         return [
             f"Kubernetes    API emulator {self.world.host}; kubeconfig {kubeconfig}",
-            f"              e.g. curl {self.world.host}/api/v1/nodes (nodes, pods, machines; no auth)",
+            f"              e.g. curl -H 'Authorization: Bearer {EMULATED_TOKEN}' {self.world.host}/api/v1/nodes",
         ]
 
 

@@ -29,6 +29,7 @@ from proving_ground.kubernetes import patching, podsecurity, resources
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
 from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
+from proving_ground.kubernetes.slinky import OPERATOR_PREFIX, MemorySlurm, SlurmSide, slurm_reason
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 Key = tuple[str, str | None, str]
@@ -37,6 +38,13 @@ _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
+_CLOUD_TERMINATE = "/emulator/cloud/terminate/"
+#: Where ``exec_credential.py`` (a kubeconfig exec plugin) gets a token that expires.
+TOKEN_SERVICE = "/emulator/token"
+#: The token of ``world.write_kubeconfig``'s user: accepted for ever (a legacy service-account token).
+EMULATED_TOKEN = "emulated-token"
+#: The header a raw HTTP client (a test, the demo) sends to be let in.
+AUTH_HEADER = {"Authorization": f"Bearer {EMULATED_TOKEN}"}
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _MODELS = {
     "Node": "V1Node",
@@ -80,13 +88,28 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: (None: it stays NotReady until someone flips its condition, as ``scripts/demo`` does).
     replace_delay: float = 0.05
     ready_delay: float | None = 0.1
-    #: A cloud autoscaler: a deleted fleet Node is replaced by a new instance (``delete-node``).
-    autoscaler: bool = True
+    #: The cloud's instance groups (an AWS Auto Scaling group, a GCE managed instance group): deleting
+    #: a Node object stops no instance and replaces nothing (the kubelet keeps running on the old one).
+    #: Only a terminated instance (``POST /emulator/cloud/terminate/<node>``, what the provider's CLI
+    #: does, ``cloud.py``) is replaced: cloud-controller-manager deletes its Node, a new instance
+    #: registers, then turns Ready. ``terminated`` lists the instances terminated, in order.
+    terminated: list[str] = attrs.field(factory=list)
+    #: Bearer tokens the API server accepts, each with its expiry (``loop.time()``; None: never).
+    #: A request with none, an unknown one or an expired one is answered 401 Unauthorized, as an
+    #: expired EKS/GKE exec-plugin token is. ``issue_token(ttl)`` mints one (the exec plugin's job).
+    tokens: dict[str, float | None] = attrs.field(factory=lambda: {EMULATED_TOKEN: None})
     #: Karpenter launches a node only for pending pods: a deleted NodeClaim takes its Node with it and
     #: is replaced by nothing unless a pod of its NodePool is pending. Leniency by name:
     #: ``karpenter_replaces_deleted_claims`` makes a new NodeClaim for every deleted one (what
     #: Karpenter's disruption controller does when it replaces a node itself: it launches first).
     karpenter_replaces_deleted_claims: bool = False
+    #: Karpenter's consolidation (v1 NodePool defaults: ``WhenEmptyOrUnderutilized``, ``consolidateAfter``
+    #: 0s): seconds after the last pod other than a DaemonSet's leaves a node Karpenter launched
+    #: until it deletes that node and its NodeClaim, unless ``karpenter.sh/do-not-disrupt: "true"`` is
+    #: on either. A node whose slurmd runs as a DaemonSet pod is empty to it. ``consolidated`` lists them.
+    karpenter_consolidate_after: float = 0.2
+    consolidated: list[str] = attrs.field(factory=list)
+    _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _karpenter_nominated: set[Key] = attrs.field(factory=set)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
@@ -98,11 +121,27 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: ``reboot_job_reports_success`` lets the pod exit 0 first (a reboot scheduled after the exit).
     reboot_delay: float = 0.3
     reboot_job_reports_success: bool = False
-    #: slurm-operator stand-in: seconds after a Node is cordoned until its Slurm node is drained and idle
-    #: (``pod-protect`` dropped); None: no operator. ``slinky_reasons`` records, per node, the
-    #: cordon-reason annotation the operator found when it saw the cordon (None: it was not there yet).
+    #: slurm-operator stand-in: seconds after a Node is cordoned until the operator reconciles it;
+    #: None: no operator. It drains the Slurm node of each NodeSet pod there (reason
+    #: ``slurm-operator: `` + the node's cordon-reason annotation) only when the Slurm node has no
+    #: reason or one of its own: another's reason (an administrator's, pitcrew's own DRAIN) is kept
+    #: and the node left as it is (``slinky_kept``). ``pod-protect`` follows the Slurm node's
+    #: business only: a drain lets running jobs finish, so it stays until they end or leave, re-read
+    #: every ``slinky_resync`` seconds while the Node is cordoned. ``slinky_reasons`` records, per
+    #: node it drained, the annotation found (None: it was not there yet). ``slinky_slurm`` is the
+    #: Slurm it reads and drains (``slinky.py``: in memory, or a real cluster through scontrol).
     slinky_drain_delay: float | None = None
     slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
+    slinky_kept: dict[str, str] = attrs.field(factory=dict)
+    slinky_slurm: SlurmSide = attrs.field(factory=MemorySlurm)
+    slinky_resync: float = 0.1
+    #: Resources whose CRD this API server does not have: their paths answer 404 ``404 page not found``
+    #: (text/plain), as for any group the server does not serve. A workload cluster managed from
+    #: elsewhere has no ``machines``: Cluster API keeps them in the management cluster.
+    absent: set[str] = attrs.field(factory=set)
+    #: A management cluster's MachineSet controller acts on the Nodes of this workload cluster (its
+    #: kubeconfig Secret); None: on this server's own Nodes (a self-hosted cluster).
+    workload: KubeEmulator | None = None
     #: Permissions every SelfSubjectAccessReview answers "not allowed" for.
     denied: set[Permission] = attrs.field(factory=set)
     _rv: int = 48213377
@@ -179,36 +218,89 @@ class KubeEmulator(kmock.KubernetesScaffold):
         obj["metadata"]["resourceVersion"] = self._bump()
 
     def slurm_node_busy(self, hostname: str, busy: bool) -> None:
-        """slurm-operator's answer to Slurm's node state: ``pod-protect`` on the node's slurmd pods
-        while the Slurm node is busy (allocated, mixed, completing), removed once it is not."""
+        """A job starts or ends on the Slurm node (in the in-memory Slurm), and slurm-operator's
+        answer: ``pod-protect`` on the node's slurmd pods while the Slurm node is busy (allocated,
+        mixed, completing), removed once it is not."""
+        if isinstance(self.slinky_slurm, MemorySlurm):
+            self.slinky_slurm.busy[hostname] = busy
+        self._pod_protect(hostname, busy)
+
+    def _pod_protect(self, hostname: str, busy: bool) -> None:
         for (plural, _, _), pod in self.objects.items():
             labels = pod["metadata"].get("labels") or {}
             if plural != "pods" or labels.get("nodeset.slinky.slurm.net/pod-hostname") != hostname:
                 continue
-            if busy:
+            protected = labels.get("nodeset.slinky.slurm.net/pod-protect") == "true"
+            if busy and not protected:
                 labels["nodeset.slinky.slurm.net/pod-protect"] = "true"
-            else:
+            elif not busy and protected:
                 labels.pop("nodeset.slinky.slurm.net/pod-protect", None)
+            else:
+                continue
             self.bump(pod)
 
-    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
-        """slurm-operator drains the Slurm node of a cordoned Node (with the node's cordon-reason
-        annotation as the reason, if set) and, once it is idle, drops ``pod-protect``."""
-        name = node["metadata"]["name"]
-        annotations = node["metadata"].get("annotations") or {}
-        self.slinky_reasons[name] = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
-        hostnames = {
-            (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+    def machine_health_check_fails(self, namespace: str, name: str) -> None:
+        """A MachineHealthCheck finds the Machine unhealthy: ``HealthCheckSucceeded`` and
+        ``OwnerRemediated`` False (reason ``WaitingForRemediation``); its MachineSet then deletes it
+        after ``replace_delay`` and, as for any deleted Machine, makes a new one."""
+        machine = self.objects[("machines", namespace, name)]
+        conditions = machine.setdefault("status", {}).setdefault("conditions", [])
+        for type_ in ("HealthCheckSucceeded", "OwnerRemediated"):
+            conditions[:] = [c for c in conditions if c.get("type") != type_]
+            conditions.append(
+                {
+                    "type": type_,
+                    "status": "False",
+                    "reason": "WaitingForRemediation",
+                    "lastTransitionTime": now_iso(),
+                }
+            )
+        self.bump(machine)
+        res = resources.BY_PLURAL["machines"]
+
+        async def remediate() -> None:
+            current = self.objects.get(("machines", namespace, name))
+            if current is not None and not current["metadata"].get("deletionTimestamp"):
+                self._delete(res, current, None)
+
+        self._later(self.replace_delay, remediate)
+
+    def _slinky_hostnames(self, node_name: str) -> set[str]:
+        return {
+            str(host)
             for (plural, _, _), pod in self.objects.items()
-            if plural == "pods" and (pod.get("spec") or {}).get("nodeName") == name
-        } - {None}
+            if plural == "pods"
+            and (pod.get("spec") or {}).get("nodeName") == node_name
+            and (host := (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname"))
+        }
 
-        async def idle() -> None:
-            for hostname in hostnames:
-                self.slurm_node_busy(str(hostname), busy=False)
-
+    def _slinky_operator_sees_cordon(self, node: dict[str, Any]) -> None:
         assert self.slinky_drain_delay is not None
-        self._later(self.slinky_drain_delay, idle)
+        name = node["metadata"]["name"]
+        self._later(self.slinky_drain_delay, lambda: self._slinky_reconcile(name))
+
+    async def _slinky_reconcile(self, name: str) -> None:
+        """slurm-operator's syncCordon, then its pod-protect sync while the Node stays cordoned."""
+        node = self.objects.get(("nodes", None, name))
+        annotations = (node or {}).get("metadata", {}).get("annotations") or {}
+        annotation = annotations.get("nodeset.slinky.slurm.net/node-cordon-reason")
+        for hostname in sorted(self._slinky_hostnames(name)):
+            _, reason = await self.slinky_slurm.state(hostname)
+            if reason and not reason.startswith(OPERATOR_PREFIX):
+                self.slinky_kept[hostname] = reason  # "externally set into a state, preserve it"
+                continue
+            default = f"Node ({name}) was cordoned, Pod ({hostname}) must be cordoned"
+            await self.slinky_slurm.drain(hostname, OPERATOR_PREFIX + slurm_reason(annotation or default))
+            self.slinky_reasons[name] = annotation
+        while True:
+            node = self.objects.get(("nodes", None, name))
+            hostnames = self._slinky_hostnames(name)
+            if node is None or not (node.get("spec") or {}).get("unschedulable") or not hostnames:
+                return
+            for hostname in hostnames:
+                busy, _ = await self.slinky_slurm.state(hostname)
+                self._pod_protect(hostname, busy)
+            await asyncio.sleep(self.slinky_resync)
 
     def kubelet_gone(self, node: str, *, taint_manager: bool = True) -> None:
         """The node's kubelet stops posting status: the node lifecycle controller sets Ready to
@@ -261,15 +353,67 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     # --- HTTP ------------------------------------------------------------------------------------------
 
+    def issue_token(self, ttl: float | None) -> str:
+        """A new bearer token valid for ``ttl`` seconds (None: for ever), as an exec plugin gets one."""
+        token = f"k8s-aws-v1.{uuid.uuid4().hex}"
+        self.tokens[token] = None if ttl is None else asyncio.get_running_loop().time() + ttl
+        return token
+
+    def expire_tokens(self) -> None:
+        """Every token ``issue_token`` minted expires now (time passing, without the wait)."""
+        for token, expiry in self.tokens.items():
+            if expiry is not None:
+                self.tokens[token] = 0.0
+
+    def _authenticated(self, request: kmock.Request) -> bool:
+        header = _header(request, "Authorization") or ""
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or token not in self.tokens:
+            return False
+        expiry = self.tokens[token]
+        return expiry is None or asyncio.get_running_loop().time() < expiry
+
+    def _cloud(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """The cloud provider's API, as far as pitcrew's provider action reaches it: terminate the
+        instance behind a node; its group launches a new one."""
+        node = request.url.path.removeprefix(_CLOUD_TERMINATE)
+        if request.method.value != "POST" or not node or "/" in node:
+            return aiohttp.web.json_response({"error": "POST /emulator/cloud/terminate/<node>"}, status=400)
+        self.terminated.append(node)
+        template = copy.deepcopy(self.objects.get(("nodes", None, node)))
+
+        async def replaced() -> None:
+            self.objects.pop(("nodes", None, node), None)  # cloud-controller-manager: the instance is gone
+            if template is not None:
+                await self._new_instance(template)
+
+        self._later(self.replace_delay, replaced)
+        return aiohttp.web.json_response({"terminated": node}, status=202)
+
+    def _token_service(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """The identity provider an exec plugin asks (STS for EKS, Google's for GKE): a token the API
+        server accepts for ``ttl`` seconds, and its expiry as the plugin reports it."""
+        ttl = float(request.params.get("ttl", "900"))
+        token = self.issue_token(ttl)
+        return aiohttp.web.json_response({"token": token, "expirationTimestamp": now_iso(ttl)}, status=201)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith(_CLOUD_TERMINATE):
+            return self._cloud(request)
+        if request.url.path == TOKEN_SERVICE and request.method.value == "POST":
+            return self._token_service(request)
         match = _PATH.match(request.url.path)
         group = "" if match is None or match["core"] else match["group"]
         res = resources.BY_GROUP_PLURAL.get((group, match["plural"])) if match else None
         if match is None or res is None:
             return await super()._handle(request)
+        if res.plural in self.absent:
+            return aiohttp.web.Response(status=404, text="404 page not found\n")
         entry = LoggedRequest.of(request, res, match["ns"], match["name"], match["sub"])
         self.log.append(entry)
         try:
+            if not self._authenticated(request):
+                raise ApiError(401, "Unauthorized", "Unauthorized")
             fault = self.faults.take(entry)
             if fault is not None:
                 if fault.before is not None:
@@ -459,9 +603,6 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._on_deleting(res, current)
             return copy.deepcopy(current), 200
         del self.objects[key]
-        if res.plural == "nodes" and self.autoscaler:
-            snapshot = copy.deepcopy(current)
-            self._later(self.replace_delay, lambda: self._new_instance(snapshot))
         if res.crd:
             return copy.deepcopy(current), 200
         details = {"name": meta["name"], "kind": res.plural, "uid": meta["uid"]}
@@ -477,6 +618,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
         """Graceful delete: ``deletionTimestamp`` = now + grace; 0 (force) removes it unless finalizers hold it."""
         pod = self.objects[key]
         meta = pod["metadata"]
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name in self._karpenter_launched:
+            delay = self.karpenter_consolidate_after + (self.pod_termination_delay or 0) * (grace > 0)
+            self._later(delay, lambda: self._karpenter_consolidate(str(node_name)))
         if grace == 0 and not meta.get("finalizers"):
             del self.objects[key]
             return copy.deepcopy(pod)
@@ -571,7 +716,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""
         status = old.get("status") or {}
         old_node_name = (status.get("nodeRef") or {}).get("name") or status.get("nodeName")
-        template = self.objects.pop(("nodes", None, old_node_name), None) if old_node_name else None
+        nodes = (self.workload or self).objects
+        template = nodes.pop(("nodes", None, old_node_name), None) if old_node_name else None
         key = self._key(res, old["metadata"].get("namespace"), old["metadata"]["name"])
         self.objects.pop(key, None)
         if res.plural == "nodeclaims" and not self.karpenter_replaces_deleted_claims:
@@ -603,11 +749,42 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 known["node"]["metadata"]["name"],
                 known["node"],
             )
+            if name is not None:
+                self._karpenter_launched.add(name)
             stored = self.objects.get(key)
             if name is not None and stored is not None and not stored["metadata"].get("deletionTimestamp"):
                 stored["spec"]["nodeName"] = name
                 stored.setdefault("status", {})["phase"] = "Running"
                 self.bump(stored)
+
+    async def _karpenter_consolidate(self, node_name: str) -> None:
+        """Consolidation's empty-node delete: no pod but DaemonSet pods left, nothing opting out."""
+        node = self.objects.get(("nodes", None, node_name))
+        if node is None:
+            return
+        busy = [
+            pod
+            for (plural, _, _), pod in self.objects.items()
+            if plural == "pods"
+            and (pod.get("spec") or {}).get("nodeName") == node_name
+            and not any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
+        ]
+        claims = [
+            (key, claim)
+            for key, claim in self.objects.items()
+            if key[0] == "nodeclaims" and (claim.get("status") or {}).get("nodeName") == node_name
+        ]
+        opted_out = [
+            obj
+            for obj in [node, *(c for _, c in claims)]
+            if (obj["metadata"].get("annotations") or {}).get("karpenter.sh/do-not-disrupt") == "true"
+        ]
+        if busy or opted_out:
+            return
+        self.consolidated.append(node_name)
+        for key, _ in claims:
+            self.objects.pop(key, None)
+        self.objects.pop(("nodes", None, node_name), None)
 
     async def _new_handle_and_node(
         self, res: Resource, old: dict[str, Any], old_node_name: str | None, template: dict[str, Any] | None
@@ -616,19 +793,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
         suffix = uuid.uuid4().hex[:5]
         node_name = f"{old_node_name or 'node'}-{suffix}"
         node = resources.replacement_node(template, node_name, suffix)
-        self.add("nodes", node)
+        cluster = self.workload or self
+        cluster.add("nodes", node)
         handle = resources.replacement_handle(old, node_name, suffix)
         self.add(res.plural, handle)
         if self.ready_delay is None:
             return None
         await asyncio.sleep(self.ready_delay)
-        if ("nodes", None, node_name) in self.objects:
-            self.set_node_condition(node_name, "Ready", "True")
+        if ("nodes", None, node_name) in cluster.objects:
+            cluster.set_node_condition(node_name, "Ready", "True")
             return node_name
         return None
 
     async def _new_instance(self, old: dict[str, Any]) -> None:
-        """The cloud autoscaler's answer to a deleted Node: a new instance registers, then turns Ready."""
+        """The instance group's answer to a terminated instance: a new one registers, then turns Ready."""
         suffix = uuid.uuid4().hex[:5]
         name = f"{old['metadata']['name']}-{suffix}"
         self.add("nodes", resources.replacement_node(old, name, suffix))

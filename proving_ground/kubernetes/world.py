@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
-from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator, load_fixture
 from proving_ground.kubernetes.faults import LoggedRequest
 
 T = TypeVar("T")
@@ -58,15 +58,26 @@ def training_pdb(*, min_available: int | None = None, max_unavailable: int | Non
     }
 
 
-def write_kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig as an operator would have one: cluster, user with a token, current context."""
+def write_kubeconfig(path: Path, server: str, *, exec_plugin: list[str] | None = None) -> Path:
+    """A kubeconfig as an operator would have one: cluster, user with a token, current context.
+    With ``exec_plugin`` (argv) the user's token comes from that plugin, as on EKS or GKE."""
+    user: dict[str, Any] = {"token": EMULATED_TOKEN}
+    if exec_plugin:
+        user = {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                "command": exec_plugin[0],
+                "args": exec_plugin[1:],
+                "interactiveMode": "Never",
+            }
+        }
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [{"name": "emulated", "cluster": {"server": server}}],
-                "users": [{"name": "pitcrew", "user": {"token": "emulated-token"}}],
+                "users": [{"name": "pitcrew", "user": user}],
                 "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pitcrew"}}],
                 "current-context": "emulated",
             }
@@ -140,6 +151,40 @@ def gpu_fleet(emulator: KubeEmulator, names: list[str]) -> None:
         machine["spec"]["providerID"] = node["spec"]["providerID"]
         machine["status"]["nodeRef"] = {"apiVersion": "v1", "kind": "Node", "name": name}
         emulator.add("machines", machine)
+
+
+def karpenter_fleet(emulator: KubeEmulator, names: list[str]) -> None:
+    """One Karpenter GPU node per name (Slurm's names) of NodePool ``gpu-h100``, each with its
+    NodeClaim and slurmd run as a DaemonSet pod (never pending, so never demand for a new node)."""
+    emulator.seed_namespaces()
+    node_template, claim_template = load_fixture("node-gpu.json"), load_fixture("nodeclaim-karpenter.json")
+    slurmd = next(
+        p
+        for p in load_fixture("pods-on-node-list.json")["items"]
+        if p["metadata"]["name"].startswith("slurm-")
+    )
+    for i, name in enumerate(names):
+        node = copy.deepcopy(node_template)
+        node["metadata"].update(name=name)
+        node["metadata"]["labels"].update(
+            {"kubernetes.io/hostname": name, "karpenter.sh/nodepool": "gpu-h100"}
+        )
+        for key in [k for k in node["metadata"]["annotations"] if k.startswith("cluster.x-k8s.io/")]:
+            del node["metadata"]["annotations"][key]
+        node["spec"]["providerID"] = f"aws:///us-east-1a/i-0{i}"
+        emulator.add("nodes", node)
+        claim = copy.deepcopy(claim_template)
+        claim["metadata"]["name"] = f"gpu-h100-k{i}"
+        claim["status"].update(nodeName=name, providerID=node["spec"]["providerID"])
+        emulator.add("nodeclaims", claim)
+        pod = copy.deepcopy(slurmd)
+        pod["metadata"].update(name=f"slurmd-{name}")
+        pod["metadata"]["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "slurmd", "uid": "d5", "controller": True}
+        ]
+        pod["metadata"]["labels"].pop("nodeset.slinky.slurm.net/pod-protect", None)
+        pod["spec"]["nodeName"] = name
+        emulator.add("pods", pod)
 
 
 def pods_like_the_fixture(emulator: KubeEmulator, node: str, elsewhere: str) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 
+from proving_ground.kubernetes.emulator import AUTH_HEADER
 from proving_ground.scenarios import BREAKER_NODES
 from proving_ground.slurm_root import DEFAULT_VERSION, root_path
 from proving_ground.train_job import read_progress
@@ -128,7 +129,8 @@ class Demo:
 
     def kube(self, path: str) -> Any:
         """A GET at the demo's Kubernetes API emulator, as kubectl would send it."""
-        with urllib.request.urlopen(self.summary["kubernetes_api"] + path, timeout=10) as response:
+        request = urllib.request.Request(self.summary["kubernetes_api"] + path, headers=AUTH_HEADER)
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
 
     def job(self, job_id: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from proving_ground.kubernetes.faults import Fault
 from proving_ground.kubernetes.world import (
     KubeWorld,
     gpu_fleet,
+    karpenter_fleet,
     pod_ready,
     pods_like_the_fixture,
     settings_for,
@@ -194,5 +195,52 @@ def test_replace_a_dead_node_whose_pods_stay_terminating(
     assert ("llama-pretrain-worker-0", 200) in forced
     assert kube_world.call(lambda e: e.get("pods", "llama-pretrain-worker-0", "training")) is None
     assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")
+    [job] = step_result(final, "confirm_resumed")["jobs"]
+    assert job["job_id"] == job_id and job["status"] == "resumed", job
+
+
+def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
+    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any
+) -> None:
+    """Karpenter launches a node only for a pending pod, and slurmd run as a DaemonSet pod is never
+    pending: deleting the NodeClaim alone would replace nothing. pitcrew's placeholder pod (the
+    node's GPUs, its NodePool) is that demand; the successor is the new NodeClaim's node, guarded
+    with ``karpenter.sh/do-not-disrupt`` before the placeholder goes (holding only DaemonSet pods it
+    is empty to Karpenter's consolidation), and the Slurm job resumes from its checkpoint."""
+    kube_world.call(lambda e: karpenter_fleet(e, list(slurm.nodes)))
+    job_id, node = training_on_a_node(slurm)
+    cluster = settings_for(
+        kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "karpenter"}
+    )
+    config = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
+        "kubernetes": cluster["kubernetes"],
+        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        "playbooks": {"replace-node": {"steps": REPLACE_STEPS}},
+    }
+    server = pitcrew_factory("k8s-karpenter", config=config, simulated=False).start()
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+    final = server.wait_incident(incident_id, "resolved", "failed", timeout=180)
+    assert final["state"] == "resolved", final["outcome"]
+
+    claim = f"gpu-h100-k{slurm.nodes.index(node)}"
+    assert step_result(final, "replace")["handle"].startswith(f"karpenter nodeclaim/{claim} ")
+    log = kube_world.log()
+    assert not [e for e in log if e.subresource == "eviction" and e.name == f"slurmd-{node}"]  # a DaemonSet's
+    new_node = step_result(final, "wait_ready")["node"]
+    state = kube_world.call(
+        lambda e: {
+            "node": e.get("nodes", new_node),
+            "claims": [c["status"]["nodeName"] for (k, _, _), c in e.objects.items() if k == "nodeclaims"],
+            "placeholder": e.get("pods", f"pitcrew-successor-{claim}", "pitcrew-jobs"),
+            "consolidated": list(e.consolidated),
+        }
+    )
+    assert state["node"] is not None and state["consolidated"] == []
+    assert state["node"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert new_node in state["claims"] and node not in state["claims"]
+    assert state["placeholder"] is None
     [job] = step_result(final, "confirm_resumed")["jobs"]
     assert job["job_id"] == job_id and job["status"] == "resumed", job

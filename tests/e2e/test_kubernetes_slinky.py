@@ -7,15 +7,19 @@ finds, and drops ``pod-protect`` once the Slurm node is idle. pitcrew (mode auto
 ``slurm.node_mapping: slinky``) maps the alert's Kubernetes node to its Slurm node through the slurmd
 pods, writes the cordon reason before the cordon (so the operator drains with pitcrew's reason),
 and its drain evicts the slurmd pod once the budget allows it — refused while Slurm was busy,
-never forced.
+never forced. The operator stand-in drains the real Slurm node (``scontrol``) and keeps
+``pod-protect`` while it is busy: a long job on it holds the drain until pitcrew requeues it at the
+end of the drain's grace period, instead of waiting out the step's deadline.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from proving_ground.kubernetes.slinky import ScontrolSlurm
 from proving_ground.kubernetes.world import KubeWorld, settings_for, slinky_workers
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import open_incident
@@ -26,7 +30,13 @@ pytestmark = pytest.mark.slow
 PLAYBOOK = {
     "slinky-drain": {
         "description": "Take the node out through slurm-operator and empty it.",
-        "steps": ["notify", "slurm_down", "cordon", {"step": "drain", "timeout": "60s"}, "close"],
+        "steps": [
+            "notify",
+            "slurm_down",
+            "cordon",
+            {"step": "drain", "timeout": "60s", "options": {"slurm_drain_grace_seconds": 3}},
+            "close",
+        ],
     }
 }
 
@@ -37,6 +47,12 @@ def test_slinky_drain_follows_the_operator(
     names = kube_world.call(lambda e: slinky_workers(e, list(slurm.nodes)))
     kube_node, slurm_node = next(iter(names.items()))
     kube_world.call(lambda e: setattr(e, "slinky_drain_delay", 1.5))
+    kube_world.call(lambda e: setattr(e, "slinky_slurm", ScontrolSlurm(slurm)))  # the operator's Slurm
+    job = slurm.submit("--requeue", f"--nodelist={slurm_node}", "--wrap=sleep 600")  # a long job
+    deadline = time.monotonic() + 20
+    while not slurm.node(slurm_node).states & {"ALLOCATED", "MIXED"}:  # the job has started there
+        assert time.monotonic() < deadline, slurm.node(slurm_node)
+        time.sleep(0.2)
     config = {
         "mode": "auto",
         "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
@@ -54,10 +70,19 @@ def test_slinky_drain_follows_the_operator(
     assert step_result(final, "slurm_down")["slurm_nodes"] == [slurm_node]
     reason = kube_world.call(lambda e: e.slinky_reasons[kube_node])
     assert reason is not None and reason.startswith(f"pitcrew: {incident_id} "), reason
+    # The operator drained the real Slurm node with pitcrew's reason under its prefix; the long job
+    # kept the slurmd pod protected until pitcrew requeued it at the end of the grace period.
+    assert slurm.node(slurm_node).reason.startswith(f"slurm-operator: pitcrew: {incident_id} ")
+    assert step_result(final, "drain")["requeued"] == [job]
+    snapshot = slurm.job(job)
+    assert snapshot is not None and slurm_node not in snapshot.nodes
     log = kube_world.log()
     patches = [e for e in log if e.verb == "patch" and e.name == kube_node]
     assert len(patches) == 2  # the reason, then the cordon
     evictions = [(e.name, e.status) for e in log if e.subresource == "eviction"]
-    assert evictions[0] == (f"slurm-worker-{slurm_node}", 429) and evictions[-1][1] == 201
+    # Not one eviction while the job ran (the grace wait comes first); then refused only while Slurm
+    # was still completing the requeued job, and let through.
+    assert evictions[-1] == (f"slurm-worker-{slurm_node}", 201)
+    assert all(code == 429 for _, code in evictions[:-1]), evictions
     assert not [e for e in log if e.verb == "delete"]  # nothing forced
     assert kube_world.call(lambda e: e.get("pods", f"slurm-worker-{slurm_node}", "slurm")) is None

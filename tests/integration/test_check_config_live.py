@@ -10,8 +10,9 @@ through a kubeconfig as an operator's laptop would).
 - a token slurmrestd refuses: exit 1 naming the token it needs;
 - ``--live`` changes nothing: the Slurm nodes' states are the same before and after;
 - ``integrations.cluster: kubernetes``: Slurm, Kubernetes and Prometheus all ``ok``, exit 0, and
-  the only requests pitcrew sent the API server are SelfSubjectAccessReviews; the emulator denying
+  pitcrew asked the API server for each verb and read each fleet node's Machine; the emulator denying
   one verb: exit 1, the Kubernetes line ``FAIL`` and the verb named on stderr, the others ``ok``;
+- an exec-plugin kubeconfig whose plugin fails (an expired login): exit 1, the plugin and its error named;
 - the cluster-api overlay's configuration against the RBAC the base grants without the
   replace-cluster-api component (the emulator answers each review from the rendered manifest):
   the Machine verbs are named, nothing else.
@@ -19,6 +20,7 @@ through a kubeconfig as an operator's laptop would).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes.probe import needed
-from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, settings_for
+from proving_ground.assets import REPO
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, settings_for, write_kubeconfig
 from proving_ground.proc import free_port
 from proving_ground.prometheus import Prometheus
 from proving_ground.slurm import SlurmCluster
@@ -124,12 +127,41 @@ def test_kubernetes_slurm_and_prometheus_green(
     for system in ("slurm", "kubernetes", "prometheus"):
         assert line_of(result.stdout, system).split()[0] == "ok", result.stdout
     kube = line_of(result.stdout, "kubernetes")
+    fleet = min(len(slurm.nodes), 5)  # the probe reads at most five fleet nodes' Machines
     assert "(cluster)" in kube and "API reachable; 11 permissions allowed" in kube
+    assert f"the Machines of {fleet} fleet node(s) found" in kube
     assert result.stderr == ""
-    sent = [e for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
-    assert len(sent) == 11 and {(e.verb, e.resource) for e in sent} == {
-        ("create", "selfsubjectaccessreviews")
-    }
+    sent = [(e.verb, e.resource) for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
+    # Each verb asked, then each fleet node's Machine actually read: allowed is not found.
+    assert (
+        sent
+        == [("create", "selfsubjectaccessreviews")] * 11 + [("list", "nodes")] + [("get", "machines")] * fleet
+    )
+
+
+def test_exec_credentials_that_cannot_be_refreshed_are_named(
+    tmp_path: Path, slurm: SlurmCluster, prometheus: Prometheus, kube_world: KubeWorld
+) -> None:
+    """The kubeconfig's user is an exec plugin (as on EKS or GKE) whose login expired: its tokens
+    cannot be renewed, so every call after the current one expires would be refused."""
+    settings = kubernetes_settings(kube_world, slurm, prometheus, tmp_path / "kube")
+    broken = tmp_path / "kube" / "broken"
+    broken.write_text("the SSO session has expired; run aws sso login")
+    plugin = [
+        sys.executable,
+        str(REPO / "proving_ground/kubernetes/exec_credential.py"),
+        kube_world.host,
+        "900",
+    ]
+    write_kubeconfig(
+        Path(settings["kubernetes"]["kubeconfig"]), kube_world.host, exec_plugin=[*plugin, str(broken)]
+    )
+    result = check_live(tmp_path, settings)
+    assert result.returncode == 1
+    kube = line_of(result.stdout, "kubernetes")
+    assert kube.split()[0] == "FAIL" and "exec credentials cannot be refreshed" in kube, kube
+    assert "SSO session has expired" in result.stderr and "exec_credential.py" in result.stderr
+    assert line_of(result.stdout, "slurm").split()[0] == "ok"
 
 
 def test_a_verb_the_emulator_denies_is_named(

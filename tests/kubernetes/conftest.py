@@ -13,7 +13,7 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator
 from proving_ground.kubernetes.faults import LoggedRequest
 from proving_ground.kubernetes.world import write_kubeconfig
 
@@ -34,7 +34,7 @@ async def k8s(k8s_requests: list[LoggedRequest]) -> AsyncIterator[KubeEmulator]:
 
 @pytest.fixture
 async def k8s_client(k8s: KubeEmulator) -> AsyncIterator[client.ApiClient]:
-    config = client.Configuration(host=k8s.host)
+    config = client.Configuration(host=k8s.host, api_key={"BearerToken": f"Bearer {EMULATED_TOKEN}"})
     config.retries = 3
     async with client.ApiClient(config) as api:
         yield api

@@ -110,8 +110,9 @@ async def tour(
     template.write_text(
         yaml.safe_dump({"spec": {"template": {"spec": {"containers": [{"name": "x", "image": "x"}]}}}})
     )
+    # The probe reads the fleet's Machines with cluster-api: only a rendering granting it may do so.
     cluster = make(
-        replace={"strategy": "cluster-api"},
+        replace={"strategy": "cluster-api" if "cluster-api" in strategies else "none"},
         jobs={"reset_gpu_template": template},
         force_delete_not_ready=True,
     )
@@ -147,7 +148,7 @@ async def tour(
         await refusing.reset_gpu(NODE, ["0"], incident_id="pc-2")
     if strategies != STRATEGIES:  # one strategy's install: replace the node that way
         for strategy in strategies:
-            replacing = make(replace={"strategy": strategy})
+            replacing = make(replace={"strategy": strategy, "command": ["true"]})
             handle = await replacing.replace(NODE, strategy="configured", incident_id="pc-1")
             await replacing.successor(NODE, handle=handle)
         return
@@ -159,7 +160,7 @@ async def tour(
     await _settled(k8s)
     # The new Machine's nodeRef, claimed (asked for a node that is gone, so the Machines are listed).
     await cluster.successor("gone", handle=handle)
-    await make(replace={"strategy": "delete-node"}).replace(
+    await make(replace={"strategy": "delete-node", "command": ["true"]}).replace(
         replacement, strategy="configured", incident_id="pc-3"
     )
 
@@ -188,7 +189,7 @@ def _strategy_only(strategy: str) -> set[tuple[str, str, str, str]]:
         return {_key(p.verb, p.group, p.resource, p.subresource) for p in perms}
 
     settings = KubernetesSettings.model_validate
-    return keys(needed(settings({"replace": {"strategy": strategy}}))) - keys(
+    return keys(needed(settings({"replace": {"strategy": strategy, "command": ["true"]}}))) - keys(
         needed(settings({"replace": {"strategy": "none"}}))
     )
 

@@ -16,7 +16,7 @@ import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator
 from proving_ground.kubernetes.world import write_kubeconfig
 from proving_ground.proc import free_port
 
@@ -60,7 +60,7 @@ async def test_the_configured_kubeconfig_context_is_the_one_used(k8s: KubeEmulat
                     {"name": "elsewhere", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}},
                     {"name": "emulated", "cluster": {"server": k8s.host}},
                 ],
-                "users": [{"name": "pitcrew", "user": {"token": "t"}}],
+                "users": [{"name": "pitcrew", "user": {"token": EMULATED_TOKEN}}],
                 "contexts": [
                     {"name": "prod", "context": {"cluster": "elsewhere", "user": "pitcrew"}},
                     {"name": "gpu-east", "context": {"cluster": "emulated", "user": "pitcrew"}},

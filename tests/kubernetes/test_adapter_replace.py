@@ -1,8 +1,9 @@
 """Each replacement strategy through the real client against the emulator, and what replaced the node.
 
 Cases, per strategy: ``cluster-api`` deletes the node's Machine (its MachineSet stand-in makes a new
-Machine and Node), ``karpenter`` deletes the NodeClaim, ``delete-node`` deletes the Node (the cloud
-autoscaler stand-in brings a new instance); each writes its handle on the node before the delete,
+Machine and Node), ``karpenter`` deletes the NodeClaim, ``delete-node`` runs its provider action
+(terminating the instance: the cloud group stand-in brings a new one) and deletes the Node; deleting
+a Node alone replaces nothing, so ``delete-node`` without that action is refused; each writes its handle on the node before the delete,
 reports the replacement started, and ``successor`` finds the new fleet node of the same pool once it
 is Ready. ``command`` runs the operator's executable with the node and incident in its environment,
 its exit code the result; ``none`` hands the node to humans. Another system already repairing the
@@ -29,7 +30,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes.aio import client
+from pydantic import ValidationError
 
+from bot.config import KubernetesSettings
 from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode
@@ -59,8 +62,11 @@ async def _successor(cluster: KubernetesCluster, handle: str, within: float = 5.
 async def test_a_strategy_deletes_its_handle_once_and_a_new_node_comes(
     make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, deleted: str
 ) -> None:
-    cluster = make_cluster(replace={"strategy": strategy})
+    # delete-node's provider action: the cloud's terminate, after which the instance group replaces it.
+    terminate = [sys.executable, "-m", "proving_ground.kubernetes.cloud", k8s.host]
+    cluster = make_cluster(replace={"strategy": strategy, "command": terminate})
     k8s.ready_delay = 0.3
+    k8s.replace_delay = 1.0  # cloud-controller-manager removes the terminated instance's Node after pitcrew
     assert not await cluster.replacement_started(NODE, incident_id=INCIDENT)
     assert await cluster.repair_owner(NODE) is None
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
@@ -75,6 +81,21 @@ async def test_a_strategy_deletes_its_handle_once_and_a_new_node_comes(
     new = await _successor(cluster, handle)
     assert new.name.startswith(f"{NODE}-") and new.gpus == 8 and not new.unschedulable
     assert k8s.get("nodes", NODE) is None
+    assert k8s.terminated == ([NODE] if strategy == "delete-node" else [])
+
+
+def test_delete_node_without_its_provider_action_is_refused_by_the_configuration() -> None:
+    with pytest.raises(ValidationError, match="delete-node needs command"):
+        KubernetesSettings.model_validate({"replace": {"strategy": "delete-node"}})
+
+
+async def test_delete_node_asked_by_a_playbook_without_a_provider_action_writes_nothing(
+    cluster: KubernetesCluster, k8s: KubeEmulator
+) -> None:
+    with pytest.raises(PermanentError, match=r"needs kubernetes\.replace\.command") as err:
+        await cluster.replace(NODE, strategy="delete-node", incident_id=INCIDENT)
+    assert err.value.reason == Reason.MISCONFIGURED
+    assert [e.verb for e in k8s.log if e.verb != "get"] == [] and k8s.get("nodes", NODE) is not None
 
 
 async def test_a_marked_replacement_that_never_left_can_be_cancelled(
@@ -173,13 +194,33 @@ async def test_another_systems_replacement_is_watched_not_repeated(
     assert new.name.startswith(f"{NODE}-")
 
 
+async def test_a_machine_a_machinehealthcheck_remediates_is_watched_not_deleted_again(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Cluster API's MachineHealthCheck found the Machine unhealthy (``OwnerRemediated`` False): its
+    MachineSet is about to delete it and make another. pitcrew names that, deletes nothing, and
+    follows the new Machine's node."""
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.replace_delay = 0.3
+    k8s.machine_health_check_fails("gpu-east", "gpu-east-gpu-h100-x7b2n-q4v9k")
+    owner = await cluster.repair_owner(NODE)
+    assert owner == (
+        "cluster-api MachineHealthCheck (Machine gpu-east-gpu-h100-x7b2n-q4v9k is marked for remediation "
+        "by its owner: OwnerRemediated False, WaitingForRemediation)"
+    )
+    handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    new = await _successor(cluster, handle)
+    assert new.name.startswith(f"{NODE}-")
+    assert [(e.resource, e.user_agent.startswith("pitcrew/")) for e in k8s.log if e.verb == "delete"] == []
+
+
 @pytest.mark.parametrize(("strategy", "resource"), [("delete-node", "nodes"), ("cluster-api", "machines")])
 async def test_a_delete_whose_answer_was_lost_is_not_an_error(
     make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, resource: str
 ) -> None:
     k8s.replace_delay = 30  # keep the world still while the client retries
     k8s.inject(None, verb="delete", resource=resource, lost_answer=500)
-    cluster = make_cluster(replace={"strategy": strategy})
+    cluster = make_cluster(replace={"strategy": strategy, "command": ["true"]})
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
     assert handle.startswith(strategy)
     deletes = [e.status for e in k8s.log if e.verb == "delete"]
@@ -257,3 +298,45 @@ async def test_the_karpenter_strategy_creates_the_demand_and_removes_it_once_the
     claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
     assert [c["status"]["nodeName"] for c in claims] == [new.name]
     assert k8s.get("pods", "pitcrew-successor-gpu-h100-x7k2q", "pitcrew-jobs") is None
+    # With the placeholder gone the new node holds only DaemonSet pods: empty to Karpenter, whose
+    # consolidation would take it but for the do-not-disrupt pitcrew put on before the placeholder went.
+    await asyncio.sleep(k8s.karpenter_consolidate_after * 3)
+    node = k8s.get("nodes", new.name)
+    assert node is not None and k8s.consolidated == []
+    assert node["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    guard, drop = (
+        next(i for i, e in enumerate(k8s.log) if e.verb == "patch" and e.name == new.name and i > 0),
+        next(i for i, e in enumerate(k8s.log) if e.verb == "delete" and e.resource == "pods"),
+    )
+    assert guard < drop
+
+
+async def test_karpenter_consolidates_an_empty_successor_without_the_guard(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """The stand-in's consolidation, which the guard above defeats: a placeholder-launched node
+    left with only DaemonSet pods is deleted with its NodeClaim."""
+    core = client.CoreV1Api(k8s_client)
+    await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+        "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
+    )
+    await asyncio.sleep(k8s.replace_delay + 0.1)
+    demand = {
+        "metadata": {"name": "demand", "namespace": "pitcrew-jobs"},
+        "spec": {
+            "nodeSelector": {"karpenter.sh/nodepool": "gpu-h100"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "p", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    await core.create_namespaced_pod("pitcrew-jobs", demand)
+    for _ in range(50):
+        bound = k8s.get("pods", "demand", "pitcrew-jobs")
+        if bound and bound["spec"].get("nodeName"):
+            break
+        await asyncio.sleep(0.05)
+    new = bound["spec"]["nodeName"]  # type: ignore[index]
+    await core.delete_namespaced_pod("demand", "pitcrew-jobs")
+    await asyncio.sleep(k8s.karpenter_consolidate_after * 3)
+    assert k8s.consolidated == [new] and k8s.get("nodes", new) is None
+    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]

@@ -13,12 +13,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import AUTH_HEADER, KubeEmulator
 
 
 async def _post(host: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """A raw POST over HTTP (the typed client would not build these bodies itself)."""
-    async with aiohttp.ClientSession() as session, session.post(host + path, json=body) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(host + path, json=body, headers=AUTH_HEADER) as response,
+    ):
         return response.status, await response.json()
 
 

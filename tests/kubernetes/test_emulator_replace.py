@@ -2,17 +2,20 @@
 
 Cases: the DELETE answers 200 with the object (``deletionTimestamp``, ``deletionGracePeriodSeconds: 0``,
 generation + 1, as in the fixture); then the old Node goes, a new handle points at a new Node, and
-that Node registers NotReady and turns Ready after ``ready_delay``.
+that Node registers NotReady and turns Ready after ``ready_delay``. A deleted Node object is replaced
+by nothing; a terminated instance is, by its cloud group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import pytest
 from kubernetes.aio import client
 
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
 
 NODE = "gpu-node-02"
 
@@ -64,3 +67,21 @@ async def test_deleting_the_handle_brings_a_new_node_that_turns_ready(
     assert name not in [h["metadata"]["name"] for h in handles]
     await asyncio.sleep(0.4)
     assert await _ready_nodes(core) == {new_node: "True"}
+
+
+async def test_deleting_a_node_object_replaces_nothing_and_terminating_its_instance_does(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """A Node object deleted stops no instance and no group replaces it; the provider's terminate
+    (``cloud.py``, pitcrew's ``delete-node`` provider action) does: a new instance registers."""
+    core = client.CoreV1Api(k8s_client)
+    await core.delete_node(NODE)
+    await asyncio.sleep(0.3)
+    assert await _ready_nodes(core) == {}
+    k8s.add("nodes", load_fixture("node-gpu.json"))
+    cli = [sys.executable, "-m", "proving_ground.kubernetes.cloud", k8s.host]
+    done = await asyncio.create_subprocess_exec(*cli, env={**os.environ, "PITCREW_NODE": NODE})
+    assert await done.wait() == 0 and k8s.terminated == [NODE]
+    await asyncio.sleep(0.4)
+    (new_node,) = (await _ready_nodes(core)).items()
+    assert new_node[0].startswith(f"{NODE}-") and new_node[1] == "True"

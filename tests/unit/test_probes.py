@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from bot.config import load_config
 from bot.engine.context import Ports
 from bot.engine.ports import Probe
 from bot.integrations.journal import DryRunJournal, LogNotifier
-from bot.probes import far_sides, missing, probe_far_sides, render
+from bot.probes import Checked, far_sides, missing, probe_far_sides, render, unable
 
 
 class Answers:
@@ -80,3 +81,20 @@ async def test_each_adapter_once_and_failures_named(tmp_path: Path) -> None:
         "slack: slack",
     ]
     assert not (tmp_path / "journal.jsonl").exists(), "probing the journal must not write it"
+
+
+def test_a_scheduler_that_cannot_requeue_is_named_for_slinky_too(tmp_path: Path) -> None:
+    """slurm-operator's DRAIN lets jobs run as pitcrew's does: the drain step requeues them after the
+    grace period, so a scheduler that cannot requeue is named with Slinky's mapping as well, and
+    whatever the playbook's ``slurm_action`` (the operator always drains)."""
+    playbook = {
+        "steps": ["slurm_down", "cordon", "drain", "close"],
+        "slurm_action": "down",
+        "description": "x",
+    }
+    refused = Checked(("scheduler",), Probe("slurm", True, "ok", unable=(("requeue", "v0.0.38"),)), True)
+    for mapping, named in (("identity", False), ("slinky", True)):
+        config = load_config(mode="auto", slurm={"node_mapping": mapping}, playbooks={"take-out": playbook})
+        [line] = unable(config, [refused])  # the shipped playbooks DRAIN and need it either way
+        assert ("take-out" in line) is named, (mapping, line)
+        assert "v0.0.38" in line

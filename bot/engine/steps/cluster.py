@@ -179,9 +179,12 @@ def _refs(pods: list[PodRef]) -> str:
 
 
 async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | None:
-    """After DRAIN, let running jobs finish within a grace period, then requeue them."""
+    """After DRAIN, let running jobs finish within a grace period, then requeue them. With Slinky
+    the DRAIN is slurm-operator's, on the cordon, and it too lets jobs run: it keeps the slurmd
+    pod's ``pod-protect`` (its budget refusing the eviction) while the Slurm node is busy, so the
+    same grace and requeue apply, or the drain would wait out its deadline behind a long job."""
     down = await ctx.result(SlurmDownResult)
-    if down is None or down.action != "drain" or not down.jobs:
+    if down is None or down.action not in ("drain", "slinky") or not down.jobs:
         return None
     grace = float(ctx.spec.options.get("slurm_drain_grace_seconds", 600))
     running = []
@@ -196,7 +199,12 @@ async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | Non
         since = ctx.clock()
         await ctx.save(replace(ctx.progress, slurm_wait_since=since))
     if (ctx.clock() - since).total_seconds() < grace:
-        return Wait(ctx.poll, f"waiting for {len(running)} job(s) to finish on the drained node")
+        held = " (slurm-operator keeps the slurmd pod protected meanwhile)" if down.action == "slinky" else ""
+        return Wait(
+            ctx.poll,
+            f"waiting for {len(running)} job(s) to finish on the drained node{held}, "
+            f"requeued after {grace:g}s: {', '.join(j.job_id for j in running)}",
+        )
     requeued = list(ctx.progress.requeued)
     for snapshot in running:
         if snapshot.job_id in requeued:

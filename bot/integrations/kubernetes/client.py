@@ -6,6 +6,13 @@ shared bucket (``qps`` refill, ``burst`` capacity), so an alert storm of hundred
 incidents polling at once can never flood the API server. The limiter hooks the client's
 aiohttp session through ``trace_configs``: nothing wraps or patches the client.
 
+Credentials from a kubeconfig exec plugin (``aws eks get-token``, ``gke-gcloud-auth-plugin``) expire,
+typically after 15 minutes, and the client library runs the plugin only when the kubeconfig is
+loaded. ``ApiClient`` (the library's client with ``call_api`` extended) answers a 401 as client-go
+does: it reloads the kubeconfig once (running the plugin again) and sends the request again with the
+new token. A 401 means the server refused before doing anything, so a create is never sent twice
+for real. A reload that gives no new token leaves the 401 to stand.
+
 ``call`` turns the client's exceptions into ``TransientError``/``PermanentError`` with a
 bounded ``reason``, chaining the original; it must not retry (the client retries idempotent
 requests itself, the executor retries steps).
@@ -17,6 +24,8 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -24,11 +33,12 @@ import aiohttp
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
-from bot import __version__
+from bot import __version__, logger
 from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError, Reason, TransientError
 
 T = TypeVar("T")
+log = logger(__name__)
 USER_AGENT = "pitcrew"
 
 #: Status codes that may succeed later: conflicts, throttling (PDB too), server errors.
@@ -78,21 +88,97 @@ def _trace(bucket: TokenBucket) -> aiohttp.TraceConfig:
     return trace
 
 
-async def api_client(settings: KubernetesSettings, bucket: TokenBucket) -> client.ApiClient:
-    """A client for the configured cluster: the service account in-cluster, else a kubeconfig."""
-    configuration = client.Configuration()
-    if settings.in_cluster:
-        config.load_incluster_config(client_configuration=configuration)
-    else:
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where one client connects: the pod's service account, or a kubeconfig file and context."""
+
+    in_cluster: bool
+    kubeconfig: Path | None
+    context: str | None
+
+    async def load(self, configuration: client.Configuration) -> None:
+        """Credentials and server into ``configuration``; an exec plugin runs again on every load."""
+        if self.in_cluster:
+            # The service-account token file is re-read by the library's own refresh hook.
+            config.load_incluster_config(client_configuration=configuration)
+            return
         await config.load_kube_config(
-            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-            context=settings.context,
+            config_file=str(self.kubeconfig) if self.kubeconfig else None,
+            context=self.context,
             client_configuration=configuration,
             persist_config=False,
         )
+
+
+class ApiClient(client.ApiClient):  # type: ignore[misc]
+    """The library's client, whose requests refused with 401 reload the credentials once and go again."""
+
+    def __init__(self, configuration: client.Configuration, connection: Connection | None = None) -> None:
+        super().__init__(configuration)
+        self._connection = connection
+        self._reloading = asyncio.Lock()
+
+    async def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: dict[str, str] | None = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+        _preload_content: bool = True,
+    ) -> Any:
+        response = await super().call_api(
+            method, url, header_params, body, post_params, _request_timeout, _preload_content
+        )
+        if response.status != 401 or self._connection is None or self._connection.in_cluster:
+            return response
+        sent = (header_params or {}).get("authorization")
+        fresh = await self._refreshed(sent)
+        if fresh is None:
+            return response  # nothing new to offer: the 401 stands
+        await response.read()  # release the refused answer's connection
+        log.info(
+            "kubernetes credentials refused (401): reloaded the kubeconfig, sending %s %s again", method, url
+        )
+        return await super().call_api(
+            method,
+            url,
+            {**(header_params or {}), "authorization": fresh},
+            body,
+            post_params,
+            _request_timeout,
+            _preload_content,
+        )
+
+    async def _refreshed(self, sent: str | None) -> str | None:
+        """A token other than ``sent``: another request's reload, or this one's (one at a time)."""
+        assert self._connection is not None
+        async with self._reloading:
+            current = await self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+            if current == sent:
+                try:
+                    await self._connection.load(self.configuration)
+                except Exception as exc:  # the library raises ConfigException and more for a bad file
+                    log.warning("kubernetes credentials not reloaded: %s", exc)
+                    return None
+                current = await self.configuration.get_api_key_with_prefix(
+                    "BearerToken", alias="authorization"
+                )
+        return current if current and current != sent else None
+
+
+async def api_client(
+    settings: KubernetesSettings, bucket: TokenBucket, connection: Connection | None = None
+) -> ApiClient:
+    """A client for the configured cluster (or ``connection``): the service account in-cluster, else a
+    kubeconfig whose credentials are reloaded on a 401."""
+    connection = connection or Connection(settings.in_cluster, settings.kubeconfig, settings.context)
+    configuration = client.Configuration()
+    await connection.load(configuration)
     configuration.retries = settings.retries or None
     configuration.trace_configs = [_trace(bucket)]
-    api = client.ApiClient(configuration)
+    api = ApiClient(configuration, connection)
     # The apiserver records the User-Agent up to its first "/" as the field manager: name us.
     api.user_agent = f"{USER_AGENT}/{__version__}"
     return api

@@ -18,7 +18,7 @@ from bot.domain.nodemap import SlurmdPod
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode, PodRef, Probe
 from bot.integrations.kubernetes import probe as probing
-from bot.integrations.kubernetes.client import TokenBucket, api_client
+from bot.integrations.kubernetes.client import Connection, TokenBucket, api_client
 from bot.integrations.kubernetes.events import Events
 from bot.integrations.kubernetes.jobs import Jobs
 from bot.integrations.kubernetes.nodes import Nodes
@@ -29,11 +29,14 @@ log = logger(__name__)
 
 
 class _Parts:
-    def __init__(self, api: client.ApiClient, settings: KubernetesSettings) -> None:
+    def __init__(
+        self, api: client.ApiClient, settings: KubernetesSettings, machines: client.ApiClient | str | None
+    ) -> None:
         self.api = api
+        self.machines_api = None if isinstance(machines, str) else machines
         self.nodes = Nodes(api, gpu_resource=settings.gpu_resource, timeout=settings.request_timeout)
         self.pods = Pods(api, never_drain=settings.never_drain_namespaces, timeout=settings.request_timeout)
-        self.replacer = Replacer(api, self.nodes, settings)
+        self.replacer = Replacer(api, self.nodes, settings, machines)
         self.jobs = Jobs(api, settings)
         self.events = Events(api, timeout=settings.request_timeout)
 
@@ -55,8 +58,22 @@ class KubernetesCluster:
             async with self._lock:
                 if self._parts is None:
                     api = self._api or await api_client(self.settings, self.bucket)
-                    self._parts = _Parts(api, self.settings)
+                    self._parts = _Parts(api, self.settings, await self._machines_client())
         return self._parts
+
+    async def _machines_client(self) -> client.ApiClient | str | None:
+        """The management cluster's client (``kubernetes.cluster_api``), sharing the rate limit;
+        ``None``: Machines are in the workload cluster; a string: why it could not be built (the
+        workload cluster stays usable, and every Machine request names this)."""
+        capi = self.settings.cluster_api
+        if not capi.separate:
+            return None
+        where = Connection(False, capi.kubeconfig or self.settings.kubeconfig, capi.context)
+        try:
+            return await api_client(self.settings, self.bucket, where)
+        except Exception as exc:  # the library's ConfigException, a missing file (OSError), bad YAML
+            log.warning("kubernetes.cluster_api: no client for the management cluster: %s", exc)
+            return f"kubernetes.cluster_api: no client for the management cluster: {exc}"
 
     async def warm(self) -> None:
         """Build the client now (no request is sent): building it costs over a second of the
@@ -68,6 +85,8 @@ class KubernetesCluster:
             log.warning("kubernetes client not built at start: %s", exc)
 
     async def aclose(self) -> None:
+        if self._parts is not None and self._parts.machines_api is not None:
+            await self._parts.machines_api.close()
         if self._parts is not None and self._api is None:
             await self._parts.api.close()
         self._parts = None
@@ -170,4 +189,5 @@ class KubernetesCluster:
 
     # ------------------------------------------------------------------ probe
     async def probe(self) -> Probe:
-        return await probing.probe((await self._p()).api, self.settings)
+        parts = await self._p()
+        return await probing.probe(parts.api, self.settings, parts.replacer, parts.machines_api)

@@ -10,21 +10,30 @@ With Job templates configured it also asks whether their pods would be admitted:
 dry-run create (``dryRun=All``, nothing stored) of each rendered Job's pod in the Jobs' namespace,
 which Pod Security admission (and any admission webhook) judges as it would the real pod. A Job in
 a namespace that refuses privileged pods is created, and its pod never is.
+
+A kubeconfig user whose token comes from an exec plugin (EKS, GKE) is asked for a fresh one first:
+its tokens expire, and a plugin that cannot run again (an expired login, a missing binary) would
+leave every call after the expiry refused.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes.aio import client
+from kubernetes.aio.config.exec_provider import ExecProvider
+from kubernetes.aio.config.kube_config import ConfigNode
 
 from bot.config import KubernetesSettings
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Probe
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.jobs import job_name, pinned_job
+from bot.integrations.kubernetes.replace import Replacer
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +88,71 @@ def needed(settings: KubernetesSettings) -> tuple[Permission, ...]:
     return tuple(perms)
 
 
-async def probe(api: client.ApiClient, settings: KubernetesSettings) -> Probe:
-    auth = client.AuthorizationV1Api(api)
+def _kubeconfig_user(settings: KubernetesSettings) -> dict[str, Any]:
+    """The kubeconfig user of the configured context (first file wins, as with ``$KUBECONFIG``)."""
+    if settings.kubeconfig is not None:
+        paths = [settings.kubeconfig]
+    else:
+        default = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+        paths = [Path(p) for p in default.split(os.pathsep) if p]
+    contexts: dict[str, Any] = {}
+    users: dict[str, Any] = {}
+    current = settings.context
+    for path in paths:
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        for item in doc.get("contexts") or []:
+            contexts.setdefault(item.get("name"), item.get("context") or {})
+        for item in doc.get("users") or []:
+            users.setdefault(item.get("name"), item.get("user") or {})
+        current = current or doc.get("current-context")
+    user = users.get(str((contexts.get(current or "") or {}).get("user")))
+    return user if isinstance(user, dict) else {}
+
+
+async def exec_credentials_problem(settings: KubernetesSettings) -> str | None:
+    """Why the kubeconfig's exec plugin (EKS, GKE) could not give a fresh credential now, or ``None``
+    (it can, or there is none). Its tokens expire: the client runs it again on every 401."""
+    plugin = None if settings.in_cluster else _kubeconfig_user(settings).get("exec")
+    if not isinstance(plugin, dict):
+        return None
+    argv = " ".join([str(plugin.get("command"))] + [str(a) for a in plugin.get("args") or []])
+    try:
+        status = await ExecProvider(ConfigNode("exec", plugin)).run()
+    except Exception as exc:  # the library's ConfigException, or the plugin missing (OSError)
+        return f"exec credentials cannot be refreshed: `{argv}` failed: {exc}"
+    if not (isinstance(status, dict) and (status.get("token") or status.get("clientCertificateData"))):
+        return f"exec credentials cannot be refreshed: `{argv}` gave no token"
+    return None
+
+
+async def probe(
+    api: client.ApiClient,
+    settings: KubernetesSettings,
+    replacer: Replacer,
+    machines_api: client.ApiClient | None = None,
+) -> Probe:
+    problem = await exec_credentials_problem(settings)
+    if problem is None and settings.cluster_api.separate:
+        management = settings.model_copy(
+            update={
+                "kubeconfig": settings.cluster_api.kubeconfig or settings.kubeconfig,
+                "context": settings.cluster_api.context,
+                "in_cluster": False,
+            }
+        )
+        problem = await exec_credentials_problem(management)
+        problem = f"management cluster (kubernetes.cluster_api): {problem}" if problem else None
+    if problem is not None:
+        return Probe("kubernetes", False, problem)
+    workload = client.AuthorizationV1Api(api)
+    management_auth = client.AuthorizationV1Api(machines_api) if machines_api is not None else workload
     try:
         denied = []
         for perm in needed(settings):
+            auth = management_auth if perm.group == "cluster.x-k8s.io" else workload
             review = client.V1SelfSubjectAccessReview(
                 api_version="authorization.k8s.io/v1",
                 kind="SelfSubjectAccessReview",
@@ -107,6 +176,20 @@ async def probe(api: client.ApiClient, settings: KubernetesSettings) -> Probe:
         return Probe("kubernetes", False, f"API server not usable: {exc}")
     if denied:
         return Probe("kubernetes", False, f"{len(denied)} permission(s) missing", tuple(denied))
+    found = ""
+    if settings.replace.strategy == "cluster-api":
+        try:
+            missing, checked = await replacer.machines_not_found(settings.node_selector)
+        except PitcrewError as exc:
+            missing, checked = [f"fleet nodes not listed: {exc}"], 0
+        found = f"; the Machines of {checked} fleet node(s) found"
+        if missing:
+            return Probe(
+                "kubernetes",
+                False,
+                f"{len(missing)} fleet node(s) whose Cluster API Machine cannot be found",
+                tuple(missing),
+            )
     refused = await _job_pods_refused(api, settings)
     if refused:
         return Probe(
@@ -115,7 +198,7 @@ async def probe(api: client.ApiClient, settings: KubernetesSettings) -> Probe:
             f"namespace {settings.jobs.namespace} would refuse the Jobs' pods (Pod Security or admission)",
             tuple(refused),
         )
-    return Probe("kubernetes", True, f"API reachable; {len(needed(settings))} permissions allowed")
+    return Probe("kubernetes", True, f"API reachable; {len(needed(settings))} permissions allowed{found}")
 
 
 async def _job_pods_refused(api: client.ApiClient, settings: KubernetesSettings) -> list[str]:

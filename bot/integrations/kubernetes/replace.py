@@ -23,7 +23,7 @@ from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
 from bot.domain.ownership import OWNER_ANNOTATION, REPLACE_ANNOTATION, replacement_mark, replacement_owner
-from bot.engine.errors import PermanentError, Reason, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.nodes import Nodes, facts
@@ -43,6 +43,10 @@ SUCCESSOR_ANNOTATION = "pitcrew.dev/successor-of"
 #: The placeholder pod's image: it only holds the GPU request until the successor is Ready.
 PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 CAPI_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+#: Asks Cluster API's MachineHealthCheck to remediate a Machine (it is then flagged unhealthy).
+REMEDIATE_MACHINE = "cluster.x-k8s.io/remediate-machine"
+#: Karpenter's opt-out of voluntary disruption (consolidation, drift) on a Node, NodeClaim or Pod.
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: Taints by which another system announces it is taking the node away.
 FOREIGN_REPAIR_TAINTS = {
     "karpenter.sh/disrupted": "karpenter (disruption taint karpenter.sh/disrupted)",
@@ -106,13 +110,41 @@ def _node_of(handle: dict[str, Any]) -> str | None:
     return str(name) if name else None
 
 
+def _remediation(machine: dict[str, Any]) -> str | None:
+    """A MachineHealthCheck handed the Machine to its owner for remediation (its MachineSet deletes
+    it, and makes a new one): ``OwnerRemediated`` False (v1beta1 or v1beta2 conditions), or the
+    ``cluster.x-k8s.io/remediate-machine`` annotation the health check acts on."""
+    status = machine.get("status") or {}
+    conditions = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
+    for condition in conditions:
+        if condition.get("type") == "OwnerRemediated" and condition.get("status") == "False":
+            why = condition.get("reason") or "WaitingForRemediation"
+            return f"is marked for remediation by its owner: OwnerRemediated False, {why}"
+    if REMEDIATE_MACHINE in ((machine.get("metadata") or {}).get("annotations") or {}):
+        return f"carries {REMEDIATE_MACHINE}"
+    return None
+
+
 def _deleting(obj: dict[str, Any] | None) -> bool:
     return obj is not None and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 class Replacer:
-    def __init__(self, api: client.ApiClient, nodes: Nodes, settings: KubernetesSettings) -> None:
+    """``machines``: the management cluster's client, where Cluster API keeps the Machines
+    (``kubernetes.cluster_api``), or why there is none; ``None``: the workload cluster's own."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        nodes: Nodes,
+        settings: KubernetesSettings,
+        machines: client.ApiClient | str | None = None,
+    ) -> None:
         self._custom = client.CustomObjectsApi(api)
+        self._machines_error = machines if isinstance(machines, str) else None
+        self._machines = client.CustomObjectsApi(
+            api if machines is None or isinstance(machines, str) else machines
+        )
         self._core = client.CoreV1Api(api)
         self._nodes = nodes
         self._settings = settings
@@ -122,15 +154,45 @@ class Replacer:
         return self._settings.replace.strategy if asked in ("", "configured") else asked
 
     # ------------------------------------------------------------ the far side's handles
-    async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
+    def machine_ref(self, node: client.V1Node) -> tuple[str, str] | None:
+        """The namespace and name of the node's Machine, from the annotations Cluster API's machine
+        controller writes on the Node (``cluster.x-k8s.io/machine``, ``…/cluster-namespace``);
+        ``kubernetes.cluster_api.namespace`` wins over the annotation."""
         annotations = node.metadata.annotations or {}
-        name, namespace = annotations.get(CAPI_MACHINE), annotations.get(CAPI_NAMESPACE)
-        if not name or not namespace:
+        name = annotations.get(CAPI_MACHINE)
+        namespace = self._settings.cluster_api.namespace or annotations.get(CAPI_NAMESPACE)
+        return (namespace, name) if name and namespace else None
+
+    def _management_reachable(self) -> None:
+        if self._machines_error is not None:
+            raise PermanentError(self._machines_error, reason=Reason.MISCONFIGURED)
+
+    def machine_missing(self, node: client.V1Node) -> str:
+        """Why ``machine`` found nothing, naming where it looked."""
+        ref = self.machine_ref(node)
+        if ref is None:
+            return (
+                f"node {node.metadata.name} has no Cluster API Machine: no {CAPI_MACHINE} and "
+                f"{CAPI_NAMESPACE} annotations (nor kubernetes.cluster_api.namespace)"
+            )
+        where = (
+            "the management cluster (kubernetes.cluster_api)"
+            if self._settings.cluster_api.separate
+            else "the workload cluster (Machines usually live in the management cluster: set "
+            "kubernetes.cluster_api.kubeconfig or context)"
+        )
+        return f"Machine {ref[0]}/{ref[1]} of node {node.metadata.name} not found in {where}"
+
+    async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
+        ref = self.machine_ref(node)
+        if ref is None:
             return None
+        self._management_reachable()
+        namespace, name = ref
         try:
             found: dict[str, Any] = await call(
                 f"read Machine {namespace}/{name}",
-                self._custom.get_namespaced_custom_object(
+                self._machines.get_namespaced_custom_object(
                     *CAPI[:2], namespace, CAPI[2], name, _request_timeout=self._timeout
                 ),
             )
@@ -139,6 +201,22 @@ class Replacer:
                 return None
             raise
         return found
+
+    async def machines_not_found(self, fleet_selector: str, sample: int = 5) -> tuple[list[str], int]:
+        """For ``check-config --live``: of the first ``sample`` fleet nodes, each whose Machine cannot
+        be read where pitcrew would look for it (a verb allowed proves nothing about that), and how
+        many nodes were checked."""
+        missing = []
+        nodes = (await self._nodes.fleet(fleet_selector))[:sample]
+        for node in nodes:
+            try:
+                found = await self.machine(node)
+            except PitcrewError as exc:
+                missing.append(f"{node.metadata.name}: {exc}")
+                continue
+            if found is None:
+                missing.append(self.machine_missing(node))
+        return missing, len(nodes)
 
     async def nodeclaim(self, node_name: str) -> dict[str, Any] | None:
         listed = await call(
@@ -168,8 +246,12 @@ class Replacer:
         if node.metadata.deletion_timestamp is not None:
             return "the Node is already being deleted"
         strategy = self._settings.replace.strategy
-        if strategy == "cluster-api" and _deleting(machine := await self.machine(node)):
-            return f"cluster-api (Machine {machine['metadata']['name']} is deleting)"  # type: ignore[index]
+        if strategy == "cluster-api" and (machine := await self.machine(node)) is not None:
+            if _deleting(machine):
+                return f"cluster-api (Machine {machine['metadata']['name']} is deleting)"
+            remediation = _remediation(machine)
+            if remediation:
+                return f"cluster-api MachineHealthCheck (Machine {machine['metadata']['name']} {remediation})"
         if strategy == "karpenter" and _deleting(claim := await self.nodeclaim(name)):
             return f"karpenter (NodeClaim {claim['metadata']['name']} is deleting)"  # type: ignore[index]
         return None
@@ -183,12 +265,10 @@ class Replacer:
         if mark is None or mark[0] != incident_id:
             return False
         handle = Handle.parse(mark[1])
-        if handle is None or handle.strategy in ("command", WATCH):
-            # A command cannot be asked (assume it ran rather than run it twice); another system's
-            # replacement was under way before pitcrew marked it.
+        if handle is None or handle.strategy in ("command", "delete-node", WATCH):
+            # A command (delete-node's provider action too) cannot be asked: assume it ran rather
+            # than run it twice. Another system's replacement was under way before pitcrew marked it.
             return True
-        if handle.strategy == "delete-node":
-            return node.metadata.deletion_timestamp is not None
         if handle.strategy == "cluster-api":
             machine = await self.machine(node)
             return machine is None or _deleting(machine)
@@ -248,6 +328,12 @@ class Replacer:
             )
         if strategy not in (*STRATEGIES, WATCH):
             raise PermanentError(f"unknown replace strategy {strategy!r}", reason=Reason.MISCONFIGURED)
+        if strategy == "delete-node" and not self._settings.replace.command:
+            raise PermanentError(
+                f"replace strategy delete-node for {name} needs kubernetes.replace.command, the provider "
+                "action that terminates the instance: deleting the Node alone replaces nothing",
+                reason=Reason.MISCONFIGURED,
+            )
         mark = replacement_owner(node.metadata.annotations or {})
         if mark is not None and mark[0] == incident_id:
             handle = Handle.parse(mark[1])
@@ -268,11 +354,14 @@ class Replacer:
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
         if strategy == "cluster-api":
-            await self._delete_custom(CAPI, target)
+            await self._delete_custom(CAPI, target, self._machines)
         elif strategy == "karpenter":
             await self._placeholder(node, handle, incident_id)
-            await self._delete_custom(KARPENTER, target)
+            await self._delete_custom(KARPENTER, target, self._custom)
         elif strategy == "delete-node":
+            # The provider action first: a Node object deleted before it would leave the instance
+            # running, unseen, with nothing replacing it if the action then failed.
+            await self._command(name, incident_id)
             try:
                 await self._nodes.delete(name)
             except PermanentError as exc:
@@ -285,9 +374,9 @@ class Replacer:
     def _handle(self, strategy: str, node: client.V1Node) -> Handle:
         labels = node.metadata.labels or {}
         pool = {k: labels[k] for k in self._settings.replace.pool_labels if k in labels}
-        annotations = node.metadata.annotations or {}
+        machine = self.machine_ref(node) or ("", "")
         target = {
-            "cluster-api": f"machine/{annotations.get(CAPI_NAMESPACE, '')}/{annotations.get(CAPI_MACHINE, '')}",
+            "cluster-api": f"machine/{machine[0]}/{machine[1]}",
             "karpenter": f"nodeclaim/{node.metadata.name}",  # replace() names the real NodeClaim once read
             "delete-node": f"node/{node.metadata.name}",
             "command": f"command/{node.metadata.name}",
@@ -301,9 +390,7 @@ class Replacer:
         if strategy == "cluster-api":
             machine = await self.machine(node)
             if machine is None:
-                raise PermanentError(
-                    f"node {node.metadata.name} has no Cluster API Machine", reason=Reason.NOT_FOUND
-                )
+                raise PermanentError(self.machine_missing(node), reason=Reason.NOT_FOUND)
             meta = machine["metadata"]
             sets = [o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "MachineSet"]
             owner = f"machineset/{meta['namespace']}/{sets[0]}" if sets else None
@@ -318,16 +405,18 @@ class Replacer:
             return (None, claim["metadata"]["name"]), (f"nodepool/{pool}" if pool else None)
         return (None, node.metadata.name), None
 
-    async def _delete_custom(self, kind: tuple[str, str, str], target: tuple[str | None, str]) -> None:
+    async def _delete_custom(
+        self, kind: tuple[str, str, str], target: tuple[str | None, str], api: client.CustomObjectsApi
+    ) -> None:
         group, version, plural = kind
         namespace, name = target
         what = f"delete {plural} {namespace + '/' if namespace else ''}{name}"
         request = (
-            self._custom.delete_namespaced_custom_object(
+            api.delete_namespaced_custom_object(
                 group, version, namespace, plural, name, _request_timeout=self._timeout
             )
             if namespace
-            else self._custom.delete_cluster_custom_object(
+            else api.delete_cluster_custom_object(
                 group, version, plural, name, _request_timeout=self._timeout
             )
         )
@@ -440,6 +529,16 @@ class Replacer:
             if exc.reason != "conflict":  # 409 AlreadyExists: created before a retry or restart
                 raise
 
+    async def _guard_from_consolidation(self, node: client.V1Node) -> None:
+        """Once the placeholder is gone, a node whose only pods are DaemonSet pods (slurmd in
+        DaemonSet mode) is empty to Karpenter, and its consolidation would take it while Slurm runs
+        jobs there: ``karpenter.sh/do-not-disrupt: "true"`` on the Node blocks consolidation and
+        drift (not expiration or repair). Set before the placeholder goes; kept afterwards, as the
+        NodePool's own template should set it for such a fleet."""
+        if (node.metadata.annotations or {}).get(DO_NOT_DISRUPT) == "true":
+            return
+        await self._nodes.annotate(node.metadata.name, {DO_NOT_DISRUPT: "true"})
+
     async def _drop_placeholder(self, parsed: Handle) -> None:
         namespace, name = self._settings.jobs.namespace, placeholder_name(parsed.target)
         try:
@@ -464,10 +563,7 @@ class Replacer:
                 nodes.append(node)
         mine = [n for n in nodes if (n.metadata.annotations or {}).get(SUCCESSOR_ANNOTATION) == parsed.target]
         if mine:
-            found = facts(mine[0], self._settings.gpu_resource)
-            if found.ready and parsed.strategy == "karpenter":
-                await self._drop_placeholder(parsed)  # the demand has done its work
-            return found
+            return await self._bound(mine[0], parsed)
         for node in nodes:
             if (node.metadata.annotations or {}).get(SUCCESSOR_ANNOTATION):
                 continue  # another replacement's successor
@@ -478,17 +574,27 @@ class Replacer:
                 }
             }
             if await self._nodes.write(node.metadata.name, body, "claim successor"):
-                return facts(node, self._settings.gpu_resource)
+                return await self._bound(node, parsed)
         return None
+
+    async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:
+        """The successor's facts; a Ready Karpenter successor is guarded, then its demand removed
+        (at the claim too: a node Ready when first found is never asked for again)."""
+        found = facts(node, self._settings.gpu_resource)
+        if found.ready and parsed.strategy == "karpenter":
+            await self._guard_from_consolidation(node)
+            await self._drop_placeholder(parsed)  # the demand has done its work
+        return found
 
     async def _made_since(self, parsed: Handle) -> list[str]:
         """Node names of the handles ``parsed.owner`` created since the replacement, oldest first."""
         kind, _, rest = (parsed.owner or "").partition("/")
         if kind == "machineset":
+            self._management_reachable()
             namespace, _, machineset = rest.partition("/")
             listed: dict[str, Any] = await call(
                 f"list Machines in {namespace}",
-                self._custom.list_namespaced_custom_object(
+                self._machines.list_namespaced_custom_object(
                     *CAPI[:2], namespace, CAPI[2], _request_timeout=self._timeout
                 ),
             )
