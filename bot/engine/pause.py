@@ -32,6 +32,7 @@ WRITES: Mapping[str, frozenset[str]] = {
             "cordon",
             "uncordon",
             "set_annotations",
+            "set_labels",
             "evict",
             "delete_pod",
             "replace",

@@ -134,6 +134,10 @@ class Cluster(Protocol):
 
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...
 
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        """Set or (``None``) remove node labels; no other key is touched."""
+        ...
+
     async def pods_on_node(self, name: str) -> list[PodRef]: ...
 
     async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:

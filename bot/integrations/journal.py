@@ -130,6 +130,9 @@ class DryRunJournal:
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await self.append("annotate", node=name, annotations=dict(annotations))
 
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        await self.append("label", node=name, labels=dict(labels))
+
     async def evict(self, pod: PodRef) -> None:
         await self.append("evict", pod=pod.ref)
 

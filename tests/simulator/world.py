@@ -211,6 +211,12 @@ class SimulatedWorld:
                     node.annotations.pop(key, None)
                 else:
                     node.annotations[key] = value
+        elif op == "label" and node is not None:
+            for key, value in r["labels"].items():
+                if value is None:
+                    node.labels.pop(key, None)
+                else:
+                    node.labels[key] = value
         elif op in {"evict", "delete_pod"} and node is not None:
             node.pods.pop(r["pod"], None)
         elif op == "replace" and node is not None:

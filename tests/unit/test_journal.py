@@ -40,6 +40,10 @@ async def test_every_write_appends_one_marked_line_with_its_arguments(tmp_path: 
         (journal.requeue("4711"), {"op": "requeue", "job_id": "4711"}),
         (journal.cordon("gpu-001", incident_id="pc-1", reason="r"), {"op": "cordon", "incident_id": "pc-1"}),
         (journal.set_annotations("gpu-001", {"a": "1", "b": None}), {"annotations": {"a": "1", "b": None}}),
+        (
+            journal.set_labels("gpu-001", {"pitcrew.dev/lemon": "true"}),
+            {"labels": {"pitcrew.dev/lemon": "true"}},
+        ),
         (journal.evict(pod), {"op": "evict", "pod": "ml-train/worker-0"}),
         (journal.delete_pod(pod, force=True), {"op": "delete_pod", "force": True}),
         (journal.replace("gpu-001", strategy="cluster-api", incident_id="pc-1"), {"strategy": "cluster-api"}),
@@ -63,6 +67,7 @@ async def test_every_write_appends_one_marked_line_with_its_arguments(tmp_path: 
         "requeue",
         "cordon",
         "annotate",
+        "label",
         "evict",
         "delete_pod",
         "replace",
