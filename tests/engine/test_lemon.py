@@ -3,13 +3,19 @@
 Cases: a node reset twice, each time more than the escalation window apart (so the ladder never
 climbs), gets its third fault within the lemon window: the plan is replacement, chosen by itself;
 the node carries the lemon label from its cordon on; the notice names the earlier incidents and
-asks for an RMA; a rollback takes the label off with the cordon.
+asks for an RMA; ``pitcrew trust`` lists the node as a lemon with its three incidents; a rollback
+takes the label off with the cordon.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
+import pytest
+
+from bot.cli import main
 from bot.engine.ports import PodRef
 from tests.engine.harness import Answer, EngineHarness
 
@@ -31,7 +37,9 @@ async def two_resets(h: EngineHarness) -> list[str]:
     return done
 
 
-async def test_the_third_fault_in_the_window_replaces_labels_and_asks_for_an_rma(tmp_path: Path) -> None:
+async def test_the_third_fault_in_the_window_replaces_labels_and_asks_for_an_rma(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with EngineHarness(tmp_path, catalog=RESET) as h:
         earlier = await two_resets(h)
         assert LABEL not in h.world.node_record(NODE).labels
@@ -47,6 +55,16 @@ async def test_the_third_fault_in_the_window_replaces_labels_and_asks_for_an_rma
         assert all(incident in text for incident in earlier)
         [labelled] = [e for e in await h.events(third, "action") if "labelled" in e.detail]
         assert LABEL in labelled.detail
+        assert (await h.until_ended(third)).state.value == "resolved"
+
+    # ``pitcrew trust`` lists it among the repeat offenders, as a lemon, with its history.
+    monkeypatch.setenv("PITCREW_STORE__PATH", str(tmp_path / "pitcrew.db"))
+    assert await asyncio.to_thread(main, ["trust", "--json"]) == 0
+    [offender] = json.loads(capsys.readouterr().out)["offenders"]
+    assert (offender["node"], offender["lemon"], offender["incidents"]) == (NODE, True, [*earlier, third])
+    assert await asyncio.to_thread(main, ["trust"]) == 0
+    text = capsys.readouterr().out
+    assert "repeat offenders" in text and f"{NODE}" in text and "yes" in text
 
 
 async def test_a_rollback_takes_the_lemon_label_off(tmp_path: Path) -> None:
