@@ -188,6 +188,12 @@ class EngineSettings(_Section):
         description="Also open incidents for Slurm nodes that Slurm or a health check set DOWN, DRAIN or "
         "FAIL with a reason not pitcrew's (read every poll_interval; Kubernetes node = Slurm node name).",
     )
+    hung_job_after: Duration | None = Field(
+        default=None,
+        description="A RUNNING Slurm job whose resumption.progress_query value stands still this long gets "
+        "one notice (fault job-hung; nothing is done to a node). Unset: not watched. Needs the progress "
+        "query and resumption.prometheus_url.",
+    )
 
 
 class IntegrationSettings(_Section):

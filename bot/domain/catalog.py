@@ -34,6 +34,7 @@ FaultClass = Literal[
     "interconnect",
     "network",
     "scheduler",
+    "job",
     "power-thermal",
     "driver",
     "recovery-action",

@@ -96,7 +96,8 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
             job_fatal=entry.job_fatal,
             meaning=entry.meaning,
             known=True,
-            detail=subject.message if link or entry.fault_class == "scheduler" else "",
+            # Faults of pitcrew's own watches say what they saw (Slurm's reason, the job's progress).
+            detail=subject.message if link or entry.fault_class in {"scheduler", "job"} else "",
             link=link,
         )
     if subject.xid is not None:

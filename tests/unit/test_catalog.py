@@ -105,6 +105,7 @@ FAULTS = {
     "link-flapping": "isolate-node",
     "link-errors": "notify-only",
     "slurm-node-out": "follow-slurm",
+    "job-hung": "notify-only",
 }
 
 
