@@ -8,11 +8,14 @@ Prometheus scrapes every second. Cases:
   before the fault (read before DOWN) and a value after it that is larger, and passes;
 * the job is requeued and runs again but makes no progress (stuck at step 0): the step waits
   for progress past the pre-fault value, times out (10 s budget) and the incident escalates:
-  ``failed``, with an ``escalation`` notice in the journal.
+  ``failed``, with an ``escalation`` notice in the journal;
+* a job that hangs with no fault anywhere (``engine.hung_job_after``): exactly one notice naming
+  the job, its node and its last progress, and Slurm is never touched.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from tests.e2e.slurm_engine import (
     training_on_a_node,
     wait_for_step,
 )
-from tests.harness.proc import require_binary
+from tests.harness.proc import require_binary, wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
 
 pytestmark = pytest.mark.slow
@@ -156,3 +159,45 @@ def test_no_progress_after_the_restart_times_out_and_escalates(
     assert escalation["incident_id"] == incident_id
     assert escalation["severity"] == "critical"
     assert "confirm_resumed failed" in escalation["title"]
+
+
+# A run that reports a step, then hangs (a collective waiting on a peer for ever): step 7, never more.
+HUNG_JOB = """#!/bin/bash
+mkdir -p "$PITCREW_JOB_DIR/metrics"
+f="$PITCREW_JOB_DIR/metrics/$SLURM_JOB_ID.prom"
+printf '{metric}{{job_id="%s",node="%s"}} 7\\n' "$SLURM_JOB_ID" "$SLURMD_NODENAME" > "$f.tmp"
+mv "$f.tmp" "$f"
+exec sleep 600
+"""
+
+
+def test_a_hung_job_gets_exactly_one_notice_and_no_action(
+    slurm: SlurmCluster, pitcrew_factory: Any, prometheus: Prometheus, tmp_path: Path
+) -> None:
+    server = start_pitcrew(
+        pitcrew_factory,
+        slurm,
+        "hung",
+        engine={"hung_job_after": "4s", "poll_interval": "1s"},
+        **progress_config(prometheus),
+    )
+    script = tmp_path / "hung.sh"
+    script.write_text(HUNG_JOB.format(metric=METRIC))
+    job_id = slurm.submit("--gres=gpu:h100:8", "--job-name=hangs", script=script)
+    node = running_on(slurm, job_id).nodes[0]
+    wait_scraped(prometheus, job_id)
+
+    def told() -> list[dict[str, Any]]:
+        return notices(server.journal_records(), "incident")
+
+    wait_until(lambda: bool(told()), timeout=30, what="the hung-job notice")
+    time.sleep(4)  # several more looks at the same stall
+    [notice] = told()
+    words = " ".join([notice["title"], *notice["lines"]])
+    assert job_id in words and "hangs" in words and node in words and "progress stands at 7" in words
+    incident = server.incident(notice["incident_id"])
+    assert (incident["node"], incident["playbook"]) == (node, "notify-only")
+    assert not events(incident, "action")
+    state, job = slurm.node(node), slurm.job(job_id)
+    assert not state.reason and not state.down and not state.drained  # Slurm never touched
+    assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
