@@ -70,6 +70,10 @@ class Scheduler(Protocol):
         """Requeue one job (used after DRAIN when the playbook wants the job moved)."""
         ...
 
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        """Send ``signal`` (a name: ``USR1``) to the job's batch step, e.g. to make it checkpoint now."""
+        ...
+
 
 @runtime_checkable
 class Reservations(Protocol):

@@ -120,6 +120,9 @@ class DryRunJournal:
     async def requeue(self, job_id: str) -> None:
         await self.append("requeue", job_id=job_id)
 
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        await self.append("signal_job", job_id=job_id, signal=signal)
+
     # ------------------------------------------------------------ Cluster writes
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         await self.append("cordon", node=name, incident_id=incident_id, reason=reason)

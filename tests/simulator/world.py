@@ -293,3 +293,6 @@ class SimulatedWorld:
 
     async def requeue(self, job_id: str) -> None:
         await self.write("requeue", job_id=job_id)
+
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        await self.write("signal_job", job_id=job_id, signal=signal)

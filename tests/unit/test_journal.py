@@ -38,6 +38,7 @@ async def test_every_write_appends_one_marked_line_with_its_arguments(tmp_path: 
         (journal.down("gpu-001", "pitcrew: pc-1 XID 79"), {"op": "slurm_down", "node": "gpu-001"}),
         (journal.drain("gpu-002", "pitcrew: pc-2 ecc"), {"op": "slurm_drain", "node": "gpu-002"}),
         (journal.requeue("4711"), {"op": "requeue", "job_id": "4711"}),
+        (journal.signal_job("4711", "USR1"), {"op": "signal_job", "job_id": "4711", "signal": "USR1"}),
         (journal.cordon("gpu-001", incident_id="pc-1", reason="r"), {"op": "cordon", "incident_id": "pc-1"}),
         (journal.set_annotations("gpu-001", {"a": "1", "b": None}), {"annotations": {"a": "1", "b": None}}),
         (
@@ -65,6 +66,7 @@ async def test_every_write_appends_one_marked_line_with_its_arguments(tmp_path: 
         "slurm_down",
         "slurm_drain",
         "requeue",
+        "signal_job",
         "cordon",
         "annotate",
         "label",
