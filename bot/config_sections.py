@@ -362,6 +362,11 @@ class ResumptionSettings(_Section):
         'max(train_step{slurm_job_id="{job_id}"}). Unset: RUNNING elsewhere with restarts+1 is the proof.',
     )
     require_progress: bool = Field(default=True, description="With a query, require progress past pre-fault.")
+    checkpoint_query: str | None = Field(
+        default=None,
+        description='PromQL giving a job\'s last checkpoint; "{job_id}" is replaced. The checkpoint step '
+        "signals the job and waits for this value to move; unset: that step asks nothing.",
+    )
     prometheus_url: str | None = Field(default=None, description="Prometheus base URL for progress queries.")
 
 
