@@ -6,8 +6,9 @@ second it completes one step and writes, atomically, under ``$PITCREW_JOB_DIR``:
 
 * ``ckpt/<job>.step`` — the checkpoint: the last checkpointed step, written every
   ``PITCREW_CKPT_EVERY`` steps (default 1) and at once on SIGUSR1 (``scancel --signal=USR1
-  --batch``: "checkpoint now", before a planned drain). After a requeue the job starts again from
-  this value, which is the whole point: progress survives the fault.
+  --batch``: "checkpoint now", before a planned drain), after which it holds (as a job told it is
+  about to be preempted) until it is stopped. After a requeue the job starts again from this
+  value, which is the whole point: progress survives the fault.
 * ``progress/<job>.json`` — step, job id, Slurm node, restart count, the step it resumed
   from and timestamps, for tests.
 * ``metrics/<job>.prom`` — the step as a Prometheus sample; ``ProgressServer`` serves every
@@ -77,12 +78,10 @@ def train(
     while step < steps:
         time.sleep(interval)
         step += 1
-        if step % every == 0 or asked.is_set():
+        hold = asked.is_set()
+        if step % every == 0 or hold:
             _write(ckpt, f"{step}\n")
             saved = step
-            if asked.is_set():
-                asked.clear()
-                event("CHECKPOINT")
         progress = {
             "job_id": job_id,
             "node": node,
@@ -98,6 +97,12 @@ def train(
             job_dir / "metrics" / f"{job_id}.prom",
             f"{METRIC}{labels} {step}\n{CHECKPOINT_METRIC}{labels} {saved}\n",
         )
+        if hold:
+            event("CHECKPOINT")
+            # Told it is about to be taken off the node: it saved, and trains no further here
+            # (what it learned after the checkpoint would only be redone).
+            while True:
+                time.sleep(interval)
     event("DONE")
     return 0
 
