@@ -106,3 +106,20 @@ async def test_without_a_checkpoint_query_nothing_is_signalled(
         assert ops(h) == ["slurm_down"]
         [finished] = await h.events(incident, "step_finished", "checkpoint")
         assert "no resumption.checkpoint_query" in finished.detail
+
+
+async def test_in_approve_mode_the_job_is_signalled_only_after_approval(tmp_path: Path) -> None:
+    async with EngineHarness(
+        tmp_path,
+        mode="approve",
+        inventory=fleet(jobs=(JOB,)),
+        catalog=OPT_IN,
+        resumption={"checkpoint_query": QUERY},
+    ) as h:
+        h.deps.ports.query = Checkpoints(h)
+        incident = await degrade(h)
+        await h.until_state(incident, "awaiting_approval")
+        record = await h.incident(incident)
+        assert record.plan is not None
+        assert record.plan.steps[:3] == ("notify", "approve", "checkpoint")
+        assert ops(h) == []
