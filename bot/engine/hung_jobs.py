@@ -48,12 +48,15 @@ class HungJobs:
         )
 
     async def poll(self) -> None:
-        """One look at the running jobs, at most once per ``poll_interval``."""
+        """One look at the running jobs, at most once per ``poll_interval`` or a sixth of
+        ``hung_job_after``, whichever is longer: a look costs a job list per busy node and a query
+        per job, and a stall of hours needs no look every two seconds."""
         now = self._deps.clock()
         after = self._deps.settings.hung_job_after
         if after is None or not self.enabled:
             return
-        if self._last is not None and now - self._last < self._deps.settings.poll_interval:
+        every = max(self._deps.settings.poll_interval, after / 6)
+        if self._last is not None and now - self._last < every:
             return
         self._last = now
         try:

@@ -39,9 +39,10 @@ class Prometheus:
     """train_step per job: 101 stuck at 1200 until ``unstick``, 102 one step a second, 103 no series."""
 
     def __init__(self, h: EngineHarness) -> None:
-        self.h, self.unstick = h, float("inf")
+        self.h, self.unstick, self.asked = h, float("inf"), 0
 
     async def instant(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        self.asked += 1
         t = self.h.time.elapsed
         if '"101"' in promql:
             return [({}, 1200.0 if t < self.unstick else 1200.0 + t)]
@@ -84,8 +85,10 @@ async def test_a_stalled_job_gets_one_notice_and_nothing_else(tmp_path: Path) ->
         assert alert.alertname == "SlurmJobHung" and alert.deliveries > 1  # looked again: the same alert
 
         assert isinstance(h.deps.ports.query, Prometheus)
+        # 69 minutes of scans, a look every 5 (a sixth of 30): 14 looks of 3 jobs, not 69.
+        assert h.deps.ports.query.asked == 3 * 14
         h.deps.ports.query.unstick = h.time.elapsed
-        await look(h, watch, 2)
+        await look(h, watch, 6)  # the next look (every 5 minutes: a sixth of the 30)
         [resolved] = await h.store.alerts_of(incident_id)
         assert resolved.status == "resolved"
         assert len(h.notices("incident")) == 1
