@@ -3,7 +3,8 @@
 Cases: a node reset twice, each time more than the escalation window apart (so the ladder never
 climbs), gets its third fault within the lemon window: the plan is replacement, chosen by itself;
 the node carries the lemon label from its cordon on; the notice names the earlier incidents and
-asks for an RMA; ``pitcrew trust`` lists the node as a lemon with its three incidents; a rollback
+asks for an RMA; ``pitcrew trust`` lists the node as a lemon with its three incidents; a lemon someone
+else cordoned is labelled too (their cordon left as it is); a rollback
 takes the label off with the cordon.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,17 @@ async def test_a_rollback_takes_the_lemon_label_off(tmp_path: Path) -> None:
         await h.until_ended(third)
         assert LABEL not in h.world.node_record(NODE).labels
         assert not h.world.node_record(NODE).unschedulable
+
+
+async def test_a_lemon_someone_else_cordoned_is_labelled_too(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, catalog=RESET) as h:
+        await two_resets(h)
+        cordons = h.calls()[("cordon", NODE)]
+        # Someone else cordons the node before the third fault (their cordon, not pitcrew's mark).
+        h.cluster.always(
+            "node", Answer(lambda n: replace(n, unschedulable=True, annotations={}) if n is not None else n)
+        )
+        third = await h.alert(NODE)
+        await h.run_until(lambda: LABEL in h.world.node_record(NODE).labels)
+        assert h.calls()[("cordon", NODE)] == cordons  # their cordon is left as it is
+        assert [e for e in await h.events(third, "not_owned")]

@@ -45,11 +45,11 @@ async def release_cordon(cluster: Cluster, node_name: str, incident_id: str) -> 
 
 
 async def undo_cordon(ctx: UndoContext, result: CordonResult) -> str:
-    if not result.owned and not result.cordoning:
-        return "cordon: the node was cordoned by someone else; left as is"
     if result.lemon and ctx.deps.ports.cluster is not None:
         # A rollback says pitcrew was wrong about this node: it is no lemon either.
         await ctx.deps.ports.cluster.set_labels(ctx.node, {ctx.deps.settings.lemon.label: None})
+    if not result.owned and not result.cordoning:
+        return "cordon: the node was cordoned by someone else; left as is"
     if ctx.deps.ports.cluster is not None and await release_cordon(
         ctx.deps.ports.cluster, ctx.node, ctx.incident.id
     ):
@@ -79,7 +79,8 @@ async def cordon(ctx: StepContext[CordonResult]) -> Done[CordonResult] | Wait:
         mine = owns_node(node.annotations, ctx.incident.id)
         if not mine:
             await ctx.note("not_owned", f"node {ctx.node} was already cordoned by someone else: left as is")
-        return Done(CordonResult(owned=mine), "already cordoned")
+        await _mark_lemon(ctx, cluster)  # a lemon is labelled whoever cordoned it (and after a restart)
+        return Done(CordonResult(owned=mine, lemon=bool(ctx.plan.lemon)), "already cordoned")
     if ctx.settings.slinky:
         # slurm-operator drains the Slurm node with this reason once it sees the cordon.
         await cluster.set_annotations(ctx.node, slinky_cordon_annotations(ctx.reason()))
@@ -98,7 +99,7 @@ async def _mark_lemon(ctx: StepContext[CordonResult], cluster: Cluster) -> None:
     if not ctx.plan.lemon:
         return
     label = ctx.settings.lemon.label
-    await ctx.save(replace(ctx.progress, cordoning=True, lemon=True))
+    await ctx.save(replace(ctx.progress, lemon=True))
     await cluster.set_labels(ctx.node, {label: "true"})
     await ctx.acted(
         "lemon",
