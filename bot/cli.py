@@ -23,12 +23,14 @@ from bot import __version__
 from bot.config import Config, ConfigError, load_config, read_secret
 from bot.config_sections import StoreSettings
 from bot.domain.durations import format_duration
-from bot.domain.trust import IncidentFacts, ledger
+from bot.domain.trust import IncidentFacts, ledger, offenders
 from bot.report import (
     catalog_rows,
     dry_run,
+    offender_rows,
     render_detail,
     render_incidents,
+    render_offenders,
     render_plans,
     render_trust,
     trust_facts,
@@ -216,16 +218,26 @@ def _trust(args: argparse.Namespace) -> int:
         async with _opened(path) as store:
             return await trust_facts(store, args.limit)
 
-    window = config.policy.escalation.window
-    rows = ledger(asyncio.run(read()), window)
+    window, lemon = config.policy.escalation.window, config.policy.lemon
+    facts = asyncio.run(read())
+    rows = ledger(facts, window)
+    repeat = offenders(facts, lemon.window)
     if args.json:
         print(
             json.dumps(
-                {"escalation_window_seconds": window.total_seconds(), "rows": trust_rows(rows)}, indent=2
+                {
+                    "escalation_window_seconds": window.total_seconds(),
+                    "rows": trust_rows(rows),
+                    "lemon_window_seconds": lemon.window.total_seconds(),
+                    "offenders": offender_rows(repeat),
+                },
+                indent=2,
             )
         )
     else:
         print(render_trust(rows, format_duration(window)))
+        if repeat:
+            print(render_offenders(repeat, format_duration(lemon.window)))
     return 0
 
 

@@ -193,7 +193,12 @@ def read_secret(path: Path, what: str) -> str:
 
 def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -> list[str]:
     problems = []
-    for name in sorted(catalog.playbooks_used() | set(catalog.bucket_playbooks.values())):
+    used = (
+        catalog.playbooks_used()
+        | set(catalog.bucket_playbooks.values())
+        | set(catalog.decode_playbooks.values())
+    )
+    for name in sorted(used):
         if name not in playbooks.playbooks:
             problems.append(f"catalog: playbook {name!r} is used but not defined")
     for name in settings.playbook_modes:
@@ -202,6 +207,8 @@ def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -
     for name in settings.escalation.ladder:
         if name not in playbooks.playbooks:
             problems.append(f"escalation.ladder: no playbook named {name!r}")
+    if settings.lemon.playbook not in playbooks.playbooks:
+        problems.append(f"lemon.playbook: no playbook named {settings.lemon.playbook!r}")
     auth = settings.server.auth
     if auth.bearer_token_file and auth.basic_auth:
         problems.append("server.auth: set bearer_token_file or basic_auth, not both")

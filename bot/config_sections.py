@@ -188,6 +188,12 @@ class EngineSettings(_Section):
         description="Also open incidents for Slurm nodes that Slurm or a health check set DOWN, DRAIN or "
         "FAIL with a reason not pitcrew's (read every poll_interval; Kubernetes node = Slurm node name).",
     )
+    hung_job_after: Duration | None = Field(
+        default=None,
+        description="A RUNNING Slurm job whose resumption.progress_query value stands still this long gets "
+        "one notice (fault job-hung; nothing is done to a node). Unset: not watched. Needs the progress "
+        "query and resumption.prometheus_url.",
+    )
 
 
 class IntegrationSettings(_Section):
@@ -356,6 +362,11 @@ class ResumptionSettings(_Section):
         'max(train_step{slurm_job_id="{job_id}"}). Unset: RUNNING elsewhere with restarts+1 is the proof.',
     )
     require_progress: bool = Field(default=True, description="With a query, require progress past pre-fault.")
+    checkpoint_query: str | None = Field(
+        default=None,
+        description='PromQL giving a job\'s last checkpoint; "{job_id}" is replaced. The checkpoint step '
+        "signals the job and waits for this value to move; unset: that step asks nothing.",
+    )
     prometheus_url: str | None = Field(default=None, description="Prometheus base URL for progress queries.")
 
 

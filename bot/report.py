@@ -21,7 +21,7 @@ from bot.domain.faults import Fault
 from bot.domain.goodput import Goodput
 from bot.domain.guards import World
 from bot.domain.incident import State
-from bot.domain.trust import IncidentFacts, TrustRow
+from bot.domain.trust import IncidentFacts, Offender, TrustRow
 from bot.engine.admission import NOT_READ, build_world
 from bot.engine.intake import to_delivery
 from bot.engine.steps import REGISTRY, cost
@@ -212,6 +212,8 @@ async def trust_facts(store: Store, limit: int) -> list[IncidentFacts]:
                 rolled_back=incident.state is State.ROLLED_BACK,
                 rejected=approval is not None and approval.status == "rejected",
                 back_in_service=resumed is not None and resumed.status == "ok",
+                acts=bool(plan and plan.acts),
+                lemon=bool(plan and plan.lemon),
             )
         )
     return facts
@@ -222,6 +224,22 @@ def trust_rows(rows: list[TrustRow]) -> list[dict[str, Any]]:
         {**asdict(row), "overridden_rate": row.overridden_rate, "repeat_rate": row.repeat_rate}
         for row in rows
     ]
+
+
+def offender_rows(found: list[Offender]) -> list[dict[str, Any]]:
+    return [{**asdict(o), "last": o.last.isoformat()} for o in found]
+
+
+def render_offenders(found: list[Offender], window: str) -> str:
+    """The repeat offenders under the ledger; nothing when there are none."""
+    if not found:
+        return ""
+    lines = [
+        f"repeat offenders (remediations of any fault within {window}):",
+        f"{'NODE':<24} {'LEMON':<5} INCIDENTS",
+    ]
+    lines += [f"{o.node:<24} {'yes' if o.lemon else 'no':<5} {', '.join(o.incidents)}" for o in found]
+    return "\n".join(lines)
 
 
 def render_trust(rows: list[TrustRow], window: str) -> str:

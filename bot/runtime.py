@@ -154,6 +154,7 @@ def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) ->
             slinky=settings.slurm.node_mapping == "slinky",
             goodput=settings.goodput,
             capacity=settings.capacity,
+            lemon=settings.lemon,
         ),
         registry=REGISTRY,
     )

@@ -342,11 +342,15 @@ class SlurmCluster:
         """The node as ``scontrol show node`` reports it now."""
         return parse_node_line(self.run("scontrol", "show", "node", "-o", name, timeout=10).stdout.strip())
 
-    def submit_training(self, *, requeue: bool = True, extra: tuple[str, ...] = (), steps: int = 600) -> str:
-        """The checkpointing job, holding all 8 GPUs of one node so a requeue must move it."""
+    def submit_training(
+        self, *, requeue: bool = True, extra: tuple[str, ...] = (), steps: int = 600, ckpt_every: int = 1
+    ) -> str:
+        """The checkpointing job, holding all 8 GPUs of one node so a requeue must move it; it
+        checkpoints every ``ckpt_every`` steps and at once on SIGUSR1."""
         flags = ["--requeue" if requeue else "--no-requeue", "--open-mode=append", "--gres=gpu:h100:8"]
         env = {
             "PITCREW_TRAIN_STEPS": str(steps),
+            "PITCREW_CKPT_EVERY": str(ckpt_every),
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         }
         # The script as the cluster sees it: a root's sbatch cannot read the checkout.

@@ -4,13 +4,17 @@
 Submitted with ``sbatch --requeue --open-mode=append`` (see ``proving_ground.slurm``). Every
 second it completes one step and writes, atomically, under ``$PITCREW_JOB_DIR``:
 
-* ``ckpt/<job>.step`` — the checkpoint: the last completed step. After a requeue the job
-  starts again from this value, which is the whole point: progress survives the fault.
+* ``ckpt/<job>.step`` — the checkpoint: the last checkpointed step, written every
+  ``PITCREW_CKPT_EVERY`` steps (default 1) and at once on SIGUSR1 (``scancel --signal=USR1
+  --batch``: "checkpoint now", before a planned drain), after which it holds (as a job told it is
+  about to be preempted) until it is stopped. After a requeue the job starts again from this
+  value, which is the whole point: progress survives the fault.
 * ``progress/<job>.json`` — step, job id, Slurm node, restart count, the step it resumed
   from and timestamps, for tests.
 * ``metrics/<job>.prom`` — the step as a Prometheus sample; ``ProgressServer`` serves every
   job's file at ``/metrics`` so a real Prometheus can run the PromQL progress check.
-* ``events/<job>.log`` — one line per start and per SIGTERM, a history across restarts.
+* ``events/<job>.log`` — one line per start, per SIGTERM and per checkpoint asked by SIGUSR1, a
+  history across restarts.
 
 Only the standard library: the file runs as a batch script under whatever Python the
 submitter's PATH gives. It must not touch anything outside its job directory.
@@ -29,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 METRIC = "pitcrew_train_step"
-_HEADER = f"# HELP {METRIC} Last completed step of the stand-in training job.\n# TYPE {METRIC} gauge\n"
+#: The last checkpointed step, beside the step (a checkpoint-before-drain waits for it to move).
+CHECKPOINT_METRIC = "pitcrew_train_checkpoint_step"
+_HELP = {
+    METRIC: "Last completed step of the stand-in training job.",
+    CHECKPOINT_METRIC: "Last checkpointed step of the stand-in training job.",
+}
 
 
 def _write(path: Path, text: str) -> None:
@@ -39,7 +48,9 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def train(job_dir: Path, job_id: str, node: str, restarts: int, steps: int, interval: float) -> int:
+def train(
+    job_dir: Path, job_id: str, node: str, restarts: int, steps: int, interval: float, every: int = 1
+) -> int:
     for sub in ("ckpt", "progress", "metrics", "events"):
         (job_dir / sub).mkdir(parents=True, exist_ok=True)
     ckpt = job_dir / "ckpt" / f"{job_id}.step"
@@ -55,12 +66,22 @@ def train(job_dir: Path, job_id: str, node: str, restarts: int, steps: int, inte
         event("SIGTERM")
         sys.exit(143)
 
+    asked = threading.Event()
+
+    def on_usr1(signum: int, frame: object) -> None:
+        asked.set()  # written after the step under way, as a framework would at a step boundary
+
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGUSR1, on_usr1)
     event("START")
+    saved = step
     while step < steps:
         time.sleep(interval)
         step += 1
-        _write(ckpt, f"{step}\n")
+        hold = asked.is_set()
+        if step % every == 0 or hold:
+            _write(ckpt, f"{step}\n")
+            saved = step
         progress = {
             "job_id": job_id,
             "node": node,
@@ -71,9 +92,17 @@ def train(job_dir: Path, job_id: str, node: str, restarts: int, steps: int, inte
             "updated_at": time.time(),
         }
         _write(job_dir / "progress" / f"{job_id}.json", json.dumps(progress) + "\n")
+        labels = f'{{job_id="{job_id}",node="{node}"}}'
         _write(
-            job_dir / "metrics" / f"{job_id}.prom", f'{METRIC}{{job_id="{job_id}",node="{node}"}} {step}\n'
+            job_dir / "metrics" / f"{job_id}.prom",
+            f"{METRIC}{labels} {step}\n{CHECKPOINT_METRIC}{labels} {saved}\n",
         )
+        if hold:
+            event("CHECKPOINT")
+            # Told it is about to be taken off the node: it saved, and trains no further here
+            # (what it learned after the checkpoint would only be redone).
+            while True:
+                time.sleep(interval)
     event("DONE")
     return 0
 
@@ -103,9 +132,19 @@ def read_events(job_dir: Path, job_id: str) -> list[str]:
 
 
 def exposition(job_dir: Path) -> str:
-    """Every job's sample under one HELP/TYPE header (Prometheus rejects repeated headers)."""
-    samples = [p.read_text() for p in sorted((job_dir / "metrics").glob("*.prom"))]
-    return _HEADER + "".join(samples)
+    """Every job's samples, each family under one HELP/TYPE header and together (Prometheus rejects
+    repeated headers and a family split by another)."""
+    lines = [
+        line
+        for p in sorted((job_dir / "metrics").glob("*.prom"))
+        for line in p.read_text().splitlines()
+        if line
+    ]
+    out = []
+    for name, words in _HELP.items():
+        out += [f"# HELP {name} {words}", f"# TYPE {name} gauge"]
+        out += [line for line in lines if line.startswith(name + "{")]
+    return "\n".join(out) + "\n"
 
 
 class ProgressServer:
@@ -157,6 +196,7 @@ def main() -> int:
         restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
         steps=int(env.get("PITCREW_TRAIN_STEPS", "600")),
         interval=float(env.get("PITCREW_TRAIN_INTERVAL", "1.0")),
+        every=max(1, int(env.get("PITCREW_CKPT_EVERY", "1"))),
     )
 
 

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bot.domain.nvlink5 import DecodeRow
+
 PlaybookName = Literal[
     "ignore",
     "notify-only",
@@ -20,6 +22,7 @@ PlaybookName = Literal[
     "cordon-and-ask",
     "follow-slurm",
     "isolate-node",
+    "checkpoint-reset-gpu",
     "reset-gpu",
     "reboot-node",
     "replace-node",
@@ -32,6 +35,7 @@ FaultClass = Literal[
     "interconnect",
     "network",
     "scheduler",
+    "job",
     "power-thermal",
     "driver",
     "recovery-action",
@@ -48,6 +52,7 @@ SEVERITY: tuple[str, ...] = (
     "cordon-and-ask",
     "follow-slurm",
     "isolate-node",
+    "checkpoint-reset-gpu",
     "reset-gpu",
     "reboot-node",
     "replace-node",
@@ -104,6 +109,10 @@ class Catalog(_Strict):
     bucket_playbooks: dict[str, str]
     xids: dict[int, XidEntry]
     faults: dict[str, FaultEntry]
+    #: NVIDIA's "Xid 144-150 Decode" rows (``bot.domain.nvlink5``); empty: 144-150 keep their entry.
+    xid_decode: tuple[DecodeRow, ...] = ()
+    #: The playbook for each bucket a decode row gives (pitcrew policy, like ``bucket_playbooks``).
+    decode_playbooks: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> Catalog:
@@ -111,6 +120,17 @@ class Catalog(_Strict):
             f"xid {code}: bucket {entry.bucket!r} has no entry in bucket_playbooks"
             for code, entry in self.xids.items()
             if entry.playbook is None and entry.bucket not in self.bucket_playbooks
+        ]
+        buckets = {row.bucket for row in self.xid_decode}
+        buckets |= {row.action2.bucket for row in self.xid_decode if row.action2 is not None}
+        problems += [
+            f"xid_decode: bucket {bucket!r} has no entry in decode_playbooks"
+            for bucket in sorted(buckets - set(self.decode_playbooks))
+        ]
+        problems += [
+            f"xid_decode: row for xid {row.xid} ({row.subcode}) has no xid entry"
+            for row in self.xid_decode
+            if row.xid not in self.xids
         ]
         if problems:
             raise ValueError("; ".join(problems))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bot.domain.catalog import Catalog
+from bot.domain.catalog import Catalog, severity
 from bot.domain.labels import Subject
+from bot.domain.nvlink5 import NVLINK5_XIDS, Decoded, decode
 
 #: ``fault`` label values that mean "this is an XID alert" rather than a catalog fault.
 XID_FAULT_LABELS = frozenset({"xid", "xid-window", "xid-total", "xid-gauge"})
@@ -95,7 +96,8 @@ def classify(subject: Subject, catalog: Catalog) -> Fault | None:
             job_fatal=entry.job_fatal,
             meaning=entry.meaning,
             known=True,
-            detail=subject.message if link or entry.fault_class == "scheduler" else "",
+            # Faults of pitcrew's own watches say what they saw (Slurm's reason, the job's progress).
+            detail=subject.message if link or entry.fault_class in {"scheduler", "job"} else "",
             link=link,
         )
     if subject.xid is not None:
@@ -131,8 +133,19 @@ def _xid_fault(subject: Subject, xid: int, catalog: Catalog) -> Fault:
     if entry is None:
         return _for_a_human(subject.node, subject.gpu, "xid", xid, "XID not in the catalog", subject.message)
     playbook = catalog.xid_playbook(xid) or "ask-human"
+    job_fatal = entry.job_fatal
     detail = subject.message
-    if xid == RECOVERY_XID:
+    if xid in NVLINK5_XIDS and catalog.xid_decode:
+        decoded = _nvlink5(subject, xid, catalog)
+        if isinstance(decoded, Decoded):
+            playbook = catalog.decode_playbooks[decoded.bucket]
+            job_fatal = decoded.gpu_fatal
+            detail = decoded.describe()
+        else:
+            detail = f"{decoded}; the catalog entry stands" + (
+                f": {subject.message}" if subject.message else ""
+            )
+    elif xid == RECOVERY_XID:
         resolved = _recovery_playbook(subject.message, subject.recovery_action)
         if resolved is None:
             detail = "recovery action not stated in the alert; a human decides"
@@ -146,11 +159,22 @@ def _xid_fault(subject: Subject, xid: int, catalog: Catalog) -> Fault:
         bucket=entry.bucket,
         fault_class=entry.fault_class,
         playbook=playbook,
-        job_fatal=entry.job_fatal and playbook not in {"ignore", "notify-only"},
+        job_fatal=job_fatal and playbook not in {"ignore", "notify-only"},
         meaning=entry.meaning,
         known=True,
         detail=detail,
     )
+
+
+def _nvlink5(subject: Subject, xid: int, catalog: Catalog) -> Decoded | str:
+    """XIDs 144-150 decoded from the kernel line's registers, or why not (the entry then stands)."""
+    line = subject.xid_line
+    if line is None:
+        return "no kernel line with the sub-code's registers in the alert"
+    if line.xid != xid:
+        return f"the kernel line is for XID {line.xid}, not {xid}"
+    rank = {bucket: severity(playbook) for bucket, playbook in catalog.decode_playbooks.items()}
+    return decode(catalog.xid_decode, line, rank)
 
 
 def _recovery_playbook(message: str, code: str | None) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.domain.alerts import Alert, AlertRejected, WebhookPayload
+from bot.domain.nvlink5 import KernelLine, kernel_line
 
 DEFAULT_NODE_LABELS = ("node", "kubernetes_node", "Hostname", "hostname", "instance")
 DEFAULT_GPU_LABELS = ("gpu", "UUID", "pci_bus_id")
@@ -73,6 +74,14 @@ class Subject:
     #: The network port an alert names (node-exporter's ``device`` and ``port`` labels):
     #: ``mlx5_0 port 1``, or ``ens1f0`` for an interface.
     link: str | None = None
+    #: The driver's ``NVRM: Xid`` line, when the alert carries one (a kernel-log rule puts it in a
+    #: label or annotation; dcgm-exporter's ``err_msg`` is a fixed text per XID and never does).
+    xid_line: KernelLine | None = None
+
+
+#: Where an alert may carry the driver's kernel line, in the order they are read.
+XID_LINE_LABELS = ("err_msg", "message", "kernel_message")
+XID_LINE_ANNOTATIONS = ("message", "kernel_message", "description", "summary")
 
 
 def host_part(instance: str) -> str:
@@ -154,7 +163,14 @@ def subject_of(alert: Alert, rules: LabelRules = DEFAULT_LABEL_RULES) -> Subject
         or alert.annotations.get("summary", ""),
         recovery_action=labels.get("recovery_action") or None,
         link=_link(labels.get("device", ""), labels.get("port", "")),
+        xid_line=_xid_line(alert),
     )
+
+
+def _xid_line(alert: Alert) -> KernelLine | None:
+    texts = [alert.labels.get(n, "") for n in XID_LINE_LABELS]
+    texts += [alert.annotations.get(n, "") for n in XID_LINE_ANNOTATIONS]
+    return next((line for line in map(kernel_line, texts) if line is not None), None)
 
 
 #: A device or port name as node-exporter reports one (sysfs names); anything else is not shown.

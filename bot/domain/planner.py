@@ -58,6 +58,8 @@ class Plan:
     reasons: tuple[str, ...]
     #: Whether any step would change a far side (before the mode is applied).
     acts: bool = False
+    #: The node is a lemon: its earlier remediations in the lemon window (incident ids, oldest first).
+    lemon: tuple[str, ...] = ()
     guards: tuple[Decision, ...] = ()
     guards_enforced: bool = False
     allowed: bool = True
@@ -113,6 +115,15 @@ def plan(
             )
 
     playbook_name = _escalate(decisive.playbook, history, policy, now, reasons)
+    lemon = _lemon(playbook_name, history, policy, now)
+    if lemon:
+        reasons.append(
+            f"lemon: remediation {len(lemon) + 1} on this node within {format_duration(policy.lemon.window)}"
+            f" (earlier: incidents {', '.join(lemon)}) → {policy.lemon.playbook}; the node is labelled"
+            f" {policy.lemon.label} and humans are asked for an RMA with its history"
+        )
+        if severity(policy.lemon.playbook) > severity(playbook_name):
+            playbook_name = policy.lemon.playbook
     playbook = playbooks.get(playbook_name)
     mode = policy.mode_for(playbook_name)
     steps = [spec.name for spec in playbook.steps]
@@ -164,7 +175,25 @@ def plan(
         slurm_action=slurm_action,
         reasons=tuple(reasons),
         acts=acts,
+        lemon=lemon,
     )
+
+
+def _lemon(playbook: str, history: Sequence[PastIncident], policy: Policy, now: datetime) -> tuple[str, ...]:
+    """The node's earlier remediations in the lemon window when this one makes it a lemon, else ``()``.
+
+    Any fault counts; only incidents that changed the node do (a notice is no remediation), and a
+    fault that would itself change nothing does not turn into a replacement.
+    """
+    if playbook in HANDS_OFF:
+        return ()
+    window = policy.lemon.window
+    earlier = sorted(
+        (h for h in history if h.acted and now - window <= h.opened_at <= now), key=lambda h: h.opened_at
+    )
+    if len(earlier) + 1 < policy.lemon.incidents:
+        return ()
+    return tuple(h.incident_id for h in earlier)
 
 
 def _escalate(

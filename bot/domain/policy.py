@@ -47,6 +47,18 @@ class EscalationPolicy(_Section):
     )
 
 
+class LemonPolicy(_Section):
+    """A node that keeps failing (configuration key ``lemon``): its Nth remediation in the window goes
+    straight to replacement, the node is labelled, and humans are asked for an RMA with its history."""
+
+    incidents: int = Field(
+        default=3, ge=2, description="The remediation on a node that makes it a lemon (counting this one)."
+    )
+    window: Duration = Field(default=timedelta(days=7), description="Remediations inside this window count.")
+    playbook: str = Field(default="replace-node", description="What a lemon's next fault gets.")
+    label: str = Field(default="pitcrew.dev/lemon", description="Node label set on a lemon ('true').")
+
+
 class BreakerPolicy(_Section):
     max_nodes: int = Field(default=3, ge=0, description="Most nodes under remediation within the window.")
     max_fraction: float = Field(
@@ -96,6 +108,7 @@ class Policy(_Section):
     mode: Mode = Field(default=Mode.OBSERVE, description="observe | approve | auto")
     playbook_modes: dict[str, Mode] = Field(default_factory=dict, description="Per-playbook mode overrides.")
     escalation: EscalationPolicy = EscalationPolicy()
+    lemon: LemonPolicy = LemonPolicy()
     guards: GuardPolicy = GuardPolicy()
     approvals: ApprovalPolicy = ApprovalPolicy()
 

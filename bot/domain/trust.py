@@ -34,6 +34,40 @@ class IncidentFacts:
     rolled_back: bool = False
     rejected: bool = False
     back_in_service: bool = False
+    #: The plan changes the node, whether or not the incident has ended (what the lemon rule counts).
+    acts: bool = False
+    #: The planner found the node a lemon (``Plan.lemon``).
+    lemon: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Offender:
+    """A node that keeps coming back: its remediations inside one lemon window."""
+
+    node: str
+    incidents: tuple[str, ...]
+    lemon: bool
+    last: datetime
+
+
+def offenders(incidents: Sequence[IncidentFacts], window: timedelta, at_least: int = 2) -> list[Offender]:
+    """Nodes with ``at_least`` remediations (any fault) inside ``window`` ending at their latest, most first.
+
+    ``lemon`` says the planner already called the node a lemon (its Nth remediation, ``lemon.incidents``).
+    """
+    by_node: dict[str, list[IncidentFacts]] = defaultdict(list)
+    for incident in incidents:
+        if incident.acts:
+            by_node[incident.node].append(incident)
+    found = []
+    for node, acted in by_node.items():
+        acted.sort(key=lambda i: (i.opened_at, i.incident_id))
+        last = acted[-1].opened_at
+        recent = [i for i in acted if last - window <= i.opened_at]
+        if len(recent) >= at_least:
+            ids = tuple(i.incident_id for i in recent)
+            found.append(Offender(node, ids, any(i.lemon for i in recent), last))
+    return sorted(found, key=lambda o: (-len(o.incidents), -o.last.timestamp(), o.node))
 
 
 @dataclass(frozen=True, slots=True)

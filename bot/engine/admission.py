@@ -149,7 +149,7 @@ async def build_world(
     policy: Policy, store: Store, incident: IncidentRecord, now: datetime, facts: NodeFacts | None
 ) -> World:
     """Everything the guards look at: the store's switches and history, and the cluster facts."""
-    history_since = now - max(policy.escalation.window, policy.node.attempt_window)
+    history_since = now - max(policy.escalation.window, policy.node.attempt_window, policy.lemon.window)
     pause = await store.switch(PAUSE)
     return World(
         paused=pause is not None,

@@ -20,6 +20,7 @@ from bot.config import CapacitySettings, GoodputSettings, ResumptionSettings
 from bot.domain.ownership import slurm_reason
 from bot.domain.planner import Plan
 from bot.domain.playbooks import StepSpec
+from bot.domain.policy import LemonPolicy
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Notice, Notifier, Scheduler
 from bot.store import codec
@@ -55,6 +56,7 @@ class StepSettings:
     slinky: bool = False
     goodput: GoodputSettings = field(default_factory=GoodputSettings)
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    lemon: LemonPolicy = field(default_factory=LemonPolicy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from bot.engine.admission import PAUSE, Admission
 from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
+from bot.engine.hung_jobs import HungJobs
 from bot.engine.locks import IncidentLocks
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
@@ -46,7 +47,7 @@ class Engine:
     ) -> None:
         """``leading``: whether this process leads the store now (``bot.engine.leadership``);
         always, for an engine that is the store's only user (tests, tools). ``catalog``: with
-        ``engine.slurm_watch``, what the Slurm watch classifies Slurm's outages with."""
+        ``engine.slurm_watch`` or ``engine.hung_job_after``, what the watches classify their alerts with."""
         self._leading = leading
         self.deps = deps
         self.store = deps.store
@@ -66,6 +67,11 @@ class Engine:
         self.slurm_watch = (
             SlurmWatch(deps, catalog, signal=self.signal, wake=self.wake)
             if deps.settings.slurm_watch and catalog is not None
+            else None
+        )
+        self.hung_jobs = (
+            HungJobs(deps, catalog, signal=self.signal, wake=self.wake)
+            if deps.settings.hung_job_after is not None and catalog is not None
             else None
         )
         for step in deps.registry:  # every step's series exists from the start (0, not absent)
@@ -158,6 +164,13 @@ class Engine:
                 raise
             except Exception:  # a bad look at Slurm must not stop the incidents already open
                 log.exception("slurm watch failed; the next poll tries again")
+        if self.hung_jobs is not None:
+            try:
+                await self.hung_jobs.poll()
+            except Deposed:
+                raise
+            except Exception:  # nor a bad look at the jobs
+                log.exception("hung-job watch failed; the next poll tries again")
         active = await self.store.active()
         await self._adopt_rollbacks()
         now = self.clock()

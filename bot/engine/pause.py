@@ -26,12 +26,13 @@ PAUSE = "pause"
 
 #: The port methods that change a far side, per port: everything else only reads.
 WRITES: Mapping[str, frozenset[str]] = {
-    "scheduler": frozenset({"down", "drain", "resume", "requeue"}),
+    "scheduler": frozenset({"down", "drain", "resume", "requeue", "signal_job"}),
     "cluster": frozenset(
         {
             "cordon",
             "uncordon",
             "set_annotations",
+            "set_labels",
             "evict",
             "delete_pod",
             "replace",

@@ -70,6 +70,10 @@ class Scheduler(Protocol):
         """Requeue one job (used after DRAIN when the playbook wants the job moved)."""
         ...
 
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        """Send ``signal`` (a name: ``USR1``) to the job's batch step, e.g. to make it checkpoint now."""
+        ...
+
 
 @runtime_checkable
 class Reservations(Protocol):
@@ -133,6 +137,10 @@ class Cluster(Protocol):
         ...
 
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        """Set or (``None``) remove node labels; no other key is touched."""
+        ...
 
     async def pods_on_node(self, name: str) -> list[PodRef]: ...
 

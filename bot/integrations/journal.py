@@ -120,6 +120,9 @@ class DryRunJournal:
     async def requeue(self, job_id: str) -> None:
         await self.append("requeue", job_id=job_id)
 
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        await self.append("signal_job", job_id=job_id, signal=signal)
+
     # ------------------------------------------------------------ Cluster writes
     async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
         await self.append("cordon", node=name, incident_id=incident_id, reason=reason)
@@ -129,6 +132,9 @@ class DryRunJournal:
 
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await self.append("annotate", node=name, annotations=dict(annotations))
+
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        await self.append("label", node=name, labels=dict(labels))
 
     async def evict(self, pod: PodRef) -> None:
         await self.append("evict", pod=pod.ref)

@@ -8,11 +8,18 @@ Prometheus scrapes every second. Cases:
   before the fault (read before DOWN) and a value after it that is larger, and passes;
 * the job is requeued and runs again but makes no progress (stuck at step 0): the step waits
   for progress past the pre-fault value, times out (10 s budget) and the incident escalates:
-  ``failed``, with an ``escalation`` notice in the journal.
+  ``failed``, with an ``escalation`` notice in the journal;
+* a job that hangs with no fault anywhere (``engine.hung_job_after``): exactly one notice naming
+  the job, its node and its last progress, and Slurm is never touched;
+* checkpoint before a planned drain (``checkpoint-reset-gpu`` on a pending row remap): the job is
+  signalled, saves at once, the node goes DOWN, the job resumes from that checkpoint with 0 steps
+  redone; the same playbook without the checkpoint step redoes every step since its last own
+  checkpoint (interval 20). Both figures are printed.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +28,7 @@ import pytest
 
 from proving_ground.prometheus import Prometheus
 from proving_ground.slurm import SlurmCluster
-from proving_ground.train_job import METRIC, ProgressServer
+from proving_ground.train_job import CHECKPOINT_METRIC, METRIC, ProgressServer, read_progress
 from tests.e2e.slurm_engine import (
     TERMINAL,
     open_incident,
@@ -31,8 +38,8 @@ from tests.e2e.slurm_engine import (
     training_on_a_node,
     wait_for_step,
 )
-from tests.harness.proc import require_binary
-from tests.harness.scenarios import delivery, events, notices, step_result
+from tests.harness.proc import require_binary, wait_until
+from tests.harness.scenarios import delivery, events, fault_delivery, notices, step_result
 
 pytestmark = pytest.mark.slow
 QUERY = f'max({METRIC}{{job_id="{{job_id}}"}})'
@@ -156,3 +163,110 @@ def test_no_progress_after_the_restart_times_out_and_escalates(
     assert escalation["incident_id"] == incident_id
     assert escalation["severity"] == "critical"
     assert "confirm_resumed failed" in escalation["title"]
+
+
+# A run that reports a step, then hangs (a collective waiting on a peer for ever): step 7, never more.
+HUNG_JOB = """#!/bin/bash
+mkdir -p "$PITCREW_JOB_DIR/metrics"
+f="$PITCREW_JOB_DIR/metrics/$SLURM_JOB_ID.prom"
+printf '{metric}{{job_id="%s",node="%s"}} 7\\n' "$SLURM_JOB_ID" "$SLURMD_NODENAME" > "$f.tmp"
+mv "$f.tmp" "$f"
+exec sleep 600
+"""
+
+
+def test_a_hung_job_gets_exactly_one_notice_and_no_action(
+    slurm: SlurmCluster, pitcrew_factory: Any, prometheus: Prometheus, tmp_path: Path
+) -> None:
+    server = start_pitcrew(
+        pitcrew_factory,
+        slurm,
+        "hung",
+        engine={"hung_job_after": "4s", "poll_interval": "1s"},
+        **progress_config(prometheus),
+    )
+    script = tmp_path / "hung.sh"
+    script.write_text(HUNG_JOB.format(metric=METRIC))
+    job_id = slurm.submit("--gres=gpu:h100:8", "--job-name=hangs", script=script)
+    node = running_on(slurm, job_id).nodes[0]
+    wait_scraped(prometheus, job_id)
+
+    def told() -> list[dict[str, Any]]:
+        return notices(server.journal_records(), "incident")
+
+    wait_until(lambda: bool(told()), timeout=30, what="the hung-job notice")
+    time.sleep(4)  # several more looks at the same stall
+    [notice] = told()
+    words = " ".join([notice["title"], *notice["lines"]])
+    assert job_id in words and "hangs" in words and node in words and "progress stands at 7" in words
+    incident = server.incident(notice["incident_id"])
+    assert (incident["node"], incident["playbook"]) == (node, "notify-only")
+    assert not events(incident, "action")
+    state, job = slurm.node(node), slurm.job(job_id)
+    assert not state.reason and not state.down and not state.drained  # Slurm never touched
+    assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
+
+
+CHECKPOINT_QUERY = f'max({CHECKPOINT_METRIC}{{job_id="{{job_id}}"}})'
+AFTER_CHECKPOINT = ["slurm_down", "cordon", "drain", "reset_gpu", "wait_ready", "slurm_resume"]
+
+
+def planned_drain(ask: bool) -> dict[str, Any]:
+    """checkpoint-reset-gpu as shipped, or the same without its checkpoint step (the baseline)."""
+    steps: list[Any] = ["notify", *(["checkpoint"] if ask else []), *AFTER_CHECKPOINT]
+    steps += [{"step": "confirm_resumed", "timeout": "60s"}, "close"]
+    return {"checkpoint-reset-gpu": {"slurm_action": "down", "steps": steps}}
+
+
+@pytest.mark.parametrize("ask", [True, False], ids=["checkpoint-first", "without"])
+def test_a_checkpoint_before_the_planned_drain_redoes_nothing(
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    prometheus: Prometheus,
+    ask: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = progress_config(prometheus)
+    settings["resumption"]["checkpoint_query"] = CHECKPOINT_QUERY
+    server = start_pitcrew(
+        pitcrew_factory,
+        slurm,
+        f"checkpoint-{ask}",
+        playbooks=planned_drain(ask),
+        catalog={"overrides": {"row-remap-pending": {"playbook": "checkpoint-reset-gpu"}}},
+        **settings,
+    )
+    job_id = slurm.submit_training(ckpt_every=20)  # its own checkpoint only every 20 steps
+    node = running_on(slurm, job_id).nodes[0]
+    wait_until(
+        lambda: (read_progress(slurm.job_dir, job_id) or {}).get("step", 0) >= 6, timeout=30, what="6 steps"
+    )
+    wait_scraped(prometheus, job_id)
+    fault = fault_delivery("row-remap-pending", alertname="GpuRowRemapPending", node=node)
+    incident_id = open_incident(server, fault)
+
+    reached, after = 0, None
+    deadline = time.monotonic() + 90
+    while after is None:
+        assert time.monotonic() < deadline, "the job never trained again after the restart"
+        progress = read_progress(slurm.job_dir, job_id) or {}
+        if progress.get("restart_count") == 0:
+            reached = max(reached, progress["step"])
+        elif progress.get("restart_count") == 1 and progress["step"] > progress["resumed_from"]:
+            after = progress
+        time.sleep(0.1)
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=90)
+    assert final["state"] == "resolved", final["outcome"]
+    assert step_result(final, "slurm_down")["action"] == "down"
+    redone = reached - after["resumed_from"]
+    if ask:
+        saved = step_result(final, "checkpoint")["saved"]
+        assert saved == {job_id: after["resumed_from"]}
+        assert redone == 0
+    else:
+        assert after["resumed_from"] == 0 and redone >= 6  # back to its last own checkpoint
+    with capsys.disabled():
+        print(
+            f"\n[checkpoint before drain: {'asked' if ask else 'not asked'}] job {job_id} reached step {reached},"
+            f" resumed from {after['resumed_from']}: {redone} step(s) redone (checkpoint interval 20)"
+        )

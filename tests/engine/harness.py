@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from bot.config import CapacitySettings, EngineSettings, load_catalog, load_playbooks
+from bot.config_sections import ResumptionSettings
 from bot.domain.catalog import Catalog, Override
 from bot.domain.incident import State
 from bot.domain.labels import LabelRules
@@ -474,9 +475,10 @@ class EngineHarness:
         lease: timedelta | None = None,
         slurm: Any = None,
         capacity: Mapping[str, Any] | None = None,
+        resumption: Mapping[str, Any] | None = None,
     ) -> None:
         """``slurm``: a Scheduler to use instead of the simulated world's (a test's own far side);
-        ``capacity``: the ``capacity`` settings (pools)."""
+        ``capacity``: the ``capacity`` settings (pools); ``resumption``: those settings (queries)."""
         self.time = FakeTime()
         #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
         self.lease = lease
@@ -520,7 +522,11 @@ class EngineHarness:
             policy=self.policy,
             playbooks=_shipped_playbooks().merged(overrides),
             settings=EngineSettings(**settings),
-            steps=StepSettings(poll_interval=2.0, capacity=CapacitySettings.model_validate(capacity or {})),
+            steps=StepSettings(
+                poll_interval=2.0,
+                capacity=CapacitySettings.model_validate(capacity or {}),
+                resumption=ResumptionSettings.model_validate(resumption or {}),
+            ),
             registry=REGISTRY,
             timer=self.time,
         )

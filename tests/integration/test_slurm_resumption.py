@@ -26,9 +26,18 @@ import pytest
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, judge_resumption
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
+from bot.engine.errors import PermanentError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.slurm import SlurmCluster, eventually
-from proving_ground.train_job import METRIC, ProgressServer, read_checkpoint, read_events, read_progress
+from proving_ground.train_job import (
+    CHECKPOINT_METRIC,
+    METRIC,
+    ProgressServer,
+    exposition,
+    read_checkpoint,
+    read_events,
+    read_progress,
+)
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler
@@ -122,6 +131,38 @@ async def test_fatal_fault_job_resumes_from_checkpoint_elsewhere(
             f"running->past checkpoint {t_progress - t_running:.2f}s, total {t_progress - t_down:.2f}s | "
             f"no-requeue job {lone_id} {lone.status}: {lone.detail}"
         )
+
+
+async def test_usr1_to_the_batch_step_makes_the_job_checkpoint_now(
+    slurm: SlurmCluster, scheduler: Sched
+) -> None:
+    """``scancel --signal=USR1 --batch``, pitcrew's "checkpoint now" before a planned drain: the
+    proving ground's job (a checkpoint every 1000 steps, so none of its own) writes one at once and
+    runs on; its checkpoint metric moves; a signal that would end a job is refused."""
+    s = scheduler
+    job_id = slurm.submit_training(ckpt_every=1000)
+    await eventually(lambda: _running(s, job_id), timeout=15, what="training job to run")
+    await eventually(
+        lambda: _async((read_progress(slurm.job_dir, job_id) or {}).get("step", 0) >= 3),
+        timeout=15,
+        what="3 steps",
+    )
+    assert read_checkpoint(slurm.job_dir, job_id) == 0  # no checkpoint of its own yet
+
+    await s.signal_job(job_id, "USR1")
+    saved = await eventually(
+        lambda: _async(read_checkpoint(slurm.job_dir, job_id) or None),
+        timeout=10,
+        what="the checkpoint asked for",
+    )
+    progress = read_progress(slurm.job_dir, job_id)
+    assert progress is not None and 3 <= saved == progress["step"]  # saved, then holds
+    assert [e for e in read_events(slurm.job_dir, job_id) if " CHECKPOINT " in e]
+    assert f'{CHECKPOINT_METRIC}{{job_id="{job_id}"' in exposition(slurm.job_dir)
+    job = await s.job(job_id)
+    assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
+    with pytest.raises(PermanentError, match="not one pitcrew sends"):
+        await s.signal_job(job_id, "KILL")
 
 
 async def _async(value: T) -> T:

@@ -183,6 +183,20 @@ async def test_rollback_restores_the_node_exactly(k8s: KubeEmulator, cluster: Ku
     assert "unschedulable" not in original["spec"]
 
 
+async def test_the_lemon_label_is_set_and_removed_alone(
+    k8s: KubeEmulator, cluster: KubernetesCluster
+) -> None:
+    original = _shape(copy.deepcopy(k8s.get("nodes", NODE)))  # type: ignore[arg-type]
+    await cluster.set_labels(NODE, {"pitcrew.dev/lemon": "true"})
+    node = k8s.get("nodes", NODE)
+    assert node is not None and node["metadata"]["labels"]["pitcrew.dev/lemon"] == "true"
+    assert {k: v for k, v in node["metadata"]["labels"].items() if k != "pitcrew.dev/lemon"} == (
+        original["labels"] or {}
+    )
+    await cluster.set_labels(NODE, {"pitcrew.dev/lemon": None})
+    assert _shape(k8s.get("nodes", NODE)) == original  # type: ignore[arg-type]
+
+
 async def test_a_foreign_taint_survives_cordon_and_rollback(
     k8s: KubeEmulator, cluster: KubernetesCluster
 ) -> None:

@@ -52,6 +52,9 @@ class SimulatedCluster:
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await self._world.write("annotate", node=name, annotations=dict(annotations))
 
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        await self._world.write("label", node=name, labels=dict(labels))
+
     async def pods_on_node(self, name: str) -> list[PodRef]:
         n = self._world.node_record(name)
         await self._world.round_trip()

@@ -211,6 +211,12 @@ class SimulatedWorld:
                     node.annotations.pop(key, None)
                 else:
                     node.annotations[key] = value
+        elif op == "label" and node is not None:
+            for key, value in r["labels"].items():
+                if value is None:
+                    node.labels.pop(key, None)
+                else:
+                    node.labels[key] = value
         elif op in {"evict", "delete_pod"} and node is not None:
             node.pods.pop(r["pod"], None)
         elif op == "replace" and node is not None:
@@ -287,3 +293,6 @@ class SimulatedWorld:
 
     async def requeue(self, job_id: str) -> None:
         await self.write("requeue", job_id=job_id)
+
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        await self.write("signal_job", job_id=job_id, signal=signal)

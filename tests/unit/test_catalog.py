@@ -51,6 +51,8 @@ SPEC_BUCKETS = {
 SPEC_EXCEPTIONS = {
     64: "replace-node",  # row-remap failure: replace
     154: "ask-human",  # resolved from the message; without one a human decides
+    74: "reset-gpu",  # NVIDIA's condition text: a GPU reset or node reboot is needed to clear it
+    94: "reset-gpu",  # NVIDIA: reset when convenient; the job finishes first (DRAIN)
 }
 REQUIRED_XIDS = [
     8,
@@ -88,7 +90,7 @@ REQUIRED_XIDS = [
     157,
     158,
 ]
-APPLICATION_XIDS = [13, 31, 43, 45, 68, 69, 94]
+APPLICATION_XIDS = [13, 31, 43, 45, 68, 69]
 FAULTS = {
     "ecc-dbe": "reset-gpu",
     "row-remap-failure": "replace-node",
@@ -103,6 +105,7 @@ FAULTS = {
     "link-flapping": "isolate-node",
     "link-errors": "notify-only",
     "slurm-node-out": "follow-slurm",
+    "job-hung": "notify-only",
 }
 
 
@@ -229,6 +232,25 @@ def test_xid154_follows_the_recovery_action(message: str, action: str | None, ex
     assert planned(subject(xid=154, message=message, action=action))[0] == expected
 
 
+@pytest.mark.parametrize("code", [74, 94])
+def test_reset_when_needed_lets_the_job_finish_first(code: int) -> None:
+    """XID 74 (a reset clears it) and XID 94 (reset when convenient) kill no job: DRAIN, then reset."""
+    fault = classify(subject(xid=code), CATALOG)
+    assert fault is not None and not fault.job_fatal
+    p = plan("gpu-node-02", [fault], [], AUTO, PLAYBOOKS, NOW, REGISTRY)
+    assert (p.playbook, p.slurm_action) == ("reset-gpu", "drain")
+    assert "reset_gpu" in p.steps
+
+
+def test_xid159_waits_for_a_human_unless_the_site_says() -> None:
+    assert planned(subject(xid=159))[0] == "ask-human"
+    for playbook in ("reset-gpu", "ignore"):
+        assert (
+            planned(subject(xid=159), CATALOG.with_overrides({"159": Override(playbook=playbook)}))[0]
+            == playbook
+        )
+
+
 def test_xid79_can_be_configured_to_reboot() -> None:
     changed = CATALOG.with_overrides({"79": Override(playbook="reboot-node")})
     assert planned(subject(xid=79), changed)[0] == "reboot-node"
@@ -320,3 +342,57 @@ def test_link_labels_that_name_no_device_are_not_shown() -> None:
     assert link_of(device="mlx5_0", port="1 State=RESUME") == "mlx5_0"
     assert link_of(device="eth0\nReason=x") is None
     assert link_of() is None
+
+
+# NVIDIA bucket -> the playbooks that are its plain equivalent; NVSentinel's action per bucket -> same.
+PLAIN = {
+    "IGNORE": {"ignore"},
+    "RESTART_APP": {"notify-only"},
+    "RESET_GPU": {"reset-gpu"},
+    "WORKFLOW_XID_48": {"reset-gpu"},
+    "RESTART_BM": {"reboot-node"},
+    "RESTART_VM": {"reboot-node"},
+    "CONTACT_SUPPORT": {"cordon-and-ask", "ask-human"},
+    "CHECK_MECHANICALS": {"cordon-and-ask"},
+    "UPDATE_SWFW": {"cordon-and-ask", "ask-human"},
+    "XID_154": {"ask-human"},
+    "CHECK_UVM": {"ask-human"},
+    "WORKFLOW_XID_45": {"notify-only"},
+    "WORKFLOW_NVLINK_ERR": {"cordon-and-ask", "ask-human"},
+    "WORKFLOW_NVLINK5_ERR": {"ask-human"},
+}
+NVSENTINEL = {"IGNORE": "none", "RESTART_APP": "none", "RESET_GPU": "reset", "WORKFLOW_XID_48": "reset"}
+NVSENTINEL |= {"RESTART_BM": "restart", "RESTART_VM": "restart"}
+NVSENTINEL_PLAIN = {
+    "none": {"ignore", "notify-only"},
+    "reset": {"reset-gpu"},
+    "restart": {"reboot-node"},
+    "contact": {"cordon-and-ask", "ask-human"},
+}
+
+
+def differing_xids_in_the_docs() -> set[int]:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "catalog.md").read_text()
+    title = "## Where pitcrew differs from NVIDIA's bucket or NVSentinel's"
+    section = text.split(title, 1)[1].split("\n## ", 1)[0]
+    found: set[int] = set()
+    for row in section.splitlines():
+        if not row.startswith("| ") or row.startswith("| Xid") or row.startswith("|---"):
+            continue
+        for part in row.split("|")[1].split(","):
+            first, _, last = part.strip().partition("\u2013")  # an en dash, as the docs write ranges
+            found |= set(range(int(first), int(last or first) + 1))
+    return found
+
+
+def test_the_docs_list_every_xid_where_pitcrew_differs() -> None:
+    differing = {
+        code
+        for code, entry in CATALOG.xids.items()
+        if (playbook := CATALOG.xid_playbook(code)) not in PLAIN.get(entry.bucket, set())
+        or playbook not in NVSENTINEL_PLAIN[NVSENTINEL.get(entry.bucket, "contact")]
+    }
+    assert {64, 74, 79, 94} <= differing  # the case can tell
+    assert differing <= differing_xids_in_the_docs()

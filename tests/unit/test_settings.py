@@ -21,7 +21,15 @@ import pytest
 from bot.config import ConfigError, Settings, SlurmSettings, load_config
 from bot.domain.labels import LabelRules
 from bot.domain.nodemap import NodeMapping
-from bot.domain.policy import ApprovalPolicy, BreakerPolicy, EscalationPolicy, GuardPolicy, Mode, Policy
+from bot.domain.policy import (
+    ApprovalPolicy,
+    BreakerPolicy,
+    EscalationPolicy,
+    GuardPolicy,
+    LemonPolicy,
+    Mode,
+    Policy,
+)
 
 SPELLINGS = [
     ("observe", Mode.OBSERVE),
@@ -154,6 +162,7 @@ POLICY_KEYS = {
         "{window: 2h, ladder: [reboot-node]}",
         EscalationPolicy(window=timedelta(hours=2), ladder=("reboot-node",)),
     ),
+    "lemon": ("{incidents: 4, window: 3d}", LemonPolicy(incidents=4, window=timedelta(days=3))),
     "guards": ("{breaker: {max_nodes: 9}}", GuardPolicy(breaker=BreakerPolicy(max_nodes=9))),
     "approvals": (
         "{approvers: [bob], timeout: 5m}",

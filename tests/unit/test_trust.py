@@ -8,12 +8,12 @@ repeat; rates are None where nothing was counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bot.domain.trust import IncidentFacts, TrustRow, ledger
+from bot.domain.trust import IncidentFacts, TrustRow, ledger, offenders
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 DAY = timedelta(hours=24)
@@ -91,3 +91,40 @@ def test_rates() -> None:
     row = TrustRow("replace-node", "gpu-lost", 4, rolled_back=1, rejected=1, passed=2, repeat=1)
     assert (row.overridden_rate, row.repeat_rate) == (0.5, 0.5)
     assert (TrustRow("x", "y").overridden_rate, TrustRow("x", "y").repeat_rate) == (None, None)
+
+
+WEEK = timedelta(days=7)
+
+
+def acted(n: int, days: float, node: str = "gpu-1", lemon: bool = False) -> IncidentFacts:
+    return replace(fact(n, days * 24, node=node, playbook="reset-gpu"), acts=True, lemon=lemon)
+
+
+@pytest.mark.parametrize(
+    ("incidents", "expected"),
+    [
+        ([], []),
+        ([acted(1, 0)], []),  # once is no offender
+        ([acted(1, 0), acted(2, 3)], [("gpu-1", ("pc-00001", "pc-00002"), False)]),
+        ([acted(1, 0), acted(2, 8)], []),  # a week apart: the window ends at the latest
+        ([acted(1, 0), replace(acted(2, 1), acts=False)], []),  # a notice changed nothing
+        (
+            [
+                acted(1, 0, "gpu-2"),
+                acted(2, 1, "gpu-1"),
+                acted(3, 2, "gpu-2"),
+                acted(4, 3, "gpu-2", lemon=True),
+            ],
+            [("gpu-2", ("pc-00001", "pc-00003", "pc-00004"), True)],  # the most remediations first
+        ),
+        (
+            [acted(1, 0, "gpu-1"), acted(2, 1, "gpu-1"), acted(3, 2, "gpu-2"), acted(4, 3, "gpu-2")],
+            [("gpu-2", ("pc-00003", "pc-00004"), False), ("gpu-1", ("pc-00001", "pc-00002"), False)],
+        ),
+    ],
+)
+def test_repeat_offenders(
+    incidents: list[IncidentFacts], expected: list[tuple[str, tuple[str, ...], bool]]
+) -> None:
+    found = offenders(incidents, WEEK)
+    assert [(o.node, o.incidents, o.lemon) for o in found] == expected

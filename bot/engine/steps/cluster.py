@@ -31,6 +31,8 @@ class CordonResult(StepResult):
     #: Intent, persisted before the call.
     cordoning: bool = False
     absent: bool = False
+    #: The lemon label was set (intent, persisted before the call).
+    lemon: bool = False
 
 
 async def release_cordon(cluster: Cluster, node_name: str, incident_id: str) -> bool:
@@ -43,6 +45,9 @@ async def release_cordon(cluster: Cluster, node_name: str, incident_id: str) -> 
 
 
 async def undo_cordon(ctx: UndoContext, result: CordonResult) -> str:
+    if result.lemon and ctx.deps.ports.cluster is not None:
+        # A rollback says pitcrew was wrong about this node: it is no lemon either.
+        await ctx.deps.ports.cluster.set_labels(ctx.node, {ctx.deps.settings.lemon.label: None})
     if not result.owned and not result.cordoning:
         return "cordon: the node was cordoned by someone else; left as is"
     if ctx.deps.ports.cluster is not None and await release_cordon(
@@ -74,7 +79,8 @@ async def cordon(ctx: StepContext[CordonResult]) -> Done[CordonResult] | Wait:
         mine = owns_node(node.annotations, ctx.incident.id)
         if not mine:
             await ctx.note("not_owned", f"node {ctx.node} was already cordoned by someone else: left as is")
-        return Done(CordonResult(owned=mine), "already cordoned")
+        await _mark_lemon(ctx, cluster)  # a lemon is labelled whoever cordoned it (and after a restart)
+        return Done(CordonResult(owned=mine, lemon=bool(ctx.plan.lemon)), "already cordoned")
     if ctx.settings.slinky:
         # slurm-operator drains the Slurm node with this reason once it sees the cordon.
         await cluster.set_annotations(ctx.node, slinky_cordon_annotations(ctx.reason()))
@@ -84,7 +90,23 @@ async def cordon(ctx: StepContext[CordonResult]) -> Done[CordonResult] | Wait:
     after = await cluster.node(ctx.node)
     if after is None or not after.unschedulable or not owns_node(after.annotations, ctx.incident.id):
         raise TransientError(f"node {ctx.node} not yet cordoned", reason=Reason.NOT_APPLIED)
-    return Done(CordonResult(owned=True), "cordoned")
+    await _mark_lemon(ctx, cluster)
+    return Done(CordonResult(owned=True, lemon=bool(ctx.plan.lemon)), "cordoned")
+
+
+async def _mark_lemon(ctx: StepContext[CordonResult], cluster: Cluster) -> None:
+    """A lemon (``Plan.lemon``) carries the lemon label from its cordon on, so it is found for an RMA."""
+    if not ctx.plan.lemon:
+        return
+    label = ctx.settings.lemon.label
+    await ctx.save(replace(ctx.progress, lemon=True))
+    await cluster.set_labels(ctx.node, {label: "true"})
+    await ctx.acted(
+        "lemon",
+        f"node {ctx.node} labelled {label}=true: remediation {len(ctx.plan.lemon) + 1} within the lemon window"
+        f" (earlier: {', '.join(ctx.plan.lemon)})",
+        node=ctx.node,
+    )
 
 
 @dataclass(frozen=True, slots=True)

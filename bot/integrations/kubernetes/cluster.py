@@ -118,6 +118,9 @@ class KubernetesCluster:
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await (await self._p()).nodes.annotate(name, annotations)
 
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        await (await self._p()).nodes.label(name, labels)
+
     # ------------------------------------------------------------------- pods
     async def pods_on_node(self, name: str) -> list[PodRef]:
         return await (await self._p()).pods.on_node(name)

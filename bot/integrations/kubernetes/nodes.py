@@ -190,6 +190,14 @@ class Nodes:
             self._core.patch_node(name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout),
         )
 
+    async def label(self, name: str, labels: Mapping[str, str | None]) -> None:
+        """Set or (``None``) remove labels; a merge patch touches no other key."""
+        body = {"metadata": {"labels": dict(labels)}}
+        await call(
+            f"label node {name}",
+            self._core.patch_node(name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout),
+        )
+
     async def delete(self, name: str) -> None:
         await call(f"delete node {name}", self._core.delete_node(name, _request_timeout=self._timeout))
 

@@ -68,6 +68,20 @@ def checked_node(name: str) -> str:
     return name
 
 
+#: Signals a playbook may send a job (``scancel --signal``): the ones training frameworks hook for
+#: "checkpoint now", never one that ends the job.
+JOB_SIGNALS = frozenset({"USR1", "USR2", "HUP", "CONT", "URG"})
+
+
+def checked_signal(signal: str) -> str:
+    if signal not in JOB_SIGNALS:
+        raise PermanentError(
+            f"signal {signal[:16]!r} is not one pitcrew sends a job ({', '.join(sorted(JOB_SIGNALS))})",
+            reason=Reason.INVALID_REQUEST,
+        )
+    return signal
+
+
 def checked_job(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
         raise PermanentError(f"not a Slurm job id: {job_id[:64]!r}", reason=Reason.INVALID_REQUEST)
@@ -207,6 +221,11 @@ class ScontrolScheduler(NodeUpdates):
             if "pending execution" in str(exc).lower():
                 return  # already back in the queue: requeue is done
             raise
+
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        """``scancel --signal=<sig> --batch <job>``: the batch step only (the training launcher)."""
+        argv = (f"--signal={checked_signal(signal)}", "--batch", checked_job(job_id))
+        await self._run("scancel", *argv, op="signal_job")
 
     async def aclose(self) -> None:
         """Nothing to release; present so both backends close the same way."""

@@ -211,6 +211,9 @@ class RestScheduler(NodeUpdates):
     async def requeue(self, job_id: str) -> None:
         await self._fallback.requeue(job_id)
 
+    async def signal_job(self, job_id: str, signal: str) -> None:
+        await self._fallback.signal_job(job_id, signal)
+
     async def probe(self) -> Probe:
         """The API version, then the partitions, over slurmrestd with our token; where node updates
         go through ``scontrol`` on this server, that path is probed too. Changes nothing."""

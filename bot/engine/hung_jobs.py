@@ -1,0 +1,171 @@
+"""The hung-job watch: every poll, RUNNING Slurm jobs whose progress stood still for
+``engine.hung_job_after`` become alerts in the store; they resolve when progress moves or the job ends.
+
+Runs inside the engine's scan (the leading process only) and writes through the engine's fenced
+store, like the Slurm watch. What it files is an alert like any other (``bot.domain.hung``), whose
+catalog fault is notify-only: one incident, one notice, no node touched. A job on a node that already
+has an incident of another alert is left alone (that incident speaks for the node). Progress is
+remembered in this process only: after a restart or a change of leader the clock starts again, which
+can only make a notice later, never a false one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from bot import logger
+from bot.domain.catalog import Catalog
+from bot.domain.faults import classify
+from bot.domain.hung import ALERTNAME, HUNG_FAULT, HungJob, Progress, hung_job, is_hung, observe
+from bot.domain.jobs import JobSnapshot
+from bot.domain.labels import Subject, node_name
+from bot.engine.deps import EngineDeps
+from bot.engine.errors import PitcrewError
+from bot.engine.steps.training import job_progress
+from bot.store.base import Delivery, IncomingAlert
+
+log = logger(__name__)
+RECEIVER = "pitcrew-hung-jobs"
+#: Slurm node states with jobs on them.
+BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
+class HungJobs:
+    def __init__(
+        self, deps: EngineDeps, catalog: Catalog, *, signal: Callable[[str], None], wake: Callable[[], None]
+    ) -> None:
+        self._deps, self._catalog, self._signal, self._wake = deps, catalog, signal, wake
+        self._last: datetime | None = None
+        self._progress: dict[str, Progress] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(
+            self._deps.settings.hung_job_after
+            and self._deps.steps.resumption.progress_query
+            and self._deps.ports.query is not None
+        )
+
+    async def poll(self) -> None:
+        """One look at the running jobs, at most once per ``poll_interval`` or a sixth of
+        ``hung_job_after``, whichever is longer: a look costs a job list per busy node and a query
+        per job, and a stall of hours needs no look every two seconds."""
+        now = self._deps.clock()
+        after = self._deps.settings.hung_job_after
+        if after is None or not self.enabled:
+            return
+        every = max(self._deps.settings.poll_interval, after / 6)
+        if self._last is not None and now - self._last < every:
+            return
+        self._last = now
+        try:
+            jobs = await self._running()
+        except PitcrewError as exc:
+            log.warning("hung-job watch: cannot list jobs", extra={"error": str(exc), "reason": exc.reason})
+            return
+        busy = await self._nodes_with_other_incidents()
+        steps = self._deps.step_deps()
+        hung: list[HungJob] = []
+        for job in jobs.values():
+            try:
+                value = await job_progress(steps, job.job_id)
+            except PitcrewError as exc:
+                log.warning("hung-job watch: no progress", extra={"job": job.job_id, "error": str(exc)})
+                continue
+            progress = observe(self._progress.get(job.job_id), value, now)
+            if progress is None:
+                self._progress.pop(job.job_id, None)
+                continue
+            self._progress[job.job_id] = progress
+            if is_hung(progress, now, after) and not busy & set(job.nodes):
+                hung.append(hung_job(job, progress, now))
+        for gone in set(self._progress) - set(jobs):
+            del self._progress[gone]
+        alerts = [self._alert(h) for h in hung]
+        alerts += await self._moved({h.fingerprint for h in hung}, now)
+        if alerts:
+            await self._file(alerts, now)
+
+    async def _running(self) -> dict[str, JobSnapshot]:
+        """Every RUNNING job on a busy node whose name is a node name (identity mapping), by id."""
+        scheduler = self._deps.ports.scheduler
+        found: dict[str, JobSnapshot] = {}
+        for node in await scheduler.nodes():
+            if not node.states & BUSY:
+                continue
+            for job in await scheduler.jobs_on_node(node.name):
+                if job.state == "RUNNING" and job.nodes and _named(job.nodes[0]):
+                    found[job.job_id] = job
+        return found
+
+    async def _nodes_with_other_incidents(self) -> set[str]:
+        store = self._deps.store
+        nodes = set()
+        for incident_id, _, _ in await store.active():
+            alerts = await store.alerts_of(incident_id)
+            if any(a.alertname != ALERTNAME for a in alerts):
+                incident = await store.incident(incident_id)
+                if incident is not None:
+                    nodes.add(incident.node)
+        return nodes
+
+    def _alert(self, found: HungJob) -> IncomingAlert:
+        subject = Subject(
+            node=found.node,
+            gpu=None,
+            gpu_uuid=None,
+            pci_bus_id=None,
+            xid=None,
+            xid_text=None,
+            fault_label=HUNG_FAULT,
+            message=found.annotations["description"],
+        )
+        return IncomingAlert(
+            fingerprint=found.fingerprint,
+            starts_at=found.starts_at,
+            ends_at=None,
+            status="firing",
+            alertname=ALERTNAME,
+            node=found.node,
+            labels=found.labels,
+            annotations=found.annotations,
+            fault=classify(subject, self._catalog),
+        )
+
+    async def _moved(self, current: set[str], now: datetime) -> list[IncomingAlert]:
+        """The watch's firing alerts that are no longer hung (progress moved, the job ended): resolved."""
+        store = self._deps.store
+        return [
+            IncomingAlert(
+                fingerprint=a.fingerprint,
+                starts_at=a.starts_at,
+                ends_at=now,
+                status="resolved",
+                alertname=a.alertname,
+                node=a.node,
+                labels=a.labels,
+                annotations=a.annotations,
+                fault=None,
+            )
+            for incident_id, _, _ in await store.active()
+            for a in await store.alerts_of(incident_id)
+            if a.alertname == ALERTNAME and a.status == "firing" and a.fingerprint not in current
+        ]
+
+    async def _file(self, alerts: list[IncomingAlert], now: datetime) -> None:
+        outcome = await self._deps.store.ingest(Delivery(RECEIVER, "slurm", "firing", 0, tuple(alerts)), now)
+        self._deps.metrics.incidents_opened.inc(len(outcome.opened))
+        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
+            self._signal(incident_id)
+        if outcome.opened:
+            log.info("hung-job watch opened incidents", extra={"incidents": outcome.opened})
+            self._wake()
+
+
+def _named(name: str) -> bool:
+    try:
+        node_name(name)
+    except ValueError:
+        return False
+    return True
