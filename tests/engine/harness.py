@@ -474,9 +474,11 @@ class EngineHarness:
         lease: timedelta | None = None,
         slurm: Any = None,
         capacity: Mapping[str, Any] | None = None,
+        cluster: Callable[[SimulatedWorld], Any] | None = None,
     ) -> None:
         """``slurm``: a Scheduler to use instead of the simulated world's (a test's own far side);
-        ``capacity``: the ``capacity`` settings (pools)."""
+        ``capacity``: the ``capacity`` settings (pools); ``cluster``: builds a Cluster to use instead
+        of the simulated one (a test's own far side, given the simulated world)."""
         self.time = FakeTime()
         #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
         self.lease = lease
@@ -486,7 +488,7 @@ class EngineHarness:
         self.inventory = dict(inventory) if inventory is not None else fleet()
         self.world = SimulatedWorld(Journal(None), self.inventory)
         self.scheduler = Scripted(self.world if slurm is None else slurm, self.time)
-        self.cluster = Scripted(SimulatedCluster(self.world), self.time)
+        self.cluster = Scripted((cluster or SimulatedCluster)(self.world), self.time)
         self.notifier = Scripted(SimulatedNotifier(self.world), self.time)
         self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=self.time.now)
         self.store: Store = InFlight(self._sqlite, self.time)
