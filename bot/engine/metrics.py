@@ -127,6 +127,26 @@ class Metrics:
             buckets=_RECOVERY_BUCKETS,
             registry=r,
         )
+        self.capacity_idle = Gauge(
+            "pitcrew_capacity_idle_nodes",
+            "Idle members of a capacity pool (spares kept, lendable nodes), as last read by a take, by pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_idle_gpus = Gauge(
+            "pitcrew_capacity_idle_gpus",
+            "GPUs on the idle members of a capacity pool, as last read by a take, by pool: integrated over "
+            "time, the spare GPU-hours held idle.",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_saved = Counter(
+            "pitcrew_capacity_job_gpu_hours_saved",
+            "Job GPU-hours a taken node saved: the interrupted jobs' GPUs times the time from the node "
+            "joining their partition to the repaired node being Ready, by pool.",
+            ["pool"],
+            registry=r,
+        )
         self.time_to_job_running = Histogram(
             "pitcrew_time_to_job_running_seconds",
             "From the first delivery of the alert to every interrupted Slurm job running again (the job track), by playbook.",
@@ -247,6 +267,14 @@ class Metrics:
         for system in SYSTEMS:
             for reason in Reason:
                 self.integration_errors.labels(system, reason.value)
+
+    def declare_pools(self, pools: Iterable[str]) -> None:
+        """Each configured capacity pool's series from the start (0 lent, none given back yet)."""
+        for pool in pools:
+            for family in (self.capacity_lent, self.capacity_idle, self.capacity_idle_gpus):
+                family.labels(pool)
+            self.capacity_away.labels(pool)
+            self.capacity_saved.labels(pool)
 
     def integration_error(self, system: str, reason: Reason) -> None:
         """Count one error a far side answered with, under its closed ``Reason``."""

@@ -254,6 +254,11 @@ async def test_a_spare_by_selector_joins_the_partition_and_the_repaired_node_ref
         actions = [e.data["action"] for e in await h.events(incident, "action")]
         assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+        assert h.sample("pitcrew_capacity_idle_nodes", pool="spares") == 2  # as the take found the pool
+        assert h.sample("pitcrew_capacity_idle_gpus", pool="spares") == 16
+        # The two-node job's 16 GPUs ran on the spare for the ten minutes the replacement took.
+        saved = h.sample("pitcrew_capacity_job_gpu_hours_saved_total", pool="spares")
+        assert saved == pytest.approx(16 * 600 / 3600, rel=0.01)
         [notice] = h.notices("capacity", incident)
         assert "gpu-spare-01" in notice["title"]
 
@@ -303,6 +308,8 @@ async def test_min_idle_with_no_lender_takes_nothing_and_says_why(tmp_path: Path
         await h.until_ended(incident)
         steps = await h.steps(incident)
         assert "min_idle" in str(steps["capacity"].result["waiting"])
+        [notice] = h.notices("capacity", incident)  # said once, in the incident's thread
+        assert "no node to lend" in notice["title"] and "min_idle" in notice["lines"][0]
         assert kube.members(SPARE) == ["gpu-spare-01"] and kube.patches == 0
 
 

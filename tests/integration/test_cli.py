@@ -97,6 +97,48 @@ def test_plan_names_the_fleet_the_breaker_used(
     assert words in breaker, breaker
 
 
+@pytest.mark.parametrize(
+    ("pools", "words"),
+    [
+        (None, ["no pool is configured: a job that needs every node of its partition waits for the repair"]),
+        (
+            [
+                {"name": "spares", "reservation": "spares", "min_idle": 1},
+                {
+                    "name": "inference",
+                    "kind": "lender",
+                    "selector": "pitcrew.dev/pool=inference",
+                    "join_labels": {"slinky.slurm.net/nodeset": "gpu"},
+                    "max_lend": 0.25,
+                },
+            ],
+            [
+                "1. spare pool spares (Slurm reservation spares): min_idle 1",
+                "2. lender pool inference (nodes pitcrew.dev/pool=inference): min_idle 0, max_lend 25% of "
+                "the pool, its pods evicted within 10m",
+            ],
+        ),
+    ],
+    ids=["no-pool", "pools"],
+)
+def test_plan_says_where_a_stalled_job_would_take_a_node_from(
+    pools: list[dict[str, object]] | None,
+    words: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    if pools is not None:
+        monkeypatch.setenv("PITCREW_CAPACITY__POOLS", json.dumps(pools))
+    main(["plan", str(AM / "xid79-firing.json")])
+    spare = [ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.startswith("  spare  ")]
+    assert [ln.removeprefix("spare  ") for ln in spare[: len(words)]] == words
+    assert "pending for lack of nodes" in spare[-1] or pools is None
+    main(["plan", str(AM / "xid79-firing.json"), "--json"])
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["capacity"][: len(words)] == words
+
+
 def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": "4"}')

@@ -159,6 +159,15 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
             if choice.why != ctx.progress.waiting:
                 await ctx.save(replace(ctx.progress, waiting=choice.why))
                 await ctx.note("capacity_none", f"job {stalled[0].job_id} waits for the repair: {choice.why}")
+                await ctx.tell(
+                    Notice(
+                        ctx.incident.id,
+                        "capacity",
+                        f"{ctx.node}: no node to lend; job {stalled[0].job_id} waits for the repair",
+                        (choice.why,),
+                        node=ctx.node,
+                    )
+                )
             return Wait(ctx.poll, choice.why)
         pool = next(p for p in ctx.settings.capacity.pools if p.name == choice.pool)
         await ctx.save(
@@ -251,6 +260,10 @@ async def _choose(ctx: StepContext[CapacityResult], down: SlurmDownResult) -> Ch
         # A Slurm reservation cannot be emptied: it keeps at least one node.
         kept = max(pool.min_idle, 1)
         views.append(PoolView(Pool(pool.name, pool.kind, kept, pool.max_lend), tuple(members)))
+    for view in views:
+        spare = [m for m in view.members if m.idle]
+        ctx.deps.metrics.capacity_idle.labels(view.pool.name).set(len(spare))
+        ctx.deps.metrics.capacity_idle_gpus.labels(view.pool.name).set(sum(m.gpus or 0 for m in spare))
     need = Need(ctx.incident.id, failed, gpu_type=gpu_type, gpus=down.gpus.get(failed))
     return choose(need, views, taken)
 
@@ -345,6 +358,7 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
     ctx.deps.metrics.capacity_lent.labels(pool).dec()
     away = (ctx.clock() - (took.taken_at or ctx.clock())).total_seconds()
     ctx.deps.metrics.capacity_away.labels(pool).observe(max(away, 0.0))
+    await _count_saved(ctx, took)
     await ctx.acted(
         "capacity_give_back",
         f"{node} added to reservation {took.reservation}: pool {pool} whole again after {away:.0f}s",
@@ -392,6 +406,7 @@ async def _give_back_lent(
     ctx.deps.metrics.capacity_lent.labels(pool).dec()
     away = (ctx.clock() - (took.taken_at or ctx.clock())).total_seconds()
     ctx.deps.metrics.capacity_away.labels(pool).observe(max(away, 0.0))
+    await _count_saved(ctx, took)
     await ctx.acted(
         "capacity_give_back", f"{node} joined pool {pool}: whole again after {away:.0f}s", node=node
     )
@@ -403,3 +418,17 @@ async def lender_node(ctx: StepContext[GiveBackResult], name: str) -> dict[str, 
     cluster = ctx.ports.cluster
     facts = await cluster.node(name) if cluster is not None else None
     return dict(facts.annotations) if facts is not None else None
+
+
+async def _count_saved(ctx: StepContext[GiveBackResult], took: CapacityResult) -> float:
+    """Job GPU-hours the taken node saved: the interrupted jobs' GPUs times the time from the node
+    joining their partition to the repaired node being Ready (what they would have waited)."""
+    ready = await ctx.result(WaitReadyResult)
+    down = await ctx.result(SlurmDownResult) or SlurmDownResult()
+    joined = took.joined_at or took.taken_at
+    if ready is None or ready.ready_at is None or joined is None:
+        return 0.0
+    gpus = sum(j.gpus or 0 for j in down.jobs or ())
+    hours = max((ready.ready_at - joined).total_seconds(), 0.0) / 3600 * gpus
+    ctx.deps.metrics.capacity_saved.labels(took.pool or "").inc(hours)
+    return hours
