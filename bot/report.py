@@ -202,6 +202,7 @@ def catalog_rows(catalog: Catalog) -> list[dict[str, Any]]:
                 "playbook": catalog.xid_playbook(code),
                 "job_fatal": entry.job_fatal,
                 "verified": entry.verified,
+                "differs": catalog.differs(code),
             }
         )
     for name, fault in sorted(catalog.faults.items()):

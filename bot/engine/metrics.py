@@ -44,7 +44,7 @@ SYSTEMS: tuple[str, ...] = ("scheduler", "cluster", "notifier", "grafana", "othe
 #: What humans did about a remediation that pitcrew's trust ledger counts against it.
 OVERRIDES: tuple[str, ...] = ("rolled_back", "rejected")
 #: How a remediated node fared afterwards.
-RETESTS: tuple[str, ...] = ("passed", "repeat")
+RETESTS: tuple[str, ...] = ("passed", "repeat", "climbed")
 
 
 class Metrics:

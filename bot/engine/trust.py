@@ -40,6 +40,15 @@ def overridden(metrics: Metrics, incident: IncidentRecord, action: str) -> None:
         ).inc()
 
 
+def climbed(metrics: Metrics, incident: IncidentRecord) -> None:
+    """The remediation's repair did not clear the fault and the incident climbed to the next rung:
+    its retest failed, counted against the rung that failed."""
+    if remediates(incident):
+        metrics.trust_retests.labels(
+            incident.playbook or "unknown", fault_class(incident.plan), "climbed"
+        ).inc()
+
+
 def retest_passed(metrics: Metrics, incident: IncidentRecord) -> None:
     metrics.trust_retests.labels(incident.playbook or "unknown", fault_class(incident.plan), "passed").inc()
 

@@ -214,6 +214,23 @@ def test_catalog_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "XID 79" in capsys.readouterr().out
 
 
+def test_the_catalog_says_where_pitcrew_differs_from_nvidias_bucket_and_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["catalog", "--json"]) == 0
+    by_xid = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"] if e["xid"] is not None}
+    assert by_xid[79]["differs"].startswith("NVIDIA's RESTART_BM asks for reboot-node: the node goes out")
+    assert "next: replace-node" in by_xid[79]["differs"]
+    assert by_xid[151]["differs"].startswith("NVIDIA's RESTART_VM asks for reboot-node")
+    assert by_xid[64]["differs"].startswith("NVIDIA's RESET_GPU asks for reset-gpu: ")
+    assert by_xid[48]["differs"] is None  # reset-gpu, as NVIDIA's bucket asks
+    assert by_xid[13]["differs"] is None  # RESTART_APP: notify-only, the application restarts
+    assert main(["catalog"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("XID 79 "))
+    assert lines[at + 1].strip().startswith("differs: NVIDIA's RESTART_BM asks for reboot-node")
+
+
 def test_console_script_entry_point() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bot.cli", "--version"], capture_output=True, text=True, check=True
