@@ -39,8 +39,17 @@ from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
 
 #: Pending reasons that mean "not enough nodes" (``squeue`` %r); others (BeginTime, Priority …)
-#: mean Slurm may still start the job by itself.
-_LACK_OF_NODES = ("ReqNodeNotAvail", "Resources", "NodeDown", "PartitionNodeLimit")
+#: mean Slurm may still start the job by itself. The partition's other nodes DOWN or DRAINED (a
+#: Kubernetes pool's nodes, outside the NodeSet) reads ``Nodes_required_for_job_are_DOWN,_DRAINED_or_
+#: reserved_for_jobs_in_higher_priority_partitions`` in ``scontrol``, with spaces in ``squeue``.
+_LACK_OF_NODES = (
+    "ReqNodeNotAvail",
+    "Resources",
+    "NodeDown",
+    "PartitionNodeLimit",
+    "Nodes_required_for_job_are_DOWN",
+    "Nodes required for job are DOWN",
+)
 #: The label by which a node opts out of pitcrew (the guards' default): never lent either.
 OPT_OUT_LABEL: str = NodePolicy.model_fields["opt_out_label"].default
 
