@@ -16,13 +16,15 @@ replacement delay the run asks for. Target: pitcrew's own share under 1 s.
 ``--spares`` adds, in the same run, a gang job that needs every node of its partition (a
 four-node real Slurm cluster, spares in a Slurm reservation; ``bench/spares.py``'s cases):
 with a spare, with ``min_idle`` keeping the last spare, and with no pool (the baseline: the
-job waits for the repair, ``--repair-delay`` seconds after the alert), side by side.
+job waits for the repair, ``--repair-delay`` seconds after the alert), side by side; with
+``--kubernetes`` also the Kubernetes pools on the emulator (a spare by selector, a lender, none).
 
 ``--slurm 22.05,24.11`` runs the same on each Slurm (24.11 from the root ``scripts/setup`` makes)
 and prints, beside the tables, how far apart their medians are — above all Slurm's own stage,
 DOWN -> the job running elsewhere, which is the version's requeue.
 
-Usage: python bench/mttr.py [--runs 5] [--replace-delay 5] [--slurm 22.05,24.11] [--spares [--repair-delay 60]]
+Usage: python bench/mttr.py [--runs 5] [--replace-delay 5] [--slurm 22.05,24.11]
+                            [--spares [--repair-delay 60] [--kubernetes] [--skip-demo]]
        (as root)
 """
 
@@ -92,6 +94,9 @@ def main() -> int:
     parser.add_argument(
         "--skip-demo", action="store_true", help="--spares only: leave out the xid79 demo runs"
     )
+    parser.add_argument(
+        "--kubernetes", action="store_true", help="--spares: also Kubernetes pools (spare, lender, none)"
+    )
     args = parser.parse_args()
     versions = [v.strip() for v in args.slurm.split(",") if v.strip()]
     if unknown := [v for v in versions if v not in VERSIONS]:
@@ -104,7 +109,8 @@ def main() -> int:
     if args.spares:
         from bench import spares
 
-        print(spares.report(spares.measure(args.runs, args.repair_delay), args.runs, args.repair_delay))
+        results = spares.measure(args.runs, args.repair_delay, kubernetes=args.kubernetes)
+        print(spares.report(results, args.runs, args.repair_delay))
     print(f"summaries and outputs: {workdir}")
     return 0
 

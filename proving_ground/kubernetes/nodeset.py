@@ -7,7 +7,9 @@ the host (``proving_ground.slurm``), so this stand-in stands for the pod's comin
 a node the selector stops matching is drained with ``NOT_SELECTED`` as its reason (no job is
 placed there); one it starts matching, drained so, is resumed (its slurmd registered). Nothing
 else is touched: a node DOWN or drained for another reason (pitcrew's, an administrator's) is
-left as it is. Kubernetes node names are the Slurm node names.
+left as it is. Kubernetes node names are the Slurm node names; a replacement node is named
+after the node it replaces (``gpu-001-x7b2n``, the MachineSet stand-in's naming) and, as the
+NodeSet's pod keeps its hostname when it moves, serves the same Slurm node.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class NodeSetStandin:
             self.sync()
 
     def selected(self) -> set[str]:
+        """Slurm nodes whose NodeSet pod has a node to run on: the node of that name, or its replacement."""
+
         def pick(emulator: Any) -> set[str]:
             return {
                 obj["metadata"]["name"]
@@ -53,8 +57,8 @@ class NodeSetStandin:
                 if plural == "nodes" and self.labels.items() <= (obj["metadata"].get("labels") or {}).items()
             }
 
-        found: set[str] = self.world.call(pick)
-        return found
+        nodes: set[str] = self.world.call(pick)
+        return {n for n in self.slurm.nodes if any(k == n or k.startswith(f"{n}-") for k in nodes)}
 
     def sync(self) -> None:
         selected = self.selected()
