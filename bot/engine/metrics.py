@@ -229,8 +229,9 @@ class Metrics:
         )
         self.trust_retests = Counter(
             "pitcrew_trust_retests",
-            "Remediated nodes that passed their retest (back in service) or came back with the same "
-            "fault class within the escalation window, by the remediation's playbook and fault class.",
+            "Remediated nodes that passed their retest (back in service), came back with the same "
+            "fault class within the escalation window, or whose repair failed so the incident climbed "
+            "to the playbook's next rung, by the remediation's playbook and fault class.",
             ["playbook", "fault_class", "outcome"],
             registry=r,
         )
