@@ -13,11 +13,19 @@ The baseline is the floor the same run's settings impose on the far sides: detec
 evaluation + group_wait, Slurm's requeue ~= cred_expire (5 s) + sched_interval (1 s), and the
 replacement delay the run asks for. Target: pitcrew's own share under 1 s.
 
+``--spares`` adds, in the same run, a gang job that needs every node of its partition (a
+four-node real Slurm cluster, spares in a Slurm reservation; ``bench/spares.py``'s cases):
+with a spare, with ``min_idle`` keeping the last spare, and with no pool (the baseline: the
+job waits for the repair, ``--repair-delay`` seconds after the alert), side by side; with
+``--kubernetes`` also the Kubernetes pools on the emulator (a spare by selector, a lender, none).
+
 ``--slurm 22.05,24.11`` runs the same on each Slurm (24.11 from the root ``scripts/setup`` makes)
 and prints, beside the tables, how far apart their medians are — above all Slurm's own stage,
 DOWN -> the job running elsewhere, which is the version's requeue.
 
-Usage: python bench/mttr.py [--runs 5] [--replace-delay 5] [--slurm 22.05,24.11]   (as root)
+Usage: python bench/mttr.py [--runs 5] [--replace-delay 5] [--slurm 22.05,24.11]
+                            [--spares [--repair-delay 60] [--kubernetes] [--skip-demo]]
+       (as root)
 """
 
 from __future__ import annotations
@@ -75,14 +83,34 @@ def main() -> int:
     parser.add_argument(
         "--slurm", default=DEFAULT_VERSION, help=f"versions, comma-separated: {', '.join(VERSIONS)}"
     )
+    parser.add_argument(
+        "--spares",
+        action="store_true",
+        help="also: a gang job with a spare, min_idle and no pool, side by side",
+    )
+    parser.add_argument(
+        "--repair-delay", type=float, default=60.0, help="--spares: the repair after the alert"
+    )
+    parser.add_argument(
+        "--skip-demo", action="store_true", help="--spares only: leave out the xid79 demo runs"
+    )
+    parser.add_argument(
+        "--kubernetes", action="store_true", help="--spares: also Kubernetes pools (spare, lender, none)"
+    )
     args = parser.parse_args()
     versions = [v.strip() for v in args.slurm.split(",") if v.strip()]
     if unknown := [v for v in versions if v not in VERSIONS]:
         parser.error(f"unknown Slurm {', '.join(unknown)}: choose from {', '.join(VERSIONS)}")
     workdir = Path(tempfile.mkdtemp(prefix="pitcrew-mttr-"))
-    by_version = {v: report(workdir, v, args.runs, args.replace_delay) for v in versions}
-    if len(by_version) > 1:
-        compare(by_version)
+    if not (args.spares and args.skip_demo):
+        by_version = {v: report(workdir, v, args.runs, args.replace_delay) for v in versions}
+        if len(by_version) > 1:
+            compare(by_version)
+    if args.spares:
+        from bench import spares
+
+        results = spares.measure(args.runs, args.repair_delay, kubernetes=args.kubernetes)
+        print(spares.report(results, args.runs, args.repair_delay))
     print(f"summaries and outputs: {workdir}")
     return 0
 

@@ -186,6 +186,8 @@ def _catalog(args: argparse.Namespace) -> int:
             print(
                 f"  {key:<28} {row['playbook']:<15} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
             )
+            if row.get("differs"):
+                print(f"  {'':<28} differs: {row['differs']}")
     return 0
 
 

@@ -397,9 +397,31 @@ class PoolSettings(_Section):
     kind: Literal["spare", "lender"] = Field(
         default="spare", description="spare: warm spares kept idle; lender: nodes lent for a while."
     )
-    reservation: str = Field(
-        description="The Slurm reservation holding the pool's nodes apart from the jobs' partition: a "
-        "take removes the node from it, the give-back adds the repaired node (or the lent one) again."
+    reservation: str | None = Field(
+        default=None,
+        description="Slurm-only sites: the Slurm reservation holding the pool's nodes apart from the jobs' "
+        "partition: a take removes the node from it, the give-back adds the repaired node (or the lent "
+        "one) again.",
+    )
+    selector: str | None = Field(
+        default=None,
+        description="Kubernetes sites: the label selector of the pool's nodes (`pitcrew.dev/pool=spare`, an "
+        "inference node selector). A take removes the selector's labels from the node and sets "
+        "`join_labels`; the give-back restores exactly what the take changed.",
+    )
+    join_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels that make the Slinky NodeSet of the jobs' partition select a taken node.",
+    )
+    leave_labels: list[str] = Field(
+        default_factory=list,
+        description="Further label keys removed from a taken node while it is lent (an inference "
+        "workload's node selector), restored on give-back.",
+    )
+    evict_grace: Duration = Field(
+        default=timedelta(minutes=10),
+        description="How long a take from a lender waits for its pods to leave through the Eviction API "
+        "(their disruption budgets honoured); past it the node is handed back and the job waits.",
     )
     min_idle: int = Field(default=0, ge=0, description="Idle members the pool keeps after a take.")
     max_lend: float | None = Field(
@@ -412,7 +434,19 @@ class PoolSettings(_Section):
     def _whole_count(self) -> PoolSettings:
         if self.max_lend is not None and self.max_lend >= 1 and self.max_lend != int(self.max_lend):
             raise ValueError("max_lend is a whole count (>= 1) or a fraction (< 1)")
+        if (self.reservation is None) == (self.selector is None):
+            raise ValueError(f"pool {self.name}: give a Slurm reservation or a Kubernetes selector, not both")
+        if self.selector is not None and not self.join_labels:
+            raise ValueError(
+                f"pool {self.name}: a Kubernetes pool needs join_labels (what its NodeSet selects)"
+            )
         return self
+
+    def selector_labels(self) -> dict[str, str]:
+        """The selector's ``key=value`` terms: the labels a take removes from the node (so it is no
+        longer a member) and the give-back restores."""
+        terms = [t.strip() for t in (self.selector or "").split(",") if t.strip()]
+        return dict(t.split("=", 1) for t in terms if "=" in t and "!=" not in t)
 
 
 class CapacitySettings(_Section):

@@ -13,10 +13,11 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.config import Config
+from bot.config import CapacitySettings, Config
 from bot.domain import guards, planner
 from bot.domain.alerts import PayloadError, parse_webhook
 from bot.domain.catalog import Catalog
+from bot.domain.durations import format_duration
 from bot.domain.faults import Fault
 from bot.domain.goodput import Goodput
 from bot.domain.guards import World
@@ -58,7 +59,11 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
         plan = planner.plan(
             node, list(firing[node].values()), world.history, config.policy, config.playbooks, now, REGISTRY
         )
-        out.append(codec.encode_plan(guards.evaluate(plan, world, config.policy, now).admit(plan)))
+        admitted = guards.evaluate(plan, world, config.policy, now).admit(plan)
+        encoded: dict[str, Any] = dict(codec.encode_plan(admitted))
+        if "capacity" in admitted.steps:
+            encoded["capacity"] = capacity_words(config.settings.capacity)
+        out.append(encoded)
     if unroutable:
         labels = ", ".join(config.labels.node)
         reason = (
@@ -66,6 +71,28 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
             f"{', '.join(sorted(set(unroutable)))}; recorded, never acted on"
         )
         out.append(_no_action(None, config, reason))
+    return out
+
+
+def capacity_words(settings: CapacitySettings) -> list[str]:
+    """Where the ``capacity`` step would take a node from, in order, and under which guards (a dry run
+    reads no pool: which member is taken is decided when the job is found pending)."""
+    if not settings.pools:
+        return ["no pool is configured: a job that needs every node of its partition waits for the repair"]
+    out = []
+    for index, pool in enumerate(settings.pools, 1):
+        where = f"Slurm reservation {pool.reservation}" if pool.reservation else f"nodes {pool.selector}"
+        guards_ = [f"min_idle {pool.min_idle}"]
+        if pool.max_lend is not None:
+            cap = f"{pool.max_lend:.0%} of the pool" if pool.max_lend < 1 else f"{int(pool.max_lend)}"
+            guards_.append(f"max_lend {cap}")
+        if pool.kind == "lender":
+            guards_.append(f"its pods evicted within {format_duration(pool.evict_grace)}")
+        out.append(f"{index}. {pool.kind} pool {pool.name} ({where}): {', '.join(guards_)}")
+    out.append(
+        "taken only if the interrupted job is pending for lack of nodes; never a node another incident "
+        f"took, one with an open incident, the opt-out label, other GPUs or busy; give-back: {settings.give_back}"
+    )
     return out
 
 
@@ -112,6 +139,8 @@ def render_plans(plans: list[dict[str, Any]]) -> str:
             lines.append(f"  steps  {' → '.join(plan['steps'])}")
         for reason in plan["reasons"]:
             lines.append(f"  why    {reason}")
+        for words in plan.get("capacity", ()):
+            lines.append(f"  spare  {words}")
         for guard in plan["guards"]:
             mark = "ok " if guard["ok"] else "NO "
             lines.append(f"  guard  {mark}{guard['guard']}: {guard['words']}")
@@ -173,6 +202,7 @@ def catalog_rows(catalog: Catalog) -> list[dict[str, Any]]:
                 "playbook": catalog.xid_playbook(code),
                 "job_fatal": entry.job_fatal,
                 "verified": entry.verified,
+                "differs": catalog.differs(code),
             }
         )
     for name, fault in sorted(catalog.faults.items()):

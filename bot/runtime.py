@@ -231,6 +231,7 @@ def build_app(
                 "simulator is never a real far side, and only tests may pass allow_simulated=True"
             )
     metrics = metrics or Metrics(version=__version__)
+    metrics.declare_pools(pool.name for pool in config.settings.capacity.pools)
     store = build_store(config.settings.store)
     # One actor per store: every process takes webhooks and commands into ``store``; only the one
     # holding the lease runs the engine and the outbox senders, whose every write goes through

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -18,6 +19,7 @@ from grafana.panels import (
     LEGEND_TABLE_RIGHT,
     Panel,
     Query,
+    bargauge_panel,
     dashboard_model,
     stat_panel,
     table_panel,
@@ -138,11 +140,56 @@ def _memory_and_presence() -> list[Panel]:
     ]
 
 
+def _spares() -> list[Panel]:
+    """Capacity pools (pitcrew's ``capacity`` step): what is lent, what is kept idle, and the cost side.
+    Each query reads 0 where no pool is configured (``or vector(0)``): nothing lent, nothing idle."""
+    away = "pitcrew_capacity_away_seconds"
+    return [
+        timeseries_panel(
+            "Capacity pools",
+            "Nodes lent to stalled gang jobs and not yet given back, and idle pool members as the last "
+            "take read them, by pool.",
+            Query("sum by (pool) (pitcrew_capacity_lent_nodes) or vector(0)", "lent {{pool}}"),
+            Query("sum by (pool) (pitcrew_capacity_idle_nodes) or vector(0)", "idle {{pool}}"),
+        ),
+        timeseries_panel(
+            "Time a lent node spent away",
+            "Mean time from a take to its pool being whole again, of the give-backs in the interval, by pool "
+            "(0: none given back).",
+            Query(
+                f"(sum by (pool) (increase({away}_sum[$__rate_interval])) / "
+                f"sum by (pool) (increase({away}_count[$__rate_interval])) > 0) or vector(0)",
+                "away {{pool}}",
+            ),
+            unit="s",
+        ),
+        bargauge_panel(
+            "Spare GPU-hours: held idle against saved",
+            "Sizing the pools, over the time range: GPU-hours of idle pool members (the gauge averaged over "
+            "the range, times its length) against the job GPU-hours taken nodes saved (the interrupted "
+            "jobs' GPUs times the time from the take to the repair).",
+            Query(
+                "sum by (pool) (avg_over_time(pitcrew_capacity_idle_gpus[$__range])) * $__range_s / 3600 "
+                "or vector(0)",
+                "held idle {{pool}}",
+                instant=True,
+            ),
+            Query(
+                "sum by (pool) (increase(pitcrew_capacity_job_gpu_hours_saved_total[$__range])) or vector(0)",
+                "saved {{pool}}",
+                instant=True,
+            ),
+            unit="none",
+            mode=common.BarGaugeDisplayMode.GRADIENT,
+        ),
+    ]
+
+
 def fleet() -> Dashboard:
     return dashboard_model(
         FLEET_UID,
         "GPU fleet health",
         "Is the GPU fleet healthy? XIDs, ECC, row remapping, missing GPUs and exporters, from dcgm-exporter. "
         "Red regions are pitcrew incidents.",
-        [*_headline(), *_xids(), *_memory_and_presence()],
+        [*_headline(), *_xids(), *_memory_and_presence(), *_spares()],
     )

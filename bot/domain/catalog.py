@@ -61,6 +61,24 @@ SEVERITY: tuple[str, ...] = (
 #: Playbooks that never change a node.
 HANDS_OFF = frozenset({"ignore", "notify-only", "ask-human"})
 
+#: The playbook that does literally what an NVIDIA immediate-action bucket asks, where one does:
+#: ``pitcrew catalog`` names every XID whose shipped default is another, and why.
+NVIDIA_ACTION: Mapping[str, str] = {
+    "IGNORE": "ignore",
+    "RESTART_APP": "notify-only",
+    "RESET_GPU": "reset-gpu",
+    "RESTART_BM": "reboot-node",
+    "RESTART_VM": "reboot-node",
+}
+#: Why pitcrew's default for a bucket is not NVIDIA's action (an XID's own ``note`` says more).
+WHY_NOT_NVIDIA: Mapping[str, str] = {
+    "RESTART_BM": "the node goes out for repair at once, as the flow pitcrew follows does: a GPU that "
+    "fell off the bus often does again after a reboot, and a cloud node's replacement is cheap; to "
+    "reboot first, give the XID reboot-node (catalog.overrides) and reboot-node `next: replace-node` (the ladder climbs "
+    "if validation fails)",
+    "RESTART_VM": "on bare metal the VM is the node, so it is treated like RESTART_BM",
+}
+
 
 def severity(playbook: str) -> int:
     """Rank of a playbook; unknown names (user-defined) rank like ``ask-human``."""
@@ -144,6 +162,17 @@ class Catalog(_Strict):
         if entry is None:
             return None
         return entry.playbook or self.bucket_playbooks[entry.bucket]
+
+    def differs(self, code: int) -> str | None:
+        """Where the XID's shipped playbook is not what NVIDIA's bucket asks: what it asks and why not."""
+        entry = self.xids.get(code)
+        nvidia = NVIDIA_ACTION.get(entry.bucket) if entry is not None else None
+        if entry is None or nvidia is None or self.xid_playbook(code) == nvidia:
+            return None
+        # The bucket's own policy applies unless the XID names its playbook (its note says why).
+        bucket_why = WHY_NOT_NVIDIA.get(entry.bucket) if entry.playbook is None else None
+        why = bucket_why or entry.note or "pitcrew policy"
+        return f"NVIDIA's {entry.bucket} asks for {nvidia}: {why}"
 
     def playbooks_used(self) -> set[str]:
         used = {self.xid_playbook(code) or "" for code in self.xids}

@@ -9,6 +9,7 @@ rollback and adapters ask these functions; nothing else spells the marks out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -125,3 +126,49 @@ def slinky_reason_is_ours(reason: str, incident_id: str | None = None) -> bool:
         return False
     owner = slurm_reason_owner(reason[len(SLINKY_REASON_PREFIX) :])
     return owner is not None and (incident_id is None or owner == incident_id)
+
+
+# ------------------------------------------------------------------ lending
+#: Annotation carrying the id of the incident a pool node is lent to (``capacity.pools[].selector``).
+LENT_ANNOTATION = "pitcrew.dev/lent-to"
+#: What the lent node was before the take, as JSON: ``{"labels": {key: value or null}, "unschedulable": …}``.
+LENT_PRIOR_ANNOTATION = "pitcrew.dev/lent-prior"
+
+
+@dataclass(frozen=True, slots=True)
+class LentPrior:
+    """What a take changed on a pool node, so the give-back restores exactly that and nothing else."""
+
+    #: Each label the take set or removed, with its value before (``None``: it was absent).
+    labels: Mapping[str, str | None]
+    #: ``spec.unschedulable`` before the take cordoned the node; ``None``: the take did not cordon.
+    unschedulable: bool | None = None
+    cordoned: bool = False
+
+
+def lent_to(annotations: Mapping[str, str]) -> str | None:
+    """The incident the node is lent to, if any."""
+    return annotations.get(LENT_ANNOTATION) or None
+
+
+def lent_marks(incident_id: str, prior: LentPrior) -> dict[str, str]:
+    """The annotations a take writes: the borrower and what the node was before."""
+    body = {"labels": dict(prior.labels), "unschedulable": prior.unschedulable, "cordoned": prior.cordoned}
+    return {LENT_ANNOTATION: incident_id, LENT_PRIOR_ANNOTATION: json.dumps(body, sort_keys=True)}
+
+
+def lent_prior(annotations: Mapping[str, str]) -> LentPrior | None:
+    """What the take recorded (``None``: no record, or not one pitcrew can read: leave the node as is)."""
+    try:
+        body = json.loads(annotations.get(LENT_PRIOR_ANNOTATION) or "")
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("labels"), dict):
+        return None
+    labels = {str(k): (None if v is None else str(v)) for k, v in body["labels"].items()}
+    unschedulable = body.get("unschedulable")
+    return LentPrior(
+        labels,
+        unschedulable if isinstance(unschedulable, bool) else None,
+        cordoned=body.get("cordoned") is True,
+    )

@@ -83,10 +83,21 @@ class StepSpec(BaseModel):
         return Budget(self.timeout or traits.budget.timeout, self.attempts or traits.budget.attempts)
 
 
+#: Steps whose failure means the repair did not clear the fault (the GPU reset, the reboot, the
+#: node's return and its validation): a playbook with a ``next`` rung climbs to it on one of these
+#: instead of escalating to humans. Any other failure still goes to humans.
+CLIMBS_ON: frozenset[str] = frozenset({"reset_gpu", "reboot", "wait_ready"})
+
+
 class Playbook(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     description: str = ""
+    next: str | None = Field(
+        default=None,
+        description="The repair ladder's next rung inside one incident: the playbook to climb to when "
+        "this one's repair fails (a step of CLIMBS_ON), under the same approval rules; unset: humans.",
+    )
     slurm_action: Literal["auto", "down", "drain"] = Field(
         default="auto", description="auto: DOWN when the fault kills the job, else DRAIN."
     )
@@ -140,11 +151,26 @@ class PlaybookSet(BaseModel):
         return self.model_copy(update={"playbooks": {**self.playbooks, **overrides}})
 
     def problems(self, vocabulary: Vocabulary) -> list[str]:
-        return [
+        found = [
             f"playbooks.{name}: {problem}"
             for name, playbook in sorted(self.playbooks.items())
             for problem in playbook.problems(vocabulary)
         ]
+        for name in sorted(self.playbooks):
+            seen = [name]
+            rung = self.playbooks[name].next
+            while rung is not None:
+                if rung not in self.playbooks:
+                    found.append(f"playbooks.{seen[-1]}: next rung {rung!r} is not a playbook")
+                    break
+                if rung in seen:
+                    found.append(
+                        f"playbooks.{name}: the ladder climbs in a circle ({' → '.join([*seen, rung])})"
+                    )
+                    break
+                seen.append(rung)
+                rung = self.playbooks[rung].next
+        return found
 
     def get(self, name: str) -> Playbook:
         try:

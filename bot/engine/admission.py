@@ -26,6 +26,7 @@ from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
 from bot.domain.outages import OutOfService
 from bot.domain.planner import PastIncident
+from bot.domain.playbooks import CLIMBS_ON
 from bot.domain.policy import Mode, Policy
 from bot.engine import trust
 from bot.engine.context import Ports
@@ -303,6 +304,68 @@ class Admission:
                 ),
             )
         return record
+
+    async def climb(self, incident: IncidentRecord, step: str, detail: str) -> str | None:
+        """The repair ladder inside one incident: ``step`` failed in a playbook with a ``next`` rung,
+        so plan that rung (guarded, its approval asked again in approve mode) and go on from its
+        first step not already done. Returns the rung climbed to, or ``None`` (humans take over)."""
+        current = incident.playbook or ""
+        rung = self._deps.playbooks.playbooks.get(current)
+        if rung is None or rung.next is None or step not in CLIMBS_ON:
+            return None
+        now = self._clock()
+        world = await self.world(incident, now)
+        faults = [replace(f, playbook=rung.next) for f in incident.faults]
+        fresh = planner.plan(
+            incident.node, faults, world.history, self._policy, self._deps.playbooks, now, self._deps.registry
+        )
+        verdict = guards.evaluate(fresh, world, self._policy, now)
+        fresh = verdict.admit(fresh)
+        if not fresh.allowed or fresh.playbook != rung.next:
+            await self._store.record(
+                incident.id,
+                NewEvent("climb_blocked", detail=f"{current} → {rung.next} refused: {verdict.summary()}"),
+                now,
+            )
+            return None
+        done = await self._store.steps_of(incident.id)
+        # What the failed rung already did to take the node out carries over; its repair does not.
+        keep = {
+            s
+            for s, r in done.items()
+            if r.status in {"ok", "skipped"} and s != "notify" and s not in CLIMBS_ON
+        }
+        for name, record in done.items():
+            if (
+                name not in keep
+                and name != ROLLBACK
+                and record.status in {"ok", "skipped", "running", "failed"}
+            ):
+                await self._store.step_finished(
+                    incident.id,
+                    name,
+                    "superseded",
+                    now,
+                    result=record.result,
+                    event=NewEvent("step_superseded", step=name),
+                )
+        trust.climbed(self._metrics, incident)
+        index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
+        await self._store.save_plan(
+            incident.id,
+            fresh,
+            [
+                NewEvent(
+                    "climbed",
+                    step=step,
+                    detail=f"{current} → {fresh.playbook}: {step} failed: {detail}",
+                    data={"from": current, "to": fresh.playbook, "reasons": list(fresh.reasons)},
+                )
+            ],
+            now,
+        )
+        await self._store.advance(incident.id, index, now)
+        return fresh.playbook
 
     async def replan(self, incident: IncidentRecord) -> None:
         """A new fault arrived on an incident already under way: escalate if it is more severe."""

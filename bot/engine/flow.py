@@ -128,6 +128,8 @@ class IncidentFlow:
                 await self.signals.wait(incident.id, None)  # resume signals every incident
                 return False
             if outcome.status == "failed":
+                if await self.admission.climb(incident, step, outcome.detail) is not None:
+                    return False  # the next rung is planned: the node track goes on there
                 await self._escalate(incident, step, outcome.detail)
                 return True
         await self.store.advance(incident.id, incident.step_index + 1, self.clock())

@@ -44,7 +44,7 @@ SYSTEMS: tuple[str, ...] = ("scheduler", "cluster", "notifier", "grafana", "othe
 #: What humans did about a remediation that pitcrew's trust ledger counts against it.
 OVERRIDES: tuple[str, ...] = ("rolled_back", "rejected")
 #: How a remediated node fared afterwards.
-RETESTS: tuple[str, ...] = ("passed", "repeat")
+RETESTS: tuple[str, ...] = ("passed", "repeat", "climbed")
 
 
 class Metrics:
@@ -125,6 +125,26 @@ class Metrics:
             "How long a node taken from a capacity pool was away before the pool was whole again, by pool.",
             ["pool"],
             buckets=_RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.capacity_idle = Gauge(
+            "pitcrew_capacity_idle_nodes",
+            "Idle members of a capacity pool (spares kept, lendable nodes), as last read by a take, by pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_idle_gpus = Gauge(
+            "pitcrew_capacity_idle_gpus",
+            "GPUs on the idle members of a capacity pool, as last read by a take, by pool: integrated over "
+            "time, the spare GPU-hours held idle.",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_saved = Counter(
+            "pitcrew_capacity_job_gpu_hours_saved",
+            "Job GPU-hours a taken node saved: the interrupted jobs' GPUs times the time from the node "
+            "joining their partition to the repaired node being Ready, by pool.",
+            ["pool"],
             registry=r,
         )
         self.time_to_job_running = Histogram(
@@ -209,8 +229,9 @@ class Metrics:
         )
         self.trust_retests = Counter(
             "pitcrew_trust_retests",
-            "Remediated nodes that passed their retest (back in service) or came back with the same "
-            "fault class within the escalation window, by the remediation's playbook and fault class.",
+            "Remediated nodes that passed their retest (back in service), came back with the same "
+            "fault class within the escalation window, or whose repair failed so the incident climbed "
+            "to the playbook's next rung, by the remediation's playbook and fault class.",
             ["playbook", "fault_class", "outcome"],
             registry=r,
         )
@@ -247,6 +268,14 @@ class Metrics:
         for system in SYSTEMS:
             for reason in Reason:
                 self.integration_errors.labels(system, reason.value)
+
+    def declare_pools(self, pools: Iterable[str]) -> None:
+        """Each configured capacity pool's series from the start (0 lent, none given back yet)."""
+        for pool in pools:
+            for family in (self.capacity_lent, self.capacity_idle, self.capacity_idle_gpus):
+                family.labels(pool)
+            self.capacity_away.labels(pool)
+            self.capacity_saved.labels(pool)
 
     def integration_error(self, system: str, reason: Reason) -> None:
         """Count one error a far side answered with, under its closed ``Reason``."""

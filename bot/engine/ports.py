@@ -186,6 +186,47 @@ class Cluster(Protocol):
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Lend:
+    """What taking a node from a Kubernetes pool changes on it (``capacity.pools[].selector``)."""
+
+    incident_id: str
+    #: Labels set once the node is free, so the jobs' Slinky NodeSet selects it (``join_labels``):
+    #: ``lend`` records what they were and ``Cluster.set_labels`` sets them.
+    join: Mapping[str, str]
+    #: Label keys removed while lent: the pool's selector and ``leave_labels``.
+    leave: tuple[str, ...]
+    #: Cordon the node first (a lender: no new inference pod lands while its pods are evicted).
+    cordon: bool
+
+
+@runtime_checkable
+class Lending(Cluster, Protocol):
+    """Kubernetes pools: nodes lent to Slurm for a stalled job, and given back exactly.
+
+    Every write is one guarded patch carrying the incident's mark (``bot.domain.ownership``
+    ``lent_marks``) and what the node was before, so a resumed take or give-back finds what it
+    already did, and a give-back restores only what the take changed."""
+
+    async def pool_nodes(self, selector: str) -> list[ClusterNode]:
+        """The nodes the label selector selects now (a lent node no longer matches it)."""
+        ...
+
+    async def lend(self, name: str, lend: Lend) -> bool:
+        """Mark, (cordon,) take the pool's labels off, recording what the node was (the join labels
+        included); ``False`` when this incident's take is already on the node."""
+        ...
+
+    async def lend_back(self, name: str, *, incident_id: str) -> bool:
+        """Restore the labels and cordon the take changed, drop the marks; ``False`` if not ours."""
+        ...
+
+    async def keep_lent(self, name: str, *, incident_id: str) -> bool:
+        """The node stays with the jobs (``give_back: refill``): uncordon it if the take cordoned it
+        and drop the marks, keeping its new labels; ``False`` if not ours."""
+        ...
+
+
 @runtime_checkable
 class NodeValidator(Protocol):
     """A cluster that can prove a repaired node healthy before it returns (an operator's Job)."""

@@ -7,7 +7,8 @@ Counted against a remediation (a plan that would change a node):
 * ``pitcrew_trust_retests_total{outcome="passed"}`` — the remediated node came back into
   service (Ready, Slurm IDLE: its retest); ``{outcome="repeat"}`` — the same node came back
   with the same fault class within the escalation window, counted against the earlier
-  remediation's playbook.
+  remediation's playbook; ``{outcome="climbed"}`` — its repair did not clear the fault and the
+  incident climbed to the playbook's next rung (``next``), counted against the rung that failed.
 
 The labels are the remediated incident's playbook and decisive fault class.
 """
@@ -37,6 +38,15 @@ def overridden(metrics: Metrics, incident: IncidentRecord, action: str) -> None:
     if remediates(incident):
         metrics.trust_overrides.labels(
             incident.playbook or "unknown", fault_class(incident.plan), action
+        ).inc()
+
+
+def climbed(metrics: Metrics, incident: IncidentRecord) -> None:
+    """The remediation's repair did not clear the fault and the incident climbed to the next rung:
+    its retest failed, counted against the rung that failed."""
+    if remediates(incident):
+        metrics.trust_retests.labels(
+            incident.playbook or "unknown", fault_class(incident.plan), "climbed"
         ).inc()
 
 

@@ -276,3 +276,46 @@ def demo_fleet(emulator: KubeEmulator, names: list[str]) -> None:
             pod["spec"]["nodeName"] = node
             emulator.add("pods", pod)
     emulator.add("poddisruptionbudgets", training_pdb(max_unavailable=1))
+
+
+def inference_replicas(emulator: KubeEmulator, node: str, elsewhere: str) -> list[str]:
+    """An inference service (``app: vllm``, two replicas of a Deployment in ``inference``): one
+    Ready on ``node``, one on ``elsewhere`` not Ready yet, and the service's budget
+    (minAvailable 1), so evicting the first is refused until the second is Ready. The pods' names."""
+    if ("namespaces", None, "inference") not in emulator.objects:
+        emulator.add(
+            "namespaces",
+            {"metadata": {"name": "inference", "labels": {"kubernetes.io/metadata.name": "inference"}}},
+        )
+    template = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}[
+        "llama-pretrain-worker-2"
+    ]
+    names = []
+    for index, where in enumerate((node, elsewhere)):
+        pod = copy.deepcopy(template)
+        name = f"vllm-7d9f8-{index}"
+        pod["metadata"].update(name=name, namespace="inference", labels={"app": "vllm"})
+        pod["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": "vllm-7d9f8",
+                "uid": f"rs-vllm-{index}",
+                "controller": True,
+            }
+        ]
+        pod["spec"]["nodeName"] = where
+        for condition in pod["status"]["conditions"]:
+            if condition["type"] == "Ready":
+                condition["status"] = "False" if index else "True"
+        emulator.add("pods", pod)
+        names.append(name)
+    emulator.add(
+        "poddisruptionbudgets",
+        {
+            "metadata": {"name": "vllm", "namespace": "inference", "generation": 1},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "vllm"}}},
+            "status": {"observedGeneration": 1},
+        },
+    )
+    return names

@@ -476,9 +476,12 @@ class EngineHarness:
         slurm: Any = None,
         capacity: Mapping[str, Any] | None = None,
         resumption: Mapping[str, Any] | None = None,
+        cluster: Callable[[SimulatedWorld], Any] | None = None,
     ) -> None:
         """``slurm``: a Scheduler to use instead of the simulated world's (a test's own far side);
-        ``capacity``: the ``capacity`` settings (pools); ``resumption``: those settings (queries)."""
+        ``capacity``: the ``capacity`` settings (pools); ``resumption``: those settings (queries);
+        ``cluster``: builds a Cluster to use instead of the simulated one (a test's own far side,
+        given the simulated world)."""
         self.time = FakeTime()
         #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
         self.lease = lease
@@ -488,7 +491,7 @@ class EngineHarness:
         self.inventory = dict(inventory) if inventory is not None else fleet()
         self.world = SimulatedWorld(Journal(None), self.inventory)
         self.scheduler = Scripted(self.world if slurm is None else slurm, self.time)
-        self.cluster = Scripted(SimulatedCluster(self.world), self.time)
+        self.cluster = Scripted((cluster or SimulatedCluster)(self.world), self.time)
         self.notifier = Scripted(SimulatedNotifier(self.world), self.time)
         self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=self.time.now)
         self.store: Store = InFlight(self._sqlite, self.time)

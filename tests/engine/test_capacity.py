@@ -50,6 +50,8 @@ class GangSlurm:
     #: Each reservation's first size, and the most nodes it was ever short of it.
     size: dict[str, int] = field(default_factory=dict)
     shortfall: int = 0
+    #: The reason a job pending for lack of nodes shows (``None``: ReqNodeNotAvail naming the DOWN nodes).
+    pending_reason: str | None = None
 
     def _schedule(self) -> None:
         for job in self.jobs.values():
@@ -61,7 +63,7 @@ class GangSlurm:
             if len(free) >= job.width:
                 job.nodes, job.state, job.reason = tuple(free[: job.width]), "RUNNING", ""
             else:
-                job.reason = "ReqNodeNotAvail, UnavailableNodes:" + ",".join(
+                job.reason = self.pending_reason or "ReqNodeNotAvail, UnavailableNodes:" + ",".join(
                     n for n, s in self.states.items() if s == "DOWN"
                 )
 
@@ -201,6 +203,25 @@ async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repai
         assert set(slurm.whereabouts().values()) == {1}
         [notice] = h.notices("capacity", incident)
         assert "gpu-node-03" in notice["title"]
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "Resources",
+        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions",
+        "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions",
+    ],
+    ids=["resources", "scontrol-down-drained", "squeue-down-drained"],
+)
+async def test_each_way_slurm_says_lack_of_nodes_takes_a_spare(tmp_path: Path, reason: str) -> None:
+    slurm = gang()
+    slurm.pending_reason = reason
+    async with harness(tmp_path, slurm) as h:
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-node-03")
 
 
 async def test_a_job_slurm_restarts_by_itself_takes_nothing(tmp_path: Path) -> None:

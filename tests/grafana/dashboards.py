@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bot.domain.durations import parse_duration
+
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = REPO / "grafana" / "dashboards"
 
@@ -45,8 +47,10 @@ def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def concrete(expr: str, *, rate_interval: str = "1m", range_: str = "1h") -> str:
     """The query as Grafana sends it, its interval variables replaced by durations."""
+    seconds = int(parse_duration(range_).total_seconds())
     return (
         expr.replace("$__rate_interval", rate_interval)
+        .replace("$__range_s", str(seconds))
         .replace("$__range", range_)
         .replace("$__interval", "15s")
     )

@@ -97,6 +97,48 @@ def test_plan_names_the_fleet_the_breaker_used(
     assert words in breaker, breaker
 
 
+@pytest.mark.parametrize(
+    ("pools", "words"),
+    [
+        (None, ["no pool is configured: a job that needs every node of its partition waits for the repair"]),
+        (
+            [
+                {"name": "spares", "reservation": "spares", "min_idle": 1},
+                {
+                    "name": "inference",
+                    "kind": "lender",
+                    "selector": "pitcrew.dev/pool=inference",
+                    "join_labels": {"slinky.slurm.net/nodeset": "gpu"},
+                    "max_lend": 0.25,
+                },
+            ],
+            [
+                "1. spare pool spares (Slurm reservation spares): min_idle 1",
+                "2. lender pool inference (nodes pitcrew.dev/pool=inference): min_idle 0, max_lend 25% of "
+                "the pool, its pods evicted within 10m",
+            ],
+        ),
+    ],
+    ids=["no-pool", "pools"],
+)
+def test_plan_says_where_a_stalled_job_would_take_a_node_from(
+    pools: list[dict[str, object]] | None,
+    words: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    if pools is not None:
+        monkeypatch.setenv("PITCREW_CAPACITY__POOLS", json.dumps(pools))
+    main(["plan", str(AM / "xid79-firing.json")])
+    spare = [ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.startswith("  spare  ")]
+    assert [ln.removeprefix("spare  ") for ln in spare[: len(words)]] == words
+    assert "pending for lack of nodes" in spare[-1] or pools is None
+    main(["plan", str(AM / "xid79-firing.json"), "--json"])
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["capacity"][: len(words)] == words
+
+
 def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": "4"}')
@@ -170,6 +212,23 @@ def test_catalog_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert by_xid[13]["playbook"] == "notify-only"
     assert main(["catalog"]) == 0
     assert "XID 79" in capsys.readouterr().out
+
+
+def test_the_catalog_says_where_pitcrew_differs_from_nvidias_bucket_and_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["catalog", "--json"]) == 0
+    by_xid = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"] if e["xid"] is not None}
+    assert by_xid[79]["differs"].startswith("NVIDIA's RESTART_BM asks for reboot-node: the node goes out")
+    assert "next: replace-node" in by_xid[79]["differs"]
+    assert by_xid[151]["differs"].startswith("NVIDIA's RESTART_VM asks for reboot-node")
+    assert by_xid[64]["differs"].startswith("NVIDIA's RESET_GPU asks for reset-gpu: ")
+    assert by_xid[48]["differs"] is None  # reset-gpu, as NVIDIA's bucket asks
+    assert by_xid[13]["differs"] is None  # RESTART_APP: notify-only, the application restarts
+    assert main(["catalog"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("XID 79 "))
+    assert lines[at + 1].strip().startswith("differs: NVIDIA's RESTART_BM asks for reboot-node")
 
 
 def test_console_script_entry_point() -> None:

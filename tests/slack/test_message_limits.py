@@ -68,6 +68,7 @@ def _built() -> list[tuple[str, Message]]:
         decisions=tuple(Decision("<@" + LONG + ">", LONG, AT + timedelta(seconds=s)) for s in range(1_000)),
         offer=("approve", "reject", "rollback"),
         jobs=tuple(LINES),
+        capacity=LONG,
     )
     built.append(("parent", messages.parent(view)))
     entries = [DigestEntry(f"pc-{n}", LONG, LONG, "guarded", n % 2 == 0) for n in range(5_000)]

@@ -105,6 +105,7 @@ def _hostile_messages() -> list[tuple[str, messages.Message]]:
         decisions=(Decision(HOSTILE, HOSTILE, AT),),
         offer=("approve", "reject", "rollback"),
         jobs=tuple([long] * 20),
+        capacity=long,
     )
     entries = [DigestEntry(HOSTILE, long, HOSTILE, HOSTILE, n % 2 == 0) for n in range(300)]
     return [

@@ -9,7 +9,9 @@ from datetime import datetime, timedelta
 from bot.domain.incident import State
 from bot.domain.ownership import owns_slurm_reason
 from bot.engine.context import Done, StepContext, StepResult, Wait
+from bot.engine.errors import PermanentError, Reason
 from bot.engine.registry import REGISTRY
+from bot.engine.steps.capacity import GiveBackResult
 from bot.engine.steps.cluster import CordonResult, release_cordon
 from bot.engine.steps.slurm import SlurmDownResult, down_while_busy
 
@@ -44,7 +46,16 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
     for name, mine in down.owned.items():
         if not mine or name in resumed:
             continue
-        state = await scheduler.node(name)
+        try:
+            state = await scheduler.node(name)
+        except PermanentError as exc:
+            if exc.reason != Reason.UNKNOWN_NODE or not await _joined_a_pool(ctx):
+                raise
+            # The repaired node took the lent node's place in its pool: the NodeSet no longer
+            # selects it, its slurmd left and Slurm forgot the node. Nothing to resume.
+            await ctx.note("left_slurm", f"Slurm node {name} left with the node, which joined its pool")
+            resumed.append(name)
+            continue
         if not (state.down or state.drained or down_while_busy(state, ctx.incident.id)):
             resumed.append(name)
             continue
@@ -65,6 +76,12 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
     uncordoned = await _uncordon_if_ours(ctx)
     done = replace(ctx.progress, resumed=tuple(resumed), uncordoned=uncordoned, returned_at=ctx.clock())
     return Done(done, f"resumed {', '.join(resumed) or 'nothing'}")
+
+
+async def _joined_a_pool(ctx: StepContext[SlurmResumeResult]) -> bool:
+    """The give-back put this incident's repaired node into a Kubernetes pool (``refill``)."""
+    back = await ctx.result(GiveBackResult)
+    return back is not None and back.given_back_at is not None and back.labels is not None
 
 
 @dataclass(frozen=True, slots=True)

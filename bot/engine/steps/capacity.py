@@ -24,18 +24,34 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from bot.config import PoolSettings
 from bot.domain.capacity import Candidate, Choice, Need, Pool, PoolView, Taken, choose
 from bot.domain.incident import State
+from bot.domain.ownership import lent_prior
+from bot.domain.policy import NodePolicy
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import Notice, Reservations
 from bot.engine.registry import REGISTRY, Track
+from bot.engine.steps import lending
+from bot.engine.steps.repair import WaitReadyResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
 
 #: Pending reasons that mean "not enough nodes" (``squeue`` %r); others (BeginTime, Priority …)
-#: mean Slurm may still start the job by itself.
-_LACK_OF_NODES = ("ReqNodeNotAvail", "Resources", "NodeDown", "PartitionNodeLimit")
+#: mean Slurm may still start the job by itself. The partition's other nodes DOWN or DRAINED (a
+#: Kubernetes pool's nodes, outside the NodeSet) reads ``Nodes_required_for_job_are_DOWN,_DRAINED_or_
+#: reserved_for_jobs_in_higher_priority_partitions`` in ``scontrol``, with spaces in ``squeue``.
+_LACK_OF_NODES = (
+    "ReqNodeNotAvail",
+    "Resources",
+    "NodeDown",
+    "PartitionNodeLimit",
+    "Nodes_required_for_job_are_DOWN",
+    "Nodes required for job are DOWN",
+)
+#: The label by which a node opts out of pitcrew (the guards' default): never lent either.
+OPT_OUT_LABEL: str = NodePolicy.model_fields["opt_out_label"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +65,15 @@ class CapacityResult(StepResult):
     taken_at: datetime | None = None
     #: Why nothing was taken (the last answer said to humans).
     waiting: str = ""
+    #: Kubernetes pools: when the lender's pods were gone, the taken node's Slurm name, and when
+    #: its slurmd was registered and IDLE (the take is done only then).
+    evicted_at: datetime | None = None
+    #: When the NodeSet's labels were set (after the lender's pods left: never a job beside them).
+    relabelled_at: datetime | None = None
+    slurm_node: str | None = None
+    joined_at: datetime | None = None
+    #: Nodes whose take was given up (a budget held past ``evict_grace``): not chosen again.
+    passed_over: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +83,8 @@ class GiveBackResult(StepResult):
     given_back_at: datetime | None = None
     #: The repair came first, nothing was taken: ``capacity`` takes nothing any more.
     closed: bool = False
+    #: Kubernetes pools, ``refill``: the labels the repaired node takes to join the pool that lent.
+    labels: dict[str, str | None] | None = None
 
 
 def _reservations(deps: StepDeps) -> Reservations:
@@ -67,10 +94,19 @@ def _reservations(deps: StepDeps) -> Reservations:
     return scheduler
 
 
+def _pool(ctx: StepContext[CapacityResult] | UndoContext, name: str | None) -> PoolSettings:
+    for pool in ctx.deps.settings.capacity.pools:
+        if pool.name == name:
+            return pool
+    raise PermanentError(f"pool {name} is no longer configured", reason=Reason.MISCONFIGURED)
+
+
 async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | None:
-    """Return the taken node to its reservation while no job has started there."""
-    if result.node is None or result.reservation is None:
+    """Return the taken node to its pool while no job has started there."""
+    if result.node is None:
         return None
+    if result.reservation is None:
+        return await _undo_lend(ctx, result)
     reservations = _reservations(ctx.deps)
     held = await reservations.reservation(result.reservation) or ()
     if result.node in held:
@@ -97,9 +133,11 @@ async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | None:
     needs=("slurm_down",),
 )
 async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | Wait:
-    if ctx.progress.taken_at is not None:
-        return Done(ctx.progress, f"took {ctx.progress.node}")
-    if ctx.progress.node is not None:  # intent stored before a crash: finish that take
+    if ctx.progress.node is not None:  # a take under way (or intent stored before a crash): finish it
+        if ctx.progress.reservation is None:
+            return await _take_lent(ctx)
+        if ctx.progress.taken_at is not None:
+            return Done(ctx.progress, f"took {ctx.progress.node}")
         return await _take(ctx)
     if not ctx.settings.capacity.pools:
         return Done(replace(ctx.progress, waiting="no pool is configured"), "no pool is configured")
@@ -130,6 +168,15 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
             if choice.why != ctx.progress.waiting:
                 await ctx.save(replace(ctx.progress, waiting=choice.why))
                 await ctx.note("capacity_none", f"job {stalled[0].job_id} waits for the repair: {choice.why}")
+                await ctx.tell(
+                    Notice(
+                        ctx.incident.id,
+                        "capacity",
+                        f"{ctx.node}: no node to lend; job {stalled[0].job_id} waits for the repair",
+                        (choice.why,),
+                        node=ctx.node,
+                    )
+                )
             return Wait(ctx.poll, choice.why)
         pool = next(p for p in ctx.settings.capacity.pools if p.name == choice.pool)
         await ctx.save(
@@ -137,17 +184,79 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
                 ctx.progress, node=choice.node, pool=pool.name, reservation=pool.reservation, why=choice.why
             )
         )
+    if pool.reservation is None:
+        return await _take_lent(ctx)
     return await _take(ctx)
 
 
+async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | Wait:
+    """A take from a Kubernetes pool, one stage a pass (``bot.engine.steps.lending``)."""
+    pool = _pool(ctx, ctx.progress.pool)
+    node = ctx.progress.node
+    if ctx.progress.joined_at is not None:
+        return Done(ctx.progress, f"took {node}")
+    progress, waiting = await lending.take(ctx, pool)
+    if waiting is None:
+        await _told(ctx, f"{node} joined the job's partition as Slurm node {progress.slurm_node}")
+        return Done(progress, f"took {node} from pool {pool.name}")
+    if not waiting.startswith("gave up"):
+        return Wait(ctx.poll, waiting)
+    assert node is not None
+    await lending.lending(ctx.deps).lend_back(node, incident_id=ctx.incident.id)
+    ctx.deps.metrics.capacity_lent.labels(pool.name).dec()
+    await ctx.acted("capacity_return", f"{node} handed back to pool {pool.name}: {waiting}", node=node)
+    await ctx.save(
+        replace(
+            CapacityResult(),
+            passed_over=(*progress.passed_over, node),
+            waiting=f"{node} {waiting}",
+        )
+    )
+    return Wait(ctx.poll, waiting)
+
+
+async def _told(ctx: StepContext[CapacityResult], done: str) -> None:
+    await ctx.tell(
+        Notice(
+            ctx.incident.id,
+            "capacity",
+            f"{ctx.node}: lent {ctx.progress.node} to the stalled job",
+            (ctx.progress.why, done, "It is given back when the repair is done."),
+            node=ctx.node,
+        )
+    )
+
+
+async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | None:
+    assert result.node is not None
+    if result.slurm_node is not None:
+        jobs = await ctx.deps.ports.scheduler.jobs_on_node(result.slurm_node)
+        if jobs:
+            return f"capacity: {result.node} left with the jobs: job {', '.join(j.job_id for j in jobs)} runs there"
+    if not await lending.lending(ctx.deps).lend_back(result.node, incident_id=ctx.incident.id):
+        return f"capacity: {result.node} is not lent to this incident"
+    ctx.deps.metrics.actions.labels("capacity_return").inc()
+    if result.taken_at is not None:
+        ctx.deps.metrics.capacity_lent.labels(result.pool or "").dec()
+    return f"capacity: {result.node} back in pool {result.pool}"
+
+
 async def _choose(ctx: StepContext[CapacityResult], down: SlurmDownResult) -> Choice:
-    reservations = _reservations(ctx.deps)
     scheduler = ctx.ports.scheduler
     taken, busy = await _taken_elsewhere(ctx)
     failed = (down.slurm_nodes or (ctx.node,))[0]
+    gpu_type = None
     views = []
     for pool in ctx.settings.capacity.pools:
-        held = await reservations.reservation(pool.reservation)
+        if pool.reservation is None:
+            if gpu_type is None and ctx.ports.cluster is not None:
+                facts = await ctx.ports.cluster.node(ctx.node)
+                gpu_type = facts.labels.get(lending.GPU_PRODUCT_LABEL) if facts else None
+            found = await lending.view(ctx.deps, pool, busy, OPT_OUT_LABEL)
+            left = tuple(m for m in found.members if m.name not in ctx.progress.passed_over)
+            views.append(replace(found, members=left))
+            continue
+        held = await _reservations(ctx.deps).reservation(pool.reservation)
         if held is None:
             raise PermanentError(
                 f"pool {pool.name}: no Slurm reservation {pool.reservation}", reason=Reason.MISCONFIGURED
@@ -160,7 +269,12 @@ async def _choose(ctx: StepContext[CapacityResult], down: SlurmDownResult) -> Ch
         # A Slurm reservation cannot be emptied: it keeps at least one node.
         kept = max(pool.min_idle, 1)
         views.append(PoolView(Pool(pool.name, pool.kind, kept, pool.max_lend), tuple(members)))
-    return choose(Need(ctx.incident.id, failed, gpus=down.gpus.get(failed)), views, taken)
+    for view in views:
+        spare = [m for m in view.members if m.idle]
+        ctx.deps.metrics.capacity_idle.labels(view.pool.name).set(len(spare))
+        ctx.deps.metrics.capacity_idle_gpus.labels(view.pool.name).set(sum(m.gpus or 0 for m in spare))
+    need = Need(ctx.incident.id, failed, gpu_type=gpu_type, gpus=down.gpus.get(failed))
+    return choose(need, views, taken)
 
 
 async def _taken_elsewhere(ctx: StepContext[CapacityResult]) -> tuple[list[Taken], set[str]]:
@@ -227,9 +341,11 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
         return Done(ctx.progress, "no node was taken")
     async with ctx.deps.capacity_lock:  # a take either happened before this or never will
         took = await ctx.result(CapacityResult)
-        if took is None or took.node is None or took.reservation is None:
+        if took is None or took.node is None:
             await ctx.save(replace(ctx.progress, closed=True))
             return Done(ctx.progress, "no node was taken")
+    if took.reservation is None:
+        return await _give_back_lent(ctx, took)
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
     node = ctx.progress.node
     if node is None:
@@ -251,9 +367,77 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
     ctx.deps.metrics.capacity_lent.labels(pool).dec()
     away = (ctx.clock() - (took.taken_at or ctx.clock())).total_seconds()
     ctx.deps.metrics.capacity_away.labels(pool).observe(max(away, 0.0))
+    await _count_saved(ctx, took)
     await ctx.acted(
         "capacity_give_back",
         f"{node} added to reservation {took.reservation}: pool {pool} whole again after {away:.0f}s",
         node=node,
     )
     return Done(done, f"{node} back in pool {pool}")
+
+
+async def _give_back_lent(
+    ctx: StepContext[GiveBackResult], took: CapacityResult
+) -> Done[GiveBackResult] | Wait:
+    """A Kubernetes pool made whole: the repaired node joins it with the labels the lent node had
+    (``refill``: the lent node stays with the jobs), or the lent node goes back as it was once no
+    job runs there (``return``)."""
+    assert took.node is not None
+    if took.taken_at is None:
+        return Wait(ctx.poll, f"the take of {took.node} is under way")
+    lender = lending.lending(ctx.deps)
+    pool = took.pool or ""
+    progress = ctx.progress
+    if ctx.settings.capacity.give_back == "return":
+        if took.slurm_node is not None and await ctx.ports.scheduler.jobs_on_node(took.slurm_node):
+            return Wait(ctx.poll, f"{took.node} still runs a job")
+        await ctx.save(replace(progress, node=took.node))
+        await lender.lend_back(took.node, incident_id=ctx.incident.id)
+        node = took.node
+    else:
+        if progress.labels is None:
+            ready = await ctx.result(WaitReadyResult)
+            repaired = (ready.node if ready else None) or ctx.node
+            facts = await lender_node(ctx, took.node)
+            prior = lent_prior(facts) if facts is not None else None
+            if prior is None:  # the marks are gone already: nothing left to copy from
+                labels: dict[str, str | None] = {}
+            else:
+                labels = dict(prior.labels)
+            progress = replace(progress, node=repaired, labels=labels)
+            await ctx.save(progress)
+        node = progress.node or ctx.node
+        if progress.labels:
+            await lender.set_labels(node, progress.labels)
+        await lender.keep_lent(took.node, incident_id=ctx.incident.id)
+    done = replace(progress, node=node, given_back_at=ctx.clock())
+    await ctx.save(done)
+    ctx.deps.metrics.capacity_lent.labels(pool).dec()
+    away = (ctx.clock() - (took.taken_at or ctx.clock())).total_seconds()
+    ctx.deps.metrics.capacity_away.labels(pool).observe(max(away, 0.0))
+    await _count_saved(ctx, took)
+    await ctx.acted(
+        "capacity_give_back", f"{node} joined pool {pool}: whole again after {away:.0f}s", node=node
+    )
+    return Done(done, f"{node} in pool {pool}")
+
+
+async def lender_node(ctx: StepContext[GiveBackResult], name: str) -> dict[str, str] | None:
+    """The lent node's annotations (where the take recorded what it changed)."""
+    cluster = ctx.ports.cluster
+    facts = await cluster.node(name) if cluster is not None else None
+    return dict(facts.annotations) if facts is not None else None
+
+
+async def _count_saved(ctx: StepContext[GiveBackResult], took: CapacityResult) -> float:
+    """Job GPU-hours the taken node saved: the interrupted jobs' GPUs times the time from the node
+    joining their partition to the repaired node being Ready (what they would have waited)."""
+    ready = await ctx.result(WaitReadyResult)
+    down = await ctx.result(SlurmDownResult) or SlurmDownResult()
+    joined = took.joined_at or took.taken_at
+    if ready is None or ready.ready_at is None or joined is None:
+        return 0.0
+    gpus = sum(j.gpus or 0 for j in down.jobs or ())
+    hours = max((ready.ready_at - joined).total_seconds(), 0.0) / 3600 * gpus
+    ctx.deps.metrics.capacity_saved.labels(took.pool or "").inc(hours)
+    return hours

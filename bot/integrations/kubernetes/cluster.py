@@ -16,11 +16,12 @@ from bot import logger
 from bot.config import KubernetesSettings
 from bot.domain.nodemap import SlurmdPod
 from bot.engine.errors import PermanentError, Reason
-from bot.engine.ports import ClusterNode, PodRef, Probe
+from bot.engine.ports import ClusterNode, Lend, PodRef, Probe
 from bot.integrations.kubernetes import probe as probing
 from bot.integrations.kubernetes.client import Connection, TokenBucket, api_client
 from bot.integrations.kubernetes.events import Events
 from bot.integrations.kubernetes.jobs import Jobs
+from bot.integrations.kubernetes.lending import Lending
 from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
 from bot.integrations.kubernetes.replace import Replacer
@@ -39,6 +40,7 @@ class _Parts:
         self.replacer = Replacer(api, self.nodes, settings, machines)
         self.jobs = Jobs(api, settings)
         self.events = Events(api, timeout=settings.request_timeout)
+        self.lending = Lending(self.nodes)
 
 
 class KubernetesCluster:
@@ -120,6 +122,27 @@ class KubernetesCluster:
 
     async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         await (await self._p()).nodes.label(name, labels)
+
+    # ---------------------------------------------------------------- lending
+    async def pool_nodes(self, selector: str) -> list[ClusterNode]:
+        return await (await self._p()).lending.pool_nodes(selector)
+
+    async def lend(self, name: str, lend: Lend) -> bool:
+        parts = await self._p()
+        if not await parts.lending.lend(name, lend):
+            return False
+        await parts.events.on_node(name, "PitcrewLend", "lent to a stalled Slurm job", lend.incident_id)
+        return True
+
+    async def lend_back(self, name: str, *, incident_id: str) -> bool:
+        parts = await self._p()
+        if not await parts.lending.lend_back(name, incident_id=incident_id):
+            return False
+        await parts.events.on_node(name, "PitcrewLendBack", "given back to its pool", incident_id)
+        return True
+
+    async def keep_lent(self, name: str, *, incident_id: str) -> bool:
+        return await (await self._p()).lending.keep_lent(name, incident_id=incident_id)
 
     # ------------------------------------------------------------------- pods
     async def pods_on_node(self, name: str) -> list[PodRef]:

@@ -93,6 +93,8 @@ class ParentView:
     jobs: tuple[str, ...] = field(default=())
     #: The incident's first parent message was deleted and this one continues its thread.
     replaces: bool = False
+    #: The node lent to the stalled job and where from, or why none (the ``capacity`` step's last word).
+    capacity: str | None = None
 
 
 class Mrkdwn(str):
@@ -237,6 +239,8 @@ def parent(view: ParentView) -> Message:
     if view.jobs:
         blocks.append(_section("*Affected Slurm jobs*\n" + _lines(view.jobs, 10, view.incident_id, 2800)))
     blocks.append(_section(f"*Status:* {md(view.state, 100)} — {escape(view.status)}"))
+    if view.capacity:
+        blocks.append(_section(clip(f"*Capacity:* {escape(view.capacity)}", 3000)))
     if view.decisions:
         recent = view.decisions[-(CONTEXT_ELEMENTS - 1) :]
         elements = [

@@ -89,6 +89,7 @@ class ParentViews:
             decisions=decisions,
             offer=tuple(offer),
             replaces=await self._store.outbox_ref(NAME, f"replaced:{incident.id}") is not None,
+            capacity=capacity_word(events),
         )
 
     async def _runbook(self, incident: IncidentRecord) -> str | None:
@@ -102,6 +103,15 @@ class ParentViews:
             return None
         anchor = f"xid-{first.xid}" if first.xid is not None else first.kind
         return f"{self._runbook_url}#{anchor}"
+
+
+def capacity_word(events: list[Event]) -> str | None:
+    """The node borrowed for the stalled job, where from and why, given back or not; or why none."""
+    for event in reversed(events):
+        action = str(event.data.get("action", "")) if event.kind == "action" else ""
+        if action.startswith("capacity_") or event.kind == "capacity_none":
+            return event.detail
+    return None
 
 
 def _status(incident: IncidentRecord, events: list[Event]) -> str:

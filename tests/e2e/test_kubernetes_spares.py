@@ -1,0 +1,182 @@
+"""A spare from a Kubernetes pool (label selector) for a gang job, on real Slurm and the Kubernetes
+API emulator together.
+
+Three nodes: ``gpu-001``/``gpu-002`` are selected by the NodeSet of the jobs' partition and run
+a gang job (``-N2``); ``gpu-003`` carries ``pitcrew.dev/pool=spare`` and no NodeSet label, so
+Slurm cannot place a job there (``NodeSetStandin`` keeps it drained ``nodeset: not selected``,
+as a node with no slurmd pod). pitcrew is the real ``serve`` (mode auto, cluster-api
+replacement, the MachineSet stand-in's new node Ready only after ``REPLACE`` seconds). XID 79 on
+``gpu-001``: pitcrew takes ``gpu-003`` out of the pool (mark, the pool's label off, then the
+NodeSet's label on), its slurmd registers, and the job runs again on ``gpu-002``+``gpu-003``
+from its checkpoint long before the replacement exists. When the replacement is Ready it takes
+the spare's place in the pool (the pool's size is as it was), the lent node stays with the jobs
+unmarked and uncordoned, and the incident resolves.
+
+The same with a lender (``kind: lender``, an inference node selector): ``gpu-003`` runs one of
+two vLLM replicas under the service's budget (minAvailable 1, the other replica not Ready yet);
+pitcrew cordons the node, evicts its replica through the Eviction API (429 while the budget
+holds, 201 once the other replica is Ready; nothing else evicted), takes the inference labels
+off, and only then does the NodeSet select it; afterwards the replacement carries the inference
+labels the lent node had, so the inference pool has its size again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from proving_ground.kubernetes.nodeset import NodeSetStandin
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready, settings_for
+from proving_ground.slurm import SlurmCluster
+from proving_ground.train_job import read_checkpoint
+from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
+from tests.harness.proc import wait_until
+from tests.harness.scenarios import delivery, events, step_result
+
+pytestmark = pytest.mark.slow
+
+NODESET = {"slinky.slurm.net/nodeset": "gpu"}
+SPARE = {"pitcrew.dev/pool": "spare"}
+INFERENCE = {"pitcrew.dev/pool": "inference", "workload": "vllm"}
+POOLS: dict[str, dict[str, Any]] = {
+    "spare": {
+        "name": "spares",
+        "kind": "spare",
+        "selector": "pitcrew.dev/pool=spare",
+        "join_labels": NODESET,
+    },
+    "lender": {
+        "name": "inference",
+        "kind": "lender",
+        "selector": "pitcrew.dev/pool=inference",
+        "leave_labels": ["workload"],
+        "join_labels": NODESET,
+    },
+}
+HOLD = 2.0  # seconds the inference budget refuses the eviction (its other replica not Ready)
+REPLACE = 20.0  # seconds before the replacement node exists
+
+
+def _labels(world: KubeWorld, name: str) -> dict[str, str]:
+    node = world.call(lambda e: e.get("nodes", name))
+    return dict(node["metadata"].get("labels") or {}) if node else {}
+
+
+def _members(world: KubeWorld, labels: dict[str, str]) -> list[str]:
+    def pick(e: Any) -> list[str]:
+        return sorted(
+            o["metadata"]["name"]
+            for (plural, _, _), o in e.objects.items()
+            if plural == "nodes" and labels.items() <= (o["metadata"].get("labels") or {}).items()
+        )
+
+    found: list[str] = world.call(pick)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["spare", "lender"])
+def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
+    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any, kind: str
+) -> None:
+    labels = SPARE if kind == "spare" else INFERENCE
+    assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+
+    def pools(e: Any) -> None:
+        e.replace_delay, e.ready_delay = REPLACE, 1.0
+        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", labels)):
+            node = e.get("nodes", name)
+            node["metadata"]["labels"].update(add)
+            e.bump(node)
+
+    kube_world.call(pools)
+    replicas = (
+        kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002")) if kind == "lender" else []
+    )
+    cluster = settings_for(
+        kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "cluster-api"}
+    )
+    config = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+        "engine": {"poll_interval": "1s"},
+        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
+        "kubernetes": cluster["kubernetes"],
+        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        "capacity": {"pools": [POOLS[kind]]},
+    }
+    try:
+        with NodeSetStandin(kube_world, slurm, NODESET) as nodeset:
+            assert slurm.node("gpu-003").drained  # not in the NodeSet: no job lands there
+            server = pitcrew_factory("k8s-spares", config=config, simulated=False).start()
+            job_id = slurm.submit_training(extra=("-N2",))
+            assert set(running_on(slurm, job_id).nodes) == {"gpu-001", "gpu-002"}
+            wait_for_step(slurm, job_id, 3)
+            before = read_checkpoint(slurm.job_dir, job_id)
+            incident_id = open_incident(server, delivery("xid79-firing.json", node="gpu-001"))
+            alerted = time.monotonic()
+            if kind == "lender":  # the budget refuses until the service's other replica is Ready
+                wait_until(
+                    lambda: any(e.subresource == "eviction" and e.status == 429 for e in kube_world.log()),
+                    timeout=60,
+                    interval=0.1,
+                    what="the inference budget to refuse the eviction",
+                )
+                time.sleep(HOLD)
+                kube_world.call(lambda e: pod_ready(e, "inference", replicas[1]))
+
+            try:
+                running = server.wait_event(incident_id, "job_running", timeout=60)
+            except Exception as exc:
+                raise AssertionError(_debug(server, incident_id, slurm, nodeset)) from exc
+            back_after = time.monotonic() - alerted
+            job = slurm.job(job_id)
+            assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
+            assert back_after < REPLACE, (back_after, running)  # before the replacement even exists
+            assert not [n for n in _members(kube_world, {}) if n.startswith("gpu-001-")]
+            took = step_result(server.incident(incident_id), "capacity")
+            assert took["node"] == "gpu-003" and took["slurm_node"] == "gpu-003" and took["joined_at"]
+            assert ("gpu-003", "join") in nodeset.moves
+            assert NODESET.items() <= _labels(kube_world, "gpu-003").items()
+            assert "pitcrew.dev/pool" not in _labels(kube_world, "gpu-003")
+            if kind == "lender":
+                evictions = [(e.name, e.status) for e in kube_world.log() if e.subresource == "eviction"]
+                assert evictions[0] == (replicas[0], 429) and evictions[-1] == (replicas[0], 201), evictions
+                assert {name for name, _ in evictions} == {replicas[0]}  # only the lent node's replica
+                assert "workload" not in _labels(kube_world, "gpu-003")
+            wait_until(
+                lambda: read_checkpoint(slurm.job_dir, job_id) > before,
+                timeout=30,
+                what="training past its checkpoint on the spare",
+            )
+
+            final = server.wait_incident(incident_id, "resolved", "failed", timeout=120)
+            assert final["state"] == "resolved", final["outcome"]
+            [new_node] = [n for n in _members(kube_world, {}) if n.startswith("gpu-001-")]
+            assert step_result(final, "give_back")["node"] == new_node
+            assert _members(kube_world, labels) == [new_node]  # the pool has its size again
+            lent = kube_world.call(lambda e: e.get("nodes", "gpu-003"))
+            assert not lent["spec"].get("unschedulable")
+            assert not any(
+                k.startswith("pitcrew.dev/lent") for k in lent["metadata"].get("annotations") or {}
+            )
+            actions = [e["data"]["action"] for e in events(final, "action")]
+            assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1, actions
+            job = slurm.job(job_id)
+            assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
+            print(f"\n[k8s-spares] {incident_id}: job running again {back_after:.1f}s after the alert; "
+                  f"replacement after {REPLACE:.0f}s; {nodeset.moves}")  # fmt: skip
+    finally:
+        for name in slurm.nodes:  # the session's cluster: every node back in service
+            slurm.run("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
+
+
+def _debug(server: Any, incident_id: str, slurm: SlurmCluster, nodeset: NodeSetStandin) -> str:
+    incident = server.incident(incident_id)
+    timeline = "\n".join(
+        f"{e.get('at')} {e['kind']} {e.get('step')} {e.get('detail')}" for e in incident["events"]
+    )
+    queue = slurm.run("squeue", "-h", "-o", "%i %T %r %N").stdout
+    return f"{timeline}\nsqueue: {queue}\nnodes: {slurm.node_states()}\nnodeset: {nodeset.moves}"
