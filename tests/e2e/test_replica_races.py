@@ -41,11 +41,11 @@ def _post_all(requests: list[tuple[Pitcrew, str, bytes | dict[str, Any]]]) -> li
 
             async def one(server: Pitcrew, path: str, body: bytes | dict[str, Any]) -> tuple[int, Any]:
                 if isinstance(body, bytes):
-                    token, kwargs = server.token, {"data": body}
+                    token, data = server.token, body
                 else:
-                    token, kwargs = server.admin_token, {"json": body}
+                    token, data = server.admin_token, json.dumps(body).encode()
                 headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-                async with session.post(server.url + path, headers=headers, **kwargs) as response:
+                async with session.post(server.url + path, headers=headers, data=data) as response:
                     return response.status, json.loads(await response.read())
 
             return list(await asyncio.gather(*(one(*request) for request in requests)))
@@ -100,7 +100,9 @@ def test_two_replicas_take_the_same_thing_at_once_and_do_it_once(
     for index, (node, incident) in enumerate(incidents.items()):
         (approve_status, approve), (reject_status, reject) = races[2 * index : 2 * index + 2]
         assert sorted((approve_status, reject_status)) == [200, 409], (node, approve, reject)
-        won, lost, loser = ("approved", reject, "bob") if approve_status == 200 else ("rejected", approve, "alice")
+        won, lost, loser = (
+            ("approved", reject, "bob") if approve_status == 200 else ("rejected", approve, "alice")
+        )
         assert "decided" in lost["message"] or "no pending approval" in lost["message"], lost
         winners[node] = won
         events = first.incident(incident)["events"]
@@ -117,4 +119,6 @@ def test_two_replicas_take_the_same_thing_at_once_and_do_it_once(
     for node, won in winners.items():
         expected = 1 if won == "approved" else 0
         assert calls[("slurm_down", node)] == expected and calls[("cordon", node)] == expected, (node, calls)
-    print(f"\n  {2 * ROUNDS} concurrent deliveries: {len(opened)} incidents; decisions {Counter(winners.values())}")
+    print(
+        f"\n  {2 * ROUNDS} concurrent deliveries: {len(opened)} incidents; decisions {Counter(winners.values())}"
+    )

@@ -22,7 +22,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +62,8 @@ class PostgresServer:
     password: str
     directory: Path
     _names: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    #: Runs ``pg_ctl`` with the given arguments against this cluster, as its owner.
+    _pg_ctl: Callable[[list[str]], None] | None = None
 
     def url(self, database: str = "postgres") -> str:
         """A libpq URL without the password (it goes in the password file)."""
@@ -75,6 +77,16 @@ class PostgresServer:
         with self.connect() as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return name
+
+    def stop(self) -> None:
+        """Shut the server down as an operator's ``pg_ctl stop`` does (``fast``: every session
+        ended, open transactions rolled back); ``start`` brings it back on the same port."""
+        assert self._pg_ctl is not None
+        self._pg_ctl(["-m", "fast", "-w", "stop"])
+
+    def start(self) -> None:
+        assert self._pg_ctl is not None
+        self._pg_ctl(["-w", "start"])
 
     def drop_database(self, name: str) -> None:
         with self.connect() as conn:
@@ -138,7 +150,12 @@ def running_postgres() -> Iterator[PostgresServer]:
             capture_output=True,
             timeout=120,
         )
-        server = PostgresServer(port, password, directory)
+
+        def pg_ctl(arguments: list[str]) -> None:
+            argv = [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
+            subprocess.run(_as(user, argv), check=True, capture_output=True, timeout=120)
+
+        server = PostgresServer(port, password, directory, _pg_ctl=pg_ctl)
 
         def answers() -> bool:
             try:
