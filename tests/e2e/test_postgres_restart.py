@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from proving_ground.postgres import PostgresServer
 from tests.harness.pitcrew import Pitcrew
-from tests.harness.postgres import PostgresServer, running_postgres
+from tests.harness.postgres import running_postgres
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
 
