@@ -91,9 +91,11 @@ def _as(user: str | None, argv: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
+def running_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
     """Start a throwaway cluster; stop it and remove its files on exit, even after a failure.
-    ``DemoError`` when PostgreSQL is not installed or will not start."""
+    ``DemoError`` when PostgreSQL is not installed or will not start. Without ``durable`` it
+    skips fsync (tests and the demo lose nothing by it); a benchmark of durable commits asks for
+    PostgreSQL's defaults."""
     binaries = bindir()
     if binaries is None:
         raise DemoError(MISSING)
@@ -111,8 +113,10 @@ def running_postgres() -> Iterator[PostgresServer]:
     port = free_port()
     options = (
         f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
-        " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        " -c max_connections=200"
     )
+    if not durable:
+        options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 
     def pg_ctl(arguments: list[str]) -> None:
         argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
