@@ -21,7 +21,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,12 @@ def _connect(database: PostgresDatabase) -> psycopg.Connection[tuple[Any, ...]]:
     return psycopg.connect(database.url, password=database.server.password)
 
 
-def _waiting_on_switches(watch: psycopg.Connection[tuple[Any, ...]]) -> bool:
-    """Some other session waits for a lock to read the pause switch."""
-    row = watch.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE pid != pg_backend_pid() AND wait_event_type = 'Lock'"
-        " AND query ILIKE '%FROM switches%'"
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
+def _waiting(watch: psycopg.Connection[tuple[Any, ...]]) -> list[str]:
+    """The statements of other sessions waiting for a lock."""
+    rows = watch.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid != pg_backend_pid() AND wait_event_type = 'Lock'"
+    ).fetchall()
+    return [str(row[0]) for row in rows]
 
 
 def _intent(watch: psycopg.Connection[tuple[Any, ...]], incident: str) -> bool:
@@ -82,33 +81,37 @@ def _stopped(process: Any) -> Iterator[None]:
         os.kill(process.pid, signal.SIGCONT)
 
 
-def _stop_between_intent_and_call(
-    database: PostgresDatabase, leader: Pitcrew, incident: str, journal: Path
+def _stop_at(
+    database: PostgresDatabase,
+    leader: Pitcrew,
+    table: str,
+    query: str,
+    moment: Callable[[psycopg.Connection[tuple[Any, ...]]], bool],
 ) -> None:
-    """SIGSTOP ``leader`` with ``incident``'s ``STEP`` intent committed and its far-side call not
-    made: hold the switches table until the leader waits on it, and if it waits at an earlier read
-    (before the intent), let it go and take the table again."""
+    """SIGSTOP ``leader`` while its statement containing ``query`` waits for ``table``, which the
+    test holds, once ``moment`` says it is the right one (a wait at another statement, or at the
+    wrong moment: let it go and take the table again); then let the statement go: it completes in
+    the server while the leader is stopped."""
     assert leader.process is not None
     with _connect(database) as watch:
         watch.autocommit = True
         deadline = time.monotonic() + 60
         while True:
-            assert time.monotonic() < deadline, "never caught the leader between intent and call"
+            assert time.monotonic() < deadline, f"never caught the leader at {query}"
             holder = _connect(database)
             try:
-                holder.execute("LOCK TABLE switches IN ACCESS EXCLUSIVE MODE")
-                wait_until(lambda: _waiting_on_switches(watch), timeout=30, interval=0.005, what="a read")
-                if _intent(watch, incident) and not destructive_records(_records(journal)):
+                holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                wait_until(lambda: bool(_waiting(watch)), timeout=30, interval=0.005, what=f"{table} wanted")
+                if any(query in waiting for waiting in _waiting(watch)) and moment(watch):
                     os.kill(leader.process.pid, signal.SIGSTOP)
                     return
             finally:
-                holder.commit()  # let the read go (once stopped, the leader does not see it yet)
+                holder.commit()
                 holder.close()
 
 
-def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
-    pitcrew_factory: Any, tmp_path: Path, postgres_db: PostgresDatabase
-) -> None:
+def _pair(pitcrew_factory: Any, tmp_path: Path, database: PostgresDatabase) -> tuple[Pitcrew, Pitcrew, Path]:
+    """The leader and a standby on ``database``, one job on ``NODE``; the far side's journal."""
     shared = tmp_path / "shared"
     shared.mkdir()
     journal = shared / "far-side.jsonl"
@@ -120,8 +123,8 @@ def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
         "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
         "store": {
             "path": str(shared / "unused.db"),
-            "url": postgres_db.url,
-            "password_file": str(postgres_db.password_file),
+            "url": database.url,
+            "password_file": str(database.password_file),
             "lease": {"ttl": f"{TTL:g}s", "renew_every": "1s"},
         },
     }
@@ -129,12 +132,32 @@ def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
     wait_until(lambda: _role(first) == "leader", timeout=20, what="the first process to lead")
     second = pitcrew_factory("second", config=config, world=world).start()
     assert _role(second) == "standby"
+    return first, second, journal
 
+
+def _once_each(journal: Path) -> None:
+    calls = destructive_calls(_records(journal))
+    assert {c: n for c, n in calls.items() if n > 1} == {}, calls
+    for op in ("slurm_down", "cordon", "replace", "slurm_resume"):
+        assert calls[(op, NODE)] == 1, (op, calls)
+    assert calls[("evict", "ml-train/llama-worker-2")] == 1, calls
+
+
+def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
+    pitcrew_factory: Any, tmp_path: Path, postgres_db: PostgresDatabase
+) -> None:
+    first, second, journal = _pair(pitcrew_factory, tmp_path, postgres_db)
     status, body = second.post_alerts(delivery("xid79-firing.json", node=NODE))
     assert status == 200, body
     incident = body["opened"][0]
     assert first.process is not None
-    _stop_between_intent_and_call(postgres_db, first, incident, journal)
+    _stop_at(
+        postgres_db,
+        first,
+        "switches",
+        "FROM switches",
+        lambda watch: _intent(watch, incident) and not destructive_records(_records(journal)),
+    )
     with _stopped(first.process):
         paused = time.monotonic()
         wait_until(lambda: _role(second) == "leader", timeout=TTL * 10, what="the standby to take over")
@@ -149,11 +172,7 @@ def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
     )
     late = destructive_records(_records(journal)[before:])
     assert late == [], f"far-side calls after the old leader woke: {late}"
-    calls = destructive_calls(_records(journal))
-    assert {c: n for c, n in calls.items() if n > 1} == {}, calls
-    for op in ("slurm_down", "cordon", "replace", "slurm_resume"):
-        assert calls[(op, NODE)] == 1, (op, calls)
-    assert calls[("evict", "ml-train/llama-worker-2")] == 1, calls
+    _once_each(journal)
     log = first.log.read_text()
     [why] = [
         json.loads(line)["why"] for line in log.splitlines() if '"msg": "stepped down: standing by"' in line
@@ -167,3 +186,29 @@ def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
 def destructive_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records that count as destructive calls (as ``destructive_calls`` counts them)."""
     return [r for r in records if destructive_calls([r])]
+
+
+def test_a_leader_frozen_inside_a_write_does_not_freeze_the_store(
+    pitcrew_factory: Any, tmp_path: Path, postgres_db: PostgresDatabase
+) -> None:
+    """SIGSTOP inside a write transaction (its intent inserted, not committed): the frozen
+    session holds the write lock and the lease row ``FOR SHARE``. PostgreSQL ends that session
+    (pitcrew's sessions have an idle-in-transaction limit), so the standby takes over and
+    finishes; the woken leader's commit fails and it calls no far side."""
+    first, second, journal = _pair(pitcrew_factory, tmp_path, postgres_db)
+    status, body = second.post_alerts(delivery("xid79-firing.json", node=NODE))
+    assert status == 200, body
+    incident = body["opened"][0]
+    assert first.process is not None
+    _stop_at(postgres_db, first, "steps", "INSERT INTO steps", lambda watch: True)
+    with _stopped(first.process):
+        paused = time.monotonic()
+        wait_until(lambda: _role(second) == "leader", timeout=TTL * 10, what="the standby to take over")
+        took_over = time.monotonic() - paused
+        final = second.wait_incident(incident, "resolved", "failed", timeout=90)
+        assert final["state"] == "resolved", final.get("outcome")
+        before = len(_records(journal))
+    wait_until(lambda: _role(first) == "standby", timeout=20, what="the woken leader to stand by")
+    assert destructive_records(_records(journal)[before:]) == []
+    _once_each(journal)
+    print(f"\n  takeover with the leader frozen inside a write: {took_over:.1f}s (lease TTL {TTL:g}s)")
