@@ -93,21 +93,20 @@ def _stop_at(
     wrong moment: let it go and take the table again); then let the statement go: it completes in
     the server while the leader is stopped."""
     assert leader.process is not None
-    with _connect(database) as watch:
+    with _connect(database) as watch, _connect(database) as holder:
         watch.autocommit = True
         deadline = time.monotonic() + 60
-        while True:
-            assert time.monotonic() < deadline, f"never caught the leader at {query}"
-            holder = _connect(database)
-            try:
+        try:
+            while True:  # one connection for the lock: retaking it must be quicker than a write
+                assert time.monotonic() < deadline, f"never caught the leader at {query}"
                 holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-                wait_until(lambda: bool(_waiting(watch)), timeout=30, interval=0.005, what=f"{table} wanted")
+                wait_until(lambda: bool(_waiting(watch)), timeout=30, interval=0.002, what=f"{table} wanted")
                 if any(query in waiting for waiting in _waiting(watch)) and moment(watch):
                     os.kill(leader.process.pid, signal.SIGSTOP)
                     return
-            finally:
                 holder.commit()
-                holder.close()
+        finally:
+            holder.commit()  # let the statement go (the stopped leader does not see its answer yet)
 
 
 def _pair(pitcrew_factory: Any, tmp_path: Path, database: PostgresDatabase) -> tuple[Pitcrew, Pitcrew, Path]:
