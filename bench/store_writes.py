@@ -30,7 +30,7 @@ from bot.domain.faults import Fault
 from bot.store.base import Delivery, Fence, IncomingAlert
 from bot.store.postgres import PostgresStore
 from bot.store.sqlite import SqliteStore
-from tests.harness.postgres import running_postgres
+from proving_ground.postgres import running_postgres
 
 Store = SqliteStore | PostgresStore
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

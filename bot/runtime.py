@@ -137,7 +137,9 @@ def _roles(ports: Ports) -> tuple[tuple[str, object], ...]:
     return (("scheduler", ports.scheduler), ("cluster", ports.cluster), ("notifier", ports.notifier))
 
 
-def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) -> EngineDeps:
+def engine_deps(
+    config: Config, store: Store, ports: Ports, metrics: Metrics, fence: Fence | None = None
+) -> EngineDeps:
     """The slices of the configuration the engine and its steps read."""
     settings = config.settings
     return EngineDeps(
@@ -157,6 +159,7 @@ def engine_deps(config: Config, store: Store, ports: Ports, metrics: Metrics) ->
             lemon=settings.lemon,
         ),
         registry=REGISTRY,
+        fence=fence,
     )
 
 
@@ -265,7 +268,9 @@ def build_app(
     # remediation nor Slack.
     annotations = _grafana(config, store, fenced, metrics)
     engine = Engine(
-        engine_deps(config, fenced, ports, metrics), leading=lambda: fence.leading, catalog=config.catalog
+        engine_deps(config, fenced, ports, metrics, fence),
+        leading=lambda: fence.leading,
+        catalog=config.catalog,
     )
     intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
     lease = config.settings.store.lease

@@ -38,6 +38,13 @@ def parser() -> argparse.ArgumentParser:
         help="Slurm to run: 22.05 (Debian 12's) or 24.11 (from the Debian 13 root scripts/setup makes); "
         "default $PROVING_GROUND_SLURM, else 22.05",
     )
+    p.add_argument(
+        "--store",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="pitcrew's store: sqlite (default, a file) or postgres (a throwaway PostgreSQL cluster "
+        "started and removed by the demo; Debian's postgresql package)",
+    )
     p.add_argument("--keep", action="store_true", help="leave everything running to look around")
     p.add_argument("--interactive", action="store_true", help="approve scenario: wait for your own approval")
     p.add_argument("--stop", action="store_true", help="stop a demo left running with --keep")
@@ -95,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         rich=False if args.plain else None,
         ports=ports,
         slurm=args.slurm,
+        store=args.store,
     )
     return run(options)
 

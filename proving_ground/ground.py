@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ from proving_ground.assets import missing as missing_assets
 from proving_ground.dcgm import Standin, load_collectors
 from proving_ground.farside import FarSide
 from proving_ground.pitcrew import Pitcrew
+from proving_ground.postgres import MISSING as NO_POSTGRES
+from proving_ground.postgres import PostgresServer, bindir, running_postgres
 from proving_ground.proc import DemoError, find_binary, free_port, port_free
 from proving_ground.prometheus import Alertmanager, Prometheus, Timing, alertmanager_config, prometheus_config
 from proving_ground.scenarios import Scenario
@@ -38,10 +40,16 @@ TIMING = Timing(scrape_interval=1.0, evaluation_interval=1.0, group_wait=0.5, gr
 
 
 def preflight(
-    ports: dict[str, int] | None = None, programs: dict[str, str] = PROGRAMS, *, slurm: str | None = None
+    ports: dict[str, int] | None = None,
+    programs: dict[str, str] = PROGRAMS,
+    *,
+    slurm: str | None = None,
+    store: str = "sqlite",
 ) -> list[str]:
     """Problems that would stop the demo, each with its fix; empty when it can start."""
     problems = []
+    if store == "postgres" and bindir() is None:
+        problems.append(NO_POSTGRES)
     try:
         if (no_root := root_missing(chosen_version(slurm))) is not None:
             problems.append(no_root)
@@ -77,8 +85,12 @@ class ProvingGround:
         replace_delay: float = 5.0,
         ports: dict[str, int] | None = None,
         slurm: str | None = None,
+        store: str = "sqlite",
     ) -> None:
         self.scenario, self.workdir, self.far_side = scenario, workdir, far_side
+        self.store = store  # "sqlite" (a file in the run directory) or "postgres" (a throwaway cluster)
+        self.postgres: PostgresServer | None = None
+        self._postgres = ExitStack()
         self.replace_delay = replace_delay
         self.ports = dict(ports or {})  # fixed by the user (0: a free one); preflight checked them
         self.nodes = node_names(scenario.nodes)
@@ -128,6 +140,9 @@ class ProvingGround:
             _binary("prometheus"), prom_dir, config, port=self.ports.get("prometheus", 0)
         )
         self.prometheus.start()
+        if self.store == "postgres":
+            yield "PostgreSQL for pitcrew's store: a throwaway cluster on a loopback port"
+            self.postgres = self._postgres.enter_context(running_postgres())
         yield f"pitcrew (mode {self.scenario.mode}) in front of the {self.far_side.description}"
         self.far_side.start(self.workdir, self.nodes)
         self.pitcrew = self.far_side.pitcrew(
@@ -157,6 +172,12 @@ class ProvingGround:
             },
             "log": {"level": "INFO", "format": "json"},
         }
+        if self.postgres is not None:
+            password = self.postgres.password_file(self.workdir / "postgres-password")
+            config["store"] = {
+                "url": self.postgres.url(self.postgres.create_database()),
+                "password_file": str(password),
+            }
         _merge(config, self.scenario.config)
         return config
 
@@ -179,6 +200,8 @@ class ProvingGround:
             if server is not None:
                 with suppress(Exception):  # one that will not stop must not keep the others running
                     server.stop()
+        with suppress(Exception):  # after pitcrew: its store goes last
+            self._postgres.close()
         try:
             self.slurm.stop()
         except DemoError as exc:

@@ -45,6 +45,7 @@ class DemoOptions:
     rich: bool | None = None
     ports: tuple[tuple[str, int], ...] = ()
     slurm: str | None = None  # the Slurm version (proving_ground.slurm_root.VERSIONS)
+    store: str = "sqlite"  # pitcrew's store: "sqlite" or "postgres" (a throwaway cluster)
 
 
 class Stopped(Exception):
@@ -58,7 +59,7 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
 def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     """The whole demo; the exit status (0: the scenario ended as it should)."""
     tl = timeline or Timeline(rich=options.rich)
-    problems = preflight(dict(options.ports), slurm=options.slurm)
+    problems = preflight(dict(options.ports), slurm=options.slurm, store=options.store)
     if problems:
         tl.say("scripts/demo cannot start:")
         for problem in problems:
@@ -75,6 +76,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
         replace_delay=options.replace_delay,
         ports=dict(options.ports),
         slurm=options.slurm,
+        store=options.store,
     )
     previous = signal.signal(signal.SIGTERM, _on_term)
     status = 1

@@ -504,7 +504,10 @@ def summary_lines(report: dict[str, Any], ground: ProvingGround) -> Iterator[str
             yield f"  {line}"
     yield ""
     yield f"Logs and data: {report['workdir']}"
-    yield f"  pitcrew log {ground.pitcrew.log if ground.pitcrew else '-'}, store {ground.pitcrew.store if ground.pitcrew else '-'}"
+    store = ground.pitcrew.store if ground.pitcrew else "-"
+    if ground.postgres is not None:  # a throwaway cluster: gone when the demo stops
+        store = f"PostgreSQL on 127.0.0.1:{ground.postgres.port} (removed with the demo)"
+    yield f"  pitcrew log {ground.pitcrew.log if ground.pitcrew else '-'}, store {store}"
     yield f"  Slurm logs {ground.slurm.run_dir / 'log'}, Prometheus {ground.workdir / 'prometheus'}, Alertmanager {ground.workdir / 'alertmanager'}"
 
 

@@ -184,8 +184,11 @@ class Commands:
             await self._audit(incident_id, f"{verb}_refused", actor, f"{actor} is not an approver", "refused")
             return CommandResult("refused", f"{actor} may not {verb} {incident_id}")
         decided = await self._store.decide_approval(incident_id, decided_as, actor, self._clock())
-        if decided is None:
-            return CommandResult("conflict", f"{incident_id} was decided meanwhile")
+        if decided is None:  # another replica decided between our read and our write
+            latest = await self._store.approval(incident_id)
+            how = f"{latest.status} by {latest.decided_by}" if latest is not None else "gone"
+            await self._audit(incident_id, f"{verb}_refused", actor, f"decided meanwhile ({how})", "conflict")
+            return CommandResult("conflict", f"{incident_id} was decided meanwhile ({how})")
         self._metrics.approvals.labels(decided_as).inc()
         await self._audit(
             incident_id, decided_as, actor, f"{incident.playbook} {decided_as} by {actor}", "ok"

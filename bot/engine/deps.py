@@ -19,6 +19,7 @@ from bot.engine.registry import StepRegistry
 from bot.engine.signals import RealTimer, Timer
 from bot.engine.steps import REGISTRY
 from bot.store.base import Store
+from bot.store.lease import Fence
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class EngineDeps:
     registry: StepRegistry = field(default_factory=lambda: REGISTRY)
     timer: Timer = field(default_factory=RealTimer)
     capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The lease this process leads with: asked before every far-side write (``bot.engine.pause``).
+    fence: Fence | None = None
 
     def __post_init__(self) -> None:
         problems = self.registry.problems(self.playbooks)
@@ -42,8 +45,9 @@ class EngineDeps:
 
     def step_deps(self, *, forced: bool = False) -> StepDeps:
         """What steps and undos use: the ports with every write held while paused
-        (``bot.engine.pause``); ``forced``: ungated, for a rollback forced while paused."""
-        ports = self.ports if forced else gated(self.ports, self.store)
+        (``bot.engine.pause``); ``forced``: not held, for a rollback forced while paused. Either
+        way no write goes out once this process may have lost the lease."""
+        ports = gated(self.ports, self.store, self.fence, hold=not forced)
         return StepDeps(
             ports, self.store, self.steps, self.metrics, self.clock, self.registry, self.capacity_lock
         )

@@ -29,7 +29,7 @@ from bot.engine.pause import Held
 from bot.engine.registry import Handler, StepDef
 from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
-from bot.store.base import Deposed, IncidentRecord, JsonObject, NewEvent
+from bot.store.base import Deposed, IncidentRecord, JsonObject, NewEvent, StoreUnavailable
 
 log = logger(__name__)
 R = TypeVar("R", bound=StepResult)
@@ -262,6 +262,8 @@ class Executor:
             raise StepFailed(f"{ctx.step} cannot succeed: {exc}", exc.reason) from exc
         except Deposed:
             raise  # another process leads now: stop here, record nothing, call nothing
+        except StoreUnavailable:
+            raise  # not the step's failure: the worker ends, and resumes the step once the store answers
         except Exception as exc:  # a defect must escalate to humans, not kill the incident's worker
             log.exception("step crashed", extra={"incident": ctx.incident.id, "step": ctx.step})
             raise StepFailed(f"{ctx.step} hit an internal error: {exc!r}", "internal") from exc

@@ -8,7 +8,15 @@ only through the gated ports (``EngineDeps.step_deps``); what reads (a node's st
 passes through. A held call raises ``Held`` before it is sent: the executor records the step
 ``held`` (its progress kept) and the flow waits for resume; a held rollback stays under way
 and goes on after resume. Only a forced rollback (``pitcrew rollback --force``, audited) uses
-the ports ungated.
+the ports without the pause (the fence below still applies).
+
+The same wire is where a leader's term is checked last: a leader stopped (SIGSTOP, a long GC, a
+frozen VM) between a step's intent write and its call, past its lease, wakes with the call still
+to send while another process has taken over and made it. The fenced intent write cannot catch
+that — it committed in time. So every write first asks the process's ``Fence`` (``token``, a
+local monotonic check, no I/O): once the lease may have lapsed the call is not sent and
+``Deposed`` ends the worker, as a refused fenced write does. What is left is the instant between
+this check and the bytes leaving, which only a far side that checks the epoch itself could close.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any, cast
 from bot.engine.context import Ports
 from bot.engine.ports import Cluster, NodeValidator, Scheduler
 from bot.store.base import Store
+from bot.store.lease import Fence
 
 #: The switch that pauses pitcrew (``pitcrew pause``).
 PAUSE = "pause"
@@ -61,12 +70,17 @@ async def paused_by(store: Store) -> str | None:
 
 
 class _Gated:
-    """A port whose writes first ask the store whether pitcrew is paused."""
+    """A port whose writes first ask the store whether pitcrew is paused (unless ``hold`` is
+    off: a forced rollback), then the fence whether this process still leads."""
 
-    def __init__(self, inner: object, writes: frozenset[str], store: Store) -> None:
+    def __init__(
+        self, inner: object, writes: frozenset[str], store: Store, fence: Fence | None, *, hold: bool
+    ) -> None:
         self._inner = inner
         self._writes = writes
         self._store = store
+        self._fence = fence
+        self._hold = hold
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)
@@ -74,9 +88,12 @@ class _Gated:
             return target
 
         async def gated(*args: Any, **kwargs: Any) -> Any:
-            by = await paused_by(self._store)
-            if by is not None:
-                raise Held(name, by)
+            if self._hold:
+                by = await paused_by(self._store)
+                if by is not None:
+                    raise Held(name, by)
+            if self._fence is not None:
+                self._fence.token()  # Deposed: the lease may have lapsed while we waited
             call = cast(Callable[..., Awaitable[Any]], target)
             return await call(*args, **kwargs)
 
@@ -92,12 +109,16 @@ class _GatedValidator(_Gated):
         return await call(name, incident_id=incident_id)
 
 
-def gated(ports: Ports, store: Store) -> Ports:
-    """The same ports, every write held while paused (reads and notices pass)."""
+def gated(ports: Ports, store: Store, fence: Fence | None = None, *, hold: bool = True) -> Ports:
+    """The same ports, every write held while paused (``hold``) and refused once ``fence`` says
+    this process may no longer lead (reads and notices pass)."""
     cluster = ports.cluster
     kind = _GatedValidator if isinstance(cluster, NodeValidator) else _Gated
+    scheduler = _Gated(ports.scheduler, WRITES["scheduler"], store, fence, hold=hold)
     return replace(
         ports,
-        scheduler=cast(Scheduler, _Gated(ports.scheduler, WRITES["scheduler"], store)),
-        cluster=None if cluster is None else cast(Cluster, kind(cluster, WRITES["cluster"], store)),
+        scheduler=cast(Scheduler, scheduler),
+        cluster=None
+        if cluster is None
+        else cast(Cluster, kind(cluster, WRITES["cluster"], store, fence, hold=hold)),
     )

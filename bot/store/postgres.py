@@ -155,6 +155,11 @@ def _bounded(limit: int) -> int:
     return max(1, min(limit, PAGE_MAX))
 
 
+#: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
+#: sends a transaction's statements back to back: only a frozen process waits this long.
+IDLE_IN_TRANSACTION_MS = 5000
+
+
 class PostgresStore:
     def __init__(
         self,
@@ -199,7 +204,10 @@ class PostgresStore:
             "autocommit": True,
             "row_factory": dict_row,
             "connect_timeout": max(1, int(self._connect_timeout)),
-            "options": "-c timezone=UTC",
+            # A process frozen inside a transaction (SIGSTOP, a paused VM) would hold the write
+            # lock and the lease row FOR SHARE for as long as it is frozen, and no other replica
+            # could write or take over: the server ends such a session and rolls it back.
+            "options": f"-c timezone=UTC -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             "application_name": "pitcrew",
         }
         if self._password_file is not None:

@@ -17,7 +17,8 @@ its run left. Cases:
   audit log holds the approval by the Slack user (``slack:U0ALICE``); the incident then resolves;
 * ``app-xid``: an XID 13 incident with the ``notify-only`` playbook, a notice, no node step,
   no action, and no write request at the Kubernetes API emulator; Slurm still runs the job where it was, never restarted, its node in service; its
-  Slack thread asks no approval;
+  Slack thread asks no approval; it runs with ``--store postgres`` (pitcrew on a throwaway
+  PostgreSQL the demo starts and removes: nothing listens on its port afterwards);
 * ``storm``: twenty incidents, exactly the breaker's limit acted on (a Slurm DOWN each, a
   Machine deleted each), every other one suppressed, one breaker notice counting the fleet
   from Kubernetes; Slurm has every node back in service; the channel
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,9 +45,11 @@ from typing import Any
 import pytest
 
 from proving_ground.kubernetes.emulator import AUTH_HEADER
+from proving_ground.proc import port_free
 from proving_ground.scenarios import BREAKER_NODES
 from proving_ground.slurm_root import DEFAULT_VERSION, root_path
 from proving_ground.train_job import read_progress
+from tests.harness.postgres import require_postgres
 from tests.harness.proc import require_binary, wait_until
 from tests.harness.slurm import require_slurm
 
@@ -65,8 +69,11 @@ class Demo:
         keep: bool = True,
         interactive: bool = False,
         slurm: str | None = None,
+        store: str | None = None,
     ) -> None:
         require_slurm(slurm or DEFAULT_VERSION)
+        if store == "postgres":
+            require_postgres()
         require_binary("prometheus", "prometheus")
         require_binary("prometheus-alertmanager", "prometheus-alertmanager")
         self.summary_path = tmp / f"{scenario}.json"
@@ -76,6 +83,7 @@ class Demo:
         argv += ["--keep"] if keep else []
         argv += ["--interactive"] if interactive else []
         argv += ["--slurm", slurm] if slurm else []
+        argv += ["--store", store] if store else []
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(
                 argv,
@@ -283,7 +291,7 @@ def test_interactive_approve_waits_for_the_users_own_click(demo: Any) -> None:
 
 
 def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
-    d = demo("app-xid")
+    d = demo("app-xid", store="postgres")  # scripts/demo --store postgres: a throwaway cluster
     summary = d.wait_summary()
     assert summary["exit_status"] == 0, d.text()
     incident = d.incident(summary["incident_id"])
@@ -303,7 +311,13 @@ def test_app_xid_notifies_and_touches_nothing(demo: Any) -> None:
     assert state in {"allocated", "mixed"}, state
     assert f"{summary['job_node']}: XID 13" in summary["thread"][0]
     assert "[Approve]" not in "".join(summary["thread"])  # nothing waits for a human
+    [port] = re.findall(r"store PostgreSQL on 127\.0\.0\.1:(\d+) \(removed with the demo\)", d.text())
+    assert (
+        '"logger": "pitcrew.store.postgres"'
+        in (Path(summary["workdir"]) / "pitcrew" / "pitcrew.log").read_text()
+    )
     stopped_cleanly(d)
+    assert port_free(int(port)), f"PostgreSQL still listens on {port} after the demo stopped"
 
 
 def test_storm_is_held_to_the_breaker_limit(demo: Any) -> None:

@@ -1,169 +1,48 @@
-"""A real PostgreSQL for the tests: Debian's ``postgresql`` (15), a throwaway cluster per session.
+"""A real PostgreSQL for the tests: the proving ground's throwaway cluster, one per session.
 
-``postgres_server`` (session) runs ``initdb`` and ``pg_ctl`` from ``/usr/lib/postgresql/<v>/bin``
-as an unprivileged user (PostgreSQL refuses to run as root, and CI runs as root: there the
-cluster runs as ``nobody``), in a temporary directory that user owns, listening on a free
-loopback port only (no Unix socket outside the directory), with password authentication for TCP
-(so ``store.password_file`` is exercised) and trust for its own socket. It is stopped and its
-directory removed at session end, whatever happened in between.
+``postgres_server`` (session) is ``proving_ground.postgres.running_postgres``: Debian's
+``postgresql`` as an unprivileged user on a free loopback port in a temporary directory, stopped
+and removed at session end. Missing binaries skip the tests that need them, or fail them under
+``CI=true`` (``tests.harness.proc``).
 
-``postgres_url`` (function) is a fresh, empty database for one test (``CREATE DATABASE``, copied
-from ``template1`` by the server: a few milliseconds), and its password file. Missing binaries
-skip the tests that need them, or fail them under ``CI=true`` (``tests.harness.proc``).
+``postgres_db`` (function) is a fresh, empty database for one test (``CREATE DATABASE``, copied
+from ``template1`` by the server: a few milliseconds), and its password file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
-import pwd
-import secrets
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from proving_ground.proc import free_port, tail
-from tests.harness.proc import in_ci, wait_until
-
-VERSIONS = ("17", "16", "15")  # newest first: Debian 12 ships 15
-USER = "pitcrew"
-
-
-def _bindir() -> Path | None:
-    for version in VERSIONS:
-        bindir = Path(f"/usr/lib/postgresql/{version}/bin")
-        if (bindir / "initdb").exists() and (bindir / "pg_ctl").exists():
-            return bindir
-    return None
+from proving_ground.postgres import MISSING, PostgresServer, bindir
+from proving_ground.postgres import running_postgres as _running
+from proving_ground.proc import DemoError
+from tests.harness.proc import in_ci
 
 
 def require_postgres() -> Path:
-    bindir = _bindir()
-    if bindir is not None:
-        return bindir
-    message = "PostgreSQL server binaries not found: apt-get install postgresql (scripts/setup dev)"
+    found = bindir()
+    if found is not None:
+        return found
     if in_ci():
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-@dataclass
-class PostgresServer:
-    """One running cluster: superuser ``pitcrew`` with ``password`` on ``127.0.0.1:port``."""
-
-    port: int
-    password: str
-    directory: Path
-    _names: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-
-    def url(self, database: str = "postgres") -> str:
-        """A libpq URL without the password (it goes in the password file)."""
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(self.url(database), password=self.password, autocommit=True)
-
-    def create_database(self) -> str:
-        name = f"t{os.getpid()}_{next(self._names)}"
-        with self.connect() as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return name
-
-    def drop_database(self, name: str) -> None:
-        with self.connect() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _as(user: str | None, argv: list[str]) -> list[str]:
-    return ["runuser", "-u", user, "--", *argv] if user else argv
+        pytest.fail(MISSING)
+    pytest.skip(MISSING)
 
 
 @contextlib.contextmanager
 def running_postgres() -> Iterator[PostgresServer]:
-    """Start a throwaway cluster; stop it and remove its files on exit, even after a failure."""
-    bindir = require_postgres()
-    # PostgreSQL will not run as root: run it as nobody then (the directory is chowned to it).
-    user = "nobody" if os.geteuid() == 0 else None
-    directory = Path(tempfile.mkdtemp(prefix="pitcrew-pg-"))
-    data, log = directory / "data", directory / "postgres.log"
-    password = secrets.token_urlsafe(16)
-    pwfile = directory / "pwfile"
-    pwfile.write_text(password + "\n")
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        for path in (directory, pwfile):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-    port = free_port()
-    started = False
+    """The proving ground's cluster, skipped (or failed under CI) without PostgreSQL, failed
+    when it will not start."""
+    require_postgres()
     try:
-        subprocess.run(
-            _as(
-                user,
-                [
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(data),
-                    "-U",
-                    USER,
-                    f"--pwfile={pwfile}",
-                    "--auth-host=scram-sha-256",
-                    "--auth-local=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ],
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        pwfile.unlink()
-        options = (
-            f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
-            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        )
-        started = True
-        subprocess.run(
-            _as(
-                user, [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "start"]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        server = PostgresServer(port, password, directory)
-
-        def answers() -> bool:
-            try:
-                server.connect().close()
-            except psycopg.OperationalError:
-                return False
-            return True
-
-        wait_until(answers, timeout=30, what=f"PostgreSQL on 127.0.0.1:{port}")
-        yield server
-    except subprocess.CalledProcessError as exc:
-        pytest.fail(f"PostgreSQL did not start: {exc.stderr.decode(errors='replace')}\n{_tail(log)}")
-    finally:
-        if started:
-            subprocess.run(
-                _as(user, [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
-                capture_output=True,
-                timeout=60,
-                check=False,
-            )
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _tail(log: Path) -> str:
-    return tail(log) if log.exists() else ""
+        with _running() as server:
+            yield server
+    except DemoError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")
@@ -185,9 +64,7 @@ class PostgresDatabase:
 @pytest.fixture
 def postgres_db(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[PostgresDatabase]:
     name = postgres_server.create_database()
-    password_file = tmp_path / "postgres-password"
-    password_file.write_text(postgres_server.password + "\n")
-    password_file.chmod(0o600)
+    password_file = postgres_server.password_file(tmp_path / "postgres-password")
     try:
         yield PostgresDatabase(postgres_server.url(name), password_file, name, postgres_server)
     finally:

@@ -1,0 +1,167 @@
+"""A throwaway PostgreSQL cluster: Debian's ``postgresql`` (15), for the demo and the tests.
+
+``running_postgres`` runs ``initdb`` and ``pg_ctl`` from ``/usr/lib/postgresql/<v>/bin`` as an
+unprivileged user (PostgreSQL refuses to run as root: as root the cluster runs as ``nobody``), in
+a temporary directory that user owns, listening on a free loopback port only (no Unix socket
+outside the directory), with password authentication for TCP (so ``store.password_file`` is
+exercised) and trust for its own socket. It is stopped and its directory removed on exit,
+whatever happened in between. ``scripts/demo --store postgres`` runs pitcrew on one; the tests'
+fixtures (``tests.harness.postgres``) start one per session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from proving_ground.proc import DemoError, free_port, tail, wait_until
+
+VERSIONS = ("17", "16", "15")  # newest first: Debian 12 ships 15
+USER = "pitcrew"
+MISSING = "PostgreSQL server binaries not found: apt-get install postgresql (scripts/setup dev)"
+
+
+def bindir() -> Path | None:
+    """Where ``initdb`` and ``pg_ctl`` are, or ``None``: PostgreSQL is not installed."""
+    for version in VERSIONS:
+        found = Path(f"/usr/lib/postgresql/{version}/bin")
+        if (found / "initdb").exists() and (found / "pg_ctl").exists():
+            return found
+    return None
+
+
+@dataclass
+class PostgresServer:
+    """One running cluster: superuser ``pitcrew`` with ``password`` on ``127.0.0.1:port``."""
+
+    port: int
+    password: str
+    directory: Path
+    _names: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    #: Runs ``pg_ctl`` with the given arguments against this cluster, as its owner.
+    _pg_ctl: Callable[[list[str]], None] | None = None
+
+    def url(self, database: str = "postgres") -> str:
+        """A libpq URL without the password (it goes in the password file)."""
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
+
+    def connect(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.url(database), password=self.password, autocommit=True)
+
+    def create_database(self) -> str:
+        name = f"t{os.getpid()}_{next(self._names)}"
+        with self.connect() as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return name
+
+    def password_file(self, path: Path) -> Path:
+        """Write the password to ``path`` (mode 0600), for ``store.password_file``."""
+        path.write_text(self.password + "\n")
+        path.chmod(0o600)
+        return path
+
+    def stop(self) -> None:
+        """Shut the server down as an operator's ``pg_ctl stop`` does (``fast``: every session
+        ended, open transactions rolled back); ``start`` brings it back on the same port."""
+        assert self._pg_ctl is not None
+        self._pg_ctl(["-m", "fast", "-w", "stop"])
+
+    def start(self) -> None:
+        assert self._pg_ctl is not None
+        self._pg_ctl(["-w", "start"])
+
+    def drop_database(self, name: str) -> None:
+        with self.connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _as(user: str | None, argv: list[str]) -> list[str]:
+    return ["runuser", "-u", user, "--", *argv] if user else argv
+
+
+@contextlib.contextmanager
+def running_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
+    """Start a throwaway cluster; stop it and remove its files on exit, even after a failure.
+    ``DemoError`` when PostgreSQL is not installed or will not start. Without ``durable`` it
+    skips fsync (tests and the demo lose nothing by it); a benchmark of durable commits asks for
+    PostgreSQL's defaults."""
+    binaries = bindir()
+    if binaries is None:
+        raise DemoError(MISSING)
+    # PostgreSQL will not run as root: run it as nobody then (the directory is chowned to it).
+    user = "nobody" if os.geteuid() == 0 else None
+    directory = Path(tempfile.mkdtemp(prefix="pitcrew-pg-"))
+    data, log = directory / "data", directory / "postgres.log"
+    password = secrets.token_urlsafe(16)
+    pwfile = directory / "pwfile"
+    pwfile.write_text(password + "\n")
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        for path in (directory, pwfile):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    port = free_port()
+    options = (
+        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
+        " -c max_connections=200"
+    )
+    if not durable:
+        options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
+    def pg_ctl(arguments: list[str]) -> None:
+        argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
+        subprocess.run(_as(user, argv), check=True, capture_output=True, timeout=120)
+
+    started = False
+    try:
+        initdb = [
+            str(binaries / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            USER,
+            f"--pwfile={pwfile}",
+            "--auth-host=scram-sha-256",
+            "--auth-local=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]
+        subprocess.run(_as(user, initdb), check=True, capture_output=True, timeout=120)
+        pwfile.unlink()
+        started = True
+        pg_ctl(["-w", "start"])
+        server = PostgresServer(port, password, directory, _pg_ctl=pg_ctl)
+
+        def answers() -> bool:
+            try:
+                server.connect().close()
+            except psycopg.OperationalError:
+                return False
+            return True
+
+        wait_until(answers, timeout=30, what=f"PostgreSQL on 127.0.0.1:{port}")
+        yield server
+    except subprocess.CalledProcessError as exc:
+        raise DemoError(
+            f"PostgreSQL did not start: {exc.stderr.decode(errors='replace')}\n{_tail(log)}"
+        ) from exc
+    finally:
+        if started:
+            with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+                pg_ctl(["-m", "immediate", "-w", "stop"])
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _tail(log: Path) -> str:
+    return tail(log) if log.exists() else ""

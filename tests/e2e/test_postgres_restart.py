@@ -1,0 +1,176 @@
+"""PostgreSQL restarted in the middle of a storm: nothing acknowledged is lost, nothing done twice.
+
+Two ``serve`` processes in auto mode on a PostgreSQL cluster of this test's own (it is stopped
+and started again, so it is not the session's shared one), in front of one simulated far side
+whose replacements take a minute (so the nodes taken out stay out and the breaker's count is
+visible at the end). The breaker allows 3 nodes.
+
+A storm of XID 79 alerts on 12 nodes is sent as Alertmanager sends it: to either replica, and
+again after any answer but 200 (Alertmanager redelivers a notification it could not deliver).
+After the first four are acknowledged, the database is shut down (``pg_ctl stop -m fast``) for
+longer than the lease: webhooks answer 503 with ``Retry-After``, ``/readyz`` answers 503 on
+both, the leader's renewals fail and it stops acting. The database is started again: without
+a restart of either process, both are ready again, one leads, every acknowledged alert is in
+the store (one incident per node), the breaker still holds (3 nodes taken out, the others suppressed by it),
+and no destructive call reached the far side twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proving_ground.postgres import PostgresServer
+from tests.harness.pitcrew import Pitcrew
+from tests.harness.postgres import running_postgres
+from tests.harness.proc import wait_until
+from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
+
+pytestmark = pytest.mark.slow
+NODES = tuple(f"gpu-node-{i:02d}" for i in range(1, 13))
+MAX_NODES = 3
+TTL = 3.0
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    with running_postgres() as server:
+        yield server
+
+
+class Alertmanager:
+    """Delivers one alert per node, alternating replicas, redelivering until answered 200."""
+
+    def __init__(self, replicas: tuple[Pitcrew, Pitcrew]) -> None:
+        self.replicas = replicas
+        self.acknowledged: dict[str, list[str]] = {}  # node -> incidents opened/attached
+        self.answers: Counter[int] = Counter()
+        self.gate = threading.Event()  # set: keep sending
+        self.gate.set()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for index, node in enumerate(NODES):
+            attempt = 0
+            while True:
+                self.gate.wait()
+                server = self.replicas[(index + attempt) % 2]
+                try:
+                    status, body = server.post_alerts(delivery("xid79-firing.json", node=node))
+                except OSError:
+                    status, body = 0, {}
+                self.answers[status] += 1
+                if status == 200:
+                    self.acknowledged[node] = [*body["opened"], *body["attached"]]
+                    break
+                attempt += 1
+                time.sleep(0.2)
+
+
+def _ready(server: Pitcrew) -> tuple[int, dict[str, Any]]:
+    status, raw = server.request("GET", "/readyz")
+    return status, json.loads(raw)
+
+
+def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
+    pitcrew_factory: Any, tmp_path: Path, own_postgres: PostgresServer
+) -> None:
+    name = own_postgres.create_database()
+    password_file = tmp_path / "pg-password"
+    password_file.write_text(own_postgres.password + "\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    journal = shared / "far-side.jsonl"
+    nodes = {node: gpu_node() for node in NODES}
+    world = {
+        "journal": journal,
+        "inventory": inventory(shared / "inventory.yaml", nodes, []),
+        "replace_seconds": "120s",
+    }
+    config = {
+        "mode": "auto",
+        "guards": {"breaker": {"max_nodes": MAX_NODES, "max_fraction": 1.0}},
+        "store": {
+            "path": str(shared / "unused.db"),
+            "url": own_postgres.url(name),
+            "password_file": str(password_file),
+            "lease": {"ttl": f"{TTL:g}s", "renew_every": "1s"},
+        },
+    }
+    first = pitcrew_factory("first", config=config, world=world).start()
+    wait_until(
+        lambda: _ready(first)[1].get("leadership", {}).get("role") == "leader", timeout=20, what="a leader"
+    )
+    second = pitcrew_factory("second", config=config, world=world).start()
+    sender = Alertmanager((first, second))
+    sender.thread.start()
+    wait_until(lambda: len(sender.acknowledged) >= 4, timeout=60, what="four acknowledged deliveries")
+
+    own_postgres.stop()
+    down = time.monotonic()
+    try:
+        wait_until(lambda: sender.answers[503] >= 1, timeout=60, what="a webhook answered 503")
+
+        def timed_post() -> tuple[int, dict[str, Any], float]:
+            asked = time.monotonic()
+            status, answer = first.post_alerts(delivery("xid79-firing.json", node=NODES[-1]))
+            return status, answer, time.monotonic() - asked
+
+        with ThreadPoolExecutor(3) as pool:  # each waits out the store's connect timeout: at once
+            ready = list(pool.map(_ready, (first, second)))
+            status, answer, answered = pool.submit(timed_post).result()
+        assert [code for code, _ in ready] == [503, 503], ready
+        assert status == 503 and "retry" in answer["error"], answer
+        wait_until(
+            lambda: "stepped down: standing by" in first.log.read_text(),
+            timeout=TTL * 10,
+            what="the leader to stop acting without its lease",
+        )
+        outage = time.monotonic() - down
+    finally:
+        own_postgres.start()
+    back = time.monotonic()
+    wait_until(lambda: all(_ready(s)[0] == 200 for s in (first, second)), timeout=60, what="ready again")
+    ready_after = time.monotonic() - back
+    wait_until(lambda: len(sender.acknowledged) == len(NODES), timeout=120, what="every alert acknowledged")
+    roles = Counter(_ready(s)[1]["leadership"]["role"] for s in (first, second))
+    wait_until(
+        lambda: (
+            Counter(_ready(s)[1]["leadership"]["role"] for s in (first, second))
+            == {"leader": 1, "standby": 1}
+        ),
+        timeout=TTL * 10,
+        what="one leader again",
+    )
+    leader = next(s for s in (first, second) if _ready(s)[1]["leadership"]["role"] == "leader")
+
+    incidents = {node: leader.incidents(node) for node in NODES}
+    assert {node: len(found) for node, found in incidents.items()} == dict.fromkeys(NODES, 1), incidents
+    for node, ids in sender.acknowledged.items():
+        assert set(ids) == {incidents[node][0]["id"]}, (node, ids, incidents[node])
+
+    def taken_out() -> set[str]:
+        calls = destructive_calls([json.loads(x) for x in journal.read_text().splitlines() if x.strip()])
+        return {node for (op, node), _ in calls.items() if op == "slurm_down"}
+
+    wait_until(lambda: len(taken_out()) == MAX_NODES, timeout=60, what="the breaker's allowance used")
+    calls = destructive_calls([json.loads(x) for x in journal.read_text().splitlines() if x.strip()])
+    assert {c: n for c, n in calls.items() if n > 1} == {}, calls
+    assert len(taken_out()) == MAX_NODES, calls
+    records = {node: leader.incident(found[0]["id"]) for node, found in incidents.items()}
+    failed = {node: r["outcome"] for node, r in records.items() if r["state"] == "failed"}
+    assert failed == {}, failed
+    states = Counter(r["state"] for r in records.values())
+    assert states["suppressed"] == len(NODES) - MAX_NODES, states
+    print(
+        f"\n  outage {outage:.1f}s; a webhook while down answered 503 in {answered:.1f}s; answers {dict(sender.answers)}; ready {ready_after:.1f}s after start;"
+        f" roles right after {dict(roles)}; states {dict(states)}"
+    )
