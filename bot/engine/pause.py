@@ -35,7 +35,7 @@ PAUSE = "pause"
 
 #: The port methods that change a far side, per port: everything else only reads.
 WRITES: Mapping[str, frozenset[str]] = {
-    "scheduler": frozenset({"down", "drain", "resume", "requeue", "signal_job"}),
+    "scheduler": frozenset({"down", "drain", "resume", "requeue", "signal_job", "set_reservation_nodes"}),
     "cluster": frozenset(
         {
             "cordon",
@@ -49,6 +49,29 @@ WRITES: Mapping[str, frozenset[str]] = {
             "reboot",
             "reset_gpu",
             "validate",
+            "lend",
+            "lend_back",
+            "keep_lent",
+        }
+    ),
+}
+
+#: The port methods that only read, per port: every method of a port is in exactly one of
+#: ``WRITES`` and ``READS`` (``tests/unit/test_pause_gate.py``), so a new one must be placed.
+READS: Mapping[str, frozenset[str]] = {
+    "scheduler": frozenset({"node", "jobs_on_node", "job", "nodes", "partition_nodes", "reservation"}),
+    "cluster": frozenset(
+        {
+            "node",
+            "count_nodes",
+            "nodes",
+            "pods_on_node",
+            "slurmd_pods",
+            "replacement_started",
+            "replacement_handle",
+            "repair_owner",
+            "successor",
+            "pool_nodes",
         }
     ),
 }

@@ -358,3 +358,24 @@ async def test_rollback_before_the_job_started_restores_the_node(tmp_path: Path)
         assert answer.ok and "gpu-spare-01 back in pool spares" in str(answer.data), answer
         assert kube.nodes["gpu-spare-01"].labels == SPARE
         clean(kube)
+
+
+async def test_a_pause_set_while_the_take_looks_at_the_pool_holds_the_lend(tmp_path: Path) -> None:
+    """Taking a node is a change like any other: a pause set while the step reads the pool holds
+    the lend itself (nothing marked, cordoned or evicted), and after resume the take goes on once."""
+    kube, slurm = world(spares=0, lenders=1)
+    async with harness(tmp_path, kube, slurm, [LENDERS]) as h:
+        h.cluster.script("pool_nodes", Slow(20))
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: h.cluster.calls["pool_nodes"] > 0)
+        await h.commands.pause("oncall", "maintenance")
+        held = await h.until_event(incident, "held")
+        assert held.step == "capacity" and "lend held until resume" in held.detail, held
+        assert kube.evicted == [] and kube.patches == 0
+        clean(kube)
+        await h.commands.resume("oncall")
+        await h.until_event(incident, "job_running")
+        assert sorted(kube.evicted) == ["inference/vllm-0-a", "inference/vllm-0-b"]
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        clean(kube)
