@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from bot.domain.durations import format_duration
 from bot.domain.jobs import JobSnapshot
+from bot.domain.sourced import Sourced
 
 HUNG_FAULT = "job-hung"
 ALERTNAME = "SlurmJobHung"
@@ -46,15 +47,8 @@ def is_hung(progress: Progress | None, now: datetime, after: timedelta) -> bool:
     return progress is not None and now - progress.since >= after
 
 
-@dataclass(frozen=True, slots=True)
-class HungJob:
-    """One hung job, as an alert's identity and words."""
-
-    node: str
-    fingerprint: str
-    starts_at: datetime
-    labels: dict[str, str]
-    annotations: dict[str, str]
+#: One hung job, as an alert's identity and words.
+HungJob = Sourced
 
 
 def hung_job(job: JobSnapshot, progress: Progress, now: datetime) -> HungJob:

@@ -11,11 +11,11 @@ Slinky operator's copy of it) is pitcrew's doing, not a fault. Pure: no I/O, ``n
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from datetime import datetime
 
 from bot.domain.jobs import SlurmNodeState
 from bot.domain.outages import Taker, slurm_outage
+from bot.domain.sourced import Sourced
 
 #: The catalog fault and the alert name a Slurm-sourced record carries.
 SLURM_FAULT = "slurm-node-out"
@@ -24,15 +24,8 @@ ALERTNAME = "SlurmNodeOut"
 OUT_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
 
 
-@dataclass(frozen=True, slots=True)
-class Outage:
-    """One Slurm node out of service by someone else's hand, as an alert's identity and words."""
-
-    node: str
-    fingerprint: str
-    starts_at: datetime
-    labels: dict[str, str]
-    annotations: dict[str, str]
+#: One Slurm node out of service by someone else's hand, as an alert's identity and words.
+Outage = Sourced
 
 
 def out_by_others(state: SlurmNodeState) -> bool:

@@ -16,14 +16,13 @@ from datetime import datetime
 
 from bot import logger
 from bot.domain.catalog import Catalog
-from bot.domain.faults import classify
 from bot.domain.hung import ALERTNAME, HUNG_FAULT, HungJob, Progress, hung_job, is_hung, observe
 from bot.domain.jobs import JobSnapshot
-from bot.domain.labels import Subject, node_name
+from bot.domain.labels import node_name
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
+from bot.engine.sourced import AlertSource
 from bot.engine.steps.training import job_progress
-from bot.store.base import Delivery, IncomingAlert
 
 log = logger(__name__)
 RECEIVER = "pitcrew-hung-jobs"
@@ -31,11 +30,13 @@ RECEIVER = "pitcrew-hung-jobs"
 BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 
-class HungJobs:
+class HungJobs(AlertSource):
     def __init__(
         self, deps: EngineDeps, catalog: Catalog, *, signal: Callable[[str], None], wake: Callable[[], None]
     ) -> None:
-        self._deps, self._catalog, self._signal, self._wake = deps, catalog, signal, wake
+        super().__init__(
+            deps, catalog, alertname=ALERTNAME, fault=HUNG_FAULT, receiver=RECEIVER, signal=signal, wake=wake
+        )
         self._last: datetime | None = None
         self._progress: dict[str, Progress] = {}
 
@@ -82,10 +83,7 @@ class HungJobs:
                 hung.append(hung_job(job, progress, now))
         for gone in set(self._progress) - set(jobs):
             del self._progress[gone]
-        alerts = [self._alert(h) for h in hung]
-        alerts += await self._moved({h.fingerprint for h in hung}, now)
-        if alerts:
-            await self._file(alerts, now)
+        await self.file(hung, now)
 
     async def _running(self) -> dict[str, JobSnapshot]:
         """Every RUNNING job on a busy node whose name is a node name (identity mapping), by id."""
@@ -109,58 +107,6 @@ class HungJobs:
                 if incident is not None:
                     nodes.add(incident.node)
         return nodes
-
-    def _alert(self, found: HungJob) -> IncomingAlert:
-        subject = Subject(
-            node=found.node,
-            gpu=None,
-            gpu_uuid=None,
-            pci_bus_id=None,
-            xid=None,
-            xid_text=None,
-            fault_label=HUNG_FAULT,
-            message=found.annotations["description"],
-        )
-        return IncomingAlert(
-            fingerprint=found.fingerprint,
-            starts_at=found.starts_at,
-            ends_at=None,
-            status="firing",
-            alertname=ALERTNAME,
-            node=found.node,
-            labels=found.labels,
-            annotations=found.annotations,
-            fault=classify(subject, self._catalog),
-        )
-
-    async def _moved(self, current: set[str], now: datetime) -> list[IncomingAlert]:
-        """The watch's firing alerts that are no longer hung (progress moved, the job ended): resolved."""
-        store = self._deps.store
-        return [
-            IncomingAlert(
-                fingerprint=a.fingerprint,
-                starts_at=a.starts_at,
-                ends_at=now,
-                status="resolved",
-                alertname=a.alertname,
-                node=a.node,
-                labels=a.labels,
-                annotations=a.annotations,
-                fault=None,
-            )
-            for incident_id, _, _ in await store.active()
-            for a in await store.alerts_of(incident_id)
-            if a.alertname == ALERTNAME and a.status == "firing" and a.fingerprint not in current
-        ]
-
-    async def _file(self, alerts: list[IncomingAlert], now: datetime) -> None:
-        outcome = await self._deps.store.ingest(Delivery(RECEIVER, "slurm", "firing", 0, tuple(alerts)), now)
-        self._deps.metrics.incidents_opened.inc(len(outcome.opened))
-        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
-            self._signal(incident_id)
-        if outcome.opened:
-            log.info("hung-job watch opened incidents", extra={"incidents": outcome.opened})
-            self._wake()
 
 
 def _named(name: str) -> bool:

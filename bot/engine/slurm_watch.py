@@ -16,23 +16,24 @@ from datetime import datetime
 
 from bot import logger
 from bot.domain.catalog import Catalog
-from bot.domain.faults import classify
-from bot.domain.labels import Subject, node_name
-from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, Outage, out_by_others, outage
+from bot.domain.labels import node_name
+from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, out_by_others, outage
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Scheduler
-from bot.store.base import Delivery, IncomingAlert
+from bot.engine.sourced import AlertSource
 
 log = logger(__name__)
 RECEIVER = "pitcrew-slurm-watch"
 
 
-class SlurmWatch:
+class SlurmWatch(AlertSource):
     def __init__(
         self, deps: EngineDeps, catalog: Catalog, *, signal: Callable[[str], None], wake: Callable[[], None]
     ) -> None:
-        self._deps, self._catalog, self._signal, self._wake = deps, catalog, signal, wake
+        super().__init__(
+            deps, catalog, alertname=ALERTNAME, fault=SLURM_FAULT, receiver=RECEIVER, signal=signal, wake=wake
+        )
         self._last: datetime | None = None
 
     @property
@@ -53,19 +54,9 @@ class SlurmWatch:
         except PitcrewError as exc:
             log.warning("slurm watch: cannot list nodes", extra={"error": str(exc), "reason": exc.reason})
             return
-        current = [outage(n, now) for n in nodes if out_by_others(n) and await self._ours_to_watch(n.name)]
-        alerts = [self._alert(o) for o in current]
-        alerts += await self._returned({o.fingerprint for o in current}, now)
-        if not alerts:
-            return
-        delivery = Delivery(RECEIVER, "slurm", "firing", 0, tuple(alerts))
-        outcome = await self._deps.store.ingest(delivery, now)
-        self._deps.metrics.incidents_opened.inc(len(outcome.opened))
-        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
-            self._signal(incident_id)
-        if outcome.opened:
-            log.info("slurm watch opened incidents", extra={"incidents": outcome.opened})
-            self._wake()
+        await self.file(
+            [outage(n, now) for n in nodes if out_by_others(n) and await self._ours_to_watch(n.name)], now
+        )
 
     async def _ours_to_watch(self, name: str) -> bool:
         """The Slurm node is the Kubernetes node of the same name (identity mapping)."""
@@ -74,47 +65,3 @@ class SlurmWatch:
             return list(await self._deps.ports.slurm_names(name)) == [name]
         except (ValueError, PitcrewError):
             return False
-
-    def _alert(self, found: Outage) -> IncomingAlert:
-        subject = Subject(
-            node=found.node,
-            gpu=None,
-            gpu_uuid=None,
-            pci_bus_id=None,
-            xid=None,
-            xid_text=None,
-            fault_label=SLURM_FAULT,
-            message=found.annotations["description"],
-        )
-        return IncomingAlert(
-            fingerprint=found.fingerprint,
-            starts_at=found.starts_at,
-            ends_at=None,
-            status="firing",
-            alertname=ALERTNAME,
-            node=found.node,
-            labels=found.labels,
-            annotations=found.annotations,
-            fault=classify(subject, self._catalog),
-        )
-
-    async def _returned(self, current: set[str], now: datetime) -> list[IncomingAlert]:
-        """The watch's firing alerts of active incidents that Slurm no longer shows: resolved
-        (known to the store, so they need no fault to find their incident)."""
-        store = self._deps.store
-        return [
-            IncomingAlert(
-                fingerprint=a.fingerprint,
-                starts_at=a.starts_at,
-                ends_at=now,
-                status="resolved",
-                alertname=a.alertname,
-                node=a.node,
-                labels=a.labels,
-                annotations=a.annotations,
-                fault=None,
-            )
-            for incident_id, _, _ in await store.active()
-            for a in await store.alerts_of(incident_id)
-            if a.alertname == ALERTNAME and a.status == "firing" and a.fingerprint not in current
-        ]

@@ -1,0 +1,102 @@
+"""What pitcrew's own alert sources share: their finds become alerts in the store, and the alerts
+they no longer find resolve.
+
+A source (``SlurmWatch``, ``HungJobs``) runs inside the engine's scan, so only in the process that
+leads, and writes through the engine's fenced store: a deposed process opens nothing. It looks at a
+far side, turns what it finds into ``bot.domain.sourced.Sourced`` records, and files them here with
+the resolutions of its earlier alerts that it did not find again: one delivery, as Alertmanager's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from bot import logger
+from bot.domain.catalog import Catalog
+from bot.domain.faults import classify
+from bot.domain.labels import Subject
+from bot.domain.sourced import Sourced
+from bot.engine.deps import EngineDeps
+from bot.store.base import Delivery, IncomingAlert
+
+log = logger(__name__)
+
+
+class AlertSource:
+    """One of pitcrew's own alert sources: its ``alertname``, the catalog ``fault`` its alerts carry,
+    and the ``receiver`` its deliveries are filed under."""
+
+    def __init__(
+        self,
+        deps: EngineDeps,
+        catalog: Catalog,
+        *,
+        alertname: str,
+        fault: str,
+        receiver: str,
+        signal: Callable[[str], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self._deps, self._catalog, self._signal, self._wake = deps, catalog, signal, wake
+        self.alertname, self.fault, self.receiver = alertname, fault, receiver
+
+    def firing(self, found: Sourced) -> IncomingAlert:
+        subject = Subject(
+            node=found.node,
+            gpu=None,
+            gpu_uuid=None,
+            pci_bus_id=None,
+            xid=None,
+            xid_text=None,
+            fault_label=self.fault,
+            message=found.annotations["description"],
+        )
+        return IncomingAlert(
+            fingerprint=found.fingerprint,
+            starts_at=found.starts_at,
+            ends_at=None,
+            status="firing",
+            alertname=self.alertname,
+            node=found.node,
+            labels=found.labels,
+            annotations=found.annotations,
+            fault=classify(subject, self._catalog),
+        )
+
+    async def ended(self, current: set[str], now: datetime) -> list[IncomingAlert]:
+        """This source's firing alerts of active incidents that it no longer finds: resolved (known
+        to the store, so they need no fault to find their incident)."""
+        store = self._deps.store
+        return [
+            IncomingAlert(
+                fingerprint=a.fingerprint,
+                starts_at=a.starts_at,
+                ends_at=now,
+                status="resolved",
+                alertname=a.alertname,
+                node=a.node,
+                labels=a.labels,
+                annotations=a.annotations,
+                fault=None,
+            )
+            for incident_id, _, _ in await store.active()
+            for a in await store.alerts_of(incident_id)
+            if a.alertname == self.alertname and a.status == "firing" and a.fingerprint not in current
+        ]
+
+    async def file(self, found: Iterable[Sourced], now: datetime) -> None:
+        """What this look found, firing, and what it no longer finds, resolved: one delivery."""
+        found = list(found)
+        alerts = [self.firing(f) for f in found]
+        alerts += await self.ended({f.fingerprint for f in found}, now)
+        if not alerts:
+            return
+        delivery = Delivery(self.receiver, "slurm", "firing", 0, tuple(alerts))
+        outcome = await self._deps.store.ingest(delivery, now)
+        self._deps.metrics.incidents_opened.inc(len(outcome.opened))
+        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
+            self._signal(incident_id)
+        if outcome.opened:
+            log.info("incidents opened", extra={"source": self.receiver, "incidents": outcome.opened})
+            self._wake()
