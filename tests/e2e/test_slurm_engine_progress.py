@@ -31,6 +31,7 @@ from tests.e2e.slurm_engine import (
     training_on_a_node,
     wait_for_step,
 )
+from tests.harness.figures import show_figure
 from tests.harness.proc import require_binary
 from tests.harness.scenarios import delivery, events, notices, step_result
 
@@ -110,14 +111,14 @@ def test_progress_past_the_pre_fault_value_confirms_the_resume(
     assert record["progress_now"] > record["progress_at_restart"]
     assert record["new_nodes"] != [node]
     assert record["restarts_now"] == 1
-    with capsys.disabled():
-        print(
-            f"\n[pitcrew + prometheus] job {job_id} {node} -> {record['new_nodes'][0]}: progress "
-            f"{record['progress_before']:g} (at restart {record['progress_at_restart']:g}) -> "
-            f"{record['progress_now']:g}; restart after "
-            f"{record['seconds_to_restart']:.2f}s, progress past pre-fault confirmed after "
-            f"{record['seconds_to_resumed']:.2f}s"
-        )
+    show_figure(
+        capsys,
+        f"\n[pitcrew + prometheus] job {job_id} {node} -> {record['new_nodes'][0]}: progress "
+        f"{record['progress_before']:g} (at restart {record['progress_at_restart']:g}) -> "
+        f"{record['progress_now']:g}; restart after "
+        f"{record['seconds_to_restart']:.2f}s, progress past pre-fault confirmed after "
+        f"{record['seconds_to_resumed']:.2f}s",
+    )
 
 
 def test_no_progress_after_the_restart_times_out_and_escalates(
