@@ -72,7 +72,7 @@ def test_controller_back_within_the_budget_the_incident_resumes(
     wait_until(lambda: outage.node(node).in_service, timeout=15, what=f"{node} back in service")
     show_figure(
         capsys,
-        f"\n[pitcrew + slurm {backend}, controller down {back - stopped:.1f}s] slurm_down took "
+        f"\n[pitcrew + slurm {outage.version} {backend}, controller down {back - stopped:.1f}s] slurm_down took "
         f"{record['attempts']} attempts; incident resolved "
         f"{time.monotonic() - back:.1f}s after the controller was back",
     )
