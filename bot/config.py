@@ -45,7 +45,7 @@ from bot.config_sections import (
 )
 from bot.domain.catalog import Catalog, Override, parse_catalog
 from bot.domain.labels import LabelRules
-from bot.domain.playbooks import Playbook, PlaybookSet, Vocabulary
+from bot.domain.playbooks import PlaybookOverride, PlaybookSet, Vocabulary
 from bot.domain.policy import Mode, Policy
 
 __all__ = [
@@ -164,13 +164,23 @@ def _shipped_catalog() -> Catalog:
     return parse_catalog(_parse(resources.files("bot.data").joinpath("catalog.yaml").read_text()))
 
 
-def load_playbooks(overrides: dict[str, Playbook] | None = None) -> PlaybookSet:
+def load_playbooks(overrides: dict[str, PlaybookOverride] | None = None) -> PlaybookSet:
     text = resources.files("bot.data").joinpath("playbooks.yaml").read_text()
     try:
         shipped = PlaybookSet.model_validate(_parse(text))
     except ValidationError as exc:  # a packaging defect, but say it clearly
         raise ConfigError(_explain(exc, None, prefix="shipped playbooks")) from None
-    return shipped.merged(overrides or {})
+    problems = []
+    for name, override in sorted((overrides or {}).items()):
+        try:
+            override.over(shipped.playbooks.get(name))
+        except ValidationError as exc:  # the shipped playbook with these changes is not valid
+            problems.append(_explain(exc, None, prefix=f"playbooks.{name}"))
+        except ValueError as exc:
+            problems.append(f"playbooks.{name}: {exc}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return shipped.changed(overrides or {})
 
 
 def _parse(text: str) -> Any:

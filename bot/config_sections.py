@@ -24,7 +24,7 @@ from bot.domain.catalog import Override
 from bot.domain.durations import Duration
 from bot.domain.labels import LabelRules
 from bot.domain.nodemap import MappingMode, NodeMapping
-from bot.domain.playbooks import Playbook
+from bot.domain.playbooks import PlaybookOverride
 from bot.domain.policy import Policy
 
 
@@ -666,7 +666,10 @@ class Settings(BaseSettings, Policy):
     store: StoreSettings = StoreSettings()
     labels: LabelRules = LabelRules()
     catalog: CatalogSettings = CatalogSettings()
-    playbooks: dict[str, Playbook] = Field(default_factory=dict, description="Overrides and additions.")
+    playbooks: dict[str, PlaybookOverride] = Field(
+        default_factory=dict,
+        description="Additions (whole) and changes to shipped playbooks (fields left out keep the shipped values).",
+    )
     engine: EngineSettings = EngineSettings()
     integrations: IntegrationSettings = IntegrationSettings()
     slurm: SlurmSettings = SlurmSettings()

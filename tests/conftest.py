@@ -28,10 +28,11 @@ pytest_plugins: list[str] = [
     "pytester",  # tests/integration/test_timeouts.py runs hanging tests in a pytest of their own
 ]
 
-#: ``--shard``: the suite in two halves that run at once (``scripts/test``). The end-to-end tests
-#: (real Slurm, Prometheus, Alertmanager, the demo) spend most of their time waiting on Slurm's and
-#: pitcrew's own timers, so running them beside the rest roughly halves the wall time on two
-#: cores. Every test is in exactly one shard: ``e2e`` is ``tests/e2e``, ``rest`` the others.
+#: ``--shard``: the suite in two halves that run at once (``scripts/test``), each spread over
+#: pytest-xdist workers by test file. The end-to-end tests (real Slurm, Prometheus, Alertmanager,
+#: the demo) spend most of their time waiting on Slurm's and pitcrew's own timers, so running them
+#: beside the rest, several at a time, keeps two cores busy. Every test is in exactly one shard, by
+#: its folder (a new test needs no entry here): ``e2e`` is ``tests/e2e``, ``rest`` the others.
 SHARDS = ("e2e", "rest")
 
 

@@ -141,6 +141,28 @@ class Playbook(BaseModel):
         return any(vocabulary[s.step].mutating for s in self.steps if s.step in vocabulary)
 
 
+class PlaybookOverride(BaseModel):
+    """A playbook as the configuration gives it (``playbooks:``): a new one, whole, or a change to
+    a shipped one, whose fields left out keep their shipped values (``{slurm_action: down}``
+    alone keeps its steps, so the configuration does not copy them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: str = ""
+    next: str | None = None
+    slurm_action: Literal["auto", "down", "drain"] = "auto"
+    steps: tuple[StepSpec, ...] | None = None
+
+    def over(self, shipped: Playbook | None) -> Playbook:
+        """The playbook this makes of ``shipped`` (``None``: a new playbook, which needs its steps)."""
+        given = self.model_dump(exclude_unset=True)
+        if shipped is None:
+            if self.steps is None:
+                raise ValueError("a new playbook needs its steps")
+            return Playbook.model_validate(given)
+        return Playbook.model_validate({**shipped.model_dump(), **given})
+
+
 class PlaybookSet(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -149,6 +171,10 @@ class PlaybookSet(BaseModel):
 
     def merged(self, overrides: dict[str, Playbook]) -> PlaybookSet:
         return self.model_copy(update={"playbooks": {**self.playbooks, **overrides}})
+
+    def changed(self, overrides: dict[str, PlaybookOverride]) -> PlaybookSet:
+        """These playbooks with the configuration's changes and additions (``PlaybookOverride``)."""
+        return self.merged({name: o.over(self.playbooks.get(name)) for name, o in overrides.items()})
 
     def problems(self, vocabulary: Vocabulary) -> list[str]:
         found = [

@@ -46,15 +46,12 @@ class NetworkStack:
     alertmanager_port: int
     workdir: Path
 
-    def firing(self) -> list[dict[str, Any]]:
-        """The network alerts Prometheus holds now, firing or pending."""
-        found = self.prometheus.query('ALERTS{alertname=~"Network.*"}')
-        return [sample["metric"] for sample in found]
 
-
-@pytest.fixture(scope="module")
-def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetworkStack]:
-    """node-exporter stand-ins for the Slurm nodes, scraped by a Prometheus with pitcrew's rules."""
+@pytest.fixture
+def stack(tmp_path_factory: pytest.TempPathFactory, slurm: SlurmCluster) -> Iterator[NetworkStack]:
+    """node-exporter stand-ins for the Slurm nodes, scraped by a Prometheus with pitcrew's rules;
+    one per test: the next test's pitcrew must not inherit this test's alerts, and a fresh
+    Prometheus is ready in seconds where this one's alerts take a rule window (a minute) to clear."""
     workdir = tmp_path_factory.mktemp("network")
     standin = Standin(SLURM_NODES, ib_ports=(("mlx5_0", 1), ("mlx5_1", 1)), interfaces=("eth0",)).start()
     port = free_port()
@@ -83,15 +80,6 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetworkStack]:
     finally:
         prometheus.stop()
         standin.stop()
-
-
-@pytest.fixture
-def stack(network: NetworkStack, slurm: SlurmCluster) -> Iterator[NetworkStack]:
-    yield network
-    for node in network.standin.nodes.values():
-        node.clear()
-    # The next test's pitcrew must not inherit this test's alerts (a flap stays counted for a window).
-    wait_until(lambda: not network.firing(), timeout=120, what="no network alert left in Prometheus")
 
 
 def pitcrew_behind_alertmanager(

@@ -20,11 +20,12 @@ import pytest
 
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import TERMINAL, open_incident, replace_node, start_pitcrew, training_on_a_node
+from tests.harness.figures import show_figure
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.every_slurm]  # 22.05 and 24.11 in CI
 SHORT = {"command_timeout": 2, "request_timeout": 2}
 
 
@@ -69,12 +70,12 @@ def test_controller_back_within_the_budget_the_incident_resumes(
     assert (job["status"], job["restarts_now"]) == ("resumed", 1)
     assert job["new_nodes"] != [node]
     wait_until(lambda: outage.node(node).in_service, timeout=15, what=f"{node} back in service")
-    with capsys.disabled():
-        print(
-            f"\n[pitcrew + slurm {backend}, controller down {back - stopped:.1f}s] slurm_down took "
-            f"{record['attempts']} attempts; incident resolved "
-            f"{time.monotonic() - back:.1f}s after the controller was back"
-        )
+    show_figure(
+        capsys,
+        f"\n[pitcrew + slurm {outage.version} {backend}, controller down {back - stopped:.1f}s] slurm_down took "
+        f"{record['attempts']} attempts; incident resolved "
+        f"{time.monotonic() - back:.1f}s after the controller was back",
+    )
 
 
 def test_controller_down_past_the_budget_escalates(outage: SlurmCluster, pitcrew_factory: Any) -> None:

@@ -38,6 +38,7 @@ from tests.e2e.slurm_engine import (
     training_on_a_node,
     wait_for_step,
 )
+from tests.harness.figures import show_figure
 from tests.harness.proc import require_binary, wait_until
 from tests.harness.scenarios import delivery, events, fault_delivery, notices, step_result
 
@@ -117,14 +118,14 @@ def test_progress_past_the_pre_fault_value_confirms_the_resume(
     assert record["progress_now"] > record["progress_at_restart"]
     assert record["new_nodes"] != [node]
     assert record["restarts_now"] == 1
-    with capsys.disabled():
-        print(
-            f"\n[pitcrew + prometheus] job {job_id} {node} -> {record['new_nodes'][0]}: progress "
-            f"{record['progress_before']:g} (at restart {record['progress_at_restart']:g}) -> "
-            f"{record['progress_now']:g}; restart after "
-            f"{record['seconds_to_restart']:.2f}s, progress past pre-fault confirmed after "
-            f"{record['seconds_to_resumed']:.2f}s"
-        )
+    show_figure(
+        capsys,
+        f"\n[pitcrew + prometheus] job {job_id} {node} -> {record['new_nodes'][0]}: progress "
+        f"{record['progress_before']:g} (at restart {record['progress_at_restart']:g}) -> "
+        f"{record['progress_now']:g}; restart after "
+        f"{record['seconds_to_restart']:.2f}s, progress past pre-fault confirmed after "
+        f"{record['seconds_to_resumed']:.2f}s",
+    )
 
 
 def test_no_progress_after_the_restart_times_out_and_escalates(
@@ -265,8 +266,8 @@ def test_a_checkpoint_before_the_planned_drain_redoes_nothing(
         assert redone == 0
     else:
         assert after["resumed_from"] == 0 and redone >= 6  # back to its last own checkpoint
-    with capsys.disabled():
-        print(
-            f"\n[checkpoint before drain: {'asked' if ask else 'not asked'}] job {job_id} reached step {reached},"
-            f" resumed from {after['resumed_from']}: {redone} step(s) redone (checkpoint interval 20)"
-        )
+    show_figure(
+        capsys,
+        f"\n[checkpoint before drain: {'asked' if ask else 'not asked'}] job {job_id} reached step {reached},"
+        f" resumed from {after['resumed_from']}: {redone} step(s) redone (checkpoint interval 20)",
+    )

@@ -33,6 +33,7 @@ from tests.e2e.slurm_engine import (
     start_pitcrew,
     training_on_a_node,
 )
+from tests.harness.figures import show_figure
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, fault_delivery, notices, step_result
 
@@ -123,17 +124,17 @@ def test_fatal_fault_job_resumes_from_checkpoint_on_another_node(
     # 22.05 clears the reason on RESUME; 24.11 keeps the last one on the node back in service.
     assert slurm.node(node).reason == ("" if slurm.version == "22.05" else down_reason)
 
-    with capsys.disabled():
-        print(
-            f"\n[pitcrew + slurm {slurm.version} {backend}] {incident_id}: job {job_id} {node} -> {job.nodes[0]} "
-            f"restarts 0->1 checkpoint {step_at_fault} -> step {progress['step']} | "
-            f"DOWN->requeued {seen['requeued'] - t_down:.2f}s, "
-            f"requeued->running elsewhere {seen['running_elsewhere'] - seen['requeued']:.2f}s, "
-            f"running->past checkpoint {seen['past_checkpoint'] - seen['running_elsewhere']:.2f}s, "
-            f"DOWN->RESUME {t_resume - t_down:.2f}s | confirm_resumed: restart after "
-            f"{record['seconds_to_restart']:.2f}s, confirmed after {record['seconds_to_resumed']:.2f}s | "
-            f"incident {epoch(final['closed_at']) - epoch(final['opened_at']):.2f}s"
-        )
+    show_figure(
+        capsys,
+        f"\n[pitcrew + slurm {slurm.version} {backend}] {incident_id}: job {job_id} {node} -> {job.nodes[0]} "
+        f"restarts 0->1 checkpoint {step_at_fault} -> step {progress['step']} | "
+        f"DOWN->requeued {seen['requeued'] - t_down:.2f}s, "
+        f"requeued->running elsewhere {seen['running_elsewhere'] - seen['requeued']:.2f}s, "
+        f"running->past checkpoint {seen['past_checkpoint'] - seen['running_elsewhere']:.2f}s, "
+        f"DOWN->RESUME {t_resume - t_down:.2f}s | confirm_resumed: restart after "
+        f"{record['seconds_to_restart']:.2f}s, confirmed after {record['seconds_to_resumed']:.2f}s | "
+        f"incident {epoch(final['closed_at']) - epoch(final['opened_at']):.2f}s",
+    )
 
 
 # --------------------------------------------------------------------------- not requeueable

@@ -34,18 +34,19 @@ from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices
 from tests.harness.slurm import require_slurm
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.every_slurm]  # 22.05 and 24.11 in CI
 NODES = ("gpu-001", "gpu-002", "gpu-003", "gpu-004")
 FLEET = "fleet of 4 nodes from Slurm partitions gpu"
 
 
 @pytest.fixture
-def four_nodes() -> Iterator[SlurmCluster]:
-    """A cluster of its own (the session's has three nodes), built as the session's is: under a
-    fresh ``mkdtemp`` directory, since munged refuses a socket below pytest's private tmp."""
-    require_slurm()
+def four_nodes(slurm_version: str) -> Iterator[SlurmCluster]:
+    """A cluster of its own (the session's has three nodes), of the test's Slurm version, built as
+    the session's is: under a fresh ``mkdtemp`` directory, since munged refuses a socket below
+    pytest's private tmp."""
+    require_slurm(slurm_version)
     run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-slurm4-"))
-    cluster = SlurmCluster(run_dir, nodes=NODES, rest=False).start()
+    cluster = SlurmCluster(run_dir, nodes=NODES, rest=False, version=slurm_version).start()
     try:
         yield cluster
     finally:

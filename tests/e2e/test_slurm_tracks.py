@@ -39,7 +39,7 @@ def _playbook(requeue_wait: float = 60) -> dict[str, Any]:
     return {"replace-node": {"steps": steps}}
 
 
-@pytest.mark.every_slurm  # both tracks at once: on 22.05 and 24.11 in CI (the other two: --slurm all)
+@pytest.mark.every_slurm  # both tracks at once: on 22.05 and 24.11 in CI
 def test_training_is_back_long_before_a_slow_replacement_is(
     slurm: SlurmCluster, pitcrew_factory: Any
 ) -> None:
@@ -108,6 +108,7 @@ def test_with_no_free_node_the_job_waits_for_the_repaired_node(
     assert running_on(slurm, job_id).nodes == (node,)
 
 
+@pytest.mark.every_slurm  # SIGKILL mid-tracks: on 22.05 and 24.11 in CI (the no-free-node case: --slurm all)
 def test_sigkill_during_both_tracks_resumes_both_without_repeating(
     slurm: SlurmCluster, pitcrew_factory: Any
 ) -> None:

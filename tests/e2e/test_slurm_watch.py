@@ -19,6 +19,7 @@ import pytest
 
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import TERMINAL, open_incident, start_pitcrew
+from tests.harness.figures import show_figure
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import destructive_calls, events, fault_delivery, notices, step_result
 
@@ -74,8 +75,9 @@ def test_a_health_check_drain_cordons_and_a_human_resume_closes(
     assert step_result(final, "slurm_returned")["uncordoned"] is True
     assert slurm.node(node).in_service
     assert [e["kind"] for e in events(final, "alert_resolved")], "the watch resolved its alert"
-    with capsys.disabled():
-        print(f"\n[slurm watch {backend}] drain -> incident visible {seen_after:.2f}s (poll {POLL:g}s)")
+    show_figure(
+        capsys, f"\n[slurm watch {backend}] drain -> incident visible {seen_after:.2f}s (poll {POLL:g}s)"
+    )
 
 
 def test_a_prometheus_alert_and_a_slurm_drain_of_one_node_are_one_incident(

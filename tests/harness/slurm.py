@@ -7,12 +7,14 @@ its end); ``slurm`` is that cluster reset to quiet (no jobs, every node IDLE) fo
 Which Slurm: ``--slurm 22.05|24.11|all`` (or ``$PROVING_GROUND_SLURM``). Unset, every test runs on
 Debian 12's 22.05 and the tests marked ``every_slurm`` run on 24.11 as well: the fatal-fault
 remediation and the Slurm-only hand-over with both backends, the REST-only deployment, both
-tracks at once. Those are the paths whose Slurm output changed between the versions (node
-states, reasons kept after RESUME, REST v0.0.38 against v0.0.40-42, the slurmd start time) and
-the one deployment only 24.11 makes possible. The rest (storm, controller outage, crash
-safety, progress, drain and ownership cases) exercise pitcrew's engine against the same reads
-and are run on 24.11 with ``--slurm 24.11`` or ``all``, not on every CI run: CI's time budget.
-One cluster per version for the session (the tests are grouped by it).
+tracks at once and SIGKILL during them, the storm (a 4-node cluster of the test's version) and
+the controller outage with both backends. Those are the paths whose Slurm output changed between
+the versions (node states, reasons kept after RESUME, REST v0.0.38 against v0.0.40-42, the
+slurmd start time), the one deployment only 24.11 makes possible, and the ones issue #22 names.
+The rest (crash safety on the simulator, progress, drain and ownership cases, the watch, spares)
+exercise pitcrew's engine against the same reads and are run on 24.11 with ``--slurm 24.11`` or
+``all``, not on every CI run. One cluster per version for the session, per pytest-xdist worker
+(the tests are grouped by it).
 The names tests import from here (``SlurmCluster``, ``eventually``, ``TRAIN_JOB`` ...) are the
 package's, re-exported so existing imports keep working.
 """

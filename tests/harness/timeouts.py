@@ -12,7 +12,8 @@ false), so a hang in a fixture's teardown is caught like one in the test. This p
   pending asyncio task of every event loop with its await chain — each coroutine it is in,
   outermost first, down to what it waits for (a future, or another task by name: who waits for
   whom) — then fails the test (pytest-timeout's ``signal`` method, raised in the main thread), and
-  the run goes on with the next test;
+  the run goes on with the next test; in a pytest-xdist worker (``scripts/test``) the report goes
+  to the worker's stderr, the run's log (its stdout is execnet's ``/dev/null``);
 - a second limit: a test still stuck ``timeout_grace`` seconds after it failed (a teardown that hangs
   again, a loop that cannot be closed) gets the report once more and ends the run, exit 1, as
   pytest-timeout's ``thread`` method would: a hung CI job is never the outcome (the servers of
@@ -34,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from _pytest._io import TerminalWriter
 from pytest_timeout import is_debugging
 
 #: Seconds a test may take (setup, call and teardown), by the directory or file it is in; the
@@ -141,7 +143,10 @@ def _report(item: pytest.Item, frame: FrameType | None, title: str, *, last: boo
     if capture is not None:
         capture.suspend_global_capture(in_=True)
     try:
-        writer = item.config.get_terminal_writer()
+        # A pytest-xdist worker's stdout is /dev/null (execnet carries the worker's channel on
+        # the original): its report goes to its stderr, which is the run's (scripts/test's log).
+        in_worker = hasattr(item.config, "workerinput")
+        writer = TerminalWriter(sys.stderr) if in_worker else item.config.get_terminal_writer()
         writer.line()
         writer.sep("+", title)
         if last and capture is not None:

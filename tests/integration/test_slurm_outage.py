@@ -19,6 +19,7 @@ from bot.engine.errors import TransientError
 from bot.engine.ports import Scheduler
 from bot.integrations.slurm import RestScheduler, SlurmSettings, build_scheduler
 from proving_ground.slurm import SlurmCluster
+from tests.harness.figures import show_figure
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 2.0
@@ -54,9 +55,8 @@ async def test_controller_outage_is_transient_and_recoverable(
         assert is_pitcrew_reason((await sched.node("gpu-001")).reason)
     finally:
         await sched.aclose()
-    with capsys.disabled():
-        shown = ", ".join(f"{op} {seconds:.2f}s" for op, seconds in timings.items())
-        print(f"\n[slurm {backend}: controller down → TransientError after] {shown}")
+    shown = ", ".join(f"{op} {seconds:.2f}s" for op, seconds in timings.items())
+    show_figure(capsys, f"\n[slurm {backend}: controller down → TransientError after] {shown}")
 
 
 async def _transient(call: Callable[[], Awaitable[object]]) -> float:

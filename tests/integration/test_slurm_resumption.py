@@ -38,6 +38,7 @@ from proving_ground.train_job import (
     read_events,
     read_progress,
 )
+from tests.harness.figures import show_figure
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler
@@ -122,15 +123,15 @@ async def test_fatal_fault_job_resumes_from_checkpoint_elsewhere(
     assert back.reason == ""
 
     path = await s.node_update_path() if isinstance(s, RestScheduler) else "scontrol"
-    with capsys.disabled():
-        print(
-            f"\n[slurm {s.backend}: reads={s.backend}, node updates={path}] job {train_id} {node} -> "
-            f"{moved.nodes[0]} restarts={verdict.restarts_now} checkpoint={step_before} "
-            f"resumed_from={progress['resumed_from']} step={progress['step']} | "
-            f"down->requeued {t_requeued - t_down:.2f}s, requeued->running {t_running - t_requeued:.2f}s, "
-            f"running->past checkpoint {t_progress - t_running:.2f}s, total {t_progress - t_down:.2f}s | "
-            f"no-requeue job {lone_id} {lone.status}: {lone.detail}"
-        )
+    show_figure(
+        capsys,
+        f"\n[slurm {s.backend}: reads={s.backend}, node updates={path}] job {train_id} {node} -> "
+        f"{moved.nodes[0]} restarts={verdict.restarts_now} checkpoint={step_before} "
+        f"resumed_from={progress['resumed_from']} step={progress['step']} | "
+        f"down->requeued {t_requeued - t_down:.2f}s, requeued->running {t_running - t_requeued:.2f}s, "
+        f"running->past checkpoint {t_progress - t_running:.2f}s, total {t_progress - t_down:.2f}s | "
+        f"no-requeue job {lone_id} {lone.status}: {lone.detail}",
+    )
 
 
 async def test_usr1_to_the_batch_step_makes_the_job_checkpoint_now(

@@ -6,7 +6,8 @@ Each case runs deliberately hanging tests in a pytest of their own (pytester, a 
 - a test whose body hangs (awaiting a task that waits for a thread that never answers) fails
   with the timeout; the report has every thread's stack (the stuck thread's by name, the main
   thread's at the event loop) and every pending asyncio task with its await chain, down to
-  the coroutine each waits in; the run goes on: the next test passes;
+  the coroutine each waits in; the run goes on: the next test passes; the same in a
+  pytest-xdist worker (``scripts/test``), whose report comes on the run's stderr;
 - a fixture whose teardown hangs (it stops a worker that swallows its cancellation once, the
   shape of the shutdown hang in tests/integration/test_shutdown_hang.py) is caught in teardown
   too: the test passed, its teardown errors with the report (the teardown awaiting the worker,
@@ -101,7 +102,19 @@ def test_a_hanging_test_fails_with_every_thread_and_task(isolated: pytest.Pytest
     isolated.makepyfile(test_hangs=HANGS)
     result = isolated.runpytest_subprocess(*LIMITS, timeout=120)
     result.assert_outcomes(failed=1, passed=1)
-    out = result.stdout.str()
+    has_the_hang_report(result.stdout.str())
+
+
+def test_a_hang_in_an_xdist_worker_is_reported_in_the_runs_output(isolated: pytest.Pytester) -> None:
+    """scripts/test spreads each shard over pytest-xdist workers, whose stdout execnet sends to
+    /dev/null: the report comes on the worker's stderr, which is the run's."""
+    isolated.makepyfile(test_hangs=HANGS)
+    result = isolated.runpytest_subprocess(*LIMITS, "-n", "1", timeout=120)
+    result.assert_outcomes(failed=1, passed=1)
+    has_the_hang_report(result.stdout.str() + result.stderr.str())
+
+
+def has_the_hang_report(out: str) -> None:
     assert "test_hangs.py::test_the_body_hangs timed out after 2s" in out
     assert "Timeout (>2s): the stacks of every thread and every pending asyncio task" in out
     # Every thread: the one stuck by name, the executor's, and the main one in the event loop.

@@ -12,7 +12,8 @@
   of a mounted Secret;
 - ``pitcrew check-config`` accepts the configuration each overlay mounts, laid out as the kubelet
   would mount it; every one runs the real Kubernetes adapter in-cluster; the auto overlay changes
-  only what pitcrew may do;
+  only what pitcrew may do; the acting overlays need no requeue, which the REST-only default image
+  cannot do (slurmrestd up to v0.0.42), so ``check-config --live`` has no playbook to refuse;
 - each rendering carries the RBAC of exactly the replace strategy its configuration names (a
   component per strategy, none in the base), and the node-events Role stays in ``default``;
 - the PrometheusRule and AlertmanagerConfig are the ones rules/ and alertmanager/ ship, and the
@@ -33,6 +34,10 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator import v1, v1alpha1
 
+from bot.config import load_config
+from bot.domain.policy import Mode
+from bot.engine.ports import Probe
+from bot.probes import Checked, unable
 from tests.packaging.manifests import (
     BASE,
     COMPONENTS,
@@ -290,6 +295,28 @@ def test_pitcrew_check_config_accepts_the_mounted_configuration(name: str, tmp_p
     assert f"mode {mode}; listen 0.0.0.0:9095" in result.stdout
 
 
+#: What ``check-config --live`` hears from slurmrestd 24.11 (tests/e2e/test_slurm_rest_only.py).
+REST_ONLY = Checked(
+    ("scheduler",),
+    Probe("slurm", True, "v0.0.42: node updates over REST; no requeue", unable=(("requeue", "no requeue"),)),
+    reached=True,
+)
+
+
+@pytest.mark.parametrize("name", ["auto", "ha"])
+def test_the_acting_overlays_run_every_playbook_on_the_rest_only_image(name: str, tmp_path: Path) -> None:
+    path = mounted_sandbox(rendered(name), tmp_path / "root")
+    config = load_config(path)
+    assert config.settings.slurm.backend == "rest" and config.settings.mode is Mode.AUTO
+    assert unable(config, [REST_ONLY]) == []
+    # Without the overlay's playbook changes, the same configuration is refused for them.
+    bare = yaml.safe_load(path.read_text())
+    del bare["playbooks"]
+    (bare_path := path.with_name("bare.yaml")).write_text(yaml.safe_dump(bare))
+    [refused] = unable(load_config(bare_path), [REST_ONLY])
+    assert "reboot-node, replace-node, reset-gpu need" in refused, refused
+
+
 @pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
 def test_the_replace_rbac_is_the_configured_strategys_and_no_other(name: str) -> None:
     r = rendered(name)
@@ -330,7 +357,7 @@ def test_auto_overlay_changes_only_what_pitcrew_may_do() -> None:
     observe = yaml.safe_load(rendered("observe").config_text())
     auto = yaml.safe_load(rendered("auto").config_text())
     assert base["mode"] == observe["mode"] == "observe" and auto["mode"] == "auto"
-    action_keys = {"mode", "playbook_modes", "approvals"}
+    action_keys = {"mode", "playbook_modes", "approvals", "playbooks"}
     assert {k: v for k, v in observe.items() if k not in action_keys} == {
         k: v for k, v in auto.items() if k not in action_keys
     }

@@ -15,12 +15,14 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bot.config import ConfigError, Settings, SlurmSettings, load_config
 from bot.domain.labels import LabelRules
 from bot.domain.nodemap import NodeMapping
+from bot.domain.playbooks import Playbook, PlaybookOverride
 from bot.domain.policy import (
     ApprovalPolicy,
     BreakerPolicy,
@@ -268,3 +270,54 @@ def test_unauthenticated_reads_only_on_loopback(tmp_path: Path, listen: str, ref
 def test_an_unreadable_read_token_file_names_its_key(tmp_path: Path) -> None:
     text = f"server: {{auth: {{read_token_file: {tmp_path / 'missing'}}}}}\n"
     assert "server.auth.read_token_file: cannot read" in refusal(tmp_path, text)
+
+
+# -- playbooks: additions whole, changes to a shipped one by the fields given ----------------
+
+
+def playbooks_of(tmp_path: Path, text: str) -> dict[str, Any]:
+    path = tmp_path / "pitcrew.yaml"
+    path.write_text(text)
+    return {name: p.model_dump() for name, p in load_config(path).playbooks.playbooks.items()}
+
+
+def test_a_shipped_playbook_changed_by_one_field_keeps_its_steps(tmp_path: Path) -> None:
+    shipped = playbooks_of(tmp_path, "mode: observe\n")
+    changed = playbooks_of(tmp_path, "playbooks: {replace-node: {slurm_action: down}}\n")
+    assert changed["replace-node"] == {**shipped["replace-node"], "slurm_action": "down"}
+    assert shipped["replace-node"]["slurm_action"] == "auto" and shipped["replace-node"]["steps"]
+    assert {k: v for k, v in changed.items() if k != "replace-node"} == {
+        k: v for k, v in shipped.items() if k != "replace-node"
+    }
+
+
+def test_steps_given_replace_the_shipped_ones(tmp_path: Path) -> None:
+    changed = playbooks_of(tmp_path, "playbooks: {replace-node: {steps: [notify, close]}}\n")
+    assert [s["step"] for s in changed["replace-node"]["steps"]] == ["notify", "close"]
+    assert changed["replace-node"]["slurm_action"] == "auto"
+
+
+def test_a_new_playbook_needs_its_steps(tmp_path: Path) -> None:
+    said = refusal(tmp_path, "playbooks: {site-reset: {slurm_action: down}}\n")
+    assert said == "playbooks.site-reset: a new playbook needs its steps"
+    added = playbooks_of(tmp_path, "playbooks: {site-reset: {steps: [notify, close]}}\n")
+    assert [s["step"] for s in added["site-reset"]["steps"]] == ["notify", "close"]
+
+
+def test_a_change_that_breaks_a_shipped_playbook_is_named(tmp_path: Path) -> None:
+    said = refusal(tmp_path, "playbooks: {replace-node: {steps: [notify]}}\n")
+    assert "playbooks.replace-node.steps" in said and "a playbook ends with 'close'" in said
+    said = refusal(tmp_path, "playbooks: {replace-node: {slurm_action: sometimes}}\n")
+    assert "playbooks.replace-node.slurm_action" in said
+
+
+def test_a_playbook_change_takes_every_field_a_playbook_has() -> None:
+    """What a change may give is what a playbook has: a field added to one (``next``, the repair
+    ladder's rung) is a field a change can set."""
+    assert set(PlaybookOverride.model_fields) == set(Playbook.model_fields)
+
+
+def test_a_shipped_playbook_given_a_next_rung_keeps_its_steps(tmp_path: Path) -> None:
+    shipped = playbooks_of(tmp_path, "mode: observe\n")
+    changed = playbooks_of(tmp_path, "playbooks: {reboot-node: {next: replace-node}}\n")
+    assert changed["reboot-node"] == {**shipped["reboot-node"], "next": "replace-node"}
