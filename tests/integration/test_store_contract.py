@@ -28,9 +28,11 @@ from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import Plan
 from bot.domain.policy import Mode
+from bot.store import sql
 from bot.store.base import Delivery, IncomingAlert, NewEvent, link_key
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
+from bot.store.sql import single
 from bot.store.sqlite import SqliteStore
 from tests.harness.stores import AnyStore, Stores
 
@@ -320,9 +322,13 @@ async def test_both_stores_have_the_same_tables_and_columns(stores: Stores) -> N
     else:
         assert isinstance(store, PostgresStore)
         version = await store.schema_version()
-        rows = await store._rows(
-            "SELECT table_name, column_name FROM information_schema.columns"
-            " WHERE table_schema = 'public' AND table_name != 'pitcrew_schema'"
+        rows = await store._read(
+            single(
+                sql.rows(
+                    "SELECT table_name, column_name FROM information_schema.columns"
+                    " WHERE table_schema = 'public' AND table_name != 'pitcrew_schema'"
+                )
+            )
         )
         columns = {}
         for r in rows:
