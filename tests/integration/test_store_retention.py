@@ -6,24 +6,31 @@ actions included) stays; an open incident, however old, never goes; a closed inc
 notice not yet delivered stays until it is delivered; an incident closed after the cut-off stays;
 the newest incident stays (the next one never takes its number); a pruned alert delivered again
 is a new alert; a prune is cut into bounded transactions; a standby cannot prune (the fence);
-the worker counts what it removed in ``pitcrew_store_pruned_rows_total``.
+the worker counts what it removed in ``pitcrew_store_pruned_rows_total``; the service runs it
+among the leader's workers only, and not at all when ``store.retention`` is null.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bot.config import load_config
 from bot.domain.incident import State
+from bot.engine.leadership import Leadership
 from bot.engine.metrics import Metrics
 from bot.engine.retention import Retention
+from bot.runtime import build_app
 from bot.store import retention
 from bot.store.base import ACTION, NewEvent
 from bot.store.lease import Deposed, Fence
+from bot.web.app import DEPS
 from tests.harness.stores import AnyStore, Stores
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
+from tests.simulator.serve import WorldFile, simulated_ports
 
 KEEP = timedelta(days=180)
 LATER = T0 + timedelta(days=200)
@@ -177,3 +184,22 @@ async def test_only_the_leader_prunes(stores: Stores) -> None:
     assert sample("pitcrew_store_pruned_rows_total", {"table": "incidents"}) == 1
     assert sample("pitcrew_store_pruned_rows_total", {"table": "alerts"}) == 2
     assert sample("pitcrew_store_pruned_rows_total", {"table": "outbox_refs"}) == 1
+
+
+@pytest.mark.parametrize(("retention", "keep"), [("30d", [timedelta(days=30)]), (None, [])])
+async def test_the_service_prunes_only_while_it_leads(
+    tmp_path: Path, retention: str | None, keep: list[timedelta]
+) -> None:
+    (tmp_path / "webhook").write_text("webhook-token\n")
+    config = load_config(
+        None,
+        store={"path": str(tmp_path / "pitcrew.db"), "retention": retention},
+        server={"auth": {"bearer_token_file": str(tmp_path / "webhook")}},
+    )
+    app = build_app(
+        config, ports=simulated_ports(config, WorldFile(journal=tmp_path / "j.jsonl")), allow_simulated=True
+    )
+    background = app[DEPS].background
+    assert not any(isinstance(worker, Retention) for worker in background)  # never on a standby
+    leading = [worker for worker in background if isinstance(worker, Leadership)]
+    assert [w.keep for each in leading for w in each.workers if isinstance(w, Retention)] == keep
