@@ -4,8 +4,7 @@ Writes go through one ``Writer`` (``bot.store.writer``): whole transactions in o
 thread, many per commit, acknowledged only once committed. Reads go through one ``Reader``
 (``bot.store.reader``): the query and the decoding of its rows in a reader thread with its
 own connection, so that no read, however large, holds up the event loop (and the webhooks it
-answers); in WAL mode the reader never waits for the writer. The read queries are the
-functions below, each given that connection. Repeat deliveries Alertmanager makes of groups it
+answers); in WAL mode the reader never waits for the writer. Repeat deliveries Alertmanager makes of groups it
 already sent are counted in memory and flushed every second; reads include what is not
 flushed yet — but only while the database file is the one the writer opened, or a restart
 would not know those alerts. Readiness (``ping``) is the writer's word on whether writes commit.
@@ -16,7 +15,8 @@ writer's or the reader's thread) and the paths only SQLite has (the in-memory re
 
 Several processes may open one file: SQLite's write lock (``BEGIN IMMEDIATE``) serialises their
 transactions, and the leadership lease (``bot.store.lease``) decides which of them acts. The
-lease's times are the machine's clock read by SQLite (``{now}``), the same for every process.
+lease's times are the machine's clock read by SQLite (the dialect's ``{now}``), the same for every
+process.
 """
 
 from __future__ import annotations

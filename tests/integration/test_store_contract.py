@@ -10,7 +10,8 @@ refusal of UPDATE and DELETE in the database itself; approvals decided once; a r
 once; switches; the outbox (enqueue with the event in one transaction, routed events and their
 wake, attempt, defer, delivered, references and links); two views of one database see each
 other's writes; ``pitcrew incidents`` reads either and says who leads; the two stores have the same tables and columns at the same schema version.
-The lease and the fence are in ``test_store_lease.py`` (also on both stores).
+The lease and the fence are in ``test_store_lease.py``, retention in ``test_store_retention.py`` (also on
+both stores).
 """
 
 from __future__ import annotations
