@@ -196,17 +196,17 @@ class PostgresStore(SqlStore):
         async with self._conn() as conn, conn.transaction():  # one snapshot for a read of several queries
             return (await _drive(conn, op)).result
 
-    async def _transact(self, op: Op[T]) -> tuple[T, bool]:
+    async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """One transaction under the write lock (see the module's docstring)."""
         async with self._conn() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
-            driven = await _drive(conn, op)
+            driven = await _drive(conn, make())
         return driven.result, driven.wakes
 
-    async def _lease_write(self, op: Op[T]) -> T:
+    async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
         """The lease's own writes: no write lock (a renewal never waits on ingest)."""
         async with self._conn() as conn, conn.transaction():
-            return (await _drive(conn, op)).result
+            return (await _drive(conn, make())).result
 
     async def release_lease(self, holder: str, epoch: int) -> None:
         """End the term now (graceful shutdown), on a connection of its own: at SIGTERM
@@ -226,7 +226,7 @@ class PostgresStore(SqlStore):
     # ------------------------------------------------------------------ ingest
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
         """One transaction: the delivery worked out and written as SQLite's writer does it."""
-        [outcome] = await self._write(ingest([(delivery, now)], {}), fence=False)
+        [outcome] = await self._write(lambda: ingest([(delivery, now)], {}), fence=False)
         return outcome
 
     async def count_repeats(
@@ -246,4 +246,4 @@ class PostgresStore(SqlStore):
             yield bump_seen([(stamp, 1, *key) for key in keys])
             return len(keys)
 
-        return await self._write(op(), fence=False)
+        return await self._write(op, fence=False)

@@ -28,9 +28,9 @@ from bot.store.codec import ts
 from bot.store.sql import Op, many, rows, run
 
 #: Most alerts (and as many delivery counters) one prune transaction removes.
-BATCH = 1000
+BATCH = 250
 #: Most incidents one prune transaction removes.
-INCIDENTS = 100
+INCIDENTS = 25
 TABLES = ("incidents", "alerts", "alert_deliveries", "steps", "approvals", "outbox", "outbox_refs")
 
 

@@ -76,19 +76,19 @@ class SqliteStore(SqlStore):
         """The whole read, query and decoding, in the reader thread."""
         return await self._reader.run(lambda db: run_sync(db, op).result)
 
-    async def _transact(self, op: Op[T]) -> tuple[T, bool]:
+    async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """In the writer's transaction: ``BEGIN IMMEDIATE`` holds the database's write lock from
         the fence's check to the commit, so no other process can take the lease over in between."""
 
         def unit(db: sqlite3.Connection) -> tuple[T, bool]:
-            driven = run_sync(db, op)
+            driven = run_sync(db, make())  # made afresh each time the writer runs the unit
             return driven.result, driven.wakes
 
         result: tuple[T, bool] = await self._writer.submit(unit)
         return result
 
-    async def _lease_write(self, op: Op[T]) -> T:
-        value: T = await self._writer.submit(lambda db: run_sync(db, op).result)
+    async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
+        value: T = await self._writer.submit(lambda db: run_sync(db, make()).result)
         return value
 
     def _pruned(self, done: retention.Pruned) -> None:

@@ -4,9 +4,13 @@
 A concrete store (``SqliteStore``, ``PostgresStore``) supplies how an operation runs:
 
 * ``_read(op)``: outside any write transaction (SQLite's reader thread, a Postgres connection);
-* ``_transact(op)``: in one write transaction, with the store's own write lock, returning the
+* ``_transact(make)``: in one write transaction, with the store's own write lock, returning the
   operation's result and whether it routed a timeline event to an outbox;
-* ``_lease_write(op)``: the lease's own writes, never fenced (a standby must be able to take it);
+* ``_lease_write(make)``: the lease's own writes, never fenced (a standby must be able to take it).
+
+A write is handed over as ``make``, a function that makes the operation, never as the operation
+itself: a generator runs once, and SQLite's writer may run a write twice — in a batch that rolled
+back because another write in it failed, then again alone.
 
 plus what truly differs: opening, readiness, ingest's fast paths. Everything else — the fence
 checked in the write's own transaction, routing timeline events to outboxes, the reads and the
@@ -63,10 +67,10 @@ class SqlStore(ABC):
     async def _read(self, op: Op[T]) -> T: ...
 
     @abstractmethod
-    async def _transact(self, op: Op[T]) -> tuple[T, bool]: ...
+    async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]: ...
 
     @abstractmethod
-    async def _lease_write(self, op: Op[T]) -> T: ...
+    async def _lease_write(self, make: Callable[[], Op[T]]) -> T: ...
 
     def route_events(
         self, kinds: frozenset[str], destination: str, *, wake: Callable[[], None] | None = None
@@ -87,14 +91,14 @@ class SqlStore(ABC):
         view._fence = fence
         return view
 
-    async def _write(self, op: Op[T], *, fence: bool = True) -> T:
+    async def _write(self, make: Callable[[], Op[T]], *, fence: bool = True) -> T:
         """Run ``op`` in one write transaction; on a fenced view, first check in that transaction
         that the leadership row still carries this process's holder and epoch. After the commit,
         wake the outbox if the operation routed an event."""
         view_fence = self._fence if fence else None
         token = view_fence.token() if view_fence is not None else None  # Deposed before any I/O
         try:
-            value, routed = await self._transact(queries.fenced(token, op))
+            value, routed = await self._transact(lambda: queries.fenced(token, make()))
         except Deposed as exc:
             if view_fence is not None:
                 view_fence.deposed(str(exc))
@@ -105,7 +109,7 @@ class SqlStore(ABC):
         return value
 
     async def _run(self, stmt: Stmt) -> Any:
-        return await self._write(single(stmt))
+        return await self._write(lambda: single(stmt))
 
     def _events(self, incident_id: str | None, events: Sequence[NewEvent], now: datetime) -> Op[None]:
         """Append to the timeline and, for routed kinds, to the outbox, in the caller's transaction."""
@@ -173,7 +177,7 @@ class SqlStore(ABC):
 
     # --------------------------------------------------------------------- writes
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
-        await self._write(self._events(incident_id, [event], now))
+        await self._write(lambda: self._events(incident_id, [event], now))
 
     async def save_plan(
         self, incident_id: str, plan: Plan, events: Sequence[NewEvent], now: datetime
@@ -185,7 +189,7 @@ class SqlStore(ABC):
             for event in events:
                 yield from _outbox.route(incident_id, event, (), now)  # the timeline only, as before
 
-        await self._write(op())
+        await self._write(op)
 
     async def ack_faults(self, incident_id: str) -> None:
         await self._run(queries.ack_faults(incident_id))
@@ -213,7 +217,7 @@ class SqlStore(ABC):
             if event is not None and moved:
                 yield from self._events(incident_id, [event], now)
 
-        await self._write(op())
+        await self._write(op)
         record = await self.incident(incident_id)
         assert record is not None
         return record
@@ -231,7 +235,7 @@ class SqlStore(ABC):
             started = NewEvent("step_started", step=step, attempt=attempt)
             yield from _outbox.route(incident_id, started, (), now)  # never routed
 
-        await self._write(op())
+        await self._write(op)
 
     async def step_finished(
         self,
@@ -249,7 +253,7 @@ class SqlStore(ABC):
             yield queries.step_finished(incident_id, step, status, now, document)
             yield from self._events(incident_id, [event], now)
 
-        await self._write(op())
+        await self._write(op)
 
     async def request_rollback(
         self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime
@@ -262,7 +266,7 @@ class SqlStore(ABC):
                 yield from self._events(incident_id, [event], now)
             return bool(recorded)
 
-        return await self._write(op())
+        return await self._write(op)
 
     async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:
         await self._run(queries.step_progress(incident_id, step, codec.dumps(dict(progress)), now))
@@ -294,7 +298,9 @@ class SqlStore(ABC):
         destinations: Sequence[str],
         now: datetime,
     ) -> int:
-        return await self._write(_outbox.enqueue(incident_id, event, kind, payload, destinations, now))
+        return await self._write(
+            lambda: _outbox.enqueue(incident_id, event, kind, payload, destinations, now)
+        )
 
     async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:
         return await self._read(_outbox.pending(destination, limit))
@@ -328,17 +334,20 @@ class SqlStore(ABC):
         return await self._read(queries.lease(self.dialect, self._now()))
 
     async def acquire_lease(self, holder: str, ttl: timedelta) -> Lease:
+        now = self._now()
         return await self._lease_write(
-            queries.acquire_lease(self.dialect, self._now(), holder, ttl.total_seconds())
+            lambda: queries.acquire_lease(self.dialect, now, holder, ttl.total_seconds())
         )
 
     async def renew_lease(self, holder: str, epoch: int, ttl: timedelta) -> Lease | None:
+        now = self._now()
         return await self._lease_write(
-            queries.renew_lease(self.dialect, self._now(), holder, epoch, ttl.total_seconds())
+            lambda: queries.renew_lease(self.dialect, now, holder, epoch, ttl.total_seconds())
         )
 
     async def release_lease(self, holder: str, epoch: int) -> None:
-        await self._lease_write(single(queries.release_lease(self.dialect, self._now(), holder, epoch)))
+        stmt = queries.release_lease(self.dialect, self._now(), holder, epoch)
+        await self._lease_write(lambda: single(stmt))
 
     # ------------------------------------------------------------------ retention
     async def prune(self, before: datetime, *, batch: int = retention.BATCH) -> retention.Pruned:
@@ -346,7 +355,7 @@ class SqlStore(ABC):
         time (each fenced: only the leader prunes); the rows removed, by table."""
         total = retention.Pruned()
         while True:
-            done = await self._write(retention.prune_batch(before, batch))
+            done = await self._write(lambda: retention.prune_batch(before, batch))
             self._pruned(done)
             total.add(done)
             if not done.more:

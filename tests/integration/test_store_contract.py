@@ -441,3 +441,22 @@ def test_pitcrew_incidents_says_who_leads(
     out = capsys.readouterr().out
     assert "pc-00001" in out and "gpu-001" in out
     assert "leader: vm/1/abc (epoch 1, since " in out
+
+
+async def test_a_refused_write_fails_alone(stores: Stores) -> None:
+    """Writes that reach the store at once commit or fail each on its own: one the database refuses
+    (a step of an incident that does not exist) takes none of the others with it (SQLite's writer
+    runs them in one transaction, rolls it back and runs each again alone)."""
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    results = await asyncio.gather(
+        store.record(incident_id, NewEvent("note", detail="first"), T0),
+        store.step_progress("pc-99999", "drain", {"evicting": "x"}, T0),
+        store.set_switch("pause", {"paused": True}, "cli:alice", T0),
+        store.step_progress(incident_id, "drain", {"evicted": ["ml/a"]}, T0),
+        return_exceptions=True,
+    )
+    assert [isinstance(r, Exception) for r in results] == [False, True, False, False], results
+    assert (await store.events_of(incident_id))[-1].detail == "first"
+    assert (await store.switch("pause") or {}).get("paused") is True
+    assert (await store.steps_of(incident_id))["drain"].result == {"evicted": ["ml/a"]}

@@ -155,7 +155,7 @@ async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
     await store.transition(big, State.RESOLVED, T0, outcome="resolved")
     await store.ingest(_delivery(_alert("other", "gpu-002")), T0)  # the newest, kept
 
-    first = await store._write(retention.prune_batch(CUTOFF, 2))
+    first = await store._write(lambda: retention.prune_batch(CUTOFF, 2))
     assert (first.counts["alerts"], first.counts["incidents"], first.more) == (2, 0, True)
     assert await store.incident(big) is not None and len(await store.alerts_of(big)) == 3
 
