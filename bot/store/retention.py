@@ -15,8 +15,9 @@ of two incidents under one name); and the audit log (``events``), which the data
 append-only — it holds every destructive action pitcrew took, and it is kept whole.
 
 A prune runs in bounded transactions (``prune_batch``: at most ``BATCH`` alerts and
-``INCIDENTS`` incidents each), so the writer is never held for long; each is fenced like every
-engine write, so only the leader prunes. Written once for both stores (``bot.store.sql``).
+``INCIDENTS`` incidents each, fewer alerts when a transaction takes longer than ``BUDGET``) with a
+pause after each (``PACE``), so the writer is never held for long and never for most of the time; each is fenced like every engine write, so only the leader
+prunes. Written once for both stores (``bot.store.sql``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ from bot.store.codec import ts
 from bot.store.sql import Op, many, rows, run
 
 #: Most alerts (and as many delivery counters) one prune transaction removes.
-BATCH = 250
+BATCH = 100
 #: Most incidents one prune transaction removes.
-INCIDENTS = 25
+INCIDENTS = 10
+#: After each transaction a prune waits this many times as long as it took: the writer is free for
+#: webhooks at least half the time, however slow the disk.
+PACE = 1.0
+#: How long one prune transaction should hold the writer: a batch that took longer halves the next
+#: one (down to ``MIN_BATCH`` alerts), one that took under half of it doubles the next (up to ``BATCH``).
+BUDGET = 0.01
+MIN_BATCH = 10
 TABLES = ("incidents", "alerts", "alert_deliveries", "steps", "approvals", "outbox", "outbox_refs")
 
 
@@ -68,7 +76,7 @@ def prune_batch(before: datetime, batch: int = BATCH) -> Op[Pruned]:
     ids = [r["id"] for r in found]
     if ids:
         keys = yield rows(
-            "SELECT fingerprint, starts_at FROM alerts WHERE incident_id IN (?*) ORDER BY fingerprint, starts_at LIMIT ?",
+            "SELECT fingerprint, starts_at FROM alerts WHERE incident_id IN (?*) LIMIT ?",
             [ids, batch],
         )
         yield from _drop_alerts(done, [(k["fingerprint"], k["starts_at"]) for k in keys])
@@ -88,7 +96,7 @@ def prune_batch(before: datetime, batch: int = BATCH) -> Op[Pruned]:
     lone = yield rows(
         "SELECT a.fingerprint, a.starts_at FROM alerts a JOIN alert_deliveries d"
         " ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
-        " WHERE a.incident_id IS NULL AND d.last_seen < ? ORDER BY a.fingerprint, a.starts_at LIMIT ?",
+        " WHERE a.incident_id IS NULL AND d.last_seen < ? LIMIT ?",
         (cutoff, batch),
     )
     yield from _drop_alerts(done, [(k["fingerprint"], k["starts_at"]) for k in lone])

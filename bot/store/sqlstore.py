@@ -19,10 +19,13 @@ engine's writes — is here.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Self
 
 from bot.domain.alerts import dedupe_key
@@ -352,14 +355,23 @@ class SqlStore(ABC):
     # ------------------------------------------------------------------ retention
     async def prune(self, before: datetime, *, batch: int = retention.BATCH) -> retention.Pruned:
         """Remove what ``bot.store.retention`` says is past ``before``, one bounded transaction at a
-        time (each fenced: only the leader prunes); the rows removed, by table."""
+        time (each fenced: only the leader prunes), each sized to take about ``retention.BUDGET``
+        and followed by a pause as long as it took times ``retention.PACE``; the rows removed."""
         total = retention.Pruned()
+        size = batch
         while True:
-            done = await self._write(lambda: retention.prune_batch(before, batch))
+            started = time.monotonic()
+            done = await self._write(partial(retention.prune_batch, before, size))
+            took = time.monotonic() - started
             self._pruned(done)
             total.add(done)
             if not done.more:
                 return total
+            if took > retention.BUDGET:
+                size = max(min(retention.MIN_BATCH, batch), size // 2)
+            elif took < retention.BUDGET / 2:
+                size = min(batch, size * 2)
+            await asyncio.sleep(took * retention.PACE)
 
     def _pruned(self, done: retention.Pruned) -> None:  # noqa: B027 - a hook, nothing by default
         """What a store keeps beside the database about rows now gone (SQLite's key cache)."""
