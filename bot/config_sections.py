@@ -154,6 +154,23 @@ class StoreSettings(_Section):
         description="full: every acknowledged alert survives power loss; normal: process crashes.",
     )
     lease: LeaseSettings = LeaseSettings()
+    retention: Duration | None = Field(
+        default=timedelta(days=180),
+        description="Closed incidents older than this are pruned with their alerts, steps, approvals and "
+        "delivered notices (the audit log is kept whole); unset (null): keep everything.",
+    )
+    prune_every: Duration = Field(
+        default=timedelta(hours=1),
+        description="How often the leader prunes what is older than `retention`, in small batches.",
+    )
+
+    @model_validator(mode="after")
+    def _retention(self) -> StoreSettings:
+        if self.retention is not None and self.retention < timedelta(days=1):
+            raise ValueError("store.retention must be at least 1d (or null to keep everything)")
+        if self.prune_every < timedelta(seconds=1):
+            raise ValueError("store.prune_every must be at least 1s")
+        return self
 
     @model_validator(mode="after")
     def _postgres_url(self) -> StoreSettings:

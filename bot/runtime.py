@@ -32,6 +32,7 @@ from bot.engine.leadership import Leadership
 from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Cluster, Destination, MetricsQuery, Scheduler
+from bot.engine.retention import Retention
 from bot.engine.steps import REGISTRY
 from bot.integrations.grafana import EVENTS as GRAFANA_EVENTS
 from bot.integrations.grafana import NAME as GRAFANA_NAME
@@ -277,6 +278,16 @@ def build_app(
     leader_only: list[Background] = [engine, sender]
     if annotations is not None:
         leader_only.append(annotations.sender)
+    if config.settings.store.retention is not None:
+        leader_only.append(
+            Retention(
+                fenced,
+                metrics,
+                utcnow,
+                keep=config.settings.store.retention,
+                every=config.settings.store.prune_every,
+            )
+        )
     leadership = Leadership(
         store, fence, leader_only, metrics, ttl=lease.ttl, renew_every=lease.renew_interval
     )

@@ -28,6 +28,7 @@ from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
 from bot.domain.incident import TERMINAL
 from bot.engine.errors import Reason
 from bot.store.base import IncidentRecord
+from bot.store.retention import TABLES as PRUNED_TABLES
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
@@ -174,6 +175,14 @@ class Metrics:
             ["destination", "outcome"],
             registry=r,
         )
+        self.store_pruned = Counter(
+            "pitcrew_store_pruned_rows",
+            "Rows retention removed from the store (store.retention), by table.",
+            ["table"],
+            registry=r,
+        )
+        for table in PRUNED_TABLES:
+            self.store_pruned.labels(table)
         self.outbox_pending = Gauge(
             "pitcrew_outbox_pending",
             "Notices not yet delivered, by destination.",

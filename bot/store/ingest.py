@@ -5,11 +5,13 @@ a repeat only bumps its delivery counter; a resolved repeat marks the alert reso
 firing repeat never un-resolves it). A new firing alert attaches to the node's active incident
 or opens one; a resolved alert never opens an incident. Alerts without a node are kept
 (``unroutable``) and never acted on.
+
+Written once for both stores as an operation (``bot.store.sql.Op``): SQLite's writer drives it
+over a batch of deliveries with its cache of committed keys, Postgres over one delivery.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -18,9 +20,9 @@ from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
-from bot.store.schema import TERMINAL_STATES
+from bot.store.sql import Op, Stmt, many, one, rows
 
-_CHUNK = 400  # well under SQLite's bound-variable limit
+_CHUNK = 400  # list parameters: well under SQLite's bound-variable limit
 T = TypeVar("T")
 
 
@@ -34,10 +36,9 @@ KeyState = tuple[AlertStatus, str | None]
 
 
 def ingest(
-    db: sqlite3.Connection,
     deliveries: Sequence[tuple[Delivery, datetime]],
     cache: Mapping[tuple[str, str], KeyState],
-) -> list[IngestOutcome]:
+) -> Op[list[IngestOutcome]]:
     """Persist deliveries in arrival order with a fixed number of statements for the whole batch.
 
     ``cache`` holds committed keys; the database answers the rest in one query. Every read is
@@ -53,25 +54,24 @@ def ingest(
                 known[key] = state
     missing = [k for keys in all_keys for k in keys if k not in known]
     if missing:
-        known.update(_known(db, missing))
+        known.update((yield from known_keys(missing)))
     opening_nodes = {
         a.node
         for (delivery, _), keys in zip(deliveries, all_keys, strict=True)
         for a, k in zip(delivery.alerts, keys, strict=True)
         if k not in known and a.node is not None and a.fault is not None
     }
-    active, faults_of = _active_incidents(db, opening_nodes) if opening_nodes else ({}, {})
+    active, faults_of = (yield from _active_incidents(opening_nodes)) if opening_nodes else ({}, {})
     batch = Batch(known, active, faults_of)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
     ]
-    batch.write(db)
+    yield from batch.write()
     return outcomes
 
 
 class Batch:
-    """The rows one batch of deliveries adds, worked out in memory in arrival order (the Postgres
-    store writes the same rows with its own statements: ``bot.store.postgres``)."""
+    """The rows one batch of deliveries adds, worked out in memory in arrival order."""
 
     def __init__(
         self,
@@ -173,50 +173,47 @@ class Batch:
     def _event(self, incident_id: str | None, event: NewEvent, now: datetime) -> None:
         self.events.append((incident_id, event, now))
 
-    def write(self, db: sqlite3.Connection) -> None:
+    def write(self) -> Op[None]:
         names: dict[str, str] = {}
         if self.incidents:
-            first = _next_seq(db)
-            rows = []
+            found = yield one("SELECT COALESCE(MAX(seq), 0) + 1 AS next FROM incidents")
+            first = int(found["next"])
+            new = []
             for offset, (placeholder, node, stamp, starts, group_key) in enumerate(self.incidents):
                 seq = first + offset
                 names[placeholder] = f"pc-{seq:05d}"
-                rows.append(
-                    (names[placeholder], seq, node, State.OPEN.value, stamp, stamp, starts, group_key)
-                )
-            db.executemany(
+                new.append((names[placeholder], seq, node, State.OPEN.value, stamp, stamp, starts, group_key))
+            yield many(
                 "INSERT INTO incidents (id, seq, node, state, opened_at, updated_at, first_alert_at, group_key)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
+                new,
             )
             self.rename(names)
         if self.inserts:
-            db.executemany(
+            yield many(
                 "INSERT INTO alerts (fingerprint, starts_at, ends_at, status, alertname, node, incident_id, fault_key,"
                 " fault_json, labels_json, annotations_json, group_key, first_seen)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(*row[:6], names.get(row[6], row[6]), *row[7:-1]) for row in self.inserts],
             )
-            db.executemany(
+            yield many(
                 "INSERT INTO alert_deliveries (fingerprint, starts_at, deliveries, last_seen) VALUES (?, ?, 1, ?)",
                 [(row[0], row[1], row[-1]) for row in self.inserts],
             )
         if self.seen:
-            bump_seen(db, self.seen)
+            yield bump_seen(self.seen)
         if self.resolves:
-            db.executemany(
+            yield many(
                 "UPDATE alerts SET status = 'resolved', ends_at = ? WHERE fingerprint = ? AND starts_at = ?",
                 [(ends, fingerprint, starts) for ends, _, fingerprint, starts in self.resolves],
             )
-            bump_seen(
-                db, [(stamp, 1, fingerprint, starts) for _, stamp, fingerprint, starts in self.resolves]
+            yield bump_seen(
+                [(stamp, 1, fingerprint, starts) for _, stamp, fingerprint, starts in self.resolves]
             )
         if self.changed:
-            db.executemany(
-                "UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", self.changed
-            )
+            yield many("UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", self.changed)
         if self.events:
-            insert_events_at(db, [(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
+            yield insert_events([(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
 
     def rename(self, names: dict[str, str]) -> None:
         """Give the outcomes and cache entries the incident ids the database assigned."""
@@ -232,12 +229,12 @@ class Batch:
             out.cache = {key: (status, real(incident_id)) for key, (status, incident_id) in out.cache.items()}
 
 
-def bump_seen(db: sqlite3.Connection, rows: Sequence[tuple[str | None, int, str, str]]) -> None:
+def bump_seen(seen: Sequence[tuple[str | None, int, str, str]]) -> Stmt:
     """Repeat deliveries: ``(last_seen, count, fingerprint, starts_at)``."""
-    db.executemany(
-        "UPDATE alert_deliveries SET last_seen = MAX(last_seen, ?), deliveries = deliveries + ?"
+    return many(
+        "UPDATE alert_deliveries SET last_seen = {greatest}(last_seen, ?), deliveries = deliveries + ?"
         " WHERE fingerprint = ? AND starts_at = ?",
-        rows,
+        seen,
     )
 
 
@@ -246,64 +243,68 @@ def _alert_event(kind: str, alertname: str, fault: Any, key: tuple[str, str | No
     return NewEvent(kind, detail=detail, data={"fingerprint": key[0], "starts_at": key[1]})
 
 
-def insert_events(
-    db: sqlite3.Connection, events: Sequence[tuple[str | None, NewEvent]], now: datetime
-) -> None:
-    insert_events_at(db, [(i, e, now) for i, e in events])
+_INSERT_EVENT = (
+    "INSERT INTO events (incident_id, at, kind, step, outcome, attempt, actor, detail, data_json)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
-def insert_events_at(db: sqlite3.Connection, events: Sequence[tuple[str | None, NewEvent, datetime]]) -> None:
-    """Append to the audit log (append-only: the schema refuses updates and deletes)."""
-    if not events:
-        return
-    db.executemany(
-        "INSERT INTO events (incident_id, at, kind, step, outcome, attempt, actor, detail, data_json)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (i, ts(at), e.kind, e.step, e.outcome, e.attempt, e.actor, e.detail, dumps(dict(e.data)))
-            for i, e, at in events
-        ],
+def event_row(incident_id: str | None, event: NewEvent, at: datetime) -> tuple[Any, ...]:
+    data = dumps(dict(event.data))
+    return (
+        incident_id,
+        ts(at),
+        event.kind,
+        event.step,
+        event.outcome,
+        event.attempt,
+        event.actor,
+        event.detail,
+        data,
     )
 
 
-def _known(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], KeyState]:
+def insert_event(incident_id: str | None, event: NewEvent, at: datetime) -> Stmt:
+    """Append one event to the audit log; the answer is its row with its ``seq``."""
+    return one(f"{_INSERT_EVENT} RETURNING seq", event_row(incident_id, event, at))
+
+
+def insert_events(events: Sequence[tuple[str | None, NewEvent, datetime]]) -> Stmt:
+    """Append to the audit log (append-only: the schema refuses updates and deletes)."""
+    return many(_INSERT_EVENT, [event_row(i, e, at) for i, e, at in events])
+
+
+def known_keys(keys: Sequence[tuple[str, str]]) -> Op[dict[tuple[str, str], KeyState]]:
     """Stored state of these keys. Looked up by fingerprint (the primary key's prefix, so an
     index search, where a row-value IN would scan the table) and matched on startsAt here."""
     wanted = set(keys)
     known: dict[tuple[str, str], KeyState] = {}
     for chunk in _chunks(sorted({fingerprint for fingerprint, _ in wanted})):
-        placeholders = ",".join("?" for _ in chunk)
-        rows = db.execute(
-            f"SELECT fingerprint, starts_at, status, incident_id FROM alerts"  # noqa: S608 - placeholders only
-            f" WHERE fingerprint IN ({placeholders})",
-            list(chunk),
+        found = yield rows(
+            "SELECT fingerprint, starts_at, status, incident_id FROM alerts WHERE fingerprint IN (?*)",
+            [chunk],
         )
-        known.update({(r[0], r[1]): (r[2], r[3]) for r in rows if (r[0], r[1]) in wanted})
+        for r in found:
+            key = (r["fingerprint"], r["starts_at"])
+            if key in wanted:
+                known[key] = (r["status"], r["incident_id"])
     return known
 
 
-def _active_incidents(
-    db: sqlite3.Connection, nodes: set[str]
-) -> tuple[dict[str, tuple[str, str]], dict[str, set[str]]]:
-    """The active incident of each node, and the fault keys each already has (one query)."""
+def _active_incidents(nodes: set[str]) -> Op[tuple[dict[str, tuple[str, str]], dict[str, set[str]]]]:
+    """The active incident of each node, and the fault keys each already has (one query a chunk)."""
     found: dict[str, tuple[str, str]] = {}
     faults: dict[str, set[str]] = {}
     for chunk in _chunks(sorted(nodes)):
-        placeholders = ",".join("?" for _ in chunk)
-        rows = db.execute(
-            f"SELECT DISTINCT i.node, i.id, i.state, a.fault_key FROM incidents i"  # noqa: S608
-            f" LEFT JOIN alerts a ON a.incident_id = i.id"
-            f" WHERE i.node IN ({placeholders}) AND i.state NOT IN {TERMINAL_STATES}",
-            list(chunk),
+        answer = yield rows(
+            "SELECT DISTINCT i.node, i.id, i.state, a.fault_key FROM incidents i"
+            " LEFT JOIN alerts a ON a.incident_id = i.id"
+            " WHERE i.node IN (?*) AND i.state NOT IN {terminal}",
+            [chunk],
         )
-        for node, incident_id, state, fault_key in rows:
-            found[node] = (incident_id, state)
-            keys = faults.setdefault(incident_id, set())
-            if fault_key is not None:
-                keys.add(fault_key)
+        for r in answer:
+            found[r["node"]] = (r["id"], r["state"])
+            keys = faults.setdefault(r["id"], set())
+            if r["fault_key"] is not None:
+                keys.add(r["fault_key"])
     return found, faults
-
-
-def _next_seq(db: sqlite3.Connection) -> int:
-    rows = list(db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM incidents"))
-    return int(rows[0][0]) if rows else 1

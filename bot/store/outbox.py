@@ -7,39 +7,58 @@ however long the destination is down. One row per notice and destination (``slac
 ``grafana``): destinations progress independently. ``outbox_refs`` keeps what a destination
 must remember between notices (the ts of an incident's Slack thread), beside the rows.
 
-These are plain functions of a connection, run by the store's writer and reader threads.
+The statements and operations here are the same for both stores (``bot.store.sql``).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from bot.store.base import JsonObject, NewEvent, OutboxItem
 from bot.store.codec import dt, dumps, ts
-from bot.store.ingest import insert_events
+from bot.store.ingest import insert_event
+from bot.store.sql import Op, Stmt, many, one, rows, run
+
+_INSERT = (
+    "INSERT INTO outbox (destination, incident_id, event_seq, kind, payload_json, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 
 def enqueue(
-    db: sqlite3.Connection,
     incident_id: str | None,
     event: NewEvent,
     kind: str,
     payload: JsonObject,
     destinations: Sequence[str],
     now: datetime,
-) -> int:
-    insert_events(db, [(incident_id, event)], now)
-    seq = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+) -> Op[int]:
+    """The timeline event and its notice, one row per destination; the event's ``seq``."""
+    inserted = yield insert_event(incident_id, event, now)
+    seq = int(inserted["seq"])
     document = dumps(dict(payload))
-    db.executemany(
-        "INSERT INTO outbox (destination, incident_id, event_seq, kind, payload_json, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        [(d, incident_id, seq, kind, document, ts(now)) for d in destinations],
-    )
+    yield many(_INSERT, [(d, incident_id, seq, kind, document, ts(now)) for d in destinations])
+    return seq
+
+
+def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str], now: datetime) -> Op[int]:
+    """A timeline event, and for routed kinds (``Store.route_events``) its outbox rows too; its ``seq``."""
+    inserted = yield insert_event(incident_id, event, now)
+    seq = int(inserted["seq"])
+    if destinations:
+        payload = {
+            "event": True,
+            "step": event.step,
+            "outcome": event.outcome,
+            "actor": event.actor,
+            "detail": event.detail,
+        }
+        document = dumps(payload)
+        rows_ = [(d, incident_id, seq, event.kind, document, ts(now)) for d in destinations]
+        yield many(_INSERT, rows_, wakes=True)
     return seq
 
 
@@ -62,76 +81,50 @@ def item_from(row: Any) -> OutboxItem:
     )
 
 
-def pending(db: sqlite3.Connection, destination: str, limit: int) -> list[OutboxItem]:
-    rows = db.execute(
+def pending(destination: str, limit: int) -> Op[list[OutboxItem]]:
+    found = yield rows(
         "SELECT * FROM outbox WHERE destination = ? AND delivered_at IS NULL ORDER BY id LIMIT ?",
         (destination, limit),
     )
-    return [item_from(r) for r in rows]
+    return [item_from(r) for r in found]
 
 
-def item(db: sqlite3.Connection, item_id: int) -> OutboxItem | None:
-    row = db.execute("SELECT * FROM outbox WHERE id = ?", (item_id,)).fetchone()
+def item(item_id: int) -> Op[OutboxItem | None]:
+    row = yield one("SELECT * FROM outbox WHERE id = ?", (item_id,))
     return item_from(row) if row else None
 
 
-def attempt(db: sqlite3.Connection, item_id: int) -> None:
-    db.execute("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+def attempt(item_id: int) -> Stmt:
+    return run("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
 
 
-def delivered(db: sqlite3.Connection, item_id: int, ref: str | None, now: datetime) -> None:
-    db.execute(
+def delivered(item_id: int, ref: str | None, now: datetime) -> Stmt:
+    return run(
         "UPDATE outbox SET delivered_at = ?, ref = ?, not_before = NULL, last_error = '' WHERE id = ?",
         (ts(now), ref, item_id),
     )
 
 
-def defer(db: sqlite3.Connection, item_id: int, not_before: datetime, error: str) -> None:
-    db.execute(
+def defer(item_id: int, not_before: datetime, error: str) -> Stmt:
+    return run(
         "UPDATE outbox SET not_before = ?, last_error = ? WHERE id = ?",
         (ts(not_before), error[:500], item_id),
     )
 
 
-def ref(db: sqlite3.Connection, destination: str, key: str) -> str | None:
-    row = db.execute(
-        "SELECT ref FROM outbox_refs WHERE destination = ? AND key = ?", (destination, key)
-    ).fetchone()
-    return str(row[0]) if row else None
+def ref(destination: str, key: str) -> Op[str | None]:
+    row = yield one("SELECT ref FROM outbox_refs WHERE destination = ? AND key = ?", (destination, key))
+    return str(row["ref"]) if row else None
 
 
-def refs_by_key(db: sqlite3.Connection, key: str) -> dict[str, str]:
-    rows = db.execute("SELECT destination, ref FROM outbox_refs WHERE key = ?", (key,)).fetchall()
-    return {str(destination): str(ref) for destination, ref in rows}
+def refs_by_key(key: str) -> Op[dict[str, str]]:
+    found = yield rows("SELECT destination, ref FROM outbox_refs WHERE key = ?", (key,))
+    return {str(r["destination"]): str(r["ref"]) for r in found}
 
 
-def set_ref(db: sqlite3.Connection, destination: str, key: str, value: str, now: datetime) -> None:
-    db.execute(
+def set_ref(destination: str, key: str, value: str, now: datetime) -> Stmt:
+    return run(
         "INSERT INTO outbox_refs (destination, key, ref, updated_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (destination, key) DO UPDATE SET ref = excluded.ref, updated_at = excluded.updated_at",
         (destination, key, value, ts(now)),
-    )
-
-
-def route(
-    db: sqlite3.Connection,
-    incident_id: str | None,
-    event: NewEvent,
-    destinations: Sequence[str],
-    now: datetime,
-) -> None:
-    """The timeline event just inserted, as outbox rows (``SqliteStore.route_events``)."""
-    seq = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
-    payload = {
-        "event": True,
-        "step": event.step,
-        "outcome": event.outcome,
-        "actor": event.actor,
-        "detail": event.detail,
-    }
-    document = dumps(payload)
-    db.executemany(
-        "INSERT INTO outbox (destination, incident_id, event_seq, kind, payload_json, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        [(d, incident_id, seq, event.kind, document, ts(now)) for d in destinations],
     )

@@ -8,8 +8,8 @@ never waits for the writer, nor the writer for it. One thread, not a pool: reads
 behind each other instead of taking the GIL from the event loop in parallel, and the API's
 pages (``bot.store.base.PAGE_MAX``) keep each read short, so nothing waits behind one for long.
 
-The queries themselves (``bot.store.sqlite``) are plain functions of a connection; this module
-owns only the thread, the connection and the cursor format of alert pages.
+The queries themselves (``bot.store.queries``) are operations ``SqliteStore`` drives over this
+connection; this module owns only the thread, the connection and the cursor format of alert pages.
 """
 
 from __future__ import annotations

@@ -1,20 +1,29 @@
-"""SQLite schema and its versioned migrations.
+"""The store's schema and its versioned migrations: one definition for SQLite and Postgres.
 
-Each migration is applied once, in order, inside a transaction, and recorded in
-``PRAGMA user_version``. The audit log is append-only by construction: triggers refuse
-UPDATE and DELETE on ``events``.
+Migration *n* is the same tables, columns, keys and indexes on both databases; the few words they
+spell differently (identity columns, ``WITHOUT ROWID``, the lease's time type, the append-only
+triggers) are ``{word}``s that ``bot.store.sql.Dialect.script`` fills in. Timestamps are ISO-8601
+text in UTC on both, so one codec (``bot.store.codec``) reads both and text order is time order;
+only the lease's times are the database's own clock type.
+
+Each migration is applied once, in order, in a transaction of its own, and recorded (SQLite:
+``PRAGMA user_version``; Postgres: the ``pitcrew_schema`` row, under an advisory lock so two
+replicas starting at once migrate once). The audit log is append-only in the database itself:
+triggers refuse UPDATE and DELETE (and on Postgres TRUNCATE) on ``events``.
 """
 
 from __future__ import annotations
 
-TERMINAL_STATES = "('resolved','failed','rolled_back','suppressed')"
+from bot.store.sql import TERMINAL_STATES, Dialect
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "TERMINAL_STATES", "migrations"]
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first schema
-    f"""
+    """
     CREATE TABLE incidents (
         id TEXT PRIMARY KEY,
-        seq INTEGER NOT NULL UNIQUE,
+        seq {bigint} NOT NULL UNIQUE,
         node TEXT NOT NULL,
         state TEXT NOT NULL,
         playbook TEXT,
@@ -31,7 +40,7 @@ MIGRATIONS: tuple[str, ...] = (
         outcome TEXT NOT NULL DEFAULT '',
         group_key TEXT NOT NULL DEFAULT ''
     );
-    CREATE UNIQUE INDEX incidents_one_active_per_node ON incidents(node) WHERE state NOT IN {TERMINAL_STATES};
+    CREATE UNIQUE INDEX incidents_one_active_per_node ON incidents(node) WHERE state NOT IN {terminal};
     CREATE INDEX incidents_node_opened ON incidents(node, opened_at);
     CREATE INDEX incidents_state ON incidents(state);
 
@@ -50,7 +59,7 @@ MIGRATIONS: tuple[str, ...] = (
         group_key TEXT NOT NULL DEFAULT '',
         first_seen TEXT NOT NULL,
         PRIMARY KEY (fingerprint, starts_at)
-    ) WITHOUT ROWID;
+    ) {without_rowid};
     CREATE INDEX alerts_incident ON alerts(incident_id);
 
     -- Delivery counters apart from the alert itself: Alertmanager redelivers every group
@@ -61,7 +70,7 @@ MIGRATIONS: tuple[str, ...] = (
         deliveries INTEGER NOT NULL DEFAULT 1,
         last_seen TEXT NOT NULL,
         PRIMARY KEY (fingerprint, starts_at)
-    ) WITHOUT ROWID;
+    ) {without_rowid};
 
     CREATE TABLE steps (
         incident_id TEXT NOT NULL REFERENCES incidents(id),
@@ -70,9 +79,9 @@ MIGRATIONS: tuple[str, ...] = (
         attempts INTEGER NOT NULL DEFAULT 0,
         started_at TEXT,
         ended_at TEXT,
-        result_json TEXT NOT NULL DEFAULT '{{}}',
+        result_json TEXT NOT NULL DEFAULT '{}',
         PRIMARY KEY (incident_id, step)
-    ) WITHOUT ROWID;
+    ) {without_rowid};
 
     CREATE TABLE approvals (
         incident_id TEXT NOT NULL REFERENCES incidents(id),
@@ -94,7 +103,7 @@ MIGRATIONS: tuple[str, ...] = (
     );
 
     CREATE TABLE events (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        seq {serial},
         incident_id TEXT,
         at TEXT NOT NULL,
         kind TEXT NOT NULL,
@@ -103,23 +112,20 @@ MIGRATIONS: tuple[str, ...] = (
         attempt INTEGER,
         actor TEXT,
         detail TEXT NOT NULL DEFAULT '',
-        data_json TEXT NOT NULL DEFAULT '{{}}'
+        data_json TEXT NOT NULL DEFAULT '{}'
     );
     CREATE INDEX events_incident ON events(incident_id, seq);
-    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
-        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
-        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    {append_only_events}
     """,
     # 2: the durable outbox of notices (bot.store.outbox): one row per notice and destination,
     # written in the transaction of the timeline event it reports; the references a destination
     # keeps (a Slack thread's ts) beside it.
     """
     CREATE TABLE outbox (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id {serial},
         destination TEXT NOT NULL,
         incident_id TEXT,
-        event_seq INTEGER,
+        event_seq {bigint},
         kind TEXT NOT NULL,
         payload_json TEXT NOT NULL,
         created_at TEXT NOT NULL,
@@ -137,7 +143,7 @@ MIGRATIONS: tuple[str, ...] = (
         ref TEXT NOT NULL,
         updated_at TEXT NOT NULL,
         PRIMARY KEY (destination, key)
-    ) WITHOUT ROWID;
+    ) {without_rowid};
     """,
     # 3: where people see an incident (``link:<incident>``, a Slack thread's permalink), read by
     # key across destinations (the read API, ``pitcrew incidents show``).
@@ -145,20 +151,31 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX outbox_refs_key ON outbox_refs(key);
     """,
     # 4: one actor per store (bot.store.lease): at most one row, who leads and until when; the
-    # epoch is the fencing token every engine write is checked against. Times are Unix seconds
-    # of the store's own clock.
+    # epoch is the fencing token every engine write is checked against. Times are the store's own
+    # clock (SQLite: Unix seconds; Postgres: timestamptz of its now()).
     """
     CREATE TABLE leadership (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         holder TEXT NOT NULL,
-        epoch INTEGER NOT NULL,
-        acquired_at REAL NOT NULL,
-        renewed_at REAL NOT NULL,
-        expires_at REAL NOT NULL
+        epoch {bigint} NOT NULL,
+        acquired_at {instant} NOT NULL,
+        renewed_at {instant} NOT NULL,
+        expires_at {instant} NOT NULL
     );
     -- The leader looks for rollbacks another process recorded at every scan.
     CREATE INDEX steps_rollback_requested ON steps(incident_id) WHERE step = 'rollback' AND status = 'running';
     """,
+    # 5: retention (bot.store.retention) finds closed incidents by age, and an incident's outbox rows,
+    # without reading either table whole.
+    """
+    CREATE INDEX incidents_closed ON incidents(closed_at) WHERE closed_at IS NOT NULL;
+    CREATE INDEX outbox_incident ON outbox(incident_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrations(dialect: Dialect) -> tuple[str, ...]:
+    """Every migration, in order, as ``dialect`` runs it."""
+    return tuple(dialect.script(m) for m in MIGRATIONS)

@@ -42,7 +42,8 @@ import aiosqlite
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
 from bot.store.ingest import KeyState, bump_seen, ingest
-from bot.store.schema import MIGRATIONS, SCHEMA_VERSION
+from bot.store.schema import SCHEMA_VERSION, migrations
+from bot.store.sql import SQLITE, run_sync, single
 
 log = logger(__name__)
 _CHECKPOINT_EVERY = 2.0  # seconds between WAL checkpoints
@@ -219,7 +220,7 @@ class Writer:
         rows = [(stamp, n, fp, starts) for (fp, starts), (stamp, n) in seen.items()]
 
         def bump(conn: sqlite3.Connection) -> None:
-            bump_seen(conn, rows)
+            run_sync(conn, single(bump_seen(rows)))
 
         try:
             items: list[Unit | IngestJob] = [bump]
@@ -282,9 +283,8 @@ class Writer:
             outcomes: list[Outcome] = []
             jobs = [item for item in items if isinstance(item, IngestJob)]
             if jobs:
-                outcomes.extend(
-                    (True, o) for o in ingest(conn, [(j.delivery, j.now) for j in jobs], self.keys)
-                )
+                stored = run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.keys)).result
+                outcomes.extend((True, o) for o in stored)
             outcomes.extend((True, unit(conn)) for unit in items if not isinstance(unit, IngestJob))
             conn.execute("COMMIT")
             return outcomes
@@ -383,6 +383,9 @@ def _touch(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {version}")
 
 
+_MIGRATIONS = migrations(SQLITE)
+
+
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
@@ -391,7 +394,7 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
         # executescript commits any open transaction first, so the script carries its own.
         try:
             conn.executescript(
-                f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;"
+                f"BEGIN IMMEDIATE; {_MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;"
             )
         except Exception:
             with contextlib.suppress(sqlite3.Error):

@@ -10,7 +10,8 @@ refusal of UPDATE and DELETE in the database itself; approvals decided once; a r
 once; switches; the outbox (enqueue with the event in one transaction, routed events and their
 wake, attempt, defer, delivered, references and links); two views of one database see each
 other's writes; ``pitcrew incidents`` reads either and says who leads; the two stores have the same tables and columns at the same schema version.
-The lease and the fence are in ``test_store_lease.py`` (also on both stores).
+The lease and the fence are in ``test_store_lease.py``, retention in ``test_store_retention.py`` (also on
+both stores).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import Plan
 from bot.domain.policy import Mode
+from bot.store import sql
 from bot.store.base import Delivery, IncomingAlert, NewEvent, link_key
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
+from bot.store.sql import single
 from bot.store.sqlite import SqliteStore
 from tests.harness.stores import AnyStore, Stores
 
@@ -320,9 +323,13 @@ async def test_both_stores_have_the_same_tables_and_columns(stores: Stores) -> N
     else:
         assert isinstance(store, PostgresStore)
         version = await store.schema_version()
-        rows = await store._rows(
-            "SELECT table_name, column_name FROM information_schema.columns"
-            " WHERE table_schema = 'public' AND table_name != 'pitcrew_schema'"
+        rows = await store._read(
+            single(
+                sql.rows(
+                    "SELECT table_name, column_name FROM information_schema.columns"
+                    " WHERE table_schema = 'public' AND table_name != 'pitcrew_schema'"
+                )
+            )
         )
         columns = {}
         for r in rows:
@@ -434,3 +441,22 @@ def test_pitcrew_incidents_says_who_leads(
     out = capsys.readouterr().out
     assert "pc-00001" in out and "gpu-001" in out
     assert "leader: vm/1/abc (epoch 1, since " in out
+
+
+async def test_a_refused_write_fails_alone(stores: Stores) -> None:
+    """Writes that reach the store at once commit or fail each on its own: one the database refuses
+    (a step of an incident that does not exist) takes none of the others with it (SQLite's writer
+    runs them in one transaction, rolls it back and runs each again alone)."""
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    results = await asyncio.gather(
+        store.record(incident_id, NewEvent("note", detail="first"), T0),
+        store.step_progress("pc-99999", "drain", {"evicting": "x"}, T0),
+        store.set_switch("pause", {"paused": True}, "cli:alice", T0),
+        store.step_progress(incident_id, "drain", {"evicted": ["ml/a"]}, T0),
+        return_exceptions=True,
+    )
+    assert [isinstance(r, Exception) for r in results] == [False, True, False, False], results
+    assert (await store.events_of(incident_id))[-1].detail == "first"
+    assert (await store.switch("pause") or {}).get("paused") is True
+    assert (await store.steps_of(incident_id))["drain"].result == {"evicted": ["ml/a"]}

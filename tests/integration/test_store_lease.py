@@ -25,8 +25,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
+from bot.store import sql
 from bot.store.base import Deposed, Fence, NewEvent
 from bot.store.postgres import PostgresStore
+from bot.store.sql import single
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
 
@@ -232,9 +234,13 @@ async def test_postgres_a_fenced_write_waiting_on_a_takeover_in_flight_is_refuse
         write = asyncio.create_task(fenced.record(None, NewEvent("note", detail="a's intent"), T0))
 
         async def waiting_on_the_row() -> bool:
-            rows = await store._rows(
-                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE '%%FROM leadership%%FOR SHARE%%'"
+            rows = await store._read(
+                single(
+                    sql.rows(
+                        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND query LIKE '%FROM leadership%FOR SHARE%'"
+                    )
+                )
             )
             return bool(rows) or write.done()
 

@@ -5,13 +5,16 @@ README beside it): a resolved replace-node incident with recorded jobs, a failed
 rolled-back one, an observe-mode one, one awaiting approval and one killed in the middle of
 its drain. Cases: every incident, plan and step record decodes into this release's typed
 records with the values 0.1.0 stored; the read API renders each incident; the interrupted
-drain's progress is what a resumed step would continue from.
+drain's progress is what a resumed step would continue from; the file migrates to this release's
+schema and retention prunes it by the same rule as a new store.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from bot.engine.steps.cluster import DrainResult
 from bot.engine.steps.resumed import ConfirmResumedResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
+from bot.store.schema import SCHEMA_VERSION
 from bot.store.sqlite import SqliteStore
 from bot.web.views import incident_detail
 from tests.conftest import FIXTURES
@@ -116,3 +120,23 @@ async def test_an_interrupted_step_resumes_from_its_old_progress(old_store: Sqli
     drain = codec.decode_record(DrainResult, steps["drain"].result)
     assert drain.evicted == ("ml-train/moe-worker-0",) and drain.evicting == "ml-train/moe-worker-1"
     assert [i for i, state, _ in await old_store.active()] == ["pc-00005", "pc-00006"]
+
+
+async def test_an_old_store_migrates_to_this_schema_and_prunes_to_the_policy(old_store: SqliteStore) -> None:
+    """The 0.1.0 file, migrated to this release's schema (retention's indexes included), is
+    pruned by the same rule as a new one: its four closed incidents go, the one awaiting approval
+    and the one killed mid-drain stay, and the audit log of every one of them stays whole."""
+    with sqlite3.connect(old_store.path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"incidents_closed", "outbox_incident"} <= indexes
+    ids = [want["id"] for want in EXPECTED["incidents"]]
+    timelines = {i: await old_store.events_of(i) for i in ids}
+    assert all(timelines.values())
+
+    pruned = await old_store.prune(datetime(2100, 1, 1, tzinfo=UTC))
+
+    assert pruned.counts["incidents"] == 4
+    assert [i for i in ids if await old_store.incident(i) is not None] == ["pc-00005", "pc-00006"]
+    assert [await old_store.alerts_of(i) for i in ids[:4]] == [[], [], [], []]
+    assert {i: await old_store.events_of(i) for i in ids} == timelines

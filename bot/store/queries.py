@@ -1,0 +1,397 @@
+"""What the store reads and writes for the engine, the API and the lease: each query once.
+
+Operations and statements in the neutral form of ``bot.store.sql``; ``bot.store.sqlstore``
+exposes them as the store port and each store drives them over its own connection. Writes
+here run in the caller's transaction (the store opens it, takes its locks and checks the fence).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from bot.domain.faults import Fault
+from bot.domain.incident import State
+from bot.domain.planner import PastIncident
+from bot.store import codec
+from bot.store.base import (
+    ACTION,
+    PAGE_MAX,
+    AlertRecord,
+    ApprovalRecord,
+    ApprovalStatus,
+    Event,
+    IncidentRecord,
+    Lease,
+    Page,
+    StepRecord,
+    StepStatus,
+)
+from bot.store.lease import Deposed
+from bot.store.reader import alert_cursor, alert_key, event_key
+from bot.store.sql import Dialect, Op, Stmt, T, one, rows, run
+
+ALERTS = (
+    "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
+    " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
+)
+#: The order of an incident's alerts, and the key of an alert page's cursor.
+ALERT_ORDER = "ORDER BY a.first_seen, a.fingerprint, a.starts_at"
+
+
+def bounded(limit: int) -> int:
+    return max(1, min(limit, PAGE_MAX))
+
+
+# ------------------------------------------------------------------------- the fence
+def fenced(token: tuple[str, int] | None, op: Op[T]) -> Op[T]:
+    """``op``, after checking in the same transaction that the leadership row still names this
+    holder and epoch (Postgres locks the row ``FOR SHARE``: a takeover waits for this commit;
+    SQLite's ``BEGIN IMMEDIATE`` already holds the write lock until the commit)."""
+    if token is not None:
+        held = yield one(
+            "SELECT 1 AS held FROM leadership WHERE id = 1 AND holder = ? AND epoch = ? {for_share}", token
+        )
+        if held is None:
+            raise Deposed(f"{token[0]} no longer holds epoch {token[1]}: another process took over")
+    return (yield from op)
+
+
+# ------------------------------------------------------------------------------ reads
+def faults(incident_ids: Sequence[str]) -> Op[dict[str, tuple[Fault, ...]]]:
+    """Each incident's faults, one per fault key (its first occurrence), in order of first occurrence.
+
+    One row per incident and key comes back (two only when two alerts of one key start at the
+    same instant): an incident with 10,000 alerts of one fault decodes one fault, not 10,000."""
+    found: dict[str, list[Fault]] = {i: [] for i in incident_ids}
+    if incident_ids:
+        answer = yield rows(
+            "SELECT a.incident_id, a.fault_key, a.fault_json FROM (SELECT incident_id, fault_key,"
+            " MIN(starts_at) AS first FROM alerts WHERE incident_id IN (?*) AND fault_json IS NOT NULL"
+            " GROUP BY incident_id, fault_key) f JOIN alerts a ON a.incident_id = f.incident_id"
+            " AND a.fault_key = f.fault_key AND a.starts_at = f.first ORDER BY f.first, f.fault_key",
+            [list(incident_ids)],
+        )
+        seen: set[tuple[str, str]] = set()
+        for r in answer:
+            if (r["incident_id"], r["fault_key"]) not in seen:
+                seen.add((r["incident_id"], r["fault_key"]))
+                found[r["incident_id"]].append(codec.fault_from(r["fault_json"]))
+    return {i: tuple(f) for i, f in found.items()}
+
+
+def incident(incident_id: str) -> Op[IncidentRecord | None]:
+    row = yield one("SELECT * FROM incidents WHERE id = ?", (incident_id,))
+    if row is None:
+        return None
+    return codec.incident_from(row, (yield from faults([incident_id]))[incident_id])
+
+
+def incidents(active_only: bool, node: str | None, limit: int) -> Op[list[IncidentRecord]]:
+    where, params = [], []
+    if active_only:
+        where.append("state NOT IN {terminal}")
+    if node is not None:
+        where.append("node = ?")
+        params.append(node)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    found = yield rows(f"SELECT * FROM incidents {clause} ORDER BY seq DESC LIMIT ?", [*params, limit])  # noqa: S608 - fixed fragments
+    by_id = yield from faults([r["id"] for r in found])
+    return [codec.incident_from(r, by_id[r["id"]]) for r in found]
+
+
+def active() -> Op[list[tuple[str, State, datetime]]]:
+    found = yield rows(
+        "SELECT id, state, opened_at FROM incidents WHERE state NOT IN {terminal} ORDER BY seq"
+    )
+    return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in found]
+
+
+def alerts_of(incident_id: str) -> Op[list[AlertRecord]]:
+    found = yield rows(f"{ALERTS} WHERE a.incident_id = ? {ALERT_ORDER}", (incident_id,))
+    return [codec.alert_from(r) for r in found]
+
+
+def alerts_page(incident_id: str, limit: int, after: str | None) -> Op[Page[AlertRecord]]:
+    limit = bounded(limit)
+    where, params = "incident_id = ?", [incident_id]
+    if after is not None:
+        where += " AND (first_seen, fingerprint, starts_at) > (?, ?, ?)"
+        params.extend(alert_key(after))  # BadCursor before anything is read
+    # The page's keys first, then only its rows joined and decoded.
+    found = yield rows(
+        "SELECT a.*, d.deliveries, d.last_seen FROM (SELECT fingerprint, starts_at FROM alerts"  # noqa: S608
+        f" WHERE {where} ORDER BY first_seen, fingerprint, starts_at LIMIT ?) k"
+        " JOIN alerts a ON a.fingerprint = k.fingerprint AND a.starts_at = k.starts_at"
+        " JOIN alert_deliveries d ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
+        f" {ALERT_ORDER}",
+        [*params, limit + 1],
+    )
+    page = found[:limit]
+    last = page[-1] if len(found) > limit else None
+    return Page(
+        tuple(codec.alert_from(r) for r in page),
+        alert_cursor((last["first_seen"], last["fingerprint"], last["starts_at"])) if last else None,
+    )
+
+
+def alert(key: tuple[str, str]) -> Op[AlertRecord | None]:
+    row = yield one(f"{ALERTS} WHERE a.fingerprint = ? AND a.starts_at = ?", key)
+    return codec.alert_from(row) if row else None
+
+
+def events_of(incident_id: str) -> Op[list[Event]]:
+    found = yield rows("SELECT * FROM events WHERE incident_id = ? ORDER BY seq", (incident_id,))
+    return [codec.event_from(r) for r in found]
+
+
+def events_page(incident_id: str, limit: int, after: str | None) -> Op[Page[Event]]:
+    limit, since = bounded(limit), event_key(after) if after is not None else 0
+    found = yield rows(
+        "SELECT * FROM events WHERE incident_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (incident_id, since, limit + 1),
+    )
+    events = tuple(codec.event_from(r) for r in found[:limit])
+    return Page(events, str(events[-1].seq) if len(found) > limit else None)
+
+
+def events_since(seq: int, limit: int) -> Op[list[Event]]:
+    found = yield rows("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+    return [codec.event_from(r) for r in found]
+
+
+def steps_of(incident_id: str) -> Op[dict[str, StepRecord]]:
+    found = yield rows("SELECT * FROM steps WHERE incident_id = ?", (incident_id,))
+    return {r["step"]: codec.step_from(r) for r in found}
+
+
+def approval(incident_id: str) -> Op[ApprovalRecord | None]:
+    row = yield one(
+        "SELECT * FROM approvals WHERE incident_id = ? ORDER BY requested_at DESC LIMIT 1", (incident_id,)
+    )
+    return codec.approval_from(row) if row else None
+
+
+def switch(name: str) -> Op[Mapping[str, Any] | None]:
+    row = yield one("SELECT value_json, set_by, set_at FROM switches WHERE name = ?", (name,))
+    if row is None or row["value_json"] is None:
+        return None
+    value: dict[str, Any] = json.loads(row["value_json"])
+    return {**value, "set_by": row["set_by"], "set_at": row["set_at"]}
+
+
+def history(node: str, since: datetime, exclude: str | None) -> Op[list[PastIncident]]:
+    found = yield rows(
+        "SELECT id, playbook, opened_at, acted FROM incidents WHERE node = ? AND opened_at >= ? AND id != ?"
+        " AND playbook IS NOT NULL ORDER BY seq",
+        (node, codec.ts(since), exclude or ""),
+    )
+    return [
+        PastIncident(r["id"], r["playbook"], codec.dt(r["opened_at"]) or since, bool(r["acted"]))
+        for r in found
+    ]
+
+
+def nodes_in_remediation(since: datetime, exclude_node: str | None) -> Op[frozenset[str]]:
+    # An active incident holds its place from admission (two admitted at once must not both
+    # slip under the limit); an ended one keeps it only if pitcrew changed something for it
+    # (an "action" in its audit log), so one that failed before any change gives it back.
+    found = yield rows(
+        "SELECT DISTINCT node FROM incidents i WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?"
+        " AND (state NOT IN {terminal}"
+        " OR EXISTS (SELECT 1 FROM events e WHERE e.incident_id = i.id AND e.kind = ?))",
+        (codec.ts(since), exclude_node or "", ACTION),
+    )
+    return frozenset(r["node"] for r in found)
+
+
+def rollbacks_requested() -> Op[list[str]]:
+    found = yield rows(
+        "SELECT s.incident_id FROM steps s JOIN incidents i ON i.id = s.incident_id"
+        " WHERE s.step = 'rollback' AND s.status = 'running' ORDER BY i.seq"
+    )
+    return [r["incident_id"] for r in found]
+
+
+# ----------------------------------------------------------------------------- writes
+def save_plan(incident_id: str, document: str, playbook: str, mode: str, now: datetime) -> Stmt:
+    return run(
+        "UPDATE incidents SET plan_json = ?, playbook = ?, mode = ?, faults_changed = 0, updated_at = ?"
+        " WHERE id = ?",
+        (document, playbook, mode, codec.ts(now), incident_id),
+    )
+
+
+def ack_faults(incident_id: str) -> Stmt:
+    return run("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
+
+
+def transition(
+    incident_id: str,
+    state: State,
+    now: datetime,
+    *,
+    outcome: str | None,
+    guarded: bool,
+    unless: str | None,
+) -> Stmt:
+    """Move an incident; the answer is 1 if it moved. ``unless="new_fault"`` skips the move if a
+    new fault attached meanwhile; ``unless="firing"`` also if any of its alerts still fires."""
+    stamp = codec.ts(now)
+    sets = ["state = ?", "updated_at = ?"]
+    params: list[Any] = [state.value, stamp]
+    if state.terminal:
+        sets.append("closed_at = ?")
+        params.append(stamp)
+    if outcome is not None:
+        sets.append("outcome = ?")
+        params.append(outcome)
+    if guarded:
+        sets.append("guarded_at = COALESCE(guarded_at, ?)")
+        params.append(stamp)
+    where, params_where = "id = ?", [incident_id]
+    if unless in {"new_fault", "firing"}:
+        where += " AND faults_changed = 0"
+    if unless == "firing":
+        where += " AND NOT EXISTS (SELECT 1 FROM alerts WHERE incident_id = ? AND status = 'firing')"
+        params_where.append(incident_id)
+    return run(f"UPDATE incidents SET {', '.join(sets)} WHERE {where}", [*params, *params_where])  # noqa: S608
+
+
+def advance(incident_id: str, step_index: int, now: datetime) -> Stmt:
+    return run(
+        "UPDATE incidents SET step_index = ?, updated_at = ? WHERE id = ?",
+        (step_index, codec.ts(now), incident_id),
+    )
+
+
+def step_started(incident_id: str, step: str, attempt: int, now: datetime) -> Stmt:
+    return run(
+        "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
+        " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
+        " started_at = CASE WHEN steps.status IN ('superseded', 'held') THEN excluded.started_at"
+        " ELSE COALESCE(steps.started_at, excluded.started_at) END,"
+        " result_json = CASE WHEN steps.status = 'superseded' THEN '{}' ELSE steps.result_json END,"
+        " ended_at = NULL",
+        (incident_id, step, attempt, codec.ts(now)),
+    )
+
+
+def acted(incident_id: str) -> Stmt:
+    return run("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
+
+
+def step_finished(incident_id: str, step: str, status: StepStatus, now: datetime, document: str) -> Stmt:
+    return run(
+        "INSERT INTO steps (incident_id, step, status, attempts, started_at, ended_at, result_json)"
+        " VALUES (?, ?, ?, 0, NULL, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
+        " status = excluded.status, ended_at = excluded.ended_at, result_json = excluded.result_json",
+        (incident_id, step, status, codec.ts(now), document),
+    )
+
+
+def request_rollback(incident_id: str, document: str, now: datetime) -> Stmt:
+    """The rollback record, once: the answer is 1 if this request recorded it."""
+    return run(
+        "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
+        " VALUES (?, 'rollback', 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO NOTHING",
+        (incident_id, codec.ts(now), document),
+    )
+
+
+def step_progress(incident_id: str, step: str, document: str, now: datetime) -> Stmt:
+    return run(
+        "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
+        " VALUES (?, ?, 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
+        " result_json = excluded.result_json",
+        (incident_id, step, codec.ts(now), document),
+    )
+
+
+def request_approval(
+    incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
+) -> Stmt:
+    return run(
+        "INSERT INTO approvals (incident_id, step, requested_at, deadline, approvers_json, status)"
+        " VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT (incident_id, step) DO NOTHING",
+        (incident_id, step, codec.ts(now), codec.ts(deadline), codec.dumps(list(approvers))),
+    )
+
+
+def decide_approval(incident_id: str, status: ApprovalStatus, actor: str, now: datetime) -> Stmt:
+    return run(
+        "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ? WHERE incident_id = ? AND status = 'pending'",
+        (status, actor, codec.ts(now), incident_id),
+    )
+
+
+def set_switch(name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> Stmt:
+    return run(
+        "INSERT INTO switches (name, value_json, set_by, set_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json, set_by = excluded.set_by,"
+        " set_at = excluded.set_at",
+        (name, codec.dumps(dict(value)) if value is not None else None, actor, codec.ts(now)),
+    )
+
+
+# ------------------------------------------------------------------------------ lease
+# Times are the store's clock (``{now}``), or a fake clock's value passed in (``{clock}``, tests).
+def _clock(dialect: Dialect, clock: datetime | None) -> tuple[str, list[Any]]:
+    return ("{now}", []) if clock is None else ("{clock}", [dialect.instant(clock)])
+
+
+def lease(dialect: Dialect, clock: datetime | None) -> Op[Lease | None]:
+    now, params = _clock(dialect, clock)
+    row = yield one(
+        f"SELECT holder, epoch, acquired_at, renewed_at, expires_at, {now} AS now FROM leadership WHERE id = 1",  # noqa: S608
+        params,
+    )
+    if row is None:
+        return None
+    return Lease(
+        holder=row["holder"],
+        epoch=int(row["epoch"]),
+        acquired_at=dialect.moment(row["acquired_at"]),
+        renewed_at=dialect.moment(row["renewed_at"]),
+        expires_at=dialect.moment(row["expires_at"]),
+        now=dialect.moment(row["now"]),
+    )
+
+
+def acquire_lease(dialect: Dialect, clock: datetime | None, holder: str, seconds: float) -> Op[Lease]:
+    """Take the row when it is free, expired or already ours; the epoch grows at every take."""
+    now, params = _clock(dialect, clock)
+    yield run(
+        "INSERT INTO leadership (id, holder, epoch, acquired_at, renewed_at, expires_at)"  # noqa: S608
+        f" SELECT 1, ?, 1, n.t, n.t, n.t + {{seconds}} FROM (SELECT {now} AS t) n WHERE true"
+        " ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, epoch = leadership.epoch + 1,"
+        " acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at,"
+        " expires_at = excluded.expires_at"
+        " WHERE leadership.expires_at <= excluded.acquired_at OR leadership.holder = excluded.holder",
+        [holder, seconds, *params],
+    )
+    taken = yield from lease(dialect, clock)
+    assert taken is not None
+    return taken
+
+
+def renew_lease(
+    dialect: Dialect, clock: datetime | None, holder: str, epoch: int, seconds: float
+) -> Op[Lease | None]:
+    now, params = _clock(dialect, clock)
+    renewed = yield run(
+        f"UPDATE leadership SET renewed_at = n.t, expires_at = n.t + {{seconds}} FROM (SELECT {now} AS t) n"  # noqa: S608
+        " WHERE id = 1 AND holder = ? AND epoch = ?",
+        [seconds, *params, holder, epoch],
+    )
+    return (yield from lease(dialect, clock)) if renewed else None
+
+
+def release_lease(dialect: Dialect, clock: datetime | None, holder: str, epoch: int) -> Stmt:
+    now, params = _clock(dialect, clock)
+    return run(
+        f"UPDATE leadership SET expires_at = {{least}}(expires_at, {now}) WHERE id = 1 AND holder = ? AND epoch = ?",  # noqa: S608
+        [*params, holder, epoch],
+    )

@@ -1,0 +1,124 @@
+"""Retention: a store that stays small for years (``store.retention``, default 180 days).
+
+What goes, once it is older than the cut-off:
+
+* a **closed** incident (a terminal state, ``closed_at`` before the cut-off) with its alerts and
+  their delivery counters, its step records, approvals, delivered outbox rows and the references
+  destinations kept for it (``thread:``, ``link:``, ``region:``… ``<prefix>:<incident>``);
+* an alert filed under no incident (no node label) last delivered before the cut-off;
+* a delivered outbox row of no incident, delivered before the cut-off.
+
+What never goes: an incident that is not closed; an incident with an outbox row not yet
+delivered (its notice still has to leave; it goes once delivered); the newest incident, whose
+number the next one counts on (incident ids are never reused, so the kept audit log never speaks
+of two incidents under one name); and the audit log (``events``), which the database keeps
+append-only — it holds every destructive action pitcrew took, and it is kept whole.
+
+A prune runs in bounded transactions (``prune_batch``: at most ``BATCH`` alerts and
+``INCIDENTS`` incidents each, fewer alerts when a transaction takes longer than ``BUDGET``) with a
+pause after each (``PACE``), so the writer is never held for long and never for most of the time; each is fenced like every engine write, so only the leader
+prunes. Written once for both stores (``bot.store.sql``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from bot.store.codec import ts
+from bot.store.sql import Op, many, rows, run
+
+#: Most alerts (and as many delivery counters) one prune transaction removes.
+BATCH = 100
+#: Most incidents one prune transaction removes.
+INCIDENTS = 10
+#: After each transaction a prune waits this many times as long as it took: the writer is free for
+#: webhooks at least half the time, however slow the disk.
+PACE = 1.0
+#: How long one prune transaction should hold the writer: a batch that took longer halves the next
+#: one (down to ``MIN_BATCH`` alerts), one that took under half of it doubles the next (up to ``BATCH``).
+BUDGET = 0.01
+MIN_BATCH = 10
+TABLES = ("incidents", "alerts", "alert_deliveries", "steps", "approvals", "outbox", "outbox_refs")
+
+
+@dataclass(slots=True)
+class Pruned:
+    """Rows removed, by table; the alert keys removed; whether rows past the cut-off are left."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TABLES, 0))
+    keys: list[tuple[str, str]] = field(default_factory=list)
+    more: bool = False
+
+    def add(self, other: Pruned) -> None:
+        for table, n in other.counts.items():
+            self.counts[table] += n
+        self.keys.extend(other.keys)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+_ELIGIBLE = (
+    "SELECT id FROM incidents i WHERE closed_at IS NOT NULL AND closed_at < ? AND state IN {terminal}"
+    " AND seq < (SELECT MAX(seq) FROM incidents)"
+    " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.incident_id = i.id AND o.delivered_at IS NULL)"
+    " ORDER BY closed_at LIMIT ?"
+)
+
+
+def prune_batch(before: datetime, batch: int = BATCH) -> Op[Pruned]:
+    """One bounded transaction of pruning (see the module's docstring)."""
+    cutoff = ts(before)
+    done = Pruned()
+    found = yield rows(_ELIGIBLE, (cutoff, INCIDENTS))
+    ids = [r["id"] for r in found]
+    if ids:
+        keys = yield rows(
+            "SELECT fingerprint, starts_at FROM alerts WHERE incident_id IN (?*) LIMIT ?",
+            [ids, batch],
+        )
+        yield from _drop_alerts(done, [(k["fingerprint"], k["starts_at"]) for k in keys])
+        if len(keys) == batch:
+            done.more = True  # the incidents go in a later batch, once their alerts are gone
+            return done
+        for table in ("steps", "approvals", "outbox"):
+            done.counts[table] = yield run(f"DELETE FROM {table} WHERE incident_id IN (?*)", [ids])  # noqa: S608
+        refs = yield rows("SELECT destination, key FROM outbox_refs WHERE key IN (?*)", [_ref_keys(ids)])
+        yield many(
+            "DELETE FROM outbox_refs WHERE destination = ? AND key = ?",
+            [(r["destination"], r["key"]) for r in refs],
+        )
+        done.counts["outbox_refs"] = len(refs)
+        done.counts["incidents"] = yield run("DELETE FROM incidents WHERE id IN (?*)", [ids])
+        done.more = len(ids) == INCIDENTS
+    lone = yield rows(
+        "SELECT a.fingerprint, a.starts_at FROM alerts a JOIN alert_deliveries d"
+        " ON d.fingerprint = a.fingerprint AND d.starts_at = a.starts_at"
+        " WHERE a.incident_id IS NULL AND d.last_seen < ? LIMIT ?",
+        (cutoff, batch),
+    )
+    yield from _drop_alerts(done, [(k["fingerprint"], k["starts_at"]) for k in lone])
+    sent = yield run(
+        "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE incident_id IS NULL"
+        " AND delivered_at IS NOT NULL AND delivered_at < ? ORDER BY id LIMIT ?)",
+        (cutoff, batch),
+    )
+    done.counts["outbox"] += sent
+    done.more = done.more or len(lone) == batch or sent == batch
+    return done
+
+
+def _ref_keys(ids: list[str]) -> list[str]:
+    """The keys destinations keep references of an incident under: ``<what>:<incident>``."""
+    return [f"{prefix}:{i}" for i in ids for prefix in ("thread", "link", "region", "end")]
+
+
+def _drop_alerts(done: Pruned, keys: list[tuple[str, str]]) -> Op[None]:
+    if keys:
+        yield many("DELETE FROM alert_deliveries WHERE fingerprint = ? AND starts_at = ?", keys)
+        yield many("DELETE FROM alerts WHERE fingerprint = ? AND starts_at = ?", keys)
+    done.counts["alerts"] += len(keys)
+    done.counts["alert_deliveries"] += len(keys)
+    done.keys.extend(keys)

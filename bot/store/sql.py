@@ -1,0 +1,212 @@
+"""One SQL for both stores: statements are written once, and the dialect is applied here only.
+
+Every query of the store (``schema``, ``reads``, ``writes``, ``ingest``, ``outbox``,
+``retention``) is written once, in a neutral form:
+
+* ``?`` for each parameter (Postgres gets ``%s``);
+* ``IN (?*)`` for a list parameter (SQLite gets one ``?`` per element, Postgres ``= ANY(%s)``);
+* ``{word}`` for the few things the two databases spell differently: ``Dialect.words`` lists
+  them all (identity columns, ``GREATEST``/``MAX``, the append-only trigger, the lease's clock
+  and its interval arithmetic, the row lock a fenced write takes). An unknown word fails.
+
+An operation of several statements is a generator (``Op``): it yields each ``Stmt`` and is sent
+the answer (a row count, a row, the rows), so what to read and write is decided once, and each
+store drives the same operation over its own connection — SQLite in its writer or reader thread
+(``run_sync`` below), Postgres on its asyncio connection (``bot.store.postgres``). No ORM: the
+SQL stays what both databases run, readable as it is.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, TypeVar
+
+T = TypeVar("T")
+
+Kind = Literal["run", "many", "one", "all"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    """One statement in the neutral form, its parameters, and what the operation wants back:
+    ``run`` the row count, ``many`` (parameters are rows) nothing, ``one`` a row or ``None``,
+    ``all`` the rows. ``wakes``: an outbox row routed from a timeline event (``Store.route_events``);
+    the store wakes the outbox sender once the transaction holding it has committed."""
+
+    sql: str
+    params: Sequence[Any] = ()
+    kind: Kind = "run"
+    wakes: bool = False
+
+
+#: An operation: yields statements, is sent each one's answer, returns its result.
+Op = Generator[Stmt, Any, T]
+
+
+def run(sql: str, params: Sequence[Any] = ()) -> Stmt:
+    return Stmt(sql, params, "run")
+
+
+def many(sql: str, rows: Sequence[Sequence[Any]], *, wakes: bool = False) -> Stmt:
+    return Stmt(sql, rows, "many", wakes)
+
+
+def one(sql: str, params: Sequence[Any] = ()) -> Stmt:
+    return Stmt(sql, params, "one")
+
+
+def rows(sql: str, params: Sequence[Any] = ()) -> Stmt:
+    return Stmt(sql, params, "all")
+
+
+def single(stmt: Stmt) -> Op[Any]:
+    """The operation of one statement; its answer."""
+    return (yield stmt)
+
+
+_WORD = re.compile(r"\{([a-z_]+)\}")
+_LIST = " IN (?*)"
+#: Terminal incident states (``State.terminal``), as SQL: the same words in both dialects.
+TERMINAL_STATES = "('resolved','failed','rolled_back','suppressed')"
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one database spells the neutral form."""
+
+    name: Literal["sqlite", "postgres"]
+    #: The driver's placeholder.
+    param: str
+    words: Mapping[str, str]
+    #: A datetime as a lease time parameter, and a stored lease time as a datetime.
+    instant: Callable[[datetime], Any]
+    moment: Callable[[Any], datetime]
+    _cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def render(self, sql: str) -> str:
+        """The neutral statement in this dialect (lists of parameters aside: ``bind``)."""
+        done = self._cache.get(sql)
+        if done is None:
+            text = _WORD.sub(lambda m: self.words[m.group(1)], sql)
+            if self.param != "?":
+                text = text.replace("%", "%%").replace(_LIST, " = ANY(?)").replace("?", self.param)
+            done = self._cache[sql] = text
+        return done
+
+    def bind(self, sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
+        """The statement and parameters to execute: SQLite expands a list parameter in place."""
+        if self.name != "sqlite" or _LIST not in sql:
+            return self.render(sql), params
+        head, tail = sql.split(_LIST, 1)
+        before = head.count("?")
+        values = list(params[before])
+        expanded = f"{head} IN ({','.join('?' * len(values))}){tail}"
+        return self.render(expanded), [*params[:before], *values, *params[before + 1 :]]
+
+    def script(self, sql: str) -> str:
+        """A migration: words only (no parameters, nothing to escape)."""
+        return _WORD.sub(lambda m: self.words[m.group(1)], sql)
+
+
+_COMMON = {"terminal": TERMINAL_STATES}
+
+SQLITE = Dialect(
+    "sqlite",
+    "?",
+    {
+        **_COMMON,
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "bigint": "INTEGER",
+        "without_rowid": "WITHOUT ROWID",
+        "instant": "REAL",
+        "greatest": "MAX",
+        "least": "MIN",
+        # The machine's clock read by SQLite, as Unix seconds: the same for every process on it.
+        "now": "((julianday('now') - 2440587.5) * 86400.0)",
+        "clock": "?",
+        "seconds": "?",
+        "for_share": "",  # BEGIN IMMEDIATE already holds the database's write lock
+        "append_only_events": (
+            "CREATE TRIGGER events_no_update BEFORE UPDATE ON events"
+            " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
+            " CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+            " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
+        ),
+    },
+    instant=lambda at: at.timestamp(),
+    moment=lambda seconds: datetime.fromtimestamp(seconds, UTC),
+)
+
+POSTGRES = Dialect(
+    "postgres",
+    "%s",
+    {
+        **_COMMON,
+        "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "bigint": "BIGINT",
+        "without_rowid": "",
+        "instant": "TIMESTAMPTZ",
+        "greatest": "GREATEST",
+        "least": "LEAST",
+        # The transaction's start on the database's clock, whatever the replicas' clocks say.
+        "now": "now()",
+        "clock": "?::timestamptz",
+        "seconds": "make_interval(secs => ?)",
+        # A takeover's UPDATE of the leadership row waits until the fenced write commits.
+        "for_share": "FOR SHARE",
+        "append_only_events": (
+            "CREATE FUNCTION pitcrew_append_only() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$;"
+            " CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
+            " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only();"
+            " CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events"
+            " FOR EACH STATEMENT EXECUTE FUNCTION pitcrew_append_only();"
+        ),
+    },
+    instant=lambda at: at,
+    moment=lambda value: value.astimezone(UTC),
+)
+
+
+class Driving(Generic[T]):
+    """One operation being driven: iterate for its statements, bound for ``dialect`` (``sql``,
+    ``params``, ``stmt``), set ``answer`` after running each; ``result`` once it returned.
+    ``wakes`` says whether it routed a timeline event to an outbox."""
+
+    def __init__(self, op: Op[T], dialect: Dialect) -> None:
+        self._op, self._dialect = op, dialect
+        self.answer: Any = None
+        self.wakes = False
+
+    def __iter__(self) -> Iterator[tuple[str, Sequence[Any], Stmt]]:
+        while True:
+            answer, self.answer = self.answer, None
+            try:
+                stmt = self._op.send(answer)
+            except StopIteration as done:
+                self.result: T = done.value
+                return
+            self.wakes = self.wakes or stmt.wakes
+            sql, params = self._dialect.bind(stmt.sql, stmt.params)
+            yield sql, params, stmt
+
+
+def run_sync(db: sqlite3.Connection, op: Op[T]) -> Driving[T]:
+    """Drive ``op`` over a SQLite connection (in the writer's transaction, or the reader's)."""
+    driving = Driving(op, SQLITE)
+    for sql, params, stmt in driving:
+        if stmt.kind == "many":
+            db.executemany(sql, stmt.params)
+            continue
+        cursor = db.execute(sql, params)
+        cursor.row_factory = sqlite3.Row
+        if stmt.kind == "run":
+            driving.answer = cursor.rowcount
+        else:
+            found = cursor.fetchall()  # all of it: a RETURNING statement ends when read to the end
+            driving.answer = found if stmt.kind == "all" else (found[0] if found else None)
+    return driving

@@ -1,0 +1,205 @@
+"""Retention (``store.retention``), the same cases on SQLite and on a real PostgreSQL (``tests.harness.stores``).
+
+Cases: a closed incident past the cut-off goes with its alerts, delivery counters, steps,
+approval, delivered notices and references, while its audit log (every event, the destructive
+actions included) stays; an open incident, however old, never goes; a closed incident with a
+notice not yet delivered stays until it is delivered; an incident closed after the cut-off stays;
+the newest incident stays (the next one never takes its number); a pruned alert delivered again
+is a new alert; a prune is cut into bounded transactions; a standby cannot prune (the fence);
+the worker counts what it removed in ``pitcrew_store_pruned_rows_total``; the service runs it
+among the leader's workers only, and not at all when ``store.retention`` is null.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bot.config import load_config
+from bot.domain.incident import State
+from bot.engine.leadership import Leadership
+from bot.engine.metrics import Metrics
+from bot.engine.retention import Retention
+from bot.runtime import build_app
+from bot.store import retention
+from bot.store.base import ACTION, NewEvent
+from bot.store.lease import Deposed, Fence
+from bot.web.app import DEPS
+from tests.harness.stores import AnyStore, Stores
+from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
+from tests.simulator.serve import WorldFile, simulated_ports
+
+KEEP = timedelta(days=180)
+LATER = T0 + timedelta(days=200)
+CUTOFF = LATER - KEEP
+
+
+async def _incident(store: AnyStore, fp: str, node: str, *, close: bool = True, deliver: bool = True) -> str:
+    """An incident with a bit of everything: alerts, a plan, a step that acted, an approval, a
+    notice and a reference; closed at T0 unless ``close`` is false."""
+    (incident_id,) = (await store.ingest(_delivery(_alert(fp, node), _alert(f"{fp}b", node)), T0)).opened
+    await store.ingest(_delivery(_alert(fp, node)), T0)  # a repeat: a delivery counter
+    await store.save_plan(incident_id, _plan(node), [NewEvent("planned")], T0)
+    await store.step_started(incident_id, "slurm_down", 1, T0, acted=True)
+    await store.record(incident_id, NewEvent(ACTION, step="slurm_down", detail="DOWN gpu-001"), T0)
+    await store.step_finished(
+        incident_id,
+        "slurm_down",
+        "ok",
+        T0,
+        result={"down": True},
+        event=NewEvent("step_ok", step="slurm_down"),
+    )
+    await store.request_approval(incident_id, "replace", ["alice"], T0 + timedelta(hours=1), T0)
+    await store.enqueue(incident_id, NewEvent("notice"), "incident", {"title": "XID 79"}, ["slack"], T0)
+    await store.set_outbox_ref("slack", f"thread:{incident_id}", "C0GPUOPS/1.000100", T0)
+    if deliver:
+        for item in await store.outbox_pending("slack"):
+            if item.incident_id == incident_id:
+                await store.outbox_delivered(item.id, "C0GPUOPS/1.000100", T0)
+    if close:
+        await store.ingest(
+            _delivery(_alert(fp, node, status="resolved"), _alert(f"{fp}b", node, status="resolved")), T0
+        )
+        await store.transition(incident_id, State.RESOLVED, T0, outcome="resolved")
+    return incident_id
+
+
+async def _gone(store: AnyStore, incident_id: str) -> bool:
+    return (
+        await store.incident(incident_id) is None
+        and await store.alerts_of(incident_id) == []
+        and await store.steps_of(incident_id) == {}
+        and await store.approval(incident_id) is None
+        and await store.outbox_ref("slack", f"thread:{incident_id}") is None
+    )
+
+
+async def test_old_closed_incidents_go_and_the_audit_log_stays(stores: Stores) -> None:
+    store = await stores.open()
+    old = await _incident(store, "fp1", "gpu-001")
+    still_open = await _incident(store, "fp2", "gpu-002", close=False)
+    undelivered = await _incident(store, "fp3", "gpu-003", deliver=False)
+    recent = await _incident(store, "fp4", "gpu-004", close=False)
+    await store.transition(recent, State.RESOLVED, CUTOFF + timedelta(days=1), outcome="resolved")
+    timeline = [(e.kind, e.detail) for e in await store.events_of(old)]
+    assert (ACTION, "DOWN gpu-001") in timeline
+
+    pruned = await store.prune(CUTOFF)
+
+    assert await _gone(store, old)
+    assert pruned.counts == {
+        "incidents": 1,
+        "alerts": 2,
+        "alert_deliveries": 2,
+        "steps": 1,
+        "approvals": 1,
+        "outbox": 1,
+        "outbox_refs": 1,
+    }
+    assert [(e.kind, e.detail) for e in await store.events_of(old)] == timeline  # the audit log stays
+    for kept in (still_open, undelivered, recent):
+        assert await store.incident(kept) is not None, kept
+        assert len(await store.alerts_of(kept)) == 2 and await store.steps_of(kept), kept
+    assert [i for i, _, _ in await store.active()] == [still_open]
+
+    # Once its notice is delivered, the closed incident goes at the next prune.
+    for item in await store.outbox_pending("slack"):
+        await store.outbox_delivered(item.id, "C0GPUOPS/1.000200", LATER)
+    again = await store.prune(CUTOFF)
+    assert again.counts["incidents"] == 1 and await _gone(store, undelivered)
+    assert await store.incident(still_open) is not None and await store.incident(recent) is not None
+
+    # An alert of a pruned incident delivered again is new (no cache remembers it), and opens an
+    # incident with a number never used before.
+    out = await store.ingest(_delivery(_alert("fp1", "gpu-001")), LATER)
+    assert (out.new_alerts, out.repeated_alerts) == (1, 0)
+    assert out.attached == [] and out.opened == ["pc-00005"]
+
+
+async def test_an_open_incident_is_never_pruned(stores: Stores) -> None:
+    store = await stores.open()
+    ancient = await _incident(store, "fp1", "gpu-001", close=False)
+    await store.transition(ancient, State.AWAITING_APPROVAL, T0)
+    await _incident(store, "fp2", "gpu-002")  # a closed one after it, so it is not the newest
+    pruned = await store.prune(LATER + timedelta(days=3650))
+    assert pruned.counts["incidents"] == 0
+    assert (await store.incident(ancient)) is not None and len(await store.alerts_of(ancient)) == 2
+
+
+async def test_an_undelivered_notice_is_never_pruned(stores: Stores) -> None:
+    store = await stores.open()
+    waiting = await _incident(store, "fp1", "gpu-001", deliver=False)
+    await _incident(store, "fp2", "gpu-002")
+    await store.prune(LATER + timedelta(days=3650))
+    assert await store.incident(waiting) is not None
+    pending = await store.outbox_pending("slack")
+    assert pending and {i.incident_id for i in pending} == {waiting}
+
+
+async def test_the_newest_incident_keeps_its_number(stores: Stores) -> None:
+    store = await stores.open()
+    first = await _incident(store, "fp1", "gpu-001")
+    newest = await _incident(store, "fp2", "gpu-002")
+    await store.prune(CUTOFF)
+    assert await _gone(store, first) and await store.incident(newest) is not None
+    assert (await store.ingest(_delivery(_alert("fp9", "gpu-009")), LATER)).opened == ["pc-00003"]
+
+
+async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
+    store = await stores.open()
+    (big,) = (await store.ingest(_delivery(*(_alert(f"fp{n}", "gpu-001") for n in range(5))), T0)).opened
+    await store.transition(big, State.RESOLVED, T0, outcome="resolved")
+    await store.ingest(_delivery(_alert("other", "gpu-002")), T0)  # the newest, kept
+
+    first = await store._write(lambda: retention.prune_batch(CUTOFF, 2))
+    assert (first.counts["alerts"], first.counts["incidents"], first.more) == (2, 0, True)
+    assert await store.incident(big) is not None and len(await store.alerts_of(big)) == 3
+
+    rest = await store.prune(CUTOFF, batch=2)
+    assert (rest.counts["alerts"], rest.counts["incidents"], rest.more) == (3, 1, False)
+    assert await store.incident(big) is None
+
+
+async def test_only_the_leader_prunes(stores: Stores) -> None:
+    store = await stores.open()
+    old = await _incident(store, "fp1", "gpu-001")
+    await _incident(store, "fp2", "gpu-002")
+    standby = store.fenced(Fence("standby"))  # never granted the lease
+    with pytest.raises(Deposed):
+        await standby.prune(CUTOFF)
+    assert await store.incident(old) is not None
+
+    fence = Fence("leader")
+    lease = await store.acquire_lease("leader", timedelta(minutes=5))
+    fence.grant(lease.epoch, valid_until=float("inf"))
+    metrics = Metrics(CollectorRegistry())
+    worker = Retention(store.fenced(fence), metrics, lambda: LATER, keep=KEEP, every=timedelta(hours=1))
+    await worker.prune()
+    assert await _gone(store, old)
+    sample = metrics.registry.get_sample_value
+    assert sample("pitcrew_store_pruned_rows_total", {"table": "incidents"}) == 1
+    assert sample("pitcrew_store_pruned_rows_total", {"table": "alerts"}) == 2
+    assert sample("pitcrew_store_pruned_rows_total", {"table": "outbox_refs"}) == 1
+
+
+@pytest.mark.parametrize(("retention", "keep"), [("30d", [timedelta(days=30)]), (None, [])])
+async def test_the_service_prunes_only_while_it_leads(
+    tmp_path: Path, retention: str | None, keep: list[timedelta]
+) -> None:
+    (tmp_path / "webhook").write_text("webhook-token\n")
+    config = load_config(
+        None,
+        store={"path": str(tmp_path / "pitcrew.db"), "retention": retention},
+        server={"auth": {"bearer_token_file": str(tmp_path / "webhook")}},
+    )
+    app = build_app(
+        config, ports=simulated_ports(config, WorldFile(journal=tmp_path / "j.jsonl")), allow_simulated=True
+    )
+    background = app[DEPS].background
+    assert not any(isinstance(worker, Retention) for worker in background)  # never on a standby
+    leading = [worker for worker in background if isinstance(worker, Leadership)]
+    assert [w.keep for each in leading for w in each.workers if isinstance(w, Retention)] == keep

@@ -1,0 +1,75 @@
+"""The one SQL of both stores, rendered per dialect (``bot.store.sql``).
+
+Cases, table-driven: placeholders, list parameters (expanded on SQLite, ``= ANY`` on Postgres),
+the dialect words and the ``%`` psycopg would read as a placeholder; an unknown word fails
+instead of reaching a database; every migration renders to SQL SQLite itself accepts; an
+operation is driven to its result with each answer sent back in order.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, migrations
+from bot.store.sql import POSTGRES, SQLITE, Op, one, rows, run, run_sync
+
+
+@pytest.mark.parametrize(
+    ("neutral", "params", "sqlite", "sqlite_params", "postgres", "postgres_params"),
+    [
+        ("SELECT * FROM t WHERE a = ? AND b = ?", (1, 2), "SELECT * FROM t WHERE a = ? AND b = ?", (1, 2),
+         "SELECT * FROM t WHERE a = %s AND b = %s", (1, 2)),
+        ("SELECT * FROM t WHERE a = ? AND b IN (?*) AND c = ?", (1, ["x", "y", "z"], 3),
+         "SELECT * FROM t WHERE a = ? AND b IN (?,?,?) AND c = ?", [1, "x", "y", "z", 3],
+         "SELECT * FROM t WHERE a = %s AND b = ANY(%s) AND c = %s", (1, ["x", "y", "z"], 3)),
+        ("UPDATE t SET x = {greatest}(x, ?)", ("v",), "UPDATE t SET x = MAX(x, ?)", ("v",),
+         "UPDATE t SET x = GREATEST(x, %s)", ("v",)),
+        ("SELECT 1 FROM t WHERE k LIKE '%:a' {for_share}", (), "SELECT 1 FROM t WHERE k LIKE '%:a' ", (),
+         "SELECT 1 FROM t WHERE k LIKE '%%:a' FOR SHARE", ()),
+        ("SELECT state NOT IN {terminal}, '{}' FROM t", (),
+         "SELECT state NOT IN ('resolved','failed','rolled_back','suppressed'), '{}' FROM t", (),
+         "SELECT state NOT IN ('resolved','failed','rolled_back','suppressed'), '{}' FROM t", ()),
+    ],
+)  # fmt: skip
+def test_one_statement_in_both_dialects(
+    neutral: str,
+    params: tuple[object, ...],
+    sqlite: str,
+    sqlite_params: object,
+    postgres: str,
+    postgres_params: object,
+) -> None:
+    assert SQLITE.bind(neutral, params) == (sqlite, sqlite_params)
+    assert POSTGRES.bind(neutral, params) == (postgres, postgres_params)
+
+
+def test_an_unknown_word_fails_before_any_database_sees_it() -> None:
+    with pytest.raises(KeyError, match="gretest"):
+        SQLITE.render("SELECT {gretest}(a, b) FROM t")
+    with pytest.raises(KeyError, match="gretest"):
+        POSTGRES.script("SELECT {gretest}(a, b) FROM t")
+
+
+def test_every_migration_renders_and_sqlite_runs_them_in_order() -> None:
+    assert len(MIGRATIONS) == SCHEMA_VERSION
+    assert all("{" not in m.replace("'{}'", "") for m in migrations(POSTGRES))
+    db = sqlite3.connect(":memory:")
+    for script in migrations(SQLITE):
+        db.executescript(script)
+    names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+    assert {"incidents", "alerts", "events", "outbox", "leadership", "incidents_closed"} <= names
+
+
+def test_an_operation_is_driven_to_its_result() -> None:
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER)")
+
+    def op() -> Op[tuple[int, list[str], int | None]]:
+        changed = yield run("INSERT INTO t (k, n) VALUES (?, ?), (?, ?)", ("a", 1, "b", 2))
+        found = yield rows("SELECT k FROM t WHERE k IN (?*) ORDER BY k", [["a", "b", "c"]])
+        missing = yield one("SELECT n FROM t WHERE k = ?", ("z",))
+        return changed, [r["k"] for r in found], missing
+
+    assert run_sync(db, op()).result == (2, ["a", "b"], None)
