@@ -25,7 +25,7 @@ from bot.domain.catalog import severity
 from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
 from bot.domain.outages import OutOfService
-from bot.domain.planner import PastIncident
+from bot.domain.planner import PastIncident, Plan
 from bot.domain.playbooks import CLIMBS_ON
 from bot.domain.policy import Mode, Policy
 from bot.engine import trust
@@ -36,7 +36,7 @@ from bot.engine.fleet import FleetSnapshot, FleetView
 from bot.engine.pause import PAUSE as PAUSE
 from bot.engine.ports import Notice, PartitionNodes
 from bot.engine.rollback import ROLLBACK
-from bot.store.base import IncidentRecord, NewEvent, Store
+from bot.store.base import IncidentRecord, NewEvent, StepRecord, Store
 
 log = logger(__name__)
 BREAKER = "breaker"
@@ -335,36 +335,15 @@ class Admission:
             for s, r in done.items()
             if r.status in {"ok", "skipped"} and s != "notify" and s not in CLIMBS_ON
         }
-        for name, record in done.items():
-            if (
-                name not in keep
-                and name != ROLLBACK
-                and record.status in {"ok", "skipped", "running", "failed"}
-            ):
-                await self._store.step_finished(
-                    incident.id,
-                    name,
-                    "superseded",
-                    now,
-                    result=record.result,
-                    event=NewEvent("step_superseded", step=name),
-                )
         trust.climbed(self._metrics, incident)
-        index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
-        await self._store.save_plan(
-            incident.id,
-            fresh,
-            [
-                NewEvent(
-                    "climbed",
-                    step=step,
-                    detail=f"{current} → {fresh.playbook}: {step} failed: {detail}",
-                    data={"from": current, "to": fresh.playbook, "reasons": list(fresh.reasons)},
-                )
-            ],
-            now,
+        event = NewEvent(
+            "climbed",
+            step=step,
+            detail=f"{current} → {fresh.playbook}: {step} failed: {detail}",
+            data={"from": current, "to": fresh.playbook, "reasons": list(fresh.reasons)},
         )
-        await self._store.advance(incident.id, index, now)
+        # The failed rung's own step (failed) is superseded too: the next rung redoes the repair.
+        await self._switch(incident, fresh, done, keep, event, now, {"ok", "skipped", "running", "failed"})
         return fresh.playbook
 
     async def replan(self, incident: IncidentRecord) -> None:
@@ -402,8 +381,28 @@ class Admission:
             if returned
             else {s for s, r in done.items() if r.status in {"ok", "skipped"} and s != "notify"}
         )
+        event = NewEvent(
+            "replanned",
+            detail=f"{current} → {fresh.playbook}: a more severe fault arrived",
+            data={"reasons": list(fresh.reasons)},
+        )
+        await self._switch(incident, fresh, done, keep, event, now, {"ok", "skipped", "running"})
+
+    async def _switch(
+        self,
+        incident: IncidentRecord,
+        fresh: Plan,
+        done: Mapping[str, StepRecord],
+        keep: set[str],
+        event: NewEvent,
+        now: datetime,
+        superseded: set[str],
+    ) -> None:
+        """Put ``fresh`` in place of the incident's plan (a replan or a climb): the steps done that
+        do not carry over (``keep``), in a ``superseded`` status, are marked so, and the flow goes on
+        from the new plan's first step not kept."""
         for name, record in done.items():
-            if name not in keep and name != ROLLBACK and record.status in {"ok", "skipped", "running"}:
+            if name not in keep and name != ROLLBACK and record.status in superseded:
                 await self._store.step_finished(
                     incident.id,
                     name,
@@ -413,16 +412,5 @@ class Admission:
                     event=NewEvent("step_superseded", step=name),
                 )
         index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
-        await self._store.save_plan(
-            incident.id,
-            fresh,
-            [
-                NewEvent(
-                    "replanned",
-                    detail=f"{current} → {fresh.playbook}: a more severe fault arrived",
-                    data={"reasons": list(fresh.reasons)},
-                )
-            ],
-            now,
-        )
+        await self._store.save_plan(incident.id, fresh, [event], now)
         await self._store.advance(incident.id, index, now)
