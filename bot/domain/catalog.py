@@ -9,12 +9,13 @@ file is the caller's business. Operators override entries through the configurat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bot.domain.nvlink5 import DecodeRow
 
+#: The shipped playbooks, in order of how much they do to a node (``SEVERITY``).
 PlaybookName = Literal[
     "ignore",
     "notify-only",
@@ -44,19 +45,9 @@ FaultClass = Literal[
     "informational",
 ]
 
-#: Playbooks in order of how much they do to a node; the most severe fault on a node wins.
-SEVERITY: tuple[str, ...] = (
-    "ignore",
-    "notify-only",
-    "ask-human",
-    "cordon-and-ask",
-    "follow-slurm",
-    "isolate-node",
-    "checkpoint-reset-gpu",
-    "reset-gpu",
-    "reboot-node",
-    "replace-node",
-)
+#: Playbooks in order of how much they do to a node; the most severe fault on a node wins. The
+#: order of ``PlaybookName`` itself, so the two can never differ.
+SEVERITY: tuple[str, ...] = get_args(PlaybookName)
 
 #: Playbooks that never change a node.
 HANDS_OFF = frozenset({"ignore", "notify-only", "ask-human"})
