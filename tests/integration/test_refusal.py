@@ -72,8 +72,8 @@ def test_check_config_refuses_real_slurm_with_a_journalled_cluster(
         assert "reboot-node" not in line  # observe by default: not a problem
     else:
         assert (
-            f"mode {case} runs cordon-and-ask (cordon), follow-slurm (cordon), isolate-node (cordon), reboot-node"
-            in line
+            f"mode {case} runs checkpoint-reset-gpu (cordon, drain, reset_gpu, wait_ready), cordon-and-ask "
+            "(cordon), follow-slurm (cordon), isolate-node (cordon), reboot-node" in line
         )
         assert line.endswith("or mode: observe")
 
@@ -119,8 +119,9 @@ def problems(**settings: Any) -> list[str]:
 def test_all_journal_in_auto_mode_is_one_line_per_port() -> None:
     scheduler, cluster = problems(mode="auto")
     assert scheduler.startswith(
-        "mode auto runs cordon-and-ask (slurm_down), follow-slurm (slurm_down, slurm_returned), "
-        "isolate-node (slurm_down), reboot-node (slurm_down, "
+        "mode auto runs checkpoint-reset-gpu (checkpoint, slurm_down, slurm_resume), cordon-and-ask "
+        "(slurm_down), follow-slurm (slurm_down, slurm_returned), isolate-node (slurm_down), reboot-node "
+        "(slurm_down, "
     )
     assert "through integrations.scheduler: journal, a dry-run journal that changes nothing;" in scheduler
     assert "set integrations.scheduler: slurm or mode: observe" in scheduler
@@ -132,7 +133,12 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
     [line] = problems(
         mode="approve",
         approvals={"approvers": ["alice"]},
-        playbook_modes={"replace-node": "auto", "reset-gpu": "observe", "reboot-node": "observe"},
+        playbook_modes={
+            "replace-node": "auto",
+            "checkpoint-reset-gpu": "observe",
+            "reset-gpu": "observe",
+            "reboot-node": "observe",
+        },
         integrations={"scheduler": "slurm"},
     )
     assert line.startswith(
@@ -154,6 +160,7 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
             "playbook_modes": {
                 p: "observe"
                 for p in (
+                    "checkpoint-reset-gpu",
                     "cordon-and-ask",
                     "follow-slurm",
                     "isolate-node",
