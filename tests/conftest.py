@@ -40,6 +40,25 @@ def shard_of(nodeid: str) -> str:
     return "e2e" if nodeid.startswith("tests/e2e/") else "rest"
 
 
+#: Folders whose test files run on one xdist worker, in collection order: their last test reads what
+#: the others recorded in this process (``tests/slack/test_manifest.py``: the Slack scopes pitcrew
+#: was seen calling, which every Slack test records).
+TOGETHER = ("tests/slack/",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadscope`` (a test file to a worker), but each ``TOGETHER`` folder as one unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            folder = next((f for f in TOGETHER if nodeid.startswith(f)), None)
+            return folder or super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
+
+
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
