@@ -13,6 +13,7 @@ at the end; a rollback before the job started there returns the node to the rese
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,6 +38,8 @@ class _Job:
     state: str = "RUNNING"
     restarts: int = 0
     reason: str = ""
+    #: Reads of the job left before Slurm requeues it after its node went DOWN (``None``: not dying).
+    dying: int | None = None
 
 
 @dataclass
@@ -52,9 +55,19 @@ class GangSlurm:
     shortfall: int = 0
     #: The reason a job pending for lack of nodes shows (``None``: ReqNodeNotAvail naming the DOWN nodes).
     pending_reason: str | None = None
+    #: As real Slurm: a job whose node is set DOWN still reads RUNNING, on its old nodes with its old
+    #: restart count, for a moment (Slurm is killing it) before it is requeued; this many reads (0:
+    #: requeued at once). Tests whose replacement is one slow call (``Slow`` on ``successor``) keep
+    #: 0: a call that blocks the incident for ten minutes would hold the job track's next look too.
+    kill_reads: int = 0
 
     def _schedule(self) -> None:
         for job in self.jobs.values():
+            if job.dying is not None:
+                if job.dying > 0:
+                    job.dying -= 1
+                    continue
+                job.state, job.nodes, job.restarts, job.dying = "PENDING", (), job.restarts + 1, None
             if job.state != "PENDING":
                 continue
             reserved = {n for held in self.reservations.values() for n in held}
@@ -114,7 +127,9 @@ class GangSlurm:
     async def down(self, name: str, reason: str) -> None:
         self.states[name], self.reasons[name] = "DOWN", reason
         for job in self.on(name):
-            job.state, job.nodes, job.restarts = "PENDING", (), job.restarts + 1
+            if job.dying is None:
+                job.dying = self.kill_reads
+        self._schedule()
 
     async def drain(self, name: str, reason: str) -> None:
         await self.down(name, reason)
@@ -177,6 +192,22 @@ class ThenStop:
         await time.sleep(self.seconds)
 
 
+@dataclass
+class NotReadyFor:
+    """A replacement that boots for ``seconds`` of virtual time from its first look (each look
+    answers at once, unlike ``Slow``, so the incident's other track goes on meanwhile)."""
+
+    seconds: float
+    since: float | None = None
+
+    async def __call__(self, time: FakeTime, call: Call) -> Any:
+        node = await call()
+        self.since = time.elapsed if self.since is None else self.since
+        if node is not None and time.elapsed - self.since < self.seconds:
+            return dataclasses.replace(node, ready=False)
+        return node
+
+
 async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repair_refills_the_pool(
     tmp_path: Path,
 ) -> None:
@@ -222,6 +253,24 @@ async def test_each_way_slurm_says_lack_of_nodes_takes_a_spare(tmp_path: Path, r
         incident = await h.alert("gpu-node-01")
         await h.until_event(incident, "job_running")
         assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-node-03")
+
+
+async def test_a_job_still_running_on_its_downed_node_is_not_taken_for_restarted(tmp_path: Path) -> None:
+    """Right after DOWN, Slurm still shows the interrupted run RUNNING on the node it is killing,
+    with its old restart count: that is not Slurm restarting it, and the spare is still taken."""
+    slurm = gang()
+    slurm.kill_reads = 3
+    async with harness(tmp_path, slurm) as h:
+        h.cluster.script("successor", NotReadyFor(600))  # the replacement takes ten minutes
+        incident = await h.alert("gpu-node-01")
+        running = await h.until_event(incident, "job_running")
+        assert running.data["seconds"] < 60
+        assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-node-03")
+        steps = await h.steps(incident)
+        assert steps["capacity"].result["node"] == "gpu-node-03"
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01"]
 
 
 async def test_a_job_slurm_restarts_by_itself_takes_nothing(tmp_path: Path) -> None:

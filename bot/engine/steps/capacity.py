@@ -150,8 +150,10 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
         now = await ctx.ports.scheduler.job(before.job_id)
         if now is None or now.ended_for_good:
             continue
-        if now.running:
+        if now.running and now.state != "COMPLETING" and now.restarts > before.restarts:
             continue  # Slurm started it again by itself (on a free node, or the repaired one)
+        # Still RUNNING with the same restart count is the interrupted run, not yet requeued (Slurm
+        # kills it a moment after DOWN): wait for it like any other state that is not a stall.
         if now.pending and now.reason.startswith(_LACK_OF_NODES):
             stalled.append(now)
         else:
