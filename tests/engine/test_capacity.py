@@ -315,10 +315,12 @@ async def test_a_storm_never_lends_more_than_max_lend_nor_one_node_twice(tmp_pat
         takes = [
             e for i in incidents for e in await h.events(i, "action") if e.data["action"] == "capacity_take"
         ]
-        # The third waited (max_lend) until its own node was repaired: the repair came first.
-        assert len(takes) == 2
+        # The third waited (max_lend). All three repairs end at the same instant, so whether it then
+        # takes the spare a give-back just freed, or sees its own repair first, is a matter of order:
+        # either way no more than two are out at once (``shortfall``) and no node is taken twice.
         taken = [(await h.steps(i))["capacity"].result.get("node") for i in incidents]
-        assert taken[2] is None and len(set(taken[:2])) == 2  # never one node twice
+        assert len(takes) == sum(n is not None for n in taken) >= 2
+        assert taken[0] and taken[1] and len({n for n in taken if n}) == len(takes)
         said = [e.detail for i in incidents for e in await h.events(i, "capacity_none")]
         assert said and all("max_lend" in d for d in said), said
         assert slurm.shortfall == 2  # at most two spares were ever out of the pool at once

@@ -94,6 +94,21 @@ def _reservations(deps: StepDeps) -> Reservations:
     return scheduler
 
 
+async def _move(deps: StepDeps, reservation: str, node: str, *, into: bool) -> bool:
+    """Put ``node`` into (or take it out of) ``reservation``: one read-modify-write of its node list,
+    under the capacity lock, so two incidents giving back (or taking) at once never each write the
+    list they read and lose the other's node. ``False``: it already was where asked."""
+    reservations = _reservations(deps)
+    async with deps.capacity_lock:
+        held = await reservations.reservation(reservation) or ()
+        if (node in held) == into:
+            return False
+        await reservations.set_reservation_nodes(
+            reservation, [*held, node] if into else [n for n in held if n != node]
+        )
+        return True
+
+
 def _pool(ctx: StepContext[CapacityResult] | UndoContext, name: str | None) -> PoolSettings:
     for pool in ctx.deps.settings.capacity.pools:
         if pool.name == name:
@@ -107,14 +122,14 @@ async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | None:
         return None
     if result.reservation is None:
         return await _undo_lend(ctx, result)
-    reservations = _reservations(ctx.deps)
-    held = await reservations.reservation(result.reservation) or ()
+    held = await _reservations(ctx.deps).reservation(result.reservation) or ()
     if result.node in held:
         return f"capacity: {result.node} is in reservation {result.reservation}"
     jobs = await ctx.deps.ports.scheduler.jobs_on_node(result.node)
     if jobs:
         return f"capacity: {result.node} left in the partition: job {', '.join(j.job_id for j in jobs)} runs there"
-    await reservations.set_reservation_nodes(result.reservation, [*held, result.node])
+    if not await _move(ctx.deps, result.reservation, result.node, into=True):
+        return f"capacity: {result.node} is in reservation {result.reservation}"
     ctx.deps.metrics.actions.labels("capacity_return").inc()
     ctx.deps.metrics.capacity_lent.labels(result.pool or "").dec()
     return f"capacity: {result.node} back in reservation {result.reservation}"
@@ -303,10 +318,7 @@ async def _taken_elsewhere(ctx: StepContext[CapacityResult]) -> tuple[list[Taken
 async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
     node, reservation = ctx.progress.node, ctx.progress.reservation
     assert node is not None and reservation is not None
-    reservations = _reservations(ctx.deps)
-    held = await reservations.reservation(reservation) or ()
-    if node in held:
-        await reservations.set_reservation_nodes(reservation, [n for n in held if n != node])
+    await _move(ctx.deps, reservation, node, into=False)
     taken = replace(ctx.progress, taken_at=ctx.clock())
     await ctx.save(taken)
     ctx.deps.metrics.capacity_lent.labels(ctx.progress.pool or "").inc()
@@ -359,10 +371,7 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
         if not ("IDLE" in state.states and state.in_service):
             return Wait(ctx.poll, f"{node} is not idle yet ({'/'.join(sorted(state.states))})")
     await ctx.save(replace(ctx.progress, node=node))
-    reservations = _reservations(ctx.deps)
-    held = await reservations.reservation(took.reservation) or ()
-    if node not in held:
-        await reservations.set_reservation_nodes(took.reservation, [*held, node])
+    await _move(ctx.deps, took.reservation, node, into=True)
     done = replace(ctx.progress, node=node, given_back_at=ctx.clock())
     await ctx.save(done)
     pool = took.pool or ""
