@@ -7,6 +7,7 @@ with the logs attached. Nothing here imports pytest: the tests wrap these in the
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -24,11 +25,40 @@ def find_binary(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
 
 
+def _below_ephemeral() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range: one handed out here is not taken meanwhile as the
+    source port of some client connection (as a port the kernel picks for ``bind(0)`` can be)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return 10000, max(low - 1, 10001)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago, below the ephemeral
+    range, chosen at random so that test processes starting servers at once rarely pick the same;
+    all held at once while choosing, so one call never returns a port twice."""
+    low, high = _below_ephemeral()
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", random.randint(low, high)))
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago (``free_ports``)."""
+    return free_ports(1)[0]
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

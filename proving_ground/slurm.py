@@ -39,7 +39,7 @@ from typing import TypeVar
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
-from proving_ground.proc import DemoError, find_binary, free_port, stop_process, tail
+from proving_ground.proc import DemoError, find_binary, free_port, free_ports, stop_process, tail
 from proving_ground.slurm_root import DEFAULT_VERSION, SlurmRoot, chosen_version, root_missing, root_path
 
 T = TypeVar("T")
@@ -401,11 +401,13 @@ class SlurmCluster:
             _fake_gpus(self.run_dir / "dev" / node)
             (self.run_dir / "spool" / node).mkdir(exist_ok=True)
         run = self.run_dir
+        ctld_port, *node_ports = free_ports(1 + len(self.nodes))  # distinct: chosen together
         node_lines = "\n".join(
-            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()}" for n in self.nodes
+            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port}"
+            for n, port in zip(self.nodes, node_ports, strict=True)
         )
         conf = _SLURM_CONF.substitute(
-            run=run, ctld_port=free_port(), node_lines=node_lines, node_list=",".join(self.nodes)
+            run=run, ctld_port=ctld_port, node_lines=node_lines, node_list=",".join(self.nodes)
         )
         self.conf.write_text(conf)
         gres = [f"NodeName={n} Name=gpu Type=h100 File={run}/dev/{n}/nvidia[0-7]" for n in self.nodes]

@@ -17,6 +17,7 @@ import pytest
 from proving_ground.__main__ import parser
 from proving_ground.dcgm import FAULTS
 from proving_ground.ground import preflight
+from proving_ground.proc import free_ports
 from proving_ground.scenarios import SCENARIOS
 from proving_ground.story import own_share
 
@@ -94,3 +95,12 @@ def test_a_missing_slurm_root_is_named_with_the_command_that_makes_it(
     assert not [p for p in preflight(slurm="22.05") if "Slurm 22.05 root" in p]  # the machine's own
     [unknown] = [p for p in preflight(slurm="23.02") if "23.02" in p]
     assert "choose one of 22.05, 24.11" in unknown
+
+
+def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
+    """A cluster's ports are chosen together (slurmctld's must never equal a slurmd's), and outside
+    the range the kernel takes client source ports from, so none is taken before its server binds."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = free_ports(200)
+    assert len(set(ports)) == 200
+    assert all(10000 <= p < low for p in ports)
