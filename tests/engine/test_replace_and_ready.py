@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.engine.ports import PodRef
-from tests.engine.harness import Answer, EngineHarness
+from tests.engine.harness import Answer, EngineHarness, Through, transient
 
 NODE = "gpu-node-02"
 STEPS = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume", "close"]
@@ -109,3 +109,15 @@ async def test_wait_ready_waits_while_prometheus_still_reports_the_fault(tmp_pat
         assert any("Prometheus still reports the fault" in w for w in waits)
         finished = (await h.events(incident, "step_finished", "wait_ready"))[-1]
         assert (finished.at - done.opened_at).total_seconds() >= 300
+
+
+async def test_a_look_that_fails_for_a_moment_while_waiting_for_the_node_is_retried(tmp_path: Path) -> None:
+    """An API request timing out while the replacement is awaited (a Machine list, a node read)
+    is retried with backoff like any call, not the end of the incident."""
+    async with EngineHarness(tmp_path) as h:
+        h.cluster.script("successor", *transient(2), Through())
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        retries = [e for e in await h.events(incident, "step_retry") if e.step == "wait_ready"]
+        assert len(retries) == 2

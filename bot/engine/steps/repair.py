@@ -259,7 +259,9 @@ class WaitReadyResult(StepResult):
     WaitReadyResult,
     state=State.VERIFYING,
     timeout=timedelta(minutes=45),
-    attempts=1,
+    # A look that fails for a moment (an API request timing out) is retried with backoff like any
+    # step's call; waiting (``Wait``) uses up no attempt, and a failed validation is permanent.
+    attempts=5,
     would="wait for the node (or its replacement) to be Ready and its slurmd registered",
     undo="waiting changes nothing",
     port="cluster",
