@@ -194,6 +194,12 @@ class Story:
             "each closed incident's summary to reach the channel",
             lambda: all(self._shown_closed(n) for n in acted),
         )
+        # The digest is rewritten at most once a second: the channel printed is its last version,
+        # the one that counts every node of the storm and names each held one.
+        self._until(
+            "the storm's digest to show every node",
+            lambda: self._digest_shows(len(self.targets), held),
+        )
         self.verdict.append(
             f"{len(acted)} of {len(self.targets)} nodes acted on (breaker limit {BREAKER_NODES})"
         )
@@ -239,6 +245,15 @@ class Story:
                 for line in notice.lines
             ):
                 return True
+        return False
+
+    def _digest_shows(self, nodes: int, held: list[str]) -> bool:
+        """A storm digest in the channel counts ``nodes`` nodes and has a line for each ``held`` one."""
+        for notice in self.ground.far_side.thread():
+            if f"{DIGEST_WORDS}: {nodes} nodes" in notice.text().lower():
+                named = {line.split(" — ", 1)[0].removeprefix("• ") for line in notice.lines}
+                if set(held) <= named:
+                    return True
         return False
 
     def _channel_counts(self) -> dict[str, int]:
