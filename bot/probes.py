@@ -74,7 +74,8 @@ async def _probe(side: FarSide, within: float) -> Checked:
             side.roles, Probe(kind, True, "nothing to reach: pitcrew only writes it down"), reached=False
         )
     try:
-        probe = await asyncio.wait_for(side.adapter.probe(), within)
+        async with asyncio.timeout(within):
+            probe = await side.adapter.probe()
     except TimeoutError:
         probe = Probe(role, False, f"no answer within {within:g}s", missing=(f"{role} answering in time",))
     except Exception as exc:  # a broken probe must not hide the other far sides' answers

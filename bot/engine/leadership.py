@@ -195,9 +195,8 @@ class Leadership:
                 return self._why
             started = self._monotonic()
             try:
-                lease = await asyncio.wait_for(
-                    self._store.renew_lease(self.holder, epoch, self._ttl), timeout=self._renew
-                )
+                async with asyncio.timeout(self._renew):
+                    lease = await self._store.renew_lease(self.holder, epoch, self._ttl)
             except Exception as exc:  # StoreUnavailable, a timeout: the store may answer next time
                 if not self.fence.leading:
                     return f"renewals failed for {self._valid_for:g}s (last: {exc})"

@@ -266,13 +266,16 @@ class ScontrolScheduler(NodeUpdates):
         except FileNotFoundError as exc:
             raise PermanentError(f"{op}: {program} not found", reason=Reason.MISCONFIGURED) from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=self._timeout)
+            async with asyncio.timeout(self._timeout):
+                out, err = await proc.communicate()
         except TimeoutError as exc:
-            proc.kill()
-            await proc.wait()
             raise TransientError(
                 f"{op}: {program} gave no answer in {self._timeout:g}s", reason=Reason.TIMEOUT
             ) from exc
+        finally:  # timed out, or the step cancelled: the program does not outlive its call
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         if proc.returncode != 0:
             raise classify_failure(op, stderr or stdout)
