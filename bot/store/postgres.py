@@ -56,6 +56,9 @@ _MIGRATIONS = migrations(POSTGRES)
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
 IDLE_IN_TRANSACTION_MS = 5000
+#: How long ``/readyz`` waits for Postgres before answering "not ready": under the Deployment's
+#: readinessProbe ``timeoutSeconds`` (3), so a probe sees a 503, never its own timeout.
+PING_TIMEOUT = 2.0
 
 
 async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
@@ -190,9 +193,12 @@ class PostgresStore(SqlStore):
         return int(row["version"]) if row is not None else 0
 
     async def ping(self) -> bool:
-        """Ready for writes: the database answers and is not read-only (a standby of a failover pair)."""
+        """Ready for writes: the database answers within ``PING_TIMEOUT`` and is not read-only (a
+        standby of a failover pair). While Postgres is away the pool would wait its whole connect
+        timeout, past the readiness probe's own: the probe is answered "not ready" in time instead."""
         try:
-            row = await self._read(single(one("SELECT pg_is_in_recovery() AS standby")))
+            async with asyncio.timeout(PING_TIMEOUT):
+                row = await self._read(single(one("SELECT pg_is_in_recovery() AS standby")))
         except Exception:  # readiness probes report, they do not raise
             return False
         return row is not None and not row["standby"]

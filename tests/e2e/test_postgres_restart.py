@@ -124,7 +124,8 @@ def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
             status, answer = first.post_alerts(delivery("xid79-firing.json", node=NODES[-1]))
             return status, answer, time.monotonic() - asked
 
-        with ThreadPoolExecutor(3) as pool:  # each waits out the store's connect timeout: at once
+        # A webhook waits out the store's connect timeout, /readyz its PING_TIMEOUT: all at once.
+        with ThreadPoolExecutor(3) as pool:
             ready = list(pool.map(_ready, (first, second)))
             status, answer, answered = pool.submit(timed_post).result()
         assert [code for code, _ in ready] == [503, 503], ready

@@ -38,6 +38,7 @@ from bot.config import load_config
 from bot.domain.policy import Mode
 from bot.engine.ports import Probe
 from bot.probes import Checked, unable
+from bot.store.postgres import PING_TIMEOUT
 from tests.packaging.manifests import (
     BASE,
     COMPONENTS,
@@ -218,6 +219,8 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     port_names = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # /readyz answers "not ready" before the kubelet's timeout while Postgres is away.
+    assert c["readinessProbe"]["timeoutSeconds"] > PING_TIMEOUT
     assert "http" in port_names
     assert c["args"][:3] == ["serve", "--config", "/etc/pitcrew/pitcrew.yaml"]
     # aiohttp's shutdown_timeout (bot.runtime.serve) is 10 s; the kubelet must not SIGKILL before it ends.
