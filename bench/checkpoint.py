@@ -20,7 +20,7 @@ step the restarted run resumed from), seconds from the alert to the job RUNNING 
 ``job_running`` figure. The baseline is the ``without`` case of the same run; the job makes
 about one step a second, so a step redone is about a second of training lost, on every GPU.
 
-Usage: python bench/checkpoint.py [--runs 3] [--interval 20] [--fault-at 6]   (as root, with Slurm installed)
+Usage: python bench/checkpoint.py [--runs 3] [--interval 20] [--fault-at 6] [--slurm 24.11]   (as root)
        python bench/mttr.py --checkpoint [--skip-demo] ...                     (the same, beside the demo's figures)
 """
 
@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 from proving_ground.pitcrew import Pitcrew  # noqa: E402
 from proving_ground.prometheus import Prometheus  # noqa: E402
 from proving_ground.slurm import SlurmCluster  # noqa: E402
+from proving_ground.slurm_root import VERSIONS, chosen_version  # noqa: E402
 from proving_ground.train_job import CHECKPOINT_METRIC, METRIC, ProgressServer, read_progress  # noqa: E402
 from tests.harness.scenarios import fault_delivery  # noqa: E402
 
@@ -138,7 +140,7 @@ def _until(predicate: Callable[[], bool], timeout: float) -> None:
 
 
 def measure(
-    count: int, interval: int = INTERVAL, fault_at: int = FAULT_AT
+    count: int, interval: int = INTERVAL, fault_at: int = FAULT_AT, slurm_version: str | None = None
 ) -> dict[str, list[dict[str, float | bool]]]:
     """Each case ``count`` times, interleaved, on one three-node cluster and one Prometheus."""
     binary = shutil.which("prometheus")
@@ -146,31 +148,31 @@ def measure(
         raise SystemExit("prometheus is not installed (scripts/setup installs it)")
     run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-bench-checkpoint-"))
     work = Path(tempfile.mkdtemp(prefix="pitcrew-bench-checkpoint-pitcrew-"))
-    slurm = SlurmCluster(run_dir, rest=False).start()
-    exporter = ProgressServer(slurm.job_dir).start()
-    prometheus = Prometheus(
-        binary,
-        _made(work / "prometheus"),
-        {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [
-                {"job_name": "train", "static_configs": [{"targets": [exporter.url.split("/")[2]]}]}
-            ],
-        },
-    )
     results: dict[str, list[dict[str, float | bool]]] = {case: [] for case in CASES}
-    try:
+    with ExitStack() as running:  # whatever started is stopped, whatever failed to start
+        running.callback(shutil.rmtree, work, ignore_errors=True)
+        running.callback(shutil.rmtree, run_dir, ignore_errors=True)
+        slurm = SlurmCluster(run_dir, rest=False, version=slurm_version)
+        running.callback(slurm.stop)
+        slurm.start()
+        exporter = ProgressServer(slurm.job_dir).start()
+        running.callback(exporter.stop)
+        prometheus = Prometheus(
+            binary,
+            _made(work / "prometheus"),
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {"job_name": "train", "static_configs": [{"targets": [exporter.url.split("/")[2]]}]}
+                ],
+            },
+        )
+        running.callback(prometheus.stop)
         prometheus.start()
         for _ in range(count):
             for case in CASES:
                 results[case].append(one_run(slurm, prometheus, work, case, interval, fault_at))
                 print(f"  {case}: {_line(results[case][-1])}", flush=True)
-    finally:
-        prometheus.stop()
-        exporter.stop()
-        slurm.stop()
-        shutil.rmtree(run_dir, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
     return results
 
 
@@ -187,12 +189,16 @@ def _line(run: dict[str, float | bool]) -> str:
 
 
 def report(
-    results: dict[str, list[dict[str, float | bool]]], count: int, interval: int, fault_at: int
+    results: dict[str, list[dict[str, float | bool]]],
+    count: int,
+    interval: int,
+    fault_at: int,
+    slurm_version: str | None = None,
 ) -> str:
     """The two cases side by side; the baseline is the ``without`` case of the same run."""
     lines = [
         f"degrading fault ({FAULT}) under a training job {fault_at} steps past its checkpoint "
-        f"(interval {interval}), {count} run(s); min/median/max",
+        f"(interval {interval}), Slurm {chosen_version(slurm_version)}, {count} run(s); min/median/max",
         f"  {'case':<17} {'steps redone':>14} {'-> RUNNING (s)':>16} {'-> training (s)':>16} "
         f"{'pitcrew job_running (s)':>24}  resolved",
     ]
@@ -231,13 +237,14 @@ def main() -> int:
     parser.add_argument(
         "--fault-at", type=int, default=FAULT_AT, help="the fault this many steps into the job"
     )
+    parser.add_argument("--slurm", choices=VERSIONS, default=None, help="the Slurm to run on")
     args = parser.parse_args()
     if not 0 < args.fault_at < args.interval:
         parser.error(
             "--fault-at must fall between two of the job's own checkpoints (0 < fault-at < interval)"
         )
-    results = measure(args.runs, args.interval, args.fault_at)
-    print(report(results, args.runs, args.interval, args.fault_at))
+    results = measure(args.runs, args.interval, args.fault_at, args.slurm)
+    print(report(results, args.runs, args.interval, args.fault_at, args.slurm))
     return 0
 
 

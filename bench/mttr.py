@@ -127,8 +127,9 @@ def main() -> int:
     if args.checkpoint:
         from bench import checkpoint
 
-        saved = checkpoint.measure(args.runs)
-        print(checkpoint.report(saved, args.runs, checkpoint.INTERVAL, checkpoint.FAULT_AT))
+        for version in versions:
+            saved = checkpoint.measure(args.runs, slurm_version=version)
+            print(checkpoint.report(saved, args.runs, checkpoint.INTERVAL, checkpoint.FAULT_AT, version))
     print(f"summaries and outputs: {workdir}")
     return 0
 
