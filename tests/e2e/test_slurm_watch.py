@@ -11,7 +11,8 @@ Kubernetes node name = Slurm node name). Cases, each on both backends:
 * a node a health check sets DOWN under a training job: Slurm requeues the job at once (PENDING,
   restart count grown, no node list: without slurmdbd nothing Slurm serves says where it ran), so
   the incident follows the job the watch saw there at its last look before, and confirms it
-  resumed elsewhere; a person's RESUME closes it.
+  resumed elsewhere; a person's RESUME closes it. A job that may not be requeued ends NODE_FAIL:
+  the incident reports it lost, once, to humans.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from typing import Any
 import pytest
 
 from proving_ground.slurm import SlurmCluster
-from tests.e2e.slurm_engine import TERMINAL, open_incident, start_pitcrew, training_on_a_node
+from tests.e2e.slurm_engine import (
+    TERMINAL,
+    open_incident,
+    running_on,
+    start_pitcrew,
+    training_on_a_node,
+    wait_for_step,
+)
 from tests.harness.figures import show_figure
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import destructive_calls, events, fault_delivery, notices, step_result
@@ -135,3 +143,33 @@ def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resu
     slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
     final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
     assert final["state"] == "resolved", final["outcome"]
+
+
+def test_a_job_slurm_could_not_requeue_off_a_node_it_set_down_is_reported_lost(
+    slurm: SlurmCluster, pitcrew_factory: Any
+) -> None:
+    server = watching(pitcrew_factory, slurm, "watch-down-lost", "scontrol")
+    job_id = slurm.submit_training(requeue=False)
+    node = running_on(slurm, job_id).nodes[0]
+    wait_for_step(slurm, job_id, 3)
+    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
+    incident_id = found[0]["id"]
+    wait_until(
+        lambda: bool(notices(server.journal_records(), "job_lost")), timeout=60, what="the job reported lost"
+    )
+    [lost] = notices(server.journal_records(), "job_lost")
+    assert job_id in lost["title"], lost
+    job = slurm.job(job_id)
+    assert job is not None and job.state == "NODE_FAIL"
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+    [verdict] = step_result(final, "confirm_resumed")["jobs"]
+    assert (verdict["job_id"], verdict["status"], verdict["old_nodes"]) == (job_id, "lost", [node]), verdict
