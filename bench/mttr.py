@@ -19,12 +19,18 @@ with a spare, with ``min_idle`` keeping the last spare, and with no pool (the ba
 job waits for the repair, ``--repair-delay`` seconds after the alert), side by side; with
 ``--kubernetes`` also the Kubernetes pools on the emulator (a spare by selector, a lender, none).
 
+``--checkpoint`` adds, in the same run, a fault that degrades but does not kill (NVLink errors
+rising) under a training job that checkpoints every 20 steps, hit 6 steps past its checkpoint:
+with the ``checkpoint`` step (the job saves on Slurm's signal before the node goes out) and
+without it (the baseline), side by side: training steps redone and seconds to the job running
+again (``bench/checkpoint.py``'s cases).
+
 ``--slurm 22.05,24.11`` runs the same on each Slurm (24.11 from the root ``scripts/setup`` makes)
 and prints, beside the tables, how far apart their medians are — above all Slurm's own stage,
 DOWN -> the job running elsewhere, which is the version's requeue.
 
 Usage: python bench/mttr.py [--runs 5] [--replace-delay 5] [--slurm 22.05,24.11]
-                            [--spares [--repair-delay 60] [--kubernetes] [--skip-demo]]
+                            [--spares [--repair-delay 60] [--kubernetes]] [--checkpoint] [--skip-demo]
        (as root)
 """
 
@@ -92,7 +98,14 @@ def main() -> int:
         "--repair-delay", type=float, default=60.0, help="--spares: the repair after the alert"
     )
     parser.add_argument(
-        "--skip-demo", action="store_true", help="--spares only: leave out the xid79 demo runs"
+        "--skip-demo",
+        action="store_true",
+        help="with --spares or --checkpoint: leave out the xid79 demo runs",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="also: a degrading fault under a running job, with the checkpoint step and without, side by side",
     )
     parser.add_argument(
         "--kubernetes", action="store_true", help="--spares: also Kubernetes pools (spare, lender, none)"
@@ -102,7 +115,7 @@ def main() -> int:
     if unknown := [v for v in versions if v not in VERSIONS]:
         parser.error(f"unknown Slurm {', '.join(unknown)}: choose from {', '.join(VERSIONS)}")
     workdir = Path(tempfile.mkdtemp(prefix="pitcrew-mttr-"))
-    if not (args.spares and args.skip_demo):
+    if not ((args.spares or args.checkpoint) and args.skip_demo):
         by_version = {v: report(workdir, v, args.runs, args.replace_delay) for v in versions}
         if len(by_version) > 1:
             compare(by_version)
@@ -111,6 +124,12 @@ def main() -> int:
 
         results = spares.measure(args.runs, args.repair_delay, kubernetes=args.kubernetes)
         print(spares.report(results, args.runs, args.repair_delay))
+    if args.checkpoint:
+        from bench import checkpoint
+
+        for version in versions:
+            saved = checkpoint.measure(args.runs, slurm_version=version)
+            print(checkpoint.report(saved, args.runs, checkpoint.INTERVAL, checkpoint.FAULT_AT, version))
     print(f"summaries and outputs: {workdir}")
     return 0
 

@@ -185,11 +185,32 @@ def _spares() -> list[Panel]:
     ]
 
 
+def _lemons() -> list[Panel]:
+    """Repeat offenders: nodes pitcrew found lemons (``lemon.incidents`` remediations within
+    ``lemon.window``). The series name nodes, so pitcrew serves them to a scrape with the read token
+    only; 0 where none was found (``or vector(0)``)."""
+    return [
+        table_panel(
+            "Lemon nodes",
+            "Nodes pitcrew found lemons in the time range (their lemon.incidents-th remediation within "
+            "lemon.window), by node and the fault that made them one: each was sent to replacement, "
+            "labelled pitcrew.dev/lemon=true and an RMA asked for. Counted since pitcrew started; "
+            "`pitcrew trust` lists every repeat offender with its incidents from the store.",
+            Query(
+                "sum by (node, fault_class) (max_over_time(pitcrew_lemon_nodes_total[$__range])) or vector(0)",
+                instant=True,
+                format=PromQueryFormat.TABLE,
+            ),
+            width=12,
+        ),
+    ]
+
+
 def fleet() -> Dashboard:
     return dashboard_model(
         FLEET_UID,
         "GPU fleet health",
         "Is the GPU fleet healthy? XIDs, ECC, row remapping, missing GPUs and exporters, from dcgm-exporter. "
         "Red regions are pitcrew incidents.",
-        [*_headline(), *_xids(), *_memory_and_presence(), *_spares()],
+        [*_headline(), *_xids(), *_memory_and_presence(), *_spares(), *_lemons()],
     )

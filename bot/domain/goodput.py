@@ -13,7 +13,9 @@ not at the alert's ``startsAt``: an alert already firing for years when pitcrew 
 must not add years to the figures. The alert's own age is reported apart
 (``alert_age_seconds``), never counted; and one incident adds at most ``max_seconds`` out of
 service per node and per job to the counters (the counters are never decreased: one stuck
-incident must not poison them for good).
+incident must not poison them for good). That bound is one rule (``counted``), applied to the
+node's time out of service and to each job's time lost (to running again + redone) alike; what
+was measured beyond it is kept and shown, never counted.
 
 GPU counts come from Slurm's generic resources (``Gres=gpu:h100:8`` on a node,
 ``TresPerNode=gres:gpu:8`` on a job), parsed here once for every Slurm interface.
@@ -67,12 +69,24 @@ class JobLoss:
     seconds_redone: float | None = None
 
     @property
+    def seconds_lost(self) -> float:
+        """Measured: to running again, plus the progress redone where it is known in seconds."""
+        return self.seconds_to_running + (self.seconds_redone or 0.0)
+
+    @property
     def gpu_hours(self) -> float:
-        return self.gpus * (self.seconds_to_running + (self.seconds_redone or 0.0)) / 3600
+        """As measured; what an incident counts is ``Goodput.job_gpu_hours``."""
+        return self.gpus * self.seconds_lost / 3600
 
 
 #: The most one incident adds to the counters by default: a day out of service per node and per job.
 MAX_SECONDS = 24 * 3600.0
+
+
+def counted(measured_seconds: float, max_seconds: float) -> float:
+    """The seconds one incident adds to the counters for one node or one job: what was measured,
+    up to the bound."""
+    return min(measured_seconds, max_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +109,7 @@ class Goodput:
 
     @property
     def seconds_out(self) -> float:
-        return min(self.measured_seconds_out, self.max_seconds)
+        return counted(self.measured_seconds_out, self.max_seconds)
 
     @property
     def measured_seconds_out(self) -> float:
@@ -104,20 +118,29 @@ class Goodput:
     @property
     def capped(self) -> bool:
         """The incident measured more than it may add to the counters."""
-        return self.measured_seconds_out > self.max_seconds or any(
-            job.gpu_hours > self._job_cap(job) for job in self.jobs
-        )
+        return self.node_capped or any(self.job_capped(job) for job in self.jobs)
+
+    @property
+    def node_capped(self) -> bool:
+        return self.measured_seconds_out > self.seconds_out
 
     @property
     def gpu_hours_lost(self) -> float:
         return self.node_gpus * self.seconds_out / 3600
 
+    def job_seconds(self, job: JobLoss) -> float:
+        """The seconds this incident counts for one job (by the node's rule)."""
+        return counted(job.seconds_lost, self.max_seconds)
+
+    def job_capped(self, job: JobLoss) -> bool:
+        return job.seconds_lost > self.job_seconds(job)
+
+    def job_gpu_hours(self, job: JobLoss) -> float:
+        return job.gpus * self.job_seconds(job) / 3600
+
     @property
     def job_gpu_hours_lost(self) -> float:
-        return sum(min(job.gpu_hours, self._job_cap(job)) for job in self.jobs)
-
-    def _job_cap(self, job: JobLoss) -> float:
-        return job.gpus * self.max_seconds / 3600
+        return sum(self.job_gpu_hours(job) for job in self.jobs)
 
 
 def alert_age(first_alert_at: datetime | None, first_delivery: datetime) -> float:

@@ -6,7 +6,9 @@ up front (playbooks, fault classes, outcomes) are pre-initialised, so a panel se
 "no data"; the ``reason`` of ``pitcrew_integration_errors_total`` is ``bot.engine.errors.Reason``,
 a closed set, made in full for every system. The only per-incident series
 (``pitcrew_incident_info``) lives in ``IncidentSeries``: one series per *active* incident,
-removed when it closes.
+removed when it closes; the only per-node one, ``pitcrew_lemon_nodes_total``, gets a series per
+node found a lemon (bounded by the fleet). Both name nodes: ``/metrics`` serves them only to a
+scrape with the read token.
 
 No ``_created`` series: in Prometheus's text format each counter, histogram and summary would
 export a second, timestamp-valued gauge per label set, which Prometheus stores as a series of
@@ -242,6 +244,14 @@ class Metrics:
             "fault class within the escalation window, or whose repair failed so the incident climbed "
             "to the playbook's next rung, by the remediation's playbook and fault class.",
             ["playbook", "fault_class", "outcome"],
+            registry=r,
+        )
+        self.lemon_nodes = Counter(
+            "pitcrew_lemon_nodes",
+            "Nodes found lemons (their lemon.incidents-th remediation within lemon.window): labelled for "
+            "an RMA and sent to lemon.playbook, by node and the decisive fault class. Names nodes: "
+            "scraped with the read token only.",
+            ["node", "fault_class"],
             registry=r,
         )
         self.incident_info = Gauge(

@@ -7,6 +7,12 @@ other (``bot.domain.slurm_watch``): it opens an incident or attaches to the node
 everything after - guards, mode, pause, opt-out, the playbook - is the engine's as for a Prometheus
 alert. It must not act on Slurm or Kubernetes itself, nor judge whose a reason is
 (``bot.domain.slurm_watch.out_by_others`` does).
+
+It also remembers, per node, the jobs running there at its last look while the node was in
+service (one ``jobs_on_node`` per busy node and poll, as the hung-job watch reads them): when Slurm
+sets a node DOWN its jobs leave it at once (requeued, or ended ``NODE_FAIL``), and the record of
+the outage names them so the incident can follow them. The memory is the process's own: a node
+that went out before this process first saw it in service names no jobs.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from datetime import datetime
 
 from bot import logger
 from bot.domain.catalog import Catalog
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.labels import node_name
-from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, out_by_others, outage
+from bot.domain.slurm_watch import ALERTNAME, OUT_STATES, SLURM_FAULT, out_by_others, outage
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Scheduler
@@ -25,6 +32,8 @@ from bot.engine.sourced import AlertSource
 
 log = logger(__name__)
 RECEIVER = "pitcrew-slurm-watch"
+#: Node states in which jobs run there (Slurm's base states, as both backends list them).
+BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 
 class SlurmWatch(AlertSource):
@@ -35,6 +44,8 @@ class SlurmWatch(AlertSource):
             deps, catalog, alertname=ALERTNAME, fault=SLURM_FAULT, receiver=RECEIVER, signal=signal, wake=wake
         )
         self._last: datetime | None = None
+        #: Slurm node → the jobs on it at the last look while it was in service.
+        self._seen: dict[str, tuple[JobSnapshot, ...]] = {}
 
     @property
     def lister(self) -> Scheduler | None:
@@ -54,9 +65,31 @@ class SlurmWatch(AlertSource):
         except PitcrewError as exc:
             log.warning("slurm watch: cannot list nodes", extra={"error": str(exc), "reason": exc.reason})
             return
-        await self.file(
-            [outage(n, now) for n in nodes if out_by_others(n) and await self._ours_to_watch(n.name)], now
-        )
+        found = []
+        for node in nodes:
+            if out_by_others(node):
+                if await self._ours_to_watch(node.name):
+                    found.append(outage(node, now, self._seen.get(node.name, ())))
+            else:
+                await self._look_at_jobs(lister, node)
+        await self.file(found, now)
+
+    async def _look_at_jobs(self, lister: Scheduler, node: SlurmNodeState) -> None:
+        """Remember the jobs on a node in service; one out of service keeps what was seen before."""
+        if node.states & OUT_STATES:
+            return  # out by pitcrew's own hand (its incident recorded the jobs before DOWN), or no reason yet
+        if not node.states & BUSY:
+            self._seen.pop(node.name, None)
+            return
+        try:
+            jobs = await lister.jobs_on_node(node.name)
+        except PitcrewError as exc:
+            log.warning(
+                "slurm watch: cannot list jobs",
+                extra={"node": node.name, "error": str(exc), "reason": exc.reason},
+            )
+            return
+        self._seen[node.name] = tuple(j for j in jobs if j.running)
 
     async def _ours_to_watch(self, name: str) -> bool:
         """The Slurm node is the Kubernetes node of the same name (identity mapping)."""

@@ -177,8 +177,9 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(answer, status=200 if ok else 503)
 
 
-#: Series that name an incident's node and Slack thread: only for a scrape that may read incidents.
-INCIDENT_FAMILIES = frozenset({"pitcrew_incident_info"})
+#: Series that name an incident's node and Slack thread, or a lemon node: only for a scrape that may
+#: read incidents.
+INCIDENT_FAMILIES = frozenset({"pitcrew_incident_info", "pitcrew_lemon_nodes"})
 
 
 class _Without(Collector):

@@ -7,7 +7,12 @@ Kubernetes node name = Slurm node name). Cases, each on both backends:
   incident within a poll of pitcrew's watch (``follow-slurm``): the Kubernetes node is cordoned with
   pitcrew's mark, humans are told Slurm's reason, and Slurm's reason is never touched; a person's
   RESUME closes the incident (resolved) and pitcrew uncordons the node;
-* a Prometheus alert already open on a node and a Slurm drain of the same node are one incident.
+* a Prometheus alert already open on a node and a Slurm drain of the same node are one incident;
+* a node a health check sets DOWN under a training job: Slurm requeues the job at once (PENDING,
+  restart count grown, no node list: without slurmdbd nothing Slurm serves says where it ran), so
+  the incident follows the job the watch saw there at its last look before, and confirms it
+  resumed elsewhere; a person's RESUME closes it. A job that may not be requeued ends NODE_FAIL:
+  the incident reports it lost, once, to humans.
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ from typing import Any
 import pytest
 
 from proving_ground.slurm import SlurmCluster
-from tests.e2e.slurm_engine import TERMINAL, open_incident, start_pitcrew
+from tests.e2e.slurm_engine import (
+    TERMINAL,
+    open_incident,
+    running_on,
+    start_pitcrew,
+    training_on_a_node,
+    wait_for_step,
+)
 from tests.harness.figures import show_figure
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import destructive_calls, events, fault_delivery, notices, step_result
@@ -95,3 +107,69 @@ def test_a_prometheus_alert_and_a_slurm_drain_of_one_node_are_one_incident(
     wait_until(attached, timeout=30, interval=0.1, what="the Slurm drain attached to the open incident")
     assert [i["id"] for i in server.incidents(node)] == [incident_id]
     assert slurm.node(node).reason == NHC_REASON
+
+
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
+def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resume(
+    slurm: SlurmCluster, pitcrew_factory: Any, backend: str
+) -> None:
+    server = watching(pitcrew_factory, slurm, f"watch-down-{backend}", backend)
+    job_id, node = training_on_a_node(slurm)
+    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
+    wait_until(
+        lambda: node not in getattr(slurm.job(job_id), "nodes", (node,)),
+        timeout=30,
+        interval=0.05,
+        what=f"Slurm taking job {job_id} off {node}",
+    )
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
+    incident_id = found[0]["id"]
+    server.wait_event(incident_id, "job_running", timeout=90)
+    incident = server.incident(incident_id)
+    [recorded] = step_result(incident, "slurm_down")["jobs"]
+    assert (recorded["job_id"], recorded["nodes"], recorded["restarts"]) == (job_id, [node], 0)
+    [job] = step_result(incident, "confirm_resumed")["jobs"]
+    assert (job["job_id"], job["status"], job["old_nodes"]) == (job_id, "resumed", [node]), job
+    assert node not in job["new_nodes"] and job["restarts_now"] >= 1
+    assert slurm.node(node).reason == NHC_REASON  # Slurm's reason untouched
+
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+    assert final["state"] == "resolved", final["outcome"]
+
+
+def test_a_job_slurm_could_not_requeue_off_a_node_it_set_down_is_reported_lost(
+    slurm: SlurmCluster, pitcrew_factory: Any
+) -> None:
+    server = watching(pitcrew_factory, slurm, "watch-down-lost", "scontrol")
+    job_id = slurm.submit_training(requeue=False)
+    node = running_on(slurm, job_id).nodes[0]
+    wait_for_step(slurm, job_id, 3)
+    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
+    incident_id = found[0]["id"]
+    wait_until(
+        lambda: bool(notices(server.journal_records(), "job_lost")), timeout=60, what="the job reported lost"
+    )
+    [lost] = notices(server.journal_records(), "job_lost")
+    assert job_id in lost["title"], lost
+    job = slurm.job(job_id)
+    assert job is not None and job.state == "NODE_FAIL"
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+    [verdict] = step_result(final, "confirm_resumed")["jobs"]
+    assert (verdict["job_id"], verdict["status"], verdict["old_nodes"]) == (job_id, "lost", [node]), verdict

@@ -3,7 +3,8 @@ far side of this file's own (``GangSlurm``: gang jobs that need N free nodes out
 reservation, reservations that Slurm 22.05 rewrites whole and refuses to empty).
 
 Cases: a stalled gang job gets a spare from the reservation and runs at once, long before
-the replacement (slow here) is Ready, and the repaired node refills the reservation; a job
+the replacement (slow here) is Ready, and the repaired node refills the reservation (the training
+loss clocked to the restart's start time, as Slurm reports it); a job
 Slurm restarts by itself takes nothing; no pool, or a guard (``min_idle``), takes nothing and
 the timeline says why; a storm of incidents never lends more than ``max_lend`` and two
 incidents never take the same node; a crash at every boundary of taking and giving back
@@ -14,9 +15,9 @@ at the end; a rollback before the job started there returns the node to the rese
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ class _Job:
     reason: str = ""
     #: Reads of the job left before Slurm requeues it after its node went DOWN (``None``: not dying).
     dying: int | None = None
+    #: When its current run started (Slurm's ``StartTime``), by the harness's clock.
+    started: datetime | None = None
 
 
 @dataclass
@@ -60,6 +63,8 @@ class GangSlurm:
     #: requeued at once). Tests whose replacement is one slow call (``Slow`` on ``successor``) keep
     #: 0: a call that blocks the incident for ten minutes would hold the job track's next look too.
     kill_reads: int = 0
+    #: The clock a run's start time is read from (the harness's virtual time).
+    clock: Callable[[], datetime] | None = None
 
     def _schedule(self) -> None:
         for job in self.jobs.values():
@@ -75,6 +80,7 @@ class GangSlurm:
             free = [n for n, s in sorted(self.states.items()) if s == "IDLE" and n not in reserved | busy]
             if len(free) >= job.width:
                 job.nodes, job.state, job.reason = tuple(free[: job.width]), "RUNNING", ""
+                job.started = self.clock() if self.clock else None
             else:
                 job.reason = self.pending_reason or "ReqNodeNotAvail, UnavailableNodes:" + ",".join(
                     n for n, s in self.states.items() if s == "DOWN"
@@ -107,7 +113,6 @@ class GangSlurm:
 
     @staticmethod
     def _snapshot(job: _Job) -> JobSnapshot:
-        start = datetime(2026, 1, 1, tzinfo=UTC)
         return JobSnapshot(
             job.job_id,
             "train",
@@ -117,7 +122,7 @@ class GangSlurm:
             job.restarts,
             True,
             job.reason,
-            start,
+            job.started,
             8 * job.width,
         )
 
@@ -178,7 +183,9 @@ def harness(
     tmp_path: Path, slurm: GangSlurm, capacity: dict[str, Any] | None = SPARES, **kw: Any
 ) -> EngineHarness:
     names = tuple(slurm.states)
-    return EngineHarness(tmp_path, inventory=fleet(names), slurm=slurm, capacity=capacity, **kw)
+    built = EngineHarness(tmp_path, inventory=fleet(names), slurm=slurm, capacity=capacity, **kw)
+    slurm.clock = built.time.now
+    return built
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,12 @@ async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repai
         assert set(slurm.whereabouts().values()) == {1}
         [notice] = h.notices("capacity", incident)
         assert "gpu-node-03" in notice["title"]
+        # The training loss is clocked to the restart Slurm reports, seconds after the fault.
+        [job] = steps["confirm_resumed"].result["jobs"]  # type: ignore[misc]
+        assert isinstance(job, dict) and 0 <= job["seconds_to_restart"] < 60, job
+        [summary] = h.notices("summary", incident)
+        [lost] = [line for line in summary["lines"] if line.startswith("job 100 training lost:")]
+        assert "counted of" not in lost and "to running again; resumed" in lost, lost
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 Cases: a node reset twice, each time more than the escalation window apart (so the ladder never
 climbs), gets its third fault within the lemon window: the plan is replacement, chosen by itself;
 the node carries the lemon label from its cordon on; the notice names the earlier incidents and
-asks for an RMA; ``pitcrew trust`` lists the node as a lemon with its three incidents; a lemon someone
+asks for an RMA; ``pitcrew_lemon_nodes_total`` counts it once; ``pitcrew trust`` lists the node as a lemon with its three incidents; a lemon someone
 else cordoned is labelled too (their cordon left as it is); a rollback
 takes the label off with the cordon.
 """
@@ -58,6 +58,8 @@ async def test_the_third_fault_in_the_window_replaces_labels_and_asks_for_an_rma
         [labelled] = [e for e in await h.events(third, "action") if "labelled" in e.detail]
         assert LABEL in labelled.detail
         assert (await h.until_ended(third)).state.value == "resolved"
+        # The fleet dashboard's lemon table: the node, once, under the fault that made it a lemon.
+        assert h.sample("pitcrew_lemon_nodes_total", node=NODE, fault_class="gpu-lost") == 1
 
     # ``pitcrew trust`` lists it among the repeat offenders, as a lemon, with its history.
     monkeypatch.setenv("PITCREW_STORE__PATH", str(tmp_path / "pitcrew.db"))

@@ -8,7 +8,8 @@ trust ledger counts a rollback, a rejection (with the approval wait) and a repea
 same fault class on a remediated node; far-side errors are counted by system and reason;
 1,000 incidents opened and closed leave no per-incident series in ``/metrics``. An alert already
 firing for 10 years at its first delivery is clocked from that delivery (its age reported apart,
-the counters get minutes); one incident adds at most a day per node to the GPU-hours counters.
+the counters get minutes); one incident adds at most a day per node and per job to the GPU-hours
+counters, and its summary shows each cut figure beside what was measured.
 """
 
 from __future__ import annotations
@@ -259,9 +260,12 @@ async def test_an_alert_firing_for_ten_years_is_clocked_from_its_first_delivery(
 
 
 async def test_one_incident_adds_at_most_a_day_to_the_counters(tmp_path: Path) -> None:
-    """Two days from the first delivery to the node back (an approval that took two days): the
-    counters get one day (goodput.max_hours_per_incident), and the summary says so."""
-    async with EngineHarness(tmp_path, mode="approve", approvals={"timeout": timedelta(days=3)}) as h:
+    """Two days from the first delivery to the node back and the job running again (an approval
+    that took two days): the counters get one day for each (goodput.max_hours_per_incident), and
+    the summary says so, job line included."""
+    async with EngineHarness(
+        tmp_path, mode="approve", approvals={"timeout": timedelta(days=3)}, inventory=fleet(jobs=(JOB,))
+    ) as h:
         incident = await h.alert(NODE)
         await h.until_state(incident, "awaiting_approval")
         await h.time.advance(2 * 86400)
@@ -269,5 +273,11 @@ async def test_one_incident_adds_at_most_a_day_to_the_counters(tmp_path: Path) -
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
         assert h.sample("pitcrew_gpu_hours_lost_total", **LABELS) == pytest.approx(8 * 24, abs=1e-6)
+        assert h.sample("pitcrew_job_gpu_hours_lost_total", **LABELS) == pytest.approx(8 * 24, abs=1e-6)
         [summary] = h.notices("summary", incident)
-        assert any(line.startswith("counted up to 1d per node and per job") for line in summary["lines"])
+        [cut] = [
+            line for line in summary["lines"] if line.startswith("counted up to 1d per node and per job")
+        ]
+        assert "out of service, job 101 2d" in cut, cut
+        [job] = [line for line in summary["lines"] if line.startswith("job 101 training lost:")]
+        assert job.startswith("job 101 training lost: 192.00 GPU-hours (8 GPUs x 1d counted of 2d"), job

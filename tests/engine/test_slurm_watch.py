@@ -6,19 +6,24 @@ Cases:
 - later polls of the same outage are repeats (no second incident, no second alert); Slurm is asked at
   most once per ``poll_interval``, however often the scan runs;
 - the node back in service resolves the watch's alert;
-- Slurm unreachable: the poll gives up quietly and the next one tries again.
+- Slurm unreachable: the poll gives up quietly and the next one tries again;
+- an outage names the jobs the watch saw on the node at its last look while it was in service (a
+  DOWN by Slurm takes them off the node at once); a node already out at the first look names none;
+  only busy nodes in service have their jobs read.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from bot.config import EngineSettings, load_catalog, load_playbooks
-from bot.domain.jobs import SlurmNodeState
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.policy import Policy
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
@@ -39,6 +44,12 @@ class FakeSlurm:
         self.listed: list[SlurmNodeState] = []
         self.calls = 0
         self.down = False
+        self.jobs: dict[str, list[JobSnapshot]] = {}
+        self.job_reads: Counter[str] = Counter()
+
+    async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
+        self.job_reads[name] += 1
+        return list(self.jobs.get(name, []))
 
     async def nodes(self) -> list[SlurmNodeState]:
         self.calls += 1
@@ -133,3 +144,29 @@ async def test_slurm_unreachable_is_tried_again_at_the_next_poll(store: SqliteSt
     clock.now += timedelta(seconds=3)
     await watcher.poll()
     assert len(await store.active()) == 1
+
+
+async def test_an_outage_names_the_jobs_seen_on_the_node_at_the_last_look_before(store: SqliteStore) -> None:
+    slurm, clock = FakeSlurm(), Clock()
+    train = JobSnapshot("4711", "train", "dana", "RUNNING", ("gpu-001",), 1)
+    slurm.listed = [
+        node("gpu-001", "ALLOCATED"),
+        node("gpu-002", "DOWN", reason="Not responding"),
+        node("gpu-003", "IDLE"),
+    ]
+    slurm.jobs = {"gpu-001": [train], "gpu-002": [replace(train, job_id="4712", nodes=("gpu-002",))]}
+    watcher = watch(store, slurm, clock)
+    await watcher.poll()
+    assert slurm.job_reads == Counter({"gpu-001": 1})  # the busy node in service, nothing else
+
+    # Slurm sets gpu-001 DOWN itself and requeues the job: it is no longer on the node.
+    slurm.listed[0] = node("gpu-001", "IDLE", "DOWN", reason=NHC)
+    slurm.jobs["gpu-001"] = []
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    assert slurm.job_reads == Counter({"gpu-001": 1})
+    named = {}
+    for incident_id, _, _ in await store.active():
+        [alert] = await store.alerts_of(incident_id)
+        named[alert.node] = alert.annotations.get("slurm_jobs")
+    assert named == {"gpu-001": "4711@1", "gpu-002": None}  # gpu-002 was out before the first look

@@ -261,7 +261,9 @@ async def _metrics(client: ClientSession, token: str | None) -> tuple[int, str]:
 
 
 async def test_metrics_name_incidents_only_to_who_may_read_them(server: Callable[..., Any]) -> None:
-    _, client = await server()
+    test_server, client = await server()
+    # A lemon names its node too (the fleet dashboard's table of repeat offenders).
+    test_server.app[DEPS].metrics.lemon_nodes.labels("gpu-node-07", "gpu-lost").inc()
     async with client:
         incident = (await post(client, (AM / "xid79-firing.json").read_bytes()))["opened"][0]
         deadline = asyncio.get_running_loop().time() + 20
@@ -271,9 +273,11 @@ async def test_metrics_name_incidents_only_to_who_may_read_them(server: Callable
         for token in (READ, ADMIN):
             status, text = await _metrics(client, token)
             assert status == 200 and f'incident="{incident}"' in text and 'node="gpu-node-02"' in text
+            assert 'pitcrew_lemon_nodes_total{fault_class="gpu-lost",node="gpu-node-07"} 1.0' in text
         status, text = await _metrics(client, None)  # what any peer that reaches the port sees
         assert status == 200 and "pitcrew_incidents_active" in text and "pitcrew_webhook_requests" in text
         assert "pitcrew_incident_info" not in text and "gpu-node-02" not in text and incident not in text
+        assert "pitcrew_lemon_nodes" not in text and "gpu-node-07" not in text
         for wrong in ("nope", WEBHOOK):
             status, text = await _metrics(client, wrong)
             assert status == 403 and "gpu-node-02" not in text

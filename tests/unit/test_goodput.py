@@ -4,7 +4,8 @@ Cases: GRES/TRES spellings (typed, untyped, summed, with index suffixes, none); 
 from allocated TRES or per-node request x nodes; the captured ``scontrol -o``, ``squeue
 --json`` and slurmrestd fixtures give each node and job its GPUs; a job's loss adds the
 progress it redid (in seconds where the unit is configured) and never goes negative; one
-incident adds at most its bound (node and job) and says it was cut; the alert's age is
+incident adds at most its bound (node and job, by one rule: a job measured at 305 days to running
+again counts a day, as a node out for 305 days does) and says it was cut; the alert's age is
 measured to its first delivery.
 """
 
@@ -116,6 +117,37 @@ def test_one_incident_adds_at_most_its_bound_and_says_so() -> None:
     assert with_job.gpu_hours_lost == 8 and with_job.job_gpu_hours_lost == 4 * 24 and with_job.capped
     within = Goodput(8, "slurm", T0, T0 + timedelta(hours=1), T0 + timedelta(hours=2), max_seconds=86400)
     assert (within.gpu_hours_lost, within.capped) == (8, False)
+
+
+@pytest.mark.parametrize(
+    ("running_after", "redone_seconds", "counted_seconds"),
+    [
+        (timedelta(days=305), 0, 86400),  # a start time far from the fault's
+        (timedelta(hours=23), 2 * 3600, 86400),  # the progress redone counts toward the bound
+        (timedelta(hours=23), 0, 23 * 3600),
+        (timedelta(days=1), 0, 86400),  # exactly the bound: not cut
+    ],
+)
+def test_a_jobs_loss_is_bounded_by_the_nodes_rule(
+    running_after: timedelta, redone_seconds: float, counted_seconds: float
+) -> None:
+    job = job_loss(
+        "9",
+        8,
+        "resumed",
+        T0,
+        T0 + running_after,
+        T0 + running_after,
+        progress_before=redone_seconds,
+        progress_at_restart=0,
+        progress_unit_seconds=1,
+    )
+    node_out = running_after + timedelta(seconds=redone_seconds)
+    cost = Goodput(8, "slurm", T0, T0 + node_out, T0 + node_out, (job,), max_seconds=86400)
+    assert cost.job_seconds(job) == counted_seconds == cost.seconds_out  # one rule for both
+    assert cost.job_gpu_hours_lost == cost.job_gpu_hours(job) == 8 * counted_seconds / 3600
+    assert cost.job_capped(job) == cost.node_capped == (job.seconds_lost > 86400) == cost.capped
+    assert job.gpu_hours == 8 * node_out.total_seconds() / 3600  # the measured figure is kept
 
 
 def test_the_alerts_age_is_measured_to_the_first_delivery() -> None:

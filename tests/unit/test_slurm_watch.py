@@ -4,7 +4,9 @@ Cases (table): DOWN, DRAIN (idle or with jobs), FAIL with someone else's reason 
 NHC reason, ``Not responding``, ``Kill task failed``, a prolog error; pitcrew's own reason and the
 Slinky operator's copy of it are not; a node in service, or out without a reason, is not. An
 outage's identity is stable across polls (the node and when Slurm set the reason) and changes with
-a new reason; its words carry Slurm's reason and who set it.
+a new reason; its words carry Slurm's reason and who set it; it names the jobs the watch saw on
+the node before it went out with their restart counts (none: no annotation), and reading them back
+skips what is not ``<job id>@<restarts>``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import pytest
 
 from bot.config import load_catalog
 from bot.domain.faults import classify
-from bot.domain.jobs import SlurmNodeState
+from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.labels import Subject
-from bot.domain.slurm_watch import SLURM_FAULT, out_by_others, outage
+from bot.domain.slurm_watch import SEEN_JOBS, SLURM_FAULT, out_by_others, outage, seen_jobs
 
 NOW = datetime(2026, 12, 1, 22, 0, tzinfo=UTC)
 SET = NOW - timedelta(minutes=3)
@@ -67,3 +69,17 @@ def test_the_catalog_follows_slurm_and_the_fault_carries_slurms_reason() -> None
     assert fault is not None
     assert (fault.playbook, fault.job_fatal, fault.fault_class) == ("follow-slurm", False, "scheduler")
     assert "Kill task failed" in fault.detail
+
+
+def test_an_outage_names_the_jobs_seen_on_the_node_before_it_went_out() -> None:
+    down = node("DOWN", reason="NHC: check_hw_gpu: GPU 3 missing")
+    seen = (
+        JobSnapshot("4711", "train", "dana", "RUNNING", ("gpu-002",), 2),
+        JobSnapshot("4712_3", "sweep", "eve", "RUNNING", ("gpu-002",), 0),
+    )
+    named = outage(down, NOW, seen)
+    assert named.annotations[SEEN_JOBS] == "4711@2 4712_3@0"
+    assert seen_jobs(named.annotations) == {"4711": 2, "4712_3": 0}
+    assert named.fingerprint == outage(down, NOW).fingerprint  # the jobs are words, not identity
+    assert SEEN_JOBS not in outage(down, NOW).annotations and seen_jobs({}) == {}
+    assert seen_jobs({SEEN_JOBS: "4711@2 junk @3 4713@x 4714@1"}) == {"4711": 2, "4714": 1}

@@ -16,6 +16,7 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster, PodRef
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
+from bot.engine.trust import fault_class
 
 
 def cluster_of(ports_cluster: Cluster | None) -> Cluster:
@@ -99,7 +100,10 @@ async def _mark_lemon(ctx: StepContext[CordonResult], cluster: Cluster) -> None:
     if not ctx.plan.lemon:
         return
     label = ctx.settings.lemon.label
+    found = not ctx.progress.lemon  # counted once per incident, whatever retries follow
     await ctx.save(replace(ctx.progress, lemon=True))
+    if found:
+        ctx.deps.metrics.lemon_nodes.labels(ctx.node, fault_class(ctx.plan)).inc()
     await cluster.set_labels(ctx.node, {label: "true"})
     await ctx.acted(
         "lemon",

@@ -79,9 +79,15 @@ def lines(cost: Goodput) -> list[str]:
         f"{'' if cost.back_at else ', not back by the close'})"
     ]
     if cost.capped:
+        cut = [f"{format_duration_s(cost.measured_seconds_out)} out of service"] if cost.node_capped else []
+        cut += [
+            f"job {job.job_id} {format_duration_s(job.seconds_lost)} lost"
+            for job in cost.jobs
+            if cost.job_capped(job)
+        ]
         out.append(
             f"counted up to {format_duration_s(cost.max_seconds)} per node and per job "
-            f"(goodput.max_hours_per_incident); measured {format_duration_s(cost.measured_seconds_out)} out of service"
+            f"(goodput.max_hours_per_incident); measured {', '.join(cut)}"
         )
     for job in cost.jobs:
         redone = ""
@@ -89,9 +95,12 @@ def lines(cost: Goodput) -> list[str]:
             redone = f" + {job.progress_redone:g} progress redone"
             if job.seconds_redone is not None:
                 redone += f" ({format_duration_s(job.seconds_redone)})"
+        measured = f"{format_duration_s(job.seconds_to_running)} to running again{redone}"
+        if cost.job_capped(job):
+            measured = f"{format_duration_s(cost.job_seconds(job))} counted of {measured}"
         out.append(
-            f"job {job.job_id} training lost: {job.gpu_hours:.2f} GPU-hours ({job.gpus} GPUs x "
-            f"{format_duration_s(job.seconds_to_running)} to running again{redone}; {job.status})"
+            f"job {job.job_id} training lost: {cost.job_gpu_hours(job):.2f} GPU-hours ({job.gpus} GPUs x "
+            f"{measured}; {job.status})"
         )
     return out
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import owns_slurm_reason, slurm_reason_owner
-from bot.domain.slurm_watch import SLURM_FAULT
+from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, seen_jobs
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
@@ -99,11 +99,18 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
     if ctx.progress.jobs is None:
         # Before DOWN: afterwards Slurm no longer says where a requeued job ran.
         jobs = tuple([job for name in names for job in await scheduler.jobs_on_node(name)])
-        progress = await progress_of(ctx.deps, [j.job_id for j in jobs])
-        await ctx.save(replace(ctx.progress, jobs=jobs, progress_before=progress))
+        gone = await _seen_before_slurm_took_it(ctx, names, {j.job_id for j in jobs})
+        progress = await progress_of(ctx.deps, [j.job_id for j in (*jobs, *gone)])
+        await ctx.save(replace(ctx.progress, jobs=(*jobs, *gone), progress_before=progress))
         if jobs:
             await ctx.note(
                 "jobs_recorded", f"{len(jobs)} job(s) on the node: " + ", ".join(j.job_id for j in jobs)
+            )
+        if gone:
+            await ctx.note(
+                "jobs_recorded",
+                f"{len(gone)} job(s) Slurm took off the node when it set it out, as the Slurm watch saw "
+                "them there before: " + ", ".join(f"{j.job_id} (restarts {j.restarts})" for j in gone),
             )
     reason = ctx.reason()
     if ctx.settings.slinky:
@@ -154,3 +161,25 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         await ctx.save(replace(ctx.progress, owned=dict(owned)))
     done = replace(ctx.progress, slurm_nodes=names, action=action, reason=reason, owned=owned)
     return Done(done, f"{action.upper()} {', '.join(names)}")
+
+
+async def _seen_before_slurm_took_it(
+    ctx: StepContext[SlurmDownResult], names: tuple[str, ...], found: set[str]
+) -> tuple[JobSnapshot, ...]:
+    """Jobs Slurm's own DOWN took off the node before this step looked (requeued: PENDING with no
+    node list; or ended ``NODE_FAIL``): those the Slurm watch saw there at its last look while the
+    node was in service (its record's ``slurm_jobs``), as they were then: RUNNING there, with the
+    restart count they had. A job Slurm no longer knows (``MinJobAge`` passed) is left out."""
+    seen: dict[tuple[str, str], int] = {}
+    for alert in await ctx.deps.store.alerts_of(ctx.incident.id):
+        if alert.alertname == ALERTNAME and alert.node in names:
+            seen.update({(job_id, alert.node): n for job_id, n in seen_jobs(alert.annotations).items()})
+    gone = []
+    for (job_id, node), restarts in seen.items():
+        if job_id in found:
+            continue
+        now = await ctx.ports.scheduler.job(job_id)
+        if now is not None:
+            gone.append(replace(now, state="RUNNING", nodes=(node,), restarts=restarts, reason=""))
+            found.add(job_id)
+    return tuple(gone)
