@@ -475,7 +475,13 @@ class CapacitySettings(_Section):
     give_back: Literal["refill", "return"] = Field(
         default="refill",
         description="refill: the repaired node joins the pool that lent, the lent node stays with the "
-        "job; return: the lent node goes back once no job runs on it.",
+        "job; return: the lent node goes back once no job runs on it (within return_wait).",
+    )
+    return_wait: Duration = Field(
+        default=timedelta(minutes=10),
+        description="give_back: return: how long the repaired node waits, still out, for the jobs to leave "
+        "the lent node; past it the repaired node refills the pool instead (the pool whole, the job "
+        "undisturbed). Keep it under give_back's timeout (30m).",
     )
 
     @model_validator(mode="after")

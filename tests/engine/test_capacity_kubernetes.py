@@ -10,7 +10,11 @@ Cases: a spare by selector joins the partition and the stalled job runs there lo
 the (slow) replacement, and the repaired node refills the pool; a lender's inference pods are
 evicted through their budget before the node joins, and when the repair is done the
 inference pool has its size again; a budget held past ``evict_grace`` hands the node back
-untouched and the job waits; ``min_idle`` with no lender takes nothing and says why; a crash
+untouched and the job waits; with ``give_back: return`` the lent inference node goes back to
+its pool as it was (labels, cordon, marks) once the job has left it and the repaired node joins
+training, and a job still on the lent node after ``return_wait`` has the repaired node refill
+the inference pool instead (the incident never fails waiting for a days-long job); ``min_idle``
+with no lender takes nothing and says why; a crash
 at every boundary of the take and the give-back leaves no node in two places, none cordoned
 or marked, and the pool whole; a rollback before the job started there restores the node.
 """
@@ -281,6 +285,56 @@ async def test_a_lender_is_evicted_through_its_budget_and_the_inference_pool_is_
         assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-02", "gpu-node-01"]
         assert kube.nodes["gpu-node-01"].labels == INFERENCE  # inference pods can schedule there now
         clean(kube)
+        assert set(slurm.whereabouts().values()) == {1}
+
+
+async def test_return_gives_the_lent_node_back_to_inference_once_the_job_left_it(tmp_path: Path) -> None:
+    kube, slurm = world(spares=0, lenders=2)
+    async with harness(tmp_path, kube, slurm, [LENDERS], give_back="return") as h:
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert slurm.jobs["100"].nodes == ("gpu-infer-01", "gpu-node-02")
+        waiting = await h.until_event(incident, "step_waiting")
+        await h.run_until(lambda: _waits_for_the_job(h, incident))
+        assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-02"]  # still lent
+        slurm.jobs["100"].state = "COMPLETED"  # the job ends: nothing runs on the lent node any more
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-01", "gpu-infer-02"]
+        assert kube.nodes["gpu-infer-01"].labels == INFERENCE  # its inference pods can schedule again
+        clean(kube)
+        assert "gpu-node-01" not in kube.nodes  # the repaired node joined no pool: it trains
+        assert (await slurm.node("gpu-node-01")).states == {"IDLE"}
+        give_back = (await h.steps(incident))["give_back"].result
+        assert give_back["node"] == "gpu-infer-01" and not give_back.get("refilled_instead")
+        assert waiting is not None
+
+
+async def _waits_for_the_job(h: EngineHarness, incident: str) -> bool:
+    return any("still runs a job" in e.detail for e in await h.events(incident, "step_waiting", "give_back"))
+
+
+async def test_return_refills_with_the_repaired_node_when_the_job_stays_past_return_wait(
+    tmp_path: Path,
+) -> None:
+    kube, slurm = world(spares=0, lenders=2)
+    async with harness(tmp_path, kube, slurm, [LENDERS], give_back="return", return_wait="5m") as h:
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: _waits_for_the_job(h, incident))
+        done = await h.until_ended(incident)  # the job runs on, for days
+        assert done.state.value == "resolved", await h.timeline(incident)
+        [gave_up] = await h.events(incident, "return_refilled")
+        assert "gpu-infer-01 still runs a job after 5m" in gave_up.detail, gave_up.detail
+        # The inference pool has its size again, with the repaired node in the lent node's place.
+        assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-02", "gpu-node-01"]
+        assert kube.nodes["gpu-node-01"].labels == INFERENCE
+        assert kube.nodes["gpu-infer-01"].labels == NODESET  # stays with the job, unmarked
+        clean(kube)
+        assert slurm.jobs["100"].state == "RUNNING" and "gpu-infer-01" in slurm.jobs["100"].nodes
+        give_back = (await h.steps(incident))["give_back"].result
+        assert give_back["node"] == "gpu-node-01" and give_back["refilled_instead"] is True
         assert set(slurm.whereabouts().values()) == {1}
 
 
