@@ -28,10 +28,11 @@ from typing import Any
 import pytest
 
 from proving_ground.kubernetes.nodeset import NodeSetStandin
-from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready, settings_for
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
+from tests.harness.kubernetes import slurm_and_kubernetes
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, step_result
 
@@ -95,18 +96,10 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
     replicas = (
         kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002")) if kind == "lender" else []
     )
-    cluster = settings_for(
-        kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "cluster-api"}
+    site = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "cluster-api"}
     )
-    config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "engine": {"poll_interval": "1s"},
-        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
-        "kubernetes": cluster["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
-        "capacity": {"pools": [POOLS[kind]]},
-    }
+    config = {**site, "engine": {"poll_interval": "1s"}, "capacity": {"pools": [POOLS[kind]]}}
     try:
         with NodeSetStandin(kube_world, slurm, NODESET) as nodeset:
             assert slurm.node("gpu-003").drained  # not in the NodeSet: no job lands there
