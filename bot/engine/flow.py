@@ -281,7 +281,9 @@ class IncidentFlow:
                     f"again before then climbs to {watch.next_rung}",
                 ),
             )
-        await self.signals.wait(incident.id, (watch.until - now).total_seconds())
+        # The intake signals a fault back; another replica's intake cannot: look again each poll.
+        poll = self.deps.settings.poll_interval.total_seconds()
+        await self.signals.wait(incident.id, min((watch.until - now).total_seconds(), poll))
         return True
 
     async def _fault_back(self, incident: IncidentRecord, back: FaultBack) -> bool:

@@ -12,7 +12,8 @@ humans, as before. A ladder naming no playbook, or climbing in a circle, is refu
 
 The fault back after the node's return (``fault_returns_within``): the reset passes its
 validation and the node goes back into service, the incident stays open for the window, and
-the same fault firing again inside it climbs to ``reboot-node`` within the same incident — the
+the same fault firing again inside it climbs to ``reboot-node`` within the same incident (filed by
+another replica, unsignalled, it is seen at the next poll) — the
 node taken out again, rebooted and returned, the ledger counting the reset ``climbed`` and the
 reboot ``passed``; in ``approve`` the climb asks again and nothing of the reboot runs before the
 approval. The same fault firing while the node is still out is the fault under repair, not its
@@ -32,8 +33,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bot.domain.alerts import parse_webhook
+from bot.domain.labels import LabelRules
 from bot.domain.playbooks import Playbook, PlaybookSet
 from bot.engine.errors import PermanentError, Reason
+from bot.engine.intake import to_delivery
 from bot.engine.steps import REGISTRY
 from tests.engine.harness import EngineHarness, Slow
 from tests.harness.scenarios import delivery
@@ -205,6 +209,24 @@ async def test_the_fault_back_after_the_return_climbs_to_the_next_rung(tmp_path:
         # Every step of the reset rung was superseded: nothing of it carries over after the return.
         superseded = {e.step for e in await h.events(incident, "step_superseded")}
         assert {"slurm_down", "cordon", "reset_gpu", "slurm_resume", "return_watch"} <= superseded
+
+
+async def test_a_fault_back_filed_by_another_replica_is_seen_at_the_next_poll(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, mode="auto", playbooks=WATCHED) as h:
+        incident = await h.alert(NODE, RESET)
+        await h.until_event(incident, "return_watch")
+        await h.time.advance(60)
+        body = delivery(RESET, node=NODE, starts=h.time.now())
+        # Stored as another replica's webhook stores it: this engine is not signalled.
+        await h.store.ingest(to_delivery(parse_webhook(body), h.catalog, LabelRules()), h.time.now())
+        took = await h.run_until(lambda: _climbed(h, incident), about=incident)
+        assert took <= h.deps.settings.poll_interval.total_seconds()
+        done = await h.until_ended(incident)
+        assert (done.state.value, done.playbook) == ("resolved", "reboot-node")
+
+
+async def _climbed(h: EngineHarness, incident: str) -> bool:
+    return bool(await h.events(incident, "climbed"))
 
 
 async def test_the_climb_after_the_return_asks_again_in_approve_mode(tmp_path: Path) -> None:
