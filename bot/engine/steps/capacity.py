@@ -114,7 +114,9 @@ async def _move(deps: StepDeps, reservation: str, node: str, *, into: bool) -> b
         return True
 
 
-def _pool(ctx: StepContext[CapacityResult] | UndoContext, name: str | None) -> PoolSettings:
+def _pool(
+    ctx: StepContext[CapacityResult] | StepContext[GiveBackResult] | UndoContext, name: str | None
+) -> PoolSettings:
     for pool in ctx.deps.settings.capacity.pools:
         if pool.name == name:
             return pool
@@ -255,8 +257,14 @@ async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | None:
         jobs = await ctx.deps.ports.scheduler.jobs_on_node(result.slurm_node)
         if jobs:
             return f"capacity: {result.node} left with the jobs: job {', '.join(j.job_id for j in jobs)} runs there"
+    left = None
+    if result.relabelled_at is not None:  # the join ran: its command is undone first
+        left = await lending.leave(ctx.deps, _pool(ctx, result.pool), result.node, ctx.incident.id)
     if not await lending.lending(ctx.deps).lend_back(result.node, incident_id=ctx.incident.id):
         return f"capacity: {result.node} is not lent to this incident"
+    if left is not None:
+        ctx.deps.metrics.actions.labels("capacity_leave_command").inc()
+        return f"capacity: {result.node} left the partition{lending.said(left)}; back in pool {result.pool}"
     ctx.deps.metrics.actions.labels("capacity_return").inc()
     if result.taken_at is not None:
         ctx.deps.metrics.capacity_lent.labels(result.pool or "").dec()
@@ -415,6 +423,15 @@ async def _give_back_lent(
     progress = ctx.progress
     if back:
         await ctx.save(replace(progress, node=took.node))
+        if took.relabelled_at is not None:
+            left = await lending.leave(ctx.deps, _pool(ctx, took.pool), took.node, ctx.incident.id)
+            if left is not None:
+                await ctx.acted(
+                    "capacity_leave_command",
+                    f"{took.node} left the partition{lending.said(left)}",
+                    node=took.node,
+                    output=left[-lending.OUTPUT_KEPT :],
+                )
         await lender.lend_back(took.node, incident_id=ctx.incident.id)
         node = took.node
     else:
