@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from bot import logger
+from bot.domain.durations import format_duration
 from bot.domain.incident import State, can_move
 from bot.domain.planner import Plan
 from bot.domain.playbooks import APPROVE, CLOSE
@@ -265,9 +266,23 @@ class IncidentFlow:
         """The node is back and its playbook has a next rung: stay open until ``fault_returns_within``
         has passed, woken early when one of the incident's faults fires again."""
         now = self.clock()
-        if watch.until is None or now >= watch.until:
+        if watch.until is None:
             return False
-        if returned.RETURN_WATCH not in await self.store.steps_of(incident.id):
+        marked = (await self.store.steps_of(incident.id)).get(returned.RETURN_WATCH)
+        if now >= watch.until:
+            if marked is not None and marked.status == "running":
+                waited = format_duration(watch.until - watch.returned.at)
+                await self.store.step_finished(
+                    incident.id,
+                    returned.RETURN_WATCH,
+                    "ok",
+                    now,
+                    event=NewEvent(
+                        "return_watch", outcome="ok", detail=f"the fault did not come back in {waited}"
+                    ),
+                )
+            return False
+        if marked is None:
             until = watch.until.isoformat(timespec="seconds")
             faults = ", ".join(sorted(f.short for f in incident.faults))
             await self.store.step_finished(

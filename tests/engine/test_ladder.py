@@ -264,13 +264,16 @@ async def test_the_fault_firing_while_the_node_is_out_is_not_its_return(tmp_path
 async def test_with_no_fault_back_the_incident_closes_when_the_window_has_passed(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, mode="auto", playbooks=WATCHED) as h:
         incident = await h.alert(NODE, RESET)
-        [watch] = [await h.until_event(incident, "return_watch")]
+        watch = await h.until_event(incident, "return_watch")
         assert "open until" in watch.detail and "climbs to reboot-node" in watch.detail
         returned = (await h.steps(incident))["slurm_resume"].ended_at
         done = await h.until_ended(incident)
         assert (done.state.value, done.playbook) == ("resolved", "reset-gpu")
         [closed] = [e for e in await h.events(incident, "state") if e.outcome == "resolved"]
         assert returned is not None and (closed.at - returned).total_seconds() >= WINDOW
+        over = (await h.events(incident, "return_watch"))[-1]
+        assert (over.outcome, over.detail) == ("ok", "the fault did not come back in 30m")
+        assert (await h.steps(incident))["return_watch"].status == "ok"
         assert not await h.events(incident, "climbed")
         assert (
             h.sample(
