@@ -37,6 +37,7 @@ from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_repl
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
+from tests.harness.figures import show_figure
 from tests.harness.kubernetes import slurm_and_kubernetes
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, step_result
@@ -172,7 +173,11 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
 
 
 def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
-    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
     kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
@@ -211,7 +216,14 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
             job = slurm.job(job_id)
             assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
             slurm.run("scancel", job_id)  # the job ends: nothing runs on the lent node any more
-
+            ended = time.monotonic()
+            wait_until(
+                lambda: _members(kube_world, INFERENCE) == ["gpu-003"],
+                timeout=60,
+                interval=0.1,
+                what="the lent node back in the inference pool",
+            )
+            back_after = time.monotonic() - ended
             final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
             assert final["state"] == "resolved", final["outcome"]
             assert step_result(final, "give_back")["node"] == "gpu-003"
@@ -229,6 +241,11 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
             assert not (state.down or state.drained), state
             actions = [e["data"]["action"] for e in events(final, "action")]
             assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1, actions
+            show_figure(
+                capsys,
+                f"[k8s-return] {incident_id}: gpu-003 back in the inference pool {back_after:.1f}s after its job "
+                f"ended (poll_interval 1s)",
+            )
     finally:
         for name in slurm.nodes:  # the session's cluster: every node back in service
             slurm.run("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)

@@ -18,6 +18,7 @@ has its size again.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_repl
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
 from tests.e2e.test_kubernetes_spares import INFERENCE, NODESET, POOLS, REPLACE, SPARE, _debug, _members
+from tests.harness.figures import show_figure
 from tests.harness.kubernetes import slurm_and_kubernetes
 from tests.harness.pitcrew import Crash
 from tests.harness.scenarios import delivery, events, step_result
@@ -82,6 +84,7 @@ def test_sigkill_at_every_boundary_of_take_and_give_back_leaves_each_node_in_one
     tmp_path: Path,
     boundary: str,
     when: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     at = BOUNDARIES[boundary]
     labels = SPARE if at.kind == "spare" else INFERENCE
@@ -127,11 +130,13 @@ def test_sigkill_at_every_boundary_of_take_and_give_back_leaves_each_node_in_one
             assert set(running_on(slurm, job_id).nodes) == {"gpu-001", "gpu-002"}
             wait_for_step(slurm, job_id, 3)
             incident_id = open_incident(server, delivery("xid79-firing.json", node="gpu-001"))
+            alerted = time.monotonic()
             crash.wait(f"the {boundary} request", timeout=120)
             server.start()
             try:
                 final = server.wait_incident(incident_id, "resolved", "failed", timeout=150)
                 assert final["state"] == "resolved", final["outcome"]
+                resolved_after = time.monotonic() - alerted
             except Exception as exc:
                 raise AssertionError(_debug(server, incident_id, slurm, nodeset)) from exc
 
@@ -161,8 +166,10 @@ def test_sigkill_at_every_boundary_of_take_and_give_back_leaves_each_node_in_one
                 assert not (state.down or state.drained), (name, state)
             for name in slurm.nodes:
                 assert not slurm.node(name).reason.startswith("pitcrew:"), (name, slurm.node(name))
-            print(
-                f"\n[k8s-spares-crash] {boundary}-{when}: {incident_id} resolved; {at.verb} {at.resource}: {seen}"
+            show_figure(
+                capsys,
+                f"[k8s-spares-crash] {boundary}-{when}: {incident_id} resolved {resolved_after:.1f}s after the "
+                f"alert across the SIGKILL (replacement after {REPLACE:.0f}s); {at.verb} {at.resource}: {seen}",
             )
     finally:
         for name in slurm.nodes:  # the session's cluster: every node back in service
