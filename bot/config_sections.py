@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot.domain import pool_command
 from bot.domain.catalog import Override
 from bot.domain.durations import Duration
 from bot.domain.labels import LabelRules
@@ -430,6 +431,20 @@ class PoolSettings(_Section):
         default_factory=dict,
         description="Labels that make the Slinky NodeSet of the jobs' partition select a taken node.",
     )
+    join_command: list[str] = Field(
+        default_factory=list,
+        description="Instead of join_labels: the command that joins a taken node to the jobs' partition "
+        "(executable and arguments, run without a shell; placeholders {node}, {incident}, {pool}); "
+        "its output goes to the timeline. It may run twice after a crash: make it idempotent.",
+    )
+    leave_command: list[str] = Field(
+        default_factory=list,
+        description="With join_command: its undo, run before the lent node goes back to the pool "
+        "(give_back: return, a rollback); same placeholders.",
+    )
+    command_timeout: Duration = Field(
+        default=timedelta(minutes=2), description="join_command and leave_command are killed after this."
+    )
     leave_labels: list[str] = Field(
         default_factory=list,
         description="Further label keys removed from a taken node while it is lent (an inference "
@@ -453,10 +468,20 @@ class PoolSettings(_Section):
             raise ValueError("max_lend is a whole count (>= 1) or a fraction (< 1)")
         if (self.reservation is None) == (self.selector is None):
             raise ValueError(f"pool {self.name}: give a Slurm reservation or a Kubernetes selector, not both")
-        if self.selector is not None and not self.join_labels:
+        if self.selector is not None and bool(self.join_labels) == bool(self.join_command):
             raise ValueError(
-                f"pool {self.name}: a Kubernetes pool needs join_labels (what its NodeSet selects)"
+                f"pool {self.name}: a Kubernetes pool needs join_labels (what its NodeSet selects) or "
+                "join_command (what joins the node otherwise), one of them"
             )
+        if bool(self.join_command) != bool(self.leave_command):
+            raise ValueError(
+                f"pool {self.name}: join_command and leave_command go together (one undoes the other)"
+            )
+        if self.join_command and self.reservation is not None:
+            raise ValueError(f"pool {self.name}: join_command is for a Kubernetes pool (selector)")
+        wrong = pool_command.problems([*self.join_command, *self.leave_command])
+        if wrong:
+            raise ValueError(f"pool {self.name}: " + "; ".join(wrong))
         return self
 
     def selector_labels(self) -> dict[str, str]:
@@ -475,7 +500,13 @@ class CapacitySettings(_Section):
     give_back: Literal["refill", "return"] = Field(
         default="refill",
         description="refill: the repaired node joins the pool that lent, the lent node stays with the "
-        "job; return: the lent node goes back once no job runs on it.",
+        "job; return: the lent node goes back once no job runs on it (within return_wait).",
+    )
+    return_wait: Duration = Field(
+        default=timedelta(minutes=10),
+        description="give_back: return: how long the repaired node waits, still out, for the jobs to leave "
+        "the lent node; past it the repaired node refills the pool instead (the pool whole, the job "
+        "undisturbed). Keep it under give_back's timeout (30m).",
     )
 
     @model_validator(mode="after")

@@ -230,6 +230,11 @@ async def trust_facts(store: Store, limit: int) -> list[IncidentFacts]:
         steps = await store.steps_of(incident.id)
         resumed = steps.get("slurm_resume")
         approval = await store.approval(incident.id) if incident.state is State.SUPPRESSED else None
+        # A climb (or a replan) supersedes steps: only then are the events worth reading.
+        climbed: tuple[str, ...] = ()
+        if any(r.status == "superseded" for r in steps.values()):
+            events = await store.events_of(incident.id)
+            climbed = tuple(str(e.data.get("from")) for e in events if e.kind == "climbed")
         facts.append(
             IncidentFacts(
                 incident_id=incident.id,
@@ -244,6 +249,7 @@ async def trust_facts(store: Store, limit: int) -> list[IncidentFacts]:
                 back_in_service=resumed is not None and resumed.status == "ok",
                 acts=bool(plan and plan.acts),
                 lemon=bool(plan and plan.lemon),
+                climbed_from=climbed,
             )
         )
     return facts
@@ -277,14 +283,16 @@ def render_trust(rows: list[TrustRow], window: str) -> str:
         return "no remediation has ended yet"
     lines = [
         f"{'PLAYBOOK':<15} {'FAULT CLASS':<16} {'REMEDIATIONS':>12} {'ROLLED BACK':>11} {'REJECTED':>8} "
-        f"{'OVERRIDDEN':>10} {'PASSED':>6} {'REPEAT':>6} {'REPEAT RATE':>11}"
+        f"{'OVERRIDDEN':>10} {'PASSED':>6} {'REPEAT':>6} {'REPEAT RATE':>11} {'CLIMBED':>7}"
     ]
     for r in rows:
         lines.append(
             f"{r.playbook:<15} {r.fault_class:<16} {r.remediations:>12} {r.rolled_back:>11} {r.rejected:>8} "
-            f"{_percent(r.overridden_rate):>10} {r.passed:>6} {r.repeat:>6} {_percent(r.repeat_rate):>11}"
+            f"{_percent(r.overridden_rate):>10} {r.passed:>6} {r.repeat:>6} {_percent(r.repeat_rate):>11} "
+            f"{r.climbed:>7}"
         )
     lines.append(f"repeat: the same node back with the same fault class within {window}")
+    lines.append("climbed: the rung's repair did not clear the fault; the incident climbed to the next rung")
     return "\n".join(lines)
 
 

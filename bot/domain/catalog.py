@@ -66,7 +66,7 @@ WHY_NOT_NVIDIA: Mapping[str, str] = {
     "RESTART_BM": "the node goes out for repair at once, as the flow pitcrew follows does: a GPU that "
     "fell off the bus often does again after a reboot, and a cloud node's replacement is cheap; to "
     "reboot first, give the XID reboot-node (catalog.overrides) and reboot-node `next: replace-node` (the ladder climbs "
-    "if validation fails)",
+    "if validation fails) with `fault_returns_within` (and if the fault comes back after the reboot)",
     "RESTART_VM": "on bare metal the VM is the node, so it is treated like RESTART_BM",
 }
 

@@ -55,7 +55,10 @@ _ALLOWED: dict[State, frozenset[State]] = {
     State.RUNNING: frozenset(
         {State.AWAITING_APPROVAL, State.VERIFYING, State.RESOLVED, State.FAILED, State.ROLLED_BACK}
     ),
-    State.VERIFYING: frozenset({State.RUNNING, State.RESOLVED, State.FAILED, State.ROLLED_BACK}),
+    # A climb of the repair ladder from a node's return or its validation asks again in approve mode.
+    State.VERIFYING: frozenset(
+        {State.RUNNING, State.AWAITING_APPROVAL, State.RESOLVED, State.FAILED, State.ROLLED_BACK}
+    ),
     # A failed or resolved incident may still be rolled back by a human: it undoes what pitcrew did.
     State.FAILED: frozenset({State.ROLLED_BACK}),
     State.RESOLVED: frozenset({State.ROLLED_BACK}),

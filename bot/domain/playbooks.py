@@ -96,7 +96,14 @@ class Playbook(BaseModel):
     next: str | None = Field(
         default=None,
         description="The repair ladder's next rung inside one incident: the playbook to climb to when "
-        "this one's repair fails (a step of CLIMBS_ON), under the same approval rules; unset: humans.",
+        "this one's repair fails (a step of CLIMBS_ON) or its fault comes back after the node's return, "
+        "under the same approval rules; unset: humans.",
+    )
+    fault_returns_within: Duration | None = Field(
+        default=None,
+        description="With next: how long the incident stays open after the node's return; the same "
+        "fault firing again inside it climbs to next (bot.domain.returns). Unset: only while the "
+        "incident's own steps still run.",
     )
     slurm_action: Literal["auto", "down", "drain"] = Field(
         default="auto", description="auto: DOWN when the fault kills the job, else DRAIN."
@@ -150,6 +157,7 @@ class PlaybookOverride(BaseModel):
 
     description: str = ""
     next: str | None = None
+    fault_returns_within: Duration | None = None
     slurm_action: Literal["auto", "down", "drain"] = "auto"
     steps: tuple[StepSpec, ...] | None = None
 
@@ -183,6 +191,8 @@ class PlaybookSet(BaseModel):
             for problem in playbook.problems(vocabulary)
         ]
         for name in sorted(self.playbooks):
+            if self.playbooks[name].fault_returns_within is not None and self.playbooks[name].next is None:
+                found.append(f"playbooks.{name}: fault_returns_within needs a next rung to climb to")
             seen = [name]
             rung = self.playbooks[name].next
             while rung is not None:

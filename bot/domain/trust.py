@@ -7,7 +7,10 @@ fault class of each remediation (an incident whose plan would change a node):
 * overridden — humans rolled it back, or an approver rejected its plan;
 * passed — its node came back into service (Ready, Slurm node resumed: the retest);
 * repeat — a later incident on the same node, within the escalation window, whose decisive
-  fault class is one of the remediation's (counted against the latest such remediation).
+  fault class is one of the remediation's (counted against the latest such remediation);
+* climbed — a rung of the repair ladder whose repair did not clear the fault (its validation
+  failed, or the fault came back after the node's return), so the incident climbed to the next
+  rung: counted against the rung that failed, itself a remediation of that playbook.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class IncidentFacts:
     acts: bool = False
     #: The planner found the node a lemon (``Plan.lemon``).
     lemon: bool = False
+    #: The rungs of the repair ladder the incident climbed from, in order (``playbook`` is its last).
+    climbed_from: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,7 @@ class TrustRow:
     rejected: int = 0
     passed: int = 0
     repeat: int = 0
+    climbed: int = 0
 
     @property
     def overridden_rate(self) -> float | None:
@@ -108,6 +114,10 @@ def ledger(incidents: Sequence[IncidentFacts], window: timedelta) -> list[TrustR
         by_node[incident.node].append(incident)
         if not incident.remediates:
             continue
+        for rung in incident.climbed_from:
+            failed = counts[(rung, incident.fault_class)]
+            failed["remediations"] += 1
+            failed["climbed"] += 1
         row = counts[(incident.playbook, incident.fault_class)]
         row["remediations"] += 1
         row["rolled_back"] += incident.rolled_back

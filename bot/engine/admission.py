@@ -28,6 +28,7 @@ from bot.domain.outages import OutOfService
 from bot.domain.planner import PastIncident, Plan
 from bot.domain.playbooks import CLIMBS_ON
 from bot.domain.policy import Mode, Policy
+from bot.domain.returns import RETURNS
 from bot.engine import trust
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
@@ -305,13 +306,16 @@ class Admission:
             )
         return record
 
-    async def climb(self, incident: IncidentRecord, step: str, detail: str) -> str | None:
-        """The repair ladder inside one incident: ``step`` failed in a playbook with a ``next`` rung,
-        so plan that rung (guarded, its approval asked again in approve mode) and go on from its
-        first step not already done. Returns the rung climbed to, or ``None`` (humans take over)."""
+    async def climb(
+        self, incident: IncidentRecord, step: str, detail: str, *, back: bool = False
+    ) -> str | None:
+        """The repair ladder inside one incident: ``step`` failed in a playbook with a ``next`` rung
+        (or, ``back``, returned the node and the fault came back: ``bot.domain.returns``), so plan
+        that rung (guarded, its approval asked again in approve mode) and go on from its first step
+        not already done. Returns the rung climbed to, or ``None`` (humans take over)."""
         current = incident.playbook or ""
         rung = self._deps.playbooks.playbooks.get(current)
-        if rung is None or rung.next is None or step not in CLIMBS_ON:
+        if rung is None or rung.next is None or step not in (RETURNS if back else CLIMBS_ON):
             return None
         now = self._clock()
         world = await self.world(incident, now)
@@ -330,17 +334,23 @@ class Admission:
             return None
         done = await self._store.steps_of(incident.id)
         # What the failed rung already did to take the node out carries over; its repair does not.
-        keep = {
-            s
-            for s, r in done.items()
-            if r.status in {"ok", "skipped"} and s != "notify" and s not in CLIMBS_ON
-        }
+        # After the node's return nothing carries over: the next rung takes the node out again.
+        keep = (
+            set()
+            if back
+            else {
+                s
+                for s, r in done.items()
+                if r.status in {"ok", "skipped"} and s != "notify" and s not in CLIMBS_ON
+            }
+        )
         trust.climbed(self._metrics, incident)
+        why = detail if back else f"{step} failed: {detail}"
         event = NewEvent(
             "climbed",
             step=step,
-            detail=f"{current} → {fresh.playbook}: {step} failed: {detail}",
-            data={"from": current, "to": fresh.playbook, "reasons": list(fresh.reasons)},
+            detail=f"{current} → {fresh.playbook}: {why}",
+            data={"from": current, "to": fresh.playbook, "fault_back": back, "reasons": list(fresh.reasons)},
         )
         # The failed rung's own step (failed) is superseded too: the next rung redoes the repair.
         await self._switch(incident, fresh, done, keep, event, now, {"ok", "skipped", "running", "failed"})

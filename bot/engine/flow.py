@@ -21,11 +21,13 @@ from datetime import datetime
 from typing import Any
 
 from bot import logger
+from bot.domain.durations import format_duration
 from bot.domain.incident import State, can_move
 from bot.domain.planner import Plan
 from bot.domain.playbooks import APPROVE, CLOSE
 from bot.domain.policy import Mode
-from bot.engine import trust
+from bot.domain.returns import FaultBack
+from bot.engine import returned, trust
 from bot.engine.admission import PAUSE, Admission, post_safely
 from bot.engine.deps import EngineDeps
 from bot.engine.executor import HELD, Executor
@@ -110,9 +112,15 @@ class IncidentFlow:
         step = order[incident.step_index]
         self.metrics.incidents.show_incident(incident, step)  # the active-incidents table's row
         if step == CLOSE:
+            watch = await returned.look(self.store, self.deps.playbooks, incident)
+            if watch is not None and watch.back is not None:
+                await cancel_and_wait(job_track)  # the next rung restarts it
+                return await self._fault_back(incident, watch.back)
             if not await self._job_track_ended(incident, plan, job_track):
                 return False
             if hands_off and await self._still_firing(incident):
+                return False
+            if watch is not None and await self._watching_return(incident, watch):
                 return False
         if step == APPROVE:
             decided = await self._approval(incident)
@@ -254,6 +262,54 @@ class IncidentFlow:
         await self.signals.wait(incident.id, (watch_max - age).total_seconds())
         return True
 
+    async def _watching_return(self, incident: IncidentRecord, watch: returned.ReturnLook) -> bool:
+        """The node is back and its playbook has a next rung: stay open until ``fault_returns_within``
+        has passed, woken early when one of the incident's faults fires again."""
+        now = self.clock()
+        if watch.until is None:
+            return False
+        marked = (await self.store.steps_of(incident.id)).get(returned.RETURN_WATCH)
+        if now >= watch.until:
+            if marked is not None and marked.status == "running":
+                waited = format_duration(watch.until - watch.returned.at)
+                await self.store.step_finished(
+                    incident.id,
+                    returned.RETURN_WATCH,
+                    "ok",
+                    now,
+                    event=NewEvent(
+                        "return_watch", outcome="ok", detail=f"the fault did not come back in {waited}"
+                    ),
+                )
+            return False
+        if marked is None:
+            until = watch.until.isoformat(timespec="seconds")
+            faults = ", ".join(sorted(f.short for f in incident.faults))
+            await self.store.step_finished(
+                incident.id,
+                returned.RETURN_WATCH,
+                "running",
+                now,
+                event=NewEvent(
+                    "return_watch",
+                    detail=f"node back ({watch.returned.step}); open until {until}: {faults} firing "
+                    f"again before then climbs to {watch.next_rung}",
+                ),
+            )
+        # The intake signals a fault back; another replica's intake cannot: look again each poll.
+        poll = self.deps.settings.poll_interval.total_seconds()
+        await self.signals.wait(incident.id, min((watch.until - now).total_seconds(), poll))
+        return True
+
+    async def _fault_back(self, incident: IncidentRecord, back: FaultBack) -> bool:
+        """The fault came back after the node's return: climb to the next rung, or humans take over
+        when a guard refuses it. True when the flow is over."""
+        step, detail = back.returned.step, back.words()
+        if await self.admission.climb(incident, step, detail, back=True) is not None:
+            return False
+        await self._escalate(incident, step, detail, what="the fault came back after the repair")
+        return True
+
     async def _approval(self, incident: IncidentRecord) -> bool | None:
         """True approved, False stopped (rejected/expired), None still waiting."""
         policy = self.deps.policy.approvals
@@ -361,13 +417,16 @@ class IncidentFlow:
         notice = Notice(incident.id, kind, f"{incident.node}: {title}", lines, node=incident.node, **extra)
         await post_safely(self.deps.ports, self.store, self.clock, notice)
 
-    async def _escalate(self, incident: IncidentRecord, step: str, detail: str) -> None:
+    async def _escalate(
+        self, incident: IncidentRecord, step: str, detail: str, *, what: str | None = None
+    ) -> None:
+        what = what or f"{step} failed"
         self.metrics.steps.labels(step, "escalated").inc()
-        await self._close(incident, State.FAILED, f"{step} failed: {detail}")
+        await self._close(incident, State.FAILED, f"{what}: {detail}")
         await self._tell(
             incident,
             "escalation",
-            f"{step} failed — a human must take over",
+            f"{what} — a human must take over",
             (
                 detail,
                 "Nothing further will be done automatically. Roll back with `pitcrew rollback "

@@ -82,8 +82,8 @@ class Intake:
         if delivery.truncated_alerts:
             received.labels("truncated").inc(delivery.truncated_alerts)
         self._metrics.incidents_opened.inc(len(outcome.opened))
-        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
-            self._signal(incident_id)  # a running incident may replan, a watcher may close
+        for incident_id in outcome.to_look_again:
+            self._signal(incident_id)
         if outcome.opened:
             self._wake()
         return outcome

@@ -52,6 +52,7 @@ WRITES: Mapping[str, frozenset[str]] = {
             "lend",
             "lend_back",
             "keep_lent",
+            "pool_command",
         }
     ),
 }

@@ -226,6 +226,12 @@ class Lending(Cluster, Protocol):
         and drop the marks, keeping its new labels; ``False`` if not ours."""
         ...
 
+    async def pool_command(self, name: str, argv: Sequence[str], *, incident_id: str, limit: float) -> str:
+        """Run a pool's ``join_command`` or ``leave_command`` for node ``name`` (its placeholders
+        filled, ``bot.domain.pool_command``) without a shell; its output. A non-zero exit is a
+        ``PermanentError``; past ``limit`` seconds it is killed, a ``TransientError``."""
+        ...
+
 
 @runtime_checkable
 class NodeValidator(Protocol):

@@ -9,14 +9,14 @@ a rollback under way stops before its next call while paused and goes on after r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bot.engine.context import StepDeps, StepResult, UndoContext
 from bot.engine.pause import Held
 from bot.engine.registry import StepDef, StepRegistry
 from bot.store import codec
-from bot.store.base import IncidentRecord, NewEvent, StepRecord
+from bot.store.base import Event, IncidentRecord, NewEvent, StepRecord
 
 #: The pseudo-step recording a rollback request: an incident that has it is being undone.
 ROLLBACK = "rollback"
@@ -51,9 +51,9 @@ async def undo(
 ) -> list[str]:
     """Undo completed (or half-done) steps in reverse order; return the report lines."""
     report: list[str] = []
-    order = list(incident.plan.steps) if incident.plan else []
     ctx = UndoContext(incident, deps, actor)
-    for step in reversed(order):
+    events = await deps.store.events_of(incident.id)
+    for step in _newest_first(incident, steps, events):
         record = steps.get(step)
         definition = registry.get(step)
         if record is None or definition is None or record.status in {"skipped", "undone", "superseded"}:
@@ -74,6 +74,19 @@ async def undo(
             event=NewEvent("step_undone", step=step, actor=actor, detail=line),
         )
     return report
+
+
+def _newest_first(
+    incident: IncidentRecord, steps: Mapping[str, StepRecord], events: Sequence[Event]
+) -> list[str]:
+    """The steps to undo, the reverse of the order they ran in: the plan's, last first, then those
+    an earlier rung of the repair ladder did and carried over that this rung does not have
+    (``Admission.climb``), last started first. A step one rung did and the next superseded is not
+    among them: the next rung did it again (its record is the new one), or the node's return undid it."""
+    order = list(incident.plan.steps) if incident.plan else []
+    started = {e.step: index for index, e in enumerate(events) if e.kind == "step_started" and e.step}
+    earlier = sorted((name for name in steps if name not in order), key=lambda name: started.get(name, -1))
+    return [*reversed(order), *reversed(earlier)]
 
 
 async def _undo_one(ctx: UndoContext, definition: StepDef[StepResult], record: StepRecord) -> str | None:

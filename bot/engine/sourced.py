@@ -95,7 +95,7 @@ class AlertSource:
         delivery = Delivery(self.receiver, "slurm", "firing", 0, tuple(alerts))
         outcome = await self._deps.store.ingest(delivery, now)
         self._deps.metrics.incidents_opened.inc(len(outcome.opened))
-        for incident_id in set(outcome.changed) | set(outcome.resolved_in):
+        for incident_id in outcome.to_look_again:
             self._signal(incident_id)
         if outcome.opened:
             log.info("incidents opened", extra={"source": self.receiver, "incidents": outcome.opened})

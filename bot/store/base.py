@@ -111,8 +111,17 @@ class IngestOutcome:
     resolved_in: list[str] = field(default_factory=list)
     #: Incidents already under way that got a fault they did not have (the engine replans them).
     changed: list[str] = field(default_factory=list)
+    #: Incidents already under way whose own fault fired again (a new alert of a fault they have):
+    #: after the node's return, the repair did not clear it (``bot.domain.returns``).
+    recurred: list[str] = field(default_factory=list)
     #: Alert keys and their state after this delivery, for the store's cache of committed keys.
     cache: dict[tuple[str, str], tuple[AlertStatus, str | None]] = field(default_factory=dict)
+
+    @property
+    def to_look_again(self) -> set[str]:
+        """Incidents whose flow must look again: a new fault may replan one, its fault back may
+        climb one (``bot.domain.returns``), a resolved alert may close a watcher."""
+        return {*self.changed, *self.recurred, *self.resolved_in}
 
 
 @dataclass(frozen=True, slots=True)

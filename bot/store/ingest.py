@@ -166,6 +166,8 @@ class Batch:
             seen_faults = self.faults_of.setdefault(incident_id, set())
             if state != State.OPEN.value and alert.fault.key not in seen_faults:
                 out.changed.append(incident_id)  # a new fault on an incident already under way
+            elif state != State.OPEN.value:
+                out.recurred.append(incident_id)  # its fault fired again (back after a return?)
             seen_faults.add(alert.fault.key)
         self._event(incident_id, _alert_event("alert_firing", alert.alertname, alert.fault, key), now)
         return incident_id

@@ -1,8 +1,10 @@
 """Per-request fault injection and the request log kept for the later RBAC comparison.
 
-A ``Fault`` matches requests by method/verb/resource/name and answers ``times`` of them with ``status``
-(the fixtures' Status bodies) after an optional ``delay``; a delay alone lets a client time out, and
-``before`` alone lets someone else change the world just before the request is served (a race).
+A ``Fault`` matches requests by method/verb/resource/name (or a name's prefix: a node the test cannot
+name in advance, a replacement) and answers ``times`` of them with ``status`` (the fixtures' Status
+bodies) after an optional ``delay``, once ``skip`` matching requests went through untouched (the
+third patch of a node, say); a delay alone lets a client time out, and ``before`` alone lets someone
+else change the world just before the request is served (a race) — or kill the client.
 """
 
 from __future__ import annotations
@@ -72,7 +74,10 @@ class Fault:
     resource: str | None = None
     subresource: str | None = None
     name: str | None = None
+    name_prefix: str | None = None
     times: int = 1
+    #: Matching requests let through untouched before this fault takes any.
+    skip: int = 0
     delay: float = 0.0
     #: Serve the request, then hold the answer this long (the write lands; its acknowledgement is late).
     delay_after: float = 0.0
@@ -82,6 +87,7 @@ class Fault:
     #: Run before the request is served: another writer acting just before this request lands.
     before: Callable[[], None] | None = None
     hits: int = 0
+    skipped: int = 0
 
     def matches(self, entry: LoggedRequest) -> bool:
         wanted: dict[str, Any] = {
@@ -91,7 +97,12 @@ class Fault:
             "subresource": self.subresource,
             "name": self.name,
         }
-        return self.hits < self.times and all(v is None or getattr(entry, k) == v for k, v in wanted.items())
+        named = self.name_prefix is None or (entry.name or "").startswith(self.name_prefix)
+        return (
+            self.hits < self.times
+            and named
+            and all(v is None or getattr(entry, k) == v for k, v in wanted.items())
+        )
 
     def error(self, res: Resource, name: str | None) -> ApiError:
         from proving_ground.kubernetes.resources import ApiError
@@ -111,6 +122,9 @@ class FaultPlan:
     def take(self, entry: LoggedRequest) -> Fault | None:
         for fault in self.faults or []:
             if fault.matches(entry):
+                if fault.skipped < fault.skip:
+                    fault.skipped += 1
+                    continue
                 fault.hits += 1
                 return fault
         return None

@@ -18,8 +18,9 @@ import pytest
 
 from bot.domain.ownership import OWNER_ANNOTATION, TAINT_KEY
 from proving_ground.kubernetes.faults import Fault
-from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, settings_for
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet
 from proving_ground.slurm import SlurmCluster
+from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import open_incident
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, step_result
@@ -34,11 +35,7 @@ def test_sigkill_between_cordon_and_its_ack_never_writes_twice(
     kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
     kube_world.call(lambda e: e.faults.add(Fault(verb="patch", resource="nodes", name=node, delay_after=60)))
     config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
-        "kubernetes": settings_for(kube_world, tmp_path / "kube", request_timeout=120)["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        **slurm_and_kubernetes(slurm, kube_world, tmp_path / "kube", request_timeout=120),
         "catalog": {"overrides": {"79": {"playbook": "cordon-and-ask"}}},
         "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
     }
@@ -70,17 +67,10 @@ def test_sigkill_between_machine_delete_and_its_ack_never_deletes_twice(
     node = slurm.nodes[1]
     kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
     kube_world.call(lambda e: e.faults.add(Fault(verb="delete", resource="machines", delay_after=60)))
-    kube = settings_for(
-        kube_world, tmp_path / "kube", request_timeout=120, replace={"strategy": "cluster-api"}
+    kube = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", request_timeout=120, replace={"strategy": "cluster-api"}
     )
-    config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
-        "kubernetes": kube["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
-        "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
-    }
+    config = {**kube, "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}}}  # acts once it lapses
     server = pitcrew_factory("k8s-crash-replace", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
 

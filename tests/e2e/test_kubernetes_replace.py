@@ -29,9 +29,9 @@ from proving_ground.kubernetes.world import (
     karpenter_fleet,
     pod_ready,
     pods_like_the_fixture,
-    settings_for,
 )
 from proving_ground.slurm import SlurmCluster
+from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import action_at, open_incident, training_on_a_node
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, step_result
@@ -65,13 +65,13 @@ def test_replace_node_on_slurm_and_kubernetes(
     ]
     kube_world.call(lambda e: [e.faults.add(f) for f in flaky])
 
-    slurm_settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
     validation = tmp_path / "dcgm-diag-job.yaml"
     validation.write_text(
         "spec:\n  template:\n    spec:\n      containers:\n"
         "        - {name: diag, image: nvcr.io/nvidia/cloud-native/dcgm:3.3.9-1-ubuntu22.04, command: [dcgmi, diag, -r, '2']}\n"
     )
-    cluster = settings_for(
+    config = slurm_and_kubernetes(
+        slurm,
         kube_world,
         tmp_path / "kube",
         never_drain_namespaces=[],
@@ -79,13 +79,6 @@ def test_replace_node_on_slurm_and_kubernetes(
         replace={"strategy": "cluster-api"},
         jobs={"validation_template": str(validation)},
     )
-    config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "slurm": slurm_settings["slurm"],
-        "kubernetes": cluster["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
-    }
     server = pitcrew_factory("k8s-replace", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
 
@@ -160,7 +153,8 @@ def test_replace_a_dead_node_whose_pods_stay_terminating(
     elsewhere = next(n for n in slurm.nodes if n != node)
     kube_world.call(lambda e: pods_like_the_fixture(e, node, elsewhere))
     kube_world.call(lambda e: e.kubelet_gone(node))
-    cluster = settings_for(
+    site = slurm_and_kubernetes(
+        slurm,
         kube_world,
         tmp_path / "kube",
         never_drain_namespaces=[],
@@ -172,14 +166,7 @@ def test_replace_a_dead_node_whose_pods_stay_terminating(
         {"step": "drain", "options": {"force_delete_on_dead_node": True}} if s == "drain" else s
         for s in REPLACE_STEPS
     ]
-    config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
-        "kubernetes": cluster["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
-        "playbooks": {"replace-node": {"steps": steps}},
-    }
+    config = {**site, "playbooks": {"replace-node": {"steps": steps}}}
     server = pitcrew_factory("k8s-dead-node", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
     final = server.wait_incident(incident_id, "resolved", "failed", timeout=180)
@@ -209,17 +196,10 @@ def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     is empty to Karpenter's consolidation), and the Slurm job resumes from its checkpoint."""
     kube_world.call(lambda e: karpenter_fleet(e, list(slurm.nodes)))
     job_id, node = training_on_a_node(slurm)
-    cluster = settings_for(
-        kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "karpenter"}
+    site = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "karpenter"}
     )
-    config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
-        "kubernetes": cluster["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
-        "playbooks": {"replace-node": {"steps": REPLACE_STEPS}},
-    }
+    config = {**site, "playbooks": {"replace-node": {"steps": REPLACE_STEPS}}}
     server = pitcrew_factory("k8s-karpenter", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
     final = server.wait_incident(incident_id, "resolved", "failed", timeout=180)

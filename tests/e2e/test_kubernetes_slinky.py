@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from proving_ground.kubernetes.slinky import ScontrolSlurm
-from proving_ground.kubernetes.world import KubeWorld, settings_for, slinky_workers
+from proving_ground.kubernetes.world import KubeWorld, slinky_workers
 from proving_ground.slurm import SlurmCluster
+from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import open_incident
 from tests.harness.scenarios import delivery, step_result
 
@@ -53,12 +54,10 @@ def test_slinky_drain_follows_the_operator(
     while not slurm.node(slurm_node).states & {"ALLOCATED", "MIXED"}:  # the job has started there
         assert time.monotonic() < deadline, slurm.node(slurm_node)
         time.sleep(0.2)
+    site = slurm_and_kubernetes(slurm, kube_world, tmp_path / "kube")
     config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "slurm": {**slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"], "node_mapping": "slinky"},
-        "kubernetes": settings_for(kube_world, tmp_path / "kube")["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
+        **site,
+        "slurm": {**site["slurm"], "node_mapping": "slinky"},
         "playbooks": PLAYBOOK,
         "catalog": {"overrides": {"79": {"playbook": "slinky-drain"}}},
     }

@@ -18,6 +18,11 @@ pitcrew cordons the node, evicts its replica through the Eviction API (429 while
 holds, 201 once the other replica is Ready; nothing else evicted), takes the inference labels
 off, and only then does the NodeSet select it; afterwards the replacement carries the inference
 labels the lent node had, so the inference pool has its size again.
+
+With ``give_back: return`` the lent node itself goes back: the job runs on it until it ends (here:
+cancelled once the replacement is Ready and the give-back waits for it), then ``gpu-003`` has its
+inference labels again, uncordoned and unmarked, out of the NodeSet, the inference pool its size
+again, and the replacement joins training as Slurm node ``gpu-001``, resumed.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from typing import Any
 import pytest
 
 from proving_ground.kubernetes.nodeset import NodeSetStandin
-from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready, settings_for
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
+from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
+from tests.harness.figures import show_figure
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, step_result
 
@@ -95,18 +102,10 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
     replicas = (
         kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002")) if kind == "lender" else []
     )
-    cluster = settings_for(
-        kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "cluster-api"}
+    site = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "cluster-api"}
     )
-    config = {
-        "mode": "auto",
-        "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
-        "engine": {"poll_interval": "1s"},
-        "slurm": slurm.pitcrew_settings("scontrol", command_timeout=5)["slurm"],
-        "kubernetes": cluster["kubernetes"],
-        "integrations": {"scheduler": "slurm", "cluster": "kubernetes"},
-        "capacity": {"pools": [POOLS[kind]]},
-    }
+    config = {**site, "engine": {"poll_interval": "1s"}, "capacity": {"pools": [POOLS[kind]]}}
     try:
         with NodeSetStandin(kube_world, slurm, NODESET) as nodeset:
             assert slurm.node("gpu-003").drained  # not in the NodeSet: no job lands there
@@ -168,6 +167,85 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
             assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
             print(f"\n[k8s-spares] {incident_id}: job running again {back_after:.1f}s after the alert; "
                   f"replacement after {REPLACE:.0f}s; {nodeset.moves}")  # fmt: skip
+    finally:
+        for name in slurm.nodes:  # the session's cluster: every node back in service
+            slurm.run("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
+
+
+def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+
+    def pools(e: Any) -> None:
+        e.replace_delay, e.ready_delay = REPLACE, 1.0
+        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", INFERENCE)):
+            node = e.get("nodes", name)
+            node["metadata"]["labels"].update(add)
+            e.bump(node)
+
+    kube_world.call(pools)
+    replicas = kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002"))
+    kube_world.call(lambda e: pod_ready(e, "inference", replicas[1]))  # the budget lets one go
+    site = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "cluster-api"}
+    )
+    config = {
+        **site,
+        "engine": {"poll_interval": "1s"},
+        "capacity": {"pools": [POOLS["lender"]], "give_back": "return", "return_wait": "5m"},
+    }
+    try:
+        with NodeSetStandin(kube_world, slurm, NODESET) as nodeset:
+            server = pitcrew_factory("k8s-return", config=config, simulated=False).start()
+            job_id = slurm.submit_training(extra=("-N2",))
+            wait_for_step(slurm, job_id, 3)
+            incident_id = open_incident(server, delivery("xid79-firing.json", node="gpu-001"))
+            try:
+                server.wait_event(incident_id, "job_running", timeout=60)
+                waiting = server.wait_event(incident_id, "step_waiting", step="give_back", timeout=90)
+            except Exception as exc:
+                raise AssertionError(_debug(server, incident_id, slurm, nodeset)) from exc
+            assert "gpu-003 still runs a job" in waiting["detail"], waiting
+            assert _members(kube_world, INFERENCE) == []  # still lent, the replacement Ready
+            job = slurm.job(job_id)
+            assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
+            slurm.run("scancel", job_id)  # the job ends: nothing runs on the lent node any more
+            ended = time.monotonic()
+            wait_until(
+                lambda: _members(kube_world, INFERENCE) == ["gpu-003"],
+                timeout=60,
+                interval=0.1,
+                what="the lent node back in the inference pool",
+            )
+            back_after = time.monotonic() - ended
+            final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
+            assert final["state"] == "resolved", final["outcome"]
+            assert step_result(final, "give_back")["node"] == "gpu-003"
+            assert _members(kube_world, INFERENCE) == ["gpu-003"]  # the inference pool has its size again
+            lent = kube_world.call(lambda e: e.get("nodes", "gpu-003"))
+            assert INFERENCE.items() <= lent["metadata"]["labels"].items()
+            assert "slinky.slurm.net/nodeset" not in lent["metadata"]["labels"]
+            assert not lent["spec"].get("unschedulable")  # inference pods can schedule there again
+            assert not any(
+                k.startswith("pitcrew.dev/lent") for k in lent["metadata"].get("annotations") or {}
+            )
+            [replacement] = [n for n in _members(kube_world, {}) if n.startswith("gpu-001-")]
+            assert NODESET.items() <= _labels(kube_world, replacement).items()  # it trains
+            state = slurm.node("gpu-001")  # served by the replacement, resumed
+            assert not (state.down or state.drained), state
+            actions = [e["data"]["action"] for e in events(final, "action")]
+            assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1, actions
+            show_figure(
+                capsys,
+                f"[k8s-return] {incident_id}: gpu-003 back in the inference pool {back_after:.1f}s after its job "
+                f"ended (poll_interval 1s)",
+            )
     finally:
         for name in slurm.nodes:  # the session's cluster: every node back in service
             slurm.run("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)

@@ -10,7 +10,11 @@ Cases: a spare by selector joins the partition and the stalled job runs there lo
 the (slow) replacement, and the repaired node refills the pool; a lender's inference pods are
 evicted through their budget before the node joins, and when the repair is done the
 inference pool has its size again; a budget held past ``evict_grace`` hands the node back
-untouched and the job waits; ``min_idle`` with no lender takes nothing and says why; a crash
+untouched and the job waits; with ``give_back: return`` the lent inference node goes back to
+its pool as it was (labels, cordon, marks) once the job has left it and the repaired node joins
+training, and a job still on the lent node after ``return_wait`` has the repaired node refill
+the inference pool instead (the incident never fails waiting for a days-long job); ``min_idle``
+with no lender takes nothing and says why; a crash
 at every boundary of the take and the give-back leaves no node in two places, none cordoned
 or marked, and the pool whole; a rollback before the job started there restores the node.
 """
@@ -69,6 +73,8 @@ class Fleet:
     budget_refusals: int = 0
     evicted: list[str] = field(default_factory=list)
     patches: int = 0
+    #: Pool commands run, in order: (node, argv).
+    commands: list[tuple[str, list[str]]] = field(default_factory=list)
 
     def members(self, labels: dict[str, str]) -> list[str]:
         return sorted(n for n, node in self.nodes.items() if labels.items() <= node.labels.items())
@@ -180,6 +186,16 @@ def lending_cluster(kube: Fleet) -> Any:
                 else:
                     n.labels[key] = value
 
+        async def pool_command(self, name: str, argv: Any, *, incident_id: str, limit: float) -> str:
+            """The site's join script registers the node with Slurm (here: the NodeSet's label, as
+            its slurmd starting there would), its leave script takes it out again."""
+            kube.commands.append((name, list(argv)))
+            if argv[0].endswith("join"):
+                self._label(kube.nodes[name], NODESET)
+                return f"slurm node {name} registered\n"
+            self._label(kube.nodes[name], dict.fromkeys(NODESET))
+            return f"slurm node {name} gone\n"
+
         async def pods_on_node(self, name: str) -> list[PodRef]:
             if name not in kube.nodes:
                 return await super().pods_on_node(name)
@@ -282,6 +298,116 @@ async def test_a_lender_is_evicted_through_its_budget_and_the_inference_pool_is_
         assert kube.nodes["gpu-node-01"].labels == INFERENCE  # inference pods can schedule there now
         clean(kube)
         assert set(slurm.whereabouts().values()) == {1}
+
+
+async def test_return_gives_the_lent_node_back_to_inference_once_the_job_left_it(tmp_path: Path) -> None:
+    kube, slurm = world(spares=0, lenders=2)
+    async with harness(tmp_path, kube, slurm, [LENDERS], give_back="return") as h:
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert slurm.jobs["100"].nodes == ("gpu-infer-01", "gpu-node-02")
+        waiting = await h.until_event(incident, "step_waiting")
+        await h.run_until(lambda: _waits_for_the_job(h, incident))
+        assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-02"]  # still lent
+        slurm.jobs["100"].state = "COMPLETED"  # the job ends: nothing runs on the lent node any more
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-01", "gpu-infer-02"]
+        assert kube.nodes["gpu-infer-01"].labels == INFERENCE  # its inference pods can schedule again
+        clean(kube)
+        assert "gpu-node-01" not in kube.nodes  # the repaired node joined no pool: it trains
+        assert (await slurm.node("gpu-node-01")).states == {"IDLE"}
+        give_back = (await h.steps(incident))["give_back"].result
+        assert give_back["node"] == "gpu-infer-01" and not give_back.get("refilled_instead")
+        assert waiting is not None
+
+
+async def _waits_for_the_job(h: EngineHarness, incident: str) -> bool:
+    return any("still runs a job" in e.detail for e in await h.events(incident, "step_waiting", "give_back"))
+
+
+async def test_return_refills_with_the_repaired_node_when_the_job_stays_past_return_wait(
+    tmp_path: Path,
+) -> None:
+    kube, slurm = world(spares=0, lenders=2)
+    async with harness(tmp_path, kube, slurm, [LENDERS], give_back="return", return_wait="5m") as h:
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: _waits_for_the_job(h, incident))
+        done = await h.until_ended(incident)  # the job runs on, for days
+        assert done.state.value == "resolved", await h.timeline(incident)
+        [gave_up] = await h.events(incident, "return_refilled")
+        assert "gpu-infer-01 still runs a job after 5m" in gave_up.detail, gave_up.detail
+        # The inference pool has its size again, with the repaired node in the lent node's place.
+        assert kube.members({"pitcrew.dev/pool": "inference"}) == ["gpu-infer-02", "gpu-node-01"]
+        assert kube.nodes["gpu-node-01"].labels == INFERENCE
+        assert kube.nodes["gpu-infer-01"].labels == NODESET  # stays with the job, unmarked
+        clean(kube)
+        assert slurm.jobs["100"].state == "RUNNING" and "gpu-infer-01" in slurm.jobs["100"].nodes
+        give_back = (await h.steps(incident))["give_back"].result
+        assert give_back["node"] == "gpu-node-01" and give_back["refilled_instead"] is True
+        assert set(slurm.whereabouts().values()) == {1}
+
+
+#: A spare pool joined by the site's own script instead of the NodeSet's labels.
+BY_COMMAND = {
+    "name": "spares",
+    "kind": "spare",
+    "selector": "pitcrew.dev/pool=spare",
+    "join_command": ["/opt/site/slurm-join", "{node}", "--for={incident}", "--pool={pool}"],
+    "leave_command": ["/opt/site/slurm-leave", "{node}"],
+}
+
+
+async def test_a_pool_command_joins_the_node_instead_of_the_labels(tmp_path: Path) -> None:
+    kube, slurm = world()
+    async with harness(tmp_path, kube, slurm, [BY_COMMAND], give_back="return") as h:
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert slurm.jobs["100"].nodes == ("gpu-node-02", "gpu-spare-01")
+        assert kube.commands == [
+            ("gpu-spare-01", ["/opt/site/slurm-join", "gpu-spare-01", f"--for={incident}", "--pool=spares"])
+        ]
+        [joined] = [
+            e for e in await h.events(incident, "action") if e.data["action"] == "capacity_join_command"
+        ]
+        assert (
+            joined.detail == "gpu-spare-01 joined by /opt/site/slurm-join: slurm node gpu-spare-01 registered"
+        )
+        assert joined.data["output"] == "slurm node gpu-spare-01 registered\n"
+        assert h.sample("pitcrew_actions_total", action="capacity_join_command") == 1
+        await h.run_until(lambda: _waits_for_the_job(h, incident))
+        slurm.jobs["100"].state = "COMPLETED"
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        # Given back: the leave script ran on it (owned: still lent to this incident), then the labels.
+        assert kube.commands[1:] == [("gpu-spare-01", ["/opt/site/slurm-leave", "gpu-spare-01"])]
+        assert kube.members(SPARE) == ["gpu-spare-01", "gpu-spare-02"]
+        assert kube.nodes["gpu-spare-01"].labels == SPARE
+        clean(kube)
+        actions = [e.data["action"] for e in await h.events(incident, "action")]
+        assert actions.count("capacity_leave_command") == 1
+
+
+async def test_a_rollback_runs_the_pool_leave_command_before_the_node_goes_back(tmp_path: Path) -> None:
+    kube, slurm = world()
+    slurm.states["gpu-node-02"] = "DOWN"  # the job cannot start on the spare alone
+    async with harness(tmp_path, kube, slurm, [BY_COMMAND]) as h:
+        h.cluster.always("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: len(kube.commands) == 1)
+        await h.until_event(incident, "step_waiting")
+        answer = await h.commands.rollback(incident, "alice")
+        assert answer.ok, answer
+        assert (
+            "capacity: gpu-spare-01 left the partition: slurm node gpu-spare-01 gone; back in pool spares"
+            in answer.data["report"]  # type: ignore[index]
+        ), answer
+        assert kube.commands[1:] == [("gpu-spare-01", ["/opt/site/slurm-leave", "gpu-spare-01"])]
+        assert kube.nodes["gpu-spare-01"].labels == SPARE
+        clean(kube)
 
 
 async def test_a_budget_held_past_the_grace_hands_the_node_back_untouched(tmp_path: Path) -> None:

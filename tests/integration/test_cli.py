@@ -162,6 +162,10 @@ def test_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         "playbooks: {x: {steps: [notify]}}\n": "ends with 'close'",
         "guards: {breaker: {max_fraction: 2}}\n": "max_fraction",
         "escalation: {window: soon}\n": "not a duration",
+        "capacity: {pools: [{name: s, selector: p=s, join_command: [j, '{host}'], leave_command: [l]}]}\n": (
+            "unknown placeholder {host}"
+        ),
+        "playbooks: {reset-gpu: {fault_returns_within: 10m}}\n": "fault_returns_within needs a next rung",
         "[unclosed\n": "not valid YAML",
     }
     for text, says in cases.items():

@@ -7,17 +7,21 @@ incident's take is refused. The give-back restores labels, ``spec.unschedulable`
 annotations exactly as they were, keeps a label someone else added meanwhile, and leaves a node
 that is not this incident's alone. ``keep_lent`` (the lent node stays with the jobs) uncordons
 and unmarks it but keeps its new labels. Each take and give-back leaves an Event on the node.
+A pool's own command (``join_command``/``leave_command``) runs without a shell — a word holding
+``;`` stays one argument — and answers its output; a non-zero exit is permanent and names the
+output's last line, a command past its limit is killed and transient.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 import pytest
 
 from bot.domain.ownership import LENT_ANNOTATION
-from bot.engine.errors import PermanentError, Reason
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Lend
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
@@ -116,3 +120,20 @@ async def test_a_node_cordoned_before_the_take_stays_cordoned_after_it(
     await cluster.lend_back(LENDER, incident_id="pc-00007")
     after = k8s.get("nodes", LENDER)
     assert after is not None and after["spec"]["unschedulable"] is True
+
+
+async def test_a_pool_command_runs_without_a_shell_and_answers_its_output(cluster: KubernetesCluster) -> None:
+    echo = [sys.executable, "-c", "import sys; print(' | '.join(sys.argv[1:]))"]
+    out = await cluster.pool_command(
+        LENDER, [*echo, LENDER, "x; touch /tmp/pwned"], incident_id="pc-7", limit=10
+    )
+    assert out == f"{LENDER} | x; touch /tmp/pwned\n"
+    failing = [sys.executable, "-c", "print('scontrol: error: Invalid node name'); raise SystemExit(3)"]
+    with pytest.raises(PermanentError, match="exited 3: scontrol: error: Invalid node name") as refused:
+        await cluster.pool_command(LENDER, failing, incident_id="pc-7", limit=10)
+    assert refused.value.reason == Reason.COMMAND_FAILED
+    with pytest.raises(TransientError, match="timed out") as slow:
+        await cluster.pool_command(
+            LENDER, [sys.executable, "-c", "import time; time.sleep(30)"], incident_id="pc-7", limit=0.5
+        )
+    assert slow.value.reason == Reason.TIMEOUT

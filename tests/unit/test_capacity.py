@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from bot.config import CapacitySettings
 from bot.domain.capacity import Candidate, Choice, Need, Pool, PoolView, Taken, choose
+from bot.domain.pool_command import fill
 
 NEED = Need("inc-1", "gpu-001", gpu_type="h100", gpus=8, topology="rack-a")
 SPARE = Pool("spare", "spare")
@@ -183,6 +184,10 @@ def test_lend_cap() -> None:
     assert Pool("p", "lender", max_lend=0.25).lend_cap(10) == 2
 
 
+#: A Kubernetes pool, before it says how its nodes join the partition.
+SELECTED: dict[str, object] = {"name": "a", "selector": "pitcrew.dev/pool=spare"}
+
+
 @pytest.mark.parametrize(
     ("pools", "words"),
     [
@@ -190,8 +195,34 @@ def test_lend_cap() -> None:
         ([{"name": "a", "reservation": "r"}, {"name": "a", "reservation": "s"}], "its own name"),
         ([{"name": "a"}], "reservation"),
         ([{"name": "a", "reservation": "r", "kind": "borrowed"}], "kind"),
+        ([{"name": "a", "selector": "p=s"}], "join_labels .* or join_command"),
+        (
+            [{**SELECTED, "join_labels": {"n": "g"}, "join_command": ["j"], "leave_command": ["l"]}],
+            "one of them",
+        ),
+        ([{**SELECTED, "join_command": ["/bin/join", "{node}"]}], "go together"),
+        (
+            [{**SELECTED, "join_command": ["/bin/join", "{host}"], "leave_command": ["l"]}],
+            r"unknown placeholder \{host\}",
+        ),
+        ([{**SELECTED, "join_command": ["j"], "leave_command": ["/bin/leave", "{node"]}], "'{node'"),
+        (
+            [{"name": "a", "reservation": "r", "join_command": ["j"], "leave_command": ["l"]}],
+            "Kubernetes pool",
+        ),
     ],
-    ids=["fractional-count", "same-name", "no-reservation", "unknown-kind"],
+    ids=[
+        "fractional-count",
+        "same-name",
+        "no-reservation",
+        "unknown-kind",
+        "no-join",
+        "labels-and-command",
+        "join-without-leave",
+        "unknown-placeholder",
+        "malformed-placeholder",
+        "command-on-a-reservation",
+    ],
 )
 def test_capacity_settings_refuse(pools: list[dict[str, object]], words: str) -> None:
     with pytest.raises(ValidationError, match=words):
@@ -209,3 +240,15 @@ def test_capacity_settings_accept_a_count_or_a_fraction() -> None:
     )
     assert [p.kind for p in settings.pools] == ["spare", "spare"] and settings.give_back == "refill"
     assert settings.pools[1].max_lend == 0.25
+
+
+def test_a_pool_command_is_filled_word_by_word() -> None:
+    pool = CapacitySettings.model_validate(
+        {
+            "pools": [
+                {**SELECTED, "join_command": ["/bin/join", "--node={node}"], "leave_command": ["/bin/leave"]}
+            ]
+        }
+    ).pools[0]
+    words = fill(pool.join_command, node="gpu 01; rm -rf /", incident="pc-00001", pool="a")
+    assert words == ["/bin/join", "--node=gpu 01; rm -rf /"]  # one word, never a shell's

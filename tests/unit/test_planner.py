@@ -270,6 +270,7 @@ def test_hands_off_plans_pass_every_guard() -> None:
         (State.AWAITING_APPROVAL, State.RUNNING, True),
         (State.RUNNING, State.VERIFYING, True),
         (State.VERIFYING, State.RESOLVED, True),
+        (State.VERIFYING, State.AWAITING_APPROVAL, True),  # a climb asks again
         (State.FAILED, State.ROLLED_BACK, True),
         (State.OPEN, State.RUNNING, False),
         (State.RESOLVED, State.RUNNING, False),

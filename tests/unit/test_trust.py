@@ -3,7 +3,8 @@
 Cases: a remediation that passed; one rolled back; one rejected; the same fault class again on
 the node inside the window (a repeat, against the latest earlier remediation) and outside it
 (none); a different fault class (none); a hands-off incident is no remediation but can be a
-repeat; rates are None where nothing was counted.
+repeat; an incident that climbed the repair ladder counts each failed rung as a remediation of
+that playbook that climbed, and its last rung as usual; rates are None where nothing was counted.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def fact(
     node: str = "gpu-1",
     playbook: str = "replace-node",
     cls: str = "gpu-lost",
+    climbed_from: tuple[str, ...] = (),
     **kw: bool,
 ) -> IncidentFacts:
     return IncidentFacts(
@@ -35,6 +37,7 @@ def fact(
         fault_class=cls,
         fault_classes=frozenset({cls}),
         remediates=kw.pop("remediates", playbook not in {"notify-only", "ask-human", "ignore"}),
+        climbed_from=climbed_from,
         **kw,
     )
 
@@ -73,6 +76,18 @@ CASES = {
         [
             TrustRow("replace-node", "gpu-lost", 3, passed=3),
             TrustRow("reset-gpu", "memory", 1, passed=1),
+        ],
+    ),
+    "climbed-rungs-count-against-the-rung-that-failed": Case(
+        [
+            fact(
+                1, 0, playbook="replace-node", climbed_from=("reset-gpu", "reboot-node"), back_in_service=True
+            )
+        ],
+        [
+            TrustRow("reboot-node", "gpu-lost", 1, climbed=1),
+            TrustRow("replace-node", "gpu-lost", 1, passed=1),
+            TrustRow("reset-gpu", "gpu-lost", 1, climbed=1),
         ],
     ),
     "a-hands-off-incident-is-no-remediation-but-a-repeat": Case(

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 from bot.config import PoolSettings
 from bot.domain.capacity import Candidate, Choice, Need, Pool, PoolView, Taken, choose
+from bot.domain.durations import format_duration
 from bot.domain.incident import State
 from bot.domain.ownership import lent_prior
 from bot.domain.policy import NodePolicy
@@ -85,6 +86,10 @@ class GiveBackResult(StepResult):
     closed: bool = False
     #: Kubernetes pools, ``refill``: the labels the repaired node takes to join the pool that lent.
     labels: dict[str, str | None] | None = None
+    #: ``return``: since when the give-back waits for the jobs to leave the lent node.
+    return_wait_since: datetime | None = None
+    #: ``return``: the jobs stayed past ``return_wait``, so the repaired node refilled the pool.
+    refilled_instead: bool = False
 
 
 def _reservations(deps: StepDeps) -> Reservations:
@@ -109,7 +114,9 @@ async def _move(deps: StepDeps, reservation: str, node: str, *, into: bool) -> b
         return True
 
 
-def _pool(ctx: StepContext[CapacityResult] | UndoContext, name: str | None) -> PoolSettings:
+def _pool(
+    ctx: StepContext[CapacityResult] | StepContext[GiveBackResult] | UndoContext, name: str | None
+) -> PoolSettings:
     for pool in ctx.deps.settings.capacity.pools:
         if pool.name == name:
             return pool
@@ -250,8 +257,14 @@ async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | None:
         jobs = await ctx.deps.ports.scheduler.jobs_on_node(result.slurm_node)
         if jobs:
             return f"capacity: {result.node} left with the jobs: job {', '.join(j.job_id for j in jobs)} runs there"
+    left = None
+    if result.relabelled_at is not None:  # the join ran: its command is undone first
+        left = await lending.leave(ctx.deps, _pool(ctx, result.pool), result.node, ctx.incident.id)
     if not await lending.lending(ctx.deps).lend_back(result.node, incident_id=ctx.incident.id):
         return f"capacity: {result.node} is not lent to this incident"
+    if left is not None:
+        ctx.deps.metrics.actions.labels("capacity_leave_command").inc()
+        return f"capacity: {result.node} left the partition{lending.said(left)}; back in pool {result.pool}"
     ctx.deps.metrics.actions.labels("capacity_return").inc()
     if result.taken_at is not None:
         ctx.deps.metrics.capacity_lent.labels(result.pool or "").dec()
@@ -363,13 +376,15 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
     node = ctx.progress.node
     if node is None:
-        repaired = (down.slurm_nodes or (ctx.node,))[0]
-        node = repaired if ctx.settings.capacity.give_back == "refill" else took.node
-    assert node is not None
-    if node == took.node:  # give_back: return — the lent node goes back once its job has left it
-        state = await ctx.ports.scheduler.node(node)
-        if not ("IDLE" in state.states and state.in_service):
-            return Wait(ctx.poll, f"{node} is not idle yet ({'/'.join(sorted(state.states))})")
+        node = (down.slurm_nodes or (ctx.node,))[0]  # refill: the repaired node joins the reservation
+        if _returning(ctx):
+            state = await ctx.ports.scheduler.node(took.node)
+            idle = "IDLE" in state.states and state.in_service
+            busy = None if idle else f"{took.node} is not idle yet ({'/'.join(sorted(state.states))})"
+            back = await _return_or_refill(ctx, busy)
+            if isinstance(back, Wait):
+                return back
+            node = took.node if back else node
     await ctx.save(replace(ctx.progress, node=node))
     await _move(ctx.deps, took.reservation, node, into=True)
     done = replace(ctx.progress, node=node, given_back_at=ctx.clock())
@@ -398,11 +413,25 @@ async def _give_back_lent(
         return Wait(ctx.poll, f"the take of {took.node} is under way")
     lender = lending.lending(ctx.deps)
     pool = took.pool or ""
+    back = ctx.progress.node == took.node  # the return decided before a restart
+    if not back and ctx.progress.labels is None and _returning(ctx):
+        running = took.slurm_node is not None and await ctx.ports.scheduler.jobs_on_node(took.slurm_node)
+        decided = await _return_or_refill(ctx, f"{took.node} still runs a job" if running else None)
+        if isinstance(decided, Wait):
+            return decided
+        back = decided
     progress = ctx.progress
-    if ctx.settings.capacity.give_back == "return":
-        if took.slurm_node is not None and await ctx.ports.scheduler.jobs_on_node(took.slurm_node):
-            return Wait(ctx.poll, f"{took.node} still runs a job")
+    if back:
         await ctx.save(replace(progress, node=took.node))
+        if took.relabelled_at is not None:
+            left = await lending.leave(ctx.deps, _pool(ctx, took.pool), took.node, ctx.incident.id)
+            if left is not None:
+                await ctx.acted(
+                    "capacity_leave_command",
+                    f"{took.node} left the partition{lending.said(left)}",
+                    node=took.node,
+                    output=left[-lending.OUTPUT_KEPT :],
+                )
         await lender.lend_back(took.node, incident_id=ctx.incident.id)
         node = took.node
     else:
@@ -431,6 +460,35 @@ async def _give_back_lent(
         "capacity_give_back", f"{node} joined pool {pool}: whole again after {away:.0f}s", node=node
     )
     return Done(done, f"{node} in pool {pool}")
+
+
+def _returning(ctx: StepContext[GiveBackResult]) -> bool:
+    """``give_back: return``, and not yet given up for ``refill`` (``_return_or_refill``)."""
+    return ctx.settings.capacity.give_back == "return" and not ctx.progress.refilled_instead
+
+
+async def _return_or_refill(ctx: StepContext[GiveBackResult], busy: str | None) -> bool | Wait:
+    """``give_back: return``: True when the lent node can go back now (``busy`` is ``None``); a Wait
+    while the jobs still run there, bounded by ``capacity.return_wait``; past it False: the repaired
+    node refills the pool instead, so the pool is whole and the job is left alone (a training job
+    may run for days, and the repaired node waits out of service meanwhile)."""
+    if busy is None:
+        return True
+    limit = ctx.settings.capacity.return_wait
+    since = ctx.progress.return_wait_since
+    if since is None:
+        since = ctx.clock()
+        await ctx.save(replace(ctx.progress, return_wait_since=since))
+    if ctx.clock() - since < limit:
+        return Wait(
+            ctx.poll, f"{busy}: it goes back once no job runs there (at most {format_duration(limit)})"
+        )
+    await ctx.save(replace(ctx.progress, refilled_instead=True))
+    await ctx.note(
+        "return_refilled",
+        f"{busy} after {format_duration(limit)}: the repaired node refills the pool instead",
+    )
+    return False
 
 
 async def lender_node(ctx: StepContext[GiveBackResult], name: str) -> dict[str, str] | None:

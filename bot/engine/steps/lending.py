@@ -6,19 +6,23 @@ nothing: (1) one guarded patch on the node (``Lending.lend``: the incident's mar
 node was, the cordon for a lender, the pool's labels off); (2) for a lender, its pods evicted
 through the Eviction API, their disruption budgets honoured for at most the pool's
 ``evict_grace`` (past it the node is handed back and the job waits for the repair); (3) only
-then the NodeSet's labels on, so no job lands beside a pod still leaving; (4) the wait until
+then the NodeSet's labels on (or the pool's ``join_command`` run: ``bot.domain.pool_command``),
+so no job lands beside a pod still leaving; (4) the wait until
 the node's slurmd is registered and in service. The give-back keeps the lent node with
 the jobs and lets the repaired node take its place in the pool (``refill``), or returns the
-lent node exactly as it was once no job runs there (``return``). Only what the take
-recorded on the node is undone.
+lent node exactly as it was once no job runs there (``return``; after the pool's
+``leave_command``, which undoes its ``join_command``). Only what the take recorded on the node is
+undone, and a command runs only on a node lent to this incident.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bot.config import PoolSettings
+from bot.domain import pool_command
 from bot.domain.capacity import Candidate, PoolView
 from bot.domain.capacity import Pool as DomainPool
 from bot.domain.ownership import lent_to
@@ -66,6 +70,34 @@ async def view(deps: StepDeps, pool: PoolSettings, busy: set[str], opt_out_label
     return PoolView(DomainPool(pool.name, pool.kind, pool.min_idle, pool.max_lend), tuple(members))
 
 
+#: The end of a pool command's output kept in the timeline.
+OUTPUT_KEPT = 2000
+
+
+async def run(deps: StepDeps, pool: PoolSettings, node: str, incident_id: str, argv: Sequence[str]) -> str:
+    """A pool command for ``node``, its placeholders filled; its output."""
+    words = pool_command.fill(argv, node=node, incident=incident_id, pool=pool.name)
+    timeout = pool.command_timeout.total_seconds()
+    return await lending(deps).pool_command(node, words, incident_id=incident_id, limit=timeout)
+
+
+async def leave(deps: StepDeps, pool: PoolSettings, node: str, incident_id: str) -> str | None:
+    """Before a lent node goes back: the pool's ``leave_command``, only on a node still lent to this
+    incident; its output (``None``: not run — no command, or not ours)."""
+    if not pool.leave_command or deps.ports.cluster is None:
+        return None
+    facts = await deps.ports.cluster.node(node)
+    if facts is None or lent_to(facts.annotations) != incident_id:
+        return None
+    return await run(deps, pool, node, incident_id, pool.leave_command)
+
+
+def said(output: str) -> str:
+    """The output's last line, for a timeline entry's words."""
+    lines = output.strip().splitlines()
+    return f": {lines[-1]}" if lines else ""
+
+
 def _workload(pod: PodRef) -> bool:
     """A pod the take must move off a lender: not a DaemonSet's, a mirror, a slurmd, nor leaving already."""
     return not pod.mirror and pod.owner_kind not in ("DaemonSet", "NodeSet") and not pod.terminating
@@ -105,7 +137,16 @@ async def take(ctx: StepContext[CapacityResult], pool: PoolSettings) -> tuple[Ca
         progress = replace(progress, evicted_at=ctx.clock())
         await ctx.save(progress)
     if progress.relabelled_at is None:
-        await lender.set_labels(node, dict(pool.join_labels))
+        if pool.join_command:
+            output = await run(ctx.deps, pool, node, ctx.incident.id, pool.join_command)
+            await ctx.acted(
+                "capacity_join_command",
+                f"{node} joined by {pool.join_command[0]}{said(output)}",
+                node=node,
+                output=output[-OUTPUT_KEPT:],
+            )
+        else:
+            await lender.set_labels(node, dict(pool.join_labels))
         progress = replace(progress, relabelled_at=ctx.clock())
         await ctx.save(progress)
     names = await ctx.ports.slurm_names(node)

@@ -24,7 +24,7 @@ from bot.integrations.kubernetes.jobs import Jobs
 from bot.integrations.kubernetes.lending import Lending
 from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
-from bot.integrations.kubernetes.replace import Replacer
+from bot.integrations.kubernetes.replace import Replacer, run_command
 
 log = logger(__name__)
 
@@ -143,6 +143,9 @@ class KubernetesCluster:
 
     async def keep_lent(self, name: str, *, incident_id: str) -> bool:
         return await (await self._p()).lending.keep_lent(name, incident_id=incident_id)
+
+    async def pool_command(self, name: str, argv: Sequence[str], *, incident_id: str, limit: float) -> str:
+        return await run_command(argv, name, incident_id, "pool", limit)
 
     # ------------------------------------------------------------------- pods
     async def pods_on_node(self, name: str) -> list[PodRef]:

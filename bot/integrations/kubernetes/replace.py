@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -627,8 +628,9 @@ class Replacer:
         return [str(_node_of(h)) for h in fresh]
 
 
-async def run_command(argv: list[str], node: str, incident_id: str, action: str, limit: float) -> None:
-    """Run an operator's executable; exit code 0 is success, anything else a permanent failure."""
+async def run_command(argv: Sequence[str], node: str, incident_id: str, action: str, limit: float) -> str:
+    """Run an operator's executable without a shell; its output (stdout and stderr). Exit code 0
+    is success, anything else a permanent failure naming the output's last lines."""
     env = {**os.environ, "PITCREW_NODE": node, "PITCREW_INCIDENT": incident_id, "PITCREW_ACTION": action}
     process = await asyncio.create_subprocess_exec(
         *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
@@ -647,3 +649,4 @@ async def run_command(argv: list[str], node: str, incident_id: str, action: str,
             f"{action} command for {node} exited {process.returncode}: {' | '.join(tail)}",
             reason=Reason.COMMAND_FAILED,
         )
+    return output.decode(errors="replace")
