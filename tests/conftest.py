@@ -51,6 +51,7 @@ TOGETHER = ("tests/slack/",)
 #: on PyPI for minutes on a slow network and has few tests, so xdist's own order (most tests first)
 #: put it last. Only the order changes; every test still runs in its shard.
 SLOW_FIRST = (
+    "tests/e2e/test_kubernetes_spares_crash.py",
     "tests/packaging/test_image.py",
     "tests/slack/",
     "tests/engine/test_metrics.py",
@@ -63,6 +64,12 @@ SLOW_FIRST = (
     "tests/e2e/test_storm_replicas.py",
     "tests/e2e/test_slurm_tracks.py",
 )
+
+
+#: Test files whose cases are handed out one by one instead of as one unit: each case is long (a SIGKILL
+#: and a restart on real Slurm) and needs nothing of the file but the worker's own Slurm cluster, so
+#: one worker running all of them in a row would end its shard alone.
+ONE_BY_ONE = ("tests/e2e/test_kubernetes_spares_crash.py", "tests/e2e/test_slurm_spares_crash.py")
 
 
 def _slow_rank(item: pytest.Item) -> int:
@@ -82,6 +89,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(ONE_BY_ONE):
+                return nodeid
             folder = next((f for f in TOGETHER if nodeid.startswith(f)), None)
             return folder or super()._split_scope(nodeid)
 
