@@ -1,0 +1,309 @@
+"""Two pitcrew replicas on one PostgreSQL database in front of the real far sides, and what reached them.
+
+The far sides are the session's real Slurm cluster (scontrol), the Kubernetes API emulator
+(``integrations.cluster: kubernetes``, ``cluster-api`` replacement, the demo's fleet: a DaemonSet
+pod, a mirror pod and a training worker on every node) and the Slack stand-in (HTTP mode; each
+replica has a bot token of its own, so the stand-in's record says which replica called). Each
+records what reached it, and who sent it:
+
+* Slurm: slurmctld's own log, with ``DebugFlags=Protocol`` set for the test (``scontrol
+  setdebugflags``, taken off again after): one ``received opcode REQUEST_UPDATE_NODE from
+  ADDRESS:PORT`` line per request, then ``update_node: node N state set to S``;
+* the emulator: its request log, each request with the peer address of its socket;
+* Slack: the stand-in's calls, each with the token it carried.
+
+``FarSides.mark()`` takes where each record stands; ``calls(mark)`` lists what changed something
+since (``FarCall``: far side, what, who). The far sides listen on ``host``: loopback, or the far-side
+bridge of ``tests.harness.netns`` when the replicas run in namespaces of their own (pitcrew then
+reads a copy of ``slurm.conf`` naming slurmctld by that address).
+
+``took_over`` is the takeover every fencing test waits for: the standby leads, it finishes the
+incident, and the far sides are quiet (the outbox has delivered the last notice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.world import KubeWorld, demo_fleet, settings_for
+from proving_ground.pitcrew import Pitcrew
+from proving_ground.slack.threaded import ThreadedStandin
+from proving_ground.slack.world import World
+from proving_ground.slurm import SlurmCluster
+from tests.harness.postgres import PostgresDatabase
+from tests.harness.proc import wait_until
+
+CHANNEL = "C0GPUOPS"
+#: Requests that change something at slurmctld (the ones pitcrew can send).
+SLURM_WRITES = frozenset(
+    {
+        "REQUEST_UPDATE_NODE",
+        "REQUEST_UPDATE_JOB",
+        "REQUEST_REQUEUE",
+        "REQUEST_KILL_JOB",
+        "REQUEST_CANCEL_JOB_STEP",
+        "REQUEST_CREATE_RESERVATION",
+        "REQUEST_UPDATE_RESERVATION",
+        "REQUEST_DELETE_RESERVATION",
+    }
+)
+_OPCODE = re.compile(r"received opcode (\S+) from (\S+?):\d+ uid")
+_UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
+_KUBE_READS = frozenset({"get", "list", "watch"})
+_SLACK_READS = frozenset(
+    {"auth.test", "conversations.info", "conversations.history", "conversations.replies"}
+)
+
+
+@dataclass(frozen=True)
+class FarCall:
+    """One request that changed something at a far side: ``side``, ``what``, ``who`` sent it (an
+    address, or for Slack the replica whose token it carried)."""
+
+    side: str
+    what: str
+    who: str
+
+
+@dataclass(frozen=True)
+class Mark:
+    slurm_log: int
+    kube_log: int
+    slack_calls: int
+
+
+class FarSides:
+    """Slurm, the emulator and the Slack stand-in, for ``replicas`` (names)."""
+
+    def __init__(self, slurm: SlurmCluster, workdir: Path, replicas: tuple[str, ...], host: str) -> None:
+        self.slurm, self.workdir, self.host = slurm, workdir, host
+        self.tokens = {name: f"xoxb-{name}-{secrets.token_hex(8)}" for name in replicas}
+        self.log = slurm.run_dir / "log" / "slurmctld.log"
+        self.kube = KubeWorld(host)
+        self.slack = ThreadedStandin(World(bot_tokens=set(self.tokens.values()), app_tokens=set()), host=host)
+        self.conf = slurm.conf
+        if host != "127.0.0.1":  # scontrol in a namespace reaches slurmctld by its bridge address
+            self.conf = workdir / "slurm.conf"
+            text = slurm.conf.read_text().replace(
+                "SlurmctldHost=localhost\n", f"SlurmctldHost=localhost({host})\n"
+            )
+            self.conf.write_text(text)
+
+    def start(self) -> FarSides:
+        self.slurm.run("scontrol", "setdebugflags", "+Protocol")
+        self.kube.start()
+
+        def seed(emulator: KubeEmulator) -> None:
+            emulator.replace_delay, emulator.ready_delay = 0.5, 1.0  # the new Machine's node joins, Ready
+            demo_fleet(emulator, list(self.slurm.nodes))
+
+        self.kube.call(seed)
+        self.slack.start()
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.slack.stop()
+        with contextlib.suppress(Exception):
+            self.kube.stop()
+        self.slurm.run("scontrol", "setdebugflags", "-Protocol", check=False)
+
+    def config(self, name: str, store: Mapping[str, Any]) -> dict[str, Any]:
+        """Replica ``name``'s configuration: mode auto on the three far sides, ``store`` its store."""
+        files = self.workdir / name
+        files.mkdir(parents=True, exist_ok=True)
+        (files / "bot.token").write_text(self.tokens[name] + "\n")
+        (files / "signing.secret").write_text(secrets.token_hex(16) + "\n")
+        cluster = settings_for(
+            self.kube, files / "kube", request_timeout=5.0, replace={"strategy": "cluster-api"}
+        )
+        return {
+            "mode": "auto",
+            "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
+            "integrations": {"scheduler": "slurm", "cluster": "kubernetes", "notifier": "slack"},
+            "slurm": {"backend": "scontrol", "slurm_conf": str(self.conf), "command_timeout": 5},
+            "kubernetes": cluster["kubernetes"],
+            "slack": {
+                "bot_token_file": str(files / "bot.token"),
+                "transport": "http",
+                "signing_secret_file": str(files / "signing.secret"),
+                "channel": CHANNEL,
+                "approvers": ["U0ALICE"],
+                "base_url": self.slack.standin.base_url,
+                "retry_backoff_max": "2s",
+            },
+            "store": dict(store),
+        }
+
+    # ------------------------------------------------------------------ what reached them
+    def mark(self) -> Mark:
+        return Mark(self.log.stat().st_size, len(self.kube.log()), len(self._slack_calls()))
+
+    def calls(self, since: Mark) -> list[FarCall]:
+        """Every request since ``since`` that changed something, at each far side, in its order."""
+        with self.log.open("rb") as file:
+            file.seek(since.slurm_log)
+            text = file.read().decode(errors="replace")
+        found = [FarCall("slurm", op, who) for op, who in _OPCODE.findall(text) if op in SLURM_WRITES]
+        kube = self.kube.log()[since.kube_log :]
+        found += [
+            FarCall(
+                "kubernetes",
+                f"{e.verb} {e.resource}{'/' + e.subresource if e.subresource else ''} {e.name}",
+                e.peer,
+            )
+            for e in kube
+            if e.verb not in _KUBE_READS
+        ]
+        owner = {token: name for name, token in self.tokens.items()}
+        found += [
+            FarCall("slack", method, owner.get(token or "", "?"))
+            for method, token in self._slack_calls()[since.slack_calls :]
+            if method not in _SLACK_READS
+        ]
+        return found
+
+    def node_changes(self, since: Mark) -> Counter[tuple[str, str]]:
+        """slurmctld's node state changes since ``since``, by (node, state set)."""
+        with self.log.open("rb") as file:
+            file.seek(since.slurm_log)
+            text = file.read().decode(errors="replace")
+        return Counter(_UPDATE.findall(text))
+
+    def _slack_calls(self) -> list[tuple[str, str | None]]:
+        async def read() -> list[tuple[str, str | None]]:
+            return [(c.method, c.token) for c in self.slack.standin.api.calls]
+
+        return self.slack.run(read())
+
+    def thread(self, incident_id: str) -> list[str]:
+        """The incident's Slack thread as the channel shows it: the parent, then each reply."""
+
+        async def read() -> list[str]:
+            api = self.slack.standin.api
+            parents = [
+                m
+                for m in api.messages
+                if m.channel == CHANNEL
+                and m.thread_ts is None
+                and ((m.metadata or {}).get("event_payload") or {}).get("incident_id") == incident_id
+            ]
+            if not parents:
+                return []
+            return [m.text for m in api.thread(CHANNEL, parents[0].ts)]
+
+        return self.slack.run(read())
+
+
+@contextlib.contextmanager
+def far_sides(
+    slurm: SlurmCluster, workdir: Path, replicas: tuple[str, ...], host: str = "127.0.0.1"
+) -> Iterator[FarSides]:
+    sides = FarSides(slurm, workdir, replicas, host)
+    try:
+        yield sides.start()
+    finally:
+        sides.stop()
+
+
+def role(server: Pitcrew) -> str | None:
+    status, raw = server.request("GET", "/readyz")
+    if status != 200:
+        return None
+    found: str | None = json.loads(raw).get("leadership", {}).get("role")
+    return found
+
+
+def stepped_down(server: Pitcrew) -> list[str]:
+    """Why ``server`` stepped down, each time it did (its log's ``stepped down`` lines)."""
+    lines = server.log.read_text().splitlines()
+    return [json.loads(line)["why"] for line in lines if '"msg": "stepped down: standing by"' in line]
+
+
+def took_over(
+    standby: Pitcrew, incident: str, sides: FarSides, *, ttl: float, quiet: Callable[[], bool]
+) -> tuple[dict[str, Any], float]:
+    """Wait until ``standby`` leads and has carried ``incident`` to its end, and until ``quiet()``
+    (nothing left to deliver); the incident as it ended, and the seconds the takeover took."""
+    began = time.monotonic()
+    wait_until(lambda: role(standby) == "leader", timeout=ttl * 10, what="the standby to take over")
+    took = time.monotonic() - began
+    final = standby.wait_incident(incident, "resolved", "failed", timeout=120)
+    wait_until(quiet, timeout=60, what="the outbox to deliver every notice")
+    return final, took
+
+
+# ---------------------------------------------------------------------- catching the leader at a moment
+def connect(database: PostgresDatabase) -> psycopg.Connection[tuple[Any, ...]]:
+    """A connection of the test's own, over loopback (never cut)."""
+    return psycopg.connect(database.server.url(database.name), password=database.server.password)
+
+
+def _waiting(watch: psycopg.Connection[tuple[Any, ...]]) -> list[str]:
+    """The statements of other sessions waiting for a lock."""
+    rows = watch.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid != pg_backend_pid() AND wait_event_type = 'Lock'"
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def intent(step: str, incident: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
+    """The moment ``step``'s intent is committed (its ``steps`` row ``running``)."""
+
+    def committed(watch: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        row = watch.execute(
+            "SELECT status FROM steps WHERE incident_id = %s AND step = %s", (incident, step)
+        ).fetchone()
+        return row is not None and row[0] == "running"
+
+    return committed
+
+
+def catch_at(
+    database: PostgresDatabase,
+    table: str,
+    query: str,
+    moment: Callable[[psycopg.Connection[tuple[Any, ...]]], bool],
+    act: Callable[[], None],
+) -> None:
+    """``act()`` (SIGSTOP the leader, cut its link) while its statement containing ``query`` waits
+    for ``table``, which the test holds, once ``moment`` says it is the right one (a wait at
+    another statement, or at the wrong moment: let it go and take the table again); then let the
+    statement go: it completes in the server, and the leader does not see its answer yet."""
+    with connect(database) as watch, connect(database) as holder:
+        watch.autocommit = True
+        deadline = time.monotonic() + 60
+        try:
+            while True:  # one connection for the lock: retaking it must be quicker than a write
+                assert time.monotonic() < deadline, f"never caught the leader at {query}"
+                holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                wait_until(lambda: bool(_waiting(watch)), timeout=30, interval=0.002, what=f"{table} wanted")
+                if any(query in waiting for waiting in _waiting(watch)) and moment(watch):
+                    act()
+                    return
+                holder.commit()
+        finally:
+            holder.commit()
+
+
+def delivered(database: PostgresDatabase) -> Callable[[], bool]:
+    """Whether the outbox has nothing left to deliver."""
+
+    def done() -> bool:
+        with connect(database) as conn:
+            row = conn.execute("SELECT count(*) FROM outbox WHERE delivered_at IS NULL").fetchone()
+        return row is not None and row[0] == 0
+
+    return done
