@@ -89,6 +89,7 @@ class FarSides:
 
     def __init__(self, slurm: SlurmCluster, workdir: Path, replicas: tuple[str, ...], host: str) -> None:
         self.slurm, self.workdir, self.host = slurm, workdir, host
+        workdir.mkdir(parents=True, exist_ok=True)
         self.tokens = {name: f"xoxb-{name}-{secrets.token_hex(8)}" for name in replicas}
         self.log = slurm.run_dir / "log" / "slurmctld.log"
         self.kube = KubeWorld(host)
@@ -219,10 +220,20 @@ def far_sides(
 
 
 def role(server: Pitcrew) -> str | None:
+    """``leader`` or ``standby``, as a ready ``/readyz`` says (``None``: not ready)."""
     status, raw = server.request("GET", "/readyz")
     if status != 200:
         return None
     found: str | None = json.loads(raw).get("leadership", {}).get("role")
+    return found
+
+
+def leadership(server: Pitcrew) -> dict[str, Any]:
+    """``/readyz``'s leadership detail, ready or not (cut off from its store, it answers 503 and
+    still says what it believes)."""
+    status, raw = server.request("GET", "/readyz")
+    assert status in (200, 503), (status, raw)
+    found: dict[str, Any] = json.loads(raw).get("leadership", {})
     return found
 
 
@@ -243,6 +254,38 @@ def took_over(
     final = standby.wait_incident(incident, "resolved", "failed", timeout=120)
     wait_until(quiet, timeout=60, what="the outbox to deliver every notice")
     return final, took
+
+
+@dataclass
+class Pair:
+    """Two replicas on one database in front of the far sides, and the node the test faults."""
+
+    sides: FarSides
+    leader: Pitcrew
+    standby: Pitcrew
+    database: PostgresDatabase
+    node: str
+
+
+def once_each(pair: Pair, incident: str, start: Mark) -> None:
+    """Every destructive call reached its far side once; the Slack thread has each message once."""
+    changes = pair.sides.node_changes(start)
+    assert changes[(pair.node, "DOWN")] == 1, changes
+    assert sum(n for (node, state), n in changes.items() if node == pair.node and state != "DOWN") == 1, (
+        changes
+    )
+    kube = Counter(c.what for c in pair.sides.calls(start) if c.side == "kubernetes")
+    machine = f"gpu-east-gpu-h100-x7b2n-m{pair.sides.slurm.nodes.index(pair.node)}"
+    # Two writes to the node: the cordon (taint and mark in one), then the replacement's handle,
+    # recorded on it before the Machine is deleted.
+    assert kube[f"patch nodes {pair.node}"] == 2, kube
+    assert kube[f"delete machines {machine}"] == 1, kube
+    evictions = {what: n for what, n in kube.items() if what.startswith("create pods/eviction")}
+    assert evictions == {
+        f"create pods/eviction llama-pretrain-worker-{pair.sides.slurm.nodes.index(pair.node)}": 1
+    }
+    thread = pair.sides.thread(incident)
+    assert thread and len(thread) == len(set(thread)), thread
 
 
 # ---------------------------------------------------------------------- catching the leader at a moment

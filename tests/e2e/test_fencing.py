@@ -27,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +35,18 @@ import pytest
 
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.replicas import (
-    FarSides,
     Mark,
+    Pair,
     catch_at,
     delivered,
     far_sides,
     intent,
+    once_each,
     role,
     stepped_down,
     took_over,
 )
 from tests.harness.figures import show_figure
-from tests.harness.pitcrew import Pitcrew
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery
@@ -56,15 +54,6 @@ from tests.harness.scenarios import delivery
 pytestmark = pytest.mark.slow
 TTL = 3.0
 STEP = "slurm_down"  # the playbook's first destructive step
-
-
-@dataclass
-class Pair:
-    sides: FarSides
-    leader: Pitcrew
-    standby: Pitcrew
-    database: PostgresDatabase
-    node: str
 
 
 @pytest.fixture
@@ -123,27 +112,6 @@ def _paused_through_takeover(pair: Pair, incident: str) -> tuple[float, Mark]:
     return took, woke
 
 
-def _once_each(pair: Pair, incident: str, start: Mark) -> None:
-    """Every destructive call reached its far side once; the Slack thread has each message once."""
-    changes = pair.sides.node_changes(start)
-    assert changes[(pair.node, "DOWN")] == 1, changes
-    assert sum(n for (node, state), n in changes.items() if node == pair.node and state != "DOWN") == 1, (
-        changes
-    )
-    kube = Counter(c.what for c in pair.sides.calls(start) if c.side == "kubernetes")
-    machine = f"gpu-east-gpu-h100-x7b2n-m{pair.sides.slurm.nodes.index(pair.node)}"
-    # Two writes to the node: the cordon (taint and mark in one), then the replacement's handle,
-    # recorded on it before the Machine is deleted.
-    assert kube[f"patch nodes {pair.node}"] == 2, kube
-    assert kube[f"delete machines {machine}"] == 1, kube
-    evictions = {what: n for what, n in kube.items() if what.startswith("create pods/eviction")}
-    assert evictions == {
-        f"create pods/eviction llama-pretrain-worker-{pair.sides.slurm.nodes.index(pair.node)}": 1
-    }
-    thread = pair.sides.thread(incident)
-    assert thread and len(thread) == len(set(thread)), thread
-
-
 def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
     pair: Pair, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -162,7 +130,7 @@ def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
     took, woke = _paused_through_takeover(pair, incident)
     late = pair.sides.calls(woke)
     assert late == [], f"far-side calls after the old leader woke: {late}"
-    _once_each(pair, incident, start)
+    once_each(pair, incident, start)
     [why] = stepped_down(pair.leader)
     assert "may have lapsed" in why or "taken over by another process" in why, why
     show_figure(
@@ -183,5 +151,5 @@ def test_a_leader_frozen_inside_a_write_does_not_freeze_the_store(
     took, woke = _paused_through_takeover(pair, incident)
     late = pair.sides.calls(woke)
     assert late == [], f"far-side calls after the old leader woke: {late}"
-    _once_each(pair, incident, start)
+    once_each(pair, incident, start)
     show_figure(capsys, f"  takeover with the leader frozen inside a write: {took:.1f}s (lease TTL {TTL:g}s)")
