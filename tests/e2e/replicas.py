@@ -219,6 +219,32 @@ def far_sides(
         sides.stop()
 
 
+@contextlib.contextmanager
+def running_pair(
+    slurm: SlurmCluster, database: PostgresDatabase, factory: Any, workdir: Path, *, ttl: float
+) -> Iterator[Pair]:
+    """Replica ``first`` leading and ``second`` standing by on ``database`` (lease ``ttl``, renewed
+    every second), in front of the far sides, on loopback; the node the test faults is Slurm's
+    second. Both are stopped before the far sides are."""
+    store = {
+        "url": database.url,
+        "password_file": str(database.password_file),
+        "lease": {"ttl": f"{ttl:g}s", "renew_every": "1s"},
+    }
+    with far_sides(slurm, workdir, ("first", "second")) as sides:
+        first = factory("first", config=sides.config("first", store), simulated=False)
+        second = factory("second", config=sides.config("second", store), simulated=False)
+        try:
+            first.start()
+            wait_until(lambda: role(first) == "leader", timeout=20, what="the first replica to lead")
+            second.start()
+            assert role(second) == "standby"
+            yield Pair(sides, first, second, database, slurm.nodes[1])
+        finally:
+            first.stop()
+            second.stop()
+
+
 def role(server: Pitcrew) -> str | None:
     """``leader`` or ``standby``, as a ready ``/readyz`` says (``None``: not ready)."""
     status, raw = server.request("GET", "/readyz")
@@ -324,7 +350,8 @@ def catch_at(
     """``act()`` (SIGSTOP the leader, cut its link) while its statement containing ``query`` waits
     for ``table``, which the test holds, once ``moment`` says it is the right one (a wait at
     another statement, or at the wrong moment: let it go and take the table again); then let the
-    statement go: it completes in the server, and the leader does not see its answer yet."""
+    statement go: it completes in the server, and the leader does not see its answer yet.
+    ``moment`` reads on the connection holding the lock (another would wait for ``table`` too)."""
     with connect(database) as watch, connect(database) as holder:
         watch.autocommit = True
         deadline = time.monotonic() + 60
@@ -333,7 +360,7 @@ def catch_at(
                 assert time.monotonic() < deadline, f"never caught the leader at {query}"
                 holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
                 wait_until(lambda: bool(_waiting(watch)), timeout=30, interval=0.002, what=f"{table} wanted")
-                if any(query in waiting for waiting in _waiting(watch)) and moment(watch):
+                if any(query in waiting for waiting in _waiting(watch)) and moment(holder):
                     act()
                     return
                 holder.commit()

@@ -39,10 +39,10 @@ from tests.e2e.replicas import (
     Pair,
     catch_at,
     delivered,
-    far_sides,
     intent,
     once_each,
     role,
+    running_pair,
     stepped_down,
     took_over,
 )
@@ -60,25 +60,8 @@ STEP = "slurm_down"  # the playbook's first destructive step
 def pair(
     slurm: SlurmCluster, postgres_db: PostgresDatabase, pitcrew_factory: Any, tmp_path: Path
 ) -> Iterator[Pair]:
-    """The leader and a standby on ``postgres_db`` in front of the far sides; both stopped before
-    the far sides are."""
-    store = {
-        "url": postgres_db.url,
-        "password_file": str(postgres_db.password_file),
-        "lease": {"ttl": f"{TTL:g}s", "renew_every": "1s"},
-    }
-    with far_sides(slurm, tmp_path / "far", ("first", "second")) as sides:
-        first = pitcrew_factory("first", config=sides.config("first", store), simulated=False)
-        second = pitcrew_factory("second", config=sides.config("second", store), simulated=False)
-        try:
-            first.start()
-            wait_until(lambda: role(first) == "leader", timeout=20, what="the first process to lead")
-            second.start()
-            assert role(second) == "standby"
-            yield Pair(sides, first, second, postgres_db, slurm.nodes[1])
-        finally:
-            first.stop()
-            second.stop()
+    with running_pair(slurm, postgres_db, pitcrew_factory, tmp_path / "far", ttl=TTL) as started:
+        yield started
 
 
 @contextlib.contextmanager
