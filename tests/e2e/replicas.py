@@ -17,8 +17,10 @@ since (``FarCall``: far side, what, who). The far sides listen on ``host``: loop
 bridge of ``tests.harness.netns`` when the replicas run in namespaces of their own (pitcrew then
 reads a copy of ``slurm.conf`` naming slurmctld by that address).
 
+``running_pair`` starts replica ``first`` (leading) and ``second`` (standing by) on loopback;
 ``took_over`` is the takeover every fencing test waits for: the standby leads, it finishes the
-incident, and the far sides are quiet (the outbox has delivered the last notice).
+incident, and the far sides are quiet (the outbox has delivered the last notice); ``once_each``
+is what they all check at the end.
 """
 
 from __future__ import annotations
@@ -29,12 +31,10 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psycopg
 
 from proving_ground.kubernetes.emulator import KubeEmulator
 from proving_ground.kubernetes.world import KubeWorld, demo_fleet, settings_for
@@ -42,6 +42,7 @@ from proving_ground.pitcrew import Pitcrew
 from proving_ground.slack.threaded import ThreadedStandin
 from proving_ground.slack.world import World
 from proving_ground.slurm import SlurmCluster
+from tests.e2e.store_moments import delivered
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.proc import wait_until
 
@@ -62,8 +63,18 @@ SLURM_WRITES = frozenset(
 _OPCODE = re.compile(r"received opcode (\S+) from (\S+?):\d+ uid")
 _UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
 _KUBE_READS = frozenset({"get", "list", "watch"})
+#: The Slack methods pitcrew calls that change nothing (it writes with chat.postMessage,
+#: chat.update and chat.postEphemeral).
 _SLACK_READS = frozenset(
-    {"auth.test", "conversations.info", "conversations.history", "conversations.replies"}
+    {
+        "auth.test",
+        "apps.connections.open",
+        "chat.getPermalink",
+        "conversations.info",
+        "conversations.history",
+        "conversations.replies",
+        "usergroups.users.list",
+    }
 )
 
 
@@ -270,15 +281,15 @@ def stepped_down(server: Pitcrew) -> list[str]:
 
 
 def took_over(
-    standby: Pitcrew, incident: str, sides: FarSides, *, ttl: float, quiet: Callable[[], bool]
+    standby: Pitcrew, incident: str, database: PostgresDatabase, *, ttl: float
 ) -> tuple[dict[str, Any], float]:
-    """Wait until ``standby`` leads and has carried ``incident`` to its end, and until ``quiet()``
-    (nothing left to deliver); the incident as it ended, and the seconds the takeover took."""
+    """Wait until ``standby`` leads and has carried ``incident`` to its end, and until the outbox
+    has nothing left to deliver; the incident as it ended, and the seconds until it led."""
     began = time.monotonic()
     wait_until(lambda: role(standby) == "leader", timeout=ttl * 10, what="the standby to take over")
     took = time.monotonic() - began
     final = standby.wait_incident(incident, "resolved", "failed", timeout=120)
-    wait_until(quiet, timeout=60, what="the outbox to deliver every notice")
+    wait_until(delivered(database), timeout=60, what="the outbox to deliver every notice")
     return final, took
 
 
@@ -312,68 +323,3 @@ def once_each(pair: Pair, incident: str, start: Mark) -> None:
     }
     thread = pair.sides.thread(incident)
     assert thread and len(thread) == len(set(thread)), thread
-
-
-# ---------------------------------------------------------------------- catching the leader at a moment
-def connect(database: PostgresDatabase) -> psycopg.Connection[tuple[Any, ...]]:
-    """A connection of the test's own, over loopback (never cut)."""
-    return psycopg.connect(database.server.url(database.name), password=database.server.password)
-
-
-def _waiting(watch: psycopg.Connection[tuple[Any, ...]]) -> list[str]:
-    """The statements of other sessions waiting for a lock."""
-    rows = watch.execute(
-        "SELECT query FROM pg_stat_activity WHERE pid != pg_backend_pid() AND wait_event_type = 'Lock'"
-    ).fetchall()
-    return [str(row[0]) for row in rows]
-
-
-def intent(step: str, incident: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
-    """The moment ``step``'s intent is committed (its ``steps`` row ``running``)."""
-
-    def committed(watch: psycopg.Connection[tuple[Any, ...]]) -> bool:
-        row = watch.execute(
-            "SELECT status FROM steps WHERE incident_id = %s AND step = %s", (incident, step)
-        ).fetchone()
-        return row is not None and row[0] == "running"
-
-    return committed
-
-
-def catch_at(
-    database: PostgresDatabase,
-    table: str,
-    query: str,
-    moment: Callable[[psycopg.Connection[tuple[Any, ...]]], bool],
-    act: Callable[[], None],
-) -> None:
-    """``act()`` (SIGSTOP the leader, cut its link) while its statement containing ``query`` waits
-    for ``table``, which the test holds, once ``moment`` says it is the right one (a wait at
-    another statement, or at the wrong moment: let it go and take the table again); then let the
-    statement go: it completes in the server, and the leader does not see its answer yet.
-    ``moment`` reads on the connection holding the lock (another would wait for ``table`` too)."""
-    with connect(database) as watch, connect(database) as holder:
-        watch.autocommit = True
-        deadline = time.monotonic() + 60
-        try:
-            while True:  # one connection for the lock: retaking it must be quicker than a write
-                assert time.monotonic() < deadline, f"never caught the leader at {query}"
-                holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-                wait_until(lambda: bool(_waiting(watch)), timeout=30, interval=0.002, what=f"{table} wanted")
-                if any(query in waiting for waiting in _waiting(watch)) and moment(holder):
-                    act()
-                    return
-                holder.commit()
-        finally:
-            holder.commit()
-
-
-def delivered(database: PostgresDatabase) -> Callable[[], bool]:
-    """Whether the outbox has nothing left to deliver."""
-
-    def done() -> bool:
-        with connect(database) as conn:
-            row = conn.execute("SELECT count(*) FROM outbox WHERE delivered_at IS NULL").fetchone()
-        return row is not None and row[0] == 0
-
-    return done

@@ -16,8 +16,9 @@ down (``ip link set db0 down`` in its namespace) and the read is let go (it comp
 server; the answer cannot reach the leader). The leader's links to Slurm, the emulator and Slack
 stay up. Shown:
 
-* the deposed leader makes no far-side call from the cut on: none at slurmctld, none at the
-  emulator, none at the stand-in, while cut off and after the link is back;
+* the deposed leader sends nothing that changes anything from the cut on: no request at
+  slurmctld, no write at the emulator, no post or update at the stand-in, while cut off and after
+  the link is back;
 * it notices: its renewals fail, it stops acting before its lease can lapse, its log says why,
   and its ``/readyz`` says standby while still cut off (503: its store is unreachable);
 * the other replica takes over (the figure: seconds from the cut, against the TTL plus one
@@ -43,17 +44,14 @@ from tests.e2e.replicas import (
     FarSides,
     Mark,
     Pair,
-    catch_at,
-    connect,
-    delivered,
     far_sides,
-    intent,
     leadership,
     once_each,
     role,
     stepped_down,
     took_over,
 )
+from tests.e2e.store_moments import catch_at, connect, intent
 from tests.harness.figures import show_figure
 from tests.harness.netns import Site, TwoSites
 from tests.harness.postgres import PostgresDatabase, running_postgres
@@ -141,15 +139,15 @@ def test_a_leader_cut_off_from_its_store_makes_no_far_side_call_and_steps_down(
         pair.database,
         "switches",
         "FROM switches",
-        lambda watch: (
-            intent(STEP, incident)(watch) and not [c for c in sides.calls(start) if c.side != "slack"]
+        lambda held: (
+            intent(STEP, incident)(held) and not [c for c in sides.calls(start) if c.side != "slack"]
         ),
         cut_off,
     )
     [(cut_at, at_cut)] = cut
     assert not site.db_link_up()
 
-    final, _ = took_over(pair.standby, incident, sides, ttl=TTL, quiet=delivered(pair.database))
+    final, _ = took_over(pair.standby, incident, pair.database, ttl=TTL)
     took = _took_over_at(pair.database) - cut_at
     assert final["state"] == "resolved", final.get("outcome")
     # It noticed while still cut off: stopped acting, says so in its log and on /readyz.

@@ -25,7 +25,8 @@ import psycopg
 import pytest
 
 from proving_ground.slurm import SlurmCluster
-from tests.e2e.replicas import Pair, catch_at, delivered, once_each, running_pair, took_over
+from tests.e2e.replicas import Pair, once_each, running_pair, took_over
+from tests.e2e.store_moments import catch_at
 from tests.harness.figures import show_figure
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.scenarios import delivery
@@ -82,7 +83,7 @@ def test_sigkill_of_the_leader_at_a_step_boundary_is_finished_once_by_the_other(
     catch_at(
         pair.database, "steps", STEP_STARTED, _boundary(incident, after), lambda: os.kill(pid, signal.SIGKILL)
     )
-    final, took = took_over(pair.standby, incident, pair.sides, ttl=TTL, quiet=delivered(pair.database))
+    final, took = took_over(pair.standby, incident, pair.database, ttl=TTL)
     assert final["state"] == "resolved", final.get("outcome")
     once_each(pair, incident, start)
     show_figure(capsys, f"  SIGKILL after {after}: the standby led {took:.1f}s later (lease TTL {TTL:g}s)")
