@@ -7,6 +7,8 @@ the real ``python -m bot.cli serve`` and ``journal`` is pitcrew's own dry-run jo
 imports) it runs ``python -m MODULE`` with a world file (``world={"inventory": ..., "latency":
 "200ms"}``) and ``journal`` is the simulator's journal. Real
 systems named in ``config`` (``integrations.scheduler: slurm``) stay real either way.
+``host``: the address it listens on (loopback unless it runs in a test's network namespace,
+``prefix`` then being ``ip netns exec NAME``, which execs it: its pid is pitcrew's).
 ``Pitcrew.kill()`` is SIGKILL; ``stop()`` is SIGTERM (graceful). The tests' fixture
 (``tests.harness.pitcrew.pitcrew_factory``) stops every process it built. Incidents are read with the read token (``server.auth.read_token_file``),
 and ``incident()`` follows the pages of its alerts and events to return them all.
@@ -23,7 +25,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +62,13 @@ class Pitcrew:
         admin_token: str = "test-admin-token",
         read_token: str = "test-read-token",
         port: int = 0,
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
     ) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.token, self.admin_token, self.read_token = token, admin_token, read_token
         (workdir / "webhook.token").write_text(token + "\n")
         (workdir / "admin.token").write_text(admin_token + "\n")
@@ -76,7 +80,7 @@ class Pitcrew:
         self.journal = workdir / ("simulated-far-side.jsonl" if simulated else "dry-run-journal.jsonl")
         settings: dict[str, Any] = {
             "server": {
-                "listen": f"127.0.0.1:{self.port}",
+                "listen": f"{host}:{self.port}",
                 "auth": {
                     "bearer_token_file": str(workdir / "webhook.token"),
                     "admin_token_file": str(workdir / "admin.token"),
@@ -98,6 +102,7 @@ class Pitcrew:
             self.world_path.write_text(yaml.safe_dump(world_file))
             self.argv = [sys.executable, "-m", simulator, "--config", str(self.config_path)]
             self.argv += ["--world", str(self.world_path)]
+        self.argv = [*prefix, *self.argv]
         self.env = {**os.environ, **(env or {})}
         self.log = workdir / "pitcrew.log"
         self.process: subprocess.Popen[bytes] | None = None

@@ -19,8 +19,9 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from ipaddress import ip_interface
 from pathlib import Path
 
 import psycopg
@@ -52,9 +53,10 @@ class PostgresServer:
     #: Runs ``pg_ctl`` with the given arguments against this cluster, as its owner.
     _pg_ctl: Callable[[list[str]], None] | None = None
 
-    def url(self, database: str = "postgres") -> str:
-        """A libpq URL without the password (it goes in the password file)."""
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        """A libpq URL without the password (it goes in the password file); ``host``: one of the
+        addresses it listens on."""
+        return f"postgresql://{USER}@{host}:{self.port}/{database}"
 
     def connect(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(self.url(database), password=self.password, autocommit=True)
@@ -91,11 +93,14 @@ def _as(user: str | None, argv: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
+def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> Iterator[PostgresServer]:
     """Start a throwaway cluster; stop it and remove its files on exit, even after a failure.
     ``DemoError`` when PostgreSQL is not installed or will not start. Without ``durable`` it
     skips fsync (tests and the demo lose nothing by it); a benchmark of durable commits asks for
-    PostgreSQL's defaults."""
+    PostgreSQL's defaults. ``networks`` (``"10.213.0.1/24"``: this machine's address on a private
+    test network, and its prefix): it listens on that address too and lets that network's
+    clients in with the password."""
+    interfaces = [ip_interface(n) for n in networks]
     binaries = bindir()
     if binaries is None:
         raise DemoError(MISSING)
@@ -111,8 +116,9 @@ def running_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
         for path in (directory, pwfile):
             os.chown(path, entry.pw_uid, entry.pw_gid)
     port = free_port()
+    listen = ",".join(["127.0.0.1", *(str(i.ip) for i in interfaces)])
     options = (
-        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
+        f"-c listen_addresses={listen} -c port={port} -c unix_socket_directories={directory}"
         " -c max_connections=200"
     )
     if not durable:
@@ -139,6 +145,9 @@ def running_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
         ]
         subprocess.run(_as(user, initdb), check=True, capture_output=True, timeout=120)
         pwfile.unlink()
+        if interfaces:
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.writelines(f"host all all {i.network} scram-sha-256\n" for i in interfaces)
         started = True
         pg_ctl(["-w", "start"])
         server = PostgresServer(port, password, directory, _pg_ctl=pg_ctl)

@@ -24,6 +24,7 @@ pytest_plugins: list[str] = [
     "tests.harness.pitcrew",
     "tests.harness.kubernetes",
     "tests.harness.standins",
+    "tests.harness.netns",
     "tests.harness.timeouts",
     "pytester",  # tests/integration/test_timeouts.py runs hanging tests in a pytest of their own
 ]

@@ -35,6 +35,8 @@ class LoggedRequest:
     content_type: str | None
     status: int | None = None
     user_agent: str = ""
+    #: The client's address as the emulator's socket saw it (which machine sent it).
+    peer: str = ""
     #: When the emulator received it (monotonic seconds), for rate measurements.
     at: float = field(default_factory=time.monotonic)
 
@@ -63,6 +65,7 @@ class LoggedRequest:
             name,
             headers.get("content-type"),
             user_agent=headers.get("user-agent", ""),
+            peer=_peer(request),
         )
 
 
@@ -128,3 +131,8 @@ class FaultPlan:
                 fault.hits += 1
                 return fault
         return None
+
+
+def _peer(request: kmock.Request) -> str:
+    raw = request._raw_request  # kmock keeps aiohttp's request, and with it the socket's peer
+    return str(raw.remote or "") if raw is not None else ""

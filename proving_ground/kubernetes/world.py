@@ -87,7 +87,11 @@ def write_kubeconfig(path: Path, server: str, *, exec_plugin: list[str] | None =
 
 
 class KubeWorld:
-    def __init__(self) -> None:
+    """The emulator on its own loop in a thread, listening on ``host`` (loopback unless a test's
+    private network needs another address)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -106,7 +110,7 @@ class KubeWorld:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        async with KubeEmulator() as emulator, kmock.Server(emulator):
+        async with KubeEmulator() as emulator, kmock.Server(emulator, host=self._host):
             self.emulator = emulator
             self._ready.set()
             await self._stop.wait()

@@ -19,11 +19,12 @@ from proving_ground.slack.world import World
 
 
 class SlackStandin:
-    def __init__(self, world: World | None = None) -> None:
+    def __init__(self, world: World | None = None, *, host: str = "127.0.0.1") -> None:
+        self.host = host  # loopback unless a test's private network needs another address
         self.world = world or World()
         self.api = WebApi(self.world)
         self.api.methods.update(METHODS)
-        self.socket = SocketModeEndpoint(self.world, lambda: f"ws://127.0.0.1:{self.port}")
+        self.socket = SocketModeEndpoint(self.world, lambda: f"ws://{self.host}:{self.port}")
         self.api.methods["apps.connections.open"] = self.socket.open
         self.responses = Responses(self.api)
         self.api.response_url = self.response_url
@@ -34,15 +35,15 @@ class SlackStandin:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/"
+        return f"http://{self.host}:{self.port}/api/"
 
     def response_url(self, user: str, channel: str, kind: str = "commands") -> str:
         """A response_url Slack would put in a command (or, ``kind="actions"``, a click) by ``user``."""
-        return self.responses.mint(f"http://127.0.0.1:{self.port}", kind, user, channel)
+        return self.responses.mint(f"http://{self.host}:{self.port}", kind, user, channel)
 
     @property
     def click_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/demo/click"
+        return f"http://{self.host}:{self.port}/demo/click"
 
     def app(self) -> web.Application:
         app = self.api.app()
@@ -57,7 +58,7 @@ class SlackStandin:
     async def start(self) -> SlackStandin:
         self._runner = web.AppRunner(self.app(), shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         server = site._server
         assert server is not None

@@ -16,10 +16,10 @@ T = TypeVar("T")
 
 
 class ThreadedStandin:
-    def __init__(self, world: World | None = None) -> None:
+    def __init__(self, world: World | None = None, *, host: str = "127.0.0.1") -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="slack-standin", daemon=True)
-        self.standin = SlackStandin(world)
+        self.standin = SlackStandin(world, host=host)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

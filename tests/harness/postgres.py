@@ -12,7 +12,7 @@ from ``template1`` by the server: a few milliseconds), and its password file.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +34,12 @@ def require_postgres() -> Path:
 
 
 @contextlib.contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
-    """The proving ground's cluster, skipped (or failed under CI) without PostgreSQL, failed
-    when it will not start."""
+def running_postgres(networks: Sequence[str] = ()) -> Iterator[PostgresServer]:
+    """The proving ground's cluster (also on ``networks``' addresses), skipped (or failed under
+    CI) without PostgreSQL, failed when it will not start."""
     require_postgres()
     try:
-        with _running() as server:
+        with _running(networks=networks) as server:
             yield server
     except DemoError as exc:
         pytest.fail(str(exc))

@@ -1,0 +1,115 @@
+"""Catching a pitcrew replica at one moment of its work, through the database it shares.
+
+The test holds a table pitcrew is about to write or read (``LOCK TABLE``) and watches
+``pg_stat_activity`` until the replica's statement waits for it at the right moment (a step's
+intent committed, the next step not begun); then it acts on the replica (SIGSTOP, SIGKILL, cut
+its link to the store) and lets the statement go. The connections are the test's own, over
+loopback, which a partition test never cuts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+
+from tests.harness.postgres import PostgresDatabase
+from tests.harness.proc import wait_until
+
+
+def connect(database: PostgresDatabase) -> psycopg.Connection[tuple[Any, ...]]:
+    """A connection of the test's own, over loopback (never cut)."""
+    return psycopg.connect(database.server.url(database.name), password=database.server.password)
+
+
+def _waiting(watch: psycopg.Connection[tuple[Any, ...]], ours: tuple[int, ...]) -> list[str]:
+    """The statements of other sessions than ``ours`` waiting for a lock."""
+    rows = watch.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid != ALL(%s) AND wait_event_type = 'Lock'", (list(ours),)
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _queued(watch: psycopg.Connection[tuple[Any, ...]], pid: int) -> bool:
+    row = watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def intent(step: str, incident: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
+    """The moment ``step``'s intent is committed (its ``steps`` row ``running``)."""
+
+    def committed(watch: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        row = watch.execute(
+            "SELECT status FROM steps WHERE incident_id = %s AND step = %s", (incident, step)
+        ).fetchone()
+        return row is not None and row[0] == "running"
+
+    return committed
+
+
+def catch_at(
+    database: PostgresDatabase,
+    table: str,
+    query: str,
+    moment: Callable[[psycopg.Connection[tuple[Any, ...]]], bool],
+    act: Callable[[], None],
+) -> None:
+    """``act()`` (SIGSTOP the leader, SIGKILL it, cut its link) while its statement containing
+    ``query`` waits for ``table``, which the test holds, once ``moment`` says it is the right one;
+    then let the statement go: it completes in the server, and the leader does not see its answer
+    yet. A wait at another statement, or at the wrong moment, is let through without a gap: a
+    second connection asks for the table before the first lets go, so it is next after that
+    statement, ahead of whatever the leader sends after it. ``moment`` reads on the connection
+    holding the lock (another would wait for ``table`` too)."""
+    lock = f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+    with (
+        connect(database) as watch,
+        connect(database) as one,
+        connect(database) as other,
+        ThreadPoolExecutor(1) as asking,
+    ):
+        watch.autocommit = True
+        ours = (one.info.backend_pid, other.info.backend_pid)
+        held, spare = one, other
+        held.execute(lock)
+        taking: Future[Any] | None = None
+        deadline = time.monotonic() + 60
+        try:
+            while True:
+                assert time.monotonic() < deadline, f"never caught the leader at {query}"
+                wait_until(
+                    lambda: bool(_waiting(watch, ours)), timeout=30, interval=0.002, what=f"{table} wanted"
+                )
+                if any(query in waiting for waiting in _waiting(watch, ours)) and moment(held):
+                    act()
+                    return
+                taking = asking.submit(spare.execute, lock)
+                in_line = functools.partial(_queued, watch, spare.info.backend_pid)
+                wait_until(in_line, timeout=30, interval=0.002, what="the spare in line for the table")
+                held.commit()
+                taking.result(timeout=60)
+                taking = None
+                held, spare = spare, held
+        finally:
+            held.commit()
+            if taking is not None:  # a hand-over cut short: stop asking
+                watch.execute("SELECT pg_cancel_backend(%s)", (spare.info.backend_pid,))
+                with contextlib.suppress(Exception):
+                    taking.result(timeout=60)
+                spare.rollback()
+
+
+def delivered(database: PostgresDatabase) -> Callable[[], bool]:
+    """Whether the outbox has nothing left to deliver."""
+
+    def done() -> bool:
+        with connect(database) as conn:
+            row = conn.execute("SELECT count(*) FROM outbox WHERE delivered_at IS NULL").fetchone()
+        return row is not None and row[0] == 0
+
+    return done

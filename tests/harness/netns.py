@@ -1,0 +1,119 @@
+"""Private networks for partition tests: each replica in a network namespace of its own.
+
+``two_sites`` (function) builds, with ``ip`` as root, two namespaces and two bridges in the test's
+own namespace: one bridge for the store (PostgreSQL listens on its address), one for the far sides
+(Slurm, the Kubernetes API emulator, the Slack stand-in listen on its address). Each namespace
+joins each bridge by a veth pair of its own, so a replica's link to the store can be cut (``cut``:
+``ip link set db0 down`` inside its namespace) while its link to the far sides stays up, and
+restored (``restore``). Addresses are private (10.213.N.0/24 and 10.214.N.0/24, N from the pid so
+two runs on one machine do not collide); nothing listens on a public interface. Everything is
+deleted at teardown, whatever happened. No ``ip``, not root, or no namespaces: the tests skip, or
+fail under ``CI=true`` (``tests.harness.proc``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.harness.proc import in_ci, require_binary
+
+__all__ = ["Site", "TwoSites", "two_sites"]
+
+#: The namespace side's names of its two links.
+DB_LINK, FAR_LINK = "db0", "far0"
+
+
+def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=15, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(argv)}: {done.stderr.strip()}")
+    return done
+
+
+@dataclass(frozen=True)
+class Site:
+    """One replica's namespace: its name, its address on the far-side bridge (where it listens),
+    and the argv prefix that runs a program inside it."""
+
+    namespace: str
+    address: str
+
+    @property
+    def prefix(self) -> tuple[str, ...]:
+        return ("ip", "netns", "exec", self.namespace)
+
+    def cut(self) -> None:
+        """The link to the store goes down; the one to the far sides stays up."""
+        _ip("-n", self.namespace, "link", "set", DB_LINK, "down")
+
+    def restore(self) -> None:
+        _ip("-n", self.namespace, "link", "set", DB_LINK, "up")
+
+    def db_link_up(self) -> bool:
+        shown = _ip("-n", self.namespace, "-br", "link", "show", DB_LINK).stdout
+        return " UP " in f" {shown} "
+
+
+@dataclass(frozen=True)
+class TwoSites:
+    """The store's network (``db_network``: this machine's address and prefix on it), the far
+    sides' address, and the two replicas' sites."""
+
+    db_network: str
+    far_host: str
+    sites: tuple[Site, Site]
+
+    @property
+    def db_host(self) -> str:
+        return self.db_network.split("/")[0]
+
+
+def _require() -> None:
+    require_binary("ip", "iproute2")
+    if os.geteuid() != 0:
+        if in_ci():
+            pytest.fail("network namespaces need root")
+        pytest.skip("network namespaces need root")
+
+
+@pytest.fixture
+def two_sites() -> Iterator[TwoSites]:
+    _require()
+    n = os.getpid() % 250
+    tag = f"{os.getpid() % 10000}"
+    bridges = {"db": f"pcdb{tag}", "far": f"pcfar{tag}"}
+    prefix = {"db": f"10.213.{n}", "far": f"10.214.{n}"}
+    namespaces = [f"pitcrew{tag}-{i}" for i in (1, 2)]
+    try:
+        for kind, bridge in bridges.items():
+            _ip("link", "add", bridge, "type", "bridge")
+            _ip("addr", "add", f"{prefix[kind]}.1/24", "dev", bridge)
+            _ip("link", "set", bridge, "up")
+        sites = []
+        for index, namespace in enumerate(namespaces, start=1):
+            try:
+                _ip("netns", "add", namespace)
+            except RuntimeError as exc:
+                if in_ci():
+                    pytest.fail(f"cannot make a network namespace: {exc}")
+                pytest.skip(f"cannot make a network namespace: {exc}")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+            for kind, inside in (("db", DB_LINK), ("far", FAR_LINK)):
+                outside = f"pc{tag}{kind[0]}{index}"
+                _ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", namespace)
+                _ip("link", "set", outside, "master", bridges[kind])
+                _ip("link", "set", outside, "up")
+                _ip("-n", namespace, "addr", "add", f"{prefix[kind]}.{10 + index}/24", "dev", inside)
+                _ip("-n", namespace, "link", "set", inside, "up")
+            sites.append(Site(namespace, f"{prefix['far']}.{10 + index}"))
+        yield TwoSites(f"{prefix['db']}.1/24", f"{prefix['far']}.1", (sites[0], sites[1]))
+    finally:
+        for namespace in namespaces:  # takes the veth pairs with it
+            _ip("netns", "del", namespace, check=False)
+        for bridge in bridges.values():
+            _ip("link", "del", bridge, check=False)
