@@ -30,6 +30,34 @@ from bot.store.lease import Fence
 log = logger(__name__)
 
 
+#: Seconds a leader-only worker may take to stop before the log says where it is stuck.
+STOP_NOTICED = 5.0
+
+
+def _where_tasks_stand() -> dict[str, str]:
+    """Each of pitcrew's named tasks and its await chain, outermost first (for a stop that does
+    not end): ``Task.get_stack`` shows a suspended task's outermost frame only."""
+    found = {}
+    for task in asyncio.all_tasks():
+        name = task.get_name()
+        if not name.startswith(("pitcrew-", "pc-")):
+            continue
+        chain: list[str] = []
+        awaited: Any = task.get_coro()
+        seen = 0
+        while awaited is not None and seen < 32:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                break
+            chain.append(
+                f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
+            )
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+            seen += 1
+        found[name] = " -> ".join(chain)
+    return found
+
+
 class Worker(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -49,6 +77,7 @@ class Leadership:
         renew_every: timedelta,
         timer: Timer | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        stop_noticed: float = STOP_NOTICED,
     ) -> None:
         if renew_every * 2 > ttl:
             raise ValueError(f"renew_every ({renew_every}) must be at most half the ttl ({ttl})")
@@ -62,6 +91,7 @@ class Leadership:
         self._valid_for = (ttl - renew_every).total_seconds()
         self._timer = timer or RealTimer()
         self._monotonic = monotonic
+        self._stop_noticed = stop_noticed
         self._task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
         self._running: list[Worker] = []
@@ -216,7 +246,20 @@ class Leadership:
         self._metrics.leader.set(0)
         while self._running:
             worker = self._running.pop()
+            stopping = asyncio.create_task(worker.stop(), name=f"pitcrew-stop-{type(worker).__name__}")
             try:
-                await worker.stop()
+                # A worker that does not end soon is named with where every task of pitcrew's
+                # stands, and still waited for: abandoning it could leave two of it running
+                # after the next term starts. (Its writes are refused meanwhile: the fence is revoked.)
+                done, _ = await asyncio.wait({stopping}, timeout=self._stop_noticed)
+                if not done:
+                    log.warning(
+                        "a leader-only worker has not stopped yet; still waiting",
+                        extra={"worker": type(worker).__name__, "tasks": _where_tasks_stand()},
+                    )
+                await stopping
+            except asyncio.CancelledError:
+                stopping.cancel()
+                raise
             except Exception:
                 log.exception("a leader-only worker failed to stop")
