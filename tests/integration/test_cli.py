@@ -139,6 +139,32 @@ def test_plan_says_where_a_stalled_job_would_take_a_node_from(
     assert plan["capacity"][: len(words)] == words
 
 
+def test_plan_live_says_why_it_read_no_pool_where_no_far_side_is_configured(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--live`` reads a pool only through a real far side: the dry-run journal has none to read."""
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    pools = [
+        {"name": "spares", "kind": "spare", "reservation": "spares"},
+        {
+            "name": "inference",
+            "kind": "lender",
+            "selector": "pitcrew.dev/pool=inference",
+            "join_labels": {"slinky.slurm.net/nodeset": "gpu"},
+        },
+    ]
+    monkeypatch.setenv("PITCREW_CAPACITY__POOLS", json.dumps(pools))
+    assert main(["plan", str(AM / "xid79-firing.json"), "--live", "--json"]) == 0
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["capacity_choice"] is None
+    assert plan["capacity"][-1] == (
+        "now: not read (pool spares needs integrations.scheduler: slurm; pool inference needs "
+        "integrations.cluster: kubernetes): the take is decided when the job is found pending"
+    )
+    assert main(["plan", str(AM / "xid79-firing.json")]) == 0  # without --live: nothing said of now
+    assert "now:" not in capsys.readouterr().out
+
+
 def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": "4"}')
