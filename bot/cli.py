@@ -199,7 +199,7 @@ def _catalog(args: argparse.Namespace) -> int:
         for row in rows:
             key = f"XID {row['xid']}" if row["xid"] is not None else row["fault"]
             print(
-                f"  {key:<28} {row['playbook']:<15} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
+                f"  {key:<28} {row['playbook']:<20} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
             )
             if row.get("differs"):
                 print(f"  {'':<28} differs: {row['differs']}")

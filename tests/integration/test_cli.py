@@ -250,7 +250,7 @@ def test_the_catalog_says_where_pitcrew_differs_from_nvidias_bucket_and_why(
     assert main(["catalog", "--json"]) == 0
     by_xid = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"] if e["xid"] is not None}
     assert by_xid[79]["differs"].startswith("NVIDIA's RESTART_BM asks for reboot-node: the node goes out")
-    assert "next: replace-node" in by_xid[79]["differs"]
+    assert 'catalog: {overrides: {"79": {playbook: reboot-then-replace}}}' in by_xid[79]["differs"]
     assert by_xid[151]["differs"].startswith("NVIDIA's RESTART_VM asks for reboot-node")
     assert by_xid[64]["differs"].startswith("NVIDIA's RESET_GPU asks for reset-gpu: ")
     assert by_xid[48]["differs"] is None  # reset-gpu, as NVIDIA's bucket asks
@@ -259,6 +259,31 @@ def test_the_catalog_says_where_pitcrew_differs_from_nvidias_bucket_and_why(
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("XID 79 "))
     assert lines[at + 1].strip().startswith("differs: NVIDIA's RESTART_BM asks for reboot-node")
+
+
+def test_the_one_setting_the_catalog_names_makes_an_xid_reboot_first_and_climb_to_replace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The override ``pitcrew catalog`` names under XID 79, copied as it is into a configuration, is
+    all it takes: the reboot first, replace-node as the next rung, the fault's return watched."""
+    assert main(["catalog", "--json"]) == 0
+    differs = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"]}[79]["differs"]
+    setting = differs.split("set the one override ", 1)[1].split(": it reboots", 1)[0]
+    config = tmp_path / "pitcrew.yaml"
+    config.write_text(setting + "\n")
+    loaded = load_config(config)
+    assert loaded.catalog.xid_playbook(79) == "reboot-then-replace"
+    playbook = loaded.playbooks.get("reboot-then-replace")
+    assert playbook.next == "replace-node"
+    assert playbook.fault_returns_within is not None and playbook.fault_returns_within.total_seconds() == 1800
+    assert "reboot" in [s.step for s in playbook.steps]
+    assert main(["catalog", "--json", "-c", str(config)]) == 0
+    entry = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"]}[79]
+    assert (entry["playbook"], entry["differs"]) == ("reboot-then-replace", None)  # what NVIDIA asks, first
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    assert main(["plan", str(AM / "xid79-firing.json"), "--json", "-c", str(config)]) == 0
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["playbook"] == "reboot-then-replace" and "reboot" in plan["steps"]
 
 
 def test_console_script_entry_point() -> None:
