@@ -161,12 +161,27 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"pitcrew: cannot read {args.payload}: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        plans = asyncio.run(dry_run(config, body))
+        plans = asyncio.run(_live_plan(config, body) if args.live else dry_run(config, body))
     except ValueError as exc:
         print(f"pitcrew: {args.payload}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(plans, indent=2) if args.json else render_plans(plans))
     return 0
+
+
+async def _live_plan(config: Config, body: bytes) -> list[dict[str, Any]]:
+    """The dry run with the configured far sides, read only: which node a take would choose now."""
+    from bot.probes import far_sides
+    from bot.runtime import build_ports
+
+    ports = build_ports(config)
+    try:
+        return await dry_run(config, body, ports=ports)
+    finally:
+        for side in far_sides(ports):
+            close = getattr(side.adapter, "aclose", None)
+            if close is not None:
+                await close()
 
 
 def _catalog(args: argparse.Namespace) -> int:
@@ -184,7 +199,7 @@ def _catalog(args: argparse.Namespace) -> int:
         for row in rows:
             key = f"XID {row['xid']}" if row["xid"] is not None else row["fault"]
             print(
-                f"  {key:<28} {row['playbook']:<15} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
+                f"  {key:<28} {row['playbook']:<20} {row['bucket'] or '-':<22} {row['class']:<16} {row['meaning']}"
             )
             if row.get("differs"):
                 print(f"  {'':<28} differs: {row['differs']}")
@@ -387,6 +402,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", parents=[common], help="dry run: what pitcrew would do with a webhook payload")
     p.add_argument("payload", help="Alertmanager webhook JSON file, or - for stdin")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="also read the capacity pools (changes nothing): which node would be taken now, or why none",
+    )
     p.set_defaults(handler=_plan)
 
     p = sub.add_parser("catalog", parents=[common], help="show the XID/ECC fault catalog")

@@ -508,6 +508,11 @@ class CapacitySettings(_Section):
         "the lent node; past it the repaired node refills the pool instead (the pool whole, the job "
         "undisturbed). Keep it under give_back's timeout (30m).",
     )
+    read_every: Duration = Field(
+        default=timedelta(minutes=1),
+        description="How often the engine reads the pools' idle members (read only), for the idle "
+        "gauges and the spare GPU-hours held idle; a take reads them too.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> CapacitySettings:

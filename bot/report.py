@@ -3,11 +3,14 @@
 ``dry_run`` is what ``pitcrew plan`` runs: the same planner and guards the engine uses,
 fed from a payload file and (when it exists) the local store's history and switches,
 with no far side contacted: the breaker's fleet is ``guards.breaker.fleet_size`` when
-configured, else unknown (and its decision says so).
+configured, else unknown (and its decision says so). Given the ports (``pitcrew plan --live``)
+it also reads the capacity pools, read only, and says which node the ``capacity`` step would
+take now and why, or why none: the step's own read and choice (``pool_views``, ``choose``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -16,6 +19,7 @@ from typing import Any
 from bot.config import CapacitySettings, Config
 from bot.domain import guards, planner
 from bot.domain.alerts import PayloadError, parse_webhook
+from bot.domain.capacity import Choice, Taken, choose
 from bot.domain.catalog import Catalog
 from bot.domain.durations import format_duration
 from bot.domain.faults import Fault
@@ -24,15 +28,20 @@ from bot.domain.guards import World
 from bot.domain.incident import State
 from bot.domain.trust import IncidentFacts, Offender, TrustRow
 from bot.engine.admission import NOT_READ, build_world
+from bot.engine.context import Ports
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.intake import to_delivery
 from bot.engine.steps import REGISTRY, cost
+from bot.engine.steps.capacity import need_of, pool_views, taken_elsewhere
 from bot.store import codec
 from bot.store.base import IncidentRecord, Store
 
 _ALL_RESOLVED = "every alert for this node is resolved: recorded, and a resolved alert never starts an action"
 
 
-async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> list[dict[str, Any]]:
+async def dry_run(
+    config: Config, body: bytes, now: datetime | None = None, *, ports: Ports | None = None
+) -> list[dict[str, Any]]:
     try:
         payload = parse_webhook(body)
     except PayloadError as exc:
@@ -63,6 +72,10 @@ async def dry_run(config: Config, body: bytes, now: datetime | None = None) -> l
         encoded: dict[str, Any] = dict(codec.encode_plan(admitted))
         if "capacity" in admitted.steps:
             encoded["capacity"] = capacity_words(config.settings.capacity)
+            if ports is not None and config.settings.capacity.pools:
+                choice, said = await capacity_now(config, ports, node)
+                encoded["capacity"].append(said)
+                encoded["capacity_choice"] = None if choice is None else _choice_record(choice)
         out.append(encoded)
     if unroutable:
         labels = ", ".join(config.labels.node)
@@ -94,6 +107,79 @@ def capacity_words(settings: CapacitySettings) -> list[str]:
         f"took, one with an open incident, the opt-out label, other GPUs or busy; give-back: {settings.give_back}"
     )
     return out
+
+
+#: How long ``pitcrew plan --live`` waits for the pools (longer than the adapters' own timeouts).
+LIVE_TIMEOUT = 45.0
+
+
+def _unread(config: Config) -> list[str]:
+    """The pools whose far side is not configured here (a dry-run journal reads nothing)."""
+    integrations = config.settings.integrations
+    out = []
+    for pool in config.settings.capacity.pools:
+        if pool.reservation is not None and integrations.scheduler != "slurm":
+            out.append(f"pool {pool.name} needs integrations.scheduler: slurm")
+        if pool.reservation is None and integrations.cluster != "kubernetes":
+            out.append(f"pool {pool.name} needs integrations.cluster: kubernetes")
+    return out
+
+
+async def capacity_now(config: Config, ports: Ports, node: str) -> tuple[Choice | None, str]:
+    """The node the ``capacity`` step would take now for a job stalled by ``node``, read only: the
+    pools as the step reads them, the nodes open incidents took (from the local store, when there is
+    one), and the step's choice. ``None`` with the reason when the pools cannot be read."""
+    pools = config.settings.capacity.pools
+    later = "the take is decided when the job is found pending"
+    unread = _unread(config)
+    if unread:
+        return None, f"now: not read ({'; '.join(unread)}): {later}"
+    try:
+        async with asyncio.timeout(LIVE_TIMEOUT):
+            taken, busy = await _taken(config)
+            failed = (await ports.slurm_names(node) or (node,))[0]
+            try:
+                gpus = (await ports.scheduler.node(failed)).gpus
+            except PermanentError as exc:
+                if exc.reason != Reason.UNKNOWN_NODE:
+                    raise
+                gpus = None  # a node Slurm does not know: its GPU count does not refuse anything
+            views = await pool_views(ports, pools, busy)
+            need = await need_of(ports, pools, "dry-run", node, failed, gpus)
+    except (TransientError, PermanentError, OSError, TimeoutError) as exc:
+        return None, f"now: the pools could not be read ({exc or type(exc).__name__}): {later}"
+    choice = choose(need, views, taken)
+    if choice.node is None:
+        return choice, f"now: would take none — {choice.why}"
+    passed = "; ".join(
+        f"{r.node if r.node != '*' else r.pool}: {r.guard} ({r.detail})" for r in choice.refused
+    )
+    return choice, f"now: would take {choice.why}" + (f"; passed over {passed}" if passed else "")
+
+
+def _choice_record(choice: Choice) -> dict[str, Any]:
+    return {
+        "node": choice.node,
+        "pool": choice.pool,
+        "why": choice.why,
+        "guards": list(choice.guards),
+        "refused": [asdict(r) for r in choice.refused],
+    }
+
+
+async def _taken(config: Config) -> tuple[list[Taken], set[str]]:
+    """What open incidents in the local store took, and their nodes (nothing without a store)."""
+    settings = config.settings.store
+    if settings.url is None and not settings.path.exists():
+        return [], set()
+    from bot.store.factory import build_store
+
+    store = build_store(settings)
+    await store.open()
+    try:
+        return await taken_elsewhere(store, None)
+    finally:
+        await store.close()
 
 
 def _no_action(node: str | None, config: Config, reason: str) -> dict[str, Any]:

@@ -147,8 +147,8 @@ def _spares() -> list[Panel]:
     return [
         timeseries_panel(
             "Capacity pools",
-            "Nodes lent to stalled gang jobs and not yet given back, and idle pool members as the last "
-            "take read them, by pool.",
+            "Nodes lent to stalled gang jobs and not yet given back, and idle pool members as last read "
+            "(every capacity.read_every, and by a take), by pool.",
             Query("sum by (pool) (pitcrew_capacity_lent_nodes) or vector(0)", "lent {{pool}}"),
             Query("sum by (pool) (pitcrew_capacity_idle_nodes) or vector(0)", "idle {{pool}}"),
         ),
@@ -165,12 +165,11 @@ def _spares() -> list[Panel]:
         ),
         bargauge_panel(
             "Spare GPU-hours: held idle against saved",
-            "Sizing the pools, over the time range: GPU-hours of idle pool members (the gauge averaged over "
-            "the range, times its length) against the job GPU-hours taken nodes saved (the interrupted "
-            "jobs' GPUs times the time from the take to the repair).",
+            "Sizing the pools, over the time range: GPU-hours of idle pool members (their GPUs at each read "
+            "of the pools, every capacity.read_every, times the time to the next) against the job GPU-hours "
+            "taken nodes saved (the interrupted jobs' GPUs times the time from the take to the repair).",
             Query(
-                "sum by (pool) (avg_over_time(pitcrew_capacity_idle_gpus[$__range])) * $__range_s / 3600 "
-                "or vector(0)",
+                "sum by (pool) (increase(pitcrew_capacity_idle_gpu_hours_total[$__range])) or vector(0)",
                 "held idle {{pool}}",
                 instant=True,
             ),

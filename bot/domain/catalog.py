@@ -26,6 +26,7 @@ PlaybookName = Literal[
     "checkpoint-reset-gpu",
     "reset-gpu",
     "reboot-node",
+    "reboot-then-replace",
     "replace-node",
 ]
 FaultClass = Literal[
@@ -61,14 +62,25 @@ NVIDIA_ACTION: Mapping[str, str] = {
     "RESTART_BM": "reboot-node",
     "RESTART_VM": "reboot-node",
 }
-#: Why pitcrew's default for a bucket is not NVIDIA's action (an XID's own ``note`` says more).
+#: Shipped playbooks that do a bucket's action first and climb the repair ladder only when it does
+#: not clear the fault: they do what NVIDIA asks, so ``differs`` says nothing of them.
+FIRST_RUNG: Mapping[str, str] = {"reboot-then-replace": "reboot-node"}
+#: Why pitcrew's default for a bucket is not NVIDIA's action (an XID's own ``note`` says more);
+#: ``{REBOOT_FIRST}`` is the catalog override that selects ``reboot-then-replace`` for the XID.
 WHY_NOT_NVIDIA: Mapping[str, str] = {
     "RESTART_BM": "the node goes out for repair at once, as the flow pitcrew follows does: a GPU that "
     "fell off the bus often does again after a reboot, and a cloud node's replacement is cheap; to "
-    "reboot first, give the XID reboot-node (catalog.overrides) and reboot-node `next: replace-node` (the ladder climbs "
-    "if validation fails) with `fault_returns_within` (and if the fault comes back after the reboot)",
-    "RESTART_VM": "on bare metal the VM is the node, so it is treated like RESTART_BM",
+    "reboot first, set the one override {REBOOT_FIRST}: it reboots, and climbs to replace-node inside "
+    "the incident if the reboot or the validation fails or the fault comes back within 30m of the "
+    "node's return",
+    "RESTART_VM": "on bare metal the VM is the node, so it is treated like RESTART_BM; to reboot first, "
+    "set the one override {REBOOT_FIRST}",
 }
+
+
+def reboot_first(code: int) -> str:
+    """The one setting that makes an XID reboot first and replace only if that does not clear it."""
+    return f'catalog: {{overrides: {{"{code}": {{playbook: reboot-then-replace}}}}}}'
 
 
 def severity(playbook: str) -> int:
@@ -158,10 +170,15 @@ class Catalog(_Strict):
         """Where the XID's shipped playbook is not what NVIDIA's bucket asks: what it asks and why not."""
         entry = self.xids.get(code)
         nvidia = NVIDIA_ACTION.get(entry.bucket) if entry is not None else None
-        if entry is None or nvidia is None or self.xid_playbook(code) == nvidia:
+        if entry is None or nvidia is None:
+            return None
+        playbook = self.xid_playbook(code) or ""
+        if FIRST_RUNG.get(playbook, playbook) == nvidia:
             return None
         # The bucket's own policy applies unless the XID names its playbook (its note says why).
         bucket_why = WHY_NOT_NVIDIA.get(entry.bucket) if entry.playbook is None else None
+        if bucket_why is not None:
+            bucket_why = bucket_why.replace("{REBOOT_FIRST}", reboot_first(code))
         why = bucket_why or entry.note or "pitcrew policy"
         return f"NVIDIA's {entry.bucket} asks for {nvidia}: {why}"
 

@@ -30,6 +30,7 @@ from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
 from bot.engine.hung_jobs import HungJobs
 from bot.engine.locks import IncidentLocks
+from bot.engine.pool_watch import PoolWatch
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
 from bot.engine.slurm_watch import SlurmWatch
@@ -74,6 +75,12 @@ class Engine:
             if deps.settings.hung_job_after is not None and catalog is not None
             else None
         )
+        pools = deps.steps.capacity
+        self.pool_watch = (
+            PoolWatch(deps.ports, deps.store, pools.pools, deps.metrics, deps.clock, pools.read_every)
+            if pools.pools
+            else None
+        )
         for step in deps.registry:  # every step's series exists from the start (0, not absent)
             for outcome in ("ok", "failed", "skipped"):
                 self.metrics.steps.labels(step, outcome)
@@ -98,6 +105,8 @@ class Engine:
             await cancel_and_wait(task)
         self._tasks.clear()
         self._main = None
+        if self.pool_watch is not None:
+            await self.pool_watch.stop()
         self._forget_gauges()
 
     def _forget_gauges(self) -> None:
@@ -113,6 +122,9 @@ class Engine:
         ):
             gauge.set(0)
         self.metrics.incidents.keep_only([])
+        for pool in self.deps.steps.capacity.pools:  # the new leader's pool reads say it now
+            self.metrics.capacity_idle.labels(pool.name).set(0)
+            self.metrics.capacity_idle_gpus.labels(pool.name).set(0)
 
     def wake(self) -> None:
         self._wake.set()
@@ -199,6 +211,8 @@ class Engine:
             self._tasks.pop(incident_id)
         self.signals.forget(live | set(self._tasks))
         self.locks.forget(live | set(self._tasks))
+        if self.pool_watch is not None:
+            self.pool_watch.poll()  # read only, at most once per capacity.read_every, not awaited
 
     async def _show_incidents(self, active: list[str]) -> None:
         """One ``pitcrew_incident_info`` series per active incident, none for a closed one."""

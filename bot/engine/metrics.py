@@ -132,14 +132,23 @@ class Metrics:
         )
         self.capacity_idle = Gauge(
             "pitcrew_capacity_idle_nodes",
-            "Idle members of a capacity pool (spares kept, lendable nodes), as last read by a take, by pool.",
+            "Idle members of a capacity pool (spares kept, lendable nodes), as last read (every "
+            "capacity.read_every, and by a take), by pool.",
             ["pool"],
             registry=r,
         )
         self.capacity_idle_gpus = Gauge(
             "pitcrew_capacity_idle_gpus",
-            "GPUs on the idle members of a capacity pool, as last read by a take, by pool: integrated over "
-            "time, the spare GPU-hours held idle.",
+            "GPUs on the idle members of a capacity pool, as last read (every capacity.read_every, and by "
+            "a take), by pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_idle_gpu_hours = Counter(
+            "pitcrew_capacity_idle_gpu_hours",
+            "Spare GPU-hours held idle: the GPUs of a capacity pool's idle members at each read of the "
+            "pools (capacity.read_every) times the time to the next read, by pool; against "
+            "pitcrew_capacity_job_gpu_hours_saved, the cost side of keeping the pool.",
             ["pool"],
             registry=r,
         )
@@ -295,6 +304,7 @@ class Metrics:
                 family.labels(pool)
             self.capacity_away.labels(pool)
             self.capacity_saved.labels(pool)
+            self.capacity_idle_gpu_hours.labels(pool)
 
     def integration_error(self, system: str, reason: Reason) -> None:
         """Count one error a far side answered with, under its closed ``Reason``."""

@@ -10,7 +10,9 @@ job runs on, while the stand-in reports that XID. The test shows:
   run (Grafana's ``$__range`` and ``$__rate_interval`` set as Grafana would);
 * the GPU-hours lost, as exported and as the dashboard's headline stat computes it, match the
   figure computed by hand from the incident's own timeline (the node's 8 GPUs from Slurm's Gres
-  x fault → back in service), within one scrape interval's worth; the job's training loss too.
+  x fault → back in service), within one scrape interval's worth; the job's training loss too;
+* the spares panels read real series: one spare (8 GPUs) waits in a Slurm reservation the whole
+  run, and pitcrew's reads of the pool count the GPU-hours it was held idle.
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ def test_every_panel_returns_data_and_gpu_hours_match_the_timeline(
     settings = {
         "resumption": {"progress_query": QUERY, "prometheus_url": "", "require_progress": False},
         "goodput": {"progress_unit_seconds": 1.0},  # the stand-in job does one step a second
+        # One spare held apart in a reservation: the job restarts on the third node by itself, and
+        # the pool's reads give the spares panels their series.
+        "capacity": {
+            "pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}],
+            "read_every": "1s",
+        },
     }
     began = time.time()
     prometheus = Prometheus(binary, tmp_path_factory.mktemp("prometheus-grafana"), {"global": {}})
@@ -109,6 +117,18 @@ def test_every_panel_returns_data_and_gpu_hours_match_the_timeline(
     server = start_pitcrew(pitcrew_factory, slurm, "grafana", **settings)
     prometheus.write_config(_prometheus_config(standin, progress, server.url, server.read_token))
     try:
+        spare = slurm.nodes[-1]
+        slurm.run(
+            "scontrol",
+            "create",
+            "reservation",
+            "ReservationName=spares",
+            f"Nodes={spare}",
+            "StartTime=now",
+            "Duration=infinite",
+            "Users=root",
+            "Flags=MAINT,IGNORE_JOBS",
+        )
         prometheus.start()
         prometheus.wait(
             lambda: (
@@ -172,6 +192,10 @@ def test_every_panel_returns_data_and_gpu_hours_match_the_timeline(
             job_by_hand, abs=one_scrape
         )
 
+        assert _instant(prometheus, 'sum(pitcrew_capacity_idle_nodes{pool="spares"})') == 1
+        held = _instant(prometheus, 'sum(pitcrew_capacity_idle_gpu_hours_total{pool="spares"})')
+        assert 0 < held <= 8 * (end - began) / 3600, held
+
         empty = []
         for name, dashboard in dashboards().items():
             for title, target in queries(dashboard):
@@ -187,3 +211,4 @@ def test_every_panel_returns_data_and_gpu_hours_match_the_timeline(
         )
     finally:
         prometheus.stop()
+        slurm.run("scontrol", "delete", "ReservationName=spares", check=False)

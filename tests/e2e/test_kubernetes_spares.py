@@ -23,15 +23,23 @@ With ``give_back: return`` the lent node itself goes back: the job runs on it un
 cancelled once the replacement is Ready and the give-back waits for it), then ``gpu-003`` has its
 inference labels again, uncordoned and unmarked, out of the NodeSet, the inference pool its size
 again, and the replacement joins training as Slurm node ``gpu-001``, resumed.
+
+``pitcrew plan --live`` reads the pools by selector through the emulator (only reads: no patch, no
+eviction): a spare carrying the opt-out label and an inference node with other GPUs than the failed
+node's are each refused, by name and guard, and nothing is taken; once the inference node's GPUs
+match, it is the node a take would choose, the spare named as passed over.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
+import yaml
 
+from bot.cli import main
 from proving_ground.kubernetes.nodeset import NodeSetStandin
 from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready
 from proving_ground.slurm import SlurmCluster
@@ -249,6 +257,59 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
     finally:
         for name in slurm.nodes:  # the session's cluster: every node back in service
             slurm.run("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
+
+
+def test_plan_live_names_the_node_a_take_would_choose_and_the_guards_that_refused_the_others(
+    slurm: SlurmCluster, kube_world: KubeWorld, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+
+    def label(name: str, labels: dict[str, str]) -> None:
+        def change(e: Any) -> None:
+            node = e.get("nodes", name)
+            node["metadata"]["labels"].update(labels)
+            e.bump(node)
+
+        kube_world.call(change)
+
+    label("gpu-003", {**SPARE, "pitcrew.dev/opt-out": "true"})
+    label("gpu-002", {**INFERENCE, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
+    site = slurm_and_kubernetes(slurm, kube_world, tmp_path / "kube", request_timeout=1.5)
+    pools = [POOLS["spare"], POOLS["lender"]]
+    config = tmp_path / "pitcrew.yaml"
+    config.write_text(
+        yaml.safe_dump({**site, "store": {"path": str(tmp_path / "none.db")}, "capacity": {"pools": pools}})
+    )
+    payload = tmp_path / "xid79.json"
+    payload.write_bytes(delivery("xid79-firing.json", node="gpu-001"))
+
+    def plan() -> dict[str, Any]:
+        assert main(["plan", str(payload), "--live", "--json", "-c", str(config)]) == 0
+        [found] = json.loads(capsys.readouterr().out)
+        assert main(["plan", str(payload), "--live", "-c", str(config)]) == 0
+        said = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "spare  now:" in ln]
+        assert said == [f"spare  {found['capacity'][-1]}"]
+        return found
+
+    found = plan()
+    choice = found["capacity_choice"]
+    assert choice["node"] is None and choice["guards"] == ["opt_out", "gpu_type"], found
+    assert found["capacity"][-1] == (
+        "now: would take none — no node to take: gpu-003 (spares): opt_out — carries the opt-out label; "
+        "gpu-002 (inference): gpu_type — GPU NVIDIA-A100-SXM4-80GB, the failed node has NVIDIA-H100-80GB-HBM3"
+    )
+
+    label("gpu-002", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    found = plan()
+    choice = found["capacity_choice"]
+    assert (choice["node"], choice["pool"]) == ("gpu-002", "inference"), found
+    assert found["capacity"][-1] == (
+        "now: would take gpu-002 from lender pool inference; passed over gpu-003: opt_out (carries the "
+        "opt-out label)"
+    )
+    writes = [r for r in kube_world.log() if r.verb not in ("get", "list", "watch")]
+    assert writes == []  # read only
+    assert INFERENCE.items() <= _labels(kube_world, "gpu-002").items()
 
 
 def _debug(server: Any, incident_id: str, slurm: SlurmCluster, nodeset: NodeSetStandin) -> str:

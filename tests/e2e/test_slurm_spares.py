@@ -10,11 +10,14 @@ to it), ``gpu-003``/``gpu-004`` are held by the Slurm reservation ``spares``. Ca
   audited and counted; after the humans' repair (slurmd restarted) and ``slurm_resume``, the
   repaired node joins the reservation: it is whole again (two nodes) and the incident resolves;
 - ``min_idle: 1`` with one spare left: nothing is taken, the timeline says which guard stopped
-  it, and the job stays pending until the repair returns its node — then runs there.
+  it, and the job stays pending until the repair returns its node — then runs there;
+- ``pitcrew plan --live`` reads the reservation (and changes nothing): it names the spare a take
+  would choose now, and with ``min_idle: 1`` and one spare left, none and the guard that says so.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from bot.cli import main
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
@@ -172,6 +177,42 @@ def test_min_idle_keeps_the_last_spare_and_the_incident_says_why(
     job = slurm.job(job_id)
     assert job is not None and job.running and node in job.nodes
     slurm.run("scontrol", "update", "NodeName=gpu-004", "State=RESUME")
+
+
+def test_plan_live_names_the_spare_a_take_would_choose_or_the_guard_that_stops_it(
+    spares: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = spares
+    payload = tmp_path / "xid79.json"
+    payload.write_bytes(delivery("xid79-firing.json", node="gpu-001"))
+
+    def plan(pool: dict[str, Any]) -> dict[str, Any]:
+        settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
+        settings["integrations"] = {"scheduler": "slurm", "cluster": "none"}
+        config = tmp_path / "pitcrew.yaml"
+        body = {"mode": "auto", "store": {"path": str(tmp_path / "none.db")}, "capacity": {"pools": [pool]}}
+        config.write_text(yaml.safe_dump({**body, **settings}))
+        assert main(["plan", str(payload), "--live", "--json", "-c", str(config)]) == 0
+        [found] = json.loads(capsys.readouterr().out)
+        assert main(["plan", str(payload), "--live", "-c", str(config)]) == 0
+        said = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "spare  now:" in ln]
+        assert said == [f"spare  {found['capacity'][-1]}"]
+        return found
+
+    found = plan({"name": "spares", "kind": "spare", "reservation": "spares"})
+    choice = found["capacity_choice"]
+    assert (choice["node"], choice["pool"]) == ("gpu-003", "spares"), found
+    assert found["capacity"][-1] == "now: would take gpu-003 from spare pool spares"
+    assert reserved(slurm) == {"gpu-003", "gpu-004"}  # read only
+
+    slurm.run("scontrol", "update", "ReservationName=spares", "Nodes=gpu-003")  # one spare left
+    found = plan({"name": "spares", "kind": "spare", "reservation": "spares", "min_idle": 1})
+    choice = found["capacity_choice"]
+    assert choice["node"] is None and choice["guards"] == ["min_idle"], found
+    assert found["capacity"][-1] == (
+        "now: would take none — no node to take: spares: min_idle — 1 idle, keeps at least 1"
+    )
+    assert reserved(slurm) == {"gpu-003"}
 
 
 def _debug(server: Any, incident_id: str) -> str:

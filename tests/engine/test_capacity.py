@@ -10,6 +10,9 @@ the timeline says why; a storm of incidents never lends more than ``max_lend`` a
 incidents never take the same node; a crash at every boundary of taking and giving back
 (before and after the reservation change) leaves each node in one place and the pool whole
 at the end; a rollback before the job started there returns the node to the reservation.
+Between incidents the engine reads the pools once per ``capacity.read_every`` (read only): the
+idle gauges follow the reservation, and the spare GPU-hours held idle grow by the GPUs idle at
+each read times the time to the next; a read that fails counts nothing for its interval.
 """
 
 from __future__ import annotations
@@ -247,6 +250,34 @@ async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repai
         [summary] = h.notices("summary", incident)
         [lost] = [line for line in summary["lines"] if line.startswith("job 100 training lost:")]
         assert "counted of" not in lost and "to running again; resumed" in lost, lost
+
+
+async def test_between_incidents_the_pools_are_read_and_their_idle_gpu_hours_counted(tmp_path: Path) -> None:
+    slurm = gang(jobs=1, spares=2)  # 8 GPUs a node
+    async with harness(tmp_path, slurm, capacity={**SPARES, "read_every": "10m"}) as h:
+        watch = h.engine.pool_watch
+        assert watch is not None
+        await h.time.advance(3600)  # an hour without an incident: one read per ten minutes
+        assert 5 <= watch.reads <= 6
+        assert h.sample("pitcrew_capacity_idle_nodes", pool="spares") == 2
+        assert h.sample("pitcrew_capacity_idle_gpus", pool="spares") == 16
+        held = h.sample("pitcrew_capacity_idle_gpu_hours_total", pool="spares")
+        # Reads fall on the engine's scans, a poll (seconds) past each ten minutes at most.
+        assert held == pytest.approx(16 * (watch.reads - 1) * 10 / 60, rel=0.01)
+        slurm.reservations["spares"] = ["gpu-node-04"]  # one spare handed elsewhere
+        reads = watch.reads
+        await h.time.advance(1200)
+        assert watch.reads == reads + 2
+        assert h.sample("pitcrew_capacity_idle_nodes", pool="spares") == 1
+        # The read just after the change still counts the 16 GPUs held until then; then 8.
+        assert h.sample("pitcrew_capacity_idle_gpu_hours_total", pool="spares") == pytest.approx(
+            held + 16 * 10 / 60 + 8 * 10 / 60, rel=0.01
+        )
+        assert slurm.reservations["spares"] == ["gpu-node-04"]  # read only
+        del slurm.reservations["spares"]  # the reservation is gone: reads fail, nothing counted
+        held = h.sample("pitcrew_capacity_idle_gpu_hours_total", pool="spares")
+        await h.time.advance(1200)
+        assert h.sample("pitcrew_capacity_idle_gpu_hours_total", pool="spares") == held
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,10 @@ return: no climb. With no fault back the incident closes when the window has pas
 that refuses the climb (pitcrew paused) hands the incident to humans. A window without a next
 rung is refused.
 
+The shipped ``reboot-then-replace``, selected for XID 79 by its one catalog override and nothing
+else: the reboot's validation fails and the incident climbs to ``replace-node`` by itself, the node
+taken out once and replaced; the ledger counts the reboot rung ``climbed``.
+
 Rollback after a climb undoes what each rung did, once: after the fault came back, the reboot
 rung's DOWN and cordon (the reset rung's were undone by its own return); after a failed
 validation climbed to a rung that does not take the node out (``ask-human``), the reset rung's
@@ -128,6 +132,29 @@ async def test_a_failed_reset_climbs_to_reboot_by_itself_in_auto(tmp_path: Path)
             ]
         }
         assert ledger == {"climbed": 1, "passed": 1}
+
+
+async def test_one_catalog_override_reboots_xid79_first_and_climbs_to_replace(tmp_path: Path) -> None:
+    override = {"79": {"playbook": "reboot-then-replace"}}
+    async with EngineHarness(tmp_path, mode="auto", catalog=override, cluster=Validating) as h:
+        incident = await h.alert(NODE, "xid79-firing.json")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert done.playbook == "replace-node"
+        [climbed] = await h.events(incident, "climbed")
+        assert climbed.data["from"] == "reboot-then-replace" and climbed.data["to"] == "replace-node"
+        assert "validation Job failed" in climbed.detail
+        calls = h.calls()
+        assert calls[("reboot", NODE)] == 1 and calls[("replace", NODE)] == 1
+        assert calls[("slurm_down", NODE)] == 1 and calls[("cordon", NODE)] == 1  # taken out once
+        fault_class = done.plan.decisive.fault_class  # type: ignore[union-attr]
+        climbed_count = h.sample(
+            "pitcrew_trust_retests_total",
+            playbook="reboot-then-replace",
+            fault_class=fault_class,
+            outcome="climbed",
+        )
+        assert climbed_count == 1
 
 
 async def test_the_climb_asks_again_in_approve_mode(tmp_path: Path) -> None:

@@ -139,6 +139,32 @@ def test_plan_says_where_a_stalled_job_would_take_a_node_from(
     assert plan["capacity"][: len(words)] == words
 
 
+def test_plan_live_says_why_it_read_no_pool_where_no_far_side_is_configured(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--live`` reads a pool only through a real far side: the dry-run journal has none to read."""
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    pools = [
+        {"name": "spares", "kind": "spare", "reservation": "spares"},
+        {
+            "name": "inference",
+            "kind": "lender",
+            "selector": "pitcrew.dev/pool=inference",
+            "join_labels": {"slinky.slurm.net/nodeset": "gpu"},
+        },
+    ]
+    monkeypatch.setenv("PITCREW_CAPACITY__POOLS", json.dumps(pools))
+    assert main(["plan", str(AM / "xid79-firing.json"), "--live", "--json"]) == 0
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["capacity_choice"] is None
+    assert plan["capacity"][-1] == (
+        "now: not read (pool spares needs integrations.scheduler: slurm; pool inference needs "
+        "integrations.cluster: kubernetes): the take is decided when the job is found pending"
+    )
+    assert main(["plan", str(AM / "xid79-firing.json")]) == 0  # without --live: nothing said of now
+    assert "now:" not in capsys.readouterr().out
+
+
 def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": "4"}')
@@ -224,7 +250,7 @@ def test_the_catalog_says_where_pitcrew_differs_from_nvidias_bucket_and_why(
     assert main(["catalog", "--json"]) == 0
     by_xid = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"] if e["xid"] is not None}
     assert by_xid[79]["differs"].startswith("NVIDIA's RESTART_BM asks for reboot-node: the node goes out")
-    assert "next: replace-node" in by_xid[79]["differs"]
+    assert 'catalog: {overrides: {"79": {playbook: reboot-then-replace}}}' in by_xid[79]["differs"]
     assert by_xid[151]["differs"].startswith("NVIDIA's RESTART_VM asks for reboot-node")
     assert by_xid[64]["differs"].startswith("NVIDIA's RESET_GPU asks for reset-gpu: ")
     assert by_xid[48]["differs"] is None  # reset-gpu, as NVIDIA's bucket asks
@@ -233,6 +259,31 @@ def test_the_catalog_says_where_pitcrew_differs_from_nvidias_bucket_and_why(
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("XID 79 "))
     assert lines[at + 1].strip().startswith("differs: NVIDIA's RESTART_BM asks for reboot-node")
+
+
+def test_the_one_setting_the_catalog_names_makes_an_xid_reboot_first_and_climb_to_replace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The override ``pitcrew catalog`` names under XID 79, copied as it is into a configuration, is
+    all it takes: the reboot first, replace-node as the next rung, the fault's return watched."""
+    assert main(["catalog", "--json"]) == 0
+    differs = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"]}[79]["differs"]
+    setting = differs.split("set the one override ", 1)[1].split(": it reboots", 1)[0]
+    config = tmp_path / "pitcrew.yaml"
+    config.write_text(setting + "\n")
+    loaded = load_config(config)
+    assert loaded.catalog.xid_playbook(79) == "reboot-then-replace"
+    playbook = loaded.playbooks.get("reboot-then-replace")
+    assert playbook.next == "replace-node"
+    assert playbook.fault_returns_within is not None and playbook.fault_returns_within.total_seconds() == 1800
+    assert "reboot" in [s.step for s in playbook.steps]
+    assert main(["catalog", "--json", "-c", str(config)]) == 0
+    entry = {e["xid"]: e for e in json.loads(capsys.readouterr().out)["entries"]}[79]
+    assert (entry["playbook"], entry["differs"]) == ("reboot-then-replace", None)  # what NVIDIA asks, first
+    monkeypatch.setenv("PITCREW_MODE", "auto")
+    assert main(["plan", str(AM / "xid79-firing.json"), "--json", "-c", str(config)]) == 0
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["playbook"] == "reboot-then-replace" and "reboot" in plan["steps"]
 
 
 def test_console_script_entry_point() -> None:

@@ -21,6 +21,7 @@ to its reservation while no job has started on it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -30,14 +31,15 @@ from bot.domain.durations import format_duration
 from bot.domain.incident import State
 from bot.domain.ownership import lent_prior
 from bot.domain.policy import NodePolicy
-from bot.engine.context import Done, StepContext, StepDeps, StepResult, UndoContext, Wait
+from bot.engine.context import Done, Ports, StepContext, StepDeps, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason
-from bot.engine.ports import Notice, Reservations
+from bot.engine.ports import Notice, Reservations, Scheduler
 from bot.engine.registry import REGISTRY, Track
 from bot.engine.steps import lending
 from bot.engine.steps.repair import WaitReadyResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
+from bot.store.base import Store
 
 #: Pending reasons that mean "not enough nodes" (``squeue`` %r); others (BeginTime, Priority …)
 #: mean Slurm may still start the job by itself. The partition's other nodes DOWN or DRAINED (a
@@ -93,7 +95,10 @@ class GiveBackResult(StepResult):
 
 
 def _reservations(deps: StepDeps) -> Reservations:
-    scheduler = deps.ports.scheduler
+    return reservations_of(deps.ports.scheduler)
+
+
+def reservations_of(scheduler: Scheduler) -> Reservations:
     if not isinstance(scheduler, Reservations):
         raise PermanentError("the scheduler cannot change Slurm reservations", reason=Reason.UNSUPPORTED)
     return scheduler
@@ -272,51 +277,69 @@ async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | None:
 
 
 async def _choose(ctx: StepContext[CapacityResult], down: SlurmDownResult) -> Choice:
-    scheduler = ctx.ports.scheduler
-    taken, busy = await _taken_elsewhere(ctx)
+    taken, busy = await taken_elsewhere(ctx.deps.store, ctx.incident.id)
     failed = (down.slurm_nodes or (ctx.node,))[0]
+    pools = ctx.settings.capacity.pools
+    views = await pool_views(ctx.ports, pools, busy, passed_over=ctx.progress.passed_over)
+    for view in views:
+        spare = [m for m in view.members if m.idle]
+        ctx.deps.metrics.capacity_idle.labels(view.pool.name).set(len(spare))
+        ctx.deps.metrics.capacity_idle_gpus.labels(view.pool.name).set(sum(m.gpus or 0 for m in spare))
+    need = await need_of(ctx.ports, pools, ctx.incident.id, ctx.node, failed, down.gpus.get(failed))
+    return choose(need, views, taken)
+
+
+async def need_of(
+    ports: Ports, pools: Sequence[PoolSettings], incident_id: str, node: str, failed: str, gpus: int | None
+) -> Need:
+    """What the failed node was: its Slurm node ``failed`` with ``gpus`` GPUs, and (where a pool is
+    a Kubernetes selector) its GPU model from the Kubernetes node ``node``."""
     gpu_type = None
+    if ports.cluster is not None and any(pool.reservation is None for pool in pools):
+        facts = await ports.cluster.node(node)
+        gpu_type = facts.labels.get(lending.GPU_PRODUCT_LABEL) if facts else None
+    return Need(incident_id, failed, gpu_type=gpu_type, gpus=gpus)
+
+
+async def pool_views(
+    ports: Ports, pools: Sequence[PoolSettings], busy: set[str], *, passed_over: Sequence[str] = ()
+) -> list[PoolView]:
+    """Each pool and its members now, as ``choose`` sees them: read only. The one read of the pools,
+    for the step's choice and for ``pitcrew plan --live`` (``bot.report``), so both say the same."""
     views = []
-    for pool in ctx.settings.capacity.pools:
+    for pool in pools:
         if pool.reservation is None:
-            if gpu_type is None and ctx.ports.cluster is not None:
-                facts = await ctx.ports.cluster.node(ctx.node)
-                gpu_type = facts.labels.get(lending.GPU_PRODUCT_LABEL) if facts else None
-            found = await lending.view(ctx.deps, pool, busy, OPT_OUT_LABEL)
-            left = tuple(m for m in found.members if m.name not in ctx.progress.passed_over)
+            found = await lending.view(lending.lender_of(ports.cluster), pool, busy, OPT_OUT_LABEL)
+            left = tuple(m for m in found.members if m.name not in passed_over)
             views.append(replace(found, members=left))
             continue
-        held = await _reservations(ctx.deps).reservation(pool.reservation)
+        held = await reservations_of(ports.scheduler).reservation(pool.reservation)
         if held is None:
             raise PermanentError(
                 f"pool {pool.name}: no Slurm reservation {pool.reservation}", reason=Reason.MISCONFIGURED
             )
         members = []
         for name in held:
-            state = await scheduler.node(name)
+            state = await ports.scheduler.node(name)
             idle = "IDLE" in state.states and state.in_service
             members.append(Candidate(name, idle=idle, gpus=state.gpus, open_incident=name in busy))
         # A Slurm reservation cannot be emptied: it keeps at least one node.
         kept = max(pool.min_idle, 1)
         views.append(PoolView(Pool(pool.name, pool.kind, kept, pool.max_lend), tuple(members)))
-    for view in views:
-        spare = [m for m in view.members if m.idle]
-        ctx.deps.metrics.capacity_idle.labels(view.pool.name).set(len(spare))
-        ctx.deps.metrics.capacity_idle_gpus.labels(view.pool.name).set(sum(m.gpus or 0 for m in spare))
-    need = Need(ctx.incident.id, failed, gpu_type=gpu_type, gpus=down.gpus.get(failed))
-    return choose(need, views, taken)
+    return views
 
 
-async def _taken_elsewhere(ctx: StepContext[CapacityResult]) -> tuple[list[Taken], set[str]]:
-    """Nodes other open incidents took (or mean to) and have not given back; their failed nodes."""
+async def taken_elsewhere(store: Store, incident_id: str | None) -> tuple[list[Taken], set[str]]:
+    """Nodes open incidents other than ``incident_id`` took (or mean to) and have not given back;
+    the nodes of every such incident (each has an open incident)."""
     taken, busy = [], set()
-    for incident_id, _state, _at in await ctx.deps.store.active():
-        if incident_id == ctx.incident.id:
+    for other_id, _state, _at in await store.active():
+        if other_id == incident_id:
             continue
-        other = await ctx.deps.store.incident(incident_id)
+        other = await store.incident(other_id)
         if other is not None:
             busy.add(other.node)
-        steps = await ctx.deps.store.steps_of(incident_id)
+        steps = await store.steps_of(other_id)
         record = steps.get("capacity")
         if record is None:
             continue
@@ -324,7 +347,7 @@ async def _taken_elsewhere(ctx: StepContext[CapacityResult]) -> tuple[list[Taken
         back = steps.get("give_back")
         returned = back is not None and codec.decode_record(GiveBackResult, back.result).given_back_at
         if took.node and took.pool and not returned:
-            taken.append(Taken(took.node, took.pool, incident_id))
+            taken.append(Taken(took.node, took.pool, other_id))
     return taken, busy
 
 

@@ -28,7 +28,7 @@ from bot.domain.capacity import Pool as DomainPool
 from bot.domain.ownership import lent_to
 from bot.engine.context import StepContext, StepDeps
 from bot.engine.errors import PermanentError, Reason, TransientError
-from bot.engine.ports import Lend, Lending, PodRef
+from bot.engine.ports import Cluster, Lend, Lending, PodRef
 
 if TYPE_CHECKING:
     from bot.engine.steps.capacity import CapacityResult
@@ -38,7 +38,10 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def lending(deps: StepDeps) -> Lending:
-    cluster = deps.ports.cluster
+    return lender_of(deps.ports.cluster)
+
+
+def lender_of(cluster: Cluster | None) -> Lending:
     if not isinstance(cluster, Lending):
         raise PermanentError(
             "the cluster cannot lend nodes (a selector pool needs Kubernetes)", reason=Reason.UNSUPPORTED
@@ -51,11 +54,11 @@ def lend_of(pool: PoolSettings, incident_id: str) -> Lend:
     return Lend(incident_id, dict(pool.join_labels), leave, cordon=pool.kind == "lender")
 
 
-async def view(deps: StepDeps, pool: PoolSettings, busy: set[str], opt_out_label: str) -> PoolView:
+async def view(lender: Lending, pool: PoolSettings, busy: set[str], opt_out_label: str) -> PoolView:
     """The pool's members now, as the choice sees them (a lent node no longer matches the selector)."""
     assert pool.selector is not None
     members = []
-    for node in await lending(deps).pool_nodes(pool.selector):
+    for node in await lender.pool_nodes(pool.selector):
         idle = node.ready and not node.unschedulable and lent_to(node.annotations) is None
         members.append(
             Candidate(
