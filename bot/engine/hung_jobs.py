@@ -16,7 +16,18 @@ from datetime import datetime
 
 from bot import logger
 from bot.domain.catalog import Catalog
-from bot.domain.hung import ALERTNAME, HUNG_FAULT, HungJob, Progress, hung_job, is_hung, observe
+from bot.domain.hung import (
+    ALERTNAME,
+    HUNG_FAULT,
+    SIGNAL_LIMIT,
+    SIGNAL_WINDOW,
+    HungJob,
+    Progress,
+    Signal,
+    hung_job,
+    is_hung,
+    observe,
+)
 from bot.domain.jobs import JobSnapshot
 from bot.domain.labels import node_name
 from bot.engine.deps import EngineDeps
@@ -80,7 +91,7 @@ class HungJobs(AlertSource):
                 continue
             self._progress[job.job_id] = progress
             if is_hung(progress, now, after) and not busy & set(job.nodes):
-                hung.append(hung_job(job, progress, now))
+                hung.append(hung_job(job, progress, now, await self._signals(job, now)))
         for gone in set(self._progress) - set(jobs):
             del self._progress[gone]
         await self.file(hung, now)
@@ -96,6 +107,17 @@ class HungJobs(AlertSource):
                 if job.state == "RUNNING" and job.nodes and _named(job.nodes[0]):
                     found[job.job_id] = job
         return found
+
+    async def _signals(self, job: JobSnapshot, now: datetime) -> list[Signal]:
+        """The other alerts pitcrew has on the job's nodes (DCGM's, the network's ...), from the store:
+        one bounded read, one more than the notice names so it can say there are more."""
+        found = await self._deps.store.alerts_on(
+            job.nodes, now - SIGNAL_WINDOW, limit=SIGNAL_LIMIT + 1, other_than=ALERTNAME
+        )
+        return [
+            Signal(a.alertname, a.node or "", a.fault_key or "", a.status == "firing", a.starts_at)
+            for a in found
+        ]
 
     async def _nodes_with_other_incidents(self) -> set[str]:
         store = self._deps.store

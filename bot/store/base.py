@@ -248,6 +248,13 @@ class Store(Protocol):
         """Every alert of the incident, first seen first (the engine's view; the API reads pages)."""
         ...
 
+    async def alerts_on(
+        self, nodes: Sequence[str], since: datetime, *, limit: int, other_than: str = ""
+    ) -> list[AlertRecord]:
+        """At most ``limit`` alerts of these nodes, whatever their incident, firing or started or
+        ended since ``since``, latest first; none named ``other_than``."""
+        ...
+
     async def events_of(self, incident_id: str) -> list[Event]: ...
     async def alerts_page(
         self, incident_id: str, *, limit: int, after: str | None = None

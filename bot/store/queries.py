@@ -114,6 +114,19 @@ def alerts_of(incident_id: str) -> Op[list[AlertRecord]]:
     return [codec.alert_from(r) for r in found]
 
 
+def alerts_on(nodes: Sequence[str], since: datetime, limit: int, other_than: str) -> Op[list[AlertRecord]]:
+    if not nodes:
+        return []
+    marks = ", ".join("?" for _ in nodes)
+    found = yield rows(
+        f"{ALERTS} WHERE a.node IN ({marks}) AND a.alertname != ?"
+        " AND (a.status = 'firing' OR a.starts_at >= ? OR a.ends_at >= ?)"
+        " ORDER BY a.starts_at DESC, a.fingerprint LIMIT ?",
+        (*nodes, other_than, codec.ts(since), codec.ts(since), bounded(limit)),
+    )
+    return [codec.alert_from(r) for r in found]
+
+
 def alerts_page(incident_id: str, limit: int, after: str | None) -> Op[Page[AlertRecord]]:
     limit = bounded(limit)
     where, params = "incident_id = ?", [incident_id]

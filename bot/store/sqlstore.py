@@ -141,6 +141,11 @@ class SqlStore(ABC):
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         return [self._alert(a) for a in await self._read(queries.alerts_of(incident_id))]
 
+    async def alerts_on(
+        self, nodes: Sequence[str], since: datetime, *, limit: int, other_than: str = ""
+    ) -> list[AlertRecord]:
+        return [self._alert(a) for a in await self._read(queries.alerts_on(nodes, since, limit, other_than))]
+
     async def alerts_page(
         self, incident_id: str, *, limit: int, after: str | None = None
     ) -> Page[AlertRecord]:

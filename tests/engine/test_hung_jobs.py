@@ -103,7 +103,7 @@ async def test_a_stalled_job_gets_one_notice_and_nothing_else(tmp_path: Path) ->
         [notice] = h.notices("incident", incident_id)
         text = " ".join(notice["lines"])
         assert all(
-            words in text for words in ("101", "llm-pretrain", "dana", "1200", "changes nothing")
+            words in text for words in ("101", "llm-pretrain", "dana", "1200", "no other alert on its nodes")
         )
         assert not h.calls()  # no node touched, by anyone
         [alert] = await h.store.alerts_of(incident_id)
@@ -189,3 +189,28 @@ async def test_approve_mode_requeues_only_once_approved(tmp_path: Path) -> None:
         await look(h, watch, 30)
         assert h.calls() == {("requeue", "101"): 1}
 
+
+async def test_the_notice_names_the_other_alerts_its_node_had_lately(tmp_path: Path) -> None:
+    """An XID on the job's node, resolved before the stall counts (its incident over), is named with
+    when it fired; one on another node, and one older than the hour, are not."""
+    catalog = {"79": {"playbook": "notify-only"}}
+    async with EngineHarness(tmp_path, inventory=INVENTORY, catalog=catalog) as h:
+        old = await h.alert("gpu-node-02")
+        before = h.time.now()
+        await h.resolve(old)
+        await h.time.advance(65 * 60)
+        recent = await h.alert("gpu-node-02")
+        elsewhere = await h.alert("gpu-node-04")
+        at = h.time.now()
+        await h.resolve(recent)
+        await h.resolve(elsewhere)
+        await h.until_ended(recent)
+        watch = watching(h)
+        await look(h, watch, 40)
+        [notice] = [n for n in h.notices("incident") if n["incident_id"] not in {old, recent, elsewhere}]
+        text = " ".join(notice["lines"])
+        words = f"other alerts on its nodes (last 1h): GpuXidCritical (xid79@gpu3) on gpu-node-02 at {at:%H:%M} UTC"
+        assert words in text, text
+        # The fixture's three rules, of the recent XID only: not the other node's, nor the one past the hour.
+        assert text.count("on gpu-node-02 at") == 3 and f"{before:%H:%M} UTC" not in text
+        assert "gpu-node-04" not in text and " and more" not in text

@@ -228,6 +228,29 @@ async def test_alert_pages(stores: Stores) -> None:
     assert [a.fingerprint for a in second.items] == ["fp02", "fp03", "fp04"] and second.next is None
 
 
+async def test_the_alerts_of_some_nodes_latest_first(stores: Stores) -> None:
+    """What a hung-job notice names: the nodes' alerts firing, or started or ended since the window's
+    start, whatever their incident, latest first, bounded, none of the excluded name."""
+    store = await stores.open()
+    hour = timedelta(hours=1)
+    ended = [_alert(fp, "gpu-001", starts=T0 - 3 * hour) for fp in ("old", "gone")]  # end at T0+5m
+    stuck = _alert("stuck", "gpu-002", starts=T0 - 5 * hour)  # still firing: always shown
+    recent = [_alert(f"r{n}", "gpu-001", starts=T0 + timedelta(minutes=n)) for n in range(3)]
+    elsewhere = _alert("elsewhere", "gpu-003", starts=T0)
+    for alert in (*ended, stuck, *recent, elsewhere):
+        await store.ingest(_delivery(alert), T0)
+    for fp in ("old", "gone"):
+        await store.ingest(_delivery(_alert(fp, "gpu-001", starts=T0 - 3 * hour, status="resolved")), T0)
+    found = await store.alerts_on(("gpu-001", "gpu-002"), T0, limit=10)
+    assert [a.fingerprint for a in found] == ["r2", "r1", "r0", "gone", "old", "stuck"]
+    assert [a.status for a in found[3:5]] == ["resolved", "resolved"]
+    later = await store.alerts_on(("gpu-001",), T0 + hour, limit=10)  # the two ended before it
+    assert [a.fingerprint for a in later] == ["r2", "r1", "r0"]
+    assert [a.fingerprint for a in await store.alerts_on(("gpu-001",), T0, limit=2)] == ["r2", "r1"]
+    assert await store.alerts_on(("gpu-001", "gpu-002"), T0, limit=10, other_than="GpuXid") == []
+    assert await store.alerts_on((), T0, limit=10) == []
+
+
 async def test_approvals_are_decided_once_and_rollbacks_recorded_once(stores: Stores) -> None:
     store = await stores.open()
     (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
