@@ -362,6 +362,15 @@ class Store(Protocol):
     async def set_switch(
         self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
     ) -> None: ...
+    async def memory(self, watch: str) -> dict[str, JsonObject]:
+        """What the alert source ``watch`` remembered between its looks, by key (``remember``)."""
+        ...
+
+    async def remember(self, watch: str, changed: Mapping[str, JsonObject | None], now: datetime) -> None:
+        """Store what ``watch`` remembers of each key in ``changed`` (``None``: forget it), in one
+        write; fenced like every engine write, so a deposed process keeps nothing."""
+        ...
+
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
         """Nodes of incidents admitted since ``since``: while active, and after they ended only

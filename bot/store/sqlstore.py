@@ -174,6 +174,13 @@ class SqlStore(ABC):
     async def switch(self, name: str) -> Mapping[str, Any] | None:
         return await self._read(queries.switch(name))
 
+    async def memory(self, watch: str) -> dict[str, JsonObject]:
+        return await self._read(queries.memory(watch))
+
+    async def remember(self, watch: str, changed: Mapping[str, JsonObject | None], now: datetime) -> None:
+        if changed:
+            await self._write(lambda: queries.remember(watch, changed, now))
+
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]:
         return await self._read(queries.history(node, since, exclude))
 

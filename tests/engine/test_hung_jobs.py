@@ -4,7 +4,8 @@ Cases: a RUNNING job whose progress stands still for ``engine.hung_job_after`` o
 exactly one notice naming the job, its node and its last progress, and nothing is done to any node;
 later looks at the same stall add no second incident or notice; a job that keeps progressing, and a job
 with no progress sample, are never called hung; progress moving again resolves the alert; a job on a
-node with another open incident is left to that incident.
+node with another open incident is left to that incident; a restart half-way through a stall keeps
+its clock (the progress is kept in the store), so the notice comes when it would have.
 
 A site that opts into ``requeue-hung-job`` (``catalog.overrides: {job-hung: {playbook: ...}}``): the
 hung job, and only it, is requeued once, audited and counted, with no call touching a node; the
@@ -214,3 +215,16 @@ async def test_the_notice_names_the_other_alerts_its_node_had_lately(tmp_path: P
         # The fixture's three rules, of the recent XID only: not the other node's, nor the one past the hour.
         assert text.count("on gpu-node-02 at") == 3 and f"{before:%H:%M} UTC" not in text
         assert "gpu-node-04" not in text and " and more" not in text
+
+
+async def test_a_restart_keeps_the_clock_of_a_stall(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, inventory=INVENTORY) as h:
+        began = h.time.now()
+        await look(h, watching(h), 20)  # looks at minutes 0, 5, 10 and 15
+        assert not await h.store.active()
+        restarted = watching(h)  # a new process's watch, on the same store
+        await look(h, restarted, 11)  # looks at 20, 25 and 30: flat for 30 minutes since minute 0
+        [(incident_id, _, _)] = await h.store.active()
+        [alert] = await h.store.alerts_of(incident_id)
+        assert alert.starts_at == began  # the stall as first seen, not since the restart
+        assert "(30m)" in alert.annotations["description"]

@@ -5,7 +5,7 @@ and through ``ingest``; a resolve marks the alert and is never undone by a stale
 another startsAt is another alert of the same incident; an alert without a node is kept and
 opens nothing; a second node opens a second incident, numbered in order); the incident's life
 (plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
-nodes in remediation); the timeline (pages with cursors, ``events_since``) and the audit log's
+nodes in remediation); what a watch remembers; the timeline (pages with cursors, ``events_since``) and the audit log's
 refusal of UPDATE and DELETE in the database itself; approvals decided once; a rollback recorded
 once; switches; the outbox (enqueue with the event in one transaction, routed events and their
 wake, attempt, defer, delivered, references and links); two views of one database see each
@@ -251,6 +251,19 @@ async def test_the_alerts_of_some_nodes_latest_first(stores: Stores) -> None:
     assert await store.alerts_on((), T0, limit=10) == []
 
 
+async def test_what_a_watch_remembers(stores: Stores) -> None:
+    """Entries by watch and key: written, changed, forgotten (``None``) in one write each; another
+    watch's are its own."""
+    store = await stores.open()
+    assert await store.memory("slurm") == {}
+    await store.remember("slurm", {"gpu-001": {"jobs": ["4711"]}, "gpu-002": {"jobs": []}}, T0)
+    await store.remember("hung", {"4711": {"value": 7.0}}, T0)
+    await store.remember("slurm", {"gpu-001": {"jobs": ["4712"]}, "gpu-002": None, "gpu-404": None}, T0)
+    await store.remember("slurm", {}, T0)  # nothing changed: nothing written
+    assert await store.memory("slurm") == {"gpu-001": {"jobs": ["4712"]}}
+    assert await store.memory("hung") == {"4711": {"value": 7.0}}
+
+
 async def test_approvals_are_decided_once_and_rollbacks_recorded_once(stores: Stores) -> None:
     store = await stores.open()
     (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
@@ -437,6 +450,7 @@ EXPECTED_COLUMNS = {
     ),
     "outbox_refs": sorted(["destination", "key", "ref", "updated_at"]),
     "leadership": sorted(["id", "holder", "epoch", "acquired_at", "renewed_at", "expires_at"]),
+    "watch_memory": sorted(["watch", "key", "value_json", "updated_at"]),
 }
 
 
