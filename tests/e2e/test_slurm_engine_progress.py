@@ -203,6 +203,7 @@ def test_a_hung_job_gets_exactly_one_notice_and_no_action(
     [notice] = told()
     words = " ".join([notice["title"], *notice["lines"]])
     assert job_id in words and "hangs" in words and node in words and "progress stands at 7" in words
+    assert "no other alert on its nodes in the last 1h" in words
     incident = server.incident(notice["incident_id"])
     assert (incident["node"], incident["playbook"]) == (node, "notify-only")
     assert not events(incident, "action")

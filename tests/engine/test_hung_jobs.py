@@ -10,7 +10,8 @@ its clock (the progress is kept in the store), so the notice comes when it would
 A site that opts into ``requeue-hung-job`` (``catalog.overrides: {job-hung: {playbook: ...}}``): the
 hung job, and only it, is requeued once, audited and counted, with no call touching a node; the
 restarted run's progress moving past where it stood is the proof, and the incident resolves. In
-observe mode nothing is requeued; in approve mode nothing until a human approves.
+observe mode nothing is requeued; in approve mode nothing until a human approves; while paused
+the incident is suppressed and nothing is requeued.
 """
 
 from __future__ import annotations
@@ -189,6 +190,17 @@ async def test_approve_mode_requeues_only_once_approved(tmp_path: Path) -> None:
         await h.until_call("requeue", "101")
         await look(h, watch, 30)
         assert h.calls() == {("requeue", "101"): 1}
+
+
+async def test_while_paused_nothing_is_requeued(tmp_path: Path) -> None:
+    async with opted_in(tmp_path) as h:
+        await h.commands.pause("oncall", "maintenance")
+        watch = watching(h, Requeued(h))
+        await look(h, watch, 60)
+        [suppressed] = h.notices("suppressed")
+        assert "paused by oncall" in suppressed["lines"][0]
+        assert (await h.incident(suppressed["incident_id"])).state.value == "suppressed"
+        assert not h.calls()
 
 
 async def test_the_notice_names_the_other_alerts_its_node_had_lately(tmp_path: Path) -> None:
