@@ -227,7 +227,12 @@ exec sleep 600
 
 @pytest.mark.parametrize("backend", ["scontrol", "rest"])
 def test_an_opted_in_site_requeues_the_hung_job_and_sees_it_train(
-    slurm: SlurmCluster, pitcrew_factory: Any, prometheus: Prometheus, tmp_path: Path, backend: str
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    prometheus: Prometheus,
+    tmp_path: Path,
+    backend: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     server = start_pitcrew(
         pitcrew_factory,
@@ -266,6 +271,12 @@ def test_an_opted_in_site_requeues_the_hung_job_and_sees_it_train(
     assert not state.reason and not state.down and not state.drained  # the node never left service
     assert job is not None and job.state == "RUNNING" and job.restarts == 1
     assert len(told()) == 1
+    show_figure(
+        capsys,
+        f"\n[hung job requeued, {backend}] job {job_id} {node} -> {record['new_nodes'][0]}: restarted "
+        f"{record['seconds_to_restart']:.2f}s after the requeue, progress {record['progress_now']:g} past "
+        f"the stall at {record['progress_before']:g} confirmed after {record['seconds_to_resumed']:.2f}s",
+    )
 
 
 CHECKPOINT_QUERY = f'max({CHECKPOINT_METRIC}{{job_id="{{job_id}}"}})'
