@@ -209,8 +209,8 @@ class EngineSettings(_Section):
     hung_job_after: Duration | None = Field(
         default=None,
         description="A RUNNING Slurm job whose resumption.progress_query value stands still this long gets "
-        "one notice (fault job-hung; nothing is done to a node). Unset: not watched. Needs the progress "
-        "query and resumption.prometheus_url.",
+        "one notice (fault job-hung; nothing is done to a node; the playbook requeue-hung-job, opted into, "
+        "requeues the job alone). Unset: not watched. Needs the progress query and resumption.prometheus_url.",
     )
 
 

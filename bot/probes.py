@@ -113,25 +113,41 @@ def unable(config: Config, checked: Sequence[Checked]) -> list[str]:
     when a DRAIN's grace period ends (``slurm_drain_grace_seconds``), which any playbook with
     ``slurm_down`` and ``drain`` may reach unless it always sets DOWN (``slurm_action: down``).
     Slinky's operator always drains (``slurm.node_mapping: slinky``, whatever ``slurm_action``), and
-    its jobs are requeued alike.
+    its jobs are requeued alike. ``requeue_job`` always requeues: a playbook with it is named when
+    the catalog gives it to a fault (``requeue-hung-job`` is shipped, and opted into).
     """
     lines = []
+    used = config.catalog.playbooks_used()
     for item in checked:
         for operation, why in item.probe.unable:
             if operation != "requeue":
                 continue
-            needing = [
-                name
+            acting = {
+                name: {spec.step for spec in playbook.steps}
                 for name, playbook in sorted(config.playbooks.playbooks.items())
                 if config.policy.mode_for(name) is not Mode.OBSERVE
-                and (playbook.slurm_action != "down" or config.settings.slurm.node_mapping == "slinky")
-                and {"slurm_down", "drain"} <= {spec.step for spec in playbook.steps}
+            }
+            draining = [
+                name
+                for name, steps in acting.items()
+                if (
+                    config.playbooks.get(name).slurm_action != "down"
+                    or config.settings.slurm.node_mapping == "slinky"
+                )
+                and {"slurm_down", "drain"} <= steps
             ]
-            if needing:
+            if draining:
                 lines.append(
-                    f"{item.probe.system}: requeue, which {', '.join(needing)} need after a DRAIN's grace "
+                    f"{item.probe.system}: requeue, which {', '.join(draining)} need after a DRAIN's grace "
                     f"period: {why}; use the scontrol image (docker build --target scontrol), set "
                     f"slurm_action: down on those playbooks, or run them in observe mode"
+                )
+            requeueing = [name for name, steps in acting.items() if "requeue_job" in steps and name in used]
+            if requeueing:
+                lines.append(
+                    f"{item.probe.system}: requeue, which {', '.join(requeueing)} need for a hung job: {why}; "
+                    f"use the scontrol image (docker build --target scontrol), give job-hung another "
+                    f"playbook, or run it in observe mode"
                 )
     return lines
 

@@ -20,6 +20,7 @@ PlaybookName = Literal[
     "ignore",
     "notify-only",
     "ask-human",
+    "requeue-hung-job",
     "cordon-and-ask",
     "follow-slurm",
     "isolate-node",

@@ -3,10 +3,10 @@
 
 Runs inside the engine's scan (the leading process only) and writes through the engine's fenced
 store, like the Slurm watch. What it files is an alert like any other (``bot.domain.hung``), whose
-catalog fault is notify-only: one incident, one notice, no node touched. A job on a node that already
-has an incident of another alert is left alone (that incident speaks for the node). Progress is
-remembered in this process only: after a restart or a change of leader the clock starts again, which
-can only make a notice later, never a false one.
+catalog fault is notify-only by default: one incident, one notice, no node touched. A job on a node
+that already has an incident of another alert is left alone (that incident speaks for the node).
+Each job's progress, and since when it stood still, is kept in the store (``bot.engine.memory``): a
+restart or a change of leader keeps the clock, and the stall keeps its alert.
 """
 
 from __future__ import annotations
@@ -16,11 +16,23 @@ from datetime import datetime
 
 from bot import logger
 from bot.domain.catalog import Catalog
-from bot.domain.hung import ALERTNAME, HUNG_FAULT, HungJob, Progress, hung_job, is_hung, observe
+from bot.domain.hung import (
+    ALERTNAME,
+    HUNG_FAULT,
+    SIGNAL_LIMIT,
+    SIGNAL_WINDOW,
+    HungJob,
+    Progress,
+    Signal,
+    hung_job,
+    is_hung,
+    observe,
+)
 from bot.domain.jobs import JobSnapshot
 from bot.domain.labels import node_name
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
+from bot.engine.memory import Memory
 from bot.engine.sourced import AlertSource
 from bot.engine.steps.training import job_progress
 
@@ -38,7 +50,8 @@ class HungJobs(AlertSource):
             deps, catalog, alertname=ALERTNAME, fault=HUNG_FAULT, receiver=RECEIVER, signal=signal, wake=wake
         )
         self._last: datetime | None = None
-        self._progress: dict[str, Progress] = {}
+        self._memory = Memory(deps.store, RECEIVER, Progress)
+        self._progress: dict[str, Progress] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +78,9 @@ class HungJobs(AlertSource):
         except PitcrewError as exc:
             log.warning("hung-job watch: cannot list jobs", extra={"error": str(exc), "reason": exc.reason})
             return
+        if self._progress is None:
+            self._progress = await self._memory.load()
+        remembered = self._progress
         busy = await self._nodes_with_other_incidents()
         steps = self._deps.step_deps()
         hung: list[HungJob] = []
@@ -74,15 +90,16 @@ class HungJobs(AlertSource):
             except PitcrewError as exc:
                 log.warning("hung-job watch: no progress", extra={"job": job.job_id, "error": str(exc)})
                 continue
-            progress = observe(self._progress.get(job.job_id), value, now)
+            progress = observe(remembered.get(job.job_id), value, now)
             if progress is None:
-                self._progress.pop(job.job_id, None)
+                remembered.pop(job.job_id, None)
                 continue
-            self._progress[job.job_id] = progress
+            remembered[job.job_id] = progress
             if is_hung(progress, now, after) and not busy & set(job.nodes):
-                hung.append(hung_job(job, progress, now))
-        for gone in set(self._progress) - set(jobs):
-            del self._progress[gone]
+                hung.append(hung_job(job, progress, now, await self._signals(job, now)))
+        for gone in set(remembered) - set(jobs):
+            del remembered[gone]
+        await self._memory.save(remembered, now)
         await self.file(hung, now)
 
     async def _running(self) -> dict[str, JobSnapshot]:
@@ -96,6 +113,17 @@ class HungJobs(AlertSource):
                 if job.state == "RUNNING" and job.nodes and _named(job.nodes[0]):
                     found[job.job_id] = job
         return found
+
+    async def _signals(self, job: JobSnapshot, now: datetime) -> list[Signal]:
+        """The other alerts pitcrew has on the job's nodes (DCGM's, the network's ...), from the store:
+        one bounded read, one more than the notice names so it can say there are more."""
+        found = await self._deps.store.alerts_on(
+            job.nodes, now - SIGNAL_WINDOW, limit=SIGNAL_LIMIT + 1, other_than=ALERTNAME
+        )
+        return [
+            Signal(a.alertname, a.node or "", a.fault_key or "", a.status == "firing", a.starts_at)
+            for a in found
+        ]
 
     async def _nodes_with_other_incidents(self) -> set[str]:
         store = self._deps.store

@@ -14,10 +14,10 @@ not known) and is not retried before the next one is due.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
+from bot import logger
 from bot.config import PoolSettings
 from bot.engine.context import Ports
 from bot.engine.errors import PitcrewError
@@ -26,7 +26,7 @@ from bot.engine.steps.capacity import pool_views, taken_elsewhere
 from bot.engine.tasks import cancel_and_wait
 from bot.store.base import Store
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class PoolWatch:

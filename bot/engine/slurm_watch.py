@@ -11,13 +11,16 @@ alert. It must not act on Slurm or Kubernetes itself, nor judge whose a reason i
 It also remembers, per node, the jobs running there at its last look while the node was in
 service (one ``jobs_on_node`` per busy node and poll, as the hung-job watch reads them): when Slurm
 sets a node DOWN its jobs leave it at once (requeued, or ended ``NODE_FAIL``), and the record of
-the outage names them so the incident can follow them. The memory is the process's own: a node
-that went out before this process first saw it in service names no jobs.
+the outage names them so the incident can follow them. The memory is kept in the store
+(``bot.engine.memory``): a node Slurm takes out while pitcrew restarts or changes leader still names
+the jobs the last look saw there. A node back in service and idle, or gone from Slurm's list, is
+forgotten; a node that went out before any pitcrew saw it in service names no jobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from bot import logger
@@ -27,6 +30,7 @@ from bot.domain.labels import node_name
 from bot.domain.slurm_watch import ALERTNAME, OUT_STATES, SLURM_FAULT, out_by_others, outage
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
+from bot.engine.memory import Memory
 from bot.engine.ports import Scheduler
 from bot.engine.sourced import AlertSource
 
@@ -34,6 +38,13 @@ log = logger(__name__)
 RECEIVER = "pitcrew-slurm-watch"
 #: Node states in which jobs run there (Slurm's base states, as both backends list them).
 BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The running jobs on one Slurm node at the last look while it was in service."""
+
+    jobs: tuple[JobSnapshot, ...] = ()
 
 
 class SlurmWatch(AlertSource):
@@ -45,7 +56,8 @@ class SlurmWatch(AlertSource):
         )
         self._last: datetime | None = None
         #: Slurm node → the jobs on it at the last look while it was in service.
-        self._seen: dict[str, tuple[JobSnapshot, ...]] = {}
+        self._memory = Memory(deps.store, RECEIVER, Seen)
+        self._seen: dict[str, tuple[JobSnapshot, ...]] | None = None
 
     @property
     def lister(self) -> Scheduler | None:
@@ -65,21 +77,29 @@ class SlurmWatch(AlertSource):
         except PitcrewError as exc:
             log.warning("slurm watch: cannot list nodes", extra={"error": str(exc), "reason": exc.reason})
             return
+        if self._seen is None:
+            self._seen = {name: seen.jobs for name, seen in (await self._memory.load()).items()}
+        seen = self._seen
+        for gone in set(seen) - {node.name for node in nodes}:
+            del seen[gone]
         found = []
         for node in nodes:
             if out_by_others(node):
                 if await self._ours_to_watch(node.name):
-                    found.append(outage(node, now, self._seen.get(node.name, ())))
+                    found.append(outage(node, now, seen.get(node.name, ())))
             else:
-                await self._look_at_jobs(lister, node)
+                await self._look_at_jobs(lister, node, seen)
+        await self._memory.save({name: Seen(jobs) for name, jobs in seen.items()}, now)
         await self.file(found, now)
 
-    async def _look_at_jobs(self, lister: Scheduler, node: SlurmNodeState) -> None:
+    async def _look_at_jobs(
+        self, lister: Scheduler, node: SlurmNodeState, seen: dict[str, tuple[JobSnapshot, ...]]
+    ) -> None:
         """Remember the jobs on a node in service; one out of service keeps what was seen before."""
         if node.states & OUT_STATES:
             return  # out by pitcrew's own hand (its incident recorded the jobs before DOWN), or no reason yet
         if not node.states & BUSY:
-            self._seen.pop(node.name, None)
+            seen.pop(node.name, None)
             return
         try:
             jobs = await lister.jobs_on_node(node.name)
@@ -89,7 +109,7 @@ class SlurmWatch(AlertSource):
                 extra={"node": node.name, "error": str(exc), "reason": exc.reason},
             )
             return
-        self._seen[node.name] = tuple(j for j in jobs if j.running)
+        seen[node.name] = tuple(j for j in jobs if j.running)
 
     async def _ours_to_watch(self, name: str) -> bool:
         """The Slurm node is the Kubernetes node of the same name (identity mapping)."""

@@ -257,6 +257,13 @@ class Store(Protocol):
         """Every alert of the incident, first seen first (the engine's view; the API reads pages)."""
         ...
 
+    async def alerts_on(
+        self, nodes: Sequence[str], since: datetime, *, limit: int, other_than: str = ""
+    ) -> list[AlertRecord]:
+        """At most ``limit`` alerts of these nodes, whatever their incident, firing or started or
+        ended since ``since``, latest first; none named ``other_than``."""
+        ...
+
     async def events_of(self, incident_id: str) -> list[Event]: ...
     async def alerts_page(
         self, incident_id: str, *, limit: int, after: str | None = None
@@ -364,6 +371,15 @@ class Store(Protocol):
     async def set_switch(
         self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
     ) -> None: ...
+    async def memory(self, watch: str) -> dict[str, JsonObject]:
+        """What the alert source ``watch`` remembered between its looks, by key (``remember``)."""
+        ...
+
+    async def remember(self, watch: str, changed: Mapping[str, JsonObject | None], now: datetime) -> None:
+        """Store what ``watch`` remembers of each key in ``changed`` (``None``: forget it), in one
+        write; fenced like every engine write, so a deposed process keeps nothing."""
+        ...
+
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]: ...
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
         """Nodes of incidents admitted since ``since``: while active, and after they ended only

@@ -31,7 +31,7 @@ from bot.store.base import (
 )
 from bot.store.lease import Deposed
 from bot.store.reader import alert_cursor, alert_key, event_key
-from bot.store.sql import Dialect, Op, Stmt, T, one, rows, run
+from bot.store.sql import Dialect, Op, Stmt, T, many, one, rows, run
 
 ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
@@ -114,6 +114,19 @@ def alerts_of(incident_id: str) -> Op[list[AlertRecord]]:
     return [codec.alert_from(r) for r in found]
 
 
+def alerts_on(nodes: Sequence[str], since: datetime, limit: int, other_than: str) -> Op[list[AlertRecord]]:
+    if not nodes:
+        return []
+    marks = ", ".join("?" for _ in nodes)
+    found = yield rows(
+        f"{ALERTS} WHERE a.node IN ({marks}) AND a.alertname != ?"
+        " AND (a.status = 'firing' OR a.starts_at >= ? OR a.ends_at >= ?)"
+        " ORDER BY a.starts_at DESC, a.fingerprint LIMIT ?",
+        (*nodes, other_than, codec.ts(since), codec.ts(since), bounded(limit)),
+    )
+    return [codec.alert_from(r) for r in found]
+
+
 def alerts_page(incident_id: str, limit: int, after: str | None) -> Op[Page[AlertRecord]]:
     limit = bounded(limit)
     where, params = "incident_id = ?", [incident_id]
@@ -172,6 +185,29 @@ def approval(incident_id: str) -> Op[ApprovalRecord | None]:
         "SELECT * FROM approvals WHERE incident_id = ? ORDER BY requested_at DESC LIMIT 1", (incident_id,)
     )
     return codec.approval_from(row) if row else None
+
+
+def memory(watch: str) -> Op[dict[str, Any]]:
+    found = yield rows("SELECT key, value_json FROM watch_memory WHERE watch = ?", (watch,))
+    return {r["key"]: json.loads(r["value_json"]) for r in found}
+
+
+def remember(watch: str, changed: Mapping[str, Mapping[str, Any] | None], now: datetime) -> Op[None]:
+    gone = [(watch, key) for key, value in changed.items() if value is None]
+    kept = [
+        (watch, key, codec.dumps(dict(value)), codec.ts(now))
+        for key, value in changed.items()
+        if value is not None
+    ]
+    if gone:
+        yield many("DELETE FROM watch_memory WHERE watch = ? AND key = ?", gone)
+    if kept:
+        yield many(
+            "INSERT INTO watch_memory (watch, key, value_json, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (watch, key) DO UPDATE SET value_json = excluded.value_json,"
+            " updated_at = excluded.updated_at",
+            kept,
+        )
 
 
 def switch(name: str) -> Op[Mapping[str, Any] | None]:

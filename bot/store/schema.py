@@ -171,6 +171,18 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX incidents_closed ON incidents(closed_at) WHERE closed_at IS NOT NULL;
     CREATE INDEX outbox_incident ON outbox(incident_id);
     """,
+    # 6: what pitcrew's own alert sources remember between looks (bot.engine.memory): the Slurm
+    # watch's jobs per busy node, the hung-job watch's progress per job; kept across a restart or a
+    # change of leader, written by the leader only (fenced), each entry dropped by its watch.
+    """
+    CREATE TABLE watch_memory (
+        watch TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value_json TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (watch, key)
+    ) {without_rowid};
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

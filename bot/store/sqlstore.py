@@ -141,6 +141,11 @@ class SqlStore(ABC):
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         return [self._alert(a) for a in await self._read(queries.alerts_of(incident_id))]
 
+    async def alerts_on(
+        self, nodes: Sequence[str], since: datetime, *, limit: int, other_than: str = ""
+    ) -> list[AlertRecord]:
+        return [self._alert(a) for a in await self._read(queries.alerts_on(nodes, since, limit, other_than))]
+
     async def alerts_page(
         self, incident_id: str, *, limit: int, after: str | None = None
     ) -> Page[AlertRecord]:
@@ -168,6 +173,13 @@ class SqlStore(ABC):
 
     async def switch(self, name: str) -> Mapping[str, Any] | None:
         return await self._read(queries.switch(name))
+
+    async def memory(self, watch: str) -> dict[str, JsonObject]:
+        return await self._read(queries.memory(watch))
+
+    async def remember(self, watch: str, changed: Mapping[str, JsonObject | None], now: datetime) -> None:
+        if changed:
+            await self._write(lambda: queries.remember(watch, changed, now))
 
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]:
         return await self._read(queries.history(node, since, exclude))

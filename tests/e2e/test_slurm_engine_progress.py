@@ -11,6 +11,9 @@ Prometheus scrapes every second. Cases:
   ``failed``, with an ``escalation`` notice in the journal;
 * a job that hangs with no fault anywhere (``engine.hung_job_after``): exactly one notice naming
   the job, its node and its last progress, and Slurm is never touched;
+* the same hung job at a site that opted into ``requeue-hung-job``, on each backend: the job, and
+  only it, is requeued (``scontrol requeue``), its node keeps no reason and never leaves service,
+  and the restarted run's progress past the stall confirms it;
 * checkpoint before a planned drain (``checkpoint-reset-gpu`` on a pending row remap): the job is
   signalled, saves at once, the node goes DOWN, the job resumes from that checkpoint with 0 steps
   redone; the same playbook without the checkpoint step redoes every step since its last own
@@ -200,12 +203,80 @@ def test_a_hung_job_gets_exactly_one_notice_and_no_action(
     [notice] = told()
     words = " ".join([notice["title"], *notice["lines"]])
     assert job_id in words and "hangs" in words and node in words and "progress stands at 7" in words
+    assert "no other alert on its nodes in the last 1h" in words
     incident = server.incident(notice["incident_id"])
     assert (incident["node"], incident["playbook"]) == (node, "notify-only")
     assert not events(incident, "action")
     state, job = slurm.node(node), slurm.job(job_id)
     assert not state.reason and not state.down and not state.drained  # Slurm never touched
     assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
+
+
+# Hangs at step 7 on its first run; the requeued run trains (from step 0: the first run saved nothing).
+HUNG_THEN_TRAINS = """#!/bin/bash
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
+  exec {python} {train_job}
+fi
+mkdir -p "$PITCREW_JOB_DIR/metrics"
+f="$PITCREW_JOB_DIR/metrics/$SLURM_JOB_ID.prom"
+printf '{metric}{{job_id="%s",node="%s"}} 7\\n' "$SLURM_JOB_ID" "$SLURMD_NODENAME" > "$f.tmp"
+mv "$f.tmp" "$f"
+exec sleep 600
+"""
+
+
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
+def test_an_opted_in_site_requeues_the_hung_job_and_sees_it_train(
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    prometheus: Prometheus,
+    tmp_path: Path,
+    backend: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = start_pitcrew(
+        pitcrew_factory,
+        slurm,
+        f"hung-requeue-{backend}",
+        backend,
+        engine={"hung_job_after": "4s", "poll_interval": "1s"},
+        catalog={"overrides": {"job-hung": {"playbook": "requeue-hung-job"}}},
+        **progress_config(prometheus),
+    )
+    script = tmp_path / "hung.sh"
+    script.write_text(
+        HUNG_THEN_TRAINS.format(metric=METRIC, python=slurm.job_python, train_job=slurm.train_job)
+    )
+    job_id = slurm.submit(
+        "--requeue", "--open-mode=append", "--gres=gpu:h100:8", "--job-name=hangs", script=script
+    )
+    node = running_on(slurm, job_id).nodes[0]
+    wait_scraped(prometheus, job_id)
+
+    def told() -> list[dict[str, Any]]:
+        return notices(server.journal_records(), "incident")
+
+    wait_until(lambda: bool(told()), timeout=30, what="the hung-job notice")
+    [notice] = told()
+    incident_id = notice["incident_id"]
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=180)
+    assert final["state"] == "resolved", final["outcome"]
+    assert final["playbook"] == "requeue-hung-job"
+    [action] = events(final, "action")
+    assert action["data"]["action"] == "slurm_requeue" and action["data"]["job"] == job_id
+    [record] = step_result(final, "confirm_requeued")["jobs"]
+    assert (record["status"], record["restarts_before"], record["restarts_now"]) == ("resumed", 0, 1)
+    assert record["progress_before"] == 7 and record["progress_now"] > 7
+    state, job = slurm.node(node), slurm.job(job_id)
+    assert not state.reason and not state.down and not state.drained  # the node never left service
+    assert job is not None and job.state == "RUNNING" and job.restarts == 1
+    assert len(told()) == 1
+    show_figure(
+        capsys,
+        f"\n[hung job requeued, {backend}] job {job_id} {node} -> {record['new_nodes'][0]}: restarted "
+        f"{record['seconds_to_restart']:.2f}s after the requeue, progress {record['progress_now']:g} past "
+        f"the stall at {record['progress_before']:g} confirmed after {record['seconds_to_resumed']:.2f}s",
+    )
 
 
 CHECKPOINT_QUERY = f'max({CHECKPOINT_METRIC}{{job_id="{{job_id}}"}})'

@@ -12,7 +12,10 @@ Kubernetes node name = Slurm node name). Cases, each on both backends:
   restart count grown, no node list: without slurmdbd nothing Slurm serves says where it ran), so
   the incident follows the job the watch saw there at its last look before, and confirms it
   resumed elsewhere; a person's RESUME closes it. A job that may not be requeued ends NODE_FAIL:
-  the incident reports it lost, once, to humans.
+  the incident reports it lost, once, to humans;
+* the same DOWN while pitcrew is dead (SIGKILL after the watch saw the job, restarted once Slurm
+  took the job off the node): the watch's memory is in the store, so the incident still follows
+  the job and confirms it resumed.
 """
 
 from __future__ import annotations
@@ -138,6 +141,43 @@ def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resu
     [job] = step_result(incident, "confirm_resumed")["jobs"]
     assert (job["job_id"], job["status"], job["old_nodes"]) == (job_id, "resumed", [node]), job
     assert node not in job["new_nodes"] and job["restarts_now"] >= 1
+    assert slurm.node(node).reason == NHC_REASON  # Slurm's reason untouched
+
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+    assert final["state"] == "resolved", final["outcome"]
+
+
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
+def test_a_node_set_down_while_pitcrew_was_killed_still_names_its_jobs(
+    slurm: SlurmCluster, pitcrew_factory: Any, backend: str
+) -> None:
+    server = watching(pitcrew_factory, slurm, f"watch-killed-{backend}", backend)
+    job_id, node = training_on_a_node(slurm)
+    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    server.kill()
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
+    wait_until(
+        lambda: node not in getattr(slurm.job(job_id), "nodes", (node,)),
+        timeout=30,
+        interval=0.05,
+        what=f"Slurm taking job {job_id} off {node}",
+    )
+    server.start()
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
+    incident_id = found[0]["id"]
+    server.wait_event(incident_id, "job_running", timeout=90)
+    incident = server.incident(incident_id)
+    [recorded] = step_result(incident, "slurm_down")["jobs"]
+    assert (recorded["job_id"], recorded["nodes"], recorded["restarts"]) == (job_id, [node], 0)
+    [job] = step_result(incident, "confirm_resumed")["jobs"]
+    assert (job["job_id"], job["status"], job["old_nodes"]) == (job_id, "resumed", [node]), job
     assert slurm.node(node).reason == NHC_REASON  # Slurm's reason untouched
 
     slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")

@@ -6,7 +6,8 @@ it on the same store and runs the incident to its end. The far side must have se
 exactly once. ``reset_gpu`` and ``reboot`` have no far-side question to ask ("did my reset
 happen?"): they rely on the intent persisted before the call, and a restart that finds it
 unconfirmed assumes the call was made and says so in the timeline (``assumed_issued``).
-``slurm_down``, ``cordon``, ``drain`` and ``replace`` ask the far side instead.
+``slurm_down``, ``cordon``, ``drain`` and ``replace`` ask the far side instead; so does
+``requeue_job`` (the hung job's restart count grown, or the job pending, is the requeue made).
 
 The table covers every destructive step of the registry (a new one must be added here). And the
 other side: a repair call refused before it reached the far side leaves no intent, so the retry
@@ -15,14 +16,17 @@ issues it (once) and assumes nothing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.engine.steps import REGISTRY
-from tests.engine.harness import EngineHarness, Unconfirmed, transient
+from tests.engine.harness import EngineHarness, Unconfirmed, fleet, transient
+from tests.harness.scenarios import fault_delivery
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,11 @@ class Crash:
     made: tuple[str, str]
     fixture: str = "xid79-firing.json"
     harness: dict[str, Any] = field(default_factory=dict)
-    #: The restart took the intent as done without asking the far side.
+    #: The restart took the intent as done (without asking the far side, or as it answered).
     assumed: bool = False
+    #: Extra labels on every alert of the delivery, and the catalog fault it becomes (``fault_delivery``).
+    labels: dict[str, str] = field(default_factory=dict)
+    fault: tuple[str, str] | None = None
 
 
 NODE = "gpu-node-02"
@@ -57,6 +64,18 @@ CRASHES = {
         assumed=True,
     ),
     "replace": Crash("cluster", "replace", ("replace", NODE)),
+    "requeue_job": Crash(
+        "scheduler",
+        "requeue",
+        ("requeue", "101"),
+        harness={
+            "catalog": {"job-hung": {"playbook": "requeue-hung-job"}},
+            "inventory": fleet(jobs=({"job_id": "101", "name": "llm", "user": "dana", "node": NODE},)),
+        },
+        assumed=True,
+        labels={"slurm_job_id": "101"},
+        fault=("job-hung", "SlurmJobHung"),
+    ),
 }
 
 
@@ -70,7 +89,10 @@ async def test_a_crash_mid_call_never_repeats_the_call(case: Crash, tmp_path: Pa
     async with EngineHarness(tmp_path, **case.harness) as h:
         port = getattr(h, case.port)
         port.script(case.call, Unconfirmed(30))  # made at once; the answer never arrives
-        incident = await h.alert(NODE, case.fixture)
+        if case.fault is None:
+            incident = await h.alert(NODE, case.fixture)
+        else:
+            incident = await h.opens(_body(case, h.time.now()))
         await h.run_until(lambda: h.calls()[case.made] > 0, about=incident)
         assert (await h.steps(incident))[step].status == "running"
         await h.restart()  # pitcrew dies with the call made and unconfirmed
@@ -83,6 +105,16 @@ async def test_a_crash_mid_call_never_repeats_the_call(case: Crash, tmp_path: Pa
         result = (await h.steps(incident))[step].result
         if "issuing" in result:  # the repair steps' intent record
             assert (result["issued"], result["assumed"]) == (True, case.assumed), result
+
+
+def _body(case: Crash, starts: datetime) -> bytes:
+    """The delivery of a case whose alert is another catalog fault, with its extra labels."""
+    assert case.fault is not None
+    fault, alertname = case.fault
+    body: dict[str, Any] = json.loads(fault_delivery(fault, alertname=alertname, node=NODE, starts=starts))
+    for alert in body["alerts"]:
+        alert["labels"].update(case.labels)
+    return json.dumps(body).encode()
 
 
 @pytest.mark.parametrize("step", ["reset_gpu", "reboot", "replace"])

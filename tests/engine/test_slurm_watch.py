@@ -9,7 +9,10 @@ Cases:
 - Slurm unreachable: the poll gives up quietly and the next one tries again;
 - an outage names the jobs the watch saw on the node at its last look while it was in service (a
   DOWN by Slurm takes them off the node at once); a node already out at the first look names none;
-  only busy nodes in service have their jobs read.
+  only busy nodes in service have their jobs read;
+- that memory is kept in the store: a node Slurm takes out while pitcrew is down (the store closed,
+  a new process's watch on it) still names its jobs; a node back idle, or gone from Slurm's list,
+  is forgotten there too.
 """
 
 from __future__ import annotations
@@ -170,3 +173,36 @@ async def test_an_outage_names_the_jobs_seen_on_the_node_at_the_last_look_before
         [alert] = await store.alerts_of(incident_id)
         named[alert.node] = alert.annotations.get("slurm_jobs")
     assert named == {"gpu-001": "4711@1", "gpu-002": None}  # gpu-002 was out before the first look
+
+
+async def test_a_node_taken_out_during_a_restart_still_names_its_jobs(tmp_path: Path) -> None:
+    slurm, clock = FakeSlurm(), Clock()
+    train = JobSnapshot("4711", "train", "dana", "RUNNING", ("gpu-001",), 2)
+    other = replace(train, job_id="4712", nodes=("gpu-002",), restarts=0)
+    slurm.listed = [node("gpu-001", "ALLOCATED"), node("gpu-002", "MIXED"), node("gpu-003", "ALLOCATED")]
+    slurm.jobs = {"gpu-001": [train], "gpu-002": [other], "gpu-003": [replace(other, job_id="4713")]}
+    first = SqliteStore(tmp_path / "p.db", synchronous="off")
+    await first.open()
+    await watch(first, slurm, clock).poll()
+    await first.close()  # pitcrew stops (or dies: each look's memory is written before its alerts)
+
+    # Meanwhile a health check takes gpu-001 out and Slurm requeues its job; gpu-002 goes idle;
+    # gpu-003 leaves the cluster.
+    slurm.listed = [node("gpu-001", "IDLE", "DOWN", reason=NHC), node("gpu-002", "IDLE")]
+    slurm.jobs = {}
+    clock.now += timedelta(minutes=5)
+    second = SqliteStore(tmp_path / "p.db", synchronous="off")
+    await second.open()
+    try:
+        await watch(second, slurm, clock).poll()
+        [(incident_id, _, _)] = await second.active()
+        [alert] = await second.alerts_of(incident_id)
+        assert (alert.node, alert.annotations.get("slurm_jobs")) == ("gpu-001", "4711@2")
+        assert set(await second.memory("pitcrew-slurm-watch")) == {"gpu-001"}  # held while it is out
+
+        slurm.listed = [node("gpu-001", "IDLE"), node("gpu-002", "IDLE")]  # returned by a person
+        clock.now += timedelta(seconds=3)
+        await watch(second, slurm, clock).poll()
+        assert await second.memory("pitcrew-slurm-watch") == {}
+    finally:
+        await second.close()

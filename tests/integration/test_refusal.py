@@ -167,6 +167,7 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
                     "reset-gpu",
                     "reboot-node",
                     "replace-node",
+                    "requeue-hung-job",
                 )
             },
         },

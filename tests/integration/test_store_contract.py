@@ -5,7 +5,7 @@ and through ``ingest``; a resolve marks the alert and is never undone by a stale
 another startsAt is another alert of the same incident; an alert without a node is kept and
 opens nothing; a second node opens a second incident, numbered in order); the incident's life
 (plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
-nodes in remediation); the timeline (pages with cursors, ``events_since``) and the audit log's
+nodes in remediation); what a watch remembers; the timeline (pages with cursors, ``events_since``) and the audit log's
 refusal of UPDATE and DELETE in the database itself; approvals decided once; a rollback recorded
 once; switches; the outbox (enqueue with the event in one transaction, routed events and their
 wake, attempt, defer, delivered, references and links); two views of one database see each
@@ -228,6 +228,42 @@ async def test_alert_pages(stores: Stores) -> None:
     assert [a.fingerprint for a in second.items] == ["fp02", "fp03", "fp04"] and second.next is None
 
 
+async def test_the_alerts_of_some_nodes_latest_first(stores: Stores) -> None:
+    """What a hung-job notice names: the nodes' alerts firing, or started or ended since the window's
+    start, whatever their incident, latest first, bounded, none of the excluded name."""
+    store = await stores.open()
+    hour = timedelta(hours=1)
+    ended = [_alert(fp, "gpu-001", starts=T0 - 3 * hour) for fp in ("old", "gone")]  # end at T0+5m
+    stuck = _alert("stuck", "gpu-002", starts=T0 - 5 * hour)  # still firing: always shown
+    recent = [_alert(f"r{n}", "gpu-001", starts=T0 + timedelta(minutes=n)) for n in range(3)]
+    elsewhere = _alert("elsewhere", "gpu-003", starts=T0)
+    for alert in (*ended, stuck, *recent, elsewhere):
+        await store.ingest(_delivery(alert), T0)
+    for fp in ("old", "gone"):
+        await store.ingest(_delivery(_alert(fp, "gpu-001", starts=T0 - 3 * hour, status="resolved")), T0)
+    found = await store.alerts_on(("gpu-001", "gpu-002"), T0, limit=10)
+    assert [a.fingerprint for a in found] == ["r2", "r1", "r0", "gone", "old", "stuck"]
+    assert [a.status for a in found[3:5]] == ["resolved", "resolved"]
+    later = await store.alerts_on(("gpu-001",), T0 + hour, limit=10)  # the two ended before it
+    assert [a.fingerprint for a in later] == ["r2", "r1", "r0"]
+    assert [a.fingerprint for a in await store.alerts_on(("gpu-001",), T0, limit=2)] == ["r2", "r1"]
+    assert await store.alerts_on(("gpu-001", "gpu-002"), T0, limit=10, other_than="GpuXid") == []
+    assert await store.alerts_on((), T0, limit=10) == []
+
+
+async def test_what_a_watch_remembers(stores: Stores) -> None:
+    """Entries by watch and key: written, changed, forgotten (``None``) in one write each; another
+    watch's are its own."""
+    store = await stores.open()
+    assert await store.memory("slurm") == {}
+    await store.remember("slurm", {"gpu-001": {"jobs": ["4711"]}, "gpu-002": {"jobs": []}}, T0)
+    await store.remember("hung", {"4711": {"value": 7.0}}, T0)
+    await store.remember("slurm", {"gpu-001": {"jobs": ["4712"]}, "gpu-002": None, "gpu-404": None}, T0)
+    await store.remember("slurm", {}, T0)  # nothing changed: nothing written
+    assert await store.memory("slurm") == {"gpu-001": {"jobs": ["4712"]}}
+    assert await store.memory("hung") == {"4711": {"value": 7.0}}
+
+
 async def test_approvals_are_decided_once_and_rollbacks_recorded_once(stores: Stores) -> None:
     store = await stores.open()
     (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
@@ -414,6 +450,7 @@ EXPECTED_COLUMNS = {
     ),
     "outbox_refs": sorted(["destination", "key", "ref", "updated_at"]),
     "leadership": sorted(["id", "holder", "epoch", "acquired_at", "renewed_at", "expires_at"]),
+    "watch_memory": sorted(["watch", "key", "value_json", "updated_at"]),
 }
 
 

@@ -173,10 +173,13 @@ async def test_a_fenced_write_commits_only_for_the_holder_of_the_epoch(pair: Pai
         await fenced.record(None, NewEvent("note", detail="after the takeover"), pair.clock.now)
     with pytest.raises(Deposed):
         await fenced.set_outbox_ref("slack", "k", "v", pair.clock.now)
+    with pytest.raises(Deposed):  # what a watch remembers is the leader's alone
+        await fenced.remember("pitcrew-slurm-watch", {"gpu-001": {"jobs": []}}, pair.clock.now)
     assert len(told) == 1  # told once: the leadership steps down
     details = [e.detail for e in await pair.b.events_since(0)]
     assert details == ["while leading"]  # nothing of the deposed side committed
     assert await pair.a.outbox_ref("slack", "k") is None
+    assert await pair.b.memory("pitcrew-slurm-watch") == {}
 
     # Unfenced writes (webhooks, commands) go on in every process.
     await pair.a.record(None, NewEvent("note", detail="a command on the old leader"), pair.clock.now)

@@ -3,7 +3,9 @@
 Cases: the flat clock starts at the first sample and restarts whenever the value changes (up, or down
 after a restart from a checkpoint); no sample forgets; a job is hung only after the full time with a
 value; the alert's identity is the job and the moment progress stopped (the same stall is one alert, a
-new stall is another), on the job's first node, and its words name the job, nodes and last progress.
+new stall is another), on the job's first node, and its words name the job, nodes and last progress;
+the other alerts on its nodes are named, latest first, at most five and each cut short, the rest
+said to exist, and none is a sentence of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +14,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bot.domain.hung import HUNG_FAULT, Progress, hung_job, is_hung, observe
+from bot.domain.hung import (
+    HUNG_FAULT,
+    SIGNAL_LIMIT,
+    Progress,
+    Signal,
+    hung_job,
+    is_hung,
+    observe,
+    signal_words,
+)
 from bot.domain.jobs import JobSnapshot
 
 T0 = datetime(2026, 12, 2, 1, 0, tzinfo=UTC)
@@ -68,4 +79,20 @@ def test_one_stall_is_one_alert_a_new_stall_another() -> None:
     assert all(
         part in words for part in ("101", "llm-pretrain", "dana", "gpu-node-02, gpu-node-03", "1200", "30m")
     )
-    assert "changes nothing" in words
+    assert "no other alert on its nodes in the last 1h" in words
+
+
+def test_the_other_alerts_on_its_nodes_are_named_and_bounded() -> None:
+    xid = Signal("GpuXidError", "gpu-node-03", "xid:13", True, T0 + 5 * MIN)
+    port = Signal("NodeInfinibandLinkFlapping", "gpu-node-02", "", False, T0 + 7 * MIN)
+    words = hung_job(JOB, Progress(1200.0, T0), T0 + HALF_HOUR, (xid, port)).annotations["description"]
+    assert (
+        "other alerts on its nodes (last 1h): GpuXidError (xid:13) on gpu-node-03 firing since 01:05 UTC;"
+        in words
+    )
+    assert "NodeInfinibandLinkFlapping on gpu-node-02 at 01:07 UTC" in words
+    many = [Signal("A" * 200, "gpu-node-02", "d" * 200, True, T0)] * (SIGNAL_LIMIT + 3)
+    text = signal_words(many)
+    assert text.count("on gpu-node-02") == SIGNAL_LIMIT and text.endswith(" and more")
+    assert "A" * 60 not in text and "A" * 59 + "…" in text
+    assert len(text) < 1000  # one notice line, far inside Slack's 3000 characters a section holds

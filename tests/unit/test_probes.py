@@ -98,3 +98,14 @@ def test_a_scheduler_that_cannot_requeue_is_named_for_slinky_too(tmp_path: Path)
         [line] = unable(config, [refused])  # the shipped playbooks DRAIN and need it either way
         assert ("take-out" in line) is named, (mapping, line)
         assert "v0.0.38" in line
+
+
+def test_a_scheduler_that_cannot_requeue_is_named_for_a_hung_job_playbook_in_use() -> None:
+    """requeue_job always requeues: ``requeue-hung-job`` is named once a site gives it to job-hung,
+    and not while it is only shipped."""
+    refused = Checked(("scheduler",), Probe("slurm", True, "ok", unable=(("requeue", "v0.0.42"),)), True)
+    shipped = load_config(mode="auto")
+    assert not [line for line in unable(shipped, [refused]) if "requeue-hung-job" in line]
+    opted = load_config(mode="auto", catalog={"overrides": {"job-hung": {"playbook": "requeue-hung-job"}}})
+    [line] = [line for line in unable(opted, [refused]) if "requeue-hung-job" in line]
+    assert "for a hung job: v0.0.42" in line

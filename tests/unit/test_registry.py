@@ -54,7 +54,8 @@ def test_the_registry_holds_the_vocabulary_of_the_shipped_playbooks() -> None:
     assert REGISTRY.problems(shipped) == []
     used = {spec.step for p in shipped.playbooks.values() for spec in p.steps}
     assert used == set(REGISTRY)
-    assert [n for n, s in REGISTRY.items() if s.track is Track.JOB] == ["capacity", "confirm_resumed"]
+    job_track = sorted(n for n, s in REGISTRY.items() if s.track is Track.JOB)
+    assert job_track == ["capacity", "confirm_requeued", "confirm_resumed"]
     assert {n for n, s in REGISTRY.items() if s.reversible} == {"slurm_down", "capacity", "cordon", "replace"}
 
 

@@ -8,17 +8,17 @@ back, humans are told, with the time it took.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from bot.domain.durations import format_duration
 from bot.domain.incident import State
-from bot.domain.jobs import ResumeVerdict, judge_resumption
+from bot.domain.jobs import JobSnapshot, ResumeVerdict, judge_resumption
 from bot.engine.context import Done, StepContext, StepResult, Wait
 from bot.engine.ports import Notice
 from bot.engine.registry import REGISTRY, Track
@@ -93,6 +93,9 @@ class ConfirmResumedResult(StepResult):
     announced: bool = False
 
 
+C = TypeVar("C", bound=ConfirmResumedResult)
+
+
 @REGISTRY.step(
     ConfirmResumedResult,
     state=State.VERIFYING,
@@ -105,13 +108,34 @@ class ConfirmResumedResult(StepResult):
 )
 async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[ConfirmResumedResult] | Wait:
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
-    jobs = down.jobs or ()
-    if not jobs:
+    if not down.jobs:
         return Done(replace(ctx.progress, confirmed_at=ctx.clock()), "no Slurm job was running on the node")
     # A node pitcrew returned to service was repaired: a job running there again has resumed.
     back = await ctx.result(SlurmResumeResult)
     returned = set(back.resumed) if back else set()
     faulty = [n for n in (down.slurm_nodes or (ctx.node,)) if n not in returned]
+    verdicts = await judge_jobs(
+        ctx, down.jobs, faulty, down.progress_before, down.taken_out_at, node_out=True
+    )
+    if isinstance(verdicts, Wait):
+        return verdicts
+    resumed = sum(o.verdict.status == "resumed" for o in verdicts.result.jobs)
+    return Done(verdicts.result, f"{resumed} of {len(verdicts.result.jobs)} job(s) running again elsewhere")
+
+
+async def judge_jobs(
+    ctx: StepContext[C],
+    jobs: Sequence[JobSnapshot],
+    faulty: Sequence[str],
+    progress_before: Mapping[str, float | None],
+    out_at: datetime | None,
+    *,
+    node_out: bool,
+) -> Done[C] | Wait:
+    """Judge each interrupted job (``judge_resumption``) until none is waiting: reports a lost job
+    once, and tells humans when training is back. Shared by every step of the job track that proves
+    jobs ran again: after the node went out (``node_out``: a job back on it runs on the repaired
+    node), after a job alone was requeued."""
     query = ctx.settings.resumption.progress_query
     first_seen = dict(ctx.progress.resumed_at)
     reported = list(ctx.progress.reported)
@@ -131,7 +155,7 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
             job,
             now_snapshot,
             faulty,
-            progress_before=down.progress_before.get(job.job_id),
+            progress_before=progress_before.get(job.job_id),
             progress_at_restart=at_restart.get(job.job_id),
             progress_now=progress_now,
             progress_required=bool(query) and ctx.settings.resumption.require_progress,
@@ -151,7 +175,7 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
                 )
             )
         restarted = now_snapshot.start_time if now_snapshot is not None else None
-        outcomes.append(_outcome(verdict, down, restarted, first_seen.get(job.job_id)))
+        outcomes.append(_outcome(verdict, out_at, restarted, first_seen.get(job.job_id), repaired=node_out))
     progress = replace(
         ctx.progress,
         resumed_at=first_seen,
@@ -164,14 +188,13 @@ async def confirm_resumed(ctx: StepContext[ConfirmResumedResult]) -> Done[Confir
     if pending:
         return Wait(ctx.poll, "; ".join(f"{v.job_id}: {v.detail}" for v in pending))
     done = replace(progress, jobs=tuple(outcomes), confirmed_at=ctx.clock())
-    resumed = sum(o.verdict.status == "resumed" for o in outcomes)
-    if not done.announced and resumed:
+    if not done.announced and any(o.verdict.status == "resumed" for o in outcomes):
         await _announce(ctx, done)
         done = replace(done, announced=True)
-    return Done(done, f"{resumed} of {len(outcomes)} job(s) running again elsewhere")
+    return Done(done)
 
 
-async def _announce(ctx: StepContext[ConfirmResumedResult], result: ConfirmResumedResult) -> None:
+async def _announce(ctx: StepContext[C], result: ConfirmResumedResult) -> None:
     """Training is back: tell humans now, not when the node track ends."""
     start = ctx.incident.opened_at  # the first delivery, as every pitcrew duration
     took = max(((result.confirmed_at or ctx.clock()) - start).total_seconds(), 0.0)
@@ -198,16 +221,19 @@ async def _announce(ctx: StepContext[ConfirmResumedResult], result: ConfirmResum
 
 def _outcome(
     verdict: ResumeVerdict,
-    down: SlurmDownResult,
+    down_at: datetime | None,
     restarted: datetime | None,
     resumed_at: datetime | None,
+    *,
+    repaired: bool,
 ) -> JobOutcome:
-    """One job's verdict with when the node went out, Slurm started it again, pitcrew saw it back."""
-    down_at = down.taken_out_at
+    """One job's verdict with when the node (or job) went out, Slurm started it again, pitcrew saw it back."""
     if verdict.status != "resumed" or verdict.restarts_now <= verdict.restarts_before:
         restarted = None  # the start time of a run that is not the restarted one
     if verdict.status == "resumed" and set(verdict.new_nodes) & set(verdict.old_nodes):
-        verdict = replace(verdict, detail="running again on the repaired node")
+        # On a node that was out: it was repaired. On a node that never was (a requeued job): back where it ran.
+        where = "on the repaired node" if repaired else "on the same node"
+        verdict = replace(verdict, detail=f"running again {where}")
 
     def since_down(moment: datetime | None) -> float | None:
         return round((moment - down_at).total_seconds(), 3) if moment and down_at else None
