@@ -6,7 +6,8 @@ the embedded default. The schema, every query and every method of the port are S
 dialect by ``bot.store.sql``; this module is only how they run here: a pool, one transaction per
 write under the write lock, webhook deliveries many to a transaction (``bot.store.group_commit``:
 one commit for every delivery waiting, as SQLite's writer does) on a connection in a thread of
-their own (``_Deliveries``), and the migration bookkeeping.
+its own where every write under the write lock commits (``_Writes``), and the migration
+bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
 (``mypy --strict`` checks every call against it), ``executemany`` sends a batch's rows in one
@@ -82,7 +83,7 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 
 
 def _drive_sync(conn: SyncConn, op: Op[T]) -> Driving[T]:
-    """``_drive`` on a connection of a thread of its own (the deliveries', ``_Deliveries``)."""
+    """``_drive`` on the connection of the writes' own thread (``_Writes``)."""
     driving = Driving(op, POSTGRES)
     for sql, params, stmt in driving:
         if stmt.kind == "many":
@@ -98,31 +99,37 @@ def _drive_sync(conn: SyncConn, op: Op[T]) -> Driving[T]:
     return driving
 
 
-class _Deliveries:
-    """The connection webhook deliveries are committed on, in a thread of its own, as SQLite's
-    writer runs its transactions: a batch is a dozen statements, and issued through the asyncio
-    driver each had to wait for the event loop to come round again between them — under load
-    (the engine's reads and writes keeping the loop busy) that made every delivery wait tens of
-    milliseconds. Here the loop hands a batch over once and hears back once. The connection is
-    made on first use and again after the database dropped it."""
+class _Writes:
+    """The connection every write under the write lock commits on (webhook deliveries, a batch at
+    a time, and the engine's writes), in a thread of its own, as SQLite's writer runs its
+    transactions: a transaction is up to a dozen statements, and issued through the asyncio driver
+    each had to wait for the event loop to come round again between them — under load (the
+    engine's reads keeping the loop busy) every delivery waited tens of milliseconds, and every
+    other writer of every replica waited as long for the write lock. Here the loop hands a
+    transaction over once and hears back once. The connection is made on first use and again
+    after the database dropped it."""
 
     def __init__(self, url: str, kwargs: dict[str, Any], where: str) -> None:
         self._url, self._kwargs, self._where = url, kwargs, where
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-deliveries")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writes")
         self._conn: SyncConn | None = None
 
-    async def run(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """One transaction under the write lock, or its shared mode (see ``bot.store.group_commit``)."""
+    async def drive(self, op: Op[T], *, exclusive: bool = True) -> Driving[T]:
+        """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
+        deliveries, ``bot.store.group_commit``)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, op, exclusive)
 
-    def _run(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+    async def deliveries(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        return (await self.drive(op, exclusive=exclusive)).result
+
+    def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
         lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
             with self._conn.transaction():
                 self._conn.execute(f"SELECT {lock}(%s)", (_WRITE_LOCK,))
-                return _drive_sync(self._conn, op).result
+                return _drive_sync(self._conn, op)
         except psycopg.OperationalError as exc:
             self._drop()
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
@@ -151,9 +158,10 @@ class _Shared:
     pool: AsyncConnectionPool[Conn] | None = None
     #: How the pool connects (``release_lease`` connects the same way, on its own).
     kwargs: dict[str, Any] = field(default_factory=dict)
-    #: Webhook deliveries, many to a transaction (``bot.store.group_commit``), on their connection.
+    #: Webhook deliveries, many to a transaction (``bot.store.group_commit``).
     deliveries: GroupCommit | None = None
-    connection: _Deliveries | None = None
+    #: Where every write under the write lock commits.
+    writes: _Writes | None = None
 
 
 class PostgresStore(SqlStore):
@@ -212,8 +220,8 @@ class PostgresStore(SqlStore):
         except BaseException:
             await self.close()
             raise
-        self._shared.connection = _Deliveries(self.url, kwargs, self._where())
-        self._shared.deliveries = GroupCommit(self._shared.connection.run)
+        self._shared.writes = _Writes(self.url, kwargs, self._where())
+        self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
 
     def _where(self) -> str:
@@ -223,13 +231,13 @@ class PostgresStore(SqlStore):
     async def close(self) -> None:
         """Commit the deliveries queued, then close the pool, whatever happens."""
         deliveries, self._shared.deliveries = self._shared.deliveries, None
-        connection, self._shared.connection = self._shared.connection, None
+        writes, self._shared.writes = self._shared.writes, None
         try:
             if deliveries is not None:
                 await deliveries.stop()
         finally:
-            if connection is not None:
-                await connection.close()
+            if writes is not None:
+                await writes.close()
             pool, self._shared.pool = self._shared.pool, None
             if pool is not None:
                 await pool.close()
@@ -284,10 +292,10 @@ class PostgresStore(SqlStore):
             return (await _drive(conn, op)).result
 
     async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """One transaction under the write lock (see the module's docstring)."""
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
-            driven = await _drive(conn, make())
+        """One transaction under the write lock (see the module's docstring), on ``_Writes``."""
+        if self._shared.writes is None:
+            raise StoreUnavailable("store is not open")
+        driven = await self._shared.writes.drive(make())
         return driven.result, driven.wakes
 
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
