@@ -3,7 +3,8 @@ survives a crash, and nothing of pitcrew.
 
 Each delivery is parsed as JSON, queued, and answered 200 only once the transaction holding it
 committed. One writer takes what is queued (up to ``BATCH`` deliveries: group commit, as
-pitcrew's writer does) and commits it in one transaction into one table — on SQLite (WAL,
+pitcrew's SQLite writer and its Postgres deliveries, ``bot.store.group_commit``, do) and commits
+it in one transaction into one table — on SQLite (WAL,
 ``synchronous`` as pitcrew's store is run) or on PostgreSQL (one connection, ``executemany``
 in a pipeline). Its throughput is the honest limit of an acknowledgement that survives a
 crash on that database; pitcrew's ratio to it is the figure the ingest benchmark reports.
@@ -24,7 +25,8 @@ from pathlib import Path
 import psycopg
 from aiohttp import web
 
-BATCH = 64
+from bot.store.group_commit import BATCH  # as many deliveries to a commit as pitcrew on Postgres
+
 TABLE = "CREATE TABLE IF NOT EXISTS deliveries (id INTEGER PRIMARY KEY, body TEXT NOT NULL)"
 PG_TABLE = "CREATE TABLE IF NOT EXISTS deliveries (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)"
 

@@ -240,7 +240,9 @@ def main() -> None:
     parser.add_argument("--resolved-share", type=float, default=0.02, help="share of resolutions")
     parser.add_argument("--rate", type=float, default=500.0, help="offered load (deliveries/s) for latency")
     parser.add_argument(
-        "--stores", default="sqlite,postgres", help="sqlite, or sqlite,postgres (a throwaway cluster)"
+        "--stores",
+        default="sqlite,postgres",
+        help="sqlite, postgres (a throwaway cluster) or both; the bare handler runs always",
     )
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -288,8 +290,9 @@ def main() -> None:
             }
 
         run(BARE, [([sys.executable, __file__, "--serve-bare", "{port}"], None)])
-        run(DURABLE_SQLITE, [([*durable, "{port}", "sqlite", f"{tmp}/durable.db", sync], None)])
-        run(CREW, [(serve, crew({}))])
+        if "sqlite" in args.stores:
+            run(DURABLE_SQLITE, [([*durable, "{port}", "sqlite", f"{tmp}/durable.db", sync], None)])
+            run(CREW, [(serve, crew({}))])
         if "postgres" in args.stores:
             from proving_ground.postgres import running_postgres
 

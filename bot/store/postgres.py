@@ -4,7 +4,10 @@ Selected by ``store.url: postgresql://…`` (password from ``store.password_file
 the embedded default. The schema, every query and every method of the port are SQLite's too
 (``bot.store.schema``, ``queries``, ``ingest``, ``outbox``, ``sqlstore``), rendered in Postgres's
 dialect by ``bot.store.sql``; this module is only how they run here: a pool, one transaction per
-write under the write lock, and the migration bookkeeping.
+write under the write lock, webhook deliveries many to a transaction (``bot.store.group_commit``:
+one commit for every delivery waiting, as SQLite's writer does) on a connection in a thread of
+its own where every write under the write lock commits (``_Writes``), and the migration
+bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
 (``mypy --strict`` checks every call against it), ``executemany`` sends a batch's rows in one
@@ -16,7 +19,8 @@ replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on o
 incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never race for one
 node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
 skips an event that commits late with a lower number. pitcrew writes a few transactions per
-alert; one lock costs little beside a round trip. A fenced write also locks the leadership row
+alert, and deliveries take it once a batch; a batch of repeat deliveries only counts, under the
+lock's shared mode. A fenced write also locks the leadership row
 ``FOR SHARE`` in its transaction: a takeover's UPDATE waits until it commits, and after a
 takeover the check finds another epoch and raises ``Deposed`` with nothing written. The lease's
 own writes take no advisory lock (a renewal never waits behind a long ingest); their times are the
@@ -26,7 +30,9 @@ database's ``now()``, whatever the replicas' clocks say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,16 +44,17 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot import logger
-from bot.domain.alerts import AlertStatus, dedupe_key
-from bot.store import codec, queries
+from bot.domain.alerts import AlertStatus
+from bot.store import queries
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
-from bot.store.ingest import bump_seen, ingest, known_keys
+from bot.store.group_commit import GroupCommit, Result
 from bot.store.schema import SCHEMA_VERSION, migrations
 from bot.store.sql import POSTGRES, Driving, Op, T, one, single
 from bot.store.sqlstore import SqlStore
 
 log = logger(__name__)
 Conn = psycopg.AsyncConnection[DictRow]
+SyncConn = psycopg.Connection[DictRow]
 
 #: Advisory lock keys: every write transaction, and schema migration at start.
 _WRITE_LOCK = 0x7069_7463
@@ -78,6 +85,69 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     return driving
 
 
+def _drive_sync(conn: SyncConn, op: Op[T]) -> Driving[T]:
+    """``_drive`` on the connection of the writes' own thread (``_Writes``)."""
+    driving = Driving(op, POSTGRES)
+    for sql, params, stmt in driving:
+        if stmt.kind == "many":
+            if stmt.params:
+                with conn.cursor() as cursor:
+                    cursor.executemany(sql, stmt.params)
+            continue
+        cursor = conn.execute(sql, params)
+        if stmt.kind == "run":
+            driving.answer = cursor.rowcount
+        else:
+            driving.answer = cursor.fetchall() if stmt.kind == "all" else cursor.fetchone()
+    return driving
+
+
+class _Writes:
+    """The connection every write under the write lock commits on (webhook deliveries, a batch at
+    a time, and the engine's writes), in a thread of its own, as SQLite's writer runs its
+    transactions: a transaction is up to a dozen statements, and issued through the asyncio driver
+    each had to wait for the event loop to come round again between them — under load (the
+    engine's reads keeping the loop busy) every delivery waited tens of milliseconds, and every
+    other writer of every replica waited as long for the write lock. Here the loop hands a
+    transaction over once and hears back once. The connection is made on first use and again
+    after the database dropped it."""
+
+    def __init__(self, url: str, kwargs: dict[str, Any], where: str) -> None:
+        self._url, self._kwargs, self._where = url, kwargs, where
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writes")
+        self._conn: SyncConn | None = None
+
+    async def drive(self, op: Op[T], *, exclusive: bool = True) -> Driving[T]:
+        """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
+        deliveries, ``bot.store.group_commit``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, op, exclusive)
+
+    async def deliveries(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        return (await self.drive(op, exclusive=exclusive)).result
+
+    def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
+        lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
+            with self._conn.transaction():
+                self._conn.execute(f"SELECT {lock}(%s)", (_WRITE_LOCK,))
+                return _drive_sync(self._conn, op)
+        except psycopg.OperationalError as exc:
+            self._drop()
+            raise StoreUnavailable(f"{self._where}: {exc}") from exc
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop)
+        self._executor.shutdown(wait=True)
+
+
 def read_password(path: Path) -> str:
     """The password in ``store.password_file`` (its first line: a Kubernetes Secret's file)."""
     lines = path.read_text().splitlines()
@@ -91,6 +161,10 @@ class _Shared:
     pool: AsyncConnectionPool[Conn] | None = None
     #: How the pool connects (``release_lease`` connects the same way, on its own).
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Webhook deliveries, many to a transaction (``bot.store.group_commit``).
+    deliveries: GroupCommit | None = None
+    #: Where every write under the write lock commits.
+    writes: _Writes | None = None
 
 
 class PostgresStore(SqlStore):
@@ -149,15 +223,27 @@ class PostgresStore(SqlStore):
         except BaseException:
             await self.close()
             raise
+        self._shared.writes = _Writes(self.url, kwargs, self._where())
+        self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
+        self._shared.deliveries.start()
 
     def _where(self) -> str:
         info = psycopg.conninfo.conninfo_to_dict(self.url)
         return f"postgresql://{info.get('host', '')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
     async def close(self) -> None:
-        pool, self._shared.pool = self._shared.pool, None
-        if pool is not None:
-            await pool.close()
+        """Commit the deliveries queued, then close the pool, whatever happens."""
+        deliveries, self._shared.deliveries = self._shared.deliveries, None
+        writes, self._shared.writes = self._shared.writes, None
+        try:
+            if deliveries is not None:
+                await deliveries.stop()
+        finally:
+            if writes is not None:
+                await writes.close()
+            pool, self._shared.pool = self._shared.pool, None
+            if pool is not None:
+                await pool.close()
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Conn]:
@@ -205,14 +291,17 @@ class PostgresStore(SqlStore):
 
     # ------------------------------------------------------------------ drivers
     async def _read(self, op: Op[T]) -> T:
-        async with self._conn() as conn, conn.transaction():  # one snapshot for a read of several queries
+        """Each statement on its own (autocommit): at Postgres's READ COMMITTED, statements inside
+        one transaction see a snapshot each as well, and a BEGIN and a COMMIT around every read
+        were two more round trips (most of the engine's reads are one statement)."""
+        async with self._conn() as conn:
             return (await _drive(conn, op)).result
 
     async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """One transaction under the write lock (see the module's docstring)."""
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
-            driven = await _drive(conn, make())
+        """One transaction under the write lock (see the module's docstring), on ``_Writes``."""
+        if self._shared.writes is None:
+            raise StoreUnavailable("store is not open")
+        driven = await self._shared.writes.drive(make())
         return driven.result, driven.wakes
 
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
@@ -236,26 +325,18 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
 
     # ------------------------------------------------------------------ ingest
+    def _group(self) -> GroupCommit:
+        if self._shared.deliveries is None:
+            raise StoreUnavailable("store is not open")
+        return self._shared.deliveries
+
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
-        """One transaction: the delivery worked out and written as SQLite's writer does it."""
-        [outcome] = await self._write(lambda: ingest([(delivery, now)], {}), fence=False)
-        return outcome
+        """Worked out and written as SQLite's writer does it, in the next batch's transaction."""
+        return await self._group().ingest(delivery, now)
 
     async def count_repeats(
         self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
     ) -> int | None:
-        """If every alert is already stored in the same status, count the delivery (one transaction)
-        and return how many alerts it had; else ``None`` and nothing is counted."""
-        keys = [dedupe_key(fingerprint, starts_at) for fingerprint, starts_at, _ in alerts]
-        stamp = codec.ts(now)
-
-        def op() -> Op[int | None]:
-            known = yield from known_keys(keys)
-            for key, (_, _, status) in zip(keys, alerts, strict=True):
-                state = known.get(key)
-                if state is None or (state[0] == "firing" and status == "resolved"):
-                    return None
-            yield bump_seen([(stamp, 1, *key) for key in keys])
-            return len(keys)
-
-        return await self._write(op, fence=False)
+        """If every alert is already stored in the same status, count the delivery (committed with
+        the next batch) and return how many alerts it had; else ``None`` and nothing is counted."""
+        return await self._group().repeats(alerts, now)

@@ -146,6 +146,10 @@ class Writer:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             self._task = self._checkpoints = self._probing = None
+            if self.seen and self._conn is not None:
+                # Counted after the writer's last flush (its queue may drain before it flushes
+                # again): repeats that were answered 200 reach the disk before it closes.
+                await self._flush(loop)
             # A unit submitted while the writer stopped was never run: its caller hears so
             # instead of waiting for a commit that will not come.
             while not self._queue.empty():

