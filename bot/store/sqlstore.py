@@ -355,11 +355,13 @@ class SqlStore(ABC):
     # ------------------------------------------------------------------ retention
     async def prune(self, before: datetime, *, batch: int = retention.BATCH) -> retention.Pruned:
         """Remove what ``bot.store.retention`` says is past ``before``, one bounded transaction at a
-        time (each fenced: only the leader prunes), each sized to take about ``retention.BUDGET``
-        and followed by a pause as long as it took times ``retention.PACE``; the rows removed."""
+        time (each fenced: only the leader prunes), each after the writes queued before it
+        (``_turn``), sized so its statements take about ``retention.BUDGET`` and followed by a
+        pause as long as the whole write took times ``retention.PACE``; the rows removed."""
         total = retention.Pruned()
         size = batch
         while True:
+            await self._turn()
             started = time.monotonic()
             done = await self._write(partial(retention.prune_batch, before, size))
             took = time.monotonic() - started
@@ -367,11 +369,14 @@ class SqlStore(ABC):
             total.add(done)
             if not done.more:
                 return total
-            if took > retention.BUDGET:
+            if done.took > retention.BUDGET:
                 size = max(min(retention.MIN_BATCH, batch), size // 2)
-            elif took < retention.BUDGET / 2:
+            elif done.took < retention.BUDGET / 2:
                 size = min(batch, size * 2)
             await asyncio.sleep(took * retention.PACE)
+
+    async def _turn(self) -> None:  # noqa: B027 - a hook, nothing by default
+        """Wait (at most ``retention.YIELD``) for the writes already waiting to go first."""
 
     def _pruned(self, done: retention.Pruned) -> None:  # noqa: B027 - a hook, nothing by default
         """What a store keeps beside the database about rows now gone (SQLite's key cache)."""
