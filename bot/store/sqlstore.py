@@ -160,6 +160,16 @@ class SqlStore(ABC):
     async def events_since(self, seq: int, limit: int = 1000) -> list[Event]:
         return await self._read(queries.events_since(seq, limit))
 
+    async def audit_log(
+        self,
+        *,
+        after: int = 0,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        return await self._read(queries.audit_log(after, since, until, limit))
+
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]:
         return await self._read(queries.steps_of(incident_id))
 
