@@ -1,4 +1,4 @@
-"""``pitcrew`` command line: serve, check-config, plan (dry run), catalog, incidents, commands.
+"""``pitcrew`` command line: serve, check-config, plan (dry run), catalog, incidents, audit export, commands.
 
 Commands that change state (approve, reject, rollback, pause, resume, breaker reset) go
 through the running server's command API so the engine acts on them at once and the
@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +322,51 @@ def _incidents(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Events read from the store at a time by ``pitcrew audit export``.
+AUDIT_PAGE = 1000
+
+
+def _instant(text: str) -> datetime:
+    """``--since``/``--until``: an ISO 8601 date or time; one without an offset is UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"an ISO 8601 date or time (2026-06-01, 2026-06-01T12:00:00+02:00), not {text!r}"
+        ) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    """Stream the audit log as JSON lines (one event a line, oldest first) to stdout, page by page
+    through the store port, so a log of any size is exported in bounded memory; a summary on stderr."""
+    from bot.web.views import audit_record
+
+    config = _config(args)
+    settings = _existing_store(config)
+    if settings is None:
+        return 1
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        print("pitcrew: --since must be before --until", file=sys.stderr)
+        return 1
+
+    async def export() -> tuple[int, int, int]:
+        count, first, last = 0, 0, 0
+        async with _opened(settings) as store:
+            while True:
+                page = await store.audit_log(after=last, since=args.since, until=args.until, limit=AUDIT_PAGE)
+                if not page:
+                    return count, first, last
+                sys.stdout.write("".join(json.dumps(audit_record(e), sort_keys=True) + "\n" for e in page))
+                sys.stdout.flush()
+                count, first, last = count + len(page), first or page[0].seq, page[-1].seq
+
+    count, first, last = asyncio.run(export())
+    span = f" (seq {first}..{last})" if count else ""
+    print(f"exported {count} audit events{span}", file=sys.stderr)
+    return 0
+
+
 def _who_leads(lease: Lease | None) -> str:
     """The leadership row in one line, for the list: who acts for this store, or that nobody does."""
     if lease is None:
@@ -437,6 +483,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--limit", type=_whole(LIST_MAX), default=LIST_MAX, help="newest incidents read")
     p.set_defaults(handler=_trust)
+
+    p = sub.add_parser("audit", parents=[common], help="`pitcrew audit export`: the audit log as JSON lines")
+    p.add_argument("action", choices=["export"])
+    p.add_argument(
+        "--since", type=_instant, help="events at or after this ISO 8601 date or time (UTC if no offset)"
+    )
+    p.add_argument(
+        "--until", type=_instant, help="events before this ISO 8601 date or time (UTC if no offset)"
+    )
+    p.add_argument(
+        "--format", choices=["jsonl"], default="jsonl", help="one JSON object a line (the only format)"
+    )
+    p.set_defaults(handler=_audit)
 
     for verb, words in (
         ("approve", "approve a pending step"),

@@ -278,6 +278,18 @@ class Store(Protocol):
         ...
 
     async def events_since(self, seq: int, limit: int = 1000) -> list[Event]: ...
+    async def audit_log(
+        self,
+        *,
+        after: int = 0,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        """The audit log, every incident's and none's: at most ``limit`` events after ``seq``
+        ``after`` whose ``at`` is at or after ``since`` and before ``until``, oldest ``seq`` first.
+        Read page after page (``after`` = the last one's ``seq``) it streams the whole log."""
+        ...
 
     # the engine's writes
     async def save_plan(

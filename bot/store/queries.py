@@ -175,6 +175,24 @@ def events_since(seq: int, limit: int) -> Op[list[Event]]:
     return [codec.event_from(r) for r in found]
 
 
+def audit_log(after: int, since: datetime | None, until: datetime | None, limit: int) -> Op[list[Event]]:
+    """Events after ``seq`` ``after``, at or after ``since`` and before ``until``, in ``seq`` order:
+    one page of ``pitcrew audit export`` (the primary key's range, read from ``after`` on)."""
+    where = ["seq > ?"]
+    params: list[Any] = [after]
+    if since is not None:
+        where.append("at >= ?")
+        params.append(codec.ts(since))
+    if until is not None:
+        where.append("at < ?")
+        params.append(codec.ts(until))
+    found = yield rows(
+        f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",  # noqa: S608 - fixed fragments
+        [*params, limit],
+    )
+    return [codec.event_from(r) for r in found]
+
+
 def steps_of(incident_id: str) -> Op[dict[str, StepRecord]]:
     found = yield rows("SELECT * FROM steps WHERE incident_id = ?", (incident_id,))
     return {r["step"]: codec.step_from(r) for r in found}

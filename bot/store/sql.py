@@ -7,7 +7,8 @@ Every query of the store (``schema``, ``reads``, ``writes``, ``ingest``, ``outbo
 * ``IN (?*)`` for a list parameter (SQLite gets one ``?`` per element, Postgres ``= ANY(%s)``);
 * ``{word}`` for the few things the two databases spell differently: ``Dialect.words`` lists
   them all (identity columns, ``GREATEST``/``MAX``, the append-only trigger, the lease's clock
-  and its interval arithmetic, the row lock a fenced write takes). An unknown word fails.
+  and its interval arithmetic, the row lock a fenced write takes, the index SQLite must be told
+  to use). An unknown word fails.
 
 An operation of several statements is a generator (``Op``): it yields each ``Stmt`` and is sent
 the answer (a row count, a row, the rows), so what to read and write is decided once, and each
@@ -130,6 +131,10 @@ SQLITE = Dialect(
         "clock": "?",
         "seconds": "?",
         "for_share": "",  # BEGIN IMMEDIATE already holds the database's write lock
+        # Retention finds closed incidents oldest first. Without statistics SQLite's planner takes
+        # the state index instead (every closed incident read, then sorted: 25 ms a prune
+        # transaction at 10,000 incidents); naming the index makes that plan an error, not a scan.
+        "by_closed_at": "INDEXED BY incidents_closed",
         "append_only_events": (
             "CREATE TRIGGER events_no_update BEFORE UPDATE ON events"
             " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
@@ -158,6 +163,7 @@ POSTGRES = Dialect(
         "seconds": "make_interval(secs => ?)",
         # A takeover's UPDATE of the leadership row waits until the fenced write commits.
         "for_share": "FOR SHARE",
+        "by_closed_at": "",  # the planner's statistics choose incidents_closed
         "append_only_events": (
             "CREATE FUNCTION pitcrew_append_only() RETURNS trigger LANGUAGE plpgsql AS $$"
             " BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$;"

@@ -21,6 +21,8 @@ process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -90,6 +92,12 @@ class SqliteStore(SqlStore):
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
         value: T = await self._writer.submit(lambda db: run_sync(db, make()).result)
         return value
+
+    async def _turn(self) -> None:
+        """Until the writes queued before it have committed (at most ``retention.YIELD``)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(retention.YIELD):
+                await self._writer.drained()
 
     def _pruned(self, done: retention.Pruned) -> None:
         for key in done.keys:  # a pruned alert delivered again is new, not a repeat

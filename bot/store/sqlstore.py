@@ -165,6 +165,16 @@ class SqlStore(ABC):
     async def events_since(self, seq: int, limit: int = 1000) -> list[Event]:
         return await self._read(queries.events_since(seq, limit))
 
+    async def audit_log(
+        self,
+        *,
+        after: int = 0,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        return await self._read(queries.audit_log(after, since, until, limit))
+
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]:
         return await self._read(queries.steps_of(incident_id))
 
@@ -367,11 +377,13 @@ class SqlStore(ABC):
     # ------------------------------------------------------------------ retention
     async def prune(self, before: datetime, *, batch: int = retention.BATCH) -> retention.Pruned:
         """Remove what ``bot.store.retention`` says is past ``before``, one bounded transaction at a
-        time (each fenced: only the leader prunes), each sized to take about ``retention.BUDGET``
-        and followed by a pause as long as it took times ``retention.PACE``; the rows removed."""
+        time (each fenced: only the leader prunes), each after the writes queued before it
+        (``_turn``), sized so its statements take about ``retention.BUDGET`` and followed by a
+        pause as long as the whole write took times ``retention.PACE``; the rows removed."""
         total = retention.Pruned()
         size = batch
         while True:
+            await self._turn()
             started = time.monotonic()
             done = await self._write(partial(retention.prune_batch, before, size))
             took = time.monotonic() - started
@@ -379,11 +391,14 @@ class SqlStore(ABC):
             total.add(done)
             if not done.more:
                 return total
-            if took > retention.BUDGET:
+            if done.took > retention.BUDGET:
                 size = max(min(retention.MIN_BATCH, batch), size // 2)
-            elif took < retention.BUDGET / 2:
+            elif done.took < retention.BUDGET / 2:
                 size = min(batch, size * 2)
             await asyncio.sleep(took * retention.PACE)
+
+    async def _turn(self) -> None:  # noqa: B027 - a hook, nothing by default
+        """Wait (at most ``retention.YIELD``) for the writes already waiting to go first."""
 
     def _pruned(self, done: retention.Pruned) -> None:  # noqa: B027 - a hook, nothing by default
         """What a store keeps beside the database about rows now gone (SQLite's key cache)."""

@@ -177,6 +177,10 @@ class Writer:
         await self._queue.put((unit, future))
         return await future
 
+    async def drained(self) -> None:
+        """Until every unit queued so far has run and committed (a background write's turn)."""
+        await self._queue.join()
+
     # ------------------------------------------------------------------ the loop
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -75,6 +75,12 @@ def event_view(event: Event) -> dict[str, Any]:
     }
 
 
+def audit_record(event: Event) -> dict[str, Any]:
+    """One line of ``pitcrew audit export``: the event as the read API shows it, with its incident
+    (``null`` for what concerns none: a pause, a breaker reset)."""
+    return {"incident_id": event.incident_id, **event_view(event)}
+
+
 def step_view(step: StepRecord) -> dict[str, Any]:
     return {
         "step": step.step,
