@@ -138,6 +138,7 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
             "checkpoint-reset-gpu": "observe",
             "reset-gpu": "observe",
             "reboot-node": "observe",
+            "reboot-then-replace": "observe",
         },
         integrations={"scheduler": "slurm"},
     )
@@ -166,6 +167,7 @@ def test_modes_are_grouped_and_each_names_its_key() -> None:
                     "isolate-node",
                     "reset-gpu",
                     "reboot-node",
+                    "reboot-then-replace",
                     "replace-node",
                     "requeue-hung-job",
                 )

@@ -317,7 +317,7 @@ def test_the_acting_overlays_run_every_playbook_on_the_rest_only_image(name: str
     del bare["playbooks"]
     (bare_path := path.with_name("bare.yaml")).write_text(yaml.safe_dump(bare))
     [refused] = unable(load_config(bare_path), [REST_ONLY])
-    assert "reboot-node, replace-node, reset-gpu need" in refused, refused
+    assert "reboot-node, reboot-then-replace, replace-node, reset-gpu need" in refused, refused
 
 
 @pytest.mark.parametrize("name", ALL + WITH_COMPONENT)
