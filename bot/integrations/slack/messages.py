@@ -302,7 +302,12 @@ def digest(entries: Sequence[DigestEntry], window: str, mode: str) -> Message:
     faults: dict[str, int] = {}
     for entry in entries:
         faults[entry.fault] = faults.get(entry.fault, 0) + 1
-    title = f"GPU fault storm: {len(entries)} nodes within {window} (mode {mode})"
+    # Nodes, not incidents: a node can have several in one storm (its exporter down beside its XID).
+    nodes = len({entry.node for entry in entries})
+    counted = f"{nodes} node{'s' * (nodes != 1)}"
+    if nodes != len(entries):
+        counted += f", {len(entries)} incidents"
+    title = f"GPU fault storm: {counted} within {window} (mode {mode})"
     blocks: list[Block] = [
         HeaderBlock(text=PlainTextObject(text=clip(title, HEADER_TEXT))),
         _section(
