@@ -52,25 +52,33 @@ TOGETHER = ("tests/slack/",)
 #: on PyPI for minutes on a slow network and has few tests, so xdist's own order (most tests first)
 #: put it last. Only the order changes; every test still runs in its shard.
 SLOW_FIRST = (
+    "tests/e2e/test_demo.py",  # one unit: its demos share "the running demo" (--click, --stop)
     "tests/e2e/test_kubernetes_spares_crash.py",
+    "tests/e2e/test_replica_crash.py",
+    "tests/e2e/test_slurm_spares_crash.py",
+    "tests/e2e/test_slurm_spares.py",
+    "tests/e2e/test_slurm_tracks.py",
+    "tests/e2e/test_crash_safety.py",
+    "tests/e2e/test_storm_replicas.py",
+    "tests/e2e/test_fencing.py",
+    "tests/e2e/test_lemon_nodes.py",
     "tests/packaging/test_image.py",
     "tests/slack/",
     "tests/engine/test_metrics.py",
     "tests/integration/test_approvals.py",
     "tests/integration/test_store_loss.py",
     "tests/grafana/test_annotation_delivery.py",
-    "tests/e2e/test_slurm_spares_crash.py",
-    "tests/e2e/test_slurm_spares.py",
-    "tests/e2e/test_crash_safety.py",
-    "tests/e2e/test_storm_replicas.py",
-    "tests/e2e/test_slurm_tracks.py",
 )
 
 
 #: Test files whose cases are handed out one by one instead of as one unit: each case is long (a SIGKILL
 #: and a restart on real Slurm) and needs nothing of the file but the worker's own Slurm cluster, so
 #: one worker running all of them in a row would end its shard alone.
-ONE_BY_ONE = ("tests/e2e/test_kubernetes_spares_crash.py", "tests/e2e/test_slurm_spares_crash.py")
+ONE_BY_ONE = (
+    "tests/e2e/test_kubernetes_spares_crash.py",
+    "tests/e2e/test_replica_crash.py",
+    "tests/e2e/test_slurm_spares_crash.py",
+)
 
 
 def _slow_rank(item: pytest.Item) -> int:
