@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from proving_ground.timeline import Timeline
 
 TERMINAL = ("resolved", "failed", "suppressed", "rolled_back")
+#: Playbooks that never touch a node: their incidents are notices beside a scenario, not its subject.
+HANDS_OFF = ("notify-only", "ignore")
 #: Steps that touch a node (Slurm or Kubernetes): none may start for an application fault.
 NODE_STEPS = ("slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot", "reset_gpu")
 #: GPUs of one node (the training job holds all of them): the unit of the GPU-hours lost.
@@ -389,8 +391,8 @@ class Story:
         tl = self.tl
         for summary in self.pitcrew.incidents():
             node = str(summary["node"])
-            if node not in self.targets:
-                continue
+            if node not in self.targets or summary.get("playbook") in HANDS_OFF:
+                continue  # another node, or a notice beside the storm (its exporter missed scrapes)
             known = self.incidents.get(node)
             if known is None or known["state"] not in TERMINAL:
                 self.incidents[node] = self.pitcrew.incident(str(summary["id"]))

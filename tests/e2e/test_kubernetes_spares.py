@@ -74,6 +74,23 @@ HOLD = 2.0  # seconds the inference budget refuses the eviction (its other repli
 REPLACE = 20.0  # seconds before the replacement node exists
 
 
+def pool_layout(kube_world: KubeWorld, slurm: SlurmCluster, labels: dict[str, str]) -> None:
+    """The emulator's nodes for the session's Slurm nodes: ``gpu-001`` and ``gpu-002`` in the
+    NodeSet (the gang job's partition), ``gpu-003`` in the pool ``labels`` select; a replacement
+    exists ``REPLACE`` seconds after it is asked for, Ready a second later."""
+    assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+
+    def pools(e: Any) -> None:
+        e.replace_delay, e.ready_delay = REPLACE, 1.0
+        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", labels)):
+            node = e.get("nodes", name)
+            node["metadata"]["labels"].update(add)
+            e.bump(node)
+
+    kube_world.call(pools)
+
+
 def _labels(world: KubeWorld, name: str) -> dict[str, str]:
     node = world.call(lambda e: e.get("nodes", name))
     return dict(node["metadata"].get("labels") or {}) if node else {}
@@ -96,17 +113,7 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
     slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any, kind: str
 ) -> None:
     labels = SPARE if kind == "spare" else INFERENCE
-    assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
-    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
-
-    def pools(e: Any) -> None:
-        e.replace_delay, e.ready_delay = REPLACE, 1.0
-        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", labels)):
-            node = e.get("nodes", name)
-            node["metadata"]["labels"].update(add)
-            e.bump(node)
-
-    kube_world.call(pools)
+    pool_layout(kube_world, slurm, labels)
     replicas = (
         kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002")) if kind == "lender" else []
     )
@@ -187,17 +194,7 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
-    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
-
-    def pools(e: Any) -> None:
-        e.replace_delay, e.ready_delay = REPLACE, 1.0
-        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", INFERENCE)):
-            node = e.get("nodes", name)
-            node["metadata"]["labels"].update(add)
-            e.bump(node)
-
-    kube_world.call(pools)
+    pool_layout(kube_world, slurm, INFERENCE)
     replicas = kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002"))
     kube_world.call(lambda e: pod_ready(e, "inference", replicas[1]))  # the budget lets one go
     site = slurm_and_kubernetes(

@@ -28,11 +28,20 @@ import pytest
 from bot.domain.ownership import lent_to
 from proving_ground.kubernetes.faults import Fault
 from proving_ground.kubernetes.nodeset import NodeSetStandin
-from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready
+from proving_ground.kubernetes.world import KubeWorld, inference_replicas, pod_ready
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
-from tests.e2e.test_kubernetes_spares import INFERENCE, NODESET, POOLS, REPLACE, SPARE, _debug, _members
+from tests.e2e.test_kubernetes_spares import (
+    INFERENCE,
+    NODESET,
+    POOLS,
+    REPLACE,
+    SPARE,
+    _debug,
+    _members,
+    pool_layout,
+)
 from tests.harness.figures import show_figure
 from tests.harness.pitcrew import Crash
 from tests.harness.scenarios import delivery, events, step_result
@@ -88,17 +97,7 @@ def test_sigkill_at_every_boundary_of_take_and_give_back_leaves_each_node_in_one
 ) -> None:
     at = BOUNDARIES[boundary]
     labels = SPARE if at.kind == "spare" else INFERENCE
-    assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
-    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
-
-    def pools(e: Any) -> None:
-        e.replace_delay, e.ready_delay = REPLACE, 1.0
-        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", labels)):
-            node = e.get("nodes", name)
-            node["metadata"]["labels"].update(add)
-            e.bump(node)
-
-    kube_world.call(pools)
+    pool_layout(kube_world, slurm, labels)
     if at.kind == "lender":  # the service's other replica is Ready: its budget lets one go
         replicas = kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002"))
         kube_world.call(lambda e: pod_ready(e, "inference", replicas[1]))

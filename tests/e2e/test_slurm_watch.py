@@ -112,13 +112,8 @@ def test_a_prometheus_alert_and_a_slurm_drain_of_one_node_are_one_incident(
     assert slurm.node(node).reason == NHC_REASON
 
 
-@pytest.mark.parametrize("backend", ["scontrol", "rest"])
-def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resume(
-    slurm: SlurmCluster, pitcrew_factory: Any, backend: str
-) -> None:
-    server = watching(pitcrew_factory, slurm, f"watch-down-{backend}", backend)
-    job_id, node = training_on_a_node(slurm)
-    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+def _set_down_by_slurm(slurm: SlurmCluster, job_id: str, node: str) -> None:
+    """A health check sets ``node`` DOWN; Slurm takes ``job_id`` off it (and requeues it)."""
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
     wait_until(
         lambda: node not in getattr(slurm.job(job_id), "nodes", (node,)),
@@ -126,6 +121,11 @@ def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resu
         interval=0.05,
         what=f"Slurm taking job {job_id} off {node}",
     )
+
+
+def _followed_until_resumed_and_closed(server: Any, slurm: SlurmCluster, job_id: str, node: str) -> None:
+    """The incident on ``node`` names the job seen there, confirms it running elsewhere with its
+    restart count grown, leaves Slurm's reason alone, and closes when a human RESUMEs the node."""
     found: list[dict[str, Any]] = []
 
     def opened() -> bool:
@@ -149,6 +149,17 @@ def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resu
 
 
 @pytest.mark.parametrize("backend", ["scontrol", "rest"])
+def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resume(
+    slurm: SlurmCluster, pitcrew_factory: Any, backend: str
+) -> None:
+    server = watching(pitcrew_factory, slurm, f"watch-down-{backend}", backend)
+    job_id, node = training_on_a_node(slurm)
+    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    _set_down_by_slurm(slurm, job_id, node)
+    _followed_until_resumed_and_closed(server, slurm, job_id, node)
+
+
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
 def test_a_node_set_down_while_pitcrew_was_killed_still_names_its_jobs(
     slurm: SlurmCluster, pitcrew_factory: Any, backend: str
 ) -> None:
@@ -156,33 +167,9 @@ def test_a_node_set_down_while_pitcrew_was_killed_still_names_its_jobs(
     job_id, node = training_on_a_node(slurm)
     time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
     server.kill()
-    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
-    wait_until(
-        lambda: node not in getattr(slurm.job(job_id), "nodes", (node,)),
-        timeout=30,
-        interval=0.05,
-        what=f"Slurm taking job {job_id} off {node}",
-    )
+    _set_down_by_slurm(slurm, job_id, node)
     server.start()
-    found: list[dict[str, Any]] = []
-
-    def opened() -> bool:
-        found[:] = server.incidents(node)
-        return bool(found)
-
-    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
-    incident_id = found[0]["id"]
-    server.wait_event(incident_id, "job_running", timeout=90)
-    incident = server.incident(incident_id)
-    [recorded] = step_result(incident, "slurm_down")["jobs"]
-    assert (recorded["job_id"], recorded["nodes"], recorded["restarts"]) == (job_id, [node], 0)
-    [job] = step_result(incident, "confirm_resumed")["jobs"]
-    assert (job["job_id"], job["status"], job["old_nodes"]) == (job_id, "resumed", [node]), job
-    assert slurm.node(node).reason == NHC_REASON  # Slurm's reason untouched
-
-    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
-    assert final["state"] == "resolved", final["outcome"]
+    _followed_until_resumed_and_closed(server, slurm, job_id, node)
 
 
 def test_a_job_slurm_could_not_requeue_off_a_node_it_set_down_is_reported_lost(
