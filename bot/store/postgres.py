@@ -10,9 +10,10 @@ its own where every write under the write lock commits (``_Writes``), and the mi
 bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
-(``mypy --strict`` checks every call against it), ``executemany`` sends a batch's rows in one
-pipeline, and one libpq underneath speaks every authentication and TLS option a site's Postgres
-may ask for through the ordinary ``postgresql://`` URL.
+(``mypy --strict`` checks every call against it), and one libpq underneath speaks every
+authentication and TLS option a site's Postgres may ask for through the ordinary
+``postgresql://`` URL. A batch of rows (``many``) goes as one message (``_batch``), never as
+psycopg's pipelined ``executemany``: see there why.
 
 Every write transaction takes one advisory lock (``_WRITE_LOCK``) first, so writes of every
 replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on one file: an
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -68,14 +69,36 @@ IDLE_IN_TRANSACTION_MS = 5000
 PING_TIMEOUT = 2.0
 
 
+#: Statements of one batch per message: a batch of more rows is several messages, each answered.
+BATCH_STATEMENTS = 500
+
+
+def _batch(
+    mogrifier: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
+    sql: str,
+    rows: Sequence[Sequence[Any]],
+) -> Iterator[str]:
+    """``sql`` once per row of ``rows``, as messages of up to ``BATCH_STATEMENTS`` statements
+    (the values quoted by psycopg's own client-side binding), each sent as one simple query.
+
+    Not psycopg's ``executemany``: that pipelines the rows, one Bind/Execute at a time, and sends
+    the Sync only after the last. A process frozen before its Sync (SIGSTOP, a paused VM, a stall
+    while the statement waited for a lock) leaves its session waiting for the next message
+    *without* the idle-in-transaction limit, which the server arms only when it answers a Sync:
+    the session held the write lock and the lease row ``FOR SHARE`` for as long as the process
+    stayed frozen, and no standby could take over (seen in the fencing e2e). A simple query is
+    answered as a whole, so the limit holds between any two messages of a transaction."""
+    for start in range(0, len(rows), BATCH_STATEMENTS):
+        yield ";\n".join(mogrifier.mogrify(sql, row) for row in rows[start : start + BATCH_STATEMENTS])
+
+
 async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's)."""
     driving = Driving(op, POSTGRES)
     for sql, params, stmt in driving:
         if stmt.kind == "many":
-            if stmt.params:
-                async with conn.cursor() as cursor:
-                    await cursor.executemany(sql, stmt.params)
+            for batch in _batch(psycopg.AsyncClientCursor(conn), sql, stmt.params):
+                await conn.execute(batch)
             continue
         cursor = await conn.execute(sql, params)
         if stmt.kind == "run":
@@ -90,9 +113,8 @@ def _drive_sync(conn: SyncConn, op: Op[T]) -> Driving[T]:
     driving = Driving(op, POSTGRES)
     for sql, params, stmt in driving:
         if stmt.kind == "many":
-            if stmt.params:
-                with conn.cursor() as cursor:
-                    cursor.executemany(sql, stmt.params)
+            for batch in _batch(psycopg.ClientCursor(conn), sql, stmt.params):
+                conn.execute(batch)
             continue
         cursor = conn.execute(sql, params)
         if stmt.kind == "run":

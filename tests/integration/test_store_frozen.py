@@ -1,0 +1,135 @@
+"""A pitcrew process frozen in the middle of a write on Postgres does not hold the store.
+
+A process of its own (it must be stopped with SIGSTOP) opens the real ``PostgresStore`` and
+ingests one delivery of twenty alerts on twenty nodes: a transaction under the write lock whose
+last statements are batches of rows (incidents, alerts, events). The test holds the ``events``
+table, so the batch of events waits in the server; then the process is frozen, and the table let
+go. The server must end the frozen session within its idle-in-transaction limit: nothing of the
+delivery is committed, the write lock is free, and another store writes.
+
+The batch is the case that matters: psycopg's ``executemany`` pipelines rows and sends the Sync
+after the last, and a session left waiting for the rest of a pipeline has no idle limit at all
+(the server arms it only when it answers a Sync) — it held the write lock and the lease row
+until the process woke, and no standby could take over. The store sends each batch as one
+message instead (``bot.store.postgres._batch``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bot.domain.faults import Fault
+from bot.store.base import Delivery, IncomingAlert
+from bot.store.postgres import IDLE_IN_TRANSACTION_MS, PostgresStore
+from tests.harness.postgres import PostgresDatabase
+from tests.harness.proc import wait_until
+
+NODES = 20
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from datetime import UTC, datetime
+    from bot.domain.faults import Fault
+    from bot.store.base import Delivery, IncomingAlert
+    from bot.store.postgres import PostgresStore
+
+    def alert(node):
+        fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
+        return IncomingAlert(f"fp-{node}", datetime(2026, 12, 1, tzinfo=UTC), None, "firing", "GpuXid", node,
+                             {"node": node}, {"summary": "XID"}, fault)
+
+    async def main(url, password_file, nodes):
+        store = PostgresStore(url, password_file=Path(password_file))
+        await store.open()
+        print("open", flush=True)
+        sys.stdin.readline()
+        alerts = tuple(alert(f"gpu-{n:03d}") for n in range(nodes))
+        await store.ingest(Delivery("pitcrew", "{}:{}", "firing", 0, alerts), datetime.now(UTC))
+        print("committed", flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+
+
+def _connect(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(database.url, password=database.password_file.read_text().strip(), autocommit=True)
+
+
+@pytest.fixture
+def writer(postgres_db: PostgresDatabase) -> Iterator[subprocess.Popen[str]]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, postgres_db.url, str(postgres_db.password_file), str(NODES)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "open"
+        yield child
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        child.wait(timeout=30)
+
+
+def _sessions(watch: psycopg.Connection[tuple[object, ...]], query: str) -> list[tuple[object, ...]]:
+    return watch.execute(
+        "SELECT pid, state, wait_event_type FROM pg_stat_activity WHERE query LIKE %s AND pid != pg_backend_pid()",
+        (f"{query}%",),
+    ).fetchall()
+
+
+async def test_a_process_frozen_inside_a_batch_does_not_hold_the_write_lock(
+    postgres_db: PostgresDatabase, writer: subprocess.Popen[str]
+) -> None:
+    assert writer.stdin is not None
+    with _connect(postgres_db) as watch, _connect(postgres_db) as holder:
+        holder.autocommit = False
+        holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        wait_until(
+            lambda: any(row[2] == "Lock" for row in _sessions(watch, "INSERT INTO events")),
+            timeout=30,
+            what="the delivery's batch of events to wait for the table",
+        )
+        os.kill(writer.pid, signal.SIGSTOP)
+        holder.commit()  # the batch goes on in the server; the process does not read its answer
+        limit = IDLE_IN_TRANSACTION_MS / 1000
+        wait_until(
+            lambda: not _sessions(watch, "INSERT INTO events"),
+            timeout=limit + 20,
+            what=f"the frozen session to be ended (idle-in-transaction limit {limit:g}s)",
+        )
+        [(incidents,)] = watch.execute("SELECT count(*) FROM incidents").fetchall()
+        assert incidents == 0, "a frozen, unfinished delivery was committed"
+
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    try:
+        fault = Fault(
+            "xid", "gpu-900", "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off", True
+        )
+        alert = IncomingAlert(
+            "fp-900", datetime(2026, 12, 1, tzinfo=UTC), None, "firing", "GpuXid", "gpu-900", {}, {}, fault
+        )
+        outcome = await store.ingest(Delivery("pitcrew", "{}:{}", "firing", 0, (alert,)), datetime.now(UTC))
+        assert len(outcome.opened) == 1
+    finally:
+        await store.close()
