@@ -89,8 +89,9 @@ def metrics_query(settings: Settings) -> MetricsQuery | None:
     return PrometheusQuery(url) if url else None
 
 
-def annotator(settings: Settings) -> GrafanaAnnotations | None:
-    """Grafana's region annotations, where ``grafana.url`` is set (the outbox delivers them)."""
+def annotator(settings: Settings, fence: Fence | None = None) -> GrafanaAnnotations | None:
+    """Grafana's region annotations, where ``grafana.url`` is set (the outbox delivers them; its
+    adapter is fenced)."""
     grafana = settings.grafana
     if grafana.url is None or grafana.token_file is None:
         return None
@@ -99,6 +100,7 @@ def annotator(settings: Settings) -> GrafanaAnnotations | None:
         grafana.token_file,
         timeout=grafana.timeout.total_seconds(),
         dashboard_uid=grafana.incidents_dashboard_uid,
+        fence=fence,
     )
 
 
@@ -242,7 +244,7 @@ def build_app(
     # ``fenced`` and fails once another process has taken the lease over.
     fence = Fence(holder_id())
     fenced = store.fenced(fence)
-    slack = _slack(config, store, metrics)
+    slack = _slack(config, store, metrics, fence)
     destinations: list[Destination] = [slack.destination] if slack else []
     sender = OutboxSender(
         fenced,
@@ -267,7 +269,7 @@ def build_app(
     )
     # Grafana's annotations have their own sender: a Grafana that times out delays neither
     # remediation nor Slack.
-    annotations = _grafana(config, store, fenced, metrics)
+    annotations = _grafana(config, store, fenced, fence, metrics)
     engine = Engine(
         engine_deps(config, fenced, ports, metrics, fence),
         leading=lambda: fence.leading,
@@ -350,10 +352,12 @@ class Annotations:
         await self.adapter.aclose()
 
 
-def _grafana(config: Config, store: AnyStore, fenced: Store, metrics: Metrics) -> Annotations | None:
+def _grafana(
+    config: Config, store: AnyStore, fenced: Store, fence: Fence, metrics: Metrics
+) -> Annotations | None:
     """Incident annotations when ``grafana.url`` is set: the incidents' state events routed to
     Grafana's outbox, delivered by a sender of their own."""
-    adapter = annotator(config.settings)
+    adapter = annotator(config.settings, fence)
     if adapter is None:
         return None
     sender = OutboxSender(
@@ -371,14 +375,21 @@ def _grafana(config: Config, store: AnyStore, fenced: Store, metrics: Metrics) -
     return Annotations(sender, adapter)
 
 
-def _slack(config: Config, store: AnyStore, metrics: Metrics) -> Slack | None:
+def _slack(config: Config, store: AnyStore, metrics: Metrics, fence: Fence) -> Slack | None:
     """Slack's pieces when ``integrations.notifier: slack`` (``build_app`` routes its events); each
-    incident's thread permalink goes to its ``pitcrew_incident_info`` series (the Grafana table)."""
+    incident's thread permalink goes to its ``pitcrew_incident_info`` series (the Grafana table);
+    the outbox's posts are fenced (``FencedWebClient``)."""
     if config.settings.integrations.notifier != "slack":
         return None
     settings = config.settings
     return build_slack(
-        settings.slack, config.policy, store, utcnow, settings.grafana, on_thread=metrics.incidents.link
+        settings.slack,
+        config.policy,
+        store,
+        utcnow,
+        settings.grafana,
+        on_thread=metrics.incidents.link,
+        fence=fence,
     )
 
 

@@ -25,6 +25,7 @@ from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientErr
 from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
 from bot.store.base import IncidentRecord, OutboxItem, Store
+from bot.store.lease import Fence
 
 #: The outbox destination's name; its rows are the incidents' ``state`` events (``EVENTS``).
 NAME = "grafana"
@@ -54,8 +55,13 @@ class GrafanaAnnotations:
         *,
         timeout: float = 10.0,
         dashboard_uid: str | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self._url = url.rstrip("/")
+        #: The outbox's adapter asks it before every call that changes Grafana, as the Slack
+        #: outbox's client does (``bot.integrations.slack.FencedWebClient``): a leader woken past its
+        #: lease in the middle of a delivery sends no more of it. (``check-config --live`` has none.)
+        self._fence = fence
         self._token_file = token_file
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._dashboard_uid = dashboard_uid
@@ -130,6 +136,8 @@ class GrafanaAnnotations:
     async def _request(
         self, method: str, path: str, body: dict[str, Any] | None, *, op: str, auth: bool
     ) -> Any:
+        if self._fence is not None and method != "GET":
+            self._fence.token()  # Deposed: the lease may have lapsed while the last call was answered
         headers = {"Accept": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self._token()}"

@@ -22,16 +22,20 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Annotator, Probeable, Region
 from bot.integrations.grafana import GrafanaAnnotations
 from bot.runtime import annotator
+from bot.store.base import Deposed
+from bot.store.lease import Fence
 from tests.grafana.server import READ_ONLY, TOKEN, GrafanaStandin
 
 FAULT = datetime(2026, 12, 1, 3, 4, 5, 678000, tzinfo=UTC)
 REGION = Region("inc-0001", "gpu-node-02", "gpu-lost", "replace-node", FAULT, "XID 79 gpu3")
 
 
-def _adapter(grafana: GrafanaStandin, tmp_path: Path, token: str = TOKEN, **kw: float) -> GrafanaAnnotations:
+def _adapter(
+    grafana: GrafanaStandin, tmp_path: Path, token: str = TOKEN, fence: Fence | None = None, **kw: float
+) -> GrafanaAnnotations:
     token_file = tmp_path / "grafana-token"
     token_file.write_text(token + "\n")
-    return GrafanaAnnotations(grafana.url, token_file, dashboard_uid="pitcrew-incidents", **kw)
+    return GrafanaAnnotations(grafana.url, token_file, dashboard_uid="pitcrew-incidents", fence=fence, **kw)
 
 
 async def test_open_then_close_a_region(grafana: GrafanaStandin, tmp_path: Path) -> None:
@@ -54,6 +58,31 @@ async def test_open_then_close_a_region(grafana: GrafanaStandin, tmp_path: Path)
             ("GET", "/api/annotations"),
             ("PATCH", f"/api/annotations/{annotation_id}"),
         ]
+    finally:
+        await adapter.aclose()
+
+
+async def test_a_fenced_adapter_changes_nothing_once_the_lease_may_have_lapsed(
+    grafana: GrafanaStandin, tmp_path: Path
+) -> None:
+    """The outbox's adapter (``pitcrew serve`` fences it) asks the fence before each change:
+    while leading it opens a region; once the lease may have lapsed by the process's clock
+    (woken from a stop in the middle of a delivery) the close raises ``Deposed`` unsent, and
+    a standby sends no change at all; reads (``find_region``) still go."""
+    now = [0.0]
+    fence = Fence("leader-a", monotonic=lambda: now[0])
+    fence.grant(1, valid_until=10.0)
+    adapter = _adapter(grafana, tmp_path, fence=fence)
+    try:
+        annotation_id = await adapter.open_region(REGION)
+        now[0] = 11.0
+        with pytest.raises(Deposed, match="may have lapsed"):
+            await adapter.close_region(annotation_id, FAULT + timedelta(minutes=1), "done")
+        fence.revoke()
+        with pytest.raises(Deposed, match="standing by"):
+            await adapter.open_region(REGION)
+        assert await adapter.find_region("inc-0001") == annotation_id
+        assert [m for m, _, _ in grafana.world.requests] == ["POST", "GET"]
     finally:
         await adapter.aclose()
 

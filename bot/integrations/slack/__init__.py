@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.config import GrafanaSettings, SlackSettings, read_secret
 from bot.domain.policy import Policy
@@ -24,10 +26,12 @@ from bot.integrations.slack.outbound import EVENTS, NAME, SlackDestination, Slac
 from bot.integrations.slack.probe import SlackProbe
 from bot.integrations.slack.socket import SocketMode
 from bot.store.base import Store
+from bot.store.lease import Fence
 
 __all__ = [
     "EVENTS",
     "NAME",
+    "FencedWebClient",
     "Slack",
     "SlackDestination",
     "SlackInbound",
@@ -69,10 +73,33 @@ class Slack:
         return SocketMode(inbound.app, token, registry)
 
 
-def _client(settings: SlackSettings) -> AsyncWebClient:
+class FencedWebClient(AsyncWebClient):
+    """The outbox's own Web API client: every call first asks the process's ``Fence``.
+
+    A delivery is several calls (the reply, then the parent's update; a lookup before a redelivered
+    post), and only its start is a fenced write (``outbox_attempt``). A leader stopped in the middle
+    of one (SIGSTOP, a frozen VM: seen in the fencing e2e, the stop landing while it awaited
+    ``chat.postMessage``'s answer) woke past its lease and sent the rest — a ``chat.update`` after
+    another process had taken the thread over. As the engine's gated ports do for Slurm and
+    Kubernetes, each call now raises ``Deposed`` instead once the lease may have lapsed; the outbox
+    sender stops there. Slash commands and buttons answer on the plain client (any replica answers)."""
+
+    def __init__(self, fence: Fence, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fence = fence
+
+    async def api_call(self, *args: Any, **kwargs: Any) -> AsyncSlackResponse:
+        self.fence.token()
+        return await super().api_call(*args, **kwargs)
+
+
+def _client(settings: SlackSettings, fence: Fence | None = None) -> AsyncWebClient:
     assert settings.bot_token_file is not None, "bot.config refuses notifier slack without a bot token"
     token = read_secret(settings.bot_token_file, "slack.bot_token_file")
-    return AsyncWebClient(token=token, base_url=settings.base_url or AsyncWebClient.BASE_URL)
+    base_url = settings.base_url or AsyncWebClient.BASE_URL
+    if fence is not None:
+        return FencedWebClient(fence, token=token, base_url=base_url)
+    return AsyncWebClient(token=token, base_url=base_url)
 
 
 def slack_probe(settings: SlackSettings) -> SlackProbe:
@@ -91,8 +118,10 @@ def build_slack(
     clock: Callable[[], datetime],
     grafana: GrafanaSettings | None = None,
     on_thread: Callable[[str, str], None] = lambda incident_id, url: None,
+    fence: Fence | None = None,
 ) -> Slack:
-    """The Web API client and what needs only it and the store (the config was checked at load)."""
+    """The Web API client and what needs only it and the store (the config was checked at load);
+    with ``fence``, the outbox destination posts through a ``FencedWebClient`` of its own."""
     client = _client(settings)
     links = SlackLinks(
         channel=settings.channel,
@@ -111,5 +140,6 @@ def build_slack(
     approvers = Approvers(
         client, tuple(settings.approvers), settings.approver_group, settings.group_cache, rule, store, clock
     )
-    destination = SlackDestination(client, store, links, clock, on_thread)
+    posting = _client(settings, fence) if fence is not None else client
+    destination = SlackDestination(posting, store, links, clock, on_thread)
     return Slack(settings, client, destination, approvers)

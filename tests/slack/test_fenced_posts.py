@@ -1,0 +1,49 @@
+"""The outbox's Slack client asks the fence before every call, not only before a delivery.
+
+A delivery is several Web API calls (a reply, then the parent's ``chat.update``) and only its
+start is a fenced write. A leader stopped while Slack answered the reply (SIGSTOP, a frozen VM)
+wakes past its lease: the fencing e2e saw the old leader's ``chat.update`` reach Slack after the
+new leader had taken the thread over. Cases, against the Slack stand-in: the lease lapses while
+``chat.postMessage`` is answered → the ``chat.update`` that follows raises ``Deposed`` and never
+reaches Slack, and the fence tells the leadership loop; a process standing by sends nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.integrations.slack import FencedWebClient
+from bot.store.base import Deposed
+from bot.store.lease import Fence
+from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.world import BOT_TOKEN
+from tests.slack.pitcrew_app import CHANNEL
+
+
+async def test_a_lease_lapsed_while_slack_answered_stops_the_next_call(slack: SlackStandin) -> None:
+    posted_before = len(slack.api.calls_to("chat.postMessage"))
+
+    def monotonic() -> float:
+        # The process stalls while Slack answers the post: its clock is past the lease after it.
+        return 100.0 if len(slack.api.calls_to("chat.postMessage")) > posted_before else 0.0
+
+    fence = Fence("leader-a", monotonic=monotonic)
+    fence.grant(1, valid_until=10.0)
+    told: list[str] = []
+    fence.on_deposed(told.append)
+    client = FencedWebClient(fence, token=BOT_TOKEN, base_url=slack.base_url)
+
+    reply = await client.chat_postMessage(channel=CHANNEL, text="step finished")
+    updates = len(slack.api.calls_to("chat.update"))
+    with pytest.raises(Deposed, match="may have lapsed"):
+        await client.chat_update(channel=CHANNEL, ts=str(reply["ts"]), text="parent")
+    assert len(slack.api.calls_to("chat.update")) == updates, "a deposed leader updated the parent"
+    assert told and "epoch 1" in told[0]
+
+
+async def test_a_standby_sends_nothing(slack: SlackStandin) -> None:
+    client = FencedWebClient(Fence("standby-b"), token=BOT_TOKEN, base_url=slack.base_url)
+    calls = len(slack.api.calls)
+    with pytest.raises(Deposed, match="standing by"):
+        await client.chat_postMessage(channel=CHANNEL, text="hello")
+    assert len(slack.api.calls) == calls
