@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from bot import logger
 from bot.engine.metrics import Metrics
 from bot.engine.signals import RealTimer, Timer
-from bot.engine.tasks import cancel_and_wait
+from bot.engine.tasks import await_chain, cancel_and_wait
 from bot.store.base import Lease, Store
 from bot.store.lease import Fence
 
@@ -35,27 +35,16 @@ STOP_NOTICED = 5.0
 
 
 def _where_tasks_stand() -> dict[str, str]:
-    """Each of pitcrew's named tasks and its await chain, outermost first (for a stop that does
-    not end): ``Task.get_stack`` shows a suspended task's outermost frame only."""
-    found = {}
-    for task in asyncio.all_tasks():
-        name = task.get_name()
-        if not name.startswith(("pitcrew-", "pc-")):
-            continue
-        chain: list[str] = []
-        awaited: Any = task.get_coro()
-        seen = 0
-        while awaited is not None and seen < 32:
-            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
-            if frame is None:
-                break
-            chain.append(
-                f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
-            )
-            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
-            seen += 1
-        found[name] = " -> ".join(chain)
-    return found
+    """Each of pitcrew's named tasks and where it stands: its await chain, outermost first (for a
+    stop that does not end)."""
+    return {
+        task.get_name(): " -> ".join(
+            f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
+            for frame in await_chain(task.get_coro())
+        )
+        for task in asyncio.all_tasks()
+        if task.get_name().startswith(("pitcrew-", "pc-"))
+    }
 
 
 class Worker(Protocol):

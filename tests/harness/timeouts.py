@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import inspect
 import os
 import signal
 import sys
@@ -37,6 +36,8 @@ from typing import Any
 import pytest
 from _pytest._io import TerminalWriter
 from pytest_timeout import is_debugging
+
+from bot.engine.tasks import await_chain
 
 #: Seconds a test may take (setup, call and teardown), by the directory or file it is in; the
 #: first prefix that matches wins, and a test elsewhere has the ``timeout`` of pyproject.toml.
@@ -206,31 +207,3 @@ def describe_task(task: asyncio.Task[Any]) -> str:
     if waiter is not None:
         lines.append(f"    waiting for {waiter!r}\n")
     return "".join(lines)
-
-
-def await_chain(coro: Any) -> list[FrameType]:
-    """The frames of ``coro`` and of what it awaits, down the chain: coroutines, generators and
-    async generators (an ``async with`` or ``async for`` step into the generator it drives)."""
-    frames: list[FrameType] = []
-    seen: set[int] = set()
-    while coro is not None and id(coro) not in seen:
-        seen.add(id(coro))
-        frame = _first(coro, "cr_frame", "gi_frame", "ag_frame")
-        if frame is None:
-            break
-        frames.append(frame)
-        awaited = _first(coro, "cr_await", "gi_yieldfrom", "ag_await")
-        if type(awaited).__name__ in ("async_generator_asend", "async_generator_athrow"):
-            # ``await agen.asend(...)`` (``async for``, ``async with`` over a generator): the step
-            # object does not name its generator, but it refers to it.
-            awaited = next((r for r in gc.get_referents(awaited) if inspect.isasyncgen(r)), None)
-        coro = awaited
-    return frames
-
-
-def _first(obj: Any, *names: str) -> Any:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None

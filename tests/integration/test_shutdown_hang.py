@@ -44,6 +44,7 @@ from aiohttp.test_utils import TestServer
 from bot.config import load_config
 from bot.engine.engine import Engine
 from bot.engine.leadership import Leadership
+from bot.engine.tasks import await_chain
 from bot.runtime import build_app
 from bot.store.base import StoreUnavailable
 from bot.store.sqlite import SqliteStore
@@ -51,7 +52,7 @@ from bot.web.app import DEPS
 from tests.conftest import FIXTURES
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
-from tests.harness.timeouts import await_chain, describe_task
+from tests.harness.timeouts import describe_task
 from tests.simulator.serve import WorldFile, simulated_ports
 
 XID79 = (FIXTURES / "alertmanager" / "xid79-firing.json").read_bytes()
