@@ -170,7 +170,18 @@ class Leadership:
         if lease is None or lease.expired or lease.holder == self.holder:
             started = self._monotonic()
             lease = await self._store.acquire_lease(self.holder, self._ttl)
-            if lease.holder == self.holder:
+            if lease.holder == self.holder and self._monotonic() - started >= self._valid_for:
+                # The take waited (on Postgres: behind a frozen session's lock on the row, up to
+                # its idle limit). The term it wrote starts when its transaction began, so it may
+                # have lapsed already, in the store and by the fence's clock: leading on it, the
+                # first fenced write is refused and the process steps down again. Renewed at once,
+                # from now, instead (refused if another process took the row meanwhile).
+                started = self._monotonic()
+                lease = (
+                    await self._store.renew_lease(self.holder, lease.epoch, self._ttl)
+                    or await self._store.lease()
+                )
+            if lease is not None and lease.holder == self.holder:
                 self.fence.grant(lease.epoch, started + self._valid_for)
         self.last = lease
         if lease is not None and lease.holder != self.holder and self._told != (lease.holder, lease.epoch):
