@@ -2,7 +2,7 @@
 
 Cases: ingest dedupes on fingerprint + startsAt (a repeat only counts, through ``count_repeats``
 and through ``ingest``; deliveries reaching two processes at once open one incident per node and
-are each counted once (on disk after they close: Postgres only, see the case); a resolve marks the alert and is never undone by a stale firing repeat;
+are each counted once, on disk after they close (SQLite's repeats counted in memory included); a resolve marks the alert and is never undone by a stale firing repeat;
 another startsAt is another alert of the same incident; an alert without a node is kept and
 opens nothing; a second node opens a second incident, numbered in order); the incident's life
 (plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
