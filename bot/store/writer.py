@@ -9,7 +9,8 @@ Here the event loop hands a batch to the thread once and gets every result back 
 Units queue up; the writer takes every delivery waiting plus a few engine writes, runs them
 in one transaction and commits once (group commit: callers hear back only after the
 commit, so an alert answered with 200 is on disk). If a unit fails, the batch is rolled
-back and each unit is run alone, so one bad unit fails only itself. Repeat-delivery counters
+back and each unit is run alone, so one bad unit fails only itself (``bot.store.batch``, the
+rule Postgres's group commit follows too). Repeat-delivery counters
 are flushed on their own clock, never inside a delivery's transaction, and the flush adds them
 to the stored counts (several processes may count repeats of one alert). ``close`` asks the
 loop to stop and waits for it: the loop runs what was queued before, flushes the counters and
@@ -34,7 +35,7 @@ import os
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +46,7 @@ import aiosqlite
 
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
+from bot.store.batch import commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.schema import SCHEMA_VERSION, migrations
 from bot.store.sql import SQLITE, run_sync, single
@@ -72,7 +74,6 @@ class IngestJob:
     now: datetime
 
 
-Outcome = tuple[bool, Any]  # (ok, value or exception)
 #: What the writer's queue holds: a unit and its caller's future, or ``None``, the mark ``close``
 #: queues after everything it must run (the loop flushes the counters then and stops).
 Queued = tuple[Unit | IngestJob, "asyncio.Future[Any]"] | None
@@ -220,20 +221,15 @@ class Writer:
                 units += not isinstance(item[0], IngestJob)
                 batch.append(item)
             batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
-            items = [unit for unit, _ in batch]
-            try:
-                outcomes = await loop.run_in_executor(self._executor, self._run, items)
-            except Exception as exc:
-                self._attempted(exc, units=len(batch))
-                outcomes = [(False, StoreUnavailable(f"write failed: {exc}"))] * len(batch)
-            else:
-                self._attempted(None)
-            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+            outcomes = await commit_batch([unit for unit, _ in batch], self._commit)
+            failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
+            self._attempted(failed, units=len(batch))
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
                 if not future.done():
-                    if ok:
-                        future.set_result(value)
+                    if isinstance(outcome, Exception):
+                        future.set_exception(outcome)
                     else:
-                        future.set_exception(value)
+                        future.set_result(outcome)
             for _ in batch:
                 self._queue.task_done()
         if self.seen:
@@ -248,10 +244,9 @@ class Writer:
             run_sync(conn, single(bump_seen(rows)))
 
         try:
-            items: list[Unit | IngestJob] = [bump]
             # Shielded: if whoever flushes is cancelled, the write handed to the writer thread is
             # not withdrawn with it (the counts it carries were answered 200 already).
-            await asyncio.shield(loop.run_in_executor(self._executor, self._run, items))
+            await asyncio.shield(self._commit([bump]))
         except Exception as exc:
             self._attempted(exc, units=1)
             log.warning("could not record repeat deliveries; will retry")
@@ -274,51 +269,36 @@ class Writer:
             log.error("store write failed", extra={"units": units}, exc_info=error)
         self._failure, self._failed_at = str(error), time.monotonic()
 
-    # ------------------------------------------------------- in the writer thread
-    def _run(self, items: list[Unit | IngestJob]) -> list[Outcome]:
-        """All items in one transaction (if one fails, roll back and run each alone), then make
-        sure what was committed is where a restart will look: else every caller hears it failed."""
-        outcomes = self._run_units(items)
-        lost = self.lost()
-        if lost is not None:
-            raise StoreUnavailable(f"{lost}: a restart would not find this write")
-        return outcomes
+    async def _commit(self, items: Sequence[Unit | IngestJob]) -> list[Any]:
+        """``items`` in one transaction in the writer thread: their results once committed where a
+        restart will look. The database's own failure is ``StoreUnavailable``."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, items)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"write failed: {exc}") from exc
 
-    def _run_units(self, items: list[Unit | IngestJob]) -> list[Outcome]:
+    # ------------------------------------------------------- in the writer thread
+    def _run(self, items: Sequence[Unit | IngestJob]) -> list[Any]:
+        """All items in one transaction, then make sure what was committed is where a restart will
+        look: else every caller hears it failed."""
         conn = self._conn
         assert conn is not None
-        try:
-            return self._transaction(conn, items)
-        except sqlite3.OperationalError:
-            raise  # the database itself is in trouble: every caller gets StoreUnavailable
-        except Exception as exc:
-            if len(items) == 1:
-                return [(False, exc)]
-        outcomes: list[Outcome] = []
-        for item in items:
-            try:
-                outcomes.extend(self._transaction(conn, [item]))
-            except sqlite3.OperationalError:
-                raise
-            except Exception as exc:
-                outcomes.append((False, exc))
-        return outcomes
-
-    def _transaction(self, conn: sqlite3.Connection, items: list[Unit | IngestJob]) -> list[Outcome]:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            outcomes: list[Outcome] = []
+            results: list[Any] = []
             jobs = [item for item in items if isinstance(item, IngestJob)]
             if jobs:
-                stored = run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.keys)).result
-                outcomes.extend((True, o) for o in stored)
-            outcomes.extend((True, unit(conn)) for unit in items if not isinstance(unit, IngestJob))
+                results.extend(run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.keys)).result)
+            results.extend(unit(conn) for unit in items if not isinstance(unit, IngestJob))
             conn.execute("COMMIT")
-            return outcomes
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
+        lost = self.lost()
+        if lost is not None:
+            raise StoreUnavailable(f"{lost}: a restart would not find this write")
+        return results
 
     def remember(self, cache: Mapping[Key, KeyState]) -> None:
         """Keys a committed delivery stored (loop thread)."""
