@@ -16,7 +16,8 @@ under the lock's shared mode: repeats of several replicas commit side by side, n
 writer. Every batch updates counters in key order, so two batches never wait on each other's rows.
 
 If a batch fails for any reason but the database's (a delivery the database refuses), it is
-rolled back and each delivery runs again alone, so a bad one fails only itself.
+rolled back and each delivery runs again alone, so a bad one fails only itself: the rule SQLite's
+writer follows too, written once in ``bot.store.batch``.
 """
 
 from __future__ import annotations
@@ -27,14 +28,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
+from bot.store.batch import commit_batch
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
 from bot.store.sql import Op
-
-log = logger(__name__)
 
 #: Deliveries per transaction at most (the durable baseline of ``bench/ingest.py`` batches as many).
 BATCH = 64
@@ -164,22 +163,10 @@ class GroupCommit:
                         future.set_result(outcome)
                 self._queue.task_done()
 
-    async def _commit(self, items: list[Item]) -> list[Result | BaseException]:
-        """The batch in one transaction; if it fails on something but the database, each item alone."""
-        try:
-            return list(await self._transact(deliveries(items), exclusive(items)))
-        except StoreUnavailable as exc:
-            return [exc] * len(items)
-        except Exception as exc:
-            if len(items) == 1:
-                return [exc]
-            log.warning("a batch of deliveries failed; storing each alone", extra={"error": str(exc)})
-        outcomes: list[Result | BaseException] = []
-        for item in items:
-            try:
-                [outcome] = await self._transact(deliveries([item]), exclusive([item]))
-            except Exception as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(outcome)
-        return outcomes
+    async def _commit(self, items: list[Item]) -> list[Result | Exception]:
+        """The batch in one transaction; if it fails on one of its deliveries, each alone (``bot.store.batch``)."""
+
+        async def run(part: Sequence[Item]) -> list[Result]:
+            return await self._transact(deliveries(part), exclusive(part))
+
+        return await commit_batch(items, run)

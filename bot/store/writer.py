@@ -9,9 +9,14 @@ Here the event loop hands a batch to the thread once and gets every result back 
 Units queue up; the writer takes every delivery waiting plus a few engine writes, runs them
 in one transaction and commits once (group commit: callers hear back only after the
 commit, so an alert answered with 200 is on disk). If a unit fails, the batch is rolled
-back and each unit is run alone, so one bad unit fails only itself. Repeat-delivery counters
-are flushed on their own clock, never inside a delivery's transaction. WAL checkpoints run
-on a separate (aiosqlite) connection beside the writer, never inside a commit.
+back and each unit is run alone, so one bad unit fails only itself (``bot.store.batch``, the
+rule Postgres's group commit follows too). Repeat-delivery counters
+are flushed on their own clock, never inside a delivery's transaction, and the flush adds them
+to the stored counts (several processes may count repeats of one alert). ``close`` asks the
+loop to stop and waits for it: the loop runs what was queued before, flushes the counters and
+returns; it is never cancelled in the middle of a write (a write cancelled before the writer
+thread took it never ran, and the repeats it carried, already answered 200, were lost). WAL
+checkpoints run on a separate (aiosqlite) connection beside the writer, never inside a commit.
 
 The writer also owns the truth about whether the store can take writes. A commit is
 acknowledged only if the database file (and its WAL) at the configured path is still the
@@ -30,7 +35,7 @@ import os
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +46,7 @@ import aiosqlite
 
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
+from bot.store.batch import commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.schema import SCHEMA_VERSION, migrations
 from bot.store.sql import SQLITE, run_sync, single
@@ -68,7 +74,9 @@ class IngestJob:
     now: datetime
 
 
-Outcome = tuple[bool, Any]  # (ok, value or exception)
+#: What the writer's queue holds: a unit and its caller's future, or ``None``, the mark ``close``
+#: queues after everything it must run (the loop flushes the counters then and stops).
+Queued = tuple[Unit | IngestJob, "asyncio.Future[Any]"] | None
 
 
 class Writer:
@@ -78,11 +86,10 @@ class Writer:
         self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
         self._conn: sqlite3.Connection | None = None
-        self._queue: asyncio.Queue[tuple[Unit | IngestJob, asyncio.Future[Any]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Queued] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpoints: asyncio.Task[None] | None = None
-        self._closing = False
         # Committed alert keys → (status, incident): a pure redelivery needs no write at all.
         self.keys: OrderedDict[Key, KeyState] = OrderedDict()
         self.keys_max = 200_000
@@ -133,30 +140,32 @@ class Writer:
     async def close(self) -> None:
         """Finish queued writes and flush counters, then release everything, whatever happens."""
         loop = asyncio.get_running_loop()
-        self._closing = True
         try:
-            if self.running:
-                if self.seen:
-                    await self.submit(lambda conn: None)  # the writer flushes pending counters first
-                await self._queue.join()
+            if self._task is not None and not self._task.done():
+                # The loop runs what is queued, flushes the counters and stops by itself: never
+                # cancelled in the middle of a write (see the module's docstring).
+                self._queue.put_nowait(None)
+                await asyncio.wait([self._task])  # a cancelled close does not cancel the loop here
         finally:
             for task in (self._task, self._checkpoints, self._probing):
                 if task is not None:
-                    task.cancel()
+                    task.cancel()  # the loop only if it has not stopped (close was cancelled)
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             self._task = self._checkpoints = self._probing = None
             if self.seen and self._conn is not None:
-                # Counted after the writer's last flush (its queue may drain before it flushes
-                # again): repeats that were answered 200 reach the disk before it closes.
+                # Counted while the loop's last flush was committing (or the loop had died):
+                # repeats that were answered 200 reach the disk before the store closes.
                 await self._flush(loop)
+                if self.seen:
+                    log.error("repeat deliveries not recorded at close", extra={"alerts": len(self.seen)})
             # A unit submitted while the writer stopped was never run: its caller hears so
             # instead of waiting for a commit that will not come.
             while not self._queue.empty():
-                _, future = self._queue.get_nowait()
+                queued = self._queue.get_nowait()
                 self._queue.task_done()
-                if not future.done():
-                    future.set_exception(StoreUnavailable("store closed before this write ran"))
+                if queued is not None and not queued[1].done():
+                    queued[1].set_exception(StoreUnavailable("store closed before this write ran"))
             if self._checkpointer is not None:
                 with contextlib.suppress(sqlite3.Error):
                     await self._checkpointer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -167,7 +176,6 @@ class Writer:
                 self._conn = None
             self._executor.shutdown(wait=True)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
-            self._closing = False
 
     async def submit(self, unit: Unit | IngestJob) -> Any:
         """Run ``unit`` in a transaction; its result once that transaction has committed."""
@@ -185,42 +193,47 @@ class Writer:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         flushed = time.monotonic()
-        while True:
-            if self.seen and (time.monotonic() - flushed >= _FLUSH_EVERY or self._closing):
+        stop = False
+        while not stop:
+            if self.seen and time.monotonic() - flushed >= _FLUSH_EVERY:
                 await self._flush(loop)
                 flushed = time.monotonic()
             try:
                 # Not ``asyncio.wait_for``: on Python 3.11 it hands the unit to a loop being
-                # cancelled (``close``) and the loop goes on, so ``close`` waits for it for ever.
+                # cancelled and the loop goes on, so whoever cancelled it waits for it for ever.
                 async with asyncio.timeout(_FLUSH_EVERY):
                     first = await self._queue.get()
             except TimeoutError:
                 continue
+            if first is None:  # close: nothing queued before it is left
+                self._queue.task_done()
+                break
             batch = [first]
             units = 0 if isinstance(first[0], IngestJob) else 1
             # Every waiting delivery (together they cost one statement per table) and a few
             # engine writes: a webhook never waits behind a long run of engine work.
             while not self._queue.empty() and units < self._units_per_batch:
                 item = self._queue.get_nowait()
+                if item is None:  # close: this batch is the last
+                    self._queue.task_done()
+                    stop = True
+                    break
                 units += not isinstance(item[0], IngestJob)
                 batch.append(item)
             batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
-            items = [unit for unit, _ in batch]
-            try:
-                outcomes = await loop.run_in_executor(self._executor, self._run, items)
-            except Exception as exc:
-                self._attempted(exc, units=len(batch))
-                outcomes = [(False, StoreUnavailable(f"write failed: {exc}"))] * len(batch)
-            else:
-                self._attempted(None)
-            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+            outcomes = await commit_batch([unit for unit, _ in batch], self._commit)
+            failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
+            self._attempted(failed, units=len(batch))
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
                 if not future.done():
-                    if ok:
-                        future.set_result(value)
+                    if isinstance(outcome, Exception):
+                        future.set_exception(outcome)
                     else:
-                        future.set_exception(value)
+                        future.set_result(outcome)
             for _ in batch:
                 self._queue.task_done()
+        if self.seen:
+            await self._flush(loop)  # what was answered 200 is on disk before the loop stops
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         seen, self.seen = self.seen, {}
@@ -231,8 +244,9 @@ class Writer:
             run_sync(conn, single(bump_seen(rows)))
 
         try:
-            items: list[Unit | IngestJob] = [bump]
-            await loop.run_in_executor(self._executor, self._run, items)
+            # Shielded: if whoever flushes is cancelled, the write handed to the writer thread is
+            # not withdrawn with it (the counts it carries were answered 200 already).
+            await asyncio.shield(self._commit([bump]))
         except Exception as exc:
             self._attempted(exc, units=1)
             log.warning("could not record repeat deliveries; will retry")
@@ -255,51 +269,36 @@ class Writer:
             log.error("store write failed", extra={"units": units}, exc_info=error)
         self._failure, self._failed_at = str(error), time.monotonic()
 
-    # ------------------------------------------------------- in the writer thread
-    def _run(self, items: list[Unit | IngestJob]) -> list[Outcome]:
-        """All items in one transaction (if one fails, roll back and run each alone), then make
-        sure what was committed is where a restart will look: else every caller hears it failed."""
-        outcomes = self._run_units(items)
-        lost = self.lost()
-        if lost is not None:
-            raise StoreUnavailable(f"{lost}: a restart would not find this write")
-        return outcomes
+    async def _commit(self, items: Sequence[Unit | IngestJob]) -> list[Any]:
+        """``items`` in one transaction in the writer thread: their results once committed where a
+        restart will look. The database's own failure is ``StoreUnavailable``."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, items)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"write failed: {exc}") from exc
 
-    def _run_units(self, items: list[Unit | IngestJob]) -> list[Outcome]:
+    # ------------------------------------------------------- in the writer thread
+    def _run(self, items: Sequence[Unit | IngestJob]) -> list[Any]:
+        """All items in one transaction, then make sure what was committed is where a restart will
+        look: else every caller hears it failed."""
         conn = self._conn
         assert conn is not None
-        try:
-            return self._transaction(conn, items)
-        except sqlite3.OperationalError:
-            raise  # the database itself is in trouble: every caller gets StoreUnavailable
-        except Exception as exc:
-            if len(items) == 1:
-                return [(False, exc)]
-        outcomes: list[Outcome] = []
-        for item in items:
-            try:
-                outcomes.extend(self._transaction(conn, [item]))
-            except sqlite3.OperationalError:
-                raise
-            except Exception as exc:
-                outcomes.append((False, exc))
-        return outcomes
-
-    def _transaction(self, conn: sqlite3.Connection, items: list[Unit | IngestJob]) -> list[Outcome]:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            outcomes: list[Outcome] = []
+            results: list[Any] = []
             jobs = [item for item in items if isinstance(item, IngestJob)]
             if jobs:
-                stored = run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.keys)).result
-                outcomes.extend((True, o) for o in stored)
-            outcomes.extend((True, unit(conn)) for unit in items if not isinstance(unit, IngestJob))
+                results.extend(run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.keys)).result)
+            results.extend(unit(conn) for unit in items if not isinstance(unit, IngestJob))
             conn.execute("COMMIT")
-            return outcomes
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
+        lost = self.lost()
+        if lost is not None:
+            raise StoreUnavailable(f"{lost}: a restart would not find this write")
+        return results
 
     def remember(self, cache: Mapping[Key, KeyState]) -> None:
         """Keys a committed delivery stored (loop thread)."""
