@@ -196,6 +196,26 @@ def test_a_ladder_must_name_playbooks_and_never_circle() -> None:
     assert any("climbs in a circle (a → b → a)" in p for p in problems), problems
 
 
+def test_a_rung_that_takes_a_node_climbs_only_to_one_that_gives_it_back() -> None:
+    taking = ["notify", "slurm_down", "capacity", "cordon", "drain", "reboot", "wait_ready"]
+    back = ["give_back", "slurm_resume", "close"]
+    ladder = PlaybookSet(
+        playbooks={
+            "borrow-then-ask": Playbook.model_validate({"steps": [*taking, *back], "next": "ask"}),
+            "borrow-then-replace": Playbook.model_validate({"steps": [*taking, *back], "next": "replace"}),
+            "ask": Playbook.model_validate({"steps": ["notify", "close"]}),
+            "replace": Playbook.model_validate(
+                {"steps": ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", *back]}
+            ),
+        }
+    )
+    lent = [p for p in ladder.problems(REGISTRY) if "give_back" in p]
+    assert lent == [
+        "playbooks.borrow-then-ask: takes a node from a pool (capacity) and climbs to 'ask', which has no"
+        " give_back: after a climb the node taken would stay lent until a rollback"
+    ]
+
+
 # ------------------------------------------------------------ the fault back after the return
 async def test_the_fault_back_after_the_return_climbs_to_the_next_rung(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, mode="auto", playbooks=WATCHED) as h:
