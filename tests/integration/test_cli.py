@@ -9,6 +9,7 @@ YAML + env overrides with ``__`` nesting; secrets read from files; ``catalog``.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,52 @@ def test_plan_live_says_why_it_read_no_pool_where_no_far_side_is_configured(
     )
     assert main(["plan", str(AM / "xid79-firing.json")]) == 0  # without --live: nothing said of now
     assert "now:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("far_side", ["refuses", "silent"])
+def test_plan_live_says_the_pools_could_not_be_read_when_slurm_does_not_answer(
+    far_side: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slurmrestd that refuses the connection, or accepts it and never answers (within
+    ``slurm.request_timeout``): ``--live`` says the pools could not be read and why, exits 0, and the
+    plan is still printed (what the take would do is decided when the job is found pending)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if far_side == "silent":
+            listener.listen()
+        else:
+            listener.close()
+        token = tmp_path / "slurm-token"
+        token.write_text("not-a-real-token\n")
+        config = tmp_path / "pitcrew.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "mode": "auto",
+                    "integrations": {"scheduler": "slurm"},
+                    "slurm": {
+                        "backend": "rest",
+                        "rest_url": f"http://127.0.0.1:{port}",
+                        "rest_token_file": str(token),
+                        "request_timeout": 0.5,
+                    },
+                    "store": {"path": str(tmp_path / "none.db")},
+                    "capacity": {"pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}]},
+                }
+            )
+        )
+        assert main(["plan", str(AM / "xid79-firing.json"), "--live", "--json", "-c", str(config)]) == 0
+    [plan] = json.loads(capsys.readouterr().out)
+    assert plan["capacity_choice"] is None
+    why = {
+        "refuses": "slurmrestd unreachable (ClientConnectorError)",
+        "silent": "slurmrestd gave no answer in time",
+    }
+    assert plan["capacity"][-1] == (
+        f"now: the pools could not be read (openapi: {why[far_side]}): the take is decided when the job is found pending"
+    )
+    assert plan["playbook"] == "replace-node"
 
 
 def test_plan_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
