@@ -95,16 +95,21 @@ class IncidentFlow:
                 plan = incident.plan
                 if job_track is None or job_track.done():
                     job_track = self._start_job_track(incident, plan, steps)
-                if await self._node_track(incident, plan, job_track):
+                if await self._node_track(incident, plan, steps, job_track):
                     return
         finally:
             await cancel_and_wait(job_track)
 
     # ---------------------------------------------------------------- node track
     async def _node_track(
-        self, incident: IncidentRecord, plan: Plan, job_track: asyncio.Task[None] | None
+        self,
+        incident: IncidentRecord,
+        plan: Plan,
+        steps: Mapping[str, StepRecord],
+        job_track: asyncio.Task[None] | None,
     ) -> bool:
-        """One move of the node track; True when the flow is over."""
+        """One move of the node track; True when the flow is over. ``steps``: as read at the top
+        of this move."""
         order = plan.steps
         hands_off = not (plan.acts and plan.mode is not Mode.OBSERVE)
         if incident.step_index >= len(order):
@@ -118,9 +123,9 @@ class IncidentFlow:
                 return await self._fault_back(incident, watch.back)
             if not await self._job_track_ended(incident, plan, job_track):
                 return False
-            if hands_off and await self._still_firing(incident):
+            if hands_off and await self._still_firing(incident, steps):
                 return False
-            if watch is not None and await self._watching_return(incident, watch):
+            if watch is not None and await self._watching_return(incident, watch, steps):
                 return False
         if step == APPROVE:
             decided = await self._approval(incident)
@@ -216,8 +221,10 @@ class IncidentFlow:
         self, incident: IncidentRecord, plan: Plan, job_track: asyncio.Task[None] | None
     ) -> bool:
         """At ``close``: True once every job-track step has ended; a failed one fails the incident."""
-        steps = await self.store.steps_of(incident.id)
         job_steps = self._job_steps(plan)
+        if not job_steps:
+            return True  # no job track: nothing to read
+        steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
         open_steps = [s for s in job_steps if _status(steps, s) not in _ENDED]
         if open_steps:
             if job_track is None or job_track.done():
@@ -241,15 +248,16 @@ class IncidentFlow:
         return ends[-1].detail if ends and ends[-1].outcome == "failed" else "the job did not come back"
 
     # ----------------------------------------------------------------- waiting
-    async def _still_firing(self, incident: IncidentRecord) -> bool:
-        """Hands-off and observe incidents stay open while their alerts fire, so repeats attach."""
+    async def _still_firing(self, incident: IncidentRecord, steps: Mapping[str, StepRecord]) -> bool:
+        """Hands-off and observe incidents stay open while their alerts fire, so repeats attach.
+        ``steps``: as read at the top of this move (only this method marks ``watching``)."""
         alerts = await self.store.alerts_of(incident.id)
         firing = [a for a in alerts if a.status == "firing"]
         age = self.clock() - incident.opened_at
         watch_max = self.deps.settings.watch_max
         if not firing or age >= watch_max:
             return False
-        if "watching" not in (await self.store.steps_of(incident.id)):
+        if "watching" not in steps:
             await self.store.step_finished(
                 incident.id,
                 "watching",
@@ -262,13 +270,15 @@ class IncidentFlow:
         await self.signals.wait(incident.id, (watch_max - age).total_seconds())
         return True
 
-    async def _watching_return(self, incident: IncidentRecord, watch: returned.ReturnLook) -> bool:
+    async def _watching_return(
+        self, incident: IncidentRecord, watch: returned.ReturnLook, steps: Mapping[str, StepRecord]
+    ) -> bool:
         """The node is back and its playbook has a next rung: stay open until ``fault_returns_within``
         has passed, woken early when one of the incident's faults fires again."""
         now = self.clock()
         if watch.until is None:
             return False
-        marked = (await self.store.steps_of(incident.id)).get(returned.RETURN_WATCH)
+        marked = steps.get(returned.RETURN_WATCH)  # only this method writes it
         if now >= watch.until:
             if marked is not None and marked.status == "running":
                 waited = format_duration(watch.until - watch.returned.at)

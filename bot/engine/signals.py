@@ -2,17 +2,32 @@
 the engine's one source of waiting: a ``Timer``, real in production and fake in tests.
 
 Waits end on a signal or after a bounded time, so a missed signal only delays, never
-strands, an incident.
+strands, an incident. That bound is spread per incident (``recheck_after``): incidents opened
+together in a storm would otherwise all look again in the same instant, a burst of store reads
+every ``RECHECK`` seconds that lands on the webhook's tail latency.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-#: Waits that a signal ends (approvals, watching, pause) still look again this often.
+#: Waits that a signal ends (approvals, watching, pause) still look again at least this often.
 RECHECK = 30.0
+#: The share of ``RECHECK`` over which the incidents' re-checks are spread: each incident looks
+#: again after between ``(1 - RECHECK_SPREAD) * RECHECK`` and ``RECHECK`` seconds.
+RECHECK_SPREAD = 0.5
+
+
+def recheck_after(incident_id: str) -> float:
+    """How long this incident's waits last at most: ``RECHECK`` less a share of
+    ``RECHECK_SPREAD`` fixed by its id (the same in every run and on every replica, so fake-time
+    tests stay deterministic; different periods keep incidents woken together apart afterwards)."""
+    digest = hashlib.blake2b(incident_id.encode(), digest_size=8).digest()
+    share = int.from_bytes(digest, "big") / 2**64  # in [0, 1)
+    return RECHECK * (1.0 - RECHECK_SPREAD * share)
 
 
 class Timer(Protocol):
@@ -42,9 +57,11 @@ class RealTimer:
 
 
 class Signals:
-    def __init__(self, timer: Timer | None = None) -> None:
+    def __init__(self, timer: Timer | None = None, recheck: Callable[[str], float] = recheck_after) -> None:
+        """``recheck``: an incident's bound on a wait (``recheck_after``; at most ``RECHECK``)."""
         self._events: dict[str, asyncio.Event] = {}
         self._timer = timer or RealTimer()
+        self._recheck = recheck
 
     def signal(self, incident_id: str) -> None:
         self._events.setdefault(incident_id, asyncio.Event()).set()
@@ -54,10 +71,16 @@ class Signals:
             event.set()
 
     async def wait(self, incident_id: str, limit: float | None) -> None:
-        """Sleep until signalled or ``limit`` seconds pass (at most ``RECHECK``)."""
+        """Sleep until signalled or ``limit`` seconds pass, at most the incident's re-check bound
+        (``recheck_after``): a shorter ``limit`` is kept as asked, never spread."""
         event = self._events.setdefault(incident_id, asyncio.Event())
-        await self._timer.wait(event, max(min(limit or RECHECK, RECHECK), 0.001))
+        await self._timer.wait(event, self.limit(incident_id, limit))
         event.clear()
+
+    def limit(self, incident_id: str, limit: float | None) -> float:
+        """How long ``wait`` waits without a signal."""
+        bound = min(self._recheck(incident_id), RECHECK)
+        return max(min(limit or bound, bound), 0.001)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the events of incidents no longer alive."""
