@@ -18,7 +18,6 @@ here, an approval decided there wakes the incident waiting for it, a resume wake
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 from bot import logger
@@ -34,7 +33,7 @@ from bot.engine.pool_watch import PoolWatch
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
 from bot.engine.slurm_watch import SlurmWatch
-from bot.engine.tasks import cancel_and_wait
+from bot.engine.tasks import cancel_and_wait, wait_ended
 from bot.store import codec
 from bot.store.base import Deposed, IncidentRecord, NewEvent
 
@@ -248,9 +247,7 @@ class Engine:
         """Stop the incident's worker, then undo under its work lock, as ``request_rollback`` does."""
         try:
             if worker is not None and not worker.done():
-                worker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await worker
+                await cancel_and_wait(worker)
             async with self.locks.work(incident_id):
                 incident = await self.store.incident(incident_id)
                 record = (await self.store.steps_of(incident_id)).get(ROLLBACK)
@@ -301,8 +298,7 @@ class Engine:
             and carrier is not asyncio.current_task()
         ):
             # Requested through another process and already being carried out here: one undo.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(carrier)
+            await wait_ended(carrier)
             done = (await self.store.steps_of(incident.id)).get(ROLLBACK)
             undone = codec.decode_record(RollbackRecord, done.result).report if done else ()
             return list(undone)
@@ -318,9 +314,7 @@ class Engine:
             )
             task = self._tasks.pop(incident.id, None)
             if task is not None and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
             async with self.locks.work(incident.id):
                 fresh = await self.store.incident(incident.id)
                 assert fresh is not None

@@ -20,8 +20,18 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     if task is None:
         return
     task.cancel()
+    await _ended(task)
+
+
+async def wait_ended(task: asyncio.Task[Any]) -> None:
+    """Wait until ``task``, which someone else runs, has ended, without cancelling it when the
+    caller is cancelled (shielded); its own cancellation is swallowed, the caller's is not."""
+    await _ended(asyncio.shield(task))
+
+
+async def _ended(awaited: asyncio.Future[Any]) -> None:
     try:
-        await task
+        await awaited
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if current is not None and current.cancelling():

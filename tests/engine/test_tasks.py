@@ -1,8 +1,12 @@
-"""``cancel_and_wait``: the one rule for stopping a worker's task.
+"""``cancel_and_wait``: the one rule for stopping a worker's task; ``wait_ended``: waiting for a
+task someone else runs.
 
 Cases: nothing to stop; a running task is cancelled and has ended when the call returns; a task that
 failed on its own is not hidden from its owner by a stop (its error is raised); the caller's own
-cancellation while it waits for a slow-to-end task is passed on, never swallowed.
+cancellation while it waits for a slow-to-end task is passed on, never swallowed. Waiting for a task
+run by someone else: its cancellation by its owner is swallowed; the waiter's own cancellation is
+passed on and leaves the task running (the engine's rollback waits so for a rollback already under
+way; before, it swallowed a shutdown's cancellation and went on).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import contextlib
 
 import pytest
 
-from bot.engine.tasks import cancel_and_wait
+from bot.engine.tasks import cancel_and_wait, wait_ended
 
 
 async def test_nothing_to_stop() -> None:
@@ -59,3 +63,23 @@ async def test_the_callers_own_cancellation_is_passed_on() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await worker
     assert ended.is_set() and worker.cancelled()
+
+
+async def test_waiting_for_another_owners_task() -> None:
+    owned = asyncio.create_task(asyncio.sleep(3600))
+    waiter = asyncio.create_task(wait_ended(owned))
+    await asyncio.sleep(0)
+    owned.cancel()  # its owner stops it: the waiter just sees it ended
+    await waiter
+    assert owned.cancelled()
+
+    release = asyncio.Event()
+    running = asyncio.create_task(release.wait())
+    waiter = asyncio.create_task(wait_ended(running))
+    await asyncio.sleep(0)
+    waiter.cancel()  # the waiter is cancelled (a shutdown): passed on, the task goes on
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not running.done()
+    release.set()
+    await running
