@@ -214,6 +214,27 @@ async def test_a_machine_a_machinehealthcheck_remediates_is_watched_not_deleted_
     assert [(e.resource, e.user_agent.startswith("pitcrew/")) for e in k8s.log if e.verb == "delete"] == []
 
 
+async def test_a_node_read_just_before_cluster_api_removed_it_is_not_taken_for_repaired_in_place(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Cluster API ends a remediation by deleting the Node, then letting the Machine go (its
+    finalizer): read between the two, the Node is still there and its Machine already gone. That is
+    not a node repaired in place — it is the old node, about to be deleted (a CI run took it for the
+    successor)."""
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.replace_delay = 30  # the MachineSet makes the new Machine only when the test says
+    machine = "gpu-east-gpu-h100-x7b2n-q4v9k"
+    k8s.machine_health_check_fails("gpu-east", machine)
+    handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+
+    def cluster_api_finishes() -> None:  # between pitcrew's read of the Node and of its Machine
+        del k8s.objects[("nodes", None, NODE)]
+        del k8s.objects[("machines", "gpu-east", machine)]
+
+    k8s.inject(None, verb="get", resource="machines", before=cluster_api_finishes)
+    assert await cluster.successor(NODE, handle=handle) is None
+
+
 @pytest.mark.parametrize(("strategy", "resource"), [("delete-node", "nodes"), ("cluster-api", "machines")])
 async def test_a_delete_whose_answer_was_lost_is_not_an_error(
     make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, strategy: str, resource: str

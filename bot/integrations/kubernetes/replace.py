@@ -257,6 +257,20 @@ class Replacer:
             return f"karpenter (NodeClaim {claim['metadata']['name']} is deleting)"  # type: ignore[index]
         return None
 
+    async def _repaired_in_place(self, node: client.V1Node) -> bool:
+        """No other system repairs the node any more, and it is still the node that was read. It is
+        read again after its Machine or NodeClaim: Cluster API and Karpenter delete the Node first and
+        let the Machine or NodeClaim go after (their finalizers), so a Node read just before both went
+        has no owner left to show, yet is the old node on its way out, not one repaired in place."""
+        if await self._foreign(node) is not None:
+            return False
+        again = await self._nodes.read(node.metadata.name)
+        return (
+            again is not None
+            and again.metadata.uid == node.metadata.uid
+            and again.metadata.deletion_timestamp is None
+        )
+
     async def started(self, name: str, *, incident_id: str) -> bool:
         """The replacement this incident marked on the node reached the far side (or the node is gone)."""
         node = await self._nodes.read(name)
@@ -452,7 +466,7 @@ class Replacer:
             if (
                 parsed is None
                 or parsed.strategy == "command"
-                or (parsed.strategy == WATCH and await self._foreign(node) is None)  # repaired in place
+                or (parsed.strategy == WATCH and await self._repaired_in_place(node))
                 or (created and created >= parsed.since)
             ):
                 return facts(node, self._settings.gpu_resource)
