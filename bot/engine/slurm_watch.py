@@ -9,7 +9,8 @@ alert. It must not act on Slurm or Kubernetes itself, nor judge whose a reason i
 (``bot.domain.slurm_watch.out_by_others`` does).
 
 It also remembers, per node, the jobs running there at its last look while the node was in
-service (one ``jobs_on_node`` per busy node and poll, as the hung-job watch reads them): when Slurm
+service (one ``jobs_on_node`` per busy node and poll, as the hung-job watch reads them; a look
+finding a busy node without a running job keeps the look before): when Slurm
 sets a node DOWN its jobs leave it at once (requeued, or ended ``NODE_FAIL``), and the record of
 the outage names them so the incident can follow them. The memory is kept in the store
 (``bot.engine.memory``): a node Slurm takes out while pitcrew restarts or changes leader still names
@@ -109,7 +110,12 @@ class SlurmWatch(AlertSource):
                 extra={"node": node.name, "error": str(exc), "reason": exc.reason},
             )
             return
-        seen[node.name] = tuple(j for j in jobs if j.running)
+        running = tuple(j for j in jobs if j.running)
+        if running or node.name not in seen:
+            seen[node.name] = running
+        # else: listed busy, yet no job runs there when read: the node changed between the two reads
+        # (Slurm set it DOWN and ended its jobs, or they are completing). The look before stands
+        # until the node is listed idle; erasing it here would leave the outage naming no job.
 
     async def _ours_to_watch(self, name: str) -> bool:
         """The Slurm node is the Kubernetes node of the same name (identity mapping)."""

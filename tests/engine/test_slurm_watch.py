@@ -9,7 +9,8 @@ Cases:
 - Slurm unreachable: the poll gives up quietly and the next one tries again;
 - an outage names the jobs the watch saw on the node at its last look while it was in service (a
   DOWN by Slurm takes them off the node at once); a node already out at the first look names none;
-  only busy nodes in service have their jobs read;
+  only busy nodes in service have their jobs read; a look that raced the outage (listed busy, its
+  job already ended when read) keeps what the look before saw;
 - that memory is kept in the store: a node Slurm takes out while pitcrew is down (the store closed,
   a new process's watch on it) still names its jobs; a node back idle, or gone from Slurm's list,
   is forgotten there too.
@@ -173,6 +174,28 @@ async def test_an_outage_names_the_jobs_seen_on_the_node_at_the_last_look_before
         [alert] = await store.alerts_of(incident_id)
         named[alert.node] = alert.annotations.get("slurm_jobs")
     assert named == {"gpu-001": "4711@1", "gpu-002": None}  # gpu-002 was out before the first look
+
+
+async def test_a_look_that_raced_the_outage_does_not_forget_the_jobs_seen_before(store: SqliteStore) -> None:
+    """The listing said busy; by the time the node's jobs were read Slurm had set it DOWN and ended
+    its job (``NODE_FAIL``): that look found no running job, and must not erase the one the look
+    before saw (a CI run's outage named no job, and the lost job was never reported)."""
+    slurm, clock = FakeSlurm(), Clock()
+    train = JobSnapshot("4711", "train", "dana", "RUNNING", ("gpu-001",), 0)
+    slurm.listed = [node("gpu-001", "ALLOCATED")]
+    slurm.jobs = {"gpu-001": [train]}
+    watcher = watch(store, slurm, clock)
+    await watcher.poll()
+
+    slurm.jobs["gpu-001"] = [replace(train, state="NODE_FAIL")]  # listed busy a moment before
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    slurm.listed[0] = node("gpu-001", "IDLE", "DOWN", reason=NHC)
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    [(incident_id, _, _)] = await store.active()
+    [alert] = await store.alerts_of(incident_id)
+    assert alert.annotations.get("slurm_jobs") == "4711@0"
 
 
 async def test_a_node_taken_out_during_a_restart_still_names_its_jobs(tmp_path: Path) -> None:
