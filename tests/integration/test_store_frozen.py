@@ -89,10 +89,25 @@ def writer(postgres_db: PostgresDatabase) -> Iterator[subprocess.Popen[str]]:
 
 
 def _sessions(watch: psycopg.Connection[tuple[object, ...]], query: str) -> list[tuple[object, ...]]:
+    """This database's sessions (the server is shared by the worker's tests) whose last query starts so."""
     return watch.execute(
-        "SELECT pid, state, wait_event_type FROM pg_stat_activity WHERE query LIKE %s AND pid != pg_backend_pid()",
+        "SELECT pid, state, wait_event_type FROM pg_stat_activity"
+        " WHERE datname = current_database() AND query LIKE %s AND pid != pg_backend_pid()",
         (f"{query}%",),
     ).fetchall()
+
+
+def _backend(watch: psycopg.Connection[tuple[object, ...]], pid: object) -> tuple[object, ...] | None:
+    """One session's state and last query, or ``None`` once it has ended."""
+    row: tuple[object, ...] | None = watch.execute(
+        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row
+
+
+def _process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 async def test_a_process_frozen_inside_a_batch_does_not_hold_the_write_lock(
@@ -104,21 +119,33 @@ async def test_a_process_frozen_inside_a_batch_does_not_hold_the_write_lock(
         holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
         writer.stdin.write("go\n")
         writer.stdin.flush()
-        wait_until(
-            lambda: any(row[2] == "Lock" for row in _sessions(watch, "INSERT INTO events")),
-            timeout=30,
-            what="the delivery's batch of events to wait for the table",
-        )
+        waiting: list[object] = []
+
+        def batch_waits() -> bool:
+            waiting[:] = [row[0] for row in _sessions(watch, "INSERT INTO events") if row[2] == "Lock"]
+            return bool(waiting)
+
+        wait_until(batch_waits, timeout=30, what="the delivery's batch of events to wait for the table")
+        [backend] = waiting
         os.kill(writer.pid, signal.SIGSTOP)
+        wait_until(lambda: _process_state(writer.pid) == "T", timeout=10, what="the process to stop")
         holder.commit()  # the batch goes on in the server; the process does not read its answer
         limit = IDLE_IN_TRANSACTION_MS / 1000
-        wait_until(
-            lambda: not _sessions(watch, "INSERT INTO events"),
-            timeout=limit + 20,
-            what=f"the frozen session to be ended (idle-in-transaction limit {limit:g}s)",
-        )
+        states: list[object] = []
+
+        def ended() -> bool:
+            row = _backend(watch, backend)
+            if row is not None and row[0] not in states:
+                states.append(row[0])
+            return row is None
+
+        wait_until(ended, timeout=limit + 20, what=f"the frozen session to be ended (limit {limit:g}s)")
+        stopped = _process_state(writer.pid)
         [(incidents,)] = watch.execute("SELECT count(*) FROM incidents").fetchall()
-        assert incidents == 0, "a frozen, unfinished delivery was committed"
+        assert incidents == 0, (
+            f"a frozen, unfinished delivery was committed (its session went {states}, the process is {stopped!r})"
+        )
+        assert stopped == "T" and "idle in transaction" in states, (stopped, states)
 
     store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
     await store.open()
