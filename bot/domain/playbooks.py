@@ -171,12 +171,8 @@ class PlaybookOverride(BaseModel):
         return Playbook.model_validate({**shipped.model_dump(), **given})
 
 
-def _takes(playbook: Playbook) -> bool:
-    return any(spec.step == "capacity" for spec in playbook.steps)
-
-
-def _gives_back(playbook: Playbook) -> bool:
-    return any(spec.step == "give_back" for spec in playbook.steps)
+def _has_step(playbook: Playbook, step: str) -> bool:
+    return any(spec.step == step for spec in playbook.steps)
 
 
 class PlaybookSet(BaseModel):
@@ -202,7 +198,11 @@ class PlaybookSet(BaseModel):
             if self.playbooks[name].fault_returns_within is not None and self.playbooks[name].next is None:
                 found.append(f"playbooks.{name}: fault_returns_within needs a next rung to climb to")
             taker = self.playbooks[name]
-            if taker.next in self.playbooks and _takes(taker) and not _gives_back(self.playbooks[taker.next]):
+            if (
+                taker.next in self.playbooks
+                and _has_step(taker, "capacity")
+                and not _has_step(self.playbooks[taker.next], "give_back")
+            ):
                 found.append(
                     f"playbooks.{name}: takes a node from a pool (capacity) and climbs to {taker.next!r},"
                     " which has no give_back: after a climb the node taken would stay lent until a rollback"

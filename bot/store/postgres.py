@@ -86,7 +86,8 @@ def _batch(
     while the statement waited for a lock) leaves its session waiting for the next message
     *without* the idle-in-transaction limit, which the server arms only when it answers a Sync:
     the session held the write lock and the lease row ``FOR SHARE`` for as long as the process
-    stayed frozen, and no standby could take over (seen in the fencing e2e). A simple query is
+    stayed frozen, and no standby could take over (``tests/integration/test_store_frozen.py``
+    shows it on the old driver). A simple query is
     answered as a whole, so the limit holds between any two messages of a transaction."""
     for start in range(0, len(rows), BATCH_STATEMENTS):
         yield ";\n".join(mogrifier.mogrify(sql, row) for row in rows[start : start + BATCH_STATEMENTS])
