@@ -151,14 +151,15 @@ async def test_usr1_to_the_batch_step_makes_the_job_checkpoint_now(
     assert read_checkpoint(slurm.job_dir, job_id) == 0  # no checkpoint of its own yet
 
     await s.signal_job(job_id, "USR1")
-    saved = await eventually(
-        lambda: _async(read_checkpoint(slurm.job_dir, job_id) or None),
+    # The job writes the checkpoint, its progress and metrics, and the event last: wait for the event.
+    await eventually(
+        lambda: _async([e for e in read_events(slurm.job_dir, job_id) if " CHECKPOINT " in e] or None),
         timeout=10,
         what="the checkpoint asked for",
     )
+    saved = read_checkpoint(slurm.job_dir, job_id)
     progress = read_progress(slurm.job_dir, job_id)
     assert progress is not None and 3 <= saved == progress["step"]  # saved, then holds
-    assert [e for e in read_events(slurm.job_dir, job_id) if " CHECKPOINT " in e]
     assert f'{CHECKPOINT_METRIC}{{job_id="{job_id}"' in exposition(slurm.job_dir)
     job = await s.job(job_id)
     assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
