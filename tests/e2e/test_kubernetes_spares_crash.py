@@ -82,19 +82,47 @@ BOUNDARIES = {
     ),
     "unmark": Boundary("spare", "patch", "nodes", skip=2),
 }
-CASES = [(name, when) for name in BOUNDARIES for when in ("before", "after")]
+WHEN = ("before", "after")
+TAKE = [(name, when) for name in ("lend", "evict", "join") for when in WHEN]
+GIVE_BACK = [(name, when) for name in ("refill", "unmark") for when in WHEN]
+assert sorted(TAKE + GIVE_BACK) == sorted((name, when) for name in BOUNDARIES for when in WHEN)
+Fixtures = tuple[SlurmCluster, Any, KubeWorld, Path, pytest.CaptureFixture[str]]
 
 
-@pytest.mark.parametrize(("boundary", "when"), CASES, ids=[f"{b}-{w}" for b, w in CASES])
-def test_sigkill_at_every_boundary_of_take_and_give_back_leaves_each_node_in_one_place(
-    slurm: SlurmCluster,
-    pitcrew_factory: Any,
-    kube_world: KubeWorld,
-    tmp_path: Path,
-    boundary: str,
-    when: str,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+# Two classes, so that pytest-xdist's ``--dist loadscope`` (scripts/test) gives the take and the
+# give-back a worker each: the ten cases take six minutes, all of it waiting on real timers.
+class TestTake:
+    @pytest.mark.parametrize(("boundary", "when"), TAKE, ids=[f"{b}-{w}" for b, w in TAKE])
+    def test_sigkill_at_every_boundary_of_the_take_leaves_each_node_in_one_place(
+        self,
+        slurm: SlurmCluster,
+        pitcrew_factory: Any,
+        kube_world: KubeWorld,
+        tmp_path: Path,
+        boundary: str,
+        when: str,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        _sigkill_at(boundary, when, (slurm, pitcrew_factory, kube_world, tmp_path, capsys))
+
+
+class TestGiveBack:
+    @pytest.mark.parametrize(("boundary", "when"), GIVE_BACK, ids=[f"{b}-{w}" for b, w in GIVE_BACK])
+    def test_sigkill_at_every_boundary_of_the_give_back_leaves_each_node_in_one_place(
+        self,
+        slurm: SlurmCluster,
+        pitcrew_factory: Any,
+        kube_world: KubeWorld,
+        tmp_path: Path,
+        boundary: str,
+        when: str,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        _sigkill_at(boundary, when, (slurm, pitcrew_factory, kube_world, tmp_path, capsys))
+
+
+def _sigkill_at(boundary: str, when: str, fixtures: Fixtures) -> None:
+    slurm, pitcrew_factory, kube_world, tmp_path, capsys = fixtures
     at = BOUNDARIES[boundary]
     labels = SPARE if at.kind == "spare" else INFERENCE
     pool_layout(kube_world, slurm, labels)
