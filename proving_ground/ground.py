@@ -149,6 +149,18 @@ class ProvingGround:
             self.workdir / "pitcrew", self._pitcrew_config(), os.environ, self.ports.get("pitcrew", 0)
         )
         self.pitcrew.start(timeout=30)
+        # Before Alertmanager: until Prometheus has scraped every node, the exporter rules see nodes
+        # without an exporter (on a busy machine for 20 s and more, past their 10 s ``for``), and
+        # routed, those startup alerts opened exporter-down incidents in the channel before any
+        # fault. Started after, Alertmanager hears of them only resolved, and notifies nothing.
+        yield "Prometheus scraping every node (its first scrape comes a few seconds after start)"
+        self.prometheus.wait_targets_up(self.nodes, timeout=60)
+        prometheus = self.prometheus
+        prometheus.wait(
+            lambda: not prometheus.query('ALERTS{alertstate="firing", fault="exporter-down"}'),
+            timeout=30,
+            what="the exporter rules to see every node's exporter",
+        )
         yield "Alertmanager with pitcrew's route"
         am_config = alertmanager_config(
             f"{self.pitcrew.url}/api/v1/alerts", self.pitcrew.workdir / "webhook.token", TIMING
@@ -157,8 +169,6 @@ class ProvingGround:
             _binary("prometheus-alertmanager"), self.workdir / "alertmanager", am_config, port=am_port
         )
         self.alertmanager.start()
-        yield "Prometheus scraping every node (its first scrape comes a few seconds after start)"
-        self.prometheus.wait_targets_up(self.nodes, timeout=60)
         self._replacer.start()
 
     def _pitcrew_config(self) -> dict[str, Any]:
