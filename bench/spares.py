@@ -44,9 +44,9 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 from proving_ground.kubernetes.nodeset import NodeSetStandin  # noqa: E402
 from proving_ground.kubernetes.world import (  # noqa: E402
     KubeWorld,
-    gpu_fleet,
     inference_replicas,
     pod_ready,
+    pool_fleet,
     settings_for,
 )
 from proving_ground.pitcrew import Pitcrew  # noqa: E402
@@ -148,14 +148,9 @@ def one_k8s_run(
     world = KubeWorld().start()
     server = None
     try:
-        world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
 
         def arrange(e: Any) -> None:
-            e.replace_delay, e.ready_delay = repair_delay, 1.0
-            for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", labels)):
-                node = e.get("nodes", name)
-                node["metadata"]["labels"].update(add)
-                e.bump(node)
+            pool_fleet(e, list(slurm.nodes), NODESET, labels, replace_after=repair_delay)
             if pool is not None and pool["kind"] == "lender":
                 replicas = inference_replicas(e, "gpu-003", "gpu-002")
                 pod_ready(e, "inference", replicas[1])  # the budget allows one replica away

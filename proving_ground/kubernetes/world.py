@@ -157,6 +157,26 @@ def gpu_fleet(emulator: KubeEmulator, names: list[str]) -> None:
         emulator.add("machines", machine)
 
 
+def pool_fleet(
+    emulator: KubeEmulator,
+    names: list[str],
+    nodeset: dict[str, str],
+    pool: dict[str, str],
+    *,
+    replace_after: float,
+) -> None:
+    """``gpu_fleet`` for a take from a pool: the first two nodes in the NodeSet (``nodeset``'s
+    labels: the gang job's partition), the third in the pool ``pool``'s labels select; a
+    replacement exists ``replace_after`` seconds after it is asked for, Ready a second later."""
+    gpu_fleet(emulator, names)
+    emulator.replace_delay, emulator.ready_delay = replace_after, 1.0
+    for name, add in ((names[0], nodeset), (names[1], nodeset), (names[2], pool)):
+        node = emulator.get("nodes", name)
+        assert node is not None, name
+        node["metadata"]["labels"].update(add)
+        emulator.bump(node)
+
+
 def karpenter_fleet(emulator: KubeEmulator, names: list[str]) -> None:
     """One Karpenter GPU node per name (Slurm's names) of NodePool ``gpu-h100``, each with its
     NodeClaim and slurmd run as a DaemonSet pod (never pending, so never demand for a new node)."""

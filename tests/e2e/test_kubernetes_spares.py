@@ -41,7 +41,7 @@ import yaml
 
 from bot.cli import main
 from proving_ground.kubernetes.nodeset import NodeSetStandin
-from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready
+from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready, pool_fleet
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.kube_config import slurm_and_kubernetes
@@ -79,16 +79,7 @@ def pool_layout(kube_world: KubeWorld, slurm: SlurmCluster, labels: dict[str, st
     NodeSet (the gang job's partition), ``gpu-003`` in the pool ``labels`` select; a replacement
     exists ``REPLACE`` seconds after it is asked for, Ready a second later."""
     assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
-    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
-
-    def pools(e: Any) -> None:
-        e.replace_delay, e.ready_delay = REPLACE, 1.0
-        for name, add in (("gpu-001", NODESET), ("gpu-002", NODESET), ("gpu-003", labels)):
-            node = e.get("nodes", name)
-            node["metadata"]["labels"].update(add)
-            e.bump(node)
-
-    kube_world.call(pools)
+    kube_world.call(lambda e: pool_fleet(e, list(slurm.nodes), NODESET, labels, replace_after=REPLACE))
 
 
 def _labels(world: KubeWorld, name: str) -> dict[str, str]:
