@@ -135,12 +135,9 @@ class _Writes:
     transaction over once and hears back once. The connection is made on first use and again
     after the database dropped it."""
 
-    def __init__(self, url: str, kwargs: dict[str, Any], where: str, *, locked: bool = True) -> None:
+    def __init__(self, url: str, kwargs: dict[str, Any], where: str) -> None:
         self._url, self._kwargs, self._where = url, kwargs, where
-        #: Whether its transactions take the write lock (a prune's do not: ``_prune_transact``).
-        self._locked = locked
-        name = "pitcrew-store-writes" if locked else "pitcrew-store-prunes"
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writes")
         self._conn: SyncConn | None = None
 
     async def drive(self, op: Op[T], *, exclusive: bool = True) -> Driving[T]:
@@ -157,8 +154,7 @@ class _Writes:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
             with self._conn.transaction():
-                if self._locked:
-                    self._conn.execute(f"SELECT {lock}(%s)", (_WRITE_LOCK,))
+                self._conn.execute(f"SELECT {lock}(%s)", (_WRITE_LOCK,))
                 return _drive_sync(self._conn, op)
         except psycopg.OperationalError as exc:
             self._drop()
@@ -192,8 +188,6 @@ class _Shared:
     deliveries: GroupCommit | None = None
     #: Where every write under the write lock commits.
     writes: _Writes | None = None
-    #: Where a prune's transactions commit, without the write lock.
-    prunes: _Writes | None = None
 
 
 class PostgresStore(SqlStore):
@@ -253,7 +247,6 @@ class PostgresStore(SqlStore):
             await self.close()
             raise
         self._shared.writes = _Writes(self.url, kwargs, self._where())
-        self._shared.prunes = _Writes(self.url, kwargs, self._where(), locked=False)
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
 
@@ -265,14 +258,12 @@ class PostgresStore(SqlStore):
         """Commit the deliveries queued, then close the pool, whatever happens."""
         deliveries, self._shared.deliveries = self._shared.deliveries, None
         writes, self._shared.writes = self._shared.writes, None
-        prunes, self._shared.prunes = self._shared.prunes, None
         try:
             if deliveries is not None:
                 await deliveries.stop()
         finally:
-            for each in (writes, prunes):
-                if each is not None:
-                    await each.close()
+            if writes is not None:
+                await writes.close()
             pool, self._shared.pool = self._shared.pool, None
             if pool is not None:
                 await pool.close()
@@ -347,13 +338,9 @@ class PostgresStore(SqlStore):
         no other write touches (incidents closed before the cut-off, their alerts and counters,
         not the newest incident), and what it reads to choose them is settled; the lease row it
         holds ``FOR SHARE`` (the fence) keeps a takeover out until it commits, as for any write.
-        Under the write lock, a 1,000,000-alert prune put ingest's p99 at 2.3x. In a thread on a
-        connection of its own, as ``_Writes`` runs the others: through the asyncio driver, each of
-        its statements waited for a busy event loop (a 100,000-alert prune took 239 s, not 19)."""
-        prunes = self._shared.prunes
-        if prunes is None:
-            raise StoreUnavailable("store is not open")
-        driven = await prunes.drive(make())
+        Under the write lock, a 1,000,000-alert prune put ingest's p99 at 2.3x."""
+        async with self._conn() as conn, conn.transaction():
+            driven = await _drive(conn, make())
         return driven.result, driven.wakes
 
     async def release_lease(self, holder: str, epoch: int) -> None:
