@@ -332,17 +332,6 @@ class PostgresStore(SqlStore):
         async with self._conn() as conn, conn.transaction():
             return (await _drive(conn, make())).result
 
-    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """A prune's transaction, on a connection of the pool and without the write lock: it runs
-        beside the webhooks' and the engine's transactions, never between them. What it deletes
-        no other write touches (incidents closed before the cut-off, their alerts and counters,
-        not the newest incident), and what it reads to choose them is settled; the lease row it
-        holds ``FOR SHARE`` (the fence) keeps a takeover out until it commits, as for any write.
-        Under the write lock, a 1,000,000-alert prune put ingest's p99 at 2.3x."""
-        async with self._conn() as conn, conn.transaction():
-            driven = await _drive(conn, make())
-        return driven.result, driven.wakes
-
     async def release_lease(self, holder: str, epoch: int) -> None:
         """End the term now (graceful shutdown), on a connection of its own: at SIGTERM
         ``asyncio.run`` cancels every task, the pool's background workers too, and the release

@@ -15,9 +15,8 @@ of two incidents under one name); and the audit log (``events``), which the data
 append-only — it holds every destructive action pitcrew took, and it is kept whole.
 
 A prune runs in bounded transactions (``prune_batch``: at most ``BATCH`` alerts and
-``INCIDENTS`` incidents each) that take turns with the store's other writes on SQLite
-(``SqlStore.prune``) and run beside them on Postgres, without its write lock
-(``PostgresStore._prune_transact``): each waits until the writes queued before it have committed, is sized by how long the previous
+``INCIDENTS`` incidents each) that take turns with the store's other writes (``SqlStore.prune``):
+each waits until the writes queued before it have committed, is sized by how long the previous
 one's statements held the write lock (``BUDGET``: halved when longer, doubled when under half of
 it), and is followed by a pause ``PACE`` times as long as the whole write took, so webhooks never
 wait long and never for most of the time. What one transaction costs is its commit more than its

@@ -23,7 +23,7 @@ import asyncio
 import copy
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Self
@@ -94,20 +94,14 @@ class SqlStore(ABC):
         view._fence = fence
         return view
 
-    async def _write(
-        self,
-        make: Callable[[], Op[T]],
-        *,
-        fence: bool = True,
-        transact: Callable[[Callable[[], Op[T]]], Awaitable[tuple[T, bool]]] | None = None,
-    ) -> T:
-        """Run ``op`` in one write transaction (``transact``, by default ``_transact``); on a fenced
-        view, first check in that transaction that the leadership row still carries this process's
-        holder and epoch. After the commit, wake the outbox if the operation routed an event."""
+    async def _write(self, make: Callable[[], Op[T]], *, fence: bool = True) -> T:
+        """Run ``op`` in one write transaction; on a fenced view, first check in that transaction
+        that the leadership row still carries this process's holder and epoch. After the commit,
+        wake the outbox if the operation routed an event."""
         view_fence = self._fence if fence else None
         token = view_fence.token() if view_fence is not None else None  # Deposed before any I/O
         try:
-            value, routed = await (transact or self._transact)(lambda: queries.fenced(token, make()))
+            value, routed = await self._transact(lambda: queries.fenced(token, make()))
         except Deposed as exc:
             if view_fence is not None:
                 view_fence.deposed(str(exc))
@@ -391,9 +385,7 @@ class SqlStore(ABC):
         while True:
             await self._turn()
             started = time.monotonic()
-            done = await self._write(
-                partial(retention.prune_batch, before, size), transact=self._prune_transact
-            )
+            done = await self._write(partial(retention.prune_batch, before, size))
             took = time.monotonic() - started
             self._pruned(done)
             total.add(done)
@@ -404,11 +396,6 @@ class SqlStore(ABC):
             elif done.took < retention.BUDGET / 2:
                 size = min(batch, size * 2)
             await asyncio.sleep(took * retention.PACE)
-
-    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """A prune's transaction: the write transaction, unless the database keeps it apart from
-        the other writes by itself (Postgres)."""
-        return await self._transact(make)
 
     async def _turn(self) -> None:  # noqa: B027 - a hook, nothing by default
         """Wait (at most ``retention.YIELD``) for the writes already waiting to go first."""

@@ -8,19 +8,17 @@ the newest incident stays (the next one never takes its number); a pruned alert 
 is a new alert; another firing of a pruned alert (same fingerprint, another startsAt, in an open
 incident) keeps its delivery counter; a prune is cut into bounded transactions; on SQLite every
 statement of a prune searches an index (query plans: no table scan, no sort); a standby cannot
-prune (the fence); on Postgres a prune never waits for the write lock, held by another session;
+prune (the fence);
 the worker counts what it removed in ``pitcrew_store_pruned_rows_total``; the service runs it
 among the leader's workers only, and not at all when ``store.retention`` is null.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -33,11 +31,9 @@ from bot.runtime import build_app
 from bot.store import retention
 from bot.store.base import ACTION, NewEvent
 from bot.store.lease import Deposed, Fence
-from bot.store.postgres import _WRITE_LOCK
 from bot.store.schema import migrations
 from bot.store.sql import SQLITE, Stmt
 from bot.web.app import DEPS
-from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
 from tests.simulator.serve import WorldFile, simulated_ports
@@ -213,27 +209,6 @@ async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
     rest = await store.prune(CUTOFF, batch=2)
     assert (rest.counts["alerts"], rest.counts["incidents"], rest.more) == (3, 1, False)
     assert await store.incident(big) is None
-
-
-async def test_a_prune_on_postgres_never_waits_for_the_write_lock(postgres_db: PostgresDatabase) -> None:
-    """On Postgres a prune's transactions run beside the webhooks' and the engine's, not between
-    them: what it deletes (incidents closed before the cut-off, and theirs) no other write touches,
-    and the database's row locks keep the rest apart. Held by another session (a long batch of
-    deliveries), the write lock does not hold a prune back — nor does a prune ever hold one."""
-    stores = Stores("postgres", Path(), postgres_db)
-    try:
-        store = await stores.open()
-        old = await _incident(store, "fp1", "gpu-001")
-        await _incident(store, "fp2", "gpu-002")
-        with psycopg.connect(
-            postgres_db.url, password=postgres_db.password_file.read_text().strip()
-        ) as holder:  # a transaction, open until the block ends
-            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
-            async with asyncio.timeout(10):
-                done = await store.prune(CUTOFF)
-        assert done.counts["incidents"] == 1 and await _gone(store, old)
-    finally:
-        await stores.close()
 
 
 async def test_only_the_leader_prunes(stores: Stores) -> None:
