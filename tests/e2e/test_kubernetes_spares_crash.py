@@ -89,11 +89,16 @@ assert sorted(TAKE + GIVE_BACK) == sorted((name, when) for name in BOUNDARIES fo
 Fixtures = tuple[SlurmCluster, Any, KubeWorld, Path, pytest.CaptureFixture[str]]
 
 
-# Two classes, so that pytest-xdist's ``--dist loadscope`` (scripts/test) gives the take and the
-# give-back a worker each: the ten cases take six minutes, all of it waiting on real timers.
-class TestTake:
-    @pytest.mark.parametrize(("boundary", "when"), TAKE, ids=[f"{b}-{w}" for b, w in TAKE])
-    def test_sigkill_at_every_boundary_of_the_take_leaves_each_node_in_one_place(
+def _boundaries(cases: list[tuple[str, str]]) -> pytest.MarkDecorator:
+    return pytest.mark.parametrize(("boundary", "when"), cases, ids=[f"{b}-{w}" for b, w in cases])
+
+
+class SigkillAtEveryBoundary:
+    """The test; each subclass names its boundaries. Two, so that pytest-xdist's ``--dist
+    loadscope`` (scripts/test) gives the take and the give-back a worker each: the ten cases take
+    six minutes, all of it waiting on real timers."""
+
+    def test_sigkill_at_every_boundary_leaves_each_node_in_one_place(
         self,
         slurm: SlurmCluster,
         pitcrew_factory: Any,
@@ -106,19 +111,14 @@ class TestTake:
         _sigkill_at(boundary, when, (slurm, pitcrew_factory, kube_world, tmp_path, capsys))
 
 
-class TestGiveBack:
-    @pytest.mark.parametrize(("boundary", "when"), GIVE_BACK, ids=[f"{b}-{w}" for b, w in GIVE_BACK])
-    def test_sigkill_at_every_boundary_of_the_give_back_leaves_each_node_in_one_place(
-        self,
-        slurm: SlurmCluster,
-        pitcrew_factory: Any,
-        kube_world: KubeWorld,
-        tmp_path: Path,
-        boundary: str,
-        when: str,
-        capsys: pytest.CaptureFixture[str],
-    ) -> None:
-        _sigkill_at(boundary, when, (slurm, pitcrew_factory, kube_world, tmp_path, capsys))
+@_boundaries(TAKE)
+class TestTake(SigkillAtEveryBoundary):
+    """The take: the lend patch, a lender pod's eviction, the NodeSet's labels on the lent node."""
+
+
+@_boundaries(GIVE_BACK)
+class TestGiveBack(SigkillAtEveryBoundary):
+    """The give-back: the replacement joining the pool, the lent node's mark coming off."""
 
 
 def _sigkill_at(boundary: str, when: str, fixtures: Fixtures) -> None:
