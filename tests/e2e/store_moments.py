@@ -1,10 +1,10 @@
 """Catching a pitcrew replica at one moment of its work, through the database it shares.
 
-The test holds a table pitcrew is about to write or read (``LOCK TABLE``) and watches
-``pg_stat_activity`` until the replica's statement waits for it at the right moment (a step's
-intent committed, the next step not begun); then it acts on the replica (SIGSTOP, SIGKILL, cut
-its link to the store) and lets the statement go. The connections are the test's own, over
-loopback, which a partition test never cuts.
+The test holds a table pitcrew is about to write or read (``LOCK TABLE``), only then sends the
+alert that starts the work, and watches ``pg_stat_activity`` until the replica's statement waits
+for the table at the right moment (a step's intent committed, the next step not begun); then it
+acts on the replica (SIGSTOP, SIGKILL, cut its link to the store) and lets the statement go. The
+connections are the test's own, over loopback, which a partition test never cuts.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.proc import wait_until
+
+T = TypeVar("T")
 
 
 def connect(database: PostgresDatabase) -> psycopg.Connection[tuple[Any, ...]]:
@@ -40,14 +42,21 @@ def _queued(watch: psycopg.Connection[tuple[Any, ...]], pid: int) -> bool:
     return row is not None and row[0] == "Lock"
 
 
-def intent(step: str, incident: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
-    """The moment ``step``'s intent is committed (its ``steps`` row ``running``)."""
+def steps_on(held: psycopg.Connection[tuple[Any, ...]], node: str) -> dict[str, str]:
+    """Each step of the newest incident on ``node`` and its status (none before it opens)."""
+    query = (
+        "SELECT step, status FROM steps WHERE incident_id ="
+        " (SELECT id FROM incidents WHERE node = %s ORDER BY seq DESC LIMIT 1)"
+    )
+    return {str(step): str(status) for step, status in held.execute(query, (node,)).fetchall()}
+
+
+def intent(step: str, node: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
+    """The moment ``step``'s intent is committed (its ``steps`` row ``running``) in the incident
+    on ``node``."""
 
     def committed(watch: psycopg.Connection[tuple[Any, ...]]) -> bool:
-        row = watch.execute(
-            "SELECT status FROM steps WHERE incident_id = %s AND step = %s", (incident, step)
-        ).fetchone()
-        return row is not None and row[0] == "running"
+        return steps_on(watch, node).get(step) == "running"
 
     return committed
 
@@ -58,12 +67,18 @@ def catch_at(
     query: str,
     moment: Callable[[psycopg.Connection[tuple[Any, ...]]], bool],
     act: Callable[[], None],
-) -> None:
-    """``act()`` (SIGSTOP the leader, SIGKILL it, cut its link) while its statement containing
-    ``query`` waits for ``table``, which the test holds, once ``moment`` says it is the right one;
-    then let the statement go: it completes in the server, and the leader does not see its answer
-    yet. A wait at another statement, or at the wrong moment, is let through without a gap: a
-    second connection asks for the table before the first lets go, so it is next after that
+    *,
+    begin: Callable[[], T],
+) -> T:
+    """Hold ``table``, then ``begin()`` (post the alert) in a thread of its own; ``act()``
+    (SIGSTOP the leader, SIGKILL it, cut its link) while its statement containing ``query`` waits
+    for ``table`` and ``moment`` says it is the right one; then let the statement go: it completes
+    in the server, and the leader does not see its answer yet. ``begin``'s answer.
+
+    The table is held before the work begins: begun first, a quick leader could pass the moment
+    before the test held anything (under load, opening the test's connections took longer than the
+    leader's poll). A wait at another statement, or at the wrong moment, is let through without a
+    gap: a second connection asks for the table before the first lets go, so it is next after that
     statement, ahead of whatever the leader sends after it. ``moment`` reads on the connection
     holding the lock (another would wait for ``table`` too)."""
     lock = f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
@@ -72,22 +87,26 @@ def catch_at(
         connect(database) as one,
         connect(database) as other,
         ThreadPoolExecutor(1) as asking,
+        ThreadPoolExecutor(1) as beginning,
     ):
         watch.autocommit = True
         ours = (one.info.backend_pid, other.info.backend_pid)
         held, spare = one, other
         held.execute(lock)
+        began = beginning.submit(begin)
         taking: Future[Any] | None = None
         deadline = time.monotonic() + 60
         try:
             while True:
+                if began.done() and began.exception() is not None:
+                    began.result()  # the alert was refused: say why, not "never caught"
                 assert time.monotonic() < deadline, f"never caught the leader at {query}"
                 wait_until(
                     lambda: bool(_waiting(watch, ours)), timeout=30, interval=0.002, what=f"{table} wanted"
                 )
                 if any(query in waiting for waiting in _waiting(watch, ours)) and moment(held):
                     act()
-                    return
+                    break
                 taking = asking.submit(spare.execute, lock)
                 in_line = functools.partial(_queued, watch, spare.info.backend_pid)
                 wait_until(in_line, timeout=30, interval=0.002, what="the spare in line for the table")
@@ -102,6 +121,7 @@ def catch_at(
                 with contextlib.suppress(Exception):
                     taking.result(timeout=60)
                 spare.rollback()
+        return began.result(timeout=60)
 
 
 def delivered(database: PostgresDatabase) -> Callable[[], bool]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,16 @@ def _stopped(process: Any) -> Iterator[None]:
         os.kill(process.pid, signal.SIGCONT)
 
 
-def _open(pair: Pair) -> tuple[str, Mark]:
-    start = pair.sides.mark()
-    status, body = pair.standby.post_alerts(delivery("xid79-firing.json", node=pair.node))
-    assert status == 200, body
-    return body["opened"][0], start
+def _open(pair: Pair) -> Callable[[], str]:
+    """Posting the alert to the standby (as ``catch_at``'s ``begin``); the incident it opened."""
+
+    def post() -> str:
+        status, body = pair.standby.post_alerts(delivery("xid79-firing.json", node=pair.node))
+        assert status == 200, body
+        opened: str = body["opened"][0]
+        return opened
+
+    return post
 
 
 def _paused_through_takeover(pair: Pair, incident: str) -> tuple[float, Mark]:
@@ -88,17 +93,18 @@ def _paused_through_takeover(pair: Pair, incident: str) -> tuple[float, Mark]:
 def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
     pair: Pair, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    incident, start = _open(pair)
+    start = pair.sides.mark()
     assert pair.leader.process is not None
     pid = pair.leader.process.pid
-    catch_at(
+    incident = catch_at(
         pair.database,
         "switches",
         "FROM switches",
         lambda held: (
-            intent(STEP, incident)(held) and not [c for c in pair.sides.calls(start) if c.side != "slack"]
+            intent(STEP, pair.node)(held) and not [c for c in pair.sides.calls(start) if c.side != "slack"]
         ),
         lambda: os.kill(pid, signal.SIGSTOP),
+        begin=_open(pair),
     )
     took, woke = _paused_through_takeover(pair, incident)
     late = pair.sides.calls(woke)
@@ -117,11 +123,16 @@ def test_a_leader_paused_past_its_lease_makes_no_call_when_it_wakes(
 def test_a_leader_frozen_inside_a_write_does_not_freeze_the_store(
     pair: Pair, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    incident, start = _open(pair)
+    start = pair.sides.mark()
     assert pair.leader.process is not None
     pid = pair.leader.process.pid
-    catch_at(
-        pair.database, "steps", "INSERT INTO steps", lambda held: True, lambda: os.kill(pid, signal.SIGSTOP)
+    incident = catch_at(
+        pair.database,
+        "steps",
+        "INSERT INTO steps",
+        lambda held: True,
+        lambda: os.kill(pid, signal.SIGSTOP),
+        begin=_open(pair),
     )
     took, woke = _paused_through_takeover(pair, incident)
     late = pair.sides.calls(woke)

@@ -126,9 +126,6 @@ def test_a_leader_cut_off_from_its_store_makes_no_far_side_call_and_steps_down(
     pair, site = partitioned.pair, partitioned.leader_site
     sides: FarSides = pair.sides
     start = sides.mark()
-    status, body = pair.standby.post_alerts(delivery("xid79-firing.json", node=pair.node))
-    assert status == 200, body
-    incident = body["opened"][0]
     cut: list[tuple[float, Mark]] = []
 
     def cut_off() -> None:
@@ -137,19 +134,23 @@ def test_a_leader_cut_off_from_its_store_makes_no_far_side_call_and_steps_down(
 
     # The moment: the intent committed and no replica has called Slurm or the emulator yet. Only
     # the replicas' own calls count (each site's address): a request of the harness's own that a
-    # loaded slurmctld logs late is not the leader's, and would keep the moment from coming (a CI
-    # run once never caught it while the leader ran the incident in 3 s; the cause is not proven).
+    # loaded slurmctld logs late is not the leader's, and would keep the moment from coming. The
+    # alert is posted only once the test holds the table (two CI runs never caught the leader:
+    # posted first, a quick leader could pass the moment while the test was still connecting).
     replicas = {s.address for s in partitioned.sites.sites}
-    catch_at(
+    status, body = catch_at(
         pair.database,
         "switches",
         "FROM switches",
         lambda held: (
-            intent(STEP, incident)(held)
+            intent(STEP, pair.node)(held)
             and not [c for c in sides.calls(start) if c.side != "slack" and c.who in replicas]
         ),
         cut_off,
+        begin=lambda: pair.standby.post_alerts(delivery("xid79-firing.json", node=pair.node)),
     )
+    assert status == 200, body
+    incident = body["opened"][0]
     [(cut_at, at_cut)] = cut
     assert not site.db_link_up()
 

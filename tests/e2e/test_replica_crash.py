@@ -26,7 +26,7 @@ import pytest
 
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.replicas import Pair, once_each, running_pair, took_over
-from tests.e2e.store_moments import catch_at
+from tests.e2e.store_moments import catch_at, steps_on
 from tests.harness.figures import show_figure
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.scenarios import delivery
@@ -58,13 +58,12 @@ def pair(
         yield started
 
 
-def _boundary(incident: str, after: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
+def _boundary(node: str, after: str) -> Callable[[psycopg.Connection[tuple[Any, ...]]], bool]:
     """The moment ``after`` has finished and no later step of the node track has begun."""
     later = set(NODE_TRACK[NODE_TRACK.index(after) + 1 :])
 
     def reached(holder: psycopg.Connection[tuple[Any, ...]]) -> bool:
-        query = "SELECT step, status FROM steps WHERE incident_id = %s"
-        rows = dict(holder.execute(query, (incident,)).fetchall())
+        rows = steps_on(holder, node)
         return rows.get(after) not in (None, "running") and not later & set(rows)
 
     return reached
@@ -75,14 +74,18 @@ def test_sigkill_of_the_leader_at_a_step_boundary_is_finished_once_by_the_other(
     pair: Pair, after: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     start = pair.sides.mark()
-    status, body = pair.standby.post_alerts(delivery("xid79-firing.json", node=pair.node))
-    assert status == 200, body
-    incident = body["opened"][0]
     assert pair.leader.process is not None
     pid = pair.leader.process.pid
-    catch_at(
-        pair.database, "steps", STEP_STARTED, _boundary(incident, after), lambda: os.kill(pid, signal.SIGKILL)
+    status, body = catch_at(
+        pair.database,
+        "steps",
+        STEP_STARTED,
+        _boundary(pair.node, after),
+        lambda: os.kill(pid, signal.SIGKILL),
+        begin=lambda: pair.standby.post_alerts(delivery("xid79-firing.json", node=pair.node)),
     )
+    assert status == 200, body
+    incident = body["opened"][0]
     final, took = took_over(pair.standby, incident, pair.database, ttl=TTL)
     assert final["state"] == "resolved", final.get("outcome")
     once_each(pair, incident, start)
