@@ -14,6 +14,9 @@ new takes the store's write lock (``exclusive``), so incident numbers, one incid
 the order of events stay what one writer at a time makes them; a batch of repeats only counts,
 under the lock's shared mode: repeats of several replicas commit side by side, never beside a
 writer. Every batch updates counters in key order, so two batches never wait on each other's rows.
+Most repeats never come here: a replica answers those it remembers from memory and commits their
+counts every second (``bot.store.repeats``); a batch looks up only what it does not remember, or
+what comes while the database has not committed for a second.
 
 If a batch fails for any reason but the database's (a delivery the database refuses), it is
 rolled back and each delivery runs again alone, so a bad one fails only itself: the rule SQLite's
@@ -33,6 +36,7 @@ from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
 from bot.store.batch import commit_batch
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
+from bot.store.repeats import Counts, add, repeat
 from bot.store.sql import Op
 
 #: Deliveries per transaction at most (the durable baseline of ``bench/ingest.py`` batches as many).
@@ -77,16 +81,13 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
     wanted = [dedupe_key(fp, starts) for _, item in checks for fp, starts, _ in item.alerts]
     if wanted:
         known = yield from known_keys(wanted)
-    seen: dict[tuple[str, str], tuple[str, int]] = {}
+    seen: Counts = {}
     for index, check in checks:
         keys = [dedupe_key(fp, starts) for fp, starts, _ in check.alerts]
         if all(
-            _repeat(known.get(key), status) for key, (_, _, status) in zip(keys, check.alerts, strict=True)
+            repeat(known.get(key), status) for key, (_, _, status) in zip(keys, check.alerts, strict=True)
         ):
-            stamp = ts(check.now) or ""
-            for key in keys:
-                last, count = seen.get(key, (stamp, 0))
-                seen[key] = (max(last, stamp), count + 1)
+            add(seen, keys, ts(check.now) or "")
             results[index] = len(keys)
     if seen:
         yield bump_seen([(last, count, *key) for key, (last, count) in sorted(seen.items())])
@@ -96,11 +97,6 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
         for (index, _), outcome in zip(jobs, stored, strict=True):
             results[index] = outcome
     return results
-
-
-def _repeat(state: KeyState | None, status: AlertStatus) -> bool:
-    """Stored, and the delivery changes nothing of it (a stale firing never un-resolves an alert)."""
-    return state is not None and not (state[0] == "firing" and status == "resolved")
 
 
 class GroupCommit:

@@ -108,6 +108,7 @@ class Batch:
                     )
                 else:
                     self.seen.append((stamp, 1, *key))
+                    out.cache[key] = self.known[key]  # found committed: a store may remember it
                 continue
             incident_id = self._route(delivery, alert, key, out, now)
             self.known[key] = out.cache[key] = (alert.status, incident_id)

@@ -21,7 +21,7 @@ incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never ra
 node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
 skips an event that commits late with a lower number. pitcrew writes a few transactions per
 alert, and deliveries take it once a batch; a batch of repeat deliveries only counts, under the
-lock's shared mode. A fenced write also locks the leadership row
+lock's shared mode, as do the counts of repeats answered from memory (``count_repeats``). A fenced write also locks the leadership row
 ``FOR SHARE`` in its transaction: a takeover's UPDATE waits until it commits, and after a
 takeover the check finds another epoch and raises ``Deposed`` with nothing written. The lease's
 own writes take no advisory lock (a renewal never waits behind a long ingest); their times are the
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -45,10 +46,12 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot import logger
-from bot.domain.alerts import AlertStatus
-from bot.store import queries
-from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
+from bot.domain.alerts import AlertStatus, dedupe_key
+from bot.store import queries, retention
+from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailable
 from bot.store.group_commit import GroupCommit, Result
+from bot.store.ingest import bump_seen
+from bot.store.repeats import RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
 from bot.store.sql import POSTGRES, Driving, Op, T, one, single
 from bot.store.sqlstore import SqlStore
@@ -67,6 +70,10 @@ IDLE_IN_TRANSACTION_MS = 5000
 #: How long ``/readyz`` waits for Postgres before answering "not ready": under the Deployment's
 #: readinessProbe ``timeoutSeconds`` (3), so a probe sees a 503, never its own timeout.
 PING_TIMEOUT = 2.0
+#: Repeat deliveries are answered from memory (``bot.store.repeats``) only while the database has
+#: committed a write of this replica within this many seconds; else they wait for the database,
+#: so a replica cut off from it answers 503 within a second. Counts are committed as often.
+FRESH = 1.0
 
 
 #: Statements of one batch per message: a batch of more rows is several messages, each answered.
@@ -139,6 +146,8 @@ class _Writes:
         self._url, self._kwargs, self._where = url, kwargs, where
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writes")
         self._conn: SyncConn | None = None
+        #: When a transaction last committed here (monotonic); -inf after the database failed one.
+        self.committed_at = float("-inf")
 
     async def drive(self, op: Op[T], *, exclusive: bool = True) -> Driving[T]:
         """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
@@ -155,10 +164,13 @@ class _Writes:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
             with self._conn.transaction():
                 self._conn.execute(f"SELECT {lock}(%s)", (_WRITE_LOCK,))
-                return _drive_sync(self._conn, op)
+                driven = _drive_sync(self._conn, op)
         except psycopg.OperationalError as exc:
+            self.committed_at = float("-inf")
             self._drop()
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
+        self.committed_at = time.monotonic()
+        return driven
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -188,6 +200,10 @@ class _Shared:
     deliveries: GroupCommit | None = None
     #: Where every write under the write lock commits.
     writes: _Writes | None = None
+    #: Keys committed, and repeat deliveries counted and not yet committed (``bot.store.repeats``).
+    memory: RepeatMemory = field(default_factory=RepeatMemory)
+    #: Commits the counts of ``memory`` every ``FRESH`` seconds.
+    flusher: asyncio.Task[None] | None = None
 
 
 class PostgresStore(SqlStore):
@@ -249,6 +265,7 @@ class PostgresStore(SqlStore):
         self._shared.writes = _Writes(self.url, kwargs, self._where())
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
+        self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
 
     def _where(self) -> str:
         info = psycopg.conninfo.conninfo_to_dict(self.url)
@@ -257,11 +274,17 @@ class PostgresStore(SqlStore):
     async def close(self) -> None:
         """Commit the deliveries queued, then close the pool, whatever happens."""
         deliveries, self._shared.deliveries = self._shared.deliveries, None
-        writes, self._shared.writes = self._shared.writes, None
+        flusher, self._shared.flusher = self._shared.flusher, None
         try:
             if deliveries is not None:
                 await deliveries.stop()
+            if flusher is not None:
+                flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flusher
+                await self._flush()  # repeats answered 200 are on disk before the store closes
         finally:
+            writes, self._shared.writes = self._shared.writes, None
             if writes is not None:
                 await writes.close()
             pool, self._shared.pool = self._shared.pool, None
@@ -355,11 +378,55 @@ class PostgresStore(SqlStore):
 
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
         """Worked out and written as SQLite's writer does it, in the next batch's transaction."""
-        return await self._group().ingest(delivery, now)
+        outcome = await self._group().ingest(delivery, now)
+        self._shared.memory.remember(outcome.cache)  # committed: safe to remember
+        return outcome
 
     async def count_repeats(
         self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime
     ) -> int | None:
-        """If every alert is already stored in the same status, count the delivery (committed with
-        the next batch) and return how many alerts it had; else ``None`` and nothing is counted."""
-        return await self._group().repeats(alerts, now)
+        """If every alert is already stored in the same status, count the delivery and return how
+        many alerts it had; else ``None`` and nothing is counted (the caller ingests it in full,
+        which counts what it holds of repeats, in one transaction). From memory while the database
+        commits this replica's writes (``FRESH``), the counts committed within a second; else
+        looked up and counted in the next batch's transaction, which proves the database answers."""
+        group, writes, memory = self._group(), self._shared.writes, self._shared.memory
+        if writes is not None and time.monotonic() - writes.committed_at < FRESH:
+            return memory.count(alerts, now)
+        counted = await group.repeats(alerts, now)
+        if counted is not None:
+            # Stored and unchanged by a delivery in this status: resolved if it says resolved;
+            # remembered as firing otherwise, which never lets a resolution pass for a repeat.
+            memory.remember({dedupe_key(fp, starts): (status, None) for fp, starts, status in alerts})
+        return counted
+
+    async def _flush_repeats(self) -> None:
+        while True:
+            await asyncio.sleep(FRESH)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Commit the repeat deliveries counted in memory (under the write lock's shared mode, as a
+        batch of repeats); if that fails they are counted again for the next flush."""
+        memory, writes = self._shared.memory, self._shared.writes
+        if not memory.seen or writes is None:
+            return
+        rows = memory.take()
+        try:
+            # Shielded: the counts it carries were answered 200 already.
+            await asyncio.shield(writes.drive(single(bump_seen(rows)), exclusive=False))
+        except asyncio.CancelledError:
+            memory.flushed(committed=True)  # the shielded write goes on without us
+            raise
+        except Exception:
+            log.warning("could not record repeat deliveries; will retry", exc_info=True)
+            memory.flushed(committed=False)
+        else:
+            memory.flushed(committed=True)
+
+    def _alert(self, alert: AlertRecord) -> AlertRecord:
+        """Include repeat deliveries counted in memory and not yet committed."""
+        return self._shared.memory.overlay(alert)
+
+    def _pruned(self, done: retention.Pruned) -> None:
+        self._shared.memory.forget(done.keys)  # a pruned alert delivered again is new, not a repeat

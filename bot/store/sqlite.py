@@ -25,12 +25,11 @@ import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from bot.domain.alerts import AlertStatus, dedupe_key
-from bot.store import codec, retention
+from bot.domain.alerts import AlertStatus
+from bot.store import retention
 from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailable
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
@@ -100,20 +99,11 @@ class SqliteStore(SqlStore):
                 await self._writer.drained()
 
     def _pruned(self, done: retention.Pruned) -> None:
-        for key in done.keys:  # a pruned alert delivered again is new, not a repeat
-            self._writer.keys.pop(key, None)
+        self._writer.memory.forget(done.keys)  # a pruned alert delivered again is new, not a repeat
 
     def _alert(self, alert: AlertRecord) -> AlertRecord:
-        """Include repeat deliveries counted in memory and not yet committed.
-
-        A read landing while a flush commits may count that flush's deliveries twice or not at all,
-        until the next read."""
-        key = dedupe_key(alert.fingerprint, alert.starts_at)
-        pending = [p for p in (self._writer.seen.get(key), self._writer.flushing.get(key)) if p is not None]
-        if not pending:
-            return alert
-        last = max([alert.last_seen, *(codec.dt(stamp) or alert.last_seen for stamp, _ in pending)])
-        return replace(alert, deliveries=alert.deliveries + sum(n for _, n in pending), last_seen=last)
+        """Include repeat deliveries counted in memory and not yet committed."""
+        return self._writer.memory.overlay(alert)
 
     # ------------------------------------------------------------------ ingest
     async def ingest(self, delivery: Delivery, now: datetime) -> IngestOutcome:
@@ -123,7 +113,7 @@ class SqliteStore(SqlStore):
         if repeats is not None:
             return IngestOutcome(repeated_alerts=repeats)
         result: IngestOutcome = await self._writer.submit(IngestJob(delivery, now))
-        self._writer.remember(result.cache)  # committed: safe to remember
+        self._writer.memory.remember(result.cache)  # committed: safe to remember
         return result
 
     async def count_repeats(
@@ -137,16 +127,4 @@ class SqliteStore(SqlStore):
         lost = self._writer.lost()  # the keys we remember were committed to that file
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find what this delivery stores")
-        keys = []
-        for fingerprint, starts_at, status in alerts:
-            key = dedupe_key(fingerprint, starts_at)
-            state = self._writer.keys.get(key)
-            if state is None or (state[0] == "firing" and status == "resolved"):
-                return None
-            keys.append(key)
-        stamp = codec.ts(now) or ""
-        seen = self._writer.seen
-        for key in keys:
-            old = seen.get(key, (stamp, 0))
-            seen[key] = (max(old[0], stamp), old[1] + 1)
-        return len(keys)
+        return self._writer.memory.count(alerts, now)

@@ -34,8 +34,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +46,8 @@ import aiosqlite
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
 from bot.store.batch import commit_batch
-from bot.store.ingest import KeyState, bump_seen, ingest
+from bot.store.ingest import bump_seen, ingest
+from bot.store.repeats import RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
 from bot.store.sql import SQLITE, run_sync, single
 
@@ -90,12 +90,8 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpoints: asyncio.Task[None] | None = None
-        # Committed alert keys → (status, incident): a pure redelivery needs no write at all.
-        self.keys: OrderedDict[Key, KeyState] = OrderedDict()
-        self.keys_max = 200_000
-        # Repeat deliveries counted in memory: key → (last seen, count); "flushing" is in a write.
-        self.seen: dict[Key, tuple[str, int]] = {}
-        self.flushing: dict[Key, tuple[str, int]] = {}
+        # Committed alert keys, and repeat deliveries counted in memory (``bot.store.repeats``).
+        self.memory = RepeatMemory()
         # (path, st_dev, st_ino) of the database and its WAL as opened: what a restart must find.
         self._files: tuple[tuple[str, int, int], ...] = ()
         self._failure: str | None = None  # why the last write attempt failed; None if it succeeded
@@ -153,12 +149,14 @@ class Writer:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             self._task = self._checkpoints = self._probing = None
-            if self.seen and self._conn is not None:
+            if self.memory.seen and self._conn is not None:
                 # Counted while the loop's last flush was committing (or the loop had died):
                 # repeats that were answered 200 reach the disk before the store closes.
                 await self._flush(loop)
-                if self.seen:
-                    log.error("repeat deliveries not recorded at close", extra={"alerts": len(self.seen)})
+                if self.memory.seen:
+                    log.error(
+                        "repeat deliveries not recorded at close", extra={"alerts": len(self.memory.seen)}
+                    )
             # A unit submitted while the writer stopped was never run: its caller hears so
             # instead of waiting for a commit that will not come.
             while not self._queue.empty():
@@ -195,7 +193,7 @@ class Writer:
         flushed = time.monotonic()
         stop = False
         while not stop:
-            if self.seen and time.monotonic() - flushed >= _FLUSH_EVERY:
+            if self.memory.seen and time.monotonic() - flushed >= _FLUSH_EVERY:
                 await self._flush(loop)
                 flushed = time.monotonic()
             try:
@@ -232,13 +230,11 @@ class Writer:
                         future.set_result(outcome)
             for _ in batch:
                 self._queue.task_done()
-        if self.seen:
+        if self.memory.seen:
             await self._flush(loop)  # what was answered 200 is on disk before the loop stops
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        seen, self.seen = self.seen, {}
-        self.flushing = seen  # readers keep counting these until the commit
-        rows = [(stamp, n, fp, starts) for (fp, starts), (stamp, n) in seen.items()]
+        rows = self.memory.take()  # reads keep counting them until the commit
 
         def bump(conn: sqlite3.Connection) -> None:
             run_sync(conn, single(bump_seen(rows)))
@@ -247,16 +243,16 @@ class Writer:
             # Shielded: if whoever flushes is cancelled, the write handed to the writer thread is
             # not withdrawn with it (the counts it carries were answered 200 already).
             await asyncio.shield(self._commit([bump]))
+        except asyncio.CancelledError:
+            self.memory.flushed(committed=True)  # the shielded write goes on without us
+            raise
         except Exception as exc:
             self._attempted(exc, units=1)
             log.warning("could not record repeat deliveries; will retry")
-            for key, (stamp, count) in seen.items():
-                old = self.seen.get(key, (stamp, 0))
-                self.seen[key] = (max(old[0], stamp), old[1] + count)
+            self.memory.flushed(committed=False)
         else:
             self._attempted(None)
-        finally:
-            self.flushing = {}
+            self.memory.flushed(committed=True)
 
     def _attempted(self, error: Exception | None, *, units: int = 0) -> None:
         """Remember how the last write attempt went; log when that changes."""
@@ -288,7 +284,9 @@ class Writer:
             results: list[Any] = []
             jobs = [item for item in items if isinstance(item, IngestJob)]
             if jobs:
-                results.extend(run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.keys)).result)
+                results.extend(
+                    run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], self.memory.keys)).result
+                )
             results.extend(unit(conn) for unit in items if not isinstance(unit, IngestJob))
             conn.execute("COMMIT")
         except BaseException:
@@ -299,14 +297,6 @@ class Writer:
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find this write")
         return results
-
-    def remember(self, cache: Mapping[Key, KeyState]) -> None:
-        """Keys a committed delivery stored (loop thread)."""
-        for key, state in cache.items():
-            self.keys[key] = state
-            self.keys.move_to_end(key)
-        while len(self.keys) > self.keys_max:
-            self.keys.popitem(last=False)
 
     # ----------------------------------------------------------------- readiness
     def lost(self) -> str | None:

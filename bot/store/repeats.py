@@ -1,0 +1,114 @@
+"""Repeat deliveries answered from memory, counted there and committed a second later: both stores.
+
+Most of what Alertmanager sends is a group it sent before (``repeat_interval``, retries, its
+peers sending the same group): every alert of the delivery already stored, in the same status.
+Such a delivery stores nothing new, so it needs no commit before its answer: the store remembers
+the keys (fingerprint + startsAt) it committed or found committed, counts a repeat of them here,
+and adds the counts to the stored ones at least every second (``take``, then ``flushed``). A
+read of an alert adds what is counted here and not yet committed (``overlay``).
+
+Whether a remembered key may answer a delivery is one rule (``repeat``): the delivery changes
+nothing of what is stored. Statuses only go from firing to resolved, and a stale firing never
+un-resolves an alert, so what another process stored since (the other replica of a pair) cannot
+make a remembered key wrong: only a resolution of an alert remembered as firing goes to the
+database. A key another process removed (retention, after ``store.retention`` of silence) is
+the one thing memory can miss; this process forgets the keys its own prune removed (``forget``).
+
+What this costs: a crash loses the repeat counts of its last second, never an alert. The store
+decides when memory may answer at all (SQLite: the file it opened is still there; Postgres: the
+database answered within the last second).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+
+from bot.domain.alerts import AlertStatus, dedupe_key
+from bot.store import codec
+from bot.store.base import AlertRecord
+from bot.store.ingest import KeyState
+
+Key = tuple[str, str]
+#: Counted in memory: key → (last seen, deliveries).
+Counts = dict[Key, tuple[str, int]]
+#: Keys remembered at most (the oldest remembered go first): about 60 MB at this size.
+KEYS_MAX = 200_000
+
+
+def repeat(state: KeyState | None, status: AlertStatus) -> bool:
+    """Stored, and the delivery changes nothing of it (a stale firing never un-resolves an alert)."""
+    return state is not None and not (state[0] == "firing" and status == "resolved")
+
+
+class RepeatMemory:
+    """Keys known to be committed, and repeat deliveries counted and not yet committed."""
+
+    def __init__(self, keys_max: int = KEYS_MAX) -> None:
+        self.keys: OrderedDict[Key, KeyState] = OrderedDict()
+        self.keys_max = keys_max
+        self.seen: Counts = {}
+        #: Taken by a flush whose commit has not answered yet: reads keep counting them.
+        self.flushing: Counts = {}
+
+    def remember(self, cache: Mapping[Key, KeyState]) -> None:
+        """Keys committed (by a delivery this process stored, or found stored)."""
+        for key, state in cache.items():
+            self.keys[key] = state
+            self.keys.move_to_end(key)
+        while len(self.keys) > self.keys_max:
+            self.keys.popitem(last=False)
+
+    def forget(self, keys: Iterable[Key]) -> None:
+        """Keys removed from the database: delivered again, such an alert is new."""
+        for key in keys:
+            self.keys.pop(key, None)
+
+    def count(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
+        """Count the delivery and return how many alerts it had, if every one is a remembered
+        repeat; else ``None`` and nothing is counted (the store looks further)."""
+        keys = []
+        for fingerprint, starts_at, status in alerts:
+            key = dedupe_key(fingerprint, starts_at)
+            if not repeat(self.keys.get(key), status):
+                return None
+            keys.append(key)
+        add(self.seen, keys, codec.ts(now) or "")
+        return len(keys)
+
+    def take(self) -> list[tuple[str, int, str, str]]:
+        """The counts to commit now, as ``bump_seen`` rows; held in ``flushing`` until ``flushed``."""
+        self.seen, self.flushing = {}, self.seen
+        return [
+            (stamp, n, fingerprint, starts) for (fingerprint, starts), (stamp, n) in self.flushing.items()
+        ]
+
+    def flushed(self, committed: bool) -> None:
+        """The flush's commit answered: done, or failed and counted again for the next flush."""
+        taken, self.flushing = self.flushing, {}
+        if committed:
+            return
+        for key, (stamp, count) in taken.items():
+            old = self.seen.get(key, (stamp, 0))
+            self.seen[key] = (max(old[0], stamp), old[1] + count)
+
+    def overlay(self, alert: AlertRecord) -> AlertRecord:
+        """``alert`` with the repeat deliveries counted here and not yet committed.
+
+        A read landing while a flush commits may count that flush's deliveries twice or not at all,
+        until the next read."""
+        key = dedupe_key(alert.fingerprint, alert.starts_at)
+        pending = [p for p in (self.seen.get(key), self.flushing.get(key)) if p is not None]
+        if not pending:
+            return alert
+        last = max([alert.last_seen, *(codec.dt(stamp) or alert.last_seen for stamp, _ in pending)])
+        return replace(alert, deliveries=alert.deliveries + sum(n for _, n in pending), last_seen=last)
+
+
+def add(counts: Counts, keys: Iterable[Key], stamp: str) -> None:
+    """One more delivery of each key, seen at ``stamp``."""
+    for key in keys:
+        last, n = counts.get(key, (stamp, 0))
+        counts[key] = (max(last, stamp), n + 1)
