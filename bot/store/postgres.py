@@ -72,8 +72,11 @@ IDLE_IN_TRANSACTION_MS = 5000
 PING_TIMEOUT = 2.0
 #: Repeat deliveries are answered from memory (``bot.store.repeats``) only while the database has
 #: committed a write of this replica within this many seconds; else they wait for the database,
-#: so a replica cut off from it answers 503 within a second. Counts are committed as often.
+#: so a replica cut off from it answers 503 within a second.
 FRESH = 1.0
+#: How often the counts of repeats answered from memory are committed: well within ``FRESH``, so a
+#: replica taking only repeats (a standby, a steady state) stays fresh by these commits alone.
+FLUSH_EVERY = FRESH / 3
 
 
 #: Statements of one batch per message: a batch of more rows is several messages, each answered.
@@ -202,7 +205,7 @@ class _Shared:
     writes: _Writes | None = None
     #: Keys committed, and repeat deliveries counted and not yet committed (``bot.store.repeats``).
     memory: RepeatMemory = field(default_factory=RepeatMemory)
-    #: Commits the counts of ``memory`` every ``FRESH`` seconds.
+    #: Commits the counts of ``memory`` every ``FLUSH_EVERY`` seconds.
     flusher: asyncio.Task[None] | None = None
 
 
@@ -402,7 +405,7 @@ class PostgresStore(SqlStore):
 
     async def _flush_repeats(self) -> None:
         while True:
-            await asyncio.sleep(FRESH)
+            await asyncio.sleep(FLUSH_EVERY)
             await self._flush()
 
     async def _flush(self) -> None:

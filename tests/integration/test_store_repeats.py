@@ -5,7 +5,8 @@
 - Postgres: memory answers only while the database commits this replica's writes. Right after a
   commit a repeat is answered even with the alert tables locked by another session; after
   ``FRESH`` seconds without one it waits for the database (a replica cut off from Postgres
-  answers 503, not 200), and once answered there it is remembered.
+  answers 503, not 200), and once answered there it is remembered. A replica taking only repeats
+  stays fresh by the commits of its counts alone (every ``FLUSH_EVERY``, well within ``FRESH``).
 - A repeat of a key another process stored is counted where the database is read once, then
   answered from memory; a resolution of an alert remembered as firing is never a repeat.
 """
@@ -99,3 +100,25 @@ async def test_postgres_answers_repeats_from_memory_only_while_it_commits(stores
     assert await asyncio.wait_for(asking, timeout=5) == 1
     counted = await asyncio.wait_for(store.count_repeats([("fp-c", T0, "firing")], T0), timeout=0.5)
     assert counted == 1
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_postgres_replica_taking_only_repeats_stays_fresh_by_its_own_counts(stores: Stores) -> None:
+    """No write but the counts' own commits, for longer than ``FRESH``: memory answers every repeat
+    (the alerts table, which a lookup would read, is locked all along), and every count is kept."""
+    assert stores.database is not None
+    store, other = await stores.open(), await stores.open()
+    outcome = await store.ingest(_delivery("fp-d", "gpu-004"), T0)
+    database = stores.database
+    counted = 0
+    with psycopg.connect(database.server.url(database.name), password=database.server.password) as lock:
+        lock.execute("LOCK TABLE alerts IN ACCESS EXCLUSIVE MODE")
+        until = time.monotonic() + 3 * postgres.FRESH
+        while time.monotonic() < until:
+            asking = store.count_repeats([("fp-d", T0, "firing")], T0)
+            counted += await asyncio.wait_for(asking, timeout=0.5) or 0
+            await asyncio.sleep(0)
+    [incident] = outcome.opened
+    await store.close()
+    [alert] = await other.alerts_of(incident)
+    assert alert.deliveries == 1 + counted
