@@ -50,7 +50,7 @@ from proving_ground.scenarios import BREAKER_NODES
 from proving_ground.slurm_root import DEFAULT_VERSION, root_path
 from proving_ground.train_job import read_progress
 from tests.harness.postgres import require_postgres
-from tests.harness.proc import require_binary, wait_until
+from tests.harness.proc import process_state, require_binary, wait_until
 from tests.harness.slurm import require_slurm
 
 pytestmark = pytest.mark.slow
@@ -389,13 +389,12 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
         starter.kill()  # as a killed test runner would be: no Ctrl-C reaches the demo
         starter.wait()
 
-        def gone() -> bool:
-            try:
-                return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].startswith("Z")
-            except OSError:
-                return True
-
-        wait_until(gone, timeout=60, interval=0.2, what=f"the orphaned demo to stop\n{output.read_text()}")
+        wait_until(
+            lambda: process_state(pid) in (None, "Z"),
+            timeout=60,
+            interval=0.2,
+            what=f"the orphaned demo to stop\n{output.read_text()}",
+        )
         text = output.read_text()
         assert "is gone: stopping everything" in text and "no process of the demo is left" in text, text
         assert leftovers(json.loads(summary_path.read_text())["workdir"]) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,13 @@ def wait_until(
             return
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:.1f}s waiting for {what or predicate}")
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a process (``T`` stopped, ``Z`` a zombie); ``None`` once
+    it is gone. Read from ``/proc/PID/stat``, whose second field, the name, may hold spaces and
+    parentheses: the state is the first word after its last ``)``."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

@@ -32,7 +32,7 @@ from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.postgres import IDLE_IN_TRANSACTION_MS, PostgresStore
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.proc import wait_until
+from tests.harness.proc import process_state, wait_until
 
 NODES = 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,11 +105,6 @@ def _backend(watch: psycopg.Connection[tuple[object, ...]], pid: object) -> tupl
     return row
 
 
-def _process_state(pid: int) -> str:
-    """The kernel's one-letter state of a process (``T``: stopped)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 async def test_a_process_frozen_inside_a_batch_does_not_hold_the_write_lock(
     postgres_db: PostgresDatabase, writer: subprocess.Popen[str]
 ) -> None:
@@ -128,7 +123,7 @@ async def test_a_process_frozen_inside_a_batch_does_not_hold_the_write_lock(
         wait_until(batch_waits, timeout=30, what="the delivery's batch of events to wait for the table")
         [backend] = waiting
         os.kill(writer.pid, signal.SIGSTOP)
-        wait_until(lambda: _process_state(writer.pid) == "T", timeout=10, what="the process to stop")
+        wait_until(lambda: process_state(writer.pid) == "T", timeout=10, what="the process to stop")
         holder.commit()  # the batch goes on in the server; the process does not read its answer
         limit = IDLE_IN_TRANSACTION_MS / 1000
         states: list[object] = []
@@ -140,7 +135,7 @@ async def test_a_process_frozen_inside_a_batch_does_not_hold_the_write_lock(
             return row is None
 
         wait_until(ended, timeout=limit + 20, what=f"the frozen session to be ended (limit {limit:g}s)")
-        stopped = _process_state(writer.pid)
+        stopped = process_state(writer.pid)
         [(incidents,)] = watch.execute("SELECT count(*) FROM incidents").fetchall()
         assert incidents == 0, (
             f"a frozen, unfinished delivery was committed (its session went {states}, the process is {stopped!r})"
