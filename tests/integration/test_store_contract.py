@@ -2,7 +2,9 @@
 
 Cases: ingest dedupes on fingerprint + startsAt (a repeat only counts, through ``count_repeats``
 and through ``ingest``; deliveries reaching two processes at once open one incident per node and
-are each counted once, on disk after they close (SQLite's repeats counted in memory included); a resolve marks the alert and is never undone by a stale firing repeat;
+are each counted once, on disk after they close (repeats counted in memory included); repeats
+answered from memory reach the database within a second, and on Postgres only while it commits
+this replica's writes (``bot.store.repeats``); a resolve marks the alert and is never undone by a stale firing repeat;
 another startsAt is another alert of the same incident; an alert without a node is kept and
 opens nothing; a second node opens a second incident, numbered in order); the incident's life
 (plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.domain.planner import Plan
 from bot.domain.policy import Mode
-from bot.store import sql
+from bot.store import postgres, sql
 from bot.store.base import Delivery, IncomingAlert, NewEvent, link_key
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
@@ -150,6 +153,95 @@ async def test_deliveries_at_once_are_each_stored_once(stores: Stores) -> None:
         [alert] = [a for i in (await store.incidents(node=node)) for a in await store.alerts_of(i.id)]
         assert (alert.fingerprint, alert.last_seen) == (f"fp{index}", later)
         assert alert.deliveries == 20  # SQLite: the counts held in memory, flushed at close
+
+
+# Repeats answered from memory (``bot.store.repeats``): counted in one process, the deliveries
+# reach the database within about a second; a key another process stored is counted once where
+# the database is read, then remembered; on Postgres memory answers only while the database
+# commits this replica's writes, and a replica taking only repeats stays fresh by their commits.
+
+
+async def test_repeats_counted_in_memory_reach_the_database_within_a_second(stores: Stores) -> None:
+    counting, other = await stores.open(), await stores.open()
+    outcome = await counting.ingest(_delivery(_alert("fp-a", "gpu-001")), T0)
+    [incident] = outcome.opened
+    later = T0 + timedelta(seconds=30)
+    assert [await counting.count_repeats([("fp-a", T0, "firing")], later) for _ in range(3)] == [1, 1, 1]
+
+    began = time.monotonic()
+    while True:
+        [alert] = await other.alerts_of(incident)
+        if alert.deliveries == 4:
+            break
+        assert time.monotonic() - began < 5, f"the counts never reached the database: {alert.deliveries}"
+        await asyncio.sleep(0.05)
+    assert alert.last_seen == later
+    [mine] = await counting.alerts_of(incident)
+    assert mine.deliveries == 4  # committed, and no longer added from memory
+
+
+async def test_a_key_another_process_stored_is_looked_up_once_then_remembered(stores: Stores) -> None:
+    storing, counting = await stores.open(), await stores.open()
+    await storing.ingest(_delivery(_alert("fp-b", "gpu-002")), T0)
+    # Its first delivery here is counted where the database is read (Postgres, which has not
+    # committed for this process yet, looks it up; SQLite ingests it in full, as the webhook does).
+    first = await counting.count_repeats([("fp-b", T0, "firing")], T0)
+    if first is None:
+        first = (await counting.ingest(_delivery(_alert("fp-b", "gpu-002")), T0)).repeated_alerts
+    assert first == 1
+    # Then it is remembered.
+    assert await counting.count_repeats([("fp-b", T0, "firing")], T0) == 1
+    # Remembered as firing: its resolution is no repeat, and the database stores it.
+    assert await counting.count_repeats([("fp-b", T0, "resolved")], T0) is None
+    resolved = await counting.ingest(_delivery(_alert("fp-b", "gpu-002", status="resolved")), T0)
+    assert resolved.resolved == 1
+    # A stale firing after the resolution is a repeat, from memory or not.
+    assert await storing.count_repeats([("fp-b", T0, "firing")], T0) == 1
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_postgres_answers_repeats_from_memory_only_while_it_commits(stores: Stores) -> None:
+    assert stores.database is not None
+    store = await stores.open()
+    await store.ingest(_delivery(_alert("fp-c", "gpu-003")), T0)
+    database = stores.database
+    with psycopg.connect(database.server.url(database.name), password=database.server.password) as lock:
+        lock.execute("LOCK TABLE alerts, alert_deliveries IN ACCESS EXCLUSIVE MODE")
+        # Just committed: memory answers, though the database could not.
+        counted = await asyncio.wait_for(store.count_repeats([("fp-c", T0, "firing")], T0), timeout=0.5)
+        assert counted == 1
+        await asyncio.sleep(postgres.FRESH + 0.3)  # nothing committed since (the counts wait too)
+        asking = asyncio.ensure_future(store.count_repeats([("fp-c", T0, "firing")], T0))
+        done, _ = await asyncio.wait([asking], timeout=0.5)
+        assert not done, "answered from memory though the database had committed nothing for a while"
+        lock.commit()  # the database answers again
+    assert await asyncio.wait_for(asking, timeout=5) == 1
+    counted = await asyncio.wait_for(store.count_repeats([("fp-c", T0, "firing")], T0), timeout=0.5)
+    assert counted == 1
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_postgres_replica_taking_only_repeats_stays_fresh_by_its_own_counts(stores: Stores) -> None:
+    """No write but the counts' own commits, for longer than ``FRESH``: memory answers every repeat
+    (the alerts table, which a lookup would read, is locked all along), and every count is kept."""
+    assert stores.database is not None
+    store, other = await stores.open(), await stores.open()
+    outcome = await store.ingest(_delivery(_alert("fp-d", "gpu-004")), T0)
+    database = stores.database
+    counted = 0
+    with psycopg.connect(database.server.url(database.name), password=database.server.password) as lock:
+        lock.execute("LOCK TABLE alerts IN ACCESS EXCLUSIVE MODE")
+        until = time.monotonic() + 3 * postgres.FRESH
+        while time.monotonic() < until:
+            found: int | None = await asyncio.wait_for(
+                store.count_repeats([("fp-d", T0, "firing")], T0), timeout=0.5
+            )
+            counted += found or 0
+            await asyncio.sleep(0)
+    [incident] = outcome.opened
+    await store.close()
+    [alert] = await other.alerts_of(incident)
+    assert alert.deliveries == 1 + counted
 
 
 async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Stores) -> None:
