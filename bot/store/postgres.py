@@ -21,11 +21,11 @@ incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never ra
 node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
 skips an event that commits late with a lower number. pitcrew writes a few transactions per
 alert, and deliveries take it once a batch; a batch of repeat deliveries only counts, under the
-lock's shared mode, as do the counts of repeats answered from memory (``count_repeats``). A fenced write also locks the leadership row
-``FOR SHARE`` in its transaction: a takeover's UPDATE waits until it commits, and after a
-takeover the check finds another epoch and raises ``Deposed`` with nothing written. The lease's
-own writes take no advisory lock (a renewal never waits behind a long ingest); their times are the
-database's ``now()``, whatever the replicas' clocks say.
+lock's shared mode, as do the counts of repeats answered from memory (``count_repeats``). A
+fenced write also locks the leadership row ``FOR SHARE`` in its transaction: a takeover's UPDATE
+waits until it commits, and after a takeover the check finds another epoch and raises ``Deposed``
+with nothing written. The lease's own writes take no advisory lock (a renewal never waits behind a
+long ingest); their times are the database's ``now()``, whatever the replicas' clocks say.
 """
 
 from __future__ import annotations

@@ -63,7 +63,6 @@ _PROBE_TIMEOUT = 2.0  # seconds a readiness probe may wait for its commit
 _SPACE_RESERVE = 1 << 20
 
 Unit = Callable[[sqlite3.Connection], Any]
-Key = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
