@@ -36,7 +36,7 @@ from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
 from bot.store.batch import commit_batch
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
-from bot.store.repeats import Counts, add, repeat
+from bot.store.repeats import Counts, add, repeat, rows
 from bot.store.sql import Op
 
 #: Deliveries per transaction at most (the durable baseline of ``bench/ingest.py`` batches as many).
@@ -90,7 +90,7 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
             add(seen, keys, ts(check.now) or "")
             results[index] = len(keys)
     if seen:
-        yield bump_seen([(last, count, *key) for key, (last, count) in sorted(seen.items())])
+        yield bump_seen(rows(seen))
     jobs = [(i, item) for i, item in enumerate(items) if isinstance(item, Ingest)]
     if jobs:
         stored = yield from ingest([(job.delivery, job.now) for _, job in jobs], known)

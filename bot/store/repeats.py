@@ -79,11 +79,9 @@ class RepeatMemory:
         return len(keys)
 
     def take(self) -> list[tuple[str, int, str, str]]:
-        """The counts to commit now, as ``bump_seen`` rows; held in ``flushing`` until ``flushed``."""
+        """The counts to commit now (``rows``); held in ``flushing`` until ``flushed``."""
         self.seen, self.flushing = {}, self.seen
-        return [
-            (stamp, n, fingerprint, starts) for (fingerprint, starts), (stamp, n) in self.flushing.items()
-        ]
+        return rows(self.flushing)
 
     def flushed(self, committed: bool) -> None:
         """The flush's commit answered: done, or failed and counted again for the next flush."""
@@ -91,8 +89,7 @@ class RepeatMemory:
         if committed:
             return
         for key, (stamp, count) in taken.items():
-            old = self.seen.get(key, (stamp, 0))
-            self.seen[key] = (max(old[0], stamp), old[1] + count)
+            _bump(self.seen, key, stamp, count)
 
     def overlay(self, alert: AlertRecord) -> AlertRecord:
         """``alert`` with the repeat deliveries counted here and not yet committed.
@@ -110,5 +107,16 @@ class RepeatMemory:
 def add(counts: Counts, keys: Iterable[Key], stamp: str) -> None:
     """One more delivery of each key, seen at ``stamp``."""
     for key in keys:
-        last, n = counts.get(key, (stamp, 0))
-        counts[key] = (max(last, stamp), n + 1)
+        _bump(counts, key, stamp, 1)
+
+
+def rows(counts: Counts) -> list[tuple[str, int, str, str]]:
+    """``counts`` as ``bump_seen`` rows, in key order: two transactions counting the same alerts
+    (two replicas' batches or flushes, under the write lock's shared mode) lock their rows in the
+    same order, so neither waits on the other's."""
+    return [(stamp, n, *key) for key, (stamp, n) in sorted(counts.items())]
+
+
+def _bump(counts: Counts, key: Key, stamp: str, n: int) -> None:
+    last, count = counts.get(key, (stamp, 0))
+    counts[key] = (max(last, stamp), count + n)
