@@ -74,6 +74,8 @@ def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_
 
     # The job track ends while the node track waits for humans.
     running = server.wait_event(incident_id, "job_running", timeout=60)
+    # The step announces training is back, then commits its result: read the incident after.
+    server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=10)
     incident = server.incident(incident_id)
     assert incident["state"] == "verifying", incident["outcome"]
     [handover] = notices(server.journal_records(), "handover")

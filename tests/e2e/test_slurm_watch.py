@@ -135,6 +135,8 @@ def _followed_until_resumed_and_closed(server: Any, slurm: SlurmCluster, job_id:
     wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
     incident_id = found[0]["id"]
     server.wait_event(incident_id, "job_running", timeout=90)
+    # The step announces training is back, then commits its result: read the incident after.
+    server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=10)
     incident = server.incident(incident_id)
     [recorded] = step_result(incident, "slurm_down")["jobs"]
     assert (recorded["job_id"], recorded["nodes"], recorded["restarts"]) == (job_id, [node], 0)
