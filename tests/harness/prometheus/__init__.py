@@ -2,9 +2,10 @@
 
 The fixtures are thin wrappers over the proving ground's plain classes (``proving_ground.prometheus``: the
 two servers and their configs; ``proving_ground.stack``: the detection stack and the webhook sink), so ``bench/detection.py``
-uses the same code. Prometheus is session-scoped (its first scrape comes ~6 s after start); each
-test module gets a fresh Alertmanager, because its notification log dedupes across runs. Every
-server is stopped when its scope ends, failure or not.
+uses the same code. Each test module gets its own Prometheus (its first scrape comes ~6 s after
+start: a few seconds per module, where a session's Prometheus scraping twelve targets every second
+for the whole run cost a minute of a CI core) and a fresh Alertmanager, because its notification
+log dedupes across runs. Every server is stopped when its scope ends, failure or not.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ def alertmanager_binary() -> str:
     return require_binary("prometheus-alertmanager", "prometheus-alertmanager")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def detection_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DetectionStack]:
-    """The session's stand-in and Prometheus; each test injects on its own node and clears it after."""
+    """The module's stand-in and Prometheus; each test injects on its own node and clears it after."""
     stack = start_stack(require_binary("prometheus", "prometheus"), tmp_path_factory.mktemp("prometheus"))
     yield stack
     stop_stack(stack)
