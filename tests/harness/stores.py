@@ -9,10 +9,13 @@ started only when a Postgres case runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from bot.store.postgres import PostgresStore
@@ -40,6 +43,25 @@ class Stores:
         await store.open()
         self._opened.append(store)
         return store
+
+    @contextlib.contextmanager
+    def writes_locked(self) -> Iterator[None]:
+        """Another session holds what a new alert's write needs until the block ends (SQLite: the
+        database's write lock, ``BEGIN IMMEDIATE``; Postgres: the alerts table)."""
+        if self.database is None:
+            other = sqlite3.connect(self._tmp / "pitcrew.db", isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                yield
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
+            return
+        database = self.database
+        with psycopg.connect(database.server.url(database.name), password=database.server.password) as lock:
+            lock.execute("LOCK TABLE alerts IN ACCESS EXCLUSIVE MODE")
+            yield
+            lock.rollback()
 
     async def close(self) -> None:
         for store in reversed(self._opened):

@@ -6,7 +6,8 @@ are each counted once, on disk after they close (repeats counted in memory inclu
 answered from memory reach the database within a second, and on Postgres only while it commits
 this replica's writes (``bot.store.repeats``); a resolve marks the alert and is never undone by a stale firing repeat;
 another startsAt is another alert of the same incident; an alert without a node is kept and
-opens nothing; a second node opens a second incident, numbered in order); the incident's life
+opens nothing; a second node opens a second incident, numbered in order); a delivery waiting
+for another session's lock never holds the event loop; the incident's life
 (plan, guard, steps begun/progress/finished, advance, close unless something fires, history,
 nodes in remediation); what a watch remembers; the timeline (pages with cursors, ``events_since``) and the audit log's
 refusal of UPDATE and DELETE in the database itself; approvals decided once; a rollback recorded
@@ -242,6 +243,27 @@ async def test_a_postgres_replica_taking_only_repeats_stays_fresh_by_its_own_cou
     await store.close()
     [alert] = await other.alerts_of(incident)
     assert alert.deliveries == 1 + counted
+
+
+async def test_a_delivery_waiting_for_another_session_s_lock_does_not_hold_the_event_loop(
+    stores: Stores,
+) -> None:
+    """SQLite begins a delivery's transaction on the event loop's own thread (``bot.store.writer``):
+    it must never wait for the lock there, or every request waits with it (SQLite's busy timeout is
+    10 s). The delivery waits elsewhere, and is stored once the lock is let go."""
+    store = await stores.open()
+    await store.ingest(_delivery(_alert("fp-w0", "gpu-001")), T0)  # open and warm
+    with stores.writes_locked():
+        storing = asyncio.ensure_future(store.ingest(_delivery(_alert("fp-w1", "gpu-002")), T0))
+        began = time.monotonic()
+        await asyncio.sleep(0.2)
+        blocked = time.monotonic() - began
+        assert blocked < 3, (
+            f"the event loop stood still {blocked:.1f}s while the delivery waited for the lock"
+        )
+        assert not storing.done(), storing
+    outcome = await asyncio.wait_for(storing, timeout=15)
+    assert (outcome.new_alerts, outcome.opened) == (1, ["pc-00002"])
 
 
 async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Stores) -> None:
@@ -606,18 +628,21 @@ def test_pitcrew_incidents_says_who_leads(
 
 async def test_a_refused_write_fails_alone(stores: Stores) -> None:
     """Writes that reach the store at once commit or fail each on its own: one the database refuses
-    (a step of an incident that does not exist) takes none of the others with it (SQLite's writer
-    runs them in one transaction, rolls it back and runs each again alone)."""
+    (a step of an incident that does not exist) takes none of the others with it, a delivery among
+    them included (SQLite's writer runs them in one transaction, rolls it back and runs each again
+    alone)."""
     store = await stores.open()
     (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
     results = await asyncio.gather(
         store.record(incident_id, NewEvent("note", detail="first"), T0),
         store.step_progress("pc-99999", "drain", {"evicting": "x"}, T0),
         store.set_switch("pause", {"paused": True}, "cli:alice", T0),
+        store.ingest(_delivery(_alert("fp2", "gpu-002")), T0),  # SQLite: begun on the loop's thread
         store.step_progress(incident_id, "drain", {"evicted": ["ml/a"]}, T0),
         return_exceptions=True,
     )
-    assert [isinstance(r, Exception) for r in results] == [False, True, False, False], results
+    assert [isinstance(r, Exception) for r in results] == [False, True, False, False, False], results
+    assert sorted(i.node for i in await store.incidents()) == ["gpu-001", "gpu-002"]
     assert (await store.events_of(incident_id))[-1].detail == "first"
     assert (await store.switch("pause") or {}).get("paused") is True
     assert (await store.steps_of(incident_id))["drain"].result == {"evicted": ["ml/a"]}
