@@ -6,12 +6,14 @@ Shapes follow Grafana's HTTP API (``/api/annotations``, ``/api/health``): ``POST
 lists those carrying every ``tags`` given (as Grafana does without ``matchAny``), a missing or
 unknown bearer token is ``401``, a token without the permission ``403``. ``fail(status, times)``
 answers the next calls with an error; ``stop()``/``start()`` make it unreachable and back on the
-same port; ``on_create`` runs once an annotation is stored, before the answer (a test kills
+same port, which it holds in between (bound, not listening: a connection is refused, and no other
+test's server started meanwhile takes the port and the calls meant for Grafana); ``on_create`` runs once an annotation is stored, before the answer (a test kills
 pitcrew there: Grafana has it, pitcrew never hears).
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,7 @@ class GrafanaStandin:
     def __init__(self, world: GrafanaWorld | None = None) -> None:
         self.world = world or GrafanaWorld()
         self._runner: web.AppRunner | None = None
+        self._held: socket.socket | None = None  # the port, while stopped
         self.port = 0
 
     @property
@@ -63,6 +66,7 @@ class GrafanaStandin:
         return app
 
     async def start(self) -> GrafanaStandin:
+        self.release()
         self._runner = web.AppRunner(self.app(), shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
@@ -73,9 +77,20 @@ class GrafanaStandin:
         return self
 
     async def stop(self) -> None:
+        """Unreachable until ``start``: the port is kept, bound without listening."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.bind(("127.0.0.1", self.port))
+            self._held = held
+
+    def release(self) -> None:
+        """Let go of the port held while stopped (``start`` does; so does the fixture at the end)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     # ------------------------------------------------------------------ handlers
     @web.middleware

@@ -23,6 +23,7 @@ def threaded_grafana() -> Iterator[GrafanaStandin]:
     finally:
         try:
             asyncio.run_coroutine_threadsafe(standin.stop(), loop).result(30)
+            standin.release()
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)

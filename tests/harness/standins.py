@@ -34,3 +34,4 @@ async def grafana() -> AsyncIterator[GrafanaStandin]:
         yield standin
     finally:
         await standin.stop()
+        standin.release()
