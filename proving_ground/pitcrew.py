@@ -244,9 +244,18 @@ class Pitcrew:
         )
 
     def wait_event(
-        self, incident_id: str, kind: str, step: str | None = None, timeout: float = 30.0
+        self,
+        incident_id: str,
+        kind: str,
+        step: str | None = None,
+        timeout: float = 30.0,
+        interval: float = 0.05,
     ) -> dict[str, Any]:
-        """Until the incident's timeline has an event of ``kind`` (for ``step``, if given); the first one."""
+        """Until the incident's timeline has an event of ``kind`` (for ``step``, if given); the first one.
+
+        Each look reads the whole incident (every page of its alerts and events) from pitcrew's
+        read API: at 10 ms a minute's wait cost both processes seconds of CPU. A test that must act
+        the moment an event is written (a kill before the next call) asks for a shorter ``interval``."""
         found: list[dict[str, Any]] = []
 
         def seen() -> bool:
@@ -257,7 +266,7 @@ class Pitcrew:
             ]
             return bool(found)
 
-        wait_until(seen, timeout=timeout, interval=0.01, what=f"{kind} {step or ''} in {incident_id}")
+        wait_until(seen, timeout=timeout, interval=interval, what=f"{kind} {step or ''} in {incident_id}")
         return found[0]
 
     def journal_records(self) -> list[dict[str, Any]]:

@@ -143,7 +143,7 @@ def test_crash_before_any_far_side_call_still_acts_exactly_once(
     ).start()
     _, body = server.post_alerts(delivery(node="gpu-node-02"))
     incident = body["opened"][0]
-    server.wait_event(incident, when, step="slurm_down")
+    server.wait_event(incident, when, step="slurm_down", interval=0.01)  # killed before the call
     server.kill()
     server.start()
     assert server.wait_incident(incident, "resolved", "failed", timeout=60)["state"] == "resolved"
