@@ -327,13 +327,6 @@ class IncidentFlow:
         now = self.clock()
         approval = await self.store.approval(incident.id)
         if approval is None or approval.step != key:
-            if incident.state is not State.AWAITING_APPROVAL:
-                await self.store.transition(
-                    incident.id,
-                    State.AWAITING_APPROVAL,
-                    now,
-                    event=NewEvent("state", outcome="awaiting_approval"),
-                )
             approval = await self.store.request_approval(
                 incident.id, key, policy.approvers, now + policy.timeout, now
             )
@@ -346,6 +339,15 @@ class IncidentFlow:
                     f"deadline {approval.deadline.isoformat(timespec='seconds')}",
                 ),
                 now,
+            )
+        # The request first, then the state: an incident shown awaiting approval always has one
+        # to decide (read in between, it had none), and a crash in between resumes here.
+        if approval.status == "pending" and incident.state is not State.AWAITING_APPROVAL:
+            await self.store.transition(
+                incident.id,
+                State.AWAITING_APPROVAL,
+                now,
+                event=NewEvent("state", outcome="awaiting_approval"),
             )
         if approval.status == "approved":
             self._waited(incident, approval.requested_at, approval.decided_at or now)
