@@ -48,7 +48,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -60,8 +60,8 @@ import aiosqlite
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
 from bot.store.batch import commit_batch
-from bot.store.ingest import bump_seen, ingest
-from bot.store.repeats import RepeatMemory
+from bot.store.ingest import KeyState, bump_seen, ingest
+from bot.store.repeats import Key, RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
 from bot.store.sql import SQLITE, run_sync, single
 
@@ -289,7 +289,8 @@ class Writer:
         conn = self._conn
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
-        units: list[Unit | IngestJob] = [item for item in items if not isinstance(item, IngestJob)]
+        units = [item for item in items if not isinstance(item, IngestJob)]
+        keys = self.memory.keys
         try:
             if self._in_thread is not None and not self._in_thread.done():
                 # The connection is the thread's until its last call ends.
@@ -298,15 +299,12 @@ class Writer:
             begun = bool(jobs) and _begin_now(conn)
             if begun:
                 try:
-                    results = run_sync(
-                        conn, ingest([(j.delivery, j.now) for j in jobs], self.memory.keys)
-                    ).result
+                    results = _ingest(conn, jobs, keys)
                 except BaseException:
                     _rollback(conn)
                     raise
-            else:
-                units = [*items]  # all of it in the thread (a delivery's ingest is a unit there)
-            results.extend(await self._thread(_finish, conn, units, self.memory, begun))
+                jobs = []  # ingested: the thread runs the units and commits
+            results.extend(await self._thread(_finish, conn, jobs, units, keys, begun))
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"write failed: {exc}") from exc
         lost = self.lost()
@@ -412,19 +410,25 @@ def _begin_now(conn: sqlite3.Connection) -> bool:
     return True
 
 
+def _ingest(conn: sqlite3.Connection, jobs: Sequence[IngestJob], keys: Mapping[Key, KeyState]) -> list[Any]:
+    """The deliveries' statements, in the transaction begun on ``conn``: one outcome each."""
+    return list(run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], keys)).result)
+
+
 def _finish(
-    conn: sqlite3.Connection, items: Sequence[Unit | IngestJob], memory: RepeatMemory, begun: bool
+    conn: sqlite3.Connection,
+    jobs: Sequence[IngestJob],
+    units: Sequence[Unit],
+    keys: Mapping[Key, KeyState],
+    begun: bool,
 ) -> list[Any]:
-    """In the writer thread: begin (unless the loop has), run ``items``, commit; roll back if any
-    of it fails. A delivery among ``items`` (the loop could not begin) is ingested here."""
+    """In the writer thread: begin (unless the loop has), ingest ``jobs`` (those the loop could not
+    begin for), run ``units``, commit; roll back if any of it fails."""
     if not begun:
         conn.execute("BEGIN IMMEDIATE")
     try:
-        results: list[Any] = []
-        jobs = [item for item in items if isinstance(item, IngestJob)]
-        if jobs:
-            results.extend(run_sync(conn, ingest([(j.delivery, j.now) for j in jobs], memory.keys)).result)
-        results.extend(unit(conn) for unit in items if not isinstance(unit, IngestJob))
+        results = _ingest(conn, jobs, keys) if jobs else []
+        results.extend(unit(conn) for unit in units)
         conn.execute("COMMIT")
     except BaseException:
         _rollback(conn)
