@@ -55,6 +55,13 @@ PAGE_DEFAULT = 100
 #: The audit event of one change pitcrew made to a far side (``StepContext.acted``): an incident
 #: with one holds its node's place under the breaker even after it ended.
 ACTION = "action"
+#: The timeline event of a notice to humans (``Store.enqueue``); ``ONCE`` is the key in its data
+#: under which a step posted it at most once (``Store.told``).
+NOTICE = "notice"
+ONCE = "once"
+#: The event of a step whose result no longer counts (a replan, a climb, a close taken back): the
+#: step runs afresh after it, and what it posts then is news, not a repeat of what it posted before.
+SUPERSEDED = "step_superseded"
 T = TypeVar("T")
 
 
@@ -407,9 +414,22 @@ class Store(Protocol):
         payload: JsonObject,
         destinations: Sequence[str],
         now: datetime,
+        *,
+        once: str | None = None,
     ) -> int:
         """Append ``event`` to the timeline and, in the same transaction, one outbox row per
-        destination carrying ``payload``; the event's seq."""
+        destination carrying ``payload``; the event's seq.
+
+        With ``once`` (the event must name its incident and its ``step``), the notice is one that
+        step posts at most once: when ``told`` finds it (for the event's kind) in the same
+        transaction, nothing is written and that event's seq is returned; else the event keeps
+        ``once`` in its data under ``ONCE``. A ``ValueError`` without an incident or a step."""
+        ...
+
+    async def told(self, incident_id: str, step: str, once: str) -> int | None:
+        """The seq of the ``NOTICE`` event that ``step`` enqueued for the incident under ``once``
+        since it last ran afresh (after its latest ``SUPERSEDED`` event, if any); ``None``: not
+        posted in this run of the step."""
         ...
 
     async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:

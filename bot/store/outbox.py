@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from bot.store.base import JsonObject, NewEvent, OutboxItem
+from bot.store.base import ONCE, SUPERSEDED, JsonObject, NewEvent, OutboxItem
 from bot.store.codec import dt, dumps, ts
 from bot.store.ingest import insert_event
 from bot.store.sql import Op, Stmt, many, one, rows, run
@@ -35,13 +36,38 @@ def enqueue(
     payload: JsonObject,
     destinations: Sequence[str],
     now: datetime,
+    once: str | None = None,
 ) -> Op[int]:
-    """The timeline event and its notice, one row per destination; the event's ``seq``."""
+    """The timeline event and its notice, one row per destination; the event's ``seq``. With
+    ``once``, unless the event's step posted it already (``told``): then that event's ``seq``."""
+    if once is not None:
+        assert incident_id is not None and event.step is not None, "checked by the store"
+        posted = yield from told(incident_id, event.kind, event.step, once)
+        if posted is not None:
+            return posted
+        event = replace(event, data={**event.data, ONCE: once})
     inserted = yield insert_event(incident_id, event, now)
     seq = int(inserted["seq"])
     document = dumps(dict(payload))
     yield many(_INSERT, [(d, incident_id, seq, kind, document, ts(now)) for d in destinations])
     return seq
+
+
+def told(incident_id: str, kind: str, step: str, once: str) -> Op[int | None]:
+    """The ``kind`` event ``step`` wrote under ``once`` in its current run: after the step's latest
+    ``SUPERSEDED`` event, where a new run begins (a crash, a retry or a pause does not begin one).
+    Few rows: the step's own notices of one run; the key is matched here, not in each dialect's
+    JSON."""
+    found = yield rows(
+        "SELECT seq, data_json FROM events WHERE incident_id = ? AND kind = ? AND step = ? AND seq >"
+        " COALESCE((SELECT MAX(seq) FROM events WHERE incident_id = ? AND kind = ? AND step = ?), 0)"
+        " ORDER BY seq",
+        (incident_id, kind, step, incident_id, SUPERSEDED, step),
+    )
+    for row in found:
+        if json.loads(row["data_json"]).get(ONCE) == once:
+            return int(row["seq"])
+    return None
 
 
 def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str], now: datetime) -> Op[int]:

@@ -35,6 +35,7 @@ from bot.domain.planner import PastIncident, Plan
 from bot.store import codec, queries, retention
 from bot.store import outbox as _outbox
 from bot.store.base import (
+    NOTICE,
     AlertRecord,
     ApprovalRecord,
     ApprovalStatus,
@@ -322,10 +323,17 @@ class SqlStore(ABC):
         payload: JsonObject,
         destinations: Sequence[str],
         now: datetime,
+        *,
+        once: str | None = None,
     ) -> int:
+        if once is not None and (incident_id is None or event.step is None):
+            raise ValueError("a notice posted once belongs to an incident and a step")
         return await self._write(
-            lambda: _outbox.enqueue(incident_id, event, kind, payload, destinations, now)
+            lambda: _outbox.enqueue(incident_id, event, kind, payload, destinations, now, once)
         )
+
+    async def told(self, incident_id: str, step: str, once: str) -> int | None:
+        return await self._read(_outbox.told(incident_id, NOTICE, step, once))
 
     async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:
         return await self._read(_outbox.pending(destination, limit))

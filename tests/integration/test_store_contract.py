@@ -12,7 +12,8 @@ for another session's lock never holds the event loop; the incident's life
 nodes in remediation); what a watch remembers; the timeline (pages with cursors, ``events_since``) and the audit log's
 refusal of UPDATE and DELETE in the database itself; approvals decided once; a rollback recorded
 once; switches; the outbox (enqueue with the event in one transaction, routed events and their
-wake, attempt, defer, delivered, references and links); two views of one database see each
+wake, attempt, defer, delivered, references and links; a notice a step posts once per key in each
+of its runs, a superseded step's next run posting it anew); two views of one database see each
 other's writes; ``pitcrew incidents`` reads either and says who leads; the two stores have the same tables and columns at the same schema version.
 The lease and the fence are in ``test_store_lease.py``, retention in ``test_store_retention.py`` (also on
 both stores).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from bot.domain.incident import State
 from bot.domain.planner import Plan
 from bot.domain.policy import Mode
 from bot.store import postgres, sql
-from bot.store.base import Delivery, IncomingAlert, NewEvent, link_key
+from bot.store.base import ONCE, SUPERSEDED, Delivery, IncomingAlert, NewEvent, link_key
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
 from bot.store.sql import single
@@ -478,6 +480,49 @@ async def test_the_outbox_and_the_references(stores: Stores) -> None:
         "slack": "https://slack.example/p1",
         "grafana": "https://grafana.example/d",
     }
+
+
+async def test_a_notice_a_step_posts_once_is_posted_once_per_run_of_the_step(stores: Stores) -> None:
+    store = await stores.open()
+    (incident_id, second) = (
+        await store.ingest(_delivery(_alert("fp1", "gpu-001"), _alert("fp2", "gpu-002")), T0)
+    ).opened
+    notice = NewEvent("notice", step="notify", outcome="incident", detail="XID 79")
+
+    async def post(once: str, step: str = "notify", incident: str = incident_id) -> int:
+        event = replace(notice, step=step)
+        return await store.enqueue(incident, event, "incident", {"title": "XID 79"}, ["slack"], T0, once=once)
+
+    assert await store.told(incident_id, "notify", "incident") is None
+    first = await post("incident")
+    assert await post("incident") == first  # the step again after a crash: the notice it posted
+    assert await store.told(incident_id, "notify", "incident") == first
+    [event] = [e for e in await store.events_of(incident_id) if e.kind == "notice"]
+    assert (event.seq, event.step, event.data[ONCE]) == (first, "notify", "incident")
+    posted = {first, await post("incident:2"), await post("incident", step="close")}
+    posted.add(await post("incident", incident=second))
+    assert len(posted) == 4  # another key, another step, another incident: other notices
+    assert len(await store.outbox_pending("slack")) == 4
+
+    # A superseded step runs afresh: what it posts is news, once again.
+    await store.step_finished(
+        incident_id, "notify", "superseded", T0, event=NewEvent(SUPERSEDED, step="notify")
+    )
+    assert await store.told(incident_id, "notify", "incident") is None
+    again = await post("incident")
+    assert again not in posted and await post("incident") == again
+    assert await store.told(incident_id, "close", "incident") in posted  # not another step's run
+    assert len(await store.outbox_pending("slack")) == 5
+
+    # Without ``once`` every call posts (a flow's notices); ``once`` needs an incident and a step.
+    plain = NewEvent("notice", outcome="incident")
+    seqs = {await store.enqueue(incident_id, plain, "incident", {}, ["slack"], T0) for _ in range(2)}
+    assert len(seqs) == 2
+    with pytest.raises(ValueError, match="incident and a step"):
+        await store.enqueue(incident_id, plain, "incident", {}, ["slack"], T0, once="x")
+    with pytest.raises(ValueError, match="incident and a step"):
+        await store.enqueue(None, notice, "incident", {}, ["slack"], T0, once="x")
+    assert len(await store.outbox_pending("slack")) == 7
 
 
 async def test_two_processes_on_one_store_see_each_other(stores: Stores) -> None:
