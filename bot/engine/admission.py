@@ -37,7 +37,7 @@ from bot.engine.fleet import FleetSnapshot, FleetView
 from bot.engine.pause import PAUSE as PAUSE
 from bot.engine.ports import Notice, PartitionNodes
 from bot.engine.rollback import ROLLBACK
-from bot.store.base import IncidentRecord, NewEvent, StepRecord, Store
+from bot.store.base import SUPERSEDED, IncidentRecord, NewEvent, StepRecord, Store
 
 log = logger(__name__)
 BREAKER = "breaker"
@@ -419,7 +419,7 @@ class Admission:
                     "superseded",
                     now,
                     result=record.result,
-                    event=NewEvent("step_superseded", step=name),
+                    event=NewEvent(SUPERSEDED, step=name),
                 )
         index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
         await self._store.save_plan(incident.id, fresh, [event], now)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
@@ -163,8 +163,13 @@ class StepContext(Generic[R]):
         self.deps.metrics.actions.labels(action).inc()
         await self.note(ACTION, detail, action=action, **data)
 
-    async def tell(self, notice: Notice) -> str | None:
-        return await self.deps.ports.notifier.post(notice)
+    async def tell(self, notice: Notice, *, key: str) -> str | None:
+        """Tell humans, at most once per ``key`` in this run of the step: a step run again after a
+        crash or a retry, telling with the same key, gets the reference of the notice posted then
+        and posts nothing (``bot.engine.outbox``). ``key`` names what the notice is about, the same
+        on every run until the step is superseded, and another for each notice the step means to
+        post: the same kind and title said again for another reason needs another key."""
+        return await self.deps.ports.notifier.post(replace(notice, step=self.step, key=key))
 
     def reason(self) -> str:
         """The Slurm reason pitcrew sets for this incident (``bot.domain.ownership``)."""

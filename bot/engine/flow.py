@@ -38,7 +38,7 @@ from bot.engine.rollback import ROLLBACK, RollbackHeld, RollbackRecord, undo
 from bot.engine.signals import Signals
 from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
-from bot.store.base import Deposed, IncidentRecord, NewEvent, StepRecord
+from bot.store.base import SUPERSEDED, Deposed, IncidentRecord, NewEvent, StepRecord
 
 log = logger(__name__)
 _ENDED = frozenset({"ok", "skipped", "failed", "undone"})
@@ -400,7 +400,7 @@ class IncidentFlow:
                 CLOSE,
                 "superseded",
                 now,
-                event=NewEvent("step_superseded", step=CLOSE, detail="alerts fire again"),
+                event=NewEvent(SUPERSEDED, step=CLOSE, detail="alerts fire again"),
             )
             await self.store.advance(incident.id, max(incident.step_index - 1, 0), now)
         return False

@@ -13,6 +13,12 @@ executor's backoff policy (``bot.engine.backoff``: doubling, jittered, at least 
 in the incident's timeline and counted (under its ``Reason``), and the next notice goes on: one
 unpostable message must not silence an incident. The begun delivery is marked in the store
 before it starts, so after a crash the destination knows to look for what it already posted.
+
+A step's notice (``StepContext.tell``: its step and key) is posted at most once per run of the step:
+the step commits its result after the notice, so a crash in between runs it again. ``post`` looks
+in the timeline first (``Store.told``) and answers with the notice already there, logging nothing;
+the enqueue looks again in its own transaction (``once``), so the outbox never holds the notice
+twice even if something posted it between the look and the write.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from bot.engine.metrics import Metrics
 from bot.engine.ports import Destination, Notice, Notifier
 from bot.engine.signals import RealTimer, Timer
 from bot.engine.tasks import cancel_and_wait
-from bot.store.base import Deposed, Json, NewEvent, OutboxItem, Store
+from bot.store.base import NOTICE, Deposed, Json, NewEvent, OutboxItem, Store
 
 log = logger(__name__)
 
@@ -71,9 +77,21 @@ class OutboxNotifier:
         self.far_side = getattr(inner, "far_side", "log")
 
     async def post(self, notice: Notice) -> str | None:
+        incident_id, step, once = notice.incident_id, notice.step, notice.key
+        if incident_id is None or step is None:
+            once = None  # only a step's notice about an incident is posted once
+        elif once is not None:
+            posted = await self._store.told(incident_id, step, once)
+            if posted is not None:
+                log.info(
+                    "notice already posted in this run of its step; not posting it again",
+                    extra={"incident": incident_id, "step": step, "kind": notice.kind},
+                )
+                return f"notice-{posted}"
         await self._inner.post(notice)
         event = NewEvent(
-            "notice",
+            NOTICE,
+            step=notice.step,
             detail=notice.title,
             outcome=notice.kind,
             data={"severity": notice.severity, "destinations": list(self.destinations)},
@@ -88,7 +106,7 @@ class OutboxNotifier:
             "node": notice.node,
         }
         seq = await self._store.enqueue(
-            notice.incident_id, event, notice.kind, payload, self.destinations, self._clock()
+            incident_id, event, notice.kind, payload, self.destinations, self._clock(), once=once
         )
         if self.destinations:
             self._wake()

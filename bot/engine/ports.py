@@ -254,6 +254,10 @@ class Notice:
     severity: str = "info"
     actions: tuple[str, ...] = ()
     node: str | None = None
+    #: The step that posts it and what it is about in that step's run (``StepContext.tell``): the
+    #: outbox posts a notice with a ``key`` at most once per incident, run of its step and key.
+    step: str | None = None
+    key: str | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, object]) -> Notice:

@@ -27,7 +27,7 @@ import inspect
 import itertools
 import json
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,6 +51,7 @@ from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.intake import Intake
 from bot.engine.leadership import Leadership
 from bot.engine.metrics import Metrics
+from bot.engine.outbox import OutboxNotifier
 from bot.engine.steps import REGISTRY
 from bot.store.base import Event, Fence, IncidentRecord, IngestOutcome, StepRecord, Store, StoreUnavailable
 from bot.store.sqlite import SqliteStore
@@ -477,11 +478,16 @@ class EngineHarness:
         capacity: Mapping[str, Any] | None = None,
         resumption: Mapping[str, Any] | None = None,
         cluster: Callable[[SimulatedWorld], Any] | None = None,
+        outbox: Sequence[str] | None = None,
+        store: Callable[[Store, FakeTime], Store] | None = None,
     ) -> None:
         """``slurm``: a Scheduler to use instead of the simulated world's (a test's own far side);
         ``capacity``: the ``capacity`` settings (pools); ``resumption``: those settings (queries);
         ``cluster``: builds a Cluster to use instead of the simulated one (a test's own far side,
-        given the simulated world)."""
+        given the simulated world); ``outbox``: notices go through the outbox to these
+        destinations, as ``pitcrew serve`` sends them (the simulated notifier is the log behind it;
+        nothing delivers the rows); ``store``: wraps the store the engine writes through, given the
+        virtual time (a test's own misbehaving store)."""
         self.time = FakeTime()
         #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
         self.lease = lease
@@ -495,6 +501,10 @@ class EngineHarness:
         self.notifier = Scripted(SimulatedNotifier(self.world), self.time)
         self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=self.time.now)
         self.store: Store = InFlight(self._sqlite, self.time)
+        engine_store = store(self.store, self.time) if store is not None else self.store
+        notifier: Any = self.notifier
+        if outbox is not None:
+            notifier = OutboxNotifier(engine_store, self.time.now, self.notifier, outbox)
         self.policy = Policy(
             mode=Mode(mode),
             guards=GuardPolicy(
@@ -514,11 +524,11 @@ class EngineHarness:
             **(engine or {}),
         }
         self.deps = EngineDeps(
-            store=self.store,
+            store=engine_store,
             ports=Ports(
                 scheduler=self.scheduler,
                 cluster=self.cluster,
-                notifier=self.notifier,
+                notifier=notifier,
             ),
             metrics=self.metrics,
             clock=self.time.now,

@@ -66,8 +66,9 @@ class CapacityResult(StepResult):
     why: str = ""
     #: When the node left its pool (``None`` while only intended).
     taken_at: datetime | None = None
-    #: Why nothing was taken (the last answer said to humans).
+    #: Why nothing was taken (the last answer said to humans), and how many answers were said.
     waiting: str = ""
+    told_waiting: int = 0
     #: Kubernetes pools: when the lender's pods were gone, the taken node's Slurm name, and when
     #: its slurmd was registered and IDLE (the take is done only then).
     evicted_at: datetime | None = None
@@ -195,7 +196,10 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
         choice = await _choose(ctx, down)
         if choice.node is None or choice.pool is None:
             if choice.why != ctx.progress.waiting:
-                await ctx.save(replace(ctx.progress, waiting=choice.why))
+                # Saved before it is said (a crash between loses the notice, never repeats it);
+                # each change of reason is its own notice: the same reason may come back.
+                told = ctx.progress.told_waiting + 1
+                await ctx.save(replace(ctx.progress, waiting=choice.why, told_waiting=told))
                 await ctx.note("capacity_none", f"job {stalled[0].job_id} waits for the repair: {choice.why}")
                 await ctx.tell(
                     Notice(
@@ -204,7 +208,8 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
                         f"{ctx.node}: no node to lend; job {stalled[0].job_id} waits for the repair",
                         (choice.why,),
                         node=ctx.node,
-                    )
+                    ),
+                    key=f"waiting:{told}",
                 )
             return Wait(ctx.poll, choice.why)
         pool = next(p for p in ctx.settings.capacity.pools if p.name == choice.pool)
@@ -239,6 +244,7 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
             CapacityResult(),
             passed_over=(*progress.passed_over, node),
             waiting=f"{node} {waiting}",
+            told_waiting=progress.told_waiting,
         )
     )
     return Wait(ctx.poll, waiting)
@@ -252,7 +258,8 @@ async def _told(ctx: StepContext[CapacityResult], done: str) -> None:
             f"{ctx.node}: lent {ctx.progress.node} to the stalled job",
             (ctx.progress.why, done, "It is given back when the repair is done."),
             node=ctx.node,
-        )
+        ),
+        key=f"lent:{ctx.progress.node}",
     )
 
 
@@ -368,7 +375,8 @@ async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
             f"{ctx.node}: lent {node} to the stalled job",
             (ctx.progress.why, "It is given back when the repair is done."),
             node=ctx.node,
-        )
+        ),
+        key=f"lent:{node}",
     )
     return Done(taken, f"took {node} from pool {ctx.progress.pool}")
 

@@ -57,7 +57,8 @@ async def notify(ctx: StepContext[NotifyResult]) -> Done[NotifyResult] | Wait:
             severity="critical" if plan.acts else "warning",
             actions=actions,
             node=ctx.node,
-        )
+        ),
+        key="incident",
     )
     return Done(NotifyResult(ref or "posted"), "humans notified")
 
@@ -143,7 +144,8 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
                 f"{ctx.node}: {ctx.plan.playbook} finished in {format_duration(timedelta(seconds=recovery))}",
                 tuple(lines),
                 node=ctx.node,
-            )
+            ),
+            key="summary",  # not the title: it says how long, which a run after a crash says anew
         )
     # Counted once the summary is out: a notifier error retries the step, and must not count twice.
     playbook = ctx.incident.playbook or "unknown"

@@ -95,7 +95,8 @@ async def _hand_over(ctx: StepContext[Issued], what: str) -> Done[Issued]:
                 ),
                 severity="warning",
                 node=ctx.node,
-            )
+            ),
+            key="handover",
         )
         await ctx.save(replace(ctx.progress, handed_over=True, handed_over_at=ctx.clock()))
         await ctx.note("handed_over", f"{what} handed to humans: no Kubernetes cluster")

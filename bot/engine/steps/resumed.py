@@ -172,7 +172,8 @@ async def judge_jobs(
                     (verdict.detail, "It was not requeueable; resubmit it or restore from its checkpoint."),
                     severity="warning",
                     node=ctx.node,
-                )
+                ),
+                key=f"job_lost:{job.job_id}",
             )
         restarted = now_snapshot.start_time if now_snapshot is not None else None
         outcomes.append(_outcome(verdict, out_at, restarted, first_seen.get(job.job_id), repaired=node_out))
@@ -211,7 +212,8 @@ async def _announce(ctx: StepContext[C], result: ConfirmResumedResult) -> None:
             f"{ctx.node}: training running again after {format_duration(timedelta(seconds=took))}",
             lines,
             node=ctx.node,
-        )
+        ),
+        key="job_running",  # not the title: it says how long, which a run after a crash says anew
     )
     await ctx.note(
         "job_running", f"every interrupted job runs again after {took:.1f}s", seconds=round(took, 3)
