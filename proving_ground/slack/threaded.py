@@ -40,8 +40,10 @@ class ThreadedStandin:
 
 @contextmanager
 def threaded_standin() -> Iterator[SlackStandin]:
+    """For tests: also fails if the app called a method the stand-in does not serve."""
     threaded = ThreadedStandin().start()
     try:
         yield threaded.standin
     finally:
         threaded.stop()
+    threaded.standin.api.check_served()

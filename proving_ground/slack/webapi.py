@@ -2,7 +2,11 @@
 
 It owns the workspace's state (channels, members, user groups, messages and their edits), records every
 call, and answers like Slack: errors are HTTP 200 ``{"ok": false, "error": ...}``, only rate limiting is a
-429 with ``Retry-After`` (fixtures/slack/README.md, "Rules a stand-in must enforce"). It must not grow
+429 with ``Retry-After`` (fixtures/slack/README.md, "Rules a stand-in must enforce"). A method it does not
+serve is answered as Slack answers a name it has no method by, HTTP 200 ``unknown_method`` naming it in
+``req_method``, whatever the body; one called with the app's own tokens is also kept in ``unserved`` (the
+fixtures fail the test on it: either pitcrew calls a method Slack lacks, or the stand-in lacks one Slack
+has, and its answer was not Slack's). A path outside ``/api/<method>`` is a plain 404. It must not grow
 pitcrew logic: it knows nothing of incidents.
 """
 
@@ -19,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from proving_ground.slack import mrkdwn
-from proving_ground.slack.world import BOT_TOKEN, World
+from proving_ground.slack.world import BOT_TOKEN, TESTER_TOKEN, World
 
 Handler = Callable[["WebApi", str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -97,6 +101,11 @@ class ApiError(Exception):
         self.body = {"ok": False, "error": error, **extra}
 
 
+def _bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+
+
 async def _arguments(request: web.Request) -> tuple[dict[str, Any], str | None]:
     """Query, form and JSON arguments merged (slack_sdk uses all three); the token from header or field."""
     args: dict[str, Any] = dict(request.query)
@@ -107,10 +116,7 @@ async def _arguments(request: web.Request) -> tuple[dict[str, Any], str | None]:
     elif request.can_read_body:
         args.update(dict(await request.post()))
     token = args.pop("token", None)
-    auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer "):
-        token = auth.removeprefix("Bearer ")
-    return args, token
+    return args, _bearer(request) or token
 
 
 def _json_arg(args: dict[str, Any], name: str) -> Any:
@@ -158,6 +164,11 @@ class WebApi:
         #: Seconds each method takes before it answers (``slow``).
         self.delays: dict[str, float] = {}
         self._window: dict[str, list[float]] = {}
+        #: Calls with a token this workspace issued to the app (not a test's own ``TESTER_TOKEN``) to
+        #: a method the stand-in does not serve: answered ``unknown_method`` as Slack answers a name it
+        #: has no method by, which is not Slack's answer if Slack has the method. The fixtures assert
+        #: it is empty at teardown.
+        self.unserved: list[Call] = []
         #: Mints a response_url for (user, channel, "commands" | "actions"); set by the server.
         self.response_url: Callable[[str, str, str], str] | None = None
 
@@ -195,6 +206,15 @@ class WebApi:
     def outage(self, seconds: float) -> None:
         """Answer every call with HTTP 503 for the next ``seconds`` (Slack down)."""
         self._down_until = time.monotonic() + seconds
+
+    def check_served(self) -> None:
+        """Fail if the app called a method the stand-in does not serve (``unserved``)."""
+        names = sorted({c.method for c in self.unserved})
+        assert not names, (
+            f"the app called Web API methods the Slack stand-in does not serve: {names}. Each was answered"
+            " unknown_method, as Slack answers a name it has no method by; if Slack has the method, add it to"
+            " proving_ground/slack/methods.py from the fixtures and docs, else the app calls what Slack lacks"
+        )
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
@@ -260,7 +280,12 @@ class WebApi:
 
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
-        args, token = await _arguments(request)
+        try:
+            args, token = await _arguments(request)
+        except ValueError:
+            if method in self.methods:
+                raise  # a served method's answer to a body that is not JSON is not modelled
+            args, token = {}, _bearer(request)  # Slack looks at the name first (README)
         call = Call(method, args, token)
         self.calls.append(call)
         if token == BOT_TOKEN:
@@ -284,7 +309,9 @@ class WebApi:
             await asyncio.sleep(self.delays[method])
         try:
             if handler is None:
-                raise ApiError("unknown_method")
+                if token != TESTER_TOKEN and token in self.world.bot_tokens | self.world.app_tokens:
+                    self.unserved.append(call)
+                raise ApiError("unknown_method", req_method=method)
             answer = await handler(self, token or "", args)
         except ApiError as e:
             answer = e.body

@@ -228,6 +228,7 @@ def far_sides(
         yield sides.start()
     finally:
         sides.stop()
+    sides.slack.standin.api.check_served()  # no replica called a method the stand-in does not serve
 
 
 @contextlib.contextmanager

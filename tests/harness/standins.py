@@ -17,12 +17,14 @@ from tests.grafana.server import GrafanaStandin
 @pytest.fixture
 async def slack() -> AsyncIterator[SlackStandin]:
     """Strict: a test fails if anything pitcrew posted holds markup Slack would act on that pitcrew did
-    not mean (a channel-wide mention, a link or mention from outside text); ``api.allow`` relaxes it."""
+    not mean (a channel-wide mention, a link or mention from outside text); ``api.allow`` relaxes it.
+    It also fails if pitcrew called a method the stand-in does not serve (``api.unserved``)."""
     standin = await SlackStandin().start()
     try:
         yield standin
     finally:
         await standin.stop()
+    standin.api.check_served()
     if "unescaped_markup" not in standin.api.lenient:
         assert not standin.api.flags, "\n".join(str(f) for f in standin.api.flags)
 

@@ -13,7 +13,11 @@ Cases:
 - cursors: ``conversations.replies`` pages with ``next_cursor`` until ``has_more`` is false, an
   unknown cursor is ``invalid_cursor``;
 - ``response_url``: answers land with their user, 5 uses at most, then ``used_url``;
-- an HTTP click the app does not answer within 3 s is given up (``TIMED_OUT``), as Slack does.
+- an HTTP click the app does not answer within 3 s is given up (``TIMED_OUT``), as Slack does;
+- a name Slack has no method by (``annotations``: a Grafana annotation once reached a stand-in that
+  had taken Grafana's port) is HTTP 200 ``unknown_method`` naming it in ``req_method``, whatever the
+  body; a path outside ``/api/<method>`` is a 404; only the app's own tokens land in ``api.unserved``
+  (which the fixtures fail the test on).
 """
 
 from __future__ import annotations
@@ -130,6 +134,33 @@ async def test_response_url_five_uses(slack: SlackStandin) -> None:
             assert (response.status, await response.text()) == (404, "used_url")
     assert [e["text"] for e in slack.api.ephemeral] == [f"answer {n}" for n in range(5)]
     assert {(e["user"], e["channel"]) for e in slack.api.ephemeral} == {("U0ALICE", "D0ALICEBOT")}
+
+
+async def test_a_method_slack_lacks_is_unknown_method(slack: SlackStandin, bot: AsyncWebClient) -> None:
+    unknown = {"ok": False, "error": "unknown_method", "req_method": "annotations"}
+    with pytest.raises(SlackApiError) as e:
+        await bot.api_call("annotations", json={"text": "drain gpu-001", "tags": ["pitcrew"]})
+    assert (e.value.response.status_code, e.value.response.data) == (200, unknown)
+
+    root = slack.base_url.removesuffix("/api/")
+    grafana = {"Authorization": "Bearer glsa_not_a_slack_token", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        for body in (b'{"text": "drain gpu-001", "tags": ["pitcrew"]}', b"[1, 2", b""):
+            async with http.post(f"{root}/api/annotations", data=body, headers=grafana) as r:
+                assert (r.status, await r.json()) == (200, unknown), body
+        for path in ("/annotations", "/api/annotations/7", "/api/", "/"):
+            async with http.post(f"{root}{path}", headers=grafana) as r:
+                assert r.status == 404, path
+    assert slack.api.unserved == []  # neither the tester's token nor Grafana's is the app's
+
+    app = AsyncWebClient(token=APP_TOKEN, base_url=slack.base_url)  # one of the app's own tokens
+    with pytest.raises(SlackApiError) as e:
+        await app.api_call("pins.add", params={"channel": CHANNEL})
+    assert e.value.response.data == {**unknown, "req_method": "pins.add"}
+    assert [(c.method, c.token) for c in slack.api.unserved] == [("pins.add", APP_TOKEN)]
+    with pytest.raises(AssertionError, match=r"does not serve: \['pins.add'\]"):
+        slack.api.check_served()
+    slack.api.unserved.clear()  # this test made that call itself
 
 
 @pytest.fixture
