@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
@@ -38,7 +38,6 @@ from bot.integrations.grafana import EVENTS as GRAFANA_EVENTS
 from bot.integrations.grafana import NAME as GRAFANA_NAME
 from bot.integrations.grafana import GrafanaAnnotations, GrafanaDestination
 from bot.integrations.journal import DryRunJournal, LogNotifier
-from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.prometheus import PrometheusQuery
 from bot.integrations.slack import EVENTS as SLACK_EVENTS
 from bot.integrations.slack import Slack, build_slack, slack_probe
@@ -51,6 +50,9 @@ from bot.web.app import GATE, Background, Deps, create_app
 from bot.web.auth import Credentials
 from bot.web.limits import quiet
 from bot.web.serve import run
+
+if TYPE_CHECKING:
+    from bot.integrations.kubernetes import KubernetesCluster
 
 log = logger(__name__)
 
@@ -74,6 +76,10 @@ def build_ports(config: Config) -> Ports:
     # Slurm-only sites have no cluster: the engine skips the Kubernetes steps and hands repairs to humans.
     cluster: Cluster | None = None if settings.integrations.cluster == "none" else journal
     if settings.integrations.cluster == "kubernetes":
+        # Imported here, not at the top: the Kubernetes client costs every start ~0.2 s of CPU, and
+        # Slurm-only sites (``cluster: none``) never use it (tests/unit/test_lazy_kubernetes.py).
+        from bot.integrations.kubernetes import KubernetesCluster
+
         cluster = KubernetesCluster(settings.kubernetes)
     return Ports(
         scheduler=scheduler,
@@ -190,16 +196,25 @@ def read_credentials(config: Config) -> Credentials:
     return Credentials(bearer=read_secret(token_file, "server.auth.read_token_file"))
 
 
+def _kubernetes(cluster: Cluster | None) -> KubernetesCluster | None:
+    """The cluster port if it is the Kubernetes adapter. Only the adapter's own module makes one, so
+    without that module loaded (a Slurm-only site) there is none, and nothing is imported to ask."""
+    adapter = sys.modules.get("bot.integrations.kubernetes")
+    if adapter is not None and isinstance(cluster, adapter.KubernetesCluster):
+        return cast("KubernetesCluster", cluster)
+    return None
+
+
 class _ClosePorts:
     """Builds the Kubernetes client at start (so no incident waits for it) and closes the far
     sides' connections (Kubernetes, slurmrestd) once the engine has stopped using them."""
 
     def __init__(self, ports: Ports) -> None:
-        self._cluster = ports.cluster
+        self._cluster = _kubernetes(ports.cluster)
         self._scheduler = ports.scheduler
 
     async def start(self) -> None:
-        if isinstance(self._cluster, KubernetesCluster):
+        if self._cluster is not None:
             await self._cluster.warm()
 
     async def stop(self) -> None:
@@ -207,7 +222,7 @@ class _ClosePorts:
             if isinstance(self._scheduler, (RestScheduler, ScontrolScheduler)):
                 await self._scheduler.aclose()
         finally:
-            if isinstance(self._cluster, KubernetesCluster):
+            if self._cluster is not None:
                 await self._cluster.aclose()
 
 
