@@ -6,14 +6,15 @@ the embedded default. The schema, every query and every method of the port are S
 dialect by ``bot.store.sql``; this module is only how they run here: a pool, one transaction per
 write under the write lock, webhook deliveries many to a transaction (``bot.store.group_commit``:
 one commit for every delivery waiting, as SQLite's writer does) on a connection in a thread of
-its own where every write under the write lock commits (``_Writes``), and the migration
+its own where every write under the write lock commits (``_Writes``: deliveries before the
+engine's writes, each transaction in as few messages as its answers allow), and the migration
 bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
 (``mypy --strict`` checks every call against it), and one libpq underneath speaks every
 authentication and TLS option a site's Postgres may ask for through the ordinary
-``postgresql://`` URL. A batch of rows (``many``) goes as one message (``_batch``), never as
-psycopg's pipelined ``executemany``: see there why.
+``postgresql://`` URL. A batch of rows (``many``) goes as simple queries (``_batch``,
+``_transaction_sync``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
 
 Every write transaction takes one advisory lock (``_WRITE_LOCK``) first, so writes of every
 replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on one file: an
@@ -32,9 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import queue
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -119,19 +123,55 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     return driving
 
 
-def _drive_sync(conn: SyncConn, op: Op[T]) -> Driving[T]:
-    """``_drive`` on the connection of the writes' own thread (``_Writes``)."""
+def _transaction_sync(conn: SyncConn, op: Op[T], lock: str) -> Driving[T]:
+    """``op`` in one transaction under ``lock``, on the connection of the writes' own thread
+    (``_Writes``), in as few messages as its answers allow: ``BEGIN`` and the lock go with the
+    first statement, the rows of batches (``many``: nothing to answer) with the statement after
+    them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is
+    one simple query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows;
+    the answer is its last statement's. A statement that fails ends its message there, the rest
+    unsent, and the transaction is rolled back.
+
+    Why: every message is a round trip, and a thread waiting for one gives up the interpreter and
+    waits to get it back behind a busy event loop. A batch of deliveries was eight to ten messages
+    (``BEGIN``, the lock, the lookups, a message a table, ``COMMIT``) and its transaction took
+    17 ms at the median under ``bench/ingest.py`` on one replica, most of it in those waits.
+
+    A process frozen after sending a message (SIGSTOP, a paused VM) holds nothing for long either
+    way: a message ending in ``COMMIT`` is run whole by the server, which commits and lets the write
+    lock go (the delivery is acknowledged when the process wakes, or redelivered and deduplicated);
+    any other leaves the session idle in its transaction, which the server ends after
+    ``IDLE_IN_TRANSACTION_MS`` (``tests/integration/test_store_frozen.py`` shows both)."""
     driving = Driving(op, POSTGRES)
-    for sql, params, stmt in driving:
-        if stmt.kind == "many":
-            for batch in _batch(psycopg.ClientCursor(conn), sql, stmt.params):
-                conn.execute(batch)
-            continue
-        cursor = conn.execute(sql, params)
-        if stmt.kind == "run":
-            driving.answer = cursor.rowcount
-        else:
-            driving.answer = cursor.fetchall() if stmt.kind == "all" else cursor.fetchone()
+    mogrifier = psycopg.ClientCursor(conn)
+    pending = [f"BEGIN; SELECT {lock}({_WRITE_LOCK})"]
+    held = 0  # rows of batches in ``pending``: a message carries up to ``BATCH_STATEMENTS``
+    try:
+        for sql, params, stmt in driving:
+            if stmt.kind == "many":
+                for row in stmt.params:
+                    if held == BATCH_STATEMENTS:
+                        conn.execute(";\n".join(pending))
+                        pending, held = [], 0
+                    pending.append(mogrifier.mogrify(sql, row))
+                    held += 1
+                continue
+            pending.append(mogrifier.mogrify(sql, params))
+            cursor = conn.execute(";\n".join(pending))
+            pending, held = [], 0
+            while cursor.nextset():  # the answer is the last statement's
+                pass
+            if stmt.kind == "run":
+                driving.answer = cursor.rowcount
+            else:
+                driving.answer = cursor.fetchall() if stmt.kind == "all" else cursor.fetchone()
+        pending.append("COMMIT")
+        conn.execute(";\n".join(pending))
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
     return driving
 
 
@@ -143,31 +183,61 @@ class _Writes:
     engine's reads keeping the loop busy) every delivery waited tens of milliseconds, and every
     other writer of every replica waited as long for the write lock. Here the loop hands a
     transaction over once and hears back once. The connection is made on first use and again
-    after the database dropped it."""
+    after the database dropped it.
+
+    Webhook deliveries go first (``drive(first=True)``): the thread takes a waiting batch of them
+    before the engine's writes queued earlier, so an acknowledgement waits for at most the one
+    transaction under way, not for every write an incident's flow queued (measured with
+    ``bench/ingest.py``: a batch waited 13-26 ms for the thread at the median, behind the engine's
+    writes). The engine is not starved: deliveries come one batch at a time (the next gathers while
+    one commits), so an engine write waits for at most one batch."""
 
     def __init__(self, url: str, kwargs: dict[str, Any], where: str) -> None:
         self._url, self._kwargs, self._where = url, kwargs, where
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writes")
+        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], None] | None]] = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._thread = threading.Thread(target=self._serve, name="pitcrew-store-writes", daemon=True)
+        self._thread.start()
         self._conn: SyncConn | None = None
+        self._closed = False
         #: When a transaction last committed here (monotonic); -inf after the database failed one.
         self.committed_at = float("-inf")
 
-    async def drive(self, op: Op[T], *, exclusive: bool = True) -> Driving[T]:
+    async def drive(self, op: Op[T], *, exclusive: bool = True, first: bool = False) -> Driving[T]:
         """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
-        deliveries, ``bot.store.group_commit``)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, op, exclusive)
+        deliveries, ``bot.store.group_commit``); ``first``: before the writes waiting that are not.
+        A caller cancelled before its transaction began leaves it undone, as an executor does."""
+        if self._closed:
+            raise StoreUnavailable("store is not open")
+        done: Future[Driving[T]] = Future()
+
+        def work() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(self._run(op, exclusive))
+                except BaseException as exc:  # handed to the caller, which raises it
+                    done.set_exception(exc)
+
+        self._queue.put((0 if first else 1, next(self._order), work))
+        return await asyncio.wrap_future(done)
 
     async def deliveries(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        return (await self.drive(op, exclusive=exclusive)).result
+        return (await self.drive(op, exclusive=exclusive, first=True)).result
+
+    def _serve(self) -> None:
+        while True:
+            _, _, work = self._queue.get()
+            if work is None:
+                self._drop()
+                return
+            work()
 
     def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
         lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
-            with self._conn.transaction():
-                self._conn.execute(f"SELECT {lock}(%s)", (_WRITE_LOCK,))
-                driven = _drive_sync(self._conn, op)
+            driven = _transaction_sync(self._conn, op, lock)
         except psycopg.OperationalError as exc:
             self.committed_at = float("-inf")
             self._drop()
@@ -182,8 +252,10 @@ class _Writes:
                 conn.close()
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop)
-        self._executor.shutdown(wait=True)
+        """The writes already queued commit first; then the connection is closed."""
+        self._closed = True
+        self._queue.put((2, next(self._order), None))
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
 
 def read_password(path: Path) -> str:

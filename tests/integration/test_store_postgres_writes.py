@@ -1,0 +1,73 @@
+"""How a Postgres store's writes reach the database (``bot.store.postgres._Writes``), on a real
+throwaway cluster: webhook deliveries go before the engine's writes queued earlier."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import psycopg
+
+from bot.domain.faults import Fault
+from bot.store.base import Delivery, IncomingAlert, NewEvent
+from bot.store.postgres import _WRITE_LOCK, PostgresStore
+from tests.harness.postgres import PostgresDatabase
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def _delivery(fingerprint: str, node: str) -> Delivery:
+    fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
+    alert = IncomingAlert(fingerprint, T0, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
+    return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,))
+
+
+def _connect(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(database.url, password=database.password_file.read_text().strip(), autocommit=True)
+
+
+async def _waiting_for_lock(watch: psycopg.Connection[tuple[object, ...]]) -> None:
+    for _ in range(300):
+        found = watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND application_name = 'pitcrew'"
+        ).fetchone()
+        if found is not None and found[0] == 1:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the store's write never waited for the write lock")
+
+
+async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """The write lock held elsewhere: one engine write waits for it in the server, three more
+    queue behind it, then a delivery comes. Once the lock is let go the delivery commits second,
+    right after the write already under way, not fifth."""
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    try:
+        await store.ingest(_delivery("warm", "gpu-000"), T0)  # the writes' connection made
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
+            first = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
+            await _waiting_for_lock(watch)
+            queued = [
+                asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2, 3)
+            ]
+            await asyncio.sleep(0.05)  # handed to the writes' thread, behind the first
+            delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
+            await asyncio.sleep(0.05)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            await asyncio.wait_for(asyncio.gather(first, *queued, delivery), timeout=15)
+        (opened,) = delivery.result().opened
+        events = await store.events_since(0)
+        order: list[str] = []
+        for event in events:  # the delivery's events (its incident opened, its alert) as one
+            kind = event.kind if event.kind.startswith("engine-") else "delivery"
+            if event.incident_id in (None, opened) and order[-1:] != [kind]:
+                order.append(kind)
+        assert order[:2] == ["engine-0", "delivery"], order
+        assert sorted(order[2:]) == ["engine-1", "engine-2", "engine-3"], order
+    finally:
+        await store.close()
