@@ -27,11 +27,12 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from string import Template
@@ -246,9 +247,17 @@ class SlurmCluster:
             # 24.11 serves every data parser it has (v0.0.40, v0.0.41, v0.0.42) under openapi/slurmctld;
             # the root's packages made its ``slurm`` user.
             argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", "slurm", "-s", "openapi/slurmctld"]
-        self._spawn("slurmrestd", [*argv, f"127.0.0.1:{self.rest_port}"], env=env)
-        self.write_token()
-        self._wait(self._rest_answers, timeout, "slurmrestd")
+        for _ in range(3):
+            self._spawn("slurmrestd", [*argv, f"127.0.0.1:{self.rest_port}"], env=env, check=False)
+            self.write_token()
+            self._wait(self._rest_answers, timeout, "slurmrestd")
+            if self._procs["slurmrestd"].poll() is None:
+                return
+            # It could not listen: another server took the port after it was chosen (a busy
+            # machine's slurmrestd can take longer than _spawn's first look to find that out).
+            self._procs.pop("slurmrestd")
+            self.rest_port = free_port()
+        raise SlurmHarnessError(f"slurmrestd found no free port to listen on\n{self.logs()}")
 
     def stop(self) -> None:
         """Cancel all jobs, stop every daemon, and fail if anything of ours survives."""
@@ -401,7 +410,8 @@ class SlurmCluster:
             _fake_gpus(self.run_dir / "dev" / node)
             (self.run_dir / "spool" / node).mkdir(exist_ok=True)
         run = self.run_dir
-        ctld_port, *node_ports = free_ports(1 + len(self.nodes))  # distinct: chosen together
+        # Distinct: chosen together (slurmrestd's too: one of this cluster's daemons must not take it).
+        ctld_port, self.rest_port, *node_ports = free_ports(2 + len(self.nodes))
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port}"
             for n, port in zip(self.nodes, node_ports, strict=True)
@@ -417,7 +427,9 @@ class SlurmCluster:
             (run / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         shutil.copy(TRAIN_JOB, run / TRAIN_JOB.name)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, *, check: bool = True
+    ) -> None:
         out = (self.run_dir / "log" / f"{name}.out").open("ab")
         with out:
             proc = subprocess.Popen(
@@ -431,7 +443,7 @@ class SlurmCluster:
         self._procs[name] = proc
         (self.run_dir / "pids" / f"{name}.pid").write_text(f"{proc.pid}\n")
         time.sleep(0.05)
-        if proc.poll() is not None:
+        if check and proc.poll() is not None:
             raise SlurmHarnessError(f"{name} exited at once ({proc.returncode}):\n{self.logs()}")
 
     def _terminate(self, name: str, grace: float = 10) -> None:
@@ -450,8 +462,20 @@ class SlurmCluster:
         pidfile.unlink(missing_ok=True)
 
     def _rest_answers(self) -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.rest_port)) == 0
+        """slurmrestd answers on its port, or the one we started has exited. A connection alone
+        proves nothing: a server that took the port first (another cluster's slurmd reads a
+        length and hangs up) would pass for it, and pitcrew then finds slurmrestd "unreachable".
+        Only slurmrestd answers a request without a token 401 "Authentication failure"."""
+        if self._procs["slurmrestd"].poll() is not None:
+            return True
+        request = urllib.request.Request(f"{self.rest_url}/openapi/v3")
+        try:
+            with urllib.request.urlopen(request, timeout=2):
+                return False
+        except urllib.error.HTTPError as exc:
+            return exc.code == 401 and exc.read().startswith(b"Authentication failure")
+        except OSError:
+            return False
 
     def _wait(self, predicate: Callable[[], bool], timeout: float, what: str, *, fail: bool = True) -> None:
         deadline = time.monotonic() + timeout
