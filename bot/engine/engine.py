@@ -251,9 +251,12 @@ class Engine:
             async with self.locks.work(incident_id):
                 incident = await self.store.incident(incident_id)
                 record = (await self.store.steps_of(incident_id)).get(ROLLBACK)
-                if incident is not None and record is not None and record.status == "running":
-                    actor = codec.decode_record(RollbackRecord, record.result).actor
-                    await self.flow.undo_and_close(incident, actor)
+                if incident is not None and record is not None:
+                    rollback = codec.decode_record(RollbackRecord, record.result)
+                    if record.status == "running":
+                        await self.flow.undo_and_close(incident, rollback.actor)
+                    elif incident.state is not State.ROLLED_BACK:  # undone, then cut by a crash
+                        await self.flow.rolled_back(incident, rollback.actor, rollback.report)
         except asyncio.CancelledError:
             raise
         except Deposed:

@@ -83,6 +83,10 @@ class Executor:
             record = None  # a new plan runs this step afresh
         if record is not None and record.status in {"ok", "skipped"}:
             return StepOutcome("ok", "already done")  # resumed between "finished" and "advanced"
+        if record is not None and record.status == "failed":
+            # Resumed between its end and what follows a failure (a climb, or the escalation and
+            # the close): it failed, and runs no more — a far side that refused is not asked again.
+            return StepOutcome("failed", await self.failure(incident.id, step))
         if plan.mode.value == "observe" and not definition.in_observe:
             would = definition.would.format(action=plan.slurm_action.upper())
             return await self._skip(incident.id, step, {"would": would}, f"observe mode: would {would}")
@@ -124,6 +128,15 @@ class Executor:
         return await self._finished(
             incident.id, step, "ok", codec.encode_record(done.result), done.detail, began
         )
+
+    async def failure(self, incident_id: str, step: str) -> str:
+        """Why a step failed, as its last ``step_finished`` event says."""
+        ends = [
+            e
+            for e in await self._store.events_of(incident_id)
+            if e.kind == "step_finished" and e.step == step
+        ]
+        return ends[-1].detail if ends and ends[-1].outcome == "failed" else f"{step} failed"
 
     async def _skip(self, incident_id: str, step: str, result: JsonObject, detail: str) -> StepOutcome:
         await self._store.step_finished(

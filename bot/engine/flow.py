@@ -15,7 +15,7 @@ track does. ``close`` waits for both: the incident ends when both tracks have en
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -72,13 +72,15 @@ class IncidentFlow:
                     return
                 steps = await self.store.steps_of(incident_id)
                 rollback = steps.get(ROLLBACK)
-                if incident.state.terminal and (rollback is None or rollback.status == "ok"):
+                if incident.state.terminal and (
+                    rollback is None or (rollback.status == "ok" and incident.state is State.ROLLED_BACK)
+                ):
                     return  # a rollback of a closed incident still under way goes on below
                 if ROLLBACK in steps:  # requested before a crash: finish it, never re-run a finished one
                     record = codec.decode_record(RollbackRecord, steps[ROLLBACK].result)
                     async with self.locks.work(incident_id):
-                        if steps[ROLLBACK].status == "ok":
-                            await self._close(incident, State.ROLLED_BACK, f"rolled back by {record.actor}")
+                        if steps[ROLLBACK].status == "ok":  # undone; it may not have been told
+                            await self.rolled_back(incident, record.actor, record.report)
                             return
                         if await self.undo_and_close(incident, record.actor) is not None:
                             return
@@ -206,14 +208,7 @@ class IncidentFlow:
                     break
                 await self.signals.wait(incident_id, None)
             if outcome.status == "failed":
-                await self._tell(
-                    incident,
-                    "escalation",
-                    f"{step} failed — the interrupted training job needs a human",
-                    (outcome.detail, "The node track goes on; the incident will end as failed."),
-                    severity="critical",
-                    actions=("rollback",),
-                )
+                await self._job_step_failed(incident, step, outcome.detail)
                 break
         self.signals.signal(incident_id)  # a node track waiting at close looks again
 
@@ -235,17 +230,23 @@ class IncidentFlow:
             return False
         failed = [s for s in job_steps if _status(steps, s) == "failed"]
         if failed:
-            detail = await self._failure(incident.id, failed[0])
+            detail = await self.executor.failure(incident.id, failed[0])
+            # Told when the step failed, unless pitcrew died before: once either way.
+            await self._job_step_failed(incident, failed[0], detail)
             await self._close(incident, State.FAILED, f"{failed[0]} failed: {detail}")
             return False
         return True
 
-    async def _failure(self, incident_id: str, step: str) -> str:
-        """Why a step failed, as its last ``step_finished`` event says."""
-        ends = [
-            e for e in await self.store.events_of(incident_id) if e.kind == "step_finished" and e.step == step
-        ]
-        return ends[-1].detail if ends and ends[-1].outcome == "failed" else "the job did not come back"
+    async def _job_step_failed(self, incident: IncidentRecord, step: str, detail: str) -> None:
+        await self._tell(
+            incident,
+            "escalation",
+            f"{step} failed — the interrupted training job needs a human",
+            (detail, "The node track goes on; the incident will end as failed."),
+            step=step,
+            severity="critical",
+            actions=("rollback",),
+        )
 
     # ----------------------------------------------------------------- waiting
     async def _still_firing(self, incident: IncidentRecord, steps: Mapping[str, StepRecord]) -> bool:
@@ -361,15 +362,16 @@ class IncidentFlow:
             await self.store.decide_approval(incident.id, "expired", "pitcrew", now)
             self.metrics.approvals.labels("expired").inc()
             self._waited(incident, approval.requested_at, now)
-            await self._close(incident, State.SUPPRESSED, "approval timed out: nothing was done")
             deadline = approval.deadline.isoformat(timespec="minutes")
             await self._tell(
                 incident,
                 "approval_expired",
                 "approval timed out, nothing was done",
                 (f"Nobody approved {incident.playbook} before {deadline}.",),
+                step=APPROVE,
                 severity="warning",
             )
+            await self._close(incident, State.SUPPRESSED, "approval timed out: nothing was done")
             return False
         await self.signals.wait(incident.id, (approval.deadline - now).total_seconds())
         return None
@@ -423,18 +425,37 @@ class IncidentFlow:
         return True
 
     async def _tell(
-        self, incident: IncidentRecord, kind: str, title: str, lines: tuple[str, ...], **extra: Any
+        self,
+        incident: IncidentRecord,
+        kind: str,
+        title: str,
+        lines: tuple[str, ...],
+        *,
+        step: str,
+        once: bool = True,
+        **extra: Any,
     ) -> None:
-        """A notice about one incident, outside any step: a failing notifier never stops the engine."""
-        notice = Notice(incident.id, kind, f"{incident.node}: {title}", lines, node=incident.node, **extra)
+        """A notice about one incident outside any step's run: a failing notifier never stops the
+        engine. It is told before the change it announces commits (an incident's end), and once
+        per run of the ``step`` it is about (keyed by its kind): a crash between the two tells it
+        once, when the flow comes back to the same place; told after the end, it would be lost.
+        ``once=False``: news each time it is told (a rollback asked again of a rolled-back incident)."""
+        notice = Notice(
+            incident.id,
+            kind,
+            f"{incident.node}: {title}",
+            lines,
+            node=incident.node,
+            step=step,
+            key=kind if once else None,
+            **extra,
+        )
         await post_safely(self.deps.ports, self.store, self.clock, notice)
 
     async def _escalate(
         self, incident: IncidentRecord, step: str, detail: str, *, what: str | None = None
     ) -> None:
         what = what or f"{step} failed"
-        self.metrics.steps.labels(step, "escalated").inc()
-        await self._close(incident, State.FAILED, f"{what}: {detail}")
         await self._tell(
             incident,
             "escalation",
@@ -444,9 +465,12 @@ class IncidentFlow:
                 "Nothing further will be done automatically. Roll back with `pitcrew rollback "
                 f"{incident.id}` to undo what pitcrew did.",
             ),
+            step=step,
             severity="critical",
             actions=("rollback",),
         )
+        if await self._close(incident, State.FAILED, f"{what}: {detail}"):
+            self.metrics.steps.labels(step, "escalated").inc()
 
     async def undo_and_close(self, incident: IncidentRecord, actor: str) -> list[str] | None:
         """Undo what pitcrew did, end the incident ``rolled_back`` and tell humans; the caller holds
@@ -488,13 +512,23 @@ class IncidentFlow:
         approval = await self.store.approval(incident.id)
         if approval is not None and approval.status == "pending":  # nobody may approve it any more
             await self.store.decide_approval(incident.id, "cancelled", actor, now)
+        await self.rolled_back(incident, actor, report)
+        return report
+
+    async def rolled_back(self, incident: IncidentRecord, actor: str, report: Sequence[str]) -> None:
+        """Tell humans what the rollback undid, then end the incident ``rolled_back``. A rollback
+        asked again of a rolled-back incident is news: its answer is told each time."""
+        await self._tell(
+            incident,
+            "rollback",
+            f"rolled back by {actor}",
+            tuple(report) or ("nothing to undo",),
+            step=ROLLBACK,
+            once=incident.state is not State.ROLLED_BACK,
+        )
         if incident.state is not State.ROLLED_BACK:
             trust.overridden(self.metrics, incident, "rolled_back")
             await self._close(incident, State.ROLLED_BACK, f"rolled back by {actor}")
-        await self._tell(
-            incident, "rollback", f"rolled back by {actor}", tuple(report) or ("nothing to undo",)
-        )
-        return report
 
 
 def _status(steps: Mapping[str, StepRecord], step: str) -> str | None:

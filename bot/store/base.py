@@ -344,7 +344,8 @@ class Store(Protocol):
     async def rollbacks_requested(self) -> list[str]:
         """Incidents, terminal or not, whose rollback was requested and is not done yet, oldest
         first: by any process (the leader carries out what a standby recorded), held by a pause,
-        or cut by a crash — each goes on."""
+        or cut by a crash — each goes on. Done yet means the incident shows it: a rollback that
+        undid everything and was cut before the incident ended ``rolled_back`` is listed too."""
         ...
 
     # one actor per store (``bot.store.lease``): expiry is judged by the store's own clock

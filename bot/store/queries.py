@@ -264,7 +264,8 @@ def nodes_in_remediation(since: datetime, exclude_node: str | None) -> Op[frozen
 def rollbacks_requested() -> Op[list[str]]:
     found = yield rows(
         "SELECT s.incident_id FROM steps s JOIN incidents i ON i.id = s.incident_id"
-        " WHERE s.step = 'rollback' AND s.status = 'running' ORDER BY i.seq"
+        " WHERE s.step = 'rollback' AND (s.status = 'running' OR i.state <> 'rolled_back')"
+        " ORDER BY i.seq"
     )
     return [r["incident_id"] for r in found]
 

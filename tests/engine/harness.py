@@ -502,9 +502,9 @@ class EngineHarness:
         self._sqlite = SqliteStore(tmp_path / "pitcrew.db", synchronous="off", clock=self.time.now)
         self.store: Store = InFlight(self._sqlite, self.time)
         engine_store = store(self.store, self.time) if store is not None else self.store
-        notifier: Any = self.notifier
-        if outbox is not None:
-            notifier = OutboxNotifier(engine_store, self.time.now, self.notifier, outbox)
+        # As in pitcrew (bot.runtime): every notice through the outbox, with no destination unless
+        # the test names some; the simulated notifier sees what pitcrew logs.
+        notifier = OutboxNotifier(engine_store, self.time.now, self.notifier, outbox or [])
         self.policy = Policy(
             mode=Mode(mode),
             guards=GuardPolicy(

@@ -428,6 +428,12 @@ async def test_approvals_are_decided_once_and_rollbacks_recorded_once(stores: St
     assert await store.rollbacks_requested() == [incident_id]
     kinds = [e.kind for e in await store.events_of(incident_id)]
     assert kinds.count("rollback_requested") == 1
+    # Undone, and cut before the incident ended rolled back: still listed, until it shows it.
+    done = NewEvent("rollback_done", actor="cli:ops")
+    await store.step_finished(incident_id, "rollback", "ok", T0, result={"by": "cli:ops"}, event=done)
+    assert await store.rollbacks_requested() == [incident_id]
+    await store.transition(incident_id, State.ROLLED_BACK, T0, outcome="rolled back by cli:ops")
+    assert await store.rollbacks_requested() == []
 
     await store.set_switch("pause", {"reason": "maintenance"}, "cli:ops", T0)
     assert await store.switch("pause") == {

@@ -1,0 +1,208 @@
+"""The flow's own notices survive a crash: an escalation, an expired approval, a rollback.
+
+These notices are told by the flow, not inside a step's run, about a change that ends the incident.
+Each case lets one write of the way to the end commit and then never answer (pitcrew dies there,
+as SIGKILL would leave it), restarts pitcrew on the same store and lets it finish. At every such
+boundary the notice is in the timeline once, in the outbox once and in the log once, the incident
+ends as it would have, and no far side was asked anything twice.
+
+Told after the incident's end commits (as before), a crash between the two lost the notice: the
+restarted pitcrew found the incident ended and had nothing more to do, so humans never heard that
+pitcrew gave up, or what a rollback undid. Told first and once per run of the step it is about, the
+restarted pitcrew comes back to the same place, finds the notice told, and ends the incident.
+A step that failed is not run again after the restart either: the far side that refused it is
+not asked again.
+
+Boundaries, in the order the writes commit: the cause (the step failed, the approval expired, the
+rollback undid), the notice, the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain.incident import State
+from bot.store.base import Store
+from tests.engine.harness import EngineHarness, FakeTime, fleet, permanent
+from tests.engine.test_flow import JOB, _job_pending_until_node_returns
+from tests.harness.scenarios import fault_delivery
+
+NODE = "gpu-node-02"
+
+#: A store write: its method and whether this call is the one after which pitcrew dies.
+Write = tuple[str, Callable[[tuple[Any, ...]], bool]]
+
+
+class DiesAfter:
+    """The store, except that the first ``write`` matching commits and then never answers."""
+
+    def __init__(self, store: Store, time: FakeTime, write: Write) -> None:
+        self._store = store
+        self._time = time
+        self._method, self._matches = write
+        #: The write committed and pitcrew hangs after it until the test restarts it.
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._store, name)
+        if name != self._method:
+            return real
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            answer = await real(*args, **kwargs)
+            if not self.cut and self._matches(args):
+                self.cut = True
+                await self._time.sleep(10**7)  # never answers: the restart cancels it
+            return answer
+
+        return write
+
+
+def step_ended(step: str, status: str) -> Write:
+    return "step_finished", lambda a: a[1] == step and a[2] == status
+
+
+def told(kind: str) -> Write:
+    return "enqueue", lambda a: a[2] == kind
+
+
+def ended(state: State) -> Write:
+    return "transition", lambda a: a[1] is state
+
+
+async def _drive_to_end(h: EngineHarness) -> str:
+    return await h.alert(NODE)
+
+
+async def _cordoned_then_rolled_back(h: EngineHarness) -> str:
+    incident = await h.opens(
+        fault_delivery("health-fail", alertname="GpuHealthFail", node=NODE, starts=h.time.now())
+    )
+    assert (await h.until_ended(incident)).state.value == "resolved"
+    # The command's own task: it hangs with the engine's write and is dropped with the process.
+    h.command = asyncio.ensure_future(h.commands.rollback(incident, "alice"))  # type: ignore[attr-defined]
+    return incident
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    state: str
+    outcome: str
+    boundaries: dict[str, Write]
+    drive: Callable[[EngineHarness], Awaitable[str]] = _drive_to_end
+    setup: Callable[[EngineHarness], None] = lambda h: None
+    harness: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = {
+    "escalation": Case(
+        "escalation",
+        "failed",
+        "cordon failed: cordon cannot succeed",
+        {
+            "step-failed": step_ended("cordon", "failed"),
+            "told": told("escalation"),
+            "ended": ended(State.FAILED),
+        },
+        setup=lambda h: h.cluster.script("cordon", *permanent()),
+        harness={"mode": "auto"},
+    ),
+    "job-track-escalation": Case(
+        "escalation",
+        "failed",
+        "confirm_resumed failed: confirm_resumed did not finish within its budget",
+        {
+            "step-failed": step_ended("confirm_resumed", "failed"),
+            "told": told("escalation"),
+            "ended": ended(State.FAILED),
+        },
+        setup=lambda h: _job_pending_until_node_returns(h, ever=False),
+        harness={
+            "mode": "auto",
+            "inventory": fleet(jobs=(JOB,)),
+            "playbooks": {
+                "replace-node": {
+                    "steps": [
+                        "notify",
+                        "slurm_down",
+                        "cordon",
+                        "drain",
+                        "replace",
+                        "wait_ready",
+                        "slurm_resume",
+                        {"step": "confirm_resumed", "timeout": "5m"},
+                        "close",
+                    ]
+                }
+            },
+        },
+    ),
+    "approval-expired": Case(
+        "approval_expired",
+        "suppressed",
+        "approval timed out: nothing was done",
+        {
+            "decided": ("decide_approval", lambda a: a[1] == "expired"),
+            "told": told("approval_expired"),
+            "ended": ended(State.SUPPRESSED),
+        },
+        harness={"mode": "approve"},
+    ),
+    "rollback": Case(
+        "rollback",
+        "rolled_back",
+        "rolled back by alice",
+        {
+            "undone": step_ended("rollback", "ok"),
+            "told": told("rollback"),
+            "ended": ended(State.ROLLED_BACK),
+        },
+        drive=_cordoned_then_rolled_back,
+        harness={"mode": "auto"},
+    ),
+}
+PARAMS = [
+    pytest.param(case, boundary, id=f"{name}-{boundary}")
+    for name, case in CASES.items()
+    for boundary in case.boundaries
+]
+
+
+@pytest.mark.parametrize(("case", "boundary"), PARAMS)
+async def test_a_crash_on_the_way_to_the_end_tells_humans_once(
+    case: Case, boundary: str, tmp_path: Path
+) -> None:
+    dies: list[DiesAfter] = []
+
+    def wrap(store: Store, time: FakeTime) -> Store:
+        dies.append(DiesAfter(store, time, case.boundaries[boundary]))
+        return dies[0]  # type: ignore[return-value]  # a Store in all but name
+
+    harness = EngineHarness(tmp_path, outbox=["slack"], store=wrap, **case.harness)
+    async with harness as h:
+        case.setup(h)
+        incident = await case.drive(h)
+        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.restart()  # pitcrew dies right after that write committed
+        command = getattr(h, "command", None)
+        if command is not None:
+            command.cancel()  # the process that ran it is gone
+        done = await h.until_ended(incident)
+        if case.kind == "rollback":  # its run ended with the incident; the rest of the rollback
+            await h.time.advance(60)  # is the restarted worker's (it finds the request in the store)
+            done = await h.incident(incident)
+        assert (done.state.value, done.outcome.startswith(case.outcome)) == (case.state, True), done.outcome
+        timeline = await h.timeline(incident)
+        events = [e for e in await h.events(incident, "notice") if e.outcome == case.kind]
+        assert len(events) == 1, timeline
+        outbox = [i for i in await h.store.outbox_pending("slack") if i.kind == case.kind]
+        assert [i.event_seq for i in outbox] == [events[0].seq], timeline
+        assert len(h.notices(case.kind, incident)) == 1, timeline  # logged once too
+        assert not [call for call, n in h.calls().items() if n > 1], h.calls()
