@@ -187,6 +187,35 @@ class FakeTime:
         await self.settle()
 
 
+#: A store write: its method and whether this call is the one after which pitcrew dies.
+Write = tuple[str, Callable[[tuple[Any, ...]], bool]]
+
+
+class DiesAfter:
+    """The store, except that the first ``write`` matching commits and then never answers."""
+
+    def __init__(self, store: Store, time: FakeTime, write: Write) -> None:
+        self._store = store
+        self._time = time
+        self._method, self._matches = write
+        #: The write committed and pitcrew hangs after it until the test restarts it.
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._store, name)
+        if name != self._method:
+            return real
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            answer = await real(*args, **kwargs)
+            if not self.cut and self._matches(args):
+                self.cut = True
+                await self._time.sleep(10**7)  # never answers: the restart cancels it
+            return answer
+
+        return write
+
+
 class InFlight:
     """The store, with its calls reported to ``FakeTime``: a write waits for the writer thread,
     and virtual time must not move while one is committing."""

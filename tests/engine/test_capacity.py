@@ -29,7 +29,8 @@ import pytest
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
-from tests.engine.harness import Call, EngineHarness, FakeTime, Slow, fleet
+from bot.store.base import Store
+from tests.engine.harness import Call, DiesAfter, EngineHarness, FakeTime, Slow, Write, fleet
 
 SPARES = {"pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}]}
 
@@ -416,3 +417,50 @@ async def test_rollback_before_the_job_started_returns_the_node(tmp_path: Path) 
         answer = await h.commands.rollback(incident, "alice")
         assert answer.ok and "gpu-node-03 back in reservation spares" in str(answer.data), answer
         assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-03"]
+
+
+def _taken(args: tuple[Any, ...]) -> bool:
+    return bool(args[1] == "capacity" and args[2].get("taken_at"))
+
+
+def _waiting_saved(args: tuple[Any, ...]) -> bool:
+    return bool(args[1] == "capacity" and args[2].get("waiting"))
+
+
+MIN_IDLE = {"pools": [{**SPARES["pools"][0], "min_idle": 2}]}
+
+
+@pytest.mark.parametrize(
+    ("capacity", "write", "says"),
+    [
+        (SPARES, ("step_progress", _taken), "lent gpu-node-03"),
+        (MIN_IDLE, ("enqueue", lambda a: a[2] == "capacity"), "no node to lend"),
+        (MIN_IDLE, ("step_progress", _waiting_saved), "no node to lend"),
+    ],
+    ids=["lent-recorded", "waiting-told", "waiting-recorded"],
+)
+async def test_a_crash_beside_a_capacity_notice_tells_it_once(
+    tmp_path: Path, capacity: dict[str, Any], write: Write, says: str
+) -> None:
+    """pitcrew dies right after the take (or the reason it waits) is recorded, or right after it
+    is told: the notice is told once all the same (before, recorded first and told after, a crash
+    between lost it)."""
+    slurm = gang()
+    dies: list[DiesAfter] = []
+
+    def wrap(store: Store, time: FakeTime) -> Store:
+        dies.append(DiesAfter(store, time, write))
+        return dies[0]  # a Store in all but name (its __getattr__)
+
+    async with harness(tmp_path, slurm, capacity=capacity, outbox=["slack"], store=wrap) as h:
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.restart()
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        timeline = await h.timeline(incident)
+        notices = h.notices("capacity", incident)
+        assert [says in n["title"] for n in notices] == [True], timeline
+        events = [e for e in await h.events(incident, "notice") if e.outcome == "capacity"]
+        assert len(events) == 1, timeline
+        assert set(slurm.whereabouts().values()) == {1}

@@ -30,7 +30,8 @@ import pytest
 from bot.domain.ownership import LENT_ANNOTATION, lent_marks, lent_prior, lent_to
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode, Lend, PodRef
-from tests.engine.harness import EngineHarness, Slow, fleet
+from bot.store.base import Store
+from tests.engine.harness import DiesAfter, EngineHarness, FakeTime, Slow, fleet
 from tests.engine.test_capacity import GangSlurm, ThenStop, _Job
 from tests.simulator.cluster import SimulatedCluster
 from tests.simulator.world import SimulatedWorld
@@ -229,12 +230,23 @@ def world(spares: int = 2, lenders: int = 0) -> tuple[Fleet, NodeSetSlurm]:
 
 
 def harness(
-    tmp_path: Path, kube: Fleet, slurm: NodeSetSlurm, pools: list[dict[str, Any]], **kw: Any
+    tmp_path: Path,
+    kube: Fleet,
+    slurm: NodeSetSlurm,
+    pools: list[dict[str, Any]],
+    engine: dict[str, Any] | None = None,
+    **kw: Any,
 ) -> EngineHarness:
+    """``engine``: more of ``EngineHarness``'s arguments; ``kw``: more ``capacity`` settings."""
     inventory = fleet(("gpu-node-01", "gpu-node-02"))
     capacity = {"pools": pools, **kw}
     return EngineHarness(
-        tmp_path, inventory=inventory, slurm=slurm, capacity=capacity, cluster=lending_cluster(kube)
+        tmp_path,
+        inventory=inventory,
+        slurm=slurm,
+        capacity=capacity,
+        cluster=lending_cluster(kube),
+        **(engine or {}),
     )
 
 
@@ -506,4 +518,28 @@ async def test_a_pause_set_while_the_take_looks_at_the_pool_holds_the_lend(tmp_p
         assert sorted(kube.evicted) == ["inference/vllm-0-a", "inference/vllm-0-b"]
         done = await h.until_ended(incident)
         assert done.state.value == "resolved", await h.timeline(incident)
+        clean(kube)
+
+
+async def test_a_crash_after_the_node_joined_and_before_the_notice_tells_it_once(tmp_path: Path) -> None:
+    """pitcrew dies right after it recorded that the lent node joined the partition: the notice
+    is told after the restart, once (before, the restarted step found the join and ended silent)."""
+    kube, slurm = world()
+    dies: list[DiesAfter] = []
+
+    def wrap(store: Store, time: FakeTime) -> Store:
+        dies.append(DiesAfter(store, time, ("step_progress", lambda a: bool(a[2].get("joined_at")))))
+        return dies[0]  # a Store in all but name (its __getattr__)
+
+    engine = {"outbox": ["slack"], "store": wrap}
+    async with harness(tmp_path, kube, slurm, [SPARES], engine=engine) as h:
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.restart()
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        [notice] = h.notices("capacity", incident)
+        assert "gpu-spare-01" in notice["title"] and "joined the job's partition" in notice["lines"][1]
+        events = [e for e in await h.events(incident, "notice") if e.outcome == "capacity"]
+        assert len(events) == 1, await h.timeline(incident)
         clean(kube)

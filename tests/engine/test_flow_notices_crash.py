@@ -29,39 +29,11 @@ import pytest
 
 from bot.domain.incident import State
 from bot.store.base import Store
-from tests.engine.harness import EngineHarness, FakeTime, fleet, permanent
+from tests.engine.harness import DiesAfter, EngineHarness, FakeTime, Write, fleet, permanent
 from tests.engine.test_flow import JOB, _job_pending_until_node_returns
 from tests.harness.scenarios import fault_delivery
 
 NODE = "gpu-node-02"
-
-#: A store write: its method and whether this call is the one after which pitcrew dies.
-Write = tuple[str, Callable[[tuple[Any, ...]], bool]]
-
-
-class DiesAfter:
-    """The store, except that the first ``write`` matching commits and then never answers."""
-
-    def __init__(self, store: Store, time: FakeTime, write: Write) -> None:
-        self._store = store
-        self._time = time
-        self._method, self._matches = write
-        #: The write committed and pitcrew hangs after it until the test restarts it.
-        self.cut = False
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(self._store, name)
-        if name != self._method:
-            return real
-
-        async def write(*args: Any, **kwargs: Any) -> Any:
-            answer = await real(*args, **kwargs)
-            if not self.cut and self._matches(args):
-                self.cut = True
-                await self._time.sleep(10**7)  # never answers: the restart cancels it
-            return answer
-
-        return write
 
 
 def step_ended(step: str, status: str) -> Write:
@@ -183,7 +155,7 @@ async def test_a_crash_on_the_way_to_the_end_tells_humans_once(
 
     def wrap(store: Store, time: FakeTime) -> Store:
         dies.append(DiesAfter(store, time, case.boundaries[boundary]))
-        return dies[0]  # type: ignore[return-value]  # a Store in all but name
+        return dies[0]  # a Store in all but name (its __getattr__)
 
     harness = EngineHarness(tmp_path, outbox=["slack"], store=wrap, **case.harness)
     async with harness as h:

@@ -165,6 +165,7 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
         if ctx.progress.reservation is None:
             return await _take_lent(ctx)
         if ctx.progress.taken_at is not None:
+            await _told(ctx)  # told once: a crash may have come between the take's record and its notice
             return Done(ctx.progress, f"took {ctx.progress.node}")
         return await _take(ctx)
     if not ctx.settings.capacity.pools:
@@ -196,11 +197,10 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
         choice = await _choose(ctx, down)
         if choice.node is None or choice.pool is None:
             if choice.why != ctx.progress.waiting:
-                # Saved before it is said (a crash between loses the notice, never repeats it);
-                # each change of reason is its own notice: the same reason may come back.
+                # Said, then saved: a crash between says it again under the same key, which the
+                # outbox posts once. Each change of reason is its own notice: the same reason may
+                # come back.
                 told = ctx.progress.told_waiting + 1
-                await ctx.save(replace(ctx.progress, waiting=choice.why, told_waiting=told))
-                await ctx.note("capacity_none", f"job {stalled[0].job_id} waits for the repair: {choice.why}")
                 await ctx.tell(
                     Notice(
                         ctx.incident.id,
@@ -211,6 +211,8 @@ async def capacity(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] | W
                     ),
                     key=f"waiting:{told}",
                 )
+                await ctx.save(replace(ctx.progress, waiting=choice.why, told_waiting=told))
+                await ctx.note("capacity_none", f"job {stalled[0].job_id} waits for the repair: {choice.why}")
             return Wait(ctx.poll, choice.why)
         pool = next(p for p in ctx.settings.capacity.pools if p.name == choice.pool)
         await ctx.save(
@@ -228,10 +230,11 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
     pool = _pool(ctx, ctx.progress.pool)
     node = ctx.progress.node
     if ctx.progress.joined_at is not None:
+        await _told(ctx, _joined(ctx.progress))  # told once: a crash may have come before it was
         return Done(ctx.progress, f"took {node}")
     progress, waiting = await lending.take(ctx, pool)
     if waiting is None:
-        await _told(ctx, f"{node} joined the job's partition as Slurm node {progress.slurm_node}")
+        await _told(ctx, _joined(progress))
         return Done(progress, f"took {node} from pool {pool.name}")
     if not waiting.startswith("gave up"):
         return Wait(ctx.poll, waiting)
@@ -250,13 +253,18 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
     return Wait(ctx.poll, waiting)
 
 
-async def _told(ctx: StepContext[CapacityResult], done: str) -> None:
+def _joined(progress: CapacityResult) -> str:
+    return f"{progress.node} joined the job's partition as Slurm node {progress.slurm_node}"
+
+
+async def _told(ctx: StepContext[CapacityResult], *done: str) -> None:
+    """The lend, told once per run of the step (its key names the node lent)."""
     await ctx.tell(
         Notice(
             ctx.incident.id,
             "capacity",
             f"{ctx.node}: lent {ctx.progress.node} to the stalled job",
-            (ctx.progress.why, done, "It is given back when the repair is done."),
+            (ctx.progress.why, *done, "It is given back when the repair is done."),
             node=ctx.node,
         ),
         key=f"lent:{ctx.progress.node}",
@@ -368,16 +376,7 @@ async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
     await ctx.acted(
         "capacity_take", f"took {node} out of reservation {reservation}: {ctx.progress.why}", node=node
     )
-    await ctx.tell(
-        Notice(
-            ctx.incident.id,
-            "capacity",
-            f"{ctx.node}: lent {node} to the stalled job",
-            (ctx.progress.why, "It is given back when the repair is done."),
-            node=ctx.node,
-        ),
-        key=f"lent:{node}",
-    )
+    await _told(ctx)
     return Done(taken, f"took {node} from pool {ctx.progress.pool}")
 
 
