@@ -41,6 +41,8 @@ from bot.store.base import SUPERSEDED, IncidentRecord, NewEvent, StepRecord, Sto
 
 log = logger(__name__)
 BREAKER = "breaker"
+#: The guards' verdict on a plan: its timeline event, and the step a refusal's notice is told under.
+GUARDS = "guards"
 
 
 async def breaker_state(store: Store) -> BreakerState:
@@ -229,7 +231,7 @@ class Admission:
                     data={"reasons": list(plan.reasons)},
                 ),
                 NewEvent(
-                    "guards",
+                    GUARDS,
                     outcome="allowed" if plan.allowed else "blocked",
                     detail=verdict.summary(),
                     data={
@@ -253,12 +255,10 @@ class Admission:
             return record, plan, world.history
 
     async def _trip(self, reason: str, incident: IncidentRecord, now: datetime) -> None:
-        await self._store.set_switch(
-            BREAKER, {"open": True, "opened_at": now.isoformat(), "reason": reason}, "pitcrew", now
-        )
-        await self._store.record(incident.id, NewEvent("breaker_opened", actor="pitcrew", detail=reason), now)
-        self._metrics.breaker_open.set(1)
-        # One summary for the whole storm; incidents stopped by the open breaker stay quiet.
+        # One summary for the whole storm; incidents stopped by the open breaker stay quiet, so
+        # it is told before the breaker opens: a crash between the two tells it again when the
+        # incident is admitted again (it trips the breaker again), where the other order could
+        # leave the breaker open and nobody told.
         await post_safely(
             self._ports,
             self._store,
@@ -276,19 +276,15 @@ class Admission:
                 actions=("breaker-reset",),
             ),
         )
+        await self._store.set_switch(
+            BREAKER, {"open": True, "opened_at": now.isoformat(), "reason": reason}, "pitcrew", now
+        )
+        await self._store.record(incident.id, NewEvent("breaker_opened", actor="pitcrew", detail=reason), now)
+        self._metrics.breaker_open.set(1)
 
     async def _suppress(self, incident: IncidentRecord, verdict: Verdict, now: datetime) -> IncidentRecord:
-        for decision in verdict.blocking:
-            self._metrics.guard_blocks.labels(decision.guard).inc()
-        record = await self._store.transition(
-            incident.id,
-            State.SUPPRESSED,
-            now,
-            outcome=verdict.summary(),
-            event=NewEvent("state", outcome=State.SUPPRESSED.value, detail=verdict.summary()),
-        )
-        self._metrics.incidents_closed.labels(State.SUPPRESSED.value, record.playbook or "none").inc()
-        self._metrics.incidents.drop(incident.id)
+        # Told before the incident ends (once: keyed to the guards' verdict), as the flow's ending
+        # notices are: a crash between tells it once when the incident is admitted again.
         quiet = {d.guard for d in verdict.blocking} == {"breaker"}
         if not quiet:
             await post_safely(
@@ -302,8 +298,21 @@ class Admission:
                     tuple(d.words for d in verdict.blocking),
                     severity="warning",
                     node=incident.node,
+                    step=GUARDS,
+                    key="suppressed",
                 ),
             )
+        for decision in verdict.blocking:
+            self._metrics.guard_blocks.labels(decision.guard).inc()
+        record = await self._store.transition(
+            incident.id,
+            State.SUPPRESSED,
+            now,
+            outcome=verdict.summary(),
+            event=NewEvent("state", outcome=State.SUPPRESSED.value, detail=verdict.summary()),
+        )
+        self._metrics.incidents_closed.labels(State.SUPPRESSED.value, record.playbook or "none").inc()
+        self._metrics.incidents.drop(incident.id)
         return record
 
     async def climb(

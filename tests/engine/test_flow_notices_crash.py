@@ -1,4 +1,5 @@
-"""The flow's own notices survive a crash: an escalation, an expired approval, a rollback.
+"""The flow's own notices survive a crash: an escalation, an expired approval, a guard's refusal, a
+rollback, the breaker opening.
 
 These notices are told by the flow, not inside a step's run, about a change that ends the incident.
 Each case lets one write of the way to the end commit and then never answer (pitcrew dies there,
@@ -14,7 +15,9 @@ A step that failed is not run again after the restart either: the far side that 
 not asked again.
 
 Boundaries, in the order the writes commit: the cause (the step failed, the approval expired, the
-rollback undid), the notice, the end.
+rollback undid), the notice, the end. The breaker's notice names no incident (one word for the
+whole storm), so the outbox cannot post it once per step run: it is told before the breaker opens,
+and a crash right after the telling tells it again when the next admission trips the breaker.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from bot.domain.incident import State
 from bot.store.base import Store
 from tests.engine.harness import DiesAfter, EngineHarness, FakeTime, Write, fleet, permanent
 from tests.engine.test_flow import JOB, _job_pending_until_node_returns
-from tests.harness.scenarios import fault_delivery
+from tests.harness.scenarios import fault_delivery, gpu_node
 
 NODE = "gpu-node-02"
 
@@ -127,6 +130,18 @@ CASES = {
         },
         harness={"mode": "approve"},
     ),
+    "suppressed": Case(
+        "suppressed",
+        "suppressed",
+        "node gpu-node-02 carries pitcrew.dev/opt-out=true",
+        {"told": told("suppressed"), "ended": ended(State.SUPPRESSED)},
+        harness={
+            "mode": "auto",
+            "inventory": fleet(
+                ("gpu-node-01",), extra={NODE: gpu_node(labels={"pitcrew.dev/opt-out": "true"})}
+            ),
+        },
+    ),
     "rollback": Case(
         "rollback",
         "rolled_back",
@@ -178,3 +193,44 @@ async def test_a_crash_on_the_way_to_the_end_tells_humans_once(
         assert [i.event_seq for i in outbox] == [events[0].seq], timeline
         assert len(h.notices(case.kind, incident)) == 1, timeline  # logged once too
         assert not [call for call, n in h.calls().items() if n > 1], h.calls()
+
+
+OUT_BY_OTHERS = fleet(
+    ("gpu-node-04",),
+    extra={
+        "gpu-node-01": gpu_node(slurm_state="DRAIN", slurm_reason="admin: bios update"),
+        NODE: gpu_node(slurm_state="DRAIN", slurm_reason="admin: bios update"),
+        "gpu-node-03": gpu_node(slurm_state="DRAIN", slurm_reason="NHC: check_gpu failed"),
+    },
+)
+
+
+@pytest.mark.parametrize(
+    ("write", "told"),
+    [(told("breaker"), (1, 2)), (("set_switch", lambda a: a[0] == "breaker"), (1, 1))],
+    ids=["told", "opened"],
+)
+async def test_a_crash_as_the_breaker_opens_never_leaves_it_open_untold(
+    write: Write, told: tuple[int, int], tmp_path: Path
+) -> None:
+    """The breaker's notice is the storm's one word (the incidents it stops stay quiet): it is told
+    before the breaker opens. A crash right after it opened finds it told; a crash right after it
+    was told trips the breaker again on the next admission and tells it again (twice at most)."""
+    dies: list[DiesAfter] = []
+
+    def wrap(store: Store, time: FakeTime) -> Store:
+        dies.append(DiesAfter(store, time, write))
+        return dies[0]  # a Store in all but name (its __getattr__)
+
+    harness = EngineHarness(
+        tmp_path, inventory=OUT_BY_OTHERS, breaker={"max_nodes": 3}, outbox=["slack"], store=wrap
+    )
+    async with harness as h:
+        incident = await h.alert("gpu-node-04")
+        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.restart()
+        done = await h.until_ended(incident)
+        assert done.state.value == "suppressed" and not h.calls()
+        assert (await h.commands.status())["breaker"]["open"]
+        least, most = told
+        assert least <= len(h.notices("breaker")) <= most, await h.timeline(incident)
