@@ -263,16 +263,19 @@ class SlurmCluster:
         """Cancel all jobs, stop every daemon, and fail if anything of ours survives."""
         if "slurmctld" in self._procs and self.ping():
             self.run("scancel", "--full", "--user=root", check=False)
-            self._wait(lambda: not self.active_jobs(), 10, "jobs to end", fail=False)
+            # Long enough for a busy machine: a job still ending when its slurmd stops outlives it.
+            self._wait(lambda: not self.active_jobs(), 30, "jobs to end", fail=False)
         for name in ["slurmrestd", *(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
             self._terminate(name)
         survivors = self.survivors()
+        named = {pid: _named(pid) for pid in survivors}  # before the kill: what each was
         for pid in survivors:
             _kill(pid, signal.SIGKILL)
         if self._root is not None:
             survivors += [pid for pid in self._root.stop() if pid not in survivors]
         if survivors:
-            raise SlurmHarnessError(f"processes survived the Slurm harness (killed): {survivors}")
+            which = "; ".join(f"{pid} {named.get(pid, '(inside the root)')}" for pid in survivors)
+            raise SlurmHarnessError(f"processes survived the Slurm harness (killed): {which}")
 
     def reset(self, timeout: float = 20) -> None:
         """Back to a quiet cluster: no jobs, every node IDLE with no reason."""
@@ -517,6 +520,16 @@ def _fake_gpus(directory: Path) -> None:
             os.mknod(path, 0o600 | 0o020000, os.makedev(195, index))
         except OSError:
             path.touch()
+
+
+def _named(pid: int) -> str:
+    """A process's command line and its parent, as a survivor report names it."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        parent = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].split()[1]
+    except OSError:
+        return "(gone)"
+    return f"{cmdline.strip()[:200]!r} (parent {parent})"
 
 
 def _proc_blob(pid: int) -> bytes:
