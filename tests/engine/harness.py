@@ -753,6 +753,17 @@ class EngineHarness:
             and (incident_id is None or r.get("incident_id") == incident_id)
         ]
 
+    async def told_once(self, incident_id: str, kind: str, destination: str = "slack") -> Event:
+        """The incident's one notice of ``kind``: in the timeline once, in ``destination``'s
+        outbox once (that event's), logged once; its timeline event."""
+        timeline = await self.timeline(incident_id)
+        events = [e for e in await self.events(incident_id, "notice") if e.outcome == kind]
+        assert len(events) == 1, timeline
+        outbox = [i for i in await self.store.outbox_pending(destination) if i.kind == kind]
+        assert [i.event_seq for i in outbox] == [events[0].seq], timeline
+        assert len(self.notices(kind, incident_id)) == 1, timeline
+        return events[0]
+
     def sample(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value

@@ -458,9 +458,6 @@ async def test_a_crash_beside_a_capacity_notice_tells_it_once(
         await h.restart()
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
-        timeline = await h.timeline(incident)
-        notices = h.notices("capacity", incident)
-        assert [says in n["title"] for n in notices] == [True], timeline
-        events = [e for e in await h.events(incident, "notice") if e.outcome == "capacity"]
-        assert len(events) == 1, timeline
+        told = await h.told_once(incident, "capacity")
+        assert says in told.detail
         assert set(slurm.whereabouts().values()) == {1}

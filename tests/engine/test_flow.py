@@ -31,6 +31,7 @@ import pytest
 
 from bot.domain.jobs import JobSnapshot
 from tests.engine.harness import Answer, EngineHarness, Slow, Through, fleet
+from tests.engine.test_executor import _playbook
 from tests.harness.scenarios import delivery, fault_delivery
 
 NODE = "gpu-node-02"
@@ -221,6 +222,10 @@ def _job_pending_until_node_returns(h: EngineHarness, *, ever: bool = True) -> N
     h.scheduler.always("job", Answer(change))
 
 
+#: replace-node whose job track gives up on the job after five minutes.
+CONFIRM_WITHIN_5M = _playbook(confirm_resumed={"timeout": "5m"})
+
+
 @dataclass(frozen=True)
 class JobCase:
     setup: Callable[[EngineHarness], None]
@@ -266,23 +271,7 @@ JOBS = {
         "confirm_resumed did not finish within its budget",
         {"job_running": 0, "job_lost": 0, "escalation": 1},
         job_first=None,
-        harness={
-            "playbooks": {
-                "replace-node": {
-                    "steps": [
-                        "notify",
-                        "slurm_down",
-                        "cordon",
-                        "drain",
-                        "replace",
-                        "wait_ready",
-                        "slurm_resume",
-                        {"step": "confirm_resumed", "timeout": "5m"},
-                        "close",
-                    ]
-                }
-            }
-        },
+        harness=CONFIRM_WITHIN_5M,
     ),
 }
 

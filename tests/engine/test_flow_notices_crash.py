@@ -33,7 +33,7 @@ import pytest
 from bot.domain.incident import State
 from bot.store.base import Store
 from tests.engine.harness import DiesAfter, EngineHarness, FakeTime, Write, fleet, permanent
-from tests.engine.test_flow import JOB, _job_pending_until_node_returns
+from tests.engine.test_flow import CONFIRM_WITHIN_5M, JOB, _job_pending_until_node_returns
 from tests.harness.scenarios import fault_delivery, gpu_node
 
 NODE = "gpu-node-02"
@@ -99,25 +99,7 @@ CASES = {
             "ended": ended(State.FAILED),
         },
         setup=lambda h: _job_pending_until_node_returns(h, ever=False),
-        harness={
-            "mode": "auto",
-            "inventory": fleet(jobs=(JOB,)),
-            "playbooks": {
-                "replace-node": {
-                    "steps": [
-                        "notify",
-                        "slurm_down",
-                        "cordon",
-                        "drain",
-                        "replace",
-                        "wait_ready",
-                        "slurm_resume",
-                        {"step": "confirm_resumed", "timeout": "5m"},
-                        "close",
-                    ]
-                }
-            },
-        },
+        harness={"mode": "auto", "inventory": fleet(jobs=(JOB,)), **CONFIRM_WITHIN_5M},
     ),
     "approval-expired": Case(
         "approval_expired",
@@ -186,12 +168,7 @@ async def test_a_crash_on_the_way_to_the_end_tells_humans_once(
             await h.time.advance(60)  # is the restarted worker's (it finds the request in the store)
             done = await h.incident(incident)
         assert (done.state.value, done.outcome.startswith(case.outcome)) == (case.state, True), done.outcome
-        timeline = await h.timeline(incident)
-        events = [e for e in await h.events(incident, "notice") if e.outcome == case.kind]
-        assert len(events) == 1, timeline
-        outbox = [i for i in await h.store.outbox_pending("slack") if i.kind == case.kind]
-        assert [i.event_seq for i in outbox] == [events[0].seq], timeline
-        assert len(h.notices(case.kind, incident)) == 1, timeline  # logged once too
+        await h.told_once(incident, case.kind)
         assert not [call for call, n in h.calls().items() if n > 1], h.calls()
 
 
