@@ -252,11 +252,7 @@ class Engine:
                 incident = await self.store.incident(incident_id)
                 record = (await self.store.steps_of(incident_id)).get(ROLLBACK)
                 if incident is not None and record is not None:
-                    rollback = codec.decode_record(RollbackRecord, record.result)
-                    if record.status == "running":
-                        await self.flow.undo_and_close(incident, rollback.actor)
-                    elif incident.state is not State.ROLLED_BACK:  # undone, then cut by a crash
-                        await self.flow.rolled_back(incident, rollback.actor, rollback.report)
+                    await self.flow.carry_on_rollback(incident, record)
         except asyncio.CancelledError:
             raise
         except Deposed:

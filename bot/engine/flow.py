@@ -76,13 +76,9 @@ class IncidentFlow:
                     rollback is None or (rollback.status == "ok" and incident.state is State.ROLLED_BACK)
                 ):
                     return  # a rollback of a closed incident still under way goes on below
-                if ROLLBACK in steps:  # requested before a crash: finish it, never re-run a finished one
-                    record = codec.decode_record(RollbackRecord, steps[ROLLBACK].result)
+                if rollback is not None:  # requested before a crash: finish it, never re-run a finished one
                     async with self.locks.work(incident_id):
-                        if steps[ROLLBACK].status == "ok":  # undone; it may not have been told
-                            await self.rolled_back(incident, record.actor, record.report)
-                            return
-                        if await self.undo_and_close(incident, record.actor) is not None:
+                        if await self.carry_on_rollback(incident, rollback) is not None:
                             return
                     await self.signals.wait(incident_id, None)  # held by a pause: resume signals it
                     continue
@@ -512,10 +508,22 @@ class IncidentFlow:
         approval = await self.store.approval(incident.id)
         if approval is not None and approval.status == "pending":  # nobody may approve it any more
             await self.store.decide_approval(incident.id, "cancelled", actor, now)
-        await self.rolled_back(incident, actor, report)
+        await self._rolled_back(incident, actor, report)
         return report
 
-    async def rolled_back(self, incident: IncidentRecord, actor: str, report: Sequence[str]) -> None:
+    async def carry_on_rollback(self, incident: IncidentRecord, record: StepRecord) -> list[str] | None:
+        """Finish the rollback ``record`` (its step) stands for; the caller holds the incident's
+        work lock. One still ``running`` is undone (``undo_and_close``: ``None`` when a pause held
+        it); one that undid everything and was cut before the incident ended ``rolled_back`` is
+        told and ended. Its report."""
+        rollback = codec.decode_record(RollbackRecord, record.result)
+        if record.status != "ok":
+            return await self.undo_and_close(incident, rollback.actor)
+        if incident.state is not State.ROLLED_BACK:
+            await self._rolled_back(incident, rollback.actor, rollback.report)
+        return list(rollback.report)
+
+    async def _rolled_back(self, incident: IncidentRecord, actor: str, report: Sequence[str]) -> None:
         """Tell humans what the rollback undid, then end the incident ``rolled_back``. A rollback
         asked again of a rolled-back incident is news: its answer is told each time."""
         await self._tell(
