@@ -192,14 +192,17 @@ Write = tuple[str, Callable[[tuple[Any, ...]], bool]]
 
 
 class DiesAfter:
-    """The store, except that the first ``write`` matching commits and then never answers."""
+    """The store, except that the first ``write`` matching commits and then never answers.
+    ``EngineHarness(store=dies.wrap)`` puts it in front of the engine's store."""
 
-    def __init__(self, store: Store, time: FakeTime, write: Write) -> None:
-        self._store = store
-        self._time = time
+    def __init__(self, write: Write) -> None:
         self._method, self._matches = write
         #: The write committed and pitcrew hangs after it until the test restarts it.
         self.cut = False
+
+    def wrap(self, store: Store, time: FakeTime) -> Store:
+        self._store, self._time = store, time
+        return self  # a Store in all but name (its __getattr__)
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._store, name)

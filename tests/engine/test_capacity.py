@@ -29,7 +29,6 @@ import pytest
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
-from bot.store.base import Store
 from tests.engine.harness import Call, DiesAfter, EngineHarness, FakeTime, Slow, Write, fleet
 
 SPARES = {"pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}]}
@@ -446,15 +445,11 @@ async def test_a_crash_beside_a_capacity_notice_tells_it_once(
     is told: the notice is told once all the same (before, recorded first and told after, a crash
     between lost it)."""
     slurm = gang()
-    dies: list[DiesAfter] = []
+    dies = DiesAfter(write)
 
-    def wrap(store: Store, time: FakeTime) -> Store:
-        dies.append(DiesAfter(store, time, write))
-        return dies[0]  # a Store in all but name (its __getattr__)
-
-    async with harness(tmp_path, slurm, capacity=capacity, outbox=["slack"], store=wrap) as h:
+    async with harness(tmp_path, slurm, capacity=capacity, outbox=["slack"], store=dies.wrap) as h:
         incident = await h.alert("gpu-node-01")
-        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.run_until(lambda: dies.cut, about=incident)
         await h.restart()
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"

@@ -30,8 +30,7 @@ import pytest
 from bot.domain.ownership import LENT_ANNOTATION, lent_marks, lent_prior, lent_to
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode, Lend, PodRef
-from bot.store.base import Store
-from tests.engine.harness import DiesAfter, EngineHarness, FakeTime, Slow, fleet
+from tests.engine.harness import DiesAfter, EngineHarness, Slow, fleet
 from tests.engine.test_capacity import GangSlurm, ThenStop, _Job
 from tests.simulator.cluster import SimulatedCluster
 from tests.simulator.world import SimulatedWorld
@@ -525,16 +524,12 @@ async def test_a_crash_after_the_node_joined_and_before_the_notice_tells_it_once
     """pitcrew dies right after it recorded that the lent node joined the partition: the notice
     is told after the restart, once (before, the restarted step found the join and ended silent)."""
     kube, slurm = world()
-    dies: list[DiesAfter] = []
+    dies = DiesAfter(("step_progress", lambda a: bool(a[2].get("joined_at"))))
 
-    def wrap(store: Store, time: FakeTime) -> Store:
-        dies.append(DiesAfter(store, time, ("step_progress", lambda a: bool(a[2].get("joined_at")))))
-        return dies[0]  # a Store in all but name (its __getattr__)
-
-    engine = {"outbox": ["slack"], "store": wrap}
+    engine = {"outbox": ["slack"], "store": dies.wrap}
     async with harness(tmp_path, kube, slurm, [SPARES], engine=engine) as h:
         incident = await h.alert("gpu-node-01")
-        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.run_until(lambda: dies.cut, about=incident)
         await h.restart()
         done = await h.until_ended(incident)
         assert done.state.value == "resolved", await h.timeline(incident)

@@ -31,8 +31,7 @@ from typing import Any
 import pytest
 
 from bot.domain.incident import State
-from bot.store.base import Store
-from tests.engine.harness import DiesAfter, EngineHarness, FakeTime, Write, fleet, permanent
+from tests.engine.harness import DiesAfter, EngineHarness, Write, fleet, permanent
 from tests.engine.test_flow import CONFIRM_WITHIN_5M, JOB, _job_pending_until_node_returns
 from tests.harness.scenarios import fault_delivery, gpu_node
 
@@ -148,17 +147,13 @@ PARAMS = [
 async def test_a_crash_on_the_way_to_the_end_tells_humans_once(
     case: Case, boundary: str, tmp_path: Path
 ) -> None:
-    dies: list[DiesAfter] = []
+    dies = DiesAfter(case.boundaries[boundary])
 
-    def wrap(store: Store, time: FakeTime) -> Store:
-        dies.append(DiesAfter(store, time, case.boundaries[boundary]))
-        return dies[0]  # a Store in all but name (its __getattr__)
-
-    harness = EngineHarness(tmp_path, outbox=["slack"], store=wrap, **case.harness)
+    harness = EngineHarness(tmp_path, outbox=["slack"], store=dies.wrap, **case.harness)
     async with harness as h:
         case.setup(h)
         incident = await case.drive(h)
-        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.run_until(lambda: dies.cut, about=incident)
         await h.restart()  # pitcrew dies right after that write committed
         command = getattr(h, "command", None)
         if command is not None:
@@ -193,18 +188,14 @@ async def test_a_crash_as_the_breaker_opens_never_leaves_it_open_untold(
     """The breaker's notice is the storm's one word (the incidents it stops stay quiet): it is told
     before the breaker opens. A crash right after it opened finds it told; a crash right after it
     was told trips the breaker again on the next admission and tells it again (twice at most)."""
-    dies: list[DiesAfter] = []
-
-    def wrap(store: Store, time: FakeTime) -> Store:
-        dies.append(DiesAfter(store, time, write))
-        return dies[0]  # a Store in all but name (its __getattr__)
+    dies = DiesAfter(write)
 
     harness = EngineHarness(
-        tmp_path, inventory=OUT_BY_OTHERS, breaker={"max_nodes": 3}, outbox=["slack"], store=wrap
+        tmp_path, inventory=OUT_BY_OTHERS, breaker={"max_nodes": 3}, outbox=["slack"], store=dies.wrap
     )
     async with harness as h:
         incident = await h.alert("gpu-node-04")
-        await h.run_until(lambda: dies[0].cut, about=incident)
+        await h.run_until(lambda: dies.cut, about=incident)
         await h.restart()
         done = await h.until_ended(incident)
         assert done.state.value == "suppressed" and not h.calls()
