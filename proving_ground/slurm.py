@@ -134,7 +134,7 @@ class SlurmCluster:
         self.conf = run_dir / "etc" / "slurm.conf"
         self.job_dir = run_dir / "train"
         self.token_file = run_dir / "rest.token"
-        self.rest_port = free_port()
+        self.rest_port = 0  # chosen with the cluster's other ports when it starts (_write_files)
         self.started_in: float | None = None  # seconds from start() to every node IDLE
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
