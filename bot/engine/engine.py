@@ -129,9 +129,14 @@ class Engine:
         self._wake.set()
 
     def signal(self, incident_id: str) -> None:
-        """Something changed for this incident (approval, resolution): stop waiting."""
+        """Something changed for this incident (approval, resolution): stop waiting. Its live
+        worker looks again; a scan is needed only when it has none (not started yet, or ended and
+        to be restarted). A storm of new occurrences on open incidents would otherwise make every
+        delivery a scan of all active incidents."""
         self.signals.signal(incident_id)
-        self._wake.set()
+        task = self._tasks.get(incident_id)
+        if task is None or task.done():
+            self._wake.set()
 
     def signal_all(self) -> None:
         """A switch changed (resume): every waiting incident looks again."""
