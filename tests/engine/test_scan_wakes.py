@@ -33,7 +33,7 @@ class Counting:
 
     def wrap(self, store: Store, time: FakeTime) -> Store:
         self._store = store
-        return self  # type: ignore[return-value]  # a Store in all but name (its __getattr__)
+        return self  # a Store in all but name (its __getattr__)
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_"):
