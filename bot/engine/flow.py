@@ -115,7 +115,7 @@ class IncidentFlow:
         step = order[incident.step_index]
         self.metrics.incidents.show_incident(incident, step)  # the active-incidents table's row
         if step == CLOSE:
-            watch = await returned.look(self.store, self.deps.playbooks, incident)
+            watch = await returned.look(self.store, self.deps.playbooks, incident, steps)
             if watch is not None and watch.back is not None:
                 await cancel_and_wait(job_track)  # the next rung restarts it
                 return await self._fault_back(incident, watch.back)

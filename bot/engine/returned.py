@@ -8,12 +8,13 @@ passed (the intake signals it when one of its faults fires again, ``IngestOutcom
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from bot.domain.playbooks import PlaybookSet
 from bot.domain.returns import RETURNS, AlertSeen, FaultBack, Returned, fault_back, watched_until
-from bot.store.base import IncidentRecord, Store
+from bot.store.base import IncidentRecord, StepRecord, Store
 
 #: The pseudo-step marking an incident that waits at ``close`` for its fault to come back.
 RETURN_WATCH = "return_watch"
@@ -30,12 +31,15 @@ class ReturnLook:
     until: datetime | None
 
 
-async def look(store: Store, playbooks: PlaybookSet, incident: IncidentRecord) -> ReturnLook | None:
-    """``None`` unless the incident's playbook has a next rung and its node was returned."""
+async def look(
+    store: Store, playbooks: PlaybookSet, incident: IncidentRecord, steps: Mapping[str, StepRecord]
+) -> ReturnLook | None:
+    """``None`` unless the incident's playbook has a next rung and its node was returned.
+    ``steps``: as the flow read them at the top of this move (the returning steps are the node
+    track's own, which nothing else writes)."""
     playbook = playbooks.playbooks.get(incident.playbook or "")
     if playbook is None or playbook.next is None:
         return None
-    steps = await store.steps_of(incident.id)
     ends = [
         Returned(name, record.ended_at)
         for name, record in steps.items()
