@@ -110,9 +110,15 @@ async def _arguments(request: web.Request) -> tuple[dict[str, Any], str | None]:
     """Query, form and JSON arguments merged (slack_sdk uses all three); the token from header or field."""
     args: dict[str, Any] = dict(request.query)
     if request.content_type == "application/json":
-        body = await request.json()
-        if isinstance(body, dict):
-            args.update(body)
+        # Slack's own answers to a JSON body it cannot use (its common errors): ``invalid_json``
+        # for one that does not parse, ``json_not_object`` for JSON that is not an object.
+        try:
+            body = json.loads(await request.text())
+        except ValueError as e:
+            raise ApiError("invalid_json") from e
+        if not isinstance(body, dict):
+            raise ApiError("json_not_object")
+        args.update(body)
     elif request.can_read_body:
         args.update(dict(await request.post()))
     token = args.pop("token", None)
@@ -282,9 +288,12 @@ class WebApi:
         method = request.match_info["method"]
         try:
             args, token = await _arguments(request)
-        except ValueError:
+        except ApiError as e:
             if method in self.methods:
-                raise  # a served method's answer to a body that is not JSON is not modelled
+                call = Call(method, {}, _bearer(request))
+                call.answer = e.body
+                self.calls.append(call)
+                return web.json_response(e.body)
             args, token = {}, _bearer(request)  # Slack looks at the name first (README)
         call = Call(method, args, token)
         self.calls.append(call)

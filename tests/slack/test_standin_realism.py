@@ -17,7 +17,9 @@ Cases:
 - a name Slack has no method by (``annotations``: a Grafana annotation once reached a stand-in that
   had taken Grafana's port) is HTTP 200 ``unknown_method`` naming it in ``req_method``, whatever the
   body; a path outside ``/api/<method>`` is a 404; only the app's own tokens land in ``api.unserved``
-  (which the fixtures fail the test on).
+  (which the fixtures fail the test on);
+- a JSON body a served method cannot use is HTTP 200 ``invalid_json`` (it does not parse) or
+  ``json_not_object`` (it is not an object), as Slack answers, never an HTTP error.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from proving_ground.proc import free_port
 from proving_ground.slack.clicks import TIMED_OUT, Interactivity
 from proving_ground.slack.server import SlackStandin
-from proving_ground.slack.world import APP_TOKEN, SIGNING_SECRET
+from proving_ground.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
 
 CHANNEL = "C0GPUOPS"
 
@@ -203,3 +205,18 @@ async def test_a_click_not_answered_in_3_s_is_given_up(
         CHANNEL, "Approve", "pc-1", "U0ALICE"
     )
     assert answer.status == TIMED_OUT
+
+
+async def test_a_json_body_slack_cannot_use_is_answered_as_slack_does(slack: SlackStandin) -> None:
+    root = slack.base_url.removesuffix("/api/")
+    headers = {"Authorization": f"Bearer {BOT_TOKEN}", "Content-Type": "application/json; charset=utf-8"}
+    async with aiohttp.ClientSession() as http:
+        for body, error in ((b'{"channel": "C0GPUOPS", "text": "x"', "invalid_json"), (b"", "invalid_json"),
+                            (b'["C0GPUOPS"]', "json_not_object"), (b'"text"', "json_not_object")):  # fmt: skip
+            async with http.post(f"{root}/api/chat.postMessage", data=body, headers=headers) as r:
+                assert (r.status, await r.json()) == (200, {"ok": False, "error": error}), body
+    assert [c.answer for c in slack.api.calls_to("chat.postMessage")] == [
+        {"ok": False, "error": e}
+        for e in ("invalid_json", "invalid_json", "json_not_object", "json_not_object")
+    ]
+    assert slack.api.messages == []
