@@ -16,7 +16,8 @@ authentication and TLS option a site's Postgres may ask for through the ordinary
 ``postgresql://`` URL. A batch of rows (``many``) goes as simple queries (``_batch``,
 ``_transaction_sync``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
 
-Every write transaction takes one advisory lock (``_WRITE_LOCK``) first, so writes of every
+Every write transaction but retention's (``_prune_transact``) takes one advisory lock
+(``_WRITE_LOCK``) first, so writes of every
 replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on one file: an
 incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never race for one
 node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
@@ -423,6 +424,24 @@ class PostgresStore(SqlStore):
         if self._shared.writes is None:
             raise StoreUnavailable("store is not open")
         driven = await self._shared.writes.drive(make())
+        return driven.result, driven.wakes
+
+    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """Retention's transactions, on a connection of the pool beside ``_Writes``, without the
+        write lock: a delivery never waits for a prune. Under the lock, each of a prune's
+        transactions (its deletes and its commit) held every delivery of every replica back, and
+        ingest's p99 while pruning 1,000,000 alerts was 2-2.3x what it was alone.
+
+        What makes that safe: a prune touches only what no other write does, incidents closed
+        before the cut-off that are not the newest (ids are taken as ``MAX(seq) + 1``, never
+        reused), their alerts, counters, steps, approvals and delivered outbox rows. The database
+        keeps it so where a write could still meet one: a step, approval or alert written for an
+        incident as it goes fails its foreign key, or makes the prune's delete of the incident fail
+        (the prune rolls back whole and the next period tries again); an outbox row written
+        meanwhile is left, as only delivered rows are removed. The fence is checked in the
+        transaction as for every write, so only the leader prunes."""
+        async with self._conn() as conn, conn.transaction():
+            driven = await _drive(conn, make())
         return driven.result, driven.wakes
 
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:

@@ -16,7 +16,8 @@ append-only — it holds every destructive action pitcrew took, and it is kept w
 
 A prune runs in bounded transactions (``prune_batch``: at most ``BATCH`` alerts and
 ``INCIDENTS`` incidents each) that take turns with the store's other writes (``SqlStore.prune``):
-each waits until the writes queued before it have committed, is sized by how long the previous
+on SQLite each waits until the writes queued before it have committed (on Postgres they run beside
+them, without the write lock: ``PostgresStore._prune_transact``), is sized by how long the previous
 one's statements held the write lock (``BUDGET``: halved when longer, doubled when under half of
 it), and is followed by a pause ``PACE`` times as long as the whole write took, so webhooks never
 wait long and never for most of the time. What one transaction costs is its commit more than its
@@ -119,8 +120,13 @@ def _prune_batch(before: datetime, batch: int) -> Op[Pruned]:
         if len(keys) == batch:
             done.more = True  # the incidents go in a later batch, once their alerts are gone
             return done
-        for table in ("steps", "approvals", "outbox"):
+        for table in ("steps", "approvals"):
             done.counts[table] = yield run(f"DELETE FROM {table} WHERE incident_id IN (?*)", [ids])  # noqa: S608
+        # Delivered rows only: found above to be all there are, and a notice queued since (a
+        # Postgres prune runs beside the other writes) is never thrown away unsent.
+        done.counts["outbox"] = yield run(
+            "DELETE FROM outbox WHERE incident_id IN (?*) AND delivered_at IS NOT NULL", [ids]
+        )
         done.counts["outbox_refs"] = yield run("DELETE FROM outbox_refs WHERE key IN (?*)", [_ref_keys(ids)])
         done.counts["incidents"] = yield run("DELETE FROM incidents WHERE id IN (?*)", [ids])
         done.more = len(ids) == INCIDENTS

@@ -6,7 +6,9 @@ A concrete store (``SqliteStore``, ``PostgresStore``) supplies how an operation 
 * ``_read(op)``: outside any write transaction (SQLite's reader thread, a Postgres connection);
 * ``_transact(make)``: in one write transaction, with the store's own write lock, returning the
   operation's result and whether it routed a timeline event to an outbox;
-* ``_lease_write(make)``: the lease's own writes, never fenced (a standby must be able to take it).
+* ``_lease_write(make)``: the lease's own writes, never fenced (a standby must be able to take it);
+* ``_prune_transact(make)``: retention's transactions, ``_transact`` unless the store can run them
+  beside its other writes (Postgres: ``PostgresStore._prune_transact``).
 
 A write is handed over as ``make``, a function that makes the operation, never as the operation
 itself: a generator runs once, and SQLite's writer may run a write twice — in a batch that rolled
@@ -23,7 +25,7 @@ import asyncio
 import copy
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Self
@@ -95,14 +97,25 @@ class SqlStore(ABC):
         view._fence = fence
         return view
 
-    async def _write(self, make: Callable[[], Op[T]], *, fence: bool = True) -> T:
-        """Run ``op`` in one write transaction; on a fenced view, first check in that transaction
-        that the leadership row still carries this process's holder and epoch. After the commit,
-        wake the outbox if the operation routed an event."""
+    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """Retention's transactions (``prune``): by default as every other write, ``_transact``."""
+        return await self._transact(make)
+
+    async def _write(
+        self,
+        make: Callable[[], Op[T]],
+        *,
+        fence: bool = True,
+        transact: Callable[[Callable[[], Op[T]]], Awaitable[tuple[T, bool]]] | None = None,
+    ) -> T:
+        """Run ``op`` in one write transaction (``transact``, else ``_transact``); on a fenced
+        view, first check in that transaction that the leadership row still carries this process's
+        holder and epoch. After the commit, wake the outbox if the operation routed an event."""
         view_fence = self._fence if fence else None
         token = view_fence.token() if view_fence is not None else None  # Deposed before any I/O
+        run = transact or self._transact
         try:
-            value, routed = await self._transact(lambda: queries.fenced(token, make()))
+            value, routed = await run(lambda: queries.fenced(token, make()))
         except Deposed as exc:
             if view_fence is not None:
                 view_fence.deposed(str(exc))
@@ -393,7 +406,9 @@ class SqlStore(ABC):
         while True:
             await self._turn()
             started = time.monotonic()
-            done = await self._write(partial(retention.prune_batch, before, size))
+            done = await self._write(
+                partial(retention.prune_batch, before, size), transact=self._prune_transact
+            )
             took = time.monotonic() - started
             self._pruned(done)
             total.add(done)

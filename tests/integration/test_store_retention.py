@@ -6,7 +6,8 @@ actions included) stays; an open incident, however old, never goes; a closed inc
 notice not yet delivered stays until it is delivered; an incident closed after the cut-off stays;
 the newest incident stays (the next one never takes its number); a pruned alert delivered again
 is a new alert; another firing of a pruned alert (same fingerprint, another startsAt, in an open
-incident) keeps its delivery counter; a prune is cut into bounded transactions; on SQLite every
+incident) keeps its delivery counter; a prune is cut into bounded transactions; on Postgres a prune
+takes no write lock (it goes through while another session holds it); on SQLite every
 statement of a prune searches an index (query plans: no table scan, no sort); a standby cannot
 prune (the fence);
 the worker counts what it removed in ``pitcrew_store_pruned_rows_total``; the service runs it
@@ -15,10 +16,12 @@ among the leader's workers only, and not at all when ``store.retention`` is null
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -31,9 +34,11 @@ from bot.runtime import build_app
 from bot.store import retention
 from bot.store.base import ACTION, NewEvent
 from bot.store.lease import Deposed, Fence
+from bot.store.postgres import _WRITE_LOCK
 from bot.store.schema import migrations
 from bot.store.sql import SQLITE, Stmt
 from bot.web.app import DEPS
+from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
 from tests.simulator.serve import WorldFile, simulated_ports
@@ -209,6 +214,34 @@ async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
     rest = await store.prune(CUTOFF, batch=2)
     assert (rest.counts["alerts"], rest.counts["incidents"], rest.more) == (3, 1, False)
     assert await store.incident(big) is None
+
+
+async def test_a_postgres_prune_takes_no_write_lock(postgres_db: PostgresDatabase, tmp_path: Path) -> None:
+    """On Postgres a prune runs beside the other writes: while another session holds the write lock
+    (as a batch of deliveries or an engine write does), a prune still goes through, so it never
+    holds a delivery back either. (On SQLite a prune is one more write of the one writer.)"""
+    stores = Stores("postgres", tmp_path, postgres_db)
+    try:
+        await _prune_beside_the_write_lock(stores)
+    finally:
+        await stores.close()
+
+
+async def _prune_beside_the_write_lock(stores: Stores) -> None:
+    store = await stores.open()
+    old = await _incident(store, "fp1", "gpu-001")
+    await _incident(store, "fp2", "gpu-002")  # the newest, kept
+    database = stores.database
+    assert database is not None
+    url = database.server.url(database.name)
+    async with await psycopg.AsyncConnection.connect(url, password=database.server.password) as other:
+        await other.execute("BEGIN")
+        await other.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+        async with asyncio.timeout(10):  # under the lock it would wait for as long as the lock is held
+            pruned = await store.prune(CUTOFF)
+        await other.execute("ROLLBACK")
+    assert (pruned.counts["incidents"], pruned.counts["alerts"]) == (1, 2)
+    assert await _gone(store, old)
 
 
 async def test_only_the_leader_prunes(stores: Stores) -> None:
