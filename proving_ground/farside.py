@@ -73,6 +73,11 @@ class FarSide(Protocol):
     def where(self, incident_id: str | None) -> list[str]:
         """Lines telling a user where to look at this far side (``--keep``)."""
 
+    def refused(self) -> list[str]:
+        """What pitcrew asked of this far side that the real system has not got, in words (a
+        Slack Web API method Slack lacks); empty when nothing. The demo fails on any: the stand-in
+        answered as the real system would, but the run did not show what production would do."""
+
     def stop(self) -> None:
         """Stop what ``start`` started."""
 

@@ -202,6 +202,11 @@ class KubernetesFarSide:
     def click_help(self, incident_id: str) -> str | None:
         return None
 
+    def refused(self) -> list[str]:
+        """Nothing to report afterwards: the emulator refuses what it does not model at the call
+        (kmock's 404), and the step that made it fails there."""
+        return []
+
     # ------------------------------------------------------------------ what a user looks at
     def state(self) -> dict[str, Any]:
         if self._world is None:

@@ -98,6 +98,11 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
         report = story.summary()
         for line in summary_lines(report, ground):
             tl.say(line)
+        refused = ground.far_side.refused()
+        for line in refused:
+            tl.say(f"  refused: {line}")
+        status = status or (1 if refused else 0)
+        report["refused"] = refused
         report["exit_status"] = status
         if options.json_summary is not None:
             _write_json(options.json_summary, report | {"state": str(CURRENT)})

@@ -212,6 +212,15 @@ class SlackFarSide:
             f"              Web API stand-in {self._standin.base_url}; a click as alice: {click}",
         ]
 
+    def refused(self) -> list[str]:
+        """The Web API methods pitcrew called that the stand-in does not serve (each answered
+        ``unknown_method``, as Slack answers a name it has no method by), and the cluster's."""
+        names = self._on_loop(lambda: sorted({c.method for c in self._standin.api.unserved}))
+        mine = [
+            f"Slack: pitcrew called {name}, a Web API method the stand-in does not serve" for name in names
+        ]
+        return [*self.cluster.refused(), *mine]
+
     def click_help(self, incident_id: str) -> str:
         return f"scripts/demo --click approve {incident_id}   (alice clicks Approve in #gpu-ops)"
 

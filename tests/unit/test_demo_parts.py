@@ -3,7 +3,8 @@
 Cases: a missing program is named with the apt-get line that installs it; pitcrew's own share counts the time from opening the incident to its first step and each
 gap between a step (or an approval) ending and the next starting, never the time inside steps or
 the wait for a human; a port that another program holds is named before anything starts; every
-scenario ``scripts/demo`` offers exists, and each fault it injects is one the stand-in models.
+scenario ``scripts/demo`` offers exists, and each fault it injects is one the stand-in models; a
+Slack Web API method pitcrew calls that the stand-in does not serve is reported (the demo fails on it).
 """
 
 from __future__ import annotations
@@ -104,3 +105,40 @@ def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     ports = free_ports(200)
     assert len(set(ports)) == 200
     assert all(10000 <= p < low for p in ports)
+
+
+class _NoCluster:
+    """The cluster half of a far side, doing nothing: only the Slack half is under test."""
+
+    description = "no cluster"
+
+    def start(self, workdir: Path, nodes: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def refused(self) -> list[str]:
+        return []
+
+
+def test_the_demo_reports_a_slack_method_slack_lacks(tmp_path: Path) -> None:
+    from slack_sdk import WebClient
+    from slack_sdk.errors import SlackApiError
+
+    from proving_ground.slackside import SlackFarSide
+
+    side = SlackFarSide(_NoCluster())  # type: ignore[arg-type]  # the cluster half is not used
+    side.start(tmp_path, ["gpu-node-01"])
+    try:
+        token = (tmp_path / "slack" / "bot.token").read_text().strip()  # pitcrew's own bot token
+        bot = WebClient(token=token, base_url=side._standin.base_url)
+        bot.auth_test()  # served: nothing to report
+        assert side.refused() == []
+        with pytest.raises(SlackApiError):
+            bot.api_call("pins.add", params={"channel": "C0GPUOPS"})
+        assert side.refused() == [
+            "Slack: pitcrew called pins.add, a Web API method the stand-in does not serve"
+        ]
+    finally:
+        side.stop()
