@@ -124,8 +124,8 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     return driving
 
 
-def _transaction_sync(conn: SyncConn, op: Op[T], lock: str) -> Driving[T]:
-    """``op`` in one transaction under ``lock``, on the connection of the writes' own thread
+def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
+    """``op`` in one transaction under ``lock`` (``None``: no lock, retention's), on the connection of the writes' own thread
     (``_Writes``), in as few messages as its answers allow: ``BEGIN`` and the lock go with the
     first statement, the rows of batches (``many``: nothing to answer) with the statement after
     them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is
@@ -145,7 +145,7 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str) -> Driving[T]:
     ``IDLE_IN_TRANSACTION_MS`` (``tests/integration/test_store_frozen.py`` shows both)."""
     driving = Driving(op, POSTGRES)
     mogrifier = psycopg.ClientCursor(conn)
-    pending = [f"BEGIN; SELECT {lock}({_WRITE_LOCK})"]
+    pending = [f"BEGIN; SELECT {lock}({_WRITE_LOCK})" if lock is not None else "BEGIN"]
     held = 0  # rows of batches in ``pending``: a message carries up to ``BATCH_STATEMENTS``
     try:
         for sql, params, stmt in driving:
@@ -193,11 +193,14 @@ class _Writes:
     writes). The engine is not starved: deliveries come one batch at a time (the next gathers while
     one commits), so an engine write waits for at most one batch."""
 
-    def __init__(self, url: str, kwargs: dict[str, Any], where: str) -> None:
-        self._url, self._kwargs, self._where = url, kwargs, where
+    def __init__(self, url: str, kwargs: dict[str, Any], where: str, *, locked: bool = True) -> None:
+        """``locked``: every transaction under the write lock (or its shared mode); else none
+        (retention's, ``PostgresStore._prune_transact``)."""
+        self._url, self._kwargs, self._where, self._locked = url, kwargs, where, locked
         self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], None] | None]] = queue.PriorityQueue()
         self._order = itertools.count()
-        self._thread = threading.Thread(target=self._serve, name="pitcrew-store-writes", daemon=True)
+        name = "pitcrew-store-writes" if locked else "pitcrew-store-prunes"
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         self._conn: SyncConn | None = None
         self._closed = False
@@ -234,7 +237,13 @@ class _Writes:
             work()
 
     def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
-        lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        lock = (
+            None
+            if not self._locked
+            else "pg_advisory_xact_lock"
+            if exclusive
+            else "pg_advisory_xact_lock_shared"
+        )
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
@@ -276,6 +285,8 @@ class _Shared:
     deliveries: GroupCommit | None = None
     #: Where every write under the write lock commits.
     writes: _Writes | None = None
+    #: Where retention's transactions commit, without the lock (made at the first prune).
+    prunes: _Writes | None = None
     #: Keys committed, and repeat deliveries counted and not yet committed (``bot.store.repeats``).
     memory: RepeatMemory = field(default_factory=RepeatMemory)
     #: Commits the counts of ``memory`` every ``FLUSH_EVERY`` seconds.
@@ -363,6 +374,9 @@ class PostgresStore(SqlStore):
             writes, self._shared.writes = self._shared.writes, None
             if writes is not None:
                 await writes.close()
+            prunes, self._shared.prunes = self._shared.prunes, None
+            if prunes is not None:
+                await prunes.close()
             pool, self._shared.pool = self._shared.pool, None
             if pool is not None:
                 await pool.close()
@@ -427,10 +441,11 @@ class PostgresStore(SqlStore):
         return driven.result, driven.wakes
 
     async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """Retention's transactions, on a connection of the pool beside ``_Writes``, without the
-        write lock: a delivery never waits for a prune. Under the lock, each of a prune's
-        transactions (its deletes and its commit) held every delivery of every replica back, and
-        ingest's p99 while pruning 1,000,000 alerts was 2-2.3x what it was alone.
+        """Retention's transactions, on a connection and in a thread of their own beside the
+        writes' (``_Writes(locked=False)``), without the write lock: a delivery never waits for a
+        prune. Under the lock, each of a prune's transactions (its deletes and its commit) held
+        every delivery of every replica back, and ingest's p99 while pruning 1,000,000 alerts was
+        2-2.3x what it was alone.
 
         What makes that safe: a prune touches only what no other write does, incidents closed
         before the cut-off that are not the newest (ids are taken as ``MAX(seq) + 1``, never
@@ -440,8 +455,11 @@ class PostgresStore(SqlStore):
         (the prune rolls back whole and the next period tries again); an outbox row written
         meanwhile is left, as only delivered rows are removed. The fence is checked in the
         transaction as for every write, so only the leader prunes."""
-        async with self._conn() as conn, conn.transaction():
-            driven = await _drive(conn, make())
+        if self._shared.writes is None:
+            raise StoreUnavailable("store is not open")
+        if self._shared.prunes is None:
+            self._shared.prunes = _Writes(self.url, self._shared.kwargs, self._where(), locked=False)
+        driven = await self._shared.prunes.drive(make())
         return driven.result, driven.wakes
 
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
