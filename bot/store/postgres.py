@@ -125,8 +125,8 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 
 
 def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
-    """``op`` in one transaction under ``lock`` (``None``: no lock, retention's), on the connection of the writes' own thread
-    (``_Writes``), in as few messages as its answers allow: ``BEGIN`` and the lock go with the
+    """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection
+    of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN`` and the lock go with the
     first statement, the rows of batches (``many``: nothing to answer) with the statement after
     them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is
     one simple query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows;
@@ -237,13 +237,9 @@ class _Writes:
             work()
 
     def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
-        lock = (
-            None
-            if not self._locked
-            else "pg_advisory_xact_lock"
-            if exclusive
-            else "pg_advisory_xact_lock_shared"
-        )
+        lock = None  # retention's: no lock
+        if self._locked:
+            lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
