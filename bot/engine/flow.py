@@ -119,7 +119,7 @@ class IncidentFlow:
             if watch is not None and watch.back is not None:
                 await cancel_and_wait(job_track)  # the next rung restarts it
                 return await self._fault_back(incident, watch.back)
-            if not await self._job_track_ended(incident, plan, job_track):
+            if not await self._job_track_ended(incident, plan, job_track, steps):
                 return False
             if hands_off and await self._still_firing(incident, steps):
                 return False
@@ -209,13 +209,21 @@ class IncidentFlow:
         self.signals.signal(incident_id)  # a node track waiting at close looks again
 
     async def _job_track_ended(
-        self, incident: IncidentRecord, plan: Plan, job_track: asyncio.Task[None] | None
+        self,
+        incident: IncidentRecord,
+        plan: Plan,
+        job_track: asyncio.Task[None] | None,
+        steps: Mapping[str, StepRecord],
     ) -> bool:
-        """At ``close``: True once every job-track step has ended; a failed one fails the incident."""
+        """At ``close``: True once every job-track step has ended; a failed one fails the incident.
+        ``steps``: as read at the top of this move. A job step ended then is ended still (only a
+        replan or a climb, each a move of its own, starts the job track afresh); one still open
+        then may have ended since, as the job track runs beside this one: then they are read again."""
         job_steps = self._job_steps(plan)
         if not job_steps:
             return True  # no job track: nothing to read
-        steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
+        if any(_status(steps, s) not in _ENDED for s in job_steps):
+            steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
         open_steps = [s for s in job_steps if _status(steps, s) not in _ENDED]
         if open_steps:
             if job_track is None or job_track.done():
@@ -248,8 +256,7 @@ class IncidentFlow:
     async def _still_firing(self, incident: IncidentRecord, steps: Mapping[str, StepRecord]) -> bool:
         """Hands-off and observe incidents stay open while their alerts fire, so repeats attach.
         ``steps``: as read at the top of this move (only this method marks ``watching``)."""
-        alerts = await self.store.alerts_of(incident.id)
-        firing = [a for a in alerts if a.status == "firing"]
+        firing = await self.store.firing(incident.id)
         age = self.clock() - incident.opened_at
         watch_max = self.deps.settings.watch_max
         if not firing or age >= watch_max:
@@ -261,7 +268,7 @@ class IncidentFlow:
                 "running",
                 self.clock(),
                 event=NewEvent(
-                    "watching", detail=f"{len(firing)} alert(s) still firing; closes when they resolve"
+                    "watching", detail=f"{firing} alert(s) still firing; closes when they resolve"
                 ),
             )
         await self.signals.wait(incident.id, (watch_max - age).total_seconds())

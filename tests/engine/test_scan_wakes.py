@@ -7,7 +7,7 @@ on a node whose incident is open). Each one makes the intake signal the incident
 supervisor's scan reads every active incident, the rollbacks asked for and the switches, which on
 a fleet with hundreds of open incidents costs milliseconds of the webhook's event loop per
 delivery. Cases: new occurrences on three watched incidents, virtual time moving between them,
-wake each incident's worker (it reads its incident again) and no scan; a resolution still ends
+wake each incident's worker (it reads its incident and its steps again, once each) and no scan; a resolution still ends
 its incident at once; a delivery that opens an incident still starts a worker through a scan.
 """
 
@@ -47,7 +47,7 @@ async def test_new_occurrences_wake_their_incidents_not_a_scan(tmp_path: Path) -
         ids = [await h.alert(node=node) for node in NODES]
         for incident_id in ids:
             await h.until_event(incident_id, "watching")
-        scans, looks = counting.calls["active"], counting.calls["incident"]
+        scans, looks, steps = (counting.calls[m] for m in ("active", "incident", "steps_of"))
         for _ in range(10):
             for node, incident_id in zip(NODES, ids, strict=True):
                 outcome = await h.deliver(delivery(node=node, starts=h.time.now()))
@@ -56,6 +56,8 @@ async def test_new_occurrences_wake_their_incidents_not_a_scan(tmp_path: Path) -
         assert counting.calls["active"] == scans, "new occurrences woke the supervisor's scan"
         # Each incident's worker looked again at each of its new occurrences.
         assert counting.calls["incident"] - looks >= 10 * len(NODES)
+        # ... and read its steps once a look: its job track had ended, and an ended step stays so.
+        assert counting.calls["steps_of"] - steps == counting.calls["incident"] - looks
         began = h.time.elapsed
         await h.resolve(ids[0])
         ended = await h.until_ended(ids[0])
