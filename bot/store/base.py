@@ -264,6 +264,11 @@ class Store(Protocol):
         """Every alert of the incident, first seen first (the engine's view; the API reads pages)."""
         ...
 
+    async def firing(self, incident_id: str) -> int:
+        """How many of the incident's alerts fire now: one count, no alert read (a watcher at
+        ``close`` asks at every new occurrence)."""
+        ...
+
     async def alerts_on(
         self, nodes: Sequence[str], since: datetime, *, limit: int, other_than: str = ""
     ) -> list[AlertRecord]:

@@ -109,6 +109,13 @@ def active() -> Op[list[tuple[str, State, datetime]]]:
     return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in found]
 
 
+def firing(incident_id: str) -> Op[int]:
+    found = yield one(
+        "SELECT COUNT(*) AS n FROM alerts WHERE incident_id = ? AND status = 'firing'", (incident_id,)
+    )
+    return int(found["n"]) if found is not None else 0
+
+
 def alerts_of(incident_id: str) -> Op[list[AlertRecord]]:
     found = yield rows(f"{ALERTS} WHERE a.incident_id = ? {ALERT_ORDER}", (incident_id,))
     return [codec.alert_from(r) for r in found]

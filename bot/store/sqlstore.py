@@ -155,6 +155,9 @@ class SqlStore(ABC):
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         return [self._alert(a) for a in await self._read(queries.alerts_of(incident_id))]
 
+    async def firing(self, incident_id: str) -> int:
+        return await self._read(queries.firing(incident_id))
+
     async def alerts_on(
         self, nodes: Sequence[str], since: datetime, *, limit: int, other_than: str = ""
     ) -> list[AlertRecord]:

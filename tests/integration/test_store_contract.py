@@ -105,6 +105,7 @@ async def test_ingest_dedupes_on_fingerprint_and_starts_at(stores: Stores) -> No
     later = T0 + timedelta(minutes=1)
     other = await store.ingest(_delivery(_alert("fp1", "gpu-001", starts=later)), later)
     assert (other.new_alerts, other.attached) == (1, ["pc-00001"])
+    assert await store.firing("pc-00001") == 2
 
     resolved = await store.ingest(
         _delivery(_alert("fp1", "gpu-001", status="resolved")), T0 + timedelta(minutes=5)
@@ -112,6 +113,8 @@ async def test_ingest_dedupes_on_fingerprint_and_starts_at(stores: Stores) -> No
     assert (resolved.resolved, resolved.resolved_in) == (1, ["pc-00001"])
     stale = await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0 + timedelta(minutes=6))
     assert stale.repeated_alerts == 1
+    assert await store.firing("pc-00001") == 1  # the stale repeat left it resolved
+    assert await store.firing("pc-99999") == 0
 
     alerts = {(a.fingerprint, a.starts_at): a for a in await store.alerts_of("pc-00001")}
     assert alerts[("fp1", T0)].status == "resolved"  # a stale firing repeat never un-resolves
