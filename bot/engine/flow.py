@@ -222,9 +222,10 @@ class IncidentFlow:
         job_steps = self._job_steps(plan)
         if not job_steps:
             return True  # no job track: nothing to read
-        if any(_status(steps, s) not in _ENDED for s in job_steps):
-            steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
         open_steps = [s for s in job_steps if _status(steps, s) not in _ENDED]
+        if open_steps:
+            steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
+            open_steps = [s for s in job_steps if _status(steps, s) not in _ENDED]
         if open_steps:
             if job_track is None or job_track.done():
                 # Its prerequisites never completed (skipped by a replan?): nothing will run it.
