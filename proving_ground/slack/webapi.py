@@ -286,17 +286,18 @@ class WebApi:
 
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        unusable: dict[str, Any] | None = None  # a served method's answer to a body it cannot use
         try:
             args, token = await _arguments(request)
         except ApiError as e:
-            if method in self.methods:
-                call = Call(method, {}, _bearer(request))
-                call.answer = e.body
-                self.calls.append(call)
-                return web.json_response(e.body)
-            args, token = {}, _bearer(request)  # Slack looks at the name first (README)
+            args, token = {}, _bearer(request)
+            if method in self.methods:  # else unknown_method: Slack looks at the name first (README)
+                unusable = e.body
         call = Call(method, args, token)
         self.calls.append(call)
+        if unusable is not None:
+            call.answer = unusable
+            return web.json_response(unusable)
         if token == BOT_TOKEN:
             RECORDED.add(method)
         fault = self._forced(method)
