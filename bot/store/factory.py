@@ -22,8 +22,8 @@ def build_store(settings: StoreSettings) -> AnyStore:
     if settings.url is not None:
         from bot.store.postgres import PostgresStore
 
-        return PostgresStore(settings.url, password_file=settings.password_file)
-    return SqliteStore(settings.path, synchronous=settings.synchronous)
+        return PostgresStore(settings.url, password_file=settings.password_file, retention=settings.retention)
+    return SqliteStore(settings.path, synchronous=settings.synchronous, retention=settings.retention)
 
 
 def describe(settings: StoreSettings) -> str:

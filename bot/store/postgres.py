@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,7 @@ class PostgresStore(SqlStore):
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         clock: Callable[[], datetime] | None = None,
+        retention: timedelta | None = None,
     ) -> None:
         super().__init__(clock)
         self.url = url
@@ -307,7 +308,7 @@ class PostgresStore(SqlStore):
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         #: Shared with every fenced view (``fenced`` copies this object, not the pool).
-        self._shared = _Shared()
+        self._shared = _Shared(memory=RepeatMemory(retention=retention))
 
     # ------------------------------------------------------------- connection
     async def open(self) -> None:

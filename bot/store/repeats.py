@@ -11,8 +11,19 @@ Whether a remembered key may answer a delivery is one rule (``repeat``): the del
 nothing of what is stored. Statuses only go from firing to resolved, and a stale firing never
 un-resolves an alert, so what another process stored since (the other replica of a pair) cannot
 make a remembered key wrong: only a resolution of an alert remembered as firing goes to the
-database. A key another process removed (retention, after ``store.retention`` of silence) is
-the one thing memory can miss; this process forgets the keys its own prune removed (``forget``).
+database.
+
+A key removed from the database is the one thing memory can miss. Only retention removes keys
+(``bot.store.retention``), and only the leader prunes: the other replica, and the leader itself
+in a race (a delivery that looked its key up just before the prune's delete and remembers it just
+after the prune forgot it), would still answer for an alert that is gone, and a firing alert
+delivered again would be counted instead of stored. So memory never answers for a key retention
+could have removed (``trusted``): an alert retention removes belongs to an incident closed before
+the cut-off (now - ``store.retention``), or to none and was last delivered before it; either way
+pitcrew stored it before the cut-off, and it started at most ``MAX_CLOCK_SKEW`` after that (what
+the intake accepts). An alert that started later than ``PRUNE_SLACK`` after the cut-off is never
+removed; an older one (an alert firing for months) is looked up in the database each time. The
+keys a prune removed are also forgotten at once (``forget``), which frees the memory.
 
 What this costs: a crash loses the repeat counts of its last second, never an alert. The store
 decides when memory may answer at all (SQLite: the file it opened is still there; Postgres: the
@@ -22,11 +33,12 @@ database answered within the last second).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from bot.domain.alerts import AlertStatus, dedupe_key
+from bot.domain.alerts import MAX_CLOCK_SKEW, AlertStatus, dedupe_key
 from bot.store import codec
 from bot.store.base import AlertRecord
 from bot.store.ingest import KeyState
@@ -36,6 +48,9 @@ Key = tuple[str, str]
 Counts = dict[Key, tuple[str, int]]
 #: Keys remembered at most (the oldest remembered go first): about 60 MB at this size.
 KEYS_MAX = 200_000
+#: How much later than a prune's cut-off an alert it removed may have started: the intake's
+#: ``MAX_CLOCK_SKEW``, plus an hour for the replicas' clocks (the leader's sets the cut-off).
+PRUNE_SLACK = MAX_CLOCK_SKEW + timedelta(hours=1)
 
 
 def repeat(state: KeyState | None, status: AlertStatus) -> bool:
@@ -44,9 +59,11 @@ def repeat(state: KeyState | None, status: AlertStatus) -> bool:
 
 
 class RepeatMemory:
-    """Keys known to be committed, and repeat deliveries counted and not yet committed."""
+    """Keys known to be committed, and repeat deliveries counted and not yet committed.
+    ``retention``: ``store.retention`` (``None``: nothing is ever removed)."""
 
-    def __init__(self, keys_max: int = KEYS_MAX) -> None:
+    def __init__(self, keys_max: int = KEYS_MAX, *, retention: timedelta | None = None) -> None:
+        self.retention = retention
         self.keys: OrderedDict[Key, KeyState] = OrderedDict()
         self.keys_max = keys_max
         self.seen: Counts = {}
@@ -66,13 +83,25 @@ class RepeatMemory:
         for key in keys:
             self.keys.pop(key, None)
 
+    def trusted(self, now: datetime) -> Mapping[Key, KeyState]:
+        """The remembered keys that may answer at ``now``: those of alerts that started after the
+        earliest start retention could have removed (see the module's docstring)."""
+        if self.retention is None:
+            return self.keys
+        try:
+            since = now - self.retention + PRUNE_SLACK
+        except OverflowError:  # a retention longer than the calendar: nothing is ever that old
+            return self.keys
+        return _Since(self.keys, dedupe_key("", since)[1])
+
     def count(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
         """Count the delivery and return how many alerts it had, if every one is a remembered
         repeat; else ``None`` and nothing is counted (the store looks further)."""
         keys = []
+        known = self.trusted(now)
         for fingerprint, starts_at, status in alerts:
             key = dedupe_key(fingerprint, starts_at)
-            if not repeat(self.keys.get(key), status):
+            if not repeat(known.get(key), status):
                 return None
             keys.append(key)
         add(self.seen, keys, codec.ts(now) or "")
@@ -102,6 +131,28 @@ class RepeatMemory:
             return alert
         last = max([alert.last_seen, *(codec.dt(stamp) or alert.last_seen for stamp, _ in pending)])
         return replace(alert, deliveries=alert.deliveries + sum(n for _, n in pending), last_seen=last)
+
+
+class _Since(Mapping[Key, KeyState]):
+    """The keys of ``keys`` whose startsAt is after ``since`` (``dedupe_key``'s UTC timestamps, all
+    of one width, order as the instants do)."""
+
+    def __init__(self, keys: Mapping[Key, KeyState], since: str) -> None:
+        self._keys, self._since = keys, since
+
+    def __getitem__(self, key: Key) -> KeyState:
+        if key[1] <= self._since:
+            raise KeyError(key)
+        return self._keys[key]
+
+    def get(self, key: Key, default: Any = None) -> Any:  # a miss without raising: the hot path
+        return default if key[1] <= self._since else self._keys.get(key, default)
+
+    def __iter__(self) -> Iterator[Key]:
+        return (key for key in self._keys if key[1] > self._since)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def add(counts: Counts, keys: Iterable[Key], stamp: str) -> None:

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from bot.domain.alerts import AlertStatus
@@ -47,10 +47,13 @@ class SqliteStore(SqlStore):
         synchronous: str = "full",
         units_per_batch: int = 16,
         clock: Callable[[], datetime] | None = None,
+        retention: timedelta | None = None,
     ) -> None:
         super().__init__(clock)
         self.path = path
-        self._writer = Writer(path, synchronous=synchronous, units_per_batch=units_per_batch)
+        self._writer = Writer(
+            path, synchronous=synchronous, units_per_batch=units_per_batch, retention=retention
+        )
         self._reader = Reader(path)
 
     async def open(self) -> None:

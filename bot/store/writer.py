@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,14 @@ Queued = tuple[Unit | IngestJob, "asyncio.Future[Any]"] | None
 
 
 class Writer:
-    def __init__(self, path: Path, *, synchronous: str = "full", units_per_batch: int = 16) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "full",
+        units_per_batch: int = 16,
+        retention: timedelta | None = None,
+    ) -> None:
         self.path = path
         self._synchronous = synchronous.upper()
         self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
@@ -107,7 +114,7 @@ class Writer:
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpoints: asyncio.Task[None] | None = None
         # Committed alert keys, and repeat deliveries counted in memory (``bot.store.repeats``).
-        self.memory = RepeatMemory()
+        self.memory = RepeatMemory(retention=retention)
         # (path, st_dev, st_ino) of the database and its WAL as opened: what a restart must find.
         self._files: tuple[tuple[str, int, int], ...] = ()
         self._failure: str | None = None  # why the last write attempt failed; None if it succeeded
@@ -290,7 +297,8 @@ class Writer:
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
         units = [item for item in items if not isinstance(item, IngestJob)]
-        keys = self.memory.keys
+        # The keys the deliveries may take as stored without asking (``RepeatMemory.trusted``).
+        keys = self.memory.trusted(max(job.now for job in jobs)) if jobs else self.memory.keys
         try:
             if self._in_thread is not None and not self._in_thread.done():
                 # The connection is the thread's until its last call ends.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -33,13 +33,20 @@ class Stores:
         self.database = database
         self._opened: list[AnyStore] = []
 
-    def make(self, clock: Callable[[], datetime] | None = None) -> AnyStore:
+    def make(
+        self, clock: Callable[[], datetime] | None = None, *, retention: timedelta | None = None
+    ) -> AnyStore:
         if self.database is not None:
-            return PostgresStore(self.database.url, password_file=self.database.password_file, clock=clock)
-        return SqliteStore(self._tmp / "pitcrew.db", synchronous="off", clock=clock)
+            database = self.database
+            return PostgresStore(
+                database.url, password_file=database.password_file, clock=clock, retention=retention
+            )
+        return SqliteStore(self._tmp / "pitcrew.db", synchronous="off", clock=clock, retention=retention)
 
-    async def open(self, clock: Callable[[], datetime] | None = None) -> AnyStore:
-        store = self.make(clock)
+    async def open(
+        self, clock: Callable[[], datetime] | None = None, *, retention: timedelta | None = None
+    ) -> AnyStore:
+        store = self.make(clock, retention=retention)
         await store.open()
         self._opened.append(store)
         return store

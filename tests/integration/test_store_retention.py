@@ -131,6 +131,31 @@ async def test_old_closed_incidents_go_and_the_audit_log_stays(stores: Stores) -
     assert out.attached == [] and out.opened == ["pc-00005"]
 
 
+async def test_an_alert_its_peer_pruned_is_new_to_the_other_replica(stores: Stores) -> None:
+    """Only the leader prunes, and only it forgets what it pruned: the other replica still remembers
+    those alerts as stored. Delivered to it again, such an alert is new all the same, because no
+    replica answers from memory for an alert that started before a prune's cut-off could reach it
+    (``bot.store.repeats``). The same rule closes the pruning replica's own race: a delivery that
+    looked a key up just before the prune's delete, remembering it just after the prune forgot it."""
+    leader = await stores.open(retention=KEEP)
+    other = await stores.open(retention=KEEP)
+    old = await _incident(leader, "fp1", "gpu-001")
+    await leader.ingest(_delivery(_alert("fp9", "gpu-009")), T0)  # the newest incident, which stays
+    seen = await other.ingest(_delivery(_alert("fp1", "gpu-001", status="resolved")), T0 + timedelta(hours=1))
+    assert seen.repeated_alerts == 1  # the other replica now remembers fp1, stored and resolved
+
+    await leader.prune(CUTOFF)
+    assert await _gone(leader, old)
+
+    # The other replica commits a write first, so Postgres lets its memory answer (``FRESH``); then
+    # fp1 comes as the intake hands it over: memory first, the database if memory cannot answer.
+    await other.ingest(_delivery(_alert("fresh", "gpu-002")), LATER)
+    assert await other.count_repeats([("fp1", T0, "firing")], LATER) is None, "memory answered"
+    out = await other.ingest(_delivery(_alert("fp1", "gpu-001")), LATER)
+    assert (out.new_alerts, out.repeated_alerts) == (1, 0), "a pruned alert was answered as a repeat"
+    assert len(out.opened) == 1 and out.opened[0] not in (old,)
+
+
 async def test_an_open_incident_is_never_pruned(stores: Stores) -> None:
     store = await stores.open()
     ancient = await _incident(store, "fp1", "gpu-001", close=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from bot.domain.alerts import dedupe_key
-from bot.store.repeats import RepeatMemory
+from bot.store.repeats import PRUNE_SLACK, RepeatMemory
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 
@@ -42,3 +42,32 @@ def test_only_a_delivery_that_changes_nothing_remembered_is_counted() -> None:
     assert memory.count([("fp-r", T0, "firing"), ("fp-f", T0, "firing")], T0) == 2  # a stale firing too
     memory.forget([dedupe_key("fp-r", T0)])
     assert memory.count([("fp-r", T0, "firing")], T0) is None
+
+
+def test_memory_never_answers_for_an_alert_retention_could_have_removed() -> None:
+    """Retention removes only alerts stored before its cut-off (now - retention), which started at
+    most the intake's clock skew after that: memory answers for later starts only, and the database
+    for the rest, whichever replica pruned (``bot.store.repeats``)."""
+    keep = timedelta(days=180)
+    now = T0 + timedelta(days=400)
+    edge = now - keep + PRUNE_SLACK  # the latest start an alert retention removed can have
+    starts = {"old": T0, "edge": edge, "after": edge + timedelta(microseconds=1), "new": now}
+    keys = {name: dedupe_key(name, at) for name, at in starts.items()}
+    for retention, answered in ((keep, {"after", "new"}), (None, set(starts))):
+        memory = RepeatMemory(retention=retention)
+        memory.remember({key: ("firing", "pc-00001") for key in keys.values()})
+        trusted = memory.trusted(now)
+        assert {name for name, key in keys.items() if trusted.get(key) is not None} == answered
+        assert {name for name, key in keys.items() if key in trusted} == answered
+        assert set(trusted) == {keys[name] for name in answered} and len(trusted) == len(answered)
+        for name, at in starts.items():
+            counted = memory.count([(name, at, "firing")], now)
+            assert counted == (1 if name in answered else None), (retention, name)
+    # Later, an alert that was recent enough ages out of what memory answers for.
+    memory = RepeatMemory(retention=keep)
+    memory.remember({keys["new"]: ("firing", None)})
+    assert memory.count([("new", now, "firing")], now + keep) is None
+    # A retention longer than the calendar: nothing is that old, memory answers for every key.
+    ancient = RepeatMemory(retention=timedelta(days=999_999))
+    ancient.remember({keys["old"]: ("firing", None)})
+    assert ancient.count([("old", T0, "firing")], now) == 1
