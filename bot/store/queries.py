@@ -65,7 +65,7 @@ def faults(incident_ids: Sequence[str]) -> Op[dict[str, tuple[Fault, ...]]]:
 
     One row per incident and key comes back (two only when two alerts of one key start at the
     same instant): an incident with 10,000 alerts of one fault decodes one fault, not 10,000."""
-    found: dict[str, list[Fault]] = {i: [] for i in incident_ids}
+    found: dict[str, list[tuple[str, str]]] = {i: [] for i in incident_ids}
     if incident_ids:
         answer = yield rows(
             "SELECT a.incident_id, a.fault_key, a.fault_json FROM (SELECT incident_id, fault_key,"
@@ -74,19 +74,39 @@ def faults(incident_ids: Sequence[str]) -> Op[dict[str, tuple[Fault, ...]]]:
             " AND a.fault_key = f.fault_key AND a.starts_at = f.first ORDER BY f.first, f.fault_key",
             [list(incident_ids)],
         )
-        seen: set[tuple[str, str]] = set()
         for r in answer:
-            if (r["incident_id"], r["fault_key"]) not in seen:
-                seen.add((r["incident_id"], r["fault_key"]))
-                found[r["incident_id"]].append(codec.fault_from(r["fault_json"]))
-    return {i: tuple(f) for i, f in found.items()}
+            found[r["incident_id"]].append((r["fault_key"], r["fault_json"]))
+    return {i: _first_of_each(f) for i, f in found.items()}
+
+
+def _first_of_each(found: Sequence[tuple[str, str]]) -> tuple[Fault, ...]:
+    """The faults of ``found`` (key, JSON), one per key, in the order found."""
+    seen: set[str] = set()
+    decoded = []
+    for key, text in found:
+        if key not in seen:
+            seen.add(key)
+            decoded.append(codec.fault_from(text))
+    return tuple(decoded)
+
+
+#: An incident's row beside its faults as ``faults`` finds them, in one statement: the incident is
+#: read at every turn of its flow, and on Postgres every statement is a round trip.
+INCIDENT = (
+    "SELECT i.*, a.fault_key AS found_key, a.fault_json AS found_json FROM incidents i"
+    " LEFT JOIN (SELECT incident_id, fault_key, MIN(starts_at) AS first FROM alerts"
+    " WHERE incident_id = ? AND fault_json IS NOT NULL GROUP BY incident_id, fault_key) f"
+    " ON f.incident_id = i.id LEFT JOIN alerts a ON a.incident_id = f.incident_id"
+    " AND a.fault_key = f.fault_key AND a.starts_at = f.first WHERE i.id = ? ORDER BY f.first, f.fault_key"
+)
 
 
 def incident(incident_id: str) -> Op[IncidentRecord | None]:
-    row = yield one("SELECT * FROM incidents WHERE id = ?", (incident_id,))
-    if row is None:
+    found = yield rows(INCIDENT, (incident_id, incident_id))
+    if not found:
         return None
-    return codec.incident_from(row, (yield from faults([incident_id]))[incident_id])
+    faults = _first_of_each([(r["found_key"], r["found_json"]) for r in found if r["found_json"] is not None])
+    return codec.incident_from(found[0], faults)
 
 
 def incidents(active_only: bool, node: str | None, limit: int) -> Op[list[IncidentRecord]]:

@@ -284,6 +284,12 @@ async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Sto
     record = await store.incident(incident_id)
     assert record is not None and not record.faults_changed
     assert [f.xid for f in record.faults] == [79, 48]  # in order of first occurrence
+    # Two alerts of one fault starting at the same instant are one fault, in the incident read
+    # and in the list of incidents alike; so are many alerts of it.
+    twins = [_alert(f"c{n}", "gpu-001", starts=later, xid=48) for n in range(3)]
+    await store.ingest(_delivery(*twins), later)
+    for read in (await store.incident(incident_id), *(await store.incidents(node="gpu-001"))):
+        assert read is not None and [f.xid for f in read.faults] == [79, 48]
 
 
 async def test_an_incident_s_life(stores: Stores) -> None:
