@@ -17,17 +17,22 @@ replica and with two (the load spread over both, as Alertmanager's peers would).
 
 Printed for each: throughput and p50/p99 with 8 requests always in flight (saturation),
 and p50/p99 at a fixed offered load (open loop, as Alertmanager sends); then pitcrew's
-ratio to the durable baseline on the same database (and to the bare handler).
+ratio to the durable baseline on the same database (and to the bare handler). Every server
+runs once a round, for ``--rounds`` rounds; each figure is the median of the rounds', and a
+ratio is taken within each round (the two servers minutes apart, not the whole run) and its
+median reported beside each round's: on a small shared machine one round's ratio moves by a
+third from one run to the next.
 
     python bench/ingest.py [--requests 5000] [--nodes 500] [--new-share 0.1]
                            [--resolved-share 0.02] [--concurrency 8] [--rate 500]
-                           [--stores sqlite,postgres]
+                           [--stores sqlite,postgres] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -259,6 +264,12 @@ def main() -> None:
         default="sqlite,postgres",
         help="sqlite, postgres (a throwaway cluster) or both; the bare handler runs always",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="every server this many times, one round after the other; each figure is the median",
+    )
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_bare:
@@ -266,7 +277,7 @@ def main() -> None:
         return
     warmup, bodies = payloads(args.nodes, args.requests, args.new_share, args.resolved_share)
     sizes = sorted(len(b) for b in bodies)
-    results: dict[str, dict[str, float]] = {}
+    rounds: list[dict[str, dict[str, float]]] = []
     sync = os.environ.get("SYNC", "full")
 
     def run(name: str, commands: list[tuple[list[str], dict[str, str] | None]]) -> None:
@@ -280,50 +291,65 @@ def main() -> None:
                 urls.append(f"http://127.0.0.1:{port}")
                 argv = [part.replace("{port}", str(port)) for part in command]
                 procs.append(start(argv, urls[-1], env))
-            results[name] = measure(name, urls, warmup, bodies, args.concurrency, args.rate)
+            rounds[-1][name] = measure(name, urls, warmup, bodies, args.concurrency, args.rate)
         finally:
             for proc in procs:
                 proc.terminate()
                 proc.wait()
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         token = Path(tmp) / "token"
         token.write_text(TOKEN)
         durable = [sys.executable, str(REPO / "bench" / "durable.py")]
         serve = [sys.executable, "-m", "bot.cli", "serve", "--listen", "127.0.0.1:{port}"]
+        server = None
+        if "postgres" in args.stores:
+            from proving_ground.postgres import running_postgres
+
+            server = stack.enter_context(running_postgres(durable=True))
+            password = server.password_file(Path(tmp) / "pg-password")
 
         def crew(store: dict[str, str], replica: int = 0) -> dict[str, str]:
             return {
                 **os.environ,
-                "PITCREW_STORE__PATH": f"{tmp}/bench.db",
+                "PITCREW_STORE__PATH": f"{tmp}/bench-{len(rounds)}.db",
                 "PITCREW_MODE": "observe",
                 "PITCREW_STORE__SYNCHRONOUS": sync,
                 "PITCREW_SERVER__AUTH__BEARER_TOKEN_FILE": str(token),
                 "PITCREW_LOG__LEVEL": "WARNING",
-                "PITCREW_INTEGRATIONS__JOURNAL_PATH": f"{tmp}/journal-{replica}.jsonl",
+                "PITCREW_INTEGRATIONS__JOURNAL_PATH": f"{tmp}/journal-{len(rounds)}-{replica}.jsonl",
                 **store,
             }
 
-        run(BARE, [([sys.executable, __file__, "--serve-bare", "{port}"], None)])
-        if "sqlite" in args.stores:
-            run(DURABLE_SQLITE, [([*durable, "{port}", "sqlite", f"{tmp}/durable.db", sync], None)])
-            run(CREW, [(serve, crew({}))])
-        if "postgres" in args.stores:
-            from proving_ground.postgres import running_postgres
-
-            with running_postgres(durable=True) as server:
-                password = server.password_file(Path(tmp) / "pg-password")
+        # Every server once a round, the rounds one after the other: a ratio is taken within a
+        # round (pitcrew and its baseline minutes apart), and the median of the rounds' is reported,
+        # so a machine that drifts over the run (other load, the disk's cache) moves both sides.
+        for number in range(args.rounds):
+            rounds.append({})
+            run(BARE, [([sys.executable, __file__, "--serve-bare", "{port}"], None)])
+            if "sqlite" in args.stores:
+                database = f"{tmp}/durable-{number}.db"
+                run(DURABLE_SQLITE, [([*durable, "{port}", "sqlite", database, sync], None)])
+                run(CREW, [(serve, crew({}))])
+            if server is not None:
                 url = server.url(server.create_database())
                 run(DURABLE_PG, [([*durable, "{port}", "postgres", url, str(password)], None)])
                 for replicas, name in ((1, CREW_PG), (2, CREW_PG2)):
                     store = {"PITCREW_STORE__URL": server.url(server.create_database())}
                     store["PITCREW_STORE__PASSWORD_FILE"] = str(password)
                     run(name, [(serve, crew(store, i)) for i in range(replicas)])
+    # Each figure of a server: its median over the rounds.
+    results = {
+        name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]}
+        for name in rounds[0]
+    }
     print(
         f"ingest benchmark: {args.requests} deliveries at concurrency {args.concurrency}; {args.nodes} nodes with an "
         f"open incident (warm-up); {args.new_share:.0%} new occurrences, {args.resolved_share:.0%} resolutions, "
         f"the rest redeliveries; bodies {sizes[0]}-{sizes[-1]} bytes; {os.cpu_count()} CPUs; engine running; "
-        f"SQLite synchronous={sync}; PostgreSQL with its defaults (fsync on)"
+        f"SQLite synchronous={sync}; PostgreSQL with its defaults (fsync on); {args.rounds} round(s), "
+        "each figure the median of the rounds'"
     )
     print(f"{'':<40} {'saturated (closed loop)':^38} | {f'offered {args.rate:.0f}/s (open loop)':^27}")
     print(
@@ -337,9 +363,12 @@ def main() -> None:
     for name, baseline in ((CREW, DURABLE_SQLITE), (CREW_PG, DURABLE_PG), (CREW_PG2, DURABLE_PG)):
         if name in results:
             r = results[name]
+            ratios = [one[name]["rps"] / one[baseline]["rps"] for one in rounds]
+            bare = statistics.median(one[name]["rps"] / one[BARE]["rps"] for one in rounds)
+            each = f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)})" if len(rounds) > 1 else ""
             print(
-                f"{name}: {r['rps'] / results[baseline]['rps']:.2f} x the durable baseline on the same database "
-                f"(goal >= 0.8), {r['rps'] / results[BARE]['rps']:.2f} x bare; p99 saturated {r['p99']:.2f} ms "
+                f"{name}: {statistics.median(ratios):.2f} x the durable baseline on the same database{each} "
+                f"(goal >= 0.8), {bare:.2f} x bare; p99 saturated {r['p99']:.2f} ms "
                 f"(goal < 10 ms), at {args.rate:.0f}/s {r['rate_p99']:.2f} ms"
             )
             # The saturated tail, split: the deliveries that stored something new (a new alert, a
