@@ -9,12 +9,18 @@ itself (``StoreUnavailable``) is no item's fault: every item of the batch gets i
 item alone meets it the items not yet run get it too, without waiting on the database in turn.
 
 One rule, written once: the stores differ only in how they run a transaction (``Run``).
+
+The callers of a batch that committed are answered by the thread that committed it
+(``answer_soon``), at the event loop's next turn: answered by the task that handed the batch over,
+each waited one more turn of a loop busy with webhooks, the one that resumes that task.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bot import logger
 from bot.store.base import StoreUnavailable
@@ -55,3 +61,17 @@ async def commit_batch(items: Sequence[ItemT], run: Run[ItemT, ResultT]) -> list
         else:
             outcomes.append(result)
     return outcomes
+
+
+def answer_soon(
+    loop: asyncio.AbstractEventLoop, futures: Sequence[asyncio.Future[Any]], results: Sequence[Any]
+) -> None:
+    """From the thread that committed a batch: each caller gets its result at ``loop``'s next turn."""
+
+    def settle() -> None:
+        for future, result in zip(futures, results, strict=True):
+            if not future.done():  # its caller may have gone (a client hung up)
+                future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+        loop.call_soon_threadsafe(settle)

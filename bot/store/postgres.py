@@ -54,7 +54,7 @@ from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store import queries, retention
 from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailable
-from bot.store.group_commit import GroupCommit, Result
+from bot.store.group_commit import Answer, GroupCommit, Result
 from bot.store.ingest import bump_seen
 from bot.store.repeats import RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
@@ -207,9 +207,17 @@ class _Writes:
         #: When a transaction last committed here (monotonic); -inf after the database failed one.
         self.committed_at = float("-inf")
 
-    async def drive(self, op: Op[T], *, exclusive: bool = True, first: bool = False) -> Driving[T]:
+    async def drive(
+        self,
+        op: Op[T],
+        *,
+        exclusive: bool = True,
+        first: bool = False,
+        answer: Callable[[T], None] | None = None,
+    ) -> Driving[T]:
         """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
-        deliveries, ``bot.store.group_commit``); ``first``: before the writes waiting that are not.
+        deliveries, ``bot.store.group_commit``); ``first``: before the writes waiting that are not;
+        ``answer``: gets the result in this thread once committed (``bot.store.batch.answer_soon``).
         A caller cancelled before its transaction began leaves it undone, as an executor does."""
         if self._closed:
             raise StoreUnavailable("store is not open")
@@ -218,15 +226,19 @@ class _Writes:
         def work() -> None:
             if done.set_running_or_notify_cancel():
                 try:
-                    done.set_result(self._run(op, exclusive))
+                    driven = self._run(op, exclusive)
                 except BaseException as exc:  # handed to the caller, which raises it
                     done.set_exception(exc)
+                    return
+                if answer is not None:
+                    answer(driven.result)
+                done.set_result(driven)
 
         self._queue.put((0 if first else 1, next(self._order), work))
         return await asyncio.wrap_future(done)
 
-    async def deliveries(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        return (await self.drive(op, exclusive=exclusive, first=True)).result
+    async def deliveries(self, op: Op[list[Result]], exclusive: bool, answer: Answer | None) -> list[Result]:
+        return (await self.drive(op, exclusive=exclusive, first=True, answer=answer)).result
 
     def _serve(self) -> None:
         while True:

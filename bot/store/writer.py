@@ -21,9 +21,10 @@ waits for the thread's last call to end before it uses the connection itself.
 
 Units queue up; the writer takes every delivery waiting plus a few engine writes, runs them
 in one transaction and commits once (group commit: callers hear back only after the
-commit, so an alert answered with 200 is on disk). If a unit fails, the batch is rolled
-back and each unit is run alone, so one bad unit fails only itself (``bot.store.batch``, the
-rule Postgres's group commit follows too). Repeat-delivery counters
+commit, so an alert answered with 200 is on disk); the writer thread answers them itself
+(``bot.store.batch.answer_soon``).
+If a unit fails, the batch is rolled back and each unit is run alone, so one bad unit fails
+only itself (``bot.store.batch``, the rule Postgres's group commit follows too). Repeat-delivery counters
 are flushed on their own clock, never inside a delivery's transaction, and the flush adds them
 to the stored counts (several processes may count repeats of one alert). ``close`` asks the
 loop to stop and waits for it: the loop runs what was queued before, flushes the counters and
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import sqlite3
 import time
@@ -59,7 +61,7 @@ import aiosqlite
 
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
-from bot.store.batch import commit_batch
+from bot.store.batch import answer_soon, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.repeats import Key, RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
@@ -243,7 +245,9 @@ class Writer:
                 units += not isinstance(item[0], IngestJob)
                 batch.append(item)
             batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
-            outcomes = await commit_batch([unit for unit, _ in batch], self._commit)
+            items = [unit for unit, _ in batch]
+            futures = [future for _, future in batch]
+            outcomes = await commit_batch(items, functools.partial(self._run, items, futures))
             failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
             self._attempted(failed, units=len(batch))
             for (_, future), outcome in zip(batch, outcomes, strict=True):
@@ -289,10 +293,24 @@ class Writer:
             log.error("store write failed", extra={"units": units}, exc_info=error)
         self._failure, self._failed_at = str(error), time.monotonic()
 
-    async def _commit(self, items: Sequence[Unit | IngestJob]) -> list[Any]:
+    async def _run(
+        self,
+        batch: Sequence[Unit | IngestJob],
+        futures: Sequence[asyncio.Future[Any]],
+        part: Sequence[Unit | IngestJob],
+    ) -> list[Any]:
+        """``part`` of ``batch`` in one transaction (``commit_batch``): the whole batch's callers
+        hear from the writer thread once it has committed (``_answer``); those of an item run
+        alone after the batch failed hear from the writer's task."""
+        return await self._commit(part, futures if part is batch else None)
+
+    async def _commit(
+        self, items: Sequence[Unit | IngestJob], futures: Sequence[asyncio.Future[Any]] | None = None
+    ) -> list[Any]:
         """``items`` in one transaction: their results once committed where a restart will look.
         Deliveries' statements on the loop, the rest and the commit in the writer thread (see the
-        module's docstring). The database's own failure is ``StoreUnavailable``."""
+        module's docstring). The database's own failure is ``StoreUnavailable``. ``futures``: the
+        items' callers, answered as soon as the commit is done (``_answer``)."""
         conn = self._conn
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
@@ -312,13 +330,30 @@ class Writer:
                     _rollback(conn)
                     raise
                 jobs = []  # ingested: the thread runs the units and commits
-            results.extend(await self._thread(_finish, conn, jobs, units, keys, begun))
+            answer = None
+            if futures is not None:
+                loop, first = asyncio.get_running_loop(), list(results)
+                answer = functools.partial(self._answer, loop, futures, first)
+            results.extend(await self._thread(_finish, conn, jobs, units, keys, begun, answer))
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"write failed: {exc}") from exc
         lost = self.lost()
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find this write")
         return results
+
+    def _answer(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        futures: Sequence[asyncio.Future[Any]],
+        first: list[Any],
+        rest: list[Any],
+    ) -> None:
+        """In the writer thread, once a batch has committed: its callers get their results (``first``,
+        worked out on the loop, then ``rest``) at the loop's next turn (``answer_soon``); not if the
+        files are no longer the ones opened, as the writer's task then refuses the batch (``_commit``)."""
+        if self.lost() is None:
+            answer_soon(loop, futures, [*first, *rest])
 
     async def _thread(self, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` in the writer thread. If the caller is cancelled once the call has
@@ -429,9 +464,11 @@ def _finish(
     units: Sequence[Unit],
     keys: Mapping[Key, KeyState],
     begun: bool,
+    answer: Callable[[list[Any]], None] | None = None,
 ) -> list[Any]:
     """In the writer thread: begin (unless the loop has), ingest ``jobs`` (those the loop could not
-    begin for), run ``units``, commit; roll back if any of it fails."""
+    begin for), run ``units``, commit; roll back if any of it fails. Once committed, ``answer``
+    gets the results (``Writer._answer``)."""
     if not begun:
         conn.execute("BEGIN IMMEDIATE")
     try:
@@ -441,6 +478,8 @@ def _finish(
     except BaseException:
         _rollback(conn)
         raise
+    if answer is not None:
+        answer(results)
     return results
 
 
