@@ -53,15 +53,19 @@ def ingest(
             if state is not None:
                 known[key] = state
     missing = [k for keys in all_keys for k in keys if k not in known]
-    if missing:
-        known.update((yield from known_keys(missing)))
-    opening_nodes = {
+    # The nodes a new alert could open or join an incident on: those of the alerts not known yet
+    # (some of them may turn out stored; their nodes' incidents are then read for nothing).
+    nodes = {
         a.node
         for (delivery, _), keys in zip(deliveries, all_keys, strict=True)
         for a, k in zip(delivery.alerts, keys, strict=True)
         if k not in known and a.node is not None and a.fault is not None
     }
-    active, faults_of = (yield from _active_incidents(opening_nodes)) if opening_nodes else ({}, {})
+    active: dict[str, tuple[str, str]] = {}
+    faults_of: dict[str, set[str]] = {}
+    if missing:
+        found, active, faults_of = yield from _look_up(missing, nodes)
+        known.update(found)
     batch = Batch(known, active, faults_of)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
@@ -277,37 +281,70 @@ def insert_events(events: Sequence[tuple[str | None, NewEvent, datetime]]) -> St
     return many(_INSERT_EVENT, [event_row(i, e, at) for i, e, at in events])
 
 
+#: An alert's stored state, by fingerprint (the primary key's prefix, so an index search, where a
+#: row-value IN would scan the table); matched on startsAt in ``_known``.
+_KEYS = (
+    "SELECT 'alert' AS what, fingerprint, starts_at, status, incident_id, NULL AS node, NULL AS state,"
+    " NULL AS fault_key FROM alerts WHERE fingerprint IN (?*)"
+)
+#: The active incident of each node, with the fault keys it has.
+_ACTIVE = (
+    "SELECT DISTINCT 'incident' AS what, NULL AS fingerprint, NULL AS starts_at, NULL AS status,"
+    " i.id AS incident_id, i.node, i.state, a.fault_key FROM incidents i LEFT JOIN alerts a"
+    " ON a.incident_id = i.id WHERE i.node IN (?*) AND i.state NOT IN {terminal}"
+)
+
+Active = tuple[dict[str, tuple[str, str]], dict[str, set[str]]]
+
+
 def known_keys(keys: Sequence[tuple[str, str]]) -> Op[dict[tuple[str, str], KeyState]]:
-    """Stored state of these keys. Looked up by fingerprint (the primary key's prefix, so an
-    index search, where a row-value IN would scan the table) and matched on startsAt here."""
-    wanted = set(keys)
+    """Stored state of these keys (one query a chunk)."""
     known: dict[tuple[str, str], KeyState] = {}
-    for chunk in _chunks(sorted({fingerprint for fingerprint, _ in wanted})):
-        found = yield rows(
-            "SELECT fingerprint, starts_at, status, incident_id FROM alerts WHERE fingerprint IN (?*)",
-            [chunk],
-        )
-        for r in found:
-            key = (r["fingerprint"], r["starts_at"])
-            if key in wanted:
-                known[key] = (r["status"], r["incident_id"])
+    for chunk in _chunks(sorted({fingerprint for fingerprint, _ in keys})):
+        _known((yield rows(_KEYS, [chunk])), set(keys), known)
     return known
 
 
-def _active_incidents(nodes: set[str]) -> Op[tuple[dict[str, tuple[str, str]], dict[str, set[str]]]]:
+def _active_incidents(nodes: set[str]) -> Op[Active]:
     """The active incident of each node, and the fault keys each already has (one query a chunk)."""
-    found: dict[str, tuple[str, str]] = {}
-    faults: dict[str, set[str]] = {}
+    active: Active = ({}, {})
     for chunk in _chunks(sorted(nodes)):
-        answer = yield rows(
-            "SELECT DISTINCT i.node, i.id, i.state, a.fault_key FROM incidents i"
-            " LEFT JOIN alerts a ON a.incident_id = i.id"
-            " WHERE i.node IN (?*) AND i.state NOT IN {terminal}",
-            [chunk],
-        )
-        for r in answer:
-            found[r["node"]] = (r["id"], r["state"])
-            keys = faults.setdefault(r["id"], set())
-            if r["fault_key"] is not None:
-                keys.add(r["fault_key"])
-    return found, faults
+        _active((yield rows(_ACTIVE, [chunk])), active)
+    return active
+
+
+def _look_up(
+    keys: Sequence[tuple[str, str]], nodes: set[str]
+) -> Op[tuple[dict[tuple[str, str], KeyState], dict[str, tuple[str, str]], dict[str, set[str]]]]:
+    """``known_keys`` and ``_active_incidents`` of ``nodes``: in one statement when each list fits
+    one query (a batch of deliveries, nearly always), which on Postgres is one round trip less
+    with the write lock held; else each on its own."""
+    fingerprints = sorted({fingerprint for fingerprint, _ in keys})
+    if not nodes or len(fingerprints) > _CHUNK or len(nodes) > _CHUNK:
+        stored = yield from known_keys(keys)
+        found, faults = (yield from _active_incidents(nodes)) if nodes else ({}, {})
+        return stored, found, faults
+    answer = yield rows(f"{_KEYS} UNION ALL {_ACTIVE}", [fingerprints, sorted(nodes)])
+    known: dict[tuple[str, str], KeyState] = {}
+    _known([r for r in answer if r["what"] == "alert"], set(keys), known)
+    active: Active = ({}, {})
+    _active([r for r in answer if r["what"] != "alert"], active)
+    return known, *active
+
+
+def _known(
+    found: Sequence[Any], wanted: set[tuple[str, str]], known: dict[tuple[str, str], KeyState]
+) -> None:
+    for r in found:
+        key = (r["fingerprint"], r["starts_at"])
+        if key in wanted:
+            known[key] = (r["status"], r["incident_id"])
+
+
+def _active(found: Sequence[Any], active: Active) -> None:
+    incidents, faults = active
+    for r in found:
+        incidents[r["node"]] = (r["incident_id"], r["state"])
+        keys = faults.setdefault(r["incident_id"], set())
+        if r["fault_key"] is not None:
+            keys.add(r["fault_key"])

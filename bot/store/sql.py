@@ -99,14 +99,20 @@ class Dialect:
         return done
 
     def bind(self, sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
-        """The statement and parameters to execute: SQLite expands a list parameter in place."""
+        """The statement and parameters to execute: SQLite expands each list parameter in place."""
         if self.name != "sqlite" or _LIST not in sql:
             return self.render(sql), params
-        head, tail = sql.split(_LIST, 1)
-        before = head.count("?")
-        values = list(params[before])
-        expanded = f"{head} IN ({','.join('?' * len(values))}){tail}"
-        return self.render(expanded), [*params[:before], *values, *params[before + 1 :]]
+        *heads, tail = sql.split(_LIST)
+        expanded: list[str] = []
+        flat: list[Any] = []
+        taken = 0
+        for head in heads:
+            before = head.count("?")
+            values = list(params[taken + before])
+            flat.extend([*params[taken : taken + before], *values])
+            taken += before + 1
+            expanded.append(f"{head} IN ({','.join('?' * len(values))})")
+        return self.render("".join([*expanded, tail])), [*flat, *params[taken:]]
 
     def script(self, sql: str) -> str:
         """A migration: words only (no parameters, nothing to escape)."""

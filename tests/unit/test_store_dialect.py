@@ -1,6 +1,6 @@
 """The one SQL of both stores, rendered per dialect (``bot.store.sql``).
 
-Cases, table-driven: placeholders, list parameters (expanded on SQLite, ``= ANY`` on Postgres),
+Cases, table-driven: placeholders, list parameters, one or several (expanded on SQLite, ``= ANY`` on Postgres),
 the dialect words and the ``%`` psycopg would read as a placeholder; an unknown word fails
 instead of reaching a database; every migration renders to SQL SQLite itself accepts; an
 operation is driven to its result with each answer sent back in order.
@@ -24,6 +24,12 @@ from bot.store.sql import POSTGRES, SQLITE, Op, one, rows, run, run_sync
         ("SELECT * FROM t WHERE a = ? AND b IN (?*) AND c = ?", (1, ["x", "y", "z"], 3),
          "SELECT * FROM t WHERE a = ? AND b IN (?,?,?) AND c = ?", [1, "x", "y", "z", 3],
          "SELECT * FROM t WHERE a = %s AND b = ANY(%s) AND c = %s", (1, ["x", "y", "z"], 3)),
+        ("SELECT a FROM t WHERE a IN (?*) AND b = ? UNION ALL SELECT c FROM u WHERE c IN (?*)",
+         (["x", "y"], 2, ["z"]),
+         "SELECT a FROM t WHERE a IN (?,?) AND b = ? UNION ALL SELECT c FROM u WHERE c IN (?)",
+         ["x", "y", 2, "z"],
+         "SELECT a FROM t WHERE a = ANY(%s) AND b = %s UNION ALL SELECT c FROM u WHERE c = ANY(%s)",
+         (["x", "y"], 2, ["z"])),
         ("UPDATE t SET x = {greatest}(x, ?)", ("v",), "UPDATE t SET x = MAX(x, ?)", ("v",),
          "UPDATE t SET x = GREATEST(x, %s)", ("v",)),
         ("SELECT 1 FROM t WHERE k LIKE '%:a' {for_share}", (), "SELECT 1 FROM t WHERE k LIKE '%:a' ", (),
