@@ -58,7 +58,7 @@ from bot.store.group_commit import Answer, GroupCommit, Result
 from bot.store.ingest import bump_seen
 from bot.store.repeats import RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
-from bot.store.sql import POSTGRES, Driving, Op, T, one, single
+from bot.store.sql import POSTGRES, Driving, Op, Stmt, T, one, single
 from bot.store.sqlstore import SqlStore
 
 log = logger(__name__)
@@ -108,11 +108,23 @@ def _batch(
         yield ";\n".join(mogrifier.mogrify(sql, row) for row in rows[start : start + BATCH_STATEMENTS])
 
 
+def _bulk(mogrifier: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any], stmt: Stmt) -> str:
+    """A ``many`` statement's rows as its ``bulk`` statement: one array parameter a column, bound
+    as ``_batch`` binds rows."""
+    assert stmt.bulk is not None
+    columns = [list(column) for column in zip(*stmt.params, strict=True)]
+    return mogrifier.mogrify(POSTGRES.render(stmt.bulk), columns)
+
+
 async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's)."""
     driving = Driving(op, POSTGRES)
     for sql, params, stmt in driving:
         if stmt.kind == "many":
+            if stmt.bulk is not None:
+                if stmt.params:
+                    await conn.execute(_bulk(psycopg.AsyncClientCursor(conn), stmt))
+                continue
             for batch in _batch(psycopg.AsyncClientCursor(conn), sql, stmt.params):
                 await conn.execute(batch)
             continue
@@ -149,6 +161,10 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
     held = 0  # rows of batches in ``pending``: a message carries up to ``BATCH_STATEMENTS``
     try:
         for sql, params, stmt in driving:
+            if stmt.kind == "many" and stmt.bulk is not None:
+                if stmt.params:
+                    pending.append(_bulk(mogrifier, stmt))
+                continue
             if stmt.kind == "many":
                 for row in stmt.params:
                     if held == BATCH_STATEMENTS:

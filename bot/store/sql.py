@@ -42,6 +42,9 @@ class Stmt:
     params: Sequence[Any] = ()
     kind: Kind = "run"
     wakes: bool = False
+    #: ``many`` only: the same change as one statement over the rows' columns, each an array
+    #: parameter (``?``), which Postgres runs instead of a statement a row (``bot.store.postgres``).
+    bulk: str | None = None
 
 
 #: An operation: yields statements, is sent each one's answer, returns its result.
@@ -52,8 +55,8 @@ def run(sql: str, params: Sequence[Any] = ()) -> Stmt:
     return Stmt(sql, params, "run")
 
 
-def many(sql: str, rows: Sequence[Sequence[Any]], *, wakes: bool = False) -> Stmt:
-    return Stmt(sql, rows, "many", wakes)
+def many(sql: str, rows: Sequence[Sequence[Any]], *, wakes: bool = False, bulk: str | None = None) -> Stmt:
+    return Stmt(sql, rows, "many", wakes, bulk)
 
 
 def one(sql: str, params: Sequence[Any] = ()) -> Stmt:
