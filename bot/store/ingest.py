@@ -318,8 +318,9 @@ Active = tuple[dict[str, tuple[str, str]], dict[str, set[str]]]
 def known_keys(keys: Sequence[tuple[str, str]]) -> Op[dict[tuple[str, str], KeyState]]:
     """Stored state of these keys (one query a chunk)."""
     known: dict[tuple[str, str], KeyState] = {}
-    for chunk in _chunks(sorted({fingerprint for fingerprint, _ in keys})):
-        _known((yield rows(_KEYS, [chunk])), set(keys), known)
+    wanted = set(keys)
+    for chunk in _chunks(sorted({fingerprint for fingerprint, _ in wanted})):
+        _known((yield rows(_KEYS, [chunk])), wanted, known)
     return known
 
 

@@ -246,8 +246,11 @@ class _Writes:
                 except BaseException as exc:  # handed to the caller, which raises it
                     done.set_exception(exc)
                     return
-                if answer is not None:
-                    answer(driven.result)
+                try:
+                    if answer is not None:
+                        answer(driven.result)
+                except Exception:  # committed all the same: the caller's task answers them
+                    log.exception("could not answer a committed batch from the writes' thread")
                 done.set_result(driven)
 
         self._queue.put((0 if first else 1, next(self._order), work))

@@ -479,7 +479,10 @@ def _finish(
         _rollback(conn)
         raise
     if answer is not None:
-        answer(results)
+        try:
+            answer(results)
+        except Exception:  # committed all the same: the writer's task answers them
+            log.exception("could not answer a committed batch from the writer thread")
     return results
 
 
