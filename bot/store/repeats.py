@@ -32,10 +32,11 @@ database answered within the last second).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot.domain.alerts import MAX_CLOCK_SKEW, AlertStatus, dedupe_key
@@ -51,6 +52,7 @@ KEYS_MAX = 200_000
 #: How much later than a prune's cut-off an alert it removed may have started: the intake's
 #: ``MAX_CLOCK_SKEW``, plus an hour for the replicas' clocks (the leader's sets the cut-off).
 PRUNE_SLACK = MAX_CLOCK_SKEW + timedelta(hours=1)
+_SLACK = PRUNE_SLACK.total_seconds()
 
 
 def repeat(state: KeyState | None, status: AlertStatus) -> bool:
@@ -64,6 +66,8 @@ class RepeatMemory:
 
     def __init__(self, keys_max: int = KEYS_MAX, *, retention: timedelta | None = None) -> None:
         self.retention = retention
+        self._minute: int | None = None  # what ``_since`` last worked out, and for which minute
+        self._since_key: str | None = None
         self.keys: OrderedDict[Key, KeyState] = OrderedDict()
         self.keys_max = keys_max
         self.seen: Counts = {}
@@ -86,26 +90,38 @@ class RepeatMemory:
     def trusted(self, now: datetime) -> Mapping[Key, KeyState]:
         """The remembered keys that may answer at ``now``: those of alerts that started after the
         earliest start retention could have removed (see the module's docstring)."""
-        if self.retention is None:
-            return self.keys
-        try:
-            since = now - self.retention + PRUNE_SLACK
-        except OverflowError:  # a retention longer than the calendar: nothing is ever that old
-            return self.keys
-        return _Since(self.keys, dedupe_key("", since)[1])
+        since = self._since(now)
+        return self.keys if since is None else _Since(self.keys, since)
 
     def count(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
         """Count the delivery and return how many alerts it had, if every one is a remembered
         repeat; else ``None`` and nothing is counted (the store looks further)."""
         keys = []
-        known = self.trusted(now)
+        since = self._since(now)
         for fingerprint, starts_at, status in alerts:
             key = dedupe_key(fingerprint, starts_at)
-            if not repeat(known.get(key), status):
+            if since is not None and key[1] <= since:
+                return None
+            if not repeat(self.keys.get(key), status):
                 return None
             keys.append(key)
         add(self.seen, keys, codec.ts(now) or "")
         return len(keys)
+
+    def _since(self, now: datetime) -> str | None:
+        """The start (as ``dedupe_key`` writes it) at or before which retention could have removed
+        an alert, rounded up to the minute (trusting a little less, worked out once a minute: it is
+        asked at every delivery); ``None``: nothing is ever removed."""
+        if self.retention is None:
+            return None
+        minute = math.ceil((now.timestamp() - self.retention.total_seconds() + _SLACK) / 60)
+        if minute != self._minute:
+            try:
+                at: datetime | None = datetime.fromtimestamp(minute * 60, UTC)
+            except (OverflowError, OSError, ValueError):  # before the calendar: nothing is that old
+                at = None
+            self._minute, self._since_key = minute, None if at is None else dedupe_key("", at)[1]
+        return self._since_key
 
     def take(self) -> list[tuple[str, int, str, str]]:
         """The counts to commit now (``rows``); held in ``flushing`` until ``flushed``."""

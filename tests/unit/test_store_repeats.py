@@ -63,6 +63,13 @@ def test_memory_never_answers_for_an_alert_retention_could_have_removed() -> Non
         for name, at in starts.items():
             counted = memory.count([(name, at, "firing")], now)
             assert counted == (1 if name in answered else None), (retention, name)
+    # The earliest start trusted is rounded up to the minute: trusting a little less, never more.
+    memory = RepeatMemory(retention=keep)
+    half = now + timedelta(seconds=30)  # its exact edge is half a minute after ``edge``
+    near, past = edge + timedelta(seconds=45), edge + timedelta(seconds=61)
+    memory.remember({dedupe_key(name, at): ("firing", None) for name, at in (("near", near), ("past", past))})
+    assert memory.count([("near", near, "firing")], half) is None
+    assert memory.count([("past", past, "firing")], half) == 1
     # Later, an alert that was recent enough ages out of what memory answers for.
     memory = RepeatMemory(retention=keep)
     memory.remember({keys["new"]: ("firing", None)})
