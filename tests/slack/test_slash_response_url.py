@@ -36,6 +36,18 @@ async def test_a_slow_answer_in_a_dm_goes_through_response_url(slack: SlackStand
     assert not slack.api.calls_to("chat.postEphemeral")
 
 
+async def test_the_ack_budget_counts_from_the_request_s_arrival(slack: SlackStandin, tmp_path: Path) -> None:
+    """Bolt's 3 s count from the dispatch, its middleware included (``auth.test``, on the first
+    request): a budget counted from the listener's start acked after 3.5 s here, and bolt answered
+    404 in its place."""
+    async with SlackPitcrew(tmp_path / "p", slack, transport="http", config=GROUP) as pitcrew:
+        slack.api.slow("auth.test", 1.5)
+        slack.api.slow("usergroups.users.list", 2.5)
+        answer = await pitcrew.slash("status", channel=DM)
+        assert "mode *observe*" in answer and "you may decide" in answer, answer
+        assert [a["text"] for a in slack.responses.answered] == [answer]
+
+
 async def test_a_slow_pause_from_a_dm_is_answered_there(slack: SlackStandin, tmp_path: Path) -> None:
     slack.api.slow("usergroups.users.list", 2.5)
     async with SlackPitcrew(tmp_path / "p", slack, transport="http", config=GROUP) as pitcrew:
