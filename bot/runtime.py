@@ -11,7 +11,7 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,13 +67,15 @@ def journal_path(settings: Settings) -> Path:
     return settings.integrations.journal_path or settings.store.path.parent / "dry-run-journal.jsonl"
 
 
-def build_ports(config: Config) -> Ports:
-    """The configured far sides: Slurm or the journal; Kubernetes, no cluster or the journal; notices to the log."""
+def build_ports(config: Config, fence: Fence | None = None) -> Ports:
+    """The configured far sides: Slurm or the journal; Kubernetes, no cluster or the journal; notices
+    to the log. With ``fence`` (``build_app``'s), the Slurm REST and Kubernetes clients ask it last
+    before each request that changes their far side (``bot.integrations.fenced``)."""
     settings = config.settings
     journal = DryRunJournal(journal_path(settings))
     scheduler: Scheduler = journal
     if settings.integrations.scheduler == "slurm":
-        scheduler = build_scheduler(settings.slurm)
+        scheduler = build_scheduler(settings.slurm, fence)
     # Slurm-only sites have no cluster: the engine skips the Kubernetes steps and hands repairs to humans.
     cluster: Cluster | None = None if settings.integrations.cluster == "none" else journal
     if settings.integrations.cluster == "kubernetes":
@@ -81,7 +83,7 @@ def build_ports(config: Config) -> Ports:
         # Slurm-only sites (``cluster: none``) never use it (tests/unit/test_lazy_kubernetes.py).
         from bot.integrations.kubernetes import KubernetesCluster
 
-        cluster = KubernetesCluster(settings.kubernetes)
+        cluster = KubernetesCluster(settings.kubernetes, fence=fence)
     return Ports(
         scheduler=scheduler,
         cluster=cluster,
@@ -240,11 +242,13 @@ def build_app(
     that are simulators when ``allow_simulated`` is not set: a simulator models a far side that
     is not there, and must never stand in for one outside a test.
     """
+    # Who this process leads as, once it holds the store's lease (``Leadership`` grants it).
+    fence = Fence(holder_id())
     if ports is None:
         problems = port_problems(config)
         if problems:
             raise ConfigError("\n".join(problems))
-        ports = build_ports(config)
+        ports = build_ports(config, fence)
     elif not allow_simulated:
         simulated = [role for role, port in _roles(ports) if getattr(port, "far_side", None) == "simulator"]
         if simulated:
@@ -258,7 +262,6 @@ def build_app(
     # One actor per store: every process takes webhooks and commands into ``store``; only the one
     # holding the lease runs the engine and the outbox senders, whose every write goes through
     # ``fenced`` and fails once another process has taken the lease over.
-    fence = Fence(holder_id())
     fenced = store.fenced(fence)
     slack = _slack(config, store, metrics, fence)
     destinations: list[Destination] = [slack.destination] if slack else []
@@ -320,8 +323,11 @@ def build_app(
         leadership=leadership.describe,
     )
     # Stopped in reverse: Slack's socket, then the leader's work (the engine and the senders; the
-    # lease released), then the Grafana, Slurm and Kubernetes clients.
+    # lease released), then the Grafana client, the outbox's Slack session, and the Slurm and
+    # Kubernetes clients.
     background: list[Background] = [_ClosePorts(ports)]
+    if slack is not None:
+        background.append(_Closing(slack.aclose))
     if annotations is not None:
         background.append(annotations)
     background.append(leadership)
@@ -351,6 +357,20 @@ def build_app(
     if inbound is not None and config.settings.slack.transport == "http":
         app.router.add_post("/slack/events", inbound.handle_http)
     return app
+
+
+class _Closing:
+    """A background worker that only closes something at shutdown (after the workers started
+    after it have stopped): the outbox's Slack session."""
+
+    def __init__(self, close: Callable[[], Awaitable[None]]) -> None:
+        self._close = close
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        await self._close()
 
 
 class Annotations:

@@ -15,8 +15,12 @@ frozen VM) between a step's intent write and its call, past its lease, wakes wit
 to send while another process has taken over and made it. The fenced intent write cannot catch
 that — it committed in time. So every write first asks the process's ``Fence`` (``token``, a
 local monotonic check, no I/O): once the lease may have lapsed the call is not sent and
-``Deposed`` ends the worker, as a refused fenced write does. What is left is the instant between
-this check and the bytes leaving, which only a far side that checks the epoch itself could close.
+``Deposed`` ends the worker, as a refused fenced write does. The call may still wait after this
+check (its turn in a client's rate limit, a connection), so ``pitcrew serve``'s HTTP clients
+(Slurm REST, Kubernetes, Slack, Grafana) ask the fence again once the request holds its
+connection (``bot.integrations.fenced``). What is left is the instant between that check and the
+bytes leaving (and, for scontrol, the command's start), which only a far side that checks the
+epoch itself could close.
 """
 
 from __future__ import annotations

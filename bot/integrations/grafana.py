@@ -24,6 +24,7 @@ import aiohttp
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
+from bot.integrations.fenced import last_check
 from bot.store.base import IncidentRecord, OutboxItem, Store
 from bot.store.lease import Fence
 
@@ -60,7 +61,9 @@ class GrafanaAnnotations:
         self._url = url.rstrip("/")
         #: The outbox's adapter asks it before every call that changes Grafana, as the Slack
         #: outbox's client does (``bot.integrations.slack.FencedWebClient``): a leader woken past its
-        #: lease in the middle of a delivery sends no more of it. (``check-config --live`` has none.)
+        #: lease in the middle of a delivery sends no more of it; asked again once the connection
+        #: is held, just before the request is written (``bot.integrations.fenced``).
+        #: (``check-config --live`` has none.)
         self._fence = fence
         self._token_file = token_file
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -142,7 +145,8 @@ class GrafanaAnnotations:
         if auth:
             headers["Authorization"] = f"Bearer {self._token()}"
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            traces = [last_check(self._fence)] if self._fence is not None else []
+            self._session = aiohttp.ClientSession(timeout=self._timeout, trace_configs=traces)
         try:
             async with self._session.request(
                 method, self._url + path, json=body, headers=headers

@@ -87,6 +87,25 @@ async def test_a_fenced_adapter_changes_nothing_once_the_lease_may_have_lapsed(
         await adapter.aclose()
 
 
+async def test_a_lease_lapsed_while_connecting_sends_nothing(grafana: GrafanaStandin, tmp_path: Path) -> None:
+    """The fence is asked again once the connection is held (``bot.integrations.fenced``): the
+    process passes the call's first check, then stalls while it connects (its clock reads past
+    the lease from then on). The request raises ``Deposed`` and Grafana never sees it."""
+    readings = iter([0.0])  # the call's first check; every later reading is after the stall
+    fence = Fence("leader-a", monotonic=lambda: next(readings, 100.0))
+    fence.grant(1, valid_until=10.0)
+    told: list[str] = []
+    fence.on_deposed(told.append)
+    adapter = _adapter(grafana, tmp_path, fence=fence)
+    try:
+        with pytest.raises(Deposed, match="may have lapsed"):
+            await adapter.open_region(REGION)
+        assert grafana.world.requests == [] and not grafana.world.annotations
+        assert told and "epoch 1" in told[0]
+    finally:
+        await adapter.aclose()
+
+
 @pytest.mark.parametrize(
     ("status", "reason"), [(500, "unavailable"), (503, "unavailable"), (429, "rate_limited")]
 )

@@ -8,7 +8,8 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
   state lists and time structs are read;
 * the JWT is re-read when its file changes, also when it is rotated during a request; a
   refused token is permanent; the token never appears in errors or logs;
-* HTTP 500 / connection refused are transient; unknown node is permanent, unknown job None.
+* HTTP 500 / connection refused are transient; unknown node is permanent, unknown job None;
+* with the leader's fence, no change leaves once the lease may have lapsed; reads still go.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from aiohttp.test_utils import TestServer
 
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler
+from bot.store.base import Deposed
+from bot.store.lease import Fence
 from proving_ground.proc import free_port
 from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, FakeSlurmrestd
 
@@ -96,6 +99,33 @@ async def test_v0040_server_takes_node_updates(token_file: Path) -> None:
     assert fake.posts == [
         ("/slurm/v0.0.40/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
         ("/slurm/v0.0.40/node/gpu-001", {"state": ["RESUME"]}),
+    ]
+
+
+async def test_a_fenced_client_sends_no_change_once_the_lease_may_have_lapsed(token_file: Path) -> None:
+    """``pitcrew serve`` fences its REST client (``bot.integrations.fenced``): a change asks the
+    leader's fence once its connection is held. While the lease holds a drain is POSTed; once it
+    may have lapsed by the process's clock the resume raises ``Deposed`` unsent; reads still go."""
+    now = [0.0]
+    fence = Fence("leader-a", monotonic=lambda: now[0])
+    fence.grant(1, valid_until=10.0)
+    fake = FakeSlurmrestd(V40_DOC)
+    async for server in _serve(fake):
+        url = str(server.make_url("/")).rstrip("/")
+        rest = RestScheduler(
+            url=url, user="root", token_file=token_file, fallback=RecordingFallback(), fence=fence
+        )
+        try:
+            await rest.drain("gpu-001", "pitcrew: inc-2 XID 48")
+            now[0] = 11.0
+            with pytest.raises(Deposed, match="may have lapsed"):
+                await rest.resume("gpu-001")
+            fence.revoke()
+            assert (await rest.node("gpu-001")).states == {"DRAIN"}
+        finally:
+            await rest.aclose()
+    assert fake.posts == [
+        ("/slurm/v0.0.40/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
     ]
 
 

@@ -5,7 +5,8 @@ start is a fenced write. A leader stopped while Slack answered the reply (SIGSTO
 wakes past its lease: the fencing e2e saw the old leader's ``chat.update`` reach Slack after the
 new leader had taken the thread over. Cases, against the Slack stand-in: the lease lapses while
 ``chat.postMessage`` is answered → the ``chat.update`` that follows raises ``Deposed`` and never
-reaches Slack, and the fence tells the leadership loop; a process standing by sends nothing.
+reaches Slack, and the fence tells the leadership loop; the lease lapses while a call connects
+→ the request is refused once the connection is held, unsent; a process standing by sends nothing.
 """
 
 from __future__ import annotations
@@ -32,13 +33,34 @@ async def test_a_lease_lapsed_while_slack_answered_stops_the_next_call(slack: Sl
     told: list[str] = []
     fence.on_deposed(told.append)
     client = FencedWebClient(fence, token=BOT_TOKEN, base_url=slack.base_url)
+    try:
+        reply = await client.chat_postMessage(channel=CHANNEL, text="step finished")
+        updates = len(slack.api.calls_to("chat.update"))
+        with pytest.raises(Deposed, match="may have lapsed"):
+            await client.chat_update(channel=CHANNEL, ts=str(reply["ts"]), text="parent")
+        assert len(slack.api.calls_to("chat.update")) == updates, "a deposed leader updated the parent"
+        assert told and "epoch 1" in told[0]
+    finally:
+        await client.aclose()
 
-    reply = await client.chat_postMessage(channel=CHANNEL, text="step finished")
-    updates = len(slack.api.calls_to("chat.update"))
-    with pytest.raises(Deposed, match="may have lapsed"):
-        await client.chat_update(channel=CHANNEL, ts=str(reply["ts"]), text="parent")
-    assert len(slack.api.calls_to("chat.update")) == updates, "a deposed leader updated the parent"
-    assert told and "epoch 1" in told[0]
+
+async def test_a_lease_lapsed_while_connecting_sends_nothing(slack: SlackStandin) -> None:
+    """The fence is asked again once the connection is held, just before the request is written
+    (``bot.integrations.fenced``): the fencing e2e saw a leader stopped after the call's first
+    check, while it connected, wake and send its ``chat.update``. Here the process passes the
+    first check, then stalls (its clock reads past the lease from then on): nothing reaches Slack."""
+    readings = iter([0.0])  # the call's first check; every later reading is after the stall
+    fence = Fence("leader-a", monotonic=lambda: next(readings, 100.0))
+    fence.grant(1, valid_until=10.0)
+    client = FencedWebClient(fence, token=BOT_TOKEN, base_url=slack.base_url)
+    calls = len(slack.api.calls)
+    try:
+        with pytest.raises(Deposed, match="may have lapsed"):
+            await client.chat_update(channel=CHANNEL, ts="1700000000.000100", text="parent")
+        assert len(slack.api.calls) == calls, "a deposed leader's request reached Slack"
+    finally:
+        await client.aclose()
+    assert client.session is None
 
 
 async def test_a_standby_sends_nothing(slack: SlackStandin) -> None:

@@ -36,6 +36,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from bot import __version__, logger
 from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError, Reason, TransientError
+from bot.integrations.fenced import last_check
+from bot.store.lease import Fence
 
 T = TypeVar("T")
 log = logger(__name__)
@@ -169,15 +171,20 @@ class ApiClient(client.ApiClient):  # type: ignore[misc]
 
 
 async def api_client(
-    settings: KubernetesSettings, bucket: TokenBucket, connection: Connection | None = None
+    settings: KubernetesSettings,
+    bucket: TokenBucket,
+    connection: Connection | None = None,
+    fence: Fence | None = None,
 ) -> ApiClient:
     """A client for the configured cluster (or ``connection``): the service account in-cluster, else a
-    kubeconfig whose credentials are reloaded on a 401."""
+    kubeconfig whose credentials are reloaded on a 401. With ``fence`` (``pitcrew serve``), every
+    request that changes the cluster asks it last, once its connection is held and its turn in
+    the rate limit has come (``bot.integrations.fenced``)."""
     connection = connection or Connection(settings.in_cluster, settings.kubeconfig, settings.context)
     configuration = client.Configuration()
     await connection.load(configuration)
     configuration.retries = settings.retries or None
-    configuration.trace_configs = [_trace(bucket)]
+    configuration.trace_configs = [_trace(bucket)] + ([last_check(fence)] if fence is not None else [])
     api = ApiClient(configuration, connection)
     # The apiserver records the User-Agent up to its first "/" as the field manager: name us.
     api.user_agent = f"{USER_AGENT}/{__version__}"

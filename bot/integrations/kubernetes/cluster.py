@@ -25,6 +25,7 @@ from bot.integrations.kubernetes.lending import Lending
 from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
 from bot.integrations.kubernetes.replace import Replacer, run_command
+from bot.store.lease import Fence
 
 log = logger(__name__)
 
@@ -48,8 +49,11 @@ class KubernetesCluster:
 
     far_side = "kubernetes"
 
-    def __init__(self, settings: KubernetesSettings, api: client.ApiClient | None = None) -> None:
+    def __init__(
+        self, settings: KubernetesSettings, api: client.ApiClient | None = None, fence: Fence | None = None
+    ) -> None:
         self.settings = settings
+        self._fence = fence
         self.bucket = TokenBucket(settings.qps, settings.burst)
         self._api = api
         self._parts: _Parts | None = None
@@ -59,7 +63,7 @@ class KubernetesCluster:
         if self._parts is None:
             async with self._lock:
                 if self._parts is None:
-                    api = self._api or await api_client(self.settings, self.bucket)
+                    api = self._api or await api_client(self.settings, self.bucket, fence=self._fence)
                     self._parts = _Parts(api, self.settings, await self._machines_client())
         return self._parts
 
@@ -72,7 +76,7 @@ class KubernetesCluster:
             return None
         where = Connection(False, capi.kubeconfig or self.settings.kubeconfig, capi.context)
         try:
-            return await api_client(self.settings, self.bucket, where)
+            return await api_client(self.settings, self.bucket, where, self._fence)
         except Exception as exc:  # the library's ConfigException, a missing file (OSError), bad YAML
             log.warning("kubernetes.cluster_api: no client for the management cluster: %s", exc)
             return f"kubernetes.cluster_api: no client for the management cluster: {exc}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import aiohttp
 from prometheus_client import CollectorRegistry
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
@@ -20,6 +21,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from bot.config import GrafanaSettings, SlackSettings, read_secret
 from bot.domain.policy import Policy
 from bot.engine.commands import Commands
+from bot.integrations.fenced import last_check
 from bot.integrations.slack.approvers import Approvers, SecondApproverRule
 from bot.integrations.slack.inbound import SlackInbound
 from bot.integrations.slack.outbound import EVENTS, NAME, SlackDestination, SlackLinks
@@ -72,6 +74,11 @@ class Slack:
         token = read_secret(self.settings.app_token_file, "slack.app_token_file")
         return SocketMode(inbound.app, token, registry)
 
+    async def aclose(self) -> None:
+        """Close the outbox client's session (``FencedWebClient``), once its sender has stopped."""
+        if isinstance(self.destination.client, FencedWebClient):
+            await self.destination.client.aclose()
+
 
 class FencedWebClient(AsyncWebClient):
     """The outbox's own Web API client: every call first asks the process's ``Fence``.
@@ -82,7 +89,13 @@ class FencedWebClient(AsyncWebClient):
     ``chat.postMessage``'s answer) woke past its lease and sent the rest — a ``chat.update`` after
     another process had taken the thread over. As the engine's gated ports do for Slurm and
     Kubernetes, each call now raises ``Deposed`` instead once the lease may have lapsed; the outbox
-    sender stops there. Slash commands and buttons answer on the plain client (any replica answers)."""
+    sender stops there. Slash commands and buttons answer on the plain client (any replica answers).
+
+    The fence is asked twice: at the call's start (a deposed leader opens no connection), and
+    once the connection is held, just before the request is written (``bot.integrations.fenced``):
+    the fencing e2e saw a leader stopped while it connected wake and send its ``chat.update``.
+    That needs a session of the client's own (slack_sdk makes one per call otherwise), made on the
+    first call and closed by ``aclose`` at shutdown; it keeps its connections to Slack alive."""
 
     def __init__(self, fence: Fence, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -90,7 +103,16 @@ class FencedWebClient(AsyncWebClient):
 
     async def api_call(self, *args: Any, **kwargs: Any) -> AsyncSlackResponse:
         self.fence.token()
+        if self.session is None or self.session.closed:
+            self.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout), trace_configs=[last_check(self.fence)]
+            )
         return await super().api_call(*args, **kwargs)
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
 
 
 def _client(settings: SlackSettings, fence: Fence | None = None) -> AsyncWebClient:

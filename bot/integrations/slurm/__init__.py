@@ -16,6 +16,7 @@ from bot.config import SlurmSettings
 from bot.engine.ports import Scheduler
 from bot.integrations.slurm.cli import ScontrolScheduler
 from bot.integrations.slurm.rest import RestScheduler
+from bot.store.lease import Fence
 
 __all__ = [
     "ClosableScheduler",
@@ -34,8 +35,9 @@ class ClosableScheduler(Scheduler, Protocol):
     async def aclose(self) -> None: ...
 
 
-def build_scheduler(settings: SlurmSettings) -> ScontrolScheduler | RestScheduler:
-    """The backend ``settings`` ask for. Nothing connects until the first call."""
+def build_scheduler(settings: SlurmSettings, fence: Fence | None = None) -> ScontrolScheduler | RestScheduler:
+    """The backend ``settings`` ask for, its REST requests that change Slurm fenced by ``fence``
+    (``RestScheduler``). Nothing connects until the first call."""
     cli = ScontrolScheduler(
         bin_dir=settings.bin_dir, command_timeout=settings.command_timeout, slurm_conf=settings.slurm_conf
     )
@@ -48,4 +50,5 @@ def build_scheduler(settings: SlurmSettings) -> ScontrolScheduler | RestSchedule
         fallback=cli,
         api_version=settings.rest_api_version,
         request_timeout=settings.request_timeout,
+        fence=fence,
     )

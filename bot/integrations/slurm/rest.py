@@ -25,6 +25,7 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import clean_reason, is_pitcrew_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
+from bot.integrations.fenced import last_check
 from bot.integrations.slurm.cli import (
     NodeUpdates,
     ScontrolScheduler,
@@ -44,6 +45,7 @@ from bot.integrations.slurm.json import (
     nodes_from_payload,
     partitions_from_payload,
 )
+from bot.store.lease import Fence
 
 log = logger(__name__)
 
@@ -101,8 +103,13 @@ class RestScheduler(NodeUpdates):
         fallback: ScontrolScheduler,
         api_version: str = "auto",
         request_timeout: float = 10.0,
+        fence: Fence | None = None,
     ) -> None:
         self._url = url.rstrip("/")
+        #: ``pitcrew serve``'s: every request that changes Slurm asks it last, once its connection
+        #: is held (``bot.integrations.fenced``); updates made through ``fallback`` (scontrol) are
+        #: checked by the engine's gated port only.
+        self._fence = fence
         self._user = user
         self._token = _TokenFile(token_file)
         self._fallback = fallback
@@ -330,5 +337,8 @@ class RestScheduler(NodeUpdates):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, raise_for_status=False)
+            traces = [last_check(self._fence)] if self._fence is not None else []
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, raise_for_status=False, trace_configs=traces
+            )
         return self._session
