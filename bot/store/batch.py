@@ -30,15 +30,25 @@ log = logger(__name__)
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 
+#: Called in the thread that committed a batch, with one result per item, in order.
+Answer = Callable[[Sequence[Any]], None]
 #: Runs items in one transaction: one result per item, in order, once it has committed; raises if
-#: it did not (``StoreUnavailable`` when the database itself failed).
-Run = Callable[[Sequence[ItemT]], Awaitable[Sequence[ResultT]]]
+#: it did not (``StoreUnavailable`` when the database itself failed). Once committed, the thread
+#: that committed hands the results to the ``Answer``, if there is one.
+Run = Callable[[Sequence[ItemT], Answer | None], Awaitable[Sequence[ResultT]]]
 
 
-async def commit_batch(items: Sequence[ItemT], run: Run[ItemT, ResultT]) -> list[ResultT | Exception]:
-    """Each item's result, or the exception it fails with (never raised: each caller hears its own)."""
+async def commit_batch(
+    items: Sequence[ItemT], run: Run[ItemT, ResultT], futures: Sequence[asyncio.Future[Any]] | None = None
+) -> list[ResultT | Exception]:
+    """Each item's result, or the exception it fails with (never raised: each caller hears its own).
+    ``futures``: the items' callers; if the whole batch commits, the thread that committed it
+    answers them (``answer_soon``); items run alone after it failed are answered by our caller."""
+    answer = None
+    if futures is not None:
+        answer = _answering(asyncio.get_running_loop(), futures)
     try:
-        done = await run(items)
+        done = await run(items, answer)
     except StoreUnavailable as exc:
         return [exc] * len(items)
     except Exception as exc:
@@ -53,7 +63,7 @@ async def commit_batch(items: Sequence[ItemT], run: Run[ItemT, ResultT]) -> list
     outcomes: list[ResultT | Exception] = []
     for item in items:
         try:
-            [result] = await run([item])
+            [result] = await run([item], None)
         except StoreUnavailable as exc:
             return [*outcomes, *[exc] * (len(items) - len(outcomes))]
         except Exception as exc:
@@ -75,3 +85,16 @@ def answer_soon(
 
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
         loop.call_soon_threadsafe(settle)
+
+
+def _answering(loop: asyncio.AbstractEventLoop, futures: Sequence[asyncio.Future[Any]]) -> Answer:
+    """``answer_soon`` for a batch's callers; one that fails is logged and never turns a committed
+    batch into a failed one (its items would run again): the batch's task answers them instead."""
+
+    def answer(results: Sequence[Any]) -> None:
+        try:
+            answer_soon(loop, futures, results)
+        except Exception:
+            log.exception("could not answer a committed batch from the thread that committed it")
+
+    return answer

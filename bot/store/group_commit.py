@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
-from bot.store.batch import answer_soon, commit_batch
+from bot.store.batch import Answer, commit_batch
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
 from bot.store.repeats import Counts, add, repeat, rows
@@ -65,8 +64,6 @@ Item = Repeats | Ingest
 #: repeats, nothing counted), an ``Ingest`` its outcome.
 Result = int | None | IngestOutcome
 
-#: Called in the thread that committed a batch, with its results (``bot.store.batch.answer_soon``).
-Answer = Callable[[list[Result]], None]
 #: Runs an operation in one transaction, under the write lock (``True``) or its shared mode; once
 #: committed, hands the results to the ``Answer`` if there is one.
 Transact = Callable[[Op[list[Result]], bool, Answer | None], Awaitable[list[Result]]]
@@ -155,7 +152,7 @@ class GroupCommit:
             while len(batch) < self._batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             items = [item for item, _ in batch]
-            outcomes = await commit_batch(items, functools.partial(self._run, items, [f for _, f in batch]))
+            outcomes = await commit_batch(items, self._run, [f for _, f in batch])
             for (_, future), outcome in zip(batch, outcomes, strict=True):
                 if not future.done():  # its caller may have gone (a client hung up)
                     if isinstance(outcome, BaseException):
@@ -164,13 +161,8 @@ class GroupCommit:
                         future.set_result(outcome)
                 self._queue.task_done()
 
-    async def _run(
-        self, batch: Sequence[Item], futures: Sequence[asyncio.Future[Result]], part: Sequence[Item]
-    ) -> list[Result]:
-        """``part`` of ``batch`` in one transaction (``commit_batch``: if the batch fails on one of its
-        deliveries, each runs alone). The whole batch's callers hear from the thread that committed
-        it; those of a delivery run alone from this task."""
-        answer = None
-        if part is batch:
-            answer = functools.partial(answer_soon, asyncio.get_running_loop(), futures)
+    async def _run(self, part: Sequence[Item], answer: Answer | None) -> list[Result]:
+        """``part`` of a batch in one transaction (``commit_batch``: if the batch fails on one of
+        its deliveries, each runs alone); ``answer``: the whole batch's callers, answered from the
+        thread that committed it."""
         return await self._transact(deliveries(part), exclusive(part), answer)

@@ -54,7 +54,8 @@ from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store import queries, retention
 from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailable
-from bot.store.group_commit import Answer, GroupCommit, Result
+from bot.store.batch import Answer
+from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import bump_seen
 from bot.store.repeats import RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
@@ -233,7 +234,8 @@ class _Writes:
     ) -> Driving[T]:
         """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
         deliveries, ``bot.store.group_commit``); ``first``: before the writes waiting that are not;
-        ``answer``: gets the result in this thread once committed (``bot.store.batch.answer_soon``).
+        ``answer``: gets the result in this thread once committed (``bot.store.batch``'s, which
+        never raises: a failure to answer is logged there, and the caller's task answers).
         A caller cancelled before its transaction began leaves it undone, as an executor does."""
         if self._closed:
             raise StoreUnavailable("store is not open")
@@ -246,11 +248,8 @@ class _Writes:
                 except BaseException as exc:  # handed to the caller, which raises it
                     done.set_exception(exc)
                     return
-                try:
-                    if answer is not None:
-                        answer(driven.result)
-                except Exception:  # committed all the same: the caller's task answers them
-                    log.exception("could not answer a committed batch from the writes' thread")
+                if answer is not None:
+                    answer(driven.result)
                 done.set_result(driven)
 
         self._queue.put((0 if first else 1, next(self._order), work))

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import os
 import sqlite3
 import time
@@ -61,7 +60,7 @@ import aiosqlite
 
 from bot import logger
 from bot.store.base import Delivery, StoreUnavailable
-from bot.store.batch import answer_soon, commit_batch
+from bot.store.batch import Answer, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.repeats import Key, RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, migrations
@@ -247,7 +246,7 @@ class Writer:
             batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
             items = [unit for unit, _ in batch]
             futures = [future for _, future in batch]
-            outcomes = await commit_batch(items, functools.partial(self._run, items, futures))
+            outcomes = await commit_batch(items, self._commit, futures)
             failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
             self._attempted(failed, units=len(batch))
             for (_, future), outcome in zip(batch, outcomes, strict=True):
@@ -293,24 +292,11 @@ class Writer:
             log.error("store write failed", extra={"units": units}, exc_info=error)
         self._failure, self._failed_at = str(error), time.monotonic()
 
-    async def _run(
-        self,
-        batch: Sequence[Unit | IngestJob],
-        futures: Sequence[asyncio.Future[Any]],
-        part: Sequence[Unit | IngestJob],
-    ) -> list[Any]:
-        """``part`` of ``batch`` in one transaction (``commit_batch``): the whole batch's callers
-        hear from the writer thread once it has committed (``_answer``); those of an item run
-        alone after the batch failed hear from the writer's task."""
-        return await self._commit(part, futures if part is batch else None)
-
-    async def _commit(
-        self, items: Sequence[Unit | IngestJob], futures: Sequence[asyncio.Future[Any]] | None = None
-    ) -> list[Any]:
+    async def _commit(self, items: Sequence[Unit | IngestJob], answer: Answer | None = None) -> list[Any]:
         """``items`` in one transaction: their results once committed where a restart will look.
         Deliveries' statements on the loop, the rest and the commit in the writer thread (see the
-        module's docstring). The database's own failure is ``StoreUnavailable``. ``futures``: the
-        items' callers, answered as soon as the commit is done (``_answer``)."""
+        module's docstring). The database's own failure is ``StoreUnavailable``. ``answer``: the
+        items' callers (``commit_batch``), answered by the writer thread once committed (``_finish``)."""
         conn = self._conn
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
@@ -330,30 +316,35 @@ class Writer:
                     _rollback(conn)
                     raise
                 jobs = []  # ingested: the thread runs the units and commits
-            answer = None
-            if futures is not None:
-                loop, first = asyncio.get_running_loop(), list(results)
-                answer = functools.partial(self._answer, loop, futures, first)
-            results.extend(await self._thread(_finish, conn, jobs, units, keys, begun, answer))
+            rest, lost = await self._thread(
+                self._committed, conn, jobs, units, keys, begun, list(results), answer
+            )
+            results.extend(rest)
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"write failed: {exc}") from exc
-        lost = self.lost()
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find this write")
         return results
 
-    def _answer(
+    def _committed(
         self,
-        loop: asyncio.AbstractEventLoop,
-        futures: Sequence[asyncio.Future[Any]],
+        conn: sqlite3.Connection,
+        jobs: Sequence[IngestJob],
+        units: Sequence[Unit],
+        keys: Mapping[Key, KeyState],
+        begun: bool,
         first: list[Any],
-        rest: list[Any],
-    ) -> None:
-        """In the writer thread, once a batch has committed: its callers get their results (``first``,
-        worked out on the loop, then ``rest``) at the loop's next turn (``answer_soon``); not if the
-        files are no longer the ones opened, as the writer's task then refuses the batch (``_commit``)."""
-        if self.lost() is None:
-            answer_soon(loop, futures, [*first, *rest])
+        answer: Answer | None,
+    ) -> tuple[list[Any], str | None]:
+        """In the writer thread: the rest of the transaction (``_finish``), then whether the files
+        are still the ones opened (``lost``). If they are, the callers get their results (``first``,
+        worked out on the loop, then the rest) from here (``answer``); if not, none: the writer's
+        task refuses the batch (``_commit``)."""
+        rest = _finish(conn, jobs, units, keys, begun)
+        lost = self.lost()
+        if lost is None and answer is not None:
+            answer([*first, *rest])
+        return rest, lost
 
     async def _thread(self, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` in the writer thread. If the caller is cancelled once the call has
@@ -464,11 +455,9 @@ def _finish(
     units: Sequence[Unit],
     keys: Mapping[Key, KeyState],
     begun: bool,
-    answer: Callable[[list[Any]], None] | None = None,
 ) -> list[Any]:
     """In the writer thread: begin (unless the loop has), ingest ``jobs`` (those the loop could not
-    begin for), run ``units``, commit; roll back if any of it fails. Once committed, ``answer``
-    gets the results (``Writer._answer``)."""
+    begin for), run ``units``, commit; roll back if any of it fails."""
     if not begun:
         conn.execute("BEGIN IMMEDIATE")
     try:
@@ -478,11 +467,6 @@ def _finish(
     except BaseException:
         _rollback(conn)
         raise
-    if answer is not None:
-        try:
-            answer(results)
-        except Exception:  # committed all the same: the writer's task answers them
-            log.exception("could not answer a committed batch from the writer thread")
     return results
 
 

@@ -4,18 +4,23 @@ SQLite's writer and Postgres's group commit, run here against real SQLite transa
 Cases: a batch where one item fails → the others commit, the failing one gets its own error (and
 only the rolled-back batch's work is undone); one item failing alone is not run again; a failure of
 the database itself fails the whole batch, and met by one item alone it fails the items not yet
-run without running them, while those already committed keep their results.
+run without running them, while those already committed keep their results. With the callers'
+futures, a batch that commits whole is answered from its run (the committing thread, in the stores)
+at the loop's next turn, before ``commit_batch`` returns; items run alone are never answered from
+their runs: ``commit_batch``'s caller answers them from the outcomes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from bot.store.base import StoreUnavailable
-from bot.store.batch import commit_batch
+from bot.store.batch import Answer, commit_batch
 
 
 class Table:
@@ -25,9 +30,10 @@ class Table:
         self.db = sqlite3.connect(":memory:", isolation_level=None)
         self.db.execute("CREATE TABLE t (name TEXT PRIMARY KEY CHECK (name NOT LIKE 'bad%'))")
         self.runs: list[list[str]] = []
+        self.answered: list[list[str]] = []  # the runs given an ``Answer``
         self.down_at = down_at  # the database fails once a transaction reaches this item
 
-    async def run(self, items: Sequence[str]) -> list[str]:
+    async def run(self, items: Sequence[str], answer: Answer | None = None) -> list[str]:
         self.runs.append(list(items))
         self.db.execute("BEGIN IMMEDIATE")
         try:
@@ -39,7 +45,11 @@ class Table:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        return [f"stored {item}" for item in items]
+        results = [f"stored {item}" for item in items]
+        if answer is not None:
+            self.answered.append(list(items))
+            answer(results)
+        return results
 
     def rows(self) -> list[str]:
         return [name for (name,) in self.db.execute("SELECT name FROM t ORDER BY name")]
@@ -84,3 +94,33 @@ async def test_the_database_failing_while_each_runs_alone_fails_the_rest(order: 
     assert isinstance(outcomes[order.index("bad")], sqlite3.IntegrityError)
     assert table.runs == [order, *[[item] for item in order[: before + 1]]]  # "d" never ran
     assert table.rows() == ["a"]
+
+
+def _futures(n: int) -> list[asyncio.Future[Any]]:
+    loop = asyncio.get_running_loop()
+    return [loop.create_future() for _ in range(n)]
+
+
+async def test_a_batch_that_commits_whole_is_answered_from_its_run() -> None:
+    table, futures = Table(), _futures(2)
+    assert await commit_batch(["a", "b"], table.run, futures) == ["stored a", "stored b"]
+    assert table.answered == [["a", "b"]]
+    await asyncio.sleep(0)  # the loop's next turn
+    assert [f.result() for f in futures] == ["stored a", "stored b"]
+
+
+async def test_items_run_alone_are_left_to_the_caller_to_answer() -> None:
+    table, futures = Table(), _futures(3)
+    outcomes = await commit_batch(["a", "bad", "c"], table.run, futures)
+    assert table.runs == [["a", "bad", "c"], ["a"], ["bad"], ["c"]] and table.answered == []
+    await asyncio.sleep(0)
+    assert not any(f.done() for f in futures)
+    assert outcomes[0] == "stored a" and isinstance(outcomes[1], sqlite3.IntegrityError)
+
+
+async def test_a_caller_gone_before_the_answer_is_skipped() -> None:
+    table, futures = Table(), _futures(2)
+    futures[0].cancel()  # a client hung up
+    await commit_batch(["a", "b"], table.run, futures)
+    await asyncio.sleep(0)
+    assert futures[0].cancelled() and futures[1].result() == "stored b"
