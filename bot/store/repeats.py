@@ -97,12 +97,10 @@ class RepeatMemory:
         """Count the delivery and return how many alerts it had, if every one is a remembered
         repeat; else ``None`` and nothing is counted (the store looks further)."""
         keys = []
-        since = self._since(now)
+        known = self.trusted(now)
         for fingerprint, starts_at, status in alerts:
             key = dedupe_key(fingerprint, starts_at)
-            if since is not None and key[1] <= since:
-                return None
-            if not repeat(self.keys.get(key), status):
+            if not repeat(known.get(key), status):
                 return None
             keys.append(key)
         add(self.seen, keys, codec.ts(now) or "")
