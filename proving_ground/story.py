@@ -250,12 +250,14 @@ class Story:
         return False
 
     def _digest_shows(self, nodes: int, held: list[str]) -> bool:
-        """A storm digest in the channel counts ``nodes`` nodes and has a line for each ``held`` one."""
+        """A storm digest in the channel counts ``nodes`` nodes and names each ``held`` one among
+        those the breaker held (``node (incident)``). A line of the node list is not enough: a node
+        is listed there from its first version of the digest, before the breaker held it."""
+        wanted = [f"{node} ({self.incidents[node]['id']})" for node in held]
         for notice in self.ground.far_side.thread():
-            if f"{DIGEST_WORDS}: {nodes} nodes" in notice.text().lower():
-                named = {line.split(" — ", 1)[0].removeprefix("• ") for line in notice.lines}
-                if set(held) <= named:
-                    return True
+            text = notice.text()
+            if f"{DIGEST_WORDS}: {nodes} nodes" in text.lower() and all(w in text for w in wanted):
+                return True
         return False
 
     def _channel_counts(self) -> dict[str, int]:
