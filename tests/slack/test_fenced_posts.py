@@ -6,10 +6,14 @@ wakes past its lease: the fencing e2e saw the old leader's ``chat.update`` reach
 new leader had taken the thread over. Cases, against the Slack stand-in: the lease lapses while
 ``chat.postMessage`` is answered → the ``chat.update`` that follows raises ``Deposed`` and never
 reaches Slack, and the fence tells the leadership loop; the lease lapses while a call connects
-→ the request is refused once the connection is held, unsent; a process standing by sends nothing.
+→ the request is refused once the connection is held, unsent; a process standing by sends nothing;
+the service's shutdown closes the outbox client's session (its connections to Slack kept alive).
 """
 
 from __future__ import annotations
+
+import gc
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +22,8 @@ from bot.store.base import Deposed
 from bot.store.lease import Fence
 from proving_ground.slack.server import SlackStandin
 from proving_ground.slack.world import BOT_TOKEN
-from tests.slack.pitcrew_app import CHANNEL
+from tests.harness.scenarios import delivery
+from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
 
 
 async def test_a_lease_lapsed_while_slack_answered_stops_the_next_call(slack: SlackStandin) -> None:
@@ -69,3 +74,17 @@ async def test_a_standby_sends_nothing(slack: SlackStandin) -> None:
     with pytest.raises(Deposed, match="standing by"):
         await client.chat_postMessage(channel=CHANNEL, text="hello")
     assert len(slack.api.calls) == calls
+
+
+async def test_the_service_s_shutdown_closes_the_outbox_session(slack: SlackStandin, tmp_path: Path) -> None:
+    async with SlackPitcrew(tmp_path / "p", slack, config={"mode": "auto"}) as pitcrew:
+        await pitcrew.post_alerts(delivery(node="gpu-node-02"))
+        await until(lambda: bool(slack.api.calls_to("chat.postMessage")), what="the outbox's first post")
+        [client] = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, FencedWebClient) and o.base_url.startswith(slack.base_url)
+        ]
+        session = client.session
+        assert session is not None and not session.closed, "the outbox posts through a session of its own"
+    assert session.closed and client.session is None
