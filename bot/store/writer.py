@@ -296,7 +296,7 @@ class Writer:
         """``items`` in one transaction: their results once committed where a restart will look.
         Deliveries' statements on the loop, the rest and the commit in the writer thread (see the
         module's docstring). The database's own failure is ``StoreUnavailable``. ``answer``: the
-        items' callers (``commit_batch``), answered by the writer thread once committed (``_finish``)."""
+        items' callers (``commit_batch``), answered by the writer thread once committed (``_committed``)."""
         conn = self._conn
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
