@@ -32,6 +32,7 @@ database answered within the last second).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -121,9 +122,13 @@ class RepeatMemory:
             self._minute, self._since_key = minute, None if at is None else dedupe_key("", at)[1]
         return self._since_key
 
-    def take(self) -> list[tuple[str, int, str, str]]:
-        """The counts to commit now (``rows``); held in ``flushing`` until ``flushed``."""
-        self.seen, self.flushing = {}, self.seen
+    def take(self, limit: int | None = None) -> list[tuple[str, int, str, str]]:
+        """The counts to commit now (``rows``): all, or those of the first ``limit`` keys in key
+        order; held in ``flushing`` until ``flushed``."""
+        if limit is None or len(self.seen) <= limit:
+            self.seen, self.flushing = {}, self.seen
+        else:
+            self.flushing = {key: self.seen.pop(key) for key in heapq.nsmallest(limit, self.seen)}
         return rows(self.flushing)
 
     def flushed(self, committed: bool) -> None:

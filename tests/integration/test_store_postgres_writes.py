@@ -1,5 +1,6 @@
 """How a Postgres store's writes reach the database (``bot.store.postgres._Writes``), on a real
-throwaway cluster: webhook deliveries go before the engine's writes queued earlier."""
+throwaway cluster: webhook deliveries go before the engine's writes queued earlier, and between
+the chunks of a large flush of repeat counts, which commits every count."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ import psycopg
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert, NewEvent
-from bot.store.postgres import _WRITE_LOCK, PostgresStore
+from bot.store.postgres import _WRITE_LOCK, FLUSH_ROWS, PostgresStore
 from tests.harness.postgres import PostgresDatabase
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def _delivery(fingerprint: str, node: str) -> Delivery:
+def _delivery(fingerprint: str, node: str, alerts: int = 1) -> Delivery:
     fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
-    alert = IncomingAlert(fingerprint, T0, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
-    return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,))
+    fingerprints = [fingerprint] if alerts == 1 else [f"{fingerprint}-{n:04d}" for n in range(alerts)]
+    made = tuple(
+        IncomingAlert(fp, T0, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
+        for fp in fingerprints
+    )
+    return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, made)
 
 
 def _connect(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...]]:
@@ -69,5 +74,47 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
                 order.append(kind)
         assert order[:2] == ["engine-0", "delivery"], order
         assert sorted(order[2:]) == ["engine-1", "engine-2", "engine-3"], order
+    finally:
+        await store.close()
+
+
+async def test_a_large_flush_of_repeats_lets_a_delivery_through_between_its_chunks(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """Repeats of 600 alerts counted in memory; the flush's first chunk waits for the write lock
+    held elsewhere, and a new delivery comes. Once the lock is let go, every count is committed,
+    in ``FLUSH_ROWS`` counters a transaction, and the delivery commits after the first chunk,
+    before the last (the rows' ``xmin``: the transaction that last wrote each)."""
+    alerts = 600
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    try:
+        stored = _delivery("rep", "gpu-000", alerts)
+        await store.ingest(stored, T0)
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
+            counted = await store.count_repeats(
+                [(a.fingerprint, a.starts_at, a.status) for a in stored.alerts], T0
+            )
+            assert counted == alerts  # from memory: the database was not asked
+            await _waiting_for_lock(watch)  # the flusher's first chunk
+            delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
+            await asyncio.sleep(0.05)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            await asyncio.wait_for(delivery, timeout=15)
+            for _ in range(300):  # the rest of the flush
+                rows = watch.execute(
+                    "SELECT deliveries, xmin::text::bigint FROM alert_deliveries WHERE fingerprint LIKE 'rep-%'"
+                ).fetchall()
+                if all(deliveries == 2 for deliveries, _ in rows):
+                    break
+                await asyncio.sleep(0.02)
+            assert len(rows) == alerts and all(deliveries == 2 for deliveries, _ in rows), "a count was lost"
+            [[new_at]] = watch.execute(
+                "SELECT xmin::text::bigint FROM alert_deliveries WHERE fingerprint = 'new'"
+            ).fetchall()
+        chunks = sorted({xmin for _, xmin in rows})
+        assert len(chunks) == -(-alerts // FLUSH_ROWS), chunks
+        assert chunks[0] < new_at < chunks[-1], (chunks, new_at)
     finally:
         await store.close()

@@ -33,6 +33,25 @@ def test_counts_leave_in_key_order_and_a_failed_flush_keeps_them() -> None:
     assert memory.seen == {} and memory.flushing == {}
 
 
+def test_a_flush_in_chunks_takes_the_first_keys_and_a_failed_chunk_keeps_only_its_own() -> None:
+    memory = RepeatMemory()
+    keys = {fp: dedupe_key(fp, T0) for fp in ("fp-e", "fp-c", "fp-a", "fp-d", "fp-b")}
+    memory.remember({key: ("firing", None) for key in keys.values()})
+    for fp in keys:
+        assert memory.count([(fp, T0, "firing")], T0) == 1
+    first = memory.take(2)
+    assert [row[2] for row in first] == ["fp-a", "fp-b"]  # in key order, as a whole flush
+    assert set(memory.seen) == {keys["fp-c"], keys["fp-d"], keys["fp-e"]}
+    memory.flushed(committed=True)
+    second = memory.take(2)
+    assert [row[2] for row in second] == ["fp-c", "fp-d"]
+    memory.flushed(committed=False)  # this chunk failed: only its counts come back
+    assert set(memory.seen) == {keys["fp-c"], keys["fp-d"], keys["fp-e"]}
+    assert all(n == 1 for _, n in memory.seen.values())
+    assert [row[2] for row in memory.take(10)] == ["fp-c", "fp-d", "fp-e"]  # fewer left: all
+    assert memory.seen == {}
+
+
 def test_only_a_delivery_that_changes_nothing_remembered_is_counted() -> None:
     memory = RepeatMemory()
     memory.remember({dedupe_key("fp-f", T0): ("firing", None), dedupe_key("fp-r", T0): ("resolved", None)})
