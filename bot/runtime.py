@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -329,7 +329,7 @@ def build_app(
     if slack is not None:
         background.append(_Closing(slack.aclose))
     if annotations is not None:
-        background.append(annotations)
+        background.append(_Closing(annotations.adapter.aclose))
     background.append(leadership)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
     detail: dict[str, Callable[[], dict[str, Any]]] = {}
@@ -361,7 +361,7 @@ def build_app(
 
 class _Closing:
     """A background worker that only closes something at shutdown (after the workers started
-    after it have stopped): the outbox's Slack session."""
+    after it have stopped): the outbox's Slack session, Grafana's."""
 
     def __init__(self, close: Callable[[], Awaitable[None]]) -> None:
         self._close = close
@@ -373,19 +373,13 @@ class _Closing:
         await self._close()
 
 
+@dataclass(frozen=True, slots=True)
 class Annotations:
     """Grafana's annotations: the sender (leader-only: ``Leadership`` runs it) and the adapter,
-    whose HTTP session this background worker closes at shutdown, after the sender stopped."""
+    whose HTTP session is closed at shutdown, after the sender stopped (``_Closing``)."""
 
-    def __init__(self, sender: OutboxSender, adapter: GrafanaAnnotations) -> None:
-        self.sender = sender
-        self.adapter = adapter
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        await self.adapter.aclose()
+    sender: OutboxSender
+    adapter: GrafanaAnnotations
 
 
 def _grafana(
