@@ -24,7 +24,7 @@ import aiohttp
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
-from bot.integrations.fenced import last_check
+from bot.integrations.fenced import READS, last_check
 from bot.store.base import IncidentRecord, OutboxItem, Store
 from bot.store.lease import Fence
 
@@ -139,7 +139,7 @@ class GrafanaAnnotations:
     async def _request(
         self, method: str, path: str, body: dict[str, Any] | None, *, op: str, auth: bool
     ) -> Any:
-        if self._fence is not None and method != "GET":
+        if self._fence is not None and method not in READS:
             self._fence.token()  # Deposed: the lease may have lapsed while the last call was answered
         headers = {"Accept": "application/json"}
         if auth:
