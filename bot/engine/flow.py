@@ -226,9 +226,10 @@ class IncidentFlow:
         def still_open(steps: Mapping[str, StepRecord]) -> list[str]:
             return [s for s in job_steps if _status(steps, s) not in _ENDED]
 
-        if still_open(steps):
-            steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
         open_steps = still_open(steps)
+        if open_steps:
+            steps = await self.store.steps_of(incident.id)  # fresh: the job track runs beside this one
+            open_steps = still_open(steps)
         if open_steps:
             if job_track is None or job_track.done():
                 # Its prerequisites never completed (skipped by a replan?): nothing will run it.
