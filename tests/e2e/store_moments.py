@@ -96,22 +96,25 @@ def catch_at(
         began = beginning.submit(begin)
         taking: Future[Any] | None = None
         deadline = time.monotonic() + 60
-        seen: list[tuple[bool, str]] = []  # (the moment?, each statement let through), for the failure
+        seen: list[tuple[bool, str]] = []  # (``query``'s, each statement let through), for the failure
         try:
             while True:
                 if began.done() and began.exception() is not None:
                     began.result()  # the alert was refused: say why, not "never caught"
                 assert time.monotonic() < deadline, f"never caught the leader at {query}; let through:\n" + (
-                    "\n".join(f"  moment={m} {q[:300]!r}" for m, q in seen[-20:])
+                    "\n".join(
+                        f"  {'the wrong moment' if m else 'another statement'}: {q[:300]!r}"
+                        for m, q in seen[-20:]
+                    )
                 )
                 wait_until(
                     lambda: bool(_waiting(watch, ours)), timeout=30, interval=0.002, what=f"{table} wanted"
                 )
-                waiting, now = _waiting(watch, ours), moment(held)
-                if any(query in statement for statement in waiting) and now:
+                waiting = _waiting(watch, ours)
+                if any(query in statement for statement in waiting) and moment(held):
                     act()
                     break
-                seen.extend((now, statement) for statement in waiting)
+                seen.extend((query in statement, statement) for statement in waiting)
                 taking = asking.submit(spare.execute, lock)
                 in_line = functools.partial(_queued, watch, spare.info.backend_pid)
                 wait_until(in_line, timeout=30, interval=0.002, what="the spare in line for the table")
