@@ -256,9 +256,10 @@ class Admission:
 
     async def _trip(self, reason: str, incident: IncidentRecord, now: datetime) -> None:
         # One summary for the whole storm; incidents stopped by the open breaker stay quiet, so
-        # it is told before the breaker opens: a crash between the two tells it again when the
-        # incident is admitted again (it trips the breaker again), where the other order could
-        # leave the breaker open and nobody told.
+        # it is told before the breaker opens (the other order could leave the breaker open and
+        # nobody told). A crash between the two admits the incident again, which trips the
+        # breaker again: the notice is keyed to the incident that trips it, so the outbox finds
+        # it told and it is not posted twice.
         await post_safely(
             self._ports,
             self._store,
@@ -274,6 +275,8 @@ class Admission:
                 ),
                 severity="critical",
                 actions=("breaker-reset",),
+                step=GUARDS,
+                key=f"breaker:{incident.id}",
             ),
         )
         await self._store.set_switch(

@@ -78,8 +78,8 @@ class OutboxNotifier:
 
     async def post(self, notice: Notice) -> str | None:
         incident_id, step, once = notice.incident_id, notice.step, notice.key
-        if incident_id is None or step is None:
-            once = None  # only a step's notice about an incident is posted once
+        if step is None:
+            once = None  # only a step's notice is posted once
         elif once is not None:
             posted = await self._store.told(incident_id, step, once)
             if posted is not None:

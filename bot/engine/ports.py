@@ -255,7 +255,8 @@ class Notice:
     actions: tuple[str, ...] = ()
     node: str | None = None
     #: The step that posts it and what it is about in that step's run (``StepContext.tell``): the
-    #: outbox posts a notice with a ``key`` at most once per incident, run of its step and key.
+    #: outbox posts a notice with a ``key`` at most once per incident, run of its step and key
+    #: (without an incident, once per step and key for good: ``Store.told``).
     step: str | None = None
     key: str | None = None
 

@@ -426,16 +426,17 @@ class Store(Protocol):
         """Append ``event`` to the timeline and, in the same transaction, one outbox row per
         destination carrying ``payload``; the event's seq.
 
-        With ``once`` (the event must name its incident and its ``step``), the notice is one that
-        step posts at most once: when ``told`` finds it (for the event's kind) in the same
-        transaction, nothing is written and that event's seq is returned; else the event keeps
-        ``once`` in its data under ``ONCE``. A ``ValueError`` without an incident or a step."""
+        With ``once`` (the event must name its ``step``), the notice is one that step posts at
+        most once: when ``told`` finds it (for the event's kind) in the same transaction, nothing
+        is written and that event's seq is returned; else the event keeps ``once`` in its data
+        under ``ONCE``. A ``ValueError`` without a step."""
         ...
 
-    async def told(self, incident_id: str, step: str, once: str) -> int | None:
+    async def told(self, incident_id: str | None, step: str, once: str) -> int | None:
         """The seq of the ``NOTICE`` event that ``step`` enqueued for the incident under ``once``
         since it last ran afresh (after its latest ``SUPERSEDED`` event, if any); ``None``: not
-        posted in this run of the step."""
+        posted in this run of the step. Without an incident (a notice about pitcrew as a whole),
+        ever: ``once`` names what the notice is about."""
         ...
 
     async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:

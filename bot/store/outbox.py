@@ -41,7 +41,7 @@ def enqueue(
     """The timeline event and its notice, one row per destination; the event's ``seq``. With
     ``once``, unless the event's step posted it already (``told``): then that event's ``seq``."""
     if once is not None:
-        assert incident_id is not None and event.step is not None, "checked by the store"
+        assert event.step is not None, "checked by the store"
         posted = yield from told(incident_id, event.kind, event.step, once)
         if posted is not None:
             return posted
@@ -53,17 +53,26 @@ def enqueue(
     return seq
 
 
-def told(incident_id: str, kind: str, step: str, once: str) -> Op[int | None]:
+def told(incident_id: str | None, kind: str, step: str, once: str) -> Op[int | None]:
     """The ``kind`` event ``step`` wrote under ``once`` in its current run: after the step's latest
     ``SUPERSEDED`` event, where a new run begins (a crash, a retry or a pause does not begin one).
     Few rows: the step's own notices of one run; the key is matched here, not in each dialect's
-    JSON."""
-    found = yield rows(
-        "SELECT seq, data_json FROM events WHERE incident_id = ? AND kind = ? AND step = ? AND seq >"
-        " COALESCE((SELECT MAX(seq) FROM events WHERE incident_id = ? AND kind = ? AND step = ?), 0)"
-        " ORDER BY seq",
-        (incident_id, kind, step, incident_id, SUPERSEDED, step),
-    )
+    JSON. Without an incident (a notice about pitcrew as a whole), no step runs again: ``once``
+    holds for good, so its key names what it is about (the breaker's: the incident that tripped
+    it)."""
+    if incident_id is None:
+        found = yield rows(
+            "SELECT seq, data_json FROM events WHERE incident_id IS NULL AND kind = ? AND step = ?"
+            " ORDER BY seq",
+            (kind, step),
+        )
+    else:
+        found = yield rows(
+            "SELECT seq, data_json FROM events WHERE incident_id = ? AND kind = ? AND step = ? AND seq >"
+            " COALESCE((SELECT MAX(seq) FROM events WHERE incident_id = ? AND kind = ? AND step = ?), 0)"
+            " ORDER BY seq",
+            (incident_id, kind, step, incident_id, SUPERSEDED, step),
+        )
     for row in found:
         if json.loads(row["data_json"]).get(ONCE) == once:
             return int(row["seq"])

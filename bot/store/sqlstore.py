@@ -342,13 +342,13 @@ class SqlStore(ABC):
         *,
         once: str | None = None,
     ) -> int:
-        if once is not None and (incident_id is None or event.step is None):
-            raise ValueError("a notice posted once belongs to an incident and a step")
+        if once is not None and event.step is None:
+            raise ValueError("a notice posted once belongs to a step")
         return await self._write(
             lambda: _outbox.enqueue(incident_id, event, kind, payload, destinations, now, once)
         )
 
-    async def told(self, incident_id: str, step: str, once: str) -> int | None:
+    async def told(self, incident_id: str | None, step: str, once: str) -> int | None:
         return await self._read(_outbox.told(incident_id, NOTICE, step, once))
 
     async def outbox_pending(self, destination: str, limit: int = 100) -> list[OutboxItem]:

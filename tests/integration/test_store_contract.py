@@ -529,15 +529,38 @@ async def test_a_notice_a_step_posts_once_is_posted_once_per_run_of_the_step(sto
     assert await store.told(incident_id, "close", "incident") in posted  # not another step's run
     assert len(await store.outbox_pending("slack")) == 5
 
-    # Without ``once`` every call posts (a flow's notices); ``once`` needs an incident and a step.
+    # Without ``once`` every call posts (a flow's notices); ``once`` needs a step.
     plain = NewEvent("notice", outcome="incident")
     seqs = {await store.enqueue(incident_id, plain, "incident", {}, ["slack"], T0) for _ in range(2)}
     assert len(seqs) == 2
-    with pytest.raises(ValueError, match="incident and a step"):
+    with pytest.raises(ValueError, match="a step"):
         await store.enqueue(incident_id, plain, "incident", {}, ["slack"], T0, once="x")
-    with pytest.raises(ValueError, match="incident and a step"):
-        await store.enqueue(None, notice, "incident", {}, ["slack"], T0, once="x")
     assert len(await store.outbox_pending("slack")) == 7
+
+
+async def test_a_notice_about_pitcrew_as_a_whole_posted_once_is_posted_once_for_good(stores: Stores) -> None:
+    """The breaker's notice names no incident: its key says what it is about, and it holds even
+    after a step of that name ran afresh somewhere (no incident-less step is ever superseded)."""
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    notice = NewEvent("notice", step="guards", outcome="breaker", detail="breaker opened")
+
+    async def post(once: str, incident: str | None = None) -> int:
+        return await store.enqueue(incident, notice, "breaker", {"title": "open"}, ["slack"], T0, once=once)
+
+    assert await store.told(None, "guards", f"breaker:{incident_id}") is None
+    first = await post(f"breaker:{incident_id}")
+    assert await post(f"breaker:{incident_id}") == first
+    assert await store.told(None, "guards", f"breaker:{incident_id}") == first
+    await store.step_finished(
+        incident_id, "guards", "superseded", T0, event=NewEvent(SUPERSEDED, step="guards")
+    )
+    assert await post(f"breaker:{incident_id}") == first
+    # Another key is another notice; the incident's own notice under the same key is its own.
+    others = {await post("breaker:other"), await post(f"breaker:{incident_id}", incident_id)}
+    assert len(others | {first}) == 3
+    assert await store.told(incident_id, "guards", f"breaker:{incident_id}") in others
+    assert len(await store.outbox_pending("slack")) == 3
 
 
 async def test_two_processes_on_one_store_see_each_other(stores: Stores) -> None:
