@@ -33,10 +33,9 @@ long ingest); their times are the database's ``now()``, whatever the replicas' c
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import itertools
 import math
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -208,19 +207,18 @@ class _Writes:
     transaction over once and hears back once. The connection is made on first use and again
     after the database dropped it.
 
-    Webhook deliveries go first (``drive(first=True)``): the thread takes a waiting batch of them
-    before the engine's writes queued earlier, so an acknowledgement waits for at most the one
-    transaction under way, not for every write an incident's flow queued (measured with
-    ``bench/ingest.py``: a batch waited 13-26 ms for the thread at the median, behind the engine's
-    writes). The engine is not starved: deliveries come one batch at a time (the next gathers while
-    one commits), so an engine write waits for at most one batch."""
+    Webhook deliveries go first (``drive(first=True)``, ``_Lanes``): the thread takes a waiting
+    batch of them before the engine's writes queued earlier, so an acknowledgement waits for at
+    most the one transaction under way, not for every write an incident's flow queued (measured
+    with ``bench/ingest.py``: a batch waited 13-26 ms for the thread at the median, behind the
+    engine's writes). The engine is not starved: the thread never takes two batches of deliveries
+    in a row while an engine write waits, so one waits for at most one batch."""
 
     def __init__(self, url: str, kwargs: dict[str, Any], where: str, *, locked: bool = True) -> None:
         """``locked``: every transaction under the write lock (or its shared mode); else none
         (retention's, ``PostgresStore._prune_transact``)."""
         self._url, self._kwargs, self._where, self._locked = url, kwargs, where, locked
-        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], None] | None]] = queue.PriorityQueue()
-        self._order = itertools.count()
+        self._lanes = _Lanes()
         name = "pitcrew-store-writes" if locked else "pitcrew-store-prunes"
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -257,19 +255,16 @@ class _Writes:
                     answer(driven.result)
                 done.set_result(driven)
 
-        self._queue.put((0 if first else 1, next(self._order), work))
+        self._lanes.put(work, first=first)
         return await asyncio.wrap_future(done)
 
     async def deliveries(self, op: Op[list[Result]], exclusive: bool, answer: Answer | None) -> list[Result]:
         return (await self.drive(op, exclusive=exclusive, first=True, answer=answer)).result
 
     def _serve(self) -> None:
-        while True:
-            _, _, work = self._queue.get()
-            if work is None:
-                self._drop()
-                return
+        while (work := self._lanes.get()) is not None:
             work()
+        self._drop()
 
     def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
         lock = None  # retention's: no lock
@@ -295,8 +290,47 @@ class _Writes:
     async def close(self) -> None:
         """The writes already queued commit first; then the connection is closed."""
         self._closed = True
-        self._queue.put((2, next(self._order), None))
+        self._lanes.close()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+
+class _Lanes:
+    """What the writes' thread runs next: webhook deliveries (``first``) before the engine's
+    writes, each lane in order, but never two deliveries' transactions in a row while an engine
+    write waits. Deliveries come a batch at a time with the next one already waiting
+    (``bot.store.group_commit``): first alone, they would hold the engine's writes back for as
+    long as a storm lasts."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._first: collections.deque[Callable[[], None]] = collections.deque()
+        self._rest: collections.deque[Callable[[], None]] = collections.deque()
+        self._after_first = False  # the last one taken was a delivery's
+        self._closing = False
+
+    def put(self, work: Callable[[], None], *, first: bool) -> None:
+        with self._ready:
+            (self._first if first else self._rest).append(work)
+            self._ready.notify()
+
+    def get(self) -> Callable[[], None] | None:
+        """The next work, waiting for one; ``None`` once closed and everything put has been taken."""
+        with self._ready:
+            while not (self._first or self._rest or self._closing):
+                self._ready.wait()
+            if self._first and not (self._rest and self._after_first):
+                self._after_first = True
+                return self._first.popleft()
+            if self._rest:
+                self._after_first = False
+                return self._rest.popleft()
+            return None
+
+    def close(self) -> None:
+        """What was put is still taken; then ``get`` answers ``None``."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
 
 
 def read_password(path: Path) -> str:
