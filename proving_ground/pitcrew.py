@@ -27,7 +27,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import yaml
@@ -108,7 +108,7 @@ class Pitcrew:
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout: float = 20.0, *, ready: bool = True) -> Pitcrew:
+    def start(self, timeout: float = 20.0, *, ready: bool = True) -> Self:
         """Start and wait until ``/readyz`` answers 200 (``ready=False``: until ``/healthz`` does,
         for a pitcrew that is meant to start not ready)."""
         self.starts += 1

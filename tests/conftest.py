@@ -96,7 +96,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     config.option.loadscopereorder = False
 
-    class Scheduling(LoadScopeScheduling):
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type hints
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(ONE_BY_ONE):
                 return nodeid

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import cast
 
 from mypy import api as mypy
 
@@ -45,7 +46,7 @@ def test_every_error_in_bot_names_a_member_never_a_written_string() -> None:
     assert not missing, f"errors without a reason: {missing}"
     assert not written, f"reasons written as strings, not Reason members: {written}"
     members = [r for _, r in raised if isinstance(r, ast.Attribute) and isinstance(r.value, ast.Name)]
-    assert {m.attr for m in members if m.value.id == "Reason"} <= set(Reason.__members__)
+    assert {m.attr for m in members if cast(ast.Name, m.value).id == "Reason"} <= set(Reason.__members__)
 
 
 TYPED = """\

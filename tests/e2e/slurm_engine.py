@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.domain.jobs import JobSnapshot
+from proving_ground import pitcrew as runner
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.harness.pitcrew import Pitcrew
@@ -49,7 +50,7 @@ def replace_node(**budgets: dict[str, Any]) -> dict[str, Any]:
     return {"replace-node": {"steps": [{"step": s, **budgets.get(s, {})} for s in steps]}}
 
 
-def open_incident(server: Pitcrew, body: bytes) -> str:
+def open_incident(server: runner.Pitcrew, body: bytes) -> str:
     status, answer = server.post_alerts(body)
     assert status == 200, answer
     [incident_id] = answer["opened"]

@@ -38,7 +38,7 @@ def _world(tmp: Path) -> Path:
         "gpu-node-05": gpu_node("ml-train/bert-worker-0"),
         "gpu-node-06": gpu_node("ml-train/vit-worker-0"),
     }
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"job_id": "101", "name": "llama-pretrain", "user": "alice", "node": "gpu-node-02"},
         {"job_id": "102", "name": "bert-finetune", "user": "bob", "node": "gpu-node-05"},
         {"job_id": "103", "name": "vit", "user": "carol", "node": "gpu-node-06", "requeue": False},

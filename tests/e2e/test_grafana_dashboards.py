@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
+from proving_ground.assets import COLLECTORS_CSV
 from proving_ground.dcgm import Standin, load_collectors
 from proving_ground.prometheus import Prometheus, http_json
 from proving_ground.slurm import SlurmCluster
-from proving_ground.stack import COLLECTORS_CSV
 from proving_ground.train_job import METRIC, ProgressServer
 from tests.e2e.slurm_engine import epoch, open_incident, start_pitcrew, training_on_a_node
 from tests.grafana.dashboards import concrete, dashboards, queries
@@ -101,7 +101,7 @@ def test_every_panel_returns_data_and_gpu_hours_match_the_timeline(
 ) -> None:
     standin, progress = exporters
     binary = require_binary("prometheus", "prometheus")
-    settings = {
+    settings: dict[str, Any] = {
         "resumption": {"progress_query": QUERY, "prometheus_url": "", "require_progress": False},
         "goodput": {"progress_unit_seconds": 1.0},  # the stand-in job does one step a second
         # One spare held apart in a reservation: the job restarts on the third node by itself, and

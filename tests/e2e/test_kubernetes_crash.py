@@ -50,6 +50,7 @@ def test_sigkill_between_cordon_and_its_ack_never_writes_twice(
     )
     server.kill()  # the answer is still held by the emulator
     applied = kube_world.call(lambda e: e.get("nodes", node))
+    assert applied is not None
     assert applied["spec"]["unschedulable"] is True
     assert applied["metadata"]["annotations"][OWNER_ANNOTATION] == incident_id
     assert TAINT_KEY in [t["key"] for t in applied["spec"]["taints"]]

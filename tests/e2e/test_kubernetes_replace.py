@@ -121,6 +121,7 @@ def test_replace_node_on_slurm_and_kubernetes(
     assert step_result(final, "wait_ready")["node"] == new_node
     assert step_result(final, "wait_ready")["validated"] is True
     diag = kube_world.call(lambda e: e.get("jobs", f"pitcrew-validation-{incident_id}", "pitcrew-jobs"))
+    assert diag is not None
     assert diag["spec"]["template"]["spec"]["nodeName"] == new_node and diag["status"]["succeeded"] == 1
     assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")
 
@@ -210,7 +211,7 @@ def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     log = kube_world.log()
     assert not [e for e in log if e.subresource == "eviction" and e.name == f"slurmd-{node}"]  # a DaemonSet's
     new_node = step_result(final, "wait_ready")["node"]
-    state = kube_world.call(
+    state: dict[str, Any] = kube_world.call(
         lambda e: {
             "node": e.get("nodes", new_node),
             "claims": [c["status"]["nodeName"] for (k, _, _), c in e.objects.items() if k == "nodeclaims"],

@@ -163,6 +163,7 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
             assert step_result(final, "give_back")["node"] == new_node
             assert _members(kube_world, labels) == [new_node]  # the pool has its size again
             lent = kube_world.call(lambda e: e.get("nodes", "gpu-003"))
+            assert lent is not None
             assert not lent["spec"].get("unschedulable")
             assert not any(
                 k.startswith("pitcrew.dev/lent") for k in lent["metadata"].get("annotations") or {}
@@ -225,6 +226,7 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
             assert step_result(final, "give_back")["node"] == "gpu-003"
             assert _members(kube_world, INFERENCE) == ["gpu-003"]  # the inference pool has its size again
             lent = kube_world.call(lambda e: e.get("nodes", "gpu-003"))
+            assert lent is not None
             assert INFERENCE.items() <= lent["metadata"]["labels"].items()
             assert "slinky.slurm.net/nodeset" not in lent["metadata"]["labels"]
             assert not lent["spec"].get("unschedulable")  # inference pods can schedule there again
@@ -273,6 +275,7 @@ def test_plan_live_names_the_node_a_take_would_choose_and_the_guards_that_refuse
 
     def plan() -> dict[str, Any]:
         assert main(["plan", str(payload), "--live", "--json", "-c", str(config)]) == 0
+        found: dict[str, Any]
         [found] = json.loads(capsys.readouterr().out)
         assert main(["plan", str(payload), "--live", "-c", str(config)]) == 0
         said = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "spare  now:" in ln]

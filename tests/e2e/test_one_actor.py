@@ -71,7 +71,7 @@ def _pair(
         "inventory": inventory(shared / "inventory.yaml", nodes, jobs),
         "latency": "100ms",
     }
-    config = {
+    config: dict[str, Any] = {
         "mode": "auto",
         "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
         "store": dict(store),

@@ -39,7 +39,7 @@ def _no_scontrol(tmp_path: Path) -> dict[str, str]:
 
 
 def _settings(slurm: SlurmCluster) -> dict[str, Any]:
-    values = slurm.pitcrew_settings("rest", command_timeout=5)
+    values: dict[str, Any] = slurm.pitcrew_settings("rest", command_timeout=5)
     values["slurm"].pop("bin_dir", None)  # the proving ground's scontrol wrapper: not in this image
     return {
         "mode": "auto",

@@ -193,6 +193,7 @@ def test_plan_live_names_the_spare_a_take_would_choose_or_the_guard_that_stops_i
         body = {"mode": "auto", "store": {"path": str(tmp_path / "none.db")}, "capacity": {"pools": [pool]}}
         config.write_text(yaml.safe_dump({**body, **settings}))
         assert main(["plan", str(payload), "--live", "--json", "-c", str(config)]) == 0
+        found: dict[str, Any]
         [found] = json.loads(capsys.readouterr().out)
         assert main(["plan", str(payload), "--live", "-c", str(config)]) == 0
         said = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "spare  now:" in ln]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -397,7 +397,10 @@ class Through:
         return await call()
 
 
-Effect = Fail | Slow | Unconfirmed | Answer | Through
+class Effect(Protocol):
+    """What a script holds: ``Fail``, ``Slow``, ``Unconfirmed``, ``Answer``, ``Through`` or a test's own."""
+
+    async def __call__(self, time: FakeTime, call: Call) -> Any: ...
 
 
 def transient(times: int, reason: Reason = Reason.UNAVAILABLE) -> list[Effect]:

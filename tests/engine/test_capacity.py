@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -245,7 +245,7 @@ async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repai
         [notice] = h.notices("capacity", incident)
         assert "gpu-node-03" in notice["title"]
         # The training loss is clocked to the restart Slurm reports, seconds after the fault.
-        [job] = steps["confirm_resumed"].result["jobs"]  # type: ignore[misc]
+        [job] = cast(list[dict[str, Any]], steps["confirm_resumed"].result["jobs"])
         assert isinstance(job, dict) and 0 <= job["seconds_to_restart"] < 60, job
         [summary] = h.notices("summary", incident)
         [lost] = [line for line in summary["lines"] if line.startswith("job 100 training lost:")]
@@ -343,7 +343,7 @@ async def test_nothing_taken_says_why_and_the_job_waits_for_the_repair(
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
         steps = await h.steps(incident)
-        assert says in steps["capacity"].result["waiting"]
+        assert says in cast(str, steps["capacity"].result["waiting"])
         assert slurm.reservations["spares"] == ["gpu-node-03", "gpu-node-04"]
         assert "gpu-node-01" in slurm.jobs["100"].nodes  # it waited for its node to come back
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 from bot.config_sections import EngineSettings, ResumptionSettings
 from bot.engine.hung_jobs import HungJobs
@@ -162,7 +163,7 @@ async def test_an_opted_in_site_requeues_exactly_the_hung_job(tmp_path: Path) ->
         assert "job 101" in action.detail and "gpu-node-02 left as they are" in action.detail
         assert h.sample("pitcrew_actions_total", action="slurm_requeue") == 1
         steps = await h.steps(incident_id)
-        [outcome] = steps["confirm_requeued"].result["jobs"]
+        [outcome] = cast(list[dict[str, Any]], steps["confirm_requeued"].result["jobs"])
         assert (outcome["status"], outcome["restarts_before"], outcome["restarts_now"]) == ("resumed", 0, 1)
         assert outcome["progress_before"] == 1200 and outcome["progress_now"] > 1200
         assert h.notices("job_running", incident_id)

@@ -154,7 +154,7 @@ async def test_a_deposed_leaders_intent_write_is_refused_before_its_destructive_
                     await time.sleep(60)
                 return await call()
 
-        a.scheduler.always("node", CutOffInSlurmResume())  # type: ignore[arg-type]
+        a.scheduler.always("node", CutOffInSlurmResume())
         incident = await h.alert("gpu-node-02")
         await h.run_until(lambda: a.cut, 600)
         before = Counter(a.calls)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 from prometheus_client import generate_latest
@@ -24,6 +25,7 @@ from prometheus_client import generate_latest
 from bot.engine.errors import Reason
 from bot.engine.metrics import IncidentLabels, Metrics
 from bot.report import render_detail
+from bot.store.base import Json
 from bot.web.views import incident_detail
 from tests.engine.harness import Answer, EngineHarness, Slow, Through, fleet, transient
 
@@ -67,8 +69,8 @@ async def test_xid79_exports_stages_goodput_retest_and_one_info_series(tmp_path:
         }
         assert (
             h.sample("pitcrew_incident_info", **row)
-            == (await h.incident(incident)).first_alert_at.timestamp()
-        )  # type: ignore[union-attr]
+            == cast(datetime, (await h.incident(incident)).first_alert_at).timestamp()
+        )
         assert h.sample("pitcrew_nodes_under_remediation") == 1
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
@@ -80,7 +82,7 @@ async def test_xid79_exports_stages_goodput_retest_and_one_info_series(tmp_path:
         expected_node = 8 * (back - fault).total_seconds() / 3600  # the simulator's nodes list no Gres
         assert expected_node >= 8 * 900 / 3600  # the replacement is Ready at +900 s
         assert h.sample("pitcrew_gpu_hours_lost_total", **LABELS) == pytest.approx(expected_node, abs=1e-6)
-        [job] = steps["confirm_resumed"].result["jobs"]  # type: ignore[misc]
+        [job] = cast(list[Json], steps["confirm_resumed"].result["jobs"])
         assert isinstance(job, dict)
         running = _at(job["restarted_at"] or job["resumed_at"])
         expected_job = 8 * (running - fault).total_seconds() / 3600

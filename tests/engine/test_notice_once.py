@@ -91,7 +91,7 @@ async def test_a_notice_committed_before_a_crash_is_not_posted_again(case: Case,
 
     def wrap(store: Store, time: FakeTime) -> Store:
         lost.append(LostCommit(store, time, case.step, case.kind))
-        return lost[0]  # type: ignore[return-value]  # a Store in all but name
+        return lost[0]
 
     harness = EngineHarness(
         tmp_path, inventory=fleet(jobs=case.jobs), outbox=["slack"], store=wrap, **case.harness

@@ -89,7 +89,8 @@ class _Prometheus:
     """Reports the fault series for the node until ``until`` virtual seconds have passed."""
 
     def __init__(self, h: EngineHarness, until: float) -> None:
-        self.h, self.until, self.asked = h, until, []
+        self.h, self.until = h, until
+        self.asked: list[str] = []
 
     async def instant(self, promql: str) -> list[tuple[dict[str, str], float]]:
         self.asked.append(promql)

@@ -24,7 +24,7 @@ import json
 import types
 import typing
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from grafana_foundation_sdk.cog import runtime
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -97,7 +97,8 @@ def _check(value: Any, hint: Any, path: str) -> list[str]:
     if isinstance(hint, type) and _is_model_class(hint):
         if not isinstance(value, dict):
             return [f"{path}: {type(value).__name__}, not a {hint.__name__}"]
-        decoded = hint.from_json(value)  # kept as plain JSON by the decoder (links, transformations)
+        # kept as plain JSON by the decoder (links, transformations); ``_is_model_class`` checked from_json
+        decoded = cast(Any, hint).from_json(value)
         return [*_differences(value, _encoded(decoded), path), *_fields(decoded, path)]
     return _scalar(value, hint, path)
 

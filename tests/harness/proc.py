@@ -36,7 +36,7 @@ def require_binary(name: str, package: str) -> str:
 
 
 def wait_until(
-    predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = ""
+    predicate: Callable[[], object], *, timeout: float, interval: float = 0.05, what: str = ""
 ) -> None:
     """Poll ``predicate`` until true; fail the test with ``what`` on timeout."""
     deadline = time.monotonic() + timeout

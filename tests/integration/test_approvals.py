@@ -24,7 +24,7 @@ def _approving(pitcrew_factory: Any, tmp_path: Path, name: str, timeout: str) ->
         {f"gpu-node-0{n}": gpu_node(f"ml-train/worker-{n}") for n in range(1, 7)},
         [{"job_id": "201", "name": "llm", "user": "dana", "node": "gpu-node-02"}],
     )
-    return pitcrew_factory(
+    server: Pitcrew = pitcrew_factory(
         name,
         config={
             "mode": "approve",
@@ -32,7 +32,8 @@ def _approving(pitcrew_factory: Any, tmp_path: Path, name: str, timeout: str) ->
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}, "node": {"cooldown": "0s"}},
         },
         world={"inventory": world},
-    ).start()
+    )
+    return server.start()
 
 
 @pytest.fixture

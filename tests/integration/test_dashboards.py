@@ -27,8 +27,8 @@ import yaml
 from bot.config import Settings
 from bot.engine.metrics import Metrics
 from grafana import render
+from proving_ground.assets import COLLECTORS_CSV
 from proving_ground.dcgm import Node, load_collectors
-from proving_ground.stack import COLLECTORS_CSV
 from tests.grafana.dashboards import DASHBOARD_DIR, REPO, concrete, dashboards, metric_names, panels, queries
 from tests.grafana.schema import violations
 from tests.harness.proc import require_binary
@@ -94,7 +94,7 @@ def test_every_query_reads_the_datasource_variable(name: str) -> None:
 
 
 def _registry_names() -> set[str]:
-    names = set()
+    names: set[str] = set()
     for family in Metrics().registry.collect():
         suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",)}
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))

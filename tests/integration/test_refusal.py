@@ -16,7 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -31,9 +31,9 @@ from proving_ground.assets import REPO
 from proving_ground.proc import free_port
 from tests.simulator.serve import WorldFile, simulated_ports
 
-SLURM = {"integrations": {"scheduler": "slurm"}}
-APPROVERS = {"approvals": {"approvers": ["alice"]}}
-DANGEROUS = {
+SLURM: dict[str, Any] = {"integrations": {"scheduler": "slurm"}}
+APPROVERS: dict[str, Any] = {"approvals": {"approvers": ["alice"]}}
+DANGEROUS: dict[str, dict[str, Any]] = {
     "auto": {"mode": "auto", **SLURM},
     "approve": {"mode": "approve", **APPROVERS, **SLURM},
     "playbook_modes override": {"playbook_modes": {"replace-node": "auto"}, **SLURM},
@@ -224,7 +224,7 @@ def test_build_ports_puts_the_journal_only_where_configured(tmp_path: Path) -> N
         "journal",
         "log",
     ]
-    assert journal.scheduler is journal.cluster  # one journal, in call order
+    assert cast(object, journal.scheduler) is journal.cluster  # one journal, in call order
     slurm_only = build_ports(
         load_config(None, mode="auto", integrations={"scheduler": "slurm", "cluster": "none"})
     )

@@ -63,11 +63,12 @@ def _world(tmp: Path) -> Path:
 
 
 def _server(pitcrew_factory: Any, world: Path, **extra: Any) -> Pitcrew:
-    return pitcrew_factory(
+    server: Pitcrew = pitcrew_factory(
         "rollback",
         config={"mode": "auto", "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}}},
         world={"inventory": world, **extra},
-    ).start()
+    )
+    return server.start()
 
 
 def test_rollback_after_cordon_restores_the_node_exactly(pitcrew_factory: Any, tmp_path: Path) -> None:

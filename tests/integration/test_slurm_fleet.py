@@ -78,6 +78,7 @@ async def test_slurm_only_admission_reads_the_fleet_from_slurm(slurm: SlurmClust
     sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(backend)))
     policy, now = Policy(mode=Mode.AUTO), datetime.now(UTC)
     xid79 = classify(Subject("gpu-002", "3", None, None, 79, "79", None, ""), load_catalog())
+    assert xid79 is not None
     acting = plan("gpu-002", [xid79], [], policy, load_playbooks(), now, REGISTRY)
     try:
         facts = await node_facts(Ports(scheduler=sched, cluster=None, notifier=LogNotifier()), "gpu-002")

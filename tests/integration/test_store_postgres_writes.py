@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import cast
 
 import psycopg
 
@@ -113,7 +114,8 @@ async def test_a_large_flush_of_repeats_lets_a_delivery_through_between_its_chun
             [[new_at]] = watch.execute(
                 "SELECT xmin::text::bigint FROM alert_deliveries WHERE fingerprint = 'new'"
             ).fetchall()
-        chunks = sorted({xmin for _, xmin in rows})
+        assert isinstance(new_at, int)  # a bigint
+        chunks = sorted(cast(set[int], {xmin for _, xmin in rows}))  # bigints
         assert len(chunks) == -(-alerts // FLUSH_ROWS), chunks
         assert chunks[0] < new_at < chunks[-1], (chunks, new_at)
     finally:

@@ -50,11 +50,17 @@ def component_rbac(strategy: str) -> Path:
 
 
 class Request(Protocol):
-    verb: str
-    api_group: str
-    resource: str
-    subresource: str | None
-    namespace: str | None
+    # Read-only: a frozen ``Asked`` is a request as much as a logged one.
+    @property
+    def verb(self) -> str: ...
+    @property
+    def api_group(self) -> str: ...
+    @property
+    def resource(self) -> str: ...
+    @property
+    def subresource(self) -> str | None: ...
+    @property
+    def namespace(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,7 @@ async def tour(
 
 
 async def _settled(k8s: KubeEmulator) -> None:
+    assert k8s.ready_delay is not None
     await asyncio.sleep(k8s.replace_delay + k8s.ready_delay + 0.1)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -52,7 +53,7 @@ async def test_an_expired_exec_token_is_refreshed_once_and_the_call_succeeds(
         await asyncio.gather(*(cluster.node(NODE) for _ in range(5)))  # all refused, one reload
         assert _runs(tmp_path) == 2
         gets = [e.status for e in k8s.log if e.verb == "get" and e.resource == "nodes"]
-        assert gets[0] == 200 and sorted(gets[1:]) == [200] * 5 + [401] * 5
+        assert gets[0] == 200 and sorted(cast(list[int], gets[1:])) == [200] * 5 + [401] * 5
         k8s.expire_tokens()
         await cluster.set_annotations(NODE, {"example.com/a": "b"})  # a write, refused then sent again
         patches = [e.status for e in k8s.log if e.verb == "patch" and e.resource == "nodes"]

@@ -299,6 +299,7 @@ async def test_karpenter_replaces_a_node_only_for_pitcrews_pending_placeholder(
     await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
         "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
     )
+    assert k8s.ready_delay is not None
     await asyncio.sleep(k8s.replace_delay + k8s.ready_delay + 0.2)  # let the stand-in's controllers run
     assert not [k for k in k8s.objects if k[0] in ("nodes", "nodeclaims")]
 

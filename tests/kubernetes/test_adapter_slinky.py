@@ -34,7 +34,7 @@ async def test_slurmd_pod_drains_once_slurm_let_go(cluster: KubernetesCluster, k
     node = await cluster.node(NODE)
     assert node is not None
     pods = await cluster.slurmd_pods("slurm", DEFAULT_SLINKY_SELECTOR)
-    [slurm_node] = slurm_nodes_for(node, NodeMapping(node_mapping="slinky"), pods)
+    [slurm_node] = slurm_nodes_for(node, NodeMapping(mode="slinky"), pods)
     assert slurm_node == "gpu-002"
 
     await cluster.set_annotations(NODE, slinky_cordon_annotations("pitcrew: pc-00042 XID 79"))
@@ -74,7 +74,7 @@ async def test_the_operator_drains_with_pitcrews_reason_and_keeps_the_pod_protec
     assert slurm.reasons["gpu-002"] == "slurm-operator: pitcrew: pc-00042 XID 79"
     with pytest.raises(TransientError, match="slurm-workers-pdb-slurm"):  # still busy: still protected
         await cluster.evict(SLURMD)
-    k8s.slinky_slurm.busy["gpu-002"] = False  # the job ends (or is requeued): the operator sees it
+    slurm.busy["gpu-002"] = False  # the job ends (or is requeued): the operator sees it
     await _settled(k8s)
     await cluster.evict(SLURMD)
     assert [e.status for e in k8s.log if e.subresource == "eviction"] == [429, 201]

@@ -8,6 +8,8 @@ of a dict body to strategic merge; a bad taint effect is a 422; CRDs refuse stra
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
@@ -22,10 +24,10 @@ FOREIGN = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 OURS = {"key": "pitcrew.dev/gpu-fault", "value": "xid-79", "effect": "NoSchedule"}
 
 
-def _status(exc: ApiException) -> dict:
+def _status(exc: ApiException) -> dict[str, Any]:
     import json
 
-    return json.loads(exc.body)
+    return cast(dict[str, Any], json.loads(exc.body))
 
 
 async def test_node_get_and_list_by_label(k8s_client: client.ApiClient) -> None:
@@ -92,7 +94,9 @@ async def test_read_modify_patch_keeps_a_foreign_taint(
     }
     patched = await core.patch_node(NODE, body, _content_type=STRATEGIC)
     assert [t.key for t in patched.spec.taints] == ["nvidia.com/gpu", "pitcrew.dev/gpu-fault"]
-    assert k8s.get("nodes", NODE)["spec"]["taints"][0] == FOREIGN
+    stored = k8s.get("nodes", NODE)
+    assert stored is not None
+    assert stored["spec"]["taints"][0] == FOREIGN
 
 
 async def test_strategic_merge_merges_conditions_by_type(k8s_client: client.ApiClient) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes.aio import client
@@ -31,7 +31,7 @@ WORKER = "llama-pretrain-worker-2"
 
 
 def _status(exc: ApiException) -> dict[str, Any]:
-    return json.loads(exc.body)
+    return cast(dict[str, Any], json.loads(exc.body))
 
 
 def _eviction(name: str, namespace: str, grace: int | None = None) -> client.V1Eviction:

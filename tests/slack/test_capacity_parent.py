@@ -33,9 +33,8 @@ def test_the_last_capacity_word_is_shown() -> None:
     assert capacity_word(events) == took
     assert capacity_word([*events, _event(4, "action", back, action="capacity_give_back")]) == back
     refused = "no node to take: spares: min_idle — 1 idle, keeps at least 1"
-    assert capacity_word([_event(1, "capacity_none", f"job 100 waits for the repair: {refused}")]).endswith(
-        refused
-    )
+    waits = capacity_word([_event(1, "capacity_none", f"job 100 waits for the repair: {refused}")])
+    assert waits is not None and waits.endswith(refused)
     assert capacity_word(events[:1]) is None
 
 

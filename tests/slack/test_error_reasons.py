@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,8 +26,8 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.integrations.slack.errors import REASONS, MessageGone, call, reason_of
+from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery
-from tests.harness.standins import SlackStandin
 from tests.slack.pitcrew_app import SlackPitcrew, until
 
 Request = Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]
@@ -45,7 +46,7 @@ class Case:
     fault: int | None = None
 
 
-def _post(channel: str = CHANNEL, **extra: object) -> Request:
+def _post(channel: str = CHANNEL, **extra: Any) -> Request:
     return lambda c: c.chat_postMessage(channel=channel, text="pitcrew", **extra)
 
 

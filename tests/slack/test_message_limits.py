@@ -10,6 +10,7 @@ over a limit with ``invalid_blocks``). Long timelines end with a pointer to ``pi
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
@@ -29,7 +30,7 @@ LINES = [f"line {n}: " + "y" * 5_000 for n in range(1_000)]
 AT = datetime(2026, 11, 29, 8, 46, 39, tzinfo=UTC)
 
 
-def _item(kind: str, payload: dict[str, object], number: int) -> OutboxItem:
+def _item(kind: str, payload: dict[str, Any], number: int) -> OutboxItem:
     return OutboxItem(number, "slack", "pc-" + LONG, kind, payload, AT)
 
 
@@ -37,7 +38,7 @@ def _built() -> list[tuple[str, Message]]:
     destination = SlackDestination(AsyncWebClient(token="unused"), None, SlackLinks("C0GPUOPS"), lambda: AT)  # type: ignore[arg-type]
     built: list[tuple[str, Message]] = []
     for n, kind in enumerate(NOTICE_KINDS):
-        payload = {
+        payload: dict[str, Any] = {
             "incident_id": "pc-" + LONG,
             "kind": kind,
             "title": LONG,

@@ -41,7 +41,7 @@ async def _probe(
         signing_secret_file=app_token_file,  # http needs one; its content is not read by a probe
         channel=channel,
         base_url=base_url,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     )
     return await slack_probe(settings).probe()
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.integrations.slack import messages
-from bot.integrations.slack.outbound import METADATA_TYPE, SlackDestination, SlackLinks
+from bot.integrations.slack.lookup import METADATA_TYPE
+from bot.integrations.slack.outbound import SlackDestination, SlackLinks
 from bot.store.base import OutboxItem
 from bot.store.sqlite import SqliteStore
 from proving_ground.slack.server import SlackStandin

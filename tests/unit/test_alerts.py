@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 
@@ -127,7 +128,9 @@ def test_unknown_fields_and_truncated_alerts_are_accepted() -> None:
         ({"gpu": "1"}, {}, (None, "1", None)),
     ],
 )
-def test_label_normalisation(labels: dict[str, str], annotations: dict[str, str], expected: tuple) -> None:
+def test_label_normalisation(
+    labels: dict[str, str], annotations: dict[str, str], expected: tuple[str | None, str | None, int | None]
+) -> None:
     alert = {
         "status": "firing",
         "labels": labels,
@@ -319,7 +322,7 @@ ACCEPTED_TIMES = [
 
 
 @pytest.mark.parametrize("fields", ACCEPTED_TIMES)
-def test_times_in_the_window_around_now_are_accepted(fields: dict[str, str]) -> None:
+def test_times_in_the_window_around_now_are_accepted(fields: dict[str, Any]) -> None:
     check_times(one_alert({"node": "n"}, **fields), NOW)
 
 
@@ -341,7 +344,7 @@ def test_times_in_the_window_around_now_are_accepted(fields: dict[str, str]) -> 
     ],
 )
 def test_times_outside_the_window_around_now_refuse_the_delivery(
-    fields: dict[str, str], refused: str
+    fields: dict[str, Any], refused: str
 ) -> None:
     with pytest.raises(AlertRejected) as error:
         check_times(one_alert({"node": "n"}, **fields), NOW)
@@ -361,7 +364,7 @@ def test_times_outside_the_window_around_now_refuse_the_delivery(
 )
 def test_times_with_no_utc_equivalent_are_malformed(field: str, value: str, says: str) -> None:
     with pytest.raises(PayloadError, match=says):
-        one_alert({"node": "n"}, **{field: value})
+        one_alert({"node": "n"}, **cast(dict[str, Any], {field: value}))
 
 
 @pytest.mark.parametrize("count", [10**400, 2**64])

@@ -42,6 +42,7 @@ from tests.simulator.world import Journal, SimulatedWorld
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 AUTO = Policy(mode=Mode.AUTO)
 XID79 = classify(Subject("gpu-002", "3", None, None, 79, "79", None, ""), load_catalog())
+assert XID79 is not None
 ACTING = plan("gpu-002", [XID79], [], AUTO, load_playbooks(), NOW, REGISTRY)
 
 

@@ -40,6 +40,7 @@ from bot.engine.steps import REGISTRY
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 XID79 = classify(Subject("gpu-004", "3", None, None, 79, "79", None, ""), load_catalog())
+assert XID79 is not None
 ACTING = plan("gpu-004", [XID79], [], Policy(mode=Mode.AUTO), load_playbooks(), NOW, REGISTRY)
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ import pytest
 
 from bot.engine.errors import PermanentError
 from bot.engine.ports import Cluster, Notice, PodRef, Scheduler
-from bot.integrations import journal as journal_module
 from bot.integrations.journal import DryRunJournal, LogNotifier
 
 
@@ -34,7 +34,7 @@ async def test_every_write_appends_one_marked_line_with_its_arguments(tmp_path: 
     path = tmp_path / "state" / "dry-run-journal.jsonl"
     journal = DryRunJournal(path)
     pod = PodRef("ml-train", "worker-0", owner_kind="Job")
-    calls = [
+    calls: list[tuple[Awaitable[object], dict[str, Any]]] = [
         (journal.down("gpu-001", "pitcrew: pc-1 XID 79"), {"op": "slurm_down", "node": "gpu-001"}),
         (journal.drain("gpu-002", "pitcrew: pc-2 ecc"), {"op": "slurm_drain", "node": "gpu-002"}),
         (journal.requeue("4711"), {"op": "requeue", "job_id": "4711"}),
@@ -90,7 +90,7 @@ async def test_each_line_is_fsynced_off_the_event_loop(
         synced_on.append(threading.current_thread())
         real_fsync(fd)
 
-    monkeypatch.setattr(journal_module.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)  # the module the journal imported
     journal = DryRunJournal(tmp_path / "j.jsonl")
     await journal.down("gpu-001", "pitcrew: pc-1 XID 79")
     await journal.cordon("gpu-001", incident_id="pc-1", reason="r")

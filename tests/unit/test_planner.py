@@ -44,7 +44,7 @@ def fault(xid: int | None = None, kind: str | None = None, gpu: str = "3", messa
 
 
 def policy(mode: Mode = Mode.AUTO, **kw: object) -> Policy:
-    return Policy(mode=mode, approvals=ApprovalPolicy(approvers=("alice",)), **kw)  # type: ignore[arg-type]
+    return Policy(mode=mode, approvals=ApprovalPolicy(approvers=("alice",)), **kw)
 
 
 def past(playbook: str, ago: timedelta, acted: bool = True, incident: str = "pc-00001") -> PastIncident:

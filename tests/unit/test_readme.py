@@ -9,6 +9,7 @@ is there; every integration error reason is explained.
 
 from __future__ import annotations
 
+import argparse
 import re
 import typing
 from collections.abc import Iterator
@@ -54,7 +55,8 @@ def test_every_config_key_is_in_the_readme(key: str) -> None:
 def test_documented_cli_commands_exist() -> None:
     commands = set(re.findall(r"^pitcrew ([a-z-]+)", README, flags=re.M))
     parser = _parser()
-    known = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    assert parser._subparsers is not None  # the parser has subcommands
+    known = set(typing.cast(dict[str, argparse.ArgumentParser], parser._subparsers._group_actions[0].choices))
     assert commands, "README shows no pitcrew command"
     assert commands <= known, commands - known
 

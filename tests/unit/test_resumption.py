@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import pytest
 
@@ -20,6 +21,7 @@ from bot.domain.jobs import JobSnapshot, ResumeVerdict, expand_hostlist, judge_r
 from bot.domain.ownership import REASON_MAX_LEN, clean_reason, is_pitcrew_reason, slurm_reason
 from bot.engine.steps.resumed import ConfirmResumedResult, JobOutcome
 from bot.store import codec
+from bot.store.base import Json
 
 BEFORE = JobSnapshot("42", "train", "alice", "RUNNING", ("gpu-001",), restarts=0)
 
@@ -122,7 +124,7 @@ def test_a_job_outcome_is_stored_flat_and_reads_back_the_same() -> None:
     record = ConfirmResumedResult(jobs=(outcome,), last=(outcome,))  # final and latest: two uses of the type
     stored = codec.encode_record(record)
     for key in ("jobs", "last"):
-        [job] = stored[key]  # type: ignore[misc]
+        [job] = cast(list[Json], stored[key])
         assert isinstance(job, dict)
         assert {f.name for f in fields(ResumeVerdict)} | {
             "down_at",

@@ -10,6 +10,7 @@ secrets load.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from bot.cli import main
 from bot.config import ConfigError, load_config
 
 SECRET = "s3cret-shared-by-two-roles"
-ROLES = {
+ROLES: dict[str, Callable[[str], dict[str, Any]]] = {
     "server.auth.bearer_token_file": lambda path: {"server": {"auth": {"bearer_token_file": path}}},
     "server.auth.basic_auth.password_file": lambda path: {
         "server": {"auth": {"basic_auth": {"username": "alertmanager", "password_file": path}}}
