@@ -40,3 +40,9 @@ def last_check(fence: Fence) -> aiohttp.TraceConfig:
     trace = aiohttp.TraceConfig()
     trace.on_request_headers_sent.append(check)
     return trace
+
+
+def traces(fence: Fence | None) -> list[aiohttp.TraceConfig]:
+    """The trace configs of a client that changes a far side: ``last_check`` of ``fence``, or
+    none without one (``check-config --live``, tests)."""
+    return [last_check(fence)] if fence is not None else []

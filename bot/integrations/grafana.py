@@ -24,7 +24,7 @@ import aiohttp
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
-from bot.integrations.fenced import READS, last_check
+from bot.integrations.fenced import READS, traces
 from bot.store.base import IncidentRecord, OutboxItem, Store
 from bot.store.lease import Fence
 
@@ -145,8 +145,7 @@ class GrafanaAnnotations:
         if auth:
             headers["Authorization"] = f"Bearer {self._token()}"
         if self._session is None:
-            traces = [last_check(self._fence)] if self._fence is not None else []
-            self._session = aiohttp.ClientSession(timeout=self._timeout, trace_configs=traces)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, trace_configs=traces(self._fence))
         try:
             async with self._session.request(
                 method, self._url + path, json=body, headers=headers

@@ -36,7 +36,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from bot import __version__, logger
 from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError, Reason, TransientError
-from bot.integrations.fenced import last_check
+from bot.integrations.fenced import traces
 from bot.store.lease import Fence
 
 T = TypeVar("T")
@@ -184,7 +184,7 @@ async def api_client(
     configuration = client.Configuration()
     await connection.load(configuration)
     configuration.retries = settings.retries or None
-    configuration.trace_configs = [_trace(bucket)] + ([last_check(fence)] if fence is not None else [])
+    configuration.trace_configs = [_trace(bucket), *traces(fence)]
     api = ApiClient(configuration, connection)
     # The apiserver records the User-Agent up to its first "/" as the field manager: name us.
     api.user_agent = f"{USER_AGENT}/{__version__}"

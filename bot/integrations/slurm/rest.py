@@ -25,7 +25,7 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import clean_reason, is_pitcrew_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
-from bot.integrations.fenced import last_check
+from bot.integrations.fenced import traces
 from bot.integrations.slurm.cli import (
     NodeUpdates,
     ScontrolScheduler,
@@ -337,8 +337,7 @@ class RestScheduler(NodeUpdates):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            traces = [last_check(self._fence)] if self._fence is not None else []
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, raise_for_status=False, trace_configs=traces
+                timeout=self._timeout, raise_for_status=False, trace_configs=traces(self._fence)
             )
         return self._session
