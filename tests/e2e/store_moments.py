@@ -61,6 +61,13 @@ def intent(step: str, node: str) -> Callable[[psycopg.Connection[tuple[Any, ...]
     return committed
 
 
+def _let_through(seen: list[tuple[bool, str]]) -> str:
+    """For a failure: every statement ``catch_at`` waited for that came at the wrong moment, then
+    the last five others."""
+    shown = [(m, q) for m, q in seen if m] + [(m, q) for m, q in seen if not m][-5:]
+    return "\n".join(f"  {'the wrong moment' if m else 'another statement'}: {q[:300]!r}" for m, q in shown)
+
+
 def catch_at(
     database: PostgresDatabase,
     table: str,
@@ -101,11 +108,8 @@ def catch_at(
             while True:
                 if began.done() and began.exception() is not None:
                     began.result()  # the alert was refused: say why, not "never caught"
-                assert time.monotonic() < deadline, f"never caught the leader at {query}; let through:\n" + (
-                    "\n".join(
-                        f"  {'the wrong moment' if m else 'another statement'}: {q[:300]!r}"
-                        for m, q in seen[-20:]
-                    )
+                assert time.monotonic() < deadline, (
+                    f"never caught the leader at {query}; let through:\n{_let_through(seen)}"
                 )
                 wait_until(
                     lambda: bool(_waiting(watch, ours)), timeout=30, interval=0.002, what=f"{table} wanted"
