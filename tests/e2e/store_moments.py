@@ -86,8 +86,11 @@ def catch_at(
     before the test held anything (under load, opening the test's connections took longer than the
     leader's poll). A wait at another statement, or at the wrong moment, is let through without a
     gap: a second connection asks for the table before the first lets go, so it is next after that
-    statement, ahead of whatever the leader sends after it. ``moment`` reads on the connection
-    holding the lock (another would wait for ``table`` too)."""
+    statement, ahead of whatever the leader sends after it. What asked for the table between the
+    look and the second connection's turn in line would get it too, unseen (a step's intent
+    write beside a read of the leader's pool): it is looked at again once the second connection
+    is in line. ``moment`` reads on the connection holding the lock (another would wait for
+    ``table`` too)."""
     lock = f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
     with (
         connect(database) as watch,
@@ -104,6 +107,10 @@ def catch_at(
         taking: Future[Any] | None = None
         deadline = time.monotonic() + 60
         seen: list[tuple[bool, str]] = []  # (``query``'s, each statement let through), for the failure
+
+        def caught(waiting: list[str]) -> bool:
+            return any(query in statement for statement in waiting) and moment(held)
+
         try:
             while True:
                 if began.done() and began.exception() is not None:
@@ -114,14 +121,19 @@ def catch_at(
                 wait_until(
                     lambda: bool(_waiting(watch, ours)), timeout=30, interval=0.002, what=f"{table} wanted"
                 )
-                waiting = _waiting(watch, ours)
-                if any(query in statement for statement in waiting) and moment(held):
+                if caught(_waiting(watch, ours)):
                     act()
                     break
-                seen.extend((query in statement, statement) for statement in waiting)
                 taking = asking.submit(spare.execute, lock)
                 in_line = functools.partial(_queued, watch, spare.info.backend_pid)
                 wait_until(in_line, timeout=30, interval=0.002, what="the spare in line for the table")
+                # What asked for the table before the spare did gets it with the statement seen
+                # above: look again (what asks from now on waits behind the spare).
+                waiting = _waiting(watch, ours)
+                if caught(waiting):
+                    act()
+                    break
+                seen.extend((query in statement, statement) for statement in waiting)
                 held.commit()
                 taking.result(timeout=60)
                 taking = None
