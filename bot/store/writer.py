@@ -339,11 +339,15 @@ class Writer:
         """In the writer thread: the rest of the transaction (``_finish``), then whether the files
         are still the ones opened (``lost``). If they are, the callers get their results (``first``,
         worked out on the loop, then the rest) from here (``answer``); if not, none: the writer's
-        task refuses the batch (``_commit``)."""
+        task refuses the batch (``_commit``). The success is recorded before any caller hears
+        (``_attempted``): a caller that asks for readiness at once (``ready``) must not be told of
+        the failure this write has just ended, which the writer's task would record only later."""
         rest = _finish(conn, jobs, units, keys, begun)
         lost = self.lost()
-        if lost is None and answer is not None:
-            answer([*first, *rest])
+        if lost is None:
+            self._attempted(None)
+            if answer is not None:
+                answer([*first, *rest])
         return rest, lost
 
     async def _thread(self, call: Callable[..., Any], *args: Any) -> Any:
