@@ -5,7 +5,8 @@ Each delivery is parsed as JSON, queued, and answered 200 only once the transact
 committed. One writer takes what is queued (up to ``BATCH`` deliveries: group commit, as
 pitcrew's SQLite writer and its Postgres deliveries, ``bot.store.group_commit``, do) and commits
 it in one transaction into one table — on SQLite (WAL,
-``synchronous`` as pitcrew's store is run) or on PostgreSQL (one connection, ``executemany``
+``synchronous`` as pitcrew's store is run; the transaction on the event loop, as pitcrew's writer
+runs deliveries: a thread waits for the interpreter and a core after every call) or on PostgreSQL (one connection, ``executemany``
 in a pipeline). Its throughput is the honest limit of an acknowledgement that survives a
 crash on that database; pitcrew's ratio to it is the figure the ingest benchmark reports.
 
@@ -19,7 +20,6 @@ import asyncio
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -34,7 +34,6 @@ Commit = Callable[[list[str]], Awaitable[None]]
 
 
 def sqlite_committer(path: Path, synchronous: str) -> Commit:
-    pool = ThreadPoolExecutor(max_workers=1)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -46,7 +45,7 @@ def sqlite_committer(path: Path, synchronous: str) -> Commit:
         conn.execute("COMMIT")
 
     async def commit(bodies: list[str]) -> None:
-        await asyncio.get_running_loop().run_in_executor(pool, write, bodies)
+        write(bodies)  # on the event loop, as pitcrew's writer commits deliveries
 
     return commit
 

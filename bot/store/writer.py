@@ -1,28 +1,35 @@
-"""The store's one writer: whole transactions run in one worker thread, many units per commit.
+"""The store's one writer: one connection, many units per commit; deliveries are written on the
+event loop, the engine's writes in one worker thread.
 
-Why a worker thread of our own and not statement-by-statement through an async driver: a
-delivery's transaction is half a dozen statements, and issued one at a time through an
-async bridge each had to wait for the event loop to come round again — under load (the loop
-busy answering Alertmanager's redeliveries) a new alert then waited tens of milliseconds.
-Here the event loop hands a batch to the thread once and gets every result back once.
+Why not statement-by-statement through an async driver: a delivery's transaction is half a dozen
+statements, and issued one at a time through an async bridge each had to wait for the event loop
+to come round again — under load (the loop busy answering Alertmanager's redeliveries) a new
+alert then waited tens of milliseconds. Here a batch runs whole where it runs, and its callers
+get every result back once.
 
-A batch that holds deliveries runs their statements on the event loop's own thread, and only
-the rest (the engine's writes, ``COMMIT`` and its fsync) in the writer thread. Each SQLite call
+Deliveries run on the event loop's own thread, their ``COMMIT`` too, in a transaction of their
+own; only the engine's writes (and a prune's deletes) run in the writer thread. Each SQLite call
 lets go of the interpreter and must take it back, and while the loop is busy answering
-redeliveries a thread waits for it after every statement (up to the switch interval each
-time, with the engine's readers waiting too): in the thread, a new delivery's half-dozen
-statements took 6 ms for 2 ms of work, and the delivery 33-38 ms end to end at saturation;
-begun on the loop, 13-21 ms (``bench/ingest.py``, the same runs). Deliveries' statements are
-short; the engine's writes and a prune's deletes can be long and stay in the thread, where
-SQLite's own work does not hold the loop. The loop never waits for the database's lock:
-``BEGIN IMMEDIATE`` is tried there without a busy timeout, and if another connection holds the
-lock the thread waits for it instead. The connection is used by one thread at a time: the loop
-waits for the thread's last call to end before it uses the connection itself.
+redeliveries a thread waits for it after every statement, and for a core to run on, beside the
+loop and whoever sends the load: in the thread, a new delivery's half-dozen statements took 6 ms
+for 2 ms of work, and the delivery 33-38 ms end to end at saturation; begun on the loop, 13-21 ms.
+Its commit handed to the thread still cost 4 ms (p50) for well under 1 ms of fsync, and a
+delivery that came while engine writes held the thread waited for them (8 ms p50 for 1.4 ms of
+their CPU); committed on the loop, on its own, a new delivery is stored and answered in 5 ms
+(p50, the server's own time; ``bench/ingest.py``, the same runs). The engine's writes can be
+long (a flush of every repeat counted in a second, a step's rows) and stay in the thread, where
+SQLite's own work does not hold the loop. A commit is an fsync, so a disk whose fsync is slow
+would stall every webhook: while the last commits' median is over ``_LOOP_COMMIT_LIMIT``,
+deliveries commit in the thread (where their statements already ran on the loop). The
+loop never waits for the database's lock: ``BEGIN IMMEDIATE`` is tried there without a busy
+timeout, and if another connection holds the lock the thread waits for it instead. The
+connection is used by one thread at a time: the loop waits for the thread's last call to end
+before it uses the connection itself.
 
-Units queue up; the writer takes every delivery waiting plus a few engine writes, runs them
-in one transaction and commits once (group commit: callers hear back only after the
-commit, so an alert answered with 200 is on disk); the writer thread answers them itself
-(``bot.store.batch.answer_soon``).
+Units queue up; the writer takes every delivery waiting plus a few engine writes, and commits
+the deliveries in one transaction, then the engine's writes in another (group commit: callers
+hear back only after the commit, so an alert answered with 200 is on disk); whoever committed
+answers them (``bot.store.batch.answer_soon``).
 If a unit fails, the batch is rolled back and each unit is run alone, so one bad unit fails
 only itself (``bot.store.batch``, the rule Postgres's group commit follows too). Repeat-delivery counters
 are flushed on their own clock, never inside a delivery's transaction, and the flush adds them
@@ -44,6 +51,7 @@ has not written for a while or after a failure.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import os
@@ -77,6 +85,13 @@ _PROBE_TIMEOUT = 2.0  # seconds a readiness probe may wait for its commit
 # elsewhere before they start failing.
 _SPACE_RESERVE = 1 << 20
 _BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another connection's lock (in the thread)
+# Deliveries commit on the event loop while the median of the last ``_COMMITS_TIMED`` commits
+# (the ``COMMIT`` alone: its WAL write and fsync) is under this, and in the writer thread while it
+# is over: a local disk commits in well under a millisecond, and a slow disk's fsync must not stall
+# every webhook. The median, not each commit: one that waited for a core or the interpreter under
+# load says nothing about the disk.
+_LOOP_COMMIT_LIMIT = 0.005
+_COMMITS_TIMED = 15
 
 Unit = Callable[[sqlite3.Connection], Any]
 
@@ -123,6 +138,8 @@ class Writer:
         self._wrote_at = float("-inf")  # monotonic time of the last successful write attempt
         self._probing: asyncio.Task[bool] | None = None
         self._ready = True  # what readiness last reported, to log when it turns
+        self._commit_times: collections.deque[float] = collections.deque(maxlen=_COMMITS_TIMED)
+        self._slow_disk = False  # what the commits' median last said, to log when it turns
 
     @property
     def running(self) -> bool:
@@ -243,22 +260,31 @@ class Writer:
                     break
                 units += not isinstance(item[0], IngestJob)
                 batch.append(item)
-            batch.sort(key=lambda item: not isinstance(item[0], IngestJob))
-            items = [unit for unit, _ in batch]
-            futures = [future for _, future in batch]
-            outcomes = await commit_batch(items, self._commit, futures)
-            failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
-            self._attempted(failed, units=len(batch))
-            for (_, future), outcome in zip(batch, outcomes, strict=True):
-                if not future.done():
-                    if isinstance(outcome, Exception):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
-            for _ in batch:
-                self._queue.task_done()
+            # The deliveries commit on their own, before the engine's writes and without them: they
+            # never wait for the writer thread (see the module's docstring).
+            deliveries = [item for item in batch if isinstance(item[0], IngestJob)]
+            for part in (deliveries, [item for item in batch if not isinstance(item[0], IngestJob)]):
+                if part:
+                    await self._run(part)
         if self.memory.seen:
             await self._flush(loop)  # what was answered 200 is on disk before the loop stops
+
+    async def _run(self, batch: list[tuple[Unit | IngestJob, asyncio.Future[Any]]]) -> None:
+        """One transaction for ``batch`` (``commit_batch``: each alone if it fails); every caller
+        hears its own outcome."""
+        items = [unit for unit, _ in batch]
+        futures = [future for _, future in batch]
+        outcomes = await commit_batch(items, self._commit, futures)
+        failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
+        self._attempted(failed, units=len(batch))
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if not future.done():
+                if isinstance(outcome, Exception):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+        for _ in batch:
+            self._queue.task_done()
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         rows = self.memory.take()  # reads keep counting them until the commit
@@ -316,15 +342,37 @@ class Writer:
                     _rollback(conn)
                     raise
                 jobs = []  # ingested: the thread runs the units and commits
-            rest, lost = await self._thread(
-                self._committed, conn, jobs, units, keys, begun, list(results), answer
-            )
+            if begun and not units and not self._commits_slow():
+                # Deliveries alone: their commit too, here (see the module's docstring).
+                rest, lost = self._committed(conn, [], [], keys, begun, list(results), answer)
+            else:
+                rest, lost = await self._thread(
+                    self._committed, conn, jobs, units, keys, begun, list(results), answer
+                )
             results.extend(rest)
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"write failed: {exc}") from exc
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find this write")
         return results
+
+    def _commits_slow(self) -> bool:
+        """Whether the disk commits too slowly for the event loop (``_LOOP_COMMIT_LIMIT``)."""
+        times = sorted(self._commit_times)
+        slow = bool(times) and times[len(times) // 2] > _LOOP_COMMIT_LIMIT
+        if slow != self._slow_disk:
+            self._slow_disk = slow
+            median = round(times[len(times) // 2] * 1000, 1)
+            if slow:
+                log.warning(
+                    "commits are slow; deliveries commit in the writer thread", extra={"median_ms": median}
+                )
+            else:
+                log.info(
+                    "commits are quick again; deliveries commit on the event loop",
+                    extra={"median_ms": median},
+                )
+        return slow
 
     def _committed(
         self,
@@ -342,7 +390,7 @@ class Writer:
         task refuses the batch (``_commit``). The success is recorded before any caller hears
         (``_attempted``): a caller that asks for readiness at once (``ready``) must not be told of
         the failure this write has just ended, which the writer's task would record only later."""
-        rest = _finish(conn, jobs, units, keys, begun)
+        rest = _finish(conn, jobs, units, keys, begun, self._commit_times)
         lost = self.lost()
         if lost is None:
             self._attempted(None)
@@ -459,15 +507,19 @@ def _finish(
     units: Sequence[Unit],
     keys: Mapping[Key, KeyState],
     begun: bool,
+    times: collections.deque[float],
 ) -> list[Any]:
-    """In the writer thread: begin (unless the loop has), ingest ``jobs`` (those the loop could not
-    begin for), run ``units``, commit; roll back if any of it fails."""
+    """Begin (unless the loop has), ingest ``jobs`` (those the loop could not begin for), run
+    ``units``, commit, and put how long the ``COMMIT`` took in ``times``; roll back if any of it
+    fails."""
     if not begun:
         conn.execute("BEGIN IMMEDIATE")
     try:
         results = _ingest(conn, jobs, keys) if jobs else []
         results.extend(unit(conn) for unit in units)
+        started = time.perf_counter()
         conn.execute("COMMIT")
+        times.append(time.perf_counter() - started)
     except BaseException:
         _rollback(conn)
         raise

@@ -1,0 +1,169 @@
+"""Where SQLite's writer commits (``bot.store.writer``), seen at the database itself.
+
+A unit handed to the writer puts SQLite's trace callback on the writer's connection: from then on
+every statement SQLite runs is recorded with the thread that ran it. Cases:
+
+- a delivery alone runs and commits on the event loop's thread; an engine write commits in the
+  writer thread;
+- deliveries queued beside engine writes commit on their own, first, on the loop, and the engine's
+  writes after them in a transaction of their own in the thread, each caller answered;
+- one slow ``COMMIT`` among quick ones changes nothing; once most of the last ones were slow (the
+  trace callback sleeps inside each, as a slow disk's fsync would), deliveries commit in the writer
+  thread, with one warning, and once most were quick again, on the loop again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bot.domain.faults import Fault
+from bot.store import writer as writer_module
+from bot.store.base import Delivery, IncomingAlert, IngestOutcome
+from bot.store.writer import IngestJob, Writer
+
+T0 = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+
+
+def _job(node: str) -> IngestJob:
+    fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
+    alert = IncomingAlert(f"fp-{node}", T0, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
+    return IngestJob(Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,)), T0)
+
+
+class Traced:
+    """Every statement on the writer's connection, with the thread that ran it."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[int, str]] = []
+        self.slow = 0.0  # seconds each ``COMMIT`` takes longer while set, as on a slow disk
+
+    def install(self, conn: sqlite3.Connection) -> None:
+        conn.set_trace_callback(self._ran)
+
+    def _ran(self, sql: str) -> None:
+        self.statements.append((threading.get_ident(), sql.strip()))
+        if sql.strip() == "COMMIT" and self.slow:
+            time.sleep(self.slow)  # SQLite calls this as the statement starts: inside the commit
+
+    def mark(self) -> int:
+        return len(self.statements)
+
+    def commits(self, since: int = 0) -> list[int]:
+        """The threads that ran each ``COMMIT`` after ``since``."""
+        return [thread for thread, sql in self.statements[since:] if sql == "COMMIT"]
+
+
+#: The loop's limit here, well above what a loaded CI machine's fsync takes, and a slow disk's commit.
+LIMIT, SLOW = 0.05, 0.1
+
+
+@pytest.fixture
+async def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Writer, Traced]]:
+    monkeypatch.setattr(writer_module, "_LOOP_COMMIT_LIMIT", LIMIT)
+    store = Writer(tmp_path / "pitcrew.db")
+    await store.open()
+    traced = Traced()
+    try:
+        await store.submit(traced.install)
+        yield store, traced
+    finally:
+        await store.close()
+
+
+def _engine_write(conn: sqlite3.Connection) -> str:
+    conn.execute("PRAGMA user_version")  # read, in the unit's transaction: a stand-in for a step's rows
+    return "engine"
+
+
+async def test_a_delivery_commits_on_the_loop_and_an_engine_write_in_the_thread(
+    writer: tuple[Writer, Traced],
+) -> None:
+    store, traced = writer
+    loop_thread = threading.get_ident()
+    since = traced.mark()
+    outcome = await store.submit(_job("gpu-001"))
+    assert isinstance(outcome, IngestOutcome) and outcome.new_alerts == 1
+    assert traced.commits(since) == [loop_thread]
+    assert any(
+        thread == loop_thread and sql.startswith("INSERT") for thread, sql in traced.statements[since:]
+    )
+    since = traced.mark()
+    assert await store.submit(_engine_write) == "engine"
+    [committed_by] = traced.commits(since)
+    assert committed_by != loop_thread
+
+
+async def test_deliveries_queued_beside_engine_writes_commit_first_on_their_own(
+    writer: tuple[Writer, Traced],
+) -> None:
+    store, traced = writer
+    loop_thread = threading.get_ident()
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:  # keeps the writer thread busy while more is queued
+        held.set()
+        release.wait(10)
+
+    holding = asyncio.create_task(store.submit(hold))
+    assert await asyncio.to_thread(held.wait, 10)
+    engine = asyncio.create_task(store.submit(_engine_write))
+    first, second = (
+        asyncio.create_task(store.submit(_job("gpu-002"))),
+        asyncio.create_task(store.submit(_job("gpu-003"))),
+    )
+    await asyncio.sleep(0.05)  # all three queued behind the held unit: the writer's next batch
+    since = traced.mark()
+    release.set()
+    await holding
+    outcomes = await asyncio.gather(first, second)
+    assert await engine == "engine"
+    assert [o.new_alerts for o in outcomes] == [1, 1]
+    after_hold = traced.commits(since)[1:]  # the held unit's own commit first
+    assert len(after_hold) == 2, traced.statements[since:]
+    deliveries_by, engine_by = after_hold
+    assert deliveries_by == loop_thread and engine_by != loop_thread
+    # The two deliveries were one transaction: one BEGIN for both on the loop, before the engine's.
+    begins = [thread for thread, sql in traced.statements[since:] if sql.startswith("BEGIN")]
+    assert begins == [loop_thread, engine_by]
+
+
+async def test_slow_commits_send_the_deliveries_commits_to_the_thread_until_they_are_quick_again(
+    writer: tuple[Writer, Traced], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, traced = writer
+    loop_thread = threading.get_ident()
+    window = writer_module._COMMITS_TIMED
+    nodes = (f"gpu-{n:03d}" for n in range(100))
+
+    async def deliver(count: int) -> list[int]:
+        """``count`` deliveries one after the other: the threads that committed each."""
+        since = traced.mark()
+        for _ in range(count):
+            await store.submit(_job(next(nodes)))
+        return traced.commits(since)
+
+    with caplog.at_level(logging.INFO, logger=writer_module.log.name):
+        assert await deliver(window) == [loop_thread] * window
+        traced.slow = SLOW  # one slow commit among quick ones: a core or the interpreter was busy
+        assert await deliver(1) == [loop_thread]
+        traced.slow = 0.0
+        assert await deliver(1) == [loop_thread]
+        traced.slow = SLOW  # the disk turns slow: once most of the last commits were, the thread
+        slow = await deliver(window // 2 + 2)
+        assert slow[: window // 2] == [loop_thread] * (window // 2)
+        assert loop_thread not in slow[window // 2 + 1 :]
+        traced.slow = 0.0  # quick again: once most of the last commits were, the loop again
+        quick = await deliver(window)
+        assert quick[-1] == loop_thread and loop_thread not in quick[:2]
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("commits are slow; deliveries commit in the writer thread") == 1
+    assert said.count("commits are quick again; deliveries commit on the event loop") == 1
