@@ -17,7 +17,7 @@ Its commit handed to the thread still cost 4 ms (p50) for well under 1 ms of fsy
 delivery that came while engine writes held the thread waited for them (8 ms p50 for 1.4 ms of
 their CPU); committed on the loop, on its own, a new delivery is stored and answered in 5 ms
 (p50, the server's own time; ``bench/ingest.py``, the same runs). The engine's writes can be
-long (a flush of every repeat counted in a second, a step's rows) and stay in the thread, where
+long (a step's rows, a prune's deletes) and stay in the thread, where
 SQLite's own work does not hold the loop. A commit is an fsync, so a disk whose fsync is slow
 would stall every webhook: while the last commits' median is over ``_LOOP_COMMIT_LIMIT``,
 deliveries commit in the thread (where their statements already ran on the loop). The
@@ -31,11 +31,11 @@ the deliveries in one transaction, then the engine's writes in another (group co
 hear back only after the commit, so an alert answered with 200 is on disk); whoever committed
 answers them (``bot.store.batch.answer_soon``).
 If a unit fails, the batch is rolled back and each unit is run alone, so one bad unit fails
-only itself (``bot.store.batch``, the rule Postgres's group commit follows too). Repeat-delivery counters
-are flushed on their own clock, never inside a delivery's transaction, and the flush adds them
-to the stored counts (several processes may count repeats of one alert). ``close`` asks the
-loop to stop and waits for it: the loop runs what was queued before, flushes the counters and
-returns; it is never cancelled in the middle of a write (a write cancelled before the writer
+only itself (``bot.store.batch``, the rule Postgres's group commit follows too). Repeat-delivery
+counters are flushed on their own clock, never inside a delivery's transaction (on the loop, up
+to ``_FLUSH_HERE`` counters), and the flush adds them to the stored counts (several processes may
+count repeats of one alert). ``close`` asks the loop to stop and waits for it: the loop runs what
+was queued before, flushes the counters and returns; it is never cancelled in the middle of a write (a write cancelled before the writer
 thread took it never ran, and the repeats it carried, already answered 200, were lost). WAL
 checkpoints run on a separate (aiosqlite) connection beside the writer, never inside a commit.
 
@@ -77,6 +77,11 @@ from bot.store.sql import SQLITE, run_sync, single
 log = logger(__name__)
 _CHECKPOINT_EVERY = 2.0  # seconds between WAL checkpoints
 _FLUSH_EVERY = 1.0  # seconds: repeat-delivery counters reach the disk at least this often
+# A flush of up to this many counters runs on the event loop, as deliveries do: in the thread a
+# busy second's (1,000-1,800 counters under bench/ingest.py) held the connection for 23-40 ms
+# (p50), and every delivery that came meanwhile waited; on the loop it takes 6-7 ms. More (a
+# fleet's worth at once) would hold the loop too long: the thread takes them.
+_FLUSH_HERE = 2000
 _PROBE_EVERY = 5.0  # seconds without a committed write before readiness proves the store with one
 _RETRY_AFTER = 1.0  # seconds after a failed write before readiness tries again (the 503's Retry-After)
 _PROBE_TIMEOUT = 2.0  # seconds a readiness probe may wait for its commit
@@ -295,7 +300,7 @@ class Writer:
         try:
             # Shielded: if whoever flushes is cancelled, the write handed to the writer thread is
             # not withdrawn with it (the counts it carries were answered 200 already).
-            await asyncio.shield(self._commit([bump]))
+            await asyncio.shield(self._commit([bump], here=len(rows) <= _FLUSH_HERE))
         except asyncio.CancelledError:
             self.memory.flushed(committed=True)  # the shielded write goes on without us
             raise
@@ -318,11 +323,15 @@ class Writer:
             log.error("store write failed", extra={"units": units}, exc_info=error)
         self._failure, self._failed_at = str(error), time.monotonic()
 
-    async def _commit(self, items: Sequence[Unit | IngestJob], answer: Answer | None = None) -> list[Any]:
+    async def _commit(
+        self, items: Sequence[Unit | IngestJob], answer: Answer | None = None, *, here: bool = False
+    ) -> list[Any]:
         """``items`` in one transaction: their results once committed where a restart will look.
-        Deliveries' statements on the loop, the rest and the commit in the writer thread (see the
-        module's docstring). The database's own failure is ``StoreUnavailable``. ``answer``: the
-        items' callers (``commit_batch``), answered by the writer thread once committed (``_committed``)."""
+        Deliveries' statements on the loop, and the units' too if ``here`` (a flush of counters);
+        the other units in the writer thread; the commit on the loop if nothing ran in the thread
+        and commits are quick, else in the thread (see the module's docstring). The database's own
+        failure is ``StoreUnavailable``. ``answer``: the items' callers (``commit_batch``), answered
+        by whoever committed, once committed (``_committed``)."""
         conn = self._conn
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
@@ -334,10 +343,13 @@ class Writer:
                 # The connection is the thread's until its last call ends.
                 await asyncio.wait([asyncio.wrap_future(self._in_thread)])
             results: list[Any] = []
-            begun = bool(jobs) and _begin_now(conn)
+            begun = bool(jobs or here) and _begin_now(conn)
             if begun:
                 try:
-                    results = _ingest(conn, jobs, keys)
+                    results = _ingest(conn, jobs, keys) if jobs else []
+                    if here:
+                        results.extend(unit(conn) for unit in units)
+                        units = []
                 except BaseException:
                     _rollback(conn)
                     raise

@@ -7,6 +7,7 @@ every statement SQLite runs is recorded with the thread that ran it. Cases:
   writer thread;
 - deliveries queued beside engine writes commit on their own, first, on the loop, and the engine's
   writes after them in a transaction of their own in the thread, each caller answered;
+- a flush of repeat-delivery counters runs its statements and commits on the loop too;
 - one slow ``COMMIT`` among quick ones changes nothing; once most of the last ones were slow (the
   trace callback sleeps inside each, as a slow disk's fsync would), deliveries commit in the writer
   thread, with one warning, and once most were quick again, on the loop again.
@@ -167,3 +168,20 @@ async def test_slow_commits_send_the_deliveries_commits_to_the_thread_until_they
     said = [r.getMessage() for r in caplog.records]
     assert said.count("commits are slow; deliveries commit in the writer thread") == 1
     assert said.count("commits are quick again; deliveries commit on the event loop") == 1
+
+
+async def test_a_flush_of_repeat_counts_runs_and_commits_on_the_loop(writer: tuple[Writer, Traced]) -> None:
+    store, traced = writer
+    loop_thread = threading.get_ident()
+    outcome = await store.submit(_job("gpu-007"))
+    store.memory.remember(outcome.cache)  # committed: its repeats are counted in memory from now
+    assert store.memory.count([("fp-gpu-007", T0, "firing")] * 3, T0) == 3
+    since = traced.mark()
+    for _ in range(100):  # the writer flushes within ``_FLUSH_EVERY``
+        await asyncio.sleep(0.05)
+        if traced.commits(since):
+            break
+    flush = traced.statements[since:]
+    assert [thread for thread, sql in flush if sql.startswith("UPDATE alert_deliveries")] == [loop_thread]
+    assert traced.commits(since) == [loop_thread]
+    assert not store.memory.seen
