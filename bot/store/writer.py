@@ -8,7 +8,7 @@ alert then waited tens of milliseconds. Here a batch runs whole where it runs, a
 get every result back once.
 
 Deliveries run on the event loop's own thread, their ``COMMIT`` too, in a transaction of their
-own; only the engine's writes (and a prune's deletes) run in the writer thread. Each SQLite call
+own, and so does a flush of repeat counters; only the engine's writes run in the writer thread. Each SQLite call
 lets go of the interpreter and must take it back, and while the loop is busy answering
 redeliveries a thread waits for it after every statement, and for a core to run on, beside the
 loop and whoever sends the load: in the thread, a new delivery's half-dozen statements took 6 ms
@@ -17,8 +17,8 @@ Its commit handed to the thread still cost 4 ms (p50) for well under 1 ms of fsy
 delivery that came while engine writes held the thread waited for them (8 ms p50 for 1.4 ms of
 their CPU); committed on the loop, on its own, a new delivery is stored and answered in 5 ms
 (p50, the server's own time; ``bench/ingest.py``, the same runs). The engine's writes can be
-long (a step's rows, a prune's deletes) and stay in the thread, where
-SQLite's own work does not hold the loop. A commit is an fsync, so a disk whose fsync is slow
+long (a step's rows, a prune's deletes) and stay in the thread, where SQLite's own work does not
+hold the loop. A commit is an fsync, so a disk whose fsync is slow
 would stall every webhook: while the last commits' median is over ``_LOOP_COMMIT_LIMIT``,
 deliveries commit in the thread (where their statements already ran on the loop). The
 loop never waits for the database's lock: ``BEGIN IMMEDIATE`` is tried there without a busy
@@ -35,9 +35,10 @@ only itself (``bot.store.batch``, the rule Postgres's group commit follows too).
 counters are flushed on their own clock, never inside a delivery's transaction (on the loop, up
 to ``_FLUSH_HERE`` counters), and the flush adds them to the stored counts (several processes may
 count repeats of one alert). ``close`` asks the loop to stop and waits for it: the loop runs what
-was queued before, flushes the counters and returns; it is never cancelled in the middle of a write (a write cancelled before the writer
-thread took it never ran, and the repeats it carried, already answered 200, were lost). WAL
-checkpoints run on a separate (aiosqlite) connection beside the writer, never inside a commit.
+was queued before, flushes the counters and returns; it is never cancelled in the middle of a
+write (a write cancelled before the writer thread took it never ran, and the repeats it carried,
+already answered 200, were lost). WAL checkpoints run on a separate (aiosqlite) connection beside
+the writer, never inside a commit.
 
 The writer also owns the truth about whether the store can take writes. A commit is
 acknowledged only if the database file (and its WAL) at the configured path is still the
