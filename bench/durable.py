@@ -4,10 +4,10 @@ survives a crash, and nothing of pitcrew.
 Each delivery is parsed as JSON, queued, and answered 200 only once the transaction holding it
 committed. One writer takes what is queued (up to ``BATCH`` deliveries: group commit, as
 pitcrew's SQLite writer and its Postgres deliveries, ``bot.store.group_commit``, do) and commits
-it in one transaction into one table — on SQLite (WAL,
-``synchronous`` as pitcrew's store is run; the transaction on the event loop, as pitcrew's writer
-runs deliveries: a thread waits for the interpreter and a core after every call) or on PostgreSQL (one connection, ``executemany``
-in a pipeline). Its throughput is the honest limit of an acknowledgement that survives a
+it in one transaction into one table — on SQLite (WAL, ``synchronous`` as pitcrew's store is
+run; the transaction on the event loop, as pitcrew's writer runs deliveries: a thread waits for
+the interpreter and a core after every call) or on PostgreSQL (one connection, ``executemany`` in
+a pipeline). Its throughput is the honest limit of an acknowledgement that survives a
 crash on that database; pitcrew's ratio to it is the figure the ingest benchmark reports.
 
     python bench/durable.py PORT sqlite PATH [SYNCHRONOUS]

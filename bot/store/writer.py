@@ -8,23 +8,22 @@ alert then waited tens of milliseconds. Here a batch runs whole where it runs, a
 get every result back once.
 
 Deliveries run on the event loop's own thread, their ``COMMIT`` too, in a transaction of their
-own, and so does a flush of repeat counters; only the engine's writes run in the writer thread. Each SQLite call
-lets go of the interpreter and must take it back, and while the loop is busy answering
-redeliveries a thread waits for it after every statement, and for a core to run on, beside the
-loop and whoever sends the load: in the thread, a new delivery's half-dozen statements took 6 ms
-for 2 ms of work, and the delivery 33-38 ms end to end at saturation; begun on the loop, 13-21 ms.
-Its commit handed to the thread still cost 4 ms (p50) for well under 1 ms of fsync, and a
-delivery that came while engine writes held the thread waited for them (8 ms p50 for 1.4 ms of
-their CPU); committed on the loop, on its own, a new delivery is stored and answered in 5 ms
-(p50, the server's own time; ``bench/ingest.py``, the same runs). The engine's writes can be
-long (a step's rows, a prune's deletes) and stay in the thread, where SQLite's own work does not
-hold the loop. A commit is an fsync, so a disk whose fsync is slow
-would stall every webhook: while the last commits' median is over ``_LOOP_COMMIT_LIMIT``,
-deliveries commit in the thread (where their statements already ran on the loop). The
-loop never waits for the database's lock: ``BEGIN IMMEDIATE`` is tried there without a busy
-timeout, and if another connection holds the lock the thread waits for it instead. The
-connection is used by one thread at a time: the loop waits for the thread's last call to end
-before it uses the connection itself.
+own, and so does a flush of repeat counters; only the engine's writes run in the writer thread.
+Each SQLite call lets go of the interpreter and must take it back, and while the loop is busy
+answering redeliveries a thread waits for it after every statement, and for a core to run on,
+beside the loop and whoever sends the load: in the thread, a new delivery's half-dozen statements
+took 6 ms for 2 ms of work, and the delivery 33-38 ms end to end at saturation; begun on the loop,
+13-21 ms. Its commit handed to the thread still cost 4 ms (p50) for well under 1 ms of fsync, and
+a delivery that came while engine writes held the thread waited for them (8 ms p50 for 1.4 ms of
+their CPU); committed on the loop, on its own, a new delivery is stored and answered in 5 ms (p50,
+the server's own time; ``bench/ingest.py``, the same runs). The engine's writes can be long (a
+step's rows, a prune's deletes) and stay in the thread, where SQLite's own work does not hold the
+loop. A commit is an fsync, so a disk whose fsync is slow would stall every webhook: while the
+last commits' median is over ``_LOOP_COMMIT_LIMIT``, deliveries commit in the thread (where their
+statements already ran on the loop). The loop never waits for the database's lock: ``BEGIN
+IMMEDIATE`` is tried there without a busy timeout, and if another connection holds the lock the
+thread waits for it instead. The connection is used by one thread at a time: the loop waits for
+the thread's last call to end before it uses the connection itself.
 
 Units queue up; the writer takes every delivery waiting plus a few engine writes, and commits
 the deliveries in one transaction, then the engine's writes in another (group commit: callers
