@@ -20,8 +20,8 @@ the server's own time; ``bench/ingest.py``, the same runs). The engine's writes 
 step's rows, a prune's deletes) and stay in the thread, where SQLite's own work does not hold the
 loop. A commit is an fsync, so a disk whose fsync is slow would stall every webhook: while the
 last commits' median is over ``_LOOP_COMMIT_LIMIT``, deliveries commit in the thread (where their
-statements already ran on the loop). The loop never waits for the database's lock: ``BEGIN
-IMMEDIATE`` is tried there without a busy timeout, and if another connection holds the lock the
+statements already ran on the loop). The loop never waits for the database's lock:
+``BEGIN IMMEDIATE`` is tried there without a busy timeout, and if another connection holds the lock the
 thread waits for it instead. The connection is used by one thread at a time: the loop waits for
 the thread's last call to end before it uses the connection itself.
 
