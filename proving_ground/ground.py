@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from proving_ground.farside import FarSide
 from proving_ground.pitcrew import Pitcrew
 from proving_ground.postgres import MISSING as NO_POSTGRES
 from proving_ground.postgres import PostgresServer, bindir, running_postgres
-from proving_ground.proc import DemoError, find_binary, free_port, port_free
+from proving_ground.proc import DemoError, find_binary, hold_port, port_free
 from proving_ground.prometheus import Alertmanager, Prometheus, Timing, alertmanager_config, prometheus_config
 from proving_ground.scenarios import Scenario
 from proving_ground.slurm import BINARIES, SlurmCluster
@@ -107,6 +108,12 @@ class ProvingGround:
         self._stop = threading.Event()
         self._replacer = threading.Thread(target=self._replace_loop, name="replacements", daemon=True)
         self._stopped = False
+        self._am_port: socket.socket | None = None  # Alertmanager's port, held until it starts
+
+    def _release_am_port(self) -> None:
+        if self._am_port is not None:
+            self._am_port.close()
+            self._am_port = None
 
     # ------------------------------------------------------------------ lifecycle
     def steps(self) -> Iterator[str]:
@@ -128,7 +135,10 @@ class ProvingGround:
         if self.scenario.extra_rules:
             rule_files.append(prom_dir / "extra.rules.yml")
             rule_files[1].write_text(self.scenario.extra_rules)
-        am_port = self.ports.get("alertmanager") or free_port()
+        am_port = self.ports.get("alertmanager")
+        if not am_port:  # named in Prometheus's configuration now, started last: held till then
+            self._am_port = hold_port()
+            am_port = int(self._am_port.getsockname()[1])
         targets = {node: self.standin.address(node) for node in self.nodes}
         train = {
             "job_name": "train",
@@ -168,6 +178,7 @@ class ProvingGround:
         self.alertmanager = Alertmanager(
             _binary("prometheus-alertmanager"), self.workdir / "alertmanager", am_config, port=am_port
         )
+        self._release_am_port()
         self.alertmanager.start()
         self._replacer.start()
 
@@ -196,6 +207,7 @@ class ProvingGround:
         if self._stopped:
             return ""
         self._stopped = True
+        self._release_am_port()
         self._stop.set()
         if self._replacer.is_alive():
             self._replacer.join(timeout=30)

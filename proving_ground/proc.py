@@ -39,17 +39,10 @@ def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago, below the ephemeral
     range, chosen at random so that test processes starting servers at once rarely pick the same;
     all held at once while choosing, so one call never returns a port twice."""
-    low, high = _below_ephemeral()
     held: list[socket.socket] = []
     try:
         while len(held) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("127.0.0.1", random.randint(low, high)))
-            except OSError:
-                sock.close()
-                continue
-            held.append(sock)
+            held.append(hold_port())  # a held port cannot be bound again: each is another
         return [int(sock.getsockname()[1]) for sock in held]
     finally:
         for sock in held:
@@ -59,6 +52,22 @@ def free_ports(count: int) -> list[int]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (``free_ports``)."""
     return free_ports(1)[0]
+
+
+def hold_port() -> socket.socket:
+    """A free port below the ephemeral range, chosen at random, kept bound, not listening, until the socket is
+    closed: for a server that must be named in another's configuration long before it starts. While
+    held, nobody else's ``free_ports`` or server takes it (a CI run once lost Alertmanager's port to
+    another test's server in the minute between choosing it and starting Alertmanager)."""
+    low, high = _below_ephemeral()
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", random.randint(low, high)))
+        except OSError:
+            sock.close()
+            continue
+        return sock
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

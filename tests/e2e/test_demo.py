@@ -384,7 +384,14 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
     assert starter.stdout is not None
     pid = int(starter.stdout.readline())
     try:
-        wait_until(summary_path.exists, timeout=200, interval=0.2, what="the demo's summary")
+        # Until the summary is written, or the demo has ended without one (then at once, with its output).
+        wait_until(
+            lambda: summary_path.exists() or process_state(pid) in (None, "Z"),
+            timeout=200,
+            interval=0.2,
+            what="the demo's summary",
+        )
+        assert summary_path.exists(), f"the demo ended without its summary:\n{output.read_text()}"
         wait_until(lambda: "Stop it with Ctrl-C" in output.read_text(), timeout=30, interval=0.1)
         starter.kill()  # as a killed test runner would be: no Ctrl-C reaches the demo
         starter.wait()
