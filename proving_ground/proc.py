@@ -55,10 +55,11 @@ def free_port() -> int:
 
 
 def hold_port() -> socket.socket:
-    """A free port below the ephemeral range, chosen at random, kept bound, not listening, until the socket is
-    closed: for a server that must be named in another's configuration long before it starts. While
-    held, nobody else's ``free_ports`` or server takes it (a CI run once lost Alertmanager's port to
-    another test's server in the minute between choosing it and starting Alertmanager)."""
+    """A free port below the ephemeral range, chosen at random, kept bound (not listening) until
+    the socket is closed: for a server that must be named in another's configuration long before it
+    starts. While held, nobody else's ``free_ports`` or server takes it (a CI run once lost
+    Alertmanager's port to another test's server in the minute between choosing it and starting
+    Alertmanager)."""
     low, high = _below_ephemeral()
     while True:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

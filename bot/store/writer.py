@@ -371,19 +371,15 @@ class Writer:
     def _commits_slow(self) -> bool:
         """Whether the disk commits too slowly for the event loop (``_LOOP_COMMIT_LIMIT``)."""
         times = sorted(self._commit_times)
-        slow = bool(times) and times[len(times) // 2] > _LOOP_COMMIT_LIMIT
+        median = times[len(times) // 2] if times else 0.0
+        slow = median > _LOOP_COMMIT_LIMIT
         if slow != self._slow_disk:
             self._slow_disk = slow
-            median = round(times[len(times) // 2] * 1000, 1)
+            said = {"median_ms": round(median * 1000, 1)}
             if slow:
-                log.warning(
-                    "commits are slow; deliveries commit in the writer thread", extra={"median_ms": median}
-                )
+                log.warning("commits are slow; deliveries commit in the writer thread", extra=said)
             else:
-                log.info(
-                    "commits are quick again; deliveries commit on the event loop",
-                    extra={"median_ms": median},
-                )
+                log.info("commits are quick again; deliveries commit on the event loop", extra=said)
         return slow
 
     def _committed(

@@ -383,13 +383,14 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
     )
     assert starter.stdout is not None
     pid = int(starter.stdout.readline())
+
+    def ended() -> bool:
+        return process_state(pid) in (None, "Z")
+
     try:
         # Until the summary is written, or the demo has ended without one (then at once, with its output).
         wait_until(
-            lambda: summary_path.exists() or process_state(pid) in (None, "Z"),
-            timeout=200,
-            interval=0.2,
-            what="the demo's summary",
+            lambda: summary_path.exists() or ended(), timeout=200, interval=0.2, what="the demo's summary"
         )
         assert summary_path.exists(), f"the demo ended without its summary:\n{output.read_text()}"
         wait_until(lambda: "Stop it with Ctrl-C" in output.read_text(), timeout=30, interval=0.1)
@@ -397,7 +398,7 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
         starter.wait()
 
         wait_until(
-            lambda: process_state(pid) in (None, "Z"),
+            ended,
             timeout=60,
             interval=0.2,
             what=f"the orphaned demo to stop\n{output.read_text()}",
