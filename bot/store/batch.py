@@ -11,8 +11,9 @@ item alone meets it the items not yet run get it too, without waiting on the dat
 One rule, written once: the stores differ only in how they run a transaction (``Run``).
 
 The callers of a batch that committed are answered by the thread that committed it
-(``answer_soon``), at the event loop's next turn: answered by the task that handed the batch over,
-each waited one more turn of a loop busy with webhooks, the one that resumes that task.
+(``answer_soon``), at the event loop's next turn, or at once if that thread is the loop's: answered
+by the task that handed the batch over, each waited one more turn of a loop busy with webhooks, the
+one that resumes that task.
 """
 
 from __future__ import annotations
@@ -83,8 +84,18 @@ def answer_soon(
             if not future.done():  # its caller may have gone (a client hung up)
                 future.set_result(result)
 
+    if _running() is loop:  # committed on the loop itself: at once, no turn to wait for
+        settle()
+        return
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
         loop.call_soon_threadsafe(settle)
+
+
+def _running() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # a thread without a loop
+        return None
 
 
 def _answering(loop: asyncio.AbstractEventLoop, futures: Sequence[asyncio.Future[Any]]) -> Answer:

@@ -34,7 +34,7 @@ from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailabl
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
 from bot.store.sqlstore import SqlStore
-from bot.store.writer import IngestJob, Writer
+from bot.store.writer import Bulk, IngestJob, Writer
 
 
 class SqliteStore(SqlStore):
@@ -83,12 +83,12 @@ class SqliteStore(SqlStore):
     async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """In the writer's transaction: ``BEGIN IMMEDIATE`` holds the database's write lock from
         the fence's check to the commit, so no other process can take the lease over in between."""
+        result: tuple[T, bool] = await self._writer.submit(_unit(make))
+        return result
 
-        def unit(db: sqlite3.Connection) -> tuple[T, bool]:
-            driven = run_sync(db, make())  # made afresh each time the writer runs the unit
-            return driven.result, driven.wakes
-
-        result: tuple[T, bool] = await self._writer.submit(unit)
+    async def _bulk_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """As ``_transact``, in the writer thread (``Bulk``): its statements may take long."""
+        result: tuple[T, bool] = await self._writer.submit(Bulk(_unit(make)))
         return result
 
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
@@ -131,3 +131,13 @@ class SqliteStore(SqlStore):
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find what this delivery stores")
         return self._writer.memory.count(alerts, now)
+
+
+def _unit(make: Callable[[], Op[T]]) -> Callable[[sqlite3.Connection], tuple[T, bool]]:
+    """The writer's unit for an operation and whether it woke anyone (``Driven.wakes``)."""
+
+    def unit(db: sqlite3.Connection) -> tuple[T, bool]:
+        driven = run_sync(db, make())  # made afresh each time the writer runs the unit
+        return driven.result, driven.wakes
+
+    return unit

@@ -7,8 +7,10 @@ A concrete store (``SqliteStore``, ``PostgresStore``) supplies how an operation 
 * ``_transact(make)``: in one write transaction, with the store's own write lock, returning the
   operation's result and whether it routed a timeline event to an outbox;
 * ``_lease_write(make)``: the lease's own writes, never fenced (a standby must be able to take it);
-* ``_prune_transact(make)``: retention's transactions, ``_transact`` unless the store can run them
-  beside its other writes (Postgres: ``PostgresStore._prune_transact``).
+* ``_bulk_transact(make)``: a write that may touch many rows (a fleet's watch memory), ``_transact``
+  unless the store runs such writes elsewhere (SQLite: in its writer thread, off the event loop);
+* ``_prune_transact(make)``: retention's transactions, ``_bulk_transact`` unless the store can run
+  them beside its other writes (Postgres: ``PostgresStore._prune_transact``).
 
 A write is handed over as ``make``, a function that makes the operation, never as the operation
 itself: a generator runs once, and SQLite's writer may run a write twice — in a batch that rolled
@@ -97,9 +99,13 @@ class SqlStore(ABC):
         view._fence = fence
         return view
 
-    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """Retention's transactions (``prune``): by default as every other write, ``_transact``."""
+    async def _bulk_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """A write that may touch many rows: by default as every other write, ``_transact``."""
         return await self._transact(make)
+
+    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """Retention's transactions (``prune``): by default as a bulk write, ``_bulk_transact``."""
+        return await self._bulk_transact(make)
 
     async def _write(
         self,
@@ -206,7 +212,7 @@ class SqlStore(ABC):
 
     async def remember(self, watch: str, changed: Mapping[str, JsonObject | None], now: datetime) -> None:
         if changed:
-            await self._write(lambda: queries.remember(watch, changed, now))
+            await self._write(lambda: queries.remember(watch, changed, now), transact=self._bulk_transact)
 
     async def history(self, node: str, since: datetime, exclude: str | None = None) -> list[PastIncident]:
         return await self._read(queries.history(node, since, exclude))

@@ -1,5 +1,5 @@
-"""The store's one writer: one connection, many units per commit; deliveries are written on the
-event loop, the engine's writes in one worker thread.
+"""The store's one writer: one connection, many units per commit, written on the event loop; bulk
+writes in one worker thread.
 
 Why not statement-by-statement through an async driver: a delivery's transaction is half a dozen
 statements, and issued one at a time through an async bridge each had to wait for the event loop
@@ -7,23 +7,28 @@ to come round again — under load (the loop busy answering Alertmanager's redel
 alert then waited tens of milliseconds. Here a batch runs whole where it runs, and its callers
 get every result back once.
 
-Deliveries run on the event loop's own thread, their ``COMMIT`` too, in a transaction of their
-own, and so does a flush of repeat counters; only the engine's writes run in the writer thread.
-Each SQLite call lets go of the interpreter and must take it back, and while the loop is busy
-answering redeliveries a thread waits for it after every statement, and for a core to run on,
-beside the loop and whoever sends the load: in the thread, a new delivery's half-dozen statements
-took 6 ms for 2 ms of work, and the delivery 33-38 ms end to end at saturation; begun on the loop,
-13-21 ms. Its commit handed to the thread still cost 4 ms (p50) for well under 1 ms of fsync, and
-a delivery that came while engine writes held the thread waited for them (8 ms p50 for 1.4 ms of
-their CPU); committed on the loop, on its own, a new delivery is stored and answered in 5 ms (p50,
-the server's own time; ``bench/ingest.py``, the same runs). The engine's writes can be long (a
-step's rows, a prune's deletes) and stay in the thread, where SQLite's own work does not hold the
-loop. A commit is an fsync, so a disk whose fsync is slow would stall every webhook: while the
-last commits' median is over ``_LOOP_COMMIT_LIMIT``, deliveries commit in the thread (where their
-statements already ran on the loop). The loop never waits for the database's lock:
-``BEGIN IMMEDIATE`` is tried there without a busy timeout, and if another connection holds the lock the
-thread waits for it instead. The connection is used by one thread at a time: the loop waits for
-the thread's last call to end before it uses the connection itself.
+Deliveries and the engine's writes run on the event loop's own thread, their ``COMMIT`` too, and so
+does a flush of repeat counters; only bulk writes (``Bulk``: retention's deletes, a fleet's watch
+memory, a flush of more than ``_FLUSH_HERE`` counters) run in the writer thread, where SQLite's own
+work does not hold the loop. Each SQLite call lets go of the interpreter and must take it back, and
+while the loop is busy answering redeliveries a thread waits for it after every statement, and for
+a core to run on, beside the loop and whoever sends the load: in the thread, a new delivery's
+half-dozen statements took 6 ms for 2 ms of work, and its commit 4 ms (p50) for well under 1 ms of
+fsync. The connection is the thread's while it works, so whatever came meanwhile waited too: at
+saturation (``bench/ingest.py``'s stream, the server's own time) the deliveries that found an
+engine write in the thread waited 15-22 ms (p50, up to 46), those that found the writer idle
+3 ms. With the engine's writes on the loop as well, 95 % of new deliveries find it idle.
+
+A write handed over while the writer is idle (nothing queued, nothing running) is run by its
+caller, at once, on the loop: handed to the writer's task it waited for that task's turn of a busy
+loop, and then for its own turn to hear the answer. Otherwise it queues.
+
+A commit is an fsync, so a disk whose fsync is slow would stall every webhook: while the last
+commits' median is over ``_LOOP_COMMIT_LIMIT``, commits go to the thread (the statements still run
+on the loop). The loop never waits for the database's lock: ``BEGIN IMMEDIATE`` is tried there
+without a busy timeout, and if another connection holds the lock the thread waits for it instead.
+The connection is used by one thread at a time: the loop waits for the thread's last call to end
+before it uses the connection itself, and one task at a time uses it from the loop (``_turn``).
 
 Units queue up; the writer takes every delivery waiting plus a few engine writes, and commits
 the deliveries in one transaction, then the engine's writes in another (group commit: callers
@@ -90,7 +95,7 @@ _PROBE_TIMEOUT = 2.0  # seconds a readiness probe may wait for its commit
 # elsewhere before they start failing.
 _SPACE_RESERVE = 1 << 20
 _BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another connection's lock (in the thread)
-# Deliveries commit on the event loop while the median of the last ``_COMMITS_TIMED`` commits
+# Writes commit on the event loop while the median of the last ``_COMMITS_TIMED`` commits
 # (the ``COMMIT`` alone: its WAL write and fsync) is under this, and in the writer thread while it
 # is over: a local disk commits in well under a millisecond, and a slow disk's fsync must not stall
 # every webhook. The median, not each commit: one that waited for a core or the interpreter under
@@ -99,6 +104,14 @@ _LOOP_COMMIT_LIMIT = 0.005
 _COMMITS_TIMED = 15
 
 Unit = Callable[[sqlite3.Connection], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """A unit that may hold the connection long (retention's deletes, a fleet's rows): it runs in
+    the writer thread, where SQLite's own work does not hold the event loop."""
+
+    unit: Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +124,7 @@ class IngestJob:
 
 #: What the writer's queue holds: a unit and its caller's future, or ``None``, the mark ``close``
 #: queues after everything it must run (the loop flushes the counters then and stops).
-Queued = tuple[Unit | IngestJob, "asyncio.Future[Any]"] | None
+Queued = tuple[Unit | Bulk | IngestJob, "asyncio.Future[Any]"] | None
 
 
 class Writer:
@@ -131,6 +144,9 @@ class Writer:
         # The writer thread's last call on the connection: the loop's own calls wait for it.
         self._in_thread: concurrent.futures.Future[Any] | None = None
         self._queue: asyncio.Queue[Queued] = asyncio.Queue()
+        # Held by whoever uses the connection from the loop (the writer's task, or a delivery
+        # committed by its own caller while the writer is idle): one at a time.
+        self._turn = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpoints: asyncio.Task[None] | None = None
@@ -153,6 +169,7 @@ class Writer:
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self._failure, self._wrote_at, self._ready = None, float("-inf"), True
+        self._turn = asyncio.Lock()
         self._conn = await loop.run_in_executor(self._executor, self._connect)
         self._checkpointer = await aiosqlite.connect(self.path, isolation_level=None)
         await self._checkpointer.execute("PRAGMA busy_timeout=10000")
@@ -199,7 +216,8 @@ class Writer:
             if self.memory.seen and self._conn is not None:
                 # Counted while the loop's last flush was committing (or the loop had died):
                 # repeats that were answered 200 reach the disk before the store closes.
-                await self._flush(loop)
+                async with self._turn:
+                    await self._flush(loop)
                 if self.memory.seen:
                     log.error(
                         "repeat deliveries not recorded at close", extra={"alerts": len(self.memory.seen)}
@@ -222,13 +240,28 @@ class Writer:
             self._executor.shutdown(wait=True)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
 
-    async def submit(self, unit: Unit | IngestJob) -> Any:
+    async def submit(self, unit: Unit | Bulk | IngestJob) -> Any:
         """Run ``unit`` in a transaction; its result once that transaction has committed."""
         if not self.running:
             raise StoreUnavailable("store is not open")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not isinstance(unit, Bulk) and self._idle():
+            # Nothing ahead of it: its caller commits it at once, on the loop (as the writer's task
+            # would), instead of waking that task and being woken by it, a turn of a busy loop each.
+            async with self._turn:
+                await self._run([(unit, future)], queued=False)
+            return future.result()
         await self._queue.put((unit, future))
         return await future
+
+    def _idle(self) -> bool:
+        """Whether a write would be the writer's next and only work, committed on the loop."""
+        return (
+            self._queue.empty()
+            and not self._turn.locked()
+            and (self._in_thread is None or self._in_thread.done())
+            and not self._commits_slow()
+        )
 
     async def drained(self) -> None:
         """Until every unit queued so far has run and committed (a background write's turn)."""
@@ -241,7 +274,8 @@ class Writer:
         stop = False
         while not stop:
             if self.memory.seen and time.monotonic() - flushed >= _FLUSH_EVERY:
-                await self._flush(loop)
+                async with self._turn:
+                    await self._flush(loop)
                 flushed = time.monotonic()
             try:
                 # Not ``asyncio.wait_for``: on Python 3.11 it hands the unit to a loop being
@@ -268,15 +302,20 @@ class Writer:
             # The deliveries commit on their own, before the engine's writes and without them: they
             # never wait for the writer thread (see the module's docstring).
             deliveries = [item for item in batch if isinstance(item[0], IngestJob)]
-            for part in (deliveries, [item for item in batch if not isinstance(item[0], IngestJob)]):
-                if part:
-                    await self._run(part)
+            async with self._turn:
+                for part in (deliveries, [item for item in batch if not isinstance(item[0], IngestJob)]):
+                    if part:
+                        await self._run(part)
         if self.memory.seen:
-            await self._flush(loop)  # what was answered 200 is on disk before the loop stops
+            async with self._turn:
+                await self._flush(loop)  # what was answered 200 is on disk before the loop stops
 
-    async def _run(self, batch: list[tuple[Unit | IngestJob, asyncio.Future[Any]]]) -> None:
+    async def _run(
+        self, batch: list[tuple[Unit | Bulk | IngestJob, asyncio.Future[Any]]], *, queued: bool = True
+    ) -> None:
         """One transaction for ``batch`` (``commit_batch``: each alone if it fails); every caller
-        hears its own outcome."""
+        hears its own outcome. ``queued``: the batch came from the queue (not from ``submit``'s
+        caller directly), which hears that it is done."""
         items = [unit for unit, _ in batch]
         futures = [future for _, future in batch]
         outcomes = await commit_batch(items, self._commit, futures)
@@ -288,7 +327,7 @@ class Writer:
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
-        for _ in batch:
+        for _ in batch if queued else ():
             self._queue.task_done()
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -300,7 +339,7 @@ class Writer:
         try:
             # Shielded: if whoever flushes is cancelled, the write handed to the writer thread is
             # not withdrawn with it (the counts it carries were answered 200 already).
-            await asyncio.shield(self._commit([bump], here=len(rows) <= _FLUSH_HERE))
+            await asyncio.shield(self._commit([bump if len(rows) <= _FLUSH_HERE else Bulk(bump)]))
         except asyncio.CancelledError:
             self.memory.flushed(committed=True)  # the shielded write goes on without us
             raise
@@ -324,18 +363,21 @@ class Writer:
         self._failure, self._failed_at = str(error), time.monotonic()
 
     async def _commit(
-        self, items: Sequence[Unit | IngestJob], answer: Answer | None = None, *, here: bool = False
+        self, items: Sequence[Unit | Bulk | IngestJob], answer: Answer | None = None
     ) -> list[Any]:
         """``items`` in one transaction: their results once committed where a restart will look.
-        Deliveries' statements on the loop, and the units' too if ``here`` (a flush of counters);
-        the other units in the writer thread; the commit on the loop if nothing ran in the thread
-        and commits are quick, else in the thread (see the module's docstring). The database's own
-        failure is ``StoreUnavailable``. ``answer``: the items' callers (``commit_batch``), answered
-        by whoever committed, once committed (``_committed``)."""
+        Their statements and the commit run on the loop, but all in the writer thread if one of
+        them is ``Bulk``, or if another connection holds the database's lock (the thread waits for
+        it); the commit alone in the thread while commits are slow (see the module's docstring).
+        The database's own failure is ``StoreUnavailable``. ``answer``: the items' callers
+        (``commit_batch``), answered by whoever committed, once committed (``_committed``)."""
         conn = self._conn
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
-        units = [item for item in items if not isinstance(item, IngestJob)]
+        units = [
+            item.unit if isinstance(item, Bulk) else item for item in items if not isinstance(item, IngestJob)
+        ]
+        bulk = any(isinstance(item, Bulk) for item in items)
         # The keys the deliveries may take as stored without asking (``RepeatMemory.trusted``).
         keys = self.memory.trusted(max(job.now for job in jobs)) if jobs else self.memory.keys
         try:
@@ -343,19 +385,16 @@ class Writer:
                 # The connection is the thread's until its last call ends.
                 await asyncio.wait([asyncio.wrap_future(self._in_thread)])
             results: list[Any] = []
-            begun = bool(jobs or here) and _begin_now(conn)
+            begun = not bulk and _begin_now(conn)
             if begun:
                 try:
                     results = _ingest(conn, jobs, keys) if jobs else []
-                    if here:
-                        results.extend(unit(conn) for unit in units)
-                        units = []
+                    results.extend(unit(conn) for unit in units)
                 except BaseException:
                     _rollback(conn)
                     raise
-                jobs = []  # ingested: the thread runs the units and commits
-            if begun and not units and not self._commits_slow():
-                # Deliveries alone: their commit too, here (see the module's docstring).
+                jobs, units = [], []  # run: what is left is the commit
+            if begun and not self._commits_slow():
                 rest, lost = self._committed(conn, [], [], keys, begun, list(results), answer)
             else:
                 rest, lost = await self._thread(
@@ -377,9 +416,9 @@ class Writer:
             self._slow_disk = slow
             said = {"median_ms": round(median * 1000, 1)}
             if slow:
-                log.warning("commits are slow; deliveries commit in the writer thread", extra=said)
+                log.warning("commits are slow; writes commit in the writer thread", extra=said)
             else:
-                log.info("commits are quick again; deliveries commit on the event loop", extra=said)
+                log.info("commits are quick again; writes commit on the event loop", extra=said)
         return slow
 
     def _committed(

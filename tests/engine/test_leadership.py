@@ -122,11 +122,17 @@ async def test_a_deposed_leader_writes_nothing_more_and_calls_nothing(
         assert {c: n for c, n in calls.items() if n > 1} == {}
         for op in ("slurm_down", "cordon", "replace", "slurm_resume"):
             assert calls[(op, "gpu-node-02")] == 1, (op, calls)
-        [down] = [
-            r
-            for r in caplog.records
-            if r.getMessage() == "stepped down: standing by" and r.__dict__["holder"] == "a"
-        ]
+
+        def stepped_down() -> list[logging.LogRecord]:
+            return [
+                r
+                for r in caplog.records
+                if r.getMessage() == "stepped down: standing by" and r.__dict__["holder"] == "a"
+            ]
+
+        # The fence is revoked first; the line is written once a's workers have stopped.
+        await h.run_until(lambda: bool(stepped_down()), 120)
+        [down] = stepped_down()
         assert "another process took over" in down.__dict__["why"]
         finished = [e.step for e in await h.events(incident, "step_finished")]
         assert len(finished) == len(set(finished)), finished  # each step finished once, by b
@@ -163,6 +169,14 @@ async def test_a_deposed_leaders_intent_write_is_refused_before_its_destructive_
         # Its read (in flight at the cut) came back with the node still DOWN and pitcrew's; the
         # only thing between that read and the RESUME is the intent write, which the store refused.
         assert a.calls - before == Counter() and a.calls["resume"] == 0, a.calls
+        print(
+            "DBG",
+            [
+                (r.getMessage(), r.__dict__.get("holder"), r.__dict__.get("why"))
+                for r in caplog.records
+                if "stepped" in r.getMessage() or "leading" in r.getMessage()
+            ],
+        )
         [down] = [r for r in caplog.records if r.getMessage() == "stepped down: standing by"]
         assert "another process took over" in down.__dict__["why"], down.__dict__["why"]
         assert h.calls()[("slurm_resume", "gpu-node-02")] == 1  # b's

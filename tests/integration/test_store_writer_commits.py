@@ -3,10 +3,12 @@
 A unit handed to the writer puts SQLite's trace callback on the writer's connection: from then on
 every statement SQLite runs is recorded with the thread that ran it. Cases:
 
-- a delivery alone runs and commits on the event loop's thread; an engine write commits in the
-  writer thread;
+- a delivery alone runs and commits on the event loop's thread, and so does an engine write; a
+  bulk write (``Bulk``: retention's deletes) runs and commits in the writer thread;
+- a write handed over while the writer is idle is run by its caller's own task, at once; one that
+  comes while the writer is busy waits in the queue and the writer's task runs it;
 - deliveries queued beside engine writes commit on their own, first, on the loop, and the engine's
-  writes after them in a transaction of their own in the thread, each caller answered;
+  writes after them in a transaction of their own, on the loop too, each caller answered;
 - a flush of repeat-delivery counters runs its statements and commits on the loop too;
 - one slow ``COMMIT`` among quick ones changes nothing; once most of the last ones were slow (the
   trace callback sleeps inside each, as a slow disk's fsync would), deliveries commit in the writer
@@ -29,7 +31,7 @@ import pytest
 from bot.domain.faults import Fault
 from bot.store import writer as writer_module
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome
-from bot.store.writer import IngestJob, Writer
+from bot.store.writer import Bulk, IngestJob, Writer
 
 T0 = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 
@@ -41,10 +43,12 @@ def _job(node: str) -> IngestJob:
 
 
 class Traced:
-    """Every statement on the writer's connection, with the thread that ran it."""
+    """Every statement on the writer's connection, with the thread that ran it (and the task, on
+    the loop's thread)."""
 
     def __init__(self) -> None:
         self.statements: list[tuple[int, str]] = []
+        self.tasks: list[asyncio.Task[object] | None] = []
         self.slow = 0.0  # seconds each ``COMMIT`` takes longer while set, as on a slow disk
 
     def install(self, conn: sqlite3.Connection) -> None:
@@ -52,11 +56,23 @@ class Traced:
 
     def _ran(self, sql: str) -> None:
         self.statements.append((threading.get_ident(), sql.strip()))
+        try:
+            self.tasks.append(asyncio.current_task())
+        except RuntimeError:  # the writer thread: no loop there
+            self.tasks.append(None)
         if sql.strip() == "COMMIT" and self.slow:
             time.sleep(self.slow)  # SQLite calls this as the statement starts: inside the commit
 
     def mark(self) -> int:
         return len(self.statements)
+
+    def begun_by(self, since: int = 0) -> list[asyncio.Task[object] | None]:
+        """The tasks that ran each ``BEGIN`` after ``since`` (``None``: the writer thread)."""
+        return [
+            task
+            for (_, sql), task in zip(self.statements[since:], self.tasks[since:], strict=True)
+            if sql.startswith("BEGIN")
+        ]
 
     def commits(self, since: int = 0) -> list[int]:
         """The threads that ran each ``COMMIT`` after ``since``."""
@@ -85,7 +101,7 @@ def _engine_write(conn: sqlite3.Connection) -> str:
     return "engine"
 
 
-async def test_a_delivery_commits_on_the_loop_and_an_engine_write_in_the_thread(
+async def test_a_delivery_and_an_engine_write_commit_on_the_loop_and_a_bulk_write_in_the_thread(
     writer: tuple[Writer, Traced],
 ) -> None:
     store, traced = writer
@@ -99,8 +115,39 @@ async def test_a_delivery_commits_on_the_loop_and_an_engine_write_in_the_thread(
     )
     since = traced.mark()
     assert await store.submit(_engine_write) == "engine"
+    assert traced.commits(since) == [loop_thread]
+    since = traced.mark()
+    assert await store.submit(Bulk(_engine_write)) == "engine"
     [committed_by] = traced.commits(since)
     assert committed_by != loop_thread
+    assert {thread for thread, _ in traced.statements[since:]} == {committed_by}
+
+
+async def test_an_idle_writer_lets_the_caller_commit_and_a_busy_one_queues(
+    writer: tuple[Writer, Traced],
+) -> None:
+    store, traced = writer
+    since = traced.mark()
+    caller = asyncio.create_task(store.submit(_job("gpu-004")))
+    await caller
+    assert traced.begun_by(since) == [caller]  # no hop to the writer's task and back
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        held.set()
+        release.wait(10)
+
+    holding = asyncio.create_task(store.submit(Bulk(hold)))
+    assert await asyncio.to_thread(held.wait, 10)
+    since = traced.mark()
+    queued = asyncio.create_task(store.submit(_job("gpu-005")))
+    await asyncio.sleep(0.05)
+    assert not queued.done()  # the writer is busy: it waits its turn
+    release.set()
+    await holding
+    assert (await queued).new_alerts == 1
+    [begun_by] = traced.begun_by(since)  # the held unit had begun before
+    assert begun_by is not None and begun_by is not queued  # the writer's task ran it
 
 
 async def test_deliveries_queued_beside_engine_writes_commit_first_on_their_own(
@@ -114,7 +161,7 @@ async def test_deliveries_queued_beside_engine_writes_commit_first_on_their_own(
         held.set()
         release.wait(10)
 
-    holding = asyncio.create_task(store.submit(hold))
+    holding = asyncio.create_task(store.submit(Bulk(hold)))
     assert await asyncio.to_thread(held.wait, 10)
     engine = asyncio.create_task(store.submit(_engine_write))
     first, second = (
@@ -130,11 +177,13 @@ async def test_deliveries_queued_beside_engine_writes_commit_first_on_their_own(
     assert [o.new_alerts for o in outcomes] == [1, 1]
     after_hold = traced.commits(since)[1:]  # the held unit's own commit first
     assert len(after_hold) == 2, traced.statements[since:]
-    deliveries_by, engine_by = after_hold
-    assert deliveries_by == loop_thread and engine_by != loop_thread
-    # The two deliveries were one transaction: one BEGIN for both on the loop, before the engine's.
-    begins = [thread for thread, sql in traced.statements[since:] if sql.startswith("BEGIN")]
-    assert begins == [loop_thread, engine_by]
+    assert after_hold == [loop_thread, loop_thread]
+    # The two deliveries were one transaction: one BEGIN for both, before the engine's own.
+    statements = [sql for _, sql in traced.statements[since:]]
+    begins = [n for n, sql in enumerate(statements) if sql.startswith("BEGIN")]
+    assert len(begins) == 2, statements  # the deliveries', then the engine write's (the held unit had begun)
+    assert any(sql.startswith("INSERT") for sql in statements[begins[0] : begins[1]])
+    assert "PRAGMA user_version" in statements[begins[1] :]
 
 
 async def test_slow_commits_send_the_deliveries_commits_to_the_thread_until_they_are_quick_again(
@@ -166,8 +215,8 @@ async def test_slow_commits_send_the_deliveries_commits_to_the_thread_until_they
         quick = await deliver(window)
         assert quick[-1] == loop_thread and loop_thread not in quick[:2]
     said = [r.getMessage() for r in caplog.records]
-    assert said.count("commits are slow; deliveries commit in the writer thread") == 1
-    assert said.count("commits are quick again; deliveries commit on the event loop") == 1
+    assert said.count("commits are slow; writes commit in the writer thread") == 1
+    assert said.count("commits are quick again; writes commit on the event loop") == 1
 
 
 async def test_a_flush_of_repeat_counts_runs_and_commits_on_the_loop(writer: tuple[Writer, Traced]) -> None:
