@@ -144,8 +144,8 @@ class Writer:
         # The writer thread's last call on the connection: the loop's own calls wait for it.
         self._in_thread: concurrent.futures.Future[Any] | None = None
         self._queue: asyncio.Queue[Queued] = asyncio.Queue()
-        # Held by whoever uses the connection from the loop (the writer's task, or a delivery
-        # committed by its own caller while the writer is idle): one at a time.
+        # Held by whoever uses the connection from the loop (the writer's task, or a write run by
+        # its own caller while the writer is idle): one at a time.
         self._turn = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._checkpointer: aiosqlite.Connection | None = None
