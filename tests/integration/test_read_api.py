@@ -13,7 +13,8 @@ in the middle of decoding its rows: reads do not run on the event loop. The ``no
 spells node names as the webhook does (``GPU-NODE-02`` is ``gpu-node-02``) and refuses what is
 no node name with 400. ``/metrics`` gives every aggregate series to anyone, the per-incident
 series (node, Slack thread) only with the read or admin token (or with reads open to all on
-loopback); a wrong token there is a 403.
+loopback); a wrong token there is a 403. A webhook is answered while a scrape is held in the
+middle of collecting a family: ``/metrics`` is not rendered on the event loop either.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ import asyncio
 import copy
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from bot.config import load_config
 from bot.runtime import build_app
@@ -288,3 +292,33 @@ async def test_metrics_name_incidents_only_to_who_may_read_them(server: Callable
         while f'incident="{incident}"' not in (await _metrics(client, None))[1]:
             assert asyncio.get_running_loop().time() < deadline, "reads open to all: so are the series"
             await asyncio.sleep(0.05)
+
+
+class _Held(Collector):
+    """A family whose collection waits until the test lets it go: a scrape that takes long."""
+
+    def __init__(self) -> None:
+        self.collecting, self.release = threading.Event(), threading.Event()
+
+    def collect(self) -> Iterable[Metric]:
+        self.collecting.set()
+        self.release.wait(10)
+        yield GaugeMetricFamily("probe_held", "A family that takes long to collect.", value=1)
+
+
+async def test_a_slow_scrape_never_holds_the_webhook(server: Callable[..., Any]) -> None:
+    test_server, client = await server()
+    held = _Held()
+    test_server.app[DEPS].metrics.registry.register(held)
+    async with client:
+        scrape = asyncio.create_task(_metrics(client, READ))
+        assert await asyncio.to_thread(held.collecting.wait, 10)
+        try:
+            # Rendered on the loop, the scrape would hold this delivery until it ended.
+            async with asyncio.timeout(5):
+                answer = await post(client, (AM / "xid79-firing.json").read_bytes())
+            assert answer["opened"] and not scrape.done()
+        finally:
+            held.release.set()
+        status, text = await scrape
+        assert status == 200 and "probe_held 1.0" in text
