@@ -169,14 +169,6 @@ async def test_a_deposed_leaders_intent_write_is_refused_before_its_destructive_
         # Its read (in flight at the cut) came back with the node still DOWN and pitcrew's; the
         # only thing between that read and the RESUME is the intent write, which the store refused.
         assert a.calls - before == Counter() and a.calls["resume"] == 0, a.calls
-        print(
-            "DBG",
-            [
-                (r.getMessage(), r.__dict__.get("holder"), r.__dict__.get("why"))
-                for r in caplog.records
-                if "stepped" in r.getMessage() or "leading" in r.getMessage()
-            ],
-        )
         [down] = [r for r in caplog.records if r.getMessage() == "stepped down: standing by"]
         assert "another process took over" in down.__dict__["why"], down.__dict__["why"]
         assert h.calls()[("slurm_resume", "gpu-node-02")] == 1  # b's
