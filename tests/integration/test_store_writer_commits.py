@@ -96,6 +96,20 @@ async def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         await store.close()
 
 
+async def _hold_thread(store: Writer) -> tuple[asyncio.Task[None], threading.Event]:
+    """A bulk unit running in the writer thread until the returned event is set, keeping the
+    writer busy while more is handed over; the task ends once it has committed."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        held.set()
+        release.wait(10)
+
+    holding = asyncio.create_task(store.submit(Bulk(hold)))
+    assert await asyncio.to_thread(held.wait, 10)
+    return holding, release
+
+
 def _engine_write(conn: sqlite3.Connection) -> str:
     conn.execute("PRAGMA user_version")  # read, in the unit's transaction: a stand-in for a step's rows
     return "engine"
@@ -131,14 +145,7 @@ async def test_an_idle_writer_lets_the_caller_commit_and_a_busy_one_queues(
     caller = asyncio.create_task(store.submit(_job("gpu-004")))
     await caller
     assert traced.begun_by(since) == [caller]  # no hop to the writer's task and back
-    held, release = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        held.set()
-        release.wait(10)
-
-    holding = asyncio.create_task(store.submit(Bulk(hold)))
-    assert await asyncio.to_thread(held.wait, 10)
+    holding, release = await _hold_thread(store)
     since = traced.mark()
     queued = asyncio.create_task(store.submit(_job("gpu-005")))
     await asyncio.sleep(0.05)
@@ -155,14 +162,7 @@ async def test_deliveries_queued_beside_engine_writes_commit_first_on_their_own(
 ) -> None:
     store, traced = writer
     loop_thread = threading.get_ident()
-    held, release = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:  # keeps the writer thread busy while more is queued
-        held.set()
-        release.wait(10)
-
-    holding = asyncio.create_task(store.submit(Bulk(hold)))
-    assert await asyncio.to_thread(held.wait, 10)
+    holding, release = await _hold_thread(store)
     engine = asyncio.create_task(store.submit(_engine_write))
     first, second = (
         asyncio.create_task(store.submit(_job("gpu-002"))),
