@@ -60,6 +60,9 @@ class Node:
         self.driver_label = DRIVER_LABEL in collectors
         self.xid_window_s, self.gpu_count, self.http_500, self.pod_generation = xid_window_s, gpus, False, 0
         self._lock = threading.Lock()
+        #: Label text made once (``_head``, ``_tail``): a GPU's own, and those after a family's.
+        self._heads: dict[tuple[object, ...], str] = {}
+        self._tails: dict[tuple[object, ...], str] = {}
         self.gpus = [self._healthy(i) for i in range(gpus)]
 
     def _healthy(self, i: int) -> Gpu:
@@ -182,22 +185,46 @@ class Node:
         labels: dict[str, str] | None = None,
         attrs: dict[str, str] | None = None,
     ) -> str:
-        bus = DGX_H100_BUS[g.index] if g.index < len(DGX_H100_BUS) else f"{0x10 + g.index:02X}"
-        pairs = [
-            ("gpu", str(g.index)),
-            ("UUID", self.uuid(g.index)),
-            ("pci_bus_id", f"00000000:{bus}:00.0"),
-            ("device", f"nvidia{g.index}"),
-            ("modelName", self.model),
-        ]
-        if self.hostname_label:
-            pairs.append((self.hostname_label, self.name))
-        extra = {**({DRIVER_LABEL: self.driver} if self.driver_label else {}), **(labels or {})}
-        pod = {"container": "trainer", "namespace": "ml-train", "pod": self.pod()}
-        pairs += sorted(extra.items()) + sorted({**pod, **(attrs or {})}.items())
-        body = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
         number = f"{value:f}" if family.kind == "f" else f"{int(value):d}"
-        return f"{family.name}{{{body}}} {number}"
+        return f"{family.name}{{{self._head(g.index)},{self._tail(labels, attrs)}}} {number}"
+
+    def _head(self, index: int) -> str:
+        """The labels a GPU always has, in dcgm-exporter's order, escaped once (a render is 20 to 40
+        lines per GPU: made afresh for each line, they took most of a scrape's time)."""
+        key = (index, self.name, self.model, self.hostname_label)  # a test may rename the label
+        if (head := self._heads.get(key)) is None:
+            bus = DGX_H100_BUS[index] if index < len(DGX_H100_BUS) else f"{0x10 + index:02X}"
+            pairs = [
+                ("gpu", str(index)),
+                ("UUID", self.uuid(index)),
+                ("pci_bus_id", f"00000000:{bus}:00.0"),
+                ("device", f"nvidia{index}"),
+                ("modelName", self.model),
+            ]
+            if self.hostname_label:
+                pairs.append((self.hostname_label, self.name))
+            head = self._heads[key] = _labels(pairs)
+        return head
+
+    def _tail(self, labels: dict[str, str] | None, attrs: dict[str, str] | None) -> str:
+        """The driver and a family's own labels, sorted; then the pod's and the attributes', sorted."""
+        key = (
+            tuple((labels or {}).items()),
+            tuple((attrs or {}).items()),
+            self.pod_generation,
+            self.driver if self.driver_label else None,
+        )
+        if (tail := self._tails.get(key)) is None:
+            extra = {**({DRIVER_LABEL: self.driver} if self.driver_label else {}), **(labels or {})}
+            pod = {"container": "trainer", "namespace": "ml-train", "pod": self.pod()}
+            tail = self._tails[key] = _labels(
+                sorted(extra.items()) + sorted({**pod, **(attrs or {})}.items())
+            )
+        return tail
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 
 def _escape(value: str) -> str:

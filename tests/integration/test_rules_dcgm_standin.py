@@ -111,7 +111,13 @@ def test_label_spellings_and_pod_churn() -> None:
     before = node.render()
     node.inject("pod_churn")
     assert 'pod="llama-pretrain-worker-07"' in before
-    assert 'pod="llama-pretrain-worker-07-r1"' in node.render()
+    after = node.render()
+    assert 'pod="llama-pretrain-worker-07-r1"' in after and 'pod="llama-pretrain-worker-07"' not in after
+    # A label spelled otherwise on a node already scraped (tests/e2e/test_detection_alerts.py does).
+    node.hostname_label = "hostname"
+    renamed = node.render()
+    assert renamed.count('hostname="gpu-node-07",') == after.count('Hostname="gpu-node-07",') > 0
+    assert "Hostname=" not in renamed
 
 
 def test_collectors_csv_decides_the_families() -> None:
