@@ -20,6 +20,7 @@ pytest_plugins: list[str] = [
     "tests.harness.slurm",
     "tests.harness.prometheus",
     "tests.harness.postgres",
+    "tests.harness.pgbouncer",
     "tests.harness.stores",
     "tests.harness.pitcrew",
     "tests.harness.kubernetes",

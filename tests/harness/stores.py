@@ -1,6 +1,7 @@
 """Both stores behind one fixture: the contract suites run every case on SQLite and on Postgres.
 
-``stores`` (parametrised ``sqlite`` / ``postgres``) opens store objects on one database: each
+``stores`` (parametrised ``sqlite`` / ``postgres`` / ``pgbouncer``: Postgres through a real
+PgBouncer in its transaction mode, ``tests.harness.pgbouncer``) opens store objects on one database: each
 call of ``stores.open()`` is another process's view of it (SQLite: another writer and reader on
 the same file; Postgres: another connection pool on the same database of the session's cluster,
 ``tests.harness.postgres``), and closes them all at the end of the test. The Postgres cluster is
@@ -10,6 +11,7 @@ started only when a Postgres case runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timedelta
@@ -23,7 +25,7 @@ from bot.store.sqlite import SqliteStore
 from tests.harness.postgres import PostgresDatabase
 
 AnyStore = SqliteStore | PostgresStore
-KINDS = ("sqlite", "postgres")
+KINDS = ("sqlite", "postgres", "pgbouncer")
 
 
 class Stores:
@@ -78,7 +80,12 @@ class Stores:
 
 @pytest.fixture(params=KINDS)
 async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    database = request.getfixturevalue("postgres_db") if request.param == "postgres" else None
+    database: PostgresDatabase | None = None
+    if request.param != "sqlite":
+        database = request.getfixturevalue("postgres_db")
+    if request.param == "pgbouncer":
+        assert database is not None
+        database = dataclasses.replace(database, url=request.getfixturevalue("pgbouncer").url(database.name))
     opened = Stores(request.param, tmp_path, database)
     try:
         yield opened

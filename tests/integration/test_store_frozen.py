@@ -14,6 +14,9 @@ free soon after and another store writes:
   commits without the process (which acknowledges the delivery when it wakes; a redelivery would
   be deduplicated): the session is idle, outside any transaction.
 
+The same through a connection pooler (PgBouncer in its transaction mode): the limit is each
+transaction's own (``SET LOCAL``), so it reaches whichever server session the write runs on.
+
 Batches of rows are the case that once mattered: psycopg's ``executemany`` pipelines rows and
 sends the Sync after the last, and a session left waiting for the rest of a pipeline has no idle
 limit at all (the server arms it only when it answers a Sync) — it held the write lock and the
@@ -76,10 +79,16 @@ def _connect(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...
     return psycopg.connect(database.url, password=database.password_file.read_text().strip(), autocommit=True)
 
 
-@pytest.fixture
-def writer(postgres_db: PostgresDatabase) -> Iterator[subprocess.Popen[str]]:
+@pytest.fixture(params=["direct", "pgbouncer"])
+def writer(request: pytest.FixtureRequest, postgres_db: PostgresDatabase) -> Iterator[subprocess.Popen[str]]:
+    """The writing process, connected to Postgres directly or through PgBouncer in its transaction
+    mode (``tests.harness.pgbouncer``), where a limit set for the session would not reach the
+    server session the write runs on."""
+    url = postgres_db.url
+    if request.param == "pgbouncer":
+        url = request.getfixturevalue("pgbouncer").url(postgres_db.name)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, postgres_db.url, str(postgres_db.password_file), str(NODES)],
+        [sys.executable, "-c", CHILD, url, str(postgres_db.password_file), str(NODES)],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
