@@ -38,6 +38,7 @@ import contextlib
 import math
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
@@ -94,6 +95,36 @@ FLUSH_EVERY = FRESH / 3
 #: counters under ``bench/ingest.py``) held the writes' thread for 37 ms at the median, and every
 #: delivery that came meanwhile waited behind it; a chunk at a time, they go between chunks.
 FLUSH_ROWS = 250
+#: A connection left unused this long (seconds) is checked, one empty query, before it is used: the
+#: server's ``idle_session_timeout``, a pooler's idle limit, a failover or a load balancer's idle
+#: timer may have ended it meanwhile, and the first statement on it would fail (a webhook answered
+#: 503, an engine read or write to retry) after every quiet spell. Busy connections are never
+#: checked; a quiet store pays a round trip now and then.
+CHECK_AFTER = 1.0
+
+
+class _Idle:
+    """When each connection was last used (``used``), and the check of one unused for
+    ``CHECK_AFTER`` (``check``): the pool's ``configure``, ``reset`` and ``check`` callbacks, and
+    the writes' thread's own connection."""
+
+    def __init__(self) -> None:
+        self._since: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
+
+    def used(self, conn: object) -> None:
+        self._since[conn] = time.monotonic()
+
+    def stale(self, conn: object) -> bool:
+        return time.monotonic() - self._since.get(conn, math.inf) >= CHECK_AFTER
+
+    async def returned(self, conn: Conn) -> None:
+        self.used(conn)
+
+    async def check(self, conn: Conn) -> None:
+        """Raises if a connection unused for a while has been ended (the pool then drops it and
+        takes or makes another)."""
+        if self.stale(conn):
+            await AsyncConnectionPool.check_connection(conn)
 
 
 #: Statements of one batch per message: a batch of more rows is several messages, each answered.
@@ -232,6 +263,7 @@ class _Writes:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         self._conn: SyncConn | None = None
+        self._idle = _Idle()
         self._closed = False
         #: When a transaction last committed here (monotonic); -inf after the database failed one.
         self.committed_at = float("-inf")
@@ -280,9 +312,15 @@ class _Writes:
         if self._locked:
             lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         try:
+            if self._conn is not None and self._idle.stale(self._conn):
+                try:
+                    self._conn.execute("")  # still there after a quiet spell? (``CHECK_AFTER``)
+                except psycopg.OperationalError:
+                    self._drop()
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
             driven = _transaction_sync(self._conn, op, lock)
+            self._idle.used(self._conn)
         except psycopg.OperationalError as exc:
             self.committed_at = float("-inf")
             self._drop()
@@ -363,6 +401,8 @@ class _Shared:
     prunes: _Writes | None = None
     #: Keys committed, and repeat deliveries counted and not yet committed (``bot.store.repeats``).
     memory: RepeatMemory = field(default_factory=RepeatMemory)
+    #: When the pool's connections were last used, to check one unused for a while.
+    idle: _Idle = field(default_factory=_Idle)
     #: Commits the counts of ``memory`` every ``FLUSH_EVERY`` seconds.
     flusher: asyncio.Task[None] | None = None
 
@@ -416,6 +456,9 @@ class PostgresStore(SqlStore):
             min_size=1,
             max_size=self._pool_size,
             timeout=self._connect_timeout,
+            configure=self._shared.idle.returned,
+            reset=self._shared.idle.returned,
+            check=self._shared.idle.check,
             open=False,
             name="pitcrew-store",
         )

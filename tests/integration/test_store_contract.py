@@ -226,6 +226,42 @@ async def test_postgres_answers_repeats_from_memory_only_while_it_commits(stores
     assert counted == 1
 
 
+@pytest.mark.parametrize("stores", ["postgres", "pgbouncer"], indirect=True)
+async def test_connections_the_server_ended_in_a_quiet_spell_are_replaced_before_use(stores: Stores) -> None:
+    """A quiet store's connections are ended under it (here the server's ``idle_session_timeout``;
+    as well a pooler's or a load balancer's idle limit, a failover): the first write, read and
+    lease renewal after the quiet spell succeed all the same (``postgres.CHECK_AFTER``)."""
+    assert stores.database is not None
+    database = stores.database
+    with psycopg.connect(
+        database.server.url(database.name), password=database.server.password, autocommit=True
+    ) as admin:
+        admin.execute(f'ALTER DATABASE "{database.name}" SET idle_session_timeout = 300')
+        store = await stores.open()
+        await store.ingest(_delivery(_alert("fp-q1", "gpu-031")), T0)
+        lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
+        used = time.monotonic()
+
+        def sessions() -> int:
+            [(count,)] = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid != pg_backend_pid()"
+            ).fetchall()
+            return int(count)
+
+        for _ in range(100):  # the server ends every session of the store (or of the pooler)
+            if sessions() == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert sessions() == 0
+        await asyncio.sleep(max(0.0, used + postgres.CHECK_AFTER - time.monotonic()))
+    outcome = await store.ingest(_delivery(_alert("fp-q2", "gpu-032")), T0)
+    assert len(outcome.opened) == 1
+    assert len(await store.active()) == 2
+    renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
+    assert renewed is not None and renewed.epoch == lease.epoch
+
+
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
 async def test_a_postgres_replica_taking_only_repeats_stays_fresh_by_its_own_counts(stores: Stores) -> None:
     """No write but the counts' own commits, for longer than ``FRESH``: memory answers every repeat
