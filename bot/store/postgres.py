@@ -95,6 +95,11 @@ FLUSH_EVERY = FRESH / 3
 #: counters under ``bench/ingest.py``) held the writes' thread for 37 ms at the median, and every
 #: delivery that came meanwhile waited behind it; a chunk at a time, they go between chunks.
 FLUSH_ROWS = 250
+#: What makes the store unavailable (a 503 to a webhook, a write to try again later), and the
+#: connection it came on given up: the database is gone, or takes no writes (a standby, or a
+#: primary demoted by a failover, answers "read-only transaction": connecting again reaches the
+#: new primary through the Service, or the URL's hosts with ``target_session_attrs=read-write``).
+_UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 #: A connection left unused this long (seconds) is checked, one empty query, before it is used: the
 #: server's ``idle_session_timeout``, a pooler's idle limit, a failover or a load balancer's idle
 #: timer may have ended it meanwhile, and the first statement on it would fail (a webhook answered
@@ -321,7 +326,7 @@ class _Writes:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
             driven = _transaction_sync(self._conn, op, lock)
             self._idle.used(self._conn)
-        except psycopg.OperationalError as exc:
+        except _UNAVAILABLE as exc:
             self.committed_at = float("-inf")
             self._drop()
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
@@ -512,8 +517,12 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable("store is not open")
         try:
             async with pool.connection() as conn:
-                yield conn
-        except (PoolTimeout, psycopg.OperationalError) as exc:
+                try:
+                    yield conn
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    await conn.close()  # the pool drops it: the next use connects again
+                    raise
+        except (PoolTimeout, *_UNAVAILABLE) as exc:
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
 
     async def _migrate(self) -> None:

@@ -37,7 +37,7 @@ from bot.domain.incident import State
 from bot.domain.planner import Plan
 from bot.domain.policy import Mode
 from bot.store import postgres, sql
-from bot.store.base import ONCE, SUPERSEDED, Delivery, IncomingAlert, NewEvent, link_key
+from bot.store.base import ONCE, SUPERSEDED, Delivery, IncomingAlert, NewEvent, StoreUnavailable, link_key
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
 from bot.store.sql import single
@@ -258,6 +258,36 @@ async def test_connections_the_server_ended_in_a_quiet_spell_are_replaced_before
     outcome = await store.ingest(_delivery(_alert("fp-q2", "gpu-032")), T0)
     assert len(outcome.opened) == 1
     assert len(await store.active()) == 2
+    renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
+    assert renewed is not None and renewed.epoch == lease.epoch
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: Stores) -> None:
+    """Connected to a server that takes no writes (a standby, a primary a failover demoted: here
+    the database made read-only for new sessions, which answers the same "read-only transaction"):
+    a write and a lease renewal fail as the store being unavailable (a webhook's 503), and the
+    connection is given up, so once the database takes writes again the next write goes through."""
+    assert stores.database is not None
+    database = stores.database
+    store = await stores.open()
+    lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
+    with psycopg.connect(
+        database.server.url(database.name), password=database.server.password, autocommit=True
+    ) as admin:
+        admin.execute(f'ALTER DATABASE "{database.name}" SET default_transaction_read_only = on')
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid != pg_backend_pid()"
+        )
+        await asyncio.sleep(postgres.CHECK_AFTER)  # the store's connections are replaced: read-only
+        with pytest.raises(StoreUnavailable, match="read-only transaction"):
+            await store.ingest(_delivery(_alert("fp-ro", "gpu-041")), T0)
+        with pytest.raises(StoreUnavailable, match="read-only transaction"):
+            await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
+        admin.execute(f'ALTER DATABASE "{database.name}" SET default_transaction_read_only = off')
+    outcome = await store.ingest(_delivery(_alert("fp-ro", "gpu-041")), T0)
+    assert len(outcome.opened) == 1
     renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
     assert renewed is not None and renewed.epoch == lease.epoch
 
