@@ -520,7 +520,8 @@ class PostgresStore(SqlStore):
                 try:
                     yield conn
                 except psycopg.errors.ReadOnlySqlTransaction:
-                    await conn.close()  # the pool drops it: the next use connects again
+                    # Every connection of the pool reached that server: the next use connects again.
+                    await pool.drain()
                     raise
         except (PoolTimeout, *_UNAVAILABLE) as exc:
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc

@@ -281,6 +281,7 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
             " WHERE datname = current_database() AND pid != pg_backend_pid()"
         )
         await asyncio.sleep(postgres.CHECK_AFTER)  # the store's connections are replaced: read-only
+        await asyncio.gather(*(store.active() for _ in range(6)))  # reads still work, on several
         with pytest.raises(StoreUnavailable, match="read-only transaction"):
             await store.ingest(_delivery(_alert("fp-ro", "gpu-041")), T0)
         with pytest.raises(StoreUnavailable, match="read-only transaction"):
