@@ -95,6 +95,20 @@ FLUSH_EVERY = FRESH / 3
 #: counters under ``bench/ingest.py``) held the writes' thread for 37 ms at the median, and every
 #: delivery that came meanwhile waited behind it; a chunk at a time, they go between chunks.
 FLUSH_ROWS = 250
+#: libpq's TCP settings, each unless the URL sets it. When the node under Postgres dies, or a link
+#: on the way goes down, nothing comes back (no reset, no close): a connection waiting for an
+#: answer waited until the kernel gave up retransmitting (``tcp_retries2``: about 15 minutes),
+#: and every write of the replica, webhooks included, waited behind it. Now a message the peer
+#: does not acknowledge within ``tcp_user_timeout`` (ms), or an unused connection whose peer does
+#: not answer keepalives, fails, and the next write connects again (to a failover's new primary).
+#: A long statement or a lock wait is not cut short: the server's kernel acknowledges meanwhile.
+TCP = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
 #: What makes the store unavailable (a 503 to a webhook, a write to try again later), and the
 #: connection it came on given up: the database is gone, or takes no writes (a standby, or a
 #: primary demoted by a failover, answers "read-only transaction": connecting again reaches the
@@ -451,6 +465,8 @@ class PostgresStore(SqlStore):
             "prepare_threshold": None,
             "application_name": "pitcrew",
         }
+        given = psycopg.conninfo.conninfo_to_dict(self.url)
+        kwargs |= {key: value for key, value in TCP.items() if key not in given}
         if self._password_file is not None:
             kwargs["password"] = read_password(self._password_file)
         self._shared.kwargs = kwargs

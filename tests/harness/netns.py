@@ -5,8 +5,8 @@ own namespace: one bridge for the store (PostgreSQL listens on its address), one
 (Slurm, the Kubernetes API emulator, the Slack stand-in listen on its address). Each namespace
 joins each bridge by a veth pair of its own, so a replica's link to the store can be cut (``cut``:
 ``ip link set db0 down`` inside its namespace) while its link to the far sides stays up, and
-restored (``restore``). Addresses are private (10.213.N.0/24 and 10.214.N.0/24, N from the pid so
-two runs on one machine do not collide); nothing listens on a public interface. Everything is
+restored (``restore``). Addresses are private (10.213.N.0/24 and 10.214.N.0/24, N from the pid, or
+the next one no interface is on, so two runs on one machine do not collide); nothing listens on a public interface. Everything is
 deleted at teardown, whatever happened. No ``ip``, not root, or no namespaces: the tests skip, or
 fail under ``CI=true`` (``tests.harness.proc``).
 """
@@ -81,10 +81,21 @@ def _require() -> None:
         pytest.skip("network namespaces need root")
 
 
+def _free_subnet(start: int) -> int:
+    """The first N from ``start`` whose 10.213.N.0/24 and 10.214.N.0/24 no interface here is on:
+    tests of both shards (``tests/e2e``, ``tests/integration``) make sites at once."""
+    taken = _ip("-4", "-o", "addr", "show").stdout
+    for offset in range(250):
+        n = (start + offset) % 250
+        if f" 10.213.{n}." not in taken and f" 10.214.{n}." not in taken:
+            return n
+    raise RuntimeError("every 10.213.N.0/24 is taken on this machine")
+
+
 @pytest.fixture
 def two_sites() -> Iterator[TwoSites]:
     _require()
-    n = os.getpid() % 250
+    n = _free_subnet(os.getpid() % 250)
     tag = f"{os.getpid() % 10000}"
     bridges = {"db": f"pcdb{tag}", "far": f"pcfar{tag}"}
     prefix = {"db": f"10.213.{n}", "far": f"10.214.{n}"}
