@@ -200,8 +200,8 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 
 def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
     """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection
-    of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``
-    and the lock go with the first statement, the rows of batches (``many``: nothing to answer)
+    of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``,
+    the transaction's idle limit (``_IDLE_LIMIT``) and the lock go with the first statement, the rows of batches (``many``: nothing to answer)
     with the statement after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with
     the last. Each message is one simple query, its values bound by psycopg's client-side quoting
     as ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its

@@ -5,10 +5,10 @@ own namespace: one bridge for the store (PostgreSQL listens on its address), one
 (Slurm, the Kubernetes API emulator, the Slack stand-in listen on its address). Each namespace
 joins each bridge by a veth pair of its own, so a replica's link to the store can be cut (``cut``:
 ``ip link set db0 down`` inside its namespace) while its link to the far sides stays up, and
-restored (``restore``). Addresses are private (10.213.N.0/24 and 10.214.N.0/24, N from the pid, or
-the next one no interface is on, so two runs on one machine do not collide); nothing listens on a public interface. Everything is
-deleted at teardown, whatever happened. No ``ip``, not root, or no namespaces: the tests skip, or
-fail under ``CI=true`` (``tests.harness.proc``).
+restored (``restore``). Addresses are private (10.213.N.0/24 and 10.214.N.0/24, N from the pid,
+or the next one no interface is on, so two runs on one machine do not collide); nothing listens
+on a public interface. Everything is deleted at teardown, whatever happened. No ``ip``, not
+root, or no namespaces: the tests skip, or fail under ``CI=true`` (``tests.harness.proc``).
 """
 
 from __future__ import annotations
