@@ -9,6 +9,7 @@ log tails are the proving ground's own (``proving_ground.proc``), re-exported he
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,10 @@ import pytest
 
 from proving_ground.proc import find_binary
 
-__all__ = ["in_ci", "require_binary", "wait_until"]
+__all__ = ["in_ci", "require_binary", "talking_child", "wait_until"]
+
+#: The checkout: where a child process imports ``bot`` from.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def in_ci() -> bool:
@@ -55,3 +59,16 @@ def process_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+def talking_child(argv: list[str], ready: str = "open") -> subprocess.Popen[str]:
+    """A process the test talks to by lines (its stdin and stdout), started in the checkout, once
+    it has said ``ready`` (the store it opened is open); killed if it says anything else."""
+    child = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    said = child.stdout.readline().strip()
+    if said != ready:
+        child.kill()
+        child.wait(timeout=30)
+        pytest.fail(f"the child said {said!r}, not {ready!r}: {' '.join(argv[:3])}")
+    return child

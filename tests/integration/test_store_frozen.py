@@ -33,7 +33,6 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -42,10 +41,9 @@ from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.postgres import IDLE_IN_TRANSACTION_MS, PostgresStore
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.proc import process_state, wait_until
+from tests.harness.proc import process_state, talking_child, wait_until
 
 NODES = 20
-ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(
     """
@@ -87,16 +85,8 @@ def writer(request: pytest.FixtureRequest, postgres_db: PostgresDatabase) -> Ite
     url = postgres_db.url
     if request.param == "pgbouncer":
         url = request.getfixturevalue("pgbouncer").url(postgres_db.name)
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, str(postgres_db.password_file), str(NODES)],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    child = talking_child([sys.executable, "-c", CHILD, url, str(postgres_db.password_file), str(NODES)])
     try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "open"
         yield child
     finally:
         os.kill(child.pid, signal.SIGCONT)

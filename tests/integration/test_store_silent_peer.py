@@ -29,8 +29,8 @@ from bot.store.postgres import TCP
 from tests.harness.figures import show_figure
 from tests.harness.netns import TwoSites
 from tests.harness.postgres import running_postgres
+from tests.harness.proc import talking_child
 
-ROOT = Path(__file__).resolve().parents[2]
 #: How long the write may take once the link is down: the limit, and a margin for a loaded machine.
 BOUND = int(TCP["tcp_user_timeout"]) / 1000 + 15
 
@@ -78,23 +78,9 @@ def writer(two_sites: TwoSites, tmp_path: Path) -> Iterator[tuple[subprocess.Pop
         name = server.create_database()
         password = server.password_file(tmp_path / "postgres-password")
         site = two_sites.sites[0]
-        child = subprocess.Popen(
-            [
-                *site.prefix,
-                sys.executable,
-                "-c",
-                CHILD,
-                server.url(name, host=two_sites.db_host),
-                str(password),
-            ],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        url = server.url(name, host=two_sites.db_host)
+        child = talking_child([*site.prefix, sys.executable, "-c", CHILD, url, str(password)])
         try:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "open"
             yield child, two_sites
         finally:
             site.restore()
