@@ -88,7 +88,19 @@ class PostgresServer:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _as(user: str | None, argv: list[str]) -> list[str]:
+def unprivileged(*paths: Path) -> str | None:
+    """The user a server that will not run as root runs as (PostgreSQL, PgBouncer): ``nobody``
+    when this process is root, ``paths`` handed to it; else ``None``, this process's own user."""
+    if os.geteuid() != 0:
+        return None
+    entry = pwd.getpwnam("nobody")
+    for path in paths:
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    return "nobody"
+
+
+def as_user(user: str | None, argv: list[str]) -> list[str]:
+    """``argv`` run as ``user`` (``unprivileged``), or as it is for ``None``."""
     return ["runuser", "-u", user, "--", *argv] if user else argv
 
 
@@ -104,17 +116,13 @@ def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> 
     binaries = bindir()
     if binaries is None:
         raise DemoError(MISSING)
-    # PostgreSQL will not run as root: run it as nobody then (the directory is chowned to it).
-    user = "nobody" if os.geteuid() == 0 else None
     directory = Path(tempfile.mkdtemp(prefix="pitcrew-pg-"))
     data, log = directory / "data", directory / "postgres.log"
     password = secrets.token_urlsafe(16)
     pwfile = directory / "pwfile"
     pwfile.write_text(password + "\n")
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        for path in (directory, pwfile):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
+    # PostgreSQL will not run as root: run it as nobody then (the directory is chowned to it).
+    user = unprivileged(directory, pwfile)
     port = free_port()
     listen = ",".join(["127.0.0.1", *(str(i.ip) for i in interfaces)])
     options = (
@@ -126,7 +134,7 @@ def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> 
 
     def pg_ctl(arguments: list[str]) -> None:
         argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
-        subprocess.run(_as(user, argv), check=True, capture_output=True, timeout=120)
+        subprocess.run(as_user(user, argv), check=True, capture_output=True, timeout=120)
 
     started = False
     try:
@@ -143,7 +151,7 @@ def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> 
             "--locale=C",
             "--no-sync",
         ]
-        subprocess.run(_as(user, initdb), check=True, capture_output=True, timeout=120)
+        subprocess.run(as_user(user, initdb), check=True, capture_output=True, timeout=120)
         pwfile.unlink()
         if interfaces:
             with (data / "pg_hba.conf").open("a") as hba:

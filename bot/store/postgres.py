@@ -49,7 +49,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
@@ -201,9 +201,9 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
     """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection
     of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``,
-    the transaction's idle limit (``_IDLE_LIMIT``) and the lock go with the first statement, the rows of batches (``many``: nothing to answer)
-    with the statement after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with
-    the last. Each message is one simple query, its values bound by psycopg's client-side quoting
+    the transaction's idle limit (``_IDLE_LIMIT``) and the lock go with the first statement, the
+    rows of batches (``many``: nothing to answer) with the statement after them, up to
+    ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is one simple query, its values bound by psycopg's client-side quoting
     as ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its
     message there, the rest unsent, and the transaction is rolled back.
 
@@ -332,8 +332,8 @@ class _Writes:
             lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         try:
             if self._conn is not None and self._idle.stale(self._conn):
-                try:
-                    self._conn.execute("")  # still there after a quiet spell? (``CHECK_AFTER``)
+                try:  # still there after a quiet spell? (``CHECK_AFTER``: the pool's check)
+                    ConnectionPool.check_connection(self._conn)
                 except psycopg.OperationalError:
                     self._drop()
             if self._conn is None or self._conn.closed:

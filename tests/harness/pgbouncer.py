@@ -14,8 +14,6 @@ under ``CI=true``.
 from __future__ import annotations
 
 import contextlib
-import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -26,12 +24,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from proving_ground.postgres import USER, PostgresServer
+from proving_ground.postgres import USER, PostgresServer, as_user, unprivileged
 from proving_ground.proc import DemoError, free_port, tail, wait_until
-from tests.harness.proc import in_ci
+from tests.harness.proc import require_binary
 
-BINARY = "/usr/sbin/pgbouncer"
-MISSING = "PgBouncer not found: apt-get install pgbouncer (scripts/setup dev)"
 #: Server sessions per database and user: under pitcrew's pool (10) and its writes' connections.
 POOL_SIZE = 3
 
@@ -48,11 +44,7 @@ class Bouncer:
 
 @contextlib.contextmanager
 def running_pgbouncer(server: PostgresServer) -> Iterator[Bouncer]:
-    if not Path(BINARY).exists():
-        if in_ci():
-            pytest.fail(MISSING)
-        pytest.skip(MISSING)
-    user = "nobody" if os.geteuid() == 0 else None
+    binary = require_binary("pgbouncer", "pgbouncer (scripts/setup dev)")
     directory = Path(tempfile.mkdtemp(prefix="pitcrew-pgbouncer-"))
     port, log = free_port(), directory / "pgbouncer.log"
     users, config = directory / "users.txt", directory / "pgbouncer.ini"
@@ -66,13 +58,9 @@ def running_pgbouncer(server: PostgresServer) -> Iterator[Bouncer]:
         f"pool_mode = transaction\ndefault_pool_size = {POOL_SIZE}\nmax_client_conn = 500\n"
         f"logfile = {log}\n"
     )
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        for path in (directory, users, config):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-    argv = [BINARY, str(config)]
+    user = unprivileged(directory, users, config)  # PgBouncer will not run as root either
     proc = subprocess.Popen(
-        ["runuser", "-u", user, "--", *argv] if user else argv,
+        as_user(user, [binary, str(config)]),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

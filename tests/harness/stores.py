@@ -2,10 +2,10 @@
 
 ``stores`` (parametrised ``sqlite`` / ``postgres`` / ``pgbouncer``: Postgres through a real
 PgBouncer in its transaction mode, ``tests.harness.pgbouncer``) opens store objects on one
-database: each call of ``stores.open()`` is another process's view of it (SQLite: another writer and reader on
-the same file; Postgres: another connection pool on the same database of the session's cluster,
-``tests.harness.postgres``), and closes them all at the end of the test. The Postgres cluster is
-started only when a Postgres case runs.
+database: each call of ``stores.open()`` is another process's view of it (SQLite: another
+writer and reader on the same file; Postgres: another connection pool on the same database of
+the session's cluster, ``tests.harness.postgres``), and closes them all at the end of the test.
+The Postgres cluster is started only when a Postgres case runs.
 """
 
 from __future__ import annotations
