@@ -332,7 +332,8 @@ def build_app(
         background.append(_Closing(annotations.adapter.aclose))
     background.append(leadership)
     inbound = slack.inbound(commands, store, utcnow) if slack else None
-    detail: dict[str, Callable[[], dict[str, Any]]] = {}
+    # Shown, not gating: how an acknowledged write is kept (``/readyz`` of each replica).
+    detail: dict[str, Callable[[], dict[str, Any]]] = {"store": store.describe}
     if slack is not None and inbound is not None:
         socket = slack.socket_mode(inbound, metrics.registry)
         if socket is not None:

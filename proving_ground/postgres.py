@@ -73,11 +73,12 @@ class PostgresServer:
         path.chmod(0o600)
         return path
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
         """Shut the server down as an operator's ``pg_ctl stop`` does (``fast``: every session
-        ended, open transactions rolled back); ``start`` brings it back on the same port."""
+        ended, open transactions rolled back; ``immediate``: at once, as when its node dies, with
+        crash recovery at the next start); ``start`` brings it back on the same port."""
         assert self._pg_ctl is not None
-        self._pg_ctl(["-m", "fast", "-w", "stop"])
+        self._pg_ctl(["-m", mode, "-w", "stop"])
 
     def start(self) -> None:
         assert self._pg_ctl is not None

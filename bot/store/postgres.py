@@ -39,7 +39,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -120,6 +120,52 @@ _UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 #: 503, an engine read or write to retry) after every quiet spell. Busy connections are never
 #: checked; a quiet store pays a round trip now and then.
 CHECK_AFTER = 1.0
+
+
+#: The readiness probe's one query: a primary (not in recovery), and how its commits are replicated.
+#: ``pg_stat_replication`` shows every user its rows (the details only to the privileged): each is
+#: a standby streaming from this server (or a base backup being taken).
+_PING = (
+    "SELECT pg_is_in_recovery() AS standby, current_setting('synchronous_commit') AS commit,"
+    " current_setting('synchronous_standby_names') AS names,"
+    " (SELECT count(*) FROM pg_stat_replication) AS standbys"
+)
+#: ``synchronous_commit`` values that wait for a synchronous standby (when one is named).
+_WAITS_FOR_STANDBY = frozenset({"on", "remote_write", "remote_apply"})
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How the server's commits reach its standbys, as ``pitcrew``'s own sessions see it.
+
+    ``mode``: ``none`` (no standby streams from it: the commit is on this server's storage alone,
+    which a managed service may replicate below Postgres); ``synchronous`` (a commit returns once a
+    standby named in ``synchronous_standby_names`` has it: a failover to that standby loses
+    nothing acknowledged); ``asynchronous`` (standbys stream, but a commit returns before any has
+    it: a failover may lose the last acknowledged deliveries and recorded steps, so an incident may
+    be forgotten or a destructive step done again)."""
+
+    mode: str
+    standbys: int
+    commit: str
+
+    @classmethod
+    def of(cls, commit: str, names: str, standbys: int) -> Replication:
+        if standbys == 0:
+            return cls("none", 0, commit)
+        waits = bool(names.strip()) and commit in _WAITS_FOR_STANDBY
+        return cls("synchronous" if waits else "asynchronous", standbys, commit)
+
+
+class _ServerLost(StoreUnavailable):
+    """The store is unavailable because its server is: unreachable, gone from under a connection
+    (a restart, a failover, its node lost), or taking no writes (a standby, a demoted primary)."""
+
+
+def _server_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
+    """Whether ``exc`` on ``conn`` means the server is lost to every connection, not only this one
+    statement's failure (a cancelled query, a lock timeout: also ``OperationalError``)."""
+    return conn.broken or isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
 
 
 class _Idle:
@@ -273,10 +319,21 @@ class _Writes:
     engine's writes). The engine is not starved: the thread never takes two batches of deliveries
     in a row while an engine write waits, so one waits for at most one batch."""
 
-    def __init__(self, url: str, kwargs: dict[str, Any], where: str, *, locked: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        kwargs: dict[str, Any],
+        where: str,
+        *,
+        locked: bool = True,
+        lost: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """``locked``: every transaction under the write lock (or its shared mode); else none
-        (retention's, ``PostgresStore._prune_transact``)."""
+        (retention's, ``PostgresStore._prune_transact``). ``lost``: awaited (on the loop) when a
+        write found the server gone or taking no writes, before the write's caller hears of it:
+        the pool's connections went with it (``PostgresStore._server_lost``)."""
         self._url, self._kwargs, self._where, self._locked = url, kwargs, where, locked
+        self._lost = lost
         self._lanes = _Lanes()
         name = "pitcrew-store-writes" if locked else "pitcrew-store-prunes"
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -316,7 +373,12 @@ class _Writes:
                 done.set_result(driven)
 
         self._lanes.put(work, first=first)
-        return await asyncio.wrap_future(done)
+        try:
+            return await asyncio.wrap_future(done)
+        except _ServerLost:
+            if self._lost is not None:
+                await self._lost()
+            raise
 
     async def deliveries(self, op: Op[list[Result]], exclusive: bool, answer: Answer | None) -> list[Result]:
         return (await self.drive(op, exclusive=exclusive, first=True, answer=answer)).result
@@ -330,6 +392,7 @@ class _Writes:
         lock = None  # retention's: no lock
         if self._locked:
             lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        conn = None
         try:
             if self._conn is not None and self._idle.stale(self._conn):
                 try:  # still there after a quiet spell? (``CHECK_AFTER``: the pool's check)
@@ -338,11 +401,14 @@ class _Writes:
                     self._drop()
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
-            driven = _transaction_sync(self._conn, op, lock)
-            self._idle.used(self._conn)
+            conn = self._conn
+            driven = _transaction_sync(conn, op, lock)
+            self._idle.used(conn)
         except _UNAVAILABLE as exc:
             self.committed_at = float("-inf")
             self._drop()
+            if conn is None or _server_lost(conn, exc):
+                raise _ServerLost(f"{self._where}: {exc}") from exc
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
         self.committed_at = time.monotonic()
         return driven
@@ -399,6 +465,19 @@ class _Lanes:
             self._ready.notify()
 
 
+def where(url: str) -> str:
+    """The server(s) and database of a libpq URL, for messages: no user, password or options. A
+    URL may list several hosts (``postgresql://a:5432,b:5432/db``, each with its port, or one port
+    for all, or none: 5432)."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    hosts = str(info.get("host", "")).split(",")
+    ports = str(info.get("port", "")).split(",")
+    if len(ports) != len(hosts):
+        ports = ports[:1] * len(hosts)
+    servers = ",".join(f"{host}:{port or 5432}" for host, port in zip(hosts, ports, strict=True))
+    return f"postgresql://{servers}/{info.get('dbname', '')}"
+
+
 def read_password(path: Path) -> str:
     """The password in ``store.password_file`` (its first line: a Kubernetes Secret's file)."""
     lines = path.read_text().splitlines()
@@ -424,6 +503,8 @@ class _Shared:
     idle: _Idle = field(default_factory=_Idle)
     #: Commits the counts of ``memory`` every ``FLUSH_EVERY`` seconds.
     flusher: asyncio.Task[None] | None = None
+    #: The replication the server's commits got at the last ``ping`` (``/readyz``), if any yet.
+    replication: Replication | None = None
 
 
 class PostgresStore(SqlStore):
@@ -494,14 +575,13 @@ class PostgresStore(SqlStore):
         except BaseException:
             await self.close()
             raise
-        self._shared.writes = _Writes(self.url, kwargs, self._where())
+        self._shared.writes = _Writes(self.url, kwargs, self._where(), lost=self._server_lost)
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
         self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
 
     def _where(self) -> str:
-        info = psycopg.conninfo.conninfo_to_dict(self.url)
-        return f"postgresql://{info.get('host', '')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        return where(self.url)
 
     async def close(self) -> None:
         """Commit the deliveries queued, then close the pool, whatever happens."""
@@ -535,12 +615,21 @@ class PostgresStore(SqlStore):
             async with pool.connection() as conn:
                 try:
                     yield conn
-                except psycopg.errors.ReadOnlySqlTransaction:
-                    # Every connection of the pool reached that server: the next use connects again.
-                    await pool.drain()
+                except _UNAVAILABLE as exc:
+                    if _server_lost(conn, exc):
+                        await self._server_lost()
                     raise
         except (PoolTimeout, *_UNAVAILABLE) as exc:
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
+
+    async def _server_lost(self) -> None:
+        """A read, a lease write or the writes' thread found the server lost (``_server_lost``):
+        every connection of the pool reached that server, and each would fail its next use in
+        turn (a read, a lease renewal each), so all are replaced: the next use connects again, to
+        the new primary after a failover."""
+        pool = self._shared.pool
+        if pool is not None:
+            await pool.drain()
 
     async def _migrate(self) -> None:
         async with self._conn() as conn, conn.transaction():
@@ -571,10 +660,39 @@ class PostgresStore(SqlStore):
         timeout, past the readiness probe's own: the probe is answered "not ready" in time instead."""
         try:
             async with asyncio.timeout(PING_TIMEOUT):
-                row = await self._read(single(one("SELECT pg_is_in_recovery() AS standby")))
+                row = await self._read(single(one(_PING)))
         except Exception:  # readiness probes report, they do not raise
             return False
-        return row is not None and not row["standby"]
+        if row is None:
+            return False
+        self._replicated(Replication.of(str(row["commit"]), str(row["names"]), int(row["standbys"])))
+        return not row["standby"]
+
+    def _replicated(self, seen: Replication) -> None:
+        """Keep what the last probe saw; log a turn to (or from) commits a failover may lose."""
+        before, self._shared.replication = self._shared.replication, seen
+        if seen.mode == "asynchronous" and (before is None or before.mode != "asynchronous"):
+            log.warning(
+                "%s streams to %d standby(s) without waiting for them: a commit returns before any "
+                "standby has it, and a failover may lose alerts pitcrew acknowledged and steps it "
+                "recorded; make replication synchronous (synchronous_standby_names; CloudNativePG: "
+                ".spec.postgresql.synchronous)",
+                self._where(),
+                seen.standbys,
+            )
+        elif before is not None and before.mode == "asynchronous" and seen.mode != "asynchronous":
+            log.info("%s: commits are no longer acknowledged before a standby has them", self._where())
+
+    def describe(self) -> dict[str, Any]:
+        seen = self._shared.replication
+        answer: dict[str, Any] = {"kind": "postgresql", "where": self._where()}
+        if seen is not None:
+            answer |= {
+                "replication": seen.mode,
+                "standbys": seen.standbys,
+                "synchronous_commit": seen.commit,
+            }
+        return answer
 
     # ------------------------------------------------------------------ drivers
     async def _read(self, op: Op[T]) -> T:

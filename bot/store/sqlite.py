@@ -27,6 +27,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from bot.domain.alerts import AlertStatus
 from bot.store import retention
@@ -74,6 +75,9 @@ class SqliteStore(SqlStore):
         except Exception:  # readiness probes report, they do not raise
             return False
         return await self._writer.ready()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "sqlite", "path": str(self.path), "synchronous": self._writer.synchronous}
 
     # ------------------------------------------------------------------ drivers
     async def _read(self, op: Op[T]) -> T:

@@ -137,7 +137,7 @@ class Writer:
         retention: timedelta | None = None,
     ) -> None:
         self.path = path
-        self._synchronous = synchronous.upper()
+        self.synchronous = synchronous.upper()
         self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
         self._conn: sqlite3.Connection | None = None
@@ -182,7 +182,7 @@ class Writer:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         for pragma in (
             "journal_mode=WAL",
-            f"synchronous={self._synchronous}",
+            f"synchronous={self.synchronous}",
             "foreign_keys=ON",
             f"busy_timeout={_BUSY_TIMEOUT_MS}",
             "wal_autocheckpoint=0",  # checkpoints run beside the writer, not inside a commit

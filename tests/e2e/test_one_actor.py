@@ -157,6 +157,11 @@ def test_two_processes_on_one_store_act_once(
         assert calls[(op, "gpu-node-05")] == 1, (op, calls)
     leader, standby = _readyz(first)["leadership"], _readyz(second)["leadership"]
     assert (leader["role"], standby["role"]) == ("leader", "standby")
+    store = _readyz(second)["detail"]["store"]  # how the shared store keeps what is acknowledged
+    if "url" in store_config:  # one server, no standby streaming from it
+        assert (store["kind"], store["replication"], store["standbys"]) == ("postgresql", "none", 0), store
+    else:
+        assert (store["kind"], store["synchronous"]) == ("sqlite", "FULL"), store
     assert (
         standby["leader"] == leader["holder_id"] == leader["leader"]
         and standby["epoch"] == leader["epoch"] == 1

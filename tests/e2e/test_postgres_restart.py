@@ -141,6 +141,8 @@ def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
     back = time.monotonic()
     wait_until(lambda: all(_ready(s)[0] == 200 for s in (first, second)), timeout=60, what="ready again")
     ready_after = time.monotonic() - back
+    store = _ready(first)[1]["detail"]["store"]  # how it keeps what it acknowledges: no standby here
+    assert (store["kind"], store["replication"], store["standbys"]) == ("postgresql", "none", 0), store
     wait_until(lambda: len(sender.acknowledged) == len(NODES), timeout=120, what="every alert acknowledged")
     roles = Counter(_ready(s)[1]["leadership"]["role"] for s in (first, second))
     wait_until(

@@ -12,15 +12,18 @@ from ``template1`` by the server: a few milliseconds), and its password file.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from proving_ground.postgres import MISSING, PostgresServer, bindir
+from proving_ground.postgres import MISSING, USER, PostgresServer, as_user, bindir, unprivileged
 from proving_ground.postgres import running_postgres as _running
-from proving_ground.proc import DemoError
+from proving_ground.proc import DemoError, free_port, tail, wait_until
 from tests.harness.proc import in_ci
 
 
@@ -34,15 +37,81 @@ def require_postgres() -> Path:
 
 
 @contextlib.contextmanager
-def running_postgres(networks: Sequence[str] = ()) -> Iterator[PostgresServer]:
-    """The proving ground's cluster (also on ``networks``' addresses), skipped (or failed under
-    CI) without PostgreSQL, failed when it will not start."""
+def running_postgres(networks: Sequence[str] = (), *, durable: bool = False) -> Iterator[PostgresServer]:
+    """The proving ground's cluster (also on ``networks``' addresses; with PostgreSQL's own
+    durability if ``durable``), skipped (or failed under CI) without PostgreSQL, failed when it
+    will not start."""
     require_postgres()
     try:
-        with _running(networks=networks) as server:
+        with _running(networks=networks, durable=durable) as server:
             yield server
     except DemoError as exc:
         pytest.fail(str(exc))
+
+
+@dataclass(frozen=True)
+class Standby:
+    """A hot standby of a running cluster, streaming its WAL on ``127.0.0.1:port``."""
+
+    port: int
+    directory: Path
+    _pg_ctl: Callable[[list[str]], None]
+
+    def promote(self) -> None:
+        """What a failover does to it: it stops following, and takes writes."""
+        self._pg_ctl(["-w", "promote"])
+
+
+@contextlib.contextmanager
+def running_standby(primary: PostgresServer) -> Iterator[Standby]:
+    """A streaming standby of ``primary``, as a site's failover pair has (CloudNativePG's replicas,
+    Patroni's): ``pg_basebackup -R`` over the primary's own socket (trust, as its replication
+    line in ``pg_hba.conf`` says), started on a free loopback port as the primary's user, and
+    stopped and removed on exit. Its roles and password are the primary's."""
+    binaries = require_postgres()
+    directory = Path(tempfile.mkdtemp(prefix="pitcrew-pg-standby-"))
+    data, log = directory / "data", directory / "postgres.log"
+    user = unprivileged(directory)
+    port = free_port()
+    # max_connections as the primary's (a standby refuses to recover with fewer).
+    options = (
+        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
+        " -c max_connections=200"
+    )
+
+    def pg_ctl(arguments: list[str]) -> None:
+        argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
+        subprocess.run(as_user(user, argv), check=True, capture_output=True, timeout=120)
+
+    backup = [
+        str(binaries / "pg_basebackup"),
+        *("-h", str(primary.directory), "-p", str(primary.port), "-U", USER),
+        *("-D", str(data), "-R", "-X", "stream", "--no-sync", "-c", "fast"),
+    ]
+    started = False
+    try:
+        try:
+            subprocess.run(as_user(user, backup), check=True, capture_output=True, timeout=120)
+            started = True
+            pg_ctl(["-w", "start"])
+        except subprocess.CalledProcessError as exc:
+            output = exc.stderr.decode(errors="replace")
+            pytest.fail(f"the standby did not start: {output}\n{tail(log) if log.exists() else ''}")
+
+        def streaming() -> bool:
+            with primary.connect() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+                ).fetchone()
+            return row is not None and row[0] == 1
+
+        wait_until(streaming, timeout=30, what=f"the standby on 127.0.0.1:{port} streaming")
+        yield Standby(port, directory, pg_ctl)
+    finally:
+        if started:
+            with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+                pg_ctl(["-m", "immediate", "-w", "stop"])
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

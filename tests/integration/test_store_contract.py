@@ -267,8 +267,9 @@ async def test_connections_the_server_ended_in_a_quiet_spell_are_replaced_before
 async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: Stores) -> None:
     """Connected to a server that takes no writes (a standby, a primary a failover demoted: here
     the database made read-only for new sessions, which answers the same "read-only transaction"):
-    a write and a lease renewal fail as the store being unavailable (a webhook's 503), and the
-    connection is given up, so once the database takes writes again the next write goes through."""
+    a write and a lease renewal fail as the store being unavailable (a webhook's 503), and every
+    connection the store had to it is given up, so once the database takes writes again the next
+    write goes through."""
     assert stores.database is not None
     database = stores.database
     store = await stores.open()
@@ -283,11 +284,26 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
         )
         await asyncio.sleep(postgres.CHECK_AFTER)  # the store's connections are replaced: read-only
         await asyncio.gather(*(store.active() for _ in range(6)))  # reads still work, on several
+        sessions = "SELECT pid FROM pg_stat_activity WHERE application_name = 'pitcrew'"
+        before = {row[0] for row in admin.execute(sessions).fetchall()}
         with pytest.raises(StoreUnavailable, match="read-only transaction"):
             await store.ingest(_delivery(_alert("fp-ro", "gpu-041")), T0)
         with pytest.raises(StoreUnavailable, match="read-only transaction"):
             await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
+        for _ in range(100):  # the pool closes them in the background
+            kept = before & {row[0] for row in admin.execute(sessions).fetchall()}
+            if not kept:
+                break
+            await asyncio.sleep(0.05)
+        assert len(before) > 1 and not kept, f"{len(kept)} of the store's {len(before)} sessions kept"
+        # Writes taken again as a real server takes them again: restarted (promoted or not), its
+        # sessions ended. (Sessions begun read-only here would stay so: a standby's do not.)
         admin.execute(f'ALTER DATABASE "{database.name}" SET default_transaction_read_only = off')
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid != pg_backend_pid()"
+        )
+        await asyncio.sleep(postgres.CHECK_AFTER)  # the ended connections are replaced, not failed
     outcome = await store.ingest(_delivery(_alert("fp-ro", "gpu-041")), T0)
     assert len(outcome.opened) == 1
     renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))

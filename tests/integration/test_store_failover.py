@@ -1,0 +1,174 @@
+"""The Postgres store through a real failover: a primary, its streaming standby, the standby promoted.
+
+Sites run Postgres as a failover pair (CloudNativePG's instances, Patroni's): a primary streaming
+its WAL to a hot standby, and a manager that promotes the standby when the primary's node dies.
+pitcrew reaches whichever is primary through a Service that follows it (CloudNativePG's ``-rw``)
+or through libpq's list of hosts with ``target_session_attrs=read-write``, which is what these
+tests use: no Service here. The pair is real (``tests.harness.postgres.running_standby``:
+``pg_basebackup -R`` and a second server), replicating synchronously where a test says so.
+
+* A URL that names the standby first reaches the primary, and the store opens, migrates and writes
+  there; without ``target_session_attrs`` the store does not open on the standby, and says why.
+* The primary dies (``pg_ctl stop -m immediate``: no shutdown, as with its node) and the standby
+  is promoted: the store is unavailable meanwhile (a webhook's ``503``: Alertmanager redelivers),
+  the next write reaches the new primary without a restart, every delivery acknowledged before
+  the failover is there (synchronous replication), and the lease its leader held is still its own.
+* The replication the store's commits get is in ``/readyz``'s detail, and a failover pair that
+  acknowledges commits before a standby has them is logged as a warning: a failover may lose
+  what pitcrew acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bot.domain.faults import Fault
+from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
+from bot.store.postgres import PostgresStore
+from proving_ground.postgres import USER, PostgresServer
+from tests.harness.figures import show_figure
+from tests.harness.postgres import Standby, running_postgres, running_standby
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+#: How long the test gives the store to write again once the standby is promoted.
+BOUND = 30.0
+
+
+def _delivery(n: int) -> Delivery:
+    node = f"gpu-{n:03d}"
+    fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
+    alert = IncomingAlert(f"fp-{node}", T0, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
+    return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,))
+
+
+@dataclass(frozen=True)
+class Pair:
+    primary: PostgresServer
+    standby: Standby
+    database: str
+    password_file: Path
+
+    def url(self, *ports: int, read_write: bool = True) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in ports)
+        query = "?target_session_attrs=read-write" if read_write else ""
+        return f"postgresql://{USER}@{hosts}/{self.database}{query}"
+
+    def synchronous(self, on: bool) -> None:
+        """The primary waits for the standby's flush before a commit returns (``on``), or not."""
+        names = "*" if on else ""
+        with self.primary.connect() as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+            conn.execute("SELECT pg_reload_conf()")
+            wanted = "sync" if on else "async"
+            for _ in range(200):
+                row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+                if row is not None and row[0] == wanted:
+                    return
+                time.sleep(0.05)
+        raise AssertionError(f"the standby never became {wanted}")
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    # PostgreSQL's own durability: the proving ground's fast cluster does not wait for any flush,
+    # the standby's either (``synchronous_commit=off``).
+    with running_postgres(durable=True) as primary:
+        database = primary.create_database()
+        with running_standby(primary) as standby:
+            yield Pair(primary, standby, database, primary.password_file(tmp_path / "postgres-password"))
+
+
+def _count(server_port: int, pair: Pair, table: str) -> int:
+    url = f"postgresql://{USER}@127.0.0.1:{server_port}/{pair.database}"
+    with psycopg.connect(url, password=pair.primary.password, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608 - a test's own table names
+    assert row is not None
+    return int(str(row[0]))
+
+
+async def test_a_url_naming_the_standby_first_opens_the_store_on_the_primary(pair: Pair) -> None:
+    store = PostgresStore(pair.url(pair.standby.port, pair.primary.port), password_file=pair.password_file)
+    await store.open()
+    try:
+        await store.ingest(_delivery(1), T0)
+        assert await store.ping()
+    finally:
+        await store.close()
+    assert _count(pair.primary.port, pair, "alerts") == 1
+
+    on_the_standby = PostgresStore(
+        pair.url(pair.standby.port, read_write=False), password_file=pair.password_file
+    )
+    with pytest.raises(StoreUnavailable, match="read-only"):
+        await on_the_standby.open()
+
+
+async def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_delivery(
+    pair: Pair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pair.synchronous(True)
+    store = PostgresStore(pair.url(pair.primary.port, pair.standby.port), password_file=pair.password_file)
+    await store.open()
+    try:
+        lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
+        for n in range(20):
+            await store.ingest(_delivery(n), T0)  # each one acknowledged: committed, and at the standby
+        pair.primary.stop("immediate")
+        with pytest.raises(StoreUnavailable):
+            await store.ingest(_delivery(20), T0)
+        pair.standby.promote()
+        promoted = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                await store.ingest(_delivery(20), T0)
+                break
+            except StoreUnavailable:
+                if time.monotonic() - promoted > BOUND:
+                    raise
+                await asyncio.sleep(0.2)
+        took = time.monotonic() - promoted
+        renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
+        assert renewed is not None and renewed.epoch == lease.epoch
+        assert await store.ping()
+    finally:
+        await store.close()
+    assert _count(pair.standby.port, pair, "alerts") == 21
+    show_figure(
+        capsys,
+        f"  failover: the store wrote to the promoted standby {took:.1f}s after the promotion "
+        f"({attempts} attempt(s)); 20 of 20 acknowledged deliveries there, and the lease",
+    )
+
+
+async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_a_warning(
+    pair: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = PostgresStore(pair.url(pair.primary.port, pair.standby.port), password_file=pair.password_file)
+    await store.open()
+    try:
+        with caplog.at_level(logging.WARNING, logger="pitcrew.store.postgres"):
+            assert await store.ping()
+        assert store.describe()["replication"] == "asynchronous"
+        assert store.describe()["standbys"] == 1
+        warned = [r.getMessage() for r in caplog.records if "without waiting for them" in r.getMessage()]
+        assert len(warned) == 1, caplog.text
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="pitcrew.store.postgres"):
+            assert await store.ping()
+        assert not caplog.records  # the turn is logged, not every probe
+        pair.synchronous(True)
+        assert await store.ping()
+        assert store.describe()["replication"] == "synchronous"
+    finally:
+        await store.close()
