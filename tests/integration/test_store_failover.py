@@ -13,15 +13,18 @@ tests use: no Service here. The pair is real (``tests.harness.postgres.running_s
   is promoted: the store is unavailable meanwhile (a webhook's ``503``: Alertmanager redelivers),
   the next write reaches the new primary without a restart, every delivery acknowledged before
   the failover is there (synchronous replication), and the lease its leader held is still its own.
+* Asynchronous (PostgreSQL's default, and CloudNativePG's), a standby that falls behind loses
+  what the store acknowledged meanwhile when it is promoted: the reason for the next case.
 * The replication the store's commits get is in ``/readyz``'s detail, and a failover pair that
-  acknowledges commits before a standby has them is logged as a warning: a failover may lose
-  what pitcrew acknowledged.
+  acknowledges commits before a standby has them is logged as a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -149,6 +152,65 @@ async def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_deliver
         f"  failover: the store wrote to the promoted standby {took:.1f}s after the promotion "
         f"({attempts} attempt(s)); 20 of 20 acknowledged deliveries there, and the lease",
     )
+
+
+async def test_a_failover_to_an_asynchronous_standby_loses_acknowledged_deliveries(
+    pair: Pair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Why an asynchronous pair is a warning: the standby falls behind (the primary's WAL sender
+    paused, as a slow or saturated link holds it), the store acknowledges deliveries all the same,
+    the primary dies and the standby is promoted: what it had not received is gone. Alertmanager,
+    answered 200, does not send it again before its ``repeat_interval``. (The sender is paused,
+    not the standby's receiver: what a sender has sent waits in the socket for the receiver.)"""
+    store = PostgresStore(pair.url(pair.primary.port, pair.standby.port), password_file=pair.password_file)
+    await store.open()
+    try:
+        await store.ingest(_delivery(0), T0)
+        _wait_replayed(pair)
+        sender = _sender(pair)
+        os.kill(sender, signal.SIGSTOP)
+        try:
+            for n in range(1, 6):
+                await store.ingest(_delivery(n), T0)  # acknowledged: committed on the primary alone
+        except BaseException:
+            os.kill(sender, signal.SIGCONT)
+            raise
+        # The primary dies: its server processes are ended, the paused sender by SIGKILL (after
+        # PostgreSQL's 5 s), and what it held back never leaves.
+        pair.primary.stop("immediate")
+        pair.standby.promote()
+        kept = _count(pair.standby.port, pair, "alerts")
+    finally:
+        await store.close()
+    assert kept < 6, f"the promoted standby has {kept} of 6 acknowledged deliveries"
+    show_figure(capsys, f"  asynchronous failover: {6 - kept} of 6 acknowledged deliveries lost")
+
+
+def _standby(pair: Pair) -> psycopg.Connection[tuple[object, ...]]:
+    url = f"postgresql://{USER}@127.0.0.1:{pair.standby.port}/{pair.database}"
+    return psycopg.connect(url, password=pair.primary.password, autocommit=True)
+
+
+def _wait_replayed(pair: Pair) -> None:
+    """Until the standby has replayed everything the primary has written so far."""
+    with pair.primary.connect() as primary:
+        row = primary.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    with _standby(pair) as standby:
+        for _ in range(200):
+            done = standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (row[0],)).fetchone()
+            if done is not None and done[0]:
+                return
+            time.sleep(0.05)
+    raise AssertionError("the standby never caught up")
+
+
+def _sender(pair: Pair) -> int:
+    """The primary's WAL sender process, streaming to the standby."""
+    with pair.primary.connect() as primary:
+        row = primary.execute("SELECT pid FROM pg_stat_replication").fetchone()
+    assert row is not None, "nothing streams from the primary"
+    return int(str(row[0]))
 
 
 async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_a_warning(
