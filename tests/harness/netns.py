@@ -13,10 +13,13 @@ root, or no namespaces: the tests skip, or fail under ``CI=true`` (``tests.harne
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +84,12 @@ def _require() -> None:
         pytest.skip("network namespaces need root")
 
 
+#: Held while a subnet is chosen and taken (``two_sites``): shared by every test process here.
+SUBNETS_LOCK = Path("/tmp/pitcrew-netns-subnets.lock")
+#: Counts this process's uses of ``two_sites`` (its names' tag).
+_USES = itertools.count()
+
+
 def _free_subnet(start: int) -> int:
     """The first N from ``start`` whose 10.213.N.0/24 and 10.214.N.0/24 no interface here is on:
     tests of both shards (``tests/e2e``, ``tests/integration``) make sites at once."""
@@ -95,16 +104,24 @@ def _free_subnet(start: int) -> int:
 @pytest.fixture
 def two_sites() -> Iterator[TwoSites]:
     _require()
-    n = _free_subnet(os.getpid() % 250)
-    tag = f"{os.getpid() % 10000}"
+    # This process's, and this use's of it: a namespace deleted by the last one goes away in the
+    # background, and the veth ends outside with it (the next one of the same name: "File exists").
+    tag = f"{os.getpid() % 10000}{next(_USES) % 100}"
     bridges = {"db": f"pcdb{tag}", "far": f"pcfar{tag}"}
-    prefix = {"db": f"10.213.{n}", "far": f"10.214.{n}"}
     namespaces = [f"pitcrew{tag}-{i}" for i in (1, 2)]
+    outsides: list[str] = []
     try:
-        for kind, bridge in bridges.items():
-            _ip("link", "add", bridge, "type", "bridge")
-            _ip("addr", "add", f"{prefix[kind]}.1/24", "dev", bridge)
-            _ip("link", "set", bridge, "up")
+        # One process at a time from the look for a free subnet to its addresses on the bridges:
+        # two that picked the same one would both get it (an address may be on two interfaces),
+        # and their packets would go to either.
+        with SUBNETS_LOCK.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            n = _free_subnet(os.getpid() % 250)
+            prefix = {"db": f"10.213.{n}", "far": f"10.214.{n}"}
+            for kind, bridge in bridges.items():
+                _ip("link", "add", bridge, "type", "bridge")
+                _ip("addr", "add", f"{prefix[kind]}.1/24", "dev", bridge)
+                _ip("link", "set", bridge, "up")
         sites = []
         for index, namespace in enumerate(namespaces, start=1):
             try:
@@ -117,6 +134,7 @@ def two_sites() -> Iterator[TwoSites]:
             for kind, inside in (("db", DB_LINK), ("far", FAR_LINK)):
                 outside = f"pc{tag}{kind[0]}{index}"
                 _ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", namespace)
+                outsides.append(outside)
                 _ip("link", "set", outside, "master", bridges[kind])
                 _ip("link", "set", outside, "up")
                 _ip("-n", namespace, "addr", "add", f"{prefix[kind]}.{10 + index}/24", "dev", inside)
@@ -124,7 +142,9 @@ def two_sites() -> Iterator[TwoSites]:
             sites.append(Site(namespace, f"{prefix['far']}.{10 + index}"))
         yield TwoSites(f"{prefix['db']}.1/24", f"{prefix['far']}.1", (sites[0], sites[1]))
     finally:
-        for namespace in namespaces:  # takes the veth pairs with it
+        for outside in outsides:  # each pair at once (a namespace's deletion takes them later)
+            _ip("link", "del", outside, check=False)
+        for namespace in namespaces:
             _ip("netns", "del", namespace, check=False)
         for bridge in bridges.values():
             _ip("link", "del", bridge, check=False)
