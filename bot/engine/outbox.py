@@ -96,15 +96,7 @@ class OutboxNotifier:
             outcome=notice.kind,
             data={"severity": notice.severity, "destinations": list(self.destinations)},
         )
-        payload: dict[str, Json] = {
-            "incident_id": notice.incident_id,
-            "kind": notice.kind,
-            "title": notice.title,
-            "lines": [*notice.lines],
-            "severity": notice.severity,
-            "actions": [*notice.actions],
-            "node": notice.node,
-        }
+        payload: dict[str, Json] = {**notice.record(), "node": notice.node}  # ``Notice.from_record``'s
         seq = await self._store.enqueue(
             incident_id, event, notice.kind, payload, self.destinations, self._clock(), once=once
         )

@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.nodemap import SlurmdPod
 from bot.domain.ownership import Taint
-from bot.store.base import OutboxItem
+from bot.store.base import Json, OutboxItem
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +282,9 @@ class Notice:
             node=text("node"),
         )
 
-    def record(self) -> dict[str, str | list[str] | None]:
-        """The notice as one journal or log record (what humans were told, nothing more)."""
+    def record(self) -> dict[str, Json]:
+        """The notice as one journal or log record (what humans were told, nothing more); with its
+        ``node``, the outbox's payload; ``from_record`` reads either back."""
         return {
             "incident_id": self.incident_id,
             "kind": self.kind,

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import cast
 
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.domain.faults import Fault
 from bot.engine.ports import Notice
 from bot.integrations.slack.outbound import SlackDestination, SlackLinks
-from bot.store.base import Delivery, IncomingAlert, JsonObject, NewEvent
+from bot.store.base import Delivery, IncomingAlert, NewEvent
 from bot.store.sqlite import SqliteStore
 from proving_ground.slack.server import SlackStandin
 
@@ -56,7 +55,7 @@ async def test_each_storm_has_its_digest(slack: SlackStandin, bot: AsyncWebClien
                     incident,
                     NewEvent("notice"),
                     "incident",
-                    {**cast(JsonObject, notice.record()), "node": incident},
+                    {**notice.record(), "node": incident},
                     ["slack"],
                     now[0],
                 )
