@@ -259,6 +259,7 @@ def build_app(
     metrics = metrics or Metrics(version=__version__)
     metrics.declare_pools(pool.name for pool in config.settings.capacity.pools)
     store = build_store(config.settings.store)
+    metrics.watch_store(store.describe)
     # One actor per store: every process takes webhooks and commands into ``store``; only the one
     # holding the lease runs the engine and the outbox senders, whose every write goes through
     # ``fenced`` and fails once another process has taken the lease over.

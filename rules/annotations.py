@@ -109,6 +109,12 @@ TEXT = {
         "pitcrew takes alerts in but none of its replicas holds the store's lease, so no playbook runs "
         "and no notice leaves: the store refuses or loses the lease's writes.",
     ),
+    "PitcrewStoreReplicationAsynchronous": (
+        "pitcrew's Postgres replicates its commits asynchronously",
+        "Standbys stream from the store's primary but a commit returns before any has it: a "
+        "failover may lose alerts pitcrew acknowledged (Alertmanager will not resend them) and steps "
+        "it recorded (a destructive step may be done again). Make replication synchronous.",
+    ),
     "PitcrewIncidentStuck": (
         "A pitcrew incident is open for more than 4 hours",
         "An incident is stuck (approval, drain or replacement never finished).",

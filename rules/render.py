@@ -260,6 +260,16 @@ def pitcrew_rules(p: Profile) -> list[dict[str, Any]]:
         alert(
             "PitcrewNoLeader", "max by (cluster) (pitcrew_leader) == 0", "pitcrew", "critical", p, for_="1m"
         ),
+        # The store's Postgres streams to standbys without waiting for them: a failover may lose
+        # acknowledged alerts and recorded steps. Long enough to ride out a standby's re-sync.
+        alert(
+            "PitcrewStoreReplicationAsynchronous",
+            'max by (cluster) (pitcrew_store_replication{mode="asynchronous"}) == 1',
+            "pitcrew",
+            "warning",
+            p,
+            for_="15m",
+        ),
         alert(
             "PitcrewIncidentStuck",
             "max by (cluster) (pitcrew_incident_oldest_active_seconds) > 4 * 3600",

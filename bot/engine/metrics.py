@@ -19,7 +19,7 @@ The switch is process-wide, so the service throws it at start-up (``start_up``),
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import get_args
@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from bot.domain.catalog import HANDS_OFF, SEVERITY, FaultClass
 from bot.domain.incident import TERMINAL
 from bot.engine.errors import Reason
-from bot.store.base import IncidentRecord
+from bot.store.base import IncidentRecord, ReplicationMode
 from bot.store.retention import TABLES as PRUNED_TABLES
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -112,6 +112,14 @@ class Metrics:
         self.leader = Gauge(
             "pitcrew_leader",
             "1 while this process holds the store's lease and acts; 0 on a standby.",
+            registry=r,
+        )
+        self.store_replication = Gauge(
+            "pitcrew_store_replication",
+            "1 for how the Postgres store's commits reach its standbys, as the last readiness probe "
+            "saw it (none: no standby streams; synchronous; asynchronous: a failover may lose what "
+            "was acknowledged); 0 for the other modes, and for all of them on SQLite.",
+            ["mode"],
             registry=r,
         )
         self.leader_epoch = Gauge(
@@ -305,6 +313,15 @@ class Metrics:
             self.capacity_away.labels(pool)
             self.capacity_saved.labels(pool)
             self.capacity_idle_gpu_hours.labels(pool)
+
+    def watch_store(self, describe: Callable[[], Mapping[str, object]]) -> None:
+        """``pitcrew_store_replication`` read from the store's ``describe()`` at every scrape."""
+
+        def shown(mode: str) -> Callable[[], float]:
+            return lambda: float(describe().get("replication") == mode)
+
+        for mode in get_args(ReplicationMode):
+            self.store_replication.labels(mode).set_function(shown(mode))
 
     def integration_error(self, system: str, reason: Reason) -> None:
         """Count one error a far side answered with, under its closed ``Reason``."""

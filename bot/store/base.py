@@ -25,6 +25,8 @@ from bot.store.lease import Lease as Lease
 
 #: A JSON value as stored. Typed records are encoded to and decoded from it by ``bot.store.codec``.
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
+#: How a Postgres server's commits reach its standbys (``bot.store.postgres.Replication``).
+ReplicationMode: TypeAlias = Literal["none", "synchronous", "asynchronous"]
 JsonObject: TypeAlias = Mapping[str, Json]
 #: A step record: ``running`` (begun; after a crash, interrupted), ``ok``, ``failed`` (escalated),
 #: ``held`` (paused before its far-side call; it goes on after resume), ``skipped`` (not applicable, or

@@ -54,7 +54,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store import queries, retention
-from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailable
+from bot.store.base import AlertRecord, Delivery, IngestOutcome, ReplicationMode, StoreUnavailable
 from bot.store.batch import Answer
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import bump_seen
@@ -145,7 +145,7 @@ class Replication:
     it: a failover may lose the last acknowledged deliveries and recorded steps, so an incident may
     be forgotten or a destructive step done again)."""
 
-    mode: str
+    mode: ReplicationMode
     standbys: int
     commit: str
 
@@ -579,6 +579,7 @@ class PostgresStore(SqlStore):
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
         self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
+        await self.ping()  # the replication its commits get, logged and shown from the start
 
     def _where(self) -> str:
         return where(self.url)

@@ -158,10 +158,15 @@ def test_two_processes_on_one_store_act_once(
     leader, standby = _readyz(first)["leadership"], _readyz(second)["leadership"]
     assert (leader["role"], standby["role"]) == ("leader", "standby")
     store = _readyz(second)["detail"]["store"]  # how the shared store keeps what is acknowledged
+    status, raw = second.request("GET", "/metrics")
+    assert status == 200
+    shown = {line for line in raw.decode().splitlines() if line.startswith("pitcrew_store_replication{")}
     if "url" in store_config:  # one server, no standby streaming from it
         assert (store["kind"], store["replication"], store["standbys"]) == ("postgresql", "none", 0), store
+        assert 'pitcrew_store_replication{mode="none"} 1.0' in shown, shown
     else:
         assert (store["kind"], store["synchronous"]) == ("sqlite", "FULL"), store
+    assert 'pitcrew_store_replication{mode="asynchronous"} 0.0' in shown, shown
     assert (
         standby["leader"] == leader["holder_id"] == leader["leader"]
         and standby["epoch"] == leader["epoch"] == 1

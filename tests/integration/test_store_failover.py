@@ -15,8 +15,9 @@ tests use: no Service here. The pair is real (``tests.harness.postgres.running_s
   the failover is there (synchronous replication), and the lease its leader held is still its own.
 * Asynchronous (PostgreSQL's default, and CloudNativePG's), a standby that falls behind loses
   what the store acknowledged meanwhile when it is promoted: the reason for the next case.
-* The replication the store's commits get is in ``/readyz``'s detail, and a failover pair that
-  acknowledges commits before a standby has them is logged as a warning.
+* The replication the store's commits get is in ``/readyz``'s detail and ``pitcrew_store_replication``
+  (alert ``PitcrewStoreReplicationAsynchronous``), and a failover pair that acknowledges commits
+  before a standby has them is logged as a warning.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import psycopg
 import pytest
 
 from bot.domain.faults import Fault
+from bot.engine.metrics import Metrics
 from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
 from bot.store.postgres import PostgresStore
 from proving_ground.postgres import USER, PostgresServer
@@ -217,10 +219,9 @@ async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_
     pair: Pair, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = PostgresStore(pair.url(pair.primary.port, pair.standby.port), password_file=pair.password_file)
-    await store.open()
+    with caplog.at_level(logging.WARNING, logger="pitcrew.store.postgres"):
+        await store.open()  # it looks once at the start, and at every readiness probe
     try:
-        with caplog.at_level(logging.WARNING, logger="pitcrew.store.postgres"):
-            assert await store.ping()
         assert store.describe()["replication"] == "asynchronous"
         assert store.describe()["standbys"] == 1
         warned = [r.getMessage() for r in caplog.records if "without waiting for them" in r.getMessage()]
@@ -228,9 +229,18 @@ async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="pitcrew.store.postgres"):
             assert await store.ping()
+            assert await store.ping()
         assert not caplog.records  # the turn is logged, not every probe
+        metrics = Metrics()
+        metrics.watch_store(store.describe)
+
+        def gauge(mode: str) -> float | None:
+            return metrics.registry.get_sample_value("pitcrew_store_replication", {"mode": mode})
+
+        assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (1.0, 0.0, 0.0)
         pair.synchronous(True)
         assert await store.ping()
         assert store.describe()["replication"] == "synchronous"
+        assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (0.0, 1.0, 0.0)
     finally:
         await store.close()
