@@ -1,4 +1,5 @@
-"""PostgreSQL restarted in the middle of a storm: nothing acknowledged is lost, nothing done twice.
+"""PostgreSQL restarted, or failed over, in the middle of a storm: nothing acknowledged is lost,
+nothing done twice.
 
 Two ``serve`` processes in auto mode on a PostgreSQL cluster of this test's own (it is stopped
 and started again, so it is not the session's shared one), in front of one simulated far side
@@ -7,12 +8,20 @@ visible at the end). The breaker allows 3 nodes.
 
 A storm of XID 79 alerts on 12 nodes is sent as Alertmanager sends it: to either replica, and
 again after any answer but 200 (Alertmanager redelivers a notification it could not deliver).
-After the first four are acknowledged, the database is shut down (``pg_ctl stop -m fast``) for
-longer than the lease: webhooks answer 503 with ``Retry-After``, ``/readyz`` answers 503 on
-both, the leader's renewals fail and it stops acting. The database is started again: without
-a restart of either process, both are ready again, one leads, every acknowledged alert is in
-the store (one incident per node), the breaker still holds (3 nodes taken out, the others suppressed by it),
-and no destructive call reached the far side twice.
+After the first four are acknowledged, the database goes away for longer than the lease:
+
+* ``restart``: it is shut down (``pg_ctl stop -m fast``), then started again;
+* ``failover``: a primary with a synchronous streaming standby (``tests.harness.postgres``), the
+  replicas' URL listing both with ``target_session_attrs=read-write``; the primary is killed
+  (``pg_ctl stop -m immediate``: its node died), then the standby promoted, as a failover
+  manager does.
+
+Meanwhile webhooks answer 503 with ``Retry-After``, ``/readyz`` answers 503 on both, the leader's
+renewals fail and it stops acting. Once the database is back (restarted, or the standby
+promoted), without a restart of either process, both are ready again, one leads, every
+acknowledged alert is in the store (one incident per node), the breaker still holds (3 nodes
+taken out, the others suppressed by it), no destructive call reached the far side twice, and
+``/readyz`` says how the store's commits are replicated before and after.
 """
 
 from __future__ import annotations
@@ -21,16 +30,17 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proving_ground.postgres import PostgresServer
+from proving_ground.postgres import USER
 from tests.harness.pitcrew import Pitcrew
-from tests.harness.postgres import running_postgres
+from tests.harness.postgres import running_postgres, running_standby
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
 
@@ -40,10 +50,44 @@ MAX_NODES = 3
 TTL = 3.0
 
 
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresServer]:
-    with running_postgres() as server:
-        yield server
+@dataclass(frozen=True)
+class Outage:
+    """The database the replicas share, how it goes away and how it comes back."""
+
+    kind: str
+    url: str
+    password: str
+    take_down: Callable[[], None]
+    bring_back: Callable[[], None]
+    #: ``detail.store.replication`` before the outage, and after.
+    replication: tuple[str, str]
+
+
+@pytest.fixture(params=["restart", "failover"])
+def outage(request: pytest.FixtureRequest) -> Iterator[Outage]:
+    if request.param == "restart":
+        with running_postgres() as server:
+            name = server.create_database()
+            yield Outage(
+                "restart", server.url(name), server.password, server.stop, server.start, ("none", "none")
+            )
+        return
+    with running_postgres(durable=True) as primary:
+        name = primary.create_database()
+        with running_standby(primary) as standby:
+            with primary.connect() as conn:  # a commit returns once the standby has it
+                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                conn.execute("SELECT pg_reload_conf()")
+            hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
+            url = f"postgresql://{USER}@{hosts}/{name}?target_session_attrs=read-write"
+            yield Outage(
+                "failover",
+                url,
+                primary.password,
+                lambda: primary.stop("immediate"),
+                standby.promote,
+                ("synchronous", "none"),  # the promoted standby has no standby of its own
+            )
 
 
 class Alertmanager:
@@ -80,12 +124,11 @@ def _ready(server: Pitcrew) -> tuple[int, dict[str, Any]]:
     return status, json.loads(raw)
 
 
-def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
-    pitcrew_factory: Any, tmp_path: Path, own_postgres: PostgresServer
+def test_a_postgres_outage_mid_storm_loses_nothing_and_does_nothing_twice(
+    pitcrew_factory: Any, tmp_path: Path, outage: Outage
 ) -> None:
-    name = own_postgres.create_database()
     password_file = tmp_path / "pg-password"
-    password_file.write_text(own_postgres.password + "\n")
+    password_file.write_text(outage.password + "\n")
     shared = tmp_path / "shared"
     shared.mkdir()
     journal = shared / "far-side.jsonl"
@@ -100,7 +143,7 @@ def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
         "guards": {"breaker": {"max_nodes": MAX_NODES, "max_fraction": 1.0}},
         "store": {
             "path": str(shared / "unused.db"),
-            "url": own_postgres.url(name),
+            "url": outage.url,
             "password_file": str(password_file),
             "lease": {"ttl": f"{TTL:g}s", "renew_every": "1s"},
         },
@@ -113,8 +156,10 @@ def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
     sender = Alertmanager((first, second))
     sender.thread.start()
     wait_until(lambda: len(sender.acknowledged) >= 4, timeout=60, what="four acknowledged deliveries")
+    before = _ready(first)[1]["detail"]["store"]
+    assert before["replication"] == outage.replication[0], before
 
-    own_postgres.stop()
+    outage.take_down()
     down = time.monotonic()
     try:
         wait_until(lambda: sender.answers[503] >= 1, timeout=60, what="a webhook answered 503")
@@ -135,14 +180,14 @@ def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
             timeout=TTL * 10,
             what="the leader to stop acting without its lease",
         )
-        outage = time.monotonic() - down
+        away = time.monotonic() - down
     finally:
-        own_postgres.start()
+        outage.bring_back()
     back = time.monotonic()
     wait_until(lambda: all(_ready(s)[0] == 200 for s in (first, second)), timeout=60, what="ready again")
     ready_after = time.monotonic() - back
-    store = _ready(first)[1]["detail"]["store"]  # how it keeps what it acknowledges: no standby here
-    assert (store["kind"], store["replication"], store["standbys"]) == ("postgresql", "none", 0), store
+    after = _ready(first)[1]["detail"]["store"]
+    assert (after["kind"], after["replication"]) == ("postgresql", outage.replication[1]), after
     wait_until(lambda: len(sender.acknowledged) == len(NODES), timeout=120, what="every alert acknowledged")
     roles = Counter(_ready(s)[1]["leadership"]["role"] for s in (first, second))
     wait_until(
@@ -183,6 +228,6 @@ def test_a_postgres_restart_mid_storm_loses_nothing_and_does_nothing_twice(
     states = Counter(r["state"] for r in records.values())
     assert states["suppressed"] == len(NODES) - MAX_NODES, states
     print(
-        f"\n  outage {outage:.1f}s; a webhook while down answered 503 in {answered:.1f}s; answers {dict(sender.answers)}; ready {ready_after:.1f}s after start;"
+        f"\n  {outage.kind}: away {away:.1f}s; a webhook while down answered 503 in {answered:.1f}s; answers {dict(sender.answers)}; ready {ready_after:.1f}s after it was back;"
         f" roles right after {dict(roles)}; states {dict(states)}"
     )
