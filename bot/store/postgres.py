@@ -157,9 +157,14 @@ class Replication:
         return cls("synchronous" if waits else "asynchronous", standbys, commit)
 
 
+def _replication(row: DictRow) -> Replication:
+    """What ``_PING`` read of the replication."""
+    return Replication.of(str(row["commit"]), str(row["names"]), int(row["standbys"]))
+
+
 class _ServerLost(StoreUnavailable):
-    """The store is unavailable because its server is: unreachable, gone from under a connection
-    (a restart, a failover, its node lost), or taking no writes (a standby, a demoted primary)."""
+    """The store is unavailable because its server is: gone from under a connection (a restart, a
+    failover, its node lost), or taking no writes (a standby, a demoted primary)."""
 
 
 def _server_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
@@ -407,7 +412,9 @@ class _Writes:
         except _UNAVAILABLE as exc:
             self.committed_at = float("-inf")
             self._drop()
-            if conn is None or _server_lost(conn, exc):
+            # Not a refused connect: the pool's connections may be fine (the server out of
+            # connection slots, say), and replacing them would fail them too.
+            if conn is not None and _server_lost(conn, exc):
                 raise _ServerLost(f"{self._where}: {exc}") from exc
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
         self.committed_at = time.monotonic()
@@ -579,7 +586,6 @@ class PostgresStore(SqlStore):
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
         self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
-        await self.ping()  # the replication its commits get, logged and shown from the start
 
     def _where(self) -> str:
         return where(self.url)
@@ -650,6 +656,10 @@ class PostgresStore(SqlStore):
                     await conn.execute(_MIGRATIONS[number])
                     await conn.execute("UPDATE pitcrew_schema SET version = %s", (number + 1,))
                 log.info("store schema migrated", extra={"schema_version": number + 1})
+            # The replication its commits get, logged and shown from the start (then at every probe).
+            seen = await (await conn.execute(_PING)).fetchone()
+            assert seen is not None
+            self._replicated(_replication(seen))
 
     async def schema_version(self) -> int:
         row = await self._read(single(one("SELECT version FROM pitcrew_schema")))
@@ -666,7 +676,7 @@ class PostgresStore(SqlStore):
             return False
         if row is None:
             return False
-        self._replicated(Replication.of(str(row["commit"]), str(row["names"]), int(row["standbys"])))
+        self._replicated(_replication(row))
         return not row["standby"]
 
     def _replicated(self, seen: Replication) -> None:
@@ -686,7 +696,7 @@ class PostgresStore(SqlStore):
 
     def describe(self) -> dict[str, Any]:
         seen = self._shared.replication
-        answer: dict[str, Any] = {"kind": "postgresql", "where": self._where()}
+        answer: dict[str, Any] = {"kind": "postgresql"}  # no address: /readyz asks no credentials
         if seen is not None:
             answer |= {
                 "replication": seen.mode,

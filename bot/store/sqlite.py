@@ -77,7 +77,7 @@ class SqliteStore(SqlStore):
         return await self._writer.ready()
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "sqlite", "path": str(self.path), "synchronous": self._writer.synchronous}
+        return {"kind": "sqlite", "synchronous": self._writer.synchronous}
 
     # ------------------------------------------------------------------ drivers
     async def _read(self, op: Op[T]) -> T:
