@@ -67,35 +67,34 @@ class Pair:
         query = "?target_session_attrs=read-write" if read_write else ""
         return f"postgresql://{USER}@{hosts}/{self.database}{query}"
 
-    def synchronous(self, on: bool) -> None:
-        """The primary waits for the standby's flush before a commit returns (``on``), or not."""
-        names = "*" if on else ""
+    def synchronous(self) -> None:
+        """From now on the primary waits for the standby's flush before a commit returns."""
         with self.primary.connect() as conn:
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             conn.execute("SELECT pg_reload_conf()")
-            wanted = "sync" if on else "async"
             for _ in range(200):
                 row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
-                if row is not None and row[0] == wanted:
+                if row is not None and row[0] == "sync":
                     return
                 time.sleep(0.05)
-        raise AssertionError(f"the standby never became {wanted}")
+        raise AssertionError("the standby never became synchronous")
 
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
-    # PostgreSQL's own durability: the proving ground's fast cluster does not wait for any flush,
-    # the standby's either (``synchronous_commit=off``).
+    # PostgreSQL's own durability: the proving ground's fast cluster runs with
+    # ``synchronous_commit=off``, and its commits wait for no flush, a standby's included.
     with running_postgres(durable=True) as primary:
         database = primary.create_database()
         with running_standby(primary) as standby:
             yield Pair(primary, standby, database, primary.password_file(tmp_path / "postgres-password"))
 
 
-def _count(server_port: int, pair: Pair, table: str) -> int:
+def _alerts(server_port: int, pair: Pair) -> int:
+    """The alerts the server on ``server_port`` holds."""
     url = f"postgresql://{USER}@127.0.0.1:{server_port}/{pair.database}"
     with psycopg.connect(url, password=pair.primary.password, autocommit=True) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608 - a test's own table names
+        row = conn.execute("SELECT count(*) FROM alerts").fetchone()
     assert row is not None
     return int(str(row[0]))
 
@@ -108,7 +107,7 @@ async def test_a_url_naming_the_standby_first_opens_the_store_on_the_primary(pai
         assert await store.ping()
     finally:
         await store.close()
-    assert _count(pair.primary.port, pair, "alerts") == 1
+    assert _alerts(pair.primary.port, pair) == 1
 
     on_the_standby = PostgresStore(
         pair.url(pair.standby.port, read_write=False), password_file=pair.password_file
@@ -120,7 +119,7 @@ async def test_a_url_naming_the_standby_first_opens_the_store_on_the_primary(pai
 async def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_delivery(
     pair: Pair, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pair.synchronous(True)
+    pair.synchronous()
     store = PostgresStore(pair.url(pair.primary.port, pair.standby.port), password_file=pair.password_file)
     await store.open()
     try:
@@ -148,7 +147,7 @@ async def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_deliver
         assert await store.ping()
     finally:
         await store.close()
-    assert _count(pair.standby.port, pair, "alerts") == 21
+    assert _alerts(pair.standby.port, pair) == 21
     show_figure(
         capsys,
         f"  failover: the store wrote to the promoted standby {took:.1f}s after the promotion "
@@ -181,7 +180,7 @@ async def test_a_failover_to_an_asynchronous_standby_loses_acknowledged_deliveri
         # PostgreSQL's 5 s), and what it held back never leaves.
         pair.primary.stop("immediate")
         pair.standby.promote()
-        kept = _count(pair.standby.port, pair, "alerts")
+        kept = _alerts(pair.standby.port, pair)
     finally:
         await store.close()
     assert kept < 6, f"the promoted standby has {kept} of 6 acknowledged deliveries"
@@ -238,7 +237,7 @@ async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_
             return metrics.registry.get_sample_value("pitcrew_store_replication", {"mode": mode})
 
         assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (1.0, 0.0, 0.0)
-        pair.synchronous(True)
+        pair.synchronous()
         assert await store.ping()
         assert store.describe()["replication"] == "synchronous"
         assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (0.0, 1.0, 0.0)
