@@ -118,8 +118,13 @@ _UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 #: server's ``idle_session_timeout``, a pooler's idle limit, a failover or a load balancer's idle
 #: timer may have ended it meanwhile, and the first statement on it would fail (a webhook answered
 #: 503, an engine read or write to retry) after every quiet spell. Busy connections are never
-#: checked; a quiet store pays a round trip now and then.
+#: checked; a quiet store pays a round trip now and then. A server whose ``idle_session_timeout``
+#: is shorter has its connections checked after half of it (read at open: ``_Idle.heed``).
 CHECK_AFTER = 1.0
+#: Connections taken from the pool, each found ended, before a read gives up (``_live``).
+_LIVE_ATTEMPTS = 3
+#: The server's own idle limit for pitcrew's sessions, in ms (0: none; no row before PostgreSQL 14).
+_IDLE_SESSION_LIMIT = "SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'"
 
 
 #: The readiness probe's one query: a primary (not in recovery), and how its commits are replicated.
@@ -174,27 +179,30 @@ def _server_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
 
 
 class _Idle:
-    """When each connection was last used (``used``), and the check of one unused for
-    ``CHECK_AFTER`` (``check``): the pool's ``configure``, ``reset`` and ``check`` callbacks, and
-    the writes' thread's own connection."""
+    """When each connection was last used (``used``; ``returned``: the pool's ``configure`` and
+    ``reset`` callbacks), and whether one has been unused for ``after`` (``stale``: checked before
+    use, by ``PostgresStore._live`` and by the writes' thread for its own connection)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: float = CHECK_AFTER) -> None:
         self._since: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
+        #: Unused this long (seconds), a connection is checked before use.
+        self.after = after
+
+    def heed(self, limit_ms: int) -> None:
+        """The server ends a session idle for ``limit_ms`` (its ``idle_session_timeout``; 0:
+        never): a connection is checked after half of that when it is shorter than ``CHECK_AFTER``,
+        or one made or used between the two would fail its next use."""
+        if limit_ms > 0:
+            self.after = min(CHECK_AFTER, limit_ms / 2000)
 
     def used(self, conn: object) -> None:
         self._since[conn] = time.monotonic()
 
     def stale(self, conn: object) -> bool:
-        return time.monotonic() - self._since.get(conn, math.inf) >= CHECK_AFTER
+        return time.monotonic() - self._since.get(conn, math.inf) >= self.after
 
     async def returned(self, conn: Conn) -> None:
         self.used(conn)
-
-    async def check(self, conn: Conn) -> None:
-        """Raises if a connection unused for a while has been ended (the pool then drops it and
-        takes or makes another)."""
-        if self.stale(conn):
-            await AsyncConnectionPool.check_connection(conn)
 
 
 #: Statements of one batch per message: a batch of more rows is several messages, each answered.
@@ -332,11 +340,13 @@ class _Writes:
         *,
         locked: bool = True,
         lost: Callable[[], Awaitable[None]] | None = None,
+        check_after: float = CHECK_AFTER,
     ) -> None:
         """``locked``: every transaction under the write lock (or its shared mode); else none
         (retention's, ``PostgresStore._prune_transact``). ``lost``: awaited (on the loop) when a
         write found the server gone or taking no writes, before the write's caller hears of it:
-        the pool's connections went with it (``PostgresStore._server_lost``)."""
+        the pool's connections went with it (``PostgresStore._server_lost``). ``check_after``:
+        the pool's (``_Idle.after``)."""
         self._url, self._kwargs, self._where, self._locked = url, kwargs, where, locked
         self._lost = lost
         self._lanes = _Lanes()
@@ -344,7 +354,7 @@ class _Writes:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         self._conn: SyncConn | None = None
-        self._idle = _Idle()
+        self._idle = _Idle(check_after)
         self._closed = False
         #: When a transaction last committed here (monotonic); -inf after the database failed one.
         self.committed_at = float("-inf")
@@ -567,7 +577,6 @@ class PostgresStore(SqlStore):
             timeout=self._connect_timeout,
             configure=self._shared.idle.returned,
             reset=self._shared.idle.returned,
-            check=self._shared.idle.check,
             open=False,
             name="pitcrew-store",
         )
@@ -582,7 +591,9 @@ class PostgresStore(SqlStore):
         except BaseException:
             await self.close()
             raise
-        self._shared.writes = _Writes(self.url, kwargs, self._where(), lost=self._server_lost)
+        self._shared.writes = _Writes(
+            self.url, kwargs, self._where(), lost=self._server_lost, check_after=self._shared.idle.after
+        )
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
         self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
@@ -619,15 +630,37 @@ class PostgresStore(SqlStore):
         if pool is None:
             raise StoreUnavailable("store is not open")
         try:
-            async with pool.connection() as conn:
-                try:
-                    yield conn
-                except _UNAVAILABLE as exc:
-                    if _server_lost(conn, exc):
-                        await self._server_lost()
-                    raise
+            conn = await self._live(pool)
         except (PoolTimeout, *_UNAVAILABLE) as exc:
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
+        try:
+            yield conn
+        except _UNAVAILABLE as exc:
+            if _server_lost(conn, exc):
+                await self._server_lost()
+            raise StoreUnavailable(f"{self._where()}: {exc}") from exc
+        finally:
+            await pool.putconn(conn)  # a broken one is discarded, and another made
+
+    async def _live(self, pool: AsyncConnectionPool[Conn]) -> Conn:
+        """A connection of the pool; one left unused for ``_Idle.after`` is checked first (one empty
+        query). If the server has ended it, it has ended the others left idle as well (a restart, a
+        failover, its idle limit): all are replaced at once, and a new one is taken. Not the
+        pool's own ``check``: after each dead connection it finds, psycopg_pool waits a growing
+        backoff (1 s, 2 s, 4 s...) before the next, and a pool of dead connections after a quiet
+        spell held the first read for seconds, or failed it at the pool's timeout."""
+        for _ in range(_LIVE_ATTEMPTS):
+            conn = await pool.getconn()
+            if not self._shared.idle.stale(conn):
+                return conn
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except psycopg.Error:
+                await pool.putconn(conn)
+                await self._server_lost()
+                continue
+            return conn
+        raise psycopg.OperationalError(f"{_LIVE_ATTEMPTS} connections in a row ended before their first use")
 
     async def _server_lost(self) -> None:
         """A read, a lease write or the writes' thread found the server lost (``_server_lost``):
@@ -660,6 +693,9 @@ class PostgresStore(SqlStore):
             seen = await (await conn.execute(_PING)).fetchone()
             assert seen is not None
             self._replicated(_replication(seen))
+            limit = await (await conn.execute(_IDLE_SESSION_LIMIT)).fetchone()
+            if limit is not None:
+                self._shared.idle.heed(int(limit["setting"]))
 
     async def schema_version(self) -> int:
         row = await self._read(single(one("SELECT version FROM pitcrew_schema")))
@@ -738,7 +774,13 @@ class PostgresStore(SqlStore):
         if self._shared.writes is None:
             raise StoreUnavailable("store is not open")
         if self._shared.prunes is None:
-            self._shared.prunes = _Writes(self.url, self._shared.kwargs, self._where(), locked=False)
+            self._shared.prunes = _Writes(
+                self.url,
+                self._shared.kwargs,
+                self._where(),
+                locked=False,
+                check_after=self._shared.idle.after,
+            )
         driven = await self._shared.prunes.drive(make())
         return driven.result, driven.wakes
 

@@ -42,6 +42,7 @@ from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
 from bot.store.sql import single
 from bot.store.sqlite import SqliteStore
+from tests.harness.figures import show_figure
 from tests.harness.stores import AnyStore, Stores
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -261,6 +262,69 @@ async def test_connections_the_server_ended_in_a_quiet_spell_are_replaced_before
     assert len(await store.active()) == 2
     renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
     assert renewed is not None and renewed.epoch == lease.epoch
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_pool_of_connections_the_server_ended_is_replaced_at_the_first_read(
+    stores: Stores, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Six pooled connections, all ended by the server in a quiet spell (a restart, a failover):
+    the first read after it finds one dead and replaces them all, and succeeds. psycopg_pool's own
+    check would try them one by one, waiting 1 s, 2 s, 4 s... between them, and fail the read at
+    the pool's timeout."""
+    assert stores.database is not None
+    database = stores.database
+    store = await stores.open()
+    await store.ingest(_delivery(_alert("fp-p1", "gpu-061")), T0)
+
+    def connect() -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(
+            database.server.url(database.name), password=database.server.password, autocommit=True
+        )
+
+    sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pitcrew'"
+    with connect() as holder, connect() as watch:
+        with holder.transaction():  # reads wait, so the pool opens a connection for each
+            holder.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
+            reads = asyncio.gather(*(store.active() for _ in range(6)))
+            opened = 0
+            for _ in range(200):
+                row = watch.execute(sessions).fetchone()
+                opened = int(str(row[0])) if row is not None else 0
+                if opened >= 7:  # six reads and the writes' connection
+                    break
+                await asyncio.sleep(0.05)
+        assert [len(found) for found in await reads] == [1] * 6
+        assert opened >= 7, opened
+        watch.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pitcrew'"
+        )
+    await asyncio.sleep(postgres.CHECK_AFTER)  # a quiet spell: each is checked before use
+    began = time.monotonic()
+    assert len(await store.active()) == 1
+    show_figure(capsys, f"  six dead pooled connections: the first read took {time.monotonic() - began:.2f}s")
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_server_idle_limit_shorter_than_the_check_is_heeded(stores: Stores) -> None:
+    """The server ends sessions idle for 400 ms, less than ``CHECK_AFTER``: a connection unused
+    for longer than that, but not for ``CHECK_AFTER``, is checked before use all the same (the
+    store read the limit at open), so each write, read and renewal after such a pause succeeds."""
+    assert stores.database is not None
+    database = stores.database
+    with psycopg.connect(
+        database.server.url(database.name), password=database.server.password, autocommit=True
+    ) as admin:
+        admin.execute(f'ALTER DATABASE "{database.name}" SET idle_session_timeout = 400')
+    store = await stores.open()
+    lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
+    for n in range(3):
+        await asyncio.sleep(0.7)  # past the server's limit, short of CHECK_AFTER
+        outcome = await store.ingest(_delivery(_alert(f"fp-l{n}", f"gpu-05{n}")), T0)
+        assert len(outcome.opened) == 1
+        assert len(await store.active()) == n + 1
+        renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
+        assert renewed is not None and renewed.epoch == lease.epoch
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
