@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import TupleRow
 
 from bot.cli import main
 from bot.domain.faults import Fault
@@ -43,6 +44,7 @@ from bot.store.schema import SCHEMA_VERSION
 from bot.store.sql import single
 from bot.store.sqlite import SqliteStore
 from tests.harness.figures import show_figure
+from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -67,6 +69,13 @@ def _alert(
         labels,
         {"summary": "XID"},
         fault,
+    )
+
+
+def _admin(database: PostgresDatabase) -> psycopg.Connection[TupleRow]:
+    """The test's own session on the store's database (the cluster's superuser, autocommit)."""
+    return psycopg.connect(
+        database.server.url(database.name), password=database.server.password, autocommit=True
     )
 
 
@@ -234,9 +243,7 @@ async def test_connections_the_server_ended_in_a_quiet_spell_are_replaced_before
     lease renewal after the quiet spell succeed all the same (``postgres.CHECK_AFTER``)."""
     assert stores.database is not None
     database = stores.database
-    with psycopg.connect(
-        database.server.url(database.name), password=database.server.password, autocommit=True
-    ) as admin:
+    with _admin(database) as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" SET idle_session_timeout = 300')
         store = await stores.open()
         await store.ingest(_delivery(_alert("fp-q1", "gpu-031")), T0)
@@ -277,13 +284,8 @@ async def test_a_pool_of_connections_the_server_ended_is_replaced_at_the_first_r
     store = await stores.open()
     await store.ingest(_delivery(_alert("fp-p1", "gpu-061")), T0)
 
-    def connect() -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(
-            database.server.url(database.name), password=database.server.password, autocommit=True
-        )
-
     sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pitcrew'"
-    with connect() as holder, connect() as watch:
+    with _admin(database) as holder, _admin(database) as watch:
         with holder.transaction():  # reads wait, so the pool opens a connection for each
             holder.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
             reads = asyncio.gather(*(store.active() for _ in range(6)))
@@ -312,9 +314,7 @@ async def test_a_server_idle_limit_shorter_than_the_check_is_heeded(stores: Stor
     store read the limit at open), so each write, read and renewal after such a pause succeeds."""
     assert stores.database is not None
     database = stores.database
-    with psycopg.connect(
-        database.server.url(database.name), password=database.server.password, autocommit=True
-    ) as admin:
+    with _admin(database) as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" SET idle_session_timeout = 400')
     store = await stores.open()
     lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
@@ -338,9 +338,7 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
     database = stores.database
     store = await stores.open()
     lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
-    with psycopg.connect(
-        database.server.url(database.name), password=database.server.password, autocommit=True
-    ) as admin:
+    with _admin(database) as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" SET default_transaction_read_only = on')
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
