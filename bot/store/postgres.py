@@ -659,6 +659,9 @@ class PostgresStore(SqlStore):
                 await pool.putconn(conn)
                 await self._server_lost()
                 continue
+            except BaseException:  # cancelled (a probe's timeout): the connection goes back
+                await pool.putconn(conn)
+                raise
             return conn
         raise psycopg.OperationalError(f"{_LIVE_ATTEMPTS} connections in a row ended before their first use")
 
