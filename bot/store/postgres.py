@@ -172,7 +172,7 @@ class _ServerLost(StoreUnavailable):
     failover, its node lost), or taking no writes (a standby, a demoted primary)."""
 
 
-def _server_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
+def _is_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
     """Whether ``exc`` on ``conn`` means the server is lost to every connection, not only this one
     statement's failure (a cancelled query, a lock timeout: also ``OperationalError``)."""
     return conn.broken or isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
@@ -262,9 +262,10 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
     of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``,
     the transaction's idle limit (``_IDLE_LIMIT``) and the lock go with the first statement, the
     rows of batches (``many``: nothing to answer) with the statement after them, up to
-    ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is one simple query, its values bound by psycopg's client-side quoting
-    as ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its
-    message there, the rest unsent, and the transaction is rolled back.
+    ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is one simple
+    query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows; the answer
+    is its last statement's. A statement that fails ends its message there, the rest unsent, and
+    the transaction is rolled back.
 
     Why: every message is a round trip, and a thread waiting for one gives up the interpreter and
     waits to get it back behind a busy event loop. A batch of deliveries was eight to ten messages
@@ -410,7 +411,7 @@ class _Writes:
         conn = None
         try:
             if self._conn is not None and self._idle.stale(self._conn):
-                try:  # still there after a quiet spell? (``CHECK_AFTER``: the pool's check)
+                try:  # still there after a quiet spell? (as ``PostgresStore._live`` checks)
                     ConnectionPool.check_connection(self._conn)
                 except psycopg.OperationalError:
                     self._drop()
@@ -424,7 +425,7 @@ class _Writes:
             self._drop()
             # Not a refused connect: the pool's connections may be fine (the server out of
             # connection slots, say), and replacing them would fail them too.
-            if conn is not None and _server_lost(conn, exc):
+            if conn is not None and _is_lost(conn, exc):
                 raise _ServerLost(f"{self._where}: {exc}") from exc
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
         self.committed_at = time.monotonic()
@@ -636,7 +637,7 @@ class PostgresStore(SqlStore):
         try:
             yield conn
         except _UNAVAILABLE as exc:
-            if _server_lost(conn, exc):
+            if _is_lost(conn, exc):
                 await self._server_lost()
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
         finally:
@@ -666,7 +667,7 @@ class PostgresStore(SqlStore):
         raise psycopg.OperationalError(f"{_LIVE_ATTEMPTS} connections in a row ended before their first use")
 
     async def _server_lost(self) -> None:
-        """A read, a lease write or the writes' thread found the server lost (``_server_lost``):
+        """A read, a lease write or the writes' thread found the server lost (``_is_lost``):
         every connection of the pool reached that server, and each would fail its next use in
         turn (a read, a lease renewal each), so all are replaced: the next use connects again, to
         the new primary after a failover."""
