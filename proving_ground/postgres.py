@@ -105,6 +105,19 @@ def as_user(user: str | None, argv: list[str]) -> list[str]:
     return ["runuser", "-u", user, "--", *argv] if user else argv
 
 
+def pg_ctl_runner(
+    binaries: Path, data: Path, log: Path, options: str, user: str | None
+) -> Callable[[list[str]], None]:
+    """Runs ``pg_ctl`` with the given arguments against the cluster in ``data`` (its log in
+    ``log``, its server started with ``options``), as ``user`` (``unprivileged``)."""
+
+    def pg_ctl(arguments: list[str]) -> None:
+        argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
+        subprocess.run(as_user(user, argv), check=True, capture_output=True, timeout=120)
+
+    return pg_ctl
+
+
 @contextlib.contextmanager
 def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> Iterator[PostgresServer]:
     """Start a throwaway cluster; stop it and remove its files on exit, even after a failure.
@@ -132,11 +145,7 @@ def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> 
     )
     if not durable:
         options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-
-    def pg_ctl(arguments: list[str]) -> None:
-        argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
-        subprocess.run(as_user(user, argv), check=True, capture_output=True, timeout=120)
-
+    pg_ctl = pg_ctl_runner(binaries, data, log, options, user)
     started = False
     try:
         initdb = [

@@ -38,7 +38,6 @@ from typing import Any
 
 import pytest
 
-from proving_ground.postgres import USER
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.postgres import running_postgres, running_standby
 from tests.harness.proc import wait_until
@@ -75,14 +74,10 @@ def outage(request: pytest.FixtureRequest) -> Iterator[Outage]:
     with running_postgres(durable=True) as primary:
         name = primary.create_database()
         with running_standby(primary) as standby:
-            with primary.connect() as conn:  # a commit returns once the standby has it
-                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-                conn.execute("SELECT pg_reload_conf()")
-            hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
-            url = f"postgresql://{USER}@{hosts}/{name}?target_session_attrs=read-write"
+            standby.synchronous()  # a commit returns once the standby has it
             yield Outage(
                 "failover",
-                url,
+                standby.url(name, primary.port, standby.port),
                 primary.password,
                 lambda: primary.stop("immediate"),
                 standby.promote,

@@ -15,13 +15,22 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from proving_ground.postgres import MISSING, USER, PostgresServer, as_user, bindir, unprivileged
+from proving_ground.postgres import (
+    MISSING,
+    USER,
+    PostgresServer,
+    as_user,
+    bindir,
+    pg_ctl_runner,
+    unprivileged,
+)
 from proving_ground.postgres import running_postgres as _running
 from proving_ground.proc import DemoError, free_port, tail, wait_until
 from tests.harness.proc import in_ci
@@ -51,11 +60,31 @@ def running_postgres(networks: Sequence[str] = (), *, durable: bool = False) -> 
 
 @dataclass(frozen=True)
 class Standby:
-    """A hot standby of a running cluster, streaming its WAL on ``127.0.0.1:port``."""
+    """A hot standby of a running cluster (``primary``), streaming its WAL on ``127.0.0.1:port``."""
 
+    primary: PostgresServer
     port: int
     directory: Path
     _pg_ctl: Callable[[list[str]], None]
+
+    def url(self, database: str, *ports: int, read_write: bool = True) -> str:
+        """A libpq URL of ``database`` listing the servers on ``ports`` in that order (the pair's,
+        the primary's or this one's), with ``target_session_attrs=read-write`` if ``read_write``."""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in ports)
+        query = "?target_session_attrs=read-write" if read_write else ""
+        return f"postgresql://{USER}@{hosts}/{database}{query}"
+
+    def synchronous(self) -> None:
+        """From now on the primary waits for this standby's flush before a commit returns."""
+        with self.primary.connect() as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+            for _ in range(200):
+                row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+                if row is not None and row[0] == "sync":
+                    return
+                time.sleep(0.05)
+        raise AssertionError("the standby never became synchronous")
 
     def promote(self) -> None:
         """What a failover does to it: it stops following, and takes writes."""
@@ -78,11 +107,7 @@ def running_standby(primary: PostgresServer) -> Iterator[Standby]:
         f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
         " -c max_connections=200"
     )
-
-    def pg_ctl(arguments: list[str]) -> None:
-        argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
-        subprocess.run(as_user(user, argv), check=True, capture_output=True, timeout=120)
-
+    pg_ctl = pg_ctl_runner(binaries, data, log, options, user)
     backup = [
         str(binaries / "pg_basebackup"),
         *("-h", str(primary.directory), "-p", str(primary.port), "-U", USER),
@@ -106,7 +131,7 @@ def running_standby(primary: PostgresServer) -> Iterator[Standby]:
             return row is not None and row[0] == 1
 
         wait_until(streaming, timeout=30, what=f"the standby on 127.0.0.1:{port} streaming")
-        yield Standby(port, directory, pg_ctl)
+        yield Standby(primary, port, directory, pg_ctl)
     finally:
         if started:
             with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):

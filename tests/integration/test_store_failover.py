@@ -63,21 +63,7 @@ class Pair:
     password_file: Path
 
     def url(self, *ports: int, read_write: bool = True) -> str:
-        hosts = ",".join(f"127.0.0.1:{port}" for port in ports)
-        query = "?target_session_attrs=read-write" if read_write else ""
-        return f"postgresql://{USER}@{hosts}/{self.database}{query}"
-
-    def synchronous(self) -> None:
-        """From now on the primary waits for the standby's flush before a commit returns."""
-        with self.primary.connect() as conn:
-            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-            conn.execute("SELECT pg_reload_conf()")
-            for _ in range(200):
-                row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
-                if row is not None and row[0] == "sync":
-                    return
-                time.sleep(0.05)
-        raise AssertionError("the standby never became synchronous")
+        return self.standby.url(self.database, *ports, read_write=read_write)
 
 
 @pytest.fixture
@@ -119,7 +105,7 @@ async def test_a_url_naming_the_standby_first_opens_the_store_on_the_primary(pai
 async def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_delivery(
     pair: Pair, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pair.synchronous()
+    pair.standby.synchronous()
     store = PostgresStore(pair.url(pair.primary.port, pair.standby.port), password_file=pair.password_file)
     await store.open()
     try:
@@ -237,7 +223,7 @@ async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_
             return metrics.registry.get_sample_value("pitcrew_store_replication", {"mode": mode})
 
         assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (1.0, 0.0, 0.0)
-        pair.synchronous()
+        pair.standby.synchronous()
         assert await store.ping()
         assert store.describe()["replication"] == "synchronous"
         assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (0.0, 1.0, 0.0)
