@@ -22,6 +22,9 @@ both stores).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sqlite3
 import time
 from dataclasses import replace
@@ -305,6 +308,48 @@ async def test_a_pool_of_connections_the_server_ended_is_replaced_at_the_first_r
     began = time.monotonic()
     assert len(await store.active()) == 1
     show_figure(capsys, f"  six dead pooled connections: the first read took {time.monotonic() - began:.2f}s")
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_read_cancelled_while_its_connection_is_checked_gives_the_connection_back(
+    stores: Stores,
+) -> None:
+    """A read given up (a readiness probe's timeout) while the connection it took is being checked
+    after a quiet spell, the server slow to answer: the connection goes back to the pool. Three
+    such reads on a pool of two, then a read succeeds; were each to keep its connection, the pool
+    would be empty after two and the read would fail at the pool's timeout."""
+    assert stores.database is not None
+    database = stores.database
+    store = PostgresStore(database.url, password_file=database.password_file, pool_size=2, connect_timeout=2)
+    await store.open()
+    stopped: set[int] = set()
+    try:
+        assert await store.active() == []
+        loop = asyncio.get_running_loop()
+        with _admin(database) as admin:
+            for _ in range(3):
+                await asyncio.sleep(postgres.CHECK_AFTER)  # the next use checks its connection
+                pids = {
+                    int(row[0])
+                    for row in admin.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name = 'pitcrew'"
+                    ).fetchall()
+                }
+                assert pids
+                for pid in pids:  # the server answers nothing until they go on
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.add(pid)
+                    loop.call_later(0.6, os.kill, pid, signal.SIGCONT)
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.2):
+                        await store.active()
+                await asyncio.sleep(0.7)  # every one going on again (the cancelled check's end)
+        assert await store.active() == []
+    finally:
+        for pid in stopped:  # never left stopped, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await store.close()
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
