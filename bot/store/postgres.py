@@ -59,7 +59,7 @@ from bot.store.batch import Answer
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import bump_seen
 from bot.store.repeats import RepeatMemory
-from bot.store.schema import SCHEMA_VERSION, migrations
+from bot.store.schema import SCHEMA_VERSION, compatible_from, migrations, standing
 from bot.store.sql import POSTGRES, Driving, Op, Stmt, T, one, single
 from bot.store.sqlstore import SqlStore
 
@@ -680,19 +680,23 @@ class PostgresStore(SqlStore):
             await conn.execute(_IDLE_LIMIT)
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
             await conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (version INTEGER NOT NULL)")
-            row = await (await conn.execute("SELECT version FROM pitcrew_schema")).fetchone()
+            row = await (await conn.execute("SELECT * FROM pitcrew_schema")).fetchone()
             if row is None:
                 await conn.execute("INSERT INTO pitcrew_schema (version) VALUES (0)")
-            version = int(row["version"]) if row is not None else 0
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self._where()} has schema {version}, newer than this pitcrew ({SCHEMA_VERSION})"
-                )
+                row = {"version": 0}
+            if "compatible_from" not in row:  # a store of a pitcrew before the column
+                await conn.execute("ALTER TABLE pitcrew_schema ADD COLUMN compatible_from INTEGER")
+            version, compatible = int(row["version"]), row.get("compatible_from")
+            stands = standing(version, compatible, self._where())
             for number in range(version, SCHEMA_VERSION):
                 async with conn.transaction():  # a savepoint: each migration whole or not at all
                     await conn.execute(_MIGRATIONS[number])
                     await conn.execute("UPDATE pitcrew_schema SET version = %s", (number + 1,))
                 log.info("store schema migrated", extra={"schema_version": number + 1})
+            if stands != "newer" and compatible != compatible_from(SCHEMA_VERSION):
+                await conn.execute(
+                    "UPDATE pitcrew_schema SET compatible_from = %s", (compatible_from(SCHEMA_VERSION),)
+                )
             # The replication its commits get, logged and shown from the start (then at every probe).
             seen = await (await conn.execute(_PING)).fetchone()
             assert seen is not None

@@ -6,17 +6,44 @@ triggers) are ``{word}``s that ``bot.store.sql.Dialect.script`` fills in. Timest
 text in UTC on both, so one codec (``bot.store.codec``) reads both and text order is time order;
 only the lease's times are the database's own clock type.
 
-Each migration is applied once, in order, in a transaction of its own, and recorded (SQLite:
-``PRAGMA user_version``; Postgres: the ``pitcrew_schema`` row, under an advisory lock so two
-replicas starting at once migrate once). The audit log is append-only in the database itself:
-triggers refuse UPDATE and DELETE (and on Postgres TRUNCATE) on ``events``.
+Each migration is applied once, in order, in a transaction of its own that reads the version
+it starts from under the database's write lock (SQLite: ``BEGIN IMMEDIATE``; Postgres: an
+advisory lock), so two processes opening one store at once migrate it once; it is recorded
+(SQLite: ``PRAGMA user_version``; Postgres: the ``pitcrew_schema`` row). The audit log is
+append-only in the database itself: triggers refuse UPDATE and DELETE (and on Postgres TRUNCATE)
+on ``events``.
+
+**A pitcrew runs on a store a newer one migrated** (``standing``) unless a migration since its own
+schema is ``BREAKING``: every other migration only adds (a table, an index, a column that may be
+null or has a default), and the earlier pitcrew neither misreads nor refuses what it finds. During
+a rolling update the replica still on the last release goes on leading while the new one migrates,
+and a rollback of the image, or that replica restarting, starts on the migrated store. Each
+pitcrew that migrates a store records the earliest schema a pitcrew must be written for to run on
+it (``compatible_from``: SQLite, the ``pitcrew_schema`` row; Postgres, its ``compatible_from``).
+``tests/unit/test_store_schema.py`` holds every migration not listed as breaking to statements
+that only add.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Literal
+
+from bot import logger
 from bot.store.sql import TERMINAL_STATES, Dialect
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "TERMINAL_STATES", "migrations"]
+__all__ = [
+    "BREAKING",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "TERMINAL_STATES",
+    "NewerSchema",
+    "compatible_from",
+    "migrations",
+    "standing",
+]
+
+log = logger(__name__)
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first schema
@@ -186,6 +213,54 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+#: The migrations (numbered from 1, as ``SCHEMA_VERSION`` counts them) a pitcrew written for an
+#: earlier schema must not run after: one that changes what a column or a state means, renames or
+#: drops, or refuses rows an earlier pitcrew writes (a constraint on a table it already had, a
+#: column it does not fill that may not be null). Applied with every older replica stopped (the
+#: Deployment's ``Recreate``): a replica running when it is applied does not look again.
+BREAKING: frozenset[int] = frozenset()
+
+
+def compatible_from(version: int, breaking: Collection[int] = BREAKING) -> int:
+    """The earliest schema a pitcrew may be written for and run on a store at ``version``: the last
+    breaking migration up to it (0: any pitcrew that knows this rule)."""
+    return max((number for number in breaking if number <= version), default=0)
+
+
+class NewerSchema(RuntimeError):
+    """The store was migrated past this pitcrew's schema by a migration it must not run after."""
+
+
+def standing(
+    found: int, compatible: int | None, where: str, ours: int = SCHEMA_VERSION
+) -> Literal["older", "current", "newer"]:
+    """Where a store at schema ``found`` stands to this pitcrew (schema ``ours``): ``older`` (to be
+    migrated), ``current``, or ``newer`` and run on as it is, since the pitcrew that migrated it
+    recorded that one written for ``compatible`` or later runs on it (logged: the operator sees
+    which replica runs behind). ``NewerSchema`` when it is newer and this pitcrew is too old for
+    it, or nothing was recorded (``None``)."""
+    if found < ours:
+        return "older"
+    if found == ours:
+        return "current"
+    if compatible is None:
+        raise NewerSchema(
+            f"{where} has schema {found}, newer than this pitcrew ({ours}), and no record of which"
+            " pitcrew may run on it: run the pitcrew that migrated it"
+        )
+    if compatible > ours:
+        raise NewerSchema(
+            f"{where} has schema {found}, newer than this pitcrew ({ours}), and migration"
+            f" {compatible} changed what this pitcrew would read or write: run a pitcrew written for"
+            f" schema {compatible} or later (the one that migrated it), or restore the store from"
+            " before that migration"
+        )
+    log.warning(
+        "the store's schema is newer than this pitcrew's; running on it: the migrations since only add",
+        extra={"store": where, "schema_version": found, "pitcrew_schema_version": ours},
+    )
+    return "newer"
 
 
 def migrations(dialect: Dialect) -> tuple[str, ...]:

@@ -76,7 +76,7 @@ from bot.store.base import Delivery, StoreUnavailable
 from bot.store.batch import Answer, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.repeats import Key, RepeatMemory
-from bot.store.schema import SCHEMA_VERSION, migrations
+from bot.store.schema import SCHEMA_VERSION, compatible_from, migrations, standing
 from bot.store.sql import SQLITE, run_sync, single
 
 log = logger(__name__)
@@ -180,11 +180,11 @@ class Writer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Used from the loop's thread too (deliveries' statements), never by two threads at once.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        _wal(conn)
         for pragma in (
-            "journal_mode=WAL",
             f"synchronous={self.synchronous}",
             "foreign_keys=ON",
-            f"busy_timeout={_BUSY_TIMEOUT_MS}",
             "wal_autocheckpoint=0",  # checkpoints run beside the writer, not inside a commit
         ):
             conn.execute(f"PRAGMA {pragma}")
@@ -584,21 +584,78 @@ def _touch(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {version}")
 
 
-_MIGRATIONS = migrations(SQLITE)
+def _wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode. Two processes opening a new store at once each try to, and
+    SQLite answers one of them "database is locked" at once, without waiting out the busy timeout
+    (each holds what the other needs): that one tries again until the busy timeout has passed."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
+
+
+def _statements(script: str) -> list[str]:
+    """``script``'s statements, one by one (a trigger's body, with its own ``;``, stays whole)."""
+    statements, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                statements.append(pending.strip())
+            pending = ""
+    return statements
+
+
+_MIGRATIONS = tuple(_statements(script) for script in migrations(SQLITE))
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > SCHEMA_VERSION:
-        raise RuntimeError(f"{path} has schema {version}, newer than this pitcrew ({SCHEMA_VERSION})")
-    for number in range(version, SCHEMA_VERSION):
-        # executescript commits any open transaction first, so the script carries its own.
+    """Migrate the store to ``SCHEMA_VERSION``, a migration a transaction, each reading the version
+    it starts from under the write lock: another process opening the store at the same time waits,
+    then finds it migrated (read before the lock, both ran the first migration, and one failed on
+    "table incidents already exists"). A store with nothing to migrate is not written (a read-only
+    file still opens); one a newer pitcrew migrated is run on as it is, or refused
+    (``bot.store.schema.standing``)."""
+    while not _settled(conn, path):
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executescript(
-                f"BEGIN IMMEDIATE; {_MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;"
-            )
-        except Exception:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+            version, _ = _schema(conn)
+            if version < SCHEMA_VERSION:
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+            elif version == SCHEMA_VERSION:  # which pitcrew may run on it, recorded
+                conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (compatible_from INTEGER)")
+                conn.execute("DELETE FROM pitcrew_schema")
+                conn.execute("INSERT INTO pitcrew_schema VALUES (?)", (compatible_from(SCHEMA_VERSION),))
+            conn.execute("COMMIT")  # newer: another process migrated it meanwhile (judged next)
+        except BaseException:
+            _rollback(conn)
             raise
-        log.info("store schema migrated", extra={"schema_version": number + 1})
+        if version < SCHEMA_VERSION:
+            log.info("store schema migrated", extra={"schema_version": version + 1})
+
+
+def _settled(conn: sqlite3.Connection, path: Path) -> bool:
+    """Nothing to write: the store is at this pitcrew's schema with its record of which pitcrew
+    may run on it, or newer and run on as it is (``NewerSchema`` if it may not)."""
+    version, compatible = _schema(conn)
+    if version > SCHEMA_VERSION:
+        standing(version, compatible, str(path))
+        return True
+    return version == SCHEMA_VERSION and compatible == compatible_from(SCHEMA_VERSION)
+
+
+def _schema(conn: sqlite3.Connection) -> tuple[int, int | None]:
+    """The store's schema version, and the earliest schema a pitcrew may be written for to run on
+    it (``None``: not recorded, a store of a pitcrew before the record or still empty)."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'pitcrew_schema'").fetchone() is None:
+        return version, None
+    row = conn.execute("SELECT compatible_from FROM pitcrew_schema").fetchone()
+    return version, None if row is None or row[0] is None else int(row[0])
