@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bot.config import Config
+from bot.config_sections import StoreSettings
 from bot.domain.policy import Mode
 from bot.engine.context import Ports
 from bot.engine.ports import Probe, Probeable
 from bot.runtime import build_ports, outbox_far_sides
+from bot.store.factory import build_store
 
 #: Longer than any adapter's own timeouts and retries (scontrol 20 s, HTTP 10 s with retries).
 PROBE_TIMEOUT = 45.0
@@ -83,9 +85,25 @@ async def _probe(side: FarSide, within: float) -> Checked:
     return Checked(side.roles, probe, reached=True)
 
 
+class StoreSide:
+    """The incident store as ``check-config --live`` sees it: inspected, never opened (nothing is
+    created, migrated or written), ``bot.store`` saying what it found."""
+
+    far_side = "store"
+
+    def __init__(self, settings: StoreSettings) -> None:
+        self._settings = settings
+
+    async def probe(self) -> Probe:
+        seen = await build_store(self._settings).inspect()
+        return Probe(seen.system, seen.ok, seen.detail, missing=seen.missing)
+
+
 async def live_check(config: Config, *, within: float = PROBE_TIMEOUT) -> list[Checked]:
-    """Build the configured ports, probe each far side, close what was opened."""
-    sides = far_sides(build_ports(config), outbox_far_sides(config))
+    """Build the configured ports, probe each far side and the store, close what was opened."""
+    sides = far_sides(
+        build_ports(config), [*outbox_far_sides(config), ("store", StoreSide(config.settings.store))]
+    )
     try:
         return await probe_far_sides(sides, within=within)
     finally:

@@ -42,6 +42,17 @@ class StoreUnavailable(RuntimeError):
     """The store cannot take writes right now (closed, disk full, locked): the caller should retry."""
 
 
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What ``check-config --live`` learns of the store without opening it (nothing created,
+    migrated or written): reached and usable, or what is missing (``bot.probes`` reports it)."""
+
+    system: str
+    ok: bool
+    detail: str
+    missing: tuple[str, ...] = ()
+
+
 class BadCursor(ValueError):
     """A page cursor this store never handed out (the message says what a cursor looks like)."""
 

@@ -54,12 +54,20 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store import queries, retention
-from bot.store.base import AlertRecord, Delivery, IngestOutcome, ReplicationMode, StoreUnavailable
+from bot.store.base import AlertRecord, Delivery, IngestOutcome, Inspection, ReplicationMode, StoreUnavailable
 from bot.store.batch import Answer
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import bump_seen
 from bot.store.repeats import RepeatMemory
-from bot.store.schema import SCHEMA_VERSION, compatible_from, migrations, standing
+from bot.store.schema import (
+    SCHEMA_VERSION,
+    TABLES,
+    NewerSchema,
+    compatible_from,
+    foresee,
+    migrations,
+    opening,
+)
 from bot.store.sql import POSTGRES, Driving, Op, Stmt, T, one, single
 from bot.store.sqlstore import SqlStore
 
@@ -135,6 +143,29 @@ _PING = (
     " current_setting('synchronous_standby_names') AS names,"
     " (SELECT count(*) FROM pg_stat_replication) AS standbys"
 )
+#: What ``inspect`` reads of the server, besides ``_PING``: its version, where pitcrew's tables go
+#: (the first schema on the search_path) and whether this role may create them there, and which of
+#: pitcrew's bookkeeping tables are there already.
+_INSPECT = (
+    "SELECT current_setting('server_version_num')::int AS version_num,"
+    " current_setting('server_version') AS version, current_schema() AS schema,"
+    " coalesce(has_schema_privilege(current_schema(), 'CREATE'), false) AS may_create,"
+    " to_regclass('pitcrew_schema') IS NOT NULL AS has_schema,"
+    " coalesce(has_table_privilege(to_regclass('pitcrew_schema'), 'SELECT'), false) AS schema_readable,"
+    " coalesce(has_table_privilege(to_regclass('leadership'), 'SELECT'), false) AS leadership_readable"
+)
+_WHO_LEADS = "SELECT holder, epoch, expires_at > now() AS live FROM leadership WHERE id = 1"
+#: What this role may not do that the store does, on those of its tables that are there: every
+#: statement on each, only reading and adding on the audit log (append-only).
+_NOT_ALLOWED = (
+    "SELECT c.relname AS name, p.privilege FROM pg_class c,"
+    " unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p(privilege)"
+    " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')"
+    " AND c.relname = ANY(%s) AND NOT (c.relname = 'events' AND p.privilege IN ('UPDATE', 'DELETE'))"
+    " AND NOT has_table_privilege(c.oid, p.privilege) ORDER BY c.relname, p.privilege"
+)
+#: The oldest server the store runs on (``server_version_num``): 12.
+MIN_SERVER_VERSION = 120000
 #: ``synchronous_commit`` values that wait for a synchronous standby (when one is named).
 _WAITS_FOR_STANDBY = frozenset({"on", "remote_write", "remote_apply"})
 
@@ -160,6 +191,17 @@ class Replication:
             return cls("none", 0, commit)
         waits = bool(names.strip()) and commit in _WAITS_FOR_STANDBY
         return cls("synchronous" if waits else "asynchronous", standbys, commit)
+
+    def said(self) -> str:
+        """For people (``check-config --live``)."""
+        if self.mode == "none":
+            return "no standby streams from it"
+        if self.mode == "synchronous":
+            return f"{self.standbys} standby(s), commits wait for a synchronous one"
+        return (
+            f"{self.standbys} standby(s), asynchronous: a failover may lose what pitcrew acknowledged"
+            " (make one synchronous: synchronous_standby_names; CloudNativePG: .spec.postgresql.synchronous)"
+        )
 
 
 def _replication(row: DictRow) -> Replication:
@@ -547,7 +589,9 @@ class PostgresStore(SqlStore):
         self._shared = _Shared(memory=RepeatMemory(retention=retention))
 
     # ------------------------------------------------------------- connection
-    async def open(self) -> None:
+    def _connection_kwargs(self) -> dict[str, Any]:
+        """How every connection of the store is made (the pool's, the writes' thread's, the lease
+        release's, ``inspect``'s)."""
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "row_factory": dict_row,
@@ -568,6 +612,10 @@ class PostgresStore(SqlStore):
         kwargs |= {key: value for key, value in TCP.items() if key not in given}
         if self._password_file is not None:
             kwargs["password"] = read_password(self._password_file)
+        return kwargs
+
+    async def open(self) -> None:
+        kwargs = self._connection_kwargs()
         self._shared.kwargs = kwargs
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self.url,
@@ -687,7 +735,7 @@ class PostgresStore(SqlStore):
             if "compatible_from" not in row:  # a store of a pitcrew before the column
                 await conn.execute("ALTER TABLE pitcrew_schema ADD COLUMN compatible_from INTEGER")
             version, compatible = int(row["version"]), row.get("compatible_from")
-            stands = standing(version, compatible, self._where())
+            stands = opening(version, compatible, self._where())
             for number in range(version, SCHEMA_VERSION):
                 async with conn.transaction():  # a savepoint: each migration whole or not at all
                     await conn.execute(_MIGRATIONS[number])
@@ -797,6 +845,72 @@ class PostgresStore(SqlStore):
         async with self._conn() as conn, conn.transaction():
             await conn.execute(_IDLE_LIMIT)
             return (await _drive(conn, make())).result
+
+    async def inspect(self) -> Inspection:
+        """What ``check-config --live`` reports, on one connection made as the store makes them,
+        changing nothing (no pool, no migration): the server, whether it takes writes, what opening
+        the store there will do to its schema and whether this role may, how its commits are
+        replicated, who leads. Every problem found is named, not only the first."""
+        where = self._where()
+        within = self._connect_timeout + PING_TIMEOUT
+        try:
+            async with asyncio.timeout(within):
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._connection_kwargs())
+        except (TimeoutError, OSError, psycopg.Error) as exc:
+            reason = str(exc) or f"no answer within {within:g}s"
+            return Inspection(
+                "postgresql", False, f"{where}: {reason}", missing=(f"a connection to {where}",)
+            )
+        try:
+            async with asyncio.timeout(within), conn:
+                server = await (await conn.execute(_INSPECT)).fetchone()
+                ping = await (await conn.execute(_PING)).fetchone()
+                assert server is not None and ping is not None
+                schema = lease = None
+                if server["schema_readable"]:
+                    schema = await (await conn.execute("SELECT * FROM pitcrew_schema")).fetchone()
+                if server["leadership_readable"]:
+                    lease = await (await conn.execute(_WHO_LEADS)).fetchone()
+                refused = await (await conn.execute(_NOT_ALLOWED, (["pitcrew_schema", *TABLES],))).fetchall()
+        except (TimeoutError, psycopg.Error) as exc:
+            reason = str(exc) or f"no answer within {within:g}s"
+            return Inspection("postgresql", False, f"{where}: {reason}", missing=(f"an answer from {where}",))
+        said = [f"{where}: PostgreSQL {server['version']}"]
+        missing = []
+        if ping["standby"]:
+            said.append("a standby, read-only")
+            missing.append(
+                "a primary that takes writes (the manager's -rw Service, or every host with "
+                "target_session_attrs=read-write)"
+            )
+        if int(server["version_num"]) < MIN_SERVER_VERSION:
+            missing.append("PostgreSQL 12 or newer")
+        if server["has_schema"] and schema is None:
+            said.append("schema not readable by this role")  # the privileges it lacks: below
+        else:
+            try:
+                found = None if schema is None else int(schema["version"])
+                compatible = None if schema is None else schema.get("compatible_from")
+                foreseen, creates = foresee(found, compatible, where)
+                said.append(foreseen)
+                if creates and not server["may_create"]:
+                    missing.append(
+                        f"CREATE on schema {server['schema'] or '(none on the search_path)'}, to "
+                        "create and migrate pitcrew's tables"
+                    )
+            except NewerSchema as exc:
+                said.append(str(exc).removeprefix(f"{where} has "))
+                missing.append("a pitcrew that runs on this store's schema")
+        lacking: dict[str, list[str]] = {}
+        for row in refused:
+            lacking.setdefault(row["name"], []).append(row["privilege"])
+        missing.extend(f"{', '.join(privileges)} on {table}" for table, privileges in lacking.items())
+        said.append(_replication(ping).said())
+        if lease is not None:
+            said.append(
+                f"led by {lease['holder']} (epoch {lease['epoch']})" if lease["live"] else "nobody leads"
+            )
+        return Inspection("postgresql", not missing, "; ".join(said), missing=tuple(missing))
 
     async def release_lease(self, holder: str, epoch: int) -> None:
         """End the term now (graceful shutdown), on a connection of its own: at SIGTERM

@@ -26,6 +26,7 @@ that only add.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Literal
 
@@ -36,10 +37,13 @@ __all__ = [
     "BREAKING",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "TABLES",
     "TERMINAL_STATES",
     "NewerSchema",
     "compatible_from",
+    "foresee",
     "migrations",
+    "opening",
     "standing",
 ]
 
@@ -213,6 +217,10 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+#: Every table the migrations make, in order (``inspect``: what this role must be allowed to use).
+TABLES: tuple[str, ...] = tuple(
+    name for migration in MIGRATIONS for name in re.findall(r"CREATE TABLE (\w+)", migration)
+)
 
 #: The migrations (numbered from 1, as ``SCHEMA_VERSION`` counts them) a pitcrew written for an
 #: earlier schema must not run after: one that changes what a column or a state means, renames or
@@ -237,9 +245,8 @@ def standing(
 ) -> Literal["older", "current", "newer"]:
     """Where a store at schema ``found`` stands to this pitcrew (schema ``ours``): ``older`` (to be
     migrated), ``current``, or ``newer`` and run on as it is, since the pitcrew that migrated it
-    recorded that one written for ``compatible`` or later runs on it (logged: the operator sees
-    which replica runs behind). ``NewerSchema`` when it is newer and this pitcrew is too old for
-    it, or nothing was recorded (``None``)."""
+    recorded that one written for ``compatible`` or later runs on it. ``NewerSchema`` when it is
+    newer and this pitcrew is too old for it, or nothing was recorded (``None``)."""
     if found < ours:
         return "older"
     if found == ours:
@@ -256,11 +263,33 @@ def standing(
             f" schema {compatible} or later (the one that migrated it), or restore the store from"
             " before that migration"
         )
-    log.warning(
-        "the store's schema is newer than this pitcrew's; running on it: the migrations since only add",
-        extra={"store": where, "schema_version": found, "pitcrew_schema_version": ours},
-    )
     return "newer"
+
+
+def opening(found: int, compatible: int | None, where: str) -> Literal["older", "current", "newer"]:
+    """``standing``, as a store opening says it: running on a newer schema is logged (the operator
+    sees which replica runs behind its store)."""
+    stands = standing(found, compatible, where)
+    if stands == "newer":
+        log.warning(
+            "the store's schema is newer than this pitcrew's; running on it: the migrations since only add",
+            extra={"store": where, "schema_version": found, "pitcrew_schema_version": SCHEMA_VERSION},
+        )
+    return stands
+
+
+def foresee(found: int | None, compatible: int | None, where: str) -> tuple[str, bool]:
+    """What opening a store at schema ``found`` (``None``: no tables yet) will do, for people, and
+    whether it creates or migrates tables (the database must let it). ``NewerSchema`` as
+    ``standing``; nothing logged (``check-config --live``)."""
+    if not found:
+        return f"no tables yet: pitcrew creates them at start (schema {SCHEMA_VERSION})", True
+    stands = standing(found, compatible, where)
+    if stands == "older":
+        return f"schema {found}: pitcrew migrates it to {SCHEMA_VERSION} at start", True
+    if stands == "newer":
+        return f"schema {found}, newer than this pitcrew ({SCHEMA_VERSION}): it runs on it as it is", False
+    return f"schema {found}", False
 
 
 def migrations(dialect: Dialect) -> tuple[str, ...]:

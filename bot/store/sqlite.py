@@ -31,11 +31,11 @@ from typing import Any
 
 from bot.domain.alerts import AlertStatus
 from bot.store import retention
-from bot.store.base import AlertRecord, Delivery, IngestOutcome, StoreUnavailable
+from bot.store.base import AlertRecord, Delivery, IngestOutcome, Inspection, StoreUnavailable
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
 from bot.store.sqlstore import SqlStore
-from bot.store.writer import Bulk, IngestJob, Writer
+from bot.store.writer import Bulk, IngestJob, Writer, inspect_file
 
 
 class SqliteStore(SqlStore):
@@ -56,6 +56,10 @@ class SqliteStore(SqlStore):
             path, synchronous=synchronous, units_per_batch=units_per_batch, retention=retention
         )
         self._reader = Reader(path)
+
+    async def inspect(self) -> Inspection:
+        """What ``check-config --live`` reports, the store not opened (``inspect_file``)."""
+        return await asyncio.get_running_loop().run_in_executor(None, inspect_file, self.path)
 
     async def open(self) -> None:
         await self._writer.open()  # creates and migrates the database

@@ -72,11 +72,11 @@ from typing import Any
 import aiosqlite
 
 from bot import logger
-from bot.store.base import Delivery, StoreUnavailable
+from bot.store.base import Delivery, Inspection, StoreUnavailable
 from bot.store.batch import Answer, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.repeats import Key, RepeatMemory
-from bot.store.schema import SCHEMA_VERSION, compatible_from, migrations, standing
+from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from, foresee, migrations, opening
 from bot.store.sql import SQLITE, run_sync, single
 
 log = logger(__name__)
@@ -646,9 +646,47 @@ def _settled(conn: sqlite3.Connection, path: Path) -> bool:
     may run on it, or newer and run on as it is (``NewerSchema`` if it may not)."""
     version, compatible = _schema(conn)
     if version > SCHEMA_VERSION:
-        standing(version, compatible, str(path))
+        opening(version, compatible, str(path))
         return True
     return version == SCHEMA_VERSION and compatible == compatible_from(SCHEMA_VERSION)
+
+
+def inspect_file(path: Path) -> Inspection:
+    """What ``check-config --live`` reports of a SQLite store, changing nothing (the file is read,
+    never created or migrated): whether this user may create or write it and its WAL beside it,
+    and what opening it will do to its schema."""
+    where = str(path)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # created at start, from here down
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return Inspection(
+            "sqlite",
+            False,
+            f"{where}: {folder} is not writable by this user",
+            missing=(f"write access to {folder}",),
+        )
+    if not path.exists():
+        return Inspection("sqlite", True, f"{where}: {foresee(None, None, where)[0]}")
+    if not os.access(path, os.R_OK | os.W_OK):
+        return Inspection(
+            "sqlite",
+            False,
+            f"{where}: not readable and writable by this user",
+            missing=(f"write access to {path}",),
+        )
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            version, compatible = _schema(conn)
+        finally:
+            conn.close()
+        said, _ = foresee(version, compatible, where)
+    except NewerSchema as exc:
+        return Inspection("sqlite", False, str(exc), missing=("a pitcrew that runs on this store's schema",))
+    except sqlite3.Error as exc:
+        return Inspection("sqlite", False, f"{where}: {exc}", missing=(f"a SQLite database at {where}",))
+    return Inspection("sqlite", True, f"{where}: {said}")
 
 
 def _schema(conn: sqlite3.Connection) -> tuple[int, int | None]:

@@ -3,7 +3,7 @@ slurmd, munge, slurmrestd), a real Prometheus and the Kubernetes API emulator (r
 through a kubeconfig as an operator's laptop would).
 
 - scontrol backend + Prometheus: every line ``ok``, the journal's line says there is nothing to
-  reach, exit 0;
+  reach, the store's that it has no tables yet (and it is not created), exit 0;
 - REST backend: slurmrestd answers with our token;
 - Prometheus down: exit 1, its line ``FAIL`` and the missing Prometheus named on stderr, while
   Slurm's line is still ``ok`` (one failure never hides the others);
@@ -70,6 +70,9 @@ def test_all_far_sides_green_with_scontrol(
     assert f"{prometheus.url}: answers queries" in line_of(result.stdout, "prometheus")
     journal = line_of(result.stdout, "journal")
     assert journal.split()[0] == "-" and "(cluster)" in journal
+    store = line_of(result.stdout, "sqlite")  # inspected, not opened: nothing created
+    assert store.split()[0] == "ok" and "(store)" in store and "no tables yet" in store, store
+    assert not (tmp_path / "pitcrew.db").exists()
     assert result.stderr == ""
     assert slurm.node_states() == before
 

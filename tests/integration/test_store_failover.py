@@ -39,6 +39,7 @@ from bot.domain.faults import Fault
 from bot.engine.metrics import Metrics
 from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
 from bot.store.postgres import PostgresStore
+from bot.store.schema import SCHEMA_VERSION
 from proving_ground.postgres import USER, PostgresServer
 from tests.harness.figures import show_figure
 from tests.harness.postgres import Standby, running_postgres, running_standby
@@ -98,8 +99,15 @@ async def test_a_url_naming_the_standby_first_opens_the_store_on_the_primary(pai
     on_the_standby = PostgresStore(
         pair.url(pair.standby.port, read_write=False), password_file=pair.password_file
     )
+    seen = await on_the_standby.inspect()  # check-config --live says so before any start
+    assert not seen.ok and "a standby, read-only" in seen.detail, seen
+    assert seen.missing and seen.missing[0].startswith("a primary that takes writes"), seen
     with pytest.raises(StoreUnavailable, match="read-only"):
         await on_the_standby.open()
+    seen = await PostgresStore(
+        pair.url(pair.standby.port, pair.primary.port), password_file=pair.password_file
+    ).inspect()
+    assert seen.ok and f"schema {SCHEMA_VERSION}" in seen.detail, seen
 
 
 async def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_delivery(
@@ -209,6 +217,8 @@ async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_
     try:
         assert store.describe()["replication"] == "asynchronous"
         assert store.describe()["standbys"] == 1
+        seen = await store.inspect()  # check-config --live: a warning, not a failure
+        assert seen.ok and "1 standby(s), asynchronous: a failover may lose" in seen.detail, seen
         warned = [r.getMessage() for r in caplog.records if "without waiting for them" in r.getMessage()]
         assert len(warned) == 1, caplog.text
         caplog.clear()
@@ -226,6 +236,7 @@ async def test_the_replication_commits_get_is_shown_and_an_asynchronous_pair_is_
         pair.standby.synchronous()
         assert await store.ping()
         assert store.describe()["replication"] == "synchronous"
+        assert "commits wait for a synchronous one" in (await store.inspect()).detail
         assert (gauge("asynchronous"), gauge("synchronous"), gauge("none")) == (0.0, 1.0, 0.0)
     finally:
         await store.close()

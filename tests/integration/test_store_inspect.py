@@ -1,0 +1,159 @@
+"""What ``check-config --live`` says of the store (``inspect``), on both stores: the store is never
+opened by it, and nothing is created, migrated or written.
+
+Cases: a new store (no tables yet: pitcrew creates them at start) stays untouched; an open store
+is its schema, and on Postgres the server's version, its replication and who leads; a store of an
+older schema is to be migrated; one this pitcrew may not run on fails, naming what is missing. On
+Postgres, a role that may not create pitcrew's tables, or may not use them once they are there, is
+named with the privilege it lacks. (A standby, and asynchronous and synchronous replication, are
+in ``test_store_failover.py``; the line ``check-config --live`` prints, in
+``test_check_config_live.py``.)
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bot.store.postgres import PostgresStore
+from bot.store.schema import SCHEMA_VERSION, TABLES
+from bot.store.sqlite import SqliteStore
+from tests.harness.postgres import PostgresDatabase
+from tests.harness.stores import AnyStore, Stores
+
+
+def _admin(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(
+        database.server.url(database.name), password=database.server.password, autocommit=True
+    )
+
+
+def _tables(stores: Stores, store: AnyStore) -> list[str]:
+    """The tables in the store's database, from a session of the test's own."""
+    if isinstance(store, SqliteStore):
+        if not store.path.exists():
+            return []
+        with sqlite3.connect(store.path) as db:
+            return [str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    assert stores.database is not None
+    with _admin(stores.database) as db:
+        rows = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _set_version(stores: Stores, store: AnyStore, version: int) -> None:
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path, isolation_level=None) as db:
+            db.execute(f"PRAGMA user_version = {version}")
+        return
+    assert stores.database is not None
+    with _admin(stores.database) as db:
+        db.execute("UPDATE pitcrew_schema SET version = %s", (version,))
+
+
+async def test_a_new_store_is_to_be_created_and_inspecting_it_creates_nothing(stores: Stores) -> None:
+    store = stores.make()
+    seen = await store.inspect()
+    assert seen.ok, seen
+    assert f"no tables yet: pitcrew creates them at start (schema {SCHEMA_VERSION})" in seen.detail
+    assert _tables(stores, store) == []
+    if isinstance(store, SqliteStore):
+        assert not store.path.exists()
+
+
+async def test_an_open_store_is_inspected_as_it_is(stores: Stores) -> None:
+    store = await stores.open()
+    if isinstance(store, PostgresStore):
+        await store.acquire_lease("replica-a", timedelta(seconds=60))
+    seen = await stores.make().inspect()
+    assert seen.ok, seen
+    assert re.search(rf"\bschema {SCHEMA_VERSION}(;|$)", seen.detail), seen
+    if isinstance(store, PostgresStore):
+        assert seen.system == "postgresql"
+        assert re.search(r": PostgreSQL \d+\.\d+", seen.detail), seen
+        assert "no standby streams from it" in seen.detail
+        assert "led by replica-a (epoch 1)" in seen.detail
+        lease = await store.lease()
+        assert lease is not None
+        await store.release_lease("replica-a", lease.epoch)
+        assert (await stores.make().inspect()).detail.endswith("nobody leads")
+    else:
+        assert seen.system == "sqlite"
+
+
+async def test_a_store_of_an_older_schema_is_to_be_migrated(stores: Stores) -> None:
+    store = await stores.open()
+    await store.close()
+    _set_version(stores, store, SCHEMA_VERSION - 1)
+    seen = await stores.make().inspect()
+    assert seen.ok, seen
+    assert f"schema {SCHEMA_VERSION - 1}: pitcrew migrates it to {SCHEMA_VERSION} at start" in seen.detail
+
+
+async def test_a_store_this_pitcrew_may_not_run_on_is_named(stores: Stores) -> None:
+    store = await stores.open()
+    await store.close()
+    _set_version(stores, store, SCHEMA_VERSION + 1)
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path, isolation_level=None) as db:
+            db.execute("UPDATE pitcrew_schema SET compatible_from = ?", (SCHEMA_VERSION + 1,))
+    else:
+        assert stores.database is not None
+        with _admin(stores.database) as db:
+            db.execute("UPDATE pitcrew_schema SET compatible_from = %s", (SCHEMA_VERSION + 1,))
+    seen = await stores.make().inspect()
+    assert not seen.ok
+    assert f"schema {SCHEMA_VERSION + 1}, newer than this pitcrew ({SCHEMA_VERSION})" in seen.detail
+    assert seen.missing == ("a pitcrew that runs on this store's schema",)
+
+
+@pytest.fixture
+def limited_role(postgres_db: PostgresDatabase, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A login role of its own, allowed nothing on the database's schema (PostgreSQL 15 grants
+    PUBLIC no CREATE on ``public``): its URL and password file. Dropped afterwards."""
+    name = f"limited_{postgres_db.name}"
+    password = secrets.token_urlsafe(12)
+    password_file = tmp_path / "limited-password"
+    password_file.write_text(password + "\n")
+    with _admin(postgres_db) as db:
+        db.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+        db.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {name}")
+    try:
+        yield postgres_db.url.replace("//pitcrew@", f"//{name}@"), password_file
+    finally:
+        with _admin(postgres_db) as db:
+            db.execute(f"DROP OWNED BY {name}")
+            db.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_role_that_may_not_create_or_use_the_tables_is_named(
+    stores: Stores, limited_role: tuple[str, Path]
+) -> None:
+    url, password_file = limited_role
+    seen = await PostgresStore(url, password_file=password_file).inspect()
+    assert not seen.ok
+    assert seen.missing == ("CREATE on schema public, to create and migrate pitcrew's tables",), seen
+
+    await stores.open()  # the database's owner creates them
+    seen = await PostgresStore(url, password_file=password_file).inspect()
+    assert not seen.ok
+    assert "DELETE, INSERT, SELECT, UPDATE on incidents" in seen.missing, seen
+    assert "INSERT, SELECT on events" in seen.missing, seen  # the audit log: read and added to only
+    assert len(seen.missing) == len(TABLES) + 1, seen.missing  # and pitcrew_schema
+    assert "schema not readable by this role" in seen.detail, seen
+
+    assert stores.database is not None
+    name = url.split("//", 1)[1].split("@", 1)[0]
+    with _admin(stores.database) as db:
+        db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
+        db.execute(f"REVOKE UPDATE, DELETE ON events FROM {name}")
+    seen = await PostgresStore(url, password_file=password_file).inspect()
+    assert seen.ok, seen
