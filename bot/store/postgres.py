@@ -565,6 +565,19 @@ class _Shared:
     flusher: asyncio.Task[None] | None = None
     #: The replication the server's commits got at the last ``ping`` (``/readyz``), if any yet.
     replication: Replication | None = None
+    #: Probes' reads given up (``ping``), until their cancelling ends.
+    abandoned: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A done callback: the task leaves ``tasks``, its outcome read (a read given up says nothing)."""
+
+    def forget(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return forget
 
 
 class PostgresStore(SqlStore):
@@ -663,6 +676,8 @@ class PostgresStore(SqlStore):
                     await flusher
                 await self._flush()  # repeats answered 200 are on disk before the store closes
         finally:
+            # Probes' reads given up end first (psycopg's cancelling is bounded): they hold connections.
+            await asyncio.gather(*self._shared.abandoned, return_exceptions=True)
             writes, self._shared.writes = self._shared.writes, None
             if writes is not None:
                 await writes.close()
@@ -760,10 +775,19 @@ class PostgresStore(SqlStore):
     async def ping(self) -> bool:
         """Ready for writes: the database answers within ``PING_TIMEOUT`` and is not read-only (a
         standby of a failover pair). While Postgres is away the pool would wait its whole connect
-        timeout, past the readiness probe's own: the probe is answered "not ready" in time instead."""
+        timeout, past the readiness probe's own: the probe is answered "not ready" in time instead.
+        A read given up is cancelled behind the answer, not before it: cancelling a statement the
+        server does not answer, psycopg waits up to 5 s for it to confirm (a frozen node, a silent
+        link), and the probe would time out on its own."""
+        read = asyncio.create_task(self._read(single(one(_PING))), name="pitcrew-store-ping")
+        done, _ = await asyncio.wait({read}, timeout=PING_TIMEOUT)
+        if not done:
+            read.cancel()
+            self._shared.abandoned.add(read)
+            read.add_done_callback(_forget(self._shared.abandoned))
+            return False
         try:
-            async with asyncio.timeout(PING_TIMEOUT):
-                row = await self._read(single(one(_PING)))
+            row = read.result()
         except Exception:  # readiness probes report, they do not raise
             return False
         if row is None:

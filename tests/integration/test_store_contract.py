@@ -353,6 +353,41 @@ async def test_a_read_cancelled_while_its_connection_is_checked_gives_the_connec
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_readiness_probe_on_a_server_that_stopped_answering_says_not_ready_in_time(
+    stores: Stores, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server's sessions stop answering (its node frozen, a link gone silent): ``ping`` says
+    "not ready" after ``PING_TIMEOUT``, inside the readiness probe's own timeout, and does not wait
+    on the driver's cancelling of the statement (psycopg waits up to 5 s for the server to confirm
+    it); once the server answers again, the probe says ready."""
+    assert stores.database is not None
+    store = await stores.open()
+    assert await store.ping()
+    stopped: set[int] = set()
+    try:
+        with _admin(stores.database) as admin:
+            rows = admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'pitcrew'")
+            stopped = {int(row[0]) for row in rows.fetchall()}
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            began = time.monotonic()
+            assert not await store.ping()
+            took = time.monotonic() - began
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    show_figure(capsys, f"  server stopped answering: the probe said not ready after {took:.2f}s")
+    assert took < 3, took  # the Deployment's readinessProbe timeoutSeconds: 3
+    for _ in range(50):
+        if await store.ping():
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("not ready after the server answers again")
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
 async def test_a_server_idle_limit_shorter_than_the_check_is_heeded(stores: Stores) -> None:
     """The server ends sessions idle for 400 ms, less than ``CHECK_AFTER``: a connection unused
     for longer than that, but not for ``CHECK_AFTER``, is checked before use all the same (the
