@@ -82,13 +82,25 @@ _MIGRATIONS = migrations(POSTGRES)
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
 IDLE_IN_TRANSACTION_MS = 5000
-#: The first statement of every transaction pitcrew opens (``_IDLE_LIMIT``): the limit is the
-#: transaction's own, not the session's. A limit set for the session (the ``options`` startup
-#: parameter) does not pass a connection pooler: PgBouncer refuses the connection ("unsupported
-#: startup parameter: options"; from 1.20 it takes only the ``-c`` settings it tracks), and with
-#: ``options`` in its ``ignore_startup_parameters`` it drops the limit silently — and in its
-#: transaction mode a session's settings would reach other clients anyway.
-_IDLE_LIMIT = f"SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}"
+#: The first statements of every transaction pitcrew opens (``_TRANSACTION_SETTINGS``), the transaction's
+#: own settings, not the session's:
+#:
+#: * READ COMMITTED, whatever the database's or the role's ``default_transaction_isolation``: the
+#:   write lock relies on it. A transaction that waited for the lock must see what the one before
+#:   it committed, and at REPEATABLE READ or SERIALIZABLE its snapshot was taken before the wait
+#:   (at the lock's own statement): it would miss the alert the other stored and fail on it, or
+#:   be cancelled as a serialization failure (``test_a_database_whose_transactions_default_to...``).
+#: * The idle limit: how long it may wait between two statements.
+#:
+#: Settings for the session (the ``options`` startup parameter) do not pass a connection pooler:
+#: PgBouncer refuses the connection ("unsupported startup parameter: options"; from 1.20 it takes
+#: only the ``-c`` settings it tracks), and with ``options`` in its ``ignore_startup_parameters`` it
+#: drops them silently — and in its transaction mode a session's settings would reach other
+#: clients anyway.
+_TRANSACTION_SETTINGS = (
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"
+    f" SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}"
+)
 #: How long ``/readyz`` waits for Postgres before answering "not ready": under the Deployment's
 #: readinessProbe ``timeoutSeconds`` (3), so a probe sees a 503, never its own timeout.
 PING_TIMEOUT = 2.0
@@ -302,7 +314,7 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
     """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection
     of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``,
-    the transaction's idle limit (``_IDLE_LIMIT``) and the lock go with the first statement, the
+    the transaction's settings (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the lock go with the first statement, the
     rows of batches (``many``: nothing to answer) with the statement after them, up to
     ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is one simple
     query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows; the answer
@@ -321,7 +333,7 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
     ``IDLE_IN_TRANSACTION_MS`` (``tests/integration/test_store_frozen.py`` shows both)."""
     driving = Driving(op, POSTGRES)
     mogrifier = psycopg.ClientCursor(conn)
-    pending = [f"BEGIN; {_IDLE_LIMIT}"]
+    pending = [f"BEGIN; {_TRANSACTION_SETTINGS}"]
     if lock is not None:
         pending.append(f"SELECT {lock}({_WRITE_LOCK})")
     held = 0  # rows of batches in ``pending``: a message carries up to ``BATCH_STATEMENTS``
@@ -611,7 +623,7 @@ class PostgresStore(SqlStore):
             "connect_timeout": max(1, int(self._connect_timeout)),
             # Nothing is set for the session, so a connection pooler in front of Postgres
             # (PgBouncer, in its transaction mode too) passes every connection and statement:
-            # what a transaction needs it sets itself (``_IDLE_LIMIT``), and the lease's times
+            # what a transaction needs it sets itself (``_TRANSACTION_SETTINGS``), and the lease's times
             # come back as instants, read in UTC whatever the session's time zone
             # (``bot.store.sql.POSTGRES.moment``). No statement is prepared on the server either
             # (psycopg prepares one run five times on a connection): the pooler may run the next
@@ -740,7 +752,7 @@ class PostgresStore(SqlStore):
 
     async def _migrate(self) -> None:
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(_IDLE_LIMIT)
+            await conn.execute(_TRANSACTION_SETTINGS)
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
             await conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (version INTEGER NOT NULL)")
             row = await (await conn.execute("SELECT * FROM pitcrew_schema")).fetchone()
@@ -867,7 +879,7 @@ class PostgresStore(SqlStore):
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:
         """The lease's own writes: no write lock (a renewal never waits on ingest)."""
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(_IDLE_LIMIT)
+            await conn.execute(_TRANSACTION_SETTINGS)
             return (await _drive(conn, make())).result
 
     async def inspect(self) -> Inspection:

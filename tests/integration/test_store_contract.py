@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sqlite3
@@ -41,7 +42,17 @@ from bot.domain.incident import State
 from bot.domain.planner import Plan
 from bot.domain.policy import Mode
 from bot.store import postgres, sql
-from bot.store.base import ONCE, SUPERSEDED, Delivery, IncomingAlert, NewEvent, StoreUnavailable, link_key
+from bot.store.base import (
+    ONCE,
+    SUPERSEDED,
+    Delivery,
+    Deposed,
+    Fence,
+    IncomingAlert,
+    NewEvent,
+    StoreUnavailable,
+    link_key,
+)
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION
 from bot.store.sql import single
@@ -172,6 +183,46 @@ async def test_deliveries_at_once_are_each_stored_once(stores: Stores) -> None:
         [alert] = [a for i in (await store.incidents(node=node)) for a in await store.alerts_of(i.id)]
         assert (alert.fingerprint, alert.last_seen) == (f"fp{index}", later)
         assert alert.deliveries == 20  # SQLite: the counts held in memory, flushed at close
+
+
+@pytest.mark.parametrize("stores", ["postgres", "pgbouncer"], indirect=True)
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_a_database_whose_transactions_default_to_a_stricter_isolation_stores_each_once(
+    stores: Stores, isolation: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database's (or the role's) ``default_transaction_isolation`` set stricter than READ
+    COMMITTED, as some sites set it: every transaction of the store still runs at READ COMMITTED,
+    which its write lock relies on (a transaction that waited for the lock must see what the one
+    before it committed: at REPEATABLE READ its snapshot was taken before the wait). Deliveries
+    reaching two processes at once: one incident per node, each stored once; the lease changes
+    hands and the old holder's fenced write is refused."""
+    caplog.set_level(logging.WARNING, logger="pitcrew.store.batch")
+    assert stores.database is not None
+    with _admin(stores.database) as admin:
+        admin.execute(
+            f"ALTER DATABASE \"{stores.database.name}\" SET default_transaction_isolation = '{isolation}'"
+        )
+    views = [await stores.open(), await stores.open()]
+    nodes = [f"gpu-{n:03}" for n in range(7)]  # each reaches both processes (7 and 2 coprime)
+    with stores.writes_locked():  # both processes' batches wait, as under load, then go in turn
+        delivered = asyncio.gather(
+            *(views[i % 2].ingest(_delivery(_alert(f"fp{i % 7}", nodes[i % 7])), T0) for i in range(70))
+        )
+        await asyncio.sleep(0.5)
+    stored = await delivered
+    # At REPEATABLE READ the second batch failed on what the first stored (its snapshot older than
+    # its wait) and its deliveries were stored again one by one; at SERIALIZABLE they failed.
+    assert not [r for r in caplog.records if "a batch failed" in r.getMessage()], caplog.text
+    assert len({i for outcome in stored for i in outcome.opened}) == 7
+    assert [sum(o.new_alerts for o in stored), sum(o.repeated_alerts for o in stored)] == [7, 63]
+    lease = await views[0].acquire_lease("replica-a", timedelta(seconds=1))
+    await asyncio.sleep(1.2)
+    taken = await views[1].acquire_lease("replica-b", timedelta(seconds=60))
+    assert taken.epoch == lease.epoch + 1
+    fence = Fence("replica-a")
+    fence.grant(lease.epoch, time.monotonic() + 60)  # as if its local clock had not noticed
+    with pytest.raises(Deposed):
+        await views[0].fenced(fence).record(None, NewEvent("deposed write"), T0)
 
 
 # Repeats answered from memory (``bot.store.repeats``): counted in one process, the deliveries
