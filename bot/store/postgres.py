@@ -147,11 +147,15 @@ _LIVE_ATTEMPTS = 3
 _IDLE_SESSION_LIMIT = "SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'"
 
 
-#: The readiness probe's one query: a primary (not in recovery), and how its commits are replicated.
+#: The readiness probe's one query: a primary (not in recovery) that takes this role's writes (a
+#: database or role may make its transactions read-only: ``default_transaction_read_only``), and
+#: how its commits are replicated.
 #: ``pg_stat_replication`` shows every user its rows (the details only to the privileged): each is
 #: a standby streaming from this server (or a base backup being taken).
 _PING = (
-    "SELECT pg_is_in_recovery() AS standby, current_setting('synchronous_commit') AS commit,"
+    "SELECT pg_is_in_recovery() AS standby,"
+    " current_setting('transaction_read_only') = 'on' AS read_only,"
+    " current_setting('synchronous_commit') AS commit,"
     " current_setting('synchronous_standby_names') AS names,"
     " (SELECT count(*) FROM pg_stat_replication) AS standbys"
 )
@@ -786,7 +790,7 @@ class PostgresStore(SqlStore):
 
     async def ping(self) -> bool:
         """Ready for writes: the database answers within ``PING_TIMEOUT`` and is not read-only (a
-        standby of a failover pair). While Postgres is away the pool would wait its whole connect
+        standby of a failover pair, or read-only for this role). While Postgres is away the pool would wait its whole connect
         timeout, past the readiness probe's own: the probe is answered "not ready" in time instead.
         A read given up is cancelled behind the answer, not before it: cancelling a statement the
         server does not answer, psycopg waits up to 5 s for it to confirm (a frozen node, a silent
@@ -805,7 +809,7 @@ class PostgresStore(SqlStore):
         if row is None:
             return False
         self._replicated(_replication(row))
-        return not row["standby"]
+        return not row["read_only"]  # a standby, or default_transaction_read_only for the database or role
 
     def _replicated(self, seen: Replication) -> None:
         """Keep what the last probe saw; log a turn to (or from) commits a failover may lose."""
@@ -919,6 +923,9 @@ class PostgresStore(SqlStore):
                 "a primary that takes writes (the manager's -rw Service, or every host with "
                 "target_session_attrs=read-write)"
             )
+        elif ping["read_only"]:
+            said.append("read-only for this role (default_transaction_read_only)")
+            missing.append("writes: default_transaction_read_only off for the database and the role")
         if int(server["version_num"]) < MIN_SERVER_VERSION:
             missing.append("PostgreSQL 12 or newer")
         if server["has_schema"] and schema is None:

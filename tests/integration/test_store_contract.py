@@ -477,6 +477,9 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
         )
         await asyncio.sleep(postgres.CHECK_AFTER)  # the store's connections are replaced: read-only
         await asyncio.gather(*(store.active() for _ in range(6)))  # reads still work, on several
+        assert not await store.ping()  # not ready: /readyz takes it out of the Service
+        seen = await store.inspect()
+        assert not seen.ok and "read-only for this role" in seen.detail, seen
         sessions = "SELECT pid FROM pg_stat_activity WHERE application_name = 'pitcrew'"
         before = {row[0] for row in admin.execute(sessions).fetchall()}
         with pytest.raises(StoreUnavailable, match="read-only transaction"):
@@ -497,6 +500,7 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
             " WHERE datname = current_database() AND pid != pg_backend_pid()"
         )
         await asyncio.sleep(postgres.CHECK_AFTER)  # the ended connections are replaced, not failed
+    assert await store.ping()
     outcome = await store.ingest(_delivery(_alert("fp-ro", "gpu-041")), T0)
     assert len(outcome.opened) == 1
     renewed = await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60))
