@@ -209,15 +209,22 @@ class Replication:
         return cls("synchronous" if waits else "asynchronous", standbys, commit)
 
     def said(self) -> str:
-        """For people (``check-config --live``)."""
+        """For people (``check-config --live``): how the server keeps what pitcrew acknowledged."""
         if self.mode == "none":
-            return "no standby streams from it"
-        if self.mode == "synchronous":
-            return f"{self.standbys} standby(s), commits wait for a synchronous one"
-        return (
-            f"{self.standbys} standby(s), asynchronous: a failover may lose what pitcrew acknowledged"
-            " (make one synchronous: synchronous_standby_names; CloudNativePG: .spec.postgresql.synchronous)"
-        )
+            said = "no standby streams from it"
+        elif self.mode == "synchronous":
+            said = f"{self.standbys} standby(s), commits wait for a synchronous one"
+        else:
+            said = (
+                f"{self.standbys} standby(s), asynchronous: a failover may lose what pitcrew acknowledged"
+                " (make one synchronous: synchronous_standby_names; CloudNativePG: .spec.postgresql.synchronous)"
+            )
+        if self.commit == "off":
+            said += (
+                "; synchronous_commit off: a commit returns before it is on disk, and a crash of the"
+                " server may lose the last writes pitcrew acknowledged"
+            )
+        return said
 
 
 def _replication(row: DictRow) -> Replication:

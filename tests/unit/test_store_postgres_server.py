@@ -46,3 +46,25 @@ def test_replication_is_synchronous_only_where_a_commit_waits_for_a_standby(
 ) -> None:
     seen = Replication.of(commit, names, standbys)
     assert (seen.mode, seen.standbys, seen.commit) == (mode, standbys, commit)
+
+
+@pytest.mark.parametrize(
+    ("commit", "names", "standbys", "said"),
+    [
+        ("on", "", 0, "no standby streams from it"),
+        ("on", "*", 1, "1 standby(s), commits wait for a synchronous one"),
+        ("on", "", 2, "2 standby(s), asynchronous: a failover may lose what pitcrew acknowledged"),
+        (
+            "off",
+            "",
+            0,
+            "no standby streams from it; synchronous_commit off: a commit returns before it is on disk",
+        ),
+        ("off", "*", 1, "asynchronous: a failover may lose"),
+    ],
+)
+def test_how_the_server_keeps_what_pitcrew_acknowledged_is_said(
+    commit: str, names: str, standbys: int, said: str
+) -> None:
+    assert said in Replication.of(commit, names, standbys).said()
+    assert ("synchronous_commit off" in Replication.of(commit, names, standbys).said()) == (commit == "off")
