@@ -82,8 +82,8 @@ _MIGRATIONS = migrations(POSTGRES)
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
 IDLE_IN_TRANSACTION_MS = 5000
-#: The first statements of every transaction pitcrew opens (``_TRANSACTION_SETTINGS``), the transaction's
-#: own settings, not the session's:
+#: The first statements of every transaction pitcrew opens (``_TRANSACTION_SETTINGS``), the
+#: transaction's own settings, not the session's:
 #:
 #: * READ COMMITTED, whatever the database's or the role's ``default_transaction_isolation``: the
 #:   write lock relies on it. A transaction that waited for the lock must see what the one before
@@ -217,7 +217,8 @@ class Replication:
         else:
             said = (
                 f"{self.standbys} standby(s), asynchronous: a failover may lose what pitcrew acknowledged"
-                " (make one synchronous: synchronous_standby_names; CloudNativePG: .spec.postgresql.synchronous)"
+                " (make one synchronous: synchronous_standby_names;"
+                " CloudNativePG: .spec.postgresql.synchronous)"
             )
         if self.commit == "off":
             said += (
@@ -323,14 +324,14 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 
 
 def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
-    """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection
-    of the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``,
-    the transaction's settings (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the lock go with the first statement, the
-    rows of batches (``many``: nothing to answer) with the statement after them, up to
-    ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last. Each message is one simple
-    query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows; the answer
-    is its last statement's. A statement that fails ends its message there, the rest unsent, and
-    the transaction is rolled back.
+    """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection of
+    the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``, the
+    transaction's settings (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the
+    lock go with the first statement, the rows of batches (``many``: nothing to answer) with the
+    statement after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the
+    last. Each message is one simple query, its values bound by psycopg's client-side quoting as
+    ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its
+    message there, the rest unsent, and the transaction is rolled back.
 
     Why: every message is a round trip, and a thread waiting for one gives up the interpreter and
     waits to get it back behind a busy event loop. A batch of deliveries was eight to ten messages
@@ -633,14 +634,14 @@ class PostgresStore(SqlStore):
             "row_factory": dict_row,
             "connect_timeout": max(1, int(self._connect_timeout)),
             # Nothing is set for the session, so a connection pooler in front of Postgres
-            # (PgBouncer, in its transaction mode too) passes every connection and statement:
-            # what a transaction needs it sets itself (``_TRANSACTION_SETTINGS``), and the lease's times
+            # (PgBouncer, in its transaction mode too) passes every connection and statement: what a
+            # transaction needs it sets itself (``_TRANSACTION_SETTINGS``), and the lease's times
             # come back as instants, read in UTC whatever the session's time zone
             # (``bot.store.sql.POSTGRES.moment``). No statement is prepared on the server either
-            # (psycopg prepares one run five times on a connection): the pooler may run the next
-            # on another server session, where it does not exist (PgBouncer before 1.21, or
-            # without ``max_prepared_statements``). It costs a direct connection 0.1-0.35 ms a
-            # read (p50 of the engine's reads of an incident, its alerts, its steps, loopback).
+            # (psycopg prepares one run five times on a connection): the pooler may run the next on
+            # another server session, where it does not exist (PgBouncer before 1.21, or without
+            # ``max_prepared_statements``). It costs a direct connection 0.1-0.35 ms a read (p50 of
+            # the engine's reads of an incident, its alerts, its steps, loopback).
             "prepare_threshold": None,
             "application_name": "pitcrew",
         }
@@ -797,8 +798,9 @@ class PostgresStore(SqlStore):
 
     async def ping(self) -> bool:
         """Ready for writes: the database answers within ``PING_TIMEOUT`` and is not read-only (a
-        standby of a failover pair, or read-only for this role). While Postgres is away the pool would wait its whole connect
-        timeout, past the readiness probe's own: the probe is answered "not ready" in time instead.
+        standby of a failover pair, or read-only for this role). While Postgres is away the pool
+        would wait its whole connect timeout, past the readiness probe's own: the probe is answered
+        "not ready" in time instead.
         A read given up is cancelled behind the answer, not before it: cancelling a statement the
         server does not answer, psycopg waits up to 5 s for it to confirm (a frozen node, a silent
         link), and the probe would time out on its own."""
@@ -816,7 +818,7 @@ class PostgresStore(SqlStore):
         if row is None:
             return False
         self._replicated(_replication(row))
-        return not row["read_only"]  # a standby, or default_transaction_read_only for the database or role
+        return not row["read_only"]  # a standby, or default_transaction_read_only (database, role)
 
     def _replicated(self, seen: Replication) -> None:
         """Keep what the last probe saw; log a turn to (or from) commits a failover may lose."""
@@ -901,8 +903,13 @@ class PostgresStore(SqlStore):
         where = self._where()
         within = self._connect_timeout + PING_TIMEOUT
         try:
+            kwargs = self._connection_kwargs()
+        except OSError as exc:
+            unread = (f"the password file {exc.filename}",)
+            return Inspection("postgresql", False, f"{where}: {exc}", missing=unread)
+        try:
             async with asyncio.timeout(within):
-                conn = await psycopg.AsyncConnection.connect(self.url, **self._connection_kwargs())
+                conn = await psycopg.AsyncConnection.connect(self.url, **kwargs)
         except (TimeoutError, OSError, psycopg.Error) as exc:
             reason = str(exc) or f"no answer within {within:g}s"
             return Inspection(
@@ -923,7 +930,7 @@ class PostgresStore(SqlStore):
             reason = str(exc) or f"no answer within {within:g}s"
             return Inspection("postgresql", False, f"{where}: {reason}", missing=(f"an answer from {where}",))
         said = [f"{where}: PostgreSQL {server['version']}"]
-        missing = []
+        missing: list[str] = []
         if ping["standby"]:
             said.append("a standby, read-only")
             missing.append(

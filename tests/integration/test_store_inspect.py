@@ -157,3 +157,12 @@ async def test_a_role_that_may_not_create_or_use_the_tables_is_named(
         db.execute(f"REVOKE UPDATE, DELETE ON events FROM {name}")
     seen = await PostgresStore(url, password_file=password_file).inspect()
     assert seen.ok, seen
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_password_file_that_cannot_be_read_is_named(stores: Stores, tmp_path: Path) -> None:
+    assert stores.database is not None
+    gone = tmp_path / "no-such-secret"
+    seen = await PostgresStore(stores.database.url, password_file=gone).inspect()
+    assert not seen.ok
+    assert seen.missing == (f"the password file {gone}",), seen
