@@ -656,25 +656,19 @@ def inspect_file(path: Path) -> Inspection:
     never created or migrated): whether this user may create or write it and its WAL beside it,
     and what opening it will do to its schema."""
     where = str(path)
+
+    def refused(detail: str, missing: str) -> Inspection:
+        return Inspection("sqlite", False, detail, missing=(missing,))
+
     folder = path.parent
     while not folder.exists() and folder != folder.parent:  # created at start, from here down
         folder = folder.parent
     if not os.access(folder, os.W_OK | os.X_OK):
-        return Inspection(
-            "sqlite",
-            False,
-            f"{where}: {folder} is not writable by this user",
-            missing=(f"write access to {folder}",),
-        )
+        return refused(f"{where}: {folder} is not writable by this user", f"write access to {folder}")
     if not path.exists():
         return Inspection("sqlite", True, f"{where}: {foresee(None, None, where)[0]}")
     if not os.access(path, os.R_OK | os.W_OK):
-        return Inspection(
-            "sqlite",
-            False,
-            f"{where}: not readable and writable by this user",
-            missing=(f"write access to {path}",),
-        )
+        return refused(f"{where}: not readable and writable by this user", f"write access to {path}")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
@@ -683,9 +677,9 @@ def inspect_file(path: Path) -> Inspection:
             conn.close()
         said, _ = foresee(version, compatible, where)
     except NewerSchema as exc:
-        return Inspection("sqlite", False, str(exc), missing=("a pitcrew that runs on this store's schema",))
+        return refused(str(exc), "a pitcrew that runs on this store's schema")
     except sqlite3.Error as exc:
-        return Inspection("sqlite", False, f"{where}: {exc}", missing=(f"a SQLite database at {where}",))
+        return refused(f"{where}: {exc}", f"a SQLite database at {where}")
     return Inspection("sqlite", True, f"{where}: {said}")
 
 
