@@ -22,6 +22,7 @@ pytest_plugins: list[str] = [
     "tests.harness.postgres",
     "tests.harness.pgbouncer",
     "tests.harness.stores",
+    "tests.harness.files",
     "tests.harness.pitcrew",
     "tests.harness.kubernetes",
     "tests.harness.standins",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.proc import in_ci, require_binary
+from tests.harness.proc import require_binary, unavailable
 
 __all__ = ["Site", "TwoSites", "two_sites"]
 
@@ -79,9 +79,7 @@ class TwoSites:
 def _require() -> None:
     require_binary("ip", "iproute2")
     if os.geteuid() != 0:
-        if in_ci():
-            pytest.fail("network namespaces need root")
-        pytest.skip("network namespaces need root")
+        unavailable("network namespaces need root")
 
 
 #: Held while a subnet is chosen and taken (``two_sites``): shared by every test process here.
@@ -127,9 +125,7 @@ def two_sites() -> Iterator[TwoSites]:
             try:
                 _ip("netns", "add", namespace)
             except RuntimeError as exc:
-                if in_ci():
-                    pytest.fail(f"cannot make a network namespace: {exc}")
-                pytest.skip(f"cannot make a network namespace: {exc}")
+                unavailable(f"cannot make a network namespace: {exc}")
             _ip("-n", namespace, "link", "set", "lo", "up")
             for kind, inside in (("db", DB_LINK), ("far", FAR_LINK)):
                 outside = f"pc{tag}{kind[0]}{index}"

@@ -33,16 +33,14 @@ from proving_ground.postgres import (
 )
 from proving_ground.postgres import running_postgres as _running
 from proving_ground.proc import DemoError, free_port, tail, wait_until
-from tests.harness.proc import in_ci
+from tests.harness.proc import unavailable
 
 
 def require_postgres() -> Path:
     found = bindir()
     if found is not None:
         return found
-    if in_ci():
-        pytest.fail(MISSING)
-    pytest.skip(MISSING)
+    unavailable(MISSING)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """Shared helpers for tests that start real programs.
 
-``require_binary`` is the one place that decides skip-or-fail: under ``CI=true`` a missing
-binary fails the test (CI installs everything, so absence is a defect); elsewhere it skips
-with the package to install. ``wait_until`` fails the test on timeout. Ports, stopping and
+``unavailable`` is the one place that decides skip-or-fail: under ``CI=true`` a missing binary
+or capability fails the test (CI installs everything and runs as root, so absence is a defect);
+elsewhere it skips, saying what is missing (``require_binary``: the package to install). ``wait_until`` fails the test on timeout. Ports, stopping and
 log tails are the proving ground's own (``proving_ground.proc``), re-exported here.
 """
 
@@ -13,12 +13,13 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from proving_ground.proc import find_binary
 
-__all__ = ["in_ci", "require_binary", "talking_child", "wait_until"]
+__all__ = ["in_ci", "require_binary", "talking_child", "unavailable", "wait_until"]
 
 #: The checkout: where a child process imports ``bot`` from.
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,15 +29,20 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+def unavailable(message: str) -> NoReturn:
+    """A capability a test needs is missing (root, a mount, a file flag): CI has them, so there it
+    is a defect and the test fails; elsewhere a skip."""
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require_binary(name: str, package: str) -> str:
     """Path of ``name`` on PATH (or in /usr/sbin); fail under CI, skip elsewhere, if absent."""
     path = find_binary(name)
     if path:
         return path
-    message = f"{name} not found: apt-get install {package}"
-    if in_ci():
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"{name} not found: apt-get install {package}")
 
 
 def wait_until(

@@ -35,7 +35,7 @@ from proving_ground.slurm import (
     main,
 )
 from proving_ground.slurm_root import DEFAULT_VERSION, VERSION_ENV, VERSIONS, root_missing
-from tests.harness.proc import in_ci, require_binary
+from tests.harness.proc import require_binary, unavailable
 
 __all__ = ["require_slurm", "slurm", "slurm_cluster", "slurm_version"]
 
@@ -87,9 +87,7 @@ def require_slurm(version: str = DEFAULT_VERSION) -> None:
         *([missing] if (missing := root_missing(version)) else []),
     ]
     if problems:
-        if in_ci():
-            pytest.fail("; ".join(problems))
-        pytest.skip("; ".join(problems))
+        unavailable("; ".join(problems))
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -166,3 +166,27 @@ async def test_a_password_file_that_cannot_be_read_is_named(stores: Stores, tmp_
     seen = await PostgresStore(stores.database.url, password_file=gone).inspect()
     assert not seen.ok
     assert seen.missing == (f"the password file {gone}",), seen
+
+
+@pytest.mark.parametrize("stores", ["sqlite"], indirect=True)
+async def test_a_sqlite_store_this_user_may_not_write_is_named(
+    stores: Stores, immutable: Callable[..., None], tmp_path: Path
+) -> None:
+    """Read-only even for root (``chattr +i``): the file, or the folder it would be made in (its
+    WAL beside it, or the folders down to it)."""
+    store = await stores.open()
+    await store.close()
+    assert isinstance(store, SqliteStore)
+    immutable(store.path)
+    seen = await stores.make().inspect()
+    assert not seen.ok and seen.missing == (f"write access to {store.path}",), seen
+    immutable(store.path, on=False)
+    immutable(store.path.parent)
+    seen = await stores.make().inspect()
+    assert not seen.ok and seen.missing == (f"write access to {store.path.parent}",), seen
+    deeper = store.path.parent / "state" / "pitcrew" / "pitcrew.db"  # folders made at start
+    seen = await SqliteStore(deeper).inspect()
+    assert not seen.ok and seen.missing == (f"write access to {store.path.parent}",), seen
+    immutable(store.path.parent, on=False)
+    seen = await SqliteStore(deeper).inspect()
+    assert seen.ok and "no tables yet" in seen.detail, seen

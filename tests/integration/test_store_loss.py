@@ -42,15 +42,8 @@ import pytest
 from bot.store.base import NewEvent, StoreUnavailable
 from bot.store.sqlite import SqliteStore
 from tests.harness.pitcrew import Pitcrew
-from tests.harness.proc import in_ci, require_binary, wait_until
+from tests.harness.proc import unavailable, wait_until
 from tests.harness.scenarios import delivery
-
-
-def _unavailable(message: str) -> None:
-    """CI has root and mounts: there, a missing capability is a defect; elsewhere a skip."""
-    if in_ci():
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @dataclass
@@ -149,28 +142,6 @@ def state_server(pitcrew_factory: Callable[..., Pitcrew], tmp_path: Path) -> Ite
 
 
 @pytest.fixture
-def immutable(tmp_path: Path) -> Iterator[Callable[..., None]]:
-    """``chattr +i`` (read-only even for root); every flag set is cleared at teardown."""
-    chattr = require_binary("chattr", "e2fsprogs")
-    flagged: list[Path] = []
-    probe = tmp_path / "chattr-probe"
-    probe.touch()
-    if subprocess.run([chattr, "+i", str(probe)], capture_output=True).returncode != 0:
-        _unavailable(f"chattr +i does not work on {tmp_path} (not root, or the filesystem lacks it)")
-    subprocess.run([chattr, "-i", str(probe)], check=True)
-
-    def set_flag(*paths: Path, on: bool = True) -> None:
-        for path in paths:
-            if path.exists():
-                subprocess.run([chattr, "+i" if on else "-i", str(path)], check=True)
-                flagged.append(path)
-
-    yield set_flag
-    for path in flagged:
-        subprocess.run([chattr, "-i", str(path)], capture_output=True)
-
-
-@pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
     """Mount a 16 MiB tmpfs on a directory (root only); unmounted at teardown. Tests ask for it
     before the server, so that the server has stopped by then."""
@@ -182,7 +153,7 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
             ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True
         )
         if done.returncode != 0:
-            _unavailable(f"cannot mount a tmpfs (needs root): {done.stderr.decode().strip()}")
+            unavailable(f"cannot mount a tmpfs (needs root): {done.stderr.decode().strip()}")
         mounted.append(path)
 
     yield mount
