@@ -196,9 +196,11 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     c = container(deployment)
     if name == "ha":  # two replicas on Postgres: one leads, the other takes over
         assert spec["replicas"] == 2
+        # One pod at a time, the old one first: under the required anti-affinity below a new pod
+        # needs a node without one, and with two nodes for pitcrew a surge pod never schedules.
         assert spec["strategy"] == {
             "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
         }
     else:
         assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}  # one writer on the store
