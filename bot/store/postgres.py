@@ -45,7 +45,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
@@ -593,6 +593,20 @@ class _Shared:
     abandoned: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
+async def _give_back_cancelled(pool: AsyncConnectionPool[Conn], conn: Conn) -> NoReturn:
+    """The caller was cancelled while the pool handed it ``conn``, and the pool's wait swallowed the
+    cancellation: psycopg_pool waits for a connection with ``asyncio.wait_for``, which on Python
+    3.11 returns the result when the waiting task is cancelled as the result arrives (CPython
+    gh-86296; psycopg/psycopg#1345). The task would carry on as if never cancelled, and whoever
+    stopped it would wait for ever (a leader stepping down did: its engine scan went on). The
+    connection goes back (shielded: the cancellation may still be pending), and the cancellation
+    is raised."""
+    giving = asyncio.ensure_future(pool.putconn(conn))
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(giving)
+    raise asyncio.CancelledError
+
+
 def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
     """A done callback: the task leaves ``tasks``, its outcome read (a read given up says nothing)."""
 
@@ -737,8 +751,12 @@ class PostgresStore(SqlStore):
         pool's own ``check``: after each dead connection it finds, psycopg_pool waits a growing
         backoff (1 s, 2 s, 4 s...) before the next, and a pool of dead connections after a quiet
         spell held the first read for seconds, or failed it at the pool's timeout."""
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         for _ in range(_LIVE_ATTEMPTS):
             conn = await pool.getconn()
+            if task is not None and task.cancelling() > asked:
+                await _give_back_cancelled(pool, conn)
             if not self._shared.idle.stale(conn):
                 return conn
             try:

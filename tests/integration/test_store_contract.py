@@ -404,6 +404,41 @@ async def test_a_read_cancelled_while_its_connection_is_checked_gives_the_connec
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_read_cancelled_as_the_pool_hands_it_a_connection_is_cancelled(stores: Stores) -> None:
+    """A read waiting for the pool's one connection, cancelled in the very turns the connection is
+    handed to it (a leader stepping down stops its engine just as a drained pool refills): it ends
+    cancelled, never as if it had not been asked to stop. psycopg_pool waits with
+    ``asyncio.wait_for``, which on Python 3.11 swallows such a cancellation; the task went on, and
+    the step-down that stopped it waited for ever (a CI run of ``test_fencing.py``)."""
+    assert stores.database is not None
+    store = PostgresStore(stores.database.url, password_file=stores.database.password_file, pool_size=1)
+    await store.open()
+    lost = []
+    try:
+        with _admin(stores.database) as admin:
+            for turns in [n for n in range(6) for _ in range(2)]:
+                with admin.transaction():  # the first read holds the one connection, waiting
+                    admin.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
+                    holding = asyncio.create_task(store.active())
+                    waiting = asyncio.create_task(store.active())
+                    await asyncio.sleep(0.2)  # the second waits for the pool's connection
+                await holding  # gives its connection back: handed to the waiting read
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                asked = waiting.cancel()
+                try:
+                    await waiting
+                except asyncio.CancelledError:
+                    continue
+                if asked:
+                    lost.append(turns)
+        assert not lost, f"cancellations lost, so many turns after the hand-over: {lost}"
+        assert await store.active() == []  # the connection went back to the pool
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
 async def test_a_readiness_probe_on_a_server_that_stopped_answering_says_not_ready_in_time(
     stores: Stores, capsys: pytest.CaptureFixture[str]
 ) -> None:

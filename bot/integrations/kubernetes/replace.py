@@ -650,7 +650,10 @@ async def run_command(argv: Sequence[str], node: str, incident_id: str, action: 
         *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     try:
-        output, _ = await asyncio.wait_for(process.communicate(), limit)
+        # Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancellation that comes as the
+        # command ends (CPython gh-86296), and a stopped step would go on as if never stopped.
+        async with asyncio.timeout(limit):
+            output, _ = await process.communicate()
     except TimeoutError as exc:
         process.kill()
         await process.wait()
