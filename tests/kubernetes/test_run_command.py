@@ -1,15 +1,16 @@
 """The operator's replacement command (``kubernetes.replace.strategy: command``), run as a real
 process: its output on exit 0, a permanent failure naming the last lines otherwise, a transient
-one when it outlives its limit (and it is killed); a step stopped while it runs is stopped. (The
-limit is ``asyncio.timeout``, not ``asyncio.wait_for``, which on Python 3.11 swallows a
-cancellation that comes as the command ends; that race is shown where it hit, the store's pool,
-in ``test_store_contract.py``.)"""
+one when it outlives its limit (and it is killed); a step stopped while it runs is stopped, the
+command left to finish. (The limit is ``asyncio.timeout``, not ``asyncio.wait_for``, which on
+Python 3.11 swallows a cancellation that comes as the command ends; that race is shown where it
+hit, the store's pool, in ``test_store_contract.py``.)"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +40,20 @@ async def test_a_command_past_its_limit_is_killed_and_may_be_tried_again() -> No
     assert time.monotonic() - began < 10  # killed, not waited out
 
 
-async def test_a_step_stopped_while_its_command_runs_is_stopped() -> None:
-    running = asyncio.create_task(
-        run_command([PY, "-c", "import time; time.sleep(0.2)"], "gpu-007", "pc-00001", "replace", 10)
-    )
+async def test_a_step_stopped_while_its_command_runs_is_stopped(tmp_path: Path) -> None:
+    """The step ends at once; the command itself runs to its end (a provider's action is not
+    killed halfway)."""
+    done = tmp_path / "done"
+    script = f"import pathlib, time; time.sleep(0.3); pathlib.Path({str(done)!r}).touch()"
+    running = asyncio.create_task(run_command([PY, "-c", script], "gpu-007", "pc-00001", "replace", 10))
     await asyncio.sleep(0.1)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
+    assert not done.exists()
+    for _ in range(100):
+        if done.exists():
+            break
+        await asyncio.sleep(0.05)
+    assert done.exists()
+    await asyncio.sleep(0.1)  # its pipes closed and it reaped before the loop ends
