@@ -25,6 +25,7 @@ from ipaddress import ip_interface
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import TupleRow
 
 from proving_ground.proc import DemoError, free_port, tail, wait_until
 
@@ -58,7 +59,7 @@ class PostgresServer:
         addresses it listens on."""
         return f"postgresql://{USER}@{host}:{self.port}/{database}"
 
-    def connect(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+    def connect(self, database: str = "postgres") -> psycopg.Connection[TupleRow]:
         return psycopg.connect(self.url(database), password=self.password, autocommit=True)
 
     def create_database(self) -> str:

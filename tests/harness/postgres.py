@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg.rows import TupleRow
 
 from proving_ground.postgres import (
     MISSING,
@@ -151,6 +153,10 @@ class PostgresDatabase:
     password_file: Path
     name: str
     server: PostgresServer
+
+    def connect(self) -> psycopg.Connection[TupleRow]:
+        """The test's own session on this database: the cluster's superuser, autocommit."""
+        return self.server.connect(self.name)
 
 
 @pytest.fixture

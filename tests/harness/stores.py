@@ -72,6 +72,21 @@ class Stores:
             yield
             lock.rollback()
 
+    def sql(self, *statements: str) -> list[tuple[object, ...]]:
+        """Run ``statements`` on the stores' database from a session of the test's own (SQLite:
+        the file, made if missing; Postgres: ``PostgresDatabase.connect``); the last one's rows."""
+        rows: list[tuple[object, ...]] = []
+        if self.database is None:
+            with contextlib.closing(sqlite3.connect(self._tmp / "pitcrew.db", isolation_level=None)) as db:
+                for statement in statements:
+                    rows = db.execute(statement).fetchall()
+            return rows
+        with self.database.connect() as conn:
+            for statement in statements:
+                cursor = conn.execute(statement)
+                rows = cursor.fetchall() if cursor.description else []
+        return rows
+
     async def close(self) -> None:
         for store in reversed(self._opened):
             await store.close()

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.rows import TupleRow
 
 from bot.cli import main
 from bot.domain.faults import Fault
@@ -58,7 +57,6 @@ from bot.store.schema import SCHEMA_VERSION
 from bot.store.sql import single
 from bot.store.sqlite import SqliteStore
 from tests.harness.figures import show_figure
-from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -83,13 +81,6 @@ def _alert(
         labels,
         {"summary": "XID"},
         fault,
-    )
-
-
-def _admin(database: PostgresDatabase) -> psycopg.Connection[TupleRow]:
-    """The test's own session on the store's database (the cluster's superuser, autocommit)."""
-    return psycopg.connect(
-        database.server.url(database.name), password=database.server.password, autocommit=True
     )
 
 
@@ -198,7 +189,7 @@ async def test_a_database_whose_transactions_default_to_a_stricter_isolation_sto
     hands and the old holder's fenced write is refused."""
     caplog.set_level(logging.WARNING, logger="pitcrew.store.batch")
     assert stores.database is not None
-    with _admin(stores.database) as admin:
+    with stores.database.connect() as admin:
         admin.execute(
             f"ALTER DATABASE \"{stores.database.name}\" SET default_transaction_isolation = '{isolation}'"
         )
@@ -297,7 +288,7 @@ async def test_connections_the_server_ended_in_a_quiet_spell_are_replaced_before
     lease renewal after the quiet spell succeed all the same (``postgres.CHECK_AFTER``)."""
     assert stores.database is not None
     database = stores.database
-    with _admin(database) as admin:
+    with database.connect() as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" SET idle_session_timeout = 300')
         store = await stores.open()
         await store.ingest(_delivery(_alert("fp-q1", "gpu-031")), T0)
@@ -339,7 +330,7 @@ async def test_a_pool_of_connections_the_server_ended_is_replaced_at_the_first_r
     await store.ingest(_delivery(_alert("fp-p1", "gpu-061")), T0)
 
     sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pitcrew'"
-    with _admin(database) as holder, _admin(database) as watch:
+    with database.connect() as holder, database.connect() as watch:
         with holder.transaction():  # reads wait, so the pool opens a connection for each
             holder.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
             reads = asyncio.gather(*(store.active() for _ in range(6)))
@@ -377,7 +368,7 @@ async def test_a_read_cancelled_while_its_connection_is_checked_gives_the_connec
     try:
         assert await store.active() == []
         loop = asyncio.get_running_loop()
-        with _admin(database) as admin:
+        with database.connect() as admin:
             for _ in range(3):
                 await asyncio.sleep(postgres.CHECK_AFTER)  # the next use checks its connection
                 pids = {
@@ -415,7 +406,7 @@ async def test_a_read_cancelled_as_the_pool_hands_it_a_connection_is_cancelled(s
     await store.open()
     lost = []
     try:
-        with _admin(stores.database) as admin:
+        with stores.database.connect() as admin:
             for turns in [n for n in range(6) for _ in range(2)]:
                 with admin.transaction():  # the first read holds the one connection, waiting
                     admin.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
@@ -451,7 +442,7 @@ async def test_a_readiness_probe_on_a_server_that_stopped_answering_says_not_rea
     assert await store.ping()
     stopped: set[int] = set()
     try:
-        with _admin(stores.database) as admin:
+        with stores.database.connect() as admin:
             rows = admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'pitcrew'")
             stopped = {int(row[0]) for row in rows.fetchall()}
             for pid in stopped:
@@ -480,7 +471,7 @@ async def test_a_server_idle_limit_shorter_than_the_check_is_heeded(stores: Stor
     store read the limit at open), so each write, read and renewal after such a pause succeeds."""
     assert stores.database is not None
     database = stores.database
-    with _admin(database) as admin:
+    with database.connect() as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" SET idle_session_timeout = 400')
     store = await stores.open()
     lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
@@ -504,7 +495,7 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
     database = stores.database
     store = await stores.open()
     lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
-    with _admin(database) as admin:
+    with database.connect() as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" SET default_transaction_read_only = on')
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import re
 import secrets
-import sqlite3
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from bot.store.postgres import PostgresStore
@@ -29,33 +27,22 @@ from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
 
 
-def _admin(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...]]:
-    return psycopg.connect(
-        database.server.url(database.name), password=database.server.password, autocommit=True
-    )
-
-
 def _tables(stores: Stores, store: AnyStore) -> list[str]:
     """The tables in the store's database, from a session of the test's own."""
     if isinstance(store, SqliteStore):
-        if not store.path.exists():
+        if not store.path.exists():  # looking must not make it
             return []
-        with sqlite3.connect(store.path) as db:
-            return [str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    assert stores.database is not None
-    with _admin(stores.database) as db:
-        rows = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()
+        rows = stores.sql("SELECT name FROM sqlite_master WHERE type = 'table'")
+    else:
+        rows = stores.sql("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
     return [str(r[0]) for r in rows]
 
 
 def _set_version(stores: Stores, store: AnyStore, version: int) -> None:
     if isinstance(store, SqliteStore):
-        with sqlite3.connect(store.path, isolation_level=None) as db:
-            db.execute(f"PRAGMA user_version = {version}")
-        return
-    assert stores.database is not None
-    with _admin(stores.database) as db:
-        db.execute("UPDATE pitcrew_schema SET version = %s", (version,))
+        stores.sql(f"PRAGMA user_version = {version}")
+    else:
+        stores.sql(f"UPDATE pitcrew_schema SET version = {version}")  # noqa: S608 - an int
 
 
 async def test_a_new_store_is_to_be_created_and_inspecting_it_creates_nothing(stores: Stores) -> None:
@@ -101,13 +88,7 @@ async def test_a_store_this_pitcrew_may_not_run_on_is_named(stores: Stores) -> N
     store = await stores.open()
     await store.close()
     _set_version(stores, store, SCHEMA_VERSION + 1)
-    if isinstance(store, SqliteStore):
-        with sqlite3.connect(store.path, isolation_level=None) as db:
-            db.execute("UPDATE pitcrew_schema SET compatible_from = ?", (SCHEMA_VERSION + 1,))
-    else:
-        assert stores.database is not None
-        with _admin(stores.database) as db:
-            db.execute("UPDATE pitcrew_schema SET compatible_from = %s", (SCHEMA_VERSION + 1,))
+    stores.sql(f"UPDATE pitcrew_schema SET compatible_from = {SCHEMA_VERSION + 1}")  # noqa: S608 - an int
     seen = await stores.make().inspect()
     assert not seen.ok
     assert f"schema {SCHEMA_VERSION + 1}, newer than this pitcrew ({SCHEMA_VERSION})" in seen.detail
@@ -122,13 +103,13 @@ def limited_role(postgres_db: PostgresDatabase, tmp_path: Path) -> Iterator[tupl
     password = secrets.token_urlsafe(12)
     password_file = tmp_path / "limited-password"
     password_file.write_text(password + "\n")
-    with _admin(postgres_db) as db:
+    with postgres_db.connect() as db:
         db.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
         db.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {name}")
     try:
         yield postgres_db.url.replace("//pitcrew@", f"//{name}@"), password_file
     finally:
-        with _admin(postgres_db) as db:
+        with postgres_db.connect() as db:
             db.execute(f"DROP OWNED BY {name}")
             db.execute(f"DROP ROLE {name}")
 
@@ -152,7 +133,7 @@ async def test_a_role_that_may_not_create_or_use_the_tables_is_named(
 
     assert stores.database is not None
     name = url.split("//", 1)[1].split("@", 1)[0]
-    with _admin(stores.database) as db:
+    with stores.database.connect() as db:
         db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
         db.execute(f"REVOKE UPDATE, DELETE ON events FROM {name}")
     seen = await PostgresStore(url, password_file=password_file).inspect()

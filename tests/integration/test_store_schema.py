@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from datetime import UTC, datetime
 
-import psycopg
 import pytest
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
-from tests.harness.stores import AnyStore, Stores
+from tests.harness.stores import Stores
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 NEXT = SCHEMA_VERSION + 1
@@ -40,51 +38,31 @@ def _delivery(fp: str, node: str) -> Delivery:
     return Delivery("pitcrew", "{}:{node=x}", "firing", 0, (alert,))
 
 
-def _sql(stores: Stores, store: AnyStore, *statements: str) -> list[tuple[object, ...]]:
-    """Run ``statements`` on the store's database from a session of the test's own; the last
-    one's rows."""
-    rows: list[tuple[object, ...]] = []
-    if isinstance(store, SqliteStore):
-        with sqlite3.connect(store.path, isolation_level=None) as db:
-            for statement in statements:
-                rows = db.execute(statement).fetchall()
-        return rows
-    database = stores.database
-    assert database is not None
-    with psycopg.connect(
-        database.server.url(database.name), password=database.server.password, autocommit=True
-    ) as db:
-        for statement in statements:
-            cursor = db.execute(statement)
-            rows = cursor.fetchall() if cursor.description else []
-    return rows
-
-
-def _record(stores: Stores, store: AnyStore) -> tuple[int, int | None]:
+def _record(stores: Stores) -> tuple[int, int | None]:
     """The store's schema version and its record of the earliest pitcrew schema that runs on it."""
-    if isinstance(store, SqliteStore):
-        [(version,)] = _sql(stores, store, "PRAGMA user_version")
-        found = _sql(stores, store, "SELECT compatible_from FROM pitcrew_schema")
+    if stores.database is None:
+        [(version,)] = stores.sql("PRAGMA user_version")
+        found = stores.sql("SELECT compatible_from FROM pitcrew_schema")
     else:
-        [(version, compatible)] = _sql(stores, store, "SELECT version, compatible_from FROM pitcrew_schema")
+        [(version, compatible)] = stores.sql("SELECT version, compatible_from FROM pitcrew_schema")
         found = [(compatible,)]
     [(compatible,)] = found or [(None,)]
     return int(str(version)), None if compatible is None else int(str(compatible))
 
 
-def _migrated_by_a_newer_pitcrew(stores: Stores, store: AnyStore, compatible: int | None) -> None:
+def _migrated_by_a_newer_pitcrew(stores: Stores, compatible: int | None) -> None:
     """As the next release leaves the store: its migration applied, its version, its record."""
-    if isinstance(store, SqliteStore):
+    if stores.database is None:
         record = (
             "DELETE FROM pitcrew_schema"
             if compatible is None
             else f"UPDATE pitcrew_schema SET compatible_from = {compatible}"  # noqa: S608 - an int
         )
-        _sql(stores, store, *ADDITIVE, f"PRAGMA user_version = {NEXT}", record)
+        stores.sql(*ADDITIVE, f"PRAGMA user_version = {NEXT}", record)
         return
     value = "NULL" if compatible is None else str(compatible)
     record = f"UPDATE pitcrew_schema SET version = {NEXT}, compatible_from = {value}"  # noqa: S608 - ints
-    _sql(stores, store, *ADDITIVE, record)
+    stores.sql(*ADDITIVE, record)
 
 
 async def test_two_processes_opening_a_new_store_at_once_both_open_it(stores: Stores) -> None:
@@ -97,7 +75,7 @@ async def test_two_processes_opening_a_new_store_at_once_both_open_it(stores: St
         opened = (await first.ingest(_delivery("fp-a", "gpu-001"), T0)).opened
         assert opened
         assert (await second.ingest(_delivery("fp-a", "gpu-001"), T0)).repeated_alerts == 1
-        assert _record(stores, first) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
+        assert _record(stores) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
     finally:
         await first.close()
         await second.close()
@@ -108,7 +86,7 @@ async def test_a_store_a_newer_pitcrew_migrated_by_adding_is_run_on(
 ) -> None:
     store = await stores.open()
     await store.close()
-    _migrated_by_a_newer_pitcrew(stores, store, compatible=SCHEMA_VERSION)
+    _migrated_by_a_newer_pitcrew(stores, compatible=SCHEMA_VERSION)
     with caplog.at_level(logging.WARNING, logger="pitcrew.store.schema"):
         store = await stores.open()
     assert any(
@@ -120,9 +98,9 @@ async def test_a_store_a_newer_pitcrew_migrated_by_adding_is_run_on(
     incident = await store.incident(opened[0])  # read whole, the new column beside
     assert incident is not None and incident.node == "gpu-002"
     await store.close()
-    assert _record(stores, store) == (NEXT, SCHEMA_VERSION)  # neither migrated back nor re-recorded
+    assert _record(stores) == (NEXT, SCHEMA_VERSION)  # neither migrated back nor re-recorded
     # What the newer pitcrew added is there, untouched: the incident's new column left null.
-    assert _sql(stores, store, "SELECT future_note FROM incidents") == [(None,)]
+    assert stores.sql("SELECT future_note FROM incidents") == [(None,)]
 
 
 @pytest.mark.parametrize(
@@ -138,13 +116,13 @@ async def test_a_store_a_newer_pitcrew_migrated_past_this_one_is_refused(
 ) -> None:
     store = await stores.open()
     await store.close()
-    _migrated_by_a_newer_pitcrew(stores, store, compatible=compatible)
+    _migrated_by_a_newer_pitcrew(stores, compatible=compatible)
     with pytest.raises(
         NewerSchema, match=f"has schema {NEXT}, newer than this pitcrew \\({SCHEMA_VERSION}\\)"
     ) as refused:
         await stores.make().open()
     assert why in str(refused.value)
-    assert _record(stores, store) == (NEXT, compatible)
+    assert _record(stores) == (NEXT, compatible)
 
 
 async def test_a_store_from_before_the_record_gets_it_at_the_next_start(stores: Stores) -> None:
@@ -152,9 +130,9 @@ async def test_a_store_from_before_the_record_gets_it_at_the_next_start(stores: 
     opened = (await store.ingest(_delivery("fp-b", "gpu-003"), T0)).opened
     await store.close()
     if isinstance(store, SqliteStore):
-        _sql(stores, store, "DROP TABLE pitcrew_schema")
+        stores.sql("DROP TABLE pitcrew_schema")
     else:
-        _sql(stores, store, "ALTER TABLE pitcrew_schema DROP COLUMN compatible_from")
+        stores.sql("ALTER TABLE pitcrew_schema DROP COLUMN compatible_from")
     store = await stores.open()
     assert [i[0] for i in await store.active()] == opened
-    assert _record(stores, store) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
+    assert _record(stores) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
