@@ -15,7 +15,6 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +78,12 @@ class Standby:
         with self.primary.connect() as conn:
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             conn.execute("SELECT pg_reload_conf()")
-            for _ in range(200):
+
+            def synchronous() -> bool:
                 row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
-                if row is not None and row[0] == "sync":
-                    return
-                time.sleep(0.05)
-        raise AssertionError("the standby never became synchronous")
+                return row is not None and row[0] == "sync"
+
+            wait_until(synchronous, timeout=10, what=f"the standby on 127.0.0.1:{self.port} synchronous")
 
     def promote(self) -> None:
         """What a failover does to it: it stops following, and takes writes."""

@@ -2,8 +2,9 @@
 
 ``unavailable`` is the one place that decides skip-or-fail: under ``CI=true`` a missing binary
 or capability fails the test (CI installs everything and runs as root, so absence is a defect);
-elsewhere it skips, saying what is missing (``require_binary``: the package to install). ``wait_until`` fails the test on timeout. Ports, stopping and
-log tails are the proving ground's own (``proving_ground.proc``), re-exported here.
+elsewhere it skips, saying what is missing (``require_binary``: the package to install).
+``wait_until`` fails the test on timeout. Ports, stopping and log tails are the proving ground's
+own (``proving_ground.proc``), re-exported here.
 """
 
 from __future__ import annotations
