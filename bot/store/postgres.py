@@ -920,19 +920,20 @@ class PostgresStore(SqlStore):
         replicated, who leads. Every problem found is named, not only the first."""
         where = self._where()
         within = self._connect_timeout + PING_TIMEOUT
+
+        def failed(exc: Exception, missing: str) -> Inspection:
+            reason = str(exc) or f"no answer within {within:g}s"  # a timeout says nothing
+            return Inspection("postgresql", False, f"{where}: {reason}", missing=(missing,))
+
         try:
             kwargs = self._connection_kwargs()
         except OSError as exc:
-            unread = (f"the password file {exc.filename}",)
-            return Inspection("postgresql", False, f"{where}: {exc}", missing=unread)
+            return failed(exc, f"the password file {exc.filename}")
         try:
             async with asyncio.timeout(within):
                 conn = await psycopg.AsyncConnection.connect(self.url, **kwargs)
         except (TimeoutError, OSError, psycopg.Error) as exc:
-            reason = str(exc) or f"no answer within {within:g}s"
-            return Inspection(
-                "postgresql", False, f"{where}: {reason}", missing=(f"a connection to {where}",)
-            )
+            return failed(exc, f"a connection to {where}")
         try:
             async with asyncio.timeout(within), conn:
                 server = await (await conn.execute(_INSPECT)).fetchone()
@@ -945,8 +946,7 @@ class PostgresStore(SqlStore):
                     lease = await (await conn.execute(_WHO_LEADS)).fetchone()
                 refused = await (await conn.execute(_NOT_ALLOWED, (["pitcrew_schema", *TABLES],))).fetchall()
         except (TimeoutError, psycopg.Error) as exc:
-            reason = str(exc) or f"no answer within {within:g}s"
-            return Inspection("postgresql", False, f"{where}: {reason}", missing=(f"an answer from {where}",))
+            return failed(exc, f"an answer from {where}")
         said = [f"{where}: PostgreSQL {server['version']}"]
         missing: list[str] = []
         if ping["standby"]:
