@@ -245,9 +245,10 @@ def _is_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
 
 
 class _Idle:
-    """When each connection was last used (``used``; ``returned``: the pool's ``configure`` and
-    ``reset`` callbacks), and whether one has been unused for ``after`` (``stale``: checked before
-    use, by ``PostgresStore._live`` and by the writes' thread for its own connection)."""
+    """When each connection was last used (``used``, as it goes back to the pool; ``made``: the
+    pool's ``configure`` callback, for a new one), and whether one has been unused for ``after``
+    (``stale``: checked before use, by ``PostgresStore._live`` and by the writes' thread for its
+    own connection)."""
 
     def __init__(self, after: float = CHECK_AFTER) -> None:
         self._since: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
@@ -267,7 +268,7 @@ class _Idle:
     def stale(self, conn: object) -> bool:
         return time.monotonic() - self._since.get(conn, math.inf) >= self.after
 
-    async def returned(self, conn: Conn) -> None:
+    async def made(self, conn: Conn) -> None:
         self.used(conn)
 
 
@@ -675,8 +676,7 @@ class PostgresStore(SqlStore):
             min_size=1,
             max_size=self._pool_size,
             timeout=self._connect_timeout,
-            configure=self._shared.idle.returned,
-            reset=self._shared.idle.returned,
+            configure=self._shared.idle.made,
             open=False,
             name="pitcrew-store",
         )
@@ -742,6 +742,9 @@ class PostgresStore(SqlStore):
                 await self._server_lost()
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
         finally:
+            # Its last use, recorded now: not in the pool's ``reset`` callback, which a worker task
+            # runs later (a connection the server ended meanwhile looked freshly used, unchecked).
+            self._shared.idle.used(conn)
             await pool.putconn(conn)  # a broken one is discarded, and another made
 
     async def _live(self, pool: AsyncConnectionPool[Conn]) -> Conn:

@@ -353,6 +353,30 @@ async def test_a_pool_of_connections_the_server_ended_is_replaced_at_the_first_r
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_connection_is_unused_from_its_last_use_not_from_when_the_pool_took_it_back(
+    stores: Stores,
+) -> None:
+    """The event loop busy right after a read (a storm's handlers; here a blocking pause) while
+    the server ends the read's session (a restart, a failover): a read ``CHECK_AFTER`` after the
+    first checks its connection, which was last used then. The pool takes a connection back in a
+    worker task that runs only once the loop is free: had the last use been recorded there, the
+    dead connection would look used a moment ago and fail the read unchecked."""
+    assert stores.database is not None
+    database = stores.database
+    store = await stores.open()
+    await store.ingest(_delivery(_alert("fp-b1", "gpu-071")), T0)
+    with database.connect() as admin:
+        for _ in range(3):
+            assert len(await store.active()) == 1  # the pool's idle connection, used
+            time.sleep(0.4)  # the loop busy: nothing else runs, the pool's worker included
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pitcrew'"
+            )
+            await asyncio.sleep(postgres.CHECK_AFTER - 0.3)  # the last use CHECK_AFTER + 0.1 s ago
+            assert len(await store.active()) == 1
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
 async def test_a_read_cancelled_while_its_connection_is_checked_gives_the_connection_back(
     stores: Stores,
 ) -> None:
