@@ -169,10 +169,11 @@ def mounted_sandbox(r: Rendered, root: Path) -> Path:
     return config
 
 
-def secret_files(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
-    """Every ``key: path`` of the configuration whose key ends in ``_file`` (secrets and the like)."""
+def keyed(config: Mapping[str, Any], ending: str, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """Every ``key: value`` of the configuration whose key ends in ``ending`` (``_file``: secrets
+    and the like; ``url``: the far sides), the key dotted from the top."""
     for key, value in config.items():
         if isinstance(value, Mapping):
-            yield from secret_files(value, f"{prefix}{key}.")
-        elif key.endswith("_file") and isinstance(value, str):
+            yield from keyed(value, ending, f"{prefix}{key}.")
+        elif key.endswith(ending) and isinstance(value, str):
             yield f"{prefix}{key}", value

@@ -26,6 +26,7 @@ import copy
 import os
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,10 @@ from tests.packaging.manifests import (
     KUSTOMIZATIONS,
     REPO,
     container,
+    keyed,
     load_all,
     mounted_sandbox,
     rendered,
-    secret_files,
 )
 
 K8S_VERSION = "1.37.0"
@@ -255,7 +256,15 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     assert budget["spec"]["selector"] == apart["labelSelector"]
     egress = rendered(name).one("NetworkPolicy", "pitcrew-egress")
     ports = {p["port"] for rule in egress["spec"]["egress"] for p in rule["ports"]}
-    assert {53, 5432, 443} <= ports
+    # DNS, the Kubernetes API, Slack, and Grafana outside the cluster or in it (kube-prometheus-
+    # stack's Service port 80 reaches its pod on 3000: a policy sees the pod's port).
+    assert {53, 443, 6443, 3000} <= ports
+    urls = dict(keyed(config, "url"))
+    assert {"store.url", "slurm.rest_url", "resumption.prometheus_url"} <= urls.keys()
+    for key, url in urls.items():
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443, "postgresql": 5432}[parts.scheme]
+        assert port in ports, f"{key}: {url} is not reachable under the egress policy"
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -266,7 +275,7 @@ def test_secrets_are_referenced_never_included(name: str) -> None:
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
     config = yaml.safe_load(r.config_text())
-    files = dict(secret_files(config))
+    files = dict(keyed(config, "_file"))
     assert "server.auth.bearer_token_file" in files
     for key, path in files.items():
         volume = mounts.get(str(Path(path).parent))
