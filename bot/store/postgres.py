@@ -79,6 +79,12 @@ SyncConn = psycopg.Connection[DictRow]
 _WRITE_LOCK = 0x7069_7463
 _MIGRATE_LOCK = 0x7069_746D
 _MIGRATIONS = migrations(POSTGRES)
+#: The migration at start, whatever the database's or the role's ``statement_timeout`` and
+#: ``lock_timeout`` (a common guard on an application's role): a migration cut short by them, or a
+#: replica's wait for another replica's migration, failed the start, and every replica's next start
+#: the same way, a crash loop after an upgrade. A migration is bounded by the pod's start instead;
+#: a frozen migrating replica lets the lock go after the idle limit (``IDLE_IN_TRANSACTION_MS``).
+_UNBOUNDED = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0"
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
 IDLE_IN_TRANSACTION_MS = 5000
@@ -785,7 +791,7 @@ class PostgresStore(SqlStore):
 
     async def _migrate(self) -> None:
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(_TRANSACTION_SETTINGS)
+            await conn.execute(f"{_TRANSACTION_SETTINGS}; {_UNBOUNDED}")
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
             await conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (version INTEGER NOT NULL)")
             row = await (await conn.execute("SELECT * FROM pitcrew_schema")).fetchone()

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bot.domain.faults import Fault
+from bot.store import postgres
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
@@ -79,6 +80,28 @@ async def test_two_processes_opening_a_new_store_at_once_both_open_it(stores: St
     finally:
         await first.close()
         await second.close()
+
+
+@pytest.mark.parametrize("stores", ["postgres", "pgbouncer"], indirect=True)
+async def test_a_site_s_statement_and_lock_limits_do_not_cut_a_migration_short(stores: Stores) -> None:
+    """The database bounds every statement and lock wait of its sessions (``statement_timeout``,
+    ``lock_timeout``, a common guard on an application's role), and another pitcrew holds the
+    migration for longer than that: this one waits for it and opens the store. Before, the limits
+    bounded the migration too, and the start failed; as would every replica's next start, for as
+    long as a migration took longer than the limit (a crash loop after an upgrade)."""
+    assert stores.database is not None
+    database = stores.database
+    with database.connect() as admin:
+        admin.execute(f'ALTER DATABASE "{database.name}" SET statement_timeout = 200')
+        admin.execute(f'ALTER DATABASE "{database.name}" SET lock_timeout = 200')
+    with database.connect() as other, other.transaction():  # another pitcrew, migrating
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (postgres._MIGRATE_LOCK,))
+        opening = asyncio.create_task(stores.open())
+        await asyncio.sleep(1.0)  # five times either limit
+        assert not opening.done(), opening
+    store = await asyncio.wait_for(opening, timeout=10)
+    assert _record(stores) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
+    assert (await store.ingest(_delivery("fp-t", "gpu-002"), T0)).opened
 
 
 async def test_a_store_a_newer_pitcrew_migrated_by_adding_is_run_on(
