@@ -82,8 +82,9 @@ _MIGRATIONS = migrations(POSTGRES)
 #: The migration at start, whatever the database's or the role's ``statement_timeout`` and
 #: ``lock_timeout`` (a common guard on an application's role): a migration cut short by them, or a
 #: replica's wait for another replica's migration, failed the start, and every replica's next start
-#: the same way, a crash loop after an upgrade. A migration is bounded by the pod's start instead;
-#: a frozen migrating replica lets the lock go after the idle limit (``IDLE_IN_TRANSACTION_MS``).
+#: the same way, a crash loop after an upgrade. What bounds a start is the Deployment's
+#: ``startupProbe`` (a minute: ``/healthz`` is served once the store is open); a replica frozen
+#: while migrating lets the lock go after the idle limit (``IDLE_IN_TRANSACTION_MS``).
 _UNBOUNDED = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0"
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
