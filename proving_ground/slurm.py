@@ -549,10 +549,15 @@ def main() -> None:
     cluster = SlurmCluster(
         Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="pitcrew-slurm-"))
     )  # the version from $PROVING_GROUND_SLURM (22.05 unset)
-    cluster.start()
-    print(f"SLURM_CONF={cluster.conf} rest={cluster.rest_url} token_file={cluster.token_file}", flush=True)
+    # Before the cluster is announced, and its start inside the ``try``: a SIGTERM at any point
+    # stops the daemons started so far (one just after the announcement killed this process and
+    # left them running).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
+        cluster.start()
+        print(
+            f"SLURM_CONF={cluster.conf} rest={cluster.rest_url} token_file={cluster.token_file}", flush=True
+        )
         while cluster.alive():  # also ends when someone else stops the cluster by its pidfiles
             time.sleep(1)
     except KeyboardInterrupt:

@@ -29,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     collectors, fields = load_collectors(args.collectors) if args.collectors else (DEFAULT_COLLECTORS, FIELDS)
     label = None if args.hostname_label == "none" else args.hostname_label
     ports = [int(port) + i if int(port) else 0 for i in range(len(names))]
+    # Before the nodes are announced: whoever reads them may stop this at once (a test under load
+    # did, and the default action ended the process before the handler was set).
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
     standin = Standin(
         names,
         host=host,
@@ -39,9 +44,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         hostname_label=label,
     ).start()
     print(json.dumps({"nodes": {n: standin.address(n) for n in names}}), flush=True)
-    stopped = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopped.set())
     stopped.wait()
     standin.stop()
 
