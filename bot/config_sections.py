@@ -147,7 +147,9 @@ class StoreSettings(_Section):
         "leader); unset: the embedded SQLite file at `path`. No password in the URL: see password_file.",
     )
     password_file: Path | None = Field(
-        default=None, description="File holding the Postgres password (first line), e.g. a mounted Secret."
+        default=None,
+        description="File holding the Postgres password (first line), e.g. a mounted Secret; read "
+        "again for each new connection (a rotated password is used without a restart).",
     )
     path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
     synchronous: Literal["normal", "full"] = Field(

@@ -410,14 +410,15 @@ class _Writes:
     def __init__(
         self,
         url: str,
-        kwargs: dict[str, Any],
+        kwargs: Callable[[], dict[str, Any]],
         where: str,
         *,
         locked: bool = True,
         lost: Callable[[], Awaitable[None]] | None = None,
         check_after: float = CHECK_AFTER,
     ) -> None:
-        """``locked``: every transaction under the write lock (or its shared mode); else none
+        """``kwargs``: how a connection is made, asked at each (``PostgresStore._connecting``).
+        ``locked``: every transaction under the write lock (or its shared mode); else none
         (retention's, ``PostgresStore._prune_transact``). ``lost``: awaited (on the loop) when a
         write found the server gone or taking no writes, before the write's caller hears of it:
         the pool's connections went with it (``PostgresStore._server_lost``). ``check_after``:
@@ -490,7 +491,7 @@ class _Writes:
                 except psycopg.OperationalError:
                     self._drop()
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs)
+                self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs())
             conn = self._conn
             driven = _transaction_sync(conn, op, lock)
             self._idle.used(conn)
@@ -581,8 +582,9 @@ class _Shared:
     """What a store and its fenced views have in common: the pool, opened after they are made."""
 
     pool: AsyncConnectionPool[Conn] | None = None
-    #: How the pool connects (``release_lease`` connects the same way, on its own).
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: How each new connection is made (the pool's, the writes' threads', ``release_lease``'s):
+    #: ``PostgresStore._connecting``, which reads the password file again each time.
+    kwargs: Callable[[], dict[str, Any]] = dict
     #: Webhook deliveries, many to a transaction (``bot.store.group_commit``).
     deliveries: GroupCommit | None = None
     #: Where every write under the write lock commits.
@@ -673,13 +675,25 @@ class PostgresStore(SqlStore):
             kwargs["password"] = read_password(self._password_file)
         return kwargs
 
+    def _connecting(self) -> dict[str, Any]:
+        """``_connection_kwargs`` for a new connection of the open store: the password file is read
+        again each time, so a rotated password (its Secret updated in the mounted volume; Vault's
+        or a cloud's rotation) is used from the next connection on. Read once at start, the old
+        one was sent by every connection made after the rotation (a failover, a restart of
+        Postgres, the pool replacing ended ones) and each was refused until pitcrew restarted.
+        A file that cannot be read fails that connection, as a server that cannot be reached does."""
+        try:
+            return self._connection_kwargs()
+        except OSError as exc:
+            raise psycopg.OperationalError(f"cannot read the password file: {exc}") from exc
+
     async def open(self) -> None:
-        kwargs = self._connection_kwargs()
-        self._shared.kwargs = kwargs
+        self._connection_kwargs()  # a password file that cannot be read fails the start, named
+        self._shared.kwargs = self._connecting
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
-            kwargs=kwargs,
+            kwargs=self._connecting,
             min_size=1,
             max_size=self._pool_size,
             timeout=self._connect_timeout,
@@ -699,7 +713,11 @@ class PostgresStore(SqlStore):
             await self.close()
             raise
         self._shared.writes = _Writes(
-            self.url, kwargs, self._where(), lost=self._server_lost, check_after=self._shared.idle.after
+            self.url,
+            self._connecting,
+            self._where(),
+            lost=self._server_lost,
+            check_after=self._shared.idle.after,
         )
         self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
         self._shared.deliveries.start()
@@ -1006,7 +1024,7 @@ class PostgresStore(SqlStore):
         op = single(queries.release_lease(self.dialect, self._now(), holder, epoch))
         try:
             async with asyncio.timeout(self._connect_timeout):
-                conn = await psycopg.AsyncConnection.connect(self.url, **self._shared.kwargs)
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._shared.kwargs())
                 async with conn:
                     await _drive(conn, op)
         except (TimeoutError, psycopg.OperationalError) as exc:

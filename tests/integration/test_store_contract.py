@@ -377,6 +377,60 @@ async def test_a_connection_is_unused_from_its_last_use_not_from_when_the_pool_t
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_rotated_password_is_used_from_the_next_connection_on(stores: Stores, tmp_path: Path) -> None:
+    """The role's password is changed and its Secret's file replaced (as the kubelet does: a new
+    file renamed into place), then the server ends the store's sessions (a failover, a restart):
+    the next write, read and lease renewal connect again with the new password. Read once at
+    start, the old one was refused on every new connection until pitcrew restarted. A password
+    file missing meanwhile fails those uses as the store being unavailable (503, retried), and
+    they succeed once it is back."""
+    assert stores.database is not None
+    database = stores.database
+    role = f"rotating_{database.name}"
+    password_file = tmp_path / "password"
+
+    def rotate(password: str) -> None:
+        staged = tmp_path / "password.new"
+        staged.write_text(password + "\n")
+        staged.rename(password_file)
+
+    def end_sessions() -> None:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+
+    with database.connect() as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'first-password'")
+        admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO {role}')
+        rotate("first-password")
+        store = PostgresStore(database.url.replace("//pitcrew@", f"//{role}@"), password_file=password_file)
+        await store.open()
+        try:
+            assert (await store.ingest(_delivery(_alert("fp-r1", "gpu-081")), T0)).opened
+            lease = await store.acquire_lease("replica-a", timedelta(seconds=60))
+
+            admin.execute(f"ALTER ROLE {role} PASSWORD 'second-password'")
+            rotate("second-password")
+            end_sessions()
+            await asyncio.sleep(postgres.CHECK_AFTER)  # the next use checks its connection
+            assert (await store.ingest(_delivery(_alert("fp-r2", "gpu-082")), T0)).opened
+            assert len(await store.active()) == 2
+            assert await store.renew_lease("replica-a", lease.epoch, timedelta(seconds=60)) is not None
+
+            password_file.unlink()
+            end_sessions()
+            await asyncio.sleep(postgres.CHECK_AFTER)
+            with pytest.raises(StoreUnavailable, match="password file"):
+                await store.ingest(_delivery(_alert("fp-r3", "gpu-083")), T0)
+            rotate("second-password")
+            assert (await store.ingest(_delivery(_alert("fp-r3", "gpu-083")), T0)).opened
+            assert len(await store.active()) == 3
+        finally:
+            await store.close()
+            admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO pitcrew')
+            admin.execute(f"REASSIGN OWNED BY {role} TO pitcrew")
+            admin.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
 async def test_a_read_cancelled_while_its_connection_is_checked_gives_the_connection_back(
     stores: Stores,
 ) -> None:

@@ -274,6 +274,10 @@ def test_secrets_are_referenced_never_included(name: str) -> None:
     deployment = r.one("Deployment", "pitcrew")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
+    # Whole Secret volumes, never a file by subPath: the kubelet updates a mounted Secret in place,
+    # not a subPath, and pitcrew reads the Postgres password file again for each new connection.
+    secret_mounts = [m for m in container(deployment)["volumeMounts"] if "secret" in volumes[m["name"]]]
+    assert secret_mounts and not [m for m in secret_mounts if "subPath" in m], secret_mounts
     config = yaml.safe_load(r.config_text())
     files = dict(keyed(config, "_file"))
     assert "server.auth.bearer_token_file" in files
