@@ -582,9 +582,6 @@ class _Shared:
     """What a store and its fenced views have in common: the pool, opened after they are made."""
 
     pool: AsyncConnectionPool[Conn] | None = None
-    #: How each new connection is made (the pool's, the writes' threads', ``release_lease``'s):
-    #: ``PostgresStore._connecting``, which reads the password file again each time.
-    kwargs: Callable[[], dict[str, Any]] = dict
     #: Webhook deliveries, many to a transaction (``bot.store.group_commit``).
     deliveries: GroupCommit | None = None
     #: Where every write under the write lock commits.
@@ -689,7 +686,6 @@ class PostgresStore(SqlStore):
 
     async def open(self) -> None:
         self._connection_kwargs()  # a password file that cannot be read fails the start, named
-        self._shared.kwargs = self._connecting
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -927,7 +923,7 @@ class PostgresStore(SqlStore):
         if self._shared.prunes is None:
             self._shared.prunes = _Writes(
                 self.url,
-                self._shared.kwargs,
+                self._connecting,
                 self._where(),
                 locked=False,
                 check_after=self._shared.idle.after,
@@ -1024,7 +1020,7 @@ class PostgresStore(SqlStore):
         op = single(queries.release_lease(self.dialect, self._now(), holder, epoch))
         try:
             async with asyncio.timeout(self._connect_timeout):
-                conn = await psycopg.AsyncConnection.connect(self.url, **self._shared.kwargs())
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._connecting())
                 async with conn:
                     await _drive(conn, op)
         except (TimeoutError, psycopg.OperationalError) as exc:
