@@ -157,6 +157,21 @@ class PostgresDatabase:
         """The test's own session on this database: the cluster's superuser, autocommit."""
         return self.server.connect(self.name)
 
+    @contextlib.contextmanager
+    def login_role(self, name: str, password: str) -> Iterator[str]:
+        """A login role of the test's own, ``password`` its password: this database's URL as that
+        role. Afterwards what it owns (this database too, if given it) goes back to the superuser,
+        what it was granted goes, and the role is dropped (roles are the whole cluster's)."""
+        with self.connect() as db:
+            db.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+        try:
+            yield self.url.replace(f"//{USER}@", f"//{name}@")
+        finally:
+            with self.connect() as db:
+                db.execute(f"REASSIGN OWNED BY {name} TO {USER}")
+                db.execute(f"DROP OWNED BY {name}")
+                db.execute(f"DROP ROLE {name}")
+
 
 @pytest.fixture
 def postgres_db(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[PostgresDatabase]:

@@ -397,11 +397,10 @@ async def test_a_rotated_password_is_used_from_the_next_connection_on(stores: St
     def end_sessions() -> None:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
 
-    with database.connect() as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'first-password'")
+    with database.login_role(role, "first-password") as url, database.connect() as admin:
         admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO {role}')
         rotate("first-password")
-        store = PostgresStore(database.url.replace("//pitcrew@", f"//{role}@"), password_file=password_file)
+        store = PostgresStore(url, password_file=password_file)
         await store.open()
         try:
             assert (await store.ingest(_delivery(_alert("fp-r1", "gpu-081")), T0)).opened
@@ -425,9 +424,6 @@ async def test_a_rotated_password_is_used_from_the_next_connection_on(stores: St
             assert len(await store.active()) == 3
         finally:
             await store.close()
-            admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO pitcrew')
-            admin.execute(f"REASSIGN OWNED BY {role} TO pitcrew")
-            admin.execute(f"DROP ROLE {role}")
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)

@@ -103,15 +103,10 @@ def limited_role(postgres_db: PostgresDatabase, tmp_path: Path) -> Iterator[tupl
     password = secrets.token_urlsafe(12)
     password_file = tmp_path / "limited-password"
     password_file.write_text(password + "\n")
-    with postgres_db.connect() as db:
-        db.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
-        db.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {name}")
-    try:
-        yield postgres_db.url.replace("//pitcrew@", f"//{name}@"), password_file
-    finally:
+    with postgres_db.login_role(name, password) as url:
         with postgres_db.connect() as db:
-            db.execute(f"DROP OWNED BY {name}")
-            db.execute(f"DROP ROLE {name}")
+            db.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {name}")
+        yield url, password_file
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
