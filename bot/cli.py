@@ -38,7 +38,7 @@ from bot.report import (
     trust_rows,
 )
 from bot.safety import port_problems
-from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Lease, Store
+from bot.store.base import LIST_MAX, PAGE_DEFAULT, PAGE_MAX, BadCursor, Lease, Store, StoreRefused
 from bot.store.factory import build_store
 from bot.store.factory import describe as describe_store
 
@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cannot_write(exc)
     except ConfigError as exc:
         print(f"pitcrew: invalid configuration:\n{exc}", file=sys.stderr)
+        return 1
+    except StoreRefused as exc:  # at start or a read command's open: a restart will not help
+        print(f"pitcrew: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -152,6 +152,12 @@ class StoreSettings(_Section):
         "again for each new connection (a rotated password is used without a restart).",
     )
     path: Path = Field(default_factory=lambda: default_state_dir() / "pitcrew.db", description="SQLite file.")
+    allow_network_filesystem: bool = Field(
+        default=False,
+        description="Open the SQLite file on a network or cluster filesystem (NFS, CIFS, CephFS, Lustre, "
+        "GPFS…), refused otherwise: SQLite's locks hold only on one host, so a pitcrew on another host "
+        "would not be fenced. Set only if nothing on another host ever opens the file.",
+    )
     synchronous: Literal["normal", "full"] = Field(
         default="full",
         description="full: every acknowledged alert survives power loss; normal: process crashes.",

@@ -42,6 +42,11 @@ class StoreUnavailable(RuntimeError):
     """The store cannot take writes right now (closed, disk full, locked): the caller should retry."""
 
 
+class StoreRefused(RuntimeError):
+    """This pitcrew must not open the store as it is (its schema too new for it, its file where
+    other hosts may open it): trying again will not help; the message says what will."""
+
+
 @dataclass(frozen=True, slots=True)
 class Inspection:
     """What ``check-config --live`` learns of the store without opening it (nothing created,

@@ -23,7 +23,12 @@ def build_store(settings: StoreSettings) -> AnyStore:
         from bot.store.postgres import PostgresStore
 
         return PostgresStore(settings.url, password_file=settings.password_file, retention=settings.retention)
-    return SqliteStore(settings.path, synchronous=settings.synchronous, retention=settings.retention)
+    return SqliteStore(
+        settings.path,
+        synchronous=settings.synchronous,
+        retention=settings.retention,
+        network_filesystem=settings.allow_network_filesystem,
+    )
 
 
 def describe(settings: StoreSettings) -> str:

@@ -31,6 +31,7 @@ from collections.abc import Collection
 from typing import Literal
 
 from bot import logger
+from bot.store.base import StoreRefused
 from bot.store.sql import TERMINAL_STATES, Dialect
 
 __all__ = [
@@ -236,7 +237,7 @@ def compatible_from(version: int, breaking: Collection[int] = BREAKING) -> int:
     return max((number for number in breaking if number <= version), default=0)
 
 
-class NewerSchema(RuntimeError):
+class NewerSchema(StoreRefused):
     """The store was migrated past this pitcrew's schema by a migration it must not run after."""
 
 

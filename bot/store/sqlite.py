@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -32,6 +33,7 @@ from typing import Any
 from bot.domain.alerts import AlertStatus
 from bot.store import retention
 from bot.store.base import AlertRecord, Delivery, IngestOutcome, Inspection, StoreUnavailable
+from bot.store.mounts import MOUNTINFO
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
 from bot.store.sqlstore import SqlStore
@@ -49,17 +51,33 @@ class SqliteStore(SqlStore):
         units_per_batch: int = 16,
         clock: Callable[[], datetime] | None = None,
         retention: timedelta | None = None,
+        network_filesystem: bool = False,
+        mount_table: Path = MOUNTINFO,
     ) -> None:
+        """``network_filesystem``: the file may be on one, refused otherwise (``bot.store.mounts``:
+        ``SharedFilesystem`` at ``open``); ``mount_table``: where the mounts are read (the kernel's)."""
         super().__init__(clock)
         self.path = path
+        self._network_filesystem, self._mount_table = network_filesystem, mount_table
         self._writer = Writer(
-            path, synchronous=synchronous, units_per_batch=units_per_batch, retention=retention
+            path,
+            synchronous=synchronous,
+            units_per_batch=units_per_batch,
+            retention=retention,
+            network_filesystem=network_filesystem,
+            mount_table=mount_table,
         )
         self._reader = Reader(path)
 
     async def inspect(self) -> Inspection:
         """What ``check-config --live`` reports, the store not opened (``inspect_file``)."""
-        return await asyncio.get_running_loop().run_in_executor(None, inspect_file, self.path)
+        look = functools.partial(
+            inspect_file,
+            self.path,
+            network_filesystem=self._network_filesystem,
+            mount_table=self._mount_table,
+        )
+        return await asyncio.get_running_loop().run_in_executor(None, look)
 
     async def open(self) -> None:
         await self._writer.open()  # creates and migrates the database

@@ -75,6 +75,7 @@ from bot import logger
 from bot.store.base import Delivery, Inspection, StoreUnavailable
 from bot.store.batch import Answer, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
+from bot.store.mounts import MOUNTINFO, SharedFilesystem, refusal
 from bot.store.repeats import Key, RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from, foresee, migrations, opening
 from bot.store.sql import SQLITE, run_sync, single
@@ -135,8 +136,13 @@ class Writer:
         synchronous: str = "full",
         units_per_batch: int = 16,
         retention: timedelta | None = None,
+        network_filesystem: bool = False,
+        mount_table: Path = MOUNTINFO,
     ) -> None:
+        """``network_filesystem``: the file may be on one (``bot.store.mounts``); ``mount_table``:
+        where the mounts are read (the kernel's; a test gives its own)."""
         self.path = path
+        self._network_filesystem, self._mount_table = network_filesystem, mount_table
         self.synchronous = synchronous.upper()
         self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
@@ -177,6 +183,9 @@ class Writer:
         self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="pitcrew-store-checkpoint")
 
     def _connect(self) -> sqlite3.Connection:
+        refused = refusal(self.path, allowed=self._network_filesystem, table=self._mount_table)
+        if refused is not None:
+            raise SharedFilesystem(refused)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Used from the loop's thread too (deliveries' statements), never by two threads at once.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -651,14 +660,21 @@ def _settled(conn: sqlite3.Connection, path: Path) -> bool:
     return version == SCHEMA_VERSION and compatible == compatible_from(SCHEMA_VERSION)
 
 
-def inspect_file(path: Path) -> Inspection:
+def inspect_file(
+    path: Path, *, network_filesystem: bool = False, mount_table: Path = MOUNTINFO
+) -> Inspection:
     """What ``check-config --live`` reports of a SQLite store, changing nothing (the file is read,
-    never created or migrated): whether this user may create or write it and its WAL beside it,
-    and what opening it will do to its schema."""
+    never created or migrated): whether it may be opened where it is (``bot.store.mounts``),
+    whether this user may create or write it and its WAL beside it, and what opening it will do
+    to its schema."""
     where = str(path)
 
     def refused(detail: str, missing: str) -> Inspection:
         return Inspection("sqlite", False, detail, missing=(missing,))
+
+    shared = refusal(path, allowed=network_filesystem, table=mount_table)
+    if shared is not None:
+        return refused(shared, "a local filesystem for store.path (or a Postgres store)")
 
     folder = path.parent
     while not folder.exists() and folder != folder.parent:  # created at start, from here down

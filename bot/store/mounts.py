@@ -1,0 +1,144 @@
+"""Whether the SQLite store's file is on a filesystem other hosts may open too.
+
+SQLite's locks, and the shared memory its WAL index lives in, hold only among processes of one
+host: "All processes using a database must be on the same host computer; WAL does not work over a
+network filesystem" (sqlite.org/wal.html). The one-actor fence of the SQLite store (the write lock
+and the lease in the same file, ``bot.store.lease``) rests on them. On a network filesystem a
+second pitcrew on another host — the replacement pod a cluster starts while the first one's node is
+cut off but still reaches the file server, a CLI run on a login node of an HPC site — is not fenced:
+both may lead and act on the same incidents, and the file may be corrupted. An NFS-backed
+``ReadWriteOnce`` volume does not prevent it: only attachable volumes are held to one node.
+
+So the SQLite store refuses such a file (``refusal``), at start and in ``check-config --live``,
+unless ``store.allow_network_filesystem`` says nothing on another host ever opens it. Replicas on
+several hosts share a Postgres store.
+
+The filesystem is read from the kernel's mount table (``/proc/self/mountinfo``, which a container
+sees with its own volumes); where there is none (not Linux), nothing is said.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.store.base import StoreRefused
+
+#: The kernel's mount table of this process (proc(5), /proc/pid/mountinfo).
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+#: Filesystem types (mountinfo's type field) whose files processes on other hosts may open: network
+#: filesystems, the parallel filesystems of HPC sites, shared-disk cluster filesystems, and FUSE
+#: clients of remote stores.
+NETWORK = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "glusterfs",
+        "ocfs2",
+        "gfs2",
+        "afs",
+        "fuse.glusterfs",
+        "fuse.ceph-fuse",
+        "fuse.sshfs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.juicefs",
+        "fuse.rclone",
+        "fuse.beegfs",
+    }
+)
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+class SharedFilesystem(StoreRefused):
+    """The SQLite store's file is on a filesystem other hosts may open too (``refusal``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    point: str
+    fstype: str
+    source: str
+
+    @property
+    def shared(self) -> bool:
+        return self.fstype in NETWORK
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field: the kernel writes space, tab, newline and backslash as octal escapes."""
+    return _ESCAPE.sub(lambda found: chr(int(found.group(1), 8)), field)
+
+
+def parse(text: str) -> list[Mount]:
+    """The mounts of a mountinfo table, in its order (a later mount over the same point hides an
+    earlier one). A line: id, parent, major:minor, root, mount point, options, optional fields,
+    ``-``, type, source, super options."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 10 or "-" not in fields[6:]:
+            continue  # not a mount line
+        after = fields.index("-", 6)
+        if len(fields) < after + 3:
+            continue
+        mounts.append(Mount(_unescape(fields[4]), fields[after + 1], _unescape(fields[after + 2])))
+    return mounts
+
+
+def mount_of(path: str, mounts: Iterable[Mount]) -> Mount | None:
+    """The mount an absolute, resolved ``path`` is on: the deepest mount point above it, the last
+    mounted of those at the same point."""
+    found: Mount | None = None
+    for mount in mounts:
+        point = mount.point
+        above = path == point or path.startswith(point.rstrip("/") + "/")
+        if above and (found is None or len(point) >= len(found.point)):
+            found = mount
+    return found
+
+
+def _existing(path: Path) -> Path:
+    """``path`` resolved, or its nearest folder that exists (the store's file is created at start)."""
+    here = Path(os.path.abspath(path))
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    return here.resolve()
+
+
+def filesystem(path: Path, table: Path = MOUNTINFO) -> Mount | None:
+    """The mount ``path`` is (or will be created) on; ``None`` where the table cannot be read."""
+    try:
+        text = table.read_text(errors="replace")
+    except OSError:
+        return None
+    return mount_of(str(_existing(path)), parse(text))
+
+
+def refusal(path: Path, *, allowed: bool, table: Path = MOUNTINFO) -> str | None:
+    """Why the SQLite store must not be opened at ``path``, or ``None``: it may."""
+    if allowed:
+        return None
+    mount = filesystem(path, table)
+    if mount is None or not mount.shared:
+        return None
+    return (
+        f"{path} is on {mount.fstype} ({mount.source} at {mount.point}), a filesystem other hosts "
+        "may open too: SQLite's locks and its WAL hold only among processes of one host, so a "
+        "pitcrew on another host (a replacement pod while this one's node is cut off) would not be "
+        "fenced and could act on the same incidents twice. Put store.path on a local or block "
+        "volume, or use Postgres (store.url) to run on several hosts; set "
+        "store.allow_network_filesystem: true only if nothing on another host ever opens this file"
+    )

@@ -1,0 +1,135 @@
+"""The SQLite store on a filesystem other hosts may open too (``bot.store.mounts``): refused at
+open and said by ``check-config --live``'s inspection, nothing created; opened when
+``store.allow_network_filesystem`` says nothing on another host opens it; and a store that refuses
+to open stops ``pitcrew`` with one line, not a traceback.
+
+No network filesystem can be mounted here, so the mount table is the kernel's own with one line
+added: the test's folder mounted over NFS, as a pod sees an NFS PersistentVolume
+(``tests/fixtures/mounts``). The kernel's table alone says the test's folder is local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bot.cli import main
+from bot.domain.faults import Fault
+from bot.store.base import Delivery, IncomingAlert
+from bot.store.mounts import MOUNTINFO, SharedFilesystem, filesystem
+from bot.store.sqlite import SqliteStore
+from proving_ground.proc import free_port
+
+T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
+
+
+def _nfs_table(tmp_path: Path, point: Path) -> Path:
+    """The kernel's mount table, and ``point`` mounted over NFS after everything else."""
+    table = tmp_path / "mountinfo"
+    line = f"9999 1 0:999 / {point} rw,relatime - nfs4 10.0.12.5:/export/pvc-1 rw,vers=4.1,hard,proto=tcp\n"
+    table.write_text(MOUNTINFO.read_text() + line)
+    return table
+
+
+def _delivery() -> Delivery:
+    fault = Fault(
+        "xid", "gpu-001", "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True
+    )
+    alert = IncomingAlert("fp-1", T0, None, "firing", "GpuXid", "gpu-001", {"node": "gpu-001"}, {}, fault)
+    return Delivery("pitcrew", "{}:{node=gpu-001}", "firing", 0, (alert,))
+
+
+def test_the_kernel_s_table_says_where_the_test_s_folder_is() -> None:
+    mount = filesystem(Path(__file__).parent)
+    assert mount is not None
+    assert str(Path(__file__).resolve()).startswith(mount.point)
+
+
+@pytest.mark.parametrize("below", ["pitcrew.db", "state/sub/pitcrew.db"], ids=["file", "folders-to-create"])
+async def test_a_store_on_a_network_filesystem_is_refused_and_nothing_is_created(
+    tmp_path: Path, below: str
+) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    path = volume / below
+    store = SqliteStore(path, mount_table=_nfs_table(tmp_path, volume))
+    seen = await store.inspect()
+    assert not seen.ok
+    assert "nfs4 (10.0.12.5:/export/pvc-1 at " in seen.detail
+    assert seen.missing == ("a local filesystem for store.path (or a Postgres store)",)
+    with pytest.raises(SharedFilesystem, match="could act on the same incidents twice") as refused:
+        await store.open()
+    assert "store.allow_network_filesystem" in str(refused.value)
+    assert "store.url" in str(refused.value)
+    await store.close()
+    assert list(volume.iterdir()) == []  # no database, no WAL, no folder
+
+
+async def test_a_store_allowed_on_a_network_filesystem_opens_and_stores(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    store = SqliteStore(
+        volume / "pitcrew.db", mount_table=_nfs_table(tmp_path, volume), network_filesystem=True
+    )
+    assert (await store.inspect()).ok
+    await store.open()
+    try:
+        assert (await store.ingest(_delivery(), T0)).opened == ["pc-00001"]
+    finally:
+        await store.close()
+
+
+async def test_a_local_folder_beside_the_network_mount_is_not_refused(tmp_path: Path) -> None:
+    volume, local = tmp_path / "volume", tmp_path / "volume-local"
+    volume.mkdir()
+    local.mkdir()
+    store = SqliteStore(local / "pitcrew.db", mount_table=_nfs_table(tmp_path, volume))
+    await store.open()
+    await store.close()
+    assert (local / "pitcrew.db").exists()
+
+
+def _newer_than_this_pitcrew(path: Path) -> None:
+    """A store a newer pitcrew migrated with a migration this one must not run after."""
+    import sqlite3
+
+    from bot.store.schema import SCHEMA_VERSION
+
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+        conn.execute(f"UPDATE pitcrew_schema SET compatible_from = {SCHEMA_VERSION + 1}")  # noqa: S608 - an int
+    conn.close()
+
+
+def test_a_store_that_refuses_to_open_stops_pitcrew_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pitcrew.db"
+    store = SqliteStore(path)
+    asyncio.run(store.open())
+    asyncio.run(store.close())
+    _newer_than_this_pitcrew(path)
+    monkeypatch.setenv("PITCREW_STORE__PATH", str(path))
+    # A read command, in process.
+    assert main(["incidents"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pitcrew: ") and "newer than this pitcrew" in err, err
+    assert "Traceback" not in err
+    # The service, as a process: it stops at start, one line, exit 1.
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "serve", "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PITCREW_STORE__PATH": str(path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "pitcrew: " in done.stderr and "newer than this pitcrew" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

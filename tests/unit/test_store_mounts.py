@@ -1,0 +1,76 @@
+"""Which mount a path is on, read from mount tables as the kernel writes them
+(``tests/fixtures/mounts``), and which filesystems other hosts may open too (``bot.store.mounts``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.store.mounts import Mount, mount_of, parse
+from tests.conftest import FIXTURES
+
+TABLES = FIXTURES / "mounts"
+
+
+def _table(name: str) -> list[Mount]:
+    return parse((TABLES / name).read_text())
+
+
+@pytest.mark.parametrize(
+    ("table", "path", "point", "fstype", "shared"),
+    [
+        # The pod: the store's volume is an NFS PersistentVolume, the rest is the node's or the pod's.
+        ("pod-nfs-pvc.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib/pitcrew", "nfs4", True),
+        ("pod-nfs-pvc.txt", "/var/lib/pitcrew", "/var/lib/pitcrew", "nfs4", True),
+        ("pod-nfs-pvc.txt", "/var/lib/pitcrew-old/pitcrew.db", "/", "overlay", False),
+        ("pod-nfs-pvc.txt", "/tmp/pitcrew.db", "/tmp", "tmpfs", False),
+        ("pod-nfs-pvc.txt", "/etc/hosts", "/etc/hosts", "ext4", False),
+        ("pod-nfs-pvc.txt", "/", "/", "overlay", False),
+        # The head node: the parallel filesystems of an HPC site.
+        ("hpc-head-node.txt", "/home/alice/.local/state/pitcrew/pitcrew.db", "/home", "gpfs", True),
+        ("hpc-head-node.txt", "/lustre/scratch/pitcrew.db", "/lustre/scratch", "lustre", True),
+        ("hpc-head-node.txt", "/lustre/scratchy/pitcrew.db", "/", "ext4", False),
+        # Mounted over twice: the last one mounted is the one seen.
+        ("hpc-head-node.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib", "xfs", False),
+        # Octal escapes in the mount point; a sibling whose name it begins with is another mount.
+        ("hpc-head-node.txt", "/srv/pitcrew state/pitcrew.db", "/srv/pitcrew state", "nfs", True),
+        ("hpc-head-node.txt", "/srv/pitcrew/pitcrew.db", "/srv/pitcrew", "ext4", False),
+    ],
+)
+def test_the_mount_a_path_is_on(table: str, path: str, point: str, fstype: str, shared: bool) -> None:
+    mount = mount_of(path, _table(table))
+    assert mount is not None
+    assert (mount.point, mount.fstype, mount.shared) == (point, fstype, shared)
+
+
+def test_a_source_is_read_whole_and_unescaped() -> None:
+    mounts = {m.point: m for m in _table("hpc-head-node.txt")}
+    assert mounts["/srv/pitcrew state"].source == "nas02:/exports/pitcrew state"
+    assert mounts["/lustre/scratch"].source == "10.2.0.1@o2ib:/scratch"
+    assert {m.point: m.source for m in _table("pod-nfs-pvc.txt")}["/var/lib/pitcrew"] == (
+        "10.0.12.5:/export/pvc-8d2c41b7-0e5f-4b1b-9a0c-2f0c3c6e9f15"
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "not a mount table",
+        "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 ext3 /dev/root rw",  # no separator
+        "36 35 98:0 /mnt1 /mnt2 rw - ext3",  # no source
+    ],
+)
+def test_lines_that_are_no_mount_are_passed_over(line: str) -> None:
+    assert parse(line) == []
+    assert mount_of("/mnt2/x", parse(line)) is None
+
+
+def test_optional_fields_may_be_many_or_none() -> None:
+    text = (
+        "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 shared:4 propagate_from:2 - nfs srv:/a rw\n"
+        "37 35 98:1 / /mnt3 rw - ext4 /dev/sdb rw\n"
+    )
+    assert [(m.point, m.fstype, m.source) for m in parse(text)] == [
+        ("/mnt2", "nfs", "srv:/a"),
+        ("/mnt3", "ext4", "/dev/sdb"),
+    ]
