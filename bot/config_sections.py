@@ -540,6 +540,11 @@ class GrafanaSettings(_Section):
         description="Grafana base URL: notices link the incidents dashboard, and with token_file "
         "incidents are annotated; unset = neither.",
     )
+    api_url: str | None = Field(
+        default=None,
+        description="Where pitcrew calls Grafana's API (annotations, check-config --live) when it is not "
+        "where people open it, e.g. the in-cluster Service while url is the public address; unset = url.",
+    )
     token_file: Path | None = Field(
         default=None,
         description="File holding a Grafana service-account token (Annotations: write); unset = links only.",
@@ -559,9 +564,14 @@ class GrafanaSettings(_Section):
 
     @model_validator(mode="after")
     def _url_with_token(self) -> GrafanaSettings:
-        if self.token_file is not None and self.url is None:
-            raise ValueError("grafana.token_file needs grafana.url (where to annotate)")
+        if self.token_file is not None and self.api is None:
+            raise ValueError("grafana.token_file needs grafana.url or grafana.api_url (where to annotate)")
         return self
+
+    @property
+    def api(self) -> str | None:
+        """The one rule for where pitcrew calls Grafana: ``api_url``, else ``url``."""
+        return self.api_url if self.api_url is not None else self.url
 
     def incident_dashboard(self, start: datetime, end: datetime | None) -> str | None:
         """The one rule for an incident's Grafana link: the incidents dashboard over the incident's

@@ -99,13 +99,13 @@ def metrics_query(settings: Settings) -> MetricsQuery | None:
 
 
 def annotator(settings: Settings, fence: Fence | None = None) -> GrafanaAnnotations | None:
-    """Grafana's region annotations, where ``grafana.url`` is set (the outbox delivers them; its
-    adapter is fenced)."""
+    """Grafana's region annotations, where a token is set, at ``grafana.api_url`` or ``grafana.url``
+    (the outbox delivers them; its adapter is fenced)."""
     grafana = settings.grafana
-    if grafana.url is None or grafana.token_file is None:
+    if grafana.api is None or grafana.token_file is None:
         return None
     return GrafanaAnnotations(
-        grafana.url,
+        grafana.api,
         grafana.token_file,
         timeout=grafana.timeout.total_seconds(),
         dashboard_uid=grafana.incidents_dashboard_uid,
@@ -387,8 +387,8 @@ class Annotations:
 def _grafana(
     config: Config, store: AnyStore, fenced: Store, fence: Fence, metrics: Metrics
 ) -> Annotations | None:
-    """Incident annotations when ``grafana.url`` is set: the incidents' state events routed to
-    Grafana's outbox, delivered by a sender of their own."""
+    """Incident annotations when Grafana has a token (``annotator``): the incidents' state events
+    routed to Grafana's outbox, delivered by a sender of their own."""
     adapter = annotator(config.settings, fence)
     if adapter is None:
         return None

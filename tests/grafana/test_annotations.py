@@ -230,7 +230,7 @@ async def test_the_probe_names_the_version_and_writes_nothing(
 
 
 def test_settings_build_the_adapter_only_with_a_token(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match=r"grafana\.token_file needs grafana\.url"):
+    with pytest.raises(ValidationError, match=r"grafana\.token_file needs grafana\.url or grafana\.api_url"):
         Settings.model_validate({"grafana": {"token_file": str(tmp_path / "token")}})
     assert annotator(Settings()) is None
     assert (
@@ -241,6 +241,31 @@ def test_settings_build_the_adapter_only_with_a_token(tmp_path: Path) -> None:
         Settings.model_validate({"grafana": {"url": "http://grafana:3000/", "token_file": str(token)}})
     )
     assert isinstance(built, GrafanaAnnotations)
+
+
+async def test_api_url_is_where_pitcrew_calls_and_url_where_people_look(
+    grafana: GrafanaStandin, tmp_path: Path
+) -> None:
+    """Grafana opened at its public address, called at the in-cluster Service (``api_url``): the
+    region is made there, the link points to the public one, and the API alone (no ``url``)
+    annotates without links."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    public = "https://grafana.example.invalid/"
+    for urls in ({"url": public, "api_url": grafana.url}, {"api_url": grafana.url}):
+        settings = Settings.model_validate({"grafana": {**urls, "token_file": str(token)}})
+        adapter = annotator(settings)
+        assert adapter is not None
+        try:
+            made = await adapter.open_region(REGION)
+            assert grafana.world.annotations[made].tags[-1] == "incident:inc-0001"
+        finally:
+            await adapter.aclose()
+        link = settings.grafana.incident_dashboard(FAULT, None)
+        if "url" in urls:
+            assert link is not None and link.startswith(f"{public}d/pitcrew-incidents?")
+        else:
+            assert link is None
 
 
 def test_the_incident_link_shows_the_incident_on_the_incidents_dashboard() -> None:

@@ -10,6 +10,7 @@ the Slack stand-in and the Grafana stand-in answer over HTTP from their own thre
 - the bot not in the configured channel: exit 1 naming the channel;
 - a Grafana token Grafana refuses: exit 1 naming the token, Slack's line still ``ok``;
 - Grafana unreachable: exit 1, its line ``FAIL``;
+- ``grafana.api_url`` set beside a public ``grafana.url``: the probe calls the API there;
 - Socket Mode with an app-level token Slack refuses (revoked: ``invalid_auth``; without
   ``connections:write``: ``missing_scope``): exit 1 naming ``slack.app_token_file`` and the scope
   (before: ``ok``, the app token was never asked about).
@@ -53,6 +54,7 @@ def check_live(
     channel: str = "C0GPUOPS",
     token: str = TOKEN,
     transport: str = "http",
+    grafana_api: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "bot.token").write_text(BOT_TOKEN + "\n")
     (tmp_path / "signing.secret").write_text(SIGNING_SECRET + "\n")
@@ -74,6 +76,8 @@ def check_live(
         },
         "grafana": {"url": grafana_url, "token_file": str(tmp_path / "grafana.token")},
     }
+    if grafana_api is not None:
+        settings["grafana"]["api_url"] = grafana_api
     return check_config.check_live(tmp_path, settings)
 
 
@@ -92,6 +96,20 @@ def test_slack_and_grafana_green(tmp_path: Path, slack: SlackStandin, grafana: G
     assert result.stderr == ""
     assert {c.method for c in slack.api.calls} == {"auth.test", "conversations.info"}
     assert not slack.api.messages and not grafana.world.annotations
+    assert {m for m, _, _ in grafana.world.requests} == {"GET"}
+
+
+def test_grafana_s_api_is_called_where_api_url_says(
+    tmp_path: Path, slack: SlackStandin, grafana: GrafanaStandin
+) -> None:
+    """People open Grafana at its public address, pitcrew calls it at the in-cluster Service: the
+    probe reaches ``api_url``, never ``url`` (here an address that does not resolve)."""
+    public = "https://grafana.example.invalid"
+    result = check_live(tmp_path, slack, public, grafana_api=grafana.url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert status_of(result.stdout, "grafana") == "ok"
+    assert f"Grafana 11.3.0 at {grafana.url}: token accepted" in result.stdout
+    assert public not in result.stdout
     assert {m for m, _, _ in grafana.world.requests} == {"GET"}
 
 
