@@ -83,6 +83,13 @@ class ServerSettings(_Section):
         default=timedelta(seconds=5),
         description="A connection that has sent no valid credential is closed after this long idle.",
     )
+    shutdown_delay: Duration = Field(
+        default=timedelta(0),
+        description="After SIGTERM, go on serving this long (/readyz answers 503 stopping) before shutting "
+        "down: kube-proxy, ingress controllers and load balancers send to a terminating pod for a few "
+        "seconds more, and Slack never retries a click or a slash command refused meanwhile. The "
+        "manifests set 5s; SIGINT, or a second signal, stops at once.",
+    )
     auth: AuthSettings = AuthSettings()
 
     @field_validator("listen")

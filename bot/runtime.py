@@ -47,7 +47,7 @@ from bot.safety import port_problems
 from bot.store.base import Store
 from bot.store.factory import AnyStore, build_store
 from bot.store.lease import Fence, holder_id
-from bot.web.app import GATE, Background, Deps, create_app
+from bot.web.app import DEPS, GATE, Background, Deps, create_app
 from bot.web.auth import Credentials
 from bot.web.limits import quiet
 from bot.web.serve import run
@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from bot.integrations.kubernetes import KubernetesCluster
 
 log = logger(__name__)
+
+#: How long in-flight requests get to finish once the service stops (aiohttp's graceful shutdown);
+#: the Deployment's terminationGracePeriodSeconds leaves room for it after server.shutdown_delay.
+SHUTDOWN_TIMEOUT = 10.0
 
 
 def utcnow() -> datetime:
@@ -449,7 +453,15 @@ def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool =
     # event loop 80-100 ms each time before, 20 ms after (bench/ingest.py, gc.callbacks).
     gc.collect()
     gc.freeze()
-    run(app, server.host, server.port, gate, shutdown_timeout=10)
+    run(
+        app,
+        server.host,
+        server.port,
+        gate,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+        delay=server.shutdown_delay.total_seconds(),
+        stopping=app[DEPS].stop_soon,
+    )
 
 
 class JsonFormatter(logging.Formatter):

@@ -57,6 +57,11 @@ class Deps:
     leadership: Callable[[], dict[str, Any]] | None = None
     #: Shown in ``/readyz`` under ``detail`` without deciding readiness (Slack's Socket Mode state).
     ready_detail: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    #: Shutting down after a delay (``server.shutdown_delay``): still serving, no longer ready.
+    stopping: bool = False
+
+    def stop_soon(self) -> None:
+        self.stopping = True
 
 
 DEPS = web.AppKey("deps", Deps)
@@ -169,8 +174,9 @@ async def readyz(request: web.Request) -> web.Response:
     checks = {"store": await deps.store.ping()}
     for index, check in enumerate(deps.ready_checks):
         checks[f"check{index}"] = check()
-    ok = all(checks.values())
-    answer: dict[str, Any] = {"status": "ok" if ok else "not ready", "checks": checks}
+    ok = all(checks.values()) and not deps.stopping
+    status = "stopping" if deps.stopping else "ok" if ok else "not ready"
+    answer: dict[str, Any] = {"status": status, "checks": checks}
     if deps.leadership is not None:
         answer["leadership"] = deps.leadership()
     if deps.ready_detail:

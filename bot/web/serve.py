@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -48,14 +49,37 @@ class GatedSite(web.BaseSite):
         )
 
 
-def run(app: web.Application, host: str, port: int, gate: ConnectionGate, *, shutdown_timeout: float) -> None:
-    """Serve ``app`` on ``host:port`` until a signal; then shut down gracefully."""
+def run(
+    app: web.Application,
+    host: str,
+    port: int,
+    gate: ConnectionGate,
+    *,
+    shutdown_timeout: float,
+    delay: float = 0.0,
+    stopping: Callable[[], None] = lambda: None,
+) -> None:
+    """Serve ``app`` on ``host:port`` until a signal; then shut down gracefully. After SIGTERM,
+    go on serving for ``delay`` seconds first, ``stopping`` called at once (``/readyz`` says so):
+    a terminating pod is taken out of its Service's endpoints as the signal is sent, and every
+    kube-proxy, ingress controller and load balancer goes on sending to it until it has heard.
+    SIGINT, or a second signal, stops at once."""
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+        draining: list[asyncio.TimerHandle] = []
+
+        def terminate() -> None:
+            if delay <= 0 or draining:
+                stop.set()
+                return
+            stopping()
+            log.info("stopping: SIGTERM received; serving on meanwhile", extra={"delay_s": delay})
+            draining.append(loop.call_later(delay, stop.set))
+
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, terminate)
         runner = web.AppRunner(
             app, handle_signals=False, keepalive_timeout=KEEPALIVE, shutdown_timeout=shutdown_timeout
         )
@@ -70,9 +94,11 @@ def run(app: web.Application, host: str, port: int, gate: ConnectionGate, *, shu
                     "stranger_idle": gate.stranger_idle,
                 },
             )
-            await stop.wait()  # until SIGINT/SIGTERM
+            await stop.wait()  # until SIGINT/SIGTERM (and the delay after SIGTERM)
             log.info("stopping: a signal was received")
         finally:
+            for handle in draining:
+                handle.cancel()
             await runner.cleanup()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)

@@ -3,18 +3,22 @@
 Cases: hypothesis throws random JSON, valid payloads with wrong types, huge arrays and
 invalid UTF-8 at the running server — every answer is 2xx or 4xx and the server keeps
 serving; SIGKILL right after a 200 and the alert (and its incident) are in the store
-after the restart.
+after the restart; after SIGTERM with ``server.shutdown_delay`` it serves on (not ready) for the
+delay and then stops, a second signal at once.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import time
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proving_ground.proc import wait_until
 from tests.conftest import FIXTURES
 from tests.harness.pitcrew import Pitcrew
 
@@ -142,3 +146,40 @@ def test_incidents_cli_reads_the_store(pitcrew_factory: Any) -> None:
     assert len(shown["alerts"]) == 4
     assert shown["events"][0]["kind"] == "incident_opened"
     assert "timeline:" in cli("incidents", "show", incident_id)
+
+
+def test_after_sigterm_it_serves_on_for_the_shutdown_delay_then_stops(pitcrew_factory: Any) -> None:
+    """A terminating pod leaves its Service's endpoints as SIGTERM is sent, and kube-proxy, an
+    ingress controller or a load balancer go on sending to it for a few seconds: with
+    ``server.shutdown_delay`` it answers meanwhile (``/readyz`` 503 ``stopping``, a webhook stored),
+    then stops by itself, gracefully."""
+    delay = 3.0
+    config = {"mode": "observe", "server": {"shutdown_delay": f"{delay:g}s"}}
+    server: Pitcrew = pitcrew_factory("drain", config=config, simulated=False).start()
+    process = server.process
+    assert process is not None
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    wait_until(lambda: server.request("GET", "/readyz")[0] == 503, timeout=10, what="/readyz 503")
+    status, raw = server.request("GET", "/readyz")
+    assert json.loads(raw)["status"] == "stopping"
+    status, body = server.post_alerts((FIXTURES / "alertmanager" / "xid79-firing.json").read_bytes())
+    assert status == 200 and body["opened"]
+    assert server.alive and server.request("GET", "/healthz")[0] == 200
+    assert process.wait(timeout=delay + 20) == 0
+    assert time.monotonic() - signalled >= delay
+    server.process = None
+    server.start()  # what it took while stopping is stored
+    assert [i["id"] for i in server.incidents("gpu-node-02")] == body["opened"]
+
+
+def test_a_second_signal_stops_at_once(pitcrew_factory: Any) -> None:
+    config = {"mode": "observe", "server": {"shutdown_delay": "120s"}}
+    server: Pitcrew = pitcrew_factory("drain-twice", config=config, simulated=False).start()
+    process = server.process
+    assert process is not None
+    process.send_signal(signal.SIGTERM)
+    wait_until(lambda: server.request("GET", "/readyz")[0] == 503, timeout=10, what="/readyz 503")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 0  # not the 120 s the delay would have held it
+    server.process = None

@@ -35,10 +35,11 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator import v1, v1alpha1
 
-from bot.config import load_config
+from bot.config import Settings, load_config
 from bot.domain.policy import Mode
 from bot.engine.ports import Probe
 from bot.probes import Checked, unable
+from bot.runtime import SHUTDOWN_TIMEOUT
 from bot.store.postgres import PING_TIMEOUT
 from tests.packaging.manifests import (
     BASE,
@@ -226,8 +227,13 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     assert c["readinessProbe"]["timeoutSeconds"] > PING_TIMEOUT
     assert "http" in port_names
     assert c["args"][:3] == ["serve", "--config", "/etc/pitcrew/pitcrew.yaml"]
-    # aiohttp's shutdown_timeout (bot.runtime.serve) is 10 s; the kubelet must not SIGKILL before it ends.
-    assert pod["terminationGracePeriodSeconds"] >= 20
+    # After SIGTERM pitcrew serves on for server.shutdown_delay (the pod's endpoints leave every
+    # kube-proxy and ingress meanwhile: a Slack click sent there is never retried), then gives
+    # requests in flight SHUTDOWN_TIMEOUT, then releases its lease: the kubelet must not SIGKILL before.
+    settings = Settings.model_validate(yaml.safe_load(rendered(name).config_text()))
+    delay = settings.server.shutdown_delay.total_seconds()
+    assert delay >= 5
+    assert pod["terminationGracePeriodSeconds"] >= delay + SHUTDOWN_TIMEOUT + 5
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
