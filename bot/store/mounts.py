@@ -9,7 +9,7 @@ cut off but still reaches the file server, a CLI run on a login node of an HPC s
 both may lead and act on the same incidents, and the file may be corrupted. An NFS-backed
 ``ReadWriteOnce`` volume does not prevent it: only attachable volumes are held to one node.
 
-So the SQLite store refuses such a file (``refusal``), at start and in ``check-config --live``,
+So the SQLite store refuses such a file (``shared_mount``, ``refusal``), at start and in ``check-config --live``,
 unless ``store.allow_network_filesystem`` says nothing on another host ever opens it. Replicas on
 several hosts share a Postgres store.
 
@@ -63,7 +63,7 @@ _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 class SharedFilesystem(StoreRefused):
-    """The SQLite store's file is on a filesystem other hosts may open too (``refusal``)."""
+    """The SQLite store's file is on a filesystem other hosts may open too (``shared_mount``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +127,15 @@ def filesystem(path: Path, table: Path = MOUNTINFO) -> Mount | None:
     return mount_of(str(_existing(path)), parse(text))
 
 
-def refusal(path: Path, *, allowed: bool, table: Path = MOUNTINFO) -> str | None:
-    """Why the SQLite store must not be opened at ``path``, or ``None``: it may."""
-    if allowed:
-        return None
+def shared_mount(path: Path, table: Path = MOUNTINFO) -> Mount | None:
+    """The mount ``path`` is on if other hosts may open its files; ``None`` if local or unknown."""
     mount = filesystem(path, table)
-    if mount is None or not mount.shared:
-        return None
+    return mount if mount is not None and mount.shared else None
+
+
+def refusal(path: Path, mount: Mount) -> str:
+    """Why the SQLite store must not be opened at ``path``, on ``mount`` (``shared_mount``), unless
+    ``store.allow_network_filesystem`` says so."""
     return (
         f"{path} is on {mount.fstype} ({mount.source} at {mount.point}), a filesystem other hosts "
         "may open too: SQLite's locks and its WAL hold only among processes of one host, so a "
@@ -141,4 +143,12 @@ def refusal(path: Path, *, allowed: bool, table: Path = MOUNTINFO) -> str | None
         "fenced and could act on the same incidents twice. Put store.path on a local or block "
         "volume, or use Postgres (store.url) to run on several hosts; set "
         "store.allow_network_filesystem: true only if nothing on another host ever opens this file"
+    )
+
+
+def allowance(mount: Mount) -> str:
+    """What is said of a store opened on ``mount`` because the setting allows it."""
+    return (
+        f"on {mount.fstype} ({mount.source}), which other hosts may open too: allowed by "
+        "store.allow_network_filesystem, so nothing on another host may ever open it"
     )

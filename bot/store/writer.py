@@ -75,7 +75,7 @@ from bot import logger
 from bot.store.base import Delivery, Inspection, StoreUnavailable
 from bot.store.batch import Answer, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
-from bot.store.mounts import MOUNTINFO, SharedFilesystem, refusal
+from bot.store.mounts import MOUNTINFO, SharedFilesystem, allowance, refusal, shared_mount
 from bot.store.repeats import Key, RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from, foresee, migrations, opening
 from bot.store.sql import SQLITE, run_sync, single
@@ -183,9 +183,15 @@ class Writer:
         self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="pitcrew-store-checkpoint")
 
     def _connect(self) -> sqlite3.Connection:
-        refused = refusal(self.path, allowed=self._network_filesystem, table=self._mount_table)
-        if refused is not None:
-            raise SharedFilesystem(refused)
+        mount = shared_mount(self.path, self._mount_table)
+        if mount is not None:
+            if not self._network_filesystem:
+                raise SharedFilesystem(refusal(self.path, mount))
+            log.warning(
+                "SQLite store on a filesystem other hosts may open too, allowed by "
+                "store.allow_network_filesystem: nothing on another host may ever open it",
+                extra={"path": str(self.path), "filesystem": mount.fstype, "source": mount.source},
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Used from the loop's thread too (deliveries' statements), never by two threads at once.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -672,9 +678,10 @@ def inspect_file(
     def refused(detail: str, missing: str) -> Inspection:
         return Inspection("sqlite", False, detail, missing=(missing,))
 
-    shared = refusal(path, allowed=network_filesystem, table=mount_table)
-    if shared is not None:
-        return refused(shared, "a local filesystem for store.path (or a Postgres store)")
+    mount = shared_mount(path, mount_table)
+    if mount is not None and not network_filesystem:
+        return refused(refusal(path, mount), "a local filesystem for store.path (or a Postgres store)")
+    said = "" if mount is None else f"; {allowance(mount)}"
 
     folder = path.parent
     while not folder.exists() and folder != folder.parent:  # created at start, from here down
@@ -682,7 +689,7 @@ def inspect_file(
     if not os.access(folder, os.W_OK | os.X_OK):
         return refused(f"{where}: {folder} is not writable by this user", f"write access to {folder}")
     if not path.exists():
-        return Inspection("sqlite", True, f"{where}: {foresee(None, None, where)[0]}")
+        return Inspection("sqlite", True, f"{where}: {foresee(None, None, where)[0]}{said}")
     if not os.access(path, os.R_OK | os.W_OK):
         return refused(f"{where}: not readable and writable by this user", f"write access to {path}")
     try:
@@ -691,12 +698,12 @@ def inspect_file(
             version, compatible = _schema(conn)
         finally:
             conn.close()
-        said, _ = foresee(version, compatible, where)
+        schema, _ = foresee(version, compatible, where)
     except NewerSchema as exc:
         return refused(str(exc), "a pitcrew that runs on this store's schema")
     except sqlite3.Error as exc:
         return refused(f"{where}: {exc}", f"a SQLite database at {where}")
-    return Inspection("sqlite", True, f"{where}: {said}")
+    return Inspection("sqlite", True, f"{where}: {schema}{said}")
 
 
 def _schema(conn: sqlite3.Connection) -> tuple[int, int | None]:

@@ -11,6 +11,7 @@ added: the test's folder mounted over NFS, as a pod sees an NFS PersistentVolume
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -70,18 +71,26 @@ async def test_a_store_on_a_network_filesystem_is_refused_and_nothing_is_created
     assert list(volume.iterdir()) == []  # no database, no WAL, no folder
 
 
-async def test_a_store_allowed_on_a_network_filesystem_opens_and_stores(tmp_path: Path) -> None:
+async def test_a_store_allowed_on_a_network_filesystem_opens_and_stores_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     volume = tmp_path / "volume"
     volume.mkdir()
     store = SqliteStore(
         volume / "pitcrew.db", mount_table=_nfs_table(tmp_path, volume), network_filesystem=True
     )
-    assert (await store.inspect()).ok
+    seen = await store.inspect()
+    assert seen.ok and "on nfs4 (10.0.12.5:/export/pvc-1)" in seen.detail
+    assert "allowed by store.allow_network_filesystem" in seen.detail
     await store.open()
     try:
         assert (await store.ingest(_delivery(), T0)).opened == ["pc-00001"]
     finally:
         await store.close()
+    [warned] = [r for r in caplog.records if "allowed by store.allow_network_filesystem" in r.getMessage()]
+    assert (warned.levelno, getattr(warned, "filesystem", None)) == (logging.WARNING, "nfs4")
+    again = await store.inspect()  # the file made: its schema said, and where it is
+    assert again.ok and "allowed by store.allow_network_filesystem" in again.detail
 
 
 async def test_a_local_folder_beside_the_network_mount_is_not_refused(tmp_path: Path) -> None:
