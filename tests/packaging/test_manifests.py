@@ -259,6 +259,8 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     assert spread["topologyKey"] == "topology.kubernetes.io/zone"
     budget = rendered(name).one("PodDisruptionBudget", "pitcrew")
     assert budget["spec"]["minAvailable"] == 1
+    # Not ready (both are, while Postgres is away): evictable all the same, or drains would wait.
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert budget["spec"]["selector"] == apart["labelSelector"]
     egress = rendered(name).one("NetworkPolicy", "pitcrew-egress")
     ports = {p["port"] for rule in egress["spec"]["egress"] for p in rule["ports"]}
