@@ -462,6 +462,9 @@ def serve(config: Config, *, ports: Ports | None = None, allow_simulated: bool =
         delay=server.shutdown_delay.total_seconds(),
         stopping=app[DEPS].stop_soon,
     )
+    failure = app[DEPS].failure
+    if failure is not None:
+        raise failure
 
 
 class JsonFormatter(logging.Formatter):

@@ -8,8 +8,9 @@ handlers, not for tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from prometheus_client.registry import Collector
 from bot import logger
 from bot.config import Config
 from bot.domain.alerts import AlertRejected, PayloadError
+from bot.engine.backoff import Backoff
 from bot.engine.intake import Intake
 from bot.engine.metrics import Metrics
 from bot.store.base import Store, StoreUnavailable
@@ -29,6 +31,7 @@ from bot.web import auth
 from bot.web.commands import CommandSurface, add_command_routes
 from bot.web.limits import ConnectionGate, effective_cap
 from bot.web.reads import add_read_routes, denied_read
+from bot.web.serve import STOP
 
 log = logger(__name__)
 
@@ -59,6 +62,11 @@ class Deps:
     ready_detail: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     #: Shutting down after a delay (``server.shutdown_delay``): still serving, no longer ready.
     stopping: bool = False
+    #: Why the service stopped by itself (a store found, once reached, that must not be opened).
+    failure: BaseException | None = None
+    #: The store is open (``_lifecycle``): until then every route but the probes and /metrics
+    #: answers 503 (``_store_away``).
+    opened: bool = False
 
     def stop_soon(self) -> None:
         self.stopping = True
@@ -76,7 +84,7 @@ def create_app(deps: Deps) -> web.Application:
         client_max_size=server.max_body_bytes,
         # Bodies are read as sent: the webhook refuses a Content-Encoding (see ``_receive``).
         handler_args={"auto_decompress": False},
-        middlewares=[gate.middleware(lambda request: _authenticated(request, deps))],
+        middlewares=[gate.middleware(lambda request: _authenticated(request, deps)), _store_away],
     )
     app[DEPS] = deps
     app[GATE] = gate
@@ -90,19 +98,74 @@ def create_app(deps: Deps) -> web.Application:
     return app
 
 
+#: Between attempts to open a store that could not be reached at start: doubling up to the maximum.
+OPEN_BACKOFF = Backoff(initial=1.0, maximum=15.0)
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """The store opened, then the background workers started, before the app serves; stopped in
+    reverse after it. A store that cannot be reached at start (Postgres away: ``StoreUnavailable``)
+    does not stop the start: the app serves at once, not ready (``/readyz`` 503, webhooks 503 for
+    Alertmanager to send again), and the store is opened, then the workers started, once it can
+    be, trying again with backoff. Exiting instead, a pod started while Postgres was away (a
+    rollout, its node lost) was restarted by the kubelet with a backoff of its own, up to five
+    minutes, and stayed down that long after Postgres came back. Anything else the open raises
+    (a store this pitcrew must not open, ``StoreRefused``) stops the start, or, found later, the
+    service (``deps.failure``, raised once it has stopped)."""
     deps = app[DEPS]
-    await deps.store.open()
     started: list[Background] = []
+    opening: asyncio.Task[None] | None = None
     try:
-        for worker in deps.background:
-            await worker.start()
-            started.append(worker)
+        await deps.store.open()
+        deps.opened = True
+    except StoreUnavailable as exc:
+        log.warning(
+            "store unavailable at start; serving, not ready, until it can be opened",
+            extra={"reason": str(exc)},
+        )
+        opening = asyncio.create_task(_open_later(app, started), name="pitcrew-store-open")
+    else:
+        await _start_workers(deps, started)
+    try:
         yield
     finally:
+        if opening is not None:
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
         for worker in reversed(started):
             await worker.stop()
         await deps.store.close()
+
+
+async def _start_workers(deps: Deps, started: list[Background]) -> None:
+    for worker in deps.background:
+        await worker.start()
+        started.append(worker)
+
+
+async def _open_later(app: web.Application, started: list[Background]) -> None:
+    deps = app[DEPS]
+    failures = 1
+    while True:
+        await asyncio.sleep(OPEN_BACKOFF.delay(failures))
+        try:
+            await deps.store.open()
+        except StoreUnavailable as exc:
+            failures += 1
+            log.warning("store still unavailable; trying again", extra={"reason": str(exc)})
+            continue
+        except Exception as exc:  # a store this pitcrew must not open: the service stops
+            log.error("store cannot be opened; stopping", extra={"reason": str(exc)})
+            deps.failure = exc
+            stop = app.get(STOP)
+            if stop is not None:
+                stop.set()
+            return
+        break
+    deps.opened = True
+    log.info("store opened", extra={"attempts": failures + 1})
+    await _start_workers(deps, started)
 
 
 async def receive_alerts(request: web.Request) -> web.Response:
@@ -139,9 +202,7 @@ async def _receive(request: web.Request, deps: Deps) -> web.Response:
     except StoreUnavailable as exc:
         # The store logged the cause when it began; one line per refused delivery, no traceback.
         log.warning("store unavailable; asking Alertmanager to redeliver", extra={"reason": str(exc)})
-        return web.json_response(
-            {"error": "store unavailable, retry"}, status=503, headers={"Retry-After": "1"}
-        )
+        return _unavailable()
     return web.json_response(
         {
             "status": "ok",
@@ -159,6 +220,31 @@ def _authenticated(request: web.Request, deps: Deps) -> bool:
     """The request carries a valid credential of some role: its connection is no stranger's."""
     roles = (deps.webhook_credentials, deps.admin_credentials, deps.read_credentials)
     return any(auth.check(request, role) is None for role in roles if role.required)
+
+
+def _unavailable() -> web.Response:
+    """The answer while the store is away: try again, soon."""
+    return web.json_response({"error": "store unavailable, retry"}, status=503, headers={"Retry-After": "1"})
+
+
+#: Routes that answer without the store open: the probes say why, /metrics is scraped as ever.
+_WITHOUT_STORE = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@web.middleware
+async def _store_away(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Any route's answer while the store is away (Postgres restarting, failing over, not reached
+    yet at start): ``503`` with ``Retry-After``, one line logged, as the webhook answers. The read
+    API and the commands answered 500, with a traceback logged each time."""
+    if not request.app[DEPS].opened and request.path not in _WITHOUT_STORE:
+        return _unavailable()  # not open yet: nothing may read or write it half-made
+    try:
+        return await handler(request)
+    except StoreUnavailable as exc:
+        log.warning("store unavailable; answered 503", extra={"path": request.path, "reason": str(exc)})
+        return _unavailable()
 
 
 def _error(status: int, message: str) -> web.Response:

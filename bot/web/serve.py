@@ -22,6 +22,10 @@ from bot.web.limits import ConnectionGate
 
 log = logger(__name__)
 
+#: Set to stop the service (as a signal does), by what runs in it: a store found, once reached, that
+#: must not be opened (``bot.web.app``).
+STOP = web.AppKey("stop", asyncio.Event)
+
 #: Idle keep-alive of authenticated peers (aiohttp's ``run_app`` default); strangers get the
 #: gate's much shorter ``stranger_idle``.
 KEEPALIVE = 75.0
@@ -59,14 +63,15 @@ def run(
     delay: float = 0.0,
     stopping: Callable[[], None] = lambda: None,
 ) -> None:
-    """Serve ``app`` on ``host:port`` until a signal; then shut down gracefully. After SIGTERM,
+    """Serve ``app`` on ``host:port`` until a signal, or ``app[STOP]`` is set; then shut down
+    gracefully. After SIGTERM,
     go on serving for ``delay`` seconds first, ``stopping`` called at once (``/readyz`` says so):
     a terminating pod is taken out of its Service's endpoints as the signal is sent, and every
     kube-proxy, ingress controller and load balancer goes on sending to it until it has heard.
     SIGINT, or a second signal, stops at once."""
+    stop = app[STOP] = asyncio.Event()
 
     async def main() -> None:
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         draining: list[asyncio.TimerHandle] = []
 
@@ -94,8 +99,8 @@ def run(
                     "stranger_idle": gate.stranger_idle,
                 },
             )
-            await stop.wait()  # until SIGINT/SIGTERM (and the delay after SIGTERM)
-            log.info("stopping: a signal was received")
+            await stop.wait()  # until SIGINT/SIGTERM (and the delay after SIGTERM), or STOP
+            log.info("stopping")
         finally:
             for handle in draining:
                 handle.cancel()
