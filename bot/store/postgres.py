@@ -702,6 +702,9 @@ class PostgresStore(SqlStore):
         except PoolTimeout as exc:
             await pool.close()
             raise StoreUnavailable(f"cannot connect to {self._where()}: {exc}") from exc
+        except BaseException:  # cancelled (a stop while the start waits for Postgres): no pool left behind
+            await pool.close()
+            raise
         self._shared.pool = pool
         try:
             await self._migrate()

@@ -1,6 +1,7 @@
 """pitcrew started while its Postgres is away (a pod rolled out, or rescheduled off a lost node,
 during an outage): it serves at once, not ready, and opens the store once Postgres is back,
-without a restart; a store found then that this pitcrew must not open stops it with one line.
+without a restart; stopped meanwhile, it exits at once; a store found then that this pitcrew must
+not open stops it with one line.
 
 Before, the start failed after the pool's connect timeout with a traceback, and the kubelet's
 restarts backed off up to five minutes, which the pod could stay down after Postgres was back.
@@ -11,6 +12,7 @@ read API and the commands, which answered 500 while the store was away.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,22 @@ def test_started_while_postgres_is_away_it_serves_unready_and_opens_the_store_on
         assert [i["id"] for i in crew.incidents("gpu-node-02")] == body["opened"]
         log = crew.log.read_text()
         assert "store unavailable at start" in log and "Traceback" not in log
+
+
+def test_stopped_while_waiting_for_postgres_it_exits_at_once(pitcrew_factory: Any, tmp_path: Path) -> None:
+    with running_postgres() as server:
+        name = server.create_database()
+        password = server.password_file(tmp_path / "pg-password")
+        server.stop()
+        crew: Pitcrew = pitcrew_factory(
+            "stopped", config=_config(server.url(name), password), simulated=False
+        )
+        crew.start(ready=False, timeout=60)
+        assert crew.process is not None
+        crew.process.send_signal(signal.SIGTERM)
+        assert crew.process.wait(timeout=20) == 0
+        crew.process = None
+        assert "Traceback" not in crew.log.read_text()
 
 
 def test_a_store_found_refused_once_postgres_is_back_stops_pitcrew_with_one_line(
