@@ -116,17 +116,17 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     started: list[Background] = []
     opening: asyncio.Task[None] | None = None
     try:
-        await deps.store.open()
-        deps.opened = True
-    except StoreUnavailable as exc:
-        log.warning(
-            "store unavailable at start; serving, not ready, until it can be opened",
-            extra={"reason": str(exc)},
-        )
-        opening = asyncio.create_task(_open_later(app, started), name="pitcrew-store-open")
-    else:
-        await _start_workers(deps, started)
-    try:
+        try:
+            await deps.store.open()
+        except StoreUnavailable as exc:
+            log.warning(
+                "store unavailable at start; serving, not ready, until it can be opened",
+                extra={"reason": str(exc)},
+            )
+            opening = asyncio.create_task(_open_later(app, started), name="pitcrew-store-open")
+        else:
+            deps.opened = True
+            await _start_workers(deps, started)
         yield
     finally:
         if opening is not None:
@@ -145,27 +145,29 @@ async def _start_workers(deps: Deps, started: list[Background]) -> None:
 
 
 async def _open_later(app: web.Application, started: list[Background]) -> None:
+    """The store opened once it can be (``StoreUnavailable``: tried again, with backoff), then the
+    workers started. Anything else raised stops the service, as it would have stopped the start."""
     deps = app[DEPS]
     failures = 1
-    while True:
-        await asyncio.sleep(OPEN_BACKOFF.delay(failures))
-        try:
-            await deps.store.open()
-        except StoreUnavailable as exc:
-            failures += 1
-            log.warning("store still unavailable; trying again", extra={"reason": str(exc)})
-            continue
-        except Exception as exc:  # a store this pitcrew must not open: the service stops
-            log.error("store cannot be opened; stopping", extra={"reason": str(exc)})
-            deps.failure = exc
-            stop = app.get(STOP)
-            if stop is not None:
-                stop.set()
-            return
-        break
-    deps.opened = True
-    log.info("store opened", extra={"attempts": failures + 1})
-    await _start_workers(deps, started)
+    try:
+        while True:
+            await asyncio.sleep(OPEN_BACKOFF.delay(failures))
+            try:
+                await deps.store.open()
+            except StoreUnavailable as exc:
+                failures += 1
+                log.warning("store still unavailable; trying again", extra={"reason": str(exc)})
+                continue
+            break
+        deps.opened = True
+        log.info("store opened", extra={"attempts": failures + 1})
+        await _start_workers(deps, started)
+    except Exception as exc:  # a store this pitcrew must not open (StoreRefused), a worker that failed
+        log.error("could not start; stopping", extra={"reason": str(exc)})
+        deps.failure = exc
+        stop = app.get(STOP)
+        if stop is not None:
+            stop.set()
 
 
 async def receive_alerts(request: web.Request) -> web.Response:

@@ -64,11 +64,10 @@ def run(
     stopping: Callable[[], None] = lambda: None,
 ) -> None:
     """Serve ``app`` on ``host:port`` until a signal, or ``app[STOP]`` is set; then shut down
-    gracefully. After SIGTERM,
-    go on serving for ``delay`` seconds first, ``stopping`` called at once (``/readyz`` says so):
-    a terminating pod is taken out of its Service's endpoints as the signal is sent, and every
-    kube-proxy, ingress controller and load balancer goes on sending to it until it has heard.
-    SIGINT, or a second signal, stops at once."""
+    gracefully. After SIGTERM, go on serving for ``delay`` seconds first, ``stopping`` called at
+    once (``/readyz`` says so): a terminating pod is taken out of its Service's endpoints as the
+    signal is sent, and every kube-proxy, ingress controller and load balancer goes on sending to
+    it until it has heard. SIGINT, or a second signal, stops at once."""
     stop = app[STOP] = asyncio.Event()
 
     async def main() -> None:

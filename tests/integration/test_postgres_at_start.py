@@ -11,14 +11,17 @@ read API and the commands, which answered 500 while the store was away.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from bot.store.schema import SCHEMA_VERSION
+from proving_ground.postgres import PostgresServer
 from tests.conftest import FIXTURES
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.postgres import running_postgres
@@ -31,15 +34,27 @@ def _config(url: str, password: Path) -> dict[str, Any]:
     return {"mode": "observe", "store": {"url": url, "password_file": str(password)}}
 
 
+@contextlib.contextmanager
+def _started_while_away(
+    factory: Any, tmp_path: Path, prepare: Callable[[PostgresServer, dict[str, Any]], None] | None = None
+) -> Iterator[tuple[PostgresServer, str, Pitcrew]]:
+    """A database of its own on a cluster of its own (``prepare`` may use it first); the cluster
+    stopped; pitcrew started on it, serving (``/healthz``) with the store away."""
+    with running_postgres() as server:
+        database = server.create_database()
+        config = _config(server.url(database), server.password_file(tmp_path / "pg-password"))
+        if prepare is not None:
+            prepare(server, config)
+        server.stop()
+        crew: Pitcrew = factory("crew", config=config, simulated=False)
+        crew.start(ready=False, timeout=60)
+        yield server, database, crew
+
+
 def test_started_while_postgres_is_away_it_serves_unready_and_opens_the_store_once_back(
     pitcrew_factory: Any, tmp_path: Path
 ) -> None:
-    with running_postgres() as server:
-        name = server.create_database()
-        password = server.password_file(tmp_path / "pg-password")
-        server.stop()
-        crew: Pitcrew = pitcrew_factory("early", config=_config(server.url(name), password), simulated=False)
-        crew.start(ready=False, timeout=60)  # /healthz answers with the store away
+    with _started_while_away(pitcrew_factory, tmp_path) as (server, _, crew):
         status, raw = crew.request("GET", "/readyz")
         assert status == 503 and json.loads(raw)["checks"]["store"] is False
         status, answer = crew.post_alerts(XID79)
@@ -63,14 +78,7 @@ def test_started_while_postgres_is_away_it_serves_unready_and_opens_the_store_on
 
 
 def test_stopped_while_waiting_for_postgres_it_exits_at_once(pitcrew_factory: Any, tmp_path: Path) -> None:
-    with running_postgres() as server:
-        name = server.create_database()
-        password = server.password_file(tmp_path / "pg-password")
-        server.stop()
-        crew: Pitcrew = pitcrew_factory(
-            "stopped", config=_config(server.url(name), password), simulated=False
-        )
-        crew.start(ready=False, timeout=60)
+    with _started_while_away(pitcrew_factory, tmp_path) as (_, _, crew):
         assert crew.process is not None
         crew.process.send_signal(signal.SIGTERM)
         assert crew.process.wait(timeout=20) == 0
@@ -81,21 +89,19 @@ def test_stopped_while_waiting_for_postgres_it_exits_at_once(pitcrew_factory: An
 def test_a_store_found_refused_once_postgres_is_back_stops_pitcrew_with_one_line(
     pitcrew_factory: Any, tmp_path: Path
 ) -> None:
-    with running_postgres() as server:
-        name = server.create_database()
-        password = server.password_file(tmp_path / "pg-password")
-        first: Pitcrew = pitcrew_factory("first", config=_config(server.url(name), password), simulated=False)
+    def migrated_by_a_newer_pitcrew(server: PostgresServer, config: dict[str, Any]) -> None:
+        first: Pitcrew = pitcrew_factory("first", config=config, simulated=False)
         first.start()
         first.stop()
-        with server.connect(name) as conn:  # migrated since by a newer pitcrew, which this one may not run on
+        database = config["store"]["url"].rsplit("/", 1)[1]
+        with server.connect(database) as conn:  # a newer pitcrew's migration this one may not run after
             conn.execute(
                 psycopg.sql.SQL("UPDATE pitcrew_schema SET version = {v}, compatible_from = {v}").format(
                     v=psycopg.sql.Literal(SCHEMA_VERSION + 1)
                 )
             )
-        server.stop()
-        crew: Pitcrew = pitcrew_factory("late", config=_config(server.url(name), password), simulated=False)
-        crew.start(ready=False, timeout=60)
+
+    with _started_while_away(pitcrew_factory, tmp_path, migrated_by_a_newer_pitcrew) as (server, name, crew):
         server.start()
         assert crew.process is not None
         assert crew.process.wait(timeout=60) == 1
