@@ -229,8 +229,10 @@ def _unavailable() -> web.Response:
     return web.json_response({"error": "store unavailable, retry"}, status=503, headers={"Retry-After": "1"})
 
 
-#: Routes that answer without the store open: the probes say why, /metrics is scraped as ever.
-_WITHOUT_STORE = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Routes that answer without the store open: the probes say why, /metrics is scraped as ever, and
+#: Slack's requests are acknowledged and answered (``bot.integrations.slack.inbound.STORE_AWAY``):
+#: a click refused is never sent again, and Slack would show its own error.
+_WITHOUT_STORE = frozenset({"/healthz", "/readyz", "/metrics", "/slack/events"})
 
 
 @web.middleware

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs
@@ -44,7 +44,7 @@ from bot.integrations.slack.approvers import SLACK, Approvers
 from bot.integrations.slack.errors import call
 from bot.integrations.slack.messages import APPROVE, REJECT, ROLLBACK, Mrkdwn, escape, mention
 from bot.integrations.slack.signature import SlackSignature
-from bot.store.base import NewEvent, Store
+from bot.store.base import NewEvent, Store, StoreUnavailable
 
 log = logger(__name__)
 
@@ -134,7 +134,7 @@ class SlackInbound:
             user = str((body.get("user") or {}).get("id", ""))
             incident_id = str(action.get("value", ""))
             channel = str((body.get("channel") or {}).get("id", self._channel))
-            answer = await self.decide(verb, incident_id, user)
+            answer = await _or_away(self.decide(verb, incident_id, user))
             await self._tell(channel, user, answer)
 
         return clicked
@@ -201,7 +201,7 @@ class SlackInbound:
     # ------------------------------------------------------------------ /pitcrew
     async def _slash(self, ack: Any, respond: Any, command: dict[str, Any], context: Any) -> None:
         user = str(command.get("user_id", ""))
-        work = asyncio.ensure_future(self.slash(str(command.get("text", "")), user))
+        work = asyncio.ensure_future(_or_away(self.slash(str(command.get("text", "")), user)))
         arrived = context.get(_ARRIVED) if context is not None else None
         budget = _ACK_BUDGET if arrived is None else max(0.0, _ACK_BUDGET - (time.monotonic() - arrived))
         done, _ = await asyncio.wait({work}, timeout=budget)
@@ -270,6 +270,24 @@ class SlackInbound:
             f"{' · ' + escape(incident.outcome) if incident.outcome else ''}\n"
             f"Full timeline: `pitcrew incidents show {escape(incident.id)}`"
         )
+
+
+#: The answer to a person whose click or command found the store away (Postgres restarting,
+#: failing over, not reached yet): the click was acknowledged, so Slack shows nothing else.
+STORE_AWAY = (
+    "pitcrew cannot reach its store right now (a database restart or failover), so this was not "
+    "confirmed. Try again in a minute: a decision already recorded is kept, and nothing is done twice."
+)
+
+
+async def _or_away(work: Awaitable[str]) -> str:
+    """``work``'s answer for the person, or ``STORE_AWAY``: before, the click went unanswered and
+    the slash command failed in Slack with its own error."""
+    try:
+        return await work
+    except StoreUnavailable as exc:
+        log.warning("a Slack request found the store away", extra={"reason": str(exc)})
+        return STORE_AWAY
 
 
 def _ssl_check(body: bytes) -> bool:
