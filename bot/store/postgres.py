@@ -895,7 +895,11 @@ class PostgresStore(SqlStore):
     async def _read(self, op: Op[T]) -> T:
         """Each statement on its own (autocommit): at Postgres's READ COMMITTED, statements inside
         one transaction see a snapshot each as well, and a BEGIN and a COMMIT around every read
-        were two more round trips (most of the engine's reads are one statement)."""
+        were two more round trips (most of the engine's reads are one statement). Not before the
+        store is open: while it migrates, a read (a Slack click let through during a start) could
+        find a table not made yet."""
+        if self._shared.writes is None:
+            raise StoreUnavailable("store is not open")
         async with self._conn() as conn:
             return (await _drive(conn, op)).result
 
