@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -37,7 +36,7 @@ from bot.store.mounts import MOUNTINFO
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
 from bot.store.sqlstore import SqlStore
-from bot.store.writer import Bulk, IngestJob, Writer, inspect_file
+from bot.store.writer import Bulk, IngestJob, Writer
 
 
 class SqliteStore(SqlStore):
@@ -58,7 +57,6 @@ class SqliteStore(SqlStore):
         ``SharedFilesystem`` at ``open``); ``mount_table``: where the mounts are read (the kernel's)."""
         super().__init__(clock)
         self.path = path
-        self._network_filesystem, self._mount_table = network_filesystem, mount_table
         self._writer = Writer(
             path,
             synchronous=synchronous,
@@ -70,14 +68,8 @@ class SqliteStore(SqlStore):
         self._reader = Reader(path)
 
     async def inspect(self) -> Inspection:
-        """What ``check-config --live`` reports, the store not opened (``inspect_file``)."""
-        look = functools.partial(
-            inspect_file,
-            self.path,
-            network_filesystem=self._network_filesystem,
-            mount_table=self._mount_table,
-        )
-        return await asyncio.get_running_loop().run_in_executor(None, look)
+        """What ``check-config --live`` reports, the store not opened (``Writer.inspection``)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self._writer.inspection)
 
     async def open(self) -> None:
         await self._writer.open()  # creates and migrates the database

@@ -182,6 +182,12 @@ class Writer:
         self._task = asyncio.create_task(self._loop(), name="pitcrew-store-writer")
         self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="pitcrew-store-checkpoint")
 
+    def inspection(self) -> Inspection:
+        """``inspect_file`` of this writer's file, as ``open`` would find it (blocking: a thread's)."""
+        return inspect_file(
+            self.path, network_filesystem=self._network_filesystem, mount_table=self._mount_table
+        )
+
     def _connect(self) -> sqlite3.Connection:
         mount = shared_mount(self.path, self._mount_table)
         if mount is not None:
