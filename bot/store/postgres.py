@@ -898,17 +898,21 @@ class PostgresStore(SqlStore):
         were two more round trips (most of the engine's reads are one statement). Not before the
         store is open: while it migrates, a read (a Slack click let through during a start) could
         find a table not made yet."""
-        if self._shared.writes is None:
-            raise StoreUnavailable("store is not open")
+        self._writes()
         async with self._conn() as conn:
             return (await _drive(conn, op)).result
 
     async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """One transaction under the write lock (see the module's docstring), on ``_Writes``."""
+        driven = await self._writes().drive(make())
+        return driven.result, driven.wakes
+
+    def _writes(self) -> _Writes:
+        """The writes' thread, made last as the store opens: the one sign that it is open (migrated,
+        taking writes); ``StoreUnavailable`` before, and once closed."""
         if self._shared.writes is None:
             raise StoreUnavailable("store is not open")
-        driven = await self._shared.writes.drive(make())
-        return driven.result, driven.wakes
+        return self._shared.writes
 
     async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """Retention's transactions, on a connection and in a thread of their own beside the
@@ -925,8 +929,7 @@ class PostgresStore(SqlStore):
         (the prune rolls back whole and the next period tries again); an outbox row written
         meanwhile is left, as only delivered rows are removed. The fence is checked in the
         transaction as for every write, so only the leader prunes."""
-        if self._shared.writes is None:
-            raise StoreUnavailable("store is not open")
+        self._writes()
         if self._shared.prunes is None:
             self._shared.prunes = _Writes(
                 self.url,
