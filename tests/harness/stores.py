@@ -106,3 +106,18 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         yield opened
     finally:
         await opened.close()
+
+
+def newer_schema(sqlite: bool, version: int, compatible: int | None) -> list[str]:
+    """The statements that leave a store's schema record as a pitcrew of schema ``version`` leaves
+    it: recording that a pitcrew written for ``compatible`` or later runs on it, or nothing
+    (``None``, as a pitcrew before the record did). Its migrations are the caller's."""
+    if sqlite:
+        record = (
+            "DELETE FROM pitcrew_schema"
+            if compatible is None
+            else f"UPDATE pitcrew_schema SET compatible_from = {compatible}"  # noqa: S608 - an int
+        )
+        return [f"PRAGMA user_version = {version}", record]
+    value = "NULL" if compatible is None else str(compatible)
+    return [f"UPDATE pitcrew_schema SET version = {version}, compatible_from = {value}"]  # noqa: S608 - ints

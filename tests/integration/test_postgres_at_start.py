@@ -18,14 +18,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from bot.store.schema import SCHEMA_VERSION
 from proving_ground.postgres import PostgresServer
 from tests.conftest import FIXTURES
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.postgres import running_postgres
 from tests.harness.proc import wait_until
+from tests.harness.stores import newer_schema
 
 XID79 = (FIXTURES / "alertmanager" / "xid79-firing.json").read_bytes()
 
@@ -95,11 +94,8 @@ def test_a_store_found_refused_once_postgres_is_back_stops_pitcrew_with_one_line
         first.stop()
         database = config["store"]["url"].rsplit("/", 1)[1]
         with server.connect(database) as conn:  # a newer pitcrew's migration this one may not run after
-            conn.execute(
-                psycopg.sql.SQL("UPDATE pitcrew_schema SET version = {v}, compatible_from = {v}").format(
-                    v=psycopg.sql.Literal(SCHEMA_VERSION + 1)
-                )
-            )
+            for statement in newer_schema(False, SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
+                conn.execute(statement)
 
     with _started_while_away(pitcrew_factory, tmp_path, migrated_by_a_newer_pitcrew) as (server, name, crew):
         server.start()

@@ -11,7 +11,9 @@ added: the test's folder mounted over NFS, as a pod sees an NFS PersistentVolume
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -23,8 +25,10 @@ from bot.cli import main
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.mounts import MOUNTINFO, SharedFilesystem, filesystem
+from bot.store.schema import SCHEMA_VERSION
 from bot.store.sqlite import SqliteStore
 from proving_ground.proc import free_port
+from tests.harness.stores import newer_schema
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 
@@ -105,15 +109,9 @@ async def test_a_local_folder_beside_the_network_mount_is_not_refused(tmp_path: 
 
 def _newer_than_this_pitcrew(path: Path) -> None:
     """A store a newer pitcrew migrated with a migration this one must not run after."""
-    import sqlite3
-
-    from bot.store.schema import SCHEMA_VERSION
-
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-        conn.execute(f"UPDATE pitcrew_schema SET compatible_from = {SCHEMA_VERSION + 1}")  # noqa: S608 - an int
-    conn.close()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        for statement in newer_schema(True, SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
+            conn.execute(statement)
 
 
 def test_a_store_that_refuses_to_open_stops_pitcrew_with_one_line(

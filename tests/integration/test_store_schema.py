@@ -22,7 +22,7 @@ from bot.store import postgres
 from bot.store.base import Delivery, IncomingAlert
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
-from tests.harness.stores import Stores
+from tests.harness.stores import Stores, newer_schema
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 NEXT = SCHEMA_VERSION + 1
@@ -53,17 +53,7 @@ def _record(stores: Stores) -> tuple[int, int | None]:
 
 def _migrated_by_a_newer_pitcrew(stores: Stores, compatible: int | None) -> None:
     """As the next release leaves the store: its migration applied, its version, its record."""
-    if stores.database is None:
-        record = (
-            "DELETE FROM pitcrew_schema"
-            if compatible is None
-            else f"UPDATE pitcrew_schema SET compatible_from = {compatible}"  # noqa: S608 - an int
-        )
-        stores.sql(*ADDITIVE, f"PRAGMA user_version = {NEXT}", record)
-        return
-    value = "NULL" if compatible is None else str(compatible)
-    record = f"UPDATE pitcrew_schema SET version = {NEXT}, compatible_from = {value}"  # noqa: S608 - ints
-    stores.sql(*ADDITIVE, record)
+    stores.sql(*ADDITIVE, *newer_schema(stores.database is None, NEXT, compatible))
 
 
 async def test_two_processes_opening_a_new_store_at_once_both_open_it(stores: Stores) -> None:
