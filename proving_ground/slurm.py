@@ -264,7 +264,14 @@ class SlurmCluster:
         if "slurmctld" in self._procs and self.ping():
             self.run("scancel", "--full", "--user=root", check=False)
             # Long enough for a busy machine: a job still ending when its slurmd stops outlives it.
-            self._wait(lambda: not self.active_jobs(), 30, "jobs to end", fail=False)
+            # Its processes too: a job leaves squeue before its slurmstepd has ended what it ran,
+            # and stopping slurmd then left a job's ``sleep 300`` behind, reparented (a CI run).
+            self._wait(
+                lambda: not self.active_jobs() and not self.survivors(jobs=True),
+                30,
+                "jobs to end",
+                fail=False,
+            )
         for name in ["slurmrestd", *(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
             self._terminate(name)
         survivors = self.survivors()
@@ -369,8 +376,9 @@ class SlurmCluster:
         script = self.train_job
         return self.submit("--job-name=ckpt-train", *flags, *extra, script=script, env=env)
 
-    def survivors(self) -> list[int]:
-        """Live daemons and job processes of this cluster (they name the run directory)."""
+    def survivors(self, *, jobs: bool = False) -> list[int]:
+        """Live daemons and job processes of this cluster (they name the run directory); ``jobs``:
+        only what runs a job (its slurmstepd, and the job's own processes)."""
         marker = str(self.run_dir).encode()
         found = []
         for entry in Path("/proc").iterdir():
@@ -383,7 +391,8 @@ class SlurmCluster:
                 zombie = (entry / "stat").read_text().split(") ", 1)[-1].startswith("Z")
             except OSError:
                 continue
-            ours = comm in _DAEMONS or b"SLURM_JOB_ID=" in environ  # not, say, a pitcrew under test
+            job = comm == "slurmstepd" or b"SLURM_JOB_ID=" in environ
+            ours = job or (comm in _DAEMONS and not jobs)  # not, say, a pitcrew under test
             if ours and marker in blob and not zombie:
                 found.append(int(entry.name))
         return found
