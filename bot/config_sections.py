@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -147,6 +147,11 @@ class LeaseSettings(_Section):
         return self.renew_every if self.renew_every is not None else self.ttl / 3
 
 
+#: libpq's connection keywords that are secrets: in a URL (``user:password@``, or as any keyword may
+#: be given, a query parameter) they would sit in a ConfigMap, an environment variable, a pod spec.
+_URL_SECRETS = frozenset({"password", "sslpassword"})
+
+
 class StoreSettings(_Section):
     url: str | None = Field(
         default=None,
@@ -195,7 +200,9 @@ class StoreSettings(_Section):
         scheme, _, rest = self.url.partition("://")
         if scheme not in {"postgresql", "postgres"} or not rest:
             raise ValueError("store.url must be a postgresql:// URL (unset for the embedded SQLite store)")
-        if "@" in rest.split("/", 1)[0] and ":" in rest.split("@", 1)[0]:
+        userinfo = rest.split("/", 1)[0].rpartition("@")[0]
+        query = rest.partition("?")[2]
+        if ":" in userinfo or any(key in _URL_SECRETS for key, _ in parse_qsl(query, keep_blank_values=True)):
             raise ValueError("store.url must not carry a password: put it in store.password_file")
         return self
 

@@ -321,3 +321,39 @@ def test_a_shipped_playbook_given_a_next_rung_keeps_its_steps(tmp_path: Path) ->
     shipped = playbooks_of(tmp_path, "mode: observe\n")
     changed = playbooks_of(tmp_path, "playbooks: {reboot-node: {next: replace-node}}\n")
     assert changed["reboot-node"] == {**shipped["reboot-node"], "next": "replace-node"}
+
+
+# -- the store's URL carries no secret -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:s3cret@db/app",
+        "postgresql://app:@db/app",
+        # libpq takes any connection keyword as a query parameter, its name percent-decoded too
+        "postgresql://app@db/app?password=s3cret",
+        "postgresql://app@db/app?sslmode=require&%70assword=s3cret",
+        "postgres://app@db:5432,db2:5432/app?target_session_attrs=read-write&password=s3cret",
+        "postgresql://app@db/app?sslpassword=key-passphrase",  # the client key's passphrase
+    ],
+)
+def test_a_store_url_with_a_secret_is_refused(tmp_path: Path, url: str) -> None:
+    says = refusal(tmp_path, f"store: {{url: '{url}'}}\n")
+    assert "store.url must not carry a password: put it in store.password_file" in says
+    assert "s3cret" not in says and "key-passphrase" not in says
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@cluster-rw.db:5432/app",
+        "postgres://app@db:5432,db2:5432/app?target_session_attrs=read-write",
+        "postgresql://app@[::1]:5432/app?sslmode=verify-full&sslrootcert=/etc/pitcrew/ca.crt",
+        "postgresql://app@db/app?passfile=/etc/pitcrew/pgpass",  # a file, as password_file is
+        "postgresql:///app?host=/var/run/postgresql",
+    ],
+)
+def test_a_store_url_without_a_secret_is_taken(tmp_path: Path, url: str) -> None:
+    (tmp_path / "pitcrew.yaml").write_text(f"store: {{url: '{url}'}}\n")
+    assert load_config(tmp_path / "pitcrew.yaml").settings.store.url == url
