@@ -54,7 +54,15 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store import queries, retention
-from bot.store.base import AlertRecord, Delivery, IngestOutcome, Inspection, ReplicationMode, StoreUnavailable
+from bot.store.base import (
+    AlertRecord,
+    Delivery,
+    IngestOutcome,
+    Inspection,
+    ReplicationMode,
+    StoreRefused,
+    StoreUnavailable,
+)
 from bot.store.batch import Answer
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import bump_seen
@@ -172,11 +180,18 @@ _PING = (
 _INSPECT = (
     "SELECT current_setting('server_version_num')::int AS version_num,"
     " current_setting('server_version') AS version, current_schema() AS schema,"
+    " current_setting('server_encoding') AS encoding,"
     " coalesce(has_schema_privilege(current_schema(), 'CREATE'), false) AS may_create,"
     " to_regclass('pitcrew_schema') IS NOT NULL AS has_schema,"
     " coalesce(has_table_privilege(to_regclass('pitcrew_schema'), 'SELECT'), false) AS schema_readable,"
     " coalesce(has_table_privilege(to_regclass('leadership'), 'SELECT'), false) AS leadership_readable"
 )
+#: The database's encoding: pitcrew stores any Unicode text (alert labels and annotations, what
+#: the far sides answer, people's names), which only UTF8 holds. A database takes the encoding of
+#: its template, or of the locale ``initdb`` ran in: ``SQL_ASCII`` in a C or POSIX locale (a
+#: container without ``LANG``), where text comes back as bytes and the first read of the incidents
+#: failed; ``LATIN1`` on old installs, where the first event with a character outside Latin-1 did.
+_ENCODING = "SELECT current_setting('server_encoding') AS encoding"
 _WHO_LEADS = "SELECT holder, epoch, expires_at > now() AS live FROM leadership WHERE id = 1"
 #: What this role may not do that the store does, on those of its tables that are there: every
 #: statement on each, only reading and adding on the audit log (append-only).
@@ -238,6 +253,18 @@ class Replication:
 def _replication(row: DictRow) -> Replication:
     """What ``_PING`` read of the replication."""
     return Replication.of(str(row["commit"]), str(row["names"]), int(row["standbys"]))
+
+
+class WrongEncoding(StoreRefused):
+    """The database is not in UTF8 (``_ENCODING``): it cannot hold what pitcrew stores."""
+
+
+def _wrong_encoding(where: str, encoding: str) -> str:
+    return (
+        f"{where} is in encoding {encoding}, and pitcrew stores any Unicode text (alert labels, what "
+        "Slurm, Kubernetes and Slack answer, people's names): give it a database in UTF8 "
+        "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+    )
 
 
 class _ServerLost(StoreUnavailable):
@@ -659,7 +686,8 @@ class PostgresStore(SqlStore):
             "autocommit": True,
             "row_factory": dict_row,
             "connect_timeout": max(1, int(self._connect_timeout)),
-            # Nothing is set for the session, so a connection pooler in front of Postgres
+            # Nothing is set for the session but startup parameters a pooler passes (``application_name``,
+            # ``client_encoding`` below), so a connection pooler in front of Postgres
             # (PgBouncer, in its transaction mode too) passes every connection and statement: what a
             # transaction needs it sets itself (``_TRANSACTION_SETTINGS``), and the lease's times
             # come back as instants, read in UTC whatever the session's time zone
@@ -673,6 +701,11 @@ class PostgresStore(SqlStore):
         }
         given = psycopg.conninfo.conninfo_to_dict(self.url)
         kwargs |= {key: value for key, value in TCP.items() if key not in given}
+        # Whatever the URL, the environment (PGCLIENTENCODING) or the role (ALTER ROLE ... SET
+        # client_encoding) says: text goes both ways as UTF-8, so any text of a UTF8 database
+        # (``_ENCODING``) is written and read (a LATIN1 session failed on the first character
+        # outside Latin-1). A parameter of the startup message, which PgBouncer passes.
+        kwargs["client_encoding"] = "UTF8"
         if self._password_file is not None:
             kwargs["password"] = read_password(self._password_file)
         return kwargs
@@ -815,6 +848,10 @@ class PostgresStore(SqlStore):
     async def _migrate(self) -> None:
         async with self._conn() as conn, conn.transaction():
             await conn.execute(f"{_TRANSACTION_SETTINGS}; {_UNBOUNDED}")
+            found = await (await conn.execute(_ENCODING)).fetchone()
+            assert found is not None
+            if found["encoding"] != "UTF8":  # before anything is created in it
+                raise WrongEncoding(_wrong_encoding(self._where(), str(found["encoding"])))
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
             await conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (version INTEGER NOT NULL)")
             row = await (await conn.execute("SELECT * FROM pitcrew_schema")).fetchone()
@@ -999,6 +1036,9 @@ class PostgresStore(SqlStore):
             missing.append("writes: default_transaction_read_only off for the database and the role")
         if int(server["version_num"]) < MIN_SERVER_VERSION:
             missing.append("PostgreSQL 12 or newer")
+        if server["encoding"] != "UTF8":
+            said.append(f"encoding {server['encoding']}")
+            missing.append(f"a database in UTF8 ({server['encoding']} cannot hold what pitcrew stores)")
         if server["has_schema"] and schema is None:
             said.append("schema not readable by this role")  # the privileges it lacks: below
         else:
