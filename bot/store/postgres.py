@@ -83,7 +83,8 @@ log = logger(__name__)
 Conn = psycopg.AsyncConnection[DictRow]
 SyncConn = psycopg.Connection[DictRow]
 
-#: Advisory lock keys: every write transaction, and schema migration at start.
+#: Advisory lock keys: every write transaction (and a migration, while it migrates), and schema
+#: migration at start.
 _WRITE_LOCK = 0x7069_7463
 _MIGRATE_LOCK = 0x7069_746D
 _MIGRATIONS = migrations(POSTGRES)
@@ -862,6 +863,11 @@ class PostgresStore(SqlStore):
                 await conn.execute("ALTER TABLE pitcrew_schema ADD COLUMN compatible_from INTEGER")
             version, compatible = int(row["version"]), row.get("compatible_from")
             stands = opening(version, compatible, self._where())
+            if version < SCHEMA_VERSION:
+                # Every replica's writes wait meanwhile (a rolling update's older replica goes on
+                # writing): a migration locks table after table, and a write that held one and
+                # wanted another ended in a deadlock, failing the migration or that write.
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
             for number in range(version, SCHEMA_VERSION):
                 async with conn.transaction():  # a savepoint: each migration whole or not at all
                     await conn.execute(_MIGRATIONS[number])

@@ -5,7 +5,8 @@ pitcrew migrated with migrations that only add is run on as it is (a rolling upd
 on the last release, a rollback of the image), its schema and its record left as they were; one
 whose newer migrations this pitcrew must not run after, or with no record of which pitcrew may,
 is refused with a message that says why, and nothing is written; a store of a pitcrew before the
-record gets it at the next start. The rule itself is ``bot.store.schema.standing``
+record gets it at the next start; a migration beside an older replica's writes (a rolling
+update) waits for them, never ends in a deadlock with them. The rule itself is ``bot.store.schema.standing``
 (``tests/unit/test_store_schema.py``).
 """
 
@@ -19,7 +20,7 @@ import pytest
 
 from bot.domain.faults import Fault
 from bot.store import postgres
-from bot.store.base import Delivery, IncomingAlert
+from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
 from tests.harness.stores import Stores, newer_schema
@@ -149,3 +150,53 @@ async def test_a_store_from_before_the_record_gets_it_at_the_next_start(stores: 
     store = await stores.open()
     assert [i[0] for i in await store.active()] == opened
     assert _record(stores) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
+
+
+def _left_at_release_4(stores: Stores) -> None:
+    """The store as a pitcrew of schema 4 left it: migrations 5 (indexes on incidents, then on the
+    outbox) and 6 (a table) not applied yet."""
+    stores.sql(
+        "DROP INDEX incidents_closed",
+        "DROP INDEX outbox_incident",
+        "DROP TABLE watch_memory",
+        f"UPDATE pitcrew_schema SET version = 4, compatible_from = {compatible_from(4)}",  # noqa: S608 - an int
+    )
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+@pytest.mark.parametrize("older", ["writing", "pruning"])
+async def test_a_migration_beside_an_older_replica_at_work_never_fails_the_start(
+    stores: Stores, older: str
+) -> None:
+    """A rolling update: the new pod migrates while the replica of the last release goes on
+    writing, an outbox row then its incident, in one transaction. The migration's first index
+    locked the incidents against writes and waited for the outbox; the replica then waited for the
+    incidents: a deadlock, which Postgres ends after a second by failing one of the two, the
+    migration (the start tried again after its backoff, an error in the server's log) or the
+    replica's write (a webhook answered 503, a step retried). Now the migration first takes the
+    write lock every write of every replica takes (``writing``): it waits for the replica's
+    transaction, or that one for it, and neither fails. A transaction that takes no write lock
+    (retention's prunes, ``pruning``) may still meet it in a deadlock: the migration, rolled back
+    whole, is then the store unavailable, and the start tries again."""
+    assert stores.database is not None
+    store = await stores.open()
+    await store.close()
+    _left_at_release_4(stores)
+    with stores.database.connect() as other:
+        other.execute("BEGIN; SET LOCAL deadlock_timeout = '5s'")  # the migration is the one to check
+        if older == "writing":
+            other.execute("SELECT pg_advisory_xact_lock(%s)", (postgres._WRITE_LOCK,))
+        other.execute("UPDATE outbox SET attempts = attempts WHERE id = -1")
+        opening = asyncio.create_task(stores.open())
+        await asyncio.sleep(0.5)  # the migration is waiting: for the write lock, or for the outbox
+        assert not opening.done(), opening
+        await asyncio.to_thread(other.execute, "UPDATE incidents SET state = state WHERE id = 'none'")
+        other.execute("COMMIT")
+        if older == "writing":
+            store = await asyncio.wait_for(opening, timeout=10)
+        else:
+            with pytest.raises(StoreUnavailable, match="deadlock"):
+                await asyncio.wait_for(opening, timeout=10)
+            store = await stores.open()  # as the start tries again
+    assert _record(stores) == (SCHEMA_VERSION, compatible_from(SCHEMA_VERSION))
+    assert (await store.ingest(_delivery("fp-m", "gpu-004"), T0)).opened
