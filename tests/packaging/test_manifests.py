@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
 import subprocess
 import sys
@@ -442,3 +443,74 @@ def test_service_monitor_network_policy_and_route_agree() -> None:
 def test_the_loader_reads_kustomize_output_as_kubernetes_does() -> None:
     (doc,) = load_all("kind: X\nmatchType: =\nvalue: '='\n")
     assert doc == {"kind": "X", "matchType": "=", "value": "="}
+
+
+def _admits(policy: dict[str, Any], to: dict[str, Any]) -> bool:
+    """Whether a NetworkPolicy's egress rules admit a connection to ``to`` (an address, a port and
+    protocol as the policy sees them: the pod's port, after a Service's; and, for a pod, its labels
+    and its namespace's; ``host``: an endpoint on the node's own network, which no pod or namespace
+    selector matches). Rules are ORed; a rule without ``to`` or without ``ports`` admits any."""
+    def peer(p: dict[str, Any]) -> bool:
+        if "ipBlock" in p:
+            block = p["ipBlock"]
+            address = ipaddress.ip_address(to["ip"])
+            return address in ipaddress.ip_network(block["cidr"]) and not any(
+                address in ipaddress.ip_network(e) for e in block.get("except", [])
+            )
+        if to.get("host"):
+            return False
+        namespace = p.get("namespaceSelector")
+        pods = p.get("podSelector", {})
+        in_namespace = (
+            to["namespace"]["name"] == "pitcrew"
+            if namespace is None
+            else namespace.get("matchLabels", {}).items() <= to["namespace"]["labels"].items()
+        )
+        return in_namespace and pods.get("matchLabels", {}).items() <= to["labels"].items()
+
+    def port(p: dict[str, Any]) -> bool:
+        return p["port"] == to["port"] and p.get("protocol", "TCP") == to["protocol"]
+
+    return any(
+        ("to" not in rule or any(peer(p) for p in rule["to"]))
+        and ("ports" not in rule or any(port(p) for p in rule["ports"]))
+        for rule in policy["spec"]["egress"]
+    )
+
+
+#: Where clusters serve their pods' DNS, as an egress policy sees it (the pod's own port).
+DNS_SERVERS = {
+    "CoreDNS": {
+        "ip": "10.244.1.7",
+        "labels": {"k8s-app": "kube-dns"},
+        "namespace": {"name": "kube-system", "labels": {"kubernetes.io/metadata.name": "kube-system"}},
+    },
+    # NodeLocal DNSCache (GKE Autopilot, many large clusters): the pods' resolver is a
+    # link-local address (or the kube-dns ClusterIP, taken over) served on every node's own
+    # network, by a hostNetwork DaemonSet.
+    "NodeLocal DNSCache": {"ip": "169.254.20.10", "host": True},
+    "NodeLocal DNSCache on the ClusterIP": {"ip": "10.96.0.10", "host": True},
+    # OpenShift: the DNS operator's pods, answering on 5353 behind the Service's 53.
+    "OpenShift": {
+        "ip": "10.128.2.5",
+        "port": 5353,
+        "labels": {"dns.operator.openshift.io/daemonset-dns": "default"},
+        "namespace": {"name": "openshift-dns", "labels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+    },
+}
+
+
+@pytest.mark.parametrize("server", sorted(DNS_SERVERS))
+@pytest.mark.parametrize("protocol", ["UDP", "TCP"])
+def test_the_egress_policy_lets_the_pods_resolve_names_wherever_the_cluster_serves_dns(
+    server: str, protocol: str
+) -> None:
+    """A policy that admitted DNS to kube-dns's pods only left pitcrew unable to resolve Postgres,
+    Slack or the API server on a cluster with NodeLocal DNSCache (no pod selector matches a
+    hostNetwork endpoint) or on OpenShift (other labels, port 5353): every connection failed."""
+    egress = rendered("ha").one("NetworkPolicy", "pitcrew-egress")
+    to = {"port": 53, **DNS_SERVERS[server], "protocol": protocol}
+    assert _admits(egress, to), f"{server}: DNS over {protocol} is refused by the egress policy"
+    # The evaluator itself: a pod of no DNS server on the DNS port of a policy with only a pod rule.
+    only_pods = {"spec": {"egress": [{"to": [{"podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]}]}}
+    assert not _admits(only_pods, {**to, "host": True})
