@@ -450,6 +450,7 @@ def _admits(policy: dict[str, Any], to: dict[str, Any]) -> bool:
     protocol as the policy sees them: the pod's port, after a Service's; and, for a pod, its labels
     and its namespace's; ``host``: an endpoint on the node's own network, which no pod or namespace
     selector matches). Rules are ORed; a rule without ``to`` or without ``ports`` admits any."""
+
     def peer(p: dict[str, Any]) -> bool:
         if "ipBlock" in p:
             block = p["ipBlock"]
@@ -466,10 +467,10 @@ def _admits(policy: dict[str, Any], to: dict[str, Any]) -> bool:
             if namespace is None
             else namespace.get("matchLabels", {}).items() <= to["namespace"]["labels"].items()
         )
-        return in_namespace and pods.get("matchLabels", {}).items() <= to["labels"].items()
+        return bool(in_namespace and pods.get("matchLabels", {}).items() <= to["labels"].items())
 
     def port(p: dict[str, Any]) -> bool:
-        return p["port"] == to["port"] and p.get("protocol", "TCP") == to["protocol"]
+        return bool(p["port"] == to["port"] and p.get("protocol", "TCP") == to["protocol"])
 
     return any(
         ("to" not in rule or any(peer(p) for p in rule["to"]))
@@ -479,7 +480,7 @@ def _admits(policy: dict[str, Any], to: dict[str, Any]) -> bool:
 
 
 #: Where clusters serve their pods' DNS, as an egress policy sees it (the pod's own port).
-DNS_SERVERS = {
+DNS_SERVERS: dict[str, dict[str, Any]] = {
     "CoreDNS": {
         "ip": "10.244.1.7",
         "labels": {"k8s-app": "kube-dns"},
