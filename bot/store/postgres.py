@@ -192,7 +192,13 @@ _INSPECT = (
 #: its template, or of the locale ``initdb`` ran in: ``SQL_ASCII`` in a C or POSIX locale (a
 #: container without ``LANG``), where text comes back as bytes and the first read of the incidents
 #: failed; ``LATIN1`` on old installs, where the first event with a character outside Latin-1 did.
-_ENCODING = "SELECT current_setting('server_encoding') AS encoding"
+#: Read first at open, with whether the server takes writes: a store whose tables are current
+#: writes nothing at open, and would open on a standby (or for a read-only role) to fail its first
+#: write.
+_AT_OPEN = (
+    "SELECT current_setting('server_encoding') AS encoding, pg_is_in_recovery() AS standby,"
+    " current_setting('transaction_read_only') = 'on' AS read_only"
+)
 _WHO_LEADS = "SELECT holder, epoch, expires_at > now() AS live FROM leadership WHERE id = 1"
 #: What this role may not do that the store does, on those of its tables that are there: every
 #: statement on each, only reading and adding on the audit log (append-only).
@@ -257,7 +263,7 @@ def _replication(row: DictRow) -> Replication:
 
 
 class WrongEncoding(StoreRefused):
-    """The database is not in UTF8 (``_ENCODING``): it cannot hold what pitcrew stores."""
+    """The database is not in UTF8 (``_AT_OPEN``): it cannot hold what pitcrew stores."""
 
 
 def _wrong_encoding(where: str, encoding: str) -> str:
@@ -265,6 +271,25 @@ def _wrong_encoding(where: str, encoding: str) -> str:
         f"{where} is in encoding {encoding}, and pitcrew stores any Unicode text (alert labels, what "
         "Slurm, Kubernetes and Slack answer, people's names): give it a database in UTF8 "
         "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+    )
+
+
+class NotPermitted(StoreRefused):
+    """The database refuses this role what opening the store does (``_NOT_PERMITTED``)."""
+
+
+#: What the database answers a role that may not create pitcrew's tables where they go, or use
+#: them once there: the set-up most likely to go wrong (PostgreSQL 15 lets only the database's
+#: owner create in ``public``). Trying again will not help; the start stopped with a traceback.
+_NOT_PERMITTED = (psycopg.errors.InsufficientPrivilege, psycopg.errors.InvalidSchemaName)
+
+
+def _not_permitted(where: str, exc: Exception) -> str:
+    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (
+        f"{where}: {said}: pitcrew creates and migrates its tables at start, then uses them; make "
+        "its role the database's owner, or GRANT CREATE ON SCHEMA and the tables' privileges to it "
+        "(pitcrew check-config --live names each one it lacks)"
     )
 
 
@@ -704,7 +729,7 @@ class PostgresStore(SqlStore):
         kwargs |= {key: value for key, value in TCP.items() if key not in given}
         # Whatever the URL, the environment (PGCLIENTENCODING) or the role (ALTER ROLE ... SET
         # client_encoding) says: text goes both ways as UTF-8, so any text of a UTF8 database
-        # (``_ENCODING``) is written and read (a LATIN1 session failed on the first character
+        # (``_AT_OPEN``) is written and read (a LATIN1 session failed on the first character
         # outside Latin-1). A parameter of the startup message, which PgBouncer passes.
         kwargs["client_encoding"] = "UTF8"
         if self._password_file is not None:
@@ -747,6 +772,9 @@ class PostgresStore(SqlStore):
         self._shared.pool = pool
         try:
             await self._migrate()
+        except _NOT_PERMITTED as exc:
+            await self.close()
+            raise NotPermitted(_not_permitted(self._where(), exc)) from exc
         except BaseException:
             await self.close()
             raise
@@ -849,12 +877,24 @@ class PostgresStore(SqlStore):
     async def _migrate(self) -> None:
         async with self._conn() as conn, conn.transaction():
             await conn.execute(f"{_TRANSACTION_SETTINGS}; {_UNBOUNDED}")
-            found = await (await conn.execute(_ENCODING)).fetchone()
+            found = await (await conn.execute(_AT_OPEN)).fetchone()
             assert found is not None
             if found["encoding"] != "UTF8":  # before anything is created in it
                 raise WrongEncoding(_wrong_encoding(self._where(), str(found["encoding"])))
+            if found["standby"] or found["read_only"]:  # where nothing needs writing, it opened
+                raise StoreUnavailable(
+                    f"{self._where()}: read-only ({'a standby' if found['standby'] else 'for this role'}):"
+                    " pitcrew needs a primary that takes its writes"
+                )
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-            await conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (version INTEGER NOT NULL)")
+            # Created only when it is not there: ``CREATE TABLE IF NOT EXISTS`` asks for CREATE
+            # on the schema even then, and a role allowed to use the tables a DBA made, not to
+            # create, failed every start (what check-config --live said it could do).
+            there = await (
+                await conn.execute("SELECT to_regclass('pitcrew_schema') IS NOT NULL AS t")
+            ).fetchone()
+            if there is None or not there["t"]:
+                await conn.execute("CREATE TABLE IF NOT EXISTS pitcrew_schema (version INTEGER NOT NULL)")
             row = await (await conn.execute("SELECT * FROM pitcrew_schema")).fetchone()
             if row is None:
                 await conn.execute("INSERT INTO pitcrew_schema (version) VALUES (0)")

@@ -5,13 +5,15 @@ Cases: a new store (no tables yet: pitcrew creates them at start) stays untouche
 is its schema, and on Postgres the server's version, its replication and who leads; a store of an
 older schema is to be migrated; one this pitcrew may not run on fails, naming what is missing. On
 Postgres, a role that may not create pitcrew's tables, or may not use them once they are there, is
-named with the privilege it lacks. (A standby, and asynchronous and synchronous replication, are
+named with the privilege it lacks; such a role stops the start with one line, and one that may use
+the tables a DBA made but not create any opens the store. (A standby, and asynchronous and synchronous replication, are
 in ``test_store_failover.py``; the line ``check-config --live`` prints, in
 ``test_check_config_live.py``.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 from collections.abc import Callable, Iterator
@@ -20,11 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from bot.cli import main
+from bot.store.base import StoreRefused
 from bot.store.postgres import PostgresStore
 from bot.store.schema import SCHEMA_VERSION, TABLES
 from bot.store.sqlite import SqliteStore
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores
+from tests.integration.test_store_contract import T0, _alert, _delivery
 
 
 def _tables(stores: Stores, store: AnyStore) -> list[str]:
@@ -133,6 +138,60 @@ async def test_a_role_that_may_not_create_or_use_the_tables_is_named(
         db.execute(f"REVOKE UPDATE, DELETE ON events FROM {name}")
     seen = await PostgresStore(url, password_file=password_file).inspect()
     assert seen.ok, seen
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_role_that_may_not_create_or_use_the_tables_stops_the_start_with_one_line(
+    stores: Stores,
+    limited_role: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The set-up most likely to go wrong: a role given the database but not its schema, where
+    PostgreSQL 15 lets only the database's owner create. The start stopped with psycopg's
+    traceback, at every restart of the pod; now with one line saying what to grant. Trying again
+    would not help, so the start does not wait for it (``StoreRefused``)."""
+    url, password_file = limited_role
+    with pytest.raises(StoreRefused) as refused:
+        await PostgresStore(url, password_file=password_file).open()
+    said = str(refused.value)
+    assert "permission denied for schema public" in said and "CREATE" in said, said
+    assert "check-config --live" in said, said
+
+    monkeypatch.setenv("PITCREW_STORE__URL", url)
+    monkeypatch.setenv("PITCREW_STORE__PASSWORD_FILE", str(password_file))
+    assert await asyncio.to_thread(main, ["incidents"]) == 1  # the CLI runs a loop of its own
+    err = capsys.readouterr().err
+    assert err.startswith("pitcrew: ") and "permission denied for schema public" in err, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+
+    await stores.open()  # the database's owner creates the tables; the role may not use them
+    with pytest.raises(StoreRefused, match="permission denied for table pitcrew_schema"):
+        await PostgresStore(url, password_file=password_file).open()
+
+
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+async def test_a_role_that_may_use_the_tables_but_not_create_opens_a_current_store(
+    stores: Stores, limited_role: tuple[str, Path]
+) -> None:
+    """A site's DBA made the tables (or took CREATE away once they were there): check-config
+    --live said the role may run pitcrew, and the start failed all the same, at every restart:
+    ``CREATE TABLE IF NOT EXISTS`` asks for CREATE on the schema even when the table is there.
+    Nothing is created on a store whose tables are there."""
+    url, password_file = limited_role
+    await stores.open()
+    assert stores.database is not None
+    name = url.split("//", 1)[1].split("@", 1)[0]
+    with stores.database.connect() as db:
+        db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
+        db.execute(f"REVOKE UPDATE, DELETE ON events FROM {name}")
+    assert (await PostgresStore(url, password_file=password_file).inspect()).ok
+    store = PostgresStore(url, password_file=password_file)
+    await store.open()
+    try:
+        assert (await store.ingest(_delivery(_alert("fp-dba", "gpu-009")), T0)).opened
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
