@@ -1,4 +1,5 @@
-"""Whether the SQLite store's file is on a filesystem other hosts may open too.
+"""Whether the SQLite store's file is on a filesystem other hosts may open too, or on one that
+goes with the container or the boot.
 
 SQLite's locks, and the shared memory its WAL index lives in, hold only among processes of one
 host: "All processes using a database must be on the same host computer; WAL does not work over a
@@ -9,9 +10,14 @@ cut off but still reaches the file server, a CLI run on a login node of an HPC s
 both may lead and act on the same incidents, and the file may be corrupted. An NFS-backed
 ``ReadWriteOnce`` volume does not prevent it: only attachable volumes are held to one node.
 
-So the SQLite store refuses such a file (``shared_mount``, ``refusal``), at start and in ``check-config --live``,
-unless ``store.allow_network_filesystem`` says nothing on another host ever opens it. Replicas on
-several hosts share a Postgres store.
+So the SQLite store refuses such a file (``Mount.shared``, ``refusal``), at start and in
+``check-config --live``, unless ``store.allow_network_filesystem`` says nothing on another host
+ever opens it. Replicas on several hosts share a Postgres store.
+
+A file in the container's own writable layer (``overlay``: ``docker run`` without a volume, a
+manifest without its claim; Kubernetes starts a new container at every restart) or in memory
+(``tmpfs``) is opened, but said to go with them (``Mount.ephemeral``, ``transience``): a crash
+would take the incidents, and the record of what pitcrew did and may have to undo.
 
 The filesystem is read from the kernel's mount table (``/proc/self/mountinfo``, which a container
 sees with its own volumes); where there is none (not Linux), nothing is said.
@@ -59,6 +65,11 @@ NETWORK = frozenset(
     }
 )
 
+#: Filesystem types whose files do not outlive what mounted them: a container's own writable layer
+#: (``overlay``: gone with the container, and Kubernetes starts a new container at every restart),
+#: and memory (gone at the next boot).
+EPHEMERAL = frozenset({"overlay", "aufs", "tmpfs", "ramfs"})
+
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
@@ -75,6 +86,10 @@ class Mount:
     @property
     def shared(self) -> bool:
         return self.fstype in NETWORK
+
+    @property
+    def ephemeral(self) -> bool:
+        return self.fstype in EPHEMERAL
 
 
 def _unescape(field: str) -> str:
@@ -127,14 +142,8 @@ def filesystem(path: Path, table: Path = MOUNTINFO) -> Mount | None:
     return mount_of(str(_existing(path)), parse(text))
 
 
-def shared_mount(path: Path, table: Path = MOUNTINFO) -> Mount | None:
-    """The mount ``path`` is on if other hosts may open its files; ``None`` if local or unknown."""
-    mount = filesystem(path, table)
-    return mount if mount is not None and mount.shared else None
-
-
 def refusal(path: Path, mount: Mount) -> str:
-    """Why the SQLite store must not be opened at ``path``, on ``mount`` (``shared_mount``), unless
+    """Why the SQLite store must not be opened at ``path``, on ``mount`` (``Mount.shared``), unless
     ``store.allow_network_filesystem`` says so."""
     return (
         f"{path} is on {mount.fstype} ({mount.source} at {mount.point}), a filesystem other hosts "
@@ -151,4 +160,17 @@ def allowance(mount: Mount) -> str:
     return (
         f"on {mount.fstype} ({mount.source}), which other hosts may open too: allowed by "
         "store.allow_network_filesystem, so nothing on another host may ever open it"
+    )
+
+
+def transience(mount: Mount) -> str:
+    """What is said (a warning at start, ``check-config --live``) of a store on ``mount``
+    (``Mount.ephemeral``): it is opened, since a demo or a test may want just that, but a service's
+    incidents, and its record of what it did and may have to undo, would be lost."""
+    gone = (
+        "at the next boot" if mount.fstype in {"tmpfs", "ramfs"} else "with this container, at every restart"
+    )
+    return (
+        f"on {mount.fstype} ({mount.source}), whose files are gone {gone}: the incidents, and the "
+        "record of what pitcrew did and may have to undo, with them; put store.path on a volume"
     )

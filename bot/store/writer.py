@@ -75,7 +75,7 @@ from bot import logger
 from bot.store.base import Delivery, Inspection, StoreUnavailable
 from bot.store.batch import Answer, commit_batch
 from bot.store.ingest import KeyState, bump_seen, ingest
-from bot.store.mounts import MOUNTINFO, SharedFilesystem, allowance, refusal, shared_mount
+from bot.store.mounts import MOUNTINFO, SharedFilesystem, allowance, filesystem, refusal, transience
 from bot.store.repeats import Key, RepeatMemory
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from, foresee, migrations, opening
 from bot.store.sql import SQLITE, run_sync, single
@@ -189,8 +189,14 @@ class Writer:
         )
 
     def _connect(self) -> sqlite3.Connection:
-        mount = shared_mount(self.path, self._mount_table)
-        if mount is not None:
+        mount = filesystem(self.path, self._mount_table)
+        if mount is not None and mount.ephemeral:
+            log.warning(
+                "SQLite store on a filesystem whose files go with this container or this boot: "
+                "put store.path on a volume",
+                extra={"path": str(self.path), "filesystem": mount.fstype, "source": mount.source},
+            )
+        if mount is not None and mount.shared:
             if not self._network_filesystem:
                 raise SharedFilesystem(refusal(self.path, mount))
             log.warning(
@@ -684,10 +690,14 @@ def inspect_file(
     def refused(detail: str, missing: str) -> Inspection:
         return Inspection("sqlite", False, detail, missing=(missing,))
 
-    mount = shared_mount(path, mount_table)
-    if mount is not None and not network_filesystem:
-        return refused(refusal(path, mount), "a local filesystem for store.path (or a Postgres store)")
-    said = "" if mount is None else f"; {allowance(mount)}"
+    mount = filesystem(path, mount_table)
+    said = ""
+    if mount is not None and mount.shared:
+        if not network_filesystem:
+            return refused(refusal(path, mount), "a local filesystem for store.path (or a Postgres store)")
+        said = f"; {allowance(mount)}"
+    elif mount is not None and mount.ephemeral:
+        said = f"; {transience(mount)}"
 
     folder = path.parent
     while not folder.exists() and folder != folder.parent:  # created at start, from here down

@@ -1,7 +1,8 @@
 """The SQLite store on a filesystem other hosts may open too (``bot.store.mounts``): refused at
 open and said by ``check-config --live``'s inspection, nothing created; opened when
 ``store.allow_network_filesystem`` says nothing on another host opens it; and a store that refuses
-to open stops ``pitcrew`` with one line, not a traceback.
+to open stops ``pitcrew`` with one line, not a traceback. A store in the container's own writable
+layer opens, and is said (a warning, ``check-config --live``) to go with the container.
 
 No network filesystem can be mounted here, so the mount table is the kernel's own with one line
 added: the test's folder mounted over NFS, as a pod sees an NFS PersistentVolume
@@ -37,6 +38,18 @@ def _nfs_table(tmp_path: Path, point: Path) -> Path:
     """The kernel's mount table, and ``point`` mounted over NFS after everything else."""
     table = tmp_path / "mountinfo"
     line = f"9999 1 0:999 / {point} rw,relatime - nfs4 10.0.12.5:/export/pvc-1 rw,vers=4.1,hard,proto=tcp\n"
+    table.write_text(MOUNTINFO.read_text() + line)
+    return table
+
+
+def _overlay_table(tmp_path: Path, point: Path) -> Path:
+    """The kernel's mount table, and ``point`` a container's own writable layer (containerd's)."""
+    table = tmp_path / "mountinfo"
+    line = (
+        f"9998 1 0:312 / {point} rw,relatime - overlay overlay rw,lowerdir=/var/lib/containerd/"
+        "io.containerd.snapshotter.v1.overlayfs/snapshots/912/fs,upperdir=/var/lib/containerd/"
+        "io.containerd.snapshotter.v1.overlayfs/snapshots/1071/fs\n"
+    )
     table.write_text(MOUNTINFO.read_text() + line)
     return table
 
@@ -140,3 +153,28 @@ def test_a_store_that_refuses_to_open_stops_pitcrew_with_one_line(
     assert done.returncode == 1, done.stderr
     assert "pitcrew: " in done.stderr and "newer than this pitcrew" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+async def test_a_store_in_the_container_s_own_layer_opens_and_says_it_will_not_outlive_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``docker run`` without a volume, or a manifest without its PersistentVolumeClaim: the store
+    is in the container's writable layer, and Kubernetes starts a new container at every restart.
+    It opened without a word, and every crash took the incidents with it, and with them the record
+    of what pitcrew did and may have to undo. Opened still (a demo may want just that), said at
+    start and by ``check-config --live``."""
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    store = SqliteStore(layer / "pitcrew.db", mount_table=_overlay_table(tmp_path, layer))
+    seen = await store.inspect()
+    assert seen.ok and "on overlay (overlay), whose files are gone with this container" in seen.detail, seen
+    assert "put store.path on a volume" in seen.detail
+    await store.open()
+    try:
+        assert (await store.ingest(_delivery(), T0)).opened == ["pc-00001"]
+    finally:
+        await store.close()
+    [warned] = [r for r in caplog.records if "put store.path on a volume" in r.getMessage()]
+    assert (warned.levelno, getattr(warned, "filesystem", None)) == (logging.WARNING, "overlay")
+    # A volume mounted there (here: the kernel's own table) is said nothing of.
+    assert "whose files are gone" not in (await SqliteStore(layer / "pitcrew.db").inspect()).detail

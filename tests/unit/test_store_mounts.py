@@ -16,30 +16,34 @@ def _table(name: str) -> list[Mount]:
 
 
 @pytest.mark.parametrize(
-    ("table", "path", "point", "fstype", "shared"),
+    ("table", "path", "point", "fstype", "shared", "ephemeral"),
     [
         # The pod: the store's volume is an NFS PersistentVolume, the rest is the node's or the pod's.
-        ("pod-nfs-pvc.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib/pitcrew", "nfs4", True),
-        ("pod-nfs-pvc.txt", "/var/lib/pitcrew", "/var/lib/pitcrew", "nfs4", True),
-        ("pod-nfs-pvc.txt", "/var/lib/pitcrew-old/pitcrew.db", "/", "overlay", False),
-        ("pod-nfs-pvc.txt", "/tmp/pitcrew.db", "/tmp", "tmpfs", False),
-        ("pod-nfs-pvc.txt", "/etc/hosts", "/etc/hosts", "ext4", False),
-        ("pod-nfs-pvc.txt", "/", "/", "overlay", False),
+        ("pod-nfs-pvc.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib/pitcrew", "nfs4", True, False),
+        ("pod-nfs-pvc.txt", "/var/lib/pitcrew", "/var/lib/pitcrew", "nfs4", True, False),
+        ("pod-nfs-pvc.txt", "/var/lib/pitcrew-old/pitcrew.db", "/", "overlay", False, True),
+        ("pod-nfs-pvc.txt", "/tmp/pitcrew.db", "/tmp", "tmpfs", False, True),
+        ("pod-nfs-pvc.txt", "/etc/hosts", "/etc/hosts", "ext4", False, False),
+        ("pod-nfs-pvc.txt", "/", "/", "overlay", False, True),
         # The head node: the parallel filesystems of an HPC site.
-        ("hpc-head-node.txt", "/home/alice/.local/state/pitcrew/pitcrew.db", "/home", "gpfs", True),
-        ("hpc-head-node.txt", "/lustre/scratch/pitcrew.db", "/lustre/scratch", "lustre", True),
-        ("hpc-head-node.txt", "/lustre/scratchy/pitcrew.db", "/", "ext4", False),
+        ("hpc-head-node.txt", "/home/alice/.local/state/pitcrew/pitcrew.db", "/home", "gpfs", True, False),
+        ("hpc-head-node.txt", "/lustre/scratch/pitcrew.db", "/lustre/scratch", "lustre", True, False),
+        ("hpc-head-node.txt", "/lustre/scratchy/pitcrew.db", "/", "ext4", False, False),
         # Mounted over twice: the last one mounted is the one seen.
-        ("hpc-head-node.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib", "xfs", False),
+        ("hpc-head-node.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib", "xfs", False, False),
         # Octal escapes in the mount point; a sibling whose name it begins with is another mount.
-        ("hpc-head-node.txt", "/srv/pitcrew state/pitcrew.db", "/srv/pitcrew state", "nfs", True),
-        ("hpc-head-node.txt", "/srv/pitcrew/pitcrew.db", "/srv/pitcrew", "ext4", False),
+        ("hpc-head-node.txt", "/srv/pitcrew state/pitcrew.db", "/srv/pitcrew state", "nfs", True, False),
+        ("hpc-head-node.txt", "/srv/pitcrew/pitcrew.db", "/srv/pitcrew", "ext4", False, False),
     ],
 )
-def test_the_mount_a_path_is_on(table: str, path: str, point: str, fstype: str, shared: bool) -> None:
+def test_the_mount_a_path_is_on(
+    table: str, path: str, point: str, fstype: str, shared: bool, ephemeral: bool
+) -> None:
+    """``ephemeral``: the container's own layer, or memory; files there go with the container or
+    the boot (said at start and by check-config --live, never refused)."""
     mount = mount_of(path, _table(table))
     assert mount is not None
-    assert (mount.point, mount.fstype, mount.shared) == (point, fstype, shared)
+    assert (mount.point, mount.fstype, mount.shared, mount.ephemeral) == (point, fstype, shared, ephemeral)
 
 
 def test_a_source_is_read_whole_and_unescaped() -> None:
