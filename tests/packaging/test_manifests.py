@@ -266,8 +266,9 @@ def test_deployment_is_hardened_and_kept_off_gpu_nodes(name: str) -> None:
     egress = rendered(name).one("NetworkPolicy", "pitcrew-egress")
     ports = {p["port"] for rule in egress["spec"]["egress"] for p in rule["ports"]}
     # DNS, the Kubernetes API, Slack, and Grafana outside the cluster or in it (kube-prometheus-
-    # stack's Service port 80 reaches its pod on 3000: a policy sees the pod's port).
-    assert {53, 443, 6443, 3000} <= ports
+    # stack's Service port 80 reaches its pod on 3000: a policy sees the pod's port); Postgres, or
+    # the pooler the README says pitcrew runs behind (PgBouncer's default port, Azure's built-in).
+    assert {53, 443, 6443, 3000, 5432, 6432} <= ports
     urls = dict(keyed(config, "url"))
     assert {"store.url", "slurm.rest_url", "resumption.prometheus_url"} <= urls.keys()
     for key, url in urls.items():
