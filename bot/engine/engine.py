@@ -29,7 +29,7 @@ from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
 from bot.engine.hung_jobs import HungJobs
 from bot.engine.locks import IncidentLocks
-from bot.engine.pool_watch import PoolWatch
+from bot.engine.pool_watch import PoolWatch, count_lent
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
 from bot.engine.slurm_watch import SlurmWatch
@@ -86,6 +86,8 @@ class Engine:
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        if self.pool_watch is not None:  # what is out of the pools now, whoever took it
+            await count_lent(self.store, self.deps.steps.capacity.pools, self.metrics)
         # Rollbacks under way (held by a pause, or cut by a crash) go on, closed incidents' too.
         for incident_id in await self.store.rollbacks_requested():
             self._start_worker(incident_id)
@@ -124,6 +126,7 @@ class Engine:
         for pool in self.deps.steps.capacity.pools:  # the new leader's pool reads say it now
             self.metrics.capacity_idle.labels(pool.name).set(0)
             self.metrics.capacity_idle_gpus.labels(pool.name).set(0)
+            self.metrics.capacity_lent.labels(pool.name).set(0)
 
     def wake(self) -> None:
         self._wake.set()

@@ -623,12 +623,19 @@ class EngineHarness:
         await self.time.settle()
         return process
 
-    async def restart(self) -> None:
-        """pitcrew stops (every task cancelled, as a crash would leave the store) and starts again."""
+    async def restart(self, *, new_process: bool = False, settle: bool = True) -> None:
+        """pitcrew stops (every task cancelled, as a crash would leave the store) and starts again;
+        ``new_process``: as another process, whose metrics start from nothing (a restarted pod, the
+        replica that takes over); ``settle``: let the engine work (and fake time pass) before
+        returning, else return as soon as it has started."""
         await self.engine.stop()
+        if new_process:
+            self.metrics = Metrics()
+            self.deps = replace(self.deps, metrics=self.metrics)
         self.engine = Engine(self.deps)
         await self.engine.start()
-        await self.time.settle()
+        if settle:
+            await self.time.settle()
 
     # ---------------------------------------------------------------- inputs
     async def deliver(self, body: bytes) -> IngestOutcome:

@@ -373,6 +373,28 @@ async def test_a_storm_never_lends_more_than_max_lend_nor_one_node_twice(tmp_pat
         assert all(j.state == "RUNNING" for j in slurm.jobs.values())
 
 
+async def test_the_lent_gauge_is_what_the_store_holds_in_each_process_that_leads(tmp_path: Path) -> None:
+    """``pitcrew_capacity_lent_nodes`` was counted up at a take and down at a give-back in the
+    process that made them: a process started between the two (a restarted pod, the replica that
+    took over) said 0 while a node was out, then -1 for good once it came back, and a process that
+    stopped leading went on saying 1 beside the new leader (dashboards sum the replicas)."""
+    slurm = gang()
+    async with harness(tmp_path, slurm) as h:
+        h.world.replace_seconds = 0
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+        await h.engine.stop()  # no longer leads
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+        await h.restart(new_process=True, settle=False)  # the node still out, the repair under way
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01"]
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+
+
 BOUNDARIES = [
     ("take", 0),  # intent stored, the reservation not yet changed
     ("take", 1),  # the reservation changed, pitcrew stopped before it recorded the take
