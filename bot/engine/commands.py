@@ -42,6 +42,10 @@ class EngineControl(Protocol):
 
     def signal(self, incident_id: str) -> None: ...
     def signal_all(self) -> None: ...
+    def wake(self) -> None:
+        """Scan now (the leader shows the switches as the store holds them)."""
+        ...
+
     async def request_rollback(
         self, incident: IncidentRecord, actor: str, *, forced: bool = False
     ) -> list[str] | None: ...
@@ -274,14 +278,13 @@ class Commands:
             return CommandResult("invalid", f"not paused: {problem}")
         now = self._clock()
         await self._store.set_switch(PAUSE, {"reason": reason}, actor, now)
-        self._metrics.paused.set(1)
+        self._engine.wake()  # the leader's scan shows it (``pitcrew_paused``): here, if it leads
         await self._audit(None, "paused", actor, reason or "kill switch on", "ok")
         return CommandResult("ok", f"paused by {actor}: no node will be touched until resume")
 
     async def resume(self, actor: str) -> CommandResult:
         now = self._clock()
         await self._store.set_switch(PAUSE, None, actor, now)
-        self._metrics.paused.set(0)
         await self._audit(None, "resumed", actor, "kill switch off", "ok")
         self._engine.signal_all()
         return CommandResult("ok", f"resumed by {actor}")
@@ -292,7 +295,7 @@ class Commands:
         await self._store.set_switch(
             BREAKER, {"open": False, "reset_at": now.isoformat(), "reset_by": actor}, actor, now
         )
-        self._metrics.breaker_open.set(0)
+        self._engine.wake()  # the leader's scan shows it (``pitcrew_breaker_open``)
         detail = f"breaker reset (was {'open: ' + state.reason if state.open else 'closed'})"
         await self._audit(None, "breaker_reset", actor, detail, "ok")
         return CommandResult("ok", f"{detail} by {actor}; alerts older than the stale cutoff are skipped")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from bot import logger
 from bot.domain.catalog import Catalog
 from bot.domain.incident import State
-from bot.engine.admission import PAUSE, Admission
+from bot.engine.admission import PAUSE, Admission, breaker_state
 from bot.engine.deps import EngineDeps
 from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
@@ -120,6 +120,8 @@ class Engine:
             self.metrics.nodes_under_remediation,
             self.metrics.approvals_waiting,
             self.metrics.oldest_active,
+            self.metrics.paused,
+            self.metrics.breaker_open,
         ):
             gauge.set(0)
         self.metrics.incidents.keep_only([])
@@ -206,7 +208,11 @@ class Engine:
         oldest = min((opened for _, _, opened in active), default=None)
         self.metrics.oldest_active.set((now - oldest).total_seconds() if oldest else 0)
         paused = await self.store.switch(PAUSE) is not None
+        # The switches as the store holds them, shown by the process that leads and no other: set
+        # where a command was taken or the breaker tripped, a standby's said "paused" for good
+        # after a resume given to the leader, and a new leader said the breaker closed while open.
         self.metrics.paused.set(1 if paused else 0)
+        self.metrics.breaker_open.set(1 if (await breaker_state(self.store)).open else 0)
         if self._paused and not paused:  # resumed, perhaps through another process
             self.signals.signal_all()
         self._paused = paused

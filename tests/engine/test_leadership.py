@@ -264,3 +264,37 @@ async def test_a_rollback_recorded_while_nobody_leads_is_carried_out_by_the_next
         assert done.outcome == "rolled back by bob"
         assert h.calls()[("uncordon", "gpu-node-04")] == 1 and b.calls["uncordon"] == 1
         assert len(await h.events(incident, "rollback_done")) == 1
+
+
+def _gauge(process: Process, name: str) -> float:
+    return process.metrics.registry.get_sample_value(name) or 0.0
+
+
+async def test_the_breaker_and_the_kill_switch_are_shown_by_whoever_leads_as_the_store_holds_them(
+    tmp_path: Path,
+) -> None:
+    """``pitcrew_paused`` and ``pitcrew_breaker_open`` were set by whichever process took the
+    command or tripped the breaker: a pause given to the standby and lifted on the leader left the
+    standby saying "paused" for good (dashboards and alerts take the max over replicas), and the
+    replica that took over from the one that tripped the breaker said it closed, so
+    ``PitcrewBreakerOpen`` resolved while it was open (a restarted pod too). Now the leader's
+    scan shows both as the store holds them, and no other process shows either."""
+    async with EngineHarness(tmp_path, lease=TTL, engine=FAST, breaker={"max_nodes": 1}) as h:
+        a = await h.process("a")
+        b = await h.process("b")
+        assert (await b.commands.pause("oncall")).ok  # on the standby
+        await h.run_until(lambda: _gauge(a, "pitcrew_paused") == 1.0, 30)
+        assert _gauge(b, "pitcrew_paused") == 0.0
+        assert (await a.commands.resume("oncall")).ok  # on the leader
+        await h.run_until(lambda: _gauge(a, "pitcrew_paused") == 0.0, 30)
+        assert _gauge(b, "pitcrew_paused") == 0.0
+
+        await h.alert("gpu-node-01")
+        await h.alert("gpu-node-02")  # two nodes at once: the breaker opens
+        await h.run_until(lambda: _gauge(a, "pitcrew_breaker_open") == 1.0, 60)
+        assert _gauge(b, "pitcrew_breaker_open") == 0.0
+        await a.crash()
+        await h.run_until(lambda: _role(b) == "leader", 120)
+        await h.run_until(lambda: _gauge(b, "pitcrew_breaker_open") == 1.0, 30)  # still open
+        assert (await b.commands.reset_breaker("oncall")).ok
+        await h.run_until(lambda: _gauge(b, "pitcrew_breaker_open") == 0.0, 30)
