@@ -144,6 +144,14 @@ class OutboxSender:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
+        self._forget()
+
+    def _forget(self) -> None:
+        """``pitcrew_outbox_pending`` is the leader's last look: a sender that stops (or whose
+        process no longer leads) shows none beside the new leader's, or ``PitcrewNoticesStuck``
+        (the max over replicas) fired on its stale count once the new one had delivered it all."""
+        for destination in self._destinations:
+            self._metrics.outbox_pending.labels(destination.name).set(0)
 
     async def _run(self) -> None:
         while True:
@@ -156,6 +164,7 @@ class OutboxSender:
                     raise
                 except Deposed:  # another process leads: it delivers from now on
                     log.warning("outbox sender stops: this process no longer leads")
+                    self._forget()
                     return
                 except Exception:  # the sender must outlive a bad round; the rows stay pending
                     log.exception("outbox round failed", extra={"destination": destination.name})

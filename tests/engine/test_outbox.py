@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier, OutboxSender
 from bot.engine.ports import Notice
 from bot.integrations.journal import LogNotifier
-from bot.store.base import Delivery, IncomingAlert, OutboxItem
+from bot.store.base import Delivery, Fence, IncomingAlert, OutboxItem
 from bot.store.sqlite import SqliteStore
 
 
@@ -144,3 +144,67 @@ async def test_without_destinations_a_notice_is_a_timeline_event(store: SqliteSt
     assert [(e.detail, e.outcome) for e in events] == [("told", "incident")]
     assert ref == f"notice-{events[0].seq}"
     assert await store.outbox_pending("slack") == []
+
+
+async def test_a_sender_that_stops_or_is_deposed_shows_no_pending_count(tmp_path: Path) -> None:
+    """``pitcrew_outbox_pending`` is the leader's last look at what waits. A process that lost the
+    lease, or stopped its sender, went on showing its last look beside the new leader's; once the
+    new leader had delivered everything and nothing more went out for ten minutes,
+    ``PitcrewNoticesStuck`` (the max over replicas) fired on that stale count, for good."""
+    moment = [now()]
+    store = SqliteStore(tmp_path / "p.db", synchronous="off", clock=lambda: moment[0])
+    await store.open()
+    try:
+        incidents = await _incidents(store, "gpu-a", "gpu-b")
+        notifier = OutboxNotifier(store, now, LogNotifier(), ["recording"])
+        for incident in incidents:
+            await notifier.post(Notice(incident, "step", "held"))
+        down = TransientError("down", reason=Reason.UNAVAILABLE)
+        fence = Fence("a", monotonic=lambda: 0.0)
+        fence.grant((await store.acquire_lease("a", timedelta(seconds=15))).epoch, valid_until=100.0)
+
+        async def shown(sender: OutboxSender, metrics: Metrics, count: int) -> None:
+            await sender.start()
+            deadline = time.monotonic() + 10
+            while (
+                metrics.registry.get_sample_value("pitcrew_outbox_pending", {"destination": "recording"})
+                != count
+            ):
+                assert time.monotonic() < deadline, "the pending count was never shown"
+                await asyncio.sleep(0.01)
+
+        def pending(metrics: Metrics) -> float | None:
+            return metrics.registry.get_sample_value("pitcrew_outbox_pending", {"destination": "recording"})
+
+        stopped = Metrics()
+        sender = OutboxSender(
+            store.fenced(fence),
+            [Recording({"held": [down] * 50})],
+            stopped,
+            now,
+            backoff=Backoff(0.01),
+            idle=0.01,
+        )
+        await shown(sender, stopped, 2)
+        await sender.stop()
+        assert pending(stopped) == 0
+
+        deposed = Metrics()
+        sender = OutboxSender(
+            store.fenced(fence),
+            [Recording({"held": [down] * 50})],
+            deposed,
+            now,
+            backoff=Backoff(0.01),
+            idle=0.01,
+        )
+        await shown(sender, deposed, 2)
+        moment[0] += timedelta(seconds=16)  # a's lease lapsed; b takes over
+        assert (await store.acquire_lease("b", timedelta(seconds=15))).epoch == 2
+        deadline = time.monotonic() + 10
+        while pending(deposed) != 0:
+            assert time.monotonic() < deadline, f"the deposed sender still shows {pending(deposed)}"
+            await asyncio.sleep(0.01)
+        await sender.stop()
+    finally:
+        await store.close()
