@@ -114,10 +114,10 @@ def _now() -> list[Panel]:
         stat_panel(
             "Nodes under remediation",
             "Nodes whose playbook is running or verifying now.",
-            "pitcrew_nodes_under_remediation",
+            "max(pitcrew_nodes_under_remediation)",
         ),
         stat_panel(
-            "Approvals waiting", "Incidents waiting for an approver now.", "pitcrew_approvals_waiting"
+            "Approvals waiting", "Incidents waiting for an approver now.", "max(pitcrew_approvals_waiting)"
         ),
         state_panel(
             "Circuit breaker",
@@ -292,8 +292,8 @@ def _trust_and_failures() -> list[Panel]:
             "Circuit breaker open, pitcrew paused, approvals waiting, nodes under remediation.",
             Query("max(pitcrew_breaker_open)", "breaker open"),
             Query("max(pitcrew_paused)", "paused"),
-            Query("pitcrew_approvals_waiting", "approvals waiting"),
-            Query("pitcrew_nodes_under_remediation", "nodes under remediation"),
+            Query("max(pitcrew_approvals_waiting)", "approvals waiting"),
+            Query("max(pitcrew_nodes_under_remediation)", "nodes under remediation"),
         ),
         timeseries_panel(
             "Approval wait p90",

@@ -6,6 +6,7 @@ unique; panel ids are unique; every panel sits inside the 24-column grid without
 another; every panel and query reads ``${datasource}`` (no hard-coded datasource id; annotations
 use Grafana's built-in source); every query parses (promtool, with Grafana's interval variables
 set); every metric a query names is in pitcrew's registry or the dcgm-exporter stand-in's output;
+a gauge every replica exports (the leader's value, the others' 0) is read aggregated, one value;
 the incident table links to the incident and the runbook; the provisioning files are valid; each
 dashboard conforms to Grafana's schema as grafana-foundation-sdk's generated types encode it
 (tests/grafana/schema.py), and that check refuses an unknown key, a wrong type, a value outside an
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -116,6 +118,34 @@ def test_every_metric_a_panel_reads_exists() -> None:
             assert not unknown, (
                 f"{name} / {title}: {sorted(unknown)} is in neither pitcrew's registry nor dcgm-exporter's output"
             )
+
+
+#: Gauges every pitcrew replica exports: the one that leads the store's state, every other 0 (they
+#: forget what they showed when they stop leading). A panel that reads one bare shows a value per
+#: replica: "Approvals waiting" said 3 and 0 side by side on the ``ha`` overlay.
+PER_REPLICA = (
+    "pitcrew_incidents_active",
+    "pitcrew_nodes_under_remediation",
+    "pitcrew_approvals_waiting",
+    "pitcrew_incident_oldest_active_seconds",
+    "pitcrew_breaker_open",
+    "pitcrew_paused",
+    "pitcrew_outbox_pending",
+    "pitcrew_capacity_idle_nodes",
+    "pitcrew_capacity_idle_gpus",
+    "pitcrew_capacity_lent_nodes",
+)
+_AGGREGATED = re.compile(r"^\(*\s*(sum|max|min|count)\b")
+
+
+def test_a_gauge_each_replica_exports_is_read_as_one_value() -> None:
+    for name, dashboard in DASHBOARDS.items():
+        for title, target in queries(dashboard):
+            read = metric_names(target["expr"]) & set(PER_REPLICA)
+            if read:
+                assert _AGGREGATED.match(target["expr"]), (
+                    f"{name} / {title}: {target['expr']!r} reads {sorted(read)} per replica; aggregate it"
+                )
 
 
 def test_every_query_parses(tmp_path: Path) -> None:
