@@ -163,42 +163,28 @@ async def test_a_sender_that_stops_or_is_deposed_shows_no_pending_count(tmp_path
         fence = Fence("a", monotonic=lambda: 0.0)
         fence.grant((await store.acquire_lease("a", timedelta(seconds=15))).epoch, valid_until=100.0)
 
-        async def shown(sender: OutboxSender, metrics: Metrics, count: int) -> None:
-            await sender.start()
-            deadline = time.monotonic() + 10
-            while (
-                metrics.registry.get_sample_value("pitcrew_outbox_pending", {"destination": "recording"})
-                != count
-            ):
-                assert time.monotonic() < deadline, "the pending count was never shown"
-                await asyncio.sleep(0.01)
-
         def pending(metrics: Metrics) -> float | None:
             return metrics.registry.get_sample_value("pitcrew_outbox_pending", {"destination": "recording"})
 
-        stopped = Metrics()
-        sender = OutboxSender(
-            store.fenced(fence),
-            [Recording({"held": [down] * 50})],
-            stopped,
-            now,
-            backoff=Backoff(0.01),
-            idle=0.01,
-        )
-        await shown(sender, stopped, 2)
+        async def showing(count: int) -> tuple[OutboxSender, Metrics]:
+            """A sender of a's, started, once it shows ``count`` pending (its deliveries all fail)."""
+            metrics = Metrics()
+            destination = Recording({"held": [down] * 50})
+            sender = OutboxSender(
+                store.fenced(fence), [destination], metrics, now, backoff=Backoff(0.01), idle=0.01
+            )
+            await sender.start()
+            deadline = time.monotonic() + 10
+            while pending(metrics) != count:
+                assert time.monotonic() < deadline, "the pending count was never shown"
+                await asyncio.sleep(0.01)
+            return sender, metrics
+
+        sender, stopped = await showing(2)
         await sender.stop()
         assert pending(stopped) == 0
 
-        deposed = Metrics()
-        sender = OutboxSender(
-            store.fenced(fence),
-            [Recording({"held": [down] * 50})],
-            deposed,
-            now,
-            backoff=Backoff(0.01),
-            idle=0.01,
-        )
-        await shown(sender, deposed, 2)
+        sender, deposed = await showing(2)
         moment[0] += timedelta(seconds=16)  # a's lease lapsed; b takes over
         assert (await store.acquire_lease("b", timedelta(seconds=15))).epoch == 2
         deadline = time.monotonic() + 10

@@ -34,24 +34,42 @@ from tests.harness.stores import newer_schema
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 
 
-def _nfs_table(tmp_path: Path, point: Path) -> Path:
-    """The kernel's mount table, and ``point`` mounted over NFS after everything else."""
+def _table_with(tmp_path: Path, line: str) -> Path:
+    """The kernel's mount table, and ``line`` mounted after everything else."""
     table = tmp_path / "mountinfo"
-    line = f"9999 1 0:999 / {point} rw,relatime - nfs4 10.0.12.5:/export/pvc-1 rw,vers=4.1,hard,proto=tcp\n"
-    table.write_text(MOUNTINFO.read_text() + line)
+    table.write_text(MOUNTINFO.read_text() + line + "\n")
     return table
+
+
+def _nfs_table(tmp_path: Path, point: Path) -> Path:
+    """``point`` mounted over NFS."""
+    return _table_with(
+        tmp_path,
+        f"9999 1 0:999 / {point} rw,relatime - nfs4 10.0.12.5:/export/pvc-1 rw,vers=4.1,hard,proto=tcp",
+    )
 
 
 def _overlay_table(tmp_path: Path, point: Path) -> Path:
-    """The kernel's mount table, and ``point`` a container's own writable layer (containerd's)."""
-    table = tmp_path / "mountinfo"
-    line = (
+    """``point`` a container's own writable layer (containerd's)."""
+    return _table_with(
+        tmp_path,
         f"9998 1 0:312 / {point} rw,relatime - overlay overlay rw,lowerdir=/var/lib/containerd/"
         "io.containerd.snapshotter.v1.overlayfs/snapshots/912/fs,upperdir=/var/lib/containerd/"
-        "io.containerd.snapshotter.v1.overlayfs/snapshots/1071/fs\n"
+        "io.containerd.snapshotter.v1.overlayfs/snapshots/1071/fs",
     )
-    table.write_text(MOUNTINFO.read_text() + line)
-    return table
+
+
+async def _opens_stores_and_warns(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture, words: str, filesystem: str
+) -> None:
+    """The store opens and stores a delivery; its start warned once, naming the filesystem."""
+    await store.open()
+    try:
+        assert (await store.ingest(_delivery(), T0)).opened == ["pc-00001"]
+    finally:
+        await store.close()
+    [warned] = [r for r in caplog.records if words in r.getMessage()]
+    assert (warned.levelno, getattr(warned, "filesystem", None)) == (logging.WARNING, filesystem)
 
 
 def _delivery() -> Delivery:
@@ -99,13 +117,7 @@ async def test_a_store_allowed_on_a_network_filesystem_opens_and_stores_and_says
     seen = await store.inspect()
     assert seen.ok and "on nfs4 (10.0.12.5:/export/pvc-1)" in seen.detail
     assert "allowed by store.allow_network_filesystem" in seen.detail
-    await store.open()
-    try:
-        assert (await store.ingest(_delivery(), T0)).opened == ["pc-00001"]
-    finally:
-        await store.close()
-    [warned] = [r for r in caplog.records if "allowed by store.allow_network_filesystem" in r.getMessage()]
-    assert (warned.levelno, getattr(warned, "filesystem", None)) == (logging.WARNING, "nfs4")
+    await _opens_stores_and_warns(store, caplog, "allowed by store.allow_network_filesystem", "nfs4")
     again = await store.inspect()  # the file made: its schema said, and where it is
     assert again.ok and "allowed by store.allow_network_filesystem" in again.detail
 
@@ -169,12 +181,6 @@ async def test_a_store_in_the_container_s_own_layer_opens_and_says_it_will_not_o
     seen = await store.inspect()
     assert seen.ok and "on overlay (overlay), whose files are gone with this container" in seen.detail, seen
     assert "put store.path on a volume" in seen.detail
-    await store.open()
-    try:
-        assert (await store.ingest(_delivery(), T0)).opened == ["pc-00001"]
-    finally:
-        await store.close()
-    [warned] = [r for r in caplog.records if "put store.path on a volume" in r.getMessage()]
-    assert (warned.levelno, getattr(warned, "filesystem", None)) == (logging.WARNING, "overlay")
+    await _opens_stores_and_warns(store, caplog, "put store.path on a volume", "overlay")
     # A volume mounted there (here: the kernel's own table) is said nothing of.
     assert "whose files are gone" not in (await SqliteStore(layer / "pitcrew.db").inspect()).detail
