@@ -5,10 +5,10 @@ the rest of the time. The engine's supervisor asks ``PoolWatch.poll`` every scan
 pools at most once per ``capacity.read_every`` (a Kubernetes list by selector and one Slurm read
 per reservation member are not worth repeating every poll), in a task of its own so a slow far
 side never holds up the scan, through the ``capacity`` step's own read (``pool_views``),
-changing nothing. Each read sets the idle gauges and adds the spare
-GPU-hours held idle since the last read: the GPUs the last read found idle, times the time
-between the two reads; and the lent gauge is set again from the store (``count_lent``). A read that fails counts nothing for its interval (what the pool held is
-not known) and is not retried before the next one is due.
+changing nothing. Each read sets the idle gauges and adds the spare GPU-hours held idle since the
+last read: the GPUs the last read found idle, times the time between the two reads; and it sets
+the lent gauge again from the store (``count_lent``). A read that fails counts nothing for its
+interval (what the pool held is not known) and is not retried before the next one is due.
 """
 
 from __future__ import annotations
