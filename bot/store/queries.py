@@ -427,7 +427,10 @@ def _clock(dialect: Dialect, clock: datetime | None) -> tuple[str, list[Any]]:
 def lease(dialect: Dialect, clock: datetime | None) -> Op[Lease | None]:
     now, params = _clock(dialect, clock)
     row = yield one(
-        f"SELECT holder, epoch, acquired_at, renewed_at, expires_at, {now} AS now FROM leadership WHERE id = 1",  # noqa: S608
+        "SELECT holder, epoch, {moment_from}acquired_at{moment_to} AS acquired_at,"  # noqa: S608
+        " {moment_from}renewed_at{moment_to} AS renewed_at,"
+        " {moment_from}expires_at{moment_to} AS expires_at,"
+        f" {{moment_from}}{now}{{moment_to}} AS now FROM leadership WHERE id = 1",
         params,
     )
     if row is None:

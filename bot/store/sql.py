@@ -140,6 +140,8 @@ SQLITE = Dialect(
         "clock": "?",
         "seconds": "?",
         "for_share": "",  # BEGIN IMMEDIATE already holds the database's write lock
+        "moment_from": "",  # lease times are Unix seconds, read as they are
+        "moment_to": "",
         # Retention finds closed incidents oldest first. Without statistics SQLite's planner takes
         # the state index instead (every closed incident read, then sorted: 25 ms a prune
         # transaction at 10,000 incidents); naming the index makes that plan an error, not a scan.
@@ -172,6 +174,11 @@ POSTGRES = Dialect(
         "seconds": "make_interval(secs => ?)",
         # A takeover's UPDATE of the leadership row waits until the fenced write commits.
         "for_share": "FOR SHARE",
+        # A lease time as it is read: UTC text in one fixed form (``moment``). A timestamptz comes
+        # back in the session's DateStyle, which the database or the role may set (``SQL, DMY``,
+        # ``German``...), and psycopg parses ISO only: the lease could not be read, and nobody led.
+        "moment_from": "to_char(",
+        "moment_to": " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US')",
         "by_closed_at": "",  # the planner's statistics choose incidents_closed
         "append_only_events": (
             "CREATE FUNCTION pitcrew_append_only() RETURNS trigger LANGUAGE plpgsql AS $$"
@@ -183,7 +190,7 @@ POSTGRES = Dialect(
         ),
     },
     instant=lambda at: at,
-    moment=lambda value: value.astimezone(UTC),
+    moment=lambda text: datetime.fromisoformat(text).replace(tzinfo=UTC),
 )
 
 

@@ -259,3 +259,30 @@ async def test_postgres_a_fenced_write_waiting_on_a_takeover_in_flight_is_refuse
     finally:
         await takeover.close()
         await store.close()
+
+
+@pytest.mark.parametrize("stores", ["postgres", "pgbouncer"], indirect=True)
+@pytest.mark.parametrize("style", ["SQL, DMY", "German", "Postgres, MDY"])
+async def test_the_lease_whatever_the_database_s_date_style(stores: Stores, style: str) -> None:
+    """A database (or role) whose ``DateStyle`` is not ISO, as some sites keep from an old install:
+    psycopg parses a ``timestamptz`` in ISO only, so the lease's times could not be read, every
+    acquisition failed ("can't parse timestamptz with DateStyle 'SQL, DMY'"), and no replica ever
+    led, while check-config --live said all was well. The lease's times now come back in a form
+    no session setting changes. On the database's own clock, in a time zone not UTC."""
+    assert stores.database is not None
+    with stores.database.connect() as admin:
+        admin.execute(f"ALTER DATABASE \"{stores.database.name}\" SET DateStyle = '{style}'")
+        admin.execute(f"ALTER DATABASE \"{stores.database.name}\" SET TimeZone = 'America/New_York'")
+    a, b = await stores.open(), await stores.open()
+    before = datetime.now(UTC)
+    taken = await a.acquire_lease("a", TTL)
+    after = datetime.now(UTC)
+    assert (taken.holder, taken.epoch) == ("a", 1) and not taken.expired
+    assert before - timedelta(seconds=1) <= taken.acquired_at <= after + timedelta(seconds=1)
+    assert taken.expires_at == taken.acquired_at + TTL and taken.acquired_at.tzinfo is not None
+    renewed = await a.renew_lease("a", 1, TTL)
+    assert renewed is not None and renewed.expires_at >= taken.expires_at
+    seen = await b.lease()
+    assert seen is not None and (seen.holder, seen.epoch, seen.expires_at) == ("a", 1, renewed.expires_at)
+    await a.release_lease("a", 1)
+    assert (await b.acquire_lease("b", TTL)).epoch == 2
