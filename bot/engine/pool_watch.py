@@ -23,31 +23,24 @@ from bot.config import PoolSettings
 from bot.engine.context import Ports
 from bot.engine.errors import PitcrewError
 from bot.engine.metrics import Metrics
-from bot.engine.steps.capacity import CapacityResult, pool_views, taken_elsewhere
+from bot.engine.steps.capacity import lent_out, open_incidents, pool_views, taken_from
 from bot.engine.tasks import cancel_and_wait
-from bot.store import codec
 from bot.store.base import Store
 
 log = logger(__name__)
 
 
 async def count_lent(store: Store, pools: Sequence[PoolSettings], metrics: Metrics) -> None:
-    """``pitcrew_capacity_lent_nodes`` as the store holds it: the nodes whose take has finished
-    and whose give-back has not (nor been undone), by pool. Set when an engine begins to lead and
-    at every read of the pools; between them the takes and give-backs of the process that leads
-    count up and down as they finish. Counted only in the process that made them, a process
-    started meanwhile (a restarted pod, the replica that took over) said 0 while a node was out,
-    then -1 for good once it came back. (A read while a take or a give-back finishes may be one
-    off until the next read.)"""
-    out: Counter[str] = Counter()
-    for incident_id, _state, _at in await store.active():
-        steps = await store.steps_of(incident_id)
-        took, back = steps.get("capacity"), steps.get("give_back")
-        if took is None or took.status != "ok" or (back is not None and back.status == "ok"):
-            continue  # nothing taken, a take still under way (it counts itself), or given back
-        result = codec.decode_record(CapacityResult, took.result)
-        if result.node and result.pool:
-            out[result.pool] += 1
+    """``pitcrew_capacity_lent_nodes`` as the store holds it (``lent_out``), when an engine begins
+    to lead; every read of the pools sets it again. Between them the takes and give-backs of the
+    process that leads count up and down as they finish. Counted only in the process that made
+    them, a process started meanwhile (a restarted pod, the replica that took over) said 0 while a
+    node was out, then -1 for good once it came back. (A read while a take or a give-back finishes
+    may be one off until the next read.)"""
+    _show_lent(metrics, pools, lent_out(await open_incidents(store)))
+
+
+def _show_lent(metrics: Metrics, pools: Sequence[PoolSettings], out: Counter[str]) -> None:
     for pool in pools:
         metrics.capacity_lent.labels(pool.name).set(out[pool.name])
 
@@ -99,9 +92,10 @@ class PoolWatch:
         since, held = self._read_at, self._idle_gpus
         self._read_at, self._idle_gpus = None, None
         try:
-            _, busy = await taken_elsewhere(self._store, None)
+            opened = await open_incidents(self._store)  # read once, for both
+            _, busy = taken_from(opened, None)
             views = await pool_views(self._ports, self._pools, busy)
-            await count_lent(self._store, self._pools, self._metrics)
+            _show_lent(self._metrics, self._pools, lent_out(opened))
         except PitcrewError as exc:
             log.warning("capacity pools not read: %s; idle GPU-hours not counted until the next read", exc)
             return

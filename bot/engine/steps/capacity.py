@@ -21,6 +21,7 @@ to its reservation while no job has started on it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -39,7 +40,7 @@ from bot.engine.steps import lending
 from bot.engine.steps.repair import WaitReadyResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
-from bot.store.base import Store
+from bot.store.base import StepRecord, Store
 
 #: Pending reasons that mean "not enough nodes" (``squeue`` %r); others (BeginTime, Priority …)
 #: mean Slurm may still start the job by itself. The partition's other nodes DOWN or DRAINED (a
@@ -344,26 +345,67 @@ async def pool_views(
     return views
 
 
-async def taken_elsewhere(store: Store, incident_id: str | None) -> tuple[list[Taken], set[str]]:
+@dataclass(frozen=True, slots=True)
+class OpenIncident:
+    """An open incident as the pools see it: its node and its steps' records."""
+
+    id: str
+    node: str | None
+    steps: dict[str, StepRecord]
+
+    def took(self) -> CapacityResult | None:
+        """What its ``capacity`` step took (or means to): ``None`` if it has no such step."""
+        record = self.steps.get("capacity")
+        return None if record is None else codec.decode_record(CapacityResult, record.result)
+
+
+async def open_incidents(store: Store) -> list[OpenIncident]:
+    """Every open incident, its node and its steps read once (``taken_from``, ``lent_out``)."""
+    opened = []
+    for incident_id, _state, _at in await store.active():
+        incident = await store.incident(incident_id)
+        opened.append(
+            OpenIncident(incident_id, incident.node if incident else None, await store.steps_of(incident_id))
+        )
+    return opened
+
+
+def taken_from(opened: Sequence[OpenIncident], incident_id: str | None) -> tuple[list[Taken], set[str]]:
     """Nodes open incidents other than ``incident_id`` took (or mean to) and have not given back;
     the nodes of every such incident (each has an open incident)."""
     taken, busy = [], set()
-    for other_id, _state, _at in await store.active():
-        if other_id == incident_id:
+    for other in opened:
+        if other.id == incident_id:
             continue
-        other = await store.incident(other_id)
-        if other is not None:
+        if other.node is not None:
             busy.add(other.node)
-        steps = await store.steps_of(other_id)
-        record = steps.get("capacity")
-        if record is None:
+        took = other.took()
+        if took is None:
             continue
-        took = codec.decode_record(CapacityResult, record.result)
-        back = steps.get("give_back")
+        back = other.steps.get("give_back")
         returned = back is not None and codec.decode_record(GiveBackResult, back.result).given_back_at
         if took.node and took.pool and not returned:
-            taken.append(Taken(took.node, took.pool, other_id))
+            taken.append(Taken(took.node, took.pool, other.id))
     return taken, busy
+
+
+async def taken_elsewhere(store: Store, incident_id: str | None) -> tuple[list[Taken], set[str]]:
+    """``taken_from`` the open incidents as the store holds them now."""
+    return taken_from(await open_incidents(store), incident_id)
+
+
+def lent_out(opened: Sequence[OpenIncident]) -> Counter[str]:
+    """Nodes out of each pool (``pitcrew_capacity_lent_nodes``): takes finished, give-backs not
+    (nor undone). A take still under way is not counted: it counts itself as it finishes."""
+    out: Counter[str] = Counter()
+    for incident in opened:
+        record, back = incident.steps.get("capacity"), incident.steps.get("give_back")
+        if record is None or record.status != "ok" or (back is not None and back.status == "ok"):
+            continue
+        took = incident.took()
+        if took is not None and took.node and took.pool:
+            out[took.pool] += 1
+    return out
 
 
 async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
