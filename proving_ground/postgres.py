@@ -62,10 +62,12 @@ class PostgresServer:
     def connect(self, database: str = "postgres") -> psycopg.Connection[TupleRow]:
         return psycopg.connect(self.url(database), password=self.password, autocommit=True)
 
-    def create_database(self) -> str:
+    def create_database(self, encoding: str | None = None) -> str:
+        """A new database; ``encoding``: another than the cluster's (C collation, from template0)."""
         name = f"t{os.getpid()}_{next(self._names)}"
+        other = f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0" if encoding else ""
         with self.connect() as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{other}')
         return name
 
     def password_file(self, path: Path) -> Path:

@@ -14,7 +14,6 @@ client_encoding``, ``PGCLIENTENCODING``), the store's sessions speak UTF-8.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -37,11 +36,7 @@ def other_encoding(
 ) -> Iterator[PostgresDatabase]:
     """A fresh database in an encoding other than UTF8, as ``initdb`` in a C locale or an old
     install makes them."""
-    name = f"enc_{secrets.token_hex(4)}"
-    with postgres_server.connect() as conn:
-        conn.execute(
-            f"CREATE DATABASE {name} ENCODING '{request.param}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
-        )
+    name = postgres_server.create_database(encoding=request.param)
     try:
         yield PostgresDatabase(
             postgres_server.url(name),
