@@ -305,8 +305,8 @@ def _is_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
 
 
 class _Idle:
-    """When each connection was last used (``used``, as it goes back to the pool; ``made``: the
-    pool's ``configure`` callback, for a new one, never), and whether one has been unused for ``after``
+    """When each connection was last used (``used``, as it goes back to the pool; a new one, from
+    the pool's ``configure`` callback ``made``, as never), and whether one has been unused for ``after``
     (``stale``: checked before use, by ``PostgresStore._live`` and by the writes' thread for its
     own connection)."""
 

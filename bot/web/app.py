@@ -125,8 +125,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             )
             opening = asyncio.create_task(_open_later(app, started), name="pitcrew-store-open")
         else:
-            deps.opened = True
-            await _start_workers(deps, started)
+            await _opened(deps, started)
         yield
     finally:
         if opening is not None:
@@ -138,7 +137,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await deps.store.close()
 
 
-async def _start_workers(deps: Deps, started: list[Background]) -> None:
+async def _opened(deps: Deps, started: list[Background]) -> None:
+    """The store is open: every route takes requests, and the background workers start."""
+    deps.opened = True
     for worker in deps.background:
         await worker.start()
         started.append(worker)
@@ -159,9 +160,8 @@ async def _open_later(app: web.Application, started: list[Background]) -> None:
                 log.warning("store still unavailable; trying again", extra={"reason": str(exc)})
                 continue
             break
-        deps.opened = True
         log.info("store opened", extra={"attempts": failures + 1})
-        await _start_workers(deps, started)
+        await _opened(deps, started)
     except Exception as exc:  # a store this pitcrew must not open (StoreRefused), a worker that failed
         log.error("could not start; stopping", extra={"reason": str(exc)})
         deps.failure = exc
