@@ -98,6 +98,16 @@ _UNBOUNDED = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0"
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
 IDLE_IN_TRANSACTION_MS = 5000
+#: How long a write waits for the write lock (ms), whatever the database's or the role's
+#: ``statement_timeout`` and ``lock_timeout``: the wait is for another replica's transaction (a
+#: storm's group of thousands of alerts holds the lock for a second and more), not a runaway
+#: query, and under a site's limit of a few hundred ms one replica's every write failed while the
+#: other stored a storm (``tests/integration/test_store_site_limits.py``). Under Alertmanager's
+#: shortest deadline for a delivery (10 s, its ``notify.MinTimeout``), so a delivery is answered
+#: (503, redelivered) before Alertmanager gives up on it; longer than the idle limit
+#: (``IDLE_IN_TRANSACTION_MS``), so the lock of a replica frozen in its transaction is let go before
+#: a write waiting for it gives up. Once the lock is held, the site's limits bound the rest again.
+WRITE_LOCK_WAIT_MS = 8000
 #: The first statements of every transaction pitcrew opens (``_TRANSACTION_SETTINGS``), the
 #: transaction's own settings, not the session's:
 #:
@@ -413,7 +423,7 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
     mogrifier = psycopg.ClientCursor(conn)
     pending = [f"BEGIN; {_TRANSACTION_SETTINGS}"]
     if lock is not None:
-        pending.append(f"SELECT {lock}({_WRITE_LOCK})")
+        pending.append(_locking(lock))
     held = 0  # rows of batches in ``pending``: a message carries up to ``BATCH_STATEMENTS``
     try:
         for sql, params, stmt in driving:
@@ -446,6 +456,18 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
                 conn.execute("ROLLBACK")
         raise
     return driving
+
+
+def _locking(lock: str) -> str:
+    """The statements that take the write lock (``lock``: its function, exclusive or shared),
+    waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``) whatever the site's limits,
+    and then give the transaction the site's limits back (``DEFAULT``: the role's or database's
+    setting, or the server's)."""
+    return (
+        f"SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {int(WRITE_LOCK_WAIT_MS)};"
+        f" SELECT {lock}({_WRITE_LOCK});"
+        " SET LOCAL statement_timeout = DEFAULT; SET LOCAL lock_timeout = DEFAULT"
+    )
 
 
 class _Writes:
