@@ -149,8 +149,8 @@ def _spares() -> list[Panel]:
             "Capacity pools",
             "Nodes lent to stalled gang jobs and not yet given back, and idle pool members as last read "
             "(every capacity.read_every, and by a take), by pool.",
-            Query("sum by (pool) (pitcrew_capacity_lent_nodes) or vector(0)", "lent {{pool}}"),
-            Query("sum by (pool) (pitcrew_capacity_idle_nodes) or vector(0)", "idle {{pool}}"),
+            Query("max by (pool) (pitcrew_capacity_lent_nodes) or vector(0)", "lent {{pool}}"),
+            Query("max by (pool) (pitcrew_capacity_idle_nodes) or vector(0)", "idle {{pool}}"),
         ),
         timeseries_panel(
             "Time a lent node spent away",

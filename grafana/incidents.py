@@ -110,7 +110,9 @@ def _active_incidents() -> table.Panel:
 
 def _now() -> list[Panel]:
     return [
-        stat_panel("Active incidents", "Incidents not yet ended.", "sum(pitcrew_incidents_active)"),
+        stat_panel(
+            "Active incidents", "Incidents not yet ended.", "sum(max by (state) (pitcrew_incidents_active))"
+        ),
         stat_panel(
             "Nodes under remediation",
             "Nodes whose playbook is running or verifying now.",

@@ -122,7 +122,10 @@ def test_every_metric_a_panel_reads_exists() -> None:
 
 #: Gauges every pitcrew replica exports: the one that leads the store's state, every other 0 (they
 #: forget what they showed when they stop leading). A panel that reads one bare shows a value per
-#: replica: "Approvals waiting" said 3 and 0 side by side on the ``ha`` overlay.
+#: replica: "Approvals waiting" said 3 and 0 side by side on the ``ha`` overlay. Summed across
+#: replicas, a failover counts twice: a deposed leader shows what its scan last saw until it
+#: notices (at most a lease TTL), beside the new leader's, and "Active incidents" (a sum) doubled.
+#: So each is read through ``max`` (or ``min``) first, across replicas; a sum may follow, over labels.
 PER_REPLICA = (
     "pitcrew_incidents_active",
     "pitcrew_nodes_under_remediation",
@@ -135,16 +138,43 @@ PER_REPLICA = (
     "pitcrew_capacity_idle_gpus",
     "pitcrew_capacity_lent_nodes",
 )
-_AGGREGATED = re.compile(r"^\(*\s*(sum|max|min|count)\b")
+#: What may come right before a gauge every replica exports: ``max`` or ``min``, by or without
+#: labels, opening its argument.
+_ACROSS_REPLICAS = re.compile(r"\b(max|min)\s*(?:(?:by|without)\s*\([^()]*\)\s*)?\(\s*$")
+
+
+def across_replicas(expr: str, gauge: str) -> bool:
+    """Whether every read of ``gauge`` in ``expr`` is the argument of a ``max`` or ``min``."""
+    reads = [m.start() for m in re.finditer(rf"\b{re.escape(gauge)}\b", expr)]
+    return bool(reads) and all(_ACROSS_REPLICAS.search(expr[:at]) for at in reads)
+
+
+@pytest.mark.parametrize(
+    ("expr", "one"),
+    [
+        ("max(pitcrew_paused)", True),
+        ("sum(max by (state) (pitcrew_incidents_active))", True),
+        ("max by (pool) (pitcrew_capacity_lent_nodes) or vector(0)", True),
+        ("min without (pod) (pitcrew_paused{job='x'})", True),
+        ("sum(pitcrew_incidents_active)", False),
+        ("sum by (pool) (pitcrew_capacity_lent_nodes)", False),
+        ("pitcrew_paused", False),
+        ("max(pitcrew_paused) + pitcrew_paused", False),
+        ("count(pitcrew_paused)", False),
+    ],
+)
+def test_the_lint_tells_a_read_across_replicas(expr: str, one: bool) -> None:
+    gauge = next(name for name in PER_REPLICA if name in expr)
+    assert across_replicas(expr, gauge) is one
 
 
 def test_a_gauge_each_replica_exports_is_read_as_one_value() -> None:
     for name, dashboard in DASHBOARDS.items():
         for title, target in queries(dashboard):
-            read = metric_names(target["expr"]) & set(PER_REPLICA)
-            if read:
-                assert _AGGREGATED.match(target["expr"]), (
-                    f"{name} / {title}: {target['expr']!r} reads {sorted(read)} per replica; aggregate it"
+            for gauge in sorted(metric_names(target["expr"]) & set(PER_REPLICA)):
+                assert across_replicas(target["expr"], gauge), (
+                    f"{name} / {title}: {target['expr']!r} reads {gauge} per replica (summed, a failover "
+                    "counts it twice); read it through max() first"
                 )
 
 
