@@ -17,7 +17,8 @@ authentication and TLS option a site's Postgres may ask for through the ordinary
 ``_transaction_sync``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
 
 Every write transaction but retention's (``_prune_transact``) takes one advisory lock
-(``_WRITE_LOCK``) first, so writes of every
+(``_WRITE_LOCK``) first, waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not
+as long as a site's ``statement_timeout`` or ``lock_timeout`` would, so writes of every
 replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on one file: an
 incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never race for one
 node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
