@@ -263,14 +263,21 @@ def bump_seen(seen: Sequence[tuple[str | None, int, str, str]]) -> Stmt:
     )
 
 
+#: What an alert said, as the timeline tells it: every other event is the audit log of what pitcrew
+#: and people did or decided (a step, a command, an approval, a state, a notice), kept for good;
+#: these go once their incident is closed and pruned (``bot.store.retention``), as the alerts they
+#: tell of do. They are most of the timeline: one at least an alert stored.
+ALERT_EVENTS = frozenset({"alert_firing", "alert_resolved", "alert_resolved_unseen", "alert_unroutable"})
+
+
 def _alert_event(kind: str, alertname: str, fault: Any, key: tuple[str, str | None]) -> NewEvent:
     detail = f"{alertname}: {fault.describe()}" if fault is not None else alertname
     return NewEvent(kind, detail=detail, data={"fingerprint": key[0], "starts_at": key[1]})
 
 
 _INSERT_EVENT = (
-    "INSERT INTO events (incident_id, at, kind, step, outcome, attempt, actor, detail, data_json)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO events (incident_id, at, kind, step, outcome, attempt, actor, detail, data_json, audit)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -286,6 +293,7 @@ def event_row(incident_id: str | None, event: NewEvent, at: datetime) -> tuple[A
         event.actor,
         event.detail,
         data,
+        int(event.kind not in ALERT_EVENTS),
     )
 
 

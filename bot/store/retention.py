@@ -3,16 +3,21 @@
 What goes, once it is older than the cut-off:
 
 * a **closed** incident (a terminal state, ``closed_at`` before the cut-off) with its alerts and
-  their delivery counters, its step records, approvals, delivered outbox rows and the references
-  destinations kept for it (``thread:``, ``link:``, ``region:``… ``<prefix>:<incident>``);
-* an alert filed under no incident (no node label) last delivered before the cut-off;
+  their delivery counters, what they said in its timeline, its step records, approvals, delivered
+  outbox rows and the references destinations kept for it (``thread:``, ``link:``, ``region:``…
+  ``<prefix>:<incident>``);
+* an alert filed under no incident (no node label) last delivered before the cut-off, and what
+  such alerts said before it;
 * a delivered outbox row of no incident, delivered before the cut-off.
 
 What never goes: an incident that is not closed; an incident with an outbox row not yet
 delivered (its notice still has to leave; it goes once delivered); the newest incident, whose
 number the next one counts on (incident ids are never reused, so the kept audit log never speaks
-of two incidents under one name); and the audit log (``events``), which the database keeps
-append-only — it holds every destructive action pitcrew took, and it is kept whole.
+of two incidents under one name); and the audit log: every event of the timeline but what an
+alert said (``audit``; ``bot.store.ingest.ALERT_EVENTS``), so every destructive action pitcrew
+took, every command and decision, kept whole. What the alerts of a pruned incident said
+(``alert_firing``…, one event at least an alert: most of the timeline) goes with them, and what
+alerts of no incident said once older than the cut-off; the database refuses any other delete.
 
 A prune runs in bounded transactions (``prune_batch``: at most ``BATCH`` alerts and
 ``INCIDENTS`` incidents each) that take turns with the store's other writes (``SqlStore.prune``):
@@ -30,6 +35,7 @@ whatever the number of incidents kept.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -55,7 +61,7 @@ MIN_BATCH = 10
 #: Longest a prune transaction waits for the writes queued before it (a storm's deliveries) to
 #: commit; then it takes its turn anyway, so a long storm delays a prune but never stops it.
 YIELD = 1.0
-TABLES = ("incidents", "alerts", "alert_deliveries", "steps", "approvals", "outbox", "outbox_refs")
+TABLES = ("incidents", "alerts", "alert_deliveries", "events", "steps", "approvals", "outbox", "outbox_refs")
 
 
 @dataclass(slots=True)
@@ -101,6 +107,22 @@ def _prune_batch(before: datetime, batch: int) -> Op[Pruned]:
     found = yield rows(_ELIGIBLE, (cutoff, INCIDENTS))
     ids = [r["id"] for r in found]
     if ids:
+        # What the alerts said of these incidents, ``batch`` events at a time, as their alerts go
+        # below; the rest of their timeline is the audit log, kept (``audit``: the database
+        # refuses to delete it, or anything of an incident not closed).
+        told = yield rows(
+            "SELECT incident_id, seq FROM events WHERE incident_id IN (?*) AND audit = 0"
+            " ORDER BY incident_id, seq LIMIT ?",
+            [ids, batch],
+        )
+        if told:
+            done.counts["events"] = yield run(
+                "DELETE FROM events WHERE incident_id IN (?*) AND audit = 0 AND (incident_id, seq) <= (?, ?)",
+                [ids, told[-1]["incident_id"], told[-1]["seq"]],
+            )
+        if len(told) == batch:
+            done.more = True  # the incidents go in a later batch, once what their alerts said is gone
+            return done
         # The first ``batch`` alerts of these incidents in the index's order (ordered, so that both
         # planners read the index rather than the table), then every alert up to the last of them:
         # set-based deletes, a statement a table, not one per alert.
@@ -137,13 +159,22 @@ def _prune_batch(before: datetime, batch: int) -> Op[Pruned]:
         (cutoff, batch),
     )
     yield from _drop_alerts(done, [(k["fingerprint"], k["starts_at"]) for k in lone])
+    # What alerts of no incident said, oldest first, up to the first told after the cut-off.
+    said = yield rows(
+        "SELECT seq, at FROM events WHERE incident_id IS NULL AND audit = 0 ORDER BY seq LIMIT ?", (batch,)
+    )
+    old = [r["seq"] for r in itertools.takewhile(lambda r: r["at"] < cutoff, said)]
+    if old:
+        done.counts["events"] += yield run(
+            "DELETE FROM events WHERE incident_id IS NULL AND audit = 0 AND seq <= ?", (old[-1],)
+        )
     sent = yield run(
         "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE incident_id IS NULL"
         " AND delivered_at IS NOT NULL AND delivered_at < ? ORDER BY id LIMIT ?)",
         (cutoff, batch),
     )
     done.counts["outbox"] += sent
-    done.more = done.more or len(lone) == batch or sent == batch
+    done.more = done.more or len(lone) == batch or sent == batch or len(old) == batch
     return done
 
 

@@ -10,8 +10,9 @@ Each migration is applied once, in order, in a transaction of its own that reads
 it starts from under the database's write lock (SQLite: ``BEGIN IMMEDIATE``; Postgres: an
 advisory lock), so two processes opening one store at once migrate it once; it is recorded
 (SQLite: ``PRAGMA user_version``; Postgres: the ``pitcrew_schema`` row). The audit log is
-append-only in the database itself: triggers refuse UPDATE and DELETE (and on Postgres TRUNCATE)
-on ``events``.
+append-only in the database itself: triggers refuse UPDATE and TRUNCATE (Postgres) on ``events``,
+and DELETE of any audit row, or of any event of an incident not closed (migration 7: what an
+alert said goes with its pruned incident).
 
 **A pitcrew runs on a store a newer one migrated** (``standing``) unless a migration since its own
 schema is ``BREAKING``: every other migration only adds (a table, an index, a column that may be
@@ -214,6 +215,15 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at TEXT NOT NULL,
         PRIMARY KEY (watch, key)
     ) {without_rowid};
+    """,
+    # 7: the timeline keeps for good what pitcrew and people did (``audit``: every event but what
+    # an alert said, ``bot.store.ingest.ALERT_EVENTS``); retention lets the rest go once its
+    # incident is closed and pruned (``bot.store.retention``), and the database refuses any other
+    # delete, and every update. Events stored before are kept as audit rows, as are an earlier
+    # pitcrew's, which does not fill the column.
+    """
+    ALTER TABLE events ADD COLUMN audit INTEGER NOT NULL DEFAULT 1;
+    {events_prunable}
     """,
 )
 

@@ -152,6 +152,15 @@ SQLITE = Dialect(
             " CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
             " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
         ),
+        # Migration 7: an event may be deleted only if it is no audit row and its incident is
+        # closed or gone (``bot.store.retention``); an update never.
+        "events_prunable": (
+            "DROP TRIGGER events_no_delete;"
+            " CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+            " WHEN OLD.audit <> 0 OR EXISTS (SELECT 1 FROM incidents i"
+            " WHERE i.id = OLD.incident_id AND i.closed_at IS NULL)"
+            " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
+        ),
     },
     instant=lambda at: at.timestamp(),
     moment=lambda seconds: datetime.fromtimestamp(seconds, UTC),
@@ -187,6 +196,15 @@ POSTGRES = Dialect(
             " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only();"
             " CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events"
             " FOR EACH STATEMENT EXECUTE FUNCTION pitcrew_append_only();"
+        ),
+        "events_prunable": (
+            "CREATE FUNCTION pitcrew_events_prunable() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF TG_OP = 'DELETE' AND OLD.audit = 0 AND NOT EXISTS (SELECT 1 FROM incidents i"
+            " WHERE i.id = OLD.incident_id AND i.closed_at IS NULL) THEN RETURN OLD; END IF;"
+            " RAISE EXCEPTION 'the audit log is append-only'; END $$;"
+            " DROP TRIGGER events_no_update ON events;"
+            " CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
+            " FOR EACH ROW EXECUTE FUNCTION pitcrew_events_prunable();"
         ),
     },
     instant=lambda at: at,

@@ -1049,7 +1049,19 @@ EXPECTED_COLUMNS = {
     ),
     "switches": sorted(["name", "value_json", "set_by", "set_at"]),
     "events": sorted(
-        ["seq", "incident_id", "at", "kind", "step", "outcome", "attempt", "actor", "detail", "data_json"]
+        [
+            "seq",
+            "incident_id",
+            "at",
+            "kind",
+            "step",
+            "outcome",
+            "attempt",
+            "actor",
+            "detail",
+            "data_json",
+            "audit",
+        ]
     ),
     "outbox": sorted(
         [

@@ -1,8 +1,9 @@
 """Retention (``store.retention``), the same cases on SQLite and on a real PostgreSQL (``tests.harness.stores``).
 
-Cases: a closed incident past the cut-off goes with its alerts, delivery counters, steps,
-approval, delivered notices and references, while its audit log (every event, the destructive
-actions included) stays; an open incident, however old, never goes; a closed incident with a
+Cases: a closed incident past the cut-off goes with its alerts, delivery counters, what they said
+in its timeline, steps, approval, delivered notices and references, while its audit log (every
+other event, the destructive actions included) stays, and the database refuses any other delete
+of an event, and every update; an open incident, however old, never goes; a closed incident with a
 notice not yet delivered stays until it is delivered; an incident closed after the cut-off stays;
 the newest incident stays (the next one never takes its number); a pruned alert delivered again
 is a new alert; another firing of a pruned alert (same fingerprint, another startsAt, in an open
@@ -33,13 +34,14 @@ from bot.engine.retention import Retention
 from bot.runtime import build_app
 from bot.store import retention
 from bot.store.base import ACTION, NewEvent
+from bot.store.ingest import ALERT_EVENTS
 from bot.store.lease import Deposed, Fence
 from bot.store.postgres import _WRITE_LOCK
-from bot.store.schema import migrations
+from bot.store.schema import compatible_from, migrations
 from bot.store.sql import SQLITE, Stmt
 from bot.web.app import DEPS
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.stores import AnyStore, Stores
+from tests.harness.stores import AnyStore, Stores, newer_schema
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
 from tests.simulator.serve import WorldFile, simulated_ports
 
@@ -98,6 +100,8 @@ async def test_old_closed_incidents_go_and_the_audit_log_stays(stores: Stores) -
     await store.transition(recent, State.RESOLVED, CUTOFF + timedelta(days=1), outcome="resolved")
     timeline = [(e.kind, e.detail) for e in await store.events_of(old)]
     assert (ACTION, "DOWN gpu-001") in timeline
+    said = [(kind, detail) for kind, detail in timeline if kind in ALERT_EVENTS]
+    assert [kind for kind, _ in said] == ["alert_firing", "alert_firing", "alert_resolved", "alert_resolved"]
 
     pruned = await store.prune(CUTOFF)
 
@@ -106,12 +110,15 @@ async def test_old_closed_incidents_go_and_the_audit_log_stays(stores: Stores) -
         "incidents": 1,
         "alerts": 2,
         "alert_deliveries": 2,
+        "events": 4,
         "steps": 1,
         "approvals": 1,
         "outbox": 1,
         "outbox_refs": 1,
     }
-    assert [(e.kind, e.detail) for e in await store.events_of(old)] == timeline  # the audit log stays
+    # The audit log stays: every event but what the alerts said, the destructive action included.
+    audit = [(e.kind, e.detail) for e in await store.events_of(old)]
+    assert audit == [entry for entry in timeline if entry not in said] and (ACTION, "DOWN gpu-001") in audit
     for kept in (still_open, undelivered, recent):
         assert await store.incident(kept) is not None, kept
         assert len(await store.alerts_of(kept)) == 2 and await store.steps_of(kept), kept
@@ -199,6 +206,86 @@ async def test_another_firing_of_a_pruned_alert_keeps_its_counter(stores: Stores
     assert (kept.fingerprint, kept.starts_at, kept.deliveries) == ("fp1", again, 2)
 
 
+async def test_the_database_lets_go_only_of_what_alerts_said_of_closed_incidents(stores: Stores) -> None:
+    """The audit log is append-only in the database itself, whoever writes to it: an update of any
+    event is refused, and a delete of an audit row (an action, here a destructive one), or of
+    anything an incident not closed holds; what an alert said of a closed incident may go."""
+    store = await stores.open()
+    closed = await _incident(store, "fp1", "gpu-001")
+    still_open = await _incident(store, "fp2", "gpu-002", close=False)
+    ids = {
+        kind: [e.seq for e in await store.events_of(i) if e.kind == kind]
+        for kind, i in (
+            (ACTION, closed),
+            ("alert_firing", still_open),
+        )
+    }
+    said = [e.seq for e in await store.events_of(closed) if e.kind == "alert_firing"]
+    refused = sqlite3.Error if stores.database is None else psycopg.Error
+    for statement in (
+        f"DELETE FROM events WHERE seq = {ids[ACTION][0]}",  # noqa: S608 - an int
+        f"DELETE FROM events WHERE seq = {ids['alert_firing'][0]}",  # noqa: S608
+        f"UPDATE events SET detail = 'edited' WHERE seq = {said[0]}",  # noqa: S608
+        f"UPDATE events SET audit = 0 WHERE seq = {ids[ACTION][0]}",  # noqa: S608
+    ):
+        with pytest.raises(refused, match="append-only"):
+            stores.sql(statement)
+    stores.sql(f"DELETE FROM events WHERE seq = {said[0]}")  # noqa: S608
+    assert [e.seq for e in await store.events_of(closed) if e.kind == "alert_firing"] == said[1:]
+
+
+async def test_what_alerts_of_no_incident_said_goes_once_older_than_the_cut_off(stores: Stores) -> None:
+    store = await stores.open()
+    await store.ingest(_delivery(_alert("lone-old", None)), T0)
+    await store.ingest(_delivery(_alert("lone-new", None)), LATER)
+    await _incident(store, "fp9", "gpu-009", close=False)  # the newest, kept
+    await store.record(None, NewEvent("paused", actor="alice"), T0)  # an action of no incident
+
+    pruned = await store.prune(CUTOFF)
+
+    assert pruned.counts["events"] == 1 and pruned.counts["alerts"] == 1
+    left = [(e.kind, e.at) for e in await store.events_since(0, 1000) if e.incident_id is None]
+    assert sorted(left) == [("alert_unroutable", LATER), ("paused", T0)]
+
+
+def _at_schema_6(stores: Stores) -> None:
+    """The store as a pitcrew of schema 6 left it: no ``audit`` column, the delete guard refusing
+    every delete."""
+    if stores.database is None:
+        undone = [
+            "DROP TRIGGER events_no_delete",
+            "ALTER TABLE events DROP COLUMN audit",
+            "CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+            " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END",
+        ]
+    else:
+        undone = [
+            "DROP TRIGGER events_no_update ON events",
+            "DROP FUNCTION pitcrew_events_prunable()",
+            "ALTER TABLE events DROP COLUMN audit",
+            "CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
+            " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only()",
+        ]
+    stores.sql(*undone, *newer_schema(stores.database is None, 6, compatible_from(6)))
+
+
+async def test_what_alerts_said_before_the_migration_is_kept(stores: Stores) -> None:
+    """Events stored by a pitcrew before the audit column (and by one still running on the older
+    schema during a rolling update) are kept as audit rows: nothing said which were the alerts'."""
+    store = await stores.open()
+    old = await _incident(store, "fp1", "gpu-001")
+    await store.close()
+    _at_schema_6(stores)
+    store = await stores.open()  # migrated to this pitcrew's schema
+    timeline = [(e.kind, e.detail) for e in await store.events_of(old)]
+    await _incident(store, "fp2", "gpu-002")  # the newest, kept
+
+    pruned = await store.prune(CUTOFF)
+
+    assert await _gone(store, old) and pruned.counts["events"] == 0
+    assert [(e.kind, e.detail) for e in await store.events_of(old)] == timeline
+
+
 def test_every_prune_statement_searches_an_index(tmp_path: Path) -> None:
     """SQLite's plans, read from EXPLAIN QUERY PLAN over the real schema: without statistics its
     planner once took the state index for the closed incidents and sorted them (25 ms a prune
@@ -209,15 +296,21 @@ def test_every_prune_statement_searches_an_index(tmp_path: Path) -> None:
     statements: list[Stmt] = []
     op = retention.prune_batch(CUTOFF, 10)
     key = {"incident_id": "pc-00001", "fingerprint": "f", "starts_at": "s"}
-    answers = iter([[{"id": "pc-00001"}], [key], [key]])  # the incidents, the alerts, those deleted
+    told = {"incident_id": "pc-00001", "seq": 7}
+    # The incidents, what their alerts said, their alerts, those deleted; what alerts of no
+    # incident said (before the cut-off).
+    answers = iter([[{"id": "pc-00001"}], [told], 1, [key], [key]])
+    said = [{"seq": 3, "at": "2026-01-01T00:00:00.000000+00:00"}]
     try:
         stmt = next(op)
         while True:
             statements.append(stmt)
-            stmt = op.send(next(answers, 1 if stmt.kind == "run" else []))
+            unrouted = "incident_id IS NULL AND audit = 0 ORDER BY" in stmt.sql
+            stmt = op.send(said if unrouted else next(answers, 1 if stmt.kind == "run" else []))
     except StopIteration:
         pass
-    assert len(statements) == 11 and "alert_deliveries" in statements[3].sql
+    assert len(statements) == 15 and "alert_deliveries" in statements[5].sql
+    assert sum(s.sql.startswith("DELETE FROM events") for s in statements) == 2
     for stmt in statements:
         sql, params = SQLITE.bind(stmt.sql, stmt.params if stmt.kind != "many" else stmt.params[0])
         plan = [row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
@@ -232,13 +325,25 @@ async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
     await store.transition(big, State.RESOLVED, T0, outcome="resolved")
     await store.ingest(_delivery(_alert("other", "gpu-002")), T0)  # the newest, kept
 
+    # What its five alerts said first, two at a time; then the alerts, two at a time; then it.
     first = await store._write(lambda: retention.prune_batch(CUTOFF, 2))
-    assert (first.counts["alerts"], first.counts["incidents"], first.more) == (2, 0, True)
-    assert await store.incident(big) is not None and len(await store.alerts_of(big)) == 3
+    assert (first.counts["events"], first.counts["alerts"], first.counts["incidents"], first.more) == (
+        2,
+        0,
+        0,
+        True,
+    )
+    assert await store.incident(big) is not None and len(await store.alerts_of(big)) == 5
 
     rest = await store.prune(CUTOFF, batch=2)
-    assert (rest.counts["alerts"], rest.counts["incidents"], rest.more) == (3, 1, False)
+    assert (rest.counts["events"], rest.counts["alerts"], rest.counts["incidents"], rest.more) == (
+        3,
+        5,
+        1,
+        False,
+    )
     assert await store.incident(big) is None
+    assert [e.kind for e in await store.events_of(big)] == ["incident_opened"]  # the audit log
 
 
 async def test_a_postgres_prune_takes_no_write_lock(postgres_db: PostgresDatabase, tmp_path: Path) -> None:

@@ -153,12 +153,17 @@ async def test_a_store_from_before_the_record_gets_it_at_the_next_start(stores: 
 
 
 def _left_at_release_4(stores: Stores) -> None:
-    """The store as a pitcrew of schema 4 left it: migrations 5 (indexes on incidents, then on the
-    outbox) and 6 (a table) not applied yet."""
+    """The store as a pitcrew of schema 4 left it (Postgres): migrations 5 (indexes on incidents,
+    then on the outbox), 6 (a table) and 7 (a column of the audit log, its guard) not applied yet."""
     stores.sql(
         "DROP INDEX incidents_closed",
         "DROP INDEX outbox_incident",
         "DROP TABLE watch_memory",
+        "DROP TRIGGER events_no_update ON events",
+        "DROP FUNCTION pitcrew_events_prunable()",
+        "CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
+        " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only()",
+        "ALTER TABLE events DROP COLUMN audit",
         f"UPDATE pitcrew_schema SET version = 4, compatible_from = {compatible_from(4)}",  # noqa: S608 - an int
     )
 
