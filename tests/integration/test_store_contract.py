@@ -1048,6 +1048,7 @@ EXPECTED_COLUMNS = {
         ]
     ),
     "switches": sorted(["name", "value_json", "set_by", "set_at"]),
+    # ``audit``: which events are the audit log (migration 7).
     "events": sorted(
         [
             "seq",
