@@ -212,12 +212,13 @@ _AT_OPEN = (
 )
 _WHO_LEADS = "SELECT holder, epoch, expires_at > now() AS live FROM leadership WHERE id = 1"
 #: What this role may not do that the store does, on those of its tables that are there: every
-#: statement on each, only reading and adding on the audit log (append-only).
+#: statement on each, but no update of the timeline (``events``): read, added to, and deleted from
+#: by retention, of what alerts said only (the database's guard keeps the audit log, migration 7).
 _NOT_ALLOWED = (
     "SELECT c.relname AS name, p.privilege FROM pg_class c,"
     " unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p(privilege)"
     " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')"
-    " AND c.relname = ANY(%s) AND NOT (c.relname = 'events' AND p.privilege IN ('UPDATE', 'DELETE'))"
+    " AND c.relname = ANY(%s) AND NOT (c.relname = 'events' AND p.privilege = 'UPDATE')"
     " AND NOT has_table_privilege(c.oid, p.privilege) ORDER BY c.relname, p.privilege"
 )
 #: The oldest server the store runs on (``server_version_num``): 12.
