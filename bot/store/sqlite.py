@@ -41,6 +41,7 @@ from bot.store.writer import Bulk, IngestJob, Writer
 
 class SqliteStore(SqlStore):
     dialect = SQLITE
+    _prune_budget = retention.SHARED_BUDGET  # a prune shares the one writer with the deliveries
 
     def __init__(
         self,

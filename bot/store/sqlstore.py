@@ -60,6 +60,8 @@ from bot.store.sql import Dialect, Op, Stmt, T, single
 
 class SqlStore(ABC):
     dialect: Dialect
+    #: How long one prune transaction's statements should take (``prune``).
+    _prune_budget: float = retention.BUDGET
 
     def __init__(self, clock: Callable[[], datetime] | None) -> None:
         #: The lease's clock: ``None`` is the database's own; tests pass fake time.
@@ -408,10 +410,10 @@ class SqlStore(ABC):
     async def prune(self, before: datetime, *, batch: int = retention.BATCH) -> retention.Pruned:
         """Remove what ``bot.store.retention`` says is past ``before``, one bounded transaction at a
         time (each fenced: only the leader prunes), each after the writes queued before it
-        (``_turn``), sized so its statements take about ``retention.BUDGET`` and followed by a
+        (``_turn``), sized so its statements take about ``_prune_budget`` and followed by a
         pause as long as the whole write took times ``retention.PACE``; the rows removed."""
         total = retention.Pruned()
-        size = batch
+        size, budget = batch, self._prune_budget
         while True:
             await self._turn()
             started = time.monotonic()
@@ -423,9 +425,9 @@ class SqlStore(ABC):
             total.add(done)
             if not done.more:
                 return total
-            if done.took > retention.BUDGET:
+            if done.took > budget:
                 size = max(min(retention.MIN_BATCH, batch), size // 2)
-            elif done.took < retention.BUDGET / 2:
+            elif done.took < budget / 2:
                 size = min(batch, size * 2)
             await asyncio.sleep(took * retention.PACE)
 
