@@ -174,14 +174,15 @@ _LIVE_ATTEMPTS = 3
 _IDLE_SESSION_LIMIT = "SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'"
 
 
+#: Whether the server takes this role's writes: not a standby, nor read-only for it.
+_WRITABLE = "pg_is_in_recovery() AS standby, current_setting('transaction_read_only') = 'on' AS read_only"
 #: The readiness probe's one query: a primary (not in recovery) that takes this role's writes (a
 #: database or role may make its transactions read-only: ``default_transaction_read_only``), and
 #: how its commits are replicated.
 #: ``pg_stat_replication`` shows every user its rows (the details only to the privileged): each is
 #: a standby streaming from this server (or a base backup being taken).
 _PING = (
-    "SELECT pg_is_in_recovery() AS standby,"
-    " current_setting('transaction_read_only') = 'on' AS read_only,"
+    f"SELECT {_WRITABLE},"  # noqa: S608 - constants only
     " current_setting('synchronous_commit') AS commit,"
     " current_setting('synchronous_standby_names') AS names,"
     " (SELECT count(*) FROM pg_stat_replication) AS standbys"
@@ -206,10 +207,7 @@ _INSPECT = (
 #: Read first at open, with whether the server takes writes: a store whose tables are current
 #: writes nothing at open, and would open on a standby (or for a read-only role) to fail its first
 #: write.
-_AT_OPEN = (
-    "SELECT current_setting('server_encoding') AS encoding, pg_is_in_recovery() AS standby,"
-    " current_setting('transaction_read_only') = 'on' AS read_only"
-)
+_AT_OPEN = f"SELECT current_setting('server_encoding') AS encoding, {_WRITABLE}"
 _WHO_LEADS = "SELECT holder, epoch, expires_at > now() AS live FROM leadership WHERE id = 1"
 #: What this role may not do that the store does, on those of its tables that are there: every
 #: statement on each, but no update of the timeline (``events``): read, added to, and deleted from
