@@ -121,3 +121,23 @@ def newer_schema(sqlite: bool, version: int, compatible: int | None) -> list[str
         return [f"PRAGMA user_version = {version}", record]
     value = "NULL" if compatible is None else str(compatible)
     return [f"UPDATE pitcrew_schema SET version = {version}, compatible_from = {value}"]  # noqa: S608 - ints
+
+
+def before_audit_column(sqlite: bool) -> list[str]:
+    """The statements that take migration 7 back (``bot.store.schema``): no ``audit`` column on
+    ``events``, and its delete guard refusing every delete, as an earlier pitcrew left it. The
+    schema's record is the caller's (``newer_schema``)."""
+    if sqlite:
+        return [
+            "DROP TRIGGER events_no_delete",
+            "ALTER TABLE events DROP COLUMN audit",
+            "CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+            " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END",
+        ]
+    return [
+        "DROP TRIGGER events_no_update ON events",
+        "DROP FUNCTION pitcrew_events_prunable()",
+        "ALTER TABLE events DROP COLUMN audit",
+        "CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
+        " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only()",
+    ]

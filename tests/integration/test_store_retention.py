@@ -41,7 +41,7 @@ from bot.store.schema import compatible_from, migrations
 from bot.store.sql import SQLITE, Stmt
 from bot.web.app import DEPS
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.stores import AnyStore, Stores, newer_schema
+from tests.harness.stores import AnyStore, Stores, before_audit_column, newer_schema
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
 from tests.simulator.serve import WorldFile, simulated_ports
 
@@ -251,22 +251,8 @@ async def test_what_alerts_of_no_incident_said_goes_once_older_than_the_cut_off(
 def _at_schema_6(stores: Stores) -> None:
     """The store as a pitcrew of schema 6 left it: no ``audit`` column, the delete guard refusing
     every delete."""
-    if stores.database is None:
-        undone = [
-            "DROP TRIGGER events_no_delete",
-            "ALTER TABLE events DROP COLUMN audit",
-            "CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
-            " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END",
-        ]
-    else:
-        undone = [
-            "DROP TRIGGER events_no_update ON events",
-            "DROP FUNCTION pitcrew_events_prunable()",
-            "ALTER TABLE events DROP COLUMN audit",
-            "CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
-            " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only()",
-        ]
-    stores.sql(*undone, *newer_schema(stores.database is None, 6, compatible_from(6)))
+    sqlite = stores.database is None
+    stores.sql(*before_audit_column(sqlite), *newer_schema(sqlite, 6, compatible_from(6)))
 
 
 async def test_what_alerts_said_before_the_migration_is_kept(stores: Stores) -> None:

@@ -23,7 +23,7 @@ from bot.store import postgres
 from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
-from tests.harness.stores import Stores, newer_schema
+from tests.harness.stores import Stores, before_audit_column, newer_schema
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 NEXT = SCHEMA_VERSION + 1
@@ -159,11 +159,7 @@ def _left_at_release_4(stores: Stores) -> None:
         "DROP INDEX incidents_closed",
         "DROP INDEX outbox_incident",
         "DROP TABLE watch_memory",
-        "DROP TRIGGER events_no_update ON events",
-        "DROP FUNCTION pitcrew_events_prunable()",
-        "CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
-        " FOR EACH ROW EXECUTE FUNCTION pitcrew_append_only()",
-        "ALTER TABLE events DROP COLUMN audit",
+        *before_audit_column(sqlite=False),
         f"UPDATE pitcrew_schema SET version = 4, compatible_from = {compatible_from(4)}",  # noqa: S608 - an int
     )
 

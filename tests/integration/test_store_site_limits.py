@@ -17,27 +17,19 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 
-from bot.domain.faults import Fault
 from bot.store import postgres
-from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
+from bot.store.base import StoreUnavailable
 from bot.store.sql import Op, one
 from tests.harness.stores import Stores
+from tests.integration.test_store_contract import T0, _alert, _delivery
 
-T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 #: The site's limit, on every session of the database, and how long another replica holds the lock.
 LIMIT_MS, HELD = 200, 1.0
 
 pytestmark = pytest.mark.parametrize("stores", ["postgres", "pgbouncer"], indirect=True)
-
-
-def _delivery(fp: str, node: str) -> Delivery:
-    fault = Fault("xid", node, "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off the bus", True)
-    alert = IncomingAlert(fp, T0, None, "firing", "GpuXid", node, {"node": node}, {}, fault)
-    return Delivery("pitcrew", "{}:{node=x}", "firing", 0, (alert,))
 
 
 def _limited(stores: Stores) -> None:
@@ -81,7 +73,7 @@ async def test_a_write_waits_for_another_replica_past_the_site_s_limits(stores: 
     with _another_replica_writing(stores, HELD) as released:
         outcome, switched = await asyncio.wait_for(
             asyncio.gather(
-                store.ingest(_delivery("fp-1", "gpu-001"), T0),
+                store.ingest(_delivery(_alert("fp-1", "gpu-001")), T0),
                 store.set_switch("paused", {"by": "ops"}, "ops", T0),
                 return_exceptions=True,
             ),
@@ -119,9 +111,9 @@ async def test_pitcrew_bounds_its_own_wait_for_the_lock(
     store = await stores.open()
     with _another_replica_writing(stores, 5.0) as released:
         with pytest.raises(StoreUnavailable, match="lock timeout"):
-            await asyncio.wait_for(store.ingest(_delivery("fp-2", "gpu-002"), T0), timeout=15)
+            await asyncio.wait_for(store.ingest(_delivery(_alert("fp-2", "gpu-002")), T0), timeout=15)
         assert not released.is_set()
-    outcome = await asyncio.wait_for(store.ingest(_delivery("fp-2", "gpu-002"), T0), timeout=15)
+    outcome = await asyncio.wait_for(store.ingest(_delivery(_alert("fp-2", "gpu-002")), T0), timeout=15)
     assert outcome.opened, "the write after the wait is stored"
 
 
