@@ -20,16 +20,18 @@ took, every command and decision, kept whole. What the alerts of a pruned incide
 alerts of no incident said once older than the cut-off; the database refuses any other delete.
 
 A prune runs in bounded transactions (``prune_batch``: at most ``BATCH`` alerts and
-``INCIDENTS`` incidents each) that take turns with the store's other writes (``SqlStore.prune``):
-on SQLite each waits until the writes queued before it have committed (on Postgres they run beside
-them, without the write lock: ``PostgresStore._prune_transact``), is sized by how long the previous
-one's statements held the write lock (``BUDGET``, ``SHARED_BUDGET`` on SQLite: halved when longer,
-doubled when under half of it), and is followed by a pause ``PACE`` times as long as the whole write took, so webhooks never
-wait long and never for most of the time. What one transaction costs is its commit more than its
-deletes (an fsync on either store), hence a budget on the statements' own time: a slow disk does
-not starve the prune down to a few alerts per commit. Each transaction is fenced like every engine
-write, so only the leader prunes. Written once for both stores (``bot.store.sql``); the query that
-finds closed incidents reads them oldest first by ``incidents_closed`` (``{by_closed_at}``),
+``INCIDENTS`` incidents each) that take turns with the store's other writes (``SqlStore.prune``).
+On SQLite each waits until the writes queued before it have committed, then runs on the event loop
+and commits without an fsync of its own (``bot.store.writer.Redoable``: a prune lost in a power cut
+is done again); on Postgres they run beside the other writes, without the write lock
+(``PostgresStore._prune_transact``). Each is sized by how long the previous one's statements took
+(``BUDGET``, ``SHARED_BUDGET`` on SQLite: halved when longer, doubled when under half of it) and is
+followed by a pause ``PACE`` times as long as the whole write took, so webhooks never wait long and
+never for most of the time. What one transaction costs is its commit more than its deletes (an
+fsync on Postgres), hence a budget on the statements' own time: a slow disk does not starve the
+prune down to a few alerts per commit. Each transaction is fenced like every engine write, so only
+the leader prunes. Written once for both stores (``bot.store.sql``); the query that finds closed
+incidents reads them oldest first by ``incidents_closed`` (``{by_closed_at}``),
 whatever the number of incidents kept.
 """
 
@@ -60,8 +62,10 @@ BUDGET = 0.005
 #: ``BUDGET`` where the prune shares the store's one writer with the deliveries (SQLite): a delivery
 #: that comes while a prune transaction runs waits for all of it, commit included. At 5 ms,
 #: ``bench/retention.py`` on a quiet machine (deliveries about 1 ms at p99 alone) put ingest's p99
-#: while pruning 100,000 alerts at 8-12x; at 0.5 ms, 2.5x (a smaller budget, or batches under 10,
-#: gained nothing: the commit is most of it), with the prune four times as long.
+#: while pruning 100,000 alerts at 8-12x; at 0.5 ms, 2.5x, with the prune four times as long. What
+#: was left was the transaction's fixed cost in the writer's thread (its fsync, its hand-overs: 1.3
+#: ms at the median for 0.2-0.3 ms of statements; smaller budgets gained nothing), gone since it
+#: runs on the loop and commits without an fsync (``bot.store.writer.Redoable``): 1.3-1.4x.
 SHARED_BUDGET = 0.0005
 MIN_BATCH = 10
 #: Longest a prune transaction waits for the writes queued before it (a storm's deliveries) to

@@ -36,12 +36,13 @@ from bot.store.mounts import MOUNTINFO
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
 from bot.store.sqlstore import SqlStore
-from bot.store.writer import Bulk, IngestJob, Writer
+from bot.store.writer import Bulk, IngestJob, Redoable, Writer
 
 
 class SqliteStore(SqlStore):
     dialect = SQLITE
     _prune_budget = retention.SHARED_BUDGET  # a prune shares the one writer with the deliveries
+    _prune_start = retention.MIN_BATCH  # and runs on the loop: its first transaction is small too
 
     def __init__(
         self,
@@ -108,6 +109,13 @@ class SqliteStore(SqlStore):
     async def _bulk_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """As ``_transact``, in the writer thread (``Bulk``): its statements may take long."""
         result: tuple[T, bool] = await self._writer.submit(Bulk(_unit(make)))
+        return result
+
+    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """On the loop as an engine write, committed without an fsync of its own (``Redoable``: a
+        prune lost in a power cut is done again by the next): a delivery that comes while one runs
+        waits for its bounded deletes, not for the disk nor for a thread's turns."""
+        result: tuple[T, bool] = await self._writer.submit(Redoable(_unit(make)))
         return result
 
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T:

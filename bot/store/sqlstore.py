@@ -62,6 +62,8 @@ class SqlStore(ABC):
     dialect: Dialect
     #: How long one prune transaction's statements should take (``prune``).
     _prune_budget: float = retention.BUDGET
+    #: Alerts a prune's first transaction removes at most (then sized by ``_prune_budget``).
+    _prune_start: int = retention.BATCH
 
     def __init__(self, clock: Callable[[], datetime] | None) -> None:
         #: The lease's clock: ``None`` is the database's own; tests pass fake time.
@@ -413,7 +415,7 @@ class SqlStore(ABC):
         (``_turn``), sized so its statements take about ``_prune_budget`` and followed by a
         pause as long as the whole write took times ``retention.PACE``; the rows removed."""
         total = retention.Pruned()
-        size, budget = batch, self._prune_budget
+        size, budget = min(batch, self._prune_start), self._prune_budget
         while True:
             await self._turn()
             started = time.monotonic()

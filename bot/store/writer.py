@@ -8,7 +8,8 @@ alert then waited tens of milliseconds. Here a batch runs whole where it runs, a
 get every result back once.
 
 Deliveries and the engine's writes run on the event loop's own thread, their ``COMMIT`` too, and so
-does a flush of repeat counters; only bulk writes (``Bulk``: retention's deletes, a fleet's watch
+do a flush of repeat counters and retention's bounded deletes (``Redoable``: committed without an
+fsync of their own, since a lost prune is done again); only bulk writes (``Bulk``: a fleet's watch
 memory, a flush of more than ``_FLUSH_HERE`` counters) run in the writer thread, where SQLite's own
 work does not hold the loop. Each SQLite call lets go of the interpreter and must take it back, and
 while the loop is busy answering redeliveries a thread waits for it after every statement, and for
@@ -103,14 +104,37 @@ _BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another connection's loc
 # load says nothing about the disk.
 _LOOP_COMMIT_LIMIT = 0.005
 _COMMITS_TIMED = 15
+#: ``synchronous`` levels at which a commit syncs the WAL itself: what ``Redoable`` relaxes.
+_SYNCED = frozenset({"FULL", "EXTRA"})
 
 Unit = Callable[[sqlite3.Connection], Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Bulk:
-    """A unit that may hold the connection long (retention's deletes, a fleet's rows): it runs in
+    """A unit that may hold the connection long (a fleet's rows, a big flush): it runs in
     the writer thread, where SQLite's own work does not hold the event loop."""
+
+    unit: Unit
+
+
+@dataclass(frozen=True, slots=True)
+class Redoable:
+    """A short write whose loss in a power cut costs nothing, because it is done again (retention's
+    deletes: the next prune finds the same rows). It runs as an engine write does, on the loop, and
+    a transaction of such writes alone commits with ``synchronous=NORMAL``: into the WAL without an
+    fsync of its own. It is made durable by the next commit that syncs (every acknowledged
+    delivery's, at ``full``: an fsync writes the whole WAL, and SQLite's recovery reads its frames
+    in order) or by a checkpoint; a power cut before either loses that transaction and nothing
+    written after it. In one transaction with any other write, it commits as configured.
+
+    Why on the loop and not in the thread as ``Bulk``: a delivery that comes while a write holds
+    the connection waits for all of it. In the thread that is the write, its commit, and every turn
+    of a busy loop it takes to hand over and back (``bench/retention.py``, 100,000 alerts: a
+    prune transaction held the connection 1.3-1.4 ms at the median for 0.2-0.3 ms of statements,
+    and ingest's p99 while pruning was 1.9-2.9x what it was alone); on the loop, its statements and
+    a commit that writes the WAL without waiting for the disk (1.25x). Its caller bounds it (a
+    prune's statements are sized to ``retention.SHARED_BUDGET``)."""
 
     unit: Unit
 
@@ -125,7 +149,7 @@ class IngestJob:
 
 #: What the writer's queue holds: a unit and its caller's future, or ``None``, the mark ``close``
 #: queues after everything it must run (the loop flushes the counters then and stops).
-Queued = tuple[Unit | Bulk | IngestJob, "asyncio.Future[Any]"] | None
+Queued = tuple[Unit | Bulk | Redoable | IngestJob, "asyncio.Future[Any]"] | None
 
 
 class Writer:
@@ -144,6 +168,7 @@ class Writer:
         self.path = path
         self._network_filesystem, self._mount_table = network_filesystem, mount_table
         self.synchronous = synchronous.upper()
+        self._level = self.synchronous  # the connection's ``synchronous`` now (``_durability``)
         self._units_per_batch = units_per_batch  # engine writes per transaction: bounds a delivery's wait
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
         self._conn: sqlite3.Connection | None = None
@@ -176,6 +201,7 @@ class Writer:
         loop = asyncio.get_running_loop()
         self._failure, self._wrote_at, self._ready = None, float("-inf"), True
         self._turn = asyncio.Lock()
+        self._level = self.synchronous  # as ``_connect`` sets it
         self._conn = await loop.run_in_executor(self._executor, self._connect)
         self._checkpointer = await aiosqlite.connect(self.path, isolation_level=None)
         await self._checkpointer.execute("PRAGMA busy_timeout=10000")
@@ -267,7 +293,7 @@ class Writer:
             self._executor.shutdown(wait=True)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitcrew-store-writer")
 
-    async def submit(self, unit: Unit | Bulk | IngestJob) -> Any:
+    async def submit(self, unit: Unit | Bulk | Redoable | IngestJob) -> Any:
         """Run ``unit`` in a transaction; its result once that transaction has committed."""
         if not self.running:
             raise StoreUnavailable("store is not open")
@@ -338,7 +364,10 @@ class Writer:
                 await self._flush(loop)  # what was answered 200 is on disk before the loop stops
 
     async def _run(
-        self, batch: list[tuple[Unit | Bulk | IngestJob, asyncio.Future[Any]]], *, queued: bool = True
+        self,
+        batch: list[tuple[Unit | Bulk | Redoable | IngestJob, asyncio.Future[Any]]],
+        *,
+        queued: bool = True,
     ) -> None:
         """One transaction for ``batch`` (``commit_batch``: each alone if it fails); every caller
         hears its own outcome. ``queued``: the batch came from the queue (not from ``submit``'s
@@ -390,7 +419,7 @@ class Writer:
         self._failure, self._failed_at = str(error), time.monotonic()
 
     async def _commit(
-        self, items: Sequence[Unit | Bulk | IngestJob], answer: Answer | None = None
+        self, items: Sequence[Unit | Bulk | Redoable | IngestJob], answer: Answer | None = None
     ) -> list[Any]:
         """``items`` in one transaction: their results once committed where a restart will look.
         Their statements and the commit run on the loop, but all in the writer thread if one of
@@ -402,15 +431,22 @@ class Writer:
         assert conn is not None
         jobs = [item for item in items if isinstance(item, IngestJob)]
         units = [
-            item.unit if isinstance(item, Bulk) else item for item in items if not isinstance(item, IngestJob)
+            item.unit if isinstance(item, Bulk | Redoable) else item
+            for item in items
+            if not isinstance(item, IngestJob)
         ]
         bulk = any(isinstance(item, Bulk) for item in items)
+        # Commits without an fsync of its own: only writes that are done again if lost (``Redoable``).
+        relaxed = self.synchronous in _SYNCED and all(isinstance(item, Redoable) for item in items)
         # The keys the deliveries may take as stored without asking (``RepeatMemory.trusted``).
         keys = self.memory.trusted(max(job.now for job in jobs)) if jobs else self.memory.keys
         try:
             if self._in_thread is not None and not self._in_thread.done():
                 # The connection is the thread's until its last call ends.
                 await asyncio.wait([asyncio.wrap_future(self._in_thread)])
+            # Between transactions (SQLite refuses it inside one), for the one about to begin,
+            # wherever it commits: each transaction sets what it needs, none has to put it back.
+            self._durability(conn, "NORMAL" if relaxed else self.synchronous)
             results: list[Any] = []
             begun = not bulk and _begin_now(conn)
             if begun:
@@ -421,11 +457,12 @@ class Writer:
                     _rollback(conn)
                     raise
                 jobs, units = [], []  # run: what is left is the commit
+            timed = not relaxed  # a commit without an fsync says nothing of the disk
             if begun and not self._commits_slow():
-                rest, lost = self._committed(conn, [], [], keys, begun, list(results), answer)
+                rest, lost = self._committed(conn, [], [], keys, begun, list(results), answer, timed)
             else:
                 rest, lost = await self._thread(
-                    self._committed, conn, jobs, units, keys, begun, list(results), answer
+                    self._committed, conn, jobs, units, keys, begun, list(results), answer, timed
                 )
             results.extend(rest)
         except sqlite3.OperationalError as exc:
@@ -433,6 +470,12 @@ class Writer:
         if lost is not None:
             raise StoreUnavailable(f"{lost}: a restart would not find this write")
         return results
+
+    def _durability(self, conn: sqlite3.Connection, level: str) -> None:
+        """SQLite's ``synchronous`` for the next transaction on ``conn`` (set only when it changes)."""
+        if level != self._level:
+            conn.execute(f"PRAGMA synchronous={level}")
+            self._level = level
 
     def _commits_slow(self) -> bool:
         """Whether the disk commits too slowly for the event loop (``_LOOP_COMMIT_LIMIT``)."""
@@ -457,14 +500,16 @@ class Writer:
         begun: bool,
         first: list[Any],
         answer: Answer | None,
+        timed: bool = True,
     ) -> tuple[list[Any], str | None]:
         """In the writer thread: the rest of the transaction (``_finish``), then whether the files
         are still the ones opened (``lost``). If they are, the callers get their results (``first``,
         worked out on the loop, then the rest) from here (``answer``); if not, none: the writer's
         task refuses the batch (``_commit``). The success is recorded before any caller hears
         (``_attempted``): a caller that asks for readiness at once (``ready``) must not be told of
-        the failure this write has just ended, which the writer's task would record only later."""
-        rest = _finish(conn, jobs, units, keys, begun, self._commit_times)
+        the failure this write has just ended, which the writer's task would record only later.
+        ``timed``: the ``COMMIT``'s time goes into what says whether the disk is slow."""
+        rest = _finish(conn, jobs, units, keys, begun, self._commit_times if timed else None)
         lost = self.lost()
         if lost is None:
             self._attempted(None)
@@ -581,11 +626,11 @@ def _finish(
     units: Sequence[Unit],
     keys: Mapping[Key, KeyState],
     begun: bool,
-    times: collections.deque[float],
+    times: collections.deque[float] | None,
 ) -> list[Any]:
     """Begin (unless the loop has), ingest ``jobs`` (those the loop could not begin for), run
-    ``units``, commit, and put how long the ``COMMIT`` took in ``times``; roll back if any of it
-    fails."""
+    ``units``, commit, and put how long the ``COMMIT`` took in ``times`` (unless ``None``); roll
+    back if any of it fails."""
     if not begun:
         conn.execute("BEGIN IMMEDIATE")
     try:
@@ -593,7 +638,8 @@ def _finish(
         results.extend(unit(conn) for unit in units)
         started = time.perf_counter()
         conn.execute("COMMIT")
-        times.append(time.perf_counter() - started)
+        if times is not None:
+            times.append(time.perf_counter() - started)
     except BaseException:
         _rollback(conn)
         raise

@@ -8,8 +8,8 @@ notice not yet delivered stays until it is delivered; an incident closed after t
 the newest incident stays (the next one never takes its number); a pruned alert delivered again
 is a new alert; another firing of a pruned alert (same fingerprint, another startsAt, in an open
 incident) keeps its delivery counter; a prune is cut into bounded transactions; on Postgres a prune
-takes no write lock (it goes through while another session holds it); on SQLite every
-statement of a prune searches an index (query plans: no table scan, no sort); a standby cannot
+takes no write lock (it goes through while another session holds it); on SQLite its commits
+need no fsync of their own, and every statement of a prune searches an index (query plans: no table scan, no sort); a standby cannot
 prune (the fence);
 the worker counts what it removed in ``pitcrew_store_pruned_rows_total``; the service runs it
 among the leader's workers only, and not at all when ``store.retention`` is null.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from bot.store.lease import Deposed, Fence
 from bot.store.postgres import _WRITE_LOCK
 from bot.store.schema import compatible_from, migrations
 from bot.store.sql import SQLITE, Stmt
+from bot.store.sqlite import SqliteStore
 from bot.web.app import DEPS
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import AnyStore, Stores, before_audit_column, newer_schema
@@ -330,6 +332,66 @@ async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
     )
     assert await store.incident(big) is None
     assert [e.kind for e in await store.events_of(big)] == ["incident_opened"]  # the audit log
+
+
+async def test_a_sqlite_prune_commits_without_an_fsync_of_its_own(tmp_path: Path) -> None:
+    """On SQLite a delivery that comes while a prune transaction holds the one writer waits for all
+    of it: a prune's transactions run on the event loop, as the engine's writes do, and commit
+    without an fsync (``synchronous=NORMAL``; a prune lost in a power cut is done again); every
+    other write's as configured (``full``), before and after it."""
+    store = SqliteStore(tmp_path / "pitcrew.db", synchronous="full")  # the default (the harness: off)
+    await store.open()
+    try:
+        old = await _incident(store, "fp1", "gpu-001")
+        await _incident(store, "fp2", "gpu-002")  # the newest, kept
+        said: list[tuple[int, str]] = []
+        await store._writer.submit(
+            lambda conn: conn.set_trace_callback(
+                lambda sql: said.append((threading.get_ident(), sql.strip()))
+            )
+        )
+        pruned = await store.prune(CUTOFF, batch=1)
+        assert pruned.counts["incidents"] == 1 and await _gone(store, old)
+        await store.ingest(_delivery(_alert("fp3", "gpu-003")), LATER)
+
+        levels = []  # each transaction: its statements' threads, whether it deletes, its durability
+        level = "FULL"
+        for n, (_, sql) in enumerate(said):
+            if sql.startswith("PRAGMA synchronous="):
+                level = sql.removeprefix("PRAGMA synchronous=")
+            elif sql.startswith("BEGIN"):
+                end = next(k for k in range(n, len(said)) if said[k][1] == "COMMIT")
+                body = said[n : end + 1]
+                levels.append(({t for t, _ in body}, any(q.startswith("DELETE") for _, q in body), level))
+        prunes = [entry for entry in levels if entry[1]]
+        assert len(prunes) >= 3  # one transaction an alert at least
+        assert {(frozenset(threads), level) for threads, _, level in prunes} == {
+            (frozenset({threading.get_ident()}), "NORMAL")
+        }
+        assert levels[-1][1:] == (False, "FULL")  # the delivery after it
+    finally:
+        await store.close()
+
+
+async def test_a_sqlite_prune_starts_small(tmp_path: Path) -> None:
+    """SQLite's prune runs on the event loop: its first transaction is of ``MIN_BATCH`` alerts'
+    worth, not ``BATCH`` (then sized by how long its statements took)."""
+    store = SqliteStore(tmp_path / "pitcrew.db", synchronous="off")
+    await store.open()
+    try:
+        alerts = [_alert(f"fp{n}", "gpu-001") for n in range(3 * retention.MIN_BATCH)]
+        (big,) = (await store.ingest(_delivery(*alerts), T0)).opened
+        await store.transition(big, State.RESOLVED, T0, outcome="resolved")
+        await store.ingest(_delivery(_alert("other", "gpu-002")), T0)  # the newest, kept
+        said: list[str] = []
+        await store._writer.submit(lambda conn: conn.set_trace_callback(lambda sql: said.append(sql.strip())))
+        pruned = await store.prune(CUTOFF)
+        assert (pruned.counts["events"], pruned.counts["alerts"], pruned.counts["incidents"]) == (30, 30, 1)
+        transactions = " ".join(said).split("BEGIN")[1:]
+        # What the alerts said goes first: in one transaction had the first been of 200 alerts.
+        assert len([t for t in transactions if "DELETE FROM events" in t]) >= 2
+    finally:
+        await store.close()
 
 
 async def test_a_postgres_prune_takes_no_write_lock(postgres_db: PostgresDatabase, tmp_path: Path) -> None:

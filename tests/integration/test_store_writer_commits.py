@@ -10,6 +10,11 @@ every statement SQLite runs is recorded with the thread that ran it. Cases:
 - deliveries queued beside engine writes commit on their own, first, on the loop, and the engine's
   writes after them in a transaction of their own, on the loop too, each caller answered;
 - a flush of repeat-delivery counters runs its statements and commits on the loop too;
+- a write done again if lost (``Redoable``: retention's deletes) commits on the loop with
+  ``synchronous=NORMAL``, without an fsync of its own, and its commit is not timed as the disk's;
+  every other write as configured (``full``) before and after it, and so does such a write in one
+  transaction with one that must be durable; a writer configured not to sync each commit is
+  never made stricter;
 - one slow ``COMMIT`` among quick ones changes nothing; once most of the last ones were slow (the
   trace callback sleeps inside each, as a slow disk's fsync would), deliveries commit in the writer
   thread, with one warning, and once most were quick again, on the loop again.
@@ -31,7 +36,7 @@ import pytest
 from bot.domain.faults import Fault
 from bot.store import writer as writer_module
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome
-from bot.store.writer import Bulk, IngestJob, Writer
+from bot.store.writer import Bulk, IngestJob, Redoable, Writer
 
 T0 = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 
@@ -234,3 +239,56 @@ async def test_a_flush_of_repeat_counts_runs_and_commits_on_the_loop(writer: tup
     assert [thread for thread, sql in flush if sql.startswith("UPDATE alert_deliveries")] == [loop_thread]
     assert traced.commits(since) == [loop_thread]
     assert not store.memory.seen
+
+
+def _safety(conn: sqlite3.Connection) -> int:
+    """SQLite's ``synchronous`` on the writer's connection as the unit runs (1 NORMAL, 2 FULL)."""
+    return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+
+async def test_a_write_done_again_if_lost_commits_on_the_loop_without_an_fsync_of_its_own(
+    writer: tuple[Writer, Traced],
+) -> None:
+    store, traced = writer
+    loop_thread = threading.get_ident()
+    timed = list(store._commit_times)
+    since = traced.mark()
+    assert await store.submit(Redoable(_safety)) == 1  # NORMAL: no fsync at its commit
+    assert traced.commits(since) == [loop_thread]  # where the engine's writes commit
+    assert list(store._commit_times) == timed  # a commit without an fsync says nothing of the disk
+    outcome = await store.submit(_job("gpu-009"))
+    assert isinstance(outcome, IngestOutcome) and outcome.new_alerts == 1
+    assert await store.submit(_safety) == 2  # FULL again, for every other write
+    assert await store.submit(Bulk(_safety)) == 2
+    assert await store.submit(Redoable(_safety)) == 1
+    assert await store.submit(_touch_and_read) == 2
+    assert len(store._commit_times) == len(timed) + 4
+
+    # In one transaction with a write that must be durable, it commits as configured.
+    holding, release = await _hold_thread(store)
+    redone = asyncio.create_task(store.submit(Redoable(_safety)))
+    durable = asyncio.create_task(store.submit(_safety))
+    await asyncio.sleep(0.05)  # both queued while the thread is held: the writer batches them
+    since = traced.mark()
+    release.set()
+    await holding
+    assert (await redone, await durable) == (2, 2)
+    assert len(traced.begun_by(since)) == 1
+
+
+def _touch_and_read(conn: sqlite3.Connection) -> int:
+    conn.execute("PRAGMA user_version = 0")
+    return _safety(conn)
+
+
+@pytest.mark.parametrize(("configured", "level"), [("normal", 1), ("off", 0)])
+async def test_a_writer_that_does_not_sync_each_commit_is_left_as_configured(
+    tmp_path: Path, configured: str, level: int
+) -> None:
+    store = Writer(tmp_path / "pitcrew.db", synchronous=configured)
+    await store.open()
+    try:
+        assert await store.submit(Redoable(_safety)) == level  # never made stricter
+        assert await store.submit(_safety) == level
+    finally:
+        await store.close()
