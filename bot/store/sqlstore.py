@@ -9,8 +9,9 @@ A concrete store (``SqliteStore``, ``PostgresStore``) supplies how an operation 
 * ``_lease_write(make)``: the lease's own writes, never fenced (a standby must be able to take it);
 * ``_bulk_transact(make)``: a write that may touch many rows (a fleet's watch memory), ``_transact``
   unless the store runs such writes elsewhere (SQLite: in its writer thread, off the event loop);
-* ``_prune_transact(make)``: retention's transactions, ``_bulk_transact`` unless the store can run
-  them beside its other writes (Postgres: ``PostgresStore._prune_transact``).
+* ``_prune_transact(make)``: retention's transactions, ``_bulk_transact`` unless the store runs
+  them its own way (SQLite: on the event loop, committed without an fsync of their own,
+  ``bot.store.writer.Redoable``; Postgres: beside its other writes, ``PostgresStore._prune_transact``).
 
 A write is handed over as ``make``, a function that makes the operation, never as the operation
 itself: a generator runs once, and SQLite's writer may run a write twice — in a batch that rolled

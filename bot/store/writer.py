@@ -133,7 +133,7 @@ class Redoable:
     of a busy loop it takes to hand over and back (``bench/retention.py``, 100,000 alerts: a
     prune transaction held the connection 1.3-1.4 ms at the median for 0.2-0.3 ms of statements,
     and ingest's p99 while pruning was 1.9-2.9x what it was alone); on the loop, its statements and
-    a commit that writes the WAL without waiting for the disk (1.25x). Its caller bounds it (a
+    a commit that writes the WAL without waiting for the disk (1.3-1.4x). Its caller bounds it (a
     prune's statements are sized to ``retention.SHARED_BUDGET``)."""
 
     unit: Unit
