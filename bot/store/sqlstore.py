@@ -9,9 +9,9 @@ A concrete store (``SqliteStore``, ``PostgresStore``) supplies how an operation 
 * ``_lease_write(make)``: the lease's own writes, never fenced (a standby must be able to take it);
 * ``_bulk_transact(make)``: a write that may touch many rows (a fleet's watch memory), ``_transact``
   unless the store runs such writes elsewhere (SQLite: in its writer thread, off the event loop);
-* ``_prune_transact(make)``: retention's transactions, ``_bulk_transact`` unless the store runs
-  them its own way (SQLite: on the event loop, committed without an fsync of their own,
-  ``bot.store.writer.Redoable``; Postgres: beside its other writes, ``PostgresStore._prune_transact``).
+* ``_prune_transact(make)``: retention's transactions, each store's own way (SQLite: on the event
+  loop, committed without an fsync of their own, ``bot.store.writer.Redoable``; Postgres: beside
+  its other writes, without the write lock, ``PostgresStore._prune_transact``).
 
 A write is handed over as ``make``, a function that makes the operation, never as the operation
 itself: a generator runs once, and SQLite's writer may run a write twice — in a batch that rolled
@@ -85,6 +85,9 @@ class SqlStore(ABC):
     @abstractmethod
     async def _lease_write(self, make: Callable[[], Op[T]]) -> T: ...
 
+    @abstractmethod
+    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]: ...
+
     def route_events(
         self, kinds: frozenset[str], destination: str, *, wake: Callable[[], None] | None = None
     ) -> None:
@@ -107,10 +110,6 @@ class SqlStore(ABC):
     async def _bulk_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """A write that may touch many rows: by default as every other write, ``_transact``."""
         return await self._transact(make)
-
-    async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """Retention's transactions (``prune``): by default as a bulk write, ``_bulk_transact``."""
-        return await self._bulk_transact(make)
 
     async def _write(
         self,
