@@ -8,9 +8,9 @@ notice not yet delivered stays until it is delivered; an incident closed after t
 the newest incident stays (the next one never takes its number); a pruned alert delivered again
 is a new alert; another firing of a pruned alert (same fingerprint, another startsAt, in an open
 incident) keeps its delivery counter; a prune is cut into bounded transactions; on Postgres a prune
-takes no write lock (it goes through while another session holds it); on SQLite its commits
-need no fsync of their own, and every statement of a prune searches an index (query plans: no table scan, no sort); a standby cannot
-prune (the fence);
+takes no write lock (it goes through while another session holds it); on SQLite it runs on the
+event loop, commits without an fsync of its own, starts small, and every statement of a prune
+searches an index (query plans: no table scan, no sort); a standby cannot prune (the fence);
 the worker counts what it removed in ``pitcrew_store_pruned_rows_total``; the service runs it
 among the leader's workers only, and not at all when ``store.retention`` is null.
 """
@@ -307,11 +307,28 @@ def test_every_prune_statement_searches_an_index(tmp_path: Path) -> None:
             assert not step.startswith("SCAN") and "TEMP B-TREE" not in step, (sql, plan)
 
 
-async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
-    store = await stores.open()
-    (big,) = (await store.ingest(_delivery(*(_alert(f"fp{n}", "gpu-001") for n in range(5))), T0)).opened
+async def _closed_of(store: AnyStore, alerts: int) -> str:
+    """An incident of ``alerts`` alerts closed at T0 (and a newer one, kept): its id."""
+    (big,) = (await store.ingest(_delivery(*(_alert(f"fp{n}", "gpu-001") for n in range(alerts))), T0)).opened
     await store.transition(big, State.RESOLVED, T0, outcome="resolved")
     await store.ingest(_delivery(_alert("other", "gpu-002")), T0)  # the newest, kept
+    return big
+
+
+def _traced(sql: str) -> tuple[int, str]:
+    return threading.get_ident(), sql.strip()
+
+
+async def _trace(store: SqliteStore) -> list[tuple[int, str]]:
+    """Every statement SQLite runs on the writer's connection from now on, with its thread."""
+    said: list[tuple[int, str]] = []
+    await store._writer.submit(lambda conn: conn.set_trace_callback(lambda sql: said.append(_traced(sql))))
+    return said
+
+
+async def test_a_prune_is_cut_into_bounded_transactions(stores: Stores) -> None:
+    store = await stores.open()
+    big = await _closed_of(store, 5)
 
     # What its five alerts said first, two at a time; then the alerts, two at a time; then it.
     first = await store._write(lambda: retention.prune_batch(CUTOFF, 2))
@@ -344,12 +361,7 @@ async def test_a_sqlite_prune_commits_without_an_fsync_of_its_own(tmp_path: Path
     try:
         old = await _incident(store, "fp1", "gpu-001")
         await _incident(store, "fp2", "gpu-002")  # the newest, kept
-        said: list[tuple[int, str]] = []
-        await store._writer.submit(
-            lambda conn: conn.set_trace_callback(
-                lambda sql: said.append((threading.get_ident(), sql.strip()))
-            )
-        )
+        said = await _trace(store)
         pruned = await store.prune(CUTOFF, batch=1)
         assert pruned.counts["incidents"] == 1 and await _gone(store, old)
         await store.ingest(_delivery(_alert("fp3", "gpu-003")), LATER)
@@ -379,15 +391,11 @@ async def test_a_sqlite_prune_starts_small(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "pitcrew.db", synchronous="off")
     await store.open()
     try:
-        alerts = [_alert(f"fp{n}", "gpu-001") for n in range(3 * retention.MIN_BATCH)]
-        (big,) = (await store.ingest(_delivery(*alerts), T0)).opened
-        await store.transition(big, State.RESOLVED, T0, outcome="resolved")
-        await store.ingest(_delivery(_alert("other", "gpu-002")), T0)  # the newest, kept
-        said: list[str] = []
-        await store._writer.submit(lambda conn: conn.set_trace_callback(lambda sql: said.append(sql.strip())))
+        await _closed_of(store, 3 * retention.MIN_BATCH)
+        said = await _trace(store)
         pruned = await store.prune(CUTOFF)
         assert (pruned.counts["events"], pruned.counts["alerts"], pruned.counts["incidents"]) == (30, 30, 1)
-        transactions = " ".join(said).split("BEGIN")[1:]
+        transactions = " ".join(sql for _, sql in said).split("BEGIN")[1:]
         # What the alerts said goes first: in one transaction had the first been of 200 alerts.
         assert len([t for t in transactions if "DELETE FROM events" in t]) >= 2
     finally:
