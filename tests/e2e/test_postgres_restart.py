@@ -8,7 +8,8 @@ visible at the end). The breaker allows 3 nodes.
 
 A storm of XID 79 alerts on 12 nodes is sent as Alertmanager sends it: to either replica, and
 again after any answer but 200 (Alertmanager redelivers a notification it could not deliver).
-After the first four are acknowledged, the database goes away for longer than the lease:
+After the first four are acknowledged the sender holds, the database goes away for longer than the lease,
+and the sender goes on:
 
 * ``restart``: it is shut down (``pg_ctl stop -m fast``), then started again;
 * ``failover``: a primary with a synchronous streaming standby (``tests.harness.postgres``), the
@@ -86,18 +87,31 @@ def outage(request: pytest.FixtureRequest) -> Iterator[Outage]:
 
 
 class Alertmanager:
-    """Delivers one alert per node, alternating replicas, redelivering until answered 200."""
+    """Delivers one alert per node, alternating replicas, redelivering until answered 200.
 
-    def __init__(self, replicas: tuple[Pitcrew, Pitcrew]) -> None:
+    It holds after ``hold_after`` acknowledgements until ``resume``: the test takes the database
+    down in between, so the rest of the storm meets the outage however fast the replicas answer
+    and however long the database takes to go (a free-running sender could have had every alert
+    acknowledged before a loaded machine's ``pg_ctl stop`` returned, and no delivery met it)."""
+
+    def __init__(self, replicas: tuple[Pitcrew, Pitcrew], hold_after: int) -> None:
         self.replicas = replicas
+        self.hold_after = hold_after
         self.acknowledged: dict[str, list[str]] = {}  # node -> incidents opened/attached
         self.answers: Counter[int] = Counter()
         self.gate = threading.Event()  # set: keep sending
         self.gate.set()
+        self.held = threading.Event()  # set once it holds
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def resume(self) -> None:
+        self.gate.set()
 
     def _run(self) -> None:
         for index, node in enumerate(NODES):
+            if index == self.hold_after:
+                self.gate.clear()
+                self.held.set()
             attempt = 0
             while True:
                 self.gate.wait()
@@ -148,14 +162,16 @@ def test_a_postgres_outage_mid_storm_loses_nothing_and_does_nothing_twice(
         lambda: _ready(first)[1].get("leadership", {}).get("role") == "leader", timeout=20, what="a leader"
     )
     second = pitcrew_factory("second", config=config, world=world).start()
-    sender = Alertmanager((first, second))
+    sender = Alertmanager((first, second), hold_after=4)
     sender.thread.start()
-    wait_until(lambda: len(sender.acknowledged) >= 4, timeout=60, what="four acknowledged deliveries")
+    assert sender.held.wait(60), f"four acknowledged deliveries: {dict(sender.answers)}"
+    assert len(sender.acknowledged) == 4, sender.acknowledged
     before = _ready(first)[1]["detail"]["store"]
     assert before["replication"] == outage.replication[0], before
 
     outage.take_down()
     down = time.monotonic()
+    sender.resume()
     try:
         wait_until(lambda: sender.answers[503] >= 1, timeout=60, what="a webhook answered 503")
 
