@@ -8,7 +8,9 @@ transaction of its own, and gets its own result or its own error. A failure of t
 itself (``StoreUnavailable``) is no item's fault: every item of the batch gets it, and once one
 item alone meets it the items not yet run get it too, without waiting on the database in turn.
 
-One rule, written once: the stores differ only in how they run a transaction (``Run``).
+One rule, written once: the stores differ only in how they run a transaction (``Run``). SQLite's
+writer runs a batch through ``commit_batch``; Postgres's group commit runs its batch in the writes'
+thread itself and, if it fails on one of its items, hands them to ``each_alone``.
 
 The callers of a batch that committed are answered by the thread that committed it
 (``answer_soon``), at the event loop's next turn, or at once if that thread is the loop's: answered
@@ -61,6 +63,12 @@ async def commit_batch(
     else:
         assert len(done) == len(items), "one result per item"
         return list(done)
+    return await each_alone(items, run)
+
+
+async def each_alone(items: Sequence[ItemT], run: Run[ItemT, ResultT]) -> list[ResultT | Exception]:
+    """Each item in a transaction of its own, after their batch failed on one of them: its result or
+    its exception; once the database itself fails (``StoreUnavailable``), the rest get that too."""
     outcomes: list[ResultT | Exception] = []
     for item in items:
         try:

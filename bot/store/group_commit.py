@@ -3,18 +3,22 @@
 Alertmanager's deliveries arrive at once from many groups, and each is acknowledged only once
 what it stores has committed. One transaction and one commit (one WAL flush) per delivery, each
 under the write lock, made a replica as slow as its round trips and fsyncs in a row. Here a
-replica's deliveries queue up; one task takes every one waiting (up to ``BATCH``), runs them in
-one transaction and commits once, as SQLite's writer (``bot.store.writer``) does; each caller
-hears back only after that commit.
+replica's deliveries queue up, and the writes' thread (``bot.store.postgres._Writes``) takes
+every one waiting (up to ``BATCH``) at the moment it begins their transaction, runs them in it and
+commits once, as SQLite's writer (``bot.store.writer``) does; each caller hears back only after
+that commit, answered from the thread (``bot.store.batch.answer_soon``).
 
-Up to ``DEPTH`` batches are handed over at once: while one commits, the next already waits in
-the writes' thread, which goes on to it at once, and the one after gathers. With one batch at a
-time, the thread waited after every commit for the event loop to come round and hand it the next,
-and took an engine write meanwhile. ``bench/ingest.py`` on Postgres, one replica, four pairs of
-runs alternating on a noisy machine (the first two before the engine's turn below): saturated p99
-54.1 → 41.5, 51.8 → 40.4, 50.7 → 35.1 and 67.7 → 57.6 ms; two replicas, within the noise. The
-engine's writes still get their turn: the thread never runs two batches of deliveries in a row
-while one waits (``bot.store.postgres._Lanes``).
+Taken by the thread, not handed over by the event loop: a delivery waits for at most the
+transaction under way and then its own. Before, a task on the loop formed batches and handed up
+to two over at once, so that the thread never waited for the loop between them; a batch formed
+while the thread was busy then sat in the thread's queue with what it had, and deliveries that
+came meanwhile gathered into a third. Timed under ``bench/ingest.py``'s saturated stream on
+Postgres (one replica, 465 deliveries that stored something new), a delivery waited 3.7 ms (p50)
+for a batch to be formed, 6.2 ms for the thread, and ran 4.1 ms; taken by the thread, it waits
+2.2 ms and runs 4.2 ms, in batches of two instead of one and a half; end to end, the stored
+deliveries' p50 went from 15-17 ms to 11-13 ms and the saturated p99 from 20-23 ms to 15-17 ms
+(four runs each, alternating). The engine's writes still get their turn: the thread never runs
+two batches of deliveries in a row while one waits (``bot.store.postgres._Lanes``).
 
 A batch is worked out by one operation (``deliveries``): the repeat checks of the batch first
 (one lookup of their keys, one update of the counters of those that are repeats), then the new
@@ -29,29 +33,35 @@ what comes while the database has not committed for a second.
 
 If a batch fails for any reason but the database's (a delivery the database refuses), it is
 rolled back and each delivery runs again alone, so a bad one fails only itself: the rule SQLite's
-writer follows too, written once in ``bot.store.batch``.
+writer follows too, written once in ``bot.store.batch`` (``each_alone``). The database's own
+failure is every caller's, heard once the store has done what a lost server asks
+(``Thread.failed``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
+from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
-from bot.store.batch import Answer, commit_batch
+from bot.store.batch import Answer, answer_soon, each_alone
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
 from bot.store.repeats import Counts, add, repeat, rows
 from bot.store.sql import Op
 
+log = logger(__name__)
+
 #: Deliveries per transaction at most (the durable baseline of ``bench/ingest.py`` batches as many).
 BATCH = 64
-#: Batches handed over and not yet committed, at most.
-DEPTH = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +84,6 @@ Item = Repeats | Ingest
 #: What an item gets back: a ``Repeats`` the number of alerts counted (``None``: not all were
 #: repeats, nothing counted), an ``Ingest`` its outcome.
 Result = int | None | IngestOutcome
-
-#: Runs an operation in one transaction, under the write lock (``True``) or its shared mode; once
-#: committed, hands the results to the ``Answer`` if there is one.
-Transact = Callable[[Op[list[Result]], bool, Answer | None], Awaitable[list[Result]]]
 
 
 def exclusive(items: Sequence[Item]) -> bool:
@@ -111,39 +117,49 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
     return results
 
 
-class GroupCommit:
-    """The queue of a replica's deliveries and the one task that hands them over to commit, a
-    batch at a time and up to ``depth`` batches at once."""
+class Thread(Protocol):
+    """The writes' thread, as the group commit uses it."""
 
-    def __init__(self, transact: Transact, *, batch: int = BATCH, depth: int = DEPTH) -> None:
-        self._transact = transact
+    def put(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in the thread, in the deliveries' lane; ``StoreUnavailable`` once closed."""
+
+    def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        """In the thread: ``op`` in one transaction, under the write lock (``exclusive``) or its
+        shared mode; its result once committed. Raises if it did not commit."""
+
+    async def failed(self, exc: BaseException) -> None:
+        """On the loop, before the callers of a batch that failed with ``exc`` hear of it."""
+
+    async def alone(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        """``transact`` from the loop: an item run alone after its batch failed on one of them."""
+
+
+class GroupCommit:
+    """A replica's deliveries, queued; the writes' thread takes every one waiting (up to
+    ``batch``) at the moment it begins their transaction. One turn of the thread is put at a time
+    (``_scheduled``), whatever comes meanwhile: the queue is what it takes."""
+
+    def __init__(self, thread: Thread, *, batch: int = BATCH) -> None:
+        self._thread = thread
         self._batch = batch
-        self._depth = depth
-        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        #: The batches handed over, each until its callers are answered.
-        self._committing: set[asyncio.Task[None]] = set()
+        self._pending: collections.deque[tuple[Item, asyncio.Future[Result]]] = collections.deque()
+        self._guard = threading.Lock()  # ``_pending`` and ``_scheduled``, shared with the thread
+        self._scheduled = False  # a turn of the thread is put and has not yet taken its batch
+        #: Callers not yet answered: ``stop`` waits for them.
+        self._unanswered: set[asyncio.Future[Result]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # ``None``: not started, or stopped
+        self._failing: set[asyncio.Task[None]] = set()  # batches that failed, being answered
 
     def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._loop(), name="pitcrew-store-group-commit")
+        self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
         """Commit what is queued, then stop; a delivery queued after that hears it was not stored."""
-        task, self._task = self._task, None
-        if task is None:
+        if self._loop is None:
             return
-        if not task.done():
-            await self._queue.join()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await asyncio.gather(*self._committing)
-        while not self._queue.empty():
-            _, future = self._queue.get_nowait()
-            self._queue.task_done()
-            if not future.done():
-                future.set_exception(StoreUnavailable("store closed before this delivery was stored"))
+        self._loop = None
+        await asyncio.gather(*self._unanswered, return_exceptions=True)
+        await asyncio.gather(*self._failing)
 
     async def repeats(self, alerts: Sequence[tuple[str, datetime, AlertStatus]], now: datetime) -> int | None:
         result = await self._submit(Repeats(tuple(alerts), now))
@@ -156,43 +172,89 @@ class GroupCommit:
         return result
 
     async def _submit(self, item: Item) -> Result:
-        if self._task is None or self._task.done():
+        loop = self._loop
+        if loop is None:
             raise StoreUnavailable("store is not open")
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((item, future))
-        return await future
+        future: asyncio.Future[Result] = loop.create_future()
+        self._unanswered.add(future)
+        future.add_done_callback(self._answered)
+        with self._guard:
+            self._pending.append((item, future))
+            schedule, self._scheduled = not self._scheduled, True
+        if schedule:
+            self._schedule(loop)
+        # Shielded: a caller that goes (a client hung up) leaves its delivery to be committed, and
+        # ``stop`` still waits for it.
+        return await asyncio.shield(future)
 
-    async def _loop(self) -> None:
-        slots = asyncio.Semaphore(self._depth)
-        while True:
-            batch = [await self._queue.get()]
-            await slots.acquire()  # what comes meanwhile joins this batch
-            while len(batch) < self._batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            task = asyncio.create_task(self._commit(batch, slots.release), name="pitcrew-store-batch")
-            self._committing.add(task)
-            task.add_done_callback(self._committing.discard)
+    def _answered(self, future: asyncio.Future[Result]) -> None:
+        self._unanswered.discard(future)
+        if not future.cancelled():
+            future.exception()  # retrieved: nobody may be waiting for it any more
 
-    async def _commit(
-        self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], release: Callable[[], None]
-    ) -> None:
-        """One batch handed over; once it committed (or failed), the next may be (``release``).
-        Batches reach the thread in order; only a batch that failed on one of its deliveries runs
-        them again one by one after the batch handed over behind it."""
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A turn of the writes' thread for the deliveries waiting (from the loop, or from the
+        thread after a full batch); if the thread is closed, they hear so, on the loop."""
         try:
-            outcomes = await commit_batch([item for item, _ in batch], self._run, [f for _, f in batch])
-        finally:
-            release()
+            self._thread.put(self._turn)
+        except StoreUnavailable as exc:
+            with self._guard:
+                waiting = list(self._pending)
+                self._pending.clear()
+                self._scheduled = False
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+                loop.call_soon_threadsafe(self._failed, waiting, exc)
+
+    def _turn(self) -> None:
+        """In the writes' thread: the deliveries waiting now (up to ``batch``), in one transaction;
+        their callers answered from here once it committed (``answer_soon``), or on the loop if it
+        did not (``_failed``). What is left gets a turn of its own, after an engine write if one
+        waits (``bot.store.postgres._Lanes``)."""
+        with self._guard:
+            batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
+            again = self._scheduled = bool(self._pending)
+        if not batch:
+            return
+        loop = batch[0][1].get_loop()
+        if again:
+            self._schedule(loop)
+        try:
+            results = self._thread.transact(
+                deliveries([item for item, _ in batch]), exclusive([i for i, _ in batch])
+            )
+        except BaseException as exc:  # heard by its callers, never the end of the thread
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._failed, batch, exc)
+            return
+        answer_soon(loop, [future for _, future in batch], results)
+
+    def _failed(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer_failed(batch, exc))
+        self._failing.add(task)
+        task.add_done_callback(self._failing.discard)
+
+    async def _answer_failed(
+        self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException
+    ) -> None:
+        """A batch that did not commit: the database's failure (``StoreUnavailable``) is every
+        caller's, heard once the store has done what it asks (``Thread.failed``); any other is one
+        of its deliveries', so each runs alone (``bot.store.batch.each_alone``), unless it was
+        alone already."""
+        outcomes: list[Result | BaseException]
+        if isinstance(exc, StoreUnavailable) or not isinstance(exc, Exception) or len(batch) == 1:
+            await self._thread.failed(exc)
+            outcomes = [exc] * len(batch)
+        else:
+            log.warning(
+                "a batch failed; each of its items runs alone", extra={"items": len(batch), "error": str(exc)}
+            )
+            outcomes = list(await each_alone([item for item, _ in batch], self._alone))
         for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if not future.done():  # its caller may have gone (a client hung up)
+            if not future.done():
                 if isinstance(outcome, BaseException):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
-            self._queue.task_done()
 
-    async def _run(self, part: Sequence[Item], answer: Answer | None) -> list[Result]:
-        """``part`` of a batch in one transaction (``commit_batch``: if the batch fails on one of
-        its deliveries, each runs alone); ``answer``: the whole batch's callers, answered from the
-        thread that committed it."""
-        return await self._transact(deliveries(part), exclusive(part), answer)
+    async def _alone(self, part: Sequence[Item], answer: Answer | None) -> list[Result]:
+        return await self._thread.alone(deliveries(part), exclusive(part))

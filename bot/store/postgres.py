@@ -64,7 +64,6 @@ from bot.store.base import (
     StoreRefused,
     StoreUnavailable,
 )
-from bot.store.batch import Answer
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import bump_seen
 from bot.store.repeats import RepeatMemory
@@ -472,7 +471,7 @@ def _locking(lock: str) -> str:
 
 class _Writes:
     """The connection every write under the write lock commits on (webhook deliveries, a batch at
-    a time, and the engine's writes), in a thread of its own, as SQLite's writer runs its
+    a time, taken by the thread itself, and the engine's writes), in a thread of its own, as SQLite's writer runs its
     transactions: a transaction is up to a dozen statements, and issued through the asyncio driver
     each had to wait for the event loop to come round again between them — under load (the
     engine's reads keeping the loop busy) every delivery waited tens of milliseconds, and every
@@ -480,12 +479,12 @@ class _Writes:
     transaction over once and hears back once. The connection is made on first use and again
     after the database dropped it.
 
-    Webhook deliveries go first (``drive(first=True)``, ``_Lanes``): the thread takes a waiting
-    batch of them before the engine's writes queued earlier, so an acknowledgement waits for at
-    most the one transaction under way, not for every write an incident's flow queued (measured
-    with ``bench/ingest.py``: a batch waited 13-26 ms for the thread at the median, behind the
-    engine's writes). The engine is not starved: the thread never takes two batches of deliveries
-    in a row while an engine write waits, so one waits for at most one batch."""
+    Webhook deliveries go first (``put``, ``_Lanes``): the thread takes the batch waiting before
+    the engine's writes queued earlier, so an acknowledgement waits for at most the one
+    transaction under way, not for every write an incident's flow queued (measured with
+    ``bench/ingest.py``: a batch waited 13-26 ms for the thread at the median, behind the engine's
+    writes). The engine is not starved: the thread never takes two batches of deliveries in a row
+    while an engine write waits, so one waits for at most one batch."""
 
     def __init__(
         self,
@@ -521,13 +520,11 @@ class _Writes:
         *,
         exclusive: bool = True,
         first: bool = False,
-        answer: Callable[[T], None] | None = None,
     ) -> Driving[T]:
-        """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
-        deliveries, ``bot.store.group_commit``); ``first``: before the writes waiting that are not;
-        ``answer``: gets the result in this thread once committed (``bot.store.batch``'s, which
-        never raises: a failure to answer is logged there, and the caller's task answers).
-        A caller cancelled before its transaction began leaves it undone, as an executor does."""
+        """``op`` in one transaction under the write lock, or its shared mode (a flush of repeat
+        counts, a batch of repeat deliveries); ``first``: before the writes waiting that are not (a
+        delivery run alone after its batch failed, ``alone``). A caller cancelled before its
+        transaction began leaves it undone, as an executor does."""
         if self._closed:
             raise StoreUnavailable("store is not open")
         done: Future[Driving[T]] = Future()
@@ -539,8 +536,6 @@ class _Writes:
                 except BaseException as exc:  # handed to the caller, which raises it
                     done.set_exception(exc)
                     return
-                if answer is not None:
-                    answer(driven.result)
                 done.set_result(driven)
 
         self._lanes.put(work, first=first)
@@ -551,8 +546,25 @@ class _Writes:
                 await self._lost()
             raise
 
-    async def deliveries(self, op: Op[list[Result]], exclusive: bool, answer: Answer | None) -> list[Result]:
-        return (await self.drive(op, exclusive=exclusive, first=True, answer=answer)).result
+    # The group commit's view of this thread (``bot.store.group_commit.Thread``).
+    def put(self, work: Callable[[], None]) -> None:
+        """``work`` run in this thread in the deliveries' lane (a turn of the group commit)."""
+        if self._closed:
+            raise StoreUnavailable("store is not open")
+        self._lanes.put(work, first=True)
+
+    def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        """In this thread (from ``put``'s work): ``op`` in one transaction, committed."""
+        return self._run(op, exclusive).result
+
+    async def failed(self, exc: BaseException) -> None:
+        """What ``drive``'s caller does when a write failed, for a batch that ``transact`` failed."""
+        if isinstance(exc, _ServerLost) and self._lost is not None:
+            await self._lost()
+
+    async def alone(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        """A delivery of a failed batch, run alone, before the engine's writes waiting."""
+        return (await self.drive(op, exclusive=exclusive, first=True)).result
 
     def _serve(self) -> None:
         while (work := self._lanes.get()) is not None:
@@ -602,9 +614,9 @@ class _Writes:
 class _Lanes:
     """What the writes' thread runs next: webhook deliveries (``first``) before the engine's
     writes, each lane in order, but never two deliveries' transactions in a row while an engine
-    write waits. Deliveries come a batch at a time with the next one already waiting
-    (``bot.store.group_commit``): first alone, they would hold the engine's writes back for as
-    long as a storm lasts."""
+    write waits. In a storm a turn of the group commit is always waiting (``bot.store.group_commit``
+    puts the next as soon as a delivery comes): first alone, they would hold the engine's writes
+    back for as long as the storm lasts."""
 
     def __init__(self) -> None:
         self._ready = threading.Condition()
@@ -807,7 +819,7 @@ class PostgresStore(SqlStore):
             lost=self._server_lost,
             check_after=self._shared.idle.after,
         )
-        self._shared.deliveries = GroupCommit(self._shared.writes.deliveries)
+        self._shared.deliveries = GroupCommit(self._shared.writes)
         self._shared.deliveries.start()
         self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
 

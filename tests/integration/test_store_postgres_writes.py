@@ -1,6 +1,7 @@
 """How a Postgres store's writes reach the database (``bot.store.postgres._Writes``), on a real
-throwaway cluster: webhook deliveries go before the engine's writes queued earlier, and between
-the chunks of a large flush of repeat counts, which commits every count."""
+throwaway cluster: webhook deliveries go before the engine's writes queued earlier, those that
+come while the thread is busy commit together in the next transaction, and they go between the
+chunks of a large flush of repeat counts, which commits every count."""
 
 from __future__ import annotations
 
@@ -75,6 +76,39 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
                 order.append(kind)
         assert order[:2] == ["engine-0", "delivery"], order
         assert sorted(order[2:]) == ["engine-1", "engine-2", "engine-3"], order
+    finally:
+        await store.close()
+
+
+async def test_deliveries_that_come_while_the_writes_thread_is_busy_commit_in_one_transaction(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """The write lock held elsewhere, an engine write waits for it in the server; eight deliveries
+    come one after the other meanwhile. Once the lock is let go they commit in one transaction
+    (their alerts' ``xmin``), the thread taking every one waiting when it begins it: handed over by
+    the event loop as they came, the first two were batches of their own, each waiting for the
+    thread, and the rest a third."""
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    try:
+        await store.ingest(_delivery("warm", "gpu-000"), T0)  # the writes' connection made
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
+            engine = asyncio.ensure_future(store.record(None, NewEvent("engine"), T0))
+            await _waiting_for_lock(watch)
+            deliveries = []
+            for n in range(1, 9):
+                deliveries.append(
+                    asyncio.ensure_future(store.ingest(_delivery(f"new-{n}", f"gpu-{n:03d}"), T0))
+                )
+                await asyncio.sleep(0.02)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            await asyncio.wait_for(asyncio.gather(engine, *deliveries), timeout=15)
+            found = watch.execute(
+                "SELECT fingerprint, xmin::text::bigint FROM alerts WHERE fingerprint LIKE 'new-%'"
+            ).fetchall()
+        assert len(found) == 8 and all(len(d.result().opened) == 1 for d in deliveries), found
+        assert len({xmin for _, xmin in found}) == 1, sorted(found)
     finally:
         await store.close()
 

@@ -1,13 +1,15 @@
 """Postgres's group commit of deliveries, and the lanes of its writes' thread.
 
-``GroupCommit`` hands up to ``DEPTH`` batches over at once: while one commits, the next already
-waits for the thread, and what comes meanwhile gathers into the one after. Cases, with a
-transaction that commits only when the test lets it: with two at a time the second batch is
-handed over before the first commits, and everything that came meanwhile is one third batch;
-one at a time, nothing is handed over until the first commits; ``stop`` commits what is queued
-and what waits for a slot. ``_Lanes`` (the writes' thread's order): deliveries before the
-engine's writes put earlier, but never two deliveries in a row while an engine write waits;
-after ``close`` what was put is still taken, then nothing.
+``GroupCommit`` queues a replica's deliveries and the writes' thread takes every one waiting (up to
+``batch``) at the moment it begins their transaction. Cases, with a writes' thread of the test's
+own (a real thread and the real ``_Lanes``, each transaction committing only when the test lets
+it): what comes while a transaction runs is the next one, whole; more than a batch waiting goes in
+turns, an engine write waiting between two; a batch that fails on one delivery runs each alone,
+and only that one fails; the database's failure is every caller's, heard after the store has done
+what it asks; a closed thread fails its callers; ``stop`` commits what is queued, then refuses.
+``_Lanes`` (the writes' thread's order): deliveries before the engine's writes put earlier, but
+never two deliveries in a row while an engine write waits; after ``close`` what was put is still
+taken, then nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
 
-from bot.store.batch import Answer
+from bot.store.base import StoreUnavailable
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.postgres import _Lanes
 from bot.store.sql import Op
@@ -28,93 +31,179 @@ NOW = datetime(2026, 12, 3, tzinfo=UTC)
 
 
 class Thread:
-    """Stands in for the writes' thread: each transaction commits when the test says so."""
+    """Stands in for the writes' thread: a real thread taking work from the real ``_Lanes``; each
+    transaction answers the operation's statements as an empty database would, fails if one names
+    ``bad``, and commits when the test lets it (``release``)."""
 
     def __init__(self) -> None:
-        self.batches: list[int] = []  # items per transaction, in the order handed over
-        self.commit: list[asyncio.Event] = []
+        self.lanes = _Lanes()
+        self.ran: list[str] = []  # what the thread ran, in order: "d<items>" or an engine write's name
+        self.closed = False
+        self.go = threading.Semaphore(0)  # a permit a transaction
+        self.heard: list[str] = []  # the store's side: ``failed`` and ``alone`` calls
+        self.failures: list[BaseException | None] = []  # the transactions' in turn (none left: commit)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
 
-    async def transact(self, op: Op[list[Result]], exclusive: bool, answer: Answer | None) -> list[Result]:
-        # A batch of repeats with no alerts asks the database nothing: the operation ends at once.
-        try:
-            next(op)
-        except StopIteration as done:
-            results: list[Result] = done.value
-        else:
-            raise AssertionError("no statement expected")
-        self.batches.append(len(results))
-        self.commit.append(asyncio.Event())
-        await self.commit[-1].wait()
-        if answer is not None:
-            answer(results)
+    def _serve(self) -> None:
+        while (work := self.lanes.get()) is not None:
+            work()
+
+    def put(self, work: Callable[[], None]) -> None:
+        if self.closed:
+            raise StoreUnavailable("store is not open")
+        self.lanes.put(work, first=True)
+
+    def engine_write(self, name: str) -> None:
+        self.lanes.put(functools.partial(self.ran.append, name), first=False)
+
+    def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        assert self.go.acquire(timeout=10), "the test never let this transaction commit"
+        results = _run(op)
+        self.ran.append(f"d{len(results)}")
+        failure = self.failures.pop(0) if self.failures else None
+        if failure is not None:
+            raise failure
+        return results
+
+    async def failed(self, exc: BaseException) -> None:
+        self.heard.append(f"failed: {exc}")
+
+    async def alone(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        self.heard.append("alone")
+        return _run(op)
+
+    def release(self, count: int = 1) -> None:
+        self.go.release(count)
+
+    def close(self) -> None:
+        self.closed = True
+        self.lanes.close()
+        self._thread.join(timeout=10)
+
+
+def _run(op: Op[list[Result]]) -> list[Result]:
+    """Drive ``op`` as an empty database answers it; ``ValueError`` if a statement names ``bad``."""
+    answer: object = None
+    try:
+        while True:
+            stmt = op.send(answer)
+            if "bad" in repr(stmt.params):
+                raise ValueError("the database refused a row")
+            answer = {"all": [], "run": 0, "many": None, "one": None}[stmt.kind]
+    except StopIteration as done:
+        results: list[Result] = done.value
         return results
 
 
-async def _settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
+def _submit(group: GroupCommit, *fingerprints: str) -> list[asyncio.Task[int | None]]:
+    """A repeat check a fingerprint (``""``: one of no alerts, which asks the database nothing)."""
+    return [
+        asyncio.create_task(group.repeats([(fp, NOW, "firing")] if fp else [], NOW)) for fp in fingerprints
+    ]
 
 
-def _submit(group: GroupCommit, count: int) -> list[asyncio.Task[int | None]]:
-    return [asyncio.create_task(group.repeats((), NOW)) for _ in range(count)]
+@pytest.fixture
+def thread() -> Iterator[Thread]:
+    made = Thread()
+    yield made
+    made.release(100)
+    made.close()
 
 
-async def test_the_next_batch_is_handed_over_before_the_one_ahead_commits() -> None:
-    thread = Thread()
-    group = GroupCommit(thread.transact, depth=2)
+async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(thread: Thread) -> None:
+    group = GroupCommit(thread)
     group.start()
-    first = _submit(group, 1)
-    await _settle()
-    second = _submit(group, 2)
-    await _settle()
-    assert thread.batches == [1, 2]  # both handed over; neither committed
-    third = _submit(group, 3)
-    await _settle()
-    assert thread.batches == [1, 2]  # no slot: these gather
-    thread.commit[0].set()
-    await _settle()
-    assert thread.batches == [1, 2, 3] and all(t.done() for t in first)
-    assert not any(t.done() for t in second + third)
-    thread.commit[1].set()
-    thread.commit[2].set()
-    assert await asyncio.gather(*second, *third) == [0] * 5
+    first = _submit(group, "")
+    await asyncio.sleep(0.05)  # its transaction begun, waiting to commit
+    rest = []
+    for _ in range(5):  # one at a time: each would have been a batch of its own, handed over
+        rest += _submit(group, "")
+        await asyncio.sleep(0.01)
+    thread.release(2)
+    assert await asyncio.gather(*first, *rest) == [0] * 6
+    assert thread.ran == ["d1", "d5"]
     await group.stop()
 
 
-async def test_one_at_a_time_nothing_is_handed_over_until_the_batch_ahead_commits() -> None:
-    thread = Thread()
-    group = GroupCommit(thread.transact, depth=1)
+async def test_more_than_a_batch_waiting_goes_in_turns_and_an_engine_write_waiting_goes_between(
+    thread: Thread,
+) -> None:
+    group = GroupCommit(thread, batch=3)
     group.start()
-    _submit(group, 1)
-    await _settle()
-    rest = _submit(group, 4)
-    await _settle()
-    assert thread.batches == [1]
-    thread.commit[0].set()
-    await _settle()
-    assert thread.batches == [1, 4]
-    thread.commit[1].set()
-    await asyncio.gather(*rest)
+    first = _submit(group, "")
+    await asyncio.sleep(0.05)
+    rest = _submit(group, *[""] * 7)
+    await asyncio.sleep(0.05)
+    thread.engine_write("engine")
+    thread.release(4)
+    assert await asyncio.gather(*first, *rest) == [0] * 8
+    assert thread.ran == ["d1", "engine", "d3", "d3", "d1"]
     await group.stop()
 
 
-async def test_stop_commits_what_is_queued_and_what_waits_for_a_slot() -> None:
-    thread = Thread()
-    group = GroupCommit(thread.transact, depth=2)
+async def test_a_batch_failing_on_one_delivery_runs_each_alone_and_only_that_one_fails(
+    thread: Thread,
+) -> None:
+    group = GroupCommit(thread)
     group.start()
-    tasks = _submit(group, 1)
-    await _settle()
-    tasks += _submit(group, 2)
-    await _settle()
-    tasks += _submit(group, 2)  # waiting for a slot
-    await _settle()
+    first = _submit(group, "")
+    await asyncio.sleep(0.05)
+    batch = _submit(group, "fp1", "bad", "fp2")
+    await asyncio.sleep(0.05)
+    thread.release(2)
+    outcomes = await asyncio.gather(*first, *batch, return_exceptions=True)
+    assert outcomes[0] == 0 and outcomes[1] is None and outcomes[3] is None, outcomes
+    assert isinstance(outcomes[2], ValueError), outcomes
+    assert thread.heard == ["alone"] * 3
+    await group.stop()
+
+
+async def test_the_database_failing_is_every_caller_s_once_the_store_has_heard_it(thread: Thread) -> None:
+    group = GroupCommit(thread)
+    group.start()
+    thread.failures = [None, StoreUnavailable("server closed the connection")]
+    first = _submit(group, "")
+    await asyncio.sleep(0.05)
+    calls = _submit(group, "fp1", "fp2")
+    await asyncio.sleep(0.05)
+    thread.release(2)
+    assert await asyncio.gather(*first) == [0]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert [str(o) for o in outcomes] == ["server closed the connection"] * 2, outcomes
+    assert all(isinstance(o, StoreUnavailable) for o in outcomes)
+    assert thread.heard == ["failed: server closed the connection"]  # never run alone
+    await group.stop()
+
+
+async def test_a_closed_writes_thread_fails_its_callers_and_leaves_nothing_queued(thread: Thread) -> None:
+    group = GroupCommit(thread)
+    group.start()
+    thread.close()
+    with pytest.raises(StoreUnavailable):
+        await asyncio.gather(*_submit(group, "fp1"))
+    with pytest.raises(StoreUnavailable):  # tried again, not left waiting behind the first
+        await asyncio.gather(*_submit(group, "fp2"))
+    await asyncio.wait_for(group.stop(), timeout=5)
+
+
+async def test_stop_commits_what_is_queued_then_refuses(thread: Thread) -> None:
+    group = GroupCommit(thread)
+    group.start()
+    tasks = _submit(group, "")
+    await asyncio.sleep(0.05)
+    tasks += _submit(group, "", "")
+    gone = _submit(group, "")[0]  # its caller goes (a client hung up): still committed, waited for
+    await asyncio.sleep(0.05)
+    gone.cancel()
     stopping = asyncio.create_task(group.stop())
-    while not all(t.done() for t in tasks):
-        for event in thread.commit:
-            event.set()
-        await asyncio.sleep(0)
-    await stopping
-    assert thread.batches == [1, 2, 2] and [t.result() for t in tasks] == [0] * 5
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    thread.release(2)
+    await asyncio.wait_for(stopping, timeout=5)
+    assert [t.result() for t in tasks] == [0] * 3 and thread.ran == ["d1", "d3"]
+    with pytest.raises(StoreUnavailable):
+        await group.repeats([], NOW)
 
 
 def _lanes(*puts: tuple[str, bool]) -> tuple[_Lanes, list[str]]:
