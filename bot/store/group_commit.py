@@ -183,9 +183,9 @@ class GroupCommit:
             schedule, self._scheduled = not self._scheduled, True
         if schedule:
             self._schedule(loop)
-        # Shielded: a caller that goes (a client hung up) leaves its delivery to be committed, and
-        # ``stop`` still waits for it.
-        return await asyncio.shield(future)
+        # A caller that goes (a client hung up) cancels its future, not its delivery: the thread
+        # commits it with the rest (and before it stops, ``_Lanes.close``), answering nobody.
+        return await future
 
     def _answered(self, future: asyncio.Future[Result]) -> None:
         self._unanswered.discard(future)

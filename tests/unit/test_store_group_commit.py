@@ -193,7 +193,7 @@ async def test_stop_commits_what_is_queued_then_refuses(thread: Thread) -> None:
     tasks = _submit(group, "")
     await asyncio.sleep(0.05)
     tasks += _submit(group, "", "")
-    gone = _submit(group, "")[0]  # its caller goes (a client hung up): still committed, waited for
+    gone = _submit(group, "")[0]  # its caller goes (a client hung up): still committed, with the rest
     await asyncio.sleep(0.05)
     gone.cancel()
     stopping = asyncio.create_task(group.stop())
