@@ -1,7 +1,8 @@
 """How a Postgres store's writes reach the database (``bot.store.postgres._Writes``), on a real
 throwaway cluster: webhook deliveries go before the engine's writes queued earlier, those that
-come while the thread is busy commit together in the next transaction, and they go between the
-chunks of a large flush of repeat counts, which commits every count."""
+come while the thread is busy commit together in the next transaction, one whose caller went is
+committed before the store closes, and they go between the chunks of a large flush of repeat
+counts, which commits every count."""
 
 from __future__ import annotations
 
@@ -111,6 +112,44 @@ async def test_deliveries_that_come_while_the_writes_thread_is_busy_commit_in_on
         assert len({xmin for _, xmin in found}) == 1, sorted(found)
     finally:
         await store.close()
+
+
+async def test_a_delivery_whose_caller_goes_is_committed_before_the_store_closes(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """A delivery waits for the writes' thread (an engine write waits for the lock held elsewhere)
+    and its caller goes (Alertmanager hung up): closed at once, once the lock is let go, the store
+    still commits it before it is closed; what Alertmanager sends again is a repeat."""
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    closed = False
+    try:
+        await store.ingest(_delivery("warm", "gpu-000"), T0)
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
+            engine = asyncio.ensure_future(store.record(None, NewEvent("engine"), T0))
+            await _waiting_for_lock(watch)
+            gone = asyncio.ensure_future(store.ingest(_delivery("gone", "gpu-001"), T0))
+            await asyncio.sleep(0.05)
+            gone.cancel()
+            closing = asyncio.ensure_future(store.close())
+            await asyncio.sleep(0.05)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            await asyncio.wait_for(asyncio.gather(engine, closing), timeout=15)
+            closed = True
+            assert gone.cancelled()
+            found = watch.execute("SELECT count(*) FROM alerts WHERE fingerprint = 'gone'").fetchone()
+        assert found == (1,), found
+        again = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+        await again.open()
+        try:
+            outcome = await again.ingest(_delivery("gone", "gpu-001"), T0)
+        finally:
+            await again.close()
+        assert (outcome.new_alerts, outcome.repeated_alerts, outcome.opened) == (0, 1, []), outcome
+    finally:
+        if not closed:
+            await store.close()
 
 
 async def test_a_large_flush_of_repeats_lets_a_delivery_through_between_its_chunks(
