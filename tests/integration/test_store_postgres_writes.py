@@ -46,20 +46,41 @@ async def _waiting_for_lock(watch: psycopg.Connection[tuple[object, ...]]) -> No
     raise AssertionError("the store's write never waited for the write lock")
 
 
+async def _opened(database: PostgresDatabase) -> PostgresStore:
+    """A store open on ``database`` whose writes' connection is made (a delivery committed)."""
+    store = PostgresStore(database.url, password_file=database.password_file)
+    await store.open()
+    try:
+        await store.ingest(_delivery("warm", "gpu-000"), T0)
+    except BaseException:
+        await store.close()
+        raise
+    return store
+
+
+async def _thread_busy(
+    store: PostgresStore,
+    holder: psycopg.Connection[tuple[object, ...]],
+    watch: psycopg.Connection[tuple[object, ...]],
+) -> asyncio.Future[None]:
+    """The writes' thread kept busy: the write lock taken on ``holder``, and an engine write
+    (event ``engine-0``) waiting for it in the server. That write's future."""
+    holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
+    engine = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
+    await _waiting_for_lock(watch)
+    return engine
+
+
 async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
     postgres_db: PostgresDatabase,
 ) -> None:
     """The write lock held elsewhere: one engine write waits for it in the server, three more
     queue behind it, then a delivery comes. Once the lock is let go the delivery commits second,
     right after the write already under way, not fifth."""
-    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
-    await store.open()
+    store = await _opened(postgres_db)
     try:
-        await store.ingest(_delivery("warm", "gpu-000"), T0)  # the writes' connection made
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
-            first = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
-            await _waiting_for_lock(watch)
+            first = await _thread_busy(store, holder, watch)
             queued = [
                 asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2, 3)
             ]
@@ -89,14 +110,10 @@ async def test_deliveries_that_come_while_the_writes_thread_is_busy_commit_in_on
     (their alerts' ``xmin``), the thread taking every one waiting when it begins it: handed over by
     the event loop as they came, the first two were batches of their own, each waiting for the
     thread, and the rest a third."""
-    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
-    await store.open()
+    store = await _opened(postgres_db)
     try:
-        await store.ingest(_delivery("warm", "gpu-000"), T0)  # the writes' connection made
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
-            engine = asyncio.ensure_future(store.record(None, NewEvent("engine"), T0))
-            await _waiting_for_lock(watch)
+            engine = await _thread_busy(store, holder, watch)
             deliveries = []
             for n in range(1, 9):
                 deliveries.append(
@@ -120,15 +137,11 @@ async def test_a_delivery_whose_caller_goes_is_committed_before_the_store_closes
     """A delivery waits for the writes' thread (an engine write waits for the lock held elsewhere)
     and its caller goes (Alertmanager hung up): closed at once, once the lock is let go, the store
     still commits it before it is closed; what Alertmanager sends again is a repeat."""
-    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
-    await store.open()
+    store = await _opened(postgres_db)
     closed = False
     try:
-        await store.ingest(_delivery("warm", "gpu-000"), T0)
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
-            engine = asyncio.ensure_future(store.record(None, NewEvent("engine"), T0))
-            await _waiting_for_lock(watch)
+            engine = await _thread_busy(store, holder, watch)
             gone = asyncio.ensure_future(store.ingest(_delivery("gone", "gpu-001"), T0))
             await asyncio.sleep(0.05)
             gone.cancel()
