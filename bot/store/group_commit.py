@@ -17,8 +17,9 @@ Postgres (one replica, 465 deliveries that stored something new), a delivery wai
 for a batch to be formed, 6.2 ms for the thread, and ran 4.1 ms; taken by the thread, it waits
 2.2 ms and runs 4.2 ms, in batches of two instead of one and a half. ``bench/ingest.py --rounds
 3``, before and after: saturated p99 22.7 -> 16.1 ms on one replica and 16.8 -> 14.3 ms on two;
-the stored deliveries' p50 16.8 -> 11.1 ms and 8.7 -> 7.8 ms. The engine's writes still get their turn: the thread never runs
-two batches of deliveries in a row while one waits (``bot.store.postgres._Lanes``).
+the stored deliveries' p50 16.8 -> 11.1 ms and 8.7 -> 7.8 ms. The engine's writes still get
+their turn: the thread never runs two batches of deliveries in a row while one waits
+(``bot.store.postgres._Lanes``).
 
 A batch is worked out by one operation (``deliveries``): the repeat checks of the batch first
 (one lookup of their keys, one update of the counters of those that are repeats), then the new

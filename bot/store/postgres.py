@@ -471,13 +471,13 @@ def _locking(lock: str) -> str:
 
 class _Writes:
     """The connection every write under the write lock commits on (webhook deliveries, a batch at
-    a time, taken by the thread itself, and the engine's writes), in a thread of its own, as SQLite's writer runs its
-    transactions: a transaction is up to a dozen statements, and issued through the asyncio driver
-    each had to wait for the event loop to come round again between them — under load (the
-    engine's reads keeping the loop busy) every delivery waited tens of milliseconds, and every
-    other writer of every replica waited as long for the write lock. Here the loop hands a
-    transaction over once and hears back once. The connection is made on first use and again
-    after the database dropped it.
+    a time, taken by the thread itself, and the engine's writes), in a thread of its own, as
+    SQLite's writer runs its transactions: a transaction is up to a dozen statements, and issued
+    through the asyncio driver each had to wait for the event loop to come round again between
+    them — under load (the engine's reads keeping the loop busy) every delivery waited tens of
+    milliseconds, and every other writer of every replica waited as long for the write lock.
+    Here the loop hands a transaction over once and hears back once. The connection is made on
+    first use and again after the database dropped it.
 
     Webhook deliveries go first (``put``, ``_Lanes``): the thread takes the batch waiting before
     the engine's writes queued earlier, so an acknowledgement waits for at most the one

@@ -8,8 +8,8 @@ visible at the end). The breaker allows 3 nodes.
 
 A storm of XID 79 alerts on 12 nodes is sent as Alertmanager sends it: to either replica, and
 again after any answer but 200 (Alertmanager redelivers a notification it could not deliver).
-After the first four are acknowledged the sender holds, the database goes away for longer than the lease,
-and the sender goes on:
+After the first four are acknowledged the sender holds, the database goes away for longer than
+the lease, and the sender goes on:
 
 * ``restart``: it is shut down (``pg_ctl stop -m fast``), then started again;
 * ``failover``: a primary with a synchronous streaming standby (``tests.harness.postgres``), the
