@@ -82,6 +82,17 @@ async def each_alone(items: Sequence[ItemT], run: Run[ItemT, ResultT]) -> list[R
     return outcomes
 
 
+def settle(futures: Sequence[asyncio.Future[Any]], outcomes: Sequence[Any]) -> None:
+    """Each caller its own outcome: an exception is raised in it, anything else is its result. A
+    caller that has gone (a client hung up) is skipped."""
+    for future, outcome in zip(futures, outcomes, strict=True):
+        if not future.done():
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+
 def answer_soon(
     loop: asyncio.AbstractEventLoop, futures: Sequence[asyncio.Future[Any]], results: Sequence[Any]
 ) -> None:

@@ -53,7 +53,7 @@ from typing import Protocol
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
-from bot.store.batch import Answer, answer_soon, each_alone
+from bot.store.batch import Answer, answer_soon, each_alone, settle
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
 from bot.store.repeats import Counts, add, repeat, rows
@@ -250,12 +250,7 @@ class GroupCommit:
                 "a batch failed; each of its items runs alone", extra={"items": len(batch), "error": str(exc)}
             )
             outcomes = list(await each_alone([item for item, _ in batch], self._alone))
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if not future.done():
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+        settle([future for _, future in batch], outcomes)
 
     async def _alone(self, part: Sequence[Item], answer: Answer | None) -> list[Result]:
         return await self._thread.alone(deliveries(part), exclusive(part))

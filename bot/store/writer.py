@@ -74,7 +74,7 @@ import aiosqlite
 
 from bot import logger
 from bot.store.base import Delivery, Inspection, StoreUnavailable
-from bot.store.batch import Answer, commit_batch
+from bot.store.batch import Answer, commit_batch, settle
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.mounts import MOUNTINFO, SharedFilesystem, allowance, filesystem, refusal, transience
 from bot.store.repeats import Key, RepeatMemory
@@ -377,12 +377,7 @@ class Writer:
         outcomes = await commit_batch(items, self._commit, futures)
         failed = next((o for o in outcomes if isinstance(o, StoreUnavailable)), None)
         self._attempted(failed, units=len(batch))
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if not future.done():
-                if isinstance(outcome, Exception):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+        settle(futures, outcomes)
         for _ in batch if queued else ():
             self._queue.task_done()
 
