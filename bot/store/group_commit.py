@@ -203,8 +203,7 @@ class GroupCommit:
                 waiting = list(self._pending)
                 self._pending.clear()
                 self._scheduled = False
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-                loop.call_soon_threadsafe(self._failed, waiting, exc)
+            self._fail_soon(loop, waiting, exc)
 
     def _turn(self) -> None:
         """In the writes' thread: the deliveries waiting now (up to ``batch``), in one transaction;
@@ -219,15 +218,23 @@ class GroupCommit:
         loop = batch[0][1].get_loop()
         if again:
             self._schedule(loop)
+        items = [item for item, _ in batch]
         try:
-            results = self._thread.transact(
-                deliveries([item for item, _ in batch]), exclusive([i for i, _ in batch])
-            )
+            results = self._thread.transact(deliveries(items), exclusive(items))
         except BaseException as exc:  # heard by its callers, never the end of the thread
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._failed, batch, exc)
+            self._fail_soon(loop, batch, exc)
             return
         answer_soon(loop, [future for _, future in batch], results)
+
+    def _fail_soon(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: Sequence[tuple[Item, asyncio.Future[Result]]],
+        exc: BaseException,
+    ) -> None:
+        """From either thread: the callers of ``batch`` hear of ``exc`` on the loop (``_failed``)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(self._failed, batch, exc)
 
     def _failed(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:
         task = asyncio.get_running_loop().create_task(self._answer_failed(batch, exc))
