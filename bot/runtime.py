@@ -299,7 +299,9 @@ def build_app(
         leading=lambda: fence.leading,
         catalog=config.catalog,
     )
-    intake = Intake(store, config.catalog, config.labels, metrics, wake=engine.wake, signal=engine.signal)
+    intake = Intake(
+        store, config.catalog, config.labels, metrics, wake=engine.wake, look_again=engine.look_again
+    )
     lease = config.settings.store.lease
     leader_only: list[Background] = [engine, sender]
     if annotations is not None:

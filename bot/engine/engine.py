@@ -35,7 +35,7 @@ from bot.engine.signals import Signals
 from bot.engine.slurm_watch import SlurmWatch
 from bot.engine.tasks import cancel_and_wait, wait_ended
 from bot.store import codec
-from bot.store.base import Deposed, IncidentRecord, NewEvent
+from bot.store.base import Deposed, IncidentRecord, IngestOutcome, NewEvent
 
 log = logger(__name__)
 _SCAN_BEAT = 0.02
@@ -65,12 +65,12 @@ class Engine:
         self._main: asyncio.Task[None] | None = None
         self._paused: bool | None = None  # the pause switch at the last scan (None: not read yet)
         self.slurm_watch = (
-            SlurmWatch(deps, catalog, signal=self.signal, wake=self.wake)
+            SlurmWatch(deps, catalog, look_again=self.look_again, wake=self.wake)
             if deps.settings.slurm_watch and catalog is not None
             else None
         )
         self.hung_jobs = (
-            HungJobs(deps, catalog, signal=self.signal, wake=self.wake)
+            HungJobs(deps, catalog, look_again=self.look_again, wake=self.wake)
             if deps.settings.hung_job_after is not None and catalog is not None
             else None
         )
@@ -142,6 +142,15 @@ class Engine:
         task = self._tasks.get(incident_id)
         if task is None or task.done():
             self._wake.set()
+
+    def look_again(self, outcome: IngestOutcome) -> None:
+        """What a stored delivery changed for incidents under way, told to their flows: a new fault
+        may replan one and a resolved alert may close a watcher (each signalled); a fault back may
+        climb one, which only a flow watching for its return waits for (``Signals.fault_again``)."""
+        for incident_id in {*outcome.changed, *outcome.resolved_in}:
+            self.signal(incident_id)
+        for incident_id in outcome.recurred:
+            self.signals.fault_again(incident_id)
 
     def signal_all(self) -> None:
         """A switch changed (resume): every waiting incident looks again."""

@@ -115,7 +115,10 @@ class IncidentFlow:
         step = order[incident.step_index]
         self.metrics.incidents.show_incident(incident, step)  # the active-incidents table's row
         if step == CLOSE:
+            # Watching before the look reads the alerts: a fault back filed meanwhile still ends the wait.
+            self.signals.watch_returns(incident.id, True)
             watch = await returned.look(self.store, self.deps.playbooks, incident, steps)
+            self.signals.watch_returns(incident.id, watch is not None)
             if watch is not None and watch.back is not None:
                 await cancel_and_wait(job_track)  # the next rung restarts it
                 return await self._fault_back(incident, watch.back)
@@ -324,6 +327,7 @@ class IncidentFlow:
         """The fault came back after the node's return: climb to the next rung, or humans take over
         when a guard refuses it. True when the flow is over."""
         step, detail = back.returned.step, back.words()
+        self.signals.watch_returns(incident.id, False)  # the next rung's own return is watched anew
         if await self.admission.climb(incident, step, detail, back=True) is not None:
             return False
         await self._escalate(incident, step, detail, what="the fault came back after the repair")

@@ -35,6 +35,7 @@ from bot.engine.errors import PitcrewError
 from bot.engine.memory import Memory
 from bot.engine.sourced import AlertSource
 from bot.engine.steps.training import job_progress
+from bot.store.base import IngestOutcome
 
 log = logger(__name__)
 RECEIVER = "pitcrew-hung-jobs"
@@ -44,10 +45,21 @@ BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 class HungJobs(AlertSource):
     def __init__(
-        self, deps: EngineDeps, catalog: Catalog, *, signal: Callable[[str], None], wake: Callable[[], None]
+        self,
+        deps: EngineDeps,
+        catalog: Catalog,
+        *,
+        look_again: Callable[[IngestOutcome], None],
+        wake: Callable[[], None],
     ) -> None:
         super().__init__(
-            deps, catalog, alertname=ALERTNAME, fault=HUNG_FAULT, receiver=RECEIVER, signal=signal, wake=wake
+            deps,
+            catalog,
+            alertname=ALERTNAME,
+            fault=HUNG_FAULT,
+            receiver=RECEIVER,
+            look_again=look_again,
+            wake=wake,
         )
         self._last: datetime | None = None
         self._memory = Memory(deps.store, RECEIVER, Progress)

@@ -53,14 +53,17 @@ class Intake:
         rules: LabelRules,
         metrics: Metrics,
         wake: Callable[[], None] = lambda: None,
-        signal: Callable[[str], None] = lambda incident_id: None,
+        look_again: Callable[[IngestOutcome], None] = lambda outcome: None,
     ) -> None:
+        """``wake``: the engine's scan, which starts the flows of incidents opened; ``look_again``:
+        what a stored delivery changed for incidents under way, told to their flows
+        (``Engine.look_again``)."""
         self._store = store
         self._catalog = catalog
         self._rules = rules
         self._metrics = metrics
         self._wake = wake
-        self._signal = signal
+        self._look_again = look_again
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
         """Parse and check (``PayloadError`` on bad input, nothing stored), persist, then wake the engine."""
@@ -82,8 +85,7 @@ class Intake:
         if delivery.truncated_alerts:
             received.labels("truncated").inc(delivery.truncated_alerts)
         self._metrics.incidents_opened.inc(len(outcome.opened))
-        for incident_id in outcome.to_look_again:
-            self._signal(incident_id)
+        self._look_again(outcome)
         if outcome.opened:
             self._wake()
         return outcome

@@ -60,6 +60,8 @@ class Signals:
     def __init__(self, timer: Timer | None = None, recheck: Callable[[str], float] = recheck_after) -> None:
         """``recheck``: an incident's bound on a wait (``recheck_after``; at most ``RECHECK``)."""
         self._events: dict[str, asyncio.Event] = {}
+        #: Incidents whose flow watches for its fault to come back (``watch_returns``).
+        self._returns: set[str] = set()
         self._timer = timer or RealTimer()
         self._recheck = recheck
 
@@ -69,6 +71,22 @@ class Signals:
     def signal_all(self) -> None:
         for event in self._events.values():
             event.set()
+
+    def watch_returns(self, incident_id: str, watching: bool) -> None:
+        """Whether this incident's flow watches for its fault to come back after the node's return
+        (``bot.engine.returned``): only then does a new occurrence of its fault signal it."""
+        if watching:
+            self._returns.add(incident_id)
+        else:
+            self._returns.discard(incident_id)
+
+    def fault_again(self, incident_id: str) -> None:
+        """A new occurrence of a fault the incident has (``IngestOutcome.recurred``): the signal of
+        a flow that watches for its return, nothing to any other flow, which would read its
+        incident again and find nothing to do. On a fleet in steady state most deliveries that
+        store something are such occurrences, one per repeat of an alert with a new ``startsAt``."""
+        if incident_id in self._returns:
+            self.signal(incident_id)
 
     async def wait(self, incident_id: str, limit: float | None) -> None:
         """Sleep until signalled or ``limit`` seconds pass, at most the incident's re-check bound
@@ -87,3 +105,4 @@ class Signals:
         alive = set(keep)
         for incident_id in [i for i in self._events if i not in alive]:
             self._events.pop(incident_id)
+        self._returns &= alive

@@ -34,6 +34,7 @@ from bot.engine.errors import PitcrewError
 from bot.engine.memory import Memory
 from bot.engine.ports import Scheduler
 from bot.engine.sourced import AlertSource
+from bot.store.base import IngestOutcome
 
 log = logger(__name__)
 RECEIVER = "pitcrew-slurm-watch"
@@ -50,10 +51,21 @@ class Seen:
 
 class SlurmWatch(AlertSource):
     def __init__(
-        self, deps: EngineDeps, catalog: Catalog, *, signal: Callable[[str], None], wake: Callable[[], None]
+        self,
+        deps: EngineDeps,
+        catalog: Catalog,
+        *,
+        look_again: Callable[[IngestOutcome], None],
+        wake: Callable[[], None],
     ) -> None:
         super().__init__(
-            deps, catalog, alertname=ALERTNAME, fault=SLURM_FAULT, receiver=RECEIVER, signal=signal, wake=wake
+            deps,
+            catalog,
+            alertname=ALERTNAME,
+            fault=SLURM_FAULT,
+            receiver=RECEIVER,
+            look_again=look_again,
+            wake=wake,
         )
         self._last: datetime | None = None
         #: Slurm node → the jobs on it at the last look while it was in service.

@@ -18,7 +18,7 @@ from bot.domain.faults import classify
 from bot.domain.labels import Subject
 from bot.domain.sourced import Sourced
 from bot.engine.deps import EngineDeps
-from bot.store.base import Delivery, IncomingAlert
+from bot.store.base import Delivery, IncomingAlert, IngestOutcome
 
 log = logger(__name__)
 
@@ -35,10 +35,10 @@ class AlertSource:
         alertname: str,
         fault: str,
         receiver: str,
-        signal: Callable[[str], None],
+        look_again: Callable[[IngestOutcome], None],
         wake: Callable[[], None],
     ) -> None:
-        self._deps, self._catalog, self._signal, self._wake = deps, catalog, signal, wake
+        self._deps, self._catalog, self._look_again, self._wake = deps, catalog, look_again, wake
         self.alertname, self.fault, self.receiver = alertname, fault, receiver
 
     def firing(self, found: Sourced) -> IncomingAlert:
@@ -95,8 +95,7 @@ class AlertSource:
         delivery = Delivery(self.receiver, "slurm", "firing", 0, tuple(alerts))
         outcome = await self._deps.store.ingest(delivery, now)
         self._deps.metrics.incidents_opened.inc(len(outcome.opened))
-        for incident_id in outcome.to_look_again:
-            self._signal(incident_id)
+        self._look_again(outcome)
         if outcome.opened:
             log.info("incidents opened", extra={"source": self.receiver, "incidents": outcome.opened})
             self._wake()

@@ -142,12 +142,6 @@ class IngestOutcome:
     #: Alert keys and their state after this delivery, for the store's cache of committed keys.
     cache: dict[tuple[str, str], tuple[AlertStatus, str | None]] = field(default_factory=dict)
 
-    @property
-    def to_look_again(self) -> set[str]:
-        """Incidents whose flow must look again: a new fault may replan one, its fault back may
-        climb one (``bot.domain.returns``), a resolved alert may close a watcher."""
-        return {*self.changed, *self.recurred, *self.resolved_in}
-
 
 @dataclass(frozen=True, slots=True)
 class IncidentRecord:

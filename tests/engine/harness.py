@@ -279,7 +279,7 @@ class Process:
             LabelRules(),
             self.metrics,
             wake=self.engine.wake,
-            signal=self.engine.signal,
+            look_again=self.engine.look_again,
         )
         assert harness.lease is not None
         self.leadership = Leadership(
@@ -585,7 +585,7 @@ class EngineHarness:
             LabelRules(),
             self.metrics,
             wake=lambda: self.engine.wake(),
-            signal=lambda incident_id: self.engine.signal(incident_id),
+            look_again=lambda outcome: self.engine.look_again(outcome),
         )
         self._bodies: dict[str, list[bytes]] = {}
         self.commands = Commands(

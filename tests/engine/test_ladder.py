@@ -225,6 +225,8 @@ async def test_the_fault_back_after_the_return_climbs_to_the_next_rung(tmp_path:
         assert h.calls()[("slurm_resume", NODE)] == 1  # the node is back in service
         await h.time.advance(600)
         await fault_again(h, incident)
+        # Signalled by this replica's intake: the watch ends at once, not at its next poll.
+        assert await h.run_until(lambda: _climbed(h, incident), about=incident) == 0
         done = await h.until_ended(incident)
         assert done.state.value == "resolved", await h.timeline(incident)
         assert done.playbook == "reboot-node"

@@ -3,7 +3,8 @@
 Cases: incidents opened together (a storm) and all waiting without a limit wake spread over the
 window ``RECHECK_SPREAD`` sets, none later than ``RECHECK`` — on the old fixed bound they all woke
 in the same instant; a limit the caller asked for below that bound ends the wait exactly then;
-a signal ends a wait at once; the bound is injectable and capped at ``RECHECK``. On fake time
+a signal ends a wait at once; a fault again ends only a wait watching for its return; the bound
+is injectable and capped at ``RECHECK``. On fake time
 (``tests.engine.harness.FakeTime``), so the instants are exact.
 """
 
@@ -86,3 +87,37 @@ async def test_the_bound_is_injectable_and_never_past_recheck(injected: float, e
     time = FakeTime()
     at = await woken_at(time, Signals(time, recheck=lambda _: injected), dict.fromkeys(STORM[:3]))
     assert set(at.values()) == {ends}
+
+
+async def test_a_fault_again_ends_only_a_wait_that_watches_for_its_return() -> None:
+    """``Signals.fault_again`` (a new occurrence of a fault the incident has) signals a flow that
+    watches for its return and no other; an incident forgotten (ended) watches no more."""
+    time = FakeTime()
+    signals = Signals(time)
+    ended: dict[str, float] = {}
+
+    async def waiting(incident_id: str) -> None:
+        await signals.wait(incident_id, None)
+        ended[incident_id] = time.elapsed
+
+    signals.watch_returns("pc-00001", True)
+    signals.watch_returns("pc-00002", True)
+    signals.watch_returns("pc-00002", False)
+    tasks = [asyncio.create_task(waiting(i)) for i in ("pc-00001", "pc-00002")]
+    await time.advance(1.0)
+    for incident_id in ("pc-00001", "pc-00002"):
+        signals.fault_again(incident_id)
+    await time.settle()
+    assert ended == {"pc-00001": 1.0}
+    signals.signal("pc-00002")  # any other signal still ends its wait
+    await time.settle()
+    assert ended == {"pc-00001": 1.0, "pc-00002": 1.0}
+    await asyncio.gather(*tasks)
+    signals.forget([])
+    task = asyncio.create_task(waiting("pc-00001"))
+    await time.advance(1.0)
+    signals.fault_again("pc-00001")
+    await time.settle()
+    assert ended["pc-00001"] == 1.0, "an incident forgotten still watched for its return"
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
