@@ -541,9 +541,8 @@ class _Writes:
         self._lanes.put(work, first=first)
         try:
             return await asyncio.wrap_future(done)
-        except _ServerLost:
-            if self._lost is not None:
-                await self._lost()
+        except _ServerLost as exc:
+            await self.failed(exc)
             raise
 
     # The group commit's view of this thread (``bot.store.group_commit.Thread``).
@@ -558,7 +557,8 @@ class _Writes:
         return self._run(op, exclusive).result
 
     async def failed(self, exc: BaseException) -> None:
-        """What ``drive``'s caller does when a write failed, for a batch that ``transact`` failed."""
+        """On the loop, when a write failed (``drive``'s, or a batch that ``transact`` failed),
+        before its caller hears: a lost server's pool connections go too (``lost``)."""
         if isinstance(exc, _ServerLost) and self._lost is not None:
             await self._lost()
 
