@@ -9,8 +9,8 @@ itself (``StoreUnavailable``) is no item's fault: every item of the batch gets i
 item alone meets it the items not yet run get it too, without waiting on the database in turn.
 
 One rule, written once: the stores differ only in how they run a transaction (``Run``). SQLite's
-writer runs a batch through ``commit_batch``; Postgres's group commit runs its batch in the writes'
-thread itself and, if it fails on one of its items, hands them to ``each_alone``.
+writer runs a batch through ``commit_batch``; Postgres's group commit runs its batch in the store's
+writes themselves and, if it fails on one of its items, hands them to ``each_alone``.
 
 The callers of a batch that committed are answered by the thread that committed it
 (``answer_soon``), at the event loop's next turn, or at once if that thread is the loop's: answered

@@ -3,23 +3,22 @@
 Alertmanager's deliveries arrive at once from many groups, and each is acknowledged only once
 what it stores has committed. One transaction and one commit (one WAL flush) per delivery, each
 under the write lock, made a replica as slow as its round trips and fsyncs in a row. Here a
-replica's deliveries queue up, and the writes' thread (``bot.store.postgres._Writes``) takes
-every one waiting (up to ``BATCH``) at the moment it begins their transaction, runs them in it and
-commits once, as SQLite's writer (``bot.store.writer``) does; each caller hears back only after
-that commit, answered from the thread (``bot.store.batch.answer_soon``).
+replica's deliveries queue up, and the store's writes (``bot.store.postgres._Writes``, a task on
+the event loop) take every one waiting (up to ``BATCH``) at the moment they begin their
+transaction, run them in it and commit once, as SQLite's writer (``bot.store.writer``) does; each
+caller hears back only after that commit.
 
-Taken by the thread, not handed over by the event loop: a delivery waits for at most the
-transaction under way and then its own. Before, a task on the loop formed batches and handed up
-to two over at once, so that the thread never waited for the loop between them; a batch formed
-while the thread was busy then sat in the thread's queue with what it had, and deliveries that
-came meanwhile gathered into a third. Timed under ``bench/ingest.py``'s saturated stream on
-Postgres (one replica, 465 deliveries that stored something new), a delivery waited 3.7 ms (p50)
-for a batch to be formed, 6.2 ms for the thread, and ran 4.1 ms; taken by the thread, it waits
-2.2 ms and runs 4.2 ms, in batches of two instead of one and a half. ``bench/ingest.py --rounds
-3``, before and after: saturated p99 22.7 -> 16.1 ms on one replica and 16.8 -> 14.3 ms on two;
-the stored deliveries' p50 16.8 -> 11.1 ms and 8.7 -> 7.8 ms. The engine's writes still get
-their turn: the thread never runs two batches of deliveries in a row while one waits
-(``bot.store.postgres._Lanes``).
+Taken when the transaction begins, not handed over when formed: a delivery waits for at most the
+transaction under way and then its own. Before, a task formed batches and handed up to two over at
+once; a batch formed while the writes were busy then sat in their queue with what it had, and
+deliveries that came meanwhile gathered into a third. Timed under ``bench/ingest.py``'s saturated
+stream on Postgres (one replica, 465 deliveries that stored something new), a delivery waited
+3.7 ms (p50) for a batch to be formed, 6.2 ms for the writes, and ran 4.1 ms; taken when the
+transaction begins, it waits 2.2 ms and runs 4.2 ms, in batches of two instead of one and a half.
+``bench/ingest.py --rounds 3``, before and after: saturated p99 22.7 -> 16.1 ms on one replica
+and 16.8 -> 14.3 ms on two; the stored deliveries' p50 16.8 -> 11.1 ms and 8.7 -> 7.8 ms. The
+engine's writes still get their turn: two batches of deliveries never run in a row while one
+waits (``bot.store.postgres._Lanes``).
 
 A batch is worked out by one operation (``deliveries``): the repeat checks of the batch first
 (one lookup of their keys, one update of the counters of those that are repeats), then the new
@@ -36,16 +35,14 @@ If a batch fails for any reason but the database's (a delivery the database refu
 rolled back and each delivery runs again alone, so a bad one fails only itself: the rule SQLite's
 writer follows too, written once in ``bot.store.batch`` (``each_alone``). The database's own
 failure is every caller's, heard once the store has done what a lost server asks
-(``Thread.failed``).
+(``Writes.failed``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -118,34 +115,34 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
     return results
 
 
-class Thread(Protocol):
-    """The writes' thread, as the group commit uses it."""
+class Writes(Protocol):
+    """The store's writes (``bot.store.postgres._Writes``), as the group commit uses them."""
 
-    def put(self, work: Callable[[], None]) -> None:
-        """Run ``work`` in the thread, in the deliveries' lane; ``StoreUnavailable`` once closed."""
+    def put(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` by the writes' task, in the deliveries' lane; ``StoreUnavailable`` once closed."""
 
-    def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """In the thread: ``op`` in one transaction, under the write lock (``exclusive``) or its
-        shared mode; its result once committed. Raises if it did not commit."""
+    async def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        """By the writes' task: ``op`` in one transaction, under the write lock (``exclusive``) or
+        its shared mode; its result once committed. Raises if it did not commit."""
 
     async def failed(self, exc: BaseException) -> None:
-        """On the loop, before the callers of a batch that failed with ``exc`` hear of it."""
+        """Before the callers of a batch that failed with ``exc`` hear of it."""
 
     async def alone(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """``transact`` from the loop: an item run alone after its batch failed on one of them."""
+        """``transact`` in a transaction of its own: an item run alone after its batch failed on one
+        of them."""
 
 
 class GroupCommit:
-    """A replica's deliveries, queued; the writes' thread takes every one waiting (up to
-    ``batch``) at the moment it begins their transaction. One turn of the thread is put at a time
-    (``_scheduled``), whatever comes meanwhile: the queue is what it takes."""
+    """A replica's deliveries, queued; the writes' task takes every one waiting (up to ``batch``)
+    at the moment it begins their transaction. One turn is put at a time (``_scheduled``),
+    whatever comes meanwhile: the queue is what it takes."""
 
-    def __init__(self, thread: Thread, *, batch: int = BATCH) -> None:
-        self._thread = thread
+    def __init__(self, writes: Writes, *, batch: int = BATCH) -> None:
+        self._writes = writes
         self._batch = batch
         self._pending: collections.deque[tuple[Item, asyncio.Future[Result]]] = collections.deque()
-        self._guard = threading.Lock()  # ``_pending`` and ``_scheduled``, shared with the thread
-        self._scheduled = False  # a turn of the thread is put and has not yet taken its batch
+        self._scheduled = False  # a turn is put and has not yet taken its batch
         #: Callers not yet answered: ``stop`` waits for them.
         self._unanswered: set[asyncio.Future[Result]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # ``None``: not started, or stopped
@@ -179,13 +176,12 @@ class GroupCommit:
         future: asyncio.Future[Result] = loop.create_future()
         self._unanswered.add(future)
         future.add_done_callback(self._answered)
-        with self._guard:
-            self._pending.append((item, future))
-            schedule, self._scheduled = not self._scheduled, True
-        if schedule:
-            self._schedule(loop)
-        # A caller that goes (a client hung up) cancels its future, not its delivery: the thread
-        # commits it with the rest (and before it stops, ``_Lanes.close``), answering nobody.
+        self._pending.append((item, future))
+        if not self._scheduled:
+            self._scheduled = True
+            self._schedule()
+        # A caller that goes (a client hung up) cancels its future, not its delivery: the writes
+        # commit it with the rest (and before they stop, ``_Lanes.close``), answering nobody.
         return await future
 
     def _answered(self, future: asyncio.Future[Result]) -> None:
@@ -193,50 +189,39 @@ class GroupCommit:
         if not future.cancelled():
             future.exception()  # retrieved: nobody may be waiting for it any more
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A turn of the writes' thread for the deliveries waiting (from the loop, or from the
-        thread after a full batch); if the thread is closed, they hear so, on the loop."""
+    def _schedule(self) -> None:
+        """A turn of the writes for the deliveries waiting; if the writes are closed, they hear so."""
         try:
-            self._thread.put(self._turn)
+            self._writes.put(self._turn)
         except StoreUnavailable as exc:
-            with self._guard:
-                waiting = list(self._pending)
-                self._pending.clear()
-                self._scheduled = False
-            self._fail_soon(loop, waiting, exc)
+            waiting = list(self._pending)
+            self._pending.clear()
+            self._scheduled = False
+            self._fail(waiting, exc)
 
-    def _turn(self) -> None:
-        """In the writes' thread: the deliveries waiting now (up to ``batch``), in one transaction;
-        their callers answered from here once it committed (``answer_soon``), or on the loop if it
-        did not (``_failed``). What is left gets a turn of its own, after an engine write if one
-        waits (``bot.store.postgres._Lanes``)."""
-        with self._guard:
-            batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
-            again = self._scheduled = bool(self._pending)
+    async def _turn(self) -> None:
+        """By the writes' task: the deliveries waiting now (up to ``batch``), in one transaction,
+        their callers answered once it committed, or (``_fail``) when it did not. What is left
+        gets a turn of its own, after an engine write if one waits (``bot.store.postgres._Lanes``)."""
+        batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
+        self._scheduled = bool(self._pending)
+        if self._scheduled:
+            self._schedule()
         if not batch:
             return
-        loop = batch[0][1].get_loop()
-        if again:
-            self._schedule(loop)
         items = [item for item, _ in batch]
         try:
-            results = self._thread.transact(deliveries(items), exclusive(items))
-        except BaseException as exc:  # heard by its callers, never the end of the thread
-            self._fail_soon(loop, batch, exc)
+            results = await self._writes.transact(deliveries(items), exclusive(items))
+        except BaseException as exc:  # heard by its callers, never the end of the writes' task
+            self._fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
             return
-        answer_soon(loop, [future for _, future in batch], results)
+        answer_soon(asyncio.get_running_loop(), [future for _, future in batch], results)
 
-    def _fail_soon(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        batch: Sequence[tuple[Item, asyncio.Future[Result]]],
-        exc: BaseException,
-    ) -> None:
-        """From either thread: the callers of ``batch`` hear of ``exc`` on the loop (``_failed``)."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            loop.call_soon_threadsafe(self._failed, batch, exc)
-
-    def _failed(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:
+    def _fail(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:
+        """The callers of ``batch`` hear of ``exc`` (``_answer_failed``), in a task of its own: the
+        items of a batch that failed on one of them run again, each alone, behind the writes' task."""
         task = asyncio.get_running_loop().create_task(self._answer_failed(batch, exc))
         self._failing.add(task)
         task.add_done_callback(self._failing.discard)
@@ -245,12 +230,12 @@ class GroupCommit:
         self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException
     ) -> None:
         """A batch that did not commit: the database's failure (``StoreUnavailable``) is every
-        caller's, heard once the store has done what it asks (``Thread.failed``); any other is one
+        caller's, heard once the store has done what it asks (``Writes.failed``); any other is one
         of its deliveries', so each runs alone (``bot.store.batch.each_alone``), unless it was
         alone already."""
         outcomes: list[Result | BaseException]
         if isinstance(exc, StoreUnavailable) or not isinstance(exc, Exception) or len(batch) == 1:
-            await self._thread.failed(exc)
+            await self._writes.failed(exc)
             outcomes = [exc] * len(batch)
         else:
             log.warning(
@@ -260,4 +245,4 @@ class GroupCommit:
         settle([future for _, future in batch], outcomes)
 
     async def _alone(self, part: Sequence[Item], answer: Answer | None) -> list[Result]:
-        return await self._thread.alone(deliveries(part), exclusive(part))
+        return await self._writes.alone(deliveries(part), exclusive(part))

@@ -5,10 +5,10 @@ the embedded default. The schema, every query and every method of the port are S
 (``bot.store.schema``, ``queries``, ``ingest``, ``outbox``, ``sqlstore``), rendered in Postgres's
 dialect by ``bot.store.sql``; this module is only how they run here: a pool, one transaction per
 write under the write lock, webhook deliveries many to a transaction (``bot.store.group_commit``:
-one commit for every delivery waiting, as SQLite's writer does) on a connection in a thread of
-its own where every write under the write lock commits (``_Writes``: deliveries before the
-engine's writes, each transaction in as few messages as its answers allow), and the migration
-bookkeeping.
+one commit for every delivery waiting, as SQLite's writer does) on the one connection where
+every write under the write lock commits, one transaction at a time, driven by a task on the event
+loop (``_Writes``: deliveries before the engine's writes, each transaction in as few messages as
+its answers allow), and the migration bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
 (``mypy --strict`` checks every call against it), and one libpq underneath speaks every
@@ -37,11 +37,9 @@ import asyncio
 import collections
 import contextlib
 import math
-import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -50,7 +48,7 @@ from typing import Any, NoReturn
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
@@ -81,7 +79,6 @@ from bot.store.sqlstore import SqlStore
 
 log = logger(__name__)
 Conn = psycopg.AsyncConnection[DictRow]
-SyncConn = psycopg.Connection[DictRow]
 
 #: Advisory lock keys: every write transaction (and a migration, while it migrates), and schema
 #: migration at start.
@@ -138,7 +135,7 @@ FRESH = 1.0
 #: replica taking only repeats (a standby, a steady state) stays fresh by these commits alone.
 FLUSH_EVERY = FRESH / 3
 #: Counters committed by one transaction of a flush: a flush of a busy second's repeats (1,500
-#: counters under ``bench/ingest.py``) held the writes' thread for 37 ms at the median, and every
+#: counters under ``bench/ingest.py``) held the writes for 37 ms at the median, and every
 #: delivery that came meanwhile waited behind it; a chunk at a time, they go between chunks.
 FLUSH_ROWS = 250
 #: libpq's TCP settings, each unless the URL sets it. When the node under Postgres dies, or a link
@@ -316,8 +313,8 @@ def _is_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
 class _Idle:
     """When each connection was last used (``used``, as it goes back to the pool; a new one, from
     the pool's ``configure`` callback ``made``, as never), and whether one has been unused for ``after``
-    (``stale``: checked before use, by ``PostgresStore._live`` and by the writes' thread for its
-    own connection)."""
+    (``stale``: checked before use, by ``PostgresStore._live`` and by the writes (``_Writes``) for
+    their own connection)."""
 
     def __init__(self, after: float = CHECK_AFTER) -> None:
         self._since: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
@@ -398,9 +395,9 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     return driving
 
 
-def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]:
-    """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the connection of
-    the writes' own thread (``_Writes``), in as few messages as its answers allow: ``BEGIN``, the
+async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
+    """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the writes'
+    connection (``_Writes``), in as few messages as its answers allow: ``BEGIN``, the
     transaction's settings (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the
     lock go with the first statement, the rows of batches (``many``: nothing to answer) with the
     statement after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the
@@ -408,10 +405,10 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
     ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its
     message there, the rest unsent, and the transaction is rolled back.
 
-    Why: every message is a round trip, and a thread waiting for one gives up the interpreter and
-    waits to get it back behind a busy event loop. A batch of deliveries was eight to ten messages
-    (``BEGIN``, the lock, the lookups, a message a table, ``COMMIT``) and its transaction took
-    17 ms at the median under ``bench/ingest.py`` on one replica, most of it in those waits.
+    Why: every message is a round trip, and its answer is read when the event loop comes round
+    again. A batch of deliveries was eight to ten messages (``BEGIN``, the lock, the lookups, a
+    message a table, ``COMMIT``), each waiting for a loop busy with webhooks, and the write lock
+    was held all that time.
 
     A process frozen after sending a message (SIGSTOP, a paused VM) holds nothing for long either
     way: a message ending in ``COMMIT`` is run whole by the server, which commits and lets the write
@@ -419,7 +416,7 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
     any other leaves the session idle in its transaction, which the server ends after
     ``IDLE_IN_TRANSACTION_MS`` (``tests/integration/test_store_frozen.py`` shows both)."""
     driving = Driving(op, POSTGRES)
-    mogrifier = psycopg.ClientCursor(conn)
+    mogrifier = psycopg.AsyncClientCursor(conn)
     pending = [f"BEGIN; {_TRANSACTION_SETTINGS}"]
     if lock is not None:
         pending.append(_locking(lock))
@@ -433,26 +430,26 @@ def _transaction_sync(conn: SyncConn, op: Op[T], lock: str | None) -> Driving[T]
             if stmt.kind == "many":
                 for row in stmt.params:
                     if held == BATCH_STATEMENTS:
-                        conn.execute(";\n".join(pending))
+                        await conn.execute(";\n".join(pending))
                         pending, held = [], 0
                     pending.append(mogrifier.mogrify(sql, row))
                     held += 1
                 continue
             pending.append(mogrifier.mogrify(sql, params))
-            cursor = conn.execute(";\n".join(pending))
+            cursor = await conn.execute(";\n".join(pending))
             pending, held = [], 0
             while cursor.nextset():  # the answer is the last statement's
                 pass
             if stmt.kind == "run":
                 driving.answer = cursor.rowcount
             else:
-                driving.answer = cursor.fetchall() if stmt.kind == "all" else cursor.fetchone()
+                driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
         pending.append("COMMIT")
-        conn.execute(";\n".join(pending))
+        await conn.execute(";\n".join(pending))
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
+                await conn.execute("ROLLBACK")
         raise
     return driving
 
@@ -471,20 +468,25 @@ def _locking(lock: str) -> str:
 
 class _Writes:
     """The connection every write under the write lock commits on (webhook deliveries, a batch at
-    a time, taken by the thread itself, and the engine's writes), in a thread of its own, as
-    SQLite's writer runs its transactions: a transaction is up to a dozen statements, and issued
-    through the asyncio driver each had to wait for the event loop to come round again between
-    them — under load (the engine's reads keeping the loop busy) every delivery waited tens of
-    milliseconds, and every other writer of every replica waited as long for the write lock.
-    Here the loop hands a transaction over once and hears back once. The connection is made on
-    first use and again after the database dropped it.
+    a time, and the engine's writes), one transaction at a time, driven by a task of its own on
+    the event loop, as SQLite's writer runs its transactions in its thread. Each transaction is
+    one to three messages (``_transaction``), so it waits for the loop once a message, and
+    nothing else waits for it: its callers hand it over and hear back once. The connection is
+    made on first use and again after the database dropped it.
 
-    Webhook deliveries go first (``put``, ``_Lanes``): the thread takes the batch waiting before
-    the engine's writes queued earlier, so an acknowledgement waits for at most the one
-    transaction under way, not for every write an incident's flow queued (measured with
-    ``bench/ingest.py``: a batch waited 13-26 ms for the thread at the median, behind the engine's
-    writes). The engine is not starved: the thread never takes two batches of deliveries in a row
-    while an engine write waits, so one waits for at most one batch."""
+    On the loop, not in a thread: a thread's every round trip gave up the interpreter and then
+    waited for a loop busy with webhooks to give it back, up to the interpreter's switch interval
+    (5 ms) each time, twice a message, with the write lock held, and every writer of every replica
+    waited for it. Measured under ``bench/ingest.py``'s saturated stream on one replica: a
+    ``SELECT 1`` round trip from a thread took 10.5 ms beside a busy main thread (0.09 alone), and
+    a transaction's first message, 0.09 ms on the server, took 1 ms at the median in the thread
+    and 5 ms at p90.
+
+    Webhook deliveries go first (``put``, ``_Lanes``): the next batch of deliveries is taken
+    before the engine's writes queued earlier, so an acknowledgement waits for at most the one
+    transaction under way, not for every write an incident's flow queued. The engine is not
+    starved: two batches of deliveries never run in a row while an engine write waits, so one
+    waits for at most one batch."""
 
     def __init__(
         self,
@@ -498,17 +500,16 @@ class _Writes:
     ) -> None:
         """``kwargs``: how a connection is made, asked at each (``PostgresStore._connecting``).
         ``locked``: every transaction under the write lock (or its shared mode); else none
-        (retention's, ``PostgresStore._prune_transact``). ``lost``: awaited (on the loop) when a
-        write found the server gone or taking no writes, before the write's caller hears of it:
-        the pool's connections went with it (``PostgresStore._server_lost``). ``check_after``:
-        the pool's (``_Idle.after``)."""
+        (retention's, ``PostgresStore._prune_transact``). ``lost``: awaited when a write found the
+        server gone or taking no writes, before the write's caller hears of it: the pool's
+        connections went with it (``PostgresStore._server_lost``). ``check_after``: the pool's
+        (``_Idle.after``). Made on the event loop, whose task drives the transactions."""
         self._url, self._kwargs, self._where, self._locked = url, kwargs, where, locked
         self._lost = lost
         self._lanes = _Lanes()
         name = "pitcrew-store-writes" if locked else "pitcrew-store-prunes"
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-        self._conn: SyncConn | None = None
+        self._task = asyncio.get_running_loop().create_task(self._serve(), name=name)
+        self._conn: Conn | None = None
         self._idle = _Idle(check_after)
         self._closed = False
         #: When a transaction last committed here (monotonic); -inf after the database failed one.
@@ -524,41 +525,44 @@ class _Writes:
         """``op`` in one transaction under the write lock, or its shared mode (a flush of repeat
         counts, a batch of repeat deliveries); ``first``: before the writes waiting that are not (a
         delivery run alone after its batch failed, ``alone``). A caller cancelled before its
-        transaction began leaves it undone, as an executor does."""
+        transaction began leaves it undone; once begun, it commits or fails without the caller."""
         if self._closed:
             raise StoreUnavailable("store is not open")
-        done: Future[Driving[T]] = Future()
+        done: asyncio.Future[Driving[T]] = asyncio.get_running_loop().create_future()
 
-        def work() -> None:
-            if done.set_running_or_notify_cancel():
-                try:
-                    driven = self._run(op, exclusive)
-                except BaseException as exc:  # handed to the caller, which raises it
+        async def work() -> None:
+            if done.done():  # its caller went before its turn
+                return
+            try:
+                driven = await self._run(op, exclusive)
+            except Exception as exc:  # handed to the caller, which raises it
+                if not done.done():
                     done.set_exception(exc)
-                    return
+                return
+            if not done.done():
                 done.set_result(driven)
 
         self._lanes.put(work, first=first)
         try:
-            return await asyncio.wrap_future(done)
+            return await done
         except _ServerLost as exc:
             await self.failed(exc)
             raise
 
-    # The group commit's view of this thread (``bot.store.group_commit.Thread``).
-    def put(self, work: Callable[[], None]) -> None:
-        """``work`` run in this thread in the deliveries' lane (a turn of the group commit)."""
+    # The group commit's view of the writes (``bot.store.group_commit.Writes``).
+    def put(self, work: Callable[[], Awaitable[None]]) -> None:
+        """``work`` run by the writes' task in the deliveries' lane (a turn of the group commit)."""
         if self._closed:
             raise StoreUnavailable("store is not open")
         self._lanes.put(work, first=True)
 
-    def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """In this thread (from ``put``'s work): ``op`` in one transaction, committed."""
-        return self._run(op, exclusive).result
+    async def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        """By the writes' task (from ``put``'s work): ``op`` in one transaction, committed."""
+        return (await self._run(op, exclusive)).result
 
     async def failed(self, exc: BaseException) -> None:
-        """On the loop, when a write failed (``drive``'s, or a batch that ``transact`` failed),
-        before its caller hears: a lost server's pool connections go too (``lost``)."""
+        """When a write failed (``drive``'s, or a batch that ``transact`` failed), before its
+        caller hears: a lost server's pool connections go too (``lost``)."""
         if isinstance(exc, _ServerLost) and self._lost is not None:
             await self._lost()
 
@@ -566,12 +570,17 @@ class _Writes:
         """A delivery of a failed batch, run alone, before the engine's writes waiting."""
         return (await self.drive(op, exclusive=exclusive, first=True)).result
 
-    def _serve(self) -> None:
-        while (work := self._lanes.get()) is not None:
-            work()
-        self._drop()
+    async def _serve(self) -> None:
+        try:
+            while (work := await self._lanes.get()) is not None:
+                try:
+                    await work()
+                except Exception:  # a work hands its failure to its callers; this never ends the task
+                    log.exception("a write's work failed")
+        finally:
+            await self._drop()
 
-    def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
+    async def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
         lock = None  # retention's: no lock
         if self._locked:
             lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
@@ -579,17 +588,17 @@ class _Writes:
         try:
             if self._conn is not None and self._idle.stale(self._conn):
                 try:  # still there after a quiet spell? (as ``PostgresStore._live`` checks)
-                    ConnectionPool.check_connection(self._conn)
+                    await AsyncConnectionPool.check_connection(self._conn)
                 except psycopg.OperationalError:
-                    self._drop()
+                    await self._drop()
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.Connection[DictRow].connect(self._url, **self._kwargs())
+                self._conn = await psycopg.AsyncConnection[DictRow].connect(self._url, **self._kwargs())
             conn = self._conn
-            driven = _transaction_sync(conn, op, lock)
+            driven = await _transaction(conn, op, lock)
             self._idle.used(conn)
         except _UNAVAILABLE as exc:
             self.committed_at = float("-inf")
-            self._drop()
+            await self._drop()
             # Not a refused connect: the pool's connections may be fine (the server out of
             # connection slots, say), and replacing them would fail them too.
             if conn is not None and _is_lost(conn, exc):
@@ -598,56 +607,54 @@ class _Writes:
         self.committed_at = time.monotonic()
         return driven
 
-    def _drop(self) -> None:
+    async def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
-                conn.close()
+                await conn.close()
 
     async def close(self) -> None:
         """The writes already queued commit first; then the connection is closed."""
         self._closed = True
         self._lanes.close()
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        await asyncio.shield(self._task)
 
 
 class _Lanes:
-    """What the writes' thread runs next: webhook deliveries (``first``) before the engine's
+    """What the writes' task runs next: webhook deliveries (``first``) before the engine's
     writes, each lane in order, but never two deliveries' transactions in a row while an engine
     write waits. In a storm a turn of the group commit is always waiting (``bot.store.group_commit``
     puts the next as soon as a delivery comes): first alone, they would hold the engine's writes
     back for as long as the storm lasts."""
 
     def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._first: collections.deque[Callable[[], None]] = collections.deque()
-        self._rest: collections.deque[Callable[[], None]] = collections.deque()
+        self._ready = asyncio.Event()
+        self._first: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
+        self._rest: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
         self._after_first = False  # the last one taken was a delivery's
         self._closing = False
 
-    def put(self, work: Callable[[], None], *, first: bool) -> None:
-        with self._ready:
-            (self._first if first else self._rest).append(work)
-            self._ready.notify()
+    def put(self, work: Callable[[], Awaitable[None]], *, first: bool) -> None:
+        (self._first if first else self._rest).append(work)
+        self._ready.set()
 
-    def get(self) -> Callable[[], None] | None:
+    async def get(self) -> Callable[[], Awaitable[None]] | None:
         """The next work, waiting for one; ``None`` once closed and everything put has been taken."""
-        with self._ready:
-            while not (self._first or self._rest or self._closing):
-                self._ready.wait()
-            if self._first and not (self._rest and self._after_first):
-                self._after_first = True
-                return self._first.popleft()
-            if self._rest:
-                self._after_first = False
-                return self._rest.popleft()
-            return None
+        while not (self._first or self._rest or self._closing):
+            self._ready.clear()
+            await self._ready.wait()
+        if self._first and not (self._rest and self._after_first):
+            self._after_first = True
+            return self._first.popleft()
+        if self._rest:
+            self._after_first = False
+            return self._rest.popleft()
+        return None
 
     def close(self) -> None:
         """What was put is still taken; then ``get`` answers ``None``."""
-        with self._ready:
-            self._closing = True
-            self._ready.notify()
+        self._closing = True
+        self._ready.set()
 
 
 def where(url: str) -> str:
@@ -740,7 +747,7 @@ class PostgresStore(SqlStore):
 
     # ------------------------------------------------------------- connection
     def _connection_kwargs(self) -> dict[str, Any]:
-        """How every connection of the store is made (the pool's, the writes' thread's, the lease
+        """How every connection of the store is made (the pool's, the writes', the lease
         release's, ``inspect``'s)."""
         kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -900,7 +907,7 @@ class PostgresStore(SqlStore):
         raise psycopg.OperationalError(f"{_LIVE_ATTEMPTS} connections in a row ended before their first use")
 
     async def _server_lost(self) -> None:
-        """A read, a lease write or the writes' thread found the server lost (``_is_lost``):
+        """A read, a lease write or the writes found the server lost (``_is_lost``):
         every connection of the pool reached that server, and each would fail its next use in
         turn (a read, a lease renewal each), so all are replaced: the next use connects again, to
         the new primary after a failover."""
@@ -1030,14 +1037,14 @@ class PostgresStore(SqlStore):
         return driven.result, driven.wakes
 
     def _writes(self) -> _Writes:
-        """The writes' thread, made last as the store opens: the one sign that it is open (migrated,
+        """The writes, made last as the store opens: the one sign that it is open (migrated,
         taking writes); ``StoreUnavailable`` before, and once closed."""
         if self._shared.writes is None:
             raise StoreUnavailable("store is not open")
         return self._shared.writes
 
     async def _prune_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
-        """Retention's transactions, on a connection and in a thread of their own beside the
+        """Retention's transactions, on a connection and a task of their own beside the
         writes' (``_Writes(locked=False)``), without the write lock: a delivery never waits for a
         prune. Under the lock, each of a prune's transactions (its deletes and its commit) held
         every delivery of every replica back, and ingest's p99 while pruning 1,000,000 alerts was

@@ -1,6 +1,6 @@
 """How a Postgres store's writes reach the database (``bot.store.postgres._Writes``), on a real
 throwaway cluster: webhook deliveries go before the engine's writes queued earlier, those that
-come while the thread is busy commit together in the next transaction, one whose caller went is
+come while the writes are busy commit together in the next transaction, one whose caller went is
 committed before the store closes, and they go between the chunks of a large flush of repeat
 counts, which commits every count."""
 
@@ -58,12 +58,12 @@ async def _opened(database: PostgresDatabase) -> PostgresStore:
     return store
 
 
-async def _thread_busy(
+async def _writes_busy(
     store: PostgresStore,
     holder: psycopg.Connection[tuple[object, ...]],
     watch: psycopg.Connection[tuple[object, ...]],
 ) -> asyncio.Future[None]:
-    """The writes' thread kept busy: the write lock taken on ``holder``, and an engine write
+    """The writes kept busy: the write lock taken on ``holder``, and an engine write
     (event ``engine-0``) waiting for it in the server. That write's future."""
     holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
     engine = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
@@ -80,11 +80,11 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
     store = await _opened(postgres_db)
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            first = await _thread_busy(store, holder, watch)
+            first = await _writes_busy(store, holder, watch)
             queued = [
                 asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2, 3)
             ]
-            await asyncio.sleep(0.05)  # handed to the writes' thread, behind the first
+            await asyncio.sleep(0.05)  # handed to the writes, behind the first
             delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
             await asyncio.sleep(0.05)
             holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
@@ -102,18 +102,18 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
         await store.close()
 
 
-async def test_deliveries_that_come_while_the_writes_thread_is_busy_commit_in_one_transaction(
+async def test_deliveries_that_come_while_the_writes_are_busy_commit_in_one_transaction(
     postgres_db: PostgresDatabase,
 ) -> None:
     """The write lock held elsewhere, an engine write waits for it in the server; eight deliveries
     come one after the other meanwhile. Once the lock is let go they commit in one transaction
-    (their alerts' ``xmin``), the thread taking every one waiting when it begins it: handed over by
-    the event loop as they came, the first two were batches of their own, each waiting for the
-    thread, and the rest a third."""
+    (their alerts' ``xmin``), the writes taking every one waiting when they begin it: handed over as
+    batches as they came, the first two were batches of their own, each waiting for the writes,
+    and the rest a third."""
     store = await _opened(postgres_db)
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            engine = await _thread_busy(store, holder, watch)
+            engine = await _writes_busy(store, holder, watch)
             deliveries = []
             for n in range(1, 9):
                 deliveries.append(
@@ -134,14 +134,14 @@ async def test_deliveries_that_come_while_the_writes_thread_is_busy_commit_in_on
 async def test_a_delivery_whose_caller_goes_is_committed_before_the_store_closes(
     postgres_db: PostgresDatabase,
 ) -> None:
-    """A delivery waits for the writes' thread (an engine write waits for the lock held elsewhere)
+    """A delivery waits for the writes (an engine write waits for the lock held elsewhere)
     and its caller goes (Alertmanager hung up): closed at once, once the lock is let go, the store
     still commits it before it is closed; what Alertmanager sends again is a repeat."""
     store = await _opened(postgres_db)
     closed = False
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            engine = await _thread_busy(store, holder, watch)
+            engine = await _writes_busy(store, holder, watch)
             gone = asyncio.ensure_future(store.ingest(_delivery("gone", "gpu-001"), T0))
             await asyncio.sleep(0.05)
             gone.cancel()

@@ -1,23 +1,21 @@
-"""Postgres's group commit of deliveries, and the lanes of its writes' thread.
+"""Postgres's group commit of deliveries, and the lanes of its writes.
 
-``GroupCommit`` queues a replica's deliveries and the writes' thread takes every one waiting (up to
-``batch``) at the moment it begins their transaction. Cases, with a writes' thread of the test's
-own (a real thread and the real ``_Lanes``, each transaction committing only when the test lets
-it): what comes while a transaction runs is the next one, whole; more than a batch waiting goes in
+``GroupCommit`` queues a replica's deliveries and the writes' task takes every one waiting (up to
+``batch``) at the moment it begins their transaction. Cases, with writes of the test's own (a task
+taking work from the real ``_Lanes``, each transaction committing only when the test lets it):
+what comes while a transaction runs is the next one, whole; more than a batch waiting goes in
 turns, an engine write waiting between two; a batch that fails on one delivery runs each alone,
 and only that one fails; the database's failure is every caller's, heard after the store has done
-what it asks; a closed thread fails its callers; ``stop`` commits what is queued, then refuses.
-``_Lanes`` (the writes' thread's order): deliveries before the engine's writes put earlier, but
-never two deliveries in a row while an engine write waits; after ``close`` what was put is still
-taken, then nothing.
+what it asks; closed writes fail their callers; ``stop`` commits what is queued, then refuses.
+``_Lanes`` (the writes' order): deliveries before the engine's writes put earlier, but never two
+deliveries in a row while an engine write waits; after ``close`` what was put is still taken, then
+nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -30,35 +28,34 @@ from bot.store.sql import Op
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 
 
-class Thread:
-    """Stands in for the writes' thread: a real thread taking work from the real ``_Lanes``; each
+class Writes:
+    """Stands in for the store's writes: a task taking work from the real ``_Lanes``; each
     transaction answers the operation's statements as an empty database would, fails if one names
     ``bad``, and commits when the test lets it (``release``)."""
 
     def __init__(self) -> None:
         self.lanes = _Lanes()
-        self.ran: list[str] = []  # what the thread ran, in order: "d<items>" or an engine write's name
+        self.ran: list[str] = []  # what the writes ran, in order: "d<items>" or an engine write's name
         self.closed = False
-        self.go = threading.Semaphore(0)  # a permit a transaction
+        self.go = asyncio.Semaphore(0)  # a permit a transaction
         self.heard: list[str] = []  # the store's side: ``failed`` and ``alone`` calls
         self.failures: list[BaseException | None] = []  # the transactions' in turn (none left: commit)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        self._task = asyncio.create_task(self._serve())
 
-    def _serve(self) -> None:
-        while (work := self.lanes.get()) is not None:
-            work()
+    async def _serve(self) -> None:
+        while (work := await self.lanes.get()) is not None:
+            await work()
 
-    def put(self, work: Callable[[], None]) -> None:
+    def put(self, work: Callable[[], Awaitable[None]]) -> None:
         if self.closed:
             raise StoreUnavailable("store is not open")
         self.lanes.put(work, first=True)
 
     def engine_write(self, name: str) -> None:
-        self.lanes.put(functools.partial(self.ran.append, name), first=False)
+        self.lanes.put(_appending(self.ran, name), first=False)
 
-    def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        assert self.go.acquire(timeout=10), "the test never let this transaction commit"
+    async def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
+        await asyncio.wait_for(self.go.acquire(), timeout=10)  # else the test never let it commit
         results = _run(op)
         self.ran.append(f"d{len(results)}")
         failure = self.failures.pop(0) if self.failures else None
@@ -74,12 +71,22 @@ class Thread:
         return _run(op)
 
     def release(self, count: int = 1) -> None:
-        self.go.release(count)
+        for _ in range(count):
+            self.go.release()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.closed = True
         self.lanes.close()
-        self._thread.join(timeout=10)
+        await asyncio.wait_for(self._task, timeout=10)
+
+
+def _appending(ran: list[str], name: str) -> Callable[[], Awaitable[None]]:
+    """A work that appends ``name`` to ``ran`` when run."""
+
+    async def work() -> None:
+        ran.append(name)
+
+    return work
 
 
 def _run(op: Op[list[Result]]) -> list[Result]:
@@ -104,14 +111,14 @@ def _submit(group: GroupCommit, *fingerprints: str) -> list[asyncio.Task[int | N
 
 
 @pytest.fixture
-def thread() -> Iterator[Thread]:
-    made = Thread()
+async def thread() -> AsyncIterator[Writes]:
+    made = Writes()
     yield made
     made.release(100)
-    made.close()
+    await made.close()
 
 
-async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(thread: Thread) -> None:
+async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(thread: Writes) -> None:
     group = GroupCommit(thread)
     group.start()
     first = _submit(group, "")
@@ -127,7 +134,7 @@ async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(thread:
 
 
 async def test_more_than_a_batch_waiting_goes_in_turns_and_an_engine_write_waiting_goes_between(
-    thread: Thread,
+    thread: Writes,
 ) -> None:
     group = GroupCommit(thread, batch=3)
     group.start()
@@ -143,7 +150,7 @@ async def test_more_than_a_batch_waiting_goes_in_turns_and_an_engine_write_waiti
 
 
 async def test_a_batch_failing_on_one_delivery_runs_each_alone_and_only_that_one_fails(
-    thread: Thread,
+    thread: Writes,
 ) -> None:
     group = GroupCommit(thread)
     group.start()
@@ -159,7 +166,7 @@ async def test_a_batch_failing_on_one_delivery_runs_each_alone_and_only_that_one
     await group.stop()
 
 
-async def test_the_database_failing_is_every_caller_s_once_the_store_has_heard_it(thread: Thread) -> None:
+async def test_the_database_failing_is_every_caller_s_once_the_store_has_heard_it(thread: Writes) -> None:
     group = GroupCommit(thread)
     group.start()
     thread.failures = [None, StoreUnavailable("server closed the connection")]
@@ -176,10 +183,10 @@ async def test_the_database_failing_is_every_caller_s_once_the_store_has_heard_i
     await group.stop()
 
 
-async def test_a_closed_writes_thread_fails_its_callers_and_leaves_nothing_queued(thread: Thread) -> None:
+async def test_closed_writes_fail_its_callers_and_leaves_nothing_queued(thread: Writes) -> None:
     group = GroupCommit(thread)
     group.start()
-    thread.close()
+    await thread.close()
     with pytest.raises(StoreUnavailable):
         await asyncio.gather(*_submit(group, "fp1"))
     with pytest.raises(StoreUnavailable):  # tried again, not left waiting behind the first
@@ -187,7 +194,7 @@ async def test_a_closed_writes_thread_fails_its_callers_and_leaves_nothing_queue
     await asyncio.wait_for(group.stop(), timeout=5)
 
 
-async def test_stop_commits_what_is_queued_then_refuses(thread: Thread) -> None:
+async def test_stop_commits_what_is_queued_then_refuses(thread: Writes) -> None:
     group = GroupCommit(thread)
     group.start()
     tasks = _submit(group, "")
@@ -210,15 +217,15 @@ def _lanes(*puts: tuple[str, bool]) -> tuple[_Lanes, list[str]]:
     """Lanes holding one work per name; the list the works append their names to when run."""
     lanes, ran = _Lanes(), list[str]()
     for name, first in puts:
-        lanes.put(functools.partial(ran.append, name), first=first)
+        lanes.put(_appending(ran, name), first=first)
     return lanes, ran
 
 
-def _take(lanes: _Lanes, ran: list[str], count: int) -> list[str]:
+async def _take(lanes: _Lanes, ran: list[str], count: int) -> list[str]:
     for _ in range(count):
-        work = lanes.get()
+        work = await lanes.get()
         assert work is not None
-        work()
+        await work()
     return ran
 
 
@@ -238,22 +245,21 @@ def _take(lanes: _Lanes, ran: list[str], count: int) -> list[str]:
         ([("e1", False), ("e2", False)], ["e1", "e2"]),
     ],
 )
-def test_the_writes_thread_takes_deliveries_first_and_never_starves_the_engine(
+async def test_the_writes_take_deliveries_first_and_never_starve_the_engine(
     puts: list[tuple[str, bool]], order: list[str]
 ) -> None:
-    assert _take(*_lanes(*puts), len(order)) == order
+    assert await _take(*_lanes(*puts), len(order)) == order
 
 
-def test_closed_lanes_give_what_was_put_then_nothing_and_a_waiting_thread_hears_it() -> None:
+async def test_closed_lanes_give_what_was_put_then_nothing_and_a_waiting_task_hears_it() -> None:
     lanes, ran = _lanes(("e1", False), ("d1", True))
     lanes.close()
-    assert _take(lanes, ran, 2) == ["d1", "e1"]
-    assert lanes.get() is None
+    assert await _take(lanes, ran, 2) == ["d1", "e1"]
+    assert await lanes.get() is None
 
     waiting = _Lanes()
-    got: list[object] = []
-    thread = threading.Thread(target=lambda: got.append(waiting.get()))
-    thread.start()
+    getting = asyncio.create_task(waiting.get())
+    await asyncio.sleep(0.01)
+    assert not getting.done()
     waiting.close()
-    thread.join(timeout=5)
-    assert got == [None] and not thread.is_alive()
+    assert await asyncio.wait_for(getting, timeout=5) is None
