@@ -74,7 +74,7 @@ from bot.store.schema import (
     migrations,
     opening,
 )
-from bot.store.sql import POSTGRES, Driving, Op, Stmt, T, one, single
+from bot.store.sql import POSTGRES, Driving, Op, Stmt, T, one, refused, single
 from bot.store.sqlstore import SqlStore
 
 log = logger(__name__)
@@ -388,7 +388,9 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
                 await conn.execute(batch)
             continue
         cursor = await conn.execute(sql, params)
-        if stmt.kind == "run":
+        if stmt.kind == "check":
+            refused(stmt, await cursor.fetchone() is not None)
+        elif stmt.kind == "run":
             driving.answer = cursor.rowcount
         else:
             driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
@@ -399,9 +401,10 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the writes'
     connection (``_Writes``), in as few messages as its answers allow: ``BEGIN``, the
     transaction's settings (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the
-    lock go with the first statement, the rows of batches (``many``: nothing to answer) with the
-    statement after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the
-    last. Each message is one simple query, its values bound by psycopg's client-side quoting as
+    lock go with the first statement, the rows of batches (``many``: nothing to answer) and the
+    conditions (``check``: a fenced write's lease check) with the statement after them, up to
+    ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last, unless a condition's answer
+    is still unread: a transaction never commits before it is read (``_Message``). Each message is one simple query, its values bound by psycopg's client-side quoting as
     ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its
     message there, the rest unsent, and the transaction is rolled back.
 
@@ -417,41 +420,70 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     ``IDLE_IN_TRANSACTION_MS`` (``tests/integration/test_store_frozen.py`` shows both)."""
     driving = Driving(op, POSTGRES)
     mogrifier = psycopg.AsyncClientCursor(conn)
-    pending = [f"BEGIN; {_TRANSACTION_SETTINGS}"]
+    message = _Message(f"BEGIN; {_TRANSACTION_SETTINGS}")
     if lock is not None:
-        pending.append(_locking(lock))
-    held = 0  # rows of batches in ``pending``: a message carries up to ``BATCH_STATEMENTS``
+        message.add(_locking(lock))
     try:
         for sql, params, stmt in driving:
             if stmt.kind == "many" and stmt.bulk is not None:
                 if stmt.params:
-                    pending.append(_bulk(mogrifier, stmt))
+                    message.add(_bulk(mogrifier, stmt))
                 continue
             if stmt.kind == "many":
                 for row in stmt.params:
-                    if held == BATCH_STATEMENTS:
-                        await conn.execute(";\n".join(pending))
-                        pending, held = [], 0
-                    pending.append(mogrifier.mogrify(sql, row))
-                    held += 1
+                    if message.rows == BATCH_STATEMENTS:
+                        await message.send(conn)
+                    message.add(mogrifier.mogrify(sql, row), row=True)
                 continue
-            pending.append(mogrifier.mogrify(sql, params))
-            cursor = await conn.execute(";\n".join(pending))
-            pending, held = [], 0
-            while cursor.nextset():  # the answer is the last statement's
-                pass
+            if stmt.kind == "check":
+                message.add(mogrifier.mogrify(sql, params), check=stmt)
+                continue
+            message.add(mogrifier.mogrify(sql, params))
+            cursor = await message.send(conn)
             if stmt.kind == "run":
                 driving.answer = cursor.rowcount
             else:
                 driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
-        pending.append("COMMIT")
-        await conn.execute(";\n".join(pending))
+        if message.checks:  # never committed before they are read
+            await message.send(conn)
+        message.add("COMMIT")
+        await message.send(conn)
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
                 await conn.execute("ROLLBACK")
         raise
     return driving
+
+
+class _Message:
+    """What a transaction has not sent yet, sent as one simple query (``send``): the statements
+    (``parts``; every part after a ``check`` is one statement), how many rows of batches they hold,
+    and the ``check`` statements among them, whose answers are read when it is answered."""
+
+    def __init__(self, first: str) -> None:
+        self.parts = [first]
+        self.rows = 0
+        self.checks: list[tuple[int, Stmt]] = []
+
+    def add(self, text: str, *, row: bool = False, check: Stmt | None = None) -> None:
+        if check is not None:
+            self.checks.append((len(self.parts), check))
+        self.parts.append(text)
+        self.rows += row
+
+    async def send(self, conn: Conn) -> psycopg.AsyncCursor[DictRow]:
+        """Send the message; the cursor at its last statement's answer. A ``check`` that found no
+        row raises what it refuses with (``bot.store.sql.refused``)."""
+        cursor = await conn.execute(";\n".join(self.parts))
+        answers = [cursor.pgresult]
+        while cursor.nextset():  # one answer a statement, in order; the caller reads the last
+            answers.append(cursor.pgresult)
+        for index, stmt in self.checks:  # as far from the last answer as its part is from the last
+            answer = answers[index - len(self.parts)]
+            refused(stmt, answer is not None and answer.ntuples > 0)
+        self.parts, self.rows, self.checks = [], 0, []
+        return cursor
 
 
 def _locking(lock: str) -> str:

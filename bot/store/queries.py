@@ -31,7 +31,7 @@ from bot.store.base import (
 )
 from bot.store.lease import Deposed
 from bot.store.reader import alert_cursor, alert_key, event_key
-from bot.store.sql import Dialect, Op, Stmt, T, many, one, rows, run
+from bot.store.sql import Dialect, Op, Stmt, T, check, many, one, rows, run
 
 ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
@@ -49,13 +49,16 @@ def bounded(limit: int) -> int:
 def fenced(token: tuple[str, int] | None, op: Op[T]) -> Op[T]:
     """``op``, after checking in the same transaction that the leadership row still names this
     holder and epoch (Postgres locks the row ``FOR SHARE``: a takeover waits for this commit;
-    SQLite's ``BEGIN IMMEDIATE`` already holds the write lock until the commit)."""
+    SQLite's ``BEGIN IMMEDIATE`` already holds the write lock until the commit). A ``check``: on
+    Postgres it goes with the operation's first statement, not in a round trip of its own, and the
+    transaction raises ``Deposed`` before it could commit."""
     if token is not None:
-        held = yield one(
-            "SELECT 1 AS held FROM leadership WHERE id = 1 AND holder = ? AND epoch = ? {for_share}", token
+        holder, epoch = token
+        yield check(
+            "SELECT 1 AS held FROM leadership WHERE id = 1 AND holder = ? AND epoch = ? {for_share}",
+            token,
+            lambda: Deposed(f"{holder} no longer holds epoch {epoch}: another process took over"),
         )
-        if held is None:
-            raise Deposed(f"{token[0]} no longer holds epoch {token[1]}: another process took over")
     return (yield from op)
 
 

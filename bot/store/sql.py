@@ -28,14 +28,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 T = TypeVar("T")
 
-Kind = Literal["run", "many", "one", "all"]
+Kind = Literal["run", "many", "one", "all", "check"]
 
 
 @dataclass(frozen=True, slots=True)
 class Stmt:
     """One statement in the neutral form, its parameters, and what the operation wants back:
     ``run`` the row count, ``many`` (parameters are rows) nothing, ``one`` a row or ``None``,
-    ``all`` the rows. ``wakes``: an outbox row routed from a timeline event (``Store.route_events``);
+    ``all`` the rows, ``check`` nothing (``check``). ``wakes``: an outbox row routed from a timeline event (``Store.route_events``);
     the store wakes the outbox sender once the transaction holding it has committed."""
 
     sql: str
@@ -45,6 +45,8 @@ class Stmt:
     #: ``many`` only: the same change as one statement over the rows' columns, each an array
     #: parameter (``?``), which Postgres runs instead of a statement a row (``bot.store.postgres``).
     bulk: str | None = None
+    #: ``check`` only: the exception raised, and the transaction rolled back, if it finds no row.
+    refuse: Callable[[], Exception] | None = None
 
 
 #: An operation: yields statements, is sent each one's answer, returns its result.
@@ -57,6 +59,21 @@ def run(sql: str, params: Sequence[Any] = ()) -> Stmt:
 
 def many(sql: str, rows: Sequence[Sequence[Any]], *, wakes: bool = False, bulk: str | None = None) -> Stmt:
     return Stmt(sql, rows, "many", wakes, bulk)
+
+
+def check(sql: str, params: Sequence[Any], refuse: Callable[[], Exception]) -> Stmt:
+    """A condition of the transaction: the operation goes on at once, as after ``many``, and the
+    transaction never commits unless ``sql`` finds a row; if it finds none, ``refuse()`` is
+    raised, from this statement or a later one (Postgres reads its answer with the next
+    statement's: ``bot.store.postgres._transaction``), and nothing of the transaction is kept."""
+    return Stmt(sql, params, "check", refuse=refuse)
+
+
+def refused(stmt: Stmt, found: bool) -> None:
+    """Raise what a ``check`` raises if it ``found`` no row."""
+    if not found:
+        assert stmt.refuse is not None
+        raise stmt.refuse()
 
 
 def one(sql: str, params: Sequence[Any] = ()) -> Stmt:
@@ -244,7 +261,9 @@ def run_sync(db: sqlite3.Connection, op: Op[T]) -> Driving[T]:
             continue
         cursor = db.execute(sql, params)
         cursor.row_factory = sqlite3.Row
-        if stmt.kind == "run":
+        if stmt.kind == "check":
+            refused(stmt, cursor.fetchone() is not None)
+        elif stmt.kind == "run":
             driving.answer = cursor.rowcount
         else:
             found = cursor.fetchall()  # all of it: a RETURNING statement ends when read to the end

@@ -11,10 +11,13 @@ from datetime import UTC, datetime
 from typing import cast
 
 import psycopg
+import pytest
+from psycopg.rows import dict_row
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert, NewEvent
-from bot.store.postgres import _WRITE_LOCK, FLUSH_ROWS, PostgresStore
+from bot.store.postgres import _WRITE_LOCK, BATCH_STATEMENTS, FLUSH_ROWS, PostgresStore, _transaction
+from bot.store.sql import Op, check, many, one
 from tests.harness.postgres import PostgresDatabase
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -206,3 +209,53 @@ async def test_a_large_flush_of_repeats_lets_a_delivery_through_between_its_chun
         assert chunks[0] < new_at < chunks[-1], (chunks, new_at)
     finally:
         await store.close()
+
+
+class _Refused(Exception):
+    pass
+
+
+def _checked(holds: bool, rows: int) -> Op[int]:
+    """A check (holding or not), ``rows`` rows inserted with nothing to answer, a statement answered
+    (a sequence's next value, which a rollback does not take back, and the rows), more rows."""
+    yield check("SELECT 1 WHERE ?", (holds,), lambda: _Refused("the condition did not hold"))
+    yield many("INSERT INTO checked (n) VALUES (?)", [(n,) for n in range(rows)])
+    counted = yield one("SELECT nextval('checked_answers') AS answer, (SELECT count(*) FROM checked) AS n")
+    yield many("INSERT INTO checked (n) VALUES (?)", [(-1,)])
+    return int(counted["n"])
+
+
+@pytest.mark.parametrize("rows", [3, BATCH_STATEMENTS + 5])
+async def test_a_check_is_read_with_the_statements_after_it_and_refuses_before_any_commit(
+    postgres_db: PostgresDatabase, rows: int
+) -> None:
+    """A ``check`` goes with the statements after it, not in a message of its own (a fenced write's
+    lease check was a round trip of its own before every engine write), and its answer is read
+    from theirs: holding, the transaction commits what follows it, a batch of rows over a message's
+    limit included; not holding, it raises what it refuses with and nothing of the transaction is
+    kept. The statement answered after it ran in the same message (the sequence moved on), unless
+    the rows between filled a message of their own, whose answer refused first. Rows last, with
+    nothing to answer, never go with ``COMMIT`` while a check is unread."""
+    with _connect(postgres_db) as db:
+        db.execute("CREATE TABLE checked (n INTEGER NOT NULL); CREATE SEQUENCE checked_answers")
+    password = postgres_db.password_file.read_text().strip()
+    async with await psycopg.AsyncConnection.connect(
+        postgres_db.url, password=password, autocommit=True, row_factory=dict_row
+    ) as conn:
+        driven = await _transaction(conn, _checked(True, rows), "pg_advisory_xact_lock")
+        assert driven.result == rows
+        with pytest.raises(_Refused, match="did not hold"):
+            await _transaction(conn, _checked(False, rows), "pg_advisory_xact_lock")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with pytest.raises(_Refused):
+            await _transaction(conn, _rows_last(), "pg_advisory_xact_lock")
+    with _connect(postgres_db) as db:
+        found = db.execute("SELECT count(*) FROM checked").fetchone()
+        answers = db.execute("SELECT last_value FROM checked_answers").fetchone()
+    assert found == (rows + 1,), found  # the first transaction's rows alone
+    assert answers == ((2,) if rows < BATCH_STATEMENTS else (1,)), answers
+
+
+def _rows_last() -> Op[None]:
+    yield check("SELECT 1 WHERE ?", (False,), lambda: _Refused("the condition did not hold"))
+    yield many("INSERT INTO checked (n) VALUES (?)", [(-2,)])
