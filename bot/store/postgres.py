@@ -404,9 +404,10 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     lock go with the first statement, the rows of batches (``many``: nothing to answer) and the
     conditions (``check``: a fenced write's lease check) with the statement after them, up to
     ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last, unless a condition's answer
-    is still unread: a transaction never commits before it is read (``_Message``). Each message is one simple query, its values bound by psycopg's client-side quoting as
-    ``_batch`` binds rows; the answer is its last statement's. A statement that fails ends its
-    message there, the rest unsent, and the transaction is rolled back.
+    is still unread: a transaction never commits before it is read (``_Message``). Each message is
+    one simple query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows;
+    the answer is its last statement's. A statement that fails ends its message there, the rest
+    unsent, and the transaction is rolled back.
 
     Why: every message is a round trip, and its answer is read when the event loop comes round
     again. A batch of deliveries was eight to ten messages (``BEGIN``, the lock, the lookups, a
@@ -501,9 +502,9 @@ def _locking(lock: str) -> str:
 class _Writes:
     """The connection every write under the write lock commits on (webhook deliveries, a batch at
     a time, and the engine's writes), one transaction at a time, driven by a task of its own on
-    the event loop, as SQLite's writer runs its transactions in its thread. Each transaction is
-    one to three messages (``_transaction``), so it waits for the loop once a message, and
-    nothing else waits for it: its callers hand it over and hear back once. The connection is
+    the event loop, as SQLite's writer runs its transactions in its thread. A transaction is a
+    few messages (``_transaction``: a batch of deliveries two), so it waits for the loop once a
+    message, and nothing else waits for it: its callers hand it over and hear back once. The connection is
     made on first use and again after the database dropped it.
 
     On the loop, not in a thread: a thread's every round trip gave up the interpreter and then
@@ -571,6 +572,9 @@ class _Writes:
                 if not done.done():
                     done.set_exception(exc)
                 return
+            except BaseException:  # the writes' task itself is cancelled: so is its caller's wait
+                done.cancel()
+                raise
             if not done.done():
                 done.set_result(driven)
 
@@ -758,6 +762,7 @@ def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None
 
 class PostgresStore(SqlStore):
     dialect = POSTGRES
+    _prune_pace = retention.BESIDE_PACE  # a prune runs beside the deliveries, on the same WAL
 
     def __init__(
         self,

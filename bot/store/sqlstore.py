@@ -65,6 +65,8 @@ class SqlStore(ABC):
     _prune_budget: float = retention.BUDGET
     #: Alerts a prune's first transaction removes at most (then sized by ``_prune_budget``).
     _prune_start: int = retention.BATCH
+    #: How many times as long as a prune transaction took the prune waits before the next.
+    _prune_pace: float = retention.PACE
 
     def __init__(self, clock: Callable[[], datetime] | None) -> None:
         #: The lease's clock: ``None`` is the database's own; tests pass fake time.
@@ -413,7 +415,7 @@ class SqlStore(ABC):
         """Remove what ``bot.store.retention`` says is past ``before``, one bounded transaction at a
         time (each fenced: only the leader prunes), each after the writes queued before it
         (``_turn``), sized so its statements take about ``_prune_budget`` and followed by a
-        pause as long as the whole write took times ``retention.PACE``; the rows removed."""
+        pause as long as the whole write took times ``_prune_pace``; the rows removed."""
         total = retention.Pruned()
         size, budget = min(batch, self._prune_start), self._prune_budget
         while True:
@@ -431,7 +433,7 @@ class SqlStore(ABC):
                 size = max(min(retention.MIN_BATCH, batch), size // 2)
             elif done.took < budget / 2:
                 size = min(batch, size * 2)
-            await asyncio.sleep(took * retention.PACE)
+            await asyncio.sleep(took * self._prune_pace)
 
     async def _turn(self) -> None:  # noqa: B027 - a hook, nothing by default
         """Wait (at most ``retention.YIELD``) for the writes already waiting to go first."""
