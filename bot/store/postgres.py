@@ -14,7 +14,7 @@ The driver is psycopg 3 through its native asyncio API and its pool: it ships ty
 (``mypy --strict`` checks every call against it), and one libpq underneath speaks every
 authentication and TLS option a site's Postgres may ask for through the ordinary
 ``postgresql://`` URL. A batch of rows (``many``) goes as simple queries (``_batch``,
-``_transaction_sync``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
+``_transaction``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
 
 Every write transaction but retention's (``_prune_transact``) takes one advisory lock
 (``_WRITE_LOCK``) first, waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not

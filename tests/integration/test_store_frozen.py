@@ -2,7 +2,7 @@
 
 A process of its own (it must be stopped with SIGSTOP) opens the real ``PostgresStore`` and
 ingests one delivery of twenty alerts on twenty nodes: a transaction under the write lock, sent
-as a few messages (``bot.store.postgres._transaction_sync``): the lookups, then every row
+as a few messages (``bot.store.postgres._transaction``): the lookups, then every row
 (incidents, alerts, events) with the ``COMMIT``. The test holds a table so that one message waits
 in the server; then the process is frozen, and the table let go. Either way the write lock is
 free soon after and another store writes:
