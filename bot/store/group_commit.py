@@ -50,7 +50,7 @@ from typing import Protocol
 from bot import logger
 from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
-from bot.store.batch import Answer, answer_soon, each_alone, settle
+from bot.store.batch import Answer, each_alone, settle
 from bot.store.codec import ts
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
 from bot.store.repeats import Counts, add, repeat, rows
@@ -217,7 +217,7 @@ class GroupCommit:
             if not isinstance(exc, Exception):
                 raise
             return
-        answer_soon(asyncio.get_running_loop(), [future for _, future in batch], results)
+        settle([future for _, future in batch], results)  # committed on the loop: at once
 
     def _fail(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:
         """The callers of ``batch`` hear of ``exc`` (``_answer_failed``), in a task of its own: the
