@@ -20,7 +20,7 @@ from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
-from bot.store.sql import Op, Stmt, many, one, rows
+from bot.store.sql import Op, Stmt, many, one, put, rows
 
 _CHUNK = 400  # list parameters: well under SQLite's bound-variable limit
 T = TypeVar("T")
@@ -300,6 +300,11 @@ def event_row(incident_id: str | None, event: NewEvent, at: datetime) -> tuple[A
 def insert_event(incident_id: str | None, event: NewEvent, at: datetime) -> Stmt:
     """Append one event to the audit log; the answer is its row with its ``seq``."""
     return one(f"{_INSERT_EVENT} RETURNING seq", event_row(incident_id, event, at))
+
+
+def append_event(incident_id: str | None, event: NewEvent, at: datetime) -> Stmt:
+    """Append one event to the audit log, its ``seq`` not read (``{event_seq}`` names it after)."""
+    return put(_INSERT_EVENT, event_row(incident_id, event, at))
 
 
 def insert_events(events: Sequence[tuple[str | None, NewEvent, datetime]]) -> Stmt:

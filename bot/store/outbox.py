@@ -20,7 +20,7 @@ from typing import Any
 
 from bot.store.base import ONCE, SUPERSEDED, JsonObject, NewEvent, OutboxItem
 from bot.store.codec import dt, dumps, ts
-from bot.store.ingest import insert_event
+from bot.store.ingest import append_event, insert_event
 from bot.store.sql import Op, Stmt, many, one, rows, run
 
 _INSERT = (
@@ -79,10 +79,18 @@ def told(incident_id: str | None, kind: str, step: str, once: str) -> Op[int | N
     return None
 
 
-def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str], now: datetime) -> Op[int]:
-    """A timeline event, and for routed kinds (``Store.route_events``) its outbox rows too; its ``seq``."""
-    inserted = yield insert_event(incident_id, event, now)
-    seq = int(inserted["seq"])
+#: An outbox row of the event the transaction inserted last (``{event_seq}``: its ``seq``, read in
+#: the database, so the operation reads no answer before it).
+_INSERT_ROUTED = (
+    "INSERT INTO outbox (destination, incident_id, event_seq, kind, payload_json, created_at)"
+    " VALUES (?, ?, {event_seq}, ?, ?, ?)"
+)
+
+
+def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str], now: datetime) -> Op[None]:
+    """A timeline event, and for routed kinds (``Store.route_events``) its outbox rows too. Nothing
+    is read: Postgres sends them with the operation's next statement or its ``COMMIT``."""
+    yield append_event(incident_id, event, now)
     if destinations:
         payload = {
             "event": True,
@@ -92,9 +100,8 @@ def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str],
             "detail": event.detail,
         }
         document = dumps(payload)
-        rows_ = [(d, incident_id, seq, event.kind, document, ts(now)) for d in destinations]
-        yield many(_INSERT, rows_, wakes=True)
-    return seq
+        rows_ = [(d, incident_id, event.kind, document, ts(now)) for d in destinations]
+        yield many(_INSERT_ROUTED, rows_, wakes=True)
 
 
 def item_from(row: Any) -> OutboxItem:

@@ -31,7 +31,7 @@ from bot.store.base import (
 )
 from bot.store.lease import Deposed
 from bot.store.reader import alert_cursor, alert_key, event_key
-from bot.store.sql import Dialect, Op, Stmt, T, check, many, one, rows, run
+from bot.store.sql import Dialect, Op, Stmt, T, check, many, one, put, rows, run
 
 ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
@@ -302,7 +302,7 @@ def rollbacks_requested() -> Op[list[str]]:
 
 # ----------------------------------------------------------------------------- writes
 def save_plan(incident_id: str, document: str, playbook: str, mode: str, now: datetime) -> Stmt:
-    return run(
+    return put(
         "UPDATE incidents SET plan_json = ?, playbook = ?, mode = ?, faults_changed = 0, updated_at = ?"
         " WHERE id = ?",
         (document, playbook, mode, codec.ts(now), incident_id),
@@ -353,7 +353,7 @@ def advance(incident_id: str, step_index: int, now: datetime) -> Stmt:
 
 
 def step_started(incident_id: str, step: str, attempt: int, now: datetime) -> Stmt:
-    return run(
+    return put(
         "INSERT INTO steps (incident_id, step, status, attempts, started_at) VALUES (?, ?, 'running', ?, ?)"
         " ON CONFLICT (incident_id, step) DO UPDATE SET status = 'running', attempts = excluded.attempts,"
         " started_at = CASE WHEN steps.status IN ('superseded', 'held') THEN excluded.started_at"
@@ -365,11 +365,11 @@ def step_started(incident_id: str, step: str, attempt: int, now: datetime) -> St
 
 
 def acted(incident_id: str) -> Stmt:
-    return run("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
+    return put("UPDATE incidents SET acted = 1 WHERE id = ?", (incident_id,))
 
 
 def step_finished(incident_id: str, step: str, status: StepStatus, now: datetime, document: str) -> Stmt:
-    return run(
+    return put(
         "INSERT INTO steps (incident_id, step, status, attempts, started_at, ended_at, result_json)"
         " VALUES (?, ?, ?, 0, NULL, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
         " status = excluded.status, ended_at = excluded.ended_at, result_json = excluded.result_json",

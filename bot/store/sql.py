@@ -8,7 +8,7 @@ Every query of the store (``schema``, ``reads``, ``writes``, ``ingest``, ``outbo
 * ``{word}`` for the few things the two databases spell differently: ``Dialect.words`` lists
   them all (identity columns, ``GREATEST``/``MAX``, the append-only trigger, the lease's clock
   and its interval arithmetic, the row lock a fenced write takes, the index SQLite must be told
-  to use). An unknown word fails.
+  to use, the seq of the event just inserted). An unknown word fails.
 
 An operation of several statements is a generator (``Op``): it yields each ``Stmt`` and is sent
 the answer (a row count, a row, the rows), so what to read and write is decided once, and each
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -47,6 +47,9 @@ class Stmt:
     bulk: str | None = None
     #: ``check`` only: the exception raised, and the transaction rolled back, if it finds no row.
     refuse: Callable[[], Exception] | None = None
+    #: The operation's last statement, whose answer it returns as its result and decides nothing
+    #: in the transaction (``single``): Postgres sends ``COMMIT`` with it. A statement after it fails.
+    last: bool = False
 
 
 #: An operation: yields statements, is sent each one's answer, returns its result.
@@ -61,11 +64,19 @@ def many(sql: str, rows: Sequence[Sequence[Any]], *, wakes: bool = False, bulk: 
     return Stmt(sql, rows, "many", wakes, bulk)
 
 
+def put(sql: str, params: Sequence[Any] = ()) -> Stmt:
+    """One statement whose answer the operation does not read: a ``many`` of one row, which the
+    operation goes on from at once (Postgres sends it with the next statement that is read, or
+    with ``COMMIT``)."""
+    return Stmt(sql, (params,), "many")
+
+
 def check(sql: str, params: Sequence[Any], refuse: Callable[[], Exception]) -> Stmt:
     """A condition of the transaction: the operation goes on at once, as after ``many``, and the
     transaction never commits unless ``sql`` finds a row; if it finds none, ``refuse()`` is
-    raised, from this statement or a later one (Postgres reads its answer with the next
-    statement's: ``bot.store.postgres._transaction``), and nothing of the transaction is kept."""
+    raised, from this statement or a later one, and nothing of the transaction is kept (Postgres
+    runs it as a statement that fails in the server, sent with the next ones and ``COMMIT``:
+    ``bot.store.postgres._Message.check``)."""
     return Stmt(sql, params, "check", refuse=refuse)
 
 
@@ -85,8 +96,8 @@ def rows(sql: str, params: Sequence[Any] = ()) -> Stmt:
 
 
 def single(stmt: Stmt) -> Op[Any]:
-    """The operation of one statement; its answer."""
-    return (yield stmt)
+    """The operation of one statement; its answer (``last``: its caller reads it once committed)."""
+    return (yield replace(stmt, last=True))
 
 
 _WORD = re.compile(r"\{([a-z_]+)\}")
@@ -157,6 +168,9 @@ SQLITE = Dialect(
         "clock": "?",
         "seconds": "?",
         "for_share": "",  # BEGIN IMMEDIATE already holds the database's write lock
+        # The seq of the event the transaction inserted last: the largest, since the transaction
+        # holds the database's write lock (BEGIN IMMEDIATE) and seq only grows (AUTOINCREMENT).
+        "event_seq": "(SELECT MAX(seq) FROM events)",
         "moment_from": "",  # lease times are Unix seconds, read as they are
         "moment_to": "",
         # Retention finds closed incidents oldest first. Without statistics SQLite's planner takes
@@ -198,6 +212,8 @@ POSTGRES = Dialect(
         "now": "now()",
         "clock": "?::timestamptz",
         "seconds": "make_interval(secs => ?)",
+        # The seq of the event this session inserted last: its identity's sequence's current value.
+        "event_seq": "currval(pg_get_serial_sequence('events', 'seq'))",
         # A takeover's UPDATE of the leadership row waits until the fenced write commits.
         "for_share": "FOR SHARE",
         # A lease time as it is read: UTC text in one fixed form (``moment``). A timestamptz comes
@@ -240,6 +256,7 @@ class Driving(Generic[T]):
         self.wakes = False
 
     def __iter__(self) -> Iterator[tuple[str, Sequence[Any], Stmt]]:
+        last = False
         while True:
             answer, self.answer = self.answer, None
             try:
@@ -247,6 +264,10 @@ class Driving(Generic[T]):
             except StopIteration as done:
                 self.result: T = done.value
                 return
+            if last:  # Postgres committed with it: what follows would run outside the transaction
+                self._op.close()
+                raise RuntimeError(f"a statement after the operation's last one: {stmt.sql}")
+            last = stmt.last
             self.wakes = self.wakes or stmt.wakes
             sql, params = self._dialect.bind(stmt.sql, stmt.params)
             yield sql, params, stmt

@@ -887,6 +887,24 @@ async def test_the_outbox_and_the_references(stores: Stores) -> None:
     }
 
 
+async def test_a_routed_event_s_outbox_rows_name_that_event(stores: Stores) -> None:
+    """The outbox rows of a routed event, one a destination, carry its ``seq``, which the write
+    never reads back (``{event_seq}``), between other events of the same and other writes."""
+    store = await stores.open()
+    store.route_events(frozenset({"step_ok"}), "slack")
+    store.route_events(frozenset({"step_ok"}), "grafana")
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    for n, step in enumerate(["notify", "cordon"]):
+        await store.record(incident_id, NewEvent("note", detail=f"before {n}"), T0)
+        await store.step_finished(incident_id, step, "ok", T0, event=NewEvent("step_ok", step=step))
+        await store.step_started(incident_id, step, 2, T0, acted=True)
+    oks = [e.seq for e in await store.events_of(incident_id) if e.kind == "step_ok"]
+    assert len(oks) == 2
+    for destination in ("slack", "grafana"):
+        pending = await store.outbox_pending(destination)
+        assert [i.event_seq for i in pending] == oks and [i.kind for i in pending] == ["step_ok"] * 2
+
+
 async def test_a_notice_a_step_posts_once_is_posted_once_per_run_of_the_step(stores: Stores) -> None:
     store = await stores.open()
     (incident_id, second) = (

@@ -7,17 +7,19 @@ counts, which commits every count."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import cast
+from typing import Any, cast
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert, NewEvent
 from bot.store.postgres import _WRITE_LOCK, BATCH_STATEMENTS, FLUSH_ROWS, PostgresStore, _transaction
-from bot.store.sql import Op, check, many, one
+from bot.store.sql import Op, Stmt, check, many, one, run, single
 from tests.harness.postgres import PostgresDatabase
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -216,46 +218,102 @@ class _Refused(Exception):
 
 
 def _checked(holds: bool, rows: int) -> Op[int]:
-    """A check (holding or not), ``rows`` rows inserted with nothing to answer, a statement answered
-    (a sequence's next value, which a rollback does not take back, and the rows), more rows."""
-    yield check("SELECT 1 WHERE ?", (holds,), lambda: _Refused("the condition did not hold"))
+    """A check (holding or not; its values hold the quotes of its body's first two choices), ``rows``
+    rows inserted with nothing to answer, a statement answered (a sequence's next value, which a
+    rollback does not take back, and the rows), more rows."""
+    quoted = "$pitcrew_check$ $pitcrew_check_1$"
+    yield check(
+        "SELECT 1 WHERE ? AND ? <> ''", (holds, quoted), lambda: _Refused("the condition did not hold")
+    )
     yield many("INSERT INTO checked (n) VALUES (?)", [(n,) for n in range(rows)])
     counted = yield one("SELECT nextval('checked_answers') AS answer, (SELECT count(*) FROM checked) AS n")
     yield many("INSERT INTO checked (n) VALUES (?)", [(-1,)])
     return int(counted["n"])
 
 
+class _Counted(psycopg.AsyncConnection[DictRow]):
+    """A connection that keeps each message it sends (one ``execute``, one simple query)."""
+
+    sent: list[str]
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        self.sent.append(str(query))
+        return await super().execute(query, params, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def _counted(database: PostgresDatabase) -> AsyncIterator[_Counted]:
+    password = database.password_file.read_text().strip()
+    conn = await _Counted.connect(database.url, password=password, autocommit=True, row_factory=dict_row)
+    conn.sent = []
+    async with conn:
+        yield conn
+
+
+def _sequence(database: PostgresDatabase) -> tuple[object, ...] | None:
+    with _connect(database) as db:
+        return db.execute("SELECT last_value, is_called FROM checked_answers").fetchone()
+
+
 @pytest.mark.parametrize("rows", [3, BATCH_STATEMENTS + 5])
-async def test_a_check_is_read_with_the_statements_after_it_and_refuses_before_any_commit(
+async def test_a_check_goes_with_the_statements_after_it_and_refuses_in_the_server(
     postgres_db: PostgresDatabase, rows: int
 ) -> None:
     """A ``check`` goes with the statements after it, not in a message of its own (a fenced write's
-    lease check was a round trip of its own before every engine write), and its answer is read
-    from theirs: holding, the transaction commits what follows it, a batch of rows over a message's
-    limit included; not holding, it raises what it refuses with and nothing of the transaction is
-    kept. The statement answered after it ran in the same message (the sequence moved on), unless
-    the rows between filled a message of their own, whose answer refused first. Rows last, with
-    nothing to answer, never go with ``COMMIT`` while a check is unread."""
+    lease check was a round trip of its own before every engine write), and fails in the server
+    if it finds no row: holding, the transaction commits what follows it, a batch of rows over a
+    message's limit included; not holding, it raises what it refuses with, nothing after it in
+    its message runs (the sequence never moves on) and nothing of the transaction is kept. So
+    ``COMMIT`` may go in the check's own message: rows last, with nothing to answer, and the check
+    are one message."""
     with _connect(postgres_db) as db:
         db.execute("CREATE TABLE checked (n INTEGER NOT NULL); CREATE SEQUENCE checked_answers")
-    password = postgres_db.password_file.read_text().strip()
-    async with await psycopg.AsyncConnection.connect(
-        postgres_db.url, password=password, autocommit=True, row_factory=dict_row
-    ) as conn:
+    async with _counted(postgres_db) as conn:
         driven = await _transaction(conn, _checked(True, rows), "pg_advisory_xact_lock")
         assert driven.result == rows
+        assert len(conn.sent) == (2 if rows < BATCH_STATEMENTS else 3), conn.sent
+        assert "DO $pitcrew_check_2$" in conn.sent[0] and conn.sent[-1].endswith("COMMIT")
+        assert _sequence(postgres_db) == (1, True)
+
+        conn.sent.clear()
         with pytest.raises(_Refused, match="did not hold"):
             await _transaction(conn, _checked(False, rows), "pg_advisory_xact_lock")
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert _sequence(postgres_db) == (1, True)  # the statement after the check never ran
+        assert conn.sent[-1] == "ROLLBACK" and len(conn.sent) == 2, conn.sent
+
+        conn.sent.clear()
         with pytest.raises(_Refused):
             await _transaction(conn, _rows_last(), "pg_advisory_xact_lock")
+        assert conn.sent[0].endswith("COMMIT") and conn.sent[1:] == ["ROLLBACK"], conn.sent
     with _connect(postgres_db) as db:
         found = db.execute("SELECT count(*) FROM checked").fetchone()
-        answers = db.execute("SELECT last_value FROM checked_answers").fetchone()
     assert found == (rows + 1,), found  # the first transaction's rows alone
-    assert answers == ((2,) if rows < BATCH_STATEMENTS else (1,)), answers
 
 
 def _rows_last() -> Op[None]:
     yield check("SELECT 1 WHERE ?", (False,), lambda: _Refused("the condition did not hold"))
     yield many("INSERT INTO checked (n) VALUES (?)", [(-2,)])
+
+
+async def test_a_single_write_is_one_message_with_its_check_and_commit(postgres_db: PostgresDatabase) -> None:
+    """A fenced engine write of one statement (``single``: its answer decides nothing before the
+    commit) is one message, the lease check, the statement and ``COMMIT``; its answer is the
+    statement's, not ``COMMIT``'s: a row count, or the row it returned."""
+    with _connect(postgres_db) as db:
+        db.execute("CREATE TABLE singled (n INTEGER NOT NULL)")
+
+    def fenced(holds: bool, stmt: Stmt) -> Op[Any]:
+        yield check("SELECT 1 WHERE ?", (holds,), lambda: _Refused("the condition did not hold"))
+        return (yield from single(stmt))
+
+    async with _counted(postgres_db) as conn:
+        inserted = run("INSERT INTO singled (n) VALUES (?), (?)", (1, 2))
+        assert (await _transaction(conn, fenced(True, inserted), "pg_advisory_xact_lock")).result == 2
+        returned = one("INSERT INTO singled (n) VALUES (?) RETURNING n * 10 AS n", (3,))
+        assert (await _transaction(conn, fenced(True, returned), "pg_advisory_xact_lock")).result == {"n": 30}
+        assert len(conn.sent) == 2 and all(m.endswith("COMMIT") for m in conn.sent), conn.sent
+        with pytest.raises(_Refused):
+            await _transaction(conn, fenced(False, inserted), "pg_advisory_xact_lock")
+    with _connect(postgres_db) as db:
+        assert db.execute("SELECT n FROM singled ORDER BY n").fetchall() == [(1,), (2,), (3,)]

@@ -13,7 +13,7 @@ import sqlite3
 import pytest
 
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, migrations
-from bot.store.sql import POSTGRES, SQLITE, Op, one, rows, run, run_sync
+from bot.store.sql import POSTGRES, SQLITE, Op, one, put, rows, run, run_sync, single
 
 
 @pytest.mark.parametrize(
@@ -79,3 +79,25 @@ def test_an_operation_is_driven_to_its_result() -> None:
         return changed, [r["k"] for r in found], missing
 
     assert run_sync(db, op()).result == (2, ["a", "b"], None)
+
+
+def test_an_operation_s_last_statement_ends_it() -> None:
+    """``single``'s statement is the operation's last (Postgres commits with it): its answer is the
+    operation's result, and an operation that goes on after a last statement fails before the
+    statement after it runs. ``put``: a statement whose answer is not read."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER)")
+
+    def op() -> Op[int]:
+        yield put("INSERT INTO t (k, n) VALUES (?, ?)", ("a", 1))
+        return int((yield from single(run("UPDATE t SET n = n + 1 WHERE k IN (?*)", [["a", "b"]]))))
+
+    assert run_sync(db, op()).result == 1
+
+    def beyond() -> Op[None]:
+        yield from single(run("UPDATE t SET n = n + 1"))
+        yield run("UPDATE t SET n = 100")
+
+    with pytest.raises(RuntimeError, match="after the operation's last one: UPDATE t SET n = 100"):
+        run_sync(db, beyond())
+    assert db.execute("SELECT n FROM t").fetchall() == [(3,)]
