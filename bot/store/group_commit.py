@@ -9,7 +9,8 @@ transaction, run them in it and commit once, as SQLite's writer (``bot.store.wri
 caller hears back only after that commit.
 
 Taken when the transaction begins, not handed over when formed: a delivery waits for at most the
-transaction under way and then its own. Before, a task formed batches and handed up to two over at
+transaction under way (and one that has sent its ``COMMIT``: ``bot.store.postgres._Writes``) and
+then its own. Before, a task formed batches and handed up to two over at
 once; a batch formed while the writes were busy then sat in their queue with what it had, and
 deliveries that came meanwhile gathered into a third. Timed under ``bench/ingest.py``'s saturated
 stream on Postgres (one replica, 465 deliveries that stored something new), a delivery waited

@@ -5,10 +5,10 @@ the embedded default. The schema, every query and every method of the port are S
 (``bot.store.schema``, ``queries``, ``ingest``, ``outbox``, ``sqlstore``), rendered in Postgres's
 dialect by ``bot.store.sql``; this module is only how they run here: a pool, one transaction per
 write under the write lock, webhook deliveries many to a transaction (``bot.store.group_commit``:
-one commit for every delivery waiting, as SQLite's writer does) on the one connection where
-every write under the write lock commits, one transaction at a time, driven by a task on the event
-loop (``_Writes``: deliveries before the engine's writes, each transaction in as few messages as
-its answers allow), and the migration bookkeeping.
+one commit for every delivery waiting, as SQLite's writer does) on the connections where
+every write under the write lock commits, one transaction at a time but for the next, begun while
+one commits, driven by a task on the event loop (``_Writes``: deliveries before the engine's
+writes, each transaction in as few messages as its answers allow), and the migration bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
 (``mypy --strict`` checks every call against it), and one libpq underneath speaks every
@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import math
 import time
 import weakref
@@ -468,6 +469,14 @@ REFUSED = "PCR01"
 _CHECK_QUOTE = "$pitcrew_check$"
 
 
+#: Set by the writes' task (``_Writes._begin``) for each work it runs: the event a transaction
+#: sets when it sends its ``COMMIT`` (``_Message.send``), and the connection the work runs on.
+_COMMITTING: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
+    "pitcrew_committing", default=None
+)
+_SLOT: contextvars.ContextVar[int] = contextvars.ContextVar("pitcrew_slot", default=0)
+
+
 class _Message:
     """What a transaction has not sent yet, sent as one simple query (``send``): the statements
     (``parts``), how many rows of batches they hold, and its ``check`` statements, numbered."""
@@ -503,6 +512,9 @@ class _Message:
         """Send the message; the cursor at the ``answer``-th statement's answer from the end (one a
         statement, in order). A ``check`` that found no row raises what it refuses with."""
         checks, self.checks = self.checks, []
+        committing = _COMMITTING.get() if self.parts[-1] == "COMMIT" else None
+        if committing is not None:  # the next delivery's transaction may begin (``_Writes._serve``)
+            committing.set()
         try:
             cursor = await conn.execute(";\n".join(self.parts))
         except psycopg.Error as exc:
@@ -529,12 +541,12 @@ def _locking(lock: str) -> str:
 
 
 class _Writes:
-    """The connection every write under the write lock commits on (webhook deliveries, a batch at
-    a time, and the engine's writes), one transaction at a time, driven by a task of its own on
-    the event loop, as SQLite's writer runs its transactions in its thread. A transaction is a
-    few messages (``_transaction``: a batch of deliveries two), so it waits for the loop once a
-    message, and nothing else waits for it: its callers hand it over and hear back once. The connection is
-    made on first use and again after the database dropped it.
+    """The connections every write under the write lock commits on (webhook deliveries, a batch at
+    a time, and the engine's writes), one transaction at a time on each, driven by a task of its
+    own on the event loop, as SQLite's writer runs its transactions in its thread. A transaction
+    is a few messages (``_transaction``: a batch of deliveries two), so it waits for the loop once a
+    message, and nothing else waits for it: its callers hand it over and hear back once. A
+    connection is made on first use and again after the database dropped it.
 
     On the loop, not in a thread: a thread's every round trip gave up the interpreter and then
     waited for a loop busy with webhooks to give it back, up to the interpreter's switch interval
@@ -548,7 +560,16 @@ class _Writes:
     before the engine's writes queued earlier, so an acknowledgement waits for at most the one
     transaction under way, not for every write an incident's flow queued. The engine is not
     starved: two batches of deliveries never run in a row while an engine write waits, so one
-    waits for at most one batch."""
+    waits for at most one batch.
+
+    Once the transaction under way has sent its ``COMMIT``, the next write (waiting, or the
+    first to come before that commit is answered) begins at once on a second connection
+    (``_serve``): its first message waits in the server for the write lock, which that commit
+    lets go, instead of being sent only after the loop has come round to read the commit's
+    answer. Never more than two transactions at once, the older one only waiting for its commit,
+    and the write lock still runs them one after the other; two that overlap were both
+    unanswered, so either order is one their callers could have seen. So an acknowledgement
+    waits for at most the transaction under way and one committing."""
 
     def __init__(
         self,
@@ -571,7 +592,8 @@ class _Writes:
         self._lanes = _Lanes()
         name = "pitcrew-store-writes" if locked else "pitcrew-store-prunes"
         self._task = asyncio.get_running_loop().create_task(self._serve(), name=name)
-        self._conn: Conn | None = None
+        #: One connection a transaction at once (``_serve``): two under the write lock, one for retention.
+        self._conns: list[Conn | None] = [None, None] if locked else [None]
         self._idle = _Idle(check_after)
         self._closed = False
         #: When a transaction last committed here (monotonic); -inf after the database failed one.
@@ -636,34 +658,86 @@ class _Writes:
         return (await self.drive(op, exclusive=exclusive, first=True)).result
 
     async def _serve(self) -> None:
+        """Each work in its turn (``_Lanes``), one at a time, but for one waiting when the work
+        under way sends its ``COMMIT``: that one begins at once on the other connection, and the
+        next waits for the older to end (``_overlap``)."""
+        running: set[asyncio.Task[None]] = set()
         try:
             while (work := await self._lanes.get()) is not None:
-                try:
-                    await work()
-                except Exception:  # a work hands its failure to its callers; this never ends the task
-                    log.exception("a write's work failed")
+                task, committing = self._begin(work, 0, running)
+                await committing.wait()
+                await self._overlap(task, running)
         finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
             await self._drop()
+
+    async def _overlap(self, task: asyncio.Task[None], running: set[asyncio.Task[None]]) -> None:
+        """While ``task`` commits (its ``COMMIT`` sent), begin the next work (``_Lanes.take``), one
+        waiting or the first to come before ``task`` ends, on the other connection; each one, once
+        its own ``COMMIT`` is sent, waits for the one before to end. Then ``task`` and what began
+        after it have ended. Retention's writes (not ``locked``) never overlap: nothing would
+        order them."""
+        slot = 0
+        while not task.done() and self._locked:
+            work = self._lanes.take()
+            if work is None:  # one that comes while ``task`` commits begins then
+                arrival = asyncio.ensure_future(self._lanes.arrival())
+                await asyncio.wait([task, arrival], return_when=asyncio.FIRST_COMPLETED)
+                arrival.cancel()
+                continue
+            slot = 1 - slot
+            after, committing = self._begin(work, slot, running)
+            await committing.wait()
+            await asyncio.wait([task])
+            task = after
+        await asyncio.wait([task])
+
+    def _begin(
+        self, work: Callable[[], Awaitable[None]], slot: int, running: set[asyncio.Task[None]]
+    ) -> tuple[asyncio.Task[None], asyncio.Event]:
+        """``work`` in a task of its own on connection ``slot``; the event its transaction sets once
+        it has sent its ``COMMIT``, or once it has ended."""
+        committing = asyncio.Event()
+
+        async def run() -> None:
+            _COMMITTING.set(committing)
+            _SLOT.set(slot)
+            try:
+                await work()
+            except Exception:  # a work hands its failure to its callers; this never ends the task
+                log.exception("a write's work failed")
+            finally:
+                committing.set()
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"pitcrew-store-write-{slot}")
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return task, committing
 
     async def _run(self, op: Op[T], exclusive: bool) -> Driving[T]:
         lock = None  # retention's: no lock
         if self._locked:
             lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         conn = None
+        slot = _SLOT.get()
         try:
-            if self._conn is not None and self._idle.stale(self._conn):
+            conn = self._conns[slot]
+            if conn is not None and self._idle.stale(conn):
                 try:  # still there after a quiet spell? (as ``PostgresStore._live`` checks)
-                    await AsyncConnectionPool.check_connection(self._conn)
+                    await AsyncConnectionPool.check_connection(conn)
                 except psycopg.OperationalError:
-                    await self._drop()
-            if self._conn is None or self._conn.closed:
-                self._conn = await psycopg.AsyncConnection[DictRow].connect(self._url, **self._kwargs())
-            conn = self._conn
+                    await self._drop(slot)
+            conn = self._conns[slot]
+            if conn is None or conn.closed:
+                conn = await psycopg.AsyncConnection[DictRow].connect(self._url, **self._kwargs())
+                self._conns[slot] = conn
             driven = await _transaction(conn, op, lock)
             self._idle.used(conn)
         except _UNAVAILABLE as exc:
             self.committed_at = float("-inf")
-            await self._drop()
+            await self._drop(slot)
             # Not a refused connect: the pool's connections may be fine (the server out of
             # connection slots, say), and replacing them would fail them too.
             if conn is not None and _is_lost(conn, exc):
@@ -672,11 +746,13 @@ class _Writes:
         self.committed_at = time.monotonic()
         return driven
 
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
+    async def _drop(self, slot: int | None = None) -> None:
+        """Close the connection ``slot`` (``None``: each)."""
+        for index in range(len(self._conns)) if slot is None else (slot,):
+            conn, self._conns[index] = self._conns[index], None
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
 
     async def close(self) -> None:
         """The writes already queued commit first; then the connection is closed."""
@@ -708,6 +784,16 @@ class _Lanes:
         while not (self._first or self._rest or self._closing):
             self._ready.clear()
             await self._ready.wait()
+        return self.take()
+
+    async def arrival(self) -> None:
+        """Until a work waits."""
+        while not (self._first or self._rest):
+            self._ready.clear()
+            await self._ready.wait()
+
+    def take(self) -> Callable[[], Awaitable[None]] | None:
+        """The work ``get`` would take now, if one waits; else ``None``."""
         if self._first and not (self._rest and self._after_first):
             self._after_first = True
             return self._first.popleft()

@@ -80,8 +80,9 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
     postgres_db: PostgresDatabase,
 ) -> None:
     """The write lock held elsewhere: one engine write waits for it in the server, three more
-    queue behind it, then a delivery comes. Once the lock is let go the delivery commits second,
-    right after the write already under way, not fifth."""
+    come behind it, then a delivery. The first of the three begins at once, the write under way
+    having sent its ``COMMIT`` (``_Writes._overlap``); the delivery commits third, right after
+    those two, not fifth."""
     store = await _opened(postgres_db)
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
@@ -101,8 +102,54 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
             kind = event.kind if event.kind.startswith("engine-") else "delivery"
             if event.incident_id in (None, opened) and order[-1:] != [kind]:
                 order.append(kind)
-        assert order[:2] == ["engine-0", "delivery"], order
-        assert sorted(order[2:]) == ["engine-1", "engine-2", "engine-3"], order
+        assert order[:3] == ["engine-0", "engine-1", "delivery"], order
+        assert sorted(order[3:]) == ["engine-2", "engine-3"], order
+    finally:
+        await store.close()
+
+
+async def test_a_write_waiting_when_a_commit_is_sent_begins_at_once_on_a_second_connection(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """An engine write and a delivery come together, two more engine writes behind them; the
+    first taken sends its ``COMMIT``, which waits in the server for a table held elsewhere (the
+    write lock held meanwhile). The other, waiting, begins at once on a second connection and
+    waits in the server for the write lock: two of the store's sessions wait, never three. Once
+    the table is let go every one commits, the two first before the rest (two transactions that
+    overlap were both unanswered: either order is one their callers could have seen)."""
+    store = await _opened(postgres_db)
+    try:
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            holder.autocommit = False
+            holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+            engine = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
+            delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
+            more = [asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2)]
+            waiting: list[tuple[object, ...]] = []
+            for _ in range(300):
+                waiting = watch.execute(
+                    "SELECT pid, wait_event_type, wait_event FROM pg_stat_activity WHERE datname ="
+                    " current_database() AND application_name = 'pitcrew' AND wait_event_type = 'Lock'"
+                ).fetchall()
+                if len(waiting) >= 2:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)  # a third would have begun by now
+            waiting = watch.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'pitcrew' AND wait_event_type = 'Lock' ORDER BY wait_event"
+            ).fetchall()
+            assert waiting == [("advisory",), ("relation",)], waiting
+            holder.commit()
+            await asyncio.wait_for(asyncio.gather(engine, delivery, *more), timeout=15)
+        (opened,) = delivery.result().opened
+        order: list[str] = []
+        for event in await store.events_since(0):  # the delivery's events as one
+            kind = event.kind if event.kind.startswith("engine-") else "delivery"
+            if event.incident_id in (None, opened) and order[-1:] != [kind]:
+                order.append(kind)
+        assert sorted(order[:2]) == ["delivery", "engine-0"], order
+        assert sorted(order[2:]) == ["engine-1", "engine-2"], order  # overlapping: in either order
     finally:
         await store.close()
 
@@ -111,10 +158,11 @@ async def test_deliveries_that_come_while_the_writes_are_busy_commit_in_one_tran
     postgres_db: PostgresDatabase,
 ) -> None:
     """The write lock held elsewhere, an engine write waits for it in the server; eight deliveries
-    come one after the other meanwhile. Once the lock is let go they commit in one transaction
-    (their alerts' ``xmin``), the writes taking every one waiting when they begin it: handed over as
-    batches as they came, the first two were batches of their own, each waiting for the writes,
-    and the rest a third."""
+    come one after the other meanwhile. The first begins at once, alone (the engine write has sent
+    its ``COMMIT``: ``_Writes._overlap``); once the lock is let go the seven that came while it
+    waited commit in one transaction (their alerts' ``xmin``), the writes taking every one waiting
+    when they begin it: handed over as batches as they came, the first two were batches of their
+    own, each waiting for the writes, and the rest a third."""
     store = await _opened(postgres_db)
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
@@ -131,7 +179,10 @@ async def test_deliveries_that_come_while_the_writes_are_busy_commit_in_one_tran
                 "SELECT fingerprint, xmin::text::bigint FROM alerts WHERE fingerprint LIKE 'new-%'"
             ).fetchall()
         assert len(found) == 8 and all(len(d.result().opened) == 1 for d in deliveries), found
-        assert len({xmin for _, xmin in found}) == 1, sorted(found)
+        together: dict[int, list[str]] = {}
+        for fingerprint, xmin in sorted(found):
+            together.setdefault(int(cast(int, xmin)), []).append(str(fingerprint))
+        assert sorted(together.values(), key=len) == [["new-1"], [f"new-{n}" for n in range(2, 9)]], together
     finally:
         await store.close()
 
