@@ -513,7 +513,7 @@ class _Message:
         statement, in order). A ``check`` that found no row raises what it refuses with."""
         checks, self.checks = self.checks, []
         committing = _COMMITTING.get() if self.parts[-1] == "COMMIT" else None
-        if committing is not None:  # the next delivery's transaction may begin (``_Writes._serve``)
+        if committing is not None:  # the next write may begin (``_Writes._overlap``)
             committing.set()
         try:
             cursor = await conn.execute(";\n".join(self.parts))
@@ -557,8 +557,9 @@ class _Writes:
     and 5 ms at p90.
 
     Webhook deliveries go first (``put``, ``_Lanes``): the next batch of deliveries is taken
-    before the engine's writes queued earlier, so an acknowledgement waits for at most the one
-    transaction under way, not for every write an incident's flow queued. The engine is not
+    before the engine's writes queued earlier, so an acknowledgement waits for at most the
+    transaction under way (and one committing, below), not for every write an incident's flow
+    queued. The engine is not
     starved: two batches of deliveries never run in a row while an engine write waits, so one
     waits for at most one batch.
 
@@ -569,7 +570,10 @@ class _Writes:
     answer. Never more than two transactions at once, the older one only waiting for its commit,
     and the write lock still runs them one after the other; two that overlap were both
     unanswered, so either order is one their callers could have seen. So an acknowledgement
-    waits for at most the transaction under way and one committing."""
+    waits for at most the transaction under way and one committing. Measured under
+    ``bench/ingest.py``'s warm-up and first saturated stream on one replica, eight pairs
+    alternated with one at a time: p99 12.3 ms against 14.0 (the medians), lower in six pairs;
+    the run's noise is as large (11 to 16 ms for the same code)."""
 
     def __init__(
         self,
@@ -658,9 +662,8 @@ class _Writes:
         return (await self.drive(op, exclusive=exclusive, first=True)).result
 
     async def _serve(self) -> None:
-        """Each work in its turn (``_Lanes``), one at a time, but for one waiting when the work
-        under way sends its ``COMMIT``: that one begins at once on the other connection, and the
-        next waits for the older to end (``_overlap``)."""
+        """Each work in its turn (``_Lanes``), one at a time, but for the next, which begins on the
+        other connection once the one under way has sent its ``COMMIT`` (``_overlap``)."""
         running: set[asyncio.Task[None]] = set()
         try:
             while (work := await self._lanes.get()) is not None:
@@ -755,7 +758,7 @@ class _Writes:
                     await conn.close()
 
     async def close(self) -> None:
-        """The writes already queued commit first; then the connection is closed."""
+        """The writes already queued commit first; then the connections are closed."""
         self._closed = True
         self._lanes.close()
         await asyncio.shield(self._task)
