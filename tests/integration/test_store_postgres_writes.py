@@ -18,7 +18,13 @@ from psycopg.rows import DictRow, dict_row
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert, NewEvent
-from bot.store.postgres import _WRITE_LOCK, BATCH_STATEMENTS, FLUSH_ROWS, PostgresStore, _transaction
+from bot.store.postgres import (
+    _WRITE_LOCK,
+    BATCH_STATEMENTS,
+    FLUSH_ROWS,
+    PostgresStore,
+    _transaction,
+)
 from bot.store.sql import Op, Stmt, check, many, one, run, single
 from tests.harness.postgres import PostgresDatabase
 
@@ -152,6 +158,52 @@ async def test_a_write_waiting_when_a_commit_is_sent_begins_at_once_on_a_second_
         assert sorted(order[2:]) == ["engine-1", "engine-2"], order  # overlapping: in either order
     finally:
         await store.close()
+
+
+async def test_without_a_second_connection_the_writes_run_one_at_a_time(
+    postgres_db: PostgresDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role allowed no more connections than the store has made: the write that would begin
+    beside a committing one cannot make its connection, so it runs after that one on the first,
+    and its caller hears nothing of it (no 503, no engine retry); the writes run one at a time
+    for ``ALONE_FOR`` and say so once."""
+    with postgres_db.login_role("pitcrew_few", "few-secret") as url:
+        with postgres_db.connect() as admin:
+            admin.execute(f"GRANT ALL ON DATABASE {postgres_db.name} TO pitcrew_few")
+            admin.execute("GRANT ALL ON SCHEMA public TO pitcrew_few")
+        password = postgres_db.password_file.with_name("few-password")
+        password.write_text("few-secret\n")
+        store = PostgresStore(url, password_file=password)
+        await store.open()
+        try:
+            await store.ingest(_delivery("warm", "gpu-000"), T0)
+            with postgres_db.connect() as admin, postgres_db.connect() as holder:
+                [(made,)] = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = 'pitcrew_few'"
+                ).fetchall()
+                admin.execute(f"ALTER ROLE pitcrew_few CONNECTION LIMIT {made}")
+                holder.autocommit = False
+                holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+                engine = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
+                delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
+                for _ in range(300):
+                    if any("second connection" in r.getMessage() for r in caplog.records):
+                        break
+                    await asyncio.sleep(0.02)
+                waiting = admin.execute(
+                    "SELECT wait_event FROM pg_stat_activity WHERE usename = 'pitcrew_few'"
+                    " AND wait_event_type = 'Lock'"
+                ).fetchall()
+                assert waiting == [("relation",)], waiting  # the other waits in pitcrew, not beside it
+                holder.commit()
+                await asyncio.wait_for(asyncio.gather(engine, delivery), timeout=15)
+            assert len(delivery.result().opened) == 1
+            more = [store.record(None, NewEvent(f"engine-{n}"), T0) for n in (1, 2, 3)]
+            await asyncio.wait_for(asyncio.gather(*more, store.ingest(_delivery("late", "gpu-002"), T0)), 15)
+        finally:
+            await store.close()
+    said = [r.getMessage() for r in caplog.records if "second connection" in r.getMessage()]
+    assert said == ["the store's writes run one at a time: their second connection could not be made"], said
 
 
 async def test_deliveries_that_come_while_the_writes_are_busy_commit_in_one_transaction(
