@@ -172,6 +172,18 @@ class PostgresDatabase:
                 db.execute(f"DROP OWNED BY {name}")
                 db.execute(f"DROP ROLE {name}")
 
+    @contextlib.contextmanager
+    def store_role(self, name: str, password: str) -> Iterator[tuple[str, Path]]:
+        """``login_role``, allowed all a store does on this database (connect, create its tables in
+        ``public``): its URL and a file holding its password, beside the superuser's."""
+        with self.login_role(name, password) as url:
+            with self.connect() as db:
+                db.execute(f"GRANT ALL ON DATABASE {self.name} TO {name}")
+                db.execute(f"GRANT ALL ON SCHEMA public TO {name}")
+            password_file = self.password_file.with_name(f"{name}-password")
+            password_file.write_text(f"{password}\n")
+            yield url, password_file
+
 
 @pytest.fixture
 def postgres_db(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[PostgresDatabase]:

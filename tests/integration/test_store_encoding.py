@@ -88,13 +88,9 @@ def test_pitcrew_stops_with_one_line_on_a_database_not_in_utf8(
 async def test_a_role_given_another_client_encoding_still_stores_any_text(
     postgres_db: PostgresDatabase,
 ) -> None:
-    with postgres_db.login_role("pitcrew_latin", "latin-secret") as url:
+    with postgres_db.store_role("pitcrew_latin", "latin-secret") as (url, password):
         with postgres_db.connect() as conn:
-            conn.execute(f"GRANT ALL ON DATABASE {postgres_db.name} TO pitcrew_latin")
-            conn.execute("GRANT ALL ON SCHEMA public TO pitcrew_latin")
             conn.execute("ALTER ROLE pitcrew_latin SET client_encoding = 'LATIN1'")
-        password = postgres_db.password_file.with_name("latin-password")
-        password.write_text("latin-secret\n")
         store = PostgresStore(url, password_file=password)
         await store.open()
         try:

@@ -167,12 +167,7 @@ async def test_without_a_second_connection_the_writes_run_one_at_a_time(
     beside a committing one cannot make its connection, so it runs after that one on the first,
     and its caller hears nothing of it (no 503, no engine retry); the writes run one at a time
     for ``ALONE_FOR`` and say so once."""
-    with postgres_db.login_role("pitcrew_few", "few-secret") as url:
-        with postgres_db.connect() as admin:
-            admin.execute(f"GRANT ALL ON DATABASE {postgres_db.name} TO pitcrew_few")
-            admin.execute("GRANT ALL ON SCHEMA public TO pitcrew_few")
-        password = postgres_db.password_file.with_name("few-password")
-        password.write_text("few-secret\n")
+    with postgres_db.store_role("pitcrew_few", "few-secret") as (url, password):
         store = PostgresStore(url, password_file=password)
         await store.open()
         try:
