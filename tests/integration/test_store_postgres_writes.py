@@ -45,16 +45,31 @@ def _connect(database: PostgresDatabase) -> psycopg.Connection[tuple[object, ...
     return psycopg.connect(database.url, password=database.password_file.read_text().strip(), autocommit=True)
 
 
-async def _waiting_for_lock(watch: psycopg.Connection[tuple[object, ...]]) -> None:
+def _waits(watch: psycopg.Connection[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """What each of the store's sessions waiting for a lock waits for (``advisory``, ``relation``)."""
+    return watch.execute(
+        "SELECT wait_event FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND application_name = 'pitcrew' ORDER BY wait_event"
+    ).fetchall()
+
+
+async def _waiting_for_lock(watch: psycopg.Connection[tuple[object, ...]], sessions: int = 1) -> None:
     for _ in range(300):
-        found = watch.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND application_name = 'pitcrew'"
-        ).fetchone()
-        if found is not None and found[0] == 1:
+        if len(_waits(watch)) == sessions:
             return
         await asyncio.sleep(0.02)
-    raise AssertionError("the store's write never waited for the write lock")
+    raise AssertionError(f"{sessions} of the store's writes never waited for a lock")
+
+
+async def _order(store: PostgresStore, opened: str) -> list[str]:
+    """The engine's events (``engine-N``) and the delivery's (its incident ``opened``, its alert:
+    ``delivery``, once), in the order they were written."""
+    order: list[str] = []
+    for event in await store.events_since(0):
+        kind = event.kind if event.kind.startswith("engine-") else "delivery"
+        if event.incident_id in (None, opened) and order[-1:] != [kind]:
+            order.append(kind)
+    return order
 
 
 async def _opened(database: PostgresDatabase) -> PostgresStore:
@@ -102,12 +117,7 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
             holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
             await asyncio.wait_for(asyncio.gather(first, *queued, delivery), timeout=15)
         (opened,) = delivery.result().opened
-        events = await store.events_since(0)
-        order: list[str] = []
-        for event in events:  # the delivery's events (its incident opened, its alert) as one
-            kind = event.kind if event.kind.startswith("engine-") else "delivery"
-            if event.incident_id in (None, opened) and order[-1:] != [kind]:
-                order.append(kind)
+        order = await _order(store, opened)
         assert order[:3] == ["engine-0", "engine-1", "delivery"], order
         assert sorted(order[3:]) == ["engine-2", "engine-3"], order
     finally:
@@ -131,29 +141,14 @@ async def test_a_write_waiting_when_a_commit_is_sent_begins_at_once_on_a_second_
             engine = asyncio.ensure_future(store.record(None, NewEvent("engine-0"), T0))
             delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
             more = [asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2)]
-            waiting: list[tuple[object, ...]] = []
-            for _ in range(300):
-                waiting = watch.execute(
-                    "SELECT pid, wait_event_type, wait_event FROM pg_stat_activity WHERE datname ="
-                    " current_database() AND application_name = 'pitcrew' AND wait_event_type = 'Lock'"
-                ).fetchall()
-                if len(waiting) >= 2:
-                    break
-                await asyncio.sleep(0.02)
+            await _waiting_for_lock(watch, sessions=2)
             await asyncio.sleep(0.2)  # a third would have begun by now
-            waiting = watch.execute(
-                "SELECT wait_event FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = 'pitcrew' AND wait_event_type = 'Lock' ORDER BY wait_event"
-            ).fetchall()
+            waiting = _waits(watch)
             assert waiting == [("advisory",), ("relation",)], waiting
             holder.commit()
             await asyncio.wait_for(asyncio.gather(engine, delivery, *more), timeout=15)
         (opened,) = delivery.result().opened
-        order: list[str] = []
-        for event in await store.events_since(0):  # the delivery's events as one
-            kind = event.kind if event.kind.startswith("engine-") else "delivery"
-            if event.incident_id in (None, opened) and order[-1:] != [kind]:
-                order.append(kind)
+        order = await _order(store, opened)
         assert sorted(order[:2]) == ["delivery", "engine-0"], order
         assert sorted(order[2:]) == ["engine-1", "engine-2"], order  # overlapping: in either order
     finally:
