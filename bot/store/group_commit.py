@@ -10,9 +10,9 @@ caller hears back only after that commit.
 
 Taken when the transaction begins, not handed over when formed: a delivery waits for at most the
 transaction under way (and one that has sent its ``COMMIT``: ``bot.store.postgres._Writes``) and
-then its own. Before, a task formed batches and handed up to two over at
-once; a batch formed while the writes were busy then sat in their queue with what it had, and
-deliveries that came meanwhile gathered into a third. Timed under ``bench/ingest.py``'s saturated
+then its own. Before, a task formed batches and handed up to two over at once; a batch formed
+while the writes were busy then sat in their queue with what it had, and deliveries that came
+meanwhile gathered into a third. Timed under ``bench/ingest.py``'s saturated
 stream on Postgres (one replica, 465 deliveries that stored something new), a delivery waited
 3.7 ms (p50) for a batch to be formed, 6.2 ms for the writes, and ran 4.1 ms; taken when the
 transaction begins, it waits 2.2 ms and runs 4.2 ms, in batches of two instead of one and a half.

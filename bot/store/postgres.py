@@ -563,9 +563,8 @@ class _Writes:
     Webhook deliveries go first (``put``, ``_Lanes``): the next batch of deliveries is taken
     before the engine's writes queued earlier, so an acknowledgement waits for at most the
     transaction under way (and one committing, below), not for every write an incident's flow
-    queued. The engine is not
-    starved: two batches of deliveries never run in a row while an engine write waits, so one
-    waits for at most one batch.
+    queued. The engine is not starved: two batches of deliveries never run in a row while an
+    engine write waits, so one waits for at most one batch.
 
     Once the transaction under way has sent its ``COMMIT``, the next write (waiting, or the
     first to come before that commit is answered) begins at once on a second connection

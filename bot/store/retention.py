@@ -26,11 +26,11 @@ and commits without an fsync of its own (``bot.store.writer.Redoable``: a prune 
 is done again); on Postgres they run beside the other writes, without the write lock
 (``PostgresStore._prune_transact``). Each is sized by how long the previous one's statements took
 (``BUDGET``, ``SHARED_BUDGET`` on SQLite: halved when longer, doubled when under half of it) and is
-followed by a pause ``PACE`` times as long as the whole write took (``BESIDE_PACE`` on Postgres), so
-webhooks never wait long and never for most of the time. What one transaction costs is its commit more than its deletes (an
-fsync on Postgres), hence a budget on the statements' own time: a slow disk does not starve the
-prune down to a few alerts per commit. Each transaction is fenced like every engine write, so only
-the leader prunes. Written once for both stores (``bot.store.sql``); the query that finds closed
+followed by a pause ``PACE`` times as long as the whole write took (``BESIDE_PACE`` on Postgres),
+so webhooks never wait long and never for most of the time. What one transaction costs is its
+commit more than its deletes (an fsync on Postgres), hence a budget on the statements' own time:
+a slow disk does not starve the prune down to a few alerts per commit. Each transaction is fenced
+like every engine write, so only the leader prunes. Written once for both stores (``bot.store.sql``); the query that finds closed
 incidents reads them oldest first by ``incidents_closed`` (``{by_closed_at}``),
 whatever the number of incidents kept.
 """
