@@ -111,15 +111,15 @@ def _submit(group: GroupCommit, *fingerprints: str) -> list[asyncio.Task[int | N
 
 
 @pytest.fixture
-async def thread() -> AsyncIterator[Writes]:
+async def writes() -> AsyncIterator[Writes]:
     made = Writes()
     yield made
     made.release(100)
     await made.close()
 
 
-async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(thread: Writes) -> None:
-    group = GroupCommit(thread)
+async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(writes: Writes) -> None:
+    group = GroupCommit(writes)
     group.start()
     first = _submit(group, "")
     await asyncio.sleep(0.05)  # its transaction begun, waiting to commit
@@ -127,66 +127,66 @@ async def test_what_comes_while_a_transaction_runs_is_the_next_one_whole(thread:
     for _ in range(5):  # one at a time: each would have been a batch of its own, handed over
         rest += _submit(group, "")
         await asyncio.sleep(0.01)
-    thread.release(2)
+    writes.release(2)
     assert await asyncio.gather(*first, *rest) == [0] * 6
-    assert thread.ran == ["d1", "d5"]
+    assert writes.ran == ["d1", "d5"]
     await group.stop()
 
 
 async def test_more_than_a_batch_waiting_goes_in_turns_and_an_engine_write_waiting_goes_between(
-    thread: Writes,
+    writes: Writes,
 ) -> None:
-    group = GroupCommit(thread, batch=3)
+    group = GroupCommit(writes, batch=3)
     group.start()
     first = _submit(group, "")
     await asyncio.sleep(0.05)
     rest = _submit(group, *[""] * 7)
     await asyncio.sleep(0.05)
-    thread.engine_write("engine")
-    thread.release(4)
+    writes.engine_write("engine")
+    writes.release(4)
     assert await asyncio.gather(*first, *rest) == [0] * 8
-    assert thread.ran == ["d1", "engine", "d3", "d3", "d1"]
+    assert writes.ran == ["d1", "engine", "d3", "d3", "d1"]
     await group.stop()
 
 
 async def test_a_batch_failing_on_one_delivery_runs_each_alone_and_only_that_one_fails(
-    thread: Writes,
+    writes: Writes,
 ) -> None:
-    group = GroupCommit(thread)
+    group = GroupCommit(writes)
     group.start()
     first = _submit(group, "")
     await asyncio.sleep(0.05)
     batch = _submit(group, "fp1", "bad", "fp2")
     await asyncio.sleep(0.05)
-    thread.release(2)
+    writes.release(2)
     outcomes = await asyncio.gather(*first, *batch, return_exceptions=True)
     assert outcomes[0] == 0 and outcomes[1] is None and outcomes[3] is None, outcomes
     assert isinstance(outcomes[2], ValueError), outcomes
-    assert thread.heard == ["alone"] * 3
+    assert writes.heard == ["alone"] * 3
     await group.stop()
 
 
-async def test_the_database_failing_is_every_caller_s_once_the_store_has_heard_it(thread: Writes) -> None:
-    group = GroupCommit(thread)
+async def test_the_database_failing_is_every_caller_s_once_the_store_has_heard_it(writes: Writes) -> None:
+    group = GroupCommit(writes)
     group.start()
-    thread.failures = [None, StoreUnavailable("server closed the connection")]
+    writes.failures = [None, StoreUnavailable("server closed the connection")]
     first = _submit(group, "")
     await asyncio.sleep(0.05)
     calls = _submit(group, "fp1", "fp2")
     await asyncio.sleep(0.05)
-    thread.release(2)
+    writes.release(2)
     assert await asyncio.gather(*first) == [0]
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     assert [str(o) for o in outcomes] == ["server closed the connection"] * 2, outcomes
     assert all(isinstance(o, StoreUnavailable) for o in outcomes)
-    assert thread.heard == ["failed: server closed the connection"]  # never run alone
+    assert writes.heard == ["failed: server closed the connection"]  # never run alone
     await group.stop()
 
 
-async def test_closed_writes_fail_its_callers_and_leaves_nothing_queued(thread: Writes) -> None:
-    group = GroupCommit(thread)
+async def test_closed_writes_fail_its_callers_and_leaves_nothing_queued(writes: Writes) -> None:
+    group = GroupCommit(writes)
     group.start()
-    await thread.close()
+    await writes.close()
     with pytest.raises(StoreUnavailable):
         await asyncio.gather(*_submit(group, "fp1"))
     with pytest.raises(StoreUnavailable):  # tried again, not left waiting behind the first
@@ -194,8 +194,8 @@ async def test_closed_writes_fail_its_callers_and_leaves_nothing_queued(thread: 
     await asyncio.wait_for(group.stop(), timeout=5)
 
 
-async def test_stop_commits_what_is_queued_then_refuses(thread: Writes) -> None:
-    group = GroupCommit(thread)
+async def test_stop_commits_what_is_queued_then_refuses(writes: Writes) -> None:
+    group = GroupCommit(writes)
     group.start()
     tasks = _submit(group, "")
     await asyncio.sleep(0.05)
@@ -206,9 +206,9 @@ async def test_stop_commits_what_is_queued_then_refuses(thread: Writes) -> None:
     stopping = asyncio.create_task(group.stop())
     await asyncio.sleep(0.05)
     assert not stopping.done()
-    thread.release(2)
+    writes.release(2)
     await asyncio.wait_for(stopping, timeout=5)
-    assert [t.result() for t in tasks] == [0] * 3 and thread.ran == ["d1", "d3"]
+    assert [t.result() for t in tasks] == [0] * 3 and writes.ran == ["d1", "d3"]
     with pytest.raises(StoreUnavailable):
         await group.repeats([], NOW)
 
