@@ -106,13 +106,13 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
         ):
             add(seen, keys, ts(check.now) or "")
             results[index] = len(keys)
-    if seen:
-        yield bump_seen(rows(seen))
     jobs = [(i, item) for i, item in enumerate(items) if isinstance(item, Ingest)]
-    if jobs:
-        stored = yield from ingest([(job.delivery, job.now) for _, job in jobs], known)
+    if jobs:  # the repeats counted in the new deliveries' one update of the counters
+        stored = yield from ingest([(job.delivery, job.now) for _, job in jobs], known, rows(seen))
         for (index, _), outcome in zip(jobs, stored, strict=True):
             results[index] = outcome
+    elif seen:
+        yield bump_seen(rows(seen))
     return results
 
 

@@ -35,15 +35,22 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterable[Sequence[T]]:
 KeyState = tuple[AlertStatus, str | None]
 
 
+#: A delivery counter's increment (``bump_seen``): last seen, deliveries, fingerprint, startsAt.
+Seen = tuple[str | None, int, str, str]
+
+
 def ingest(
     deliveries: Sequence[tuple[Delivery, datetime]],
     cache: Mapping[tuple[str, str], KeyState],
+    counted: Sequence[Seen] = (),
 ) -> Op[list[IngestOutcome]]:
     """Persist deliveries in arrival order with a fixed number of statements for the whole batch.
 
     ``cache`` holds committed keys; the database answers the rest in one query. Every read is
     done first, the batch is worked out in memory (later deliveries see earlier ones), then
     each table gets one ``executemany``: a burst of deliveries costs about as much as one.
+    ``counted``: repeat deliveries the transaction counts besides (a batch's repeat checks), in
+    the batch's one update of the counters (``Batch.write``).
     """
     all_keys = [[dedupe_key(a.fingerprint, a.starts_at) for a in d.alerts] for d, _ in deliveries]
     known: dict[tuple[str, str], KeyState] = {}
@@ -66,7 +73,7 @@ def ingest(
     if missing:
         found, active, faults_of = yield from _look_up(missing, nodes)
         known.update(found)
-    batch = Batch(known, active, faults_of)
+    batch = Batch(known, active, faults_of, counted)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
     ]
@@ -82,11 +89,12 @@ class Batch:
         known: dict[tuple[str, str], KeyState],
         active: dict[str, tuple[str, str]],
         faults_of: dict[str, set[str]],
+        counted: Sequence[Seen] = (),
     ) -> None:
         self.known, self.active, self.faults_of = known, active, faults_of
         self.incidents: list[tuple[Any, ...]] = []
         self.inserts: list[tuple[Any, ...]] = []
-        self.seen: list[tuple[str | None, int, str, str]] = []
+        self.seen: list[Seen] = list(counted)
         self.resolves: list[tuple[Any, ...]] = []
         self.changed: list[tuple[str | None, str]] = []
         self.events: list[tuple[str | None, NewEvent, datetime]] = []
@@ -207,16 +215,17 @@ class Batch:
                 "INSERT INTO alert_deliveries (fingerprint, starts_at, deliveries, last_seen) VALUES (?, ?, 1, ?)",
                 [(row[0], row[1], row[-1]) for row in self.inserts],
             )
-        if self.seen:
-            yield bump_seen(self.seen)
         if self.resolves:
             yield many(
                 "UPDATE alerts SET status = 'resolved', ends_at = ? WHERE fingerprint = ? AND starts_at = ?",
                 [(ends, fingerprint, starts) for ends, _, fingerprint, starts in self.resolves],
             )
-            yield bump_seen(
-                [(stamp, 1, fingerprint, starts) for _, stamp, fingerprint, starts in self.resolves]
-            )
+        resolved: list[Seen] = [
+            (stamp, 1, fingerprint, starts) for _, stamp, fingerprint, starts in self.resolves
+        ]
+        if self.seen or resolved:
+            # One statement for every counter of the transaction (see ``bump_seen``).
+            yield bump_seen([*self.seen, *resolved])
         if self.changed:
             yield many("UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", self.changed)
         if self.events:
@@ -253,8 +262,16 @@ _BUMP_SEEN_BULK = (
 )
 
 
-def bump_seen(seen: Sequence[tuple[str | None, int, str, str]]) -> Stmt:
-    """Repeat deliveries: ``(last_seen, count, fingerprint, starts_at)``."""
+def bump_seen(seen: Sequence[Seen]) -> Stmt:
+    """Repeat deliveries: ``(last_seen, count, fingerprint, starts_at)``.
+
+    On Postgres a transaction updates counters in one such statement, never two (``Batch.write``,
+    ``bot.store.group_commit.deliveries``): the counts of repeats answered from memory commit
+    without the write lock, beside a batch of deliveries (``PostgresStore._flush``), and two
+    transactions that each lock counter rows in key order in one statement never wait on each
+    other in a cycle, where a batch with two (its repeats, then its resolutions, each in key order)
+    could hold a row the flush waits for while it waits for one the flush holds: a deadlock, which
+    Postgres breaks after a second by failing one. (SQLite's one writer locks no rows.)"""
     return many(
         "UPDATE alert_deliveries SET last_seen = {greatest}(last_seen, ?), deliveries = deliveries + ?"
         " WHERE fingerprint = ? AND starts_at = ?",

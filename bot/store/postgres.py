@@ -16,7 +16,8 @@ authentication and TLS option a site's Postgres may ask for through the ordinary
 ``postgresql://`` URL. A batch of rows (``many``) goes as simple queries (``_batch``,
 ``_transaction``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
 
-Every write transaction but retention's (``_prune_transact``) takes one advisory lock
+Every write transaction but retention's (``_prune_transact``), the lease's and the counts of
+repeats answered from memory (``_count``) takes one advisory lock
 (``_WRITE_LOCK``) first, waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not
 as long as a site's ``statement_timeout`` or ``lock_timeout`` would, so writes of every
 replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on one file: an
@@ -24,11 +25,12 @@ incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never ra
 node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
 skips an event that commits late with a lower number. pitcrew writes a few transactions per
 alert, and deliveries take it once a batch; a batch of repeat deliveries only counts, under the
-lock's shared mode, as do the counts of repeats answered from memory (``count_repeats``). A
-fenced write also locks the leadership row ``FOR SHARE`` in its transaction: a takeover's UPDATE
-waits until it commits, and after a takeover the check finds another epoch and raises ``Deposed``
-with nothing written. The lease's own writes take no advisory lock (a renewal never waits behind a
-long ingest); their times are the database's ``now()``, whatever the replicas' clocks say.
+lock's shared mode, and the counts of repeats answered from memory (``count_repeats``) commit
+without it, beside every other write. A fenced write also locks the leadership row ``FOR SHARE``
+in its transaction: a takeover's UPDATE waits until it commits, and after a takeover the check
+finds another epoch and raises ``Deposed`` with nothing written. The lease's own writes take no
+advisory lock (a renewal never waits behind a long ingest); their times are the database's
+``now()``, whatever the replicas' clocks say.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from bot.store.base import (
     StoreUnavailable,
 )
 from bot.store.group_commit import GroupCommit, Result
-from bot.store.ingest import bump_seen
+from bot.store.ingest import Seen, bump_seen
 from bot.store.repeats import RepeatMemory
 from bot.store.schema import (
     SCHEMA_VERSION,
@@ -135,9 +137,9 @@ FRESH = 1.0
 #: How often the counts of repeats answered from memory are committed: well within ``FRESH``, so a
 #: replica taking only repeats (a standby, a steady state) stays fresh by these commits alone.
 FLUSH_EVERY = FRESH / 3
-#: Counters committed by one transaction of a flush: a flush of a busy second's repeats (1,500
-#: counters under ``bench/ingest.py``) held the writes for 37 ms at the median, and every
-#: delivery that came meanwhile waited behind it; a chunk at a time, they go between chunks.
+#: Counters committed by one transaction of a flush (``PostgresStore._count``): a flush of a busy
+#: second's repeats is 1,500 counters under ``bench/ingest.py``, and a delivery that counts one of
+#: them waits for the chunk that holds it to commit, not for the whole flush.
 FLUSH_ROWS = 250
 #: libpq's TCP settings, each unless the URL sets it. When the node under Postgres dies, or a link
 #: on the way goes down, nothing comes back (no reset, no close): a connection waiting for an
@@ -1390,19 +1392,17 @@ class PostgresStore(SqlStore):
             await self._flush()
 
     async def _flush(self) -> None:
-        """Commit the repeat deliveries counted in memory (under the write lock's shared mode, as a
-        batch of repeats), ``FLUSH_ROWS`` counters a transaction: deliveries waiting for the writes'
-        thread go first, between two. A chunk that fails is counted again for the next flush, and
-        the rest waits for it."""
+        """Commit the repeat deliveries counted in memory, ``FLUSH_ROWS`` counters a transaction
+        (``_count``). A chunk that fails is counted again for the next flush, and the rest waits
+        for it."""
         memory = self._shared.memory
         for _ in range(math.ceil(len(memory.seen) / FLUSH_ROWS)):  # what is counted now, no more
-            writes = self._shared.writes
-            if not memory.seen or writes is None:
+            if not memory.seen or self._shared.writes is None:
                 return
             rows = memory.take(FLUSH_ROWS)
             try:
                 # Shielded: the counts it carries were answered 200 already.
-                await asyncio.shield(writes.drive(single(bump_seen(rows)), exclusive=False))
+                await asyncio.shield(self._count(rows))
             except asyncio.CancelledError:
                 memory.flushed(committed=True)  # the shielded write goes on without us
                 raise
@@ -1411,6 +1411,27 @@ class PostgresStore(SqlStore):
                 memory.flushed(committed=False)
                 return
             memory.flushed(committed=True)
+
+    async def _count(self, rows: Sequence[Seen]) -> None:
+        """One chunk of a flush: its counters, one statement committed by itself on a connection of
+        the pool, neither under the write lock nor in the writes' turn. It writes only counters of
+        alerts stored already, as one statement in key order, as every transaction does
+        (``bump_seen``), so it needs nothing the lock keeps: deliveries, the engine's writes and
+        other replicas' flushes go on beside it, and it waits only for a transaction counting the
+        same alerts. In the writes' turn, under the lock's shared mode, every delivery that came
+        while a chunk ran waited for all of it, in pitcrew and then in the server: a chunk took
+        3.7 to 6 ms under ``bench/ingest.py``'s saturated stream, however few its rows, and a
+        flush was several. A commit here is one of this replica's, as the writes' are: a replica
+        taking only repeats stays fresh by its flushes (``FRESH``), and one whose flush finds the
+        database gone no longer is."""
+        writes = self._writes()
+        try:
+            async with self._conn() as conn:
+                await _drive(conn, single(bump_seen(rows)))
+        except StoreUnavailable:
+            writes.committed_at = float("-inf")
+            raise
+        writes.committed_at = time.monotonic()
 
     def _alert(self, alert: AlertRecord) -> AlertRecord:
         """Include repeat deliveries counted in memory and not yet committed."""

@@ -1,8 +1,8 @@
 """How a Postgres store's writes reach the database (``bot.store.postgres._Writes``), on a real
 throwaway cluster: webhook deliveries go before the engine's writes queued earlier, those that
 come while the writes are busy commit together in the next transaction, one whose caller went is
-committed before the store closes, and they go between the chunks of a large flush of repeat
-counts, which commits every count."""
+committed before the store closes; the counts of repeats answered from memory commit beside
+them, without the write lock, and hold no delivery back."""
 
 from __future__ import annotations
 
@@ -263,45 +263,72 @@ async def test_a_delivery_whose_caller_goes_is_committed_before_the_store_closes
             await store.close()
 
 
-async def test_a_large_flush_of_repeats_lets_a_delivery_through_between_its_chunks(
+def _counts(watch: psycopg.Connection[tuple[object, ...]], like: str) -> list[tuple[object, ...]]:
+    """Each counter of the alerts whose fingerprint is ``like``: its deliveries, the transaction
+    that last wrote it (``xmin``)."""
+    return watch.execute(
+        "SELECT deliveries, xmin::text::bigint FROM alert_deliveries WHERE fingerprint LIKE %s", (like,)
+    ).fetchall()
+
+
+async def _counted_twice(watch: psycopg.Connection[tuple[object, ...]], like: str, alerts: int) -> list[int]:
+    """Until each of ``alerts`` counters counts two deliveries (a flush committed them all): the
+    transactions that wrote them."""
+    for _ in range(300):
+        rows = _counts(watch, like)
+        if len(rows) == alerts and all(deliveries == 2 for deliveries, _ in rows):
+            return sorted(cast(set[int], {xmin for _, xmin in rows}))  # bigints
+        await asyncio.sleep(0.02)
+    twice = sum(deliveries == 2 for deliveries, _ in rows)
+    raise AssertionError(f"a count was never committed: {twice} of {alerts} counters count two")
+
+
+async def _repeated(store: PostgresStore, prefix: str, alerts: int) -> None:
+    """``alerts`` alerts stored, then delivered again: a repeat of each counted in memory."""
+    stored = _delivery(prefix, "gpu-000", alerts)
+    await store.ingest(stored, T0)
+    counted = await store.count_repeats([(a.fingerprint, a.starts_at, a.status) for a in stored.alerts], T0)
+    assert counted == alerts  # from memory: the database was not asked
+
+
+async def test_a_flush_of_repeats_commits_while_the_write_lock_is_held_elsewhere(
     postgres_db: PostgresDatabase,
 ) -> None:
-    """Repeats of 600 alerts counted in memory; the flush's first chunk waits for the write lock
-    held elsewhere, and a new delivery comes. Once the lock is let go, every count is committed,
-    in ``FLUSH_ROWS`` counters a transaction, and the delivery commits after the first chunk,
-    before the last (the rows' ``xmin``: the transaction that last wrote each)."""
+    """Repeats of 600 alerts counted in memory while another session holds the write lock: the
+    flush commits every count without it, in ``FLUSH_ROWS`` counters a transaction."""
     alerts = 600
     store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
     await store.open()
     try:
-        stored = _delivery("rep", "gpu-000", alerts)
-        await store.ingest(stored, T0)
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            await _repeated(store, "rep", alerts)
             holder.execute("SELECT pg_advisory_lock(%s)", (_WRITE_LOCK,))
-            counted = await store.count_repeats(
-                [(a.fingerprint, a.starts_at, a.status) for a in stored.alerts], T0
-            )
-            assert counted == alerts  # from memory: the database was not asked
-            await _waiting_for_lock(watch)  # the flusher's first chunk
-            delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
-            await asyncio.sleep(0.05)
+            chunks = await _counted_twice(watch, "rep-%", alerts)
+            assert len(chunks) == -(-alerts // FLUSH_ROWS), chunks
             holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
-            await asyncio.wait_for(delivery, timeout=15)
-            for _ in range(300):  # the rest of the flush
-                rows = watch.execute(
-                    "SELECT deliveries, xmin::text::bigint FROM alert_deliveries WHERE fingerprint LIKE 'rep-%'"
-                ).fetchall()
-                if all(deliveries == 2 for deliveries, _ in rows):
-                    break
-                await asyncio.sleep(0.02)
-            assert len(rows) == alerts and all(deliveries == 2 for deliveries, _ in rows), "a count was lost"
-            [[new_at]] = watch.execute(
-                "SELECT xmin::text::bigint FROM alert_deliveries WHERE fingerprint = 'new'"
-            ).fetchall()
-        assert isinstance(new_at, int)  # a bigint
-        chunks = sorted(cast(set[int], {xmin for _, xmin in rows}))  # bigints
-        assert len(chunks) == -(-alerts // FLUSH_ROWS), chunks
-        assert chunks[0] < new_at < chunks[-1], (chunks, new_at)
+    finally:
+        await store.close()
+
+
+async def test_a_delivery_never_waits_for_a_flush_of_repeats(postgres_db: PostgresDatabase) -> None:
+    """A flush whose chunk waits for a counter row another session holds: a new delivery commits
+    meanwhile (it was in the writes' turn after the flush, and waited in the server for the write
+    lock the flush held in its shared mode); the flush commits every count once the row is let go."""
+    alerts = 3
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    try:
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            await _repeated(store, "held", alerts)
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM alert_deliveries WHERE fingerprint = 'held-0001' FOR UPDATE")
+            await _waiting_for_lock(watch)  # the flush, at the row
+            outcome = await asyncio.wait_for(store.ingest(_delivery("new", "gpu-001"), T0), timeout=10)
+            assert outcome.new_alerts == 1, outcome
+            assert [deliveries for deliveries, _ in _counts(watch, "held-%")] == [1] * alerts  # still waiting
+            assert _waits(watch) == [("transactionid",)]
+            holder.execute("COMMIT")
+            assert len(await _counted_twice(watch, "held-%", alerts)) == 1
     finally:
         await store.close()
 
