@@ -880,6 +880,8 @@ class _Shared:
     idle: _Idle = field(default_factory=_Idle)
     #: Commits the counts of ``memory`` every ``FLUSH_EVERY`` seconds.
     flusher: asyncio.Task[None] | None = None
+    #: A flush's chunks under way (``PostgresStore._count``): the store closes once they end.
+    counting: set[asyncio.Task[None]] = field(default_factory=set)
     #: The replication the server's commits got at the last ``ping`` (``/readyz``), if any yet.
     replication: Replication | None = None
     #: Probes' reads given up (``ping``), until their cancelling ends.
@@ -1033,6 +1035,8 @@ class PostgresStore(SqlStore):
                 with contextlib.suppress(asyncio.CancelledError):
                     await flusher
                 await self._flush()  # repeats answered 200 are on disk before the store closes
+            # A chunk the flusher left as it was cancelled still commits on the pool, before it closes.
+            await asyncio.gather(*self._shared.counting, return_exceptions=True)
         finally:
             # Probes' reads given up end first (psycopg's cancelling is bounded): they hold connections.
             await asyncio.gather(*self._shared.abandoned, return_exceptions=True)
@@ -1400,9 +1404,12 @@ class PostgresStore(SqlStore):
             if not memory.seen or self._shared.writes is None:
                 return
             rows = memory.take(FLUSH_ROWS)
+            counting = asyncio.ensure_future(self._count(rows))
+            self._shared.counting.add(counting)
+            counting.add_done_callback(_forget(self._shared.counting))
             try:
                 # Shielded: the counts it carries were answered 200 already.
-                await asyncio.shield(self._count(rows))
+                await asyncio.shield(counting)
             except asyncio.CancelledError:
                 memory.flushed(committed=True)  # the shielded write goes on without us
                 raise

@@ -333,6 +333,33 @@ async def test_a_delivery_never_waits_for_a_flush_of_repeats(postgres_db: Postgr
         await store.close()
 
 
+async def test_the_store_closes_once_a_flush_s_chunk_under_way_has_committed(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """The store closes while a flush's chunk waits at a counter row another session holds: the
+    close waits for that chunk (the flusher, cancelled, left it going on the pool), and each count
+    is committed when it returns."""
+    alerts = 3
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    closing: asyncio.Future[None] | None = None
+    try:
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            await _repeated(store, "closing", alerts)
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM alert_deliveries WHERE fingerprint = 'closing-0001' FOR UPDATE")
+            await _waiting_for_lock(watch)  # the flush, at the row
+            closing = asyncio.ensure_future(store.close())
+            await asyncio.sleep(0.3)
+            assert not closing.done(), "closed with a count not committed"
+            holder.execute("COMMIT")
+            await asyncio.wait_for(closing, timeout=10)
+            assert [deliveries for deliveries, _ in _counts(watch, "closing-%")] == [2] * alerts
+    finally:
+        if closing is None or not closing.done():
+            await store.close()
+
+
 class _Refused(Exception):
     pass
 
