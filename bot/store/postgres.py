@@ -401,14 +401,15 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 
 
 async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
-    """``op`` in one transaction under ``lock`` (``None``: none, retention's), on the writes'
-    connection (``_Writes``), in as few messages as its answers allow: ``BEGIN``, the
-    transaction's settings (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the
-    lock go with the first statement, the rows of batches (``many``, ``put``: nothing to answer)
-    and the conditions (``check``: a fenced write's lease check, which fails in the server if it
-    finds no row: ``_Message``) with the statement after them, up to ``BATCH_STATEMENTS`` rows a
-    message, and ``COMMIT`` with the last: the operation's last statement read (``last``, a
-    ``single`` write) or its last rows. Each message is one simple query, its values bound by
+    """``op`` in one transaction under ``lock`` (``None``: none, retention's and a flush's), on
+    the writes' connection (``_Writes``) or a flush's of the pool (``PostgresStore._count``), in as
+    few messages as its answers allow: ``BEGIN``, the transaction's settings
+    (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the lock go with the first
+    statement, the rows of batches (``many``, ``put``: nothing to answer) and the conditions
+    (``check``: a fenced write's lease check, which fails in the server if it finds no row:
+    ``_Message``) with the statement after them, up to ``BATCH_STATEMENTS`` rows a message, and
+    ``COMMIT`` with the last: the operation's last statement read (``last``, a ``single`` write)
+    or its last rows. Each message is one simple query, its values bound by
     psycopg's client-side quoting as ``_batch`` binds rows; the answer read is its last
     statement's, or the one before ``COMMIT``. A statement that fails ends its message there, the
     rest unsent, and the transaction is rolled back.
@@ -1428,13 +1429,16 @@ class PostgresStore(SqlStore):
         same alerts. In the writes' turn, under the lock's shared mode, every delivery that came
         while a chunk ran waited for all of it, in pitcrew and then in the server: a chunk took
         3.7 to 6 ms under ``bench/ingest.py``'s saturated stream, however few its rows, and a
-        flush was several. A commit here is one of this replica's, as the writes' are: a replica
-        taking only repeats stays fresh by its flushes (``FRESH``), and one whose flush finds the
-        database gone no longer is."""
+        flush was several. A transaction of its own, as the writes' are (``_transaction``: one
+        message, at READ COMMITTED whatever the site's default, so a chunk that waited for a row
+        another transaction counted adds to what that one committed instead of failing to
+        serialize). A commit here is one of this replica's, as the writes' are: a replica taking
+        only repeats stays fresh by its flushes (``FRESH``), and one whose flush finds the database
+        gone no longer is."""
         writes = self._writes()
         try:
             async with self._conn() as conn:
-                await _drive(conn, single(bump_seen(rows)))
+                await _transaction(conn, single(bump_seen(rows)), None)
         except StoreUnavailable:
             writes.committed_at = float("-inf")
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -331,6 +332,40 @@ async def test_a_delivery_never_waits_for_a_flush_of_repeats(postgres_db: Postgr
             assert len(await _counted_twice(watch, "held-%", alerts)) == 1
     finally:
         await store.close()
+
+
+async def test_a_flush_adds_to_a_count_committed_while_it_waited_whatever_the_default_isolation(
+    postgres_db: PostgresDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database's transactions default to REPEATABLE READ; a flush's chunk waits at a counter
+    row another transaction updates, which then commits: the chunk runs at READ COMMITTED, adds
+    to that count and commits (at REPEATABLE READ it failed to serialize, and was tried again)."""
+    caplog.set_level(logging.WARNING, logger="pitcrew.store.postgres")
+    with postgres_db.connect() as admin:
+        admin.execute(
+            f"ALTER DATABASE \"{postgres_db.name}\" SET default_transaction_isolation = 'repeatable read'"
+        )
+    alerts = 3
+    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await store.open()
+    try:
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            await _repeated(store, "strict", alerts)
+            holder.execute("BEGIN")
+            holder.execute(
+                "UPDATE alert_deliveries SET deliveries = deliveries + 10 WHERE fingerprint = 'strict-0001'"
+            )
+            await _waiting_for_lock(watch)  # the flush, at the row
+            holder.execute("COMMIT")
+            for _ in range(300):
+                counts = sorted(cast(int, deliveries) for deliveries, _ in _counts(watch, "strict-%"))
+                if counts == [2, 2, 12]:
+                    break
+                await asyncio.sleep(0.02)
+            assert counts == [2, 2, 12], counts
+    finally:
+        await store.close()
+    assert not [r for r in caplog.records if "repeat deliveries" in r.getMessage()], caplog.text
 
 
 async def test_the_store_closes_once_a_flush_s_chunk_under_way_has_committed(
