@@ -22,12 +22,14 @@ engine's writes still get their turn: two batches of deliveries never run in a r
 waits (``bot.store.postgres._Lanes``).
 
 A batch is worked out by one operation (``deliveries``): the repeat checks of the batch first
-(one lookup of their keys, one update of the counters of those that are repeats), then the new
-deliveries through ``bot.store.ingest`` with what that lookup found. A batch that stores anything
+(one lookup of their keys), then the new deliveries through ``bot.store.ingest`` with what that
+lookup found, the counters of the checks that are repeats updated with theirs. A batch that stores anything
 new takes the store's write lock (``exclusive``), so incident numbers, one incident per node and
 the order of events stay what one writer at a time makes them; a batch of repeats only counts,
 under the lock's shared mode: repeats of several replicas commit side by side, never beside a
-writer. Every batch updates counters in key order, so two batches never wait on each other's rows.
+writer. Every batch updates counters in one statement, in key order (``bump_seen``), so neither
+two batches nor a batch and a flush of counts (which takes no lock) wait on each other's rows in
+a cycle.
 Most repeats never come here: a replica answers those it remembers from memory and commits their
 counts every second (``bot.store.repeats``); a batch looks up only what it does not remember, or
 what comes while the database has not committed for a second.
@@ -91,7 +93,7 @@ def exclusive(items: Sequence[Item]) -> bool:
 
 
 def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
-    """The batch's repeat checks (one lookup, one counter update), then its new deliveries."""
+    """The batch's repeat checks (one lookup), then its new deliveries; every counter in one update."""
     results: list[Result] = [None] * len(items)
     checks = [(i, item) for i, item in enumerate(items) if isinstance(item, Repeats)]
     known: dict[tuple[str, str], KeyState] = {}

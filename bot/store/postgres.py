@@ -16,21 +16,20 @@ authentication and TLS option a site's Postgres may ask for through the ordinary
 ``postgresql://`` URL. A batch of rows (``many``) goes as simple queries (``_batch``,
 ``_transaction``), never as psycopg's pipelined ``executemany``: see ``_batch`` for why.
 
-Every write transaction but retention's (``_prune_transact``), the lease's and the counts of
-repeats answered from memory (``_count``) takes one advisory lock
-(``_WRITE_LOCK``) first, waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not
-as long as a site's ``statement_timeout`` or ``lock_timeout`` would, so writes of every
-replica are serialised as SQLite's ``BEGIN IMMEDIATE`` serialises processes on one file: an
-incident number (``MAX(seq) + 1``) is never taken twice, two deliveries never race for one
-node's incident, and events are numbered in commit order, so a reader of ``events_since`` never
-skips an event that commits late with a lower number. pitcrew writes a few transactions per
-alert, and deliveries take it once a batch; a batch of repeat deliveries only counts, under the
-lock's shared mode, and the counts of repeats answered from memory (``count_repeats``) commit
-without it, beside every other write. A fenced write also locks the leadership row ``FOR SHARE``
-in its transaction: a takeover's UPDATE waits until it commits, and after a takeover the check
-finds another epoch and raises ``Deposed`` with nothing written. The lease's own writes take no
-advisory lock (a renewal never waits behind a long ingest); their times are the database's
-``now()``, whatever the replicas' clocks say.
+Every write transaction but retention's (``_prune_transact``), the lease's and a flush's of
+repeat counts (``_count``) takes one advisory lock (``_WRITE_LOCK``) first, waiting for it as
+long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not as long as a site's ``statement_timeout``
+or ``lock_timeout`` would, so writes of every replica are serialised as SQLite's ``BEGIN
+IMMEDIATE`` serialises processes on one file: an incident number (``MAX(seq) + 1``) is never
+taken twice, two deliveries never race for one node's incident, and events are numbered in
+commit order, so a reader of ``events_since`` never skips an event that commits late with a
+lower number. pitcrew writes a few transactions per alert, and deliveries take it once a batch;
+a batch of repeat deliveries only counts, under the lock's shared mode, and the counts of repeats
+answered from memory (``count_repeats``) commit beside every other write. A fenced write also
+locks the leadership row ``FOR SHARE`` in its transaction: a takeover's UPDATE waits until it
+commits, and after a takeover the check finds another epoch and raises ``Deposed`` with nothing
+written. The lease's own writes take no advisory lock (a renewal never waits behind a long
+ingest); their times are the database's ``now()``, whatever the replicas' clocks say.
 """
 
 from __future__ import annotations
@@ -623,8 +622,8 @@ class _Writes:
         exclusive: bool = True,
         first: bool = False,
     ) -> Driving[T]:
-        """``op`` in one transaction under the write lock, or its shared mode (a flush of repeat
-        counts, a batch of repeat deliveries); ``first``: before the writes waiting that are not (a
+        """``op`` in one transaction under the write lock, or its shared mode (a batch of repeat
+        deliveries run alone); ``first``: before the writes waiting that are not (a
         delivery run alone after its batch failed, ``alone``). A caller cancelled before its
         transaction began leaves it undone; once begun, it commits or fails without the caller."""
         if self._closed:
@@ -1421,20 +1420,20 @@ class PostgresStore(SqlStore):
             memory.flushed(committed=True)
 
     async def _count(self, rows: Sequence[Seen]) -> None:
-        """One chunk of a flush: its counters, one statement committed by itself on a connection of
-        the pool, neither under the write lock nor in the writes' turn. It writes only counters of
-        alerts stored already, as one statement in key order, as every transaction does
-        (``bump_seen``), so it needs nothing the lock keeps: deliveries, the engine's writes and
-        other replicas' flushes go on beside it, and it waits only for a transaction counting the
-        same alerts. In the writes' turn, under the lock's shared mode, every delivery that came
-        while a chunk ran waited for all of it, in pitcrew and then in the server: a chunk took
-        3.7 to 6 ms under ``bench/ingest.py``'s saturated stream, however few its rows, and a
-        flush was several. A transaction of its own, as the writes' are (``_transaction``: one
-        message, at READ COMMITTED whatever the site's default, so a chunk that waited for a row
-        another transaction counted adds to what that one committed instead of failing to
-        serialize). A commit here is one of this replica's, as the writes' are: a replica taking
-        only repeats stays fresh by its flushes (``FRESH``), and one whose flush finds the database
-        gone no longer is."""
+        """One chunk of a flush: its counters, one statement in a transaction of its own on a
+        connection of the pool, neither under the write lock nor in the writes' turn. It writes
+        only counters of alerts stored already, in one statement in key order, as every
+        transaction does (``bump_seen``), so it needs nothing the lock keeps: deliveries, the
+        engine's writes and other replicas' flushes go on beside it, and it waits only for a
+        transaction counting the same alerts. In the writes' turn, under the lock's shared mode,
+        every delivery that came while a chunk ran waited for all of it, in pitcrew and then in
+        the server: a chunk took 3.7 to 6 ms under ``bench/ingest.py``'s saturated stream, however
+        few its rows, and a flush was several. Its transaction is one message (``_transaction``),
+        at READ COMMITTED whatever the site's default, so a chunk that waited for a row another
+        transaction counted adds to what that one committed instead of failing to serialize. A
+        commit here is one of this replica's, as the writes' are: a replica taking only repeats
+        stays fresh by its flushes (``FRESH``), and one whose flush finds the database gone no
+        longer is."""
         writes = self._writes()
         try:
             async with self._conn() as conn:

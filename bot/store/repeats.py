@@ -182,8 +182,8 @@ def add(counts: Counts, keys: Iterable[Key], stamp: str) -> None:
 
 def rows(counts: Counts) -> list[tuple[str, int, str, str]]:
     """``counts`` as ``bump_seen`` rows, in key order: two transactions counting the same alerts
-    (two replicas' batches or flushes, under the write lock's shared mode) lock their rows in the
-    same order, so neither waits on the other's."""
+    (two replicas' batches, under the write lock's shared mode, or flushes, under none) lock their
+    rows in the same order, so neither waits on the other's."""
     return [(stamp, n, *key) for key, (stamp, n) in sorted(counts.items())]
 
 
