@@ -311,27 +311,39 @@ async def test_a_flush_of_repeats_commits_while_the_write_lock_is_held_elsewhere
         await store.close()
 
 
+@contextlib.asynccontextmanager
+async def _flush_at_a_held_row(
+    database: PostgresDatabase, prefix: str, hold: str = "SELECT 1 FROM alert_deliveries {} FOR UPDATE"
+) -> AsyncIterator[
+    tuple[PostgresStore, psycopg.Connection[tuple[object, ...]], psycopg.Connection[tuple[object, ...]]]
+]:
+    """An open store whose flush's chunk waits at a counter row (``{prefix}-0001``, of three repeats
+    counted in memory) that ``holder``'s open transaction holds (``hold``, formatted with the
+    row's ``WHERE``): the store, ``holder`` and a session to ``watch`` with. The store is closed after."""
+    store = PostgresStore(database.url, password_file=database.password_file)
+    await store.open()
+    try:
+        with _connect(database) as holder, _connect(database) as watch:
+            await _repeated(store, prefix, 3)
+            holder.execute("BEGIN")
+            holder.execute(hold.format(f"WHERE fingerprint = '{prefix}-0001'"))
+            await _waiting_for_lock(watch)  # the flush, at the row
+            yield store, holder, watch
+    finally:
+        await store.close()  # once more if the test closed it: nothing left to close
+
+
 async def test_a_delivery_never_waits_for_a_flush_of_repeats(postgres_db: PostgresDatabase) -> None:
     """A flush whose chunk waits for a counter row another session holds: a new delivery commits
     meanwhile (it was in the writes' turn after the flush, and waited in the server for the write
     lock the flush held in its shared mode); the flush commits every count once the row is let go."""
-    alerts = 3
-    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
-    await store.open()
-    try:
-        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            await _repeated(store, "held", alerts)
-            holder.execute("BEGIN")
-            holder.execute("SELECT 1 FROM alert_deliveries WHERE fingerprint = 'held-0001' FOR UPDATE")
-            await _waiting_for_lock(watch)  # the flush, at the row
-            outcome = await asyncio.wait_for(store.ingest(_delivery("new", "gpu-001"), T0), timeout=10)
-            assert outcome.new_alerts == 1, outcome
-            assert [deliveries for deliveries, _ in _counts(watch, "held-%")] == [1] * alerts  # still waiting
-            assert _waits(watch) == [("transactionid",)]
-            holder.execute("COMMIT")
-            assert len(await _counted_twice(watch, "held-%", alerts)) == 1
-    finally:
-        await store.close()
+    async with _flush_at_a_held_row(postgres_db, "held") as (store, holder, watch):
+        outcome = await asyncio.wait_for(store.ingest(_delivery("new", "gpu-001"), T0), timeout=10)
+        assert outcome.new_alerts == 1, outcome
+        assert [deliveries for deliveries, _ in _counts(watch, "held-%")] == [1, 1, 1]  # still waiting
+        assert _waits(watch) == [("transactionid",)]
+        holder.execute("COMMIT")
+        assert len(await _counted_twice(watch, "held-%", 3)) == 1
 
 
 async def test_a_flush_adds_to_a_count_committed_while_it_waited_whatever_the_default_isolation(
@@ -345,26 +357,15 @@ async def test_a_flush_adds_to_a_count_committed_while_it_waited_whatever_the_de
         admin.execute(
             f"ALTER DATABASE \"{postgres_db.name}\" SET default_transaction_isolation = 'repeatable read'"
         )
-    alerts = 3
-    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
-    await store.open()
-    try:
-        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            await _repeated(store, "strict", alerts)
-            holder.execute("BEGIN")
-            holder.execute(
-                "UPDATE alert_deliveries SET deliveries = deliveries + 10 WHERE fingerprint = 'strict-0001'"
-            )
-            await _waiting_for_lock(watch)  # the flush, at the row
-            holder.execute("COMMIT")
-            for _ in range(300):
-                counts = sorted(cast(int, deliveries) for deliveries, _ in _counts(watch, "strict-%"))
-                if counts == [2, 2, 12]:
-                    break
-                await asyncio.sleep(0.02)
-            assert counts == [2, 2, 12], counts
-    finally:
-        await store.close()
+    adding = "UPDATE alert_deliveries SET deliveries = deliveries + 10 {}"
+    async with _flush_at_a_held_row(postgres_db, "strict", adding) as (_, holder, watch):
+        holder.execute("COMMIT")
+        for _ in range(300):
+            counts = sorted(cast(int, deliveries) for deliveries, _ in _counts(watch, "strict-%"))
+            if counts == [2, 2, 12]:
+                break
+            await asyncio.sleep(0.02)
+        assert counts == [2, 2, 12], counts
     assert not [r for r in caplog.records if "repeat deliveries" in r.getMessage()], caplog.text
 
 
@@ -374,25 +375,13 @@ async def test_the_store_closes_once_a_flush_s_chunk_under_way_has_committed(
     """The store closes while a flush's chunk waits at a counter row another session holds: the
     close waits for that chunk (the flusher, cancelled, left it going on the pool), and each count
     is committed when it returns."""
-    alerts = 3
-    store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
-    await store.open()
-    closing: asyncio.Future[None] | None = None
-    try:
-        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
-            await _repeated(store, "closing", alerts)
-            holder.execute("BEGIN")
-            holder.execute("SELECT 1 FROM alert_deliveries WHERE fingerprint = 'closing-0001' FOR UPDATE")
-            await _waiting_for_lock(watch)  # the flush, at the row
-            closing = asyncio.ensure_future(store.close())
-            await asyncio.sleep(0.3)
-            assert not closing.done(), "closed with a count not committed"
-            holder.execute("COMMIT")
-            await asyncio.wait_for(closing, timeout=10)
-            assert [deliveries for deliveries, _ in _counts(watch, "closing-%")] == [2] * alerts
-    finally:
-        if closing is None or not closing.done():
-            await store.close()
+    async with _flush_at_a_held_row(postgres_db, "closing") as (store, holder, watch):
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0.3)
+        assert not closing.done(), "closed with a count not committed"
+        holder.execute("COMMIT")
+        await asyncio.wait_for(closing, timeout=10)
+        assert [deliveries for deliveries, _ in _counts(watch, "closing-%")] == [2, 2, 2]
 
 
 class _Refused(Exception):
