@@ -18,8 +18,8 @@ stream on Postgres (one replica, 465 deliveries that stored something new), a de
 transaction begins, it waits 2.2 ms and runs 4.2 ms, in batches of two instead of one and a half.
 ``bench/ingest.py --rounds 3``, before and after: saturated p99 22.7 -> 16.1 ms on one replica
 and 16.8 -> 14.3 ms on two; the stored deliveries' p50 16.8 -> 11.1 ms and 8.7 -> 7.8 ms. The
-engine's writes still get their turn: two batches of deliveries never run in a row while one
-waits (``bot.store.postgres._Lanes``).
+engine's writes still get their turn: no more than two batches of deliveries run in a row while
+one waits (``bot.store.postgres._Lanes``).
 
 A batch is worked out by one operation (``deliveries``): the repeat checks of the batch first
 (one lookup of their keys), then the new deliveries through ``bot.store.ingest`` with what that
