@@ -799,7 +799,7 @@ class _Writes:
 
 #: Batches of deliveries the writes run in a row while an engine write waits (``_Lanes``). Two,
 #: not one: under ``bench/ingest.py``'s saturated stream on one replica a stored delivery's batch
-#: came while an engine write waited (the 15 incidents a second the stream closes write five
+#: came while an engine write waited (the dozen incidents a second the stream closes write five
 #: transactions each) and the last batch was a delivery's often enough that it waited for the
 #: engine's 3-5 ms transaction too. Eight pairs alternated (the warm-up and first saturated
 #: stream): p99 11.3 ms against 14.1 at the median, lower in all eight; stored deliveries' p50 7.7
