@@ -267,7 +267,7 @@ def bump_seen(seen: Sequence[Seen]) -> Stmt:
 
     On Postgres a transaction updates counters in one such statement, never two (``Batch.write``,
     ``bot.store.group_commit.deliveries``): the counts of repeats answered from memory commit
-    without the write lock, beside a batch of deliveries (``PostgresStore._flush``), and two
+    without the write lock, beside a batch of deliveries (``PostgresStore._count``), and two
     transactions that each lock counter rows in key order in one statement never wait on each
     other in a cycle, where a batch with two (its repeats, then its resolutions, each in key order)
     could hold a row the flush waits for while it waits for one the flush holds: a deadlock, which

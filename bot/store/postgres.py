@@ -408,10 +408,10 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     (``check``: a fenced write's lease check, which fails in the server if it finds no row:
     ``_Message``) with the statement after them, up to ``BATCH_STATEMENTS`` rows a message, and
     ``COMMIT`` with the last: the operation's last statement read (``last``, a ``single`` write)
-    or its last rows. Each message is one simple query, its values bound by
-    psycopg's client-side quoting as ``_batch`` binds rows; the answer read is its last
-    statement's, or the one before ``COMMIT``. A statement that fails ends its message there, the
-    rest unsent, and the transaction is rolled back.
+    or its last rows. Each message is one simple query, its values bound by psycopg's client-side
+    quoting as ``_batch`` binds rows; the answer read is its last statement's, or the one before
+    ``COMMIT``. A statement that fails ends its message there, the rest unsent, and the
+    transaction is rolled back.
 
     Why: every message is a round trip, and its answer is read when the event loop comes round
     again. A batch of deliveries was eight to ten messages (``BEGIN``, the lock, the lookups, a
@@ -612,7 +612,7 @@ class _Writes:
         self._alone_until = -math.inf
         self._idle = _Idle(check_after)
         self._closed = False
-        #: When a transaction last committed here (monotonic); -inf after the database failed one.
+        #: When a write of this replica last committed (monotonic: ``heard``); -inf after one failed.
         self.committed_at = float("-inf")
 
     async def drive(
@@ -772,15 +772,20 @@ class _Writes:
             driven = await _transaction(conn, op, lock)
             self._idle.used(conn)
         except _UNAVAILABLE as exc:
-            self.committed_at = float("-inf")
+            self.heard(committed=False)
             await self._drop(slot)
             # Not a refused connect: the pool's connections may be fine (the server out of
             # connection slots, say), and replacing them would fail them too.
             if conn is not None and _is_lost(conn, exc):
                 raise _ServerLost(f"{self._where}: {exc}") from exc
             raise StoreUnavailable(f"{self._where}: {exc}") from exc
-        self.committed_at = time.monotonic()
+        self.heard(committed=True)
         return driven
+
+    def heard(self, *, committed: bool) -> None:
+        """This replica's write committed (here, or a flush's chunk on the pool:
+        ``PostgresStore._count``), or the database failed it: ``committed_at``."""
+        self.committed_at = time.monotonic() if committed else float("-inf")
 
     async def _drop(self, slot: int | None = None) -> None:
         """Close the connection ``slot`` (``None``: each)."""
@@ -1449,9 +1454,9 @@ class PostgresStore(SqlStore):
             async with self._conn() as conn:
                 await _transaction(conn, single(bump_seen(rows)), None)
         except StoreUnavailable:
-            writes.committed_at = float("-inf")
+            writes.heard(committed=False)
             raise
-        writes.committed_at = time.monotonic()
+        writes.heard(committed=True)
 
     def _alert(self, alert: AlertRecord) -> AlertRecord:
         """Include repeat deliveries counted in memory and not yet committed."""
