@@ -249,11 +249,11 @@ class Batch:
 #: thousand counters and more, and a statement a row held the write lock's shared mode (and the
 #: deliveries queued behind it) 50-130 ms under ``bench/ingest.py``; this way a third of that.
 #: The rows are summed by key first (a batch may count one alert twice), and locked in key order,
-#: as the statement a row did, so two replicas' flushes never wait on each other's rows.
+#: as the statement a row did, so two replicas' flushes never wait on each other's rows. The rows
+#: come as one JSON array (``bot.store.postgres._bulk``).
 _BUMP_SEEN_BULK = (
-    "WITH v AS (SELECT fingerprint, starts_at, MAX(last_seen) AS last_seen, SUM(n) AS n"
-    " FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) AS r(last_seen, n, fingerprint, starts_at)"
-    " GROUP BY fingerprint, starts_at),"
+    "WITH v AS (SELECT r->>2 AS fingerprint, r->>3 AS starts_at, MAX(r->>0) AS last_seen,"
+    " SUM((r->>1)::bigint) AS n FROM jsonb_array_elements(?::jsonb) AS e(r) GROUP BY 1, 2),"
     " locked AS (SELECT d.fingerprint, d.starts_at FROM alert_deliveries d JOIN v USING (fingerprint, starts_at)"
     " ORDER BY d.fingerprint, d.starts_at FOR UPDATE OF d)"
     " UPDATE alert_deliveries d SET last_seen = GREATEST(d.last_seen, v.last_seen), deliveries = d.deliveries + v.n"

@@ -42,7 +42,7 @@ class Stmt:
     params: Sequence[Any] = ()
     kind: Kind = "run"
     wakes: bool = False
-    #: ``many`` only: the same change as one statement over the rows' columns, each an array
+    #: ``many`` only: the same change as one statement over the rows, one JSON array of them its
     #: parameter (``?``), which Postgres runs instead of a statement a row (``bot.store.postgres``).
     bulk: str | None = None
     #: ``check`` only: the exception raised, and the transaction rolled back, if it finds no row.
