@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -138,8 +138,15 @@ def dumps(value: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 
+#: A fault's fields, in the order ``fault_json`` reads them.
+_FAULT_FIELDS = tuple(field.name for field in fields(Fault))
+
+
 def fault_json(fault: Fault) -> str:
-    return dumps(asdict(fault))
+    """A fault as stored: every field, by name. Read field by field: ``dataclasses.asdict`` copies
+    each value deeply, 10-15 us an alert, and a batch of deliveries works its alerts out under the
+    write lock. A field that is not a scalar would be a change to make here."""
+    return dumps({name: getattr(fault, name) for name in _FAULT_FIELDS})
 
 
 def fault_from(text: str) -> Fault:
