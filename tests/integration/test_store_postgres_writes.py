@@ -317,7 +317,20 @@ async def test_a_flush_counts_each_alert_whatever_its_fingerprint_holds(
     """The counters a flush commits travel as one JSON array (``_bulk``): fingerprints with quotes,
     backslashes, placeholders, JSON's own characters and letters beyond ASCII each reach their own
     row, counted once, and nothing else is counted."""
-    odd = ["o'brien", 'say "hi"', "back\\slash", "50%?", "[1,2]", "{a}", "gpu-ü-日本", "\t", "x" * 64]
+    odd = [
+        f"odd-{text}"
+        for text in (
+            "o'brien",
+            'say "hi"',
+            "back\\slash",
+            "50%?",
+            "[1,2]",
+            "{a}",
+            "gpu-ü-日本",
+            "\t",
+            "x" * 60,
+        )
+    ]
     store = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
     await store.open()
     try:
@@ -326,12 +339,9 @@ async def test_a_flush_counts_each_alert_whatever_its_fingerprint_holds(
                 await store.ingest(_delivery(fingerprint, "gpu-000"), T0)
             for fingerprint in odd:
                 assert await store.count_repeats([(fingerprint, T0, "firing")], T0) == 1
-            for _ in range(300):
-                rows = watch.execute("SELECT fingerprint, deliveries FROM alert_deliveries").fetchall()
-                found = {cast(str, fingerprint): deliveries for fingerprint, deliveries in rows}
-                if all(found.get(fingerprint) == 2 for fingerprint in odd):
-                    break
-                await asyncio.sleep(0.02)
+            await _counted_twice(watch, "odd-%", len(odd))
+            rows = watch.execute("SELECT fingerprint, deliveries FROM alert_deliveries").fetchall()
+            found = {cast(str, fingerprint): deliveries for fingerprint, deliveries in rows}
             assert found == {**dict.fromkeys(odd, 2), "bystander": 1}, found
     finally:
         await store.close()
