@@ -33,22 +33,26 @@ def test_counts_leave_in_key_order_and_a_failed_flush_keeps_them() -> None:
     assert memory.seen == {} and memory.flushing == {}
 
 
-def test_a_flush_in_chunks_takes_the_first_keys_and_a_failed_chunk_keeps_only_its_own() -> None:
+def test_a_flush_in_chunks_takes_the_keys_counted_first_and_a_failed_chunk_keeps_only_its_own() -> None:
     memory = RepeatMemory()
     keys = {fp: dedupe_key(fp, T0) for fp in ("fp-e", "fp-c", "fp-a", "fp-d", "fp-b")}
     memory.remember({key: ("firing", None) for key in keys.values()})
-    for fp in keys:
+    for fp in keys:  # counted e, c, a, d, b
         assert memory.count([(fp, T0, "firing")], T0) == 1
+    assert memory.count([("fp-e", T0, "firing")], T0) == 1  # counted again: still the first counted
     first = memory.take(2)
-    assert [row[2] for row in first] == ["fp-a", "fp-b"]  # in key order, as a whole flush
-    assert set(memory.seen) == {keys["fp-c"], keys["fp-d"], keys["fp-e"]}
+    # The keys counted first, not the smallest: each chunk is a transaction of its own, and its
+    # one statement locks its rows in key order (``rows``), so chunks need no order among them.
+    assert [row[2] for row in first] == ["fp-c", "fp-e"]  # in key order within the chunk
+    assert [row[1] for row in first] == [1, 2]
+    assert set(memory.seen) == {keys["fp-a"], keys["fp-d"], keys["fp-b"]}
     memory.flushed(committed=True)
     second = memory.take(2)
-    assert [row[2] for row in second] == ["fp-c", "fp-d"]
+    assert [row[2] for row in second] == ["fp-a", "fp-d"]
     memory.flushed(committed=False)  # this chunk failed: only its counts come back
-    assert set(memory.seen) == {keys["fp-c"], keys["fp-d"], keys["fp-e"]}
+    assert set(memory.seen) == {keys["fp-a"], keys["fp-d"], keys["fp-b"]}
     assert all(n == 1 for _, n in memory.seen.values())
-    assert [row[2] for row in memory.take(10)] == ["fp-c", "fp-d", "fp-e"]  # fewer left: all
+    assert [row[2] for row in memory.take(10)] == ["fp-a", "fp-b", "fp-d"]  # fewer left: all, in key order
     assert memory.seen == {}
 
 
