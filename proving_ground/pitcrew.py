@@ -48,6 +48,13 @@ DESTRUCTIVE_OPS = (
     "reset_gpu",
 )
 
+#: How long ``Pitcrew.start`` waits for a started pitcrew to answer (seconds). A start takes a
+#: second or two alone (importing its integrations is most of it), but on a machine four to five
+#: times slower than a usual core, under the test suite's six workers, four starts of a whole run
+#: took over 20 s (the limit before), one 10 s from its store's migration to its listener; a
+#: pitcrew that exits meanwhile fails the wait at once, so only a start that hangs waits it out.
+START_TIMEOUT = 60.0
+
 
 class Pitcrew:
     def __init__(
@@ -108,9 +115,10 @@ class Pitcrew:
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout: float = 20.0, *, ready: bool = True) -> Self:
+    def start(self, timeout: float = START_TIMEOUT, *, ready: bool = True) -> Self:
         """Start and wait until ``/readyz`` answers 200 (``ready=False``: until ``/healthz`` does,
-        for a pitcrew that is meant to start not ready)."""
+        for a pitcrew that is meant to start not ready). A pitcrew that exits meanwhile fails the
+        wait at once (``_healthy``)."""
         self.starts += 1
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
