@@ -16,6 +16,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery, gpu_node, inventory
 from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
@@ -31,6 +33,10 @@ def _settled(db: Path) -> bool:
     return bool(notices == len(NODES) and pending == 0)
 
 
+# A limit of its own, above the suite's 180 s: 27 s alone on a slow machine, and 131 s there under
+# the suite's six workers (the notices wait on Slack's rates and on a loaded pitcrew and stand-in),
+# which failed the 120 s it waited for them before.
+@pytest.mark.timeout(330)
 async def test_a_storm_is_one_digest(slack: SlackStandin, tmp_path: Path) -> None:
     world = inventory(tmp_path / "inventory.yaml", {n: gpu_node(f"ml/{n}") for n in NODES}, [])
     config = {
@@ -43,7 +49,7 @@ async def test_a_storm_is_one_digest(slack: SlackStandin, tmp_path: Path) -> Non
         answers = await asyncio.gather(*(pitcrew.post_alerts(delivery(node=n)) for n in NODES))
         assert sum(len(a["opened"]) for a in answers) == len(NODES)
         db = pitcrew.workdir / "pitcrew.db"
-        await until(lambda: _settled(db), timeout=120, what="every notice delivered")
+        await until(lambda: _settled(db), timeout=270, what="every notice delivered")
 
         channel = slack.api.channel_view(CHANNEL)
         digests = [m for m in channel if "storm" in m.text]
