@@ -20,6 +20,8 @@ from typing import Final, Literal, TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from bot import logger
+from bot.domain.durations import format_duration
+from bot.domain.playbooks import Budget
 from bot.engine.backoff import Backoff
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
 from bot.engine.deps import EngineDeps
@@ -47,6 +49,8 @@ class StepOutcome:
 
 #: A step whose next change was held by a pause (``bot.engine.pause``): it runs again after resume.
 HELD: Final = "held"
+#: The event of a resumed step given its one last chance past its deadline (``Executor._last_chance``).
+RESUMED_LATE: Final = "step_resumed_late"
 
 
 class StepFailed(Exception):
@@ -110,7 +114,10 @@ class Executor:
         used = record.attempts if record is not None else 0
         began = time.monotonic()
         try:
-            done = await self._until_done(ctx, definition, deadline, used, budget.attempts)
+            if resumed and deadline <= self._clock():
+                done = await self._last_chance(ctx, definition, budget, started_at, used)
+            else:
+                done = await self._until_done(ctx, definition, deadline, used, budget.attempts)
         except Held as held:
             # Not a failure: the step waits for resume with its progress, and a fresh deadline then.
             await self._store.step_finished(
@@ -206,6 +213,35 @@ class Executor:
                 last_wait = answer.detail
             await self._deps.timer.sleep(min(answer.delay, max(remaining, 0.01)))
 
+    async def _last_chance(
+        self, ctx: StepContext[R], definition: StepDef[R], budget: Budget, started_at: datetime, used: int
+    ) -> Done[R]:
+        """A resumed step whose deadline passed while no pitcrew ran it: pitcrew was down, or the
+        replica running it died and another took the lease late. One more invocation of the same
+        attempt, without retries or polls and bounded by the step's timeout, decides: a step is
+        not failed without being asked once more (a notice not yet posted, a node Ready by now).
+        Once per run of the step (its ``step_resumed_late`` event says it was given), so a crash
+        loop still ends.
+        """
+        late = f"{ctx.step} did not finish within its budget"
+        given = any(
+            e.kind == RESUMED_LATE and e.step == ctx.step and e.at >= started_at
+            for e in await self._store.events_of(ctx.incident.id)
+        )
+        if given:
+            raise StepFailed(f"{late}: timed out, its last chance after a restart taken already", "timeout")
+        await ctx.note(
+            RESUMED_LATE,
+            f"its budget ({format_duration(budget.timeout)}) ran out while no pitcrew ran it: one last try",
+        )
+        current = max(used, 1)
+        answer, _ = await self._attempts(
+            ctx, definition, current, current, self._clock() + budget.timeout, fresh=True
+        )
+        if isinstance(answer, Done):
+            return answer
+        raise StepFailed(f"{late}: {answer.detail}", "timeout")
+
     async def _attempts(
         self,
         ctx: StepContext[R],
@@ -219,7 +255,7 @@ class Executor:
 
         ``current`` is the attempt in progress (0: never started). A restart of pitcrew resumes
         the same attempt: only a failure of the far side uses up the budget, never a crash of
-        pitcrew itself (the step's deadline still bounds a crash loop).
+        pitcrew itself (the step's deadline, then its one last chance, bound a crash loop).
         """
         settings = self._deps.settings
         handler: Handler[R] = definition.handler

@@ -12,7 +12,9 @@ far side within the budget is waited for; the notifier is retried like any port;
 
 Restarts: a restart in the middle of an attempt resumes that attempt (a step with a
 budget of one attempt still completes, its destructive call made once); a restart does not
-reset the step's deadline. Known defect: a far-side call slower than the step's budget is
+reset the step's deadline, but a step whose deadline passed while no pitcrew ran it is asked
+once more (a node Ready by now completes it; one still waiting fails saying what it waited for),
+once: a crash during that last try ends the step. Known defect: a far-side call slower than the step's budget is
 not cut off in virtual time (the executor's per-call timeout is ``asyncio.wait_for``, real
 time, not the engine's ``Timer``).
 """
@@ -230,6 +232,64 @@ async def test_a_restart_does_not_reset_the_deadline(tmp_path: Path) -> None:
         assert done.state.value == "failed" and record.attempts == 1
         assert record.started_at is not None and record.ended_at is not None
         assert 60 <= (record.ended_at - record.started_at).total_seconds() < 70
+
+
+async def _down_past_the_deadline(h: EngineHarness, incident: str, seconds: float) -> None:
+    """pitcrew stops while wait_ready waits, and no pitcrew runs for ``seconds`` of virtual time."""
+    await h.until_event(incident, "step_waiting")
+    await h.engine.stop()
+    await h.time.advance(seconds)
+
+
+async def test_a_step_whose_budget_ran_out_while_pitcrew_was_down_is_asked_once_more(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, **_playbook(wait_ready={"timeout": "60s"})) as h:
+        _not_ready_for(100)(h)  # Ready while no pitcrew ran: failing it untried would fail a good repair
+        incident = await h.alert("gpu-node-02")
+        await _down_past_the_deadline(h, incident, 120)
+        await h.restart(new_process=True)
+        done = await h.until_ended(incident)
+        record = (await h.steps(incident))["wait_ready"]
+        [late] = await h.events(incident, "step_resumed_late", "wait_ready")
+        assert done.state.value == "resolved", done.outcome
+        assert (record.status, record.attempts) == ("ok", 1)  # the same attempt, resumed
+        assert late.detail == "its budget (1m) ran out while no pitcrew ran it: one last try"
+        assert h.calls()[("slurm_resume", "gpu-node-02")] == 1
+
+
+async def test_its_one_last_try_says_what_it_waited_for(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, **_playbook(wait_ready={"timeout": "60s"})) as h:
+        _not_ready_for(None)(h)
+        incident = await h.alert("gpu-node-02")
+        await _down_past_the_deadline(h, incident, 120)
+        asked = h.cluster.calls["node"] + h.cluster.calls["successor"]
+        await h.restart(new_process=True)
+        done = await h.until_ended(incident)
+        assert done.state.value == "failed"
+        assert "wait_ready did not finish within its budget: node gpu-node-02 not Ready yet" in done.outcome
+        assert 0 < h.cluster.calls["node"] + h.cluster.calls["successor"] - asked <= 2  # one check, no polls
+        assert len(await h.events(incident, "step_resumed_late")) == 1
+
+
+async def test_a_crash_during_the_last_try_ends_the_step(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, **_playbook(wait_ready={"timeout": "60s"})) as h:
+        _not_ready_for(None)(h)
+        incident = await h.alert("gpu-node-02")
+        await _down_past_the_deadline(h, incident, 120)
+        h.cluster.script("node", Slow(30))  # the last try is on its way when pitcrew stops again
+        h.cluster.script("successor", Slow(30))
+        await h.restart(settle=False)
+        await h.until_event(incident, "step_resumed_late")
+        await h.engine.stop()
+        await h.time.advance(5)
+        asked = h.cluster.calls["node"] + h.cluster.calls["successor"]
+        await h.restart()
+        done = await h.until_ended(incident)
+        assert done.state.value == "failed"
+        assert (
+            "wait_ready did not finish within its budget: timed out, its last chance after a restart "
+            "taken already" in done.outcome
+        )
+        assert h.cluster.calls["node"] + h.cluster.calls["successor"] == asked  # not asked again
 
 
 async def test_a_far_side_slower_than_the_budget_fails_the_step(tmp_path: Path) -> None:
