@@ -7,7 +7,8 @@ after the jobs are recorded but before DOWN, right after DOWN/cordon/replace/RES
 the far side but before the step is marked done, between two evictions — and restarted
 each time. Two more incidents on other nodes run alongside and are killed wherever they
 happen to be. Every incident must complete, and no destructive call may reach the far side
-twice.
+twice. And one killed inside notify and kept down past that step's budget: started again, pitcrew
+asks the step once more, and the repair completes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bot.config import load_playbooks
 from bot.domain.durations import format_duration
 from bot.engine.steps import REGISTRY
 from tests.harness.pitcrew import Pitcrew
-from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
+from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory, notices
 
 NODES = ("gpu-node-02", "gpu-node-05", "gpu-node-06")
 #: A restarted pitcrew acts once the lease of the one killed has lapsed: short, so each restart is quick.
@@ -33,21 +34,26 @@ LEASE = {"lease": {"ttl": "2s", "renew_every": "0.5s"}}
 ROOM = timedelta(minutes=10)
 
 
-def _roomy_replace_node() -> dict[str, Any]:
-    """replace-node as shipped, each step given at least ``ROOM``. A step's deadline counts from its
-    first start across restarts, and the two incidents killed wherever they are sit through every
-    one of the fourteen restarts: about 45 s alone, minutes on a slow machine under the whole
-    suite, past notify's 30 s. The kills, not the budgets, are what this test is about."""
+def _replace_node(timeout: Callable[[str, timedelta], timedelta]) -> dict[str, Any]:
+    """replace-node as shipped, each step's timeout ``timeout(step, its budget as shipped)``."""
     shipped = load_playbooks().get("replace-node")
     steps = [
         {
             **spec.model_dump(exclude_none=True, exclude_defaults=True),
             "step": spec.step,
-            "timeout": format_duration(max(spec.budget(REGISTRY[spec.step]).timeout, ROOM)),
+            "timeout": format_duration(timeout(spec.step, spec.budget(REGISTRY[spec.step]).timeout)),
         }
         for spec in shipped.steps
     ]
     return {"replace-node": {"steps": steps}}
+
+
+def _roomy_replace_node() -> dict[str, Any]:
+    """replace-node as shipped, each step given at least ``ROOM``. A step's deadline counts from its
+    first start across restarts, and the two incidents killed wherever they are sit through every
+    one of the fourteen restarts: about 45 s alone, minutes on a slow machine under the whole
+    suite, past notify's 30 s. The kills, not the budgets, are what this test is about."""
+    return _replace_node(lambda _step, shipped: max(shipped, ROOM))
 
 
 def _world(tmp: Path) -> Path:
@@ -174,3 +180,35 @@ def test_crash_before_any_far_side_call_still_acts_exactly_once(
     calls = destructive_calls(server.journal_records())
     assert calls[("slurm_down", "gpu-node-02")] == 1
     assert calls[("cordon", "gpu-node-02")] == 1
+
+
+def test_a_step_whose_budget_ran_out_while_pitcrew_was_down_is_asked_once_more(
+    pitcrew_factory: Any, tmp_path: Path
+) -> None:
+    """Killed inside notify and down past its budget (3 s here, 30 s as shipped; a pod whose node
+    died is down for minutes): started again, pitcrew posts the notice and the repair goes on. It
+    failed the step untried, and so the whole repair."""
+    budget = timedelta(seconds=3)
+    server: Pitcrew = pitcrew_factory(
+        "late",
+        config={
+            "mode": "auto",
+            "store": LEASE,
+            "playbooks": _replace_node(lambda step, shipped: budget if step == "notify" else shipped),
+        },
+        world={"inventory": _world(tmp_path), "latency": "1s"},  # notify asks Slurm: a second a call
+    ).start()
+    _, body = server.post_alerts(delivery(node="gpu-node-02"))
+    incident = body["opened"][0]
+    server.wait_event(incident, "step_started", step="notify", interval=0.01)
+    server.kill()  # inside notify: its event below says the step was not done
+    time.sleep(budget.total_seconds() + 1)
+    server.start()
+    final = server.wait_incident(incident, "resolved", "failed", timeout=120)
+    assert final["state"] == "resolved", final
+    [late] = [e for e in final["events"] if e["kind"] == "step_resumed_late"]
+    assert late["step"] == "notify"
+    assert late["detail"] == "its budget (3s) ran out while no pitcrew ran it: one last try"
+    told = [n for n in notices(server.journal_records(), "incident") if n.get("incident_id") == incident]
+    assert len(told) == 1, told
+    assert destructive_calls(server.journal_records())[("replace", "gpu-node-02")] == 1
