@@ -14,9 +14,8 @@ Restarts: a restart in the middle of an attempt resumes that attempt (a step wit
 budget of one attempt still completes, its destructive call made once); a restart does not
 reset the step's deadline, but a step whose deadline passed while no pitcrew ran it is asked
 once more (a node Ready by now completes it; one still waiting fails saying what it waited for),
-once: a crash during that last try ends the step. Known defect: a far-side call slower than the step's budget is
-not cut off in virtual time (the executor's per-call timeout is ``asyncio.wait_for``, real
-time, not the engine's ``Timer``).
+once: a crash during that last try ends the step. A far-side call slower than the step's budget
+is cut off at the deadline, on the engine's timer (so in virtual time too).
 """
 
 from __future__ import annotations
