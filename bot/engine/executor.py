@@ -117,7 +117,10 @@ class Executor:
             if resumed and deadline <= self._clock():
                 done = await self._last_chance(ctx, definition, budget, started_at, used)
             else:
-                done = await self._until_done(ctx, definition, deadline, used, budget.attempts)
+                # Resumed: its first call may take the step's whole timeout, however little of
+                # the deadline is left: a restart late in a step's budget never cuts that call short.
+                at_least = budget.timeout.total_seconds() if resumed else 0.0
+                done = await self._until_done(ctx, definition, deadline, used, budget.attempts, at_least)
         except Held as held:
             # Not a failure: the step waits for resume with its progress, and a fresh deadline then.
             await self._store.step_finished(
@@ -194,8 +197,16 @@ class Executor:
         return task.result()
 
     async def _until_done(
-        self, ctx: StepContext[R], definition: StepDef[R], deadline: datetime, used: int, attempts: int
+        self,
+        ctx: StepContext[R],
+        definition: StepDef[R],
+        deadline: datetime,
+        used: int,
+        attempts: int,
+        at_least: float = 0.0,
     ) -> Done[R]:
+        """Invocations (``_attempts``) and polls until the step is done or its deadline passes; the
+        first call may run for ``at_least`` seconds whatever is left of the deadline."""
         last_wait = ""
         fresh = True  # polls after a Wait continue the same attempt; a restart starts a new one
         while True:
@@ -204,7 +215,9 @@ class Executor:
                 raise StepFailed(
                     f"{ctx.step} did not finish within its budget: {last_wait or 'timed out'}", "timeout"
                 )
-            answer, used = await self._attempts(ctx, definition, used, attempts, deadline, fresh)
+            answer, used = await self._attempts(
+                ctx, definition, used, attempts, deadline, fresh, at_least if fresh else 0.0
+            )
             fresh = False
             if isinstance(answer, Done):
                 return answer
@@ -236,7 +249,7 @@ class Executor:
         )
         current = max(used, 1)
         answer, _ = await self._attempts(
-            ctx, definition, current, current, self._clock() + budget.timeout, fresh=True
+            ctx, definition, current, current, self._clock(), True, budget.timeout.total_seconds()
         )
         if isinstance(answer, Done):
             return answer
@@ -250,8 +263,10 @@ class Executor:
         attempts: int,
         deadline: datetime,
         fresh: bool,
+        at_least: float = 0.0,
     ) -> tuple[Done[R] | Wait, int]:
-        """One invocation of the step, retried on transient errors within the attempt budget.
+        """One invocation of the step, retried on transient errors within the attempt budget, each
+        call bounded by the deadline (the first by ``at_least`` seconds if that is longer).
 
         ``current`` is the attempt in progress (0: never started). A restart of pitcrew resumes
         the same attempt: only a failure of the far side uses up the budget, never a crash of
@@ -292,6 +307,8 @@ class Executor:
                             ctx.incident.id, ctx.step, counter["n"], self._clock(), acted=definition.mutating
                         )
                     remaining = max((deadline - self._clock()).total_seconds(), 0.001)
+                    if attempt.retry_state.attempt_number == 1:
+                        remaining = max(remaining, at_least)
                     async with self._locks.work(ctx.incident.id), self._slots:
                         answer = await self._within(handler(ctx), remaining)
                     return answer, counter["n"]

@@ -14,7 +14,8 @@ Restarts: a restart in the middle of an attempt resumes that attempt (a step wit
 budget of one attempt still completes, its destructive call made once); a restart does not
 reset the step's deadline, but a step whose deadline passed while no pitcrew ran it is asked
 once more (a node Ready by now completes it; one still waiting fails saying what it waited for),
-once: a crash during that last try ends the step. A far-side call slower than the step's budget
+once: a crash during that last try ends the step; and a restart with little of the deadline left
+does not cut the first call short (it may take the step's whole timeout). A far-side call slower than the step's budget
 is cut off at the deadline, on the engine's timer (so in virtual time too).
 """
 
@@ -289,6 +290,20 @@ async def test_a_crash_during_the_last_try_ends_the_step(tmp_path: Path) -> None
             "taken already" in done.outcome
         )
         assert h.cluster.calls["node"] + h.cluster.calls["successor"] == asked  # not asked again
+
+
+async def test_a_restart_late_in_the_budget_does_not_cut_the_first_call_short(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path) as h:
+        h.cluster.script("cordon", Slow(50), Slow(20))  # cordon's budget: 60 s
+        incident = await h.alert("gpu-node-02")
+        await h.run_until(lambda: h.cluster.calls["cordon"] > 0)
+        await h.time.advance(45)  # the call still on its way, 15 s of the budget left
+        await h.restart(new_process=True)  # the far side answers the next call in 20 s
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", done.outcome
+        assert h.cluster.calls["cordon"] == 2
+        assert h.calls()[("cordon", "gpu-node-02")] == 1
+        assert not await h.events(incident, "step_resumed_late")
 
 
 async def test_a_far_side_slower_than_the_budget_fails_the_step(tmp_path: Path) -> None:
