@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, Literal, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
@@ -287,8 +287,17 @@ class Executor:
             self._metrics.integration_error(system, error.reason)
             await ctx.note("step_retry", f"attempt {counter['n']} failed: {error}", reason=error.reason.value)
 
+        exhausted = stop_after_attempt(attempts - counter["n"] + 1)
+
+        def stop(state: RetryCallState) -> bool:
+            """No attempt left, or the next would begin past the deadline (the backoff, or the far
+            side's ``retry_after``, ends after it): escalate now, saying what failed, rather than
+            sleep past the deadline for a call cut off at once."""
+            late = self._clock() + timedelta(seconds=state.upcoming_sleep) >= deadline
+            return exhausted(state) or late
+
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(attempts - counter["n"] + 1),
+            stop=stop,
             wait=Backoff(
                 settings.retry_backoff.total_seconds(), settings.retry_backoff_max.total_seconds()
             ).tenacity_wait(),
@@ -316,7 +325,10 @@ class Executor:
             raise
         except TransientError as exc:
             self._metrics.integration_error(system, exc.reason)
-            raise StepFailed(f"{ctx.step} failed {counter['n']} times, last: {exc}", exc.reason) from exc
+            failed = f"failed {counter['n']} times, last: {exc}"
+            if counter["n"] < attempts:  # attempts were left: the deadline stopped the retries
+                raise StepFailed(f"{ctx.step} did not finish within its budget: {failed}", "timeout") from exc
+            raise StepFailed(f"{ctx.step} {failed}", exc.reason) from exc
         except TimeoutError as exc:  # the step's deadline passed during a call to the far side
             self._metrics.integration_error(system, Reason.TIMEOUT)
             raise StepFailed(

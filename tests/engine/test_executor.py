@@ -8,7 +8,9 @@ defect inside a step (an unexpected exception) escalates instead of killing the 
 PodDisruptionBudget refusal (429) is retried; a ``Wait`` answer is polled until the step is
 done; a step still waiting at its deadline fails "did not finish within its budget"; a slow
 far side within the budget is waited for; the notifier is retried like any port; a far side's
-``retry_after`` is waited for before the next attempt.
+``retry_after`` is waited for before the next attempt; retries stop when the next would begin
+past the step's deadline (a ``retry_after`` past it is not slept through), the escalation saying
+what failed.
 
 Restarts: a restart in the middle of an attempt resumes that attempt (a step with a
 budget of one attempt still completes, its destructive call made once); a restart does not
@@ -200,6 +202,43 @@ async def test_a_far_sides_retry_after_is_waited_for_before_the_next_attempt(tmp
         assert retry.data["reason"] == "rate_limited"
         assert 40.0 <= (second.at - retry.at).total_seconds() <= 40.5
         assert h.sample("pitcrew_integration_errors_total", system="scheduler", reason="rate_limited") == 1
+
+
+async def test_retries_stop_at_the_deadline_saying_what_failed(tmp_path: Path) -> None:
+    """A far side failing for longer than the step's budget, with attempts to spare: the retries
+    stop when the next would begin past the deadline, and the escalation says what failed. They
+    went on until the attempts ran out (cordon with 100 of them: 558 s of a 60 s budget), and in
+    real time a try after the deadline was cut off at once, "a call to the far side was still
+    running"."""
+    unavailable = TransientError("API server answered 503", reason=Reason.UNAVAILABLE)
+    async with EngineHarness(tmp_path, **_playbook(cordon={"attempts": 100})) as h:
+        h.cluster.always("cordon", Fail(unavailable))
+        incident = await h.alert("gpu-node-02")
+        done = await h.until_ended(incident)
+        [started, *_] = await h.events(incident, "step_started", "cordon")
+        [ended] = await h.events(incident, "step_finished", "cordon")
+        tries = len(await h.events(incident, "step_retry", "cordon")) + 1
+        assert done.state.value == "failed"
+        assert (
+            f"cordon did not finish within its budget: failed {tries} times, last: API server answered 503"
+            in done.outcome
+        )
+        assert 5 < tries < 100 and (ended.at - started.at).total_seconds() < 60
+
+
+async def test_a_retry_after_past_the_deadline_is_not_slept_through(tmp_path: Path) -> None:
+    slow_down = TransientError("Slurm said slow down", reason=Reason.RATE_LIMITED, retry_after=120)
+    async with EngineHarness(tmp_path) as h:  # slurm_down's budget: 60 s
+        h.scheduler.script("down", Fail(slow_down))
+        incident = await h.alert("gpu-node-02")
+        done = await h.until_ended(incident)
+        [ended] = await h.events(incident, "step_finished", "slurm_down")
+        assert done.state.value == "failed"
+        assert "slurm_down did not finish within its budget: failed 1 times, last: Slurm said slow down" in (
+            done.outcome
+        )
+        assert (ended.at - done.opened_at).total_seconds() < 1  # escalated at once, not after 120 s
+        assert not await h.events(incident, "step_retry", "slurm_down")
 
 
 # --------------------------------------------------------------------- restarts
