@@ -115,12 +115,11 @@ class Executor:
         began = time.monotonic()
         try:
             if resumed and deadline <= self._clock():
-                done = await self._last_chance(ctx, definition, budget, started_at, used)
-            else:
-                # Resumed: its first call may take the step's whole timeout, however little of
-                # the deadline is left: a restart late in a step's budget never cuts that call short.
-                at_least = budget.timeout.total_seconds() if resumed else 0.0
-                done = await self._until_done(ctx, definition, deadline, used, budget.attempts, at_least)
+                await self._last_chance(ctx, budget, started_at)
+            # Resumed: its first call may take the step's whole timeout, however little of the
+            # deadline is left (none: its last chance), so a restart never cuts that call short.
+            at_least = budget.timeout.total_seconds() if resumed else 0.0
+            done = await self._until_done(ctx, definition, deadline, used, budget.attempts, at_least)
         except Held as held:
             # Not a failure: the step waits for resume with its progress, and a fresh deadline then.
             await self._store.step_finished(
@@ -206,12 +205,12 @@ class Executor:
         at_least: float = 0.0,
     ) -> Done[R]:
         """Invocations (``_attempts``) and polls until the step is done or its deadline passes; the
-        first call may run for ``at_least`` seconds whatever is left of the deadline."""
+        first call is made and may run for ``at_least`` seconds whatever is left of the deadline."""
         last_wait = ""
         fresh = True  # polls after a Wait continue the same attempt; a restart starts a new one
         while True:
             remaining = (deadline - self._clock()).total_seconds()
-            if remaining <= 0:
+            if remaining <= 0 and not (fresh and at_least > 0):
                 raise StepFailed(
                     f"{ctx.step} did not finish within its budget: {last_wait or 'timed out'}", "timeout"
                 )
@@ -226,34 +225,29 @@ class Executor:
                 last_wait = answer.detail
             await self._deps.timer.sleep(min(answer.delay, max(remaining, 0.01)))
 
-    async def _last_chance(
-        self, ctx: StepContext[R], definition: StepDef[R], budget: Budget, started_at: datetime, used: int
-    ) -> Done[R]:
+    async def _last_chance(self, ctx: StepContext[R], budget: Budget, started_at: datetime) -> None:
         """A resumed step whose deadline passed while no pitcrew ran it: pitcrew was down, or the
-        replica running it died and another took the lease late. One more invocation of the same
-        attempt, without retries or polls and bounded by the step's timeout, decides: a step is
-        not failed without being asked once more (a notice not yet posted, a node Ready by now).
-        Once per run of the step (its ``step_resumed_late`` event says it was given), so a crash
-        loop still ends.
+        replica running it died and another took the lease late. Its first call after the restart,
+        which any resumed step's may take the step's whole timeout, is made all the same, and
+        decides, as no retry or poll begins past the deadline: a step is not failed without being
+        asked once more (a notice not yet posted, a node Ready by now). Once per run of the step
+        (its ``step_resumed_late`` event, written here first, says it was given), so a crash loop
+        still ends: given already, the step fails here.
         """
-        late = f"{ctx.step} did not finish within its budget"
         given = any(
             e.kind == RESUMED_LATE and e.step == ctx.step and e.at >= started_at
             for e in await self._store.events_of(ctx.incident.id)
         )
         if given:
-            raise StepFailed(f"{late}: timed out, its last chance after a restart taken already", "timeout")
+            raise StepFailed(
+                f"{ctx.step} did not finish within its budget: timed out, its last chance after a "
+                "restart taken already",
+                "timeout",
+            )
         await ctx.note(
             RESUMED_LATE,
             f"its budget ({format_duration(budget.timeout)}) ran out while no pitcrew ran it: one last try",
         )
-        current = max(used, 1)
-        answer, _ = await self._attempts(
-            ctx, definition, current, current, self._clock(), True, budget.timeout.total_seconds()
-        )
-        if isinstance(answer, Done):
-            return answer
-        raise StepFailed(f"{late}: {answer.detail}", "timeout")
 
     async def _attempts(
         self,

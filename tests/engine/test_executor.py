@@ -17,8 +17,8 @@ budget of one attempt still completes, its destructive call made once); a restar
 reset the step's deadline, but a step whose deadline passed while no pitcrew ran it is asked
 once more (a node Ready by now completes it; one still waiting fails saying what it waited for),
 once: a crash during that last try ends the step; and a restart with little of the deadline left
-does not cut the first call short (it may take the step's whole timeout). A far-side call slower than the step's budget
-is cut off at the deadline, on the engine's timer (so in virtual time too).
+does not cut the first call short (it may take the step's whole timeout). A far-side call slower
+than the step's budget is cut off at the deadline, on the engine's timer (so in virtual time too).
 """
 
 from __future__ import annotations
@@ -329,6 +329,22 @@ async def test_a_crash_during_the_last_try_ends_the_step(tmp_path: Path) -> None
             "taken already" in done.outcome
         )
         assert h.cluster.calls["node"] + h.cluster.calls["successor"] == asked  # not asked again
+
+
+async def test_a_last_try_that_fails_is_not_retried_past_the_deadline(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, **_playbook(wait_ready={"timeout": "60s"})) as h:
+        _not_ready_for(None)(h)
+        incident = await h.alert("gpu-node-02")
+        await _down_past_the_deadline(h, incident, 120)
+        h.cluster.script("node", *transient(1))
+        h.cluster.script("successor", *transient(1))
+        await h.restart(new_process=True)
+        done = await h.until_ended(incident)
+        assert done.state.value == "failed"
+        assert "wait_ready did not finish within its budget: failed 1 times, last: far side unavailable" in (
+            done.outcome
+        )
+        assert not await h.events(incident, "step_retry", "wait_ready")
 
 
 async def test_a_restart_late_in_the_budget_does_not_cut_the_first_call_short(tmp_path: Path) -> None:
