@@ -20,10 +20,12 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +36,7 @@ import yaml
 
 from bot.store.base import PAGE_MAX
 from proving_ground.assets import REPO
-from proving_ground.proc import DemoError, free_port, stop_process, tail, wait_until
+from proving_ground.proc import DemoError, hold_port, stop_process, tail, wait_until
 
 #: Calls that change a node, a pod or a job (the journal's ``op``): what must never happen twice.
 DESTRUCTIVE_OPS = (
@@ -74,7 +76,15 @@ class Pitcrew:
     ) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        #: The port chosen here stays held (``hold_port(shared=True)``) for as long as this object
+        #: lives, or until ``release``: pitcrew binds it beside the hold at each start, and no other
+        #: server takes it between a choice and a start, or a kill and a restart.
+        self._held: socket.socket | None = None
+        if not port:
+            self._held = hold_port(shared=True)
+            weakref.finalize(self, self._held.close)
+            port = int(self._held.getsockname()[1])
+        self.port = port
         self.url = f"http://{host}:{self.port}"
         self.token, self.admin_token, self.read_token = token, admin_token, read_token
         (workdir / "webhook.token").write_text(token + "\n")
@@ -148,6 +158,12 @@ class Pitcrew:
         if self.process is not None:
             stop_process(self.process)
             self.process = None
+
+    def release(self) -> None:
+        """Stop holding the port (once stopped for good): another server may take it then."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no flush, exactly what a node crash or OOM kill does."""

@@ -54,12 +54,21 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def hold_port() -> socket.socket:
+def hold_port(*, shared: bool = False) -> socket.socket:
     """A free port below the ephemeral range, chosen at random, kept bound (not listening) until
     the socket is closed: for a server that must be named in another's configuration long before it
     starts. While held, nobody else's ``free_ports`` or server takes it (a CI run once lost
     Alertmanager's port to another test's server in the minute between choosing it and starting
-    Alertmanager)."""
+    Alertmanager).
+
+    ``shared``: held for a child that binds it itself with ``SO_REUSEADDR`` (pitcrew's listener,
+    asyncio's default), while it is still held, and again after each restart. Bound first
+    without the option, so the port is one nobody holds; the option set afterwards lets Linux bind
+    a second ``SO_REUSEADDR`` socket beside this one, not listening, and nobody else: a bind
+    without the option (``free_ports``, another hold) is refused, and so is any bind once the child
+    listens. So no window is left between choosing the port and the child's bind, nor between a
+    kill and the next start (a CI run once lost pitcrew's port to another worker's server in the
+    seconds its start spends importing before it binds)."""
     low, high = _below_ephemeral()
     while True:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -68,6 +77,8 @@ def hold_port() -> socket.socket:
         except OSError:
             sock.close()
             continue
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         return sock
 
 

@@ -70,3 +70,4 @@ def pitcrew_factory(tmp_path: Path) -> Iterator[Any]:
     yield make
     for server in made:
         server.stop()
+        server.release()

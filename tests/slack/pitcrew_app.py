@@ -15,6 +15,7 @@ import itertools
 import json
 import secrets
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -27,7 +28,7 @@ from aiohttp import web
 from bot.config import load_config
 from bot.runtime import build_app
 from bot.store.base import PAGE_MAX
-from proving_ground.proc import free_port
+from proving_ground.proc import hold_port
 from proving_ground.slack import signing
 from proving_ground.slack.clicks import TIMED_OUT, deliver
 from proving_ground.slack.methods import PITCREW_METHODS
@@ -83,7 +84,9 @@ class SlackPitcrew:
         self.connect_timeout = connect_timeout
         self.wait_connected = wait_connected
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self._held = hold_port(shared=True)  # until closed: bound beside it, taken by nobody else
+        weakref.finalize(self, self._held.close)  # a start that failed never reaches __aexit__
+        self.port = int(self._held.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         secrets = {
             "webhook.token": "test-webhook-token",
@@ -150,6 +153,7 @@ class SlackPitcrew:
             await self._session.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._held.close()
 
     # ------------------------------------------------------------------ requests
     async def request(

@@ -2,7 +2,8 @@
 
 Cases: a missing program is named with the apt-get line that installs it; pitcrew's own share counts the time from opening the incident to its first step and each
 gap between a step (or an approval) ending and the next starting, never the time inside steps or
-the wait for a human; a port that another program holds is named before anything starts; every
+the wait for a human; a port that another program holds is named before anything starts; a port held for pitcrew is
+bound by pitcrew alone, across restarts; every
 scenario ``scripts/demo`` offers exists, and each fault it injects is one the stand-in models; a
 Slack Web API method pitcrew calls that the stand-in does not serve is reported (the demo fails on it).
 """
@@ -18,7 +19,7 @@ import pytest
 from proving_ground.__main__ import parser
 from proving_ground.dcgm import FAULTS
 from proving_ground.ground import preflight
-from proving_ground.proc import free_ports
+from proving_ground.proc import free_ports, hold_port
 from proving_ground.scenarios import SCENARIOS
 from proving_ground.story import own_share
 
@@ -105,6 +106,41 @@ def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     ports = free_ports(200)
     assert len(set(ports)) == 200
     assert all(10000 <= p < low for p in ports)
+
+
+def _bind(port: int, *, reuse: bool) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if reuse:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def test_a_port_held_for_pitcrew_is_bound_by_pitcrew_alone() -> None:
+    """pitcrew's port stays held while pitcrew binds it beside the hold (``SO_REUSEADDR``, asyncio's
+    default), across a restart; a bind without the option (another test's ``free_ports``, a held
+    port) is refused all the while, and so is every bind while pitcrew listens."""
+    held = hold_port(shared=True)
+    port = held.getsockname()[1]
+    try:
+        assert _bind(port, reuse=False) is None  # nobody else's choice
+        for _ in range(2):  # a start, then a restart on the same port
+            server = _bind(port, reuse=True)
+            assert server is not None
+            server.listen()
+            other = _bind(port, reuse=True)
+            assert other is None  # a second listener: refused
+            server.close()
+        assert _bind(port, reuse=False) is None  # between a kill and a restart: still held
+    finally:
+        held.close()
+    again = _bind(port, reuse=False)
+    assert again is not None  # released
+    again.close()
 
 
 class _NoCluster:
