@@ -59,6 +59,17 @@ class StepFailed(Exception):
         self.reason = reason
 
 
+def _same_run(run: object, started_at: datetime) -> bool:
+    """Whether ``run`` (an event's, ISO 8601) names the run of a step that started at
+    ``started_at``: the same instant, whatever offset either was written with."""
+    if not isinstance(run, str):
+        return False
+    try:
+        return datetime.fromisoformat(run) == started_at
+    except ValueError:
+        return False
+
+
 class Executor:
     def __init__(self, deps: EngineDeps, slots: asyncio.Semaphore, locks: IncidentLocks) -> None:
         self._deps = deps
@@ -232,10 +243,13 @@ class Executor:
         decides, as no retry or poll begins past the deadline: a step is not failed without being
         asked once more (a notice not yet posted, a node Ready by now). Once per run of the step
         (its ``step_resumed_late`` event, written here first, says it was given), so a crash loop
-        still ends: given already, the step fails here.
+        still ends: given already, the step fails here. The event names the run by its start
+        (``run``: the step's ``started_at``, which every replica reads from the store), not by when
+        it was written: a replica whose clock runs behind the one that started the step would
+        otherwise not see a chance given after that start as this run's.
         """
         given = any(
-            e.kind == RESUMED_LATE and e.step == ctx.step and e.at >= started_at
+            e.kind == RESUMED_LATE and e.step == ctx.step and _same_run(e.data.get("run"), started_at)
             for e in await self._store.events_of(ctx.incident.id)
         )
         if given:
@@ -247,6 +261,7 @@ class Executor:
         await ctx.note(
             RESUMED_LATE,
             f"its budget ({format_duration(budget.timeout)}) ran out while no pitcrew ran it: one last try",
+            run=started_at.isoformat(),
         )
 
     async def _attempts(

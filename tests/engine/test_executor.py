@@ -16,7 +16,8 @@ Restarts: a restart in the middle of an attempt resumes that attempt (a step wit
 budget of one attempt still completes, its destructive call made once); a restart does not
 reset the step's deadline, but a step whose deadline passed while no pitcrew ran it is asked
 once more (a node Ready by now completes it; one still waiting fails saying what it waited for),
-once: a crash during that last try ends the step; and a restart with little of the deadline left
+once per run of the step, the run named by its start (not by a clock): a crash during that last
+try ends the step; and a restart with little of the deadline left
 does not cut the first call short (it may take the step's whole timeout). A far-side call slower
 than the step's budget is cut off at the deadline, on the engine's timer (so in virtual time too).
 """
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.engine.errors import Reason, TransientError
+from bot.store.base import NewEvent
 from tests.engine.harness import Answer, EngineHarness, Fail, Slow, permanent, transient
 
 Setup = Callable[[EngineHarness], None]
@@ -329,6 +332,34 @@ async def test_a_crash_during_the_last_try_ends_the_step(tmp_path: Path) -> None
             "taken already" in done.outcome
         )
         assert h.cluster.calls["node"] + h.cluster.calls["successor"] == asked  # not asked again
+
+
+async def test_a_last_chance_of_an_earlier_run_is_not_this_run_s(tmp_path: Path) -> None:
+    """The chance is once per run of the step, the run named by its start. The store holds one
+    given to an earlier run of wait_ready, written after this run began by the clock this run's
+    start was read from: the run after a pause was started by a replica whose clock runs behind
+    the one that gave it. This run, outliving its deadline while no pitcrew ran, is asked all the
+    same (a chance matched by when it was written failed it, untried)."""
+    async with EngineHarness(tmp_path, **_playbook(wait_ready={"timeout": "60s"})) as h:
+        _not_ready_for(100)(h)
+        incident = await h.alert("gpu-node-02")
+        await h.until_event(incident, "step_waiting")
+        await h.engine.stop()
+        started = (await h.steps(incident))["wait_ready"].started_at
+        assert started is not None
+        earlier = NewEvent(
+            "step_resumed_late",
+            step="wait_ready",
+            detail="its budget (1m) ran out while no pitcrew ran it: one last try",
+            data={"run": (started - timedelta(minutes=10)).isoformat()},
+        )
+        await h.store.record(incident, earlier, h.time.now())
+        await h.time.advance(120)
+        await h.restart(new_process=True)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", done.outcome
+        given = await h.events(incident, "step_resumed_late", "wait_ready")
+        assert [e.data["run"] for e in given][1:] == [started.isoformat()]
 
 
 async def test_a_last_try_that_fails_is_not_retried_past_the_deadline(tmp_path: Path) -> None:
