@@ -64,7 +64,7 @@ def hold_port(*, shared: bool = False) -> socket.socket:
     ``shared``: held for a child that binds it itself with ``SO_REUSEADDR`` (pitcrew's listener,
     asyncio's default), while it is still held, and again after each restart. Bound first
     without the option, so the port is one nobody holds; the option set afterwards lets Linux bind
-    a second ``SO_REUSEADDR`` socket beside this one, not listening, and nobody else: a bind
+    a second ``SO_REUSEADDR`` socket beside this one (which never listens), and nobody else: a bind
     without the option (``free_ports``, another hold) is refused, and so is any bind once the child
     listens. So no window is left between choosing the port and the child's bind, nor between a
     kill and the next start (a CI run once lost pitcrew's port to another worker's server in the

@@ -245,8 +245,10 @@ class Executor:
         (its ``step_resumed_late`` event, written here first, says it was given), so a crash loop
         still ends: given already, the step fails here. The event names the run by its start
         (``run``: the step's ``started_at``, which every replica reads from the store), not by when
-        it was written: a replica whose clock runs behind the one that started the step would
-        otherwise not see a chance given after that start as this run's.
+        it was written: matched by time, a chance given to an earlier run of the step counted as
+        this run's whenever it was written later than this run's start as read by the clock that
+        started it (a run after a pause, started by a replica whose clock runs behind), and the
+        step failed untried.
         """
         given = any(
             e.kind == RESUMED_LATE and e.step == ctx.step and _same_run(e.data.get("run"), started_at)
