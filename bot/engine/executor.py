@@ -60,12 +60,12 @@ class StepFailed(Exception):
 
 
 def _same_run(run: object, started_at: datetime) -> bool:
-    """Whether ``run`` (an event's, ISO 8601) names the run of a step that started at
-    ``started_at``: the same instant, whatever offset either was written with."""
+    """Whether ``run`` (an event's, written by ``codec.ts``) names the run of a step that started
+    at ``started_at``: the same instant, whatever offset either was written with."""
     if not isinstance(run, str):
         return False
     try:
-        return datetime.fromisoformat(run) == started_at
+        return codec.dt(run) == started_at
     except ValueError:
         return False
 
@@ -263,7 +263,7 @@ class Executor:
         await ctx.note(
             RESUMED_LATE,
             f"its budget ({format_duration(budget.timeout)}) ran out while no pitcrew ran it: one last try",
-            run=started_at.isoformat(),
+            run=codec.ts(started_at),
         )
 
     async def _attempts(

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from bot.engine.errors import Reason, TransientError
+from bot.store import codec
 from bot.store.base import NewEvent
 from tests.engine.harness import Answer, EngineHarness, Fail, Slow, permanent, transient
 
@@ -343,23 +344,21 @@ async def test_a_last_chance_of_an_earlier_run_is_not_this_run_s(tmp_path: Path)
     async with EngineHarness(tmp_path, **_playbook(wait_ready={"timeout": "60s"})) as h:
         _not_ready_for(100)(h)
         incident = await h.alert("gpu-node-02")
-        await h.until_event(incident, "step_waiting")
-        await h.engine.stop()
+        await _down_past_the_deadline(h, incident, 120)
         started = (await h.steps(incident))["wait_ready"].started_at
         assert started is not None
         earlier = NewEvent(
             "step_resumed_late",
             step="wait_ready",
             detail="its budget (1m) ran out while no pitcrew ran it: one last try",
-            data={"run": (started - timedelta(minutes=10)).isoformat()},
+            data={"run": codec.ts(started - timedelta(minutes=10))},
         )
         await h.store.record(incident, earlier, h.time.now())
-        await h.time.advance(120)
         await h.restart(new_process=True)
         done = await h.until_ended(incident)
         assert done.state.value == "resolved", done.outcome
         given = await h.events(incident, "step_resumed_late", "wait_ready")
-        assert [e.data["run"] for e in given][1:] == [started.isoformat()]
+        assert [e.data["run"] for e in given][1:] == [codec.ts(started)]
 
 
 async def test_a_last_try_that_fails_is_not_retried_past_the_deadline(tmp_path: Path) -> None:
