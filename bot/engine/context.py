@@ -94,6 +94,8 @@ class StepDeps:
     registry: StepRegistry
     #: Held from a capacity choice until its intent is stored: two incidents never take one node.
     capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Held while the lent gauge is read from the store and set (``capacity.show_lent``).
+    lent_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Facts:

@@ -35,6 +35,7 @@ class EngineDeps:
     registry: StepRegistry = field(default_factory=lambda: REGISTRY)
     timer: Timer = field(default_factory=RealTimer)
     capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lent_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The lease this process leads with: asked before every far-side write (``bot.engine.pause``).
     fence: Fence | None = None
 
@@ -49,5 +50,12 @@ class EngineDeps:
         way no write goes out once this process may have lost the lease."""
         ports = gated(self.ports, self.store, self.fence, hold=not forced)
         return StepDeps(
-            ports, self.store, self.steps, self.metrics, self.clock, self.registry, self.capacity_lock
+            ports,
+            self.store,
+            self.steps,
+            self.metrics,
+            self.clock,
+            self.registry,
+            self.capacity_lock,
+            self.lent_lock,
         )

@@ -29,10 +29,11 @@ from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
 from bot.engine.hung_jobs import HungJobs
 from bot.engine.locks import IncidentLocks
-from bot.engine.pool_watch import PoolWatch, count_lent
+from bot.engine.pool_watch import PoolWatch
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
 from bot.engine.slurm_watch import SlurmWatch
+from bot.engine.steps.capacity import show_lent
 from bot.engine.tasks import cancel_and_wait, wait_ended
 from bot.store import codec
 from bot.store.base import Deposed, IncidentRecord, IngestOutcome, NewEvent
@@ -76,7 +77,15 @@ class Engine:
         )
         pools = deps.steps.capacity
         self.pool_watch = (
-            PoolWatch(deps.ports, deps.store, pools.pools, deps.metrics, deps.clock, pools.read_every)
+            PoolWatch(
+                deps.ports,
+                deps.store,
+                pools.pools,
+                deps.metrics,
+                deps.clock,
+                pools.read_every,
+                deps.lent_lock,
+            )
             if pools.pools
             else None
         )
@@ -87,7 +96,7 @@ class Engine:
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         if self.pool_watch is not None:  # what is out of the pools now, whoever took it
-            await count_lent(self.store, self.deps.steps.capacity.pools, self.metrics)
+            await show_lent(self.store, self.deps.steps.capacity.pools, self.metrics, self.deps.lent_lock)
         # Rollbacks under way (held by a pause, or cut by a crash) go on, closed incidents' too.
         for incident_id in await self.store.rollbacks_requested():
             self._start_worker(incident_id)

@@ -36,6 +36,7 @@ from bot.engine.ports import Notice
 from bot.engine.registry import Track
 from bot.engine.rollback import ROLLBACK, RollbackHeld, RollbackRecord, undo
 from bot.engine.signals import Signals
+from bot.engine.steps.capacity import lent_changed
 from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
 from bot.store.base import SUPERSEDED, Deposed, IncidentRecord, NewEvent, StepRecord
@@ -434,6 +435,7 @@ class IncidentFlow:
             return False
         self.metrics.incidents_closed.labels(state.value, incident.playbook or "none").inc()
         self.metrics.incidents.drop(incident.id)
+        await lent_changed(self.executor.step_deps, incident.id)
         return True
 
     async def _tell(
@@ -511,6 +513,7 @@ class IncidentFlow:
                     "rollback_held", actor=actor, detail=f"{held}; the rollback goes on after resume"
                 ),
             )
+            await lent_changed(deps, incident.id)
             return None
         now = self.clock()
         await self.store.step_finished(

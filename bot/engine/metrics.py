@@ -127,7 +127,7 @@ class Metrics:
         )
         self.capacity_lent = Gauge(
             "pitcrew_capacity_lent_nodes",
-            "Nodes taken from a capacity pool for a stalled job and not yet given back, by pool.",
+            "Nodes open incidents took from a capacity pool for a stalled job and have not given back, by pool.",
             ["pool"],
             registry=r,
         )

@@ -6,15 +6,14 @@ pools at most once per ``capacity.read_every`` (a Kubernetes list by selector an
 per reservation member are not worth repeating every poll), in a task of its own so a slow far
 side never holds up the scan, through the ``capacity`` step's own read (``pool_views``),
 changing nothing. Each read sets the idle gauges and adds the spare GPU-hours held idle since the
-last read: the GPUs the last read found idle, times the time between the two reads; and it sets
-the lent gauge again from the store (``count_lent``). A read that fails counts nothing for its
+last read: the GPUs the last read found idle, times the time between the two reads; and it shows
+the lent gauge again from the store (``capacity.show_lent``). A read that fails counts nothing for its
 interval (what the pool held is not known) and is not retried before the next one is due.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -23,26 +22,11 @@ from bot.config import PoolSettings
 from bot.engine.context import Ports
 from bot.engine.errors import PitcrewError
 from bot.engine.metrics import Metrics
-from bot.engine.steps.capacity import lent_out, open_incidents, pool_views, taken_from
+from bot.engine.steps.capacity import open_incidents, pool_views, show_lent, taken_from
 from bot.engine.tasks import cancel_and_wait
 from bot.store.base import Store
 
 log = logger(__name__)
-
-
-async def count_lent(store: Store, pools: Sequence[PoolSettings], metrics: Metrics) -> None:
-    """``pitcrew_capacity_lent_nodes`` as the store holds it (``lent_out``), when an engine begins
-    to lead; every read of the pools sets it again. Between them the takes and give-backs of the
-    process that leads count up and down as they finish. Counted only in the process that made
-    them, a process started meanwhile (a restarted pod, the replica that took over) said 0 while a
-    node was out, then -1 for good once it came back. (A read while a take or a give-back finishes
-    may be one off until the next read.)"""
-    _show_lent(metrics, pools, lent_out(await open_incidents(store)))
-
-
-def _show_lent(metrics: Metrics, pools: Sequence[PoolSettings], out: Counter[str]) -> None:
-    for pool in pools:
-        metrics.capacity_lent.labels(pool.name).set(out[pool.name])
 
 
 class PoolWatch:
@@ -54,6 +38,7 @@ class PoolWatch:
         metrics: Metrics,
         clock: Callable[[], datetime],
         every: timedelta,
+        lent_lock: asyncio.Lock,
     ) -> None:
         self._ports = ports
         self._store = store
@@ -61,6 +46,7 @@ class PoolWatch:
         self._metrics = metrics
         self._clock = clock
         self._every = every
+        self._lent_lock = lent_lock
         self._due: datetime | None = None
         self._task: asyncio.Task[None] | None = None
         #: When the last good read began, and the idle GPUs per pool it found (``None``: no good
@@ -84,6 +70,11 @@ class PoolWatch:
         self.reads += 1
         self._task = asyncio.create_task(self._read(now), name="pitcrew-pool-watch")
 
+    @property
+    def reading(self) -> bool:
+        """A read under way (the tests wait for one to end)."""
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
@@ -92,10 +83,9 @@ class PoolWatch:
         since, held = self._read_at, self._idle_gpus
         self._read_at, self._idle_gpus = None, None
         try:
-            opened = await open_incidents(self._store)  # read once, for both
-            _, busy = taken_from(opened, None)
+            _, busy = taken_from(await open_incidents(self._store), None)
             views = await pool_views(self._ports, self._pools, busy)
-            _show_lent(self._metrics, self._pools, lent_out(opened))
+            await show_lent(self._store, self._pools, self._metrics, self._lent_lock)
         except PitcrewError as exc:
             log.warning("capacity pools not read: %s; idle GPU-hours not counted until the next read", exc)
             return

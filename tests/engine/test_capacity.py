@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,6 +29,8 @@ import pytest
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
+from bot.engine.steps.capacity import OpenIncident, lent_out
+from bot.store.base import StepRecord
 from tests.engine.harness import Call, DiesAfter, EngineHarness, FakeTime, Slow, Write, fleet
 
 SPARES = {"pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}]}
@@ -395,6 +397,83 @@ async def test_the_lent_gauge_is_what_the_store_holds_in_each_process_that_leads
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
 
 
+async def test_a_pool_read_under_way_never_shows_a_give_back_undone(tmp_path: Path) -> None:
+    """A pool read took the store's snapshot, then waited on Slurm while the give-back finished
+    and counted itself down: the read then set the gauge from its older snapshot, saying 1 until
+    the next read. Now the gauge is set only from the store, after each change is saved, one read
+    and set at a time."""
+    slurm = gang()
+    async with harness(tmp_path, slurm, capacity={**SPARES, "read_every": "1m"}) as h:
+        h.world.replace_seconds = 0
+        h.cluster.script("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        watch = h.engine.pool_watch
+        assert watch is not None
+        await h.run_until(lambda: not watch.reading)
+        reads = watch.reads
+        h.scheduler.script("reservation", Slow(1800))  # the next pool read waits past the give-back
+        await h.run_until(lambda: watch.reads == reads + 1)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved" and watch.reading
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01"]
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+        await h.run_until(lambda: not watch.reading)
+        assert watch.reads == reads + 1  # the slow read has ended; no other has begun
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+
+
+AT = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
+
+
+def _record(step: str, status: str, **result: Any) -> StepRecord:
+    return StepRecord("inc-1", step, cast(Any, status), 1, AT, None, result)
+
+
+def _opened(*records: StepRecord) -> OpenIncident:
+    return OpenIncident("inc-1", "gpu-node-01", {r.step: r for r in records})
+
+
+TAKEN = {"node": "gpu-node-03", "pool": "spares", "reservation": "spares", "taken_at": AT.isoformat()}
+
+
+@pytest.mark.parametrize(
+    ("records", "out"),
+    [
+        ((), 0),
+        ((_record("capacity", "running", node="gpu-node-03", pool="spares"),), 0),  # intent only
+        ((_record("capacity", "running", **TAKEN),), 1),  # out of the pool; the step not finished
+        ((_record("capacity", "ok", **TAKEN),), 1),
+        ((_record("capacity", "failed", **TAKEN),), 1),  # the node is out all the same
+        ((_record("capacity", "ok", **TAKEN), _record("give_back", "running", node="gpu-node-01")), 1),
+        (
+            (
+                _record("capacity", "ok", **TAKEN),
+                _record("give_back", "running", node="gpu-node-01", given_back_at=AT.isoformat()),
+            ),
+            0,  # given back; the step not finished
+        ),
+        ((_record("capacity", "undone", **TAKEN, undo="capacity: gpu-node-03 back"),), 0),
+        ((_record("capacity", "superseded", **TAKEN),), 0),
+        ((_record("capacity", "running", passed_over=["gpu-node-03"], waiting="gave up"),), 0),
+    ],
+    ids=[
+        "no-take",
+        "intended",
+        "taken-under-way",
+        "taken",
+        "taken-then-failed",
+        "give-back-under-way",
+        "given-back-under-way",
+        "undone",
+        "superseded",
+        "given-up",
+    ],
+)
+def test_the_lent_count_is_read_from_the_saved_progress(records: tuple[StepRecord, ...], out: int) -> None:
+    assert lent_out([_opened(*records)])["spares"] == out
+
+
 BOUNDARIES = [
     ("take", 0),  # intent stored, the reservation not yet changed
     ("take", 1),  # the reservation changed, pitcrew stopped before it recorded the take
@@ -435,9 +514,35 @@ async def test_rollback_before_the_job_started_returns_the_node(tmp_path: Path) 
         h.cluster.always("successor", Slow(600))
         incident = await h.alert("gpu-node-01")
         await h.run_until(lambda: slurm.reservations["spares"] == ["gpu-node-04"])
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
         answer = await h.commands.rollback(incident, "alice")
         assert answer.ok and "gpu-node-03 back in reservation spares" in str(answer.data), answer
         assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-03"]
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+
+
+async def test_a_rollback_held_after_the_node_went_back_shows_it_back(tmp_path: Path) -> None:
+    """A pause comes right after the rollback put the node back: the rest of the rollback waits
+    for resume, the incident stays open, and the gauge says the node is back already."""
+    slurm = gang()
+    slurm.states["gpu-node-02"] = "DOWN"  # the job cannot start on the spare: it needs two nodes
+    async with harness(tmp_path, slurm) as h:
+        h.cluster.always("successor", Slow(600))
+
+        async def then_pause(time: FakeTime, call: Call) -> Any:
+            done = await call()
+            await h.commands.pause("oncall", "maintenance")
+            return done
+
+        h.scheduler.script("set_reservation_nodes", Slow(0), then_pause)  # the take, then its undo
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: slurm.reservations["spares"] == ["gpu-node-04"])
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+        await h.commands.rollback(incident, "alice")
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-03"]
+        assert await h.events(incident, "rollback_held")
+        assert not (await h.incident(incident)).state.terminal
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
 
 
 def _taken(args: tuple[Any, ...]) -> bool:

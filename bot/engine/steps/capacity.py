@@ -21,11 +21,13 @@ to its reservation while no job has started on it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from bot import logger
 from bot.config import PoolSettings
 from bot.domain.capacity import Candidate, Choice, Need, Pool, PoolView, Taken, choose
 from bot.domain.durations import format_duration
@@ -34,6 +36,7 @@ from bot.domain.ownership import lent_prior
 from bot.domain.policy import NodePolicy
 from bot.engine.context import Done, Ports, StepContext, StepDeps, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason
+from bot.engine.metrics import Metrics
 from bot.engine.ports import Notice, Reservations, Scheduler
 from bot.engine.registry import REGISTRY, Track
 from bot.engine.steps import lending
@@ -41,6 +44,8 @@ from bot.engine.steps.repair import WaitReadyResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
 from bot.store.base import StepRecord, Store
+
+log = logger(__name__)
 
 #: Pending reasons that mean "not enough nodes" (``squeue`` %r); others (BeginTime, Priority …)
 #: mean Slurm may still start the job by itself. The partition's other nodes DOWN or DRAINED (a
@@ -145,7 +150,6 @@ async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | None:
     if not await _move(ctx.deps, result.reservation, result.node, into=True):
         return f"capacity: {result.node} is in reservation {result.reservation}"
     ctx.deps.metrics.actions.labels("capacity_return").inc()
-    ctx.deps.metrics.capacity_lent.labels(result.pool or "").dec()
     return f"capacity: {result.node} back in reservation {result.reservation}"
 
 
@@ -233,7 +237,7 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
     if ctx.progress.joined_at is not None:
         await _told(ctx, _joined(ctx.progress))  # told once: a crash may have come before it was
         return Done(ctx.progress, f"took {node}")
-    progress, waiting = await lending.take(ctx, pool)
+    progress, waiting = await lending.take(ctx, pool, lent=lambda: lent_changed(ctx.deps))
     if waiting is None:
         await _told(ctx, _joined(progress))
         return Done(progress, f"took {node} from pool {pool.name}")
@@ -241,7 +245,6 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
         return Wait(ctx.poll, waiting)
     assert node is not None
     await lending.lending(ctx.deps).lend_back(node, incident_id=ctx.incident.id)
-    ctx.deps.metrics.capacity_lent.labels(pool.name).dec()
     await ctx.acted("capacity_return", f"{node} handed back to pool {pool.name}: {waiting}", node=node)
     await ctx.save(
         replace(
@@ -251,6 +254,7 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
             told_waiting=progress.told_waiting,
         )
     )
+    await lent_changed(ctx.deps)
     return Wait(ctx.poll, waiting)
 
 
@@ -287,8 +291,6 @@ async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | None:
         ctx.deps.metrics.actions.labels("capacity_leave_command").inc()
         return f"capacity: {result.node} left the partition{lending.said(left)}; back in pool {result.pool}"
     ctx.deps.metrics.actions.labels("capacity_return").inc()
-    if result.taken_at is not None:
-        ctx.deps.metrics.capacity_lent.labels(result.pool or "").dec()
     return f"capacity: {result.node} back in pool {result.pool}"
 
 
@@ -395,17 +397,59 @@ async def taken_elsewhere(store: Store, incident_id: str | None) -> tuple[list[T
 
 
 def lent_out(opened: Sequence[OpenIncident]) -> Counter[str]:
-    """Nodes out of each pool (``pitcrew_capacity_lent_nodes``): takes finished, give-backs not
-    (nor undone). A take still under way is not counted: it counts itself as it finishes."""
+    """Nodes out of each pool (``pitcrew_capacity_lent_nodes``), as the store holds them: an open
+    incident's take recorded (``taken_at``: the node has left its pool, whether or not the step has
+    finished since), not given back (``given_back_at``) and not undone. A take given up is saved
+    without ``taken_at``; a take only intended has none yet."""
     out: Counter[str] = Counter()
     for incident in opened:
-        record, back = incident.steps.get("capacity"), incident.steps.get("give_back")
-        if record is None or record.status != "ok" or (back is not None and back.status == "ok"):
+        record = incident.steps.get("capacity")
+        if record is None or record.status in _NOT_OUT:
             continue
         took = incident.took()
-        if took is not None and took.node and took.pool:
-            out[took.pool] += 1
+        if took is None or not took.node or not took.pool or took.taken_at is None:
+            continue
+        back = incident.steps.get("give_back")
+        if back is not None and codec.decode_record(GiveBackResult, back.result).given_back_at is not None:
+            continue
+        out[took.pool] += 1
     return out
+
+
+#: A ``capacity`` record whose node is no longer out, whatever its progress says: undone by a
+#: rollback, superseded by a rung of the repair ladder that does it again, never run.
+_NOT_OUT = frozenset({"undone", "superseded", "skipped"})
+
+
+async def show_lent(
+    store: Store, pools: Sequence[PoolSettings], metrics: Metrics, lock: asyncio.Lock
+) -> None:
+    """Set ``pitcrew_capacity_lent_nodes`` to what the store holds (``lent_out``): its only
+    setter, but for the 0 a process sets when it stops leading. Each change is saved before it is
+    shown (``lent_changed``), and each show reads and sets under ``lock``, so the last show to run
+    began after every change shown before it: a read taken before a change never overwrites it.
+    (Counted up and down where each change was made, a change was lost to a pool read's older
+    snapshot, or a take was counted before the store held it, until the next read.)"""
+    async with lock:
+        out = lent_out(await open_incidents(store))
+        for pool in pools:
+            metrics.capacity_lent.labels(pool.name).set(out[pool.name])
+
+
+async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
+    """A take, give-back, give-up or undo saved: the lent gauge shown again (``show_lent``), last
+    in its step. With ``incident_id`` (an incident ended, or a rollback undid its steps): only if
+    it has a ``capacity`` record (an ended incident's take, or an undone one, is not counted).
+
+    A failed read is logged, not raised: the change is done and saved, and a retry of its step
+    must not skip what comes after it (the next pool read shows the gauge again)."""
+    if not deps.settings.capacity.pools:
+        return
+    try:
+        if incident_id is None or "capacity" in await deps.store.steps_of(incident_id):
+            await show_lent(deps.store, deps.settings.capacity.pools, deps.metrics, deps.lent_lock)
+    except Exception:
+        log.warning("pitcrew_capacity_lent_nodes not shown again: the store was not read", exc_info=True)
 
 
 async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
@@ -414,10 +458,10 @@ async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
     await _move(ctx.deps, reservation, node, into=False)
     taken = replace(ctx.progress, taken_at=ctx.clock())
     await ctx.save(taken)
-    ctx.deps.metrics.capacity_lent.labels(ctx.progress.pool or "").inc()
     await ctx.acted(
         "capacity_take", f"took {node} out of reservation {reservation}: {ctx.progress.why}", node=node
     )
+    await lent_changed(ctx.deps)
     await _told(ctx)
     return Done(taken, f"took {node} from pool {ctx.progress.pool}")
 
@@ -462,7 +506,6 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
     done = replace(ctx.progress, node=node, given_back_at=ctx.clock())
     await ctx.save(done)
     pool = took.pool or ""
-    ctx.deps.metrics.capacity_lent.labels(pool).dec()
     away = (ctx.clock() - (took.taken_at or ctx.clock())).total_seconds()
     ctx.deps.metrics.capacity_away.labels(pool).observe(max(away, 0.0))
     await _count_saved(ctx, took)
@@ -471,6 +514,7 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
         f"{node} added to reservation {took.reservation}: pool {pool} whole again after {away:.0f}s",
         node=node,
     )
+    await lent_changed(ctx.deps)
     return Done(done, f"{node} back in pool {pool}")
 
 
@@ -524,13 +568,13 @@ async def _give_back_lent(
         await lender.keep_lent(took.node, incident_id=ctx.incident.id)
     done = replace(progress, node=node, given_back_at=ctx.clock())
     await ctx.save(done)
-    ctx.deps.metrics.capacity_lent.labels(pool).dec()
     away = (ctx.clock() - (took.taken_at or ctx.clock())).total_seconds()
     ctx.deps.metrics.capacity_away.labels(pool).observe(max(away, 0.0))
     await _count_saved(ctx, took)
     await ctx.acted(
         "capacity_give_back", f"{node} joined pool {pool}: whole again after {away:.0f}s", node=node
     )
+    await lent_changed(ctx.deps)
     return Done(done, f"{node} in pool {pool}")
 
 

@@ -17,7 +17,7 @@ undone, and a command runs only on a node lent to this incident.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -106,8 +106,11 @@ def _workload(pod: PodRef) -> bool:
     return not pod.mirror and pod.owner_kind not in ("DaemonSet", "NodeSet") and not pod.terminating
 
 
-async def take(ctx: StepContext[CapacityResult], pool: PoolSettings) -> tuple[CapacityResult, str | None]:
-    """Advance the take one stage; the progress and, while not joined, what it waits for."""
+async def take(
+    ctx: StepContext[CapacityResult], pool: PoolSettings, *, lent: Callable[[], Awaitable[None]]
+) -> tuple[CapacityResult, str | None]:
+    """Advance the take one stage; the progress and, while not joined, what it waits for. ``lent``
+    is awaited once the node's leaving its pool is saved (the lent gauge shown again)."""
     node = ctx.progress.node
     assert node is not None
     lender = lending(ctx.deps)
@@ -117,8 +120,8 @@ async def take(ctx: StepContext[CapacityResult], pool: PoolSettings) -> tuple[Ca
             ctx.deps.metrics.actions.labels("capacity_lend").inc()
         progress = replace(progress, taken_at=ctx.clock())
         await ctx.save(progress)
-        ctx.deps.metrics.capacity_lent.labels(pool.name).inc()
         await ctx.acted("capacity_take", f"took {node} from pool {pool.name}: {progress.why}", node=node)
+        await lent()
     if progress.evicted_at is None:
         cluster = ctx.deps.ports.cluster
         assert cluster is not None  # lending() above
