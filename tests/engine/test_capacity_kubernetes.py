@@ -430,6 +430,14 @@ async def test_a_budget_held_past_the_grace_hands_the_node_back_untouched(tmp_pa
         h.cluster.script("successor", Slow(1200))
         incident = await h.alert("gpu-node-01")
         said = await h.until_event(incident, "action")
+        # Out of its pool while the take waits for the budget (a take under way counts), then back.
+        await h.run_until(lambda: h.sample("pitcrew_capacity_lent_nodes", pool="inference") == 1)
+
+        async def handed_back() -> bool:
+            return any(e.data["action"] == "capacity_return" for e in await h.events(incident, "action"))
+
+        await h.run_until(handed_back)
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="inference") == 0
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"
         actions = [e.data["action"] for e in await h.events(incident, "action")]
@@ -484,6 +492,7 @@ async def test_a_crash_at_every_boundary_leaves_each_node_in_one_place(
         assert set(slurm.whereabouts().values()) == {1}
         actions = [e.data["action"] for e in await h.events(incident, "action")]
         assert actions.count("capacity_give_back") == 1
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
 
 
 async def test_rollback_before_the_job_started_restores_the_node(tmp_path: Path) -> None:
@@ -493,8 +502,10 @@ async def test_rollback_before_the_job_started_restores_the_node(tmp_path: Path)
         h.cluster.always("successor", Slow(600))
         incident = await h.alert("gpu-node-01")
         await h.run_until(lambda: NODESET.items() <= kube.nodes["gpu-spare-01"].labels.items())
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
         answer = await h.commands.rollback(incident, "alice")
         assert answer.ok and "gpu-spare-01 back in pool spares" in str(answer.data), answer
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
         assert kube.nodes["gpu-spare-01"].labels == SPARE
         clean(kube)
 
