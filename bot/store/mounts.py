@@ -1,5 +1,5 @@
 """Whether the SQLite store's file is on a filesystem other hosts may open too, or on one that
-goes with the container or the boot.
+goes with the container, the pod or the boot.
 
 SQLite's locks, and the shared memory its WAL index lives in, hold only among processes of one
 host: "All processes using a database must be on the same host computer; WAL does not work over a
@@ -15,9 +15,14 @@ So the SQLite store refuses such a file (``Mount.shared``, ``refusal``), at star
 ever opens it. Replicas on several hosts share a Postgres store.
 
 A file in the container's own writable layer (``overlay``: ``docker run`` without a volume, a
-manifest without its claim; Kubernetes starts a new container at every restart) or in memory
-(``tmpfs``) is opened, but said to go with them (``Mount.ephemeral``, ``transience``): a crash
-would take the incidents, and the record of what pitcrew did and may have to undo.
+manifest without its claim; Kubernetes starts a new container at every restart), in memory
+(``tmpfs``) or in a Kubernetes ``emptyDir`` (a manifest whose claim was swapped for one: deleted
+with the pod, at a drain, an eviction or the loss of its node, just when pitcrew is needed) is
+opened, but said to go with them (``Mount.ephemeral``, ``transience``): a crash would take the
+incidents, and the record of what pitcrew did and may have to undo. An ``emptyDir`` on the node's
+disk is a folder of the kubelet's bind-mounted into the container, on the node's own filesystem
+(``ext4``, ``xfs``): it is known by that folder's path (``Mount.empty_dir``), which the mount
+table gives as the mount's root.
 
 The filesystem is read from the kernel's mount table (``/proc/self/mountinfo``, which a container
 sees with its own volumes); where there is none (not Linux), nothing is said.
@@ -67,8 +72,16 @@ NETWORK = frozenset(
 
 #: Filesystem types whose files do not outlive what mounted them: a container's own writable layer
 #: (``overlay``: gone with the container, and Kubernetes starts a new container at every restart),
-#: and memory (gone at the next boot).
+#: and memory (gone with what mounted it: a pod's emptyDir of medium Memory, or at the next boot).
 EPHEMERAL = frozenset({"overlay", "aufs", "tmpfs", "ramfs"})
+
+#: Where the kubelet keeps a pod's ``emptyDir`` volumes on the node's disk:
+#: ``<root-dir>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>`` (the volume plugin
+#: ``kubernetes.io/empty-dir``, its slash written ``~``). The container sees that folder (or a
+#: ``subPath`` of it) bind-mounted, and a bind mount's root in the mount table is the folder's path
+#: in its filesystem: ``/var/lib/kubelet/pods/…`` on the node's root filesystem, ``/pods/…`` where
+#: the kubelet's folder is a filesystem of its own. One of ``medium: Memory`` is a ``tmpfs``.
+EMPTY_DIR = "/volumes/kubernetes.io~empty-dir/"
 
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -82,14 +95,21 @@ class Mount:
     point: str
     fstype: str
     source: str
+    #: The folder of its filesystem mounted at ``point`` (``/`` but for a bind mount).
+    root: str = "/"
 
     @property
     def shared(self) -> bool:
         return self.fstype in NETWORK
 
     @property
+    def empty_dir(self) -> bool:
+        """A Kubernetes ``emptyDir`` on the node's disk (``EMPTY_DIR``)."""
+        return EMPTY_DIR in self.root
+
+    @property
     def ephemeral(self) -> bool:
-        return self.fstype in EPHEMERAL
+        return self.fstype in EPHEMERAL or self.empty_dir
 
 
 def _unescape(field: str) -> str:
@@ -109,7 +129,8 @@ def parse(text: str) -> list[Mount]:
         after = fields.index("-", 6)
         if len(fields) < after + 3:
             continue
-        mounts.append(Mount(_unescape(fields[4]), fields[after + 1], _unescape(fields[after + 2])))
+        point, root = _unescape(fields[4]), _unescape(fields[3])
+        mounts.append(Mount(point, fields[after + 1], _unescape(fields[after + 2]), root))
     return mounts
 
 
@@ -167,8 +188,17 @@ def transience(mount: Mount) -> str:
     """What is said (a warning at start, ``check-config --live``) of a store on ``mount``
     (``Mount.ephemeral``): it is opened, since a demo or a test may want just that, but a service's
     incidents, and its record of what it did and may have to undo, would be lost."""
+    if mount.empty_dir:
+        return (
+            f"on a Kubernetes emptyDir ({mount.fstype} on {mount.source}), whose files are gone with "
+            "this pod (deleted with it: at a drain, an eviction, the loss of its node): the incidents, "
+            "and the record of what pitcrew did and may have to undo, with them; put store.path on a "
+            "PersistentVolumeClaim"
+        )
     gone = (
-        "at the next boot" if mount.fstype in {"tmpfs", "ramfs"} else "with this container, at every restart"
+        "with what mounted this memory (the pod, for an emptyDir of medium Memory), at the next boot at the latest"
+        if mount.fstype in {"tmpfs", "ramfs"}
+        else "with this container, at every restart"
     )
     return (
         f"on {mount.fstype} ({mount.source}), whose files are gone {gone}: the incidents, and the "

@@ -218,8 +218,7 @@ class Writer:
         mount = filesystem(self.path, self._mount_table)
         if mount is not None and mount.ephemeral:
             log.warning(
-                "SQLite store on a filesystem whose files go with this container or this boot: "
-                "put store.path on a volume",
+                f"SQLite store {transience(mount)}",
                 extra={"path": str(self.path), "filesystem": mount.fstype, "source": mount.source},
             )
         if mount is not None and mount.shared:

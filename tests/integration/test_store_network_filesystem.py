@@ -184,3 +184,24 @@ async def test_a_store_in_the_container_s_own_layer_opens_and_says_it_will_not_o
     await _opens_stores_and_warns(store, caplog, "put store.path on a volume", "overlay")
     # A volume mounted there (here: the kernel's own table) is said nothing of.
     assert "whose files are gone" not in (await SqliteStore(layer / "pitcrew.db").inspect()).detail
+
+
+async def test_a_store_in_an_empty_dir_opens_and_says_it_goes_with_the_pod(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A manifest whose claim was swapped for an ``emptyDir`` (no storage class at hand): the
+    store is on the node's own disk, so it passed for a volume, and it is deleted with the pod, at
+    a drain, an eviction or the loss of the node, just when pitcrew is needed. Known by the
+    kubelet's folder the mount comes from; opened still, said at start and by ``check-config --live``."""
+    volume = tmp_path / "state"
+    volume.mkdir()
+    table = _table_with(
+        tmp_path,
+        f"9997 1 259:1 /var/lib/kubelet/pods/9b1e7a52/volumes/kubernetes.io~empty-dir/state {volume}"
+        " rw,relatime - ext4 /dev/nvme0n1p1 rw",
+    )
+    store = SqliteStore(volume / "pitcrew.db", mount_table=table)
+    seen = await store.inspect()
+    assert seen.ok and "on a Kubernetes emptyDir (ext4 on /dev/nvme0n1p1)" in seen.detail, seen
+    assert "gone with this pod" in seen.detail
+    await _opens_stores_and_warns(store, caplog, "put store.path on a PersistentVolumeClaim", "ext4")

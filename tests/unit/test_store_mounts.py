@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.store.mounts import Mount, mount_of, parse
+from bot.store.mounts import Mount, mount_of, parse, transience
 from tests.conftest import FIXTURES
 
 TABLES = FIXTURES / "mounts"
@@ -34,6 +34,22 @@ def _table(name: str) -> list[Mount]:
         # Octal escapes in the mount point; a sibling whose name it begins with is another mount.
         ("hpc-head-node.txt", "/srv/pitcrew state/pitcrew.db", "/srv/pitcrew state", "nfs", True, False),
         ("hpc-head-node.txt", "/srv/pitcrew/pitcrew.db", "/srv/pitcrew", "ext4", False, False),
+        # A pod's emptyDir on the node's disk: the node's filesystem, known by the kubelet's folder.
+        ("pod-emptydir.txt", "/var/lib/pitcrew/pitcrew.db", "/var/lib/pitcrew", "ext4", False, True),
+        ("pod-emptydir.txt", "/var/lib/pitcrew-sub/pitcrew.db", "/var/lib/pitcrew-sub", "ext4", False, True),
+        ("pod-emptydir.txt", "/scratch/pitcrew.db", "/scratch", "xfs", False, True),
+        ("pod-emptydir.txt", "/cache/pitcrew.db", "/cache", "tmpfs", False, True),
+        # A claim's volume, a hostPath and the kubelet's own files into the container are no emptyDir.
+        ("pod-emptydir.txt", "/var/lib/pitcrew-pvc/pitcrew.db", "/var/lib/pitcrew-pvc", "ext4", False, False),
+        (
+            "pod-emptydir.txt",
+            "/var/lib/pitcrew-host/pitcrew.db",
+            "/var/lib/pitcrew-host",
+            "ext4",
+            False,
+            False,
+        ),
+        ("pod-emptydir.txt", "/etc/hosts", "/etc/hosts", "ext4", False, False),
     ],
 )
 def test_the_mount_a_path_is_on(
@@ -44,6 +60,19 @@ def test_the_mount_a_path_is_on(
     mount = mount_of(path, _table(table))
     assert mount is not None
     assert (mount.point, mount.fstype, mount.shared, mount.ephemeral) == (point, fstype, shared, ephemeral)
+
+
+def test_an_empty_dir_is_told_from_its_root_and_said_to_go_with_the_pod() -> None:
+    mounts = {m.point: m for m in _table("pod-emptydir.txt")}
+    volume = mounts["/var/lib/pitcrew"]
+    assert volume.root.endswith("/volumes/kubernetes.io~empty-dir/state") and volume.empty_dir
+    said = transience(volume)
+    assert said.startswith("on a Kubernetes emptyDir (ext4 on /dev/nvme0n1p1)"), said
+    assert "gone with this pod" in said and "PersistentVolumeClaim" in said
+    assert not mounts["/cache"].empty_dir and "the pod, for an emptyDir of medium Memory" in transience(
+        mounts["/cache"]
+    )
+    assert {m.root for m in _table("pod-nfs-pvc.txt") if m.point == "/var/lib/pitcrew"} == {"/"}
 
 
 def test_a_source_is_read_whole_and_unescaped() -> None:
