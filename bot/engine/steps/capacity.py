@@ -439,15 +439,18 @@ async def show_lent(
 async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
     """A take, give-back, give-up or undo saved: the lent gauge shown again (``show_lent``), last
     in its step. With ``incident_id`` (an incident ended, or a rollback undid its steps): only if
-    it has a ``capacity`` record (an ended incident's take, or an undone one, is not counted).
+    its ``capacity`` step chose a node (an ended incident's take, or an undone one, is not counted).
 
     A failed read is logged, not raised: the change is done and saved, and a retry of its step
     must not skip what comes after it (the next pool read shows the gauge again)."""
     if not deps.settings.capacity.pools:
         return
     try:
-        if incident_id is None or "capacity" in await deps.store.steps_of(incident_id):
-            await show_lent(deps.store, deps.settings.capacity.pools, deps.metrics, deps.lent_lock)
+        if incident_id is not None:
+            took = OpenIncident(incident_id, None, await deps.store.steps_of(incident_id)).took()
+            if took is None or took.node is None:
+                return
+        await show_lent(deps.store, deps.settings.capacity.pools, deps.metrics, deps.lent_lock)
     except Exception:
         log.warning("pitcrew_capacity_lent_nodes not shown again: the store was not read", exc_info=True)
 
