@@ -36,7 +36,7 @@ from bot.engine.ports import Notice
 from bot.engine.registry import Track
 from bot.engine.rollback import ROLLBACK, RollbackHeld, RollbackRecord, undo
 from bot.engine.signals import Signals
-from bot.engine.steps.capacity import lent_changed
+from bot.engine.steps.capacity import left_out, lent_changed
 from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
 from bot.store.base import SUPERSEDED, Deposed, IncidentRecord, NewEvent, StepRecord
@@ -470,12 +470,14 @@ class IncidentFlow:
         self, incident: IncidentRecord, step: str, detail: str, *, what: str | None = None
     ) -> None:
         what = what or f"{step} failed"
+        lent = await left_out(self.store, incident.id) if self.deps.steps.capacity.pools else None
         await self._tell(
             incident,
             "escalation",
             f"{what} — a human must take over",
             (
                 detail,
+                *((lent,) if lent else ()),
                 "Nothing further will be done automatically. Roll back with `pitcrew rollback "
                 f"{incident.id}` to undo what pitcrew did.",
             ),

@@ -545,6 +545,30 @@ async def test_a_rollback_held_after_the_node_went_back_shows_it_back(tmp_path: 
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
 
 
+async def test_an_incident_that_fails_holding_a_node_says_so_and_stops_counting_it(tmp_path: Path) -> None:
+    """The repair fails after a spare was taken: the job keeps running on the spare, which stays
+    out of its pool. The escalation says so (the lent gauge counts the nodes open incidents hold,
+    so it drops as the incident ends), and a rollback cannot put it back while the job runs there."""
+    slurm = gang()
+    async with harness(tmp_path, slurm) as h:
+        h.world.replace_seconds = 0
+        h.cluster.always("successor", Slow(3 * 3600))  # a replacement that never comes up
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+        done = await h.until_ended(incident, within=4 * 3600)
+        assert done.state.value == "failed"
+        [escalation] = h.notices("escalation", incident)
+        [said] = [line for line in escalation["lines"] if "gpu-node-03" in line]
+        assert said.startswith("gpu-node-03, taken from pool spares for the stalled job, stays out of it"), (
+            said
+        )
+        assert slurm.reservations["spares"] == ["gpu-node-04"]
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+        answer = await h.commands.rollback(incident, "alice")
+        assert "gpu-node-03 left in the partition: job 100 runs there" in str(answer.data), answer
+
+
 def _taken(args: tuple[Any, ...]) -> bool:
     return bool(args[1] == "capacity" and args[2].get("taken_at"))
 

@@ -455,6 +455,21 @@ async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
         log.warning("pitcrew_capacity_lent_nodes not shown again: the store was not read", exc_info=True)
 
 
+async def left_out(store: Store, incident_id: str) -> str | None:
+    """What an incident that fails leaves out of a pool, said in its escalation: the node its take
+    holds (``lent_out``'s rule), which the lent gauge stops counting as the incident ends, or
+    ``None``."""
+    ending = OpenIncident(incident_id, None, await store.steps_of(incident_id))
+    took = ending.took()
+    if took is None or not lent_out([ending]):
+        return None
+    return (
+        f"{took.node}, taken from pool {took.pool} for the stalled job, stays out of it: "
+        "pitcrew_capacity_lent_nodes no longer counts it once the incident has ended, and a rollback "
+        "puts it back while no job runs there."
+    )
+
+
 async def _take(ctx: StepContext[CapacityResult]) -> Done[CapacityResult]:
     node, reservation = ctx.progress.node, ctx.progress.reservation
     assert node is not None and reservation is not None
