@@ -22,7 +22,7 @@ from bot.config import PoolSettings
 from bot.engine.context import Ports
 from bot.engine.errors import PitcrewError
 from bot.engine.metrics import Metrics
-from bot.engine.steps.capacity import open_incidents, pool_views, show_lent, taken_from
+from bot.engine.steps.capacity import pool_views, show_lent, taken_from
 from bot.engine.tasks import cancel_and_wait
 from bot.store.base import Store
 
@@ -83,9 +83,9 @@ class PoolWatch:
         since, held = self._read_at, self._idle_gpus
         self._read_at, self._idle_gpus = None, None
         try:
-            _, busy = taken_from(await open_incidents(self._store), None)
+            opened = await show_lent(self._store, self._pools, self._metrics, self._lent_lock)
+            _, busy = taken_from(opened, None)  # read once, for both
             views = await pool_views(self._ports, self._pools, busy)
-            await show_lent(self._store, self._pools, self._metrics, self._lent_lock)
         except PitcrewError as exc:
             log.warning("capacity pools not read: %s; idle GPU-hours not counted until the next read", exc)
             return

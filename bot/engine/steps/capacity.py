@@ -423,17 +423,20 @@ _NOT_OUT = frozenset({"undone", "superseded", "skipped"})
 
 async def show_lent(
     store: Store, pools: Sequence[PoolSettings], metrics: Metrics, lock: asyncio.Lock
-) -> None:
+) -> list[OpenIncident]:
     """Set ``pitcrew_capacity_lent_nodes`` to what the store holds (``lent_out``): its only
     setter, but for the 0 a process sets when it stops leading. Each change is saved before it is
     shown (``lent_changed``), and each show reads and sets under ``lock``, so the last show to run
     began after every change shown before it: a read taken before a change never overwrites it.
     (Counted up and down where each change was made, a change was lost to a pool read's older
-    snapshot, or a take was counted before the store held it, until the next read.)"""
+    snapshot, or a take was counted before the store held it, until the next read.) The open
+    incidents read, for a caller that needs them too (a pool read's ``taken_from``)."""
     async with lock:
-        out = lent_out(await open_incidents(store))
+        opened = await open_incidents(store)
+        out = lent_out(opened)
         for pool in pools:
             metrics.capacity_lent.labels(pool.name).set(out[pool.name])
+    return opened
 
 
 async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
