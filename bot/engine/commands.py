@@ -23,7 +23,7 @@ from bot.domain.policy import Mode
 from bot.engine.admission import BREAKER, PAUSE, breaker_state
 from bot.engine.locks import IncidentLocks
 from bot.engine.metrics import Metrics
-from bot.engine.rollback import ROLLBACK, RollbackRecord
+from bot.engine.rollback import ROLLBACK, RollbackRecord, again
 from bot.engine.signals import RealTimer, Timer
 from bot.store import codec
 from bot.store.base import ApprovalStatus, Deposed, IncidentRecord, NewEvent, Store
@@ -219,9 +219,11 @@ class Commands:
         if incident is None:
             return CommandResult("not_found", f"no incident {incident_id}")
         refusal = None
-        if incident.state in {State.ROLLED_BACK, State.SUPPRESSED}:
+        record = (await self._store.steps_of(incident_id)).get(ROLLBACK)
+        asked_again = again(incident.state, record)  # it kept a change: this one tries it again
+        if incident.state in {State.ROLLED_BACK, State.SUPPRESSED} and not asked_again:
             refusal = f"incident is {incident.state}; nothing to roll back"
-        elif ROLLBACK in await self._store.steps_of(incident_id):
+        elif record is not None and not asked_again:
             refusal = "a rollback of this incident is already under way"
         if refusal is not None:
             await self._audit(incident_id, "rollback_refused", actor, refusal, "conflict")
@@ -237,7 +239,7 @@ class Commands:
             try:
                 report = await self._engine.request_rollback(incident, actor, forced=pause is not None)
             except Deposed:  # another process took over meanwhile: it carries out the request
-                return await self._rollback_by_leader(incident_id, actor)
+                return await self._rollback_by_leader(incident_id, actor, asked_again)
             if report is None:  # paused after it started: it goes on after resume
                 return CommandResult(
                     "ok",
@@ -245,15 +247,16 @@ class Commands:
                     {"report": [], "held": True},
                 )
             return CommandResult("ok", f"{incident_id} rolled back by {actor}", {"report": report})
-        return await self._rollback_by_leader(incident_id, actor)
+        return await self._rollback_by_leader(incident_id, actor, asked_again)
 
-    async def _rollback_by_leader(self, incident_id: str, actor: str) -> CommandResult:
+    async def _rollback_by_leader(self, incident_id: str, actor: str, asked_again: bool) -> CommandResult:
         """Record the request for the leader (once), then wait for its report."""
         await self._store.request_rollback(
             incident_id,
             codec.encode_record(RollbackRecord(actor)),
             NewEvent("rollback_requested", actor=actor, detail="recorded by a standby; the leader undoes"),
             self._clock(),
+            again=asked_again,
         )
         waited, beat = 0.0, 0.2
         while True:

@@ -178,6 +178,17 @@ class StepContext(Generic[R]):
         return slurm_reason(self.incident.id, self.plan.summary)
 
 
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """An undo that leaves pitcrew's change standing for now, and says why in ``line`` (a job
+    runs on the node a take lent it): the step keeps its status, the rollback's record names it
+    (``RollbackRecord.kept``), and a rollback asked again of the rolled-back incident tries it
+    again. Any other answer of an undo is final: the change was reversed, or there is nothing
+    of pitcrew's left to reverse (someone else's, gone, irreversible)."""
+
+    line: str
+
+
 @dataclass(frozen=True)
 class UndoContext:
     """What an undo sees: the incident, the far sides, and who asked."""

@@ -503,33 +503,42 @@ class IncidentFlow:
         )
         deps = self.deps.step_deps(forced=True) if record.forced else self.executor.step_deps
         try:
-            report = [*record.report, *await undo(incident, steps, deps, self.registry, actor)]
+            undid = await undo(incident, steps, deps, self.registry, actor, tried=record.kept)
         except RollbackHeld as held:
+            so_far = replace(
+                record,
+                report=(*record.report, *held.undid.report),
+                kept=(*record.kept, *held.undid.kept),
+            )
             await self.store.step_finished(
                 incident.id,
                 ROLLBACK,
                 "running",
                 self.clock(),
-                result=codec.encode_record(replace(record, report=(*record.report, *held.report))),
+                result=codec.encode_record(so_far),
                 event=NewEvent(
                     "rollback_held", actor=actor, detail=f"{held}; the rollback goes on after resume"
                 ),
             )
             await lent_changed(deps, incident.id)
             return None
+        report = [*record.report, *undid.report]
+        kept = (*record.kept, *undid.kept)
+        if kept:  # asked again once the reason is gone, it tries what it kept, and only that
+            report.append(f"Roll back again to undo what was kept: `pitcrew rollback {incident.id}`")
         now = self.clock()
         await self.store.step_finished(
             incident.id,
             ROLLBACK,
             "ok",
             now,
-            result=codec.encode_record(RollbackRecord(actor, tuple(report), record.forced)),
+            result=codec.encode_record(RollbackRecord(actor, tuple(report), record.forced, kept)),
             event=NewEvent("rollback_done", actor=actor, detail="; ".join(report) or "nothing to undo"),
         )
         approval = await self.store.approval(incident.id)
         if approval is not None and approval.status == "pending":  # nobody may approve it any more
             await self.store.decide_approval(incident.id, "cancelled", actor, now)
-        await self._rolled_back(incident, actor, report)
+        await self._rolled_back(incident, actor, report, kept)
         return report
 
     async def carry_on_rollback(self, incident: IncidentRecord, record: StepRecord) -> list[str] | None:
@@ -541,12 +550,15 @@ class IncidentFlow:
         if record.status != "ok":
             return await self.undo_and_close(incident, rollback.actor)
         if incident.state is not State.ROLLED_BACK:
-            await self._rolled_back(incident, rollback.actor, rollback.report)
+            await self._rolled_back(incident, rollback.actor, rollback.report, rollback.kept)
         return list(rollback.report)
 
-    async def _rolled_back(self, incident: IncidentRecord, actor: str, report: Sequence[str]) -> None:
-        """Tell humans what the rollback undid, then end the incident ``rolled_back``. A rollback
-        asked again of a rolled-back incident is news: its answer is told each time."""
+    async def _rolled_back(
+        self, incident: IncidentRecord, actor: str, report: Sequence[str], kept: Sequence[str] = ()
+    ) -> None:
+        """Tell humans what the rollback undid (offering to roll back again what it ``kept``), then
+        end the incident ``rolled_back``. A rollback asked again of a rolled-back incident is news:
+        its answer is told each time."""
         await self._tell(
             incident,
             "rollback",
@@ -554,6 +566,7 @@ class IncidentFlow:
             tuple(report) or ("nothing to undo",),
             step=ROLLBACK,
             once=incident.state is not State.ROLLED_BACK,
+            actions=("rollback",) if kept else (),
         )
         if incident.state is not State.ROLLED_BACK:
             trust.overridden(self.metrics, incident, "rolled_back")

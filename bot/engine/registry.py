@@ -22,11 +22,12 @@ from typing import Any, Generic, Literal
 
 from bot.domain.incident import State
 from bot.domain.playbooks import Budget, PlaybookSet
-from bot.engine.context import Done, R, StepContext, StepResult, UndoContext, Wait
+from bot.engine.context import Done, Kept, R, StepContext, StepResult, UndoContext, Wait
 
 Handler = Callable[[StepContext[R]], Awaitable[Done[R] | Wait]]
-#: Undo one completed step: returns the report line, or ``None`` when there was nothing to say.
-Undo = Callable[[UndoContext, R], Awaitable[str | None]]
+#: Undo one completed step: returns the report line, ``Kept`` when the change must stand for now
+#: (tried again by a later rollback), or ``None`` when there was nothing to say.
+Undo = Callable[[UndoContext, R], Awaitable[str | Kept | None]]
 Port = Literal["scheduler", "cluster", "notifier"]
 
 

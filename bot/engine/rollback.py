@@ -3,16 +3,20 @@
 Each step says in the registry how it is undone (its ``undo`` function) or why it is not;
 the undo functions check ownership on the far side first (``bot.domain.ownership``), so a
 node someone else has taken meanwhile is left alone. Safe to run twice: an undone step is
-marked ``undone`` and never undone again. Held by a pause like any change (``bot.engine.pause``):
+marked ``undone`` and never undone again. An undo may also keep the change for now (``Kept``:
+a job runs on the node a take lent it): the step stays as it was, the rollback's record names it,
+and the incident ends ``rolled_back`` all the same; a rollback asked again of it (``again``)
+undoes what was kept, and only that. Held by a pause like any change (``bot.engine.pause``):
 a rollback under way stops before its next call while paused and goes on after resume.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from bot.engine.context import StepDeps, StepResult, UndoContext
+from bot.domain.incident import State
+from bot.engine.context import Kept, StepDeps, StepResult, UndoContext
 from bot.engine.pause import Held
 from bot.engine.registry import StepDef, StepRegistry
 from bot.store import codec
@@ -30,15 +34,33 @@ class RollbackRecord:
     report: tuple[str, ...] = ()
     #: Forced while paused (``--force``, audited): its calls are not held.
     forced: bool = False
+    #: The steps whose change an undo kept for now (``Kept``), in the order it was tried.
+    kept: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Undid:
+    """What one pass of ``undo`` did: the report lines, and the steps it kept (``Kept``)."""
+
+    report: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+def again(state: State, record: StepRecord | None) -> bool:
+    """Whether a rollback asked now of an incident in ``state``, whose rollback step is ``record``,
+    is one asked again of a rolled-back incident: its rollback done and some change kept."""
+    if state is not State.ROLLED_BACK or record is None or record.status != "ok":
+        return False
+    return bool(codec.decode_record(RollbackRecord, record.result).kept)
 
 
 class RollbackHeld(Exception):
-    """A pause held the rollback's next change (``bot.engine.pause``); ``report`` is what was
-    undone before it. The rollback stays under way and goes on after resume."""
+    """A pause held the rollback's next change (``bot.engine.pause``); ``undid`` is what was
+    undone (and kept) before it. The rollback stays under way and goes on after resume."""
 
-    def __init__(self, report: list[str], held: Held) -> None:
+    def __init__(self, undid: Undid, held: Held) -> None:
         super().__init__(str(held))
-        self.report = report
+        self.undid = undid
         self.held = held
 
 
@@ -48,23 +70,38 @@ async def undo(
     deps: StepDeps,
     registry: StepRegistry,
     actor: str,
-) -> list[str]:
-    """Undo completed (or half-done) steps in reverse order; return the report lines."""
-    report: list[str] = []
+    *,
+    tried: Sequence[str] = (),
+) -> Undid:
+    """Undo completed (or half-done) steps in reverse order, but those this rollback ``tried``
+    and kept already (a pass held by a pause, carried on); what it did."""
+    undid = Undid()
     ctx = UndoContext(incident, deps, actor)
     events = await deps.store.events_of(incident.id)
     for step in _newest_first(incident, steps, events):
         record = steps.get(step)
         definition = registry.get(step)
-        if record is None or definition is None or record.status in {"skipped", "undone", "superseded"}:
+        if (
+            record is None
+            or definition is None
+            or record.status in {"skipped", "undone", "superseded"}
+            or step in tried
+        ):
             continue
         try:
             line = await _undo_one(ctx, definition, record)
         except Held as held:
-            raise RollbackHeld(report, held) from held
+            raise RollbackHeld(undid, held) from held
         if line is None:
             continue
-        report.append(line)
+        if isinstance(line, Kept):  # stands for now: the step is left as it was, to be tried again
+            undid.report.append(line.line)
+            undid.kept.append(step)
+            await deps.store.record(
+                incident.id, NewEvent("step_kept", step=step, actor=actor, detail=line.line), deps.clock()
+            )
+            continue
+        undid.report.append(line)
         await deps.store.step_finished(
             incident.id,
             step,
@@ -73,7 +110,7 @@ async def undo(
             result={**record.result, "undo": line},
             event=NewEvent("step_undone", step=step, actor=actor, detail=line),
         )
-    return report
+    return undid
 
 
 def _newest_first(
@@ -89,7 +126,9 @@ def _newest_first(
     return [*reversed(order), *reversed(earlier)]
 
 
-async def _undo_one(ctx: UndoContext, definition: StepDef[StepResult], record: StepRecord) -> str | None:
+async def _undo_one(
+    ctx: UndoContext, definition: StepDef[StepResult], record: StepRecord
+) -> str | Kept | None:
     if isinstance(definition.undo, str):
         # Only what changed something is worth a line: "irreversible" for mutating steps.
         return f"{definition.name}: irreversible — {definition.undo}" if definition.destructive else None

@@ -356,10 +356,11 @@ class Store(Protocol):
 
     async def ack_faults(self, incident_id: str) -> None: ...
     async def request_rollback(
-        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime
+        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime, *, again: bool = False
     ) -> bool:
         """Record a rollback request (the ``rollback`` step, running, with ``result``) and ``event``,
-        unless the incident has one already, requested or done; whether this call recorded it."""
+        unless the incident has one already, requested or done (``again``: unless it has one under
+        way; a done one is started anew); whether this call recorded it."""
         ...
 
     async def rollbacks_requested(self) -> list[str]:

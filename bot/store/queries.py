@@ -377,12 +377,24 @@ def step_finished(incident_id: str, step: str, status: StepStatus, now: datetime
     )
 
 
-def request_rollback(incident_id: str, document: str, now: datetime) -> Stmt:
-    """The rollback record, once: the answer is 1 if this request recorded it."""
+_REQUEST_ROLLBACK = (
+    "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
+    " VALUES (?, 'rollback', 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO NOTHING"
+)
+_REQUEST_ROLLBACK_AGAIN = (
+    "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
+    " VALUES (?, 'rollback', 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
+    " status = 'running', started_at = excluded.started_at, ended_at = NULL,"
+    " result_json = excluded.result_json WHERE steps.status = 'ok'"
+)
+
+
+def request_rollback(incident_id: str, document: str, now: datetime, *, again: bool) -> Stmt:
+    """The rollback record, once: the answer is 1 if this request recorded it. Asked ``again`` (a
+    rolled-back incident's rollback kept a change), a done one is started anew, and only a done one:
+    of two such requests at once, the one that comes second finds it running."""
     return run(
-        "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
-        " VALUES (?, 'rollback', 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO NOTHING",
-        (incident_id, codec.ts(now), document),
+        _REQUEST_ROLLBACK_AGAIN if again else _REQUEST_ROLLBACK, (incident_id, codec.ts(now), document)
     )
 
 

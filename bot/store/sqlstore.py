@@ -310,12 +310,12 @@ class SqlStore(ABC):
         await self._write(op)
 
     async def request_rollback(
-        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime
+        self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime, *, again: bool = False
     ) -> bool:
         document = codec.dumps(dict(result))
 
         def op() -> Op[bool]:
-            recorded = yield queries.request_rollback(incident_id, document, now)
+            recorded = yield queries.request_rollback(incident_id, document, now, again=again)
             if recorded:
                 yield from self._events(incident_id, [event], now)
             return bool(recorded)

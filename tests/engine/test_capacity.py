@@ -17,16 +17,19 @@ each read times the time to the next; a read that fails counts nothing for its i
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.engine.commands import CommandResult
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
 from bot.engine.steps.capacity import OpenIncident, lent_out
@@ -567,6 +570,86 @@ async def test_an_incident_that_fails_holding_a_node_says_so_and_stops_counting_
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
         answer = await h.commands.rollback(incident, "alice")
         assert "gpu-node-03 left in the partition: job 100 runs there" in str(answer.data), answer
+
+
+def _report(answer: CommandResult) -> list[str]:
+    assert answer.ok and answer.data is not None, answer
+    return list(answer.data["report"])
+
+
+async def test_a_rollback_keeps_the_node_a_job_runs_on_and_returns_it_when_asked_again(
+    tmp_path: Path,
+) -> None:
+    """The take's undo keeps the node while the job runs there (``Kept``): the incident ends
+    rolled back with everything else undone, the take stays as it was, and the answer says to ask
+    again. Asked again while the job still runs, it keeps it again; once the job has ended, it
+    puts the node back and undoes nothing else; then there is nothing left to roll back."""
+    slurm = gang()
+    async with harness(tmp_path, slurm) as h:
+        h.world.replace_seconds = 0
+        h.cluster.always("successor", Slow(3 * 3600))  # a replacement that never comes up
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert (await h.until_ended(incident, within=4 * 3600)).state.value == "failed"
+        again = f"Roll back again to undo what was kept: `pitcrew rollback {incident}`"
+
+        kept = "capacity: gpu-node-03 left in the partition: job 100 runs there"
+        first = _report(await h.commands.rollback(incident, "alice"))
+        assert kept in first and first[-1] == again, first
+        assert (await h.incident(incident)).state.value == "rolled_back"
+        assert (await h.steps(incident))["capacity"].status == "ok"  # kept: not undone
+        assert [e.detail for e in await h.events(incident, "step_kept")] == [kept]
+        undone = {e.step for e in await h.events(incident, "step_undone")}
+        assert "capacity" not in undone and "slurm_down" in undone
+        assert slurm.reservations["spares"] == ["gpu-node-04"]
+
+        calls = h.calls()
+        still = _report(await h.commands.rollback(incident, "bob"))  # the job runs there yet: kept again
+        assert still == [kept, again], still
+        assert h.calls() == calls
+        assert slurm.reservations["spares"] == ["gpu-node-04"]
+
+        slurm.jobs["100"].state = "COMPLETED"
+        back = _report(await h.commands.rollback(incident, "carol"))
+        assert back == ["capacity: gpu-node-03 back in reservation spares"], back
+        assert h.calls() == calls  # nothing else reached the far side again
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-03"]
+        steps = await h.steps(incident)
+        assert steps["capacity"].status == "undone"
+        assert steps["rollback"].result["kept"] == []
+        told = h.notices("rollback", incident)
+        assert [(n["lines"], n["actions"]) for n in told] == [
+            (first, ["rollback"]),  # kept: it offers to roll back again
+            (still, ["rollback"]),
+            (back, []),
+        ]
+        assert (await h.incident(incident)).outcome == "rolled back by alice"
+        assert h.sample("pitcrew_incidents_closed_total", state="rolled_back", playbook="replace-node") == 1
+
+        refused = await h.commands.rollback(incident, "dave")
+        assert refused.status == "conflict" and "nothing to roll back" in refused.message, refused
+
+
+async def test_a_kept_node_asked_again_through_a_standby_is_returned_by_the_leader(tmp_path: Path) -> None:
+    slurm = gang()
+    fast = {"poll_interval": timedelta(seconds=2)}
+    async with harness(tmp_path, slurm, lease=timedelta(seconds=15), engine=fast) as h:
+        h.world.replace_seconds = 0
+        h.cluster.always("successor", Slow(3 * 3600))
+        a = await h.process("a")
+        b = await h.process("b")
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert (await h.until_ended(incident, within=4 * 3600)).state.value == "failed"
+        kept = "capacity: gpu-node-03 left in the partition: job 100 runs there"
+        for expected in ([kept], ["capacity: gpu-node-03 back in reservation spares"]):
+            asked = asyncio.create_task(b.commands.rollback(incident, "bob"))
+            await h.run_until(asked.done, 300)
+            assert set(expected) <= set(_report(asked.result()))
+            slurm.jobs["100"].state = "COMPLETED"
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-03"]
+        assert b.calls == Counter() and a.calls
+        assert len(await h.events(incident, "rollback_done")) == 2
 
 
 def _taken(args: tuple[Any, ...]) -> bool:

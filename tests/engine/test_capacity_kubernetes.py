@@ -16,7 +16,8 @@ training, and a job still on the lent node after ``return_wait`` has the repaire
 the inference pool instead (the incident never fails waiting for a days-long job); ``min_idle``
 with no lender takes nothing and says why; a crash
 at every boundary of the take and the give-back leaves no node in two places, none cordoned
-or marked, and the pool whole; a rollback before the job started there restores the node.
+or marked, and the pool whole; a rollback before the job started there restores the node, one
+while the job runs there keeps it lent, and one asked again after the job restores it.
 """
 
 from __future__ import annotations
@@ -508,6 +509,28 @@ async def test_rollback_before_the_job_started_restores_the_node(tmp_path: Path)
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
         assert kube.nodes["gpu-spare-01"].labels == SPARE
         clean(kube)
+
+
+async def test_a_rollback_while_the_job_runs_on_the_lent_node_keeps_it_until_asked_again(
+    tmp_path: Path,
+) -> None:
+    kube, slurm = world()
+    async with harness(tmp_path, kube, slurm, [SPARES]) as h:
+        h.cluster.always("successor", Slow(600))
+        incident = await h.alert("gpu-node-01")
+        await h.until_event(incident, "job_running")
+        assert "gpu-spare-01" in slurm.jobs["100"].nodes
+        first = await h.commands.rollback(incident, "alice")
+        kept = "capacity: gpu-spare-01 left with the jobs: job 100 runs there"
+        assert first.ok and first.data is not None and kept in first.data["report"], first
+        assert NODESET.items() <= kube.nodes["gpu-spare-01"].labels.items()  # still lent, the job on it
+        assert (await h.steps(incident))["capacity"].status == "ok"
+        slurm.jobs["100"].state = "COMPLETED"
+        back = await h.commands.rollback(incident, "alice")
+        assert back.ok and back.data == {"report": ["capacity: gpu-spare-01 back in pool spares"]}, back
+        assert kube.nodes["gpu-spare-01"].labels == SPARE
+        clean(kube)
+        assert (await h.steps(incident))["capacity"].status == "undone"
 
 
 async def test_a_pause_set_while_the_take_looks_at_the_pool_holds_the_lend(tmp_path: Path) -> None:

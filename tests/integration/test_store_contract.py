@@ -833,6 +833,16 @@ async def test_approvals_are_decided_once_and_rollbacks_recorded_once(stores: St
     assert await store.rollbacks_requested() == [incident_id]
     await store.transition(incident_id, State.ROLLED_BACK, T0, outcome="rolled back by cli:ops")
     assert await store.rollbacks_requested() == []
+    # Asked again (the rollback kept a change): a done one starts anew, once; never one under way.
+    assert not await store.request_rollback(incident_id, {"by": "cli:x"}, event, T0)
+    later = T0 + timedelta(hours=1)
+    assert await store.request_rollback(incident_id, {"by": "cli:ops2"}, event, later, again=True)
+    assert not await store.request_rollback(incident_id, {"by": "cli:ops3"}, event, later, again=True)
+    anew = (await store.steps_of(incident_id))["rollback"]
+    assert (anew.status, anew.result, anew.started_at) == ("running", {"by": "cli:ops2"}, later)
+    assert await store.rollbacks_requested() == [incident_id]
+    kinds = [e.kind for e in await store.events_of(incident_id)]
+    assert kinds.count("rollback_requested") == 2
 
     await store.set_switch("pause", {"reason": "maintenance"}, "cli:ops", T0)
     assert await store.switch("pause") == {

@@ -32,9 +32,10 @@ from bot.config import PoolSettings
 from bot.domain.capacity import Candidate, Choice, Need, Pool, PoolView, Taken, choose
 from bot.domain.durations import format_duration
 from bot.domain.incident import State
+from bot.domain.jobs import JobSnapshot
 from bot.domain.ownership import lent_prior
 from bot.domain.policy import NodePolicy
-from bot.engine.context import Done, Ports, StepContext, StepDeps, StepResult, UndoContext, Wait
+from bot.engine.context import Done, Kept, Ports, StepContext, StepDeps, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Notice, Reservations, Scheduler
@@ -135,8 +136,9 @@ def _pool(
     raise PermanentError(f"pool {name} is no longer configured", reason=Reason.MISCONFIGURED)
 
 
-async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | None:
-    """Return the taken node to its pool while no job has started there."""
+async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | Kept | None:
+    """Return the taken node to its pool while no job runs there; kept (``Kept``) while one does,
+    so a rollback asked again once it has ended returns it."""
     if result.node is None:
         return None
     if result.reservation is None:
@@ -146,7 +148,7 @@ async def undo_capacity(ctx: UndoContext, result: CapacityResult) -> str | None:
         return f"capacity: {result.node} is in reservation {result.reservation}"
     jobs = await ctx.deps.ports.scheduler.jobs_on_node(result.node)
     if jobs:
-        return f"capacity: {result.node} left in the partition: job {', '.join(j.job_id for j in jobs)} runs there"
+        return Kept(f"capacity: {result.node} left in the partition: {_runs_there(jobs)}")
     if not await _move(ctx.deps, result.reservation, result.node, into=True):
         return f"capacity: {result.node} is in reservation {result.reservation}"
     ctx.deps.metrics.actions.labels("capacity_return").inc()
@@ -276,12 +278,16 @@ async def _told(ctx: StepContext[CapacityResult], *done: str) -> None:
     )
 
 
-async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | None:
+def _runs_there(jobs: Sequence[JobSnapshot]) -> str:
+    return f"job {', '.join(j.job_id for j in jobs)} runs there"
+
+
+async def _undo_lend(ctx: UndoContext, result: CapacityResult) -> str | Kept | None:
     assert result.node is not None
     if result.slurm_node is not None:
         jobs = await ctx.deps.ports.scheduler.jobs_on_node(result.slurm_node)
         if jobs:
-            return f"capacity: {result.node} left with the jobs: job {', '.join(j.job_id for j in jobs)} runs there"
+            return Kept(f"capacity: {result.node} left with the jobs: {_runs_there(jobs)}")
     left = None
     if result.relabelled_at is not None:  # the join ran: its command is undone first
         left = await lending.leave(ctx.deps, _pool(ctx, result.pool), result.node, ctx.incident.id)
@@ -469,7 +475,7 @@ async def left_out(store: Store, incident_id: str) -> str | None:
     return (
         f"{took.node}, taken from pool {took.pool} for the stalled job, stays out of it: "
         "pitcrew_capacity_lent_nodes no longer counts it once the incident has ended, and a rollback "
-        "puts it back while no job runs there."
+        "puts it back once no job runs there (asked while one does, it keeps the node: ask again after)."
     )
 
 
