@@ -548,19 +548,25 @@ async def test_a_rollback_held_after_the_node_went_back_shows_it_back(tmp_path: 
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
 
 
+async def _fails_holding_a_node(h: EngineHarness, *, shown: bool = True) -> str:
+    """The repair fails after gpu-node-03 was taken for job 100: its replacement never comes up.
+    ``shown``: the harness's own engine leads, and its lent gauge counts the node meanwhile."""
+    h.world.replace_seconds = 0
+    h.cluster.always("successor", Slow(3 * 3600))
+    incident = await h.alert("gpu-node-01")
+    await h.until_event(incident, "job_running")
+    assert not shown or h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+    assert (await h.until_ended(incident, within=4 * 3600)).state.value == "failed"
+    return incident
+
+
 async def test_an_incident_that_fails_holding_a_node_says_so_and_stops_counting_it(tmp_path: Path) -> None:
     """The repair fails after a spare was taken: the job keeps running on the spare, which stays
     out of its pool. The escalation says so (the lent gauge counts the nodes open incidents hold,
     so it drops as the incident ends), and a rollback cannot put it back while the job runs there."""
     slurm = gang()
     async with harness(tmp_path, slurm) as h:
-        h.world.replace_seconds = 0
-        h.cluster.always("successor", Slow(3 * 3600))  # a replacement that never comes up
-        incident = await h.alert("gpu-node-01")
-        await h.until_event(incident, "job_running")
-        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
-        done = await h.until_ended(incident, within=4 * 3600)
-        assert done.state.value == "failed"
+        incident = await _fails_holding_a_node(h)
         [escalation] = h.notices("escalation", incident)
         [said] = [line for line in escalation["lines"] if "gpu-node-03" in line]
         assert said.startswith("gpu-node-03, taken from pool spares for the stalled job, stays out of it"), (
@@ -586,11 +592,7 @@ async def test_a_rollback_keeps_the_node_a_job_runs_on_and_returns_it_when_asked
     puts the node back and undoes nothing else; then there is nothing left to roll back."""
     slurm = gang()
     async with harness(tmp_path, slurm) as h:
-        h.world.replace_seconds = 0
-        h.cluster.always("successor", Slow(3 * 3600))  # a replacement that never comes up
-        incident = await h.alert("gpu-node-01")
-        await h.until_event(incident, "job_running")
-        assert (await h.until_ended(incident, within=4 * 3600)).state.value == "failed"
+        incident = await _fails_holding_a_node(h)
         again = f"Roll back again to undo what was kept: `pitcrew rollback {incident}`"
 
         kept = "capacity: gpu-node-03 left in the partition: job 100 runs there"
@@ -634,13 +636,9 @@ async def test_a_kept_node_asked_again_through_a_standby_is_returned_by_the_lead
     slurm = gang()
     fast = {"poll_interval": timedelta(seconds=2)}
     async with harness(tmp_path, slurm, lease=timedelta(seconds=15), engine=fast) as h:
-        h.world.replace_seconds = 0
-        h.cluster.always("successor", Slow(3 * 3600))
         a = await h.process("a")
         b = await h.process("b")
-        incident = await h.alert("gpu-node-01")
-        await h.until_event(incident, "job_running")
-        assert (await h.until_ended(incident, within=4 * 3600)).state.value == "failed"
+        incident = await _fails_holding_a_node(h, shown=False)
         kept = "capacity: gpu-node-03 left in the partition: job 100 runs there"
         for expected in ([kept], ["capacity: gpu-node-03 back in reservation spares"]):
             asked = asyncio.create_task(b.commands.rollback(incident, "bob"))
