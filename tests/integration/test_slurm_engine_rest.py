@@ -6,7 +6,9 @@ State=DOWN`` of a node whose job is being killed, ``GET /slurm/v0.0.38/node/{nam
 below, captured then). scontrol shows ``DOWN`` at once. Cases, against a wire-level stand-in:
 
 * that payload (a reason, no DOWN/DRAIN/FAIL): the REST backend asks scontrol and reports DOWN;
-* a node in service (no reason) or DRAIN (flag present) is read from REST alone.
+* a node in service (no reason) or DRAIN (flag present) is read from REST alone;
+* the node list: a reason counts as DOWN only on 22.05 and only for a node shown busy (a RESUME
+  keeps the last reason, so an idle node with one is in service; 24.11 shows DOWN itself).
 """
 
 from __future__ import annotations
@@ -59,16 +61,20 @@ async def serve(tmp_path: Path) -> AsyncIterator[Any]:
     token = tmp_path / "token"
     token.write_text("SLURM_JWT=t\n")
 
-    async def start(node: Mapping[str, Any]) -> tuple[RestScheduler, Scontrol]:
+    async def start(
+        node: Mapping[str, Any], document: Mapping[str, Any] = OPENAPI, version: str = "v0.0.38"
+    ) -> tuple[RestScheduler, Scontrol]:
         async def openapi(request: web.Request) -> web.Response:
-            return web.json_response(OPENAPI)
+            return web.json_response(document)
 
         async def get_node(request: web.Request) -> web.Response:
             return web.json_response({"nodes": [node], "errors": []})
 
         app = web.Application()
         app.router.add_get("/openapi/v3", openapi)
-        app.router.add_get("/slurm/v0.0.38/node/{name}", get_node)
+        app.router.add_get(f"/slurm/{version}/node/{{name}}", get_node)
+        app.router.add_get(f"/slurm/{version}/nodes", get_node)
+        app.router.add_get(f"/slurm/{version}/nodes/", get_node)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         servers.append(server)
@@ -110,3 +116,47 @@ async def test_unambiguous_states_come_from_rest_alone(
         await rest.aclose()
     assert scontrol.asked == []
     assert node.states == states
+
+
+STALE = "XID 48 test"  # an operator's reason, left on the node by the RESUME that put it back
+V42 = json.loads((FIXTURES / "slurm" / "24.11" / "rest" / "openapi-v3.json").read_text())
+IDLE_42 = {
+    **json.loads((FIXTURES / "slurm" / "24.11" / "rest" / "v0.0.42" / "nodes-healthy.json").read_text())[
+        "nodes"
+    ][2],
+    "reason": STALE,
+}
+
+
+@pytest.mark.parametrize(
+    ("payload", "document", "version", "states"),
+    [
+        # 24.11 keeps a node's last reason after RESUME (the ``resumed`` capture): in service.
+        (IDLE_42, V42, "v0.0.42", {"IDLE"}),
+        (
+            {"name": "gpu-001", "state": "idle", "state_flags": [], "reason": STALE},
+            OPENAPI,
+            "v0.0.38",
+            {"IDLE"},
+        ),
+        # 22.05 shows a node just set DOWN "mixed" while its jobs are killed: its reason says DOWN.
+        ({**MIXED_WHILE_DOWN, "reason": STALE}, OPENAPI, "v0.0.38", {"MIXED", "DOWN"}),
+        (MIXED_WHILE_DOWN, OPENAPI, "v0.0.38", {"MIXED"}),  # pitcrew's own: its incident knows
+    ],
+    ids=[
+        "24.11-resumed-with-a-reason",
+        "22.05-idle-with-a-reason",
+        "22.05-mixed-while-down",
+        "22.05-pitcrew",
+    ],
+)
+async def test_the_node_list_counts_a_reason_as_down_only_where_rest_hides_down(
+    serve: Any, payload: dict[str, Any], document: dict[str, Any], version: str, states: set[str]
+) -> None:
+    rest, scontrol = await serve(payload, document, version)
+    try:
+        [node] = await rest.nodes()
+    finally:
+        await rest.aclose()
+    assert scontrol.asked == []
+    assert node.states == states and node.reason == payload["reason"]

@@ -89,6 +89,10 @@ class _TokenFile:
         return self.get() != before
 
 
+#: What 22.05's REST shows a node just set DOWN while its jobs are being killed (no DOWN flag).
+_KILLING = frozenset({"MIXED", "ALLOCATED", "COMPLETING"})
+
+
 class RestScheduler(NodeUpdates):
     """``Scheduler`` over slurmrestd; node updates fall back to ``fallback`` when needed."""
 
@@ -166,14 +170,19 @@ class RestScheduler(NodeUpdates):
 
     async def nodes(self) -> list[SlurmNodeState]:
         # One list of every node; unlike ``node`` no scontrol fallback per node (that would be a
-        # read per node): a 22.05 DOWN node still shown "mixed" counts by its reason instead.
+        # read per node): a 22.05 DOWN node still shown "mixed" (or "allocated") counts by its
+        # reason instead. Only that: a RESUME keeps the node's last reason (24.11's ``resumed``
+        # capture) until a job lands there, so an idle node with an old reason is in service, and
+        # from 23.02 on (v0.0.39+) the DOWN flag is shown at once.
         api = await self.api()
         _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
         with _shape("get_nodes"):
             listed = nodes_from_payload(body)
+        if api.version != "v0.0.38":
+            return listed
         return [
             replace(n, states=n.states | {"DOWN"})
-            if n.reason and n.in_service and not is_pitcrew_reason(n.reason)
+            if n.reason and n.in_service and n.states & _KILLING and not is_pitcrew_reason(n.reason)
             else n
             for n in listed
         ]
