@@ -1,6 +1,12 @@
 """A wire-level slurmrestd stand-in (aiohttp): the real v0.0.38 OpenAPI document or a v0.0.40
 one, node ``gpu-001`` and job ``1`` from the captured answers, JWT checks, injected 500s and
 token rotation. For what the real 22.05 server on this machine cannot show.
+
+On v0.0.40+ it answers as 23.11-24.11's source does (``src/slurmrestd``, ``node_mgr.c``):
+* a token slurmctld refuses: the authentication error (1007) in ``errors``, HTTP 500 on 23.11 and
+  511 from 24.05.5 (``refusal_status``); 401 only for a request without the header;
+* an unknown node: a query that found nothing, "Failure to query node <name>" with errno 0;
+* a RESUME of a node in service: ``ESLURM_INVALID_NODE_STATE`` (2028), HTTP 500.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class FakeSlurmrestd:
     posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     node_state: list[str] = field(default_factory=lambda: ["IDLE"])
     fail_with_500: bool = False
+    #: How a refused token is answered on v0.0.40+: 500 (23.11) or 511 (24.05.5 and later).
+    refusal_status: int = 500
     rotate_to: tuple[Path, str] | None = None  # rewrite the token file during the next request
     connections: list[Any] = field(default_factory=list)  # the client address of each request
 
@@ -56,8 +64,12 @@ class FakeSlurmrestd:
             path, new = self.rotate_to
             path.write_text(f"SLURM_JWT={new}\n")
             self.token, self.rotate_to = new, None
-        if request.headers.get("X-SLURM-USER-TOKEN") != self.token:
-            return web.Response(status=401, text="Authentication failure")
+        given = request.headers.get("X-SLURM-USER-TOKEN")
+        if given != self.token:
+            if not given or self._v38(request):
+                return web.Response(status=401, text="Authentication failure")
+            refused = {"error_number": 1007, "error": "Protocol authentication error"}
+            return web.json_response({"errors": [refused]}, status=self.refusal_status)
         if self.fail_with_500:
             return web.json_response({"errors": [{"error": "Unspecified error", "errno": -1}]}, status=500)
         return None
@@ -73,17 +85,27 @@ class FakeSlurmrestd:
                 return web.Response(status=405, text=(REST / "node-post-v0038-response.txt").read_text())
             body = await request.json()
             self.posts.append((request.path, body))
-            self.node_state = body["state"]
+            if body["state"] == ["RESUME"] and not {"DOWN", "DRAIN", "FAIL"} & set(self.node_state):
+                invalid = {"error_number": 2028, "error": "Invalid node state specified"}
+                return web.json_response({"errors": [invalid]}, status=500)
+            self.node_state = ["IDLE"] if body["state"] == ["RESUME"] else body["state"]
             return web.json_response({"errors": [], "warnings": []})
         if kind == "node" and name == "gpu-001":
             node = {"name": name, "state": self.node_state, "reason": "", "reason_changed_at": {"set": False}}
             return web.json_response({"nodes": [node], "errors": []})
         if kind == "job" and name == "1":
             return web.json_response(json.loads((REST / "job-running.json").read_text()))
+        if kind == "node" and not self._v38(request):  # a query that found nothing, errno as it was
+            found = {"error_number": 0, "description": f"Failure to query node {name}"}
+            return web.json_response({"nodes": [], "errors": [found]})
         error = {"node": "Invalid node name specified", "job": "Invalid job id specified"}[kind]
         return web.json_response(
             {"errors": [{"error": error, "error_number": 2018 if kind == "node" else 2017}]}, status=500
         )
+
+    @staticmethod
+    def _v38(request: web.Request) -> bool:
+        return request.match_info.get("version", request.path.split("/")[2]) == "v0.0.38"
 
     async def jobs(self, request: web.Request) -> web.Response:
         return self.refused(request) or web.json_response(

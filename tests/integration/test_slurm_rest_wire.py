@@ -7,8 +7,10 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
 * a v0.0.40 server: node updates are POSTed as ``update_node_msg`` (state list + reason);
   state lists and time structs are read;
 * the JWT is re-read when its file changes, also when it is rotated during a request; a
-  refused token is permanent; the token never appears in errors or logs;
-* HTTP 500 / connection refused are transient; unknown node is permanent, unknown job None;
+  refused token is permanent, answered 401, 500 with Slurm's authentication error (23.11) or
+  511 (24.05.5+); the token never appears in errors or logs;
+* HTTP 500 / connection refused are transient; unknown node is permanent (23.11+: a query that
+  found nothing), unknown job None; a RESUME of a node in service, refused by Slurm, is done;
 * with the leader's fence, no change leaves once the lease may have lapsed; reads still go.
 """
 
@@ -94,10 +96,13 @@ async def test_v0040_server_takes_node_updates(token_file: Path) -> None:
             await rest.drain("gpu-001", "pitcrew: inc-2\nXID 48")
             assert (await rest.node("gpu-001")).states == {"DRAIN"}
             await rest.resume("gpu-001")
+            # Again, the node in service: Slurm refuses the RESUME (2028, HTTP 500), the wanted state.
+            await rest.resume("gpu-001")
         finally:
             await rest.aclose()
     assert fake.posts == [
         ("/slurm/v0.0.40/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
+        ("/slurm/v0.0.40/node/gpu-001", {"state": ["RESUME"]}),
         ("/slurm/v0.0.40/node/gpu-001", {"state": ["RESUME"]}),
     ]
 
@@ -138,11 +143,17 @@ async def test_token_rotation_and_secrecy(token_file: Path, caplog: pytest.LogCa
             await rest.node("gpu-001")
             fake.rotate_to = (token_file, "rotated-token")  # rotated while the request is in flight
             assert (await rest.node("gpu-001")).name == "gpu-001"
-            fake.token = "someone-else's"
+            fake.token = "someone-else's"  # slurmctld refuses it: 500 on 23.11, 511 from 24.05.5
+            with pytest.raises(PermanentError) as refused:
+                await rest.node("gpu-001")
+            assert refused.value.reason == "unauthorized"
+            fake.refusal_status = 511
             with pytest.raises(PermanentError) as refused:
                 await rest.node("gpu-001")
             assert refused.value.reason == "unauthorized"
             token_file.write_text("someone-else's\n")  # a new file is read on the next call
+            assert (await rest.node("gpu-001")).name == "gpu-001"
+            fake.rotate_to = (token_file, "rotated-again")  # rotated while a 511 is answered
             assert (await rest.node("gpu-001")).name == "gpu-001"
         finally:
             await rest.aclose()

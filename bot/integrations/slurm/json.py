@@ -24,6 +24,11 @@ from bot.engine.ports import PartitionNodes
 #: Slurm error numbers that mean "no such object" (slurm_errno.h), across versions.
 ESLURM_INVALID_JOB_ID = 2017
 ESLURM_INVALID_NODE_NAME = 2018
+#: A state change the node's state does not allow (a RESUME of a node in service), slurm_errno.h.
+ESLURM_INVALID_NODE_STATE = 2028
+#: slurmctld refused the credential (an expired or wrongly signed token): 23.11 answers it as HTTP
+#: 500, 24.05.5+ as 511 (slurmrestd's operations.c); 401 only for a missing or malformed header.
+SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
 
 _BASE_JOB_STATES = frozenset(
     {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL"}
@@ -48,7 +53,22 @@ class SlurmError:
 
     @property
     def unknown_node(self) -> bool:
-        return self.errno == ESLURM_INVALID_NODE_NAME or "invalid node name" in self.message.lower()
+        """No such node. 23.11-24.11 read an unknown name as a query that found nothing: no error of
+        its own, "Failure to query node <name>" with the errno left as it was (0)."""
+        said = self.message.lower()
+        return (
+            self.errno == ESLURM_INVALID_NODE_NAME
+            or "invalid node name" in said
+            or (self.errno == 0 and said.startswith("failure to query node "))
+        )
+
+    @property
+    def invalid_node_state(self) -> bool:
+        return self.errno == ESLURM_INVALID_NODE_STATE or "invalid node state" in self.message.lower()
+
+    @property
+    def refused_credential(self) -> bool:
+        return self.errno == SLURM_PROTOCOL_AUTHENTICATION_ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,12 @@ class _TokenFile:
         return self.get() != before
 
 
+def _refused(status: int, body: Mapping[str, Any]) -> bool:
+    """slurmrestd or slurmctld refused the token: 401/403 (a missing or malformed header), 511
+    (24.05.5+: slurmctld refused the credential), or that refusal's error in any answer (23.11: 500)."""
+    return status in (401, 403, 511) or any(e.refused_credential for e in errors_of(body))
+
+
 #: What 22.05's REST shows a node just set DOWN while its jobs are being killed (no DOWN flag).
 _KILLING = frozenset({"MIXED", "ALLOCATED", "COMPLETING"})
 
@@ -294,7 +300,7 @@ class RestScheduler(NodeUpdates):
         allow: frozenset[int] | set[int] = frozenset(),
     ) -> tuple[int, Mapping[str, Any]]:
         status, body = await self._send(method, path, op, json_body)
-        if status in (401, 403) and self._token.changed():
+        if _refused(status, body) and self._token.changed():
             status, body = await self._send(method, path, op, json_body)  # the token was rotated
         if status in allow:
             return status, body
@@ -304,14 +310,18 @@ class RestScheduler(NodeUpdates):
         if any(e.unknown_job for e in errors):
             raise PermanentError(f"{op}: unknown Slurm job", reason=Reason.UNKNOWN_JOB)
         detail = "; ".join(e.message for e in errors[:3]) or f"HTTP {status}"
+        if _refused(status, body):
+            raise PermanentError(
+                f"{op}: slurmrestd refused the token (HTTP {status}: {detail})", reason=Reason.UNAUTHORIZED
+            )
+        if any(e.invalid_node_state for e in errors):
+            # Answered 500 (the code is not in slurmrestd's status map): the node's state refused the
+            # change, which no retry alters. ``resume`` reads the node and takes "in service" as done.
+            raise PermanentError(f"{op}: HTTP {status}: {detail}", reason=Reason.REFUSED)
         if status >= 500 or status == 429:
             # 22.05 answers 500 "Unspecified error" when slurmctld is down (and for a bad token).
             reason = Reason.RATE_LIMITED if status == 429 else Reason.UNAVAILABLE
             raise TransientError(f"{op}: HTTP {status}: {detail}", reason=reason)
-        if status in (401, 403):
-            raise PermanentError(
-                f"{op}: slurmrestd refused the token (HTTP {status})", reason=Reason.UNAUTHORIZED
-            )
         if status >= 400:
             refused = {404: Reason.NOT_FOUND, 405: Reason.UNSUPPORTED}.get(status, Reason.INVALID_REQUEST)
             raise PermanentError(f"{op}: HTTP {status}: {detail}", reason=refused)
