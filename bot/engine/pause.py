@@ -54,6 +54,7 @@ WRITES: Mapping[str, frozenset[str]] = {
             "reset_gpu",
             "validate",
             "lend",
+            "join",
             "lend_back",
             "keep_lent",
             "pool_command",

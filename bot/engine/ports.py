@@ -192,11 +192,12 @@ class Lend:
 
     incident_id: str
     #: Labels set once the node is free, so the jobs' Slinky NodeSet selects it (``join_labels``):
-    #: ``lend`` records what they were and ``Cluster.set_labels`` sets them.
+    #: ``lend`` records what they were and ``Lending.join`` sets them.
     join: Mapping[str, str]
     #: Label keys removed while lent: the pool's selector and ``leave_labels``.
     leave: tuple[str, ...]
-    #: Cordon the node first (a lender: no new inference pod lands while its pods are evicted).
+    #: Cordon the node first (a lender: no new inference pod lands while its pods are evicted);
+    #: ``Lending.join`` lifts it as the node joins the NodeSet.
     cordon: bool
 
 
@@ -215,6 +216,13 @@ class Lending(Cluster, Protocol):
     async def lend(self, name: str, lend: Lend) -> bool:
         """Mark, (cordon,) take the pool's labels off, recording what the node was (the join labels
         included); ``False`` when this incident's take is already on the node."""
+        ...
+
+    async def join(self, name: str, labels: Mapping[str, str], *, incident_id: str) -> bool:
+        """The node joins the jobs' NodeSet once its pods have left: its ``join_labels`` on and the
+        take's cordon lifted, in one guarded patch (slurm-operator runs no NodeSet pod on a
+        cordoned node, and drains the Slurm node of one: a lender kept cordoned never served the
+        job). ``False`` if the node is not lent to this incident (nothing is written)."""
         ...
 
     async def lend_back(self, name: str, *, incident_id: str) -> bool:

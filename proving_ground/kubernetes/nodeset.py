@@ -4,8 +4,9 @@ partition while its Kubernetes node carries the NodeSet's labels.
 The real NodeSet controller runs a slurmd pod on each node its selector matches; a node it does
 not select has no slurmd, so Slurm cannot give it a job. Here every Slurm node's slurmd runs on
 the host (``proving_ground.slurm``), so this stand-in stands for the pod's coming and going:
-a node the selector stops matching is drained with ``NOT_SELECTED`` as its reason (no job is
-placed there); one it starts matching, drained so, is resumed (its slurmd registered). Nothing
+a node the selector stops matching, or that is cordoned, is drained with ``NOT_SELECTED`` as its
+reason (no job is placed there); one it starts matching uncordoned, drained so, is resumed (its
+slurmd registered). Nothing
 else is touched: a node DOWN or drained for another reason (pitcrew's, an administrator's) is
 left as it is. Kubernetes node names are the Slurm node names; a replacement node is named
 after the node it replaces (``gpu-001-x7b2n``, the MachineSet stand-in's naming) and, as the
@@ -48,13 +49,19 @@ class NodeSetStandin:
             self.sync()
 
     def selected(self) -> set[str]:
-        """Slurm nodes whose NodeSet pod has a node to run on: the node of that name, or its replacement."""
+        """Slurm nodes whose NodeSet pod has a node to run on: the node of that name, or its
+        replacement, selected and not cordoned. slurm-operator creates no NodeSet pod on a node
+        whose taints it does not tolerate (``PodShouldRunOnNode``; a cordon brings the
+        ``node.kubernetes.io/unschedulable`` taint), and drains the Slurm node of a pod whose node
+        is cordoned (the NodeSet controller's ``syncCordon``): either way no job lands there."""
 
         def pick(emulator: Any) -> set[str]:
             return {
                 obj["metadata"]["name"]
                 for (plural, _, _), obj in emulator.objects.items()
-                if plural == "nodes" and self.labels.items() <= (obj["metadata"].get("labels") or {}).items()
+                if plural == "nodes"
+                and self.labels.items() <= (obj["metadata"].get("labels") or {}).items()
+                and not (obj.get("spec") or {}).get("unschedulable")
             }
 
         nodes: set[str] = self.world.call(pick)

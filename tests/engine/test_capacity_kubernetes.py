@@ -89,8 +89,13 @@ class NodeSetSlurm(GangSlurm):
         self.kube = kube
 
     def outside(self) -> list[str]:
-        """Nodes the NodeSet does not select: no slurmd runs there, Slurm does not know them."""
-        return [n for n, node in self.kube.nodes.items() if not NODESET.items() <= node.labels.items()]
+        """Nodes the NodeSet does not select, or cordoned: no slurmd runs there, Slurm does not know
+        them (slurm-operator runs no NodeSet pod on a cordoned node, and drains the Slurm node of one)."""
+        return [
+            n
+            for n, node in self.kube.nodes.items()
+            if not NODESET.items() <= node.labels.items() or node.unschedulable
+        ]
 
     def _schedule(self) -> None:
         self.reservations = {"(outside the NodeSet)": self.outside()}  # never given to a job
@@ -151,6 +156,17 @@ def lending_cluster(kube: Fleet) -> Any:
             for key in lend.leave:
                 n.labels.pop(key, None)
             n.unschedulable = n.unschedulable or lend.cordon
+            kube.patches += 1
+            return True
+
+        async def join(self, name: str, labels: Any, *, incident_id: str) -> bool:
+            n = kube.nodes[name]
+            if lent_to(n.annotations) != incident_id:
+                return False
+            prior = lent_prior(n.annotations)
+            self._label(n, labels)
+            if prior is not None and prior.cordoned:
+                n.unschedulable = False
             kube.patches += 1
             return True
 

@@ -1,11 +1,12 @@
 """pitcrew's lending of a pool node through the real client against the emulator.
 
 Cases: a take from a lender is one guarded merge patch: the incident's mark with what the node
-was, the cordon, the pool's labels removed and the NodeSet's label set; the pool's selector no
+was, the cordon and the pool's labels removed (the NodeSet's label waits for the join); the pool's selector no
 longer lists it. A take resumed after a crash finds its own mark and writes nothing; another
 incident's take is refused. The give-back restores labels, ``spec.unschedulable`` and
 annotations exactly as they were, keeps a label someone else added meanwhile, and leaves a node
-that is not this incident's alone. ``keep_lent`` (the lent node stays with the jobs) uncordons
+that is not this incident's alone. The join (once the node is free) sets the NodeSet's labels
+and lifts the take's cordon in one guarded patch, for its own incident only. ``keep_lent`` (the lent node stays with the jobs) uncordons
 and unmarks it but keeps its new labels. Each take and give-back leaves an Event on the node.
 A pool's own command (``join_command``/``leave_command``) runs without a shell — a word holding
 ``;`` stays one argument — and answers its output; a non-zero exit is permanent and names the
@@ -80,7 +81,7 @@ async def test_the_give_back_restores_exactly_what_the_take_changed(
     k8s: KubeEmulator, cluster: KubernetesCluster, lender: dict[str, Any]
 ) -> None:
     await cluster.lend(LENDER, _take())
-    await cluster.set_labels(LENDER, JOIN)  # the node joined the NodeSet
+    assert await cluster.join(LENDER, JOIN, incident_id="pc-00007")  # the node joined the NodeSet
     assert not await cluster.lend_back(LENDER, incident_id="pc-00099")  # not that incident's
     node = k8s.get("nodes", LENDER)
     assert node is not None
@@ -99,7 +100,7 @@ async def test_a_lent_node_kept_by_the_jobs_is_uncordoned_and_unmarked_with_its_
     k8s: KubeEmulator, cluster: KubernetesCluster, lender: dict[str, Any]
 ) -> None:
     await cluster.lend(LENDER, _take())
-    await cluster.set_labels(LENDER, JOIN)
+    assert await cluster.join(LENDER, JOIN, incident_id="pc-00007")
     assert await cluster.keep_lent(LENDER, incident_id="pc-00007")
     node = k8s.get("nodes", LENDER)
     assert node is not None
@@ -117,9 +118,34 @@ async def test_a_node_cordoned_before_the_take_stays_cordoned_after_it(
     node["spec"]["unschedulable"] = True
     k8s.bump(node)
     await cluster.lend(LENDER, _take())
+    await cluster.join(LENDER, JOIN, incident_id="pc-00007")
     await cluster.lend_back(LENDER, incident_id="pc-00007")
     after = k8s.get("nodes", LENDER)
     assert after is not None and after["spec"]["unschedulable"] is True
+
+
+async def test_the_join_lifts_the_takes_cordon_with_the_nodesets_labels_and_only_for_its_incident(
+    k8s: KubeEmulator, cluster: KubernetesCluster, lender: dict[str, Any]
+) -> None:
+    """slurm-operator runs no NodeSet pod on a cordoned node (``PodShouldRunOnNode`` and the
+    scheduler refuse the ``node.kubernetes.io/unschedulable`` taint) and drains the Slurm node of
+    a pod whose node is cordoned (``syncCordon``): a lender joins uncordoned, in one guarded patch,
+    with the pool's labels still off."""
+    await cluster.lend(LENDER, _take())
+    patches = len([e for e in k8s.log if e.resource == "nodes" and e.verb == "patch"])
+    assert not await cluster.join(LENDER, JOIN, incident_id="pc-00099")  # not that incident's
+    assert len([e for e in k8s.log if e.resource == "nodes" and e.verb == "patch"]) == patches
+    assert await cluster.join(LENDER, JOIN, incident_id="pc-00007")
+    [patch] = [e for e in k8s.log if e.resource == "nodes" and e.verb == "patch"][patches:]
+    assert patch.status == 200 and patch.content_type == "application/merge-patch+json"
+    node = k8s.get("nodes", LENDER)
+    assert node is not None and not node["spec"].get("unschedulable")
+    labels = node["metadata"]["labels"]
+    assert labels["slinky.slurm.net/nodeset"] == "gpu-h100" and "workload" not in labels
+    assert node["metadata"]["annotations"][LENT_ANNOTATION] == "pc-00007"  # still lent
+    assert await cluster.join(LENDER, JOIN, incident_id="pc-00007")  # resumed: the same again
+    assert await cluster.lend_back(LENDER, incident_id="pc-00007")
+    assert _shape(k8s.get("nodes", LENDER)) == _shape(lender)
 
 
 async def test_a_pool_command_runs_without_a_shell_and_answers_its_output(cluster: KubernetesCluster) -> None:

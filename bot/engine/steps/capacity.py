@@ -239,7 +239,9 @@ async def _take_lent(ctx: StepContext[CapacityResult]) -> Done[CapacityResult] |
     if ctx.progress.joined_at is not None:
         await _told(ctx, _joined(ctx.progress))  # told once: a crash may have come before it was
         return Done(ctx.progress, f"took {node}")
-    progress, waiting = await lending.take(ctx, pool, lent=lambda: lent_changed(ctx.deps))
+    progress, waiting = await lending.take(
+        ctx, pool, lent=lambda: lent_changed(ctx.deps), kept=lambda: _kept_with_the_jobs(ctx)
+    )
     if waiting is None:
         await _told(ctx, _joined(progress))
         return Done(progress, f"took {node} from pool {pool.name}")
@@ -276,6 +278,13 @@ async def _told(ctx: StepContext[CapacityResult], *done: str) -> None:
         ),
         key=f"lent:{ctx.progress.node}",
     )
+
+
+async def _kept_with_the_jobs(ctx: StepContext[CapacityResult]) -> bool:
+    """The give-back has kept the taken node with the jobs (``refill``), the repaired node in its
+    place: it ran while the take was still under way (it waits for ``taken_at`` only)."""
+    back = await ctx.result(GiveBackResult)
+    return back is not None and back.given_back_at is not None and back.node != ctx.progress.node
 
 
 def _runs_there(jobs: Sequence[JobSnapshot]) -> str:

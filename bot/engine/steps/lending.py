@@ -6,8 +6,10 @@ nothing: (1) one guarded patch on the node (``Lending.lend``: the incident's mar
 node was, the cordon for a lender, the pool's labels off); (2) for a lender, its pods evicted
 through the Eviction API, their disruption budgets honoured for at most the pool's
 ``evict_grace`` (past it the node is handed back and the job waits for the repair); (3) only
-then the NodeSet's labels on (or the pool's ``join_command`` run: ``bot.domain.pool_command``),
-so no job lands beside a pod still leaving; (4) the wait until
+then the NodeSet's labels on and the take's cordon lifted in one patch (``Lending.join``:
+slurm-operator runs no NodeSet pod on a cordoned node and drains the Slurm node of one), or the
+pool's ``join_command`` run (``bot.domain.pool_command``), so no job lands beside a pod still
+leaving; (4) the wait until
 the node's slurmd is registered and in service. The give-back keeps the lent node with
 the jobs and lets the repaired node take its place in the pool (``refill``), or returns the
 lent node exactly as it was once no job runs there (``return``; after the pool's
@@ -107,10 +109,16 @@ def _workload(pod: PodRef) -> bool:
 
 
 async def take(
-    ctx: StepContext[CapacityResult], pool: PoolSettings, *, lent: Callable[[], Awaitable[None]]
+    ctx: StepContext[CapacityResult],
+    pool: PoolSettings,
+    *,
+    lent: Callable[[], Awaitable[None]],
+    kept: Callable[[], Awaitable[bool]],
 ) -> tuple[CapacityResult, str | None]:
     """Advance the take one stage; the progress and, while not joined, what it waits for. ``lent``
-    is awaited once the node's leaving its pool is saved (the lent gauge shown again)."""
+    is awaited once the node's leaving its pool is saved (the lent gauge shown again); ``kept``
+    says whether the give-back has already kept the node with the jobs (``refill`` while the take
+    was still under way: its marks are gone, and it joins by its labels alone)."""
     node = ctx.progress.node
     assert node is not None
     lender = lending(ctx.deps)
@@ -151,8 +159,10 @@ async def take(
                 node=node,
                 output=output[-OUTPUT_KEPT:],
             )
-        else:
-            await lender.set_labels(node, dict(pool.join_labels))
+        elif not await lender.join(node, dict(pool.join_labels), incident_id=ctx.incident.id):
+            if not await kept():
+                raise PermanentError(f"{node} is no longer lent to this incident", reason=Reason.CONFLICT)
+            await lender.set_labels(node, dict(pool.join_labels))  # uncordoned as it was kept
         progress = replace(progress, relabelled_at=ctx.clock())
         await ctx.save(progress)
     names = await ctx.ports.slurm_names(node)

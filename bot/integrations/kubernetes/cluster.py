@@ -138,6 +138,9 @@ class KubernetesCluster:
         await parts.events.on_node(name, "PitcrewLend", "lent to a stalled Slurm job", lend.incident_id)
         return True
 
+    async def join(self, name: str, labels: Mapping[str, str], *, incident_id: str) -> bool:
+        return await (await self._p()).lending.join(name, labels, incident_id=incident_id)
+
     async def lend_back(self, name: str, *, incident_id: str) -> bool:
         parts = await self._p()
         if not await parts.lending.lend_back(name, incident_id=incident_id):

@@ -1,15 +1,19 @@
 """Lending: a pool node taken for a stalled gang job, relabelled into its NodeSet, and given back exactly.
 
 A take is one merge patch guarded by the node's ``resourceVersion``: the incident's mark and
-what the node was before (``bot.domain.ownership.lent_marks``), the labels that make the
-Slinky NodeSet select it, the pool's labels removed, and for a lender the cordon, so the
-node is never half-taken and a resumed take finds its own mark and writes nothing. A
-give-back restores only the labels and cordon the take recorded; a node lent to another
-incident, or carrying no readable record, is left as it is.
+what the node was before (``bot.domain.ownership.lent_marks``), the pool's labels removed, and
+for a lender the cordon (no new pod lands while its pods are evicted), so the node is never
+half-taken and a resumed take finds its own mark and writes nothing. Once the node is free, its
+join is another: the labels that make the Slinky NodeSet select it, and the take's cordon
+lifted, since slurm-operator runs no NodeSet pod on a cordoned node and drains the Slurm node of
+one (its NodeSet controller's cordon sync); the pool's labels stay off, so the pool's workloads
+do not come back. A give-back restores only the labels and cordon the take recorded; a node lent
+to another incident, or carrying no readable record, is left as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.aio import client
@@ -62,6 +66,22 @@ class Lending:
             if await self._nodes.write(name, body, "lend"):
                 return True
         raise TransientError(f"lend of {name}: the node kept changing under us", reason=Reason.CONFLICT)
+
+    async def join(self, name: str, labels: Mapping[str, str], *, incident_id: str) -> bool:
+        for _ in range(CONFLICT_RETRIES):
+            node = await self._nodes.read(name)
+            annotations = (node.metadata.annotations or {}) if node else {}
+            if node is None or lent_to(annotations) != incident_id:
+                return False
+            prior = lent_prior(annotations)
+            body: dict[str, Any] = {
+                "metadata": {"resourceVersion": node.metadata.resource_version, "labels": dict(labels)}
+            }
+            if prior is not None and prior.cordoned and node.spec and node.spec.unschedulable:
+                body["spec"] = {"unschedulable": None}  # the take's cordon: the give-back restores it
+            if await self._nodes.write(name, body, "join"):
+                return True
+        raise TransientError(f"join of {name}: the node kept changing under us", reason=Reason.CONFLICT)
 
     async def lend_back(self, name: str, *, incident_id: str) -> bool:
         return await self._end(name, incident_id, restore_labels=True)
