@@ -23,6 +23,11 @@ ACTION_ID = 255
 BLOCK_ID = 255
 ACTIONS_ELEMENTS = 25
 CONTEXT_ELEMENTS = 10
+#: All the text of a message's blocks together: past it Slack answers ``msg_blocks_too_long``,
+#: however small each part. Undocumented; Slack's developers give 12,000 characters "with a buffer
+#: for block containers" (slackapi/bolt-js#2867), and messages were refused from about 13,200
+#: (#2509).
+BLOCKS_TEXT = 12_000
 
 KNOWN_BLOCKS = frozenset(
     {"section", "header", "actions", "context", "divider", "image", "rich_text", "input", "file", "video"}
@@ -110,6 +115,20 @@ def validate(blocks: Any) -> list[str]:
     for i, block in enumerate(blocks):
         _check_block(errors, block, f"/blocks/{i}", ids)
     return errors
+
+
+def text_total(blocks: Any) -> int:
+    """Characters of every text object's ``text`` in ``blocks`` (mrkdwn and plain_text alike)."""
+    if isinstance(blocks, dict):
+        own = (
+            len(blocks["text"])
+            if blocks.get("type") in {"mrkdwn", "plain_text"} and isinstance(blocks.get("text"), str)
+            else 0
+        )
+        return own + sum(text_total(v) for v in blocks.values())
+    if isinstance(blocks, list):
+        return sum(text_total(v) for v in blocks)
+    return 0
 
 
 def invalid_blocks_body(errors: list[str]) -> dict[str, Any]:

@@ -84,6 +84,8 @@ def _content(args: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             raise ApiError(
                 "invalid_blocks", errors=body["errors"], response_metadata=body["response_metadata"]
             )
+        if blockkit.text_total(blocks) > blockkit.BLOCKS_TEXT:
+            raise ApiError("msg_blocks_too_long")
     if not text and not blocks:
         raise ApiError("no_text")
     return text[:40000], blockkit.stored(blocks or [])

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 _TOKEN = re.compile(r"<([^<>]*)>")
 _ENTITY = re.compile(r"&(amp|lt|gt);")
+#: What a link's target is when the app means a link: an address with a scheme.
+_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://|mailto:|tel:)", re.IGNORECASE)
 #: Special mentions that notify a whole channel or workspace, not one person.
 BROADCASTS = frozenset({"!channel", "!here", "!everyone"})
 
@@ -99,13 +101,18 @@ def audit(method: str, pointer: str, text: str, outside: list[str], broadcasts_a
 
     ``outside`` holds strings a test says came from outside the app (a Slurm job name, an alert's
     description): any control sequence found inside one of them means the app put foreign text into
-    mrkdwn unescaped. A bare ``&`` anywhere is flagged too: Slack asks for ``&amp;`` always."""
+    mrkdwn unescaped. A bare ``&`` anywhere is flagged too: Slack asks for ``&amp;`` always. So is a
+    "link" with no address (``<id>`` in a usage line): Slack shows it as a link, not as text."""
     flags: list[Flag] = []
     for control in controls(text):
         if control.kind == "broadcast" and not broadcasts_allowed:
             flags.append(Flag(method, pointer, "notifies the whole channel", control.raw))
         elif any(control.raw in s for s in outside):
             flags.append(Flag(method, pointer, f"a {control.kind} from outside, unescaped", control.raw))
+        elif control.kind == "link" and not _ADDRESS.match(control.target):
+            # Slack formats every remaining <…> as a link, its label after the pipe: `<id>` shows as
+            # a link named "id", `<node|incident>` as "incident" (formatting docs, "Parsing").
+            flags.append(Flag(method, pointer, "a placeholder Slack shows as a link", control.raw))
     for offset in bare_ampersands(text):
         flags.append(Flag(method, pointer, "a bare & (Slack wants &amp;)", text[offset : offset + 12]))
     return flags

@@ -5,8 +5,8 @@ Slack does, ``../shared/fixtures/slack``) and ``bot.integrations.slack.errors.ca
 or wrong token, an app token where a bot token belongs, a missing scope, an unknown channel, a
 channel the bot is not in, an update of a message that is not there and an unknown thread (both
 permanent, as a deleted message: ``MessageGone``), an unknown user
-group, a user not in the channel, a bad page size, blocks Slack refuses (permanent: no retry fixes
-them), 429 with ``Retry-After`` (kept as ``retry_after``) and a 503. A code pitcrew has no name for
+group, a user not in the channel, a bad page size, blocks Slack refuses and blocks each within its
+limits whose text together is too long (both permanent: no retry fixes them), 429 with ``Retry-After`` (kept as ``retry_after``) and a 503. A code pitcrew has no name for
 is ``refused``, and no code ever becomes a reason of its own. Through the service, the outbox's
 deliveries Slack rate limited are counted in ``pitcrew_integration_errors_total{system="notifier"}``
 under ``rate_limited``, and Slack's own spelling never becomes a label value.
@@ -85,6 +85,12 @@ CASES = {
         _post(blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3001}}]),
         Reason.INVALID_REQUEST,
         "invalid_blocks",
+        kind=PermanentError,
+    ),
+    "blocks whose text together is too long": Case(
+        _post(blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3000}}] * 5),
+        Reason.INVALID_REQUEST,
+        "msg_blocks_too_long",
         kind=PermanentError,
     ),
     "rate limited": Case(_post(), Reason.RATE_LIMITED, "ratelimited", fault=429),

@@ -98,3 +98,25 @@ def test_long_timelines_point_to_the_cli() -> None:
     buttons = [e for b in parent.blocks if b["type"] == "actions" for e in b["elements"]]
     assert all(e["value"].startswith("pc-xxx") and len(e["value"]) <= 2000 for e in buttons)
     assert all("confirm" in e for e in buttons)
+
+
+def test_the_whole_text_of_every_message_is_within_slacks_total() -> None:
+    """Each part within its limit, a parent of long parts carried 22,000 characters of text, which
+    Slack refuses whole (``msg_blocks_too_long``); the longest parts are clipped to fit."""
+    for name, message in _built():
+        assert blockkit.text_total(message.blocks) <= messages.BLOCKS_TEXT, name
+
+
+def test_the_buttons_block_has_a_new_id_for_each_version_of_the_parent() -> None:
+    """Slack asks for a new ``block_id`` whenever a message is updated (Block Kit reference)."""
+
+    def block_id(state: str) -> str:
+        view = ParentView(
+            "pc-00001", "gpu-node-01", "XID 79", (), "critical", "approve", "plan", "gpu3", state, "ok",
+            offer=("rollback",),
+        )  # fmt: skip
+        [actions] = [b for b in messages.parent(view).blocks if b["type"] == "actions"]
+        return str(actions["block_id"])
+
+    assert block_id("running") == block_id("running")  # the same message, the same id
+    assert block_id("running") != block_id("verifying")

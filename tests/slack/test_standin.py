@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
-from slack_sdk.models.blocks import ActionsBlock, ButtonElement, HeaderBlock, SectionBlock
+from slack_sdk.models.blocks import ActionsBlock, ButtonElement, DividerBlock, HeaderBlock, SectionBlock
 from slack_sdk.web.async_client import AsyncWebClient
 
 from proving_ground.slack.server import SlackStandin
@@ -164,13 +164,23 @@ async def test_invalid_blocks_are_refused_on_post_and_update(
 
 
 async def test_a_message_at_every_limit_passes(slack: SlackStandin, bot: AsyncWebClient) -> None:
+    """Each part at its limit, 50 blocks, and the text of all of them together at Slack's total; one
+    character more of text in all is ``msg_blocks_too_long``, whatever each part is."""
+    sections = [SectionBlock(text="s" * 3000) for _ in range(3)]
+    last = 12_000 - 150 - 75 - 3 * 3000
     blocks = [
         HeaderBlock(text="h" * 150),
         ActionsBlock(elements=[ButtonElement(text="b" * 75, action_id="a" * 255, value="v" * 2000)]),
-        *[SectionBlock(text="s" * 3000) for _ in range(48)],
+        *sections,
+        SectionBlock(text="s" * last),
+        *[DividerBlock() for _ in range(44)],
     ]
     answer = await bot.chat_postMessage(channel=CHANNEL, text="t", blocks=blocks)
     assert len(slack.api.message(CHANNEL, answer["ts"]).blocks) == 50  # type: ignore[union-attr]
+    blocks[5] = SectionBlock(text="s" * (last + 1))
+    with pytest.raises(SlackApiError) as refused:
+        await bot.chat_postMessage(channel=CHANNEL, text="t", blocks=blocks)
+    assert refused.value.response["error"] == "msg_blocks_too_long"
 
 
 async def test_ephemeral_and_membership_and_usergroups(slack: SlackStandin, bot: AsyncWebClient) -> None:

@@ -48,10 +48,11 @@ from bot.store.base import NewEvent, Store, StoreUnavailable
 
 log = logger(__name__)
 
+#: mrkdwn: ``&lt;id&gt;`` shows as ``<id>`` (a bare ``<id>`` is a link to nowhere, labelled "id").
 HELP = (
     "*/pitcrew* — answers only you see.\n"
-    "• `status` — mode, pause, breaker, whether you may decide · `status <node|incident>` — one incident\n"
-    "• `approve <id>` · `reject <id>` · `rollback <id>` — decide on an incident (approvers only)\n"
+    "• `status` — mode, pause, breaker, whether you may decide · `status &lt;node|incident&gt;` — one incident\n"
+    "• `approve &lt;id&gt;` · `reject &lt;id&gt;` · `rollback &lt;id&gt;` — decide on an incident (approvers only)\n"
     "• `pause [reason]` · `resume` — the kill switch (approvers only)\n"
     "• `breaker reset` — close the circuit breaker (approvers only)\n"
     "• `help` — this text"
@@ -228,7 +229,7 @@ class SlackInbound:
             return await self._status(rest[0] if rest else None, user)
         if verb in {"approve", "reject", "rollback"}:
             if len(rest) != 1:
-                return f"Usage: `/pitcrew {verb} <incident id>`"
+                return f"Usage: `/pitcrew {verb} &lt;incident id&gt;`"
             return await self.decide(verb, rest[0], user)
         if verb in {"pause", "resume"} or (verb == "breaker" and rest[:1] == ["reset"]):
             actor = f"{SLACK}{user}"

@@ -2,7 +2,7 @@
 
 Pure: plain data in, ``Message`` (fallback text + blocks as dicts) out; no I/O. Limits (fixtures
 ``limits.md``): 50 blocks, section text 3000, field text 2000, header 150, button text 75, context
-10 elements, unique action ids. Whatever the input — a timeline of a thousand lines, a node name of
+10 elements, unique action ids, and all the text together within ``BLOCKS_TEXT``. Whatever the input — a timeline of a thousand lines, a node name of
 ten thousand characters — the message fits: texts are clipped, long line lists are cut with a
 pointer to ``pitcrew incidents show``. Buttons carry only the incident id as their value.
 
@@ -19,6 +19,7 @@ parsed by Slack and is not escaped.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ CONTEXT_ELEMENTS = 10
 FALLBACK_TEXT = 3000
 #: Lines of a timeline shown in one reply before pointing to the CLI.
 TIMELINE_LINES = 40
+#: All the text of one message's blocks together. Slack refuses more with ``msg_blocks_too_long``
+#: however small each part is; the limit is undocumented (12,000 characters "with a buffer for block
+#: containers", say Slack's developers in slackapi/bolt-js#2867), so pitcrew keeps well below it.
+BLOCKS_TEXT = 10_000
+#: What a text is never clipped below to make the message fit.
+CLIPPED_TEXT = 200
 
 APPROVE, REJECT, ROLLBACK = "pitcrew_approve", "pitcrew_reject", "pitcrew_rollback"
 #: The line a parent shows when it replaces a deleted one.
@@ -180,7 +187,36 @@ def _section(text: str) -> SectionBlock:
 
 def _dicts(blocks: Sequence[Block]) -> list[dict[str, Any]]:
     out = [b.to_dict() for b in blocks[:MAX_BLOCKS]]
+    _within_total(out)
     return out
+
+
+def _text_objects(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        own = (
+            [node]
+            if node.get("type") in {"mrkdwn", "plain_text"} and isinstance(node.get("text"), str)
+            else []
+        )
+        return own + [t for value in node.values() for t in _text_objects(value)]
+    if isinstance(node, list):
+        return [t for value in node for t in _text_objects(value)]
+    return []
+
+
+def _within_total(blocks: list[dict[str, Any]]) -> None:
+    """Clip the longest mrkdwn texts, each as ``clip`` does, until all the text together is within
+    ``BLOCKS_TEXT``: each part within its own limit, a parent full of long parts was refused whole."""
+    texts = _text_objects(blocks)
+    excess = sum(len(t["text"]) for t in texts) - BLOCKS_TEXT
+    clippable = [t for t in texts if t["type"] == "mrkdwn"]
+    while excess > 0 and clippable:
+        longest = max(clippable, key=lambda t: len(t["text"]))
+        before = len(longest["text"])
+        if before <= CLIPPED_TEXT:
+            break
+        longest["text"] = clip(longest["text"], max(CLIPPED_TEXT, before - excess))
+        excess -= before - len(longest["text"])
 
 
 def _button(action_id: str, label: str, incident_id: str, style: str | None, confirm: str) -> ButtonElement:
@@ -199,7 +235,9 @@ def _button(action_id: str, label: str, incident_id: str, style: str | None, con
     )
 
 
-def buttons(incident_id: str, offer: Sequence[str]) -> ActionsBlock | None:
+def buttons(incident_id: str, offer: Sequence[str], version: str = "") -> ActionsBlock | None:
+    """The buttons offered, in a block whose id names this ``version`` of the message: Slack asks
+    for a new ``block_id`` each time a message is updated (Block Kit reference, ``block_id``)."""
     made = []
     short = md(incident_id, 60)
     if "approve" in offer:
@@ -218,7 +256,7 @@ def buttons(incident_id: str, offer: Sequence[str]) -> ActionsBlock | None:
                 f"Undo, in reverse, what pitcrew did for {short} (only what it did itself)?",
             )
         )
-    return ActionsBlock(block_id=f"actions-{len(made)}", elements=made) if made else None
+    return ActionsBlock(block_id=f"actions-{len(made)}-{version}"[:255], elements=made) if made else None
 
 
 def parent(view: ParentView) -> Message:
@@ -262,7 +300,7 @@ def parent(view: ParentView) -> Message:
     if view.runbook and len(view.runbook) <= 1000:
         links.append(link(view.runbook, "Runbook"))
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(" · ".join(links), 3000))]))
-    actions = buttons(view.incident_id, view.offer)
+    actions = buttons(view.incident_id, view.offer, hashlib.sha256(repr(view).encode()).hexdigest()[:12])
     if actions is not None:
         blocks.append(actions)
     return Message(md(f"{view.title} — {view.state}", FALLBACK_TEXT), _dicts(blocks))
@@ -327,7 +365,7 @@ def digest(entries: Sequence[DigestEntry], window: str, mode: str) -> Message:
             elements=[
                 MarkdownTextObject(
                     text="One message for the whole storm, updated as nodes join. Each incident: "
-                    "`pitcrew incidents show <id>`; `/pitcrew status <node>`."
+                    "`pitcrew incidents show &lt;id&gt;`; `/pitcrew status &lt;node&gt;`."
                 )
             ]
         ),
