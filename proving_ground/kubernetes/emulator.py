@@ -307,8 +307,16 @@ class KubeEmulator(kmock.KubernetesScaffold):
         Unknown and adds the ``unreachable`` taints; with ``taint_manager`` the pods that do not
         tolerate ``unreachable:NoExecute`` forever (all but DaemonSet pods, whose controller adds
         that toleration) are marked for deletion by the taint manager, as after their
-        ``tolerationSeconds`` (300 s by default). Nothing on the node is removed: no kubelet confirms."""
+        ``tolerationSeconds`` (300 s by default). Its pods are marked not Ready (the controller's
+        ``MarkPodsNotReady``), so their disruption budgets count them unhealthy, and an eviction of
+        one is let through as the API server does. Nothing on the node is removed: no kubelet confirms."""
         self.set_node_condition(node, "Ready", "Unknown")
+        for (plural, _, _), pod in self.objects.items():  # the node lifecycle controller's MarkPodsNotReady
+            if plural == "pods" and (pod.get("spec") or {}).get("nodeName") == node:
+                for condition in (pod.setdefault("status", {})).get("conditions", []):
+                    if condition.get("type") == "Ready":
+                        condition["status"] = "False"
+                self.bump(pod)
         obj = self.objects[("nodes", None, node)]
         taints = obj["spec"].setdefault("taints", [])
         for effect in ("NoSchedule", "NoExecute"):
@@ -685,6 +693,14 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     "status-429-eviction-pdb-retryafter.json",
                     cause=f"The disruption budget {pdb_name} is still being processed by the server.",
                 )
+            if not resources.pod_ready(pod) and (
+                (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+                or 0 < pdb_status["desiredHealthy"] <= pdb_status["currentHealthy"]
+            ):
+                # An unready pod counts for nothing in the budget: the API server evicts it without
+                # taking a disruption (pkg/registry/core/pod/storage/eviction.go).
+                self._delete_pod(self._key(pods, ns, name), grace)
+                return success, 201
             if pdb_status["disruptionsAllowed"] <= 0:
                 raise ApiError.from_fixture(
                     "status-429-eviction-pdb.json",

@@ -145,6 +145,14 @@ def _resolve(value: int | str, expected: int, round_up: bool) -> int:
     return int(value)
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True (``podutil.IsPodReady``)."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions", [])
+    )
+
+
 def pdb_status(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
     """The disruption controller's arithmetic: healthy = Running, Ready, not terminating, not just evicted."""
     old = pdb.get("status") or {}
@@ -157,10 +165,7 @@ def pdb_status(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any
         if not p["metadata"].get("deletionTimestamp")
         and p["metadata"]["name"] not in disrupted
         and (p.get("status") or {}).get("phase") == "Running"
-        and any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in (p.get("status") or {}).get("conditions", [])
-        )
+        and pod_ready(p)
     )
     spec = pdb.get("spec") or {}
     if "minAvailable" in spec:

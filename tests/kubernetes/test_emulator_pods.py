@@ -4,7 +4,9 @@ Cases: node conditions a test flips; pods by field and label selector, ordered b
 unsupported field a 400; DaemonSet, mirror and terminating pods as in the fixture; graceful delete keeps
 the pod listed as terminating until the kubelet stand-in removes it, force delete removes it at once;
 eviction is 201 with no PDB (the client parses that Status as a ``V1Eviction``, so the log shows the code) and 404 for a missing pod; the Slinky PDB answers 429 (fixture body, no
-Retry-After) until the pod loses ``pod-protect``; a stale PDB answers 429 with ``Retry-After: 10``;
+Retry-After) until the pod loses ``pod-protect``; a stale PDB answers 429 with ``Retry-After: 10``; a
+pod that is not Ready is evicted past a budget with no disruption left when the budget has its desired
+healthy pods or says ``AlwaysAllow`` (as the API server does), and a gone kubelet's pods are not Ready;
 an injected 500 is retried by the client, an injected 500 on a PATCH surfaces the fixture body, an
 injected 429 carries Retry-After, an injected delay times a request out (``kubernetes.aio`` does not
 retry timeouts);
@@ -149,6 +151,92 @@ async def test_a_stale_budget_answers_429_with_retry_after(
         )
     assert err.value.status == 429 and err.value.headers["Retry-After"] == "10"
     assert _status(err.value) == load_fixture("status-429-eviction-pdb-retryafter.json")
+
+
+def _replicas(k8s: KubeEmulator, ready: int, unready: int) -> list[str]:
+    """``ready`` + ``unready`` copies of the worker pod, labelled ``app: serve``; their names."""
+    worker = k8s.get("pods", WORKER, "training")
+    assert worker is not None
+    names = []
+    for n in range(ready + unready):
+        pod = json.loads(json.dumps(worker))
+        pod["metadata"] = {"name": f"serve-{n}", "namespace": "training", "labels": {"app": "serve"}}
+        conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c.get("type") != "Ready"]
+        conditions.append({"type": "Ready", "status": "True" if n < ready else "False"})
+        pod["status"]["phase"] = "Running"
+        k8s.add("pods", pod)
+        names.append(f"serve-{n}")
+    return names
+
+
+def _budget(min_available: int, policy: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"minAvailable": min_available, "selector": {"matchLabels": {"app": "serve"}}}
+    if policy is not None:
+        spec["unhealthyPodEvictionPolicy"] = policy
+    return {"metadata": {"name": "serve", "namespace": "training", "generation": 1}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("ready", "unready", "min_available", "policy", "status"),
+    [
+        (2, 1, 2, None, 201),  # healthy enough: the unready pod goes, no disruption taken
+        (1, 1, 2, None, 429),  # short of healthy: IfHealthyBudget (the default) keeps it
+        (1, 1, 2, "IfHealthyBudget", 429),
+        (1, 1, 2, "AlwaysAllow", 201),  # the budget never holds an unready pod
+    ],
+)
+async def test_an_unready_pod_is_evicted_as_the_api_server_decides(
+    k8s: KubeEmulator, k8s_client: client.ApiClient, ready: int, unready: int, min_available: int,
+    policy: str | None, status: int,
+) -> None:  # fmt: skip
+    """pkg/registry/core/pod/storage/eviction.go: a pod that is not Ready is evicted when the budget
+    says ``AlwaysAllow`` or has its desired healthy pods, whatever ``disruptionsAllowed`` is (0 here:
+    no Ready pod may go)."""
+    names = _replicas(k8s, ready, unready)
+    k8s.add("poddisruptionbudgets", _budget(min_available, policy))
+    core = client.CoreV1Api(k8s_client)
+    with pytest.raises(ApiException) as refused:
+        await core.create_namespaced_pod_eviction(names[0], "training", _eviction(names[0], "training"))
+    assert refused.value.status == 429  # a Ready pod: the budget allows no disruption
+    unready_pod = names[-1]
+    if status == 201:
+        await core.create_namespaced_pod_eviction(unready_pod, "training", _eviction(unready_pod, "training"))
+        assert k8s.log[-1].status == 201
+    else:
+        with pytest.raises(ApiException) as err:
+            await core.create_namespaced_pod_eviction(
+                unready_pod, "training", _eviction(unready_pod, "training")
+            )
+        assert err.value.status == 429
+
+
+async def test_a_gone_kubelet_marks_its_pods_not_ready_and_their_budget_lets_them_go(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """The node lifecycle controller marks a dead node's pods not Ready: one whose budget allows no
+    disruption, but lets unhealthy pods go (``AlwaysAllow``), is evicted then, and stays
+    terminating (no kubelet confirms)."""
+    names = _replicas(k8s, 3, 0)
+    for other in names[1:]:  # the other replicas run elsewhere
+        pod = k8s.get("pods", other, "training")
+        assert pod is not None
+        pod["spec"]["nodeName"] = "gpu-node-09"
+    k8s.pod_termination_delay = 0.05
+    k8s.add("poddisruptionbudgets", _budget(3, "AlwaysAllow"))
+    core = client.CoreV1Api(k8s_client)
+    with pytest.raises(ApiException) as refused:
+        await core.create_namespaced_pod_eviction(names[0], "training", _eviction(names[0], "training"))
+    assert refused.value.status == 429  # Ready, and the budget allows no disruption
+    dead = k8s.get("pods", names[0], "training")
+    assert dead is not None
+    k8s.kubelet_gone(dead["spec"]["nodeName"])
+    assert [c["status"] for c in dead["status"]["conditions"] if c["type"] == "Ready"] == ["False"]
+    await core.create_namespaced_pod_eviction(names[0], "training", _eviction(names[0], "training"))
+    assert k8s.log[-1].status == 201
+    await asyncio.sleep(0.2)
+    left = k8s.get("pods", names[0], "training")  # no kubelet confirms: terminating for good
+    assert left is not None and left["metadata"].get("deletionTimestamp")
 
 
 async def test_an_injected_500_on_a_read_is_retried_by_the_client(
