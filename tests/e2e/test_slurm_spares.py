@@ -12,7 +12,9 @@ to it), ``gpu-003``/``gpu-004`` are held by the Slurm reservation ``spares``. Ca
 - ``min_idle: 1`` with one spare left: nothing is taken, the timeline says which guard stopped
   it, and the job stays pending until the repair returns its node — then runs there;
 - ``pitcrew plan --live`` reads the reservation (and changes nothing): it names the spare a take
-  would choose now, and with ``min_idle: 1`` and one spare left, none and the guard that says so.
+  would choose now, and with ``min_idle: 1`` and one spare left, none and the guard that says so;
+  a reservation with ``REPLACE_DOWN`` (Slurm keeps its size itself and refuses any change of its
+  nodes) is said to be no pool at the read, before a take could begin.
 """
 
 from __future__ import annotations
@@ -214,6 +216,30 @@ def test_plan_live_names_the_spare_a_take_would_choose_or_the_guard_that_stops_i
         "now: would take none — no node to take: spares: min_idle — 1 idle, keeps at least 1"
     )
     assert reserved(slurm) == {"gpu-003"}
+
+    # A reservation Slurm keeps at its size itself refuses any change of its nodes (23.11-24.11's
+    # update_resv, and 22.05's here): said at the read, before a take could begin.
+    slurm.run("scontrol", "delete", "ReservationName=spares")
+    slurm.run(
+        "scontrol",
+        "create",
+        "reservation",
+        "ReservationName=spares",
+        "NodeCnt=2",
+        "StartTime=now",
+        "Duration=infinite",
+        "Users=root",
+        "Flags=REPLACE_DOWN",
+    )  # fmt: skip (REPLACE takes a count, never a node list)
+    held = reserved(slurm)
+    refused = slurm.run("scontrol", "update", "ReservationName=spares", f"Nodes={min(held)}", check=False)
+    assert refused.returncode != 0, refused
+    found = plan({"name": "spares", "kind": "spare", "reservation": "spares"})
+    assert found["capacity_choice"] is None, found
+    assert found["capacity"][-1].startswith(
+        "now: the pools could not be read (reservation spares has flag REPLACE_DOWN: Slurm keeps its size"
+    ), found
+    assert reserved(slurm) == held
 
 
 def _debug(server: Any, incident_id: str) -> str:

@@ -33,6 +33,8 @@ _KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_:/]*)=")
 # Slurm appends "[user@time]" to a node reason; it ends the reason even if the reason has "=".
 _NODE_REASON = re.compile(r"(?:^|\s)Reason=(.*?) \[([^\s@\[\]]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?=\s|$)")
 _NO_VALUE = frozenset({"", "(null)", "None", "N/A", "Unknown", "n/a"})
+#: Reservation flags under which Slurm keeps the reservation's size by replacing nodes itself.
+_REPLACING = frozenset({"REPLACE", "REPLACE_DOWN"})
 _SHORT_STATE = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "POWERING_DOWN"}
 _ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
 # One node, never a hostlist ("gpu-[001-100]" would down a hundred) nor something scontrol reads as
@@ -194,6 +196,16 @@ class ScontrolScheduler(NodeUpdates):
         for line in out.splitlines():
             kv = parse_kv(line)
             if kv.get("ReservationName") == name:
+                replacing = _REPLACING & set(kv.get("Flags", "").split(","))
+                if replacing:
+                    # Slurm refuses its every change of nodes (update_resv: "Reservation can't be
+                    # updated with Nodes option; it is incompatible with REPLACE[_DOWN]"), and it
+                    # refills itself: said before a take, not in its middle.
+                    raise PermanentError(
+                        f"reservation {name} has flag {'/'.join(sorted(replacing))}: Slurm keeps its size "
+                        "itself and refuses any change of its nodes, so it cannot be a pool; remove the flag",
+                        reason=Reason.MISCONFIGURED,
+                    )
                 nodes = kv.get("Nodes", "")
                 return expand_hostlist("" if nodes in _NO_VALUE else nodes)
         return None
