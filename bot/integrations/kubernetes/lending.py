@@ -13,7 +13,7 @@ to another incident, or carrying no readable record, is left as it is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.aio import client
@@ -68,20 +68,13 @@ class Lending:
         raise TransientError(f"lend of {name}: the node kept changing under us", reason=Reason.CONFLICT)
 
     async def join(self, name: str, labels: Mapping[str, str], *, incident_id: str) -> bool:
-        for _ in range(CONFLICT_RETRIES):
-            node = await self._nodes.read(name)
-            annotations = (node.metadata.annotations or {}) if node else {}
-            if node is None or lent_to(annotations) != incident_id:
-                return False
-            prior = lent_prior(annotations)
-            body: dict[str, Any] = {
-                "metadata": {"resourceVersion": node.metadata.resource_version, "labels": dict(labels)}
-            }
+        def body(node: client.V1Node, prior: LentPrior | None) -> dict[str, Any]:
+            patch: dict[str, Any] = {"metadata": {"labels": dict(labels)}}
             if prior is not None and prior.cordoned and node.spec and node.spec.unschedulable:
-                body["spec"] = {"unschedulable": None}  # the take's cordon: the give-back restores it
-            if await self._nodes.write(name, body, "join"):
-                return True
-        raise TransientError(f"join of {name}: the node kept changing under us", reason=Reason.CONFLICT)
+                patch["spec"] = {"unschedulable": None}  # the take's cordon: the give-back restores it
+            return patch
+
+        return await self._guarded(name, incident_id, body, "join")
 
     async def lend_back(self, name: str, *, incident_id: str) -> bool:
         return await self._end(name, incident_id, restore_labels=True)
@@ -90,27 +83,41 @@ class Lending:
         return await self._end(name, incident_id, restore_labels=False)
 
     async def _end(self, name: str, incident_id: str, *, restore_labels: bool) -> bool:
-        for _ in range(CONFLICT_RETRIES):
-            node = await self._nodes.read(name)
-            annotations = (node.metadata.annotations or {}) if node else {}
-            if node is None or lent_to(annotations) != incident_id:
-                return False
-            prior = lent_prior(annotations)
+        def body(node: client.V1Node, prior: LentPrior | None) -> dict[str, Any]:
             if prior is None:
                 raise PermanentError(
                     f"node {name}: the record of what the take changed is unreadable; left as it is",
                     reason=Reason.CONFLICT,
                 )
-            body: dict[str, Any] = {
-                "metadata": {"resourceVersion": node.metadata.resource_version, "annotations": _UNMARK}
-            }
+            patch: dict[str, Any] = {"metadata": {"annotations": _UNMARK}}
             if restore_labels:
-                body["metadata"]["labels"] = dict(prior.labels)
+                patch["metadata"]["labels"] = dict(prior.labels)
             if prior.cordoned:
-                body["spec"] = {"unschedulable": prior.unschedulable or None}
-            if await self._nodes.write(name, body, "give back"):
+                patch["spec"] = {"unschedulable": prior.unschedulable or None}
+            return patch
+
+        return await self._guarded(name, incident_id, body, "give back")
+
+    async def _guarded(
+        self,
+        name: str,
+        incident_id: str,
+        body: Callable[[client.V1Node, LentPrior | None], dict[str, Any]],
+        what: str,
+    ) -> bool:
+        """One merge patch (``body`` of the node read and what its take recorded) on a node lent to
+        ``incident_id``, guarded by the ``resourceVersion`` read; ``False`` if the node is not lent
+        to it (nothing written)."""
+        for _ in range(CONFLICT_RETRIES):
+            node = await self._nodes.read(name)
+            annotations = (node.metadata.annotations or {}) if node else {}
+            if node is None or lent_to(annotations) != incident_id:
+                return False
+            patch = body(node, lent_prior(annotations))
+            patch["metadata"]["resourceVersion"] = node.metadata.resource_version
+            if await self._nodes.write(name, patch, what):
                 return True
-        raise TransientError(f"give-back of {name}: the node kept changing under us", reason=Reason.CONFLICT)
+        raise TransientError(f"{what} of {name}: the node kept changing under us", reason=Reason.CONFLICT)
 
     async def _node(self, name: str) -> client.V1Node:
         node = await self._nodes.read(name)
