@@ -6,9 +6,8 @@ not select has no slurmd, so Slurm cannot give it a job. Here every Slurm node's
 the host (``proving_ground.slurm``), so this stand-in stands for the pod's coming and going:
 a node the selector stops matching, or that is cordoned, is drained with ``NOT_SELECTED`` as its
 reason (no job is placed there); one it starts matching uncordoned, drained so, is resumed (its
-slurmd registered). Nothing
-else is touched: a node DOWN or drained for another reason (pitcrew's, an administrator's) is
-left as it is. Kubernetes node names are the Slurm node names; a replacement node is named
+slurmd registered). Nothing else is touched: a node DOWN or drained for another reason
+(pitcrew's, an administrator's) is left as it is. Kubernetes node names are the Slurm node names; a replacement node is named
 after the node it replaces (``gpu-001-x7b2n``, the MachineSet stand-in's naming) and, as the
 NodeSet's pod keeps its hostname when it moves, serves the same Slurm node.
 """
