@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from slack_sdk.web.async_client import AsyncWebClient
 
-from proving_ground.slack.clicks import Interactivity
+from bot.integrations.slack import messages
+from bot.integrations.slack.messages import ParentView
+from proving_ground.slack import signing
+from proving_ground.slack.clicks import Interactivity, block_actions, find_button
 from proving_ground.slack.server import SlackStandin
 from proving_ground.slack.transcript import channel_lines
 from proving_ground.slack.world import SIGNING_SECRET
@@ -85,3 +89,39 @@ async def test_a_click_through_the_standin_is_a_signed_slack_click(
     assert "    ↳ [" in transcript  # the thread's replies under their parent
     assert f"(only alice sees this) {incident} approved by slack:U0ALICE" in transcript
     assert "(only mallory sees this) Sorry @mallory" in transcript
+
+
+async def test_a_click_on_a_parent_full_of_text_in_any_script_is_taken(
+    slack: SlackStandin, bot: AsyncWebClient, tmp_path: Path
+) -> None:
+    """Slack sends the whole message with a click, its every UTF-8 byte beyond ASCII's letters
+    form-encoded as ``%XX``: a parent at pitcrew's total of text in a script of three- and four-byte
+    characters (Japanese job names, an emoji) makes a click body of about 100 KB. pitcrew refused
+    bodies over 64 KiB with 413, and the click was lost."""
+    world = inventory(tmp_path / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
+    config = {"mode": "approve", "approvals": {"approvers": ["nobody-local"], "timeout": "5m"}}
+    async with SlackPitcrew(tmp_path / "pitcrew", slack, config=config, inventory=world) as pitcrew:
+        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
+        await pitcrew.wait_incident(incident, "awaiting_approval")
+        await until(
+            lambda: bool(pitcrew.thread(incident)) and "Approve" in repr(pitcrew.thread(incident)[0].blocks)
+        )
+        wide = "訓練ジョブ🚀"
+        view = ParentView(
+            incident, "gpu-node-02", wide * 30, tuple(wide * 80 for _ in range(12)), "critical", "approve",
+            wide * 300, wide * 300, "awaiting_approval", wide * 300,
+            jobs=tuple(wide * 80 for _ in range(10)), capacity=wide * 500, offer=("approve", "reject"),
+        )  # fmt: skip
+        big = messages.parent(view)
+        await bot.chat_postMessage(channel=CHANNEL, text=big.text, blocks=big.blocks)
+        message, block_id, button = find_button(slack.api, CHANNEL, "Approve", incident)
+        click = signing.interactive(
+            SIGNING_SECRET, block_actions(slack.api, message, block_id, button, "U0ALICE")
+        )
+        assert len(click.body) > 90_000, len(click.body)
+
+        slack.interactivity = Interactivity(slack.api, f"{pitcrew.url}/slack/events", SIGNING_SECRET)
+        status, answer = await _click(slack, _person("Approve", incident, "U0ALICE"))
+        assert (status, answer["status"]) == (200, 200), answer
+        assert answer["answer"] == f"{incident} approved by slack:U0ALICE"
+        await pitcrew.quiet()

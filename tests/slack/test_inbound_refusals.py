@@ -1,7 +1,7 @@
 """Requests to ``POST /slack/events`` that Slack did not send, or sent broken, change nothing.
 
 Cases: a forged signature → 401; a malformed timestamp, signature or body → 401 without a
-traceback; Slack's ssl_check probe → 200; a replayed signed command or click → 401; a correctly signed request older than 5 minutes → 401; a signed
+traceback; a body over 512 KiB (a click carries its whole message: 100 KB at most) → 413; Slack's ssl_check probe → 200; a replayed signed command or click → 401; a correctly signed request older than 5 minutes → 401; a signed
 body that is neither an interactive payload nor a slash command, a payload that is not JSON, a
 block_actions payload without its user → 400. After each: the incident still awaits approval, no
 approval or refusal event was written, nothing reached the far side, no Slack call was made for it.
@@ -55,6 +55,8 @@ async def test_forged_stale_and_malformed_requests_are_refused(slack: SlackStand
         ):
             signed = signing.sign(SIGNING_SECRET, body)
             cases.append((what, signed.body, signed.headers, 400))
+        huge = signing.sign(SIGNING_SECRET, signing.form_body({"payload": "x" * (512 * 1024)}))
+        cases.append(("over 512 KiB, signed", huge.body, huge.headers, 413))
         no_headers = signing.interactive(SIGNING_SECRET, payload)
         cases.append(
             (

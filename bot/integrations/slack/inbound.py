@@ -64,7 +64,10 @@ HELP = (
 _ACK_BUDGET = 2.0
 #: The Bolt request context's key for when an HTTP request arrived (``time.monotonic``).
 _ARRIVED = "pitcrew_arrived"
-_MAX_BODY = 64 * 1024
+#: The largest request taken from Slack. A click carries the whole message it was made on, every
+#: byte beyond ASCII's letters form-encoded as ``%XX``: a parent at ``messages.BLOCKS_TEXT`` in a
+#: script of three- and four-byte characters is about 100 KB (64 KiB refused such clicks).
+_MAX_BODY = 512 * 1024
 
 
 class SlackInbound:
