@@ -143,11 +143,11 @@ async def chat_post_message(api: WebApi, token: str, args: dict[str, Any]) -> di
     thread_ts = args.get("thread_ts") or None
     if thread_ts is not None:
         parent = api.message(channel.id, str(thread_ts))
-        # A reply to a reply lands in the parent's thread, as in Slack.
-        thread_ts = (parent.thread_ts or parent.ts) if parent is not None else str(thread_ts)
+        # A reply to a reply lands in the parent's thread, as in Slack. A reply to a deleted parent is
+        # accepted and posted at the channel's top level, with no error: Slack's developers say the
+        # app "has to delete (or cancel to post) its reply" (slackapi/python-slack-events-api#87).
+        thread_ts = (parent.thread_ts or parent.ts) if parent is not None else None
     api.audit("chat.postMessage", text, blocks)
-    # A reply to a deleted parent is accepted but lands in a thread no one can open any more
-    # (``WebApi.orphaned``); Slack says nothing about it.
     m = Message(channel.id, api.next_ts(), text, blocks, api.world.bot_user, thread_ts)
     m.reply_broadcast = thread_ts is not None and _truthy(args.get("reply_broadcast"))
     m.metadata = _metadata(args)

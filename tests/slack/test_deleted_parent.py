@@ -4,7 +4,8 @@ Cases: an incident in auto mode posts its parent; a person deletes it (the stand
 ``chat.update`` with ``message_not_found`` and ``conversations.replies`` with ``thread_not_found``,
 as Slack does); the incident goes on to its end. The outbox drains (nothing left pending, no
 notice refused), a new parent says the earlier message was deleted and carries the incident's
-current state, the summary reaches the channel as a broadcast reply of the new parent, later
+current state, no reply stands alone at the channel's top level (Slack takes a reply to a deleted
+parent there, without an error; pitcrew deletes such replies once it finds the parent gone), the summary reaches the channel as a broadcast reply of the new parent, later
 replies are in its thread, and the read API's Slack link is the new parent's permalink. The new
 parent is posted once. Failed before: both answers were retried forever and every later notice of
 the incident, summary included, stayed pending. The same for a storm digest deleted in Slack: the

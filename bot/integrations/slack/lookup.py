@@ -56,3 +56,20 @@ async def find_posted(
         cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
         if thread_ts is None or not answer.get("has_more") or cursor is None:
             return None
+
+
+async def posted_since(
+    client: AsyncWebClient, channel: str, oldest: str, match: Callable[[Mapping[str, Any]], bool]
+) -> list[str]:
+    """The ts of every top-level message pitcrew posted in the channel after ``oldest`` whose
+    metadata payload ``match``es (``conversations.history``, newest first, its first 200)."""
+    answer = await call(
+        client.conversations_history(channel=channel, oldest=oldest, include_all_metadata=True, limit=200)
+    )
+    found = []
+    for message in answer.get("messages") or []:
+        metadata = message.get("metadata") or {}
+        top = message.get("thread_ts") in (None, message.get("ts"))
+        if top and metadata.get("event_type") == METADATA_TYPE and match(metadata.get("event_payload") or {}):
+            found.append(str(message["ts"]))
+    return found

@@ -24,6 +24,7 @@ if Slack already has the message, records its ts instead of posting again. Text 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
 from bot.integrations.slack.errors import MessageGone, call
-from bot.integrations.slack.lookup import METADATA_TYPE, find_posted
+from bot.integrations.slack.lookup import METADATA_TYPE, find_posted, posted_since
 from bot.integrations.slack.messages import Message, Mrkdwn, escape
 from bot.integrations.slack.parent import ParentViews, who
 from bot.integrations.slack.probe import SlackProbe
@@ -145,6 +146,7 @@ class SlackDestination:
         except PermanentError as exc:
             if not isinstance(exc, MessageGone):
                 raise
+            await self._withdraw(incident, thread)
             # Deleted by a person or a retention policy: the incident goes on under a new parent
             # (built from the store just now, so it shows everything), this item's reply with it.
             thread = await self._rehome(item, incident, thread)
@@ -168,6 +170,23 @@ class SlackDestination:
         if built is None:
             return None
         return await self._post(item, built, thread_ts=thread, broadcast=item.kind == "summary")
+
+    async def _withdraw(self, incident: IncidentRecord, gone: str) -> None:
+        """Delete the replies to ``gone`` posted after it was deleted: Slack takes a reply to a
+        deleted parent without an error and shows it at the channel's top level, alone (its
+        developers: the app "has to delete (or cancel to post) its reply"). They are the incident's
+        top-level posts after the parent that are not a parent themselves. The one being delivered
+        is posted again under the new parent; the new parent, built from the store, shows what the
+        others said."""
+        strays = await posted_since(
+            self.client,
+            self.channel,
+            gone,
+            lambda p: p.get("incident_id") == incident.id and "replaces" not in p,
+        )
+        for ts in strays:
+            with contextlib.suppress(MessageGone):  # gone already (a retry after a crash, a person)
+                await call(self.client.chat_delete(channel=self.channel, ts=ts))
 
     async def _rehome(self, item: OutboxItem, incident: IncidentRecord, gone: str) -> str:
         """A new parent for an incident whose parent ``gone`` was deleted; its ts, kept as the thread.
