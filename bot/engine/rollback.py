@@ -20,7 +20,7 @@ from bot.engine.context import Kept, StepDeps, StepResult, UndoContext
 from bot.engine.pause import Held
 from bot.engine.registry import StepDef, StepRegistry
 from bot.store import codec
-from bot.store.base import Event, IncidentRecord, NewEvent, StepRecord
+from bot.store.base import NOT_STANDING, Event, IncidentRecord, NewEvent, StepRecord
 
 #: The pseudo-step recording a rollback request: an incident that has it is being undone.
 ROLLBACK = "rollback"
@@ -81,12 +81,7 @@ async def undo(
     for step in _newest_first(incident, steps, events):
         record = steps.get(step)
         definition = registry.get(step)
-        if (
-            record is None
-            or definition is None
-            or record.status in {"skipped", "undone", "superseded"}
-            or step in tried
-        ):
+        if record is None or definition is None or record.status in NOT_STANDING or step in tried:
             continue
         try:
             line = await _undo_one(ctx, definition, record)

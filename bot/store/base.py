@@ -33,6 +33,10 @@ JsonObject: TypeAlias = Mapping[str, Json]
 #: observe mode), ``undone`` (rolled back), ``superseded`` (a replan
 #: dropped it: its result no longer counts).
 StepStatus = Literal["running", "held", "ok", "failed", "skipped", "undone", "superseded"]
+#: A step whose change no longer stands, whatever its record's progress says: undone by a rollback,
+#: superseded by a rung of the repair ladder that does it again, or never run. A rollback passes it
+#: by, and a ``capacity`` step so has no node out of its pool.
+NOT_STANDING: frozenset[StepStatus] = frozenset({"skipped", "undone", "superseded"})
 #: An approval request: ``pending`` until a human decides (``approved``, ``rejected``), its
 #: deadline passes (``expired``) or a rollback ends the incident first (``cancelled``).
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled"]

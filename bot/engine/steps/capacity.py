@@ -44,7 +44,7 @@ from bot.engine.steps import lending
 from bot.engine.steps.repair import WaitReadyResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
-from bot.store.base import StepRecord, Store
+from bot.store.base import NOT_STANDING, StepRecord, Store
 
 log = logger(__name__)
 
@@ -419,7 +419,7 @@ def lent_out(opened: Sequence[OpenIncident]) -> Counter[str]:
     out: Counter[str] = Counter()
     for incident in opened:
         record = incident.steps.get("capacity")
-        if record is None or record.status in _NOT_OUT:
+        if record is None or record.status in NOT_STANDING:
             continue
         took = incident.took()
         if took is None or not took.node or not took.pool or took.taken_at is None:
@@ -429,11 +429,6 @@ def lent_out(opened: Sequence[OpenIncident]) -> Counter[str]:
             continue
         out[took.pool] += 1
     return out
-
-
-#: A ``capacity`` record whose node is no longer out, whatever its progress says: undone by a
-#: rollback, superseded by a rung of the repair ladder that does it again, never run.
-_NOT_OUT = frozenset({"undone", "superseded", "skipped"})
 
 
 async def show_lent(
