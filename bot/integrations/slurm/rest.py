@@ -35,6 +35,7 @@ from bot.integrations.slurm.cli import (
 )
 from bot.integrations.slurm.json import (
     RestApi,
+    SlurmError,
     discover_api,
     errors_of,
     job_from_json,
@@ -89,10 +90,10 @@ class _TokenFile:
         return self.get() != before
 
 
-def _refused(status: int, body: Mapping[str, Any]) -> bool:
+def _refused(status: int, errors: Sequence[SlurmError]) -> bool:
     """slurmrestd or slurmctld refused the token: 401/403 (a missing or malformed header), 511
     (24.05.5+: slurmctld refused the credential), or that refusal's error in any answer (23.11: 500)."""
-    return status in (401, 403, 511) or any(e.refused_credential for e in errors_of(body))
+    return status in (401, 403, 511) or any(e.refused_credential for e in errors)
 
 
 #: What 22.05's REST shows a node just set DOWN while its jobs are being killed (no DOWN flag).
@@ -300,17 +301,18 @@ class RestScheduler(NodeUpdates):
         allow: frozenset[int] | set[int] = frozenset(),
     ) -> tuple[int, Mapping[str, Any]]:
         status, body = await self._send(method, path, op, json_body)
-        if _refused(status, body) and self._token.changed():
+        errors = errors_of(body)
+        if _refused(status, errors) and self._token.changed():
             status, body = await self._send(method, path, op, json_body)  # the token was rotated
+            errors = errors_of(body)
         if status in allow:
             return status, body
-        errors = errors_of(body)
         if any(e.unknown_node for e in errors):
             raise PermanentError(f"{op}: unknown Slurm node", reason=Reason.UNKNOWN_NODE)
         if any(e.unknown_job for e in errors):
             raise PermanentError(f"{op}: unknown Slurm job", reason=Reason.UNKNOWN_JOB)
         detail = "; ".join(e.message for e in errors[:3]) or f"HTTP {status}"
-        if _refused(status, body):
+        if _refused(status, errors):
             raise PermanentError(
                 f"{op}: slurmrestd refused the token (HTTP {status}: {detail})", reason=Reason.UNAUTHORIZED
             )
