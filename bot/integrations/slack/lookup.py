@@ -49,9 +49,7 @@ async def find_posted(
                 return None
             raise
         for message in answer.get("messages") or []:
-            metadata = message.get("metadata") or {}
-            payload = metadata.get("event_payload") or {}
-            if metadata.get("event_type") == METADATA_TYPE and match(payload):
+            if _ours(message, match):
                 return str(message["ts"])
         cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
         if thread_ts is None or not answer.get("has_more") or cursor is None:
@@ -66,10 +64,14 @@ async def posted_since(
     answer = await call(
         client.conversations_history(channel=channel, oldest=oldest, include_all_metadata=True, limit=200)
     )
-    found = []
-    for message in answer.get("messages") or []:
-        metadata = message.get("metadata") or {}
-        top = message.get("thread_ts") in (None, message.get("ts"))
-        if top and metadata.get("event_type") == METADATA_TYPE and match(metadata.get("event_payload") or {}):
-            found.append(str(message["ts"]))
-    return found
+    return [
+        str(message["ts"])
+        for message in answer.get("messages") or []
+        if message.get("thread_ts") in (None, message.get("ts")) and _ours(message, match)
+    ]
+
+
+def _ours(message: Mapping[str, Any], match: Callable[[Mapping[str, Any]], bool]) -> bool:
+    """A message pitcrew posted (its metadata's ``event_type``) whose payload ``match``es."""
+    metadata = message.get("metadata") or {}
+    return bool(metadata.get("event_type") == METADATA_TYPE and match(metadata.get("event_payload") or {}))
