@@ -4,7 +4,8 @@ Pure: plain data in, ``Message`` (fallback text + blocks as dicts) out; no I/O. 
 ``limits.md``): 50 blocks, section text 3000, field text 2000, header 150, button text 75, context
 10 elements, unique action ids, and all the text together within ``BLOCKS_TEXT``. Whatever the
 input — a timeline of a thousand lines, a node name of ten thousand characters — the message
-fits: texts are clipped, long line lists are cut with a pointer to ``pitcrew incidents show``. Buttons carry only the incident id as their value.
+fits: texts are clipped, long line lists are cut with a pointer to ``pitcrew incidents show``.
+Buttons carry only the incident id as their value.
 
 Everything that reaches these functions as ``str`` is text from outside (Slurm job names and users,
 alert descriptions, node names, step details, what a person typed) and is **escaped** before it goes
