@@ -111,7 +111,6 @@ class KubeEmulator(kmock.KubernetesScaffold):
     consolidated: list[str] = attrs.field(factory=list)
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
-    _karpenter_nominated: set[Key] = attrs.field(factory=set)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
     #: one code for every attempt, or a list with one per attempt (the last repeats).
     job_exit_codes: dict[str, int | list[int]] = attrs.field(factory=dict)
@@ -535,6 +534,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return copy.deepcopy(body)
         created = copy.deepcopy(self.add(res.plural, body))
         if res.plural == "pods" and not (body.get("spec") or {}).get("nodeName"):
+            self._later(0, self._kube_schedule)
             self._later(self.replace_delay, self._karpenter_provision)
         if res.plural == "jobs":
             self._later(0, lambda: self._run_job(ns, name))
@@ -744,10 +744,45 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return
         await self._new_handle_and_node(res, old, old_node_name, template)
 
+    def _pending_in_pools(self) -> list[dict[str, Any]]:
+        """Pods not bound, not terminating, that select a NodePool (``karpenter.sh/nodepool``)."""
+        return [
+            pod
+            for key, pod in self.objects.items()
+            if key[0] == "pods"
+            and not (pod.get("spec") or {}).get("nodeName")
+            and not pod["metadata"].get("deletionTimestamp")
+            and "karpenter.sh/nodepool" in ((pod.get("spec") or {}).get("nodeSelector") or {})
+        ]
+
+    async def _kube_schedule(self) -> None:
+        """kube-scheduler, for pods that select a NodePool: each binds at once to an existing node
+        its default filters pass (``resources.unfit``), the first by name. Karpenter provisions only
+        for pods the scheduler could place nowhere (marked Unschedulable), so a pod that fits an
+        existing node is no demand for a new one, whatever it was made for."""
+        nodes = sorted(
+            (n for (plural, _, _), n in self.objects.items() if plural == "nodes"),
+            key=lambda n: str(n["metadata"]["name"]),
+        )
+        for pod in self._pending_in_pools():
+            for node in nodes:
+                name = node["metadata"]["name"]
+                there = [
+                    p
+                    for (plural, _, _), p in self.objects.items()
+                    if plural == "pods" and (p.get("spec") or {}).get("nodeName") == name
+                ]
+                if resources.unfit(pod, node, there) is None:
+                    pod["spec"]["nodeName"] = name
+                    pod.setdefault("status", {})["phase"] = "Running"
+                    self.bump(pod)
+                    break
+
     async def _karpenter_provision(self) -> None:
         """Karpenter's provisioner: one new NodeClaim and Node per pending pod that selects a known
-        NodePool (``nodeSelector`` ``karpenter.sh/nodepool``); once Ready the scheduler binds the pod.
-        The stand-in assumes the pool has no room for the pod on its existing nodes."""
+        NodePool (``nodeSelector`` ``karpenter.sh/nodepool``) and that the scheduler placed on no
+        existing node (``_kube_schedule``, run first); once Ready the scheduler binds the pod."""
+        await self._kube_schedule()
         for key, pod in list(self.objects.items()):
             spec = pod.get("spec") or {}
             pool = (spec.get("nodeSelector") or {}).get("karpenter.sh/nodepool")

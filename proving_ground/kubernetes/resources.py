@@ -9,8 +9,11 @@ import copy
 import json
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 from proving_ground.kubernetes.selectors import selector_matches
 
@@ -225,3 +228,67 @@ def replacement_handle(old: dict[str, Any], node_name: str, suffix: str) -> dict
     if "nodeName" in status:
         status["nodeName"] = node_name
     return handle
+
+
+def _requests(pod: dict[str, Any]) -> dict[str, Decimal]:
+    """A pod's effective requests (``resource.PodRequests``): its containers' sum, or an init
+    container's if larger."""
+    spec = pod.get("spec") or {}
+    total: dict[str, Decimal] = {}
+    for container in spec.get("containers") or []:
+        for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+    for container in spec.get("initContainers") or []:
+        for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            total[name] = max(total.get(name, Decimal(0)), parse_quantity(value))
+    return total
+
+
+def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
+    """``v1.Toleration.ToleratesTaint``: an empty key with ``Exists`` tolerates every taint; an
+    empty effect every effect."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if not t.get("key"):
+            if t.get("operator") == "Exists":
+                return True
+            continue
+        if t["key"] != taint.get("key"):
+            continue
+        if t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def unfit(pod: dict[str, Any], node: dict[str, Any], there: list[dict[str, Any]]) -> str | None:
+    """Why kube-scheduler's default filters put ``pod`` on no ``node`` (None: it fits); ``there``:
+    the pods bound to the node. NodeUnschedulable, NodeAffinity (``nodeSelector``), TaintToleration
+    (NoSchedule and NoExecute; a NotReady node carries ``node.kubernetes.io/not-ready``, as the node
+    lifecycle controller taints it) and NodeResourcesFit: each request within what the node's
+    allocatable leaves after the requests of its pods not yet Succeeded or Failed."""
+    spec, status = pod.get("spec") or {}, node.get("status") or {}
+    tolerations = spec.get("tolerations") or []
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    if (node.get("spec") or {}).get("unschedulable"):
+        taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    if not ready:
+        taints.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return "node(s) didn't match Pod's node affinity/selector"
+    for taint in taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, tolerations):
+            return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
+    allocatable = status.get("allocatable") or {}
+    used: dict[str, Decimal] = {}
+    for other in there:
+        if (other.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for name, amount in _requests(other).items():
+            used[name] = used.get(name, Decimal(0)) + amount
+    for name, amount in _requests(pod).items():
+        if amount > parse_quantity(allocatable.get(name, "0")) - used.get(name, Decimal(0)):
+            return f"Insufficient {name}"
+    return None

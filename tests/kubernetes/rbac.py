@@ -158,7 +158,9 @@ async def tour(
             handle = await replacing.replace(NODE, strategy="configured", incident_id="pc-1")
             await replacing.successor(NODE, handle=handle)
         return
-    await make(replace={"strategy": "karpenter"}).replace(NODE, strategy="configured", incident_id="pc-1")
+    karpenter = make(replace={"strategy": "karpenter"})
+    handle = await karpenter.replace(NODE, strategy="configured", incident_id="pc-1")
+    await karpenter.successor(NODE, handle=handle)  # none yet: its placeholder is read
     await _settled(k8s)
     [replacement] = [n for (kind, _, n) in k8s.objects if kind == "nodes"]
     # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
@@ -255,4 +257,8 @@ def compare(requests: Iterable[Request], documents: Iterable[dict[str, Any]]) ->
             where = f" in {request.namespace}" if request.namespace else ""
             denied.add(f"{request.verb} {request.api_group or 'core'}/{request.resource}{sub}{where}")
         used.update(matching)
-    return Comparison(tuple(sorted(denied)), tuple(sorted(set(allowed) - used)))
+    # A cluster-wide grant (namespace None) sorts before a namespaced one of the same role name.
+    unused = sorted(
+        set(allowed) - used, key=lambda g: (g.role, g.namespace or "", g.api_group, g.resource, g.verb)
+    )
+    return Comparison(tuple(sorted(denied)), tuple(unused))

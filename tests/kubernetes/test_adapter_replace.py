@@ -333,6 +333,60 @@ async def test_the_karpenter_strategy_creates_the_demand_and_removes_it_once_the
     assert guard < drop
 
 
+PLACEHOLDER = "pitcrew-successor-gpu-h100-x7k2q"
+
+
+async def _no_demand(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> PermanentError:
+    """What ``successor`` fails with once it sees the replacement can come no more."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        try:
+            found = await cluster.successor(NODE, handle=handle)
+        except PermanentError as exc:
+            return exc
+        assert found is None, found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"successor of {NODE} still awaited after {within}s")
+
+
+async def test_karpenter_fails_at_once_when_the_scheduler_puts_the_demand_on_an_existing_node(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """A node of the NodePool with the GPUs free (every node looks so where slurmd pods request no
+    GPUs): kube-scheduler binds the placeholder there at once, nothing is pending, and Karpenter
+    launches nothing. The first look after says so, naming the node, and removes the placeholder,
+    which held those GPUs on a node it was not made for, instead of waiting out the step's budget."""
+    free = copy.deepcopy(k8s.get("nodes", NODE))
+    assert free is not None
+    free["metadata"]["name"] = "gpu-node-03"
+    free["metadata"]["labels"].update(
+        {"kubernetes.io/hostname": "gpu-node-03", "karpenter.sh/nodepool": "gpu-h100"}
+    )
+    k8s.add("nodes", free)
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    failed = await _no_demand(cluster, handle)
+    assert failed.reason == Reason.UNSUPPORTED
+    assert "existing node gpu-node-03" in str(failed) and "8 GPUs free in NodePool gpu-h100" in str(failed)
+    assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
+    assert k8s.ready_delay is not None
+    await asyncio.sleep(k8s.replace_delay + k8s.ready_delay + 0.2)
+    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]  # nothing was launched
+
+
+async def test_karpenter_fails_when_the_placeholder_is_gone_before_any_successor(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """Deleted by someone (or with a node it was bound to) before Karpenter launched a node for it:
+    nothing is pending, so nothing will come."""
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    await client.CoreV1Api(k8s_client).delete_namespaced_pod(PLACEHOLDER, "pitcrew-jobs")
+    failed = await _no_demand(cluster, handle)
+    assert failed.reason == Reason.UNSUPPORTED and "is gone and no node came for it" in str(failed)
+
+
 async def test_karpenter_consolidates_an_empty_successor_without_the_guard(
     k8s: KubeEmulator, k8s_client: client.ApiClient
 ) -> None:

@@ -9,12 +9,15 @@ by nothing; a terminated instance is, by its cloud group.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import sys
+from typing import Any
 
 import pytest
 from kubernetes.aio import client
 
+from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
 
 NODE = "gpu-node-02"
@@ -85,3 +88,110 @@ async def test_deleting_a_node_object_replaces_nothing_and_terminating_its_insta
     await asyncio.sleep(0.4)
     (new_node,) = (await _ready_nodes(core)).items()
     assert new_node[0].startswith(f"{NODE}-") and new_node[1] == "True"
+
+
+def _pod(requests: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    resources = {"requests": requests} if requests else {}
+    return {"spec": {"containers": [{"name": "c", "resources": resources}], **spec}}
+
+
+def _node(**changes: Any) -> dict[str, Any]:
+    node: dict[str, Any] = load_fixture("node-gpu.json")  # 8 GPUs, taint nvidia.com/gpu NoSchedule, Ready
+    node["spec"].update(changes.pop("spec", {}))
+    node["metadata"]["labels"]["karpenter.sh/nodepool"] = "gpu-h100"
+    if changes.pop("not_ready", False):
+        for condition in node["status"]["conditions"]:
+            if condition["type"] == "Ready":
+                condition["status"] = "False"
+    return node
+
+
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+GPUS_8 = {"nvidia.com/gpu": "8"}
+ON_POOL = {"karpenter.sh/nodepool": "gpu-h100"}
+RUNNING_4 = {**_pod({"nvidia.com/gpu": "4"}), "status": {"phase": "Running"}}
+DONE_8 = {**_pod(GPUS_8), "status": {"phase": "Succeeded"}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "node", "there", "why"),
+    [
+        (_pod(GPUS_8, nodeSelector=ON_POOL, tolerations=TOLERATE_GPU), _node(), [], None),
+        (_pod(GPUS_8, nodeSelector=ON_POOL), _node(), [], "untolerated taint {nvidia.com/gpu: present}"),
+        (_pod(GPUS_8, tolerations=[{"operator": "Exists"}]), _node(), [], None),  # tolerates every taint
+        (
+            _pod(GPUS_8, nodeSelector={"karpenter.sh/nodepool": "other"}, tolerations=TOLERATE_GPU),
+            _node(),
+            [],
+            "didn't match Pod's node affinity/selector",
+        ),
+        (
+            _pod(GPUS_8, tolerations=TOLERATE_GPU),
+            _node(spec={"unschedulable": True}),
+            [],
+            "untolerated taint {node.kubernetes.io/unschedulable: }",
+        ),
+        (_pod(GPUS_8, tolerations=TOLERATE_GPU), _node(not_ready=True), [], "node.kubernetes.io/not-ready"),
+        (_pod(GPUS_8, tolerations=TOLERATE_GPU), _node(), [RUNNING_4], "Insufficient nvidia.com/gpu"),
+        (_pod({"nvidia.com/gpu": "4"}, tolerations=TOLERATE_GPU), _node(), [RUNNING_4], None),
+        (_pod(GPUS_8, tolerations=TOLERATE_GPU), _node(), [DONE_8], None),  # a finished pod holds nothing
+        (_pod({"memory": "2Ti"}, tolerations=TOLERATE_GPU), _node(), [], "Insufficient memory"),
+        (_pod({"cpu": "191500m"}, tolerations=TOLERATE_GPU), _node(), [], None),
+        (
+            _pod({"example.com/fpga": "1"}, tolerations=TOLERATE_GPU),
+            _node(),
+            [],
+            "Insufficient example.com/fpga",
+        ),
+        (
+            _pod(
+                {"nvidia.com/gpu": "1"},
+                tolerations=TOLERATE_GPU,
+                initContainers=[{"name": "i", "resources": {"requests": {"nvidia.com/gpu": "5"}}}],
+            ),
+            _node(),
+            [RUNNING_4],
+            "Insufficient nvidia.com/gpu",  # an init container's larger request counts
+        ),
+    ],
+)
+def test_the_stand_in_scheduler_filters_as_kube_scheduler_does(
+    pod: dict[str, Any], node: dict[str, Any], there: list[dict[str, Any]], why: str | None
+) -> None:
+    found = resources.unfit(pod, node, there)
+    assert (found is None) if why is None else (found is not None and why in found), found
+
+
+async def test_a_pending_pod_that_fits_an_existing_node_is_bound_there_and_no_node_is_launched(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """kube-scheduler binds a pod that fits an existing node at once; Karpenter launches nodes only
+    for pods it could place nowhere. A node of the NodePool with its GPUs free takes the pod; with
+    none, a NodeClaim is made for it (as after the NodeClaim's delete in test_adapter_replace)."""
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    await custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q")
+    await asyncio.sleep(k8s.replace_delay + 0.1)  # the NodePool is known to the stand-in now
+    free = _node()
+    free["metadata"].update(name="gpu-free", creationTimestamp="2026-01-01T00:00:00Z")
+    k8s.add("nodes", free)
+    demand: dict[str, Any] = {
+        "metadata": {"name": "demand", "namespace": "pitcrew-jobs"},
+        "spec": {
+            "nodeSelector": ON_POOL,
+            "tolerations": TOLERATE_GPU,
+            "containers": [{"name": "p", "image": "x", "resources": {"requests": GPUS_8, "limits": GPUS_8}}],
+        },
+    }
+    await core.create_namespaced_pod("pitcrew-jobs", demand)
+    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)
+    bound = k8s.get("pods", "demand", "pitcrew-jobs")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-free"
+    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]
+    # A second pod finds the free node's GPUs taken: Karpenter launches a node for it.
+    more_demand = copy.deepcopy(demand)
+    more_demand["metadata"]["name"] = "more"
+    await core.create_namespaced_pod("pitcrew-jobs", more_demand)
+    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)
+    [claim] = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
+    more = k8s.get("pods", "more", "pitcrew-jobs")
+    assert more is not None and more["spec"]["nodeName"] == claim["status"]["nodeName"] != "gpu-free"

@@ -94,6 +94,8 @@ NAMESPACE_OF = {
     ("RoleBinding", "pitcrew-events"): "default",
     ("Role", "pitcrew-jobs"): "pitcrew-jobs",
     ("RoleBinding", "pitcrew-jobs"): "pitcrew-jobs",
+    ("Role", "pitcrew-replace-karpenter"): "pitcrew-jobs",
+    ("RoleBinding", "pitcrew-replace-karpenter"): "pitcrew-jobs",
 }
 ALL = sorted(KUSTOMIZATIONS)
 WITH_COMPONENT = [f"base+{strategy}" for strategy in COMPONENTS]
@@ -103,10 +105,10 @@ def replace_objects(strategy: str) -> set[tuple[str, str]]:
     """The component's objects for ``strategy`` (none for ``command`` and ``none``)."""
     if strategy not in COMPONENTS:
         return set()
-    return {
-        ("ClusterRole", f"pitcrew-replace-{strategy}"),
-        ("ClusterRoleBinding", f"pitcrew-replace-{strategy}"),
-    }
+    kinds = ["ClusterRole", "ClusterRoleBinding"]
+    if strategy == "karpenter":  # its placeholder pod read in the jobs' namespace
+        kinds += ["Role", "RoleBinding"]
+    return {(kind, f"pitcrew-replace-{strategy}") for kind in kinds}
 
 
 def schema_problems(obj: dict[str, Any]) -> list[str]:

@@ -73,6 +73,9 @@ def needed(settings: KubernetesSettings) -> tuple[Permission, ...]:
         perms += [
             Permission("list", "karpenter.sh", "nodeclaims"),
             Permission("delete", "karpenter.sh", "nodeclaims"),
+            # the placeholder pod: made, read while the successor is awaited (bound elsewhere?)
+            Permission("create", "", "pods", namespace=settings.jobs.namespace),
+            Permission("get", "", "pods", namespace=settings.jobs.namespace),
         ]
     elif strategy == "delete-node":
         perms += [Permission("delete", "", "nodes")]

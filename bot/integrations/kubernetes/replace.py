@@ -590,7 +590,49 @@ class Replacer:
             }
             if await self._nodes.write(node.metadata.name, body, "claim successor"):
                 return await self._bound(node, parsed)
+        if parsed.strategy == "karpenter":
+            await self._demand_placed(parsed)
         return None
+
+    async def _demand_placed(self, parsed: Handle) -> None:
+        """The placeholder is demand only while it is pending: kube-scheduler binds a pod that fits
+        an existing node at once, and Karpenter provisions only for pods the scheduler marked
+        unschedulable. One bound to a node older than the replacement (a node of the NodePool with
+        the GPUs free, as every node looks where slurmd pods request none) makes Karpenter launch
+        nothing, and the wait would run out its budget. It is removed, as it holds those GPUs on a
+        node it was not made for, and the replacement fails at once, naming the node; so it does
+        when the placeholder is gone before any successor came."""
+        namespace, name = self._settings.jobs.namespace, placeholder_name(parsed.target)
+        try:
+            pod: client.V1Pod = await call(
+                f"read placeholder pod {namespace}/{name}",
+                self._core.read_namespaced_pod(name, namespace, _request_timeout=self._timeout),
+            )
+        except PermanentError as exc:
+            if exc.reason != Reason.NOT_FOUND:
+                raise
+            raise PermanentError(
+                f"Karpenter will launch no node for {parsed.target}: pitcrew's placeholder pod "
+                f"{namespace}/{name} is gone and no node came for it (deleted by someone, or with the "
+                "node it was bound to). Replace the node by hand",
+                reason=Reason.UNSUPPORTED,
+            ) from exc
+        where = pod.spec.node_name if pod.spec else None
+        if not where:
+            return
+        node = await self._nodes.read(where)
+        created = node.metadata.creation_timestamp if node is not None else None
+        if created is not None and created >= parsed.since:
+            return  # a node made since: the successor on its way, or another replacement's
+        await self._drop_placeholder(parsed)
+        pool = (parsed.owner or "").removeprefix("nodepool/")
+        raise PermanentError(
+            f"Karpenter will launch no node for {parsed.target}: the scheduler put pitcrew's "
+            f"placeholder pod on existing node {where}, which had {parsed.gpus} GPUs free in NodePool "
+            f"{pool}, so nothing was pending (placeholder removed). Replace the node by hand; where "
+            "slurmd pods request no GPUs, every node of the pool looks free and this strategy cannot work",
+            reason=Reason.UNSUPPORTED,
+        )
 
     async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:
         """The successor's facts; a Ready Karpenter successor is guarded, then its demand removed
