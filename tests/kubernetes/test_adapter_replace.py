@@ -37,7 +37,7 @@ from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes import KubernetesCluster
-from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
 from proving_ground.kubernetes.world import gpu_fleet
 
 NODE = "gpu-node-02"
@@ -366,6 +366,20 @@ async def test_karpenter_fails_at_once_when_the_scheduler_puts_the_demand_on_an_
     k8s.add("nodes", free)
     cluster = make_cluster(replace={"strategy": "karpenter"})
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    # While a NodeClaim of the pool made since is launching (the placeholder may have found an
+    # older node freed meanwhile), that one is awaited as any successor is.
+    launching = load_fixture("nodeclaim-karpenter.json")
+    launching["metadata"].update(name="gpu-h100-launching", creationTimestamp=now_iso(1))
+    launching["status"] = {}
+    k8s.add("nodeclaims", launching)
+    for _ in range(100):
+        bound = k8s.get("pods", PLACEHOLDER, "pitcrew-jobs")
+        if bound is not None and bound["spec"].get("nodeName"):
+            break
+        await asyncio.sleep(0.02)
+    assert await cluster.successor(NODE, handle=handle) is None
+    assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is not None
+    del k8s.objects[("nodeclaims", None, "gpu-h100-launching")]
     failed = await _no_demand(cluster, handle)
     assert failed.reason == Reason.UNSUPPORTED
     assert "existing node gpu-node-03" in str(failed) and "8 GPUs free in NodePool gpu-h100" in str(failed)

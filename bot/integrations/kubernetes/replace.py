@@ -570,7 +570,7 @@ class Replacer:
         NodePool (``status.nodeName``) made after the replacement started became — never a node
         merely alike. Two replacements in one pool each take a different one: the first to claim a
         node (a guarded annotation naming what it replaces) keeps it."""
-        made = await self._made_since(parsed)
+        made, launched = await self._made_since(parsed)
         nodes = []
         for name in made:
             node = await self._nodes.read(name)
@@ -590,7 +590,7 @@ class Replacer:
             }
             if await self._nodes.write(node.metadata.name, body, "claim successor"):
                 return await self._bound(node, parsed)
-        if parsed.strategy == "karpenter":
+        if parsed.strategy == "karpenter" and not launched:
             await self._demand_placed(parsed)
         return None
 
@@ -601,7 +601,9 @@ class Replacer:
         the GPUs free, as every node looks where slurmd pods request none) makes Karpenter launch
         nothing, and the wait would run out its budget. It is removed, as it holds those GPUs on a
         node it was not made for, and the replacement fails at once, naming the node; so it does
-        when the placeholder is gone before any successor came."""
+        when the placeholder is gone before any successor came. Asked only while no NodeClaim of
+        the pool was made since the replacement began: one launching (the placeholder may have
+        found an older node freed meanwhile) is awaited as any successor is."""
         namespace, name = self._settings.jobs.namespace, placeholder_name(parsed.target)
         try:
             pod: client.V1Pod = await call(
@@ -643,8 +645,9 @@ class Replacer:
             await self._drop_placeholder(parsed)  # the demand has done its work
         return found
 
-    async def _made_since(self, parsed: Handle) -> list[str]:
-        """Node names of the handles ``parsed.owner`` created since the replacement, oldest first."""
+    async def _made_since(self, parsed: Handle) -> tuple[list[str], bool]:
+        """Node names of the handles ``parsed.owner`` created since the replacement, oldest first,
+        and whether any such handle exists, with its node or still launching."""
         kind, _, rest = (parsed.owner or "").partition("/")
         if kind == "machineset":
             self._management_reachable()
@@ -677,11 +680,10 @@ class Replacer:
             for h in handles
             if h["metadata"].get("creationTimestamp", "") >= since
             and not _deleting(h)
-            and _node_of(h)
             and not parsed.target.endswith(f"/{h['metadata']['name']}")
         ]
         fresh.sort(key=lambda h: (h["metadata"].get("creationTimestamp", ""), h["metadata"]["name"]))
-        return [str(_node_of(h)) for h in fresh]
+        return [str(_node_of(h)) for h in fresh if _node_of(h)], bool(fresh)
 
 
 async def run_command(argv: Sequence[str], node: str, incident_id: str, action: str, limit: float) -> str:
