@@ -398,7 +398,7 @@ async def test_karpenter_fails_when_the_placeholder_is_gone_before_any_successor
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
     await client.CoreV1Api(k8s_client).delete_namespaced_pod(PLACEHOLDER, "pitcrew-jobs")
     failed = await _no_demand(cluster, handle)
-    assert failed.reason == Reason.UNSUPPORTED and "is gone and no node came for it" in str(failed)
+    assert failed.reason == Reason.UNSUPPORTED and "is gone and no node made for it stands" in str(failed)
 
 
 async def test_karpenter_consolidates_an_empty_successor_without_the_guard(

@@ -615,8 +615,8 @@ class Replacer:
                 raise
             raise PermanentError(
                 f"Karpenter will launch no node for {parsed.target}: pitcrew's placeholder pod "
-                f"{namespace}/{name} is gone and no node came for it (deleted by someone, or with the "
-                "node it was bound to). Replace the node by hand",
+                f"{namespace}/{name} is gone and no node made for it stands (deleted by someone, or "
+                "with the node it was bound to). Replace the node by hand",
                 reason=Reason.UNSUPPORTED,
             ) from exc
         where = pod.spec.node_name if pod.spec else None
