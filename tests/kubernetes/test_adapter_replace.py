@@ -17,7 +17,10 @@ node merely alike: two replacements in one MachineSet at once, with an unrelated
 same pool, each get a different new Machine's node and never the scale-up. Karpenter launches a
 node only for a pending pod (a manual NodeClaim delete starts nothing, and DaemonSet-mode slurmd
 pods are never pending): pitcrew's placeholder pod, asking for the node's GPUs in its NodePool, is
-that demand; its node is the successor, and it is removed once that node is Ready.
+that demand; its node is the successor, and it is removed once that node is Ready. A placeholder
+the scheduler bound to an existing node (one with the GPUs free) is no demand: the wait fails at
+once, naming the node, and removes it, unless a NodeClaim of the pool made since is launching; so
+does a placeholder found gone with no successor.
 """
 
 from __future__ import annotations
