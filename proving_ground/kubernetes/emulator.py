@@ -347,8 +347,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     def _kubelet_alive(self, pod: dict[str, Any]) -> bool:
         node = self.objects.get(("nodes", None, (pod.get("spec") or {}).get("nodeName") or ""))
-        conditions = ((node or {}).get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return node is not None and resources.ready(node)
 
     def bump(self, obj: dict[str, Any]) -> None:
         """A write by someone else than the client under test: the object's resourceVersion moves."""
@@ -693,7 +692,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     "status-429-eviction-pdb-retryafter.json",
                     cause=f"The disruption budget {pdb_name} is still being processed by the server.",
                 )
-            if not resources.pod_ready(pod) and (
+            if not resources.ready(pod) and (
                 (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
                 or 0 < pdb_status["desiredHealthy"] <= pdb_status["currentHealthy"]
             ):

@@ -148,11 +148,12 @@ def _resolve(value: int | str, expected: int, round_up: bool) -> int:
     return int(value)
 
 
-def pod_ready(pod: dict[str, Any]) -> bool:
-    """The pod's Ready condition is True (``podutil.IsPodReady``)."""
+def ready(obj: dict[str, Any]) -> bool:
+    """The object's Ready condition is True: a pod's (``podutil.IsPodReady``) or a node's (its
+    kubelet's), the same shape in ``status.conditions``."""
     return any(
         c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions", [])
+        for c in (obj.get("status") or {}).get("conditions", [])
     )
 
 
@@ -168,7 +169,7 @@ def pdb_status(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any
         if not p["metadata"].get("deletionTimestamp")
         and p["metadata"]["name"] not in disrupted
         and (p.get("status") or {}).get("phase") == "Running"
-        and pod_ready(p)
+        and ready(p)
     )
     spec = pdb.get("spec") or {}
     if "minAvailable" in spec:
@@ -272,8 +273,7 @@ def unfit(pod: dict[str, Any], node: dict[str, Any], there: list[dict[str, Any]]
     taints = list((node.get("spec") or {}).get("taints") or [])
     if (node.get("spec") or {}).get("unschedulable"):
         taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
-    if not ready:
+    if not ready(node):
         taints.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
     labels = node["metadata"].get("labels") or {}
     if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):

@@ -74,7 +74,7 @@ class Asked:
     namespace: str | None = None
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Grant:
     role: str
     namespace: str | None  # None: cluster-wide (ClusterRole through a ClusterRoleBinding)
