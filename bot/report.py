@@ -168,7 +168,8 @@ def _choice_record(choice: Choice) -> dict[str, Any]:
 
 
 async def _taken(config: Config) -> tuple[list[Taken], set[str]]:
-    """What open incidents in the local store took, and their nodes (nothing without a store)."""
+    """What incidents in the local store took and hold (open ones', and ended ones' still out),
+    and the open ones' nodes (nothing without a store)."""
     settings = config.settings.store
     if settings.url is None and not settings.path.exists():
         return [], set()

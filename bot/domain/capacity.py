@@ -3,8 +3,8 @@
 A job that fills its partition cannot restart until a node comes back. pitcrew can lend it
 one from a **pool**: first a warm spare pool, then lender pools (inference nodes), in the
 configured order. This module is the pure choice: it sees the failed node, the pools, each
-pool's member nodes as the far side describes them, and every node already taken by an open
-incident, and says which node to take and why, or, when none qualifies, which guard stopped
+pool's member nodes as the far side describes them, and every node already taken and not
+given back (by an open incident, or an ended one that still holds it), and says which node to take and why, or, when none qualifies, which guard stopped
 each candidate. No I/O, no clock; the ``capacity`` step (``bot.engine.steps.capacity``)
 gathers the facts and acts on the answer.
 
@@ -70,7 +70,8 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """A node an open incident has taken (or persisted its intent to take) from ``pool``."""
+    """A node an incident has taken (or persisted its intent to take) from ``pool`` and not given
+    back: an open incident's, or an ended one's still out (``capacity.claimants``)."""
 
     node: str
     pool: str

@@ -96,7 +96,9 @@ class Engine:
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         if self.pool_watch is not None:  # what is out of the pools now, whoever took it
-            await show_lent(self.store, self.deps.steps.capacity.pools, self.metrics, self.deps.lent_lock)
+            await show_lent(
+                self.store, self.deps.steps.capacity.pools, self.metrics, self.deps.lent_lock, self.deps.clock
+            )
         # Rollbacks under way (held by a pause, or cut by a crash) go on, closed incidents' too.
         for incident_id in await self.store.rollbacks_requested():
             self._start_worker(incident_id)

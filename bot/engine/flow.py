@@ -36,7 +36,7 @@ from bot.engine.ports import Notice
 from bot.engine.registry import Track
 from bot.engine.rollback import ROLLBACK, RollbackHeld, RollbackRecord, undo
 from bot.engine.signals import Signals
-from bot.engine.steps.capacity import left_out, lent_changed
+from bot.engine.steps.capacity import hold, left_out, lent_changed
 from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
 from bot.store.base import SUPERSEDED, Deposed, IncidentRecord, NewEvent, StepRecord
@@ -423,6 +423,8 @@ class IncidentFlow:
     async def _close(
         self, incident: IncidentRecord, state: State, outcome: str, unless: str | None = None
     ) -> bool:
+        if self.deps.steps.capacity.pools:  # a take it still holds stays counted once it has ended
+            await hold(self.store, incident.id, self.clock())
         record = await self.store.transition(
             incident.id,
             state,
@@ -535,6 +537,8 @@ class IncidentFlow:
             result=codec.encode_record(RollbackRecord(actor, tuple(report), record.forced, kept)),
             event=NewEvent("rollback_done", actor=actor, detail="; ".join(report) or "nothing to undo"),
         )
+        if incident.state.terminal:  # asked again of an ended incident: what it gave back is back
+            await lent_changed(deps, incident.id)
         approval = await self.store.approval(incident.id)
         if approval is not None and approval.status == "pending":  # nobody may approve it any more
             await self.store.decide_approval(incident.id, "cancelled", actor, now)

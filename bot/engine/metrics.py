@@ -127,7 +127,8 @@ class Metrics:
         )
         self.capacity_lent = Gauge(
             "pitcrew_capacity_lent_nodes",
-            "Nodes open incidents took from a capacity pool for a stalled job and have not given back, by pool.",
+            "Nodes incidents took from a capacity pool for a stalled job and have not given back "
+            "(an ended incident's too), by pool.",
             ["pool"],
             registry=r,
         )

@@ -7,7 +7,8 @@ per reservation member are not worth repeating every poll), in a task of its own
 side never holds up the scan, through the ``capacity`` step's own read (``pool_views``),
 changing nothing. Each read sets the idle gauges and adds the spare GPU-hours held idle since the
 last read: the GPUs the last read found idle, times the time between the two reads; and it shows
-the lent gauge again from the store (``capacity.show_lent``). A read that fails counts nothing for its
+the lent gauge again from the store (``capacity.show_lent``, which also forgets an ended incident
+indexed as holding a node once it holds none). A read that fails counts nothing for its
 interval (what the pool held is not known) and is not retried before the next one is due.
 """
 
@@ -83,7 +84,7 @@ class PoolWatch:
         since, held = self._read_at, self._idle_gpus
         self._read_at, self._idle_gpus = None, None
         try:
-            opened = await show_lent(self._store, self._pools, self._metrics, self._lent_lock)
+            opened = await show_lent(self._store, self._pools, self._metrics, self._lent_lock, self._clock)
             _, busy = taken_from(opened, None)  # read once, for both
             views = await pool_views(self._ports, self._pools, busy)
         except PitcrewError as exc:

@@ -418,7 +418,9 @@ class Store(Protocol):
         self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime
     ) -> None: ...
     async def memory(self, watch: str) -> dict[str, JsonObject]:
-        """What the alert source ``watch`` remembered between its looks, by key (``remember``)."""
+        """What ``watch`` remembered, by key (``remember``): one of pitcrew's own alert sources
+        between its looks, or the pools' index of ended incidents still holding a node
+        (``bot.engine.steps.capacity.HELD``)."""
         ...
 
     async def remember(self, watch: str, changed: Mapping[str, JsonObject | None], now: datetime) -> None:

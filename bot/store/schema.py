@@ -205,8 +205,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX outbox_incident ON outbox(incident_id);
     """,
     # 6: what pitcrew's own alert sources remember between looks (bot.engine.memory): the Slurm
-    # watch's jobs per busy node, the hung-job watch's progress per job; kept across a restart or a
-    # change of leader, written by the leader only (fenced), each entry dropped by its watch.
+    # watch's jobs per busy node, the hung-job watch's progress per job; and the capacity pools'
+    # index of ended incidents still holding a node (bot.engine.steps.capacity.HELD). Kept across a
+    # restart or a change of leader, written by the leader only (fenced), each entry dropped by its
+    # writer.
     """
     CREATE TABLE watch_memory (
         watch TEXT NOT NULL,

@@ -32,7 +32,7 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.engine.commands import CommandResult
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
-from bot.engine.steps.capacity import OpenIncident, lent_out
+from bot.engine.steps.capacity import HELD, Claimant, lent_out
 from bot.store.base import StepRecord
 from tests.engine.harness import Call, DiesAfter, EngineHarness, FakeTime, Slow, Write, fleet
 
@@ -433,8 +433,8 @@ def _record(step: str, status: str, **result: Any) -> StepRecord:
     return StepRecord("inc-1", step, cast(Any, status), 1, AT, None, result)
 
 
-def _opened(*records: StepRecord) -> OpenIncident:
-    return OpenIncident("inc-1", "gpu-node-01", {r.step: r for r in records})
+def _opened(*records: StepRecord) -> Claimant:
+    return Claimant("inc-1", "gpu-node-01", {r.step: r for r in records})
 
 
 TAKEN = {"node": "gpu-node-03", "pool": "spares", "reservation": "spares", "taken_at": AT.isoformat()}
@@ -560,10 +560,11 @@ async def _fails_holding_a_node(h: EngineHarness, *, shown: bool = True) -> str:
     return incident
 
 
-async def test_an_incident_that_fails_holding_a_node_says_so_and_stops_counting_it(tmp_path: Path) -> None:
+async def test_an_incident_that_fails_holding_a_node_says_so_and_keeps_counting_it(tmp_path: Path) -> None:
     """The repair fails after a spare was taken: the job keeps running on the spare, which stays
-    out of its pool. The escalation says so (the lent gauge counts the nodes open incidents hold,
-    so it drops as the incident ends), and a rollback cannot put it back while the job runs there."""
+    out of its pool. The escalation says so, the lent gauge goes on counting it after the incident
+    has ended (it dropped to 0 as the incident ended, while the node was still out), and a rollback
+    cannot put it back while the job runs there."""
     slurm = gang()
     async with harness(tmp_path, slurm) as h:
         incident = await _fails_holding_a_node(h)
@@ -572,10 +573,44 @@ async def test_an_incident_that_fails_holding_a_node_says_so_and_stops_counting_
         assert said.startswith("gpu-node-03, taken from pool spares for the stalled job, stays out of it"), (
             said
         )
+        assert "count it until it is back" in said, said
         assert slurm.reservations["spares"] == ["gpu-node-04"]
-        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
         answer = await h.commands.rollback(incident, "alice")
         assert "gpu-node-03 left in the partition: job 100 runs there" in str(answer.data), answer
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+
+
+async def test_a_node_an_ended_incident_holds_counts_against_max_lend_until_a_rollback_returns_it(
+    tmp_path: Path,
+) -> None:
+    """A failed incident keeps gpu-node-03 with its job, out of a pool that lends at most one node.
+    Across a restart, the gauge still counts it and the next stalled job is refused for
+    ``max_lend`` (before, the pools counted open incidents' takes only, and lent a second node);
+    once a rollback has put it back, the index forgets the incident and the gauge drops."""
+    slurm = gang(jobs=2, spares=3, width=1)  # jobs on gpu-node-01 and -02; spares -03, -04, -05
+    pools = {"pools": [{**SPARES["pools"][0], "max_lend": 1}]}
+    async with harness(tmp_path, slurm, capacity=pools) as h:
+        first = await _fails_holding_a_node(h)
+        assert slurm.jobs["100"].nodes == ("gpu-node-03",)
+        assert set(await h.store.memory(HELD)) == {first}
+        await h.restart(new_process=True, settle=False)
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+
+        second = await h.alert("gpu-node-02")
+        said = await h.until_event(second, "capacity_none")
+        assert "max_lend" in said.detail and "1 of 3 already lent" in said.detail, said.detail
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-05"]
+        assert slurm.jobs["101"].state == "PENDING"
+
+        slurm.jobs["101"].state = "CANCELLED"  # so that Slurm starts nothing on the node freed next
+        slurm.jobs["100"].state = "COMPLETED"
+        back = _report(await h.commands.rollback(first, "alice"))
+        assert "capacity: gpu-node-03 back in reservation spares" in back, back
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-05", "gpu-node-03"]
+        await h.run_until(lambda: h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 0)
+        assert await h.store.memory(HELD) == {}
+        assert max(slurm.whereabouts().values()) == 1
 
 
 def _report(answer: CommandResult) -> list[str]:

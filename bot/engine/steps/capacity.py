@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -362,9 +362,16 @@ async def pool_views(
     return views
 
 
+#: The store's index of ended incidents whose take still holds a node out of its pool (a take a
+#: rollback kept, or a failed incident's): ``Store.memory`` under this name, keyed by incident. The
+#: pools' guards and the lent gauge count these beside the open incidents (``claimants``).
+HELD = "capacity_held"
+
+
 @dataclass(frozen=True, slots=True)
-class OpenIncident:
-    """An open incident as the pools see it: its node and its steps' records."""
+class Claimant:
+    """An incident as the pools see it: an open one with its node, or an ended one whose take still
+    holds a node (``node`` ``None``: it has no open incident on it); and its steps' records."""
 
     id: str
     node: str | None
@@ -376,20 +383,48 @@ class OpenIncident:
         return None if record is None else codec.decode_record(CapacityResult, record.result)
 
 
-async def open_incidents(store: Store) -> list[OpenIncident]:
-    """Every open incident, its node and its steps read once (``taken_from``, ``lent_out``)."""
-    opened = []
+async def claimants(store: Store) -> tuple[list[Claimant], list[str]]:
+    """Every open incident, its node and its steps read once, and every ended one indexed as holding
+    a node (``HELD``) that still does (``lent_out``'s rule); and the indexed ones that no longer do,
+    ended (their take given back since, or the incident pruned), for the leader to forget. Read
+    only (``pitcrew plan --live`` reads it too)."""
+    found, opened = [], set()
     for incident_id, _state, _at in await store.active():
         incident = await store.incident(incident_id)
-        opened.append(
-            OpenIncident(incident_id, incident.node if incident else None, await store.steps_of(incident_id))
+        found.append(
+            Claimant(incident_id, incident.node if incident else None, await store.steps_of(incident_id))
         )
-    return opened
+        opened.add(incident_id)
+    stale = []
+    for incident_id in sorted(await store.memory(HELD)):
+        if incident_id in opened:  # indexed as it ends: counted as open until it has
+            continue
+        ended = Claimant(incident_id, None, await store.steps_of(incident_id))
+        if lent_out([ended]):
+            found.append(ended)
+        else:
+            stale.append(incident_id)
+    return found, stale
 
 
-def taken_from(opened: Sequence[OpenIncident], incident_id: str | None) -> tuple[list[Taken], set[str]]:
-    """Nodes open incidents other than ``incident_id`` took (or mean to) and have not given back;
-    the nodes of every such incident (each has an open incident)."""
+async def hold(store: Store, incident_id: str, now: datetime) -> None:
+    """Index ``incident_id`` under ``HELD`` while its take holds a node out of its pool, and forget
+    it once it does not. Called before an incident ends, so an incident never ends holding a node
+    the index does not name (a crash between the two leaves an open incident indexed, which counts
+    once), and again after it has ended or a rollback undid its steps."""
+    ending = Claimant(incident_id, None, await store.steps_of(incident_id))
+    took = ending.took()
+    held = took is not None and bool(lent_out([ending]))
+    if took is None or (not held and incident_id not in await store.memory(HELD)):
+        return
+    entry = {"pool": took.pool, "node": took.node} if held else None
+    await store.remember(HELD, {incident_id: entry}, now)
+
+
+def taken_from(opened: Sequence[Claimant], incident_id: str | None) -> tuple[list[Taken], set[str]]:
+    """Nodes incidents other than ``incident_id`` took (or mean to) and have not given back, open
+    ones' and those ended ones' that still hold a node (``claimants``); the nodes of the open ones
+    (each has an open incident)."""
     taken, busy = [], set()
     for other in opened:
         if other.id == incident_id:
@@ -407,12 +442,13 @@ def taken_from(opened: Sequence[OpenIncident], incident_id: str | None) -> tuple
 
 
 async def taken_elsewhere(store: Store, incident_id: str | None) -> tuple[list[Taken], set[str]]:
-    """``taken_from`` the open incidents as the store holds them now."""
-    return taken_from(await open_incidents(store), incident_id)
+    """``taken_from`` the incidents as the store holds them now (``claimants``)."""
+    found, _ = await claimants(store)
+    return taken_from(found, incident_id)
 
 
-def lent_out(opened: Sequence[OpenIncident]) -> Counter[str]:
-    """Nodes out of each pool (``pitcrew_capacity_lent_nodes``), as the store holds them: an open
+def lent_out(opened: Sequence[Claimant]) -> Counter[str]:
+    """Nodes out of each pool (``pitcrew_capacity_lent_nodes``), as the store holds them: an
     incident's take recorded (``taken_at``: the node has left its pool, whether or not the step has
     finished since), not given back (``given_back_at``) and not undone. A take given up is saved
     without ``taken_at``; a take only intended has none yet."""
@@ -432,27 +468,35 @@ def lent_out(opened: Sequence[OpenIncident]) -> Counter[str]:
 
 
 async def show_lent(
-    store: Store, pools: Sequence[PoolSettings], metrics: Metrics, lock: asyncio.Lock
-) -> list[OpenIncident]:
+    store: Store,
+    pools: Sequence[PoolSettings],
+    metrics: Metrics,
+    lock: asyncio.Lock,
+    clock: Callable[[], datetime],
+) -> list[Claimant]:
     """Set ``pitcrew_capacity_lent_nodes`` to what the store holds (``lent_out``): its only
     setter, but for the 0 a process sets when it stops leading. Each change is saved before it is
     shown (``lent_changed``), and each show reads and sets under ``lock``, so the last show to run
     began after every change shown before it: a read taken before a change never overwrites it.
     (Counted up and down where each change was made, a change was lost to a pool read's older
-    snapshot, or a take was counted before the store held it, until the next read.) The open
-    incidents read, for a caller that needs them too (a pool read's ``taken_from``)."""
+    snapshot, or a take was counted before the store held it, until the next read.) Ended
+    incidents indexed as holding a node that no longer do are forgotten. The incidents read
+    (``claimants``), for a caller that needs them too (a pool read's ``taken_from``)."""
     async with lock:
-        opened = await open_incidents(store)
-        out = lent_out(opened)
+        found, stale = await claimants(store)
+        out = lent_out(found)
         for pool in pools:
             metrics.capacity_lent.labels(pool.name).set(out[pool.name])
-    return opened
+        if stale:
+            await store.remember(HELD, dict.fromkeys(stale), clock())
+    return found
 
 
 async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
     """A take, give-back, give-up or undo saved: the lent gauge shown again (``show_lent``), last
     in its step. With ``incident_id`` (an incident ended, or a rollback undid its steps): only if
-    its ``capacity`` step chose a node (an ended incident's take, or an undone one, is not counted).
+    its ``capacity`` step chose a node, its index entry first brought up to date (``hold``: an ended
+    incident's take still out is counted until it is given back).
 
     A failed read is logged, not raised: the change is done and saved, and a retry of its step
     must not skip what comes after it (the next pool read shows the gauge again)."""
@@ -460,25 +504,26 @@ async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
         return
     try:
         if incident_id is not None:
-            took = OpenIncident(incident_id, None, await deps.store.steps_of(incident_id)).took()
+            took = Claimant(incident_id, None, await deps.store.steps_of(incident_id)).took()
             if took is None or took.node is None:
                 return
-        await show_lent(deps.store, deps.settings.capacity.pools, deps.metrics, deps.lent_lock)
+            await hold(deps.store, incident_id, deps.clock())
+        await show_lent(deps.store, deps.settings.capacity.pools, deps.metrics, deps.lent_lock, deps.clock)
     except Exception:
         log.warning("pitcrew_capacity_lent_nodes not shown again: the store was not read", exc_info=True)
 
 
 async def left_out(store: Store, incident_id: str) -> str | None:
     """What an incident that fails leaves out of a pool, said in its escalation: the node its take
-    holds (``lent_out``'s rule), which the lent gauge stops counting as the incident ends, or
-    ``None``."""
-    ending = OpenIncident(incident_id, None, await store.steps_of(incident_id))
+    holds (``lent_out``'s rule), which the lent gauge and the pool's ``max_lend`` go on counting
+    after the incident has ended, or ``None``."""
+    ending = Claimant(incident_id, None, await store.steps_of(incident_id))
     took = ending.took()
     if took is None or not lent_out([ending]):
         return None
     return (
         f"{took.node}, taken from pool {took.pool} for the stalled job, stays out of it: "
-        "pitcrew_capacity_lent_nodes no longer counts it once the incident has ended, and a rollback "
+        "pitcrew_capacity_lent_nodes and the pool's max_lend count it until it is back, and a rollback "
         "puts it back once no job runs there (asked while one does, it keeps the node: ask again after)."
     )
 
