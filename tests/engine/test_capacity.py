@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import pytest
 
+from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.engine.commands import CommandResult
 from bot.engine.errors import PermanentError, Reason
@@ -579,6 +580,34 @@ async def test_an_incident_that_fails_holding_a_node_says_so_and_keeps_counting_
         answer = await h.commands.rollback(incident, "alice")
         assert "gpu-node-03 left in the partition: job 100 runs there" in str(answer.data), answer
         assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        ("remember", lambda a: a[0] == HELD and any(v is not None for v in a[1].values())),
+        ("transition", lambda a: a[1] is State.FAILED),
+    ],
+    ids=["indexed", "ended"],
+)
+async def test_a_crash_as_an_incident_ends_holding_a_node_keeps_it_counted(
+    tmp_path: Path, write: Write
+) -> None:
+    """pitcrew dies right after the index names the failing incident (it is still open), or right
+    after the incident has ended, before the gauge is shown again: the process that leads next
+    still counts the node out."""
+    slurm = gang()
+    dies = DiesAfter(write)
+    async with harness(tmp_path, slurm, store=dies.wrap) as h:
+        h.world.replace_seconds = 0
+        h.cluster.always("successor", Slow(3 * 3600))
+        incident = await h.alert("gpu-node-01")
+        await h.run_until(lambda: dies.cut, 4 * 3600, about=incident)
+        await h.restart(new_process=True)
+        assert (await h.until_ended(incident, within=4 * 3600)).state is State.FAILED
+        assert set(await h.store.memory(HELD)) == {incident}
+        assert h.sample("pitcrew_capacity_lent_nodes", pool="spares") == 1
+        assert slurm.reservations["spares"] == ["gpu-node-04"]
 
 
 async def test_a_node_an_ended_incident_holds_counts_against_max_lend_until_a_rollback_returns_it(
