@@ -177,6 +177,12 @@ class Cluster(Protocol):
         """The node serving in ``name``'s place: the same node, or the replacement ``handle`` started."""
         ...
 
+    async def held_up(self, name: str, *, handle: str) -> str | None:
+        """While ``successor`` finds none: what the far side last said, since the replacement
+        ``handle`` of ``name`` began, about why it makes no node for it (Karpenter's
+        ``FailedScheduling`` on the placeholder pod), or ``None``. Read only."""
+        ...
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
 
     async def reboot(self, name: str, *, incident_id: str) -> str | None:

@@ -107,6 +107,9 @@ class DryRunJournal:
             f"dry run: the journal does not know what replaced {name}", reason=Reason.DRY_RUN
         )
 
+    async def held_up(self, name: str, *, handle: str) -> str | None:
+        return None
+
     # ------------------------------------------------------------ Scheduler writes
     async def down(self, name: str, reason: str) -> None:
         await self.append("slurm_down", node=name, reason=reason)

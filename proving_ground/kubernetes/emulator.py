@@ -15,6 +15,7 @@ import copy
 import json
 import re
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -109,6 +110,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: on either. A node whose slurmd runs as a DaemonSet pod is empty to it. ``consolidated`` lists them.
     karpenter_consolidate_after: float = 0.2
     consolidated: list[str] = attrs.field(factory=list)
+    #: Karpenter finds nothing to launch for a pending pod of a NodePool (no instance type or
+    #: offering left for its GPU request, a NodePool limit reached): the error its provisioner
+    #: gives, said on the pod as its recorder does (a Warning ``FailedScheduling`` from
+    #: ``karpenter``: "Failed to schedule pod, <error>"), and nothing is launched. ``None``: it launches.
+    #: Karpenter looks at the pending pods again, as its provisioner does in a loop, every
+    #: ``karpenter_retry_after`` seconds while one is left pending so.
+    karpenter_cannot_launch: str | None = None
+    karpenter_retry_after: float = 0.5
+    _karpenter_retrying: bool = False
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
@@ -764,6 +774,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             key=lambda n: str(n["metadata"]["name"]),
         )
         for pod in self._pending_in_pools():
+            why: Counter[str] = Counter()
             for node in nodes:
                 name = node["metadata"]["name"]
                 there = [
@@ -771,11 +782,21 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     for (plural, _, _), p in self.objects.items()
                     if plural == "pods" and (p.get("spec") or {}).get("nodeName") == name
                 ]
-                if resources.unfit(pod, node, there) is None:
+                unfit = resources.unfit(pod, node, there)
+                if unfit is None:
                     pod["spec"]["nodeName"] = name
                     pod.setdefault("status", {})["phase"] = "Running"
                     self.bump(pod)
                     break
+                why[unfit] += 1
+            else:  # as kube-scheduler says it on the pod it marks Unschedulable (Karpenter's cue)
+                said = ", ".join(f"{count} {reason}" for reason, count in sorted(why.items()))
+                message = (
+                    f"0/{len(nodes)} nodes are available: {said}."
+                    if said
+                    else "no nodes available to schedule pods"
+                )
+                self._warn(pod, "Pod", "v1", "FailedScheduling", message, "default-scheduler")
 
     async def _karpenter_provision(self) -> None:
         """Karpenter's provisioner: one new NodeClaim and Node per pending pod that selects a known
@@ -790,6 +811,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
             if pool not in self._karpenter_pools or pod["metadata"].get("annotations", {}).get(
                 "emulator/nominated"
             ):
+                continue
+            if self.karpenter_cannot_launch is not None:
+                failed = f"Failed to schedule pod, {self.karpenter_cannot_launch}"
+                self._warn(pod, "Pod", "v1", "FailedScheduling", failed, "karpenter")
+                if not self._karpenter_retrying:
+                    self._karpenter_retrying = True
+                    self._later(self.karpenter_retry_after, self._karpenter_retry)
                 continue
             pod["metadata"].setdefault("annotations", {})["emulator/nominated"] = "true"
             known = self._karpenter_pools[pool]
@@ -806,6 +834,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 stored["spec"]["nodeName"] = name
                 stored.setdefault("status", {})["phase"] = "Running"
                 self.bump(stored)
+
+    async def _karpenter_retry(self) -> None:
+        self._karpenter_retrying = False
+        await self._karpenter_provision()
 
     async def _karpenter_consolidate(self, node_name: str) -> None:
         """Consolidation's empty-node delete: no pod but DaemonSet pods left, nothing opting out."""
@@ -1004,7 +1036,25 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     def _job_event(self, job: dict[str, Any], reason: str, message: str) -> None:
         """A Warning event on the Job, as the Job controller's recorder writes it."""
-        meta = job["metadata"]
+        self._warn(job, "Job", "batch/v1", reason, message, "job-controller")
+
+    def _warn(
+        self, obj: dict[str, Any], kind: str, api_version: str, reason: str, message: str, component: str
+    ) -> None:
+        """A Warning event on ``obj`` as a client-go recorder writes it: the same one again (same
+        object, reason, source and message) counted on the first (``count``, ``lastTimestamp``)."""
+        meta = obj["metadata"]
+        for key, event in self.objects.items():
+            if (
+                key[0] == "events"
+                and event["involvedObject"].get("uid") == meta["uid"]
+                and (event["reason"], event["message"], event["source"]["component"])
+                == (reason, message, component)
+            ):
+                event["count"] += 1
+                event["lastTimestamp"] = now_iso()
+                self.bump(event)
+                return
         self.add(
             "events",
             {
@@ -1013,21 +1063,21 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     "namespace": meta["namespace"],
                 },
                 "involvedObject": {
-                    "kind": "Job",
+                    "kind": kind,
                     "namespace": meta["namespace"],
                     "name": meta["name"],
                     "uid": meta["uid"],
-                    "apiVersion": "batch/v1",
+                    "apiVersion": api_version,
                     "resourceVersion": meta["resourceVersion"],
                 },
                 "reason": reason,
                 "message": message,
-                "source": {"component": "job-controller"},
+                "source": {"component": component},
                 "firstTimestamp": now_iso(),
                 "lastTimestamp": now_iso(),
                 "count": 1,
                 "type": "Warning",
-                "reportingComponent": "job-controller",
+                "reportingComponent": component,
                 "reportingInstance": "",
             },
         )

@@ -34,7 +34,7 @@ from proving_ground.slurm import SlurmCluster
 from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import action_at, open_incident, training_on_a_node
 from tests.harness.proc import wait_until
-from tests.harness.scenarios import delivery, step_result
+from tests.harness.scenarios import delivery, events, step_result
 
 pytestmark = pytest.mark.slow
 
@@ -187,6 +187,9 @@ def test_replace_a_dead_node_whose_pods_stay_terminating(
     assert job["job_id"] == job_id and job["status"] == "resumed", job
 
 
+LIMITED = 'all available instance types exceed limits for nodepool: "gpu-h100"'
+
+
 def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any
 ) -> None:
@@ -194,8 +197,11 @@ def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     pending: deleting the NodeClaim alone would replace nothing. pitcrew's placeholder pod (the
     node's GPUs, its NodePool) is that demand; the successor is the new NodeClaim's node, guarded
     with ``karpenter.sh/do-not-disrupt`` before the placeholder goes (holding only DaemonSet pods it
-    is empty to Karpenter's consolidation), and the Slurm job resumes from its checkpoint."""
+    is empty to Karpenter's consolidation), and the Slurm job resumes from its checkpoint. Karpenter
+    first finds nothing to launch (a NodePool limit): the wait says so in Karpenter's words, and goes
+    on once Karpenter launches."""
     kube_world.call(lambda e: karpenter_fleet(e, list(slurm.nodes)))
+    kube_world.call(lambda e: setattr(e, "karpenter_cannot_launch", LIMITED))
     job_id, node = training_on_a_node(slurm)
     site = slurm_and_kubernetes(
         slurm, kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "karpenter"}
@@ -203,6 +209,16 @@ def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     config = {**site, "playbooks": {"replace-node": {"steps": REPLACE_STEPS}}}
     server = pitcrew_factory("k8s-karpenter", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+
+    def karpenter_said() -> list[str]:
+        waits = events(server.incident(incident_id), "step_waiting", "wait_ready")
+        return [e["detail"] for e in waits if "Karpenter: " in e["detail"]]
+
+    wait_until(
+        karpenter_said, timeout=90, interval=0.2, what="the wait to say why Karpenter launches nothing"
+    )
+    assert karpenter_said()[0].endswith(f"; Karpenter: Failed to schedule pod, {LIMITED}"), karpenter_said()
+    kube_world.call(lambda e: setattr(e, "karpenter_cannot_launch", None))  # the limit raised
     final = server.wait_incident(incident_id, "resolved", "failed", timeout=180)
     assert final["state"] == "resolved", final["outcome"]
 

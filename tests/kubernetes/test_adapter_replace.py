@@ -20,7 +20,8 @@ pods are never pending): pitcrew's placeholder pod, asking for the node's GPUs i
 that demand; its node is the successor, and it is removed once that node is Ready. A placeholder
 the scheduler bound to an existing node (one with the GPUs free) is no demand: the wait fails at
 once, naming the node, and removes it, unless a NodeClaim of the pool made since is launching; so
-does a placeholder found gone with no successor.
+does a placeholder found gone with no successor. Karpenter's own word on why it launches nothing
+for the placeholder (its FailedScheduling) is what ``held_up`` says, the scheduler's is not.
 """
 
 from __future__ import annotations
@@ -402,6 +403,35 @@ async def test_karpenter_fails_when_the_placeholder_is_gone_before_any_successor
     await client.CoreV1Api(k8s_client).delete_namespaced_pod(PLACEHOLDER, "pitcrew-jobs")
     failed = await _no_demand(cluster, handle)
     assert failed.reason == Reason.UNSUPPORTED and "is gone and no node made for it stands" in str(failed)
+
+
+async def test_karpenter_says_why_it_launches_nothing_and_the_scheduler_is_not_repeated(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Karpenter finds nothing to launch for the placeholder (the cloud out of the GPU type, a
+    NodePool limit): it says so on the pod, and ``held_up`` gives its words, so the wait (and its
+    escalation when it runs out) says why no node comes. kube-scheduler's FailedScheduling on the
+    same pod, what makes it demand, is not said; nor is anything said before the replacement began
+    or for another strategy."""
+    k8s.karpenter_cannot_launch = 'all available instance types exceed limits for nodepool: "gpu-h100"'
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert await cluster.successor(NODE, handle=handle) is None
+    for _ in range(100):  # Karpenter's provisioner runs a moment after the pod is pending
+        said = await cluster.held_up(NODE, handle=handle)
+        if said is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert said == (
+        'Karpenter: Failed to schedule pod, all available instance types exceed limits for nodepool: "gpu-h100"'
+    )
+    events = [e for (kind, _, _), e in k8s.objects.items() if kind == "events"]
+    components = {e["source"]["component"] for e in events if e["involvedObject"]["name"] == PLACEHOLDER}
+    assert components == {"default-scheduler", "karpenter"}  # the scheduler's word is there too
+    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]  # nothing launched
+    earlier = handle.replace(handle.split()[2], "since=2099-01-01T00:00:00Z")
+    assert await cluster.held_up(NODE, handle=earlier) is None  # said before this replacement began
+    assert await cluster.held_up(NODE, handle=handle.replace("karpenter", "cluster-api", 1)) is None
 
 
 async def test_karpenter_consolidates_an_empty_successor_without_the_guard(

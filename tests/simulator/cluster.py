@@ -98,6 +98,9 @@ class SimulatedCluster:
     async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
         return await self.node(name)  # the simulated replacement keeps the node's name
 
+    async def held_up(self, name: str, *, handle: str) -> str | None:
+        return None  # the simulated replacement is never held up
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False  # the simulated replacement starts at once: there is never one to cancel
 

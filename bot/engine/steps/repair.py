@@ -280,7 +280,11 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     else:
         node = await ctx.ports.cluster.successor(ctx.node, handle=handle)
     if node is None:
-        return Wait(ctx.poll, f"no replacement for {ctx.node} has registered yet")
+        waiting = f"no replacement for {ctx.node} has registered yet"
+        if handle is not None:  # said in the timeline as it changes, in the escalation if it runs out
+            said = await ctx.ports.cluster.held_up(ctx.node, handle=handle)
+            waiting += f"; {said}" if said else ""
+        return Wait(ctx.poll, waiting)
     if not node.ready:
         return Wait(ctx.poll, f"node {node.name} not Ready yet")
     if node.name != ctx.node and node.unschedulable:

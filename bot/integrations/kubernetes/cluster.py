@@ -196,6 +196,9 @@ class KubernetesCluster:
         parts = await self._p()
         return await parts.replacer.successor(name, handle=handle, fleet_selector=self.settings.node_selector)
 
+    async def held_up(self, name: str, *, handle: str) -> str | None:
+        return await (await self._p()).replacer.held_up(name, handle=handle)
+
     # ------------------------------------------------------------------- jobs
     async def reboot(self, name: str, *, incident_id: str) -> str:
         """Reboot through the operator's Job or command; the handle names the boot id that must change."""

@@ -73,9 +73,11 @@ def needed(settings: KubernetesSettings) -> tuple[Permission, ...]:
         perms += [
             Permission("list", "karpenter.sh", "nodeclaims"),
             Permission("delete", "karpenter.sh", "nodeclaims"),
-            # the placeholder pod: made, read while the successor is awaited (bound elsewhere?)
+            # the placeholder pod: made, read while the successor is awaited (bound elsewhere?),
+            # and Karpenter's FailedScheduling on it read (why no node comes)
             Permission("create", "", "pods", namespace=settings.jobs.namespace),
             Permission("get", "", "pods", namespace=settings.jobs.namespace),
+            Permission("list", "", "events", namespace=settings.jobs.namespace),
         ]
     elif strategy == "delete-node":
         perms += [Permission("delete", "", "nodes")]

@@ -38,6 +38,8 @@ WATCH = "watch"
 CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
 KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
 CAPI_MACHINE = "cluster.x-k8s.io/machine"
+#: The component Karpenter's events come from (its recorder, ``GetEventRecorderFor("karpenter")``).
+KARPENTER_COMPONENT = "karpenter"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 #: On a replacement's new node: the target (``machine/<ns>/<name>``, ``nodeclaim/<name>``) it replaces.
 SUCCESSOR_ANNOTATION = "pitcrew.dev/successor-of"
@@ -635,6 +637,34 @@ class Replacer:
             "slurmd pods request no GPUs, every node of the pool looks free and this strategy cannot work",
             reason=Reason.UNSUPPORTED,
         )
+
+    async def held_up(self, name: str, *, handle: str) -> str | None:
+        """Karpenter's last ``FailedScheduling`` on the placeholder since the replacement began: why
+        it launches no node for it (no instance type or offering left for the GPU request, a
+        NodePool limit reached), which it says on the pod and retries. kube-scheduler's own
+        ``FailedScheduling`` on the same pod ("0/N nodes are available") is what makes it demand,
+        so it is not said. ``None`` for any other strategy, or while Karpenter has said nothing."""
+        parsed = Handle.parse(handle)
+        if parsed is None or parsed.strategy != "karpenter":
+            return None
+        namespace, pod = self._settings.jobs.namespace, placeholder_name(parsed.target)
+        listed = await call(
+            f"list events of placeholder pod {namespace}/{pod}",
+            self._core.list_namespaced_event(
+                namespace,
+                field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason=FailedScheduling",
+                _request_timeout=self._timeout,
+            ),
+        )
+        said = [
+            (when, str(event.message or "").strip())
+            for event in listed.items
+            if KARPENTER_COMPONENT
+            in (event.reporting_component or (event.source and event.source.component) or "")
+            and (when := event.last_timestamp or event.event_time or event.first_timestamp) is not None
+            and when >= parsed.since
+        ]
+        return f"Karpenter: {max(said)[1]}" if said else None
 
     async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:
         """The successor's facts; a Ready Karpenter successor is guarded, then its demand removed
