@@ -77,6 +77,7 @@ READS: Mapping[str, frozenset[str]] = {
             "replacement_handle",
             "repair_owner",
             "successor",
+            "held_up",
             "pool_nodes",
         }
     ),
