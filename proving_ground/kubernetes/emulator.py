@@ -26,7 +26,7 @@ import attrs
 import kmock
 from kubernetes import client as sync_client
 
-from proving_ground.kubernetes import patching, podsecurity, resources
+from proving_ground.kubernetes import capi, patching, podsecurity, resources
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
 from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
@@ -109,6 +109,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: until it deletes that node and its NodeClaim, unless ``karpenter.sh/do-not-disrupt: "true"`` is
     #: on either. A node whose slurmd runs as a DaemonSet pod is empty to it. ``consolidated`` lists them.
     karpenter_consolidate_after: float = 0.2
+    #: The versions of ``cluster.x-k8s.io`` served, preferred first (``capi.SERVED``: Cluster API
+    #: v1.11 to v1.15; ``("v1beta2",)`` is v1.16 on, ``("v1beta1",)`` before v1.11). Any other is
+    #: answered 404 as an API server does, and a Machine is given out in the version asked.
+    capi_versions: tuple[str, ...] = capi.SERVED
+    #: The versions of ``cluster.x-k8s.io`` whose discovery document was asked for, in order.
+    capi_discovered: list[str] = attrs.field(factory=list)
     consolidated: list[str] = attrs.field(factory=list)
     #: Karpenter finds nothing to launch for a pending pod of a NodePool (no instance type or
     #: offering left for its GPU request, a NodePool limit reached): the error its provisioner
@@ -249,19 +255,39 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self.bump(pod)
 
     def machine_health_check_fails(self, namespace: str, name: str) -> None:
-        """A MachineHealthCheck finds the Machine unhealthy: ``HealthCheckSucceeded`` and
-        ``OwnerRemediated`` False (reason ``WaitingForRemediation``); its MachineSet then deletes it
-        after ``replace_delay`` and, as for any deleted Machine, makes a new one."""
+        """A MachineHealthCheck finds the Machine's node unhealthy: ``HealthCheckSucceeded`` False
+        (``UnhealthyNode``) and ``OwnerRemediated`` False (``WaitingForRemediation``), set as Cluster
+        API v1.11 on sets them, both as v1beta1 conditions (with a severity) and as v1beta2 ones
+        (each version of the Machine shows its own: ``capi``); its MachineSet then deletes it after
+        ``replace_delay`` and, as for any deleted Machine, makes a new one."""
         machine = self.objects[("machines", namespace, name)]
-        conditions = machine.setdefault("status", {}).setdefault("conditions", [])
-        for type_ in ("HealthCheckSucceeded", "OwnerRemediated"):
-            conditions[:] = [c for c in conditions if c.get("type") != type_]
-            conditions.append(
+        status = machine.setdefault("status", {})
+        legacy = status.setdefault("conditions", [])
+        current = status.setdefault("v1beta2", {}).setdefault("conditions", [])
+        for type_, reason in (
+            ("HealthCheckSucceeded", "UnhealthyNode"),
+            ("OwnerRemediated", "WaitingForRemediation"),
+        ):
+            at = now_iso()
+            legacy[:] = [c for c in legacy if c.get("type") != type_]
+            legacy.append(
                 {
                     "type": type_,
                     "status": "False",
-                    "reason": "WaitingForRemediation",
-                    "lastTransitionTime": now_iso(),
+                    "severity": "Warning",
+                    "lastTransitionTime": at,
+                    "reason": reason,
+                }
+            )
+            current[:] = [c for c in current if c.get("type") != type_]
+            generation = machine["metadata"].get("generation", 1)
+            current.append(
+                {
+                    "type": type_,
+                    "status": "False",
+                    "observedGeneration": generation,
+                    "lastTransitionTime": at,
+                    "reason": reason,
                 }
             )
         self.bump(machine)
@@ -406,6 +432,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
         self._later(self.replace_delay, replaced)
         return aiohttp.web.json_response({"terminated": node}, status=202)
 
+    def _versions(self, res: Resource) -> tuple[str, ...]:
+        """The versions ``res`` is served in: Cluster API's as configured (``capi_versions``)."""
+        return self.capi_versions if res.group == capi.GROUP else (res.version,)
+
+    def _capi_discovery(self, request: kmock.Request, version: str) -> aiohttp.web.StreamResponse:
+        """A version of Cluster API's group, where served (none in a cluster without its CRDs)."""
+        self.capi_discovered.append(version)
+        if not self._authenticated(request):
+            body = resources.status_body(401, "Unauthorized", "Unauthorized")
+            return aiohttp.web.json_response(body, status=401)
+        if request.method.value != "GET" or "machines" in self.absent or version not in self.capi_versions:
+            return aiohttp.web.Response(status=404, text="404 page not found\n")
+        return aiohttp.web.json_response(capi.api_resources(version))
+
     def _token_service(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """The identity provider an exec plugin asks (STS for EKS, Google's for GKE): a token the API
         server accepts for ``ttl`` seconds, and its expiry as the plugin reports it."""
@@ -418,12 +458,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return self._cloud(request)
         if request.url.path == TOKEN_SERVICE and request.method.value == "POST":
             return self._token_service(request)
+        if request.url.path.startswith(f"/apis/{capi.GROUP}/") and request.url.path.count("/") == 3:
+            return self._capi_discovery(request, request.url.path.rpartition("/")[2])
         match = _PATH.match(request.url.path)
         group = "" if match is None or match["core"] else match["group"]
         res = resources.BY_GROUP_PLURAL.get((group, match["plural"])) if match else None
         if match is None or res is None:
             return await super()._handle(request)
-        if res.plural in self.absent:
+        version = match["core"] or match["version"]
+        if res.plural in self.absent or version not in self._versions(res):
             return aiohttp.web.Response(status=404, text="404 page not found\n")
         entry = LoggedRequest.of(request, res, match["ns"], match["name"], match["sub"])
         self.log.append(entry)
@@ -438,7 +481,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     await asyncio.sleep(fault.delay)
                 if fault.status is not None:
                     raise fault.error(res, match["name"])
+            if version != res.version and request.method.value in ("POST", "PUT"):
+                raise ApiError(405, "MethodNotAllowed", f"writing {res.plural} as {version} is not emulated")
             body, code = self._serve(request, res, match["ns"], match["name"], match["sub"])
+            body = capi.as_served(body, version) if res.group == capi.GROUP else body
             entry.status = code
             if fault is not None and fault.delay_after:
                 await asyncio.sleep(fault.delay_after)
@@ -875,9 +921,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
         suffix = uuid.uuid4().hex[:5]
         node_name = f"{old_node_name or 'node'}-{suffix}"
         node = resources.replacement_node(template, node_name, suffix)
+        handle = resources.replacement_handle(old, node_name, suffix)
+        annotations = node["metadata"].get("annotations") or {}
+        if res.plural == "machines" and "cluster.x-k8s.io/machine" in annotations:
+            annotations["cluster.x-k8s.io/machine"] = handle["metadata"]["name"]  # its own Machine
         cluster = self.workload or self
         cluster.add("nodes", node)
-        handle = resources.replacement_handle(old, node_name, suffix)
         self.add(res.plural, handle)
         if self.ready_delay is None:
             return None

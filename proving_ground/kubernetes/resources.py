@@ -209,6 +209,10 @@ def replacement_node(template: dict[str, Any] | None, name: str, suffix: str) ->
     return node
 
 
+#: The conditions a MachineHealthCheck sets on a Machine it judged.
+_HEALTH_CHECK = ("HealthCheckSucceeded", "OwnerRemediated")
+
+
 def replacement_handle(old: dict[str, Any], node_name: str, suffix: str) -> dict[str, Any]:
     """The new Machine (MachineSet) or NodeClaim (NodePool) that owns the replacement node."""
     handle = copy.deepcopy(old)
@@ -224,6 +228,9 @@ def replacement_handle(old: dict[str, Any], node_name: str, suffix: str) -> dict
     meta["name"] = f"{meta['name'].rsplit('-', 1)[0]}-{suffix}"
     meta["generation"] = 1
     status = handle.setdefault("status", {})
+    for conditions in (status.get("conditions"), (status.get("v1beta2") or {}).get("conditions")):
+        if conditions is not None:  # a new Machine: no health check has judged it
+            conditions[:] = [c for c in conditions if c.get("type") not in _HEALTH_CHECK]
     if "nodeRef" in status:
         status["nodeRef"] = {"apiVersion": "v1", "kind": "Node", "name": node_name}
     if "nodeName" in status:

@@ -88,6 +88,54 @@ async def test_a_strategy_deletes_its_handle_once_and_a_new_node_comes(
     assert k8s.terminated == ([NODE] if strategy == "delete-node" else [])
 
 
+@pytest.mark.parametrize(
+    "served",
+    [("v1beta2", "v1beta1"), ("v1beta2",), ("v1beta1",)],
+    ids=["capi-1.11-to-1.15", "capi-1.16-on", "capi-before-1.11"],
+)
+async def test_cluster_api_machines_are_read_and_deleted_in_the_version_served(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, served: tuple[str, ...]
+) -> None:
+    """Cluster API serves v1beta2 from v1.11, and v1beta2 alone from v1.16 (April 2027): there a
+    v1beta1 path answers 404, which a delete took for a Machine gone already, and the replacement
+    then waited for a node that nothing was making. The Machine is read, deleted and listed in the
+    first version served (v1beta2 where it is), the group's discovery asked once; a MachineHealthCheck's
+    remediation is seen in either shape of its conditions."""
+    k8s.capi_versions = served
+    k8s.ready_delay = 0.3
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.machine_health_check_fails("gpu-east", "gpu-east-gpu-h100-x7b2n-q4v9k")
+    owner = await cluster.repair_owner(NODE)
+    assert owner is not None and "OwnerRemediated False, WaitingForRemediation" in owner, owner
+    handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    new = await _successor(cluster, handle)
+    machines = [e for e in k8s.log if e.resource == "machines"]
+    assert machines and {e.path.split("/")[3] for e in machines} == {served[0]}
+    assert machines[0].status == 200  # read while it stood (404 once its MachineSet removed it)
+    # A replacement of pitcrew's own on the successor: its Machine deleted in that version, once.
+    k8s.log.clear()
+    again = await cluster.replace(new.name, strategy="cluster-api", incident_id="pc-00043")
+    deletes = [
+        (e.path.split("/")[3], e.status) for e in k8s.log if e.verb == "delete" and e.resource == "machines"
+    ]
+    assert deletes == [(served[0], 200)]
+    assert (await _successor_of(cluster, new.name, again)).name != new.name
+    assert k8s.capi_discovered == ["v1beta2"] if "v1beta2" in served else ["v1beta2", "v1beta1"]
+
+
+async def _successor_of(
+    cluster: KubernetesCluster, name: str, handle: str, within: float = 5.0
+) -> ClusterNode:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        node = await cluster.successor(name, handle=handle)
+        if node is not None and node.ready and node.name != name:
+            return node
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no Ready successor of {name} within {within}s")
+
+
 def test_delete_node_without_its_provider_action_is_refused_by_the_configuration() -> None:
     with pytest.raises(ValidationError, match="delete-node needs command"):
         KubernetesSettings.model_validate({"replace": {"strategy": "delete-node"}})

@@ -35,7 +35,10 @@ STRATEGIES = ("cluster-api", "karpenter", "delete-node", "command")
 REBOOT = "reboot"
 #: Not a strategy of pitcrew's: another system is replacing the node and pitcrew waits for its result.
 WATCH = "watch"
-CAPI = ("cluster.x-k8s.io", "v1beta1", "machines")
+CAPI_GROUP = "cluster.x-k8s.io"
+#: Cluster API's versions, the one read first first: v1beta2 is served from v1.11 on and alone from
+#: v1.16 (April 2027), where a v1beta1 path answers 404 (a delete pitcrew would take for done).
+CAPI_VERSIONS = ("v1beta2", "v1beta1")
 KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
 CAPI_MACHINE = "cluster.x-k8s.io/machine"
 #: The component Karpenter's events come from (its recorder, ``GetEventRecorderFor("karpenter")``).
@@ -152,6 +155,8 @@ class Replacer:
         self._nodes = nodes
         self._settings = settings
         self._timeout = settings.request_timeout
+        #: Cluster API's Machines as the management cluster serves them (``_capi``), once found.
+        self._capi_version: str | None = None
 
     def strategy(self, asked: str) -> str:
         return self._settings.replace.strategy if asked in ("", "configured") else asked
@@ -186,17 +191,40 @@ class Replacer:
         )
         return f"Machine {ref[0]}/{ref[1]} of node {node.metadata.name} not found in {where}"
 
+    async def _capi(self) -> tuple[str, str, str]:
+        """Machines' group, version and plural: the first of ``CAPI_VERSIONS`` the management
+        cluster serves, asked once (its discovery document) and kept, as Cluster API serves a
+        version once added until it is removed, years later; v1beta1 while it serves neither (no
+        Cluster API there: a Machine read then answers 404, said as the Machine not found)."""
+        self._management_reachable()
+        if self._capi_version is None:
+            for version in CAPI_VERSIONS:
+                try:
+                    await call(
+                        f"discover {CAPI_GROUP}/{version}",
+                        self._machines.get_api_resources(CAPI_GROUP, version, _request_timeout=self._timeout),
+                    )
+                except PermanentError as exc:
+                    if exc.reason != Reason.NOT_FOUND:
+                        raise
+                    continue
+                self._capi_version = version
+                break
+            else:
+                return CAPI_GROUP, CAPI_VERSIONS[-1], "machines"
+        return CAPI_GROUP, self._capi_version, "machines"
+
     async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
         ref = self.machine_ref(node)
         if ref is None:
             return None
-        self._management_reachable()
+        group, version, plural = await self._capi()
         namespace, name = ref
         try:
             found: dict[str, Any] = await call(
                 f"read Machine {namespace}/{name}",
                 self._machines.get_namespaced_custom_object(
-                    *CAPI[:2], namespace, CAPI[2], name, _request_timeout=self._timeout
+                    group, version, namespace, plural, name, _request_timeout=self._timeout
                 ),
             )
         except PermanentError as exc:
@@ -371,7 +399,7 @@ class Replacer:
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
         if strategy == "cluster-api":
-            await self._delete_custom(CAPI, target, self._machines)
+            await self._delete_custom(await self._capi(), target, self._machines)
         elif strategy == "karpenter":
             await self._placeholder(node, handle, incident_id)
             await self._delete_custom(KARPENTER, target, self._custom)
@@ -680,12 +708,12 @@ class Replacer:
         and whether any such handle exists, with its node or still launching."""
         kind, _, rest = (parsed.owner or "").partition("/")
         if kind == "machineset":
-            self._management_reachable()
+            group, version, plural = await self._capi()
             namespace, _, machineset = rest.partition("/")
             listed: dict[str, Any] = await call(
                 f"list Machines in {namespace}",
                 self._machines.list_namespaced_custom_object(
-                    *CAPI[:2], namespace, CAPI[2], _request_timeout=self._timeout
+                    group, version, namespace, plural, _request_timeout=self._timeout
                 ),
             )
             handles = [
