@@ -4,9 +4,9 @@ A job that fills its partition cannot restart until a node comes back. pitcrew c
 one from a **pool**: first a warm spare pool, then lender pools (inference nodes), in the
 configured order. This module is the pure choice: it sees the failed node, the pools, each
 pool's member nodes as the far side describes them, and every node already taken and not
-given back (by an open incident, or an ended one that still holds it), and says which node to take and why, or, when none qualifies, which guard stopped
-each candidate. No I/O, no clock; the ``capacity`` step (``bot.engine.steps.capacity``)
-gathers the facts and acts on the answer.
+given back (by an open incident, or an ended one that still holds it), and says which node to
+take and why, or, when none qualifies, which guard stopped each candidate. No I/O, no clock;
+the ``capacity`` step (``bot.engine.steps.capacity``) gathers the facts and acts on the answer.
 
 Guards, each named in the answer where it refused a node:
 

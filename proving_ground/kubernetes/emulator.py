@@ -109,12 +109,6 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: until it deletes that node and its NodeClaim, unless ``karpenter.sh/do-not-disrupt: "true"`` is
     #: on either. A node whose slurmd runs as a DaemonSet pod is empty to it. ``consolidated`` lists them.
     karpenter_consolidate_after: float = 0.2
-    #: The versions of ``cluster.x-k8s.io`` served, preferred first (``capi.SERVED``: Cluster API
-    #: v1.11 to v1.15; ``("v1beta2",)`` is v1.16 on, ``("v1beta1",)`` before v1.11). Any other is
-    #: answered 404 as an API server does, and a Machine is given out in the version asked.
-    capi_versions: tuple[str, ...] = capi.SERVED
-    #: The versions of ``cluster.x-k8s.io`` whose discovery document was asked for, in order.
-    capi_discovered: list[str] = attrs.field(factory=list)
     consolidated: list[str] = attrs.field(factory=list)
     #: Karpenter finds nothing to launch for a pending pod of a NodePool (no instance type or
     #: offering left for its GPU request, a NodePool limit reached): the error its provisioner
@@ -127,6 +121,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
     _karpenter_retrying: bool = False
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: The versions of ``cluster.x-k8s.io`` served, preferred first (``capi.SERVED``: Cluster API
+    #: v1.11 to v1.15; ``("v1beta2",)`` is v1.16 on, ``("v1beta1",)`` before v1.11). Any other is
+    #: answered 404 as an API server does, and a Machine is given out in the version asked.
+    capi_versions: tuple[str, ...] = capi.SERVED
+    #: The versions of ``cluster.x-k8s.io`` whose discovery document was asked for, in order.
+    capi_discovered: list[str] = attrs.field(factory=list)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
     #: one code for every attempt, or a list with one per attempt (the last repeats).
     job_exit_codes: dict[str, int | list[int]] = attrs.field(factory=dict)

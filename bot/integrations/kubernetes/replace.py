@@ -36,8 +36,8 @@ REBOOT = "reboot"
 #: Not a strategy of pitcrew's: another system is replacing the node and pitcrew waits for its result.
 WATCH = "watch"
 CAPI_GROUP = "cluster.x-k8s.io"
-#: Cluster API's versions, the one read first first: v1beta2 is served from v1.11 on and alone from
-#: v1.16 (April 2027), where a v1beta1 path answers 404 (a delete pitcrew would take for done).
+#: Cluster API's versions, in the order tried: v1beta2 is served from v1.11 on and alone from v1.16
+#: (April 2027), where a v1beta1 path answers 404 (a delete pitcrew would take for done).
 CAPI_VERSIONS = ("v1beta2", "v1beta1")
 KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
 CAPI_MACHINE = "cluster.x-k8s.io/machine"
