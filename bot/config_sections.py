@@ -299,7 +299,7 @@ class SlurmSettings(NodeMapping):
         "auto",
         pattern=r"^(auto|v0\.0\.\d+)$",
         description="`auto` picks the highest slurm/v0.0.XX the server's OpenAPI document offers among those "
-        "pitcrew knows (v0.0.38 to v0.0.42); or pin one of those.",
+        "pitcrew knows (v0.0.38 to v0.0.45); or pin one of those.",
     )
     request_timeout: float = Field(10.0, gt=0, description="Seconds per slurmrestd request.")
     slinky_namespace: str = Field("slurm", description="Namespace of the Slinky NodeSet (slurmd) pods.")

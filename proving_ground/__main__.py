@@ -35,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
         "--slurm",
         choices=VERSIONS,
         default=None,
-        help="Slurm to run: 22.05 (Debian 12's) or 24.11 (from the Debian 13 root scripts/setup makes); "
+        help="Slurm to run: 22.05 (Debian 12's), 24.11 (from the Debian 13 root scripts/setup makes) or "
+        '26.05 (from the Debian unstable root it makes with PITCREW_SLURM_ROOTS="24.11 26.05"); '
         "default $PROVING_GROUND_SLURM, else 22.05",
     )
     p.add_argument(

@@ -1,7 +1,7 @@
 """A real Slurm cluster on this machine: munge, slurmctld, slurmd gpu-001..003, slurmrestd.
 
-Debian 12's Slurm 22.05 packages, or (``version="24.11"``) Slurm 24.11 from a Debian 13 root
-under chroot (``proving_ground.slurm_root``), configured as in ``../shared/notes/slurm.md``: every daemon
+Debian 12's Slurm 22.05 packages, or (``version="24.11"``, ``"26.05"``) a newer Slurm from a
+Debian root under chroot (``proving_ground.slurm_root``), configured as in ``../shared/notes/slurm.md``: every daemon
 runs in the foreground under a per-run directory (config, state, spool, logs, fake GPU
 devices, a private ``munged`` on its own socket), on free loopback ports, so a run never
 touches the machine's own Slurm or munge. Fast requeue: ``AuthInfo=cred_expire=5`` and
@@ -162,11 +162,11 @@ class SlurmCluster:
 
     @property
     def job_python(self) -> str:
-        """The Python this cluster's jobs can run: the root's own for 24.11, this one's for 22.05."""
+        """The Python this cluster's jobs can run: a root's own for a newer Slurm, this one's for 22.05."""
         return "python3" if self._root is not None else sys.executable
 
     def command(self, *argv: str) -> list[str]:
-        """``argv`` as it runs against this cluster's Slurm (inside its root for 24.11)."""
+        """``argv`` as it runs against this cluster's Slurm (inside its root for a newer Slurm)."""
         return self._root.command(*argv) if self._root is not None else list(argv)
 
     def run(self, *argv: str, check: bool = True, timeout: float = 15) -> subprocess.CompletedProcess[str]:
@@ -244,7 +244,8 @@ class SlurmCluster:
         if self._root is None:
             argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", rest_user(), "-s", "openapi/v0.0.38"]
         else:
-            # 24.11 serves every data parser it has (v0.0.40, v0.0.41, v0.0.42) under openapi/slurmctld;
+            # a newer Slurm serves every data parser it has (24.11: v0.0.40 to v0.0.42, 26.05: v0.0.42
+            # to v0.0.45) under openapi/slurmctld;
             # the root's packages made its ``slurm`` user.
             argv = ["slurmrestd", "-a", "rest_auth/jwt", "-u", "slurm", "-s", "openapi/slurmctld"]
         for _ in range(3):
@@ -435,7 +436,7 @@ class SlurmCluster:
         gres = [f"NodeName={n} Name=gpu Type=h100 File={run}/dev/{n}/nvidia[0-7]" for n in self.nodes]
         (run / "etc" / "gres.conf").write_text("\n".join(["AutoDetect=off", *gres, ""]))
         if self.version != DEFAULT_VERSION:
-            # slurmd 24.11 wants a cgroup filesystem a chroot lacks; linuxproc tracks the jobs.
+            # a newer slurmd wants a cgroup filesystem a chroot lacks; linuxproc tracks the jobs.
             (run / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         shutil.copy(TRAIN_JOB, run / TRAIN_JOB.name)
 

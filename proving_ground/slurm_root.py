@@ -1,8 +1,10 @@
-"""Which Slurm the proving ground runs: Debian 12's own (22.05) or 24.11 from a Debian 13 root.
+"""Which Slurm the proving ground runs: Debian 12's own (22.05), 24.11 from a Debian 13 root, or
+26.05 from a Debian unstable root.
 
-Clusters today run Slurm 23.11 to 25.05 while this machine's packages give 22.05. A newer Slurm
-runs beside it from a root made by ``debootstrap`` (``scripts/setup`` makes it once, under
-``$PROVING_GROUND_SLURM_ROOTS``, default ``/var/cache/pitcrew``; see ``../shared/notes/slurm.md``).
+Clusters today run Slurm 23.11 to 26.05 while this machine's packages give 22.05. A newer Slurm
+runs beside it from a root made by ``debootstrap`` (``scripts/setup`` makes 24.11's once, and
+26.05's when ``PITCREW_SLURM_ROOTS`` names it, under ``$PROVING_GROUND_SLURM_ROOTS``, default
+``/var/cache/pitcrew``; see ``../shared/notes/slurm.md``).
 
 ``SlurmRoot`` owns the mounts such a root needs, and nothing else: one process holds a private
 mount namespace in which ``/proc``, ``/dev`` and the cluster's run directory (at the same path
@@ -29,7 +31,10 @@ from pathlib import Path
 
 from proving_ground.proc import DemoError, stop_process
 
-VERSIONS = ("22.05", "24.11")
+VERSIONS = ("22.05", "24.11", "26.05")
+#: What the tests marked ``every_slurm`` run on unless one is chosen (CI makes no 26.05 root: its
+#: shapes are table-tested from captures, ``tests/fixtures/slurm/26.05``; ``--slurm all`` runs it).
+EVERY = ("22.05", "24.11")
 DEFAULT_VERSION = "22.05"
 #: the Slurm the proving ground starts when nobody chooses (``--slurm``, ``PROVING_GROUND_SLURM``)
 VERSION_ENV = "PROVING_GROUND_SLURM"
@@ -60,8 +65,10 @@ def root_missing(version: str) -> str | None:
     if root is None:
         return None
     if not (root / "usr" / "sbin" / "slurmctld").exists() or not (root / "usr" / "bin" / "python3").exists():
+        asked = "" if version == "24.11" else f' with PITCREW_SLURM_ROOTS="{version}"'
         return (
-            f"no Slurm {version} root at {root}: run scripts/setup as root to make it (${ROOTS_ENV} moves it)"
+            f"no Slurm {version} root at {root}: run scripts/setup as root{asked} to make it "
+            f"(${ROOTS_ENV} moves it)"
         )
     return None
 

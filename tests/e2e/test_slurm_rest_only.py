@@ -3,7 +3,8 @@
 pitcrew runs with ``slurm.backend: rest`` and a PATH holding no ``scontrol`` (the test empties
 it, as the image has none), in front of the simulated Kubernetes side. Cases, on each Slurm:
 
-* 24.11 (slurmrestd v0.0.40-42; pitcrew picks v0.0.42): an XID 79 incident resolves through
+* 24.11 (slurmrestd v0.0.40-42; pitcrew picks v0.0.42), or 26.05 (v0.0.42-45; pitcrew picks
+  v0.0.45, with ``--slurm 26.05``): an XID 79 incident resolves through
   slurmrestd alone — the jobs on the node, DOWN with pitcrew's reason, the requeued job running
   elsewhere, RESUME — and no step retries for want of a command;
 * ``check-config --live`` in that same environment says what it cannot do: requeue (no
@@ -62,9 +63,10 @@ def test_rest_only_check_config_names_what_it_cannot_do(slurm: SlurmCluster, tmp
         # Every read and node update works over REST: the far side is reachable, yet one
         # operation is missing and the playbooks that may need it are named.
         assert line.split()[0] == "ok", line
-        assert "v0.0.42: partitions: gpu; node updates over REST; no requeue" in line, line
+        picked = {"24.11": "v0.0.42", "26.05": "v0.0.45"}[slurm.version]  # the newest it serves
+        assert f"{picked}: partitions: gpu; node updates over REST; no requeue" in line, line
         [refusal] = [ln for ln in done.stderr.splitlines() if "requeue" in ln]
-        assert "slurmrestd v0.0.42 has no requeue operation and scontrol is unusable here" in refusal
+        assert f"slurmrestd {picked} has no requeue operation and scontrol is unusable here" in refusal
         assert "replace-node" in refusal and "reset-gpu" in refusal
         assert "docker build --target scontrol" in refusal
 

@@ -4,7 +4,7 @@
 its end); ``slurm`` is that cluster reset to quiet (no jobs, every node IDLE) for each test.
 ``require_slurm`` skips, or under ``CI=true`` fails, when a Slurm or munge binary is missing.
 
-Which Slurm: ``--slurm 22.05|24.11|all`` (or ``$PROVING_GROUND_SLURM``). Unset, every test runs on
+Which Slurm: ``--slurm 22.05|24.11|26.05|all`` (or ``$PROVING_GROUND_SLURM``). Unset, every test runs on
 Debian 12's 22.05 and the tests marked ``every_slurm`` run on 24.11 as well: the fatal-fault
 remediation and the Slurm-only hand-over with both backends, the REST-only deployment, both
 tracks at once and SIGKILL during them, the storm (a 4-node cluster of the test's version) and
@@ -34,7 +34,7 @@ from proving_ground.slurm import (
     SlurmCluster,
     main,
 )
-from proving_ground.slurm_root import DEFAULT_VERSION, VERSION_ENV, VERSIONS, root_missing
+from proving_ground.slurm_root import DEFAULT_VERSION, EVERY, VERSION_ENV, VERSIONS, root_missing
 from tests.harness.proc import require_binary, unavailable
 
 __all__ = ["require_slurm", "slurm", "slurm_cluster", "slurm_version"]
@@ -65,7 +65,7 @@ def versions_for(config: pytest.Config, every_slurm: bool) -> tuple[str, ...]:
         return VERSIONS
     if chosen:
         return (chosen,)
-    return VERSIONS if every_slurm else (DEFAULT_VERSION,)
+    return EVERY if every_slurm else (DEFAULT_VERSION,)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,19 +1,22 @@
-"""The same remediation moments, as Slurm 22.05 and 24.11 print them, parse to the same records.
+"""The same remediation moments, as Slurm 22.05, 24.11 and 26.05 print them, parse to the same records.
 
-``tests/fixtures/slurm/{cli,rest}`` are 22.05 (REST v0.0.38); ``tests/fixtures/slurm/24.11`` was
-captured from the real 24.11 servers by ``python -m proving_ground.slurm_capture --slurm 24.11``
-(REST v0.0.40, v0.0.41 and v0.0.42, ``scontrol --json``, ``scontrol show -o``, ``squeue --json``).
+``tests/fixtures/slurm/{cli,rest}`` are 22.05 (REST v0.0.38); ``tests/fixtures/slurm/24.11`` and
+``26.05`` were captured from the real servers by ``python -m proving_ground.slurm_capture --slurm
+24.11`` (or ``26.05``): REST v0.0.40 to v0.0.42 (24.11) and v0.0.42 to v0.0.45 (26.05),
+``scontrol --json``, ``scontrol show -o``, ``squeue --json``.
 Cases, one table row per file and interface:
 
 * a node DOWN with a reason, a node DRAINED under a running job, healthy nodes: states, reason,
   who set it, ``SlurmdStartTime`` (22.05's ``state`` + ``state_flags`` and plain times, 24.11's
   state lists and ``{"set", "number"}`` times; the ``[user@time]`` suffix of the text lines);
 * a requeued job pending with no nodes, then running elsewhere with one restart;
-* 24.11 keeps the last reason on a resumed node: it reads in service, the reason is history;
-* OpenAPI discovery picks v0.0.38 on 22.05 (node updates refused there) and v0.0.42 on 24.11;
+* 24.11 keeps the last reason on a resumed node: it reads in service, the reason is history
+  (26.05 clears it again);
+* OpenAPI discovery picks v0.0.38 on 22.05 (node updates refused there), v0.0.42 on 24.11 and
+  v0.0.45 on 26.05;
 * 24.11's REST errors (unknown job) and ``sinfo --json``'s new grouped shape, which pitcrew
   does not read (it reads nodes from ``scontrol`` or slurmrestd) and refuses as malformed;
-* every 24.11 capture has a row here.
+* every 24.11 and 26.05 capture has a row here.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"
 V24 = SLURM / "24.11"
+V26 = SLURM / "26.05"
 REST_VERSIONS = ("v0.0.40", "v0.0.41", "v0.0.42")
+REST_VERSIONS_26 = ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 OURS = "pitcrew: pc-00001 XID 79 gpu3"
 
 
@@ -73,6 +78,7 @@ DOWN_DRAIN_24 = _nodes(
     gpu_003=({"IDLE"}, "", True),
 )
 MOVED_24 = {**DOWN_DRAIN_24, "gpu-003": (frozenset({"MIXED"}), "", True)}
+RESUMED_26 = _nodes(gpu_001=({"IDLE"}, "", True))
 
 #: (version, file under tests/fixtures/slurm, parser, nodes expected)
 NODE_TABLE: list[tuple[str, str, Callable[[Path], list[SlurmNodeState]], NodeView]] = [
@@ -104,6 +110,28 @@ NODE_TABLE: list[tuple[str, str, Callable[[Path], list[SlurmNodeState]], NodeVie
             ("24.11", f"24.11/rest/{v}/node-gpu-001-requeued-running.json", node_json, {"gpu-001": MOVED_24["gpu-001"]}),
             ("24.11", f"24.11/rest/{v}/node-gpu-002-down-drain.json", node_json, {"gpu-002": DOWN_DRAIN_24["gpu-002"]}),
             ("24.11", f"24.11/rest/{v}/node-gpu-001-resumed.json", node_json, _nodes(gpu_001=({"IDLE"}, OURS, True))),
+        )
+    ],
+    # 26.05 reads as 24.11 did, but for the reason of a resumed node: cleared again, as 22.05 did.
+    ("26.05", "26.05/cli/scontrol-show-node-o-healthy.txt", node_lines, HEALTHY_24),
+    ("26.05", "26.05/cli/scontrol-show-node-o-down-drain.txt", node_lines, DOWN_DRAIN_24),
+    ("26.05", "26.05/cli/scontrol-show-node-o-requeued-running.txt", node_lines, MOVED_24),
+    ("26.05", "26.05/cli/scontrol-show-node-o-resumed.txt", node_lines, RESUMED_26),
+    ("26.05", "26.05/cli/scontrol-json-show-node-healthy.json", node_json, HEALTHY_24),
+    ("26.05", "26.05/cli/scontrol-json-show-node-down-drain.json", node_json, DOWN_DRAIN_24),
+    ("26.05", "26.05/cli/scontrol-json-show-node-requeued-running.json", node_json, MOVED_24),
+    *[
+        row
+        for v in REST_VERSIONS_26
+        for row in (
+            ("26.05", f"26.05/rest/{v}/nodes-healthy.json", node_json, HEALTHY_24),
+            ("26.05", f"26.05/rest/{v}/nodes-down-drain.json", node_json, DOWN_DRAIN_24),
+            ("26.05", f"26.05/rest/{v}/nodes-requeued-running.json", node_json, MOVED_24),
+            ("26.05", f"26.05/rest/{v}/node-gpu-001-healthy.json", node_json, {"gpu-001": HEALTHY_24["gpu-001"]}),
+            ("26.05", f"26.05/rest/{v}/node-gpu-001-down-drain.json", node_json, {"gpu-001": DOWN_DRAIN_24["gpu-001"]}),
+            ("26.05", f"26.05/rest/{v}/node-gpu-001-requeued-running.json", node_json, {"gpu-001": MOVED_24["gpu-001"]}),
+            ("26.05", f"26.05/rest/{v}/node-gpu-002-down-drain.json", node_json, {"gpu-002": DOWN_DRAIN_24["gpu-002"]}),
+            ("26.05", f"26.05/rest/{v}/node-gpu-001-resumed.json", node_json, RESUMED_26),
         )
     ],
 ]  # fmt: skip
@@ -138,6 +166,24 @@ JOB_TABLE: list[tuple[str, str, Callable[[Path], list[JobSnapshot]], JobView]] =
             ("24.11", f"24.11/rest/{v}/job-requeued-running.json", job_json, TRAIN_MOVED),
         )
     ],
+    ("26.05", "26.05/cli/scontrol-show-job-o-healthy.txt", job_lines, TRAIN_RUNNING),
+    ("26.05", "26.05/cli/scontrol-show-job-o-down-drain.txt", job_lines, TRAIN_PENDING),
+    ("26.05", "26.05/cli/scontrol-show-job-o-requeued-running.txt", job_lines, TRAIN_MOVED),
+    ("26.05", "26.05/cli/scontrol-json-show-job-healthy.json", job_json, TRAIN_RUNNING),
+    ("26.05", "26.05/cli/scontrol-json-show-job-down-drain.json", job_json, TRAIN_PENDING),
+    ("26.05", "26.05/cli/scontrol-json-show-job-requeued-running.json", job_json, TRAIN_MOVED),
+    ("26.05", "26.05/cli/squeue-json-healthy.json", job_json, [*TRAIN_RUNNING, OTHER]),
+    ("26.05", "26.05/cli/squeue-json-down-drain.json", job_json, [*TRAIN_PENDING, OTHER]),
+    ("26.05", "26.05/cli/squeue-json-requeued-running.json", job_json, [*TRAIN_MOVED, OTHER]),
+    *[
+        row
+        for v in REST_VERSIONS_26
+        for row in (
+            ("26.05", f"26.05/rest/{v}/job-healthy.json", job_json, TRAIN_RUNNING),
+            ("26.05", f"26.05/rest/{v}/job-down-drain.json", job_json, TRAIN_PENDING),
+            ("26.05", f"26.05/rest/{v}/job-requeued-running.json", job_json, TRAIN_MOVED),
+        )
+    ],
 ]  # fmt: skip
 
 
@@ -151,7 +197,7 @@ def test_nodes(
         if node.reason:
             assert node.reason_user == "root"
             assert is_pitcrew_reason(node.reason) == node.reason.startswith("pitcrew: ")
-        if version == "24.11":  # every 24.11 interface says when slurmd started
+        if version != "22.05":  # every 24.11 and 26.05 interface says when slurmd started
             assert node.slurmd_started_at is not None
             assert node.gpus == 8
 
@@ -163,6 +209,15 @@ def test_jobs(version: str, name: str, parse: Callable[[Path], list[JobSnapshot]
     [train] = [j for j in jobs if j.job_id == "1"]  # the checkpointing job, --requeue, as root
     assert train.requeue and train.user == "root"
     assert train.gpus == 8 or not train.running
+
+
+def test_openapi_discovery_on_26_05() -> None:
+    """26.05 serves v0.0.42 to v0.0.45: the newest is taken, each pinned one updates nodes."""
+    api = discover_api(_json(V26 / "rest" / "openapi-v3.json"))
+    assert (api.version, api.node_update, api.versions) == ("v0.0.45", True, REST_VERSIONS_26)
+    assert api.path("nodes") == "/slurm/v0.0.45/nodes/"
+    for pinned in REST_VERSIONS_26:
+        assert discover_api(_json(V26 / "rest" / "openapi-v3.json"), pinned).node_update
 
 
 def test_openapi_discovery_on_each_version() -> None:
@@ -180,7 +235,7 @@ def check_update_answer(path: Path) -> None:
     payload = _json(path)
     assert payload["status"] == 200
     assert errors_of(payload) == []
-    assert payload["meta"]["slurm"]["release"] == "24.11.5"
+    assert payload["meta"]["slurm"]["release"] == {"24.11": "24.11.5", "26.05": "26.05.5"}[path.parts[-4]]
 
 
 def check_unknown_job(path: Path) -> None:
@@ -193,7 +248,8 @@ def check_unknown_job(path: Path) -> None:
 
 def check_sinfo_grouped(path: Path) -> None:
     payload = _json(path)
-    assert {tuple(entry["nodes"]["nodes"]) for entry in payload["sinfo"]} >= {("gpu-002",)}
+    grouped = [tuple(entry["nodes"]["nodes"]) for entry in payload["sinfo"]]  # one entry per state
+    assert {n for group in grouped for n in group} == {"gpu-001", "gpu-002", "gpu-003"}, grouped
     with pytest.raises(ValueError, match="no nodes list"):
         nodes_from_payload(payload)
 
@@ -222,15 +278,26 @@ OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
     "24.11/rest/v0.0.42/partitions.json": check_partitions,
     "24.11/cli/sinfo-json-down-drain.json": check_sinfo_grouped,
     "24.11/cli/scontrol-show-partition-o.txt": check_partition_lines,
+    "26.05/rest/openapi-v3.json": lambda _: test_openapi_discovery_on_26_05(),
+    "26.05/rest/v0.0.45/node-post-down-response.json": check_update_answer,
+    "26.05/rest/v0.0.45/node-post-drain-response.json": check_update_answer,
+    "26.05/rest/v0.0.45/node-post-resume-response.json": check_update_answer,
+    "26.05/rest/v0.0.45/job-unknown.json": check_unknown_job,
+    "26.05/rest/v0.0.45/partitions.json": check_partitions,
+    "26.05/cli/sinfo-json-healthy.json": check_sinfo_grouped,
+    "26.05/cli/sinfo-json-down-drain.json": check_sinfo_grouped,
+    "26.05/cli/sinfo-json-requeued-running.json": check_sinfo_grouped,
+    "26.05/cli/scontrol-show-partition-o.txt": check_partition_lines,
 }
 
 
 @pytest.mark.parametrize("name", sorted(OTHER_CHECKS))
-def test_other_24_11_captures(name: str) -> None:
+def test_other_captures(name: str) -> None:
     OTHER_CHECKS[name](SLURM / name)
 
 
-def test_every_24_11_capture_has_a_row() -> None:
-    files = {str(p.relative_to(SLURM)) for p in V24.rglob("*") if p.is_file() and p.name != "README.md"}
+@pytest.mark.parametrize("root", [V24, V26], ids=["24.11", "26.05"])
+def test_every_capture_has_a_row(root: Path) -> None:
+    files = {str(p.relative_to(SLURM)) for p in root.rglob("*") if p.is_file() and p.name != "README.md"}
     covered = {r[1] for r in NODE_TABLE} | {r[1] for r in JOB_TABLE} | set(OTHER_CHECKS)
-    assert files == {f for f in covered if f.startswith("24.11/")}
+    assert files == {f for f in covered if f.startswith(f"{root.name}/")}

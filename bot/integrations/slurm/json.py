@@ -35,9 +35,11 @@ _BASE_JOB_STATES = frozenset(
     | {"PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
 _VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
-#: The slurmrestd API versions whose shapes pitcrew reads (Slurm 22.05 to 24.11), oldest first.
-#: Any other is refused by name rather than read by guesswork: its fields may have moved again.
-KNOWN_VERSIONS = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42")
+#: The slurmrestd API versions whose shapes pitcrew reads (Slurm 22.05 to 26.05), oldest first:
+#: each read from a real server's answers (``tests/fixtures/slurm``; 26.05 serves v0.0.42 to
+#: v0.0.45, and a Slurm dropping the oldest of its three keeps the others). Any other is refused by
+#: name rather than read by guesswork: its fields may have moved again.
+KNOWN_VERSIONS = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 
 
 @dataclass(frozen=True, slots=True)
