@@ -122,6 +122,17 @@ def capture(cluster: SlurmCluster, out: Path) -> None:
         f"rest/{newest}/job-unknown.json",
         {"status": (a := cap.rest(f"/slurm/{newest}/job/999999"))[0], **a[1]},
     )
+    if f"/slurm/{newest}/job/{{job_id}}/requeue" in document["paths"]:  # 26.05's v0.0.45 on
+        # The job still running on the DRAINed node, requeued as the drain step asks; asked again
+        # while it waits requeued; and a job Slurm does not know.
+        for tag, job in (("running", other), ("again", other), ("unknown", "999999")):
+            status, answer = cap.rest(f"/slurm/{newest}/job/{job}/requeue")
+            cap.save_json(f"rest/{newest}/job-requeue-{tag}-response.json", {"http_status": status, **answer})
+            if tag == "running":
+                cluster_wait(cluster, lambda: (j := cluster.job(other)) is not None and j.restarts == 1)
+                cap.save_json(
+                    f"rest/{newest}/job-requeued-by-rest.json", cap.rest(f"/slurm/{newest}/job/{other}")[1]
+                )
 
 
 def cluster_wait(cluster: SlurmCluster, predicate: Any, timeout: float = 60) -> None:

@@ -12,7 +12,8 @@ the headers are written (it buffers them and writes them with the body). ``Depos
 there ends the request: aiohttp closes the connection and nothing reaches the far side. What is
 left is the instant between this hook and the write, which only a far side that checks the
 epoch itself could close. Requests that only read (``GET``, ``HEAD``) pass: a process standing
-by may still read.
+by may still read; but a request its sender marks as a change (``CHANGES``, its
+``trace_request_ctx``) is fenced whatever its method: slurmrestd requeues a job on a ``GET``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import aiohttp
 
 from bot.store.lease import Fence
 
-#: Methods that change nothing on the far side: never fenced.
+#: Methods that change nothing on the far side: not fenced, unless the request says it changes.
 READS = frozenset({"GET", "HEAD"})
+#: ``trace_request_ctx`` of a request that changes the far side whatever its method.
+CHANGES = SimpleNamespace(changes=True)
 
 
 def last_check(fence: Fence) -> aiohttp.TraceConfig:
@@ -32,9 +35,10 @@ def last_check(fence: Fence) -> aiohttp.TraceConfig:
     lapsed) just before a changing request's headers are written."""
 
     async def check(
-        _session: aiohttp.ClientSession, _ctx: SimpleNamespace, params: aiohttp.TraceRequestHeadersSentParams
+        _session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestHeadersSentParams
     ) -> None:
-        if params.method.upper() not in READS:
+        marked = getattr(ctx.trace_request_ctx, "changes", False)
+        if params.method.upper() not in READS or marked:
             fence.token()
 
     trace = aiohttp.TraceConfig()

@@ -16,7 +16,7 @@ from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
-from tests.harness.scenarios import events
+from tests.harness.scenarios import events, fault_delivery
 
 TERMINAL = ("resolved", "failed", "suppressed", "rolled_back")
 
@@ -97,3 +97,26 @@ def action_at(incident: dict[str, Any], action: str) -> float:
     """When pitcrew made its one ``action`` (e.g. ``slurm_down``) of the incident, as a Unix time."""
     [event] = [e for e in events(incident, "action") if e["data"].get("action") == action]
     return epoch(event["at"])
+
+
+def drain_fault(node: str) -> bytes:
+    """A pending row remap: not job-fatal, so reset-gpu DRAINs the node and lets the job finish."""
+    return fault_delivery("row-remap-pending", alertname="GpuRowRemapPending", node=node)
+
+
+def reset_gpu_with_drain_grace(seconds: int) -> dict[str, Any]:
+    return {
+        "reset-gpu": {
+            "steps": [
+                "notify",
+                "slurm_down",
+                "cordon",
+                {"step": "drain", "timeout": "12s", "options": {"slurm_drain_grace_seconds": seconds}},
+                "reset_gpu",
+                "wait_ready",
+                "slurm_resume",
+                "confirm_resumed",
+                "close",
+            ]
+        }
+    }

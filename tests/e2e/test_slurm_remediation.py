@@ -27,15 +27,17 @@ from proving_ground.train_job import read_checkpoint, read_events, read_progress
 from tests.e2e.slurm_engine import (
     TERMINAL,
     action_at,
+    drain_fault,
     epoch,
     open_incident,
+    reset_gpu_with_drain_grace,
     running_on,
     start_pitcrew,
     training_on_a_node,
 )
 from tests.harness.figures import show_figure
 from tests.harness.proc import wait_until
-from tests.harness.scenarios import delivery, events, fault_delivery, notices, step_result
+from tests.harness.scenarios import delivery, events, notices, step_result
 
 pytestmark = pytest.mark.slow
 
@@ -200,11 +202,6 @@ def test_node_downed_by_someone_else_is_never_resumed(slurm: SlurmCluster, pitcr
 # --------------------------------------------------------------------------- DRAIN
 
 
-def drain_fault(node: str) -> bytes:
-    """A pending row remap: not job-fatal, so reset-gpu DRAINs the node and lets the job finish."""
-    return fault_delivery("row-remap-pending", alertname="GpuRowRemapPending", node=node)
-
-
 def test_drain_leaves_the_running_job_alone_until_it_ends(slurm: SlurmCluster, pitcrew_factory: Any) -> None:
     server = start_pitcrew(pitcrew_factory, slurm, "drain")
     job_id, node = training_on_a_node(slurm, steps=10, min_step=2)
@@ -240,24 +237,6 @@ def test_drain_leaves_the_running_job_alone_until_it_ends(slurm: SlurmCluster, p
     [record] = step_result(final, "confirm_resumed")["jobs"]
     assert record["status"] == "finished"
     wait_until(lambda: slurm.node(node).in_service, timeout=15, what=f"{node} back in service")
-
-
-def reset_gpu_with_drain_grace(seconds: int) -> dict[str, Any]:
-    return {
-        "reset-gpu": {
-            "steps": [
-                "notify",
-                "slurm_down",
-                "cordon",
-                {"step": "drain", "timeout": "12s", "options": {"slurm_drain_grace_seconds": seconds}},
-                "reset_gpu",
-                "wait_ready",
-                "slurm_resume",
-                "confirm_resumed",
-                "close",
-            ]
-        }
-    }
 
 
 def test_drain_grace_expired_requeues_the_job_elsewhere(slurm: SlurmCluster, pitcrew_factory: Any) -> None:

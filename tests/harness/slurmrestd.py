@@ -30,6 +30,22 @@ V40_DOC: dict[str, Any] = {
         "/slurm/v0.0.40/job/{job_id}": {"get": {}, "post": {}, "delete": {}},
     }
 }
+#: 26.05's v0.0.45 paths pitcrew uses, with its job requeue (a ``GET``).
+V45_DOC: dict[str, Any] = {
+    "paths": {
+        "/slurm/v0.0.45/nodes/": {"get": {}, "post": {}},
+        "/slurm/v0.0.45/node/{node_name}": {"get": {}, "post": {}, "delete": {}},
+        "/slurm/v0.0.45/jobs/": {"get": {}},
+        "/slurm/v0.0.45/job/{job_id}": {"get": {}, "post": {}, "delete": {}},
+        "/slurm/v0.0.45/job/{job_id}/requeue": {"get": {}},
+    }
+}
+#: 26.05's answers to a requeue (``tests/fixtures/slurm/26.05/rest/v0.0.45``), by what the job was.
+V45 = FIXTURES / "slurm" / "26.05" / "rest" / "v0.0.45"
+REQUEUE_ANSWERS = {
+    tag: json.loads((V45 / f"job-requeue-{tag}-response.json").read_text())
+    for tag in ("running", "again", "unknown")
+}
 SECRET = "eyJhbGciOiJIUzI1NiJ9.secret-part.signature"
 
 
@@ -44,10 +60,13 @@ class FakeSlurmrestd:
     refusal_status: int = 500
     rotate_to: tuple[Path, str] | None = None  # rewrite the token file during the next request
     connections: list[Any] = field(default_factory=list)  # the client address of each request
+    #: Jobs requeued (v0.0.45): job 1 runs until its first requeue, then waits requeued.
+    requeues: list[str] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/openapi/v3", self.openapi)
+        app.router.add_get("/slurm/{version}/job/{job_id}/requeue", self.requeue)
         app.router.add_route("*", "/slurm/{version}/{kind}/{name}", self.object)
         # Only the spelling the document lists: v0.0.38 "/jobs", v0.0.40 "/jobs/".
         jobs = next(p for p in self.document["paths"] if p.rstrip("/").endswith("/jobs"))
@@ -106,6 +125,17 @@ class FakeSlurmrestd:
     @staticmethod
     def _v38(request: web.Request) -> bool:
         return request.match_info.get("version", request.path.split("/")[2]) == "v0.0.38"
+
+    async def requeue(self, request: web.Request) -> web.Response:
+        """As 26.05 answers: 200 for a running job, 422 (2024) once it waits requeued, 404 (2017) for
+        a job Slurm does not know; what reached it is counted in ``requeues``."""
+        if (refused := self.refused(request)) is not None:
+            return refused
+        job = request.match_info["job_id"]
+        self.requeues.append(job)
+        tag = "unknown" if job != "1" else ("again" if self.requeues.count(job) > 1 else "running")
+        answer = dict(REQUEUE_ANSWERS[tag])
+        return web.json_response(answer, status=answer.pop("http_status"))
 
     async def jobs(self, request: web.Request) -> web.Response:
         return self.refused(request) or web.json_response(

@@ -11,7 +11,9 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
   511 (24.05.5+); the token never appears in errors or logs;
 * HTTP 500 / connection refused are transient; unknown node is permanent (23.11+: a query that
   found nothing), unknown job None; a RESUME of a node in service, refused by Slurm, is done;
-* with the leader's fence, no change leaves once the lease may have lapsed; reads still go.
+* with the leader's fence, no change leaves once the lease may have lapsed; reads still go;
+* a v0.0.45 server (26.05) requeues over REST (a ``GET`` that changes, fenced as a change); a
+  requeue asked again is done, an unknown job permanent.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from bot.integrations.slurm import RestScheduler, ScontrolScheduler
 from bot.store.base import Deposed
 from bot.store.lease import Fence
 from proving_ground.proc import free_port
-from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, FakeSlurmrestd
+from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, V45_DOC, FakeSlurmrestd
 
 
 class RecordingFallback(ScontrolScheduler):
@@ -132,6 +134,48 @@ async def test_a_fenced_client_sends_no_change_once_the_lease_may_have_lapsed(to
     assert fake.posts == [
         ("/slurm/v0.0.40/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
     ]
+
+
+async def test_v0045_server_requeues_over_rest_and_a_requeue_asked_again_is_done(token_file: Path) -> None:
+    """26.05's v0.0.45 requeues a job (a ``GET``): the running job is requeued there, not through
+    scontrol; asked again while it waits requeued (422, "Job is pending execution") it is done; a
+    job Slurm does not know is a permanent error naming it so."""
+    fake, fallback = FakeSlurmrestd(V45_DOC), RecordingFallback()
+    async for server in _serve(fake):
+        rest = _rest(server, token_file, fallback)
+        try:
+            assert (await rest.api()).job_requeue
+            await rest.requeue("1")
+            await rest.requeue("1")
+            with pytest.raises(PermanentError) as unknown:
+                await rest.requeue("999999")
+            assert unknown.value.reason == "unknown_job"
+        finally:
+            await rest.aclose()
+    assert fake.requeues == ["1", "1", "999999"] and fallback.calls == []
+
+
+async def test_a_fenced_client_sends_no_requeue_once_the_lease_may_have_lapsed(token_file: Path) -> None:
+    """The requeue is a ``GET`` that changes Slurm: fenced as a change, it never leaves once the
+    lease may have lapsed, while reads (``GET`` too) still go."""
+    now = [0.0]
+    fence = Fence("leader-a", monotonic=lambda: now[0])
+    fence.grant(1, valid_until=10.0)
+    fake = FakeSlurmrestd(V45_DOC)
+    async for server in _serve(fake):
+        url = str(server.make_url("/")).rstrip("/")
+        rest = RestScheduler(
+            url=url, user="root", token_file=token_file, fallback=RecordingFallback(), fence=fence
+        )
+        try:
+            await rest.api()
+            now[0] = 11.0
+            with pytest.raises(Deposed, match="may have lapsed"):
+                await rest.requeue("1")
+            assert (await rest.node("gpu-001")).name == "gpu-001"  # a read still goes
+        finally:
+            await rest.aclose()
+    assert fake.requeues == []
 
 
 async def test_token_rotation_and_secrecy(token_file: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -263,8 +263,8 @@ CHECKS: dict[str, Callable[[Path], None]] = {
 
 def test_every_captured_file_has_a_check() -> None:
     files = {str(p.relative_to(SLURM)) for p in SLURM.rglob("*") if p.is_file() and p.name != "README.md"}
-    # Slurm 24.11's captures are table-tested beside these in test_slurm_versions.
-    assert {f for f in files if not f.startswith("24.11/")} == set(CHECKS)
+    # Slurm 24.11's and 26.05's captures are table-tested beside these in test_slurm_versions.
+    assert {f for f in files if not f.startswith(("24.11/", "26.05/"))} == set(CHECKS)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
@@ -413,24 +413,26 @@ def test_discovery_refuses_versions_pitcrew_does_not_know() -> None:
     """A newer slurmrestd's shapes may have moved again: an unknown version is refused by name,
     never read by guesswork; a known one beside it is still chosen."""
     newer = _doc(
-        ("/slurm/v0.0.43/nodes/", ("get",)),
-        ("/slurm/v0.0.43/job/{job_id}", ("get",)),
-        ("/slurm/v0.0.43/node/{node_name}", ("get", "post")),
+        ("/slurm/v0.0.46/nodes/", ("get",)),
+        ("/slurm/v0.0.46/job/{job_id}", ("get",)),
+        ("/slurm/v0.0.46/node/{node_name}", ("get", "post")),
     )
     with pytest.raises(ValueError) as refused:
         discover_api(newer)
-    assert "it offers v0.0.43" in str(refused.value)
-    assert "pitcrew knows v0.0.38, v0.0.39, v0.0.40, v0.0.41, v0.0.42" in str(refused.value)
-    with pytest.raises(ValueError, match=r"does not know slurm/v0\.0\.43"):
-        discover_api(newer, "v0.0.43")
+    assert "it offers v0.0.46" in str(refused.value)
+    assert "pitcrew knows v0.0.38, v0.0.39, v0.0.40, v0.0.41, v0.0.42, v0.0.43, v0.0.44, v0.0.45" in str(
+        refused.value
+    )
+    with pytest.raises(ValueError, match=r"does not know slurm/v0\.0\.46"):
+        discover_api(newer, "v0.0.46")
     both = {
         "paths": {
             **newer["paths"],
-            "/slurm/v0.0.42/nodes/": {"get": {}},
-            "/slurm/v0.0.42/job/{job_id}": {"get": {}},
+            "/slurm/v0.0.45/nodes/": {"get": {}},
+            "/slurm/v0.0.45/job/{job_id}": {"get": {}},
         }
     }
-    assert (discover_api(both).version, discover_api(both).node_update) == ("v0.0.42", False)
+    assert (discover_api(both).version, discover_api(both).node_update) == ("v0.0.45", False)
 
 
 @pytest.mark.parametrize(

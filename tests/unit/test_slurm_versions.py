@@ -269,6 +269,28 @@ def check_partition_lines(path: Path) -> None:
     assert (partition.name, partition.nodes, partition.total) == ("gpu", "gpu-[001-003]", 3)
 
 
+def check_requeue_answer(path: Path) -> None:
+    """26.05's answers to ``GET /slurm/v0.0.45/job/{id}/requeue``: the running job's 200, the
+    waiting job's 422 ("Job is pending execution", done), the unknown job's 404."""
+    payload = _json(path)
+    errors = errors_of(payload)
+    expected = {"running": (200, False, False), "again": (422, True, False), "unknown": (404, False, True)}
+    tag = path.name.removeprefix("job-requeue-").removesuffix("-response.json")
+    status, pending, unknown = expected[tag]
+    assert payload["http_status"] == status
+    assert (
+        bool(errors) and all(e.job_pending for e in errors)
+        if pending
+        else not any(e.job_pending for e in errors)
+    )
+    assert any(e.unknown_job for e in errors) == unknown
+
+
+def check_requeued_by_rest(path: Path) -> None:
+    [job] = job_json(path)  # the job the REST requeue took off the DRAINed node
+    assert (job.job_id, job.pending, job.restarts) == ("2", True, 1)
+
+
 OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
     "24.11/rest/openapi-v3.json": lambda _: test_openapi_discovery_on_each_version(),
     "24.11/rest/v0.0.42/node-post-down-response.json": check_update_answer,
@@ -288,6 +310,10 @@ OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
     "26.05/cli/sinfo-json-down-drain.json": check_sinfo_grouped,
     "26.05/cli/sinfo-json-requeued-running.json": check_sinfo_grouped,
     "26.05/cli/scontrol-show-partition-o.txt": check_partition_lines,
+    "26.05/rest/v0.0.45/job-requeue-running-response.json": check_requeue_answer,
+    "26.05/rest/v0.0.45/job-requeue-again-response.json": check_requeue_answer,
+    "26.05/rest/v0.0.45/job-requeue-unknown-response.json": check_requeue_answer,
+    "26.05/rest/v0.0.45/job-requeued-by-rest.json": check_requeued_by_rest,
 }
 
 

@@ -29,6 +29,9 @@ ESLURM_INVALID_NODE_STATE = 2028
 #: slurmctld refused the credential (an expired or wrongly signed token): 23.11 answers it as HTTP
 #: 500, 24.05.5+ as 511 (slurmrestd's operations.c); 401 only for a missing or malformed header.
 SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
+#: "Job is pending execution": a requeue of a job that waits requeued already (26.05's v0.0.45
+#: answers it with HTTP 422).
+ESLURM_JOB_PENDING = 2024
 
 _BASE_JOB_STATES = frozenset(
     {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL"}
@@ -65,6 +68,11 @@ class SlurmError:
         )
 
     @property
+    def job_pending(self) -> bool:
+        """The job waits in the queue already (a requeue asked again: done)."""
+        return self.errno == ESLURM_JOB_PENDING or "pending execution" in self.message.lower()
+
+    @property
     def invalid_node_state(self) -> bool:
         return self.errno == ESLURM_INVALID_NODE_STATE or "invalid node state" in self.message.lower()
 
@@ -81,6 +89,8 @@ class RestApi:
     node_update: bool
     versions: tuple[str, ...] = ()
     spellings: tuple[tuple[str, str], ...] = ()
+    #: The server requeues a job over REST (v0.0.45, Slurm 26.05 on: ``GET job/{job_id}/requeue``).
+    job_requeue: bool = False
 
     def path(self, template: str, **params: str) -> str:
         """The server's own spelling of ``/slurm/<version>/<template>``, parameters filled in."""
@@ -88,7 +98,7 @@ class RestApi:
         return spelled.format(**{k: quote(v, safe="") for k, v in params.items()})
 
 
-_TAILS = ("nodes", "jobs", "node/{node_name}", "job/{job_id}", "partitions")
+_TAILS = ("nodes", "jobs", "node/{node_name}", "job/{job_id}", "partitions", "job/{job_id}/requeue")
 
 
 def discover_api(document: Mapping[str, Any], pinned: str = "auto") -> RestApi:
@@ -136,7 +146,8 @@ def discover_api(document: Mapping[str, Any], pinned: str = "auto") -> RestApi:
         )
     spellings = tuple((t, s) for t in _TAILS if (s := _spelling(paths, version, t, "get")))
     node_update = _spelling(paths, version, "node/{node_name}", "post") is not None
-    return RestApi(version, node_update, tuple(usable), spellings)
+    requeue = _spelling(paths, version, "job/{job_id}/requeue", "get") is not None
+    return RestApi(version, node_update, tuple(usable), spellings, requeue)
 
 
 def _spelling(paths: Mapping[str, Any], version: str, tail: str, method: str) -> str | None:

@@ -1,8 +1,9 @@
 """The slurmrestd backend of the scheduler port (aiohttp, JWT).
 
 Reads nodes, jobs and partitions over REST on v0.0.38+ and updates nodes over REST where the
-server's OpenAPI document offers it (v0.0.39+, Slurm 23.02+); otherwise, and for requeue (no REST
-operation in any version), it hands over to the ``scontrol`` backend. It owns one
+server's OpenAPI document offers it (v0.0.39+, Slurm 23.02+), and requeues jobs over REST where
+it offers that (v0.0.45+, Slurm 26.05+: a ``GET``, fenced as a change); otherwise it hands over
+to the ``scontrol`` backend. It owns one
 ClientSession per instance and the JWT read from a file (re-read when the file changes). It
 must not retry beyond one re-read of a changed token, and never puts the token or a whole
 payload in a log line or an exception message.
@@ -25,7 +26,7 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import clean_reason, is_pitcrew_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
-from bot.integrations.fenced import traces
+from bot.integrations.fenced import CHANGES, traces
 from bot.integrations.slurm.cli import (
     NodeUpdates,
     ScontrolScheduler,
@@ -232,7 +233,20 @@ class RestScheduler(NodeUpdates):
         await self._fallback.set_reservation_nodes(name, nodes)
 
     async def requeue(self, job_id: str) -> None:
-        await self._fallback.requeue(job_id)
+        """Over REST where the server offers it (v0.0.45, Slurm 26.05 on: a ``GET`` that requeues,
+        fenced as a change), else through ``scontrol``. A job already waiting requeued (422, "Job
+        is pending execution") is done, as ``scontrol requeue`` takes it."""
+        api = await self.api()
+        if not api.job_requeue:
+            await self._fallback.requeue(job_id)
+            return
+        path = api.path("job/{job_id}/requeue", job_id=checked_job(job_id))
+        status, body = await self._request("GET", path, op="requeue", changes=True, allow={422})
+        errors = errors_of(body)
+        if status == 422 and not all(e.job_pending for e in errors):
+            detail = "; ".join(e.message for e in errors[:3]) or "HTTP 422"
+            raise PermanentError(f"requeue: HTTP 422: {detail}", reason=Reason.INVALID_REQUEST)
+        log.info("slurm job requeued", extra={"job_id": job_id, "backend": "rest", "already": status == 422})
 
     async def signal_job(self, job_id: str, signal: str) -> None:
         await self._fallback.signal_job(job_id, signal)
@@ -253,9 +267,11 @@ class RestScheduler(NodeUpdates):
         fallback = await self._fallback.probe()
         if not api.node_update:
             return replace(fallback, detail=f"{detail}; node updates need scontrol: {fallback.detail}")
+        if api.job_requeue:
+            return Probe("slurm", True, f"{detail}; node updates and requeue over REST")
         if fallback.ok:
             return Probe("slurm", True, f"{detail}; node updates over REST; requeue through scontrol")
-        # No slurmrestd version (to v0.0.42, Slurm 24.11) has a requeue operation: without scontrol
+        # No slurmrestd version before v0.0.45 (Slurm 26.05) has a requeue operation: without scontrol
         # (the REST-only image) a job still running on a DRAINed node cannot be requeued.
         why = (
             f"slurmrestd {api.version} has no requeue operation and scontrol is unusable here "
@@ -299,11 +315,13 @@ class RestScheduler(NodeUpdates):
         op: str,
         json_body: Mapping[str, Any] | None = None,
         allow: frozenset[int] | set[int] = frozenset(),
+        changes: bool = False,
     ) -> tuple[int, Mapping[str, Any]]:
-        status, body = await self._send(method, path, op, json_body)
+        """``changes``: the request changes Slurm whatever its method (fenced: ``fenced.CHANGES``)."""
+        status, body = await self._send(method, path, op, json_body, changes)
         errors = errors_of(body)
         if _refused(status, errors) and self._token.changed():
-            status, body = await self._send(method, path, op, json_body)  # the token was rotated
+            status, body = await self._send(method, path, op, json_body, changes)  # the token was rotated
             errors = errors_of(body)
         if status in allow:
             return status, body
@@ -335,12 +353,16 @@ class RestScheduler(NodeUpdates):
         return status, body
 
     async def _send(
-        self, method: str, path: str, op: str, json_body: Mapping[str, Any] | None
+        self, method: str, path: str, op: str, json_body: Mapping[str, Any] | None, changes: bool = False
     ) -> tuple[int, Mapping[str, Any]]:
         headers = {"X-SLURM-USER-NAME": self._user, "X-SLURM-USER-TOKEN": self._token.get()}
         try:
             async with self._client().request(
-                method, self._url + path, headers=headers, json=json_body
+                method,
+                self._url + path,
+                headers=headers,
+                json=json_body,
+                trace_request_ctx=CHANGES if changes else None,
             ) as resp:
                 text = await resp.text()
                 status = resp.status
