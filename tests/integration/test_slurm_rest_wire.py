@@ -62,11 +62,23 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
-def _rest(server: TestServer, token_file: Path, fallback: ScontrolScheduler | None = None) -> RestScheduler:
+def _rest(
+    server: TestServer,
+    token_file: Path,
+    fallback: ScontrolScheduler | None = None,
+    fence: Fence | None = None,
+) -> RestScheduler:
     url = str(server.make_url("/")).rstrip("/")
     return RestScheduler(
-        url=url, user="root", token_file=token_file, fallback=fallback or RecordingFallback()
+        url=url, user="root", token_file=token_file, fallback=fallback or RecordingFallback(), fence=fence
     )
+
+
+def _fence(now: list[float]) -> Fence:
+    """A leader's fence on the clock ``now[0]``: held until 10 s."""
+    fence = Fence("leader-a", monotonic=lambda: now[0])
+    fence.grant(1, valid_until=10.0)
+    return fence
 
 
 async def test_v0038_server_falls_back_to_scontrol_for_node_updates(token_file: Path) -> None:
@@ -112,28 +124,28 @@ async def test_v0040_server_takes_node_updates(token_file: Path) -> None:
 async def test_a_fenced_client_sends_no_change_once_the_lease_may_have_lapsed(token_file: Path) -> None:
     """``pitcrew serve`` fences its REST client (``bot.integrations.fenced``): a change asks the
     leader's fence once its connection is held. While the lease holds a drain is POSTed; once it
-    may have lapsed by the process's clock the resume raises ``Deposed`` unsent; reads still go."""
+    may have lapsed by the process's clock the resume raises ``Deposed`` unsent, and so does a
+    requeue, though v0.0.45's is a ``GET`` (fenced as the change it is); reads still go."""
     now = [0.0]
-    fence = Fence("leader-a", monotonic=lambda: now[0])
-    fence.grant(1, valid_until=10.0)
-    fake = FakeSlurmrestd(V40_DOC)
+    fence = _fence(now)
+    fake = FakeSlurmrestd(V45_DOC)
     async for server in _serve(fake):
-        url = str(server.make_url("/")).rstrip("/")
-        rest = RestScheduler(
-            url=url, user="root", token_file=token_file, fallback=RecordingFallback(), fence=fence
-        )
+        rest = _rest(server, token_file, fence=fence)
         try:
             await rest.drain("gpu-001", "pitcrew: inc-2 XID 48")
             now[0] = 11.0
             with pytest.raises(Deposed, match="may have lapsed"):
                 await rest.resume("gpu-001")
+            with pytest.raises(Deposed, match="may have lapsed"):
+                await rest.requeue("1")
             fence.revoke()
             assert (await rest.node("gpu-001")).states == {"DRAIN"}
         finally:
             await rest.aclose()
     assert fake.posts == [
-        ("/slurm/v0.0.40/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
+        ("/slurm/v0.0.45/node/gpu-001", {"state": ["DRAIN"], "reason": "pitcrew: inc-2 XID 48"}),
     ]
+    assert fake.requeues == []
 
 
 async def test_v0045_server_requeues_over_rest_and_a_requeue_asked_again_is_done(token_file: Path) -> None:
@@ -153,29 +165,6 @@ async def test_v0045_server_requeues_over_rest_and_a_requeue_asked_again_is_done
         finally:
             await rest.aclose()
     assert fake.requeues == ["1", "1", "999999"] and fallback.calls == []
-
-
-async def test_a_fenced_client_sends_no_requeue_once_the_lease_may_have_lapsed(token_file: Path) -> None:
-    """The requeue is a ``GET`` that changes Slurm: fenced as a change, it never leaves once the
-    lease may have lapsed, while reads (``GET`` too) still go."""
-    now = [0.0]
-    fence = Fence("leader-a", monotonic=lambda: now[0])
-    fence.grant(1, valid_until=10.0)
-    fake = FakeSlurmrestd(V45_DOC)
-    async for server in _serve(fake):
-        url = str(server.make_url("/")).rstrip("/")
-        rest = RestScheduler(
-            url=url, user="root", token_file=token_file, fallback=RecordingFallback(), fence=fence
-        )
-        try:
-            await rest.api()
-            now[0] = 11.0
-            with pytest.raises(Deposed, match="may have lapsed"):
-                await rest.requeue("1")
-            assert (await rest.node("gpu-001")).name == "gpu-001"  # a read still goes
-        finally:
-            await rest.aclose()
-    assert fake.requeues == []
 
 
 async def test_token_rotation_and_secrecy(token_file: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -78,7 +78,52 @@ DOWN_DRAIN_24 = _nodes(
     gpu_003=({"IDLE"}, "", True),
 )
 MOVED_24 = {**DOWN_DRAIN_24, "gpu-003": (frozenset({"MIXED"}), "", True)}
-RESUMED_26 = _nodes(gpu_001=({"IDLE"}, "", True))
+
+NodeRow = tuple[str, str, Callable[[Path], list[SlurmNodeState]], NodeView]
+
+
+def _captured_nodes(release: str, versions: tuple[str, ...], resumed: NodeView) -> list[NodeRow]:
+    """A captured release's node rows (``slurm_capture``): every moment from the text and JSON
+    interfaces and each REST version; ``resumed``: how its resumed node reads."""
+    one = {"gpu-001": HEALTHY_24["gpu-001"]}
+    rows: list[NodeRow] = [
+        (release, f"{release}/cli/scontrol-show-node-o-healthy.txt", node_lines, HEALTHY_24),
+        (release, f"{release}/cli/scontrol-show-node-o-down-drain.txt", node_lines, DOWN_DRAIN_24),
+        (release, f"{release}/cli/scontrol-show-node-o-requeued-running.txt", node_lines, MOVED_24),
+        (release, f"{release}/cli/scontrol-show-node-o-resumed.txt", node_lines, resumed),
+        (release, f"{release}/cli/scontrol-json-show-node-healthy.json", node_json, HEALTHY_24),
+        (release, f"{release}/cli/scontrol-json-show-node-down-drain.json", node_json, DOWN_DRAIN_24),
+        (release, f"{release}/cli/scontrol-json-show-node-requeued-running.json", node_json, MOVED_24),
+    ]
+    for v in versions:
+        rest = f"{release}/rest/{v}"
+        rows += [
+            (release, f"{rest}/nodes-healthy.json", node_json, HEALTHY_24),
+            (release, f"{rest}/nodes-down-drain.json", node_json, DOWN_DRAIN_24),
+            (release, f"{rest}/nodes-requeued-running.json", node_json, MOVED_24),
+            (release, f"{rest}/node-gpu-001-healthy.json", node_json, one),
+            (
+                release,
+                f"{rest}/node-gpu-001-down-drain.json",
+                node_json,
+                {"gpu-001": DOWN_DRAIN_24["gpu-001"]},
+            ),
+            (
+                release,
+                f"{rest}/node-gpu-001-requeued-running.json",
+                node_json,
+                {"gpu-001": MOVED_24["gpu-001"]},
+            ),
+            (
+                release,
+                f"{rest}/node-gpu-002-down-drain.json",
+                node_json,
+                {"gpu-002": DOWN_DRAIN_24["gpu-002"]},
+            ),
+            (release, f"{rest}/node-gpu-001-resumed.json", node_json, resumed),
+        ]
+    return rows
+
 
 #: (version, file under tests/fixtures/slurm, parser, nodes expected)
 NODE_TABLE: list[tuple[str, str, Callable[[Path], list[SlurmNodeState]], NodeView]] = [
@@ -91,49 +136,9 @@ NODE_TABLE: list[tuple[str, str, Callable[[Path], list[SlurmNodeState]], NodeVie
         gpu_003=({"MIXED", "DRAIN"}, "XID 48 test", False))),
     ("22.05", "cli/text-interfaces-during-remediation.txt", node_lines, _nodes(
         gpu_001=({"DOWN"}, "XID 79", False), gpu_003=({"MIXED", "DRAIN"}, "XID 48 test", False))),
-    ("24.11", "24.11/cli/scontrol-show-node-o-healthy.txt", node_lines, HEALTHY_24),
-    ("24.11", "24.11/cli/scontrol-show-node-o-down-drain.txt", node_lines, DOWN_DRAIN_24),
-    ("24.11", "24.11/cli/scontrol-show-node-o-requeued-running.txt", node_lines, MOVED_24),
-    ("24.11", "24.11/cli/scontrol-show-node-o-resumed.txt", node_lines, _nodes(gpu_001=({"IDLE"}, OURS, True))),
-    ("24.11", "24.11/cli/scontrol-json-show-node-healthy.json", node_json, HEALTHY_24),
-    ("24.11", "24.11/cli/scontrol-json-show-node-down-drain.json", node_json, DOWN_DRAIN_24),
-    ("24.11", "24.11/cli/scontrol-json-show-node-requeued-running.json", node_json, MOVED_24),
-    *[
-        row
-        for v in REST_VERSIONS
-        for row in (
-            ("24.11", f"24.11/rest/{v}/nodes-healthy.json", node_json, HEALTHY_24),
-            ("24.11", f"24.11/rest/{v}/nodes-down-drain.json", node_json, DOWN_DRAIN_24),
-            ("24.11", f"24.11/rest/{v}/nodes-requeued-running.json", node_json, MOVED_24),
-            ("24.11", f"24.11/rest/{v}/node-gpu-001-healthy.json", node_json, {"gpu-001": HEALTHY_24["gpu-001"]}),
-            ("24.11", f"24.11/rest/{v}/node-gpu-001-down-drain.json", node_json, {"gpu-001": DOWN_DRAIN_24["gpu-001"]}),
-            ("24.11", f"24.11/rest/{v}/node-gpu-001-requeued-running.json", node_json, {"gpu-001": MOVED_24["gpu-001"]}),
-            ("24.11", f"24.11/rest/{v}/node-gpu-002-down-drain.json", node_json, {"gpu-002": DOWN_DRAIN_24["gpu-002"]}),
-            ("24.11", f"24.11/rest/{v}/node-gpu-001-resumed.json", node_json, _nodes(gpu_001=({"IDLE"}, OURS, True))),
-        )
-    ],
+    *_captured_nodes("24.11", REST_VERSIONS, _nodes(gpu_001=({"IDLE"}, OURS, True))),
     # 26.05 reads as 24.11 did, but for the reason of a resumed node: cleared again, as 22.05 did.
-    ("26.05", "26.05/cli/scontrol-show-node-o-healthy.txt", node_lines, HEALTHY_24),
-    ("26.05", "26.05/cli/scontrol-show-node-o-down-drain.txt", node_lines, DOWN_DRAIN_24),
-    ("26.05", "26.05/cli/scontrol-show-node-o-requeued-running.txt", node_lines, MOVED_24),
-    ("26.05", "26.05/cli/scontrol-show-node-o-resumed.txt", node_lines, RESUMED_26),
-    ("26.05", "26.05/cli/scontrol-json-show-node-healthy.json", node_json, HEALTHY_24),
-    ("26.05", "26.05/cli/scontrol-json-show-node-down-drain.json", node_json, DOWN_DRAIN_24),
-    ("26.05", "26.05/cli/scontrol-json-show-node-requeued-running.json", node_json, MOVED_24),
-    *[
-        row
-        for v in REST_VERSIONS_26
-        for row in (
-            ("26.05", f"26.05/rest/{v}/nodes-healthy.json", node_json, HEALTHY_24),
-            ("26.05", f"26.05/rest/{v}/nodes-down-drain.json", node_json, DOWN_DRAIN_24),
-            ("26.05", f"26.05/rest/{v}/nodes-requeued-running.json", node_json, MOVED_24),
-            ("26.05", f"26.05/rest/{v}/node-gpu-001-healthy.json", node_json, {"gpu-001": HEALTHY_24["gpu-001"]}),
-            ("26.05", f"26.05/rest/{v}/node-gpu-001-down-drain.json", node_json, {"gpu-001": DOWN_DRAIN_24["gpu-001"]}),
-            ("26.05", f"26.05/rest/{v}/node-gpu-001-requeued-running.json", node_json, {"gpu-001": MOVED_24["gpu-001"]}),
-            ("26.05", f"26.05/rest/{v}/node-gpu-002-down-drain.json", node_json, {"gpu-002": DOWN_DRAIN_24["gpu-002"]}),
-            ("26.05", f"26.05/rest/{v}/node-gpu-001-resumed.json", node_json, RESUMED_26),
-        )
-    ],
+    *_captured_nodes("26.05", REST_VERSIONS_26, _nodes(gpu_001=({"IDLE"}, "", True))),
 ]  # fmt: skip
 
 JobView = list[tuple[str, str, tuple[str, ...], int]]  # (id, state, nodes, restarts)
@@ -142,48 +147,31 @@ TRAIN_PENDING: JobView = [("1", "PENDING", (), 1)]
 TRAIN_MOVED: JobView = [("1", "RUNNING", ("gpu-003",), 1)]
 OTHER: tuple[str, str, tuple[str, ...], int] = ("2", "RUNNING", ("gpu-002",), 0)
 
-JOB_TABLE: list[tuple[str, str, Callable[[Path], list[JobSnapshot]], JobView]] = [
+JobRow = tuple[str, str, Callable[[Path], list[JobSnapshot]], JobView]
+
+
+def _captured_jobs(release: str, versions: tuple[str, ...]) -> list[JobRow]:
+    """A captured release's job rows: every moment from each interface and REST version."""
+    moments = (("healthy", TRAIN_RUNNING), ("down-drain", TRAIN_PENDING), ("requeued-running", TRAIN_MOVED))
+    rows: list[JobRow] = []
+    for moment, train in moments:
+        rows += [
+            (release, f"{release}/cli/scontrol-show-job-o-{moment}.txt", job_lines, train),
+            (release, f"{release}/cli/scontrol-json-show-job-{moment}.json", job_json, train),
+            (release, f"{release}/cli/squeue-json-{moment}.json", job_json, [*train, OTHER]),
+            *[(release, f"{release}/rest/{v}/job-{moment}.json", job_json, train) for v in versions],
+        ]
+    return rows
+
+
+JOB_TABLE: list[JobRow] = [
     ("22.05", "rest/job-running.json", job_json, TRAIN_RUNNING),
     ("22.05", "rest/job-requeued-pending.json", job_json, TRAIN_PENDING),
     ("22.05", "rest/job-running-after-requeue.json", job_json, [("1", "RUNNING", ("gpu-002",), 1)]),
     ("22.05", "cli/squeue-requeued.json", job_json, [
         ("1", "RUNNING", ("gpu-002",), 1), ("2", "RUNNING", ("gpu-003",), 0)]),
-    ("24.11", "24.11/cli/scontrol-show-job-o-healthy.txt", job_lines, TRAIN_RUNNING),
-    ("24.11", "24.11/cli/scontrol-show-job-o-down-drain.txt", job_lines, TRAIN_PENDING),
-    ("24.11", "24.11/cli/scontrol-show-job-o-requeued-running.txt", job_lines, TRAIN_MOVED),
-    ("24.11", "24.11/cli/scontrol-json-show-job-healthy.json", job_json, TRAIN_RUNNING),
-    ("24.11", "24.11/cli/scontrol-json-show-job-down-drain.json", job_json, TRAIN_PENDING),
-    ("24.11", "24.11/cli/scontrol-json-show-job-requeued-running.json", job_json, TRAIN_MOVED),
-    ("24.11", "24.11/cli/squeue-json-healthy.json", job_json, [*TRAIN_RUNNING, OTHER]),
-    ("24.11", "24.11/cli/squeue-json-down-drain.json", job_json, [*TRAIN_PENDING, OTHER]),
-    ("24.11", "24.11/cli/squeue-json-requeued-running.json", job_json, [*TRAIN_MOVED, OTHER]),
-    *[
-        row
-        for v in REST_VERSIONS
-        for row in (
-            ("24.11", f"24.11/rest/{v}/job-healthy.json", job_json, TRAIN_RUNNING),
-            ("24.11", f"24.11/rest/{v}/job-down-drain.json", job_json, TRAIN_PENDING),
-            ("24.11", f"24.11/rest/{v}/job-requeued-running.json", job_json, TRAIN_MOVED),
-        )
-    ],
-    ("26.05", "26.05/cli/scontrol-show-job-o-healthy.txt", job_lines, TRAIN_RUNNING),
-    ("26.05", "26.05/cli/scontrol-show-job-o-down-drain.txt", job_lines, TRAIN_PENDING),
-    ("26.05", "26.05/cli/scontrol-show-job-o-requeued-running.txt", job_lines, TRAIN_MOVED),
-    ("26.05", "26.05/cli/scontrol-json-show-job-healthy.json", job_json, TRAIN_RUNNING),
-    ("26.05", "26.05/cli/scontrol-json-show-job-down-drain.json", job_json, TRAIN_PENDING),
-    ("26.05", "26.05/cli/scontrol-json-show-job-requeued-running.json", job_json, TRAIN_MOVED),
-    ("26.05", "26.05/cli/squeue-json-healthy.json", job_json, [*TRAIN_RUNNING, OTHER]),
-    ("26.05", "26.05/cli/squeue-json-down-drain.json", job_json, [*TRAIN_PENDING, OTHER]),
-    ("26.05", "26.05/cli/squeue-json-requeued-running.json", job_json, [*TRAIN_MOVED, OTHER]),
-    *[
-        row
-        for v in REST_VERSIONS_26
-        for row in (
-            ("26.05", f"26.05/rest/{v}/job-healthy.json", job_json, TRAIN_RUNNING),
-            ("26.05", f"26.05/rest/{v}/job-down-drain.json", job_json, TRAIN_PENDING),
-            ("26.05", f"26.05/rest/{v}/job-requeued-running.json", job_json, TRAIN_MOVED),
-        )
-    ],
+    *_captured_jobs("24.11", REST_VERSIONS),
+    *_captured_jobs("26.05", REST_VERSIONS_26),
 ]  # fmt: skip
 
 
