@@ -2,8 +2,8 @@
 
 Two backends behave the same: ``scontrol`` (Slurm's commands; ``bot.integrations.slurm.cli``)
 and ``rest`` (slurmrestd with a JWT; ``bot.integrations.slurm.rest``, which falls back to the
-commands for node updates on servers older than v0.0.39 and for requeue before v0.0.45). This module owns
-the configuration surface and the choice between them; it must not parse Slurm output or
+commands for node updates on servers older than v0.0.39 and for requeue before v0.0.45). This
+module owns the configuration surface and the choice between them; it must not parse Slurm output or
 hold clients of its own, nor decide what is pitcrew's to resume (``bot.domain.ownership`` and the
 ``slurm_resume`` step do).
 """

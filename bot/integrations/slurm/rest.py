@@ -3,8 +3,7 @@
 Reads nodes, jobs and partitions over REST on v0.0.38+ and updates nodes over REST where the
 server's OpenAPI document offers it (v0.0.39+, Slurm 23.02+), and requeues jobs over REST where
 it offers that (v0.0.45+, Slurm 26.05+: a ``GET``, fenced as a change); otherwise it hands over
-to the ``scontrol`` backend. It owns one
-ClientSession per instance and the JWT read from a file (re-read when the file changes). It
+to the ``scontrol`` backend. It owns one ClientSession per instance and the JWT read from a file (re-read when the file changes). It
 must not retry beyond one re-read of a changed token, and never puts the token or a whole
 payload in a log line or an exception message.
 """
@@ -243,7 +242,7 @@ class RestScheduler(NodeUpdates):
         path = api.path("job/{job_id}/requeue", job_id=checked_job(job_id))
         status, body = await self._request("GET", path, op="requeue", changes=True, allow={422})
         errors = errors_of(body)
-        if status == 422 and not all(e.job_pending for e in errors):
+        if status == 422 and not (errors and all(e.job_pending for e in errors)):
             detail = "; ".join(e.message for e in errors[:3]) or "HTTP 422"
             raise PermanentError(f"requeue: HTTP 422: {detail}", reason=Reason.INVALID_REQUEST)
         log.info("slurm job requeued", extra={"job_id": job_id, "backend": "rest", "already": status == 422})
