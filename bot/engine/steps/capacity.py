@@ -407,18 +407,20 @@ async def claimants(store: Store) -> tuple[list[Claimant], list[str]]:
     return found, stale
 
 
-async def hold(store: Store, incident_id: str, now: datetime) -> None:
+async def hold(store: Store, incident_id: str, now: datetime) -> bool:
     """Index ``incident_id`` under ``HELD`` while its take holds a node out of its pool, and forget
-    it once it does not. Called before an incident ends, so an incident never ends holding a node
-    the index does not name (a crash between the two leaves an open incident indexed, which counts
-    once), and again after it has ended or a rollback undid its steps."""
+    it once it does not; written only where the index says otherwise. Called before an incident
+    ends, so an incident never ends holding a node the index does not name (a crash between the two
+    leaves an open incident indexed, which counts once), and again after it has ended or a rollback
+    undid its steps. Whether its ``capacity`` step chose a node (what the lent gauge may count)."""
     ending = Claimant(incident_id, None, await store.steps_of(incident_id))
     took = ending.took()
-    held = took is not None and bool(lent_out([ending]))
-    if took is None or (not held and incident_id not in await store.memory(HELD)):
-        return
-    entry = {"pool": took.pool, "node": took.node} if held else None
-    await store.remember(HELD, {incident_id: entry}, now)
+    if took is None:
+        return False
+    entry = {"pool": took.pool, "node": took.node} if lent_out([ending]) else None
+    if (await store.memory(HELD)).get(incident_id) != entry:
+        await store.remember(HELD, {incident_id: entry}, now)
+    return took.node is not None
 
 
 def taken_from(opened: Sequence[Claimant], incident_id: str | None) -> tuple[list[Taken], set[str]]:
@@ -503,11 +505,8 @@ async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
     if not deps.settings.capacity.pools:
         return
     try:
-        if incident_id is not None:
-            took = Claimant(incident_id, None, await deps.store.steps_of(incident_id)).took()
-            if took is None or took.node is None:
-                return
-            await hold(deps.store, incident_id, deps.clock())
+        if incident_id is not None and not await hold(deps.store, incident_id, deps.clock()):
+            return
         await show_lent(deps.store, deps.settings.capacity.pools, deps.metrics, deps.lent_lock, deps.clock)
     except Exception:
         log.warning("pitcrew_capacity_lent_nodes not shown again: the store was not read", exc_info=True)
