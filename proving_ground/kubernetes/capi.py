@@ -20,15 +20,14 @@ it out as v1beta2 when asked so, as ``Convert_v1beta1_Machine{Spec,Status}_To_v1
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
+
+from bot.domain.durations import parse_duration
 
 GROUP = "cluster.x-k8s.io"
 #: What Cluster API v1.11 to v1.15 serve (v1beta2 preferred); v1.16 drops v1beta1, before v1.11
 #: there is no v1beta2.
 SERVED = ("v1beta2", "v1beta1")
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
-_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _TIMEOUTS = {
     "nodeDrainTimeout": "nodeDrainTimeoutSeconds",
     "nodeVolumeDetachTimeout": "nodeVolumeDetachTimeoutSeconds",
@@ -64,12 +63,6 @@ def api_resources(version: str) -> dict[str, Any]:
     }
 
 
-def seconds(duration: str) -> int:
-    """A Go ``metav1.Duration`` string (``10m0s``) in whole seconds, as ``ConvertToSeconds`` rounds."""
-    total = sum(float(n) * _SECONDS[unit] for n, unit in _DURATION.findall(duration))
-    return int(total)
-
-
 def _reference(ref: dict[str, Any]) -> dict[str, Any]:
     """An ``ObjectReference`` as a ``ContractVersionedObjectReference``: its group, kind and name."""
     group = str(ref.get("apiVersion", "")).rpartition("/")[0]
@@ -87,7 +80,12 @@ def machine_v1beta2(stored: dict[str, Any]) -> dict[str, Any]:
         bootstrap["configRef"] = _reference(bootstrap["configRef"])
     if "infrastructureRef" in spec:
         spec["infrastructureRef"] = _reference(spec["infrastructureRef"])
-    deletion = {new: seconds(spec.pop(old)) for old, new in _TIMEOUTS.items() if old in spec}
+    # A Go ``metav1.Duration`` (``10m0s``) in whole seconds, as ``ConvertToSeconds`` truncates.
+    deletion = {
+        new: int(parse_duration(spec.pop(old)).total_seconds())
+        for old, new in _TIMEOUTS.items()
+        if old in spec
+    }
     if deletion:
         spec["deletion"] = deletion
     status = machine.get("status")
