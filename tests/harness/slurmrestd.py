@@ -33,10 +33,7 @@ V40_DOC: dict[str, Any] = {
 #: 26.05's v0.0.45 paths pitcrew uses, with its job requeue (a ``GET``).
 V45_DOC: dict[str, Any] = {
     "paths": {
-        "/slurm/v0.0.45/nodes/": {"get": {}, "post": {}},
-        "/slurm/v0.0.45/node/{node_name}": {"get": {}, "post": {}, "delete": {}},
-        "/slurm/v0.0.45/jobs/": {"get": {}},
-        "/slurm/v0.0.45/job/{job_id}": {"get": {}, "post": {}, "delete": {}},
+        **{path.replace("v0.0.40", "v0.0.45"): ops for path, ops in V40_DOC["paths"].items()},
         "/slurm/v0.0.45/job/{job_id}/requeue": {"get": {}},
     }
 }
