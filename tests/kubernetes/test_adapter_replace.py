@@ -120,12 +120,14 @@ async def test_cluster_api_machines_are_read_and_deleted_in_the_version_served(
     ]
     assert deletes == [(served[0], 200)]
     assert (await _successor_of(cluster, new.name, again)).name != new.name
-    assert k8s.capi_discovered == ["v1beta2"] if "v1beta2" in served else ["v1beta2", "v1beta1"]
+    assert k8s.capi_discovered == (["v1beta2"] if "v1beta2" in served else ["v1beta2", "v1beta1"])
 
 
 async def _successor_of(
     cluster: KubernetesCluster, name: str, handle: str, within: float = 5.0
 ) -> ClusterNode:
+    """``_successor`` of a node made moments ago: a handle's time is kept to the second, so the node
+    itself reads as made since the replacement began until it is gone, and is passed over."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while loop.time() < deadline:
