@@ -12,6 +12,7 @@ import asyncio
 import copy
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +27,27 @@ NODE = "gpu-node-02"
 async def _ready_nodes(core: client.CoreV1Api) -> dict[str, str]:
     nodes = (await core.list_node()).items
     return {n.metadata.name: next(c.status for c in n.status.conditions if c.type == "Ready") for n in nodes}
+
+
+async def _until(
+    core: client.CoreV1Api, done: Callable[[dict[str, str]], bool], within: float = 10.0
+) -> dict[str, str]:
+    """The nodes' Ready statuses once ``done`` holds for them (polled every 20 ms)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not done(nodes := await _ready_nodes(core)):
+        assert asyncio.get_running_loop().time() < deadline, nodes
+        await asyncio.sleep(0.02)
+    return nodes
+
+
+async def _bound(k8s: KubeEmulator, pod: str, within: float = 10.0) -> dict[str, Any]:
+    """The pod in ``pitcrew-jobs`` once it is bound to a node (polled every 20 ms)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not ((found := k8s.get("pods", pod, "pitcrew-jobs")) or {}).get("spec", {}).get("nodeName"):
+        assert asyncio.get_running_loop().time() < deadline, found
+        await asyncio.sleep(0.02)
+    assert found is not None
+    return found
 
 
 @pytest.mark.parametrize(
@@ -45,7 +67,9 @@ async def test_deleting_the_handle_brings_a_new_node_that_turns_ready(
     name: str,
 ) -> None:
     custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
-    k8s.ready_delay = 0.3
+    # Long enough that polling sees the new Node before it turns Ready even on a loaded machine: a
+    # fixed sleep shorter than the delay once woke after it (the Node already Ready).
+    k8s.ready_delay = 2.0
     # Leniency by name: Karpenter replaces a NodeClaim only when it disrupts the node itself (or for a
     # pending pod); a manual delete starts nothing (test_adapter_replace shows both).
     k8s.karpenter_replaces_deleted_claims = plural == "nodeclaims"
@@ -57,8 +81,7 @@ async def test_deleting_the_handle_brings_a_new_node_that_turns_ready(
         deleted = await custom.delete_cluster_custom_object(group, version, plural, name)
     assert deleted["metadata"]["deletionTimestamp"] and deleted["metadata"]["deletionGracePeriodSeconds"] == 0
     assert deleted["metadata"]["generation"] == before["metadata"]["generation"] + 1
-    await asyncio.sleep(0.15)
-    registered = await _ready_nodes(core)
+    registered = await _until(core, lambda nodes: any(n != NODE for n in nodes))
     assert NODE not in registered and list(registered.values()) == ["False"]
     (new_node,) = registered
     if namespace:
@@ -68,8 +91,7 @@ async def test_deleting_the_handle_brings_a_new_node_that_turns_ready(
         handles = (await custom.list_cluster_custom_object(group, version, plural))["items"]
         assert [h["status"]["nodeName"] for h in handles] == [new_node]
     assert name not in [h["metadata"]["name"] for h in handles]
-    await asyncio.sleep(0.4)
-    assert await _ready_nodes(core) == {new_node: "True"}
+    assert await _until(core, lambda nodes: nodes.get(new_node) == "True") == {new_node: "True"}
 
 
 async def test_deleting_a_node_object_replaces_nothing_and_terminating_its_instance_does(
@@ -85,8 +107,7 @@ async def test_deleting_a_node_object_replaces_nothing_and_terminating_its_insta
     cli = [sys.executable, "-m", "proving_ground.kubernetes.cloud", k8s.host]
     done = await asyncio.create_subprocess_exec(*cli, env={**os.environ, "PITCREW_NODE": NODE})
     assert await done.wait() == 0 and k8s.terminated == [NODE]
-    await asyncio.sleep(0.4)
-    (new_node,) = (await _ready_nodes(core)).items()
+    (new_node,) = (await _until(core, lambda nodes: NODE not in nodes and "True" in nodes.values())).items()
     assert new_node[0].startswith(f"{NODE}-") and new_node[1] == "True"
 
 
@@ -183,15 +204,14 @@ async def test_a_pending_pod_that_fits_an_existing_node_is_bound_there_and_no_no
         },
     }
     await core.create_namespaced_pod("pitcrew-jobs", demand)
-    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)
-    bound = k8s.get("pods", "demand", "pitcrew-jobs")
-    assert bound is not None and bound["spec"]["nodeName"] == "gpu-free"
+    bound = await _bound(k8s, "demand")
+    assert bound["spec"]["nodeName"] == "gpu-free"
+    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)  # time Karpenter would take
     assert not [k for k in k8s.objects if k[0] == "nodeclaims"]
     # A second pod finds the free node's GPUs taken: Karpenter launches a node for it.
     more_demand = copy.deepcopy(demand)
     more_demand["metadata"]["name"] = "more"
     await core.create_namespaced_pod("pitcrew-jobs", more_demand)
-    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)
+    more = await _bound(k8s, "more")
     [claim] = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
-    more = k8s.get("pods", "more", "pitcrew-jobs")
-    assert more is not None and more["spec"]["nodeName"] == claim["status"]["nodeName"] != "gpu-free"
+    assert more["spec"]["nodeName"] == claim["status"]["nodeName"] != "gpu-free"
