@@ -71,7 +71,9 @@ async def test_unknown_node_and_job(sched: Sched) -> None:
 
 async def test_drain_leaves_the_running_job_alone(slurm: SlurmCluster) -> None:
     sched = ScontrolScheduler(slurm_conf=slurm.conf)
-    job_id = slurm.submit("--nodelist=gpu-001", "--wrap=sleep 3")
+    # The job runs 10 s, long past the checks below even on a loaded machine (with 3 s, the drain,
+    # the reads and the second's wait could take it to its end and MIXED+DRAIN be gone).
+    job_id = slurm.submit("--nodelist=gpu-001", "--wrap=sleep 10")
     job = await eventually(lambda: _running(sched, job_id), timeout=15, what="job to run")
     await sched.drain("gpu-001", REASON)
 
@@ -81,7 +83,7 @@ async def test_drain_leaves_the_running_job_alone(slurm: SlurmCluster) -> None:
     await asyncio.sleep(1)
     assert await _running(sched, job_id) is not None  # not killed, not requeued
 
-    done = await eventually(lambda: _ended(sched, job_id), timeout=15, what="job to finish")
+    done = await eventually(lambda: _ended(sched, job_id), timeout=30, what="job to finish")
     assert done.state == "COMPLETED"
     assert done.restarts == job.restarts == 0
     drained = await eventually(lambda: _idle_drained(sched, "gpu-001"), timeout=10, what="IDLE+DRAIN")

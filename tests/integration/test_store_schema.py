@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -23,6 +24,7 @@ from bot.store import postgres
 from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
+from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import Stores, before_audit_column, newer_schema
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
@@ -164,6 +166,19 @@ def _left_at_release_4(stores: Stores) -> None:
     )
 
 
+async def _waiting_for_a_lock(database: PostgresDatabase, within: float = 10.0) -> None:
+    """Until a session of the store waits for a lock (polled every 20 ms; a fixed 0.5 s could end,
+    on a loaded machine, before the migration had got that far)."""
+    deadline = time.monotonic() + within
+    with database.connect() as watch:
+        while not watch.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'pitcrew' AND wait_event_type = 'Lock'"
+        ).fetchall():
+            assert time.monotonic() < deadline, f"no session of the store waited for a lock within {within}s"
+            await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)
 @pytest.mark.parametrize("older", ["writing", "pruning"])
 async def test_a_migration_beside_an_older_replica_at_work_never_fails_the_start(
@@ -189,7 +204,7 @@ async def test_a_migration_beside_an_older_replica_at_work_never_fails_the_start
             other.execute("SELECT pg_advisory_xact_lock(%s)", (postgres._WRITE_LOCK,))
         other.execute("UPDATE outbox SET attempts = attempts WHERE id = -1")
         opening = asyncio.create_task(stores.open())
-        await asyncio.sleep(0.5)  # the migration is waiting: for the write lock, or for the outbox
+        await _waiting_for_a_lock(stores.database)  # the migration: for the write lock, or for the outbox
         assert not opening.done(), opening
         await asyncio.to_thread(other.execute, "UPDATE incidents SET state = state WHERE id = 'none'")
         other.execute("COMMIT")
