@@ -25,8 +25,8 @@ from proving_ground.assets import missing as missing_assets
 from proving_ground.dcgm import Standin, load_collectors
 from proving_ground.farside import FarSide
 from proving_ground.pitcrew import Pitcrew
-from proving_ground.postgres import MISSING as NO_POSTGRES
-from proving_ground.postgres import PostgresServer, bindir, running_postgres
+from proving_ground.postgres import PostgresServer, installed, running_postgres
+from proving_ground.postgres import missing as no_postgres
 from proving_ground.proc import DemoError, find_binary, hold_port, port_free
 from proving_ground.prometheus import Alertmanager, Prometheus, Timing, alertmanager_config, prometheus_config
 from proving_ground.scenarios import Scenario
@@ -49,8 +49,8 @@ def preflight(
 ) -> list[str]:
     """Problems that would stop the demo, each with its fix; empty when it can start."""
     problems = []
-    if store == "postgres" and bindir() is None:
-        problems.append(NO_POSTGRES)
+    if store == "postgres" and installed() is None:
+        problems.append(no_postgres())
     try:
         if (no_root := root_missing(chosen_version(slurm))) is not None:
             problems.append(no_root)

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL cluster: Debian's ``postgresql`` (15), for the demo and the tests.
+"""A throwaway PostgreSQL cluster: Debian's ``postgresql`` (15), or a newer major from a Debian
+root, for the demo and the tests.
 
 ``running_postgres`` runs ``initdb`` and ``pg_ctl`` from ``/usr/lib/postgresql/<v>/bin`` as an
 unprivileged user (PostgreSQL refuses to run as root: as root the cluster runs as ``nobody``), in
@@ -7,6 +8,12 @@ outside the directory), with password authentication for TCP (so ``store.passwor
 exercised) and trust for its own socket. It is stopped and its directory removed on exit,
 whatever happened in between. ``scripts/demo --store postgres`` runs pitcrew on one; the tests'
 fixtures (``tests.harness.postgres``) start one per session.
+
+Sites run newer majors than Debian 12's (CloudNativePG's default image is 17), which have settings
+15 lacks (17's ``transaction_timeout``). ``installed("17")`` is PostgreSQL 17 from the Debian 13
+root ``scripts/setup`` makes (``$PROVING_GROUND_SLURM_ROOTS/postgres-17``), its programs run under
+chroot (as root only) with the cluster's directory inside the root; ``PITCREW_POSTGRES=17`` makes it
+the default of the demo and of a whole test session.
 """
 
 from __future__ import annotations
@@ -30,17 +37,65 @@ from psycopg.rows import TupleRow
 from proving_ground.proc import DemoError, free_port, tail, wait_until
 
 VERSIONS = ("17", "16", "15")  # newest first: Debian 12 ships 15
+#: The majors of the Debian roots ``scripts/setup`` makes, each under ``ROOTS/postgres-<major>``.
+ROOTED = ("17",)
+ROOTS = Path(os.environ.get("PROVING_GROUND_SLURM_ROOTS", "/var/cache/pitcrew"))
 USER = "pitcrew"
 MISSING = "PostgreSQL server binaries not found: apt-get install postgresql (scripts/setup dev)"
 
 
-def bindir() -> Path | None:
-    """Where ``initdb`` and ``pg_ctl`` are, or ``None``: PostgreSQL is not installed."""
-    for version in VERSIONS:
+@dataclass(frozen=True)
+class Install:
+    """Where one PostgreSQL's server programs are (``bin``, as they see it), and the Debian root
+    they run in under chroot (``None``: this machine's own)."""
+
+    bin: Path
+    root: Path | None = None
+
+    def workdir(self, prefix: str) -> Path:
+        """A new temporary directory the programs can reach (inside the root, if any)."""
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.root / "tmp" if self.root else None))
+
+    def seen(self, path: Path) -> str:
+        """``path`` of this machine as the programs see it."""
+        return f"/{path.relative_to(self.root)}" if self.root else str(path)
+
+    def argv(self, user: str | None, program: str, *arguments: str) -> list[str]:
+        """``program`` with ``arguments`` (paths already ``seen``), run as ``user``
+        (``unprivileged``; ``None``: this process's own)."""
+        command = [str(self.bin / program), *arguments]
+        if self.root is None:
+            return as_user(user, command)
+        if os.geteuid() != 0:
+            raise DemoError(f"PostgreSQL from the root {self.root} runs under chroot: run as root")
+        entry = pwd.getpwnam(user or "root")
+        return ["chroot", f"--userspec={entry.pw_uid}:{entry.pw_gid}", str(self.root), *command]
+
+
+def installed(major: str | None = None) -> Install | None:
+    """The PostgreSQL to run: ``major`` (default ``$PITCREW_POSTGRES``) from its Debian root
+    (``ROOTED``), or this machine's newest (``VERSIONS``); ``None``: not there."""
+    major = major or os.environ.get("PITCREW_POSTGRES") or None
+    if major in ROOTED:
+        root = ROOTS / f"postgres-{major}"
+        inside = Path(f"/usr/lib/postgresql/{major}/bin")
+        found = root / inside.relative_to("/")
+        if (found / "initdb").exists() and (found / "pg_ctl").exists():
+            return Install(inside, root)
+        return None
+    for version in (major,) if major else VERSIONS:
         found = Path(f"/usr/lib/postgresql/{version}/bin")
         if (found / "initdb").exists() and (found / "pg_ctl").exists():
-            return found
+            return Install(found)
     return None
+
+
+def missing(major: str | None = None) -> str:
+    """What to do when ``installed(major)`` is ``None``."""
+    major = major or os.environ.get("PITCREW_POSTGRES") or None
+    if major in ROOTED:
+        return f"no PostgreSQL {major} root at {ROOTS}/postgres-{major}: run scripts/setup as root"
+    return MISSING
 
 
 @dataclass
@@ -109,31 +164,34 @@ def as_user(user: str | None, argv: list[str]) -> list[str]:
 
 
 def pg_ctl_runner(
-    binaries: Path, data: Path, log: Path, options: str, user: str | None
+    install: Install, data: Path, log: Path, options: str, user: str | None
 ) -> Callable[[list[str]], None]:
     """Runs ``pg_ctl`` with the given arguments against the cluster in ``data`` (its log in
     ``log``, its server started with ``options``), as ``user`` (``unprivileged``)."""
 
     def pg_ctl(arguments: list[str]) -> None:
-        argv = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, *arguments]
-        subprocess.run(as_user(user, argv), check=True, capture_output=True, timeout=120)
+        where = ["-D", install.seen(data), "-l", install.seen(log), "-o", options]
+        argv = install.argv(user, "pg_ctl", *where, *arguments)
+        subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
     return pg_ctl
 
 
 @contextlib.contextmanager
-def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> Iterator[PostgresServer]:
+def running_postgres(
+    *, durable: bool = False, networks: Sequence[str] = (), major: str | None = None
+) -> Iterator[PostgresServer]:
     """Start a throwaway cluster; stop it and remove its files on exit, even after a failure.
     ``DemoError`` when PostgreSQL is not installed or will not start. Without ``durable`` it
     skips fsync (tests and the demo lose nothing by it); a benchmark of durable commits asks for
     PostgreSQL's defaults. ``networks`` (``"10.213.0.1/24"``: this machine's address on a private
     test network, and its prefix): it listens on that address too and lets that network's
-    clients in with the password."""
+    clients in with the password. ``major``: which PostgreSQL (``installed``)."""
     interfaces = [ip_interface(n) for n in networks]
-    binaries = bindir()
-    if binaries is None:
-        raise DemoError(MISSING)
-    directory = Path(tempfile.mkdtemp(prefix="pitcrew-pg-"))
+    install = installed(major)
+    if install is None:
+        raise DemoError(missing(major))
+    directory = install.workdir("pitcrew-pg-")
     data, log = directory / "data", directory / "postgres.log"
     password = secrets.token_urlsafe(16)
     pwfile = directory / "pwfile"
@@ -143,28 +201,22 @@ def running_postgres(*, durable: bool = False, networks: Sequence[str] = ()) -> 
     port = free_port()
     listen = ",".join(["127.0.0.1", *(str(i.ip) for i in interfaces)])
     options = (
-        f"-c listen_addresses={listen} -c port={port} -c unix_socket_directories={directory}"
-        " -c max_connections=200"
+        f"-c listen_addresses={listen} -c port={port}"
+        f" -c unix_socket_directories={install.seen(directory)} -c max_connections=200"
     )
     if not durable:
         options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    pg_ctl = pg_ctl_runner(binaries, data, log, options, user)
+    pg_ctl = pg_ctl_runner(install, data, log, options, user)
     started = False
     try:
-        initdb = [
-            str(binaries / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            USER,
-            f"--pwfile={pwfile}",
-            "--auth-host=scram-sha-256",
-            "--auth-local=trust",
-            "--encoding=UTF8",
-            "--locale=C",
+        initdb = install.argv(
+            user,
+            "initdb",
+            *("-D", install.seen(data), "-U", USER, f"--pwfile={install.seen(pwfile)}"),
+            *("--auth-host=scram-sha-256", "--auth-local=trust", "--encoding=UTF8", "--locale=C"),
             "--no-sync",
-        ]
-        subprocess.run(as_user(user, initdb), check=True, capture_output=True, timeout=120)
+        )
+        subprocess.run(initdb, check=True, capture_output=True, timeout=120)
         pwfile.unlink()
         if interfaces:
             with (data / "pg_hba.conf").open("a") as hba:

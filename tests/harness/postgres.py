@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,11 @@ import pytest
 from psycopg.rows import TupleRow
 
 from proving_ground.postgres import (
-    MISSING,
     USER,
+    Install,
     PostgresServer,
-    as_user,
-    bindir,
+    installed,
+    missing,
     pg_ctl_runner,
     unprivileged,
 )
@@ -37,21 +36,23 @@ from proving_ground.proc import DemoError, free_port, tail, wait_until
 from tests.harness.proc import unavailable
 
 
-def require_postgres() -> Path:
-    found = bindir()
+def require_postgres(major: str | None = None) -> Install:
+    found = installed(major)
     if found is not None:
         return found
-    unavailable(MISSING)
+    unavailable(missing(major))
 
 
 @contextlib.contextmanager
-def running_postgres(networks: Sequence[str] = (), *, durable: bool = False) -> Iterator[PostgresServer]:
+def running_postgres(
+    networks: Sequence[str] = (), *, durable: bool = False, major: str | None = None
+) -> Iterator[PostgresServer]:
     """The proving ground's cluster (also on ``networks``' addresses; with PostgreSQL's own
-    durability if ``durable``), skipped (or failed under CI) without PostgreSQL, failed when it
-    will not start."""
-    require_postgres()
+    durability if ``durable``; ``major``: which, ``proving_ground.postgres.installed``), skipped
+    (or failed under CI) without PostgreSQL, failed when it will not start."""
+    require_postgres(major)
     try:
-        with _running(networks=networks, durable=durable) as server:
+        with _running(networks=networks, durable=durable, major=major) as server:
             yield server
     except DemoError as exc:
         pytest.fail(str(exc))
@@ -96,26 +97,27 @@ def running_standby(primary: PostgresServer) -> Iterator[Standby]:
     Patroni's): ``pg_basebackup -R`` over the primary's own socket (trust, as its replication
     line in ``pg_hba.conf`` says), started on a free loopback port as the primary's user, and
     stopped and removed on exit. Its roles and password are the primary's."""
-    binaries = require_postgres()
-    directory = Path(tempfile.mkdtemp(prefix="pitcrew-pg-standby-"))
+    install = require_postgres()
+    directory = install.workdir("pitcrew-pg-standby-")
     data, log = directory / "data", directory / "postgres.log"
     user = unprivileged(directory)
     port = free_port()
     # max_connections as the primary's (a standby refuses to recover with fewer).
     options = (
-        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={directory}"
-        " -c max_connections=200"
+        f"-c listen_addresses=127.0.0.1 -c port={port}"
+        f" -c unix_socket_directories={install.seen(directory)} -c max_connections=200"
     )
-    pg_ctl = pg_ctl_runner(binaries, data, log, options, user)
-    backup = [
-        str(binaries / "pg_basebackup"),
-        *("-h", str(primary.directory), "-p", str(primary.port), "-U", USER),
-        *("-D", str(data), "-R", "-X", "stream", "--no-sync", "-c", "fast"),
-    ]
+    pg_ctl = pg_ctl_runner(install, data, log, options, user)
+    backup = install.argv(
+        user,
+        "pg_basebackup",
+        *("-h", install.seen(primary.directory), "-p", str(primary.port), "-U", USER),
+        *("-D", install.seen(data), "-R", "-X", "stream", "--no-sync", "-c", "fast"),
+    )
     started = False
     try:
         try:
-            subprocess.run(as_user(user, backup), check=True, capture_output=True, timeout=120)
+            subprocess.run(backup, check=True, capture_output=True, timeout=120)
             started = True
             pg_ctl(["-w", "start"])
         except subprocess.CalledProcessError as exc:
@@ -157,6 +159,22 @@ class PostgresDatabase:
         """The test's own session on this database: the cluster's superuser, autocommit."""
         return self.server.connect(self.name)
 
+    def limits(self) -> tuple[str, ...]:
+        """The limits a site may set on its sessions that this server has: ``statement_timeout``,
+        ``lock_timeout`` and, from PostgreSQL 17, ``transaction_timeout``."""
+        with self.connect() as conn:
+            newer = conn.info.server_version >= 170000
+        return ("statement_timeout", "lock_timeout", *(("transaction_timeout",) if newer else ()))
+
+    def limit(self, milliseconds: int) -> tuple[str, ...]:
+        """Every one of ``limits`` set to ``milliseconds`` on every new session of the database, as
+        a site's guard on its application's database or role; their names."""
+        limits = self.limits()
+        with self.connect() as conn:
+            for setting in limits:
+                conn.execute(f'ALTER DATABASE "{self.name}" SET {setting} = {milliseconds}')
+        return limits
+
     @contextlib.contextmanager
     def login_role(self, name: str, password: str) -> Iterator[str]:
         """A login role of the test's own, ``password`` its password: this database's URL as that
@@ -185,11 +203,26 @@ class PostgresDatabase:
             yield url, password_file
 
 
+@pytest.fixture(scope="session")
+def postgres17_server() -> Iterator[PostgresServer]:
+    """PostgreSQL 17 (CloudNativePG's default major) from the root ``scripts/setup`` makes, for
+    what Debian 12's 15 lacks (``transaction_timeout``): started when a test first asks."""
+    with running_postgres(major="17") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def fresh_database(server: PostgresServer, tmp_path: Path) -> Iterator[PostgresDatabase]:
+    """A new database of ``server`` and its password file, dropped afterwards."""
+    name = server.create_database()
+    password_file = server.password_file(tmp_path / "postgres-password")
+    try:
+        yield PostgresDatabase(server.url(name), password_file, name, server)
+    finally:
+        server.drop_database(name)
+
+
 @pytest.fixture
 def postgres_db(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[PostgresDatabase]:
-    name = postgres_server.create_database()
-    password_file = postgres_server.password_file(tmp_path / "postgres-password")
-    try:
-        yield PostgresDatabase(postgres_server.url(name), password_file, name, postgres_server)
-    finally:
-        postgres_server.drop_database(name)
+    with fresh_database(postgres_server, tmp_path) as database:
+        yield database
