@@ -95,6 +95,14 @@ _MIGRATIONS = migrations(POSTGRES)
 #: ``startupProbe`` (a minute: ``/healthz`` is served once the store is open); a replica frozen
 #: while migrating lets the lock go after the idle limit (``IDLE_IN_TRANSACTION_MS``).
 _UNBOUNDED = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0"
+#: PostgreSQL 17's ``transaction_timeout`` ends the whole session (FATAL) once a transaction has run
+#: that long, a wait for a lock included: a site's value under pitcrew's wait for the write lock
+#: dropped a replica's connection whenever the other held the lock, and every write on it failed.
+#: Set to 0 in the transaction, its timer stops (its assign hook disables it inside a
+#: transaction); back to ``DEFAULT`` it starts again from then. Servers before 17 refuse the
+#: name, so it is sent only to 17 and later (``_newer``).
+_NO_TRANSACTION_TIMEOUT = "SET LOCAL transaction_timeout = 0"
+_TRANSACTION_TIMEOUT_FROM = 170000
 #: How long a pitcrew session may sit inside a transaction with no statement running. pitcrew
 #: sends a transaction's statements back to back: only a frozen process waits this long.
 IDLE_IN_TRANSACTION_MS = 5000
@@ -155,11 +163,16 @@ TCP = {
     "keepalives_count": "3",
     "tcp_user_timeout": "10000",
 }
+#: The server ended this one session, not every one: a site's ``transaction_timeout``
+#: (PostgreSQL 17's), or the idle limit of a transaction. Errors of class 25, not
+#: ``OperationalError``: they escaped as they were (a webhook answered 500).
+_SESSION_ENDED = (psycopg.errors.TransactionTimeout, psycopg.errors.IdleInTransactionSessionTimeout)
 #: What makes the store unavailable (a 503 to a webhook, a write to try again later), and the
 #: connection it came on given up: the database is gone, or takes no writes (a standby, or a
 #: primary demoted by a failover, answers "read-only transaction": connecting again reaches the
-#: new primary through the Service, or the URL's hosts with ``target_session_attrs=read-write``).
-_UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
+#: new primary through the Service, or the URL's hosts with ``target_session_attrs=read-write``),
+#: or it ended the session (``_SESSION_ENDED``).
+_UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, *_SESSION_ENDED)
 #: A connection left unused this long (seconds) is checked, one empty query, before it is used: the
 #: server's ``idle_session_timeout``, a pooler's idle limit, a failover or a load balancer's idle
 #: timer may have ended it meanwhile, and the first statement on it would fail (a webhook answered
@@ -309,7 +322,10 @@ class _ServerLost(StoreUnavailable):
 
 def _is_lost(conn: psycopg.BaseConnection[Any], exc: Exception) -> bool:
     """Whether ``exc`` on ``conn`` means the server is lost to every connection, not only this one
-    statement's failure (a cancelled query, a lock timeout: also ``OperationalError``)."""
+    statement's failure (a cancelled query, a lock timeout: also ``OperationalError``) or the end
+    of this one session (``_SESSION_ENDED``)."""
+    if isinstance(exc, _SESSION_ENDED):
+        return False
     return conn.broken or isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
 
 
@@ -431,7 +447,7 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     mogrifier = psycopg.AsyncClientCursor(conn)
     message = _Message(f"BEGIN; {_TRANSACTION_SETTINGS}")
     if lock is not None:
-        message.add(_locking(lock))
+        message.add(_locking(lock, _newer(conn)))
     committed = False
     try:
         for sql, params, stmt in driving:
@@ -537,14 +553,23 @@ class _Message:
         return await cursor.set_result(answer)
 
 
-def _locking(lock: str) -> str:
+def _newer(conn: psycopg.BaseConnection[Any]) -> bool:
+    """Whether ``conn``'s server has ``transaction_timeout`` (PostgreSQL 17 and later)."""
+    return conn.info.server_version >= _TRANSACTION_TIMEOUT_FROM
+
+
+def _locking(lock: str, newer: bool) -> str:
     """The statements that take the write lock (``lock``: its function, exclusive or shared),
-    waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``) whatever the site's limits,
-    and then give the transaction the site's limits back (``DEFAULT``: the role's or database's
-    setting, or the server's)."""
+    waiting for it as long as pitcrew allows (``WRITE_LOCK_WAIT_MS``) whatever the site's limits
+    (``transaction_timeout`` too on a server that has it, ``newer``), and then give the
+    transaction the site's limits back (``DEFAULT``: the role's or database's setting, or the
+    server's; the transaction's timer starts again from there)."""
+    stop, restart = (
+        (f" {_NO_TRANSACTION_TIMEOUT};", " SET LOCAL transaction_timeout = DEFAULT;") if newer else ("", "")
+    )
     return (
-        f"SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {int(WRITE_LOCK_WAIT_MS)};"
-        f" SELECT {lock}({_WRITE_LOCK});"
+        f"SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {int(WRITE_LOCK_WAIT_MS)};{stop}"
+        f" SELECT {lock}({_WRITE_LOCK});{restart}"
         " SET LOCAL statement_timeout = DEFAULT; SET LOCAL lock_timeout = DEFAULT"
     )
 
@@ -1131,7 +1156,8 @@ class PostgresStore(SqlStore):
 
     async def _migrate(self) -> None:
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(f"{_TRANSACTION_SETTINGS}; {_UNBOUNDED}")
+            unbounded = f"{_UNBOUNDED}; {_NO_TRANSACTION_TIMEOUT}" if _newer(conn) else _UNBOUNDED
+            await conn.execute(f"{_TRANSACTION_SETTINGS}; {unbounded}")
             found = await (await conn.execute(_AT_OPEN)).fetchone()
             assert found is not None
             if found["encoding"] != "UTF8":  # before anything is created in it

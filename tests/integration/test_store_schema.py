@@ -75,19 +75,20 @@ async def test_two_processes_opening_a_new_store_at_once_both_open_it(stores: St
         await second.close()
 
 
-@pytest.mark.parametrize("stores", ["postgres", "pgbouncer"], indirect=True)
+@pytest.mark.parametrize("stores", ["postgres", "pgbouncer", "postgres-17"], indirect=True)
 async def test_a_site_s_statement_and_lock_limits_do_not_cut_a_migration_short(stores: Stores) -> None:
     """The database bounds every statement and lock wait of its sessions (``statement_timeout``,
-    ``lock_timeout``, a common guard on an application's role), and another pitcrew holds the
-    migration for longer than that: this one waits for it and opens the store. Before, the limits
-    bounded the migration too, and the start failed; as would every replica's next start, for as
-    long as a migration took longer than the limit (a crash loop after an upgrade)."""
+    ``lock_timeout``, a common guard on an application's role; from PostgreSQL 17 the whole
+    transaction's, ``transaction_timeout``), and another pitcrew holds the migration for longer
+    than that: this one waits for it and opens the store. Before, the limits bounded the migration
+    too, and the start failed; as would every replica's next start, for as long as a migration took
+    longer than the limit (a crash loop after an upgrade)."""
     assert stores.database is not None
     database = stores.database
-    with database.connect() as admin:
-        admin.execute(f'ALTER DATABASE "{database.name}" SET statement_timeout = 200')
-        admin.execute(f'ALTER DATABASE "{database.name}" SET lock_timeout = 200')
+    limits = database.limit(200)
     with database.connect() as other, other.transaction():  # another pitcrew, migrating
+        for setting in limits:
+            other.execute(f"SET LOCAL {setting} = 0")
         other.execute("SELECT pg_advisory_xact_lock(%s)", (postgres._MIGRATE_LOCK,))
         opening = asyncio.create_task(stores.open())
         await asyncio.sleep(1.0)  # five times either limit
