@@ -28,6 +28,7 @@ from aiohttp import web
 from bot.config import load_config
 from bot.runtime import build_app
 from bot.store.base import PAGE_MAX
+from bot.web.app import DEPS
 from proving_ground.proc import hold_port
 from proving_ground.slack import signing
 from proving_ground.slack.clicks import TIMED_OUT, deliver
@@ -247,10 +248,16 @@ class SlackPitcrew:
         return str(answer)
 
     async def quiet(self, seconds: float = 0.5, timeout: float = 30.0) -> None:
-        """Until no Slack call has been made for ``seconds`` (the outbox has caught up)."""
+        """Until the outbox has caught up: nothing of Slack's is left in it, and no Slack call has
+        been made for ``seconds`` (one begun before its item was marked delivered lands meanwhile;
+        answers to clicks and commands do not go through the outbox). Quiet alone was not enough:
+        a loop stalled for ``seconds`` on a loaded machine woke with the time passed and the
+        outbox's work still to do."""
+        assert self._runner is not None
+        store = self._runner.app[DEPS].store
         deadline = time.monotonic() + timeout
         seen, since = len(self.slack.api.calls), time.monotonic()
-        while time.monotonic() - since < seconds:
+        while time.monotonic() - since < seconds or await store.outbox_pending("slack", limit=1):
             assert time.monotonic() < deadline, "Slack calls never stopped"
             await asyncio.sleep(0.05)
             if len(self.slack.api.calls) != seen:
