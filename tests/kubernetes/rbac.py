@@ -22,7 +22,7 @@ session's recorded requests can be held against one strategy's rendering.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -159,13 +159,14 @@ async def tour(
             await replacing.successor(NODE, handle=handle)
         return
     karpenter = make(replace={"strategy": "karpenter"})
+    before = _nodes(k8s)
     handle = await karpenter.replace(NODE, strategy="configured", incident_id="pc-1")
     await karpenter.successor(NODE, handle=handle)  # none yet: its placeholder is read
-    await _settled(k8s)
-    [replacement] = [n for (kind, _, n) in k8s.objects if kind == "nodes"]
+    replacement = await _new_ready_node(k8s, before, gone=NODE)
     # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
+    before = _nodes(k8s)
     handle = await cluster.replace(replacement, strategy="configured", incident_id="pc-2")
-    await _settled(k8s)
+    await _new_ready_node(k8s, before)
     # The new Machine's nodeRef, claimed (asked for a node that is gone, so the Machines are listed).
     await cluster.successor("gone", handle=handle)
     await make(replace={"strategy": "delete-node", "command": ["true"]}).replace(
@@ -173,9 +174,27 @@ async def tour(
     )
 
 
-async def _settled(k8s: KubeEmulator) -> None:
-    assert k8s.ready_delay is not None
-    await asyncio.sleep(k8s.replace_delay + k8s.ready_delay + 0.1)
+def _nodes(k8s: KubeEmulator) -> dict[str, dict[str, Any]]:
+    return {n: o for (kind, _, n), o in k8s.objects.items() if kind == "nodes"}
+
+
+async def _new_ready_node(
+    k8s: KubeEmulator, before: Collection[str], gone: str | None = None, within: float = 10.0
+) -> str:
+    """A Ready node not among ``before`` (``gone``: once that one has gone), as the emulator's
+    controllers replace a node: polled, where a fixed sleep of their delays could wake first on a
+    loaded machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        nodes = _nodes(k8s)
+        for name, found in nodes.items():
+            conditions = found.get("status", {}).get("conditions", [])
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            if name not in before and ready and gone not in nodes:
+                return name
+        assert loop.time() < deadline, f"no new Ready node (without {gone}): {sorted(nodes)}"
+        await asyncio.sleep(0.02)
 
 
 def load(path: Path = RBAC_YAML) -> list[dict[str, Any]]:
