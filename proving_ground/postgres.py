@@ -9,11 +9,12 @@ exercised) and trust for its own socket. It is stopped and its directory removed
 whatever happened in between. ``scripts/demo --store postgres`` runs pitcrew on one; the tests'
 fixtures (``tests.harness.postgres``) start one per session.
 
-Sites run newer majors than Debian 12's (CloudNativePG's default image is 17), which have settings
-15 lacks (17's ``transaction_timeout``). ``installed("17")`` is PostgreSQL 17 from the Debian 13
-root ``scripts/setup`` makes (``$PROVING_GROUND_SLURM_ROOTS/postgres-17``), its programs run under
-chroot (as root only) with the cluster's directory inside the root; ``PITCREW_POSTGRES=17`` makes it
-the default of the demo and of a whole test session.
+Sites run newer majors than Debian 12's (CloudNativePG's default is 18 since its 1.27.2), which
+have settings 15 lacks (17's ``transaction_timeout``). ``installed("17")`` is PostgreSQL 17 from the
+Debian 13 root ``scripts/setup`` makes (``$PROVING_GROUND_SLURM_ROOTS/postgres-17``), its programs
+run under chroot (as root only) with the cluster's directory inside the root; ``"18"`` is 18 from
+a Debian unstable root, made when ``PITCREW_POSTGRES_ROOTS="17 18"``. ``PITCREW_POSTGRES=17`` (or
+18) makes it the default of the demo and of a whole test session.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from proving_ground.proc import DemoError, free_port, tail, wait_until
 
 VERSIONS = ("17", "16", "15")  # newest first: Debian 12 ships 15
 #: The majors of the Debian roots ``scripts/setup`` makes, each under ``ROOTS/postgres-<major>``.
-ROOTED = ("17",)
+ROOTED = ("17", "18")
 ROOTS = Path(os.environ.get("PROVING_GROUND_SLURM_ROOTS", "/var/cache/pitcrew"))
 USER = "pitcrew"
 MISSING = "PostgreSQL server binaries not found: apt-get install postgresql (scripts/setup dev)"

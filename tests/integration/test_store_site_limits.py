@@ -13,7 +13,7 @@ under the site's limits.
 PostgreSQL 17 adds ``transaction_timeout``, which ends the whole *session* (FATAL) once a
 transaction has run that long, the wait for a lock included: a site's value under pitcrew's wait
 made a replica's writes drop their connection whenever the other held the lock. The tests run on
-17 as well (``postgres-17``: CloudNativePG's default major), the limit set there too.
+17 as well (``postgres-17``; CloudNativePG's default is 18), the limit set there too.
 """
 
 from __future__ import annotations
