@@ -205,8 +205,8 @@ class PostgresDatabase:
 
 @pytest.fixture(scope="session")
 def postgres17_server() -> Iterator[PostgresServer]:
-    """PostgreSQL 17 (the first with ``transaction_timeout``) from the root ``scripts/setup`` makes, for
-    what Debian 12's 15 lacks (``transaction_timeout``): started when a test first asks."""
+    """PostgreSQL 17 from the root ``scripts/setup`` makes, for what Debian 12's 15 lacks
+    (``transaction_timeout``): started when a test first asks for it."""
     with running_postgres(major="17") as server:
         yield server
 
