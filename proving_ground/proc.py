@@ -7,13 +7,15 @@ with the logs attached. Nothing here imports pytest: the tests wrap these in the
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 
 class DemoError(RuntimeError):
@@ -103,6 +105,24 @@ def wait_until(
             return
         time.sleep(interval)
     raise DemoError(f"timed out after {timeout:.1f}s waiting for {what or predicate}")
+
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Await ``probe`` until it returns something other than ``None``/``False``; return that.
+    ``DemoError`` naming ``what`` on timeout (``wait_until``'s twin for the event loop)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:.1f}s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen[bytes], *, timeout: float = 10.0) -> None:

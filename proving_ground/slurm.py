@@ -20,7 +20,6 @@ refers to the run directory survives.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import pwd
@@ -33,17 +32,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from string import Template
-from typing import TypeVar
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
 from proving_ground.proc import DemoError, find_binary, free_port, free_ports, stop_process, tail
 from proving_ground.slurm_root import DEFAULT_VERSION, SlurmRoot, chosen_version, root_missing, root_path
 
-T = TypeVar("T")
 NODES = ("gpu-001", "gpu-002", "gpu-003")
 TRAIN_JOB = Path(__file__).resolve().parent / "train_job.py"
 _DAEMONS = frozenset({"munged", "slurmctld", "slurmd", "slurmstepd", "slurmrestd", "slurmscriptd"})
@@ -498,20 +495,6 @@ class SlurmCluster:
             time.sleep(0.1)
         if fail:
             raise SlurmHarnessError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.logs()}")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, timeout: float, what: str, interval: float = 0.1
-) -> T:
-    """Await ``probe`` until it returns something other than ``None``/``False``; return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise SlurmHarnessError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 def missing_binaries() -> dict[str, str]:

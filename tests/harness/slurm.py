@@ -15,7 +15,7 @@ The rest (crash safety on the simulator, progress, drain and ownership cases, th
 exercise pitcrew's engine against the same reads and are run on 24.11 with ``--slurm 24.11`` or
 ``all``, not on every CI run. One cluster per version for the session, per pytest-xdist worker
 (the tests are grouped by it).
-The names tests import from here (``SlurmCluster``, ``eventually``, ``TRAIN_JOB`` ...) are the
+The names tests import from here (``SlurmCluster``, ``TRAIN_JOB`` ...) are the
 package's, re-exported so existing imports keep working.
 """
 

@@ -22,7 +22,8 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import is_pitcrew_reason, owns_slurm_reason, slurm_reason
 from bot.engine.errors import PermanentError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
-from proving_ground.slurm import SlurmCluster, eventually
+from proving_ground.proc import eventually
+from proving_ground.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler

@@ -28,7 +28,8 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState, judge_resumption
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
 from bot.engine.errors import PermanentError
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
-from proving_ground.slurm import SlurmCluster, eventually
+from proving_ground.proc import eventually
+from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import (
     CHECKPOINT_METRIC,
     METRIC,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from datetime import UTC, datetime
 
 import pytest
@@ -24,6 +23,7 @@ from bot.store import postgres
 from bot.store.base import Delivery, IncomingAlert, StoreUnavailable
 from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
+from proving_ground.proc import eventually
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.stores import Stores, before_audit_column, newer_schema
 
@@ -170,14 +170,19 @@ def _left_at_release_4(stores: Stores) -> None:
 async def _waiting_for_a_lock(database: PostgresDatabase, within: float = 10.0) -> None:
     """Until a session of the store waits for a lock (polled every 20 ms; a fixed 0.5 s could end,
     on a loaded machine, before the migration had got that far)."""
-    deadline = time.monotonic() + within
     with database.connect() as watch:
-        while not watch.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'pitcrew' AND wait_event_type = 'Lock'"
-        ).fetchall():
-            assert time.monotonic() < deadline, f"no session of the store waited for a lock within {within}s"
-            await asyncio.sleep(0.02)
+
+        async def waiting() -> bool:
+            return bool(
+                watch.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'pitcrew' AND wait_event_type = 'Lock'"
+                ).fetchall()
+            )
+
+        await eventually(
+            waiting, timeout=within, what="a session of the store waiting for a lock", interval=0.02
+        )
 
 
 @pytest.mark.parametrize("stores", ["postgres"], indirect=True)

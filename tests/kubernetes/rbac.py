@@ -21,7 +21,6 @@ session's recorded requests can be held against one strategy's rendering.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,11 @@ from bot.engine.errors import PermanentError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.integrations.kubernetes.probe import Permission, needed
+from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator
 from proving_ground.kubernetes.faults import LoggedRequest
 from proving_ground.kubernetes.world import training_pdb
+from proving_ground.proc import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_YAML = REPO / "deploy" / "kubernetes" / "rbac.yaml"
@@ -184,17 +185,13 @@ async def _new_ready_node(
     """A Ready node not among ``before`` (``gone``: once that one has gone), as the emulator's
     controllers replace a node: polled, where a fixed sleep of their delays could wake first on a
     loaded machine."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
+
+    async def new() -> str | None:
         nodes = _nodes(k8s)
-        for name, found in nodes.items():
-            conditions = found.get("status", {}).get("conditions", [])
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-            if name not in before and ready and gone not in nodes:
-                return name
-        assert loop.time() < deadline, f"no new Ready node (without {gone}): {sorted(nodes)}"
-        await asyncio.sleep(0.02)
+        fresh = [n for n, found in nodes.items() if n not in before and resources.ready(found)]
+        return fresh[0] if fresh and gone not in nodes else None
+
+    return await eventually(new, timeout=within, what=f"a new Ready node (without {gone})", interval=0.02)
 
 
 def load(path: Path = RBAC_YAML) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from kubernetes.aio import client
 
 from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
 
@@ -33,21 +34,22 @@ async def _until(
     core: client.CoreV1Api, done: Callable[[dict[str, str]], bool], within: float = 10.0
 ) -> dict[str, str]:
     """The nodes' Ready statuses once ``done`` holds for them (polled every 20 ms)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not done(nodes := await _ready_nodes(core)):
-        assert asyncio.get_running_loop().time() < deadline, nodes
-        await asyncio.sleep(0.02)
-    return nodes
+
+    async def nodes() -> dict[str, str] | None:
+        found = await _ready_nodes(core)
+        return found if done(found) else None
+
+    return await eventually(nodes, timeout=within, what="the nodes expected", interval=0.02)
 
 
 async def _bound(k8s: KubeEmulator, pod: str, within: float = 10.0) -> dict[str, Any]:
     """The pod in ``pitcrew-jobs`` once it is bound to a node (polled every 20 ms)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not ((found := k8s.get("pods", pod, "pitcrew-jobs")) or {}).get("spec", {}).get("nodeName"):
-        assert asyncio.get_running_loop().time() < deadline, found
-        await asyncio.sleep(0.02)
-    assert found is not None
-    return found
+
+    async def bound() -> dict[str, Any] | None:
+        found = k8s.get("pods", pod, "pitcrew-jobs")
+        return found if found and found["spec"].get("nodeName") else None
+
+    return await eventually(bound, timeout=within, what=f"pod {pod} bound", interval=0.02)
 
 
 @pytest.mark.parametrize(
