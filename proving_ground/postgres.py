@@ -11,7 +11,7 @@ fixtures (``tests.harness.postgres``) start one per session.
 
 Sites run newer majors than Debian 12's (CloudNativePG's default is 18 since its 1.27.2), which
 have settings 15 lacks (17's ``transaction_timeout``). ``installed("17")`` is PostgreSQL 17 from the
-Debian 13 root ``scripts/setup`` makes (``$PROVING_GROUND_SLURM_ROOTS/postgres-17``), its programs
+Debian 13 root ``scripts/setup`` makes (``slurm_root.roots()/postgres-17``), its programs
 run under chroot (as root only) with the cluster's directory inside the root; ``"18"`` is 18 from
 a Debian unstable root, made when ``PITCREW_POSTGRES_ROOTS="17 18"``. ``PITCREW_POSTGRES=17`` (or
 18) makes it the default of the demo and of a whole test session.
@@ -36,11 +36,13 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from proving_ground.proc import DemoError, free_port, tail, wait_until
+from proving_ground.slurm_root import roots
 
 VERSIONS = ("17", "16", "15")  # newest first: Debian 12 ships 15
-#: The majors of the Debian roots ``scripts/setup`` makes, each under ``ROOTS/postgres-<major>``.
+#: The majors of the Debian roots ``scripts/setup`` makes, each under ``roots()/postgres-<major>``.
 ROOTED = ("17", "18")
-ROOTS = Path(os.environ.get("PROVING_GROUND_SLURM_ROOTS", "/var/cache/pitcrew"))
+#: The major a test session, the demo and the benches run when none is asked for.
+MAJOR_ENV = "PITCREW_POSTGRES"
 USER = "pitcrew"
 MISSING = "PostgreSQL server binaries not found: apt-get install postgresql (scripts/setup dev)"
 
@@ -76,9 +78,9 @@ class Install:
 def installed(major: str | None = None) -> Install | None:
     """The PostgreSQL to run: ``major`` (default ``$PITCREW_POSTGRES``) from its Debian root
     (``ROOTED``), or this machine's newest (``VERSIONS``); ``None``: not there."""
-    major = major or os.environ.get("PITCREW_POSTGRES") or None
+    major = _major(major)
     if major in ROOTED:
-        root = ROOTS / f"postgres-{major}"
+        root = roots() / f"postgres-{major}"
         inside = Path(f"/usr/lib/postgresql/{major}/bin")
         found = root / inside.relative_to("/")
         if (found / "initdb").exists() and (found / "pg_ctl").exists():
@@ -93,10 +95,16 @@ def installed(major: str | None = None) -> Install | None:
 
 def missing(major: str | None = None) -> str:
     """What to do when ``installed(major)`` is ``None``."""
-    major = major or os.environ.get("PITCREW_POSTGRES") or None
+    major = _major(major)
     if major in ROOTED:
-        return f"no PostgreSQL {major} root at {ROOTS}/postgres-{major}: run scripts/setup as root"
+        asked = "" if major == "17" else f' with PITCREW_POSTGRES_ROOTS="17 {major}"'
+        return f"no PostgreSQL {major} root at {roots()}/postgres-{major}: run scripts/setup as root{asked}"
     return MISSING
+
+
+def _major(major: str | None) -> str | None:
+    """``major``, else ``$PITCREW_POSTGRES``, else ``None`` (this machine's newest)."""
+    return major or os.environ.get(MAJOR_ENV) or None
 
 
 @dataclass

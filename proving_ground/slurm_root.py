@@ -52,11 +52,16 @@ def chosen_version(value: str | None = None) -> str:
     return version
 
 
+def roots() -> Path:
+    """Where ``scripts/setup`` makes its Debian roots (Slurm's and PostgreSQL's): ``$PROVING_GROUND_SLURM_ROOTS``."""
+    return Path(os.environ.get(ROOTS_ENV) or "/var/cache/pitcrew")
+
+
 def root_path(version: str) -> Path | None:
     """Where the root of ``version`` lives; ``None`` for the machine's own Slurm."""
     if version == DEFAULT_VERSION:
         return None
-    return Path(os.environ.get(ROOTS_ENV) or "/var/cache/pitcrew") / f"slurm-{version}"
+    return roots() / f"slurm-{version}"
 
 
 def root_missing(version: str) -> str | None:
