@@ -423,8 +423,8 @@ class IncidentFlow:
     async def _close(
         self, incident: IncidentRecord, state: State, outcome: str, unless: str | None = None
     ) -> bool:
-        if self.deps.steps.capacity.pools:  # a take it still holds stays counted once it has ended
-            await hold(self.store, incident.id, self.clock())
+        # A take it still holds stays counted once it has ended: indexed before the end.
+        took = bool(self.deps.steps.capacity.pools) and await hold(self.store, incident.id, self.clock())
         record = await self.store.transition(
             incident.id,
             state,
@@ -437,7 +437,8 @@ class IncidentFlow:
             return False
         self.metrics.incidents_closed.labels(state.value, incident.playbook or "none").inc()
         self.metrics.incidents.drop(incident.id)
-        await lent_changed(self.executor.step_deps, incident.id)
+        if took:  # its index entry is up to date (``hold`` above): the gauge shown again
+            await lent_changed(self.executor.step_deps)
         return True
 
     async def _tell(

@@ -411,8 +411,8 @@ async def hold(store: Store, incident_id: str, now: datetime) -> bool:
     """Index ``incident_id`` under ``HELD`` while its take holds a node out of its pool, and forget
     it once it does not; written only where the index says otherwise. Called before an incident
     ends, so an incident never ends holding a node the index does not name (a crash between the two
-    leaves an open incident indexed, which counts once), and again after it has ended or a rollback
-    undid its steps. Whether its ``capacity`` step chose a node (what the lent gauge may count)."""
+    leaves an open incident indexed, which counts once), and again after a rollback undid its steps
+    (``lent_changed``). Whether its ``capacity`` step chose a node (what the lent gauge may count)."""
     ending = Claimant(incident_id, None, await store.steps_of(incident_id))
     took = ending.took()
     if took is None:
@@ -496,8 +496,9 @@ async def show_lent(
 
 async def lent_changed(deps: StepDeps, incident_id: str | None = None) -> None:
     """A take, give-back, give-up or undo saved: the lent gauge shown again (``show_lent``), last
-    in its step. With ``incident_id`` (an incident ended, or a rollback undid its steps): only if
-    its ``capacity`` step chose a node, its index entry first brought up to date (``hold``: an ended
+    in its step, or of an incident that ended once ``hold`` has said its take chose a node
+    (``IncidentFlow._close``). With ``incident_id`` (a rollback undid its steps): only if its
+    ``capacity`` step chose a node, its index entry first brought up to date (``hold``: an ended
     incident's take still out is counted until it is given back).
 
     A failed read is logged, not raised: the change is done and saved, and a retry of its step
