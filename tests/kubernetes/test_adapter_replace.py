@@ -43,20 +43,24 @@ from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
 from proving_ground.kubernetes.world import gpu_fleet
+from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
 INCIDENT = "pc-00042"
 
 
-async def _successor(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> ClusterNode:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        node = await cluster.successor(NODE, handle=handle)
-        if node is not None and node.ready:
-            return node
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no Ready successor of {NODE} within {within}s")
+async def _successor(
+    cluster: KubernetesCluster, handle: str, name: str = NODE, within: float = 5.0
+) -> ClusterNode:
+    """The Ready node serving in ``name``'s place, never ``name`` itself: a handle's time is kept to
+    the second, so a node made moments ago reads as made since its own replacement began until it
+    is gone, and is passed over."""
+
+    async def ready() -> ClusterNode | None:
+        node = await cluster.successor(name, handle=handle)
+        return node if node is not None and node.ready and node.name != name else None
+
+    return await eventually(ready, timeout=within, what=f"a Ready successor of {name}", interval=0.05)
 
 
 @pytest.mark.parametrize(
@@ -119,23 +123,8 @@ async def test_cluster_api_machines_are_read_and_deleted_in_the_version_served(
         (e.path.split("/")[3], e.status) for e in k8s.log if e.verb == "delete" and e.resource == "machines"
     ]
     assert deletes == [(served[0], 200)]
-    assert (await _successor_of(cluster, new.name, again)).name != new.name
+    assert (await _successor(cluster, again, new.name)).name != new.name
     assert k8s.capi_discovered == (["v1beta2"] if "v1beta2" in served else ["v1beta2", "v1beta1"])
-
-
-async def _successor_of(
-    cluster: KubernetesCluster, name: str, handle: str, within: float = 5.0
-) -> ClusterNode:
-    """``_successor`` of a node made moments ago: a handle's time is kept to the second, so the node
-    itself reads as made since the replacement began until it is gone, and is passed over."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        node = await cluster.successor(name, handle=handle)
-        if node is not None and node.ready and node.name != name:
-            return node
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no Ready successor of {name} within {within}s")
 
 
 def test_delete_node_without_its_provider_action_is_refused_by_the_configuration() -> None:
