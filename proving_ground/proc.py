@@ -27,20 +27,31 @@ def find_binary(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
 
 
-def _below_ephemeral() -> tuple[int, int]:
-    """Ports below the kernel's ephemeral range: one handed out here is not taken meanwhile as the
-    source port of some client connection (as a port the kernel picks for ``bind(0)`` can be)."""
+#: Where shared holds (``hold_port(shared=True)``) take their ports, and nothing else does. A
+#: shared hold keeps out a bind without ``SO_REUSEADDR`` only: a server that sets the option
+#: (PostgreSQL, the Slurm daemons, Prometheus, aiohttp) binds beside the hold and listens, and
+#: pitcrew's own bind then fails (a CI run lost pitcrew's port so, to a server another worker
+#: started on a port its ``free_ports`` had chosen a moment before). So the two never draw from
+#: the same ports.
+SHARED_PORTS = range(10000, 15000)
+
+
+def _below_ephemeral() -> range:
+    """Ports from the end of ``SHARED_PORTS`` to the kernel's ephemeral range: one handed out here
+    is not taken meanwhile as the source port of some client connection (as a port the kernel picks
+    for ``bind(0)`` can be), nor held for pitcrew."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    return 10000, max(low - 1, 10001)
+    return range(SHARED_PORTS.stop, max(low, SHARED_PORTS.stop + 1))
 
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago, below the ephemeral
-    range, chosen at random so that test processes starting servers at once rarely pick the same;
-    all held at once while choosing, so one call never returns a port twice."""
+    range and outside ``SHARED_PORTS``, chosen at random so that test processes starting servers at
+    once rarely pick the same; all held at once while choosing, so one call never returns a port
+    twice."""
     held: list[socket.socket] = []
     try:
         while len(held) < count:
@@ -59,23 +70,23 @@ def free_port() -> int:
 def hold_port(*, shared: bool = False) -> socket.socket:
     """A free port below the ephemeral range, chosen at random, kept bound (not listening) until
     the socket is closed: for a server that must be named in another's configuration long before it
-    starts. While held, nobody else's ``free_ports`` or server takes it (a CI run once lost
+    starts. While held, no other hold and no ``free_ports`` takes it (a CI run once lost
     Alertmanager's port to another test's server in the minute between choosing it and starting
     Alertmanager).
 
     ``shared``: held for a child that binds it itself with ``SO_REUSEADDR`` (pitcrew's listener,
     asyncio's default), while it is still held, and again after each restart. Bound first
     without the option, so the port is one nobody holds; the option set afterwards lets Linux bind
-    a second ``SO_REUSEADDR`` socket beside this one (which never listens), and nobody else: a bind
-    without the option (``free_ports``, another hold) is refused, and so is any bind once the child
-    listens. So no window is left between choosing the port and the child's bind, nor between a
-    kill and the next start (a CI run once lost pitcrew's port to another worker's server in the
-    seconds its start spends importing before it binds)."""
-    low, high = _below_ephemeral()
+    a second ``SO_REUSEADDR`` socket beside this one (which never listens). So no window is left
+    between choosing the port and the child's bind, nor between a kill and the next start (a CI run
+    once lost pitcrew's port to another worker's server in the seconds its start spends importing
+    before it binds). Any server that sets the option could bind beside it as well, so shared
+    holds come from ``SHARED_PORTS``, where no other server's port is chosen."""
+    ports = SHARED_PORTS if shared else _below_ephemeral()
     while True:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.bind(("127.0.0.1", random.randint(low, high)))
+            sock.bind(("127.0.0.1", random.choice(ports)))
         except OSError:
             sock.close()
             continue

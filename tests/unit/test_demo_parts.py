@@ -19,7 +19,7 @@ import pytest
 from proving_ground.__main__ import parser
 from proving_ground.dcgm import FAULTS
 from proving_ground.ground import preflight
-from proving_ground.proc import free_ports, hold_port
+from proving_ground.proc import SHARED_PORTS, free_ports, hold_port
 from proving_ground.scenarios import SCENARIOS
 from proving_ground.story import own_share
 
@@ -108,6 +108,23 @@ def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     assert all(10000 <= p < low for p in ports)
 
 
+def test_no_server_port_is_chosen_where_pitcrew_ports_are_held() -> None:
+    """A server that binds with ``SO_REUSEADDR`` (PostgreSQL, slurmd, Prometheus) binds beside a
+    shared hold and listens, and pitcrew's own bind then fails: so the ports ``free_ports`` hands
+    out and the ports held for pitcrew never meet."""
+    held = [hold_port(shared=True) for _ in range(20)]
+    try:
+        pitcrew = {int(sock.getsockname()[1]) for sock in held}
+        server = _bind(next(iter(pitcrew)), reuse=True)  # the hazard: beside the hold
+        assert server is not None
+        server.close()
+        assert all(port in SHARED_PORTS for port in pitcrew)
+        assert not any(port in SHARED_PORTS for port in free_ports(500))
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def _bind(port: int, *, reuse: bool) -> socket.socket | None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if reuse:
@@ -122,8 +139,8 @@ def _bind(port: int, *, reuse: bool) -> socket.socket | None:
 
 def test_a_port_held_for_pitcrew_is_bound_by_pitcrew_alone() -> None:
     """pitcrew's port stays held while pitcrew binds it beside the hold (``SO_REUSEADDR``, asyncio's
-    default), across a restart; a bind without the option (another test's ``free_ports``, a held
-    port) is refused all the while, and so is every bind while pitcrew listens."""
+    default), across a restart; a bind without the option (another hold, ``free_ports``) is refused
+    all the while, and so is every bind while pitcrew listens."""
     held = hold_port(shared=True)
     port = held.getsockname()[1]
     try:
