@@ -8,10 +8,12 @@ with the logs attached. Nothing here imports pytest: the tests wrap these in the
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,6 +36,39 @@ def find_binary(name: str) -> str | None:
 #: started on a port its ``free_ports`` had chosen a moment before). So the two never draw from
 #: the same ports.
 SHARED_PORTS = range(10000, 15000)
+
+
+#: Where a port handed out to be bound later is claimed, one empty file per port, by every process
+#: on this machine (test workers, the two CI shards, the demo): a port claimed less than
+#: ``CLAIM_SECONDS`` ago is not handed out again. Between ``free_ports`` and the server's bind the
+#: port is free, and another process's ``free_ports`` could choose it too: rare for one choice,
+#: but a CI run makes hundreds of them in several processes at once.
+CLAIMS = Path(tempfile.gettempdir()) / "pitcrew-ports"
+CLAIM_SECONDS = 600.0
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process unless another claimed it less than ``CLAIM_SECONDS`` ago.
+    Where ``CLAIMS`` cannot be written (another user's), every port is this process's to claim."""
+    path = CLAIMS / str(port)
+    for _ in range(2):
+        try:
+            CLAIMS.mkdir(mode=0o1777, exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime < CLAIM_SECONDS:
+                    return False
+                path.unlink()  # an old claim: its server bound long ago or never will
+            except FileNotFoundError:
+                pass  # given up meanwhile: try again
+            except PermissionError:
+                return False  # another user's claim, and not old
+            continue
+        except PermissionError:
+            return True
+        return True
+    return False
 
 
 def _below_ephemeral() -> range:
@@ -81,7 +116,9 @@ def hold_port(*, shared: bool = False) -> socket.socket:
     between choosing the port and the child's bind, nor between a kill and the next start (a CI run
     once lost pitcrew's port to another worker's server in the seconds its start spends importing
     before it binds). Any server that sets the option could bind beside it as well, so shared
-    holds come from ``SHARED_PORTS``, where no other server's port is chosen."""
+    holds come from ``SHARED_PORTS``, where no other server's port is chosen.
+
+    Not ``shared``: also claimed in ``CLAIMS``, since it is released for its server to bind."""
     ports = SHARED_PORTS if shared else _below_ephemeral()
     while True:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -92,6 +129,9 @@ def hold_port(*, shared: bool = False) -> socket.socket:
             continue
         if shared:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        elif not _claim(int(sock.getsockname()[1])):
+            sock.close()  # another process's choice, to be bound in a moment
+            continue
         return sock
 
 

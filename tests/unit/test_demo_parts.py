@@ -10,16 +10,20 @@ Slack Web API method pitcrew calls that the stand-in does not serve is reported 
 
 from __future__ import annotations
 
+import os
+import random
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from proving_ground import proc
 from proving_ground.__main__ import parser
 from proving_ground.dcgm import FAULTS
 from proving_ground.ground import preflight
-from proving_ground.proc import SHARED_PORTS, free_ports, hold_port
+from proving_ground.proc import SHARED_PORTS, free_port, free_ports, hold_port
 from proving_ground.scenarios import SCENARIOS
 from proving_ground.story import own_share
 
@@ -123,6 +127,27 @@ def test_no_server_port_is_chosen_where_pitcrew_ports_are_held() -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+def _choosing_first(port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next random port choice is ``port``; later ones are random again."""
+    choices = iter([port])
+    real = random.choice
+    monkeypatch.setattr(random, "choice", lambda ports: next(choices, None) or real(ports))
+
+
+def test_a_port_handed_out_is_not_handed_out_again_while_its_server_may_still_bind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between ``free_ports`` and its server's bind the port is free: another process (a worker, the
+    other CI shard) choosing it then would start a second server on it. A claim in ``CLAIMS`` keeps
+    it out of every choice for ``CLAIM_SECONDS``."""
+    first = free_port()
+    _choosing_first(first, monkeypatch)
+    assert free_port() != first
+    os.utime(proc.CLAIMS / str(first), (0, time.time() - proc.CLAIM_SECONDS - 1))
+    _choosing_first(first, monkeypatch)
+    assert free_port() == first  # an old claim: its server bound long ago or never will
 
 
 def _bind(port: int, *, reuse: bool) -> socket.socket | None:
