@@ -18,8 +18,8 @@ authentication and TLS option a site's Postgres may ask for through the ordinary
 
 Every write transaction but retention's (``_prune_transact``), the lease's and a flush's of
 repeat counts (``_count``) takes one advisory lock (``_WRITE_LOCK``) first, waiting for it as
-long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not as long as a site's ``statement_timeout``
-or ``lock_timeout`` would, so writes of every replica are serialised as SQLite's ``BEGIN
+long as pitcrew allows (``WRITE_LOCK_WAIT_MS``), not as long as a site's ``statement_timeout``,
+``lock_timeout`` or (PostgreSQL 17 and later) ``transaction_timeout`` would, so writes of every replica are serialised as SQLite's ``BEGIN
 IMMEDIATE`` serialises processes on one file: an incident number (``MAX(seq) + 1``) is never
 taken twice, two deliveries never race for one node's incident, and events are numbered in
 commit order, so a reader of ``events_since`` never skips an event that commits late with a
