@@ -35,7 +35,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import TupleRow
 
-from proving_ground.proc import DemoError, free_port, tail, wait_until
+from proving_ground.proc import DemoError, free_port, renew_claims, tail, wait_until
 from proving_ground.slurm_root import roots
 
 VERSIONS = ("17", "16", "15")  # newest first: Debian 12 ships 15
@@ -145,6 +145,7 @@ class PostgresServer:
         ended, open transactions rolled back; ``immediate``: at once, as when its node dies, with
         crash recovery at the next start); ``start`` brings it back on the same port."""
         assert self._pg_ctl is not None
+        renew_claims(self.port)  # free until ``start``: no other server's choice meanwhile
         self._pg_ctl(["-m", mode, "-w", "stop"])
 
     def start(self) -> None:

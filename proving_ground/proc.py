@@ -8,6 +8,7 @@ with the logs attached. Nothing here imports pytest: the tests wrap these in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -69,6 +70,15 @@ def _claim(port: int) -> bool:
             return True
         return True
     return False
+
+
+def renew_claims(*ports: int) -> None:
+    """Claim ``ports`` afresh for ``CLAIM_SECONDS``: a server that stops to start again on its
+    port (a Postgres or slurmctld restart) leaves it free meanwhile, long after it was chosen."""
+    for port in ports:
+        with contextlib.suppress(OSError):  # another user's directory: nothing to coordinate with
+            CLAIMS.mkdir(mode=0o1777, exist_ok=True)
+            (CLAIMS / str(port)).touch()
 
 
 def _below_ephemeral() -> range:

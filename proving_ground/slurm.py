@@ -38,7 +38,15 @@ from string import Template
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
-from proving_ground.proc import DemoError, find_binary, free_port, free_ports, stop_process, tail
+from proving_ground.proc import (
+    DemoError,
+    find_binary,
+    free_port,
+    free_ports,
+    renew_claims,
+    stop_process,
+    tail,
+)
 from proving_ground.slurm_root import DEFAULT_VERSION, SlurmRoot, chosen_version, root_missing, root_path
 
 NODES = ("gpu-001", "gpu-002", "gpu-003")
@@ -132,6 +140,7 @@ class SlurmCluster:
         self.job_dir = run_dir / "train"
         self.token_file = run_dir / "rest.token"
         self.rest_port = 0  # chosen with the cluster's other ports when it starts (_write_files)
+        self._ports: list[int] = []  # slurmctld's and the slurmds', renewed at each of their restarts
         self.started_in: float | None = None  # seconds from start() to every node IDLE
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -222,12 +231,14 @@ class SlurmCluster:
 
     def stop_controller(self) -> None:
         """SIGTERM slurmctld (it saves state first) and wait until it is gone."""
+        renew_claims(*self._ports)  # free until ``start_controller``: no other server's choice meanwhile
         self._terminate("slurmctld")
 
     def restart_slurmd(self, node: str, timeout: float = 20) -> None:
         """Stop and start one node's slurmd, as a repair, reboot or replacement of the node does."""
         before = self.node(node).slurmd_started_at
         time.sleep(1.1)  # Slurm keeps the start time in whole seconds: the new one must differ
+        renew_claims(*self._ports)
         self._terminate(f"slurmd-{node}")
         self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
         self._wait(
@@ -422,6 +433,7 @@ class SlurmCluster:
         run = self.run_dir
         # Distinct: chosen together (slurmrestd's too: one of this cluster's daemons must not take it).
         ctld_port, self.rest_port, *node_ports = free_ports(2 + len(self.nodes))
+        self._ports = [ctld_port, *node_ports]
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port}"
             for n, port in zip(self.nodes, node_ports, strict=True)

@@ -148,6 +148,10 @@ def test_a_port_handed_out_is_not_handed_out_again_while_its_server_may_still_bi
     os.utime(proc.CLAIMS / str(first), (0, time.time() - proc.CLAIM_SECONDS - 1))
     _choosing_first(first, monkeypatch)
     assert free_port() == first  # an old claim: its server bound long ago or never will
+    os.utime(proc.CLAIMS / str(first), (0, time.time() - proc.CLAIM_SECONDS - 1))
+    proc.renew_claims(first)  # its server stops, to start again on it (a Postgres restart)
+    _choosing_first(first, monkeypatch)
+    assert free_port() != first
 
 
 def _bind(port: int, *, reuse: bool) -> socket.socket | None:
