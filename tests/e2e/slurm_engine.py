@@ -57,7 +57,7 @@ def open_incident(server: runner.Pitcrew, body: bytes) -> str:
     return str(incident_id)
 
 
-def running_on(slurm: SlurmCluster, job_id: str, timeout: float = 30) -> JobSnapshot:
+def running_on(slurm: SlurmCluster, job_id: str, timeout: float = 60) -> JobSnapshot:
     """Wait until the job is RUNNING; return its snapshot."""
     found: list[JobSnapshot] = []
 
@@ -83,7 +83,7 @@ def training_on_a_node(slurm: SlurmCluster, steps: int = 600, min_step: int = 3)
 def wait_for_step(slurm: SlurmCluster, job_id: str, step: int) -> None:
     wait_until(
         lambda: read_checkpoint(slurm.job_dir, job_id) >= step,
-        timeout=30,
+        timeout=60,
         interval=0.1,
         what=f"job {job_id} to checkpoint step {step}",
     )

@@ -56,6 +56,11 @@ from tests.harness.slurm import require_slurm
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 NODE_STEPS = {"slurm_down", "slurm_drain", "cordon", "drain", "replace", "reboot", "reset_gpu"}
+#: Seconds a scenario may take after its fault (the demo's ``--timeout``), and seconds a test waits
+#: for the summary (the start of every server included): minutes on a loaded CI machine, within
+#: the e2e limit of ``tests/harness/timeouts.py`` with the Ctrl-C after it.
+SCENARIO = 200
+SUMMARY = 300.0
 
 
 class Demo:
@@ -79,7 +84,7 @@ class Demo:
         self.summary_path = tmp / f"{scenario}.json"
         self.output = tmp / f"{scenario}.out"
         argv = [sys.executable, "-m", "proving_ground", "--scenario", scenario, "--plain"]
-        argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", "120"]
+        argv += ["--json-summary", str(self.summary_path), "--replace-delay", "2", "--timeout", str(SCENARIO)]
         argv += ["--keep"] if keep else []
         argv += ["--interactive"] if interactive else []
         argv += ["--slurm", slurm] if slurm else []
@@ -98,7 +103,7 @@ class Demo:
     def text(self) -> str:
         return self.output.read_text(errors="replace")
 
-    def wait_summary(self, timeout: float = 200) -> dict[str, Any]:
+    def wait_summary(self, timeout: float = SUMMARY) -> dict[str, Any]:
         def written() -> bool:
             assert self.process.poll() is None, f"demo exited {self.process.returncode}:\n{self.text()}"
             return self.summary_path.exists()
@@ -368,7 +373,7 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
     require_slurm()
     summary_path, output = tmp_path / "app-xid.json", tmp_path / "app-xid.out"
     argv = [sys.executable, "-m", "proving_ground", "--scenario", "app-xid", "--plain", "--keep"]
-    argv += ["--json-summary", str(summary_path), "--timeout", "120"]
+    argv += ["--json-summary", str(summary_path), "--timeout", str(SCENARIO)]
     starter_code = (
         "import subprocess, sys; "
         f"p = subprocess.Popen({argv!r}, stdout=open({str(output)!r}, 'wb'), stderr=subprocess.STDOUT); "
@@ -390,7 +395,7 @@ def test_a_kept_demo_whose_starter_dies_stops_everything(tmp_path: Path) -> None
     try:
         # Until the summary is written, or the demo has ended without one (then at once, with its output).
         wait_until(
-            lambda: summary_path.exists() or ended(), timeout=200, interval=0.2, what="the demo's summary"
+            lambda: summary_path.exists() or ended(), timeout=SUMMARY, interval=0.2, what="the demo's summary"
         )
         assert summary_path.exists(), f"the demo ended without its summary:\n{output.read_text()}"
         wait_until(lambda: "Stop it with Ctrl-C" in output.read_text(), timeout=30, interval=0.1)

@@ -111,7 +111,7 @@ def test_application_xid_touches_no_node(stack: DetectionStack, pitcrew: Pitcrew
     stack.standin.node("gpu-node-09").inject("xid", gpu=0, xid=13)
     stack.standin.node("gpu-node-10").inject("xid", gpu=0, xid=79)  # canary: same scrape, same evaluation
     evaluated = 'pitcrew:gpu_xid:recent{node="gpu-node-09",xid="13"}'  # the rules saw XID 13 (and ignored it)
-    wait_until(lambda: bool(stack.prometheus.query(evaluated)), timeout=30, what=evaluated)
+    wait_until(lambda: bool(stack.prometheus.query(evaluated)), timeout=60, what=evaluated)
     wait_incident(pitcrew, "gpu-node-10", lambda i: has_xid(i, 79), "canary XID 79")
     assert not stack.prometheus.query('ALERTS{node="gpu-node-09"}')
     if pitcrew.incidents("gpu-node-09"):  # allowed, if it plans no node action

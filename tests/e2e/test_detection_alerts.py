@@ -49,7 +49,9 @@ def test_xid79_one_normalised_alert_per_gpu_then_resolved(
     for node, spelling in spellings.items():
         stack.standin.node(node).hostname_label = spelling
         stack.standin.node(node).inject("xid", gpu=3, xid=79)
-    alerts = {node: webhook_sink.wait_for(node=node, alertname="GpuXidCritical") for node in spellings}
+    alerts = {
+        node: webhook_sink.wait_for(node=node, alertname="GpuXidCritical", timeout=60) for node in spellings
+    }
     for node, alert in alerts.items():
         assert alert["labels"] == {
             "alertname": "GpuXidCritical",
@@ -78,8 +80,8 @@ def test_application_xid_is_never_delivered(stack: DetectionStack, webhook_sink:
     stack.standin.node("gpu-node-03").inject("xid", gpu=0, xid=13)
     stack.standin.node("gpu-node-04").inject("xid", gpu=0, xid=79)  # canary: same scrape, same evaluation
     evaluated = 'pitcrew:gpu_xid:recent{node="gpu-node-03",xid="13"}'  # the rules saw XID 13 (and ignored it)
-    wait_until(lambda: bool(stack.prometheus.query(evaluated)), timeout=30, what=evaluated)
-    webhook_sink.wait_for(node="gpu-node-04", alertname="GpuXidCritical")
+    wait_until(lambda: bool(stack.prometheus.query(evaluated)), timeout=60, what=evaluated)
+    webhook_sink.wait_for(node="gpu-node-04", alertname="GpuXidCritical", timeout=60)
     assert not stack.prometheus.query('ALERTS{node="gpu-node-03"}')
     assert not list(webhook_sink.alerts(node="gpu-node-03"))
 
@@ -107,9 +109,9 @@ def test_second_fault_on_a_notified_node_joins_its_group(
 ) -> None:
     node = stack.standin.node("gpu-node-07")
     node.inject("xid", gpu=3, xid=79)
-    webhook_sink.wait_for(node="gpu-node-07", alertname="GpuXidCritical")
+    webhook_sink.wait_for(node="gpu-node-07", alertname="GpuXidCritical", timeout=60)
     node.inject("ecc_dbe", gpu=5)
-    ecc = webhook_sink.wait_for(node="gpu-node-07", alertname="GpuEccDoubleBitError")
+    ecc = webhook_sink.wait_for(node="gpu-node-07", alertname="GpuEccDoubleBitError", timeout=60)
     delivery = next(d for d, a in webhook_sink.alerts(node="gpu-node-07") if a is ecc)
     assert delivery.body["groupLabels"] == {"node": "gpu-node-07"}
     assert {a["labels"]["alertname"] for a in delivery.body["alerts"]} == {

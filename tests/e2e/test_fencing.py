@@ -85,8 +85,8 @@ def _paused_through_takeover(pair: Pair, incident: str) -> tuple[float, Mark]:
         final, took = took_over(pair.standby, incident, pair.database, ttl=TTL)
         assert final["state"] == "resolved", final.get("outcome")
         woke = pair.sides.mark()
-    wait_until(lambda: role(pair.leader) == "standby", timeout=20, what="the woken leader to stand by")
-    wait_until(lambda: bool(stepped_down(pair.leader)), timeout=20, what="its step-down in its log")
+    wait_until(lambda: role(pair.leader) == "standby", timeout=60, what="the woken leader to stand by")
+    wait_until(lambda: bool(stepped_down(pair.leader)), timeout=60, what="its step-down in its log")
     return took, woke
 
 

@@ -107,9 +107,9 @@ def partitioned(
                 for replica, site in zip(replicas, two_sites.sites, strict=True)
             )
             try:
-                first.start(timeout=30)
+                first.start()
                 wait_until(lambda: role(first) == "leader", timeout=20, what="the first replica to lead")
-                second.start(timeout=30)
+                second.start()
                 assert role(second) == "standby"
                 yield Partitioned(Pair(sides, first, second, database, slurm.nodes[1]), two_sites)
             finally:

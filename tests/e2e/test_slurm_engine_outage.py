@@ -69,7 +69,7 @@ def test_controller_back_within_the_budget_the_incident_resumes(
     [job] = step_result(final, "confirm_resumed")["jobs"]
     assert (job["status"], job["restarts_now"]) == ("resumed", 1)
     assert job["new_nodes"] != [node]
-    wait_until(lambda: outage.node(node).in_service, timeout=15, what=f"{node} back in service")
+    wait_until(lambda: outage.node(node).in_service, timeout=60, what=f"{node} back in service")
     show_figure(
         capsys,
         f"\n[pitcrew + slurm {outage.version} {backend}, controller down {back - stopped:.1f}s] slurm_down took "

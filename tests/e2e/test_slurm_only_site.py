@@ -75,7 +75,7 @@ def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_
     # The job track ends while the node track waits for humans.
     running = server.wait_event(incident_id, "job_running", timeout=60)
     # The step announces training is back, then commits its result: read the incident after.
-    server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=10)
+    server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=30)
     incident = server.incident(incident_id)
     assert incident["state"] == "verifying", incident["outcome"]
     [handover] = notices(server.journal_records(), "handover")
@@ -96,7 +96,7 @@ def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_
     slurm.restart_slurmd(node)  # the humans' repair
     final = server.wait_incident(incident_id, "resolved", timeout=60)
     assert step_result(final, "slurm_resume")["resumed"] == [node]
-    wait_until(lambda: slurm.node(node).in_service, timeout=10, what=f"{node} in service after RESUME")
+    wait_until(lambda: slurm.node(node).in_service, timeout=60, what=f"{node} in service after RESUME")
     actions = [e["data"]["action"] for e in events(final, "action")]
     assert actions == ["slurm_down", "slurm_resume"]
     closed = step_result(final, "close")
@@ -104,5 +104,5 @@ def test_slurm_only_site_hands_the_repair_to_humans_and_resumes_only_a_repaired_
     assert {r["op"] for r in server.journal_records()} == {"notice"}
 
     wait_until(
-        lambda: (j := slurm.job(job_id)) is not None and j.running, timeout=10, what=f"job {job_id} running"
+        lambda: (j := slurm.job(job_id)) is not None and j.running, timeout=60, what=f"job {job_id} running"
     )

@@ -106,7 +106,7 @@ def test_rest_only_xid79_resolves_without_scontrol(
     ]
     assert slurm_actions == ["slurm_down", "slurm_resume"]
     assert "scontrol" not in server.log.read_text()
-    wait_until(lambda: slurm.node(node).in_service, timeout=15, what=f"{node} back in service")
+    wait_until(lambda: slurm.node(node).in_service, timeout=60, what=f"{node} back in service")
     # The job itself says it resumed from its checkpoint on the other node.
     wait_until(
         lambda: (p := read_progress(slurm.job_dir, job_id)) is not None and p["restart_count"] == 1,

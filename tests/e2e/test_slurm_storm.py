@@ -63,7 +63,7 @@ def test_a_storm_on_every_node_takes_one_node_out(four_nodes: SlurmCluster, pitc
     assert [status for status, _ in answers] == [200] * 4
     wait_until(
         lambda: len(server.incidents()) == 4 and all(i["state"] != "open" for i in server.incidents()),
-        timeout=30,
+        timeout=60,
         what="every storm incident planned",
     )
     incidents = {i["node"]: server.incident(i["id"]) for i in server.incidents()}
@@ -114,7 +114,7 @@ def test_nodes_others_took_out_leave_no_room(four_nodes: SlurmCluster, pitcrew_f
     assert [status for status, _ in answers] == [200] * len(storm)
     wait_until(
         lambda: server.incidents() and all(i["state"] not in {"open", "guarded"} for i in server.incidents()),
-        timeout=30,
+        timeout=60,
         what="every storm incident planned",
     )
     said = (

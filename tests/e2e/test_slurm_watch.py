@@ -20,11 +20,15 @@ Kubernetes node name = Slurm node name). Cases, each on both backends:
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sqlite3
 import time
 from typing import Any
 
 import pytest
 
+from bot.engine.slurm_watch import RECEIVER
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import (
     TERMINAL,
@@ -112,6 +116,24 @@ def test_a_prometheus_alert_and_a_slurm_drain_of_one_node_are_one_incident(
     assert slurm.node(node).reason == NHC_REASON
 
 
+def _seen_by_the_watch(server: Any, job_id: str, node: str) -> None:
+    """Until the watch's memory in pitcrew's store (``watch_memory``, what a restarted pitcrew
+    reads back) names ``job_id`` on ``node``. The watch looks at a busy node's jobs once per poll
+    at best: a loaded machine may take several polls' time for its first look."""
+
+    def seen() -> bool:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{server.store}?mode=ro", uri=True)) as db:
+                row = db.execute(
+                    "SELECT value_json FROM watch_memory WHERE watch = ? AND key = ?", (RECEIVER, node)
+                ).fetchone()
+        except sqlite3.OperationalError:  # no store or no table yet
+            return False
+        return row is not None and job_id in [j["job_id"] for j in json.loads(row[0]).get("jobs", [])]
+
+    wait_until(seen, timeout=60, interval=0.2, what=f"the watch to see job {job_id} on {node}")
+
+
 def _set_down_by_slurm(slurm: SlurmCluster, job_id: str, node: str) -> None:
     """A health check sets ``node`` DOWN; Slurm takes ``job_id`` off it (and requeues it)."""
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
@@ -136,7 +158,7 @@ def _followed_until_resumed_and_closed(server: Any, slurm: SlurmCluster, job_id:
     incident_id = found[0]["id"]
     server.wait_event(incident_id, "job_running", timeout=90)
     # The step announces training is back, then commits its result: read the incident after.
-    server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=10)
+    server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=30)
     incident = server.incident(incident_id)
     [recorded] = step_result(incident, "slurm_down")["jobs"]
     assert (recorded["job_id"], recorded["nodes"], recorded["restarts"]) == (job_id, [node], 0)
@@ -156,7 +178,7 @@ def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resu
 ) -> None:
     server = watching(pitcrew_factory, slurm, f"watch-down-{backend}", backend)
     job_id, node = training_on_a_node(slurm)
-    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    _seen_by_the_watch(server, job_id, node)
     _set_down_by_slurm(slurm, job_id, node)
     _followed_until_resumed_and_closed(server, slurm, job_id, node)
 
@@ -167,7 +189,7 @@ def test_a_node_set_down_while_pitcrew_was_killed_still_names_its_jobs(
 ) -> None:
     server = watching(pitcrew_factory, slurm, f"watch-killed-{backend}", backend)
     job_id, node = training_on_a_node(slurm)
-    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    _seen_by_the_watch(server, job_id, node)
     server.kill()
     _set_down_by_slurm(slurm, job_id, node)
     server.start()
@@ -181,7 +203,7 @@ def test_a_job_slurm_could_not_requeue_off_a_node_it_set_down_is_reported_lost(
     job_id = slurm.submit_training(requeue=False)
     node = running_on(slurm, job_id).nodes[0]
     wait_for_step(slurm, job_id, 3)
-    time.sleep(3 * POLL)  # the watch looks at the busy node's jobs once per poll
+    _seen_by_the_watch(server, job_id, node)
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
     found: list[dict[str, Any]] = []
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.slurm_engine import TERMINAL
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls, notices
@@ -39,10 +40,12 @@ def test_storm_of_500_nodes_is_stopped_by_the_breaker(pitcrew_factory: Any, tmp_
     assert [status for status, _ in answers] == [200] * len(NODES)
     print(f"\n  500 deliveries (1500 alerts) accepted and stored in {took:.2f}s")
 
-    def all_planned() -> bool:
-        return all(i["state"] != "open" for i in server.incidents())
+    def all_ended() -> bool:
+        """Every incident planned, and the few let through carried out: their DOWNs are all in
+        the journal before it is counted (planned is not yet acted on, on a loaded machine)."""
+        return all(i["state"] in TERMINAL for i in server.incidents())
 
-    wait_until(all_planned, timeout=120, interval=0.5, what="every storm incident planned")
+    wait_until(all_ended, timeout=120, interval=0.5, what="every storm incident planned and ended")
     incidents = server.incidents()
     assert len(incidents) == 500, "one incident per node, none lost"
     assert sum(len(server.incident(i["id"])["alerts"]) for i in incidents[:20]) == 60

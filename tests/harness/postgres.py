@@ -84,7 +84,7 @@ class Standby:
                 row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
                 return row is not None and row[0] == "sync"
 
-            wait_until(synchronous, timeout=10, what=f"the standby on 127.0.0.1:{self.port} synchronous")
+            wait_until(synchronous, timeout=30, what=f"the standby on 127.0.0.1:{self.port} synchronous")
 
     def promote(self) -> None:
         """What a failover does to it: it stops following, and takes writes."""
