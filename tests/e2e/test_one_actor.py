@@ -70,6 +70,7 @@ def _pair(
         "journal": journal,
         "inventory": inventory(shared / "inventory.yaml", nodes, jobs),
         "latency": "100ms",
+        "replace_seconds": "3s",
     }
     config: dict[str, Any] = {
         "mode": "auto",
