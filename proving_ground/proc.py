@@ -48,37 +48,41 @@ CLAIMS = Path(tempfile.gettempdir()) / "pitcrew-ports"
 CLAIM_SECONDS = 600.0
 
 
+def _claims() -> bool:
+    """Whether this process can claim in ``CLAIMS`` (made if missing); not where it is another
+    user's: nobody there to coordinate with."""
+    with contextlib.suppress(OSError):
+        CLAIMS.mkdir(mode=0o1777, exist_ok=True)
+    return os.access(CLAIMS, os.W_OK)
+
+
 def _claim(port: int) -> bool:
     """Claim ``port`` for this process unless another claimed it less than ``CLAIM_SECONDS`` ago.
-    Where ``CLAIMS`` cannot be written (another user's), every port is this process's to claim."""
-    path = CLAIMS / str(port)
-    for _ in range(2):
-        try:
-            CLAIMS.mkdir(mode=0o1777, exist_ok=True)
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            try:
-                if time.time() - path.stat().st_mtime < CLAIM_SECONDS:
-                    return False
-                path.unlink()  # an old claim: its server bound long ago or never will
-            except FileNotFoundError:
-                pass  # given up meanwhile: try again
-            except PermissionError:
-                return False  # another user's claim, and not old
-            continue
-        except PermissionError:
-            return True
+    Where ``CLAIMS`` cannot be written (``_claims``), every port is this process's to claim."""
+    if not _claims():
         return True
-    return False
+    path = CLAIMS / str(port)
+    try:
+        if time.time() - path.stat().st_mtime >= CLAIM_SECONDS:
+            path.unlink()  # an old claim: its server bound long ago or never will
+    except FileNotFoundError:
+        pass  # never claimed, or given up meanwhile
+    except PermissionError:
+        return False  # another user's claim, not ours to take over
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False  # claimed, or claimed again since it was old
+    return True
 
 
 def renew_claims(*ports: int) -> None:
     """Claim ``ports`` afresh for ``CLAIM_SECONDS``: a server that stops to start again on its
     port (a Postgres or slurmctld restart) leaves it free meanwhile, long after it was chosen."""
-    for port in ports:
-        with contextlib.suppress(OSError):  # another user's directory: nothing to coordinate with
-            CLAIMS.mkdir(mode=0o1777, exist_ok=True)
-            (CLAIMS / str(port)).touch()
+    if _claims():
+        for port in ports:
+            with contextlib.suppress(PermissionError):  # another user's claim: it holds meanwhile
+                (CLAIMS / str(port)).touch()
 
 
 def _below_ephemeral() -> range:
