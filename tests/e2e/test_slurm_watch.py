@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from bot.engine.slurm_watch import RECEIVER
+from bot.engine.slurm_watch import RECEIVER, Seen
+from bot.store.codec import decode_record
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.slurm_engine import (
     TERMINAL,
@@ -129,7 +130,7 @@ def _seen_by_the_watch(server: Any, job_id: str, node: str) -> None:
                 ).fetchone()
         except sqlite3.OperationalError:  # no store or no table yet
             return False
-        return row is not None and job_id in [j["job_id"] for j in json.loads(row[0]).get("jobs", [])]
+        return row is not None and job_id in [j.job_id for j in decode_record(Seen, json.loads(row[0])).jobs]
 
     wait_until(seen, timeout=60, interval=0.2, what=f"the watch to see job {job_id} on {node}")
 
