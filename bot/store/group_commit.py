@@ -33,6 +33,10 @@ a cycle.
 Most repeats never come here: a replica answers those it remembers from memory and commits their
 counts every second (``bot.store.repeats``); a batch looks up only what it does not remember, or
 what comes while the database has not committed for a second.
+The new deliveries' lookup (their alerts stored or not, their nodes' incidents) is not made when
+the store can say what it would answer (``bot.store.expect``): the transaction confirms it in the
+server instead, and its one message carries its writes and ``COMMIT``; if it does not hold,
+nothing is kept and the batch runs again with its lookup (``Mispredicted``).
 
 If a batch fails for any reason but the database's (a delivery the database refuses), it is
 rolled back and each delivery runs again alone, so a bad one fails only itself: the rule SQLite's
@@ -55,6 +59,7 @@ from bot.domain.alerts import AlertStatus, dedupe_key
 from bot.store.base import Delivery, IngestOutcome, StoreUnavailable
 from bot.store.batch import Answer, each_alone, settle
 from bot.store.codec import ts
+from bot.store.expect import Expectations, Expecting, Mispredicted
 from bot.store.ingest import KeyState, bump_seen, ingest, known_keys
 from bot.store.repeats import Counts, add, repeat, rows
 from bot.store.sql import Op
@@ -92,8 +97,9 @@ def exclusive(items: Sequence[Item]) -> bool:
     return any(isinstance(item, Ingest) for item in items)
 
 
-def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
-    """The batch's repeat checks (one lookup), then its new deliveries; every counter in one update."""
+def deliveries(items: Sequence[Item], expecting: Expecting | None = None) -> Op[list[Result]]:
+    """The batch's repeat checks (one lookup), then its new deliveries (``expecting``: what their
+    lookup may be expected to answer, ``bot.store.expect``); every counter in one update."""
     results: list[Result] = [None] * len(items)
     checks = [(i, item) for i, item in enumerate(items) if isinstance(item, Repeats)]
     known: dict[tuple[str, str], KeyState] = {}
@@ -110,7 +116,7 @@ def deliveries(items: Sequence[Item]) -> Op[list[Result]]:
             results[index] = len(keys)
     jobs = [(i, item) for i, item in enumerate(items) if isinstance(item, Ingest)]
     if jobs:  # the repeats counted in the new deliveries' one update of the counters
-        stored = yield from ingest([(job.delivery, job.now) for _, job in jobs], known, rows(seen))
+        stored = yield from ingest([(job.delivery, job.now) for _, job in jobs], known, rows(seen), expecting)
         for (index, _), outcome in zip(jobs, stored, strict=True):
             results[index] = outcome
     elif seen:
@@ -141,9 +147,13 @@ class GroupCommit:
     at the moment it begins their transaction. One turn is put at a time (``_scheduled``),
     whatever comes meanwhile: the queue is what it takes."""
 
-    def __init__(self, writes: Writes, *, batch: int = BATCH) -> None:
+    def __init__(
+        self, writes: Writes, *, batch: int = BATCH, expectations: Expectations | None = None
+    ) -> None:
         self._writes = writes
         self._batch = batch
+        #: What batches may expect their lookups to answer (``None``: they always look up).
+        self.expectations = expectations
         self._pending: collections.deque[tuple[Item, asyncio.Future[Result]]] = collections.deque()
         self._scheduled = False  # a turn is put and has not yet taken its batch
         #: Callers not yet answered: ``stop`` waits for them.
@@ -213,13 +223,23 @@ class GroupCommit:
         if not batch:
             return
         items = [item for item, _ in batch]
+        expectations = self.expectations
+        expecting = None if expectations is None else expectations.turn(items[0].now)
         try:
-            results = await self._writes.transact(deliveries(items), exclusive(items))
+            try:
+                results = await self._writes.transact(deliveries(items, expecting), exclusive(items))
+            except Mispredicted:  # nothing kept: the batch again, with its lookups
+                assert expectations is not None
+                expectations.missed()
+                expecting = expectations.lookup()  # and what it finds is expected next
+                results = await self._writes.transact(deliveries(items, expecting), exclusive(items))
         except BaseException as exc:  # heard by its callers, never the end of the writes' task
             self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
             return
+        if expectations is not None and expecting is not None:
+            expectations.committed(expecting)
         settle([future for _, future in batch], results)  # committed on the loop: at once
 
     def _fail(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:

@@ -7,7 +7,9 @@ or opens one; a resolved alert never opens an incident. Alerts without a node ar
 (``unroutable``) and never acted on.
 
 Written once for both stores as an operation (``bot.store.sql.Op``): SQLite's writer drives it
-over a batch of deliveries with its cache of committed keys, Postgres over one delivery.
+over a batch of deliveries with its cache of committed keys, Postgres over a batch of deliveries
+(``bot.store.group_commit``), which may expect what its lookup would answer and confirm it in the
+same message as its writes instead (``bot.store.expect``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from bot.domain.alerts import AlertStatus, dedupe_key
+from bot.domain.alerts import dedupe_key
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
-from bot.store.sql import Op, Stmt, many, one, put, rows
+from bot.store.expect import Expecting, Mispredicted, NodeView
+from bot.store.expect import KeyState as KeyState
+from bot.store.sql import Op, Stmt, check, many, one, put, rows
 
 _CHUNK = 400  # list parameters: well under SQLite's bound-variable limit
 T = TypeVar("T")
@@ -31,10 +35,6 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterable[Sequence[T]]:
         yield items[start : start + size]
 
 
-#: An alert key's status and incident id.
-KeyState = tuple[AlertStatus, str | None]
-
-
 #: A delivery counter's increment (``bump_seen``): last seen, deliveries, fingerprint, startsAt.
 Seen = tuple[str | None, int, str, str]
 
@@ -43,6 +43,7 @@ def ingest(
     deliveries: Sequence[tuple[Delivery, datetime]],
     cache: Mapping[tuple[str, str], KeyState],
     counted: Sequence[Seen] = (),
+    expecting: Expecting | None = None,
 ) -> Op[list[IngestOutcome]]:
     """Persist deliveries in arrival order with a fixed number of statements for the whole batch.
 
@@ -50,7 +51,11 @@ def ingest(
     done first, the batch is worked out in memory (later deliveries see earlier ones), then
     each table gets one ``executemany``: a burst of deliveries costs about as much as one.
     ``counted``: repeat deliveries the transaction counts besides (a batch's repeat checks), in
-    the batch's one update of the counters (``Batch.write``).
+    the batch's one update of the counters (``Batch.write``). ``expecting`` (Postgres): if every
+    node the lookup would ask about has an expected view, the lookup is not made; the batch is
+    worked out from those views and the keys as the store remembers them (any other not stored),
+    and ``_confirm`` makes the transaction commit only if the database holds exactly that. Its
+    ``seen`` gets the nodes as the batch left them.
     """
     all_keys = [[dedupe_key(a.fingerprint, a.starts_at) for a in d.alerts] for d, _ in deliveries]
     known: dict[tuple[str, str], KeyState] = {}
@@ -71,14 +76,49 @@ def ingest(
     active: dict[str, tuple[str, str]] = {}
     faults_of: dict[str, set[str]] = {}
     if missing:
-        found, active, faults_of = yield from _look_up(missing, nodes)
-        known.update(found)
+        expected = _expected(missing, nodes, expecting)
+        if expecting is not None:
+            expecting.recent.append(frozenset(missing))
+        if expected is None:
+            found, active, faults_of = yield from _look_up(missing, nodes)
+            known.update(found)
+        else:
+            assert expecting is not None
+            found = {key: expecting.keys[key] for key in missing if key in expecting.keys}
+            active, faults_of = expected
+            yield _confirm(missing, found, nodes, active, faults_of)
+            known.update(found)
+            expecting.used = True
     batch = Batch(known, active, faults_of, counted)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
     ]
     yield from batch.write()
+    if expecting is not None and missing:
+        expecting.seen.update(batch.views(nodes))
     return outcomes
+
+
+def _expected(keys: Sequence[tuple[str, str]], nodes: set[str], expecting: Expecting | None) -> Active | None:
+    """What the lookup of ``nodes`` is expected to answer, as ``_active`` reads it (``keys``: as
+    remembered, else not stored); ``None`` unless every node has an expected view, no key is
+    recent and every key remembered is remembered with its incident (a repeat counted before its
+    incident was known is remembered without: ``bot.store.postgres.PostgresStore.count_repeats``)."""
+    views = None if expecting is None else expecting.nodes
+    if expecting is None or views is None or not all(node in views for node in nodes):
+        return None
+    if any(key in batch for batch in expecting.recent for key in keys):
+        return None
+    if any((known := expecting.keys.get(key)) is not None and known[1] is None for key in keys):
+        return None
+    active: Active = ({}, {})
+    for node in nodes:
+        view = views[node]
+        if view is not None:
+            incident_id, state, faults = view
+            active[0][node] = (incident_id, state)
+            active[1][incident_id] = set(faults)
+    return active
 
 
 class Batch:
@@ -100,6 +140,8 @@ class Batch:
         self.events: list[tuple[str | None, NewEvent, datetime]] = []
         self.new_incidents = 0
         self.outcomes: list[IngestOutcome] = []
+        #: New incidents' names, placeholder to id (``write``).
+        self.names: dict[str, str] = {}
 
     def add(self, delivery: Delivery, keys: list[tuple[str, str]], now: datetime) -> IngestOutcome:
         out = IngestOutcome()
@@ -189,7 +231,7 @@ class Batch:
         self.events.append((incident_id, event, now))
 
     def write(self) -> Op[None]:
-        names: dict[str, str] = {}
+        names = self.names
         if self.incidents:
             found = yield one("SELECT COALESCE(MAX(seq), 0) + 1 AS next FROM incidents")
             first = int(found["next"])
@@ -230,6 +272,24 @@ class Batch:
             yield many("UPDATE incidents SET faults_changed = 1, updated_at = ? WHERE id = ?", self.changed)
         if self.events:
             yield insert_events([(names.get(i, i) if i else i, e, at) for i, e, at in self.events])
+
+    def views(self, nodes: set[str]) -> dict[str, NodeView]:
+        """Each of ``nodes`` as the batch left it (after ``write``: new incidents named): its
+        incident's faults are those it had and those of the alerts the batch gave it, whatever
+        their status, as ``_ACTIVE`` reads them."""
+        given: dict[str, set[str]] = {}
+        for row in self.inserts:
+            if row[6] is not None and row[7] is not None:
+                given.setdefault(row[6], set()).add(row[7])
+        views: dict[str, NodeView] = {}
+        for node in nodes:
+            incident_id, state = self.active.get(node, (None, None))
+            if incident_id is None or state is None:
+                views[node] = None
+                continue
+            faults = self.faults_of.get(incident_id, set()) | given.get(incident_id, set())
+            views[node] = (self.names.get(incident_id, incident_id), state, frozenset(faults))
+        return views
 
     def rename(self, names: dict[str, str]) -> None:
         """Give the outcomes and cache entries the incident ids the database assigned."""
@@ -343,6 +403,61 @@ _ACTIVE = (
 )
 
 Active = tuple[dict[str, tuple[str, str]], dict[str, set[str]]]
+
+#: What ``_KEYS`` and ``_ACTIVE`` would answer, confirmed instead of read (``_confirm``): the
+#: batch's keys that are stored, with their status and incident (a JSON array of ``[fingerprint,
+#: startsAt]`` asked, and their fingerprints, the primary key's prefix, for an index search), and
+#: the nodes' active incidents, whether each is open, and their faults. Each is one JSON array of
+#: rows in a bytewise order (as Python orders text, whatever the database's collation), compared
+#: with the one expected as JSON values, not text: equal only if every row is. An incident without
+#: a fault is one row with none, as ``_active`` reads the ``LEFT JOIN``.
+_CONFIRM = (
+    "SELECT 1 AS confirmed WHERE (SELECT COALESCE(jsonb_agg(jsonb_build_array(fingerprint, starts_at, status,"
+    ' incident_id) ORDER BY fingerprint COLLATE "C", starts_at COLLATE "C"), \'[]\'::jsonb) FROM alerts'
+    " WHERE fingerprint IN (?*) AND (fingerprint, starts_at) IN"
+    " (SELECT k->>0, k->>1 FROM jsonb_array_elements(?::jsonb) AS e(k))) = ?::jsonb"
+    " AND (SELECT COALESCE(jsonb_agg(jsonb_build_array(node, id, open, fault_key)"
+    ' ORDER BY node COLLATE "C", fault_key COLLATE "C" NULLS FIRST), \'[]\'::jsonb)'
+    " FROM (SELECT DISTINCT i.node, i.id, i.state = ? AS open, a.fault_key FROM incidents i"
+    " LEFT JOIN alerts a ON a.incident_id = i.id AND a.fault_key IS NOT NULL"
+    " WHERE i.node IN (?*) AND i.state NOT IN {terminal}) AS r) = ?::jsonb"
+)
+
+
+def _or_none(faults: list[str]) -> list[str | None]:
+    """An incident's fault keys, or one row without any (the ``LEFT JOIN`` of ``_CONFIRM``)."""
+    return [*faults] if faults else [None]
+
+
+def _confirm(
+    keys: Sequence[tuple[str, str]],
+    found: Mapping[tuple[str, str], KeyState],
+    nodes: set[str],
+    active: dict[str, tuple[str, str]],
+    faults_of: dict[str, set[str]],
+) -> Stmt:
+    """The transaction commits only if ``_look_up(keys, nodes)`` would answer ``found`` (the keys
+    stored, none other), ``active`` (as far as a batch reads a state: open or not) and
+    ``faults_of``; else ``Mispredicted`` (Postgres only: ``bot.store.expect``)."""
+    stored = [[*key, *found[key]] for key in sorted(set(keys)) if key in found]
+    incidents = [
+        [node, incident_id, state == State.OPEN.value, fault]
+        for node, (incident_id, state) in sorted(active.items())
+        for fault in _or_none(sorted(faults_of.get(incident_id, ())))
+    ]
+    fingerprints = sorted({fingerprint for fingerprint, _ in keys})
+    return check(
+        _CONFIRM,
+        [
+            fingerprints,
+            dumps(sorted(set(keys))),
+            dumps(stored),
+            State.OPEN.value,
+            sorted(nodes),
+            dumps(incidents),
+        ],
+        Mispredicted,
+    )
 
 
 def known_keys(keys: Sequence[tuple[str, str]]) -> Op[dict[tuple[str, str], KeyState]]:

@@ -59,12 +59,14 @@ from bot.store import queries, retention
 from bot.store.base import (
     AlertRecord,
     Delivery,
+    IncidentRecord,
     IngestOutcome,
     Inspection,
     ReplicationMode,
     StoreRefused,
     StoreUnavailable,
 )
+from bot.store.expect import Expectations
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import Seen, bump_seen
 from bot.store.repeats import RepeatMemory
@@ -578,7 +580,8 @@ class _Writes:
     """The connections every write under the write lock commits on (webhook deliveries, a batch at
     a time, and the engine's writes), one transaction at a time on each, driven by a task of its
     own on the event loop, as SQLite's writer runs its transactions in its thread. A transaction
-    is a few messages (``_transaction``: a batch of deliveries two), so it waits for the loop once a
+    is a few messages (``_transaction``: a batch of deliveries two, or one when it expects what its
+    lookup would answer, ``bot.store.expect``), so it waits for the loop once a
     message, and nothing else waits for it: its callers hand it over and hear back once. A
     connection is made on first use and again after the database dropped it.
 
@@ -1063,7 +1066,9 @@ class PostgresStore(SqlStore):
             lost=self._server_lost,
             check_after=self._shared.idle.after,
         )
-        self._shared.deliveries = GroupCommit(self._shared.writes)
+        self._shared.deliveries = GroupCommit(
+            self._shared.writes, expectations=Expectations(keys=self._shared.memory.trusted)
+        )
         self._shared.deliveries.start()
         self._shared.flusher = asyncio.create_task(self._flush_repeats(), name="pitcrew-store-repeats")
 
@@ -1409,6 +1414,11 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"{self._where()}: {exc}") from exc
 
     # ------------------------------------------------------------------ ingest
+    def _moved(self, record: IncidentRecord) -> None:
+        deliveries = self._shared.deliveries
+        if deliveries is not None and deliveries.expectations is not None:
+            deliveries.expectations.moved(record.id, record.node, record.state)
+
     def _group(self) -> GroupCommit:
         if self._shared.deliveries is None:
             raise StoreUnavailable("store is not open")

@@ -274,7 +274,13 @@ class SqlStore(ABC):
         await self._write(op)
         record = await self.incident(incident_id)
         assert record is not None
+        self._moved(record)
         return record
+
+    def _moved(self, record: IncidentRecord) -> None:
+        """An incident this process moved, as read after the move committed (Postgres: what its
+        batches expect of the node, ``bot.store.expect``)."""
+        return None
 
     async def advance(self, incident_id: str, step_index: int, now: datetime) -> None:
         await self._run(queries.advance(incident_id, step_index, now))
