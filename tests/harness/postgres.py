@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import TupleRow
+from psycopg.rows import DictRow, TupleRow, dict_row
 
 from proving_ground.postgres import (
     USER,
@@ -226,3 +227,25 @@ def fresh_database(server: PostgresServer, tmp_path: Path) -> Iterator[PostgresD
 def postgres_db(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[PostgresDatabase]:
     with fresh_database(postgres_server, tmp_path) as database:
         yield database
+
+
+class CountedConnection(psycopg.AsyncConnection[DictRow]):
+    """A connection that keeps each message it sends (one ``execute``, one simple query)."""
+
+    sent: list[str]
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        self.sent.append(str(query))
+        return await super().execute(query, params, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def counted_connection(database: PostgresDatabase) -> AsyncIterator[CountedConnection]:
+    """A ``CountedConnection`` to ``database`` (autocommit, rows as dicts), closed afterwards."""
+    password = database.password_file.read_text().strip()
+    conn = await CountedConnection.connect(
+        database.url, password=password, autocommit=True, row_factory=dict_row
+    )
+    conn.sent = []
+    async with conn:
+        yield conn

@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import DictRow, dict_row
 
 from bot.domain.faults import Fault
 from bot.domain.incident import State
@@ -25,7 +24,7 @@ from bot.store.expect import Expecting, KeyState, Mispredicted, NodeView
 from bot.store.group_commit import Ingest, deliveries
 from bot.store.postgres import PostgresStore, _transaction
 from proving_ground.postgres import PostgresServer
-from tests.harness.postgres import PostgresDatabase
+from tests.harness.postgres import CountedConnection, PostgresDatabase, counted_connection
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 LOCK = "pg_advisory_xact_lock"
@@ -37,30 +36,18 @@ def _delivery(fingerprint: str, node: str, *, gpu: str = "3", starts: datetime =
     return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,))
 
 
-class _Counted(psycopg.AsyncConnection[DictRow]):
-    """A connection that keeps each message it sends (one ``execute``, one simple query)."""
-
-    sent: list[str]
-
-    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        self.sent.append(str(query))
-        return await super().execute(query, params, **kwargs)
-
-
 @contextlib.asynccontextmanager
-async def _counted(database: PostgresDatabase) -> AsyncIterator[_Counted]:
-    """A connection to ``database``, its schema made by a store opened on it."""
+async def _counted(database: PostgresDatabase) -> AsyncIterator[CountedConnection]:
+    """A connection to ``database`` that keeps each message it sends, its schema made by a store
+    opened on it."""
     store = PostgresStore(database.url, password_file=database.password_file)
     await store.open()
     await store.close()
-    password = database.password_file.read_text().strip()
-    conn = await _Counted.connect(database.url, password=password, autocommit=True, row_factory=dict_row)
-    conn.sent = []
-    async with conn:
+    async with counted_connection(database) as conn:
         yield conn
 
 
-async def _ingest(conn: _Counted, delivery: Delivery, expecting: Expecting) -> IngestOutcome:
+async def _ingest(conn: CountedConnection, delivery: Delivery, expecting: Expecting) -> IngestOutcome:
     driven = await _transaction(conn, deliveries([Ingest(delivery, T0)], expecting), LOCK)
     (outcome,) = driven.result
     assert isinstance(outcome, IngestOutcome)

@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import psycopg
 import pytest
-from psycopg.rows import DictRow, dict_row
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert, NewEvent
@@ -27,7 +26,7 @@ from bot.store.postgres import (
     _transaction,
 )
 from bot.store.sql import Op, Stmt, check, many, one, run, single
-from tests.harness.postgres import PostgresDatabase
+from tests.harness.postgres import PostgresDatabase, counted_connection
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -438,25 +437,6 @@ def _checked(holds: bool, rows: int) -> Op[int]:
     return int(counted["n"])
 
 
-class _Counted(psycopg.AsyncConnection[DictRow]):
-    """A connection that keeps each message it sends (one ``execute``, one simple query)."""
-
-    sent: list[str]
-
-    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        self.sent.append(str(query))
-        return await super().execute(query, params, **kwargs)
-
-
-@contextlib.asynccontextmanager
-async def _counted(database: PostgresDatabase) -> AsyncIterator[_Counted]:
-    password = database.password_file.read_text().strip()
-    conn = await _Counted.connect(database.url, password=password, autocommit=True, row_factory=dict_row)
-    conn.sent = []
-    async with conn:
-        yield conn
-
-
 def _sequence(database: PostgresDatabase) -> tuple[object, ...] | None:
     with _connect(database) as db:
         return db.execute("SELECT last_value, is_called FROM checked_answers").fetchone()
@@ -475,7 +455,7 @@ async def test_a_check_goes_with_the_statements_after_it_and_refuses_in_the_serv
     are one message."""
     with _connect(postgres_db) as db:
         db.execute("CREATE TABLE checked (n INTEGER NOT NULL); CREATE SEQUENCE checked_answers")
-    async with _counted(postgres_db) as conn:
+    async with counted_connection(postgres_db) as conn:
         driven = await _transaction(conn, _checked(True, rows), "pg_advisory_xact_lock")
         assert driven.result == rows
         assert len(conn.sent) == (2 if rows < BATCH_STATEMENTS else 3), conn.sent
@@ -514,7 +494,7 @@ async def test_a_single_write_is_one_message_with_its_check_and_commit(postgres_
         yield check("SELECT 1 WHERE ?", (holds,), lambda: _Refused("the condition did not hold"))
         return (yield from single(stmt))
 
-    async with _counted(postgres_db) as conn:
+    async with counted_connection(postgres_db) as conn:
         inserted = run("INSERT INTO singled (n) VALUES (?), (?)", (1, 2))
         assert (await _transaction(conn, fenced(True, inserted), "pg_advisory_xact_lock")).result == 2
         returned = one("INSERT INTO singled (n) VALUES (?) RETURNING n * 10 AS n", (3,))
