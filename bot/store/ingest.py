@@ -81,14 +81,10 @@ def ingest(
             expecting.recent.append(frozenset(missing))
         if expected is None:
             found, active, faults_of = yield from _look_up(missing, nodes)
-            known.update(found)
         else:
-            assert expecting is not None
-            found = {key: expecting.keys[key] for key in missing if key in expecting.keys}
-            active, faults_of = expected
+            found, active, faults_of = expected
             yield _confirm(missing, found, nodes, active, faults_of)
-            known.update(found)
-            expecting.used = True
+        known.update(found)
     batch = Batch(known, active, faults_of, counted)
     outcomes = [
         batch.add(delivery, keys, now) for (delivery, now), keys in zip(deliveries, all_keys, strict=True)
@@ -99,17 +95,21 @@ def ingest(
     return outcomes
 
 
-def _expected(keys: Sequence[tuple[str, str]], nodes: set[str], expecting: Expecting | None) -> Active | None:
-    """What the lookup of ``nodes`` is expected to answer, as ``_active`` reads it (``keys``: as
-    remembered, else not stored); ``None`` unless every node has an expected view, no key is
-    recent and every key remembered is remembered with its incident (a repeat counted before its
-    incident was known is remembered without: ``bot.store.postgres.PostgresStore.count_repeats``)."""
+def _expected(
+    keys: Sequence[tuple[str, str]], nodes: set[str], expecting: Expecting | None
+) -> LookedUp | None:
+    """What ``_look_up(keys, nodes)`` is expected to answer, in its shape: the keys as remembered
+    (any other not stored) and the nodes' views as ``_active`` reads them; ``None`` unless every
+    node has an expected view, no key is recent and every key remembered is remembered with its
+    incident (a repeat counted before its incident was known is remembered without:
+    ``bot.store.postgres.PostgresStore.count_repeats``). Marks ``expecting`` used."""
     views = None if expecting is None else expecting.nodes
     if expecting is None or views is None or not all(node in views for node in nodes):
         return None
     if any(key in batch for batch in expecting.recent for key in keys):
         return None
-    if any((known := expecting.keys.get(key)) is not None and known[1] is None for key in keys):
+    found = {key: remembered for key in keys if (remembered := expecting.keys.get(key)) is not None}
+    if any(seen_in is None for _, seen_in in found.values()):
         return None
     active: Active = ({}, {})
     for node in nodes:
@@ -118,7 +118,8 @@ def _expected(keys: Sequence[tuple[str, str]], nodes: set[str], expecting: Expec
             incident_id, state, faults = view
             active[0][node] = (incident_id, state)
             active[1][incident_id] = set(faults)
-    return active
+    expecting.used = True
+    return found, *active
 
 
 class Batch:
@@ -403,6 +404,9 @@ _ACTIVE = (
 )
 
 Active = tuple[dict[str, tuple[str, str]], dict[str, set[str]]]
+#: What ``_look_up`` answers (and ``_expected`` expects): the keys stored, with their state, and
+#: ``Active``.
+LookedUp = tuple[dict[tuple[str, str], KeyState], dict[str, tuple[str, str]], dict[str, set[str]]]
 
 #: What ``_KEYS`` and ``_ACTIVE`` would answer, confirmed instead of read (``_confirm``): the
 #: batch's keys that are stored, with their status and incident (a JSON array of ``[fingerprint,
@@ -439,7 +443,8 @@ def _confirm(
     """The transaction commits only if ``_look_up(keys, nodes)`` would answer ``found`` (the keys
     stored, none other), ``active`` (as far as a batch reads a state: open or not) and
     ``faults_of``; else ``Mispredicted`` (Postgres only: ``bot.store.expect``)."""
-    stored = [[*key, *found[key]] for key in sorted(set(keys)) if key in found]
+    asked = sorted(set(keys))
+    stored = [[*key, *found[key]] for key in asked if key in found]
     incidents = [
         [node, incident_id, state == State.OPEN.value, fault]
         for node, (incident_id, state) in sorted(active.items())
@@ -450,7 +455,7 @@ def _confirm(
         _CONFIRM,
         [
             fingerprints,
-            dumps(sorted(set(keys))),
+            dumps(asked),
             dumps(stored),
             State.OPEN.value,
             sorted(nodes),
@@ -477,9 +482,7 @@ def _active_incidents(nodes: set[str]) -> Op[Active]:
     return active
 
 
-def _look_up(
-    keys: Sequence[tuple[str, str]], nodes: set[str]
-) -> Op[tuple[dict[tuple[str, str], KeyState], dict[str, tuple[str, str]], dict[str, set[str]]]]:
+def _look_up(keys: Sequence[tuple[str, str]], nodes: set[str]) -> Op[LookedUp]:
     """``known_keys`` and ``_active_incidents`` of ``nodes``: in one statement when each list fits
     one query (a batch of deliveries, nearly always), which on Postgres is one round trip less
     with the write lock held; else each on its own."""

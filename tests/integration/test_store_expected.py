@@ -20,7 +20,7 @@ import pytest
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome
-from bot.store.expect import Expecting, KeyState, Mispredicted, NodeView
+from bot.store.expect import Expectations, Expecting, KeyState, Mispredicted, NodeView
 from bot.store.group_commit import Ingest, deliveries
 from bot.store.postgres import PostgresStore, _transaction
 from proving_ground.postgres import PostgresServer
@@ -180,7 +180,7 @@ async def _store(database: PostgresDatabase) -> PostgresStore:
     return store
 
 
-def _expectations(store: PostgresStore) -> Any:
+def _expectations(store: PostgresStore) -> Expectations:
     deliveries = store._shared.deliveries
     assert deliveries is not None and deliveries.expectations is not None
     return deliveries.expectations
