@@ -33,6 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from bot.domain.alerts import AlertStatus
 from bot.domain.incident import State
@@ -51,6 +52,20 @@ Key = tuple[str, str]
 KeyState = tuple[AlertStatus, str | None]
 #: Batches that expect nothing after a miss, at most (the count doubles with each miss in a row).
 BACKOFF_MAX = 64
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def keep_latest(held: OrderedDict[K, V], new: Mapping[K, V], most: int) -> None:
+    """``new`` into ``held`` as its most recent entries; the least recent beyond ``most`` go (the
+    nodes' views here, the keys remembered in ``bot.store.repeats.RepeatMemory``)."""
+    for key, value in new.items():
+        held[key] = value
+        held.move_to_end(key)
+    while len(held) > most:
+        held.popitem(last=False)
 
 
 class Mispredicted(Exception):
@@ -123,11 +138,7 @@ class Expectations:
         self._skip = self._backoff
 
     def learn(self, seen: Mapping[str, NodeView]) -> None:
-        for node, view in seen.items():
-            self._nodes[node] = view
-            self._nodes.move_to_end(node)
-        while len(self._nodes) > self._nodes_max:
-            self._nodes.popitem(last=False)
+        keep_latest(self._nodes, seen, self._nodes_max)
 
     def moved(self, incident_id: str, node: str, state: State) -> None:
         """This process moved an incident (committed): a node whose view is that incident now

@@ -43,6 +43,7 @@ from typing import Any
 from bot.domain.alerts import MAX_CLOCK_SKEW, AlertStatus, dedupe_key
 from bot.store import codec
 from bot.store.base import AlertRecord
+from bot.store.expect import keep_latest
 from bot.store.ingest import KeyState
 
 Key = tuple[str, str]
@@ -77,11 +78,7 @@ class RepeatMemory:
 
     def remember(self, cache: Mapping[Key, KeyState]) -> None:
         """Keys committed (by a delivery this process stored, or found stored)."""
-        for key, state in cache.items():
-            self.keys[key] = state
-            self.keys.move_to_end(key)
-        while len(self.keys) > self.keys_max:
-            self.keys.popitem(last=False)
+        keep_latest(self.keys, cache, self.keys_max)
 
     def forget(self, keys: Iterable[Key]) -> None:
         """Keys removed from the database: delivered again, such an alert is new."""
