@@ -71,7 +71,9 @@ async def test_unknown_node_and_job(sched: Sched) -> None:
 
 
 async def test_drain_leaves_the_running_job_alone(slurm: SlurmCluster) -> None:
-    sched = ScontrolScheduler(slurm_conf=slurm.conf)
+    # The cluster's own scontrol (``slurm.settings``: its wrappers on 24.11 and 26.05, whose
+    # controller this machine's 22.05 scontrol cannot talk to).
+    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings("scontrol")))
     # The job runs 10 s, long past the checks below even on a loaded machine (with 3 s, the drain,
     # the reads and the second's wait could take it to its end and MIXED+DRAIN be gone).
     job_id = slurm.submit("--nodelist=gpu-001", "--wrap=sleep 10")
