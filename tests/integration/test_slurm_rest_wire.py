@@ -13,7 +13,12 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
   found nothing), unknown job None; a RESUME of a node in service, refused by Slurm, is done;
 * with the leader's fence, no change leaves once the lease may have lapsed; reads still go;
 * a v0.0.45 server (26.05) requeues over REST (a ``GET`` that changes, fenced as a change); a
-  requeue asked again is done, an unknown job permanent.
+  requeue asked again is done, an unknown job permanent;
+* 26.05.5 follows every error answer with a second one on the same connection, which aiohttp
+  cannot read (the stand-in frames them byte for byte as the captures show): a change whose
+  answer is lost is read back (a RESUME of a node in service is done, an update of an unknown node
+  permanent, a DOWN that did not hold transient, never a node someone else downed taken for
+  pitcrew's), and a job Slurm forgot is looked up in its jobs list (``None``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from bot.integrations.slurm import RestScheduler, ScontrolScheduler
 from bot.store.base import Deposed
 from bot.store.lease import Fence
 from proving_ground.proc import free_port
-from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, V45_DOC, FakeSlurmrestd
+from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, V45_DOC, WIRE, FakeSlurmrestd, framed_2605
 
 
 class RecordingFallback(ScontrolScheduler):
@@ -222,3 +227,59 @@ async def test_errors_map_to_transient_or_permanent(token_file: Path) -> None:
         assert refused.value.reason == Reason.UNREACHABLE
     finally:
         await nowhere.aclose()
+
+
+@pytest.mark.parametrize("case", sorted(path.stem for path in WIRE.glob("*.http")))
+def test_the_stand_in_frames_an_error_as_2605_does(case: str) -> None:
+    """Each captured error answer of the real 26.05.5 (``wire/<case>.http``) is its JSON answer and
+    a second answer after it; ``framed_2605`` writes exactly those bytes from the status, the JSON
+    and the text of the second."""
+    captured = (WIRE / f"{case}.http").read_bytes()
+    head, _, rest = captured.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    length = int(next(line for line in head.split(b"\r\n") if line.startswith(b"Content-Length")).split()[1])
+    body, text = rest[:length], rest[length:].partition(b"\r\n\r\n")[2].decode()
+    assert captured.count(b"HTTP/1.1 ") == 2
+    assert framed_2605(status, body, text) == captured
+
+
+async def test_2605_error_answers_lost_are_read_back(token_file: Path) -> None:
+    fake = FakeSlurmrestd(V45_DOC)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            await rest.down("gpu-001", "pitcrew: inc-3 XID 79")
+            await rest.resume("gpu-001")
+            await rest.resume("gpu-001")  # in service: 422 (2180), its answer lost, read back: done
+            with pytest.raises(PermanentError) as unknown:
+                await rest.down("gpu-404", "pitcrew: inc-3 XID 79")
+            assert unknown.value.reason == "unknown_node"
+            assert await rest.job("999999") is None  # 404 lost: not among the jobs listed
+            # Downed by someone else, then pitcrew's DOWN refused with its answer lost: the node
+            # reads DOWN, but not with pitcrew's reason, so the step has not happened.
+            fake.node_state, fake.node_reason = ["DOWN"], "disk swap (alice)"
+            fake.fail_updates = True
+            with pytest.raises(TransientError) as lost:
+                await rest.down("gpu-001", "pitcrew: inc-4 XID 79")
+            assert lost.value.reason == Reason.BAD_RESPONSE
+            assert (await rest.node("gpu-001")).reason == "disk swap (alice)"
+        finally:
+            await rest.aclose()
+    assert [body["state"] for _, body in fake.posts] == [["DOWN"], ["RESUME"], ["RESUME"], ["DOWN"], ["DOWN"]]
+
+
+async def test_2605_a_token_slurmctld_refuses_is_named_by_the_probe(token_file: Path) -> None:
+    """26.05.5 answers a refused token with 511 and a second answer (``wire/token-refused.http``):
+    unreadable, so which error it was is lost, and ``check-config --live`` names what to check."""
+    fake = FakeSlurmrestd(V45_DOC, token="a-token-slurmctld-issued")
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            probe = await rest.probe()
+        finally:
+            await rest.aclose()
+    assert not probe.ok
+    assert probe.missing == (
+        "slurmctld reachable through slurmrestd, with a token it accepts (slurm.rest_token_file)",
+    )
+    assert SECRET not in probe.detail

@@ -279,6 +279,37 @@ def check_requeued_by_rest(path: Path) -> None:
     assert (job.job_id, job.pending, job.restarts) == ("2", True, 1)
 
 
+#: What the first answer of each captured 26.05.5 error says, as ``SlurmError`` reads it.
+WIRE_ERRORS: dict[str, tuple[int, str | None]] = {
+    "node-post-unknown": (422, "unknown_node"),
+    "node-resume-in-service": (422, "invalid_node_state"),
+    "job-requeue-again": (422, "job_pending"),
+    "job-requeue-unknown": (404, "unknown_job"),
+    "job-get-unknown": (404, "unknown_job"),
+    "token-refused": (511, None),  # no error in the JSON: the status says it
+}
+
+
+def check_wire_answer(path: Path) -> None:
+    """26.05.5's raw answer to a request that failed: two answers with the same status, its JSON
+    (``Connection: Close``) and a ``text/plain`` one with the error's text, which no HTTP client
+    reads as one answer (``bot.integrations.slurm.rest.UnreadableAnswer``)."""
+    raw = path.read_bytes()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = int(next(line for line in lines if line.startswith(b"Content-Length")).split()[1])
+    second_head, _, text = rest[length:].partition(b"\r\n\r\n")
+    status, meaning = WIRE_ERRORS[path.stem]
+    assert int(lines[0].split()[1]) == int(second_head.split()[1]) == status
+    assert b"Connection: Close" in lines and b"Content-Type: text/plain" in second_head.split(b"\r\n")
+    payload = json.loads(rest[:length])
+    if meaning is None:
+        assert errors_of(payload) == [] and text == b"Protocol authentication error"
+        return
+    [error] = errors_of(payload)
+    assert getattr(error, meaning) and text.decode() == payload["errors"][0]["error"]
+
+
 OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
     "24.11/rest/openapi-v3.json": lambda _: test_openapi_discovery_on_each_version(),
     "24.11/rest/v0.0.42/node-post-down-response.json": check_update_answer,
@@ -302,6 +333,7 @@ OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
     "26.05/rest/v0.0.45/job-requeue-again-response.json": check_requeue_answer,
     "26.05/rest/v0.0.45/job-requeue-unknown-response.json": check_requeue_answer,
     "26.05/rest/v0.0.45/job-requeued-by-rest.json": check_requeued_by_rest,
+    **{f"26.05/rest/v0.0.45/wire/{name}.http": check_wire_answer for name in WIRE_ERRORS},
 }
 
 

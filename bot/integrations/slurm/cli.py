@@ -317,8 +317,10 @@ def classify_failure(op: str, text: str) -> PitcrewError:
 
 def probe_missing(exc: PitcrewError, via: str) -> str:
     """What an installer must provide when a Slurm read failed (``Probe.missing``)."""
-    if via == "slurmrestd" and exc.reason in (Reason.UNREACHABLE, Reason.UNAVAILABLE):
-        # 22.05's slurmrestd answers 500 "Unspecified error" alike for a lost slurmctld and a bad token.
+    unreadable = isinstance(exc, TransientError) and exc.reason == Reason.BAD_RESPONSE
+    if via == "slurmrestd" and (unreadable or exc.reason in (Reason.UNREACHABLE, Reason.UNAVAILABLE)):
+        # 22.05's slurmrestd answers 500 "Unspecified error" alike for a lost slurmctld and a bad
+        # token; 26.05.5's answers no error readably (``rest.UnreadableAnswer``), a refused token's either.
         return "slurmctld reachable through slurmrestd, with a token it accepts (slurm.rest_token_file)"
     return {
         Reason.MISCONFIGURED: f"{via} on PATH (slurm.bin_dir; the image's scontrol target)",

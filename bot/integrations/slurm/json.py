@@ -26,6 +26,9 @@ ESLURM_INVALID_JOB_ID = 2017
 ESLURM_INVALID_NODE_NAME = 2018
 #: A state change the node's state does not allow (a RESUME of a node in service), slurm_errno.h.
 ESLURM_INVALID_NODE_STATE = 2028
+#: 26.05's number for it: "Invalid node state transition", HTTP 422 (captured from 26.05.5's
+#: slurmrestd, ``tests/fixtures/slurm/26.05/rest/v0.0.45/wire/node-resume-in-service.http``).
+INVALID_NODE_STATE_TRANSITION = 2180
 #: slurmctld refused the credential (an expired or wrongly signed token): 23.11 answers it as HTTP
 #: 500, 24.05.5+ as 511 (slurmrestd's operations.c); 401 only for a missing or malformed header.
 SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
@@ -74,7 +77,10 @@ class SlurmError:
 
     @property
     def invalid_node_state(self) -> bool:
-        return self.errno == ESLURM_INVALID_NODE_STATE or "invalid node state" in self.message.lower()
+        return (
+            self.errno in (ESLURM_INVALID_NODE_STATE, INVALID_NODE_STATE_TRANSITION)
+            or "invalid node state" in self.message.lower()
+        )
 
     @property
     def refused_credential(self) -> bool:

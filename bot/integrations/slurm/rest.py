@@ -90,10 +90,32 @@ class _TokenFile:
         return self.get() != before
 
 
+class UnreadableAnswer(TransientError):
+    """slurmrestd answered something no HTTP client can read as one answer. 26.05.5 does so for
+    every error (``tests/fixtures/slurm/26.05/rest/v0.0.45/wire``): its JSON answer, with
+    ``Connection: Close``, is followed on the same connection by a second answer, ``text/plain``,
+    with the error's text, which aiohttp refuses ("Data after `Connection: close`"), so which error
+    it was is lost. A change whose answer is lost this way is read back: a node update holds or not
+    (``_holds``), a requeue left the job waiting or Slurm does not know it; a read whose answer is
+    lost stays a transient error, but ``job`` looks a job Slurm forgot up in the jobs it lists.
+    (A token slurmctld refuses is lost the same way: a transient error, healed by the next attempt
+    once the token file is rewritten.)"""
+
+
 def _refused(status: int, errors: Sequence[SlurmError]) -> bool:
     """slurmrestd or slurmctld refused the token: 401/403 (a missing or malformed header), 511
     (24.05.5+: slurmctld refused the credential), or that refusal's error in any answer (23.11: 500)."""
     return status in (401, 403, 511) or any(e.refused_credential for e in errors)
+
+
+def _holds(node: SlurmNodeState, state: str, reason: str | None) -> bool:
+    """Whether ``node`` is as an update to ``state`` with ``reason`` leaves it: RESUME in service
+    (as ``NodeUpdates.resume`` takes a refused RESUME); DOWN or DRAIN with that reason, pitcrew's,
+    so a node someone else took out of service is never read as pitcrew's doing."""
+    if state == "RESUME":
+        return node.in_service
+    taken = node.down if state == "DOWN" else node.drained
+    return taken and node.reason == reason
 
 
 #: What 22.05's REST shows a node just set DOWN while its jobs are being killed (no DOWN flag).
@@ -211,6 +233,12 @@ class RestScheduler(NodeUpdates):
             if exc.reason == Reason.UNKNOWN_JOB:
                 return None
             raise
+        except UnreadableAnswer:
+            # 26.05.5 answers a job it forgot with a 404 no client reads (``UnreadableAnswer``):
+            # the jobs it lists say whether it knows the job.
+            _, body = await self._request("GET", api.path("jobs"), op="get_jobs")
+            with _shape("get_jobs"):
+                return next((j for j in jobs_from_payload(body) if j.job_id == job_id), None)
         jobs = [j for j in body.get("jobs") or () if isinstance(j, Mapping)]
         with _shape("get_job"):
             return job_from_json(jobs[0]) if jobs else None
@@ -240,7 +268,18 @@ class RestScheduler(NodeUpdates):
             await self._fallback.requeue(job_id)
             return
         path = api.path("job/{job_id}/requeue", job_id=checked_job(job_id))
-        status, body = await self._request("GET", path, op="requeue", changes=True, allow={422})
+        try:
+            status, body = await self._request("GET", path, op="requeue", changes=True, allow={422})
+        except UnreadableAnswer:
+            # 26.05.5's answer to a job waiting requeued already (422) or unknown (404) is lost: the
+            # job read back says which, as its answer would have.
+            job = await self.job(job_id)
+            if job is None:
+                raise PermanentError("requeue: unknown Slurm job", reason=Reason.UNKNOWN_JOB) from None
+            if not job.pending:
+                raise
+            log.info("slurm job requeued", extra={"job_id": job_id, "backend": "rest", "already": True})
+            return
         errors = errors_of(body)
         if status == 422 and not (errors and all(e.job_pending for e in errors)):
             detail = "; ".join(e.message for e in errors[:3]) or "HTTP 422"
@@ -298,12 +337,17 @@ class RestScheduler(NodeUpdates):
         body: dict[str, Any] = {"state": [state]}
         if reason is not None:
             body["reason"] = clean_reason(reason) or "pitcrew"
-        await self._request(
-            "POST",
-            api.path("node/{node_name}", node_name=checked_node(name)),
-            op=f"node_{state.lower()}",
-            json_body=body,
-        )
+        try:
+            await self._request(
+                "POST",
+                api.path("node/{node_name}", node_name=checked_node(name)),
+                op=f"node_{state.lower()}",
+                json_body=body,
+            )
+        except UnreadableAnswer:
+            # An error answer lost (26.05.5): read the node back; what was asked holds, or not.
+            if not _holds(await self.node(name), state, body.get("reason")):
+                raise
         log.info("slurm node updated", extra={"slurm_node": name, "state": state, "backend": "rest"})
 
     async def _request(
@@ -367,6 +411,11 @@ class RestScheduler(NodeUpdates):
                 status = resp.status
         except TimeoutError as exc:
             raise TransientError(f"{op}: slurmrestd gave no answer in time", reason=Reason.TIMEOUT) from exc
+        except aiohttp.ClientResponseError:  # an answer came, not one HTTP can read
+            raise UnreadableAnswer(
+                f"{op}: slurmrestd's answer could not be read as HTTP (as 26.05.5 answers every error)",
+                reason=Reason.BAD_RESPONSE,
+            ) from None  # aiohttp's message quotes the bytes it could not read: a payload
         except aiohttp.ClientError as exc:
             raise TransientError(
                 f"{op}: slurmrestd unreachable ({type(exc).__name__})", reason=Reason.UNREACHABLE
