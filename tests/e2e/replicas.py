@@ -107,7 +107,9 @@ class FarSides:
         self.slack = ThreadedStandin(World(bot_tokens=set(self.tokens.values()), app_tokens=set()), host=host)
         self.conf = slurm.conf
         if host != "127.0.0.1":  # scontrol in a namespace reaches slurmctld by its bridge address
-            self.conf = workdir / "slurm.conf"
+            # In the cluster's run directory: a 24.11 or 26.05 cluster's clients see only that
+            # inside their root (``proving_ground.slurm_root``).
+            self.conf = slurm.run_dir / f"slurm-via-{host}.conf"
             text = slurm.conf.read_text().replace(
                 "SlurmctldHost=localhost\n", f"SlurmctldHost=localhost({host})\n"
             )
@@ -141,11 +143,14 @@ class FarSides:
         cluster = settings_for(
             self.kube, files / "kube", request_timeout=5.0, replace={"strategy": "cluster-api"}
         )
+        clients = {"bin_dir": str(self.slurm.bin_dir)} if self.slurm.bin_dir is not None else {}
         return {
             "mode": "auto",
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
             "integrations": {"scheduler": "slurm", "cluster": "kubernetes", "notifier": "slack"},
-            "slurm": {"backend": "scontrol", "slurm_conf": str(self.conf), "command_timeout": 5},
+            # The cluster's own clients (its wrappers on 24.11 and 26.05: this machine's 22.05
+            # scontrol cannot talk to their controller).
+            "slurm": {"backend": "scontrol", "slurm_conf": str(self.conf), "command_timeout": 5, **clients},
             "kubernetes": cluster["kubernetes"],
             "slack": {
                 "bot_token_file": str(files / "bot.token"),
