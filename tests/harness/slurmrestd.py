@@ -54,9 +54,8 @@ REQUEUE_ANSWERS = {
 SECRET = "eyJhbGciOiJIUzI1NiJ9.secret-part.signature"
 #: 26.05.5's raw answers to what fails (``wire/<case>.http``): see ``framed_2605``.
 WIRE = V45 / "wire"
-#: The status lines 26.05.5's slurmrestd writes.
+#: The status lines 26.05.5's slurmrestd writes, as captured (500: a node update it could not parse).
 STATUS_LINES = {
-    401: "UNAUTHORIZED",
     404: "NOT FOUND",
     422: "UNPROCESSABLE CONTENT",
     500: "INTERNAL ERROR",
