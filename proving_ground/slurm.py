@@ -366,6 +366,12 @@ class SlurmCluster:
         lines = [line for line in out.splitlines() if line.startswith(f"JobId={job_id} ")]
         return parse_job_line(lines[0]) if lines else None
 
+    @property
+    def keeps_reason_on_resume(self) -> bool:
+        """Whether a RESUMEd node keeps its last reason: 24.11 does (its ``resumed`` capture), as
+        history of a node in service; 22.05 and 26.05 clear it."""
+        return self.version == "24.11"
+
     def node(self, name: str) -> SlurmNodeState:
         """The node as ``scontrol show node`` reports it now."""
         return parse_node_line(self.run("scontrol", "show", "node", "-o", name, timeout=10).stdout.strip())

@@ -124,7 +124,7 @@ def test_fatal_fault_job_resumes_from_checkpoint_on_another_node(
     assert epoch(record["restarted_at"]) <= t_resume  # held out until the job ran elsewhere
     wait_until(lambda: slurm.node(node).in_service, timeout=60, what=f"{node} back in service")
     # 22.05 and 26.05 clear the reason on RESUME; 24.11 keeps the last one on the node back in service.
-    assert slurm.node(node).reason == (down_reason if slurm.version == "24.11" else "")
+    assert slurm.node(node).reason == (down_reason if slurm.keeps_reason_on_resume else "")
 
     show_figure(
         capsys,
