@@ -143,14 +143,14 @@ class FarSides:
         cluster = settings_for(
             self.kube, files / "kube", request_timeout=5.0, replace={"strategy": "cluster-api"}
         )
-        clients = {"bin_dir": str(self.slurm.bin_dir)} if self.slurm.bin_dir is not None else {}
+        # The cluster's own clients (its wrappers on 24.11 and 26.05: this machine's 22.05 scontrol
+        # cannot talk to their controller).
+        slurm = self.slurm.pitcrew_settings("scontrol", slurm_conf=self.conf, command_timeout=5)
         return {
             "mode": "auto",
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
             "integrations": {"scheduler": "slurm", "cluster": "kubernetes", "notifier": "slack"},
-            # The cluster's own clients (its wrappers on 24.11 and 26.05: this machine's 22.05
-            # scontrol cannot talk to their controller).
-            "slurm": {"backend": "scontrol", "slurm_conf": str(self.conf), "command_timeout": 5, **clients},
+            "slurm": slurm["slurm"],
             "kubernetes": cluster["kubernetes"],
             "slack": {
                 "bot_token_file": str(files / "bot.token"),

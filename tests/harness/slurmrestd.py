@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -72,6 +72,29 @@ def framed_2605(status: int, body: bytes, text: str) -> bytes:
         return f"{head}Content-Length: {len(content)}\r\nContent-Type: {kind}\r\n\r\n".encode() + content
 
     return answer(body, "application/json") + answer(text.encode(), "text/plain")
+
+
+class Unframed(NamedTuple):
+    """A captured 26.05.5 error answer, taken apart: each answer's status line and headers, the
+    first's JSON and the second's text."""
+
+    head: list[bytes]
+    body: bytes
+    second_head: list[bytes]
+    text: bytes
+
+    @property
+    def status(self) -> int:
+        return int(self.head[0].split()[1])
+
+
+def unframe_2605(raw: bytes) -> Unframed:
+    """``raw`` (``wire/<case>.http``) as the answer its ``Content-Length`` bounds and what follows."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = int(next(line for line in lines if line.startswith(b"Content-Length")).split()[1])
+    second_head, _, text = rest[length:].partition(b"\r\n\r\n")
+    return Unframed(lines, rest[:length], second_head.split(b"\r\n"), text)
 
 
 @dataclass
@@ -191,12 +214,14 @@ class FakeSlurmrestd:
         )
 
     @staticmethod
-    def _v38(request: web.Request) -> bool:
-        return request.match_info.get("version", request.path.split("/")[2]) == "v0.0.38"
+    def _version(request: web.Request) -> str:
+        return request.match_info.get("version", request.path.split("/")[2])
 
-    @staticmethod
-    def _v45(request: web.Request) -> bool:
-        return request.match_info.get("version", request.path.split("/")[2]) == "v0.0.45"
+    def _v38(self, request: web.Request) -> bool:
+        return self._version(request) == "v0.0.38"
+
+    def _v45(self, request: web.Request) -> bool:
+        return self._version(request) == "v0.0.45"
 
     async def requeue(self, request: web.Request) -> web.Response:
         """As 26.05 answers: 200 for a running job, 422 (2024) once it waits requeued, 404 (2017) for

@@ -35,7 +35,16 @@ from bot.integrations.slurm import RestScheduler, ScontrolScheduler
 from bot.store.base import Deposed
 from bot.store.lease import Fence
 from proving_ground.proc import free_port
-from tests.harness.slurmrestd import SECRET, V38_DOC, V40_DOC, V45_DOC, WIRE, FakeSlurmrestd, framed_2605
+from tests.harness.slurmrestd import (
+    SECRET,
+    V38_DOC,
+    V40_DOC,
+    V45_DOC,
+    WIRE,
+    FakeSlurmrestd,
+    framed_2605,
+    unframe_2605,
+)
 
 
 class RecordingFallback(ScontrolScheduler):
@@ -235,12 +244,9 @@ def test_the_stand_in_frames_an_error_as_2605_does(case: str) -> None:
     a second answer after it; ``framed_2605`` writes exactly those bytes from the status, the JSON
     and the text of the second."""
     captured = (WIRE / f"{case}.http").read_bytes()
-    head, _, rest = captured.partition(b"\r\n\r\n")
-    status = int(head.split()[1])
-    length = int(next(line for line in head.split(b"\r\n") if line.startswith(b"Content-Length")).split()[1])
-    body, text = rest[:length], rest[length:].partition(b"\r\n\r\n")[2].decode()
+    answer = unframe_2605(captured)
     assert captured.count(b"HTTP/1.1 ") == 2
-    assert framed_2605(status, body, text) == captured
+    assert framed_2605(answer.status, answer.body, answer.text.decode()) == captured
 
 
 async def test_2605_error_answers_lost_are_read_back(token_file: Path) -> None:

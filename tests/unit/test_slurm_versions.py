@@ -33,6 +33,7 @@ from bot.domain.ownership import is_pitcrew_reason
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
 from bot.integrations.slurm.json import discover_api, errors_of, jobs_from_payload, nodes_from_payload
 from tests.conftest import FIXTURES
+from tests.harness.slurmrestd import unframe_2605
 
 SLURM = FIXTURES / "slurm"
 V24 = SLURM / "24.11"
@@ -294,20 +295,16 @@ def check_wire_answer(path: Path) -> None:
     """26.05.5's raw answer to a request that failed: two answers with the same status, its JSON
     (``Connection: Close``) and a ``text/plain`` one with the error's text, which no HTTP client
     reads as one answer (``bot.integrations.slurm.rest.UnreadableAnswer``)."""
-    raw = path.read_bytes()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    length = int(next(line for line in lines if line.startswith(b"Content-Length")).split()[1])
-    second_head, _, text = rest[length:].partition(b"\r\n\r\n")
+    answer = unframe_2605(path.read_bytes())
     status, meaning = WIRE_ERRORS[path.stem]
-    assert int(lines[0].split()[1]) == int(second_head.split()[1]) == status
-    assert b"Connection: Close" in lines and b"Content-Type: text/plain" in second_head.split(b"\r\n")
-    payload = json.loads(rest[:length])
+    assert answer.status == int(answer.second_head[0].split()[1]) == status
+    assert b"Connection: Close" in answer.head and b"Content-Type: text/plain" in answer.second_head
+    payload = json.loads(answer.body)
     if meaning is None:
-        assert errors_of(payload) == [] and text == b"Protocol authentication error"
+        assert errors_of(payload) == [] and answer.text == b"Protocol authentication error"
         return
     [error] = errors_of(payload)
-    assert getattr(error, meaning) and text.decode() == payload["errors"][0]["error"]
+    assert getattr(error, meaning) and answer.text.decode() == payload["errors"][0]["error"]
 
 
 OTHER_CHECKS: dict[str, Callable[[Path], None]] = {

@@ -218,10 +218,14 @@ class RestScheduler(NodeUpdates):
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
+        return jobs_running_on(await self._jobs(), name)
+
+    async def _jobs(self) -> list[JobSnapshot]:
+        """Every job slurmctld knows."""
         api = await self.api()
         _, body = await self._request("GET", api.path("jobs"), op="get_jobs")
         with _shape("get_jobs"):
-            return jobs_running_on(jobs_from_payload(body), name)
+            return jobs_from_payload(body)
 
     async def job(self, job_id: str) -> JobSnapshot | None:
         api = await self.api()
@@ -236,9 +240,7 @@ class RestScheduler(NodeUpdates):
         except UnreadableAnswer:
             # 26.05.5 answers a job it forgot with a 404 no client reads (``UnreadableAnswer``):
             # the jobs it lists say whether it knows the job.
-            _, body = await self._request("GET", api.path("jobs"), op="get_jobs")
-            with _shape("get_jobs"):
-                return next((j for j in jobs_from_payload(body) if j.job_id == job_id), None)
+            return next((j for j in await self._jobs() if j.job_id == job_id), None)
         jobs = [j for j in body.get("jobs") or () if isinstance(j, Mapping)]
         with _shape("get_job"):
             return job_from_json(jobs[0]) if jobs else None
