@@ -44,8 +44,15 @@ class SlurmNodeState:
         return bool(self.states & {"DRAIN", "DRAINED", "DRAINING"})
 
     @property
+    def taken_out(self) -> bool:
+        """DOWN, or DRAIN (draining or drained): out of service by a node update, what a RESUME
+        undoes. A RESUME took once this is false; FAIL and NOT_RESPONDING are Slurm's own view of
+        the node, which no RESUME of pitcrew's answers for."""
+        return self.down or self.drained
+
+    @property
     def in_service(self) -> bool:
-        return not (self.down or self.drained or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
+        return not (self.taken_out or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,7 +236,7 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
             [replacement] = [n for n in _members(kube_world, {}) if n.startswith("gpu-001-")]
             assert NODESET.items() <= _labels(kube_world, replacement).items()  # it trains
             state = slurm.node("gpu-001")  # served by the replacement, resumed
-            assert not (state.down or state.drained), state
+            assert not state.taken_out, state
             actions = [e["data"]["action"] for e in events(final, "action")]
             assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1, actions
             show_figure(

@@ -190,11 +190,11 @@ def _sigkill_at(boundary: str, when: str, fixtures: Fixtures) -> None:
                 assert lent_to(node["metadata"].get("annotations") or {}) is None, name
             for name in ("gpu-002", "gpu-003"):
                 state = slurm.node(name)
-                assert not (state.down or state.drained), (name, state)
+                assert not state.taken_out, (name, state)
             for name in slurm.nodes:
                 state = slurm.node(name)
                 # No node keeps pitcrew's reason; on 24.11 a resumed one keeps it as history (in service).
-                held = not slurm.keeps_reason_on_resume or state.down or state.drained
+                held = not slurm.keeps_reason_on_resume or state.taken_out
                 assert not (held and state.reason.startswith("pitcrew:")), (name, state)
             show_figure(
                 capsys,

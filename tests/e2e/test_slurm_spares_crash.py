@@ -119,7 +119,7 @@ def test_sigkill_at_every_boundary_of_take_and_give_back_leaves_the_pool_whole(
     assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
     for name in ("gpu-001", "gpu-002", "gpu-003", "gpu-004"):
         state = slurm.node(name)
-        assert not (state.down or state.drained), (name, state)
+        assert not state.taken_out, (name, state)
 
 
 def _debug(server: Any, incident_id: str, slurm: SlurmCluster) -> str:

@@ -10,7 +10,8 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
   refused token is permanent, answered 401, 500 with Slurm's authentication error (23.11) or
   511 (24.05.5+); the token never appears in errors or logs;
 * HTTP 500 / connection refused are transient; unknown node is permanent (23.11+: a query that
-  found nothing), unknown job None; a RESUME of a node in service, refused by Slurm, is done;
+  found nothing), unknown job None; a RESUME of a node no longer DOWN or DRAIN, refused by
+  Slurm, is done, by one rule whether the refusal is read (24.11) or lost (26.05.5);
 * with the leader's fence, no change leaves once the lease may have lapsed; reads still go;
 * a v0.0.45 server (26.05) requeues over REST (a ``GET`` that changes, fenced as a change); a
   requeue asked again is done, an unknown job permanent;
@@ -289,3 +290,26 @@ async def test_2605_a_token_slurmctld_refuses_is_named_by_the_probe(token_file: 
         "slurmctld reachable through slurmrestd, with a token it accepts (slurm.rest_token_file)",
     )
     assert SECRET not in probe.detail
+
+
+@pytest.mark.parametrize("doc", [V40_DOC, V45_DOC], ids=["v0.0.40", "v0.0.45"])
+async def test_a_refused_resume_takes_one_rule_whatever_the_answer(
+    token_file: Path, doc: dict[str, object]
+) -> None:
+    """A RESUME is done once the node is no longer DOWN or DRAIN (``SlurmNodeState.taken_out``),
+    whether Slurm's refusal is read (24.11: 500, 2028) or lost (26.05.5: read back): a node whose
+    slurmd does not answer (IDLE+NOT_RESPONDING) has nothing of pitcrew's left to undo, and the
+    return step waits for it in service; a node still DRAIN is not resumed."""
+    fake = FakeSlurmrestd(doc)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            fake.node_state = ["IDLE", "NOT_RESPONDING"]
+            await rest.resume("gpu-001")
+            fake.node_state, fake.node_reason = ["IDLE", "DRAIN"], "pitcrew: inc-5 XID 79"
+            fake.fail_updates = True
+            with pytest.raises(TransientError):  # Slurm's failure: the step tries again
+                await rest.resume("gpu-001")
+        finally:
+            await rest.aclose()
+    assert [body["state"] for _, body in fake.posts] == [["RESUME"], ["RESUME"]]

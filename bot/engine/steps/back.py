@@ -56,7 +56,7 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
             await ctx.note("left_slurm", f"Slurm node {name} left with the node, which joined its pool")
             resumed.append(name)
             continue
-        if not (state.down or state.drained or down_while_busy(state, ctx.incident.id)):
+        if not (state.taken_out or down_while_busy(state, ctx.incident.id)):
             resumed.append(name)
             continue
         if not owns_slurm_reason(state.reason, ctx.incident.id):
@@ -69,7 +69,7 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
         await scheduler.resume(name)
         await ctx.acted("slurm_resume", f"Slurm node {name} resumed", node=name)
         after = await scheduler.node(name)
-        if after.down or after.drained:
+        if after.taken_out:
             return Wait(ctx.poll, f"{name} not yet back")
         resumed.append(name)
         await ctx.save(replace(ctx.progress, resumed=tuple(resumed)))

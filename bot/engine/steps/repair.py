@@ -348,6 +348,6 @@ async def _slurm_node_back(
         )
         if not (restarted or gone):
             return Wait(ctx.poll, f"waiting for the repair of {name}: its slurmd has not started again")
-        if (state.down or state.drained) and not is_pitcrew_reason(state.reason):
+        if state.taken_out and not is_pitcrew_reason(state.reason):
             return Wait(ctx.poll, f"{name} is back but held by someone else: {state.reason!r}")
     return Done(WaitReadyResult(ready_at=ctx.clock(), seen_gone=gone), "the Slurm node is back")

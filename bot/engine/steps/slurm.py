@@ -65,7 +65,7 @@ async def undo_slurm_down(ctx: UndoContext, result: SlurmDownResult) -> str:
     lines = []
     for name in names:
         state = await scheduler.node(name)
-        if not (state.down or state.drained):
+        if not state.taken_out:
             lines.append(f"{name} already in service")
         elif owns_slurm_reason(state.reason, ctx.incident.id):
             await scheduler.resume(name)
@@ -125,7 +125,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         state = await scheduler.node(name)
         if state.gpus is not None:
             await ctx.save(replace(ctx.progress, gpus={**ctx.progress.gpus, name: state.gpus}))
-        if state.down or state.drained or down_while_busy(state, ctx.incident.id):
+        if state.taken_out or down_while_busy(state, ctx.incident.id):
             mine = owns_slurm_reason(state.reason, ctx.incident.id)
             owned[name] = mine
             if not mine:
@@ -150,7 +150,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
             await scheduler.down(name, reason)
         await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
         after = await scheduler.node(name)
-        applied = after.down or after.drained or down_while_busy(after, ctx.incident.id)
+        applied = after.taken_out or down_while_busy(after, ctx.incident.id)
         if not applied or not owns_slurm_reason(after.reason, ctx.incident.id):
             raise TransientError(
                 f"Slurm node {name} not yet {action.upper()} (reads {'+'.join(sorted(after.states))}, "

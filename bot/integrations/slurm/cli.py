@@ -107,15 +107,15 @@ class NodeUpdates(ABC):
         await self._update_node(name, "DRAIN", reason)
 
     async def resume(self, name: str) -> None:
-        """Slurm refuses RESUME of a node already in service; that means the wanted state holds,
-        so it is success (a retried step stays harmless)."""
+        """Slurm refuses RESUME of a node no longer DOWN or DRAIN; that means the wanted state
+        holds (``SlurmNodeState.taken_out``), so it is success (a retried step stays harmless)."""
         try:
             await self._update_node(name, "RESUME", None)
         except PermanentError as exc:
             if exc.reason == Reason.UNKNOWN_NODE:
                 raise
             node = await self.node(name)
-            if node.down or node.drained:
+            if node.taken_out:
                 raise
 
 

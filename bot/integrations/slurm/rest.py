@@ -109,11 +109,12 @@ def _refused(status: int, errors: Sequence[SlurmError]) -> bool:
 
 
 def _holds(node: SlurmNodeState, state: str, reason: str | None) -> bool:
-    """Whether ``node`` is as an update to ``state`` with ``reason`` leaves it: RESUME in service
-    (as ``NodeUpdates.resume`` takes a refused RESUME); DOWN or DRAIN with that reason, pitcrew's,
-    so a node someone else took out of service is never read as pitcrew's doing."""
+    """Whether ``node`` is as an update to ``state`` with ``reason`` leaves it: RESUME no longer
+    DOWN or DRAIN (``SlurmNodeState.taken_out``, as ``NodeUpdates.resume`` takes a refused RESUME
+    whose answer was read); DOWN or DRAIN with that reason, pitcrew's, so a node someone else took
+    out of service is never read as pitcrew's doing."""
     if state == "RESUME":
-        return node.in_service
+        return not node.taken_out
     taken = node.down if state == "DOWN" else node.drained
     return taken and node.reason == reason
 
@@ -186,11 +187,7 @@ class RestScheduler(NodeUpdates):
             raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
         with _shape("get_node"):
             node = node_from_json(nodes[0])
-        if (
-            api.version == "v0.0.38"
-            and node.reason
-            and not (node.down or node.drained or "FAIL" in node.states)
-        ):
+        if api.version == "v0.0.38" and node.reason and not (node.taken_out or "FAIL" in node.states):
             # 22.05 (v0.0.38) shows a DOWN node whose CPUs are still allocated (its jobs being
             # killed) as "mixed"/"allocated" without a DOWN flag; a reason says it is out of
             # service. scontrol shows the base state: ask it rather than report the node in service.
