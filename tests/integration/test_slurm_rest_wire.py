@@ -19,7 +19,8 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
   cannot read (the stand-in frames them byte for byte as the captures show): a change whose
   answer is lost is read back (a RESUME of a node in service is done, an update of an unknown node
   permanent, a DOWN that did not hold transient, never a node someone else downed taken for
-  pitcrew's), and a job Slurm forgot is looked up in its jobs list (``None``).
+  pitcrew's), a job Slurm forgot is looked up in its jobs list (``None``), and a request whose
+  refused token's answer is lost goes again at once if the token file changed meanwhile.
 """
 
 from __future__ import annotations
@@ -313,3 +314,32 @@ async def test_a_refused_resume_takes_one_rule_whatever_the_answer(
         finally:
             await rest.aclose()
     assert [body["state"] for _, body in fake.posts] == [["RESUME"], ["RESUME"]]
+
+
+async def test_2605_a_token_rotated_while_its_refusal_is_lost_is_tried_at_once(
+    token_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """26.05.5's answer to a refused token is unreadable (``wire/token-refused.http``), so the
+    refusal cannot be told from any other lost error: when the token file changed meanwhile, the
+    request goes again at once with the new token, as a readable refusal's does (24.05.5+: 511),
+    instead of failing the step's attempt. A change sent again this way was refused the first
+    time: nothing was done twice."""
+    caplog.set_level(logging.DEBUG)
+    fake = FakeSlurmrestd(V45_DOC)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            fake.rotate_to = (token_file, "rotated-token")  # rotated while the request is in flight
+            assert (await rest.node("gpu-001")).name == "gpu-001"
+            fake.rotate_to = (token_file, "rotated-again")
+            await rest.down("gpu-001", "pitcrew: inc-6 XID 79")
+            assert fake.node_state == ["DOWN"]
+            fake.token = "someone-else's"  # refused, the file unchanged: the attempt fails
+            with pytest.raises(TransientError) as lost:
+                await rest.node("gpu-001")
+            assert lost.value.reason == Reason.BAD_RESPONSE
+        finally:
+            await rest.aclose()
+    assert [body["state"] for _, body in fake.posts] == [["DOWN"]]  # the refused one never reached it
+    assert len(fake.connections) == 5  # two requests, each twice, and the last one once
+    assert all("rotated" not in r.getMessage() and SECRET not in r.getMessage() for r in caplog.records)

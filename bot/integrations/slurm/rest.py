@@ -98,8 +98,8 @@ class UnreadableAnswer(TransientError):
     it was is lost. A change whose answer is lost this way is read back: a node update holds or not
     (``_holds``), a requeue left the job waiting or Slurm does not know it; a read whose answer is
     lost stays a transient error, but ``job`` looks a job Slurm forgot up in the jobs it lists.
-    (A token slurmctld refuses is lost the same way: a transient error, healed by the next attempt
-    once the token file is rewritten.)"""
+    (A token slurmctld refuses is lost the same way: the request goes again at once if the token
+    file changed meanwhile, as after a refusal read; else a transient error.)"""
 
 
 def _refused(status: int, errors: Sequence[SlurmError]) -> bool:
@@ -360,7 +360,14 @@ class RestScheduler(NodeUpdates):
         changes: bool = False,
     ) -> tuple[int, Mapping[str, Any]]:
         """``changes``: the request changes Slurm whatever its method (fenced: ``fenced.CHANGES``)."""
-        status, body = await self._send(method, path, op, json_body, changes)
+        try:
+            status, body = await self._send(method, path, op, json_body, changes)
+        except UnreadableAnswer:
+            # 26.05.5 loses a refused token's answer too, so a token rotated meanwhile is tried at
+            # once, as after a refusal read. The answer lost was an error: nothing was done.
+            if not self._token.changed():
+                raise
+            status, body = await self._send(method, path, op, json_body, changes)
         errors = errors_of(body)
         if _refused(status, errors) and self._token.changed():
             status, body = await self._send(method, path, op, json_body, changes)  # the token was rotated
