@@ -8,6 +8,7 @@ with the logs attached. Nothing here imports pytest: the tests wrap these in the
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import random
@@ -46,6 +47,32 @@ SHARED_PORTS = range(10000, 15000)
 #: but a CI run makes hundreds of them in several processes at once.
 CLAIMS = Path(tempfile.gettempdir()) / "pitcrew-ports"
 CLAIM_SECONDS = 600.0
+#: The claims made here (port: the claiming process, and the claim file's identity: device, inode,
+#: and when it was made or last renewed), given up when that process exits (``_release``): its
+#: servers are gone then, and the files no longer pile up in ``CLAIMS`` run after run (thousands on
+#: a developer's machine). A claim another process took over once it was old is another file, or
+#: at least another time, and is left alone.
+_MINE: dict[int, tuple[int, tuple[int, int, int]]] = {}
+
+
+def _identity(seen: os.stat_result) -> tuple[int, int, int]:
+    return seen.st_dev, seen.st_ino, seen.st_mtime_ns
+
+
+def _release() -> None:
+    """At exit, remove the claims this process made that are still its own (not those of the
+    process a child was forked from: it inherits ``_MINE`` and this handler)."""
+    for port, (pid, made) in list(_MINE.items()):
+        if pid != os.getpid():
+            continue
+        path = CLAIMS / str(port)
+        with contextlib.suppress(OSError):
+            if _identity(path.stat()) == made:
+                path.unlink()
+        del _MINE[port]
+
+
+atexit.register(_release)
 
 
 def _claims() -> bool:
@@ -70,9 +97,14 @@ def _claim(port: int) -> bool:
     except PermissionError:
         return False  # another user's claim, not ours to take over
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        made = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False  # claimed, or claimed again since it was old
+    try:
+        seen = os.fstat(made)
+    finally:
+        os.close(made)
+    _MINE[port] = (os.getpid(), _identity(seen))
     return True
 
 
@@ -81,8 +113,10 @@ def renew_claims(*ports: int) -> None:
     port (a Postgres or slurmctld restart) leaves it free meanwhile, long after it was chosen."""
     if _claims():
         for port in ports:
+            path = CLAIMS / str(port)
             with contextlib.suppress(PermissionError):  # another user's claim: it holds meanwhile
-                (CLAIMS / str(port)).touch()
+                path.touch()
+                _MINE[port] = (os.getpid(), _identity(path.stat()))  # this process's, to give up at exit
 
 
 def _below_ephemeral() -> range:

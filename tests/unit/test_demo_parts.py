@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -224,3 +226,33 @@ def test_the_demo_reports_a_slack_method_slack_lacks(tmp_path: Path) -> None:
         ]
     finally:
         side.stop()
+
+
+def test_a_process_gives_its_claims_up_when_it_exits() -> None:
+    """A process's claims go when it exits (its servers are gone): the files no longer pile up in
+    ``CLAIMS``. A claim another process made since on the same port (the first one's was old) is
+    not given up with it."""
+    child = (
+        "import os, time\n"
+        "from proving_ground import proc\n"
+        "kept, taken = proc.free_port(), proc.free_port()\n"
+        "path = proc.CLAIMS / str(taken)\n"
+        # Taken over as another process takes a claim once it is old (``CLAIM_SECONDS`` later):
+        "path.unlink()\n"
+        "os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))\n"
+        "later = time.time() + proc.CLAIM_SECONDS + 1\n"
+        "os.utime(path, (later, later))\n"
+        "print(kept, taken)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child],
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    kept, taken = out.split()
+    assert not (proc.CLAIMS / kept).exists()
+    assert (proc.CLAIMS / taken).exists()
+    (proc.CLAIMS / taken).unlink()
