@@ -15,8 +15,10 @@ the honest limit of an acknowledgement that survives a crash — and pitcrew on 
 throwaway cluster with PostgreSQL's default durability, ``proving_ground.postgres``) with one
 replica and with two (the load spread over both, as Alertmanager's peers would).
 
-Printed for each: throughput and p50/p99 with 8 requests always in flight (saturation),
-and p50/p99 at a fixed offered load (open loop, as Alertmanager sends); then pitcrew's
+Printed for each: throughput and p50/p99 with 8 requests always in flight (saturation), with
+the CPU the server's processes used meanwhile and how busy the whole machine was (on a machine
+of few CPUs the load generator and PostgreSQL share them with the server, and a saturated
+latency is then partly each process waiting for a CPU), and p50/p99 at a fixed offered load (open loop, as Alertmanager sends); then pitcrew's
 ratio to the durable baseline on the same database (and to the bare handler), and its saturated
 deliveries that stored something new apart, with the incidents the engine closed meanwhile (the
 stream's resolutions close some, and each close is the engine's reads and a few transactions of
@@ -220,8 +222,29 @@ def settle(url: str, quiet: float = 1.5, limit: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def _host_cpu() -> tuple[int, int]:
+    """Every CPU's busy and total time so far, in clock ticks (``/proc/stat``)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle and iowait are not busy
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """The CPU time (user and system) the processes ``pids`` have used so far (``/proc/<pid>/stat``)."""
+    used = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        used += int(fields[11]) + int(fields[12])  # utime, stime
+    return used / os.sysconf("SC_CLK_TCK")
+
+
 def measure(
-    name: str, urls: list[str], warmup: list[bytes], bodies: list[bytes], concurrency: int, rate: float
+    name: str,
+    urls: list[str],
+    pids: list[int],
+    warmup: list[bytes],
+    bodies: list[bytes],
+    concurrency: int,
+    rate: float,
 ) -> dict[str, float]:
     alerts = [url + "/api/v1/alerts" for url in urls]
     asyncio.run(drive(alerts, warmup, concurrency))
@@ -229,7 +252,10 @@ def measure(
         settle(url)
     stored: list[float] = []
     closed = -sum(counted(url, "pitcrew_incidents_closed_total") for url in urls)
+    (busy, ticks), used = _host_cpu(), _cpu_seconds(pids)
     elapsed, latencies, codes = asyncio.run(drive(alerts, bodies, concurrency, stored))
+    used = _cpu_seconds(pids) - used
+    busy, ticks = (now - before for now, before in zip(_host_cpu(), (busy, ticks), strict=True))
     closed += sum(counted(url, "pitcrew_incidents_closed_total") for url in urls)
     assert set(codes) == {200}, f"{name}: unexpected answers {codes}"
     for url in urls:
@@ -248,6 +274,8 @@ def measure(
         "p50": cuts[49] * 1000,
         "p99": cuts[98] * 1000,
         "max": max(latencies) * 1000,
+        "server_cpu": 100 * used / elapsed,
+        "host_cpu": 100 * busy / ticks if ticks else float("nan"),
         "rate_p50": at_rate[49] * 1000,
         "rate_p99": at_rate[98] * 1000,
         "rate_max": max(offered) * 1000,
@@ -298,7 +326,8 @@ def main() -> None:
                 urls.append(f"http://127.0.0.1:{port}")
                 argv = [part.replace("{port}", str(port)) for part in command]
                 procs.append(start(argv, urls[-1], env))
-            rounds[-1][name] = measure(name, urls, warmup, bodies, args.concurrency, args.rate)
+            pids = [proc.pid for proc in procs]
+            rounds[-1][name] = measure(name, urls, pids, warmup, bodies, args.concurrency, args.rate)
         finally:
             for proc in procs:
                 proc.terminate()
@@ -358,13 +387,19 @@ def main() -> None:
         f"SQLite synchronous={sync}; PostgreSQL with its defaults (fsync on); {args.rounds} round(s), "
         "each figure the median of the rounds'"
     )
-    print(f"{'':<40} {'saturated (closed loop)':^38} | {f'offered {args.rate:.0f}/s (open loop)':^27}")
     print(
-        f"{'server':<40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} | {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        "CPU during the saturated stream: the server's processes' (100 % is one CPU) and the whole "
+        f"machine's busy share (its {os.cpu_count()} CPUs, the load generator and PostgreSQL included)"
+    )
+    print(f"{'':<40} {'saturated (closed loop)':^56} | {f'offered {args.rate:.0f}/s (open loop)':^27}")
+    print(
+        f"{'server':<40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'CPU %':>8} {'host %':>8} |"
+        f" {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
     )
     for name, r in results.items():
         print(
-            f"{name:<40} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['max']:>8.2f} | "
+            f"{name:<40} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['max']:>8.2f} "
+            f"{r['server_cpu']:>8.0f} {r['host_cpu']:>8.0f} | "
             f"{r['rate_p50']:>8.2f} {r['rate_p99']:>8.2f} {r['rate_max']:>8.2f}"
         )
     for name, baseline in ((CREW, DURABLE_SQLITE), (CREW_PG, DURABLE_PG), (CREW_PG2, DURABLE_PG)):
