@@ -21,6 +21,10 @@ _FINAL_FAILED_STATES = frozenset(
 )
 
 
+#: Slurm node base states with jobs on them (``SlurmNodeState.busy``).
+BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
 @dataclass(frozen=True, slots=True)
 class SlurmNodeState:
     """One Slurm node: its state flags (upper case, e.g. ``{"IDLE", "DRAIN"}``) and reason."""
@@ -42,6 +46,12 @@ class SlurmNodeState:
     @property
     def drained(self) -> bool:
         return bool(self.states & {"DRAIN", "DRAINED", "DRAINING"})
+
+    @property
+    def busy(self) -> bool:
+        """Jobs run on it, or are being ended there: its base state is ALLOCATED, MIXED or
+        COMPLETING (as both backends list it)."""
+        return bool(self.states & BUSY)
 
     @property
     def taken_out(self) -> bool:

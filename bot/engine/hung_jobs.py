@@ -39,8 +39,6 @@ from bot.store.base import IngestOutcome
 
 log = logger(__name__)
 RECEIVER = "pitcrew-hung-jobs"
-#: Slurm node states with jobs on them.
-BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 
 class HungJobs(AlertSource):
@@ -119,7 +117,7 @@ class HungJobs(AlertSource):
         scheduler = self._deps.ports.scheduler
         found: dict[str, JobSnapshot] = {}
         for node in await scheduler.nodes():
-            if not node.states & BUSY:
+            if not node.busy:
                 continue
             for job in await scheduler.jobs_on_node(node.name):
                 if job.state == "RUNNING" and job.nodes and _named(job.nodes[0]):

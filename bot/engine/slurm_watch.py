@@ -38,8 +38,6 @@ from bot.store.base import IngestOutcome
 
 log = logger(__name__)
 RECEIVER = "pitcrew-slurm-watch"
-#: Node states in which jobs run there (Slurm's base states, as both backends list them).
-BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +109,7 @@ class SlurmWatch(AlertSource):
         """Remember the jobs on a node in service; one out of service keeps what was seen before."""
         if node.states & OUT_STATES:
             return  # out by pitcrew's own hand (its incident recorded the jobs before DOWN), or no reason yet
-        if not node.states & BUSY:
+        if not node.busy:
             seen.pop(node.name, None)
             return
         try:

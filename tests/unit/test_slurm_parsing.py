@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bot.domain.jobs import SlurmNodeState
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PartitionNodes
@@ -478,3 +479,23 @@ async def test_only_one_job_is_ever_addressed(job_id: str) -> None:
     with pytest.raises(PermanentError) as caught:
         await ScontrolScheduler(bin_dir=Path("/nonexistent")).requeue(job_id)
     assert caught.value.reason == Reason.INVALID_REQUEST
+
+
+@pytest.mark.parametrize(
+    ("states", "busy", "taken_out", "in_service"),
+    [
+        ({"IDLE"}, False, False, True),
+        ({"MIXED"}, True, False, True),
+        ({"ALLOCATED", "DRAIN"}, True, True, False),  # draining: jobs still run
+        ({"COMPLETING"}, True, False, True),
+        ({"DOWN"}, False, True, False),
+        ({"IDLE", "DRAIN"}, False, True, False),
+        ({"IDLE", "NOT_RESPONDING"}, False, False, False),  # Slurm's view: no RESUME of pitcrew's undoes it
+        ({"IDLE", "FAIL"}, False, False, False),
+    ],
+)
+def test_node_state_rules(states: set[str], busy: bool, taken_out: bool, in_service: bool) -> None:
+    """Each rule on a node's states is one property: jobs on it (``busy``), out of service by a
+    DOWN or DRAIN that a RESUME undoes (``taken_out``), and in service."""
+    node = SlurmNodeState("gpu-001", frozenset(states))
+    assert (node.busy, node.taken_out, node.in_service) == (busy, taken_out, in_service)

@@ -29,8 +29,7 @@ def down_while_busy(state: SlurmNodeState, incident_id: str) -> bool:
     src/api/node_info.c). slurmrestd 24.11 shows this for a moment after the update; the reason,
     naming this incident, says the DOWN was applied. Flags such as DRAIN survive, so only DOWN needs it.
     """
-    busy = bool(state.states & {"MIXED", "ALLOCATED", "COMPLETING"})
-    return busy and owns_slurm_reason(state.reason, incident_id)
+    return state.busy and owns_slurm_reason(state.reason, incident_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,10 +119,6 @@ def _holds(node: SlurmNodeState, state: str, reason: str | None) -> bool:
     return taken and node.reason == reason
 
 
-#: What 22.05's REST shows a node just set DOWN while its jobs are being killed (no DOWN flag).
-_KILLING = frozenset({"MIXED", "ALLOCATED", "COMPLETING"})
-
-
 class RestScheduler(NodeUpdates):
     """``Scheduler`` over slurmrestd; node updates fall back to ``fallback`` when needed."""
 
@@ -208,7 +204,7 @@ class RestScheduler(NodeUpdates):
             return listed
         return [
             replace(n, states=n.states | {"DOWN"})
-            if n.reason and n.in_service and n.states & _KILLING and not is_pitcrew_reason(n.reason)
+            if n.reason and n.in_service and n.busy and not is_pitcrew_reason(n.reason)
             else n
             for n in listed
         ]
