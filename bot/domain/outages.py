@@ -60,6 +60,11 @@ CONTROLLER_TAINTS = {
     "karpenter.sh/disruption": "Karpenter",
     "node.cluster.x-k8s.io/uninitialized": "Cluster API",
 }
+#: Slurm states that take a node out of service (base states and flags as both backends list them):
+#: by someone's hand, or by Slurm's own (FAIL). A node Slurm cannot reach (NOT_RESPONDING) is an
+#: outage too (``slurm_outage``), but no one took it out (``bot.domain.slurm_watch``).
+SLURM_OUT = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+
 #: How many node names each group lists before "and N more" (the words stay one readable line).
 NAMES_SHOWN = 3
 
@@ -78,7 +83,7 @@ def slurm_outage(
 ) -> Outage | None:
     """A Slurm node DOWN, DRAIN(ING/ED), FAIL(ING) or not responding, and who did it; else ``None``."""
     flags = {s.upper() for s in states}
-    if not flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}:
+    if not flags & (SLURM_OUT | {"NOT_RESPONDING"}):
         return None
     state = "/".join(sorted(flags))
     if is_pitcrew_reason(reason) or slinky_reason_is_ours(reason):

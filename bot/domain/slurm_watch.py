@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
-from bot.domain.outages import Taker, slurm_outage
+from bot.domain.outages import SLURM_OUT, Taker, slurm_outage
 from bot.domain.sourced import Sourced
 
 #: The catalog fault and the alert name a Slurm-sourced record carries.
 SLURM_FAULT = "slurm-node-out"
 ALERTNAME = "SlurmNodeOut"
-#: Slurm states that take a node out of service (base states and flags as both backends list them).
-OUT_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+#: Slurm states that take a node out of service (``bot.domain.outages``).
+OUT_STATES = SLURM_OUT
 #: The annotation naming the jobs seen on the node before it went out, and their restart counts.
 SEEN_JOBS = "slurm_jobs"
 
