@@ -101,3 +101,15 @@ def test_an_operation_s_last_statement_ends_it() -> None:
     with pytest.raises(RuntimeError, match="after the operation's last one: UPDATE t SET n = 100"):
         run_sync(db, beyond())
     assert db.execute("SELECT n FROM t").fetchall() == [(3,)]
+
+
+def test_the_stores_terminal_states_are_the_incidents() -> None:
+    """The schema's words for the terminal states (``{terminal}``: the one active incident per node
+    is a partial index over them, written in a migration, so the words are fixed there) are the
+    domain's ``TERMINAL``: a state made terminal in one and not the other fails here, and needs a
+    migration of that index."""
+    from bot.domain.incident import TERMINAL
+    from bot.store.sql import TERMINAL_STATES
+
+    words = {word.strip("'") for word in TERMINAL_STATES.strip("()").split(",")}
+    assert words == {state.value for state in TERMINAL}
