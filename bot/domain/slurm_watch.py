@@ -29,8 +29,6 @@ from bot.domain.sourced import Sourced
 #: The catalog fault and the alert name a Slurm-sourced record carries.
 SLURM_FAULT = "slurm-node-out"
 ALERTNAME = "SlurmNodeOut"
-#: Slurm states that take a node out of service (``bot.domain.outages``).
-OUT_STATES = SLURM_OUT
 #: The annotation naming the jobs seen on the node before it went out, and their restart counts.
 SEEN_JOBS = "slurm_jobs"
 
@@ -42,7 +40,7 @@ Outage = Sourced
 def out_by_others(state: SlurmNodeState) -> bool:
     """Out of service (DOWN, DRAIN or FAIL) with a reason pitcrew did not write: who took it out is
     ``bot.domain.outages``' one rule, the breaker's too."""
-    if not state.states & OUT_STATES or not state.reason:
+    if not state.states & SLURM_OUT or not state.reason:
         return False
     taken = slurm_outage(state.name, state.states, state.reason)
     return taken is not None and taken.by is not Taker.PITCREW
@@ -54,7 +52,7 @@ def outage(state: SlurmNodeState, now: datetime, seen: Sequence[JobSnapshot] = (
     the jobs running on it at the watch's last look while it was in service."""
     since = state.reason_time or now
     digest = hashlib.sha256(f"{state.name}\0{since.isoformat()}\0{state.reason}".encode()).hexdigest()
-    shown = "+".join(sorted(state.states & OUT_STATES))
+    shown = "+".join(sorted(state.states & SLURM_OUT))
     labels = {
         "alertname": ALERTNAME,
         "node": state.name,

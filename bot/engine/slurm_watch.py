@@ -28,7 +28,8 @@ from bot import logger
 from bot.domain.catalog import Catalog
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.labels import node_name
-from bot.domain.slurm_watch import ALERTNAME, OUT_STATES, SLURM_FAULT, out_by_others, outage
+from bot.domain.outages import SLURM_OUT
+from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, out_by_others, outage
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
 from bot.engine.memory import Memory
@@ -107,7 +108,7 @@ class SlurmWatch(AlertSource):
         self, lister: Scheduler, node: SlurmNodeState, seen: dict[str, tuple[JobSnapshot, ...]]
     ) -> None:
         """Remember the jobs on a node in service; one out of service keeps what was seen before."""
-        if node.states & OUT_STATES:
+        if node.states & SLURM_OUT:
             return  # out by pitcrew's own hand (its incident recorded the jobs before DOWN), or no reason yet
         if not node.busy:
             seen.pop(node.name, None)
