@@ -585,7 +585,21 @@ async def test_a_database_that_takes_no_writes_is_the_store_unavailable(stores: 
             " WHERE datname = current_database() AND pid != pg_backend_pid()"
         )
         await asyncio.sleep(postgres.CHECK_AFTER)  # the store's connections are replaced: read-only
-        await asyncio.gather(*(store.active() for _ in range(6)))  # reads still work, on several
+        # Reads still work, on several sessions at once: each waits for the incidents, which this
+        # session holds locked meanwhile, so none hands its connection on to the next (six reads
+        # at once were sometimes served by one session, and the check below saw only one).
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
+        reads = [asyncio.ensure_future(store.active()) for _ in range(6)]
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pitcrew' AND wait_event_type = 'Lock'"
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            admin.execute("SELECT pg_stat_clear_snapshot()")  # else the first one read, all along
+            row = admin.execute(waiting).fetchone()
+            if row is not None and row[0] > 1:
+                break
+        admin.execute("COMMIT")
+        await asyncio.gather(*reads)
         assert not await store.ping()  # not ready: /readyz takes it out of the Service
         seen = await store.inspect()
         assert not seen.ok and "read-only for this role" in seen.detail, seen
