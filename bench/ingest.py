@@ -18,15 +18,15 @@ replica and with two (the load spread over both, as Alertmanager's peers would).
 Printed for each: throughput and p50/p99 with 8 requests always in flight (saturation), with
 the CPU the server's processes used meanwhile and how busy the whole machine was (on a machine
 of few CPUs the load generator and PostgreSQL share them with the server, and a saturated
-latency is then partly each process waiting for a CPU), and p50/p99 at a fixed offered load (open loop, as Alertmanager sends); then pitcrew's
-ratio to the durable baseline on the same database (and to the bare handler), and its saturated
-deliveries that stored something new apart, with the incidents the engine closed meanwhile (the
-stream's resolutions close some, and each close is the engine's reads and a few transactions of
-its own beside the deliveries'). Every server
-runs once a round, for ``--rounds`` rounds; each figure is the median of the rounds', and a
-ratio is taken within each round (the two servers minutes apart, not the whole run) and its
-median reported beside each round's: on a small shared machine one round's ratio moves by a
-third from one run to the next.
+latency is then partly each process waiting for a CPU), and p50/p99 at a fixed offered load
+(open loop, as Alertmanager sends); then pitcrew's ratio to the durable baseline on the same
+database (and to the bare handler), and its saturated deliveries that stored something new
+apart, with the incidents the engine closed meanwhile (the stream's resolutions close some, and
+each close is the engine's reads and a few transactions of its own beside the deliveries').
+Every server runs once a round, for ``--rounds`` rounds; each figure is the median of the
+rounds', and a ratio is taken within each round (the two servers minutes apart, not the whole
+run) and its median reported beside each round's: on a small shared machine one round's ratio
+moves by a third from one run to the next.
 
     python bench/ingest.py [--requests 5000] [--nodes 500] [--new-share 0.1]
                            [--resolved-share 0.02] [--concurrency 8] [--rate 500]

@@ -12,8 +12,9 @@ import sqlite3
 
 import pytest
 
+from bot.domain.incident import TERMINAL
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, migrations
-from bot.store.sql import POSTGRES, SQLITE, Op, one, put, rows, run, run_sync, single
+from bot.store.sql import POSTGRES, SQLITE, TERMINAL_STATES, Op, one, put, rows, run, run_sync, single
 
 
 @pytest.mark.parametrize(
@@ -108,8 +109,5 @@ def test_the_stores_terminal_states_are_the_incidents() -> None:
     is a partial index over them, written in a migration, so the words are fixed there) are the
     domain's ``TERMINAL``: a state made terminal in one and not the other fails here, and needs a
     migration of that index."""
-    from bot.domain.incident import TERMINAL
-    from bot.store.sql import TERMINAL_STATES
-
     words = {word.strip("'") for word in TERMINAL_STATES.strip("()").split(",")}
     assert words == {state.value for state in TERMINAL}
