@@ -37,11 +37,11 @@ def _gpus_per_node() -> str:
 
 
 def _xid_class(expr: str) -> str:
-    """``class`` from pitcrew's catalog buckets (rules/promql.py): critical, application, or human."""
+    """``class`` from pitcrew's catalog (rules/promql.py): critical, application, or warning."""
     classes = q.xid_classes()
     critical = "|".join(map(str, classes.critical))
     quiet = "|".join(map(str, classes.no_page))
-    human = f'label_replace({expr}, "class", "needs a human", "xid", ".+")'
+    human = f'label_replace({expr}, "class", "warning (human, notice or later repair)", "xid", ".+")'
     crit = f'label_replace({human}, "class", "critical: reset, reboot or replace", "xid", "{critical}")'
     return f'label_replace({crit}, "class", "application (node untouched)", "xid", "{quiet}")'
 

@@ -16,8 +16,9 @@ TEXT = {
     ),
     "GpuXidWarning": (
         "XID {{ $labels.xid }} " + ON_GPU,
-        "XID that NVIDIA's catalog sends to support, mechanical checks or a workflow, or a code newer than"
-        " pitcrew's list: a human should look.",
+        "XID that needs no reset, reboot or replacement at once (NVIDIA's catalog: support, mechanical"
+        " checks, a workflow; pitcrew's: a repair when convenient or a notice) or a code newer than"
+        " pitcrew's list: pitcrew's catalog says what follows, mostly a human.",
     ),
     "GpuEccDoubleBitError": (
         "Double-bit ECC error " + ON_GPU,

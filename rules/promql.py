@@ -19,9 +19,11 @@ import yaml
 CATALOG = Path(__file__).resolve().parents[1] / "bot" / "data" / "catalog.yaml"
 # NVIDIA's "Resolution Bucket (Immediate Action)". Critical: the GPU or node must be reset, rebooted or
 # replaced. Never paged: the application is at fault (RESTART_APP), the event is informational
-# (IGNORE), or it follows another XID (45). Every other code - CONTACT_SUPPORT, CHECK_MECHANICALS, the
-# NVLink workflows, 154, codes the catalog does not know - pages as a warning: an XID nobody has
-# classified reaches a human instead of being dropped.
+# (IGNORE), or it follows another XID (45) - unless pitcrew's catalog gives the XID a playbook of its
+# own (94: reset the GPU when convenient; 92, 157, 163-165: a notice), which must reach pitcrew or
+# the entry is dead. Every other code - CONTACT_SUPPORT, CHECK_MECHANICALS, the NVLink workflows,
+# 154, codes the catalog does not know - pages as a warning: an XID nobody has classified reaches a
+# human instead of being dropped.
 CRITICAL_BUCKETS = ("RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48")
 NO_PAGE_BUCKETS = ("RESTART_APP", "IGNORE", "WORKFLOW_XID_45")
 
@@ -39,11 +41,14 @@ class XidClasses:
 def xid_classes(catalog: Path = CATALOG) -> XidClasses:
     data = yaml.safe_load(catalog.read_text())
     buckets = {int(code): entry["bucket"] for code, entry in data["xids"].items()}
+    own = frozenset(
+        int(code) for code, entry in data["xids"].items() if entry.get("playbook") not in (None, "ignore")
+    )
 
-    def codes(wanted: tuple[str, ...]) -> tuple[int, ...]:
-        return tuple(sorted(code for code, bucket in buckets.items() if bucket in wanted))
+    def codes(wanted: tuple[str, ...], but: frozenset[int] = frozenset()) -> tuple[int, ...]:
+        return tuple(sorted(code for code, bucket in buckets.items() if bucket in wanted and code not in but))
 
-    return XidClasses(str(data["version"]), codes(CRITICAL_BUCKETS), codes(NO_PAGE_BUCKETS))
+    return XidClasses(str(data["version"]), codes(CRITICAL_BUCKETS), codes(NO_PAGE_BUCKETS, own))
 
 
 def node_fold(expr: str) -> str:
