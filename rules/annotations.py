@@ -70,6 +70,12 @@ TEXT = {
         " in {link_error_window}, above {link_errors_max} for {link_errors_for}: the cable or transceiver"
         " is degrading.",
     ),
+    "NetworkCounterFull": (
+        "{{ $labels.counter }} counter full on {{ $labels.node }}: {{ $labels.device }} port {{ $labels.port }}",
+        "The port's {{{{ $labels.counter }}}} counter is at its maximum, where InfiniBand error counters stop:"
+        " new downs or errors on this port no longer show, so flapping and error-rate alerts cannot fire"
+        " for it. Clear the port's counters (perfquery -R) once its history is understood.",
+    ),
     "DcgmExporterDown": (
         "dcgm-exporter down on {{ $labels.node }}",
         "Prometheus cannot scrape the node's exporter: GPU faults on it are invisible.",

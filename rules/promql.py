@@ -186,6 +186,30 @@ IB_ERROR_COUNTERS = (
 )
 
 
+#: The IB/RoCE port counters the rules count, at their maximum. Linux reads them from the port's
+#: PortCounters attribute at these widths (drivers/infiniband/core/sysfs.c, ``PORT_PMA_ATTR``:
+#: link_downed and link_error_recovery 8 bits, symbol_error and port_rcv_errors 16, local link
+#: integrity 4), and InfiniBand's error counters stop at all ones instead of wrapping: a full one
+#: never increases again, so ``increase()`` over it is 0 until someone clears it (perfquery -R).
+IB_COUNTER_MAX = {
+    "node_infiniband_link_downed_total": 2**8 - 1,
+    "node_infiniband_link_error_recovery_total": 2**8 - 1,
+    "node_infiniband_symbol_error_total": 2**16 - 1,
+    "node_infiniband_port_errors_received_total": 2**16 - 1,
+    "node_infiniband_local_link_integrity_errors_total": 2**4 - 1,
+}
+
+
+def ib_counters_full() -> str:
+    """Each port counter at its maximum, labelled ``counter`` (node-exporter's name for it, without prefix and ``_total``): the flap and error
+    rules are blind on that port until the counter is cleared."""
+    return "\nor\n".join(
+        f'label_replace({per_link(f"{metric} >= {top}")}, "counter", '
+        f'"{metric.removeprefix("node_infiniband_").removesuffix("_total")}", "", "")'
+        for metric, top in IB_COUNTER_MAX.items()
+    )
+
+
 def ib_link_errors(window: str) -> str:
     """Physical-layer errors per port within ``window``, over the counters the port offers."""
     summed = "\n    or\n    ".join(

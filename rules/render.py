@@ -210,6 +210,9 @@ def network_rules(p: Profile) -> list[dict[str, Any]]:
             p,
             for_=p.link_errors_for,
         ),
+        alert(
+            "NetworkCounterFull", q.ib_counters_full(), "link-errors", "warning", p, for_=p.link_errors_for
+        ),
     ]
 
 

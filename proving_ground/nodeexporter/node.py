@@ -54,6 +54,25 @@ ERROR_COUNTERS = {
 }
 
 
+#: Counters Linux reads from the port's PortCounters attribute, at its widths (drivers/infiniband/
+#: core/sysfs.c, ``PORT_PMA_ATTR``): they clamp at all ones instead of wrapping (InfiniBand's
+#: performance counters; a full one stays full until cleared).
+WIDTHS = {
+    "symbol_error_total": 16,
+    "link_error_recovery_total": 8,
+    "link_downed_total": 8,
+    "port_errors_received_total": 16,
+    "port_receive_remote_physical_errors_total": 16,
+    "port_receive_switch_relay_errors_total": 16,
+    "port_discards_transmitted_total": 16,
+    "port_constraint_errors_transmitted_total": 8,
+    "port_constraint_errors_received_total": 8,
+    "local_link_integrity_errors_total": 4,
+    "excessive_buffer_overrun_errors_total": 4,
+    "vl15_dropped_total": 16,
+}
+
+
 @dataclass
 class IbPort:
     device: str
@@ -70,7 +89,7 @@ class IbPort:
         if counter in self.rates:
             per_second, since = self.rates[counter]
             base += int(per_second * (now - since))
-        return base
+        return min(base, 2 ** WIDTHS[counter] - 1) if counter in WIDTHS else base
 
 
 @dataclass

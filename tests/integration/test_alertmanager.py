@@ -69,6 +69,18 @@ ROUTES = [
         },
         "pitcrew,humans",
     ),
+    (
+        "NetworkCounterFull",
+        {
+            "fault": "link-errors",
+            "severity": "warning",
+            "node": "gpu-node-02",
+            "device": "mlx5_0",
+            "port": "1",
+            "counter": "link_downed",
+        },
+        "pitcrew,humans",
+    ),
     ("DcgmExporterNoTargets", {"fault": "exporter-down", "severity": "warning"}, "humans"),
     ("PitcrewDown", {"fault": "pitcrew", "severity": "critical", "job": "pitcrew"}, "humans-pager"),
     ("PitcrewStepsFailing", {"fault": "pitcrew", "severity": "warning", "node": "gpu-node-01"}, "humans"),

@@ -163,6 +163,14 @@ def test_faults_move_the_series_as_the_kernel_would() -> None:
     node.errors("mlx5_0", symbol=40, receive=2)
     assert sample(node, "node_infiniband_symbol_error_total", **port) == 40
     assert sample(node, "node_infiniband_port_errors_received_total", **port) == 2
+    # The PortCounters error counters clamp at their width's all ones and stay there; the data
+    # counters (32 bits and more) are not among them.
+    node.flap("mlx5_0", times=300)
+    node.errors("mlx5_0", symbol=70_000)
+    node.error_rate("mlx5_0", receive=1e9)
+    assert sample(node, "node_infiniband_link_downed_total", **port) == 255
+    assert sample(node, "node_infiniband_symbol_error_total", **port) == 65_535
+    assert sample(node, "node_infiniband_port_errors_received_total", **port) == 65_535
     node.reboot()
     assert sample(node, "node_infiniband_symbol_error_total", **port) == 0
     assert sample(node, "node_infiniband_link_downed_total", **port) == 0
