@@ -122,7 +122,11 @@ def fields_missing(fields: tuple[str, ...]) -> str:
 # ----------------------------------------------------------------------------- network links
 # node-exporter's infiniband collector (collector/infiniband_linux.go) labels every port series
 # ``device, port``; its netclass collector labels every interface series ``device``. RoCE ports are
-# InfiniBand-class devices too (link layer Ethernet), so the IB rules cover them.
+# InfiniBand-class devices too (link layer Ethernet), but a RoCE port whose Ethernet link is lost
+# reads DOWN with physical state Disabled (3), not Polling: the RoCE drivers (mlx5, irdma, ocrdma,
+# mana…) report the netdev's carrier that way. node-exporter does not export the link layer, so
+# the IB branch cannot tell that from a port an administrator disabled; the Ethernet branch sees the
+# lost carrier on the port's netdev, and the counter rules cover both.
 IB_PORT = "cluster, node, device, port"
 NET_DEVICE = "cluster, node, device"
 IB_STATE_DOWN, IB_STATE_ACTIVE, IB_PHYS_DISABLED = 1, 4, 3  # sysfs ports/<n>/state, phys_state
