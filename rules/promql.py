@@ -36,6 +36,8 @@ class XidClasses:
     version: str  # the catalog's, printed in the generated files' header
     critical: tuple[int, ...]
     no_page: tuple[int, ...]
+    #: The XID that says the driver's recovery action changed (NVIDIA's bucket XID_154).
+    recovery: int
 
 
 def xid_classes(catalog: Path = CATALOG) -> XidClasses:
@@ -48,7 +50,8 @@ def xid_classes(catalog: Path = CATALOG) -> XidClasses:
     def codes(wanted: tuple[str, ...], but: frozenset[int] = frozenset()) -> tuple[int, ...]:
         return tuple(sorted(code for code, bucket in buckets.items() if bucket in wanted and code not in but))
 
-    return XidClasses(str(data["version"]), codes(CRITICAL_BUCKETS), codes(NO_PAGE_BUCKETS, own))
+    (recovery,) = codes(("XID_154",))
+    return XidClasses(str(data["version"]), codes(CRITICAL_BUCKETS), codes(NO_PAGE_BUCKETS, own), recovery)
 
 
 def node_fold(expr: str) -> str:
@@ -93,6 +96,27 @@ def xid_recent(window: str) -> str:
         f"{per_gpu(count, 'xid')} > 0",
         # the latched last-XID gauge, only where the exporter offers neither of the above
         f"{per_gpu(gauge, 'xid')}\n  unless on (cluster, node, gpu)\n  ({offered})",
+    )
+
+
+#: The driver's recovery action (NVML ``nvmlDeviceGpuRecoveryAction_t``: 0 none, 1 GPU reset, 2 node
+#: reboot, 3 drain P2P, 4 drain and reset), DCGM field 1523 (DCGM 4.5+). XID 154 only says that it
+#: changed: dcgm-exporter's ``err_msg`` for it is the fixed "GPU Recovery Action Changed".
+RECOVERY_ACTION, RECOVERY_ACTIONS = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", range(5)
+
+
+def with_recovery_action(alerts: str, xid: int) -> str:
+    """``alerts`` (a selector of ``pitcrew:gpu_xid:recent``), its XID ``xid`` series labelled
+    ``recovery_action`` with the GPU's recovery action where the exporter reports one (PromQL makes
+    no label of a value, hence one branch per action); unlabelled where it does not."""
+    action = "\n    or\n    ".join(
+        f'label_replace({per_gpu(RECOVERY_ACTION)} == {v}, "recovery_action", "{v}", "", "")'
+        for v in RECOVERY_ACTIONS
+    )
+    one = alerts.replace("{", f'{{xid="{xid}",', 1) if "{" in alerts else f'{alerts}{{xid="{xid}"}}'
+    return (
+        f"(\n  {one}\n  + on (cluster, node, gpu) group_left (recovery_action)\n  0 * (\n    {action}\n  )\n)"
+        f"\nor on ({GPU}, xid)\n{alerts}"
     )
 
 

@@ -117,7 +117,13 @@ def gpu_rules(p: Profile) -> list[dict[str, Any]]:
         {"record": "pitcrew:gpu_xid:recent", "expr": q.xid_recent(p.xid_window)},
         {"record": count, "expr": f"count by (cluster, node) ({q.present('DCGM_FI_DEV_GPU_TEMP')})"},
         alert("GpuXidCritical", f'pitcrew:gpu_xid:recent{{xid=~"{critical}"}}', "xid", "critical", p),
-        alert("GpuXidWarning", f'pitcrew:gpu_xid:recent{{xid!~"{critical}|{no_page}"}}', "xid", "warning", p),
+        alert(
+            "GpuXidWarning",
+            q.with_recovery_action(f'pitcrew:gpu_xid:recent{{xid!~"{critical}|{no_page}"}}', xids.recovery),
+            "xid",
+            "warning",
+            p,
+        ),
         alert(
             "GpuEccDoubleBitError",
             q.any_of(

@@ -23,6 +23,8 @@ from proving_ground.dcgm.fields import (
     DRIVER_LABEL,
     FIELDS,
     HEALTH_WATCHES,
+    RECOVERY_ACTION,
+    RECOVERY_XID,
     XID_TEXT,
     Field,
 )
@@ -91,6 +93,8 @@ class Node:
                 g.last_xid = code
                 g.xid_seen.append((time.monotonic(), code))
                 g.xid_total[code] = g.xid_total.get(code, 0) + 1
+                if code == RECOVERY_XID:  # the driver logs it when the GPU's recovery action changes
+                    g.values[RECOVERY_ACTION] = float(params.get("action", 1))
             elif fault == "fallen_off":
                 g.fallen_off = True
             elif fault in ("ecc_dbe", "ecc_sbe"):

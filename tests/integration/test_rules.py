@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from bot.domain.catalog import parse_catalog
+from bot.domain.faults import RECOVERY_XID
 from rules import promql, render
 from tests.harness.proc import require_binary
 
@@ -161,6 +162,7 @@ def test_xid_classes_follow_the_catalog() -> None:
     assert not own & set(classes.no_page), sorted(own & set(classes.no_page))
     quiet = {code for code, entry in catalog.xids.items() if catalog.xid_playbook(code) == "ignore"}
     assert quiet <= set(classes.no_page), sorted(quiet - set(classes.no_page))
+    assert classes.recovery == RECOVERY_XID  # the XID whose alert the rules label with the action
     assert f"version {classes.version}" in render.RULE_FILE.read_text().splitlines()[0]
 
 

@@ -130,6 +130,28 @@ def test_collectors_csv_decides_the_families() -> None:
     assert [FIELDS[f].fid for f in families] == sorted(FIELDS[f].fid for f in families)
 
 
+def test_xid_154_comes_with_the_recovery_action_it_announces() -> None:
+    """The driver logs XID 154 when a GPU's recovery action changes; the action itself is field 1523
+    (NVML ``nvmlDeviceGpuRecoveryAction_t``), which the exporter reports beside it."""
+    collectors, fields = load_collectors(COLLECTORS_CSV)
+    node = Node("gpu-node-05", collectors=collectors, fields=fields)
+
+    def action(gpu: int) -> float:
+        line = next(
+            m for m in map(SAMPLE.match, node.render().splitlines())
+            if m and m["family"] == "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION" and m["gpu"] == str(gpu)
+        )  # fmt: skip
+        return float(line["value"])
+
+    assert action(2) == 0  # none while healthy
+    node.inject("xid", gpu=2, xid=154, action=2)  # node reboot required
+    assert (action(2), action(1)) == (2, 0)
+    node.inject("xid", gpu=1, xid=154)  # the commonest: a GPU reset
+    assert action(1) == 1
+    node.clear(1)
+    assert action(1) == 0
+
+
 def test_http_api_injects_clears_and_fails_on_request() -> None:
     with Standin(["gpu-node-01", "gpu-node-02"]) as standin:
         base = f"http://{standin.address('gpu-node-02')}"
