@@ -105,18 +105,18 @@ def xid_recent(window: str) -> str:
 RECOVERY_ACTION, RECOVERY_ACTIONS = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", range(5)
 
 
-def with_recovery_action(alerts: str, xid: int) -> str:
-    """``alerts`` (a selector of ``pitcrew:gpu_xid:recent``), its XID ``xid`` series labelled
+def with_recovery_action(metric: str, matcher: str, xid: int) -> str:
+    """``metric{matcher}`` (``pitcrew:gpu_xid:recent``), its XID ``xid`` series labelled
     ``recovery_action`` with the GPU's recovery action where the exporter reports one (PromQL makes
     no label of a value, hence one branch per action); unlabelled where it does not."""
     action = "\n    or\n    ".join(
         f'label_replace({per_gpu(RECOVERY_ACTION)} == {v}, "recovery_action", "{v}", "", "")'
         for v in RECOVERY_ACTIONS
     )
-    one = alerts.replace("{", f'{{xid="{xid}",', 1) if "{" in alerts else f'{alerts}{{xid="{xid}"}}'
+    one = f'{metric}{{xid="{xid}",{matcher}}}'
     return (
         f"(\n  {one}\n  + on (cluster, node, gpu) group_left (recovery_action)\n  0 * (\n    {action}\n  )\n)"
-        f"\nor on ({GPU}, xid)\n{alerts}"
+        f"\nor on ({GPU}, xid)\n{metric}{{{matcher}}}"
     )
 
 
@@ -229,8 +229,8 @@ IB_COUNTER_MAX = {
 
 
 def ib_counters_full() -> str:
-    """Each port counter at its maximum, labelled ``counter`` (node-exporter's name for it, without prefix and ``_total``): the flap and error
-    rules are blind on that port until the counter is cleared."""
+    """Each port counter at its maximum, labelled ``counter`` (node-exporter's name for it, without
+    prefix and ``_total``): the flap and error rules are blind on that port until it is cleared."""
     return "\nor\n".join(
         f'label_replace({per_link(f"{metric} >= {top}")}, "counter", '
         f'"{metric.removeprefix("node_infiniband_").removesuffix("_total")}", "", "")'

@@ -119,7 +119,7 @@ def gpu_rules(p: Profile) -> list[dict[str, Any]]:
         alert("GpuXidCritical", f'pitcrew:gpu_xid:recent{{xid=~"{critical}"}}', "xid", "critical", p),
         alert(
             "GpuXidWarning",
-            q.with_recovery_action(f'pitcrew:gpu_xid:recent{{xid!~"{critical}|{no_page}"}}', xids.recovery),
+            q.with_recovery_action("pitcrew:gpu_xid:recent", f'xid!~"{critical}|{no_page}"', xids.recovery),
             "xid",
             "warning",
             p,
