@@ -738,8 +738,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
             and resources.pdb_selects(pdb, pod["metadata"].get("labels") or {})
         ]
         if len(budgets) > 1:
+            # Not an error: eviction.go returns this Status with a nil error, and handlers/create.go
+            # writes it with the create's own 201 (it fills ``code`` only when it is 0, and this one is
+            # 500). client-go's ``Result.Into`` makes any non-Success Status an error; a client that
+            # looks only at the status line takes the pod for evicted.
             message = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
-            raise ApiError(500, "", message)
+            return resources.status_body(500, "", message), 201
         if budgets:
             pdb = self._refreshed(resources.BY_PLURAL["poddisruptionbudgets"], budgets[0])
             pdb_status, pdb_name = pdb["status"], pdb["metadata"]["name"]

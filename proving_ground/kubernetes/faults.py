@@ -2,7 +2,7 @@
 
 A ``Fault`` matches requests by method/verb/resource/name (or a name's prefix: a node the test cannot
 name in advance, a replacement) and answers ``times`` of them with ``status`` (the fixtures' Status
-bodies) after an optional ``delay``, once ``skip`` matching requests went through untouched (the
+bodies, or ``body``) after an optional ``delay``, once ``skip`` matching requests went through untouched (the
 third patch of a node, say); a delay alone lets a client time out, and ``before`` alone lets someone
 else change the world just before the request is served (a race) — or kill the client.
 """
@@ -89,6 +89,9 @@ class Fault:
     lost_answer: int | None = None
     #: Run before the request is served: another writer acting just before this request lands.
     before: Callable[[], None] | None = None
+    #: The body answered with ``status`` instead of the Status the emulator makes for it: a
+    #: ``metav1.Status`` a server words otherwise, or one it sends on a 2xx status line.
+    body: dict[str, Any] | None = None
     hits: int = 0
     skipped: int = 0
 
@@ -111,7 +114,10 @@ class Fault:
         from proving_ground.kubernetes.resources import ApiError
 
         assert self.status is not None
-        return ApiError.injected(self.status, res, name, self.retry_after)
+        error = ApiError.injected(self.status, res, name, self.retry_after)
+        if self.body is not None:
+            error.body = dict(self.body)
+        return error
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Cases: the node's pods by field selector, without the never-drained namespaces, DaemonSet, mirror
 and terminating pods recognisable; eviction through policy/v1 (201), a vanished pod counts as
 evicted; a PDB refusal is ``TransientError(reason="pdb")`` naming the pod and the budget's message;
-a pod under two budgets, which the API server refuses with HTTP 500, is a ``PermanentError(reason="pdb")``
-naming both; a force delete is refused unless ``force_delete_not_ready`` allows it, and then removes the pod at
+a pod under two budgets, which the API server refuses with HTTP 201 and a Failure Status of code 500, is
+a ``PermanentError(reason="pdb")`` naming both; any other Failure Status on a 2xx is the error of its
+code and message, as a failed request of that code would be; a force delete is refused unless ``force_delete_not_ready`` allows it, and then removes the pod at
 once; slurmd pods of a Slinky NodeSet come with their node and Slurm hostname.
 """
 
@@ -107,5 +108,30 @@ async def test_a_pod_under_two_budgets_is_refused_naming_both(
     ) as err:
         await cluster.evict(WORKER)
     assert err.value.reason == "pdb"
-    assert [e.status for e in k8s.log if e.subresource == "eviction"] == [500]
+    assert [e.status for e in k8s.log if e.subresource == "eviction"] == [201]  # a Failure Status
     assert k8s.get("pods", WORKER.name, "training")["metadata"].get("deletionTimestamp") is None  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "reason"),
+    [(500, TransientError, Reason.UNAVAILABLE), (403, PermanentError, Reason.FORBIDDEN)],
+)
+async def test_another_failure_status_on_a_201_is_the_error_of_its_code(
+    cluster: KubernetesCluster, k8s: KubeEmulator, code: int, kind: type[Exception], reason: str
+) -> None:
+    """A refusal in a 2xx answer is not taken for an eviction, whatever it says: it is the error a
+    failed request of the Status' code would be (``client.refusal``)."""
+    failure = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "the eviction subresource said no",
+        "code": code,
+    }
+    k8s.inject(201, verb="create", subresource="eviction", body=failure)
+    with pytest.raises(
+        kind, match=rf"evict pod training/llama-pretrain-worker-2: {code} the eviction"
+    ) as err:
+        await cluster.evict(WORKER)
+    assert getattr(err.value, "reason", None) == reason

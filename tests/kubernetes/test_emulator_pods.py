@@ -5,6 +5,7 @@ unsupported field a 400; DaemonSet, mirror and terminating pods as in the fixtur
 the pod listed as terminating until the kubelet stand-in removes it, force delete removes it at once;
 eviction is 201 with no PDB (the client parses that Status as a ``V1Eviction``, so the log shows the code) and 404 for a missing pod; the Slinky PDB answers 429 (fixture body, no
 Retry-After) until the pod loses ``pod-protect``; a stale PDB answers 429 with ``Retry-After: 10``; a
+pod under two budgets is answered 201 with a Failure Status of code 500 and stays; a
 pod that is not Ready is evicted past a budget with no disruption left when the budget has its desired
 healthy pods or says ``AlwaysAllow`` (as the API server does), and a gone kubelet's pods are not Ready;
 an injected 500 is retried by the client, an injected 500 on a PATCH surfaces the fixture body, an
@@ -151,6 +152,31 @@ async def test_a_stale_budget_answers_429_with_retry_after(
         )
     assert err.value.status == 429 and err.value.headers["Retry-After"] == "10"
     assert _status(err.value) == load_fixture("status-429-eviction-pdb-retryafter.json")
+
+
+async def test_a_pod_under_two_budgets_is_answered_201_with_a_failure_status(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """pkg/registry/core/pod/storage/eviction.go returns a Failure Status (code 500) with no error, and
+    handlers/create.go writes it as 201: the client raises nothing, only the body says no."""
+    for name in ("serve", "serve-wide"):
+        budget = _budget(1)
+        budget["metadata"]["name"] = name
+        k8s.add("poddisruptionbudgets", budget)
+    [pod] = _replicas(k8s, 1, 0)
+    answer = await client.CoreV1Api(k8s_client).create_namespaced_pod_eviction_with_http_info(
+        pod, "training", _eviction(pod, "training")
+    )
+    assert answer.status_code == 201
+    assert json.loads(answer.raw_data) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+        "code": 500,
+    }
+    assert k8s.get("pods", pod, "training")["metadata"].get("deletionTimestamp") is None  # type: ignore[index]
 
 
 def _replicas(k8s: KubeEmulator, ready: int, unready: int) -> list[str]:

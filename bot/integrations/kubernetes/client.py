@@ -200,19 +200,29 @@ def status_of(exc: ApiException) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+def refusal(
+    code: int, status: dict[str, Any], what: str, said: str | None = None
+) -> TransientError | PermanentError:
+    """The port's error for the API server's refusal of HTTP ``code`` with ``metav1.Status`` body
+    ``status`` ({} if none); ``what`` says what pitcrew was doing, ``said`` stands in for a Status
+    without a message (the HTTP reason phrase). The code and the Status' own ``reason``
+    (``NotFound``, ``AlreadyExists``, ``TooManyRequests`` ...) stay in the message; the error's
+    ``reason`` is pitcrew's, from the code. Also for a refusal a server sends on a 2xx status line
+    (an eviction's Failure Status): ``code`` is then the Status' own."""
+    reason = f" {status['reason']}" if isinstance(status.get("reason"), str) else ""
+    message = f"{what}: {code}{reason} {status.get('message') or said}"
+    if code in _TRANSIENT or code == 0:
+        retry = (status.get("details") or {}).get("retryAfterSeconds")
+        kind = _TRANSIENT_REASONS.get(code, Reason.UNAVAILABLE)
+        return TransientError(message, reason=kind, retry_after=float(retry) if retry else None)
+    return PermanentError(message, reason=_PERMANENT_REASONS.get(code, Reason.REFUSED))
+
+
 def translate(exc: BaseException, what: str) -> TransientError | PermanentError:
-    """The port's error for a failed request; ``what`` says what pitcrew was doing. The HTTP code
-    and the Status' own ``reason`` (``NotFound``, ``AlreadyExists``, ``TooManyRequests`` ...) stay
-    in the message; the error's ``reason`` is pitcrew's, from the HTTP code."""
+    """The port's error for a failed request (``refusal`` for the API server's); ``what`` says what
+    pitcrew was doing."""
     if isinstance(exc, ApiException):
-        status = status_of(exc)
-        code = f" {status['reason']}" if isinstance(status.get("reason"), str) else ""
-        message = f"{what}: {exc.status}{code} {status.get('message') or exc.reason}"
-        if exc.status in _TRANSIENT or exc.status == 0:
-            retry = (status.get("details") or {}).get("retryAfterSeconds")
-            reason = _TRANSIENT_REASONS.get(exc.status, Reason.UNAVAILABLE)
-            return TransientError(message, reason=reason, retry_after=float(retry) if retry else None)
-        return PermanentError(message, reason=_PERMANENT_REASONS.get(exc.status, Reason.REFUSED))
+        return refusal(exc.status, status_of(exc), what, exc.reason)
     if isinstance(exc, TimeoutError):
         return TransientError(f"{what}: {type(exc).__name__} {exc}", reason=Reason.TIMEOUT)
     if isinstance(exc, aiohttp.ClientError | OSError):

@@ -5,12 +5,16 @@ What a drain may skip is decided here from the pod itself: DaemonSet-owned pods,
 pods are returned marked so. An eviction refused by a PodDisruptionBudget is a
 ``TransientError(reason=Reason.PDB)`` naming the pod and the budget's own message, so the step
 retries it until its deadline and the escalation says what blocked it. A pod selected by more
-than one budget is refused by the API server with HTTP 500 (``eviction.go``: the subresource does
-not support it) on every try: that is a ``PermanentError(reason=Reason.PDB)`` naming the budgets.
+than one budget is refused on every try, not with an error status but with HTTP 201 and a Failure
+Status of code 500 (``eviction.go`` returns it with a nil error, ``handlers/create.go`` writes it
+as a create's 201; client-go's ``Result.Into`` makes it an error, this client raises only on a
+non-2xx status line): so the answer's body is read, and that refusal is a
+``PermanentError(reason=Reason.PDB)`` naming the budgets.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -19,7 +23,7 @@ from kubernetes.aio import client
 from bot.domain.nodemap import SlurmdPod
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PodRef
-from bot.integrations.kubernetes.client import call, status_of
+from bot.integrations.kubernetes.client import call, refusal, status_of
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 #: The API server's message for a pod under two or more PodDisruptionBudgets (pod/storage/eviction.go).
@@ -92,9 +96,9 @@ class Pods:
             metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
         )
         try:
-            await call(
+            answer = await call(
                 f"evict pod {pod.ref}",
-                self._core.create_namespaced_pod_eviction(
+                self._core.create_namespaced_pod_eviction_with_http_info(
                     pod.name, pod.namespace, body, _request_timeout=self._timeout
                 ),
             )
@@ -110,18 +114,36 @@ class Pods:
                     reason=Reason.PDB,
                     retry_after=exc.retry_after,
                 ) from cause
-            if cause is not None and MULTIPLE_BUDGETS in str(status_of(cause).get("message")):
-                names = ", ".join(await self._budgets_of(pod)) or "their names could not be read"
-                raise PermanentError(
-                    f"eviction of pod {pod.ref} refused: it is selected by more than one "
-                    f"PodDisruptionBudget ({names}), which the Eviction API does not support; "
-                    "narrow their selectors so one budget covers it",
-                    reason=Reason.PDB,
-                ) from cause
             raise
         except PermanentError as exc:
             if exc.reason != Reason.NOT_FOUND:  # already gone: what the eviction wanted
                 raise
+            return
+        await self._refused(pod, answer.raw_data)
+
+    async def _refused(self, pod: PodRef, raw: bytes) -> None:
+        """Raise the refusal a 2xx eviction answer carries: a ``metav1.Status`` whose status is not
+        ``Success`` (the client parses the body as a ``V1Eviction``, so its raw bytes are read)."""
+        try:
+            status = json.loads(raw or b"{}")
+        except ValueError:
+            return  # not a Status: nothing says the eviction was refused
+        if (
+            not isinstance(status, dict)
+            or status.get("kind") != "Status"
+            or status.get("status") == "Success"
+        ):
+            return
+        if MULTIPLE_BUDGETS in str(status.get("message")):
+            names = ", ".join(await self._budgets_of(pod)) or "their names could not be read"
+            raise PermanentError(
+                f"eviction of pod {pod.ref} refused: it is selected by more than one "
+                f"PodDisruptionBudget ({names}), which the Eviction API does not support; "
+                "narrow their selectors so one budget covers it",
+                reason=Reason.PDB,
+            )
+        code = status.get("code")
+        raise refusal(code if isinstance(code, int) else 0, status, f"evict pod {pod.ref}", "Failure")
 
     async def _budgets_of(self, pod: PodRef) -> list[str]:
         """The PodDisruptionBudgets in the pod's namespace whose selector selects it."""
