@@ -1,4 +1,5 @@
-"""Cluster API's two served versions of a Machine, as its conversion webhook makes one from the other.
+"""Cluster API's two served versions of a Machine (and a Cluster), as its conversion webhook makes one
+from the other, and when its controllers are paused.
 
 Cluster API v1.11 made ``cluster.x-k8s.io/v1beta2`` the storage version and kept serving v1beta1;
 v1.16 (April 2027) serves v1beta2 only (cluster-api issue 11920, the removal timeline). The emulator
@@ -25,6 +26,11 @@ from typing import Any
 from bot.domain.durations import parse_duration
 
 GROUP = "cluster.x-k8s.io"
+#: On any Cluster API object: its controller leaves it alone (``util/annotations`` ``HasPaused``: the
+#: key is enough, whatever its value).
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
+#: On a Machine, beside ``spec.clusterName``: the Cluster it belongs to, in its namespace.
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 #: What Cluster API v1.11 to v1.15 serve (v1beta2 preferred); v1.16 drops v1beta1, before v1.11
 #: there is no v1beta2.
 SERVED = ("v1beta2", "v1beta1")
@@ -59,8 +65,62 @@ def api_resources(version: str) -> dict[str, Any]:
                 "kind": "Machine",
                 "verbs": ["get", "patch", "update"],
             },
+            {
+                "name": "clusters",
+                "singularName": "cluster",
+                "namespaced": True,
+                "kind": "Cluster",
+                "verbs": verbs,
+                "shortNames": ["cl"],
+                "categories": ["cluster-api"],
+            },
+            {
+                "name": "clusters/status",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "Cluster",
+                "verbs": ["get", "patch", "update"],
+            },
         ],
     }
+
+
+def cluster(name: str, namespace: str, *, paused: bool = False) -> dict[str, Any]:
+    """A v1beta1 Cluster as the emulator keeps it: its references to the control plane and the
+    infrastructure (what ``clusterctl generate cluster`` writes) and ``spec.paused``, a bool left out
+    when false (``omitempty``; v1beta2 makes it a ``*bool`` under the same name)."""
+    spec: dict[str, Any] = {"paused": True} if paused else {}
+    spec["controlPlaneRef"] = {
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "KubeadmControlPlane",
+        "name": f"{name}-control-plane",
+        "namespace": namespace,
+    }
+    spec["infrastructureRef"] = {
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+        "kind": "AWSCluster",
+        "name": name,
+        "namespace": namespace,
+    }
+    return {
+        "apiVersion": f"{GROUP}/v1beta1",
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace, "finalizers": ["cluster.cluster.x-k8s.io"]},
+        "spec": spec,
+    }
+
+
+def paused(cluster: dict[str, Any] | None, obj: dict[str, Any]) -> str | None:
+    """Why Cluster API's controllers leave ``obj`` alone (None: they do not), in the words of the
+    ``Paused`` condition ``util/paused/paused.go`` sets: its Cluster's ``spec.paused`` is true, or
+    it carries the paused annotation (the Machine controller returns before anything else, deletion
+    included, and the MachineSet controller likewise for the MachineSet's own)."""
+    said = []
+    if cluster is not None and (cluster.get("spec") or {}).get("paused") is True:
+        said.append("Cluster spec.paused is set to true")
+    if PAUSED_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {}):
+        said.append(f"{obj.get('kind', 'Object')} has the {PAUSED_ANNOTATION} annotation")
+    return ", ".join(said) or None
 
 
 def _reference(ref: dict[str, Any]) -> dict[str, Any]:
@@ -112,16 +172,32 @@ def machine_v1beta2(stored: dict[str, Any]) -> dict[str, Any]:
     return machine
 
 
+def cluster_v1beta2(stored: dict[str, Any]) -> dict[str, Any]:
+    """The v1beta2 Cluster of a stored v1beta1 one: its references contract-versioned (``spec.paused``
+    keeps its name and value)."""
+    found = copy.deepcopy(stored)
+    if "apiVersion" in found:
+        found["apiVersion"] = f"{GROUP}/v1beta2"
+    spec = found.get("spec") or {}
+    for ref in ("controlPlaneRef", "infrastructureRef"):
+        if ref in spec:
+            spec[ref] = _reference(spec[ref])
+    return found
+
+
 def as_served(body: dict[str, Any], version: str) -> dict[str, Any]:
-    """A Machine, a MachineList or anything else answered for ``version``: converted when v1beta2."""
+    """A Machine, a Cluster, a list of either or anything else answered for ``version``: converted
+    when v1beta2."""
     if version != "v1beta2":
         return body
-    if body.get("kind") == "Machine":
-        return machine_v1beta2(body)
-    if body.get("kind") == "MachineList":
+    convert = {"Machine": machine_v1beta2, "Cluster": cluster_v1beta2}
+    kind = str(body.get("kind", ""))
+    if kind in convert:
+        return convert[kind](body)
+    if kind.removesuffix("List") in convert:
         return {
             **body,
             "apiVersion": f"{GROUP}/v1beta2",
-            "items": [machine_v1beta2(item) for item in body.get("items") or []],
+            "items": [convert[kind.removesuffix("List")](item) for item in body.get("items") or []],
         }
     return body

@@ -127,6 +127,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
     capi_versions: tuple[str, ...] = capi.SERVED
     #: The versions of ``cluster.x-k8s.io`` whose discovery document was asked for, in order.
     capi_discovered: list[str] = attrs.field(factory=list)
+    #: Machines deleted while paused (their Cluster's ``spec.paused``, their own annotation): they
+    #: keep their ``deletionTimestamp`` and finalizer, and nothing replaces them until unpaused.
+    _capi_held: set[Key] = attrs.field(factory=set)
     #: Seconds a Job's pod runs; exit codes by Job name (default 0), as the kubelet would report them:
     #: one code for every attempt, or a list with one per attempt (the last repeats).
     job_exit_codes: dict[str, int | list[int]] = attrs.field(factory=dict)
@@ -200,11 +203,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self.add("namespaces", {"metadata": {"name": name, "labels": labels}})
 
     def seed_fixture_world(self) -> None:
-        """``gpu-node-02`` with the five pods of the fixtures, its CAPI Machine and its Karpenter NodeClaim."""
+        """``gpu-node-02`` with the five pods of the fixtures, its CAPI Machine and Cluster and its
+        Karpenter NodeClaim."""
         self.add("nodes", load_fixture("node-gpu.json"))
         for pod in load_fixture("pods-on-node-list.json")["items"]:
             self.add("pods", pod)
         self.add("machines", load_fixture("machine-capi.json"))
+        self.add("clusters", capi.cluster("gpu-east", "gpu-east"))
         self.add("nodeclaims", load_fixture("nodeclaim-karpenter.json"))
         self.seed_namespaces()
 
@@ -646,6 +651,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         )
         if res.plural == "nodes" and cordoned and self.slinky_drain_delay is not None:
             self._slinky_operator_sees_cordon(new)
+        if res.group == capi.GROUP:  # a Cluster or Machine unpaused
+            self._capi_resume()
         return copy.deepcopy(new)
 
     def _delete(
@@ -783,9 +790,36 @@ class KubeEmulator(kmock.KubernetesScaffold):
     # --- controllers: CAPI MachineSet and Karpenter --------------------------------------------------
 
     def _on_deleting(self, res: Resource, obj: dict[str, Any]) -> None:
+        if res.plural == "machines" and self._capi_paused(obj):
+            # The Machine controller returns before its deletion while paused: the Machine keeps its
+            # finalizer (and the Node), and the MachineSet, which counts deleting Machines, makes
+            # no other. ``_capi_resume`` goes on once nothing pauses it.
+            self._capi_held.add(self._key(res, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
+            return
         if res.plural in ("machines", "nodeclaims"):
             snapshot = copy.deepcopy(obj)
             self._later(self.replace_delay, lambda: self._replace(res, snapshot))
+
+    def _capi_paused(self, machine: dict[str, Any]) -> str | None:
+        """Why Cluster API leaves ``machine`` alone: its Cluster (``spec.clusterName``, in its
+        namespace) paused, or its own paused annotation (``capi.paused``)."""
+        meta = machine["metadata"]
+        name = (machine.get("spec") or {}).get("clusterName") or (meta.get("labels") or {}).get(
+            capi.CLUSTER_NAME_LABEL
+        )
+        cluster = self.objects.get(("clusters", meta.get("namespace"), name)) if name else None
+        return capi.paused(cluster, machine)
+
+    def _capi_resume(self) -> None:
+        """Deleted Machines held while paused whose Cluster and selves are no longer paused: the
+        Machine controller deletes them now, and the MachineSet replaces them."""
+        for key in sorted(self._capi_held):
+            machine = self.objects.get(key)
+            if machine is None or not machine["metadata"].get("deletionTimestamp"):
+                self._capi_held.discard(key)
+            elif not self._capi_paused(machine):
+                self._capi_held.discard(key)
+                self._on_deleting(resources.BY_PLURAL["machines"], machine)
 
     async def _replace(self, res: Resource, old: dict[str, Any]) -> None:
         """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""

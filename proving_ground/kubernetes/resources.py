@@ -43,6 +43,9 @@ RESOURCES = (
     Resource(
         "cluster.x-k8s.io", "v1beta1", "machines", "Machine", namespaced=True, crd=True, generation=True
     ),
+    Resource(
+        "cluster.x-k8s.io", "v1beta1", "clusters", "Cluster", namespaced=True, crd=True, generation=True
+    ),
     Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False, crd=True, generation=True),
     Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
     Resource("", "v1", "events", "Event", namespaced=True),

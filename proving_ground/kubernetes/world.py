@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
+from proving_ground.kubernetes import capi
 from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator, load_fixture
 from proving_ground.kubernetes.faults import LoggedRequest
 
@@ -142,6 +143,8 @@ def gpu_fleet(emulator: KubeEmulator, names: list[str]) -> None:
     """One fixture GPU node per name (Slurm's names), each with its own CAPI Machine."""
     emulator.seed_namespaces()
     node_template, machine_template = load_fixture("node-gpu.json"), load_fixture("machine-capi.json")
+    if emulator.get("clusters", "gpu-east", "gpu-east") is None:
+        emulator.add("clusters", capi.cluster("gpu-east", "gpu-east"))
     for i, name in enumerate(names):
         node = copy.deepcopy(node_template)
         machine_name = f"gpu-east-gpu-h100-x7b2n-m{i}"

@@ -131,14 +131,14 @@ def test_kubernetes_slurm_and_prometheus_green(
         assert line_of(result.stdout, system).split()[0] == "ok", result.stdout
     kube = line_of(result.stdout, "kubernetes")
     fleet = min(len(slurm.nodes), 5)  # the probe reads at most five fleet nodes' Machines
-    assert "(cluster)" in kube and "API reachable; 11 permissions allowed" in kube
+    assert "(cluster)" in kube and "API reachable; 12 permissions allowed" in kube
     assert f"the Machines of {fleet} fleet node(s) found" in kube
     assert result.stderr == ""
     sent = [(e.verb, e.resource) for e in kube_world.log() if e.user_agent.startswith("pitcrew/")]
     # Each verb asked, then each fleet node's Machine actually read: allowed is not found.
     assert (
         sent
-        == [("create", "selfsubjectaccessreviews")] * 11 + [("list", "nodes")] + [("get", "machines")] * fleet
+        == [("create", "selfsubjectaccessreviews")] * 12 + [("list", "nodes")] + [("get", "machines")] * fleet
     )
 
 
@@ -206,7 +206,7 @@ def test_the_overlay_config_without_its_replace_component_names_the_machine_verb
     )
     assert result.returncode == 1
     assert (
-        "missing kubernetes: get machines.cluster.x-k8s.io, list machines.cluster.x-k8s.io, delete machines.cluster.x-k8s.io"
-        in result.stderr
+        "missing kubernetes: get machines.cluster.x-k8s.io, list machines.cluster.x-k8s.io, "
+        "delete machines.cluster.x-k8s.io, get clusters.cluster.x-k8s.io" in result.stderr
     )
     assert line_of(result.stdout, "slurm").split()[0] == "ok"

@@ -33,12 +33,13 @@ MACHINE = "gpu-east/gpu-east-gpu-h100-x7b2n-q4v9k"
 
 @pytest.fixture
 async def management(k8s: KubeEmulator) -> AsyncIterator[KubeEmulator]:
-    """The management cluster: the Machines move there; the workload cluster has no CAPI CRDs."""
+    """The management cluster: the Machines and their Cluster move there; the workload cluster has no
+    CAPI CRDs."""
     async with KubeEmulator(workload=k8s) as mgmt, kmock.Server(mgmt):
-        for key in [k for k in k8s.objects if k[0] == "machines"]:
+        for key in [k for k in k8s.objects if k[0] in ("machines", "clusters")]:
             mgmt.objects[key] = k8s.objects.pop(key)
         mgmt.absent = {"nodes", "pods"}  # not its business here: any Node request is a bug
-        k8s.absent = {"machines"}
+        k8s.absent = {"machines", "clusters"}
         yield mgmt
 
 
@@ -78,7 +79,7 @@ async def test_machines_are_read_and_deleted_in_the_management_cluster(
     probe = await cluster.probe()
     assert probe.ok, probe
     reviews = [e for e in management.log if e.resource == "selfsubjectaccessreviews"]
-    assert len(reviews) == 3  # get, list, delete machines: asked where the Machines are
+    assert len(reviews) == 4  # get, list, delete machines, get clusters: asked where the Machines are
     handle = await cluster.replace(NODE, strategy="configured", incident_id="pc-1")
     assert handle.startswith(f"cluster-api machine/{MACHINE} ") and "owner=machineset/gpu-east/" in handle
     assert [(e.verb, e.resource, e.status) for e in management.log if e.verb == "delete"] == [

@@ -9,7 +9,9 @@ is Ready. ``command`` runs the operator's executable with the node and incident 
 its exit code the result; ``none`` hands the node to humans. Another system already repairing the
 node (a Karpenter disruption taint, a cluster-autoscaler taint, a Machine someone else deletes) is
 named by ``repair_owner``; then pitcrew deletes nothing (strategy ``watch`` only marks the node) and
-follows that system's replacement to the new node. A replacement not yet started can be cancelled,
+follows that system's replacement to the new node. While Cluster API is paused for the Machine (its
+Cluster's ``spec.paused``, its own paused annotation) pitcrew deletes nothing and fails the attempt as
+one to retry, naming the pause. A replacement not yet started can be cancelled,
 a started one cannot. A delete that landed but whose answer was lost (500) is retried by the client
 and found done (404, or the Machine still deleting), not reported as a failure. The successor is
 the node the new Machine (``status.nodeRef``) or NodeClaim (``status.nodeName``) became, not a
@@ -31,6 +33,7 @@ import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.aio import client
@@ -38,7 +41,7 @@ from pydantic import ValidationError
 
 from bot.config import KubernetesSettings
 from bot.domain.ownership import REPLACE_ANNOTATION
-from bot.engine.errors import PermanentError, Reason
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
@@ -47,6 +50,7 @@ from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
 INCIDENT = "pc-00042"
+PAUSED = "cluster.x-k8s.io/paused"
 
 
 async def _successor(
@@ -276,6 +280,51 @@ async def test_a_node_read_just_before_cluster_api_removed_it_is_not_taken_for_r
 
     k8s.inject(None, verb="get", resource="machines", before=cluster_api_finishes)
     assert await cluster.successor(NODE, handle=handle) is None
+
+
+@pytest.mark.parametrize(
+    ("by", "said"),
+    [
+        ("cluster", "its Cluster gpu-east/gpu-east is paused (spec.paused: true)"),
+        ("annotation", "it carries the cluster.x-k8s.io/paused annotation"),
+    ],
+)
+async def test_a_paused_cluster_api_is_not_given_a_machine_to_delete(
+    make_cluster: Callable[..., KubernetesCluster],
+    k8s: KubeEmulator,
+    k8s_client: client.ApiClient,
+    by: str,
+    said: str,
+) -> None:
+    """Cluster API's Machine controller does nothing while the Machine's Cluster is paused or the
+    Machine carries the paused annotation: a Machine deleted then stays deleting and no new one
+    comes, so the replacement would wait out its whole budget for nothing. pitcrew deletes nothing,
+    writes no mark, and fails the attempt as one to retry (the step backs off, then escalates),
+    naming the pause; once unpaused the replacement goes ahead."""
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    custom, merge = client.CustomObjectsApi(k8s_client), "application/merge-patch+json"
+    where = ("cluster.x-k8s.io", "v1beta2", "gpu-east")
+    target = ("clusters", "gpu-east") if by == "cluster" else ("machines", "gpu-east-gpu-h100-x7b2n-q4v9k")
+    pause: dict[str, Any] = (
+        {"spec": {"paused": True}} if by == "cluster" else {"metadata": {"annotations": {PAUSED: "true"}}}
+    )
+    await custom.patch_namespaced_custom_object(*where, *target, pause, _content_type=merge)
+    k8s.log.clear()
+    with pytest.raises(TransientError) as err:
+        await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert err.value.reason == Reason.UNAVAILABLE
+    assert str(err.value) == (
+        f"Cluster API is paused for Machine gpu-east/gpu-east-gpu-h100-x7b2n-q4v9k of node {NODE}: "
+        f"{said}; it would not replace the node until unpaused"
+    )
+    assert [e.verb for e in k8s.log if e.verb in ("patch", "delete")] == []
+    assert not await cluster.replacement_started(NODE, incident_id=INCIDENT)
+    unpause: dict[str, Any] = (
+        {"spec": {"paused": None}} if by == "cluster" else {"metadata": {"annotations": {PAUSED: None}}}
+    )
+    await custom.patch_namespaced_custom_object(*where, *target, unpause, _content_type=merge)
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert (await _successor(cluster, handle)).name.startswith(f"{NODE}-")
 
 
 @pytest.mark.parametrize(("strategy", "resource"), [("delete-node", "nodes"), ("cluster-api", "machines")])

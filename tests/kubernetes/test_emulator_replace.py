@@ -2,7 +2,8 @@
 
 Cases: the DELETE answers 200 with the object (``deletionTimestamp``, ``deletionGracePeriodSeconds: 0``,
 generation + 1, as in the fixture); then the old Node goes, a new handle points at a new Node, and
-that Node registers NotReady and turns Ready after ``ready_delay``. A deleted Node object is replaced
+that Node registers NotReady and turns Ready after ``ready_delay``. A Machine deleted while its Cluster
+or itself is paused stays deleting, its Node with it, until unpaused. A deleted Node object is replaced
 by nothing; a terminated instance is, by its cloud group.
 """
 
@@ -111,6 +112,51 @@ async def test_deleting_a_node_object_replaces_nothing_and_terminating_its_insta
     assert await done.wait() == 0 and k8s.terminated == [NODE]
     (new_node,) = (await _until(core, lambda nodes: NODE not in nodes and "True" in nodes.values())).items()
     assert new_node[0].startswith(f"{NODE}-") and new_node[1] == "True"
+
+
+MACHINE = "gpu-east-gpu-h100-x7b2n-q4v9k"
+PAUSED = "cluster.x-k8s.io/paused"
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1beta1"])
+@pytest.mark.parametrize("by", ["cluster", "annotation"])
+async def test_a_machine_deleted_while_paused_is_replaced_only_once_unpaused(
+    k8s: KubeEmulator, k8s_client: client.ApiClient, by: str, version: str
+) -> None:
+    """cluster-api util/paused/paused.go: the Machine controller returns before its deletion while
+    the Cluster's ``spec.paused`` is true or the Machine carries ``cluster.x-k8s.io/paused`` (any
+    value), and the MachineSet counts a deleting Machine: the Machine stays, deleting, its Node
+    stays, and nothing replaces it. Unpaused (the field or the annotation gone), it goes on."""
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    group, merge = "cluster.x-k8s.io", "application/merge-patch+json"
+    if by == "cluster":
+        pause: dict[str, Any] = {"spec": {"paused": True}}
+        target = ("clusters", "gpu-east")
+    else:
+        pause = {"metadata": {"annotations": {PAUSED: ""}}}
+        target = ("machines", MACHINE)
+    await custom.patch_namespaced_custom_object(
+        group, version, "gpu-east", *target, pause, _content_type=merge
+    )
+    cluster = await custom.get_namespaced_custom_object(group, version, "gpu-east", "clusters", "gpu-east")
+    assert cluster["apiVersion"] == f"{group}/{version}"
+    assert cluster["spec"].get("paused") is (True if by == "cluster" else None)
+    deleted = await custom.delete_namespaced_custom_object(group, version, "gpu-east", "machines", MACHINE)
+    assert deleted["metadata"]["deletionTimestamp"]
+    await asyncio.sleep(k8s.replace_delay + 0.3)
+    machines = (await custom.list_namespaced_custom_object(group, version, "gpu-east", "machines"))["items"]
+    assert [(m["metadata"]["name"], bool(m["metadata"].get("deletionTimestamp"))) for m in machines] == [
+        (MACHINE, True)
+    ]
+    assert list(await _ready_nodes(core)) == [NODE]
+    unpause: dict[str, Any] = (
+        {"spec": {"paused": None}} if by == "cluster" else {"metadata": {"annotations": {PAUSED: None}}}
+    )
+    await custom.patch_namespaced_custom_object(
+        group, version, "gpu-east", *target, unpause, _content_type=merge
+    )
+    registered = await _until(core, lambda nodes: NODE not in nodes and "True" in nodes.values())
+    assert [n.startswith(f"{NODE}-") for n in registered] == [True]
 
 
 def _pod(requests: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:

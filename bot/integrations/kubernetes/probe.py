@@ -68,6 +68,7 @@ def needed(settings: KubernetesSettings) -> tuple[Permission, ...]:
             Permission("get", "cluster.x-k8s.io", "machines"),
             Permission("list", "cluster.x-k8s.io", "machines"),
             Permission("delete", "cluster.x-k8s.io", "machines"),
+            Permission("get", "cluster.x-k8s.io", "clusters"),  # paused? (no delete while it is)
         ]
     elif strategy == "karpenter":
         perms += [

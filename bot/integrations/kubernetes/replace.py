@@ -7,7 +7,7 @@ later, when the old node is gone: when the replacement started, the node's pool 
 its GPU count, from which ``successor`` recognises the new node. Another repair system
 already at work on the node (its Machine or NodeClaim deleting, a Karpenter disruption taint,
 a cluster-autoscaler deletion taint) is reported by ``repair_owner`` and no second replacement
-is started.
+is started. A Machine whose Cluster API is paused is not deleted: the attempt fails, to be retried.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ SUCCESSOR_ANNOTATION = "pitcrew.dev/successor-of"
 #: The placeholder pod's image: it only holds the GPU request until the successor is Ready.
 PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 CAPI_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+#: On a Cluster API object: its controller leaves it alone, whatever the value (``util/annotations``).
+CAPI_PAUSED = "cluster.x-k8s.io/paused"
+#: On a Machine, beside ``spec.clusterName``: its Cluster, in the Machine's namespace.
+CAPI_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
 #: Asks Cluster API's MachineHealthCheck to remediate a Machine (it is then flagged unhealthy).
 REMEDIATE_MACHINE = "cluster.x-k8s.io/remediate-machine"
 #: Karpenter's opt-out of voluntary disruption (consolidation, drift) on a Node, NodeClaim or Pod.
@@ -437,6 +441,13 @@ class Replacer:
             if machine is None:
                 raise PermanentError(self.machine_missing(node), reason=Reason.NOT_FOUND)
             meta = machine["metadata"]
+            paused = await self._paused(machine)
+            if paused is not None:
+                raise TransientError(
+                    f"Cluster API is paused for Machine {meta['namespace']}/{meta['name']} of node "
+                    f"{node.metadata.name}: {paused}; it would not replace the node until unpaused",
+                    reason=Reason.UNAVAILABLE,
+                )
             sets = [o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "MachineSet"]
             owner = f"machineset/{meta['namespace']}/{sets[0]}" if sets else None
             return (meta["namespace"], meta["name"]), owner
@@ -449,6 +460,39 @@ class Replacer:
             pool = (claim["metadata"].get("labels") or {}).get(NODEPOOL_LABEL)
             return (None, claim["metadata"]["name"]), (f"nodepool/{pool}" if pool else None)
         return (None, node.metadata.name), None
+
+    async def _paused(self, machine: dict[str, Any]) -> str | None:
+        """Why Cluster API would leave ``machine`` alone if it were deleted (None: it would not).
+        Its Machine controller returns before anything else, deletion included, while the Machine's
+        Cluster has ``spec.paused`` true or the Machine carries the paused annotation (cluster-api
+        ``util/paused/paused.go``); its MachineSet counts a deleting Machine and makes no other. A
+        Machine deleted then stays deleting and no node comes, so the wait would run out its budget.
+        The Cluster is ``spec.clusterName`` (or the cluster-name label) in the Machine's namespace;
+        one that is not there (404) pauses nothing. ``spec.paused`` is a bool in v1beta1 and a
+        pointer to one in v1beta2, under the same name."""
+        meta = machine["metadata"]
+        said = []
+        name = (machine.get("spec") or {}).get("clusterName") or (meta.get("labels") or {}).get(
+            CAPI_CLUSTER_NAME
+        )
+        if name:
+            group, version, _ = await self._capi()
+            try:
+                found: dict[str, Any] = await call(
+                    f"read Cluster {meta['namespace']}/{name}",
+                    self._machines.get_namespaced_custom_object(
+                        group, version, meta["namespace"], "clusters", name, _request_timeout=self._timeout
+                    ),
+                )
+            except PermanentError as exc:
+                if exc.reason != Reason.NOT_FOUND:
+                    raise
+            else:
+                if (found.get("spec") or {}).get("paused") is True:
+                    said.append(f"its Cluster {meta['namespace']}/{name} is paused (spec.paused: true)")
+        if CAPI_PAUSED in (meta.get("annotations") or {}):
+            said.append(f"it carries the {CAPI_PAUSED} annotation")
+        return " and ".join(said) or None
 
     async def _delete_custom(
         self, kind: tuple[str, str, str], target: tuple[str | None, str], api: client.CustomObjectsApi
