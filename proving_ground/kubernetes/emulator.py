@@ -754,19 +754,21 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if budgets:
             pdb = self._refreshed(resources.BY_PLURAL["poddisruptionbudgets"], budgets[0])
             pdb_status, pdb_name = pdb["status"], pdb["metadata"]["name"]
-            if pdb_status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
-                raise ApiError.from_fixture(
-                    "status-429-eviction-pdb-retryafter.json",
-                    cause=f"The disruption budget {pdb_name} is still being processed by the server.",
-                )
             if not resources.ready(pod) and (
                 (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
                 or 0 < pdb_status["desiredHealthy"] <= pdb_status["currentHealthy"]
             ):
                 # An unready pod counts for nothing in the budget: the API server evicts it without
-                # taking a disruption (pkg/registry/core/pod/storage/eviction.go).
+                # taking a disruption (pkg/registry/core/pod/storage/eviction.go), and decides so
+                # before ``checkAndDecrement``, whose first test is a stale status: a stale budget
+                # holds only the pods that count.
                 self._delete_pod(self._key(pods, ns, name), grace)
                 return success, 201
+            if pdb_status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+                raise ApiError.from_fixture(
+                    "status-429-eviction-pdb-retryafter.json",
+                    cause=f"The disruption budget {pdb_name} is still being processed by the server.",
+                )
             if pdb_status["disruptionsAllowed"] <= 0:
                 raise ApiError.from_fixture(
                     "status-429-eviction-pdb.json",

@@ -7,7 +7,8 @@ eviction is 201 with no PDB (the client parses that Status as a ``V1Eviction``, 
 Retry-After) until the pod loses ``pod-protect``; a stale PDB answers 429 with ``Retry-After: 10``; a
 pod under two budgets is answered 201 with a Failure Status of code 500 and stays; a
 pod that is not Ready is evicted past a budget with no disruption left when the budget has its desired
-healthy pods or says ``AlwaysAllow`` (as the API server does), and a gone kubelet's pods are not Ready;
+healthy pods or says ``AlwaysAllow`` (as the API server does), even while the budget is stale (that
+429 comes after the unready pod's pass), and a gone kubelet's pods are not Ready;
 an injected 500 is retried by the client, an injected 500 on a PATCH surfaces the fixture body, an
 injected 429 carries Retry-After, an injected delay times a request out (``kubernetes.aio`` does not
 retry timeouts);
@@ -235,6 +236,26 @@ async def test_an_unready_pod_is_evicted_as_the_api_server_decides(
                 unready_pod, "training", _eviction(unready_pod, "training")
             )
         assert err.value.status == 429
+
+
+@pytest.mark.parametrize("policy", [None, "AlwaysAllow"])
+async def test_an_unready_pod_under_a_stale_budget_is_evicted(
+    k8s: KubeEmulator, k8s_client: client.ApiClient, policy: str | None
+) -> None:
+    """pkg/registry/core/pod/storage/eviction.go lets an unready pod go (``AlwaysAllow``, or the budget
+    has its desired healthy pods) before ``checkAndDecrement``, whose first test is the stale status
+    (``observedGeneration < generation`` → 429 with Retry-After): a stale budget holds only Ready pods."""
+    names = _replicas(k8s, 2, 1)
+    budget = _budget(2, policy)
+    budget["metadata"]["generation"] = 2
+    budget["status"] = {"observedGeneration": 1}
+    k8s.add("poddisruptionbudgets", budget)
+    core = client.CoreV1Api(k8s_client)
+    with pytest.raises(ApiException) as stale:
+        await core.create_namespaced_pod_eviction(names[0], "training", _eviction(names[0], "training"))
+    assert stale.value.status == 429 and stale.value.headers["Retry-After"] == "10"
+    await core.create_namespaced_pod_eviction(names[-1], "training", _eviction(names[-1], "training"))
+    assert k8s.log[-1].status == 201
 
 
 async def test_a_gone_kubelet_marks_its_pods_not_ready_and_their_budget_lets_them_go(
