@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 from typing import TYPE_CHECKING, Any
 
 from proving_ground.slack import blocks as blockkit
@@ -156,6 +157,9 @@ async def chat_post_message(api: WebApi, token: str, args: dict[str, Any]) -> di
 
 
 async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Edit one of the bot's own messages (docs.slack.dev/reference/methods/chat.update): not another's
+    (``cant_update_message``), and not one older than the workspace's edit window allows
+    (``edit_window_closed``, "due to the team message edit settings"; ``World.edit_window``)."""
     _bot(api, token, "chat.update")
     channel = _channel(api, args)
     m = api.message(channel.id, str(args.get("ts", "")))
@@ -163,6 +167,9 @@ async def chat_update(api: WebApi, token: str, args: dict[str, Any]) -> dict[str
         raise ApiError("message_not_found")
     if m.user != api.world.bot_user:
         raise ApiError("cant_update_message")
+    window = api.world.edit_window
+    if window is not None and time.time() - m.posted_at > window:
+        raise ApiError("edit_window_closed")
     text, blocks = _content(args)
     api.audit("chat.update", text, blocks)
     m.updates.append({"text": m.text, "blocks": m.blocks})

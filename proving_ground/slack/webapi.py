@@ -202,6 +202,14 @@ class WebApi:
         self.deleted.append(m)
         return m
 
+    def backdate(self, channel: str, ts: str, seconds: float) -> Message:
+        """Message ``ts`` as if posted ``seconds`` earlier: time passes for it alone (past the
+        workspace's edit window, ``World.edit_window``) without the test waiting that long."""
+        m = self.message(channel, ts)
+        assert m is not None, f"no message {ts} in {channel}"
+        m.posted_at -= seconds
+        return m
+
     def audit(self, method: str, text: str, blocks: list[dict[str, Any]]) -> None:
         """Note markup in the mrkdwn of a message that Slack would act on and the app did not mean."""
         broadcasts = "broadcast_mentions" in self.lenient

@@ -37,6 +37,10 @@ class World:
     app_tokens: set[str] = field(default_factory=lambda: {APP_TOKEN})
     #: Scopes of the app-level token; Socket Mode needs ``connections:write``.
     app_token_scopes: set[str] = field(default_factory=lambda: {"connections:write"})
+    #: The workspace's message edit setting: seconds after posting within which a message may still
+    #: be edited (``chat.update`` answers ``edit_window_closed`` after it). ``None`` is Slack's
+    #: default, any time; an admin may choose never (0) or a period from one minute to one week.
+    edit_window: float | None = None
     #: 2026-11-29T08:46:39Z, the fixtures' incident message; ts values count up from here.
     epoch: int = 1795941999
     channels: dict[str, Channel] = field(

@@ -4,7 +4,9 @@ Each row is one real Web API call through slack_sdk to the Slack stand-in (which
 Slack does, ``../shared/fixtures/slack``) and ``bot.integrations.slack.errors.call``: a revoked
 or wrong token, an app token where a bot token belongs, a missing scope, an unknown channel, a
 channel the bot is not in, an update of a message that is not there and an unknown thread (both
-permanent, as a deleted message: ``MessageGone``), an unknown user
+permanent, as a deleted message: ``MessageGone``), an update of another's message and of one past
+the workspace's edit window (both permanent, as a message pitcrew can no longer edit:
+``MessageUneditable``, under ``forbidden``), an unknown user
 group, a user not in the channel, a bad page size, blocks Slack refuses and blocks each within its
 limits whose text together is too long (both permanent: no retry fixes them), 429 with ``Retry-After`` (kept as ``retry_after``) and a 503. A code pitcrew has no name for
 is ``refused``, and no code ever becomes a reason of its own. Through the service, the outbox's
@@ -25,8 +27,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
-from bot.integrations.slack.errors import REASONS, MessageGone, call, reason_of
+from bot.integrations.slack.errors import REASONS, MessageGone, MessageUneditable, call, reason_of
 from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.webapi import Message
 from tests.harness.scenarios import delivery
 from tests.slack.pitcrew_app import SlackPitcrew, until
 
@@ -44,10 +47,18 @@ class Case:
     token: str | None = None
     scopes_removed: tuple[str, ...] = ()
     fault: int | None = None
+    #: What the workspace holds or is set to before the call (a message someone else posted).
+    prepare: Callable[[SlackStandin], None] = lambda slack: None
 
 
 def _post(channel: str = CHANNEL, **extra: Any) -> Request:
     return lambda c: c.chat_postMessage(channel=channel, text="pitcrew", **extra)
+
+
+def _posted_long_ago(slack: SlackStandin) -> None:
+    """The bot's message from the fixtures' epoch, and an edit window of one minute."""
+    slack.api.messages.append(Message(CHANNEL, "1.000003", "hi", [], slack.world.bot_user, posted_at=0.0))
+    slack.world.edit_window = 60.0
 
 
 CASES = {
@@ -61,6 +72,20 @@ CASES = {
         Reason.NOT_FOUND,
         "message_not_found",
         kind=MessageGone,
+    ),
+    "update of another's message": Case(
+        lambda c: c.chat_update(channel=CHANNEL, ts="1.000002", text="x"),
+        Reason.FORBIDDEN,
+        "cant_update_message",
+        kind=MessageUneditable,
+        prepare=lambda slack: slack.api.messages.append(Message(CHANNEL, "1.000002", "hi", [], "U0ALICE")),
+    ),
+    "update past the workspace's edit window": Case(
+        lambda c: c.chat_update(channel=CHANNEL, ts="1.000003", text="x"),
+        Reason.FORBIDDEN,
+        "edit_window_closed",
+        kind=MessageUneditable,
+        prepare=_posted_long_ago,
     ),
     "unknown thread": Case(
         lambda c: c.conversations_replies(channel=CHANNEL, ts="1.000001"),
@@ -101,6 +126,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 async def test_slack_codes_map_onto_reasons_and_stay_in_the_message(slack: SlackStandin, case: Case) -> None:
     slack.world.scopes -= set(case.scopes_removed)
+    case.prepare(slack)
     if case.fault is not None:
         slack.api.fail("*", case.fault, retry_after=3)
     token = {None: min(slack.world.bot_tokens), "app": min(slack.world.app_tokens)}.get(

@@ -6,6 +6,8 @@ Cases:
 - deletion: a person's deletion and ``chat.delete`` (own messages only; ``cant_delete_message``
   otherwise); then ``chat.update`` answers ``message_not_found`` and ``conversations.replies``
   ``thread_not_found``, and a reply to the deleted parent is accepted, at the channel's top level;
+- the edit window: off by default (any time, Slack's default); once the workspace sets one, a message
+  older than it answers ``chat.update`` with ``edit_window_closed`` and a newer one is still edited;
 - ``apps.connections.open``: ``invalid_auth`` for a revoked app token, ``missing_scope`` naming
   ``connections:write``;
 - rate tiers: ``usergroups.users.list`` (Tier 2) answers the 21st call in a minute 429 with a
@@ -88,6 +90,18 @@ async def test_deleted_messages_are_gone(slack: SlackStandin, bot: AsyncWebClien
         200,
         "cant_delete_message",
     )
+
+
+async def test_the_workspace_edit_window(slack: SlackStandin, bot: AsyncWebClient) -> None:
+    old = (await bot.chat_postMessage(channel=CHANNEL, text="old"))["ts"]
+    slack.api.backdate(CHANNEL, old, 3600)
+    assert (await bot.chat_update(channel=CHANNEL, ts=old, text="edited"))["ok"]  # any time: the default
+    slack.world.edit_window = 60.0  # an admin allows editing up to one minute after sending
+    new = (await bot.chat_postMessage(channel=CHANNEL, text="new"))["ts"]
+    assert await _error(bot.chat_update(channel=CHANNEL, ts=old, text="x")) == (200, "edit_window_closed")
+    assert (await bot.chat_update(channel=CHANNEL, ts=new, text="edited"))["ok"]
+    message = slack.api.message(CHANNEL, old)
+    assert message is not None and message.text == "edited"  # refused edits change nothing
 
 
 async def test_connections_open_refuses_bad_app_tokens(slack: SlackStandin) -> None:

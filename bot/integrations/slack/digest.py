@@ -25,7 +25,7 @@ from typing import Any
 from bot.domain.durations import format_duration
 from bot.engine.errors import PermanentError
 from bot.integrations.slack import messages
-from bot.integrations.slack.errors import MessageGone
+from bot.integrations.slack.errors import MessageClosed
 from bot.integrations.slack.messages import DigestEntry, Message
 from bot.integrations.slack.updates import ChatUpdates
 from bot.store.base import IncidentRecord, OutboxItem, Store
@@ -107,9 +107,10 @@ class StormDigest:
                 try:
                     await self._updates.update(ts, message)
                 except PermanentError as exc:
-                    if not isinstance(exc, MessageGone):
+                    if not isinstance(exc, MessageClosed):
                         raise
-                    gone, ts = ts, await post(item, message)  # deleted in Slack: post it again
+                    # Deleted in Slack, or no longer editable (its edit window closed): post it again.
+                    gone, ts = ts, await post(item, message)
             document = {"ts": ts, "since": since.isoformat(), "last": last.isoformat()}
             now = self._clock()
             await self._store.set_outbox_ref(NAME, PREFIX + ts, json.dumps(document), now)

@@ -4,9 +4,13 @@ Slack answers errors with HTTP 200 ``{"ok": false, "error": ...}``; only rate li
 ``Retry-After``. What a human can fix without a new pitcrew (a revoked token, the bot removed from
 the channel, a missing scope) is transient: the outbox keeps the notice and retries with backoff,
 and the log says what is wrong, so nothing is lost while someone fixes it. What no retry can fix
-(a message Slack refuses to accept) is permanent, and so is a message that is gone: a person or a
-retention policy deleted it (``chat.update`` answers ``message_not_found``, ``conversations.replies``
-``thread_not_found``); no retry brings it back, and the destination starts a new one (``GONE``).
+(a message Slack refuses to accept) is permanent, and so is a message Slack will take no more edits
+of (``MessageClosed``): one a person or a retention policy deleted (``chat.update`` answers
+``message_not_found``, ``conversations.replies`` ``thread_not_found``: ``GONE``), and one that is
+there but that pitcrew may no longer edit (``edit_window_closed``, the workspace's edit window has
+closed on it; ``cant_update_message``: ``UNEDITABLE``). No retry changes either, and as each
+incident's notices go out one at a time, retrying would hold every later one back; the destination
+starts a new message instead.
 
 Slack's ``error`` code is mapped onto pitcrew's closed ``Reason`` (``REASONS``; a code not listed
 there is ``refused``) and kept, verbatim, in the message: the reason is a metric label and must
@@ -126,12 +130,34 @@ def reason_of(error: str) -> Reason:
 
 #: The message (or the thread under it) was deleted: permanent for that message.
 GONE = frozenset({"message_not_found", "thread_not_found"})
+#: The message is there, but Slack will not let pitcrew edit it again: permanent for that message
+#: (docs.slack.dev/reference/methods/chat.update, errors: ``cant_update_message`` "Authenticated
+#: user does not have permission to update this message", ``edit_window_closed`` "The message
+#: cannot be edited due to the team message edit settings").
+UNEDITABLE = frozenset({"cant_update_message", "edit_window_closed"})
 
 
-class MessageGone(PermanentError):
+class MessageClosed(PermanentError):
+    """Slack will take no more edits of the message: this type is what tells the destination to
+    carry on under a new message (a new parent, the digest posted again) rather than give the item
+    up. ``why`` says which of its kinds, in words for the log and the new message."""
+
+    why = "can no longer be changed"
+
+
+class MessageGone(MessageClosed):
     """Slack answered that the message (or its thread) is gone (``GONE``): a person or a retention
-    policy deleted it. Its reason is ``not_found`` like any missing object; this type is what tells
-    the destination to start a new message rather than give the item up."""
+    policy deleted it. Its reason is ``not_found`` like any missing object."""
+
+    why = "was deleted"
+
+
+class MessageUneditable(MessageClosed):
+    """Slack refused to edit the message (``UNEDITABLE``): the workspace's edit window has closed on
+    it, or the token may not edit it. It stays in Slack as it was last edited, its thread with it.
+    Its reason is ``forbidden``, as Slack's refusals of a permission are."""
+
+    why = "can no longer be edited"
 
 
 def translate(exc: Exception) -> TransientError | PermanentError:
@@ -152,6 +178,8 @@ def translate(exc: Exception) -> TransientError | PermanentError:
             return PermanentError(f"Slack refused the message: {error}", reason=reason_of(error))
         if error in GONE:
             return MessageGone(f"the Slack message was deleted: {error}", reason=reason_of(error))
+        if error in UNEDITABLE:
+            return MessageUneditable(f"Slack will not edit the message: {error}", reason=reason_of(error))
         needed = str(response.get("needed", "")) if isinstance(response.data, dict) else ""
         detail = f"{error} (needs scope {needed})" if needed else error
         return TransientError(f"Slack refused the call: {detail or 'unknown error'}", reason=reason_of(error))

@@ -57,11 +57,19 @@ BLOCKS_TEXT = 10_000
 CLIPPED_TEXT = 200
 
 APPROVE, REJECT, ROLLBACK = "pitcrew_approve", "pitcrew_reject", "pitcrew_rollback"
-#: The line a parent shows when it replaces a deleted one.
-MOVED = (
-    ":information_source: This incident's earlier message was deleted in Slack; "
-    "its thread continues here (earlier replies stay with the deleted message)."
-)
+#: The line a parent shows when it continues an earlier one, by why: a person (or a retention
+#: policy) deleted that one, or Slack no longer lets pitcrew edit it (the workspace's edit window
+#: closed on it), so it would go on showing an old state.
+MOVED = {
+    "deleted": (
+        ":information_source: This incident's earlier message was deleted in Slack; "
+        "its thread continues here (earlier replies stay with the deleted message)."
+    ),
+    "uneditable": (
+        ":information_source: This incident's earlier message can no longer be edited in Slack, so it "
+        "shows an old state; its thread continues here (earlier replies stay in the earlier thread)."
+    ),
+}
 ACTIONS = (APPROVE, REJECT, ROLLBACK)
 
 
@@ -99,8 +107,9 @@ class ParentView:
     decisions: tuple[Decision, ...] = ()
     offer: tuple[str, ...] = ()
     jobs: tuple[str, ...] = field(default=())
-    #: The incident's first parent message was deleted and this one continues its thread.
-    replaces: bool = False
+    #: Why this parent continues the incident's thread from an earlier one (a key of ``MOVED``):
+    #: ``deleted`` or ``uneditable``; ``None`` for the incident's first parent.
+    replaces: str | None = None
     #: The node lent to the stalled job and where from, or why none (the ``capacity`` step's last word).
     capacity: str | None = None
 
@@ -264,7 +273,7 @@ def parent(view: ParentView) -> Message:
     """The incident's parent message: what broke, what pitcrew will do, where it is, who decided."""
     blocks: list[Block] = [
         HeaderBlock(text=PlainTextObject(text=clip(view.title or view.node, HEADER_TEXT))),
-        *([ContextBlock(elements=[MarkdownTextObject(text=MOVED)])] if view.replaces else []),
+        *([ContextBlock(elements=[MarkdownTextObject(text=MOVED[view.replaces])])] if view.replaces else []),
         _section(_lines(view.lines, 12, view.incident_id)),
         SectionBlock(
             fields=[

@@ -11,7 +11,9 @@
   the buttons still possible; edits wait for a turn under ``chat.update``'s tier (``updates``);
 - a parent a person (or a retention policy) **deleted** — ``chat.update`` answers
   ``message_not_found`` — is replaced: a new parent says so, becomes the thread, takes this item's
-  reply, and its permalink replaces the old one (the read API's Slack link follows it);
+  reply, and its permalink replaces the old one (the read API's Slack link follows it); so is a
+  parent Slack will **no longer let pitcrew edit** (``edit_window_closed``: the workspace's edit
+  window has closed on it; ``cant_update_message``), which stays, with its replies, as it was;
 - when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
   message (``digest``), updated at most once a second, instead of a thread each;
 - notices about pitcrew as a whole (the breaker) are top-level channel messages.
@@ -41,7 +43,7 @@ from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
-from bot.integrations.slack.errors import MessageGone, call
+from bot.integrations.slack.errors import MessageClosed, MessageGone, call
 from bot.integrations.slack.lookup import METADATA_TYPE, find_posted, posted_since
 from bot.integrations.slack.messages import Message, Mrkdwn, escape
 from bot.integrations.slack.parent import ParentViews, who
@@ -139,18 +141,23 @@ class SlackDestination:
             return ts
         if thread.startswith(DIGEST):
             return await self._digest.show(item, incident, thread, self._post)
+        posted: str | None = None
         try:
             posted = await self._reply(item, incident, thread)
             if not more:  # the last of a run of this incident's items updates the parent for all of them
                 await self._updates.update(thread, await self._parent(incident))
         except PermanentError as exc:
-            if not isinstance(exc, MessageGone):
+            if not isinstance(exc, MessageClosed):
                 raise
-            await self._withdraw(incident, thread)
-            # Deleted by a person or a retention policy: the incident goes on under a new parent
-            # (built from the store just now, so it shows everything), this item's reply with it.
-            thread = await self._rehome(item, incident, thread)
-            posted = await self._reply(item, incident, thread)
+            if isinstance(exc, MessageGone):
+                await self._withdraw(incident, thread)
+                posted = None  # withdrawn if it was posted: it goes under the new parent
+            # Deleted, or no longer editable: the incident goes on under a new parent (built from
+            # the store just now, so it shows everything), this item's reply with it unless it is
+            # already in the earlier parent's thread, which stays.
+            thread = await self._rehome(item, incident, thread, exc)
+            if posted is None:
+                posted = await self._reply(item, incident, thread)
             await self._permalink(incident.id, thread, renew=True)
             return posted or thread
         if not more:
@@ -188,17 +195,24 @@ class SlackDestination:
             with contextlib.suppress(MessageGone):  # gone already (a retry after a crash, a person)
                 await call(self.client.chat_delete(channel=self.channel, ts=ts))
 
-    async def _rehome(self, item: OutboxItem, incident: IncidentRecord, gone: str) -> str:
-        """A new parent for an incident whose parent ``gone`` was deleted; its ts, kept as the thread.
-        Posted once: after a crash it is found by the metadata naming the message it replaces."""
+    async def _rehome(
+        self, item: OutboxItem, incident: IncidentRecord, earlier: str, closed: MessageClosed
+    ) -> str:
+        """A new parent for an incident whose parent ``earlier`` was deleted or can no longer be edited
+        (``closed`` says which); its ts, kept as the thread. Posted once: after a crash it is found
+        by the metadata naming the message it replaces."""
+        why = "deleted" if isinstance(closed, MessageGone) else "uneditable"
         log.warning(
-            "the Slack message of %s was deleted; a new one continues its thread",
+            "the Slack message of %s %s (%s); a new one continues its thread",
             incident.id,
-            extra={"incident": incident.id, "reason": "message_deleted"},
+            closed.why,
+            closed,
+            extra={"incident": incident.id, "reason": f"message_{why}"},
         )
-        await self._store.set_outbox_ref(NAME, f"replaced:{incident.id}", gone, self._clock())
+        await self._store.set_outbox_ref(NAME, f"replaced:{incident.id}", earlier, self._clock())
+        await self._store.set_outbox_ref(NAME, f"replaced-why:{incident.id}", why, self._clock())
         message = messages.parent(await self._views.view(incident))
-        metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": gone}
+        metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": earlier}
 
         async def post() -> str:
             answer = await call(
@@ -211,7 +225,10 @@ class SlackDestination:
             return str(answer["ts"])
 
         ts = await create_once(
-            item, lambda: self._find(None, lambda p: p.get("replaces") == gone), post, "new parent in Slack"
+            item,
+            lambda: self._find(None, lambda p: p.get("replaces") == earlier),
+            post,
+            "new parent in Slack",
         )
         await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
         return ts

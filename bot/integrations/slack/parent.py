@@ -2,7 +2,8 @@
 
 The notice that opened the incident (kept by the destination as ``parent:<id>``), its state and
 current step, who decided what when, the buttons still possible, the Grafana dashboard and the
-runbook, and whether this parent replaces one a person deleted (``replaced:<id>``). Reads only;
+runbook, and whether this parent replaces one a person deleted or Slack would no longer let pitcrew
+edit (``replaced:<id>``, and why: ``replaced-why:<id>``, absent before it was kept). Reads only;
 ``messages.parent`` turns the view into blocks.
 """
 
@@ -88,9 +89,15 @@ class ParentViews:
             runbook=runbook,
             decisions=decisions,
             offer=tuple(offer),
-            replaces=await self._store.outbox_ref(NAME, f"replaced:{incident.id}") is not None,
+            replaces=await self._replaces(incident.id),
             capacity=capacity_word(events),
         )
+
+    async def _replaces(self, incident_id: str) -> str | None:
+        """Why this parent continues an earlier one (``messages.MOVED``'s key), if it does."""
+        if await self._store.outbox_ref(NAME, f"replaced:{incident_id}") is None:
+            return None
+        return await self._store.outbox_ref(NAME, f"replaced-why:{incident_id}") or "deleted"
 
     async def _runbook(self, incident: IncidentRecord) -> str | None:
         """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager

@@ -1,0 +1,98 @@
+"""A parent message Slack no longer lets pitcrew edit: the incident's thread continues under a new one.
+
+Cases: an incident in auto mode posts its parent; the workspace's edit window (an admin's setting,
+"any time, never, or up to a certain timeframe") closes on it mid-incident, so ``chat.update``
+answers ``edit_window_closed``, as Slack does; the incident goes on to its end. The outbox drains
+(nothing left pending, no notice refused), a new parent says the earlier message can no longer be
+edited (not that it was deleted) and carries the incident's current state, the summary reaches the
+channel as a broadcast reply of the new parent, later replies are in its thread, the earlier
+parent and its replies stay as they were, and the read API's Slack link is the new parent's
+permalink. The new parent is posted once. Failed before: ``edit_window_closed`` was retried
+forever and every later notice of the incident, summary included, stayed pending. The same for a
+storm digest past the window: the next write posts it again instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from proving_ground.slack.server import SlackStandin
+from tests.harness.scenarios import delivery, gpu_node, inventory
+from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
+
+#: Slack's shortest edit window but "never": one minute after sending (an admin's choice).
+WINDOW = 60.0
+
+
+def _pending(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+
+
+async def test_a_parent_past_the_edit_window_is_replaced_and_the_thread_goes_on(
+    slack: SlackStandin, tmp_path: Path
+) -> None:
+    world = inventory(tmp_path / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
+    async with SlackPitcrew(
+        tmp_path / "p", slack, config={"mode": "auto"}, inventory=world, replace_seconds=2
+    ) as pitcrew:
+        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
+        await until(lambda: bool(pitcrew.thread(incident)), what="the parent")
+        old = pitcrew.thread(incident)[0]
+        # The window closes on the parent mid-incident: an admin sets one, and the parent is older.
+        slack.world.edit_window = WINDOW
+        slack.api.backdate(CHANNEL, old.ts, 2 * WINDOW)
+
+        await pitcrew.wait_incident(incident, "resolved", timeout=60)
+        db = pitcrew.workdir / "pitcrew.db"
+        await until(lambda: _pending(db) == 0, what="the outbox drained")
+        await pitcrew.quiet()
+        done = await pitcrew.incident(incident)
+
+    assert not [e for e in done["events"] if e["kind"] == "notice_failed"]
+    tops = [m for m in slack.api.channel_view(CHANNEL) if m.thread_ts is None]
+    assert [m.ts for m in tops[:1]] == [old.ts] and len(tops) == 2, [m.text for m in tops]  # posted once
+    new = tops[1]
+    assert new.metadata is not None and new.metadata["event_payload"]["replaces"] == old.ts
+    assert "can no longer be edited" in repr(new.blocks) and "deleted" not in repr(new.blocks)
+    assert "resolved" in repr(new.blocks)  # updated to the end like any parent
+    assert "resolved" not in repr(old.blocks)  # the earlier parent stays as Slack last took it
+    summary = [m for m in slack.api.channel_view(CHANNEL) if m.reply_broadcast]
+    assert len(summary) == 1 and summary[0].thread_ts == new.ts and "finished" in summary[0].text
+    replies = slack.api.thread(CHANNEL, new.ts)[1:]
+    assert any("wait_ready" in m.text for m in replies)  # the steps after the window closed
+    posted = [
+        m.metadata["event_payload"]["outbox_id"] for m in slack.api.messages if m.thread_ts and m.metadata
+    ]
+    assert len(posted) == len(set(posted))  # each reply once: none posted again under the new parent
+    assert not slack.api.deleted  # nothing was withdrawn: the earlier parent is still there
+    permalink = done["links"]["slack"]
+    assert permalink.endswith("/p" + new.ts.replace(".", "")), permalink
+    closed = [
+        c for c in slack.api.calls_to("chat.update") if (c.answer or {}).get("error") == "edit_window_closed"
+    ]
+    assert len(closed) == 1  # answered once, then never asked again
+
+
+async def test_a_digest_past_the_edit_window_is_posted_again(slack: SlackStandin, tmp_path: Path) -> None:
+    nodes = [f"gpu-{n:03d}" for n in range(1, 13)]
+    world = inventory(tmp_path / "inventory.yaml", {n: gpu_node(f"ml/{n}") for n in nodes}, [])
+    config = {"mode": "observe", "slack": {"digest_threshold": 3, "digest_window": "2m"}}
+    async with SlackPitcrew(tmp_path / "p", slack, config=config, inventory=world) as pitcrew:
+        for node in nodes[:6]:
+            await pitcrew.post_alerts(delivery(node=node))
+        await until(lambda: any("storm" in m.text for m in slack.api.messages), what="the digest")
+        await pitcrew.quiet()
+        digest = next(m for m in slack.api.messages if "storm" in m.text)
+        slack.world.edit_window = WINDOW
+        slack.api.backdate(CHANNEL, digest.ts, 2 * WINDOW)
+        for node in nodes[6:]:
+            await pitcrew.post_alerts(delivery(node=node))
+        db = pitcrew.workdir / "pitcrew.db"
+        await until(lambda: _pending(db) == 0 and any("12 nodes" in m.text for m in slack.api.messages))
+        await pitcrew.quiet()
+
+    digests = [m for m in slack.api.channel_view(CHANNEL) if "storm" in m.text]
+    assert [m.ts for m in digests[:1]] == [digest.ts] and len(digests) == 2, [m.text for m in digests]
+    assert "12 nodes" in digests[1].text
