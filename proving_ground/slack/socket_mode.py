@@ -42,6 +42,9 @@ class SocketModeEndpoint:
         #: the TCP connection stays up, nothing comes back). The client must notice by itself.
         self.answer_pings = True
         self.pings_unanswered = 0
+        #: Dials still to fail (``fail_dials``) with this HTTP status, and how many did.
+        self._failing: list[int] = []
+        self.dials_failed = 0
 
     # -- Web API method ------------------------------------------------------------------------------
 
@@ -82,7 +85,11 @@ class SocketModeEndpoint:
         if self.tickets.get(ticket, True):  # unknown or already used: the URL is single-use
             self.refused += 1
             raise web.HTTPUnauthorized(text="invalid ticket")
-        self.tickets[ticket] = True
+        self.tickets[ticket] = True  # spent by this dial, whatever becomes of it
+        if self._failing:
+            self.dials_failed += 1
+            status = self._failing.pop(0)
+            return web.Response(status=status, text="upstream connect error", content_type="text/plain")
         ws = web.WebSocketResponse(autoping=False)
         await ws.prepare(request)
         self.connections.append(ws)
@@ -114,6 +121,13 @@ class SocketModeEndpoint:
             waiter.set_result(frame)
 
     # -- what a test drives -------------------------------------------------------------------------
+
+    def fail_dials(self, count: int = 1, status: int = 503) -> None:
+        """The next ``count`` websocket dials fail before the upgrade with HTTP ``status`` (Slack's
+        edge overloaded or restarting, as any far side's can). Each spends its URL's ticket: the
+        client must open a new URL, a dial of the same one is refused like any reused ticket."""
+        assert 500 <= status < 600, status
+        self._failing += [status] * count
 
     async def connected(self, timeout: float = 5.0) -> None:
         await asyncio.wait_for(self._connected.wait(), timeout)

@@ -7,19 +7,28 @@ Cases (pitcrew in this process, Socket Mode against the stand-in):
   ``pitcrew_slack_socket_connected`` is 0; it never opened a websocket. Before: no sign anywhere
   (slack_sdk only logged and retried);
 - a half-open connection (the far end stops answering pings): ``/readyz`` and the metric turn to
-  disconnected, and once Slack answers again a new connection replaces it and both say connected.
+  disconnected, and once Slack answers again a new connection replaces it and both say connected;
+- the first dial of Slack's URL fails (HTTP 503 before the upgrade, which spends the single-use
+  URL): pitcrew gives the connection up within ``give_up``, opens a fresh URL and connects, and
+  ``/readyz``, the metric and ``/pitcrew`` say so; no aiohttp session is left unclosed. Before:
+  slack_sdk dialled the spent URL every ping interval forever (401 each time) and Socket Mode
+  stayed down until pitcrew restarted; pitcrew stopped meanwhile stops at once, its task and
+  sessions gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from proving_ground.slack.server import SlackStandin
-from tests.slack.pitcrew_app import SlackPitcrew
+from tests.slack.pitcrew_app import SlackPitcrew, until
 
 
 async def _socket(pitcrew: SlackPitcrew) -> tuple[dict[str, Any], float | None]:
@@ -78,3 +87,47 @@ async def test_a_half_open_socket_is_noticed_and_replaced(slack: SlackStandin, t
         await _until_socket(pitcrew, connected=True)
         assert len(slack.api.calls_to("apps.connections.open")) > opened  # a new connection
         assert "mode *observe*" in await pitcrew.slash("status")
+
+
+#: How long pitcrew gives a connection that is not up before it replaces it (``SocketMode``'s
+#: ``give_up``, 30 s), with room for a fresh URL and its dial.
+GIVE_UP_AND_DIAL = 30.0 + 30.0
+
+
+def _open_sessions() -> set[int]:
+    """The aiohttp client sessions alive and not closed (a handler dropped unclosed leaves its own)."""
+    gc.collect()
+    return {id(o) for o in gc.get_objects() if isinstance(o, aiohttp.ClientSession) and not o.closed}
+
+
+async def test_a_failed_first_dial_is_given_up_for_a_fresh_url(slack: SlackStandin, tmp_path: Path) -> None:
+    slack.api.allow("rate_tiers")  # the fresh URL is opened within the minute of the first (Tier 1)
+    slack.socket.fail_dials(1)  # Slack's edge answers the first dial 503; that URL is spent
+    before = _open_sessions()
+    async with SlackPitcrew(
+        tmp_path / "p", slack, transport="socket", config={"mode": "observe"}, wait_connected=False
+    ) as pitcrew:
+        detail = await _until_socket(pitcrew, connected=True, timeout=GIVE_UP_AND_DIAL)
+        assert detail["reason"] == "connected", detail
+        assert slack.socket.dials_failed == 1
+        assert len(slack.api.calls_to("apps.connections.open")) == 2  # a fresh URL, once
+        assert len(slack.socket.connections) == 1
+        assert "mode *observe*" in await pitcrew.slash("status")
+    assert _open_sessions() <= before  # the given-up client's session was closed, and the last one's
+
+
+async def test_stopping_while_the_first_dial_fails_leaves_nothing_behind(
+    slack: SlackStandin, tmp_path: Path
+) -> None:
+    slack.socket.fail_dials(1)
+    before = _open_sessions()
+    async with SlackPitcrew(
+        tmp_path / "p", slack, transport="socket", config={"mode": "observe"}, wait_connected=False
+    ) as pitcrew:
+        await until(lambda: slack.socket.dials_failed == 1, what="the first dial refused")
+        detail, _ = await _socket(pitcrew)
+        assert detail["connected"] is False and detail["reason"] == "connecting", detail
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 5.0  # stopped at once, not after give_up
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "pitcrew-slack-socket-mode"]
+    assert _open_sessions() <= before

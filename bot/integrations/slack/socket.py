@@ -6,9 +6,14 @@ every ping interval, while buttons and ``/pitcrew`` are dead. So this worker ope
 connection's URL itself (``apps.connections.open`` with the app token) and hands it to the client;
 when Slack refuses, it says why (``invalid_auth``, ``not_allowed_token_type``, ``missing_scope`` with
 the scope ``needed``), keeps asking once a minute (the method is Tier 1) and never starts the
-client's retry loop. Once connected, it watches ``is_connected()`` (which turns false on a closed
-socket and on pings unanswered for four intervals — a half-open link); a client that has not
-recovered within ``give_up`` is closed and replaced, starting again from the token check.
+client's retry loop. Nor does it let that loop have the first dial: handed a URL, the client dials
+that same URL again every ping interval when the dial fails and never asks for another (``connect``
+opens a new one only without a URL), while Slack's URL is single-use, so one failed dial (Slack's
+edge answering 503, a connection dropped) would hang Socket Mode until a restart. The first
+connection is therefore given ``give_up`` too, then closed, and a new URL is opened. Once connected,
+it watches ``is_connected()`` (which turns false on a closed socket and on pings unanswered for four
+intervals — a half-open link); a client that has not recovered within ``give_up`` is closed and
+replaced, starting again from the token check.
 
 The state is shown as ``pitcrew_slack_socket_connected`` (1/0) and in ``/readyz``'s detail
 (``describe``). Readiness itself stays with the engine: Alertmanager's webhooks and remediation
@@ -96,12 +101,25 @@ class SocketMode:
                 await asyncio.sleep(wait if wait is not None else backoff)
                 backoff = min(backoff * 2, self._recheck)
                 continue
-            backoff = 1.0
             # Built here, on the running loop: its aiohttp session cannot be made outside one.
             handler = AsyncSocketModeHandler(self._app, self._app_token, ping_interval=self._ping_interval)
             handler.client.wss_uri = url  # connect() uses it instead of opening another
             self._handler = handler
-            await handler.connect_async()  # type: ignore[no-untyped-call]
+            self._show(False, "connecting")
+            try:
+                # connect() redials this one URL until it succeeds; a failed dial spent it.
+                await asyncio.wait_for(handler.connect_async(), self._give_up)  # type: ignore[no-untyped-call]
+            except TimeoutError:
+                await self._close()
+                self._show(
+                    False,
+                    f"Slack's Socket Mode URL did not connect within {self._give_up:g}s; opening a new one",
+                    warn=True,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._recheck)
+                continue
+            backoff = 1.0
             await self._watch(handler)
             await self._close()
             self._show(False, "replacing a connection that did not recover")
