@@ -96,3 +96,33 @@ async def test_a_digest_past_the_edit_window_is_posted_again(slack: SlackStandin
     digests = [m for m in slack.api.channel_view(CHANNEL) if "storm" in m.text]
     assert [m.ts for m in digests[:1]] == [digest.ts] and len(digests) == 2, [m.text for m in digests]
     assert "12 nodes" in digests[1].text
+
+
+async def test_a_workspace_that_allows_no_edits_gets_one_new_parent_not_one_a_notice(
+    slack: SlackStandin, tmp_path: Path
+) -> None:
+    """An admin may set the edit window to "never": the new parent cannot be edited either. It is
+    replaced once; after that the incident's notices go on as replies under it and pitcrew stops
+    asking to edit it, rather than posting a new parent with every notice."""
+    slack.world.edit_window = 0.0
+    world = inventory(tmp_path / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
+    async with SlackPitcrew(
+        tmp_path / "p", slack, config={"mode": "auto"}, inventory=world, replace_seconds=2
+    ) as pitcrew:
+        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
+        await pitcrew.wait_incident(incident, "resolved", timeout=60)
+        db = pitcrew.workdir / "pitcrew.db"
+        await until(lambda: _pending(db) == 0, what="the outbox drained")
+        await pitcrew.quiet()
+        done = await pitcrew.incident(incident)
+
+    assert not [e for e in done["events"] if e["kind"] == "notice_failed"]
+    tops = [m for m in slack.api.channel_view(CHANNEL) if m.thread_ts is None]
+    assert len(tops) == 2, [m.text for m in tops]  # the first parent and one that continues it
+    summary = [m for m in slack.api.channel_view(CHANNEL) if m.reply_broadcast]
+    assert len(summary) == 1 and summary[0].thread_ts == tops[1].ts and "finished" in summary[0].text
+    assert any("wait_ready" in m.text for m in slack.api.thread(CHANNEL, tops[1].ts)[1:])
+    closed = [
+        c for c in slack.api.calls_to("chat.update") if (c.answer or {}).get("error") == "edit_window_closed"
+    ]
+    assert len(closed) == 2  # once for each parent, then never asked again

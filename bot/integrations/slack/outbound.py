@@ -13,7 +13,9 @@
   ``message_not_found`` — is replaced: a new parent says so, becomes the thread, takes this item's
   reply, and its permalink replaces the old one (the read API's Slack link follows it); so is a
   parent Slack will **no longer let pitcrew edit** (``edit_window_closed``: the workspace's edit
-  window has closed on it; ``cant_update_message``), which stays, with its replies, as it was;
+  window has closed on it; ``cant_update_message``), which stays, with its replies, as it was; if
+  the new parent takes no edits either (a workspace that allows none), it stays the thread and is
+  no longer asked to change (``frozen:<id>``): one new parent, not one a notice;
 - when ``digest_threshold`` incidents open within ``digest_window``, later ones join one **digest**
   message (``digest``), updated at most once a second, instead of a thread each;
 - notices about pitcrew as a whole (the breaker) are top-level channel messages.
@@ -43,7 +45,7 @@ from bot.engine.ports import Notice, Probe
 from bot.integrations.slack import messages
 from bot.integrations.slack.digest import PREFIX as DIGEST
 from bot.integrations.slack.digest import StormDigest
-from bot.integrations.slack.errors import MessageClosed, MessageGone, call
+from bot.integrations.slack.errors import MessageClosed, MessageGone, MessageUneditable, call
 from bot.integrations.slack.lookup import METADATA_TYPE, find_posted, posted_since
 from bot.integrations.slack.messages import Message, Mrkdwn, escape
 from bot.integrations.slack.parent import ParentViews, who
@@ -144,11 +146,28 @@ class SlackDestination:
         posted: str | None = None
         try:
             posted = await self._reply(item, incident, thread)
-            if not more:  # the last of a run of this incident's items updates the parent for all of them
+            # The last of a run of this incident's items updates the parent for all of them.
+            if not more and await self._store.outbox_ref(NAME, f"frozen:{incident.id}") != thread:
                 await self._updates.update(thread, await self._parent(incident))
         except PermanentError as exc:
             if not isinstance(exc, MessageClosed):
                 raise
+            if (
+                isinstance(exc, MessageUneditable)
+                and await self._store.outbox_ref(NAME, f"replaced-why:{incident.id}") == "uneditable"
+            ):
+                # The parent that continued an uneditable one takes no edits either (a workspace
+                # that allows none): it stays the thread, its replies go on, and it is not asked
+                # to change again, rather than a new parent posted with every notice.
+                log.warning(
+                    "the Slack message of %s can no longer be edited either (%s); its thread goes on "
+                    "without updates to it",
+                    incident.id,
+                    exc,
+                    extra={"incident": incident.id, "reason": "message_uneditable"},
+                )
+                await self._store.set_outbox_ref(NAME, f"frozen:{incident.id}", thread, self._clock())
+                return posted or thread
             if isinstance(exc, MessageGone):
                 await self._withdraw(incident, thread)
                 posted = None  # withdrawn if it was posted: it goes under the new parent
