@@ -25,7 +25,7 @@ from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientErr
 from bot.engine.outbox import create_once
 from bot.engine.ports import Annotator, Probe, Region, incident_tag
 from bot.integrations.fenced import READS, traces
-from bot.store.base import IncidentRecord, OutboxItem, Store
+from bot.store.base import IncidentRecord, OutboxItem, Store, incident_ref
 from bot.store.lease import Fence
 
 #: The outbox destination's name; its rows are the incidents' ``state`` events (``EVENTS``).
@@ -218,7 +218,7 @@ class GrafanaDestination:
         if incident is None:
             return None  # written in the same transaction as the incident: only a test store lacks it
         region = region_of(incident)
-        key = f"region:{incident.id}"
+        key = incident_ref("region", incident.id)
         known = await self._store.outbox_ref(NAME, key)
         if known is not None:
             annotation_id = int(known)
@@ -232,9 +232,9 @@ class GrafanaDestination:
             await self._store.set_outbox_ref(NAME, key, str(annotation_id), self._clock())
         if incident.state.terminal and incident.closed_at is not None:
             end = str(_ms(incident.closed_at))
-            if await self._store.outbox_ref(NAME, f"end:{incident.id}") != end:
+            if await self._store.outbox_ref(NAME, incident_ref("end", incident.id)) != end:
                 await self.annotations.close_region(
                     annotation_id, incident.closed_at, closing_text(region, incident)
                 )
-                await self._store.set_outbox_ref(NAME, f"end:{incident.id}", end, self._clock())
+                await self._store.set_outbox_ref(NAME, incident_ref("end", incident.id), end, self._clock())
         return str(annotation_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, get_args
 
 from bot.domain.alerts import AlertStatus
 from bot.domain.faults import Fault
@@ -248,10 +248,26 @@ class Event(NewEvent):
     at: datetime
 
 
+#: What a destination keeps of one incident in ``outbox_refs``, each under ``<what>:<incident>``
+#: (``incident_ref``): Slack's thread, link, parent payload, the parent it replaced and why, the
+#: parent it stopped editing; Grafana's region and its end. Retention removes every one of them
+#: with the incident (``bot.store.retention``): a reference kept under a key made otherwise would
+#: outlive it, so destinations make theirs only here.
+IncidentRef: TypeAlias = Literal[
+    "thread", "link", "parent", "replaced", "replaced-why", "frozen", "region", "end"
+]
+INCIDENT_REFS: tuple[IncidentRef, ...] = get_args(IncidentRef)
+
+
+def incident_ref(what: IncidentRef, incident_id: str) -> str:
+    """The ``outbox_refs`` key of a destination's reference ``what`` of an incident."""
+    return f"{what}:{incident_id}"
+
+
 def link_key(incident_id: str) -> str:
     """The ``outbox_refs`` key under which a destination keeps the URL where people see the
     incident (its Slack thread); ``Store.incident_links`` reads them."""
-    return f"link:{incident_id}"
+    return incident_ref("link", incident_id)
 
 
 class Store(Protocol):

@@ -4,8 +4,8 @@ What goes, once it is older than the cut-off:
 
 * a **closed** incident (a terminal state, ``closed_at`` before the cut-off) with its alerts and
   their delivery counters, what they said in its timeline, its step records, approvals, delivered
-  outbox rows and the references destinations kept for it (``thread:``, ``link:``, ``region:``…
-  ``<prefix>:<incident>``);
+  outbox rows and the references destinations kept for it (``thread:``, ``parent:``, ``region:``…
+  ``<what>:<incident>``, every ``bot.store.base.INCIDENT_REFS``);
 * an alert filed under no incident (no node label) last delivered before the cut-off, and what
   such alerts said before it;
 * a delivered outbox row of no incident, delivered before the cut-off.
@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from bot.store.base import INCIDENT_REFS, incident_ref
 from bot.store.codec import ts
 from bot.store.sql import Op, many, rows, run
 
@@ -197,8 +198,8 @@ def _prune_batch(before: datetime, batch: int) -> Op[Pruned]:
 
 
 def _ref_keys(ids: list[str]) -> list[str]:
-    """The keys destinations keep references of an incident under: ``<what>:<incident>``."""
-    return [f"{prefix}:{i}" for i in ids for prefix in ("thread", "link", "region", "end")]
+    """The keys destinations keep references of these incidents under (``INCIDENT_REFS``)."""
+    return [incident_ref(what, i) for i in ids for what in INCIDENT_REFS]
 
 
 def _drop_alerts(done: Pruned, keys: list[tuple[str, str]]) -> Op[None]:

@@ -50,6 +50,16 @@ from tests.simulator.serve import WorldFile, simulated_ports
 KEEP = timedelta(days=180)
 LATER = T0 + timedelta(days=200)
 CUTOFF = LATER - KEEP
+#: What the Slack destination keeps of an incident (its thread, link, parent's payload, and the
+#: parent it replaced and why, and the one it stopped editing): retention takes them all with it.
+SLACK_REFS = (
+    ("thread", "1.000300"),
+    ("link", "https://example.slack.com/archives/C0GPUOPS/p1000300"),
+    ("parent", '{"title": "XID 79"}'),
+    ("replaced", "1.000100"),
+    ("replaced-why", "uneditable"),
+    ("frozen", "1.000300"),
+)
 
 
 async def _incident(store: AnyStore, fp: str, node: str, *, close: bool = True, deliver: bool = True) -> str:
@@ -70,7 +80,10 @@ async def _incident(store: AnyStore, fp: str, node: str, *, close: bool = True, 
     )
     await store.request_approval(incident_id, "replace", ["alice"], T0 + timedelta(hours=1), T0)
     await store.enqueue(incident_id, NewEvent("notice"), "incident", {"title": "XID 79"}, ["slack"], T0)
-    await store.set_outbox_ref("slack", f"thread:{incident_id}", "C0GPUOPS/1.000100", T0)
+    # What the Slack destination keeps of an incident whose parent was replaced, and Grafana's region.
+    for what, ref in SLACK_REFS:
+        await store.set_outbox_ref("slack", f"{what}:{incident_id}", ref, T0)
+    await store.set_outbox_ref("grafana", f"region:{incident_id}", "42", T0)
     if deliver:
         for item in await store.outbox_pending("slack"):
             if item.incident_id == incident_id:
@@ -89,7 +102,8 @@ async def _gone(store: AnyStore, incident_id: str) -> bool:
         and await store.alerts_of(incident_id) == []
         and await store.steps_of(incident_id) == {}
         and await store.approval(incident_id) is None
-        and await store.outbox_ref("slack", f"thread:{incident_id}") is None
+        and all([await store.outbox_ref("slack", f"{what}:{incident_id}") is None for what, _ in SLACK_REFS])
+        and await store.outbox_ref("grafana", f"region:{incident_id}") is None
     )
 
 
@@ -116,7 +130,7 @@ async def test_old_closed_incidents_go_and_the_audit_log_stays(stores: Stores) -
         "steps": 1,
         "approvals": 1,
         "outbox": 1,
-        "outbox_refs": 1,
+        "outbox_refs": len(SLACK_REFS) + 1,
     }
     # The audit log stays: every event but what the alerts said, the destructive action included.
     audit = [(e.kind, e.detail) for e in await store.events_of(old)]
@@ -449,7 +463,7 @@ async def test_only_the_leader_prunes(stores: Stores) -> None:
     sample = metrics.registry.get_sample_value
     assert sample("pitcrew_store_pruned_rows_total", {"table": "incidents"}) == 1
     assert sample("pitcrew_store_pruned_rows_total", {"table": "alerts"}) == 2
-    assert sample("pitcrew_store_pruned_rows_total", {"table": "outbox_refs"}) == 1
+    assert sample("pitcrew_store_pruned_rows_total", {"table": "outbox_refs"}) == len(SLACK_REFS) + 1
 
 
 @pytest.mark.parametrize(("retention", "keep"), [("30d", [timedelta(days=30)]), (None, [])])

@@ -51,7 +51,7 @@ from bot.integrations.slack.messages import Message, Mrkdwn, escape
 from bot.integrations.slack.parent import ParentViews, who
 from bot.integrations.slack.probe import SlackProbe
 from bot.integrations.slack.updates import ChatUpdates
-from bot.store.base import IncidentRecord, OutboxItem, Store, link_key
+from bot.store.base import IncidentRecord, OutboxItem, Store, incident_ref, link_key
 
 log = logger(__name__)
 
@@ -124,21 +124,23 @@ class SlackDestination:
         incident = await self._store.incident(item.incident_id)
         if incident is None:
             return None  # written in the same transaction as the incident: only a test store lacks it
-        thread = await self._store.outbox_ref(NAME, f"thread:{incident.id}")
+        thread = await self._store.outbox_ref(NAME, incident_ref("thread", incident.id))
         if thread is None:
             storm = await self._digest.joins(incident)
             if not storm and _is_event(item) and item.kind not in _DECISIONS:
                 return None  # before the incident notice: the parent will show it
             if storm:
                 ref = await self._digest.show(item, incident, None, self._post)
-                await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ref, self._clock())
+                await self._store.set_outbox_ref(
+                    NAME, incident_ref("thread", incident.id), ref, self._clock()
+                )
                 return ref
             if not _is_event(item):
                 await self._store.set_outbox_ref(
-                    NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
+                    NAME, incident_ref("parent", incident.id), json.dumps(dict(item.payload)), self._clock()
                 )
             ts = await self._post(item, await self._parent(incident))
-            await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+            await self._store.set_outbox_ref(NAME, incident_ref("thread", incident.id), ts, self._clock())
             await self._permalink(incident.id, ts)
             return ts
         if thread.startswith(DIGEST):
@@ -147,14 +149,15 @@ class SlackDestination:
         try:
             posted = await self._reply(item, incident, thread)
             # The last of a run of this incident's items updates the parent for all of them.
-            if not more and await self._store.outbox_ref(NAME, f"frozen:{incident.id}") != thread:
+            if not more and await self._store.outbox_ref(NAME, incident_ref("frozen", incident.id)) != thread:
                 await self._updates.update(thread, await self._parent(incident))
         except PermanentError as exc:
             if not isinstance(exc, MessageClosed):
                 raise
             if (
                 isinstance(exc, MessageUneditable)
-                and await self._store.outbox_ref(NAME, f"replaced-why:{incident.id}") == "uneditable"
+                and await self._store.outbox_ref(NAME, incident_ref("replaced-why", incident.id))
+                == "uneditable"
             ):
                 # The parent that continued an uneditable one takes no edits either (a workspace
                 # that allows none): it stays the thread, its replies go on, and it is not asked
@@ -166,7 +169,9 @@ class SlackDestination:
                     exc,
                     extra={"incident": incident.id, "reason": "message_uneditable"},
                 )
-                await self._store.set_outbox_ref(NAME, f"frozen:{incident.id}", thread, self._clock())
+                await self._store.set_outbox_ref(
+                    NAME, incident_ref("frozen", incident.id), thread, self._clock()
+                )
                 return posted or thread
             if isinstance(exc, MessageGone):
                 await self._withdraw(incident, thread)
@@ -187,7 +192,7 @@ class SlackDestination:
         """This item's reply in the thread (none for the incident notice, which only feeds the parent)."""
         if item.kind == "incident" and not _is_event(item):
             await self._store.set_outbox_ref(
-                NAME, f"parent:{incident.id}", json.dumps(dict(item.payload)), self._clock()
+                NAME, incident_ref("parent", incident.id), json.dumps(dict(item.payload)), self._clock()
             )
             return None
         if item.kind == "state":
@@ -228,8 +233,8 @@ class SlackDestination:
             closed,
             extra={"incident": incident.id, "reason": f"message_{why}"},
         )
-        await self._store.set_outbox_ref(NAME, f"replaced:{incident.id}", earlier, self._clock())
-        await self._store.set_outbox_ref(NAME, f"replaced-why:{incident.id}", why, self._clock())
+        await self._store.set_outbox_ref(NAME, incident_ref("replaced", incident.id), earlier, self._clock())
+        await self._store.set_outbox_ref(NAME, incident_ref("replaced-why", incident.id), why, self._clock())
         message = messages.parent(await self._views.view(incident))
         metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": earlier}
 
@@ -249,7 +254,7 @@ class SlackDestination:
             post,
             "new parent in Slack",
         )
-        await self._store.set_outbox_ref(NAME, f"thread:{incident.id}", ts, self._clock())
+        await self._store.set_outbox_ref(NAME, incident_ref("thread", incident.id), ts, self._clock())
         return ts
 
     async def _permalink(self, incident_id: str, thread_ts: str, *, renew: bool = False) -> None:

@@ -18,7 +18,7 @@ from bot.domain.incident import State
 from bot.engine.ports import Notice
 from bot.integrations.slack import messages
 from bot.integrations.slack.messages import Decision, Mrkdwn, ParentView, escape
-from bot.store.base import Event, IncidentRecord, Store
+from bot.store.base import Event, IncidentRecord, Store, incident_ref
 
 NAME = "slack"
 
@@ -41,7 +41,7 @@ class ParentViews:
         self._decisions = decisions
 
     async def view(self, incident: IncidentRecord) -> ParentView:
-        base_text = await self._store.outbox_ref(NAME, f"parent:{incident.id}")
+        base_text = await self._store.outbox_ref(NAME, incident_ref("parent", incident.id))
         base: Mapping[str, Any] = json.loads(base_text) if base_text else {}
         notice = Notice.from_record(base) if base else None
         plan = incident.plan
@@ -95,9 +95,9 @@ class ParentViews:
 
     async def _replaces(self, incident_id: str) -> str | None:
         """Why this parent continues an earlier one (``messages.MOVED``'s key), if it does."""
-        if await self._store.outbox_ref(NAME, f"replaced:{incident_id}") is None:
+        if await self._store.outbox_ref(NAME, incident_ref("replaced", incident_id)) is None:
             return None
-        return await self._store.outbox_ref(NAME, f"replaced-why:{incident_id}") or "deleted"
+        return await self._store.outbox_ref(NAME, incident_ref("replaced-why", incident_id)) or "deleted"
 
     async def _runbook(self, incident: IncidentRecord) -> str | None:
         """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager
