@@ -37,7 +37,8 @@ class Responses:
     def __init__(self, api: WebApi) -> None:
         self.api = api
         self.urls: dict[str, ResponseUrl] = {}
-        #: Every message answered through a response_url: ``{"user", "channel", "text", "response_type"}``.
+        #: Every message answered through a response_url: ``{"user", "channel", "text", "response_type",
+        #: "replace_original"}``.
         self.answered: list[dict[str, Any]] = []
 
     def mint(self, base: str, kind: str, user: str, channel: str) -> str:
@@ -63,7 +64,16 @@ class Responses:
         text, blocks = str(body.get("text") or ""), list(body.get("blocks") or [])
         self.api.audit("response_url", text, blocks)
         kind = str(body.get("response_type") or "ephemeral")
-        answer = {"user": found.user, "channel": found.channel, "text": text, "response_type": kind}
+        # Kept as sent: an answer to a click that does not say ``replace_original: false`` risks
+        # replacing the message clicked (Slack's legacy default), the incident's parent here.
+        replace = body.get("replace_original")
+        answer = {
+            "user": found.user,
+            "channel": found.channel,
+            "text": text,
+            "response_type": kind,
+            "replace_original": replace,
+        }
         self.answered.append(answer)
         if kind == "ephemeral":
             self.api.ephemeral.append(

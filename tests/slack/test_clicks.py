@@ -125,3 +125,34 @@ async def test_a_click_on_a_parent_full_of_text_in_any_script_is_taken(
         assert (status, answer["status"]) == (200, 200), answer
         assert answer["answer"] == f"{incident} approved by slack:U0ALICE"
         await pitcrew.quiet()
+
+
+async def test_a_clicker_outside_the_channel_is_answered_through_the_click_s_response_url(
+    slack: SlackStandin, tmp_path: Path
+) -> None:
+    """An approver reading the public channel without having joined it clicks Approve: the decision
+    is taken, and the answer reaches them through the click's ``response_url`` (ephemeral, the
+    parent left as it is), where ``chat.postEphemeral`` answers ``user_not_in_channel``."""
+    world = inventory(tmp_path / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
+    config = {"mode": "approve", "approvals": {"approvers": ["nobody-local"], "timeout": "5m"}}
+    async with SlackPitcrew(tmp_path / "pitcrew", slack, config=config, inventory=world) as pitcrew:
+        slack.interactivity = Interactivity(slack.api, f"{pitcrew.url}/slack/events", SIGNING_SECRET)
+        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
+        await pitcrew.wait_incident(incident, "awaiting_approval")
+        await until(
+            lambda: bool(pitcrew.thread(incident)) and "Approve" in repr(pitcrew.thread(incident)[0].blocks)
+        )
+        await pitcrew.quiet()
+        slack.world.channels[CHANNEL].members.discard("U0ALICE")
+
+        status, answer = await _click(slack, _person("Approve", incident, "U0ALICE"))
+        assert (status, answer["status"]) == (200, 200), answer
+        assert answer["answer"] == f"{incident} approved by slack:U0ALICE"
+        [approved] = await pitcrew.events(incident, "approved")
+        assert approved["actor"] == "slack:U0ALICE"
+        await pitcrew.quiet()
+
+    [told] = [a for a in slack.responses.answered if a["user"] == "U0ALICE"]
+    assert (told["response_type"], told["replace_original"]) == ("ephemeral", False)
+    refused = [c for c in slack.api.calls_to("chat.postEphemeral") if (c.answer or {}).get("ok") is False]
+    assert not refused

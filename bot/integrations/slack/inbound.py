@@ -133,13 +133,13 @@ class SlackInbound:
 
     # ------------------------------------------------------------------ buttons
     def _button(self, verb: str) -> Callable[..., Any]:
-        async def clicked(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        async def clicked(ack: Any, body: dict[str, Any], action: dict[str, Any], respond: Any) -> None:
             await ack()
             user = str((body.get("user") or {}).get("id", ""))
             incident_id = str(action.get("value", ""))
             channel = str((body.get("channel") or {}).get("id", self._channel))
             answer = await _or_away(self.decide(verb, incident_id, user))
-            await self._tell(channel, user, answer)
+            await self._tell(channel, user, answer, respond if body.get("response_url") else None)
 
         return clicked
 
@@ -196,7 +196,24 @@ class SlackInbound:
             self._clock(),
         )
 
-    async def _tell(self, channel: str, user: str, text: str) -> None:
+    async def _tell(self, channel: str, user: str, text: str, respond: Any = None) -> None:
+        """The clicker's answer, seen by them alone: through the click's ``response_url`` (it reaches
+        a person reading a public channel they have not joined, where ``chat.postEphemeral``
+        answers ``user_not_in_channel``), ephemeral and never replacing the message clicked (the
+        incident's parent); else, or if that fails, ``chat.postEphemeral``."""
+        if respond is not None:
+            try:
+                sent = await respond(text=text, response_type="ephemeral", replace_original=False)
+            except Exception as exc:  # any failure falls back to the Web API below
+                log.warning(
+                    "click answer not delivered at its response_url", extra={"reason": type(exc).__name__}
+                )
+            else:
+                if getattr(sent, "status_code", 200) == 200:
+                    return
+                log.warning(
+                    "click answer refused at its response_url", extra={"reason": f"HTTP {sent.status_code}"}
+                )
         try:
             await call(self._client.chat_postEphemeral(channel=channel, user=user, text=text))
         except PitcrewError as exc:  # the decision stands and is audited; only the echo is lost
