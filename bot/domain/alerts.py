@@ -2,7 +2,8 @@
 
 Accepts every shape Alertmanager really sends: firing and resolved alerts mixed in one
 delivery, resolved alerts never seen firing, re-sent groups, ``truncatedAlerts`` and
-unknown extra fields (ignored). Rejects what is not a webhook with a reason a human can
+unknown extra fields (ignored), annotations and URLs of any length (clipped, with a mark, to
+``ANNOTATION_MAX``/``URL_MAX``). Rejects what is not a webhook with a reason a human can
 act on (``PayloadError``), and a webhook with an alert pitcrew refuses — a time outside the
 window around now that ``check_times`` allows, a node label that is no node name
 (``bot.domain.labels``) — naming the alert (``AlertRejected``).
@@ -17,7 +18,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from bot.domain.durations import format_duration
 
@@ -38,6 +47,27 @@ LabelName = Annotated[str, Field(max_length=256)]
 #: An alert's (and a delivery's) status as Alertmanager sends it.
 AlertStatus = Literal["firing", "resolved"]
 LabelValue = Annotated[str, Field(max_length=4096)]
+#: Longest annotation value and URL pitcrew keeps. What only describes an alert is clipped to
+#: these, never refused: Alertmanager sets no length limit (``alert.Validate`` checks times and
+#: label names) and never retries a 4xx (``notify.Retrier``: 5xx only), so a delivery refused
+#: for one alert's long templated description would be refused at every ``group_interval`` and
+#: its node's real fault never seen. Labels are the alert's identity and keep their limits.
+ANNOTATION_MAX, URL_MAX = 4096, 8192
+
+
+def _clipped(limit: int) -> BeforeValidator:
+    def clip(value: object) -> object:
+        if not isinstance(value, str) or len(value) <= limit:
+            return value
+        # Room for the mark with as many digits as the whole length: the count clipped has no more.
+        kept = limit - len(f" [{len(value):,} characters clipped]")
+        return f"{value[:kept]} [{len(value) - kept:,} characters clipped]"
+
+    return BeforeValidator(clip)
+
+
+AnnotationValue = Annotated[str, _clipped(ANNOTATION_MAX)]
+Url = Annotated[str, _clipped(URL_MAX)]
 
 
 class Alert(BaseModel):
@@ -47,10 +77,10 @@ class Alert(BaseModel):
 
     status: AlertStatus
     labels: dict[LabelName, LabelValue]
-    annotations: dict[LabelName, LabelValue] = Field(default_factory=dict)
+    annotations: dict[LabelName, AnnotationValue] = Field(default_factory=dict)
     starts_at: AwareDatetime = Field(alias="startsAt")
     ends_at: AwareDatetime | None = Field(default=None, alias="endsAt")
-    generator_url: str = Field(default="", alias="generatorURL", max_length=8192)
+    generator_url: Url = Field(default="", alias="generatorURL")
     fingerprint: str = Field(min_length=1, max_length=64)
 
     @field_validator("starts_at")
@@ -88,8 +118,10 @@ class WebhookPayload(BaseModel):
     alerts: list[Alert]
     group_labels: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="groupLabels")
     common_labels: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="commonLabels")
-    common_annotations: dict[LabelName, LabelValue] = Field(default_factory=dict, alias="commonAnnotations")
-    external_url: str = Field(default="", alias="externalURL", max_length=8192)
+    common_annotations: dict[LabelName, AnnotationValue] = Field(
+        default_factory=dict, alias="commonAnnotations"
+    )
+    external_url: Url = Field(default="", alias="externalURL")
     group_key: str = Field(default="", alias="groupKey", max_length=8192)
     truncated_alerts: int = Field(default=0, alias="truncatedAlerts", ge=0, le=MAX_TRUNCATED)
 

@@ -21,7 +21,15 @@ from typing import Any, cast
 
 import pytest
 
-from bot.domain.alerts import AlertRejected, PayloadError, WebhookPayload, check_times, parse_webhook
+from bot.domain.alerts import (
+    ANNOTATION_MAX,
+    URL_MAX,
+    AlertRejected,
+    PayloadError,
+    WebhookPayload,
+    check_times,
+    parse_webhook,
+)
 from bot.domain.faults import classify
 from bot.domain.labels import LabelRules, host_part, subject_of, subjects_of
 from tests.conftest import FIXTURES
@@ -375,3 +383,30 @@ def test_truncated_alerts_beyond_uint64_are_malformed(count: int) -> None:
         parse_webhook(json.dumps(body).encode())
     body["truncatedAlerts"] = 2**64 - 1
     assert parse_webhook(json.dumps(body).encode()).truncated_alerts == 2**64 - 1
+
+
+def test_long_descriptions_and_urls_are_clipped_never_refused() -> None:
+    """Alertmanager sets no length limit, and a 4xx is never retried: a delivery refused for one
+    alert's long templated description (a site's rule) would be refused at every group_interval,
+    and the node's real fault never seen. What only describes an alert is clipped, with a mark."""
+    payload = one_alert(
+        {"node": "gpu-node-01", "xid": "79"},
+        {"description": "d" * 20_000, "runbook_url": "https://runbooks.example/" + "r" * 9_000},
+        generatorURL="http://prometheus.example/graph?g0.expr=" + "e" * 9_000,
+    )
+    body = {
+        "version": "4",
+        "status": "firing",
+        "alerts": [payload.alerts[0].model_dump(by_alias=True, mode="json")],
+        "commonAnnotations": {"description": "c" * 10_000},
+        "externalURL": "http://alertmanager.example/" + "x" * 9_000,
+    }
+    parsed = parse_webhook(json.dumps(body).encode())
+    alert = parsed.alerts[0]
+    for text in (*alert.annotations.values(), *parsed.common_annotations.values()):
+        assert len(text) <= ANNOTATION_MAX and text.endswith(" characters clipped]"), text[-40:]
+    assert alert.annotations["description"].startswith("d" * 4000)
+    assert len(alert.generator_url) <= URL_MAX and len(parsed.external_url) <= URL_MAX
+    # Labels are the alert's identity (its fingerprint): an absurd one still refuses the delivery.
+    with pytest.raises(PayloadError, match="labels"):
+        one_alert({"node": "gpu-node-01", "xid": "7" * 5_000})
