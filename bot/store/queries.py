@@ -132,9 +132,21 @@ def active() -> Op[list[tuple[str, State, datetime]]]:
     return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in found]
 
 
+#: An alert occurrence (``a``) that still fires: firing, and no later occurrence of its fingerprint
+#: is stored. Alertmanager keeps one alert per fingerprint: a re-fire whose time range does not
+#: overlap the resolved one replaces it (``provider/mem`` ``Put``), so when an alert resolves and
+#: fires again between two flushes of its group no delivery ever says the first occurrence
+#: resolved. It ended when the later one began, which is what fires now.
+STILL_FIRING = (
+    "a.status = 'firing' AND NOT EXISTS"
+    " (SELECT 1 FROM alerts later WHERE later.fingerprint = a.fingerprint AND later.starts_at > a.starts_at)"
+)
+
+
 def firing(incident_id: str) -> Op[int]:
     found = yield one(
-        "SELECT COUNT(*) AS n FROM alerts WHERE incident_id = ? AND status = 'firing'", (incident_id,)
+        f"SELECT COUNT(*) AS n FROM alerts a WHERE a.incident_id = ? AND {STILL_FIRING}",  # noqa: S608 - fixed
+        (incident_id,),
     )
     return int(found["n"]) if found is not None else 0
 
@@ -340,7 +352,7 @@ def transition(
     if unless in {"new_fault", "firing"}:
         where += " AND faults_changed = 0"
     if unless == "firing":
-        where += " AND NOT EXISTS (SELECT 1 FROM alerts WHERE incident_id = ? AND status = 'firing')"
+        where += f" AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = ? AND {STILL_FIRING})"  # noqa: S608
         params_where.append(incident_id)
     return run(f"UPDATE incidents SET {', '.join(sets)} WHERE {where}", [*params, *params_where])  # noqa: S608
 

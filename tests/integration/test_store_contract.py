@@ -116,11 +116,13 @@ async def test_ingest_dedupes_on_fingerprint_and_starts_at(stores: Stores) -> No
     assert await store.count_repeats([("fp1", T0, "resolved")], T0) is None
     assert await store.count_repeats([("fp-unknown", T0, "firing")], T0) is None
 
-    # Another startsAt of the same fingerprint is another alert, of the same incident.
+    # Another startsAt of the same fingerprint is another alert, of the same incident. It is what
+    # fires now: Alertmanager keeps one alert per fingerprint, so the earlier occurrence ended when
+    # this one began, and a resolve of it may never come.
     later = T0 + timedelta(minutes=1)
     other = await store.ingest(_delivery(_alert("fp1", "gpu-001", starts=later)), later)
     assert (other.new_alerts, other.attached) == (1, ["pc-00001"])
-    assert await store.firing("pc-00001") == 2
+    assert await store.firing("pc-00001") == 1
 
     resolved = await store.ingest(
         _delivery(_alert("fp1", "gpu-001", status="resolved")), T0 + timedelta(minutes=5)
@@ -143,6 +145,25 @@ async def test_ingest_dedupes_on_fingerprint_and_starts_at(stores: Stores) -> No
     assert second.opened == ["pc-00002"]
     incident = await store.incident("pc-00001")
     assert incident is not None and [f.key for f in incident.faults] == ["xid79@gpu3"]
+
+
+async def test_an_occurrence_alertmanager_replaced_does_not_hold_its_incident_open(stores: Stores) -> None:
+    """An alert resolves and fires again between two flushes of its group: Alertmanager replaces
+    the resolved alert with the new one (one alert per fingerprint, provider/mem ``Put``), so no
+    delivery ever says the first occurrence resolved. It must not keep the incident firing."""
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    again = T0 + timedelta(minutes=2)
+    await store.ingest(_delivery(_alert("fp1", "gpu-001", starts=again)), again)
+    assert await store.firing(incident_id) == 1
+    kept = await store.transition(incident_id, State.RESOLVED, again, unless="firing")
+    assert kept.state is not State.RESOLVED  # the new occurrence fires
+
+    ended = _alert("fp1", "gpu-001", starts=again, status="resolved")
+    await store.ingest(_delivery(ended), T0 + timedelta(minutes=6))
+    assert await store.firing(incident_id) == 0
+    closed = await store.transition(incident_id, State.RESOLVED, T0 + timedelta(minutes=7), unless="firing")
+    assert closed.state is State.RESOLVED
 
 
 async def test_deliveries_at_once_are_each_stored_once(stores: Stores) -> None:
