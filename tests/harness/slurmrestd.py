@@ -105,6 +105,10 @@ class FakeSlurmrestd:
     node_state: list[str] = field(default_factory=lambda: ["IDLE"])
     node_reason: str = ""
     fail_with_500: bool = False
+    #: slurmctld in standby (a backup before it takes control): every request answered with its
+    #: error 2027 and this HTTP status, 500 on 24.11 (slurmrestd's operations.c maps no slurmctld
+    #: error) and 422 on 26.05 (src/common/http.c: every slurmctld error 2000-2185 is a 422).
+    standby_status: int | None = None
     #: Node updates answered 500, "Unspecified error", what is read still answered (slurmctld
     #: refusing a change pitcrew has no name for).
     fail_updates: bool = False
@@ -161,6 +165,9 @@ class FakeSlurmrestd:
             return web.json_response({"errors": [refused]}, status=self.refusal_status)
         if self.fail_with_500:
             return self.error(request, {"errors": [{"error": "Unspecified error", "errno": -1}]}, 500)
+        if self.standby_status is not None:
+            standby = {"error_number": 2027, "error": "Slurm backup controller in standby mode"}
+            return self.error(request, {"errors": [standby]}, self.standby_status)
         return None
 
     async def object(self, request: web.Request) -> web.Response:

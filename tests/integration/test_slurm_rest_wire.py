@@ -240,6 +240,24 @@ async def test_errors_map_to_transient_or_permanent(token_file: Path) -> None:
         await nowhere.aclose()
 
 
+@pytest.mark.parametrize("status", [500, 422])
+async def test_a_controller_in_standby_is_waited_for(token_file: Path, status: int) -> None:
+    """During slurmctld's HA takeover the backup answers every request with "backup controller in
+    standby mode" (2027): 24.11 as HTTP 500, 26.05 as 422 like every slurmctld error. Either is the
+    controller not there yet, for the step to try again, never a refusal a human must read."""
+    fake = FakeSlurmrestd(V40_DOC, standby_status=status)
+    async for server in _serve(fake):
+        rest = _rest(server, token_file)
+        try:
+            with pytest.raises(TransientError) as read:
+                await rest.node("gpu-001")
+            with pytest.raises(TransientError) as down:
+                await rest.down("gpu-001", "pitcrew: inc-1 XID 79")
+            assert read.value.reason == down.value.reason == Reason.UNAVAILABLE
+        finally:
+            await rest.aclose()
+
+
 @pytest.mark.parametrize("case", sorted(path.stem for path in WIRE.glob("*.http")))
 def test_the_stand_in_frames_an_error_as_2605_does(case: str) -> None:
     """Each captured error answer of the real 26.05.5 (``wire/<case>.http``) is its JSON answer and

@@ -454,6 +454,13 @@ def test_discovery_refuses_versions_pitcrew_does_not_know() -> None:
             Reason.INVALID_REQUEST,
         ),
         ("slurm_update error: Access/permission denied", PermanentError, Reason.FORBIDDEN),
+        # slurmctld's HA takeover: the backup answers until it takes control (errno 2027, 2131)
+        ("slurm_update error: Slurm backup controller in standby mode", TransientError, Reason.UNAVAILABLE),
+        (
+            "slurm_requeue error: Controller is in standby mode, try a different controller",
+            TransientError,
+            Reason.UNAVAILABLE,
+        ),
         ("something nobody has seen", PermanentError, Reason.REFUSED),
     ],
 )

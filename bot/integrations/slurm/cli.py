@@ -55,6 +55,9 @@ _FAILURES: tuple[tuple[re.Pattern[str], bool, Reason], ...] = tuple(
         ),
         (r"socket timed out|timed out|timeout", True, Reason.TIMEOUT),
         (r"temporarily|try again|busy", True, Reason.UNAVAILABLE),
+        # slurmctld's HA takeover: a backup not in control yet (ESLURM_IN_STANDBY_MODE, 2027;
+        # ESLURM_IN_STANDBY_USE_BACKUP, 2131), once the commands' own retry gave up on it.
+        (r"standby mode", True, Reason.UNAVAILABLE),
         (r"invalid node name|node \S+ not found", False, Reason.UNKNOWN_NODE),
         (r"invalid job id", False, Reason.UNKNOWN_JOB),
         (r"access.*denied|permission denied|not authorized|authentication", False, Reason.FORBIDDEN),

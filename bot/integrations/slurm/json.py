@@ -35,6 +35,10 @@ SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
 #: "Job is pending execution": a requeue of a job that waits requeued already (26.05's v0.0.45
 #: answers it with HTTP 422).
 ESLURM_JOB_PENDING = 2024
+#: A backup slurmctld not in control yet (HA takeover): "Slurm backup controller in standby mode",
+#: and "Controller is in standby mode, try a different controller" (slurm_errno.h). 24.11 answers
+#: them as HTTP 500, 26.05 as 422 like every slurmctld error (src/common/http.c).
+ESLURM_IN_STANDBY_MODE, ESLURM_IN_STANDBY_USE_BACKUP = 2027, 2131
 
 _BASE_JOB_STATES = frozenset(
     {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL"}
@@ -80,6 +84,14 @@ class SlurmError:
         return (
             self.errno in (ESLURM_INVALID_NODE_STATE, INVALID_NODE_STATE_TRANSITION)
             or "invalid node state" in self.message.lower()
+        )
+
+    @property
+    def controller_standby(self) -> bool:
+        """The controller answering is a backup not in control yet: wait, as for a lost one."""
+        return (
+            self.errno in (ESLURM_IN_STANDBY_MODE, ESLURM_IN_STANDBY_USE_BACKUP)
+            or "standby mode" in self.message.lower()
         )
 
     @property

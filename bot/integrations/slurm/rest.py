@@ -383,6 +383,10 @@ class RestScheduler(NodeUpdates):
             # Answered 500 (the code is not in slurmrestd's status map): the node's state refused the
             # change, which no retry alters. ``resume`` reads the node and takes "in service" as done.
             raise PermanentError(f"{op}: HTTP {status}: {detail}", reason=Reason.REFUSED)
+        if any(e.controller_standby for e in errors):
+            raise TransientError(
+                f"{op}: slurmctld in standby (HTTP {status}: {detail})", reason=Reason.UNAVAILABLE
+            )
         if status >= 500 or status == 429:
             # 22.05 answers 500 "Unspecified error" when slurmctld is down (and for a bad token).
             reason = Reason.RATE_LIMITED if status == 429 else Reason.UNAVAILABLE
