@@ -194,7 +194,15 @@ class FakeSlurmrestd:
                     return self.error(request, {"errors": [invalid]}, 422)
                 invalid = {"error_number": 2028, "error": "Invalid node state specified"}
                 return web.json_response({"errors": [invalid]}, status=500)
-            self.node_state = ["IDLE"] if body["state"] == ["RESUME"] else body["state"]
+            # As slurmctld's update_node: RESUME clears DOWN and DRAIN; DRAIN is a flag on the base
+            # state (a DOWN node becomes DOWN+DRAIN); DOWN sets the base and keeps the flag.
+            drain = ["DRAIN"] if "DRAIN" in self.node_state else []
+            if body["state"] == ["RESUME"]:
+                self.node_state = ["IDLE"]
+            elif body["state"] == ["DRAIN"]:
+                self.node_state = [*(s for s in self.node_state if s != "DRAIN"), "DRAIN"]
+            else:
+                self.node_state = [*body["state"], *drain]
             self.node_reason = "" if body["state"] == ["RESUME"] else body.get("reason", "")
             return web.json_response({"errors": [], "warnings": []})
         if kind == "node" and name == "gpu-001":

@@ -57,6 +57,9 @@ class RecordingFallback(ScontrolScheduler):
     async def down(self, name: str, reason: str) -> None:
         self.calls.append(("down", name, reason))
 
+    async def drain(self, name: str, reason: str) -> None:
+        self.calls.append(("drain", name, reason))
+
     async def resume(self, name: str) -> None:
         self.calls.append(("resume", name))
 
@@ -112,6 +115,7 @@ async def test_v0038_server_falls_back_to_scontrol_for_node_updates(token_file: 
     assert fake.posts == []
     assert fallback.calls == [
         ("down", "gpu-001", "pitcrew: inc-1 XID 79"),
+        ("drain", "gpu-001", "pitcrew: inc-1 XID 79"),  # the DOWN's DRAIN (ReturnToService=2)
         ("resume", "gpu-001"),
         ("requeue", "1"),
     ]
@@ -124,7 +128,7 @@ async def test_v0040_server_takes_node_updates(token_file: Path) -> None:
         try:
             assert (await rest.api()).version == "v0.0.40"
             await rest.drain("gpu-001", "pitcrew: inc-2\nXID 48")
-            assert (await rest.node("gpu-001")).states == {"DRAIN"}
+            assert (await rest.node("gpu-001")).states == {"IDLE", "DRAIN"}  # drained, as slurmctld says
             await rest.resume("gpu-001")
             # Again, the node in service: Slurm refuses the RESUME (2028, HTTP 500), the wanted state.
             await rest.resume("gpu-001")
@@ -155,7 +159,7 @@ async def test_a_fenced_client_sends_no_change_once_the_lease_may_have_lapsed(to
             with pytest.raises(Deposed, match="may have lapsed"):
                 await rest.requeue("1")
             fence.revoke()
-            assert (await rest.node("gpu-001")).states == {"DRAIN"}
+            assert (await rest.node("gpu-001")).states == {"IDLE", "DRAIN"}  # drained, as slurmctld says
         finally:
             await rest.aclose()
     assert fake.posts == [
@@ -291,7 +295,8 @@ async def test_2605_error_answers_lost_are_read_back(token_file: Path) -> None:
             assert (await rest.node("gpu-001")).reason == "disk swap (alice)"
         finally:
             await rest.aclose()
-    assert [body["state"] for _, body in fake.posts] == [["DOWN"], ["RESUME"], ["RESUME"], ["DOWN"], ["DOWN"]]
+    posts = [body["state"] for _, body in fake.posts]
+    assert posts == [["DOWN"], ["DRAIN"], ["RESUME"], ["RESUME"], ["DOWN"], ["DOWN"]]
 
 
 async def test_2605_a_token_slurmctld_refuses_is_named_by_the_probe(token_file: Path) -> None:
@@ -351,13 +356,14 @@ async def test_2605_a_token_rotated_while_its_refusal_is_lost_is_tried_at_once(
             assert (await rest.node("gpu-001")).name == "gpu-001"
             fake.rotate_to = (token_file, "rotated-again")
             await rest.down("gpu-001", "pitcrew: inc-6 XID 79")
-            assert fake.node_state == ["DOWN"]
+            assert fake.node_state == ["DOWN", "DRAIN"]
             fake.token = "someone-else's"  # refused, the file unchanged: the attempt fails
             with pytest.raises(TransientError) as lost:
                 await rest.node("gpu-001")
             assert lost.value.reason == Reason.BAD_RESPONSE
         finally:
             await rest.aclose()
-    assert [body["state"] for _, body in fake.posts] == [["DOWN"]]  # the refused one never reached it
-    assert len(fake.connections) == 5  # two requests, each twice, and the last one once
+    posts = [body["state"] for _, body in fake.posts]
+    assert posts == [["DOWN"], ["DRAIN"]]  # the refused one never reached it
+    assert len(fake.connections) == 6  # two requests, each twice; the DOWN's DRAIN and the last once
     assert all("rotated" not in r.getMessage() and SECRET not in r.getMessage() for r in caplog.records)

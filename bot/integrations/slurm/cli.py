@@ -94,8 +94,8 @@ def checked_job(job_id: str) -> str:
 
 
 class NodeUpdates(ABC):
-    """DOWN, DRAIN and RESUME, each one node update, the same for both backends: each says how
-    it reads a node and how it updates one."""
+    """DOWN, DRAIN and RESUME, node updates the same for both backends: each says how it reads a
+    node and how it updates one."""
 
     @abstractmethod
     async def node(self, name: str) -> SlurmNodeState: ...
@@ -104,7 +104,13 @@ class NodeUpdates(ABC):
     async def _update_node(self, name: str, state: str, reason: str | None) -> None: ...
 
     async def down(self, name: str, reason: str) -> None:
+        """DOWN, then DRAIN with the same reason: ``ReturnToService=2`` returns a DOWN node to
+        service as soon as its slurmd registers again, whoever set it DOWN (``node_mgr.c``
+        ``validate_node_specs``): after the reboot or replacement pitcrew asked for, before its
+        validation. The DRAIN flag survives the registration, so only a RESUME gives the node
+        back. Both updates are idempotent, so a retried ``down`` does them again harmlessly."""
         await self._update_node(name, "DOWN", reason)
+        await self._update_node(name, "DRAIN", reason)
 
     async def drain(self, name: str, reason: str) -> None:
         await self._update_node(name, "DRAIN", reason)
