@@ -55,7 +55,9 @@ class Scheduler(Protocol):
         ...
 
     async def down(self, name: str, reason: str) -> None:
-        """Set the node DOWN with ``reason``: running jobs are killed and requeued if they allow it."""
+        """Set the node DOWN with ``reason``: running jobs are killed and requeued if they allow it.
+        DRAIN too, after it: under ReturnToService=2 Slurm gives a DOWN node back when its slurmd
+        registers again, and only the DRAIN flag outlives that."""
         ...
 
     async def drain(self, name: str, reason: str) -> None:

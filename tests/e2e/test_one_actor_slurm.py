@@ -8,8 +8,9 @@ reached it is slurmctld's log: one ``update_node`` line per state change it was 
 Case: XID 79 on all three nodes, delivered to both processes; the leader is SIGKILLed right after
 its first DOWN reached slurmctld; the standby takes over once the lease lapses, the killed one
 comes back as a standby, and a rollback of one incident sent to both at once is carried out once.
-Every node was set DOWN exactly once and RESUMEd exactly once (by its playbook, or by the
-rollback), every cordon and replacement reached the simulated Kubernetes once.
+Every node was set DOWN exactly once, DRAIN exactly once (the DOWN's, completed by the process
+that took over where the killed one stopped between the two), and RESUMEd exactly once (by its
+playbook, or by the rollback), every cordon and replacement reached the simulated Kubernetes once.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tests.harness.scenarios import delivery, destructive_calls
 pytestmark = pytest.mark.slow
 #: slurmctld's line for each node state change it was asked for (``scontrol update``).
 _UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
+#: How slurmctld logs a DRAIN: DRAINED on a node without jobs, DRAINING on one with them.
+DRAIN = {"DRAINED", "DRAINING"}
 
 
 def _role(server: Pitcrew) -> str | None:
@@ -104,7 +107,16 @@ def test_two_processes_on_real_slurm_set_each_node_down_once(
     changes = _slurm_changes(log, offset)
     downs = {node: n for (node, state), n in changes.items() if state == "DOWN"}
     assert downs == dict.fromkeys(NODES, 1), changes
-    resumed = Counter(node for (node, state), n in changes.items() if state != "DOWN" for _ in range(n))
+    # Each DOWN's DRAIN (ReturnToService=2), once: the killed leader's last DOWN had none yet, and
+    # the process that took over added it.
+    drains = {node: n for (node, state), n in changes.items() if state in DRAIN}
+    assert drains == dict.fromkeys(NODES, 1), changes
+    resumed = Counter(
+        node
+        for (node, state), n in changes.items()
+        if state != "DOWN" and state not in DRAIN
+        for _ in range(n)
+    )
     assert resumed == Counter(dict.fromkeys(NODES, 1)), changes
     calls = _k8s_calls(journal)
     assert {c: n for c, n in calls.items() if n > 1} == {}, calls

@@ -392,7 +392,7 @@ async def test_a_rollback_after_a_climb_undoes_what_the_earlier_rung_carried_ove
         await h.resolve(incident)
         done = await h.until_ended(incident)
         assert (done.state.value, done.playbook) == ("resolved", "ask-human")
-        assert await node_state(h) == (True, ["DOWN"], f"pitcrew: {incident} XID 48 gpu0")
+        assert await node_state(h) == (True, ["DOWN", "DRAIN"], f"pitcrew: {incident} XID 48 gpu0")
         result = await h.commands.rollback(incident, "alice")
         assert result.ok, result
         assert result.data == {

@@ -71,7 +71,8 @@ def _cordon_and_ask(node: str, *, then: Callable[[EngineHarness], Awaitable[None
 
 
 async def _operator_downs_node_01(h: EngineHarness) -> None:
-    await h.world.down("gpu-node-01", "ops: RMA")  # a human, straight to Slurm
+    # A human, straight to Slurm: scontrol's DOWN alone, without the DRAIN pitcrew's carries.
+    await h.world.write("slurm_down", node="gpu-node-01", reason="ops: RMA", drain=False)
 
 
 async def _another_incident_downs_node_01(h: EngineHarness) -> None:
@@ -164,11 +165,15 @@ ROLLBACKS = {
         "gpu-node-01",
         [
             "cordon: gpu-node-01 uncordoned and untainted",
-            "slurm_down: gpu-node-01 left DOWN (reason 'pitcrew: pc-99999 XID 79 gpu3' belongs to pitcrew "
+            "slurm_down: gpu-node-01 left DOWN/DRAIN (reason 'pitcrew: pc-99999 XID 79 gpu3' belongs to pitcrew "
             "incident pc-99999)",
         ],
         {("uncordon", "gpu-node-01"): 1},
-        node_after={"unschedulable": False, "slurm": ["DOWN"], "reason": "pitcrew: pc-99999 XID 79 gpu3"},
+        node_after={
+            "unschedulable": False,
+            "slurm": ["DOWN", "DRAIN"],
+            "reason": "pitcrew: pc-99999 XID 79 gpu3",
+        },
     ),
     "while-awaiting-approval": RollbackCase(
         _awaiting_approval, "gpu-node-02", [], {}, harness={"mode": "approve"}

@@ -42,12 +42,19 @@ class _Node:
     tainted: bool = False
     pods: dict[str, str | None] = field(default_factory=dict)  # "namespace/name" → owner kind
     slurm: str = "IDLE"
+    #: The DRAIN flag on a DOWN node (the port's ``down`` sets both; a journal record with
+    #: ``"drain": false`` is a DOWN whose DRAIN never came: its process stopped between them).
+    drain: bool = False
     reason: str = ""
     #: Slurm partitions the node is in (inventory ``partitions``; default one partition, gpu).
     partitions: tuple[str, ...] = ("gpu",)
     replaced: bool = False
     #: When the replacement was started (a slow replacement is NotReady for a while after it).
     replaced_at: datetime | None = None
+
+
+def _states(node: _Node) -> frozenset[str]:
+    return frozenset({node.slurm, *(["DRAIN"] if node.drain else [])})
 
 
 @dataclass
@@ -187,14 +194,17 @@ class SimulatedWorld:
     def _apply(self, r: dict[str, Any], nodes: dict[str, _Node], jobs: dict[str, _Job]) -> None:
         op = r.get("op")
         node = nodes.setdefault(r["node"], _Node(r["node"])) if "node" in r else None
-        if op in {"slurm_down", "slurm_drain"} and node is not None:
+        if op == "slurm_drain" and node is not None and node.slurm == "DOWN":
+            node.drain, node.reason = True, r["reason"]  # a flag on the DOWN, as slurmctld keeps it
+        elif op in {"slurm_down", "slurm_drain"} and node is not None:
             node.slurm, node.reason = ("DOWN" if op == "slurm_down" else "DRAIN"), r["reason"]
+            node.drain = op == "slurm_down" and bool(r.get("drain", True))
             if op == "slurm_down":
                 for job in jobs.values():
                     if job.node == node.name and job.state == "RUNNING":
                         self._requeue(job, nodes)
         elif op == "slurm_resume" and node is not None:
-            node.slurm, node.reason = "IDLE", ""
+            node.slurm, node.reason, node.drain = "IDLE", "", False
         elif op == "requeue":
             requeued = jobs.get(str(r["job_id"]))
             if requeued is not None:
@@ -249,14 +259,12 @@ class SimulatedWorld:
     async def node(self, name: str) -> SlurmNodeState:
         await self.round_trip()
         n = self.node_record(name)
-        return SlurmNodeState(name=name, states=frozenset({n.slurm}), reason=n.reason)
+        return SlurmNodeState(name=name, states=_states(n), reason=n.reason)
 
     async def nodes(self) -> list[SlurmNodeState]:
         await self.round_trip()
         nodes, _ = self.state()
-        return [
-            SlurmNodeState(name=n.name, states=frozenset({n.slurm}), reason=n.reason) for n in nodes.values()
-        ]
+        return [SlurmNodeState(name=n.name, states=_states(n), reason=n.reason) for n in nodes.values()]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         await self.round_trip()

@@ -14,9 +14,10 @@ import asyncio
 import itertools
 import json
 import secrets
+import sqlite3
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,8 +35,9 @@ from proving_ground.slack import signing
 from proving_ground.slack.clicks import TIMED_OUT, deliver
 from proving_ground.slack.methods import PITCREW_METHODS
 from proving_ground.slack.server import SlackStandin
+from proving_ground.slack.webapi import Message
 from proving_ground.slack.world import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET
-from tests.harness.scenarios import destructive_calls
+from tests.harness.scenarios import delivery, destructive_calls, gpu_node, inventory
 from tests.simulator.serve import WorldFile, simulated_ports
 
 CHANNEL = "C0GPUOPS"
@@ -270,6 +272,64 @@ class SlackPitcrew:
             if message.thread_ts is None and meta.get("incident_id") == incident_id:
                 return self.slack.api.thread(CHANNEL, message.ts)
         return []
+
+
+def pending_notices(db: Path) -> int:
+    """Outbox rows of the SQLite store at ``db`` not yet delivered."""
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+
+
+async def to_the_end(pitcrew: SlackPitcrew, incident: str) -> dict[str, Any]:
+    """The incident resolved and every notice of it delivered: the incident as the API shows it."""
+    await pitcrew.wait_incident(incident, "resolved", timeout=60)
+    db = pitcrew.workdir / "pitcrew.db"
+    await until(lambda: pending_notices(db) == 0, what="the outbox drained")
+    await pitcrew.quiet()
+    return await pitcrew.incident(incident)
+
+
+async def parent_closed_midway(
+    slack: SlackStandin, workdir: Path, close: Callable[[str], object]
+) -> tuple[Message, dict[str, Any]]:
+    """An incident in auto mode whose parent Slack stops taking edits of once posted (``close`` gets
+    its ts: a person deletes it, its edit window closes), run to its end: the first parent, and the
+    incident (``to_the_end``)."""
+    world = inventory(workdir / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
+    async with SlackPitcrew(
+        workdir / "p", slack, config={"mode": "auto"}, inventory=world, replace_seconds=2
+    ) as pitcrew:
+        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
+        await until(lambda: bool(pitcrew.thread(incident)), what="the parent")
+        old = pitcrew.thread(incident)[0]
+        close(old.ts)
+        return old, await to_the_end(pitcrew, incident)
+
+
+async def storm_digest_closed(
+    slack: SlackStandin, workdir: Path, close: Callable[[str], object]
+) -> tuple[str, list[Message]]:
+    """A storm of twelve nodes whose digest Slack stops taking edits of after six (``close`` gets
+    its ts: a person deletes it, its edit window closes): the digest's first ts, and the channel's
+    storm digests once the twelve are delivered."""
+    nodes = [f"gpu-{n:03d}" for n in range(1, 13)]
+    world = inventory(workdir / "inventory.yaml", {n: gpu_node(f"ml/{n}") for n in nodes}, [])
+    config = {"mode": "observe", "slack": {"digest_threshold": 3, "digest_window": "2m"}}
+    async with SlackPitcrew(workdir / "p", slack, config=config, inventory=world) as pitcrew:
+        for node in nodes[:6]:
+            await pitcrew.post_alerts(delivery(node=node))
+        await until(lambda: any("storm" in m.text for m in slack.api.messages), what="the digest")
+        await pitcrew.quiet()
+        digest = next(m for m in slack.api.messages if "storm" in m.text)
+        close(digest.ts)
+        for node in nodes[6:]:
+            await pitcrew.post_alerts(delivery(node=node))
+        db = pitcrew.workdir / "pitcrew.db"
+        await until(
+            lambda: pending_notices(db) == 0 and any("12 nodes" in m.text for m in slack.api.messages)
+        )
+        await pitcrew.quiet()
+    return digest.ts, [m for m in slack.api.channel_view(CHANNEL) if "storm" in m.text]
 
 
 async def until(predicate: Any, timeout: float = 30.0, what: str = "") -> None:

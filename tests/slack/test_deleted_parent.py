@@ -14,36 +14,17 @@ next write posts it again instead of retrying forever.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from proving_ground.slack.server import SlackStandin
-from tests.harness.scenarios import delivery, gpu_node, inventory
-from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
-
-
-def _pending(db: Path) -> int:
-    with sqlite3.connect(db) as conn:
-        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+from tests.slack.pitcrew_app import CHANNEL, parent_closed_midway, storm_digest_closed
 
 
 async def test_a_deleted_parent_is_replaced_and_the_thread_goes_on(
     slack: SlackStandin, tmp_path: Path
 ) -> None:
-    world = inventory(tmp_path / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
-    async with SlackPitcrew(
-        tmp_path / "p", slack, config={"mode": "auto"}, inventory=world, replace_seconds=2
-    ) as pitcrew:
-        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
-        await until(lambda: bool(pitcrew.thread(incident)), what="the parent")
-        old = pitcrew.thread(incident)[0]
-        slack.api.delete(CHANNEL, old.ts)  # a person deletes it, mid-incident
-
-        done = await pitcrew.wait_incident(incident, "resolved", timeout=60)
-        db = pitcrew.workdir / "pitcrew.db"
-        await until(lambda: _pending(db) == 0, what="the outbox drained")
-        await pitcrew.quiet()
-        done = await pitcrew.incident(incident)
+    # A person deletes it, mid-incident.
+    old, done = await parent_closed_midway(slack, tmp_path, lambda ts: slack.api.delete(CHANNEL, ts))
 
     assert not [e for e in done["events"] if e["kind"] == "notice_failed"]
     tops = [m for m in slack.api.channel_view(CHANNEL) if m.thread_ts is None]
@@ -66,21 +47,5 @@ async def test_a_deleted_parent_is_replaced_and_the_thread_goes_on(
 
 
 async def test_a_deleted_digest_is_posted_again(slack: SlackStandin, tmp_path: Path) -> None:
-    nodes = [f"gpu-{n:03d}" for n in range(1, 13)]
-    world = inventory(tmp_path / "inventory.yaml", {n: gpu_node(f"ml/{n}") for n in nodes}, [])
-    config = {"mode": "observe", "slack": {"digest_threshold": 3, "digest_window": "2m"}}
-    async with SlackPitcrew(tmp_path / "p", slack, config=config, inventory=world) as pitcrew:
-        for node in nodes[:6]:
-            await pitcrew.post_alerts(delivery(node=node))
-        await until(lambda: any("storm" in m.text for m in slack.api.messages), what="the digest")
-        await pitcrew.quiet()
-        digest = next(m for m in slack.api.messages if "storm" in m.text)
-        slack.api.delete(CHANNEL, digest.ts)
-        for node in nodes[6:]:
-            await pitcrew.post_alerts(delivery(node=node))
-        db = pitcrew.workdir / "pitcrew.db"
-        await until(lambda: _pending(db) == 0 and any("12 nodes" in m.text for m in slack.api.messages))
-        await pitcrew.quiet()
-
-    digests = [m for m in slack.api.channel_view(CHANNEL) if "storm" in m.text]
-    assert len(digests) == 1 and digests[0].ts != digest.ts and "12 nodes" in digests[0].text
+    first, digests = await storm_digest_closed(slack, tmp_path, lambda ts: slack.api.delete(CHANNEL, ts))
+    assert len(digests) == 1 and digests[0].ts != first and "12 nodes" in digests[0].text

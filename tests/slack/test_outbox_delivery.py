@@ -10,20 +10,14 @@ Without Slack configured the same notices are timeline events and log records on
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
 from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery
-from tests.slack.pitcrew_app import SlackPitcrew, assert_thread_whole, until
+from tests.slack.pitcrew_app import SlackPitcrew, assert_thread_whole, pending_notices, until
 
 OUTAGE = 8.0
-
-
-def _pending(db: Path) -> int:
-    with sqlite3.connect(db) as conn:
-        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
 
 
 async def test_outage_then_429_delays_messages_but_never_remediation(
@@ -41,7 +35,9 @@ async def test_outage_then_429_delays_messages_but_never_remediation(
 
         await until(lambda: time.monotonic() - down_since > OUTAGE, timeout=OUTAGE + 1)
         slack.api.fail("*", 429, count=3, retry_after=1)
-        await until(lambda: _pending(pitcrew.workdir / "pitcrew.db") == 0, timeout=60, what="outbox drained")
+        await until(
+            lambda: pending_notices(pitcrew.workdir / "pitcrew.db") == 0, timeout=60, what="outbox drained"
+        )
 
         assert_thread_whole(pitcrew, slack, incident, done)
 
@@ -55,4 +51,4 @@ async def test_without_slack_notices_are_timeline_events(tmp_path: Path, slack: 
         assert [e["outcome"] for e in notices] == ["incident", "summary"]
         assert notices[0]["detail"].startswith("gpu-node-02: ")
         assert not slack.api.calls
-        assert _pending(pitcrew.workdir / "pitcrew.db") == 0
+        assert pending_notices(pitcrew.workdir / "pitcrew.db") == 0

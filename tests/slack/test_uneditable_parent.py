@@ -14,41 +14,31 @@ storm digest past the window: the next write posts it again instead of retrying 
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from proving_ground.slack.server import SlackStandin
 from tests.harness.scenarios import delivery, gpu_node, inventory
-from tests.slack.pitcrew_app import CHANNEL, SlackPitcrew, until
+from tests.slack.pitcrew_app import (
+    CHANNEL,
+    SlackPitcrew,
+    parent_closed_midway,
+    storm_digest_closed,
+    to_the_end,
+)
 
 #: Slack's shortest edit window but "never": one minute after sending (an admin's choice).
 WINDOW = 60.0
 
 
-def _pending(db: Path) -> int:
-    with sqlite3.connect(db) as conn:
-        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
-
-
 async def test_a_parent_past_the_edit_window_is_replaced_and_the_thread_goes_on(
     slack: SlackStandin, tmp_path: Path
 ) -> None:
-    world = inventory(tmp_path / "inventory.yaml", {"gpu-node-02": gpu_node("ml-train/worker-2")}, [])
-    async with SlackPitcrew(
-        tmp_path / "p", slack, config={"mode": "auto"}, inventory=world, replace_seconds=2
-    ) as pitcrew:
-        incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
-        await until(lambda: bool(pitcrew.thread(incident)), what="the parent")
-        old = pitcrew.thread(incident)[0]
+    def close(ts: str) -> None:
         # The window closes on the parent mid-incident: an admin sets one, and the parent is older.
         slack.world.edit_window = WINDOW
-        slack.api.backdate(CHANNEL, old.ts, 2 * WINDOW)
+        slack.api.backdate(CHANNEL, ts, 2 * WINDOW)
 
-        await pitcrew.wait_incident(incident, "resolved", timeout=60)
-        db = pitcrew.workdir / "pitcrew.db"
-        await until(lambda: _pending(db) == 0, what="the outbox drained")
-        await pitcrew.quiet()
-        done = await pitcrew.incident(incident)
+    old, done = await parent_closed_midway(slack, tmp_path, close)
 
     assert not [e for e in done["events"] if e["kind"] == "notice_failed"]
     tops = [m for m in slack.api.channel_view(CHANNEL) if m.thread_ts is None]
@@ -76,25 +66,12 @@ async def test_a_parent_past_the_edit_window_is_replaced_and_the_thread_goes_on(
 
 
 async def test_a_digest_past_the_edit_window_is_posted_again(slack: SlackStandin, tmp_path: Path) -> None:
-    nodes = [f"gpu-{n:03d}" for n in range(1, 13)]
-    world = inventory(tmp_path / "inventory.yaml", {n: gpu_node(f"ml/{n}") for n in nodes}, [])
-    config = {"mode": "observe", "slack": {"digest_threshold": 3, "digest_window": "2m"}}
-    async with SlackPitcrew(tmp_path / "p", slack, config=config, inventory=world) as pitcrew:
-        for node in nodes[:6]:
-            await pitcrew.post_alerts(delivery(node=node))
-        await until(lambda: any("storm" in m.text for m in slack.api.messages), what="the digest")
-        await pitcrew.quiet()
-        digest = next(m for m in slack.api.messages if "storm" in m.text)
+    def close(ts: str) -> None:
         slack.world.edit_window = WINDOW
-        slack.api.backdate(CHANNEL, digest.ts, 2 * WINDOW)
-        for node in nodes[6:]:
-            await pitcrew.post_alerts(delivery(node=node))
-        db = pitcrew.workdir / "pitcrew.db"
-        await until(lambda: _pending(db) == 0 and any("12 nodes" in m.text for m in slack.api.messages))
-        await pitcrew.quiet()
+        slack.api.backdate(CHANNEL, ts, 2 * WINDOW)
 
-    digests = [m for m in slack.api.channel_view(CHANNEL) if "storm" in m.text]
-    assert [m.ts for m in digests[:1]] == [digest.ts] and len(digests) == 2, [m.text for m in digests]
+    first, digests = await storm_digest_closed(slack, tmp_path, close)
+    assert [m.ts for m in digests[:1]] == [first] and len(digests) == 2, [m.text for m in digests]
     assert "12 nodes" in digests[1].text
 
 
@@ -110,11 +87,7 @@ async def test_a_workspace_that_allows_no_edits_gets_one_new_parent_not_one_a_no
         tmp_path / "p", slack, config={"mode": "auto"}, inventory=world, replace_seconds=2
     ) as pitcrew:
         incident = (await pitcrew.post_alerts(delivery(node="gpu-node-02")))["opened"][0]
-        await pitcrew.wait_incident(incident, "resolved", timeout=60)
-        db = pitcrew.workdir / "pitcrew.db"
-        await until(lambda: _pending(db) == 0, what="the outbox drained")
-        await pitcrew.quiet()
-        done = await pitcrew.incident(incident)
+        done = await to_the_end(pitcrew, incident)
 
     assert not [e for e in done["events"] if e["kind"] == "notice_failed"]
     tops = [m for m in slack.api.channel_view(CHANNEL) if m.thread_ts is None]

@@ -127,6 +127,12 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         if state.taken_out or down_while_busy(state, ctx.incident.id):
             mine = owns_slurm_reason(state.reason, ctx.incident.id)
             owned[name] = mine
+            if mine and action == "down" and not state.drained:
+                # This incident's DOWN reached Slurm and its DRAIN did not (the process stopped
+                # between the two updates ``Scheduler.down`` makes): only the DRAIN keeps the node
+                # out when its slurmd registers again under ReturnToService=2. Finish it.
+                await scheduler.drain(name, reason)
+                await ctx.note("drain_completed", f"Slurm node {name}: DRAIN added to this incident's DOWN")
             if not mine:
                 await ctx.note(
                     "not_owned",
