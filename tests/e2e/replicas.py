@@ -62,6 +62,8 @@ SLURM_WRITES = frozenset(
 )
 _OPCODE = re.compile(r"received opcode (\S+) from (\S+?):\d+ uid")
 _UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
+#: How slurmctld logs a DRAIN: DRAINED on a node without jobs, DRAINING on one with them.
+DRAIN = frozenset({"DRAINED", "DRAINING"})
 _KUBE_READS = frozenset({"get", "list", "watch"})
 #: The Slack methods pitcrew calls that change nothing (it writes with chat.postMessage,
 #: chat.update and chat.postEphemeral).
@@ -314,9 +316,14 @@ def once_each(pair: Pair, incident: str, start: Mark) -> None:
     """Every destructive call reached its far side once; the Slack thread has each message once."""
     changes = pair.sides.node_changes(start)
     assert changes[(pair.node, "DOWN")] == 1, changes
-    assert sum(n for (node, state), n in changes.items() if node == pair.node and state != "DOWN") == 1, (
+    # The DOWN's DRAIN (ReturnToService=2), once, whichever replica made it.
+    assert sum(n for (node, state), n in changes.items() if node == pair.node and state in DRAIN) == 1, (
         changes
     )
+    resumed = [
+        n for (node, state), n in changes.items() if node == pair.node and state not in {"DOWN", *DRAIN}
+    ]
+    assert sum(resumed) == 1, changes
     kube = Counter(c.what for c in pair.sides.calls(start) if c.side == "kubernetes")
     machine = f"gpu-east-gpu-h100-x7b2n-m{pair.sides.slurm.nodes.index(pair.node)}"
     # Two writes to the node: the cordon (taint and mark in one), then the replacement's handle,

@@ -16,7 +16,7 @@ Cases: XID 79 on one node, the leader stopped with SIGSTOP
   have an idle-in-transaction limit).
 
 Either way the pause outlasts the lease: the standby takes over, carries the incident to its end
-(Slurm saw the node DOWN once and RESUMEd once; the emulator saw one cordon, one eviction, one
+(Slurm saw the node DOWN once, with its DRAIN, and RESUMEd once; the emulator saw one cordon, one eviction, one
 Machine delete; the Slack thread has each message once). Then SIGCONT: the old leader finds its
 lease lapsed, stands by (its /readyz says standby and its log says why), and no far side sees
 anything more.

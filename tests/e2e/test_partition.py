@@ -25,7 +25,7 @@ stay up. Shown:
 * it notices: its renewals fail, it stops acting before its lease can lapse, its log says why,
   and its ``/readyz`` says standby while still cut off (503: its store is unreachable);
 * the other replica takes over (the figure: seconds from the cut, against the TTL plus one
-  renewal period) and finishes the incident: Slurm saw the node DOWN once and RESUMEd once, the
+  renewal period) and finishes the incident: Slurm saw the node DOWN once, with its DRAIN, and RESUMEd once, the
   emulator one cordon, one eviction, one Machine delete, the Slack thread each message once;
 * the link restored, the old leader reads the lease again and stays a standby under the new
   leader's epoch.

@@ -9,7 +9,7 @@ slurm_down, cordon, drain, replace, wait_ready, give_back, slurm_resume): XID 79
 the leader is caught exactly at the boundary (the step before it finished and committed, the next
 one's intent write waiting on ``steps``, which the test holds) and SIGKILLed there. The standby takes over once
 the lease lapses (the figure: seconds from the kill, against the TTL plus one renewal period) and
-finishes the incident: Slurm saw the node DOWN once and RESUMEd once, the emulator one cordon, one
+finishes the incident: Slurm saw the node DOWN once (with its DRAIN once) and RESUMEd once, the emulator one cordon, one
 eviction, one Machine delete, and the Slack thread has each message once.
 """
 
