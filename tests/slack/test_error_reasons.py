@@ -28,6 +28,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.integrations.slack.errors import REASONS, MessageGone, MessageUneditable, call, reason_of
+from bot.integrations.slack.messages import MOVED
 from proving_ground.slack.server import SlackStandin
 from proving_ground.slack.webapi import Message
 from tests.harness.scenarios import delivery
@@ -169,3 +170,7 @@ async def test_the_services_slack_deliveries_count_refusals_under_their_reason(
     }
     assert counted["rate_limited"] == 2
     assert set(counted) == {r.value for r in Reason}  # "ratelimited" (Slack's word) is no label
+
+
+def test_each_message_that_takes_no_more_edits_names_the_line_its_new_parent_shows() -> None:
+    assert {MessageGone.moved, MessageUneditable.moved} == set(MOVED)

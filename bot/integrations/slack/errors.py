@@ -140,9 +140,11 @@ UNEDITABLE = frozenset({"cant_update_message", "edit_window_closed"})
 class MessageClosed(PermanentError):
     """Slack will take no more edits of the message: this type is what tells the destination to
     carry on under a new message (a new parent, the digest posted again) rather than give the item
-    up. ``why`` says which of its kinds, in words for the log and the new message."""
+    up. ``why`` says which of its kinds in words for the log, ``moved`` as the key of the line the
+    new parent shows (``messages.MOVED``), kept as ``replaced-why:<id>``."""
 
     why = "can no longer be changed"
+    moved = ""
 
 
 class MessageGone(MessageClosed):
@@ -150,6 +152,7 @@ class MessageGone(MessageClosed):
     policy deleted it. Its reason is ``not_found`` like any missing object."""
 
     why = "was deleted"
+    moved = "deleted"
 
 
 class MessageUneditable(MessageClosed):
@@ -158,6 +161,7 @@ class MessageUneditable(MessageClosed):
     Its reason is ``forbidden``, as Slack's refusals of a permission are."""
 
     why = "can no longer be edited"
+    moved = "uneditable"
 
 
 def translate(exc: Exception) -> TransientError | PermanentError:

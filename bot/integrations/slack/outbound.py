@@ -157,7 +157,7 @@ class SlackDestination:
             if (
                 isinstance(exc, MessageUneditable)
                 and await self._store.outbox_ref(NAME, incident_ref("replaced-why", incident.id))
-                == "uneditable"
+                == MessageUneditable.moved
             ):
                 # The parent that continued an uneditable one takes no edits either (a workspace
                 # that allows none): it stays the thread, its replies go on, and it is not asked
@@ -225,16 +225,17 @@ class SlackDestination:
         """A new parent for an incident whose parent ``earlier`` was deleted or can no longer be edited
         (``closed`` says which); its ts, kept as the thread. Posted once: after a crash it is found
         by the metadata naming the message it replaces."""
-        why = "deleted" if isinstance(closed, MessageGone) else "uneditable"
         log.warning(
             "the Slack message of %s %s (%s); a new one continues its thread",
             incident.id,
             closed.why,
             closed,
-            extra={"incident": incident.id, "reason": f"message_{why}"},
+            extra={"incident": incident.id, "reason": f"message_{closed.moved}"},
         )
         await self._store.set_outbox_ref(NAME, incident_ref("replaced", incident.id), earlier, self._clock())
-        await self._store.set_outbox_ref(NAME, incident_ref("replaced-why", incident.id), why, self._clock())
+        await self._store.set_outbox_ref(
+            NAME, incident_ref("replaced-why", incident.id), closed.moved, self._clock()
+        )
         message = messages.parent(await self._views.view(incident))
         metadata = {"outbox_id": item.id, "incident_id": incident.id, "replaces": earlier}
 

@@ -17,6 +17,7 @@ from bot.config import GrafanaSettings
 from bot.domain.incident import State
 from bot.engine.ports import Notice
 from bot.integrations.slack import messages
+from bot.integrations.slack.errors import MessageGone
 from bot.integrations.slack.messages import Decision, Mrkdwn, ParentView, escape
 from bot.store.base import Event, IncidentRecord, Store, incident_ref
 
@@ -97,7 +98,10 @@ class ParentViews:
         """Why this parent continues an earlier one (``messages.MOVED``'s key), if it does."""
         if await self._store.outbox_ref(NAME, incident_ref("replaced", incident_id)) is None:
             return None
-        return await self._store.outbox_ref(NAME, incident_ref("replaced-why", incident_id)) or "deleted"
+        # Kept since parents could be replaced for another cause than deletion; none before.
+        return (
+            await self._store.outbox_ref(NAME, incident_ref("replaced-why", incident_id)) or MessageGone.moved
+        )
 
     async def _runbook(self, incident: IncidentRecord) -> str | None:
         """The runbook the alert's rule names (its ``runbook_url`` annotation, the link Alertmanager
