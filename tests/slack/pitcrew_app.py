@@ -306,6 +306,27 @@ async def parent_closed_midway(
         return old, await to_the_end(pitcrew, incident)
 
 
+def update_refusals(slack: SlackStandin, error: str) -> int:
+    """How many ``chat.update`` calls the stand-in answered with ``error``."""
+    return len([c for c in slack.api.calls_to("chat.update") if (c.answer or {}).get("error") == error])
+
+
+def assert_carried_on(slack: SlackStandin, new: Message, done: dict[str, Any], error: str) -> None:
+    """The incident ``done`` went on under parent ``new`` after ``chat.update`` answered ``error``
+    once: no notice failed, the new parent was updated to the end, the summary is its broadcast
+    reply, the later steps are in its thread, the read API links it, and the refused edit was never
+    asked again."""
+    assert not [e for e in done["events"] if e["kind"] == "notice_failed"]
+    assert "resolved" in repr(new.blocks)  # updated to the end like any parent
+    summary = [m for m in slack.api.channel_view(CHANNEL) if m.reply_broadcast]
+    assert len(summary) == 1 and summary[0].thread_ts == new.ts and "finished" in summary[0].text
+    replies = slack.api.thread(CHANNEL, new.ts)[1:]
+    assert any("wait_ready" in m.text for m in replies)  # the steps after the earlier parent closed
+    permalink = done["links"]["slack"]
+    assert permalink.endswith("/p" + new.ts.replace(".", "")), permalink
+    assert update_refusals(slack, error) == 1  # answered once, then never asked again
+
+
 async def storm_digest_closed(
     slack: SlackStandin, workdir: Path, close: Callable[[str], object]
 ) -> tuple[str, list[Message]]:
