@@ -385,6 +385,12 @@ class SlackSettings(_Section):
         default=timedelta(seconds=60),
         description="Longest wait between deliveries of a notice Slack refused for now.",
     )
+    socket_give_up: Duration = Field(
+        default=timedelta(seconds=30),
+        ge=timedelta(seconds=5),
+        description="Socket Mode: how long a connection may stay down (a URL that does not connect, a link "
+        "that stopped answering pings) before pitcrew closes it and opens a fresh URL.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SlackSettings:

@@ -30,6 +30,10 @@ import aiohttp
 from proving_ground.slack.server import SlackStandin
 from tests.slack.pitcrew_app import SlackPitcrew, until
 
+#: How long pitcrew gives a connection that is not up before it replaces it (``slack.socket_give_up``,
+#: its least; the default is 30 s).
+GIVE_UP = 5.0
+
 
 async def _socket(pitcrew: SlackPitcrew) -> tuple[dict[str, Any], float | None]:
     status, raw = await pitcrew.request("GET", "/readyz")
@@ -44,12 +48,15 @@ async def _socket(pitcrew: SlackPitcrew) -> tuple[dict[str, Any], float | None]:
     return detail, gauge
 
 
-async def _until_socket(pitcrew: SlackPitcrew, connected: bool, timeout: float = 60.0) -> dict[str, Any]:
+async def _until_socket(
+    pitcrew: SlackPitcrew, connected: bool, timeout: float = 60.0, reason: str = ""
+) -> dict[str, Any]:
+    """Until ``/readyz`` and the metric say ``connected`` (with ``reason`` in the reason, if given)."""
     deadline = time.monotonic() + timeout
     while True:
         detail, gauge = await _socket(pitcrew)
         # "not started" is no verdict yet: wait for what the connection attempt found.
-        settled = detail.get("reason") != "not started"
+        settled = detail.get("reason") != "not started" and reason in detail.get("reason", "")
         if detail.get("connected") is connected and gauge == (1.0 if connected else 0.0) and settled:
             return detail
         assert time.monotonic() < deadline, (detail, gauge)
@@ -89,9 +96,8 @@ async def test_a_half_open_socket_is_noticed_and_replaced(slack: SlackStandin, t
         assert "mode *observe*" in await pitcrew.slash("status")
 
 
-#: How long pitcrew gives a connection that is not up before it replaces it (``SocketMode``'s
-#: ``give_up``, 30 s), with room for a fresh URL and its dial.
-GIVE_UP_AND_DIAL = 30.0 + 30.0
+#: With room for a fresh URL and its dial.
+GIVE_UP_AND_DIAL = GIVE_UP + 30.0
 
 
 def _open_sessions() -> set[int]:
@@ -104,9 +110,16 @@ async def test_a_failed_first_dial_is_given_up_for_a_fresh_url(slack: SlackStand
     slack.api.allow("rate_tiers")  # the fresh URL is opened within the minute of the first (Tier 1)
     slack.socket.fail_dials(1)  # Slack's edge answers the first dial 503; that URL is spent
     before = _open_sessions()
+    config = {"mode": "observe", "slack": {"socket_give_up": f"{GIVE_UP:g}s"}}
     async with SlackPitcrew(
-        tmp_path / "p", slack, transport="socket", config={"mode": "observe"}, wait_connected=False
+        tmp_path / "p", slack, transport="socket", config=config, wait_connected=False
     ) as pitcrew:
+        given_up = await _until_socket(
+            pitcrew, connected=False, timeout=GIVE_UP_AND_DIAL, reason="did not connect"
+        )
+        assert f"within {GIVE_UP:g}s" in given_up["reason"], (
+            given_up
+        )  # the configured give_up, not the default
         detail = await _until_socket(pitcrew, connected=True, timeout=GIVE_UP_AND_DIAL)
         assert detail["reason"] == "connected", detail
         assert slack.socket.dials_failed == 1

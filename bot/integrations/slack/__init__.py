@@ -72,7 +72,7 @@ class Slack:
         if self.settings.transport != "socket" or self.settings.app_token_file is None:
             return None
         token = read_secret(self.settings.app_token_file, "slack.app_token_file")
-        return SocketMode(inbound.app, token, registry)
+        return SocketMode(inbound.app, token, registry, give_up=self.settings.socket_give_up.total_seconds())
 
     async def aclose(self) -> None:
         """Close the outbox client's session (``FencedWebClient``), once its sender has stopped."""
