@@ -80,10 +80,26 @@ class JobSnapshot:
     start_time: datetime | None = None
     #: GPUs the job holds over all its nodes (``TresPerNode`` x nodes), where Slurm lists them.
     gpus: int | None = None
+    #: Submitted by ``sbatch`` (``BatchFlag=1``, REST ``batch_flag``); ``srun`` and ``salloc``
+    #: start jobs that are not.
+    batch: bool = True
 
     @property
     def running(self) -> bool:
         return self.state in _ACTIVE_JOB_STATES
+
+    @property
+    def not_requeueable(self) -> str | None:
+        """Why Slurm refuses to requeue this job, or ``None`` if it does not. slurmctld
+        (``job_mgr.c`` ``_job_requeue_op``, 22.05 to 26.05) refuses a job submitted not
+        requeueable (``ESLURM_DISABLED``, "Requested operation is presently disabled"), then
+        one that is not a batch job (``ESLURM_BATCH_ONLY``, "Only batch jobs are accepted or
+        processed"): it ends neither, and neither can come back by itself elsewhere."""
+        if not self.requeue:
+            return "it was submitted not requeueable (--no-requeue)"
+        if not self.batch:
+            return "it is not a batch job (started by srun or salloc, not sbatch)"
+        return None
 
     @property
     def pending(self) -> bool:

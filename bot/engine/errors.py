@@ -41,6 +41,9 @@ class Reason(StrEnum):
     """Slurm does not know the node."""
     UNKNOWN_JOB = "unknown_job"
     """Slurm does not know the job."""
+    NOT_REQUEUEABLE = "not_requeueable"
+    """Slurm will not requeue the job: submitted ``--no-requeue`` (``ESLURM_DISABLED``) or not a
+    batch job (``ESLURM_BATCH_ONLY``)."""
     UNAUTHORIZED = "unauthorized"
     """The credential pitcrew presented was refused (401, ``invalid_auth``, ``token_revoked``)."""
     FORBIDDEN = "forbidden"

@@ -8,12 +8,15 @@ Cases (both backends where they differ):
 * DRAIN leaves the running job alone (MIXED+DRAIN → IDLE+DRAIN when it ends), then the node
   is ours to resume;
 * DRAIN + requeue moves a running job to another node; requeue of a job already pending is
-  a no-op; unknown nodes and jobs are permanent errors, a forgotten job is ``None``.
+  a no-op; unknown nodes and jobs are permanent errors, a forgotten job is ``None``;
+* a job Slurm will not requeue (``sbatch --no-requeue``, an ``srun`` job) reads as such, and a
+  requeue asked anyway is refused as ``not_requeueable`` with Slurm's words: the job runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
@@ -105,6 +108,46 @@ async def test_drain_then_requeue_moves_the_job(slurm: SlurmCluster, sched: Sche
     moved = await eventually(lambda: _running(sched, job_id), timeout=30, what="job running elsewhere")
     assert node not in moved.nodes
     assert moved.restarts == 1
+
+
+async def test_slurm_will_not_requeue_a_no_requeue_or_srun_job(slurm: SlurmCluster, sched: Sched) -> None:
+    lone = slurm.submit("--no-requeue", "--job-name=lone", "--nodelist=gpu-001", "--wrap=sleep 300")
+    shell = subprocess.Popen(  # an interactive job: srun, no batch script
+        slurm.command("srun", "--nodelist=gpu-002", "--job-name=shell", "sleep", "300"),
+        env=slurm.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        first = await eventually(lambda: _running(sched, lone), timeout=15, what="no-requeue job to run")
+        shell_id = await eventually(lambda: _named(sched, "gpu-002", "shell"), timeout=15, what="srun job")
+        srun = await sched.job(shell_id)
+        assert srun is not None
+        assert (first.requeue, first.batch, srun.requeue, srun.batch) == (False, True, True, False)
+        for job, meaning in ((first, "--no-requeue"), (srun, "not a batch job")):
+            assert job.not_requeueable is not None
+            with pytest.raises(PermanentError) as refused:
+                await sched.requeue(job.job_id)
+            assert refused.value.reason == "not_requeueable", refused.value
+            assert meaning in str(refused.value), refused.value
+            assert f"job {job.job_id}" in str(refused.value)
+            after = await _running(sched, job.job_id)  # refused: nothing changed, it runs on
+            assert after is not None and (after.nodes, after.restarts) == (job.nodes, 0)
+    finally:
+        # Ended through Slurm, so srun exits inside a newer Slurm's root too (a signal would
+        # reach only the wrapper that entered it).
+        slurm.run("scancel", "--name=shell", check=False)
+        try:
+            shell.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            shell.kill()
+            shell.wait()
+
+
+async def _named(s: Sched, node: str, name: str) -> str | None:
+    return next(
+        (j.job_id for j in await s.jobs_on_node(node) if j.name == name and j.state == "RUNNING"), None
+    )
 
 
 async def _running(s: Sched, job_id: str) -> JobSnapshot | None:

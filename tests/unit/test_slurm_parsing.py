@@ -49,6 +49,7 @@ from bot.integrations.slurm.json import (
     partitions_from_payload,
 )
 from tests.conftest import FIXTURES
+from tests.unit.test_slurm_versions import check_not_requeueable
 
 SLURM = FIXTURES / "slurm"
 
@@ -259,6 +260,16 @@ CHECKS: dict[str, Callable[[Path], None]] = {
     "rest/ping.json": check_ping,
     "rest/slurmdb-v0.0.38-job-1.json": check_slurmdb_json,
     "rest/submit.json": check_submit_body,
+    # A running job Slurm will not requeue, as 22.05 shows it: table-tested with 24.11's and 26.05's.
+    **{
+        f"{where}-{tag}{ext}": check_not_requeueable
+        for tag in ("no-requeue", "srun")
+        for where, ext in (
+            ("cli/scontrol-show-job-o", ".txt"),
+            ("cli/scontrol-requeue", ".stderr"),
+            ("rest/job", ".json"),
+        )
+    },
 }
 
 

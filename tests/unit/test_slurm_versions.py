@@ -16,6 +16,8 @@ Cases, one table row per file and interface:
   v0.0.45 on 26.05;
 * 24.11's REST errors (unknown job) and ``sinfo --json``'s new grouped shape, which pitcrew
   does not read (it reads nodes from ``scontrol`` or slurmrestd) and refuses as malformed;
+* a running job Slurm will not requeue (``--no-requeue``, and an ``srun`` job), from every
+  interface of each release, with ``scontrol requeue``'s refusal and 26.05's REST one;
 * every 24.11 and 26.05 capture has a row here.
 """
 
@@ -31,7 +33,13 @@ import pytest
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import is_pitcrew_reason
 from bot.integrations.slurm.cli import parse_job_line, parse_node_line
-from bot.integrations.slurm.json import discover_api, errors_of, jobs_from_payload, nodes_from_payload
+from bot.integrations.slurm.json import (
+    discover_api,
+    errors_of,
+    jobs_from_payload,
+    nodes_from_payload,
+    requeue_refusal,
+)
 from tests.conftest import FIXTURES
 from tests.harness.slurmrestd import unframe_2605
 
@@ -280,6 +288,42 @@ def check_requeued_by_rest(path: Path) -> None:
     assert (job.job_id, job.pending, job.restarts) == ("2", True, 1)
 
 
+#: The two running jobs slurmctld will not requeue (``job_mgr.c`` ``_job_requeue_op``), captured on
+#: each release: job 1 ``sbatch --no-requeue`` (ESLURM_DISABLED, 2037), job 2 ``srun`` (ESLURM_BATCH_ONLY,
+#: 2039). Tag → (job id, requeue, batch, errno, what pitcrew says it means).
+NOT_REQUEUEABLE = {
+    "no-requeue": ("1", False, True, 2037, "--no-requeue"),
+    "srun": ("2", True, False, 2039, "not a batch job"),
+}
+
+
+def check_not_requeueable(path: Path) -> None:
+    """Each interface's record of a job Slurm will not requeue says why (``scontrol show job -o``'s
+    ``Requeue=``/``BatchFlag=``, the JSON's ``requeue``/``batch_flag``); ``scontrol requeue``'s
+    refusal (stderr) and 26.05's REST one (HTTP 422) are read as the refusals they are."""
+    tag = next(t for t in NOT_REQUEUEABLE if f"-{t}." in path.name or f"-{t}-" in path.name)
+    job_id, requeue, batch, errno, meaning = NOT_REQUEUEABLE[tag]
+    if path.suffix == ".stderr":
+        said = path.read_text().strip()
+        assert said.endswith(f"for job {job_id}")
+        assert meaning in (requeue_refusal(said) or ""), said
+        return
+    if path.name.startswith("job-requeue-"):
+        payload = _json(path)
+        [error] = errors_of(payload)
+        assert (payload["http_status"], error.errno) == (422, errno)
+        assert meaning in (error.requeue_refused or "") and not error.job_pending
+        return
+    [job] = job_lines(path) if path.suffix == ".txt" else job_json(path)
+    assert (job.job_id, job.state, job.requeue, job.batch) == (job_id, "RUNNING", requeue, batch)
+    assert meaning in (job.not_requeueable or "")
+
+
+def _not_requeueable_captures(root: Path) -> dict[str, Callable[[Path], None]]:
+    found = [p for p in root.rglob("*") if any(f"-{t}" in p.name for t in NOT_REQUEUEABLE)]
+    return {str(p.relative_to(SLURM)): check_not_requeueable for p in sorted(found)}
+
+
 #: What the first answer of each captured 26.05.5 error says, as ``SlurmError`` reads it.
 WIRE_ERRORS: dict[str, tuple[int, str | None]] = {
     "node-post-unknown": (422, "unknown_node"),
@@ -331,6 +375,8 @@ OTHER_CHECKS: dict[str, Callable[[Path], None]] = {
     "26.05/rest/v0.0.45/job-requeue-unknown-response.json": check_requeue_answer,
     "26.05/rest/v0.0.45/job-requeued-by-rest.json": check_requeued_by_rest,
     **{f"26.05/rest/v0.0.45/wire/{name}.http": check_wire_answer for name in WIRE_ERRORS},
+    **_not_requeueable_captures(V24),
+    **_not_requeueable_captures(V26),
 }
 
 

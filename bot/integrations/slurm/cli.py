@@ -25,7 +25,7 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
 from bot.domain.ownership import clean_reason
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import PartitionNodes, Probe
-from bot.integrations.slurm.json import Partition, member_partitions
+from bot.integrations.slurm.json import Partition, member_partitions, requeue_refusal
 
 log = logger(__name__)
 
@@ -85,6 +85,15 @@ def checked_signal(signal: str) -> str:
             reason=Reason.INVALID_REQUEST,
         )
     return signal
+
+
+def not_requeueable(job_id: str, meaning: str, said: str) -> PermanentError:
+    """Slurm refused to requeue the job, and will again (``json.requeue_refusal``); it changed
+    nothing, the job runs on. ``said``: Slurm's own words, kept."""
+    return PermanentError(
+        f"requeue: Slurm will not requeue job {job_id}: {meaning} (Slurm: {said})",
+        reason=Reason.NOT_REQUEUEABLE,
+    )
 
 
 def checked_job(job_id: str) -> str:
@@ -239,8 +248,12 @@ class ScontrolScheduler(NodeUpdates):
         try:
             await self._run("scontrol", "requeue", checked_job(job_id), op="requeue")
         except PermanentError as exc:
-            if "pending execution" in str(exc).lower():
+            said = str(exc).removeprefix("requeue: ")
+            if "pending execution" in said.lower():
                 return  # already back in the queue: requeue is done
+            meaning = requeue_refusal(said)
+            if meaning is not None:
+                raise not_requeueable(job_id, meaning, said) from exc
             raise
 
     async def signal_job(self, job_id: str, signal: str) -> None:
@@ -394,6 +407,7 @@ def parse_job_line(line: str) -> JobSnapshot:
         nodes=expand_hostlist(kv.get("NodeList", "")),
         restarts=int(kv.get("Restarts", "0") or 0),
         requeue=kv.get("Requeue", "1") == "1",
+        batch=kv.get("BatchFlag", "1") != "0",
         reason="" if reason in _NO_VALUE else reason,
         start_time=_local_time(kv.get("StartTime", "")),
         gpus=job_gpus(kv.get("TresPerNode"), kv.get("NumNodes"), kv.get("AllocTRES") or kv.get("TRES")),

@@ -35,6 +35,10 @@ SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
 #: "Job is pending execution": a requeue of a job that waits requeued already (26.05's v0.0.45
 #: answers it with HTTP 422).
 ESLURM_JOB_PENDING = 2024
+#: slurmctld's refusals to requeue a job (``job_mgr.c`` ``_job_requeue_op``): one submitted not
+#: requeueable, "Requested operation is presently disabled"; one that is not a batch job (``srun``,
+#: ``salloc``), "Only batch jobs are accepted or processed" (slurm_errno.h, slurm_errno.c).
+ESLURM_DISABLED, ESLURM_BATCH_ONLY = 2037, 2039
 #: A backup slurmctld not in control yet (HA takeover): "Slurm backup controller in standby mode",
 #: and "Controller is in standby mode, try a different controller" (slurm_errno.h). 24.11 answers
 #: them as HTTP 500, 26.05 as 422 like every slurmctld error (src/common/http.c).
@@ -50,6 +54,18 @@ _VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
 #: v0.0.45, and a Slurm dropping the oldest of its three keeps the others). Any other is refused by
 #: name rather than read by guesswork: its fields may have moved again.
 KNOWN_VERSIONS = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
+
+
+def requeue_refusal(said: str, errno: int | None = None) -> str | None:
+    """What slurmctld's refusal of a requeue means, by its number or its words (``scontrol
+    requeue`` prints ``slurm_strerror``; 26.05's REST answer says "Requeue JobID=<id> failed" and
+    the number), or ``None`` if it is no refusal that holds for the job's life."""
+    text = said.lower()
+    if errno == ESLURM_DISABLED or "presently disabled" in text:
+        return "the job was submitted not requeueable (--no-requeue)"
+    if errno == ESLURM_BATCH_ONLY or "only batch jobs" in text:
+        return "the job is not a batch job (started by srun or salloc, not sbatch)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +94,12 @@ class SlurmError:
     def job_pending(self) -> bool:
         """The job waits in the queue already (a requeue asked again: done)."""
         return self.errno == ESLURM_JOB_PENDING or "pending execution" in self.message.lower()
+
+    @property
+    def requeue_refused(self) -> str | None:
+        """What it means, if it is a refusal to requeue that holds for the job's life (the answer
+        to a requeue only: ``ESLURM_DISABLED`` names any operation switched off)."""
+        return requeue_refusal(self.message, self.errno)
 
     @property
     def invalid_node_state(self) -> bool:
@@ -231,6 +253,7 @@ def job_from_json(raw: Mapping[str, Any]) -> JobSnapshot:
         nodes=expand_hostlist(nodes) if isinstance(nodes, str) else (),
         restarts=int(raw.get("restart_cnt") or 0),
         requeue=bool(raw.get("requeue", True)),
+        batch=bool(raw.get("batch_flag", True)),
         reason="" if reason in ("", "None") else reason,
         start_time=_time(raw.get("start_time")),
         gpus=job_gpus(

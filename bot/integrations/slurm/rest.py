@@ -31,6 +31,7 @@ from bot.integrations.slurm.cli import (
     ScontrolScheduler,
     checked_job,
     checked_node,
+    not_requeueable,
     probe_missing,
 )
 from bot.integrations.slurm.json import (
@@ -271,11 +272,18 @@ class RestScheduler(NodeUpdates):
             job = await self.job(job_id)
             if job is None:
                 raise PermanentError("requeue: unknown Slurm job", reason=Reason.UNKNOWN_JOB) from None
+            if job.not_requeueable:  # what 26.05 answers for it (HTTP 422, 2037 or 2039)
+                raise not_requeueable(job_id, job.not_requeueable, "its answer was unreadable") from None
             if not job.pending:
                 raise
             log.info("slurm job requeued", extra={"job_id": job_id, "backend": "rest", "already": True})
             return
         errors = errors_of(body)
+        refused = next((e for e in errors if e.requeue_refused), None)
+        if status == 422 and refused is not None and refused.requeue_refused:
+            raise not_requeueable(
+                job_id, refused.requeue_refused, f"{refused.message}, error {refused.errno}"
+            )
         if status == 422 and not (errors and all(e.job_pending for e in errors)):
             detail = "; ".join(e.message for e in errors[:3]) or "HTTP 422"
             raise PermanentError(f"requeue: HTTP 422: {detail}", reason=Reason.INVALID_REQUEST)
