@@ -104,14 +104,14 @@ def drain_fault(node: str) -> bytes:
     return fault_delivery("row-remap-pending", alertname="GpuRowRemapPending", node=node)
 
 
-def reset_gpu_with_drain_grace(seconds: int) -> dict[str, Any]:
+def reset_gpu_with_drain_grace(seconds: int, timeout: str = "12s") -> dict[str, Any]:
     return {
         "reset-gpu": {
             "steps": [
                 "notify",
                 "slurm_down",
                 "cordon",
-                {"step": "drain", "timeout": "12s", "options": {"slurm_drain_grace_seconds": seconds}},
+                {"step": "drain", "timeout": timeout, "options": {"slurm_drain_grace_seconds": seconds}},
                 "reset_gpu",
                 "wait_ready",
                 "slurm_resume",

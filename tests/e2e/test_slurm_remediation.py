@@ -12,7 +12,10 @@ fixture: slurmctld + gpu-001..003, Kubernetes node name = Slurm node name). Case
 * a node someone else downed stays DOWN with their reason: slurm_down records it not-owned,
   slurm_resume and a rollback leave it alone;
 * DRAIN (``row-remap-pending``, not job-fatal): the running job is left alone until it ends;
-  with a short drain grace the job is requeued instead and resumes elsewhere.
+  with a short drain grace the job is requeued instead and resumes elsewhere; a ``--no-requeue``
+  job is never asked for (Slurm would refuse): it runs on past the grace, its owner is told once
+  (``job_not_requeueable``: job, name, owner, why, ``scancel``), and the drain goes on once its
+  owner has ended it.
 """
 
 from __future__ import annotations
@@ -274,3 +277,34 @@ def test_drain_grace_expired_requeues_the_job_elsewhere(slurm: SlurmCluster, pit
         timeout=60,
         what="progress past the checkpoint after the requeue",
     )
+
+
+def test_drain_grace_leaves_a_no_requeue_job_running_and_tells_its_owner(
+    slurm: SlurmCluster, pitcrew_factory: Any
+) -> None:
+    playbooks = reset_gpu_with_drain_grace(2, timeout="90s")
+    server = start_pitcrew(pitcrew_factory, slurm, "drain-no-requeue", playbooks=playbooks)
+    job_id = slurm.submit_training(requeue=False)
+    node = running_on(slurm, job_id).nodes[0]
+    incident_id = open_incident(server, drain_fault(node))
+    wait_until(
+        lambda: notices(server.journal_records(), "job_not_requeueable"), timeout=30, what="the owner told"
+    )
+    [told] = notices(server.journal_records(), "job_not_requeueable")
+    text = told["title"] + " " + " ".join(told["lines"])
+    assert told["incident_id"] == incident_id
+    assert f"job {job_id} (ckpt-train, owner root)" in told["title"], text
+    assert "--no-requeue" in text and f"scancel {job_id}" in text, text
+
+    time.sleep(3)  # past the grace, pitcrew waits: the job trains on, on the drained node
+    job = slurm.job(job_id)
+    assert job is not None
+    assert (job.state, job.nodes, job.restarts) == ("RUNNING", (node,), 0)
+    assert server.incident(incident_id)["state"] == "running"
+    slurm.run("scancel", job_id)  # its owner ends it, having saved what it needs
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+
+    assert final["state"] == "resolved", final["outcome"]
+    assert not [e for e in events(final, "action") if e["data"]["action"] == "slurm_requeue"]
+    assert len(notices(server.journal_records(), "job_not_requeueable")) == 1
+    assert events(final, "job_not_requeueable", "drain")

@@ -66,6 +66,8 @@ class _Job:
     requeue: bool = True
     state: str = "RUNNING"
     restarts: int = 0
+    #: Submitted by sbatch (inventory ``batch``, default true); ``false``: an srun or salloc job.
+    batch: bool = True
 
 
 def _node_from(name: str, spec: Mapping[str, Any]) -> _Node:
@@ -146,6 +148,7 @@ class SimulatedWorld:
                 j.get("user", "user"),
                 j["node"],
                 bool(j.get("requeue", True)),
+                batch=bool(j.get("batch", True)),
             )
             for j in inventory.get("jobs") or []
         }
@@ -209,6 +212,10 @@ class SimulatedWorld:
             requeued = jobs.get(str(r["job_id"]))
             if requeued is not None:
                 self._requeue(requeued, nodes)
+        elif op == "job_ended":  # not pitcrew's: the job finished, or a human scancelled it
+            ended = jobs.get(str(r["job_id"]))
+            if ended is not None:
+                ended.state = str(r.get("state", "COMPLETED"))
         elif op == "cordon" and node is not None:
             node.unschedulable = node.tainted = True
             node.annotations[OWNER_ANNOTATION] = r["incident_id"]
@@ -288,7 +295,13 @@ class SimulatedWorld:
 
     @staticmethod
     def _snapshot(job: _Job) -> JobSnapshot:
-        return JobSnapshot(job.job_id, job.name, job.user, job.state, (job.node,), job.restarts, job.requeue)
+        return JobSnapshot(
+            job.job_id, job.name, job.user, job.state, (job.node,), job.restarts, job.requeue, batch=job.batch
+        )
+
+    async def end_job(self, job_id: str, state: str = "CANCELLED") -> None:
+        """The job ends by itself or by a human (``scancel``): no call of pitcrew's."""
+        await self.journal.append({"op": "job_ended", "job_id": job_id, "state": state})
 
     async def down(self, name: str, reason: str) -> None:
         await self.write("slurm_down", node=name, reason=reason)

@@ -10,10 +10,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from bot.domain.incident import State
+from bot.domain.jobs import JobSnapshot
 from bot.domain.ownership import owns_node, slinky_cordon_annotations
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
-from bot.engine.ports import Cluster, PodRef
+from bot.engine.ports import Cluster, Notice, PodRef
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.engine.trust import fault_class
@@ -122,6 +123,8 @@ class DrainResult(StepResult):
     slurm_wait_since: datetime | None = None
     requeueing: str | None = None
     requeued: tuple[str, ...] = ()
+    #: Jobs Slurm will not requeue, left running (their people told, once each): never asked again.
+    kept: tuple[str, ...] = ()
 
 
 @REGISTRY.step(
@@ -232,12 +235,83 @@ async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | Non
             f"requeued after {grace:g}s: {', '.join(j.job_id for j in running)}",
         )
     requeued = list(ctx.progress.requeued)
+    kept: list[str] = []
     for snapshot in running:
         if snapshot.job_id in requeued:
             continue
-        await ctx.save(replace(ctx.progress, requeueing=snapshot.job_id))
-        await ctx.ports.scheduler.requeue(snapshot.job_id)
-        await ctx.acted("slurm_requeue", f"job {snapshot.job_id} requeued after the drain grace period")
-        requeued.append(snapshot.job_id)
-        await ctx.save(replace(ctx.progress, requeued=tuple(requeued)))
+        why = snapshot.not_requeueable
+        if why is None and snapshot.job_id in ctx.progress.kept:
+            why = "it refused the requeue"  # the flag reads back as it was: pitcrew asks once
+        if why is None:
+            why = await _requeue(ctx, snapshot, grace)
+            if why is None:
+                requeued.append(snapshot.job_id)
+                continue
+        await _keep(ctx, snapshot, why, grace)
+        kept.append(f"{_who(snapshot)}, which Slurm will not requeue: {why}")
+    if kept:
+        # At the step's deadline this is what the escalation says is left on the node.
+        return Wait(
+            ctx.poll,
+            f"waiting for {len(kept)} job(s) to leave the drained node, left running: "
+            f"{'; '.join(kept)}. pitcrew does not end a job it cannot bring back: it may finish, or "
+            "its owner or an admin scancel it",
+        )
     return Wait(ctx.poll, "requeued jobs are leaving the node")
+
+
+def _who(job: JobSnapshot) -> str:
+    return f"job {job.job_id} ({job.name or 'no name'}, owner {job.user or 'unknown'})"
+
+
+async def _requeue(ctx: StepContext[DrainResult], job: JobSnapshot, grace: float) -> str | None:
+    """Requeue one job: ``None`` once done (or gone), else why Slurm refused it, as it does a job
+    that became not requeueable after it was read (``scontrol update Requeue=0``). Any other
+    refusal escalates, in words that name the job."""
+    await ctx.save(replace(ctx.progress, requeueing=job.job_id))
+    try:
+        await ctx.ports.scheduler.requeue(job.job_id)
+    except PermanentError as exc:
+        if exc.reason == Reason.UNKNOWN_JOB:
+            return None  # ended and forgotten since it was read: it has left the node
+        if exc.reason == Reason.NOT_REQUEUEABLE:
+            return f"it refused the requeue ({exc})"
+        raise PermanentError(
+            f"{_who(job)} still runs on the drained node {ctx.node} after the {grace:g}s grace and Slurm "
+            f"refused to requeue it ({exc}); pitcrew does not end it: let it finish, or have its owner "
+            f"or an admin requeue or scancel it, then see to the node",
+            reason=exc.reason,
+        ) from exc
+    await ctx.acted(
+        "slurm_requeue", f"job {job.job_id} requeued after the drain grace period", job=job.job_id
+    )
+    await ctx.save(replace(ctx.progress, requeued=(*ctx.progress.requeued, job.job_id), requeueing=None))
+    return None
+
+
+async def _keep(ctx: StepContext[DrainResult], job: JobSnapshot, why: str, grace: float) -> None:
+    """Leave a job Slurm will not requeue running, and tell its people once: ending it would lose
+    its work for good (nothing brings it back), so a human decides, and the drain waits for it."""
+    if job.job_id in ctx.progress.kept:
+        return
+    await ctx.tell(
+        Notice(
+            ctx.incident.id,
+            "job_not_requeueable",
+            f"{ctx.node}: {_who(job)} cannot be requeued; pitcrew leaves it running",
+            (
+                f"Why Slurm will not requeue it: {why}.",
+                f"The node is drained for repair ({ctx.plan.summary}); the job still runs there "
+                f"{grace:g}s after the drain. pitcrew does not end a job it cannot bring back.",
+                f"What you can do: let it finish (the repair goes on once it has left the node), or end "
+                f"it once it has saved what it needs (`scancel {job.job_id}`) and resubmit it with "
+                "sbatch --requeue, so that next time it is moved rather than waited for.",
+                "If it is still there when the drain step's time runs out, the incident goes to a human.",
+            ),
+            severity="warning",
+            node=ctx.node,
+        ),
+        key=f"job_not_requeueable:{job.job_id}",
+    )
+    await ctx.save(replace(ctx.progress, kept=(*ctx.progress.kept, job.job_id)))
+    await ctx.note("job_not_requeueable", f"{_who(job)} left running: {why}", job=job.job_id)
