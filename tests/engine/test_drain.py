@@ -10,7 +10,8 @@ those Slurm can requeue: a job submitted ``--no-requeue`` and one that is not a 
 salloc) are never asked for, never ended; the step tells their people once (job, name, owner, why,
 what they can do) and waits for the job to leave, then goes on; a job still there at the step's
 deadline escalates in the same words. A refusal that comes anyway (the job made not requeueable
-during the grace) is taken the same way; any other refusal escalates naming the job.
+during the grace) is taken the same way; any other refusal escalates naming the job. The simulated
+Slurm refuses such a requeue as slurmctld does, the job running on.
 """
 
 from __future__ import annotations
@@ -183,3 +184,18 @@ async def test_any_other_refusal_escalates_naming_the_job(tmp_path: Path) -> Non
         text = escalation["title"] + " " + " ".join(escalation["lines"])
         for words in ("102", "sweep-7", "erik", "Access/permission denied", "does not end it"):
             assert words in text, text
+
+
+@pytest.mark.parametrize(
+    "job", [LONG, LONG | {"requeue": True, "batch": False}], ids=["no-requeue", "not-batch"]
+)
+async def test_the_simulated_slurm_refuses_the_requeue_slurmctld_refuses(
+    tmp_path: Path, job: dict[str, Any]
+) -> None:
+    """The stand-in is no more lenient than slurmctld (``_job_requeue_op``): the job keeps running."""
+    async with EngineHarness(tmp_path, inventory=fleet(jobs=(job,))) as h:
+        with pytest.raises(PermanentError) as refused:
+            await h.world.requeue("101")
+        assert refused.value.reason == Reason.NOT_REQUEUEABLE
+        assert await _job_state(h, "101") == "RUNNING"
+        assert _requeues(h) == []

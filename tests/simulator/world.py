@@ -7,9 +7,11 @@ so the journal survives a SIGKILL of pitcrew and is the far side's own record of
 reached it. State (is the node cordoned? which pods are left? where did the job go?) is
 derived by replaying the journal over an optional inventory, modelling the effects the real
 systems have: DOWN requeues a requeueable job onto a healthy node with its restart count
-raised; a replaced node comes back Ready and uncordoned while its Slurm node stays DOWN
-until RESUME (Slurm's ReturnToService=1 behaviour). ``latency`` models the round trip.
-A replaced node is NotReady for ``replace_seconds``.
+raised (a job Slurm cannot requeue ends NODE_FAIL); pitcrew's requeue of a job submitted
+``--no-requeue`` or not a batch job is refused and the job runs on, as slurmctld refuses it; a
+replaced node comes back Ready and uncordoned while its Slurm node stays DOWN until RESUME
+(Slurm's ReturnToService=1 behaviour). ``latency`` models the round trip. A replaced node is
+NotReady for ``replace_seconds``.
 """
 
 from __future__ import annotations
@@ -245,7 +247,7 @@ class SimulatedWorld:
             node.ready = True
 
     def _requeue(self, job: _Job, nodes: dict[str, _Node]) -> None:
-        if not job.requeue:
+        if not job.requeue or not job.batch:  # a DOWN ends it: Slurm brings back batch jobs only
             job.state = "NODE_FAIL"
             return
         spare = next((n.name for n in nodes.values() if n.slurm == "IDLE" and n.name != job.node), None)
@@ -313,6 +315,27 @@ class SimulatedWorld:
         await self.write("slurm_resume", node=name)
 
     async def requeue(self, job_id: str) -> None:
+        """Refused, and nothing changes, as slurmctld refuses (``job_mgr.c`` ``_job_requeue_op``): a
+        job submitted not requeueable (ESLURM_DISABLED), then one that is not a batch job
+        (ESLURM_BATCH_ONLY). What the adapters raise for either (``Reason.NOT_REQUEUEABLE``)."""
+        _, jobs = self.state()
+        job = jobs.get(job_id)
+        if job is not None and (not job.requeue or not job.batch):
+            await self.round_trip()
+            if not job.requeue:
+                meaning, said = (
+                    "the job was submitted not requeueable (--no-requeue)",
+                    "Requested operation is presently disabled",
+                )
+            else:
+                meaning, said = (
+                    "the job is not a batch job (started by srun or salloc, not sbatch)",
+                    "Only batch jobs are accepted or processed",
+                )
+            raise PermanentError(
+                f"requeue: Slurm will not requeue job {job_id}: {meaning} (Slurm: {said} for job {job_id})",
+                reason=Reason.NOT_REQUEUEABLE,
+            )
         await self.write("requeue", job_id=job_id)
 
     async def signal_job(self, job_id: str, signal: str) -> None:
