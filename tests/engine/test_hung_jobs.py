@@ -11,7 +11,8 @@ A site that opts into ``requeue-hung-job`` (``catalog.overrides: {job-hung: {pla
 hung job, and only it, is requeued once, audited and counted, with no call touching a node; the
 restarted run's progress moving past where it stood is the proof, and the incident resolves. In
 observe mode nothing is requeued; in approve mode nothing until a human approves; while paused
-the incident is suppressed and nothing is requeued.
+the incident is suppressed and nothing is requeued. A hung job Slurm will not requeue (submitted
+``--no-requeue``, or an srun job) is not asked for: the incident goes to a human saying why.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
+
+import pytest
 
 from bot.config_sections import EngineSettings, ResumptionSettings
 from bot.engine.hung_jobs import HungJobs
@@ -134,11 +137,37 @@ async def test_a_node_with_another_incident_is_left_to_it(tmp_path: Path) -> Non
 REQUEUE = {"job-hung": {"playbook": "requeue-hung-job"}}
 
 
-def opted_in(tmp_path: Path, mode: str = "auto") -> EngineHarness:
+def opted_in(tmp_path: Path, mode: str = "auto", inventory: dict[str, Any] | None = None) -> EngineHarness:
     """The steps read the job's progress through the same query as the watch."""
     return EngineHarness(
-        tmp_path, mode=mode, inventory=INVENTORY, catalog=REQUEUE, resumption={"progress_query": QUERY}
+        tmp_path,
+        mode=mode,
+        inventory=inventory or INVENTORY,
+        catalog=REQUEUE,
+        resumption={"progress_query": QUERY},
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [({"requeue": False}, "--no-requeue"), ({"batch": False}, "not a batch job")],
+    ids=["no-requeue", "srun"],
+)
+async def test_a_hung_job_slurm_will_not_requeue_goes_to_a_human(
+    tmp_path: Path, flags: dict[str, Any], why: str
+) -> None:
+    inventory = {**INVENTORY, "jobs": [{**JOBS[0], **flags}, *JOBS[1:]]}
+    async with opted_in(tmp_path, inventory=inventory) as h:
+        watch = watching(h)
+        await look(h, watch, 40)
+        [notice] = h.notices("incident")
+        incident_id = notice["incident_id"]
+        await h.until_ended(incident_id)
+        assert (await h.incident(incident_id)).state.value == "failed"
+        assert not h.calls()  # neither the job nor its node touched
+        [escalation] = h.notices("escalation", incident_id)
+        text = escalation["title"] + " " + " ".join(escalation["lines"])
+        assert "101" in text and why in text and "does not end it" in text, text
 
 
 async def test_an_opted_in_site_requeues_exactly_the_hung_job(tmp_path: Path) -> None:

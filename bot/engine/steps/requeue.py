@@ -57,10 +57,11 @@ async def requeue_job(ctx: StepContext[RequeueJobResult]) -> Done[RequeueJobResu
         if snapshot is None or not snapshot.running:
             state = snapshot.state if snapshot else "unknown to Slurm"
             return Done(progress, f"job {job_id} is no longer running ({state}): nothing to requeue")
-        if not snapshot.requeue:
+        if snapshot.not_requeueable:  # Slurm would refuse (``JobSnapshot.not_requeueable``)
             raise PermanentError(
-                f"job {job_id} was submitted not requeueable (--no-requeue): pitcrew does not end it",
-                reason=Reason.NOT_ALLOWED,
+                f"job {job_id} ({snapshot.name}, owner {snapshot.user}) cannot be requeued: "
+                f"{snapshot.not_requeueable}; pitcrew does not end it: its owner may scancel it",
+                reason=Reason.NOT_REQUEUEABLE,
             )
         before = await job_progress(ctx.deps, job_id)
         job = snapshot
