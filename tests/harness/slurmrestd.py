@@ -13,7 +13,9 @@ from the proving ground's 26.05 slurmrestd): the JSON answer with ``Connection: 
 the same connection a second answer, ``text/plain``, with the first error's text and the same
 status, in one write (``framed_2605``); a RESUME of a node in service is 422 with 2180, "Invalid
 node state transition"; an unknown node to update 422 with 2018; an unknown job 404 with 2017; a
-token slurmctld refuses 511 with no error in the JSON, "Protocol authentication error" in the second.
+token slurmctld refuses 511 with no error in the JSON, "Protocol authentication error" in the second;
+a requeue of a job slurmctld will not requeue (``job``: ``--no-requeue``, ``srun``) 422 with 2037 or
+2039, the job running on (``job_mgr.c`` ``_job_requeue_op``; the captured answers).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ V45_DOC: dict[str, Any] = {
 V45 = FIXTURES / "slurm" / "26.05" / "rest" / "v0.0.45"
 REQUEUE_ANSWERS = {
     tag: json.loads((V45 / f"job-requeue-{tag}-response.json").read_text())
-    for tag in ("running", "again", "unknown")
+    for tag in ("running", "again", "unknown", "no-requeue", "srun")
 }
 SECRET = "eyJhbGciOiJIUzI1NiJ9.secret-part.signature"
 #: 26.05.5's raw answers to what fails (``wire/<case>.http``): see ``framed_2605``.
@@ -118,6 +120,10 @@ class FakeSlurmrestd:
     connections: list[Any] = field(default_factory=list)  # the client address of each request
     #: Jobs requeued (v0.0.45): job 1 runs until its first requeue, then waits requeued.
     requeues: list[str] = field(default_factory=list)
+    #: Job 1 as captured (v0.0.45): ``running`` (the checkpointing job, ``--requeue``), or a job
+    #: slurmctld will not requeue, ``no-requeue`` (sbatch ``--no-requeue``) or ``srun`` (no batch
+    #: job): its requeue refused (422 with 2037 or 2039), the job running on.
+    job: str = "running"
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -214,6 +220,8 @@ class FakeSlurmrestd:
             }
             return web.json_response({"nodes": [node], "errors": []})
         if kind == "job" and name == "1":
+            if self._v45(request) and self.job != "running":
+                return web.json_response(json.loads((V45 / f"job-{self.job}.json").read_text()))
             if self._v45(request) and "1" in self.requeues:  # waiting requeued, as 26.05 shows it
                 return web.json_response(json.loads((V45 / "job-requeued-by-rest.json").read_text()))
             return web.json_response(json.loads((REST / "job-running.json").read_text()))
@@ -240,12 +248,15 @@ class FakeSlurmrestd:
 
     async def requeue(self, request: web.Request) -> web.Response:
         """As 26.05 answers: 200 for a running job, 422 (2024) once it waits requeued, 404 (2017) for
-        a job Slurm does not know; what reached it is counted in ``requeues``."""
+        a job Slurm does not know, 422 (2037, 2039) for one it will not requeue, left running
+        (``job``); what reached it is counted in ``requeues``."""
         if (refused := self.refused(request)) is not None:
             return refused
         job = request.match_info["job_id"]
         self.requeues.append(job)
         tag = "unknown" if job != "1" else ("again" if self.requeues.count(job) > 1 else "running")
+        if job == "1" and self.job != "running":
+            tag = self.job
         answer = dict(REQUEUE_ANSWERS[tag])
         status = answer.pop("http_status")
         return web.json_response(answer) if status == 200 else self.error(request, answer, status)

@@ -14,7 +14,9 @@ The real 22.05 server is exercised in the other ``test_slurm_*`` files; this one
   Slurm, is done, by one rule whether the refusal is read (24.11) or lost (26.05.5);
 * with the leader's fence, no change leaves once the lease may have lapsed; reads still go;
 * a v0.0.45 server (26.05) requeues over REST (a ``GET`` that changes, fenced as a change); a
-  requeue asked again is done, an unknown job permanent;
+  requeue asked again is done, an unknown job permanent; a job Slurm will not requeue
+  (``--no-requeue``, ``srun``) is refused as ``not_requeueable``, its answer lost and the job read
+  back;
 * 26.05.5 follows every error answer with a second one on the same connection, which aiohttp
   cannot read (the stand-in frames them byte for byte as the captures show): a change whose
   answer is lost is read back (a RESUME of a node in service is done, an update of an unknown node
@@ -185,6 +187,25 @@ async def test_v0045_server_requeues_over_rest_and_a_requeue_asked_again_is_done
         finally:
             await rest.aclose()
     assert fake.requeues == ["1", "1", "999999"] and fallback.calls == []
+
+
+@pytest.mark.parametrize(("job", "meaning"), [("no-requeue", "--no-requeue"), ("srun", "not a batch job")])
+async def test_v0045_server_refuses_to_requeue_a_job_it_will_not_requeue(
+    token_file: Path, job: str, meaning: str
+) -> None:
+    fake, fallback = FakeSlurmrestd(V45_DOC, job=job), RecordingFallback()
+    async for server in _serve(fake):
+        rest = _rest(server, token_file, fallback)
+        try:
+            with pytest.raises(PermanentError) as refused:
+                await rest.requeue("1")
+            assert refused.value.reason == Reason.NOT_REQUEUEABLE
+            assert "job 1" in str(refused.value) and meaning in str(refused.value), refused.value
+            running = await rest.job("1")
+            assert running is not None and running.running and running.not_requeueable
+        finally:
+            await rest.aclose()
+    assert fake.requeues == ["1"] and fallback.calls == []
 
 
 async def test_token_rotation_and_secrecy(token_file: Path, caplog: pytest.LogCaptureFixture) -> None:
