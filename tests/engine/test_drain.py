@@ -8,10 +8,11 @@ fails the incident naming the pod and both budgets, once every other pod was evi
 After DRAIN, jobs still running when ``slurm_drain_grace_seconds`` ends are requeued, but only
 those Slurm can requeue: a job submitted ``--no-requeue`` and one that is not a batch job (srun,
 salloc) are never asked for, never ended; the step tells their people once (job, name, owner, why,
-what they can do) and waits for the job to leave, then goes on; a job still there at the step's
-deadline escalates in the same words. A refusal that comes anyway (the job made not requeueable
-during the grace) is taken the same way; any other refusal escalates naming the job. The simulated
-Slurm refuses such a requeue as slurmctld does, the job running on.
+what they can do) and waits for the job to leave, then goes on, a restart meanwhile telling no
+one again; a job still there at the step's deadline escalates in the same words. A refusal that
+comes anyway (the job made not requeueable during the grace) is taken the same way; any other
+refusal escalates naming the job. The simulated Slurm refuses such a requeue as slurmctld does,
+the job running on.
 """
 
 from __future__ import annotations
@@ -132,6 +133,20 @@ async def test_a_job_slurm_will_not_requeue_is_left_running_its_people_told_once
         assert done.state.value == "resolved", await h.timeline(incident)
         await h.told_once(incident, "job_not_requeueable")
         assert h.calls()[("reset_gpu", NODE)] == 1
+
+
+async def test_a_restart_while_the_job_is_kept_neither_tells_again_nor_asks_slurm(tmp_path: Path) -> None:
+    async with EngineHarness(
+        tmp_path, inventory=fleet(jobs=(LONG,)), playbooks=_drain_grace(), outbox=["slack"]
+    ) as h:
+        incident = await _drained(h)
+        await h.run_until(lambda: bool(h.notices("job_not_requeueable", incident)), about=incident)
+        await h.restart(new_process=True)  # the step runs again from its stored progress
+        await h.time.advance(120)
+        await h.world.end_job("101", "COMPLETED")
+        assert (await h.until_ended(incident)).state.value == "resolved"
+        await h.told_once(incident, "job_not_requeueable")
+        assert _requeues(h) == [] and h.scheduler.calls["requeue"] == 0
 
 
 async def test_a_job_still_there_at_the_deadline_escalates_in_the_same_words(tmp_path: Path) -> None:
