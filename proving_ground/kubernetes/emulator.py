@@ -26,7 +26,7 @@ import attrs
 import kmock
 from kubernetes import client as sync_client
 
-from proving_ground.kubernetes import capi, patching, podsecurity, resources
+from proving_ground.kubernetes import capi, patching, podsecurity, resources, slinky
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
 from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
@@ -694,6 +694,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self._later(delay, lambda: self._karpenter_consolidate(str(node_name)))
         if grace == 0 and not meta.get("finalizers"):
             del self.objects[key]
+            self._nodeset_recreates(pod)
             return copy.deepcopy(pod)
         if not meta.get("deletionTimestamp") or grace < meta.get("deletionGracePeriodSeconds", grace + 1):
             meta.update(deletionTimestamp=now_iso(grace), deletionGracePeriodSeconds=grace)
@@ -716,6 +717,31 @@ class KubeEmulator(kmock.KubernetesScaffold):
         meta = pod["metadata"]
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._kubelet_alive(pod):
             del self.objects[key]
+            self._nodeset_recreates(pod)
+
+    def _nodeset_recreates(self, gone: dict[str, Any]) -> None:
+        """slurm-operator's NodeSet controller in StatefulSet scaling mode (the CRD's default,
+        ``api/v1beta1/nodeset_types.go``; the pod says its mode in ``slinky.NODESET_SCALING_MODE``):
+        a pod of its replicas that is gone is made again under the same name (the ordinal, which is
+        also the Slurm node's name), unbound, for kube-scheduler to place anywhere its template
+        allows (``NewNodeSetStatefulSetPod`` clears ``nodeName``; "may be rescheduled freely",
+        ``docs/usage/nodeset-operations.md``). Pending, it is demand Karpenter launches a node for
+        (``IsProvisionable`` skips DaemonSet-owned pods only). DaemonSet-mode pods are made per
+        node, pinned to it, and never so."""
+        again = slinky.recreated(gone)
+        if again is None:
+            return
+
+        async def recreate() -> None:
+            key = self._key(
+                resources.BY_PLURAL["pods"], again["metadata"]["namespace"], again["metadata"]["name"]
+            )
+            if key not in self.objects:
+                self.add("pods", again)
+                await self._kube_schedule()
+                self._later(self.replace_delay, self._karpenter_provision)
+
+        self._later(0, recreate)
 
     # --- eviction and PDBs -----------------------------------------------------------------------------
 
@@ -894,9 +920,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
             pool = (spec.get("nodeSelector") or {}).get("karpenter.sh/nodepool")
             if key[0] != "pods" or spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if pool not in self._karpenter_pools or pod["metadata"].get("annotations", {}).get(
-                "emulator/nominated"
-            ):
+            known = self._karpenter_pool(pool)
+            if known is None or pod["metadata"].get("annotations", {}).get("emulator/nominated"):
                 continue
             if self.karpenter_cannot_launch is not None:
                 failed = f"Failed to schedule pod, {self.karpenter_cannot_launch}"
@@ -906,7 +931,6 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     self._later(self.karpenter_retry_after, self._karpenter_retry)
                 continue
             pod["metadata"].setdefault("annotations", {})["emulator/nominated"] = "true"
-            known = self._karpenter_pools[pool]
             name = await self._new_handle_and_node(
                 resources.BY_PLURAL["nodeclaims"],
                 known["claim"],
@@ -920,6 +944,24 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 stored["spec"]["nodeName"] = name
                 stored.setdefault("status", {})["phase"] = "Running"
                 self.bump(stored)
+
+    def _karpenter_pool(self, pool: str | None) -> dict[str, Any] | None:
+        """A NodePool Karpenter launches for (its NodeClaim and Node templates): one a NodeClaim was
+        deleted from, or one whose NodeClaim and Node stand (Karpenter knows its NodePools before
+        anything is deleted, so a pod pending for one is launched for at once)."""
+        if pool is None or pool in self._karpenter_pools:
+            return self._karpenter_pools.get(pool) if pool is not None else None
+        for key in sorted(k for k in self.objects if k[0] == "nodeclaims"):
+            claim = self.objects[key]
+            node = self.objects.get(("nodes", None, str((claim.get("status") or {}).get("nodeName"))))
+            if (
+                node is not None
+                and (claim["metadata"].get("labels") or {}).get("karpenter.sh/nodepool") == pool
+            ):
+                known = {"claim": copy.deepcopy(claim), "node": copy.deepcopy(node)}
+                self._karpenter_pools[pool] = known
+                return known
+        return None
 
     async def _karpenter_retry(self) -> None:
         self._karpenter_retrying = False

@@ -10,7 +10,8 @@ the harness (end-to-end tests), read and drained with ``scontrol``.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+import copy
+from typing import TYPE_CHECKING, Any, Protocol
 from unicodedata import category
 
 import attrs
@@ -22,6 +23,31 @@ if TYPE_CHECKING:
 OPERATOR_PREFIX = "slurm-operator: "
 #: Slurm states in which the node is doing work (slurm_conditions.IsNodeBusy).
 BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
+#: The NodeSet pod label naming its NodeSet's scaling mode (``LabelNodeSetScalingMode``, well_known.go).
+NODESET_SCALING_MODE = "nodeset.slinky.slurm.net/scaling-mode"
+POD_PROTECT = "nodeset.slinky.slurm.net/pod-protect"
+
+
+def recreated(gone: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod a StatefulSet-mode NodeSet makes again for one of its replicas that is gone: the
+    same name, unbound and Pending, not protected (its Slurm node is not busy); None for any other
+    pod (DaemonSet-mode NodeSet pods are made per node, under a generated name)."""
+    meta = gone["metadata"]
+    owners = meta.get("ownerReferences") or []
+    if (meta.get("labels") or {}).get(NODESET_SCALING_MODE) != "StatefulSet" or not any(
+        o.get("kind") == "NodeSet" and o.get("controller") for o in owners
+    ):
+        return None
+    pod = copy.deepcopy(gone)
+    kept = ("name", "namespace", "labels", "annotations", "ownerReferences", "generateName")
+    pod["metadata"] = {k: v for k, v in pod["metadata"].items() if k in kept}
+    pod["metadata"].get("labels", {}).pop(POD_PROTECT, None)
+    pod["metadata"].get("annotations", {}).pop("emulator/nominated", None)
+    pod["spec"].pop("nodeName", None)
+    pod["status"] = {"phase": "Pending"}
+    return pod
 
 
 #: The operator's limit on a reason it writes (runes), after sanitizing.

@@ -44,6 +44,33 @@ def slinky_pdb(generation: int = 1, observed: int = 1) -> dict[str, Any]:
     }
 
 
+def statefulset_slurmd(emulator: KubeEmulator, pool: str = "gpu-h100") -> str:
+    """The fixture node's slurmd pod as Slinky's default scaling mode (StatefulSet) makes it, on a
+    node of Karpenter NodePool ``pool``: named by its ordinal (``slurm-worker-gpu-h100-0``, also its
+    Slurm node name), placed by kube-scheduler through the NodeSet template's ``nodeSelector`` (the
+    NodePool) instead of pinned to the node, so the NodeSet makes it again, unbound, once it is gone
+    (``KubeEmulator._nodeset_recreates``). Returns the pod's name."""
+    old = emulator.objects.pop(("pods", "slurm", "slurm-worker-gpu-h100-7xk2p"))
+    pod = copy.deepcopy(old)
+    name = "slurm-worker-gpu-h100-0"
+    pod["metadata"].update(name=name)
+    pod["metadata"].pop("generateName", None)
+    pod["metadata"]["labels"].update(
+        {
+            "nodeset.slinky.slurm.net/scaling-mode": "StatefulSet",
+            "nodeset.slinky.slurm.net/pod-hostname": name,
+            "nodeset.slinky.slurm.net/pod-name": name,
+        }
+    )
+    pod["spec"].update(hostname=name, nodeSelector={"karpenter.sh/nodepool": pool})
+    pod["spec"]["affinity"].pop("nodeAffinity", None)
+    emulator.add("pods", pod)
+    node = emulator.objects[("nodes", None, pod["spec"]["nodeName"])]
+    node["metadata"]["labels"]["karpenter.sh/nodepool"] = pool
+    emulator.bump(node)
+    return name
+
+
 def training_pdb(*, min_available: int | None = None, max_unavailable: int | None = None) -> dict[str, Any]:
     """A team's budget over its ``llama-pretrain`` workers, by ``minAvailable`` or ``maxUnavailable``."""
     budget = (

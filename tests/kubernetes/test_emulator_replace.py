@@ -4,7 +4,8 @@ Cases: the DELETE answers 200 with the object (``deletionTimestamp``, ``deletion
 generation + 1, as in the fixture); then the old Node goes, a new handle points at a new Node, and
 that Node registers NotReady and turns Ready after ``ready_delay``. A Machine deleted while its Cluster
 or itself is paused stays deleting, its Node with it, until unpaused. A deleted Node object is replaced
-by nothing; a terminated instance is, by its cloud group.
+by nothing; a terminated instance is, by its cloud group. A StatefulSet-mode NodeSet makes a gone
+slurmd pod again, pending, and Karpenter launches a node for it; a DaemonSet-mode one it does not.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kubernetes.aio import client
 
 from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
+from proving_ground.kubernetes.world import statefulset_slurmd
 from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
@@ -263,3 +265,42 @@ async def test_a_pending_pod_that_fits_an_existing_node_is_bound_there_and_no_no
     more = await _bound(k8s, "more")
     [claim] = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
     assert more["spec"]["nodeName"] == claim["status"]["nodeName"] != "gpu-free"
+
+
+async def test_a_statefulset_nodesets_evicted_pod_comes_back_pending_and_karpenter_launches_for_it(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """slurm-operator's default scaling mode: the NodeSet makes a gone replica again under the same
+    name (its Slurm node's), unbound and unprotected; with its node cordoned it is pending, and
+    Karpenter, which knows the NodePool from its standing NodeClaim, launches a node for it before
+    any NodeClaim is deleted. A DaemonSet-mode NodeSet pod (the fixture's) is not made again."""
+    core = client.CoreV1Api(k8s_client)
+    daemon_mode = copy.deepcopy(k8s.get("pods", "slurm-worker-gpu-h100-7xk2p", "slurm"))
+    assert daemon_mode is not None
+    name = statefulset_slurmd(k8s)
+    k8s.objects[("nodes", None, NODE)]["spec"]["unschedulable"] = True
+    old = k8s.get("pods", name, "slurm")
+    assert old is not None and old["metadata"]["labels"]["nodeset.slinky.slurm.net/pod-protect"] == "true"
+    await core.delete_namespaced_pod(name, "slurm")
+
+    async def made_again() -> dict[str, Any] | None:
+        pod = k8s.get("pods", name, "slurm")
+        return pod if pod and pod["metadata"]["uid"] != old["metadata"]["uid"] else None
+
+    again = await eventually(made_again, timeout=5.0, what="the NodeSet's pod made again", interval=0.02)
+    assert "nodeset.slinky.slurm.net/pod-protect" not in again["metadata"]["labels"]
+
+    async def bound() -> dict[str, Any] | None:
+        pod = k8s.get("pods", name, "slurm")
+        return pod if pod and pod["spec"].get("nodeName") else None
+
+    landed = await eventually(bound, timeout=5.0, what="the NodeSet's pod bound", interval=0.02)
+    claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
+    assert sorted(c["status"]["nodeName"] for c in claims) == sorted([NODE, landed["spec"]["nodeName"]])
+    assert landed["spec"]["nodeName"] != NODE  # launched for it: the old NodeClaim was never deleted
+    # DaemonSet mode: made per node under a generated name, never again by this stand-in.
+    daemon_mode["metadata"].pop("resourceVersion", None)
+    k8s.add("pods", daemon_mode)
+    await core.delete_namespaced_pod(daemon_mode["metadata"]["name"], "slurm", grace_period_seconds=0)
+    await asyncio.sleep(0.2)
+    assert k8s.get("pods", daemon_mode["metadata"]["name"], "slurm") is None
