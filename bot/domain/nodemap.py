@@ -39,6 +39,8 @@ SLINKY_PREFIX = "nodeset.slinky.slurm.net/"
 SLINKY_POD_HOSTNAME = SLINKY_PREFIX + "pod-hostname"
 #: Node annotation that overrides the DaemonSet-mode pod hostname, hence the Slurm node name.
 SLINKY_HOSTNAME_OVERRIDE = SLINKY_PREFIX + "hostname-override"
+#: Pod label naming the scaling mode of the pod's NodeSet: ``StatefulSet`` (the default) or ``DaemonSet``.
+SLINKY_SCALING_MODE = SLINKY_PREFIX + "scaling-mode"
 #: The operator labels slurmd pods ``app.kubernetes.io/name=slurmd``.
 DEFAULT_SLINKY_SELECTOR: Mapping[str, str] = {"app.kubernetes.io/name": "slurmd"}
 

@@ -23,7 +23,9 @@ that demand; its node is the successor, and it is removed once that node is Read
 the scheduler bound to an existing node (one with the GPUs free) is no demand: the wait fails at
 once, naming the node, and removes it, unless a NodeClaim of the pool made since is launching; so
 does a placeholder found gone with no successor. Karpenter's own word on why it launches nothing
-for the placeholder (its FailedScheduling) is what ``held_up`` says, the scheduler's is not.
+for the placeholder (its FailedScheduling) is what ``held_up`` says, the scheduler's is not. A
+StatefulSet-mode NodeSet (Slinky's default) makes the slurmd pod the drain evicted again, pending:
+that pod is the demand, pitcrew adds no placeholder, and the successor is the node it lands on.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ from pydantic import ValidationError
 from bot.config import KubernetesSettings
 from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason, TransientError
-from bot.engine.ports import ClusterNode
+from bot.engine.ports import ClusterNode, PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
-from proving_ground.kubernetes.world import gpu_fleet
+from proving_ground.kubernetes.world import gpu_fleet, statefulset_slurmd
 from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
@@ -426,6 +428,36 @@ async def test_the_karpenter_strategy_creates_the_demand_and_removes_it_once_the
 
 
 PLACEHOLDER = "pitcrew-successor-gpu-h100-x7k2q"
+
+
+async def test_karpenter_takes_a_statefulset_nodesets_pending_slurmd_pod_for_the_demand(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Slinky's default scaling mode (StatefulSet): the drain's eviction of the node's slurmd pod
+    makes its NodeSet create it again under the same name, unbound; pending, it is already the
+    demand Karpenter launches a node for. pitcrew adds none of its own (a placeholder asking for the
+    node's 8 GPUs beside slurmd's 4 would launch a second node, left idle), and the successor is the
+    node that pod lands on, where the Slurm node runs again."""
+    slurmd = statefulset_slurmd(k8s)
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    old_uid = k8s.get("pods", slurmd, "slurm")["metadata"]["uid"]  # type: ignore[index]
+    await cluster.evict(PodRef("slurm", slurmd, owner_kind="NodeSet"))
+
+    async def made_again() -> dict[str, Any] | None:
+        pod = k8s.get("pods", slurmd, "slurm")
+        return pod if pod is not None and pod["metadata"]["uid"] != old_uid else None
+
+    again = await eventually(made_again, timeout=5.0, what="the NodeSet's new slurmd pod", interval=0.02)
+    assert not again["spec"].get("nodeName")  # pending: the old node is cordoned
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
+    new = await _successor(cluster, handle)
+    landed = k8s.get("pods", slurmd, "slurm")
+    assert landed is not None and landed["spec"]["nodeName"] == new.name
+    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)  # nothing else launches
+    claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
+    assert [c["status"]["nodeName"] for c in claims] == [new.name]
 
 
 async def _no_demand(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> PermanentError:

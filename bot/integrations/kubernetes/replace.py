@@ -8,6 +8,9 @@ its GPU count, from which ``successor`` recognises the new node. Another repair 
 already at work on the node (its Machine or NodeClaim deleting, a Karpenter disruption taint,
 a cluster-autoscaler deletion taint) is reported by ``repair_owner`` and no second replacement
 is started. A Machine whose Cluster API is paused is not deleted: the attempt fails, to be retried.
+Karpenter launches a node only for a pending pod: a slurmd pod of a StatefulSet-mode NodeSet,
+made again unbound once the drain evicted it, already is that demand; otherwise pitcrew's
+placeholder pod is.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
+from bot.domain.nodemap import SLINKY_SCALING_MODE
 from bot.domain.ownership import OWNER_ANNOTATION, REPLACE_ANNOTATION, replacement_mark, replacement_owner
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import ClusterNode
@@ -78,12 +82,16 @@ class Handle:
     boot: str | None = None
     #: What makes the new handle: ``machineset/<ns>/<name>`` (CAPI) or ``nodepool/<name>`` (Karpenter).
     owner: str | None = None
+    #: Karpenter: the pending pod that makes it launch the successor, when not pitcrew's placeholder
+    #: (``pod/<ns>/<name>``, a StatefulSet-mode NodeSet's slurmd pod): the node it lands on is the successor.
+    demand: str | None = None
 
     def render(self) -> str:
         words = [self.strategy, self.target, f"since={self.since.strftime('%Y-%m-%dT%H:%M:%SZ')}"]
         words += [f"gpus={self.gpus}"] if self.gpus is not None else []
         words += [f"boot={self.boot}"] if self.boot else []
         words += [f"owner={self.owner}"] if self.owner else []
+        words += [f"demand={self.demand}"] if self.demand else []
         words += [f"pool={k}={v}" for k, v in sorted(self.pool.items())]
         return " ".join(words)
 
@@ -93,7 +101,7 @@ class Handle:
         if len(words) < 3 or not words[2].startswith("since="):
             return None
         since = datetime.strptime(words[2][6:], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-        gpus, pool, boot, owner = None, {}, None, None
+        gpus, pool, boot, owner, demand = None, {}, None, None, None
         for word in words[3:]:
             key, _, value = word.partition("=")
             if key == "gpus":
@@ -102,10 +110,20 @@ class Handle:
                 boot = value
             elif key == "owner":
                 owner = value
+            elif key == "demand":
+                demand = value
             elif key == "pool":
                 label, _, label_value = value.partition("=")
                 pool[label] = label_value
-        return cls(words[0], words[1], since, gpus, pool, boot, owner)
+        return cls(words[0], words[1], since, gpus, pool, boot, owner, demand)
+
+    def demand_pod(self, placeholders: str) -> tuple[str, str]:
+        """The namespace and name of the pod Karpenter launches the successor for: ``demand``, or
+        pitcrew's placeholder in ``placeholders``."""
+        if self.demand:
+            _, namespace, name = self.demand.split("/", 2)
+            return namespace, name
+        return placeholders, placeholder_name(self.target)
 
 
 def placeholder_name(target: str) -> str:
@@ -399,13 +417,16 @@ class Replacer:
         if owner and not handle.owner and (mark is None or mark[0] != incident_id):
             handle = dataclasses.replace(handle, owner=owner)
             if strategy == "karpenter":  # the real NodeClaim, not the node it became
-                handle = dataclasses.replace(handle, target=f"nodeclaim/{target[1]}")
+                handle = dataclasses.replace(
+                    handle, target=f"nodeclaim/{target[1]}", demand=await self._nodeset_demand(node)
+                )
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
         if strategy == "cluster-api":
             await self._delete_custom(await self._capi(), target, self._machines)
         elif strategy == "karpenter":
-            await self._placeholder(node, handle, incident_id)
+            if handle.demand is None:
+                await self._placeholder(node, handle, incident_id)
             await self._delete_custom(KARPENTER, target, self._custom)
         elif strategy == "delete-node":
             # The provider action first: a Node object deleted before it would leave the instance
@@ -546,6 +567,8 @@ class Replacer:
                 return facts(node, self._settings.gpu_resource)
         if parsed is None:
             return None
+        if parsed.demand:
+            return await self._landed(parsed, name)
         if parsed.owner:
             return await self._bound_successor(parsed)
         candidates = [
@@ -560,10 +583,57 @@ class Replacer:
         ready.sort(key=lambda f: (not f.ready, f.name))
         return ready[0] if ready else None
 
+    async def _nodeset_demand(self, node: client.V1Node) -> str | None:
+        """A slurmd pod of a StatefulSet-mode NodeSet (slurm-operator's default scaling mode) waiting,
+        unbound, for a node like this one: ``pod/<ns>/<name>``, the oldest; None when there is none.
+        Such a NodeSet makes a pod the drain evicted again under the same name (its ordinal, the
+        Slurm node's name) for kube-scheduler to place anywhere its template allows, and Karpenter
+        launches a node for any pending pod not a DaemonSet's (``IsProvisionable``): that pod is the
+        demand already, and a placeholder beside it would launch a second node, left idle. Its
+        ``nodeSelector`` must hold on this node, as it did while its slurmd ran here."""
+        listed = await call(
+            "list pending NodeSet pods",
+            self._core.list_pod_for_all_namespaces(
+                label_selector=f"{SLINKY_SCALING_MODE}=StatefulSet",
+                field_selector="spec.nodeName=",
+                _request_timeout=self._timeout,
+            ),
+        )
+        labels = node.metadata.labels or {}
+        waiting = [
+            p
+            for p in listed.items
+            if p.metadata.deletion_timestamp is None
+            and any(o.kind == "NodeSet" and o.controller for o in p.metadata.owner_references or [])
+            and all(labels.get(k) == v for k, v in ((p.spec and p.spec.node_selector) or {}).items())
+        ]
+        waiting.sort(
+            key=lambda p: (p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC), p.metadata.name)
+        )
+        return f"pod/{waiting[0].metadata.namespace}/{waiting[0].metadata.name}" if waiting else None
+
+    async def _landed(self, parsed: Handle, name: str) -> ClusterNode | None:
+        """The node the demand pod was placed on, other than ``name``: the Slurm node runs there
+        again. None while it waits, or while it is gone before its NodeSet makes it again."""
+        namespace, pod_name = parsed.demand_pod(self._settings.jobs.namespace)
+        try:
+            pod: client.V1Pod = await call(
+                f"read pod {namespace}/{pod_name}",
+                self._core.read_namespaced_pod(pod_name, namespace, _request_timeout=self._timeout),
+            )
+        except PermanentError as exc:
+            if exc.reason != Reason.NOT_FOUND:
+                raise
+            return None
+        where = pod.spec.node_name if pod.spec else None
+        node = await self._nodes.read(where) if where and where != name else None
+        return facts(node, self._settings.gpu_resource) if node is not None else None
+
     async def _placeholder(self, node: client.V1Node, handle: Handle, incident_id: str) -> None:
         """Karpenter launches nodes only for pending pods, and a DaemonSet-mode slurmd pod is never
         pending: deleting the NodeClaim alone starts nothing. A pending pod asking for the node's
-        GPUs in its NodePool is the demand that does; it is removed once the successor is Ready."""
+        GPUs in its NodePool is the demand that does; it is removed once the successor is Ready.
+        (A StatefulSet-mode NodeSet's own pending pod, ``_nodeset_demand``, needs none.)"""
         pool = (handle.owner or "").removeprefix("nodepool/")
         if not handle.owner or not handle.owner.startswith("nodepool/") or not handle.gpus:
             raise PermanentError(
@@ -711,7 +781,8 @@ class Replacer:
         )
 
     async def held_up(self, name: str, *, handle: str) -> str | None:
-        """Karpenter's last ``FailedScheduling`` on the placeholder since the replacement began: why
+        """Karpenter's last ``FailedScheduling`` on the demand pod (the placeholder, or the NodeSet's
+        pending slurmd pod) since the replacement began: why
         it launches no node for it (no instance type or offering left for the GPU request, a
         NodePool limit reached), which it says on the pod and retries. kube-scheduler's own
         ``FailedScheduling`` on the same pod ("0/N nodes are available") is what makes it demand,
@@ -719,7 +790,7 @@ class Replacer:
         parsed = Handle.parse(handle)
         if parsed is None or parsed.strategy != "karpenter":
             return None
-        namespace, pod = self._settings.jobs.namespace, placeholder_name(parsed.target)
+        namespace, pod = parsed.demand_pod(self._settings.jobs.namespace)
         listed = await call(
             f"list events of placeholder pod {namespace}/{pod}",
             self._core.list_namespaced_event(
