@@ -156,11 +156,14 @@ class Cluster(Protocol):
 
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None: ...
 
-    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
         """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted).
 
         ``strategy="watch"`` starts nothing: another system is replacing the node (``repair_owner``)
-        and the handle only says what ``successor`` waits for."""
+        and the handle only says what ``successor`` waits for. ``slurm_nodes``: the Slurm nodes the
+        node carried, by which a slurmd pod its NodeSet made again elsewhere is known."""
         ...
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...

@@ -145,7 +145,9 @@ class DryRunJournal:
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
         await self.append("delete_pod", pod=pod.ref, force=force)
 
-    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
         await self.append("replace", node=name, strategy=strategy, incident_id=incident_id)
         return f"dry-run:{strategy}:{name}"
 

@@ -5,7 +5,8 @@ naming it; another system already repairing the node (``repair_owner``) means no
 the step records who and the incident waits for that system's node; Slurm jobs or workload pods
 still on the node refuse the replacement until the deadline, then escalate naming them; the
 playbook's ``force`` option replaces anyway and says so in the timeline; with a ``fault_query`` and
-Prometheus configured, ``wait_ready`` waits while the node still reports the fault.
+Prometheus configured, ``wait_ready`` waits while the node still reports the fault. The replacement
+is told the Slurm nodes the node carried.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ UNDRAINED = [s for s in STEPS if s != "drain"]
 def _playbook(steps: list[str] = STEPS, **options: dict[str, Any]) -> dict[str, Any]:
     made = [{"step": s, **options[s]} if s in options else s for s in steps]
     return {"playbooks": {"replace-node": {"steps": made}}}
+
+
+async def test_the_replacement_is_told_the_slurm_nodes_the_node_carried(tmp_path: Path) -> None:
+    """What the node's Slurm nodes were (the slurm_down step's record) goes with the replacement:
+    a StatefulSet-mode NodeSet makes their slurmd pods again elsewhere, and the Kubernetes adapter
+    knows them by those names (their ``pod-hostname``)."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        [replaced] = [r for r in h.records() if r.get("op") == "replace"]
+        assert replaced["slurm_nodes"] == ["gpu-node-02"]  # the simulated mapping is the identity
 
 
 async def test_a_repair_already_under_way_is_waited_for_not_repeated(tmp_path: Path) -> None:

@@ -430,16 +430,8 @@ async def test_the_karpenter_strategy_creates_the_demand_and_removes_it_once_the
 PLACEHOLDER = "pitcrew-successor-gpu-h100-x7k2q"
 
 
-async def test_karpenter_takes_a_statefulset_nodesets_pending_slurmd_pod_for_the_demand(
-    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
-) -> None:
-    """Slinky's default scaling mode (StatefulSet): the drain's eviction of the node's slurmd pod
-    makes its NodeSet create it again under the same name, unbound; pending, it is already the
-    demand Karpenter launches a node for. pitcrew adds none of its own (a placeholder asking for the
-    node's 8 GPUs beside slurmd's 4 would launch a second node, left idle), and the successor is the
-    node that pod lands on, where the Slurm node runs again."""
-    slurmd = statefulset_slurmd(k8s)
-    cluster = make_cluster(replace={"strategy": "karpenter"})
+async def _slurmd_made_again(cluster: KubernetesCluster, k8s: KubeEmulator, slurmd: str) -> dict[str, Any]:
+    """The drain's part: cordon, evict the slurmd pod; its NodeSet's new pod of the same name."""
     await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
     old_uid = k8s.get("pods", slurmd, "slurm")["metadata"]["uid"]  # type: ignore[index]
     await cluster.evict(PodRef("slurm", slurmd, owner_kind="NodeSet"))
@@ -448,9 +440,23 @@ async def test_karpenter_takes_a_statefulset_nodesets_pending_slurmd_pod_for_the
         pod = k8s.get("pods", slurmd, "slurm")
         return pod if pod is not None and pod["metadata"]["uid"] != old_uid else None
 
-    again = await eventually(made_again, timeout=5.0, what="the NodeSet's new slurmd pod", interval=0.02)
+    return await eventually(made_again, timeout=5.0, what="the NodeSet's new slurmd pod", interval=0.02)
+
+
+async def test_karpenter_takes_a_statefulset_nodesets_pending_slurmd_pod_for_the_demand(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Slinky's default scaling mode (StatefulSet): the drain's eviction of the node's slurmd pod
+    makes its NodeSet create it again under the same name (the Slurm node's), unbound; pending, it
+    is already the demand Karpenter launches a node for. pitcrew adds none of its own (a placeholder
+    asking for the node's 8 GPUs beside slurmd's 4 would launch a second node, left idle), and the
+    successor is the node that pod lands on, where the Slurm node runs again."""
+    slurmd = statefulset_slurmd(k8s)
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    again = await _slurmd_made_again(cluster, k8s, slurmd)
     assert not again["spec"].get("nodeName")  # pending: the old node is cordoned
-    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT, slurm_nodes=[slurmd])
+    assert f"demand=pod/slurm/{slurmd}" in handle
     assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
     new = await _successor(cluster, handle)
     landed = k8s.get("pods", slurmd, "slurm")
@@ -458,6 +464,31 @@ async def test_karpenter_takes_a_statefulset_nodesets_pending_slurmd_pod_for_the
     await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)  # nothing else launches
     claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
     assert [c["status"]["nodeName"] for c in claims] == [new.name]
+
+
+async def test_karpenter_takes_the_node_a_statefulset_nodesets_slurmd_pod_found_room_on(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """The same, where a node of the pool had room: kube-scheduler placed the new slurmd pod there
+    at once, nothing is pending and Karpenter launches nothing. That node is the successor; a
+    placeholder (8 GPUs, 4 left there) would have launched a node no Slurm node ever runs on."""
+    spare = copy.deepcopy(k8s.get("nodes", NODE))
+    assert spare is not None
+    spare["metadata"]["name"] = "gpu-node-03"
+    spare["metadata"]["labels"].update(
+        {"kubernetes.io/hostname": "gpu-node-03", "karpenter.sh/nodepool": "gpu-h100"}
+    )
+    slurmd = statefulset_slurmd(k8s)
+    k8s.add("nodes", spare)
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    again = await _slurmd_made_again(cluster, k8s, slurmd)
+    assert again["spec"].get("nodeName") == "gpu-node-03"
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT, slurm_nodes=[slurmd])
+    assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
+    new = await _successor(cluster, handle)
+    assert new.name == "gpu-node-03"
+    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)
+    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]  # the old one gone, none launched
 
 
 async def _no_demand(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> PermanentError:

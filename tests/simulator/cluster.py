@@ -77,10 +77,14 @@ class SimulatedCluster:
         nodes, _ = self._world.state()
         return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
 
-    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
         if strategy == "watch":  # another system replaces the node: nothing changes here
             return f"watch:{name}"
-        await self._world.write("replace", node=name, strategy=strategy, incident_id=incident_id)
+        await self._world.write(
+            "replace", node=name, strategy=strategy, incident_id=incident_id, slurm_nodes=list(slurm_nodes)
+        )
         return f"{strategy}:{name}"
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool:

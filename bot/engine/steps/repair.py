@@ -202,11 +202,15 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
         handle = await cluster.replacement_handle(ctx.node, strategy=strategy)
         if handle is not None:
             await ctx.save(replace(ctx.progress, handle=handle))
+    down = await ctx.result(SlurmDownResult)
+    slurm_nodes = (down.slurm_nodes if down else None) or ()
     return await _issue_once(
         ctx,
         "replace",
         f"replacement of {ctx.node}" + ("" if strategy == "configured" else f" ({strategy})"),
-        lambda: cluster.replace(ctx.node, strategy=strategy, incident_id=ctx.incident.id),
+        lambda: cluster.replace(
+            ctx.node, strategy=strategy, incident_id=ctx.incident.id, slurm_nodes=slurm_nodes
+        ),
     )
 
 

@@ -173,9 +173,13 @@ class KubernetesCluster:
         await (await self._p()).pods.delete(pod, force=force)
 
     # ---------------------------------------------------------------- replace
-    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
         parts = await self._p()
-        handle = await parts.replacer.replace(name, strategy=strategy, incident_id=incident_id)
+        handle = await parts.replacer.replace(
+            name, strategy=strategy, incident_id=incident_id, slurm_nodes=slurm_nodes
+        )
         if not handle.startswith("watch "):
             await parts.events.on_node(name, "PitcrewReplace", f"replacement started: {handle}", incident_id)
         return handle

@@ -9,8 +9,8 @@ already at work on the node (its Machine or NodeClaim deleting, a Karpenter disr
 a cluster-autoscaler deletion taint) is reported by ``repair_owner`` and no second replacement
 is started. A Machine whose Cluster API is paused is not deleted: the attempt fails, to be retried.
 Karpenter launches a node only for a pending pod: a slurmd pod of a StatefulSet-mode NodeSet,
-made again unbound once the drain evicted it, already is that demand; otherwise pitcrew's
-placeholder pod is.
+made again unbound once the drain evicted it (known by its Slurm node's name), already is that
+demand, and the node it lands on the successor; otherwise pitcrew's placeholder pod is the demand.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
-from bot.domain.nodemap import SLINKY_SCALING_MODE
+from bot.domain.nodemap import SLINKY_POD_HOSTNAME, SLINKY_SCALING_MODE
 from bot.domain.ownership import OWNER_ANNOTATION, REPLACE_ANNOTATION, replacement_mark, replacement_owner
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import ClusterNode
@@ -382,7 +382,9 @@ class Replacer:
         info = node.status.node_info if node is not None and node.status else None
         return parsed is not None and info is not None and bool(info.boot_id) and info.boot_id != parsed.boot
 
-    async def replace(self, name: str, *, strategy: str, incident_id: str) -> str:
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
         strategy = self.strategy(strategy)
         node = await self._nodes.read(name)
         if node is None:
@@ -418,7 +420,9 @@ class Replacer:
             handle = dataclasses.replace(handle, owner=owner)
             if strategy == "karpenter":  # the real NodeClaim, not the node it became
                 handle = dataclasses.replace(
-                    handle, target=f"nodeclaim/{target[1]}", demand=await self._nodeset_demand(node)
+                    handle,
+                    target=f"nodeclaim/{target[1]}",
+                    demand=await self._nodeset_demand(node, slurm_nodes),
                 )
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
@@ -583,34 +587,31 @@ class Replacer:
         ready.sort(key=lambda f: (not f.ready, f.name))
         return ready[0] if ready else None
 
-    async def _nodeset_demand(self, node: client.V1Node) -> str | None:
-        """A slurmd pod of a StatefulSet-mode NodeSet (slurm-operator's default scaling mode) waiting,
-        unbound, for a node like this one: ``pod/<ns>/<name>``, the oldest; None when there is none.
-        Such a NodeSet makes a pod the drain evicted again under the same name (its ordinal, the
-        Slurm node's name) for kube-scheduler to place anywhere its template allows, and Karpenter
-        launches a node for any pending pod not a DaemonSet's (``IsProvisionable``): that pod is the
-        demand already, and a placeholder beside it would launch a second node, left idle. Its
-        ``nodeSelector`` must hold on this node, as it did while its slurmd ran here."""
+    async def _nodeset_demand(self, node: client.V1Node, slurm_nodes: Sequence[str]) -> str | None:
+        """The slurmd pod of one of ``slurm_nodes`` that a StatefulSet-mode NodeSet (slurm-operator's
+        default scaling mode) made again off this node: ``pod/<ns>/<name>``; None when there is none.
+        Such a NodeSet makes a pod the drain evicted again under the same name (its ordinal, which is
+        the Slurm node's name and its ``pod-hostname``) for kube-scheduler to place anywhere its
+        template allows. Pending, Karpenter launches a node for it (``IsProvisionable`` skips only
+        DaemonSet and mirror pods); bound, it found room on a node already. Either way it is where
+        the Slurm node runs again, and a placeholder beside it would launch a second node, left idle."""
+        if not slurm_nodes:
+            return None
         listed = await call(
-            "list pending NodeSet pods",
+            "list StatefulSet-mode NodeSet pods",
             self._core.list_pod_for_all_namespaces(
-                label_selector=f"{SLINKY_SCALING_MODE}=StatefulSet",
-                field_selector="spec.nodeName=",
-                _request_timeout=self._timeout,
+                label_selector=f"{SLINKY_SCALING_MODE}=StatefulSet", _request_timeout=self._timeout
             ),
         )
-        labels = node.metadata.labels or {}
-        waiting = [
-            p
+        moved = sorted(
+            (p.metadata.namespace, p.metadata.name)
             for p in listed.items
             if p.metadata.deletion_timestamp is None
+            and (p.metadata.labels or {}).get(SLINKY_POD_HOSTNAME) in slurm_nodes
             and any(o.kind == "NodeSet" and o.controller for o in p.metadata.owner_references or [])
-            and all(labels.get(k) == v for k, v in ((p.spec and p.spec.node_selector) or {}).items())
-        ]
-        waiting.sort(
-            key=lambda p: (p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC), p.metadata.name)
+            and (p.spec.node_name if p.spec else None) != node.metadata.name
         )
-        return f"pod/{waiting[0].metadata.namespace}/{waiting[0].metadata.name}" if waiting else None
+        return f"pod/{moved[0][0]}/{moved[0][1]}" if moved else None
 
     async def _landed(self, parsed: Handle, name: str) -> ClusterNode | None:
         """The node the demand pod was placed on, other than ``name``: the Slurm node runs there
