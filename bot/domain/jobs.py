@@ -65,6 +65,14 @@ class SlurmNodeState:
         return not (self.taken_out or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
 
 
+#: Why slurmctld refuses to requeue a job, for the job's life (``job_mgr.c`` ``_job_requeue_op``,
+#: 22.05 to 26.05, in its order): submitted not requeueable (``ESLURM_DISABLED``, "Requested
+#: operation is presently disabled"), then not a batch job (``ESLURM_BATCH_ONLY``, "Only batch jobs
+#: are accepted or processed"). It ends neither, and neither can come back by itself elsewhere.
+NO_REQUEUE = "it was submitted not requeueable (--no-requeue)"
+NOT_BATCH = "it is not a batch job (started by srun or salloc, not sbatch)"
+
+
 @dataclass(frozen=True, slots=True)
 class JobSnapshot:
     """One Slurm job at one moment."""
@@ -90,15 +98,11 @@ class JobSnapshot:
 
     @property
     def not_requeueable(self) -> str | None:
-        """Why Slurm refuses to requeue this job, or ``None`` if it does not. slurmctld
-        (``job_mgr.c`` ``_job_requeue_op``, 22.05 to 26.05) refuses a job submitted not
-        requeueable (``ESLURM_DISABLED``, "Requested operation is presently disabled"), then
-        one that is not a batch job (``ESLURM_BATCH_ONLY``, "Only batch jobs are accepted or
-        processed"): it ends neither, and neither can come back by itself elsewhere."""
+        """Why Slurm refuses to requeue this job (``NO_REQUEUE``, ``NOT_BATCH``), or ``None``."""
         if not self.requeue:
-            return "it was submitted not requeueable (--no-requeue)"
+            return NO_REQUEUE
         if not self.batch:
-            return "it is not a batch job (started by srun or salloc, not sbatch)"
+            return NOT_BATCH
         return None
 
     @property

@@ -169,7 +169,7 @@ async def test_a_refusal_that_comes_anyway_is_taken_as_slurm_means_it(tmp_path: 
     """The job was made not requeueable during the grace (``scontrol update Requeue=0``): the
     snapshot said it could go, Slurm says no. It is left running and its people told, as above."""
     refused = PermanentError(
-        "requeue: Slurm will not requeue job 102: the job was submitted not requeueable (--no-requeue) "
+        "requeue: Slurm will not requeue job 102: it was submitted not requeueable (--no-requeue) "
         "(Slurm: Requested operation is presently disabled for job 102)",
         reason=Reason.NOT_REQUEUEABLE,
     )

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.jobs import NO_REQUEUE, NOT_BATCH, JobSnapshot, SlurmNodeState
 from bot.domain.ownership import OWNER_ANNOTATION
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
@@ -324,12 +324,12 @@ class SimulatedWorld:
             await self.round_trip()
             if not job.requeue:
                 meaning, said = (
-                    "the job was submitted not requeueable (--no-requeue)",
+                    NO_REQUEUE,
                     "Requested operation is presently disabled",
                 )
             else:
                 meaning, said = (
-                    "the job is not a batch job (started by srun or salloc, not sbatch)",
+                    NOT_BATCH,
                     "Only batch jobs are accepted or processed",
                 )
             raise PermanentError(

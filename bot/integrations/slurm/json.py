@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bot.domain.goodput import gpus_in_gres, job_gpus
-from bot.domain.jobs import JobSnapshot, SlurmNodeState, expand_hostlist
+from bot.domain.jobs import NO_REQUEUE, NOT_BATCH, JobSnapshot, SlurmNodeState, expand_hostlist
 from bot.engine.ports import PartitionNodes
 
 #: Slurm error numbers that mean "no such object" (slurm_errno.h), across versions.
@@ -62,9 +62,9 @@ def requeue_refusal(said: str, errno: int | None = None) -> str | None:
     the number), or ``None`` if it is no refusal that holds for the job's life."""
     text = said.lower()
     if errno == ESLURM_DISABLED or "presently disabled" in text:
-        return "the job was submitted not requeueable (--no-requeue)"
+        return NO_REQUEUE
     if errno == ESLURM_BATCH_ONLY or "only batch jobs" in text:
-        return "the job is not a batch job (started by srun or salloc, not sbatch)"
+        return NOT_BATCH
     return None
 
 
