@@ -9,7 +9,7 @@ The adapters own parsing; this module owns the meaning. Whose a node's reason is
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
@@ -23,6 +23,16 @@ _FINAL_FAILED_STATES = frozenset(
 
 #: Slurm node base states with jobs on them (``SlurmNodeState.busy``).
 BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+#: Power saving's flags: slurmctld pings no node that carries one (``ping_nodes.c`` ``ping_nodes``).
+POWER_SAVING = frozenset({"POWERED_DOWN", "POWERING_DOWN", "POWERING_UP"})
+
+
+def not_responding(states: Set[str]) -> bool:
+    """Slurm lost the node: ``NOT_RESPONDING`` where slurmctld expects an answer. Power saving sets
+    the flag itself on a node it wakes (``power_save.c``: ``POWERING_UP`` until its slurmd registers)
+    and on a DOWN node RESUMEd while powered down (``node_mgr.c`` ``_require_node_reg``), and pings
+    neither; it schedules both all the same: no fault of the node's, and no outage."""
+    return "NOT_RESPONDING" in states and not states & POWER_SAVING
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +72,9 @@ class SlurmNodeState:
 
     @property
     def in_service(self) -> bool:
-        return not (self.taken_out or "FAIL" in self.states or "NOT_RESPONDING" in self.states)
+        """Slurm may give it jobs: not taken out, not FAIL, not lost (``not_responding``; a node
+        power saving put to sleep or is waking is in service)."""
+        return not (self.taken_out or "FAIL" in self.states or not_responding(self.states))
 
 
 #: Why slurmctld refuses to requeue a job, for the job's life (``job_mgr.c`` ``_job_requeue_op``,

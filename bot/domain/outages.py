@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bot.domain.jobs import not_responding
 from bot.domain.ownership import (
     OWNER_ANNOTATION,
     SLINKY_CORDON_REASON,
@@ -61,8 +62,9 @@ CONTROLLER_TAINTS = {
     "node.cluster.x-k8s.io/uninitialized": "Cluster API",
 }
 #: Slurm states that take a node out of service (base states and flags as both backends list them):
-#: by someone's hand, or by Slurm's own (FAIL). A node Slurm cannot reach (NOT_RESPONDING) is an
-#: outage too (``slurm_outage``), but no one took it out (``bot.domain.slurm_watch``).
+#: by someone's hand, or by Slurm's own (FAIL). A node Slurm cannot reach (``jobs.not_responding``:
+#: not one power saving put to sleep or is waking) is an outage too (``slurm_outage``), but no one
+#: took it out (``bot.domain.slurm_watch``).
 SLURM_OUT = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
 
 #: How many node names each group lists before "and N more" (the words stay one readable line).
@@ -83,7 +85,7 @@ def slurm_outage(
 ) -> Outage | None:
     """A Slurm node DOWN, DRAIN(ING/ED), FAIL(ING) or not responding, and who did it; else ``None``."""
     flags = {s.upper() for s in states}
-    if not flags & (SLURM_OUT | {"NOT_RESPONDING"}):
+    if not flags & SLURM_OUT and not not_responding(flags):
         return None
     state = "/".join(sorted(flags))
     if is_pitcrew_reason(reason) or slinky_reason_is_ours(reason):

@@ -152,6 +152,12 @@ def test_at_most_three_names_a_group() -> None:
         ({"DOWN"}, "", None, Taker.HEALTH_CHECK),
         ({"FAIL"}, "hardware", "bob", Taker.ADMIN),
         ({"IDLE", "NOT_RESPONDING"}, "", None, Taker.HEALTH_CHECK),
+        # Power saving (ping_nodes.c pings none of these; power_save.c, node_mgr.c set the flag):
+        ({"IDLE", "POWERED_DOWN"}, "", None, None),
+        ({"IDLE", "POWERED_DOWN", "NOT_RESPONDING"}, "", None, None),  # RESUMEd while powered down
+        ({"MIXED", "NOT_RESPONDING", "POWERING_UP"}, "", None, None),  # woken for a job, booting
+        ({"DOWN", "POWERED_DOWN"}, "ResumeTimeout reached", "slurm", Taker.HEALTH_CHECK),
+        ({"DOWN", "DRAIN", "POWERED_DOWN"}, "pitcrew: pc-00007 XID 79 gpu3", "root", Taker.PITCREW),
         ({"DOWN"}, "pitcrew: pc-00007 XID 79 gpu3", "root", Taker.PITCREW),
         ({"IDLE", "DRAIN"}, "slurm-operator: pitcrew: pc-00007 XID 79 gpu3", "root", Taker.PITCREW),
     ],

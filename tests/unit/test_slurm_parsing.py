@@ -510,6 +510,16 @@ async def test_only_one_job_is_ever_addressed(job_id: str) -> None:
         ({"IDLE", "DRAIN"}, False, True, False),
         ({"IDLE", "NOT_RESPONDING"}, False, False, False),  # Slurm's view: no RESUME of pitcrew's undoes it
         ({"IDLE", "FAIL"}, False, False, False),
+        # Power saving: slurmctld pings no node powered down or powering up or down (ping_nodes.c),
+        # sets NOT_RESPONDING itself when it wakes one (power_save.c) or RESUMEs a DOWN one
+        # (node_mgr.c _require_node_reg), and schedules it all the same: no fault of the node's.
+        ({"IDLE", "POWERED_DOWN"}, False, False, True),
+        ({"IDLE", "POWERING_DOWN"}, False, False, True),
+        ({"IDLE", "POWERED_DOWN", "NOT_RESPONDING"}, False, False, True),  # RESUMEd while powered down
+        ({"MIXED", "NOT_RESPONDING", "POWERING_UP"}, True, False, True),  # woken for a job, booting
+        ({"IDLE", "CLOUD", "POWERED_DOWN"}, False, False, True),
+        ({"DOWN", "DRAIN", "POWERED_DOWN"}, False, True, False),  # pitcrew's DOWN, then suspended
+        ({"DOWN", "POWERED_DOWN"}, False, True, False),  # ResumeTimeout reached: Slurm's own DOWN
     ],
 )
 def test_node_state_rules(states: set[str], busy: bool, taken_out: bool, in_service: bool) -> None:

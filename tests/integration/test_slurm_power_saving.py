@@ -1,0 +1,134 @@
+"""Power saving: a node Slurm powered down, or is powering up, is in service while Slurm does not hear it.
+
+GPU clouds run Slurm with power saving (``SuspendProgram``/``ResumeProgram``, ``SuspendTime``;
+power_save.shtml). slurmctld pings no node that is powered down or powering up or down
+(``ping_nodes.c`` ``ping_nodes``), sets ``NOT_RESPONDING`` itself when it wakes one for a job
+(``power_save.c`` ``_do_power_work``: ``POWERING_UP`` with ``NOT_RESPONDING`` until its slurmd
+registers) and when it RESUMEs a DOWN one (``node_mgr.c`` ``update_node`` → ``_require_node_reg``),
+a flag no ping clears while the node sleeps; and schedules such a node all the same
+(``make_node_avail`` for a ``POWERED_DOWN`` node "not responding"). A DOWN (or DRAIN) node is
+suspended too (``_do_power_work``; 24.11 ``_node_state_suspendable``, unless ``SuspendExcStates``).
+
+Cases, on the real cluster with power saving switched on for its last node (``SuspendProgram``
+and ``ResumeProgram`` that exit 0, ``SuspendTime=2``; the others in ``SuspendExcNodes``;
+slurm.conf put back after), for both backends:
+* a node someone else set DOWN is powered down while out, and still out with its reason;
+  their RESUME leaves it ``IDLE+POWERED_DOWN+NOT_RESPONDING``: in service for pitcrew (its
+  ``slurm_returned`` waits for that) and no outage for the breaker; Slurm gives it the next job
+  (the job given the node while it sleeps, then ``POWERING_UP``), still in service and no outage
+  while it wakes. Failed before: pitcrew read the
+  resumed node, and the booting one, as out of service and as an outage by a health check.
+* pitcrew's own DOWN is powered down too and stays pitcrew's (DOWN+DRAIN, its reason);
+  pitcrew's RESUME returns it to service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from bot.domain.outages import slurm_outage
+from bot.domain.ownership import owns_slurm_reason, slurm_reason
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
+from proving_ground.proc import eventually
+from proving_ground.slurm import SlurmCluster
+
+pytestmark = pytest.mark.slow
+Sched = ScontrolScheduler | RestScheduler
+
+POWER_SAVING = (
+    "SuspendProgram=/bin/true\nResumeProgram=/bin/true\nSuspendTime=2\nSuspendTimeout=1\n"
+    "ResumeTimeout=60\nSuspendExcNodes={others}\n"
+)
+
+
+@pytest.fixture
+def power_saving(slurm: SlurmCluster) -> Iterator[str]:
+    """Power saving on for the cluster's last node; yields that node."""
+    node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
+    before = slurm.conf.read_text()
+    slurm.conf.write_text(before + POWER_SAVING.format(others=others))
+    slurm.run("scontrol", "reconfigure")
+    try:
+        assert "SuspendTime             = 2 sec" in slurm.run("scontrol", "show", "config").stdout
+        yield node
+    finally:
+        slurm.run("scancel", "--full", "--user=root", check=False)
+        slurm.conf.write_text(before)
+        # A restart, not ``scontrol reconfigure``: 22.05's power saving thread ends when a reconfigure
+        # turns it off and never starts again (power_save.c ``start_power_mgr``), so the next test's
+        # reconfigure would find it gone; a new slurmctld starts with none.
+        slurm.stop_controller()
+        slurm.start_controller()
+        if slurm.node(node).states & {"DOWN", "DRAIN"}:
+            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        slurm.restart_slurmd(node)  # registering ends its power saving states
+        slurm.wait_idle()
+
+
+@pytest.fixture(params=["scontrol", "rest"])
+async def scheduler(
+    request: pytest.FixtureRequest, slurm: SlurmCluster, power_saving: str
+) -> AsyncIterator[Sched]:
+    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
+    yield sched
+    await sched.aclose()
+
+
+async def _powered_down(scheduler: Sched, node: str) -> None:
+    async def asleep() -> bool:
+        return "POWERED_DOWN" in (await scheduler.node(node)).states
+
+    await eventually(asleep, timeout=60, what=f"{node} powered down")
+
+
+async def test_a_node_resumed_while_powered_down_is_in_service_and_no_outage(
+    slurm: SlurmCluster, scheduler: Sched, power_saving: str
+) -> None:
+    node = power_saving
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=ops: RMA")
+    await _powered_down(scheduler, node)
+    out = await scheduler.node(node)
+    assert out.taken_out and not out.in_service and out.reason == "ops: RMA", out
+    assert slurm_outage(node, out.states, out.reason, out.reason_user) is not None
+
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    back = await scheduler.node(node)
+    assert {"IDLE", "POWERED_DOWN", "NOT_RESPONDING"} <= back.states, back.states  # Slurm's shape
+    assert back.in_service, back.states
+    assert slurm_outage(node, back.states, back.reason, back.reason_user) is None
+
+    job = slurm.submit("-w", node, "--wrap=sleep 60")  # Slurm's view: in service, it wakes the node
+
+    async def booting() -> bool:
+        snapshot = slurm.job(job)
+        return snapshot is not None and snapshot.nodes == (node,)
+
+    await eventually(booting, timeout=30, what=f"job {job} given {node}")
+    given = await scheduler.node(node)  # allocated, not yet woken: MIXED+NOT_RESPONDING+POWERED_DOWN
+    assert given.in_service and given.busy, given.states
+    assert slurm_outage(node, given.states, given.reason, given.reason_user) is None
+
+    async def waking() -> bool:
+        return "POWERING_UP" in (await scheduler.node(node)).states
+
+    await eventually(waking, timeout=30, what=f"{node} powering up")
+    woken = await scheduler.node(node)
+    assert "NOT_RESPONDING" in woken.states, woken.states
+    assert woken.in_service and woken.busy, woken.states
+    assert slurm_outage(node, woken.states, woken.reason, woken.reason_user) is None
+
+
+async def test_pitcrews_down_is_powered_down_and_stays_pitcrews_until_its_resume(
+    slurm: SlurmCluster, scheduler: Sched, power_saving: str
+) -> None:
+    node = power_saving
+    await scheduler.down(node, slurm_reason("pc-00042", "XID 79 gpu3"))
+    await _powered_down(scheduler, node)
+    out = await scheduler.node(node)
+    assert out.down and out.drained and owns_slurm_reason(out.reason, "pc-00042"), out
+
+    await scheduler.resume(node)
+    back = await scheduler.node(node)
+    assert not back.taken_out and back.in_service, back.states
