@@ -120,6 +120,21 @@ def _holds(node: SlurmNodeState, state: str, reason: str | None) -> bool:
     return taken and node.reason == reason
 
 
+def _down_unshown(node: SlurmNodeState) -> bool:
+    """A node 22.05's slurmrestd (v0.0.38) lists busy and in service though it is DOWN, its jobs
+    being killed: someone else's reason on a busy node says so. Not on an idle node (a RESUME may
+    keep the last reason until a job lands there), nor on one waiting for a reboot: ``scontrol
+    reboot`` (no ASAP) leaves a busy node to its jobs, REBOOT_REQUESTED, with a reason of its own
+    ("reboot requested" or the request's: ``proc_req.c`` ``_slurm_rpc_reboot_nodes``)."""
+    return (
+        bool(node.reason)
+        and node.in_service
+        and node.busy
+        and "REBOOT_REQUESTED" not in node.states
+        and not is_pitcrew_reason(node.reason)
+    )
+
+
 class RestScheduler(NodeUpdates):
     """``Scheduler`` over slurmrestd; node updates fall back to ``fallback`` when needed."""
 
@@ -194,21 +209,14 @@ class RestScheduler(NodeUpdates):
     async def nodes(self) -> list[SlurmNodeState]:
         # One list of every node; unlike ``node`` no scontrol fallback per node (that would be a
         # read per node): a 22.05 DOWN node still shown "mixed" (or "allocated") counts by its
-        # reason instead. Only that: a RESUME keeps the node's last reason (24.11's ``resumed``
-        # capture) until a job lands there, so an idle node with an old reason is in service, and
-        # from 23.02 on (v0.0.39+) the DOWN flag is shown at once.
+        # reason instead (``_down_unshown``). From 23.02 on (v0.0.39+) the DOWN flag is shown at once.
         api = await self.api()
         _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
         with _shape("get_nodes"):
             listed = nodes_from_payload(body)
         if api.version != "v0.0.38":
             return listed
-        return [
-            replace(n, states=n.states | {"DOWN"})
-            if n.reason and n.in_service and n.busy and not is_pitcrew_reason(n.reason)
-            else n
-            for n in listed
-        ]
+        return [replace(n, states=n.states | {"DOWN"}) if _down_unshown(n) else n for n in listed]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
