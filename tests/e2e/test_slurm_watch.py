@@ -7,6 +7,10 @@ Kubernetes node name = Slurm node name). Cases, each on both backends:
   incident within a poll of pitcrew's watch (``follow-slurm``): the Kubernetes node is cordoned with
   pitcrew's mark, humans are told Slurm's reason, and Slurm's reason is never touched; a person's
   RESUME closes the incident (resolved) and pitcrew uncordons the node;
+* the same with power saving on (``power_saving``): the node a health check set DOWN is powered
+  down while out; a person's RESUME leaves it IDLE+POWERED_DOWN+NOT_RESPONDING, in service for Slurm
+  (it wakes the node for the next job), so the incident closes and pitcrew uncordons the node.
+  Failed before: the incident waited in ``slurm_returned`` for the node to answer;
 * a Prometheus alert already open on a node and a Slurm drain of the same node are one incident;
 * a node a health check sets DOWN under a training job: Slurm requeues the job at once (PENDING,
   restart count grown, no node list: without slurmdbd nothing Slurm serves says where it ran), so
@@ -98,6 +102,34 @@ def test_a_health_check_drain_cordons_and_a_human_resume_closes(
     show_figure(
         capsys, f"\n[slurm watch {backend}] drain -> incident visible {seen_after:.2f}s (poll {POLL:g}s)"
     )
+
+
+@pytest.mark.parametrize("backend", ["scontrol", "rest"])
+def test_a_node_resumed_while_powered_down_is_given_back(
+    slurm: SlurmCluster, power_saving: str, pitcrew_factory: Any, backend: str
+) -> None:
+    server = watching(pitcrew_factory, slurm, f"watch-power-{backend}", backend)
+    node = power_saving
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=0.05, what=f"an incident on {node}")
+    incident_id = found[0]["id"]
+    wait_until(
+        lambda: destructive_calls(server.journal_records())[("cordon", node)] == 1, timeout=30, what="cordon"
+    )
+    wait_until(lambda: "POWERED_DOWN" in slurm.node(node).states, timeout=60, what=f"{node} powered down")
+
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    assert {"IDLE", "POWERED_DOWN", "NOT_RESPONDING"} <= slurm.node(node).states  # Slurm's shape
+    final = server.wait_incident(incident_id, *TERMINAL, timeout=60)
+    assert final["state"] == "resolved", final["outcome"]
+    assert destructive_calls(server.journal_records())[("uncordon", node)] == 1
+    assert step_result(final, "slurm_returned")["uncordoned"] is True
 
 
 def test_a_prometheus_alert_and_a_slurm_drain_of_one_node_are_one_incident(

@@ -37,7 +37,7 @@ from proving_ground.slurm import (
 from proving_ground.slurm_root import DEFAULT_VERSION, EVERY, VERSION_ENV, VERSIONS, root_missing
 from tests.harness.proc import require_binary, unavailable
 
-__all__ = ["require_slurm", "slurm", "slurm_cluster", "slurm_version"]
+__all__ = ["power_saving", "require_slurm", "slurm", "slurm_cluster", "slurm_version"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -115,6 +115,39 @@ def slurm(slurm_cluster: SlurmCluster) -> SlurmCluster:
     """The session cluster, reset to quiet: no jobs, every node IDLE."""
     slurm_cluster.reset()
     return slurm_cluster
+
+
+#: Power saving (power_save.shtml) for the cluster's last node: programs that exit 0 (a cloud's
+#: would stop and start the instance), idle 2 s before suspend; the other nodes excluded.
+POWER_SAVING = (
+    "SuspendProgram=/bin/true\nResumeProgram=/bin/true\nSuspendTime=2\nSuspendTimeout=1\n"
+    "ResumeTimeout=60\nSuspendExcNodes={others}\n"
+)
+
+
+@pytest.fixture
+def power_saving(slurm: SlurmCluster) -> Iterator[str]:
+    """Power saving on for the cluster's last node (slurm.conf and ``scontrol reconfigure``);
+    yields that node. After: no jobs, slurm.conf as before, the node awake and IDLE."""
+    node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
+    before = slurm.conf.read_text()
+    slurm.conf.write_text(before + POWER_SAVING.format(others=others))
+    slurm.run("scontrol", "reconfigure")
+    try:
+        assert "SuspendTime             = 2 sec" in slurm.run("scontrol", "show", "config").stdout
+        yield node
+    finally:
+        slurm.run("scancel", "--full", "--user=root", check=False)
+        slurm.conf.write_text(before)
+        # A restart, not ``scontrol reconfigure``: 22.05's power saving thread ends when a reconfigure
+        # turns it off and never starts again (power_save.c ``start_power_mgr``), so the next test's
+        # reconfigure would find it gone; a new slurmctld starts with none.
+        slurm.stop_controller()
+        slurm.start_controller()
+        if slurm.node(node).states & {"DOWN", "DRAIN"}:
+            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        slurm.restart_slurmd(node)  # registering ends its power saving states
+        slurm.wait_idle()
 
 
 if __name__ == "__main__":  # python -m tests.harness.slurm, as before the move

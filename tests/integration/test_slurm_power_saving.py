@@ -9,9 +9,9 @@ a flag no ping clears while the node sleeps; and schedules such a node all the s
 (``make_node_avail`` for a ``POWERED_DOWN`` node "not responding"). A DOWN (or DRAIN) node is
 suspended too (``_do_power_work``; 24.11 ``_node_state_suspendable``, unless ``SuspendExcStates``).
 
-Cases, on the real cluster with power saving switched on for its last node (``SuspendProgram``
-and ``ResumeProgram`` that exit 0, ``SuspendTime=2``; the others in ``SuspendExcNodes``;
-slurm.conf put back after), for both backends:
+Cases, on the real cluster with power saving switched on for its last node (``power_saving`` in
+``tests.harness.slurm``: ``SuspendProgram`` and ``ResumeProgram`` that exit 0, ``SuspendTime=2``,
+the others in ``SuspendExcNodes``; slurm.conf put back after), for both backends:
 * a node someone else set DOWN is powered down while out, and still out with its reason;
   their RESUME leaves it ``IDLE+POWERED_DOWN+NOT_RESPONDING``: in service for pitcrew (its
   ``slurm_returned`` waits for that) and no outage for the breaker; Slurm gives it the next job
@@ -24,7 +24,7 @@ slurm.conf put back after), for both backends:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -36,35 +36,6 @@ from proving_ground.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler
-
-POWER_SAVING = (
-    "SuspendProgram=/bin/true\nResumeProgram=/bin/true\nSuspendTime=2\nSuspendTimeout=1\n"
-    "ResumeTimeout=60\nSuspendExcNodes={others}\n"
-)
-
-
-@pytest.fixture
-def power_saving(slurm: SlurmCluster) -> Iterator[str]:
-    """Power saving on for the cluster's last node; yields that node."""
-    node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
-    before = slurm.conf.read_text()
-    slurm.conf.write_text(before + POWER_SAVING.format(others=others))
-    slurm.run("scontrol", "reconfigure")
-    try:
-        assert "SuspendTime             = 2 sec" in slurm.run("scontrol", "show", "config").stdout
-        yield node
-    finally:
-        slurm.run("scancel", "--full", "--user=root", check=False)
-        slurm.conf.write_text(before)
-        # A restart, not ``scontrol reconfigure``: 22.05's power saving thread ends when a reconfigure
-        # turns it off and never starts again (power_save.c ``start_power_mgr``), so the next test's
-        # reconfigure would find it gone; a new slurmctld starts with none.
-        slurm.stop_controller()
-        slurm.start_controller()
-        if slurm.node(node).states & {"DOWN", "DRAIN"}:
-            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-        slurm.restart_slurmd(node)  # registering ends its power saving states
-        slurm.wait_idle()
 
 
 @pytest.fixture(params=["scontrol", "rest"])
