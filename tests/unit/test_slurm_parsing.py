@@ -34,6 +34,7 @@ from bot.integrations.slurm.cli import (
     parse_kv,
     parse_node_line,
     parse_partition_line,
+    parse_sinfo_node_line,
 )
 from bot.integrations.slurm.json import (
     Partition,
@@ -345,6 +346,24 @@ def test_node_reason(tail: str, reason: str, user: str | None) -> None:
 )
 def test_node_states(state: str, states: set[str]) -> None:
     assert parse_node_line(f"NodeName=n1 State={state}").states == states
+
+
+def test_sinfo_node_line() -> None:
+    """``sinfo -h -N -n NODE -O`` (``cli._SINFO_NODE``) as 22.05 printed a powered-down CLOUD node,
+    which ``scontrol show node`` no longer finds: taken out by pitcrew, then RESUMEd (no reason
+    then: "Unknown", "none"); a reason holding the separator."""
+    line = (
+        "gpu-003|down+cloud+drain+powered_down|root(0)|2026-12-06T21:17:28|gpu:h100:8|pitcrew: pc-1 XID 79|"
+    )
+    node = parse_sinfo_node_line(line)
+    assert node.states == {"DOWN", "CLOUD", "DRAIN", "POWERED_DOWN"}
+    assert (node.reason, node.reason_user, node.gpus) == ("pitcrew: pc-1 XID 79", "root", 8)
+    assert node.reason_time is not None and node.taken_out and not node.in_service
+    asleep = parse_sinfo_node_line(
+        "gpu-003|idle+cloud+powered_down+not_responding|Unknown|Unknown|gpu:h100:8|none|"
+    )
+    assert asleep.in_service and (asleep.reason, asleep.reason_user, asleep.reason_time) == ("", None, None)
+    assert parse_sinfo_node_line("n1|down|bob(1001)|2026-12-06T21:17:28|(null)|a | b|").reason == "a | b"
 
 
 def test_empty_values_and_keys_with_punctuation() -> None:

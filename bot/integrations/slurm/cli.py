@@ -37,6 +37,8 @@ _NO_VALUE = frozenset({"", "(null)", "None", "N/A", "Unknown", "n/a"})
 _REPLACING = frozenset({"REPLACE", "REPLACE_DOWN"})
 _SHORT_STATE = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "POWERING_DOWN"}
 _ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
+#: ``sinfo -O`` fields of one node, each ended by "|" and unpadded; the reason last (it may hold "|").
+_SINFO_NODE = "NodeList:|,StateComplete:|,UserLong:|,TimeStamp:|,Gres:|,Reason:|"
 # One node, never a hostlist ("gpu-[001-100]" would down a hundred) nor something scontrol reads as
 # an option; job ids are numbers, array tasks "123_4".
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -158,11 +160,29 @@ class ScontrolScheduler(NodeUpdates):
             self._env["SLURM_CONF"] = str(slurm_conf)
 
     async def node(self, name: str) -> SlurmNodeState:
-        out = await self._run("scontrol", "show", "node", "-o", checked_node(name), op="show_node")
+        try:
+            out = await self._run("scontrol", "show", "node", "-o", checked_node(name), op="show_node")
+        except PermanentError as exc:
+            if exc.reason != Reason.UNKNOWN_NODE:
+                raise
+            return await self._unlisted_node(name)
         for line in out.splitlines():
             if parse_kv(line).get("NodeName") == name:
                 with _shape("show_node"):
                     return parse_node_line(line)
+        return await self._unlisted_node(name)
+
+    async def _unlisted_node(self, name: str) -> SlurmNodeState:
+        """A node ``scontrol show node`` does not find, read alone. 22.05's scontrol reads every node
+        (``scontrol_load_nodes``), and slurmctld leaves a powered-down ``State=CLOUD`` node out of
+        that list unless ``PrivateData=cloud`` (``node_mgr.c`` ``_is_cloud_hidden``): power saving
+        suspends the node pitcrew took out, and it would read as gone from Slurm. ``sinfo -n`` of one
+        node asks for it alone (``slurm_load_node_single``), which slurmctld does not hide."""
+        out = await self._run("sinfo", "-h", "-N", "-n", name, "-O", _SINFO_NODE, op="show_node")
+        for line in out.splitlines():
+            if line.split("|", 1)[0] == name:
+                with _shape("show_node"):
+                    return parse_sinfo_node_line(line)
         raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
 
     async def nodes(self) -> list[SlurmNodeState]:
@@ -385,6 +405,21 @@ def parse_node_line(line: str) -> SlurmNodeState:
         reason_time=_local_time(kv.get("_ReasonTime", "")),
         slurmd_started_at=_local_time(kv.get("SlurmdStartTime", "")),
         gpus=gpus_in_gres(kv.get("Gres")),
+    )
+
+
+def parse_sinfo_node_line(line: str) -> SlurmNodeState:
+    """One ``sinfo -h -N -O`` line of ``_SINFO_NODE``'s fields (no slurmd start time there)."""
+    name, state, user, stamp, gres, reason = line.split("|", 5)
+    reason = reason.removesuffix("|").strip()
+    reason = "" if reason in _NO_VALUE or reason.lower() == "none" else reason
+    return SlurmNodeState(
+        name=name,
+        states=frozenset(s.upper() for s in state.strip().split("+") if s),
+        reason=reason,
+        reason_user=(user.split("(", 1)[0] or None) if reason else None,
+        reason_time=_local_time(stamp.strip()) if reason else None,
+        gpus=gpus_in_gres(gres.strip()),
     )
 
 

@@ -1,0 +1,84 @@
+"""A ``State=CLOUD`` node pitcrew took out stays readable once power saving powered it down.
+
+22.05's slurmctld leaves a powered-down CLOUD node out of every full node list unless
+``PrivateData=cloud`` (``node_mgr.c`` ``_is_cloud_hidden`` in ``pack_all_node``), and ``scontrol show
+node NAME`` reads the full list (``scontrol_load_nodes``): "Node gpu-003 not found". A single-node
+read is not hidden (``pack_one_node``): slurmrestd's ``/node/{name}`` and ``sinfo -n NAME``
+(``slurm_load_node_single``). Power saving suspends a DOWN node too (``power_save.c``
+``_do_power_work``), so each node pitcrew took out of a cloud cluster vanished from the scontrol
+backend's reads after ``SuspendTime``: its return to service (``slurm_resume``), a rollback's undo
+and the wait for someone else's node failed as if the node had left Slurm.
+
+Cases, on the real cluster with its last node ``State=CLOUD`` and power saving on for it (slurm.conf
+edited, slurmctld restarted; put back after), for both backends: pitcrew's DOWN; the node powered
+down; pitcrew reads it, still DOWN+DRAIN with its reason, and its RESUME returns it to service.
+Failed before on 22.05 with scontrol: ``UNKNOWN_NODE``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from bot.domain.ownership import owns_slurm_reason, slurm_reason
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
+from proving_ground.proc import eventually
+from proving_ground.slurm import SlurmCluster
+from tests.harness.slurm import POWER_SAVING
+
+pytestmark = pytest.mark.slow
+Sched = ScontrolScheduler | RestScheduler
+
+
+@pytest.fixture
+def cloud_node(slurm: SlurmCluster) -> Iterator[str]:
+    """The last node ``State=CLOUD`` with power saving on for it; yields the node."""
+    node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
+    before = slurm.conf.read_text()
+    cloud = re.sub(rf"(?m)^(NodeName={node} .*)$", r"\1 State=CLOUD", before)
+    slurm.conf.write_text(cloud + POWER_SAVING.format(others=others))
+    slurm.stop_controller()  # a node's State= is read at start only
+    slurm.start_controller()
+    try:
+        slurm.restart_slurmd(node)  # a CLOUD node starts powered down: its slurmd registers it
+        yield node
+    finally:
+        slurm.conf.write_text(before)
+        slurm.stop_controller()
+        slurm.start_controller()
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        slurm.restart_slurmd(node)
+        slurm.wait_idle()
+
+
+@pytest.fixture(params=["scontrol", "rest"])
+async def scheduler(
+    request: pytest.FixtureRequest, slurm: SlurmCluster, cloud_node: str
+) -> AsyncIterator[Sched]:
+    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
+    yield sched
+    await sched.aclose()
+
+
+async def test_pitcrews_cloud_node_powered_down_is_read_and_resumed(
+    slurm: SlurmCluster, scheduler: Sched, cloud_node: str
+) -> None:
+    node = cloud_node
+    await scheduler.down(node, slurm_reason("pc-00042", "XID 79 gpu3"))
+
+    def asleep() -> bool:
+        return "powered_down" in slurm.run("sinfo", "-h", "-N", "-n", node, "-O", "StateComplete:200").stdout
+
+    async def powered_down() -> bool:
+        return asleep()
+
+    await eventually(powered_down, timeout=60, what=f"{node} powered down")
+    out = await scheduler.node(node)
+    assert {"DOWN", "DRAIN", "CLOUD", "POWERED_DOWN"} <= out.states, out.states
+    assert owns_slurm_reason(out.reason, "pc-00042"), out.reason
+
+    await scheduler.resume(node)
+    back = await scheduler.node(node)
+    assert not back.taken_out and back.in_service, back.states
