@@ -31,7 +31,7 @@ from bot.domain.labels import node_name
 from bot.domain.outages import SLURM_OUT
 from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, out_by_others, outage
 from bot.engine.deps import EngineDeps
-from bot.engine.errors import PitcrewError
+from bot.engine.errors import PermanentError, PitcrewError, Reason
 from bot.engine.memory import Memory
 from bot.engine.ports import Scheduler
 from bot.engine.sourced import AlertSource
@@ -86,6 +86,7 @@ class SlurmWatch(AlertSource):
         self._last = now
         try:
             nodes = await lister.nodes()
+            nodes += await self._unlisted(lister, {node.name for node in nodes})
         except PitcrewError as exc:
             log.warning("slurm watch: cannot list nodes", extra={"error": str(exc), "reason": exc.reason})
             return
@@ -103,6 +104,27 @@ class SlurmWatch(AlertSource):
                 await self._look_at_jobs(lister, node, seen)
         await self._memory.save({name: Seen(jobs) for name, jobs in seen.items()}, now)
         await self.file(found, now)
+
+    async def _unlisted(self, lister: Scheduler, listed: set[str]) -> list[SlurmNodeState]:
+        """The nodes of this watch's firing outages that Slurm's list left out, each read alone. 22.05's
+        slurmctld lists no powered-down ``State=CLOUD`` node unless ``PrivateData=cloud`` (``node_mgr.c``
+        ``_is_cloud_hidden``), and power saving suspends a DOWN node too: its outage is not over for
+        that. A node Slurm no longer knows at all is left out, and its outage ends."""
+        store = self._deps.store
+        firing = {
+            name
+            for incident_id, _, _ in await store.active()
+            for a in await store.alerts_of(incident_id)
+            if a.alertname == ALERTNAME and a.status == "firing" and (name := a.labels.get("slurm_node"))
+        }
+        found = []
+        for name in sorted(firing - listed):
+            try:
+                found.append(await lister.node(name))
+            except PermanentError as exc:
+                if exc.reason != Reason.UNKNOWN_NODE:
+                    raise
+        return found
 
     async def _look_at_jobs(
         self, lister: Scheduler, node: SlurmNodeState, seen: dict[str, tuple[JobSnapshot, ...]]

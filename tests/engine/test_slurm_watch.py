@@ -5,7 +5,10 @@ Cases:
   service and a node whose Kubernetes name is not its Slurm name open none;
 - later polls of the same outage are repeats (no second incident, no second alert); Slurm is asked at
   most once per ``poll_interval``, however often the scan runs;
-- the node back in service resolves the watch's alert;
+- the node back in service resolves the watch's alert; a node left out of Slurm's list (22.05 lists
+  no powered-down CLOUD node unless ``PrivateData=cloud``: ``node_mgr.c`` ``_is_cloud_hidden``) is
+  read alone while its outage fires: out still, the alert keeps firing; back, it resolves; a node
+  Slurm no longer knows at all ends its outage;
 - Slurm unreachable: the poll gives up quietly and the next one tries again;
 - an outage names the jobs the watch saw on the node at its last look while it was in service (a
   DOWN by Slurm takes them off the node at once); a node already out at the first look names none;
@@ -31,7 +34,7 @@ from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.policy import Policy
 from bot.engine.context import Ports
 from bot.engine.deps import EngineDeps
-from bot.engine.errors import Reason, TransientError
+from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.metrics import Metrics
 from bot.engine.slurm_watch import SlurmWatch
 from bot.integrations.journal import LogNotifier
@@ -46,6 +49,9 @@ class FakeSlurm:
 
     def __init__(self) -> None:
         self.listed: list[SlurmNodeState] = []
+        #: Nodes Slurm knows but leaves out of its list (22.05: powered-down CLOUD nodes), read alone.
+        self.unlisted: dict[str, SlurmNodeState] = {}
+        self.node_reads: Counter[str] = Counter()
         self.calls = 0
         self.down = False
         self.jobs: dict[str, list[JobSnapshot]] = {}
@@ -54,6 +60,13 @@ class FakeSlurm:
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         self.job_reads[name] += 1
         return list(self.jobs.get(name, []))
+
+    async def node(self, name: str) -> SlurmNodeState:
+        self.node_reads[name] += 1
+        found = {n.name: n for n in self.listed} | self.unlisted
+        if name not in found:
+            raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
+        return found[name]
 
     async def nodes(self) -> list[SlurmNodeState]:
         self.calls += 1
@@ -135,6 +148,45 @@ async def test_an_nhc_drain_opens_one_incident_and_its_return_resolves_it(store:
     await watcher.poll()
     [resolved] = await store.alerts_of(incident_id)
     assert resolved.status == "resolved"
+
+
+async def test_a_node_left_out_of_slurms_list_is_read_alone_while_its_outage_fires(
+    store: SqliteStore,
+) -> None:
+    slurm, clock = FakeSlurm(), Clock()
+    slurm.listed = [node("gpu-001", "DOWN", "CLOUD", reason=NHC), node("gpu-002", "IDLE")]
+    watcher = watch(store, slurm, clock)
+    await watcher.poll()
+    [(incident_id, _, _)] = await store.active()
+
+    # Power saving suspends the DOWN node; 22.05 lists it no more, but it is still out.
+    slurm.unlisted["gpu-001"] = node("gpu-001", "DOWN", "CLOUD", "POWERED_DOWN", reason=NHC)
+    slurm.listed = [node("gpu-002", "IDLE")]
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    [alert] = await store.alerts_of(incident_id)
+    assert alert.status == "firing"
+    assert slurm.node_reads == {"gpu-001": 1}  # only the node with a firing outage, not gpu-002
+
+    # A person's RESUME: in service, still unlisted (asleep): the outage is over.
+    slurm.unlisted["gpu-001"] = node("gpu-001", "IDLE", "CLOUD", "POWERED_DOWN", "NOT_RESPONDING")
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    [alert] = await store.alerts_of(incident_id)
+    assert alert.status == "resolved"
+
+
+async def test_a_node_slurm_no_longer_knows_ends_its_outage(store: SqliteStore) -> None:
+    slurm, clock = FakeSlurm(), Clock()
+    slurm.listed = [node("gpu-001", "DOWN", reason=NHC)]
+    watcher = watch(store, slurm, clock)
+    await watcher.poll()
+    [(incident_id, _, _)] = await store.active()
+    slurm.listed = []  # removed from slurm.conf
+    clock.now += timedelta(seconds=3)
+    await watcher.poll()
+    [alert] = await store.alerts_of(incident_id)
+    assert alert.status == "resolved"
 
 
 async def test_slurm_unreachable_is_tried_again_at_the_next_poll(store: SqliteStore) -> None:

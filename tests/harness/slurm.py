@@ -22,6 +22,7 @@ package's, re-exported so existing imports keep working.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from proving_ground.slurm import (
 from proving_ground.slurm_root import DEFAULT_VERSION, EVERY, VERSION_ENV, VERSIONS, root_missing
 from tests.harness.proc import require_binary, unavailable
 
-__all__ = ["power_saving", "require_slurm", "slurm", "slurm_cluster", "slurm_version"]
+__all__ = ["cloud_node", "power_saving", "require_slurm", "slurm", "slurm_cluster", "slurm_version"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -152,3 +153,37 @@ def power_saving(slurm: SlurmCluster) -> Iterator[str]:
 
 if __name__ == "__main__":  # python -m tests.harness.slurm, as before the move
     main()
+
+
+@pytest.fixture
+def cloud_node(slurm: SlurmCluster) -> Iterator[str]:
+    """The last node ``State=CLOUD`` with power saving on for it (slurm.conf edited, slurmctld
+    restarted: a node's ``State=`` is read at start only); yields the node. After: slurm.conf as
+    before, the node IDLE."""
+    node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
+    before = slurm.conf.read_text()
+    cloud = re.sub(rf"(?m)^(NodeName={node} .*)$", r"\1 State=CLOUD", before)
+    slurm.conf.write_text(cloud + POWER_SAVING.format(others=others))
+    slurm.stop_controller()
+    slurm.start_controller()
+    try:
+        slurm.restart_slurmd(node)  # a CLOUD node starts powered down: its slurmd registers it
+        yield node
+    finally:
+        slurm.run("scancel", "--full", "--user=root", check=False)
+        slurm.conf.write_text(before)
+        slurm.stop_controller()
+        slurm.start_controller()
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        slurm.restart_slurmd(node)
+        slurm.wait_idle()
+
+
+def power_state(slurm: SlurmCluster, node: str) -> str:
+    """``node``'s states as a one-node read shows them (22.05's lists, and its ``scontrol show node``,
+    leave a powered-down CLOUD node out), e.g. ``down+cloud+powered_down``."""
+    return slurm.run("sinfo", "-h", "-N", "-n", node, "-O", "StateComplete:200").stdout.strip()
+
+
+def powered_down(slurm: SlurmCluster, node: str) -> bool:
+    return "powered_down" in power_state(slurm, node)

@@ -9,16 +9,15 @@ read is not hidden (``pack_one_node``): slurmrestd's ``/node/{name}`` and ``sinf
 backend's reads after ``SuspendTime``: its return to service (``slurm_resume``), a rollback's undo
 and the wait for someone else's node failed as if the node had left Slurm.
 
-Cases, on the real cluster with its last node ``State=CLOUD`` and power saving on for it (slurm.conf
-edited, slurmctld restarted; put back after), for both backends: pitcrew's DOWN; the node powered
+Cases, on the real cluster with its last node ``State=CLOUD`` and power saving on for it
+(``cloud_node`` in ``tests.harness.slurm``; put back after), for both backends: pitcrew's DOWN; the node powered
 down; pitcrew reads it, still DOWN+DRAIN with its reason, and its RESUME returns it to service.
 Failed before on 22.05 with scontrol: ``UNKNOWN_NODE``.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -26,31 +25,10 @@ from bot.domain.ownership import owns_slurm_reason, slurm_reason
 from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
-from tests.harness.slurm import POWER_SAVING
+from tests.harness.slurm import powered_down
 
 pytestmark = pytest.mark.slow
 Sched = ScontrolScheduler | RestScheduler
-
-
-@pytest.fixture
-def cloud_node(slurm: SlurmCluster) -> Iterator[str]:
-    """The last node ``State=CLOUD`` with power saving on for it; yields the node."""
-    node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
-    before = slurm.conf.read_text()
-    cloud = re.sub(rf"(?m)^(NodeName={node} .*)$", r"\1 State=CLOUD", before)
-    slurm.conf.write_text(cloud + POWER_SAVING.format(others=others))
-    slurm.stop_controller()  # a node's State= is read at start only
-    slurm.start_controller()
-    try:
-        slurm.restart_slurmd(node)  # a CLOUD node starts powered down: its slurmd registers it
-        yield node
-    finally:
-        slurm.conf.write_text(before)
-        slurm.stop_controller()
-        slurm.start_controller()
-        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-        slurm.restart_slurmd(node)
-        slurm.wait_idle()
 
 
 @pytest.fixture(params=["scontrol", "rest"])
@@ -68,13 +46,10 @@ async def test_pitcrews_cloud_node_powered_down_is_read_and_resumed(
     node = cloud_node
     await scheduler.down(node, slurm_reason("pc-00042", "XID 79 gpu3"))
 
-    def asleep() -> bool:
-        return "powered_down" in slurm.run("sinfo", "-h", "-N", "-n", node, "-O", "StateComplete:200").stdout
+    async def asleep() -> bool:
+        return powered_down(slurm, node)
 
-    async def powered_down() -> bool:
-        return asleep()
-
-    await eventually(powered_down, timeout=60, what=f"{node} powered down")
+    await eventually(asleep, timeout=60, what=f"{node} powered down")
     out = await scheduler.node(node)
     assert {"DOWN", "DRAIN", "CLOUD", "POWERED_DOWN"} <= out.states, out.states
     assert owns_slurm_reason(out.reason, "pc-00042"), out.reason
