@@ -20,7 +20,7 @@ forgotten; a node that went out before any pitcrew saw it in service names no jo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -35,7 +35,7 @@ from bot.engine.errors import PermanentError, PitcrewError, Reason
 from bot.engine.memory import Memory
 from bot.engine.ports import Scheduler
 from bot.engine.sourced import AlertSource
-from bot.store.base import IngestOutcome
+from bot.store.base import AlertRecord, IngestOutcome
 
 log = logger(__name__)
 RECEIVER = "pitcrew-slurm-watch"
@@ -84,9 +84,10 @@ class SlurmWatch(AlertSource):
         ):
             return
         self._last = now
+        firing = await self.firing_alerts()
         try:
             nodes = await lister.nodes()
-            nodes += await self._unlisted(lister, {node.name for node in nodes})
+            nodes += await self._unlisted(lister, {node.name for node in nodes}, firing)
         except PitcrewError as exc:
             log.warning("slurm watch: cannot list nodes", extra={"error": str(exc), "reason": exc.reason})
             return
@@ -103,22 +104,18 @@ class SlurmWatch(AlertSource):
             else:
                 await self._look_at_jobs(lister, node, seen)
         await self._memory.save({name: Seen(jobs) for name, jobs in seen.items()}, now)
-        await self.file(found, now)
+        await self.file(found, now, firing)
 
-    async def _unlisted(self, lister: Scheduler, listed: set[str]) -> list[SlurmNodeState]:
+    async def _unlisted(
+        self, lister: Scheduler, listed: set[str], firing: Iterable[AlertRecord]
+    ) -> list[SlurmNodeState]:
         """The nodes of this watch's firing outages that Slurm's list left out, each read alone. 22.05's
         slurmctld lists no powered-down ``State=CLOUD`` node unless ``PrivateData=cloud`` (``node_mgr.c``
         ``_is_cloud_hidden``), and power saving suspends a DOWN node too: its outage is not over for
         that. A node Slurm no longer knows at all is left out, and its outage ends."""
-        store = self._deps.store
-        firing = {
-            name
-            for incident_id, _, _ in await store.active()
-            for a in await store.alerts_of(incident_id)
-            if a.alertname == ALERTNAME and a.status == "firing" and (name := a.labels.get("slurm_node"))
-        }
+        out = {name for a in firing if (name := a.labels.get("slurm_node"))}
         found = []
-        for name in sorted(firing - listed):
+        for name in sorted(out - listed):
             try:
                 found.append(await lister.node(name))
             except PermanentError as exc:

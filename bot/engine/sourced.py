@@ -18,7 +18,7 @@ from bot.domain.faults import classify
 from bot.domain.labels import Subject
 from bot.domain.sourced import Sourced
 from bot.engine.deps import EngineDeps
-from bot.store.base import Delivery, IncomingAlert, IngestOutcome
+from bot.store.base import AlertRecord, Delivery, IncomingAlert, IngestOutcome
 
 log = logger(__name__)
 
@@ -64,10 +64,19 @@ class AlertSource:
             fault=classify(subject, self._catalog),
         )
 
-    async def ended(self, current: set[str], now: datetime) -> list[IncomingAlert]:
-        """This source's firing alerts of active incidents that it no longer finds: resolved (known
-        to the store, so they need no fault to find their incident)."""
+    async def firing_alerts(self) -> list[AlertRecord]:
+        """This source's alerts still firing in active incidents (one read of each such incident)."""
         store = self._deps.store
+        return [
+            a
+            for incident_id, _, _ in await store.active()
+            for a in await store.alerts_of(incident_id)
+            if a.alertname == self.alertname and a.status == "firing"
+        ]
+
+    def ended(self, firing: Iterable[AlertRecord], current: set[str], now: datetime) -> list[IncomingAlert]:
+        """Of this source's ``firing`` alerts, those it no longer finds: resolved (known to the store,
+        so they need no fault to find their incident)."""
         return [
             IncomingAlert(
                 fingerprint=a.fingerprint,
@@ -80,16 +89,19 @@ class AlertSource:
                 annotations=a.annotations,
                 fault=None,
             )
-            for incident_id, _, _ in await store.active()
-            for a in await store.alerts_of(incident_id)
-            if a.alertname == self.alertname and a.status == "firing" and a.fingerprint not in current
+            for a in firing
+            if a.fingerprint not in current
         ]
 
-    async def file(self, found: Iterable[Sourced], now: datetime) -> None:
-        """What this look found, firing, and what it no longer finds, resolved: one delivery."""
+    async def file(
+        self, found: Iterable[Sourced], now: datetime, firing: Iterable[AlertRecord] | None = None
+    ) -> None:
+        """What this look found, firing, and what it no longer finds, resolved: one delivery.
+        ``firing``: ``firing_alerts`` if the look read them already."""
         found = list(found)
         alerts = [self.firing(f) for f in found]
-        alerts += await self.ended({f.fingerprint for f in found}, now)
+        before = await self.firing_alerts() if firing is None else firing
+        alerts += self.ended(before, {f.fingerprint for f in found}, now)
         if not alerts:
             return
         delivery = Delivery(self.receiver, "slurm", "firing", 0, tuple(alerts))
