@@ -151,10 +151,6 @@ def power_saving(slurm: SlurmCluster) -> Iterator[str]:
         slurm.wait_idle()
 
 
-if __name__ == "__main__":  # python -m tests.harness.slurm, as before the move
-    main()
-
-
 @pytest.fixture
 def cloud_node(slurm: SlurmCluster) -> Iterator[str]:
     """The last node ``State=CLOUD`` with power saving on for it (slurm.conf edited, slurmctld
@@ -187,3 +183,7 @@ def power_state(slurm: SlurmCluster, node: str) -> str:
 
 def powered_down(slurm: SlurmCluster, node: str) -> bool:
     return "powered_down" in power_state(slurm, node)
+
+
+if __name__ == "__main__":  # python -m tests.harness.slurm, as before the move
+    main()
