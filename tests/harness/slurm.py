@@ -21,15 +21,17 @@ package's, re-exported so existing imports keep working.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.slurm import (
     BINARIES,
     SlurmCluster,
@@ -38,7 +40,17 @@ from proving_ground.slurm import (
 from proving_ground.slurm_root import DEFAULT_VERSION, EVERY, VERSION_ENV, VERSIONS, root_missing
 from tests.harness.proc import require_binary, unavailable
 
-__all__ = ["cloud_node", "power_saving", "require_slurm", "slurm", "slurm_cluster", "slurm_version"]
+__all__ = [
+    "BACKENDS",
+    "Sched",
+    "backend",
+    "cloud_node",
+    "power_saving",
+    "require_slurm",
+    "slurm",
+    "slurm_cluster",
+    "slurm_version",
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -183,6 +195,21 @@ def power_state(slurm: SlurmCluster, node: str) -> str:
 
 def powered_down(slurm: SlurmCluster, node: str) -> bool:
     return "powered_down" in power_state(slurm, node)
+
+
+#: pitcrew's two Slurm backends, for tests that run each against the real cluster.
+BACKENDS = ("scontrol", "rest")
+Sched = ScontrolScheduler | RestScheduler
+
+
+@contextlib.asynccontextmanager
+async def backend(slurm: SlurmCluster, name: str) -> AsyncIterator[Sched]:
+    """pitcrew's Slurm backend ``name`` (of ``BACKENDS``) over ``slurm``, closed after."""
+    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(name)))
+    try:
+        yield sched
+    finally:
+        await sched.aclose()
 
 
 if __name__ == "__main__":  # python -m tests.harness.slurm, as before the move

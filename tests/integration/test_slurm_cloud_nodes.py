@@ -22,22 +22,19 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
-from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
-from tests.harness.slurm import powered_down
+from tests.harness.slurm import BACKENDS, Sched, backend, powered_down
 
 pytestmark = pytest.mark.slow
-Sched = ScontrolScheduler | RestScheduler
 
 
-@pytest.fixture(params=["scontrol", "rest"])
+@pytest.fixture(params=BACKENDS)
 async def scheduler(
     request: pytest.FixtureRequest, slurm: SlurmCluster, cloud_node: str
 ) -> AsyncIterator[Sched]:
-    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
-    yield sched
-    await sched.aclose()
+    async with backend(slurm, request.param) as sched:
+        yield sched
 
 
 async def test_pitcrews_cloud_node_powered_down_is_read_and_resumed(

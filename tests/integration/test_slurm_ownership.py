@@ -24,21 +24,20 @@ import pytest
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import is_pitcrew_reason, owns_slurm_reason, slurm_reason
 from bot.engine.errors import PermanentError
-from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
+from bot.integrations.slurm import SlurmSettings, build_scheduler
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
+from tests.harness.slurm import BACKENDS, Sched, backend
 
 pytestmark = pytest.mark.slow
-Sched = ScontrolScheduler | RestScheduler
 INCIDENT = "inc-own"
 REASON = slurm_reason(INCIDENT, "XID 48 gpu0")
 
 
-@pytest.fixture(params=["scontrol", "rest"])
+@pytest.fixture(params=BACKENDS)
 async def sched(request: pytest.FixtureRequest, slurm: SlurmCluster) -> AsyncIterator[Sched]:
-    scheduler = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
-    yield scheduler
-    await scheduler.aclose()
+    async with backend(slurm, request.param) as scheduler:
+        yield scheduler
 
 
 async def test_node_downed_by_someone_else_reads_as_not_ours(slurm: SlurmCluster, sched: Sched) -> None:

@@ -30,21 +30,19 @@ import pytest
 
 from bot.domain.outages import slurm_outage
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
-from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
+from tests.harness.slurm import BACKENDS, Sched, backend
 
 pytestmark = pytest.mark.slow
-Sched = ScontrolScheduler | RestScheduler
 
 
-@pytest.fixture(params=["scontrol", "rest"])
+@pytest.fixture(params=BACKENDS)
 async def scheduler(
     request: pytest.FixtureRequest, slurm: SlurmCluster, power_saving: str
 ) -> AsyncIterator[Sched]:
-    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
-    yield sched
-    await sched.aclose()
+    async with backend(slurm, request.param) as sched:
+        yield sched
 
 
 async def _powered_down(scheduler: Sched, node: str) -> None:

@@ -23,12 +23,11 @@ import pytest
 from bot.domain.jobs import SlurmNodeState
 from bot.domain.outages import slurm_outage
 from bot.domain.slurm_watch import out_by_others
-from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.proc import eventually, wait_until
 from proving_ground.slurm import SlurmCluster
+from tests.harness.slurm import BACKENDS, Sched, backend
 
 pytestmark = pytest.mark.slow
-Sched = ScontrolScheduler | RestScheduler
 
 
 @pytest.fixture
@@ -50,13 +49,12 @@ def reboot_requested(slurm: SlurmCluster) -> Iterator[str]:
         slurm.run("scontrol", "reconfigure")
 
 
-@pytest.fixture(params=["scontrol", "rest"])
+@pytest.fixture(params=BACKENDS)
 async def scheduler(
     request: pytest.FixtureRequest, slurm: SlurmCluster, reboot_requested: str
 ) -> AsyncIterator[Sched]:
-    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
-    yield sched
-    await sched.aclose()
+    async with backend(slurm, request.param) as sched:
+        yield sched
 
 
 async def test_a_busy_node_waiting_for_a_reboot_is_in_service(

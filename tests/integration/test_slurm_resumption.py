@@ -27,7 +27,7 @@ import pytest
 from bot.domain.jobs import JobSnapshot, SlurmNodeState, judge_resumption
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
 from bot.engine.errors import PermanentError
-from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
+from bot.integrations.slurm import RestScheduler
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import (
@@ -40,17 +40,16 @@ from proving_ground.train_job import (
     read_progress,
 )
 from tests.harness.figures import show_figure
+from tests.harness.slurm import BACKENDS, Sched, backend
 
 pytestmark = pytest.mark.slow
-Sched = ScontrolScheduler | RestScheduler
 T = TypeVar("T")
 
 
-@pytest.fixture(params=["scontrol", "rest"])
+@pytest.fixture(params=BACKENDS)
 async def scheduler(request: pytest.FixtureRequest, slurm: SlurmCluster) -> AsyncIterator[Sched]:
-    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
-    yield sched
-    await sched.aclose()
+    async with backend(slurm, request.param) as sched:
+        yield sched
 
 
 async def test_fatal_fault_job_resumes_from_checkpoint_elsewhere(

@@ -21,12 +21,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
-from bot.integrations.slurm import RestScheduler, ScontrolScheduler, SlurmSettings, build_scheduler
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
+from tests.harness.slurm import BACKENDS, Sched, backend
 
 pytestmark = pytest.mark.slow
-Sched = ScontrolScheduler | RestScheduler
 
 
 @pytest.fixture
@@ -43,13 +42,12 @@ def return_to_service_2(slurm: SlurmCluster) -> Iterator[None]:
         slurm.run("scontrol", "reconfigure")
 
 
-@pytest.fixture(params=["scontrol", "rest"])
+@pytest.fixture(params=BACKENDS)
 async def scheduler(
     request: pytest.FixtureRequest, slurm: SlurmCluster, return_to_service_2: None
 ) -> AsyncIterator[Sched]:
-    sched = build_scheduler(SlurmSettings.model_validate(slurm.settings(request.param)))
-    yield sched
-    await sched.aclose()
+    async with backend(slurm, request.param) as sched:
+        yield sched
 
 
 async def test_a_node_pitcrew_took_out_stays_out_when_its_slurmd_registers_again(
