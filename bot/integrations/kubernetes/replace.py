@@ -617,14 +617,8 @@ class Replacer:
         """The node the demand pod was placed on, other than ``name``: the Slurm node runs there
         again. None while it waits, or while it is gone before its NodeSet makes it again."""
         namespace, pod_name = parsed.demand_pod(self._settings.jobs.namespace)
-        try:
-            pod: client.V1Pod = await call(
-                f"read pod {namespace}/{pod_name}",
-                self._core.read_namespaced_pod(pod_name, namespace, _request_timeout=self._timeout),
-            )
-        except PermanentError as exc:
-            if exc.reason != Reason.NOT_FOUND:
-                raise
+        pod = await self._pod(namespace, pod_name)
+        if pod is None:
             return None
         where = pod.spec.node_name if pod.spec else None
         node = await self._nodes.read(where) if where and where != name else None
@@ -739,6 +733,19 @@ class Replacer:
             await self._demand_placed(parsed)
         return None
 
+    async def _pod(self, namespace: str, name: str) -> client.V1Pod | None:
+        """The pod, or ``None`` if it is gone."""
+        try:
+            pod: client.V1Pod = await call(
+                f"read pod {namespace}/{name}",
+                self._core.read_namespaced_pod(name, namespace, _request_timeout=self._timeout),
+            )
+        except PermanentError as exc:
+            if exc.reason != Reason.NOT_FOUND:
+                raise
+            return None
+        return pod
+
     async def _demand_placed(self, parsed: Handle) -> None:
         """The placeholder is demand only while it is pending: kube-scheduler binds a pod that fits
         an existing node at once, and Karpenter provisions only for pods the scheduler marked
@@ -750,20 +757,14 @@ class Replacer:
         the pool was made since the replacement began: one launching (the placeholder may have
         found an older node freed meanwhile) is awaited as any successor is."""
         namespace, name = self._settings.jobs.namespace, placeholder_name(parsed.target)
-        try:
-            pod: client.V1Pod = await call(
-                f"read placeholder pod {namespace}/{name}",
-                self._core.read_namespaced_pod(name, namespace, _request_timeout=self._timeout),
-            )
-        except PermanentError as exc:
-            if exc.reason != Reason.NOT_FOUND:
-                raise
+        pod = await self._pod(namespace, name)
+        if pod is None:
             raise PermanentError(
                 f"Karpenter will launch no node for {parsed.target}: pitcrew's placeholder pod "
                 f"{namespace}/{name} is gone and no node made for it stands (deleted by someone, or "
                 "with the node it was bound to). Replace the node by hand",
                 reason=Reason.UNSUPPORTED,
-            ) from exc
+            )
         where = pod.spec.node_name if pod.spec else None
         if not where:
             return
