@@ -150,17 +150,7 @@ def power_saving(slurm: SlurmCluster) -> Iterator[str]:
         assert "SuspendTime             = 2 sec" in slurm.run("scontrol", "show", "config").stdout
         yield node
     finally:
-        slurm.run("scancel", "--full", "--user=root", check=False)
-        slurm.conf.write_text(before)
-        # A restart, not ``scontrol reconfigure``: 22.05's power saving thread ends when a reconfigure
-        # turns it off and never starts again (power_save.c ``start_power_mgr``), so the next test's
-        # reconfigure would find it gone; a new slurmctld starts with none.
-        slurm.stop_controller()
-        slurm.start_controller()
-        if slurm.node(node).states & {"DOWN", "DRAIN"}:
-            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-        slurm.restart_slurmd(node)  # registering ends its power saving states
-        slurm.wait_idle()
+        _power_saving_off(slurm, node, before)
 
 
 @pytest.fixture
@@ -178,13 +168,22 @@ def cloud_node(slurm: SlurmCluster) -> Iterator[str]:
         slurm.restart_slurmd(node)  # a CLOUD node starts powered down: its slurmd registers it
         yield node
     finally:
-        slurm.run("scancel", "--full", "--user=root", check=False)
-        slurm.conf.write_text(before)
-        slurm.stop_controller()
-        slurm.start_controller()
-        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-        slurm.restart_slurmd(node)
-        slurm.wait_idle()
+        _power_saving_off(slurm, node, before)
+
+
+def _power_saving_off(slurm: SlurmCluster, node: str, conf: str) -> None:
+    """After ``power_saving`` or ``cloud_node``: no jobs, slurm.conf ``conf`` again, ``node`` awake
+    and IDLE. A restart, not ``scontrol reconfigure``: 22.05's power saving thread ends when a
+    reconfigure turns it off and never starts again (power_save.c ``start_power_mgr``), so the next
+    test's reconfigure would find it gone; a new slurmctld starts with none (and reads ``State=``)."""
+    slurm.run("scancel", "--full", "--user=root", check=False)
+    slurm.conf.write_text(conf)
+    slurm.stop_controller()
+    slurm.start_controller()
+    if slurm.node(node).states & {"DOWN", "DRAIN"}:
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    slurm.restart_slurmd(node)  # registering ends its power saving states
+    slurm.wait_idle()
 
 
 def power_state(slurm: SlurmCluster, node: str) -> str:
