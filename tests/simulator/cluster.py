@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from bot.domain.nodemap import SlurmdPod
+from bot.domain.nodemap import (
+    DEFAULT_SLINKY_SELECTOR,
+    SLINKY_HOSTNAME_OVERRIDE,
+    SLINKY_POD_HOSTNAME,
+    SLINKY_SCALING_MODE,
+    SlurmdPod,
+)
 from bot.domain.ownership import fault_taint
 from bot.engine.ports import ClusterNode, Notice, PodRef
 from tests.simulator.world import SimulatedWorld
@@ -113,6 +120,70 @@ class SimulatedCluster:
 
     async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
         await self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
+
+
+class DaemonSetNodeSet(SimulatedCluster):
+    """The simulated cluster under a Slinky NodeSet in DaemonSet scaling mode, replaced by Cluster API
+    or Karpenter: the replacement is a new node, ``<node>-x7b2n``, the old one gone.
+
+    slurm-operator makes one slurmd pod per node (``NewNodeSetDaemonSetPod``, internal/controller/
+    nodeset/utils/utils.go) whose hostname, the Slurm node it registers (dynamic nodes), is the
+    Kubernetes node's name up to its first dot, or the node's ``hostname-override`` annotation
+    (``GetDaemonSetPodHostname``). A MachineTemplate or NodePool cannot give a new node a per-node
+    annotation, so the replacement's slurmd registers a new Slurm node, named after the new node;
+    the old Slurm node's record stays, its slurmd gone (NOT_RESPONDING) and its state and reason as
+    they were (``pruneSlurmNodeRecords`` defaults to ``Never``). ``successors``: old → new node.
+
+    ``annotated``: a site whose own controller gives every node, a new one too, the Slurm name it is
+    to take in its ``hostname-override`` annotation (here the node's own name), which a
+    ``node_mapping: annotation`` on that key reads."""
+
+    def __init__(self, world: SimulatedWorld, *, annotated: bool = False) -> None:
+        super().__init__(world)
+        self.successors: dict[str, str] = {}
+        self.annotated = annotated
+
+    def _facts(self, name: str, n: Any) -> ClusterNode:
+        facts = super()._facts(name, n)
+        if not self.annotated:
+            return facts
+        return replace(
+            facts, annotations={**facts.annotations, SLINKY_HOSTNAME_OVERRIDE: name.split(".", 1)[0]}
+        )
+
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
+        handle = await super().replace(
+            name, strategy=strategy, incident_id=incident_id, slurm_nodes=slurm_nodes
+        )
+        if strategy != "watch":
+            new = f"{name}-x7b2n"
+            self.successors[name] = new
+            await self._world.journal.append({"op": "slurmd_gone", "node": name})
+            await self._world.journal.append({"op": "slurmd_registered", "node": new})
+        return handle
+
+    async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
+        new = self.successors.get(name)
+        return None if new is None else await self.node(new)
+
+    async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
+        nodes, _ = self._world.state()
+        gone = set(self.successors)
+        pods = []
+        for name, node in nodes.items():
+            if name in gone:
+                continue
+            annotations = self._facts(name, node).annotations
+            hostname = annotations.get(SLINKY_HOSTNAME_OVERRIDE) or name.split(".", 1)[0]
+            labels = {
+                **DEFAULT_SLINKY_SELECTOR,
+                SLINKY_POD_HOSTNAME: hostname,
+                SLINKY_SCALING_MODE: "DaemonSet",
+            }
+            pods.append(SlurmdPod(f"slurm-worker-{name}", name, hostname, labels, namespace))
+        return pods
 
 
 class SimulatedNotifier:

@@ -10,7 +10,9 @@ systems have: DOWN requeues a requeueable job onto a healthy node with its resta
 raised (a job Slurm cannot requeue ends NODE_FAIL); pitcrew's requeue of a job submitted
 ``--no-requeue`` or not a batch job is refused and the job runs on, as slurmctld refuses it; a
 replaced node comes back Ready and uncordoned while its Slurm node stays DOWN until RESUME
-(Slurm's ReturnToService=1 behaviour). ``latency`` models the round trip. A replaced node is
+(Slurm's ReturnToService=1 behaviour); a slurmd that went away with its machine leaves its Slurm
+node NOT_RESPONDING (``slurmd_gone``, the far side's own record, as is ``slurmd_registered``: a
+new slurmd's dynamic node, ``tests.simulator.cluster.DaemonSetNodeSet``). ``latency`` models the round trip. A replaced node is
 NotReady for ``replace_seconds``.
 """
 
@@ -51,12 +53,16 @@ class _Node:
     #: Slurm partitions the node is in (inventory ``partitions``; default one partition, gpu).
     partitions: tuple[str, ...] = ("gpu",)
     replaced: bool = False
+    #: Whether its slurmd answers slurmctld (a replaced node's own record does not: its slurmd went
+    #: with the machine, when the replacement serves another Slurm node; ``slurmd_gone``).
+    responding: bool = True
     #: When the replacement was started (a slow replacement is NotReady for a while after it).
     replaced_at: datetime | None = None
 
 
 def _states(node: _Node) -> frozenset[str]:
-    return frozenset({node.slurm, *(["DRAIN"] if node.drain else [])})
+    flags = [*(["DRAIN"] if node.drain else []), *([] if node.responding else ["NOT_RESPONDING"])]
+    return frozenset({node.slurm, *flags})
 
 
 @dataclass
@@ -218,6 +224,10 @@ class SimulatedWorld:
             ended = jobs.get(str(r["job_id"]))
             if ended is not None:
                 ended.state = str(r.get("state", "COMPLETED"))
+        elif op == "slurmd_gone" and node is not None:  # not pitcrew's: the machine went away
+            node.responding = False
+        elif op == "slurmd_registered" and node is not None:  # not pitcrew's: a new slurmd (dynamic node)
+            node.responding = True
         elif op == "cordon" and node is not None:
             node.unschedulable = node.tainted = True
             node.annotations[OWNER_ANNOTATION] = r["incident_id"]
