@@ -170,6 +170,7 @@ def engine_deps(
             poll_interval=settings.engine.poll_interval.total_seconds(),
             resumption=settings.resumption,
             slinky=settings.slurm.node_mapping == "slinky",
+            node_mapping=settings.slurm.node_mapping,
             goodput=settings.goodput,
             capacity=settings.capacity,
             lemon=settings.lemon,

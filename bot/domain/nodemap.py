@@ -123,6 +123,16 @@ def slurm_nodes_for(node: NodeFacts, mapping: NodeMapping, pods: Iterable[Slurmd
     return tuple(sorted(set(names)))
 
 
+def read_from_node(mode: MappingMode) -> bool:
+    """Whether ``mode`` reads a node's Slurm node(s) from what the node carries (its labels, its
+    annotations, its slurmd pods). A replacement then carries its own, which may be new names: a
+    Slinky DaemonSet-mode NodeSet names the Slurm node after the Kubernetes node, and a new node
+    has a new name and no ``hostname-override``. ``identity`` reads nothing: the Slurm node is named
+    as the incident's node, which is what a replacement takes over where slurm.conf lists the
+    nodes (a static NodeName)."""
+    return mode != "identity"
+
+
 def k8s_node_for(
     slurm_node: str,
     nodes: Iterable[NodeFacts],

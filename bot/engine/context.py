@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from bot.config import CapacitySettings, GoodputSettings, ResumptionSettings
+from bot.domain.nodemap import MappingMode
 from bot.domain.ownership import slurm_reason
 from bot.domain.planner import Plan
 from bot.domain.playbooks import StepSpec
@@ -54,6 +55,8 @@ class StepSettings:
     poll_interval: float = 2.0
     resumption: ResumptionSettings = field(default_factory=ResumptionSettings)
     slinky: bool = False
+    #: ``slurm.node_mapping``: whether a replacement's Slurm nodes are read from it (``read_from_node``).
+    node_mapping: MappingMode = "identity"
     goodput: GoodputSettings = field(default_factory=GoodputSettings)
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     lemon: LemonPolicy = field(default_factory=LemonPolicy)

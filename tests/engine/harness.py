@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from bot.config import CapacitySettings, EngineSettings, load_catalog, load_playbooks
+from bot.config import CapacitySettings, EngineSettings, Settings, load_catalog, load_playbooks
 from bot.config_sections import ResumptionSettings
 from bot.domain.catalog import Catalog, Override
 from bot.domain.incident import State
@@ -53,9 +53,11 @@ from bot.engine.leadership import Leadership
 from bot.engine.metrics import Metrics
 from bot.engine.outbox import OutboxNotifier
 from bot.engine.steps import REGISTRY
+from bot.runtime import slurm_names_for
 from bot.store.base import Event, Fence, IncidentRecord, IngestOutcome, StepRecord, Store, StoreUnavailable
 from bot.store.sqlite import SqliteStore
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node
+from tests.simulator.cluster import DaemonSetNodeSet as DaemonSetNodeSet  # for a test's cluster=
 from tests.simulator.cluster import SimulatedCluster, SimulatedNotifier
 from tests.simulator.world import Journal, SimulatedWorld  # the one import of the simulator
 
@@ -515,6 +517,7 @@ class EngineHarness:
         cluster: Callable[[SimulatedWorld], Any] | None = None,
         outbox: Sequence[str] | None = None,
         store: Callable[[Store, FakeTime], Store] | None = None,
+        mapping: Mapping[str, str] | None = None,
     ) -> None:
         """``slurm``: a Scheduler to use instead of the simulated world's (a test's own far side);
         ``capacity``: the ``capacity`` settings (pools); ``resumption``: those settings (queries);
@@ -522,13 +525,18 @@ class EngineHarness:
         given the simulated world); ``outbox``: notices go through the outbox to these
         destinations, as ``pitcrew serve`` sends them (the simulated notifier is the log behind it;
         nothing delivers the rows); ``store``: wraps the store the engine writes through, given the
-        virtual time (a test's own misbehaving store)."""
+        virtual time (a test's own misbehaving store); ``mapping``: the ``slurm`` keys saying how a node
+        names its Slurm nodes (``node_mapping``, ``node_mapping_key``; the composition root's rule,
+        ``bot.runtime.slurm_names_for``)."""
         self.time = FakeTime()
         #: The lease's TTL when processes share the store (``process``); ``None``: one engine, no lease.
         self.lease = lease
         self.processes: list[Process] = []
         self._tmp = tmp_path
         self.metrics = Metrics()
+        site = Settings.model_validate(
+            {"slurm": dict(mapping or {}), "integrations": {"cluster": "kubernetes"}}
+        )
         self.inventory = dict(inventory) if inventory is not None else fleet()
         self.world = SimulatedWorld(Journal(None), self.inventory)
         self.scheduler = Scripted(self.world if slurm is None else slurm, self.time)
@@ -564,6 +572,7 @@ class EngineHarness:
                 scheduler=self.scheduler,
                 cluster=self.cluster,
                 notifier=notifier,
+                slurm_names=slurm_names_for(site, self.cluster),
             ),
             metrics=self.metrics,
             clock=self.time.now,
@@ -572,6 +581,8 @@ class EngineHarness:
             settings=EngineSettings(**settings),
             steps=StepSettings(
                 poll_interval=2.0,
+                slinky=site.slurm.node_mapping == "slinky",
+                node_mapping=site.slurm.node_mapping,
                 capacity=CapacitySettings.model_validate(capacity or {}),
                 resumption=ResumptionSettings.model_validate(resumption or {}),
             ),

@@ -19,6 +19,7 @@ incident; the second rollback keeps the first one's outcome and count; two rollb
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine.harness import EngineHarness, Slow, fleet
+from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
+from tests.engine.harness import DaemonSetNodeSet, EngineHarness, Slow, fleet
 from tests.harness.scenarios import fault_delivery, gpu_node
 
 Drive = Callable[[EngineHarness], Awaitable[str]]
@@ -149,6 +151,26 @@ ROLLBACKS = {
         ],
         {},
         node_after={"unschedulable": False, "slurm": ["IDLE"], "reason": ""},
+    ),
+    # A Slinky DaemonSet-mode NodeSet, each node's Slurm name read from its annotation: the
+    # replacement serves gpu-node-02-x7b2n; gpu-node-02's record has no slurmd, and a RESUME would
+    # return a ghost.
+    "after-replace-node-under-a-new-name": RollbackCase(
+        _after_replace_node,
+        "gpu-node-02",
+        [
+            "replace: the replacement has already started and cannot be cancelled",
+            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
+            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            "slurm_down: gpu-node-02 left as it is: the node's replacement serves gpu-node-02-x7b2n, "
+            "not gpu-node-02",
+        ],
+        {},
+        node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},
+        harness={
+            "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
+            "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
+        },
     ),
     "operator-took-the-node-after": RollbackCase(
         _cordon_and_ask("gpu-node-01", then=_operator_downs_node_01),

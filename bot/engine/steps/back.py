@@ -13,6 +13,7 @@ from bot.engine.errors import PermanentError, Reason
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.capacity import GiveBackResult
 from bot.engine.steps.cluster import CordonResult, release_cordon
+from bot.engine.steps.repair import WaitReadyResult, left_behind, slurm_nodes_back
 from bot.engine.steps.slurm import SlurmDownResult, down_while_busy
 
 
@@ -42,9 +43,12 @@ class SlurmResumeResult(StepResult):
 async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeResult] | Wait:
     scheduler = ctx.ports.scheduler
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
+    # A record the replacement left behind has no slurmd: a RESUME would return a ghost
+    # (wait_ready said so in the timeline).
+    behind = left_behind(down, await ctx.result(WaitReadyResult))
     resumed = list(ctx.progress.resumed)
     for name, mine in down.owned.items():
-        if not mine or name in resumed:
+        if not mine or name in resumed or name in behind:
             continue
         try:
             state = await scheduler.node(name)
@@ -75,7 +79,12 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
         await ctx.save(replace(ctx.progress, resumed=tuple(resumed)))
     uncordoned = await _uncordon_if_ours(ctx)
     done = replace(ctx.progress, resumed=tuple(resumed), uncordoned=uncordoned, returned_at=ctx.clock())
-    return Done(done, f"resumed {', '.join(resumed) or 'nothing'}")
+    kept = [n for n in behind if down.owned.get(n)]
+    return Done(
+        done,
+        f"resumed {', '.join(resumed) or 'nothing'}"
+        + (f"; {', '.join(kept)} left out: its node was replaced" if kept else ""),
+    )
 
 
 async def _joined_a_pool(ctx: StepContext[SlurmResumeResult]) -> bool:
@@ -107,7 +116,9 @@ async def slurm_returned(ctx: StepContext[SlurmReturnedResult]) -> Done[SlurmRet
     pitcrew's), it waits for that someone - a person's RESUME, the health check clearing it - and
     then gives the Kubernetes node back, if pitcrew's cordon is still on it."""
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
-    names = list(down.slurm_nodes or ()) or list(await ctx.ports.slurm_names(ctx.node))
+    names = list(slurm_nodes_back(down, await ctx.result(WaitReadyResult))) or list(
+        await ctx.ports.slurm_names(ctx.node)
+    )
     for name in names:
         state = await ctx.ports.scheduler.node(name)
         if not state.in_service:

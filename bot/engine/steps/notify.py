@@ -15,6 +15,7 @@ from bot.engine.ports import Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps import cost
 from bot.engine.steps.back import SlurmResumeResult
+from bot.engine.steps.repair import WaitReadyResult, left_behind, slurm_nodes_back
 from bot.engine.steps.resumed import ConfirmResumedResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store.base import StepRecord
@@ -124,6 +125,14 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
         lines.append(
             f"job {job.job_id}: {job.status} — {', '.join(job.old_nodes)} → "
             f"{', '.join(job.new_nodes) or '-'} (restarts {job.restarts_before} → {job.restarts_now})"
+        )
+    ready = await ctx.result(WaitReadyResult)
+    behind = left_behind(down, ready)
+    if ready is not None and behind:
+        lines.append(
+            f"Slurm node(s) {', '.join(behind)} left out of service without slurmd: the replacement "
+            f"{ready.node} serves {', '.join(slurm_nodes_back(down, ready))}; delete the old record(s) "
+            "when nothing needs them"
         )
     if job_running is not None:
         lines.append(f"training running again after {format_duration(timedelta(seconds=job_running))}")

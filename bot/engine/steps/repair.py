@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from bot.domain.incident import State
+from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
@@ -258,6 +259,25 @@ class WaitReadyResult(StepResult):
     validated: bool = False
     #: Slurm-only sites: the Slurm node was seen not responding (its repair took it away).
     seen_gone: bool = False
+    #: The Slurm node(s) the node found Ready serves, by the node mapping: after a replacement,
+    #: the successor's, which may be new names (``None``: the failed node's, ``slurm_nodes_back``).
+    slurm_nodes: tuple[str, ...] | None = None
+
+
+def slurm_nodes_back(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> tuple[str, ...]:
+    """The Slurm nodes the repair brought back: those ``wait_ready`` found the repaired node serving,
+    else (not yet known, or the same node) the failed node's."""
+    if ready is not None and ready.slurm_nodes is not None:
+        return ready.slurm_nodes
+    return (down.slurm_nodes if down else None) or ()
+
+
+def left_behind(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> tuple[str, ...]:
+    """The failed node's Slurm nodes its replacement does not serve: records whose slurmd went with
+    the old machine (a Slinky DaemonSet-mode NodeSet names its Slurm node after the Kubernetes node,
+    and a replacement has a new name). Nothing runs there again; pitcrew never RESUMEs them."""
+    back = set(slurm_nodes_back(down, ready))
+    return tuple(n for n in (down.slurm_nodes if down else None) or () if n not in back)
 
 
 @REGISTRY.step(
@@ -277,7 +297,8 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     if ctx.ports.cluster is None:
         return await _slurm_node_back(ctx, slurm_nodes)
     # A replacement's or a reboot's handle says which node, in which state, counts as back.
-    issued = [r for r in (await ctx.result(ReplaceResult), await ctx.result(RebootResult)) if r and r.issued]
+    replaced = await ctx.result(ReplaceResult)
+    issued = [r for r in (replaced, await ctx.result(RebootResult)) if r and r.issued]
     handle = next((r.handle for r in issued if r.handle), None)
     if handle is None:  # reset, reboot, or no replacement: the same node
         node = await ctx.ports.cluster.node(ctx.node)
@@ -311,11 +332,33 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         if passed:
             await ctx.save(replace(ctx.progress, validated=True))
             await ctx.note("validated", f"validation Job passed on {node.name}")
+    if replaced is not None and replaced.issued and read_from_node(ctx.settings.node_mapping):
+        # A replacement serves the Slurm nodes the node mapping finds on it, which need not be the
+        # failed node's: pitcrew's rule for any node, applied to the successor.
+        slurm_nodes = tuple(await ctx.ports.slurm_names(node.name))
+        if not slurm_nodes:
+            return Wait(ctx.poll, f"replacement {node.name} serves no Slurm node yet (no slurmd there)")
     for name in slurm_nodes:
-        state = await ctx.ports.scheduler.node(name)
+        try:
+            state = await ctx.ports.scheduler.node(name)
+        except PermanentError as exc:
+            if exc.reason != Reason.UNKNOWN_NODE:
+                raise
+            # A dynamic node (Slinky's slurmd) is unknown to slurmctld until its slurmd registers.
+            return Wait(ctx.poll, f"slurmd on {name} has not registered yet (Slurm does not know it)")
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
-    done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name)
+    done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name, slurm_nodes=slurm_nodes)
+    behind = left_behind(down, done)
+    if behind:
+        await ctx.note(
+            "left_behind",
+            f"{node.name} serves Slurm node(s) {', '.join(slurm_nodes)}, not the failed node's "
+            f"{', '.join(behind)}, whose slurmd went with the old machine: pitcrew does not resume "
+            f"{'it' if len(behind) == 1 else 'them'}, and leaves the record as it is (slurm-operator "
+            "deletes it under pruneSlurmNodeRecords: NodeNotFound; a dynamic node's is deleted by "
+            f"scontrol delete NodeName={','.join(behind)})",
+        )
     return Done(done, f"node {node.name} is Ready")
 
 

@@ -1,0 +1,63 @@
+"""A replacement whose slurmd registers under a new Slurm node name, in virtual time.
+
+With a Slinky NodeSet in DaemonSet scaling mode (``DaemonSetNodeSet``), the Slurm node a node
+serves is named after the Kubernetes node; the node Cluster API or Karpenter makes in its place
+has a new name, so its slurmd registers a new Slurm node and the failed node's record stays
+behind, its slurmd gone. Under ``node_mapping: slinky`` (the operator drains the Slurm node on
+pitcrew's cordon) and ``annotation`` on ``hostname-override`` (a site whose controller names each
+node's Slurm node; pitcrew takes the node out of Slurm itself).
+
+Cases: ``wait_ready`` waits for the successor's Slurm node (named by pitcrew's node mapping), not
+the old one, and records it in its result; ``slurm_resume`` never RESUMEs the record left behind
+(it stays out with the reason it had), and the timeline and the closing summary say so. A
+rollback after such a repair leaves the record alone: ``test_rollback``
+(``after-replace-node-under-a-new-name``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
+from tests.engine.harness import DaemonSetNodeSet, EngineHarness
+
+NODE = "gpu-node-02"
+SUCCESSOR = "gpu-node-02-x7b2n"
+
+
+#: The mappings that read a node's Slurm nodes from it, with the simulated NodeSet each fits.
+MAPPINGS: dict[str, tuple[dict[str, str], Callable[[Any], DaemonSetNodeSet]]] = {
+    "slinky": ({"node_mapping": "slinky"}, DaemonSetNodeSet),
+    "annotation": (
+        {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
+        functools.partial(DaemonSetNodeSet, annotated=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("mapping", list(MAPPINGS))
+async def test_the_successors_slurm_node_is_waited_for_and_the_old_one_left(
+    tmp_path: Path, mapping: str
+) -> None:
+    keys, cluster = MAPPINGS[mapping]
+    async with EngineHarness(tmp_path, cluster=cluster, mapping=keys) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        ready = (await h.steps(incident))["wait_ready"].result
+        assert ready["node"] == SUCCESSOR
+        assert ready["slurm_nodes"] == [SUCCESSOR]
+        assert not [r for r in h.records() if r.get("op") == "slurm_resume"]  # no ghost RESUMEd
+        old = await h.world.node(NODE)
+        assert "NOT_RESPONDING" in old.states
+        if mapping == "annotation":  # pitcrew's own DOWN stays, with its reason
+            assert old.taken_out and old.reason.startswith("pitcrew:")
+        [left] = await h.events(incident, "left_behind")
+        assert NODE in left.detail and SUCCESSOR in left.detail
+        [summary] = h.notices("summary", incident)
+        assert any(NODE in line and SUCCESSOR in line for line in summary["lines"]), summary["lines"]
