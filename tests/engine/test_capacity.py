@@ -4,7 +4,8 @@ reservation, reservations that Slurm 22.05 rewrites whole and refuses to empty).
 
 Cases: a stalled gang job gets a spare from the reservation and runs at once, long before
 the replacement (slow here) is Ready, and the repaired node refills the reservation (the training
-loss clocked to the restart's start time, as Slurm reports it); a job
+loss clocked to the restart's start time, as Slurm reports it), under the Slurm node name its
+replacement registers (a Slinky DaemonSet-mode NodeSet), not the record left behind; a job
 Slurm restarts by itself takes nothing; no pool, or a guard (``min_idle``), takes nothing and
 the timeline says why; a storm of incidents never lends more than ``max_lend`` and two
 incidents never take the same node; a crash at every boundary of taking and giving back
@@ -30,12 +31,23 @@ import pytest
 
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
+from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
 from bot.engine.commands import CommandResult
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.ports import PartitionNodes
 from bot.engine.steps.capacity import HELD, Claimant, lent_out
 from bot.store.base import StepRecord
-from tests.engine.harness import Call, DiesAfter, EngineHarness, FakeTime, Slow, Write, fleet
+from tests.engine.harness import (
+    Call,
+    DaemonSetNodeSet,
+    DiesAfter,
+    EngineHarness,
+    FakeTime,
+    Slow,
+    Write,
+    fleet,
+)
+from tests.simulator.world import SimulatedWorld
 
 SPARES = {"pools": [{"name": "spares", "kind": "spare", "reservation": "spares"}]}
 
@@ -222,6 +234,36 @@ class NotReadyFor:
         if node is not None and time.elapsed - self.since < self.seconds:
             return dataclasses.replace(node, ready=False)
         return node
+
+
+class _Registers(DaemonSetNodeSet):
+    """The replacement's slurmd registers its new Slurm node in ``GangSlurm``, idle."""
+
+    def __init__(self, world: SimulatedWorld, slurm: GangSlurm) -> None:
+        super().__init__(world, annotated=True)
+        self.slurm = slurm
+
+    async def replace(
+        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+    ) -> str:
+        handle = await super().replace(
+            name, strategy=strategy, incident_id=incident_id, slurm_nodes=slurm_nodes
+        )
+        for new in self.successors.values():
+            self.slurm.states.setdefault(new, "IDLE")
+        return handle
+
+
+async def test_a_replacement_under_a_new_name_refills_the_pool_under_that_name(tmp_path: Path) -> None:
+    slurm = gang()
+    mapping = {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE}
+    async with harness(tmp_path, slurm, cluster=lambda world: _Registers(world, slurm), mapping=mapping) as h:
+        incident = await h.alert("gpu-node-01")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert slurm.reservations["spares"] == ["gpu-node-04", "gpu-node-01-x7b2n"]
+        assert slurm.states["gpu-node-01"] == "DOWN"  # the record left behind, never resumed
+        assert (await h.steps(incident))["give_back"].result["node"] == "gpu-node-01-x7b2n"
 
 
 async def test_a_spare_runs_the_stalled_job_before_the_replacement_and_the_repair_refills_the_pool(

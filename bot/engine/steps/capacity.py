@@ -41,7 +41,7 @@ from bot.engine.metrics import Metrics
 from bot.engine.ports import Notice, Reservations, Scheduler
 from bot.engine.registry import REGISTRY, Track
 from bot.engine.steps import lending
-from bot.engine.steps.repair import WaitReadyResult
+from bot.engine.steps.repair import WaitReadyResult, slurm_nodes_back
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store import codec
 from bot.store.base import NOT_STANDING, StepRecord, Store
@@ -568,7 +568,8 @@ async def give_back(ctx: StepContext[GiveBackResult]) -> Done[GiveBackResult] | 
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
     node = ctx.progress.node
     if node is None:
-        node = (down.slurm_nodes or (ctx.node,))[0]  # refill: the repaired node joins the reservation
+        # refill: the repaired node joins the reservation, under the Slurm name it came back with
+        node = (slurm_nodes_back(down, await ctx.result(WaitReadyResult)) or (ctx.node,))[0]
         if _returning(ctx):
             state = await ctx.ports.scheduler.node(took.node)
             idle = "IDLE" in state.states and state.in_service
