@@ -121,6 +121,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
     _karpenter_retrying: bool = False
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: DaemonSet-mode NodeSet pods removed, by the node they ran on: what the NodeSet makes a
+    #: replacement of that node from (``_nodeset_daemon``).
+    _nodeset_gone: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
     #: The versions of ``cluster.x-k8s.io`` served, preferred first (``capi.SERVED``: Cluster API
     #: v1.11 to v1.15; ``("v1beta2",)`` is v1.16 on, ``("v1beta1",)`` before v1.11). Any other is
     #: answered 404 as an API server does, and a Machine is given out in the version asked.
@@ -728,6 +731,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         ``docs/usage/nodeset-operations.md``). Pending, it is demand Karpenter launches a node for
         (``IsProvisionable`` skips DaemonSet-owned pods only). DaemonSet-mode pods are made per
         node, pinned to it, and never so."""
+        if slinky.daemonset_mode(gone) and (on := gone["spec"].get("nodeName")):
+            self._nodeset_gone.setdefault(on, []).append(gone)
         again = slinky.recreated(gone)
         if again is None:
             return
@@ -1015,6 +1020,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         await asyncio.sleep(self.ready_delay)
         if ("nodes", None, node_name) in cluster.objects:
             cluster.set_node_condition(node_name, "Ready", "True")
+            cluster._nodeset_daemon(node_name, old_node_name)
             return node_name
         return None
 
@@ -1028,6 +1034,30 @@ class KubeEmulator(kmock.KubernetesScaffold):
         await asyncio.sleep(self.ready_delay)
         if ("nodes", None, name) in self.objects:
             self.set_node_condition(name, "Ready", "True")
+            self._nodeset_daemon(name, old["metadata"]["name"])
+
+    def _nodeset_daemon(self, node_name: str, replaced: str | None) -> None:
+        """slurm-operator's NodeSet in DaemonSet scaling mode on a Ready replacement: each NodeSet that
+        ran a pod on the node it replaces (same pool, so its selector matches) makes one on it
+        (``syncNodeSetPods`` DaemonSet mode, ``NewNodeSetDaemonSetPod``), named after the new node
+        unless the node carries a ``hostname-override``, which a replacement does not: its template
+        (MachineTemplate, NodePool) has no per-node value (``resources.replacement_node``)."""
+        node = self.objects.get(("nodes", None, node_name))
+        if node is None or replaced is None:
+            return
+        pods = [
+            obj
+            for (plural, _, _), obj in self.objects.items()
+            if plural == "pods" and slinky.daemonset_mode(obj) and obj["spec"].get("nodeName") == replaced
+        ]
+        made: set[str] = set()
+        for template in [*pods, *self._nodeset_gone.pop(replaced, [])]:
+            nodeset = next(
+                o["name"] for o in template["metadata"]["ownerReferences"] if o.get("kind") == "NodeSet"
+            )
+            if nodeset not in made:
+                made.add(nodeset)
+                self.add("pods", slinky.daemonset_pod(template, node))
 
     # --- the Job controller and kubelet ---------------------------------------------------------------
 

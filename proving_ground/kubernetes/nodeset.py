@@ -8,8 +8,11 @@ a node the selector stops matching, or that is cordoned, is drained with ``NOT_S
 reason (no job is placed there); one it starts matching uncordoned, drained so, is resumed (its
 slurmd registered). Nothing else is touched: a node DOWN or drained for another reason
 (pitcrew's, an administrator's) is left as it is. Kubernetes node names are the Slurm node names; a replacement node is named
-after the node it replaces (``gpu-001-x7b2n``, the MachineSet stand-in's naming) and, as the
-NodeSet's pod keeps its hostname when it moves, serves the same Slurm node.
+after the node it replaces (``gpu-001-x7b2n``, the MachineSet stand-in's naming) and serves the same
+Slurm node, as where slurm.conf lists the nodes (a static NodeName the new machine takes over, which
+is what pitcrew's ``identity`` mapping assumes) or a StatefulSet-mode NodeSet's pod keeps its ordinal
+hostname. A DaemonSet-mode NodeSet's does not: it is named after the new node (the emulator's
+``_nodeset_daemon``, the simulator's ``DaemonSetNodeSet``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from proving_ground.kubernetes.selectors import selector_matches
+from proving_ground.kubernetes.slinky import HOSTNAME_OVERRIDE
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -199,7 +200,11 @@ def replacement_node(template: dict[str, Any] | None, name: str, suffix: str) ->
     labels = meta.setdefault("labels", {})
     labels["kubernetes.io/hostname"] = name
     annotations = meta.get("annotations") or {}
-    meta["annotations"] = {k: v for k, v in annotations.items() if not k.startswith("pitcrew.dev/")}
+    # Per-node annotations stay with the node replaced: pitcrew's, and Slinky's hostname-override,
+    # which a MachineTemplate or NodePool (one template for every node) cannot give a new node.
+    meta["annotations"] = {
+        k: v for k, v in annotations.items() if not k.startswith("pitcrew.dev/") and k != HOSTNAME_OVERRIDE
+    }
     spec = node.setdefault("spec", {})
     spec.pop("unschedulable", None)
     provider = spec.get("providerID", "aws:///us-east-1a/i-0")

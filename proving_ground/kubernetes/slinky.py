@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 from unicodedata import category
 
@@ -47,6 +48,54 @@ def recreated(gone: dict[str, Any]) -> dict[str, Any] | None:
     pod["metadata"].get("annotations", {}).pop("emulator/nominated", None)
     pod["spec"].pop("nodeName", None)
     pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+#: The Node annotation that names a DaemonSet-mode pod's hostname (``AnnotationNodeHostnameOverride``).
+HOSTNAME_OVERRIDE = "nodeset.slinky.slurm.net/hostname-override"
+
+
+def daemonset_mode(pod: dict[str, Any]) -> bool:
+    """A pod a NodeSet in DaemonSet scaling mode made (its mode label, a NodeSet its controller)."""
+    meta = pod["metadata"]
+    return (meta.get("labels") or {}).get(NODESET_SCALING_MODE) == "DaemonSet" and any(
+        o.get("kind") == "NodeSet" and o.get("controller") for o in meta.get("ownerReferences") or []
+    )
+
+
+def daemonset_hostname(node: dict[str, Any]) -> str:
+    """``GetDaemonSetPodHostname``: the Node's ``hostname-override`` annotation, else its name up to
+    the first dot. The pod's hostname is the Slurm node its slurmd registers (dynamic nodes)."""
+    meta = node["metadata"]
+    override = (meta.get("annotations") or {}).get(HOSTNAME_OVERRIDE)
+    return str(override or meta["name"].split(".", 1)[0])
+
+
+def daemonset_pod(template: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The pod a DaemonSet-mode NodeSet makes for ``node`` (``NewNodeSetDaemonSetPod``), from one of
+    its pods: a generated name (``<nodeset>-``), hostname and ``pod-hostname`` label by
+    ``daemonset_hostname``, pinned to the node by node affinity; placed and running here at once,
+    not protected (nothing runs on its new Slurm node)."""
+    pod = copy.deepcopy(template)
+    meta, spec = pod["metadata"], pod["spec"]
+    kept = ("namespace", "labels", "annotations", "ownerReferences", "generateName")
+    pod["metadata"] = meta = {k: v for k, v in meta.items() if k in kept}
+    meta["name"] = f"{meta.get('generateName', 'slurmd-')}{uuid.uuid4().hex[:5]}"
+    hostname, node_name = daemonset_hostname(node), node["metadata"]["name"]
+    labels = meta.setdefault("labels", {})
+    labels.pop(POD_PROTECT, None)
+    labels.update(
+        {"nodeset.slinky.slurm.net/pod-hostname": hostname, "nodeset.slinky.slurm.net/pod-name": meta["name"]}
+    )
+    spec.update(hostname=hostname, nodeName=node_name)
+    for term in (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms", [])
+    ):
+        for field in term.get("matchFields", []):
+            if field.get("key") == "metadata.name":
+                field["values"] = [node_name]
     return pod
 
 

@@ -26,6 +26,9 @@ does a placeholder found gone with no successor. Karpenter's own word on why it 
 for the placeholder (its FailedScheduling) is what ``held_up`` says, the scheduler's is not. A
 StatefulSet-mode NodeSet (Slinky's default) makes the slurmd pod the drain evicted again, pending:
 that pod is the demand, pitcrew adds no placeholder, and the successor is the node it lands on.
+A DaemonSet-mode NodeSet (the fixture's) makes its slurmd pod on the replacement named after the new
+node, which carries no ``hostname-override``: pitcrew's ``slinky`` mapping finds that new Slurm name
+on the successor.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ import pytest
 from kubernetes.aio import client
 from pydantic import ValidationError
 
-from bot.config import KubernetesSettings
+from bot.config import KubernetesSettings, Settings
 from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import ClusterNode, PodRef
 from bot.integrations.kubernetes import KubernetesCluster
+from bot.runtime import slurm_names_for
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
 from proving_ground.kubernetes.world import gpu_fleet, statefulset_slurmd
 from proving_ground.proc import eventually
@@ -589,8 +593,10 @@ async def test_karpenter_consolidates_an_empty_successor_without_the_guard(
     k8s: KubeEmulator, k8s_client: client.ApiClient
 ) -> None:
     """The stand-in's consolidation, which the guard above defeats: a placeholder-launched node
-    left with only DaemonSet pods is deleted with its NodeClaim."""
+    left with only DaemonSet pods is deleted with its NodeClaim. No NodeSet here: a DaemonSet-mode
+    NodeSet would make its slurmd pod on the new node, which then is not empty."""
     core = client.CoreV1Api(k8s_client)
+    k8s.objects.pop(("pods", "slurm", "slurm-worker-gpu-h100-7xk2p"))
     await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
         "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
     )
@@ -614,3 +620,37 @@ async def test_karpenter_consolidates_an_empty_successor_without_the_guard(
     await asyncio.sleep(k8s.karpenter_consolidate_after * 3)
     assert k8s.consolidated == [new] and k8s.get("nodes", new) is None
     assert not [k for k in k8s.objects if k[0] == "nodeclaims"]
+
+
+async def test_a_daemonset_nodesets_replacement_serves_a_slurm_node_named_after_it(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Slinky's DaemonSet scaling mode (the fixture's NodeSet): a slurmd pod's hostname, the Slurm
+    node it registers, is its node's ``hostname-override`` (``gpu-002``) or the node's name. The node
+    Cluster API makes in gpu-node-02's place has no override (its MachineTemplate has no per-node
+    value), so the NodeSet's pod there, and the Slurm node pitcrew maps it to, take the new name."""
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    k8s.ready_delay = 0.3
+    site = Settings.model_validate(
+        {"slurm": {"node_mapping": "slinky"}, "integrations": {"cluster": "kubernetes"}}
+    )
+    names = slurm_names_for(site, cluster)
+    assert list(await names(NODE)) == ["gpu-002"]
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    new = await _successor(cluster, handle)
+    assert "nodeset.slinky.slurm.net/hostname-override" not in new.annotations
+
+    async def mapped() -> tuple[str, ...] | None:
+        return tuple(await names(new.name)) or None
+
+    assert await eventually(mapped, timeout=5.0, what="a slurmd pod on the successor", interval=0.05) == (
+        new.name,
+    )
+    [pod] = [
+        p
+        for (kind, _, _), p in k8s.objects.items()
+        if kind == "pods" and p["spec"].get("nodeName") == new.name
+    ]
+    assert (
+        pod["metadata"]["name"].startswith("slurm-worker-gpu-h100-") and pod["spec"]["hostname"] == new.name
+    )
