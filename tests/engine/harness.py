@@ -59,6 +59,7 @@ from bot.store.sqlite import SqliteStore
 from tests.harness.scenarios import delivery, destructive_calls, gpu_node
 from tests.simulator.cluster import DaemonSetNodeSet as DaemonSetNodeSet  # for a test's cluster=
 from tests.simulator.cluster import SimulatedCluster, SimulatedNotifier
+from tests.simulator.cluster import StatefulSetNodeSet as StatefulSetNodeSet
 from tests.simulator.world import Journal, SimulatedWorld  # the one import of the simulator
 
 #: Virtual time starts here (fixed, so timelines read the same in every run).

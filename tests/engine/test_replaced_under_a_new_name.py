@@ -11,7 +11,9 @@ Cases: ``wait_ready`` waits for the successor's Slurm node (named by pitcrew's n
 the old one, and records it in its result; ``slurm_resume`` never RESUMEs the record left behind
 (it stays out with the reason it had), and the timeline and the closing summary say so. A
 rollback after such a repair leaves the record alone: ``test_rollback``
-(``after-replace-node-under-a-new-name``).
+(``after-replace-node-under-a-new-name``). A StatefulSet-mode NodeSet (slurm-operator's default)
+makes the failed node's replica again on the replacement: the same Slurm node comes back, nothing
+is left behind.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 
 from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
-from tests.engine.harness import DaemonSetNodeSet, EngineHarness
+from tests.engine.harness import DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
 
 NODE = "gpu-node-02"
 SUCCESSOR = "gpu-node-02-x7b2n"
@@ -61,3 +63,14 @@ async def test_the_successors_slurm_node_is_waited_for_and_the_old_one_left(
         assert NODE in left.detail and SUCCESSOR in left.detail
         [summary] = h.notices("summary", incident)
         assert any(NODE in line and SUCCESSOR in line for line in summary["lines"]), summary["lines"]
+
+
+async def test_a_statefulset_nodesets_replacement_serves_the_same_slurm_node(tmp_path: Path) -> None:
+    async with EngineHarness(tmp_path, cluster=StatefulSetNodeSet, mapping={"node_mapping": "slinky"}) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        ready = (await h.steps(incident))["wait_ready"].result
+        assert (ready["node"], ready["slurm_nodes"]) == (SUCCESSOR, [NODE])
+        assert not await h.events(incident, "left_behind")
+        assert "NOT_RESPONDING" not in (await h.world.node(NODE)).states

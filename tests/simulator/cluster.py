@@ -138,6 +138,9 @@ class DaemonSetNodeSet(SimulatedCluster):
     to take in its ``hostname-override`` annotation (here the node's own name), which a
     ``node_mapping: annotation`` on that key reads."""
 
+    #: The NodeSet's scaling mode, as its pods' ``scaling-mode`` label says it.
+    mode = "DaemonSet"
+
     def __init__(self, world: SimulatedWorld, *, annotated: bool = False) -> None:
         super().__init__(world)
         self.successors: dict[str, str] = {}
@@ -161,8 +164,15 @@ class DaemonSetNodeSet(SimulatedCluster):
             new = f"{name}-x7b2n"
             self.successors[name] = new
             await self._world.journal.append({"op": "slurmd_gone", "node": name})
-            await self._world.journal.append({"op": "slurmd_registered", "node": new})
+            await self._world.journal.append({"op": "annotate", "node": new, "annotations": {}})  # registers
+            await self._world.journal.append({"op": "slurmd_registered", "node": self._hostname(new)})
         return handle
+
+    def _hostname(self, node: str) -> str:
+        """The hostname of the NodeSet's pod on ``node``: the Slurm node its slurmd registers."""
+        nodes, _ = self._world.state()
+        annotations = self._facts(node, nodes[node]).annotations if node in nodes else {}
+        return annotations.get(SLINKY_HOSTNAME_OVERRIDE) or node.split(".", 1)[0]
 
     async def successor(self, name: str, *, handle: str | None) -> ClusterNode | None:
         new = self.successors.get(name)
@@ -172,18 +182,31 @@ class DaemonSetNodeSet(SimulatedCluster):
         nodes, _ = self._world.state()
         gone = set(self.successors)
         pods = []
-        for name, node in nodes.items():
+        for name in nodes:
             if name in gone:
                 continue
-            annotations = self._facts(name, node).annotations
-            hostname = annotations.get(SLINKY_HOSTNAME_OVERRIDE) or name.split(".", 1)[0]
+            hostname = self._hostname(name)
             labels = {
                 **DEFAULT_SLINKY_SELECTOR,
                 SLINKY_POD_HOSTNAME: hostname,
-                SLINKY_SCALING_MODE: "DaemonSet",
+                SLINKY_SCALING_MODE: self.mode,
             }
             pods.append(SlurmdPod(f"slurm-worker-{name}", name, hostname, labels, namespace))
         return pods
+
+
+class StatefulSetNodeSet(DaemonSetNodeSet):
+    """The same replacement under a NodeSet in StatefulSet scaling mode (slurm-operator's default):
+    the slurmd pod is a replica named by its ordinal, also its hostname and Slurm node
+    (``NewNodeSetStatefulSetPod``); made again and placed on the replacement, it registers the
+    failed node's Slurm node there. Here a replica's ordinal name is the name of the node it first
+    ran on."""
+
+    mode = "StatefulSet"
+
+    def _hostname(self, node: str) -> str:
+        replaced = {new: old for old, new in self.successors.items()}
+        return replaced.get(node, node)
 
 
 class SimulatedNotifier:
