@@ -158,11 +158,14 @@ async def tour(
             replacing = make(replace={"strategy": strategy, "command": ["true"]})
             handle = await replacing.replace(NODE, strategy="configured", incident_id="pc-1")
             await replacing.successor(NODE, handle=handle)
+            if strategy == "karpenter":
+                await replacing.successor(NODE, handle=f"{handle} {NODESET_DEMAND}")
         return
     karpenter = make(replace={"strategy": "karpenter"})
     before = _nodes(k8s)
     handle = await karpenter.replace(NODE, strategy="configured", incident_id="pc-1")
     await karpenter.successor(NODE, handle=handle)  # none yet: its placeholder is read
+    await karpenter.successor(NODE, handle=f"{handle} {NODESET_DEMAND}")
     replacement = await _new_ready_node(k8s, before, gone=NODE)
     # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
     before = _nodes(k8s)
@@ -173,6 +176,13 @@ async def tour(
     await make(replace={"strategy": "delete-node", "command": ["true"]}).replace(
         replacement, strategy="configured", incident_id="pc-3"
     )
+
+
+#: A StatefulSet-mode NodeSet's slurmd pod as Karpenter's demand (``_nodeset_demand``): the successor
+#: is the node it lands on, so that pod is read (here it is gone). Without it the tour never reads
+#: a pod in ``slurm``, and the rule allowing it counted as used only when a test of that path ran
+#: earlier in the same process.
+NODESET_DEMAND = "demand=pod/slurm/slurm-worker-gpu-h100-0"
 
 
 def _nodes(k8s: KubeEmulator) -> dict[str, dict[str, Any]]:
