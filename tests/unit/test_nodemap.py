@@ -3,7 +3,8 @@
 Cases: identity; label and annotation holding one name or a hostlist; a node without the
 key (not a Slurm node); Slinky slurmd pods, whose Slurm name is the operator's
 ``pod-hostname`` label, else the pod hostname, else the pod name, filtered by node and
-selector; the reverse lookup; Slinky's cordon annotation and its prefixed reason.
+selector; the reverse lookup; Slinky's cordon annotation and its prefixed reason; which modes read
+a node's Slurm nodes from the node (so a replacement's are read from it) and which only name them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bot.domain.nodemap import SLINKY_POD_HOSTNAME, NodeMapping, SlurmdPod, k8s_node_for, slurm_nodes_for
+from bot.domain.nodemap import (
+    SLINKY_POD_HOSTNAME,
+    MappingMode,
+    NodeMapping,
+    SlurmdPod,
+    k8s_node_for,
+    read_from_node,
+    slurm_nodes_for,
+)
 from bot.domain.ownership import (
     SLINKY_CORDON_REASON,
     slinky_cordon_annotations,
@@ -118,3 +127,10 @@ def test_slinky_reason_round_trip() -> None:
     assert slinky_reason_is_ours("slurm-operator: " + ours)
     assert not slinky_reason_is_ours("slurm-operator: Pod is terminating")
     assert not slinky_reason_is_ours(ours)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reads"), [("identity", False), ("label", True), ("annotation", True), ("slinky", True)]
+)
+def test_which_modes_read_the_node(mode: MappingMode, reads: bool) -> None:
+    assert read_from_node(mode) is reads
