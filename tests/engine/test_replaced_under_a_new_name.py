@@ -8,7 +8,8 @@ pitcrew's cordon) and ``annotation`` on ``hostname-override`` (a site whose cont
 node's Slurm node; pitcrew takes the node out of Slurm itself).
 
 Cases: ``wait_ready`` waits for the successor's Slurm node (named by pitcrew's node mapping), not
-the old one, and records it in its result; ``slurm_resume`` never RESUMEs the record left behind
+the old one (one Slurm does not know yet, its slurmd not registered, is waited for), and records
+it in its result; ``slurm_resume`` never RESUMEs the record left behind
 (it stays out with the reason it had), and the timeline and the closing summary say so. A
 rollback after such a repair leaves the record alone: ``test_rollback``
 (``after-replace-node-under-a-new-name``). A StatefulSet-mode NodeSet (slurm-operator's default)
@@ -25,8 +26,10 @@ from typing import Any
 
 import pytest
 
+from bot.domain.jobs import SlurmNodeState
 from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
-from tests.engine.harness import DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
+from bot.engine.errors import PermanentError, Reason
+from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
 
 NODE = "gpu-node-02"
 SUCCESSOR = "gpu-node-02-x7b2n"
@@ -74,3 +77,23 @@ async def test_a_statefulset_nodesets_replacement_serves_the_same_slurm_node(tmp
         assert (ready["node"], ready["slurm_nodes"]) == (SUCCESSOR, [NODE])
         assert not await h.events(incident, "left_behind")
         assert "NOT_RESPONDING" not in (await h.world.node(NODE)).states
+
+
+async def test_a_new_slurm_node_slurm_does_not_know_yet_is_waited_for(tmp_path: Path) -> None:
+    """A dynamic node exists in slurmctld only once its slurmd registers (``slurmd -Z``): until then
+    Slurm answers that it knows no such node, which is no reason to give up on the repair."""
+    async with EngineHarness(tmp_path, cluster=DaemonSetNodeSet, mapping={"node_mapping": "slinky"}) as h:
+
+        def registers_late(state: SlurmNodeState) -> SlurmNodeState:
+            if state.name == SUCCESSOR and h.time.elapsed < 600:
+                raise PermanentError(f"Invalid node name specified: {SUCCESSOR}", reason=Reason.UNKNOWN_NODE)
+            return state
+
+        h.scheduler.always("node", Answer(registers_late))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        waits = [e.detail for e in await h.events(incident, "step_waiting", "wait_ready")]
+        assert any("Slurm does not know it" in w for w in waits), waits
+        finished = (await h.events(incident, "step_finished", "wait_ready"))[-1]
+        assert (finished.at - done.opened_at).total_seconds() >= 600

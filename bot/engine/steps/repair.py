@@ -332,7 +332,8 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         if passed:
             await ctx.save(replace(ctx.progress, validated=True))
             await ctx.note("validated", f"validation Job passed on {node.name}")
-    if replaced is not None and replaced.issued and read_from_node(ctx.settings.node_mapping):
+    read_again = replaced is not None and replaced.issued and read_from_node(ctx.settings.node_mapping)
+    if read_again:
         # A replacement serves the Slurm nodes the node mapping finds on it, which need not be the
         # failed node's: pitcrew's rule for any node, applied to the successor.
         slurm_nodes = tuple(await ctx.ports.slurm_names(node.name))
@@ -342,9 +343,9 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         try:
             state = await ctx.ports.scheduler.node(name)
         except PermanentError as exc:
-            if exc.reason != Reason.UNKNOWN_NODE:
+            if exc.reason != Reason.UNKNOWN_NODE or not read_again:
                 raise
-            # A dynamic node (Slinky's slurmd) is unknown to slurmctld until its slurmd registers.
+            # A new dynamic node (Slinky's slurmd) is unknown to slurmctld until its slurmd registers.
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet (Slurm does not know it)")
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
