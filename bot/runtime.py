@@ -169,7 +169,6 @@ def engine_deps(
         steps=StepSettings(
             poll_interval=settings.engine.poll_interval.total_seconds(),
             resumption=settings.resumption,
-            slinky=settings.slurm.node_mapping == "slinky",
             node_mapping=settings.slurm.node_mapping,
             goodput=settings.goodput,
             capacity=settings.capacity,

@@ -54,12 +54,17 @@ class StepSettings:
 
     poll_interval: float = 2.0
     resumption: ResumptionSettings = field(default_factory=ResumptionSettings)
-    slinky: bool = False
-    #: ``slurm.node_mapping``: whether a replacement's Slurm nodes are read from it (``read_from_node``).
+    #: ``slurm.node_mapping``: Slinky's (``slinky``), and whether a replacement's Slurm nodes are
+    #: read from it (``read_from_node``).
     node_mapping: MappingMode = "identity"
     goodput: GoodputSettings = field(default_factory=GoodputSettings)
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     lemon: LemonPolicy = field(default_factory=LemonPolicy)
+
+    @property
+    def slinky(self) -> bool:
+        """Slinky's slurm-operator runs slurmd (``slurm.node_mapping: slinky``)."""
+        return self.node_mapping == "slinky"
 
 
 @dataclass(frozen=True, slots=True)

@@ -582,7 +582,6 @@ class EngineHarness:
             settings=EngineSettings(**settings),
             steps=StepSettings(
                 poll_interval=2.0,
-                slinky=site.slurm.node_mapping == "slinky",
                 node_mapping=site.slurm.node_mapping,
                 capacity=CapacitySettings.model_validate(capacity or {}),
                 resumption=ResumptionSettings.model_validate(resumption or {}),
