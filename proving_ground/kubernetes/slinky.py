@@ -31,15 +31,21 @@ NODESET_SCALING_MODE = "nodeset.slinky.slurm.net/scaling-mode"
 POD_PROTECT = "nodeset.slinky.slurm.net/pod-protect"
 
 
+def scaling_mode(pod: dict[str, Any]) -> str | None:
+    """The scaling mode of the NodeSet that made ``pod`` (``StatefulSet``, ``DaemonSet``: its mode
+    label), or ``None`` if no NodeSet controls it."""
+    meta = pod["metadata"]
+    if not any(o.get("kind") == "NodeSet" and o.get("controller") for o in meta.get("ownerReferences") or []):
+        return None
+    mode = (meta.get("labels") or {}).get(NODESET_SCALING_MODE)
+    return str(mode) if mode is not None else None
+
+
 def recreated(gone: dict[str, Any]) -> dict[str, Any] | None:
     """The pod a StatefulSet-mode NodeSet makes again for one of its replicas that is gone: the
     same name, unbound and Pending, not protected (its Slurm node is not busy); None for any other
     pod (DaemonSet-mode NodeSet pods are made per node, under a generated name)."""
-    meta = gone["metadata"]
-    owners = meta.get("ownerReferences") or []
-    if (meta.get("labels") or {}).get(NODESET_SCALING_MODE) != "StatefulSet" or not any(
-        o.get("kind") == "NodeSet" and o.get("controller") for o in owners
-    ):
+    if scaling_mode(gone) != "StatefulSet":
         return None
     pod = copy.deepcopy(gone)
     kept = ("name", "namespace", "labels", "annotations", "ownerReferences", "generateName")
@@ -56,11 +62,8 @@ HOSTNAME_OVERRIDE = "nodeset.slinky.slurm.net/hostname-override"
 
 
 def daemonset_mode(pod: dict[str, Any]) -> bool:
-    """A pod a NodeSet in DaemonSet scaling mode made (its mode label, a NodeSet its controller)."""
-    meta = pod["metadata"]
-    return (meta.get("labels") or {}).get(NODESET_SCALING_MODE) == "DaemonSet" and any(
-        o.get("kind") == "NodeSet" and o.get("controller") for o in meta.get("ownerReferences") or []
-    )
+    """A pod a NodeSet in DaemonSet scaling mode made."""
+    return scaling_mode(pod) == "DaemonSet"
 
 
 def daemonset_hostname(node: dict[str, Any]) -> str:
