@@ -287,11 +287,10 @@ class RestScheduler(NodeUpdates):
             log.info("slurm job requeued", extra={"job_id": job_id, "backend": "rest", "already": True})
             return
         errors = errors_of(body)
-        refused = next((e for e in errors if e.requeue_refused), None)
-        if status == 422 and refused is not None and refused.requeue_refused:
-            raise not_requeueable(
-                job_id, refused.requeue_refused, f"{refused.message}, error {refused.errno}"
-            )
+        refused = next(((e, meaning) for e in errors if (meaning := e.requeue_refused)), None)
+        if status == 422 and refused is not None:
+            error, meaning = refused
+            raise not_requeueable(job_id, meaning, f"{error.message}, error {error.errno}")
         if status == 422 and not (errors and all(e.job_pending for e in errors)):
             detail = "; ".join(e.message for e in errors[:3]) or "HTTP 422"
             raise PermanentError(f"requeue: HTTP 422: {detail}", reason=Reason.INVALID_REQUEST)
