@@ -52,6 +52,18 @@ NHC_REASON = "NHC: check_fs_mount: /scratch not mounted"
 POLL = 1.0
 
 
+def _incident_on(server: Any, node: str, interval: float = 0.1) -> str:
+    """The id of the incident the watch opens on ``node``, once it has (within 30 s)."""
+    found: list[dict[str, Any]] = []
+
+    def opened() -> bool:
+        found[:] = server.incidents(node)
+        return bool(found)
+
+    wait_until(opened, timeout=30, interval=interval, what=f"an incident on {node}")
+    return str(found[0]["id"])
+
+
 def watching(factory: Any, slurm: SlurmCluster, name: str, backend: str) -> Any:
     return start_pitcrew(
         factory, slurm, name, backend, engine={"slurm_watch": True, "poll_interval": f"{POLL:g}s"}
@@ -66,15 +78,8 @@ def test_a_health_check_drain_cordons_and_a_human_resume_closes(
     node = "gpu-002"
     drained_at = time.monotonic()
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={NHC_REASON}")
-    found: list[dict[str, Any]] = []
-
-    def opened() -> bool:
-        found[:] = server.incidents(node)
-        return bool(found)
-
-    wait_until(opened, timeout=30, interval=0.05, what=f"an incident on {node}")
+    incident_id = _incident_on(server, node, interval=0.05)
     seen_after = time.monotonic() - drained_at
-    incident_id = found[0]["id"]
 
     # Cordoned with pitcrew's mark; Slurm's reason untouched; humans told Slurm's reason.
     server.wait_event(incident_id, "action", timeout=30)
@@ -111,14 +116,7 @@ def test_a_node_resumed_while_powered_down_is_given_back(
     server = watching(pitcrew_factory, slurm, f"watch-power-{backend}", backend)
     node = power_saving
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
-    found: list[dict[str, Any]] = []
-
-    def opened() -> bool:
-        found[:] = server.incidents(node)
-        return bool(found)
-
-    wait_until(opened, timeout=30, interval=0.05, what=f"an incident on {node}")
-    incident_id = found[0]["id"]
+    incident_id = _incident_on(server, node, interval=0.05)
     wait_until(
         lambda: destructive_calls(server.journal_records())[("cordon", node)] == 1, timeout=30, what="cordon"
     )
@@ -181,14 +179,7 @@ def _set_down_by_slurm(slurm: SlurmCluster, job_id: str, node: str) -> None:
 def _followed_until_resumed_and_closed(server: Any, slurm: SlurmCluster, job_id: str, node: str) -> None:
     """The incident on ``node`` names the job seen there, confirms it running elsewhere with its
     restart count grown, leaves Slurm's reason alone, and closes when a human RESUMEs the node."""
-    found: list[dict[str, Any]] = []
-
-    def opened() -> bool:
-        found[:] = server.incidents(node)
-        return bool(found)
-
-    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
-    incident_id = found[0]["id"]
+    incident_id = _incident_on(server, node)
     server.wait_event(incident_id, "job_running", timeout=90)
     # The step announces training is back, then commits its result: read the incident after.
     server.wait_event(incident_id, "step_finished", "confirm_resumed", timeout=30)
@@ -238,14 +229,7 @@ def test_a_job_slurm_could_not_requeue_off_a_node_it_set_down_is_reported_lost(
     wait_for_step(slurm, job_id, 3)
     _seen_by_the_watch(server, job_id, node)
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={NHC_REASON}")
-    found: list[dict[str, Any]] = []
-
-    def opened() -> bool:
-        found[:] = server.incidents(node)
-        return bool(found)
-
-    wait_until(opened, timeout=30, interval=0.1, what=f"an incident on {node}")
-    incident_id = found[0]["id"]
+    incident_id = _incident_on(server, node)
     wait_until(
         lambda: bool(notices(server.journal_records(), "job_lost")), timeout=60, what="the job reported lost"
     )
