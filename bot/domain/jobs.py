@@ -109,6 +109,11 @@ class JobSnapshot:
         return self.state in _ACTIVE_JOB_STATES
 
     @property
+    def who(self) -> str:
+        """The job as people know it: its id, name and owner."""
+        return f"job {self.job_id} ({self.name or 'no name'}, owner {self.user or 'unknown'})"
+
+    @property
     def not_requeueable(self) -> str | None:
         """Why Slurm refuses to requeue this job (``NO_REQUEUE``, ``NOT_BATCH``), or ``None``."""
         if not self.requeue:

@@ -248,7 +248,7 @@ async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | Non
                 requeued.append(snapshot.job_id)
                 continue
         await _keep(ctx, snapshot, why, grace)
-        kept.append(f"{_who(snapshot)}, which Slurm will not requeue: {why}")
+        kept.append(f"{snapshot.who}, which Slurm will not requeue: {why}")
     if kept:
         # At the step's deadline this is what the escalation says is left on the node.
         return Wait(
@@ -258,10 +258,6 @@ async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | Non
             "its owner or an admin scancel it",
         )
     return Wait(ctx.poll, "requeued jobs are leaving the node")
-
-
-def _who(job: JobSnapshot) -> str:
-    return f"job {job.job_id} ({job.name or 'no name'}, owner {job.user or 'unknown'})"
 
 
 async def _requeue(ctx: StepContext[DrainResult], job: JobSnapshot, grace: float) -> str | None:
@@ -277,7 +273,7 @@ async def _requeue(ctx: StepContext[DrainResult], job: JobSnapshot, grace: float
         if exc.reason == Reason.NOT_REQUEUEABLE:
             return f"it refused the requeue ({exc})"
         raise PermanentError(
-            f"{_who(job)} still runs on the drained node {ctx.node} after the {grace:g}s grace and Slurm "
+            f"{job.who} still runs on the drained node {ctx.node} after the {grace:g}s grace and Slurm "
             f"refused to requeue it ({exc}); pitcrew does not end it: let it finish, or have its owner "
             f"or an admin requeue or scancel it, then see to the node",
             reason=exc.reason,
@@ -298,7 +294,7 @@ async def _keep(ctx: StepContext[DrainResult], job: JobSnapshot, why: str, grace
         Notice(
             ctx.incident.id,
             "job_not_requeueable",
-            f"{ctx.node}: {_who(job)} cannot be requeued; pitcrew leaves it running",
+            f"{ctx.node}: {job.who} cannot be requeued; pitcrew leaves it running",
             (
                 f"Why Slurm will not requeue it: {why}.",
                 f"The node is drained for repair ({ctx.plan.summary}); the job still runs there "
@@ -314,4 +310,4 @@ async def _keep(ctx: StepContext[DrainResult], job: JobSnapshot, why: str, grace
         key=f"job_not_requeueable:{job.job_id}",
     )
     await ctx.save(replace(ctx.progress, kept=(*ctx.progress.kept, job.job_id)))
-    await ctx.note("job_not_requeueable", f"{_who(job)} left running: {why}", job=job.job_id)
+    await ctx.note("job_not_requeueable", f"{job.who} left running: {why}", job=job.job_id)

@@ -59,7 +59,7 @@ async def requeue_job(ctx: StepContext[RequeueJobResult]) -> Done[RequeueJobResu
             return Done(progress, f"job {job_id} is no longer running ({state}): nothing to requeue")
         if snapshot.not_requeueable:  # Slurm would refuse (``JobSnapshot.not_requeueable``)
             raise PermanentError(
-                f"job {job_id} ({snapshot.name}, owner {snapshot.user}) cannot be requeued: "
+                f"{snapshot.who} cannot be requeued: "
                 f"{snapshot.not_requeueable}; pitcrew does not end it: its owner may scancel it",
                 reason=Reason.NOT_REQUEUEABLE,
             )
@@ -83,8 +83,7 @@ async def requeue_job(ctx: StepContext[RequeueJobResult]) -> Done[RequeueJobResu
     await ctx.ports.scheduler.requeue(job.job_id)
     await ctx.acted(
         "slurm_requeue",
-        f"job {job.job_id} ({job.name}, owner {job.user}) requeued: its progress stood still; "
-        f"node(s) {', '.join(job.nodes)} left as they are",
+        f"{job.who} requeued: its progress stood still; node(s) {', '.join(job.nodes)} left as they are",
         job=job.job_id,
     )
     done = replace(progress, requeued_at=ctx.clock())
