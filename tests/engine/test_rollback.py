@@ -4,7 +4,10 @@ Cases (one table row each): after cordon-and-ask the node is exactly as before (
 first, then RESUME: the reverse of the playbook); a cordon and a DOWN someone else set are
 left alone; a rollback mid-way through replace-node stops the playbook before the
 replacement and reports the drain as irreversible; after replace-node has finished the
-replacement and the drain are reported irreversible and nothing is touched; a node an
+replacement and the drain are reported irreversible and nothing is touched; where the
+replacement serves a new Slurm node (a DaemonSet-mode Slinky NodeSet), the failed node's record,
+its slurmd gone, is never RESUMEd: after the repair, while the new one registers, or before the
+replacement has come at all (which Slurm node it serves is not known yet); a node an
 operator took over after pitcrew (a DOWN with their reason) keeps their DOWN, and so does a
 node another pitcrew incident took (its reason is pitcrew's, not this incident's); a rollback
 while an approval is pending has nothing to undo, ends the incident and withdraws the
@@ -28,8 +31,10 @@ from typing import Any
 
 import pytest
 
+from bot.domain.jobs import SlurmNodeState
 from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
-from tests.engine.harness import DaemonSetNodeSet, EngineHarness, Slow, fleet
+from bot.engine.errors import PermanentError, Reason
+from tests.engine.harness import Answer, DaemonSetNodeSet, Effect, EngineHarness, Slow, fleet
 from tests.harness.scenarios import fault_delivery, gpu_node
 
 Drive = Callable[[EngineHarness], Awaitable[str]]
@@ -93,6 +98,37 @@ async def _after_replace_node(h: EngineHarness) -> str:
     incident = await h.alert("gpu-node-02")
     assert (await h.until_ended(incident)).state.value == "resolved"
     return incident
+
+
+def _until_waiting(for_what: str, *, slurm: Effect | None = None, cluster: Effect | None = None) -> Drive:
+    """The incident of gpu-node-02 replaced, its ``wait_ready`` waiting ``for_what``: the far sides'
+    answers changed by ``slurm`` (the scheduler's ``node``) and ``cluster`` (its ``successor``)."""
+
+    async def drive(h: EngineHarness) -> str:
+        if slurm is not None:
+            h.scheduler.always("node", slurm)
+        if cluster is not None:
+            h.cluster.always("successor", cluster)
+        incident = await h.alert("gpu-node-02")
+
+        async def waiting() -> bool:
+            return any(for_what in e.detail for e in await h.events(incident, "step_waiting", "wait_ready"))
+
+        await h.run_until(waiting, about=incident)
+        return incident
+
+    return drive
+
+
+def _unknown_to_slurm(name: str) -> Effect:
+    """Slurm knows no ``name`` yet: a dynamic node before its slurmd registers (``slurmd -Z``)."""
+
+    def answer(state: SlurmNodeState) -> SlurmNodeState:
+        if state.name == name:
+            raise PermanentError(f"Invalid node name specified: {name}", reason=Reason.UNKNOWN_NODE)
+        return state
+
+    return Answer(answer)
 
 
 async def _awaiting_approval(h: EngineHarness) -> str:
@@ -164,6 +200,45 @@ ROLLBACKS = {
             "cordon: the node no longer carries pitcrew's annotation; left as is",
             "slurm_down: gpu-node-02 left as it is: the node's replacement serves gpu-node-02-x7b2n, "
             "not gpu-node-02",
+        ],
+        {},
+        node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},
+        harness={
+            "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
+            "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
+        },
+    ),
+    # The same, rolled back while ``wait_ready`` waits for the replacement's new Slurm node to
+    # register: the old record is as much a ghost as after the repair.
+    "while-a-new-slurm-name-registers": RollbackCase(
+        _until_waiting("Slurm does not know it", slurm=_unknown_to_slurm("gpu-node-02-x7b2n")),
+        "gpu-node-02",
+        [
+            "replace: the replacement has already started and cannot be cancelled",
+            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
+            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            "slurm_down: gpu-node-02 left as it is: the node's replacement serves gpu-node-02-x7b2n, "
+            "not gpu-node-02",
+        ],
+        {},
+        node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},
+        harness={
+            "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
+            "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
+        },
+    ),
+    # ... and before the replacement has even come: which Slurm node it will serve is not known,
+    # and a RESUME of the old record may return a ghost.
+    "before-a-replacement-under-a-new-name-comes": RollbackCase(
+        _until_waiting("has registered yet", cluster=Answer(lambda _: None)),
+        "gpu-node-02",
+        [
+            "replace: the replacement has already started and cannot be cancelled",
+            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
+            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            "slurm_down: gpu-node-02 left as it is: the node was replaced, and the Slurm node(s) its "
+            "replacement serves are not known yet (node_mapping annotation reads them from the node, "
+            "and a new node may serve a new name); resume gpu-node-02 by hand if its slurmd comes back",
         ],
         {},
         node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},

@@ -17,7 +17,7 @@ from typing import TypeVar
 from bot.domain.incident import State
 from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
-from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
+from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
@@ -278,6 +278,39 @@ def left_behind(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> 
     and a replacement has a new name). Nothing runs there again; pitcrew never RESUMEs them."""
     back = set(slurm_nodes_back(down, ready))
     return tuple(n for n in (down.slurm_nodes if down else None) or () if n not in back)
+
+
+async def served_at_rollback(ctx: UndoContext) -> tuple[WaitReadyResult | None, bool]:
+    """For a rollback: what ``wait_ready`` found, and whether which Slurm nodes the repair brought
+    back is still unknown. Until ``wait_ready`` records the Slurm nodes a replacement serves, and
+    where the node mapping reads them from the node (``read_from_node``), they are read now from
+    the successor as ``wait_ready`` reads them. Unknown (True): a replacement went ahead and no
+    successor serving a Slurm node has come yet; the failed node's records may be ghosts, their
+    slurmd gone with the old machine, and none is RESUMEd."""
+    facts = Facts(ctx.deps, ctx.incident.id)
+    ready = await facts.result(WaitReadyResult)
+    replaced = await facts.result(ReplaceResult)
+    cluster = ctx.deps.ports.cluster
+    if (
+        (ready is not None and ready.slurm_nodes is not None)
+        or cluster is None
+        or replaced is None
+        or not replaced.issued
+        or not read_from_node(ctx.deps.settings.node_mapping)
+        # cancelled (``undo_replace`` runs first): the failed node stays, with its Slurm nodes
+        or not await cluster.replacement_started(ctx.node, incident_id=ctx.incident.id)
+    ):
+        return ready, False
+    if replaced.handle is None:
+        successor = await cluster.node(ctx.node)
+    else:
+        successor = await cluster.successor(ctx.node, handle=replaced.handle)
+    if successor is None:
+        return ready, True
+    served = tuple(await ctx.deps.ports.slurm_names(successor.name))
+    if not served:
+        return ready, True
+    return replace(ready or WaitReadyResult(), node=successor.name, slurm_nodes=served), False
 
 
 @REGISTRY.step(

@@ -15,7 +15,7 @@ from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot, SlurmNodeState
 from bot.domain.ownership import owns_slurm_reason, slurm_reason_owner
 from bot.domain.slurm_watch import ALERTNAME, SLURM_FAULT, seen_jobs
-from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
+from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import Reason, TransientError
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.training import progress_of
@@ -57,17 +57,30 @@ class SlurmDownResult(StepResult):
 
 async def undo_slurm_down(ctx: UndoContext, result: SlurmDownResult) -> str:
     """RESUME every node whose reason is still this incident's; leave the others as they are, and
-    a record the node's replacement left behind (its slurmd gone with the old machine)."""
-    from bot.engine.steps.repair import WaitReadyResult, left_behind, slurm_nodes_back  # repair imports this
+    a record the node's replacement left behind (its slurmd gone with the old machine), or may have
+    (a replacement under way whose Slurm nodes are not known yet: ``served_at_rollback``)."""
+    from bot.engine.steps.repair import (  # repair imports this
+        left_behind,
+        served_at_rollback,
+        slurm_nodes_back,
+    )
 
     scheduler = ctx.deps.ports.scheduler
     names = list(result.slurm_nodes or ()) or list(result.owned)
     if not names and result.pending:
         names = [result.pending]
-    ready = await Facts(ctx.deps, ctx.incident.id).result(WaitReadyResult)
+    ready, unknown = await served_at_rollback(ctx)
     behind = left_behind(result, ready)
     lines = []
     for name in names:
+        if unknown:
+            lines.append(
+                f"{name} left as it is: the node was replaced, and the Slurm node(s) its replacement "
+                f"serves are not known yet (node_mapping {ctx.deps.settings.node_mapping} reads them "
+                f"from the node, and a new node may serve a new name); resume {name} by hand if its "
+                "slurmd comes back"
+            )
+            continue
         if name in behind:
             serving = ", ".join(slurm_nodes_back(result, ready))
             lines.append(f"{name} left as it is: the node's replacement serves {serving}, not {name}")
