@@ -14,7 +14,7 @@ from bot.engine.registry import REGISTRY
 from bot.engine.steps.capacity import GiveBackResult
 from bot.engine.steps.cluster import CordonResult, release_cordon
 from bot.engine.steps.repair import WaitReadyResult, left_behind, slurm_nodes_back
-from bot.engine.steps.slurm import SlurmDownResult, down_while_busy
+from bot.engine.steps.slurm import SlurmDownResult, held_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
             await ctx.note("left_slurm", f"Slurm node {name} left with the node, which joined its pool")
             resumed.append(name)
             continue
-        if not (state.taken_out or down_while_busy(state, ctx.incident.id)):
+        if not held_out(state, ctx.incident.id):
             resumed.append(name)
             continue
         if not owns_slurm_reason(state.reason, ctx.incident.id):

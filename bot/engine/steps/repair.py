@@ -14,14 +14,17 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from bot import logger
 from bot.domain.incident import State
 from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
-from bot.engine.errors import PermanentError, Reason, TransientError
+from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
-from bot.engine.steps.slurm import SlurmDownResult
+from bot.engine.steps.slurm import SlurmDownResult, held_out
+
+log = logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,10 @@ class WaitReadyResult(StepResult):
     #: The Slurm node(s) the node found Ready serves, by the node mapping: after a replacement,
     #: the successor's, which may be new names (``None``: the failed node's, ``slurm_nodes_back``).
     slurm_nodes: tuple[str, ...] | None = None
+    #: When it last looked whether the incident's Slurm nodes were put back meanwhile, and those
+    #: found so (told once): ``_put_back_meanwhile``.
+    looked_at: datetime | None = None
+    put_back: tuple[str, ...] = ()
 
 
 def slurm_nodes_back(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> tuple[str, ...]:
@@ -278,6 +285,10 @@ def left_behind(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> 
     and a replacement has a new name). Nothing runs there again; pitcrew never RESUMEs them."""
     back = set(slurm_nodes_back(down, ready))
     return tuple(n for n in (down.slurm_nodes if down else None) or () if n not in back)
+
+
+#: How often ``wait_ready`` looks whether a Slurm node pitcrew took out was put back meanwhile (s).
+LOOK_AGAIN = 30.0
 
 
 async def served_at_rollback(ctx: UndoContext) -> tuple[WaitReadyResult | None, bool]:
@@ -331,6 +342,7 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         return await _slurm_node_back(ctx, slurm_nodes)
     # A replacement's or a reboot's handle says which node, in which state, counts as back.
     replaced = await ctx.result(ReplaceResult)
+    await _put_back_meanwhile(ctx, down, replaced)
     issued = [r for r in (replaced, await ctx.result(RebootResult)) if r and r.issued]
     handle = next((r.handle for r in issued if r.handle), None)
     if handle is None:  # reset, reboot, or no replacement: the same node
@@ -394,6 +406,66 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
             f"scontrol delete NodeName={','.join(behind)})",
         )
     return Done(done, f"node {node.name} is Ready")
+
+
+async def _put_back_meanwhile(
+    ctx: StepContext[WaitReadyResult], down: SlurmDownResult | None, replaced: ReplaceResult | None
+) -> None:
+    """A Slurm node this incident took out, put back in service by other hands before its repair is
+    confirmed: a person's RESUME, or Slurm's own (``SlurmctldParameters=idle_on_node_suspend``
+    clears DOWN and DRAIN as power saving suspends a node, ``power_save.c``; ``scontrol reboot
+    nextstate=RESUME`` or ``ASAP`` clears them once it rebooted). Jobs may land on it meanwhile.
+    pitcrew does not take it out again over that hand; it says so once per node, in the timeline
+    and to humans. Looked at every ``LOOK_AGAIN`` seconds at most. Not after a replacement whose
+    Slurm nodes the mapping reads from the node: the failed node's records may be left behind
+    (``left_behind``), and where the mapping is ``slinky`` the operator, not pitcrew, took them out.
+    The look is advice: a failed read is logged and waited out, never the step's failure."""
+    if down is None or (
+        replaced is not None and replaced.issued and read_from_node(ctx.settings.node_mapping)
+    ):
+        return
+    mine = [name for name, owned in down.owned.items() if owned and name not in ctx.progress.put_back]
+    now = ctx.clock()
+    looked_at = ctx.progress.looked_at
+    if not mine or (looked_at is not None and (now - looked_at).total_seconds() < LOOK_AGAIN):
+        return
+    put_back = list(ctx.progress.put_back)
+    for name in mine:
+        try:
+            state = await ctx.ports.scheduler.node(name)
+        except PitcrewError as exc:
+            log.info(
+                "could not look whether a Slurm node was put back",
+                extra={"slurm_node": name, "reason": str(exc)},
+            )
+            continue
+        if held_out(state, ctx.incident.id):
+            continue
+        shows = "/".join(sorted(state.states)) + (f", reason {state.reason!r}" if state.reason else "")
+        await ctx.tell(
+            Notice(
+                ctx.incident.id,
+                "returned_early",
+                f"{ctx.node}: Slurm node {name} is back in service before its repair is confirmed",
+                (
+                    f"Slurm shows {name} {shows}. pitcrew took it out for {ctx.plan.summary} and has "
+                    "not returned it: a person's RESUME did, or Slurm's own (SlurmctldParameters="
+                    "idle_on_node_suspend, scontrol reboot nextstate=RESUME or ASAP).",
+                    "Jobs may run on it before the repair is confirmed. pitcrew does not take it out "
+                    "again over that hand; it goes on with the repair.",
+                    f"To keep jobs off it until then, and have pitcrew return it after the repair: "
+                    f'scontrol update NodeName={name} State=DRAIN Reason="{ctx.reason()}"',
+                ),
+                severity="warning",
+                node=ctx.node,
+            ),
+            key=f"returned_early:{name}",
+        )
+        await ctx.note(
+            "returned_early", f"Slurm node {name} back in service ({shows}) before its repair is confirmed"
+        )
+        put_back.append(name)
+    await ctx.save(replace(ctx.progress, looked_at=now, put_back=tuple(put_back)))
 
 
 async def _faults_still_reported(ctx: StepContext[WaitReadyResult], node: str) -> Wait | None:

@@ -32,6 +32,12 @@ def down_while_busy(state: SlurmNodeState, incident_id: str) -> bool:
     return state.busy and owns_slurm_reason(state.reason, incident_id)
 
 
+def held_out(state: SlurmNodeState, incident_id: str) -> bool:
+    """Out of service by a node update (``taken_out``), this incident's DOWN included while Slurm
+    still shows the node busy (``down_while_busy``): what the DOWN or DRAIN made, and a RESUME undoes."""
+    return state.taken_out or down_while_busy(state, incident_id)
+
+
 @dataclass(frozen=True, slots=True)
 class SlurmDownResult(StepResult):
     #: The Slurm node(s) the Kubernetes node carries.
@@ -146,7 +152,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
         state = await scheduler.node(name)
         if state.gpus is not None:
             await ctx.save(replace(ctx.progress, gpus={**ctx.progress.gpus, name: state.gpus}))
-        if state.taken_out or down_while_busy(state, ctx.incident.id):
+        if held_out(state, ctx.incident.id):
             mine = owns_slurm_reason(state.reason, ctx.incident.id)
             owned[name] = mine
             if mine and action == "down" and not state.drained:
@@ -177,7 +183,7 @@ async def slurm_down(ctx: StepContext[SlurmDownResult]) -> Done[SlurmDownResult]
             await scheduler.down(name, reason)
         await ctx.acted(f"slurm_{action}", f"Slurm node {name} set {action.upper()}: {reason}", node=name)
         after = await scheduler.node(name)
-        applied = after.taken_out or down_while_busy(after, ctx.incident.id)
+        applied = held_out(after, ctx.incident.id)
         if not applied or not owns_slurm_reason(after.reason, ctx.incident.id):
             raise TransientError(
                 f"Slurm node {name} not yet {action.upper()} (reads {'+'.join(sorted(after.states))}, "
