@@ -142,9 +142,24 @@ POWER_SAVING = (
 def power_saving(slurm: SlurmCluster) -> Iterator[str]:
     """Power saving on for the cluster's last node (slurm.conf and ``scontrol reconfigure``);
     yields that node. After: no jobs, slurm.conf as before, the node awake and IDLE."""
+    with _power_saving_on(slurm) as node:
+        yield node
+
+
+@pytest.fixture
+def idle_on_node_suspend(slurm: SlurmCluster) -> Iterator[str]:
+    """``power_saving`` with ``SlurmctldParameters=idle_on_node_suspend``: Slurm makes a node it
+    suspends IDLE, whatever took it out (slurm.conf.5)."""
+    with _power_saving_on(slurm, "SlurmctldParameters=idle_on_node_suspend\n") as node:
+        assert "idle_on_node_suspend" in slurm.run("scontrol", "show", "config").stdout
+        yield node
+
+
+@contextlib.contextmanager
+def _power_saving_on(slurm: SlurmCluster, extra: str = "") -> Iterator[str]:
     node, others = slurm.nodes[-1], ",".join(slurm.nodes[:-1])
     before = slurm.conf.read_text()
-    slurm.conf.write_text(before + POWER_SAVING.format(others=others))
+    slurm.conf.write_text(before + POWER_SAVING.format(others=others) + extra)
     slurm.run("scontrol", "reconfigure")
     try:
         assert "SuspendTime             = 2 sec" in slurm.run("scontrol", "show", "config").stdout

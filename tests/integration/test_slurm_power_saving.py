@@ -20,6 +20,9 @@ the others in ``SuspendExcNodes``; slurm.conf put back after), for both backends
   resumed node, and the booting one, as out of service and as an outage by a health check.
 * pitcrew's own DOWN is powered down too and stays pitcrew's (DOWN+DRAIN, its reason);
   pitcrew's RESUME returns it to service.
+* under ``SlurmctldParameters=idle_on_node_suspend`` Slurm hands pitcrew's node back as it
+  suspends it: read by either backend, it is in service and no longer held out by the incident
+  (what ``wait_ready`` tells humans about, ``tests/engine/test_returned_before_the_repair.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pytest
 
 from bot.domain.outages import slurm_outage
 from bot.domain.ownership import owns_slurm_reason, slurm_reason
+from bot.engine.steps.slurm import held_out
 from proving_ground.proc import eventually
 from proving_ground.slurm import SlurmCluster
 from tests.harness.slurm import BACKENDS, Sched, backend
@@ -101,3 +105,20 @@ async def test_pitcrews_down_is_powered_down_and_stays_pitcrews_until_its_resume
     await scheduler.resume(node)
     back = await scheduler.node(node)
     assert not back.taken_out and back.in_service, back.states
+
+
+async def test_idle_on_node_suspend_puts_pitcrews_node_back_in_service(
+    slurm: SlurmCluster, idle_on_node_suspend: str
+) -> None:
+    """Slurm itself hands pitcrew's node back: suspending it, it clears DOWN, DRAIN and the reason
+    (``power_save.c``, ``idle_on_node_suspend``). The rule ``wait_ready`` looks with
+    (``held_out``) sees it put back, as it sees a person's RESUME (``returned_early``)."""
+    node = idle_on_node_suspend
+    async with backend(slurm, "scontrol") as scheduler:
+        await scheduler.down(node, slurm_reason("pc-00042", "XID 79 gpu3"))
+        assert held_out(await scheduler.node(node), "pc-00042")
+        await _powered_down(scheduler, node)
+        for name in BACKENDS:
+            async with backend(slurm, name) as reader:
+                back = await reader.node(node)
+                assert not held_out(back, "pc-00042") and back.in_service, (name, back)
