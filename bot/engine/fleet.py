@@ -3,7 +3,8 @@
 The breaker counts every node out of service, whoever took it out (``bot.domain.outages``).
 Reading that per alert would cost a list of every Slurm and Kubernetes node per alert — in a
 storm of thousands, thousands of lists of 10,000 nodes. So the snapshot is read through the
-ports (``Scheduler.nodes``, ``Cluster.nodes``: one list each) and kept for ``max_age`` (the
+ports (``Scheduler.nodes``, ``Cluster.nodes``: one list each, and on Slurm 22.05 a read of each
+powered-down cloud node its list hides) and kept for ``max_age`` (the
 engine's poll interval): a storm costs at most two reads per interval, however many alerts
 it brings. Concurrent callers share one read in flight. A failed read is kept for the same
 interval too (a far side that is down is not hammered), and the last good view of that far

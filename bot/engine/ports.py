@@ -46,7 +46,8 @@ class Scheduler(Protocol):
 
     async def nodes(self) -> list[SlurmNodeState]:
         """Every Slurm node with its state and reason, in one read (the breaker's snapshot of
-        nodes out of service, ``bot.engine.fleet``)."""
+        nodes out of service, ``bot.engine.fleet``); on 22.05 also those of its partitions the list
+        hides (powered-down ``State=CLOUD`` nodes), each read alone."""
         ...
 
     async def partition_nodes(self, name: str) -> PartitionNodes | None:

@@ -112,7 +112,8 @@ class SlurmWatch(AlertSource):
         """The nodes of this watch's firing outages that Slurm's list left out, each read alone. 22.05's
         slurmctld lists no powered-down ``State=CLOUD`` node unless ``PrivateData=cloud`` (``node_mgr.c``
         ``_is_cloud_hidden``), and power saving suspends a DOWN node too: its outage is not over for
-        that. A node Slurm no longer knows at all is left out, and its outage ends."""
+        that. ``Scheduler.nodes`` adds such nodes of Slurm's partitions; this reads one in none. A
+        node Slurm no longer knows at all is left out, and its outage ends."""
         out = {name for a in firing if (name := a.labels.get("slurm_node"))}
         found = []
         for name in sorted(out - listed):

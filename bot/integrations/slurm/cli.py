@@ -14,7 +14,7 @@ import asyncio
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +39,8 @@ _SHORT_STATE = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", 
 _ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
 #: ``sinfo -O`` fields of one node, each ended by "|" and unpadded; the reason last (it may hold "|").
 _SINFO_NODE = "NodeList:|,StateComplete:|,UserLong:|,TimeStamp:|,Gres:|,Reason:|"
+#: Nodes a list left out that are read alone at once (``unlisted_nodes``): one ``sinfo`` each.
+_ALONE_AT_ONCE = 8
 # One node, never a hostlist ("gpu-[001-100]" would down a hundred) nor something scontrol reads as
 # an option; job ids are numbers, array tasks "123_4".
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -186,9 +188,42 @@ class ScontrolScheduler(NodeUpdates):
         raise PermanentError(f"Slurm node {name!r} not found", reason=Reason.UNKNOWN_NODE)
 
     async def nodes(self) -> list[SlurmNodeState]:
-        out = await self._run("scontrol", "--all", "show", "node", "-o", op="show_nodes")
+        """Every node: the list, and the nodes 22.05's list hides (``unlisted_nodes``). ``--future``
+        lists the ``State=FUTURE`` nodes too, so they are not taken for hidden ones and read alone:
+        they do not exist yet, and are not returned."""
+        out = await self._run("scontrol", "--all", "--future", "show", "node", "-o", op="show_nodes")
         with _shape("show_nodes"):
-            return [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
+            listed = [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
+        found = [n for n in listed if "FUTURE" not in n.states]
+        return found + await self.unlisted_nodes({n.name for n in listed})
+
+    async def unlisted_nodes(self, listed: Collection[str]) -> list[SlurmNodeState]:
+        """The nodes of Slurm's partitions that a list of every node left out, each read alone
+        (``_unlisted_node``). 22.05's slurmctld leaves a powered-down ``State=CLOUD`` node out of
+        every list unless ``PrivateData=cloud`` (``node_mgr.c`` ``pack_all_node``, ``_is_cloud_hidden``;
+        ``sinfo`` and slurmrestd's ``/nodes`` alike), not out of a partition's ``Nodes=``, and power
+        saving suspends a DOWN or DRAIN node too: someone's outage vanished from the breaker's count.
+        From 23.02 on a list shows them (SchedMD's "Change cloud nodes to show by default"), and
+        this reads the partitions only. A node neither read finds (one not in Slurm any more) is
+        left out. A node in no partition, or only in ``Nodes=ALL`` ones, cannot be named here."""
+        # Nodes=ALL names no node: a node it hides stays unseen (the README says so).
+        members = {n for p in await self._partitions() if not p.everything for n in expand_hostlist(p.nodes)}
+        slots = asyncio.Semaphore(_ALONE_AT_ONCE)
+
+        async def alone(name: str) -> SlurmNodeState:
+            async with slots:
+                return await self._unlisted_node(name)
+
+        # Every read ends (each ``_run`` is bounded by the command timeout) before one failure is told.
+        read = await asyncio.gather(
+            *(alone(n) for n in sorted(members - set(listed))), return_exceptions=True
+        )
+        for outcome in read:
+            if isinstance(outcome, PermanentError) and outcome.reason == Reason.UNKNOWN_NODE:
+                continue
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [n for n in read if isinstance(n, SlurmNodeState)]
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         # squeue's text mode honours -w (its --json mode ignores filters in 22.05); the
@@ -216,11 +251,13 @@ class ScontrolScheduler(NodeUpdates):
 
     async def partition_nodes(self, name: str) -> PartitionNodes | None:
         node = checked_node(name)
-        # --all: a hidden partition holds the node as much as a visible one.
+        return member_partitions(await self._partitions(), node)
+
+    async def _partitions(self) -> list[Partition]:
+        # --all: a hidden partition holds its nodes as much as a visible one.
         out = await self._run("scontrol", "--all", "--oneliner", "show", "partition", op="show_partition")
         with _shape("show_partition"):
-            found = [parse_partition_line(ln) for ln in out.splitlines() if ln.startswith("PartitionName=")]
-        return member_partitions(found, node)
+            return [parse_partition_line(ln) for ln in out.splitlines() if ln.startswith("PartitionName=")]
 
     async def reservation(self, name: str) -> tuple[str, ...] | None:
         try:
@@ -287,13 +324,7 @@ class ScontrolScheduler(NodeUpdates):
     async def probe(self) -> Probe:
         """``scontrol show partition``: slurmctld answers us through munge. Changes nothing."""
         try:
-            out = await self._run("scontrol", "--all", "--oneliner", "show", "partition", op="show_partition")
-            with _shape("show_partition"):
-                names = [
-                    parse_partition_line(ln).name
-                    for ln in out.splitlines()
-                    if ln.startswith("PartitionName=")
-                ]
+            names = [p.name for p in await self._partitions()]
         except PitcrewError as exc:
             return Probe("slurm", False, f"scontrol: {exc}", missing=(probe_missing(exc, "scontrol"),))
         return Probe("slurm", True, f"scontrol: slurmctld answers; partitions: {', '.join(names) or 'none'}")

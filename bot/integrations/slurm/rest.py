@@ -210,13 +210,16 @@ class RestScheduler(NodeUpdates):
         # One list of every node; unlike ``node`` no scontrol fallback per node (that would be a
         # read per node): a 22.05 DOWN node still shown "mixed" (or "allocated") counts by its
         # reason instead (``_down_unshown``). From 23.02 on (v0.0.39+) the DOWN flag is shown at once.
+        # 22.05's ``/nodes`` leaves out powered-down CLOUD nodes as every list does (v0.0.38
+        # ``nodes.c`` asks ``slurm_load_node``): those the scontrol backend finds (``unlisted_nodes``).
         api = await self.api()
         _, body = await self._request("GET", api.path("nodes"), op="get_nodes")
         with _shape("get_nodes"):
             listed = nodes_from_payload(body)
         if api.version != "v0.0.38":
             return listed
-        return [replace(n, states=n.states | {"DOWN"}) if _down_unshown(n) else n for n in listed]
+        shown = [replace(n, states=n.states | {"DOWN"}) if _down_unshown(n) else n for n in listed]
+        return shown + await self._fallback.unlisted_nodes({n.name for n in listed})
 
     async def jobs_on_node(self, name: str) -> list[JobSnapshot]:
         checked_node(name)
