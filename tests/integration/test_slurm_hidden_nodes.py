@@ -9,7 +9,9 @@ by an administrator and powered down; ``tests/integration/test_slurm_cloud_nodes
 one). Cases, each saying which commands ran:
 * 22.05: the list lacks gpu-003, the partition names it: it is read alone and returned, DOWN with
   the administrator's reason;
-* 24.11 (and 23.02 on): the list has it: only the partitions are read besides, nothing alone;
+* 24.11 (and 23.02 on, told by ``scontrol --version``, read once): the list has it, and nothing
+  else is read (no partitions, nothing alone); a version that cannot be read is taken for one
+  whose lists may hide nodes;
 * a ``State=FUTURE`` node, listed with ``--future``: not returned, not read alone;
 * a partition of ``Nodes=ALL`` names no node to read alone;
 * a partition's node that ``sinfo -n`` does not find either (gone from Slurm): left out;
@@ -47,9 +49,12 @@ PARTITION = "PartitionName=gpu AllowGroups=ALL Default=YES Hidden=NO Nodes={node
 CLOUD_ALONE = "gpu-003|down+cloud+powered_down|root(0)|2026-12-06T23:15:26|gpu:h100:8|admin: psu swap|"
 
 
-def _scripted(bin_dir: Path, nodes: list[str], partitions: list[str], alone: dict[str, str]) -> Path:
-    """``scontrol`` answering ``show node`` and ``show partition``, ``sinfo -n NAME`` answering
-    ``alone[NAME]`` (nothing for another node, as sinfo does); each call logged to the file returned."""
+def _scripted(
+    bin_dir: Path, nodes: list[str], partitions: list[str], alone: dict[str, str], version: str = "22.05.8"
+) -> Path:
+    """``scontrol`` answering ``--version`` (``slurm VERSION``; an empty ``version``: it fails),
+    ``show node`` and ``show partition``, ``sinfo -n NAME`` answering ``alone[NAME]`` (nothing for
+    another node, as sinfo does); each call logged to the file returned."""
     calls = bin_dir / "calls.log"
     (bin_dir / "nodes.txt").write_text("".join(f"{line}\n" for line in nodes))
     (bin_dir / "partitions.txt").write_text("".join(f"{line}\n" for line in partitions))
@@ -59,7 +64,8 @@ def _scripted(bin_dir: Path, nodes: list[str], partitions: list[str], alone: dic
         "scontrol": (
             f'echo "scontrol $*" >> {calls}\n'
             f'case "$*" in *" node "*) cat {bin_dir}/nodes.txt ;; *partition*) cat {bin_dir}/partitions.txt ;;'
-            " *) exit 1 ;; esac\n"
+            + (f' --version) echo "slurm {version}" ;;' if version else "")
+            + " *) exit 1 ;; esac\n"
         ),
         "sinfo": (
             f'echo "sinfo $*" >> {calls}\n'
@@ -75,70 +81,107 @@ def _scripted(bin_dir: Path, nodes: list[str], partitions: list[str], alone: dic
 
 
 ALL3 = [PARTITION.format(nodes="gpu-[001-003]")]
+LIST = "scontrol --all --future show node -o"
+VERSION = "scontrol --version"
+PARTITIONS = "scontrol --all --oneliner show partition"
 
 
 @pytest.mark.parametrize(
-    ("listed", "partitions", "alone", "expected", "read_alone"),
+    ("version", "listed", "partitions", "alone", "expected", "ran"),
     [
         (
+            "22.05.8",
             [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002")],
             ALL3,
             {"gpu-003": CLOUD_ALONE},
             {"gpu-001": None, "gpu-002": None, "gpu-003": "admin: psu swap"},
-            ["gpu-003"],
+            [LIST, VERSION, PARTITIONS, "sinfo gpu-003"],
         ),
         (
+            "24.11.5",
             [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002"), CLOUD_LISTED],
             ALL3,
             {},
             {"gpu-001": None, "gpu-002": None, "gpu-003": "admin: psu swap"},
-            [],
+            [LIST, VERSION],
         ),
         (
+            "22.05.8",
             [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002"), CLOUD_LISTED, FUTURE],
             [PARTITION.format(nodes="gpu-[001-004]")],
             {},
             {"gpu-001": None, "gpu-002": None, "gpu-003": "admin: psu swap"},
-            [],
+            [LIST, VERSION, PARTITIONS],
         ),
         (
+            "22.05.8",
             [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002")],
             [PARTITION.format(nodes="ALL")],
             {"gpu-003": CLOUD_ALONE},
             {"gpu-001": None, "gpu-002": None},
-            [],
+            [LIST, VERSION, PARTITIONS],
         ),
         (
+            "22.05.8",
             [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002")],
             ALL3,
             {},
             {"gpu-001": None, "gpu-002": None},
-            ["gpu-003"],
+            [LIST, VERSION, PARTITIONS, "sinfo gpu-003"],
+        ),
+        (
+            "",  # scontrol --version fails: the lists may hide nodes
+            [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002")],
+            ALL3,
+            {"gpu-003": CLOUD_ALONE},
+            {"gpu-001": None, "gpu-002": None, "gpu-003": "admin: psu swap"},
+            [LIST, VERSION, PARTITIONS, "sinfo gpu-003"],
         ),
     ],
-    ids=["22.05-hidden-cloud-node", "24.11-listed", "future-node", "nodes-all", "gone-from-slurm"],
+    ids=[
+        "22.05-hidden-cloud-node",
+        "24.11-listed",
+        "future-node",
+        "nodes-all",
+        "gone-from-slurm",
+        "no-version",
+    ],
 )
 async def test_every_node_with_the_hidden_ones(
     tmp_path: Path,
+    version: str,
     listed: list[str],
     partitions: list[str],
     alone: dict[str, str],
     expected: dict[str, str | None],
-    read_alone: list[str],
+    ran: list[str],
 ) -> None:
-    calls = _scripted(tmp_path, listed, partitions, alone)
+    calls = _scripted(tmp_path, listed, partitions, alone, version)
     nodes = await ScontrolScheduler(bin_dir=tmp_path).nodes()
     assert {n.name: (n.reason if n.taken_out else None) for n in nodes} == expected
     if "gpu-003" in expected:
         cloud = next(n for n in nodes if n.name == "gpu-003")
         assert {"DOWN", "CLOUD", "POWERED_DOWN"} <= cloud.states
         assert cloud.reason_user == "root"
-    ran = calls.read_text().splitlines()
-    assert ran[:2] == [
-        "scontrol --all --future show node -o",
-        "scontrol --all --oneliner show partition",
+    assert _commands(calls) == ran
+
+
+def _commands(calls: Path) -> list[str]:
+    """The commands run, a ``sinfo`` by the node it read alone."""
+    return [
+        f"sinfo {line.split(' -n ')[1].split()[0]}" if line.startswith("sinfo ") else line
+        for line in calls.read_text().splitlines()
     ]
-    assert [line.split(" -n ")[1].split()[0] for line in ran[2:]] == read_alone
+
+
+async def test_the_version_is_read_once(tmp_path: Path) -> None:
+    """``scontrol --version`` once for the scheduler's life: no process a list more on 23.02 and on."""
+    listed = [IDLE.format(name="gpu-001"), IDLE.format(name="gpu-002"), CLOUD_LISTED]
+    calls = _scripted(tmp_path, listed, ALL3, {}, "24.11.5")
+    scheduler = ScontrolScheduler(bin_dir=tmp_path)
+    for _ in range(3):
+        await scheduler.nodes()
+    assert _commands(calls) == [LIST, VERSION, LIST, LIST]
 
 
 async def test_a_hidden_node_that_cannot_be_read_fails_the_read(tmp_path: Path) -> None:

@@ -41,6 +41,8 @@ _ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
 _SINFO_NODE = "NodeList:|,StateComplete:|,UserLong:|,TimeStamp:|,Gres:|,Reason:|"
 #: Nodes a list left out that are read alone at once (``unlisted_nodes``): one ``sinfo`` each.
 _ALONE_AT_ONCE = 8
+#: The Slurm release whose lists hide no node (SchedMD's "Change cloud nodes to show by default").
+_LISTS_SHOW_EVERY_NODE = (23, 2)
 # One node, never a hostlist ("gpu-[001-100]" would down a hundred) nor something scontrol reads as
 # an option; job ids are numbers, array tasks "123_4".
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -158,6 +160,8 @@ class ScontrolScheduler(NodeUpdates):
         self._timeout = command_timeout
         self._env = dict(os.environ if env is None else env)
         self._env["LC_ALL"] = "C"  # error texts are matched below; keep them in English
+        #: Whether slurmctld's lists may hide nodes (``_lists_may_hide``), once known.
+        self._may_hide: bool | None = None
         if slurm_conf is not None:
             self._env["SLURM_CONF"] = str(slurm_conf)
 
@@ -204,8 +208,10 @@ class ScontrolScheduler(NodeUpdates):
         ``sinfo`` and slurmrestd's ``/nodes`` alike), not out of a partition's ``Nodes=``, and power
         saving suspends a DOWN or DRAIN node too: someone's outage vanished from the breaker's count.
         From 23.02 on a list shows them (SchedMD's "Change cloud nodes to show by default"), and
-        this reads the partitions only. A node neither read finds (one not in Slurm any more) is
+        this reads nothing (``_lists_may_hide``). A node neither read finds (one not in Slurm any more) is
         left out. A node in no partition, or only in ``Nodes=ALL`` ones, cannot be named here."""
+        if not await self._lists_may_hide():
+            return []
         # Nodes=ALL names no node: a node it hides stays unseen (the README says so).
         members = {n for p in await self._partitions() if not p.everything for n in expand_hostlist(p.nodes)}
         slots = asyncio.Semaphore(_ALONE_AT_ONCE)
@@ -248,6 +254,20 @@ class ScontrolScheduler(NodeUpdates):
         exact = [line for line in lines if parse_kv(line).get("JobId") == job_id]
         with _shape("show_job"):
             return parse_job_line((exact or lines)[0]) if lines else None
+
+    async def _lists_may_hide(self) -> bool:
+        """Whether slurmctld's lists may leave a node out (22.05 and before, ``unlisted_nodes``), told
+        by this scontrol's version, read once (``scontrol --version``, no RPC): Slurm's upgrade order
+        puts slurmctld before the commands (upgrades.html), so the controller is at least as new,
+        and from 23.02 on lists show every node. A version that cannot be read: they may."""
+        if self._may_hide is None:
+            try:
+                out = await self._run("scontrol", "--version", op="version")
+            except PitcrewError:
+                return True  # asked again next time
+            version = re.search(r"(\d+)\.(\d+)", out)
+            self._may_hide = version is None or (int(version[1]), int(version[2])) < _LISTS_SHOW_EVERY_NODE
+        return self._may_hide
 
     async def partition_nodes(self, name: str) -> PartitionNodes | None:
         node = checked_node(name)
