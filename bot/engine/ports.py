@@ -112,6 +112,9 @@ class PodRef:
     owner_kind: str | None = None
     mirror: bool = False
     terminating: bool = False
+    #: A slurmd pod of a StatefulSet-mode Slinky NodeSet (slurm-operator's default): once it is gone
+    #: its NodeSet makes it again under the same name, unbound, wherever kube-scheduler places it.
+    nodeset_replica: bool = False
 
     @property
     def ref(self) -> str:
@@ -158,13 +161,21 @@ class Cluster(Protocol):
     async def delete_pod(self, pod: PodRef, *, force: bool) -> None: ...
 
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         """Start a replacement and return a handle (e.g. the Machine or NodeClaim deleted).
 
         ``strategy="watch"`` starts nothing: another system is replacing the node (``repair_owner``)
         and the handle only says what ``successor`` waits for. ``slurm_nodes``: the Slurm nodes the
-        node carried, by which a slurmd pod its NodeSet made again elsewhere is known."""
+        node carried, by which a slurmd pod its NodeSet made again elsewhere is known;
+        ``nodeset_pods``: the drain's ``PodRef.nodeset_replica`` pods (``namespace/name``), which their
+        NodeSet makes again under that name even when it has not yet."""
         ...
 
     async def replacement_started(self, name: str, *, incident_id: str) -> bool: ...

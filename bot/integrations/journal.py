@@ -146,7 +146,13 @@ class DryRunJournal:
         await self.append("delete_pod", pod=pod.ref, force=force)
 
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         await self.append("replace", node=name, strategy=strategy, incident_id=incident_id)
         return f"dry-run:{strategy}:{name}"

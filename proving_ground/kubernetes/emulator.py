@@ -121,6 +121,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
     _karpenter_retrying: bool = False
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: Seconds after a StatefulSet-mode NodeSet pod is gone until its NodeSet makes it again
+    #: (``_nodeset_recreates``). slurm-operator counts a terminating pod as one of its replicas and
+    #: makes the new one only on a sync after the old one is removed; that sync is woken by the
+    #: pod's delete event, but is skipped while the controller's expectations are unsatisfied
+    #: (up to their 5-minute timeout), else comes with the 30-second periodic requeue, or when a
+    #: stopped operator is back. Never at once: strict, a test lengthens it to show the gap.
+    nodeset_recreate_delay: float = 0.1
     #: DaemonSet-mode NodeSet pods removed, by the node they ran on: what the NodeSet makes a
     #: replacement of that node from (``_nodeset_daemon``).
     _nodeset_gone: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
@@ -730,7 +737,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         allows (``NewNodeSetStatefulSetPod`` clears ``nodeName``; "may be rescheduled freely",
         ``docs/usage/nodeset-operations.md``). Pending, it is demand Karpenter launches a node for
         (``IsProvisionable`` skips DaemonSet-owned pods only). DaemonSet-mode pods are made per
-        node, pinned to it, and never so."""
+        node, pinned to it, and never so. A terminating pod still counts as its replica: the new
+        one comes on a sync after the old one is removed, ``nodeset_recreate_delay`` later."""
         if slinky.daemonset_mode(gone) and (on := gone["spec"].get("nodeName")):
             self._nodeset_gone.setdefault(on, []).append(gone)
         again = slinky.recreated(gone)
@@ -746,7 +754,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 await self._kube_schedule()
                 self._later(self.replace_delay, self._karpenter_provision)
 
-        self._later(0, recreate)
+        self._later(self.nodeset_recreate_delay, recreate)
 
     # --- eviction and PDBs -----------------------------------------------------------------------------
 

@@ -244,10 +244,20 @@ class _Registers(DaemonSetNodeSet):
         self.slurm = slurm
 
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         handle = await super().replace(
-            name, strategy=strategy, incident_id=incident_id, slurm_nodes=slurm_nodes
+            name,
+            strategy=strategy,
+            incident_id=incident_id,
+            slurm_nodes=slurm_nodes,
+            nodeset_pods=nodeset_pods,
         )
         for new in self.successors.values():
             self.slurm.states.setdefault(new, "IDLE")

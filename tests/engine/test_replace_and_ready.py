@@ -44,6 +44,29 @@ async def test_the_replacement_is_told_the_slurm_nodes_the_node_carried(tmp_path
         assert replaced["slurm_nodes"] == ["gpu-node-02"]  # the simulated mapping is the identity
 
 
+SLURMD = PodRef("slurm", "slurm-worker-gpu-0", owner_kind="NodeSet", nodeset_replica=True)
+
+
+async def test_the_replacement_is_told_the_nodeset_pods_the_drain_evicted(tmp_path: Path) -> None:
+    """A StatefulSet-mode NodeSet's slurmd pod, once evicted and gone, may not be made again by the
+    time the replacement starts (slurm-operator makes it on a later sync): the drain records it, and
+    the replacement is told, so the Kubernetes adapter waits for it as Karpenter's demand rather
+    than adding a placeholder of its own (a second node)."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+
+        def until_evicted(pods: list[PodRef]) -> list[PodRef]:
+            evicted = any(r.get("op") == "evict" and r.get("pod") == SLURMD.ref for r in h.records())
+            return pods if evicted else [*pods, SLURMD]
+
+        h.cluster.always("pods_on_node", Answer(until_evicted))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        [replaced] = [r for r in h.records() if r.get("op") == "replace"]
+        assert replaced["nodeset_pods"] == [SLURMD.ref]
+        assert (await h.steps(incident))["drain"].result["nodeset_replicas"] == [SLURMD.ref]
+
+
 async def test_a_repair_already_under_way_is_waited_for_not_repeated(tmp_path: Path) -> None:
     async with EngineHarness(tmp_path, **_playbook()) as h:
         h.cluster.always(

@@ -25,7 +25,8 @@ once, naming the node, and removes it, unless a NodeClaim of the pool made since
 does a placeholder found gone with no successor. Karpenter's own word on why it launches nothing
 for the placeholder (its FailedScheduling) is what ``held_up`` says, the scheduler's is not. A
 StatefulSet-mode NodeSet (Slinky's default) makes the slurmd pod the drain evicted again, pending:
-that pod is the demand, pitcrew adds no placeholder, and the successor is the node it lands on.
+that pod is the demand, pitcrew adds no placeholder, and the successor is the node it lands on; so
+too when the NodeSet has not made it again yet (the drain's record names it): the wait says so.
 A DaemonSet-mode NodeSet (the fixture's) makes its slurmd pod on the replacement named after the new
 node, which carries no ``hostname-override``: pitcrew's ``slinky`` mapping finds that new Slurm name
 on the successor.
@@ -493,6 +494,53 @@ async def test_karpenter_takes_the_node_a_statefulset_nodesets_slurmd_pod_found_
     assert new.name == "gpu-node-03"
     await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)
     assert not [k for k in k8s.objects if k[0] == "nodeclaims"]  # the old one gone, none launched
+
+
+async def test_karpenter_waits_for_the_slurmd_pod_its_statefulset_nodeset_has_not_made_again_yet(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """The drain is done (the evicted slurmd pod is gone) but its NodeSet has not made it again yet:
+    slurm-operator makes it on a sync after the old one is removed, which may come late. pitcrew
+    knows the pod from the drain, so the replacement waits for that pod as its demand (said while
+    it waits) and adds no placeholder: one would launch a node of its own, and then a second one
+    for the slurmd pod, the first never running slurmd."""
+    k8s.nodeset_recreate_delay = 1.0
+    slurmd = statefulset_slurmd(k8s)
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    drained = [p for p in await cluster.pods_on_node(NODE) if p.owner_kind == "NodeSet"]
+    for pod in drained:
+        await cluster.evict(pod)
+
+    async def gone() -> bool:
+        return k8s.get("pods", slurmd, "slurm") is None
+
+    await eventually(gone, timeout=5.0, what="the evicted slurmd pod gone", interval=0.02)
+    replicas = [p.ref for p in drained if p.nodeset_replica]  # what the drain step records
+    assert replicas == [f"slurm/{slurmd}"]
+    handle = await cluster.replace(
+        NODE, strategy="configured", incident_id=INCIDENT, slurm_nodes=[slurmd], nodeset_pods=replicas
+    )
+    assert f"demand=pod/slurm/{slurmd}" in handle
+    assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
+    said = await cluster.held_up(NODE, handle=handle)
+    assert said is not None and f"slurm/{slurmd}" in said and "NodeSet" in said, said
+    new = await _successor(cluster, handle)
+    landed = k8s.get("pods", slurmd, "slurm")
+    assert landed is not None and landed["spec"]["nodeName"] == new.name
+    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)  # nothing else launches
+    claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
+    assert [c["status"]["nodeName"] for c in claims] == [new.name]
+
+
+async def test_a_daemonset_nodesets_slurmd_pod_is_not_taken_for_one_made_again(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """The fixture's slurmd pod (DaemonSet mode) is made again only on a new node, under a new name:
+    the drain records no demand from it, and Karpenter's placeholder stays the demand."""
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    [slurmd] = [p for p in await cluster.pods_on_node(NODE) if p.owner_kind == "NodeSet"]
+    assert not slurmd.nodeset_replica
 
 
 async def _no_demand(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> PermanentError:

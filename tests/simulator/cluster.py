@@ -85,12 +85,23 @@ class SimulatedCluster:
         return next((n.name for n in nodes.values() if pod.ref in n.pods), "unknown")
 
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         if strategy == "watch":  # another system replaces the node: nothing changes here
             return f"watch:{name}"
         await self._world.write(
-            "replace", node=name, strategy=strategy, incident_id=incident_id, slurm_nodes=list(slurm_nodes)
+            "replace",
+            node=name,
+            strategy=strategy,
+            incident_id=incident_id,
+            slurm_nodes=list(slurm_nodes),
+            nodeset_pods=list(nodeset_pods),
         )
         return f"{strategy}:{name}"
 
@@ -155,10 +166,20 @@ class DaemonSetNodeSet(SimulatedCluster):
         )
 
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         handle = await super().replace(
-            name, strategy=strategy, incident_id=incident_id, slurm_nodes=slurm_nodes
+            name,
+            strategy=strategy,
+            incident_id=incident_id,
+            slurm_nodes=slurm_nodes,
+            nodeset_pods=nodeset_pods,
         )
         if strategy != "watch":
             new = f"{name}-x7b2n"

@@ -117,6 +117,9 @@ async def _mark_lemon(ctx: StepContext[CordonResult], cluster: Cluster) -> None:
 @dataclass(frozen=True, slots=True)
 class DrainResult(StepResult):
     evicted: tuple[str, ...] = ()
+    #: Of ``evicted``, the pods a StatefulSet-mode NodeSet makes again under the same name
+    #: (``PodRef.nodeset_replica``): the demand ``replace`` waits on, though not made again yet.
+    nodeset_replicas: tuple[str, ...] = ()
     #: The pod being evicted right now (intent).
     evicting: str | None = None
     #: When the drain first found Slurm jobs still running after DRAIN (the grace clock).
@@ -172,7 +175,12 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
             continue
         if pod.ref not in evicted:
             evicted.append(pod.ref)
-        await ctx.save(replace(ctx.progress, evicted=tuple(evicted), evicting=None))
+        replicas = ctx.progress.nodeset_replicas
+        if pod.nodeset_replica and pod.ref not in replicas:
+            replicas = (*replicas, pod.ref)
+        await ctx.save(
+            replace(ctx.progress, evicted=tuple(evicted), nodeset_replicas=replicas, evicting=None)
+        )
     if refused:
         where = "" if node.ready else f"node {ctx.node} is not Ready (no kubelet confirms a deletion); "
         raise PermanentError(

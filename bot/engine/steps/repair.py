@@ -22,6 +22,7 @@ from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
+from bot.engine.steps.cluster import DrainResult
 from bot.engine.steps.slurm import SlurmDownResult, held_out
 
 log = logger(__name__)
@@ -208,12 +209,17 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
             await ctx.save(replace(ctx.progress, handle=handle))
     down = await ctx.result(SlurmDownResult)
     slurm_nodes = (down.slurm_nodes if down else None) or ()
+    drained = await ctx.result(DrainResult)
     return await _issue_once(
         ctx,
         "replace",
         f"replacement of {ctx.node}" + ("" if strategy == "configured" else f" ({strategy})"),
         lambda: cluster.replace(
-            ctx.node, strategy=strategy, incident_id=ctx.incident.id, slurm_nodes=slurm_nodes
+            ctx.node,
+            strategy=strategy,
+            incident_id=ctx.incident.id,
+            slurm_nodes=slurm_nodes,
+            nodeset_pods=drained.nodeset_replicas if drained else (),
         ),
     )
 

@@ -174,11 +174,21 @@ class KubernetesCluster:
 
     # ---------------------------------------------------------------- replace
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         parts = await self._p()
         handle = await parts.replacer.replace(
-            name, strategy=strategy, incident_id=incident_id, slurm_nodes=slurm_nodes
+            name,
+            strategy=strategy,
+            incident_id=incident_id,
+            slurm_nodes=slurm_nodes,
+            nodeset_pods=nodeset_pods,
         )
         if not handle.startswith("watch "):
             await parts.events.on_node(name, "PitcrewReplace", f"replacement started: {handle}", incident_id)

@@ -20,7 +20,7 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from bot.domain.nodemap import SlurmdPod
+from bot.domain.nodemap import SLINKY_SCALING_MODE, SlurmdPod
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes.client import call, refusal, status_of
@@ -59,6 +59,8 @@ def pod_ref(pod: client.V1Pod) -> PodRef:
         owner_kind=controller.kind if controller else None,
         mirror=MIRROR_ANNOTATION in (meta.annotations or {}),
         terminating=meta.deletion_timestamp is not None,
+        nodeset_replica=bool(controller and controller.kind == "NodeSet")
+        and (meta.labels or {}).get(SLINKY_SCALING_MODE) == "StatefulSet",
     )
 
 

@@ -383,7 +383,13 @@ class Replacer:
         return parsed is not None and info is not None and bool(info.boot_id) and info.boot_id != parsed.boot
 
     async def replace(
-        self, name: str, *, strategy: str, incident_id: str, slurm_nodes: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
     ) -> str:
         strategy = self.strategy(strategy)
         node = await self._nodes.read(name)
@@ -422,7 +428,7 @@ class Replacer:
                 handle = dataclasses.replace(
                     handle,
                     target=f"nodeclaim/{target[1]}",
-                    demand=await self._nodeset_demand(node, slurm_nodes),
+                    demand=await self._nodeset_demand(node, slurm_nodes, nodeset_pods),
                 )
         # The mark goes on first: a crash after it and before the delete is seen by ``started``.
         await self._nodes.annotate(name, {REPLACE_ANNOTATION: replacement_mark(incident_id, handle.render())})
@@ -587,15 +593,22 @@ class Replacer:
         ready.sort(key=lambda f: (not f.ready, f.name))
         return ready[0] if ready else None
 
-    async def _nodeset_demand(self, node: client.V1Node, slurm_nodes: Sequence[str]) -> str | None:
+    async def _nodeset_demand(
+        self, node: client.V1Node, slurm_nodes: Sequence[str], nodeset_pods: Sequence[str]
+    ) -> str | None:
         """The slurmd pod of one of ``slurm_nodes`` that a StatefulSet-mode NodeSet (slurm-operator's
         default scaling mode) made again off this node: ``pod/<ns>/<name>``; None when there is none.
         Such a NodeSet makes a pod the drain evicted again under the same name (its ordinal, which is
         the Slurm node's name and its ``pod-hostname``) for kube-scheduler to place anywhere its
         template allows. Pending, Karpenter launches a node for it (``IsProvisionable`` skips only
         DaemonSet and mirror pods); bound, it found room on a node already. Either way it is where
-        the Slurm node runs again, and a placeholder beside it would launch a second node, left idle."""
-        if not slurm_nodes:
+        the Slurm node runs again, and a placeholder beside it would launch a second node, left idle.
+        It may not be there yet: slurm-operator counts a terminating pod as a replica and makes the
+        new one on a sync after the old one is removed (``syncNodeSetPods``, ``processNodeSetPod``:
+        "New pod should be generated on the next sync after the current pod is removed from etcd"),
+        which comes late while its expectations are unsatisfied or the operator is down. Then the
+        pod the drain evicted (``nodeset_pods``), or one still terminating, names it all the same."""
+        if not slurm_nodes and not nodeset_pods:
             return None
         listed = await call(
             "list StatefulSet-mode NodeSet pods",
@@ -603,19 +616,29 @@ class Replacer:
                 label_selector=f"{SLINKY_SCALING_MODE}=StatefulSet", _request_timeout=self._timeout
             ),
         )
-        moved = sorted(
-            (p.metadata.namespace, p.metadata.name)
+        serving = [
+            p
             for p in listed.items
-            if p.metadata.deletion_timestamp is None
-            and (p.metadata.labels or {}).get(SLINKY_POD_HOSTNAME) in slurm_nodes
+            if (p.metadata.labels or {}).get(SLINKY_POD_HOSTNAME) in slurm_nodes
             and any(o.kind == "NodeSet" and o.controller for o in p.metadata.owner_references or [])
+        ]
+        moved = sorted(
+            f"{p.metadata.namespace}/{p.metadata.name}"
+            for p in serving
+            if p.metadata.deletion_timestamp is None
             and (p.spec.node_name if p.spec else None) != node.metadata.name
         )
-        return f"pod/{moved[0][0]}/{moved[0][1]}" if moved else None
+        # Not made again yet: the one still terminating, or the one the drain saw go.
+        coming = sorted(
+            f"{p.metadata.namespace}/{p.metadata.name}" for p in serving if p.metadata.deletion_timestamp
+        )
+        found = [*moved, *coming, *sorted(nodeset_pods)]
+        return f"pod/{found[0]}" if found else None
 
     async def _landed(self, parsed: Handle, name: str) -> ClusterNode | None:
         """The node the demand pod was placed on, other than ``name``: the Slurm node runs there
-        again. None while it waits, or while it is gone before its NodeSet makes it again."""
+        again. None while it waits, while it is gone before its NodeSet makes it again, or while the
+        old one still terminates on ``name`` (``held_up`` says so)."""
         namespace, pod_name = parsed.demand_pod(self._settings.jobs.namespace)
         pod = await self._pod(namespace, pod_name)
         if pod is None:
@@ -788,11 +811,21 @@ class Replacer:
         it launches no node for it (no instance type or offering left for the GPU request, a
         NodePool limit reached), which it says on the pod and retries. kube-scheduler's own
         ``FailedScheduling`` on the same pod ("0/N nodes are available") is what makes it demand,
-        so it is not said. ``None`` for any other strategy, or while Karpenter has said nothing."""
+        so it is not said. A NodeSet's slurmd pod not made again yet is said instead: nothing is
+        pending, so Karpenter launches nothing until slurm-operator makes it. ``None`` for any other
+        strategy, or while Karpenter has said nothing."""
         parsed = Handle.parse(handle)
         if parsed is None or parsed.strategy != "karpenter":
             return None
         namespace, pod = parsed.demand_pod(self._settings.jobs.namespace)
+        if parsed.demand:
+            found = await self._pod(namespace, pod)
+            if found is None or found.metadata.deletion_timestamp is not None:
+                state = "gone" if found is None else f"still terminating on {found.spec.node_name}"
+                return (
+                    f"slurm-operator has not made its NodeSet's slurmd pod {namespace}/{pod} again yet "
+                    f"(the old one {state}); Karpenter launches the successor for it once it is pending"
+                )
         listed = await call(
             f"list events of placeholder pod {namespace}/{pod}",
             self._core.list_namespaced_event(
