@@ -78,6 +78,7 @@ READS: Mapping[str, frozenset[str]] = {
             "repair_owner",
             "successor",
             "held_up",
+            "termination_held",
             "pool_nodes",
         }
     ),

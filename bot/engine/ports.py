@@ -200,6 +200,13 @@ class Cluster(Protocol):
         ``FailedScheduling`` on the placeholder pod), or ``None``. Read only."""
         ...
 
+    async def termination_held(self, name: str, *, handle: str) -> str | None:
+        """Once the replacement ``handle`` of ``name`` started: what keeps the far side from taking
+        the old node away (Karpenter's termination waiting on pods it may not evict: a
+        ``do-not-disrupt`` annotation, a budget allowing no eviction), naming them, or ``None``
+        while nothing does. Read only."""
+        ...
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
 
     async def reboot(self, name: str, *, incident_id: str) -> str | None:

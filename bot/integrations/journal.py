@@ -110,6 +110,9 @@ class DryRunJournal:
     async def held_up(self, name: str, *, handle: str) -> str | None:
         return None
 
+    async def termination_held(self, name: str, *, handle: str) -> str | None:
+        return None
+
     # ------------------------------------------------------------ Scheduler writes
     async def down(self, name: str, reason: str) -> None:
         await self.append("slurm_down", node=name, reason=reason)

@@ -26,7 +26,7 @@ import attrs
 import kmock
 from kubernetes import client as sync_client
 
-from proving_ground.kubernetes import capi, patching, podsecurity, resources, slinky
+from proving_ground.kubernetes import capi, karpenter, patching, podsecurity, resources, slinky
 from proving_ground.kubernetes.faults import Fault, FaultPlan, LoggedRequest
 from proving_ground.kubernetes.resources import ApiError, Resource
 from proving_ground.kubernetes.selectors import SelectorError, field_matches, labels_match
@@ -118,6 +118,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: ``karpenter_retry_after`` seconds while one is left pending so.
     karpenter_cannot_launch: str | None = None
     karpenter_retry_after: float = 0.5
+    #: Karpenter's termination of a deleted NodeClaim's Node (``karpenter.py``): taint, drain through
+    #: the Eviction API (PDBs honoured, ``do-not-disrupt`` pods left), again every
+    #: ``karpenter_drain_retry`` seconds (Karpenter: 1 s) while a pod waits; the Node and NodeClaim
+    #: go only once none is left, or its ``terminationGracePeriod`` forces them out.
+    karpenter_drain_retry: float = 0.1
     _karpenter_retrying: bool = False
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -771,6 +776,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
         grace = options.get("gracePeriodSeconds")
         if grace is None:
             grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        return self._eviction(ns, name, pod, grace)
+
+    def _eviction(
+        self, ns: str | None, name: str, pod: dict[str, Any], grace: int
+    ) -> tuple[dict[str, Any], int]:
+        """The eviction subresource's decision on ``pod``: evicted (201), or refused by its budget."""
+        pods = resources.BY_PLURAL["pods"]
         success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed", "Pending") or pod["metadata"].get("deletionTimestamp"):
@@ -837,7 +849,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
             # no other. ``_capi_resume`` goes on once nothing pauses it.
             self._capi_held.add(self._key(res, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
             return
-        if res.plural in ("machines", "nodeclaims"):
+        if res.plural == "nodeclaims":
+            if karpenter.annotate_termination_time(obj):
+                obj["metadata"]["resourceVersion"] = self._bump()
+            snapshot = copy.deepcopy(obj)
+            self._later(self.replace_delay, lambda: self._karpenter_terminate(res, snapshot))
+        elif res.plural == "machines":
             snapshot = copy.deepcopy(obj)
             self._later(self.replace_delay, lambda: self._replace(res, snapshot))
 
@@ -861,6 +878,64 @@ class KubeEmulator(kmock.KubernetesScaffold):
             elif not self._capi_paused(machine):
                 self._capi_held.discard(key)
                 self._on_deleting(resources.BY_PLURAL["machines"], machine)
+
+    async def _karpenter_terminate(self, res: Resource, old: dict[str, Any]) -> None:
+        """Karpenter's termination controller on the Node of deleted NodeClaim ``old``: taint it
+        ``karpenter.sh/disrupted``, mark it deleting, drain it; while a pod waits, say so on the
+        Node and look again; once none is left, the Node and NodeClaim go (``_replace``)."""
+        claim = self.objects.get(self._key(res, None, old["metadata"]["name"]))
+        node_name = (old.get("status") or {}).get("nodeName")
+        node = self.objects.get(("nodes", None, node_name)) if node_name else None
+        if claim is not None and node is not None:
+            spec, meta = node.setdefault("spec", {}), node["metadata"]
+            if not any(t.get("key") == karpenter.DISRUPTED for t in spec.get("taints") or []):
+                spec.setdefault("taints", []).append({"key": karpenter.DISRUPTED, "effect": "NoSchedule"})
+                meta.setdefault("deletionTimestamp", now_iso())
+                meta["finalizers"] = [*(meta.get("finalizers") or []), karpenter.FINALIZER]
+                self.bump(node)
+            waiting = self._karpenter_drain(node, karpenter.termination_time(claim))
+            if waiting:
+                message = f"Failed to drain node, {waiting} pods are waiting to be evicted"
+                self._warn(node, "Node", "v1", "FailedDraining", message, "karpenter")
+                self._later(self.karpenter_drain_retry, lambda: self._karpenter_terminate(res, old))
+                return
+        await self._replace(res, old)
+
+    def _karpenter_drain(self, node: dict[str, Any], deadline: datetime | None) -> int:
+        """One pass of ``terminator.Drain``: evict each pod waiting eviction, leaving those annotated
+        ``do-not-disrupt`` and those a PDB protects (said on the Node); past ``deadline`` (the
+        NodeClaim's termination time) delete them whatever protects them. How many still wait."""
+        name, waiting = node["metadata"]["name"], 0
+        forced = deadline is not None and datetime.now(UTC) >= deadline
+        for key, pod in list(self.objects.items()):
+            if key[0] != "pods" or (pod.get("spec") or {}).get("nodeName") != name:
+                continue
+            if not karpenter.waiting_eviction(pod):
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                waiting += self._kubelet_alive(pod)  # on a dead kubelet it never goes: Karpenter gives up too
+                continue
+            waiting += 1
+            if forced:
+                self._delete_pod(key, 1)
+            elif not karpenter.do_not_disrupt(pod):
+                try:
+                    answer, _ = self._eviction(
+                        key[1], key[2], pod, int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+                    )
+                except ApiError as exc:
+                    if exc.code != 429:
+                        raise
+                    answer = {"code": 429}
+                if answer.get("code") in (429, 500):
+                    why = (
+                        "evicting pod violates a PDB"
+                        if answer["code"] == 429
+                        else "eviction does not support multiple PDBs"
+                    )
+                    message = f"Failed to drain node, {why} (Pod={key[1]}/{key[2]})"
+                    self._warn(node, "Node", "v1", "FailedDraining", message, "karpenter")
+        return waiting
 
     async def _replace(self, res: Resource, old: dict[str, Any]) -> None:
         """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""
@@ -1228,12 +1303,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
             "events",
             {
                 "metadata": {
+                    # A cluster-scoped object's events go to ``default``, as client-go's recorder puts them.
                     "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                    "namespace": meta["namespace"],
+                    "namespace": meta.get("namespace") or "default",
                 },
                 "involvedObject": {
                     "kind": kind,
-                    "namespace": meta["namespace"],
+                    "namespace": meta.get("namespace", ""),
                     "name": meta["name"],
                     "uid": meta["uid"],
                     "apiVersion": api_version,

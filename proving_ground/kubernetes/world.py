@@ -373,3 +373,19 @@ def inference_replicas(emulator: KubeEmulator, node: str, elsewhere: str) -> lis
         },
     )
     return names
+
+
+def pods_karpenter_may_not_evict(k8s: KubeEmulator) -> tuple[str, str]:
+    """On the fixture node: the training worker under a budget that allows no eviction (minAvailable
+    1, one pod), and a notebook annotated ``karpenter.sh/do-not-disrupt``. Returns their names."""
+    k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    worker = k8s.get("pods", "llama-pretrain-worker-2", "training")
+    assert worker is not None
+    notebook = copy.deepcopy(worker)
+    notebook["metadata"] = {
+        "name": "notebook-0",
+        "namespace": "training",
+        "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+    }
+    k8s.add("pods", notebook)
+    return "training/llama-pretrain-worker-2", "training/notebook-0"

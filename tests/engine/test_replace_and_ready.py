@@ -6,7 +6,8 @@ the step records who and the incident waits for that system's node; Slurm jobs o
 still on the node refuse the replacement until the deadline, then escalate naming them; the
 playbook's ``force`` option replaces anyway and says so in the timeline; with a ``fault_query`` and
 Prometheus configured, ``wait_ready`` waits while the node still reports the fault. The replacement
-is told the Slurm nodes the node carried.
+is told the Slurm nodes the node carried, and the StatefulSet-mode NodeSet pods the drain evicted. An
+old node its repair system cannot take away is told once, holding nothing up.
 """
 
 from __future__ import annotations
@@ -158,3 +159,29 @@ async def test_a_look_that_fails_for_a_moment_while_waiting_for_the_node_is_retr
         assert done.state.value == "resolved", await h.timeline(incident)
         retries = [e for e in await h.events(incident, "step_retry") if e.step == "wait_ready"]
         assert len(retries) == 2
+
+
+HELD = (
+    "Karpenter cannot finish terminating the old node gpu-node-02 (NodeClaim gpu-h100-x7k2q deleting, "
+    "finalizer karpenter.sh/termination): it may not evict pod training/notebook-0 (annotated "
+    "karpenter.sh/do-not-disrupt); the NodeClaim has no spec.terminationGracePeriod, so Karpenter "
+    "waits for them for ever"
+)
+
+
+async def test_an_old_node_its_repair_system_cannot_take_away_is_told_once_and_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    """Karpenter's termination of the replaced node waits on a pod it may not evict (the Kubernetes
+    adapter's ``termination_held``): humans are told once, in the timeline and a notice naming what
+    holds it, while ``wait_ready`` polls; the successor's path and the incident go on."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+        h.cluster.always("termination_held", Answer(lambda _: HELD))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        [note] = await h.events(incident, "termination_held")
+        assert note.detail == HELD
+        [notice] = h.notices("termination_held", incident)
+        assert HELD in notice["lines"] and notice["severity"] == "warning", notice
+        assert (await h.steps(incident))["wait_ready"].result["termination_held"] == HELD

@@ -160,12 +160,14 @@ async def tour(
             await replacing.successor(NODE, handle=handle)
             if strategy == "karpenter":
                 await replacing.successor(NODE, handle=f"{handle} {NODESET_DEMAND}")
+                await replacing.termination_held(NODE, handle=handle)  # the old node's drain read
         return
     karpenter = make(replace={"strategy": "karpenter"})
     before = _nodes(k8s)
     handle = await karpenter.replace(NODE, strategy="configured", incident_id="pc-1")
     await karpenter.successor(NODE, handle=handle)  # none yet: its placeholder is read
     await karpenter.successor(NODE, handle=f"{handle} {NODESET_DEMAND}")
+    await karpenter.termination_held(NODE, handle=handle)  # the old node's pods and drain events read
     replacement = await _new_ready_node(k8s, before, gone=NODE)
     # The replacement still carries the CAPI annotations naming the Machine: replace it that way too.
     before = _nodes(k8s)

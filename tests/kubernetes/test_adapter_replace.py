@@ -27,6 +27,8 @@ for the placeholder (its FailedScheduling) is what ``held_up`` says, the schedul
 StatefulSet-mode NodeSet (Slinky's default) makes the slurmd pod the drain evicted again, pending:
 that pod is the demand, pitcrew adds no placeholder, and the successor is the node it lands on; so
 too when the NodeSet has not made it again yet (the drain's record names it): the wait says so.
+Karpenter's termination of the old node held by pods it may not evict (a budget, ``do-not-disrupt``)
+is said by ``termination_held``, naming them, while the successor comes all the same.
 A DaemonSet-mode NodeSet (the fixture's) makes its slurmd pod on the replacement named after the new
 node, which carries no ``hostname-override``: pitcrew's ``slinky`` mapping finds that new Slurm name
 on the successor.
@@ -52,7 +54,7 @@ from bot.engine.ports import ClusterNode, PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.runtime import slurm_names_for
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
-from proving_ground.kubernetes.world import gpu_fleet, statefulset_slurmd
+from proving_ground.kubernetes.world import gpu_fleet, pods_karpenter_may_not_evict, statefulset_slurmd
 from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
@@ -543,6 +545,51 @@ async def test_a_daemonset_nodesets_slurmd_pod_is_not_taken_for_one_made_again(
     assert not slurmd.nodeset_replica
 
 
+@pytest.mark.parametrize("grace", [None, "1h0m0s"], ids=["no-grace-period", "grace-period"])
+async def test_karpenter_termination_held_by_pods_it_may_not_evict_is_said_without_holding_the_successor(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, grace: str | None
+) -> None:
+    """After the NodeClaim's delete Karpenter drains the old node, and a pod whose budget allows no
+    eviction or that is annotated ``do-not-disrupt`` keeps it there (the instance billed): without
+    ``spec.terminationGracePeriod`` for good. ``termination_held`` names each pod and why (a budget:
+    as Karpenter's FailedDraining on the Node says it), and when, if ever, Karpenter forces them
+    out; the successor comes all the same. Once they are gone the node goes, and nothing is said."""
+    claim = k8s.get("nodeclaims", "gpu-h100-x7k2q")
+    assert claim is not None
+    claim["spec"].pop("terminationGracePeriod")
+    if grace:
+        claim["spec"]["terminationGracePeriod"] = grace
+    budgeted, annotated = pods_karpenter_may_not_evict(k8s)
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    await _successor(cluster, handle)
+
+    async def said() -> str | None:
+        text = await cluster.termination_held(NODE, handle=handle)
+        return text if text is not None and budgeted in text else None
+
+    text = await eventually(said, timeout=5.0, what="the hold said", interval=0.05)
+    assert f"pod {budgeted} (its PodDisruptionBudget allows no eviction)" in text, text
+    assert f"pod {annotated} (annotated karpenter.sh/do-not-disrupt)" in text, text
+    assert NODE in text and "gpu-h100-x7k2q" in text
+    if grace is None:
+        assert "no spec.terminationGracePeriod" in text, text
+    else:
+        stamp = k8s.get("nodeclaims", "gpu-h100-x7k2q")["metadata"]["annotations"]  # type: ignore[index]
+        assert f"regardless at {stamp['karpenter.sh/nodeclaim-termination-timestamp']}" in text, text
+    assert k8s.get("nodes", NODE) is not None
+    k8s.objects.pop(("poddisruptionbudgets", "training", "llama-pretrain"))
+    k8s.objects.pop(("pods", "training", "notebook-0"))
+
+    async def gone() -> bool:
+        return k8s.get("nodes", NODE) is None
+
+    await eventually(gone, timeout=5.0, what="the old node gone", interval=0.05)
+    assert await cluster.termination_held(NODE, handle=handle) is None
+    assert await cluster.termination_held(NODE, handle=handle.replace("karpenter", "cluster-api", 1)) is None
+
+
 async def _no_demand(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> PermanentError:
     """What ``successor`` fails with once it sees the replacement can come no more."""
     loop = asyncio.get_running_loop()
@@ -631,7 +678,11 @@ async def test_karpenter_says_why_it_launches_nothing_and_the_scheduler_is_not_r
     events = [e for (kind, _, _), e in k8s.objects.items() if kind == "events"]
     components = {e["source"]["component"] for e in events if e["involvedObject"]["name"] == PLACEHOLDER}
     assert components == {"default-scheduler", "karpenter"}  # the scheduler's word is there too
-    assert not [k for k in k8s.objects if k[0] == "nodeclaims"]  # nothing launched
+
+    async def old_claim_gone() -> bool:  # once Karpenter's termination drained the old node
+        return not [k for k in k8s.objects if k[0] == "nodeclaims"]
+
+    await eventually(old_claim_gone, timeout=5.0, what="no NodeClaim: none launched", interval=0.05)
     earlier = handle.replace(handle.split()[2], "since=2099-01-01T00:00:00Z")
     assert await cluster.held_up(NODE, handle=earlier) is None  # said before this replacement began
     assert await cluster.held_up(NODE, handle=handle.replace("karpenter", "cluster-api", 1)) is None

@@ -6,6 +6,8 @@ that Node registers NotReady and turns Ready after ``ready_delay``. A Machine de
 or itself is paused stays deleting, its Node with it, until unpaused. A deleted Node object is replaced
 by nothing; a terminated instance is, by its cloud group. A StatefulSet-mode NodeSet makes a gone
 slurmd pod again, pending, and Karpenter launches a node for it; a DaemonSet-mode one it does not.
+Karpenter's termination of a deleted NodeClaim's Node waits on a pod a budget protects or annotated
+``do-not-disrupt``: for ever without ``terminationGracePeriod``, until it ends with one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kubernetes.aio import client
 
 from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
-from proving_ground.kubernetes.world import statefulset_slurmd
+from proving_ground.kubernetes.world import pods_karpenter_may_not_evict, statefulset_slurmd
 from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
@@ -304,3 +306,49 @@ async def test_a_statefulset_nodesets_evicted_pod_comes_back_pending_and_karpent
     await core.delete_namespaced_pod(daemon_mode["metadata"]["name"], "slurm", grace_period_seconds=0)
     await asyncio.sleep(0.2)
     assert k8s.get("pods", daemon_mode["metadata"]["name"], "slurm") is None
+
+
+@pytest.mark.parametrize("grace", [None, "2s"], ids=["no-grace-period", "grace-period"])
+async def test_karpenter_termination_waits_on_pods_it_may_not_evict_until_a_grace_period_ends(
+    k8s: KubeEmulator, k8s_client: client.ApiClient, grace: str | None
+) -> None:
+    """Karpenter's termination of a deleted NodeClaim's Node taints it ``karpenter.sh/disrupted`` and
+    drains it through the Eviction API: a pod whose budget allows no eviction (said on the Node,
+    ``FailedDraining``, naming it) and one annotated ``do-not-disrupt`` (not evicted at all) keep
+    the Node, its NodeClaim and the instance there. Without ``spec.terminationGracePeriod`` for
+    good; with one, until the NodeClaim's termination timestamp, when they are deleted regardless."""
+    claim = k8s.get("nodeclaims", "gpu-h100-x7k2q")
+    assert claim is not None
+    claim["spec"].pop("terminationGracePeriod")
+    if grace:
+        claim["spec"]["terminationGracePeriod"] = grace
+    budgeted, annotated = pods_karpenter_may_not_evict(k8s)
+    await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+        "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
+    )
+    await asyncio.sleep(1.0)
+    node, claim = k8s.get("nodes", NODE), k8s.get("nodeclaims", "gpu-h100-x7k2q")
+    assert node is not None and claim is not None
+    assert node["metadata"]["deletionTimestamp"] and claim["metadata"]["deletionTimestamp"]
+    assert {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"} in node["spec"]["taints"]
+    said = {
+        e["message"]
+        for (kind, _, _), e in k8s.objects.items()
+        if kind == "events" and e["involvedObject"]["name"] == NODE and e["reason"] == "FailedDraining"
+    }
+    assert f"Failed to drain node, evicting pod violates a PDB (Pod={budgeted})" in said, said
+    assert "Failed to drain node, 2 pods are waiting to be evicted" in said, said
+    assert k8s.get("pods", annotated.split("/")[1], "training") is not None
+    if grace is None:
+        await asyncio.sleep(2.5)
+        assert k8s.get("nodes", NODE) is not None  # still there, for good
+        assert not [e for e in k8s.log if e.subresource == "eviction" and e.name == "notebook-0"]
+        return
+    stamp = claim["metadata"]["annotations"]["karpenter.sh/nodeclaim-termination-timestamp"]
+    assert stamp > claim["metadata"]["deletionTimestamp"]
+
+    async def gone() -> bool:
+        return k8s.get("nodes", NODE) is None and k8s.get("nodeclaims", "gpu-h100-x7k2q") is None
+
+    await eventually(gone, timeout=6.0, what="the old node gone once its grace period ended", interval=0.1)
+    assert k8s.get("pods", "notebook-0", "training") is None

@@ -96,6 +96,8 @@ NAMESPACE_OF = {
     ("RoleBinding", "pitcrew-jobs"): "pitcrew-jobs",
     ("Role", "pitcrew-replace-karpenter"): "pitcrew-jobs",
     ("RoleBinding", "pitcrew-replace-karpenter"): "pitcrew-jobs",
+    ("Role", "pitcrew-replace-karpenter-node-events"): "default",
+    ("RoleBinding", "pitcrew-replace-karpenter-node-events"): "default",
 }
 ALL = sorted(KUSTOMIZATIONS)
 WITH_COMPONENT = [f"base+{strategy}" for strategy in COMPONENTS]
@@ -106,9 +108,12 @@ def replace_objects(strategy: str) -> set[tuple[str, str]]:
     if strategy not in COMPONENTS:
         return set()
     kinds = ["ClusterRole", "ClusterRoleBinding"]
+    found = set()
     if strategy == "karpenter":  # its placeholder pod read in the jobs' namespace
         kinds += ["Role", "RoleBinding"]
-    return {(kind, f"pitcrew-replace-{strategy}") for kind in kinds}
+        # Karpenter's FailedDraining on the old Node, read where node events live
+        found = {(kind, "pitcrew-replace-karpenter-node-events") for kind in ("Role", "RoleBinding")}
+    return found | {(kind, f"pitcrew-replace-{strategy}") for kind in kinds}
 
 
 def schema_problems(obj: dict[str, Any]) -> list[str]:

@@ -123,6 +123,9 @@ class SimulatedCluster:
     async def held_up(self, name: str, *, handle: str) -> str | None:
         return None  # the simulated replacement is never held up
 
+    async def termination_held(self, name: str, *, handle: str) -> str | None:
+        return None  # the simulated old node goes at once
+
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False  # the simulated replacement starts at once: there is never one to cancel
 

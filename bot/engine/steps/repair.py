@@ -275,6 +275,8 @@ class WaitReadyResult(StepResult):
     #: found so (told once): ``_put_back_meanwhile``.
     looked_at: datetime | None = None
     put_back: tuple[str, ...] = ()
+    #: What keeps the replaced node from going (``Cluster.termination_held``), once told.
+    termination_held: str | None = None
 
 
 def slurm_nodes_back(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> tuple[str, ...]:
@@ -351,6 +353,8 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     await _put_back_meanwhile(ctx, down, replaced)
     issued = [r for r in (replaced, await ctx.result(RebootResult)) if r and r.issued]
     handle = next((r.handle for r in issued if r.handle), None)
+    if replaced is not None and replaced.issued and replaced.handle:
+        await _old_node_held(ctx, ctx.ports.cluster, replaced.handle)
     if handle is None:  # reset, reboot, or no replacement: the same node
         node = await ctx.ports.cluster.node(ctx.node)
     else:
@@ -472,6 +476,34 @@ async def _put_back_meanwhile(
         )
         put_back.append(name)
     await ctx.save(replace(ctx.progress, looked_at=now, put_back=tuple(put_back)))
+
+
+async def _old_node_held(ctx: StepContext[WaitReadyResult], cluster: Cluster, handle: str) -> None:
+    """The replaced node's own repair system cannot take it away (Karpenter's termination waiting
+    on a pod it may not evict): it stays, its instance billed, and nothing else would say so.
+    Humans are told once, in the timeline and a notice, while the wait polls; it holds neither the
+    successor's path nor the incident, and a read that fails is tried again at the next poll."""
+    if ctx.progress.termination_held is not None:
+        return
+    try:
+        held = await cluster.termination_held(ctx.node, handle=handle)
+    except TransientError:
+        return
+    if held is None:
+        return
+    await ctx.save(replace(ctx.progress, termination_held=held))
+    await ctx.note("termination_held", held)
+    await ctx.tell(
+        Notice(
+            ctx.incident.id,
+            "termination_held",
+            f"{ctx.node}: the replaced node is not going away",
+            (held,),
+            severity="warning",
+            node=ctx.node,
+        ),
+        key="termination_held",
+    )
 
 
 async def _faults_still_reported(ctx: StepContext[WaitReadyResult], node: str) -> Wait | None:

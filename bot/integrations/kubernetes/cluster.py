@@ -25,6 +25,7 @@ from bot.integrations.kubernetes.lending import Lending
 from bot.integrations.kubernetes.nodes import Nodes
 from bot.integrations.kubernetes.pods import Pods
 from bot.integrations.kubernetes.replace import Replacer, run_command
+from bot.integrations.kubernetes.termination import Termination
 from bot.store.lease import Fence
 
 log = logger(__name__)
@@ -41,6 +42,7 @@ class _Parts:
         self.replacer = Replacer(api, self.nodes, settings, machines)
         self.jobs = Jobs(api, settings)
         self.events = Events(api, timeout=settings.request_timeout)
+        self.termination = Termination(api, timeout=settings.request_timeout)
         self.lending = Lending(self.nodes)
 
 
@@ -212,6 +214,9 @@ class KubernetesCluster:
 
     async def held_up(self, name: str, *, handle: str) -> str | None:
         return await (await self._p()).replacer.held_up(name, handle=handle)
+
+    async def termination_held(self, name: str, *, handle: str) -> str | None:
+        return await (await self._p()).termination.held(name, handle=handle)
 
     # ------------------------------------------------------------------- jobs
     async def reboot(self, name: str, *, incident_id: str) -> str:
