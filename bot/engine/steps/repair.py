@@ -271,8 +271,8 @@ class WaitReadyResult(StepResult):
     #: The Slurm node(s) the node found Ready serves, by the node mapping: after a replacement,
     #: the successor's, which may be new names (``None``: the failed node's, ``slurm_nodes_back``).
     slurm_nodes: tuple[str, ...] | None = None
-    #: When it last looked whether the incident's Slurm nodes were put back meanwhile, and those
-    #: found so (told once): ``_put_back_meanwhile``.
+    #: When it last looked beside the wait (``_look_around``, every ``LOOK_AGAIN``), and the Slurm
+    #: nodes found put back meanwhile (told once): ``_put_back_meanwhile``.
     looked_at: datetime | None = None
     put_back: tuple[str, ...] = ()
     #: What keeps the replaced node from going (``Cluster.termination_held``), once told.
@@ -295,7 +295,7 @@ def left_behind(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> 
     return tuple(n for n in (down.slurm_nodes if down else None) or () if n not in back)
 
 
-#: How often ``wait_ready`` looks whether a Slurm node pitcrew took out was put back meanwhile (s).
+#: How often ``wait_ready`` looks beside its wait (``_look_around``), in seconds.
 LOOK_AGAIN = 30.0
 
 
@@ -350,11 +350,9 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         return await _slurm_node_back(ctx, slurm_nodes)
     # A replacement's or a reboot's handle says which node, in which state, counts as back.
     replaced = await ctx.result(ReplaceResult)
-    await _put_back_meanwhile(ctx, down, replaced)
+    await _look_around(ctx, ctx.ports.cluster, down, replaced)
     issued = [r for r in (replaced, await ctx.result(RebootResult)) if r and r.issued]
     handle = next((r.handle for r in issued if r.handle), None)
-    if replaced is not None and replaced.issued and replaced.handle:
-        await _old_node_held(ctx, ctx.ports.cluster, replaced.handle)
     if handle is None:  # reset, reboot, or no replacement: the same node
         node = await ctx.ports.cluster.node(ctx.node)
     else:
@@ -418,6 +416,26 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     return Done(done, f"node {node.name} is Ready")
 
 
+async def _look_around(
+    ctx: StepContext[WaitReadyResult],
+    cluster: Cluster,
+    down: SlurmDownResult | None,
+    replaced: ReplaceResult | None,
+) -> None:
+    """What the wait looks at beside the repaired node, every ``LOOK_AGAIN`` seconds at most (each
+    a read or two, for as long as the wait lasts): the incident's Slurm nodes put back by other
+    hands, and the replaced node its own repair system cannot take away. Each is said once; neither
+    holds the wait up."""
+    looked_at = ctx.progress.looked_at
+    now = ctx.clock()
+    if looked_at is not None and (now - looked_at).total_seconds() < LOOK_AGAIN:
+        return
+    await _put_back_meanwhile(ctx, down, replaced)
+    if replaced is not None and replaced.issued and replaced.handle:
+        await _old_node_held(ctx, cluster, replaced.handle)
+    await ctx.save(replace(ctx.progress, looked_at=now))
+
+
 async def _put_back_meanwhile(
     ctx: StepContext[WaitReadyResult], down: SlurmDownResult | None, replaced: ReplaceResult | None
 ) -> None:
@@ -426,7 +444,7 @@ async def _put_back_meanwhile(
     clears DOWN and DRAIN as power saving suspends a node, ``power_save.c``; ``scontrol reboot
     nextstate=RESUME`` or ``ASAP`` clears them once it rebooted). Jobs may land on it meanwhile.
     pitcrew does not take it out again over that hand; it says so once per node, in the timeline
-    and to humans. Looked at every ``LOOK_AGAIN`` seconds at most. Not after a replacement whose
+    and to humans. Not after a replacement whose
     Slurm nodes the mapping reads from the node: the failed node's records may be left behind
     (``left_behind``), and where the mapping is ``slinky`` the operator, not pitcrew, took them out.
     The look is advice: a failed read is logged and waited out, never the step's failure."""
@@ -435,10 +453,6 @@ async def _put_back_meanwhile(
     ):
         return
     mine = [name for name, owned in down.owned.items() if owned and name not in ctx.progress.put_back]
-    now = ctx.clock()
-    looked_at = ctx.progress.looked_at
-    if not mine or (looked_at is not None and (now - looked_at).total_seconds() < LOOK_AGAIN):
-        return
     put_back = list(ctx.progress.put_back)
     for name in mine:
         try:
@@ -475,19 +489,21 @@ async def _put_back_meanwhile(
             "returned_early", f"Slurm node {name} back in service ({shows}) before its repair is confirmed"
         )
         put_back.append(name)
-    await ctx.save(replace(ctx.progress, looked_at=now, put_back=tuple(put_back)))
+        await ctx.save(replace(ctx.progress, put_back=tuple(put_back)))
 
 
 async def _old_node_held(ctx: StepContext[WaitReadyResult], cluster: Cluster, handle: str) -> None:
     """The replaced node's own repair system cannot take it away (Karpenter's termination waiting
     on a pod it may not evict): it stays, its instance billed, and nothing else would say so.
     Humans are told once, in the timeline and a notice, while the wait polls; it holds neither the
-    successor's path nor the incident, and a read that fails is tried again at the next poll."""
+    successor's path nor the incident, and a read that fails (the API server away, or a role
+    without the reads ``check-config --live`` asks for) is logged and tried again at the next look."""
     if ctx.progress.termination_held is not None:
         return
     try:
         held = await cluster.termination_held(ctx.node, handle=handle)
-    except TransientError:
+    except PitcrewError as exc:
+        log.info("could not look whether the replaced node is held", extra={"reason": str(exc)})
         return
     if held is None:
         return

@@ -54,8 +54,10 @@ class Termination:
             return None
         claim_name = parsed.target.removeprefix("nodeclaim/")
         listed = await call(
-            "list NodeClaims",
-            self._custom.list_cluster_custom_object(*KARPENTER, _request_timeout=self._timeout),
+            f"list NodeClaim {claim_name}",
+            self._custom.list_cluster_custom_object(
+                *KARPENTER, field_selector=f"metadata.name={claim_name}", _request_timeout=self._timeout
+            ),
         )
         claim = next((c for c in listed["items"] if c["metadata"]["name"] == claim_name), None)
         if claim is None or not _deleting(claim):
