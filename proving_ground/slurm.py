@@ -7,6 +7,10 @@ devices, a private ``munged`` on its own socket), on free loopback ports, so a r
 touches the machine's own Slurm or munge. Fast requeue: ``AuthInfo=cred_expire=5`` and
 ``sched_interval=1`` bring a requeued job back in ~6 s instead of ~2 min.
 
+With ``nodeset=`` the cluster has a Slinky NodeSet (``_DYNAMIC``): its static nodes carry the
+NodeSet's feature, and ``start_dynamic`` starts a slurmd that registers a new Slurm node at run time
+(``slurmd -Z``), as slurm-operator's NodeSet pods do; ``stop_slurmd`` ends a node's slurmd for good.
+
 slurmrestd refuses to run as root: it runs as the ``slurm`` system user the packages create
 or, where that is missing, as ``pitcrew-rest``, which ``rest_user()`` adds once with
 ``useradd --system`` (idempotent).
@@ -97,10 +101,28 @@ KillWait=5
 MpiDefault=none
 MailProg=/bin/true
 GresTypes=gpu
+$dynamic_nodes
 NodeName=DEFAULT CPUs=2 RealMemory=2048 Gres=gpu:h100:8 State=UNKNOWN
 $node_lines
 PartitionName=gpu Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
 """)
+
+
+#: What a cluster with a Slinky NodeSet (``nodeset=``) adds, after SchedMD's ``dynamic_nodes.shtml``
+#: (22.05): room in the node table for nodes made at run time (``MaxNodeCount``, which slurm-operator
+#: sets to 1024, ``controller_config.go``), no fan-out through slurmds (``TreeWidth=65533``: they do
+#: not know the dynamic nodes), and the NodeSet as slurm-operator writes it (``buildNodeSetConf``:
+#: ``NodeSet=<name> Feature=<name>``, its partition ``Nodes=<name>``), so a node registering with that
+#: feature joins the partition. A dynamic node's slurmd listens on ``SlurmdPort`` (its ``--conf``
+#: may not set ``Port=``: slurmd.c ``_validate_dynamic_conf``), so one host runs one at a time.
+_DYNAMIC = Template("""\
+MaxNodeCount=$max_nodes
+TreeWidth=65533
+SlurmdPort=$slurmd_port
+NodeSet=$nodeset Feature=$nodeset""")
+#: A dynamic node's ``--conf``: the static nodes' shape (``NodeName=DEFAULT``), the NodeSet's feature
+#: (slurm-operator's ``slurmdConfArgs``: ``Features=<nodeset>``).
+_DYNAMIC_CONF = "CPUs=2 RealMemory=2048 Gres=gpu:h100:8 Features={nodeset}"
 
 
 class SlurmHarnessError(DemoError):
@@ -128,13 +150,24 @@ class SlurmCluster:
     """One throw-away cluster under ``run_dir``."""
 
     def __init__(
-        self, run_dir: Path, *, nodes: tuple[str, ...] = NODES, rest: bool = True, version: str | None = None
+        self,
+        run_dir: Path,
+        *,
+        nodes: tuple[str, ...] = NODES,
+        rest: bool = True,
+        version: str | None = None,
+        nodeset: str | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.version = chosen_version(version)
         root = root_path(self.version)
         self._root = SlurmRoot(root, run_dir) if root is not None else None
         self.nodes = nodes
+        #: A Slinky NodeSet (its name, also its feature) the static nodes belong to and dynamic nodes
+        #: (``start_dynamic``) join; ``None``: static nodes only, the partition names them.
+        self.nodeset = nodeset
+        #: Dynamic nodes whose slurmd this object started (``start_dynamic``), in order.
+        self.dynamic: list[str] = []
         self.with_rest = rest
         self.conf = run_dir / "etc" / "slurm.conf"
         self.job_dir = run_dir / "train"
@@ -247,6 +280,36 @@ class SlurmCluster:
             f"slurmd on {node} to register again",
         )
 
+    def start_dynamic(self, node: str, timeout: float = 20) -> None:
+        """Start a slurmd that registers ``node`` as a dynamic node of the NodeSet, as slurm-operator's
+        NodeSet pod runs it (``slurmd -Z --conf 'Features=<nodeset>'``, ``worker_app.go``
+        ``slurmdArgs``): slurmctld adds the node when it registers (node_mgr.c
+        ``create_dynamic_reg_node``) and it joins the NodeSet's partition by that feature. Its
+        GPUs are written to gres.conf first (its slurmd reads the file when it starts). Returns once
+        Slurm knows the node and its slurmd answers."""
+        if self.nodeset is None:
+            raise SlurmHarnessError(
+                "a dynamic node needs a cluster with a NodeSet (SlurmCluster(nodeset=...))"
+            )
+        if running := [n for n in self.dynamic if f"slurmd-{n}" in self._procs]:
+            raise SlurmHarnessError(f"one dynamic slurmd at a time on SlurmdPort: {running[0]} runs")
+        _fake_gpus(self.run_dir / "dev" / node)
+        (self.run_dir / "spool" / node).mkdir(exist_ok=True)
+        with (self.run_dir / "etc" / "gres.conf").open("a") as gres:
+            gres.write(self._gres(node) + "\n")
+        self.dynamic.append(node)
+        conf = _DYNAMIC_CONF.format(nodeset=self.nodeset)
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-Z", "-N", node, "--conf", conf])
+        self._wait(
+            lambda: self.node_states().get(node, "").rstrip("*~#%$@!^-") == "idle",
+            timeout,
+            f"dynamic node {node} to register",
+        )
+
+    def stop_slurmd(self, node: str) -> None:
+        """Stop ``node``'s slurmd for good, as its machine going away does (a replaced node)."""
+        self._terminate(f"slurmd-{node}")
+
     def start_rest(self, timeout: float = 20) -> None:
         env = self.env | {"SLURM_JWT": "daemon"}
         if self._root is None:
@@ -281,7 +344,8 @@ class SlurmCluster:
                 "jobs to end",
                 fail=False,
             )
-        for name in ["slurmrestd", *(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
+        slurmds = [f"slurmd-{n}" for n in (*self.nodes, *self.dynamic)]
+        for name in ["slurmrestd", *slurmds, "slurmctld", "munged"]:
             self._terminate(name)
         survivors = self.survivors()
         named = {pid: _named(pid) for pid in survivors}  # before the kill: what each was
@@ -438,22 +502,39 @@ class SlurmCluster:
             (self.run_dir / "spool" / node).mkdir(exist_ok=True)
         run = self.run_dir
         # Distinct: chosen together (slurmrestd's too: one of this cluster's daemons must not take it).
-        ctld_port, self.rest_port, *node_ports = free_ports(2 + len(self.nodes))
-        self._ports = [ctld_port, *node_ports]
+        ctld_port, self.rest_port, slurmd_port, *node_ports = free_ports(3 + len(self.nodes))
+        self._ports = [ctld_port, *node_ports, *([slurmd_port] if self.nodeset else [])]
+        feature = f" Feature={self.nodeset}" if self.nodeset else ""
         node_lines = "\n".join(
-            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port}"
+            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port}{feature}"
             for n, port in zip(self.nodes, node_ports, strict=True)
         )
+        dynamic = (
+            ""
+            if self.nodeset is None
+            else _DYNAMIC.substitute(
+                max_nodes=len(self.nodes) + 4, slurmd_port=slurmd_port, nodeset=self.nodeset
+            )
+        )
         conf = _SLURM_CONF.substitute(
-            run=run, ctld_port=ctld_port, node_lines=node_lines, node_list=",".join(self.nodes)
+            run=run,
+            ctld_port=ctld_port,
+            dynamic_nodes=dynamic,
+            node_lines=node_lines,
+            node_list=self.nodeset or ",".join(self.nodes),
         )
         self.conf.write_text(conf)
-        gres = [f"NodeName={n} Name=gpu Type=h100 File={run}/dev/{n}/nvidia[0-7]" for n in self.nodes]
-        (run / "etc" / "gres.conf").write_text("\n".join(["AutoDetect=off", *gres, ""]))
+        (run / "etc" / "gres.conf").write_text(
+            "\n".join(["AutoDetect=off", *map(self._gres, self.nodes), ""])
+        )
         if self.version != DEFAULT_VERSION:
             # a newer slurmd wants a cgroup filesystem a chroot lacks; linuxproc tracks the jobs.
             (run / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         shutil.copy(TRAIN_JOB, run / TRAIN_JOB.name)
+
+    def _gres(self, node: str) -> str:
+        """``node``'s line of gres.conf: its 8 fake GPUs."""
+        return f"NodeName={node} Name=gpu Type=h100 File={self.run_dir}/dev/{node}/nvidia[0-7]"
 
     def _spawn(
         self, name: str, argv: list[str], env: dict[str, str] | None = None, *, check: bool = True

@@ -266,21 +266,30 @@ def pods_like_the_fixture(emulator: KubeEmulator, node: str, elsewhere: str) -> 
     emulator.add("poddisruptionbudgets", training_pdb(min_available=1))
 
 
-def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, str]:
+def slinky_workers(
+    emulator: KubeEmulator, slurm_nodes: list[str], *, machines: bool = False
+) -> dict[str, str]:
     """A Slinky world: Kubernetes node ``kube-<slurm node>`` per Slurm node, each running the
-    NodeSet's slurmd pod for it (busy: ``pod-protect``), and slurm-operator's budget. Returns
-    Kubernetes node name → Slurm node name."""
+    NodeSet's slurmd pod for it (busy: ``pod-protect``; DaemonSet scaling mode, the fixture's, its
+    hostname the node's ``hostname-override``), and slurm-operator's budget. ``machines``: each node
+    is a Cluster API Machine's (``gpu_fleet``), so a replacement is a new node under a new name.
+    Returns Kubernetes node name → Slurm node name."""
     emulator.seed_namespaces()
+    names = {f"kube-{slurm_node}": slurm_node for slurm_node in slurm_nodes}
+    if machines:
+        gpu_fleet(emulator, list(names))
     template = load_fixture("node-gpu.json")
     by_name = {p["metadata"]["name"]: p for p in load_fixture("pods-on-node-list.json")["items"]}
-    names = {}
-    for slurm_node in slurm_nodes:
-        kube_node = f"kube-{slurm_node}"
-        node = copy.deepcopy(template)
+    for kube_node, slurm_node in names.items():
+        node = emulator.get("nodes", kube_node) if machines else copy.deepcopy(template)
+        assert node is not None, kube_node
         node["metadata"]["name"] = kube_node
         node["metadata"]["labels"]["kubernetes.io/hostname"] = kube_node
         node["metadata"]["annotations"]["nodeset.slinky.slurm.net/hostname-override"] = slurm_node
-        emulator.add("nodes", node)
+        if machines:
+            emulator.bump(node)
+        else:
+            emulator.add("nodes", node)
         pod = copy.deepcopy(by_name["slurm-worker-gpu-h100-7xk2p"])
         pod["metadata"]["name"] = f"slurm-worker-{slurm_node}"
         pod["metadata"]["labels"]["nodeset.slinky.slurm.net/pod-hostname"] = slurm_node
@@ -288,7 +297,6 @@ def slinky_workers(emulator: KubeEmulator, slurm_nodes: list[str]) -> dict[str, 
         pod["spec"]["nodeName"] = kube_node
         pod["spec"]["hostname"] = slurm_node
         emulator.add("pods", pod)
-        names[kube_node] = slurm_node
     emulator.add("poddisruptionbudgets", slinky_pdb())
     return names
 

@@ -1,0 +1,100 @@
+"""The slurmd containers of a DaemonSet-mode Slinky NodeSet, run for real: the emulator's NodeSet pods
+joined to a harness Slurm cluster that has the NodeSet (``SlurmCluster(nodeset=...)``).
+
+slurm-operator runs slurmd in each NodeSet pod as a dynamic node: ``slurmd -Z --conf
+'Features=<nodeset> ...'`` (``internal/builder/workerbuilder/worker_app.go``, ``slurmdArgs`` and
+``slurmdConfArgs``), so slurmctld adds the Slurm node when that slurmd registers, under the pod's
+hostname (DaemonSet mode: the Kubernetes node's name, ``GetDaemonSetPodHostname``); it knows no such
+node before. The container's ``preStop`` hook, run when the pod starts terminating (evicted, deleted),
+sets its Slurm node DOWN: ``scontrol update nodename=$(hostname) state=down reason='slurm-operator:
+Pod is terminating'`` (same file); then slurmd stops, and nothing restarts it on that node.
+
+``SlurmdPods`` is the kubelet's side of that, polling the emulator: a NodeSet pod on a Ready node whose
+Slurm node has no slurmd gets one (``SlurmCluster.start_dynamic``) ``start_after`` seconds after it is
+first seen so (the image pulled, the container started), Slurm knowing nothing of it meanwhile; a pod that is terminating or gone
+has its preStop run and its slurmd stopped (``SlurmCluster.stop_slurmd``). The cluster's static nodes
+stand for the pods there at the start (their slurmds already run).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from proving_ground.kubernetes import slinky
+from proving_ground.kubernetes.world import KubeWorld
+from proving_ground.slurm import SlurmCluster
+
+#: The reason the slurmd container's preStop hook gives (``worker_app.go``).
+TERMINATING = "slurm-operator: Pod is terminating"
+
+
+class SlurmdPods:
+    def __init__(
+        self, world: KubeWorld, slurm: SlurmCluster, *, start_after: float = 1.5, interval: float = 0.2
+    ) -> None:
+        self.world, self.slurm, self.interval, self.start_after = world, slurm, interval, start_after
+        self._seen: dict[str, float] = {}  # a pod waiting for its slurmd: when it was first seen
+        #: Slurm nodes whose slurmd runs in a pod now.
+        self.running: set[str] = set(slurm.nodes)
+        #: What it did, in order: ``(Slurm node, "start" | "stop")``.
+        self.moves: list[tuple[str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slurmd-pods", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> SlurmdPods:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sync()
+            except BaseException as exc:  # said by the test (``error``), not lost in a thread
+                self.error = exc
+                return
+
+    def pods(self) -> dict[str, bool]:
+        """Slurm node → whether its NodeSet pod runs (on a Ready node, not terminating)."""
+
+        def look(emulator: Any) -> dict[str, bool]:
+            found: dict[str, bool] = {}
+            for (plural, _, _), pod in emulator.objects.items():
+                if plural != "pods" or not slinky.daemonset_mode(pod):
+                    continue
+                meta, on = pod["metadata"], pod["spec"].get("nodeName")
+                node = emulator.objects.get(("nodes", None, on)) if on else None
+                ready = node is not None and any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in (node.get("status") or {}).get("conditions", [])
+                )
+                name = meta["labels"]["nodeset.slinky.slurm.net/pod-hostname"]
+                found[name] = found.get(name, False) or (ready and not meta.get("deletionTimestamp"))
+            return found
+
+        result: dict[str, bool] = self.world.call(look)
+        return result
+
+    def sync(self) -> None:
+        pods = self.pods()
+        for name in sorted(self.running):
+            if not pods.get(name, False):
+                self.slurm.run(
+                    "scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={TERMINATING}"
+                )
+                self.slurm.stop_slurmd(name)
+                self.running.discard(name)
+                self.moves.append((name, "stop"))
+        for name, runs in sorted(pods.items()):
+            if not runs or name in self.running or name in self.slurm.dynamic:
+                continue
+            if time.monotonic() - self._seen.setdefault(name, time.monotonic()) >= self.start_after:
+                self.slurm.start_dynamic(name)
+                self.running.add(name)
+                self.moves.append((name, "start"))
