@@ -167,6 +167,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
     slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
     slinky_kept: dict[str, str] = attrs.field(factory=dict)
     slinky_slurm: SlurmSide = attrs.field(factory=MemorySlurm)
+    #: Slurm nodes the slurmd container's preStop hook set DOWN, in order (``_slinky_prestop``).
+    slinky_prestops: list[str] = attrs.field(factory=list)
     slinky_resync: float = 0.1
     #: Resources whose CRD this API server does not have: their paths answer 404 ``404 page not found``
     #: (text/plain), as for any group the server does not serve. A workload cluster managed from
@@ -711,12 +713,26 @@ class KubeEmulator(kmock.KubernetesScaffold):
             del self.objects[key]
             self._nodeset_recreates(pod)
             return copy.deepcopy(pod)
+        if not meta.get("deletionTimestamp"):
+            self._slinky_prestop(pod, grace)
         if not meta.get("deletionTimestamp") or grace < meta.get("deletionGracePeriodSeconds", grace + 1):
             meta.update(deletionTimestamp=now_iso(grace), deletionGracePeriodSeconds=grace)
             meta["resourceVersion"] = self._bump()
         if self.pod_termination_delay is not None:
             self._later(self.pod_termination_delay, lambda: self._kubelet_remove(key))
         return copy.deepcopy(pod)
+
+    def _slinky_prestop(self, pod: dict[str, Any], grace: int) -> None:
+        """A NodeSet pod starts terminating on a live kubelet: its slurmd container's preStop hook
+        sets the pod's Slurm node DOWN with ``slinky.TERMINATING``, whatever reason it had (the
+        operator's drain included). The kubelet runs a preStop hook only with a grace period left
+        (``killContainer``: ``PreStop != nil && gracePeriod > 0``): a force delete runs none, and a
+        dead kubelet runs nothing. ``slinky_prestops`` lists the Slurm nodes, in order."""
+        hostname = (pod["metadata"].get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+        if slinky.scaling_mode(pod) is None or not hostname or grace <= 0 or not self._kubelet_alive(pod):
+            return
+        self.slinky_prestops.append(hostname)
+        self._later(0, lambda: self.slinky_slurm.down(hostname, slinky.TERMINATING))
 
     async def _kubelet_remove(self, key: Key) -> None:
         if key in self.objects:

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 #: What the operator puts before every reason it writes; a reason without it is someone else's.
 OPERATOR_PREFIX = "slurm-operator: "
+#: The reason the slurmd container's preStop hook sets its Slurm node DOWN with when its pod starts
+#: terminating (``internal/builder/workerbuilder/worker_app.go``: ``scontrol update
+#: nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating'``).
+TERMINATING = OPERATOR_PREFIX + "Pod is terminating"
 #: Slurm states in which the node is doing work (slurm_conditions.IsNodeBusy).
 BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
@@ -120,6 +124,10 @@ class SlurmSide(Protocol):
 
     async def drain(self, hostname: str, reason: str) -> None: ...
 
+    async def down(self, hostname: str, reason: str) -> None:
+        """DOWN with ``reason`` (replacing the reason it had), as ``scontrol update state=down`` does."""
+        ...
+
 
 @attrs.define
 class MemorySlurm:
@@ -128,12 +136,17 @@ class MemorySlurm:
     busy: dict[str, bool] = attrs.field(factory=dict)
     reasons: dict[str, str] = attrs.field(factory=dict)
     drained: set[str] = attrs.field(factory=set)
+    downed: set[str] = attrs.field(factory=set)
 
     async def state(self, hostname: str) -> tuple[bool, str]:
         return self.busy.get(hostname, False), self.reasons.get(hostname, "")
 
     async def drain(self, hostname: str, reason: str) -> None:
         self.drained.add(hostname)
+        self.reasons[hostname] = reason
+
+    async def down(self, hostname: str, reason: str) -> None:
+        self.downed.add(hostname)
         self.reasons[hostname] = reason
 
 
@@ -150,4 +163,9 @@ class ScontrolSlurm:
     async def drain(self, hostname: str, reason: str) -> None:
         await asyncio.to_thread(
             self.cluster.run, "scontrol", "update", f"NodeName={hostname}", "State=DRAIN", f"Reason={reason}"
+        )
+
+    async def down(self, hostname: str, reason: str) -> None:
+        await asyncio.to_thread(
+            self.cluster.run, "scontrol", "update", f"NodeName={hostname}", "State=DOWN", f"Reason={reason}"
         )

@@ -5,15 +5,15 @@ slurm-operator runs slurmd in each NodeSet pod as a dynamic node: ``slurmd -Z --
 'Features=<nodeset> ...'`` (``internal/builder/workerbuilder/worker_app.go``, ``slurmdArgs`` and
 ``slurmdConfArgs``), so slurmctld adds the Slurm node when that slurmd registers, under the pod's
 hostname (DaemonSet mode: the Kubernetes node's name, ``GetDaemonSetPodHostname``); it knows no such
-node before. The container's ``preStop`` hook, run when the pod starts terminating (evicted, deleted),
-sets its Slurm node DOWN: ``scontrol update nodename=$(hostname) state=down reason='slurm-operator:
-Pod is terminating'`` (same file); then slurmd stops, and nothing restarts it on that node.
+node before. When the pod terminates its container stops, and nothing restarts that slurmd (its
+preStop hook, which sets the Slurm node DOWN first, is the emulator's: ``_slinky_prestop``, through
+``slinky.ScontrolSlurm`` for a real cluster).
 
 ``SlurmdPods`` is the kubelet's side of that, polling the emulator: a NodeSet pod on a Ready node whose
 Slurm node has no slurmd gets one (``SlurmCluster.start_dynamic``) ``start_after`` seconds after it is
-first seen so (the image pulled, the container started), Slurm knowing nothing of it meanwhile; a pod that is terminating or gone
-has its preStop run and its slurmd stopped (``SlurmCluster.stop_slurmd``). The cluster's static nodes
-stand for the pods there at the start (their slurmds already run).
+first seen so (the image pulled, the container started), Slurm knowing nothing of it meanwhile; a pod
+that is terminating or gone has its slurmd stopped (``SlurmCluster.stop_slurmd``). The cluster's static
+nodes stand for the pods there at the start (their slurmds already run).
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ from typing import Any
 from proving_ground.kubernetes import slinky
 from proving_ground.kubernetes.world import KubeWorld
 from proving_ground.slurm import SlurmCluster
-
-#: The reason the slurmd container's preStop hook gives (``worker_app.go``).
-TERMINATING = "slurm-operator: Pod is terminating"
 
 
 class SlurmdPods:
@@ -85,9 +82,6 @@ class SlurmdPods:
         pods = self.pods()
         for name in sorted(self.running):
             if not pods.get(name, False):
-                self.slurm.run(
-                    "scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={TERMINATING}"
-                )
                 self.slurm.stop_slurmd(name)
                 self.running.discard(name)
                 self.moves.append((name, "stop"))

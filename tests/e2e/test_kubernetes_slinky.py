@@ -9,7 +9,8 @@ pods, writes the cordon reason before the cordon (so the operator drains with pi
 and its drain evicts the slurmd pod once the budget allows it — refused while Slurm was busy,
 never forced. The operator stand-in drains the real Slurm node (``scontrol``) and keeps
 ``pod-protect`` while it is busy: a long job on it holds the drain until pitcrew requeues it at the
-end of the drain's grace period, instead of waiting out the step's deadline.
+end of the drain's grace period, instead of waiting out the step's deadline. The evicted slurmd pod's
+preStop hook (slurm-operator's ``worker_app.go``) then sets the Slurm node DOWN with its own reason.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 
 import pytest
 
-from proving_ground.kubernetes.slinky import ScontrolSlurm
+from proving_ground.kubernetes.slinky import TERMINATING, ScontrolSlurm
 from proving_ground.kubernetes.world import KubeWorld, slinky_workers
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import open_incident
+from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, step_result
 
 pytestmark = pytest.mark.slow
@@ -63,15 +65,24 @@ def test_slinky_drain_follows_the_operator(
     }
     server = pitcrew_factory("k8s-slinky", config=config, simulated=False).start()
     incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
+    # The operator drains the real Slurm node with pitcrew's reason under its prefix; the long job
+    # keeps the slurmd pod protected until pitcrew requeues it at the end of the grace period.
+    wait_until(
+        lambda: slurm.node(slurm_node).reason.startswith(f"slurm-operator: pitcrew: {incident_id} "),
+        timeout=30,
+        interval=0.1,
+        what="the operator to drain the Slurm node with pitcrew's reason",
+    )
     final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
     assert final["state"] == "resolved", final["outcome"]
 
     assert step_result(final, "slurm_down")["slurm_nodes"] == [slurm_node]
     reason = kube_world.call(lambda e: e.slinky_reasons[kube_node])
     assert reason is not None and reason.startswith(f"pitcrew: {incident_id} "), reason
-    # The operator drained the real Slurm node with pitcrew's reason under its prefix; the long job
-    # kept the slurmd pod protected until pitcrew requeued it at the end of the grace period.
-    assert slurm.node(slurm_node).reason.startswith(f"slurm-operator: pitcrew: {incident_id} ")
+    # The evicted slurmd pod's preStop hook then set the node DOWN with its own reason.
+    assert kube_world.call(lambda e: e.slinky_prestops) == [slurm_node]
+    after = slurm.node(slurm_node)
+    assert after.down and after.reason == TERMINATING, after
     assert step_result(final, "drain")["requeued"] == [job]
     snapshot = slurm.job(job)
     assert snapshot is not None and slurm_node not in snapshot.nodes

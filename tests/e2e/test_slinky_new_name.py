@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from proving_ground.kubernetes.slinky import ScontrolSlurm
-from proving_ground.kubernetes.slurmd_pods import TERMINATING, SlurmdPods
+from proving_ground.kubernetes.slinky import TERMINATING, ScontrolSlurm
+from proving_ground.kubernetes.slurmd_pods import SlurmdPods
 from proving_ground.kubernetes.world import KubeWorld, slinky_workers
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
@@ -119,6 +119,7 @@ def test_a_replacement_under_a_new_slurm_name_runs_the_job_again(
     assert not [e for e in events(final, "action") if e["data"].get("action") == "slurm_resume"]
     record = slurm.node(old)
     assert record.down and record.reason == TERMINATING, record
+    assert kube_world.call(lambda e: e.slinky_prestops) == [old]
     [left] = [e["detail"] for e in events(final, "left_behind")]
     assert old in left and new in left
     [summary] = [n for n in notices(server.journal_records(), "summary") if n["incident_id"] == incident_id]
