@@ -502,8 +502,10 @@ class SlurmCluster:
             (self.run_dir / "spool" / node).mkdir(exist_ok=True)
         run = self.run_dir
         # Distinct: chosen together (slurmrestd's too: one of this cluster's daemons must not take it).
-        ctld_port, self.rest_port, slurmd_port, *node_ports = free_ports(3 + len(self.nodes))
-        self._ports = [ctld_port, *node_ports, *([slurmd_port] if self.nodeset else [])]
+        dynamic_ports = 1 if self.nodeset else 0  # SlurmdPort, the dynamic nodes' (``_DYNAMIC``)
+        ctld_port, self.rest_port, *node_ports = free_ports(2 + dynamic_ports + len(self.nodes))
+        slurmd_ports, node_ports = node_ports[:dynamic_ports], node_ports[dynamic_ports:]
+        self._ports = [ctld_port, *slurmd_ports, *node_ports]
         feature = f" Feature={self.nodeset}" if self.nodeset else ""
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port}{feature}"
@@ -513,7 +515,7 @@ class SlurmCluster:
             ""
             if self.nodeset is None
             else _DYNAMIC.substitute(
-                max_nodes=len(self.nodes) + 4, slurmd_port=slurmd_port, nodeset=self.nodeset
+                max_nodes=len(self.nodes) + 4, slurmd_port=slurmd_ports[0], nodeset=self.nodeset
             )
         )
         conf = _SLURM_CONF.substitute(
