@@ -115,9 +115,12 @@ PartitionName=gpu Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
 #: ``NodeSet=<name> Feature=<name>``, its partition ``Nodes=<name>``), so a node registering with that
 #: feature joins the partition. A dynamic node's slurmd listens on ``SlurmdPort`` (its ``--conf``
 #: may not set ``Port=``: slurmd.c ``_validate_dynamic_conf``), so one host runs one at a time.
+#: ``SlurmdTimeout=10``: a record whose slurmd went with its machine shows NOT_RESPONDING within
+#: seconds instead of Slurm's default 300 s.
 _DYNAMIC = Template("""\
 MaxNodeCount=$max_nodes
 TreeWidth=65533
+SlurmdTimeout=10
 SlurmdPort=$slurmd_port
 NodeSet=$nodeset Feature=$nodeset""")
 #: A dynamic node's ``--conf``: the static nodes' shape (``NodeName=DEFAULT``), the NodeSet's feature

@@ -180,7 +180,7 @@ class Admission:
         self._clock = deps.clock
         self._lock = asyncio.Lock()
         #: Nodes out of service, read at most once per poll interval however many alerts arrive.
-        self.fleet = FleetView(deps.ports, deps.clock, deps.settings.poll_interval)
+        self.fleet = FleetView(deps.ports, deps.clock, deps.settings.poll_interval, deps.store)
 
     async def world(self, incident: IncidentRecord, now: datetime, facts: NodeFacts | None = None) -> World:
         facts = facts or await self._facts(incident)

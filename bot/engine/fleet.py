@@ -13,6 +13,16 @@ counts only pitcrew's own incidents, in words.
 
 pitcrew's own changes made since the last read are not lost meanwhile: the store's count of
 nodes under remediation (``Store.nodes_in_remediation``) is added to the snapshot.
+
+One thing out of service is no node: a Slurm record pitcrew's replacement left behind
+(``bot.engine.steps.repair.left_behind``: a Slinky DaemonSet-mode NodeSet names the Slurm node after
+the Kubernetes node, the replacement registers a new one, and the old record stays, its slurmd gone
+with the machine, DOWN by its pod's preStop hook, until someone deletes it; slurm-operator's
+``pruneSlurmNodeRecords`` defaults to ``Never``). ``wait_ready`` remembers each in the store
+(``LEFT_BEHIND``), and the read leaves such a record out once Slurm says no slurmd answers for it
+(``NOT_RESPONDING``, after ``SlurmdTimeout``): counted, one such replacement would hold every later
+repair at ``max_nodes`` 1 for as long as the record stays. A record under that name whose slurmd
+answers (a node given the name again) is a node, and counted as any other.
 """
 
 from __future__ import annotations
@@ -24,9 +34,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from bot.domain.jobs import not_responding
 from bot.domain.outages import Outage, OutOfService, kubernetes_outage, slurm_outage
 from bot.engine.context import Ports
 from bot.engine.errors import PitcrewError
+from bot.store.base import Store
+
+#: The store's memory (``Store.remember``) of Slurm records pitcrew's replacements left behind: the
+#: record's name → the incident and the node that replaced its machine.
+LEFT_BEHIND = "left_behind"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +59,11 @@ class FleetSnapshot:
 class FleetView:
     """The cached snapshot; ``reads`` counts the lists asked of each far side (for the bench)."""
 
-    def __init__(self, ports: Ports, clock: Callable[[], datetime], max_age: timedelta) -> None:
+    def __init__(
+        self, ports: Ports, clock: Callable[[], datetime], max_age: timedelta, store: Store | None = None
+    ) -> None:
         self._ports = ports
+        self._store = store
         self._clock = clock
         self._max_age = max_age
         self._lock = asyncio.Lock()
@@ -71,10 +90,12 @@ class FleetView:
         self.reads["slurm"] += 1
         try:
             states = await self._ports.scheduler.nodes()
+            ghosts = set(await self._store.memory(LEFT_BEHIND)) if self._store is not None else set()
             self._slurm = [
                 o
                 for s in states
-                if (o := slurm_outage(s.name, s.states, s.reason, s.reason_user)) is not None
+                if not (s.name in ghosts and not_responding(s.states))
+                and (o := slurm_outage(s.name, s.states, s.reason, s.reason_user)) is not None
             ]
         except PitcrewError as exc:
             gaps.append(f"Slurm nodes unreadable ({exc.reason})")

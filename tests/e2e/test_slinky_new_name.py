@@ -19,7 +19,9 @@ are busy: the operator drains ``gpu-001`` with pitcrew's reason, the drain reque
 of its grace and evicts the slurmd pod, the Machine is deleted once; ``wait_ready`` waits for the new
 node's Slurm node (unknown to Slurm until its slurmd registers) and records it; the job runs again
 there from its checkpoint; ``gpu-001`` is never RESUMEd (DOWN, the preStop's reason); the incident
-resolves and its summary names ``gpu-001`` as left behind.
+resolves and its summary names ``gpu-001`` as left behind. Once Slurm finds no slurmd for ``gpu-001``
+(NOT_RESPONDING), a fault on another node passes the breaker at ``max_nodes`` 1: the record left
+behind is no node out of service.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slurm_engine import open_incident, replace_node, running_on, wait_for_step
+from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
 from tests.harness.slurm import BACKENDS, require_slurm
 
@@ -88,6 +91,9 @@ def test_a_replacement_under_a_new_slurm_name_runs_the_job_again(
     )
     config = {
         **site,
+        # One node at a time, and only while it is being repaired: the second fault below is judged
+        # against what is out of service then, the first repair out of the window.
+        "guards": {"breaker": {"max_nodes": 1, "max_fraction": 1.0, "window": "1s"}},
         "slurm": {**site["slurm"], "node_mapping": "slinky"},
         "playbooks": replace_node(drain={"timeout": "60s", "options": {"slurm_drain_grace_seconds": 3}}),
     }
@@ -96,6 +102,19 @@ def test_a_replacement_under_a_new_slurm_name_runs_the_job_again(
         incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
         final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
         assert pods.error is None, pods.error
+        # The record left behind: DOWN, and soon no slurmd answering for it (SlurmdTimeout). No node
+        # stands behind it: a fault on another node is not held back by it at max_nodes 1.
+        wait_until(
+            lambda: "NOT_RESPONDING" in slurm.node(old).states,
+            timeout=30,
+            interval=0.2,
+            what=f"Slurm to find no slurmd for {old}",
+        )
+        other = next(k for k in names if k != kube_node)
+        second = open_incident(server, delivery("xid79-firing.json", node=other))
+        guards = server.wait_event(second, "guards", timeout=30)
+        server.stop()  # its repair is not this test's (one dynamic slurmd per host)
+    assert guards["detail"] == "all guards passed", guards
     assert final["state"] == "resolved", (final["outcome"], [e["detail"] for e in final["events"]])
 
     [new] = [name for name, what in pods.moves if what == "start"]

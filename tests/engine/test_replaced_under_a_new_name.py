@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, Statef
 
 NODE = "gpu-node-02"
 SUCCESSOR = "gpu-node-02-x7b2n"
+OTHER = "gpu-node-04"
 
 
 #: The mappings that read a node's Slurm nodes from it, with the simulated NodeSet each fits.
@@ -97,3 +99,22 @@ async def test_a_new_slurm_node_slurm_does_not_know_yet_is_waited_for(tmp_path: 
         assert any("Slurm does not know it" in w for w in waits), waits
         finished = (await h.events(incident, "step_finished", "wait_ready"))[-1]
         assert (finished.at - done.opened_at).total_seconds() >= 600
+
+
+async def test_the_record_left_behind_is_no_node_to_the_breaker(tmp_path: Path) -> None:
+    """The failed node's record stays out of service without slurmd (slurm-operator keeps it under
+    ``pruneSlurmNodeRecords: Never``, the default): no node stands behind it, its replacement is in
+    service. The breaker counts every node out of service, whoever took it out, but not that record:
+    counted, one replacement under a new name would hold every later repair at ``max_nodes`` 1
+    (a fleet under 40 nodes at the default ``max_fraction``) for as long as the record stays."""
+    breaker = {"max_nodes": 1, "window": timedelta(minutes=10)}
+    async with EngineHarness(
+        tmp_path, cluster=DaemonSetNodeSet, mapping={"node_mapping": "slinky"}, breaker=breaker
+    ) as h:
+        first = await h.alert(NODE)
+        assert (await h.until_ended(first)).state.value == "resolved", await h.timeline(first)
+        await h.time.advance(11 * 60)  # the first repair is out of the breaker's window
+        assert "NOT_RESPONDING" in (await h.world.node(NODE)).states  # the record is still there
+        second = await h.alert(OTHER)
+        done = await h.until_ended(second)
+        assert done.state.value == "resolved", await h.timeline(second)

@@ -20,6 +20,7 @@ from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
+from bot.engine.fleet import LEFT_BEHIND
 from bot.engine.ports import Cluster, NodeValidator, Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.cluster import DrainResult
@@ -405,6 +406,9 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name, slurm_nodes=slurm_nodes)
     behind = left_behind(down, done)
     if behind:
+        # No node stands behind these records any more: the breaker does not count them (fleet.py).
+        left = {"incident": ctx.incident.id, "replaced_by": node.name}
+        await ctx.deps.store.remember(LEFT_BEHIND, dict.fromkeys(behind, left), ctx.clock())
         await ctx.note(
             "left_behind",
             f"{node.name} serves Slurm node(s) {', '.join(slurm_nodes)}, not the failed node's "
