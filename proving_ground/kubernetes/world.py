@@ -383,6 +383,16 @@ def inference_replicas(emulator: KubeEmulator, node: str, elsewhere: str) -> lis
     return names
 
 
+def nodeclaim_grace_period(k8s: KubeEmulator, grace: str | None, name: str = "gpu-h100-x7k2q") -> None:
+    """The fixture NodeClaim ``name`` with ``spec.terminationGracePeriod`` ``grace`` (``None``: none,
+    so Karpenter's termination waits for ever on a pod it may not evict)."""
+    claim = k8s.get("nodeclaims", name)
+    assert claim is not None
+    claim["spec"].pop("terminationGracePeriod", None)
+    if grace:
+        claim["spec"]["terminationGracePeriod"] = grace
+
+
 def pods_karpenter_may_not_evict(k8s: KubeEmulator) -> tuple[str, str]:
     """On the fixture node: the training worker under a budget that allows no eviction (minAvailable
     1, one pod), and a notebook annotated ``karpenter.sh/do-not-disrupt``. Returns their names."""

@@ -137,6 +137,20 @@ async def _awaiting_approval(h: EngineHarness) -> str:
     return incident
 
 
+#: A Slinky DaemonSet-mode NodeSet, each node's Slurm name read from its annotation: the replacement
+#: serves a new Slurm node (gpu-node-02-x7b2n), and gpu-node-02's record keeps no slurmd.
+NEW_NAME: dict[str, Any] = {
+    "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
+    "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
+}
+#: The report's first lines once the replacement has started.
+REPLACED = (
+    "replace: the replacement has already started and cannot be cancelled",
+    "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
+    "cordon: the node no longer carries pitcrew's annotation; left as is",
+)
+
+
 @dataclass(frozen=True)
 class RollbackCase:
     drive: Drive
@@ -180,9 +194,7 @@ ROLLBACKS = {
         _after_replace_node,
         "gpu-node-02",
         [
-            "replace: the replacement has already started and cannot be cancelled",
-            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
-            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            *REPLACED,
             "slurm_down: gpu-node-02 already in service",
         ],
         {},
@@ -195,18 +207,13 @@ ROLLBACKS = {
         _after_replace_node,
         "gpu-node-02",
         [
-            "replace: the replacement has already started and cannot be cancelled",
-            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
-            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            *REPLACED,
             "slurm_down: gpu-node-02 left as it is: the node's replacement serves gpu-node-02-x7b2n, "
             "not gpu-node-02",
         ],
         {},
         node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},
-        harness={
-            "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
-            "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
-        },
+        harness=NEW_NAME,
     ),
     # The same, rolled back while ``wait_ready`` waits for the replacement's new Slurm node to
     # register: the old record is as much a ghost as after the repair.
@@ -214,18 +221,13 @@ ROLLBACKS = {
         _until_waiting("Slurm does not know it", slurm=_unknown_to_slurm("gpu-node-02-x7b2n")),
         "gpu-node-02",
         [
-            "replace: the replacement has already started and cannot be cancelled",
-            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
-            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            *REPLACED,
             "slurm_down: gpu-node-02 left as it is: the node's replacement serves gpu-node-02-x7b2n, "
             "not gpu-node-02",
         ],
         {},
         node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},
-        harness={
-            "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
-            "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
-        },
+        harness=NEW_NAME,
     ),
     # ... and before the replacement has even come: which Slurm node it will serve is not known,
     # and a RESUME of the old record may return a ghost.
@@ -233,19 +235,14 @@ ROLLBACKS = {
         _until_waiting("has registered yet", cluster=Answer(lambda _: None)),
         "gpu-node-02",
         [
-            "replace: the replacement has already started and cannot be cancelled",
-            "drain: irreversible — evicted pods are not brought back; they reschedule once the node is uncordoned",
-            "cordon: the node no longer carries pitcrew's annotation; left as is",
+            *REPLACED,
             "slurm_down: gpu-node-02 left as it is: the node was replaced, and the Slurm node(s) its "
             "replacement serves are not known yet (node_mapping annotation reads them from the node, "
             "and a new node may serve a new name); resume gpu-node-02 by hand if its slurmd comes back",
         ],
         {},
         node_after={"unschedulable": False, "slurm": ["DOWN", "DRAIN", "NOT_RESPONDING"]},
-        harness={
-            "cluster": functools.partial(DaemonSetNodeSet, annotated=True),
-            "mapping": {"node_mapping": "annotation", "node_mapping_key": SLINKY_HOSTNAME_OVERRIDE},
-        },
+        harness=NEW_NAME,
     ),
     "operator-took-the-node-after": RollbackCase(
         _cordon_and_ask("gpu-node-01", then=_operator_downs_node_01),

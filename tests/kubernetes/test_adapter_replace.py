@@ -54,7 +54,12 @@ from bot.engine.ports import ClusterNode, PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.runtime import slurm_names_for
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
-from proving_ground.kubernetes.world import gpu_fleet, pods_karpenter_may_not_evict, statefulset_slurmd
+from proving_ground.kubernetes.world import (
+    gpu_fleet,
+    nodeclaim_grace_period,
+    pods_karpenter_may_not_evict,
+    statefulset_slurmd,
+)
 from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
@@ -465,6 +470,14 @@ async def test_karpenter_takes_a_statefulset_nodesets_pending_slurmd_pod_for_the
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT, slurm_nodes=[slurmd])
     assert f"demand=pod/slurm/{slurmd}" in handle
     assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
+    await _one_node_launched_where_it_lands(cluster, k8s, handle, slurmd)
+
+
+async def _one_node_launched_where_it_lands(
+    cluster: KubernetesCluster, k8s: KubeEmulator, handle: str, slurmd: str
+) -> None:
+    """The successor is the node Karpenter launched for the NodeSet's slurmd pod, which landed there,
+    and Karpenter launched no other."""
     new = await _successor(cluster, handle)
     landed = k8s.get("pods", slurmd, "slurm")
     assert landed is not None and landed["spec"]["nodeName"] == new.name
@@ -527,12 +540,7 @@ async def test_karpenter_waits_for_the_slurmd_pod_its_statefulset_nodeset_has_no
     assert k8s.get("pods", PLACEHOLDER, "pitcrew-jobs") is None
     said = await cluster.held_up(NODE, handle=handle)
     assert said is not None and f"slurm/{slurmd}" in said and "NodeSet" in said, said
-    new = await _successor(cluster, handle)
-    landed = k8s.get("pods", slurmd, "slurm")
-    assert landed is not None and landed["spec"]["nodeName"] == new.name
-    await asyncio.sleep(k8s.replace_delay + (k8s.ready_delay or 0) + 0.2)  # nothing else launches
-    claims = [c for (kind, _, _), c in k8s.objects.items() if kind == "nodeclaims"]
-    assert [c["status"]["nodeName"] for c in claims] == [new.name]
+    await _one_node_launched_where_it_lands(cluster, k8s, handle, slurmd)
 
 
 async def test_a_daemonset_nodesets_slurmd_pod_is_not_taken_for_one_made_again(
@@ -554,11 +562,7 @@ async def test_karpenter_termination_held_by_pods_it_may_not_evict_is_said_witho
     ``spec.terminationGracePeriod`` for good. ``termination_held`` names each pod and why (a budget:
     as Karpenter's FailedDraining on the Node says it), and when, if ever, Karpenter forces them
     out; the successor comes all the same. Once they are gone the node goes, and nothing is said."""
-    claim = k8s.get("nodeclaims", "gpu-h100-x7k2q")
-    assert claim is not None
-    claim["spec"].pop("terminationGracePeriod")
-    if grace:
-        claim["spec"]["terminationGracePeriod"] = grace
+    nodeclaim_grace_period(k8s, grace)
     budgeted, annotated = pods_karpenter_may_not_evict(k8s)
     cluster = make_cluster(replace={"strategy": "karpenter"})
     await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")

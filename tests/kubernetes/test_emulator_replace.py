@@ -24,7 +24,11 @@ from kubernetes.aio import client
 
 from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture
-from proving_ground.kubernetes.world import pods_karpenter_may_not_evict, statefulset_slurmd
+from proving_ground.kubernetes.world import (
+    nodeclaim_grace_period,
+    pods_karpenter_may_not_evict,
+    statefulset_slurmd,
+)
 from proving_ground.proc import eventually
 
 NODE = "gpu-node-02"
@@ -317,11 +321,7 @@ async def test_karpenter_termination_waits_on_pods_it_may_not_evict_until_a_grac
     ``FailedDraining``, naming it) and one annotated ``do-not-disrupt`` (not evicted at all) keep
     the Node, its NodeClaim and the instance there. Without ``spec.terminationGracePeriod`` for
     good; with one, until the NodeClaim's termination timestamp, when they are deleted regardless."""
-    claim = k8s.get("nodeclaims", "gpu-h100-x7k2q")
-    assert claim is not None
-    claim["spec"].pop("terminationGracePeriod")
-    if grace:
-        claim["spec"]["terminationGracePeriod"] = grace
+    nodeclaim_grace_period(k8s, grace)
     budgeted, annotated = pods_karpenter_may_not_evict(k8s)
     await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
         "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
