@@ -131,7 +131,7 @@ def placeholder_name(target: str) -> str:
     return f"pitcrew-successor-{target.rsplit('/', 1)[-1]}"[:63].rstrip("-")
 
 
-def _node_of(handle: dict[str, Any]) -> str | None:
+def node_of(handle: dict[str, Any]) -> str | None:
     """The node a Machine (``status.nodeRef``) or a NodeClaim (``status.nodeName``) became."""
     status = handle.get("status") or {}
     name = (status.get("nodeRef") or {}).get("name") or status.get("nodeName")
@@ -153,7 +153,8 @@ def _remediation(machine: dict[str, Any]) -> str | None:
     return None
 
 
-def _deleting(obj: dict[str, Any] | None) -> bool:
+def deleting(obj: dict[str, Any] | None) -> bool:
+    """A Machine or NodeClaim the API server is deleting (its ``deletionTimestamp`` set)."""
     return obj is not None and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
@@ -300,12 +301,12 @@ class Replacer:
             return "the Node is already being deleted"
         strategy = self._settings.replace.strategy
         if strategy == "cluster-api" and (machine := await self.machine(node)) is not None:
-            if _deleting(machine):
+            if deleting(machine):
                 return f"cluster-api (Machine {machine['metadata']['name']} is deleting)"
             remediation = _remediation(machine)
             if remediation:
                 return f"cluster-api MachineHealthCheck (Machine {machine['metadata']['name']} {remediation})"
-        if strategy == "karpenter" and _deleting(claim := await self.nodeclaim(name)):
+        if strategy == "karpenter" and deleting(claim := await self.nodeclaim(name)):
             return f"karpenter (NodeClaim {claim['metadata']['name']} is deleting)"  # type: ignore[index]
         return None
 
@@ -338,9 +339,9 @@ class Replacer:
             return True
         if handle.strategy == "cluster-api":
             machine = await self.machine(node)
-            return machine is None or _deleting(machine)
+            return machine is None or deleting(machine)
         claim = await self.nodeclaim(name)
-        return claim is None or _deleting(claim)
+        return claim is None or deleting(claim)
 
     async def cancel(self, name: str, *, incident_id: str) -> bool:
         """Withdraw a marked replacement that has not reached the far side."""
@@ -887,11 +888,11 @@ class Replacer:
             h
             for h in handles
             if h["metadata"].get("creationTimestamp", "") >= since
-            and not _deleting(h)
+            and not deleting(h)
             and not parsed.target.endswith(f"/{h['metadata']['name']}")
         ]
         fresh.sort(key=lambda h: (h["metadata"].get("creationTimestamp", ""), h["metadata"]["name"]))
-        return [str(_node_of(h)) for h in fresh if _node_of(h)], bool(fresh)
+        return [str(node_of(h)) for h in fresh if node_of(h)], bool(fresh)
 
 
 async def run_command(argv: Sequence[str], node: str, incident_id: str, action: str, limit: float) -> str:

@@ -27,8 +27,8 @@ from bot.integrations.kubernetes.replace import (
     KARPENTER,
     KARPENTER_COMPONENT,
     Handle,
-    _deleting,
-    _node_of,
+    deleting,
+    node_of,
 )
 
 #: On a deleting NodeClaim with ``spec.terminationGracePeriod``: when its pods are deleted regardless.
@@ -60,9 +60,9 @@ class Termination:
             ),
         )
         claim = next((c for c in listed["items"] if c["metadata"]["name"] == claim_name), None)
-        if claim is None or not _deleting(claim):
+        if claim is None or not deleting(claim):
             return None
-        node = _node_of(claim) or name
+        node = node_of(claim) or name
         pods = (
             await call(
                 f"list pods on {node}",
