@@ -94,7 +94,7 @@ SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
-ReturnToService=1
+ReturnToService=$return_to_service
 JobRequeue=1
 MinJobAge=300
 KillWait=5
@@ -160,6 +160,7 @@ class SlurmCluster:
         rest: bool = True,
         version: str | None = None,
         nodeset: str | None = None,
+        return_to_service: int = 1,
     ) -> None:
         self.run_dir = run_dir
         self.version = chosen_version(version)
@@ -169,6 +170,11 @@ class SlurmCluster:
         #: A Slinky NodeSet (its name, also its feature) the static nodes belong to and dynamic nodes
         #: (``start_dynamic``) join; ``None``: static nodes only, the partition names them.
         self.nodeset = nodeset
+        #: slurm.conf's ``ReturnToService``: 1 (the proving ground's default) returns a DOWN node when
+        #: its slurmd registers only if Slurm itself set it DOWN "Not responding"; 0 never (Slurm's own
+        #: default, which slurm-operator's chart keeps); 2 whatever the reason (node_mgr.c
+        #: ``validate_node_specs``).
+        self.return_to_service = return_to_service
         #: Dynamic nodes whose slurmd this object started (``start_dynamic``), in order.
         self.dynamic: list[str] = []
         self.with_rest = rest
@@ -525,6 +531,7 @@ class SlurmCluster:
             run=run,
             ctld_port=ctld_port,
             dynamic_nodes=dynamic,
+            return_to_service=self.return_to_service,
             node_lines=node_lines,
             node_list=self.nodeset or ",".join(self.nodes),
         )
