@@ -120,6 +120,27 @@ def slinky_cordon_annotations(reason: str) -> dict[str, str]:
     return {SLINKY_CORDON_REASON: reason}
 
 
+#: The reason slurm-operator's slurmd container preStop hook (v1.2 on, ``worker_app.go``:
+#: ``scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating'``)
+#: sets on the pod's Slurm node whenever the pod terminates with a grace period: an eviction, a
+#: deleted Machine's or NodeClaim's drain.
+SLINKY_PRESTOP_REASON = SLINKY_REASON_PREFIX + "Pod is terminating"
+
+
+def slinky_prestop_down(reason: str) -> bool:
+    """The reason of a Slurm node DOWN from the slurmd container's preStop hook: the hook's own, or
+    the one the operator's undrain wrote over it. The operator's undrain (``MakeNodeUndrain``, when
+    its pod is uncordoned) sends UNDRAIN with ``slurm-operator: Pod (<ns>/<pod>) was uncordoned``,
+    which Slurm applies as the reason and clears DRAIN only (node_mgr.c ``update_node``): the DOWN
+    stays, relabelled. The operator sets DOWN nowhere but in that hook, so on a DOWN node either
+    reason is the hook's DOWN. Slurm returns such a node when its slurmd registers again only under
+    ``ReturnToService=2`` (``validate_node_specs``: under 1 only a "Not responding" DOWN)."""
+    if reason == SLINKY_PRESTOP_REASON:
+        return True
+    rest = reason.removeprefix(SLINKY_REASON_PREFIX)
+    return rest != reason and rest.startswith("Pod (") and rest.endswith(") was uncordoned")
+
+
 def slinky_reason_is_ours(reason: str, incident_id: str | None = None) -> bool:
     """A drain the operator set from our annotation: ``slurm-operator: pitcrew: …`` (for this incident)."""
     if not reason.startswith(SLINKY_REASON_PREFIX):

@@ -29,6 +29,7 @@ import pytest
 
 from bot.domain.jobs import SlurmNodeState
 from bot.domain.nodemap import SLINKY_HOSTNAME_OVERRIDE
+from bot.domain.ownership import SLINKY_PRESTOP_REASON
 from bot.engine.errors import PermanentError, Reason
 from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
 
@@ -62,8 +63,9 @@ async def test_the_successors_slurm_node_is_waited_for_and_the_old_one_left(
         assert not [r for r in h.records() if r.get("op") == "slurm_resume"]  # no ghost RESUMEd
         old = await h.world.node(NODE)
         assert "NOT_RESPONDING" in old.states
-        if mapping == "annotation":  # pitcrew's own DOWN stays, with its reason
-            assert old.taken_out and old.reason.startswith("pitcrew:")
+        # Out of service, with the reason of the preStop hook its pod ran as the node went (over
+        # pitcrew's own DOWN reason, under ``annotation``).
+        assert old.taken_out and old.reason == SLINKY_PRESTOP_REASON, old
         [left] = await h.events(incident, "left_behind")
         assert NODE in left.detail and SUCCESSOR in left.detail
         [summary] = h.notices("summary", incident)
@@ -71,6 +73,11 @@ async def test_the_successors_slurm_node_is_waited_for_and_the_old_one_left(
 
 
 async def test_a_statefulset_nodesets_replacement_serves_the_same_slurm_node(tmp_path: Path) -> None:
+    """The replica made again on the replacement registers the same Slurm node, which its old pod's
+    preStop hook set DOWN as the old node was drained for its deletion ("slurm-operator: Pod is
+    terminating"; the operator's undrain for the new pod relabels it and leaves the DOWN): Slurm
+    keeps that DOWN when the slurmd registers again (``ReturnToService`` 0 or 1). pitcrew's
+    replacement caused it and nothing else returns the node: pitcrew RESUMEs it, once."""
     async with EngineHarness(tmp_path, cluster=StatefulSetNodeSet, mapping={"node_mapping": "slinky"}) as h:
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
@@ -78,7 +85,38 @@ async def test_a_statefulset_nodesets_replacement_serves_the_same_slurm_node(tmp
         ready = (await h.steps(incident))["wait_ready"].result
         assert (ready["node"], ready["slurm_nodes"]) == (SUCCESSOR, [NODE])
         assert not await h.events(incident, "left_behind")
-        assert "NOT_RESPONDING" not in (await h.world.node(NODE)).states
+        assert [r["op"] for r in h.records() if r.get("node") == NODE and r["op"] == "prestop_down"]
+        back = await h.world.node(NODE)
+        assert back.in_service, back  # failed before: DOWN "slurm-operator: Pod (…) was uncordoned"
+        assert len([r for r in h.records() if r.get("op") == "slurm_resume"]) == 1
+        [acted] = [e for e in await h.events(incident, "action") if e.data.get("action") == "slurm_resume"]
+        assert "preStop" in acted.detail, acted.detail
+        [summary] = h.notices("summary", incident)
+        assert any(line.startswith("node back in service after") for line in summary["lines"])
+
+
+async def test_a_down_the_operator_did_not_make_is_left_and_said(tmp_path: Path) -> None:
+    """A DOWN with a reason neither pitcrew's nor the preStop hook's (a person's, set while the node
+    was being replaced) is not pitcrew's to undo: left as it is, and the incident does not claim the
+    node is back in service; its summary says the Slurm node is still out."""
+
+    class PersonDowns(StatefulSetNodeSet):
+        async def replace(self, name: str, **kwargs: Any) -> str:
+            handle = await super().replace(name, **kwargs)
+            await self._world.journal.append({"op": "slurm_down", "node": NODE, "reason": "hw check by ops"})
+            return handle
+
+    async with EngineHarness(tmp_path, cluster=PersonDowns, mapping={"node_mapping": "slinky"}) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert not [r for r in h.records() if r.get("op") == "slurm_resume"]
+        assert (await h.world.node(NODE)).reason == "hw check by ops"
+        resume = (await h.steps(incident))["slurm_resume"].result
+        assert resume["still_out"] == [NODE] and resume["returned_at"] is None, resume
+        [summary] = h.notices("summary", incident)
+        assert not any(line.startswith("node back in service") for line in summary["lines"]), summary
+        assert any(NODE in line and "still out of service" in line for line in summary["lines"]), summary
+        assert done.state.value == "resolved", await h.timeline(incident)
 
 
 async def test_a_new_slurm_node_slurm_does_not_know_yet_is_waited_for(tmp_path: Path) -> None:

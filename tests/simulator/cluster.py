@@ -14,7 +14,12 @@ from bot.domain.nodemap import (
     SLINKY_SCALING_MODE,
     SlurmdPod,
 )
-from bot.domain.ownership import fault_taint
+from bot.domain.ownership import (
+    SLINKY_CORDON_REASON,
+    SLINKY_PRESTOP_REASON,
+    SLINKY_REASON_PREFIX,
+    fault_taint,
+)
 from bot.engine.ports import ClusterNode, Notice, PodRef
 from tests.simulator.world import SimulatedWorld
 
@@ -150,7 +155,16 @@ class DaemonSetNodeSet(SimulatedCluster):
 
     ``annotated``: a site whose own controller gives every node, a new one too, the Slurm name it is
     to take in its ``hostname-override`` annotation (here the node's own name), which a
-    ``node_mapping: annotation`` on that key reads."""
+    ``node_mapping: annotation`` on that key reads.
+
+    slurm-operator v1.2's own moves on the Slurm node, journalled as the far side's: a cordoned
+    node's Slurm node is drained with the cordon-reason annotation under the operator's prefix
+    (``syncCordon`` → ``MakeNodeDrain``); a pod that terminates (the replaced node's, drained by
+    its Machine's or NodeClaim's deletion) runs its slurmd container's preStop hook, which sets the
+    Slurm node DOWN "slurm-operator: Pod is terminating" (``worker_app.go``), kept when the same
+    name's slurmd registers again (``ReturnToService=1``, ``validate_node_specs``); a pod on an
+    uncordoned node whose Slurm node is drained with the operator's prefix is undrained
+    (``MakeNodeUndrain``: UNDRAIN, which leaves a DOWN and takes the operator's reason)."""
 
     #: The NodeSet's scaling mode, as its pods' ``scaling-mode`` label says it.
     mode = "DaemonSet"
@@ -167,6 +181,39 @@ class DaemonSetNodeSet(SimulatedCluster):
         return replace(
             facts, annotations={**facts.annotations, SLINKY_HOSTNAME_OVERRIDE: name.split(".", 1)[0]}
         )
+
+    async def cordon(self, name: str, *, incident_id: str, reason: str) -> None:
+        await super().cordon(name, incident_id=incident_id, reason=reason)
+        hostname = self._hostname(name)
+        state = await self._world.node(hostname)
+        if state.reason and not state.reason.startswith(SLINKY_REASON_PREFIX):
+            return  # "externally set into a state, preserve it" (syncCordon)
+        annotation = self._world.node_record(name).annotations.get(SLINKY_CORDON_REASON)
+        said = annotation or f"Node ({name}) was cordoned, Pod ({self._pod(hostname)}) must be cordoned"
+        await self._operator("operator_drain", hostname, SLINKY_REASON_PREFIX + said)
+
+    async def uncordon(self, name: str, *, incident_id: str) -> None:
+        await super().uncordon(name, incident_id=incident_id)
+        if name not in self.successors:  # the replaced node has no pod left to undrain for
+            await self._undrain(self._hostname(name))
+
+    async def _undrain(self, hostname: str) -> None:
+        """``syncCordon`` for an uncordoned pod: UNDRAIN a Slurm node the operator drained, unless
+        Slurm itself set it DOWN "Not responding" (``IsNodeDownForUnresponsive``)."""
+        state = await self._world.node(hostname)
+        if not state.drained or not state.reason.startswith(SLINKY_REASON_PREFIX):
+            return
+        if state.down and "Not responding" in state.reason:
+            return
+        reason = f"{SLINKY_REASON_PREFIX}Pod ({self._pod(hostname)}) was uncordoned"
+        await self._operator("operator_undrain", hostname, reason)
+
+    async def _operator(self, op: str, hostname: str, reason: str) -> None:
+        await self._world.journal.append({"op": op, "node": hostname, "reason": reason})
+
+    @staticmethod
+    def _pod(hostname: str) -> str:
+        return f"slurm/slurm-worker-{hostname}"
 
     async def replace(
         self,
@@ -186,10 +233,14 @@ class DaemonSetNodeSet(SimulatedCluster):
         )
         if strategy != "watch":
             new = f"{name}-x7b2n"
+            old = self._hostname(name)
+            # The Machine's (NodeClaim's) deletion drains the node: its slurmd pod terminates.
+            await self._operator("prestop_down", old, SLINKY_PRESTOP_REASON)
             self.successors[name] = new
-            await self._world.journal.append({"op": "slurmd_gone", "node": name})
+            await self._world.journal.append({"op": "slurmd_gone", "node": old})
             await self._world.journal.append({"op": "annotate", "node": new, "annotations": {}})  # registers
             await self._world.journal.append({"op": "slurmd_registered", "node": self._hostname(new)})
+            await self._undrain(self._hostname(new))  # its pod, new, on an uncordoned node
         return handle
 
     def _hostname(self, node: str) -> str:

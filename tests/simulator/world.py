@@ -12,7 +12,8 @@ raised (a job Slurm cannot requeue ends NODE_FAIL); pitcrew's requeue of a job s
 replaced node comes back Ready and uncordoned while its Slurm node stays DOWN until RESUME
 (Slurm's ReturnToService=1 behaviour); a slurmd that went away with its machine leaves its Slurm
 node NOT_RESPONDING (``slurmd_gone``, the far side's own record, as is ``slurmd_registered``: a
-new slurmd's dynamic node, ``tests.simulator.cluster.DaemonSetNodeSet``). ``latency`` models the round trip. A replaced node is
+new slurmd's dynamic node, ``tests.simulator.cluster.DaemonSetNodeSet``, which also journals
+slurm-operator's drain, undrain and preStop DOWN: ``operator_drain``, ``operator_undrain``, ``prestop_down``). ``latency`` models the round trip. A replaced node is
 NotReady for ``replace_seconds``.
 """
 
@@ -205,15 +206,26 @@ class SimulatedWorld:
     def _apply(self, r: dict[str, Any], nodes: dict[str, _Node], jobs: dict[str, _Job]) -> None:
         op = r.get("op")
         node = nodes.setdefault(r["node"], _Node(r["node"])) if "node" in r else None
-        if op == "slurm_drain" and node is not None and node.slurm == "DOWN":
+        # ``operator_*`` and ``prestop_down``: not pitcrew's, slurm-operator's (``DaemonSetNodeSet``).
+        if op in {"slurm_drain", "operator_drain"} and node is not None and node.slurm == "DOWN":
             node.drain, node.reason = True, r["reason"]  # a flag on the DOWN, as slurmctld keeps it
-        elif op in {"slurm_down", "slurm_drain"} and node is not None:
+        elif op in {"slurm_down", "slurm_drain", "operator_drain"} and node is not None:
             node.slurm, node.reason = ("DOWN" if op == "slurm_down" else "DRAIN"), r["reason"]
             node.drain = op == "slurm_down" and bool(r.get("drain", True))
             if op == "slurm_down":
-                for job in jobs.values():
-                    if job.node == node.name and job.state == "RUNNING":
-                        self._requeue(job, nodes)
+                self._requeue_from(node, jobs, nodes)
+        elif op == "prestop_down" and node is not None:
+            # ``scontrol update state=down``: a DRAIN before it stays a flag on the DOWN.
+            node.drain = node.drain or node.slurm == "DRAIN"
+            node.slurm, node.reason = "DOWN", r["reason"]
+            self._requeue_from(node, jobs, nodes)
+        elif op == "operator_undrain" and node is not None:
+            # UNDRAIN clears DRAIN only and takes the reason it is given (node_mgr.c ``update_node``):
+            # a DOWN stays DOWN, relabelled; a drained node is IDLE again.
+            if node.slurm == "DRAIN":
+                node.slurm, node.reason = "IDLE", ""
+            elif node.drain:
+                node.drain, node.reason = False, r["reason"]
         elif op == "slurm_resume" and node is not None:
             node.slurm, node.reason, node.drain = "IDLE", "", False
         elif op == "requeue":
@@ -255,6 +267,12 @@ class SimulatedWorld:
             node.pods = {ref: kind for ref, kind in node.pods.items() if kind == "DaemonSet"}
             node.annotations.pop(OWNER_ANNOTATION, None)
             node.ready = True
+
+    def _requeue_from(self, node: _Node, jobs: dict[str, _Job], nodes: dict[str, _Node]) -> None:
+        """A DOWN kills the node's running jobs: each is requeued (or ends)."""
+        for job in jobs.values():
+            if job.node == node.name and job.state == "RUNNING":
+                self._requeue(job, nodes)
 
     def _requeue(self, job: _Job, nodes: dict[str, _Node]) -> None:
         if not job.requeue or not job.batch:  # a DOWN ends it: Slurm brings back batch jobs only

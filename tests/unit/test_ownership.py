@@ -5,7 +5,8 @@ reason is pitcrew's but not this incident's; a foreign reason (an operator's, Sl
 check) is nobody's of ours; the same for the Slinky operator's copy and the node annotation;
 what ``spec.unschedulable`` was before the cordon (absent, false, true) reads back as it was;
 only pitcrew's taint is its own; a replacement mark names its incident and handle, a broken one
-nothing.
+nothing; slurm-operator's preStop DOWN is known by the hook's reason or the undrain's relabel of it,
+and by nothing else the operator or a person writes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bot.domain.ownership import (
     prior_unschedulable,
     replacement_mark,
     replacement_owner,
+    slinky_prestop_down,
     slinky_reason_is_ours,
     slurm_reason,
     slurm_reason_owner,
@@ -81,3 +83,20 @@ def test_only_the_operators_copy_of_our_reason_is_a_slinky_drain_of_ours() -> No
     assert slinky_reason_is_ours(f"slurm-operator: {ours}", MINE)
     assert not slinky_reason_is_ours(ours, MINE)  # our own reason, not the operator's copy
     assert not slinky_reason_is_ours(f"{'x' * len('slurm-operator: ')}{ours}", MINE)  # another prefix
+
+
+@pytest.mark.parametrize(
+    ("reason", "prestop"),
+    [
+        ("slurm-operator: Pod is terminating", True),  # worker_app.go's preStop hook
+        ("slurm-operator: Pod (slurm/slurm-worker-gpu-1) was uncordoned", True),  # MakeNodeUndrain over it
+        ("slurm-operator: Pod (slurm/slurm-worker-gpu-1) was cordoned", False),  # a drain, never a DOWN
+        ("slurm-operator: pitcrew: pc-1 XID 79", False),
+        ("Pod is terminating", False),
+        ("pitcrew: pc-1 XID 79", False),
+        ("Not responding", False),
+        ("", False),
+    ],
+)
+def test_the_operators_prestop_down_is_known_by_its_reason(reason: str, prestop: bool) -> None:
+    assert slinky_prestop_down(reason) is prestop

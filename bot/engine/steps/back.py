@@ -1,5 +1,6 @@
-"""Returning the node to service: Slurm RESUME (only where the reason is still this incident's)
-and uncordon (only where the node still carries this incident's annotation)."""
+"""Returning the node to service: Slurm RESUME (only where the reason is still this incident's, or
+is the DOWN of slurm-operator's preStop hook that pitcrew's own drain, reboot or replacement set
+off) and uncordon (only where the node still carries this incident's annotation)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,24 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from bot.domain.incident import State
-from bot.domain.ownership import owns_slurm_reason
+from bot.domain.jobs import SlurmNodeState
+from bot.domain.ownership import (
+    SLINKY_REASON_PREFIX,
+    owns_slurm_reason,
+    slinky_prestop_down,
+)
 from bot.engine.context import Done, StepContext, StepResult, Wait
 from bot.engine.errors import PermanentError, Reason
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.capacity import GiveBackResult
-from bot.engine.steps.cluster import CordonResult, release_cordon
-from bot.engine.steps.repair import WaitReadyResult, left_behind, slurm_nodes_back
+from bot.engine.steps.cluster import CordonResult, DrainResult, release_cordon
+from bot.engine.steps.repair import (
+    RebootResult,
+    ReplaceResult,
+    WaitReadyResult,
+    left_behind,
+    slurm_nodes_back,
+)
 from bot.engine.steps.slurm import SlurmDownResult, held_out
 
 
@@ -25,6 +37,11 @@ class SlurmResumeResult(StepResult):
     requeue_wait_since: datetime | None = None
     requeue_wait_expired: bool = False
     uncordoned: bool = False
+    #: Slurm nodes the preStop hook set DOWN that pitcrew RESUMEd (each once: ``_prestop_down``).
+    prestop_resumed: tuple[str, ...] = ()
+    #: Slurm nodes of the repaired node Slurm still holds out, with a reason pitcrew may not undo:
+    #: the node is not back in service (the summary says so; no ``returned_at``).
+    still_out: tuple[str, ...] = ()
     #: When the node was back in service: the node track's end.
     returned_at: datetime | None = None
 
@@ -45,10 +62,16 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
     down = await ctx.result(SlurmDownResult) or SlurmDownResult()
     # A record the replacement left behind has no slurmd: a RESUME would return a ghost
     # (wait_ready said so in the timeline).
-    behind = left_behind(down, await ctx.result(WaitReadyResult))
+    ready = await ctx.result(WaitReadyResult)
+    behind = left_behind(down, ready)
     resumed = list(ctx.progress.resumed)
-    for name, mine in down.owned.items():
-        if not mine or name in resumed or name in behind:
+    names = [name for name, mine in down.owned.items() if mine]
+    if ctx.settings.slinky:  # pitcrew took none out itself: the operator's marks are looked at
+        names += [name for name in slurm_nodes_back(down, ready) if name not in names]
+    terminated = await _pitcrew_ended_the_pod(ctx)
+    still_out: list[str] = []
+    for name in names:
+        if name in resumed or name in behind:
             continue
         try:
             state = await scheduler.node(name)
@@ -63,28 +86,78 @@ async def slurm_resume(ctx: StepContext[SlurmResumeResult]) -> Done[SlurmResumeR
         if not held_out(state, ctx.incident.id):
             resumed.append(name)
             continue
-        if not owns_slurm_reason(state.reason, ctx.incident.id):
-            await ctx.note("not_owned", f"Slurm node {name} now has reason {state.reason!r}: not resumed")
+        prestop = terminated and _prestop_down(ctx, state)
+        if not prestop and ctx.settings.slinky and _operator_drain(state):
+            continue  # the operator's drain of the cordoned node: its undrain follows the uncordon
+        if not prestop and not owns_slurm_reason(state.reason, ctx.incident.id):
+            if name not in ctx.progress.still_out:
+                await ctx.note(
+                    "not_owned",
+                    f"Slurm node {name} is {'/'.join(sorted(state.states))} with reason {state.reason!r}, "
+                    "not pitcrew's: not resumed, the node stays out of service",
+                )
+            still_out.append(name)
+            await ctx.save(replace(ctx.progress, still_out=tuple(still_out)))
             continue
         held = await _requeued_jobs_pending(ctx, down)
         if held is not None:
             return held
-        await ctx.save(replace(ctx.progress, pending=name))
+        prestops = ctx.progress.prestop_resumed + ((name,) if prestop else ())
+        await ctx.save(replace(ctx.progress, pending=name, prestop_resumed=prestops))
         await scheduler.resume(name)
-        await ctx.acted("slurm_resume", f"Slurm node {name} resumed", node=name)
+        why = (
+            f" (DOWN {state.reason!r}: slurm-operator's preStop hook, run as pitcrew's repair ended "
+            "its slurmd pod; Slurm keeps such a DOWN when the slurmd registers again)"
+            if prestop
+            else ""
+        )
+        await ctx.acted("slurm_resume", f"Slurm node {name} resumed{why}", node=name)
         after = await scheduler.node(name)
         if after.taken_out:
             return Wait(ctx.poll, f"{name} not yet back")
         resumed.append(name)
         await ctx.save(replace(ctx.progress, resumed=tuple(resumed)))
     uncordoned = await _uncordon_if_ours(ctx)
-    done = replace(ctx.progress, resumed=tuple(resumed), uncordoned=uncordoned, returned_at=ctx.clock())
+    done = replace(
+        ctx.progress,
+        resumed=tuple(resumed),
+        still_out=tuple(still_out),
+        uncordoned=uncordoned,
+        returned_at=None if still_out else ctx.clock(),
+    )
     kept = [n for n in behind if down.owned.get(n)]
     return Done(
         done,
         f"resumed {', '.join(resumed) or 'nothing'}"
-        + (f"; {', '.join(kept)} left out: its node was replaced" if kept else ""),
+        + (f"; {', '.join(kept)} left out: its node was replaced" if kept else "")
+        + (f"; {', '.join(still_out)} still out of service, held by another reason" if still_out else ""),
     )
+
+
+def _prestop_down(ctx: StepContext[SlurmResumeResult], state: SlurmNodeState) -> bool:
+    """DOWN by slurm-operator's preStop hook, with its slurmd registered again (``wait_ready``), and
+    not RESUMEd by this step before (once: a DOWN that comes back after it is not pitcrew's)."""
+    return (
+        state.down
+        and "NOT_RESPONDING" not in state.states
+        and slinky_prestop_down(state.reason)
+        and state.name not in ctx.progress.prestop_resumed
+    )
+
+
+def _operator_drain(state: SlurmNodeState) -> bool:
+    """A drain slurm-operator made (its prefix, no DOWN): it undrains it when the pod is uncordoned."""
+    return not state.down and state.reason.startswith(SLINKY_REASON_PREFIX)
+
+
+async def _pitcrew_ended_the_pod(ctx: StepContext[SlurmResumeResult]) -> bool:
+    """pitcrew's own repair terminated the node's pods, the slurmd pod's preStop hook with them: its
+    drain evicted pods, or it rebooted or replaced the node."""
+    drained = await ctx.result(DrainResult)
+    if drained is not None and drained.evicted:
+        return True
+    repairs = (await ctx.result(RebootResult), await ctx.result(ReplaceResult))
+    return any(r is not None and r.issued for r in repairs)
 
 
 async def _joined_a_pool(ctx: StepContext[SlurmResumeResult]) -> bool:

@@ -134,6 +134,11 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
             f"{ready.node} serves {', '.join(slurm_nodes_back(down, ready))}; delete the old record(s) "
             "when nothing needs them"
         )
+    if resumed is not None and resumed.still_out:
+        lines.append(
+            f"Slurm node(s) {', '.join(resumed.still_out)} still out of service, held by a reason that is "
+            "not pitcrew's (see the timeline): the node is not back until whoever set it resumes it"
+        )
     if job_running is not None:
         lines.append(f"training running again after {format_duration(timedelta(seconds=job_running))}")
     if node_back is not None:
