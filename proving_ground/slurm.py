@@ -319,6 +319,24 @@ class SlurmCluster:
         """Stop ``node``'s slurmd for good, as its machine going away does (a replaced node)."""
         self._terminate(f"slurmd-{node}")
 
+    def start_slurmd_again(self, node: str, timeout: float = 20) -> None:
+        """Start the slurmd ``stop_slurmd`` stopped, under the same name and as it ran (a dynamic
+        node's with ``-Z``), as a reboot in place or a StatefulSet-mode NodeSet's replica made again
+        does; returns once it has registered (a new slurmd start time), whatever state Slurm then
+        gives the node."""
+        before = self.node(node).slurmd_started_at
+        time.sleep(1.1)  # Slurm keeps the start time in whole seconds: the new one must differ
+        if node in self.dynamic:
+            conf = _DYNAMIC_CONF.format(nodeset=self.nodeset)
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-Z", "-N", node, "--conf", conf])
+        else:
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+        self._wait(
+            lambda: (started := self.node(node).slurmd_started_at) is not None and started != before,
+            timeout,
+            f"slurmd on {node} to register again",
+        )
+
     def start_rest(self, timeout: float = 20) -> None:
         env = self.env | {"SLURM_JWT": "daemon"}
         if self._root is None:
