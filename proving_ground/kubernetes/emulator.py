@@ -163,6 +163,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: every ``slinky_resync`` seconds while the Node is cordoned. ``slinky_reasons`` records, per
     #: node it drained, the annotation found (None: it was not there yet). ``slinky_slurm`` is the
     #: Slurm it reads and drains (``slinky.py``: in memory, or a real cluster through scontrol).
+    #: As long after an uncordon it undrains the Node's pods' Slurm nodes (``_slinky_undrain``).
     slinky_drain_delay: float | None = None
     slinky_reasons: dict[str, str | None] = attrs.field(factory=dict)
     slinky_kept: dict[str, str] = attrs.field(factory=dict)
@@ -358,6 +359,23 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 busy, _ = await self.slinky_slurm.state(hostname)
                 self._pod_protect(hostname, busy)
             await asyncio.sleep(self.slinky_resync)
+
+    async def _slinky_undrain(self, name: str) -> None:
+        """slurm-operator's syncCordon for the NodeSet pods of an uncordoned Node: each one's Slurm
+        node undrained (``MakeNodeUndrain``, reason ``Pod (<ns>/<pod>) was uncordoned`` under its
+        prefix; ``SlurmSide.undrain`` says when it acts and what UNDRAIN leaves)."""
+        node = self.objects.get(("nodes", None, name))
+        if node is None or (node.get("spec") or {}).get("unschedulable"):
+            return
+        for (plural, namespace, pod_name), pod in list(self.objects.items()):
+            meta = pod["metadata"]
+            hostname = (meta.get("labels") or {}).get("nodeset.slinky.slurm.net/pod-hostname")
+            if plural != "pods" or (pod.get("spec") or {}).get("nodeName") != name or not hostname:
+                continue
+            if meta.get("deletionTimestamp"):
+                continue  # a terminating pod is not synced ("skipping further processing")
+            reason = OPERATOR_PREFIX + f"Pod ({namespace}/{pod_name}) was uncordoned"
+            await self.slinky_slurm.undrain(str(hostname), reason)
 
     def kubelet_gone(self, node: str, *, taint_manager: bool = True) -> None:
         """The node's kubelet stops posting status: the node lifecycle controller sets Ready to
@@ -668,6 +686,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
         )
         if res.plural == "nodes" and cordoned and self.slinky_drain_delay is not None:
             self._slinky_operator_sees_cordon(new)
+        uncordoned = (current.get("spec") or {}).get("unschedulable") and not (new.get("spec") or {}).get(
+            "unschedulable"
+        )
+        if res.plural == "nodes" and uncordoned and self.slinky_drain_delay is not None:
+            name = new["metadata"]["name"]
+            self._later(self.slinky_drain_delay, lambda: self._slinky_undrain(name))
         if res.group == capi.GROUP:  # a Cluster or Machine unpaused
             self._capi_resume()
         return copy.deepcopy(new)

@@ -128,6 +128,18 @@ class SlurmSide(Protocol):
         """DOWN with ``reason`` (replacing the reason it had), as ``scontrol update state=down`` does."""
         ...
 
+    async def undrain(self, hostname: str, reason: str) -> None:
+        """The operator's undrain of an uncordoned pod's Slurm node: only one with DRAIN and the
+        operator's reason, not DOWN "Not responding" (``syncCordon``: ``IsNodeReasonOurs``,
+        ``IsNodeDownForUnresponsive``; ``MakeNodeUndrain``). UNDRAIN clears DRAIN only and takes
+        ``reason`` (node_mgr.c ``update_node``): a DOWN stays DOWN."""
+        ...
+
+
+def undrains(drained: bool, down: bool, reason: str) -> bool:
+    """Whether the operator's undrain acts on a Slurm node so (``SlurmSide.undrain``)."""
+    return drained and reason.startswith(OPERATOR_PREFIX) and not (down and "Not responding" in reason)
+
 
 @attrs.define
 class MemorySlurm:
@@ -149,6 +161,12 @@ class MemorySlurm:
         self.downed.add(hostname)
         self.reasons[hostname] = reason
 
+    async def undrain(self, hostname: str, reason: str) -> None:
+        drained, down = hostname in self.drained, hostname in self.downed
+        if undrains(drained, down, self.reasons.get(hostname, "")):
+            self.drained.discard(hostname)
+            self.reasons[hostname] = reason
+
 
 @attrs.define
 class ScontrolSlurm:
@@ -169,3 +187,15 @@ class ScontrolSlurm:
         await asyncio.to_thread(
             self.cluster.run, "scontrol", "update", f"NodeName={hostname}", "State=DOWN", f"Reason={reason}"
         )
+
+    async def undrain(self, hostname: str, reason: str) -> None:
+        node = await asyncio.to_thread(self.cluster.node, hostname)
+        if undrains(node.drained, node.down, node.reason):
+            await asyncio.to_thread(
+                self.cluster.run,
+                "scontrol",
+                "update",
+                f"NodeName={hostname}",
+                "State=UNDRAIN",
+                f"Reason={reason}",
+            )

@@ -22,7 +22,7 @@ from bot.engine.errors import TransientError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import KubeEmulator
-from proving_ground.kubernetes.slinky import MemorySlurm, slurm_reason
+from proving_ground.kubernetes.slinky import TERMINATING, MemorySlurm, slurm_reason
 from proving_ground.kubernetes.world import slinky_pdb
 
 NODE = "gpu-node-02"
@@ -99,3 +99,40 @@ def test_the_operator_sanitizes_the_reason_it_copies() -> None:
     ends are trimmed, 256 characters at most."""
     assert slurm_reason(" pitcrew: pc-1\tXID 79\non gpu-002\x07 ") == "pitcrew: pc-1 XID 79 on gpu-002"
     assert len(slurm_reason("x" * 300)) == 256
+
+
+async def test_the_operators_undrain_on_uncordon_leaves_a_prestop_down(
+    cluster: KubernetesCluster, k8s: KubeEmulator
+) -> None:
+    """slurm-operator undrains the Slurm node of a pod on an uncordoned node (``syncCordon`` →
+    ``MakeNodeUndrain``: UNDRAIN with ``slurm-operator: Pod (<ns>/<pod>) was uncordoned``), when it
+    has DRAIN and the operator's reason. UNDRAIN clears DRAIN only and takes the reason (node_mgr.c
+    ``update_node``, measured on 22.05 and 24.11): the preStop hook's DOWN stays, relabelled; a
+    plain drain ends. Another's reason is kept."""
+    slurm = k8s.slinky_slurm
+    assert isinstance(slurm, MemorySlurm)
+    k8s.slinky_drain_delay = 0.05
+    await cluster.set_annotations(NODE, slinky_cordon_annotations("pitcrew: pc-00042 XID 79"))
+    await cluster.cordon(NODE, incident_id="pc-00042", reason="pitcrew: pc-00042 XID 79")
+    await _settled(k8s)
+    assert slurm.drained == {"gpu-002"}
+    await slurm.down("gpu-002", TERMINATING)  # the pod's preStop hook, before this pod was made again
+    await cluster.uncordon(NODE, incident_id="pc-00042")
+    await _settled(k8s)
+    assert slurm.drained == set() and slurm.downed == {"gpu-002"}
+    assert slurm.reasons["gpu-002"] == f"slurm-operator: Pod ({SLURMD.ref}) was uncordoned"
+
+    slurm.downed.clear()  # a plain operator drain: the undrain ends it
+    await cluster.cordon(NODE, incident_id="pc-00043", reason="pitcrew: pc-00043 XID 79")
+    await _settled(k8s)
+    assert slurm.drained == {"gpu-002"}
+    await cluster.uncordon(NODE, incident_id="pc-00043")
+    await _settled(k8s)
+    assert slurm.drained == set() and not slurm.downed
+
+    slurm.drained.add("gpu-002")  # someone else's drain: kept
+    slurm.reasons["gpu-002"] = "admin: bios update"
+    await cluster.cordon(NODE, incident_id="pc-00044", reason="pitcrew: pc-00044 XID 79")
+    await cluster.uncordon(NODE, incident_id="pc-00044")
+    await _settled(k8s)
+    assert slurm.drained == {"gpu-002"} and slurm.reasons["gpu-002"] == "admin: bios update"
