@@ -51,3 +51,20 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str),
 ]
+
+
+_GO_PART = re.compile(r"(\d*\.?\d*)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> timedelta:
+    """A duration as Go's ``time.ParseDuration`` reads it, as Kubernetes controllers written in Go
+    take it from an annotation: an optional sign, then numbers each with a unit (``ns``, ``us``,
+    ``ms``, ``s``, ``m``, ``h``: ``5m``, ``1h30m``, ``1.5h``), or ``0``. No days, no bare number."""
+    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.removeprefix("+"))
+    if body == "0":
+        return timedelta(0)
+    parts = _GO_PART.findall(body)
+    if not body or "".join(n + u for n, u in parts) != body or any(n in ("", ".") for n, _ in parts):
+        raise ValueError(f"{text!r} is not a Go duration (examples: 5m, 1h30m)")
+    return timedelta(seconds=sign * sum(float(n) * _GO_UNIT[u] for n, u in parts))
