@@ -106,6 +106,17 @@ class ClusterNode:
 
 
 @dataclass(frozen=True, slots=True)
+class OldNodeLook:
+    """What a look at the node a replacement took away found (``Cluster.termination_held``)."""
+
+    #: Nothing is left to take away (the deleted NodeClaim is gone), or nothing to look at for this
+    #: replacement: no later look is needed.
+    gone: bool = False
+    #: Why the far side cannot finish taking it away, naming what holds it; ``None`` while nothing does.
+    held: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodRef:
     namespace: str
     name: str
@@ -200,11 +211,11 @@ class Cluster(Protocol):
         ``FailedScheduling`` on the placeholder pod), or ``None``. Read only."""
         ...
 
-    async def termination_held(self, name: str, *, handle: str) -> str | None:
-        """Once the replacement ``handle`` of ``name`` started: what keeps the far side from taking
-        the old node away (Karpenter's termination waiting on pods it may not evict: a
-        ``do-not-disrupt`` annotation, a budget allowing no eviction), naming them, or ``None``
-        while nothing does. Read only."""
+    async def termination_held(self, name: str, *, handle: str) -> OldNodeLook:
+        """Once the replacement ``handle`` of ``name`` started: whether the far side has taken the
+        old node away, and if not what keeps it from doing so (Karpenter's termination waiting on
+        pods it may not evict, a ``do-not-disrupt`` annotation or a budget allowing no eviction, or
+        on volumes to detach), naming them. Read only."""
         ...
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...

@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from bot.domain.jobs import JobSnapshot
 from bot.domain.nodemap import SlurmdPod
 from bot.engine.errors import PermanentError, Reason
-from bot.engine.ports import Notice, PodRef
+from bot.engine.ports import Notice, OldNodeLook, PodRef
 
 notice_log = logging.getLogger("pitcrew.notice")
 
@@ -110,8 +110,8 @@ class DryRunJournal:
     async def held_up(self, name: str, *, handle: str) -> str | None:
         return None
 
-    async def termination_held(self, name: str, *, handle: str) -> str | None:
-        return None
+    async def termination_held(self, name: str, *, handle: str) -> OldNodeLook:
+        return OldNodeLook(gone=True)
 
     # ------------------------------------------------------------ Scheduler writes
     async def down(self, name: str, reason: str) -> None:

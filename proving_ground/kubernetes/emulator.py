@@ -123,6 +123,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: ``karpenter_drain_retry`` seconds (Karpenter: 1 s) while a pod waits; the Node and NodeClaim
     #: go only once none is left, or its ``terminationGracePeriod`` forces them out.
     karpenter_drain_retry: float = 0.1
+    #: Karpenter's recorder says one ``FailedDraining`` per node in this many seconds (its dedupe
+    #: timeout, 2 min), dropping the others: ``_karpenter_event``.
+    karpenter_dedupe: float = 120.0
+    _karpenter_said: dict[str, datetime] = attrs.field(factory=dict)
     _karpenter_retrying: bool = False
     _karpenter_launched: set[str] = attrs.field(factory=set)
     _karpenter_pools: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -933,32 +937,39 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 meta.setdefault("deletionTimestamp", now_iso())
                 meta["finalizers"] = [*(meta.get("finalizers") or []), karpenter.FINALIZER]
                 self.bump(node)
-            waiting = self._karpenter_drain(node, karpenter.termination_time(claim))
-            if waiting:
-                message = f"Failed to drain node, {waiting} pods are waiting to be evicted"
-                self._warn(node, "Node", "v1", "FailedDraining", message, "karpenter")
+            deadline = karpenter.termination_time(claim)
+            if self._karpenter_drain(node, deadline) or self._karpenter_volumes(claim, node, deadline):
                 self._later(self.karpenter_drain_retry, lambda: self._karpenter_terminate(res, old))
                 return
         await self._replace(res, old)
 
     def _karpenter_drain(self, node: dict[str, Any], deadline: datetime | None) -> int:
-        """One pass of ``terminator.Drain``: evict each pod waiting eviction, leaving those annotated
-        ``do-not-disrupt`` and those a PDB protects (said on the Node); past ``deadline`` (the
-        NodeClaim's termination time) delete them whatever protects them. How many still wait."""
-        name, waiting = node["metadata"]["name"], 0
-        forced = deadline is not None and datetime.now(UTC) >= deadline
-        for key, pod in list(self.objects.items()):
-            if key[0] != "pods" or (pod.get("spec") or {}).get("nodeName") != name:
-                continue
-            if not karpenter.waiting_eviction(pod):
-                continue
+        """One pass of ``terminator.Drain``: the pods waiting eviction, said on the Node as waiting
+        (``awaitDrain``'s ``FailedDraining``, before any eviction's answer: the queue evicts after
+        the pass), then each evicted, leaving those whose ``do-not-disrupt`` is active and those a
+        PDB protects (said on the Node, unless the recorder's dedupe drops it); past ``deadline``
+        (the NodeClaim's termination time) delete them whatever protects them. How many still wait."""
+        name, now = node["metadata"]["name"], datetime.now(UTC)
+        forced = deadline is not None and now >= deadline
+        pods = [
+            (key, pod)
+            for key, pod in list(self.objects.items())
+            if key[0] == "pods"
+            and (pod.get("spec") or {}).get("nodeName") == name
+            and karpenter.waiting_eviction(pod)
+        ]
+        # On a dead kubelet a deleting pod never goes: Karpenter gives up too (IsStuckTerminating).
+        waiting = sum(
+            1 for _, p in pods if not p["metadata"].get("deletionTimestamp") or self._kubelet_alive(p)
+        )
+        if waiting:
+            self._karpenter_event(node, f"Failed to drain node, {waiting} pods are waiting to be evicted")
+        for key, pod in pods:
             if pod["metadata"].get("deletionTimestamp"):
-                waiting += self._kubelet_alive(pod)  # on a dead kubelet it never goes: Karpenter gives up too
                 continue
-            waiting += 1
             if forced:
                 self._delete_pod(key, 1)
-            elif not karpenter.do_not_disrupt(pod):
+            elif not karpenter.do_not_disrupt(pod, now):
                 try:
                     answer, _ = self._eviction(
                         key[1], key[2], pod, int(pod["spec"].get("terminationGracePeriodSeconds", 30))
@@ -973,9 +984,41 @@ class KubeEmulator(kmock.KubernetesScaffold):
                         if answer["code"] == 429
                         else "eviction does not support multiple PDBs"
                     )
-                    message = f"Failed to drain node, {why} (Pod={key[1]}/{key[2]})"
-                    self._warn(node, "Node", "v1", "FailedDraining", message, "karpenter")
+                    self._karpenter_event(node, f"Failed to drain node, {why} (Pod={key[1]}/{key[2]})")
         return waiting
+
+    def _karpenter_volumes(
+        self, claim: dict[str, Any], node: dict[str, Any], deadline: datetime | None
+    ) -> bool:
+        """``awaitVolumeDetachment``: whether it still waits for the node's VolumeAttachments of a
+        PersistentVolume to go, said on the NodeClaim (``VolumesDetached``); past ``deadline`` no more."""
+        name = node["metadata"]["name"]
+        pending = [
+            va
+            for (kind, _, _), va in self.objects.items()
+            if kind == "volumeattachments"
+            and (va.get("spec") or {}).get("nodeName") == name
+            and ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName")
+        ]
+        if not pending:
+            status, reason = "True", karpenter.VOLUMES_DETACHED
+        elif deadline is not None and datetime.now(UTC) >= deadline:
+            status, reason = "False", "TerminationGracePeriodElapsed"
+        else:
+            status, reason = "Unknown", "AwaitingVolumeDetachment"
+        if karpenter.set_condition(claim, karpenter.VOLUMES_DETACHED, status, reason):
+            self.bump(claim)
+        return status == "Unknown"
+
+    def _karpenter_event(self, node: dict[str, Any], message: str) -> None:
+        """Karpenter's ``FailedDraining`` on ``node``, through its recorder's dedupe: one per node
+        every ``karpenter_dedupe`` seconds, whatever the message (``pkg/events/recorder.go``)."""
+        name, now = node["metadata"]["name"], datetime.now(UTC)
+        said = self._karpenter_said.get(name)
+        if said is not None and (now - said).total_seconds() < self.karpenter_dedupe:
+            return
+        self._karpenter_said[name] = now
+        self._warn(node, "Node", "v1", "FailedDraining", message, "karpenter")
 
     async def _replace(self, res: Resource, old: dict[str, Any]) -> None:
         """Delete the old Node, release the old handle, create a new handle and a NotReady Node, then Ready."""

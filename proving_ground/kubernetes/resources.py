@@ -50,6 +50,7 @@ RESOURCES = (
     Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False, crd=True, generation=True),
     Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
     Resource("", "v1", "events", "Event", namespaced=True),
+    Resource("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", namespaced=False),
     Resource(
         "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False
     ),

@@ -397,13 +397,22 @@ def pods_karpenter_may_not_evict(k8s: KubeEmulator) -> tuple[str, str]:
     """On the fixture node: the training worker under a budget that allows no eviction (minAvailable
     1, one pod), and a notebook annotated ``karpenter.sh/do-not-disrupt``. Returns their names."""
     k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    return "training/llama-pretrain-worker-2", do_not_disrupt_pod(k8s, "notebook-0", "true")
+
+
+def do_not_disrupt_pod(k8s: KubeEmulator, name: str, value: str, *, started: str | None = None) -> str:
+    """A pod like the fixture node's training worker, in ``training``, annotated
+    ``karpenter.sh/do-not-disrupt: <value>``, started at ``started`` (as the worker, if not given).
+    Returns ``training/<name>``."""
     worker = k8s.get("pods", "llama-pretrain-worker-2", "training")
     assert worker is not None
-    notebook = copy.deepcopy(worker)
-    notebook["metadata"] = {
-        "name": "notebook-0",
+    pod = copy.deepcopy(worker)
+    pod["metadata"] = {
+        "name": name,
         "namespace": "training",
-        "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+        "annotations": {"karpenter.sh/do-not-disrupt": value},
     }
-    k8s.add("pods", notebook)
-    return "training/llama-pretrain-worker-2", "training/notebook-0"
+    if started is not None:
+        pod.setdefault("status", {})["startTime"] = started
+    k8s.add("pods", pod)
+    return f"training/{name}"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bot.engine.ports import PodRef
+from bot.engine.ports import OldNodeLook, PodRef
 from tests.engine.harness import Answer, EngineHarness, Through, transient
 
 NODE = "gpu-node-02"
@@ -176,7 +176,7 @@ async def test_an_old_node_its_repair_system_cannot_take_away_is_told_once_and_h
     adapter's ``termination_held``): humans are told once, in the timeline and a notice naming what
     holds it, while ``wait_ready`` polls; the successor's path and the incident go on."""
     async with EngineHarness(tmp_path, **_playbook()) as h:
-        h.cluster.always("termination_held", Answer(lambda _: HELD))
+        h.cluster.always("termination_held", Answer(lambda _: OldNodeLook(held=HELD)))
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
         assert done.state.value == "resolved"

@@ -40,6 +40,7 @@ import asyncio
 import copy
 import sys
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,17 @@ from pydantic import ValidationError
 from bot.config import KubernetesSettings, Settings
 from bot.domain.ownership import REPLACE_ANNOTATION
 from bot.engine.errors import PermanentError, Reason, TransientError
-from bot.engine.ports import ClusterNode, PodRef
+from bot.engine.ports import ClusterNode, OldNodeLook, PodRef
 from bot.integrations.kubernetes import KubernetesCluster
 from bot.runtime import slurm_names_for
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
 from proving_ground.kubernetes.world import (
+    do_not_disrupt_pod,
     gpu_fleet,
     nodeclaim_grace_period,
     pods_karpenter_may_not_evict,
     statefulset_slurmd,
+    training_pdb,
 )
 from proving_ground.proc import eventually
 
@@ -559,9 +562,11 @@ async def test_karpenter_termination_held_by_pods_it_may_not_evict_is_said_witho
 ) -> None:
     """After the NodeClaim's delete Karpenter drains the old node, and a pod whose budget allows no
     eviction or that is annotated ``do-not-disrupt`` keeps it there (the instance billed): without
-    ``spec.terminationGracePeriod`` for good. ``termination_held`` names each pod and why (a budget:
-    as Karpenter's FailedDraining on the Node says it), and when, if ever, Karpenter forces them
-    out; the successor comes all the same. Once they are gone the node goes, and nothing is said."""
+    ``spec.terminationGracePeriod`` for good. ``termination_held`` names each pod and why, and
+    when, if ever, Karpenter forces them out; the successor comes all the same. Karpenter's
+    ``FailedDraining`` names no refused pod (its recorder keeps the drain's "N pods are waiting"
+    for two minutes), so the budgeted pod is named once it still stands a minute into the drain,
+    nothing on the node terminating. Once they are gone the node goes: gone, nothing said."""
     nodeclaim_grace_period(k8s, grace)
     budgeted, annotated = pods_karpenter_may_not_evict(k8s)
     cluster = make_cluster(replace={"strategy": "karpenter"})
@@ -570,11 +575,14 @@ async def test_karpenter_termination_held_by_pods_it_may_not_evict_is_said_witho
     await _successor(cluster, handle)
 
     async def said() -> str | None:
-        text = await cluster.termination_held(NODE, handle=handle)
-        return text if text is not None and budgeted in text else None
+        return (await cluster.termination_held(NODE, handle=handle)).held
 
     text = await eventually(said, timeout=5.0, what="the hold said", interval=0.05)
-    assert f"pod {budgeted} (its PodDisruptionBudget allows no eviction)" in text, text
+    assert f"pod {annotated} (annotated karpenter.sh/do-not-disrupt)" in text, text
+    assert budgeted not in text, text  # not a minute into the drain yet: it may still go
+    _drain_began(k8s, seconds_ago=90)
+    text = await said() or ""
+    assert f"pod {budgeted} (not evicted a minute into Karpenter's drain" in text, text
     assert f"pod {annotated} (annotated karpenter.sh/do-not-disrupt)" in text, text
     assert NODE in text and "gpu-h100-x7k2q" in text
     if grace is None:
@@ -590,8 +598,107 @@ async def test_karpenter_termination_held_by_pods_it_may_not_evict_is_said_witho
         return k8s.get("nodes", NODE) is None
 
     await eventually(gone, timeout=5.0, what="the old node gone", interval=0.05)
-    assert await cluster.termination_held(NODE, handle=handle) is None
-    assert await cluster.termination_held(NODE, handle=handle.replace("karpenter", "cluster-api", 1)) is None
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook(gone=True)
+    other = handle.replace("karpenter", "cluster-api", 1)
+    assert await cluster.termination_held(NODE, handle=other) == OldNodeLook(gone=True)
+
+
+def _drain_began(k8s: KubeEmulator, *, seconds_ago: float, claim: str = "gpu-h100-x7k2q") -> None:
+    """The NodeClaim deleted, so Karpenter's drain begun, ``seconds_ago``."""
+    found = k8s.get("nodeclaims", claim)
+    assert found is not None and found["metadata"].get("deletionTimestamp")
+    found["metadata"]["deletionTimestamp"] = now_iso(-seconds_ago)
+
+
+async def test_karpenter_termination_held_by_do_not_disrupt_as_its_version_reads_it(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """``karpenter.sh/do-not-disrupt`` holds a pod as Karpenter reads it (``IsDoNotDisruptActive``):
+    "true", or from v1.12 a Go duration from the pod's start ("2h" started now: until two hours
+    on; "5m" started ten minutes ago: evicted, never named); a pod tolerating the
+    ``karpenter.sh/disrupted`` taint is not drained at all, so never named; and a refusal as
+    Karpenter v1.0-v1.4 words its ``FailedDraining`` names the pod at once."""
+    started = now_iso()
+    held = do_not_disrupt_pod(k8s, "notebook-0", "2h", started=started)
+    lapsed = do_not_disrupt_pod(k8s, "notebook-1", "5m", started=now_iso(-600))
+    tolerating = do_not_disrupt_pod(k8s, "notebook-2", "true")
+    pod = k8s.get("pods", "notebook-2", "training")
+    assert pod is not None
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+    k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    node = k8s.get("nodes", NODE)
+    assert node is not None
+    k8s.add(
+        "events",
+        {
+            "metadata": {"name": f"{NODE}.v1-0", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]},
+            "reason": "FailedDraining",
+            "type": "Warning",
+            "message": "Failed to drain node, evicting pod training/llama-pretrain-worker-2 violates a PDB",
+            "source": {"component": "karpenter"},
+            "count": 1,
+            "firstTimestamp": now_iso(1),
+            "lastTimestamp": now_iso(1),
+        },
+    )
+
+    async def said() -> str | None:
+        text = (await cluster.termination_held(NODE, handle=handle)).held
+        return text if text is not None and "llama-pretrain-worker-2" in text else None
+
+    text = await eventually(said, timeout=5.0, what="the hold said", interval=0.05)
+    until = (datetime.strptime(started, "%Y-%m-%dT%H:%M:%SZ") + timedelta(hours=2)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    assert (
+        f"pod {held} (annotated karpenter.sh/do-not-disrupt: 2h, which Karpenter v1.12+ honours until {until}"
+        in text
+    )
+    assert (
+        "pod training/llama-pretrain-worker-2 (its PodDisruptionBudget allows no eviction, as Karpenter's"
+        in text
+    )
+    assert lapsed not in text and tolerating not in text, text
+
+
+async def test_karpenter_termination_waiting_for_volumes_past_the_detach_bound_is_said(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Drained, Karpenter waits for the node's VolumeAttachments to go (its NodeClaim's
+    ``VolumesDetached`` Unknown, ``AwaitingVolumeDetachment``): said once that has lasted longer
+    than the six minutes after which the attach-detach controller detaches from an unhealthy node,
+    not before."""
+    k8s.add(
+        "volumeattachments",
+        {
+            "metadata": {"name": "csi-0a1b"},
+            "spec": {
+                "attacher": "ebs.csi.aws.com",
+                "nodeName": NODE,
+                "source": {"persistentVolumeName": "pv-1"},
+            },
+        },
+    )
+    cluster = make_cluster(replace={"strategy": "karpenter"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+
+    async def awaiting() -> dict[str, Any] | None:
+        claim = k8s.get("nodeclaims", "gpu-h100-x7k2q") or {}
+        conditions = (claim.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["reason"] == "AwaitingVolumeDetachment"), None)
+
+    condition = await eventually(awaiting, timeout=5.0, what="the wait for volumes", interval=0.05)
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
+    condition["lastTransitionTime"] = now_iso(-7 * 60)
+    text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+    assert "waits for the node's volumes to detach" in text, text
+    assert f"AwaitingVolumeDetachment since {condition['lastTransitionTime']}" in text, text
+    assert "Karpenter stops waiting for them at" in text, text  # the fixture NodeClaim has a grace period
 
 
 async def _no_demand(cluster: KubernetesCluster, handle: str, within: float = 5.0) -> PermanentError:

@@ -20,7 +20,7 @@ from bot.domain.ownership import (
     SLINKY_REASON_PREFIX,
     fault_taint,
 )
-from bot.engine.ports import ClusterNode, Notice, PodRef
+from bot.engine.ports import ClusterNode, Notice, OldNodeLook, PodRef
 from tests.simulator.world import SimulatedWorld
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,8 @@ class SimulatedCluster:
     async def held_up(self, name: str, *, handle: str) -> str | None:
         return None  # the simulated replacement is never held up
 
-    async def termination_held(self, name: str, *, handle: str) -> str | None:
-        return None  # the simulated old node goes at once
+    async def termination_held(self, name: str, *, handle: str) -> OldNodeLook:
+        return OldNodeLook(gone=True)  # the simulated old node goes at once
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False  # the simulated replacement starts at once: there is never one to cancel

@@ -505,7 +505,7 @@ async def _old_node_held(ctx: StepContext[WaitReadyResult], cluster: Cluster, ha
     if ctx.progress.termination_held is not None:
         return
     try:
-        held = await cluster.termination_held(ctx.node, handle=handle)
+        held = (await cluster.termination_held(ctx.node, handle=handle)).held
     except PitcrewError as exc:
         log.info("could not look whether the replaced node is held", extra={"reason": str(exc)})
         return

@@ -16,7 +16,7 @@ from bot import logger
 from bot.config import KubernetesSettings
 from bot.domain.nodemap import SlurmdPod
 from bot.engine.errors import PermanentError, Reason
-from bot.engine.ports import ClusterNode, Lend, PodRef, Probe
+from bot.engine.ports import ClusterNode, Lend, OldNodeLook, PodRef, Probe
 from bot.integrations.kubernetes import probe as probing
 from bot.integrations.kubernetes.client import Connection, TokenBucket, api_client
 from bot.integrations.kubernetes.events import Events
@@ -215,7 +215,7 @@ class KubernetesCluster:
     async def held_up(self, name: str, *, handle: str) -> str | None:
         return await (await self._p()).replacer.held_up(name, handle=handle)
 
-    async def termination_held(self, name: str, *, handle: str) -> str | None:
+    async def termination_held(self, name: str, *, handle: str) -> OldNodeLook:
         return await (await self._p()).termination.held(name, handle=handle)
 
     # ------------------------------------------------------------------- jobs

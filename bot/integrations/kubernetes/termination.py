@@ -3,22 +3,42 @@
 After pitcrew deletes the old NodeClaim, Karpenter's termination controller (kubernetes-sigs/karpenter
 ``pkg/controllers/node/termination``) taints its Node ``karpenter.sh/disrupted`` and drains it before
 the instance is terminated and the finalizers (``karpenter.sh/termination``) let the Node and the
-NodeClaim go. The drain evicts through the Eviction API and never evicts a pod annotated
-``karpenter.sh/do-not-disrupt: "true"`` (``pod.IsEvictable``); a PodDisruptionBudget that allows no
-eviction refuses it, which Karpenter says on the Node as a Warning ``FailedDraining``: "Failed to
-drain node, evicting pod violates a PDB (Pod=<ns>/<name>)" (``terminator/eviction.go``). Only a
-NodeClaim with ``spec.terminationGracePeriod`` ends that wait: its termination time, annotated
-``karpenter.sh/nodeclaim-termination-timestamp``, is when such pods are deleted regardless
-(``needsForceDelete``). Until then the old node stays, its instance running and billed, and no one
-is told: this module says so, read only. It never holds the successor or the incident up.
+NodeClaim go. The drain (``terminator.Drain``) waits on every pod ``IsWaitingEviction`` (not
+terminal, not a mirror pod, not tolerating the taint, not stuck terminating a minute past its
+``deletionTimestamp``), handing them tier by tier (non-critical non-DaemonSet first) to its
+eviction queue, which evicts through the Eviction API and never evicts a pod whose
+``karpenter.sh/do-not-disrupt`` is active (``pkg/utils/pod`` ``IsEvictable``): "true", or from
+v1.12 a Go duration ("5m") counted from the pod's ``status.startTime`` (``IsDoNotDisruptActive``;
+up to v1.11 ``HasDoNotDisrupt``, "true" only). A PodDisruptionBudget that allows no eviction refuses
+it, said on the Node as a Warning ``FailedDraining`` naming the pod, "Failed to drain node, evicting
+pod violates a PDB (Pod=<ns>/<name>)" (v1.5+; v1.0-v1.4 "evicting pod <ns>/<name> violates a PDB";
+``terminator/eviction.go``) — but Karpenter's recorder keeps one event per reason and node every two
+minutes (``pkg/events/recorder.go``, ``DedupeValues`` the node's name), and the drain's own "N pods
+are waiting to be evicted", said as it hands the pods over, comes first: the refusal is mostly never
+said. So a pod the drain should have evicted, still standing a minute after the NodeClaim's delete
+while nothing on the node terminates, is one it cannot evict. After the drain it waits for the
+node's VolumeAttachments to be deleted (``awaitVolumeDetachment``; from v1.6 the NodeClaim's
+condition ``VolumesDetached`` Unknown, reason ``AwaitingVolumeDetachment``), which Kubernetes'
+attach-detach controller does once the volumes are unmounted, or after six minutes from an
+unhealthy node (``ReconcilerMaxWaitForUnmountDuration``); past those six minutes it is said too.
+Only a NodeClaim with ``spec.terminationGracePeriod`` ends those waits: its termination time,
+annotated ``karpenter.sh/nodeclaim-termination-timestamp``, is when such pods are deleted
+regardless (``needsForceDelete``) and the volumes no longer waited for. Until then the old node
+stays, its instance running and billed, and no one is told: this module says so, read only. It
+never holds the successor or the incident up.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from kubernetes.aio import client
 
+from bot.domain.durations import parse_go_duration
+from bot.engine.ports import OldNodeLook
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.events import NAMESPACE as NODE_EVENTS
 from bot.integrations.kubernetes.pods import MIRROR_ANNOTATION
@@ -33,10 +53,21 @@ from bot.integrations.kubernetes.replace import (
 
 #: On a deleting NodeClaim with ``spec.terminationGracePeriod``: when its pods are deleted regardless.
 TERMINATION_TIMESTAMP = "karpenter.sh/nodeclaim-termination-timestamp"
-#: The pod Karpenter's ``FailedDraining`` names when a budget refused its eviction (serrors.Wrap).
+#: The taint Karpenter's termination puts on the Node; a pod tolerating it is not drained.
+DISRUPTED = "karpenter.sh/disrupted"
+#: The pod Karpenter's ``FailedDraining`` names when a budget refused its eviction: v1.5+
+#: (serrors.Wrap: "... (Pod=<ns>/<name>)") and v1.0-v1.4 ("evicting pod <ns>/<name> violates a PDB").
 _REFUSED = re.compile(
-    r"violates a PDB \(Pod=([^/\s)]+)/([^\s)]+)\)|multiple PDBs \(Pod=([^/\s)]+)/([^\s)]+)\)"
+    r"(?:violates a PDB|multiple PDBs) \(Pod=(?P<ns>[^/\s)]+)/(?P<pod>[^\s)]+)\)"
+    r"|evicting pod (?P<ns_old>[^/\s]+)/(?P<pod_old>\S+) violates a PDB"
 )
+#: Karpenter hands every pod it may evict to its eviction queue at once; one standing this long
+#: after the NodeClaim's delete, with nothing on the node terminating, is one it cannot evict.
+STALLED = timedelta(minutes=1)
+#: kube-controller-manager's attach-detach controller force-detaches from an unhealthy node after
+#: ``ReconcilerMaxWaitForUnmountDuration``; a wait for detachment longer than that is not its own.
+DETACH_BOUND = timedelta(minutes=6)
+_CRITICAL = ("system-cluster-critical", "system-node-critical")
 
 
 class Termination:
@@ -45,13 +76,14 @@ class Termination:
         self._custom = client.CustomObjectsApi(api)
         self._timeout = timeout
 
-    async def held(self, name: str, *, handle: str) -> str | None:
-        """Why Karpenter cannot finish terminating the node whose NodeClaim the replacement
-        ``handle`` of ``name`` deleted: the pods on it it may not evict, each with why, and whether
-        its grace period ends that; ``None`` when nothing holds it (or not a Karpenter replacement)."""
+    async def held(self, name: str, *, handle: str) -> OldNodeLook:
+        """Whether Karpenter has taken away the node whose NodeClaim the replacement ``handle`` of
+        ``name`` deleted (gone: nothing more to look at, nor for a replacement not Karpenter's), and
+        if not, why it cannot finish: the pods on it it cannot evict, each with why, or volumes it
+        waits for past the attach-detach controller's bound, and whether its grace period ends that."""
         parsed = Handle.parse(handle)
         if parsed is None or parsed.strategy != "karpenter":
-            return None
+            return OldNodeLook(gone=True)
         claim_name = parsed.target.removeprefix("nodeclaim/")
         listed = await call(
             f"list NodeClaim {claim_name}",
@@ -60,9 +92,47 @@ class Termination:
             ),
         )
         claim = next((c for c in listed["items"] if c["metadata"]["name"] == claim_name), None)
-        if claim is None or not deleting(claim):
-            return None
-        node = node_of(claim) or name
+        if claim is None:
+            return OldNodeLook(gone=True)
+        if not deleting(claim):
+            return OldNodeLook()
+        node, now = node_of(claim) or name, datetime.now(UTC)
+        deleted = _time(claim["metadata"]["deletionTimestamp"])
+        holds = await self._pods_held(node, parsed, now - deleted >= STALLED, now)
+        if holds:
+            what = "it may not evict " + "; ".join(f"pod {ref} ({why})" for ref, why in sorted(holds.items()))
+            regardless = "Karpenter deletes them regardless"
+            remedy = "move or delete those pods, or lift the annotation or budget"
+        else:
+            waiting = _awaiting_volumes(claim, now)
+            if waiting is None:
+                return OldNodeLook()
+            what = (
+                f"it waits for the node's volumes to detach (NodeClaim condition VolumesDetached "
+                f"AwaitingVolumeDetachment since {waiting}; Karpenter's AwaitingVolumeDetachment event on "
+                "the Node names the VolumeAttachments), longer than the 6 minutes after which Kubernetes' "
+                "attach-detach controller detaches from an unhealthy node"
+            )
+            regardless = "Karpenter stops waiting for them"
+            remedy = "see why the CSI driver does not detach them (its node plugin on the old node)"
+        until = (claim["metadata"].get("annotations") or {}).get(TERMINATION_TIMESTAMP)
+        end = (
+            f"{regardless} at {until} (the NodeClaim's terminationGracePeriod)"
+            if until
+            else "the NodeClaim has no spec.terminationGracePeriod, so Karpenter waits for them for ever"
+        )
+        return OldNodeLook(
+            held=(
+                f"Karpenter cannot finish terminating the old node {node} (NodeClaim {claim_name} "
+                f"deleting, finalizer karpenter.sh/termination): {what}; {end}. Until then the node "
+                f"and its instance stay, its GPUs billed: {remedy}"
+            )
+        )
+
+    async def _pods_held(self, node: str, parsed: Handle, stalled: bool, now: datetime) -> dict[str, str]:
+        """The pods on ``node`` Karpenter's drain waits on and cannot evict, each with why: an active
+        ``do-not-disrupt``; a refusal its ``FailedDraining`` named; or, ``stalled`` (a minute into
+        the drain) and nothing on the node terminating, standing in the tier it is evicting."""
         pods = (
             await call(
                 f"list pods on {node}",
@@ -71,36 +141,33 @@ class Termination:
                 ),
             )
         ).items
+        waiting = [p for p in pods if _waiting_eviction(p, now)]
         standing = {
             f"{p.metadata.namespace}/{p.metadata.name}": p
-            for p in pods
-            if p.metadata.deletion_timestamp is None
-            and (p.status.phase if p.status else None) not in ("Succeeded", "Failed")
-            and MIRROR_ANNOTATION not in (p.metadata.annotations or {})
+            for p in waiting
+            if not p.metadata.deletion_timestamp
         }
-        why = {
-            ref: f"annotated {DO_NOT_DISRUPT}"
-            for ref, p in standing.items()
-            if (p.metadata.annotations or {}).get(DO_NOT_DISRUPT) == "true"
-        }
+        why: dict[str, str] = {}
+        for ref, pod in standing.items():
+            said = _do_not_disrupt(pod, now)
+            if said is not None:
+                why[ref] = said
         for ref in await self._refused(node, parsed):
             if ref in standing:
-                why.setdefault(ref, "its PodDisruptionBudget allows no eviction")
-        if not why:
-            return None
-        until = (claim["metadata"].get("annotations") or {}).get(TERMINATION_TIMESTAMP)
-        end = (
-            f"Karpenter deletes them regardless at {until} (the NodeClaim's terminationGracePeriod)"
-            if until
-            else "the NodeClaim has no spec.terminationGracePeriod, so Karpenter waits for them for ever"
-        )
-        pods_said = "; ".join(f"pod {ref} ({reason})" for ref, reason in sorted(why.items()))
-        return (
-            f"Karpenter cannot finish terminating the old node {node} (NodeClaim {claim_name} deleting, "
-            f"finalizer karpenter.sh/termination): it may not evict {pods_said}; {end}. Until then "
-            "the node and its instance stay, its GPUs billed: move or delete those pods, or lift the "
-            "annotation or budget"
-        )
+                why.setdefault(
+                    ref, "its PodDisruptionBudget allows no eviction, as Karpenter's FailedDraining says"
+                )
+        if stalled and len(standing) == len(waiting):
+            for ref in _first_tier(list(standing.values())):
+                why.setdefault(
+                    ref,
+                    (
+                        "not evicted a minute into Karpenter's drain, nothing else on the node terminating: "
+                        "the Eviction API refuses it, as a PodDisruptionBudget that allows no eviction does "
+                        "(Karpenter's FailedDraining, one per node every 2 minutes, may never name it)"
+                    ),
+                )
+        return why
 
     async def _refused(self, node: str, parsed: Handle) -> list[str]:
         """The pods Karpenter's ``FailedDraining`` on the Node, since the replacement began, says a
@@ -120,6 +187,90 @@ class Termination:
             if KARPENTER_COMPONENT not in component or when is None or when < parsed.since:
                 continue
             for match in _REFUSED.finditer(str(event.message or "")):
-                namespace, pod = match.group(1) or match.group(3), match.group(2) or match.group(4)
-                refs.append(f"{namespace}/{pod}")
+                refs.append(f"{match['ns'] or match['ns_old']}/{match['pod'] or match['pod_old']}")
         return refs
+
+
+def _time(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def _waiting_eviction(pod: Any, now: datetime) -> bool:
+    """Karpenter's ``IsWaitingEviction``: not terminal, not a mirror pod, not tolerating the
+    ``karpenter.sh/disrupted:NoSchedule`` taint, not stuck terminating (a minute past its
+    ``deletionTimestamp``, ``IsStuckTerminating``)."""
+    if (pod.status.phase if pod.status else None) in ("Succeeded", "Failed"):
+        return False
+    if MIRROR_ANNOTATION in (pod.metadata.annotations or {}):
+        return False
+    if pod.metadata.deletion_timestamp is not None and now - pod.metadata.deletion_timestamp > timedelta(
+        minutes=1
+    ):
+        return False
+    return not any(_tolerates_disrupted(t) for t in (pod.spec.tolerations if pod.spec else None) or [])
+
+
+def _tolerates_disrupted(toleration: client.V1Toleration) -> bool:
+    """A toleration that tolerates ``karpenter.sh/disrupted:NoSchedule`` (value empty): Kubernetes'
+    ``Toleration.ToleratesTaint``."""
+    if toleration.effect not in (None, "", "NoSchedule"):
+        return False
+    if toleration.key in (None, ""):
+        return bool(toleration.operator == "Exists")
+    if toleration.key != DISRUPTED:
+        return False
+    return bool(toleration.operator == "Exists" or (toleration.value or "") == "")
+
+
+def _do_not_disrupt(pod: Any, now: datetime) -> str | None:
+    """Why the pod's ``karpenter.sh/do-not-disrupt`` keeps Karpenter from evicting it now
+    (``IsDoNotDisruptActive``), or ``None``: "true"; a positive Go duration (v1.12+) until the
+    pod's ``status.startTime`` plus it (no start time: for ever); anything else counts as none."""
+    value = (pod.metadata.annotations or {}).get(DO_NOT_DISRUPT)
+    if value is None:
+        return None
+    if value == "true":
+        return f"annotated {DO_NOT_DISRUPT}"
+    try:
+        period = parse_go_duration(value)
+    except ValueError:
+        return None
+    if period <= timedelta(0):
+        return None
+    started = pod.status.start_time if pod.status else None
+    if started is None:
+        return f"annotated {DO_NOT_DISRUPT}: {value}, which Karpenter v1.12+ honours, the pod's start time unknown"
+    if now - started >= period:
+        return None
+    until = (started + period).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"annotated {DO_NOT_DISRUPT}: {value}, which Karpenter v1.12+ honours until {until} (its start plus that)"
+
+
+def _first_tier(pods: Sequence[Any]) -> list[str]:
+    """Of ``pods``, those in the first of ``groupPodsByPriority``'s tiers that has any: non-critical
+    non-DaemonSet, non-critical DaemonSet, critical non-DaemonSet, critical DaemonSet. Karpenter
+    hands a tier to its queue only once the tiers before it are gone."""
+
+    def tier(pod: Any) -> int:
+        critical = (pod.spec.priority_class_name if pod.spec else None) in _CRITICAL
+        daemon = any(o.kind == "DaemonSet" and o.controller for o in pod.metadata.owner_references or [])
+        return 2 * critical + daemon
+
+    first = min((tier(p) for p in pods), default=None)
+    return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods if tier(p) == first]
+
+
+def _awaiting_volumes(claim: dict[str, Any], now: datetime) -> str | None:
+    """Since when the NodeClaim says Karpenter waits for the node's volumes to detach
+    (``VolumesDetached`` Unknown, ``AwaitingVolumeDetachment``, Karpenter v1.6+), when that is
+    longer than ``DETACH_BOUND``; else ``None``."""
+    for condition in (claim.get("status") or {}).get("conditions") or []:
+        if (
+            condition.get("type") == "VolumesDetached"
+            and condition.get("status") == "Unknown"
+            and condition.get("reason") == "AwaitingVolumeDetachment"
+            and condition.get("lastTransitionTime")
+            and now - _time(condition["lastTransitionTime"]) > DETACH_BOUND
+        ):
+            return str(condition["lastTransitionTime"])
+    return None
