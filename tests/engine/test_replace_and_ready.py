@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bot.engine.ports import OldNodeLook, PodRef
-from tests.engine.harness import Answer, EngineHarness, Through, transient
+from tests.engine.harness import Answer, Call, EngineHarness, FakeTime, Through, transient
 
 NODE = "gpu-node-02"
 STEPS = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume", "close"]
@@ -185,3 +185,51 @@ async def test_an_old_node_its_repair_system_cannot_take_away_is_told_once_and_h
         [notice] = h.notices("termination_held", incident)
         assert HELD in notice["lines"] and notice["severity"] == "warning", notice
         assert (await h.steps(incident))["wait_ready"].result["termination_held"] == HELD
+        # Told once: the look at close finds it told already, and only says it in the summary.
+        [summary] = h.notices("summary", incident)
+        assert f"the replaced node is not going away: {HELD}" in summary["lines"], summary
+
+
+async def test_a_hang_of_the_old_node_seen_only_after_the_successor_is_ready_is_told_at_close(
+    tmp_path: Path,
+) -> None:
+    """Karpenter's termination stalls where pitcrew can tell only a while after the NodeClaim's
+    delete (a budget's refusal, seen a minute into its drain; volumes not detached past six
+    minutes), and the successor may be Ready at once (a NodeSet's pod landing on an existing node):
+    the look at ``close`` tells it then, once, in the timeline, a notice and the summary; nothing
+    waits on it."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+
+        def later(_: OldNodeLook) -> OldNodeLook:
+            resumed = any(r.get("op") == "slurm_resume" for r in h.records())
+            return OldNodeLook(held=HELD) if resumed else OldNodeLook()
+
+        h.cluster.always("termination_held", Answer(later))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert (await h.steps(incident))["wait_ready"].result["termination_held"] is None
+        [note] = await h.events(incident, "termination_held")
+        assert note.detail == HELD and note.step == "close"
+        [notice] = h.notices("termination_held", incident)
+        assert HELD in notice["lines"] and notice["severity"] == "warning", notice
+        [summary] = h.notices("summary", incident)
+        assert f"the replaced node is not going away: {HELD}" in summary["lines"], summary
+
+
+async def test_the_old_node_is_not_looked_at_again_once_it_is_gone(tmp_path: Path) -> None:
+    """Each look lists the old node's pods and events; once its NodeClaim is gone there is nothing
+    more to see: ``wait_ready`` looks no more however long it still waits, nor does ``close``."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+
+        async def none_a_minute_later(time: FakeTime, call: Call) -> None:
+            await time.sleep(60)  # the wait goes on for minutes, past several looks
+
+        h.cluster.script("successor", *[none_a_minute_later for _ in range(8)])
+        h.cluster.always("termination_held", Answer(lambda _: OldNodeLook(gone=True)))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        assert h.cluster.calls["successor"] > 8
+        assert h.cluster.calls["termination_held"] == 1
+        assert (await h.steps(incident))["wait_ready"].result["old_node_gone"] is True

@@ -15,7 +15,14 @@ from bot.engine.ports import Notice
 from bot.engine.registry import REGISTRY
 from bot.engine.steps import cost
 from bot.engine.steps.back import SlurmResumeResult
-from bot.engine.steps.repair import WaitReadyResult, left_behind, slurm_nodes_back
+from bot.engine.steps.repair import (
+    ReplaceResult,
+    WaitReadyResult,
+    left_behind,
+    look_at_old_node,
+    slurm_nodes_back,
+    tell_old_node_held,
+)
 from bot.engine.steps.resumed import ConfirmResumedResult
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.store.base import StepRecord
@@ -96,6 +103,26 @@ class CloseResult(StepResult):
     alert_age_seconds: float = 0.0
 
 
+async def _old_node_held_at_close(ctx: StepContext[CloseResult], ready: WaitReadyResult | None) -> str | None:
+    """One more look at the node a replacement took away, unless ``wait_ready`` saw it gone: a hang
+    of its repair system (``look_at_old_node``) may show only after the successor was Ready, when
+    the successor came at once (a NodeSet's pod landing on an existing node) or Karpenter's drain
+    or detach has not stalled long enough to tell yet. What holds it now, told if ``wait_ready``
+    did not tell it, for the summary; a failed look says nothing. Nothing waits on it."""
+    replaced = await ctx.result(ReplaceResult)
+    cluster = ctx.ports.cluster
+    if cluster is None or replaced is None or not replaced.issued or not replaced.handle:
+        return None
+    if ready is not None and ready.old_node_gone:
+        return None
+    look = await look_at_old_node(ctx, cluster, replaced.handle)
+    if look is None or look.held is None:
+        return None
+    if ready is None or ready.termination_held is None:
+        await tell_old_node_held(ctx, look.held)
+    return look.held
+
+
 @REGISTRY.step(
     CloseResult,
     state=State.VERIFYING,
@@ -134,6 +161,9 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
             f"{ready.node} serves {', '.join(slurm_nodes_back(down, ready))}; delete the old record(s) "
             "when nothing needs them"
         )
+    held = await _old_node_held_at_close(ctx, ready)
+    if held is not None:
+        lines.append(f"the replaced node is not going away: {held}")
     if resumed is not None and resumed.still_out:
         lines.append(
             f"Slurm node(s) {', '.join(resumed.still_out)} still out of service, held by a reason that is "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bot import logger
 from bot.domain.incident import State
@@ -21,7 +21,7 @@ from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.fleet import LEFT_BEHIND
-from bot.engine.ports import Cluster, NodeValidator, Notice
+from bot.engine.ports import Cluster, NodeValidator, Notice, OldNodeLook
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.cluster import DrainResult
 from bot.engine.steps.slurm import SlurmDownResult, held_out
@@ -276,8 +276,10 @@ class WaitReadyResult(StepResult):
     #: nodes found put back meanwhile (told once): ``_put_back_meanwhile``.
     looked_at: datetime | None = None
     put_back: tuple[str, ...] = ()
-    #: What keeps the replaced node from going (``Cluster.termination_held``), once told.
+    #: What keeps the replaced node from going (``Cluster.termination_held``), once told; and the
+    #: replaced node seen gone, after which it is not looked at again.
     termination_held: str | None = None
+    old_node_gone: bool = False
 
 
 def slurm_nodes_back(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> tuple[str, ...]:
@@ -497,21 +499,33 @@ async def _put_back_meanwhile(
 
 
 async def _old_node_held(ctx: StepContext[WaitReadyResult], cluster: Cluster, handle: str) -> None:
-    """The replaced node's own repair system cannot take it away (Karpenter's termination waiting
-    on a pod it may not evict): it stays, its instance billed, and nothing else would say so.
-    Humans are told once, in the timeline and a notice, while the wait polls; it holds neither the
-    successor's path nor the incident, and a read that fails (the API server away, or a role
-    without the reads ``check-config --live`` asks for) is logged and tried again at the next look."""
-    if ctx.progress.termination_held is not None:
+    """While the wait polls, until it is told or the old node is seen gone: ``look_at_old_node``,
+    recorded before humans are told (``tell_old_node_held``)."""
+    if ctx.progress.termination_held is not None or ctx.progress.old_node_gone:
         return
+    look = await look_at_old_node(ctx, cluster, handle)
+    if look is None or (not look.gone and look.held is None):
+        return
+    await ctx.save(replace(ctx.progress, termination_held=look.held, old_node_gone=look.gone))
+    if look.held is not None:
+        await tell_old_node_held(ctx, look.held)
+
+
+async def look_at_old_node(ctx: StepContext[Any], cluster: Cluster, handle: str) -> OldNodeLook | None:
+    """Whether the replaced node's own repair system has taken it away, or cannot (Karpenter's
+    termination waiting on a pod it may not evict, or on volumes to detach): then it stays, its
+    instance billed, and nothing else would say so. A read that fails (the API server away, or a
+    role without the reads ``check-config --live`` asks for) is logged: ``None``, look again later."""
     try:
-        held = (await cluster.termination_held(ctx.node, handle=handle)).held
+        return await cluster.termination_held(ctx.node, handle=handle)
     except PitcrewError as exc:
         log.info("could not look whether the replaced node is held", extra={"reason": str(exc)})
-        return
-    if held is None:
-        return
-    await ctx.save(replace(ctx.progress, termination_held=held))
+        return None
+
+
+async def tell_old_node_held(ctx: StepContext[Any], held: str) -> None:
+    """Humans told what holds the replaced node: the timeline and a warning notice (one per
+    incident, key ``termination_held``). It holds neither the successor's path nor the incident."""
     await ctx.note("termination_held", held)
     await ctx.tell(
         Notice(
