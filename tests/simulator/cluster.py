@@ -164,10 +164,15 @@ class DaemonSetNodeSet(SimulatedCluster):
     Slurm node DOWN "slurm-operator: Pod is terminating" (``worker_app.go``), kept when the same
     name's slurmd registers again (``ReturnToService=1``, ``validate_node_specs``); a pod on an
     uncordoned node whose Slurm node is drained with the operator's prefix is undrained
-    (``MakeNodeUndrain``: UNDRAIN, which leaves a DOWN and takes the operator's reason)."""
+    (``MakeNodeUndrain``: UNDRAIN, which leaves a DOWN and takes the operator's reason); a reboot
+    in place, with graceful node shutdown on, runs the slurmd pod's preStop hook too (``reboot``)."""
 
     #: The NodeSet's scaling mode, as its pods' ``scaling-mode`` label says it.
     mode = "DaemonSet"
+    #: The kubelet's graceful node shutdown is configured (``shutdownGracePeriod`` above 0; the
+    #: kubelet's default, 0, leaves it off): a reboot terminates the node's pods first, running
+    #: their preStop hooks (``reboot``).
+    graceful_node_shutdown = True
 
     def __init__(self, world: SimulatedWorld, *, annotated: bool = False) -> None:
         super().__init__(world)
@@ -242,6 +247,22 @@ class DaemonSetNodeSet(SimulatedCluster):
             await self._world.journal.append({"op": "slurmd_registered", "node": self._hostname(new)})
             await self._undrain(self._hostname(new))  # its pod, new, on an uncordoned node
         return handle
+
+    async def reboot(self, name: str, *, incident_id: str) -> None:
+        """The node reboots where it stands. Shut down through systemd, with the kubelet's graceful
+        node shutdown configured (``graceful_node_shutdown``), its pods are terminated first as on
+        a deletion, preStop hooks included ("Kubelet ensures that pods follow the normal pod
+        termination process during the node shutdown", Kubernetes' Node Shutdowns page;
+        ``nodeshutdown_manager_linux.go`` kills each pod through ``killPodFunc``): the slurmd
+        pod's hook sets its Slurm node DOWN. The slurmd stops with the node and, the node back,
+        registers the same Slurm node (the same pod's container started again; in StatefulSet mode
+        its replica, bound to the node again), which keeps the DOWN."""
+        await super().reboot(name, incident_id=incident_id)
+        hostname = self._hostname(name)
+        if self.graceful_node_shutdown:
+            await self._operator("prestop_down", hostname, SLINKY_PRESTOP_REASON)
+        await self._world.journal.append({"op": "slurmd_gone", "node": hostname})
+        await self._world.journal.append({"op": "slurmd_registered", "node": hostname})
 
     def _hostname(self, node: str) -> str:
         """The hostname of the NodeSet's pod on ``node``: the Slurm node its slurmd registers."""

@@ -1,0 +1,79 @@
+"""A reboot in place under a Slinky NodeSet (either scaling mode), in virtual time.
+
+pitcrew's ``reboot`` step reboots the node where it stands (a privileged Job pinned to it, or an
+operator command). A node that shuts down through systemd (``systemctl reboot``, the ``reboot``
+command, a cloud's ACPI stop) with the kubelet's graceful node shutdown configured
+(``shutdownGracePeriod``; the ``GracefulNodeShutdown`` gate is on by default from Kubernetes 1.21)
+has its pods terminated as on any deletion first: "Kubelet ensures that pods follow the normal pod
+termination process during the node shutdown" (kubernetes.io, Concepts > Cluster Administration >
+Node Shutdowns; ``pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go``, which kills each pod
+through the kubelet's ``killPodFunc`` with its grace period), preStop hooks included. The slurmd
+container's hook (slurm-operator v1.2 on, ``internal/builder/workerbuilder/worker_app.go``) sets the
+node's Slurm node DOWN "slurm-operator: Pod is terminating"; after the reboot the same pod's slurmd
+(DaemonSet mode: the node's pod; StatefulSet mode: its replica, on the node again) registers the
+same Slurm node, and Slurm keeps the DOWN (``ReturnToService`` 0 or 1, node_mgr.c
+``validate_node_specs``). The operator's undrain after pitcrew's uncordon relabels it and leaves it
+DOWN. pitcrew caused it (its reboot was issued): ``slurm_resume`` RESUMEs it, once, and the node is
+back in service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.engine.harness import DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
+
+NODE = "gpu-node-02"
+REBOOT = {"79": {"playbook": "reboot-node"}}  # the catalog override selecting the reboot
+
+
+@pytest.mark.parametrize("cluster", [DaemonSetNodeSet, StatefulSetNodeSet], ids=lambda c: c.mode)
+async def test_a_reboot_in_place_returns_the_slurm_node_its_slurmd_pods_prestop_set_down(
+    tmp_path: Path, cluster: type[DaemonSetNodeSet]
+) -> None:
+    async with EngineHarness(
+        tmp_path, cluster=cluster, mapping={"node_mapping": "slinky"}, catalog=REBOOT
+    ) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        steps = await h.steps(incident)
+        assert "replace" not in steps and steps["reboot"].result["issued"]
+        ops = [r["op"] for r in h.records() if r.get("node") == NODE]
+        # The reboot's graceful shutdown ran the slurmd container's preStop hook.
+        assert ops.index("reboot") < ops.index("prestop_down") < ops.index("slurm_resume"), ops
+        back = await h.world.node(NODE)
+        assert back.in_service, back
+        assert len([r for r in h.records() if r.get("op") == "slurm_resume"]) == 1
+        [acted] = [e for e in await h.events(incident, "action") if e.data.get("action") == "slurm_resume"]
+        assert "preStop" in acted.detail, acted.detail
+        assert steps["slurm_resume"].result["prestop_resumed"] == [NODE]
+        [summary] = h.notices("summary", incident)
+        assert any(line.startswith("node back in service after") for line in summary["lines"])
+
+
+async def test_a_reboot_without_graceful_node_shutdown_leaves_the_operators_drain_to_its_undrain(
+    tmp_path: Path,
+) -> None:
+    """The kubelet's default (``shutdownGracePeriod`` 0): the node goes down with its pods running
+    and no hook runs; the slurmd starts again after the boot. The Slurm node holds only the
+    operator's drain from pitcrew's cordon, which its undrain ends after the uncordon: pitcrew
+    RESUMEs nothing, and the node is back in service."""
+
+    class Abrupt(DaemonSetNodeSet):
+        graceful_node_shutdown = False
+
+    async with EngineHarness(
+        tmp_path, cluster=Abrupt, mapping={"node_mapping": "slinky"}, catalog=REBOOT
+    ) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        ops = [r["op"] for r in h.records() if r.get("node") == NODE]
+        assert "prestop_down" not in ops and "slurm_resume" not in ops, ops
+        assert ops.index("uncordon") < ops.index("operator_undrain"), ops
+        assert (await h.world.node(NODE)).in_service
+        [summary] = h.notices("summary", incident)
+        assert any(line.startswith("node back in service after") for line in summary["lines"])
