@@ -71,6 +71,29 @@ def statefulset_slurmd(emulator: KubeEmulator, pool: str = "gpu-h100") -> str:
     return name
 
 
+def statefulset_worker(emulator: KubeEmulator, pool: str = "gpu-h100") -> tuple[str, str]:
+    """A Karpenter node of NodePool ``pool`` (the fixture node and its NodeClaim) running one slurmd
+    pod of a StatefulSet-mode NodeSet (``statefulset_slurmd``), protected while its Slurm node is
+    busy, under slurm-operator's budget. Nothing else runs there. Returns (Kubernetes node, Slurm
+    node: the pod's ordinal name)."""
+    emulator.seed_namespaces()
+    node = load_fixture("node-gpu.json")
+    annotations = node["metadata"]["annotations"]
+    for key in [k for k in annotations if k.startswith("cluster.x-k8s.io/")]:
+        del annotations[key]
+    annotations.pop("nodeset.slinky.slurm.net/hostname-override", None)  # a DaemonSet-mode name
+    emulator.add("nodes", node)
+    emulator.add("nodeclaims", load_fixture("nodeclaim-karpenter.json"))
+    slurmd = next(
+        p
+        for p in load_fixture("pods-on-node-list.json")["items"]
+        if p["metadata"]["name"].startswith("slurm-")
+    )
+    emulator.add("pods", slurmd)
+    emulator.add("poddisruptionbudgets", slinky_pdb())
+    return node["metadata"]["name"], statefulset_slurmd(emulator, pool)
+
+
 def training_pdb(*, min_available: int | None = None, max_unavailable: int | None = None) -> dict[str, Any]:
     """A team's budget over its ``llama-pretrain`` workers, by ``minAvailable`` or ``maxUnavailable``."""
     budget = (

@@ -1,0 +1,134 @@
+"""A replacement that serves the SAME Slurm node name, on real Slurm (a dynamic node) and the emulator:
+slurm-operator's default scaling mode, StatefulSet.
+
+A StatefulSet-mode NodeSet names its pods by ordinal (``GetOrdinalPodName``), and each pod's hostname
+is its Slurm node's name; its slurmd registers that node dynamically (``slurmd -Z --conf
+'Features=<nodeset>'``, ``internal/builder/workerbuilder/worker_app.go``). Once the pod is gone the
+NodeSet makes it again under the same name, unbound (``NewNodeSetStatefulSetPod`` clears
+``nodeName``): pending, it is the demand Karpenter launches the successor for, and its slurmd
+registers the Slurm record that is still there (proc_req.c ``find_node_record2``: no new node).
+From slurm-operator v1.2.0 the slurmd container's preStop hook sets that record DOWN (``scontrol
+update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating'``) when the pod
+is evicted, and Slurm keeps a DOWN when the slurmd registers again unless ``ReturnToService=2``
+(node_mgr.c ``validate_node_specs``); slurm-operator writes none (Slurm's default: 0).
+
+The world: the real cluster has the NodeSet (``SlurmCluster(nodeset=..., return_to_service=0)``) and
+its replica ``slurm-worker-gpu-h100-0`` running as a dynamic node; its static nodes, all busy, leave
+the training job no other node (their slurmds run outside Kubernetes). The emulator holds the Karpenter node ``gpu-node-02`` (NodeClaim,
+NodePool ``gpu-h100``) running that replica's pod (``world.statefulset_worker``), slurm-operator's
+drain on cordon through ``scontrol`` (``ScontrolSlurm``) and its preStop hook. ``SlurmdPods`` runs
+the pod's slurmd for real: stopped when the pod is evicted, started again under the same name once
+the NodeSet's new pod runs on the node Karpenter launched.
+
+Shown: XID 79 on ``gpu-node-02`` while the job runs on the replica's Slurm node: cordon, the
+operator's drain, the drain requeues the job at the end of its grace and evicts the slurmd pod (the
+hook's DOWN), the NodeClaim deleted, the successor is the node the pod lands on, the same Slurm node
+registers again and Slurm keeps it DOWN; pitcrew RESUMEs it once (audited, ``prestop_resumed``), the
+job runs again there from its checkpoint, the incident resolves with the node in service.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain.ownership import SLINKY_PRESTOP_REASON
+from proving_ground.kubernetes.slinky import ScontrolSlurm
+from proving_ground.kubernetes.slurmd_pods import SlurmdPods
+from proving_ground.kubernetes.world import KubeWorld, statefulset_worker
+from proving_ground.slurm import SlurmCluster
+from proving_ground.train_job import read_checkpoint
+from tests.e2e.kube_config import slurm_and_kubernetes
+from tests.e2e.slurm_engine import open_incident, replace_node, running_on, wait_for_step
+from tests.harness.scenarios import delivery, events, step_result
+from tests.harness.slurm import BACKENDS, require_slurm
+
+pytestmark = pytest.mark.slow
+
+NODESET = "slurm-worker-gpu-h100"  # the fixture pod's NodeSet (also its feature)
+REPLICA = f"{NODESET}-0"  # its replica 0: the pod's name, hostname and Slurm node
+
+
+@pytest.fixture
+def replica_slurm(slurm_version: str) -> Iterator[SlurmCluster]:
+    """A cluster of its own with the NodeSet, Slurm's own ReturnToService (0, slurm-operator's), and
+    the replica's slurmd running as a dynamic node; stopped, every slurmd with it."""
+    require_slurm(slurm_version)
+    run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-slurm-replica-"))
+    cluster = SlurmCluster(run_dir, version=slurm_version, nodeset=NODESET, return_to_service=0).start()
+    try:
+        cluster.start_dynamic(REPLICA)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_the_job_again(
+    replica_slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Path, backend: str
+) -> None:
+    slurm = replica_slurm
+    kube_node, replica = kube_world.call(statefulset_worker)
+    assert replica == REPLICA
+
+    def operator(e: Any) -> None:
+        e.slinky_drain_delay, e.slinky_slurm = 0.5, ScontrolSlurm(slurm)
+
+    kube_world.call(operator)
+    blockers = [
+        slurm.submit(f"--nodelist={other}", "--gres=gpu:h100:8", "--job-name=blocker", "--wrap=sleep 600")
+        for other in slurm.nodes
+    ]
+    for blocker in blockers:
+        running_on(slurm, blocker)
+    job_id = slurm.submit_training()
+    assert running_on(slurm, job_id).nodes == (REPLICA,)
+    wait_for_step(slurm, job_id, 3)
+
+    site = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", backend=backend, replace={"strategy": "karpenter"}
+    )
+    config = {
+        **site,
+        "slurm": {**site["slurm"], "node_mapping": "slinky"},
+        "playbooks": replace_node(drain={"timeout": "60s", "options": {"slurm_drain_grace_seconds": 3}}),
+    }
+    with SlurmdPods(kube_world, slurm, running=[REPLICA]) as pods:  # the static ones: not pods
+        server = pitcrew_factory("slinky-same-name", config=config, simulated=False).start()
+        incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
+        final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
+        server.stop()
+    assert pods.error is None, pods.error
+    assert final["state"] == "resolved", (final["outcome"], [e["detail"] for e in final["events"]])
+
+    # The pod evicted (its hook's DOWN, its slurmd stopped), made again on the successor Karpenter
+    # launched for it, its slurmd registered under the same Slurm node name.
+    assert pods.moves == [(REPLICA, "stop"), (REPLICA, "start")]
+    assert kube_world.call(lambda e: e.slinky_prestops) == [REPLICA]
+    new_node = step_result(final, "wait_ready")["node"]
+    assert new_node != kube_node
+    landed = kube_world.call(lambda e: e.get("pods", REPLICA, "slurm"))
+    assert landed is not None and landed["spec"]["nodeName"] == new_node
+    assert step_result(final, "slurm_down")["slurm_nodes"] == [REPLICA]
+
+    # Slurm kept the hook's DOWN over the registration; pitcrew RESUMEd it, once, and said why.
+    [resume] = [e for e in events(final, "action") if e["data"].get("action") == "slurm_resume"]
+    assert resume["data"].get("node") == REPLICA and SLINKY_PRESTOP_REASON in resume["detail"], resume
+    resumed = step_result(final, "slurm_resume")
+    assert resumed["prestop_resumed"] == [REPLICA] and resumed["resumed"] == [REPLICA], resumed
+    assert not resumed["still_out"], resumed
+
+    # The job ran again on the same Slurm node, from its checkpoint; the node is in service.
+    [job] = step_result(final, "confirm_resumed")["jobs"]
+    assert job["job_id"] == job_id and job["status"] == "resumed" and job["new_nodes"] == [REPLICA], job
+    again = running_on(slurm, job_id)
+    assert again.nodes == (REPLICA,) and again.restarts >= 1
+    assert read_checkpoint(slurm.job_dir, job_id) >= 3
+    node = slurm.node(REPLICA)
+    assert not node.down and not node.drained, node
