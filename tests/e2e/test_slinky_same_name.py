@@ -32,6 +32,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +98,17 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
     config = {
         **site,
         "slurm": {**site["slurm"], "node_mapping": "slinky"},
-        "playbooks": replace_node(drain={"timeout": "60s", "options": {"slurm_drain_grace_seconds": 3}}),
+        "playbooks": replace_node(
+            drain={"timeout": "60s", "options": {"slurm_drain_grace_seconds": 3}},
+            # The requeued job cannot start elsewhere (every other node is busy): a short hold.
+            slurm_resume={"options": {"requeue_wait_seconds": 2}},
+        ),
     }
-    with SlurmdPods(kube_world, slurm, running=[REPLICA]) as pods:  # the static ones: not pods
+    # The static nodes' slurmds are not pods. The replica's slurmd comes up on the successor later
+    # than Slurm's SlurmdTimeout (10 s here; 300 s by default, against an image pulled on a fresh
+    # node): meanwhile the record its old slurmd left is DOWN without NOT_RESPONDING, then DOWN
+    # "Not responding", which ReturnToService=0 keeps when the slurmd registers.
+    with SlurmdPods(kube_world, slurm, running=[REPLICA], start_after=12) as pods:
         server = pitcrew_factory("slinky-same-name", config=config, simulated=False).start()
         incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
         final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
@@ -116,6 +125,12 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
     landed = kube_world.call(lambda e: e.get("pods", REPLICA, "slurm"))
     assert landed is not None and landed["spec"]["nodeName"] == new_node
     assert step_result(final, "slurm_down")["slurm_nodes"] == [REPLICA]
+    # wait_ready waited for that slurmd to register again, not only for the successor to be Ready.
+    started = slurm.node(REPLICA).slurmd_started_at
+    ready_at = datetime.fromisoformat(step_result(final, "wait_ready")["ready_at"])
+    assert started is not None and ready_at >= started, (ready_at, started)
+    waits = [e["detail"] for e in events(final, "step_waiting", "wait_ready")]
+    assert any(f"slurmd on {REPLICA} has not registered again" in w for w in waits), waits
 
     # Slurm kept the hook's DOWN over the registration; pitcrew RESUMEd it, once, and said why.
     [resume] = [e for e in events(final, "action") if e["data"].get("action") == "slurm_resume"]

@@ -19,11 +19,14 @@ back in service.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.engine.harness import DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
+from bot.domain.jobs import SlurmNodeState
+from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
 
 NODE = "gpu-node-02"
 REBOOT = {"79": {"playbook": "reboot-node"}}  # the catalog override selecting the reboot
@@ -77,3 +80,29 @@ async def test_a_reboot_without_graceful_node_shutdown_leaves_the_operators_drai
         assert (await h.world.node(NODE)).in_service
         [summary] = h.notices("summary", incident)
         assert any(line.startswith("node back in service after") for line in summary["lines"])
+
+
+async def test_the_wait_is_for_a_slurmd_started_since_the_reboot(tmp_path: Path) -> None:
+    """The node is Ready again before its slurmd pod's container has started slurmd: Slurm's record
+    still answers for the slurmd from before the reboot (slurmctld marks it NOT_RESPONDING only after
+    ``SlurmdTimeout``, 300 s by default), and a RESUME then would return a node with no slurmd, which
+    Slurm sets DOWN "Not responding" and, under ``ReturnToService=0``, keeps DOWN when slurmd comes.
+    ``wait_ready`` waits for a ``SlurmdStartTime`` since the reboot was issued."""
+    async with EngineHarness(
+        tmp_path, cluster=DaemonSetNodeSet, mapping={"node_mapping": "slinky"}, catalog=REBOOT
+    ) as h:
+        before = h.time.now() - timedelta(days=3)
+
+        def slurmd_late(state: SlurmNodeState) -> SlurmNodeState:
+            late = h.time.elapsed < 600
+            return replace(state, slurmd_started_at=before if late else h.time.now())
+
+        h.scheduler.always("node", Answer(slurmd_late))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        waits = [e.detail for e in await h.events(incident, "step_waiting", "wait_ready")]
+        assert f"slurmd on {NODE} has not registered again since the reboot" in waits, waits
+        finished = (await h.events(incident, "step_finished", "wait_ready"))[-1]
+        assert (finished.at - done.opened_at).total_seconds() >= 600
+        assert len([r for r in h.records() if r.get("op") == "slurm_resume"]) == 1

@@ -9,13 +9,14 @@ On Slurm-only sites (no Kubernetes cluster) the repair is handed to humans, and
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from bot import logger
 from bot.domain.incident import State
+from bot.domain.jobs import SlurmNodeState
 from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
@@ -37,6 +38,8 @@ class IssueResult(StepResult):
     #: A restart found the intent unconfirmed and did not issue again.
     assumed: bool = False
     handle: str | None = None
+    #: When the call was about to be made (the intent's time): a slurmd started since is a new one.
+    issued_at: datetime | None = None
     #: No cluster to act through: humans were asked to do it (and when).
     handed_over: bool = False
     handed_over_at: datetime | None = None
@@ -72,7 +75,7 @@ async def _issue_once(
         await ctx.note("assumed_issued", f"{words} may have been issued before a restart; not issuing again")
         await ctx.save(replace(ctx.progress, issued=True, assumed=True))
         return Done(ctx.progress, f"{words} assumed issued")
-    await ctx.save(replace(ctx.progress, issuing=True))
+    await ctx.save(replace(ctx.progress, issuing=True, issued_at=ctx.clock()))
     try:
         handle = await call()
     except Exception:
@@ -388,6 +391,7 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         if passed:
             await ctx.save(replace(ctx.progress, validated=True))
             await ctx.note("validated", f"validation Job passed on {node.name}")
+    restart = _slurmd_restarted_by(ctx, issued)
     read_again = replaced is not None and replaced.issued and read_from_node(ctx.settings.node_mapping)
     if read_again:
         # A replacement serves the Slurm nodes the node mapping finds on it, which need not be the
@@ -405,6 +409,10 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet (Slurm does not know it)")
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
+        if restart is not None and _slurmd_started_since(state, restart[1]) is False:
+            # Under Slinky the repair ended the slurmd pod (its container, the hook's DOWN with it):
+            # the record answers for the old slurmd until slurmctld finds it gone (SlurmdTimeout).
+            return Wait(ctx.poll, f"slurmd on {name} has not registered again since the {restart[0]}")
     done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name, slurm_nodes=slurm_nodes)
     behind = left_behind(down, done)
     if behind:
@@ -420,6 +428,30 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
             f"scontrol delete NodeName={','.join(behind)})",
         )
     return Done(done, f"node {node.name} is Ready")
+
+
+def _slurmd_restarted_by(
+    ctx: StepContext[WaitReadyResult], issued: Sequence[IssueResult]
+) -> tuple[str, datetime] | None:
+    """The repair after which the node's slurmd must have started again, and when it was issued:
+    under Slinky a reboot or a replacement ends the slurmd pod (the hook's DOWN with it), and its
+    slurmd, the same Slurm node's or a new one's, starts only in the pod on the node back or on
+    the successor. None where that is not known (another mapping; an intent from before a restart
+    of pitcrew without its time)."""
+    if not ctx.settings.slinky:
+        return None
+    for result in issued:
+        if result.issued_at is not None:
+            return ("replacement" if isinstance(result, ReplaceResult) else "reboot"), result.issued_at
+    return None
+
+
+def _slurmd_started_since(state: SlurmNodeState, since: datetime) -> bool | None:
+    """Whether the node's slurmd started at or after ``since`` (Slurm keeps whole seconds, so the
+    second ``since`` falls in counts); None where Slurm does not say when it started."""
+    if state.slurmd_started_at is None:
+        return None
+    return state.slurmd_started_at >= since.replace(microsecond=0)
 
 
 async def _look_around(
@@ -560,7 +592,7 @@ async def _slurm_node_back(
     and coming back). A node still running the slurmd it had at the fault is not repaired."""
     repairs = [await ctx.result(kind) for kind in (ResetResult, RebootResult, ReplaceResult)]
     handed = [r.handed_over_at for r in repairs if r is not None and r.handed_over_at is not None]
-    since = max(handed).replace(microsecond=0) if handed else None
+    since = max(handed) if handed else None
     gone = ctx.progress.seen_gone
     for name in slurm_nodes:
         state = await ctx.ports.scheduler.node(name)
@@ -568,9 +600,7 @@ async def _slurm_node_back(
             if not gone:
                 await ctx.save(replace(ctx.progress, seen_gone=True))
             return Wait(ctx.poll, f"slurmd on {name} is away (being repaired)")
-        restarted = (
-            since is not None and state.slurmd_started_at is not None and state.slurmd_started_at > since
-        )
+        restarted = since is not None and bool(_slurmd_started_since(state, since))
         if not (restarted or gone):
             return Wait(ctx.poll, f"waiting for the repair of {name}: its slurmd has not started again")
         if state.taken_out and not is_pitcrew_reason(state.reason):
