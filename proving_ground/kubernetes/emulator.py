@@ -364,6 +364,16 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._pod_protect(hostname, busy)
             await asyncio.sleep(self.slinky_resync)
 
+    def _slinky_bound(self, pod: dict[str, Any], node_name: str) -> None:
+        """A NodeSet pod bound to a node: slurm-operator's next sync runs ``syncCordon`` for it as
+        for each of its pods (every sync, not on a cordon or an uncordon only), so on a node that is
+        not cordoned (a replica made again on its successor) it undrains the pod's Slurm node."""
+        node = self.objects.get(("nodes", None, node_name))
+        if self.slinky_drain_delay is None or slinky.scaling_mode(pod) is None or node is None:
+            return
+        if not (node.get("spec") or {}).get("unschedulable"):
+            self._later(self.slinky_drain_delay, lambda: self._slinky_undrain(node_name))
+
     async def _slinky_undrain(self, name: str) -> None:
         """slurm-operator's syncCordon for the NodeSet pods of an uncordoned Node: each one's Slurm
         node undrained (``MakeNodeUndrain``, reason ``Pod (<ns>/<pod>) was uncordoned`` under its
@@ -1070,6 +1080,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     pod["spec"]["nodeName"] = name
                     pod.setdefault("status", {})["phase"] = "Running"
                     self.bump(pod)
+                    self._slinky_bound(pod, name)
                     break
                 why[unfit] += 1
             else:  # as kube-scheduler says it on the pod it marks Unschedulable (Karpenter's cue)
@@ -1115,6 +1126,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 stored["spec"]["nodeName"] = name
                 stored.setdefault("status", {})["phase"] = "Running"
                 self.bump(stored)
+                self._slinky_bound(stored, name)
 
     def _karpenter_pool(self, pool: str | None) -> dict[str, Any] | None:
         """A NodePool Karpenter launches for (its NodeClaim and Node templates): one a NodeClaim was

@@ -23,7 +23,8 @@ the NodeSet's new pod runs on the node Karpenter launched.
 Shown: XID 79 on ``gpu-node-02`` while the job runs on the replica's Slurm node: cordon, the
 operator's drain, the drain requeues the job at the end of its grace and evicts the slurmd pod (the
 hook's DOWN), the NodeClaim deleted, the successor is the node the pod lands on, the same Slurm node
-registers again and Slurm keeps it DOWN; pitcrew RESUMEs it once (audited, ``prestop_resumed``), the
+registers again and Slurm keeps it DOWN (the operator's undrain of the replica on the successor,
+not cordoned, relabels it "Pod (slurm/<replica>) was uncordoned"); pitcrew RESUMEs it once (audited, ``prestop_resumed``), the
 job runs again there from its checkpoint, the incident resolves with the node in service.
 """
 
@@ -38,7 +39,6 @@ from typing import Any
 
 import pytest
 
-from bot.domain.ownership import SLINKY_PRESTOP_REASON
 from proving_ground.kubernetes.slinky import ScontrolSlurm
 from proving_ground.kubernetes.slurmd_pods import SlurmdPods
 from proving_ground.kubernetes.world import KubeWorld, statefulset_worker
@@ -132,9 +132,11 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
     waits = [e["detail"] for e in events(final, "step_waiting", "wait_ready")]
     assert any(f"slurmd on {REPLICA} has not registered again" in w for w in waits), waits
 
-    # Slurm kept the hook's DOWN over the registration; pitcrew RESUMEd it, once, and said why.
+    # Slurm kept the hook's DOWN over the registration, the operator's undrain of the replica on
+    # the (uncordoned) successor relabelled it; pitcrew RESUMEd it, once, and said why.
     [resume] = [e for e in events(final, "action") if e["data"].get("action") == "slurm_resume"]
-    assert resume["data"].get("node") == REPLICA and SLINKY_PRESTOP_REASON in resume["detail"], resume
+    assert resume["data"].get("node") == REPLICA and "preStop hook" in resume["detail"], resume
+    assert f"slurm-operator: Pod (slurm/{REPLICA}) was uncordoned" in resume["detail"], resume
     resumed = step_result(final, "slurm_resume")
     assert resumed["prestop_resumed"] == [REPLICA] and resumed["resumed"] == [REPLICA], resumed
     assert not resumed["still_out"], resumed

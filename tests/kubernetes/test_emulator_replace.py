@@ -24,6 +24,7 @@ from kubernetes.aio import client
 
 from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
+from proving_ground.kubernetes.slinky import MemorySlurm
 from proving_ground.kubernetes.world import (
     do_not_disrupt_pod,
     nodeclaim_grace_period,
@@ -311,6 +312,33 @@ async def test_a_statefulset_nodesets_evicted_pod_comes_back_pending_and_karpent
     await core.delete_namespaced_pod(daemon_mode["metadata"]["name"], "slurm", grace_period_seconds=0)
     await asyncio.sleep(0.2)
     assert k8s.get("pods", daemon_mode["metadata"]["name"], "slurm") is None
+
+
+async def test_the_operator_syncs_a_replica_made_again_on_an_uncordoned_node_its_undrain_relabels_the_down(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """slurm-operator's syncCordon runs on every sync of the NodeSet, for each of its pods, not on an
+    uncordon only: a replica made again and bound to a node that is not cordoned (the successor
+    Karpenter launched for it) has its Slurm node undrained (``IsNodeReasonOurs``, not
+    ``IsNodeDownForUnresponsive``; ``MakeNodeUndrain``). The preStop hook's DOWN (DRAIN a flag on it)
+    stays DOWN, relabelled "Pod (<ns>/<pod>) was uncordoned"."""
+    slurm = k8s.slinky_slurm
+    assert isinstance(slurm, MemorySlurm)
+    k8s.slinky_drain_delay = 0.05
+    name = statefulset_slurmd(k8s)
+    k8s.objects[("nodes", None, NODE)]["spec"]["unschedulable"] = True
+    await slurm.drain(name, "slurm-operator: pitcrew: pc-00042 XID 79")  # the operator's, on the cordon
+    await client.CoreV1Api(k8s_client).delete_namespaced_pod(name, "slurm")  # the hook's DOWN
+
+    async def relabelled() -> bool:
+        pod = k8s.get("pods", name, "slurm")
+        return bool(pod and pod["spec"].get("nodeName")) and name not in slurm.drained
+
+    await eventually(
+        relabelled, timeout=5.0, what="the operator's undrain of the replica made again", interval=0.02
+    )
+    assert slurm.downed == {name}
+    assert slurm.reasons[name] == f"slurm-operator: Pod (slurm/{name}) was uncordoned"
 
 
 @pytest.mark.parametrize("grace", [None, "2s"], ids=["no-grace-period", "grace-period"])
