@@ -26,41 +26,32 @@ behind is no node out of service.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proving_ground.kubernetes.slinky import TERMINATING, ScontrolSlurm
+from proving_ground.kubernetes.slinky import TERMINATING
 from proving_ground.kubernetes.slurmd_pods import SlurmdPods
 from proving_ground.kubernetes.world import KubeWorld, slinky_workers
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.kube_config import slurm_and_kubernetes
-from tests.e2e.slurm_engine import open_incident, replace_node, running_on, wait_for_step
+from tests.e2e.slinky_world import nodeset_cluster, operator_on, training_on
+from tests.e2e.slurm_engine import open_incident, replace_node, running_on
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, notices, step_result
-from tests.harness.slurm import BACKENDS, require_slurm
+from tests.harness.slurm import BACKENDS
 
 pytestmark = pytest.mark.slow
-
-NODESET = "slurm-worker-gpu-h100"  # the fixture pod's NodeSet (also its feature)
 
 
 @pytest.fixture
 def nodeset_slurm(slurm_version: str) -> Iterator[SlurmCluster]:
-    """A cluster of its own with the NodeSet (the session's has none); stopped, every slurmd with it."""
-    require_slurm(slurm_version)
-    run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-slurm-nodeset-"))
-    cluster = SlurmCluster(run_dir, version=slurm_version, nodeset=NODESET).start()
-    try:
+    """A cluster of its own with the NodeSet (the session's has none)."""
+    with nodeset_cluster(slurm_version, "pitcrew-slurm-nodeset-") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -71,20 +62,8 @@ def test_a_replacement_under_a_new_slurm_name_runs_the_job_again(
     names = kube_world.call(lambda e: slinky_workers(e, list(slurm.nodes), machines=True))
     kube_node, old = next(iter(names.items()))
 
-    def operator(e: Any) -> None:
-        e.slinky_drain_delay, e.slinky_slurm = 0.5, ScontrolSlurm(slurm)
-
-    kube_world.call(operator)
-    blockers = [
-        slurm.submit(f"--nodelist={other}", "--gres=gpu:h100:8", "--job-name=blocker", "--wrap=sleep 600")
-        for other in slurm.nodes
-        if other != old
-    ]
-    for blocker in blockers:
-        running_on(slurm, blocker)
-    job_id = slurm.submit_training()
-    assert running_on(slurm, job_id).nodes == (old,)
-    wait_for_step(slurm, job_id, 3)
+    operator_on(kube_world, slurm)
+    job_id = training_on(slurm, old)
 
     site = slurm_and_kubernetes(
         slurm, kube_world, tmp_path / "kube", backend=backend, replace={"strategy": "cluster-api"}

@@ -30,8 +30,6 @@ job runs again there from its checkpoint, the incident resolves with the node in
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -39,35 +37,28 @@ from typing import Any
 
 import pytest
 
-from proving_ground.kubernetes.slinky import ScontrolSlurm
 from proving_ground.kubernetes.slurmd_pods import SlurmdPods
 from proving_ground.kubernetes.world import KubeWorld, statefulset_worker
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.kube_config import slurm_and_kubernetes
-from tests.e2e.slurm_engine import open_incident, replace_node, running_on, wait_for_step
+from tests.e2e.slinky_world import NODESET, nodeset_cluster, operator_on, training_on
+from tests.e2e.slurm_engine import open_incident, replace_node, running_on
 from tests.harness.scenarios import delivery, events, step_result
-from tests.harness.slurm import BACKENDS, require_slurm
+from tests.harness.slurm import BACKENDS
 
 pytestmark = pytest.mark.slow
 
-NODESET = "slurm-worker-gpu-h100"  # the fixture pod's NodeSet (also its feature)
 REPLICA = f"{NODESET}-0"  # its replica 0: the pod's name, hostname and Slurm node
 
 
 @pytest.fixture
 def replica_slurm(slurm_version: str) -> Iterator[SlurmCluster]:
     """A cluster of its own with the NodeSet, Slurm's own ReturnToService (0, slurm-operator's), and
-    the replica's slurmd running as a dynamic node; stopped, every slurmd with it."""
-    require_slurm(slurm_version)
-    run_dir = Path(tempfile.mkdtemp(prefix="pitcrew-slurm-replica-"))
-    cluster = SlurmCluster(run_dir, version=slurm_version, nodeset=NODESET, return_to_service=0).start()
-    try:
+    the replica's slurmd running as a dynamic node."""
+    with nodeset_cluster(slurm_version, "pitcrew-slurm-replica-", return_to_service=0) as cluster:
         cluster.start_dynamic(REPLICA)
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -78,19 +69,8 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
     kube_node, replica = kube_world.call(statefulset_worker)
     assert replica == REPLICA
 
-    def operator(e: Any) -> None:
-        e.slinky_drain_delay, e.slinky_slurm = 0.5, ScontrolSlurm(slurm)
-
-    kube_world.call(operator)
-    blockers = [
-        slurm.submit(f"--nodelist={other}", "--gres=gpu:h100:8", "--job-name=blocker", "--wrap=sleep 600")
-        for other in slurm.nodes
-    ]
-    for blocker in blockers:
-        running_on(slurm, blocker)
-    job_id = slurm.submit_training()
-    assert running_on(slurm, job_id).nodes == (REPLICA,)
-    wait_for_step(slurm, job_id, 3)
+    operator_on(kube_world, slurm)
+    job_id = training_on(slurm, REPLICA)
 
     site = slurm_and_kubernetes(
         slurm, kube_world, tmp_path / "kube", backend=backend, replace={"strategy": "karpenter"}
