@@ -69,6 +69,8 @@ SLOW_FIRST = (
     "tests/e2e/test_storm_replicas.py",
     "tests/e2e/test_fencing.py",
     "tests/e2e/test_lemon_nodes.py",
+    "tests/e2e/test_slinky_same_name.py",
+    "tests/e2e/test_slinky_new_name.py",
     "tests/integration/test_slurm_power_saving.py",
     "tests/integration/test_slurm_resumption.py",
     "tests/packaging/test_image.py",
