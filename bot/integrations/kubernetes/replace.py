@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -151,6 +151,18 @@ def _remediation(machine: dict[str, Any]) -> str | None:
     if REMEDIATE_MACHINE in ((machine.get("metadata") or {}).get("annotations") or {}):
         return f"carries {REMEDIATE_MACHINE}"
     return None
+
+
+def karpenter_said(events: Iterable[Any], since: datetime) -> list[tuple[datetime, str]]:
+    """What Karpenter's own recorder (``KARPENTER_COMPONENT``) said in ``events`` (``CoreV1Event``)
+    at or after ``since``: (when last said, message)."""
+    said = []
+    for event in events:
+        component = event.reporting_component or (event.source and event.source.component) or ""
+        when = event.last_timestamp or event.event_time or event.first_timestamp
+        if KARPENTER_COMPONENT in component and when is not None and when >= since:
+            said.append((when, str(event.message or "").strip()))
+    return said
 
 
 def deleting(obj: dict[str, Any] | None) -> bool:
@@ -835,14 +847,7 @@ class Replacer:
                 _request_timeout=self._timeout,
             ),
         )
-        said = [
-            (when, str(event.message or "").strip())
-            for event in listed.items
-            if KARPENTER_COMPONENT
-            in (event.reporting_component or (event.source and event.source.component) or "")
-            and (when := event.last_timestamp or event.event_time or event.first_timestamp) is not None
-            and when >= parsed.since
-        ]
+        said = karpenter_said(listed.items, parsed.since)
         return f"Karpenter: {max(said)[1]}" if said else None
 
     async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:

@@ -45,9 +45,9 @@ from bot.integrations.kubernetes.pods import MIRROR_ANNOTATION
 from bot.integrations.kubernetes.replace import (
     DO_NOT_DISRUPT,
     KARPENTER,
-    KARPENTER_COMPONENT,
     Handle,
     deleting,
+    karpenter_said,
     node_of,
 )
 
@@ -180,15 +180,11 @@ class Termination:
                 _request_timeout=self._timeout,
             ),
         )
-        refs = []
-        for event in listed.items:
-            component = event.reporting_component or (event.source and event.source.component) or ""
-            when = event.last_timestamp or event.event_time or event.first_timestamp
-            if KARPENTER_COMPONENT not in component or when is None or when < parsed.since:
-                continue
-            for match in _REFUSED.finditer(str(event.message or "")):
-                refs.append(f"{match['ns'] or match['ns_old']}/{match['pod'] or match['pod_old']}")
-        return refs
+        return [
+            f"{match['ns'] or match['ns_old']}/{match['pod'] or match['pod_old']}"
+            for _, message in karpenter_said(listed.items, parsed.since)
+            for match in _REFUSED.finditer(message)
+        ]
 
 
 def _time(text: str) -> datetime:
