@@ -13,7 +13,7 @@ from typing import Any
 from proving_ground.kubernetes.slinky import ScontrolSlurm
 from proving_ground.kubernetes.world import KubeWorld
 from proving_ground.slurm import SlurmCluster
-from tests.e2e.slurm_engine import running_on, wait_for_step
+from tests.e2e.slurm_engine import busy_but, running_on, wait_for_step
 from tests.harness.slurm import require_slurm
 
 NODESET = "slurm-worker-gpu-h100"  # the fixture pod's NodeSet (also its feature)
@@ -45,13 +45,7 @@ def operator_on(kube_world: KubeWorld, slurm: SlurmCluster) -> None:
 def training_on(slurm: SlurmCluster, node: str) -> str:
     """Every other node busy, the training job running on ``node`` past step 3: it has nowhere else
     to run once taken off ``node``. Its id."""
-    blockers = [
-        slurm.submit(f"--nodelist={other}", "--gres=gpu:h100:8", "--job-name=blocker", "--wrap=sleep 600")
-        for other in slurm.nodes
-        if other != node
-    ]
-    for blocker in blockers:
-        running_on(slurm, blocker)
+    busy_but(slurm, node)
     job_id = slurm.submit_training()
     assert running_on(slurm, job_id).nodes == (node,)
     wait_for_step(slurm, job_id, 3)

@@ -80,6 +80,18 @@ def training_on_a_node(slurm: SlurmCluster, steps: int = 600, min_step: int = 3)
     return job_id, job.nodes[0]
 
 
+def busy_but(slurm: SlurmCluster, node: str) -> None:
+    """Every node of the cluster but ``node`` taken by a long job using all its GPUs: a job taken
+    off ``node`` has nowhere else to run."""
+    blockers = [
+        slurm.submit(f"--nodelist={other}", "--gres=gpu:h100:8", "--job-name=blocker", "--wrap=sleep 600")
+        for other in slurm.nodes
+        if other != node
+    ]
+    for blocker in blockers:
+        running_on(slurm, blocker)
+
+
 def wait_for_step(slurm: SlurmCluster, job_id: str, step: int) -> None:
     wait_until(
         lambda: read_checkpoint(slurm.job_dir, job_id) >= step,

@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 
 from proving_ground.slurm import SlurmCluster
-from tests.e2e.slurm_engine import epoch, open_incident, running_on, start_pitcrew, training_on_a_node
+from tests.e2e.slurm_engine import (
+    busy_but,
+    epoch,
+    open_incident,
+    running_on,
+    start_pitcrew,
+    training_on_a_node,
+)
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls, events, notices, step_result
 
@@ -90,13 +97,7 @@ def test_with_no_free_node_the_job_waits_for_the_repaired_node(
         world={"replace_seconds": 8},
     )
     job_id, node = training_on_a_node(slurm)
-    blockers = [
-        slurm.submit(f"--nodelist={other}", "--gres=gpu:h100:8", "--job-name=blocker", "--wrap=sleep 600")
-        for other in slurm.nodes
-        if other != node
-    ]
-    for blocker in blockers:
-        running_on(slurm, blocker)
+    busy_but(slurm, node)
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
 
     final = server.wait_incident(incident_id, "resolved", "failed", timeout=120)
