@@ -416,6 +416,22 @@ def nodeclaim_grace_period(k8s: KubeEmulator, grace: str | None, name: str = "gp
         claim["spec"]["terminationGracePeriod"] = grace
 
 
+def volume_attached(k8s: KubeEmulator, node: str) -> None:
+    """A CSI VolumeAttachment of a PersistentVolume to ``node``: what Karpenter's termination waits
+    to see go after its drain (``awaitVolumeDetachment``)."""
+    k8s.add(
+        "volumeattachments",
+        {
+            "metadata": {"name": "csi-0a1b"},
+            "spec": {
+                "attacher": "ebs.csi.aws.com",
+                "nodeName": node,
+                "source": {"persistentVolumeName": "pv-1"},
+            },
+        },
+    )
+
+
 def pods_karpenter_may_not_evict(k8s: KubeEmulator) -> tuple[str, str]:
     """On the fixture node: the training worker under a budget that allows no eviction (minAvailable
     1, one pod), and a notebook annotated ``karpenter.sh/do-not-disrupt``. Returns their names."""

@@ -62,6 +62,7 @@ from proving_ground.kubernetes.world import (
     pods_karpenter_may_not_evict,
     statefulset_slurmd,
     training_pdb,
+    volume_attached,
 )
 from proving_ground.proc import eventually
 
@@ -672,17 +673,7 @@ async def test_karpenter_termination_waiting_for_volumes_past_the_detach_bound_i
     ``VolumesDetached`` Unknown, ``AwaitingVolumeDetachment``): said once that has lasted longer
     than the six minutes after which the attach-detach controller detaches from an unhealthy node,
     not before."""
-    k8s.add(
-        "volumeattachments",
-        {
-            "metadata": {"name": "csi-0a1b"},
-            "spec": {
-                "attacher": "ebs.csi.aws.com",
-                "nodeName": NODE,
-                "source": {"persistentVolumeName": "pv-1"},
-            },
-        },
-    )
+    volume_attached(k8s, NODE)
     cluster = make_cluster(replace={"strategy": "karpenter"})
     await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)

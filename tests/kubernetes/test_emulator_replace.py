@@ -30,6 +30,7 @@ from proving_ground.kubernetes.world import (
     nodeclaim_grace_period,
     pods_karpenter_may_not_evict,
     statefulset_slurmd,
+    volume_attached,
 )
 from proving_ground.proc import eventually
 
@@ -422,17 +423,7 @@ async def test_karpenter_termination_waits_for_volumes_to_detach_said_on_the_nod
     (``awaitVolumeDetachment``, no end but a termination time), saying so on the NodeClaim:
     ``VolumesDetached`` Unknown, ``AwaitingVolumeDetachment``. Once Kubernetes detaches them the
     Node and NodeClaim go."""
-    k8s.add(
-        "volumeattachments",
-        {
-            "metadata": {"name": "csi-0a1b"},
-            "spec": {
-                "attacher": "ebs.csi.aws.com",
-                "nodeName": NODE,
-                "source": {"persistentVolumeName": "pv-1"},
-            },
-        },
-    )
+    volume_attached(k8s, NODE)
     await client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
         "karpenter.sh", "v1", "nodeclaims", "gpu-h100-x7k2q"
     )
