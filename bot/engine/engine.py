@@ -29,6 +29,7 @@ from bot.engine.executor import Executor
 from bot.engine.flow import IncidentFlow
 from bot.engine.hung_jobs import HungJobs
 from bot.engine.locks import IncidentLocks
+from bot.engine.old_nodes import OldNodeWatch
 from bot.engine.pool_watch import PoolWatch
 from bot.engine.rollback import ROLLBACK, RollbackRecord
 from bot.engine.signals import Signals
@@ -75,6 +76,7 @@ class Engine:
             if deps.settings.hung_job_after is not None and catalog is not None
             else None
         )
+        self.old_nodes = OldNodeWatch(deps)
         pools = deps.steps.capacity
         self.pool_watch = (
             PoolWatch(
@@ -212,6 +214,12 @@ class Engine:
                 raise
             except Exception:  # nor a bad look at the jobs
                 log.exception("hung-job watch failed; the next poll tries again")
+        try:
+            await self.old_nodes.poll()
+        except Deposed:
+            raise
+        except Exception:  # nor a bad look at a replaced node
+            log.exception("watch of replaced nodes failed; the next poll tries again")
         active = await self.store.active()
         await self._adopt_rollbacks()
         now = self.clock()

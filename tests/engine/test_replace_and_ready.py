@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from bot.engine.ports import OldNodeLook, PodRef
+from bot.engine.steps.notify import AFTER_CLOSE
 from tests.engine.harness import Answer, Call, EngineHarness, FakeTime, Through, transient
 
 NODE = "gpu-node-02"
@@ -233,3 +234,68 @@ async def test_the_old_node_is_not_looked_at_again_once_it_is_gone(tmp_path: Pat
         assert h.cluster.calls["successor"] > 8
         assert h.cluster.calls["termination_held"] == 1
         assert (await h.steps(incident))["wait_ready"].result["old_node_gone"] is True
+
+
+async def test_a_hang_that_shows_only_after_close_is_told_by_the_watch_after_close(tmp_path: Path) -> None:
+    """Karpenter's termination may stall where pitcrew can tell only minutes after the incident
+    closed (its volumes still attached six minutes into the detach wait, a budget's refusal a minute
+    into a drain that began late): an old node still going at ``close`` is looked at every 30 s for
+    a while after it, and a hang is told then, once, in the closed incident's timeline and a
+    notice; the looks stop once it is told."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+        closed_at: list[float] = []
+
+        def after_close(_: OldNodeLook) -> OldNodeLook:
+            if closed_at and h.time.elapsed - closed_at[0] > 300:
+                return OldNodeLook(held=HELD)
+            return OldNodeLook()
+
+        h.cluster.always("termination_held", Answer(after_close))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved"
+        closed_at.append(h.time.elapsed)
+        [summary] = h.notices("summary", incident)
+        assert not any("not going away" in line for line in summary["lines"]), summary
+        note = await h.until_event(incident, "termination_held", within=1200)
+        assert note.detail == HELD and note.step == "close"
+        [notice] = h.notices("termination_held", incident)
+        assert HELD in notice["lines"] and notice["severity"] == "warning", notice
+        looks = h.cluster.calls["termination_held"]
+        await h.time.advance(3600)
+        assert h.cluster.calls["termination_held"] == looks
+        assert len(h.notices("termination_held", incident)) == 1
+
+
+async def test_the_watch_after_close_stops_once_the_old_node_is_gone_or_its_time_is_up(
+    tmp_path: Path,
+) -> None:
+    """The watch after ``close`` costs one look every 30 s, and only while there is something to
+    see: it stops once the old node is gone, and after ``AFTER_CLOSE`` whatever it found, telling
+    nothing where nothing held the node."""
+    async with EngineHarness(tmp_path, **_playbook()) as h:
+        gone_after: list[float] = []
+
+        def goes(_: OldNodeLook) -> OldNodeLook:
+            return OldNodeLook(gone=bool(gone_after) and h.time.elapsed > gone_after[0])
+
+        h.cluster.always("termination_held", Answer(goes))
+        first = await h.alert(NODE)
+        await h.until_ended(first)
+        gone_after.append(h.time.elapsed + 120)
+        await h.time.advance(600)
+        looks = h.cluster.calls["termination_held"]
+        assert looks >= 4  # at close, then every 30 s until it was seen gone
+        await h.time.advance(3600)
+        assert h.cluster.calls["termination_held"] == looks
+        assert not h.notices("termination_held", first)
+
+    async with EngineHarness(tmp_path / "never", **_playbook()) as h:
+        h.cluster.always("termination_held", Answer(lambda _: OldNodeLook()))
+        second = await h.alert(NODE)
+        await h.until_ended(second)
+        await h.time.advance(AFTER_CLOSE.total_seconds() + 120)
+        looks = h.cluster.calls["termination_held"]
+        await h.time.advance(3600)
+        assert h.cluster.calls["termination_held"] == looks
+        assert not h.notices("termination_held", second)

@@ -25,7 +25,8 @@ from bot.engine.steps.repair import (
 )
 from bot.engine.steps.resumed import ConfirmResumedResult
 from bot.engine.steps.slurm import SlurmDownResult
-from bot.store.base import StepRecord
+from bot.store import codec
+from bot.store.base import StepRecord, Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +104,37 @@ class CloseResult(StepResult):
     alert_age_seconds: float = 0.0
 
 
+#: The store's key for the old nodes watched after ``close`` (``Store.memory``, ``bot.engine.old_nodes``).
+WATCH_AFTER_CLOSE = "old_nodes"
+
+#: How long after ``close`` an old node still going is looked at: past the six minutes after which
+#: Kubernetes' attach-detach controller detaches from an unhealthy node, with room for a drain begun late.
+AFTER_CLOSE = timedelta(minutes=15)
+
+
+@dataclass(frozen=True, slots=True)
+class Leaving:
+    """An old node watched after its incident closed: the handle of the replacement that took it
+    away, and until when it is looked at."""
+
+    node: str
+    handle: str
+    until: datetime
+
+
+async def watch_after_close(store: Store, incident_id: str, node: str, handle: str, now: datetime) -> None:
+    """Hand the incident's old node to the watch, from ``close``."""
+    leaving = Leaving(node, handle, now + AFTER_CLOSE)
+    await store.remember(WATCH_AFTER_CLOSE, {incident_id: codec.encode_record(leaving)}, now)
+
+
 async def _old_node_held_at_close(ctx: StepContext[CloseResult], ready: WaitReadyResult | None) -> str | None:
     """One more look at the node a replacement took away, unless ``wait_ready`` saw it gone: a hang
     of its repair system (``look_at_old_node``) may show only after the successor was Ready, when
     the successor came at once (a NodeSet's pod landing on an existing node) or Karpenter's drain
     or detach has not stalled long enough to tell yet. What holds it now, told if ``wait_ready``
-    did not tell it, for the summary; a failed look says nothing. Nothing waits on it."""
+    did not tell it, for the summary. A node still going (or a failed look) is handed to the watch
+    after close (``bot.engine.old_nodes``), which tells a hang that shows later. Nothing waits on it."""
     replaced = await ctx.result(ReplaceResult)
     cluster = ctx.ports.cluster
     if cluster is None or replaced is None or not replaced.issued or not replaced.handle:
@@ -117,6 +143,8 @@ async def _old_node_held_at_close(ctx: StepContext[CloseResult], ready: WaitRead
         return None
     look = await look_at_old_node(ctx, cluster, replaced.handle)
     if look is None or look.held is None:
+        if look is None or not look.gone:  # still going: looked at for a while after (``old_nodes``)
+            await watch_after_close(ctx.deps.store, ctx.incident.id, ctx.node, replaced.handle, ctx.clock())
         return None
     if ready is None or ready.termination_held is None:
         await tell_old_node_held(ctx, look.held)

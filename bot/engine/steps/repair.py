@@ -555,21 +555,27 @@ async def look_at_old_node(ctx: StepContext[Any], cluster: Cluster, handle: str)
         return None
 
 
+#: The timeline event and notice kind, and the notice's key, of a replaced node that is not going away.
+TERMINATION_HELD = "termination_held"
+
+
+def old_node_held_notice(incident_id: str, node: str, held: str) -> Notice:
+    """What humans are told of a replaced node its repair system cannot take away (a warning)."""
+    return Notice(
+        incident_id,
+        TERMINATION_HELD,
+        f"{node}: the replaced node is not going away",
+        (held,),
+        severity="warning",
+        node=node,
+    )
+
+
 async def tell_old_node_held(ctx: StepContext[Any], held: str) -> None:
     """Humans told what holds the replaced node: the timeline and a warning notice (one per
     incident, key ``termination_held``). It holds neither the successor's path nor the incident."""
-    await ctx.note("termination_held", held)
-    await ctx.tell(
-        Notice(
-            ctx.incident.id,
-            "termination_held",
-            f"{ctx.node}: the replaced node is not going away",
-            (held,),
-            severity="warning",
-            node=ctx.node,
-        ),
-        key="termination_held",
-    )
+    await ctx.note(TERMINATION_HELD, held)
+    await ctx.tell(old_node_held_notice(ctx.incident.id, ctx.node, held), key=TERMINATION_HELD)
 
 
 async def _faults_still_reported(ctx: StepContext[WaitReadyResult], node: str) -> Wait | None:
