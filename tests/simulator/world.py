@@ -9,6 +9,8 @@ derived by replaying the journal over an optional inventory, modelling the effec
 systems have: DOWN requeues a requeueable job onto a healthy node with its restart count
 raised (a job Slurm cannot requeue ends NODE_FAIL); pitcrew's requeue of a job submitted
 ``--no-requeue`` or not a batch job is refused and the job runs on, as slurmctld refuses it; a
+user's job started on a node (``job_started``, no call of pitcrew's) runs there only while the node is
+in service, and pends while it is DOWN or DRAIN, as slurmctld schedules it; a
 replaced node comes back Ready and uncordoned while its Slurm node stays DOWN until RESUME
 (Slurm's ReturnToService=1 behaviour); a slurmd that went away with its machine leaves its Slurm
 node NOT_RESPONDING (``slurmd_gone``, the far side's own record, as is ``slurmd_registered``: a
@@ -232,6 +234,17 @@ class SimulatedWorld:
             requeued = jobs.get(str(r["job_id"]))
             if requeued is not None:
                 self._requeue(requeued, nodes)
+        elif op == "job_started":  # not pitcrew's: slurmctld scheduled a user's job on the node
+            # A node out of service (DOWN, DRAIN, either as a flag) takes no new job: it pends.
+            held = node is None or node.slurm in {"DOWN", "DRAIN"} or node.drain or not node.responding
+            jobs[str(r["job_id"])] = _Job(
+                str(r["job_id"]),
+                str(r.get("name", "job")),
+                str(r.get("user", "user")),
+                str(r["node"]),
+                bool(r.get("requeue", True)),
+                state="PENDING" if held else "RUNNING",
+            )
         elif op == "job_ended":  # not pitcrew's: the job finished, or a human scancelled it
             ended = jobs.get(str(r["job_id"]))
             if ended is not None:
@@ -327,6 +340,14 @@ class SimulatedWorld:
     def _snapshot(job: _Job) -> JobSnapshot:
         return JobSnapshot(
             job.job_id, job.name, job.user, job.state, (job.node,), job.restarts, job.requeue, batch=job.batch
+        )
+
+    async def start_job(self, job_id: str, node: str, *, name: str = "job", user: str = "user") -> None:
+        """A user's job is scheduled on ``node`` (sbatch ``-w``), no call of pitcrew's: it runs
+        there if the node is in service, and pends while it is out (DOWN or DRAIN), as slurmctld
+        schedules no job on such a node."""
+        await self.journal.append(
+            {"op": "job_started", "job_id": job_id, "node": node, "name": name, "user": user}
         )
 
     async def end_job(self, job_id: str, state: str = "CANCELLED") -> None:
