@@ -111,8 +111,9 @@ async def test_idle_on_node_suspend_puts_pitcrews_node_back_in_service(
     slurm: SlurmCluster, idle_on_node_suspend: str
 ) -> None:
     """Slurm itself hands pitcrew's node back: suspending it, it clears DOWN, DRAIN and the reason
-    (``power_save.c``, ``idle_on_node_suspend``). The rule ``wait_ready`` looks with
-    (``held_out``) sees it put back, as it sees a person's RESUME (``returned_early``)."""
+    (``power_save.c``, ``idle_on_node_suspend``). The rule every step waiting on the node looks
+    with (``held_out``, in ``put_back_meanwhile``) sees it put back, as it sees a person's RESUME
+    (``returned_early``)."""
     node = idle_on_node_suspend
     async with backend(slurm, "scontrol") as scheduler:
         await scheduler.down(node, slurm_reason("pc-00042", "XID 79 gpu3"))

@@ -19,19 +19,23 @@ from bot.domain.incident import State
 from bot.domain.jobs import SlurmNodeState
 from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
-from bot.engine.context import Done, Facts, StepContext, StepResult, UndoContext, Wait
+from bot.engine.context import Done, Facts, StepContext, UndoContext, Wait
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.fleet import LEFT_BEHIND
 from bot.engine.ports import Cluster, NodeValidator, Notice, OldNodeLook
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.cluster import DrainResult
-from bot.engine.steps.slurm import SlurmDownResult, held_out
+from bot.engine.steps.put_back import LooksAround, look_around, put_back_meanwhile
+from bot.engine.steps.slurm import SlurmDownResult
 
 log = logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class IssueResult(StepResult):
+class IssueResult(LooksAround):
+    """A repair's call (``_issue_once``); ``replace``, refusing while work remains on the node
+    (``_replacement_held``), looks beside its retries for the node put back (``LooksAround``)."""
+
     #: Intent: the call may be on its way (persisted before it).
     issuing: bool = False
     issued: bool = False
@@ -200,6 +204,7 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
             )
             await ctx.save(replace(ctx.progress, issuing=False))
     if not ctx.progress.issued and not ctx.progress.issuing:
+        await look_around(ctx, lambda: put_back_meanwhile(ctx, replaced=False, meanwhile=_NOT_UNDER_JOBS))
         held = await _replacement_held(ctx, cluster)
         if held is not None:
             return held
@@ -226,6 +231,14 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
             nodeset_pods=drained.nodeset_replicas if drained else (),
         ),
     )
+
+
+#: What ``replace`` does about a Slurm node put back before it is issued (``put_back_meanwhile``).
+_NOT_UNDER_JOBS = (
+    "The replacement does not start while jobs run on it (unless the playbook's replace option "
+    "force says so): it waits for them to leave, and the incident goes to a human if they are "
+    "still there when the step's time runs out."
+)
 
 
 async def _replacement_held(ctx: StepContext[ReplaceResult], cluster: Cluster) -> Done[ReplaceResult] | None:
@@ -264,7 +277,7 @@ async def _replacement_held(ctx: StepContext[ReplaceResult], cluster: Cluster) -
 
 
 @dataclass(frozen=True, slots=True)
-class WaitReadyResult(StepResult):
+class WaitReadyResult(LooksAround):
     ready_at: datetime | None = None
     #: The node found Ready: the same node, or its replacement.
     node: str | None = None
@@ -275,10 +288,6 @@ class WaitReadyResult(StepResult):
     #: The Slurm node(s) the node found Ready serves, by the node mapping: after a replacement,
     #: the successor's, which may be new names (``None``: the failed node's, ``slurm_nodes_back``).
     slurm_nodes: tuple[str, ...] | None = None
-    #: When it last looked beside the wait (``_look_around``, every ``LOOK_AGAIN``), and the Slurm
-    #: nodes found put back meanwhile (told once): ``_put_back_meanwhile``.
-    looked_at: datetime | None = None
-    put_back: tuple[str, ...] = ()
     #: What keeps the replaced node from going (``Cluster.termination_held``), once told; and the
     #: replaced node seen gone, after which it is not looked at again.
     termination_held: str | None = None
@@ -299,10 +308,6 @@ def left_behind(down: SlurmDownResult | None, ready: WaitReadyResult | None) -> 
     and a replacement has a new name). Nothing runs there again; pitcrew never RESUMEs them."""
     back = set(slurm_nodes_back(down, ready))
     return tuple(n for n in (down.slurm_nodes if down else None) or () if n not in back)
-
-
-#: How often ``wait_ready`` looks beside its wait (``_look_around``), in seconds.
-LOOK_AGAIN = 30.0
 
 
 async def served_at_rollback(ctx: UndoContext) -> tuple[WaitReadyResult | None, bool]:
@@ -356,7 +361,7 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         return await _slurm_node_back(ctx, slurm_nodes)
     # A replacement's or a reboot's handle says which node, in which state, counts as back.
     replaced = await ctx.result(ReplaceResult)
-    await _look_around(ctx, ctx.ports.cluster, down, replaced)
+    await _look_around(ctx, ctx.ports.cluster, replaced)
     issued = [r for r in (replaced, await ctx.result(RebootResult)) if r and r.issued]
     handle = next((r.handle for r in issued if r.handle), None)
     if handle is None:  # reset, reboot, or no replacement: the same node
@@ -457,77 +462,23 @@ def _slurmd_started_since(state: SlurmNodeState, since: datetime) -> bool | None
 async def _look_around(
     ctx: StepContext[WaitReadyResult],
     cluster: Cluster,
-    down: SlurmDownResult | None,
     replaced: ReplaceResult | None,
 ) -> None:
-    """What the wait looks at beside the repaired node, every ``LOOK_AGAIN`` seconds at most (each
-    a read or two, for as long as the wait lasts): the incident's Slurm nodes put back by other
-    hands, and the replaced node its own repair system cannot take away. Each is said once; neither
-    holds the wait up."""
-    looked_at = ctx.progress.looked_at
-    now = ctx.clock()
-    if looked_at is not None and (now - looked_at).total_seconds() < LOOK_AGAIN:
-        return
-    await _put_back_meanwhile(ctx, down, replaced)
-    if replaced is not None and replaced.issued and replaced.handle:
-        await _old_node_held(ctx, cluster, replaced.handle)
-    await ctx.save(replace(ctx.progress, looked_at=now))
+    """What the wait looks at beside the repaired node (``look_around``): the incident's Slurm nodes
+    put back by other hands (``put_back_meanwhile``), and the replaced node its own repair system
+    cannot take away. Each is said once; neither holds the wait up."""
+
+    async def look() -> None:
+        issued = replaced is not None and replaced.issued
+        await put_back_meanwhile(ctx, replaced=issued, meanwhile=_REPAIR_GOES_ON)
+        if replaced is not None and replaced.issued and replaced.handle:
+            await _old_node_held(ctx, cluster, replaced.handle)
+
+    await look_around(ctx, look)
 
 
-async def _put_back_meanwhile(
-    ctx: StepContext[WaitReadyResult], down: SlurmDownResult | None, replaced: ReplaceResult | None
-) -> None:
-    """A Slurm node this incident took out, put back in service by other hands before its repair is
-    confirmed: a person's RESUME, or Slurm's own (``SlurmctldParameters=idle_on_node_suspend``
-    clears DOWN and DRAIN as power saving suspends a node, ``power_save.c``; ``scontrol reboot
-    nextstate=RESUME`` or ``ASAP`` clears them once it rebooted). Jobs may land on it meanwhile.
-    pitcrew does not take it out again over that hand; it says so once per node, in the timeline
-    and to humans. Not after a replacement whose
-    Slurm nodes the mapping reads from the node: the failed node's records may be left behind
-    (``left_behind``), and where the mapping is ``slinky`` the operator, not pitcrew, took them out.
-    The look is advice: a failed read is logged and waited out, never the step's failure."""
-    if down is None or (
-        replaced is not None and replaced.issued and read_from_node(ctx.settings.node_mapping)
-    ):
-        return
-    mine = [name for name, owned in down.owned.items() if owned and name not in ctx.progress.put_back]
-    put_back = list(ctx.progress.put_back)
-    for name in mine:
-        try:
-            state = await ctx.ports.scheduler.node(name)
-        except PitcrewError as exc:
-            log.info(
-                "could not look whether a Slurm node was put back",
-                extra={"slurm_node": name, "reason": str(exc)},
-            )
-            continue
-        if held_out(state, ctx.incident.id):
-            continue
-        shows = "/".join(sorted(state.states)) + (f", reason {state.reason!r}" if state.reason else "")
-        await ctx.tell(
-            Notice(
-                ctx.incident.id,
-                "returned_early",
-                f"{ctx.node}: Slurm node {name} is back in service before its repair is confirmed",
-                (
-                    f"Slurm shows {name} {shows}. pitcrew took it out for {ctx.plan.summary} and has "
-                    "not returned it: a person's RESUME did, or Slurm's own (SlurmctldParameters="
-                    "idle_on_node_suspend, scontrol reboot nextstate=RESUME or ASAP).",
-                    "Jobs may run on it before the repair is confirmed. pitcrew does not take it out "
-                    "again over that hand; it goes on with the repair.",
-                    f"To keep jobs off it until then, and have pitcrew return it after the repair: "
-                    f'scontrol update NodeName={name} State=DRAIN Reason="{ctx.reason()}"',
-                ),
-                severity="warning",
-                node=ctx.node,
-            ),
-            key=f"returned_early:{name}",
-        )
-        await ctx.note(
-            "returned_early", f"Slurm node {name} back in service ({shows}) before its repair is confirmed"
-        )
-        put_back.append(name)
-        await ctx.save(replace(ctx.progress, put_back=tuple(put_back)))
+#: What ``wait_ready`` does about a Slurm node put back before the repair is confirmed.
+_REPAIR_GOES_ON = "It goes on with the repair."
 
 
 async def _old_node_held(ctx: StepContext[WaitReadyResult], cluster: Cluster, handle: str) -> None:
