@@ -21,7 +21,8 @@ from bot import logger
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
 from bot.engine.steps.notify import WATCH_AFTER_CLOSE, Leaving
-from bot.engine.steps.repair import LOOK_AGAIN, TERMINATION_HELD, old_node_held_notice
+from bot.engine.steps.put_back import LOOK_AGAIN
+from bot.engine.steps.repair import TERMINATION_HELD, old_node_held_notice
 from bot.store import codec
 from bot.store.base import JsonObject, NewEvent
 
