@@ -21,6 +21,7 @@ it out as v1beta2 when asked so, as ``Convert_v1beta1_Machine{Spec,Status}_To_v1
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 from bot.domain.durations import parse_duration
@@ -201,3 +202,99 @@ def as_served(body: dict[str, Any], version: str) -> dict[str, Any]:
             "items": [convert[kind.removesuffix("List")](item) for item in body.get("items") or []],
         }
     return body
+
+
+# --- the Machine controller's deletion (``reconcileDelete``, v1.9+ drain) ----------------------------
+
+#: On a Machine: its Node is not drained, its volumes not waited for (``machine_types.go``).
+EXCLUDE_DRAIN = "machine.cluster.x-k8s.io/exclude-node-draining"
+EXCLUDE_VOLUME_WAIT = "machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach"
+#: Annotation prefixes of the delete lifecycle hooks: while one is on the Machine, its deletion waits
+#: before the drain (pre-drain) or before the infrastructure's delete (pre-terminate), for ever.
+PRE_DRAIN_HOOK = "pre-drain.delete.hook.machine.cluster.x-k8s.io"
+PRE_TERMINATE_HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io"
+#: On a pod: ``skip`` (not drained) or ``wait-completed`` (waited for, never evicted) (``drainLabelFilter``).
+DRAIN_LABEL = "cluster.x-k8s.io/drain"
+_PDB_REFUSAL = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+def pod_list(refs: list[str], n: int = 3) -> str:
+    """``PodListToString``: the first ``n`` pods, comma-separated, then "... (N more)"."""
+    shown = refs[:n] + ([f"... ({len(refs) - n} more)"] if len(refs) > n else [])
+    return ", ".join(shown)
+
+
+def drain_message(started: str, deleting: list[str], failed: dict[str, list[str]], waiting: list[str]) -> str:
+    """``EvictionResult.ConditionMessage`` (``drain/drain.go``, v1.9+): the drain's start, then one
+    line per kind of pod still there; a budget's refusal said as "cannot evict pod as it would
+    violate the pod's disruption budget. <its cause>", any other failure "failed to evict Pod, <error>"."""
+    message = f"Drain not completed yet (started at {started}):"
+    if deleting:
+        kind = "Pods" if len(deleting) > 1 else "Pod"
+        message += (
+            f"\n* {kind} {pod_list(deleting)}: deletionTimestamp set, but still not removed from the Node"
+        )
+    errors = sorted(failed)
+    for error in errors[:5]:
+        pods = failed[error]
+        said = error.replace(_PDB_REFUSAL, _PDB_REFUSAL[0].lower() + _PDB_REFUSAL[1:])
+        if not said.startswith(_PDB_REFUSAL[0].lower() + _PDB_REFUSAL[1:]):
+            said = "failed to evict Pod, " + said
+        message += f"\n* {'Pods' if len(pods) > 1 else 'Pod'} {pod_list(pods)}: {said}"
+    others = sum(len(failed[error]) for error in errors[5:])
+    if others:
+        message += "\n* 1 Pod with other issues" if others == 1 else f"\n* {others} Pods with other issues"
+    if waiting:
+        message += f"\n* {'Pods' if len(waiting) > 1 else 'Pod'} {pod_list(waiting)}: waiting for completion"
+    return message
+
+
+def eviction_error(body: dict[str, Any]) -> str:
+    """The error a refused eviction is to the drain: the Status message, then its causes (a 429's),
+    as ``EvictPods`` joins them ("%s %v", comma-separated)."""
+    causes = [str(c.get("message", "")) for c in (body.get("details") or {}).get("causes") or []]
+    message = str(body.get("message", ""))
+    return f"{message} {','.join(causes)}" if causes else message
+
+
+def set_v1beta1(
+    machine: dict[str, Any], type_: str, status: str, reason: str = "", message: str = ""
+) -> bool:
+    """A v1beta1 condition (``v1beta1conditions.MarkFalse`` / ``MarkTrue``: severity Info while False,
+    its time moved only when its status does). Whether anything changed."""
+    conditions = machine.setdefault("status", {}).setdefault("conditions", [])
+    return _set(conditions, {"type": type_, "status": status, "reason": reason, "message": message})
+
+
+def set_deleting(machine: dict[str, Any], reason: str, message: str) -> bool:
+    """The v1beta2 ``Deleting`` condition, True while deleting (``setDeletingCondition``), kept in
+    ``status.v1beta2.conditions`` (served as ``status.conditions`` in v1beta2: ``machine_v1beta2``)."""
+    v1beta2 = machine.setdefault("status", {}).setdefault("v1beta2", {})
+    conditions = v1beta2.setdefault("conditions", [])
+    generation = machine["metadata"].get("generation", 1)
+    wanted = {"type": "Deleting", "status": "True", "observedGeneration": generation, "reason": reason}
+    return _set(conditions, {**wanted, "message": message})
+
+
+def _set(conditions: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
+    found = next((c for c in conditions if c.get("type") == wanted["type"]), None)
+    wanted = {k: v for k, v in wanted.items() if v != ""}
+    if "observedGeneration" not in wanted and wanted["status"] == "False":
+        wanted["severity"] = "Info"
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if found is None:
+        conditions.append({**wanted, "lastTransitionTime": now})
+        return True
+    if {k: v for k, v in found.items() if k != "lastTransitionTime"} == wanted:
+        return False
+    when = now if found.get("status") != wanted["status"] else found.get("lastTransitionTime", now)
+    found.clear()
+    found.update({**wanted, "lastTransitionTime": when})
+    return True
+
+
+def drain_timeout(machine: dict[str, Any]) -> float | None:
+    """The Machine's ``spec.nodeDrainTimeout`` in seconds (unset or 0: it drains for ever)."""
+    value = (machine.get("spec") or {}).get("nodeDrainTimeout")
+    seconds = parse_duration(value).total_seconds() if value else 0.0
+    return seconds if seconds > 0 else None

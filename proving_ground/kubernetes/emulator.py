@@ -70,6 +70,10 @@ def load_fixture(name: str) -> Any:
     return json.loads((FIXTURES / name).read_text())
 
 
+#: The Job controller's finalizer on its pods, removed once it has counted them (terminal).
+JOB_TRACKING = "batch.kubernetes.io/job-tracking"
+
+
 def now_iso(offset: float = 0.0) -> str:
     return (datetime.now(UTC) + timedelta(seconds=offset)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -123,6 +127,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: ``karpenter_drain_retry`` seconds (Karpenter: 1 s) while a pod waits; the Node and NodeClaim
     #: go only once none is left, or its ``terminationGracePeriod`` forces them out.
     karpenter_drain_retry: float = 0.1
+    #: Cluster API's Machine controller on a deleted Machine (``_capi_delete``): hooks, then drain
+    #: through the Eviction API (PDBs honoured, DaemonSet and mirror pods skipped), looked at again
+    #: every ``capi_drain_retry`` seconds (Cluster API: ``drainRetryInterval``, 20 s) while held.
+    capi_drain_retry: float = 0.1
     #: Karpenter's recorder says one ``FailedDraining`` per node in this many seconds (its dedupe
     #: timeout, 2 min), dropping the others: ``_karpenter_event``.
     karpenter_dedupe: float = 120.0
@@ -910,7 +918,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self._later(self.replace_delay, lambda: self._karpenter_terminate(res, snapshot))
         elif res.plural == "machines":
             snapshot = copy.deepcopy(obj)
-            self._later(self.replace_delay, lambda: self._replace(res, snapshot))
+            self._later(self.replace_delay, lambda: self._capi_delete(res, snapshot))
 
     def _capi_paused(self, machine: dict[str, Any]) -> str | None:
         """Why Cluster API leaves ``machine`` alone: its Cluster (``spec.clusterName``, in its
@@ -932,6 +940,172 @@ class KubeEmulator(kmock.KubernetesScaffold):
             elif not self._capi_paused(machine):
                 self._capi_held.discard(key)
                 self._on_deleting(resources.BY_PLURAL["machines"], machine)
+
+    async def _capi_delete(self, res: Resource, old: dict[str, Any]) -> None:
+        """The Machine controller's ``reconcileDelete`` of deleted Machine ``old``: while a hook or
+        its drain (``_capi_held_by``) holds it, it stays, with its Node and instance, saying why in
+        its conditions, looked at again every ``capi_drain_retry`` seconds (Cluster API: 20 s); and
+        its MachineSet, which counts a deleting Machine toward its replicas, makes no new one. Then
+        the Node and Machine go and the MachineSet makes the new one (``_replace``)."""
+        key = self._key(res, old["metadata"].get("namespace"), old["metadata"]["name"])
+        machine = self.objects.get(key)
+        if machine is None or not machine["metadata"].get("deletionTimestamp"):
+            return
+        node_name = str(((machine.get("status") or {}).get("nodeRef") or {}).get("name") or "")
+        node = (self.workload or self).objects.get(("nodes", None, node_name)) if node_name else None
+        if self._capi_held_by(machine, node):
+            self._later(self.capi_drain_retry, lambda: self._capi_delete(res, old))
+            return
+        await self._replace(res, old)
+
+    def _capi_held_by(self, machine: dict[str, Any], node: dict[str, Any] | None) -> bool:
+        """One ``reconcileDelete`` pass up to the infrastructure's delete: whether a pre-drain hook,
+        the drain or a pre-terminate hook holds the Machine, said in its v1beta1 conditions and its
+        v1beta2 ``Deleting`` (reason and message as Cluster API v1.9+ words them). No node (no
+        ``nodeRef``, or gone): no drain. Volumes are not waited for here."""
+        annotations = machine["metadata"].get("annotations") or {}
+        changed = False
+        try:
+            if node is not None:
+                hooks = sorted(k for k in annotations if k.startswith(capi.PRE_DRAIN_HOOK))
+                if hooks:
+                    changed |= capi.set_v1beta1(
+                        machine, "PreDrainDeleteHookSucceeded", "False", "WaitingExternalHook"
+                    )
+                    said = f"Waiting for pre-drain hooks to succeed (hooks: {','.join(hooks)})"
+                    changed |= capi.set_deleting(machine, "WaitingForPreDrainHook", said)
+                    return True
+                changed |= capi.set_v1beta1(machine, "PreDrainDeleteHookSucceeded", "True")
+                if capi.EXCLUDE_DRAIN not in annotations and not self._capi_drain_timed_out(machine):
+                    deletion = machine.setdefault("status", {}).setdefault("deletion", {})
+                    if not deletion.get("nodeDrainStartTime"):
+                        deletion["nodeDrainStartTime"] = now_iso()
+                        changed = True
+                    if not any(
+                        c.get("type") == "DrainingSucceeded"
+                        for c in machine["status"].get("conditions") or []
+                    ):
+                        changed |= capi.set_v1beta1(
+                            machine,
+                            "DrainingSucceeded",
+                            "False",
+                            "Draining",
+                            "Draining the node before deletion",
+                        )
+                    drained = self._capi_drain(node, deletion["nodeDrainStartTime"])
+                    if drained is not None:
+                        said = drained
+                        changed |= capi.set_v1beta1(machine, "DrainingSucceeded", "False", "Draining", said)
+                        changed |= capi.set_deleting(machine, "DrainingNode", said)
+                        return True
+                    changed |= capi.set_v1beta1(machine, "DrainingSucceeded", "True")
+            hooks = sorted(k for k in annotations if k.startswith(capi.PRE_TERMINATE_HOOK))
+            if hooks:
+                changed |= capi.set_v1beta1(
+                    machine, "PreTerminateDeleteHookSucceeded", "False", "WaitingExternalHook"
+                )
+                said = f"Waiting for pre-terminate hooks to succeed (hooks: {','.join(hooks)})"
+                changed |= capi.set_deleting(machine, "WaitingForPreTerminateHook", said)
+                return True
+            return False
+        finally:
+            if changed:
+                self.bump(machine)
+
+    def _capi_drain_timed_out(self, machine: dict[str, Any]) -> bool:
+        """``nodeDrainTimeoutExceeded``: its ``nodeDrainTimeout`` set and passed since the drain began."""
+        timeout = capi.drain_timeout(machine)
+        began = ((machine.get("status") or {}).get("deletion") or {}).get("nodeDrainStartTime")
+        if timeout is None or not began:
+            return False
+        started = datetime.strptime(began, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return (datetime.now(UTC) - started).total_seconds() >= timeout
+
+    def _capi_drain(self, node: dict[str, Any], started: str) -> str | None:
+        """One pass of the Machine controller's ``drainNode`` (``drain/drain.go``, v1.9+): cordon the
+        Node; of the pods on it, skip DaemonSet pods (not finished), mirror pods, pods labelled
+        ``cluster.x-k8s.io/drain: skip`` and, on an unreachable node (Ready Unknown), pods deleted
+        over a second ago; wait for ``wait-completed`` ones; evict the rest through the Eviction API
+        (PDBs honoured). The condition message while any is left (``ConditionMessage``), else None."""
+        cluster = self.workload or self
+        name, now = node["metadata"]["name"], datetime.now(UTC)
+        if not node.setdefault("spec", {}).get("unschedulable"):
+            node["spec"]["unschedulable"] = True
+            cluster.bump(node)
+        ready: dict[str, Any] = next(
+            (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {}
+        )
+        unreachable = ready.get("status") == "Unknown"
+        deleting: list[str] = []
+        failed: dict[str, list[str]] = {}
+        waiting: list[str] = []
+        pods = sorted(
+            (key, pod)
+            for key, pod in list(cluster.objects.items())
+            if key[0] == "pods" and (pod.get("spec") or {}).get("nodeName") == name
+        )
+        for key, pod in pods:
+            meta, ref = pod["metadata"], f"{key[1]}/{key[2]}"
+            finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            gone_at = meta.get("deletionTimestamp")
+            if (
+                unreachable
+                and gone_at
+                and (
+                    now - datetime.strptime(gone_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+                ).total_seconds()
+                > 1
+            ):
+                continue
+            daemon = any(
+                o.get("kind") == "DaemonSet" and o.get("controller")
+                for o in meta.get("ownerReferences") or []
+            )
+            label = str((meta.get("labels") or {}).get(capi.DRAIN_LABEL, "")).lower()
+            if (
+                (daemon and not finished)
+                or karpenter.MIRROR in (meta.get("annotations") or {})
+                or label == "skip"
+            ):
+                continue
+            if label == "wait-completed":
+                if not finished:
+                    waiting.append(ref)
+                continue
+            if gone_at:
+                if not self._terminated(cluster, key, now):
+                    deleting.append(ref)
+                continue
+            grace = 1 if unreachable else int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+            try:
+                answer, _ = cluster._eviction(key[1], key[2], pod, grace)
+            except ApiError as exc:
+                failed.setdefault(capi.eviction_error(exc.body), []).append(ref)
+                continue
+            if answer.get("code") == 500:  # more than one budget: a Status client-go makes an error
+                failed.setdefault(capi.eviction_error(answer), []).append(ref)
+                continue
+            if key in cluster.objects:
+                deleting.append(ref)
+        if not (deleting or failed or waiting):
+            return None
+        return capi.drain_message(started, deleting, failed, waiting)
+
+    @staticmethod
+    def _terminated(cluster: KubeEmulator, key: Key, now: datetime) -> bool:
+        """Whether a deleting pod is gone by now, time having passed that the stand-ins do not run on
+        their own: past its ``deletionTimestamp`` on a live kubelet its containers are killed, and a
+        Job's pod, then terminal, loses its ``batch.kubernetes.io/job-tracking`` finalizer (the Job
+        controller's ``trackJobStatusAndRemoveFinalizers``); with no finalizer left it is removed."""
+        pod = cluster.objects[key]
+        meta = pod["metadata"]
+        due = datetime.strptime(meta["deletionTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        if now < due or not cluster._kubelet_alive(pod):
+            return False
+        if any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or []):
+            meta["finalizers"] = [f for f in meta.get("finalizers") or [] if f != JOB_TRACKING]
+        cluster._kubelet_remove_now(key)
+        return key not in cluster.objects
 
     async def _karpenter_terminate(self, res: Resource, old: dict[str, Any]) -> None:
         """Karpenter's termination controller on the Node of deleted NodeClaim ``old``: taint it

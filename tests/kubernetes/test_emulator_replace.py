@@ -7,7 +7,9 @@ or itself is paused stays deleting, its Node with it, until unpaused. A deleted 
 by nothing; a terminated instance is, by its cloud group. A StatefulSet-mode NodeSet makes a gone
 slurmd pod again, pending, and Karpenter launches a node for it; a DaemonSet-mode one it does not.
 Karpenter's termination of a deleted NodeClaim's Node waits on a pod a budget protects or annotated
-``do-not-disrupt``: for ever without ``terminationGracePeriod``, until it ends with one.
+``do-not-disrupt``: for ever without ``terminationGracePeriod``, until it ends with one. Cluster API's
+Machine controller drains a deleted Machine's Node itself and waits on a pod a budget protects, or a
+delete hook, the Machine and Node staying and no new Machine coming meanwhile.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from proving_ground.kubernetes.world import (
     nodeclaim_grace_period,
     pods_karpenter_may_not_evict,
     statefulset_slurmd,
+    training_pdb,
     volume_attached,
 )
 from proving_ground.proc import eventually
@@ -447,3 +450,100 @@ async def test_karpenter_termination_waits_for_volumes_to_detach_said_on_the_nod
         return k8s.get("nodes", NODE) is None and k8s.get("nodeclaims", "gpu-h100-x7k2q") is None
 
     await eventually(gone, timeout=5.0, what="the old node gone once detached", interval=0.05)
+
+
+MACHINE = "gpu-east-gpu-h100-x7b2n-q4v9k"
+
+
+def _deleting(machine: dict[str, Any], version: str) -> dict[str, Any]:
+    """The Machine's v1beta2 ``Deleting`` condition as ``version`` serves it."""
+    status = machine["status"]
+    conditions = status["conditions"] if version == "v1beta2" else status["v1beta2"]["conditions"]
+    return next(c for c in conditions if c["type"] == "Deleting")
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1beta1"])
+async def test_a_deleted_machine_stays_while_its_drain_cannot_evict_a_pod(
+    k8s: KubeEmulator, k8s_client: client.ApiClient, version: str
+) -> None:
+    """Cluster API's Machine controller drains the deleted Machine's Node itself (``drainNode``,
+    cluster-api v1.9+ ``internal/controllers/machine/drain``): it cordons it, skips DaemonSet and
+    mirror pods, and evicts the rest through the Eviction API; a pod whose budget allows no
+    eviction stays, and so do the Machine (its finalizer) and the Node, for ever without
+    ``nodeDrainTimeout``, its ``Deleting`` condition (``DrainingNode``) and v1beta1
+    ``DrainingSucceeded`` (``Draining``) saying so in ``EvictionResult.ConditionMessage``'s words.
+    Its MachineSet counts the deleting Machine toward its replicas: no new one comes meanwhile.
+    Once the budget lets the pod go, the Machine and Node go and the new Machine comes."""
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    del machine["spec"]["nodeDrainTimeout"]
+    await custom.delete_namespaced_custom_object("cluster.x-k8s.io", version, "gpu-east", "machines", MACHINE)
+
+    async def refused() -> dict[str, Any] | None:
+        found = await custom.get_namespaced_custom_object(
+            "cluster.x-k8s.io", version, "gpu-east", "machines", MACHINE
+        )
+        said = _deleting(found, version)
+        return found if said.get("message", "").count("\n") == 1 and "worker-2" in said["message"] else None
+
+    found = await eventually(refused, timeout=5.0, what="the drain's refusal said", interval=0.02)
+    began = found["status"]["deletion"]["nodeDrainStartTime"]
+    message = (
+        f"Drain not completed yet (started at {began}):\n"
+        "* Pod training/llama-pretrain-worker-2: cannot evict pod as it would violate the pod's "
+        "disruption budget. The disruption budget llama-pretrain needs 1 healthy pods and has 1 currently"
+    )
+    said = _deleting(found, version)
+    assert (said["status"], said["reason"], said["message"]) == ("True", "DrainingNode", message)
+    v1beta1 = found["status"]["deprecated"]["v1beta1"] if version == "v1beta2" else found["status"]
+    draining = next(c for c in v1beta1["conditions"] if c["type"] == "DrainingSucceeded")
+    assert (draining["status"], draining["reason"], draining["severity"], draining["message"]) == (
+        "False",
+        "Draining",
+        "Info",
+        message,
+    )
+    node = k8s.get("nodes", NODE)
+    assert node is not None and node["spec"]["unschedulable"] is True
+    left = {k[2] for k, p in k8s.objects.items() if k[0] == "pods" and p["spec"].get("nodeName") == NODE}
+    assert left == {"nvidia-dcgm-exporter-7wq4n", "gpu-health-agent-gpu-node-02", "llama-pretrain-worker-2"}
+    await asyncio.sleep(0.3)  # it looks again, and stays; no new Machine
+    assert list(await _ready_nodes(core)) == [NODE]
+    machines = [k for k in k8s.objects if k[0] == "machines"]
+    assert machines == [("machines", "gpu-east", MACHINE)]
+    k8s.objects.pop(("poddisruptionbudgets", "training", "llama-pretrain"))
+    await _until(core, lambda nodes: NODE not in nodes and len(nodes) == 1)
+    assert k8s.get("machines", MACHINE, "gpu-east") is None
+
+
+async def test_a_deleted_machine_waits_for_its_pre_drain_hook(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """A ``pre-drain.delete.hook.machine.cluster.x-k8s.io/<name>`` annotation holds the deleted
+    Machine before its drain (``reconcileDelete``), said in ``Deleting`` (``WaitingForPreDrainHook``);
+    once its owner removes it, the drain and the delete go on."""
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    hook = "pre-drain.delete.hook.machine.cluster.x-k8s.io/backup"
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    machine["metadata"].setdefault("annotations", {})[hook] = "backup-operator"
+    await custom.delete_namespaced_custom_object(
+        "cluster.x-k8s.io", "v1beta2", "gpu-east", "machines", MACHINE
+    )
+
+    async def waiting() -> dict[str, Any] | None:
+        found = k8s.get("machines", MACHINE, "gpu-east")
+        said = _deleting(found, "v1beta1") if found else {}
+        return said if said.get("reason") == "WaitingForPreDrainHook" else None
+
+    said = await eventually(waiting, timeout=5.0, what="the hook waited for", interval=0.02)
+    assert said["message"] == f"Waiting for pre-drain hooks to succeed (hooks: {hook})"
+    node = k8s.get("nodes", NODE)
+    assert node is not None and not node["spec"].get("unschedulable")  # not drained yet
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    del machine["metadata"]["annotations"][hook]
+    await _until(core, lambda nodes: NODE not in nodes)
+    assert k8s.get("machines", MACHINE, "gpu-east") is None
