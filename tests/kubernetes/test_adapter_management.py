@@ -23,6 +23,7 @@ import yaml
 
 from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError, Reason
+from bot.engine.ports import OldNodeLook
 from bot.integrations.kubernetes import KubernetesCluster
 from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator
 from proving_ground.kubernetes.world import write_kubeconfig
@@ -90,6 +91,11 @@ async def test_machines_are_read_and_deleted_in_the_management_cluster(
     machines = [m for (kind, _, _), m in management.objects.items() if kind == "machines"]
     assert [m["status"]["nodeRef"]["name"] for m in machines] == [new]
     assert k8s.get("nodes", NODE) is None and k8s.get("nodes", new) is not None
+    # The look at the old node reads its Machine where it lives, once: gone.
+    reads = sum(1 for e in management.log if e.verb == "get" and e.resource == "machines")
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook(gone=True)
+    assert sum(1 for e in management.log if e.verb == "get" and e.resource == "machines") == reads + 1
+    assert not [e for e in k8s.log if e.resource == "machines"]
 
 
 async def test_a_machine_namespace_without_the_nodes_machine_is_named_by_the_probe(

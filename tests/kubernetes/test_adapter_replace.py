@@ -28,7 +28,9 @@ StatefulSet-mode NodeSet (Slinky's default) makes the slurmd pod the drain evict
 that pod is the demand, pitcrew adds no placeholder, and the successor is the node it lands on; so
 too when the NodeSet has not made it again yet (the drain's record names it): the wait says so.
 Karpenter's termination of the old node held by pods it may not evict (a budget, ``do-not-disrupt``)
-is said by ``termination_held``, naming them, while the successor comes all the same.
+is said by ``termination_held``, naming them, while the successor comes all the same; so is Cluster
+API's deletion of the old Machine held by its drain (a budget) or a delete hook, quoting its
+``Deleting`` condition, while no successor comes (its MachineSet counts the deleting Machine).
 A DaemonSet-mode NodeSet (the fixture's) makes its slurmd pod on the replacement named after the new
 node, which carries no ``hostname-override``: pitcrew's ``slinky`` mapping finds that new Slurm name
 on the successor.
@@ -40,7 +42,7 @@ import asyncio
 import copy
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -602,6 +604,113 @@ async def test_karpenter_termination_held_by_pods_it_may_not_evict_is_said_witho
     assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook(gone=True)
     other = handle.replace("karpenter", "cluster-api", 1)
     assert await cluster.termination_held(NODE, handle=other) == OldNodeLook(gone=True)
+
+
+MACHINE = "gpu-east-gpu-h100-x7b2n-q4v9k"
+
+
+@pytest.mark.parametrize(
+    ("served", "timeout"),
+    [(("v1beta2", "v1beta1"), None), (("v1beta1",), "10m0s")],
+    ids=["v1beta2-no-drain-timeout", "v1beta1-drain-timeout"],
+)
+async def test_cluster_api_deletion_held_by_a_pod_its_drain_cannot_evict_is_said(
+    make_cluster: Callable[..., KubernetesCluster],
+    k8s: KubeEmulator,
+    served: tuple[str, ...],
+    timeout: str | None,
+) -> None:
+    """After the Machine's delete Cluster API's Machine controller drains the old node itself; a pod
+    whose budget allows no eviction keeps the Machine, the node and its instance, for ever without
+    ``nodeDrainTimeout``. Its ``Deleting`` condition names the pod at once, evictions under way, so
+    ``termination_held`` tells nothing until the drain is a minute old; then it names the pod and
+    why in Cluster API's words, and when (if ever) Cluster API gives the drain up. Its MachineSet
+    counts the deleting Machine toward its replicas: no successor comes meanwhile. Once the pod is
+    let go the Machine goes (gone) and the successor comes."""
+    k8s.capi_versions = served
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    if timeout is None:
+        del machine["spec"]["nodeDrainTimeout"]
+    k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+
+    async def refused() -> bool:
+        found = k8s.get("machines", MACHINE, "gpu-east")
+        deleting = (
+            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
+        )
+        return bool(deleting) and "cannot evict pod" in deleting[0].get("message", "")
+
+    await eventually(refused, timeout=5.0, what="Cluster API's drain refused", interval=0.05)
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()  # evictions may go on
+    began = _capi_drain_began(k8s, seconds_ago=90)
+    await asyncio.sleep(0.3)  # the controller looks again, its message's start moved with it
+    text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+    assert (
+        "Pod training/llama-pretrain-worker-2: cannot evict pod as it would violate the pod's disruption "
+        "budget. The disruption budget llama-pretrain needs 1 healthy pods and has 1 currently"
+    ) in text, text
+    assert f"drain started at {began.strftime('%Y-%m-%dT%H:%M:%SZ')}" in text, text
+    assert f"old node {NODE} (Machine gpu-east/{MACHINE} deleting" in text, text
+    if timeout is None:
+        assert "the Machine has no nodeDrainTimeout" in text and "drains for ever" in text, text
+    else:
+        end = (began + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert f"Cluster API stops draining at {end} (the Machine's nodeDrainTimeout)" in text, text
+    assert await cluster.successor(NODE, handle=handle) is None
+    k8s.objects.pop(("poddisruptionbudgets", "training", "llama-pretrain"))
+    await _successor(cluster, handle)
+    assert k8s.get("machines", MACHINE, "gpu-east") is None and k8s.get("nodes", NODE) is None
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook(gone=True)
+
+
+async def test_cluster_api_deletion_held_by_a_delete_hook_is_said_and_a_failed_read_raises(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """A ``pre-terminate.delete.hook.machine.cluster.x-k8s.io`` annotation its owner never removes
+    holds the drained Machine before its instance is deleted, with no timeout (and no successor
+    comes): told ten minutes after the delete, naming the hook as Cluster API's ``Deleting`` says
+    it. A Machine read that fails raises, for the engine to look again."""
+    hook = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup"
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    machine["metadata"].setdefault("annotations", {})[hook] = "backup-operator"
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+
+    async def waiting() -> bool:
+        found = k8s.get("machines", MACHINE, "gpu-east")
+        deleting = (
+            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
+        )
+        return bool(deleting) and deleting[0]["reason"] == "WaitingForPreTerminateHook"
+
+    await eventually(waiting, timeout=5.0, what="the hook waited for", interval=0.05)
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    machine["metadata"]["deletionTimestamp"] = now_iso(-11 * 60)
+    text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+    assert f"Waiting for pre-terminate hooks to succeed (hooks: {hook})" in text, text
+    assert "no timeout applies to a hook, so Cluster API waits for ever" in text, text
+    k8s.inject(500, verb="get", resource="machines", times=10)  # the client's retries fail too
+    with pytest.raises(TransientError):
+        await cluster.termination_held(NODE, handle=handle)
+
+
+def _capi_drain_began(k8s: KubeEmulator, *, seconds_ago: float) -> datetime:
+    """Cluster API's drain of the deleted Machine's node begun ``seconds_ago``
+    (``status.deletion.nodeDrainStartTime``)."""
+    found = k8s.get("machines", MACHINE, "gpu-east")
+    assert found is not None and found["status"]["deletion"]["nodeDrainStartTime"]
+    found["status"]["deletion"]["nodeDrainStartTime"] = now_iso(-seconds_ago)
+    return datetime.strptime(found["status"]["deletion"]["nodeDrainStartTime"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=UTC
+    )
 
 
 def _drain_began(k8s: KubeEmulator, *, seconds_ago: float, claim: str = "gpu-h100-x7k2q") -> None:

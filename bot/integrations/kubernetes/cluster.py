@@ -42,7 +42,7 @@ class _Parts:
         self.replacer = Replacer(api, self.nodes, settings, machines)
         self.jobs = Jobs(api, settings)
         self.events = Events(api, timeout=settings.request_timeout)
-        self.termination = Termination(api, timeout=settings.request_timeout)
+        self.termination = Termination(api, self.replacer, timeout=settings.request_timeout)
         self.lending = Lending(self.nodes)
 
 

@@ -251,10 +251,12 @@ class Replacer:
 
     async def machine(self, node: client.V1Node) -> dict[str, Any] | None:
         ref = self.machine_ref(node)
-        if ref is None:
-            return None
+        return None if ref is None else await self.machine_named(*ref)
+
+    async def machine_named(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Machine ``namespace``/``name`` as the management cluster serves it (``_capi``), or
+        None when it is not there."""
         group, version, plural = await self._capi()
-        namespace, name = ref
         try:
             found: dict[str, Any] = await call(
                 f"read Machine {namespace}/{name}",

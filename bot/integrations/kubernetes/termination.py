@@ -1,4 +1,5 @@
-"""Whether Karpenter can finish taking away the node a replacement deleted the NodeClaim of.
+"""Whether Karpenter or Cluster API can finish taking away the node a replacement deleted the
+NodeClaim or Machine of.
 
 After pitcrew deletes the old NodeClaim, Karpenter's termination controller (kubernetes-sigs/karpenter
 ``pkg/controllers/node/termination``) taints its Node ``karpenter.sh/disrupted`` and drains it before
@@ -26,6 +27,22 @@ annotated ``karpenter.sh/nodeclaim-termination-timestamp``, is when such pods ar
 regardless (``needsForceDelete``) and the volumes no longer waited for. Until then the old node
 stays, its instance running and billed, and no one is told: this module says so, read only. It
 never holds the successor or the incident up.
+
+After pitcrew deletes the old Machine, Cluster API's Machine controller (kubernetes-sigs/cluster-api
+``internal/controllers/machine/machine_controller.go`` ``reconcileDelete``) waits for any pre-drain
+hook annotation, cordons and drains the Node itself (``drainNode``: DaemonSet and mirror pods
+skipped, the rest evicted through the Eviction API, budgets honoured), waits for its volumes to
+detach (``shouldWaitForNodeVolumes``) and for any pre-terminate hook before it deletes the
+infrastructure and lets the Machine go (finalizer ``machine.cluster.x-k8s.io``). The drain ends only
+with ``nodeDrainTimeout`` (v1beta2 ``spec.deletion.nodeDrainTimeoutSeconds``) past
+``status.deletion.nodeDrainStartTime`` (``nodeDrainTimeoutExceeded``), the volume wait with
+``nodeVolumeDetachTimeout``; both unset by default, so it waits for ever; a hook has no timeout.
+From v1.9 (the drain rewritten in ``internal/controllers/machine/drain``) the v1beta2 ``Deleting``
+condition says which, its reason ``WaitingForPreDrainHook``, ``DrainingNode``,
+``WaitingForVolumeDetach`` or ``WaitingForPreTerminateHook`` and its message the pods, one line per
+kind (``EvictionResult.ConditionMessage``: "* Pod <ns>/<name>: cannot evict pod as it would violate
+the pod's disruption budget. <cause>"). It is in ``status.v1beta2.conditions`` as v1beta1 serves it
+(v1.9-v1.10, and beside v1beta2 to v1.15) and ``status.conditions`` as v1beta2 does (v1.11+).
 """
 
 from __future__ import annotations
@@ -46,6 +63,7 @@ from bot.integrations.kubernetes.replace import (
     DO_NOT_DISRUPT,
     KARPENTER,
     Handle,
+    Replacer,
     deleting,
     karpenter_said,
     node_of,
@@ -68,12 +86,26 @@ STALLED = timedelta(minutes=1)
 #: ``ReconcilerMaxWaitForUnmountDuration``; a wait for detachment longer than that is not its own.
 DETACH_BOUND = timedelta(minutes=6)
 _CRITICAL = ("system-cluster-critical", "system-node-critical")
+#: Cluster API: a delete lifecycle hook (``pre-drain.delete.hook…``, ``pre-terminate.delete.hook…``)
+#: is its owner's to remove, with no timeout; one still holding the Machine this long after its
+#: delete is told.
+HOOK_BOUND = timedelta(minutes=10)
+#: Cluster API: a pod on a reachable node whose ``deletionTimestamp`` is set but which is still
+#: there this far into the drain holds it for ever (it skips such pods only on an unreachable node).
+TERMINATING_BOUND = timedelta(minutes=10)
+#: The lines of Cluster API's drain message (``EvictionResult.ConditionMessage``) that say a pod it
+#: cannot evict (a budget's refusal, any other eviction error) or waits to complete without eviction.
+_BLOCKED_LINE = re.compile(
+    r"^\* (?:Pods? .*: (?:cannot evict pod|failed to evict Pod, |waiting for completion)|\d+ Pods? with other issues)"
+)
+_TERMINATING_LINE = re.compile(r"^\* Pods? .*: deletionTimestamp set, but still not removed from the Node$")
 
 
 class Termination:
-    def __init__(self, api: client.ApiClient, *, timeout: float) -> None:
+    def __init__(self, api: client.ApiClient, replacer: Replacer, *, timeout: float) -> None:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._replacer = replacer
         self._timeout = timeout
 
     async def held(self, name: str, *, handle: str) -> OldNodeLook:
@@ -82,6 +114,8 @@ class Termination:
         if not, why it cannot finish: the pods on it it cannot evict, each with why, or volumes it
         waits for past the attach-detach controller's bound, and whether its grace period ends that."""
         parsed = Handle.parse(handle)
+        if parsed is not None and parsed.strategy == "cluster-api":
+            return await self._machine_held(name, parsed)
         if parsed is None or parsed.strategy != "karpenter":
             return OldNodeLook(gone=True)
         claim_name = parsed.target.removeprefix("nodeclaim/")
@@ -126,6 +160,32 @@ class Termination:
                 f"Karpenter cannot finish terminating the old node {node} (NodeClaim {claim_name} "
                 f"deleting, finalizer karpenter.sh/termination): {what}; {end}. Until then the node "
                 f"and its instance stay, its GPUs billed: {remedy}"
+            )
+        )
+
+    async def _machine_held(self, name: str, parsed: Handle) -> OldNodeLook:
+        """Cluster API's deletion of the Machine the replacement deleted, read once (by name, where
+        and as the replacement reads Machines): gone with the Machine; else what its ``Deleting``
+        condition (v1.9+; ``status.conditions`` in v1beta2, ``status.v1beta2.conditions`` in
+        v1beta1) says holds it, when that is worth telling (``_machine_hold``)."""
+        namespace, _, machine_name = parsed.target.removeprefix("machine/").partition("/")
+        if not machine_name:
+            return OldNodeLook(gone=True)
+        machine = await self._replacer.machine_named(namespace, machine_name)
+        if machine is None:
+            return OldNodeLook(gone=True)
+        if not deleting(machine):
+            return OldNodeLook()
+        hold = _machine_hold(machine, datetime.now(UTC))
+        if hold is None:
+            return OldNodeLook()
+        what, end, remedy = hold
+        node = ((machine.get("status") or {}).get("nodeRef") or {}).get("name") or name
+        return OldNodeLook(
+            held=(
+                f"Cluster API cannot finish deleting the old node {node} (Machine {namespace}/{machine_name} "
+                f"deleting, finalizer machine.cluster.x-k8s.io): {what}; {end}. Until then the node and "
+                f"its instance stay, its GPUs billed: {remedy}"
             )
         )
 
@@ -270,3 +330,85 @@ def _awaiting_volumes(claim: dict[str, Any], now: datetime) -> str | None:
         ):
             return str(condition["lastTransitionTime"])
     return None
+
+
+def _machine_hold(machine: dict[str, Any], now: datetime) -> tuple[str, str, str] | None:
+    """What holds a deleting Machine, in Cluster API's words, with when (if ever) it ends and what
+    to do, or ``None`` while nothing worth telling does. ``reconcileDelete`` (machine_controller.go)
+    waits, in order, for pre-drain hooks, the drain (``drainNode``; skipped with the
+    ``exclude-node-draining`` annotation or once ``nodeDrainTimeout`` has passed since
+    ``status.deletion.nodeDrainStartTime``), the volumes to detach (``shouldWaitForNodeVolumes``;
+    likewise ``nodeVolumeDetachTimeout``) and pre-terminate hooks, before it deletes the
+    infrastructure; it says which in the ``Deleting`` condition's reason and message. Its drain
+    reports every pod at once, evictions still under way: a pod it cannot evict (a budget's
+    refusal) or waits to complete is told ``STALLED`` into the drain, one still terminating
+    ``TERMINATING_BOUND`` into it; volumes ``DETACH_BOUND`` into their wait; a hook ``HOOK_BOUND``
+    after the delete."""
+    status, spec, meta = machine.get("status") or {}, machine.get("spec") or {}, machine["metadata"]
+    conditions = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
+    said = next(
+        (
+            c
+            for c in conditions
+            if c.get("type") == "Deleting" and c.get("status") == "True" and c.get("reason")
+        ),
+        None,
+    )
+    if said is None:
+        return None
+    reason, message = str(said["reason"]), str(said.get("message") or "")
+    deletion = status.get("deletion") or {}
+    if reason in ("WaitingForPreDrainHook", "WaitingForPreTerminateHook"):
+        if now - _time(meta["deletionTimestamp"]) < HOOK_BOUND:
+            return None
+        return (
+            f'it waits for its delete hooks, as its Deleting condition ({reason}) says: "{message}"',
+            "no timeout applies to a hook, so Cluster API waits for ever",
+            "see why the controller that set each hook annotation on the Machine does not remove it",
+        )
+    if reason == "DrainingNode":
+        started = _time(deletion.get("nodeDrainStartTime") or meta["deletionTimestamp"])
+        lines = message.splitlines()
+        blocked = [line for line in lines if _BLOCKED_LINE.match(line)] if now - started >= STALLED else []
+        if now - started >= TERMINATING_BOUND:
+            blocked += [line for line in lines if _TERMINATING_LINE.match(line)]
+        if not blocked:
+            return None
+        pods = " ".join(line.removeprefix("* ") + ";" for line in blocked).rstrip(";")
+        return (
+            f"its drain of the node cannot finish (Deleting condition DrainingNode, drain started at "
+            f"{_stamp(started)}): {pods}",
+            _timeout_end(spec, "nodeDrainTimeout", started, "stops draining", "drains for ever"),
+            "move or delete those pods, or lift the budget that refuses their eviction",
+        )
+    if reason == "WaitingForVolumeDetach":
+        started = _time(deletion.get("waitForNodeVolumeDetachStartTime") or meta["deletionTimestamp"])
+        if now - started <= DETACH_BOUND:
+            return None
+        volumes = "; ".join(line.removeprefix("* ") for line in message.splitlines()[1:])
+        return (
+            f"it waits for the node's volumes to detach (Deleting condition WaitingForVolumeDetach since "
+            f"{_stamp(started)}{': ' + volumes if volumes else ''}), longer than the 6 minutes after which "
+            "Kubernetes' attach-detach controller detaches from an unhealthy node",
+            _timeout_end(
+                spec, "nodeVolumeDetachTimeout", started, "stops waiting for them", "waits for ever"
+            ),
+            "see why the CSI driver does not detach them (its node plugin on the old node)",
+        )
+    return None
+
+
+def _timeout_end(spec: dict[str, Any], field: str, started: datetime, stops: str, never: str) -> str:
+    """When the Machine's ``field`` (v1beta1 a Go duration, v1beta2 ``spec.deletion.<field>Seconds``;
+    unset or 0: none) ends the wait that ``started``."""
+    seconds = (spec.get("deletion") or {}).get(f"{field}Seconds")
+    if seconds is None and spec.get(field):
+        seconds = parse_go_duration(str(spec[field])).total_seconds()
+    if not seconds or float(seconds) <= 0:
+        return f"the Machine has no {field} (v1beta2 spec.deletion.{field}Seconds), so Cluster API {never}"
+    end = started + timedelta(seconds=float(seconds))
+    return f"Cluster API {stops} at {_stamp(end)} (the Machine's {field})"
+
+
+def _stamp(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
