@@ -218,6 +218,12 @@ DRAIN_LABEL = "cluster.x-k8s.io/drain"
 _PDB_REFUSAL = "Cannot evict pod as it would violate the pod's disruption budget."
 
 
+def unreachable(node: dict[str, Any]) -> bool:
+    """``noderefutil.IsNodeUnreachable``: the Node's Ready condition Unknown (its kubelet gone)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "Unknown" for c in conditions)
+
+
 def pod_list(refs: list[str], n: int = 3) -> str:
     """``PodListToString``: the first ``n`` pods, comma-separated, then "... (N more)"."""
     shown = refs[:n] + ([f"... ({len(refs) - n} more)"] if len(refs) > n else [])
@@ -293,8 +299,24 @@ def _set(conditions: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
     return True
 
 
-def drain_timeout(machine: dict[str, Any]) -> float | None:
-    """The Machine's ``spec.nodeDrainTimeout`` in seconds (unset or 0: it drains for ever)."""
-    value = (machine.get("spec") or {}).get("nodeDrainTimeout")
+def volume_message(started: str, claims: list[str], unclaimed: list[str], missing: list[str]) -> str:
+    """``attachedVolumeInformation.conditionMessage`` (machine_controller.go, v1.9+): the wait's start,
+    then the attached volumes' claims, PersistentVolumes with no claim, and VolumeAttachments whose
+    PersistentVolume is not there, each list sorted and ``StringListToString``'s five at most."""
+    message = f"Waiting for Node volumes to be detached (started at {started})"
+    for title, names in (
+        ("PersistentVolumeClaims", claims),
+        ("PersistentVolumes without a .spec.claimRef to a PersistentVolumeClaim", unclaimed),
+        ("VolumeAttachment with .spec.source.persistentVolumeName not matching a PersistentVolume", missing),
+    ):
+        if names:
+            message += f"\n* {title}: {pod_list(sorted(names), 5)}"
+    return message
+
+
+def deletion_timeout(machine: dict[str, Any], field: str = "nodeDrainTimeout") -> float | None:
+    """The Machine's ``spec.<field>`` (``nodeDrainTimeout``, ``nodeVolumeDetachTimeout``) in seconds
+    (unset or 0: it waits for ever)."""
+    value = (machine.get("spec") or {}).get(field)
     seconds = parse_duration(value).total_seconds() if value else 0.0
     return seconds if seconds > 0 else None

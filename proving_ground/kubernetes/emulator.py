@@ -976,7 +976,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     changed |= capi.set_deleting(machine, "WaitingForPreDrainHook", said)
                     return True
                 changed |= capi.set_v1beta1(machine, "PreDrainDeleteHookSucceeded", "True")
-                if capi.EXCLUDE_DRAIN not in annotations and not self._capi_drain_timed_out(machine):
+                if capi.EXCLUDE_DRAIN not in annotations and not self._capi_timed_out(
+                    machine, "nodeDrainTimeout", "nodeDrainStartTime"
+                ):
                     deletion = machine.setdefault("status", {}).setdefault("deletion", {})
                     if not deletion.get("nodeDrainStartTime"):
                         deletion["nodeDrainStartTime"] = now_iso()
@@ -999,6 +1001,29 @@ class KubeEmulator(kmock.KubernetesScaffold):
                         changed |= capi.set_deleting(machine, "DrainingNode", said)
                         return True
                     changed |= capi.set_v1beta1(machine, "DrainingSucceeded", "True")
+                if capi.EXCLUDE_VOLUME_WAIT not in annotations and not self._capi_timed_out(
+                    machine, "nodeVolumeDetachTimeout", "waitForNodeVolumeDetachStartTime"
+                ):
+                    deletion = machine.setdefault("status", {}).setdefault("deletion", {})
+                    if not deletion.get("waitForNodeVolumeDetachStartTime"):
+                        deletion["waitForNodeVolumeDetachStartTime"] = now_iso()
+                        changed = True
+                    if not any(
+                        c.get("type") == "VolumeDetachSucceeded"
+                        for c in machine["status"].get("conditions") or []
+                    ):
+                        changed |= capi.set_v1beta1(
+                            machine,
+                            "VolumeDetachSucceeded",
+                            "False",
+                            "WaitingForVolumeDetach",
+                            "Waiting for node volumes to be detached",
+                        )
+                    attached = self._capi_volumes(node, deletion["waitForNodeVolumeDetachStartTime"])
+                    if attached is not None:
+                        changed |= capi.set_deleting(machine, "WaitingForVolumeDetach", attached)
+                        return True
+                    changed |= capi.set_v1beta1(machine, "VolumeDetachSucceeded", "True")
             hooks = sorted(k for k in annotations if k.startswith(capi.PRE_TERMINATE_HOOK))
             if hooks:
                 changed |= capi.set_v1beta1(
@@ -1012,14 +1037,48 @@ class KubeEmulator(kmock.KubernetesScaffold):
             if changed:
                 self.bump(machine)
 
-    def _capi_drain_timed_out(self, machine: dict[str, Any]) -> bool:
-        """``nodeDrainTimeoutExceeded``: its ``nodeDrainTimeout`` set and passed since the drain began."""
-        timeout = capi.drain_timeout(machine)
-        began = ((machine.get("status") or {}).get("deletion") or {}).get("nodeDrainStartTime")
+    def _capi_timed_out(self, machine: dict[str, Any], field: str, began_at: str) -> bool:
+        """``nodeDrainTimeoutExceeded`` / ``nodeVolumeDetachTimeoutExceeded``: the Machine's ``field``
+        set and passed since ``status.deletion.<began_at>``."""
+        timeout = capi.deletion_timeout(machine, field)
+        began = ((machine.get("status") or {}).get("deletion") or {}).get(began_at)
         if timeout is None or not began:
             return False
         started = datetime.strptime(began, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         return (datetime.now(UTC) - started).total_seconds() >= timeout
+
+    def _capi_volumes(self, node: dict[str, Any], started: str) -> str | None:
+        """``shouldWaitForNodeVolumes`` (v1.9+, its VolumeAttachments gate on by default): the
+        condition message while a VolumeAttachment to the Node has ``status.attached`` true, naming
+        its PersistentVolume's claim (or the volume); None when none is (or the Node is unreachable:
+        it does not wait then). ``status.volumesAttached`` and the claims of pods the drain skipped
+        are not modelled."""
+        cluster = self.workload or self
+        if capi.unreachable(node):
+            return None
+        name = node["metadata"]["name"]
+        volumes = sorted(
+            {
+                str(((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName"))
+                for (kind, _, _), va in cluster.objects.items()
+                if kind == "volumeattachments"
+                and (va.get("spec") or {}).get("nodeName") == name
+                and (va.get("status") or {}).get("attached") is True
+            }
+        )
+        if not volumes:
+            return None
+        claims, unclaimed, missing = [], [], []
+        for volume in volumes:
+            pv = cluster.objects.get(("persistentvolumes", None, volume))
+            ref = ((pv or {}).get("spec") or {}).get("claimRef") or {}
+            if pv is None:
+                missing.append(volume)
+            elif ref.get("kind") != "PersistentVolumeClaim":
+                unclaimed.append(volume)
+            else:
+                claims.append(f"{ref.get('namespace')}/{ref.get('name')}")
+        return capi.volume_message(started, claims, unclaimed, missing)
 
     def _capi_drain(self, node: dict[str, Any], started: str) -> str | None:
         """One pass of the Machine controller's ``drainNode`` (``drain/drain.go``, v1.9+): cordon the
@@ -1032,10 +1091,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if not node.setdefault("spec", {}).get("unschedulable"):
             node["spec"]["unschedulable"] = True
             cluster.bump(node)
-        ready: dict[str, Any] = next(
-            (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {}
-        )
-        unreachable = ready.get("status") == "Unknown"
+        unreachable = capi.unreachable(node)
         deleting: list[str] = []
         failed: dict[str, list[str]] = {}
         waiting: list[str] = []

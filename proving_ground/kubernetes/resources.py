@@ -51,6 +51,7 @@ RESOURCES = (
     Resource("batch", "v1", "jobs", "Job", namespaced=True, generation=True),
     Resource("", "v1", "events", "Event", namespaced=True),
     Resource("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", namespaced=False),
+    Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False),
     Resource(
         "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", namespaced=False
     ),

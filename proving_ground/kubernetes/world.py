@@ -417,8 +417,21 @@ def nodeclaim_grace_period(k8s: KubeEmulator, grace: str | None, name: str = "gp
 
 
 def volume_attached(k8s: KubeEmulator, node: str) -> None:
-    """A CSI VolumeAttachment of a PersistentVolume to ``node``: what Karpenter's termination waits
-    to see go after its drain (``awaitVolumeDetachment``)."""
+    """A CSI VolumeAttachment, attached, of PersistentVolume ``pv-1`` (bound to the claim
+    ``training/llama-ckpt``) to ``node``: what Karpenter's termination (``awaitVolumeDetachment``)
+    and Cluster API's Machine controller (``shouldWaitForNodeVolumes``) wait to see go after their
+    drain."""
+    k8s.add(
+        "persistentvolumes",
+        {
+            "metadata": {"name": "pv-1"},
+            "spec": {
+                "csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-0f1e2d3c4b5a69788"},
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "training", "name": "llama-ckpt"},
+            },
+            "status": {"phase": "Bound"},
+        },
+    )
     k8s.add(
         "volumeattachments",
         {
@@ -428,6 +441,7 @@ def volume_attached(k8s: KubeEmulator, node: str) -> None:
                 "nodeName": node,
                 "source": {"persistentVolumeName": "pv-1"},
             },
+            "status": {"attached": True},
         },
     )
 

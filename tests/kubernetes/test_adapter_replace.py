@@ -702,6 +702,44 @@ async def test_cluster_api_deletion_held_by_a_delete_hook_is_said_and_a_failed_r
         await cluster.termination_held(NODE, handle=handle)
 
 
+async def test_cluster_api_deletion_held_by_volumes_that_do_not_detach_is_said(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """Drained, Cluster API waits for the node's volumes to detach, for ever without
+    ``nodeVolumeDetachTimeout``: told once the wait is longer than the 6 minutes after which
+    Kubernetes' attach-detach controller detaches from an unhealthy node, naming the volumes' claims
+    as its ``Deleting`` condition does; with the timeout set, when Cluster API stops waiting."""
+    volume_attached(k8s, NODE)
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+
+    async def waiting() -> bool:
+        found = k8s.get("machines", MACHINE, "gpu-east")
+        deleting = (
+            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
+        )
+        return bool(deleting) and deleting[0]["reason"] == "WaitingForVolumeDetach"
+
+    await eventually(waiting, timeout=5.0, what="the volumes waited for", interval=0.05)
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    machine["status"]["deletion"]["waitForNodeVolumeDetachStartTime"] = began = now_iso(-7 * 60)
+    text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+    assert (
+        f"it waits for the node's volumes to detach (Deleting condition WaitingForVolumeDetach since {began}: "
+        "PersistentVolumeClaims: training/llama-ckpt)"
+    ) in text, text
+    assert "the Machine has no nodeVolumeDetachTimeout" in text and "waits for ever" in text, text
+    machine["spec"]["nodeVolumeDetachTimeout"] = "1h0m0s"
+    text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+    end = (datetime.strptime(began, "%Y-%m-%dT%H:%M:%SZ") + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"Cluster API stops waiting for them at {end} (the Machine's nodeVolumeDetachTimeout)" in text, (
+        text
+    )
+
+
 def _capi_drain_began(k8s: KubeEmulator, *, seconds_ago: float) -> datetime:
     """Cluster API's drain of the deleted Machine's node begun ``seconds_ago``
     (``status.deletion.nodeDrainStartTime``)."""

@@ -547,3 +547,38 @@ async def test_a_deleted_machine_waits_for_its_pre_drain_hook(
     del machine["metadata"]["annotations"][hook]
     await _until(core, lambda nodes: NODE not in nodes)
     assert k8s.get("machines", MACHINE, "gpu-east") is None
+
+
+async def test_a_deleted_machine_waits_for_its_nodes_volumes_to_detach(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """Drained, the Machine controller waits while a VolumeAttachment to the Node is attached
+    (``shouldWaitForNodeVolumes``, v1.9+), said in ``Deleting`` (``WaitingForVolumeDetach``) naming
+    the volume's claim as ``attachedVolumeInformation.conditionMessage`` does; once it is detached
+    the Machine and Node go."""
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    volume_attached(k8s, NODE)
+    await custom.delete_namespaced_custom_object(
+        "cluster.x-k8s.io", "v1beta2", "gpu-east", "machines", MACHINE
+    )
+
+    async def waiting() -> dict[str, Any] | None:
+        found = await custom.get_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta2", "gpu-east", "machines", MACHINE
+        )
+        return found if _deleting(found, "v1beta2").get("reason") == "WaitingForVolumeDetach" else None
+
+    found = await eventually(waiting, timeout=5.0, what="the volumes waited for", interval=0.02)
+    began = found["status"]["deletion"]["waitForNodeVolumeDetachStartTime"]
+    assert _deleting(found, "v1beta2")["message"] == (
+        f"Waiting for Node volumes to be detached (started at {began})\n* PersistentVolumeClaims: training/llama-ckpt"
+    )
+    detach = next(
+        c
+        for c in found["status"]["deprecated"]["v1beta1"]["conditions"]
+        if c["type"] == "VolumeDetachSucceeded"
+    )
+    assert (detach["status"], detach["reason"]) == ("False", "WaitingForVolumeDetach")
+    k8s.objects.pop(("volumeattachments", None, "csi-0a1b"))
+    await _until(core, lambda nodes: NODE not in nodes)
+    assert k8s.get("machines", MACHINE, "gpu-east") is None
