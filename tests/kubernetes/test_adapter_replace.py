@@ -740,6 +740,42 @@ async def test_cluster_api_deletion_held_by_volumes_that_do_not_detach_is_said(
     )
 
 
+async def test_cluster_api_drain_held_by_a_pod_that_never_finishes_terminating_is_said_late(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator
+) -> None:
+    """A pod on a reachable node whose delete a finalizer holds (nothing removes it) stays
+    "deletionTimestamp set, but still not removed from the Node" in Cluster API's drain, which
+    waits for it for ever: as a pod may take its grace period to go, told only 10 minutes into the
+    drain (not one)."""
+    worker = k8s.get("pods", "llama-pretrain-worker-2", "training")
+    assert worker is not None
+    worker["metadata"]["finalizers"] = ["example.com/upload-checkpoint"]
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    del machine["spec"]["nodeDrainTimeout"]
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+
+    async def terminating() -> bool:
+        found = k8s.get("machines", MACHINE, "gpu-east")
+        deleting = (
+            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
+        )
+        return bool(deleting) and "Pod training/llama-pretrain-worker-2: deletionTimestamp set" in deleting[
+            0
+        ].get("message", "")
+
+    await eventually(terminating, timeout=5.0, what="the pod still terminating", interval=0.05)
+    _capi_drain_began(k8s, seconds_ago=90)
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
+    _capi_drain_began(k8s, seconds_ago=11 * 60)
+    text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+    assert (
+        "Pod training/llama-pretrain-worker-2: deletionTimestamp set, but still not removed from the Node"
+    ) in text, text
+
+
 def _capi_drain_began(k8s: KubeEmulator, *, seconds_ago: float) -> datetime:
     """Cluster API's drain of the deleted Machine's node begun ``seconds_ago``
     (``status.deletion.nodeDrainStartTime``)."""

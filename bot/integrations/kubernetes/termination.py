@@ -379,7 +379,8 @@ def _machine_hold(machine: dict[str, Any], now: datetime) -> tuple[str, str, str
             f"its drain of the node cannot finish (Deleting condition DrainingNode, drain started at "
             f"{_stamp(started)}): {pods}",
             _timeout_end(spec, "nodeDrainTimeout", started, "stops draining", "drains for ever"),
-            "move or delete those pods, or lift the budget that refuses their eviction",
+            "move or delete those pods, or lift the budget that refuses their eviction (one stuck "
+            "terminating: see what finalizer or kubelet holds it)",
         )
     if reason == "WaitingForVolumeDetach":
         started = _time(deletion.get("waitForNodeVolumeDetachStartTime") or meta["deletionTimestamp"])
