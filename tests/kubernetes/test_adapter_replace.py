@@ -661,6 +661,10 @@ async def test_cluster_api_deletion_held_by_a_pod_its_drain_cannot_evict_is_said
         end = (began + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
         assert f"Cluster API stops draining at {end} (the Machine's nodeDrainTimeout)" in text, text
     assert await cluster.successor(NODE, handle=handle) is None
+    # What the wait for a successor says meanwhile (the timeline, and the escalation if it runs out).
+    waiting = await cluster.held_up(NODE, handle=handle) or ""
+    assert f"Cluster API has not deleted the old Machine gpu-east/{MACHINE} yet" in waiting, waiting
+    assert "its MachineSet makes the new Machine only once the old one is gone" in waiting, waiting
     k8s.objects.pop(("poddisruptionbudgets", "training", "llama-pretrain"))
     await _successor(cluster, handle)
     assert k8s.get("machines", MACHINE, "gpu-east") is None and k8s.get("nodes", NODE) is None

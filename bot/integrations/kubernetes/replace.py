@@ -827,9 +827,15 @@ class Replacer:
         NodePool limit reached), which it says on the pod and retries. kube-scheduler's own
         ``FailedScheduling`` on the same pod ("0/N nodes are available") is what makes it demand,
         so it is not said. A NodeSet's slurmd pod not made again yet is said instead: nothing is
-        pending, so Karpenter launches nothing until slurm-operator makes it. ``None`` for any other
-        strategy, or while Karpenter has said nothing."""
+        pending, so Karpenter launches nothing until slurm-operator makes it. With ``cluster-api``,
+        the old Machine still deleting: its MachineSet counts a deleting Machine toward its replicas
+        ("Machines in deleted state are deliberately not excluded", machineset_controller.go), so no
+        new Machine comes until Cluster API has finished it (its drain, its volumes' detach, its
+        delete hooks: ``Termination.held`` says what holds it). ``None`` for any other strategy, or
+        while nothing is said."""
         parsed = Handle.parse(handle)
+        if parsed is not None and parsed.strategy == "cluster-api":
+            return await self._old_machine_still_deleting(parsed)
         if parsed is None or parsed.strategy != "karpenter":
             return None
         namespace, pod = parsed.demand_pod(self._settings.jobs.namespace)
@@ -851,6 +857,16 @@ class Replacer:
         )
         said = karpenter_said(listed.items, parsed.since)
         return f"Karpenter: {max(said)[1]}" if said else None
+
+    async def _old_machine_still_deleting(self, parsed: Handle) -> str | None:
+        namespace, _, name = parsed.target.removeprefix("machine/").partition("/")
+        machine = await self.machine_named(namespace, name) if name else None
+        if machine is None or not deleting(machine):
+            return None
+        return (
+            f"Cluster API has not deleted the old Machine {namespace}/{name} yet, and its MachineSet makes "
+            "the new Machine only once the old one is gone (it counts a deleting Machine toward its replicas)"
+        )
 
     async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:
         """The successor's facts; a Ready Karpenter successor is guarded, then its demand removed
