@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from bot.config import load_playbooks
 from bot.domain.jobs import JobSnapshot
 from proving_ground import pitcrew as runner
 from proving_ground.slurm import SlurmCluster
@@ -48,6 +49,17 @@ def replace_node(**budgets: dict[str, Any]) -> dict[str, Any]:
     steps = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_ready", "slurm_resume"]
     steps += ["confirm_resumed", "close"]
     return {"replace-node": {"steps": [{"step": s, **budgets.get(s, {})} for s in steps]}}
+
+
+def shipped(playbook: str, **changes: dict[str, Any]) -> dict[str, Any]:
+    """The shipped ``playbook`` (``bot/data/playbooks.yaml``), every step and budget as shipped, with
+    some steps' budgets or options replaced (``slurm_resume={"options": {...}}``)."""
+    steps = load_playbooks().playbooks[playbook].steps
+    return {
+        playbook: {
+            "steps": [spec.model_dump(exclude_defaults=True) | changes.get(spec.step, {}) for spec in steps]
+        }
+    }
 
 
 def open_incident(server: runner.Pitcrew, body: bytes) -> str:

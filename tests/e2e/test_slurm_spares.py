@@ -32,7 +32,7 @@ import yaml
 from bot.cli import main
 from proving_ground.slurm import SlurmCluster
 from proving_ground.train_job import read_checkpoint
-from tests.e2e.slurm_engine import open_incident, running_on, wait_for_step
+from tests.e2e.slurm_engine import open_incident, running_on, shipped, wait_for_step
 from tests.harness.engine_scans import scrape, wait_scans
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, step_result
@@ -81,7 +81,7 @@ def reserved(slurm: SlurmCluster) -> set[str]:
     return set(out.split())
 
 
-def start(factory: Any, slurm: SlurmCluster, name: str, pool: dict[str, Any]) -> Any:
+def start(factory: Any, slurm: SlurmCluster, name: str, pool: dict[str, Any], **config: Any) -> Any:
     settings = slurm.pitcrew_settings("scontrol", command_timeout=5)
     settings["integrations"] = {"scheduler": "slurm", "cluster": "none"}
     return factory(
@@ -92,6 +92,7 @@ def start(factory: Any, slurm: SlurmCluster, name: str, pool: dict[str, Any]) ->
             "engine": {"poll_interval": "1s"},
             "capacity": {"pools": [pool]},
             **settings,
+            **config,
         },
         simulated=False,
     ).start()
@@ -158,7 +159,12 @@ def test_min_idle_keeps_the_last_spare_and_the_incident_says_why(
     slurm.run("scontrol", "update", "ReservationName=spares", "Nodes=gpu-003")  # one spare left
     slurm.run("scontrol", "update", "NodeName=gpu-004", "State=DOWN", "Reason=elsewhere")
     pool = {"name": "spares", "kind": "spare", "reservation": "spares", "min_idle": 1}
-    server = start(pitcrew_factory, slurm, "min-idle", pool)
+    # The requeued job cannot start elsewhere (no spare may go): after the repair slurm_resume
+    # holds the node out for requeue_wait_seconds before it returns it, 3 s here (60 s as shipped).
+    hold = {"options": {"requeue_wait_seconds": 3}}
+    server = start(
+        pitcrew_factory, slurm, "min-idle", pool, playbooks=shipped("replace-node", slurm_resume=hold)
+    )
     job_id, node = gang_job(slurm)
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
 
@@ -173,6 +179,8 @@ def test_min_idle_keeps_the_last_spare_and_the_incident_says_why(
     slurm.restart_slurmd(node)  # the repair returns the job's node
     final = server.wait_incident(incident_id, "resolved", timeout=90)
     assert "min_idle" in step_result(final, "capacity")["waiting"]
+    held = [e["detail"] for e in events(final, "requeue_wait_expired")]
+    assert held == ["requeued job(s) still pending after 3s: resuming"], held  # nowhere else to run
     actions = [e["data"]["action"] for e in events(final, "action")]
     assert actions == ["slurm_down", "slurm_resume"]
     assert reserved(slurm) == {"gpu-003"}
