@@ -35,7 +35,7 @@ from tests.harness.scenarios import delivery, destructive_calls, events, notices
 
 pytestmark = pytest.mark.slow
 
-SLOW_REPLACEMENT = 40.0  # seconds the replaced node stays NotReady
+SLOW_REPLACEMENT = 30.0  # seconds the replaced node stays NotReady (the job is back after ~7)
 
 
 def _playbook(requeue_wait: float = 60) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def test_sigkill_during_both_tracks_resumes_both_without_repeating(
         slurm,
         "tracks-kill",
         playbooks=_playbook(),
-        world={"replace_seconds": 20},
+        world={"replace_seconds": 14},  # still waiting for the replacement after the restart
         store={"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
     )
     _, node = training_on_a_node(slurm)
