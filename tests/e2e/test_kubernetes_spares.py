@@ -74,12 +74,14 @@ HOLD = 2.0  # seconds the inference budget refuses the eviction (its other repli
 REPLACE = 20.0  # seconds before the replacement node exists
 
 
-def pool_layout(kube_world: KubeWorld, slurm: SlurmCluster, labels: dict[str, str]) -> None:
+def pool_layout(
+    kube_world: KubeWorld, slurm: SlurmCluster, labels: dict[str, str], replace_after: float = REPLACE
+) -> None:
     """The emulator's nodes for the session's Slurm nodes: ``gpu-001`` and ``gpu-002`` in the
     NodeSet (the gang job's partition), ``gpu-003`` in the pool ``labels`` select; a replacement
-    exists ``REPLACE`` seconds after it is asked for, Ready a second later."""
+    exists ``replace_after`` seconds after it is asked for, Ready a second later."""
     assert slurm.nodes[:3] == ("gpu-001", "gpu-002", "gpu-003"), slurm.nodes
-    kube_world.call(lambda e: pool_fleet(e, list(slurm.nodes), NODESET, labels, replace_after=REPLACE))
+    kube_world.call(lambda e: pool_fleet(e, list(slurm.nodes), NODESET, labels, replace_after=replace_after))
 
 
 def _labels(world: KubeWorld, name: str) -> dict[str, str]:

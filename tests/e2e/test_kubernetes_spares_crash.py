@@ -36,7 +36,6 @@ from tests.e2e.test_kubernetes_spares import (
     INFERENCE,
     NODESET,
     POOLS,
-    REPLACE,
     SPARE,
     _debug,
     _members,
@@ -47,6 +46,11 @@ from tests.harness.pitcrew import Crash
 from tests.harness.scenarios import delivery, events, step_result
 
 pytestmark = pytest.mark.slow
+#: Seconds before the replacement exists (``test_kubernetes_spares``' 20 s proves the job runs before
+#: it; here the take need only have begun: its intent is stored when the requeued job's
+#: ``BeginTime`` passes, ~6 s after DOWN). A replacement Ready while the take of a killed pitcrew
+#: is still unfinished makes ``give_back`` wait for it ("the take ... is under way").
+REPLACE = 14.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ def _sigkill_at(boundary: str, when: str, fixtures: Fixtures) -> None:
     slurm, pitcrew_factory, kube_world, tmp_path, capsys = fixtures
     at = BOUNDARIES[boundary]
     labels = SPARE if at.kind == "spare" else INFERENCE
-    pool_layout(kube_world, slurm, labels)
+    pool_layout(kube_world, slurm, labels, replace_after=REPLACE)
     if at.kind == "lender":  # the service's other replica is Ready: its budget lets one go
         replicas = kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002"))
         kube_world.call(lambda e: pod_ready(e, "inference", replicas[1]))
