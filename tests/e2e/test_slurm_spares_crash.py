@@ -74,6 +74,7 @@ def _start(factory: Any, slurm: SlurmCluster, bin_dir: Path) -> Any:
             "guards": {"breaker": {"max_nodes": 10, "max_fraction": 1.0}},
             "engine": {"poll_interval": "1s"},
             "capacity": {"pools": [POOL]},
+            "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
             **settings,
         },
         simulated=False,
