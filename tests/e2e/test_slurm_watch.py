@@ -64,9 +64,9 @@ def _incident_on(server: Any, node: str, interval: float = 0.1) -> str:
     return str(found[0]["id"])
 
 
-def watching(factory: Any, slurm: SlurmCluster, name: str, backend: str) -> Any:
+def watching(factory: Any, slurm: SlurmCluster, name: str, backend: str, **config: Any) -> Any:
     return start_pitcrew(
-        factory, slurm, name, backend, engine={"slurm_watch": True, "poll_interval": f"{POLL:g}s"}
+        factory, slurm, name, backend, engine={"slurm_watch": True, "poll_interval": f"{POLL:g}s"}, **config
     )
 
 
@@ -211,7 +211,8 @@ def test_the_jobs_slurm_took_off_a_node_it_set_down_are_followed_until_they_resu
 def test_a_node_set_down_while_pitcrew_was_killed_still_names_its_jobs(
     slurm: SlurmCluster, pitcrew_factory: Any, backend: str
 ) -> None:
-    server = watching(pitcrew_factory, slurm, f"watch-killed-{backend}", backend)
+    lease = {"lease": {"ttl": "2s", "renew_every": "0.5s"}}  # the restart acts once it lapses
+    server = watching(pitcrew_factory, slurm, f"watch-killed-{backend}", backend, store=lease)
     job_id, node = training_on_a_node(slurm)
     _seen_by_the_watch(server, job_id, node)
     server.kill()
