@@ -9,7 +9,7 @@ The adapters own parsing; this module owns the meaning. Whose a node's reason is
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
@@ -44,7 +44,10 @@ class SlurmNodeState:
     reason: str = ""
     reason_user: str | None = None
     reason_time: datetime | None = None
-    #: When its slurmd last registered (a reboot or replacement starts a new one).
+    #: When its slurmd started (``SlurmdStartTime``): the slurmd's host clock when it first
+    #: registered (slurmd.c ``_fill_registration_msg``: ``time(NULL)``), kept by slurmctld as reported
+    #: (job_mgr.c ``validate_jobs_on_node``). A reboot or replacement starts a new slurmd, with
+    #: another; a time of another host's clock, never compared with pitcrew's (``slurmd_started_again``).
     slurmd_started_at: datetime | None = None
     #: GPUs in its generic resources (``Gres=gpu:h100:8``), where Slurm lists them.
     gpus: int | None = None
@@ -75,6 +78,43 @@ class SlurmNodeState:
         """Slurm may give it jobs: not taken out, not FAIL, not lost (``not_responding``; a node
         power saving put to sleep or is waking is in service)."""
         return not (self.taken_out or "FAIL" in self.states or not_responding(self.states))
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmdSeen:
+    """A Slurm node's slurmd as Slurm reported it just before a repair was issued (persisted with
+    the repair's intent): the start time the slurmd that registers after the repair must not have."""
+
+    slurm_node: str
+    #: Its ``SlurmdStartTime`` then; None: Slurm reported none (or did not know the node).
+    started_at: datetime | None
+
+
+def slurmd_started_again(
+    state: SlurmNodeState, before: Sequence[SlurmdSeen] | None, since: datetime | None = None
+) -> bool | None:
+    """Whether the Slurm node's slurmd has started again since a reboot or replacement that ends it.
+
+    The one rule, whatever the node mapping: Slurm reporting a start time other than the one it
+    reported before the repair was issued (``before``). slurmctld answers for the old slurmd until
+    it finds it gone (``SlurmdTimeout``, 300 s by default), so "not NOT_RESPONDING" is no sign of a
+    new one. Start times are compared with each other only, never with pitcrew's clock: they are
+    the slurmd host's (``SlurmNodeState.slurmd_started_at``), which may run ahead of or behind
+    pitcrew's. A Slurm node not in ``before`` is a new record (a successor serving other Slurm node
+    names): True. None where Slurm cannot tell: it reports no start time now.
+
+    ``before`` None: an intent persisted by a pitcrew that read no start time, knowing only when the
+    repair was issued (``since``; None: nothing known): its start time at or after that second, as
+    that pitcrew compared (Slurm keeps whole seconds)."""
+    started = state.slurmd_started_at
+    if started is None:
+        return None
+    if before is not None:
+        seen = next((s for s in before if s.slurm_node == state.name), None)
+        return seen is None or started != seen.started_at
+    if since is None:
+        return None
+    return started >= since.replace(microsecond=0)
 
 
 #: Why slurmctld refuses to requeue a job, for the job's life (``job_mgr.c`` ``_job_requeue_op``,

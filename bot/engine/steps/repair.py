@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from bot import logger
 from bot.domain.incident import State
-from bot.domain.jobs import SlurmNodeState
+from bot.domain.jobs import SlurmdSeen, SlurmNodeState, slurmd_started_again
 from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
 from bot.engine.context import Done, Facts, StepContext, UndoContext, Wait
@@ -42,8 +42,12 @@ class IssueResult(LooksAround):
     #: A restart found the intent unconfirmed and did not issue again.
     assumed: bool = False
     handle: str | None = None
-    #: When the call was about to be made (the intent's time): a slurmd started since is a new one.
+    #: When the call was about to be made (the intent's time).
     issued_at: datetime | None = None
+    #: A reboot's or replacement's: the Slurm nodes' slurmds as Slurm reported them just before the
+    #: call (persisted before its intent, ``_slurmd_before``); ``wait_ready`` waits for others
+    #: (``slurmd_started_again``). None: not read (an intent persisted by an older pitcrew).
+    slurmd_before: tuple[SlurmdSeen, ...] | None = None
     #: No cluster to act through: humans were asked to do it (and when).
     handed_over: bool = False
     handed_over_at: datetime | None = None
@@ -93,9 +97,30 @@ async def _issue_once(
     return Done(ctx.progress, words)
 
 
+async def _slurmd_before(ctx: StepContext[Issued]) -> None:
+    """Before a reboot or replacement is issued (or handed to humans), and until it is: persist the
+    incident's Slurm nodes' slurmds as Slurm reports them, read again at each try (the latest before
+    the call), so ``wait_ready`` knows the slurmd the repair ends by Slurm's own word. A Slurm node
+    Slurm does not know is recorded with no start time."""
+    if ctx.progress.issued or ctx.progress.issuing or ctx.progress.handed_over:
+        return
+    down = await ctx.result(SlurmDownResult)
+    seen = []
+    for name in (down.slurm_nodes if down else None) or ():
+        try:
+            started = (await ctx.ports.scheduler.node(name)).slurmd_started_at
+        except PermanentError as exc:
+            if exc.reason != Reason.UNKNOWN_NODE:
+                raise
+            started = None
+        seen.append(SlurmdSeen(name, started))
+    await ctx.save(replace(ctx.progress, slurmd_before=tuple(seen)))
+
+
 async def _hand_over(ctx: StepContext[Issued], what: str) -> Done[Issued]:
     """No cluster to act through: ask humans, once, and let ``wait_ready`` watch for the result."""
     if not ctx.progress.handed_over:
+        await _slurmd_before(ctx)
         await ctx.tell(
             Notice(
                 ctx.incident.id,
@@ -155,6 +180,7 @@ async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
     cluster = ctx.ports.cluster
     if cluster is None:
         return await _hand_over(ctx, "reboot")
+    await _slurmd_before(ctx)
     if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
         # The boot id before the reboot, persisted first: wait_ready waits for it to change.
         handle = await cluster.replacement_handle(ctx.node, strategy="reboot")
@@ -203,6 +229,7 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
                 "not_issued", "the replacement had not reached the far side before a restart; issuing it"
             )
             await ctx.save(replace(ctx.progress, issuing=False))
+    await _slurmd_before(ctx)
     if not ctx.progress.issued and not ctx.progress.issuing:
         await look_around(ctx, lambda: put_back_meanwhile(ctx, replaced=False, meanwhile=_NOT_UNDER_JOBS))
         held = await _replacement_held(ctx, cluster)
@@ -414,10 +441,12 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet (Slurm does not know it)")
         if "NOT_RESPONDING" in state.states:
             return Wait(ctx.poll, f"slurmd on {name} has not registered yet")
-        if restart is not None and _slurmd_started_since(state, restart[1]) is False:
-            # Under Slinky the repair ended the slurmd pod (its container, the hook's DOWN with it):
-            # the record answers for the old slurmd until slurmctld finds it gone (SlurmdTimeout).
-            return Wait(ctx.poll, f"slurmd on {name} has not registered again since the {restart[0]}")
+        if restart is not None and restart.started_again(state) is False:
+            # The repair ended the slurmd; the record answers for it until slurmctld finds it gone
+            # (SlurmdTimeout). A RESUME now would be undone by the new slurmd's registration: a
+            # node not DOWN whose boot is later than its last answer is set DOWN "Node unexpectedly
+            # rebooted" (node_mgr.c validate_node_specs), kept under ReturnToService 0 or 1.
+            return Wait(ctx.poll, f"slurmd on {name} has not registered again since the {restart.what}")
     done = replace(ctx.progress, ready_at=ctx.clock(), node=node.name, slurm_nodes=slurm_nodes)
     behind = left_behind(down, done)
     if behind:
@@ -435,28 +464,33 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
     return Done(done, f"node {node.name} is Ready")
 
 
-def _slurmd_restarted_by(
-    ctx: StepContext[WaitReadyResult], issued: Sequence[IssueResult]
-) -> tuple[str, datetime] | None:
-    """The repair after which the node's slurmd must have started again, and when it was issued:
-    under Slinky a reboot or a replacement ends the slurmd pod (the hook's DOWN with it), and its
-    slurmd, the same Slurm node's or a new one's, starts only in the pod on the node back or on
-    the successor. None where that is not known (another mapping; an intent from before a restart
-    of pitcrew without its time)."""
-    if not ctx.settings.slinky:
-        return None
+@dataclass(frozen=True, slots=True)
+class _Restart:
+    """A repair after which the Slurm nodes' slurmds must have started again, and what says so."""
+
+    what: str
+    before: tuple[SlurmdSeen, ...] | None
+    #: Only for an intent without ``before`` (an older pitcrew's): when it was issued or handed over.
+    since: datetime | None
+
+    def started_again(self, state: SlurmNodeState) -> bool | None:
+        return slurmd_started_again(state, self.before, self.since)
+
+
+def _slurmd_restarted_by(ctx: StepContext[WaitReadyResult], issued: Sequence[IssueResult]) -> _Restart | None:
+    """The repair after which the node's slurmd must have started again, under any node mapping:
+    a reboot ends it (the node's boot), and so does a replacement (the old machine's goes with it;
+    one serving the same Slurm node name, as under ``identity`` or a StatefulSet-mode NodeSet's
+    replica, registers the same record again). An intent an older pitcrew persisted, with no start
+    times read, keeps the rule it was issued under: under ``slinky`` a start time at or after the
+    intent's time, elsewhere none (the wait ends at not NOT_RESPONDING). None: no such repair."""
     for result in issued:
-        if result.issued_at is not None:
-            return ("replacement" if isinstance(result, ReplaceResult) else "reboot"), result.issued_at
+        what = "replacement" if isinstance(result, ReplaceResult) else "reboot"
+        if result.slurmd_before is not None:
+            return _Restart(what, result.slurmd_before, None)
+        if ctx.settings.slinky and result.issued_at is not None:
+            return _Restart(what, None, result.issued_at)
     return None
-
-
-def _slurmd_started_since(state: SlurmNodeState, since: datetime) -> bool | None:
-    """Whether the node's slurmd started at or after ``since`` (Slurm keeps whole seconds, so the
-    second ``since`` falls in counts); None where Slurm does not say when it started."""
-    if state.slurmd_started_at is None:
-        return None
-    return state.slurmd_started_at >= since.replace(microsecond=0)
 
 
 async def _look_around(
@@ -545,11 +579,15 @@ async def _slurm_node_back(
     ctx: StepContext[WaitReadyResult], slurm_nodes: tuple[str, ...]
 ) -> Done[WaitReadyResult] | Wait:
     """Without Kubernetes, the sign of a repair is the node's slurmd starting again after the
-    repair was handed to humans (or, where Slurm does not say when slurmd started, going away
-    and coming back). A node still running the slurmd it had at the fault is not repaired."""
+    repair was handed to humans (``slurmd_started_again``: another start time than Slurm reported
+    as it was handed over), or, where Slurm does not say when slurmd started, going away and coming
+    back. A node still running the slurmd it had at the fault is not repaired."""
     repairs = [await ctx.result(kind) for kind in (ResetResult, RebootResult, ReplaceResult)]
-    handed = [r.handed_over_at for r in repairs if r is not None and r.handed_over_at is not None]
-    since = max(handed) if handed else None
+    handed = [(r.handed_over_at, r) for r in repairs if r is not None and r.handed_over_at is not None]
+    restart = None
+    if handed:  # the last handed over; an older pitcrew's intent: started since it was handed over
+        at, last = max(handed, key=lambda pair: pair[0])
+        restart = _Restart("repair", last.slurmd_before, at if last.slurmd_before is None else None)
     gone = ctx.progress.seen_gone
     for name in slurm_nodes:
         state = await ctx.ports.scheduler.node(name)
@@ -557,7 +595,7 @@ async def _slurm_node_back(
             if not gone:
                 await ctx.save(replace(ctx.progress, seen_gone=True))
             return Wait(ctx.poll, f"slurmd on {name} is away (being repaired)")
-        restarted = since is not None and bool(_slurmd_started_since(state, since))
+        restarted = restart is not None and restart.started_again(state) is True
         if not (restarted or gone):
             return Wait(ctx.poll, f"waiting for the repair of {name}: its slurmd has not started again")
         if state.taken_out and not is_pitcrew_reason(state.reason):
