@@ -49,6 +49,9 @@ class FarSide(Protocol):
     def resets(self) -> list[str]:
         """Nodes whose GPU reset or reboot pitcrew has asked for, in order, each once."""
 
+    def reboots(self) -> list[str]:
+        """The node of each reboot pitcrew has asked for, in order (a node rebooted twice, twice)."""
+
     def node_ready(self, node: str) -> str:
         """The replacement of ``node`` has joined: report it Ready from now on; its name."""
 

@@ -234,10 +234,15 @@ class ProvingGround:
     def _replace_loop(self) -> None:
         """A replaced node's successor joins ``replace_delay`` after pitcrew asked for it (the
         Slurm node it carries registers again, then the cluster reports it Ready); a GPU reset or
-        reboot brings the node's GPUs back healthy at once."""
+        reboot brings the node's GPUs back healthy at once, and a reboot starts the node's slurmd
+        again (a new ``SlurmdStartTime``, which ``wait_ready`` waits for)."""
         asked: dict[str, float] = {}
+        rebooted = 0  # reboots whose slurmd restart is done
         while not self._stop.wait(0.2):
             try:
+                for node in self.far_side.reboots()[rebooted:]:
+                    self.slurm.restart_slurmd(node)  # the boot starts the machine's slurmd again
+                    rebooted += 1
                 for node in self.far_side.resets():
                     if node not in self.reset and self.standin is not None:
                         self.standin.node(node).clear()  # a reset GPU: its XID and counters start afresh

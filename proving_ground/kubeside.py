@@ -137,6 +137,9 @@ class KubernetesFarSide:
     def resets(self) -> list[str]:
         return [node for node, action in self._jobs() if action in ("reset_gpu", "reboot")]
 
+    def reboots(self) -> list[str]:
+        return [node for node, action in self._jobs() if action == "reboot"]
+
     def _jobs(self) -> list[tuple[str, str]]:
         """(node, PITCREW_ACTION) of each Job at the emulator (only pitcrew creates Jobs), oldest
         first (the emulator keeps its objects in the order they were created)."""

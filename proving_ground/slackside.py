@@ -108,6 +108,9 @@ class SlackFarSide:
     def resets(self) -> list[str]:
         return self.cluster.resets()
 
+    def reboots(self) -> list[str]:
+        return self.cluster.reboots()
+
     def node_ready(self, node: str) -> str:
         return self.cluster.node_ready(node)
 

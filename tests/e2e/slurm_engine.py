@@ -40,7 +40,7 @@ def start_pitcrew(
         **slurm.pitcrew_settings(backend, **({"command_timeout": 5} | (slurm_options or {}))),
         **config,
     }
-    server: Pitcrew = factory(name, config=settings, world=world)
+    server: Pitcrew = factory(name, config=settings, world=world, slurm=slurm)
     return server.start()
 
 

@@ -12,12 +12,14 @@ old node (which carried the handle too) is gone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from bot.domain.ownership import OWNER_ANNOTATION, TAINT_KEY
 from proving_ground.kubernetes.faults import Fault
+from proving_ground.kubernetes.host_slurmds import HostSlurmds
 from proving_ground.kubernetes.world import KubeWorld, gpu_fleet
 from proving_ground.slurm import SlurmCluster
 from tests.e2e.kube_config import slurm_and_kubernetes
@@ -63,10 +65,15 @@ def test_sigkill_between_cordon_and_its_ack_never_writes_twice(
 
 
 def test_sigkill_between_machine_delete_and_its_ack_never_deletes_twice(
-    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
+    tmp_path: Any,
 ) -> None:
     node = slurm.nodes[1]
     kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+    hosts = host_slurmds()
     kube_world.call(lambda e: e.faults.add(Fault(verb="delete", resource="machines", delay_after=60)))
     kube = slurm_and_kubernetes(
         slurm, kube_world, tmp_path / "kube", request_timeout=120, replace={"strategy": "cluster-api"}
@@ -90,3 +97,7 @@ def test_sigkill_between_machine_delete_and_its_ack_never_deletes_twice(
     assert replaced["issued"] is True and replaced["assumed"] is False
     assert replaced["handle"].startswith("cluster-api machine/gpu-east/gpu-east-gpu-h100-x7b2n-m1 ")
     assert step_result(final, "wait_ready")["node"].startswith(f"{node}-")
+    # The start time read before the intent, persisted with it, outlived the crash: the wait ended
+    # once the successor's slurmd had registered the Slurm node again.
+    assert [s["slurm_node"] for s in replaced["slurmd_before"]] == [node]
+    assert hosts.error is None and hosts.moves == [(node, "stop"), (node, "start")], hosts.moves

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from proving_ground.kubernetes.faults import Fault
+from proving_ground.kubernetes.host_slurmds import HostSlurmds
 from proving_ground.kubernetes.world import (
     KubeWorld,
     gpu_fleet,
@@ -45,9 +47,11 @@ def test_replace_node_on_slurm_and_kubernetes(
     slurm: SlurmCluster,
     pitcrew_factory: Any,
     kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
     tmp_path: Any,
 ) -> None:
     kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+    hosts = host_slurmds()
 
     def slow_machineset(e: Any) -> None:
         e.replace_delay, e.ready_delay = 1.0, 2.0
@@ -131,6 +135,8 @@ def test_replace_node_on_slurm_and_kubernetes(
     [job] = step_result(final, "confirm_resumed")["jobs"]
     assert job["job_id"] == job_id and job["status"] == "resumed", job
     assert not slurm.node(node).down
+    # The successor's slurmd registered the Slurm node again before pitcrew returned it.
+    assert hosts.error is None and hosts.moves == [(node, "stop"), (node, "start")], hosts.moves
     print(
         f"\n[k8s-replace] {incident_id}: node {node} → {new_node}; evictions {evictions}; "
         f"closed {final['closed_at']}"
@@ -143,7 +149,12 @@ REPLACE_STEPS = ["notify", "slurm_down", "cordon", "drain", "replace", "wait_rea
 
 @pytest.mark.parametrize("force", [True, False], ids=["force-allowed", "force-refused"])
 def test_replace_a_dead_node_whose_pods_stay_terminating(
-    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any, force: bool
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
+    tmp_path: Any,
+    force: bool,
 ) -> None:
     """The node's kubelet is gone: Ready Unknown, the ``unreachable`` taints, and the taint manager
     has marked its pods for deletion, which no kubelet will ever confirm. With the policy allowing
@@ -154,6 +165,7 @@ def test_replace_a_dead_node_whose_pods_stay_terminating(
     elsewhere = next(n for n in slurm.nodes if n != node)
     kube_world.call(lambda e: pods_like_the_fixture(e, node, elsewhere))
     kube_world.call(lambda e: e.kubelet_gone(node))
+    host_slurmds()
     site = slurm_and_kubernetes(
         slurm,
         kube_world,
@@ -191,7 +203,11 @@ LIMITED = 'all available instance types exceed limits for nodepool: "gpu-h100"'
 
 
 def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
-    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
+    tmp_path: Any,
 ) -> None:
     """Karpenter launches a node only for a pending pod, and slurmd run as a DaemonSet pod is never
     pending: deleting the NodeClaim alone would replace nothing. pitcrew's placeholder pod (the
@@ -202,6 +218,7 @@ def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     on once Karpenter launches."""
     kube_world.call(lambda e: karpenter_fleet(e, list(slurm.nodes)))
     kube_world.call(lambda e: setattr(e, "karpenter_cannot_launch", LIMITED))
+    host_slurmds()
     job_id, node = training_on_a_node(slurm)
     site = slurm_and_kubernetes(
         slurm, kube_world, tmp_path / "kube", request_timeout=1.5, replace={"strategy": "karpenter"}
@@ -241,3 +258,49 @@ def test_replace_through_karpenter_with_slurmd_as_a_daemonset(
     assert state["placeholder"] is None
     [job] = step_result(final, "confirm_resumed")["jobs"]
     assert job["job_id"] == job_id and job["status"] == "resumed", job
+
+
+def test_a_reboot_returns_the_slurm_node_only_once_its_rebooted_slurmd_registered(
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
+    tmp_path: Any,
+) -> None:
+    """``reboot-node`` under ``identity``: pitcrew's reboot Job takes the node down (the emulator: a
+    new boot id, the Job's pod gone with the node) and the machine's slurmd starts again 3 s into
+    the boot (``HostSlurmds``). slurmctld answers for the old slurmd all along (``SlurmdTimeout``
+    300 s, the default): the Slurm node is never NOT_RESPONDING, and only a ``SlurmdStartTime``
+    other than the one Slurm reported before the reboot tells pitcrew the new slurmd registered.
+    It RESUMEs the node after that, not before (a RESUME before would be undone by the new slurmd's
+    registration, "Node unexpectedly rebooted": node_mgr.c ``validate_node_specs``)."""
+    kube_world.call(lambda e: gpu_fleet(e, list(slurm.nodes)))
+    hosts = host_slurmds(boot_seconds=3.0)
+    node = slurm.nodes[2]
+    before = slurm.node(node).slurmd_started_at
+    reboot = tmp_path / "reboot-job.yaml"
+    reboot.write_text(
+        "spec:\n  template:\n    spec:\n      hostPID: true\n      containers:\n"
+        "        - {name: reboot, image: busybox, command: [sh, -c, 'chroot /host systemctl reboot'],"
+        " securityContext: {privileged: true}}\n"
+    )
+    site = slurm_and_kubernetes(
+        slurm, kube_world, tmp_path / "kube", request_timeout=1.5, jobs={"reboot_template": str(reboot)}
+    )
+    config = {
+        **site,
+        "engine": {"poll_interval": "1s"},
+        "catalog": {"overrides": {"79": {"playbook": "reboot-node"}}},
+    }
+    server = pitcrew_factory("k8s-reboot", config=config, simulated=False).start()
+    incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
+    final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
+    assert final["state"] == "resolved", final["outcome"]
+    assert hosts.error is None and hosts.moves == [(node, "stop"), (node, "start")], hosts.moves
+    [seen] = step_result(final, "reboot")["slurmd_before"]
+    assert seen["slurm_node"] == node and seen["started_at"] is not None
+    waits = [e["detail"] for e in events(final, "step_waiting", "wait_ready")]
+    assert f"slurmd on {node} has not registered again since the reboot" in waits, waits
+    assert action_at(final, "slurm_resume") >= hosts.started[node], (action_at(final, "slurm_resume"), hosts)
+    after = slurm.node(node)
+    assert after.slurmd_started_at != before and not after.taken_out, after

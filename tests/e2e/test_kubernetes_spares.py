@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import yaml
 
 from bot.cli import main
+from proving_ground.kubernetes.host_slurmds import HostSlurmds
 from proving_ground.kubernetes.nodeset import NodeSetStandin
 from proving_ground.kubernetes.world import KubeWorld, gpu_fleet, inference_replicas, pod_ready, pool_fleet
 from proving_ground.slurm import SlurmCluster
@@ -103,10 +105,16 @@ def _members(world: KubeWorld, labels: dict[str, str]) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["spare", "lender"])
 def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
-    slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Any, kind: str
+    slurm: SlurmCluster,
+    pitcrew_factory: Any,
+    kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
+    tmp_path: Any,
+    kind: str,
 ) -> None:
     labels = SPARE if kind == "spare" else INFERENCE
     pool_layout(kube_world, slurm, labels)
+    hosts = host_slurmds()
     replicas = (
         kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002")) if kind == "lender" else []
     )
@@ -174,6 +182,7 @@ def test_a_node_from_a_pool_runs_the_gang_job_long_before_the_replacement(
             assert actions.count("capacity_take") == 1 and actions.count("capacity_give_back") == 1, actions
             job = slurm.job(job_id)
             assert job is not None and job.running and set(job.nodes) == {"gpu-002", "gpu-003"}, job
+            assert hosts.error is None and hosts.moves == [("gpu-001", "stop"), ("gpu-001", "start")]
             print(f"\n[k8s-spares] {incident_id}: job running again {back_after:.1f}s after the alert; "
                   f"replacement after {REPLACE:.0f}s; {nodeset.moves}")  # fmt: skip
     finally:
@@ -185,10 +194,12 @@ def test_return_gives_the_lent_inference_node_back_once_the_job_left_it(
     slurm: SlurmCluster,
     pitcrew_factory: Any,
     kube_world: KubeWorld,
+    host_slurmds: Callable[..., HostSlurmds],
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pool_layout(kube_world, slurm, INFERENCE)
+    host_slurmds()
     replicas = kube_world.call(lambda e: inference_replicas(e, "gpu-003", "gpu-002"))
     kube_world.call(lambda e: pod_ready(e, "inference", replicas[1]))  # the budget lets one go
     site = slurm_and_kubernetes(

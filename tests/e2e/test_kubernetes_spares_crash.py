@@ -27,6 +27,7 @@ import pytest
 
 from bot.domain.ownership import lent_to
 from proving_ground.kubernetes.faults import Fault
+from proving_ground.kubernetes.host_slurmds import HostSlurmds
 from proving_ground.kubernetes.nodeset import NodeSetStandin
 from proving_ground.kubernetes.world import KubeWorld, inference_replicas, pod_ready
 from proving_ground.slurm import SlurmCluster
@@ -143,7 +144,7 @@ def _sigkill_at(boundary: str, when: str, fixtures: Fixtures) -> None:
         "store": {"lease": {"ttl": "2s", "renew_every": "0.5s"}},  # the restart acts once it lapses
     }
     try:
-        with NodeSetStandin(kube_world, slurm, NODESET) as nodeset:
+        with NodeSetStandin(kube_world, slurm, NODESET) as nodeset, HostSlurmds(kube_world, slurm) as hosts:
             server = pitcrew_factory("k8s-spares-crash", config=config, simulated=False).start()
             crash = Crash(server)
             fault = Fault(
@@ -195,6 +196,7 @@ def _sigkill_at(boundary: str, when: str, fixtures: Fixtures) -> None:
             for name in ("gpu-002", "gpu-003"):
                 state = slurm.node(name)
                 assert not state.taken_out, (name, state)
+            assert hosts.error is None and hosts.moves == [("gpu-001", "stop"), ("gpu-001", "start")]
             for name in slurm.nodes:
                 state = slurm.node(name)
                 # No node keeps pitcrew's reason; on 24.11 a resumed one keeps it as history (in service).

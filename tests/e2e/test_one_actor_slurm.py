@@ -72,7 +72,8 @@ def test_two_processes_on_real_slurm_set_each_node_down_once(
     world = {"journal": journal, "replace_seconds": "4s"}
     log = slurm.run_dir / "log" / "slurmctld.log"
     offset = log.stat().st_size
-    first: Pitcrew = pitcrew_factory("first", config=config, world=world).start()
+    # The first's joins the simulated machines to the cluster: one for the shared journal.
+    first: Pitcrew = pitcrew_factory("first", config=config, world=world, slurm=slurm).start()
     wait_until(lambda: _role(first) == "leader", timeout=20, what="the first process to lead")
     second: Pitcrew = pitcrew_factory("second", config=config, world=world).start()
     assert _role(second) == "standby"

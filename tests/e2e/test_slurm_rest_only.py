@@ -87,7 +87,9 @@ def test_rest_only_xid79_resolves_without_scontrol(
 ) -> None:
     if slurm.version == "22.05":
         pytest.skip("slurmrestd v0.0.38 cannot update nodes: check-config refuses this (test above)")
-    server = pitcrew_factory("rest-only", config=_settings(slurm), env=_no_scontrol(tmp_path)).start()
+    server = pitcrew_factory(
+        "rest-only", config=_settings(slurm), env=_no_scontrol(tmp_path), slurm=slurm
+    ).start()
     job_id, node = training_on_a_node(slurm)
     incident_id = open_incident(server, delivery("xid79-firing.json", node=node))
     final = server.wait_incident(incident_id, *TERMINAL, timeout=90)

@@ -13,12 +13,14 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
 from proving_ground import pitcrew as runner
 from proving_ground.proc import wait_until
+from proving_ground.slurm import SlurmCluster
+from tests.simulator.machines import SimulatedMachines
 
 __all__ = ["Crash", "Pitcrew", "pitcrew_factory"]
 
@@ -28,10 +30,28 @@ SIMULATOR = "tests.simulator.serve"
 
 
 class Pitcrew(runner.Pitcrew):
-    """The proving ground's runner, in front of the simulated far side unless ``simulated=False``."""
+    """The proving ground's runner, in front of the simulated far side unless ``simulated=False``.
+    With ``slurm`` (the real cluster pitcrew is configured for), the simulated far side's machines
+    are joined to it (``SimulatedMachines``): a simulated replacement or reboot restarts the node's
+    real slurmd, from the first start until ``release``."""
 
-    def __init__(self, workdir: Path, *, simulated: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, workdir: Path, *, simulated: bool = True, slurm: SlurmCluster | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(workdir, simulator=SIMULATOR if simulated else None, **kwargs)
+        world = kwargs.get("world") or {}
+        journal = Path(world["journal"]) if "journal" in world else self.journal  # a shared one
+        self.machines = SimulatedMachines(journal, slurm) if simulated and slurm is not None else None
+
+    def start(self, timeout: float = runner.START_TIMEOUT, *, ready: bool = True) -> Self:
+        if self.machines is not None:
+            self.machines.start()
+        return super().start(timeout, ready=ready)
+
+    def release(self) -> None:
+        if self.machines is not None:
+            self.machines.stop()
+        super().release()
 
 
 class Crash:
