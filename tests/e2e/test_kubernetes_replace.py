@@ -297,10 +297,11 @@ def test_a_reboot_returns_the_slurm_node_only_once_its_rebooted_slurmd_registere
     final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
     assert final["state"] == "resolved", final["outcome"]
     assert hosts.error is None and hosts.moves == [(node, "stop"), (node, "start")], hosts.moves
-    [seen] = step_result(final, "reboot")["slurmd_before"]
-    assert seen["slurm_node"] == node and seen["started_at"] is not None
+    resumed = action_at(final, "slurm_resume")
+    assert resumed >= hosts.started[node], (resumed, hosts.started)
     waits = [e["detail"] for e in events(final, "step_waiting", "wait_ready")]
     assert f"slurmd on {node} has not registered again since the reboot" in waits, waits
-    assert action_at(final, "slurm_resume") >= hosts.started[node], (action_at(final, "slurm_resume"), hosts)
+    [seen] = step_result(final, "reboot")["slurmd_before"]
+    assert seen["slurm_node"] == node and seen["started_at"] is not None
     after = slurm.node(node)
     assert after.slurmd_started_at != before and not after.taken_out, after
