@@ -45,7 +45,7 @@ class IssueResult(LooksAround):
     #: When the call was about to be made (the intent's time).
     issued_at: datetime | None = None
     #: A reboot's or replacement's: the Slurm nodes' slurmds as Slurm reported them just before the
-    #: call (persisted before its intent, ``_slurmd_before``); ``wait_ready`` waits for others
+    #: call (persisted before its intent, ``_read_slurmd_before``); ``wait_ready`` waits for others
     #: (``slurmd_started_again``). None: not read (an intent persisted by an older pitcrew).
     slurmd_before: tuple[SlurmdSeen, ...] | None = None
     #: No cluster to act through: humans were asked to do it (and when).
@@ -97,7 +97,7 @@ async def _issue_once(
     return Done(ctx.progress, words)
 
 
-async def _slurmd_before(ctx: StepContext[Issued]) -> None:
+async def _read_slurmd_before(ctx: StepContext[Issued]) -> None:
     """Before a reboot or replacement is issued (or handed to humans), and until it is: persist the
     incident's Slurm nodes' slurmds as Slurm reports them, read again at each try (the latest before
     the call), so ``wait_ready`` knows the slurmd the repair ends by Slurm's own word. A Slurm node
@@ -120,7 +120,7 @@ async def _slurmd_before(ctx: StepContext[Issued]) -> None:
 async def _hand_over(ctx: StepContext[Issued], what: str) -> Done[Issued]:
     """No cluster to act through: ask humans, once, and let ``wait_ready`` watch for the result."""
     if not ctx.progress.handed_over:
-        await _slurmd_before(ctx)
+        await _read_slurmd_before(ctx)
         await ctx.tell(
             Notice(
                 ctx.incident.id,
@@ -180,7 +180,7 @@ async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
     cluster = ctx.ports.cluster
     if cluster is None:
         return await _hand_over(ctx, "reboot")
-    await _slurmd_before(ctx)
+    await _read_slurmd_before(ctx)
     if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
         # The boot id before the reboot, persisted first: wait_ready waits for it to change.
         handle = await cluster.replacement_handle(ctx.node, strategy="reboot")
@@ -229,7 +229,7 @@ async def replace_node(ctx: StepContext[ReplaceResult]) -> Done[ReplaceResult] |
                 "not_issued", "the replacement had not reached the far side before a restart; issuing it"
             )
             await ctx.save(replace(ctx.progress, issuing=False))
-    await _slurmd_before(ctx)
+    await _read_slurmd_before(ctx)
     if not ctx.progress.issued and not ctx.progress.issuing:
         await look_around(ctx, lambda: put_back_meanwhile(ctx, replaced=False, meanwhile=_NOT_UNDER_JOBS))
         held = await _replacement_held(ctx, cluster)
