@@ -22,16 +22,16 @@ default all of them); any other slurmd (a Slinky NodeSet pod's, ``slurmd_pods``)
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from proving_ground.kubernetes.world import KubeWorld
 from proving_ground.slurm import SlurmCluster
+from proving_ground.sync_loop import SyncLoop
 
 
-class HostSlurmds:
+class HostSlurmds(SyncLoop):
     def __init__(
         self,
         world: KubeWorld,
@@ -41,7 +41,8 @@ class HostSlurmds:
         interval: float = 0.2,
         serving: Iterable[str] | None = None,
     ) -> None:
-        self.world, self.slurm, self.boot_seconds, self.interval = world, slurm, boot_seconds, interval
+        super().__init__("host-slurmds", interval)
+        self.world, self.slurm, self.boot_seconds = world, slurm, boot_seconds
         nodes = self.nodes()
         serves = set(slurm.nodes if serving is None else serving)
         #: Kubernetes node → (the Slurm node its slurmd registers, the boot id it runs under).
@@ -55,28 +56,12 @@ class HostSlurmds:
         self.moves: list[tuple[str, str]] = []
         #: When each slurmd it started had registered (wall clock, as pitcrew's timeline has it).
         self.started: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="host-slurmds", daemon=True)
-        self.error: BaseException | None = None
 
-    def __enter__(self) -> HostSlurmds:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+    def stop(self) -> None:
+        super().stop()
         # The session's cluster gets back each slurmd stopped here and not started again.
         for slurm_node in [*self._orphans, *self._booting]:
             self.slurm.start_slurmd_again(slurm_node)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sync()
-            except BaseException as exc:  # said by the test (``error``), not lost in a thread
-                self.error = exc
-                return
 
     def nodes(self) -> dict[str, tuple[str, bool]]:
         """Kubernetes node → (its boot id, whether it is Ready)."""

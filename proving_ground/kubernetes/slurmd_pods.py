@@ -23,7 +23,6 @@ outside Kubernetes and is left alone.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -31,9 +30,10 @@ from typing import Any
 from proving_ground.kubernetes import slinky
 from proving_ground.kubernetes.world import KubeWorld
 from proving_ground.slurm import SlurmCluster
+from proving_ground.sync_loop import SyncLoop
 
 
-class SlurmdPods:
+class SlurmdPods(SyncLoop):
     def __init__(
         self,
         world: KubeWorld,
@@ -43,32 +43,14 @@ class SlurmdPods:
         interval: float = 0.2,
         running: Iterable[str] | None = None,
     ) -> None:
-        self.world, self.slurm, self.interval, self.start_after = world, slurm, interval, start_after
+        super().__init__("slurmd-pods", interval)
+        self.world, self.slurm, self.start_after = world, slurm, start_after
         self._seen: dict[str, float] = {}  # a pod waiting for its slurmd: when it was first seen
         #: Slurm nodes whose slurmd runs in a pod now; at the start ``running``, by default every
         #: node of the cluster (a slurmd run outside Kubernetes is left alone).
         self.running: set[str] = set(slurm.nodes if running is None else running)
         #: What it did, in order: ``(Slurm node, "start" | "stop")``.
         self.moves: list[tuple[str, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="slurmd-pods", daemon=True)
-        self.error: BaseException | None = None
-
-    def __enter__(self) -> SlurmdPods:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sync()
-            except BaseException as exc:  # said by the test (``error``), not lost in a thread
-                self.error = exc
-                return
 
     def pods(self) -> dict[str, bool]:
         """Slurm node → whether its NodeSet pod runs (on a Ready node, not terminating)."""

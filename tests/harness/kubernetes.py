@@ -41,10 +41,10 @@ def host_slurmds(kube_world: KubeWorld, slurm: SlurmCluster) -> Iterator[Callabl
     started: list[HostSlurmds] = []
 
     def start(boot_seconds: float = 0.0) -> HostSlurmds:
-        hosts = HostSlurmds(kube_world, slurm, boot_seconds=boot_seconds).__enter__()
+        hosts = HostSlurmds(kube_world, slurm, boot_seconds=boot_seconds).start()
         started.append(hosts)
         return hosts
 
     yield start
     for hosts in started:
-        hosts.__exit__(None, None, None)
+        hosts.stop()

@@ -633,18 +633,11 @@ async def test_cluster_api_deletion_held_by_a_pod_its_drain_cannot_evict_is_said
     if timeout is None:
         del machine["spec"]["nodeDrainTimeout"]
     k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
-    cluster = make_cluster(replace={"strategy": "cluster-api"})
-    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
-    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    cluster, handle = await _replaced_by_cluster_api(make_cluster)
 
-    async def refused() -> bool:
-        found = k8s.get("machines", MACHINE, "gpu-east")
-        deleting = (
-            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
-        )
-        return bool(deleting) and "cannot evict pod" in deleting[0].get("message", "")
-
-    await eventually(refused, timeout=5.0, what="Cluster API's drain refused", interval=0.05)
+    await _until_deleting_says(
+        k8s, "Cluster API's drain refused", lambda said: "cannot evict pod" in said.get("message", "")
+    )
     assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()  # evictions may go on
     began = _capi_drain_began(k8s, seconds_ago=90)
     await asyncio.sleep(0.3)  # the controller looks again, its message's start moved with it
@@ -682,18 +675,11 @@ async def test_cluster_api_deletion_held_by_a_delete_hook_is_said_and_a_failed_r
     machine = k8s.get("machines", MACHINE, "gpu-east")
     assert machine is not None
     machine["metadata"].setdefault("annotations", {})[hook] = "backup-operator"
-    cluster = make_cluster(replace={"strategy": "cluster-api"})
-    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
-    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    cluster, handle = await _replaced_by_cluster_api(make_cluster)
 
-    async def waiting() -> bool:
-        found = k8s.get("machines", MACHINE, "gpu-east")
-        deleting = (
-            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
-        )
-        return bool(deleting) and deleting[0]["reason"] == "WaitingForPreTerminateHook"
-
-    await eventually(waiting, timeout=5.0, what="the hook waited for", interval=0.05)
+    await _until_deleting_says(
+        k8s, "the hook waited for", lambda said: said["reason"] == "WaitingForPreTerminateHook"
+    )
     assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
     machine = k8s.get("machines", MACHINE, "gpu-east")
     assert machine is not None
@@ -714,18 +700,11 @@ async def test_cluster_api_deletion_held_by_volumes_that_do_not_detach_is_said(
     Kubernetes' attach-detach controller detaches from an unhealthy node, naming the volumes' claims
     as its ``Deleting`` condition does; with the timeout set, when Cluster API stops waiting."""
     volume_attached(k8s, NODE)
-    cluster = make_cluster(replace={"strategy": "cluster-api"})
-    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
-    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    cluster, handle = await _replaced_by_cluster_api(make_cluster)
 
-    async def waiting() -> bool:
-        found = k8s.get("machines", MACHINE, "gpu-east")
-        deleting = (
-            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
-        )
-        return bool(deleting) and deleting[0]["reason"] == "WaitingForVolumeDetach"
-
-    await eventually(waiting, timeout=5.0, what="the volumes waited for", interval=0.05)
+    await _until_deleting_says(
+        k8s, "the volumes waited for", lambda said: said["reason"] == "WaitingForVolumeDetach"
+    )
     assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
     machine = k8s.get("machines", MACHINE, "gpu-east")
     assert machine is not None
@@ -757,20 +736,13 @@ async def test_cluster_api_drain_held_by_a_pod_that_never_finishes_terminating_i
     machine = k8s.get("machines", MACHINE, "gpu-east")
     assert machine is not None
     del machine["spec"]["nodeDrainTimeout"]
-    cluster = make_cluster(replace={"strategy": "cluster-api"})
-    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
-    handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+    cluster, handle = await _replaced_by_cluster_api(make_cluster)
 
-    async def terminating() -> bool:
-        found = k8s.get("machines", MACHINE, "gpu-east")
-        deleting = (
-            [c for c in found["status"]["v1beta2"]["conditions"] if c["type"] == "Deleting"] if found else []
-        )
-        return bool(deleting) and "Pod training/llama-pretrain-worker-2: deletionTimestamp set" in deleting[
-            0
-        ].get("message", "")
-
-    await eventually(terminating, timeout=5.0, what="the pod still terminating", interval=0.05)
+    await _until_deleting_says(
+        k8s,
+        "the pod still terminating",
+        lambda said: "Pod training/llama-pretrain-worker-2: deletionTimestamp set" in said.get("message", ""),
+    )
     _capi_drain_began(k8s, seconds_ago=90)
     assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
     _capi_drain_began(k8s, seconds_ago=11 * 60)
@@ -778,6 +750,28 @@ async def test_cluster_api_drain_held_by_a_pod_that_never_finishes_terminating_i
     assert (
         "Pod training/llama-pretrain-worker-2: deletionTimestamp set, but still not removed from the Node"
     ) in text, text
+
+
+async def _replaced_by_cluster_api(
+    make_cluster: Callable[..., KubernetesCluster],
+) -> tuple[KubernetesCluster, str]:
+    """The failed node cordoned and its Machine deleted by a ``cluster-api`` replacement: the
+    adapter and the replacement's handle."""
+    cluster = make_cluster(replace={"strategy": "cluster-api"})
+    await cluster.cordon(NODE, incident_id=INCIDENT, reason="XID 79")
+    return cluster, await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
+
+
+async def _until_deleting_says(k8s: KubeEmulator, what: str, holds: Callable[[dict[str, Any]], bool]) -> None:
+    """Until the old Machine's v1beta2 ``Deleting`` condition, as Cluster API sets it, ``holds``."""
+
+    async def said() -> bool:
+        found = k8s.get("machines", MACHINE, "gpu-east")
+        conditions = found["status"]["v1beta2"]["conditions"] if found else []
+        deleting = next((c for c in conditions if c["type"] == "Deleting"), None)
+        return deleting is not None and holds(deleting)
+
+    await eventually(said, timeout=5.0, what=what, interval=0.05)
 
 
 def _capi_drain_began(k8s: KubeEmulator, *, seconds_ago: float) -> datetime:

@@ -18,44 +18,23 @@ cluster are left alone.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 from proving_ground.slurm import SlurmCluster
+from proving_ground.sync_loop import SyncLoop
 
 #: Journal operations that end a machine's slurmd and start a new one under the same name.
 RESTARTS = frozenset({"replace", "reboot"})
 
 
-class SimulatedMachines:
+class SimulatedMachines(SyncLoop):
     def __init__(self, journal: Path, slurm: SlurmCluster, *, interval: float = 0.2) -> None:
-        self.journal, self.slurm, self.interval = journal, slurm, interval
+        super().__init__("simulated-machines", interval)
+        self.journal, self.slurm = journal, slurm
         self._offset = 0  # bytes of the journal read: a record is acted on once, across restarts
         #: The Slurm nodes whose slurmd it restarted, in order.
         self.restarted: list[str] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def start(self) -> SimulatedMachines:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="simulated-machines", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sync()
-            except BaseException as exc:  # said by the test (``error``), not lost in a thread
-                self.error = exc
-                return
 
     def sync(self) -> None:
         for record in self._new_records():
