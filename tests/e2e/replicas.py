@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from proving_ground.kubernetes.emulator import KubeEmulator
+from proving_ground.kubernetes.host_slurmds import HostSlurmds
 from proving_ground.kubernetes.world import KubeWorld, demo_fleet, settings_for
 from proving_ground.pitcrew import Pitcrew
 from proving_ground.slack.threaded import ThreadedStandin
@@ -108,6 +109,7 @@ class FarSides:
         self.kube = KubeWorld(host)
         self.slack = ThreadedStandin(World(bot_tokens=set(self.tokens.values()), app_tokens=set()), host=host)
         self.conf = slurm.conf
+        self.hosts: HostSlurmds | None = None
         if host != "127.0.0.1":  # scontrol in a namespace reaches slurmctld by its bridge address
             # In the cluster's run directory: a 24.11 or 26.05 cluster's clients see only that
             # inside their root (``proving_ground.slurm_root``).
@@ -126,12 +128,17 @@ class FarSides:
             demo_fleet(emulator, list(self.slurm.nodes))
 
         self.kube.call(seed)
+        # The nodes' slurmds run on the emulator's machines: the replacement's successor starts the
+        # replaced node's again, which wait_ready waits for (a new SlurmdStartTime).
+        self.hosts = HostSlurmds(self.kube, self.slurm).start()
         self.slack.start()
         return self
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.slack.stop()
+        if self.hosts is not None:
+            self.hosts.stop()
         with contextlib.suppress(Exception):
             self.kube.stop()
         self.slurm.run("scontrol", "setdebugflags", "-Protocol", check=False)
