@@ -210,3 +210,44 @@ async def test_a_node_put_back_before_the_replacement_is_told_by_replace_which_w
         [escalation] = h.notices("escalation", incident)
         assert "Slurm job 301" in " ".join(escalation["lines"]) + escalation["title"]
         await h.told_once(incident, "returned_early")
+
+
+class _PutBackThenRefused:
+    """The GPU reset's call fails for a moment (the reset Job's API request times out); meanwhile a
+    person RESUMEs the Slurm node and slurmctld starts a user's job there: after the drain's end,
+    before the reset's next try."""
+
+    def __init__(self, h: EngineHarness) -> None:
+        self._h = h
+
+    async def __call__(self, time: FakeTime, call: Call) -> Any:
+        await self._h.world.write("slurm_resume", node=NODE)
+        await self._h.world.start_job("401", NODE, name="sweep", user="hal")
+        raise TransientError("the reset Job could not be created: timed out", reason=Reason.TIMEOUT)
+
+
+async def test_a_node_put_back_before_a_gpu_reset_is_not_reset_under_its_new_job(tmp_path: Path) -> None:
+    """A reset or a reboot acts on the node itself: between the drain's end and the call (a retry's
+    backoff), a node put back by other hands may have taken a job. The step looks before it calls,
+    says so once, and waits for that job to leave before it resets the GPU (at its deadline the
+    incident goes to a human naming it)."""
+    async with EngineHarness(tmp_path, playbooks=_reset_gpu(), outbox=["slack"]) as h:
+        h.cluster.script("reset_gpu", _PutBackThenRefused(h))
+        body = fault_delivery(
+            "row-remap-pending", alertname="GpuRowRemapPending", node=NODE, starts=h.time.now()
+        )
+        incident = await h.opens(body)
+        await h.run_until(lambda: h.cluster.calls["reset_gpu"] >= 1, about=incident)
+        await h.time.advance(300)
+        assert h.cluster.calls["reset_gpu"] == 1, await h.timeline(incident)  # not under job 401
+        [notice] = h.notices("returned_early", incident)
+        [told] = [e for e in await h.events(incident, "notice") if e.outcome == "returned_early"]
+        assert told.step == "reset_gpu", told
+        assert "not requeue" in " ".join(notice["lines"]), notice["lines"]
+        [waiting, *_] = reversed(await h.events(incident, "step_waiting", "reset_gpu"))
+        assert "401" in waiting.detail and "hal" in waiting.detail, waiting.detail
+        await h.world.end_job("401", "COMPLETED")
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert h.cluster.calls["reset_gpu"] == 2
+        await h.told_once(incident, "returned_early")

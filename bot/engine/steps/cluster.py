@@ -16,7 +16,7 @@ from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster, Notice, PodRef
 from bot.engine.registry import REGISTRY
-from bot.engine.steps.put_back import LooksAround, look_around, put_back_meanwhile, told_put_back
+from bot.engine.steps.put_back import LooksAround, look_for_newcomers, newcomers
 from bot.engine.steps.slurm import SlurmDownResult
 from bot.engine.trust import fault_class
 
@@ -148,14 +148,8 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
     node = await cluster.node(ctx.node)
     if node is None:
         return Done(ctx.progress, "node is gone; nothing to drain")
-    put_back: tuple[str, ...] | None = None  # not looked on this pass: read in ``_newcomers``
-
-    async def look() -> None:
-        nonlocal put_back
-        put_back = await put_back_meanwhile(ctx, replaced=False, meanwhile=_NEWCOMERS_WAITED_FOR)
-
-    await look_around(ctx, look)
-    waited = await _slurm_jobs_still_running(ctx) or await _newcomers(ctx, put_back)
+    put_back = await look_for_newcomers(ctx)
+    waited = await _slurm_jobs_still_running(ctx) or await newcomers(ctx, put_back)
     if waited is not None:
         return waited
     evicted = list(ctx.progress.evicted)
@@ -274,40 +268,6 @@ async def _slurm_jobs_still_running(ctx: StepContext[DrainResult]) -> Wait | Non
             "its owner or an admin scancel it",
         )
     return Wait(ctx.poll, "requeued jobs are leaving the node")
-
-
-#: What the drain does about a Slurm node put back while it waits (``put_back_meanwhile``).
-_NEWCOMERS_WAITED_FOR = (
-    "Jobs that start on it meanwhile were let on by that hand, not pitcrew: the drain does not "
-    "requeue them, and neither empties the node nor repairs it under them; it waits for them to "
-    "leave (they finish, or their owner or an admin requeues or scancels them), and the incident "
-    "goes to a human if they are still there when the drain's time runs out."
-)
-
-
-async def _newcomers(ctx: StepContext[DrainResult], put_back: tuple[str, ...] | None) -> Wait | None:
-    """Jobs that started on the incident's Slurm nodes after other hands put one back in service
-    (``put_back``: told so far, by any step; re-read here when this pass did not look): none that
-    pitcrew recorded before its DOWN or DRAIN (``SlurmDownResult.jobs``, which the grace and requeue
-    are for). A person let them onto the node: pitcrew requeues none of them, nor empties the node
-    under them (evicting slurmd, repairing it): the drain waits for them to leave."""
-    down = await ctx.result(SlurmDownResult)
-    if down is None:
-        return None
-    if put_back is None:
-        put_back = await told_put_back(ctx)
-    recorded = {j.job_id for j in down.jobs or ()}
-    newcomers = []
-    for name in [n for n in down.slurm_nodes or () if n in put_back]:
-        newcomers += [j for j in await ctx.ports.scheduler.jobs_on_node(name) if j.job_id not in recorded]
-    if not newcomers:
-        return None
-    # At the step's deadline this is what the escalation says is left on the node.
-    return Wait(
-        ctx.poll,
-        f"waiting for {len(newcomers)} job(s) that started on the node after it was put back in "
-        f"service by other hands, not requeued by pitcrew: {'; '.join(j.who for j in newcomers)}",
-    )
 
 
 async def _requeue(ctx: StepContext[DrainResult], job: JobSnapshot, grace: float) -> str | None:

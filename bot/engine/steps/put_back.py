@@ -1,6 +1,6 @@
 """A Slurm node this incident took out, put back in service by other hands before its repair is
 confirmed: looked for by every step that waits while the node is out by pitcrew's hand (``drain``,
-``wait_ready``), one rule for all of them.
+``replace``, ``wait_ready``) and before a reset or a reboot acts on the node, one rule for all of them.
 
 Other hands: a person's ``scontrol update State=RESUME``, or Slurm's own
 (``SlurmctldParameters=idle_on_node_suspend`` clears DOWN and DRAIN as power saving suspends a
@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from bot import logger
 from bot.domain.nodemap import read_from_node
-from bot.engine.context import StepContext, StepResult
+from bot.engine.context import StepContext, StepResult, Wait
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Notice
 from bot.engine.steps.slurm import SlurmDownResult, held_out
@@ -121,3 +121,52 @@ async def put_back_meanwhile(ctx: StepContext[L], *, replaced: bool, meanwhile: 
         told = (*told, name)
         await ctx.save(replace(ctx.progress, put_back=(*ctx.progress.put_back, name)))
     return told
+
+
+#: What a step that empties or repairs the node does about a Slurm node put back (``drain``,
+#: ``reset_gpu``, ``reboot``): said in the notice.
+NEWCOMERS_WAITED_FOR = (
+    "Jobs that start on it meanwhile were let on by that hand, not pitcrew: pitcrew does not "
+    "requeue them, and neither empties the node nor repairs it under them; it waits for them to "
+    "leave (they finish, or their owner or an admin requeues or scancels them), and the incident "
+    "goes to a human if they are still there when the step's time runs out."
+)
+
+
+async def look_for_newcomers(ctx: StepContext[L]) -> tuple[str, ...] | None:
+    """The look of a step that empties or repairs the node (``look_around``: on its first pass, then
+    every ``LOOK_AGAIN``): the Slurm nodes told put back so far, or ``None`` where this pass did not
+    look (``newcomers`` reads them then)."""
+    put_back: tuple[str, ...] | None = None
+
+    async def look() -> None:
+        nonlocal put_back
+        put_back = await put_back_meanwhile(ctx, replaced=False, meanwhile=NEWCOMERS_WAITED_FOR)
+
+    await look_around(ctx, look)
+    return put_back
+
+
+async def newcomers(ctx: StepContext[L], put_back: tuple[str, ...] | None) -> Wait | None:
+    """Jobs that started on the incident's Slurm nodes after other hands put one back in service
+    (``put_back``: told so far, by any step; re-read here when this pass did not look): none that
+    pitcrew recorded before its DOWN or DRAIN (``SlurmDownResult.jobs``, which the drain's grace and
+    requeue are for). A person let them onto the node: pitcrew requeues none of them, nor empties
+    the node under them (evicting slurmd) or repairs it (a reset, a reboot): the step waits for them
+    to leave, and at its deadline the escalation names them."""
+    down = await ctx.result(SlurmDownResult)
+    if down is None:
+        return None
+    if put_back is None:
+        put_back = await told_put_back(ctx)
+    recorded = {j.job_id for j in down.jobs or ()}
+    found = []
+    for name in [n for n in down.slurm_nodes or () if n in put_back]:
+        found += [j for j in await ctx.ports.scheduler.jobs_on_node(name) if j.job_id not in recorded]
+    if not found:
+        return None
+    return Wait(
+        ctx.poll,
+        f"waiting for {len(found)} job(s) that started on the node after it was put back in "
+        f"service by other hands, not requeued by pitcrew: {'; '.join(j.who for j in found)}",
+    )

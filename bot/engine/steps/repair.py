@@ -25,7 +25,13 @@ from bot.engine.fleet import LEFT_BEHIND
 from bot.engine.ports import Cluster, NodeValidator, Notice, OldNodeLook
 from bot.engine.registry import REGISTRY
 from bot.engine.steps.cluster import DrainResult
-from bot.engine.steps.put_back import LooksAround, look_around, put_back_meanwhile
+from bot.engine.steps.put_back import (
+    NEWCOMERS_WAITED_FOR,
+    LooksAround,
+    look_around,
+    newcomers,
+    put_back_meanwhile,
+)
 from bot.engine.steps.slurm import SlurmDownResult
 
 log = logger(__name__)
@@ -97,6 +103,18 @@ async def _issue_once(
     return Done(ctx.progress, words)
 
 
+async def _not_under_newcomers(ctx: StepContext[Issued]) -> Wait | None:
+    """Before a reset or a reboot is issued: the node emptied by the drain may have been put back
+    in service by other hands since (between the drain's end and the call, a retry's backoff) and
+    taken a job, which the call would kill. Looked for (``put_back``) at every pass until the call,
+    not every ``LOOK_AGAIN`` as a wait's look (a retry comes within seconds), and waited for like
+    the drain's newcomers; once issued, nothing is looked for."""
+    if ctx.progress.issued or ctx.progress.issuing or ctx.progress.handed_over:
+        return None
+    told = await put_back_meanwhile(ctx, replaced=False, meanwhile=NEWCOMERS_WAITED_FOR)
+    return await newcomers(ctx, told)
+
+
 async def _read_slurmd_before(ctx: StepContext[Issued]) -> None:
     """Before a reboot or replacement is issued (or handed to humans), and until it is: persist the
     incident's Slurm nodes' slurmds as Slurm reports them, read again at each try (the latest before
@@ -156,6 +174,9 @@ async def reset_gpu(ctx: StepContext[ResetResult]) -> Done[ResetResult] | Wait:
     cluster = ctx.ports.cluster
     if cluster is None:
         return await _hand_over(ctx, "reset the GPU(s) of")
+    waited = await _not_under_newcomers(ctx)
+    if waited is not None:
+        return waited
     gpus = sorted({f.gpu for f in ctx.plan.faults if f.gpu})
     return await _issue_once(
         ctx,
@@ -180,6 +201,9 @@ async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
     cluster = ctx.ports.cluster
     if cluster is None:
         return await _hand_over(ctx, "reboot")
+    waited = await _not_under_newcomers(ctx)
+    if waited is not None:
+        return waited
     await _read_slurmd_before(ctx)
     if not ctx.progress.issued and not ctx.progress.issuing and ctx.progress.handle is None:
         # The boot id before the reboot, persisted first: wait_ready waits for it to change.
