@@ -272,6 +272,21 @@ def set_v1beta1(
     return _set(conditions, {"type": type_, "status": status, "reason": reason, "message": message})
 
 
+def wait_began(
+    machine: dict[str, Any], start: str, condition: str, reason: str, message: str, now: str
+) -> tuple[str, bool]:
+    """A wait of ``reconcileDelete`` (the drain, the volumes' detach) under way: its start time in
+    ``status.deletion.<start>``, set once (``now``), and its v1beta1 ``condition`` False the first
+    time. The start time, and whether anything changed."""
+    deletion = machine.setdefault("status", {}).setdefault("deletion", {})
+    changed = not deletion.get(start)
+    if changed:
+        deletion[start] = now
+    if not any(c.get("type") == condition for c in machine["status"].get("conditions") or []):
+        changed |= set_v1beta1(machine, condition, "False", reason, message)
+    return str(deletion[start]), changed
+
+
 def set_deleting(machine: dict[str, Any], reason: str, message: str) -> bool:
     """The v1beta2 ``Deleting`` condition, True while deleting (``setDeletingCondition``), kept in
     ``status.v1beta2.conditions`` (served as ``status.conditions`` in v1beta2: ``machine_v1beta2``)."""

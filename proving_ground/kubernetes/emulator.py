@@ -979,22 +979,16 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 if capi.EXCLUDE_DRAIN not in annotations and not self._capi_timed_out(
                     machine, "nodeDrainTimeout", "nodeDrainStartTime"
                 ):
-                    deletion = machine.setdefault("status", {}).setdefault("deletion", {})
-                    if not deletion.get("nodeDrainStartTime"):
-                        deletion["nodeDrainStartTime"] = now_iso()
-                        changed = True
-                    if not any(
-                        c.get("type") == "DrainingSucceeded"
-                        for c in machine["status"].get("conditions") or []
-                    ):
-                        changed |= capi.set_v1beta1(
-                            machine,
-                            "DrainingSucceeded",
-                            "False",
-                            "Draining",
-                            "Draining the node before deletion",
-                        )
-                    drained = self._capi_drain(node, deletion["nodeDrainStartTime"])
+                    started, began = capi.wait_began(
+                        machine,
+                        "nodeDrainStartTime",
+                        "DrainingSucceeded",
+                        "Draining",
+                        "Draining the node before deletion",
+                        now_iso(),
+                    )
+                    changed |= began
+                    drained = self._capi_drain(node, started)
                     if drained is not None:
                         said = drained
                         changed |= capi.set_v1beta1(machine, "DrainingSucceeded", "False", "Draining", said)
@@ -1004,22 +998,16 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 if capi.EXCLUDE_VOLUME_WAIT not in annotations and not self._capi_timed_out(
                     machine, "nodeVolumeDetachTimeout", "waitForNodeVolumeDetachStartTime"
                 ):
-                    deletion = machine.setdefault("status", {}).setdefault("deletion", {})
-                    if not deletion.get("waitForNodeVolumeDetachStartTime"):
-                        deletion["waitForNodeVolumeDetachStartTime"] = now_iso()
-                        changed = True
-                    if not any(
-                        c.get("type") == "VolumeDetachSucceeded"
-                        for c in machine["status"].get("conditions") or []
-                    ):
-                        changed |= capi.set_v1beta1(
-                            machine,
-                            "VolumeDetachSucceeded",
-                            "False",
-                            "WaitingForVolumeDetach",
-                            "Waiting for node volumes to be detached",
-                        )
-                    attached = self._capi_volumes(node, deletion["waitForNodeVolumeDetachStartTime"])
+                    started, began = capi.wait_began(
+                        machine,
+                        "waitForNodeVolumeDetachStartTime",
+                        "VolumeDetachSucceeded",
+                        "WaitingForVolumeDetach",
+                        "Waiting for node volumes to be detached",
+                        now_iso(),
+                    )
+                    changed |= began
+                    attached = self._capi_volumes(node, started)
                     if attached is not None:
                         changed |= capi.set_deleting(machine, "WaitingForVolumeDetach", attached)
                         return True
