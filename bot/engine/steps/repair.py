@@ -58,6 +58,12 @@ class IssueResult(LooksAround):
     handed_over: bool = False
     handed_over_at: datetime | None = None
 
+    @property
+    def before_call(self) -> bool:
+        """Nothing issued yet, nor on its way, nor handed to humans: what is read or looked for
+        before the call (``_read_slurmd_before``, ``_not_under_newcomers``) still can be."""
+        return not (self.issued or self.issuing or self.handed_over)
+
 
 @dataclass(frozen=True, slots=True)
 class ResetResult(IssueResult):
@@ -109,7 +115,7 @@ async def _not_under_newcomers(ctx: StepContext[Issued]) -> Wait | None:
     taken a job, which the call would kill. Looked for (``put_back``) at every pass until the call,
     not every ``LOOK_AGAIN`` as a wait's look (a retry comes within seconds), and waited for like
     the drain's newcomers; once issued, nothing is looked for."""
-    if ctx.progress.issued or ctx.progress.issuing or ctx.progress.handed_over:
+    if not ctx.progress.before_call:
         return None
     told = await put_back_meanwhile(ctx, replaced=False, meanwhile=NEWCOMERS_WAITED_FOR)
     return await newcomers(ctx, told)
@@ -120,7 +126,7 @@ async def _read_slurmd_before(ctx: StepContext[Issued]) -> None:
     incident's Slurm nodes' slurmds as Slurm reports them, read again at each try (the latest before
     the call), so ``wait_ready`` knows the slurmd the repair ends by Slurm's own word. A Slurm node
     Slurm does not know is recorded with no start time."""
-    if ctx.progress.issued or ctx.progress.issuing or ctx.progress.handed_over:
+    if not ctx.progress.before_call:
         return
     down = await ctx.result(SlurmDownResult)
     seen = []
