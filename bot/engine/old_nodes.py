@@ -38,9 +38,7 @@ class OldNodeWatch:
 
     async def poll(self) -> None:
         now = self._deps.clock()
-        ports = self._deps.step_deps().ports  # reads and notices pass the pause; the fence holds
-        cluster = ports.cluster
-        if cluster is None:
+        if self._deps.ports.cluster is None:
             return
         if self._last is not None and (now - self._last).total_seconds() < LOOK_AGAIN:
             return
@@ -48,6 +46,10 @@ class OldNodeWatch:
         store = self._deps.store
         watched = await store.memory(WATCH_AFTER_CLOSE)
         if not watched:
+            return
+        ports = self._deps.step_deps().ports  # reads and notices pass the pause; the fence holds
+        cluster = ports.cluster
+        if cluster is None:
             return
         done: dict[str, JsonObject | None] = {}
         for incident_id, value in watched.items():
