@@ -859,14 +859,20 @@ class Replacer:
         return f"Karpenter: {max(said)[1]}" if said else None
 
     async def _old_machine_still_deleting(self, parsed: Handle) -> str | None:
-        namespace, _, name = parsed.target.removeprefix("machine/").partition("/")
-        machine = await self.machine_named(namespace, name) if name else None
-        if machine is None or not deleting(machine):
+        found = await self.old_machine(parsed)
+        if found is None or not deleting(found[1]):
             return None
         return (
-            f"Cluster API has not deleted the old Machine {namespace}/{name} yet, and its MachineSet makes "
+            f"Cluster API has not deleted the old Machine {found[0]} yet, and its MachineSet makes "
             "the new Machine only once the old one is gone (it counts a deleting Machine toward its replicas)"
         )
+
+    async def old_machine(self, parsed: Handle) -> tuple[str, dict[str, Any]] | None:
+        """The Machine a ``cluster-api`` replacement deleted (its handle's ``machine/<ns>/<name>``),
+        read where and as Machines are read: ``<ns>/<name>`` and the Machine; None once it is gone."""
+        namespace, _, name = parsed.target.removeprefix("machine/").partition("/")
+        machine = await self.machine_named(namespace, name) if name else None
+        return None if machine is None else (f"{namespace}/{name}", machine)
 
     async def _bound(self, node: client.V1Node, parsed: Handle) -> ClusterNode:
         """The successor's facts; a Ready Karpenter successor is guarded, then its demand removed

@@ -168,12 +168,10 @@ class Termination:
         and as the replacement reads Machines): gone with the Machine; else what its ``Deleting``
         condition (v1.9+; ``status.conditions`` in v1beta2, ``status.v1beta2.conditions`` in
         v1beta1) says holds it, when that is worth telling (``_machine_hold``)."""
-        namespace, _, machine_name = parsed.target.removeprefix("machine/").partition("/")
-        if not machine_name:
+        found = await self._replacer.old_machine(parsed)
+        if found is None:
             return OldNodeLook(gone=True)
-        machine = await self._replacer.machine_named(namespace, machine_name)
-        if machine is None:
-            return OldNodeLook(gone=True)
+        machine_ref, machine = found
         if not deleting(machine):
             return OldNodeLook()
         hold = _machine_hold(machine, datetime.now(UTC))
@@ -183,7 +181,7 @@ class Termination:
         node = ((machine.get("status") or {}).get("nodeRef") or {}).get("name") or name
         return OldNodeLook(
             held=(
-                f"Cluster API cannot finish deleting the old node {node} (Machine {namespace}/{machine_name} "
+                f"Cluster API cannot finish deleting the old node {node} (Machine {machine_ref} "
                 f"deleting, finalizer machine.cluster.x-k8s.io): {what}; {end}. Until then the node and "
                 f"its instance stay, its GPUs billed: {remedy}"
             )
