@@ -9,7 +9,9 @@ hands an old node it did not see gone to this watch (``steps.notify.watch_after_
 (the leading process only) looks at each every ``LOOK_AGAIN`` seconds, one read of the adapter's
 ``termination_held``, until the node is gone, a hang is told (once, as ``close`` would have: in the
 closed incident's timeline and a warning notice, the notice posted once per key by the outbox), or
-``AFTER_CLOSE`` has passed. A look that fails is logged and tried again at the next.
+``AFTER_CLOSE`` has passed; a node still there then, nothing seen holding it, is told once too (an
+info notice: its instance may still run, billed, and nobody looks at it after). A look that fails
+is logged and tried again at the next.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ from datetime import datetime
 from bot import logger
 from bot.engine.deps import EngineDeps
 from bot.engine.errors import PitcrewError
-from bot.engine.steps.notify import WATCH_AFTER_CLOSE, Leaving
+from bot.engine.steps.notify import AFTER_CLOSE, WATCH_AFTER_CLOSE, Leaving
 from bot.engine.steps.put_back import LOOK_AGAIN
-from bot.engine.steps.repair import TERMINATION_HELD, old_node_held_notice
+from bot.engine.steps.repair import (
+    OLD_NODE_STAYED,
+    TERMINATION_HELD,
+    old_node_held_notice,
+    old_node_stayed,
+    old_node_stayed_notice,
+)
 from bot.store import codec
 from bot.store.base import JsonObject, NewEvent
 
@@ -59,6 +67,7 @@ class OldNodeWatch:
                     "the replaced node was not seen gone in the watch after close; looking no more",
                     extra={"incident": incident_id, "node": leaving.node},
                 )
+                await self._stayed(incident_id, leaving, now)
                 done[incident_id] = None
                 continue
             try:
@@ -80,3 +89,14 @@ class OldNodeWatch:
                 done[incident_id] = None
         if done:
             await store.remember(WATCH_AFTER_CLOSE, done, now)
+
+    async def _stayed(self, incident_id: str, leaving: Leaving, now: datetime) -> None:
+        """An old node still there at the end of the watch, nothing seen holding it (a hang told ends
+        the watch before): told once, as a hang is, so nobody forgets an instance maybe still billed."""
+        store = self._deps.store
+        if await store.told(incident_id, "close", OLD_NODE_STAYED) is not None:
+            return
+        detail = old_node_stayed(leaving.node, AFTER_CLOSE)
+        await store.record(incident_id, NewEvent(OLD_NODE_STAYED, step="close", detail=detail), now)
+        notice = old_node_stayed_notice(incident_id, leaving.node, AFTER_CLOSE)
+        await self._deps.step_deps().ports.notifier.post(replace(notice, step="close", key=OLD_NODE_STAYED))

@@ -271,8 +271,10 @@ async def test_the_watch_after_close_stops_once_the_old_node_is_gone_or_its_time
     tmp_path: Path,
 ) -> None:
     """The watch after ``close`` costs one look every 30 s, and only while there is something to
-    see: it stops once the old node is gone, and after ``AFTER_CLOSE`` whatever it found, telling
-    nothing where nothing held the node."""
+    see: it stops once the old node is gone, telling nothing, and after ``AFTER_CLOSE`` whatever it
+    found. An old node still there then, with nothing seen holding it, is told once (an info
+    notice and the closed incident's timeline): its instance may still be billed, and nobody looks
+    at it after that."""
     async with EngineHarness(tmp_path, **_playbook()) as h:
         gone_after: list[float] = []
 
@@ -289,6 +291,8 @@ async def test_the_watch_after_close_stops_once_the_old_node_is_gone_or_its_time
         await h.time.advance(3600)
         assert h.cluster.calls["termination_held"] == looks
         assert not h.notices("termination_held", first)
+        assert not h.notices("old_node_stayed", first)
+        assert not await h.events(first, "old_node_stayed")
 
     async with EngineHarness(tmp_path / "never", **_playbook()) as h:
         h.cluster.always("termination_held", Answer(lambda _: OldNodeLook()))
@@ -299,3 +303,8 @@ async def test_the_watch_after_close_stops_once_the_old_node_is_gone_or_its_time
         await h.time.advance(3600)
         assert h.cluster.calls["termination_held"] == looks
         assert not h.notices("termination_held", second)
+        [note] = await h.events(second, "old_node_stayed")
+        assert note.step == "close" and NODE in (note.detail or ""), note
+        [notice] = h.notices("old_node_stayed", second)
+        assert notice["severity"] == "info" and NODE in notice["title"], notice
+        assert any("15 minutes after the incident closed" in line for line in notice["lines"]), notice

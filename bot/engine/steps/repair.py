@@ -586,6 +586,36 @@ def old_node_held_notice(incident_id: str, node: str, held: str) -> Notice:
     )
 
 
+#: The old node still there when the watch after ``close`` ends, nothing seen holding it.
+OLD_NODE_STAYED = "old_node_stayed"
+
+
+def old_node_stayed(node: str, watched: timedelta) -> str:
+    """What the timeline says of an old node still there at the end of the watch after ``close``."""
+    minutes = round(watched.total_seconds() / 60)
+    return (
+        f"{node}, which the replacement took away, is still there {minutes} minutes after the incident "
+        "closed, and nothing pitcrew can see holds it (no eviction refused, pod stuck terminating, "
+        "volume or delete hook); pitcrew looks at it no more"
+    )
+
+
+def old_node_stayed_notice(incident_id: str, node: str, watched: timedelta) -> Notice:
+    """What humans are told of it (info, once): its instance may still run and be billed."""
+    return Notice(
+        incident_id,
+        OLD_NODE_STAYED,
+        f"{node}: the replaced node is still there",
+        (
+            old_node_stayed(node, watched),
+            f"see whether its deletion is under way (kubectl get node {node}; its NodeClaim or Machine) "
+            "and why it has not finished",
+        ),
+        severity="info",
+        node=node,
+    )
+
+
 async def tell_old_node_held(ctx: StepContext[Any], held: str) -> None:
     """Humans told what holds the replaced node: the timeline and a warning notice (one per
     incident, key ``termination_held``). It holds neither the successor's path nor the incident."""
