@@ -206,6 +206,11 @@ def as_served(body: dict[str, Any], version: str) -> dict[str, Any]:
 
 # --- the Machine controller's deletion (``reconcileDelete``, v1.9+ drain) ----------------------------
 
+#: The first release that writes the v1beta2 ``Deleting`` condition (``setDeletingCondition``),
+#: ``status.deletion``'s start times and a drain message naming the pods; before it, v1beta1
+#: conditions only (``release-1.8`` ``reconcileDelete``).
+V1BETA2_CONDITIONS = (1, 9)
+
 #: On a Machine: its Node is not drained, its volumes not waited for (``machine_types.go``).
 EXCLUDE_DRAIN = "machine.cluster.x-k8s.io/exclude-node-draining"
 EXCLUDE_VOLUME_WAIT = "machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach"
@@ -273,18 +278,47 @@ def set_v1beta1(
 
 
 def wait_began(
-    machine: dict[str, Any], start: str, condition: str, reason: str, message: str, now: str
+    machine: dict[str, Any],
+    start: str,
+    condition: str,
+    reason: str,
+    message: str,
+    now: str,
+    *,
+    recorded: bool = True,
 ) -> tuple[str, bool]:
     """A wait of ``reconcileDelete`` (the drain, the volumes' detach) under way: its start time in
     ``status.deletion.<start>``, set once (``now``), and its v1beta1 ``condition`` False the first
-    time. The start time, and whether anything changed."""
-    deletion = machine.setdefault("status", {}).setdefault("deletion", {})
-    changed = not deletion.get(start)
-    if changed:
-        deletion[start] = now
-    if not any(c.get("type") == condition for c in machine["status"].get("conditions") or []):
+    time. Before v1.9 (not ``recorded``) there is no ``status.deletion`` (v1.9 added
+    ``MachineDeletionStatus``): the start is the condition's ``lastTransitionTime``, as v1.8's
+    ``nodeDrainTimeoutExceeded`` / ``nodeVolumeDetachTimeoutExceeded`` read it. The start time, and
+    whether anything changed."""
+    changed = False
+    if recorded:
+        deletion = machine.setdefault("status", {}).setdefault("deletion", {})
+        changed = not deletion.get(start)
+        if changed:
+            deletion[start] = now
+    if v1beta1_condition(machine, condition) is None:
         changed |= set_v1beta1(machine, condition, "False", reason, message)
-    return str(deletion[start]), changed
+    began = began_at(machine, start, condition, recorded=recorded)
+    return str(began), changed
+
+
+def v1beta1_condition(machine: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    """The stored Machine's v1beta1 condition ``type_`` (``status.conditions``), if set."""
+    conditions = (machine.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def began_at(machine: dict[str, Any], start: str, condition: str, *, recorded: bool = True) -> str | None:
+    """When a wait of ``reconcileDelete`` began, as the release reads it for its timeout:
+    ``status.deletion.<start>`` (v1.9+, ``recorded``) or the v1beta1 ``condition``'s
+    ``lastTransitionTime`` (before v1.9). None: not begun."""
+    if recorded:
+        return ((machine.get("status") or {}).get("deletion") or {}).get(start)
+    found = v1beta1_condition(machine, condition)
+    return None if found is None else found.get("lastTransitionTime")
 
 
 def set_deleting(machine: dict[str, Any], reason: str, message: str) -> bool:

@@ -152,6 +152,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: v1.11 to v1.15; ``("v1beta2",)`` is v1.16 on, ``("v1beta1",)`` before v1.11). Any other is
     #: answered 404 as an API server does, and a Machine is given out in the version asked.
     capi_versions: tuple[str, ...] = capi.SERVED
+    #: The Cluster API release whose Machine controller deletes Machines (``_capi_held_by``): from
+    #: v1.9 (``capi.V1BETA2_CONDITIONS``) its v1beta2 ``Deleting`` condition (kept in
+    #: ``status.v1beta2.conditions``, served as ``status.conditions`` in v1beta2), ``status.deletion``
+    #: and its v1beta1 conditions; before it (v1.8: serve ``("v1beta1",)`` with it) v1beta1
+    #: conditions only, as ``release-1.8``'s ``reconcileDelete`` writes them.
+    capi_release: tuple[int, int] = (1, 11)
     #: The versions of ``cluster.x-k8s.io`` whose discovery document was asked for, in order.
     capi_discovered: list[str] = attrs.field(factory=list)
     #: Machines deleted while paused (their Cluster's ``spec.paused``, their own annotation): they
@@ -960,11 +966,24 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     def _capi_held_by(self, machine: dict[str, Any], node: dict[str, Any] | None) -> bool:
         """One ``reconcileDelete`` pass up to the infrastructure's delete: whether a pre-drain hook,
-        the drain or a pre-terminate hook holds the Machine, said in its v1beta1 conditions and its
-        v1beta2 ``Deleting`` (reason and message as Cluster API v1.9+ words them). No node (no
-        ``nodeRef``, or gone): no drain. Volumes are not waited for here."""
+        the drain, the volumes or a pre-terminate hook holds the Machine, said as ``capi_release``
+        says it. From v1.9: its v1beta1 conditions and its v1beta2 ``Deleting`` (reason and message
+        as v1.9+ word them). Before v1.9 (``release-1.8`` machine_controller.go ``reconcileDelete``,
+        lines 365-449): v1beta1 conditions only, ``PreDrainDeleteHookSucceeded`` /
+        ``PreTerminateDeleteHookSucceeded`` False ``WaitingExternalHook`` with no message,
+        ``DrainingSucceeded`` False ``Draining`` "Draining the node before deletion" set once and left
+        so while the drain fails (``drainNode`` logs "Drain failed, retry in 20s" and requeues, no
+        error), ``VolumeDetachSucceeded`` False ``WaitingForVolumeDetach`` "Waiting for node volumes
+        to be detached" while the Node's ``status.volumesAttached`` is not empty
+        (``shouldWaitForNodeVolumes``); the timeouts counted from those conditions'
+        ``lastTransitionTime``. No node (no ``nodeRef``, or gone): no drain."""
         annotations = machine["metadata"].get("annotations") or {}
+        recorded = self.capi_release >= capi.V1BETA2_CONDITIONS
         changed = False
+
+        def deleting(reason: str, message: str) -> bool:
+            return capi.set_deleting(machine, reason, message) if recorded else False
+
         try:
             if node is not None:
                 hooks = sorted(k for k in annotations if k.startswith(capi.PRE_DRAIN_HOOK))
@@ -972,12 +991,14 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     changed |= capi.set_v1beta1(
                         machine, "PreDrainDeleteHookSucceeded", "False", "WaitingExternalHook"
                     )
-                    said = f"Waiting for pre-drain hooks to succeed (hooks: {','.join(hooks)})"
-                    changed |= capi.set_deleting(machine, "WaitingForPreDrainHook", said)
+                    changed |= deleting(
+                        "WaitingForPreDrainHook",
+                        f"Waiting for pre-drain hooks to succeed (hooks: {','.join(hooks)})",
+                    )
                     return True
                 changed |= capi.set_v1beta1(machine, "PreDrainDeleteHookSucceeded", "True")
                 if capi.EXCLUDE_DRAIN not in annotations and not self._capi_timed_out(
-                    machine, "nodeDrainTimeout", "nodeDrainStartTime"
+                    machine, "nodeDrainTimeout", "nodeDrainStartTime", "DrainingSucceeded"
                 ):
                     started, began = capi.wait_began(
                         machine,
@@ -986,17 +1007,24 @@ class KubeEmulator(kmock.KubernetesScaffold):
                         "Draining",
                         "Draining the node before deletion",
                         now_iso(),
+                        recorded=recorded,
                     )
                     changed |= began
-                    drained = self._capi_drain(node, started)
+                    drained = self._capi_drain(node, started, labels=recorded)
                     if drained is not None:
-                        said = drained
-                        changed |= capi.set_v1beta1(machine, "DrainingSucceeded", "False", "Draining", said)
-                        changed |= capi.set_deleting(machine, "DrainingNode", said)
+                        if recorded:
+                            said = drained
+                            changed |= capi.set_v1beta1(
+                                machine, "DrainingSucceeded", "False", "Draining", said
+                            )
+                            changed |= capi.set_deleting(machine, "DrainingNode", said)
                         return True
                     changed |= capi.set_v1beta1(machine, "DrainingSucceeded", "True")
                 if capi.EXCLUDE_VOLUME_WAIT not in annotations and not self._capi_timed_out(
-                    machine, "nodeVolumeDetachTimeout", "waitForNodeVolumeDetachStartTime"
+                    machine,
+                    "nodeVolumeDetachTimeout",
+                    "waitForNodeVolumeDetachStartTime",
+                    "VolumeDetachSucceeded",
                 ):
                     started, began = capi.wait_began(
                         machine,
@@ -1005,11 +1033,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
                         "WaitingForVolumeDetach",
                         "Waiting for node volumes to be detached",
                         now_iso(),
+                        recorded=recorded,
                     )
                     changed |= began
-                    attached = self._capi_volumes(node, started)
-                    if attached is not None:
-                        changed |= capi.set_deleting(machine, "WaitingForVolumeDetach", attached)
+                    if recorded:
+                        attached = self._capi_volumes(node, started)
+                        if attached is not None:
+                            changed |= capi.set_deleting(machine, "WaitingForVolumeDetach", attached)
+                            return True
+                    elif not capi.unreachable(node) and (node.get("status") or {}).get("volumesAttached"):
                         return True
                     changed |= capi.set_v1beta1(machine, "VolumeDetachSucceeded", "True")
             hooks = sorted(k for k in annotations if k.startswith(capi.PRE_TERMINATE_HOOK))
@@ -1017,19 +1049,23 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 changed |= capi.set_v1beta1(
                     machine, "PreTerminateDeleteHookSucceeded", "False", "WaitingExternalHook"
                 )
-                said = f"Waiting for pre-terminate hooks to succeed (hooks: {','.join(hooks)})"
-                changed |= capi.set_deleting(machine, "WaitingForPreTerminateHook", said)
+                changed |= deleting(
+                    "WaitingForPreTerminateHook",
+                    f"Waiting for pre-terminate hooks to succeed (hooks: {','.join(hooks)})",
+                )
                 return True
             return False
         finally:
             if changed:
                 self.bump(machine)
 
-    def _capi_timed_out(self, machine: dict[str, Any], field: str, began_at: str) -> bool:
+    def _capi_timed_out(self, machine: dict[str, Any], field: str, began_at: str, condition: str) -> bool:
         """``nodeDrainTimeoutExceeded`` / ``nodeVolumeDetachTimeoutExceeded``: the Machine's ``field``
-        set and passed since ``status.deletion.<began_at>``."""
+        set and passed since the wait began (``capi.began_at``: ``status.deletion.<began_at>``, or
+        before v1.9 the v1beta1 ``condition``'s ``lastTransitionTime``)."""
         timeout = capi.deletion_timeout(machine, field)
-        began = ((machine.get("status") or {}).get("deletion") or {}).get(began_at)
+        recorded = self.capi_release >= capi.V1BETA2_CONDITIONS
+        began = capi.began_at(machine, began_at, condition, recorded=recorded)
         if timeout is None or not began:
             return False
         started = datetime.strptime(began, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
@@ -1068,12 +1104,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 claims.append(f"{ref.get('namespace')}/{ref.get('name')}")
         return capi.volume_message(started, claims, unclaimed, missing)
 
-    def _capi_drain(self, node: dict[str, Any], started: str) -> str | None:
+    def _capi_drain(self, node: dict[str, Any], started: str, *, labels: bool = True) -> str | None:
         """One pass of the Machine controller's ``drainNode`` (``drain/drain.go``, v1.9+): cordon the
         Node; of the pods on it, skip DaemonSet pods (not finished), mirror pods, pods labelled
         ``cluster.x-k8s.io/drain: skip`` and, on an unreachable node (Ready Unknown), pods deleted
         over a second ago; wait for ``wait-completed`` ones; evict the rest through the Eviction API
-        (PDBs honoured). The condition message while any is left (``ConditionMessage``), else None."""
+        (PDBs honoured). The condition message while any is left (``ConditionMessage``), else None.
+        Before v1.9 (not ``labels``) the kubectl drain library (``kubedrain.RunNodeDrain``) drains,
+        with no ``cluster.x-k8s.io/drain`` label (MachineDrainRules came with v1.9): only whether
+        any is left counts, its message never said."""
         cluster = self.workload or self
         name, now = node["metadata"]["name"], datetime.now(UTC)
         if not node.setdefault("spec", {}).get("unschedulable"):
@@ -1105,7 +1144,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 o.get("kind") == "DaemonSet" and o.get("controller")
                 for o in meta.get("ownerReferences") or []
             )
-            label = str((meta.get("labels") or {}).get(capi.DRAIN_LABEL, "")).lower()
+            label = str((meta.get("labels") or {}).get(capi.DRAIN_LABEL, "")).lower() if labels else ""
             if (
                 (daemon and not finished)
                 or karpenter.MIRROR in (meta.get("annotations") or {})

@@ -420,7 +420,13 @@ def volume_attached(k8s: KubeEmulator, node: str) -> None:
     """A CSI VolumeAttachment, attached, of PersistentVolume ``pv-1`` (bound to the claim
     ``training/llama-ckpt``) to ``node``: what Karpenter's termination (``awaitVolumeDetachment``)
     and Cluster API's Machine controller (``shouldWaitForNodeVolumes``) wait to see go after their
-    drain."""
+    drain. The attach-detach controller lists it in the Node's ``status.volumesAttached``
+    (``kubernetes.io/csi/<driver>^<volumeHandle>``), what Cluster API before v1.9 waits to see empty."""
+    found = k8s.get("nodes", node)
+    if found is not None:
+        found.setdefault("status", {})["volumesAttached"] = [
+            {"name": "kubernetes.io/csi/ebs.csi.aws.com^vol-0f1e2d3c4b5a69788", "devicePath": ""}
+        ]
     k8s.add(
         "persistentvolumes",
         {
@@ -469,3 +475,19 @@ def do_not_disrupt_pod(k8s: KubeEmulator, name: str, value: str, *, started: str
         pod.setdefault("status", {})["startTime"] = started
     k8s.add("pods", pod)
     return f"training/{name}"
+
+
+def cluster_api_release(k8s: KubeEmulator, release: tuple[int, int]) -> None:
+    """Cluster API ``release`` runs the management cluster: it serves ``cluster.x-k8s.io`` v1beta1
+    only before v1.11 (v1beta2 and v1beta1 to v1.15, v1beta2 only from v1.16), and its Machine
+    controller writes the conditions as that release does (``KubeEmulator.capi_release``): before
+    v1.9 there is no ``status.v1beta2`` on a Machine, so the fixture's is dropped."""
+    k8s.capi_release = release
+    if release < (1, 11):
+        k8s.capi_versions = ("v1beta1",)
+    elif release >= (1, 16):
+        k8s.capi_versions = ("v1beta2",)
+    if release < capi.V1BETA2_CONDITIONS:
+        for (kind, _, _), found in k8s.objects.items():
+            if kind == "machines":
+                (found.get("status") or {}).pop("v1beta2", None)

@@ -28,6 +28,7 @@ from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
 from proving_ground.kubernetes.slinky import MemorySlurm
 from proving_ground.kubernetes.world import (
+    cluster_api_release,
     do_not_disrupt_pod,
     nodeclaim_grace_period,
     pods_karpenter_may_not_evict,
@@ -580,5 +581,74 @@ async def test_a_deleted_machine_waits_for_its_nodes_volumes_to_detach(
     )
     assert (detach["status"], detach["reason"]) == ("False", "WaitingForVolumeDetach")
     k8s.objects.pop(("volumeattachments", None, "csi-0a1b"))
+    await _until(core, lambda nodes: NODE not in nodes)
+    assert k8s.get("machines", MACHINE, "gpu-east") is None
+
+
+async def test_a_cluster_api_v1_8_machine_controller_says_its_waits_in_v1beta1_conditions_only(
+    k8s: KubeEmulator, k8s_client: client.ApiClient
+) -> None:
+    """Cluster API v1.8 (``release-1.8`` machine_controller.go ``reconcileDelete``) writes no
+    ``Deleting`` condition and no ``status.deletion``: a drain a budget refuses leaves
+    ``DrainingSucceeded`` False ``Draining`` "Draining the node before deletion" (Info), its time
+    the drain's start (``drainNode`` only logs the failure and requeues); the volume wait
+    ``VolumeDetachSucceeded`` False ``WaitingForVolumeDetach`` while the Node's
+    ``status.volumesAttached`` is not empty; a hook ``PreTerminateDeleteHookSucceeded`` False
+    ``WaitingExternalHook``, no message. Each let go, the next wait, then the Machine and Node go."""
+    custom, core = client.CustomObjectsApi(k8s_client), client.CoreV1Api(k8s_client)
+    cluster_api_release(k8s, (1, 8))
+    hook = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup"
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    del machine["spec"]["nodeDrainTimeout"]
+    machine["metadata"].setdefault("annotations", {})[hook] = "backup-operator"
+    k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    volume_attached(k8s, NODE)
+    await custom.delete_namespaced_custom_object(
+        "cluster.x-k8s.io", "v1beta1", "gpu-east", "machines", MACHINE
+    )
+
+    async def waiting(type_: str) -> dict[str, Any] | None:
+        found = await custom.get_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta1", "gpu-east", "machines", MACHINE
+        )
+        said: dict[str, Any] | None = next(
+            (c for c in found["status"]["conditions"] if c["type"] == type_), None
+        )
+        if said is None or said["status"] != "False":
+            return None
+        assert "v1beta2" not in found["status"] and "deletion" not in found["status"], found["status"]
+        return said
+
+    said = await eventually(
+        lambda: waiting("DrainingSucceeded"), timeout=5.0, what="the drain", interval=0.02
+    )
+    assert (said["reason"], said["severity"], said["message"]) == (
+        "Draining",
+        "Info",
+        "Draining the node before deletion",
+    )
+    await asyncio.sleep(0.3)  # it drains again, refused, and says nothing more
+    assert await waiting("DrainingSucceeded") == said
+    assert k8s.get("pods", "llama-pretrain-worker-2", "training") is not None
+    k8s.objects.pop(("poddisruptionbudgets", "training", "llama-pretrain"))
+    said = await eventually(
+        lambda: waiting("VolumeDetachSucceeded"), timeout=5.0, what="the volumes", interval=0.02
+    )
+    assert (said["reason"], said["severity"], said["message"]) == (
+        "WaitingForVolumeDetach",
+        "Info",
+        "Waiting for node volumes to be detached",
+    )
+    node = k8s.get("nodes", NODE)
+    assert node is not None
+    node["status"]["volumesAttached"] = []
+    said = await eventually(
+        lambda: waiting("PreTerminateDeleteHookSucceeded"), timeout=5.0, what="the hook", interval=0.02
+    )
+    assert (said["reason"], said["severity"], said.get("message")) == ("WaitingExternalHook", "Info", None)
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    del machine["metadata"]["annotations"][hook]
     await _until(core, lambda nodes: NODE not in nodes)
     assert k8s.get("machines", MACHINE, "gpu-east") is None
