@@ -30,7 +30,9 @@ too when the NodeSet has not made it again yet (the drain's record names it): th
 Karpenter's termination of the old node held by pods it may not evict (a budget, ``do-not-disrupt``)
 is said by ``termination_held``, naming them, while the successor comes all the same; so is Cluster
 API's deletion of the old Machine held by its drain (a budget) or a delete hook, quoting its
-``Deleting`` condition, while no successor comes (its MachineSet counts the deleting Machine).
+``Deleting`` condition, while no successor comes (its MachineSet counts the deleting Machine); before
+Cluster API v1.9, which writes v1beta1 conditions only (its drain's naming no pod), from those and
+the pods left on the node, with the same bounds; where both are written ``Deleting`` alone is told.
 A DaemonSet-mode NodeSet (the fixture's) makes its slurmd pod on the replacement named after the new
 node, which carries no ``hostname-override``: pitcrew's ``slinky`` mapping finds that new Slurm name
 on the successor.
@@ -58,6 +60,7 @@ from bot.integrations.kubernetes import KubernetesCluster
 from bot.runtime import slurm_names_for
 from proving_ground.kubernetes.emulator import KubeEmulator, load_fixture, now_iso
 from proving_ground.kubernetes.world import (
+    cluster_api_release,
     do_not_disrupt_pod,
     gpu_fleet,
     nodeclaim_grace_period,
@@ -647,6 +650,7 @@ async def test_cluster_api_deletion_held_by_a_pod_its_drain_cannot_evict_is_said
         "budget. The disruption budget llama-pretrain needs 1 healthy pods and has 1 currently"
     ) in text, text
     assert f"drain started at {began.strftime('%Y-%m-%dT%H:%M:%SZ')}" in text, text
+    assert "(Deleting condition DrainingNode," in text and "v1beta1 condition" not in text, text  # told once
     assert f"old node {NODE} (Machine gpu-east/{MACHINE} deleting" in text, text
     if timeout is None:
         assert "the Machine has no nodeDrainTimeout" in text and "drains for ever" in text, text
@@ -752,6 +756,81 @@ async def test_cluster_api_drain_held_by_a_pod_that_never_finishes_terminating_i
     ) in text, text
 
 
+@pytest.mark.parametrize("hold", ["budget", "terminating", "volumes", "hook"])
+async def test_cluster_api_before_v1_9_deletion_held_is_said_from_its_v1beta1_conditions(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, hold: str
+) -> None:
+    """Cluster API v1.8 (``release-1.8`` ``reconcileDelete``) writes no ``Deleting`` condition and
+    no ``status.deletion``, only v1beta1 conditions, and its drain's message names no pod
+    ("Draining the node before deletion", a refused eviction only logged): its holds are told all
+    the same, from those conditions, with the same bounds. A pod its budget keeps on the node is
+    named a minute into the drain (``DrainingSucceeded``'s time), a pod stuck terminating only 10
+    minutes into it, volumes (``VolumeDetachSucceeded``) past 6 minutes, a hook
+    (``PreDrainDeleteHookSucceeded``, no message: the Machine's annotation named) 10 minutes after
+    the delete. No successor comes meanwhile."""
+    cluster_api_release(k8s, (1, 8))
+    machine = k8s.get("machines", MACHINE, "gpu-east")
+    assert machine is not None
+    del machine["spec"]["nodeDrainTimeout"]
+    hook = "pre-drain.delete.hook.machine.cluster.x-k8s.io/backup"
+    worker = k8s.get("pods", "llama-pretrain-worker-2", "training")
+    assert worker is not None
+    if hold == "budget":
+        k8s.add("poddisruptionbudgets", training_pdb(min_available=1))
+    elif hold == "terminating":
+        worker["metadata"]["finalizers"] = ["example.com/upload-checkpoint"]
+    elif hold == "volumes":
+        volume_attached(k8s, NODE)
+    else:
+        machine["metadata"].setdefault("annotations", {})[hook] = "backup-operator"
+    condition, reason = {
+        "volumes": ("VolumeDetachSucceeded", "WaitingForVolumeDetach"),
+        "hook": ("PreDrainDeleteHookSucceeded", "WaitingExternalHook"),
+    }.get(hold, ("DrainingSucceeded", "Draining"))
+    cluster, handle = await _replaced_by_cluster_api(make_cluster)
+
+    await _until_deleting_says(
+        k8s,
+        f"{condition} {reason}",
+        lambda said: (
+            (said["status"], said["reason"]) == ("False", reason)
+            and (hold != "terminating" or bool(worker["metadata"].get("deletionTimestamp")))
+        ),
+        v1beta1=condition,
+    )
+    assert await cluster.termination_held(NODE, handle=handle) == OldNodeLook()
+    said = f"v1beta1 condition {condition} False {reason}"
+    if hold == "hook":
+        machine["metadata"]["deletionTimestamp"] = now_iso(-11 * 60)
+        text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+        assert f"it waits for its delete hooks, as its {said} says (hooks: {hook})" in text, text
+        assert "no timeout applies to a hook, so Cluster API waits for ever" in text, text
+    elif hold == "volumes":
+        began = _capi_drain_began(
+            k8s, seconds_ago=7 * 60, start="waitForNodeVolumeDetachStartTime", condition=condition
+        )
+        text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+        assert (
+            f"it waits for the node's volumes to detach ({said} since {began.strftime('%Y-%m-%dT%H:%M:%SZ')}), "
+            "longer than the 6 minutes"
+        ) in text, text
+        assert "the Machine has no nodeVolumeDetachTimeout" in text and "waits for ever" in text, text
+    else:
+        _capi_drain_began(k8s, seconds_ago=90)
+        text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+        if hold == "budget":
+            assert "Pod training/llama-pretrain-worker-2: not evicted a minute into the drain" in text, text
+        else:
+            assert text == "", text  # it may still finish terminating
+            _capi_drain_began(k8s, seconds_ago=11 * 60)
+            text = (await cluster.termination_held(NODE, handle=handle)).held or ""
+            assert "Pod training/llama-pretrain-worker-2: deleting, still on the node" in text, text
+        assert f"its drain of the node cannot finish ({said}, drain started at " in text, text
+        assert "the Machine has no nodeDrainTimeout" in text and "drains for ever" in text, text
+    assert f"old node {NODE} (Machine gpu-east/{MACHINE} deleting" in text, text
+    assert await cluster.successor(NODE, handle=handle) is None
+
+
 async def _replaced_by_cluster_api(
     make_cluster: Callable[..., KubernetesCluster],
 ) -> tuple[KubernetesCluster, str]:
@@ -762,27 +841,42 @@ async def _replaced_by_cluster_api(
     return cluster, await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
 
 
-async def _until_deleting_says(k8s: KubeEmulator, what: str, holds: Callable[[dict[str, Any]], bool]) -> None:
-    """Until the old Machine's v1beta2 ``Deleting`` condition, as Cluster API sets it, ``holds``."""
+async def _until_deleting_says(
+    k8s: KubeEmulator, what: str, holds: Callable[[dict[str, Any]], bool], *, v1beta1: str | None = None
+) -> None:
+    """Until the old Machine's v1beta2 ``Deleting`` condition, as Cluster API sets it, ``holds``;
+    before v1.9, which writes no such condition, its v1beta1 condition ``v1beta1``."""
 
     async def said() -> bool:
         found = k8s.get("machines", MACHINE, "gpu-east")
-        conditions = found["status"]["v1beta2"]["conditions"] if found else []
-        deleting = next((c for c in conditions if c["type"] == "Deleting"), None)
+        status = found["status"] if found else {}
+        conditions = status.get("conditions", []) if v1beta1 else status["v1beta2"]["conditions"]
+        deleting = next((c for c in conditions if c["type"] == (v1beta1 or "Deleting")), None)
         return deleting is not None and holds(deleting)
 
     await eventually(said, timeout=5.0, what=what, interval=0.05)
 
 
-def _capi_drain_began(k8s: KubeEmulator, *, seconds_ago: float) -> datetime:
-    """Cluster API's drain of the deleted Machine's node begun ``seconds_ago``
-    (``status.deletion.nodeDrainStartTime``)."""
+def _capi_drain_began(
+    k8s: KubeEmulator,
+    *,
+    seconds_ago: float,
+    start: str = "nodeDrainStartTime",
+    condition: str = "DrainingSucceeded",
+) -> datetime:
+    """Cluster API's drain (or the wait named by ``start`` and ``condition``) of the deleted
+    Machine's node begun ``seconds_ago``: ``status.deletion.<start>`` (v1.9+), or before v1.9,
+    which has no ``status.deletion``, the v1beta1 ``condition``'s ``lastTransitionTime``."""
     found = k8s.get("machines", MACHINE, "gpu-east")
-    assert found is not None and found["status"]["deletion"]["nodeDrainStartTime"]
-    found["status"]["deletion"]["nodeDrainStartTime"] = now_iso(-seconds_ago)
-    return datetime.strptime(found["status"]["deletion"]["nodeDrainStartTime"], "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=UTC
-    )
+    assert found is not None
+    deletion = found["status"].get("deletion")
+    if deletion is not None:
+        assert deletion[start]
+        deletion[start] = began = now_iso(-seconds_ago)
+    else:
+        said = next(c for c in found["status"]["conditions"] if c["type"] == condition)
+        said["lastTransitionTime"] = began = now_iso(-seconds_ago)
+    return datetime.strptime(began, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def _drain_began(k8s: KubeEmulator, *, seconds_ago: float, claim: str = "gpu-h100-x7k2q") -> None:

@@ -42,15 +42,25 @@ condition says which, its reason ``WaitingForPreDrainHook``, ``DrainingNode``,
 ``WaitingForVolumeDetach`` or ``WaitingForPreTerminateHook`` and its message the pods, one line per
 kind (``EvictionResult.ConditionMessage``: "* Pod <ns>/<name>: cannot evict pod as it would violate
 the pod's disruption budget. <cause>"). It is in ``status.v1beta2.conditions`` as v1beta1 serves it
-(v1.9-v1.10, and beside v1beta2 to v1.15) and ``status.conditions`` as v1beta2 does (v1.11+).
+(v1.9-v1.10, and beside v1beta2 to v1.15) and ``status.conditions`` as v1beta2 does (v1.11+); it
+wins over the v1beta1 conditions written beside it, so a hold is told once. Before v1.9
+(``release-1.8`` ``reconcileDelete``) only v1beta1 conditions say it, in ``status.conditions``:
+``PreDrainDeleteHookSucceeded`` / ``PreTerminateDeleteHookSucceeded`` False ``WaitingExternalHook``
+(no message), ``DrainingSucceeded`` False ``Draining`` ("Draining the node before deletion", set
+once: its time is the drain's start, as there is no ``status.deletion`` before v1.9; a failed drain,
+a budget's refusal included, is only logged, "Drain failed, retry in 20s") or ``DrainingFailed``
+(the Node's get or cordon failed), ``VolumeDetachSucceeded`` False ``WaitingForVolumeDetach``
+(its time the wait's start); the pods the drain cannot evict are those still on the node, not
+DaemonSet, mirror or finished pods, a minute into it. The same bounds tell each.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes.aio import client
 
@@ -58,7 +68,7 @@ from bot.domain.durations import parse_go_duration
 from bot.engine.ports import OldNodeLook
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.events import NAMESPACE as NODE_EVENTS
-from bot.integrations.kubernetes.pods import MIRROR_ANNOTATION
+from bot.integrations.kubernetes.pods import MIRROR_ANNOTATION, pod_ref
 from bot.integrations.kubernetes.replace import (
     DO_NOT_DISRUPT,
     KARPENTER,
@@ -165,20 +175,30 @@ class Termination:
 
     async def _machine_held(self, name: str, parsed: Handle) -> OldNodeLook:
         """Cluster API's deletion of the Machine the replacement deleted, read once (by name, where
-        and as the replacement reads Machines): gone with the Machine; else what its ``Deleting``
-        condition (v1.9+; ``status.conditions`` in v1beta2, ``status.v1beta2.conditions`` in
-        v1beta1) says holds it, when that is worth telling (``_machine_hold``)."""
+        and as the replacement reads Machines): gone with the Machine; else what its conditions
+        say holds it (``_machine_wait``: ``Deleting`` from v1.9, v1beta1 ones before), when that is
+        worth telling (``_machine_hold``). Before v1.9 the drain's condition names no pod: a minute
+        into it the pods on the node are listed, those its drain still has to see go."""
         found = await self._replacer.old_machine(parsed)
         if found is None:
             return OldNodeLook(gone=True)
         machine_ref, machine = found
         if not deleting(machine):
             return OldNodeLook()
-        hold = _machine_hold(machine, datetime.now(UTC))
+        now = datetime.now(UTC)
+        wait = _machine_wait(machine, now)
+        if wait is None:
+            return OldNodeLook()
+        node = ((machine.get("status") or {}).get("nodeRef") or {}).get("name") or name
+        left = (
+            await self._drained_left(node)
+            if wait.kind == "drain" and not wait.v1beta2 and now - wait.started >= STALLED
+            else []
+        )
+        hold = _machine_hold(machine, wait, now, left)
         if hold is None:
             return OldNodeLook()
         what, end, remedy = hold
-        node = ((machine.get("status") or {}).get("nodeRef") or {}).get("name") or name
         return OldNodeLook(
             held=(
                 f"Cluster API cannot finish deleting the old node {node} (Machine {machine_ref} "
@@ -186,6 +206,26 @@ class Termination:
                 f"its instance stay, its GPUs billed: {remedy}"
             )
         )
+
+    async def _drained_left(self, node: str) -> list[Any]:
+        """The pods on ``node`` Cluster API's drain before v1.9 (the kubectl drain library:
+        ``IgnoreAllDaemonSets``, mirror pods skipped) still has to see go: not DaemonSet, not
+        mirror, not finished."""
+        pods = (
+            await call(
+                f"list pods on {node}",
+                self._core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={node}", _request_timeout=self._timeout
+                ),
+            )
+        ).items
+        return [
+            p
+            for p in pods
+            if not (found := pod_ref(p)).mirror
+            and found.owner_kind != "DaemonSet"
+            and (p.status.phase if p.status else None) not in ("Succeeded", "Failed")
+        ]
 
     async def _pods_held(self, node: str, parsed: Handle, stalled: bool, now: datetime) -> dict[str, str]:
         """The pods on ``node`` Karpenter's drain waits on and cannot evict, each with why: an active
@@ -330,83 +370,183 @@ def _awaiting_volumes(claim: dict[str, Any], now: datetime) -> str | None:
     return None
 
 
-def _machine_hold(machine: dict[str, Any], now: datetime) -> tuple[str, str, str] | None:
-    """What holds a deleting Machine, in Cluster API's words, with when (if ever) it ends and what
-    to do, or ``None`` while nothing worth telling does. ``reconcileDelete`` (machine_controller.go)
-    waits, in order, for pre-drain hooks, the drain (``drainNode``; skipped with the
-    ``exclude-node-draining`` annotation or once ``nodeDrainTimeout`` has passed since
-    ``status.deletion.nodeDrainStartTime``), the volumes to detach (``shouldWaitForNodeVolumes``;
-    likewise ``nodeVolumeDetachTimeout``) and pre-terminate hooks, before it deletes the
-    infrastructure; it says which in the ``Deleting`` condition's reason and message. Its drain
-    reports every pod at once, evictions still under way: a pod it cannot evict (a budget's
-    refusal) or waits to complete is told ``STALLED`` into the drain, one still terminating
-    ``TERMINATING_BOUND`` into it; volumes ``DETACH_BOUND`` into their wait; a hook ``HOOK_BOUND``
-    after the delete."""
-    status, spec, meta = machine.get("status") or {}, machine.get("spec") or {}, machine["metadata"]
-    conditions = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
-    said = next(
-        (
-            c
-            for c in conditions
-            if c.get("type") == "Deleting" and c.get("status") == "True" and c.get("reason")
-        ),
-        None,
-    )
-    if said is None:
-        return None
-    reason, message = str(said["reason"]), str(said.get("message") or "")
+@dataclass(frozen=True)
+class _MachineWait:
+    """What ``reconcileDelete`` waits for on a deleting Machine, as its conditions say it:
+    ``kind`` (a delete hook, the drain, the volumes' detach), ``said`` (which condition and reason),
+    its ``message`` (a v1beta1 hook's: the Machine's hook annotations), when the wait began, and
+    whether the v1beta2 ``Deleting`` said it (v1.9+: its drain message names the pods)."""
+
+    kind: Literal["hook", "drain", "volumes"]
+    said: str
+    message: str
+    started: datetime
+    v1beta2: bool
+
+
+#: The v1beta2 ``Deleting`` reasons (v1.9+) of the waits that can hold a deleting Machine for ever.
+_DELETING_WAITS: dict[str, Literal["hook", "drain", "volumes"]] = {
+    "WaitingForPreDrainHook": "hook",
+    "DrainingNode": "drain",
+    "WaitingForVolumeDetach": "volumes",
+    "WaitingForPreTerminateHook": "hook",
+}
+#: Before v1.9 (``release-1.8`` ``reconcileDelete``, ``api/v1beta1/condition_consts.go``): the v1beta1
+#: conditions the same waits are said in, in the order they come, each False while waited for
+#: (``WaitingExternalHook``, ``Draining`` / ``DrainingFailed``, ``WaitingForVolumeDetach``) and True
+#: once passed; the drain's and the volumes' ``lastTransitionTime`` is when they began (set once),
+#: and their timeout field; a hook's annotation prefix.
+_V1BETA1_WAITS: tuple[tuple[str, Literal["hook", "drain", "volumes"], str], ...] = (
+    ("PreDrainDeleteHookSucceeded", "hook", "pre-drain.delete.hook.machine.cluster.x-k8s.io"),
+    ("DrainingSucceeded", "drain", "nodeDrainTimeout"),
+    ("VolumeDetachSucceeded", "volumes", "nodeVolumeDetachTimeout"),
+    ("PreTerminateDeleteHookSucceeded", "hook", "pre-terminate.delete.hook.machine.cluster.x-k8s.io"),
+)
+
+
+def _machine_wait(machine: dict[str, Any], now: datetime) -> _MachineWait | None:
+    """What holds a deleting Machine, read from whichever conditions its Cluster API release wrote:
+    the v1beta2 ``Deleting`` (v1.9+: ``status.v1beta2.conditions`` as v1beta1 serves it,
+    ``status.conditions`` as v1beta2 does), which wins wherever it is; else (before v1.9) the last
+    of ``_V1BETA1_WAITS`` False (``status.conditions``; from v1.11 served as v1beta2 they are in
+    ``status.deprecated.v1beta1.conditions``, beside ``Deleting``), a drain or volume wait whose
+    timeout has passed being one Cluster API has moved past. ``None`` when nothing that can hold it
+    for ever does."""
+    status, meta = machine.get("status") or {}, machine["metadata"]
+    deleted = _time(meta["deletionTimestamp"])
     deletion = status.get("deletion") or {}
-    if reason in ("WaitingForPreDrainHook", "WaitingForPreTerminateHook"):
-        if now - _time(meta["deletionTimestamp"]) < HOOK_BOUND:
-            return None
-        return (
-            f'it waits for its delete hooks, as its Deleting condition ({reason}) says: "{message}"',
-            "no timeout applies to a hook, so Cluster API waits for ever",
-            "see why the controller that set each hook annotation on the Machine does not remove it",
+    v1beta2 = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
+    deleting = [c for c in v1beta2 if c.get("type") == "Deleting"]
+    if deleting:
+        said = next(
+            (c for c in deleting if c.get("status") == "True" and c.get("reason") in _DELETING_WAITS), None
         )
-    if reason == "DrainingNode":
-        started = _time(deletion.get("nodeDrainStartTime") or meta["deletionTimestamp"])
-        lines = message.splitlines()
-        blocked = [line for line in lines if _BLOCKED_LINE.match(line)] if now - started >= STALLED else []
-        if now - started >= TERMINATING_BOUND:
-            blocked += [line for line in lines if _TERMINATING_LINE.match(line)]
-        if not blocked:
+        if said is None:
             return None
-        pods = " ".join(line.removeprefix("* ") + ";" for line in blocked).rstrip(";")
-        return (
-            f"its drain of the node cannot finish (Deleting condition DrainingNode, drain started at "
-            f"{_stamp(started)}): {pods}",
-            _timeout_end(spec, "nodeDrainTimeout", started, "stops draining", "drains for ever"),
-            "move or delete those pods, or lift the budget that refuses their eviction (one stuck "
-            "terminating: see what finalizer or kubelet holds it)",
+        reason = str(said["reason"])
+        kind = _DELETING_WAITS[reason]
+        began = {"drain": "nodeDrainStartTime", "volumes": "waitForNodeVolumeDetachStartTime"}.get(kind)
+        return _MachineWait(
+            kind,
+            f"Deleting condition {reason}",
+            str(said.get("message") or ""),
+            _time(deletion.get(began) or meta["deletionTimestamp"]) if began else deleted,
+            v1beta2=True,
         )
-    if reason == "WaitingForVolumeDetach":
-        started = _time(deletion.get("waitForNodeVolumeDetachStartTime") or meta["deletionTimestamp"])
-        if now - started <= DETACH_BOUND:
-            return None
-        volumes = "; ".join(line.removeprefix("* ") for line in message.splitlines()[1:])
-        return (
-            f"it waits for the node's volumes to detach (Deleting condition WaitingForVolumeDetach since "
-            f"{_stamp(started)}{': ' + volumes if volumes else ''}), longer than the 6 minutes after which "
-            "Kubernetes' attach-detach controller detaches from an unhealthy node",
-            _timeout_end(
-                spec, "nodeVolumeDetachTimeout", started, "stops waiting for them", "waits for ever"
-            ),
-            "see why the CSI driver does not detach them (its node plugin on the old node)",
-        )
+    v1beta1 = {
+        str(c.get("type")): c
+        for c in [
+            *v1beta2,
+            *(((status.get("deprecated") or {}).get("v1beta1") or {}).get("conditions") or []),
+        ]
+    }
+    for condition, kind, detail in reversed(_V1BETA1_WAITS):
+        said = v1beta1.get(condition)
+        if said is None or said.get("status") != "False":
+            continue
+        reason = str(said.get("reason") or "")
+        label = f"v1beta1 condition {condition} False {reason}"
+        if kind == "hook":
+            hooks = sorted(k for k in meta.get("annotations") or {} if k.startswith(detail))
+            return _MachineWait(kind, label, f"hooks: {','.join(hooks)}", deleted, v1beta2=False)
+        started = _time(said.get("lastTransitionTime") or meta["deletionTimestamp"])
+        timeout = _timeout(machine.get("spec") or {}, detail)
+        if timeout is not None and now - started >= timeout:
+            continue  # Cluster API has given this wait up and gone on
+        if reason == "DrainingFailed":  # the Node's get or its cordon failed; kept till the drain ends
+            label += f' ("{said.get("message") or ""}")'
+        return _MachineWait(kind, label, str(said.get("message") or ""), started, v1beta2=False)
     return None
 
 
-def _timeout_end(spec: dict[str, Any], field: str, started: datetime, stops: str, never: str) -> str:
-    """When the Machine's ``field`` (v1beta1 a Go duration, v1beta2 ``spec.deletion.<field>Seconds``;
-    unset or 0: none) ends the wait that ``started``."""
+def _machine_hold(
+    machine: dict[str, Any], wait: _MachineWait, now: datetime, left: Sequence[Any] = ()
+) -> tuple[str, str, str] | None:
+    """What holds a deleting Machine, in Cluster API's words, with when (if ever) it ends and what
+    to do, or ``None`` while nothing worth telling does. ``reconcileDelete`` (machine_controller.go)
+    waits, in order, for pre-drain hooks, the drain (``drainNode``; skipped with the
+    ``exclude-node-draining`` annotation or once ``nodeDrainTimeout`` has passed since it began),
+    the volumes to detach (``shouldWaitForNodeVolumes``; likewise ``nodeVolumeDetachTimeout``) and
+    pre-terminate hooks, before it deletes the infrastructure; it says which in its conditions
+    (``_machine_wait``). Its drain evicts every pod at once, evictions still under way: a pod it
+    cannot evict (a budget's refusal) or waits to complete is told ``STALLED`` into the drain, one
+    still terminating ``TERMINATING_BOUND`` into it; volumes ``DETACH_BOUND`` into their wait; a hook
+    ``HOOK_BOUND`` after the delete. The drain's pods are its message's lines from v1.9; before,
+    its message names none (a refused eviction is only logged, "Drain failed, retry in 20s"), so
+    they are ``left``, the pods on the node the kubectl drain library evicts (not DaemonSet, not
+    mirror, not finished): not deleting, refused; deleting, still terminating."""
+    spec = machine.get("spec") or {}
+    if wait.kind == "hook":
+        if now - wait.started < HOOK_BOUND:
+            return None
+        quoted = f': "{wait.message}"' if wait.v1beta2 else f" ({wait.message})"
+        return (
+            f"it waits for its delete hooks, as its {wait.said} says{quoted}",
+            "no timeout applies to a hook, so Cluster API waits for ever",
+            "see why the controller that set each hook annotation on the Machine does not remove it",
+        )
+    if wait.kind == "drain":
+        if wait.v1beta2:
+            lines = wait.message.splitlines()
+            refused = [line.removeprefix("* ") for line in lines if _BLOCKED_LINE.match(line)]
+            terminating = [line.removeprefix("* ") for line in lines if _TERMINATING_LINE.match(line)]
+        else:
+            refused = [
+                f"Pod {_ref(p)}: not evicted a minute into the drain (the Eviction API refuses it, as a "
+                "PodDisruptionBudget that allows no eviction does; Cluster API before v1.9 names no pod)"
+                for p in left
+                if not p.metadata.deletion_timestamp
+            ]
+            terminating = [
+                f"Pod {_ref(p)}: deleting, still on the node" for p in left if p.metadata.deletion_timestamp
+            ]
+        blocked = refused if now - wait.started >= STALLED else []
+        if now - wait.started >= TERMINATING_BOUND:
+            blocked += terminating
+        if not blocked:
+            return None
+        pods = "; ".join(blocked)
+        return (
+            f"its drain of the node cannot finish ({wait.said}, drain started at {_stamp(wait.started)}): {pods}",
+            _timeout_end(spec, "nodeDrainTimeout", wait.started, "stops draining", "drains for ever"),
+            "move or delete those pods, or lift the budget that refuses their eviction (one stuck "
+            "terminating: see what finalizer or kubelet holds it)",
+        )
+    if now - wait.started <= DETACH_BOUND:
+        return None
+    volumes = "; ".join(line.removeprefix("* ") for line in wait.message.splitlines()[1:])
+    return (
+        f"it waits for the node's volumes to detach ({wait.said} since "
+        f"{_stamp(wait.started)}{': ' + volumes if volumes else ''}), longer than the 6 minutes after which "
+        "Kubernetes' attach-detach controller detaches from an unhealthy node",
+        _timeout_end(
+            spec, "nodeVolumeDetachTimeout", wait.started, "stops waiting for them", "waits for ever"
+        ),
+        "see why the CSI driver does not detach them (its node plugin on the old node)",
+    )
+
+
+def _ref(pod: Any) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+def _timeout(spec: dict[str, Any], field: str) -> timedelta | None:
+    """The Machine's ``field`` (v1beta1 a Go duration, v1beta2 ``spec.deletion.<field>Seconds``;
+    unset or 0: none)."""
     seconds = (spec.get("deletion") or {}).get(f"{field}Seconds")
     if seconds is None and spec.get(field):
         seconds = parse_go_duration(str(spec[field])).total_seconds()
     if not seconds or float(seconds) <= 0:
+        return None
+    return timedelta(seconds=float(seconds))
+
+
+def _timeout_end(spec: dict[str, Any], field: str, started: datetime, stops: str, never: str) -> str:
+    """When the Machine's ``field`` (``_timeout``) ends the wait that ``started``."""
+    timeout = _timeout(spec, field)
+    if timeout is None:
         return f"the Machine has no {field} (v1beta2 spec.deletion.{field}Seconds), so Cluster API {never}"
-    end = started + timedelta(seconds=float(seconds))
-    return f"Cluster API {stops} at {_stamp(end)} (the Machine's {field})"
+    return f"Cluster API {stops} at {_stamp(started + timeout)} (the Machine's {field})"
 
 
 def _stamp(when: datetime) -> str:
