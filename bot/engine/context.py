@@ -11,7 +11,7 @@ crash knows what it may already have done. Steps read each other's results throu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
@@ -25,7 +25,7 @@ from bot.domain.policy import LemonPolicy
 from bot.engine.metrics import Metrics
 from bot.engine.ports import Cluster, MetricsQuery, Notice, Notifier, Scheduler
 from bot.store import codec
-from bot.store.base import ACTION, IncidentRecord, Json, NewEvent, Store
+from bot.store.base import ACTION, IncidentRecord, Json, NewEvent, StepRecord, Store
 
 if TYPE_CHECKING:
     from bot.engine.registry import StepRegistry
@@ -106,6 +106,22 @@ class StepDeps:
     lent_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+class Results:
+    """The results the steps of one incident stored, as one read of them found them: what reads
+    several (``close``'s summary) sees one moment, and reads the store once."""
+
+    def __init__(self, registry: StepRegistry, records: Mapping[str, StepRecord]) -> None:
+        self._registry = registry
+        self.records = records
+
+    def of(self, kind: type[S]) -> S | None:
+        """The result of the step whose record type is ``kind``; ``None`` if none, or superseded."""
+        record = self.records.get(self._registry.step_of(kind))
+        if record is None or record.status == "superseded":
+            return None
+        return codec.decode_record(kind, record.result)
+
+
 class Facts:
     """Typed reads of the results other steps stored for one incident."""
 
@@ -113,13 +129,13 @@ class Facts:
         self._deps = deps
         self._incident_id = incident_id
 
+    async def results(self) -> Results:
+        """Every step's stored result, in one read (fresh from the store)."""
+        return Results(self._deps.registry, await self._deps.store.steps_of(self._incident_id))
+
     async def result(self, kind: type[S]) -> S | None:
         """The stored result of the step whose record type is ``kind`` (fresh from the store)."""
-        name = self._deps.registry.step_of(kind)
-        record = (await self._deps.store.steps_of(self._incident_id)).get(name)
-        if record is None or record.status == "superseded":
-            return None
-        return codec.decode_record(kind, record.result)
+        return (await self.results()).of(kind)
 
 
 @dataclass
@@ -155,6 +171,9 @@ class StepContext(Generic[R]):
 
     async def result(self, kind: type[S]) -> S | None:
         return await Facts(self.deps, self.incident.id).result(kind)
+
+    async def results(self) -> Results:
+        return await Facts(self.deps, self.incident.id).results()
 
     async def save(self, progress: R) -> None:
         """Persist progress (intent, or facts learned) before acting on it."""

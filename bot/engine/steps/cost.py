@@ -12,7 +12,7 @@ from typing import Any
 
 from bot.domain.durations import format_duration
 from bot.domain.goodput import Goodput, JobLoss, alert_age, job_loss
-from bot.engine.context import StepContext
+from bot.engine.context import Results, StepContext
 from bot.engine.metrics import Metrics
 from bot.engine.steps.back import SlurmResumeResult
 from bot.engine.steps.resumed import ConfirmResumedResult
@@ -20,14 +20,15 @@ from bot.engine.steps.slurm import SlurmDownResult
 from bot.engine.trust import fault_class
 
 
-async def account(ctx: StepContext[Any], now: datetime) -> Goodput | None:
-    """The incident's cost; ``None`` when pitcrew never took the node out of Slurm."""
-    down = await ctx.result(SlurmDownResult)
+def account(ctx: StepContext[Any], facts: Results, now: datetime) -> Goodput | None:
+    """The incident's cost, from the steps' results ``facts`` (``close``'s one read of them);
+    ``None`` when pitcrew never took the node out of Slurm."""
+    down = facts.of(SlurmDownResult)
     if down is None or not down.slurm_nodes:
         return None
     fault_at = ctx.incident.opened_at  # the first delivery: when pitcrew could first have acted
-    resumed = await ctx.result(SlurmResumeResult)
-    confirmed = await ctx.result(ConfirmResumedResult)
+    resumed = facts.of(SlurmResumeResult)
+    confirmed = facts.of(ConfirmResumedResult)
     settings = ctx.settings.goodput
     known = [down.gpus[n] for n in down.slurm_nodes if n in down.gpus]
     node_gpus = sum(known) if known else settings.gpus_per_node * len(down.slurm_nodes)

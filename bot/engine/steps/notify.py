@@ -128,14 +128,15 @@ async def watch_after_close(store: Store, incident_id: str, node: str, handle: s
     await store.remember(WATCH_AFTER_CLOSE, {incident_id: codec.encode_record(leaving)}, now)
 
 
-async def _old_node_held_at_close(ctx: StepContext[CloseResult], ready: WaitReadyResult | None) -> str | None:
+async def _old_node_held_at_close(
+    ctx: StepContext[CloseResult], replaced: ReplaceResult | None, ready: WaitReadyResult | None
+) -> str | None:
     """One more look at the node a replacement took away, unless ``wait_ready`` saw it gone: a hang
     of its repair system (``look_at_old_node``) may show only after the successor was Ready, when
     the successor came at once (a NodeSet's pod landing on an existing node) or Karpenter's drain
     or detach has not stalled long enough to tell yet. What holds it now, told if ``wait_ready``
     did not tell it, for the summary. A node still going (or a failed look) is handed to the watch
     after close (``bot.engine.old_nodes``), which tells a hang that shows later. Nothing waits on it."""
-    replaced = await ctx.result(ReplaceResult)
     cluster = ctx.ports.cluster
     if cluster is None or replaced is None or not replaced.issued or not replaced.handle:
         return None
@@ -166,22 +167,22 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
     start = ctx.incident.opened_at  # the first delivery: when pitcrew could first have acted
     recovery = _since(start, now)
     age = alert_age(ctx.incident.first_alert_at, start)
-    records = await ctx.deps.store.steps_of(ctx.incident.id)
-    lines = [f"{name}: {_outcome(records.get(name))}" for name in ctx.plan.steps if name != "close"]
-    confirmed = await ctx.result(ConfirmResumedResult)
-    resumed = await ctx.result(SlurmResumeResult)
-    down = await ctx.result(SlurmDownResult)
+    facts = await ctx.results()  # one read: the summary says what one moment shows
+    lines = [f"{name}: {_outcome(facts.records.get(name))}" for name in ctx.plan.steps if name != "close"]
+    confirmed = facts.of(ConfirmResumedResult)
+    resumed = facts.of(SlurmResumeResult)
+    down = facts.of(SlurmDownResult)
     job_running = _since(start, confirmed.confirmed_at) if confirmed and confirmed.confirmed_at else None
     node_back = _since(start, resumed.returned_at) if resumed and resumed.returned_at else None
     taken_out = down.taken_out_at if down else None
     out_of_service = _since(start, taken_out) if taken_out else None
-    goodput = await cost.account(ctx, now)
+    goodput = cost.account(ctx, facts, now)
     for job in (o.verdict for o in confirmed.jobs) if confirmed else ():
         lines.append(
             f"job {job.job_id}: {job.status} — {', '.join(job.old_nodes)} → "
             f"{', '.join(job.new_nodes) or '-'} (restarts {job.restarts_before} → {job.restarts_now})"
         )
-    ready = await ctx.result(WaitReadyResult)
+    ready = facts.of(WaitReadyResult)
     behind = left_behind(down, ready)
     if ready is not None and behind:
         lines.append(
@@ -189,7 +190,7 @@ async def close(ctx: StepContext[CloseResult]) -> Done[CloseResult] | Wait:
             f"{ready.node} serves {', '.join(slurm_nodes_back(down, ready))}; delete the old record(s) "
             "when nothing needs them"
         )
-    held = await _old_node_held_at_close(ctx, ready)
+    held = await _old_node_held_at_close(ctx, facts.of(ReplaceResult), ready)
     if held is not None:
         lines.append(f"the replaced node is not going away: {held}")
     if resumed is not None and resumed.still_out:

@@ -374,9 +374,8 @@ async def served_at_rollback(ctx: UndoContext) -> tuple[WaitReadyResult | None, 
     the successor as ``wait_ready`` reads them. Unknown (True): a replacement went ahead and no
     successor serving a Slurm node has come yet; the failed node's records may be ghosts, their
     slurmd gone with the old machine, and none is RESUMEd."""
-    facts = Facts(ctx.deps, ctx.incident.id)
-    ready = await facts.result(WaitReadyResult)
-    replaced = await facts.result(ReplaceResult)
+    facts = await Facts(ctx.deps, ctx.incident.id).results()
+    ready, replaced = facts.of(WaitReadyResult), facts.of(ReplaceResult)
     cluster = ctx.deps.ports.cluster
     if (
         (ready is not None and ready.slurm_nodes is not None)
