@@ -9,7 +9,7 @@ inserts it before the first step that needs approval when the mode asks for appr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, Protocol
@@ -87,6 +87,18 @@ class StepSpec(BaseModel):
 #: node's return and its validation): a playbook with a ``next`` rung climbs to it on one of these
 #: instead of escalating to humans. Any other failure still goes to humans.
 CLIMBS_ON: frozenset[str] = frozenset({"reset_gpu", "reboot", "wait_ready"})
+
+
+def replaces_machine(steps: Iterable[str]) -> bool:
+    """Whether a plan's repair replaces the machine (its ``replace`` step), rather than repairing it
+    in place (``reset_gpu``, ``reboot``) or leaving it to humans. Only such a plan's ``drain`` evicts
+    the slurmd pods of a StatefulSet-mode Slinky NodeSet (``PodRef.nodeset_replica``): slurm-operator
+    makes an evicted one again under the same name, its Slurm node's, unbound
+    (``NewNodeSetStatefulSetPod``), and kube-scheduler places it on another node, the cordoned one
+    refusing it (or it pends and Karpenter launches one for it): the demand a replacement needs, and
+    the Slurm node moved away from a machine repaired in place. A drain done for a plan that does
+    not replace does not carry over into one that does (``bot.engine.admission``)."""
+    return "replace" in steps
 
 
 class Playbook(BaseModel):

@@ -26,7 +26,7 @@ from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
 from bot.domain.outages import OutOfService
 from bot.domain.planner import PastIncident, Plan
-from bot.domain.playbooks import CLIMBS_ON
+from bot.domain.playbooks import CLIMBS_ON, replaces_machine
 from bot.domain.policy import Mode, Policy
 from bot.domain.returns import RETURNS
 from bot.engine import trust
@@ -356,6 +356,7 @@ class Admission:
                 if r.status in {"ok", "skipped"} and s != "notify" and s not in CLIMBS_ON
             }
         )
+        keep -= _redrained(incident, fresh)
         trust.climbed(self._metrics, incident)
         why = detail if back else f"{step} failed: {detail}"
         event = NewEvent(
@@ -403,6 +404,7 @@ class Admission:
             if returned
             else {s for s, r in done.items() if r.status in {"ok", "skipped"} and s != "notify"}
         )
+        keep -= _redrained(incident, fresh)
         event = NewEvent(
             "replanned",
             detail=f"{current} → {fresh.playbook}: a more severe fault arrived",
@@ -436,3 +438,12 @@ class Admission:
         index = next((i for i, s in enumerate(fresh.steps) if s not in keep), len(fresh.steps))
         await self._store.save_plan(incident.id, fresh, [event], now)
         await self._store.advance(incident.id, index, now)
+
+
+def _redrained(incident: IncidentRecord, fresh: Plan) -> set[str]:
+    """The steps that do not carry over from ``incident``'s plan into ``fresh`` though done: the
+    drain, into a plan that replaces the machine from one that did not (``replaces_machine``):
+    that drain left the node's StatefulSet-mode NodeSet slurmd pods, which the replacement needs
+    evicted, so it runs again."""
+    before = incident.plan.steps if incident.plan is not None else ()
+    return {"drain"} if replaces_machine(fresh.steps) and not replaces_machine(before) else set()

@@ -16,7 +16,9 @@ preStop hook, which sets the Slurm node DOWN first, is the emulator's: ``_slinky
 Slurm node has no slurmd gets one (``SlurmCluster.start_dynamic``) ``start_after`` seconds after it is
 first seen so (the image pulled, the container started), Slurm knowing nothing of it meanwhile (or, for
 a name Slurm knows, keeping the record as it is); a pod that is terminating or gone has its slurmd
-stopped (``SlurmCluster.stop_slurmd``). The Slurm nodes ``running`` names (by default the cluster's
+stopped (``SlurmCluster.stop_slurmd``), and so has a pod whose node rebooted (a new ``bootID``: the
+emulator's reboot), its container started again by the kubelet after the boot, ``start_after`` later,
+on the same node. The Slurm nodes ``running`` names (by default the cluster's
 static nodes) stand for the pods there at the start (their slurmds already run); any other slurmd runs
 outside Kubernetes and is left alone.
 """
@@ -51,12 +53,18 @@ class SlurmdPods(SyncLoop):
         self.running: set[str] = set(slurm.nodes if running is None else running)
         #: What it did, in order: ``(Slurm node, "start" | "stop")``.
         self.moves: list[tuple[str, str]] = []
+        #: Slurm node → the boot id of the node its pod's slurmd was started on (None: not known).
+        self._boots: dict[str, str | None] = {}
 
     def pods(self) -> dict[str, bool]:
         """Slurm node → whether its NodeSet pod runs (on a Ready node, not terminating)."""
+        return {name: runs for name, (runs, _) in self._look().items()}
 
-        def look(emulator: Any) -> dict[str, bool]:
-            found: dict[str, bool] = {}
+    def _look(self) -> dict[str, tuple[bool, str | None]]:
+        """Slurm node → whether its NodeSet pod runs, and the boot id of the node it runs on."""
+
+        def look(emulator: Any) -> dict[str, tuple[bool, str | None]]:
+            found: dict[str, tuple[bool, str | None]] = {}
             for (plural, _, _), pod in emulator.objects.items():
                 if plural != "pods" or slinky.scaling_mode(pod) is None:
                     continue
@@ -67,16 +75,24 @@ class SlurmdPods(SyncLoop):
                     for c in (node.get("status") or {}).get("conditions", [])
                 )
                 name = meta["labels"]["nodeset.slinky.slurm.net/pod-hostname"]
-                found[name] = found.get(name, False) or (ready and not meta.get("deletionTimestamp"))
+                if ready and not meta.get("deletionTimestamp"):
+                    boot = ((node or {}).get("status") or {}).get("nodeInfo", {}).get("bootID")
+                    found[name] = (True, boot)
+                else:
+                    found.setdefault(name, (False, None))
             return found
 
-        result: dict[str, bool] = self.world.call(look)
+        result: dict[str, tuple[bool, str | None]] = self.world.call(look)
         return result
 
     def sync(self) -> None:
-        pods = self.pods()
+        seen = self._look()
+        pods = {name: runs for name, (runs, _) in seen.items()}
         for name in sorted(self.running):
-            if not pods.get(name, False):
+            boot = seen.get(name, (False, None))[1]
+            rebooted = self._boots.setdefault(name, boot) != boot  # its slurmd went down with the node
+            if not pods.get(name, False) or rebooted:
+                self._boots.pop(name, None)
                 self.slurm.stop_slurmd(name)
                 self.running.discard(name)
                 self._seen.pop(name, None)
@@ -90,5 +106,6 @@ class SlurmdPods(SyncLoop):
                 else:
                     self.slurm.start_dynamic(name)
                 self.running.add(name)
+                self._boots[name] = seen[name][1]
                 self._seen.pop(name, None)
                 self.moves.append((name, "start"))

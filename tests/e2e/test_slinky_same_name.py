@@ -129,3 +129,54 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
     assert read_checkpoint(slurm.job_dir, job_id) >= 3
     node = slurm.node(REPLICA)
     assert not node.down and not node.drained, node
+
+
+def test_a_reboot_leaves_the_statefulset_replica_on_the_rebooted_node(
+    replica_slurm: SlurmCluster, pitcrew_factory: Any, kube_world: KubeWorld, tmp_path: Path
+) -> None:
+    """``reboot-node`` on the replica's node: had the drain evicted the replica, the NodeSet would
+    make it again unbound, kube-scheduler could not place it on the cordoned node, Karpenter would
+    launch a node for it, and the Slurm node would come back there, the rebooted machine serving
+    nothing. The drain leaves it (said in the timeline); the reboot (a new boot id) restarts its
+    slurmd on the same node, and pitcrew returns the Slurm node there once that slurmd registered."""
+    slurm = replica_slurm
+    kube_node, replica = kube_world.call(statefulset_worker)
+    operator_on(kube_world, slurm)
+    reboot = tmp_path / "reboot-job.yaml"
+    reboot.write_text(
+        "spec:\n  template:\n    spec:\n      hostPID: true\n      containers:\n"
+        "        - {name: reboot, image: busybox, command: [sh, -c, 'chroot /host systemctl reboot'],"
+        " securityContext: {privileged: true}}\n"
+    )
+    site = slurm_and_kubernetes(slurm, kube_world, tmp_path / "kube", jobs={"reboot_template": str(reboot)})
+    config = {
+        **site,
+        "slurm": {**site["slurm"], "node_mapping": "slinky"},
+        "engine": {"poll_interval": "1s"},
+        "catalog": {"overrides": {"79": {"playbook": "reboot-node"}}},
+    }
+    with SlurmdPods(kube_world, slurm, running=[REPLICA], start_after=2) as pods:
+        server = pitcrew_factory("slinky-reboot", config=config, simulated=False).start()
+        incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
+        final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
+        server.stop()
+    assert pods.error is None, pods.error
+    assert final["state"] == "resolved", (final["outcome"], [e["detail"] for e in final["events"]])
+
+    assert not [e for e in kube_world.log() if e.subresource == "eviction" and e.name == replica]
+    [kept] = events(final, "nodeset_kept", "drain")
+    assert f"slurm/{replica}" in kept["detail"], kept
+    state: dict[str, Any] = kube_world.call(
+        lambda e: {
+            "pod": e.get("pods", replica, "slurm"),
+            "claims": [
+                c["status"].get("nodeName") for (k, _, _), c in e.objects.items() if k == "nodeclaims"
+            ],
+        }
+    )
+    assert state["pod"]["spec"]["nodeName"] == kube_node and state["claims"] == [kube_node], state
+    # Its slurmd went down with the node and started again there; the Slurm node is back in service.
+    assert pods.moves == [(replica, "stop"), (replica, "start")], pods.moves
+    assert step_result(final, "wait_ready")["node"] == kube_node
+    node = slurm.node(replica)
+    assert not node.down and not node.drained, node

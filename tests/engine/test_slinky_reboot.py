@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from bot.domain.jobs import SlurmNodeState
-from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet
+from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet, permanent
 
 NODE = "gpu-node-02"
 REBOOT = {"79": {"playbook": "reboot-node"}}  # the catalog override selecting the reboot
@@ -106,3 +106,60 @@ async def test_the_wait_is_for_a_slurmd_started_since_the_reboot(tmp_path: Path)
         finished = (await h.events(incident, "step_finished", "wait_ready"))[-1]
         assert (finished.at - done.opened_at).total_seconds() >= 600
         assert len([r for r in h.records() if r.get("op") == "slurm_resume"]) == 1
+
+
+#: The catalog overrides selecting each repair that keeps the machine.
+IN_PLACE = {"reboot-node": REBOOT, "reset-gpu": {"79": {"playbook": "reset-gpu"}}}
+
+
+@pytest.mark.parametrize("playbook", sorted(IN_PLACE))
+async def test_a_repair_in_place_leaves_the_statefulset_nodesets_slurmd_pod_on_the_node(
+    tmp_path: Path, playbook: str
+) -> None:
+    """Under a StatefulSet-mode NodeSet (slurm-operator's default) an evicted slurmd pod is made
+    again under the same name, its Slurm node's, unbound (``NewNodeSetStatefulSetPod``), and
+    kube-scheduler cannot place it on the cordoned node: it lands on another node, or pends and
+    Karpenter launches one for it, and the Slurm node comes back there. A reboot or a GPU reset
+    repairs this machine: its drain leaves the pod where it is (the Slurm node is already out of
+    service, and the operator drained it from the cordon), the repair restarts it there, and the
+    Slurm node comes back on the repaired machine."""
+    async with EngineHarness(
+        tmp_path, cluster=StatefulSetNodeSet, mapping={"node_mapping": "slinky"}, catalog=IN_PLACE[playbook]
+    ) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        replica = h.cluster.replica(NODE).ref
+        assert not [r for r in h.records() if r.get("pod") == replica], "the slurmd pod was evicted"
+        assert h.cluster.moved == {}
+        steps = await h.steps(incident)
+        assert steps["drain"].result["nodeset_kept"] == [replica]
+        assert steps["wait_ready"].result["slurm_nodes"] == [NODE]
+        assert (await h.world.node(NODE)).in_service
+
+
+async def test_a_climb_from_a_reboot_to_a_replacement_drains_the_slurmd_pod_the_reboots_drain_left(
+    tmp_path: Path,
+) -> None:
+    """``reboot-then-replace``: the reboot's drain left the slurmd pod on the node; the reboot fails
+    and the incident climbs to ``replace-node``, whose replacement needs that pod evicted (made
+    again unbound, pending, it is the successor's demand; standing on the node it is workload the
+    replacement refuses to start under). The drain does not carry over into the replacement's
+    rung: it runs again and evicts it, and the Slurm node comes back on the successor."""
+    async with EngineHarness(
+        tmp_path,
+        cluster=StatefulSetNodeSet,
+        mapping={"node_mapping": "slinky"},
+        catalog={"79": {"playbook": "reboot-then-replace"}},
+    ) as h:
+        h.cluster.script("reboot", *permanent())
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        assert done.playbook == "replace-node"
+        replica = h.cluster.replica(NODE).ref
+        ops = [(r["op"], r.get("pod")) for r in h.records()]
+        assert ops.index(("evict", replica)) < ops.index(("replace", None)), ops
+        steps = await h.steps(incident)
+        assert steps["drain"].result["nodeset_replicas"] == [replica]
+        assert steps["wait_ready"].result["slurm_nodes"] == [NODE]

@@ -300,6 +300,90 @@ class StatefulSetNodeSet(DaemonSetNodeSet):
 
     mode = "StatefulSet"
 
+    def __init__(self, world: SimulatedWorld, *, annotated: bool = False) -> None:
+        super().__init__(world, annotated=annotated)
+        #: Replicas evicted from a node that stays (cordoned, not replaced): the node each runs on now,
+        #: None while pending. slurm-operator makes an evicted replica again under the same name,
+        #: unbound (``NewNodeSetStatefulSetPod``); kube-scheduler cannot place it on the cordoned
+        #: node, so it pends until a node has room, one Karpenter launches for it (pending, it is
+        #: demand), and its slurmd registers the same Slurm node from there.
+        self.moved: dict[str, str | None] = {}
+
+    def replica(self, node: str) -> PodRef:
+        """The NodeSet's replica pod on ``node``, as the drain lists it (``PodRef.nodeset_replica``)."""
+        namespace, _, name = self._pod(self._hostname(node)).partition("/")
+        return PodRef(namespace, name, owner_kind="NodeSet", nodeset_replica=True)
+
+    async def pods_on_node(self, name: str) -> list[PodRef]:
+        pods = await super().pods_on_node(name)
+        if name in self.successors or self._hostname(name) in self.moved:
+            return pods
+        return [*pods, self.replica(name)]
+
+    async def evict(self, pod: PodRef) -> None:
+        if not await self._remove_replica(pod, "evict"):
+            await super().evict(pod)
+
+    async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
+        if not await self._remove_replica(pod, "delete_pod", force=force):
+            await super().delete_pod(pod, force=force)
+
+    async def _remove_replica(self, pod: PodRef, op: str, **data: Any) -> bool:
+        """A replica evicted or deleted from its node: it terminates there (its slurmd container's
+        preStop hook sets its Slurm node DOWN) and is made again elsewhere (``moved``)."""
+        nodes, _ = self._world.state()
+        node = next((n for n in nodes if n not in self.successors and self.replica(n) == pod), None)
+        if node is None:
+            return False
+        hostname = self._hostname(node)
+        await self._world.write(op, node=node, pod=pod.ref, **data)
+        await self._operator("prestop_down", hostname, SLINKY_PRESTOP_REASON)
+        await self._world.journal.append({"op": "slurmd_gone", "node": hostname})
+        self.moved[hostname] = None
+        return True
+
+    async def replace(
+        self,
+        name: str,
+        *,
+        strategy: str,
+        incident_id: str,
+        slurm_nodes: Sequence[str] = (),
+        nodeset_pods: Sequence[str] = (),
+    ) -> str:
+        """The pending replica (the replacement's demand) lands on the successor."""
+        self.moved.pop(self._hostname(name), None)
+        return await super().replace(
+            name,
+            strategy=strategy,
+            incident_id=incident_id,
+            slurm_nodes=slurm_nodes,
+            nodeset_pods=nodeset_pods,
+        )
+
+    async def reboot(self, name: str, *, incident_id: str) -> None:
+        """The node reboots; a replica evicted from it before is no longer there to restart: while the
+        node reboots, Karpenter's node for it comes up and its slurmd registers the Slurm node there."""
+        hostname = self._hostname(name)
+        if hostname not in self.moved:
+            await super().reboot(name, incident_id=incident_id)
+            return
+        await SimulatedCluster.reboot(self, name, incident_id=incident_id)
+        self.moved[hostname] = f"{name}-karpenter"
+        await self._world.journal.append({"op": "slurmd_registered", "node": hostname})
+
+    async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
+        pods = [p for p in await super().slurmd_pods(namespace, selector) if p.hostname not in self.moved]
+        for hostname, node in self.moved.items():
+            if node is not None:
+                labels = {
+                    **DEFAULT_SLINKY_SELECTOR,
+                    SLINKY_POD_HOSTNAME: hostname,
+                    SLINKY_SCALING_MODE: self.mode,
+                }
+                pods.append(SlurmdPod(f"slurm-worker-{hostname}", node, hostname, labels, namespace))
+        return pods
+
     def _hostname(self, node: str) -> str:
         replaced = {new: old for old, new in self.successors.items()}
         return replaced.get(node, node)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot
 from bot.domain.ownership import owns_node, slinky_cordon_annotations
+from bot.domain.playbooks import replaces_machine
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster, Notice, PodRef
@@ -121,6 +122,9 @@ class DrainResult(LooksAround):
     #: Of ``evicted``, the pods a StatefulSet-mode NodeSet makes again under the same name
     #: (``PodRef.nodeset_replica``): the demand ``replace`` waits on, though not made again yet.
     nodeset_replicas: tuple[str, ...] = ()
+    #: StatefulSet-mode NodeSet slurmd pods left on the node, its repair keeping the machine
+    #: (``replaces_machine``): the reset or reboot restarts them there.
+    nodeset_kept: tuple[str, ...] = ()
     #: The pod being evicted right now (intent).
     evicting: str | None = None
     #: When the drain first found Slurm jobs still running after DRAIN (the grace clock).
@@ -153,7 +157,7 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
     if waited is not None:
         return waited
     evicted = list(ctx.progress.evicted)
-    pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
+    pods = await _to_drain(ctx, cluster)
     force = bool(ctx.spec.options.get("force_delete_on_dead_node", False)) and not node.ready
     # On a node that is not Ready no kubelet confirms a deletion: a terminating pod (evicted, or
     # marked by the taint manager on its own) stays Terminating until it is force-deleted.
@@ -196,9 +200,7 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
             reason=Reason.PDB if all("PodDisruptionBudget" in b for b in blocked) else Reason.UNAVAILABLE,
         )
     if left:  # what this pass evicted may be gone already, or still terminating
-        pods = [
-            p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"
-        ]
+        pods = await _to_drain(ctx, cluster)
     if pods and not node.ready and not force:
         raise PermanentError(
             f"node {ctx.node} is not Ready, so no kubelet will confirm the deletion of its "
@@ -211,6 +213,28 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
         # none. At the deadline this is what the escalation reports as left on the node.
         return Wait(ctx.poll, f"{len(pods)} pod(s) still on the node, terminating: {_refs(pods)}")
     return Done(ctx.progress, f"{len(evicted)} pod(s) evicted")
+
+
+async def _to_drain(ctx: StepContext[DrainResult], cluster: Cluster) -> list[PodRef]:
+    """The node's pods the drain empties it of: not DaemonSet or mirror pods (their controllers
+    keep them on the node), and, where the repair keeps the machine (``replaces_machine``), not the
+    slurmd pods of a StatefulSet-mode NodeSet: evicted, such a pod is made again unbound and placed
+    on another node, taking the Slurm node with it, while the reset or reboot restarts it here. The
+    Slurm node is out of service already (``slurm_down``, or slurm-operator's drain on the cordon),
+    and its jobs have left (``_slurm_jobs_still_running``). Those left are recorded, and said once."""
+    pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
+    if replaces_machine(ctx.plan.steps):
+        return pods
+    kept = [p.ref for p in pods if p.nodeset_replica and p.ref not in ctx.progress.nodeset_kept]
+    if kept:
+        await ctx.save(replace(ctx.progress, nodeset_kept=(*ctx.progress.nodeset_kept, *kept)))
+        await ctx.note(
+            "nodeset_kept",
+            f"slurmd pod(s) {', '.join(kept)} left on {ctx.node}: their StatefulSet-mode NodeSet would "
+            "make them again elsewhere, the Slurm node with them; the repair restarts them here",
+            pods=list(kept),
+        )
+    return [p for p in pods if not p.nodeset_replica]
 
 
 def _refs(pods: list[PodRef]) -> str:
