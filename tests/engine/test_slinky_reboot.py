@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from bot.domain.jobs import SlurmNodeState
+from bot.domain.nodemap import SlurmdPod
 from tests.engine.harness import Answer, DaemonSetNodeSet, EngineHarness, StatefulSetNodeSet, permanent
 
 NODE = "gpu-node-02"
@@ -136,6 +137,35 @@ async def test_a_repair_in_place_leaves_the_statefulset_nodesets_slurmd_pod_on_t
         assert steps["drain"].result["nodeset_kept"] == [replica]
         assert steps["wait_ready"].result["slurm_nodes"] == [NODE]
         assert (await h.world.node(NODE)).in_service
+
+
+async def test_after_a_reboot_a_slurm_node_come_back_on_another_node_is_not_the_repairs_success(
+    tmp_path: Path,
+) -> None:
+    """The slurmd pod left the rebooted node all the same (a graceful node shutdown ends it Failed,
+    and slurm-operator deletes a failed pod and makes it again, ``processNodeSetPod``; or a human
+    deleted it): made again unbound it runs on another node, and its slurmd registers the Slurm node
+    there. A new slurmd is no proof that the rebooted machine serves again: ``wait_ready`` does not
+    take it, says where the Slurm node is served, and the incident goes to a human."""
+    async with EngineHarness(
+        tmp_path, cluster=StatefulSetNodeSet, mapping={"node_mapping": "slinky"}, catalog=REBOOT
+    ) as h:
+        rebooted = False
+
+        def elsewhere(pods: list[SlurmdPod]) -> list[SlurmdPod]:
+            nonlocal rebooted
+            rebooted = rebooted or any(r.get("op") == "reboot" for r in h.records())
+            if not rebooted:
+                return pods
+            return [replace(p, node_name="gpu-node-09") if p.slurm_node == NODE else p for p in pods]
+
+        h.cluster.always("slurmd_pods", Answer(elsewhere))
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "failed", await h.timeline(incident)
+        assert not [r for r in h.records() if r.get("op") == "slurm_resume"]
+        waits = [e.detail for e in await h.events(incident, "step_waiting", "wait_ready")]
+        assert any(f"{NODE} does not serve Slurm node {NODE}" in w for w in waits), waits
 
 
 async def test_a_climb_from_a_reboot_to_a_replacement_drains_the_slurmd_pod_the_reboots_drain_left(

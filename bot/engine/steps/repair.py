@@ -460,6 +460,10 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         slurm_nodes = tuple(await ctx.ports.slurm_names(node.name))
         if not slurm_nodes:
             return Wait(ctx.poll, f"replacement {node.name} serves no Slurm node yet (no slurmd there)")
+    elif read_from_node(ctx.settings.node_mapping):
+        away = await _served_elsewhere(ctx, node.name, slurm_nodes)
+        if away is not None:
+            return away
     for name in slurm_nodes:
         try:
             state = await ctx.ports.scheduler.node(name)
@@ -491,6 +495,30 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
             f"scontrol delete NodeName={','.join(behind)})",
         )
     return Done(done, f"node {node.name} is Ready")
+
+
+async def _served_elsewhere(
+    ctx: StepContext[WaitReadyResult], node: str, slurm_nodes: tuple[str, ...]
+) -> Wait | None:
+    """After a repair in place (a reset, a reboot), where the node mapping reads the Slurm nodes
+    from the node: the repaired node must still serve the failed node's Slurm nodes. A
+    StatefulSet-mode NodeSet's slurmd pod that left it all the same (deleted by hand, or ended by
+    a graceful node shutdown, after which slurm-operator deletes the failed pod,
+    ``processNodeSetPod``) is made again unbound, and kube-scheduler places it on another node, the
+    cordoned one refusing it: its Slurm node, the same name, registers a new slurmd there, which
+    proves nothing of this machine. The wait goes on, saying so, and the escalation says it if it
+    runs out; the Slurm node is not returned."""
+    served = set(await ctx.ports.slurm_names(node))
+    away = [name for name in slurm_nodes if name not in served]
+    if not away:
+        return None
+    return Wait(
+        ctx.poll,
+        f"{node} does not serve Slurm node {', '.join(away)} any more: its slurmd pod is not on the node "
+        "(a StatefulSet-mode NodeSet makes a pod gone from it again unbound, and kube-scheduler places it "
+        "on another node while this one is cordoned); a slurmd registered elsewhere is not the repair's "
+        "proof, so the Slurm node is not returned: see where its pod runs (kubectl get pods -o wide)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
