@@ -44,6 +44,7 @@ from proving_ground.train_job import read_checkpoint
 from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slinky_world import NODESET, nodeset_cluster, operator_on, training_on
 from tests.e2e.slurm_engine import open_incident, replace_node, running_on
+from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, events, step_result
 from tests.harness.slurm import BACKENDS
 
@@ -178,5 +179,7 @@ def test_a_reboot_leaves_the_statefulset_replica_on_the_rebooted_node(
     # Its slurmd went down with the node and started again there; the Slurm node is back in service.
     assert pods.moves == [(replica, "stop"), (replica, "start")], pods.moves
     assert step_result(final, "wait_ready")["node"] == kube_node
+    # The operator's drain from the cordon ends with its undrain, a sync after pitcrew's uncordon.
+    wait_until(lambda: not slurm.node(replica).taken_out, timeout=10, interval=0.2, what="the undrain")
     node = slurm.node(replica)
     assert not node.down and not node.drained, node
