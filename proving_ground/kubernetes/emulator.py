@@ -299,8 +299,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         """A MachineHealthCheck finds the Machine's node unhealthy: ``HealthCheckSucceeded`` False
         (``UnhealthyNode``) and ``OwnerRemediated`` False (``WaitingForRemediation``), set as Cluster
         API v1.11 on sets them, both as v1beta1 conditions (with a severity) and as v1beta2 ones
-        (each version of the Machine shows its own: ``capi``); its MachineSet then deletes it after
-        ``replace_delay`` and, as for any deleted Machine, makes a new one."""
+        (each version of the Machine shows its own: ``capi``). Its MachineSet acts on that when the
+        test says (``machine_set_remediates``): a delay here would race the reads under test."""
         machine = self.objects[("machines", namespace, name)]
         status = machine.setdefault("status", {})
         legacy = status.setdefault("conditions", [])
@@ -332,14 +332,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 }
             )
         self.bump(machine)
-        res = resources.BY_PLURAL["machines"]
 
-        async def remediate() -> None:
-            current = self.objects.get(("machines", namespace, name))
-            if current is not None and not current["metadata"].get("deletionTimestamp"):
-                self._delete(res, current, None)
-
-        self._later(self.replace_delay, remediate)
+    def machine_set_remediates(self, namespace: str, name: str) -> None:
+        """The Machine's MachineSet remediates it (``OwnerRemediated`` False): deletes it now and, as
+        for any deleted Machine, makes a new one ``replace_delay`` later."""
+        current = self.objects.get(("machines", namespace, name))
+        if current is not None and not current["metadata"].get("deletionTimestamp"):
+            self._delete(resources.BY_PLURAL["machines"], current, None)
 
     def _slinky_hostnames(self, node_name: str) -> set[str]:
         return {

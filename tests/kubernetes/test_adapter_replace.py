@@ -139,6 +139,7 @@ async def test_cluster_api_machines_are_read_and_deleted_in_the_version_served(
     owner = await cluster.repair_owner(NODE)
     assert owner is not None and "OwnerRemediated False, WaitingForRemediation" in owner, owner
     handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    k8s.machine_set_remediates("gpu-east", "gpu-east-gpu-h100-x7b2n-q4v9k")
     new = await _successor(cluster, handle)
     machines = [e for e in k8s.log if e.resource == "machines"]
     assert machines and {e.path.split("/")[3] for e in machines} == {served[0]}
@@ -279,6 +280,7 @@ async def test_a_machine_a_machinehealthcheck_remediates_is_watched_not_deleted_
         "by its owner: OwnerRemediated False, WaitingForRemediation)"
     )
     handle = await cluster.replace(NODE, strategy="watch", incident_id=INCIDENT)
+    k8s.machine_set_remediates("gpu-east", "gpu-east-gpu-h100-x7b2n-q4v9k")  # once pitcrew watches
     new = await _successor(cluster, handle)
     assert new.name.startswith(f"{NODE}-")
     assert [(e.resource, e.user_agent.startswith("pitcrew/")) for e in k8s.log if e.verb == "delete"] == []
