@@ -1028,6 +1028,9 @@ async def test_karpenter_fails_when_the_placeholder_is_gone_before_any_successor
     """Deleted by someone (or with a node it was bound to) before Karpenter launched a node for it:
     nothing is pending, so nothing will come."""
     cluster = make_cluster(replace={"strategy": "karpenter"})
+    # Karpenter's provisioner has not run when the delete lands: it batches pending pods for at
+    # least BATCH_IDLE_DURATION (1 s by default); the emulator's 0.05 s raced the delete under load.
+    k8s.replace_delay = 30
     handle = await cluster.replace(NODE, strategy="configured", incident_id=INCIDENT)
     await client.CoreV1Api(k8s_client).delete_namespaced_pod(PLACEHOLDER, "pitcrew-jobs")
     failed = await _no_demand(cluster, handle)
