@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -126,6 +127,11 @@ NodeSet=$nodeset Feature=$nodeset""")
 #: A dynamic node's ``--conf``: the static nodes' shape (``NodeName=DEFAULT``), the NodeSet's feature
 #: (slurm-operator's ``slurmdConfArgs``: ``Features=<nodeset>``).
 _DYNAMIC_CONF = "CPUs=2 RealMemory=2048 Gres=gpu:h100:8 Features={nodeset}"
+
+
+#: slurmctld's log line for each node state change it was asked for (``node_mgr.c`` ``update_node``;
+#: a DRAIN is logged DRAINED on a node without jobs, DRAINING on one with them).
+NODE_UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
 
 
 class SlurmHarnessError(DemoError):
@@ -509,6 +515,19 @@ class SlurmCluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{tail(p, 15)}" for p in sorted((self.run_dir / "log").glob("*.log")))
+
+    @property
+    def controller_log(self) -> Path:
+        return self.run_dir / "log" / "slurmctld.log"
+
+    def states_set(self, since: int = 0) -> list[tuple[str, str]]:
+        """(node, state) for each node state slurmctld logged it set on request, from byte ``since``
+        of its log (``controller_log.stat().st_size`` before the requests): what reached Slurm,
+        whatever Slurm made of the node since."""
+        with self.controller_log.open("rb") as file:
+            file.seek(since)
+            text = file.read().decode(errors="replace")
+        return NODE_UPDATE.findall(text)
 
     # -- internals ---------------------------------------------------------------------
     def _write_files(self) -> None:

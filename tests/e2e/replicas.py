@@ -42,7 +42,7 @@ from proving_ground.kubernetes.world import KubeWorld, demo_fleet, settings_for
 from proving_ground.pitcrew import Pitcrew
 from proving_ground.slack.threaded import ThreadedStandin
 from proving_ground.slack.world import World
-from proving_ground.slurm import SlurmCluster
+from proving_ground.slurm import NODE_UPDATE, SlurmCluster
 from tests.e2e.store_moments import delivered
 from tests.harness.postgres import PostgresDatabase
 from tests.harness.proc import wait_until
@@ -62,7 +62,6 @@ SLURM_WRITES = frozenset(
     }
 )
 _OPCODE = re.compile(r"received opcode (\S+) from (\S+?):\d+ uid")
-_UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
 #: How slurmctld logs a DRAIN: DRAINED on a node without jobs, DRAINING on one with them.
 DRAIN = frozenset({"DRAINED", "DRAINING"})
 _KUBE_READS = frozenset({"get", "list", "watch"})
@@ -206,7 +205,7 @@ class FarSides:
         with self.log.open("rb") as file:
             file.seek(since.slurm_log)
             text = file.read().decode(errors="replace")
-        return Counter(_UPDATE.findall(text))
+        return Counter(NODE_UPDATE.findall(text))
 
     def _slack_calls(self) -> list[tuple[str, str | None]]:
         async def read() -> list[tuple[str, str | None]]:

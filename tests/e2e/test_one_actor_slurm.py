@@ -16,7 +16,6 @@ playbook, or by the rollback), every cordon and replacement reached the simulate
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,14 +23,12 @@ from typing import Any
 
 import pytest
 
-from proving_ground.slurm import NODES, SlurmCluster
+from proving_ground.slurm import NODE_UPDATE, NODES, SlurmCluster
 from tests.harness.pitcrew import Pitcrew
 from tests.harness.proc import wait_until
 from tests.harness.scenarios import delivery, destructive_calls
 
 pytestmark = pytest.mark.slow
-#: slurmctld's line for each node state change it was asked for (``scontrol update``).
-_UPDATE = re.compile(r"update_node: node (\S+) state set to (\S+)")
 #: How slurmctld logs a DRAIN: DRAINED on a node without jobs, DRAINING on one with them.
 DRAIN = {"DRAINED", "DRAINING"}
 
@@ -49,7 +46,7 @@ def _slurm_changes(log: Path, offset: int) -> Counter[tuple[str, str]]:
     with log.open("rb") as file:
         file.seek(offset)
         text = file.read().decode(errors="replace")
-    return Counter((node, state) for node, state in _UPDATE.findall(text))
+    return Counter((node, state) for node, state in NODE_UPDATE.findall(text))
 
 
 def _k8s_calls(journal: Path) -> Counter[tuple[str, str]]:

@@ -55,9 +55,15 @@ async def test_a_node_pitcrew_took_out_stays_out_when_its_slurmd_registers_again
 ) -> None:
     node = slurm.nodes[-1]
     reason = slurm_reason("pc-00042", "XID 79 gpu3")
+    since = slurm.controller_log.stat().st_size
     await scheduler.down(node, reason)
+    # Both updates reached slurmctld. The DOWN shows only until slurmctld's next ping of the live
+    # slurmd (every SlurmdTimeout/3): ReturnToService=2 returns a DOWN node to service on any answer
+    # (node_mgr.c _node_did_resp, RETURN_TO_SERVICE_ALL), its flags kept, so from then on the node
+    # reads IDLE+DRAIN. What holds either way, and keeps it out, is the DRAIN with pitcrew's reason.
+    assert [s for n, s in slurm.states_set(since) if n == node] == ["DOWN", "DRAINED"]
     taken = await scheduler.node(node)
-    assert taken.taken_out and taken.down and owns_slurm_reason(taken.reason, "pc-00042"), taken
+    assert taken.drained and owns_slurm_reason(taken.reason, "pc-00042"), taken
 
     slurm.restart_slurmd(node)  # the reboot or replacement: slurmd registers again
     again = await scheduler.node(node)
