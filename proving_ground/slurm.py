@@ -116,12 +116,12 @@ PartitionName=gpu Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
 #: ``NodeSet=<name> Feature=<name>``, its partition ``Nodes=<name>``), so a node registering with that
 #: feature joins the partition. A dynamic node's slurmd listens on ``SlurmdPort`` (its ``--conf``
 #: may not set ``Port=``: slurmd.c ``_validate_dynamic_conf``), so one host runs one at a time.
-#: ``SlurmdTimeout=10``: a record whose slurmd went with its machine shows NOT_RESPONDING within
-#: seconds instead of Slurm's default 300 s.
+#: ``SlurmdTimeout=10`` unless the cluster says otherwise (``slurmd_timeout``): a record whose slurmd
+#: went with its machine shows NOT_RESPONDING within seconds instead of Slurm's default 300 s.
 _DYNAMIC = Template("""\
 MaxNodeCount=$max_nodes
 TreeWidth=65533
-SlurmdTimeout=10
+SlurmdTimeout=$slurmd_timeout
 SlurmdPort=$slurmd_port
 NodeSet=$nodeset Feature=$nodeset""")
 #: A dynamic node's ``--conf``: the static nodes' shape (``NodeName=DEFAULT``), the NodeSet's feature
@@ -167,6 +167,7 @@ class SlurmCluster:
         version: str | None = None,
         nodeset: str | None = None,
         return_to_service: int = 1,
+        slurmd_timeout: int = 10,
     ) -> None:
         self.run_dir = run_dir
         self.version = chosen_version(version)
@@ -181,6 +182,11 @@ class SlurmCluster:
         #: default, which slurm-operator's chart keeps); 2 whatever the reason (node_mgr.c
         #: ``validate_node_specs``).
         self.return_to_service = return_to_service
+        #: A NodeSet cluster's ``SlurmdTimeout``. slurmctld pings a slurmd only once its last answer is
+        #: a third of that old (ping_nodes.c ``ping_nodes``: ``still_live_time``), so a record whose
+        #: slurmd stopped shows NOT_RESPONDING from its ping no sooner. slurm-operator writes none:
+        #: Slurm's 300 s is a Slinky cluster's.
+        self.slurmd_timeout = slurmd_timeout
         #: Dynamic nodes whose slurmd this object started (``start_dynamic``), in order.
         self.dynamic: list[str] = []
         self.with_rest = rest
@@ -561,7 +567,10 @@ class SlurmCluster:
             ""
             if self.nodeset is None
             else _DYNAMIC.substitute(
-                max_nodes=len(self.nodes) + 4, slurmd_port=slurmd_ports[0], nodeset=self.nodeset
+                max_nodes=len(self.nodes) + 4,
+                slurmd_port=slurmd_ports[0],
+                nodeset=self.nodeset,
+                slurmd_timeout=self.slurmd_timeout,
             )
         )
         conf = _SLURM_CONF.substitute(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import re
 import uuid
@@ -189,6 +190,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: Slurm nodes the slurmd container's preStop hook set DOWN, in order (``_slinky_prestop``).
     slinky_prestops: list[str] = attrs.field(factory=list)
     slinky_resync: float = 0.1
+    #: slurm-operator's sync of a NodeSet pod bound to a Node that is not cordoned (its undrain,
+    #: ``_slinky_bound``) is held while True, and runs once ``slinky_release`` is called: a test puts
+    #: it after what it waits for (the operator's sync lags the bind by its reconcile, any length).
+    slinky_sync_held: bool = False
+    _slinky_held: list[str] = attrs.field(factory=list)
     #: Resources whose CRD this API server does not have: their paths answer 404 ``404 page not found``
     #: (text/plain), as for any group the server does not serve. A workload cluster managed from
     #: elsewhere has no ``machines``: Cluster API keeps them in the management cluster.
@@ -384,8 +390,19 @@ class KubeEmulator(kmock.KubernetesScaffold):
         node = self.objects.get(("nodes", None, node_name))
         if self.slinky_drain_delay is None or slinky.scaling_mode(pod) is None or node is None:
             return
-        if not (node.get("spec") or {}).get("unschedulable"):
+        if (node.get("spec") or {}).get("unschedulable"):
+            return
+        if self.slinky_sync_held:
+            self._slinky_held.append(node_name)
+        else:
             self._later(self.slinky_drain_delay, lambda: self._slinky_undrain(node_name))
+
+    def slinky_release(self) -> None:
+        """slurm-operator's syncs ``slinky_sync_held`` held run now, and later ones as they come."""
+        self.slinky_sync_held = False
+        held, self._slinky_held = self._slinky_held, []
+        for name in held:
+            self._later(0, functools.partial(self._slinky_undrain, name))
 
     async def _slinky_undrain(self, name: str) -> None:
         """slurm-operator's syncCordon for the NodeSet pods of an uncordoned Node: each one's Slurm

@@ -40,6 +40,7 @@ import pytest
 from proving_ground.kubernetes.slurmd_pods import SlurmdPods
 from proving_ground.kubernetes.world import KubeWorld, statefulset_worker
 from proving_ground.slurm import SlurmCluster
+from proving_ground.sync_loop import SyncLoop
 from proving_ground.train_job import read_checkpoint
 from tests.e2e.kube_config import slurm_and_kubernetes
 from tests.e2e.slinky_world import NODESET, nodeset_cluster, operator_on, training_on
@@ -55,11 +56,32 @@ REPLICA = f"{NODESET}-0"  # its replica 0: the pod's name, hostname and Slurm no
 
 @pytest.fixture
 def replica_slurm(slurm_version: str) -> Iterator[SlurmCluster]:
-    """A cluster of its own with the NodeSet, Slurm's own ReturnToService (0, slurm-operator's), and
-    the replica's slurmd running as a dynamic node."""
-    with nodeset_cluster(slurm_version, "pitcrew-slurm-replica-", return_to_service=0) as cluster:
+    """A cluster of its own with the NodeSet, Slurm's own ReturnToService (0, slurm-operator's) and
+    SlurmdTimeout (300 s: slurm-operator writes none), and the replica's slurmd running as a dynamic
+    node."""
+    with nodeset_cluster(
+        slurm_version, "pitcrew-slurm-replica-", return_to_service=0, slurmd_timeout=300
+    ) as cluster:
         cluster.start_dynamic(REPLICA)
         yield cluster
+
+
+class OperatorSyncAfter(SyncLoop):
+    """slurm-operator's sync of the replica made again on the successor, held
+    (``slinky_sync_held``) until pitcrew's wait_ready has waited on the replica's slurmd: that
+    sync's UNDRAIN makes Slurm set the record NOT_RESPONDING until the slurmd registers
+    (node_mgr.c ``update_node``, ``NODE_STATE_UNDRAIN``: ``_require_node_reg``), so pitcrew, had it
+    looked after, would have read no more than that."""
+
+    def __init__(self, world: KubeWorld, server: Any, incident_id: str) -> None:
+        super().__init__("operator-sync-after", 0.1)
+        self.world, self.server, self.incident_id = world, server, incident_id
+
+    def sync(self) -> None:
+        waits = events(self.server.incident(self.incident_id), "step_waiting", "wait_ready")
+        if any(f"slurmd on {REPLICA} has not registered" in e["detail"] for e in waits):
+            self.world.call(lambda e: e.slinky_release())
+            self._stop.set()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -71,6 +93,7 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
     assert replica == REPLICA
 
     operator_on(kube_world, slurm)
+    kube_world.call(lambda e: setattr(e, "slinky_sync_held", True))
     job_id = training_on(slurm, REPLICA)
 
     site = slurm_and_kubernetes(
@@ -85,15 +108,19 @@ def test_a_statefulset_replica_made_again_on_the_successor_is_resumed_and_runs_t
             slurm_resume={"options": {"requeue_wait_seconds": 2}},
         ),
     }
-    # The static nodes' slurmds are not pods. The replica's slurmd comes up on the successor later
-    # than Slurm's SlurmdTimeout (10 s here; 300 s by default, against an image pulled on a fresh
-    # node): meanwhile the record its old slurmd left is DOWN without NOT_RESPONDING, then DOWN
-    # "Not responding", which ReturnToService=0 keeps when the slurmd registers.
+    # The static nodes' slurmds are not pods. The replica's slurmd comes up on the successor 12 s
+    # after its pod lands there (an image pulled on a fresh node). Meanwhile the record its old
+    # slurmd left is DOWN without NOT_RESPONDING (no ping of it is due before SlurmdTimeout/3, 100 s)
+    # until the operator's sync undrains it, then DOWN and NOT_RESPONDING; ReturnToService=0 keeps
+    # the DOWN when the slurmd registers. pitcrew's first look may come in either: the operator's
+    # sync waits for it, so that pitcrew reads the record that says nothing of the slurmd first.
     with SlurmdPods(kube_world, slurm, running=[REPLICA], start_after=12) as pods:
         server = pitcrew_factory("slinky-same-name", config=config, simulated=False).start()
         incident_id = open_incident(server, delivery("xid79-firing.json", node=kube_node))
-        final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
+        with OperatorSyncAfter(kube_world, server, incident_id) as operator:
+            final = server.wait_incident(incident_id, "resolved", "failed", timeout=90)
         server.stop()
+    assert operator.error is None, operator.error
     assert pods.error is None, pods.error
     assert final["state"] == "resolved", (final["outcome"], [e["detail"] for e in final["events"]])
 
