@@ -207,21 +207,23 @@ class Termination:
             )
         )
 
+    async def _pods_on(self, node: str) -> list[Any]:
+        """Every pod bound to ``node``, in one list."""
+        found = await call(
+            f"list pods on {node}",
+            self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=self._timeout
+            ),
+        )
+        return list(found.items)
+
     async def _drained_left(self, node: str) -> list[Any]:
         """The pods on ``node`` Cluster API's drain before v1.9 (the kubectl drain library:
         ``IgnoreAllDaemonSets``, mirror pods skipped) still has to see go: not DaemonSet, not
         mirror, not finished."""
-        pods = (
-            await call(
-                f"list pods on {node}",
-                self._core.list_pod_for_all_namespaces(
-                    field_selector=f"spec.nodeName={node}", _request_timeout=self._timeout
-                ),
-            )
-        ).items
         return [
             p
-            for p in pods
+            for p in await self._pods_on(node)
             if not (found := pod_ref(p)).mirror
             and found.owner_kind != "DaemonSet"
             and (p.status.phase if p.status else None) not in ("Succeeded", "Failed")
@@ -231,20 +233,8 @@ class Termination:
         """The pods on ``node`` Karpenter's drain waits on and cannot evict, each with why: an active
         ``do-not-disrupt``; a refusal its ``FailedDraining`` named; or, ``stalled`` (a minute into
         the drain) and nothing on the node terminating, standing in the tier it is evicting."""
-        pods = (
-            await call(
-                f"list pods on {node}",
-                self._core.list_pod_for_all_namespaces(
-                    field_selector=f"spec.nodeName={node}", _request_timeout=self._timeout
-                ),
-            )
-        ).items
-        waiting = [p for p in pods if _waiting_eviction(p, now)]
-        standing = {
-            f"{p.metadata.namespace}/{p.metadata.name}": p
-            for p in waiting
-            if not p.metadata.deletion_timestamp
-        }
+        waiting = [p for p in await self._pods_on(node) if _waiting_eviction(p, now)]
+        standing = {_ref(p): p for p in waiting if not p.metadata.deletion_timestamp}
         why: dict[str, str] = {}
         for ref, pod in standing.items():
             said = _do_not_disrupt(pod, now)
@@ -351,7 +341,7 @@ def _first_tier(pods: Sequence[Any]) -> list[str]:
         return 2 * critical + daemon
 
     first = min((tier(p) for p in pods), default=None)
-    return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods if tier(p) == first]
+    return [_ref(p) for p in pods if tier(p) == first]
 
 
 def _awaiting_volumes(claim: dict[str, Any], now: datetime) -> str | None:
