@@ -92,11 +92,12 @@ CLIMBS_ON: frozenset[str] = frozenset({"reset_gpu", "reboot", "wait_ready"})
 def replaces_machine(steps: Iterable[str]) -> bool:
     """Whether a plan's repair replaces the machine (its ``replace`` step), rather than repairing it
     in place (``reset_gpu``, ``reboot``) or leaving it to humans. Only such a plan's ``drain`` evicts
-    the slurmd pods of a StatefulSet-mode Slinky NodeSet (``PodRef.nodeset_replica``): slurm-operator
-    makes an evicted one again under the same name, its Slurm node's, unbound
-    (``NewNodeSetStatefulSetPod``), and kube-scheduler places it on another node, the cordoned one
-    refusing it (or it pends and Karpenter launches one for it): the demand a replacement needs, and
-    the Slurm node moved away from a machine repaired in place. A drain done for a plan that does
+    the slurmd pods of a Slinky NodeSet (``PodRef.nodeset_pod``): slurm-operator makes an evicted
+    one again, but not on the cordoned node. In StatefulSet mode under the same name, its Slurm
+    node's, unbound (``NewNodeSetStatefulSetPod``), and kube-scheduler places it on another node (or
+    it pends and Karpenter launches one for it): the demand a replacement needs, and the Slurm node
+    moved away from a machine repaired in place. In DaemonSet mode only once the node is uncordoned
+    (``PodShouldRunOnNode``): none serves the Slurm node meanwhile. A drain done for a plan that does
     not replace does not carry over into one that does (``bot.engine.admission``)."""
     return "replace" in steps
 

@@ -443,7 +443,7 @@ class Admission:
 def _redrained(incident: IncidentRecord, fresh: Plan) -> set[str]:
     """The steps that do not carry over from ``incident``'s plan into ``fresh`` though done: the
     drain, into a plan that replaces the machine from one that did not (``replaces_machine``):
-    that drain left the node's StatefulSet-mode NodeSet slurmd pods, which the replacement needs
-    evicted, so it runs again."""
+    that drain left the node's Slinky NodeSet slurmd pods, which the replacement needs evicted, so
+    it runs again."""
     before = incident.plan.steps if incident.plan is not None else ()
     return {"drain"} if replaces_machine(fresh.steps) and not replaces_machine(before) else set()

@@ -131,6 +131,13 @@ class PodRef:
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def nodeset_pod(self) -> bool:
+        """A slurmd pod of a Slinky NodeSet, in either scaling mode: its controller is the NodeSet
+        (slurm-operator makes it from the NodeSet's template with the NodeSet as controllerRef,
+        ``NewNodeSetStatefulSetPod``, ``NewNodeSetDaemonSetPod``), not a DaemonSet's."""
+        return self.owner_kind == "NodeSet"
+
 
 @runtime_checkable
 class Cluster(Protocol):

@@ -113,28 +113,33 @@ async def test_the_wait_is_for_a_slurmd_started_since_the_reboot(tmp_path: Path)
 IN_PLACE = {"reboot-node": REBOOT, "reset-gpu": {"79": {"playbook": "reset-gpu"}}}
 
 
+@pytest.mark.parametrize("cluster", [DaemonSetNodeSet, StatefulSetNodeSet], ids=lambda c: c.mode)
 @pytest.mark.parametrize("playbook", sorted(IN_PLACE))
-async def test_a_repair_in_place_leaves_the_statefulset_nodesets_slurmd_pod_on_the_node(
-    tmp_path: Path, playbook: str
+async def test_a_repair_in_place_leaves_the_nodesets_slurmd_pod_on_the_node(
+    tmp_path: Path, playbook: str, cluster: type[DaemonSetNodeSet]
 ) -> None:
-    """Under a StatefulSet-mode NodeSet (slurm-operator's default) an evicted slurmd pod is made
-    again under the same name, its Slurm node's, unbound (``NewNodeSetStatefulSetPod``), and
-    kube-scheduler cannot place it on the cordoned node: it lands on another node, or pends and
-    Karpenter launches one for it, and the Slurm node comes back there. A reboot or a GPU reset
-    repairs this machine: its drain leaves the pod where it is (the Slurm node is already out of
-    service, and the operator drained it from the cordon), the repair restarts it there, and the
-    Slurm node comes back on the repaired machine."""
+    """Evicted from the cordoned node, a NodeSet's slurmd pod does not come back to it. In
+    StatefulSet mode (slurm-operator's default) it is made again under the same name, its Slurm
+    node's, unbound (``NewNodeSetStatefulSetPod``), and kube-scheduler cannot place it on the
+    cordoned node: it lands on another node, or pends and Karpenter launches one for it, and the
+    Slurm node comes back there. In DaemonSet mode it is made again only on a node it should run on
+    (``podsShouldBeOnNode``, ``PodShouldRunOnNode``), which a cordoned node with pitcrew's
+    NoSchedule taint is not (its template tolerates neither that nor the cordon's
+    ``node.kubernetes.io/unschedulable``): the node serves no Slurm node until the uncordon, which
+    comes after ``wait_ready``. A reboot or a GPU reset repairs this machine: its drain leaves the
+    pod where it is (the Slurm node is already out of service, and the operator drained it from the
+    cordon), the repair restarts it there, and the Slurm node comes back on the repaired machine."""
     async with EngineHarness(
-        tmp_path, cluster=StatefulSetNodeSet, mapping={"node_mapping": "slinky"}, catalog=IN_PLACE[playbook]
+        tmp_path, cluster=cluster, mapping={"node_mapping": "slinky"}, catalog=IN_PLACE[playbook]
     ) as h:
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
         assert done.state.value == "resolved", await h.timeline(incident)
-        replica = h.cluster.replica(NODE).ref
-        assert not [r for r in h.records() if r.get("pod") == replica], "the slurmd pod was evicted"
-        assert h.cluster.moved == {}
+        pod = h.cluster.slurmd_pod(NODE).ref
+        assert not [r for r in h.records() if r.get("pod") == pod], "the slurmd pod was evicted"
+        assert h.cluster.gone == {} and getattr(h.cluster, "moved", {}) == {}
         steps = await h.steps(incident)
-        assert steps["drain"].result["nodeset_kept"] == [replica]
+        assert steps["drain"].result["nodeset_kept"] == [pod]
         assert steps["wait_ready"].result["slurm_nodes"] == [NODE]
         assert (await h.world.node(NODE)).in_service
 

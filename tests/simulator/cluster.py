@@ -165,7 +165,19 @@ class DaemonSetNodeSet(SimulatedCluster):
     name's slurmd registers again (``ReturnToService=1``, ``validate_node_specs``); a pod on an
     uncordoned node whose Slurm node is drained with the operator's prefix is undrained
     (``MakeNodeUndrain``: UNDRAIN, which leaves a DOWN and takes the operator's reason); a reboot
-    in place, with graceful node shutdown on, runs the slurmd pod's preStop hook too (``reboot``)."""
+    in place, with graceful node shutdown on, runs the slurmd pod's preStop hook too (``reboot``).
+
+    The node's slurmd pod is listed on it (``pods_on_node``) as slurm-operator makes it: its
+    controller the NodeSet, not a DaemonSet (``NewNodeSetDaemonSetPod``: ``GetPodFromTemplate``
+    with the NodeSet's controllerRef). Evicted or deleted, it terminates (its preStop hook sets the
+    Slurm node DOWN, its slurmd stops) and is made again only on a node it should run on
+    (nodeset_sync.go ``podsShouldBeOnNode``: ``shouldRun && !exists``; ``PodShouldRunOnNode``,
+    ``predicates``: no NoSchedule or NoExecute taint the pod does not tolerate). Its template
+    tolerates only slurm-operator's own worker taint (workerbuilder ``worker_app.go``:
+    ``TolerationWorkerNode``; here the NodeSet's own template adds none), not pitcrew's
+    ``NoSchedule`` taint nor the cordon's ``node.kubernetes.io/unschedulable``: so from a cordoned node it stays gone (``gone``) until
+    the uncordon, whose node update the operator syncs (eventhandler_node.go ``Update``) and makes
+    it again there, its slurmd registering the same Slurm node."""
 
     #: The NodeSet's scaling mode, as its pods' ``scaling-mode`` label says it.
     mode = "DaemonSet"
@@ -178,6 +190,9 @@ class DaemonSetNodeSet(SimulatedCluster):
         super().__init__(world)
         self.successors: dict[str, str] = {}
         self.annotated = annotated
+        #: Slurm node (its pod's hostname) → the node its slurmd pod was evicted or deleted from
+        #: while that node refused a new one (cordoned): not made again until the uncordon.
+        self.gone: dict[str, str] = {}
 
     def _facts(self, name: str, n: Any) -> ClusterNode:
         facts = super()._facts(name, n)
@@ -199,8 +214,12 @@ class DaemonSetNodeSet(SimulatedCluster):
 
     async def uncordon(self, name: str, *, incident_id: str) -> None:
         await super().uncordon(name, incident_id=incident_id)
+        hostname = self._hostname(name)
+        if self.gone.get(hostname) == name:  # the node takes the pod again: its slurmd registers
+            del self.gone[hostname]
+            await self._world.journal.append({"op": "slurmd_registered", "node": hostname})
         if name not in self.successors:  # the replaced node has no pod left to undrain for
-            await self._undrain(self._hostname(name))
+            await self._undrain(hostname)
 
     async def _undrain(self, hostname: str) -> None:
         """``syncCordon`` for an uncordoned pod: UNDRAIN a Slurm node the operator drained, unless
@@ -219,6 +238,62 @@ class DaemonSetNodeSet(SimulatedCluster):
     @staticmethod
     def _pod(hostname: str) -> str:
         return f"slurm/slurm-worker-{hostname}"
+
+    def slurmd_pod(self, node: str) -> PodRef:
+        """The NodeSet's slurmd pod on ``node``, as ``pods_on_node`` lists it (``pod_ref``)."""
+        namespace, _, name = self._pod(self._hostname(node)).partition("/")
+        return PodRef(namespace, name, owner_kind="NodeSet", nodeset_replica=self.mode == "StatefulSet")
+
+    def _pod_left(self, hostname: str) -> bool:
+        """The pod of Slurm node ``hostname`` is no longer on the node it ran on."""
+        return hostname in self.gone
+
+    async def pods_on_node(self, name: str) -> list[PodRef]:
+        pods = await super().pods_on_node(name)
+        if name in self.successors or self._pod_left(self._hostname(name)):
+            return pods
+        return [*pods, self.slurmd_pod(name)]
+
+    async def evict(self, pod: PodRef) -> None:
+        if not await self._remove_slurmd_pod(pod, "evict"):
+            await super().evict(pod)
+
+    async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
+        if not await self._remove_slurmd_pod(pod, "delete_pod", force=force):
+            await super().delete_pod(pod, force=force)
+
+    async def _remove_slurmd_pod(self, pod: PodRef, op: str, **data: Any) -> bool:
+        """The slurmd pod evicted or deleted from its node: it terminates there (its slurmd
+        container's preStop hook sets its Slurm node DOWN, its slurmd stops), and the NodeSet makes
+        it again (``_made_again``). False: ``pod`` is no NodeSet pod standing on a node."""
+        nodes, _ = self._world.state()
+        node = next(
+            (
+                n
+                for n in nodes
+                if n not in self.successors
+                and not self._pod_left(self._hostname(n))
+                and self.slurmd_pod(n) == pod
+            ),
+            None,
+        )
+        if node is None:
+            return False
+        hostname = self._hostname(node)
+        await self._world.write(op, node=node, pod=pod.ref, **data)
+        await self._operator("prestop_down", hostname, SLINKY_PRESTOP_REASON)
+        await self._world.journal.append({"op": "slurmd_gone", "node": hostname})
+        await self._made_again(node, hostname)
+        return True
+
+    async def _made_again(self, node: str, hostname: str) -> None:
+        """DaemonSet mode: made again on the same node only if it should run there
+        (``PodShouldRunOnNode``): not while the node is cordoned or carries pitcrew's taint."""
+        record = self._world.node_record(node)
+        if record.unschedulable or record.tainted:
+            self.gone[hostname] = node
+            return
+        await self._world.journal.append({"op": "slurmd_registered", "node": hostname})
 
     async def replace(
         self,
@@ -239,10 +314,11 @@ class DaemonSetNodeSet(SimulatedCluster):
         if strategy != "watch":
             new = f"{name}-x7b2n"
             old = self._hostname(name)
-            # The Machine's (NodeClaim's) deletion drains the node: its slurmd pod terminates.
-            await self._operator("prestop_down", old, SLINKY_PRESTOP_REASON)
+            if self.gone.pop(old, None) is None:
+                # The Machine's (NodeClaim's) deletion drains the node: its slurmd pod terminates.
+                await self._operator("prestop_down", old, SLINKY_PRESTOP_REASON)
+                await self._world.journal.append({"op": "slurmd_gone", "node": old})
             self.successors[name] = new
-            await self._world.journal.append({"op": "slurmd_gone", "node": old})
             await self._world.journal.append({"op": "annotate", "node": new, "annotations": {}})  # registers
             await self._world.journal.append({"op": "slurmd_registered", "node": self._hostname(new)})
             await self._undrain(self._hostname(new))  # its pod, new, on an uncordoned node
@@ -259,6 +335,8 @@ class DaemonSetNodeSet(SimulatedCluster):
         its replica, bound to the node again), which keeps the DOWN."""
         await super().reboot(name, incident_id=incident_id)
         hostname = self._hostname(name)
+        if self.gone.get(hostname) == name:  # no slurmd pod on the node: none to stop or restart
+            return
         if self.graceful_node_shutdown:
             await self._operator("prestop_down", hostname, SLINKY_PRESTOP_REASON)
         await self._world.journal.append({"op": "slurmd_gone", "node": hostname})
@@ -279,9 +357,9 @@ class DaemonSetNodeSet(SimulatedCluster):
         gone = set(self.successors)
         pods = []
         for name in nodes:
-            if name in gone:
-                continue
             hostname = self._hostname(name)
+            if name in gone or self._pod_left(hostname):
+                continue
             labels = {
                 **DEFAULT_SLINKY_SELECTOR,
                 SLINKY_POD_HOSTNAME: hostname,
@@ -311,36 +389,14 @@ class StatefulSetNodeSet(DaemonSetNodeSet):
 
     def replica(self, node: str) -> PodRef:
         """The NodeSet's replica pod on ``node``, as the drain lists it (``PodRef.nodeset_replica``)."""
-        namespace, _, name = self._pod(self._hostname(node)).partition("/")
-        return PodRef(namespace, name, owner_kind="NodeSet", nodeset_replica=True)
+        return self.slurmd_pod(node)
 
-    async def pods_on_node(self, name: str) -> list[PodRef]:
-        pods = await super().pods_on_node(name)
-        if name in self.successors or self._hostname(name) in self.moved:
-            return pods
-        return [*pods, self.replica(name)]
+    def _pod_left(self, hostname: str) -> bool:
+        return hostname in self.moved
 
-    async def evict(self, pod: PodRef) -> None:
-        if not await self._remove_replica(pod, "evict"):
-            await super().evict(pod)
-
-    async def delete_pod(self, pod: PodRef, *, force: bool) -> None:
-        if not await self._remove_replica(pod, "delete_pod", force=force):
-            await super().delete_pod(pod, force=force)
-
-    async def _remove_replica(self, pod: PodRef, op: str, **data: Any) -> bool:
-        """A replica evicted or deleted from its node: it terminates there (its slurmd container's
-        preStop hook sets its Slurm node DOWN) and is made again elsewhere (``moved``)."""
-        nodes, _ = self._world.state()
-        node = next((n for n in nodes if n not in self.successors and self.replica(n) == pod), None)
-        if node is None:
-            return False
-        hostname = self._hostname(node)
-        await self._world.write(op, node=node, pod=pod.ref, **data)
-        await self._operator("prestop_down", hostname, SLINKY_PRESTOP_REASON)
-        await self._world.journal.append({"op": "slurmd_gone", "node": hostname})
+    async def _made_again(self, node: str, hostname: str) -> None:
+        """StatefulSet mode: made again unbound, and pending while no node takes it (``moved``)."""
         self.moved[hostname] = None
-        return True
 
     async def replace(
         self,
@@ -373,7 +429,7 @@ class StatefulSetNodeSet(DaemonSetNodeSet):
         await self._world.journal.append({"op": "slurmd_registered", "node": hostname})
 
     async def slurmd_pods(self, namespace: str, selector: Mapping[str, str]) -> list[SlurmdPod]:
-        pods = [p for p in await super().slurmd_pods(namespace, selector) if p.hostname not in self.moved]
+        pods = await super().slurmd_pods(namespace, selector)  # a moved replica is not on its node
         for hostname, node in self.moved.items():
             if node is not None:
                 labels = {

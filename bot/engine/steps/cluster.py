@@ -122,8 +122,8 @@ class DrainResult(LooksAround):
     #: Of ``evicted``, the pods a StatefulSet-mode NodeSet makes again under the same name
     #: (``PodRef.nodeset_replica``): the demand ``replace`` waits on, though not made again yet.
     nodeset_replicas: tuple[str, ...] = ()
-    #: StatefulSet-mode NodeSet slurmd pods left on the node, its repair keeping the machine
-    #: (``replaces_machine``): the reset or reboot restarts them there.
+    #: Slinky NodeSet slurmd pods (``PodRef.nodeset_pod``, either scaling mode) left on the node,
+    #: its repair keeping the machine (``replaces_machine``): the reset or reboot restarts them there.
     nodeset_kept: tuple[str, ...] = ()
     #: The pod being evicted right now (intent).
     evicting: str | None = None
@@ -218,23 +218,28 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
 async def _to_drain(ctx: StepContext[DrainResult], cluster: Cluster) -> list[PodRef]:
     """The node's pods the drain empties it of: not DaemonSet or mirror pods (their controllers
     keep them on the node), and, where the repair keeps the machine (``replaces_machine``), not the
-    slurmd pods of a StatefulSet-mode NodeSet: evicted, such a pod is made again unbound and placed
-    on another node, taking the Slurm node with it, while the reset or reboot restarts it here. The
-    Slurm node is out of service already (``slurm_down``, or slurm-operator's drain on the cordon),
-    and its jobs have left (``_slurm_jobs_still_running``). Those left are recorded, and said once."""
+    slurmd pods of a Slinky NodeSet (``PodRef.nodeset_pod``), in either scaling mode: evicted from
+    the cordoned node, such a pod does not come back to it while the reset or reboot would restart
+    it here. In StatefulSet mode it is made again unbound and placed on another node, taking the
+    Slurm node with it; in DaemonSet mode it is not made again until the uncordon (the node fails
+    the pod's taint predicates, slurm-operator ``PodShouldRunOnNode``), which comes after
+    ``wait_ready``: the Slurm node would come back nowhere. The Slurm node is out of service
+    already (``slurm_down``, or slurm-operator's drain on the cordon), and its jobs have left
+    (``_slurm_jobs_still_running``). Those left are recorded, and said once."""
     pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
     if replaces_machine(ctx.plan.steps):
         return pods
-    kept = [p.ref for p in pods if p.nodeset_replica and p.ref not in ctx.progress.nodeset_kept]
+    kept = [p.ref for p in pods if p.nodeset_pod and p.ref not in ctx.progress.nodeset_kept]
     if kept:
         await ctx.save(replace(ctx.progress, nodeset_kept=(*ctx.progress.nodeset_kept, *kept)))
         await ctx.note(
             "nodeset_kept",
-            f"slurmd pod(s) {', '.join(kept)} left on {ctx.node}: their StatefulSet-mode NodeSet would "
-            "make them again elsewhere, the Slurm node with them; the repair restarts them here",
+            f"slurmd pod(s) {', '.join(kept)} left on {ctx.node}: evicted from the cordoned node, their "
+            "NodeSet would not make them again here (StatefulSet mode: elsewhere, the Slurm node with "
+            "them; DaemonSet mode: not until the uncordon); the repair restarts them here",
             pods=list(kept),
         )
-    return [p for p in pods if not p.nodeset_replica]
+    return [p for p in pods if not p.nodeset_pod]
 
 
 def _refs(pods: list[PodRef]) -> str:

@@ -105,7 +105,7 @@ def said(output: str) -> str:
 
 def _workload(pod: PodRef) -> bool:
     """A pod the take must move off a lender: not a DaemonSet's, a mirror, a slurmd, nor leaving already."""
-    return not pod.mirror and pod.owner_kind not in ("DaemonSet", "NodeSet") and not pod.terminating
+    return not pod.mirror and pod.owner_kind != "DaemonSet" and not pod.nodeset_pod and not pod.terminating
 
 
 async def take(
