@@ -501,23 +501,24 @@ async def _served_elsewhere(
     ctx: StepContext[WaitReadyResult], node: str, slurm_nodes: tuple[str, ...]
 ) -> Wait | None:
     """After a repair in place (a reset, a reboot), where the node mapping reads the Slurm nodes
-    from the node: the repaired node must still serve the failed node's Slurm nodes. A
-    StatefulSet-mode NodeSet's slurmd pod that left it all the same (deleted by hand, or ended by
-    a graceful node shutdown, after which slurm-operator deletes the failed pod,
-    ``processNodeSetPod``) is made again unbound, and kube-scheduler places it on another node, the
-    cordoned one refusing it: its Slurm node, the same name, registers a new slurmd there, which
-    proves nothing of this machine. The wait goes on, saying so, and the escalation says it if it
-    runs out; the Slurm node is not returned."""
+    from the node: the repaired node must still serve the failed node's Slurm nodes. A NodeSet's
+    slurmd pod that left it all the same (deleted by hand, or ended by a graceful node shutdown,
+    after which slurm-operator deletes the failed pod, ``processNodeSetPod``) does not come back to
+    the cordoned node: in StatefulSet mode it is made again unbound and kube-scheduler places it on
+    another node, where its Slurm node, the same name, registers a new slurmd, which proves nothing
+    of this machine; in DaemonSet mode it is made again only once the node is uncordoned
+    (``PodShouldRunOnNode``). The wait goes on, saying so, and the escalation says it if it runs
+    out; the Slurm node is not returned."""
     served = set(await ctx.ports.slurm_names(node))
     away = [name for name in slurm_nodes if name not in served]
     if not away:
         return None
     return Wait(
         ctx.poll,
-        f"{node} does not serve Slurm node {', '.join(away)} any more: its slurmd pod is not on the node "
-        "(a StatefulSet-mode NodeSet makes a pod gone from it again unbound, and kube-scheduler places it "
-        "on another node while this one is cordoned); a slurmd registered elsewhere is not the repair's "
-        "proof, so the Slurm node is not returned: see where its pod runs (kubectl get pods -o wide)",
+        f"{node} does not serve Slurm node {', '.join(away)} any more: its slurmd pod is not on the node, "
+        "and its NodeSet makes a pod gone from a cordoned node again elsewhere (StatefulSet mode: a slurmd "
+        "registered there is not this repair's proof) or not until the uncordon (DaemonSet mode), so the "
+        "Slurm node is not returned: see where its pod is (kubectl get pods -o wide)",
     )
 
 
