@@ -89,17 +89,24 @@ class StepSpec(BaseModel):
 CLIMBS_ON: frozenset[str] = frozenset({"reset_gpu", "reboot", "wait_ready"})
 
 
-def replaces_machine(steps: Iterable[str]) -> bool:
-    """Whether a plan's repair replaces the machine (its ``replace`` step), rather than repairing it
-    in place (``reset_gpu``, ``reboot``) or leaving it to humans. Only such a plan's ``drain`` evicts
-    the slurmd pods of a Slinky NodeSet (``PodRef.nodeset_pod``): slurm-operator makes an evicted
-    one again, but not on the cordoned node. In StatefulSet mode under the same name, its Slurm
-    node's, unbound (``NewNodeSetStatefulSetPod``), and kube-scheduler places it on another node (or
-    it pends and Karpenter launches one for it): the demand a replacement needs, and the Slurm node
-    moved away from a machine repaired in place. In DaemonSet mode only once the node is uncordoned
-    (``PodShouldRunOnNode``): none serves the Slurm node meanwhile. A drain done for a plan that does
-    not replace does not carry over into one that does (``bot.engine.admission``)."""
-    return "replace" in steps
+#: The steps that repair the machine where it stands, restarting what runs on it.
+IN_PLACE_REPAIRS: frozenset[str] = frozenset({"reset_gpu", "reboot"})
+
+
+def repairs_in_place(steps: Iterable[str]) -> bool:
+    """Whether a plan repairs the machine where it stands (``reset_gpu``, ``reboot``) and does not
+    replace it (``replace``), nor leave it to humans with neither. Only such a plan's ``drain``
+    leaves the slurmd pods of a Slinky NodeSet (``PodRef.nodeset_pod``) on the node, for the repair
+    to restart there: slurm-operator makes an evicted one again, but not on the cordoned node. In
+    StatefulSet mode under the same name, its Slurm node's, unbound (``NewNodeSetStatefulSetPod``),
+    and kube-scheduler places it on another node (or it pends and Karpenter launches one for it):
+    the demand a replacement needs, and the Slurm node moved away from a machine repaired in place.
+    In DaemonSet mode only once the node is uncordoned (``PodShouldRunOnNode``): none serves the
+    Slurm node meanwhile. A drain that empties the node for a replacement or for humans evicts them.
+    A drain done for a plan that repairs in place does not carry over into one that does not
+    (``bot.engine.admission``)."""
+    listed = set(steps)
+    return bool(listed & IN_PLACE_REPAIRS) and "replace" not in listed
 
 
 class Playbook(BaseModel):

@@ -26,7 +26,7 @@ from bot.domain.guards import BreakerState, Fleet, Verdict, World, choose_fleet
 from bot.domain.incident import State
 from bot.domain.outages import OutOfService
 from bot.domain.planner import PastIncident, Plan
-from bot.domain.playbooks import CLIMBS_ON, replaces_machine
+from bot.domain.playbooks import CLIMBS_ON, repairs_in_place
 from bot.domain.policy import Mode, Policy
 from bot.domain.returns import RETURNS
 from bot.engine import trust
@@ -442,8 +442,9 @@ class Admission:
 
 def _redrained(incident: IncidentRecord, fresh: Plan) -> set[str]:
     """The steps that do not carry over from ``incident``'s plan into ``fresh`` though done: the
-    drain, into a plan that replaces the machine from one that did not (``replaces_machine``):
-    that drain left the node's Slinky NodeSet slurmd pods, which the replacement needs evicted, so
-    it runs again."""
+    drain, into a plan with a drain that does not repair the machine in place from one that did
+    (``repairs_in_place``): that drain left the node's Slinky NodeSet slurmd pods, which a
+    replacement, or humans, need evicted, so it runs again. A plan without a drain keeps it done."""
     before = incident.plan.steps if incident.plan is not None else ()
-    return {"drain"} if replaces_machine(fresh.steps) and not replaces_machine(before) else set()
+    again = "drain" in fresh.steps and repairs_in_place(before) and not repairs_in_place(fresh.steps)
+    return {"drain"} if again else set()

@@ -144,6 +144,36 @@ async def test_a_repair_in_place_leaves_the_nodesets_slurmd_pod_on_the_node(
         assert (await h.world.node(NODE)).in_service
 
 
+#: A playbook that takes the node out and empties it, leaving its repair to humans: no reset or
+#: reboot of pitcrew's will restart a slurmd pod left there.
+DRAIN_ONLY = {
+    "playbooks": {"drain-only": {"steps": ["notify", "slurm_down", "cordon", "drain", "close"]}},
+    "catalog": {"79": {"playbook": "drain-only"}},
+}
+
+
+@pytest.mark.parametrize("cluster", [DaemonSetNodeSet, StatefulSetNodeSet], ids=lambda c: c.mode)
+async def test_a_drain_that_leaves_the_repair_to_humans_empties_the_node_of_its_slurmd_pod(
+    tmp_path: Path, cluster: type[DaemonSetNodeSet]
+) -> None:
+    """Only a repair in place keeps the NodeSet's slurmd pod on the node: pitcrew restarts it there.
+    A plan that leaves the repair to humans (no ``reset_gpu``, ``reboot`` or ``replace``) empties the
+    node as any drain does, the slurmd pod too, as its operator and the people after it expect."""
+    async with EngineHarness(
+        tmp_path,
+        cluster=cluster,
+        mapping={"node_mapping": "slinky"},
+        playbooks=DRAIN_ONLY["playbooks"],
+        catalog=DRAIN_ONLY["catalog"],
+    ) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved", await h.timeline(incident)
+        pod = h.cluster.slurmd_pod(NODE).ref
+        assert [r["op"] for r in h.records() if r.get("pod") == pod] == ["evict"]
+        assert (await h.steps(incident))["drain"].result["nodeset_kept"] == []
+
+
 async def test_after_a_reboot_a_slurm_node_come_back_on_another_node_is_not_the_repairs_success(
     tmp_path: Path,
 ) -> None:

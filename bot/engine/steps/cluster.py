@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from bot.domain.incident import State
 from bot.domain.jobs import JobSnapshot
 from bot.domain.ownership import owns_node, slinky_cordon_annotations
-from bot.domain.playbooks import replaces_machine
+from bot.domain.playbooks import repairs_in_place
 from bot.engine.context import Done, StepContext, StepResult, UndoContext, Wait
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.ports import Cluster, Notice, PodRef
@@ -123,7 +123,7 @@ class DrainResult(LooksAround):
     #: (``PodRef.nodeset_replica``): the demand ``replace`` waits on, though not made again yet.
     nodeset_replicas: tuple[str, ...] = ()
     #: Slinky NodeSet slurmd pods (``PodRef.nodeset_pod``, either scaling mode) left on the node,
-    #: its repair keeping the machine (``replaces_machine``): the reset or reboot restarts them there.
+    #: its repair keeping the machine (``repairs_in_place``): the reset or reboot restarts them there.
     nodeset_kept: tuple[str, ...] = ()
     #: The pod being evicted right now (intent).
     evicting: str | None = None
@@ -217,7 +217,7 @@ async def drain(ctx: StepContext[DrainResult]) -> Done[DrainResult] | Wait:
 
 async def _to_drain(ctx: StepContext[DrainResult], cluster: Cluster) -> list[PodRef]:
     """The node's pods the drain empties it of: not DaemonSet or mirror pods (their controllers
-    keep them on the node), and, where the repair keeps the machine (``replaces_machine``), not the
+    keep them on the node), and, where the repair keeps the machine (``repairs_in_place``), not the
     slurmd pods of a Slinky NodeSet (``PodRef.nodeset_pod``), in either scaling mode: evicted from
     the cordoned node, such a pod does not come back to it while the reset or reboot would restart
     it here. In StatefulSet mode it is made again unbound and placed on another node, taking the
@@ -227,7 +227,7 @@ async def _to_drain(ctx: StepContext[DrainResult], cluster: Cluster) -> list[Pod
     already (``slurm_down``, or slurm-operator's drain on the cordon), and its jobs have left
     (``_slurm_jobs_still_running``). Those left are recorded, and said once."""
     pods = [p for p in await cluster.pods_on_node(ctx.node) if not p.mirror and p.owner_kind != "DaemonSet"]
-    if replaces_machine(ctx.plan.steps):
+    if not repairs_in_place(ctx.plan.steps):
         return pods
     kept = [p.ref for p in pods if p.nodeset_pod and p.ref not in ctx.progress.nodeset_kept]
     if kept:
