@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,9 +147,8 @@ async def test_a_repair_in_place_leaves_the_nodesets_slurmd_pod_on_the_node(
 
 #: A playbook that takes the node out and empties it, leaving its repair to humans: no reset or
 #: reboot of pitcrew's will restart a slurmd pod left there.
-DRAIN_ONLY = {
-    "playbooks": {"drain-only": {"steps": ["notify", "slurm_down", "cordon", "drain", "close"]}},
-    "catalog": {"79": {"playbook": "drain-only"}},
+DRAIN_ONLY: dict[str, dict[str, Any]] = {
+    "drain-only": {"steps": ["notify", "slurm_down", "cordon", "drain", "close"]}
 }
 
 
@@ -163,8 +163,8 @@ async def test_a_drain_that_leaves_the_repair_to_humans_empties_the_node_of_its_
         tmp_path,
         cluster=cluster,
         mapping={"node_mapping": "slinky"},
-        playbooks=DRAIN_ONLY["playbooks"],
-        catalog=DRAIN_ONLY["catalog"],
+        playbooks=DRAIN_ONLY,
+        catalog={"79": {"playbook": "drain-only"}},
     ) as h:
         incident = await h.alert(NODE)
         done = await h.until_ended(incident)
