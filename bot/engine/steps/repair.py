@@ -19,7 +19,7 @@ from bot.domain.incident import State
 from bot.domain.jobs import SlurmdSeen, SlurmNodeState, slurmd_started_again
 from bot.domain.nodemap import read_from_node
 from bot.domain.ownership import is_pitcrew_reason
-from bot.engine.context import Done, Facts, StepContext, UndoContext, Wait
+from bot.engine.context import Done, Facts, Results, StepContext, UndoContext, Wait
 from bot.engine.errors import PermanentError, PitcrewError, Reason, TransientError
 from bot.engine.fleet import LEFT_BEHIND
 from bot.engine.ports import Cluster, NodeValidator, Notice, OldNodeLook
@@ -411,14 +411,15 @@ async def served_at_rollback(ctx: UndoContext) -> tuple[WaitReadyResult | None, 
     port="cluster",
 )
 async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult] | Wait:
-    down = await ctx.result(SlurmDownResult)
+    facts = await ctx.results()  # one read of the other steps' results a poll
+    down = facts.of(SlurmDownResult)
     slurm_nodes = (down.slurm_nodes if down else None) or ()
     if ctx.ports.cluster is None:
-        return await _slurm_node_back(ctx, slurm_nodes)
+        return await _slurm_node_back(ctx, slurm_nodes, facts)
     # A replacement's or a reboot's handle says which node, in which state, counts as back.
-    replaced = await ctx.result(ReplaceResult)
+    replaced = facts.of(ReplaceResult)
     await _look_around(ctx, ctx.ports.cluster, replaced)
-    issued = [r for r in (replaced, await ctx.result(RebootResult)) if r and r.issued]
+    issued = [r for r in (replaced, facts.of(RebootResult)) if r and r.issued]
     handle = next((r.handle for r in issued if r.handle), None)
     if handle is None:  # reset, reboot, or no replacement: the same node
         node = await ctx.ports.cluster.node(ctx.node)
@@ -664,13 +665,13 @@ async def _faults_still_reported(ctx: StepContext[WaitReadyResult], node: str) -
 
 
 async def _slurm_node_back(
-    ctx: StepContext[WaitReadyResult], slurm_nodes: tuple[str, ...]
+    ctx: StepContext[WaitReadyResult], slurm_nodes: tuple[str, ...], facts: Results
 ) -> Done[WaitReadyResult] | Wait:
     """Without Kubernetes, the sign of a repair is the node's slurmd starting again after the
     repair was handed to humans (``slurmd_started_again``: another start time than Slurm reported
     as it was handed over), or, where Slurm does not say when slurmd started, going away and coming
     back. A node still running the slurmd it had at the fault is not repaired."""
-    repairs = [await ctx.result(kind) for kind in (ResetResult, RebootResult, ReplaceResult)]
+    repairs = [facts.of(kind) for kind in (ResetResult, RebootResult, ReplaceResult)]
     handed = [(r.handed_over_at, r) for r in repairs if r is not None and r.handed_over_at is not None]
     restart = None
     if handed:  # the last handed over; an older pitcrew's intent: started since it was handed over
