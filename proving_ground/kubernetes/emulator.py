@@ -997,20 +997,24 @@ class KubeEmulator(kmock.KubernetesScaffold):
         recorded = self.capi_release >= capi.V1BETA2_CONDITIONS
         changed = False
 
-        def deleting(reason: str, message: str) -> bool:
-            return capi.set_deleting(machine, reason, message) if recorded else False
+        def hooked(prefix: str, condition: str, reason: str, which: str) -> bool:
+            """Delete hooks of ``prefix`` still on the Machine: the wait for them said in its
+            conditions (v1beta1 ``condition``, and the ``Deleting`` ``reason`` where recorded)."""
+            nonlocal changed
+            hooks = sorted(k for k in annotations if k.startswith(prefix))
+            if not hooks:
+                return False
+            changed |= capi.set_v1beta1(machine, condition, "False", "WaitingExternalHook")
+            if recorded:
+                message = f"Waiting for {which} hooks to succeed (hooks: {','.join(hooks)})"
+                changed |= capi.set_deleting(machine, reason, message)
+            return True
 
         try:
             if node is not None:
-                hooks = sorted(k for k in annotations if k.startswith(capi.PRE_DRAIN_HOOK))
-                if hooks:
-                    changed |= capi.set_v1beta1(
-                        machine, "PreDrainDeleteHookSucceeded", "False", "WaitingExternalHook"
-                    )
-                    changed |= deleting(
-                        "WaitingForPreDrainHook",
-                        f"Waiting for pre-drain hooks to succeed (hooks: {','.join(hooks)})",
-                    )
+                if hooked(
+                    capi.PRE_DRAIN_HOOK, "PreDrainDeleteHookSucceeded", "WaitingForPreDrainHook", "pre-drain"
+                ):
                     return True
                 changed |= capi.set_v1beta1(machine, "PreDrainDeleteHookSucceeded", "True")
                 if capi.EXCLUDE_DRAIN not in annotations and not self._capi_timed_out(
@@ -1060,17 +1064,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     elif not capi.unreachable(node) and (node.get("status") or {}).get("volumesAttached"):
                         return True
                     changed |= capi.set_v1beta1(machine, "VolumeDetachSucceeded", "True")
-            hooks = sorted(k for k in annotations if k.startswith(capi.PRE_TERMINATE_HOOK))
-            if hooks:
-                changed |= capi.set_v1beta1(
-                    machine, "PreTerminateDeleteHookSucceeded", "False", "WaitingExternalHook"
-                )
-                changed |= deleting(
-                    "WaitingForPreTerminateHook",
-                    f"Waiting for pre-terminate hooks to succeed (hooks: {','.join(hooks)})",
-                )
-                return True
-            return False
+            return hooked(
+                capi.PRE_TERMINATE_HOOK,
+                "PreTerminateDeleteHookSucceeded",
+                "WaitingForPreTerminateHook",
+                "pre-terminate",
+            )
         finally:
             if changed:
                 self.bump(machine)
