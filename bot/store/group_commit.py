@@ -3,7 +3,7 @@
 Alertmanager's deliveries arrive at once from many groups, and each is acknowledged only once
 what it stores has committed. One transaction and one commit (one WAL flush) per delivery, each
 under the write lock, made a replica as slow as its round trips and fsyncs in a row. Here a
-replica's deliveries queue up, and the store's writes (``bot.store.postgres._Writes``, a task on
+replica's deliveries queue up, and the store's writes (``bot.store.postgres._Writes``, each transaction a task on
 the event loop) take every one waiting (up to ``BATCH``) at the moment they begin their
 transaction, run them in it and commit once, as SQLite's writer (``bot.store.writer``) does; each
 caller hears back only after that commit.
@@ -128,10 +128,10 @@ class Writes(Protocol):
     """The store's writes (``bot.store.postgres._Writes``), as the group commit uses them."""
 
     def put(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run ``work`` by the writes' task, in the deliveries' lane; ``StoreUnavailable`` once closed."""
+        """Run ``work`` by the writes, in the deliveries' lane; ``StoreUnavailable`` once closed."""
 
     async def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """By the writes' task: ``op`` in one transaction, under the write lock (``exclusive``) or
+        """By the writes (a transaction's task): ``op`` in one transaction, under the write lock (``exclusive``) or
         its shared mode; its result once committed. Raises if it did not commit."""
 
     async def failed(self, exc: BaseException) -> None:
@@ -143,8 +143,8 @@ class Writes(Protocol):
 
 
 class GroupCommit:
-    """A replica's deliveries, queued; the writes' task takes every one waiting (up to ``batch``)
-    at the moment it begins their transaction. One turn is put at a time (``_scheduled``),
+    """A replica's deliveries, queued; the writes take every one waiting (up to ``batch``)
+    at the moment they begin their transaction. One turn is put at a time (``_scheduled``),
     whatever comes meanwhile: the queue is what it takes."""
 
     def __init__(
@@ -213,7 +213,7 @@ class GroupCommit:
             self._fail(waiting, exc)
 
     async def _turn(self) -> None:
-        """By the writes' task: the deliveries waiting now (up to ``batch``), in one transaction,
+        """By the writes (a transaction's task): the deliveries waiting now (up to ``batch``), in one transaction,
         their callers answered once it committed, or (``_fail``) when it did not. What is left
         gets a turn of its own, after an engine write if one waits (``bot.store.postgres._Lanes``)."""
         batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
@@ -233,7 +233,7 @@ class GroupCommit:
                 expectations.missed()
                 expecting = expectations.lookup()  # and what it finds is expected next
                 results = await self._writes.transact(deliveries(items, expecting), exclusive(items))
-        except BaseException as exc:  # heard by its callers, never the end of the writes' task
+        except BaseException as exc:  # heard by its callers, never the end of the transaction's task
             self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
@@ -244,7 +244,7 @@ class GroupCommit:
 
     def _fail(self, batch: Sequence[tuple[Item, asyncio.Future[Result]]], exc: BaseException) -> None:
         """The callers of ``batch`` hear of ``exc`` (``_answer_failed``), in a task of its own: the
-        items of a batch that failed on one of them run again, each alone, behind the writes' task."""
+        items of a batch that failed on one of them run again, each alone, behind the writes."""
         task = asyncio.get_running_loop().create_task(self._answer_failed(batch, exc))
         self._failing.add(task)
         task.add_done_callback(self._failing.discard)
