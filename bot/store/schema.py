@@ -227,6 +227,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE events ADD COLUMN audit INTEGER NOT NULL DEFAULT 1;
     {events_prunable}
     """,
+    # 8: Postgres: the function a write's check calls in the server, failing its transaction when
+    # the check finds no row (``bot.store.postgres._Message.check``); nothing on SQLite.
+    """
+    {check_function}
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -150,6 +150,10 @@ class Dialect:
         return _WORD.sub(lambda m: self.words[m.group(1)], sql)
 
 
+#: The SQLSTATE a Postgres ``check`` that found no row fails with (``pitcrew_check``, migration 8):
+#: a class of pitcrew's own, which PostgreSQL's codes never use.
+REFUSED = "PCR01"
+
 _COMMON = {"terminal": TERMINAL_STATES}
 
 SQLITE = Dialect(
@@ -192,6 +196,7 @@ SQLITE = Dialect(
             " WHERE i.id = OLD.incident_id AND i.closed_at IS NULL)"
             " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
         ),
+        "check_function": "",  # a check is read by pitcrew in the transaction (``bot.store.sqlite``)
     },
     instant=lambda at: at.timestamp(),
     moment=lambda seconds: datetime.fromtimestamp(seconds, UTC),
@@ -238,6 +243,12 @@ POSTGRES = Dialect(
             " DROP TRIGGER events_no_update ON events;"
             " CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events"
             " FOR EACH ROW EXECUTE FUNCTION pitcrew_events_prunable();"
+        ),
+        # Migration 8: what a ``check`` calls in the server (``bot.store.postgres._Message.check``).
+        "check_function": (
+            "CREATE FUNCTION pitcrew_check(ok boolean, number integer) RETURNS void"
+            " LANGUAGE plpgsql AS $$ BEGIN IF NOT ok THEN RAISE EXCEPTION USING"
+            f" ERRCODE = '{REFUSED}', MESSAGE = 'pitcrew check ' || number; END IF; END $$;"
         ),
     },
     instant=lambda at: at,

@@ -142,6 +142,12 @@ async def test_a_role_that_may_not_create_or_use_the_tables_is_named(
     assert not seen.ok and seen.missing == ("DELETE on events",), seen
     with stores.database.connect() as db:
         db.execute(f"GRANT DELETE ON events TO {name}")
+        db.execute("REVOKE EXECUTE ON FUNCTION pitcrew_check FROM PUBLIC")
+    # A fenced write's lease check and a batch's expectation call it: every one would fail.
+    seen = await PostgresStore(url, password_file=password_file).inspect()
+    assert not seen.ok and seen.missing == ("EXECUTE on pitcrew_check",), seen
+    with stores.database.connect() as db:
+        db.execute(f"GRANT EXECUTE ON FUNCTION pitcrew_check TO {name}")
     seen = await PostgresStore(url, password_file=password_file).inspect()
     assert seen.ok, seen
 

@@ -25,7 +25,7 @@ from bot.store.postgres import (
     PostgresStore,
     _transaction,
 )
-from bot.store.sql import Op, Stmt, check, many, one, run, single
+from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single
 from tests.harness.postgres import PostgresDatabase, counted_connection
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -424,10 +424,10 @@ class _Refused(Exception):
 
 
 def _checked(holds: bool, rows: int) -> Op[int]:
-    """A check (holding or not; its values hold the quotes of its body's first two choices), ``rows``
+    """A check (holding or not; its values hold quotes and a dollar-quote tag), ``rows``
     rows inserted with nothing to answer, a statement answered (a sequence's next value, which a
     rollback does not take back, and the rows), more rows."""
-    quoted = "$pitcrew_check$ $pitcrew_check_1$"
+    quoted = "it's $$ $pitcrew_check$"
     yield check(
         "SELECT 1 WHERE ? AND ? <> ''", (holds, quoted), lambda: _Refused("the condition did not hold")
     )
@@ -455,11 +455,12 @@ async def test_a_check_goes_with_the_statements_after_it_and_refuses_in_the_serv
     are one message."""
     with _connect(postgres_db) as db:
         db.execute("CREATE TABLE checked (n INTEGER NOT NULL); CREATE SEQUENCE checked_answers")
+        db.execute(POSTGRES.script("{check_function}"))
     async with counted_connection(postgres_db) as conn:
         driven = await _transaction(conn, _checked(True, rows), "pg_advisory_xact_lock")
         assert driven.result == rows
         assert len(conn.sent) == (2 if rows < BATCH_STATEMENTS else 3), conn.sent
-        assert "DO $pitcrew_check_2$" in conn.sent[0] and conn.sent[-1].endswith("COMMIT")
+        assert "SELECT pitcrew_check(" in conn.sent[0] and conn.sent[-1].endswith("COMMIT")
         assert _sequence(postgres_db) == (1, True)
 
         conn.sent.clear()
@@ -489,6 +490,7 @@ async def test_a_single_write_is_one_message_with_its_check_and_commit(postgres_
     statement's, not ``COMMIT``'s: a row count, or the row it returned."""
     with _connect(postgres_db) as db:
         db.execute("CREATE TABLE singled (n INTEGER NOT NULL)")
+        db.execute(POSTGRES.script("{check_function}"))
 
     def fenced(holds: bool, stmt: Stmt) -> Op[Any]:
         yield check("SELECT 1 WHERE ?", (holds,), lambda: _Refused("the condition did not hold"))

@@ -84,6 +84,8 @@ _CONSTRAINING_WORDS = {"{append_only_events}": "events"}
 #: does: ``events`` refuses deletes but of what retention lets go, and no earlier pitcrew deletes
 #: an event.
 _RELAXING_WORDS = {"{events_prunable}": "events"}
+#: Words that only add what no earlier pitcrew uses: the function a Postgres check calls.
+_ADDING_WORDS = {"{check_function}"}
 
 
 def changes(migration: str, tables: set[str]) -> list[str]:
@@ -110,6 +112,8 @@ def changes(migration: str, tables: set[str]) -> list[str]:
         if statement in _CONSTRAINING_WORDS and _CONSTRAINING_WORDS[statement] in made:
             continue
         if statement in _RELAXING_WORDS and _RELAXING_WORDS[statement] in tables | made:
+            continue
+        if statement in _ADDING_WORDS:
             continue
         found.append(statement)  # drops, renames, retypes, rewrites rows, triggers on old tables
     tables |= made
