@@ -131,6 +131,12 @@ def newer_schema(sqlite: bool, version: int, compatible: int | None) -> list[str
     return [f"UPDATE pitcrew_schema SET version = {version}, compatible_from = {value}"]  # noqa: S608 - ints
 
 
+def before_check_function(sqlite: bool) -> list[str]:
+    """The statements that take migration 8 back (``bot.store.schema``): no ``pitcrew_check`` on
+    Postgres (nothing on SQLite). The schema's record is the caller's (``newer_schema``)."""
+    return [] if sqlite else ["DROP FUNCTION pitcrew_check(boolean, integer)"]
+
+
 def before_audit_column(sqlite: bool) -> list[str]:
     """The statements that take migration 7 back (``bot.store.schema``): no ``audit`` column on
     ``events``, and its delete guard refusing every delete, as an earlier pitcrew left it. The

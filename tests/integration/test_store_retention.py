@@ -43,7 +43,7 @@ from bot.store.sql import SQLITE, Stmt
 from bot.store.sqlite import SqliteStore
 from bot.web.app import DEPS
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.stores import AnyStore, Stores, before_audit_column, newer_schema
+from tests.harness.stores import AnyStore, Stores, before_audit_column, before_check_function, newer_schema
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
 from tests.simulator.serve import WorldFile, simulated_ports
 
@@ -266,9 +266,13 @@ async def test_what_alerts_of_no_incident_said_goes_once_older_than_the_cut_off(
 
 def _at_schema_6(stores: Stores) -> None:
     """The store as a pitcrew of schema 6 left it: no ``audit`` column, the delete guard refusing
-    every delete."""
+    every delete, no check function."""
     sqlite = stores.database is None
-    stores.sql(*before_audit_column(sqlite), *newer_schema(sqlite, 6, compatible_from(6)))
+    stores.sql(
+        *before_check_function(sqlite),
+        *before_audit_column(sqlite),
+        *newer_schema(sqlite, 6, compatible_from(6)),
+    )
 
 
 async def test_what_alerts_said_before_the_migration_is_kept(stores: Stores) -> None:

@@ -25,7 +25,7 @@ from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
 from proving_ground.proc import eventually
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.stores import Stores, before_audit_column, newer_schema
+from tests.harness.stores import Stores, before_audit_column, before_check_function, newer_schema
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 NEXT = SCHEMA_VERSION + 1
@@ -157,8 +157,10 @@ async def test_a_store_from_before_the_record_gets_it_at_the_next_start(stores: 
 
 def _left_at_release_4(stores: Stores) -> None:
     """The store as a pitcrew of schema 4 left it (Postgres): migrations 5 (indexes on incidents,
-    then on the outbox), 6 (a table) and 7 (a column of the audit log, its guard) not applied yet."""
+    then on the outbox), 6 (a table), 7 (a column of the audit log, its guard) and 8 (the checks'
+    function) not applied yet."""
     stores.sql(
+        *before_check_function(sqlite=False),
         "DROP INDEX incidents_closed",
         "DROP INDEX outbox_incident",
         "DROP TABLE watch_memory",
