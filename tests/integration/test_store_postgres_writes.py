@@ -102,7 +102,7 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
 ) -> None:
     """The write lock held elsewhere: one engine write waits for it in the server, three more
     come behind it, then a delivery. The first of the three begins at once, the write under way
-    having sent its ``COMMIT`` (``_Writes._overlap``); the delivery commits third, right after
+    having sent its ``COMMIT`` (``_Writes._kick``); the delivery commits third, right after
     those two, not fifth."""
     store = await _opened(postgres_db)
     try:
@@ -201,7 +201,7 @@ async def test_deliveries_that_come_while_the_writes_are_busy_commit_in_one_tran
 ) -> None:
     """The write lock held elsewhere, an engine write waits for it in the server; eight deliveries
     come one after the other meanwhile. The first begins at once, alone (the engine write has sent
-    its ``COMMIT``: ``_Writes._overlap``); once the lock is let go the seven that came while it
+    its ``COMMIT``: ``_Writes._kick``); once the lock is let go the seven that came while it
     waited commit in one transaction (their alerts' ``xmin``), the writes taking every one waiting
     when they begin it: handed over as batches as they came, the first two were batches of their
     own, each waiting for the writes, and the rest a third."""

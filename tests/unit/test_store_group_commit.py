@@ -1,7 +1,7 @@
 """Postgres's group commit of deliveries, and the lanes of its writes.
 
-``GroupCommit`` queues a replica's deliveries and the writes' task takes every one waiting (up to
-``batch``) at the moment it begins their transaction. Cases, with writes of the test's own (a task
+``GroupCommit`` queues a replica's deliveries and the writes take every one waiting (up to
+``batch``) at the moment they begin their transaction. Cases, with writes of the test's own (a task
 taking work from the real ``_Lanes``, each transaction committing only when the test lets it):
 what comes while a transaction runs is the next one, whole; more than a batch waiting goes in
 turns, an engine write waiting after two; a batch that fails on one delivery runs each alone,
