@@ -88,7 +88,7 @@ async def test_an_expected_batch_is_one_message_and_writes_what_its_lookup_would
         expected = Expecting(looked_up.seen)
         again = await _ingest(conn, _delivery("fp-b", "gpu-001", starts=later), expected)
         assert len(conn.sent) == 1 and conn.sent[0].endswith("COMMIT"), conn.sent
-        assert "pitcrew check" in conn.sent[0] and expected.used
+        assert "SELECT pitcrew_check(" in conn.sent[0] and expected.used
         assert (again.attached, again.opened, again.new_alerts) == (["pc-00001"], [], 1)
         assert expected.seen == first.seen
     tables = _tables(postgres_db)
