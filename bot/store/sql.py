@@ -196,7 +196,7 @@ SQLITE = Dialect(
             " WHERE i.id = OLD.incident_id AND i.closed_at IS NULL)"
             " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;"
         ),
-        "check_function": "",  # a check is read by pitcrew in the transaction (``bot.store.sqlite``)
+        "check_function": "",  # a check is read by pitcrew in the transaction (``run_sync``)
     },
     instant=lambda at: at.timestamp(),
     moment=lambda seconds: datetime.fromtimestamp(seconds, UTC),
