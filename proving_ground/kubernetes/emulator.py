@@ -980,6 +980,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return
         await self._replace(res, old)
 
+    @property
+    def _capi_recorded(self) -> bool:
+        """Whether ``capi_release`` writes the v1beta2 ``Deleting`` condition and
+        ``status.deletion`` (v1.9+, ``capi.V1BETA2_CONDITIONS``), or v1beta1 conditions only."""
+        return self.capi_release >= capi.V1BETA2_CONDITIONS
+
     def _capi_held_by(self, machine: dict[str, Any], node: dict[str, Any] | None) -> bool:
         """One ``reconcileDelete`` pass up to the infrastructure's delete: whether a pre-drain hook,
         the drain, the volumes or a pre-terminate hook holds the Machine, said as ``capi_release``
@@ -994,7 +1000,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         (``shouldWaitForNodeVolumes``); the timeouts counted from those conditions'
         ``lastTransitionTime``. No node (no ``nodeRef``, or gone): no drain."""
         annotations = machine["metadata"].get("annotations") or {}
-        recorded = self.capi_release >= capi.V1BETA2_CONDITIONS
+        recorded = self._capi_recorded
         changed = False
 
         def hooked(prefix: str, condition: str, reason: str, which: str) -> bool:
@@ -1079,8 +1085,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         set and passed since the wait began (``capi.began_at``: ``status.deletion.<began_at>``, or
         before v1.9 the v1beta1 ``condition``'s ``lastTransitionTime``)."""
         timeout = capi.deletion_timeout(machine, field)
-        recorded = self.capi_release >= capi.V1BETA2_CONDITIONS
-        began = capi.began_at(machine, began_at, condition, recorded=recorded)
+        began = capi.began_at(machine, began_at, condition, recorded=self._capi_recorded)
         if timeout is None or not began:
             return False
         started = datetime.strptime(began, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
