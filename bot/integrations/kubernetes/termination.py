@@ -405,8 +405,10 @@ def _machine_wait(machine: dict[str, Any], now: datetime) -> _MachineWait | None
     status, meta = machine.get("status") or {}, machine["metadata"]
     deleted = _time(meta["deletionTimestamp"])
     deletion = status.get("deletion") or {}
-    v1beta2 = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
-    deleting = [c for c in v1beta2 if c.get("type") == "Deleting"]
+    # Both lists of conditions: ``status.conditions`` (v1beta1 ones as v1beta1 serves the Machine,
+    # v1beta2 ones as v1beta2 does) and ``status.v1beta2.conditions`` (v1beta2 ones, v1beta1 served).
+    conditions = [*(status.get("conditions") or []), *((status.get("v1beta2") or {}).get("conditions") or [])]
+    deleting = [c for c in conditions if c.get("type") == "Deleting"]
     if deleting:
         said = next(
             (c for c in deleting if c.get("status") == "True" and c.get("reason") in _DELETING_WAITS), None
@@ -426,7 +428,7 @@ def _machine_wait(machine: dict[str, Any], now: datetime) -> _MachineWait | None
     v1beta1 = {
         str(c.get("type")): c
         for c in [
-            *v1beta2,
+            *conditions,
             *(((status.get("deprecated") or {}).get("v1beta1") or {}).get("conditions") or []),
         ]
     }
