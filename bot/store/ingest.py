@@ -375,11 +375,6 @@ def event_row(incident_id: str | None, event: NewEvent, at: datetime) -> tuple[A
     )
 
 
-def insert_event(incident_id: str | None, event: NewEvent, at: datetime) -> Stmt:
-    """Append one event to the audit log; the answer is its row with its ``seq``."""
-    return one(f"{_INSERT_EVENT} RETURNING seq", event_row(incident_id, event, at))
-
-
 def append_event(incident_id: str | None, event: NewEvent, at: datetime) -> Stmt:
     """Append one event to the audit log, its ``seq`` not read (``{event_seq}`` names it after)."""
     return put(_INSERT_EVENT, event_row(incident_id, event, at))

@@ -20,13 +20,17 @@ from typing import Any
 
 from bot.store.base import ONCE, SUPERSEDED, JsonObject, NewEvent, OutboxItem
 from bot.store.codec import dt, dumps, ts
-from bot.store.ingest import append_event, insert_event
-from bot.store.sql import Op, Stmt, many, one, rows, run
+from bot.store.ingest import append_event
+from bot.store.sql import Op, Stmt, many, one, rows, run, single
 
-_INSERT = (
+#: An outbox row of the event the transaction inserted last (``{event_seq}``: its ``seq``, read in
+#: the database, so the operation reads no answer before it).
+_INSERT_ROUTED = (
     "INSERT INTO outbox (destination, incident_id, event_seq, kind, payload_json, created_at)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
+    " VALUES (?, ?, {event_seq}, ?, ?, ?)"
 )
+#: The seq of the event the transaction inserted last, as the operation's answer.
+_EVENT_SEQ = "SELECT {event_seq} AS seq"
 
 
 def enqueue(
@@ -39,18 +43,23 @@ def enqueue(
     once: str | None = None,
 ) -> Op[int]:
     """The timeline event and its notice, one row per destination; the event's ``seq``. With
-    ``once``, unless the event's step posted it already (``told``): then that event's ``seq``."""
+    ``once``, unless the event's step posted it already (``told``): then that event's ``seq``.
+
+    Nothing is read before the last statement but what ``told`` finds: the rows name their event
+    by ``{event_seq}``, and its ``seq`` is read last, so Postgres sends the event, its rows and
+    ``COMMIT`` in one message (the ``seq`` read back from the event's insert was a message of its
+    own, the write lock held meanwhile)."""
     if once is not None:
         assert event.step is not None, "checked by the store"
         posted = yield from told(incident_id, event.kind, event.step, once)
         if posted is not None:
             return posted
         event = replace(event, data={**event.data, ONCE: once})
-    inserted = yield insert_event(incident_id, event, now)
-    seq = int(inserted["seq"])
+    yield append_event(incident_id, event, now)
     document = dumps(dict(payload))
-    yield many(_INSERT, [(d, incident_id, seq, kind, document, ts(now)) for d in destinations])
-    return seq
+    yield many(_INSERT_ROUTED, [(d, incident_id, kind, document, ts(now)) for d in destinations])
+    inserted = yield from single(one(_EVENT_SEQ))
+    return int(inserted["seq"])
 
 
 def told(incident_id: str | None, kind: str, step: str, once: str) -> Op[int | None]:
@@ -77,14 +86,6 @@ def told(incident_id: str | None, kind: str, step: str, once: str) -> Op[int | N
         if json.loads(row["data_json"]).get(ONCE) == once:
             return int(row["seq"])
     return None
-
-
-#: An outbox row of the event the transaction inserted last (``{event_seq}``: its ``seq``, read in
-#: the database, so the operation reads no answer before it).
-_INSERT_ROUTED = (
-    "INSERT INTO outbox (destination, incident_id, event_seq, kind, payload_json, created_at)"
-    " VALUES (?, ?, {event_seq}, ?, ?, ?)"
-)
 
 
 def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str], now: datetime) -> Op[None]:
