@@ -427,18 +427,20 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 
 
 async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
-    """``op`` in one transaction under ``lock`` (``None``: none, retention's and a flush's), on
-    the writes' connection (``_Writes``) or a flush's of the pool (``PostgresStore._count``), in as
-    few messages as its answers allow: ``BEGIN``, the transaction's settings
-    (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the lock go with the first
-    statement, the rows of batches (``many``, ``put``: nothing to answer) and the conditions
-    (``check``: a fenced write's lease check, which fails in the server if it finds no row:
-    ``_Message``) with the statement after them, up to ``BATCH_STATEMENTS`` rows a message, and
-    ``COMMIT`` with the last: the operation's last statement read (``last``, a ``single`` write)
-    or its last rows. Each message is one simple query, its values bound by psycopg's client-side
-    quoting as ``_batch`` binds rows; the answer read is its last statement's, or the one before
-    ``COMMIT``. A statement that fails ends its message there, the rest unsent, and the
-    transaction is rolled back.
+    """``op`` in one transaction under ``lock`` (``None``: none, retention's and a flush's), on the
+    writes' connection (``_Writes``) or a flush's of the pool (``PostgresStore._count``), in as few
+    messages as its answers allow: ``BEGIN`` and the transaction's settings
+    (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) go with the first statement, the
+    lock with the first that is not a read ``ahead`` of it (``bot.store.sql.ahead``), the rows of
+    batches (``many``, ``put``: nothing to answer) and the conditions (``check``: a fenced write's
+    lease check, which fails in the server if it finds no row: ``_Message``) with the statement
+    after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last: the
+    operation's last statement read (``last``, a ``single`` write) or its last rows. A transaction
+    of one message has neither ``BEGIN`` nor ``COMMIT``: it is the server's implicit transaction,
+    rolled back in the server at its first error (``_Message.send``). Each message is one simple
+    query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows; the answer
+    read is its last statement's, or the one before ``COMMIT``. A statement that fails ends its
+    message there, the rest unsent, and the transaction is rolled back.
 
     Why: every message is a round trip, and its answer is read when the event loop comes round
     again. A batch of deliveries was eight to ten messages (``BEGIN``, the lock, the lookups, a
@@ -447,18 +449,21 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     ``COMMIT``) and is one.
 
     A process frozen after sending a message (SIGSTOP, a paused VM) holds nothing for long either
-    way: a message ending in ``COMMIT`` is run whole by the server, which commits and lets the write
-    lock go (the delivery is acknowledged when the process wakes, or redelivered and deduplicated);
-    any other leaves the session idle in its transaction, which the server ends after
-    ``IDLE_IN_TRANSACTION_MS`` (``tests/integration/test_store_frozen.py`` shows both)."""
+    way: a message that ends the transaction (its ``COMMIT``, or the whole of a transaction of one
+    message) is run whole by the server, which commits and lets the write lock go (the delivery is
+    acknowledged when the process wakes, or redelivered and deduplicated); any other leaves the
+    session idle in its transaction, which the server ends after ``IDLE_IN_TRANSACTION_MS``
+    (``tests/integration/test_store_frozen.py`` shows both)."""
     driving = Driving(op, POSTGRES)
     mogrifier = psycopg.AsyncClientCursor(conn)
-    message = _Message(f"BEGIN; {_TRANSACTION_SETTINGS}")
-    if lock is not None:
-        message.add(_locking(lock, _newer(conn)))
+    message = _Message(_TRANSACTION_SETTINGS)
+    locking = None if lock is None else _locking(lock, _newer(conn))
     committed = False
     try:
         for sql, params, stmt in driving:
+            if locking is not None and not stmt.ahead:  # the lock, with the first that needs it
+                message.add(locking)
+                locking = None
             if stmt.kind == "many" and stmt.bulk is not None:
                 if stmt.params:
                     message.add(_bulk(mogrifier, stmt))
@@ -473,17 +478,16 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
                 message.check(mogrifier.mogrify(sql, params), stmt)
                 continue
             message.add(mogrifier.mogrify(sql, params))
-            if stmt.last:
-                message.add("COMMIT")
-                committed = True
-            cursor = await message.send(conn, answer=-2 if committed else -1)  # COMMIT's is last
+            committed = stmt.last
+            cursor = await message.send(conn, commit=committed)
             if stmt.kind == "run":
                 driving.answer = cursor.rowcount
             else:
                 driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
         if not committed:
-            message.add("COMMIT")
-            await message.send(conn)
+            if locking is not None:  # reads ahead and nothing after them: held as any write's is
+                message.add(locking)
+            await message.send(conn, commit=True)
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
@@ -507,12 +511,14 @@ _SLOT: contextvars.ContextVar[int] = contextvars.ContextVar("pitcrew_slot", defa
 
 class _Message:
     """What a transaction has not sent yet, sent as one simple query (``send``): the statements
-    (``parts``), how many rows of batches they hold, and its ``check`` statements, numbered."""
+    (``parts``), how many rows of batches they hold, its ``check`` statements, numbered, and
+    whether it is the transaction's first (``opening``)."""
 
     def __init__(self, first: str) -> None:
         self.parts = [first]
         self.rows = 0
         self.checks: list[Stmt] = []
+        self.opening = True
 
     def add(self, text: str, *, row: bool = False) -> None:
         self.parts.append(text)
@@ -534,15 +540,32 @@ class _Message:
         self.checks.append(stmt)
         self.add(f"SELECT pitcrew_check(EXISTS ({text}), {number})")
 
-    async def send(self, conn: Conn, answer: int = -1) -> psycopg.AsyncCursor[DictRow]:
-        """Send the message; the cursor at the ``answer``-th statement's answer from the end (one a
-        statement, in order). A ``check`` that found no row raises what it refuses with."""
+    async def send(self, conn: Conn, *, commit: bool = False) -> psycopg.AsyncCursor[DictRow]:
+        """Send the message, ``commit``: as the transaction's last; the cursor at its last
+        statement's answer (``COMMIT``'s is never read). A ``check`` that found no row raises what
+        it refuses with.
+
+        A transaction of one message (the first, and the last) has no ``BEGIN`` and no ``COMMIT``:
+        it is the server's implicit transaction of a simple query of several statements, committed
+        at its end, or rolled back at once at its first error, a ``check`` that refuses or a
+        statement that fails. With ``BEGIN``, such a transaction stayed open after the error,
+        holding the write lock, until the event loop came round to read the error and send
+        ``ROLLBACK``: a batch whose expectation did not hold (``bot.store.expect``), or a deposed
+        leader's write, held every replica's writes back for that long. Any other first message
+        begins the transaction (``BEGIN``), and the last commits it. The transaction's settings
+        and the lock are the same statements either way: ``SET LOCAL`` and
+        ``pg_advisory_xact_lock`` hold until the implicit transaction ends, as in a block."""
         checks, self.checks = self.checks, []
-        committing = _COMMITTING.get() if self.parts[-1] == "COMMIT" else None
+        parts = self.parts
+        if self.opening and not commit:
+            parts = ["BEGIN", *parts]
+        elif commit and not self.opening:
+            parts = [*parts, "COMMIT"]
+        committing = _COMMITTING.get() if commit else None
         if committing is not None:  # the next write may begin (``_Writes._kick``)
             committing()
         try:
-            cursor = await conn.execute(";\n".join(self.parts))
+            cursor = await conn.execute(";\n".join(parts))
         except psycopg.Error as exc:
             said = exc.diag.message_primary or ""
             if exc.diag.sqlstate != REFUSED or not said.startswith("pitcrew check "):
@@ -550,8 +573,8 @@ class _Message:
             refused(checks[int(said.removeprefix("pitcrew check "))], False)
             raise  # not reached: refused raises
         finally:
-            self.parts, self.rows = [], 0
-        return await cursor.set_result(answer)
+            self.parts, self.rows, self.opening = [], 0, False
+        return await cursor.set_result(-2 if parts[-1] == "COMMIT" and len(parts) > 1 else -1)
 
 
 def _newer(conn: psycopg.BaseConnection[Any]) -> bool:

@@ -239,6 +239,14 @@ class CountedConnection(psycopg.AsyncConnection[DictRow]):
         return await super().execute(query, params, **kwargs)
 
 
+def whole(message: str) -> bool:
+    """Whether ``message`` (a ``CountedConnection``'s) is a whole transaction in one simple query:
+    the server's implicit transaction, with neither ``BEGIN`` nor ``COMMIT``
+    (``bot.store.postgres._Message.send``)."""
+    statements = {statement.strip() for statement in message.split(";")}
+    return not statements & {"BEGIN", "COMMIT"}
+
+
 @contextlib.asynccontextmanager
 async def counted_connection(database: PostgresDatabase) -> AsyncIterator[CountedConnection]:
     """A ``CountedConnection`` to ``database`` (autocommit, rows as dicts), closed afterwards."""

@@ -1,11 +1,13 @@
 """A batch of deliveries that expects what its lookup would answer (``bot.store.expect``), on a
-real throwaway cluster: it is one message, ``COMMIT`` included, and writes what the lookup would
+real throwaway cluster: it is one message, the whole transaction, and writes what the lookup would
 have led to; whatever made the expectation stale (an alert stored meanwhile, the incident moved,
 closed or opened, another fault attached), the database refuses it before any write, nothing is
-kept, and the store runs the batch again with its lookup."""
+kept (the server rolls it back at once: no ``ROLLBACK`` is sent), and the store runs the batch
+again with its lookup."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,9 +24,9 @@ from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome
 from bot.store.expect import Expectations, Expecting, KeyState, Mispredicted, NodeView
 from bot.store.group_commit import Ingest, deliveries
-from bot.store.postgres import PostgresStore, _transaction
+from bot.store.postgres import _WRITE_LOCK, PostgresStore, _transaction
 from proving_ground.postgres import PostgresServer
-from tests.harness.postgres import CountedConnection, PostgresDatabase, counted_connection
+from tests.harness.postgres import CountedConnection, PostgresDatabase, counted_connection, whole
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 LOCK = "pg_advisory_xact_lock"
@@ -69,7 +71,7 @@ async def test_an_expected_batch_is_one_message_and_writes_what_its_lookup_would
     postgres_db: PostgresDatabase,
 ) -> None:
     """Looked up, a new occurrence on a node with an incident is two messages (the lookup, then the
-    writes and ``COMMIT``); expected, one. Both attach it to the node's incident, and what the batch
+    writes and ``COMMIT``); expected, one, the server's implicit transaction. Both attach it to the node's incident, and what the batch
     left of the node is what the next may expect."""
     later = T0 + timedelta(minutes=1)
     async with _counted(postgres_db) as conn:
@@ -87,7 +89,7 @@ async def test_an_expected_batch_is_one_message_and_writes_what_its_lookup_would
         conn.sent.clear()
         expected = Expecting(looked_up.seen)
         again = await _ingest(conn, _delivery("fp-b", "gpu-001", starts=later), expected)
-        assert len(conn.sent) == 1 and conn.sent[0].endswith("COMMIT"), conn.sent
+        assert len(conn.sent) == 1 and whole(conn.sent[0]), conn.sent
         assert "SELECT pitcrew_check(" in conn.sent[0] and expected.used
         assert (again.attached, again.opened, again.new_alerts) == (["pc-00001"], [], 1)
         assert expected.seen == first.seen
@@ -146,8 +148,10 @@ async def test_a_stale_expectation_is_refused_before_any_write(
     view: NodeView,
 ) -> None:
     """Each way what a batch expects can differ from the database: refused in the server
-    (``Mispredicted``), in the one message, and nothing of the batch is kept; the lookup then
-    finds what is there."""
+    (``Mispredicted``), in the one message, and nothing of the batch is kept: the server rolled
+    the transaction back as it refused, so the write lock was let go there and then, and nothing
+    more is sent (a batch that would open an incident reads its id first: its transaction was
+    begun, and is rolled back by one more message); the lookup then finds what is there."""
     async with _counted(postgres_db) as conn:
         await _ingest(conn, _delivery("fp-a", "gpu-001"), Expecting(None))
         if change is not None:
@@ -158,7 +162,10 @@ async def test_a_stale_expectation_is_refused_before_any_write(
         with pytest.raises(Mispredicted):
             await _ingest(conn, _delivery("fp-new", "gpu-001"), Expecting({"gpu-001": view}))
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        assert conn.sent[-1] == "ROLLBACK" and len(conn.sent) == 2, conn.sent
+        if view is None:  # it would open an incident, whose id it reads first: a begun transaction
+            assert conn.sent[0].startswith("BEGIN") and conn.sent[1:] == ["ROLLBACK"], conn.sent
+        else:
+            assert len(conn.sent) == 1 and whole(conn.sent[0]), conn.sent
         assert _tables(postgres_db) == before
         looked_up = Expecting(None)
         outcome = await _ingest(conn, _delivery("fp-new", "gpu-001"), looked_up)
@@ -172,6 +179,56 @@ async def test_a_stale_expectation_is_refused_before_any_write(
         assert looked_up.seen["gpu-001"] == ("pc-00001", "open", frozenset({"xid79@gpu3", "xid79@gpu5"}))
     else:
         assert outcome.attached == ["pc-00001"]
+
+
+async def _sent(conn: CountedConnection, messages: int) -> None:
+    """Until ``conn`` has sent ``messages`` messages."""
+    for _ in range(500):
+        if len(conn.sent) >= messages:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not {messages} messages: {conn.sent}")
+
+
+@pytest.mark.parametrize("changed", [False, True], ids=["unchanged", "closed-meanwhile"])
+async def test_a_lookup_goes_before_the_write_lock_and_is_confirmed_under_it(
+    postgres_db: PostgresDatabase, changed: bool
+) -> None:
+    """A batch that looks up (``Expecting.ahead``) reads before it takes the write lock: while
+    another session holds the lock, the lookup is answered, and only the writes wait for it, the
+    lock taken in their message, with the confirmation of what the lookup read. Unchanged when
+    the lock is let go, the batch commits what the lookup led to; changed meanwhile (the other
+    session closed the node's incident before letting the lock go), it is refused
+    (``Mispredicted``) and nothing of it is kept."""
+    async with _counted(postgres_db) as conn:
+        await _ingest(conn, _delivery("fp-a", "gpu-001"), Expecting(None))
+        with postgres_db.connect() as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+            conn.sent.clear()
+            batch = asyncio.ensure_future(
+                _ingest(conn, _delivery("fp-b", "gpu-001"), Expecting(None, ahead=True))
+            )
+            await _sent(conn, 2)  # the lookup answered while the lock is held elsewhere
+            lookup, writes = conn.sent
+            assert "pg_advisory_xact_lock" not in lookup and "UNION ALL" in lookup, lookup
+            assert "pg_advisory_xact_lock" in writes and "SELECT pitcrew_check(" in writes, writes
+            await asyncio.sleep(0.1)
+            assert not batch.done()  # the writes wait for the lock
+            before = _tables(postgres_db)
+            if changed:
+                _closed(holder)
+            holder.execute("COMMIT")
+            if changed:
+                with pytest.raises(Mispredicted):
+                    await asyncio.wait_for(batch, timeout=10)
+                after = _tables(postgres_db)
+                assert after["incidents"] == [("pc-00001", "gpu-001", "resolved")]
+                assert (after["alerts"], after["events"]) == (before["alerts"], before["events"])
+                return
+            outcome = await asyncio.wait_for(batch, timeout=10)
+    assert (outcome.attached, outcome.new_alerts) == (["pc-00001"], 1)
+    assert len(_tables(postgres_db)["alerts"]) == 2
 
 
 async def _store(database: PostgresDatabase) -> PostgresStore:

@@ -26,7 +26,7 @@ from bot.store.postgres import (
     _transaction,
 )
 from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single
-from tests.harness.postgres import PostgresDatabase, counted_connection
+from tests.harness.postgres import PostgresDatabase, counted_connection, whole
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -452,7 +452,8 @@ async def test_a_check_goes_with_the_statements_after_it_and_refuses_in_the_serv
     message's limit included; not holding, it raises what it refuses with, nothing after it in
     its message runs (the sequence never moves on) and nothing of the transaction is kept. So
     ``COMMIT`` may go in the check's own message: rows last, with nothing to answer, and the check
-    are one message."""
+    are one message, the whole transaction, which the server rolls back as the check refuses
+    (no ``ROLLBACK`` is sent); a transaction begun in an earlier message is rolled back by one."""
     with _connect(postgres_db) as db:
         db.execute("CREATE TABLE checked (n INTEGER NOT NULL); CREATE SEQUENCE checked_answers")
         db.execute(POSTGRES.script("{check_function}"))
@@ -473,7 +474,8 @@ async def test_a_check_goes_with_the_statements_after_it_and_refuses_in_the_serv
         conn.sent.clear()
         with pytest.raises(_Refused):
             await _transaction(conn, _rows_last(), "pg_advisory_xact_lock")
-        assert conn.sent[0].endswith("COMMIT") and conn.sent[1:] == ["ROLLBACK"], conn.sent
+        assert len(conn.sent) == 1 and whole(conn.sent[0]), conn.sent
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with _connect(postgres_db) as db:
         found = db.execute("SELECT count(*) FROM checked").fetchone()
     assert found == (rows + 1,), found  # the first transaction's rows alone
@@ -486,8 +488,8 @@ def _rows_last() -> Op[None]:
 
 async def test_a_single_write_is_one_message_with_its_check_and_commit(postgres_db: PostgresDatabase) -> None:
     """A fenced engine write of one statement (``single``: its answer decides nothing before the
-    commit) is one message, the lease check, the statement and ``COMMIT``; its answer is the
-    statement's, not ``COMMIT``'s: a row count, or the row it returned."""
+    commit) is one message, the lease check and the statement, the server's implicit transaction;
+    its answer is the statement's: a row count, or the row it returned."""
     with _connect(postgres_db) as db:
         db.execute("CREATE TABLE singled (n INTEGER NOT NULL)")
         db.execute(POSTGRES.script("{check_function}"))
@@ -501,7 +503,7 @@ async def test_a_single_write_is_one_message_with_its_check_and_commit(postgres_
         assert (await _transaction(conn, fenced(True, inserted), "pg_advisory_xact_lock")).result == 2
         returned = one("INSERT INTO singled (n) VALUES (?) RETURNING n * 10 AS n", (3,))
         assert (await _transaction(conn, fenced(True, returned), "pg_advisory_xact_lock")).result == {"n": 30}
-        assert len(conn.sent) == 2 and all(m.endswith("COMMIT") for m in conn.sent), conn.sent
+        assert len(conn.sent) == 2 and all(whole(m) for m in conn.sent), conn.sent
         with pytest.raises(_Refused):
             await _transaction(conn, fenced(False, inserted), "pg_advisory_xact_lock")
     with _connect(postgres_db) as db:
