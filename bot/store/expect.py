@@ -25,17 +25,6 @@ rarely. A batch with an alert one of the last few batches did not know either (`
 same group sent twice at once, the second in the next batch, which begins while the first
 commits) looks up. Only whether an incident is open is confirmed, not its state: the batch asks
 nothing more of it (a new fault on an incident under way is a change of plan).
-
-A batch that looks up does it before it takes the write lock (``Expecting.ahead``): the lookup is
-the transaction's first message, without the lock, and what it answered is then confirmed under
-the lock, with the writes and ``COMMIT``, as an expectation is. A lookup under the lock held it,
-and every replica's writes with it, until the event loop came round to read the lookup's answer
-and send the writes: a standby beside the leader's engine looks up a third of its batches or more
-(the leader's moves leave its views stale), and each held the other replica back for a turn of
-its loop. Something changed between the lookup and the lock is a miss, as a stale view is; the
-batch then runs again with its lookup under the lock (``Expectations.lookup``). So does a batch
-with a recent key (``RECENT``): the batch before it, still committing, would not be seen before
-the lock, and the confirmation would refuse it.
 """
 
 from __future__ import annotations
@@ -101,9 +90,6 @@ class Expecting:
     used: bool = False
     #: The nodes the batch looked up or expected, as it left them (learnt once it commits).
     seen: dict[str, NodeView] = field(default_factory=dict)
-    #: A lookup it makes may go before the write lock, confirmed under it (``ahead``); not when
-    #: the batch runs again after a miss, nor for a recent key.
-    ahead: bool = False
 
 
 class Expectations:
@@ -130,14 +116,13 @@ class Expectations:
         """For a batch about to begin at ``now``: what it may expect."""
         if self._skip > 0:
             self._skip -= 1
-            return self.lookup(ahead=True)
+            return self.lookup()
         keys = {} if self._keys is None else self._keys(now)
-        return Expecting(self._nodes, self._recent, keys, ahead=True)
+        return Expecting(self._nodes, self._recent, keys)
 
-    def lookup(self, *, ahead: bool = False) -> Expecting:
-        """For a batch that looks everything up (what it finds is expected next); ``ahead``: before
-        the write lock, confirmed under it (``ahead``), which a batch run again after a miss is not."""
-        return Expecting(None, self._recent, ahead=ahead)
+    def lookup(self) -> Expecting:
+        """For a batch that looks everything up (what it finds is expected next)."""
+        return Expecting(None, self._recent)
 
     def committed(self, expecting: Expecting) -> None:
         """The batch committed: what it expected held, and what it left is expected next."""

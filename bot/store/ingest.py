@@ -24,7 +24,7 @@ from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
 from bot.store.expect import Expecting, Mispredicted, NodeView
 from bot.store.expect import KeyState as KeyState
-from bot.store.sql import Op, Stmt, ahead, check, many, one, put, rows
+from bot.store.sql import Op, Stmt, check, many, one, put, rows
 
 _CHUNK = 400  # list parameters: well under SQLite's bound-variable limit
 T = TypeVar("T")
@@ -77,13 +77,10 @@ def ingest(
     faults_of: dict[str, set[str]] = {}
     if missing:
         expected = _expected(missing, nodes, expecting)
-        before_lock = expecting is not None and expecting.ahead and not _recent(missing, expecting)
         if expecting is not None:
             expecting.recent.append(frozenset(missing))
         if expected is None:
-            found, active, faults_of = yield from _look_up(missing, nodes, before_lock=before_lock)
-            if before_lock:  # read before the write lock: confirmed under it before any write
-                yield _confirm(missing, found, nodes, active, faults_of)
+            found, active, faults_of = yield from _look_up(missing, nodes)
         else:
             found, active, faults_of = expected
             yield _confirm(missing, found, nodes, active, faults_of)
@@ -109,7 +106,7 @@ def _expected(
     views = None if expecting is None else expecting.nodes
     if expecting is None or views is None or not all(node in views for node in nodes):
         return None
-    if _recent(keys, expecting):
+    if any(key in batch for batch in expecting.recent for key in keys):
         return None
     found = {key: remembered for key in keys if (remembered := expecting.keys.get(key)) is not None}
     if any(seen_in is None for _, seen_in in found.values()):
@@ -123,11 +120,6 @@ def _expected(
             active[1][incident_id] = set(faults)
     expecting.used = True
     return found, *active
-
-
-def _recent(keys: Sequence[tuple[str, str]], expecting: Expecting) -> bool:
-    """Whether one of ``keys`` was not known to one of the last batches either (``Expecting.recent``)."""
-    return any(key in batch for batch in expecting.recent for key in keys)
 
 
 class Batch:
@@ -468,40 +460,33 @@ def _confirm(
     )
 
 
-def known_keys(
-    keys: Sequence[tuple[str, str]], *, before_lock: bool = False
-) -> Op[dict[tuple[str, str], KeyState]]:
-    """Stored state of these keys (one query a chunk); ``before_lock``: read ``ahead``."""
+def known_keys(keys: Sequence[tuple[str, str]]) -> Op[dict[tuple[str, str], KeyState]]:
+    """Stored state of these keys (one query a chunk)."""
     known: dict[tuple[str, str], KeyState] = {}
     wanted = set(keys)
     for chunk in _chunks(sorted({fingerprint for fingerprint, _ in wanted})):
-        _known((yield _read(rows(_KEYS, [chunk]), before_lock)), wanted, known)
+        _known((yield rows(_KEYS, [chunk])), wanted, known)
     return known
 
 
-def _active_incidents(nodes: set[str], *, before_lock: bool = False) -> Op[Active]:
+def _active_incidents(nodes: set[str]) -> Op[Active]:
     """The active incident of each node, and the fault keys each already has (one query a chunk)."""
     active: Active = ({}, {})
     for chunk in _chunks(sorted(nodes)):
-        _active((yield _read(rows(_ACTIVE, [chunk]), before_lock)), active)
+        _active((yield rows(_ACTIVE, [chunk])), active)
     return active
 
 
-def _read(stmt: Stmt, before_lock: bool) -> Stmt:
-    return ahead(stmt) if before_lock else stmt
-
-
-def _look_up(keys: Sequence[tuple[str, str]], nodes: set[str], *, before_lock: bool = False) -> Op[LookedUp]:
+def _look_up(keys: Sequence[tuple[str, str]], nodes: set[str]) -> Op[LookedUp]:
     """``known_keys`` and ``_active_incidents`` of ``nodes``: in one statement when each list fits
-    one query (a batch of deliveries, nearly always), which on Postgres is one round trip less;
-    else each on its own. ``before_lock``: read before the write lock (``ahead``), so its caller
-    confirms what it answered (``_confirm``) under the lock."""
+    one query (a batch of deliveries, nearly always), which on Postgres is one round trip less
+    with the write lock held; else each on its own."""
     fingerprints = sorted({fingerprint for fingerprint, _ in keys})
     if not nodes or len(fingerprints) > _CHUNK or len(nodes) > _CHUNK:
-        stored = yield from known_keys(keys, before_lock=before_lock)
-        found, faults = (yield from _active_incidents(nodes, before_lock=before_lock)) if nodes else ({}, {})
+        stored = yield from known_keys(keys)
+        found, faults = (yield from _active_incidents(nodes)) if nodes else ({}, {})
         return stored, found, faults
-    answer = yield _read(rows(f"{_KEYS} UNION ALL {_ACTIVE}", [fingerprints, sorted(nodes)]), before_lock)
+    answer = yield rows(f"{_KEYS} UNION ALL {_ACTIVE}", [fingerprints, sorted(nodes)])
     known: dict[tuple[str, str], KeyState] = {}
     _known([r for r in answer if r["what"] == "alert"], set(keys), known)
     active: Active = ({}, {})

@@ -429,18 +429,18 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
 async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     """``op`` in one transaction under ``lock`` (``None``: none, retention's and a flush's), on the
     writes' connection (``_Writes``) or a flush's of the pool (``PostgresStore._count``), in as few
-    messages as its answers allow: ``BEGIN`` and the transaction's settings
-    (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) go with the first statement, the
-    lock with the first that is not a read ``ahead`` of it (``bot.store.sql.ahead``), the rows of
-    batches (``many``, ``put``: nothing to answer) and the conditions (``check``: a fenced write's
-    lease check, which fails in the server if it finds no row: ``_Message``) with the statement
-    after them, up to ``BATCH_STATEMENTS`` rows a message, and ``COMMIT`` with the last: the
-    operation's last statement read (``last``, a ``single`` write) or its last rows. A transaction
-    of one message has neither ``BEGIN`` nor ``COMMIT``: it is the server's implicit transaction,
-    rolled back in the server at its first error (``_Message.send``). Each message is one simple
-    query, its values bound by psycopg's client-side quoting as ``_batch`` binds rows; the answer
-    read is its last statement's, or the one before ``COMMIT``. A statement that fails ends its
-    message there, the rest unsent, and the transaction is rolled back.
+    messages as its answers allow: ``BEGIN``, the transaction's settings
+    (``_TRANSACTION_SETTINGS``: READ COMMITTED, the idle limit) and the lock go with the first
+    statement, the rows of batches (``many``, ``put``: nothing to answer) and the conditions
+    (``check``: a fenced write's lease check, which fails in the server if it finds no row:
+    ``_Message``) with the statement after them, up to ``BATCH_STATEMENTS`` rows a message, and
+    ``COMMIT`` with the last: the operation's last statement read (``last``, a ``single`` write) or
+    its last rows. A transaction of one message has neither ``BEGIN`` nor ``COMMIT``: it is the
+    server's implicit transaction, rolled back in the server at its first error
+    (``_Message.send``). Each message is one simple query, its values bound by psycopg's
+    client-side quoting as ``_batch`` binds rows; the answer read is its last statement's, or the
+    one before ``COMMIT``. A statement that fails ends its message there, the rest unsent, and the
+    transaction is rolled back.
 
     Why: every message is a round trip, and its answer is read when the event loop comes round
     again. A batch of deliveries was eight to ten messages (``BEGIN``, the lock, the lookups, a
@@ -457,13 +457,11 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
     driving = Driving(op, POSTGRES)
     mogrifier = psycopg.AsyncClientCursor(conn)
     message = _Message(_TRANSACTION_SETTINGS)
-    locking = None if lock is None else _locking(lock, _newer(conn))
+    if lock is not None:
+        message.add(_locking(lock, _newer(conn)))
     committed = False
     try:
         for sql, params, stmt in driving:
-            if locking is not None and not stmt.ahead:  # the lock, with the first that needs it
-                message.add(locking)
-                locking = None
             if stmt.kind == "many" and stmt.bulk is not None:
                 if stmt.params:
                     message.add(_bulk(mogrifier, stmt))
@@ -485,8 +483,6 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
             else:
                 driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
         if not committed:
-            if locking is not None:  # reads ahead and nothing after them: held as any write's is
-                message.add(locking)
             await message.send(conn, commit=True)
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

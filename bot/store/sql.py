@@ -50,9 +50,6 @@ class Stmt:
     #: The operation's last statement, whose answer it returns as its result and decides nothing
     #: in the transaction (``single``): Postgres sends ``COMMIT`` with it. A statement after it fails.
     last: bool = False
-    #: A read that may run before the write lock is taken (``ahead``): Postgres takes the lock
-    #: with the first statement that is not (SQLite holds it from ``BEGIN IMMEDIATE``).
-    ahead: bool = False
 
 
 #: An operation: yields statements, is sent each one's answer, returns its result.
@@ -96,14 +93,6 @@ def one(sql: str, params: Sequence[Any] = ()) -> Stmt:
 
 def rows(sql: str, params: Sequence[Any] = ()) -> Stmt:
     return Stmt(sql, params, "all")
-
-
-def ahead(stmt: Stmt) -> Stmt:
-    """``stmt``, a read, before the write lock: the transaction must confirm what it answered under
-    the lock (a ``check``) before it writes anything that depends on it
-    (``bot.store.ingest._look_up``)."""
-    assert stmt.kind in {"one", "all"}, "only a read goes before the lock"
-    return replace(stmt, ahead=True)
 
 
 def single(stmt: Stmt) -> Op[Any]:

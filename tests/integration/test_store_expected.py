@@ -7,7 +7,6 @@ again with its lookup."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -24,7 +23,7 @@ from bot.domain.incident import State
 from bot.store.base import Delivery, IncomingAlert, IngestOutcome
 from bot.store.expect import Expectations, Expecting, KeyState, Mispredicted, NodeView
 from bot.store.group_commit import Ingest, deliveries
-from bot.store.postgres import _WRITE_LOCK, PostgresStore, _transaction
+from bot.store.postgres import PostgresStore, _transaction
 from proving_ground.postgres import PostgresServer
 from tests.harness.postgres import CountedConnection, PostgresDatabase, counted_connection, whole
 
@@ -179,56 +178,6 @@ async def test_a_stale_expectation_is_refused_before_any_write(
         assert looked_up.seen["gpu-001"] == ("pc-00001", "open", frozenset({"xid79@gpu3", "xid79@gpu5"}))
     else:
         assert outcome.attached == ["pc-00001"]
-
-
-async def _sent(conn: CountedConnection, messages: int) -> None:
-    """Until ``conn`` has sent ``messages`` messages."""
-    for _ in range(500):
-        if len(conn.sent) >= messages:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not {messages} messages: {conn.sent}")
-
-
-@pytest.mark.parametrize("changed", [False, True], ids=["unchanged", "closed-meanwhile"])
-async def test_a_lookup_goes_before_the_write_lock_and_is_confirmed_under_it(
-    postgres_db: PostgresDatabase, changed: bool
-) -> None:
-    """A batch that looks up (``Expecting.ahead``) reads before it takes the write lock: while
-    another session holds the lock, the lookup is answered, and only the writes wait for it, the
-    lock taken in their message, with the confirmation of what the lookup read. Unchanged when
-    the lock is let go, the batch commits what the lookup led to; changed meanwhile (the other
-    session closed the node's incident before letting the lock go), it is refused
-    (``Mispredicted``) and nothing of it is kept."""
-    async with _counted(postgres_db) as conn:
-        await _ingest(conn, _delivery("fp-a", "gpu-001"), Expecting(None))
-        with postgres_db.connect() as holder:
-            holder.execute("BEGIN")
-            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
-            conn.sent.clear()
-            batch = asyncio.ensure_future(
-                _ingest(conn, _delivery("fp-b", "gpu-001"), Expecting(None, ahead=True))
-            )
-            await _sent(conn, 2)  # the lookup answered while the lock is held elsewhere
-            lookup, writes = conn.sent
-            assert "pg_advisory_xact_lock" not in lookup and "UNION ALL" in lookup, lookup
-            assert "pg_advisory_xact_lock" in writes and "SELECT pitcrew_check(" in writes, writes
-            await asyncio.sleep(0.1)
-            assert not batch.done()  # the writes wait for the lock
-            before = _tables(postgres_db)
-            if changed:
-                _closed(holder)
-            holder.execute("COMMIT")
-            if changed:
-                with pytest.raises(Mispredicted):
-                    await asyncio.wait_for(batch, timeout=10)
-                after = _tables(postgres_db)
-                assert after["incidents"] == [("pc-00001", "gpu-001", "resolved")]
-                assert (after["alerts"], after["events"]) == (before["alerts"], before["events"])
-                return
-            outcome = await asyncio.wait_for(batch, timeout=10)
-    assert (outcome.attached, outcome.new_alerts) == (["pc-00001"], 1)
-    assert len(_tables(postgres_db)["alerts"]) == 2
 
 
 async def _store(database: PostgresDatabase) -> PostgresStore:

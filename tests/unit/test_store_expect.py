@@ -48,19 +48,6 @@ def test_a_batch_that_looked_up_teaches_what_it_found_and_does_not_count_as_a_hi
     assert views == {"gpu-001": VIEW, "gpu-002": None}
 
 
-def test_a_batch_looks_up_ahead_of_the_lock_but_not_when_it_runs_again_after_a_miss() -> None:
-    """A turn's lookup may go before the write lock (confirmed under it), whether the batch expects
-    or looks up; the batch run again after a miss looks up under the lock, where nothing can
-    change what it reads before it writes."""
-    expectations = Expectations()
-    assert expectations.turn(NOW).ahead
-    expectations.missed()
-    skipped = expectations.turn(NOW)
-    assert skipped.nodes is None and skipped.ahead
-    again = expectations.lookup()
-    assert again.nodes is None and not again.ahead
-
-
 def test_views_are_kept_for_the_nodes_seen_last() -> None:
     expectations = Expectations(nodes_max=2)
     expectations.learn({"a": None, "b": None})
