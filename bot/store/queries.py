@@ -325,10 +325,6 @@ def ack_faults(incident_id: str) -> Stmt:
     return run("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
 
 
-class NotMoved(Exception):
-    """A transition that would not move its incident (``moves``): nothing of its transaction is kept."""
-
-
 def transition(
     incident_id: str,
     state: State,
@@ -352,33 +348,13 @@ def transition(
     if guarded:
         sets.append("guarded_at = COALESCE(guarded_at, ?)")
         params.append(stamp)
-    where, params_where = _moving(incident_id, unless)
-    return run(f"UPDATE incidents SET {', '.join(sets)} WHERE {where}", [*params, *params_where])  # noqa: S608
-
-
-def moves(incident_id: str, unless: str | None) -> Stmt:
-    """A ``check`` that ``transition(incident_id, ..., unless=unless)`` moves the incident: the row
-    its ``UPDATE`` would change is there; else ``NotMoved``. Under the write lock nothing changes
-    what the ``UPDATE`` matches between the two, and the ``UPDATE`` changes none of it, so the
-    check and the statements after it (the event the move reports) go with it, without reading its
-    row count first."""
-    where, params = _moving(incident_id, unless)
-    return check(
-        f"SELECT 1 AS moves FROM incidents WHERE {where}",  # noqa: S608
-        params,
-        lambda: NotMoved(f"{incident_id} was not moved ({unless})"),
-    )
-
-
-def _moving(incident_id: str, unless: str | None) -> tuple[str, list[Any]]:
-    """The condition on the incident's row under which a transition moves it, and its parameters."""
-    where, params = "id = ?", [incident_id]
+    where, params_where = "id = ?", [incident_id]
     if unless in {"new_fault", "firing"}:
         where += " AND faults_changed = 0"
     if unless == "firing":
         where += f" AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = ? AND {STILL_FIRING})"  # noqa: S608
-        params.append(incident_id)
-    return where, params
+        params_where.append(incident_id)
+    return run(f"UPDATE incidents SET {', '.join(sets)} WHERE {where}", [*params, *params_where])  # noqa: S608
 
 
 def advance(incident_id: str, step_index: int, now: datetime) -> Stmt:

@@ -25,7 +25,6 @@ engine's writes — is here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import time
 from abc import ABC, abstractmethod
@@ -57,7 +56,7 @@ from bot.store.base import (
     link_key,
 )
 from bot.store.lease import Deposed, Fence
-from bot.store.sql import Dialect, Op, Stmt, T, put, single
+from bot.store.sql import Dialect, Op, Stmt, T, single
 
 
 class SqlStore(ABC):
@@ -265,20 +264,14 @@ class SqlStore(ABC):
         write, so a delivery landing at the same moment never attaches to an incident that then
         closes."""
 
-        move = queries.transition(incident_id, state, now, outcome=outcome, guarded=guarded, unless=unless)
-
         def op() -> Op[None]:
-            if event is None:
-                yield from single(move)
-                return
-            # Moved, or nothing is kept: the event goes with the move, without reading its row
-            # count first (on Postgres, one message with its ``COMMIT``, not two).
-            yield queries.moves(incident_id, unless)
-            yield put(move.sql, move.params)
-            yield from self._events(incident_id, [event], now)
+            moved = yield queries.transition(
+                incident_id, state, now, outcome=outcome, guarded=guarded, unless=unless
+            )
+            if event is not None and moved:
+                yield from self._events(incident_id, [event], now)
 
-        with contextlib.suppress(queries.NotMoved):
-            await self._write(op)
+        await self._write(op)
         record = await self.incident(incident_id)
         assert record is not None
         self._moved(record)
