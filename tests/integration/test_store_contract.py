@@ -166,6 +166,30 @@ async def test_an_occurrence_alertmanager_replaced_does_not_hold_its_incident_op
     assert closed.state is State.RESOLVED
 
 
+async def test_a_transition_reports_its_move_only_when_it_moved(stores: Stores) -> None:
+    """A transition's event, and the outbox row its kind is routed to, are written with the move
+    and only if it moved: kept open while an alert fires, nothing is reported and the incident is
+    as it was; once they are resolved, the move and its one event and row."""
+    store = await stores.open()
+    woken: list[str] = []
+    store.route_events(frozenset({"incident_closed"}), "slack", wake=lambda: woken.append("slack"))
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    before = await store.incident(incident_id)
+    closing = NewEvent("incident_closed", detail="recovered")
+    kept = await store.transition(incident_id, State.RESOLVED, T0, event=closing, unless="firing")
+    assert kept == before
+    assert [e.kind for e in await store.events_since(0) if e.kind == "incident_closed"] == []
+    assert await store.outbox_pending("slack") == [] and woken == []
+
+    await store.ingest(_delivery(_alert("fp1", "gpu-001", status="resolved")), T0 + timedelta(minutes=5))
+    later = T0 + timedelta(minutes=6)
+    closed = await store.transition(incident_id, State.RESOLVED, later, event=closing, unless="firing")
+    assert closed.state is State.RESOLVED and closed.closed_at == later
+    (reported,) = [e for e in await store.events_since(0) if e.kind == "incident_closed"]
+    (row,) = await store.outbox_pending("slack")
+    assert (row.event_seq, row.kind, woken) == (reported.seq, "incident_closed", ["slack"])
+
+
 async def test_deliveries_at_once_are_each_stored_once(stores: Stores) -> None:
     """Deliveries reaching two processes at once, each process committing what reaches it together
     (SQLite's writer, Postgres's group commit): one incident per node, every delivery counted once,
