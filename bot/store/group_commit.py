@@ -1,10 +1,10 @@
 """Group commit of webhook deliveries on Postgres: every delivery waiting, one transaction.
 
-Alertmanager's deliveries arrive at once from many groups, and each is acknowledged only once
-what it stores has committed. One transaction and one commit (one WAL flush) per delivery, each
-under the write lock, made a replica as slow as its round trips and fsyncs in a row. Here a
-replica's deliveries queue up, and the store's writes (``bot.store.postgres._Writes``, each transaction a task on
-the event loop) take every one waiting (up to ``BATCH``) at the moment they begin their
+Alertmanager's deliveries arrive at once from many groups, and each is acknowledged only once what
+it stores has committed. One transaction and one commit (one WAL flush) per delivery, each under
+the write lock, made a replica as slow as its round trips and fsyncs in a row. Here a replica's
+deliveries queue up, and the store's writes (``bot.store.postgres._Writes``, each transaction a
+task on the event loop) take every one waiting (up to ``BATCH``) at the moment they begin their
 transaction, run them in it and commit once, as SQLite's writer (``bot.store.writer``) does; each
 caller hears back only after that commit.
 
@@ -131,8 +131,8 @@ class Writes(Protocol):
         """Run ``work`` by the writes, in the deliveries' lane; ``StoreUnavailable`` once closed."""
 
     async def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """By the writes (a transaction's task): ``op`` in one transaction, under the write lock (``exclusive``) or
-        its shared mode; its result once committed. Raises if it did not commit."""
+        """By the writes (a transaction's task): ``op`` in one transaction, under the write lock
+        (``exclusive``) or its shared mode; its result once committed. Raises if it did not commit."""
 
     async def failed(self, exc: BaseException) -> None:
         """Before the callers of a batch that failed with ``exc`` hear of it."""
@@ -213,9 +213,10 @@ class GroupCommit:
             self._fail(waiting, exc)
 
     async def _turn(self) -> None:
-        """By the writes (a transaction's task): the deliveries waiting now (up to ``batch``), in one transaction,
-        their callers answered once it committed, or (``_fail``) when it did not. What is left
-        gets a turn of its own, after an engine write if one waits (``bot.store.postgres._Lanes``)."""
+        """By the writes (a transaction's task): the deliveries waiting now (up to ``batch``), in
+        one transaction, their callers answered once it committed, or (``_fail``) when it did not.
+        What is left gets a turn of its own, after an engine write if one waits
+        (``bot.store.postgres._Lanes``)."""
         batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
         self._scheduled = bool(self._pending)
         if self._scheduled:

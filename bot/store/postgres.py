@@ -721,7 +721,8 @@ class _Writes:
         self._put(work, first=True)
 
     async def transact(self, op: Op[list[Result]], exclusive: bool) -> list[Result]:
-        """By the writes (a transaction's task, from ``put``'s work): ``op`` in one transaction, committed."""
+        """By the writes (a transaction's task, from ``put``'s work): ``op`` in one transaction,
+        committed."""
         return (await self._run(op, exclusive)).result
 
     async def failed(self, exc: BaseException) -> None:
@@ -918,7 +919,8 @@ class _Lanes:
 
 @dataclass(slots=True, eq=False)
 class _Turn:
-    """A work's transaction begun by the writes (``_Writes._begin``): its connection, its task."""
+    """A work's transaction begun by the writes (``_Writes._begin``): its connection, and its task,
+    held here while it runs (the event loop keeps only a weak reference to a task)."""
 
     slot: int
     task: asyncio.Task[None] | None = None

@@ -70,8 +70,8 @@ async def test_an_expected_batch_is_one_message_and_writes_what_its_lookup_would
     postgres_db: PostgresDatabase,
 ) -> None:
     """Looked up, a new occurrence on a node with an incident is two messages (the lookup, then the
-    writes and ``COMMIT``); expected, one, the server's implicit transaction. Both attach it to the node's incident, and what the batch
-    left of the node is what the next may expect."""
+    writes and ``COMMIT``); expected, one, the server's implicit transaction. Both attach it to the
+    node's incident, and what the batch left of the node is what the next may expect."""
     later = T0 + timedelta(minutes=1)
     async with _counted(postgres_db) as conn:
         first = Expecting(None)
