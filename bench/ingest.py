@@ -18,7 +18,8 @@ replica and with two (the load spread over both, as Alertmanager's peers would).
 Printed for each: throughput and p50/p99 with 8 requests always in flight (saturation), with
 the CPU the server's processes used meanwhile and how busy the whole machine was (on a machine
 of few CPUs the load generator and PostgreSQL share them with the server, and a saturated
-latency is then partly each process waiting for a CPU), and p50/p99 at a fixed offered load
+latency is then partly each process waiting for a CPU: how long the server's, PostgreSQL's and
+the load generator's did is printed too, from the kernel's counts), and p50/p99 at a fixed offered load
 (open loop, as Alertmanager sends); then pitcrew's ratio to the durable baseline on the same
 database (and to the bare handler), and its saturated deliveries that stored something new
 apart, with the incidents the engine closed meanwhile (the stream's resolutions close some, and
@@ -40,6 +41,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -237,6 +239,36 @@ def _cpu_seconds(pids: list[int]) -> float:
     return used / os.sysconf("SC_CLK_TCK")
 
 
+def _scheduled(pids: list[int]) -> tuple[float, float]:
+    """How long the processes ``pids`` (each of their threads) have run so far, and how long they
+    have waited runnable for a CPU, in seconds (``/proc/<pid>/task/<tid>/schedstat``: the
+    scheduler's run time and run delay); NaN where the kernel keeps no such count."""
+    ran = waited = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError):  # a thread gone meanwhile
+                run, delay, _ = (int(x) for x in task.read_text().split())
+                ran, waited = ran + run, waited + delay
+    if not ran:  # no process, or a kernel that keeps no count (zeros)
+        return float("nan"), float("nan")
+    return ran / 1e9, waited / 1e9
+
+
+def _postgres(port: int | None) -> list[int]:
+    """The processes of the PostgreSQL serving on ``port``: its postmaster (whose command line
+    names the port) and the postmaster's children (a backend per connection, the WAL writer...)."""
+    if port is None:
+        return []
+    stats: dict[int, tuple[int, str]] = {}  # pid: (parent, command line)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                stats[int(entry.name)] = (parent, (entry / "cmdline").read_bytes().decode(errors="replace"))
+    masters = {pid for pid, (_, command) in stats.items() if f"port={port}\0" in command + "\0"}
+    return sorted(masters | {pid for pid, (parent, _) in stats.items() if parent in masters})
+
+
 def measure(
     name: str,
     urls: list[str],
@@ -245,16 +277,27 @@ def measure(
     bodies: list[bytes],
     concurrency: int,
     rate: float,
+    database: int | None = None,
 ) -> dict[str, float]:
+    """``database``: the port of the PostgreSQL the servers use, if any, whose processes' time
+    running and waiting for a CPU is measured too."""
     alerts = [url + "/api/v1/alerts" for url in urls]
     asyncio.run(drive(alerts, warmup, concurrency))
     for url in urls:
         settle(url)
     stored: list[float] = []
     closed = -sum(counted(url, "pitcrew_incidents_closed_total") for url in urls)
+    postgres, generator = _postgres(database), [os.getpid()]
     (busy, ticks), used = _host_cpu(), _cpu_seconds(pids)
+    before = [_scheduled(group) for group in (pids, postgres, generator)]
     elapsed, latencies, codes = asyncio.run(drive(alerts, bodies, concurrency, stored))
     used = _cpu_seconds(pids) - used
+    (_, server_wait), (pg_ran, pg_wait), (_, generator_wait) = (
+        (100 * (ran - ran0) / elapsed, 100 * (waited - waited0) / elapsed)
+        for (ran, waited), (ran0, waited0) in zip(
+            [_scheduled(group) for group in (pids, postgres, generator)], before, strict=True
+        )
+    )
     busy, ticks = (now - before for now, before in zip(_host_cpu(), (busy, ticks), strict=True))
     closed += sum(counted(url, "pitcrew_incidents_closed_total") for url in urls)
     assert set(codes) == {200}, f"{name}: unexpected answers {codes}"
@@ -275,6 +318,10 @@ def measure(
         "p99": cuts[98] * 1000,
         "max": max(latencies) * 1000,
         "server_cpu": 100 * used / elapsed,
+        "server_wait": server_wait,
+        "pg_cpu": pg_ran if postgres else float("nan"),
+        "pg_wait": pg_wait if postgres else float("nan"),
+        "generator_wait": generator_wait,
         "host_cpu": 100 * busy / ticks if ticks else float("nan"),
         "rate_p50": at_rate[49] * 1000,
         "rate_p99": at_rate[98] * 1000,
@@ -315,8 +362,11 @@ def main() -> None:
     rounds: list[dict[str, dict[str, float]]] = []
     sync = os.environ.get("SYNC", "full")
 
-    def run(name: str, commands: list[tuple[list[str], dict[str, str] | None]]) -> None:
-        """Start one server per command (replicas share the load), measure, stop them."""
+    def run(
+        name: str, commands: list[tuple[list[str], dict[str, str] | None]], database: int | None = None
+    ) -> None:
+        """Start one server per command (replicas share the load), measure, stop them. ``database``:
+        the port of the PostgreSQL they use, if any."""
         from proving_ground.proc import free_port
 
         procs, urls = [], []
@@ -327,7 +377,9 @@ def main() -> None:
                 argv = [part.replace("{port}", str(port)) for part in command]
                 procs.append(start(argv, urls[-1], env))
             pids = [proc.pid for proc in procs]
-            rounds[-1][name] = measure(name, urls, pids, warmup, bodies, args.concurrency, args.rate)
+            rounds[-1][name] = measure(
+                name, urls, pids, warmup, bodies, args.concurrency, args.rate, database=database
+            )
         finally:
             for proc in procs:
                 proc.terminate()
@@ -370,11 +422,11 @@ def main() -> None:
                 run(CREW, [(serve, crew({}))])
             if server is not None:
                 url = server.url(server.create_database())
-                run(DURABLE_PG, [([*durable, "{port}", "postgres", url, str(password)], None)])
+                run(DURABLE_PG, [([*durable, "{port}", "postgres", url, str(password)], None)], server.port)
                 for replicas, name in ((1, CREW_PG), (2, CREW_PG2)):
                     store = {"PITCREW_STORE__URL": server.url(server.create_database())}
                     store["PITCREW_STORE__PASSWORD_FILE"] = str(password)
-                    run(name, [(serve, crew(store, i)) for i in range(replicas)])
+                    run(name, [(serve, crew(store, i)) for i in range(replicas)], server.port)
     # Each figure of a server: its median over the rounds.
     results = {
         name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]}
@@ -402,6 +454,17 @@ def main() -> None:
             f"{r['server_cpu']:>8.0f} {r['host_cpu']:>8.0f} | "
             f"{r['rate_p50']:>8.2f} {r['rate_p99']:>8.2f} {r['rate_max']:>8.2f}"
         )
+    # On a machine of few CPUs the server, PostgreSQL and the load generator take turns: time each
+    # spent runnable with no CPU free is latency no code of theirs can remove (the kernel's run
+    # delay of their threads, /proc/<pid>/task/<tid>/schedstat).
+    print(
+        "waiting for a CPU during the saturated stream (runnable, every CPU busy; % of the stream's time, "
+        "100 % is one CPU's): the server's processes, PostgreSQL's (and how long they ran), the load generator"
+    )
+    print(f"{'server':<40} {'server':>8} {'PG wait':>8} {'PG ran':>8} {'loadgen':>8}")
+    for name, r in results.items():
+        shares = (r["server_wait"], r["pg_wait"], r["pg_cpu"], r["generator_wait"])
+        print(f"{name:<40} " + " ".join("       —" if math.isnan(x) else f"{x:>8.0f}" for x in shares))
     for name, baseline in ((CREW, DURABLE_SQLITE), (CREW_PG, DURABLE_PG), (CREW_PG2, DURABLE_PG)):
         if name in results:
             r = results[name]
