@@ -19,11 +19,12 @@ Printed for each: throughput and p50/p99 with 8 requests always in flight (satur
 the CPU the server's processes used meanwhile and how busy the whole machine was (on a machine
 of few CPUs the load generator and PostgreSQL share them with the server, and a saturated
 latency is then partly each process waiting for a CPU: how long the server's, PostgreSQL's and
-the load generator's did is printed too, from the kernel's counts), and p50/p99 at a fixed offered load
-(open loop, as Alertmanager sends); then pitcrew's ratio to the durable baseline on the same
-database (and to the bare handler), and its saturated deliveries that stored something new
-apart, with the incidents the engine closed meanwhile (the stream's resolutions close some, and
-each close is the engine's reads and a few transactions of its own beside the deliveries').
+the load generator's did is printed too, from the kernel's counts), and p50/p99 at a fixed
+offered load (open loop, as Alertmanager sends); then pitcrew's ratio to the durable baseline
+on the same database (and to the bare handler), and its saturated deliveries that stored
+something new apart, with the incidents the engine closed meanwhile (the stream's resolutions
+close some, and each close is the engine's reads and a few transactions of its own beside the
+deliveries').
 Every server runs once a round, for ``--rounds`` rounds; each figure is the median of the
 rounds', and a ratio is taken within each round (the two servers minutes apart, not the whole
 run) and its median reported beside each round's: on a small shared machine one round's ratio
@@ -319,8 +320,8 @@ def measure(
         "max": max(latencies) * 1000,
         "server_cpu": 100 * used / elapsed,
         "server_wait": server_wait,
-        "pg_cpu": pg_ran if postgres else float("nan"),
-        "pg_wait": pg_wait if postgres else float("nan"),
+        "pg_cpu": pg_ran,  # NaN: no PostgreSQL
+        "pg_wait": pg_wait,
         "generator_wait": generator_wait,
         "host_cpu": 100 * busy / ticks if ticks else float("nan"),
         "rate_p50": at_rate[49] * 1000,
@@ -454,14 +455,14 @@ def main() -> None:
             f"{r['server_cpu']:>8.0f} {r['host_cpu']:>8.0f} | "
             f"{r['rate_p50']:>8.2f} {r['rate_p99']:>8.2f} {r['rate_max']:>8.2f}"
         )
-    # On a machine of few CPUs the server, PostgreSQL and the load generator take turns: time each
-    # spent runnable with no CPU free is latency no code of theirs can remove (the kernel's run
-    # delay of their threads, /proc/<pid>/task/<tid>/schedstat).
+    # On a machine of few CPUs the server, PostgreSQL and the load generator take turns: the time
+    # each spent runnable with every CPU busy (the kernel's run delay of their threads) is latency
+    # that comes of sharing the machine, which a deployment with PostgreSQL elsewhere does not pay.
     print(
         "waiting for a CPU during the saturated stream (runnable, every CPU busy; % of the stream's time, "
         "100 % is one CPU's): the server's processes, PostgreSQL's (and how long they ran), the load generator"
     )
-    print(f"{'server':<40} {'server':>8} {'PG wait':>8} {'PG ran':>8} {'loadgen':>8}")
+    print(f"{'server':<40} {'waited':>8} {'PG wait':>8} {'PG ran':>8} {'loadgen':>8}")
     for name, r in results.items():
         shares = (r["server_wait"], r["pg_wait"], r["pg_cpu"], r["generator_wait"])
         print(f"{name:<40} " + " ".join("       —" if math.isnan(x) else f"{x:>8.0f}" for x in shares))
