@@ -4,7 +4,9 @@ Cases: ``reset_gpu`` creates one Job from the operator's template, named after t
 to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
 it waits for the Job and a retried call finds the same Job instead of creating another; a failed Job
 is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
-incident in its environment and fails on a non-zero exit; nothing configured is refused. After a
+incident in its environment and fails on a non-zero exit; nothing configured is refused. A template's quantities written as YAML numbers (which the API
+server takes, and the client's models do not) are sent as quantities; a template the client cannot
+send otherwise is a misconfiguration, named, with nothing sent. After a
 reboot the node counts as back only once it reports a new boot id (Ready before the reboot proves
 nothing); the optional validation Job passes, fails with its exit code, or is not configured.
 A Job in a namespace whose Pod Security level refuses its privileged pod is named at once (the Job
@@ -117,6 +119,48 @@ async def test_validation_is_optional_and_a_failure_is_reported(
     with pytest.raises(PermanentError, match="exited 1") as err:
         await cluster.validate(NODE, incident_id="pc-00043")
     assert err.value.reason == "job_failed"
+
+
+async def test_a_template_s_quantities_written_as_yaml_numbers_are_sent_as_quantities(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path
+) -> None:
+    # A DCGM diagnostic as a site writes it: `nvidia.com/gpu: 8`, `cpu: 2` are YAML numbers, which
+    # the API server takes as quantities; the client's models take only strings.
+    path = tmp_path / "validation.yaml"
+    path.write_text(
+        "spec:\n"
+        "  template:\n"
+        "    spec:\n"
+        "      initContainers:\n"
+        "        - {name: wait, image: x, resources: {requests: {cpu: 0.5}}}\n"
+        "      containers:\n"
+        "        - name: diag\n"
+        "          image: nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04\n"
+        "          command: [dcgmi, diag, -r, '2']\n"
+        "          resources: {limits: {nvidia.com/gpu: 8, cpu: 2, memory: 1Gi}, requests: {cpu: 1}}\n"
+    )
+    assert await make_cluster(jobs={"validation_template": path}).validate(NODE, incident_id="pc-7") is True
+    job = k8s.get("jobs", "pitcrew-validation-pc-7", "pitcrew-jobs")
+    assert job is not None
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpu": "8", "cpu": "2", "memory": "1Gi"},
+        "requests": {"cpu": "1"},
+    }
+    assert pod["initContainers"][0]["resources"] == {"requests": {"cpu": "0.5"}}
+
+
+async def test_a_template_the_client_cannot_send_is_misconfigured_not_a_defect(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path
+) -> None:
+    path = tmp_path / "reset.yaml"  # an env value must be a string, for the API server too
+    path.write_text(
+        "spec: {template: {spec: {containers: [{name: reset, image: x, env: [{name: X, value: 1}]}]}}}\n"
+    )
+    with pytest.raises(PermanentError, match="reset_gpu_template is not a Job the client can send") as err:
+        await make_cluster(jobs={"reset_gpu_template": path}).reset_gpu(NODE, ["0"], incident_id="pc-8")
+    assert err.value.reason == "misconfigured"
+    assert not [e for e in k8s.log if e.resource == "jobs"]  # refused before sending
 
 
 async def test_after_a_reboot_only_a_new_boot_counts_as_back(

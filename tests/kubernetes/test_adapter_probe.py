@@ -4,18 +4,25 @@ Cases: all allowed is ok and names how many; a denied eviction (and, with the cl
 a denied Machine delete) is not ok and ``missing`` names exactly those verbs; an unreachable API
 server is not ok; the probe writes nothing. The kubeconfig context named in the settings is the
 one used, not the file's current context. With Job templates, a Jobs' namespace whose Pod Security
-level would refuse their privileged pods is named (a dry-run create of the pod, nothing stored).
+level would refuse their privileged pods is named (a dry-run create of the pod, nothing stored), and
+so is a reset template whose pod asks the device plugin for GPUs (whole, time-sliced or MIG slices,
+in a container or an init container), while the same pod given the device files passes and a
+validation template may ask for GPUs (a diagnostic runs on them). A template the client cannot
+send (an env value not a string) is named too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from bot.config import KubernetesSettings
 from bot.integrations.kubernetes import KubernetesCluster
+from bot.integrations.kubernetes.probe import gpu_requests
 from proving_ground.kubernetes.emulator import EMULATED_TOKEN, KubeEmulator
 from proving_ground.kubernetes.world import write_kubeconfig
 from proving_ground.proc import free_port
@@ -94,3 +101,69 @@ async def test_a_job_namespace_that_would_refuse_privileged_pods_is_named(
     [refusal] = probe.missing
     assert refusal.startswith("reset_gpu: ") and 'violates PodSecurity "baseline:latest"' in refusal
     assert not [k for k in k8s.objects if k[0] in ("pods", "jobs") and k[1] == "pitcrew-jobs"]  # a dry run
+
+
+def _template(path: Path, container: dict[str, Any], *, init: dict[str, Any] | None = None) -> Path:
+    pod: dict[str, Any] = {"hostPID": True, "containers": [container]}
+    if init is not None:
+        pod["initContainers"] = [init]
+    path.write_text(yaml.safe_dump({"spec": {"template": {"spec": pod}}}))
+    return path
+
+
+_RESET = {"name": "reset", "image": "x", "securityContext": {"privileged": True}}
+_DEVICES = {**_RESET, "volumeMounts": [{"name": "dev", "mountPath": "/dev"}]}
+
+
+@pytest.mark.parametrize(
+    ("container", "init", "named"),
+    [
+        (
+            {**_RESET, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+            None,
+            ["container reset requests nvidia.com/gpu"],
+        ),
+        (
+            {**_RESET, "resources": {"requests": {"nvidia.com/gpu.shared": 1, "cpu": "1"}}},
+            None,
+            ["container reset requests nvidia.com/gpu.shared"],
+        ),
+        (
+            _DEVICES,
+            {"name": "stop", "image": "x", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}},
+            ["container stop requests nvidia.com/mig-1g.10gb"],
+        ),
+        ({**_DEVICES, "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}}, None, []),
+        (_DEVICES, None, []),
+    ],
+)
+def test_the_gpus_a_template_asks_the_device_plugin_for(
+    tmp_path: Path, container: dict[str, Any], init: dict[str, Any] | None, named: list[str]
+) -> None:
+    path = _template(tmp_path / "reset.yaml", container, init=init)
+    assert gpu_requests(yaml.safe_load(path.read_text())) == named
+
+
+async def test_a_reset_template_asking_the_device_plugin_for_gpus_is_named(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path
+) -> None:
+    asking = _template(tmp_path / "asking.yaml", {**_RESET, "resources": {"limits": {"nvidia.com/gpu": 8}}})
+    probe = await make_cluster(jobs={"reset_gpu_template": asking}).probe()
+    assert not probe.ok and probe.detail == "the reset_gpu Job template asks the device plugin for GPUs"
+    [named] = probe.missing
+    assert named.startswith("reset_gpu: container reset requests nvidia.com/gpu: ") and "hostPath" in named
+    devices = _template(tmp_path / "devices.yaml", _DEVICES)
+    assert (await make_cluster(jobs={"reset_gpu_template": devices}).probe()).ok
+    # A validation Job (a DCGM diagnostic, say) runs on the GPUs once they are back: it may ask for them.
+    validation = make_cluster(jobs={"reset_gpu_template": devices, "validation_template": asking})
+    assert (await validation.probe()).ok
+
+
+async def test_a_template_the_client_cannot_send_is_named(
+    make_cluster: Callable[..., KubernetesCluster], tmp_path: Path
+) -> None:
+    path = _template(tmp_path / "reset.yaml", {**_DEVICES, "env": [{"name": "X", "value": 1}]})
+    probe = await make_cluster(jobs={"reset_gpu_template": path}).probe()
+    assert not probe.ok and "would refuse the Jobs' pods" in probe.detail
+    [refusal] = probe.missing
+    assert refusal.startswith("reset_gpu: not a pod the client can send: ")

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import yaml
 from kubernetes.aio import client
 
@@ -51,10 +52,26 @@ def job_name(action: str, incident_id: str) -> str:
     return f"pitcrew-{action.replace('_', '-')}-{slug}"[:63].rstrip("-")
 
 
+def _quantities(pod: dict[str, Any]) -> None:
+    """Resource quantities a template writes as YAML numbers (``cpu: 2``, ``nvidia.com/gpu: 8``), as
+    the strings the client's models take. The API server takes either, so sites write numbers; the
+    client refuses them before sending. Containers', init containers' and the pod's own resources,
+    and the pod's overhead."""
+    maps: list[dict[str, Any]] = [pod.get("overhead") or {}]
+    for owner in [pod, *(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        resources = owner.get("resources") or {}
+        maps += [resources.get("limits") or {}, resources.get("requests") or {}]
+    for amounts in maps:
+        for resource, amount in amounts.items():
+            if isinstance(amount, int | float) and not isinstance(amount, bool):
+                amounts[resource] = str(amount)
+
+
 def pinned_job(
     template: dict[str, Any], *, name: str, namespace: str, node: str, env: dict[str, str]
 ) -> dict[str, Any]:
-    """The template with pitcrew's name, node pinning, tolerations and environment filled in."""
+    """The template with pitcrew's name, node pinning, tolerations and environment filled in (and its
+    quantities as the client sends them, ``_quantities``)."""
     job = copy.deepcopy(template)
     job.setdefault("apiVersion", "batch/v1")
     job.setdefault("kind", "Job")
@@ -66,6 +83,7 @@ def pinned_job(
     pod = spec.setdefault("template", {}).setdefault("spec", {})
     pod["nodeName"] = node
     pod.setdefault("restartPolicy", "Never")
+    _quantities(pod)
     taint = fault_taint()
     pod["tolerations"] = [
         *(pod.get("tolerations") or []),
@@ -125,10 +143,13 @@ class Jobs:
         namespace, name = self._settings.namespace, job_name(action, incident_id)
         body = pinned_job(template, name=name, namespace=namespace, node=node, env=env)
         try:
-            await call(
-                f"create Job {namespace}/{name}",
-                self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout),
-            )
+            creating = self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout)
+            await call(f"create Job {namespace}/{name}", creating)
+        except pydantic.ValidationError as exc:  # the client's models refuse it before sending
+            raise PermanentError(
+                f"kubernetes.jobs.{action}_template is not a Job the client can send: {exc}",
+                reason=Reason.MISCONFIGURED,
+            ) from exc
         except TransientError as exc:
             if exc.reason != Reason.CONFLICT:  # 409 AlreadyExists: created before a retry or restart
                 raise

@@ -9,7 +9,10 @@ also what ``deploy/kubernetes/rbac.yaml`` grants, with the replace strategy's co
 With Job templates configured it also asks whether their pods would be admitted: a server-side
 dry-run create (``dryRun=All``, nothing stored) of each rendered Job's pod in the Jobs' namespace,
 which Pod Security admission (and any admission webhook) judges as it would the real pod. A Job in
-a namespace that refuses privileged pods is created, and its pod never is.
+a namespace that refuses privileged pods is created, and its pod never is. A reset Job's pod that
+asks the device plugin for GPUs (``nvidia.com/gpu``) is named too, read from the template alone
+(``gpu_requests``): a reset needs the faulted GPU with the plugin stopped, and the plugin hands out
+only healthy GPUs of its own choosing.
 
 A kubeconfig user whose token comes from an exec plugin (EKS, GKE) is asked for a fresh one first:
 its tokens expire, and a plugin that cannot run again (an expired login, a missing binary) would
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import yaml
 from kubernetes.aio import client
 from kubernetes.aio.config.exec_provider import ExecProvider
@@ -196,6 +200,11 @@ async def probe(
                 f"{len(missing)} fleet node(s) whose Cluster API Machine cannot be found",
                 tuple(missing),
             )
+    asking = _reset_asks_for_gpus(settings)
+    if asking:
+        return Probe(
+            "kubernetes", False, "the reset_gpu Job template asks the device plugin for GPUs", tuple(asking)
+        )
     refused = await _job_pods_refused(api, settings)
     if refused:
         return Probe(
@@ -205,6 +214,40 @@ async def probe(
             tuple(refused),
         )
     return Probe("kubernetes", True, f"API reachable; {len(needed(settings))} permissions allowed{found}")
+
+
+#: The extended resources the NVIDIA device plugin serves GPUs as: whole GPUs, time-sliced ones
+#: renamed (``nvidia.com/gpu.shared``) and MIG slices (``nvidia.com/mig-1g.10gb``).
+_DEVICE_PLUGIN_GPUS = ("nvidia.com/gpu", "nvidia.com/mig-")
+
+
+def gpu_requests(template: dict[str, Any]) -> list[str]:
+    """Each container of a Job template's pod (init containers too) that asks the device plugin for
+    GPUs, with the resource it asks for. A GPU reset's pod must not: ``nvidia-smi --gpu-reset`` is
+    refused while the plugin holds the GPU, so the reset runs with it stopped, when its GPUs are no
+    longer offered; and while it runs it offers only GPUs it finds healthy, allocated as it chooses,
+    never the faulted one (``PITCREW_GPUS``). The reset's container gets the device files instead
+    (``hostPath``); the README says what else a reset needs on a GPU Operator node."""
+    pod = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
+    found = []
+    for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for resource in sorted(asked):
+            if str(resource).startswith(_DEVICE_PLUGIN_GPUS):
+                found.append(f"container {container.get('name', '?')} requests {resource}")
+    return found
+
+
+def _reset_asks_for_gpus(settings: KubernetesSettings) -> list[str]:
+    path = settings.jobs.reset_gpu_template
+    if path is None:
+        return []
+    asked = gpu_requests(yaml.safe_load(path.read_text()) or {})
+    why = (
+        "a reset needs the faulted GPU with the device plugin stopped: mount /dev/nvidia* (hostPath) instead"
+    )
+    return [f"reset_gpu: {one}: {why}" for one in asked]
 
 
 async def _job_pods_refused(api: client.ApiClient, settings: KubernetesSettings) -> list[str]:
@@ -232,12 +275,12 @@ async def _job_pods_refused(api: client.ApiClient, settings: KubernetesSettings)
             "spec": job["spec"]["template"]["spec"],
         }
         try:
-            await call(
-                f"dry-run create of the {action} Job's pod in {namespace}",
-                core.create_namespaced_pod(
-                    namespace, pod, dry_run="All", _request_timeout=settings.request_timeout
-                ),
+            creating = core.create_namespaced_pod(
+                namespace, pod, dry_run="All", _request_timeout=settings.request_timeout
             )
+            await call(f"dry-run create of the {action} Job's pod in {namespace}", creating)
+        except pydantic.ValidationError as exc:  # the client's models refuse it before sending
+            refused.append(f"{action}: not a pod the client can send: {exc}")
         except PitcrewError as exc:
             refused.append(f"{action}: {exc}")
     return refused
