@@ -134,6 +134,11 @@ _DEVICES = {**_RESET, "volumeMounts": [{"name": "dev", "mountPath": "/dev"}]}
             ["container stop requests nvidia.com/mig-1g.10gb"],
         ),
         ({**_DEVICES, "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}}, None, []),
+        (  # kubernetes.gpu_resource: the site's name for its GPUs
+            {**_RESET, "resources": {"limits": {"example.com/accelerator": 1}}},
+            None,
+            ["container reset requests example.com/accelerator"],
+        ),
         (_DEVICES, None, []),
     ],
 )
@@ -141,7 +146,7 @@ def test_the_gpus_a_template_asks_the_device_plugin_for(
     tmp_path: Path, container: dict[str, Any], init: dict[str, Any] | None, named: list[str]
 ) -> None:
     path = _template(tmp_path / "reset.yaml", container, init=init)
-    assert gpu_requests(yaml.safe_load(path.read_text())) == named
+    assert gpu_requests(yaml.safe_load(path.read_text()), "example.com/accelerator") == named
 
 
 async def test_a_reset_template_asking_the_device_plugin_for_gpus_is_named(

@@ -221,9 +221,10 @@ async def probe(
 _DEVICE_PLUGIN_GPUS = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
-def gpu_requests(template: dict[str, Any]) -> list[str]:
+def gpu_requests(template: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> list[str]:
     """Each container of a Job template's pod (init containers too) that asks the device plugin for
-    GPUs, with the resource it asks for. A GPU reset's pod must not: ``nvidia-smi --gpu-reset`` is
+    GPUs (``gpu_resource``, the site's name for them, or one of ``_DEVICE_PLUGIN_GPUS``), with the
+    resource it asks for. A GPU reset's pod must not: ``nvidia-smi --gpu-reset`` is
     refused while the plugin holds the GPU, so the reset runs with it stopped, when its GPUs are no
     longer offered; and while it runs it offers only GPUs it finds healthy, allocated as it chooses,
     never the faulted one (``PITCREW_GPUS``). The reset's container gets the device files instead
@@ -234,7 +235,7 @@ def gpu_requests(template: dict[str, Any]) -> list[str]:
         resources = container.get("resources") or {}
         asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
         for resource in sorted(asked):
-            if str(resource).startswith(_DEVICE_PLUGIN_GPUS):
+            if str(resource).startswith((*_DEVICE_PLUGIN_GPUS, gpu_resource)):
                 found.append(f"container {container.get('name', '?')} requests {resource}")
     return found
 
@@ -243,7 +244,7 @@ def _reset_asks_for_gpus(settings: KubernetesSettings) -> list[str]:
     path = settings.jobs.reset_gpu_template
     if path is None:
         return []
-    asked = gpu_requests(yaml.safe_load(path.read_text()) or {})
+    asked = gpu_requests(yaml.safe_load(path.read_text()) or {}, settings.gpu_resource)
     why = (
         "a reset needs the faulted GPU with the device plugin stopped: mount /dev/nvidia* (hostPath) instead"
     )
