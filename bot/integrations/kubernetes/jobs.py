@@ -26,6 +26,7 @@ import yaml
 from kubernetes.aio import client
 
 from bot.config import KubernetesSettings
+from bot.config_sections import KubernetesJobSettings
 from bot.domain.ownership import OWNER_ANNOTATION, fault_taint
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.kubernetes.client import call
@@ -50,6 +51,20 @@ def verdict(job: client.V1Job) -> tuple[bool, str] | None:
 def job_name(action: str, incident_id: str) -> str:
     slug = re.sub(r"[^a-z0-9-]", "-", incident_id.lower()).strip("-")
     return f"pitcrew-{action.replace('_', '-')}-{slug}"[:63].rstrip("-")
+
+
+#: What a Job template may be configured for (``kubernetes.jobs.<action>_template``).
+ACTIONS = ("reset_gpu", "reboot", "validation")
+
+
+def templates(settings: KubernetesJobSettings) -> dict[str, Any]:
+    """The configured Job templates, each read and parsed once, by action (``ACTIONS``)."""
+    found = {}
+    for action in ACTIONS:
+        path: Path | None = getattr(settings, f"{action}_template")
+        if path is not None:
+            found[action] = yaml.safe_load(path.read_text())
+    return found
 
 
 def _quantities(pod: dict[str, Any]) -> None:
@@ -102,11 +117,7 @@ class Jobs:
         self._settings = settings.jobs
         self._timeout = settings.request_timeout
         # Read once: a template that does not parse fails the first use, not each retry differently.
-        self._templates: dict[str, dict[str, Any]] = {}
-        for action in ("reset_gpu", "reboot", "validation"):
-            path: Path | None = getattr(self._settings, f"{action}_template")
-            if path is not None:
-                self._templates[action] = yaml.safe_load(path.read_text())
+        self._templates: dict[str, dict[str, Any]] = templates(self._settings)
 
     async def run(
         self, action: str, node: str, incident_id: str, gpus: Sequence[str] = (), *, optional: bool = False

@@ -36,7 +36,7 @@ from bot.config import KubernetesSettings
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Probe
 from bot.integrations.kubernetes.client import call
-from bot.integrations.kubernetes.jobs import job_name, pinned_job
+from bot.integrations.kubernetes.jobs import job_name, pinned_job, templates
 from bot.integrations.kubernetes.replace import Replacer
 
 
@@ -200,12 +200,13 @@ async def probe(
                 f"{len(missing)} fleet node(s) whose Cluster API Machine cannot be found",
                 tuple(missing),
             )
-    asking = _reset_asks_for_gpus(settings)
+    configured = {action: template or {} for action, template in templates(settings.jobs).items()}
+    asking = _reset_asks_for_gpus(configured.get("reset_gpu"), settings.gpu_resource)
     if asking:
         return Probe(
             "kubernetes", False, "the reset_gpu Job template asks the device plugin for GPUs", tuple(asking)
         )
-    refused = await _job_pods_refused(api, settings)
+    refused = await _job_pods_refused(api, settings, configured)
     if refused:
         return Probe(
             "kubernetes",
@@ -224,10 +225,10 @@ _DEVICE_PLUGIN_GPUS = ("nvidia.com/gpu", "nvidia.com/mig-")
 def gpu_requests(template: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> list[str]:
     """Each container of a Job template's pod (init containers too) that asks the device plugin for
     GPUs (``gpu_resource``, the site's name for them, or one of ``_DEVICE_PLUGIN_GPUS``), with the
-    resource it asks for. A GPU reset's pod must not: ``nvidia-smi --gpu-reset`` is
-    refused while the plugin holds the GPU, so the reset runs with it stopped, when its GPUs are no
-    longer offered; and while it runs it offers only GPUs it finds healthy, allocated as it chooses,
-    never the faulted one (``PITCREW_GPUS``). The reset's container gets the device files instead
+    resource it asks for. A GPU reset's pod must not: ``nvidia-smi --gpu-reset`` is refused while
+    the plugin holds the GPU, so the reset runs with it stopped, when its GPUs are no longer
+    offered; and while it runs it offers only GPUs it finds healthy, allocated as it chooses, never
+    the faulted one (``PITCREW_GPUS``). The reset's container gets the device files instead
     (``hostPath``); the README says what else a reset needs on a GPU Operator node."""
     pod = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
     found = []
@@ -240,26 +241,25 @@ def gpu_requests(template: dict[str, Any], gpu_resource: str = "nvidia.com/gpu")
     return found
 
 
-def _reset_asks_for_gpus(settings: KubernetesSettings) -> list[str]:
-    path = settings.jobs.reset_gpu_template
-    if path is None:
+def _reset_asks_for_gpus(template: dict[str, Any] | None, gpu_resource: str) -> list[str]:
+    """``gpu_requests`` of the reset's template (``None``: none configured), as the probe names them."""
+    if template is None:
         return []
-    asked = gpu_requests(yaml.safe_load(path.read_text()) or {}, settings.gpu_resource)
+    asked = gpu_requests(template, gpu_resource)
     why = (
         "a reset needs the faulted GPU with the device plugin stopped: mount /dev/nvidia* (hostPath) instead"
     )
     return [f"reset_gpu: {one}: {why}" for one in asked]
 
 
-async def _job_pods_refused(api: client.ApiClient, settings: KubernetesSettings) -> list[str]:
-    """Each configured Job template whose pod the API server would not admit, with its answer."""
+async def _job_pods_refused(
+    api: client.ApiClient, settings: KubernetesSettings, configured: dict[str, dict[str, Any]]
+) -> list[str]:
+    """Each of the ``configured`` Job templates (by action) whose pod the API server would not
+    admit, with its answer."""
     core = client.CoreV1Api(api)
     namespace, refused = settings.jobs.namespace, []
-    for action in ("reset_gpu", "reboot", "validation"):
-        path = getattr(settings.jobs, f"{action}_template")
-        if path is None:
-            continue
-        template: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    for action, template in configured.items():
         env = {"PITCREW_NODE": "check-config", "PITCREW_INCIDENT": "check-config", "PITCREW_ACTION": action}
         name = job_name(action, "check-config")
         job = pinned_job(
