@@ -94,6 +94,14 @@ TEXT = {
         "No dcgm-exporter target at all",
         "Prometheus scrapes no dcgm-exporter: no GPU fault is visible.",
     ),
+    "DcgmExporterFrozen": (
+        "Readings of {{ $labels.node }} GPU {{ $labels.gpu }} ({{ $labels.UUID }}) frozen",
+        "The exporter answers, but the GPU's energy counter, which grows while it has power, has not"
+        " moved for {frozen_window}: DCGM no longer takes this GPU's readings (a hung host engine, or a"
+        " GPU it stopped reading) and serves the last ones, so faults on it are invisible. Restart the"
+        " node's dcgm-exporter (and nv-hostengine if it runs apart); if the readings stay frozen, look"
+        " at the GPU (nvidia-smi, the kernel log).",
+    ),
     "PitcrewDown": ("pitcrew is down", "Alertmanager's GPU alerts reach no one who acts on them."),
     "PitcrewWebhookRejecting": (
         "pitcrew rejects webhooks with {{ $labels.code }}",

@@ -143,6 +143,21 @@ def fields_missing(fields: tuple[str, ...]) -> str:
     return f"count by (cluster, field) (\n{missing}\n)"
 
 
+#: A counter that grows whenever the GPU has power (NVML's total energy, mJ): readings are fresh only
+#: while it moves. Pre-Volta GPUs have no such counter, and no series: the rule cannot see them.
+ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+
+
+def frozen(window: str) -> str:
+    """GPUs exported now and a ``window`` ago whose energy counter did not move in between: the
+    exporter answers with readings DCGM no longer takes (its host engine hung, or the GPU no longer
+    read). Every series of the GPU counts (a pod's churn ends one and begins another). A GPU no
+    longer exported (fallen off the bus, its exporter down: stale) is another alert's; one exported
+    for less than ``window`` (a new exporter's first readings) is not judged yet."""
+    unmoved = f"{per_gpu(f'changes({ENERGY}[{window}])')} == 0"
+    return f"\nand on ({GPU})\n".join((unmoved, per_gpu(ENERGY), per_gpu(f"{ENERGY} offset {window}")))
+
+
 # ----------------------------------------------------------------------------- network links
 # node-exporter's infiniband collector (collector/infiniband_linux.go) labels every port series
 # ``device, port``; its netclass collector labels every interface series ``device``. RoCE ports are

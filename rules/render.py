@@ -61,6 +61,10 @@ class Profile:
     nvlink_window: str = "5m"
     gpus_seen_window: str = "1d"  # the expected GPU count of a node is the most it reported here
     exporter_seen_window: str = "1h"  # without kube-state-metrics: nodes that had an exporter here
+    # A GPU's energy counter unmoved this long, for frozen_for more: readings no longer taken
+    # (dcgm-exporter reads DCGM every 30 s by default; at least 20 readings fit in the window).
+    frozen_window: str = "10m"
+    frozen_for: str = "5m"
     link_seen_window: str = "1h"  # a link counts as down only if it was up within this
     link_down_for: str = "1m"  # a link renegotiating (a few seconds) is not down
     flap_window: str = "15m"  # LINK_FLAPS downs within this: flapping
@@ -80,6 +84,9 @@ FAST = replace(
     # Ten scrapes, not two: a stand-in serving twenty nodes on a busy CI machine misses a 1 s
     # scrape now and then, and no test waits for this alert.
     exporter_down_for="10s",
+    # The stand-in's DCGM reads every second; a missed scrape leaves a gap, never a repeat.
+    frozen_window="15s",
+    frozen_for="5s",
     **dict.fromkeys(("link_down_for", "link_errors_for"), "2s"),
     **dict.fromkeys(("flap_window", "link_error_window"), "1m"),
     **dict.fromkeys(("gpus_seen_window", "exporter_seen_window", "link_seen_window"), "10m"),
@@ -241,6 +248,9 @@ def exporter_rules(p: Profile) -> list[dict[str, Any]]:
             for_="15m",
         ),
         alert("DcgmExporterNoTargets", f"absent({up})", "exporter-down", "warning", p, for_="10m"),
+        alert(
+            "DcgmExporterFrozen", q.frozen(p.frozen_window), "exporter-down", "warning", p, for_=p.frozen_for
+        ),
     ]
 
 

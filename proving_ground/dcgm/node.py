@@ -9,11 +9,12 @@ Thread-safe: faults arrive from test threads and HTTP handlers while Prometheus 
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ from proving_ground.dcgm.fields import (
     Field,
 )
 
+ENERGY, POWER = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_POWER_USAGE"
+
 
 @dataclass
 class Gpu:
@@ -39,6 +42,10 @@ class Gpu:
     xid_seen: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, code)
     xid_total: dict[int, int] = field(default_factory=dict)
     health: dict[str, tuple[int, str]] = field(default_factory=dict)  # watch -> (status, error code)
+    #: When the energy counter had its value in ``values`` (``Node.clock``), and when its readings
+    #: froze, if they did.
+    counted_from: float = 0.0
+    frozen_at: float | None = None
 
 
 class Node:
@@ -55,12 +62,17 @@ class Node:
         xid_window_s: float = 300.0,
         model: str = "NVIDIA H100 80GB HBM3",
         driver: str = "550.127.08",
+        update_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name, self.model, self.driver, self.hostname_label = name, model, driver, hostname_label
         self.fields = fields or FIELDS
         self.families = sorted((self.fields[n] for n in collectors if n != DRIVER_LABEL), key=lambda f: f.fid)
         self.driver_label = DRIVER_LABEL in collectors
         self.xid_window_s, self.gpu_count, self.http_500, self.pod_generation = xid_window_s, gpus, False, 0
+        #: How often DCGM reads a field (dcgm-exporter's collect interval): the energy counter moves
+        #: by a step each time.
+        self.update_s, self.clock = update_s, clock
         self._lock = threading.Lock()
         #: Label text made once (``_head``, ``_tail``): a GPU's own, and those after a family's.
         self._heads: dict[tuple[object, ...], str] = {}
@@ -69,7 +81,8 @@ class Node:
 
     def _healthy(self, i: int) -> Gpu:
         rng = random.Random(f"{self.name}/{i}")
-        return Gpu(i, {f.name: round(rng.uniform(*f.healthy), 6) for f in FIELDS.values()})
+        values = {f.name: round(rng.uniform(*f.healthy), 6) for f in FIELDS.values()}
+        return Gpu(i, values, counted_from=self.clock())
 
     def uuid(self, i: int) -> str:
         return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{self.name}/{i}')}"
@@ -81,6 +94,8 @@ class Node:
     def set_value(self, family: str, gpu: int, value: float) -> None:
         with self._lock:
             self.gpus[gpu].values[family] = value
+            if family == ENERGY:
+                self.gpus[gpu].counted_from = self.clock()
 
     def inject(self, fault: str = "xid", gpu: int = 0, **params: Any) -> None:
         """Apply one fault (see ``FAULTS``); counters only ever grow, as on a real GPU."""
@@ -97,6 +112,8 @@ class Node:
                     g.values[RECOVERY_ACTION] = float(params.get("action", 1))
             elif fault == "fallen_off":
                 g.fallen_off = True
+            elif fault == "frozen":
+                g.frozen_at = g.frozen_at if g.frozen_at is not None else self.clock()
             elif fault in ("ecc_dbe", "ecc_sbe"):
                 kind = fault[-3:].upper()
                 for scope in ("VOL", "AGG"):
@@ -132,6 +149,7 @@ class Node:
                     {
                         "gpu": g.index,
                         "fallen_off": g.fallen_off,
+                        "frozen": g.frozen_at is not None,
                         "last_xid": g.last_xid,
                         "xid_total": g.xid_total,
                         "health": {w: list(h) for w, h in g.health.items()},
@@ -179,7 +197,16 @@ class Node:
             ]
         if name == "DCGM_EXP_XID_ERRORS_TOTAL":
             return [self._line(family, g, n, {"xid": str(code)}) for code, n in g.xid_total.items()]
+        if name == ENERGY:
+            return [self._line(family, g, self._energy(g))]
         return [self._line(family, g, g.values[name])]
+
+    def _energy(self, g: Gpu) -> float:
+        """The energy counter (mJ) at DCGM's last reading: its value when set, plus the GPU's power
+        for every reading since, until its readings froze."""
+        until = self.clock() if g.frozen_at is None else g.frozen_at
+        readings = max(math.floor((until - g.counted_from) / self.update_s), 0)
+        return g.values[ENERGY] + g.values[POWER] * 1000 * self.update_s * readings
 
     def _line(
         self,
@@ -246,6 +273,7 @@ FAULTS = (
     "health_fail",
     "nvlink_errors",
     "thermal",
+    "frozen",
     "exporter_500",
     "pod_churn",
 )

@@ -9,6 +9,8 @@ Cases (each on its own stand-in node, cleared afterwards):
 - XID 13 (application): nothing is delivered for that node, while a canary XID 79 injected at the
   same moment on another node is;
 - a GPU fallen off the bus: GpuMissingFromNode; an exporter answering 500: DcgmExporterDown;
+- one GPU's readings frozen (the exporter answers, DCGM serves its last reading): DcgmExporterFrozen
+  for that GPU alone, resolved once it reads again;
 - a double-bit ECC error (a field dcgm-exporter's default CSV leaves off) on a node already notified
   arrives in the same node group;
 - the harness can reload Prometheus's configuration.
@@ -102,6 +104,27 @@ def test_exporter_down(stack: DetectionStack, webhook_sink: WebhookSink) -> None
         "fault": "exporter-down",
         "severity": "warning",
     }
+
+
+def test_frozen_readings_of_one_gpu(stack: DetectionStack, webhook_sink: WebhookSink) -> None:
+    node = stack.standin.node("gpu-node-08")
+    node.inject("frozen", gpu=2)
+    alert = webhook_sink.wait_for(node="gpu-node-08", alertname="DcgmExporterFrozen", timeout=90)
+    assert alert["labels"] == {
+        "alertname": "DcgmExporterFrozen",
+        "node": "gpu-node-08",
+        "gpu": "2",
+        "UUID": node.uuid(2),
+        "fault": "exporter-down",
+        "severity": "warning",
+    }
+    frozen = stack.prometheus.query('ALERTS{alertname="DcgmExporterFrozen",alertstate="firing"}')
+    assert [(s["metric"]["node"], s["metric"]["gpu"]) for s in frozen] == [("gpu-node-08", "2")]
+    node.clear(2)  # the exporter restarted: DCGM reads the GPU again
+    resolved = webhook_sink.wait_for(
+        node="gpu-node-08", alertname="DcgmExporterFrozen", status="resolved", timeout=60
+    )
+    assert resolved["fingerprint"] == alert["fingerprint"]
 
 
 def test_second_fault_on_a_notified_node_joins_its_group(

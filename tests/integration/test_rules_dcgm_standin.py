@@ -7,6 +7,8 @@ Cases:
 - ``promtool check metrics`` parses its output with every fault injected (lint findings only, the
   ones the real exporter gets too);
 - the 4.6+ ``hostname`` spelling, no hostname label, pod churn;
+- the energy counter grows by the GPU's power at each of DCGM's readings, and stops when the GPU's
+  readings freeze (one GPU, not its neighbours) until the GPU is cleared;
 - the shipped collectors CSV loads and decides which families appear;
 - the HTTP API: /metrics, /inject, /clear, an exporter answering 500, bad requests;
 - ``python -m proving_ground.dcgm`` serves each node on its own port and stops on SIGTERM.
@@ -118,6 +120,37 @@ def test_label_spellings_and_pod_churn() -> None:
     renamed = node.render()
     assert renamed.count('hostname="gpu-node-07",') == after.count('Hostname="gpu-node-07",') > 0
     assert "Hostname=" not in renamed
+
+
+def test_energy_counter_grows_at_each_reading_until_frozen() -> None:
+    now = [100.0]
+    node = Node("gpu-node-04", update_s=30.0, clock=lambda: now[0])
+
+    def energy() -> dict[int, int]:
+        return {
+            int(m["gpu"]): int(m["value"])
+            for m in map(SAMPLE.match, node.render().splitlines())
+            if m and m["family"] == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+        }
+
+    start, power = energy(), node.gpus[1].values["DCGM_FI_DEV_POWER_USAGE"]
+    now[0] += 29.9  # no reading since
+    assert energy() == start
+    now[0] += 0.1  # one reading: 30 s at the GPU's power, in mJ
+    assert energy()[1] - start[1] == pytest.approx(power * 30_000, abs=1) and energy()[0] > start[0]
+    node.inject("frozen", gpu=1)
+    frozen = energy()
+    now[0] += 300
+    later = energy()
+    assert later[1] == frozen[1] and later[0] - frozen[0] == pytest.approx(
+        node.gpus[0].values["DCGM_FI_DEV_POWER_USAGE"] * 300_000, abs=1
+    )
+    assert node.state()["gpus"][1]["frozen"] and not node.state()["gpus"][0]["frozen"]
+    node.clear(1)  # the exporter restarted: the GPU is read again
+    assert not node.state()["gpus"][1]["frozen"]
+    cleared = energy()[1]
+    now[0] += 30
+    assert energy()[1] > cleared
 
 
 def test_collectors_csv_decides_the_families() -> None:
