@@ -40,6 +40,15 @@ async def _health_fail(h: EngineHarness) -> str:
     )
 
 
+async def _frozen_readings(h: EngineHarness) -> str:
+    """One GPU's readings frozen (``DcgmExporterFrozen``): an ``exporter-down`` alert on a GPU."""
+    return await h.opens(
+        fault_delivery(
+            "exporter-down", alertname="DcgmExporterFrozen", node="gpu-node-02", starts=h.time.now()
+        )
+    )
+
+
 def _then_resolved(first: Driver) -> Driver:
     async def drive(h: EngineHarness) -> str:
         incident = await first(h)
@@ -111,6 +120,9 @@ JOURNEYS = {
         _then_resolved(_alert("exporter-down-firing.json")),
         "notify-only",
         ["open", "guarded", "verifying", "resolved"],
+    ),
+    "notify-only/frozen-readings": Journey(
+        _then_resolved(_frozen_readings), "notify-only", ["open", "guarded", "verifying", "resolved"]
     ),
     "replace-node/approve/approved": Journey(
         _decided("approve"),
