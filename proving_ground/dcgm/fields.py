@@ -84,6 +84,8 @@ DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 #: XID 154 ("GPU Recovery Action Changed") and the field holding the action it announces (NVML
 #: ``nvmlDeviceGpuRecoveryAction_t``: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset).
 RECOVERY_XID, RECOVERY_ACTION = 154, "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
+#: The energy counter (mJ), which grows with the power drawn (W) while DCGM reads the GPU.
+ENERGY, POWER = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_POWER_USAGE"
 #: The collectors behind tests/fixtures/dcgm/: the upstream default CSV plus ECC, violations, NVLink errors.
 DEFAULT_COLLECTORS = (
     *(n for n in FIELDS if n not in {"DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"}),

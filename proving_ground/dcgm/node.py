@@ -22,15 +22,15 @@ from proving_ground.dcgm.fields import (
     DEFAULT_COLLECTORS,
     DGX_H100_BUS,
     DRIVER_LABEL,
+    ENERGY,
     FIELDS,
     HEALTH_WATCHES,
+    POWER,
     RECOVERY_ACTION,
     RECOVERY_XID,
     XID_TEXT,
     Field,
 )
-
-ENERGY, POWER = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_POWER_USAGE"
 
 
 @dataclass
