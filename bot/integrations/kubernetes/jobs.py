@@ -67,13 +67,18 @@ def templates(settings: KubernetesJobSettings) -> dict[str, Any]:
     return found
 
 
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pod spec's init containers, then its containers."""
+    return [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+
+
 def _quantities(pod: dict[str, Any]) -> None:
     """Resource quantities a template writes as YAML numbers (``cpu: 2``, ``nvidia.com/gpu: 8``), as
     the strings the client's models take. The API server takes either, so sites write numbers; the
     client refuses them before sending. Containers', init containers' and the pod's own resources,
     and the pod's overhead."""
     maps: list[dict[str, Any]] = [pod.get("overhead") or {}]
-    for owner in [pod, *(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+    for owner in [pod, *containers(pod)]:
         resources = owner.get("resources") or {}
         maps += [resources.get("limits") or {}, resources.get("requests") or {}]
     for amounts in maps:

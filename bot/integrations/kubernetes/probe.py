@@ -36,7 +36,7 @@ from bot.config import KubernetesSettings
 from bot.engine.errors import PitcrewError
 from bot.engine.ports import Probe
 from bot.integrations.kubernetes.client import call
-from bot.integrations.kubernetes.jobs import job_name, pinned_job, templates
+from bot.integrations.kubernetes.jobs import containers, job_name, pinned_job, templates
 from bot.integrations.kubernetes.replace import Replacer
 
 
@@ -232,7 +232,7 @@ def gpu_requests(template: dict[str, Any], gpu_resource: str = "nvidia.com/gpu")
     (``hostPath``); the README says what else a reset needs on a GPU Operator node."""
     pod = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
     found = []
-    for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+    for container in containers(pod):
         resources = container.get("resources") or {}
         asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
         for resource in sorted(asked):
