@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from bot.config_sections import (
+    JOB_ACTIONS,
     AuthSettings,
     BasicAuth,
     CapacitySettings,
@@ -49,6 +50,7 @@ from bot.domain.playbooks import PlaybookOverride, PlaybookSet, Vocabulary
 from bot.domain.policy import Mode, Policy
 
 __all__ = [
+    "JOB_RESTART_POLICIES",
     "AuthSettings",
     "BasicAuth",
     "CapacitySettings",
@@ -73,6 +75,7 @@ __all__ = [
     "load_config",
     "load_playbooks",
     "load_settings",
+    "read_job_template",
     "read_secret",
 ]
 
@@ -203,6 +206,70 @@ def read_secret(path: Path, what: str) -> str:
     return value
 
 
+#: The ``restartPolicy`` a Job's pod may have (the API server's Job validation): pitcrew writes the
+#: first where a template sets none.
+JOB_RESTART_POLICIES = ("Never", "OnFailure")
+
+
+def read_job_template(path: Path, key: str) -> dict[str, Any]:
+    """The Job template at ``path`` (the setting ``key``), parsed; else ``ConfigError`` naming the key,
+    the file and the first thing wrong. A template is a Job (``kind`` and ``apiVersion``, where
+    given, ``Job`` and ``batch/v1``: pitcrew writes them where not) with a container in its pod
+    (``spec.template.spec.containers``) and a ``restartPolicy`` a Job takes (``JOB_RESTART_POLICIES``;
+    ``Never`` beside a ``podFailurePolicy``), as the API server's Job validation refuses anything
+    else (``Required value``: a pod template's default ``Always`` is never a Job's). Read when the
+    configuration loads (``_job_template_problems``): one that cannot work fails ``check-config``
+    and ``serve``, not the first incident that needs it, in the middle of its repair."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: cannot read it: {exc.strerror}") from None
+    try:
+        job = _parse(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{key}: {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(job, dict):
+        found = "is empty" if job is None else f"is not a mapping but a {type(job).__name__}"
+        raise ConfigError(f"{key}: {path} {found}: a Job template is a Job (spec.template.spec)")
+    for field, wanted in (("kind", "Job"), ("apiVersion", "batch/v1")):
+        if job.get(field, wanted) != wanted:
+            raise ConfigError(f"{key}: {path} has {field} {job[field]}, not {wanted}")
+    spec = job.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    pod = template.get("spec") if isinstance(template, dict) else None
+    if not isinstance(pod, dict) or not isinstance(pod.get("containers"), list) or not pod["containers"]:
+        raise ConfigError(f"{key}: {path} has no container in spec.template.spec.containers")
+    assert isinstance(spec, dict)
+    policy = pod.get("restartPolicy") or JOB_RESTART_POLICIES[0]
+    if policy not in JOB_RESTART_POLICIES:
+        raise ConfigError(
+            f"{key}: {path} has spec.template.spec.restartPolicy {policy}: a Job's pod takes "
+            f"{' or '.join(JOB_RESTART_POLICIES)} (unset: {JOB_RESTART_POLICIES[0]})"
+        )
+    if spec.get("podFailurePolicy") is not None and policy != JOB_RESTART_POLICIES[0]:
+        raise ConfigError(
+            f"{key}: {path} has spec.template.spec.restartPolicy {policy} beside a podFailurePolicy, "
+            f"which takes only {JOB_RESTART_POLICIES[0]}"
+        )
+    return job
+
+
+def _job_template_problems(settings: Settings) -> list[str]:
+    """``read_job_template``'s refusal of each configured Job template, where a Kubernetes cluster
+    runs them (``integrations.cluster: kubernetes``; nothing reads them otherwise)."""
+    if settings.integrations.cluster != "kubernetes":
+        return []
+    problems = []
+    for action in JOB_ACTIONS:
+        path: Path | None = getattr(settings.kubernetes.jobs, f"{action}_template")
+        if path is not None:
+            try:
+                read_job_template(path, f"kubernetes.jobs.{action}_template")
+            except ConfigError as exc:
+                problems.append(str(exc))
+    return problems
+
+
 def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -> list[str]:
     problems = []
     used = (
@@ -254,6 +321,7 @@ def _cross_check(settings: Settings, catalog: Catalog, playbooks: PlaybookSet) -
     ):
         problems.append("approvals.approvers: mode approve needs at least one approver")
     problems += _slack_problems(settings)
+    problems += _job_template_problems(settings)
     return problems
 
 

@@ -646,6 +646,10 @@ class KubernetesReplaceSettings(_Section):
         return self
 
 
+#: What a Job template may be configured for: ``kubernetes.jobs.<action>_template``.
+JOB_ACTIONS = ("reset_gpu", "reboot", "validation")
+
+
 class KubernetesJobSettings(_Section):
     """Privileged Jobs pinned to the node: GPU reset, reboot and the optional validation before return."""
 
@@ -657,7 +661,9 @@ class KubernetesJobSettings(_Section):
     reset_gpu_template: Path | None = Field(
         default=None,
         description="YAML Job template for `reset_gpu`; pitcrew sets its name, `nodeName`, a toleration "
-        "of its taint and PITCREW_NODE/PITCREW_GPUS/PITCREW_INCIDENT env. Unset: `reset_gpu_command`.",
+        "of its taint and PITCREW_NODE/PITCREW_GPUS/PITCREW_INCIDENT env. Unset: `reset_gpu_command`. "
+        "Each template is read when the configuration loads: a Job with a container and a `restartPolicy` "
+        "of Never (written where unset) or OnFailure, or the configuration is refused.",
     )
     reboot_template: Path | None = Field(default=None, description="YAML Job template for `reboot`.")
     validation_template: Path | None = Field(

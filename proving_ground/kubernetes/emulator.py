@@ -1755,6 +1755,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     f'Unsupported value: "{effect}": supported values: {supported}',
                     cause="FieldValueNotSupported",
                 )
+        if res.plural == "jobs":
+            _validate_job(res, obj)
         model = model or _MODELS.get(res.kind)
         if model is not None:
             try:
@@ -1771,6 +1773,48 @@ class KubeEmulator(kmock.KubernetesScaffold):
     @staticmethod
     def _key(res: Resource, ns: str | None, name: str) -> Key:
         return (res.plural, ns if res.namespaced else None, name)
+
+
+def _validate_job(res: Resource, job: dict[str, Any]) -> None:
+    """What the API server's Job validation refuses of a Job's pod (``validateJobSpec`` and the pod
+    template's own): no container, and a ``restartPolicy`` other than ``OnFailure`` or ``Never``.
+    Unset is refused too: the pod template's default is ``Always``, which a Job never takes
+    (``Required value``); with a ``podFailurePolicy`` only ``Never``."""
+    name = job["metadata"]["name"]
+    spec = _mapping(job.get("spec"))
+    pod = _mapping(_mapping(spec.get("template")).get("spec"))
+    where = "spec.template.spec"
+    if not pod.get("containers"):
+        raise ApiError.invalid(res, name, f"{where}.containers", "Required value", cause="FieldValueRequired")
+    policy = pod.get("restartPolicy") or ""
+    allowed = ("OnFailure", "Never")
+    if policy in ("", "Always"):
+        raise ApiError.invalid(
+            res,
+            name,
+            f"{where}.restartPolicy",
+            f'Required value: valid values: "{allowed[0]}", "{allowed[1]}"',
+            cause="FieldValueRequired",
+        )
+    if policy not in allowed:
+        raise ApiError.invalid(
+            res,
+            name,
+            f"{where}.restartPolicy",
+            f'Unsupported value: "{policy}": supported values: "{allowed[0]}", "{allowed[1]}"',
+            cause="FieldValueNotSupported",
+        )
+    if spec.get("podFailurePolicy") is not None and policy != "Never":
+        raise ApiError.invalid(
+            res,
+            name,
+            f"{where}.restartPolicy",
+            f'Invalid value: "{policy}": only "Never" is supported when podFailurePolicy is specified',
+        )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _header(request: kmock.Request, name: str) -> str | None:

@@ -6,7 +6,10 @@ it waits for the Job and a retried call finds the same Job instead of creating a
 is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
 incident in its environment and fails on a non-zero exit; nothing configured is refused. A template's quantities written as YAML numbers (which the API
 server takes, and the client's models do not) are sent as quantities; a template the client cannot
-send otherwise is a misconfiguration, named, with nothing sent. After a
+send otherwise is a misconfiguration, named, with nothing sent; so is one that no longer reads as a
+Job (the configuration's load checked it: ``bot.config.read_job_template``), and the cluster's
+other calls go on. A template whose ``restartPolicy`` is null gets pitcrew's ``Never``, which the
+API server's Job validation takes (it refuses a Job's pod without one). After a
 reboot the node counts as back only once it reports a new boot id (Ready before the reboot proves
 nothing); the optional validation Job passes, fails with its exit code, or is not configured.
 A Job in a namespace whose Pod Security level refuses its privileged pod is named at once (the Job
@@ -161,6 +164,36 @@ async def test_a_template_the_client_cannot_send_is_misconfigured_not_a_defect(
         await make_cluster(jobs={"reset_gpu_template": path}).reset_gpu(NODE, ["0"], incident_id="pc-8")
     assert err.value.reason == "misconfigured"
     assert not [e for e in k8s.log if e.resource == "jobs"]  # refused before sending
+
+
+async def test_a_template_that_no_longer_reads_as_a_job_fails_its_action_only(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    cluster = make_cluster(jobs={"reset_gpu_template": template})
+    template.write_text("")  # emptied after the configuration was loaded
+    with pytest.raises(PermanentError, match=r"kubernetes\.jobs\.reset_gpu_template: .* is empty") as err:
+        await cluster.reset_gpu(NODE, ["0"], incident_id="pc-9")
+    assert err.value.reason == "misconfigured"
+    assert not [e for e in k8s.log if e.resource == "jobs"]  # nothing sent
+    await cluster.cordon(NODE, incident_id="pc-9", reason="xid 79")  # the rest of the cluster works
+    node = k8s.get("nodes", NODE)
+    assert node is not None and node["spec"]["unschedulable"] is True
+
+
+async def test_a_null_restart_policy_is_sent_as_never(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path
+) -> None:
+    path = tmp_path / "reset.yaml"
+    pod = {**TEMPLATE["spec"]["template"]["spec"], "restartPolicy": None}
+    path.write_text(yaml.safe_dump({"spec": {"template": {"spec": pod}}}))
+    cluster = make_cluster(jobs={"reset_gpu_template": path})
+    await cluster.reset_gpu(NODE, ["0"], incident_id="pc-10")
+    job = k8s.get("jobs", "pitcrew-reset-gpu-pc-10", "pitcrew-jobs")
+    assert (
+        job is not None
+        and job["status"]["succeeded"] == 1
+        and job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    )
 
 
 async def test_after_a_reboot_only_a_new_boot_counts_as_back(

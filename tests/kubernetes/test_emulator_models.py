@@ -3,7 +3,10 @@
 Cases (each a 422 ``Invalid`` Status naming the model, nothing stored): a Job whose container has
 no name (``V1Container.name`` is required), an Eviction whose ``deleteOptions`` is not an object,
 a SelfSubjectAccessReview without its spec, an Event without its involved object; a valid Job
-is created (201) and run by the emulator's Job controller.
+is created (201) and run by the emulator's Job controller. A Job the API server's own Job
+validation refuses, whatever the client's models take (a 422 naming the field, nothing stored):
+no container; ``restartPolicy`` unset or ``Always`` (a pod template's default, which a Job never
+takes), or neither ``OnFailure`` nor ``Never``; ``OnFailure`` beside a ``podFailurePolicy``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ async def _post(host: str, path: str, body: dict[str, Any]) -> tuple[int, dict[s
     [
         (
             "/apis/batch/v1/namespaces/pitcrew/jobs",
-            {"metadata": {"name": "j"}, "spec": {"template": {"spec": {"containers": [{"image": "x"}]}}}},
+            {
+                "metadata": {"name": "j"},
+                "spec": {"template": {"spec": {"containers": [{"image": "x"}], "restartPolicy": "Never"}}},
+            },
             "V1Job",
         ),
         (
@@ -55,11 +61,53 @@ async def test_invalid_bodies_are_refused(
     assert set(k8s.objects) == before
 
 
+def _job(pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "j"}, "spec": {**spec, "template": {"spec": pod}}}
+
+
+_CONTAINERS = [{"name": "c", "image": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "cause", "message"),
+    [
+        (_job({"containers": [], "restartPolicy": "Never"}), "FieldValueRequired", "Required value"),
+        (
+            _job({"containers": _CONTAINERS}),
+            "FieldValueRequired",
+            'Required value: valid values: "OnFailure", "Never"',
+        ),
+        (
+            _job({"containers": _CONTAINERS, "restartPolicy": "Always"}),
+            "FieldValueRequired",
+            'Required value: valid values: "OnFailure", "Never"',
+        ),
+        (
+            _job({"containers": _CONTAINERS, "restartPolicy": "Sometimes"}),
+            "FieldValueNotSupported",
+            'Unsupported value: "Sometimes": supported values: "OnFailure", "Never"',
+        ),
+        (
+            _job({"containers": _CONTAINERS, "restartPolicy": "OnFailure"}, podFailurePolicy={"rules": []}),
+            "FieldValueInvalid",
+            'only "Never" is supported when podFailurePolicy is specified',
+        ),
+    ],
+)
+async def test_a_job_the_api_server_s_job_validation_refuses(
+    k8s: KubeEmulator, body: dict[str, Any], cause: str, message: str
+) -> None:
+    before = set(k8s.objects)
+    status, answer = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew/jobs", body)
+    assert status == 422 and answer["reason"] == "Invalid", answer
+    [found] = answer["details"]["causes"]
+    assert found["reason"] == cause and found["field"].startswith("spec.template.spec.")
+    assert message in found["message"] and message in answer["message"]
+    assert set(k8s.objects) == before
+
+
 async def test_a_valid_job_is_created_and_run(k8s: KubeEmulator) -> None:
-    body = {
-        "metadata": {"name": "j"},
-        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
-    }
+    body = _job({"containers": _CONTAINERS, "restartPolicy": "Never"})
     status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew/jobs", body)
     assert status == 201
     assert k8s.get("jobs", "j", "pitcrew") is not None

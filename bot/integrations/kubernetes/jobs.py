@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-import yaml
 from kubernetes.aio import client
 
-from bot.config import KubernetesSettings
-from bot.config_sections import KubernetesJobSettings
+from bot.config import JOB_RESTART_POLICIES, ConfigError, KubernetesSettings, read_job_template
+from bot.config_sections import JOB_ACTIONS, KubernetesJobSettings
 from bot.domain.ownership import OWNER_ANNOTATION, fault_taint
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.kubernetes.client import call
@@ -53,18 +52,17 @@ def job_name(action: str, incident_id: str) -> str:
     return f"pitcrew-{action.replace('_', '-')}-{slug}"[:63].rstrip("-")
 
 
-#: What a Job template may be configured for (``kubernetes.jobs.<action>_template``).
-ACTIONS = ("reset_gpu", "reboot", "validation")
+def templates(settings: KubernetesJobSettings) -> dict[str, dict[str, Any]]:
+    """The configured Job templates by action (``JOB_ACTIONS``), each read and checked
+    (``bot.config.read_job_template``, which raises ``ConfigError``)."""
+    return {
+        action: template for action in JOB_ACTIONS if (template := _template(settings, action)) is not None
+    }
 
 
-def templates(settings: KubernetesJobSettings) -> dict[str, Any]:
-    """The configured Job templates, each read and parsed once, by action (``ACTIONS``)."""
-    found = {}
-    for action in ACTIONS:
-        path: Path | None = getattr(settings, f"{action}_template")
-        if path is not None:
-            found[action] = yaml.safe_load(path.read_text())
-    return found
+def _template(settings: KubernetesJobSettings, action: str) -> dict[str, Any] | None:
+    path: Path | None = getattr(settings, f"{action}_template")
+    return None if path is None else read_job_template(path, f"kubernetes.jobs.{action}_template")
 
 
 def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -102,7 +100,7 @@ def pinned_job(
     spec.setdefault("backoffLimit", 0)
     pod = spec.setdefault("template", {}).setdefault("spec", {})
     pod["nodeName"] = node
-    pod.setdefault("restartPolicy", "Never")
+    pod["restartPolicy"] = pod.get("restartPolicy") or JOB_RESTART_POLICIES[0]
     _quantities(pod)
     taint = fault_taint()
     pod["tolerations"] = [
@@ -121,15 +119,16 @@ class Jobs:
         self._core = client.CoreV1Api(api)
         self._settings = settings.jobs
         self._timeout = settings.request_timeout
-        # Read once: a template that does not parse fails the first use, not each retry differently.
-        self._templates: dict[str, dict[str, Any]] = templates(self._settings)
+        #: Each action's template, read at its first use (``_template``): the configuration's load
+        #: checked it; one changed since fails that action's steps, never the rest of the cluster's.
+        self._templates: dict[str, dict[str, Any] | None] = {}
 
     async def run(
         self, action: str, node: str, incident_id: str, gpus: Sequence[str] = (), *, optional: bool = False
     ) -> bool | None:
         """Run ``action`` on ``node`` to its end: ``True`` on success; ``None`` if ``optional`` and
         nothing is configured for it; a failed Job or command raises ``PermanentError``."""
-        template = self._templates.get(action)
+        template = self._template(action)
         command: list[str] = getattr(self._settings, f"{action}_command", None) or []
         budget = self._settings.timeout.total_seconds()
         env = {"PITCREW_NODE": node, "PITCREW_INCIDENT": incident_id, "PITCREW_ACTION": action}
@@ -146,6 +145,16 @@ class Jobs:
             f"no kubernetes.jobs.{action}_template or {action}_command is configured",
             reason=Reason.MISCONFIGURED,
         )
+
+    def _template(self, action: str) -> dict[str, Any] | None:
+        """``action``'s template, read once (``None``: none configured); one that no longer reads
+        as a Job is a misconfiguration of that action, named, with nothing sent."""
+        if action not in self._templates:
+            try:
+                self._templates[action] = _template(self._settings, action)
+            except ConfigError as exc:
+                raise PermanentError(str(exc), reason=Reason.MISCONFIGURED) from None
+        return self._templates[action]
 
     async def _job(
         self,

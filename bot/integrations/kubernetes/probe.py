@@ -200,7 +200,7 @@ async def probe(
                 f"{len(missing)} fleet node(s) whose Cluster API Machine cannot be found",
                 tuple(missing),
             )
-    configured = {action: template or {} for action, template in templates(settings.jobs).items()}
+    configured = templates(settings.jobs)
     asking = _reset_asks_for_gpus(configured.get("reset_gpu"), settings.gpu_resource)
     if asking:
         return Probe(
