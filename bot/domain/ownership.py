@@ -19,6 +19,8 @@ REASON_PREFIX = "pitcrew:"
 REASON_MAX_LEN = 128
 #: Annotation carrying the id of the incident that cordoned a node.
 OWNER_ANNOTATION = "pitcrew.dev/incident"
+#: On a Job pitcrew runs: the rung of the repair ladder (the incident's playbook) it was made in.
+RUNG_ANNOTATION = "pitcrew.dev/rung"
 #: Key of the taint pitcrew adds when it cordons a node for a GPU fault.
 TAINT_KEY = "pitcrew.dev/gpu-fault"
 #: The Slinky slurm-operator prefixes every reason it copies from the cordon annotation with this.

@@ -155,6 +155,13 @@ class StepContext(Generic[R]):
         return self.incident.node
 
     @property
+    def rung(self) -> str:
+        """The rung of the repair ladder this run of the step is in: the incident's playbook. A
+        climb runs a step again in the next rung; what the far side keeps of a run (a Job) is told
+        apart by it (``Cluster.reboot``)."""
+        return self.incident.playbook or ""
+
+    @property
     def ports(self) -> Ports:
         return self.deps.ports
 

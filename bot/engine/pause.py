@@ -135,9 +135,9 @@ class _GatedValidator(_Gated):
     """A gated cluster that can validate a node: ``validate`` spelled out, so ``isinstance(...,
     NodeValidator)`` sees it however the Python version looks up protocol members."""
 
-    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+    async def validate(self, name: str, *, incident_id: str, rung: str) -> bool | None:
         call = cast(Callable[..., Awaitable[bool | None]], self.__getattr__("validate"))
-        return await call(name, incident_id=incident_id)
+        return await call(name, incident_id=incident_id, rung=rung)
 
 
 def gated(ports: Ports, store: Store, fence: Fence | None = None, *, hold: bool = True) -> Ports:

@@ -227,11 +227,14 @@ class Cluster(Protocol):
 
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool: ...
 
-    async def reboot(self, name: str, *, incident_id: str) -> str | None:
-        """Reboot the node; a handle ``successor`` can tell the rebooted node by (``None``: none)."""
+    async def reboot(self, name: str, *, incident_id: str, rung: str) -> str | None:
+        """Reboot the node; a handle ``successor`` can tell the rebooted node by (``None``: none).
+        ``rung``: the playbook of the incident's repair ladder this call is made in (``reset_gpu``
+        and ``NodeValidator.validate`` too): a retried or resumed call of the same rung finds what
+        its first made (a Job), a later rung's never takes an earlier one's verdict for its own."""
         ...
 
-    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None: ...
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str, rung: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +296,7 @@ class Lending(Cluster, Protocol):
 class NodeValidator(Protocol):
     """A cluster that can prove a repaired node healthy before it returns (an operator's Job)."""
 
-    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+    async def validate(self, name: str, *, incident_id: str, rung: str) -> bool | None:
         """``True`` when the validation passed, ``None`` when none is configured; a failed one raises
         ``PermanentError(reason=Reason.JOB_FAILED)``."""
         ...

@@ -160,11 +160,11 @@ class DryRunJournal:
         await self.append("replace", node=name, strategy=strategy, incident_id=incident_id)
         return f"dry-run:{strategy}:{name}"
 
-    async def reboot(self, name: str, *, incident_id: str) -> None:
-        await self.append("reboot", node=name, incident_id=incident_id)
+    async def reboot(self, name: str, *, incident_id: str, rung: str = "") -> None:
+        await self.append("reboot", node=name, incident_id=incident_id, rung=rung)
 
-    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
-        await self.append("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str, rung: str = "") -> None:
+        await self.append("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id, rung=rung)
 
 
 class LogNotifier:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bot.integrations.kubernetes.jobs import job_name
 from proving_ground.kubernetes.faults import Fault
 from proving_ground.kubernetes.host_slurmds import HostSlurmds
 from proving_ground.kubernetes.world import (
@@ -124,7 +125,8 @@ def test_replace_node_on_slurm_and_kubernetes(
     assert ready == ["True"]
     assert step_result(final, "wait_ready")["node"] == new_node
     assert step_result(final, "wait_ready")["validated"] is True
-    diag = kube_world.call(lambda e: e.get("jobs", f"pitcrew-validation-{incident_id}", "pitcrew-jobs"))
+    diag_job = job_name("validation", incident_id, new_node, "replace-node")
+    diag = kube_world.call(lambda e: e.get("jobs", diag_job, "pitcrew-jobs"))
     assert diag is not None
     assert diag["spec"]["template"]["spec"]["nodeName"] == new_node and diag["status"]["succeeded"] == 1
     assert step_result(final, "replace")["handle"].startswith("cluster-api machine/gpu-east/")

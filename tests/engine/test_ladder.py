@@ -4,7 +4,9 @@ The far side is the simulated cluster with an operator's validation Job (``Valid
 fails on the first repaired node it checks and passes afterwards, as a GPU reset that did not
 clear the fault and the reboot that did. Cases: in ``auto`` a reset whose validation fails
 climbs to ``reboot-node`` by itself, the node taken out once (what the reset rung did carries
-over), rebooted, validated and returned, and the incident resolves; the timeline records the
+over), rebooted, validated (each rung's validation asked for in its own rung's name, which keeps
+the far side's runs apart: ``bot.integrations.kubernetes.jobs.job_name``) and returned, and the
+incident resolves; the timeline records the
 climb and both rungs, the trust ledger counts the failed rung's retest (``climbed``) and the
 reboot's (``passed``). In ``approve`` the climb asks again, under the new rung's name, and a
 rejection ends it with nothing more done. Without ``next`` the failed validation goes to
@@ -76,10 +78,12 @@ class Validating(SimulatedCluster):
     def __init__(self, world: SimulatedWorld) -> None:
         super().__init__(world)
         self.runs = []
+        self.rungs: list[tuple[str, str]] = []  # (node, rung) of each validation
 
-    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+    async def validate(self, name: str, *, incident_id: str, rung: str) -> bool | None:
         passed = bool(self.runs)
         self.runs.append(passed)
+        self.rungs.append((name, rung))
         if not passed:
             raise PermanentError(
                 f"validation Job failed on {name}: dcgmi diag level 3", reason=Reason.JOB_FAILED
@@ -120,6 +124,8 @@ async def test_a_failed_reset_climbs_to_reboot_by_itself_in_auto(tmp_path: Path)
         assert calls[("reset_gpu", NODE)] == 1 and calls[("reboot", NODE)] == 1
         assert calls[("cordon", NODE)] == 1 and calls[("slurm_down", NODE)] == 1  # taken out once
         assert h.cluster.runs == [False, True]
+        # Each rung's validation is its own run at the far side (its own Job), named by the rung.
+        assert h.cluster.rungs == [(NODE, "reset-gpu"), (NODE, "reboot-node")]
         planned = [e.detail for e in await h.events(incident, "planned")]
         assert planned[0].startswith("reset-gpu")
         ledger = {
@@ -147,6 +153,8 @@ async def test_one_catalog_override_reboots_xid79_first_and_climbs_to_replace(tm
         calls = h.calls()
         assert calls[("reboot", NODE)] == 1 and calls[("replace", NODE)] == 1
         assert calls[("slurm_down", NODE)] == 1 and calls[("cordon", NODE)] == 1  # taken out once
+        # The replacement is validated in its own rung's name, not read off the reboot's failed one.
+        assert [rung for _, rung in h.cluster.rungs] == ["reboot-then-replace", "replace-node"]
         fault_class = done.plan.decisive.fault_class  # type: ignore[union-attr]
         climbed_count = h.sample(
             "pitcrew_trust_retests_total",

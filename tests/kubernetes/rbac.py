@@ -33,6 +33,7 @@ from bot.config import KubernetesSettings
 from bot.engine.errors import PermanentError
 from bot.engine.ports import PodRef
 from bot.integrations.kubernetes import KubernetesCluster
+from bot.integrations.kubernetes.jobs import job_name
 from bot.integrations.kubernetes.probe import Permission, needed
 from proving_ground.kubernetes import resources
 from proving_ground.kubernetes.emulator import KubeEmulator
@@ -139,7 +140,7 @@ async def tour(
     await cluster.evict(PodRef("training", "llama-pretrain-worker-2"))
     await cluster.delete_pod(pods[0], force=True)
     await cluster.slurmd_pods("slurm", {"app.kubernetes.io/name": "slurmd"})
-    k8s.job_exit_codes["pitcrew-reset-gpu-pc-1"] = 1
+    k8s.job_exit_codes[job_name("reset_gpu", "pc-1", NODE, "")] = 1
     with pytest.raises(PermanentError):  # a failed Job: its pod's exit code is read
         await cluster.reset_gpu(NODE, ["0"], incident_id="pc-1")
     k8s.set_pod_security(cluster.settings.jobs.namespace, "restricted")

@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.domain.ownership import TAINT_KEY
+from bot.domain.ownership import RUNG_ANNOTATION, TAINT_KEY
 from bot.engine.errors import PermanentError
 from bot.integrations.kubernetes import KubernetesCluster
+from bot.integrations.kubernetes.jobs import job_name
 from proving_ground.kubernetes.emulator import KubeEmulator
 
 NODE = "gpu-node-02"
@@ -65,7 +66,7 @@ async def test_reset_gpu_runs_one_pinned_job_and_waits_for_it(
 ) -> None:
     cluster = make_cluster(jobs={"namespace": "pitcrew-jobs", "reset_gpu_template": template})
     await cluster.reset_gpu(NODE, ["3"], incident_id="pc-00042")
-    job = k8s.get("jobs", "pitcrew-reset-gpu-pc-00042", "pitcrew-jobs")
+    job = k8s.get("jobs", job_name("reset_gpu", "pc-00042", NODE, ""), "pitcrew-jobs")
     assert job is not None and job["status"]["succeeded"] == 1
     assert [c["type"] for c in job["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     pod = job["spec"]["template"]["spec"]
@@ -87,7 +88,7 @@ async def test_a_failed_job_reports_its_exit_code(
     make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
 ) -> None:
     cluster = make_cluster(jobs={"reboot_template": template})
-    k8s.job_exit_codes["pitcrew-reboot-pc-00042"] = 17
+    k8s.job_exit_codes[job_name("reboot", "pc-00042", NODE, "")] = 17
     with pytest.raises(PermanentError, match="exited 17") as err:
         await cluster.reboot(NODE, incident_id="pc-00042")
     assert err.value.reason == "job_failed"
@@ -118,10 +119,37 @@ async def test_validation_is_optional_and_a_failure_is_reported(
     assert await make_cluster().validate(NODE, incident_id="pc-00042") is None
     cluster = make_cluster(jobs={"validation_template": template})
     assert await cluster.validate(NODE, incident_id="pc-00042") is True
-    k8s.job_exit_codes["pitcrew-validation-pc-00043"] = 1
+    k8s.job_exit_codes[job_name("validation", "pc-00043", NODE, "")] = 1
     with pytest.raises(PermanentError, match="exited 1") as err:
         await cluster.validate(NODE, incident_id="pc-00043")
     assert err.value.reason == "job_failed"
+
+
+async def test_each_rung_of_an_incident_runs_its_own_job_and_a_retry_finds_its_own(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    """A validation that failed in one rung (the node rebooted) is not the verdict of the next rung's
+    (its replacement, or the same node after another repair): each runs its own Job, and a retried
+    call of a rung finds that rung's Job, never another's."""
+    cluster = make_cluster(jobs={"validation_template": template})
+    first = job_name("validation", "pc-5", NODE, "reboot-then-replace")
+    k8s.job_exit_codes[first] = 1
+    with pytest.raises(PermanentError, match="exited 1"):
+        await cluster.validate(NODE, incident_id="pc-5", rung="reboot-then-replace")
+    assert await cluster.validate(NODE, incident_id="pc-5", rung="replace-node") is True
+    assert await cluster.validate("gpu-node-09", incident_id="pc-5", rung="replace-node") is True
+    with pytest.raises(PermanentError, match="exited 1"):  # a retry of the first rung: its own Job
+        await cluster.validate(NODE, incident_id="pc-5", rung="reboot-then-replace")
+    creates = [e for e in k8s.log if e.resource == "jobs" and e.verb == "create"]
+    assert [e.status for e in creates] == [201, 201, 201, 409]  # the retry found its rung's Job
+    jobs = [job for (kind, _, _), job in k8s.objects.items() if kind == "jobs"]
+    runs = {
+        (j["spec"]["template"]["spec"]["nodeName"], j["metadata"]["annotations"][RUNG_ANNOTATION])
+        for j in jobs
+    }
+    assert runs == {(NODE, "reboot-then-replace"), (NODE, "replace-node"), ("gpu-node-09", "replace-node")}
+    names = [j["metadata"]["name"] for j in jobs]
+    assert len(names) == 3 and all(len(n) <= 63 and n.startswith("pitcrew-validation-pc-5-") for n in names)
 
 
 async def test_a_template_s_quantities_written_as_yaml_numbers_are_sent_as_quantities(
@@ -143,7 +171,7 @@ async def test_a_template_s_quantities_written_as_yaml_numbers_are_sent_as_quant
         "          resources: {limits: {nvidia.com/gpu: 8, cpu: 2, memory: 1Gi}, requests: {cpu: 1}}\n"
     )
     assert await make_cluster(jobs={"validation_template": path}).validate(NODE, incident_id="pc-7") is True
-    job = k8s.get("jobs", "pitcrew-validation-pc-7", "pitcrew-jobs")
+    job = k8s.get("jobs", job_name("validation", "pc-7", NODE, ""), "pitcrew-jobs")
     assert job is not None
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {
@@ -188,7 +216,7 @@ async def test_a_null_restart_policy_is_sent_as_never(
     path.write_text(yaml.safe_dump({"spec": {"template": {"spec": pod}}}))
     cluster = make_cluster(jobs={"reset_gpu_template": path})
     await cluster.reset_gpu(NODE, ["0"], incident_id="pc-10")
-    job = k8s.get("jobs", "pitcrew-reset-gpu-pc-10", "pitcrew-jobs")
+    job = k8s.get("jobs", job_name("reset_gpu", "pc-10", NODE, ""), "pitcrew-jobs")
     assert (
         job is not None
         and job["status"]["succeeded"] == 1
@@ -226,7 +254,7 @@ async def test_a_job_pod_pod_security_refuses_is_named_not_waited_out(
     with pytest.raises(PermanentError, match=r'violates PodSecurity "restricted:latest": privileged') as err:
         await cluster.reset_gpu(NODE, ["3"], incident_id="pc-00042")
     assert err.value.reason == "job_failed" and "host namespaces (hostPID=true)" in str(err.value)
-    assert k8s.get("jobs", "pitcrew-reset-gpu-pc-00042", "pitcrew-jobs") is not None
+    assert k8s.get("jobs", job_name("reset_gpu", "pc-00042", NODE, ""), "pitcrew-jobs") is not None
     assert not [k for k in k8s.objects if k[0] == "pods" and k[1] == "pitcrew-jobs"]
 
 
@@ -236,15 +264,18 @@ async def test_a_job_with_retries_is_judged_by_its_terminal_condition(
     path = tmp_path / "retrying.yaml"
     path.write_text(yaml.safe_dump({**TEMPLATE, "spec": {**TEMPLATE["spec"], "backoffLimit": 2}}))
     cluster = make_cluster(jobs={"reset_gpu_template": path})
-    k8s.job_exit_codes["pitcrew-reset-gpu-pc-1"] = [1, 0]  # the first pod fails, the second succeeds
+    k8s.job_exit_codes[job_name("reset_gpu", "pc-1", NODE, "")] = [
+        1,
+        0,
+    ]  # the first pod fails, the second succeeds
     k8s.job_duration = 1.5  # each pod outlives a poll: the first failure is seen before the verdict
     await cluster.reset_gpu(NODE, ["3"], incident_id="pc-1")
-    job = k8s.get("jobs", "pitcrew-reset-gpu-pc-1", "pitcrew-jobs")
+    job = k8s.get("jobs", job_name("reset_gpu", "pc-1", NODE, ""), "pitcrew-jobs")
     assert job is not None and job["status"]["failed"] == 1 and job["status"]["succeeded"] == 1
-    k8s.job_exit_codes["pitcrew-reset-gpu-pc-2"] = 4
+    k8s.job_exit_codes[job_name("reset_gpu", "pc-2", NODE, "")] = 4
     with pytest.raises(PermanentError, match=r"BackoffLimitExceeded.*exited 4"):
         await cluster.reset_gpu(NODE, ["3"], incident_id="pc-2")
-    assert k8s.get("jobs", "pitcrew-reset-gpu-pc-2", "pitcrew-jobs")["status"]["failed"] == 3  # type: ignore[index]
+    assert k8s.get("jobs", job_name("reset_gpu", "pc-2", NODE, ""), "pitcrew-jobs")["status"]["failed"] == 3  # type: ignore[index]
 
 
 async def test_a_reboot_that_takes_its_own_job_down_counts_once_the_boot_id_changed(
@@ -253,7 +284,7 @@ async def test_a_reboot_that_takes_its_own_job_down_counts_once_the_boot_id_chan
     cluster = make_cluster(jobs={"reboot_template": template})
     before = k8s.get("nodes", NODE)["status"]["nodeInfo"]["bootID"]  # type: ignore[index]
     handle = await cluster.reboot(NODE, incident_id="pc-00042")
-    job = k8s.get("jobs", "pitcrew-reboot-pc-00042", "pitcrew-jobs")
+    job = k8s.get("jobs", job_name("reboot", "pc-00042", NODE, ""), "pitcrew-jobs")
     assert job is not None and "Failed" in [c["type"] for c in job["status"]["conditions"]]
     back = await cluster.successor(NODE, handle=handle)
     assert back is not None and back.name == NODE

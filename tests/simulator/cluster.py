@@ -134,10 +134,10 @@ class SimulatedCluster:
     async def cancel_replacement(self, name: str, *, incident_id: str) -> bool:
         return False  # the simulated replacement starts at once: there is never one to cancel
 
-    async def reboot(self, name: str, *, incident_id: str) -> None:
+    async def reboot(self, name: str, *, incident_id: str, rung: str = "") -> None:
         await self._world.write("reboot", node=name, incident_id=incident_id)
 
-    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str, rung: str = "") -> None:
         await self._world.write("reset_gpu", node=name, gpus=list(gpus), incident_id=incident_id)
 
 
@@ -324,7 +324,7 @@ class DaemonSetNodeSet(SimulatedCluster):
             await self._undrain(self._hostname(new))  # its pod, new, on an uncordoned node
         return handle
 
-    async def reboot(self, name: str, *, incident_id: str) -> None:
+    async def reboot(self, name: str, *, incident_id: str, rung: str = "") -> None:
         """The node reboots where it stands. Shut down through systemd, with the kubelet's graceful
         node shutdown configured (``graceful_node_shutdown``), its pods are terminated first as on
         a deletion, preStop hooks included ("Kubelet ensures that pods follow the normal pod
@@ -417,7 +417,7 @@ class StatefulSetNodeSet(DaemonSetNodeSet):
             nodeset_pods=nodeset_pods,
         )
 
-    async def reboot(self, name: str, *, incident_id: str) -> None:
+    async def reboot(self, name: str, *, incident_id: str, rung: str = "") -> None:
         """The node reboots; a replica evicted from it before is no longer there to restart: while the
         node reboots, Karpenter's node for it comes up and its slurmd registers the Slurm node there."""
         hostname = self._hostname(name)

@@ -188,7 +188,7 @@ async def reset_gpu(ctx: StepContext[ResetResult]) -> Done[ResetResult] | Wait:
         ctx,
         "reset_gpu",
         f"GPU reset on {ctx.node} ({', '.join(gpus) or 'all GPUs'})",
-        lambda: cluster.reset_gpu(ctx.node, gpus, incident_id=ctx.incident.id),
+        lambda: cluster.reset_gpu(ctx.node, gpus, incident_id=ctx.incident.id, rung=ctx.rung),
     )
 
 
@@ -217,7 +217,10 @@ async def reboot(ctx: StepContext[RebootResult]) -> Done[RebootResult] | Wait:
         if handle is not None:
             await ctx.save(replace(ctx.progress, handle=handle))
     return await _issue_once(
-        ctx, "reboot", f"reboot of {ctx.node}", lambda: cluster.reboot(ctx.node, incident_id=ctx.incident.id)
+        ctx,
+        "reboot",
+        f"reboot of {ctx.node}",
+        lambda: cluster.reboot(ctx.node, incident_id=ctx.incident.id, rung=ctx.rung),
     )
 
 
@@ -442,7 +445,7 @@ async def wait_ready(ctx: StepContext[WaitReadyResult]) -> Done[WaitReadyResult]
         return still
     if not ctx.progress.validated and isinstance(ctx.ports.cluster, NodeValidator):
         try:
-            passed = await ctx.ports.cluster.validate(node.name, incident_id=ctx.incident.id)
+            passed = await ctx.ports.cluster.validate(node.name, incident_id=ctx.incident.id, rung=ctx.rung)
         except PermanentError as exc:
             if exc.reason != Reason.JOB_FAILED:
                 raise

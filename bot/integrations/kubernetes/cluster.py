@@ -219,12 +219,12 @@ class KubernetesCluster:
         return await (await self._p()).termination.held(name, handle=handle)
 
     # ------------------------------------------------------------------- jobs
-    async def reboot(self, name: str, *, incident_id: str) -> str:
+    async def reboot(self, name: str, *, incident_id: str, rung: str = "") -> str:
         """Reboot through the operator's Job or command; the handle names the boot id that must change."""
         parts = await self._p()
         handle = await parts.replacer.reboot_handle(name)
         try:
-            await parts.jobs.run("reboot", name, incident_id)
+            await parts.jobs.run("reboot", name, incident_id, rung)
         except PermanentError as exc:
             # A reboot takes its own Job's pod down with the node: the Job fails while the reboot
             # succeeded. A changed boot id is the proof; without it the failure stands.
@@ -234,16 +234,16 @@ class KubernetesCluster:
         await parts.events.on_node(name, "PitcrewReboot", "node reboot issued", incident_id)
         return handle
 
-    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str) -> None:
+    async def reset_gpu(self, name: str, gpus: Sequence[str], *, incident_id: str, rung: str = "") -> None:
         parts = await self._p()
-        await parts.jobs.run("reset_gpu", name, incident_id, gpus)
+        await parts.jobs.run("reset_gpu", name, incident_id, rung, gpus)
         await parts.events.on_node(
             name, "PitcrewResetGPU", f"GPU reset: {', '.join(gpus) or 'all'}", incident_id
         )
 
-    async def validate(self, name: str, *, incident_id: str) -> bool | None:
+    async def validate(self, name: str, *, incident_id: str, rung: str = "") -> bool | None:
         """The operator's validation Job on the node: ``None`` when none is configured."""
-        return await (await self._p()).jobs.run("validation", name, incident_id, optional=True)
+        return await (await self._p()).jobs.run("validation", name, incident_id, rung, optional=True)
 
     # ------------------------------------------------------------------ probe
     async def probe(self) -> Probe:

@@ -1,9 +1,9 @@
 """GPU reset, reboot and validation as a privileged Job pinned to the node, or an operator command.
 
 The Job comes from an operator-supplied template; pitcrew only fills in a name derived from
-the incident (so a retried or resumed step finds the Job it created instead of creating a
-second), ``nodeName``, a toleration of its own taint and of the cordon, and the
-PITCREW_* environment. It waits for the Job's terminal condition (``Complete``/``Failed``, or the
+the incident and the run (``job_name``: a retried or resumed step finds the Job it created
+instead of creating a second; a later rung of the repair ladder makes its own), ``nodeName``,
+a toleration of its own taint and of the cordon, and the PITCREW_* environment. It waits for the Job's terminal condition (``Complete``/``Failed``, or the
 ``SuccessCriteriaMet``/``FailureTarget`` the Job controller writes first since 1.31), never for a
 pod count: with ``backoffLimit > 0`` a first failed pod is not the Job's verdict. A Job whose pod
 is never created (Pod Security refusing a privileged pod, a quota) has no condition at all: its
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import re
 import time
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from kubernetes.aio import client
 
 from bot.config import JOB_RESTART_POLICIES, ConfigError, KubernetesSettings, read_job_template
 from bot.config_sections import JOB_ACTIONS, KubernetesJobSettings
-from bot.domain.ownership import OWNER_ANNOTATION, fault_taint
+from bot.domain.ownership import OWNER_ANNOTATION, RUNG_ANNOTATION, fault_taint
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.integrations.kubernetes.client import call
 from bot.integrations.kubernetes.replace import run_command
@@ -47,9 +48,17 @@ def verdict(job: client.V1Job) -> tuple[bool, str] | None:
     return None
 
 
-def job_name(action: str, incident_id: str) -> str:
+def job_name(action: str, incident_id: str, node: str, rung: str) -> str:
+    """The Job of one run of ``action``: the incident's, on ``node``, in the repair ladder's ``rung``
+    (the incident's playbook). A retried call finds the Job its first made (409 ``AlreadyExists``,
+    then its verdict is read); a later rung of the same incident (a validation after the reboot
+    that followed a reset, on the replacement after a reboot) or another node makes its own, and
+    never reads an earlier run's verdict as its own. The incident stays readable in the name; the
+    run is a digest of the node and the rung (``RUNG_ANNOTATION`` names the rung)."""
     slug = re.sub(r"[^a-z0-9-]", "-", incident_id.lower()).strip("-")
-    return f"pitcrew-{action.replace('_', '-')}-{slug}"[:63].rstrip("-")
+    run = hashlib.sha256(f"{node}\n{rung}".encode()).hexdigest()[:6]
+    head = f"pitcrew-{action.replace('_', '-')}-{slug}"[: 63 - len(run) - 1].rstrip("-")
+    return f"{head}-{run}"
 
 
 def templates(settings: KubernetesJobSettings) -> dict[str, dict[str, Any]]:
@@ -86,7 +95,7 @@ def _quantities(pod: dict[str, Any]) -> None:
 
 
 def pinned_job(
-    template: dict[str, Any], *, name: str, namespace: str, node: str, env: dict[str, str]
+    template: dict[str, Any], *, name: str, namespace: str, node: str, env: dict[str, str], rung: str = ""
 ) -> dict[str, Any]:
     """The template with pitcrew's name, node pinning, tolerations and environment filled in (and its
     quantities as the client sends them, ``_quantities``)."""
@@ -95,7 +104,10 @@ def pinned_job(
     job.setdefault("kind", "Job")
     meta = job.setdefault("metadata", {})
     meta.update(name=name, namespace=namespace)
-    meta.setdefault("annotations", {})[OWNER_ANNOTATION] = env["PITCREW_INCIDENT"]
+    annotations = meta.setdefault("annotations", {})
+    annotations[OWNER_ANNOTATION] = env["PITCREW_INCIDENT"]
+    if rung:
+        annotations[RUNG_ANNOTATION] = rung
     spec = job.setdefault("spec", {})
     spec.setdefault("backoffLimit", 0)
     pod = spec.setdefault("template", {}).setdefault("spec", {})
@@ -124,17 +136,25 @@ class Jobs:
         self._templates: dict[str, dict[str, Any] | None] = {}
 
     async def run(
-        self, action: str, node: str, incident_id: str, gpus: Sequence[str] = (), *, optional: bool = False
+        self,
+        action: str,
+        node: str,
+        incident_id: str,
+        rung: str,
+        gpus: Sequence[str] = (),
+        *,
+        optional: bool = False,
     ) -> bool | None:
-        """Run ``action`` on ``node`` to its end: ``True`` on success; ``None`` if ``optional`` and
-        nothing is configured for it; a failed Job or command raises ``PermanentError``."""
+        """Run ``action`` on ``node`` to its end, in the repair ladder's ``rung`` (``job_name``):
+        ``True`` on success; ``None`` if ``optional`` and nothing is configured for it; a failed Job
+        or command raises ``PermanentError``."""
         template = self._template(action)
         command: list[str] = getattr(self._settings, f"{action}_command", None) or []
         budget = self._settings.timeout.total_seconds()
         env = {"PITCREW_NODE": node, "PITCREW_INCIDENT": incident_id, "PITCREW_ACTION": action}
         env["PITCREW_GPUS"] = ",".join(gpus)
         if template is not None:
-            await self._job(action, node, incident_id, template, env, budget)
+            await self._job(action, node, incident_id, rung, template, env, budget)
             return True
         if command:
             await run_command(command, node, incident_id, action, budget)
@@ -161,12 +181,13 @@ class Jobs:
         action: str,
         node: str,
         incident_id: str,
+        rung: str,
         template: dict[str, Any],
         env: dict[str, str],
         budget: float,
     ) -> None:
-        namespace, name = self._settings.namespace, job_name(action, incident_id)
-        body = pinned_job(template, name=name, namespace=namespace, node=node, env=env)
+        namespace, name = self._settings.namespace, job_name(action, incident_id, node, rung)
+        body = pinned_job(template, name=name, namespace=namespace, node=node, env=env, rung=rung)
         try:
             creating = self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout)
             await call(f"create Job {namespace}/{name}", creating)

@@ -261,7 +261,7 @@ async def _job_pods_refused(
     namespace, refused = settings.jobs.namespace, []
     for action, template in configured.items():
         env = {"PITCREW_NODE": "check-config", "PITCREW_INCIDENT": "check-config", "PITCREW_ACTION": action}
-        name = job_name(action, "check-config")
+        name = job_name(action, "check-config", "check-config", "")
         job = pinned_job(
             template, name=name, namespace=namespace, node="check-config", env={**env, "PITCREW_GPUS": ""}
         )
