@@ -217,7 +217,8 @@ def read_job_template(path: Path, key: str) -> dict[str, Any]:
     given, ``Job`` and ``batch/v1``: pitcrew writes them where not) with a container in its pod
     (``spec.template.spec.containers``) and a ``restartPolicy`` a Job takes (``JOB_RESTART_POLICIES``;
     ``Never`` beside a ``podFailurePolicy``), as the API server's Job validation refuses anything
-    else (``Required value``: a pod template's default ``Always`` is never a Job's). Read when the
+    else (``Required value``: a pod template's default ``Always`` is never a Job's); and no
+    ``ttlSecondsAfterFinished``, which is pitcrew's (``kubernetes.jobs.keep_finished``). Read when the
     configuration loads (``_job_template_problems``): one that cannot work fails ``check-config``
     and ``serve``, not the first incident that needs it, in the middle of its repair."""
     try:
@@ -235,6 +236,11 @@ def read_job_template(path: Path, key: str) -> dict[str, Any]:
         if job.get(field, wanted) != wanted:
             raise ConfigError(f"{key}: {path} has {field} {job[field]}, not {wanted}")
     spec = job.get("spec")
+    if isinstance(spec, dict) and "ttlSecondsAfterFinished" in spec:
+        raise ConfigError(
+            f"{key}: {path} sets spec.ttlSecondsAfterFinished, which is pitcrew's: set "
+            "kubernetes.jobs.keep_finished (a Job deleted before its verdict is read would run again)"
+        )
     template = spec.get("template") if isinstance(spec, dict) else None
     pod = template.get("spec") if isinstance(template, dict) else None
     if not isinstance(pod, dict) or not isinstance(pod.get("containers"), list) or not pod["containers"]:

@@ -648,6 +648,9 @@ class KubernetesReplaceSettings(_Section):
 
 #: What a Job template may be configured for: ``kubernetes.jobs.<action>_template``.
 JOB_ACTIONS = ("reset_gpu", "reboot", "validation")
+#: The shortest ``kubernetes.jobs.keep_finished``: a Job deleted before pitcrew read its verdict
+#: would be made again by the step's retry, and its action run twice.
+KEEP_FINISHED_AT_LEAST = timedelta(hours=1)
 
 
 class KubernetesJobSettings(_Section):
@@ -678,6 +681,18 @@ class KubernetesJobSettings(_Section):
         default_factory=list, description="Instead of a Job: an executable run for `reboot` (exit 0 = ok)."
     )
     timeout: Duration = Field(default=timedelta(minutes=10), description="Job or command deadline.")
+    keep_finished: Duration = Field(
+        default=timedelta(days=7),
+        description="How long a finished Job stays, its pod and logs with it, for a post-mortem: Kubernetes "
+        "deletes it then (`ttlSecondsAfterFinished`, pitcrew's to set: a template may not). At least 1h, so "
+        "pitcrew has read its verdict first.",
+    )
+
+    @model_validator(mode="after")
+    def _keep_finished(self) -> KubernetesJobSettings:
+        if self.keep_finished < KEEP_FINISHED_AT_LEAST:
+            raise ValueError("kubernetes.jobs.keep_finished must be at least 1h")
+        return self
 
 
 class ClusterApiSettings(_Section):

@@ -1540,14 +1540,38 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 status["succeeded"] = status.get("succeeded", 0) + 1
                 self._job_conditions(job, "SuccessCriteriaMet", "Complete", "CompletionsReached",
                                      "Reached expected number of succeeded pods")  # fmt: skip
+                self._expire_finished(job)
                 return
             failed += 1
             status["failed"] = failed
             if failed > limit:
                 self._job_conditions(job, "FailureTarget", "Failed", "BackoffLimitExceeded",
                                      "Job has reached the specified backoff limit")  # fmt: skip
+                self._expire_finished(job)
                 return
             self.bump(job)
+
+    def _expire_finished(self, job: dict[str, Any]) -> None:
+        """The TTL-after-finished controller: a finished Job with ``spec.ttlSecondsAfterFinished`` is
+        deleted that many seconds after it finished, its pods with it (a background cascade of the
+        garbage collector, by their ``ownerReferences``). Unset: kept until someone deletes it."""
+        ttl = job["spec"].get("ttlSecondsAfterFinished")
+        if ttl is None:
+            return
+        meta = job["metadata"]
+        namespace, name, uid = meta.get("namespace"), meta["name"], meta["uid"]
+
+        async def expire() -> None:
+            current = self.objects.get(("jobs", namespace, name))
+            if current is None or current["metadata"]["uid"] != uid:
+                return
+            del self.objects[("jobs", namespace, name)]
+            for key, obj in list(self.objects.items()):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if key[0] == "pods" and any(o.get("uid") == uid for o in owners):
+                    del self.objects[key]
+
+        self._later(float(ttl), expire)
 
     def _job_conditions(
         self, job: dict[str, Any], interim: str, final: str, reason: str, message: str
@@ -1776,13 +1800,22 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
 
 def _validate_job(res: Resource, job: dict[str, Any]) -> None:
-    """What the API server's Job validation refuses of a Job's pod (``validateJobSpec`` and the pod
-    template's own): no container, and a ``restartPolicy`` other than ``OnFailure`` or ``Never``.
+    """What the API server's Job validation refuses of a Job (``validateJobSpec`` and the pod
+    template's own): a negative ``ttlSecondsAfterFinished``; no container, and a ``restartPolicy``
+    other than ``OnFailure`` or ``Never``.
     Unset is refused too: the pod template's default is ``Always``, which a Job never takes
     (``Required value``); with a ``podFailurePolicy`` only ``Never``."""
     name = job["metadata"]["name"]
     spec = _mapping(job.get("spec"))
     pod = _mapping(_mapping(spec.get("template")).get("spec"))
+    ttl = spec.get("ttlSecondsAfterFinished")
+    if ttl is not None and (not isinstance(ttl, int) or ttl < 0):
+        raise ApiError.invalid(
+            res,
+            name,
+            "spec.ttlSecondsAfterFinished",
+            f"Invalid value: {ttl}: must be greater than or equal to 0",
+        )
     where = "spec.template.spec"
     if not pod.get("containers"):
         raise ApiError.invalid(res, name, f"{where}.containers", "Required value", cause="FieldValueRequired")

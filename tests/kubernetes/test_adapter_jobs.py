@@ -2,7 +2,8 @@
 
 Cases: ``reset_gpu`` creates one Job from the operator's template, named after the incident, pinned
 to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
-it waits for the Job and a retried call finds the same Job instead of creating another; a failed Job
+it waits for the Job and a retried call finds the same Job instead of creating another; Kubernetes
+deletes it a week after it finished (``ttlSecondsAfterFinished``: ``kubernetes.jobs.keep_finished``); a failed Job
 is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
 incident in its environment and fails on a non-zero exit; nothing configured is refused. A template's quantities written as YAML numbers (which the API
 server takes, and the client's models do not) are sent as quantities; a template the client cannot
@@ -69,6 +70,7 @@ async def test_reset_gpu_runs_one_pinned_job_and_waits_for_it(
     job = k8s.get("jobs", job_name("reset_gpu", "pc-00042", NODE, ""), "pitcrew-jobs")
     assert job is not None and job["status"]["succeeded"] == 1
     assert [c["type"] for c in job["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
+    assert job["spec"]["ttlSecondsAfterFinished"] == 7 * 24 * 3600  # kept a week for a post-mortem
     pod = job["spec"]["template"]["spec"]
     assert pod["nodeName"] == NODE and pod["hostPID"] is True and pod["restartPolicy"] == "Never"
     assert {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -131,7 +133,7 @@ async def test_each_rung_of_an_incident_runs_its_own_job_and_a_retry_finds_its_o
     """A validation that failed in one rung (the node rebooted) is not the verdict of the next rung's
     (its replacement, or the same node after another repair): each runs its own Job, and a retried
     call of a rung finds that rung's Job, never another's."""
-    cluster = make_cluster(jobs={"validation_template": template})
+    cluster = make_cluster(jobs={"validation_template": template, "keep_finished": "2h"})
     first = job_name("validation", "pc-5", NODE, "reboot-then-replace")
     k8s.job_exit_codes[first] = 1
     with pytest.raises(PermanentError, match="exited 1"):
@@ -148,6 +150,7 @@ async def test_each_rung_of_an_incident_runs_its_own_job_and_a_retry_finds_its_o
         for j in jobs
     }
     assert runs == {(NODE, "reboot-then-replace"), (NODE, "replace-node"), ("gpu-node-09", "replace-node")}
+    assert {j["spec"]["ttlSecondsAfterFinished"] for j in jobs} == {2 * 3600}
     names = [j["metadata"]["name"] for j in jobs]
     assert len(names) == 3 and all(len(n) <= 63 and n.startswith("pitcrew-validation-pc-5-") for n in names)
 

@@ -6,11 +6,15 @@ a SelfSubjectAccessReview without its spec, an Event without its involved object
 is created (201) and run by the emulator's Job controller. A Job the API server's own Job
 validation refuses, whatever the client's models take (a 422 naming the field, nothing stored):
 no container; ``restartPolicy`` unset or ``Always`` (a pod template's default, which a Job never
-takes), or neither ``OnFailure`` nor ``Never``; ``OnFailure`` beside a ``podFailurePolicy``.
+takes), or neither ``OnFailure`` nor ``Never``; ``OnFailure`` beside a ``podFailurePolicy``; a
+negative ``ttlSecondsAfterFinished``. A finished Job with ``ttlSecondsAfterFinished`` is deleted
+that long after it finished, its pods with it (the TTL-after-finished controller and the garbage
+collector); one without is kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -88,6 +92,11 @@ _CONTAINERS = [{"name": "c", "image": "x"}]
             'Unsupported value: "Sometimes": supported values: "OnFailure", "Never"',
         ),
         (
+            _job({"containers": _CONTAINERS, "restartPolicy": "Never"}, ttlSecondsAfterFinished=-1),
+            "FieldValueInvalid",
+            "Invalid value: -1: must be greater than or equal to 0",
+        ),
+        (
             _job({"containers": _CONTAINERS, "restartPolicy": "OnFailure"}, podFailurePolicy={"rules": []}),
             "FieldValueInvalid",
             'only "Never" is supported when podFailurePolicy is specified',
@@ -101,7 +110,7 @@ async def test_a_job_the_api_server_s_job_validation_refuses(
     status, answer = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew/jobs", body)
     assert status == 422 and answer["reason"] == "Invalid", answer
     [found] = answer["details"]["causes"]
-    assert found["reason"] == cause and found["field"].startswith("spec.template.spec.")
+    assert found["reason"] == cause and found["field"].startswith("spec.")
     assert message in found["message"] and message in answer["message"]
     assert set(k8s.objects) == before
 
@@ -111,3 +120,30 @@ async def test_a_valid_job_is_created_and_run(k8s: KubeEmulator) -> None:
     status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew/jobs", body)
     assert status == 201
     assert k8s.get("jobs", "j", "pitcrew") is not None
+
+
+async def test_a_finished_job_with_a_ttl_is_deleted_with_its_pods_one_without_is_kept(
+    k8s: KubeEmulator,
+) -> None:
+    k8s.job_duration = 0.1
+    kept = _job({"containers": _CONTAINERS, "restartPolicy": "Never"})
+    kept["metadata"]["name"] = "kept"
+    for body in (
+        _job({"containers": _CONTAINERS, "restartPolicy": "Never"}, ttlSecondsAfterFinished=1),
+        kept,
+    ):
+        status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew-jobs/jobs", body)
+        assert status == 201
+
+    def pods_of(job: str) -> list[str]:
+        return [n for (kind, _, n), pod in k8s.objects.items() if kind == "pods" and n.startswith(f"{job}-")]
+
+    for _ in range(50):  # both finished, the TTL not yet passed
+        finished = [k8s.get("jobs", name, "pitcrew-jobs") for name in ("j", "kept")]
+        if all(job and (job.get("status") or {}).get("succeeded") for job in finished):
+            break
+        await asyncio.sleep(0.05)
+    assert pods_of("j") and pods_of("kept")
+    await asyncio.sleep(1.3)
+    assert k8s.get("jobs", "j", "pitcrew-jobs") is None and not pods_of("j")
+    assert k8s.get("jobs", "kept", "pitcrew-jobs") is not None and pods_of("kept")

@@ -7,7 +7,9 @@ as a way out; the ``command`` strategy without a command, an unknown strategy an
 rate are refused at load with the key named. A Job template the API server would refuse, or that is
 no Job at all, is refused at load (``check-config`` and ``serve`` exit 1), naming its key and file
 and what is wrong: unreadable, not YAML, empty, a list, another kind or API version, no container,
-a ``restartPolicy`` a Job never takes (``Always``), ``OnFailure`` beside a ``podFailurePolicy``;
+a ``restartPolicy`` a Job never takes (``Always``), ``OnFailure`` beside a ``podFailurePolicy``,
+a ``ttlSecondsAfterFinished`` of its own (pitcrew's: ``kubernetes.jobs.keep_finished``, at least
+1h, so a Job is never deleted before its verdict is read);
 ``OnFailure`` alone, and an unset or null ``restartPolicy`` (pitcrew's ``Never``) are taken. With
 no Kubernetes cluster (``integrations.cluster: none``) the templates are never used, nor read.
 """
@@ -82,6 +84,7 @@ def test_the_refusal_of_a_journalled_cluster_offers_kubernetes(tmp_path: Path) -
         ({"replace": {"strategy": "command"}}, "strategy command needs command"),
         ({"replace": {"strategy": "terraform"}}, "kubernetes.replace.strategy"),
         ({"qps": 0}, "kubernetes.qps"),
+        ({"jobs": {"keep_finished": "59m"}}, "kubernetes.jobs.keep_finished must be at least 1h"),
     ],
 )
 def test_bad_kubernetes_settings_are_refused_at_load(
@@ -117,6 +120,7 @@ def _job(pod: dict[str, Any] | None = None, **job: Any) -> str:
             _job({**_POD, "restartPolicy": "OnFailure"}) + "  podFailurePolicy: {rules: []}\n",
             "podFailurePolicy",
         ),
+        (_job() + "  ttlSecondsAfterFinished: 0\n", "ttlSecondsAfterFinished, which is pitcrew's"),
     ],
 )
 def test_a_job_template_that_cannot_work_is_refused_at_load(

@@ -19,6 +19,7 @@ import hashlib
 import re
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,18 @@ def _quantities(pod: dict[str, Any]) -> None:
 
 
 def pinned_job(
-    template: dict[str, Any], *, name: str, namespace: str, node: str, env: dict[str, str], rung: str = ""
+    template: dict[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    node: str,
+    env: dict[str, str],
+    rung: str = "",
+    keep: timedelta | None = None,
 ) -> dict[str, Any]:
     """The template with pitcrew's name, node pinning, tolerations and environment filled in (and its
-    quantities as the client sends them, ``_quantities``)."""
+    quantities as the client sends them, ``_quantities``); ``keep``: how long Kubernetes keeps it
+    once finished (``ttlSecondsAfterFinished``; ``None``: for ever)."""
     job = copy.deepcopy(template)
     job.setdefault("apiVersion", "batch/v1")
     job.setdefault("kind", "Job")
@@ -110,6 +119,8 @@ def pinned_job(
         annotations[RUNG_ANNOTATION] = rung
     spec = job.setdefault("spec", {})
     spec.setdefault("backoffLimit", 0)
+    if keep is not None:
+        spec["ttlSecondsAfterFinished"] = int(keep.total_seconds())
     pod = spec.setdefault("template", {}).setdefault("spec", {})
     pod["nodeName"] = node
     pod["restartPolicy"] = pod.get("restartPolicy") or JOB_RESTART_POLICIES[0]
@@ -187,7 +198,15 @@ class Jobs:
         budget: float,
     ) -> None:
         namespace, name = self._settings.namespace, job_name(action, incident_id, node, rung)
-        body = pinned_job(template, name=name, namespace=namespace, node=node, env=env, rung=rung)
+        body = pinned_job(
+            template,
+            name=name,
+            namespace=namespace,
+            node=node,
+            env=env,
+            rung=rung,
+            keep=self._settings.keep_finished,
+        )
         try:
             creating = self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout)
             await call(f"create Job {namespace}/{name}", creating)
