@@ -680,7 +680,11 @@ class KubernetesJobSettings(_Section):
     reboot_command: list[str] = Field(
         default_factory=list, description="Instead of a Job: an executable run for `reboot` (exit 0 = ok)."
     )
-    timeout: Duration = Field(default=timedelta(minutes=10), description="Job or command deadline.")
+    timeout: Duration = Field(
+        default=timedelta(minutes=10),
+        description="Job or command deadline; a Job's `activeDeadlineSeconds` where its template sets none, so "
+        "the Job controller stops one that hangs (a reset on a GPU gone bad) instead of leaving it on the node.",
+    )
     keep_finished: Duration = Field(
         default=timedelta(days=7),
         description="How long a finished Job stays, its pod and logs with it, for a post-mortem: Kubernetes "

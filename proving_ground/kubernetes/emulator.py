@@ -168,6 +168,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
     #: one code for every attempt, or a list with one per attempt (the last repeats).
     job_exit_codes: dict[str, int | list[int]] = attrs.field(factory=dict)
     job_duration: float = 0.1
+    #: Seconds a named Job's pods run instead (a reset that hangs: longer than its deadline).
+    job_durations: dict[str, float] = attrs.field(factory=dict)
     #: Seconds after a reboot Job starts until the node comes back with a new boot id. A real reboot
     #: takes the Job's own pod down with the node: it ends Failed, never Succeeded. Leniency by name:
     #: ``reboot_job_reports_success`` lets the pod exit 0 first (a reboot scheduled after the exit).
@@ -1521,17 +1523,25 @@ class KubeEmulator(kmock.KubernetesScaffold):
         ``backoffLimit`` + 1 have failed; then ``SuccessCriteriaMet``/``FailureTarget`` and, once no
         pod is left running, ``Complete``/``Failed`` (the 1.31+ order). A pod Pod Security refuses
         is never created: the controller records a ``FailedCreate`` Warning event on the Job and
-        writes no condition (it retries the create with backoff, forever)."""
+        writes no condition (it retries the create with backoff, forever). A Job still running
+        ``activeDeadlineSeconds`` after it started is failed (``_deadline_exceeded``)."""
         job = self.objects.get(("jobs", ns, name))
         if job is None:
             return
         limit = int(job["spec"].get("backoffLimit", 6))
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        ends = None if deadline is None else asyncio.get_running_loop().time() + float(deadline)
         codes = self.job_exit_codes.get(name, 0)
         failed = 0
         while True:
             attempt = failed
             code = codes if isinstance(codes, int) else codes[min(attempt, len(codes) - 1)]
-            outcome = await self._job_pod(ns, name, job, code)
+            try:
+                async with asyncio.timeout_at(ends):
+                    outcome = await self._job_pod(ns, name, job, code)
+            except TimeoutError:
+                self._deadline_exceeded(ns, name)
+                return
             job = self.objects.get(("jobs", ns, name))
             if job is None or outcome is None:
                 return
@@ -1550,6 +1560,26 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._expire_finished(job)
                 return
             self.bump(job)
+
+    def _deadline_exceeded(self, ns: str | None, name: str) -> None:
+        """The Job controller past ``activeDeadlineSeconds``: its running pods deleted (each counted
+        failed), a ``DeadlineExceeded`` Warning event, ``FailureTarget`` then ``Failed`` with that
+        reason; then the TTL, if any."""
+        job = self.objects.get(("jobs", ns, name))
+        if job is None:
+            return
+        uid, status = job["metadata"]["uid"], job.setdefault("status", {})
+        for key, pod in list(self.objects.items()):
+            owned = any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
+            running = (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            if key[0] == "pods" and owned and running:
+                del self.objects[key]
+                status["failed"] = status.get("failed", 0) + 1
+        status.pop("active", None)
+        message = "Job was active longer than specified deadline"
+        self._job_event(job, "DeadlineExceeded", message)
+        self._job_conditions(job, "FailureTarget", "Failed", "DeadlineExceeded", message)
+        self._expire_finished(job)
 
     def _expire_finished(self, job: dict[str, Any]) -> None:
         """The TTL-after-finished controller: a finished Job with ``spec.ttlSecondsAfterFinished`` is
@@ -1625,12 +1655,19 @@ class KubeEmulator(kmock.KubernetesScaffold):
         job_status["active"] = 1
         self.bump(job)
         try:
-            return await self._job_pod_runs(ns, pod_name, pod_spec, containers, code)
+            duration = self.job_durations.get(name, self.job_duration)
+            return await self._job_pod_runs(ns, pod_name, pod_spec, containers, code, duration)
         finally:
             job_status.pop("active", None)
 
     async def _job_pod_runs(
-        self, ns: str | None, pod_name: str, pod_spec: dict[str, Any], containers: list[str], code: int
+        self,
+        ns: str | None,
+        pod_name: str,
+        pod_spec: dict[str, Any],
+        containers: list[str],
+        code: int,
+        duration: float,
     ) -> bool:
         actions = {
             e.get("value")
@@ -1646,7 +1683,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             await self._booted(pod_spec.get("nodeName"))
             self._pod_ended(ns, pod_name, containers, 137, "ContainerStatusUnknown")
             return False
-        await asyncio.sleep(self.job_duration)
+        await asyncio.sleep(duration)
         self._pod_ended(ns, pod_name, containers, code, "Completed" if code == 0 else "Error")
         if reboot:
             self._later(self.reboot_delay, lambda: self._booted(pod_spec.get("nodeName")))

@@ -3,7 +3,9 @@
 Cases: ``reset_gpu`` creates one Job from the operator's template, named after the incident, pinned
 to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
 it waits for the Job and a retried call finds the same Job instead of creating another; Kubernetes
-deletes it a week after it finished (``ttlSecondsAfterFinished``: ``kubernetes.jobs.keep_finished``); a failed Job
+deletes it a week after it finished (``ttlSecondsAfterFinished``: ``kubernetes.jobs.keep_finished``);
+one that hangs is stopped by the Job controller at ``kubernetes.jobs.timeout``
+(``activeDeadlineSeconds``) and fails the step with that verdict; a failed Job
 is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
 incident in its environment and fails on a non-zero exit; nothing configured is refused. A template's quantities written as YAML numbers (which the API
 server takes, and the client's models do not) are sent as quantities; a template the client cannot
@@ -195,6 +197,25 @@ async def test_a_template_the_client_cannot_send_is_misconfigured_not_a_defect(
         await make_cluster(jobs={"reset_gpu_template": path}).reset_gpu(NODE, ["0"], incident_id="pc-8")
     assert err.value.reason == "misconfigured"
     assert not [e for e in k8s.log if e.resource == "jobs"]  # refused before sending
+
+
+async def test_a_reset_that_hangs_is_stopped_at_its_deadline_and_fails_its_step(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    """``nvidia-smi --gpu-reset`` can hang on a GPU gone bad: the Job controller ends it at the
+    deadline pitcrew gives it (``kubernetes.jobs.timeout``), its pod deleted, and the step fails
+    on that verdict instead of timing out with the reset still holding the node."""
+    cluster = make_cluster(jobs={"reset_gpu_template": template, "timeout": "2s"})
+    name = job_name("reset_gpu", "pc-11", NODE, "reset-gpu")
+    k8s.job_durations[name] = 60.0
+    with pytest.raises(
+        PermanentError, match="DeadlineExceeded: Job was active longer than specified deadline"
+    ) as err:
+        await cluster.reset_gpu(NODE, ["0"], incident_id="pc-11", rung="reset-gpu")
+    assert err.value.reason == "job_failed"
+    job = k8s.get("jobs", name, "pitcrew-jobs")
+    assert job is not None and job["spec"]["activeDeadlineSeconds"] == 2
+    assert not [n for (kind, _, n) in k8s.objects if kind == "pods" and n.startswith(f"{name}-")]
 
 
 async def test_a_template_that_no_longer_reads_as_a_job_fails_its_action_only(

@@ -9,7 +9,8 @@ no container; ``restartPolicy`` unset or ``Always`` (a pod template's default, w
 takes), or neither ``OnFailure`` nor ``Never``; ``OnFailure`` beside a ``podFailurePolicy``; a
 negative ``ttlSecondsAfterFinished``. A finished Job with ``ttlSecondsAfterFinished`` is deleted
 that long after it finished, its pods with it (the TTL-after-finished controller and the garbage
-collector); one without is kept.
+collector); one without is kept. A Job still running ``activeDeadlineSeconds`` after it started is
+failed (``DeadlineExceeded``), its running pod deleted and a Warning event recorded.
 """
 
 from __future__ import annotations
@@ -147,3 +148,34 @@ async def test_a_finished_job_with_a_ttl_is_deleted_with_its_pods_one_without_is
     await asyncio.sleep(1.3)
     assert k8s.get("jobs", "j", "pitcrew-jobs") is None and not pods_of("j")
     assert k8s.get("jobs", "kept", "pitcrew-jobs") is not None and pods_of("kept")
+
+
+async def test_a_job_past_its_deadline_is_failed_and_its_pod_deleted(k8s: KubeEmulator) -> None:
+    k8s.job_durations["slow"] = 60.0
+    body = _job(
+        {"containers": _CONTAINERS, "restartPolicy": "Never", "nodeName": "gpu-node-02"},
+        activeDeadlineSeconds=1,
+    )
+    body["metadata"]["name"] = "slow"
+    status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew-jobs/jobs", body)
+    assert status == 201
+    for _ in range(60):
+        job = k8s.get("jobs", "slow", "pitcrew-jobs")
+        if job and (job.get("status") or {}).get("conditions"):
+            break
+        await asyncio.sleep(0.05)
+    assert job is not None
+    conditions = [(c["type"], c["reason"], c["message"]) for c in job["status"]["conditions"]]
+    message = "Job was active longer than specified deadline"
+    assert conditions == [
+        ("FailureTarget", "DeadlineExceeded", message),
+        ("Failed", "DeadlineExceeded", message),
+    ]
+    assert job["status"]["failed"] == 1 and "active" not in job["status"]
+    assert not [n for (kind, _, n) in k8s.objects if kind == "pods" and n.startswith("slow-")]
+    warned = [
+        e
+        for (kind, _, _), e in k8s.objects.items()
+        if kind == "events" and e.get("reason") == "DeadlineExceeded"
+    ]
+    assert [e["involvedObject"]["name"] for e in warned] == ["slow"]

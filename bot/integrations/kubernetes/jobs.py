@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -35,6 +36,9 @@ from bot.integrations.kubernetes.replace import run_command
 
 #: How often a running Job is read (its own requests count against the shared rate limit).
 POLL_SECONDS = 1.0
+#: Seconds a Job is waited for past its deadline: the Job controller fails it at the deadline
+#: (``DeadlineExceeded``), within a sync or two.
+DEADLINE_GRACE = 15.0
 _SUCCEEDED = ("Complete", "SuccessCriteriaMet")
 _FAILED = ("Failed", "FailureTarget")
 
@@ -104,10 +108,13 @@ def pinned_job(
     env: dict[str, str],
     rung: str = "",
     keep: timedelta | None = None,
+    deadline: timedelta | None = None,
 ) -> dict[str, Any]:
     """The template with pitcrew's name, node pinning, tolerations and environment filled in (and its
     quantities as the client sends them, ``_quantities``); ``keep``: how long Kubernetes keeps it
-    once finished (``ttlSecondsAfterFinished``; ``None``: for ever)."""
+    once finished (``ttlSecondsAfterFinished``; ``None``: for ever); ``deadline``: how long it may
+    run before the Job controller stops it, where the template sets none (``activeDeadlineSeconds``:
+    a reset that hangs on a GPU gone bad is ended, never left holding the node)."""
     job = copy.deepcopy(template)
     job.setdefault("apiVersion", "batch/v1")
     job.setdefault("kind", "Job")
@@ -121,6 +128,8 @@ def pinned_job(
     spec.setdefault("backoffLimit", 0)
     if keep is not None:
         spec["ttlSecondsAfterFinished"] = int(keep.total_seconds())
+    if deadline is not None:
+        spec.setdefault("activeDeadlineSeconds", max(math.ceil(deadline.total_seconds()), 1))
     pod = spec.setdefault("template", {}).setdefault("spec", {})
     pod["nodeName"] = node
     pod["restartPolicy"] = pod.get("restartPolicy") or JOB_RESTART_POLICIES[0]
@@ -206,6 +215,7 @@ class Jobs:
             env=env,
             rung=rung,
             keep=self._settings.keep_finished,
+            deadline=self._settings.timeout,
         )
         try:
             creating = self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout)
@@ -218,7 +228,9 @@ class Jobs:
         except TransientError as exc:
             if exc.reason != Reason.CONFLICT:  # 409 AlreadyExists: created before a retry or restart
                 raise
-        deadline = time.monotonic() + budget
+        # The Job controller ends it at its deadline (``activeDeadlineSeconds``, the budget unless the
+        # template set one): waited for a little longer, its verdict is read, not a timeout.
+        deadline = time.monotonic() + budget + DEADLINE_GRACE
         while time.monotonic() < deadline:
             job = await call(
                 f"read Job {namespace}/{name}",
