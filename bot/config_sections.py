@@ -682,8 +682,9 @@ class KubernetesJobSettings(_Section):
     )
     timeout: Duration = Field(
         default=timedelta(minutes=10),
-        description="Job or command deadline; a Job's `activeDeadlineSeconds` where its template sets none, so "
-        "the Job controller stops one that hangs (a reset on a GPU gone bad) instead of leaving it on the node.",
+        description="Job or command deadline; the reset Job's `activeDeadlineSeconds` where its template sets "
+        "none, so the Job controller stops a reset that hangs on a GPU gone bad instead of leaving it on the node "
+        "(a reboot's and a validation's run as long as they take: a slow boot, a long diagnostic).",
     )
     keep_finished: Duration = Field(
         default=timedelta(days=7),

@@ -4,8 +4,10 @@ Cases: ``reset_gpu`` creates one Job from the operator's template, named after t
 to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
 it waits for the Job and a retried call finds the same Job instead of creating another; Kubernetes
 deletes it a week after it finished (``ttlSecondsAfterFinished``: ``kubernetes.jobs.keep_finished``);
-one that hangs is stopped by the Job controller at ``kubernetes.jobs.timeout``
-(``activeDeadlineSeconds``) and fails the step with that verdict; a failed Job
+a reset that hangs is stopped by the Job controller at ``kubernetes.jobs.timeout``
+(``activeDeadlineSeconds``) and fails the step with that verdict, while a reboot's and a
+validation's Jobs get no deadline of pitcrew's (a slow boot, a long diagnostic), a template's own
+kept; a failed Job
 is a ``PermanentError`` carrying the container's exit code; ``reboot`` by command gets the node and
 incident in its environment and fails on a non-zero exit; nothing configured is refused. A template's quantities written as YAML numbers (which the API
 server takes, and the client's models do not) are sent as quantities; a template the client cannot
@@ -153,6 +155,8 @@ async def test_each_rung_of_an_incident_runs_its_own_job_and_a_retry_finds_its_o
     }
     assert runs == {(NODE, "reboot-then-replace"), (NODE, "replace-node"), ("gpu-node-09", "replace-node")}
     assert {j["spec"]["ttlSecondsAfterFinished"] for j in jobs} == {2 * 3600}
+    # A validation runs as long as its diagnostic: no deadline but its template's own.
+    assert not [j for j in jobs if "activeDeadlineSeconds" in j["spec"]]
     names = [j["metadata"]["name"] for j in jobs]
     assert len(names) == 3 and all(len(n) <= 63 and n.startswith("pitcrew-validation-pc-5-") for n in names)
 
@@ -216,6 +220,32 @@ async def test_a_reset_that_hangs_is_stopped_at_its_deadline_and_fails_its_step(
     job = k8s.get("jobs", name, "pitcrew-jobs")
     assert job is not None and job["spec"]["activeDeadlineSeconds"] == 2
     assert not [n for (kind, _, n) in k8s.objects if kind == "pods" and n.startswith(f"{name}-")]
+
+
+async def test_only_a_reset_gets_pitcrew_s_deadline_a_template_s_own_is_kept(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, tmp_path: Path
+) -> None:
+    plain, bounded = tmp_path / "plain.yaml", tmp_path / "bounded.yaml"
+    plain.write_text(yaml.safe_dump(TEMPLATE))
+    bounded.write_text(yaml.safe_dump({"spec": {**TEMPLATE["spec"], "activeDeadlineSeconds": 3600}}))
+    k8s.reboot_job_reports_success = True
+    cluster = make_cluster(
+        jobs={"reboot_template": plain, "validation_template": bounded, "reset_gpu_template": bounded}
+    )
+    await cluster.reset_gpu(NODE, ["0"], incident_id="pc-12", rung="reset-gpu")
+    await cluster.reboot(NODE, incident_id="pc-12", rung="reboot-node")
+    assert await cluster.validate(NODE, incident_id="pc-12", rung="reboot-node") is True
+    deadlines = {
+        action: (k8s.get("jobs", job_name(action, "pc-12", NODE, rung), "pitcrew-jobs") or {})["spec"].get(
+            "activeDeadlineSeconds"
+        )
+        for action, rung in (
+            ("reset_gpu", "reset-gpu"),
+            ("reboot", "reboot-node"),
+            ("validation", "reboot-node"),
+        )
+    }
+    assert deadlines == {"reset_gpu": 3600, "reboot": None, "validation": 3600}
 
 
 async def test_a_template_that_no_longer_reads_as_a_job_fails_its_action_only(

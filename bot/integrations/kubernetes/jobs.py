@@ -39,6 +39,13 @@ POLL_SECONDS = 1.0
 #: Seconds a Job is waited for past its deadline: the Job controller fails it at the deadline
 #: (``DeadlineExceeded``), within a sync or two.
 DEADLINE_GRACE = 15.0
+#: The actions whose Job pitcrew gives a deadline (``kubernetes.jobs.timeout``) where the template
+#: sets none: a GPU reset takes seconds, and one that hangs on a GPU gone bad would hold the node.
+#: Not a reboot, whose pod ends with the node and whose verdict is the new boot id (a server with
+#: eight GPUs can take over ten minutes to boot): a deadline would fail a slow boot. Not a
+#: validation, whose length is the site's diagnostic (``dcgmi diag -r 3`` runs for tens of
+#: minutes): its template says, with ``activeDeadlineSeconds`` of its own.
+DEADLINED = frozenset({"reset_gpu"})
 _SUCCEEDED = ("Complete", "SuccessCriteriaMet")
 _FAILED = ("Failed", "FailureTarget")
 
@@ -70,11 +77,13 @@ def templates(settings: KubernetesJobSettings) -> dict[str, dict[str, Any]]:
     """The configured Job templates by action (``JOB_ACTIONS``), each read and checked
     (``bot.config.read_job_template``, which raises ``ConfigError``)."""
     return {
-        action: template for action in JOB_ACTIONS if (template := _template(settings, action)) is not None
+        action: template
+        for action in JOB_ACTIONS
+        if (template := _read_template(settings, action)) is not None
     }
 
 
-def _template(settings: KubernetesJobSettings, action: str) -> dict[str, Any] | None:
+def _read_template(settings: KubernetesJobSettings, action: str) -> dict[str, Any] | None:
     path: Path | None = getattr(settings, f"{action}_template")
     return None if path is None else read_job_template(path, f"kubernetes.jobs.{action}_template")
 
@@ -191,7 +200,7 @@ class Jobs:
         as a Job is a misconfiguration of that action, named, with nothing sent."""
         if action not in self._templates:
             try:
-                self._templates[action] = _template(self._settings, action)
+                self._templates[action] = _read_template(self._settings, action)
             except ConfigError as exc:
                 raise PermanentError(str(exc), reason=Reason.MISCONFIGURED) from None
         return self._templates[action]
@@ -215,7 +224,7 @@ class Jobs:
             env=env,
             rung=rung,
             keep=self._settings.keep_finished,
-            deadline=self._settings.timeout,
+            deadline=self._settings.timeout if action in DEADLINED else None,
         )
         try:
             creating = self._batch.create_namespaced_job(namespace, body, _request_timeout=self._timeout)
@@ -228,9 +237,10 @@ class Jobs:
         except TransientError as exc:
             if exc.reason != Reason.CONFLICT:  # 409 AlreadyExists: created before a retry or restart
                 raise
-        # The Job controller ends it at its deadline (``activeDeadlineSeconds``, the budget unless the
-        # template set one): waited for a little longer, its verdict is read, not a timeout.
-        deadline = time.monotonic() + budget + DEADLINE_GRACE
+        # The Job controller ends one with a deadline (``activeDeadlineSeconds``: the budget, unless
+        # the template set its own): waited for a little longer, its verdict is read, not a timeout.
+        grace = DEADLINE_GRACE if "activeDeadlineSeconds" in body["spec"] else 0.0
+        deadline = time.monotonic() + budget + grace
         while time.monotonic() < deadline:
             job = await call(
                 f"read Job {namespace}/{name}",
