@@ -235,17 +235,17 @@ def read_job_template(path: Path, key: str) -> dict[str, Any]:
     for field, wanted in (("kind", "Job"), ("apiVersion", "batch/v1")):
         if job.get(field, wanted) != wanted:
             raise ConfigError(f"{key}: {path} has {field} {job[field]}, not {wanted}")
-    spec = job.get("spec")
-    if isinstance(spec, dict) and "ttlSecondsAfterFinished" in spec:
+    found_spec = job.get("spec")
+    spec: dict[str, Any] = found_spec if isinstance(found_spec, dict) else {}
+    if "ttlSecondsAfterFinished" in spec:
         raise ConfigError(
             f"{key}: {path} sets spec.ttlSecondsAfterFinished, which is pitcrew's: set "
             "kubernetes.jobs.keep_finished (a Job deleted before its verdict is read would run again)"
         )
-    template = spec.get("template") if isinstance(spec, dict) else None
+    template = spec.get("template")
     pod = template.get("spec") if isinstance(template, dict) else None
     if not isinstance(pod, dict) or not isinstance(pod.get("containers"), list) or not pod["containers"]:
         raise ConfigError(f"{key}: {path} has no container in spec.template.spec.containers")
-    assert isinstance(spec, dict)
     policy = pod.get("restartPolicy") or JOB_RESTART_POLICIES[0]
     if policy not in JOB_RESTART_POLICIES:
         raise ConfigError(
