@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,11 +28,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     collectors, fields = load_collectors(args.collectors) if args.collectors else (DEFAULT_COLLECTORS, FIELDS)
     label = None if args.hostname_label == "none" else args.hostname_label
     ports = [int(port) + i if int(port) else 0 for i in range(len(names))]
-    # Before the nodes are announced: whoever reads them may stop this at once (a test under load
-    # did, and the default action ended the process before the handler was set).
-    stopped = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopped.set())
+    # The stop signals are blocked before the nodes are announced (whoever reads them may stop this
+    # at once: a test under load did, and the default action ended the process) and before the
+    # servers' thread starts (it inherits the mask), then waited for: one sent early stays pending.
+    # No handler: one that set an Event deadlocked when the signal came while this thread held the
+    # Event's lock inside its own wait (a CI run hung there; a handler calling Event.set under a
+    # stream of signals hangs its waiting main thread within a second).
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     standin = Standin(
         names,
         host=host,
@@ -44,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         hostname_label=label,
     ).start()
     print(json.dumps({"nodes": {n: standin.address(n) for n in names}}), flush=True)
-    stopped.wait()
+    signal.sigwait(stops)
     standin.stop()
 
 

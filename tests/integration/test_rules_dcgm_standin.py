@@ -11,7 +11,9 @@ Cases:
   readings freeze (one GPU, not its neighbours) until the GPU is cleared;
 - the shipped collectors CSV loads and decides which families appear;
 - the HTTP API: /metrics, /inject, /clear, an exporter answering 500, bad requests;
-- ``python -m proving_ground.dcgm`` serves each node on its own port and stops on SIGTERM.
+- ``python -m proving_ground.dcgm`` serves each node on its own port and stops on SIGTERM, and
+  on a storm of stop signals too (a handler setting an Event deadlocked when a signal came while
+  the main thread held that Event's lock: a CI run hung there).
 """
 
 from __future__ import annotations
@@ -206,19 +208,21 @@ def test_http_api_injects_clears_and_fails_on_request() -> None:
         assert not state["http_500"] and state["gpus"][3]["xid_total"] == {}
 
 
+PROGRAM = [
+    sys.executable,
+    "-m",
+    "proving_ground.dcgm",
+    "--nodes",
+    "n1,n2",
+    "--listen",
+    "127.0.0.1:0",
+    "--collectors",
+    str(COLLECTORS_CSV),
+]
+
+
 def test_runs_as_a_program_one_port_per_node() -> None:
-    argv = [
-        sys.executable,
-        "-m",
-        "proving_ground.dcgm",
-        "--nodes",
-        "n1,n2",
-        "--listen",
-        "127.0.0.1:0",
-        "--collectors",
-        str(COLLECTORS_CSV),
-    ]
-    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(PROGRAM, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
         try:
             assert proc.stdout is not None
             nodes = json.loads(proc.stdout.readline())["nodes"]
@@ -226,6 +230,20 @@ def test_runs_as_a_program_one_port_per_node() -> None:
             with urllib.request.urlopen(f"http://{nodes['n2']}/metrics", timeout=5) as response:
                 assert 'Hostname="n2"' in response.read().decode()
             proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            stop_process(proc)
+
+
+def test_a_storm_of_stop_signals_stops_the_program_cleanly() -> None:
+    with subprocess.Popen(PROGRAM, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        try:
+            assert proc.stdout is not None
+            json.loads(proc.stdout.readline())
+            for sent in range(2000):
+                if proc.poll() is not None:
+                    break
+                proc.send_signal(signal.SIGTERM if sent % 2 else signal.SIGINT)
             assert proc.wait(timeout=10) == 0
         finally:
             stop_process(proc)
