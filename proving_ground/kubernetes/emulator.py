@@ -1654,6 +1654,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
         job_status.setdefault("startTime", now_iso())
         job_status["active"] = 1
         self.bump(job)
+        node = self.objects.get(("nodes", None, pod_spec.get("nodeName") or ""))
+        if resources.untolerated_no_execute(pod_spec, node):
+            job_status.pop("active", None)
+            self._kubelet_rejects(ns, pod_name)
+            return False
         try:
             duration = self.job_durations.get(name, self.job_duration)
             return await self._job_pod_runs(ns, pod_name, pod_spec, containers, code, duration)
@@ -1688,6 +1693,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if reboot:
             self._later(self.reboot_delay, lambda: self._booted(pod_spec.get("nodeName")))
         return code == 0
+
+    def _kubelet_rejects(self, ns: str | None, pod_name: str) -> None:
+        """The kubelet's admission refuses a pod bound to a node with a ``NoExecute`` taint it does
+        not tolerate (``rejectPod``): Failed with the predicate's name and message, no container
+        run, and a Warning event on the pod."""
+        pod = self.objects[("pods", ns, pod_name)]
+        message = "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
+        pod["status"] = {
+            "phase": "Failed",
+            "reason": "TaintToleration",
+            "message": f"Pod was rejected: {message}",
+        }
+        self.bump(pod)
+        self._warn(pod, "Pod", "v1", "TaintToleration", message, "kubelet")
 
     def _pod_ended(
         self, ns: str | None, pod_name: str, containers: list[str], code: int, reason: str

@@ -262,6 +262,16 @@ def _requests(pod: dict[str, Any]) -> dict[str, Decimal]:
     return total
 
 
+def untolerated_no_execute(pod_spec: dict[str, Any], node: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The node's ``NoExecute`` taints the pod does not tolerate: what the kubelet's admission
+    checks of a pod bound to it (``pkg/kubelet/lifecycle/predicate.go``: "Kubelet is only
+    interested in the NoExecute taint"), scheduler or not; a ``NoSchedule`` taint only the
+    scheduler reads, so a pod given ``nodeName`` passes it."""
+    taints = ((node or {}).get("spec") or {}).get("taints") or []
+    tolerations = pod_spec.get("tolerations") or []
+    return [t for t in taints if t.get("effect") == "NoExecute" and not _tolerated(t, tolerations)]
+
+
 def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
     """``v1.Toleration.ToleratesTaint``: an empty key with ``Exists`` tolerates every taint; an
     empty effect every effect."""

@@ -4,7 +4,9 @@ Cases: ``reset_gpu`` creates one Job from the operator's template, named after t
 to the node by ``nodeName``, tolerating pitcrew's taint and the cordon, with the PITCREW_* environment;
 it waits for the Job and a retried call finds the same Job instead of creating another; Kubernetes
 deletes it a week after it finished (``ttlSecondsAfterFinished``: ``kubernetes.jobs.keep_finished``);
-a reset that hangs is stopped by the Job controller at ``kubernetes.jobs.timeout``
+the Job tolerates every ``NoExecute`` taint (the kubelet refuses a pod bound to a node with one it
+does not tolerate; a node under repair may carry another tool's quarantine); a reset that hangs
+is stopped by the Job controller at ``kubernetes.jobs.timeout``
 (``activeDeadlineSeconds``) and fails the step with that verdict, while a reboot's and a
 validation's Jobs get no deadline of pitcrew's (a slow boot, a long diagnostic), a template's own
 kept; a failed Job
@@ -246,6 +248,24 @@ async def test_only_a_reset_gets_pitcrew_s_deadline_a_template_s_own_is_kept(
         )
     }
     assert deadlines == {"reset_gpu": 3600, "reboot": None, "validation": 3600}
+
+
+async def test_a_reset_runs_on_a_node_another_tool_quarantined_with_a_no_execute_taint(
+    make_cluster: Callable[..., KubernetesCluster], k8s: KubeEmulator, template: Path
+) -> None:
+    """A node under repair may carry another tool's ``NoExecute`` taint (a health checker's
+    quarantine). The kubelet refuses a pod bound to it that does not tolerate that taint
+    (``nodeName`` skips only the scheduler): the repair Job tolerates every ``NoExecute`` taint."""
+    node = k8s.get("nodes", NODE)
+    assert node is not None
+    node["spec"].setdefault("taints", []).append(
+        {"key": "health.example.com/quarantine", "value": "gpu", "effect": "NoExecute"}
+    )
+    cluster = make_cluster(jobs={"reset_gpu_template": template})
+    await cluster.reset_gpu(NODE, ["0"], incident_id="pc-13", rung="reset-gpu")
+    job = k8s.get("jobs", job_name("reset_gpu", "pc-13", NODE, "reset-gpu"), "pitcrew-jobs")
+    assert job is not None and job["status"]["succeeded"] == 1
+    assert {"operator": "Exists", "effect": "NoExecute"} in job["spec"]["template"]["spec"]["tolerations"]
 
 
 async def test_a_template_that_no_longer_reads_as_a_job_fails_its_action_only(

@@ -10,7 +10,10 @@ takes), or neither ``OnFailure`` nor ``Never``; ``OnFailure`` beside a ``podFail
 negative ``ttlSecondsAfterFinished``. A finished Job with ``ttlSecondsAfterFinished`` is deleted
 that long after it finished, its pods with it (the TTL-after-finished controller and the garbage
 collector); one without is kept. A Job still running ``activeDeadlineSeconds`` after it started is
-failed (``DeadlineExceeded``), its running pod deleted and a Warning event recorded.
+failed (``DeadlineExceeded``), its running pod deleted and a Warning event recorded. The kubelet
+refuses a Job's pod bound to a node with a ``NoExecute`` taint it does not tolerate (Failed,
+``TaintToleration``, no container run, a Warning event), and the Job fails; a ``NoSchedule``
+taint does not stop it (only the scheduler reads those).
 """
 
 from __future__ import annotations
@@ -179,3 +182,37 @@ async def test_a_job_past_its_deadline_is_failed_and_its_pod_deleted(k8s: KubeEm
         if kind == "events" and e.get("reason") == "DeadlineExceeded"
     ]
     assert [e["involvedObject"]["name"] for e in warned] == ["slow"]
+
+
+@pytest.mark.parametrize(("effect", "runs"), [("NoExecute", False), ("NoSchedule", True)])
+async def test_the_kubelet_refuses_a_job_pod_that_does_not_tolerate_a_no_execute_taint(
+    k8s: KubeEmulator, effect: str, runs: bool
+) -> None:
+    node = k8s.get("nodes", "gpu-node-02")
+    assert node is not None
+    node["spec"].setdefault("taints", []).append({"key": "health.example.com/quarantine", "effect": effect})
+    body = _job(
+        {"containers": _CONTAINERS, "restartPolicy": "Never", "nodeName": "gpu-node-02"}, backoffLimit=0
+    )
+    status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew-jobs/jobs", body)
+    assert status == 201
+    for _ in range(60):
+        job = k8s.get("jobs", "j", "pitcrew-jobs")
+        if job and (job.get("status") or {}).get("conditions"):
+            break
+        await asyncio.sleep(0.05)
+    assert job is not None
+    assert [c["type"] for c in job["status"]["conditions"]][-1] == ("Complete" if runs else "Failed")
+    [pod] = [p for (kind, _, n), p in k8s.objects.items() if kind == "pods" and n.startswith("j-")]
+    if runs:
+        assert pod["status"]["phase"] == "Succeeded"
+        return
+    assert pod["status"]["phase"] == "Failed" and pod["status"]["reason"] == "TaintToleration"
+    assert pod["status"]["message"].startswith("Pod was rejected: Predicate TaintToleration failed")
+    assert "containerStatuses" not in pod["status"]
+    warned = [
+        e
+        for (kind, _, _), e in k8s.objects.items()
+        if kind == "events" and e.get("reason") == "TaintToleration"
+    ]
+    assert [e["involvedObject"]["kind"] for e in warned] == ["Pod"]

@@ -3,7 +3,8 @@
 The Job comes from an operator-supplied template; pitcrew only fills in a name derived from
 the incident and the run (``job_name``: a retried or resumed step finds the Job it created
 instead of creating a second; a later rung of the repair ladder makes its own), ``nodeName``,
-a toleration of its own taint and of the cordon, and the PITCREW_* environment. It waits for the Job's terminal condition (``Complete``/``Failed``, or the
+tolerations of its own taint, of the cordon and of every ``NoExecute`` taint, and the PITCREW_*
+environment. It waits for the Job's terminal condition (``Complete``/``Failed``, or the
 ``SuccessCriteriaMet``/``FailureTarget`` the Job controller writes first since 1.31), never for a
 pod count: with ``backoffLimit > 0`` a first failed pod is not the Job's verdict. A Job whose pod
 is never created (Pod Security refusing a privileged pod, a quota) has no condition at all: its
@@ -148,6 +149,9 @@ def pinned_job(
         *(pod.get("tolerations") or []),
         {"key": taint.key, "operator": "Exists", "effect": taint.effect},
         {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        # Every NoExecute taint: the kubelet refuses a pod bound to a node with one it does not
+        # tolerate, and a node under repair may carry another tool's (a health checker's quarantine).
+        {"operator": "Exists", "effect": "NoExecute"},
     ]
     for container in pod.get("containers") or []:
         container["env"] = [*(container.get("env") or []), *({"name": k, "value": v} for k, v in env.items())]
@@ -292,4 +296,7 @@ class Jobs:
                 terminated = status.state.terminated if status.state else None
                 if terminated is not None and terminated.exit_code:
                     return f"container {status.name} exited {terminated.exit_code} ({terminated.reason or 'Error'})"
+        for pod in pods.items:  # refused before any container ran (the kubelet's admission, say)
+            if pod.status and pod.status.phase == "Failed" and pod.status.reason:
+                return f"pod {pod.metadata.name} {pod.status.reason}: {pod.status.message or ''}".rstrip(": ")
         return "no exit code reported"
