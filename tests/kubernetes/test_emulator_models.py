@@ -76,6 +76,18 @@ def _job(pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
 _CONTAINERS = [{"name": "c", "image": "x"}]
 
 
+async def _finished(k8s: KubeEmulator, name: str, namespace: str = "pitcrew-jobs") -> dict[str, Any]:
+    """The Job once its controller has written a condition (a verdict), within three seconds."""
+    for _ in range(60):
+        job = k8s.get("jobs", name, namespace)
+        if job and (job.get("status") or {}).get("conditions"):
+            return job
+        await asyncio.sleep(0.05)
+    raise AssertionError(
+        f"Job {namespace}/{name} has no verdict after 3s: {k8s.get('jobs', name, namespace)}"
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "cause", "message"),
     [
@@ -142,11 +154,8 @@ async def test_a_finished_job_with_a_ttl_is_deleted_with_its_pods_one_without_is
     def pods_of(job: str) -> list[str]:
         return [n for (kind, _, n), pod in k8s.objects.items() if kind == "pods" and n.startswith(f"{job}-")]
 
-    for _ in range(50):  # both finished, the TTL not yet passed
-        finished = [k8s.get("jobs", name, "pitcrew-jobs") for name in ("j", "kept")]
-        if all(job and (job.get("status") or {}).get("succeeded") for job in finished):
-            break
-        await asyncio.sleep(0.05)
+    for name in ("j", "kept"):  # both finished, the TTL not yet passed
+        assert (await _finished(k8s, name))["status"]["succeeded"] == 1
     assert pods_of("j") and pods_of("kept")
     await asyncio.sleep(1.3)
     assert k8s.get("jobs", "j", "pitcrew-jobs") is None and not pods_of("j")
@@ -162,12 +171,7 @@ async def test_a_job_past_its_deadline_is_failed_and_its_pod_deleted(k8s: KubeEm
     body["metadata"]["name"] = "slow"
     status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew-jobs/jobs", body)
     assert status == 201
-    for _ in range(60):
-        job = k8s.get("jobs", "slow", "pitcrew-jobs")
-        if job and (job.get("status") or {}).get("conditions"):
-            break
-        await asyncio.sleep(0.05)
-    assert job is not None
+    job = await _finished(k8s, "slow")
     conditions = [(c["type"], c["reason"], c["message"]) for c in job["status"]["conditions"]]
     message = "Job was active longer than specified deadline"
     assert conditions == [
@@ -196,12 +200,7 @@ async def test_the_kubelet_refuses_a_job_pod_that_does_not_tolerate_a_no_execute
     )
     status, _ = await _post(k8s.host, "/apis/batch/v1/namespaces/pitcrew-jobs/jobs", body)
     assert status == 201
-    for _ in range(60):
-        job = k8s.get("jobs", "j", "pitcrew-jobs")
-        if job and (job.get("status") or {}).get("conditions"):
-            break
-        await asyncio.sleep(0.05)
-    assert job is not None
+    job = await _finished(k8s, "j")
     assert [c["type"] for c in job["status"]["conditions"]][-1] == ("Complete" if runs else "Failed")
     [pod] = [p for (kind, _, n), p in k8s.objects.items() if kind == "pods" and n.startswith("j-")]
     if runs:
