@@ -66,10 +66,12 @@ def train(
         event("SIGTERM")
         sys.exit(143)
 
-    asked = threading.Event()
+    # A flag, not a threading.Event: a handler's Event.set takes the Event's lock, and a second
+    # signal landing inside the first handler would wait for that lock for ever.
+    asked: list[bool] = []
 
     def on_usr1(signum: int, frame: object) -> None:
-        asked.set()  # written after the step under way, as a framework would at a step boundary
+        asked.append(True)  # written after the step under way, as a framework would at a step boundary
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGUSR1, on_usr1)
@@ -78,7 +80,7 @@ def train(
     while step < steps:
         time.sleep(interval)
         step += 1
-        hold = asked.is_set()
+        hold = bool(asked)
         if step % every == 0 or hold:
             _write(ckpt, f"{step}\n")
             saved = step
