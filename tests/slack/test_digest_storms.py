@@ -4,7 +4,9 @@ Through ``SlackDestination.deliver`` with a real SQLite store and the stand-in: 
 by ingesting deliveries at chosen times, their notices come from the outbox as the sender reads
 them. Cases: the first ``threshold - 1`` incidents of each storm get threads, the rest join the
 storm's digest; the second storm does not join the first one's digest; a notice of a first-storm
-incident delivered during the second storm updates the first digest, not the second.
+incident delivered during the second storm updates the first digest, not the second. A state change
+committed after a digest write read the store is shown by the next one, though the engine stamped
+it earlier than that read (a breaker's quiet suppression, whose only item is its ``state`` event).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.domain.faults import Fault
+from bot.domain.incident import State
 from bot.engine.ports import Notice
+from bot.integrations.slack import EVENTS
 from bot.integrations.slack.outbound import SlackDestination, SlackLinks
 from bot.store.base import Delivery, IncomingAlert, NewEvent
 from bot.store.sqlite import SqliteStore
@@ -81,5 +85,56 @@ async def test_each_storm_has_its_digest(slack: SlackStandin, bot: AsyncWebClien
         assert (await destination.deliver(late) or "").startswith("digest:")
         assert (len(digests[0].updates), len(digests[1].updates)) == (versions[0] + 1, versions[1])
         assert second
+    finally:
+        await store.close()
+
+
+async def test_a_state_change_stamped_before_a_digest_read_is_shown(
+    slack: SlackStandin, bot: AsyncWebClient, tmp_path: Path
+) -> None:
+    now = [T0]
+    store = SqliteStore(tmp_path / "p.db")
+    store.route_events(EVENTS, "slack")  # as build_app routes them: a state change is an item too
+    await store.open()
+    try:
+        destination = SlackDestination(
+            bot,
+            store,
+            SlackLinks("C0GPUOPS", digest_window=timedelta(minutes=2), digest_threshold=3),
+            lambda: now[0],
+        )
+
+        async def deliver_pending() -> None:
+            for item in await store.outbox_pending("slack"):
+                await store.outbox_delivered(item.id, await destination.deliver(item), now[0])
+
+        ids = []
+        for n in range(5):
+            now[0] = T0 + timedelta(seconds=n)
+            ids += (await store.ingest(_delivery(f"n-{n}", now[0]), now[0])).opened
+            notice = Notice(ids[-1], "incident", f"n-{n}: XID 79", ("fell off the bus",), node=f"n-{n}")
+            await store.enqueue(
+                ids[-1],
+                NewEvent("notice"),
+                "incident",
+                {**notice.record(), "node": f"n-{n}"},
+                ["slack"],
+                now[0],
+            )
+        stamped = now[0]  # the engine's time when it decided, before its transaction commits
+        now[0] += timedelta(seconds=2)
+        await deliver_pending()  # the digest reads the store: the last incident is open
+        digest = next(m for m in slack.api.channel_view("C0GPUOPS") if "storm" in m.text)
+        assert "n-4 — XID 79 gpu3 — open" in repr(digest.blocks), digest.blocks
+        await store.transition(
+            ids[-1],
+            State.SUPPRESSED,
+            stamped,
+            outcome="circuit breaker open",
+            event=NewEvent("state", outcome="suppressed", detail="circuit breaker open"),
+        )
+        await deliver_pending()
+        digest = next(m for m in slack.api.channel_view("C0GPUOPS") if "storm" in m.text)
+        assert "n-4 — XID 79 gpu3 — suppressed" in repr(digest.blocks), digest.blocks
     finally:
         await store.close()

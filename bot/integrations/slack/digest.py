@@ -5,8 +5,13 @@ would take minutes and bury the channel. Once ``digest_threshold`` incidents hav
 ``digest_window``, the next ones join one **digest** message instead of opening a thread each:
 nodes, faults, states, and what the circuit breaker held back. The digest is rebuilt from the
 store and updated in place (``chat.update``) at most once a second and within the method's rate
-tier (``updates.ChatUpdates``), so a notice written before the last update is already shown and
-needs no call of its own.
+tier (``updates.ChatUpdates``), so a notice committed before the last update read the store is
+already shown and needs no call of its own: one whose outbox id is at most the newest of the
+items waiting when that update began to read (``_SEEN``). Outbox ids are taken in commit order (the store's writes run one at a time,
+under its write lock), and every change of an incident's state commits a ``state`` item of its
+own. A timestamp would not do: an item is stamped with the engine's time before its transaction
+commits, so a read between the two saw it "before" and missed the change it carries (a node the
+breaker held stayed "open" in the digest, as no later notice came for it).
 
 What the digest remembers lives in the outbox's references: ``digest`` names the current one,
 ``digest:<ts>`` holds each one's span (first and last incident opening); a member incident's
@@ -33,6 +38,9 @@ from bot.store.base import IncidentRecord, OutboxItem, Store
 NAME = "slack"
 PREFIX = "digest:"
 _EVERY = 1.0  # seconds between two writes of one digest
+#: How many waiting items a write reads to learn the newest committed before it reads the
+#: incidents (a storm's backlog; more only makes the next write's skip shorter, never wrong).
+_SEEN = 5000
 Post = Callable[[OutboxItem, Message], Awaitable[str]]
 
 
@@ -53,7 +61,7 @@ class StormDigest:
         self._threshold = threshold
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._covered: dict[str, datetime] = {}  # digest ts → items created before this are shown
+        self._covered: dict[str, int] = {}  # digest ts → outbox items up to this id are shown
         self._written: dict[str, float] = {}  # digest ts → monotonic time of its last write
 
     async def joins(self, incident: IncidentRecord) -> bool:
@@ -77,13 +85,16 @@ class StormDigest:
                     doc = None  # that storm is over: this is a new one
             ts: str | None = str(doc["ts"]) if doc else None
             covered = self._covered.get(ts) if ts is not None else None
-            if ts is not None and covered is not None and item.created_at <= covered:
-                return PREFIX + ts  # a write after this item was made shows it already
+            if ts is not None and covered is not None and item.id <= covered:
+                return PREFIX + ts  # a write that read the store after this item committed shows it
             if ts is not None:
                 wait = self._written.get(ts, 0.0) + _EVERY - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            read_at = self._clock()
+            # Everything committed before the incidents are read is shown by this write: the items
+            # waiting now, read first, and the one being delivered.
+            waiting = await self._store.outbox_pending(NAME, limit=_SEEN)
+            seen = max((i.id for i in waiting), default=item.id)
             incidents = await self._store.incidents(limit=1000)
             since = (
                 _at(doc["since"])
@@ -119,7 +130,7 @@ class StormDigest:
             current = await self._current()
             if current is None or _at(current["last"]) <= last:
                 await self._store.set_outbox_ref(NAME, "digest", ts, now)
-            self._covered[ts], self._written[ts] = read_at, time.monotonic()
+            self._covered[ts], self._written[ts] = max(seen, item.id, covered or 0), time.monotonic()
             return PREFIX + ts
 
     async def active(self) -> bool:
