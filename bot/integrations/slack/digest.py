@@ -7,9 +7,9 @@ nodes, faults, states, and what the circuit breaker held back. The digest is reb
 store and updated in place (``chat.update``) at most once a second and within the method's rate
 tier (``updates.ChatUpdates``), so a notice committed before the last update read the store is
 already shown and needs no call of its own: one whose outbox id is at most the newest of the
-items waiting when that update began to read (``_SEEN``). Outbox ids are taken in commit order (the store's writes run one at a time,
-under its write lock), and every change of an incident's state commits a ``state`` item of its
-own. A timestamp would not do: an item is stamped with the engine's time before its transaction
+items waiting when that update began to read (``_SEEN``). Outbox ids are taken in commit order
+(the store's writes run one at a time, under its write lock), and every change of an incident's
+state commits a ``state`` item of its own. A timestamp would not do: an item is stamped with the engine's time before its transaction
 commits, so a read between the two saw it "before" and missed the change it carries (a node the
 breaker held stayed "open" in the digest, as no later notice came for it).
 
@@ -94,7 +94,7 @@ class StormDigest:
             # Everything committed before the incidents are read is shown by this write: the items
             # waiting now, read first, and the one being delivered.
             waiting = await self._store.outbox_pending(NAME, limit=_SEEN)
-            seen = max((i.id for i in waiting), default=item.id)
+            seen = max((i.id for i in waiting), default=0)
             incidents = await self._store.incidents(limit=1000)
             since = (
                 _at(doc["since"])
@@ -130,7 +130,8 @@ class StormDigest:
             current = await self._current()
             if current is None or _at(current["last"]) <= last:
                 await self._store.set_outbox_ref(NAME, "digest", ts, now)
-            self._covered[ts], self._written[ts] = max(seen, item.id, covered or 0), time.monotonic()
+            # This item too: it may lie past the first _SEEN waiting. An earlier cover is below it.
+            self._covered[ts], self._written[ts] = max(seen, item.id), time.monotonic()
             return PREFIX + ts
 
     async def active(self) -> bool:
