@@ -34,17 +34,33 @@ def _delivery(node: str, at: datetime) -> Delivery:
     return Delivery("pitcrew", f"{{node={node}}}", "firing", 0, (alert,))
 
 
+def _destination(bot: AsyncWebClient, store: SqliteStore, now: list[datetime]) -> SlackDestination:
+    """Slack's destination over ``store``, a digest from the third incident in two minutes, on the
+    test's clock (``now[0]``)."""
+    links = SlackLinks("C0GPUOPS", digest_window=timedelta(minutes=2), digest_threshold=3)
+    return SlackDestination(bot, store, links, lambda: now[0])
+
+
+async def _tell_opened(store: SqliteStore, incident: str, node: str, at: datetime) -> None:
+    """The incident notice the engine writes to the outbox for a new incident on ``node``."""
+    notice = Notice(incident, "incident", f"{node}: XID 79", ("fell off the bus",), node=node)
+    await store.enqueue(
+        incident, NewEvent("notice"), "incident", {**notice.record(), "node": node}, ["slack"], at
+    )
+
+
+async def _deliver_pending(store: SqliteStore, destination: SlackDestination, at: datetime) -> None:
+    """What the outbox holds for Slack, delivered in order, as the sender does."""
+    for item in await store.outbox_pending("slack"):
+        await store.outbox_delivered(item.id, await destination.deliver(item), at)
+
+
 async def test_each_storm_has_its_digest(slack: SlackStandin, bot: AsyncWebClient, tmp_path: Path) -> None:
     now = [T0]
     store = SqliteStore(tmp_path / "p.db")
     await store.open()
     try:
-        destination = SlackDestination(
-            bot,
-            store,
-            SlackLinks("C0GPUOPS", digest_window=timedelta(minutes=2), digest_threshold=3),
-            lambda: now[0],
-        )
+        destination = _destination(bot, store, now)
 
         async def storm(start: datetime, prefix: str) -> list[str]:
             ids = []
@@ -52,19 +68,8 @@ async def test_each_storm_has_its_digest(slack: SlackStandin, bot: AsyncWebClien
                 now[0] = start + timedelta(seconds=n)
                 ids += (await store.ingest(_delivery(f"{prefix}-{n}", now[0]), now[0])).opened
             for incident in ids:
-                notice = Notice(
-                    incident, "incident", f"{incident}: XID 79", ("fell off the bus",), node=incident
-                )
-                await store.enqueue(
-                    incident,
-                    NewEvent("notice"),
-                    "incident",
-                    {**notice.record(), "node": incident},
-                    ["slack"],
-                    now[0],
-                )
-            for item in await store.outbox_pending("slack"):
-                await store.outbox_delivered(item.id, await destination.deliver(item), now[0])
+                await _tell_opened(store, incident, incident, now[0])
+            await _deliver_pending(store, destination, now[0])
             return ids
 
         first = await storm(T0, "a")
@@ -97,33 +102,17 @@ async def test_a_state_change_stamped_before_a_digest_read_is_shown(
     store.route_events(EVENTS, "slack")  # as build_app routes them: a state change is an item too
     await store.open()
     try:
-        destination = SlackDestination(
-            bot,
-            store,
-            SlackLinks("C0GPUOPS", digest_window=timedelta(minutes=2), digest_threshold=3),
-            lambda: now[0],
-        )
-
-        async def deliver_pending() -> None:
-            for item in await store.outbox_pending("slack"):
-                await store.outbox_delivered(item.id, await destination.deliver(item), now[0])
-
+        destination = _destination(bot, store, now)
         ids = []
         for n in range(5):
             now[0] = T0 + timedelta(seconds=n)
             ids += (await store.ingest(_delivery(f"n-{n}", now[0]), now[0])).opened
-            notice = Notice(ids[-1], "incident", f"n-{n}: XID 79", ("fell off the bus",), node=f"n-{n}")
-            await store.enqueue(
-                ids[-1],
-                NewEvent("notice"),
-                "incident",
-                {**notice.record(), "node": f"n-{n}"},
-                ["slack"],
-                now[0],
-            )
+            await _tell_opened(store, ids[-1], f"n-{n}", now[0])
         stamped = now[0]  # the engine's time when it decided, before its transaction commits
         now[0] += timedelta(seconds=2)
-        await deliver_pending()  # the digest reads the store: the last incident is open
+        await _deliver_pending(
+            store, destination, now[0]
+        )  # the digest reads the store: the last incident is open
         digest = next(m for m in slack.api.channel_view("C0GPUOPS") if "storm" in m.text)
         assert "n-4 — XID 79 gpu3 — open" in repr(digest.blocks), digest.blocks
         await store.transition(
@@ -133,7 +122,7 @@ async def test_a_state_change_stamped_before_a_digest_read_is_shown(
             outcome="circuit breaker open",
             event=NewEvent("state", outcome="suppressed", detail="circuit breaker open"),
         )
-        await deliver_pending()
+        await _deliver_pending(store, destination, now[0])
         digest = next(m for m in slack.api.channel_view("C0GPUOPS") if "storm" in m.text)
         assert "n-4 — XID 79 gpu3 — suppressed" in repr(digest.blocks), digest.blocks
     finally:
