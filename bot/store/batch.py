@@ -30,6 +30,12 @@ from bot.store.base import StoreUnavailable
 
 log = logger(__name__)
 
+#: The engine's writes one transaction takes at most, in either store (SQLite's writer,
+#: ``bot.store.writer``, beside the deliveries it takes; Postgres's writes,
+#: ``bot.store.postgres._Writes.write``): a delivery that comes meanwhile waits for that
+#: transaction, so its length is bounded.
+ENGINE_WRITES = 16
+
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 

@@ -3,10 +3,10 @@
 Selected by ``store.url: postgresql://…`` (password from ``store.password_file``); SQLite stays
 the embedded default. The schema, every query and every method of the port are SQLite's too
 (``bot.store.schema``, ``queries``, ``ingest``, ``outbox``, ``sqlstore``), rendered in Postgres's
-dialect by ``bot.store.sql``; this module is only how they run here: a pool, one transaction per
-write under the write lock, webhook deliveries many to a transaction (``bot.store.group_commit``:
-one commit for every delivery waiting, as SQLite's writer does) on the connections where
-every write under the write lock commits, one transaction at a time but for the next, begun while
+dialect by ``bot.store.sql``; this module is only how they run here: a pool, writes under the
+write lock, many to a transaction as SQLite's writer commits them (webhook deliveries, every one
+waiting: ``bot.store.group_commit``; the engine's writes, up to ``ENGINE_WRITES``:
+``_Writes.write``), on the connections where every write under the write lock commits, one transaction at a time but for the next, begun while
 one commits, each a task on the event loop (``_Writes``: deliveries before the engine's
 writes, each transaction in as few messages as its answers allow), and the migration bookkeeping.
 
@@ -66,6 +66,7 @@ from bot.store.base import (
     StoreRefused,
     StoreUnavailable,
 )
+from bot.store.batch import ENGINE_WRITES, Answer, each_alone, settle
 from bot.store.expect import Expectations
 from bot.store.group_commit import GroupCommit, Result
 from bot.store.ingest import Seen, bump_seen
@@ -79,7 +80,7 @@ from bot.store.schema import (
     migrations,
     opening,
 )
-from bot.store.sql import POSTGRES, REFUSED, Driving, Op, Stmt, T, one, refused, single
+from bot.store.sql import POSTGRES, REFUSED, Driving, Op, Stmt, T, one, refused, single, together
 from bot.store.sqlstore import SqlStore
 
 log = logger(__name__)
@@ -621,6 +622,8 @@ class _Writes:
     transaction under way (and one committing, below), not for every write an incident's flow
     queued. The engine is not starved: no more than ``DELIVERIES_IN_A_ROW`` (two) batches of
     deliveries run in a row while an engine write waits, so one waits for at most two batches.
+    The engine's writes waiting when their turn comes go in one transaction (``write``, up to
+    ``ENGINE_WRITES``), as the deliveries do.
 
     Once the transaction under way has sent its ``COMMIT``, the next write (waiting, or the
     first to come before that commit is answered) begins at once on a second connection
@@ -673,6 +676,12 @@ class _Writes:
         self._alone_until = -math.inf
         self._idle = _Idle(check_after)
         self._closed = False
+        #: The engine's writes waiting for their group's transaction (``write``), and whether a
+        #: turn for them is put.
+        self._engine: collections.deque[_EngineWrite] = collections.deque()
+        self._engine_put = False
+        #: Groups that failed, being answered (``_answer_failed``).
+        self._failing: set[asyncio.Task[None]] = set()
         #: When a write of this replica last committed (monotonic: ``heard``); -inf after one failed.
         self.committed_at = float("-inf")
 
@@ -689,6 +698,11 @@ class _Writes:
         transaction began leaves it undone; once begun, it commits or fails without the caller."""
         if self._closed:
             raise StoreUnavailable("store is not open")
+        return await self._queue(op, exclusive, first)
+
+    async def _queue(self, op: Op[T], exclusive: bool, first: bool) -> Driving[T]:
+        """``drive``, also once closed: a write of a failed group run alone (``_alone_write``),
+        which closing waits for."""
         done: asyncio.Future[Driving[T]] = asyncio.get_running_loop().create_future()
 
         async def work() -> None:
@@ -712,6 +726,77 @@ class _Writes:
         except _ServerLost as exc:
             await self.failed(exc)
             raise
+
+    async def write(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """An engine write (``make``: its operation, made afresh each time it runs), committed with
+        the engine's other writes waiting when its turn comes, up to ``ENGINE_WRITES`` in one
+        transaction (``together``), as SQLite's writer commits them: its result and whether it
+        routed an event, once committed. If that transaction fails on one of them, each runs again
+        alone (``bot.store.batch.each_alone``) and hears its own outcome; the database's failure is
+        every one's. A caller cancelled before its turn leaves it undone.
+
+        Why: each write of the engine was a transaction under the write lock. A burst of incidents
+        ending at once (``bench/ingest.py``'s stream closes a dozen in its first half-second, five
+        writes each) queued 75 transactions, each taking its turn after two batches of deliveries
+        (``_Lanes``), so a delivery met one in every third turn for as long as the burst lasted."""
+        if self._closed:
+            raise StoreUnavailable("store is not open")
+        waiting = _EngineWrite(make, asyncio.get_running_loop().create_future())
+        self._engine.append(waiting)
+        if not self._engine_put:
+            self._engine_put = True
+            self._put(self._engine_turn, first=False)
+        result: tuple[T, bool] = await waiting.done
+        return result
+
+    async def _engine_turn(self) -> None:
+        """By the writes (a transaction's task): the engine's writes waiting now (up to
+        ``ENGINE_WRITES``) in one transaction; what is left gets a turn of its own, after the
+        deliveries' (``_Lanes``)."""
+        group: list[_EngineWrite] = []
+        while self._engine and len(group) < ENGINE_WRITES:
+            waiting = self._engine.popleft()
+            if not waiting.done.done():  # its caller went before its turn
+                group.append(waiting)
+        self._engine_put = bool(self._engine)
+        if self._engine_put:
+            self._put(self._engine_turn, first=False)
+        if not group:
+            return
+        try:
+            driven = await self._run(together([waiting.make() for waiting in group]), True)
+        except BaseException as exc:  # heard by its callers, never the end of the transaction's task
+            task = asyncio.get_running_loop().create_task(self._answer_failed(group, exc))
+            self._failing.add(task)
+            task.add_done_callback(self._failing.discard)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        settle([waiting.done for waiting in group], driven.result)
+
+    async def _answer_failed(self, group: Sequence[_EngineWrite], exc: BaseException) -> None:
+        """A group that did not commit: the database's failure (``StoreUnavailable``) is every
+        caller's, heard once the store has done what it asks (``failed``); any other is one of the
+        writes' (a fenced write of a deposed leader, a row the database refuses), so each runs
+        alone, before the engine's writes waiting, unless it was alone already."""
+        outcomes: list[Any]
+        if isinstance(exc, StoreUnavailable) or not isinstance(exc, Exception) or len(group) == 1:
+            await self.failed(exc)
+            outcomes = [exc] * len(group)
+        else:
+            log.warning(
+                "the engine's writes failed together; each runs alone",
+                extra={"writes": len(group), "error": str(exc)},
+            )
+            outcomes = list(await each_alone([waiting.make for waiting in group], self._alone_write))
+        settle([waiting.done for waiting in group], outcomes)
+
+    async def _alone_write(
+        self, part: Sequence[Callable[[], Op[Any]]], answer: Answer | None
+    ) -> list[tuple[Any, bool]]:
+        [make] = part
+        driven = await self._queue(make(), True, True)
+        return [(driven.result, driven.wakes)]
 
     # The group commit's view of the writes (``bot.store.group_commit.Writes``).
     def put(self, work: Callable[[], Awaitable[None]]) -> None:
@@ -871,6 +956,8 @@ class _Writes:
 
     async def _close(self) -> None:
         try:
+            while self._failing:  # their writes run again alone first
+                await asyncio.gather(*self._failing)
             await self._drained.wait()
         finally:
             await self._drop()
@@ -915,6 +1002,15 @@ class _Lanes:
 
     def close(self) -> None:
         self.closed = True
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineWrite:
+    """An engine write waiting for its group's transaction (``_Writes.write``): its operation, made
+    afresh each time it runs, and its caller's answer."""
+
+    make: Callable[[], Op[Any]]
+    done: asyncio.Future[tuple[Any, bool]]
 
 
 @dataclass(slots=True, eq=False)
@@ -1310,6 +1406,11 @@ class PostgresStore(SqlStore):
 
     async def _transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
         """One transaction under the write lock (see the module's docstring), on ``_Writes``."""
+        return await self._writes().write(make)
+
+    async def _bulk_transact(self, make: Callable[[], Op[T]]) -> tuple[T, bool]:
+        """A write that may touch many rows (a fleet's watch memory): a transaction of its own, not
+        in a group of the engine's writes (``_Writes.write``), so none waits for it."""
         driven = await self._writes().drive(make())
         return driven.result, driven.wakes
 

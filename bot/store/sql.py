@@ -100,6 +100,27 @@ def single(stmt: Stmt) -> Op[Any]:
     return (yield replace(stmt, last=True))
 
 
+def together(ops: Sequence[Op[Any]]) -> Op[list[tuple[Any, bool]]]:
+    """Several operations in one transaction, one after the other (a group commit of the engine's
+    writes, ``bot.store.postgres._Writes.write``): each one's result and whether it routed a
+    timeline event to an outbox (``Stmt.wakes``), in order. Only the last operation's ``last``
+    statement stays one (Postgres sends ``COMMIT`` with it); an earlier one's is read as any other
+    statement, since more of the transaction follows it."""
+    done: list[tuple[Any, bool]] = []
+    for index, op in enumerate(ops):
+        final = index == len(ops) - 1
+        wakes, answer = False, None
+        while True:
+            try:
+                stmt = op.send(answer)
+            except StopIteration as end:
+                done.append((end.value, wakes))
+                break
+            wakes = wakes or stmt.wakes
+            answer = yield stmt if final or not stmt.last else replace(stmt, last=False)
+    return done
+
+
 _WORD = re.compile(r"\{([a-z_]+)\}")
 _LIST = " IN (?*)"
 #: Terminal incident states (``State.terminal``), as SQL: the same words in both dialects.

@@ -32,6 +32,7 @@ from typing import Any
 from bot.domain.alerts import AlertStatus
 from bot.store import retention
 from bot.store.base import AlertRecord, Delivery, IngestOutcome, Inspection, StoreUnavailable
+from bot.store.batch import ENGINE_WRITES
 from bot.store.mounts import MOUNTINFO
 from bot.store.reader import Reader
 from bot.store.sql import SQLITE, Op, T, run_sync
@@ -49,7 +50,7 @@ class SqliteStore(SqlStore):
         path: Path,
         *,
         synchronous: str = "full",
-        units_per_batch: int = 16,
+        units_per_batch: int = ENGINE_WRITES,
         clock: Callable[[], datetime] | None = None,
         retention: timedelta | None = None,
         network_filesystem: bool = False,

@@ -74,7 +74,7 @@ import aiosqlite
 
 from bot import logger
 from bot.store.base import Delivery, Inspection, StoreUnavailable
-from bot.store.batch import Answer, commit_batch, settle
+from bot.store.batch import ENGINE_WRITES, Answer, commit_batch, settle
 from bot.store.ingest import KeyState, bump_seen, ingest
 from bot.store.mounts import MOUNTINFO, SharedFilesystem, allowance, filesystem, refusal, transience
 from bot.store.repeats import Key, RepeatMemory
@@ -158,7 +158,7 @@ class Writer:
         path: Path,
         *,
         synchronous: str = "full",
-        units_per_batch: int = 16,
+        units_per_batch: int = ENGINE_WRITES,
         retention: timedelta | None = None,
         network_filesystem: bool = False,
         mount_table: Path = MOUNTINFO,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import psycopg
@@ -18,6 +19,7 @@ import pytest
 
 from bot.domain.faults import Fault
 from bot.store.base import Delivery, IncomingAlert, NewEvent
+from bot.store.lease import Deposed, Fence
 from bot.store.postgres import (
     _WRITE_LOCK,
     BATCH_STATEMENTS,
@@ -97,29 +99,43 @@ async def _writes_busy(
     return engine
 
 
+def _transactions(watch: psycopg.Connection[tuple[object, ...]]) -> list[list[str]]:
+    """The engine's events (``engine-N``) grouped by the transaction that wrote them (``xmin``), in
+    the order of their first event."""
+    found = watch.execute(
+        "SELECT kind, xmin::text::bigint FROM events WHERE kind LIKE 'engine-%' ORDER BY seq"
+    ).fetchall()
+    together: dict[int, list[str]] = {}
+    for kind, xmin in found:
+        together.setdefault(int(cast(int, xmin)), []).append(str(kind))
+    return list(together.values())
+
+
 async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
     postgres_db: PostgresDatabase,
 ) -> None:
-    """The write lock held elsewhere: one engine write waits for it in the server, three more
-    come behind it, then a delivery. The first of the three begins at once, the write under way
-    having sent its ``COMMIT`` (``_Writes._kick``); the delivery commits third, right after
-    those two, not fifth."""
+    """The write lock held elsewhere: one engine write waits for it in the server; two more come,
+    and begin at once together on the second connection (the write under way has sent its
+    ``COMMIT``: ``_Writes._kick``), in one transaction; then another engine write, then a
+    delivery, both waiting in pitcrew. Once the lock is let go the delivery commits third, right
+    after those two transactions, before the engine write queued before it."""
     store = await _opened(postgres_db)
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
             first = await _writes_busy(store, holder, watch)
-            queued = [
-                asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2, 3)
-            ]
-            await asyncio.sleep(0.05)  # handed to the writes, behind the first
+            begun = [asyncio.ensure_future(store.record(None, NewEvent(f"engine-{n}"), T0)) for n in (1, 2)]
+            await _waiting_for_lock(watch, sessions=2)
+            later = asyncio.ensure_future(store.record(None, NewEvent("engine-3"), T0))
+            await asyncio.sleep(0.05)  # handed to the writes, behind the two under way
             delivery = asyncio.ensure_future(store.ingest(_delivery("new", "gpu-001"), T0))
             await asyncio.sleep(0.05)
             holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
-            await asyncio.wait_for(asyncio.gather(first, *queued, delivery), timeout=15)
+            await asyncio.wait_for(asyncio.gather(first, *begun, later, delivery), timeout=15)
+            transactions = _transactions(watch)
         (opened,) = delivery.result().opened
         order = await _order(store, opened)
-        assert order[:3] == ["engine-0", "engine-1", "delivery"], order
-        assert sorted(order[3:]) == ["engine-2", "engine-3"], order
+        assert order == ["engine-0", "engine-1", "engine-2", "delivery", "engine-3"], order
+        assert transactions == [["engine-0"], ["engine-1", "engine-2"], ["engine-3"]], transactions
     finally:
         await store.close()
 
@@ -127,12 +143,12 @@ async def test_a_delivery_goes_before_the_engine_s_writes_queued_earlier(
 async def test_a_write_waiting_when_a_commit_is_sent_begins_at_once_on_a_second_connection(
     postgres_db: PostgresDatabase,
 ) -> None:
-    """An engine write and a delivery come together, two more engine writes behind them; the
-    first taken sends its ``COMMIT``, which waits in the server for a table held elsewhere (the
-    write lock held meanwhile). The other, waiting, begins at once on a second connection and
-    waits in the server for the write lock: two of the store's sessions wait, never three. Once
-    the table is let go every one commits, the two first before the rest (two transactions that
-    overlap were both unanswered: either order is one their callers could have seen)."""
+    """Three engine writes and a delivery come together; the engine's three, taken first, go in
+    one transaction, whose ``COMMIT`` waits in the server for a table held elsewhere (the write
+    lock held meanwhile). The delivery, waiting, begins at once on a second connection and waits
+    in the server for the write lock: two of the store's sessions wait, never three. Once the
+    table is let go both commit (two transactions that overlap were both unanswered: either order
+    is one their callers could have seen)."""
     store = await _opened(postgres_db)
     try:
         with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
@@ -147,10 +163,101 @@ async def test_a_write_waiting_when_a_commit_is_sent_begins_at_once_on_a_second_
             assert waiting == [("advisory",), ("relation",)], waiting
             holder.commit()
             await asyncio.wait_for(asyncio.gather(engine, delivery, *more), timeout=15)
+            transactions = _transactions(watch)
         (opened,) = delivery.result().opened
         order = await _order(store, opened)
-        assert sorted(order[:2]) == ["delivery", "engine-0"], order
-        assert sorted(order[2:]) == ["engine-1", "engine-2"], order  # overlapping: in either order
+        engines = ["engine-0", "engine-1", "engine-2"]
+        assert order in ([*engines, "delivery"], ["delivery", *engines]), order
+        assert transactions == [engines], transactions
+    finally:
+        await store.close()
+
+
+async def test_an_engine_write_the_database_refuses_fails_alone(
+    postgres_db: PostgresDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three engine writes wait together for the write lock, the second one the database refuses
+    (a step of an incident that does not exist: its foreign key). Their transaction fails, each
+    runs again alone: the other two commit, each in a transaction of its own, and only the second's
+    caller hears the database's refusal."""
+    store = await _opened(postgres_db)
+    try:
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            first = await _writes_busy(store, holder, watch)
+            good = store.record(None, NewEvent("engine-1"), T0)
+            bad = store.step_finished("no-such-incident", "notify", "ok", T0, event=NewEvent("engine-x"))
+            also = store.record(None, NewEvent("engine-2"), T0)
+            group = [asyncio.ensure_future(write) for write in (good, bad, also)]
+            await _waiting_for_lock(watch, sessions=2)  # begun together, beside the first
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            outcomes = await asyncio.wait_for(asyncio.gather(first, *group, return_exceptions=True), 15)
+            transactions = _transactions(watch)
+        assert outcomes[:2] == [None, None] and outcomes[3] is None, outcomes
+        assert isinstance(outcomes[2], psycopg.errors.ForeignKeyViolation), outcomes
+        assert transactions == [["engine-0"], ["engine-1"], ["engine-2"]], transactions
+        assert [e.kind for e in await store.events_since(0) if e.kind == "engine-x"] == []
+        said = [r.getMessage() for r in caplog.records if "together" in r.getMessage()]
+        assert said == ["the engine's writes failed together; each runs alone"], said
+    finally:
+        await store.close()
+
+
+async def test_a_deposed_leader_s_engine_writes_waiting_together_all_fail(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """Another replica took the lease over while three fenced writes of the old leader wait
+    together for the write lock: each is refused (``Deposed``), alone as in their group, and
+    nothing of them is written."""
+    store = await _opened(postgres_db)
+    other = PostgresStore(postgres_db.url, password_file=postgres_db.password_file)
+    await other.open()
+    try:
+        lease = await store.acquire_lease("replica-a", timedelta(seconds=1))
+        fence = Fence("replica-a")
+        fence.grant(lease.epoch, time.monotonic() + 60)  # as if its local clock had not noticed
+        fenced = store.fenced(fence)
+        await asyncio.sleep(1.2)
+        taken = await other.acquire_lease("replica-b", timedelta(seconds=60))
+        assert taken.epoch == lease.epoch + 1
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            first = await _writes_busy(store, holder, watch)
+            group = [
+                asyncio.ensure_future(fenced.record(None, NewEvent(f"engine-deposed-{n}"), T0))
+                for n in (1, 2, 3)
+            ]
+            await _waiting_for_lock(watch, sessions=2)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            outcomes = await asyncio.wait_for(asyncio.gather(*group, return_exceptions=True), 15)
+            await first
+            transactions = _transactions(watch)
+        assert all(isinstance(outcome, Deposed) for outcome in outcomes), outcomes
+        assert transactions == [["engine-0"]], transactions
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_an_engine_write_whose_caller_goes_before_its_turn_is_not_made(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """Two engine writes wait in pitcrew behind two transactions waiting for the write lock; the
+    caller of the first goes (its task cancelled). Once the lock is let go the other commits, and
+    the one whose caller went was never made: nobody would have heard of it."""
+    store = await _opened(postgres_db)
+    try:
+        with _connect(postgres_db) as holder, _connect(postgres_db) as watch:
+            first = await _writes_busy(store, holder, watch)
+            second = asyncio.ensure_future(store.record(None, NewEvent("engine-1"), T0))
+            await _waiting_for_lock(watch, sessions=2)
+            gone = asyncio.ensure_future(store.record(None, NewEvent("engine-gone"), T0))
+            kept = asyncio.ensure_future(store.record(None, NewEvent("engine-2"), T0))
+            await asyncio.sleep(0.05)
+            gone.cancel()
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_WRITE_LOCK,))
+            await asyncio.wait_for(asyncio.gather(first, second, kept), timeout=15)
+            transactions = _transactions(watch)
+        assert gone.cancelled()
+        assert transactions == [["engine-0"], ["engine-1"], ["engine-2"]], transactions
     finally:
         await store.close()
 

@@ -9,12 +9,27 @@ operation is driven to its result with each answer sent back in order.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import pytest
 
 from bot.domain.incident import TERMINAL
 from bot.store.schema import MIGRATIONS, SCHEMA_VERSION, migrations
-from bot.store.sql import POSTGRES, SQLITE, TERMINAL_STATES, Op, one, put, rows, run, run_sync, single
+from bot.store.sql import (
+    POSTGRES,
+    SQLITE,
+    TERMINAL_STATES,
+    Op,
+    Stmt,
+    many,
+    one,
+    put,
+    rows,
+    run,
+    run_sync,
+    single,
+    together,
+)
 
 
 @pytest.mark.parametrize(
@@ -102,6 +117,39 @@ def test_an_operation_s_last_statement_ends_it() -> None:
     with pytest.raises(RuntimeError, match="after the operation's last one: UPDATE t SET n = 100"):
         run_sync(db, beyond())
     assert db.execute("SELECT n FROM t").fetchall() == [(3,)]
+
+
+def test_operations_together_each_get_their_answers_in_one_transaction() -> None:
+    """``together`` (the engine's writes grouped on Postgres): each operation runs after the one
+    before it, sees its writes and gets its own answers and result, with whether it routed an
+    event; an earlier operation's last statement is one no more (more follows it), the last
+    operation's stays so (Postgres commits with it)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER)")
+    seen: list[Stmt] = []
+
+    def insert(key: str, n: int) -> Op[int]:
+        return int((yield from single(run("INSERT INTO t (k, n) VALUES (?, ?)", (key, n)))))
+
+    def total() -> Op[int]:
+        yield many("INSERT INTO t (k, n) VALUES (?, ?)", [("c", 3)], wakes=True)
+        found = yield one("SELECT sum(n) AS s FROM t")
+        return int(found["s"])
+
+    def watched(op: Op[Any]) -> Op[Any]:
+        answer = None
+        while True:
+            try:
+                stmt = op.send(answer)
+            except StopIteration as done:
+                return done.value
+            seen.append(stmt)
+            answer = yield stmt
+
+    grouped = together([insert("a", 1), total(), insert("b", 2)])
+    assert run_sync(db, watched(grouped)).result == [(1, False), (4, True), (1, False)]
+    assert [stmt.last for stmt in seen] == [False, False, False, True]
+    assert db.execute("SELECT k, n FROM t ORDER BY k").fetchall() == [("a", 1), ("b", 2), ("c", 3)]
 
 
 def test_the_stores_terminal_states_are_the_incidents() -> None:
