@@ -738,7 +738,12 @@ class _Writes:
         Why: each write of the engine was a transaction under the write lock. A burst of incidents
         ending at once (``bench/ingest.py``'s stream closes a dozen in its first half-second, five
         writes each) queued 75 transactions, each taking its turn after two batches of deliveries
-        (``_Lanes``), so a delivery met one in every third turn for as long as the burst lasted."""
+        (``_Lanes``), so a delivery met one in every third turn for as long as the burst lasted.
+        Measured under that stream (5,000 deliveries, one replica, three pairs of runs alternated):
+        the burst's engine writes waited 13-19 ms at the median against 72-82, and it lasted
+        0.37 s against 0.62; the stream's p99 13.8 ms against 14.7 (medians), 3,400 deliveries a
+        second against 2,740, the stored deliveries' p50 7.0 ms against 9.2. On two replicas (the
+        engine on one) no difference beyond the noise: p99 12.2 against 11.8 ms."""
         if self._closed:
             raise StoreUnavailable("store is not open")
         waiting = _EngineWrite(make, asyncio.get_running_loop().create_future())
