@@ -21,7 +21,7 @@ from typing import Any
 from bot.store.base import ONCE, SUPERSEDED, JsonObject, NewEvent, OutboxItem
 from bot.store.codec import dt, dumps, ts
 from bot.store.ingest import append_event
-from bot.store.sql import Op, Stmt, many, one, rows, run, single
+from bot.store.sql import Op, Stmt, many, one, put, rows, single
 
 #: An outbox row of the event the transaction inserted last (``{event_seq}``: its ``seq``, read in
 #: the database, so the operation reads no answer before it).
@@ -138,18 +138,18 @@ def item(item_id: int) -> Op[OutboxItem | None]:
 
 
 def attempt(item_id: int) -> Stmt:
-    return run("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+    return put("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
 
 
 def delivered(item_id: int, ref: str | None, now: datetime) -> Stmt:
-    return run(
+    return put(
         "UPDATE outbox SET delivered_at = ?, ref = ?, not_before = NULL, last_error = '' WHERE id = ?",
         (ts(now), ref, item_id),
     )
 
 
 def defer(item_id: int, not_before: datetime, error: str) -> Stmt:
-    return run(
+    return put(
         "UPDATE outbox SET not_before = ?, last_error = ? WHERE id = ?",
         (ts(not_before), error[:500], item_id),
     )
@@ -166,7 +166,7 @@ def refs_by_key(key: str) -> Op[dict[str, str]]:
 
 
 def set_ref(destination: str, key: str, value: str, now: datetime) -> Stmt:
-    return run(
+    return put(
         "INSERT INTO outbox_refs (destination, key, ref, updated_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (destination, key) DO UPDATE SET ref = excluded.ref, updated_at = excluded.updated_at",
         (destination, key, value, ts(now)),

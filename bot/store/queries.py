@@ -322,7 +322,7 @@ def save_plan(incident_id: str, document: str, playbook: str, mode: str, now: da
 
 
 def ack_faults(incident_id: str) -> Stmt:
-    return run("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
+    return put("UPDATE incidents SET faults_changed = 0 WHERE id = ?", (incident_id,))
 
 
 def transition(
@@ -358,7 +358,7 @@ def transition(
 
 
 def advance(incident_id: str, step_index: int, now: datetime) -> Stmt:
-    return run(
+    return put(
         "UPDATE incidents SET step_index = ?, updated_at = ? WHERE id = ?",
         (step_index, codec.ts(now), incident_id),
     )
@@ -411,7 +411,7 @@ def request_rollback(incident_id: str, document: str, now: datetime, *, again: b
 
 
 def step_progress(incident_id: str, step: str, document: str, now: datetime) -> Stmt:
-    return run(
+    return put(
         "INSERT INTO steps (incident_id, step, status, attempts, started_at, result_json)"
         " VALUES (?, ?, 'running', 0, ?, ?) ON CONFLICT (incident_id, step) DO UPDATE SET"
         " result_json = excluded.result_json",
@@ -422,7 +422,7 @@ def step_progress(incident_id: str, step: str, document: str, now: datetime) -> 
 def request_approval(
     incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
 ) -> Stmt:
-    return run(
+    return put(
         "INSERT INTO approvals (incident_id, step, requested_at, deadline, approvers_json, status)"
         " VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT (incident_id, step) DO NOTHING",
         (incident_id, step, codec.ts(now), codec.ts(deadline), codec.dumps(list(approvers))),
@@ -437,7 +437,7 @@ def decide_approval(incident_id: str, status: ApprovalStatus, actor: str, now: d
 
 
 def set_switch(name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> Stmt:
-    return run(
+    return put(
         "INSERT INTO switches (name, value_json, set_by, set_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json, set_by = excluded.set_by,"
         " set_at = excluded.set_at",

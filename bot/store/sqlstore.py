@@ -140,6 +140,18 @@ class SqlStore(ABC):
     async def _run(self, stmt: Stmt) -> Any:
         return await self._write(lambda: single(stmt))
 
+    async def _put(self, stmt: Stmt) -> None:
+        """A write of one statement whose answer nobody reads (``put``): on Postgres it goes with
+        its transaction's ``COMMIT``, or, in a group of the engine's writes
+        (``bot.store.postgres._Writes.write``), with the statements after it, never in a round trip
+        of its own while the group holds the write lock."""
+        assert stmt.kind == "many", "a statement whose answer is read runs with _run"
+
+        def op() -> Op[None]:
+            yield stmt
+
+        await self._write(op)
+
     def _events(self, incident_id: str | None, events: Sequence[NewEvent], now: datetime) -> Op[None]:
         """Append to the timeline and, for routed kinds, to the outbox, in the caller's transaction."""
         for event in events:
@@ -246,7 +258,7 @@ class SqlStore(ABC):
         await self._write(op)
 
     async def ack_faults(self, incident_id: str) -> None:
-        await self._run(queries.ack_faults(incident_id))
+        await self._put(queries.ack_faults(incident_id))
 
     async def transition(
         self,
@@ -283,7 +295,7 @@ class SqlStore(ABC):
         return None
 
     async def advance(self, incident_id: str, step_index: int, now: datetime) -> None:
-        await self._run(queries.advance(incident_id, step_index, now))
+        await self._put(queries.advance(incident_id, step_index, now))
 
     async def step_started(
         self, incident_id: str, step: str, attempt: int, now: datetime, *, acted: bool
@@ -329,12 +341,12 @@ class SqlStore(ABC):
         return await self._write(op)
 
     async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:
-        await self._run(queries.step_progress(incident_id, step, codec.dumps(dict(progress)), now))
+        await self._put(queries.step_progress(incident_id, step, codec.dumps(dict(progress)), now))
 
     async def request_approval(
         self, incident_id: str, step: str, approvers: Sequence[str], deadline: datetime, now: datetime
     ) -> ApprovalRecord:
-        await self._run(queries.request_approval(incident_id, step, approvers, deadline, now))
+        await self._put(queries.request_approval(incident_id, step, approvers, deadline, now))
         record = await self.approval(incident_id)
         assert record is not None
         return record
@@ -346,7 +358,7 @@ class SqlStore(ABC):
         return await self.approval(incident_id) if changed else None
 
     async def set_switch(self, name: str, value: Mapping[str, Any] | None, actor: str, now: datetime) -> None:
-        await self._run(queries.set_switch(name, value, actor, now))
+        await self._put(queries.set_switch(name, value, actor, now))
 
     # --------------------------------------------------------------------- outbox
     async def enqueue(
@@ -376,19 +388,19 @@ class SqlStore(ABC):
         return await self._read(_outbox.item(item_id))
 
     async def outbox_attempt(self, item_id: int, now: datetime) -> None:
-        await self._run(_outbox.attempt(item_id))
+        await self._put(_outbox.attempt(item_id))
 
     async def outbox_delivered(self, item_id: int, ref: str | None, now: datetime) -> None:
-        await self._run(_outbox.delivered(item_id, ref, now))
+        await self._put(_outbox.delivered(item_id, ref, now))
 
     async def outbox_defer(self, item_id: int, not_before: datetime, error: str) -> None:
-        await self._run(_outbox.defer(item_id, not_before, error))
+        await self._put(_outbox.defer(item_id, not_before, error))
 
     async def outbox_ref(self, destination: str, key: str) -> str | None:
         return await self._read(_outbox.ref(destination, key))
 
     async def set_outbox_ref(self, destination: str, key: str, ref: str, now: datetime) -> None:
-        await self._run(_outbox.set_ref(destination, key, ref, now))
+        await self._put(_outbox.set_ref(destination, key, ref, now))
 
     async def incident_links(self, incident_id: str) -> dict[str, str]:
         return await self._read(_outbox.refs_by_key(link_key(incident_id)))

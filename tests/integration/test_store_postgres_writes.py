@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from bot.domain.faults import Fault
+from bot.store import outbox, queries
 from bot.store.base import Delivery, IncomingAlert, NewEvent
 from bot.store.lease import Deposed, Fence
 from bot.store.postgres import (
@@ -27,7 +28,7 @@ from bot.store.postgres import (
     PostgresStore,
     _transaction,
 )
-from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single
+from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single, together
 from tests.harness.postgres import PostgresDatabase, counted_connection, whole
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -615,3 +616,38 @@ async def test_a_single_write_is_one_message_with_its_check_and_commit(postgres_
             await _transaction(conn, fenced(False, inserted), "pg_advisory_xact_lock")
     with _connect(postgres_db) as db:
         assert db.execute("SELECT n FROM singled ORDER BY n").fetchall() == [(1,), (2,), (3,)]
+
+
+async def test_engine_writes_that_read_nothing_back_go_together_in_one_message(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """The engine's writes at a step's end (the step's record, its progress, the incident's move to
+    the next step, a notice's attempt) read nothing back (``put``), so a group of them
+    (``together``, ``_Writes.write``) is one message, the server's implicit transaction: no round
+    trip of its own while the group holds the write lock. A write whose answer decides (a
+    transition) would end its message there."""
+    store = await _opened(postgres_db)
+    try:
+        [incident] = (await store.ingest(_delivery("stepped", "gpu-001"), T0)).opened
+        await store.enqueue(incident, NewEvent("notice"), "notice", {}, ["slack"], T0)
+        [item] = [pending.id for pending in await store.outbox_pending("slack")]
+    finally:
+        await store.close()
+
+    def alone(stmt: Stmt) -> Op[None]:
+        yield stmt
+
+    writes = [
+        queries.step_started(incident, "notify", 1, T0),
+        queries.step_progress(incident, "notify", '{"sent": 1}', T0),
+        queries.advance(incident, 3, T0),
+        outbox.attempt(item),
+        outbox.delivered(item, "ts-1", T0),
+    ]
+    async with counted_connection(postgres_db) as conn:
+        driven = await _transaction(conn, together([alone(w) for w in writes]), "pg_advisory_xact_lock")
+        assert driven.result == [(None, False)] * len(writes)
+        assert len(conn.sent) == 1 and whole(conn.sent[0]), conn.sent
+    with _connect(postgres_db) as db:
+        assert db.execute("SELECT step_index FROM incidents WHERE id = %s", (incident,)).fetchone() == (3,)
+        assert db.execute("SELECT attempts, ref FROM outbox WHERE id = %s", (item,)).fetchone() == (1, "ts-1")
