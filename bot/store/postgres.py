@@ -3,12 +3,13 @@
 Selected by ``store.url: postgresql://…`` (password from ``store.password_file``); SQLite stays
 the embedded default. The schema, every query and every method of the port are SQLite's too
 (``bot.store.schema``, ``queries``, ``ingest``, ``outbox``, ``sqlstore``), rendered in Postgres's
-dialect by ``bot.store.sql``; this module is only how they run here: a pool, writes under the
+dialect by ``bot.store.sql``; this module is only how they run here: a pool; the writes under the
 write lock, many to a transaction as SQLite's writer commits them (webhook deliveries, every one
 waiting: ``bot.store.group_commit``; the engine's writes, up to ``ENGINE_WRITES``:
-``_Writes.write``), on the connections where every write under the write lock commits, one transaction at a time but for the next, begun while
-one commits, each a task on the event loop (``_Writes``: deliveries before the engine's
-writes, each transaction in as few messages as its answers allow), and the migration bookkeeping.
+``_Writes.write``), on the connections where they commit, one transaction at a time but for the
+next, begun while one commits, each a task on the event loop (``_Writes``: deliveries before the
+engine's writes, each transaction in as few messages as its answers allow); and the migration
+bookkeeping.
 
 The driver is psycopg 3 through its native asyncio API and its pool: it ships type annotations
 (``mypy --strict`` checks every call against it), and one libpq underneath speaks every
