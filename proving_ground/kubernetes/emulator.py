@@ -1569,10 +1569,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if job is None:
             return
         uid, status = job["metadata"]["uid"], job.setdefault("status", {})
-        for key, pod in list(self.objects.items()):
-            owned = any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
-            running = (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            if key[0] == "pods" and owned and running:
+        for key, pod in self._pods_of(uid):
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 del self.objects[key]
                 status["failed"] = status.get("failed", 0) + 1
         status.pop("active", None)
@@ -1596,12 +1594,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
             if current is None or current["metadata"]["uid"] != uid:
                 return
             del self.objects[("jobs", namespace, name)]
-            for key, obj in list(self.objects.items()):
-                owners = obj["metadata"].get("ownerReferences") or []
-                if key[0] == "pods" and any(o.get("uid") == uid for o in owners):
-                    del self.objects[key]
+            for key, _ in self._pods_of(uid):
+                del self.objects[key]
 
         self._later(float(ttl), expire)
+
+    def _pods_of(self, uid: str) -> list[tuple[Key, dict[str, Any]]]:
+        """The pods whose ``ownerReferences`` name the object ``uid`` (a Job's), as a list: the
+        caller may delete them as it goes."""
+        return [
+            (key, pod)
+            for key, pod in self.objects.items()
+            if key[0] == "pods"
+            and any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
+        ]
 
     def _job_conditions(
         self, job: dict[str, Any], interim: str, final: str, reason: str, message: str
