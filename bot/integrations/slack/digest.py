@@ -9,9 +9,10 @@ tier (``updates.ChatUpdates``), so a notice committed before the last update rea
 already shown and needs no call of its own: one whose outbox id is at most the newest of the
 items waiting when that update began to read (``_SEEN``). Outbox ids are taken in commit order
 (the store's writes run one at a time, under its write lock), and every change of an incident's
-state commits a ``state`` item of its own. A timestamp would not do: an item is stamped with the engine's time before its transaction
-commits, so a read between the two saw it "before" and missed the change it carries (a node the
-breaker held stayed "open" in the digest, as no later notice came for it).
+state commits a ``state`` item of its own. A timestamp would not do: an item is stamped with the
+engine's time before its transaction commits, so a read between the two saw it "before" and
+missed the change it carries (a node the breaker held stayed "open" in the digest, as no later
+notice came for it).
 
 What the digest remembers lives in the outbox's references: ``digest`` names the current one,
 ``digest:<ts>`` holds each one's span (first and last incident opening); a member incident's
