@@ -338,13 +338,11 @@ async def test_a_job_with_retries_is_judged_by_its_terminal_condition(
     path = tmp_path / "retrying.yaml"
     path.write_text(yaml.safe_dump({**TEMPLATE, "spec": {**TEMPLATE["spec"], "backoffLimit": 2}}))
     cluster = make_cluster(jobs={"reset_gpu_template": path})
-    k8s.job_exit_codes[job_name("reset_gpu", "pc-1", NODE, "")] = [
-        1,
-        0,
-    ]  # the first pod fails, the second succeeds
+    retried = job_name("reset_gpu", "pc-1", NODE, "")
+    k8s.job_exit_codes[retried] = [1, 0]  # the first pod fails, the second succeeds
     k8s.job_duration = 1.5  # each pod outlives a poll: the first failure is seen before the verdict
     await cluster.reset_gpu(NODE, ["3"], incident_id="pc-1")
-    job = k8s.get("jobs", job_name("reset_gpu", "pc-1", NODE, ""), "pitcrew-jobs")
+    job = k8s.get("jobs", retried, "pitcrew-jobs")
     assert job is not None and job["status"]["failed"] == 1 and job["status"]["succeeded"] == 1
     k8s.job_exit_codes[job_name("reset_gpu", "pc-2", NODE, "")] = 4
     with pytest.raises(PermanentError, match=r"BackoffLimitExceeded.*exited 4"):
