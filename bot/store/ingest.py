@@ -24,7 +24,7 @@ from bot.store.base import Delivery, IncomingAlert, IngestOutcome, NewEvent
 from bot.store.codec import dumps, fault_json, ts
 from bot.store.expect import Expecting, Mispredicted, NodeView
 from bot.store.expect import KeyState as KeyState
-from bot.store.sql import Op, Stmt, check, many, one, put, rows
+from bot.store.sql import Op, Stmt, When, check, many, one, provided, put, rows
 
 _CHUNK = 400  # list parameters: well under SQLite's bound-variable limit
 T = TypeVar("T")
@@ -375,9 +375,11 @@ def event_row(incident_id: str | None, event: NewEvent, at: datetime) -> tuple[A
     )
 
 
-def append_event(incident_id: str | None, event: NewEvent, at: datetime) -> Stmt:
-    """Append one event to the audit log, its ``seq`` not read (``{event_seq}`` names it after)."""
-    return put(_INSERT_EVENT, event_row(incident_id, event, at))
+def append_event(incident_id: str | None, event: NewEvent, at: datetime, when: When | None = None) -> Stmt:
+    """Append one event to the audit log, its ``seq`` not read (``{event_seq}`` names it after);
+    with ``when``, only if it finds a row (``bot.store.sql.provided``)."""
+    appended = put(_INSERT_EVENT, event_row(incident_id, event, at))
+    return appended if when is None else provided(appended, when)
 
 
 def insert_events(events: Sequence[tuple[str | None, NewEvent, datetime]]) -> Stmt:

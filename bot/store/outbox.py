@@ -21,7 +21,7 @@ from typing import Any
 from bot.store.base import ONCE, SUPERSEDED, JsonObject, NewEvent, OutboxItem
 from bot.store.codec import dt, dumps, ts
 from bot.store.ingest import append_event
-from bot.store.sql import Op, Stmt, many, one, put, rows, single
+from bot.store.sql import Op, Stmt, When, many, one, provided, put, rows, single
 
 #: An outbox row of the event the transaction inserted last (``{event_seq}``: its ``seq``, read in
 #: the database, so the operation reads no answer before it).
@@ -88,10 +88,17 @@ def told(incident_id: str | None, kind: str, step: str, once: str) -> Op[int | N
     return None
 
 
-def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str], now: datetime) -> Op[None]:
-    """A timeline event, and for routed kinds (``Store.route_events``) its outbox rows too. Nothing
-    is read: Postgres sends them with the operation's next statement or its ``COMMIT``."""
-    yield append_event(incident_id, event, now)
+def route(
+    incident_id: str | None,
+    event: NewEvent,
+    destinations: Sequence[str],
+    now: datetime,
+    when: When | None = None,
+) -> Op[None]:
+    """A timeline event, and for routed kinds (``Store.route_events``) its outbox rows too; with
+    ``when``, only if it finds a row (``bot.store.sql.provided``: an incident's move). Nothing is
+    read: Postgres sends them with the operation's next statement or its ``COMMIT``."""
+    yield append_event(incident_id, event, now, when)
     if destinations:
         payload = {
             "event": True,
@@ -102,7 +109,8 @@ def route(incident_id: str | None, event: NewEvent, destinations: Sequence[str],
         }
         document = dumps(payload)
         rows_ = [(d, incident_id, event.kind, document, ts(now)) for d in destinations]
-        yield many(_INSERT_ROUTED, rows_, wakes=True)
+        routed = many(_INSERT_ROUTED, rows_, wakes=True)
+        yield routed if when is None else provided(routed, when)
 
 
 def item_from(row: Any) -> OutboxItem:

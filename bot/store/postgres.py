@@ -45,7 +45,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -81,7 +81,7 @@ from bot.store.schema import (
     migrations,
     opening,
 )
-from bot.store.sql import POSTGRES, REFUSED, Driving, Op, Stmt, T, one, refused, single, together
+from bot.store.sql import POSTGRES, REFUSED, Driving, Later, Op, Stmt, T, one, refused, single, together
 from bot.store.sqlstore import SqlStore
 
 log = logger(__name__)
@@ -410,6 +410,11 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's)."""
     driving = Driving(op, POSTGRES)
     for sql, params, stmt in driving:
+        if stmt.later:
+            later = Later()
+            later.hold((await _drive(conn, single(replace(stmt, later=False)))).result)
+            driving.answer = later
+            continue
         if stmt.kind == "many":
             if stmt.bulk is not None:
                 if stmt.params:
@@ -421,11 +426,16 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
         cursor = await conn.execute(sql, params)
         if stmt.kind == "check":
             refused(stmt, await cursor.fetchone() is not None)
-        elif stmt.kind == "run":
-            driving.answer = cursor.rowcount
         else:
-            driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
+            driving.answer = await _answer(cursor, stmt)
     return driving
+
+
+async def _answer(cursor: psycopg.AsyncCursor[DictRow], stmt: Stmt) -> Any:
+    """What ``stmt`` is answered with (``bot.store.sql.Stmt``), read at the cursor's result."""
+    if stmt.kind == "run":
+        return cursor.rowcount
+    return await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
 
 
 async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
@@ -477,13 +487,13 @@ async def _transaction(conn: Conn, op: Op[T], lock: str | None) -> Driving[T]:
             if stmt.kind == "check":
                 message.check(mogrifier.mogrify(sql, params), stmt)
                 continue
+            if stmt.later:
+                driving.answer = message.later(mogrifier.mogrify(sql, params), stmt)
+                continue
             message.add(mogrifier.mogrify(sql, params))
             committed = stmt.last
             cursor = await message.send(conn, commit=committed)
-            if stmt.kind == "run":
-                driving.answer = cursor.rowcount
-            else:
-                driving.answer = await (cursor.fetchall() if stmt.kind == "all" else cursor.fetchone())
+            driving.answer = await _answer(cursor, stmt)
         if not committed:
             await message.send(conn, commit=True)
     except BaseException:
@@ -516,6 +526,8 @@ class _Message:
         self.parts = [first]
         self.rows = 0
         self.checks: list[Stmt] = []
+        #: Its ``later`` statements: each one's answer, what it reads, and its place in ``parts``.
+        self.laters: list[tuple[Later, Stmt, int]] = []
         self.opening = True
 
     def add(self, text: str, *, row: bool = False) -> None:
@@ -538,6 +550,14 @@ class _Message:
         self.checks.append(stmt)
         self.add(f"SELECT pitcrew_check(EXISTS ({text}), {number})")
 
+    def later(self, text: str, stmt: Stmt) -> Later:
+        """A ``later`` statement (``text``, its values bound), read when the message is answered
+        (``send``): its answer, ready then."""
+        held = Later()
+        self.laters.append((held, stmt, len(self.parts)))
+        self.add(text)
+        return held
+
     async def send(self, conn: Conn, *, commit: bool = False) -> psycopg.AsyncCursor[DictRow]:
         """Send the message, ``commit``: as the transaction's last; the cursor at its last
         statement's answer (``COMMIT``'s is never read). A ``check`` that found no row raises what
@@ -554,7 +574,8 @@ class _Message:
         and the lock are the same statements either way: ``SET LOCAL`` and
         ``pg_advisory_xact_lock`` hold until the implicit transaction ends, as in a block."""
         checks, self.checks = self.checks, []
-        parts = self.parts
+        laters, self.laters = self.laters, []
+        parts, count = self.parts, len(self.parts)
         if self.opening and not commit:
             parts = ["BEGIN", *parts]
         elif commit and not self.opening:
@@ -572,7 +593,12 @@ class _Message:
             raise  # not reached: refused raises
         finally:
             self.parts, self.rows, self.opening = [], 0, False
-        return await cursor.set_result(-2 if parts[-1] == "COMMIT" and len(parts) > 1 else -1)
+        closing = parts[-1] == "COMMIT" and len(parts) > 1  # its answer is never read
+        # The parts after a later statement are one statement each: its answer counted from the end.
+        for held, stmt, place in laters:
+            await cursor.set_result(place - count - closing)
+            held.hold(await _answer(cursor, stmt))
+        return await cursor.set_result(-2 if closing else -1)
 
 
 def _newer(conn: psycopg.BaseConnection[Any]) -> bool:

@@ -31,7 +31,7 @@ from bot.store.base import (
 )
 from bot.store.lease import Deposed
 from bot.store.reader import alert_cursor, alert_key, event_key
-from bot.store.sql import Dialect, Op, Stmt, T, check, many, one, put, rows, run
+from bot.store.sql import Dialect, Op, Stmt, T, When, check, many, one, put, rows, run
 
 ALERTS = (
     "SELECT a.*, d.deliveries, d.last_seen FROM alerts a"
@@ -333,9 +333,12 @@ def transition(
     outcome: str | None,
     guarded: bool,
     unless: str | None,
-) -> Stmt:
-    """Move an incident; the answer is 1 if it moved. ``unless="new_fault"`` skips the move if a
-    new fault attached meanwhile; ``unless="firing"`` also if any of its alerts still fires."""
+) -> tuple[Stmt, When]:
+    """Move an incident, and the condition under which it moved: its event is written ``provided``
+    it holds (``bot.store.sql.provided``), so nothing is read back. ``unless="new_fault"`` skips
+    the move if a new fault attached meanwhile; ``unless="firing"`` also if any of its alerts still
+    fires. The condition is the move's own ``WHERE``, whose columns the move does not set: it finds
+    the row after the move if and only if the move found it."""
     stamp = codec.ts(now)
     sets = ["state = ?", "updated_at = ?"]
     params: list[Any] = [state.value, stamp]
@@ -354,7 +357,8 @@ def transition(
     if unless == "firing":
         where += f" AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = ? AND {STILL_FIRING})"  # noqa: S608
         params_where.append(incident_id)
-    return run(f"UPDATE incidents SET {', '.join(sets)} WHERE {where}", [*params, *params_where])  # noqa: S608
+    update = put(f"UPDATE incidents SET {', '.join(sets)} WHERE {where}", [*params, *params_where])  # noqa: S608
+    return update, When(f"SELECT 1 FROM incidents WHERE {where}", params_where)  # noqa: S608
 
 
 def advance(incident_id: str, step_index: int, now: datetime) -> Stmt:

@@ -50,6 +50,24 @@ class Stmt:
     #: The operation's last statement, whose answer it returns as its result and decides nothing
     #: in the transaction (``single``): Postgres sends ``COMMIT`` with it. A statement after it fails.
     last: bool = False
+    #: An earlier operation's ``last`` statement in a group (``together``): answered at once with a
+    #: ``Later``, which holds its answer once the message carrying it has been answered, so the
+    #: statements after it go in that message (Postgres), not after a round trip of its own.
+    later: bool = False
+
+
+class Later:
+    """The answer of a ``later`` statement, once read (``ready``): SQLite's at once, Postgres's
+    when the message carrying it is answered (``bot.store.postgres._Message.send``)."""
+
+    __slots__ = ("ready", "value")
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.value: Any = None
+
+    def hold(self, value: Any) -> None:
+        self.ready, self.value = True, value
 
 
 #: An operation: yields statements, is sent each one's answer, returns its result.
@@ -80,6 +98,32 @@ def check(sql: str, params: Sequence[Any], refuse: Callable[[], Exception]) -> S
     return Stmt(sql, params, "check", refuse=refuse)
 
 
+@dataclass(frozen=True, slots=True)
+class When:
+    """A condition of a write: a query (its text in the neutral form and its parameters) that finds
+    a row where the write is to be made (``provided``)."""
+
+    sql: str
+    params: Sequence[Any] = ()
+
+
+def provided(stmt: Stmt, when: When) -> Stmt:
+    """``stmt``, an ``INSERT ... VALUES (...)`` of one row a parameter set (``many``, ``put``), made
+    only if ``when`` finds a row as it runs. Decided in the database, so the operation reads no
+    answer before it: on Postgres it goes with the statements after it, where reading the answer
+    that decides it was a round trip of its own, with the write lock held."""
+    head, _, values = stmt.sql.partition(" VALUES ")
+    assert stmt.kind == "many" and stmt.bulk is None, "rows, each its own parameters"
+    assert values.startswith("(") and values.endswith(")"), stmt.sql
+    sql = f"{head} SELECT {values[1:-1]} WHERE EXISTS ({when.sql})"
+    return replace(stmt, sql=sql, params=[(*row, *when.params) for row in stmt.params])
+
+
+def holds(when: When) -> Stmt:
+    """Whether ``when`` finds a row: a row if it does, else none (``one``)."""
+    return one(f"SELECT 1 AS found WHERE EXISTS ({when.sql})", when.params)
+
+
 def refused(stmt: Stmt, found: bool) -> None:
     """Raise what a ``check`` raises if it ``found`` no row."""
     if not found:
@@ -100,13 +144,23 @@ def single(stmt: Stmt) -> Op[Any]:
     return (yield replace(stmt, last=True))
 
 
+#: What a group ends with when an earlier operation's answer is still in the message not sent yet
+#: (``together``): a statement read, so that message is sent, ``COMMIT`` with it, and answered.
+SYNC = "SELECT 1 AS answered"
+
+
 def together(ops: Sequence[Op[Any]]) -> Op[list[tuple[Any, bool]]]:
     """Several operations in one transaction, one after the other (a group commit of the engine's
     writes, ``bot.store.postgres._Writes.write``): each one's result and whether it routed a
     timeline event to an outbox (``Stmt.wakes``), in order. Only the last operation's ``last``
-    statement stays one (Postgres sends ``COMMIT`` with it); an earlier one's is read as any other
-    statement, since more of the transaction follows it."""
+    statement stays one (Postgres sends ``COMMIT`` with it). An earlier one's decides nothing in
+    the transaction either, so it goes as ``later``: the next operation's statements follow it in
+    the same message, and the earlier operation gets its answer, and returns its result, once that
+    message has been answered (at the latest with ``COMMIT``: ``SYNC``). Read at once instead, it
+    was a round trip with the write lock held (an engine's notice reads back its event's ``seq``)."""
     done: list[tuple[Any, bool]] = []
+    waiting: list[tuple[int, Op[Any], Later]] = []
+    committed = False
     for index, op in enumerate(ops):
         final = index == len(ops) - 1
         wakes, answer = False, None
@@ -117,7 +171,23 @@ def together(ops: Sequence[Op[Any]]) -> Op[list[tuple[Any, bool]]]:
                 done.append((end.value, wakes))
                 break
             wakes = wakes or stmt.wakes
-            answer = yield stmt if final or not stmt.last else replace(stmt, last=False)
+            if stmt.last and not final:
+                done.append((None, wakes))
+                waiting.append((len(done) - 1, op, (yield replace(stmt, last=False, later=True))))
+                break
+            committed = committed or stmt.last
+            answer = yield stmt
+    if not committed and any(not later.ready for _, _, later in waiting):
+        yield Stmt(SYNC, (), "one", last=True)
+    for slot, op, later in waiting:
+        assert later.ready, "answered with its message"
+        try:
+            stmt = op.send(later.value)
+        except StopIteration as end:
+            done[slot] = (end.value, done[slot][1])
+        else:
+            op.close()
+            raise RuntimeError(f"a statement after the operation's last one: {stmt.sql}")
     return done
 
 
@@ -309,6 +379,11 @@ def run_sync(db: sqlite3.Connection, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a SQLite connection (in the writer's transaction, or the reader's)."""
     driving = Driving(op, SQLITE)
     for sql, params, stmt in driving:
+        if stmt.later:
+            later = Later()
+            later.hold(run_sync(db, single(replace(stmt, later=False))).result)
+            driving.answer = later
+            continue
         if stmt.kind == "many":
             db.executemany(sql, stmt.params)
             continue

@@ -56,7 +56,7 @@ from bot.store.base import (
     link_key,
 )
 from bot.store.lease import Deposed, Fence
-from bot.store.sql import Dialect, Op, Stmt, T, single
+from bot.store.sql import Dialect, Op, Stmt, T, When, holds, single
 
 
 class SqlStore(ABC):
@@ -119,10 +119,12 @@ class SqlStore(ABC):
         *,
         fence: bool = True,
         transact: Callable[[Callable[[], Op[T]]], Awaitable[tuple[T, bool]]] | None = None,
+        routed_if: Callable[[T], bool] | None = None,
     ) -> T:
         """Run ``op`` in one write transaction (``transact``, else ``_transact``); on a fenced
         view, first check in that transaction that the leadership row still carries this process's
-        holder and epoch. After the commit, wake the outbox if the operation routed an event."""
+        holder and epoch. After the commit, wake the outbox if the operation routed an event
+        (``routed_if``: if its result says its rows, written ``provided``, were made)."""
         view_fence = self._fence if fence else None
         token = view_fence.token() if view_fence is not None else None  # Deposed before any I/O
         run = transact or self._transact
@@ -132,7 +134,7 @@ class SqlStore(ABC):
             if view_fence is not None:
                 view_fence.deposed(str(exc))
             raise
-        if routed:
+        if routed and (routed_if is None or routed_if(value)):
             for wake in self._on_routed:
                 wake()
         return value
@@ -152,10 +154,13 @@ class SqlStore(ABC):
 
         await self._write(op)
 
-    def _events(self, incident_id: str | None, events: Sequence[NewEvent], now: datetime) -> Op[None]:
-        """Append to the timeline and, for routed kinds, to the outbox, in the caller's transaction."""
+    def _events(
+        self, incident_id: str | None, events: Sequence[NewEvent], now: datetime, when: When | None = None
+    ) -> Op[None]:
+        """Append to the timeline and, for routed kinds, to the outbox, in the caller's transaction;
+        with ``when``, only if it finds a row."""
         for event in events:
-            yield from _outbox.route(incident_id, event, self._routes.get(event.kind, ()), now)
+            yield from _outbox.route(incident_id, event, self._routes.get(event.kind, ()), now, when)
 
     def _alert(self, alert: AlertRecord) -> AlertRecord:
         """An alert as read, with what the store knows and has not written yet (SQLite's counters)."""
@@ -274,16 +279,26 @@ class SqlStore(ABC):
         """Move an incident. ``unless="new_fault"`` skips the move if a new fault attached
         meanwhile; ``unless="firing"`` also if any of its alerts still fires. Decided inside the
         write, so a delivery landing at the same moment never attaches to an incident that then
-        closes."""
+        closes. Its event is written if it moved, decided in the database (``queries.transition``):
+        nothing is read back, so on Postgres the move is one message with the writes grouped with
+        it (``bot.store.postgres._Writes.write``), the server's implicit transaction."""
+        update, moved = queries.transition(
+            incident_id, state, now, outcome=outcome, guarded=guarded, unless=unless
+        )
+        routes = self._routes.get(event.kind, ()) if event is not None else ()
 
-        def op() -> Op[None]:
-            moved = yield queries.transition(
-                incident_id, state, now, outcome=outcome, guarded=guarded, unless=unless
-            )
-            if event is not None and moved:
-                yield from self._events(incident_id, [event], now)
+        def op() -> Op[bool]:
+            yield update
+            if event is None:
+                return False
+            yield from self._events(incident_id, [event], now, moved)
+            if not routes:
+                return False
+            # Whether it moved, so routed rows were made (the outbox is woken only then): read
+            # last, with the COMMIT, or in a group with the message it is in (``later``).
+            return (yield from single(holds(moved))) is not None
 
-        await self._write(op)
+        await self._write(op, routed_if=bool)
         record = await self.incident(incident_id)
         assert record is not None
         self._moved(record)

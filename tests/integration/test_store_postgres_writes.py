@@ -651,3 +651,54 @@ async def test_engine_writes_that_read_nothing_back_go_together_in_one_message(
     with _connect(postgres_db) as db:
         assert db.execute("SELECT step_index FROM incidents WHERE id = %s", (incident,)).fetchone() == (3,)
         assert db.execute("SELECT attempts, ref FROM outbox WHERE id = %s", (item,)).fetchone() == (1, "ts-1")
+
+
+async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """An engine write's last statement (``single``) decides nothing in the transaction, so in a
+    group (``together``) the writes after it go in the same message and it is answered when that
+    message is (``later``): a notice's event ``seq``, read back last, costs no round trip of its
+    own while the group holds the write lock. Each notice still gets its own event's ``seq``:
+    answered in the group's only message, in a message a later write's decision ended, or in
+    the last, which ``COMMIT`` goes with."""
+    store = await _opened(postgres_db)
+    try:
+        [incident] = (await store.ingest(_delivery("noticed", "gpu-001"), T0)).opened
+    finally:
+        await store.close()
+
+    def notice(n: int) -> Op[int]:
+        return outbox.enqueue(incident, NewEvent(f"notice-{n}"), "notice", {"n": n}, ["slack"], T0)
+
+    def alone(stmt: Stmt) -> Op[None]:
+        yield stmt
+
+    def moved() -> Op[int]:  # a write whose answer decides what follows ends its message
+        count = yield run("UPDATE incidents SET step_index = 2 WHERE id = ?", (incident,))
+        if count:
+            yield queries.advance(incident, 2, T0)
+        return int(count)
+
+    groups: list[tuple[list[Op[Any]], int]] = [
+        ([notice(1), alone(queries.advance(incident, 1, T0))], 1),  # answered with COMMIT (SYNC)
+        ([notice(2), notice(3)], 1),  # the second notice's answer commits
+        ([notice(4), moved(), notice(5)], 2),  # the first answered in the transition's message
+    ]
+    async with counted_connection(postgres_db) as conn:
+        results = []
+        for ops, messages in groups:
+            conn.sent.clear()
+            driven = await _transaction(conn, together(ops), "pg_advisory_xact_lock")
+            assert len(conn.sent) == messages, conn.sent
+            results.append(driven.result)
+    with _connect(postgres_db) as db:
+        found = db.execute("SELECT kind, seq FROM events WHERE kind LIKE 'notice-%%'").fetchall()
+        routed = db.execute("SELECT event_seq FROM outbox ORDER BY event_seq").fetchall()
+    seqs = {str(kind): int(cast(int, seq)) for kind, seq in found}
+    assert results == [
+        [(seqs["notice-1"], False), (None, False)],
+        [(seqs["notice-2"], False), (seqs["notice-3"], False)],
+        [(seqs["notice-4"], False), (1, False), (seqs["notice-5"], False)],
+    ]
+    assert [seq for (seq,) in routed] == sorted(seqs.values())

@@ -122,7 +122,8 @@ def test_an_operation_s_last_statement_ends_it() -> None:
 def test_operations_together_each_get_their_answers_in_one_transaction() -> None:
     """``together`` (the engine's writes grouped on Postgres): each operation runs after the one
     before it, sees its writes and gets its own answers and result, with whether it routed an
-    event; an earlier operation's last statement is one no more (more follows it), the last
+    event; an earlier operation's last statement is one no more (more follows it) but goes
+    ``later`` (answered with a ``Later``, which holds its answer: SQLite's at once), the last
     operation's stays so (Postgres commits with it)."""
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER)")
@@ -149,7 +150,25 @@ def test_operations_together_each_get_their_answers_in_one_transaction() -> None
     grouped = together([insert("a", 1), total(), insert("b", 2)])
     assert run_sync(db, watched(grouped)).result == [(1, False), (4, True), (1, False)]
     assert [stmt.last for stmt in seen] == [False, False, False, True]
+    assert [stmt.later for stmt in seen] == [True, False, False, False]
     assert db.execute("SELECT k, n FROM t ORDER BY k").fetchall() == [("a", 1), ("b", 2), ("c", 3)]
+
+
+def test_an_earlier_operation_that_yields_after_its_last_statement_fails() -> None:
+    """An operation's last statement ends it (``Driving`` refuses a statement after it): in a group
+    too, where an earlier operation's last statement is answered later (``together``)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER)")
+
+    def beyond() -> Op[None]:
+        yield from single(run("INSERT INTO t (k, n) VALUES ('a', 1)"))
+        yield run("INSERT INTO t (k, n) VALUES ('b', 2)")
+
+    def insert() -> Op[None]:
+        yield many("INSERT INTO t (k, n) VALUES (?, ?)", [("c", 3)])
+
+    with pytest.raises(RuntimeError, match="after the operation's last one"):
+        run_sync(db, together([beyond(), insert()]))
 
 
 def test_the_stores_terminal_states_are_the_incidents() -> None:
