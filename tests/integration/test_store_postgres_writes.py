@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from bot.domain.faults import Fault
+from bot.domain.incident import State
 from bot.store import outbox, queries
 from bot.store.base import Delivery, IncomingAlert, NewEvent
 from bot.store.lease import Deposed, Fence
@@ -28,7 +29,7 @@ from bot.store.postgres import (
     PostgresStore,
     _transaction,
 )
-from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single, together
+from bot.store.sql import POSTGRES, Op, Stmt, check, holds, many, one, run, single, together
 from tests.harness.postgres import PostgresDatabase, counted_connection, whole
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -661,7 +662,9 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
     message is (``later``): a notice's event ``seq``, read back last, costs no round trip of its
     own while the group holds the write lock. Each notice still gets its own event's ``seq``:
     answered in the group's only message, in a message a later write's decision ended, or in
-    the last, which ``COMMIT`` goes with."""
+    the last, which ``COMMIT`` goes with. A transition's event is written provided it moved,
+    decided in the database: moved or not, it reads nothing before its last statement (whether it
+    moved, so the outbox is woken only then), where its row count ended a message."""
     store = await _opened(postgres_db)
     try:
         [incident] = (await store.ingest(_delivery("noticed", "gpu-001"), T0)).opened
@@ -680,10 +683,20 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
             yield queries.advance(incident, 2, T0)
         return int(count)
 
+    def transition(state: State, unless: str | None) -> Op[bool]:  # as ``SqlStore.transition``
+        update, when = queries.transition(incident, state, T0, outcome=None, guarded=False, unless=unless)
+        yield update
+        yield from outbox.route(incident, NewEvent(f"moved-{state.value}"), ["slack"], T0, when)
+        return (yield from single(holds(when))) is not None
+
     groups: list[tuple[list[Op[Any]], int]] = [
         ([notice(1), alone(queries.advance(incident, 1, T0))], 1),  # answered with COMMIT (SYNC)
         ([notice(2), notice(3)], 1),  # the second notice's answer commits
-        ([notice(4), moved(), notice(5)], 2),  # the first answered in the transition's message
+        ([notice(4), moved(), notice(5)], 2),  # the first answered in the row count's message
+        # A transition decides its event in the database: one message, moved or not (its alert
+        # fires, so it stays open).
+        ([transition(State.RESOLVED, "firing"), notice(6)], 1),
+        ([transition(State.RUNNING, None)], 1),
     ]
     async with counted_connection(postgres_db) as conn:
         results = []
@@ -693,12 +706,18 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
             assert len(conn.sent) == messages, conn.sent
             results.append(driven.result)
     with _connect(postgres_db) as db:
-        found = db.execute("SELECT kind, seq FROM events WHERE kind LIKE 'notice-%%'").fetchall()
+        found = db.execute(
+            "SELECT kind, seq FROM events WHERE kind LIKE 'notice-%%' OR kind LIKE 'moved-%%'"
+        ).fetchall()
         routed = db.execute("SELECT event_seq FROM outbox ORDER BY event_seq").fetchall()
+        state = db.execute("SELECT state FROM incidents WHERE id = %s", (incident,)).fetchone()
     seqs = {str(kind): int(cast(int, seq)) for kind, seq in found}
     assert results == [
         [(seqs["notice-1"], False), (None, False)],
         [(seqs["notice-2"], False), (seqs["notice-3"], False)],
         [(seqs["notice-4"], False), (1, False), (seqs["notice-5"], False)],
+        [(False, True), (seqs["notice-6"], False)],
+        [(True, True)],
     ]
+    assert "moved-resolved" not in seqs and state == (State.RUNNING.value,)
     assert [seq for (seq,) in routed] == sorted(seqs.values())
