@@ -338,8 +338,9 @@ def transition(
     it holds (``bot.store.sql.provided``), so nothing is read back. ``unless="new_fault"`` skips
     the move if a new fault attached meanwhile; ``unless="firing"`` also if any of its alerts still
     fires. The condition is the move's own ``WHERE``, whose columns the move does not set, and no
-    other write runs between its statements (the write lock): it finds the row after the move if
-    and only if the move found it. With ``unless="firing"`` it is evaluated again each time (the
+    write that could change what it reads runs between its statements (the write lock; retention,
+    which takes none, deletes closed incidents' rows only): it finds the row after the move if and
+    only if the move found it. With ``unless="firing"`` it is evaluated again each time (the
     event, its outbox rows, whether it moved): one scan of the incident's firing alerts each."""
     stamp = codec.ts(now)
     sets = ["state = ?", "updated_at = ?"]
