@@ -697,6 +697,8 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
         # fires, so it stays open).
         ([transition(State.RESOLVED, "firing"), notice(6)], 1),
         ([transition(State.RUNNING, None)], 1),
+        # An earlier write whose last statement is rows has no answer to wait for.
+        ([single(queries.advance(incident, 4, T0)), notice(7)], 1),
     ]
     async with counted_connection(postgres_db) as conn:
         results = []
@@ -718,6 +720,7 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
         [(seqs["notice-4"], False), (1, False), (seqs["notice-5"], False)],
         [(False, True), (seqs["notice-6"], False)],
         [(True, True)],
+        [(None, False), (seqs["notice-7"], False)],
     ]
     assert "moved-resolved" not in seqs and state == (State.RUNNING.value,)
     assert [seq for (seq,) in routed] == sorted(seqs.values())
