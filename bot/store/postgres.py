@@ -45,7 +45,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -410,11 +410,6 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's)."""
     driving = Driving(op, POSTGRES)
     for sql, params, stmt in driving:
-        if stmt.later:
-            later = Later()
-            later.hold((await _drive(conn, single(replace(stmt, later=False)))).result)
-            driving.answer = later
-            continue
         if stmt.kind == "many":
             if stmt.bulk is not None:
                 if stmt.params:

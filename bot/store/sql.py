@@ -66,8 +66,9 @@ class Later:
         self.ready = False
         self.value: Any = None
 
-    def hold(self, value: Any) -> None:
+    def hold(self, value: Any) -> Later:
         self.ready, self.value = True, value
+        return self
 
 
 #: An operation: yields statements, is sent each one's answer, returns its result.
@@ -357,7 +358,8 @@ POSTGRES = Dialect(
 class Driving(Generic[T]):
     """One operation being driven: iterate for its statements, bound for ``dialect`` (``sql``,
     ``params``, ``stmt``), set ``answer`` after running each; ``result`` once it returned.
-    ``wakes`` says whether it routed a timeline event to an outbox."""
+    ``wakes`` says whether it routed a timeline event to an outbox. A ``later`` statement's answer
+    is a ``Later``: the driver's, or, from a driver that read it at once, held in one here."""
 
     def __init__(self, op: Op[T], dialect: Dialect) -> None:
         self._op, self._dialect = op, dialect
@@ -365,9 +367,11 @@ class Driving(Generic[T]):
         self.wakes = False
 
     def __iter__(self) -> Iterator[tuple[str, Sequence[Any], Stmt]]:
-        last = False
+        last = later = False
         while True:
             answer, self.answer = self.answer, None
+            if later and not isinstance(answer, Later):  # read at once (SQLite, ``_drive``)
+                answer = Later().hold(answer)
             try:
                 stmt = self._op.send(answer)
             except StopIteration as done:
@@ -376,7 +380,7 @@ class Driving(Generic[T]):
             if last:  # Postgres committed with it: what follows would run outside the transaction
                 self._op.close()
                 raise RuntimeError(f"a statement after the operation's last one: {stmt.sql}")
-            last = stmt.last
+            last, later = stmt.last, stmt.later
             self.wakes = self.wakes or stmt.wakes
             sql, params = self._dialect.bind(stmt.sql, stmt.params)
             yield sql, params, stmt
@@ -386,11 +390,6 @@ def run_sync(db: sqlite3.Connection, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a SQLite connection (in the writer's transaction, or the reader's)."""
     driving = Driving(op, SQLITE)
     for sql, params, stmt in driving:
-        if stmt.later:
-            later = Later()
-            later.hold(run_sync(db, single(replace(stmt, later=False))).result)
-            driving.answer = later
-            continue
         if stmt.kind == "many":
             db.executemany(sql, stmt.params)
             continue
