@@ -282,27 +282,41 @@ class SqlStore(ABC):
         closes. Its event is written if it moved, decided in the database (``queries.transition``):
         nothing is read back, so on Postgres the move is one message with the writes grouped with
         it (``bot.store.postgres._Writes.write``), the server's implicit transaction."""
-        update, moved = queries.transition(
-            incident_id, state, now, outcome=outcome, guarded=guarded, unless=unless
+        await self._write(
+            lambda: self._move(
+                incident_id, state, now, event, outcome=outcome, guarded=guarded, unless=unless
+            ),
+            routed_if=bool,
         )
-        routes = self._routes.get(event.kind, ()) if event is not None else ()
-
-        def op() -> Op[bool]:
-            yield update
-            if event is None:
-                return False
-            yield from self._events(incident_id, [event], now, moved)
-            if not routes:
-                return False
-            # Whether it moved, so routed rows were made (the outbox is woken only then): read
-            # last, with the COMMIT, or in a group with the message it is in (``later``).
-            return (yield from single(holds(moved))) is not None
-
-        await self._write(op, routed_if=bool)
         record = await self.incident(incident_id)
         assert record is not None
         self._moved(record)
         return record
+
+    def _move(
+        self,
+        incident_id: str,
+        state: State,
+        now: datetime,
+        event: NewEvent | None,
+        *,
+        outcome: str | None,
+        guarded: bool,
+        unless: str | None,
+    ) -> Op[bool]:
+        """A transition's operation (``transition``): the move, and its event provided it moved;
+        its result, whether routed rows were made (the outbox is woken only then), read last, with
+        the ``COMMIT``, or in a group with the message it is in (``later``)."""
+        update, moved = queries.transition(
+            incident_id, state, now, outcome=outcome, guarded=guarded, unless=unless
+        )
+        yield update
+        if event is None:
+            return False
+        yield from self._events(incident_id, [event], now, moved)
+        if not self._routes.get(event.kind):
+            return False
+        return (yield from single(holds(moved))) is not None
 
     def _moved(self, record: IncidentRecord) -> None:
         """An incident this process moved, as read after the move committed (Postgres: what its

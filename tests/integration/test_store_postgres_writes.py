@@ -29,7 +29,7 @@ from bot.store.postgres import (
     PostgresStore,
     _transaction,
 )
-from bot.store.sql import POSTGRES, Op, Stmt, check, holds, many, one, run, single, together
+from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single, together
 from tests.harness.postgres import PostgresDatabase, counted_connection, whole
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -666,6 +666,7 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
     decided in the database: moved or not, it reads nothing before its last statement (whether it
     moved, so the outbox is woken only then), where its row count ended a message."""
     store = await _opened(postgres_db)
+    store.route_events(frozenset({"moved-resolved", "moved-running"}), "slack")
     try:
         [incident] = (await store.ingest(_delivery("noticed", "gpu-001"), T0)).opened
     finally:
@@ -683,11 +684,9 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
             yield queries.advance(incident, 2, T0)
         return int(count)
 
-    def transition(state: State, unless: str | None) -> Op[bool]:  # as ``SqlStore.transition``
-        update, when = queries.transition(incident, state, T0, outcome=None, guarded=False, unless=unless)
-        yield update
-        yield from outbox.route(incident, NewEvent(f"moved-{state.value}"), ["slack"], T0, when)
-        return (yield from single(holds(when))) is not None
+    def transition(state: State, unless: str | None) -> Op[bool]:  # the store's own operation
+        moving = NewEvent(f"moved-{state.value}")
+        return store._move(incident, state, T0, moving, outcome=None, guarded=False, unless=unless)
 
     groups: list[tuple[list[Op[Any]], int]] = [
         ([notice(1), alone(queries.advance(incident, 1, T0))], 1),  # answered with COMMIT (SYNC)
