@@ -232,6 +232,15 @@ MIGRATIONS: tuple[str, ...] = (
     """
     {check_function}
     """,
+    # 9: the breaker's count of nodes under remediation (``queries.nodes_in_remediation``) finds the
+    # incidents admitted in its window by that time, and which ended ones changed something by
+    # their action events alone, not by reading every incident and event ever kept: on PostgreSQL,
+    # that plan's estimate crossed ``jit_above_cost``, and each count spent 200 ms compiling itself
+    # (JIT) to find no row.
+    """
+    CREATE INDEX incidents_guarded ON incidents(guarded_at) WHERE guarded_at IS NOT NULL;
+    CREATE INDEX events_action ON events(incident_id) WHERE kind = 'action';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -42,6 +42,7 @@ from bot.domain.planner import Plan
 from bot.domain.policy import Mode
 from bot.store import postgres, sql
 from bot.store.base import (
+    ACTION,
     ONCE,
     SUPERSEDED,
     Delivery,
@@ -788,6 +789,37 @@ async def test_an_incident_s_life(stores: Stores) -> None:
     # The node's next fault opens a new incident.
     reopened = await store.ingest(_delivery(_alert("fp9", "gpu-001")), T0 + timedelta(hours=1))
     assert reopened.opened == ["pc-00002"]
+
+
+async def test_the_breaker_counts_incidents_under_way_and_ended_ones_that_changed_their_node(
+    stores: Stores,
+) -> None:
+    """Nodes in remediation (the breaker's count): an incident admitted in the window holds its
+    node's place while under way, and once ended only if pitcrew changed something for it (an
+    action in its audit log); one admitted before the window, or never admitted, holds none."""
+    store = await stores.open()
+    ids: dict[str, str] = {}
+    for node in ("under-way", "acted", "gave-back", "before", "never", "acted-before"):
+        (ids[node],) = (await store.ingest(_delivery(_alert(f"fp-{node}", node)), T0)).opened
+        await store.save_plan(ids[node], _plan(node), [], T0)
+    window = T0 - timedelta(hours=1)
+    for node in ("under-way", "acted", "gave-back"):
+        await store.transition(ids[node], State.GUARDED, T0, guarded=True)
+    for node in ("before", "acted-before"):
+        await store.transition(ids[node], State.GUARDED, window - timedelta(minutes=1), guarded=True)
+    for node in ("acted", "acted-before"):
+        await store.record(ids[node], NewEvent(ACTION, step="slurm_down", detail="DOWN"), T0)
+    for node, state in (
+        ("acted", State.RESOLVED),
+        ("gave-back", State.FAILED),
+        ("acted-before", State.FAILED),
+    ):
+        await store.transition(ids[node], state, T0)
+    assert await store.nodes_in_remediation(window) == frozenset({"under-way", "acted"})
+    assert await store.nodes_in_remediation(window, exclude_node="acted") == frozenset({"under-way"})
+    assert await store.nodes_in_remediation(window - timedelta(hours=1)) == frozenset(
+        {"under-way", "acted", "before", "acted-before"}
+    )
 
 
 async def test_the_timeline_pages_and_the_audit_log_is_append_only(stores: Stores) -> None:
