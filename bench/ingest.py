@@ -44,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -118,10 +119,17 @@ def payloads(
     first = "2026-11-29T08:00:00.045Z"
     warmup = [_group(templates[n % len(templates)], f"gpu-node-{n:05d}", first) for n in range(nodes)]
     stream = []
+    # What each delivery is, drawn apart from its node (every node in turn; the same draws every
+    # run). Drawn from the index as the node is, the shares were not what they said: the
+    # resolutions fell on 15 nodes, all closed in the stream's first tenth and then redelivered
+    # (15 closes in 5,000 deliveries, none reopened), and the new occurrences were 290, not 500.
+    # Drawn apart, 5,000 deliveries are 460 new occurrences, 86 closes spread over the stream and
+    # 24 incidents reopened (pitcrew's answers, counted).
+    rolls = random.Random(0)
     for i in range(count):
         n = (i * 7919) % nodes
         node, template = f"gpu-node-{n:05d}", templates[n % len(templates)]
-        roll = (i * 37 % 100) / 100
+        roll = rolls.random()
         if roll < new_share:
             starts = f"2026-11-29T08:{1 + i // 3600 % 59:02d}:{i % 60:02d}.045Z"
             stream.append(_group(template, node, starts))
