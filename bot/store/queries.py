@@ -17,7 +17,6 @@ from bot.domain.incident import State
 from bot.domain.planner import PastIncident
 from bot.store import codec
 from bot.store.base import (
-    ACTION,
     PAGE_MAX,
     AlertRecord,
     ApprovalRecord,
@@ -303,8 +302,8 @@ def nodes_in_remediation(since: datetime, exclude_node: str | None) -> Op[frozen
         "SELECT node FROM incidents WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?"
         " AND state NOT IN {terminal}"
         " UNION SELECT node FROM incidents i WHERE guarded_at IS NOT NULL AND guarded_at >= ? AND node != ?"
-        " AND EXISTS (SELECT 1 FROM events e WHERE e.incident_id = i.id"
-        f" AND e.kind = '{ACTION}')",  # a word, not a parameter: the partial index events_action's
+        # ACTION as a word, not a parameter: the word of events_action's condition (migration 9).
+        " AND EXISTS (SELECT 1 FROM events e WHERE e.incident_id = i.id AND e.kind = 'action')",
         (*window, *window),
     )
     return frozenset(r["node"] for r in found)

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from bot.store import queries, schema
+from bot.store.base import ACTION
 from bot.store.postgres import PostgresStore
 from bot.store.sql import POSTGRES, SQLITE
 from tests.harness.postgres import PostgresDatabase
@@ -78,6 +79,14 @@ async def test_the_breaker_s_count_reads_by_index_and_is_never_jit_compiled_on_p
     assert "JIT" not in plan, plan["JIT"]
     assert {"incidents_guarded", "events_action"} <= _indexes(plan["Plan"])
     assert found == EXPECTED and GAVE_BACK and not found & GAVE_BACK
+
+
+def test_the_action_word_of_the_count_and_its_index_is_the_audit_log_s() -> None:
+    stmt = next(queries.nodes_in_remediation(SINCE, None))
+    assert f"e.kind = '{ACTION}'" in stmt.sql
+    assert (
+        f"CREATE INDEX events_action ON events(incident_id) WHERE kind = '{ACTION}'" in schema.MIGRATIONS[8]
+    )
 
 
 def test_the_breaker_s_count_reads_by_index_on_sqlite() -> None:

@@ -157,9 +157,11 @@ async def test_a_store_from_before_the_record_gets_it_at_the_next_start(stores: 
 
 def _left_at_release_4(stores: Stores) -> None:
     """The store as a pitcrew of schema 4 left it (Postgres): migrations 5 (indexes on incidents,
-    then on the outbox), 6 (a table), 7 (a column of the audit log, its guard) and 8 (the checks'
-    function) not applied yet."""
+    then on the outbox), 6 (a table), 7 (a column of the audit log, its guard), 8 (the checks'
+    function) and 9 (indexes on incidents and events) not applied yet."""
     stores.sql(
+        "DROP INDEX incidents_guarded",
+        "DROP INDEX events_action",
         *before_check_function(sqlite=False),
         "DROP INDEX incidents_closed",
         "DROP INDEX outbox_incident",
