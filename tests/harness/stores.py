@@ -131,6 +131,12 @@ def newer_schema(sqlite: bool, version: int, compatible: int | None) -> list[str
     return [f"UPDATE pitcrew_schema SET version = {version}, compatible_from = {value}"]  # noqa: S608 - ints
 
 
+def before_guarded_indexes() -> list[str]:
+    """The statements that take migration 9 back (``bot.store.schema``): no indexes for the
+    breaker's count, the same on both databases. The schema's record is the caller's."""
+    return ["DROP INDEX incidents_guarded", "DROP INDEX events_action"]
+
+
 def before_check_function(sqlite: bool) -> list[str]:
     """The statements that take migration 8 back (``bot.store.schema``): no ``pitcrew_check`` on
     Postgres (nothing on SQLite). The schema's record is the caller's (``newer_schema``)."""

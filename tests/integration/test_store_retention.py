@@ -43,7 +43,14 @@ from bot.store.sql import SQLITE, Stmt
 from bot.store.sqlite import SqliteStore
 from bot.web.app import DEPS
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.stores import AnyStore, Stores, before_audit_column, before_check_function, newer_schema
+from tests.harness.stores import (
+    AnyStore,
+    Stores,
+    before_audit_column,
+    before_check_function,
+    before_guarded_indexes,
+    newer_schema,
+)
 from tests.integration.test_store_contract import T0, _alert, _delivery, _plan
 from tests.simulator.serve import WorldFile, simulated_ports
 
@@ -266,9 +273,10 @@ async def test_what_alerts_of_no_incident_said_goes_once_older_than_the_cut_off(
 
 def _at_schema_6(stores: Stores) -> None:
     """The store as a pitcrew of schema 6 left it: no ``audit`` column, the delete guard refusing
-    every delete, no check function."""
+    every delete, no check function, no indexes for the breaker's count."""
     sqlite = stores.database is None
     stores.sql(
+        *before_guarded_indexes(),
         *before_check_function(sqlite),
         *before_audit_column(sqlite),
         *newer_schema(sqlite, 6, compatible_from(6)),

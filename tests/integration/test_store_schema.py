@@ -25,7 +25,13 @@ from bot.store.schema import SCHEMA_VERSION, NewerSchema, compatible_from
 from bot.store.sqlite import SqliteStore
 from proving_ground.proc import eventually
 from tests.harness.postgres import PostgresDatabase
-from tests.harness.stores import Stores, before_audit_column, before_check_function, newer_schema
+from tests.harness.stores import (
+    Stores,
+    before_audit_column,
+    before_check_function,
+    before_guarded_indexes,
+    newer_schema,
+)
 
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 NEXT = SCHEMA_VERSION + 1
@@ -160,8 +166,7 @@ def _left_at_release_4(stores: Stores) -> None:
     then on the outbox), 6 (a table), 7 (a column of the audit log, its guard), 8 (the checks'
     function) and 9 (indexes on incidents and events) not applied yet."""
     stores.sql(
-        "DROP INDEX incidents_guarded",
-        "DROP INDEX events_action",
+        *before_guarded_indexes(),
         *before_check_function(sqlite=False),
         "DROP INDEX incidents_closed",
         "DROP INDEX outbox_incident",
