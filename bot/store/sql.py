@@ -24,7 +24,7 @@ import sqlite3
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -189,14 +189,19 @@ def together(ops: Sequence[Op[Any]]) -> Op[list[tuple[Any, bool]]]:
         yield Stmt(SYNC, (), "one", last=True)
     for slot, op, later in waiting:
         assert later.ready, "answered with its message"
-        try:
-            stmt = op.send(later.value)
-        except StopIteration as end:
-            done[slot] = (end.value, done[slot][1])
-        else:
-            op.close()
-            raise RuntimeError(f"a statement after the operation's last one: {stmt.sql}")
+        done[slot] = (finished(op, later.value), done[slot][1])
     return done
+
+
+def finished(op: Op[T], answer: Any) -> T:
+    """``op``'s result, sent ``answer``, its ``last`` statement's: a statement after that one fails
+    (on Postgres, ``COMMIT`` went with it, and the statement would run outside the transaction)."""
+    try:
+        stmt = op.send(answer)
+    except StopIteration as end:
+        return cast(T, end.value)
+    op.close()
+    raise RuntimeError(f"a statement after the operation's last one: {stmt.sql}")
 
 
 _WORD = re.compile(r"\{([a-z_]+)\}")
@@ -372,14 +377,14 @@ class Driving(Generic[T]):
             answer, self.answer = self.answer, None
             if later and not isinstance(answer, Later):  # read at once (SQLite, ``_drive``)
                 answer = Later().hold(answer)
+            if last:
+                self.result: T = finished(self._op, answer)
+                return
             try:
                 stmt = self._op.send(answer)
             except StopIteration as done:
-                self.result: T = done.value
+                self.result = done.value
                 return
-            if last:  # Postgres committed with it: what follows would run outside the transaction
-                self._op.close()
-                raise RuntimeError(f"a statement after the operation's last one: {stmt.sql}")
             last, later = stmt.last, stmt.later
             self.wakes = self.wakes or stmt.wakes
             sql, params = self._dialect.bind(stmt.sql, stmt.params)
