@@ -101,6 +101,11 @@ async def _writes_busy(
     return engine
 
 
+def _alone(stmt: Stmt) -> Op[None]:
+    """An operation of ``stmt`` alone, its answer not read (a ``put``, as ``SqlStore._put`` writes one)."""
+    yield stmt
+
+
 def _transactions(watch: psycopg.Connection[tuple[object, ...]]) -> list[list[str]]:
     """The engine's events (``engine-N``) grouped by the transaction that wrote them (``xmin``), in
     the order of their first event."""
@@ -635,9 +640,6 @@ async def test_engine_writes_that_read_nothing_back_go_together_in_one_message(
     finally:
         await store.close()
 
-    def alone(stmt: Stmt) -> Op[None]:
-        yield stmt
-
     writes = [
         queries.step_started(incident, "notify", 1, T0),
         queries.step_progress(incident, "notify", '{"sent": 1}', T0),
@@ -646,7 +648,7 @@ async def test_engine_writes_that_read_nothing_back_go_together_in_one_message(
         outbox.delivered(item, "ts-1", T0),
     ]
     async with counted_connection(postgres_db) as conn:
-        driven = await _transaction(conn, together([alone(w) for w in writes]), "pg_advisory_xact_lock")
+        driven = await _transaction(conn, together([_alone(w) for w in writes]), "pg_advisory_xact_lock")
         assert driven.result == [(None, False)] * len(writes)
         assert len(conn.sent) == 1 and whole(conn.sent[0]), conn.sent
     with _connect(postgres_db) as db:
@@ -675,9 +677,6 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
     def notice(n: int) -> Op[int]:
         return outbox.enqueue(incident, NewEvent(f"notice-{n}"), "notice", {"n": n}, ["slack"], T0)
 
-    def alone(stmt: Stmt) -> Op[None]:
-        yield stmt
-
     def moved() -> Op[int]:  # a write whose answer decides what follows ends its message
         count = yield run("UPDATE incidents SET step_index = 2 WHERE id = ?", (incident,))
         if count:
@@ -689,7 +688,7 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
         return store._move(incident, state, T0, moving, outcome=None, guarded=False, unless=unless)
 
     groups: list[tuple[list[Op[Any]], int]] = [
-        ([notice(1), alone(queries.advance(incident, 1, T0))], 1),  # answered with COMMIT (SYNC)
+        ([notice(1), _alone(queries.advance(incident, 1, T0))], 1),  # answered with COMMIT (SYNC)
         ([notice(2), notice(3)], 1),  # the second notice's answer commits
         ([notice(4), moved(), notice(5)], 2),  # the first answered in the row count's message
         # A transition decides its event in the database: one message, moved or not (its alert
