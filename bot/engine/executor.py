@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from bot import logger
 from bot.domain.durations import format_duration
+from bot.domain.planner import Plan
 from bot.domain.playbooks import Budget
 from bot.engine.backoff import Backoff
 from bot.engine.context import Done, StepContext, StepDeps, StepResult, Wait
@@ -28,10 +29,18 @@ from bot.engine.deps import EngineDeps
 from bot.engine.errors import PermanentError, Reason, TransientError
 from bot.engine.locks import IncidentLocks
 from bot.engine.pause import Held
-from bot.engine.registry import Handler, StepDef
+from bot.engine.registry import Handler, StepDef, Track
 from bot.engine.tasks import cancel_and_wait
 from bot.store import codec
-from bot.store.base import Deposed, IncidentRecord, JsonObject, NewEvent, StoreUnavailable
+from bot.store.base import (
+    Deposed,
+    IncidentRecord,
+    JsonObject,
+    NewEvent,
+    SkippedStep,
+    StepRecord,
+    StoreUnavailable,
+)
 
 log = logger(__name__)
 R = TypeVar("R", bound=StepResult)
@@ -102,12 +111,9 @@ class Executor:
             # Resumed between its end and what follows a failure (a climb, or the escalation and
             # the close): it failed, and runs no more — a far side that refused is not asked again.
             return StepOutcome("failed", await self.failure(incident.id, step))
-        if plan.mode.value == "observe" and not definition.in_observe:
-            would = definition.would.format(action=plan.slurm_action.upper())
-            return await self._skip(incident.id, step, {"would": would}, f"observe mode: would {would}")
-        if definition.needs_cluster and self._deps.ports.cluster is None:
-            why = "no Kubernetes cluster (integrations.cluster: none)"
-            return await self._skip(incident.id, step, {"not_applicable": why}, f"not applicable: {why}")
+        skip = self.skipped(plan, definition)
+        if skip is not None:
+            return await self._skip(incident.id, step, *skip)
 
         spec = self._deps.playbooks.get(incident.playbook or "ignore").spec(step)
         budget = spec.budget(definition)
@@ -157,6 +163,59 @@ class Executor:
             if e.kind == "step_finished" and e.step == step
         ]
         return ends[-1].detail if ends and ends[-1].outcome == "failed" else f"{step} failed"
+
+    def skipped(self, plan: Plan, definition: StepDef[Any]) -> tuple[JsonObject, str] | None:
+        """Whether the step is skipped under ``plan`` without being run, with its result and why:
+        observe mode runs only the steps made for it; a step that needs the cluster is not
+        applicable without one. ``None``: it runs."""
+        if plan.mode.value == "observe" and not definition.in_observe:
+            would = definition.would.format(action=plan.slurm_action.upper())
+            return {"would": would}, f"observe mode: would {would}"
+        if definition.needs_cluster and self._deps.ports.cluster is None:
+            why = "no Kubernetes cluster (integrations.cluster: none)"
+            return {"not_applicable": why}, f"not applicable: {why}"
+        return None
+
+    async def skip_ahead(self, incident: IncidentRecord, steps: Mapping[str, StepRecord]) -> bool:
+        """Observe mode: the node track's next steps that are skipped (``skipped``) and not begun,
+        and the job track's between them (which the node track passes), recorded at once with the
+        cursor past them, in one write; whether there were any. Each skipped step was a move of
+        the flow of its own: the incident and its steps read, the steps read again here, the skip
+        written, then the cursor: five round trips a step, eight steps of a playbook, for nothing
+        but records (``steps``: as the flow read them at the top of this move)."""
+        plan = incident.plan
+        if plan is None or plan.mode.value != "observe" or incident.mode != plan.mode.value:
+            return False
+        skips: dict[str, tuple[JsonObject, str]] = {}
+        index = incident.step_index
+        for step in plan.steps[incident.step_index :]:
+            definition = self._deps.registry.get(step)
+            if definition is None:
+                break  # approve, close: the flow's own
+            record = steps.get(step)
+            if definition.track is Track.NODE:
+                if record is not None and record.status != "superseded":
+                    break  # begun, or ended and not advanced past (a restart): its own move
+                skip = self.skipped(plan, definition)
+                if skip is None:
+                    break
+                skips[step] = skip
+            index += 1
+        if not skips:
+            return False
+        now = self._clock()
+        await self._store.steps_skipped(
+            incident.id,
+            [
+                SkippedStep(step, result, NewEvent("step_skipped", step=step, outcome="skipped", detail=why))
+                for step, (result, why) in skips.items()
+            ],
+            index,
+            now,
+        )
+        for step in skips:
+            self._metrics.steps.labels(step, "skipped").inc()
+        return True
 
     async def _skip(self, incident_id: str, step: str, result: JsonObject, detail: str) -> StepOutcome:
         await self._store.step_finished(

@@ -136,6 +136,8 @@ class IncidentFlow:
             if not decided:
                 return True
         elif self.registry[step].track is Track.NODE:
+            if await self.executor.skip_ahead(incident, steps):
+                return False  # the next move reads where the node track now stands
             if not await self._enter(incident, step):
                 return False
             outcome = await self.executor.run(incident, step)

@@ -238,6 +238,15 @@ class NewEvent:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SkippedStep:
+    """A step ended as skipped without being run (``Store.steps_skipped``): its result and event."""
+
+    step: str
+    result: JsonObject
+    event: NewEvent
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event(NewEvent):
     """An event as the timeline keeps it: what happened, with its place in the log, its
@@ -368,6 +377,13 @@ class Store(Protocol):
         result: JsonObject | None = None,
         event: NewEvent,
     ) -> None: ...
+    async def steps_skipped(
+        self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int, now: datetime
+    ) -> None:
+        """Each of ``skipped`` ended as skipped, with its event, and the node track's cursor moved to
+        ``step_index``, in one write: ``step_finished`` and ``advance`` for each at once."""
+        ...
+
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]: ...
     async def record(self, incident_id: str | None, event: NewEvent, now: datetime) -> None: ...
     async def step_progress(self, incident_id: str, step: str, progress: JsonObject, now: datetime) -> None:

@@ -51,6 +51,7 @@ from bot.store.base import (
     NewEvent,
     OutboxItem,
     Page,
+    SkippedStep,
     StepRecord,
     StepStatus,
     link_key,
@@ -353,6 +354,19 @@ class SqlStore(ABC):
         def op() -> Op[None]:
             yield queries.step_finished(incident_id, step, status, now, document)
             yield from self._events(incident_id, [event], now)
+
+        await self._write(op)
+
+    async def steps_skipped(
+        self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int, now: datetime
+    ) -> None:
+        documents = [(s.step, codec.dumps(dict(s.result))) for s in skipped]
+
+        def op() -> Op[None]:
+            for step, document in documents:
+                yield queries.step_finished(incident_id, step, "skipped", now, document)
+            yield from self._events(incident_id, [s.event for s in skipped], now)
+            yield queries.advance(incident_id, step_index, now)
 
         await self._write(op)
 

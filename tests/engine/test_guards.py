@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 
 from bot.engine.errors import PermanentError, Reason, TransientError
+from bot.engine.registry import Track
 from bot.engine.steps import REGISTRY
-from tests.engine.harness import EngineHarness, Fail, Slow, fleet
+from tests.engine.harness import EngineHarness, Fail, Scripted, Slow, fleet
 from tests.harness.scenarios import delivery, fault_delivery, gpu_node
 
 Setup = Callable[[EngineHarness], Awaitable[str]]
@@ -365,6 +366,38 @@ async def test_observe_mode_records_what_it_would_do(
         done = await h.until_ended(incident)
         assert done.state.value == "suppressed"
         assert done.outcome == f"observe mode: {record.playbook} was not run"
+        assert not h.calls()
+
+
+async def test_observe_mode_records_the_steps_it_skips_in_one_write(tmp_path: Path) -> None:
+    """The node track's run of skipped steps is one write with the cursor past them, where each was
+    a move of its own (the incident and its steps read, the steps again, the skip, the cursor): the
+    same records and events, in the plan's order, and the track goes on from where it stands."""
+    wrapped: list[Scripted] = []
+
+    def counted(store: Any, time: Any) -> Any:
+        wrapped.append(Scripted(store, time))
+        return wrapped[0]
+
+    async with EngineHarness(tmp_path, mode="observe", store=counted) as h:
+        incident = await h.opens(delivery("xid79-firing.json", node="gpu-node-02", starts=h.time.now()))
+        await h.until_event(incident, "watching")
+        record = await h.incident(incident)
+        assert record.plan is not None
+        node_track = [s for s in record.plan.steps if REGISTRY[s].track is Track.NODE]
+        skipped = [s for s in node_track if not REGISTRY[s].in_observe]
+        assert len(skipped) >= 6, record.plan.steps
+        calls = wrapped[0].calls
+        # One write for the run; the cursor moved on its own once, past notify (which runs).
+        assert calls["steps_skipped"] == 1 and calls["advance"] == 1, calls
+        events = await h.events(incident, "step_skipped")
+        assert [e.step for e in events if e.step in node_track] == skipped
+        assert len({e.at for e in events if e.step in node_track}) == 1
+        steps = await h.steps(incident)
+        assert all(steps[s].status == "skipped" for s in skipped)
+        assert record.step_index == record.plan.steps.index("close")
+        await h.resolve(incident)
+        assert (await h.until_ended(incident)).state.value == "suppressed"
         assert not h.calls()
 
 

@@ -50,6 +50,7 @@ from bot.store.base import (
     Fence,
     IncomingAlert,
     NewEvent,
+    SkippedStep,
     StoreUnavailable,
     link_key,
 )
@@ -740,6 +741,39 @@ async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Sto
     await store.ingest(_delivery(*twins), later)
     for read in (await store.incident(incident_id), *(await store.incidents(node="gpu-001"))):
         assert read is not None and [f.xid for f in read.faults] == [79, 48]
+
+
+async def test_steps_skipped_at_once_end_each_and_move_the_cursor(stores: Stores) -> None:
+    """``steps_skipped``: each step ended as skipped with its result (a superseded record's replaced),
+    its event in the order given, and the cursor moved, in one write; nothing else of the incident
+    changes."""
+    store = await stores.open()
+    (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    await store.save_plan(incident_id, _plan("gpu-001"), [NewEvent("planned")], T0)
+    await store.step_finished(
+        incident_id, "drain", "superseded", T0, result={"old": 1}, event=NewEvent("superseded", step="drain")
+    )
+    later = T0 + timedelta(seconds=5)
+    skips = [
+        SkippedStep(
+            step, {"would": f"{step} it"}, NewEvent("step_skipped", step=step, detail=f"would {step}")
+        )
+        for step in ("slurm_down", "cordon", "drain")
+    ]
+    await store.steps_skipped(incident_id, skips, 5, later)
+    steps = await store.steps_of(incident_id)
+    for step in ("slurm_down", "cordon", "drain"):
+        assert (steps[step].status, steps[step].result) == ("skipped", {"would": f"{step} it"})
+        assert steps[step].ended_at == later
+    events = [e for e in await store.events_of(incident_id) if e.kind == "step_skipped"]
+    assert [(e.step, e.detail, e.at) for e in events] == [
+        ("slurm_down", "would slurm_down", later),
+        ("cordon", "would cordon", later),
+        ("drain", "would drain", later),
+    ]
+    record = await store.incident(incident_id)
+    assert record is not None and record.step_index == 5 and not record.acted
+    assert record.state is State.OPEN
 
 
 async def test_an_incident_s_life(stores: Stores) -> None:
