@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypeVar
@@ -54,6 +54,8 @@ class StepOutcome:
 
     status: Literal["ok", "failed", "held"]
     detail: str = ""
+    #: The node track's cursor was moved past the step with its end (``Executor.run``'s ``then``).
+    advanced: bool = False
 
 
 #: A step whose next change was held by a pause (``bot.engine.pause``): it runs again after resume.
@@ -93,27 +95,47 @@ class Executor:
         # Built per use: the gated view (``bot.engine.pause``) of whatever the ports are now.
         return self._deps.step_deps()
 
-    async def run(self, incident: IncidentRecord, step: str) -> StepOutcome:
+    async def run(
+        self,
+        incident: IncidentRecord,
+        step: str,
+        records: Mapping[str, StepRecord] | None = None,
+        *,
+        then: int | None = None,
+    ) -> StepOutcome:
+        """Run ``step`` of ``incident``. ``records``: its steps as the caller read them since the
+        step's own record last changed (only the step's track writes it), else read here;
+        ``then``: the node track's cursor after the step, moved in the write that ends it ``ok``
+        or ``skipped`` (``StepOutcome.advanced``), where the flow's own write came after it."""
         definition: StepDef[StepResult] = self._deps.registry[step]
-        return await self._run(incident, definition)
+        if records is None:
+            records = await self._store.steps_of(incident.id)
+        return await self._run(incident, definition, records, then)
 
-    async def _run(self, incident: IncidentRecord, definition: StepDef[R]) -> StepOutcome:
+    async def _run(
+        self,
+        incident: IncidentRecord,
+        definition: StepDef[R],
+        records: Mapping[str, StepRecord],
+        then: int | None,
+    ) -> StepOutcome:
         step = definition.name
         plan = incident.plan
         assert plan is not None, "a step runs only for a planned incident"
-        records = await self._store.steps_of(incident.id)
         record = records.get(step)
         if record is not None and record.status == "superseded":
             record = None  # a new plan runs this step afresh
         if record is not None and record.status in {"ok", "skipped"}:
-            return StepOutcome("ok", "already done")  # resumed between "finished" and "advanced"
+            # Ended, and the cursor not moved with it: a job step the track runs again, or an end
+            # an earlier release wrote before its own write of the cursor.
+            return StepOutcome("ok", "already done")
         if record is not None and record.status == "failed":
             # Resumed between its end and what follows a failure (a climb, or the escalation and
             # the close): it failed, and runs no more — a far side that refused is not asked again.
             return StepOutcome("failed", await self.failure(incident.id, step))
         skip = self.skipped(plan, definition)
         if skip is not None:
-            return await self._skip(incident.id, step, *skip)
+            return await self._skip(incident.id, step, *skip, then)
 
         spec = self._deps.playbooks.get(incident.playbook or "ignore").spec(step)
         budget = spec.budget(definition)
@@ -150,9 +172,9 @@ class Executor:
             return StepOutcome(HELD, str(held))
         except StepFailed as failure:
             result = codec.encode_record(ctx.progress)
-            return await self._finished(incident.id, step, "failed", result, str(failure), began)
+            return await self._finished(incident.id, step, "failed", result, str(failure), began, None)
         return await self._finished(
-            incident.id, step, "ok", codec.encode_record(done.result), done.detail, began
+            incident.id, step, "ok", codec.encode_record(done.result), done.detail, began, then
         )
 
     async def failure(self, incident_id: str, step: str) -> str:
@@ -176,48 +198,53 @@ class Executor:
             return {"not_applicable": why}, f"not applicable: {why}"
         return None
 
-    async def skip_ahead(self, incident: IncidentRecord, steps: Mapping[str, StepRecord]) -> bool:
-        """Observe mode: the node track's next steps that are skipped (``skipped``) and not begun,
-        and the job track's between them (which the node track passes), recorded at once with the
-        cursor past them, in one write; whether there were any. Each skipped step was a move of
-        the flow of its own: the incident and its steps read, the steps read again here, the skip
-        written, then the cursor: five round trips a step, eight steps of a playbook, for nothing
-        but records (``steps``: as the flow read them at the top of this move)."""
+    async def skip_ahead(
+        self, incident: IncidentRecord, records: Mapping[str, StepRecord], track: Track, order: Sequence[str]
+    ) -> int:
+        """Observe mode: the next steps of ``track`` in ``order`` that are skipped (``skipped``) and
+        not begun, recorded at once in one write; how many steps of ``order`` that went past. The
+        node track's ``order`` is the plan's from its cursor, whose job-track steps it passes, and
+        its cursor moves past them all in the same write; the job track's, its steps still to run.
+        Each skipped step was a move of its own: the incident and its steps read, the steps read
+        again, the skip written, then the cursor: five round trips a step, eight steps of a
+        playbook, for nothing but records (``records``: as the track read them, before any of
+        these steps' records could change: only their own track writes them)."""
         plan = incident.plan
         if plan is None or plan.mode.value != "observe" or incident.mode != plan.mode.value:
-            return False
+            return 0
         skips: dict[str, tuple[JsonObject, str]] = {}
-        index = incident.step_index
-        for step in plan.steps[incident.step_index :]:
+        passed = 0
+        for step in order:
             definition = self._deps.registry.get(step)
             if definition is None:
-                break  # approve, close: the flow's own
-            record = steps.get(step)
-            if definition.track is Track.NODE:
+                break  # approve: the flow's own
+            if definition.track is track:
+                record = records.get(step)
                 if record is not None and record.status != "superseded":
-                    break  # begun, or ended and not advanced past (a restart): its own move
+                    break  # begun, or ended and not gone past (a restart): its own move
                 skip = self.skipped(plan, definition)
                 if skip is None:
                     break
                 skips[step] = skip
-            index += 1
+            passed += 1
         if not skips:
-            return False
-        now = self._clock()
+            return 0
         await self._store.steps_skipped(
             incident.id,
             [
                 SkippedStep(step, result, NewEvent("step_skipped", step=step, outcome="skipped", detail=why))
                 for step, (result, why) in skips.items()
             ],
-            index,
-            now,
+            incident.step_index + passed if track is Track.NODE else None,
+            self._clock(),
         )
         for step in skips:
             self._metrics.steps.labels(step, "skipped").inc()
-        return True
+        return passed
 
-    async def _skip(self, incident_id: str, step: str, result: JsonObject, detail: str) -> StepOutcome:
+    async def _skip(
+        self, incident_id: str, step: str, result: JsonObject, detail: str, then: int | None
+    ) -> StepOutcome:
         await self._store.step_finished(
             incident_id,
             step,
@@ -225,9 +252,10 @@ class Executor:
             self._clock(),
             result=result,
             event=NewEvent("step_skipped", step=step, outcome="skipped", detail=detail),
+            step_index=then,
         )
         self._metrics.steps.labels(step, "skipped").inc()
-        return StepOutcome("ok", detail)
+        return StepOutcome("ok", detail, advanced=then is not None)
 
     async def _finished(
         self,
@@ -237,8 +265,10 @@ class Executor:
         result: JsonObject,
         detail: str,
         began: float,
+        then: int | None,
     ) -> StepOutcome:
-        """Record the step's end (outcome, result, duration) in the store and the metrics."""
+        """Record the step's end (outcome, result, duration) in the store and the metrics; ``then``:
+        the node track's cursor, moved in the same write."""
         await self._store.step_finished(
             incident_id,
             step,
@@ -246,10 +276,11 @@ class Executor:
             self._clock(),
             result=result,
             event=NewEvent("step_finished", step=step, outcome=status, detail=detail),
+            step_index=then,
         )
         self._metrics.steps.labels(step, status).inc()
         self._metrics.step_duration.labels(step).observe(time.monotonic() - began)
-        return StepOutcome(status, detail)
+        return StepOutcome(status, detail, advanced=then is not None)
 
     async def _within(self, call: Awaitable[T], seconds: float) -> T:
         """The call's answer, or ``TimeoutError`` once ``seconds`` pass on the engine's timer

@@ -136,11 +136,12 @@ class IncidentFlow:
             if not decided:
                 return True
         elif self.registry[step].track is Track.NODE:
-            if await self.executor.skip_ahead(incident, steps):
+            if await self.executor.skip_ahead(incident, steps, Track.NODE, plan.steps[incident.step_index :]):
                 return False  # the next move reads where the node track now stands
             if not await self._enter(incident, step):
                 return False
-            outcome = await self.executor.run(incident, step)
+            # The step's record as read at the top of this move: only this track writes it.
+            outcome = await self.executor.run(incident, step, steps, then=incident.step_index + 1)
             if outcome.status == HELD:
                 await self.signals.wait(incident.id, None)  # resume signals every incident
                 return False
@@ -149,6 +150,8 @@ class IncidentFlow:
                     return False  # the next rung is planned: the node track goes on there
                 await self._escalate(incident, step, outcome.detail)
                 return True
+            if outcome.advanced:
+                return False
         await self.store.advance(incident.id, incident.step_index + 1, self.clock())
         return False
 
@@ -188,11 +191,17 @@ class IncidentFlow:
         needs = {n for s in pending for n in self.registry[s].needs}
         if not all(_status(steps, n) in {"ok", "skipped"} for n in needs):
             return None  # the Slurm node is not out yet
-        return asyncio.create_task(self._run_job_track(incident.id, pending), name=f"{incident.id}/job")
+        return asyncio.create_task(self._run_job_track(incident, steps, pending), name=f"{incident.id}/job")
 
-    async def _run_job_track(self, incident_id: str, pending: list[str]) -> None:
+    async def _run_job_track(
+        self, incident: IncidentRecord, steps: Mapping[str, StepRecord], pending: list[str]
+    ) -> None:
+        """``incident`` and ``steps``: as the move that starts the track read them (the job steps'
+        records are this track's to write, and it is not running yet)."""
+        incident_id = incident.id
         try:
-            await self._job_steps_in_turn(incident_id, pending)
+            skipped = await self.executor.skip_ahead(incident, steps, Track.JOB, pending)
+            await self._job_steps_in_turn(incident_id, pending[skipped:])
         except (asyncio.CancelledError, Deposed):
             raise
         except Exception:  # the node track restarts it on its next move

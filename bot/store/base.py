@@ -376,12 +376,17 @@ class Store(Protocol):
         *,
         result: JsonObject | None = None,
         event: NewEvent,
-    ) -> None: ...
+        step_index: int | None = None,
+    ) -> None:
+        """The step's end, with its event; ``step_index``: and the node track's cursor moved there,
+        in the same write."""
+        ...
+
     async def steps_skipped(
-        self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int, now: datetime
+        self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int | None, now: datetime
     ) -> None:
         """Each of ``skipped`` ended as skipped, with its event, and the node track's cursor moved to
-        ``step_index``, in one write: ``step_finished`` and ``advance`` for each at once."""
+        ``step_index`` (``None``: not moved), in one write."""
         ...
 
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]: ...

@@ -348,17 +348,20 @@ class SqlStore(ABC):
         *,
         result: JsonObject | None = None,
         event: NewEvent,
+        step_index: int | None = None,
     ) -> None:
         document = codec.dumps(dict(result or {}))
 
         def op() -> Op[None]:
             yield queries.step_finished(incident_id, step, status, now, document)
             yield from self._events(incident_id, [event], now)
+            if step_index is not None:
+                yield queries.advance(incident_id, step_index, now)
 
         await self._write(op)
 
     async def steps_skipped(
-        self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int, now: datetime
+        self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int | None, now: datetime
     ) -> None:
         documents = [(s.step, codec.dumps(dict(s.result))) for s in skipped]
 
@@ -366,7 +369,8 @@ class SqlStore(ABC):
             for step, document in documents:
                 yield queries.step_finished(incident_id, step, "skipped", now, document)
             yield from self._events(incident_id, [s.event for s in skipped], now)
-            yield queries.advance(incident_id, step_index, now)
+            if step_index is not None:
+                yield queries.advance(incident_id, step_index, now)
 
         await self._write(op)
 

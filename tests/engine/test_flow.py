@@ -30,6 +30,8 @@ from typing import Any
 import pytest
 
 from bot.domain.jobs import JobSnapshot
+from bot.engine.registry import Track
+from bot.engine.steps import REGISTRY
 from tests.engine.harness import Answer, EngineHarness, Slow, Through, fleet
 from tests.engine.test_executor import _playbook
 from tests.harness.scenarios import delivery, fault_delivery
@@ -92,6 +94,48 @@ REPLANS = {
         2,
     ),
 }
+
+
+class _Cursor:
+    """The store, with the node track's cursor moves noted: ``(step ended, or None, cursor)``."""
+
+    def __init__(self, store: Any, time: Any) -> None:
+        self._store = store
+        self.moves: list[tuple[str | None, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def step_finished(self, incident_id: str, step: str, *args: Any, **kwargs: Any) -> None:
+        await self._store.step_finished(incident_id, step, *args, **kwargs)
+        if kwargs.get("step_index") is not None:
+            self.moves.append((step, kwargs["step_index"]))
+
+    async def advance(self, incident_id: str, step_index: int, now: Any) -> None:
+        await self._store.advance(incident_id, step_index, now)
+        self.moves.append((None, step_index))
+
+
+async def test_a_step_s_end_moves_the_cursor_in_the_same_write(tmp_path: Path) -> None:
+    """Each node-track step that ends ``ok`` moves the cursor in the write that ends it (there is no
+    moment between the two for a restart to resume in); only the steps the node track passes (the
+    job track's) move it on their own."""
+    stores: list[_Cursor] = []
+
+    def noted(store: Any, time: Any) -> Any:
+        stores.append(_Cursor(store, time))
+        return stores[0]
+
+    async with EngineHarness(tmp_path, store=noted) as h:
+        incident = await h.alert(NODE)
+        done = await h.until_ended(incident)
+        assert done.state.value == "resolved" and done.plan is not None
+        order = done.plan.steps
+        expected = [
+            (step if REGISTRY[step].track is Track.NODE else None, index + 1)
+            for index, step in enumerate(order[:-1])  # close ends the incident instead
+        ]
+        assert stores[0].moves[: len(expected)] == expected, stores[0].moves
 
 
 @pytest.mark.parametrize("case", REPLANS.values(), ids=REPLANS.keys())

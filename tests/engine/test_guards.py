@@ -371,8 +371,9 @@ async def test_observe_mode_records_what_it_would_do(
 
 async def test_observe_mode_records_the_steps_it_skips_in_one_write(tmp_path: Path) -> None:
     """The node track's run of skipped steps is one write with the cursor past them, where each was
-    a move of its own (the incident and its steps read, the steps again, the skip, the cursor): the
-    same records and events, in the plan's order, and the track goes on from where it stands."""
+    a move of its own (the incident and its steps read, the steps again, the skip, the cursor), and
+    the job track's is one write: the same records and events, in the plan's order, and the tracks
+    go on from where they stand."""
     wrapped: list[Scripted] = []
 
     def counted(store: Any, time: Any) -> Any:
@@ -388,12 +389,15 @@ async def test_observe_mode_records_the_steps_it_skips_in_one_write(tmp_path: Pa
         skipped = [s for s in node_track if not REGISTRY[s].in_observe]
         assert len(skipped) >= 6, record.plan.steps
         calls = wrapped[0].calls
-        # One write for the run; the cursor moved on its own once, past notify (which runs).
-        assert calls["steps_skipped"] == 1 and calls["advance"] == 1, calls
+        steps = await h.steps(incident)
+        # One write for the node track's run, one for the job track's; the cursor moved with each
+        # step's end, never on its own.
+        assert calls["steps_skipped"] == 2 and calls["advance"] == 0, calls
+        job_track = [s for s in record.plan.steps if REGISTRY[s].track is Track.JOB]
+        assert job_track and all(steps[s].status == "skipped" for s in job_track)
         events = await h.events(incident, "step_skipped")
         assert [e.step for e in events if e.step in node_track] == skipped
         assert len({e.at for e in events if e.step in node_track}) == 1
-        steps = await h.steps(incident)
         assert all(steps[s].status == "skipped" for s in skipped)
         assert record.step_index == record.plan.steps.index("close")
         await h.resolve(incident)

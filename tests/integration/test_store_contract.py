@@ -746,7 +746,7 @@ async def test_a_new_fault_on_an_incident_under_way_marks_it_changed(stores: Sto
 async def test_steps_skipped_at_once_end_each_and_move_the_cursor(stores: Stores) -> None:
     """``steps_skipped``: each step ended as skipped with its result (a superseded record's replaced),
     its event in the order given, and the cursor moved, in one write; nothing else of the incident
-    changes."""
+    changes. ``step_finished`` with ``step_index`` moves the cursor with the step's end."""
     store = await stores.open()
     (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
     await store.save_plan(incident_id, _plan("gpu-001"), [NewEvent("planned")], T0)
@@ -774,6 +774,14 @@ async def test_steps_skipped_at_once_end_each_and_move_the_cursor(stores: Stores
     record = await store.incident(incident_id)
     assert record is not None and record.step_index == 5 and not record.acted
     assert record.state is State.OPEN
+    # A step's end may move the cursor too, in the same write.
+    ended = NewEvent("step_finished", step="replace", outcome="ok")
+    await store.step_finished(
+        incident_id, "replace", "ok", later, result={"done": 1}, event=ended, step_index=6
+    )
+    record = await store.incident(incident_id)
+    assert record is not None and record.step_index == 6
+    assert (await store.steps_of(incident_id))["replace"].result == {"done": 1}
 
 
 async def test_an_incident_s_life(stores: Stores) -> None:
