@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypeVar
@@ -199,48 +199,50 @@ class Executor:
         return None
 
     async def skip_ahead(
-        self, incident: IncidentRecord, records: Mapping[str, StepRecord], track: Track, order: Sequence[str]
-    ) -> int:
-        """Observe mode: the next steps of ``track`` in ``order`` that are skipped (``skipped``) and
-        not begun, recorded at once in one write; how many steps of ``order`` that went past. The
-        node track's ``order`` is the plan's from its cursor, whose job-track steps it passes, and
-        its cursor moves past them all in the same write; the job track's, its steps still to run.
+        self, incident: IncidentRecord, records: Mapping[str, StepRecord], *, jobs: bool
+    ) -> bool:
+        """Observe mode: the node track's next steps that are skipped (``skipped``) and not begun,
+        recorded at once with its cursor past them, in one write; whether there were any. The
+        node track passes the job track's steps among them; ``jobs``: it records those as skipped
+        too, if they are (no job track runs them: none has started, or it has ended).
+
         Each skipped step was a move of its own: the incident and its steps read, the steps read
         again, the skip written, then the cursor: five round trips a step, eight steps of a
-        playbook, for nothing but records (``records``: as the track read them, before any of
-        these steps' records could change: only their own track writes them)."""
+        playbook, for nothing but records; and then the job track's, a read and a write each
+        (``records``: as the flow read them at the top of this move)."""
         plan = incident.plan
         if plan is None or plan.mode.value != "observe" or incident.mode != plan.mode.value:
-            return 0
+            return False
         skips: dict[str, tuple[JsonObject, str]] = {}
-        passed = 0
-        for step in order:
+        index = incident.step_index
+        for step in plan.steps[index:]:
             definition = self._deps.registry.get(step)
             if definition is None:
                 break  # approve: the flow's own
-            if definition.track is track:
-                record = records.get(step)
-                if record is not None and record.status != "superseded":
-                    break  # begun, or ended and not gone past (a restart): its own move
-                skip = self.skipped(plan, definition)
+            record = records.get(step)
+            fresh = record is None or record.status == "superseded"
+            skip = self.skipped(plan, definition) if fresh else None
+            if definition.track is Track.NODE:
                 if skip is None:
-                    break
+                    break  # it runs, or it began or ended and was not gone past (a restart): its own move
                 skips[step] = skip
-            passed += 1
+            elif jobs and skip is not None:
+                skips[step] = skip  # passed, and no job track will find it to run
+            index += 1
         if not skips:
-            return 0
+            return False
         await self._store.steps_skipped(
             incident.id,
             [
                 SkippedStep(step, result, NewEvent("step_skipped", step=step, outcome="skipped", detail=why))
                 for step, (result, why) in skips.items()
             ],
-            incident.step_index + passed if track is Track.NODE else None,
+            index,
             self._clock(),
         )
         for step in skips:
             self._metrics.steps.labels(step, "skipped").inc()
-        return passed
+        return True
 
     async def _skip(
         self, incident_id: str, step: str, result: JsonObject, detail: str, then: int | None

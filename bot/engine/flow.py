@@ -136,7 +136,8 @@ class IncidentFlow:
             if not decided:
                 return True
         elif self.registry[step].track is Track.NODE:
-            if await self.executor.skip_ahead(incident, steps, Track.NODE, plan.steps[incident.step_index :]):
+            idle = job_track is None or job_track.done()  # no job track writes the job steps
+            if await self.executor.skip_ahead(incident, steps, jobs=idle):
                 return False  # the next move reads where the node track now stands
             if not await self._enter(incident, step):
                 return False
@@ -191,17 +192,11 @@ class IncidentFlow:
         needs = {n for s in pending for n in self.registry[s].needs}
         if not all(_status(steps, n) in {"ok", "skipped"} for n in needs):
             return None  # the Slurm node is not out yet
-        return asyncio.create_task(self._run_job_track(incident, steps, pending), name=f"{incident.id}/job")
+        return asyncio.create_task(self._run_job_track(incident.id, pending), name=f"{incident.id}/job")
 
-    async def _run_job_track(
-        self, incident: IncidentRecord, steps: Mapping[str, StepRecord], pending: list[str]
-    ) -> None:
-        """``incident`` and ``steps``: as the move that starts the track read them (the job steps'
-        records are this track's to write, and it is not running yet)."""
-        incident_id = incident.id
+    async def _run_job_track(self, incident_id: str, pending: list[str]) -> None:
         try:
-            skipped = await self.executor.skip_ahead(incident, steps, Track.JOB, pending)
-            await self._job_steps_in_turn(incident_id, pending[skipped:])
+            await self._job_steps_in_turn(incident_id, pending)
         except (asyncio.CancelledError, Deposed):
             raise
         except Exception:  # the node track restarts it on its next move
