@@ -68,10 +68,9 @@ class IncidentFlow:
         job_track: asyncio.Task[None] | None = None
         try:
             while True:
-                incident = await self.store.incident(incident_id)
+                incident, steps = await self.store.incident_and_steps(incident_id)
                 if incident is None:
                     return
-                steps = await self.store.steps_of(incident_id)
                 rollback = steps.get(ROLLBACK)
                 if incident.state.terminal and (
                     rollback is None or (rollback.status == "ok" and incident.state is State.ROLLED_BACK)

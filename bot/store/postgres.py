@@ -407,9 +407,29 @@ def _bulk(mogrifier: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
 
 
 async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
-    """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's)."""
+    """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's). A ``later``
+    statement (``bot.store.sql.both``) goes in one message with the statement after it, each
+    bound by psycopg's client-side quoting as ``_transaction`` binds them: one round trip, where
+    each was one; its answer is held until that message is answered."""
     driving = Driving(op, POSTGRES)
+    laters: list[tuple[str, Stmt, Later]] = []
     for sql, params, stmt in driving:
+        if stmt.later:
+            held = Later()
+            laters.append((psycopg.AsyncClientCursor(conn).mogrify(sql, params), stmt, held))
+            driving.answer = held
+            continue
+        if laters:
+            assert stmt.kind in ("one", "all", "run"), "a statement that answers closes the message"
+            text = psycopg.AsyncClientCursor(conn).mogrify(sql, params)
+            cursor = await conn.execute(";\n".join([*(t for t, _, _ in laters), text]))
+            for place, (_, earlier, held) in enumerate(laters):
+                await cursor.set_result(place)
+                held.hold(await _answer(cursor, earlier))
+            laters = []
+            await cursor.set_result(-1)
+            driving.answer = await _answer(cursor, stmt)
+            continue
         if stmt.kind == "many":
             if stmt.bulk is not None:
                 if stmt.params:
@@ -423,6 +443,7 @@ async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
             refused(stmt, await cursor.fetchone() is not None)
         else:
             driving.answer = await _answer(cursor, stmt)
+    assert not laters, "a later statement is followed by one that answers"
     return driving
 
 

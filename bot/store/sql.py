@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, cast
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 Kind = Literal["run", "many", "one", "all", "check"]
 
@@ -191,6 +192,18 @@ def together(ops: Sequence[Op[Any]]) -> Op[list[tuple[Any, bool]]]:
         assert later.ready, "answered with its message"
         done[slot] = (finished(op, later.value), done[slot][1])
     return done
+
+
+def both(first: Op[T], second: Op[U]) -> Op[tuple[T, U]]:
+    """Two reads, ``first`` of one statement: on Postgres in one message (``first``'s statement goes
+    as ``later``, answered with ``second``'s first), where each read was a round trip of its own
+    (an incident and its steps, read at every move of its flow)."""
+    stmt = next(first)
+    assert not stmt.last and stmt.kind in ("one", "all"), "a read of one statement"
+    held = yield replace(stmt, later=True)
+    answer = yield from second
+    assert held.ready, "answered with the message after it"
+    return finished(first, held.value), answer
 
 
 def finished(op: Op[T], answer: Any) -> T:

@@ -57,7 +57,7 @@ from bot.store.base import (
     link_key,
 )
 from bot.store.lease import Deposed, Fence
-from bot.store.sql import Dialect, Op, Stmt, T, When, holds, single
+from bot.store.sql import Dialect, Op, Stmt, T, When, both, holds, single
 
 
 class SqlStore(ABC):
@@ -224,6 +224,11 @@ class SqlStore(ABC):
 
     async def steps_of(self, incident_id: str) -> dict[str, StepRecord]:
         return await self._read(queries.steps_of(incident_id))
+
+    async def incident_and_steps(
+        self, incident_id: str
+    ) -> tuple[IncidentRecord | None, dict[str, StepRecord]]:
+        return await self._read(both(queries.incident(incident_id), queries.steps_of(incident_id)))
 
     async def approval(self, incident_id: str) -> ApprovalRecord | None:
         return await self._read(queries.approval(incident_id))

@@ -774,6 +774,10 @@ async def test_steps_skipped_at_once_end_each_and_move_the_cursor(stores: Stores
     record = await store.incident(incident_id)
     assert record is not None and record.step_index == 5 and not record.acted
     assert record.state is State.OPEN
+    # Read together, an incident and its steps are what each read alone says.
+    alone = (await store.incident(incident_id), await store.steps_of(incident_id))
+    assert await store.incident_and_steps(incident_id) == alone
+    assert await store.incident_and_steps("pc-none") == (None, {})
     # A step's end may move the cursor too, in the same write.
     ended = NewEvent("step_finished", step="replace", outcome="ok")
     await store.step_finished(

@@ -27,9 +27,10 @@ from bot.store.postgres import (
     BATCH_STATEMENTS,
     FLUSH_ROWS,
     PostgresStore,
+    _drive,
     _transaction,
 )
-from bot.store.sql import POSTGRES, Op, Stmt, check, many, one, run, single, together
+from bot.store.sql import POSTGRES, Op, Stmt, both, check, many, one, run, single, together
 from tests.harness.postgres import PostgresDatabase, counted_connection, whole
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -722,3 +723,29 @@ async def test_an_engine_write_s_last_answer_goes_with_the_writes_after_it(
     ]
     assert "moved-resolved" not in seqs and state == (State.RUNNING.value,)
     assert [seq for (seq,) in routed] == sorted(seqs.values())
+
+
+async def test_two_reads_together_are_one_message(postgres_db: PostgresDatabase) -> None:
+    """Two reads (``both``: an incident and its steps, read at every move of its flow) are one
+    message, where each was a round trip, with each one's answer as it reads alone; a read after
+    them goes on its own."""
+    with _connect(postgres_db) as db:
+        db.execute("CREATE TABLE readings (n INTEGER NOT NULL, word TEXT NOT NULL)")
+        db.execute("INSERT INTO readings VALUES (1, 'it''s'), (2, 'b'), (3, 'c')")
+
+    def rows_of(above: int) -> Op[list[int]]:
+        found = yield Stmt("SELECT n FROM readings WHERE n > ? ORDER BY n", (above,), "all")
+        return [row["n"] for row in found]
+
+    def word_of(n: int) -> Op[str | None]:
+        found = yield one("SELECT word FROM readings WHERE n = ?", (n,))
+        return None if found is None else str(found["word"])
+
+    def three() -> Op[tuple[tuple[str | None, list[int]], str | None]]:
+        pair = yield from both(word_of(1), rows_of(1))
+        return pair, (yield from word_of(9))
+
+    async with counted_connection(postgres_db) as conn:
+        assert (await _drive(conn, three())).result == (("it's", [2, 3]), None)
+        assert len(conn.sent) == 2, conn.sent
+        assert [message.count("SELECT") for message in conn.sent] == [2, 1], conn.sent
