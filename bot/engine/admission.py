@@ -46,7 +46,12 @@ GUARDS = "guards"
 
 
 async def breaker_state(store: Store) -> BreakerState:
-    value = await store.switch(BREAKER) or {}
+    return breaker_from(await store.switch(BREAKER))
+
+
+def breaker_from(switch: Mapping[str, Any] | None) -> BreakerState:
+    """The breaker as its switch's value says."""
+    value = switch or {}
     return BreakerState(
         open=bool(value.get("open")),
         opened_at=_when(value.get("opened_at")),
@@ -154,17 +159,22 @@ async def build_world(
 ) -> World:
     """Everything the guards look at: the store's switches and history, and the cluster facts."""
     history_since = now - max(policy.escalation.window, policy.node.attempt_window, policy.lemon.window)
-    pause = await store.switch(PAUSE)
+    found = await store.guard_reads(
+        (PAUSE, BREAKER),
+        node=incident.node,
+        remediation_since=now - policy.breaker.window,
+        history_since=history_since,
+        exclude=incident.id,
+    )
+    pause = found.switches[PAUSE]
     return World(
         paused=pause is not None,
         paused_by=(pause or {}).get("set_by"),
-        breaker=await breaker_state(store),
-        nodes_in_remediation=await store.nodes_in_remediation(
-            now - policy.breaker.window, exclude_node=incident.node
-        ),
+        breaker=breaker_from(found.switches[BREAKER]),
+        nodes_in_remediation=found.nodes_in_remediation,
         fleet=(facts or NOT_READ).fleet(policy.breaker.fleet_size),
         out_of_service=(facts or NOT_READ).out_of_service,
-        history=await store.history(incident.node, history_since, exclude=incident.id),
+        history=found.history,
         node_labels=(facts or NOT_READ).labels,
         alert_started_at=incident.first_alert_at,
     )

@@ -239,6 +239,17 @@ class NewEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class GuardReads:
+    """What the guards read of the store to admit an incident on a node (``Store.guard_reads``):
+    the switches asked for (``None``: not set), the other nodes under remediation, the node's past
+    incidents."""
+
+    switches: Mapping[str, Mapping[str, Any] | None]
+    nodes_in_remediation: frozenset[str]
+    history: list[PastIncident]
+
+
+@dataclass(frozen=True, slots=True)
 class SkippedStep:
     """A step ended as skipped without being run (``Store.steps_skipped``): its result and event."""
 
@@ -475,6 +486,19 @@ class Store(Protocol):
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
         """Nodes of incidents admitted since ``since``: while active, and after they ended only
         if pitcrew changed something for them (an ``ACTION`` event)."""
+        ...
+
+    async def guard_reads(
+        self,
+        switches: Sequence[str],
+        *,
+        node: str,
+        remediation_since: datetime,
+        history_since: datetime,
+        exclude: str,
+    ) -> GuardReads:
+        """``switch`` of each of ``switches``, ``nodes_in_remediation`` but ``node``, and ``history``
+        of ``node`` but the incident ``exclude``, in one read (one round trip on Postgres)."""
         ...
 
     # the outbox of notices (``bot.store.outbox``)

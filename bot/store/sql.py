@@ -194,16 +194,25 @@ def together(ops: Sequence[Op[Any]]) -> Op[list[tuple[Any, bool]]]:
     return done
 
 
+def reads(ops: Sequence[Op[Any]]) -> Op[list[Any]]:
+    """Reads, each but the last of one statement: on Postgres in one message (theirs go as
+    ``later``, answered with the last's first statement), where each read was a round trip of its
+    own (an incident and its steps, read at every move of its flow); their results, in order."""
+    *firsts, last = ops
+    held: list[tuple[Op[Any], Later]] = []
+    for op in firsts:
+        stmt = next(op)
+        assert not stmt.last and stmt.kind in ("one", "all"), "a read of one statement"
+        held.append((op, (yield replace(stmt, later=True))))
+    answer = yield from last
+    assert all(later.ready for _, later in held), "answered with the message after them"
+    return [*(finished(op, later.value) for op, later in held), answer]
+
+
 def both(first: Op[T], second: Op[U]) -> Op[tuple[T, U]]:
-    """Two reads, ``first`` of one statement: on Postgres in one message (``first``'s statement goes
-    as ``later``, answered with ``second``'s first), where each read was a round trip of its own
-    (an incident and its steps, read at every move of its flow)."""
-    stmt = next(first)
-    assert not stmt.last and stmt.kind in ("one", "all"), "a read of one statement"
-    held = yield replace(stmt, later=True)
-    answer = yield from second
-    assert held.ready, "answered with the message after it"
-    return finished(first, held.value), answer
+    """Two reads in one message on Postgres (``reads``), ``first`` of one statement."""
+    found = yield from reads([first, second])
+    return cast(T, found[0]), cast(U, found[1])
 
 
 def finished(op: Op[T], answer: Any) -> T:

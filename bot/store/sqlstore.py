@@ -45,6 +45,7 @@ from bot.store.base import (
     ApprovalRecord,
     ApprovalStatus,
     Event,
+    GuardReads,
     IncidentRecord,
     JsonObject,
     Lease,
@@ -57,7 +58,7 @@ from bot.store.base import (
     link_key,
 )
 from bot.store.lease import Deposed, Fence
-from bot.store.sql import Dialect, Op, Stmt, T, When, both, holds, single
+from bot.store.sql import Dialect, Op, Stmt, T, When, both, holds, reads, single
 
 
 class SqlStore(ABC):
@@ -248,6 +249,27 @@ class SqlStore(ABC):
 
     async def nodes_in_remediation(self, since: datetime, exclude_node: str | None = None) -> frozenset[str]:
         return await self._read(queries.nodes_in_remediation(since, exclude_node))
+
+    async def guard_reads(
+        self,
+        switches: Sequence[str],
+        *,
+        node: str,
+        remediation_since: datetime,
+        history_since: datetime,
+        exclude: str,
+    ) -> GuardReads:
+        found = await self._read(
+            reads(
+                [
+                    *(queries.switch(name) for name in switches),
+                    queries.nodes_in_remediation(remediation_since, node),
+                    queries.history(node, history_since, exclude),
+                ]
+            )
+        )
+        *values, remediating, history = found
+        return GuardReads(dict(zip(switches, values, strict=True)), remediating, history)
 
     async def rollbacks_requested(self) -> list[str]:
         return await self._read(queries.rollbacks_requested())

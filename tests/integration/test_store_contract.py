@@ -814,6 +814,23 @@ async def test_an_incident_s_life(stores: Stores) -> None:
     assert (await store.steps_of(incident_id))["slurm_down"].result == {"done": True}
 
     assert await store.nodes_in_remediation(T0 - timedelta(hours=1)) == frozenset({"gpu-001"})
+    # What the guards read, read together, is what each read alone says.
+    await store.set_switch("pause", {"reason": "maintenance"}, "cli:ops", T0)
+    for node in ("gpu-001", "gpu-002"):
+        together = await store.guard_reads(
+            ("pause", "breaker"),
+            node=node,
+            remediation_since=T0 - timedelta(hours=1),
+            history_since=T0 - timedelta(days=1),
+            exclude="pc-none",
+        )
+        assert together.switches == {"pause": await store.switch("pause"), "breaker": None}
+        assert together.switches["pause"] is not None
+        assert together.nodes_in_remediation == await store.nodes_in_remediation(
+            T0 - timedelta(hours=1), exclude_node=node
+        )
+        assert together.history == await store.history(node, T0 - timedelta(days=1), exclude="pc-none")
+    await store.set_switch("pause", None, "cli:ops", T0)
     assert await store.nodes_in_remediation(T0 - timedelta(hours=1), exclude_node="gpu-001") == frozenset()
     assert [i for i, _, _ in await store.active()] == [incident_id]
 
