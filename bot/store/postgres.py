@@ -408,7 +408,7 @@ def _bulk(mogrifier: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
 
 async def _drive(conn: Conn, op: Op[T]) -> Driving[T]:
     """Drive ``op`` over a Postgres connection (``bot.store.sql.run_sync`` is SQLite's). A ``later``
-    statement (``bot.store.sql.both``) goes in one message with the statement after it, each
+    statement (``bot.store.sql.reads``) goes in one message with the statement after it, each
     bound by psycopg's client-side quoting as ``_transaction`` binds them: one round trip, where
     each was one; its answer is held until that message is answered."""
     driving = Driving(op, POSTGRES)
