@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,10 +18,12 @@ from typing import Any, cast
 import psycopg
 import pytest
 
+from bot.domain.alerts import dedupe_key
 from bot.domain.faults import Fault
 from bot.domain.incident import State
 from bot.store import outbox, queries
 from bot.store.base import Delivery, IncomingAlert, NewEvent
+from bot.store.ingest import Batch, insert_events
 from bot.store.lease import Deposed, Fence
 from bot.store.postgres import (
     _WRITE_LOCK,
@@ -749,3 +752,55 @@ async def test_two_reads_together_are_one_message(postgres_db: PostgresDatabase)
         assert (await _drive(conn, three())).result == (("it's", [2, 3]), None)
         assert len(conn.sent) == 2, conn.sent
         assert [message.count("SELECT") for message in conn.sent] == [2, 1], conn.sent
+
+
+async def test_a_batch_s_rows_are_one_statement_a_table_and_kept_as_given(
+    postgres_db: PostgresDatabase,
+) -> None:
+    """A batch's new alerts, their counters and its events are one statement a table on Postgres,
+    the rows one JSON array (``bot.store.ingest``'s bulk statements), where each row was a statement
+    of its own: every text kept as given (quotes, backslashes, percent signs, other scripts, line
+    breaks, nothing), and the events' ``seq`` in the rows' order."""
+    store = await _opened(postgres_db)
+    await store.close()
+    odd = {"node": "gpu-001", "summary": 'it\'s 100 % \\ "quoted" — ünïcode ☃ 日本', "empty": ""}
+    fault = Fault("xid", "gpu-001", "3", 79, "RESTART_BM", "fatal", "replace-node", True, "fell off", True)
+    alerts = [
+        IncomingAlert(f"odd-{n}", T0, None, "firing", "GpuXid", "gpu-001", odd, {"d": "a\nb\tc"}, fault)
+        for n in range(3)
+    ]
+    batch = Batch({}, {}, {})
+    batch.add(
+        Delivery("pitcrew", "{node=gpu-001}", "firing", 0, tuple(alerts)),
+        [dedupe_key(a.fingerprint, a.starts_at) for a in alerts],
+        T0,
+    )
+    kinds = [f"kind-{n}" for n in range(5)]
+    events = [
+        (None, NewEvent(kind, detail=odd["summary"], attempt=n or None), T0) for n, kind in enumerate(kinds)
+    ]
+
+    def op() -> Op[None]:
+        yield from batch.write()
+        yield insert_events(events)
+
+    async with counted_connection(postgres_db) as conn:
+        await _transaction(conn, op(), "pg_advisory_xact_lock")
+        inserts = [s for m in conn.sent for s in m.split(";\n") if s.lstrip().startswith("INSERT INTO")]
+        tables = [s.split()[2] for s in inserts]
+        assert sorted(tables) == ["alert_deliveries", "alerts", "events", "events", "incidents"], inserts
+    with _connect(postgres_db) as db:
+        stored = db.execute(
+            "SELECT fingerprint, labels_json, annotations_json, incident_id FROM alerts"
+            " WHERE node = 'gpu-001' ORDER BY fingerprint"
+        ).fetchall()
+        assert [(r[0], json.loads(str(r[1])), json.loads(str(r[2]))) for r in stored] == [
+            (f"odd-{n}", odd, {"d": "a\nb\tc"}) for n in range(3)
+        ]
+        assert db.execute(
+            "SELECT count(*) FROM alert_deliveries WHERE fingerprint LIKE 'odd-%'"
+        ).fetchone() == (3,)
+        written = db.execute(
+            "SELECT kind, detail, attempt FROM events WHERE kind LIKE 'kind-%' ORDER BY seq"
+        ).fetchall()
+        assert written == [(kind, odd["summary"], n or None) for n, kind in enumerate(kinds)]
