@@ -53,11 +53,19 @@ LabelValue = Annotated[str, Field(max_length=4096)]
 #: for one alert's long templated description would be refused at every ``group_interval`` and
 #: its node's real fault never seen. Labels are the alert's identity and keep their limits.
 ANNOTATION_MAX, URL_MAX = 4096, 8192
+#: A NUL character, which PostgreSQL's text cannot hold: a label, a fingerprint or a group key with
+#: one failed its delivery's write there (a 500, sent again and again), where SQLite kept it. Refused
+#: on both stores, its place named (``parse_webhook``); what only describes an alert has it replaced.
+_NUL = "\x00"
 
 
 def _clipped(limit: int) -> BeforeValidator:
     def clip(value: object) -> object:
-        if not isinstance(value, str) or len(value) <= limit:
+        if not isinstance(value, str):
+            return value
+        if _NUL in value:  # kept, marked: a description is never worth refusing its alert for
+            value = value.replace(_NUL, "\ufffd")
+        if len(value) <= limit:
             return value
         # Room for the mark with as many digits as the whole length: the count clipped has no more.
         kept = limit - len(f" [{len(value):,} characters clipped]")
@@ -201,9 +209,29 @@ def _utc(value: datetime) -> datetime:
 def parse_webhook(body: bytes) -> WebhookPayload:
     """Parse and validate one delivery, or raise ``PayloadError`` with a short reason."""
     try:
-        return WebhookPayload.model_validate_json(body)
+        payload = WebhookPayload.model_validate_json(body)
     except ValidationError as exc:
         raise PayloadError(_summarise(exc)) from None
+    if b"\\u0000" in body:  # how JSON writes a NUL: most bodies are not looked at again
+        _refuse_nul(payload)
+    return payload
+
+
+def _refuse_nul(payload: WebhookPayload, limit: int = 3) -> None:
+    """Refuse (``PayloadError``) a delivery whose identity holds a NUL (``_NUL``): its labels,
+    fingerprints, group key or receiver, each place named. What only describes an alert has it
+    replaced instead (``_clipped``)."""
+    fields: list[tuple[str, str]] = [("receiver", payload.receiver), ("groupKey", payload.group_key)]
+    for name, labels in (("groupLabels", payload.group_labels), ("commonLabels", payload.common_labels)):
+        fields += [(f"{name}.{key}", f"{key}{value}") for key, value in labels.items()]
+    for index, alert in enumerate(payload.alerts):
+        fields.append((f"alerts.{index}.fingerprint", alert.fingerprint))
+        fields += [(f"alerts.{index}.labels.{key}", f"{key}{value}") for key, value in alert.labels.items()]
+    found = [where.replace(_NUL, "\\u0000") for where, text in fields if _NUL in text]
+    if found:
+        said = [f"{where}: holds a NUL character (\\u0000), which pitcrew does not store" for where in found]
+        more = [f"and {len(found) - limit} more"] if len(found) > limit else []
+        raise PayloadError("; ".join([*said[:limit], *more]))
 
 
 def _summarise(exc: ValidationError, limit: int = 3) -> str:

@@ -389,6 +389,31 @@ async def test_a_start_in_the_year_9999_is_400_naming_the_alert(server: Callable
         assert await incidents(client) == []
 
 
+async def test_a_nul_in_what_names_an_alert_is_400_and_one_in_a_description_is_kept(
+    server: Callable[..., Any],
+) -> None:
+    """PostgreSQL's text holds no NUL: a label, fingerprint or group key with one failed its write
+    there (a 500, sent again and again) where SQLite kept it. On either store it is now a 400 naming
+    the place, nothing stored; a description's is kept, marked, and its alert stored."""
+    _, client = await server()
+    async with client:
+        named = json.loads(delivery(node="gpu-node-05", starts=datetime.now(UTC)))
+        named["alerts"][1]["labels"]["alertname"] = "GpuXid\u0000Critical"
+        status, answer = await post(client, json.dumps(named).encode())
+        assert status == 400
+        assert answer["error"] == (
+            "not an Alertmanager v4 webhook: alerts.1.labels.alertname: holds a NUL character (\\u0000),"
+            " which pitcrew does not store"
+        )
+        assert await incidents(client) == []
+        described = json.loads(delivery(node="gpu-node-05", starts=datetime.now(UTC)))
+        described["alerts"][0]["annotations"]["description"] = "fell\u0000off"
+        status, answer = await post(client, json.dumps(described).encode())
+        assert status == 200 and answer["opened"], answer
+        [incident] = await incidents(client)
+        assert incident["node"] == "gpu-node-05"
+
+
 async def test_one_instant_with_two_offsets_is_one_alert(server: Callable[..., Any]) -> None:
     def plus_one_hour(name: str) -> bytes:
         body = json.loads(fixture(name))

@@ -16,6 +16,7 @@ the delivery, naming every such alert and its label.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -410,3 +411,56 @@ def test_long_descriptions_and_urls_are_clipped_never_refused() -> None:
     # Labels are the alert's identity (its fingerprint): an absurd one still refuses the delivery.
     with pytest.raises(PayloadError, match="labels"):
         one_alert({"node": "gpu-node-01", "xid": "7" * 5_000})
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda a, d: a["labels"].update(alertname="Gpu\x00Xid"), "alerts.0.labels.alertname"),
+        (lambda a, d: a["labels"].update({"k\x00": "v"}), "alerts.0.labels.k\\u0000"),
+        (lambda a, d: a.update(fingerprint="54faa5ba\x00"), "alerts.0.fingerprint"),
+        (lambda a, d: d.update(groupKey='{}:{node="a\x00"}'), "groupKey"),
+        (lambda a, d: d.update(receiver="pit\x00crew"), "receiver"),
+        (lambda a, d: d.update(commonLabels={"node": "gpu-node-01\x00"}), "commonLabels.node"),
+    ],
+    ids=["label value", "label name", "fingerprint", "group key", "receiver", "common label"],
+)
+def test_a_nul_in_what_names_an_alert_refuses_the_delivery(
+    change: Callable[[dict[str, Any], dict[str, Any]], None], where: str
+) -> None:
+    """PostgreSQL's text holds no NUL: refused on both stores, the place named (escaped)."""
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GpuXidCritical", "node": "gpu-node-01"},
+        "startsAt": "2026-11-29T08:46:36.045Z",
+        "fingerprint": "54faa5ba6fe53303",
+    }
+    body: dict[str, Any] = {"version": "4", "status": "firing", "alerts": [alert]}
+    change(alert, body)
+    with pytest.raises(PayloadError) as refused:
+        parse_webhook(json.dumps(body).encode())
+    assert str(refused.value) == f"{where}: holds a NUL character (\\u0000), which pitcrew does not store"
+
+
+def test_a_nul_in_what_describes_an_alert_is_replaced_never_refused() -> None:
+    """As a long description is clipped: kept, the NUL marked (U+FFFD), the alert stored; and a
+    backslash written before ``u0000`` is no NUL at all."""
+    payload = one_alert(
+        {"node": "gpu-node-01", "text": "\\u0000"},
+        {"description": "fell\x00off"},
+        generatorURL="http://prometheus.example/\x00",
+    )
+    alert = payload.alerts[0]
+    assert alert.annotations["description"] == "fell\ufffdoff"
+    assert alert.generator_url == "http://prometheus.example/\ufffd"
+    assert alert.labels["text"] == "\\u0000"
+    body = {
+        "version": "4",
+        "status": "firing",
+        "alerts": [alert.model_dump(by_alias=True, mode="json")],
+        "commonAnnotations": {"summary": "\x00"},
+        "externalURL": "http://alertmanager.example/\x00",
+    }
+    parsed = parse_webhook(json.dumps(body).encode())
+    assert parsed.common_annotations == {"summary": "\ufffd"}
+    assert parsed.external_url == "http://alertmanager.example/\ufffd"
