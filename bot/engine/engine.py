@@ -4,9 +4,8 @@ Each worker is an ``IncidentFlow`` (``bot.engine.flow``); this module only super
 
 One asyncio task per active incident gives per-node serialisation (one active incident
 per node); a semaphore bounds how many steps run at once. The supervisor rescans the
-store when woken (a command was given, an incident without a worker was signalled) and every
-``poll_interval``, so nothing depends on an in-memory queue that a crash would lose; an
-incident a delivery opened gets its worker at the next beat, without a scan (``opened``).
+store when woken (a delivery arrived, a command was given) and every ``poll_interval``,
+so nothing depends on an in-memory queue that a crash would lose.
 
 The engine runs only while its process leads the store (``bot.engine.leadership``), and every
 write it makes goes through the fenced store: when another process has taken over, a write
@@ -19,8 +18,7 @@ here, an approval decided there wakes the incident waiting for it, a resume wake
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable
 
 from bot import logger
 from bot.domain.catalog import Catalog
@@ -66,19 +64,15 @@ class Engine:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._rolling_back: set[str] = set()  # rolled back by a command right now: no worker
         self._wake = asyncio.Event()
-        #: A scan of every active incident is asked for (``wake``), not only workers started.
-        self._scan_due = False
-        #: Incidents opened since the supervisor last looked, their workers to start (``opened``).
-        self._opened: set[str] = set()
         self._main: asyncio.Task[None] | None = None
         self._paused: bool | None = None  # the pause switch at the last scan (None: not read yet)
         self.slurm_watch = (
-            SlurmWatch(deps, catalog, look_again=self.look_again, opened=self.opened)
+            SlurmWatch(deps, catalog, look_again=self.look_again, wake=self.wake)
             if deps.settings.slurm_watch and catalog is not None
             else None
         )
         self.hung_jobs = (
-            HungJobs(deps, catalog, look_again=self.look_again, opened=self.opened)
+            HungJobs(deps, catalog, look_again=self.look_again, wake=self.wake)
             if deps.settings.hung_job_after is not None and catalog is not None
             else None
         )
@@ -150,20 +144,7 @@ class Engine:
             self.metrics.capacity_lent.labels(pool.name).set(0)
 
     def wake(self) -> None:
-        """Scan every active incident at the supervisor's next beat."""
-        self._scan_due = True
         self._wake.set()
-
-    def opened(self, incident_ids: Sequence[str]) -> None:
-        """Incidents just opened (a delivery's, a watch's): their workers start at the supervisor's
-        next beat, and nothing else is read. A scan of every active incident did it, the
-        rollbacks asked for and the switches read too, at each delivery that opened one: 22
-        scans of 500 incidents in ``bench/ingest.py``'s stream, where the scan due every
-        ``poll_interval`` is one. That scan finds any incident opened while this process did not
-        lead, or whose worker this one never started (a crash between)."""
-        if incident_ids and self.running:
-            self._opened.update(incident_ids)
-            self._wake.set()
 
     def signal(self, incident_id: str) -> None:
         """Something changed for this incident (approval, resolution): stop waiting. Its live
@@ -173,7 +154,7 @@ class Engine:
         self.signals.signal(incident_id)
         task = self._tasks.get(incident_id)
         if task is None or task.done():
-            self.wake()
+            self._wake.set()
 
     def look_again(self, outcome: IngestOutcome) -> None:
         """What a stored delivery changed for incidents under way, told to their flows: a new fault
@@ -187,7 +168,7 @@ class Engine:
     def signal_all(self) -> None:
         """A switch changed (resume): every waiting incident looks again."""
         self.signals.signal_all()
-        self.wake()
+        self._wake.set()
 
     @property
     def leading(self) -> bool:
@@ -204,31 +185,18 @@ class Engine:
 
     # ---------------------------------------------------------------- supervisor
     async def _supervise(self) -> None:
-        interval = self.deps.settings.poll_interval
-        scanned: datetime | None = None
+        interval = self.deps.settings.poll_interval.total_seconds()
         while True:
             self._wake.clear()
-            now = self.clock()
-            due = scanned is None or self._scan_due or not scanned <= now < scanned + interval
-            opened, self._opened = self._opened, set()
             try:
-                if due:
-                    self._scan_due = False
-                    await self._scan()
-                    scanned = now
-                else:
-                    for incident_id in sorted(opened - self._rolling_back):
-                        self._start_worker(incident_id)
+                await self._scan()
             except Deposed:
                 log.warning("engine stops: this process no longer leads")
                 return
             except Exception:  # the supervisor must outlive a bad scan
                 log.exception("engine scan failed")
-                self._opened |= opened  # started by the next look
-            assert scanned is not None
-            left = (scanned + interval - self.clock()).total_seconds()
-            await self.deps.timer.wait(self._wake, min(max(left, 0.0), interval.total_seconds()))
-            # A burst of deliveries wakes us many times: one look per short beat is enough.
+            await self.deps.timer.wait(self._wake, interval)
+            # A burst of deliveries wakes us many times: one scan per short beat is enough.
             await self.deps.timer.sleep(_SCAN_BEAT)
 
     async def _scan(self) -> None:

@@ -11,7 +11,7 @@ restart or a change of leader keeps the clock, and the stall keeps its alert.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 
 from bot import logger
@@ -48,7 +48,7 @@ class HungJobs(AlertSource):
         catalog: Catalog,
         *,
         look_again: Callable[[IngestOutcome], None],
-        opened: Callable[[Sequence[str]], None],
+        wake: Callable[[], None],
     ) -> None:
         super().__init__(
             deps,
@@ -57,7 +57,7 @@ class HungJobs(AlertSource):
             fault=HUNG_FAULT,
             receiver=RECEIVER,
             look_again=look_again,
-            opened=opened,
+            wake=wake,
         )
         self._last: datetime | None = None
         self._memory = Memory(deps.store, RECEIVER, Progress)

@@ -1,14 +1,14 @@
 """Intake: one webhook body → parsed, classified, deduplicated and persisted alerts.
 
 This is all the webhook does before answering 200; remediation happens later in the
-executor, which ``opened`` starts. Nothing here waits on a far side. Everything that can refuse
+executor, which ``wake`` nudges. Nothing here waits on a far side. Everything that can refuse
 the input (``PayloadError``) runs before the store is written: a refused delivery leaves
 nothing behind, and nothing after the write can fail on the input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 
 from bot.domain.alerts import WebhookPayload, check_times, parse_webhook
@@ -52,21 +52,21 @@ class Intake:
         catalog: Catalog,
         rules: LabelRules,
         metrics: Metrics,
-        opened: Callable[[Sequence[str]], None] = lambda incident_ids: None,
+        wake: Callable[[], None] = lambda: None,
         look_again: Callable[[IngestOutcome], None] = lambda outcome: None,
     ) -> None:
-        """``opened``: incidents a delivery opened, whose flows the engine starts
-        (``Engine.opened``); ``look_again``: what a stored delivery changed for incidents under
-        way, told to their flows (``Engine.look_again``)."""
+        """``wake``: the engine's scan, which starts the flows of incidents opened; ``look_again``:
+        what a stored delivery changed for incidents under way, told to their flows
+        (``Engine.look_again``)."""
         self._store = store
         self._catalog = catalog
         self._rules = rules
         self._metrics = metrics
-        self._opened = opened
+        self._wake = wake
         self._look_again = look_again
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
-        """Parse and check (``PayloadError`` on bad input, nothing stored), persist, then tell the engine."""
+        """Parse and check (``PayloadError`` on bad input, nothing stored), persist, then wake the engine."""
         payload = parse_webhook(body)
         check_times(payload, now)
         # Most deliveries are Alertmanager re-sending groups it already sent: no need to classify.
@@ -87,5 +87,5 @@ class Intake:
         self._metrics.incidents_opened.inc(len(outcome.opened))
         self._look_again(outcome)
         if outcome.opened:
-            self._opened(outcome.opened)
+            self._wake()
         return outcome

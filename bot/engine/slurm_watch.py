@@ -20,7 +20,7 @@ forgotten; a node that went out before any pitcrew saw it in service names no jo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -55,7 +55,7 @@ class SlurmWatch(AlertSource):
         catalog: Catalog,
         *,
         look_again: Callable[[IngestOutcome], None],
-        opened: Callable[[Sequence[str]], None],
+        wake: Callable[[], None],
     ) -> None:
         super().__init__(
             deps,
@@ -64,7 +64,7 @@ class SlurmWatch(AlertSource):
             fault=SLURM_FAULT,
             receiver=RECEIVER,
             look_again=look_again,
-            opened=opened,
+            wake=wake,
         )
         self._last: datetime | None = None
         #: Slurm node → the jobs on it at the last look while it was in service.

@@ -9,7 +9,7 @@ the resolutions of its earlier alerts that it did not find again: one delivery, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from bot import logger
@@ -36,9 +36,9 @@ class AlertSource:
         fault: str,
         receiver: str,
         look_again: Callable[[IngestOutcome], None],
-        opened: Callable[[Sequence[str]], None],
+        wake: Callable[[], None],
     ) -> None:
-        self._deps, self._catalog, self._look_again, self._opened = deps, catalog, look_again, opened
+        self._deps, self._catalog, self._look_again, self._wake = deps, catalog, look_again, wake
         self.alertname, self.fault, self.receiver = alertname, fault, receiver
 
     def firing(self, found: Sourced) -> IncomingAlert:
@@ -110,4 +110,4 @@ class AlertSource:
         self._look_again(outcome)
         if outcome.opened:
             log.info("incidents opened", extra={"source": self.receiver, "incidents": outcome.opened})
-            self._opened(outcome.opened)
+            self._wake()

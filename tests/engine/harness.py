@@ -281,7 +281,7 @@ class Process:
             harness.catalog,
             LabelRules(),
             self.metrics,
-            opened=self.engine.opened,
+            wake=self.engine.wake,
             look_again=self.engine.look_again,
         )
         assert harness.lease is not None
@@ -595,7 +595,7 @@ class EngineHarness:
             self.catalog,
             LabelRules(),
             self.metrics,
-            opened=lambda incident_ids: self.engine.opened(incident_ids),
+            wake=lambda: self.engine.wake(),
             look_again=lambda outcome: self.engine.look_again(outcome),
         )
         self._bodies: dict[str, list[bytes]] = {}

@@ -9,9 +9,8 @@ worker woken reads its incident, its steps and its firing alerts, and finds noth
 PostgreSQL those reads ran on the webhook's event loop: the woken workers were 39 % of what it ran
 in ``bench/ingest.py``'s saturated stream. Cases: new occurrences on three watched incidents, virtual
 time moving between them, make no store read at all (the scan's and the workers' counted); a
-resolution still ends its incident at once; a delivery that opens an incident starts its worker at
-the supervisor's next beat, without a scan of every active incident, and the scan due every
-``poll_interval`` still runs. The flow that watches for a return is woken at once by its fault's new
+resolution still ends its incident at once; a delivery that opens an incident still starts a
+worker through a scan. The flow that watches for a return is woken at once by its fault's new
 occurrence (``tests/engine/test_ladder.py``).
 """
 
@@ -66,20 +65,3 @@ async def test_new_occurrences_wake_neither_a_scan_nor_their_incidents(tmp_path:
         assert ended.state.value == "suppressed" and h.time.elapsed - began < 1.0
         opened = await h.alert(node="gpu-node-04")
         await h.until_event(opened, "watching", within=timedelta(seconds=5).total_seconds())
-
-
-async def test_an_incident_opened_starts_its_worker_without_a_scan(tmp_path: Path) -> None:
-    counting = Counting()
-    async with EngineHarness(tmp_path, mode="observe", store=counting.wrap) as h:  # poll: a minute
-        await h.time.advance(1.0)  # the scan at start is done
-        scans = counting.calls["active"]
-        assert scans >= 1
-        ids = [await h.alert(node=node) for node in NODES]
-        for incident_id in ids:
-            await h.until_event(incident_id, "watching", within=5.0)
-        assert counting.calls["active"] == scans, "a scan of every active incident ran"
-        await h.time.advance(60.0)  # the poll interval has passed since the last scan
-        assert counting.calls["active"] == scans + 1
-        h.engine.wake()  # a command's wake still scans at the next beat
-        await h.time.advance(1.0)
-        assert counting.calls["active"] == scans + 2
