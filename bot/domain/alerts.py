@@ -157,10 +157,13 @@ class AlertRejected(PayloadError):
 
     @classmethod
     def of(cls, problems: Sequence[tuple[int, Alert, str]], limit: int = 3) -> AlertRejected:
-        parts = [f"{locate(index, alert)}: {why}" for index, alert, why in problems[:limit]]
-        if len(problems) > limit:
-            parts.append(f"and {len(problems) - limit} more")
-        return cls("; ".join(parts))
+        return cls(_listed([f"{locate(index, alert)}: {why}" for index, alert, why in problems], limit))
+
+
+def _listed(problems: Sequence[str], limit: int = 3) -> str:
+    """The first ``limit`` problems, and how many more: a refusal's words."""
+    more = [f"and {len(problems) - limit} more"] if len(problems) > limit else []
+    return "; ".join([*problems[:limit], *more])
 
 
 def dedupe_key(fingerprint: str, starts_at: datetime) -> tuple[str, str]:
@@ -217,7 +220,7 @@ def parse_webhook(body: bytes) -> WebhookPayload:
     return payload
 
 
-def _refuse_nul(payload: WebhookPayload, limit: int = 3) -> None:
+def _refuse_nul(payload: WebhookPayload) -> None:
     """Refuse (``PayloadError``) a delivery whose identity holds a NUL (``_NUL``): its labels,
     fingerprints, group key or receiver, each place named. What only describes an alert has it
     replaced instead (``_clipped``)."""
@@ -229,9 +232,11 @@ def _refuse_nul(payload: WebhookPayload, limit: int = 3) -> None:
         fields += [(f"alerts.{index}.labels.{key}", f"{key}{value}") for key, value in alert.labels.items()]
     found = [where.replace(_NUL, "\\u0000") for where, text in fields if _NUL in text]
     if found:
-        said = [f"{where}: holds a NUL character (\\u0000), which pitcrew does not store" for where in found]
-        more = [f"and {len(found) - limit} more"] if len(found) > limit else []
-        raise PayloadError("; ".join([*said[:limit], *more]))
+        raise PayloadError(
+            _listed(
+                [f"{where}: holds a NUL character (\\u0000), which pitcrew does not store" for where in found]
+            )
+        )
 
 
 def _summarise(exc: ValidationError, limit: int = 3) -> str:

@@ -377,29 +377,33 @@ class SqlStore(ABC):
         event: NewEvent,
         step_index: int | None = None,
     ) -> None:
-        document = codec.dumps(dict(result or {}))
-
-        def op() -> Op[None]:
-            yield queries.step_finished(incident_id, step, status, now, document)
-            yield from self._events(incident_id, [event], now)
-            if step_index is not None:
-                yield queries.advance(incident_id, step_index, now)
-
-        await self._write(op)
+        ended = [(step, status, codec.dumps(dict(result or {})))]
+        await self._write(lambda: self._steps_ended(incident_id, ended, [event], step_index, now))
 
     async def steps_skipped(
         self, incident_id: str, skipped: Sequence[SkippedStep], step_index: int | None, now: datetime
     ) -> None:
-        documents = [(s.step, codec.dumps(dict(s.result))) for s in skipped]
+        ended: list[tuple[str, StepStatus, str]] = [
+            (s.step, "skipped", codec.dumps(dict(s.result))) for s in skipped
+        ]
+        events = [s.event for s in skipped]
+        await self._write(lambda: self._steps_ended(incident_id, ended, events, step_index, now))
 
-        def op() -> Op[None]:
-            for step, document in documents:
-                yield queries.step_finished(incident_id, step, "skipped", now, document)
-            yield from self._events(incident_id, [s.event for s in skipped], now)
-            if step_index is not None:
-                yield queries.advance(incident_id, step_index, now)
-
-        await self._write(op)
+    def _steps_ended(
+        self,
+        incident_id: str,
+        ended: Sequence[tuple[str, StepStatus, str]],
+        events: Sequence[NewEvent],
+        step_index: int | None,
+        now: datetime,
+    ) -> Op[None]:
+        """Steps' ends (step, status, result document), their events, and the node track's cursor
+        moved to ``step_index`` (``None``: not moved): ``step_finished``'s and ``steps_skipped``'s."""
+        for step, status, document in ended:
+            yield queries.step_finished(incident_id, step, status, now, document)
+        yield from self._events(incident_id, events, now)
+        if step_index is not None:
+            yield queries.advance(incident_id, step_index, now)
 
     async def request_rollback(
         self, incident_id: str, result: JsonObject, event: NewEvent, now: datetime, *, again: bool = False
