@@ -300,7 +300,7 @@ def build_app(
         catalog=config.catalog,
     )
     intake = Intake(
-        store, config.catalog, config.labels, metrics, wake=engine.wake, look_again=engine.look_again
+        store, config.catalog, config.labels, metrics, opened=engine.opened, look_again=engine.look_again
     )
     lease = config.settings.store.lease
     leader_only: list[Background] = [engine, sender]

@@ -3,9 +3,12 @@
 Each worker is an ``IncidentFlow`` (``bot.engine.flow``); this module only supervises them.
 
 One asyncio task per active incident gives per-node serialisation (one active incident
-per node); a semaphore bounds how many steps run at once. The supervisor rescans the
-store when woken (a delivery arrived, a command was given) and every ``poll_interval``,
-so nothing depends on an in-memory queue that a crash would lose.
+per node); a semaphore bounds how many steps run at once. The supervisor scans every active
+incident in the store when woken (a command was given, an incident without a worker was
+signalled) and every ``poll_interval``, so nothing depends on an in-memory queue that a crash
+would lose. A delivery that opens an incident asks only for a look at the incidents opened since
+the last look or scan (``opened``), any process's: a scan of every active incident at each
+opening was what the slowest deliveries of a storm waited for.
 
 The engine runs only while its process leads the store (``bot.engine.leadership``), and every
 write it makes goes through the fenced store: when another process has taken over, a write
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import datetime
 
 from bot import logger
 from bot.domain.catalog import Catalog
@@ -64,15 +68,19 @@ class Engine:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._rolling_back: set[str] = set()  # rolled back by a command right now: no worker
         self._wake = asyncio.Event()
+        #: A scan of every active incident is asked for (``wake``), not only a look (``opened``).
+        self._scan_due = False
+        #: The newest incident's ``seq`` at the last scan or look: a look reads those after it.
+        self._seen: int | None = None
         self._main: asyncio.Task[None] | None = None
         self._paused: bool | None = None  # the pause switch at the last scan (None: not read yet)
         self.slurm_watch = (
-            SlurmWatch(deps, catalog, look_again=self.look_again, wake=self.wake)
+            SlurmWatch(deps, catalog, look_again=self.look_again, opened=self.opened)
             if deps.settings.slurm_watch and catalog is not None
             else None
         )
         self.hung_jobs = (
-            HungJobs(deps, catalog, look_again=self.look_again, wake=self.wake)
+            HungJobs(deps, catalog, look_again=self.look_again, opened=self.opened)
             if deps.settings.hung_job_after is not None and catalog is not None
             else None
         )
@@ -144,6 +152,17 @@ class Engine:
             self.metrics.capacity_lent.labels(pool.name).set(0)
 
     def wake(self) -> None:
+        """Scan every active incident at the supervisor's next beat."""
+        self._scan_due = True
+        self._wake.set()
+
+    def opened(self) -> None:
+        """Incidents were opened (by a delivery, a watch): at the supervisor's next beat, a look
+        at those opened since the last look, whichever process opened them, starts their workers,
+        reading nothing else. Where a scan of every active incident ran at each delivery that
+        opened one (500 rows decoded in a storm, and the rollbacks, switches and approvals read),
+        the scan is now due every ``poll_interval`` and when a command wakes the engine; it finds
+        what a look cannot (an incident whose worker ended, one opened in between)."""
         self._wake.set()
 
     def signal(self, incident_id: str) -> None:
@@ -154,7 +173,7 @@ class Engine:
         self.signals.signal(incident_id)
         task = self._tasks.get(incident_id)
         if task is None or task.done():
-            self._wake.set()
+            self.wake()
 
     def look_again(self, outcome: IngestOutcome) -> None:
         """What a stored delivery changed for incidents under way, told to their flows: a new fault
@@ -168,7 +187,7 @@ class Engine:
     def signal_all(self) -> None:
         """A switch changed (resume): every waiting incident looks again."""
         self.signals.signal_all()
-        self._wake.set()
+        self.wake()
 
     @property
     def leading(self) -> bool:
@@ -185,19 +204,42 @@ class Engine:
 
     # ---------------------------------------------------------------- supervisor
     async def _supervise(self) -> None:
-        interval = self.deps.settings.poll_interval.total_seconds()
+        interval = self.deps.settings.poll_interval
+        scanned: datetime | None = None
         while True:
             self._wake.clear()
+            now = self.clock()
+            due = (
+                scanned is None
+                or self._seen is None  # where a look would start is not read yet
+                or self._scan_due
+                or not scanned <= now < scanned + interval
+            )
             try:
-                await self._scan()
+                if due:
+                    self._scan_due = False
+                    scanned = now
+                    await self._scan()
+                else:
+                    await self._look()
             except Deposed:
                 log.warning("engine stops: this process no longer leads")
                 return
             except Exception:  # the supervisor must outlive a bad scan
                 log.exception("engine scan failed")
-            await self.deps.timer.wait(self._wake, interval)
-            # A burst of deliveries wakes us many times: one scan per short beat is enough.
+            assert scanned is not None
+            left = (scanned + interval - self.clock()).total_seconds()
+            await self.deps.timer.wait(self._wake, min(max(left, 0.0), interval.total_seconds()))
+            # A burst of deliveries wakes us many times: one look per short beat is enough.
             await self.deps.timer.sleep(_SCAN_BEAT)
+
+    async def _look(self) -> None:
+        """Start the workers of the incidents opened since the last look or scan (``opened``)."""
+        assert self._seen is not None, "a scan first"
+        for seq, incident_id, state in await self.store.opened_after(self._seen):
+            self._seen = max(self._seen, seq)
+            if not state.terminal and incident_id not in self._rolling_back:
+                self._start_worker(incident_id)
 
     async def _scan(self) -> None:
         if self.slurm_watch is not None:
@@ -220,7 +262,9 @@ class Engine:
             raise
         except Exception:  # nor a bad look at a replaced node
             log.exception("watch of replaced nodes failed; the next poll tries again")
+        seen = await self.store.last_opened()  # first: what opens after it, a look finds
         active = await self.store.active()
+        self._seen = seen
         await self._adopt_rollbacks()
         now = self.clock()
         counts: dict[str, int] = {state.value: 0 for state in State if not state.terminal}

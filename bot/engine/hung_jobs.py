@@ -48,7 +48,7 @@ class HungJobs(AlertSource):
         catalog: Catalog,
         *,
         look_again: Callable[[IngestOutcome], None],
-        wake: Callable[[], None],
+        opened: Callable[[], None],
     ) -> None:
         super().__init__(
             deps,
@@ -57,7 +57,7 @@ class HungJobs(AlertSource):
             fault=HUNG_FAULT,
             receiver=RECEIVER,
             look_again=look_again,
-            wake=wake,
+            opened=opened,
         )
         self._last: datetime | None = None
         self._memory = Memory(deps.store, RECEIVER, Progress)

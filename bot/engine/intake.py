@@ -1,7 +1,7 @@
 """Intake: one webhook body → parsed, classified, deduplicated and persisted alerts.
 
 This is all the webhook does before answering 200; remediation happens later in the
-executor, which ``wake`` nudges. Nothing here waits on a far side. Everything that can refuse
+executor, which ``opened`` nudges. Nothing here waits on a far side. Everything that can refuse
 the input (``PayloadError``) runs before the store is written: a refused delivery leaves
 nothing behind, and nothing after the write can fail on the input.
 """
@@ -52,17 +52,17 @@ class Intake:
         catalog: Catalog,
         rules: LabelRules,
         metrics: Metrics,
-        wake: Callable[[], None] = lambda: None,
+        opened: Callable[[], None] = lambda: None,
         look_again: Callable[[IngestOutcome], None] = lambda outcome: None,
     ) -> None:
-        """``wake``: the engine's scan, which starts the flows of incidents opened; ``look_again``:
-        what a stored delivery changed for incidents under way, told to their flows
-        (``Engine.look_again``)."""
+        """``opened``: incidents were opened, whose flows the engine starts (``Engine.opened``);
+        ``look_again``: what a stored delivery changed for incidents under way, told to their
+        flows (``Engine.look_again``)."""
         self._store = store
         self._catalog = catalog
         self._rules = rules
         self._metrics = metrics
-        self._wake = wake
+        self._opened = opened
         self._look_again = look_again
 
     async def accept(self, body: bytes, now: datetime) -> IngestOutcome:
@@ -87,5 +87,5 @@ class Intake:
         self._metrics.incidents_opened.inc(len(outcome.opened))
         self._look_again(outcome)
         if outcome.opened:
-            self._wake()
+            self._opened()
         return outcome

@@ -55,7 +55,7 @@ class SlurmWatch(AlertSource):
         catalog: Catalog,
         *,
         look_again: Callable[[IngestOutcome], None],
-        wake: Callable[[], None],
+        opened: Callable[[], None],
     ) -> None:
         super().__init__(
             deps,
@@ -64,7 +64,7 @@ class SlurmWatch(AlertSource):
             fault=SLURM_FAULT,
             receiver=RECEIVER,
             look_again=look_again,
-            wake=wake,
+            opened=opened,
         )
         self._last: datetime | None = None
         #: Slurm node → the jobs on it at the last look while it was in service.

@@ -36,9 +36,9 @@ class AlertSource:
         fault: str,
         receiver: str,
         look_again: Callable[[IngestOutcome], None],
-        wake: Callable[[], None],
+        opened: Callable[[], None],
     ) -> None:
-        self._deps, self._catalog, self._look_again, self._wake = deps, catalog, look_again, wake
+        self._deps, self._catalog, self._look_again, self._opened = deps, catalog, look_again, opened
         self.alertname, self.fault, self.receiver = alertname, fault, receiver
 
     def firing(self, found: Sourced) -> IncomingAlert:
@@ -110,4 +110,4 @@ class AlertSource:
         self._look_again(outcome)
         if outcome.opened:
             log.info("incidents opened", extra={"source": self.receiver, "incidents": outcome.opened})
-            self._wake()
+            self._opened()

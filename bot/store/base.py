@@ -316,6 +316,15 @@ class Store(Protocol):
         """Id, state and opening time of every non-terminal incident (cheap: no faults)."""
         ...
 
+    async def last_opened(self) -> int:
+        """The ``seq`` of the newest incident, closed or not (0: none yet)."""
+        ...
+
+    async def opened_after(self, seq: int) -> list[tuple[int, str, State]]:
+        """``seq``, id and state of every incident newer than ``seq``, oldest first, closed ones
+        too: what was opened since a look that saw ``seq`` last (``last_opened``), a few rows."""
+        ...
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         """Every alert of the incident, first seen first (the engine's view; the API reads pages)."""
         ...

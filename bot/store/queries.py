@@ -131,6 +131,16 @@ def active() -> Op[list[tuple[str, State, datetime]]]:
     return [(r["id"], State(r["state"]), codec.dt(r["opened_at"]) or datetime.min) for r in found]
 
 
+def last_opened() -> Op[int]:
+    found = yield one("SELECT COALESCE(MAX(seq), 0) AS last FROM incidents")
+    return int(found["last"]) if found is not None else 0
+
+
+def opened_after(seq: int) -> Op[list[tuple[int, str, State]]]:
+    found = yield rows("SELECT seq, id, state FROM incidents WHERE seq > ? ORDER BY seq", (seq,))
+    return [(int(r["seq"]), r["id"], State(r["state"])) for r in found]
+
+
 #: An alert occurrence (``a``) that still fires: firing, and no later occurrence of its fingerprint
 #: is stored. Alertmanager keeps one alert per fingerprint: a re-fire whose time range does not
 #: overlap the resolved one replaces it (``provider/mem`` ``Put``), so when an alert resolves and

@@ -183,6 +183,12 @@ class SqlStore(ABC):
     async def active(self) -> list[tuple[str, State, datetime]]:
         return await self._read(queries.active())
 
+    async def last_opened(self) -> int:
+        return await self._read(queries.last_opened())
+
+    async def opened_after(self, seq: int) -> list[tuple[int, str, State]]:
+        return await self._read(queries.opened_after(seq))
+
     async def alerts_of(self, incident_id: str) -> list[AlertRecord]:
         return [self._alert(a) for a in await self._read(queries.alerts_of(incident_id))]
 

@@ -281,7 +281,7 @@ class Process:
             harness.catalog,
             LabelRules(),
             self.metrics,
-            wake=self.engine.wake,
+            opened=self.engine.opened,
             look_again=self.engine.look_again,
         )
         assert harness.lease is not None
@@ -595,7 +595,7 @@ class EngineHarness:
             self.catalog,
             LabelRules(),
             self.metrics,
-            wake=lambda: self.engine.wake(),
+            opened=lambda: self.engine.opened(),
             look_again=lambda outcome: self.engine.look_again(outcome),
         )
         self._bodies: dict[str, list[bytes]] = {}

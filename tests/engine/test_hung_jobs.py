@@ -87,7 +87,7 @@ def watching(h: EngineHarness, query: Prometheus | None = None) -> HungJobs:
         settings=EngineSettings(poll_interval=timedelta(seconds=60), hung_job_after=timedelta(minutes=30)),
         steps=replace(h.deps.steps, resumption=ResumptionSettings(progress_query=QUERY)),
     )
-    return HungJobs(deps, h.catalog, look_again=h.engine.look_again, wake=h.engine.wake)
+    return HungJobs(deps, h.catalog, look_again=h.engine.look_again, opened=h.engine.opened)
 
 
 async def look(h: EngineHarness, watch: HungJobs, minutes: int) -> None:

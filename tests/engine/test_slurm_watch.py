@@ -105,7 +105,7 @@ def watch(store: SqliteStore, slurm: FakeSlurm, clock: Clock) -> SlurmWatch:
         playbooks=load_playbooks(),
         settings=EngineSettings(slurm_watch=True, poll_interval=timedelta(seconds=2)),
     )
-    return SlurmWatch(deps, load_catalog(), look_again=lambda _: None, wake=lambda: None)
+    return SlurmWatch(deps, load_catalog(), look_again=lambda _: None, opened=lambda: None)
 
 
 def node(name: str, *states: str, reason: str = "") -> SlurmNodeState:

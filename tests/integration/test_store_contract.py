@@ -788,6 +788,27 @@ async def test_steps_skipped_at_once_end_each_and_move_the_cursor(stores: Stores
     assert (await store.steps_of(incident_id))["replace"].result == {"done": 1}
 
 
+async def test_what_was_opened_after_a_look(stores: Stores) -> None:
+    store = await stores.open()
+    assert await store.last_opened() == 0 and await store.opened_after(0) == []
+    (first,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
+    seen = await store.last_opened()
+    assert [(i, s) for _, i, s in await store.opened_after(0)] == [(first, State.OPEN)]
+    assert await store.opened_after(seen) == []
+    second, third = (
+        await store.ingest(_delivery(_alert("fp2", "gpu-002"), _alert("fp3", "gpu-003")), T0)
+    ).opened
+    await store.transition(second, State.SUPPRESSED, T0, event=NewEvent("closed"))
+    found = await store.opened_after(seen)
+    # Closed ones too, oldest first, each with its seq: the newest is the store's last.
+    assert sorted(found) == found and [(i, s) for _, i, s in found] == [
+        (second, State.SUPPRESSED),
+        (third, State.OPEN),
+    ]
+    assert found[-1][0] == await store.last_opened() and seen < found[0][0]
+    assert await store.opened_after(found[-1][0]) == []
+
+
 async def test_an_incident_s_life(stores: Stores) -> None:
     store = await stores.open()
     (incident_id,) = (await store.ingest(_delivery(_alert("fp1", "gpu-001")), T0)).opened
