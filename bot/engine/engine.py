@@ -162,7 +162,10 @@ class Engine:
         reading nothing else. Where a scan of every active incident ran at each delivery that
         opened one (500 rows decoded in a storm, and the rollbacks, switches and approvals read),
         the scan is now due every ``poll_interval`` and when a command wakes the engine; it finds
-        what a look cannot (an incident whose worker ended, one opened in between)."""
+        what a look cannot (an incident whose worker ended), and sets the gauges of incidents by
+        state, which so follow an opening within a ``poll_interval``. ``seq`` is taken under the
+        write lock (``MAX(seq) + 1``, any replica's write waiting for it), so an incident that
+        commits after a look has a greater one: the next look finds it."""
         self._wake.set()
 
     def signal(self, incident_id: str) -> None:
